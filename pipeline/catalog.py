@@ -1,0 +1,252 @@
+"""The field catalog: alias <-> DCGM field names (pre-4.6 and 4.6) <-> field id <-> unit <-> kind.
+
+The ids and both spellings come from ``data/dcgm_fields.csv``, a copy of
+``shared/reference/dcgm_field_ids_subset.csv`` (derived from DCGM 4.6's ``dcgm_fields.h``);
+what the project adds -- the short alias rules use, the unit, whether the value is a gauge,
+a counter, a bitmask or a sticky code, and which values are impossible -- lives in
+``_SEMANTICS`` below, keyed by field id so a DCGM rename cannot desynchronise the two.
+
+Every known field gets a dense column index; the engine stores per-entity values in arrays
+with one column per field, so a rule's ``gpu_temp`` is one column lookup, never a dict walk.
+
+>>> FIELDS.by_name("DCGM_FI_DEV_GPU_TEMP_CELSIUS").alias
+'gpu_temp'
+>>> FIELDS.by_name("DCGM_FI_DEV_CLOCK_THROTTLE_REASONS") is FIELDS.by_alias("clocks_event_reasons")
+True
+"""
+
+from __future__ import annotations
+
+import csv
+import difflib
+from dataclasses import dataclass
+from importlib import resources
+from typing import Iterator
+
+GAUGE = "gauge"
+COUNTER = "counter"      # only grows; a drop is a reset (driver reload)
+BITMASK = "bitmask"      # clock-event reasons
+CODE = "code"            # a sticky last value (XID): compare with changed(), not rate()
+STATE = "state"          # small enumerations / flags (remap pending, pstate)
+
+# field id -> (alias, unit, kind, lower bound of possible values or None)
+_SEMANTICS: dict[int, tuple[str, str, str, float | None]] = {
+    64: ("nvlink_p2p_status", "", STATE, 0),
+    100: ("sm_clock", "MHz", GAUGE, 0),
+    101: ("mem_clock", "MHz", GAUGE, 0),
+    110: ("app_sm_clock", "MHz", GAUGE, 0),
+    112: ("clocks_event_reasons", "", BITMASK, 0),
+    113: ("max_sm_clock", "MHz", GAUGE, 0),
+    140: ("memory_temp", "C", GAUGE, -40),
+    150: ("gpu_temp", "C", GAUGE, -40),
+    151: ("memory_max_op_temp", "C", GAUGE, 0),
+    152: ("gpu_max_op_temp", "C", GAUGE, 0),
+    153: ("gpu_temp_margin", "C", GAUGE, None),  # margin to slowdown: negative means past it
+    155: ("power", "W", GAUGE, 0),
+    156: ("energy", "mJ", COUNTER, 0),
+    157: ("power_instant", "W", GAUGE, 0),
+    158: ("slowdown_temp", "C", GAUGE, 0),
+    159: ("shutdown_temp", "C", GAUGE, 0),
+    160: ("power_limit", "W", GAUGE, 0),
+    164: ("enforced_power_limit", "W", GAUGE, 0),
+    190: ("pstate", "", STATE, 0),
+    202: ("pcie_replays", "", COUNTER, 0),
+    203: ("gpu_util", "%", GAUGE, 0),
+    204: ("mem_copy_util", "%", GAUGE, 0),
+    230: ("xid", "", CODE, 0),
+    237: ("pcie_link_gen", "", STATE, 0),
+    238: ("pcie_link_width", "", STATE, 0),
+    240: ("power_violation", "ns", COUNTER, 0),
+    241: ("thermal_violation", "ns", COUNTER, 0),
+    242: ("sync_boost_violation", "ns", COUNTER, 0),
+    243: ("board_limit_violation", "ns", COUNTER, 0),
+    244: ("low_util_violation", "ns", COUNTER, 0),
+    245: ("reliability_violation", "ns", COUNTER, 0),
+    250: ("fb_total", "MiB", GAUGE, 0),
+    251: ("fb_free", "MiB", GAUGE, 0),
+    252: ("fb_used", "MiB", GAUGE, 0),
+    310: ("ecc_sbe_volatile", "", COUNTER, 0),
+    311: ("ecc_dbe_volatile", "", COUNTER, 0),
+    312: ("ecc_sbe_aggregate", "", COUNTER, 0),
+    313: ("ecc_dbe_aggregate", "", COUNTER, 0),
+    390: ("retired_pages_sbe", "", COUNTER, 0),
+    391: ("retired_pages_dbe", "", COUNTER, 0),
+    392: ("retired_pages_pending", "", STATE, 0),
+    393: ("remapped_rows_uncorrectable", "", COUNTER, 0),
+    394: ("remapped_rows_correctable", "", COUNTER, 0),
+    395: ("row_remap_failure", "", STATE, 0),
+    396: ("row_remap_pending", "", STATE, 0),
+    400: ("nvlink_crc_flit_errors_l0", "", COUNTER, 0),
+    409: ("nvlink_crc_flit_errors", "", COUNTER, 0),
+    419: ("nvlink_crc_data_errors", "", COUNTER, 0),
+    429: ("nvlink_replay_errors", "", COUNTER, 0),
+    439: ("nvlink_recovery_errors", "", COUNTER, 0),
+    440: ("nvlink_bandwidth_l0", "MB/s", GAUGE, 0),
+    # DCGM gives BW_MBPS as the unit: a throughput, so a gauge (a sag is a finding, not a reset).
+    449: ("nvlink_bandwidth", "MB/s", GAUGE, 0),
+    450: ("nvlink_errors", "", COUNTER, 0),
+    1001: ("gr_engine_active", "ratio", GAUGE, 0),
+    1002: ("sm_active", "ratio", GAUGE, 0),
+    1004: ("tensor_active", "ratio", GAUGE, 0),
+    1005: ("dram_active", "ratio", GAUGE, 0),
+    1009: ("pcie_tx_bytes", "B/s", GAUGE, 0),
+    1010: ("pcie_rx_bytes", "B/s", GAUGE, 0),
+    1011: ("nvlink_tx_bytes", "B/s", GAUGE, 0),
+    1012: ("nvlink_rx_bytes", "B/s", GAUGE, 0),
+    1420: ("power_cap_ns", "ns", COUNTER, 0),
+    1421: ("sync_boost_ns", "ns", COUNTER, 0),
+    1422: ("sw_thermal_ns", "ns", COUNTER, 0),
+    1423: ("hw_thermal_ns", "ns", COUNTER, 0),
+    1424: ("hw_power_brake_ns", "ns", COUNTER, 0),
+    1508: ("nvlink_state", "", STATE, 0),
+}
+
+# Extra short names people type (and older dashboards use).
+_EXTRA_ALIASES = {
+    "throttle_reasons": "clocks_event_reasons",
+    "temp": "gpu_temp",
+    "power_usage": "power",
+    "util": "gpu_util",
+    "ecc_sbe_vol": "ecc_sbe_volatile",
+    "ecc_dbe_vol": "ecc_dbe_volatile",
+    "xid_errors": "xid",
+}
+
+# DCGM "blank" placeholders (dcgm_structs.h): values at or above these are not data.
+BLANK_INT64 = float(0x7FFFFFFFFFFFFFF0)   # == 2**63 once a JSON number becomes a float
+BLANK_INT32 = float(0x7FFFFFF0)
+BLANK_FP64 = 140737488355328.0           # 2**47
+
+
+@dataclass(frozen=True, slots=True)
+class Field:
+    """One telemetry field: every name it goes by and how to read its values."""
+
+    column: int
+    alias: str
+    field_id: int
+    names: tuple[str, ...]      # exporter name first, then the DCGM 4.6 canonical name if renamed
+    dcgm_type: str              # INT64 / DOUBLE
+    unit: str
+    kind: str
+    min_value: float | None
+    dmon_name: str
+
+    @property
+    def blank_threshold(self) -> float:
+        return BLANK_FP64 if self.dcgm_type == "DOUBLE" else BLANK_INT64
+
+    @property
+    def is_counter(self) -> bool:
+        return self.kind == COUNTER
+
+
+@dataclass(frozen=True, slots=True)
+class Bit:
+    name: str          # HW_THERMAL
+    mask: int          # 0x40
+    label: str         # dcgm-exporter's label, hw_thermal
+    meaning: str
+
+
+class Catalog:
+    """Lookup of fields by any of their names, alias or id."""
+
+    def __init__(self, fields: list[Field], bits: list[Bit]) -> None:
+        self.fields = fields
+        self.bits = {b.name: b for b in bits}
+        self._by_name: dict[str, Field] = {}
+        self._by_alias: dict[str, Field] = {}
+        self._by_id: dict[int, Field] = {}
+        self._by_dmon: dict[str, Field] = {}
+        for f in fields:
+            for n in f.names:
+                self._by_name[n] = f
+            self._by_alias[f.alias] = f
+            self._by_id[f.field_id] = f
+            if f.dmon_name:
+                self._by_dmon.setdefault(f.dmon_name, f)
+        for extra, target in _EXTRA_ALIASES.items():
+            self._by_alias[extra] = self._by_alias[target]
+
+    def __len__(self) -> int:
+        return len(self.fields)
+
+    def __iter__(self) -> Iterator[Field]:
+        return iter(self.fields)
+
+    def by_name(self, name: str) -> Field | None:
+        """A field by its DCGM name (either spelling)."""
+        return self._by_name.get(name)
+
+    def by_alias(self, alias: str) -> Field | None:
+        return self._by_alias.get(alias)
+
+    def by_id(self, field_id: int) -> Field | None:
+        return self._by_id.get(field_id)
+
+    def by_dmon(self, short: str) -> Field | None:
+        return self._by_dmon.get(short)
+
+    def resolve(self, name: str) -> Field | None:
+        """A field by alias, DCGM name (either spelling) or numeric id, whichever ``name`` is."""
+        if name.isdigit():
+            return self._by_id.get(int(name))
+        return self._by_alias.get(name) or self._by_name.get(name)
+
+    def suggest(self, name: str, n: int = 3) -> list[str]:
+        """Closest known names, for a "did you mean" answer."""
+        pool = list(self._by_alias) + list(self._by_name)
+        return difflib.get_close_matches(name, pool, n=n, cutoff=0.6)
+
+    @property
+    def all_names(self) -> list[str]:
+        """Every DCGM spelling in catalog order; the decoder's typed ``fields`` has one slot each."""
+        return [n for f in self.fields for n in f.names]
+
+
+def _load() -> Catalog:
+    data = resources.files("pipeline") / "data"
+    rows: dict[int, dict[str, str]] = {}
+    renames: dict[int, list[str]] = {}
+    with (data / "dcgm_fields.csv").open() as fh:
+        for row in csv.DictReader(fh):
+            fid = int(row["field_id"])
+            name = row["name_used_by_dcgm_exporter"]
+            canon = row["canonical_name_dcgm_4_6_if_renamed"]
+            if canon and fid in rows and rows[fid]["name_used_by_dcgm_exporter"] == canon:
+                # The 4.6 name was listed first; keep the exporter's (older) one in front.
+                renames[fid].insert(0, name)
+                continue
+            rows.setdefault(fid, row)
+            names = renames.setdefault(fid, [])
+            for n in (name, canon):
+                if n and n not in names:
+                    names.append(n)
+    fields: list[Field] = []
+    for fid, row in rows.items():
+        if fid not in _SEMANTICS:
+            continue  # strings such as the driver version: labels, not telemetry
+        alias, unit, kind, lo = _SEMANTICS[fid]
+        fields.append(
+            Field(
+                column=len(fields),
+                alias=alias,
+                field_id=fid,
+                names=tuple(renames[fid]),
+                dcgm_type=row["type"],
+                unit=unit,
+                kind=kind,
+                min_value=lo,
+                dmon_name=row["dmon_short_name"],
+            )
+        )
+    bits = []
+    with (data / "clock_event_reasons.csv").open() as fh:
+        for row in csv.DictReader(fh):
+            name = row["dcgm_macro"].removeprefix("DCGM_CLOCKS_EVENT_REASON_")
+            bits.append(Bit(name, int(row["bit_hex"], 16), row["dcgm_exporter_clock_event_label"], row["meaning"]))
+    return Catalog(fields, bits)
+
+
+FIELDS = _load()

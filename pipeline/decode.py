@@ -1,0 +1,223 @@
+"""Bytes -> typed telemetry records, and everything that cannot be used -> dead letters.
+
+A message (a Kafka value or a JSONL line) holds one record object or an array of them (a host's
+GPUs batched, DESIGN §6). The fast path decodes it straight into Structs; only when that fails
+does the slow path take the message apart record by record to say exactly what is wrong with
+which one, so one poison record never costs its neighbours. Nothing here raises into the caller.
+
+Field-level problems (blank sentinels, NaN, impossible negatives) are found later, vectorised,
+when the engine turns records into columns (``pipeline.engine.frame``).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Union
+
+import msgspec
+
+from pipeline.catalog import FIELDS
+from pipeline.schema import DcgmRecord, DeadLetter, NcclRecord, TelemetryRecord
+
+# Stable reason codes (documented in docs/architecture.md; DLQ consumers match on them).
+MALFORMED_JSON = "malformed_json"
+WRONG_TYPE = "wrong_type"
+MISSING_KEY = "missing_key"
+NAN_VALUE = "nan_value"
+NAN_FIELD = "nan_field"
+BLANK_SENTINEL = "blank_sentinel"
+NEGATIVE_VALUE = "negative_value"
+UNKNOWN_KIND = "unknown_kind"
+UNSUPPORTED_VERSION = "unsupported_version"
+TS_OUT_OF_RANGE = "ts_out_of_range"
+LATE = "late"
+TOO_LARGE = "too_large"
+REASONS = (MALFORMED_JSON, WRONG_TYPE, MISSING_KEY, NAN_VALUE, NAN_FIELD, BLANK_SENTINEL, NEGATIVE_VALUE,
+           UNKNOWN_KIND, UNSUPPORTED_VERSION, TS_OUT_OF_RANGE, LATE, TOO_LARGE)
+
+# Plausible event time: 2001-09-09 .. 2100-01-01. Anything else is a unit mistake (ms, us) or garbage.
+TS_MIN, TS_MAX = 1.0e9, 4.1e9
+RAW_KEEP = 2048  # bytes of the original kept in a dead letter: enough to see it, not to flood the DLQ
+
+_fast = msgspec.json.Decoder(Union[list[Union[DcgmRecord, NcclRecord]], DcgmRecord, NcclRecord])
+_KINDS = {"dcgm": DcgmRecord, "nccl": NcclRecord}
+
+
+def _raw(payload: bytes | str) -> str:
+    text = payload.decode("utf-8", "replace") if isinstance(payload, (bytes, bytearray)) else payload
+    return text if len(text) <= RAW_KEEP else text[:RAW_KEEP] + "…"
+
+
+@dataclass
+class Decoded:
+    records: list[TelemetryRecord]
+    origins: list[str]
+    dead: list[DeadLetter]
+
+
+class Decoder:
+    """Decode telemetry messages, turning every problem into a ``DeadLetter``.
+
+    ``wall_clock``: when given (the live service), event times further than ``max_future_s``
+    ahead of it or ``max_age_s`` behind it are out of range. Replay passes none: recordings are
+    old by nature.
+
+    >>> d = Decoder()
+    >>> out = d.decode(b'{"kind":"dcgm","ts":1764403200,"host":"h","gpu":0,"fields":{}}', "f:1")
+    >>> len(out.records), len(out.dead)
+    (1, 0)
+    >>> d.decode(b'{"kind":"dcgm","ts":"soon"}', "f:2").dead[0].reason
+    'wrong_type'
+    """
+
+    def __init__(
+        self,
+        *,
+        wall_clock: Callable[[], float] | None = None,
+        max_future_s: float = 300.0,
+        max_age_s: float = 7 * 86400.0,
+        max_message_bytes: int = 8 * 1024 * 1024,
+    ) -> None:
+        self.wall_clock = wall_clock
+        self.max_future_s = max_future_s
+        self.max_age_s = max_age_s
+        self.max_message_bytes = max_message_bytes
+
+    def decode(self, payload: bytes, origin: str) -> Decoded:
+        out = Decoded([], [], [])
+        if len(payload) > self.max_message_bytes:
+            out.dead.append(DeadLetter(reason=TOO_LARGE, detail=f"{len(payload)} bytes > {self.max_message_bytes}",
+                                       origin=origin, raw=_raw(payload[:RAW_KEEP])))
+            return out
+        try:
+            obj = _fast.decode(payload)
+        except (msgspec.DecodeError, msgspec.ValidationError):
+            self._slow(payload, origin, out)
+            return out
+        if isinstance(obj, list):
+            for i, rec in enumerate(obj):
+                self._accept(rec, f"{origin}#{i}", out, payload)
+        else:
+            self._accept(obj, origin, out, payload)
+        return out
+
+    # -- checks that the type system cannot make ------------------------------------------
+
+    def _accept(self, rec: TelemetryRecord, origin: str, out: Decoded, payload: bytes | str) -> None:
+        reason = self._check(rec)
+        if reason is None:
+            out.records.append(rec)
+            out.origins.append(origin)
+        else:
+            code, detail = reason
+            out.dead.append(DeadLetter(reason=code, detail=detail, origin=origin, raw=_raw(payload),
+                                       ts=rec.ts if math.isfinite(rec.ts) else None, host=rec.host))
+
+    def _check(self, rec: TelemetryRecord) -> tuple[str, str] | None:
+        ts = rec.ts
+        if not math.isfinite(ts):
+            return NAN_VALUE, f"ts is {ts}"
+        if rec.v != 1:
+            return UNSUPPORTED_VERSION, f"schema version {rec.v} (this build reads 1)"
+        if not TS_MIN <= ts <= TS_MAX:
+            hint = " (milliseconds or microseconds? ts is in seconds)" if ts > TS_MAX else ""
+            return TS_OUT_OF_RANGE, f"ts {ts} outside 2001..2100{hint}"
+        if self.wall_clock is not None:
+            now = self.wall_clock()
+            if ts > now + self.max_future_s:
+                return TS_OUT_OF_RANGE, f"ts {ts} is {ts - now:.0f}s ahead of the wall clock"
+            if ts < now - self.max_age_s:
+                return TS_OUT_OF_RANGE, f"ts {ts} is {now - ts:.0f}s behind the wall clock"
+        if not rec.host:
+            return MISSING_KEY, "host is empty"
+        if isinstance(rec, DcgmRecord):
+            if rec.gpu < 0:
+                return NEGATIVE_VALUE, f"gpu index {rec.gpu}"
+        else:
+            if rec.rank < 0 or rec.nranks <= 0 or rec.rank >= rec.nranks:
+                return WRONG_TYPE, f"rank {rec.rank} of {rec.nranks}"
+            for name in ("exec_time_us", "algbw_gbs", "busbw_gbs"):
+                val = getattr(rec, name)
+                if val is not None and not math.isfinite(val):
+                    return NAN_VALUE, f"{name} is {val}"
+                if val is not None and val < 0:
+                    return NEGATIVE_VALUE, f"{name} is {val}"
+        return None
+
+    # -- slow path: say precisely what is wrong ---------------------------------------------
+
+    def _slow(self, payload: bytes, origin: str, out: Decoded) -> None:
+        try:
+            # Python's json accepts NaN/Infinity tokens that producers written in Python emit;
+            # reading them lets us name the problem (nan_value) instead of "malformed".
+            obj = json.loads(payload)
+        except (ValueError, UnicodeDecodeError) as e:
+            out.dead.append(DeadLetter(reason=MALFORMED_JSON, detail=str(e)[:200], origin=origin, raw=_raw(payload)))
+            return
+        items = obj if isinstance(obj, list) else [obj]
+        for i, item in enumerate(items):
+            o = f"{origin}#{i}" if isinstance(obj, list) else origin
+            self._slow_one(item, o, out)
+
+    def _slow_one(self, item: Any, origin: str, out: Decoded) -> None:
+        raw = _raw(json.dumps(item, default=str)) if not isinstance(item, str) else _raw(item)
+
+        def dead(code: str, detail: str) -> None:
+            host = item.get("host") if isinstance(item, dict) and isinstance(item.get("host"), str) else None
+            out.dead.append(DeadLetter(reason=code, detail=detail, origin=origin, raw=raw, host=host))
+
+        if not isinstance(item, dict):
+            return dead(WRONG_TYPE, f"a record is a JSON object, got {type(item).__name__}")
+        kind = item.get("kind")
+        if kind not in _KINDS:
+            return dead(UNKNOWN_KIND if kind is not None else MISSING_KEY,
+                        f"kind {kind!r} (known: {', '.join(_KINDS)})" if kind is not None else "no 'kind'")
+        ts = item.get("ts")
+        if isinstance(ts, float) and not math.isfinite(ts):
+            return dead(NAN_VALUE, f"ts is {ts}")
+        fields = item.get("fields")
+        dropped: list[tuple[str, str]] = []
+        if kind == "dcgm" and isinstance(fields, dict):
+            clean = {}
+            for name, val in fields.items():
+                if isinstance(val, bool) or not isinstance(val, (int, float)):
+                    if isinstance(val, str) and val.startswith("<<<"):
+                        dropped.append((name, BLANK_SENTINEL))
+                    elif isinstance(val, str):
+                        try:
+                            num = float(val)   # "71" from a loose producer is still 71
+                        except ValueError:
+                            dropped.append((name, WRONG_TYPE))
+                            continue
+                        if math.isfinite(num):
+                            clean[name] = num
+                        else:
+                            dropped.append((name, NAN_FIELD))
+                    else:
+                        dropped.append((name, WRONG_TYPE))
+                elif isinstance(val, float) and not math.isfinite(val):
+                    dropped.append((name, NAN_FIELD))
+                else:
+                    clean[name] = val
+            item = {**item, "fields": clean}
+        try:
+            rec = msgspec.convert(item, _KINDS[kind], strict=False)
+        except msgspec.ValidationError as e:
+            msg = str(e)
+            code = MISSING_KEY if "missing required field" in msg else WRONG_TYPE
+            return dead(code, msg)
+        if dropped:
+            reasons = sorted({r for _, r in dropped})
+            for r in reasons:
+                names = [n for n, rr in dropped if rr == r]
+                out.dead.append(DeadLetter(reason=r, detail=f"dropped {', '.join(names)}; rest of the record kept",
+                                           origin=origin, action="fields_dropped", fields=names, ts=rec.ts,
+                                           host=rec.host, raw=raw))
+        self._accept(rec, origin, out, raw)
+
+
+def known_field(name: str) -> bool:
+    return FIELDS.by_name(name) is not None

@@ -1,0 +1,124 @@
+"""The check protocol the engine drives, and the built-in checks.
+
+A *row check* turns a chunk of samples into one boolean per sample (is the condition true for
+this GPU at this time?); a *tick check* judges every entity at a point of the event-time grid
+(absence: a lost GPU, a silent host). Deciding when a true condition becomes an alert (``for:``,
+``keep_firing_for:``) is the lifecycle's job, not the check's. YAML rules compile to row checks.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import numpy as np
+
+from pipeline.catalog import FIELDS
+from pipeline.engine.config import EngineConfig
+from pipeline.engine.entities import Entities
+from pipeline.engine.state import GpuState, View
+
+GPU, HOST = "gpu", "host"
+
+
+@dataclass(frozen=True)
+class CheckMeta:
+    name: str
+    fault: str
+    severity: str
+    level: str = GPU
+    for_s: float = 0.0
+    keep_firing_for_s: float = 0.0
+    labels: dict[str, str] = field(default_factory=dict)
+
+
+class RowCheck(Protocol):
+    meta: CheckMeta
+
+    def evaluate(self, view: View) -> np.ndarray: ...
+
+    def evidence(self, view: View, row: int) -> dict[str, Any]: ...
+
+    def summary(self, host: str, gpu: int | None, evidence: dict[str, Any]) -> str: ...
+
+
+class TickCheck(Protocol):
+    meta: CheckMeta
+
+    def evaluate_tick(self, t: float, state: GpuState, entities: Entities, config: EngineConfig) -> np.ndarray: ...
+
+    def summary(self, host: str, gpu: int | None, evidence: dict[str, Any]) -> str: ...
+
+
+def _num(x: float) -> float | None:
+    return None if x != x else round(float(x), 3)
+
+
+class HwThermalSlowdown:
+    """HW thermal slowdown bit set while the GPU is under load: the clock is being cut for heat."""
+
+    meta = CheckMeta("builtin_hw_thermal_slowdown", "thermal_throttling", "critical", GPU, for_s=10.0)
+    _mask = FIELDS.bits["HW_THERMAL"].mask
+
+    def evaluate(self, view: View) -> np.ndarray:
+        util = view.value("gpu_util")
+        with np.errstate(invalid="ignore"):
+            loaded = util >= 50
+        return view.has_bits("clocks_event_reasons", self._mask) & loaded
+
+    def evidence(self, view: View, row: int) -> dict[str, Any]:
+        return {a: _num(view.value(a)[row]) for a in ("gpu_temp", "sm_clock", "gpu_util", "clocks_event_reasons")}
+
+    def summary(self, host: str, gpu: int | None, ev: dict[str, Any]) -> str:
+        return (f"GPU {gpu} on {host} is thermally throttled (HW_THERMAL): SM clock {ev.get('sm_clock')} MHz "
+                f"at {ev.get('gpu_temp')} °C under {ev.get('gpu_util')}% load")
+
+
+class NvlinkReplayIncrease:
+    """Any NVLink replay increase is a failure in DCGM's own health watch; counter resets are not."""
+
+    meta = CheckMeta("builtin_nvlink_replay", "nvlink_replay_errors", "warning", GPU, keep_firing_for_s=60.0)
+
+    def evaluate(self, view: View) -> np.ndarray:
+        with np.errstate(invalid="ignore"):
+            return view.inc("nvlink_replay_errors") > 0
+
+    def evidence(self, view: View, row: int) -> dict[str, Any]:
+        return {"replay_increase": _num(view.inc("nvlink_replay_errors")[row]),
+                "replay_total": _num(view.value("nvlink_replay_errors")[row])}
+
+    def summary(self, host: str, gpu: int | None, ev: dict[str, Any]) -> str:
+        return f"NVLink replays on GPU {gpu} of {host}: +{ev.get('replay_increase')} (total {ev.get('replay_total')})"
+
+
+class GpuLost:
+    """A GPU stops reporting while its host keeps reporting (fallen off the bus, XID 79)."""
+
+    meta = CheckMeta("builtin_gpu_lost", "gpu_lost", "critical", GPU)
+
+    def evaluate_tick(self, t: float, state: GpuState, entities: Entities, config: EngineConfig) -> np.ndarray:
+        n = entities.n_gpus
+        gpu_last = state.last_ts[:n]
+        host_last = state.host_last_ts[entities.gpu_host]
+        with np.errstate(invalid="ignore"):
+            return (t - gpu_last > config.gpu_absent_after) & (t - host_last <= config.gpu_absent_after)
+
+    def summary(self, host: str, gpu: int | None, ev: dict[str, Any]) -> str:
+        return f"GPU {gpu} on {host} stopped reporting at {ev.get('last_seen')} while its host still reports"
+
+
+class TelemetryGap:
+    """A host that reported goes silent: the exporter, the node or the network is down."""
+
+    meta = CheckMeta("builtin_telemetry_gap", "telemetry_gap", "warning", HOST)
+
+    def evaluate_tick(self, t: float, state: GpuState, entities: Entities, config: EngineConfig) -> np.ndarray:
+        with np.errstate(invalid="ignore"):
+            return t - state.host_last_ts[: entities.n_hosts] > config.host_silent_after
+
+    def summary(self, host: str, gpu: int | None, ev: dict[str, Any]) -> str:
+        return f"{host} has sent no telemetry since {ev.get('last_seen')}"
+
+
+def builtin_checks() -> tuple[list[RowCheck], list[TickCheck]]:
+    return [HwThermalSlowdown(), NvlinkReplayIncrease()], [GpuLost(), TelemetryGap()]

@@ -1,0 +1,49 @@
+"""Engine settings: event-time semantics and absence detection."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, fields
+from typing import Any
+
+from pipeline.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """How the engine treats time.
+
+    - ``allowed_lateness``: a host may lag the fleet by this much (seconds of event time) and its
+      records still count; a host further behind stops holding the watermark back, and records
+      older than the watermark go to the DLQ as ``late``.
+    - ``host_disorder``: how far out of order one host's own records may arrive.
+    - ``tick``: absence (a lost GPU, a silent host) is judged on this event-time grid, so the
+      result does not depend on how records were batched.
+    - ``gpu_absent_after`` / ``host_silent_after``: silence that makes a finding.
+    """
+
+    allowed_lateness: float = 30.0
+    host_disorder: float = 0.0
+    tick: float = 5.0
+    gpu_absent_after: float = 30.0
+    host_silent_after: float = 60.0
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            val = getattr(self, f.name)
+            if not isinstance(val, (int, float)) or isinstance(val, bool) or val < 0:
+                raise ConfigError(f"engine.{f.name}", f"must be a non-negative number of seconds, got {val!r}")
+        if self.tick <= 0:
+            raise ConfigError("engine.tick", "must be > 0")
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any] | None) -> "EngineConfig":
+        """Build from a config mapping; unknown keys are errors that name the key."""
+        data = dict(data or {})
+        known = {f.name for f in fields(cls)}
+        for key in data:
+            if key not in known:
+                raise ConfigError(f"engine.{key}", f"unknown key (known: {', '.join(sorted(known))})")
+        return cls(**data)
+
+    def to_dict(self) -> dict[str, float]:
+        return asdict(self)

@@ -1,0 +1,69 @@
+"""Dense ids for GPUs and hosts, so per-entity state lives in numpy arrays indexed by id."""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+class Entities:
+    """Maps (host, gpu) and host names to dense integer ids, assigned in first-seen order."""
+
+    def __init__(self) -> None:
+        self.hosts: list[str] = []
+        self.host_id: dict[str, int] = {}
+        self.gpus: list[tuple[str, int]] = []
+        self.gpu_id: dict[tuple[str, int], int] = {}
+        self._gpu_host = np.zeros(16, dtype=np.int32)
+
+    @property
+    def n_gpus(self) -> int:
+        return len(self.gpus)
+
+    @property
+    def n_hosts(self) -> int:
+        return len(self.hosts)
+
+    @property
+    def gpu_host(self) -> np.ndarray:
+        """Host id of every GPU id."""
+        return self._gpu_host[: self.n_gpus]
+
+    def host(self, name: str) -> int:
+        hid = self.host_id.get(name)
+        if hid is None:
+            hid = self.host_id[name] = len(self.hosts)
+            self.hosts.append(name)
+        return hid
+
+    def gpu(self, host: str, index: int) -> int:
+        key = (host, index)
+        gid = self.gpu_id.get(key)
+        if gid is None:
+            gid = self.gpu_id[key] = len(self.gpus)
+            self.gpus.append(key)
+            if gid >= len(self._gpu_host):
+                self._gpu_host = np.resize(self._gpu_host, 2 * len(self._gpu_host))
+            self._gpu_host[gid] = self.host(host)
+        return gid
+
+    def to_state(self) -> dict:
+        return {"hosts": self.hosts, "gpus": [list(k) for k in self.gpus]}
+
+    @classmethod
+    def from_state(cls, data: dict) -> "Entities":
+        ent = cls()
+        for h in data["hosts"]:
+            ent.host(h)
+        for h, g in data["gpus"]:
+            ent.gpu(h, int(g))
+        return ent
+
+
+def grow(arr: np.ndarray, n: int, fill: float | int | bool) -> np.ndarray:
+    """``arr`` with at least ``n`` rows (amortised doubling), new rows set to ``fill``."""
+    if len(arr) >= n:
+        return arr
+    size = max(n, 2 * len(arr), 16)
+    out = np.full((size,) + arr.shape[1:], fill, dtype=arr.dtype)
+    out[: len(arr)] = arr
+    return out

@@ -1,0 +1,138 @@
+"""Typed records of the data contracts (DESIGN §2): telemetry in, alerts and dead letters out.
+
+msgspec Structs: decoding JSON straight into them costs ~1 us a record (DESIGN §6) and checks
+types on the way. ``DcgmFields`` has one slot per known DCGM spelling (both the pre-4.6 and the
+4.6 name), NaN when absent, so turning a batch into a numpy matrix is one ``astuple`` per record.
+Unknown field names are ignored: no rule can name them (the catalog is the vocabulary).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Union
+
+import msgspec
+
+from pipeline.catalog import FIELDS
+
+SCHEMA_VERSION = 1
+
+DcgmFields = msgspec.defstruct(
+    "DcgmFields",
+    [(name, float, math.nan) for name in FIELDS.all_names],
+    omit_defaults=True,
+    repr_omit_defaults=True,
+)
+"""All known DCGM fields of one sample; NaN = not reported."""
+
+# Column of the engine's value matrix for each slot of DcgmFields, in slot order.
+FIELD_SLOT_COLUMNS: tuple[int, ...] = tuple(f.column for f in FIELDS for _ in f.names)
+
+
+class DcgmRecord(msgspec.Struct, tag="dcgm", tag_field="kind", kw_only=True):
+    """One GPU's (or one NVLink's, when ``link`` is set) DCGM sample."""
+
+    v: int = SCHEMA_VERSION
+    ts: float
+    host: str
+    gpu: int
+    link: int | None = None
+    uuid: str | None = None
+    model: str | None = None
+    labels: dict[str, str] = {}
+    fields: DcgmFields = msgspec.field(default_factory=DcgmFields)  # type: ignore[valid-type]
+
+
+class NcclRecord(msgspec.Struct, tag="nccl", tag_field="kind", kw_only=True):
+    """One rank's view of one collective (or an interval's aggregate of them)."""
+
+    v: int = SCHEMA_VERSION
+    ts: float
+    host: str
+    gpu: int | None = None
+    job: str | None = None
+    comm: str
+    comm_name: str | None = None
+    rank: int
+    nranks: int
+    nnodes: int | None = None
+    coll: str
+    seq: int | None = None
+    bytes: int
+    exec_time_us: float
+    algbw_gbs: float | None = None
+    busbw_gbs: float | None = None
+    labels: dict[str, str] = {}
+
+
+TelemetryRecord = Union[DcgmRecord, NcclRecord]
+
+
+class AlertEvent(msgspec.Struct, tag="alert", tag_field="kind", kw_only=True):
+    """An alert's state change: ``firing`` then ``resolved`` under the same ``id``."""
+
+    v: int = SCHEMA_VERSION
+    id: str
+    state: str                      # firing | resolved
+    fault: str                      # family-prefixed: thermal_..., hbm_..., nvlink_..., gpu_...
+    severity: str
+    rule: str
+    host: str | None = None
+    gpu: int | None = None
+    link: int | None = None
+    job: str | None = None
+    ts: float
+    started_at: float
+    summary: str = ""
+    evidence: dict[str, Any] = {}
+    labels: dict[str, str] = {}
+
+    @property
+    def family(self) -> str:
+        return fault_family(self.fault)
+
+
+class DeadLetter(msgspec.Struct, tag="dead_letter", tag_field="kind", kw_only=True, omit_defaults=True):
+    """A record (or part of one) that could not be used, why, and where it came from."""
+
+    v: int = SCHEMA_VERSION
+    reason: str
+    detail: str
+    origin: str
+    action: str = "record_dropped"     # or "fields_dropped": the rest of the record was used
+    fields: list[str] = []
+    ts: float | None = None
+    host: str | None = None
+    raw: str | None = None
+
+
+FAMILIES = ("thermal", "hbm", "nvlink", "nccl", "gpu", "power", "pcie", "telemetry")
+
+
+def fault_family(fault: str) -> str:
+    """``hbm_ecc_burst`` -> ``hbm``: what remediation routes and evaluation match on."""
+    return fault.split("_", 1)[0]
+
+
+def dcgm(ts: float, host: str, gpu: int, fields: dict[str, float] | None = None, **kw: Any) -> DcgmRecord:
+    """Build a DCGM record from plain values; field names may be DCGM names or aliases.
+
+    >>> r = dcgm(10.0, "h1", 0, {"gpu_temp": 71})
+    >>> r.fields.DCGM_FI_DEV_GPU_TEMP
+    71.0
+    """
+    named: dict[str, float] = {}
+    for k, val in (fields or {}).items():
+        f = FIELDS.resolve(k)
+        if f is None:
+            raise KeyError(f"unknown field {k!r}")
+        named[k if k in f.names else f.names[0]] = float(val)
+    return DcgmRecord(ts=float(ts), host=host, gpu=gpu, fields=DcgmFields(**named), **kw)
+
+
+_enc = msgspec.json.Encoder()
+
+
+def encode(obj: Any) -> bytes:
+    """JSON bytes of a record, alert, dead letter or plain value (compact, deterministic)."""
+    return _enc.encode(obj)
