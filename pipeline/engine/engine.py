@@ -71,6 +71,7 @@ class Engine:
         self.state = GpuState()
         self.host_hwm = np.full(0, np.nan)
         self.released = -math.inf      # every record with ts < released has been processed
+        self.first_ts = math.inf       # oldest event time ever accepted: the stream's start
         self.next_tick = math.nan
         self.lifecycles = {n: self._new_lifecycle(n) for n in names}
         self._pending: list[TelemetryRecord] = []
@@ -108,6 +109,7 @@ class Engine:
                 ts, hosts = ts[keep], hosts[keep]
             self.host_hwm = grow(self.host_hwm, self.entities.n_hosts, np.nan)
             np.fmax.at(self.host_hwm, hosts, ts)
+            self.first_ts = min(self.first_ts, float(ts.min())) if len(ts) else self.first_ts
             self._pending.extend(records)
             self._pending_origin.extend(origins)
             self._pending_ts = np.concatenate([self._pending_ts, ts])
@@ -125,8 +127,13 @@ class Engine:
         hwm = hwm[~np.isnan(hwm)]
         if not len(hwm):
             return self.released
-        active = hwm[hwm >= hwm.max() - self.config.allowed_lateness]
-        return max(self.released, float(active.min()) - self.config.host_disorder)
+        newest, lateness = float(hwm.max()), self.config.allowed_lateness
+        wm = float(hwm[hwm >= newest - lateness].min()) - self.config.host_disorder
+        if newest - float(np.nanmin(self.first_ts)) < lateness:
+            # Start-up: hosts come online a little apart and one not seen yet cannot hold the
+            # watermark, so wait out the allowed lateness before trusting the per-host marks.
+            wm = min(wm, newest - lateness)
+        return max(self.released, wm)
 
     # -- processing in event time ---------------------------------------------------------------
 
@@ -244,7 +251,7 @@ class Engine:
             "entities": self.entities.to_state(),
             "last": _arr(self.state.last), "last_ts": _arr(self.state.last_ts),
             "host_last_ts": _arr(self.state.host_last_ts), "host_hwm": _arr(self.host_hwm),
-            "released": self.released, "next_tick": self.next_tick,
+            "released": self.released, "next_tick": self.next_tick, "first_ts": self.first_ts,
             "lifecycles": {n: {k: _arr(v) for k, v in lc.to_state().items()} for n, lc in self.lifecycles.items()},
             "pending": [msgspec.json.encode(r) for r in self._pending],
             "pending_origin": self._pending_origin,
@@ -263,6 +270,7 @@ class Engine:
             self.state.host_last_ts = _unarr(data["host_last_ts"])
             self.host_hwm = _unarr(data["host_hwm"])
             self.released, self.next_tick = data["released"], data["next_tick"]
+            self.first_ts = data["first_ts"]
             for name, lc in data["lifecycles"].items():
                 if name in self.lifecycles:
                     self.lifecycles[name].load_state({k: _unarr(v) for k, v in lc.items()})

@@ -1,0 +1,49 @@
+# gpuwarden — the two commands in the README do all of their own set-up.
+#   make demo   venv + install + the demo (no broker needed)
+#   make test   venv + install + a local Apache Kafka broker + the whole suite + stop the broker
+
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml | sha1sum | cut -c1-12)
+PYTEST_ARGS ?=
+
+.PHONY: venv demo test test-unit kafka-start kafka-stop bench clean
+
+$(STAMP): pyproject.toml
+	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "Python >= 3.11 is required")'
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e '.[test]'
+	rm -f $(VENV)/.installed-*
+	touch $@
+
+venv: $(STAMP)
+
+demo: venv
+	$(BIN)/gpuwarden demo
+
+# The broker is started unless KAFKA_BOOTSTRAP points at one already; it is stopped whatever
+# the tests did, and the tests' exit status is kept.
+test: venv
+	@if [ -n "$$KAFKA_BOOTSTRAP" ]; then \
+		$(BIN)/python -m pytest $(PYTEST_ARGS); \
+	else \
+		PYTHON=$(BIN)/python scripts/kafka start || exit 1; \
+		status=0; \
+		KAFKA_BOOTSTRAP=127.0.0.1:$${KAFKA_PORT:-9092} $(BIN)/python -m pytest $(PYTEST_ARGS) || status=$$?; \
+		scripts/kafka stop; \
+		exit $$status; \
+	fi
+
+test-unit: venv
+	$(BIN)/python -m pytest tests/unit $(PYTEST_ARGS)
+
+kafka-start: venv
+	PYTHON=$(BIN)/python scripts/kafka start
+
+kafka-stop:
+	scripts/kafka stop
+
+clean:
+	rm -rf $(VENV) .pytest_cache .kafka build *.egg-info

@@ -1,0 +1,136 @@
+"""Apache Kafka through kafka-python: idempotent acks=all producer, manual-commit consumer.
+
+Every send's result is checked: ``flush`` waits on each send's future and raises
+``DeliveryError`` naming how many the broker did not acknowledge, so a caller never commits
+input offsets for output that was lost.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer
+from kafka.admin import NewTopic
+from kafka.errors import KafkaError, TopicAlreadyExistsError
+
+from pipeline.bus.base import Message, Topics
+from pipeline.errors import BrokerUnavailableError, DeliveryError
+
+log = logging.getLogger(__name__)
+
+# Options passed straight through to kafka-python (TLS, SASL/SCRAM); values are never logged.
+SECURITY_KEYS = ("security_protocol", "sasl_mechanism", "sasl_plain_username", "sasl_plain_password",
+                 "ssl_cafile", "ssl_certfile", "ssl_keyfile", "ssl_password", "ssl_check_hostname")
+
+
+def _unavailable(bootstrap: str, err: KafkaError) -> BrokerUnavailableError:
+    return BrokerUnavailableError(f"no Kafka broker answered at {bootstrap}: {err}")
+
+
+def _security(options: dict[str, Any] | None) -> dict[str, Any]:
+    opts = dict(options or {})
+    unknown = set(opts) - set(SECURITY_KEYS)
+    if unknown:
+        raise ValueError(f"unknown Kafka security options: {sorted(unknown)}")
+    return opts
+
+
+class KafkaBusProducer:
+    """Idempotent, ``acks=all`` producer; ``flush`` raises unless every send was acknowledged."""
+
+    def __init__(self, bootstrap: str, *, security: dict[str, Any] | None = None, linger_ms: int = 5,
+                 batch_size: int = 256 * 1024, client_id: str = "gpuwarden", **extra: Any) -> None:
+        try:
+            self._p = KafkaProducer(
+                bootstrap_servers=bootstrap, acks="all", enable_idempotence=True, linger_ms=linger_ms,
+                batch_size=batch_size, max_request_size=8 * 1024 * 1024, client_id=client_id,
+                retries=2**31 - 1, **_security(security), **extra)
+        except KafkaError as e:
+            raise _unavailable(bootstrap, e) from e
+        self._futures: list[Any] = []
+
+    def send(self, topic: str, value: bytes, key: bytes | None = None) -> None:
+        self._futures.append(self._p.send(topic, value=value, key=key))
+
+    def flush(self, timeout: float | None = 60.0) -> int:
+        futures, self._futures = self._futures, []
+        try:
+            self._p.flush(timeout=timeout)
+        except KafkaError as e:
+            log.warning("kafka flush: %s", e)
+        failed: list[BaseException] = []
+        for f in futures:
+            try:
+                f.get(timeout=0 if f.is_done else timeout)
+            except Exception as e:  # noqa: BLE001 - every failure counts, whatever its class
+                failed.append(e)
+        if failed:
+            raise DeliveryError(f"{len(failed)} of {len(futures)} sends not acknowledged: {failed[0]!r}",
+                                failed=len(failed))
+        return len(futures)
+
+    def close(self, timeout: float = 10.0) -> None:
+        self._p.close(timeout=timeout)
+
+
+class KafkaBusConsumer:
+    """Manual-commit consumer of one topic in a consumer group."""
+
+    def __init__(self, bootstrap: str, topic: str, group: str | None, *, security: dict[str, Any] | None = None,
+                 auto_offset_reset: str = "earliest", max_poll_records: int = 2000,
+                 client_id: str = "gpuwarden", **extra: Any) -> None:
+        try:
+            self._c = KafkaConsumer(
+                topic, bootstrap_servers=bootstrap, group_id=group, enable_auto_commit=False,
+                auto_offset_reset=auto_offset_reset, max_poll_records=max_poll_records,
+                fetch_max_bytes=64 * 1024 * 1024, max_partition_fetch_bytes=8 * 1024 * 1024,
+                client_id=client_id, **_security(security), **extra)
+        except KafkaError as e:
+            raise _unavailable(bootstrap, e) from e
+
+    def poll(self, timeout: float = 1.0, max_records: int = 2000) -> list[Message]:
+        batches = self._c.poll(timeout_ms=int(timeout * 1000), max_records=max_records)
+        out: list[Message] = []
+        for tp, recs in batches.items():
+            for r in recs:
+                out.append(Message(tp.topic, tp.partition, r.offset, r.key, r.value, r.timestamp))
+        return out
+
+    def commit(self) -> None:
+        self._c.commit()
+
+    def close(self) -> None:
+        self._c.close(autocommit=False)
+
+    @property
+    def raw(self) -> KafkaConsumer:
+        return self._c
+
+
+def ensure_topics(bootstrap: str, topics: Topics, *, partitions: int = 8, replication: int = 1,
+                  security: dict[str, Any] | None = None, timeout_s: float = 30.0) -> list[str]:
+    """Create the project's topics if missing (the state topic compacted); return those created."""
+    try:
+        admin = KafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=int(timeout_s * 1000),
+                                 **_security(security))
+    except KafkaError as e:
+        raise _unavailable(bootstrap, e) from e
+    try:
+        existing = set(admin.list_topics())
+        new = []
+        for name in topics.all():
+            if name in existing:
+                continue
+            cfg = {"cleanup.policy": "compact"} if name == topics.state else {}
+            new.append(NewTopic(name, num_partitions=partitions, replication_factor=replication, topic_configs=cfg))
+        created = []
+        for t in new:
+            try:
+                admin.create_topics([t])
+                created.append(t.name)
+            except TopicAlreadyExistsError:
+                pass
+        return created
+    finally:
+        admin.close()

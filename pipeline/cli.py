@@ -1,0 +1,158 @@
+"""``gpuwarden``: the command line. Each subcommand is a thin driver around the library."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import signal
+import sys
+import time
+from pathlib import Path
+
+from pipeline.errors import GpuwardenError
+
+
+def _cmd_sim(args: argparse.Namespace) -> int:
+    from producers.sim import Simulator
+
+    from pipeline.bus import FileSink, Topics
+    from pipeline.bus.telemetry import per_host_messages
+    from pipeline.schema import encode
+
+    if bool(args.out) == bool(args.kafka):
+        raise SystemExit("gpuwarden sim: give exactly one of --out FILE or --kafka BOOTSTRAP")
+    sim = Simulator(hosts=args.hosts, duration=args.duration, interval=args.interval, seed=args.seed,
+                    scenario=args.scenario)
+    producer = sink = None
+    topic = Topics(args.prefix).telemetry
+    if args.kafka:
+        from pipeline.bus.kafka import KafkaBusProducer, ensure_topics
+        ensure_topics(args.kafka, Topics(args.prefix))
+        producer = KafkaBusProducer(args.kafka)
+    else:
+        sink = FileSink(args.out, atomic=True)
+    n = 0
+    wall0 = time.monotonic()
+    ts0 = None
+    try:
+        for batch in sim.batches():
+            if not batch:
+                continue
+            if args.realtime:
+                ts0 = batch[0]["ts"] if ts0 is None else ts0
+                delay = (batch[0]["ts"] - ts0) - (time.monotonic() - wall0)
+                if delay > 0:
+                    time.sleep(delay)
+            if producer is not None:
+                for key, value in per_host_messages(batch):
+                    producer.send(topic, value, key)
+                producer.flush()
+            else:
+                sink.write_many(encode(r) for r in batch)
+            n += len(batch)
+    finally:
+        if sink is not None:
+            sink.close()
+        if producer is not None:
+            producer.close()
+    if args.labels_out:
+        doc = {"scenario": args.scenario, "seed": args.seed, "hosts": sim.hosts, "interval": args.interval,
+               "start_ts": sim.start_ts, "duration": args.duration, "faults": sim.labels()}
+        Path(args.labels_out).write_text(json.dumps(doc, indent=2, sort_keys=True) + "\n")
+    dest = args.out or f"{topic} on {args.kafka}"
+    print(f"gpuwarden sim: {n} records from {args.hosts} hosts over {args.duration:.0f}s -> {dest}", file=sys.stderr)
+    return 0
+
+
+def _cmd_demo(args: argparse.Namespace) -> int:
+    from pipeline.demo import run_demo
+
+    return run_demo(hosts=args.hosts, duration=args.duration, seed=args.seed, scenario=args.scenario)
+
+
+def _cmd_replay(args: argparse.Namespace) -> int:
+    from rich.console import Console
+    from rich.progress import Progress
+
+    from pipeline.replay import replay
+
+    console = Console(stderr=True)
+    show = console.is_terminal and not args.quiet
+    with Progress(console=console, disable=not show, transient=True) as progress:
+        task = progress.add_task("replaying", total=None)
+        res = replay(args.files, alerts_out=args.alerts_out, dlq_out=args.dlq_out, batch_size=args.batch,
+                     on_batch=lambda n, out: progress.advance(task, n))
+    t = res.totals
+    console.print(f"replayed {t.records:,} records in {res.seconds:.2f}s ({res.records_per_s:,.0f} records/s)")
+    console.print("alerts by family: " + (", ".join(f"{k}: {v}" for k, v in sorted(t.alerts.items())) or "none"))
+    console.print("dead letters by reason: " + (", ".join(f"{k}: {v}" for k, v in sorted(t.dead.items())) or "none"))
+    return 0
+
+
+def _cmd_topics(args: argparse.Namespace) -> int:
+    from pipeline.bus import Topics
+    from pipeline.bus.kafka import ensure_topics
+
+    created = ensure_topics(args.kafka, Topics(args.prefix), partitions=args.partitions)
+    print("created: " + (", ".join(created) or "nothing (all exist)"))
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="gpuwarden", description="GPU-fleet fault detection on streaming telemetry.")
+    p.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    s = sub.add_parser("sim", help="simulate a GPU fleet (with labelled fault injection)")
+    s.add_argument("--hosts", type=int, default=4)
+    s.add_argument("--duration", type=float, default=600.0, help="seconds of event time")
+    s.add_argument("--interval", type=float, default=1.0, help="seconds between samples")
+    s.add_argument("--seed", type=int, default=0)
+    s.add_argument("--scenario", default="healthy", help="built-in scenario name or a YAML file")
+    s.add_argument("--out", help="JSONL file to write (.gz to compress)")
+    s.add_argument("--kafka", metavar="BOOTSTRAP", help="publish to <prefix>.telemetry on this broker")
+    s.add_argument("--prefix", default="gpuwarden", help="topic prefix")
+    s.add_argument("--labels-out", help="write the injected-fault labels (JSON) here")
+    s.add_argument("--realtime", action="store_true", help="pace output to event time")
+    s.set_defaults(func=_cmd_sim)
+
+    d = sub.add_parser("demo", help="simulated fleet -> in-process bus -> engine -> alerts")
+    d.add_argument("--hosts", type=int, default=8)
+    d.add_argument("--duration", type=float, default=1500.0)
+    d.add_argument("--seed", type=int, default=7)
+    d.add_argument("--scenario", default="mixed")
+    d.set_defaults(func=_cmd_demo)
+
+    r = sub.add_parser("replay", help="run recorded telemetry through the engine")
+    r.add_argument("files", nargs="+")
+    r.add_argument("--alerts-out", help="write alert events (JSONL)")
+    r.add_argument("--dlq-out", help="write dead letters (JSONL)")
+    r.add_argument("--batch", type=int, default=2000, help="lines per engine batch")
+    r.add_argument("-q", "--quiet", action="store_true")
+    r.set_defaults(func=_cmd_replay)
+
+    t = sub.add_parser("topics", help="create the project's Kafka topics")
+    t.add_argument("--kafka", metavar="BOOTSTRAP", required=True)
+    t.add_argument("--prefix", default="gpuwarden")
+    t.add_argument("--partitions", type=int, default=8)
+    t.set_defaults(func=_cmd_topics)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.WARNING,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    signal.signal(signal.SIGPIPE, signal.SIG_DFL)
+    try:
+        return int(args.func(args) or 0)
+    except GpuwardenError as e:
+        print(f"gpuwarden {args.command}: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,104 @@
+"""``gpuwarden demo``: simulated fleet -> in-process bus -> engine -> alerts, in under a minute.
+
+The same pieces as production, with the in-process bus standing in for Kafka: the simulator
+publishes one message per host per second to ``gpuwarden.telemetry``, a consumer feeds the
+engine, alerts go to ``gpuwarden.alerts`` and are printed as they fire.
+"""
+
+from __future__ import annotations
+
+import time
+
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from pipeline.bus import MemoryBus, Topics, send_all
+from pipeline.bus.telemetry import per_host_messages
+from pipeline.engine import Engine
+from pipeline.runner import Pipeline
+from pipeline.schema import AlertEvent, encode
+from pipeline.scoring import match_faults
+
+_STYLE = {"critical": "bold red", "warning": "yellow", "info": "cyan"}
+
+
+def alert_line(a: AlertEvent, t0: float) -> str:
+    """One readable line per alert state change."""
+    where = a.host or "-"
+    if a.gpu is not None:
+        where += f"/GPU{a.gpu}"
+    state = "FIRING  " if a.state == "firing" else "resolved"
+    return f"[+{a.ts - t0:7.0f}s] {state} {a.severity:<8} {a.fault:<24} {where:<22} {a.summary}"
+
+
+def run_demo(hosts: int = 8, duration: float = 1200.0, seed: int = 7, scenario: str = "mixed",
+             console: Console | None = None) -> int:
+    from producers.sim import Simulator
+
+    console = console or Console()
+    sim = Simulator(hosts=hosts, duration=duration, seed=seed, scenario=scenario)
+    topics = Topics()
+    bus = MemoryBus(partitions=4)
+    producer = bus.producer()
+    consumer = bus.consumer(topics.telemetry, group="gpuwarden-demo")
+    pipe = Pipeline(Engine())
+    alerts: list[AlertEvent] = []
+    t_start = time.perf_counter()
+    t0 = None
+    console.print(f"[bold]gpuwarden demo[/]: {hosts} hosts x 8 GPUs, {duration:.0f}s of event time, "
+                  f"scenario [cyan]{scenario}[/], seed {seed}, in-process bus")
+
+    def publish(out_alerts: list[AlertEvent], dead: list) -> None:
+        for a in out_alerts:
+            producer.send(topics.alerts, encode(a), (a.host or "").encode())
+            style = _STYLE.get(a.severity, "") if a.state == "firing" else "green"
+            progress.console.print(f"[{style}]{alert_line(a, t0 or a.ts)}[/]", highlight=False)
+        for d in dead:
+            producer.send(topics.dlq, encode(d), (d.host or "").encode())
+        alerts.extend(out_alerts)
+
+    with Progress(TextColumn("[progress.description]{task.description}"), BarColumn(),
+                  TextColumn("{task.completed:.0f}/{task.total:.0f}s event time"),
+                  TextColumn("{task.fields[rate]}"), TimeElapsedColumn(), console=console,
+                  transient=True) as progress:
+        task = progress.add_task("replaying fleet", total=duration, rate="")
+        for batch in sim.batches():
+            if not batch:
+                continue
+            if t0 is None:
+                t0 = batch[0]["ts"]
+            send_all(producer, topics.telemetry, per_host_messages(batch))
+            out = pipe.handle(consumer.poll(max_records=100_000))
+            consumer.commit()
+            publish(out.alerts, out.dead)
+            elapsed = time.perf_counter() - t_start
+            progress.update(task, completed=batch[0]["ts"] - t0,
+                            rate=f"{pipe.totals.records / max(elapsed, 1e-9):,.0f} records/s")
+        out = pipe.flush()
+        publish(out.alerts, out.dead)
+
+    elapsed = time.perf_counter() - t_start
+    totals = pipe.totals
+    console.print(f"\n{totals.records:,} records ({totals.messages:,} messages) in {elapsed:.1f}s; "
+                  f"{len(bus.messages(topics.alerts))} alert events on {topics.alerts}, "
+                  f"{len(bus.messages(topics.dlq))} dead letters on {topics.dlq} "
+                  f"({', '.join(f'{k}: {v}' for k, v in sorted(totals.dead.items())) or 'none'})")
+    matches, unmatched = match_faults(sim.labels(), alerts)
+    table = Table(title="Injected faults vs alerts")
+    for col in ("fault", "host", "gpu", "onset", "detected", "latency", "right GPU", "alert"):
+        table.add_column(col)
+    for m in matches:
+        lab = m.label
+        table.add_row(lab["fault"], str(lab.get("host")), str(lab.get("gpu", "-")),
+                      f"+{float(lab['onset']) - (t0 or 0):.0f}s",
+                      "[green]yes[/]" if m.detected else "[red]no[/]",
+                      f"{m.latency:.0f}s" if m.latency is not None else "-",
+                      {True: "yes", False: "[red]no[/]", None: "-"}[m.right_gpu],
+                      m.alert.rule if m.alert else "-")
+    console.print(table)
+    console.print(f"{sum(m.detected for m in matches)}/{len(matches)} injected faults detected; "
+                  f"{len(unmatched)} firing alert(s) matched no injected fault.")
+    console.print("Detection content so far is the engine's built-in checks; the YAML rule packs and "
+                  "river models add the rest.", style="dim")
+    return 0

@@ -1,0 +1,34 @@
+"""Test data factories: records and series built from a few parameters, never copied fixtures."""
+
+from __future__ import annotations
+
+from typing import Any, Iterable
+
+from pipeline.schema import DcgmRecord, dcgm
+
+T0 = 1764403200.0  # 2025-11-29T08:00:00Z
+
+HEALTHY = {"gpu_temp": 68, "memory_temp": 72, "sm_clock": 1980, "gpu_util": 98, "power": 650,
+           "clocks_event_reasons": 0, "nvlink_replay_errors": 0, "ecc_sbe_volatile": 0}
+THROTTLED = {**HEALTHY, "gpu_temp": 90, "sm_clock": 1005, "clocks_event_reasons": 0x40 | 0x20 | 0x8}
+
+
+def sample(t: float, host: str = "n1", gpu: int = 0, **fields: Any) -> DcgmRecord:
+    """One healthy sample at T0 + t, with ``fields`` overriding the healthy values."""
+    return dcgm(T0 + t, host, gpu, {**HEALTHY, **fields})
+
+
+def fleet(seconds: Iterable[float], hosts: int = 2, gpus: int = 2, overrides: Any = None) -> list[DcgmRecord]:
+    """Samples for every GPU of every host at each second, sorted by time.
+
+    ``overrides(t, host, gpu)`` may return a dict of field overrides, or None to drop that sample.
+    """
+    out = []
+    for t in seconds:
+        for h in range(hosts):
+            for g in range(gpus):
+                extra = {} if overrides is None else overrides(t, f"n{h}", g)
+                if extra is None:
+                    continue
+                out.append(sample(t, f"n{h}", g, **extra))
+    return out

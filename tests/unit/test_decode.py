@@ -1,0 +1,96 @@
+import json
+
+import pytest
+
+from pipeline.decode import Decoder
+from pipeline.schema import DcgmRecord, NcclRecord
+
+TS = 1764403200.0
+
+
+def rec(**kw):
+    base = {"v": 1, "kind": "dcgm", "ts": TS, "host": "n1", "gpu": 0, "fields": {"DCGM_FI_DEV_GPU_TEMP": 70}}
+    base.update(kw)
+    return base
+
+
+def nccl(**kw):
+    base = {"v": 1, "kind": "nccl", "ts": TS, "host": "n1", "gpu": 0, "comm": "0xabc", "rank": 0, "nranks": 8,
+            "coll": "AllReduce", "bytes": 1 << 30, "exec_time_us": 4040.0, "busbw_gbs": 465.1}
+    base.update(kw)
+    return base
+
+
+def dec(payload, origin="t[0]@7"):
+    return Decoder().decode(payload if isinstance(payload, bytes) else payload.encode(), origin)
+
+
+def test_good_records_single_and_batched():
+    out = dec(json.dumps([rec(gpu=0), rec(gpu=1), nccl()]))
+    assert [type(r) for r in out.records] == [DcgmRecord, DcgmRecord, NcclRecord]
+    assert out.origins == ["t[0]@7#0", "t[0]@7#1", "t[0]@7#2"]
+    assert out.dead == []
+    assert out.records[0].fields.DCGM_FI_DEV_GPU_TEMP == 70.0
+
+
+@pytest.mark.parametrize("payload, reason", [
+    ('{"kind": "dcgm", "ts": 17', "malformed_json"),
+    (json.dumps(rec(ts="yesterday")), "wrong_type"),
+    (json.dumps(rec(gpu="three")), "wrong_type"),
+    (json.dumps({k: v for k, v in rec().items() if k != "host"}), "missing_key"),
+    (json.dumps(rec(kind="smart")), "unknown_kind"),
+    ('{"v":1,"kind":"dcgm","ts":NaN,"host":"n1","gpu":0}', "nan_value"),
+    (json.dumps(rec(ts=TS * 1000)), "ts_out_of_range"),
+    (json.dumps(rec(ts=12.0)), "ts_out_of_range"),
+    (json.dumps(rec(v=2)), "unsupported_version"),
+    (json.dumps(rec(gpu=-1)), "negative_value"),
+    (json.dumps(nccl(rank=9)), "wrong_type"),
+    (json.dumps(nccl(busbw_gbs=-3.0)), "negative_value"),
+    ("[1, 2]", "wrong_type"),
+])
+def test_each_problem_has_its_reason_and_origin(payload, reason):
+    out = dec(payload)
+    assert out.records == []
+    assert [d.reason for d in out.dead][:1] == [reason]
+    assert out.dead[0].origin.startswith("t[0]@7")
+    assert out.dead[0].raw
+
+
+def test_one_poison_record_does_not_cost_its_neighbours():
+    msg = json.dumps([rec(gpu=0), rec(gpu=1, ts="x"), rec(gpu=2)])
+    out = dec(msg)
+    assert [r.gpu for r in out.records] == [0, 2]
+    assert out.origins == ["t[0]@7#0", "t[0]@7#2"]
+    assert [(d.reason, d.origin) for d in out.dead] == [("wrong_type", "t[0]@7#1")]
+
+
+def test_bad_fields_are_dropped_and_the_record_kept():
+    msg = ('{"v":1,"kind":"dcgm","ts":%r,"host":"n1","gpu":0,"fields":{"DCGM_FI_DEV_GPU_TEMP":NaN,'
+           '"DCGM_FI_DEV_SM_CLOCK":"<<<blank>>>","DCGM_FI_DEV_POWER_USAGE":300.5,"DCGM_FI_DEV_GPU_UTIL":"97"}}' % TS)
+    out = dec(msg)
+    assert len(out.records) == 1
+    f = out.records[0].fields
+    assert f.DCGM_FI_DEV_POWER_USAGE == 300.5 and f.DCGM_FI_DEV_GPU_UTIL == 97.0
+    assert f.DCGM_FI_DEV_GPU_TEMP != f.DCGM_FI_DEV_GPU_TEMP  # NaN: not reported
+    got = {(d.reason, tuple(d.fields), d.action) for d in out.dead}
+    assert got == {("nan_field", ("DCGM_FI_DEV_GPU_TEMP",), "fields_dropped"),
+                   ("blank_sentinel", ("DCGM_FI_DEV_SM_CLOCK",), "fields_dropped")}
+
+
+def test_wall_clock_bound_only_when_asked():
+    far = json.dumps(rec(ts=TS + 3600))
+    assert Decoder().decode(far.encode(), "x").records
+    live = Decoder(wall_clock=lambda: TS, max_future_s=60)
+    assert live.decode(far.encode(), "x").dead[0].reason == "ts_out_of_range"
+    old = json.dumps(rec(ts=TS - 30 * 86400))
+    assert live.decode(old.encode(), "x").dead[0].reason == "ts_out_of_range"
+
+
+def test_oversized_message():
+    out = Decoder(max_message_bytes=100).decode(json.dumps([rec()] * 10).encode(), "x")
+    assert out.dead[0].reason == "too_large" and not out.records
+
+
+def test_unknown_fields_are_ignored_not_fatal():
+    out = dec(json.dumps(rec(fields={"DCGM_FI_DEV_GPU_TEMP": 70, "DCGM_FI_SOMETHING_NEW": 5})))
+    assert out.records and not out.dead
