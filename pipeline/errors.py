@@ -57,10 +57,13 @@ class BrokerUnavailableError(BusError):
 
 
 class DeliveryError(BusError):
-    """The broker did not acknowledge a send."""
+    """The broker did not acknowledge a send; retriable when every underlying failure is."""
 
     code = "GW302"
-    retriable = True
+
+    def __init__(self, message: str, *, failed: int, retriable: bool) -> None:
+        super().__init__(message, failed=failed)
+        self.retriable = retriable
 
 
 class StateError(GpuwardenError):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Callable, Sequence
 
 from pipeline.bus.base import Message
 from pipeline.decode import Decoder
@@ -30,9 +30,12 @@ class Totals:
 class Pipeline:
     """Decode a batch of messages and feed the engine; dead letters from both stages come back."""
 
-    def __init__(self, engine: Engine | None = None, decoder: Decoder | None = None) -> None:
+    def __init__(self, engine: Engine | None = None, decoder: Decoder | None = None,
+                 clock: Callable[[], float] | None = None) -> None:
+        """``clock``: a live consumer's monotonic wall clock (see ``EngineConfig.idle_timeout``)."""
         self.engine = engine or Engine()
         self.decoder = decoder or Decoder()
+        self.clock = clock
         self.totals = Totals()
 
     def handle(self, messages: Sequence[Message]) -> EngineOutput:
@@ -44,7 +47,7 @@ class Pipeline:
             records.extend(d.records)
             origins.extend(d.origins)
             out.dead.extend(d.dead)
-        out.extend(self.engine.process(records, origins))
+        out.extend(self.engine.process(records, origins, now=self.clock() if self.clock else None))
         self.totals.messages += len(messages)
         self.totals.records += len(records)
         self.totals.add(out)

@@ -36,3 +36,19 @@ def kafka_bootstrap() -> str:
 def topic_prefix() -> str:
     """A fresh topic prefix per test, so tests never see each other's messages."""
     return f"gwtest-{uuid.uuid4().hex[:10]}"
+
+
+_REPORT: list[str] = []
+
+
+@pytest.fixture(scope="session")
+def kafka_report() -> list[str]:
+    """Lines the Kafka integration tests want shown at the end of the run."""
+    return _REPORT
+
+
+def pytest_terminal_summary(terminalreporter):  # noqa: D103 - pytest hook
+    if _REPORT:
+        terminalreporter.section("what really went through Kafka")
+        for line in _REPORT:
+            terminalreporter.write_line(line)

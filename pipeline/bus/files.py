@@ -4,18 +4,19 @@ from __future__ import annotations
 
 import gzip
 import os
+import sys
 from pathlib import Path
 from typing import IO, Iterable, Iterator
 
 from pipeline.bus.base import FILE_PARTITION, Message
+from pipeline.errors import BusError
 
 
-def _open(path: str | Path, mode: str) -> IO[bytes]:
+def _open(path: str | Path, mode: str, gz: bool | None = None) -> IO[bytes]:
     p = str(path)
     if p == "-":
-        import sys
         return sys.stdin.buffer if "r" in mode else sys.stdout.buffer
-    if p.endswith(".gz"):
+    if p.endswith(".gz") if gz is None else gz:
         return gzip.open(p, mode + "b", compresslevel=5) if "w" in mode else gzip.open(p, mode + "b")
     return open(p, mode + "b")
 
@@ -33,8 +34,10 @@ def read_lines(path: str | Path) -> Iterator[Message]:
         while True:
             try:
                 line = fh.readline()
-            except (EOFError, gzip.BadGzipFile, OSError):
-                break
+            except EOFError:
+                break  # truncated gzip: keep what was complete
+            except gzip.BadGzipFile as e:
+                raise BusError(f"{name}: not a gzip file ({e})") from e
             if not line:
                 break
             lineno += 1
@@ -57,7 +60,7 @@ class FileSink:
         target = self.path + ".tmp" if self.atomic else self.path
         if self.path != "-":
             Path(target).parent.mkdir(parents=True, exist_ok=True)
-        self._fh = _open(target, "w")
+        self._fh = _open(target, "w", gz=self.path.endswith(".gz"))
         self.count = 0
 
     def write(self, line: bytes) -> None:

@@ -11,7 +11,6 @@ import logging
 from typing import Any
 
 from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer
-from kafka.admin import NewTopic
 from kafka.errors import KafkaError, TopicAlreadyExistsError
 
 from pipeline.bus.base import Message, Topics
@@ -36,6 +35,18 @@ def _security(options: dict[str, Any] | None) -> dict[str, Any]:
     return opts
 
 
+class _Failed:
+    """Stands in for the future of a send that failed before reaching the broker."""
+
+    is_done = True
+
+    def __init__(self, err: BaseException) -> None:
+        self.err = err
+
+    def get(self, timeout: float | None = None) -> None:
+        raise self.err
+
+
 class KafkaBusProducer:
     """Idempotent, ``acks=all`` producer; ``flush`` raises unless every send was acknowledged."""
 
@@ -51,7 +62,12 @@ class KafkaBusProducer:
         self._futures: list[Any] = []
 
     def send(self, topic: str, value: bytes, key: bytes | None = None) -> None:
-        self._futures.append(self._p.send(topic, value=value, key=key))
+        try:
+            self._futures.append(self._p.send(topic, value=value, key=key))
+        except KafkaError as e:
+            # Refused before it left (too large, buffer full past max_block_ms): reported by flush,
+            # like a send the broker refused, so callers have one place to check.
+            self._futures.append(_Failed(e))
 
     def flush(self, timeout: float | None = 60.0) -> int:
         futures, self._futures = self._futures, []
@@ -67,7 +83,8 @@ class KafkaBusProducer:
                 failed.append(e)
         if failed:
             raise DeliveryError(f"{len(failed)} of {len(futures)} sends not acknowledged: {failed[0]!r}",
-                                failed=len(failed))
+                                failed=len(failed),
+                                retriable=all(getattr(e, "retriable", False) for e in failed))
         return len(futures)
 
     def close(self, timeout: float = 10.0) -> None:
@@ -118,17 +135,17 @@ def ensure_topics(bootstrap: str, topics: Topics, *, partitions: int = 8, replic
         raise _unavailable(bootstrap, e) from e
     try:
         existing = set(admin.list_topics())
-        new = []
+        created = []
         for name in topics.all():
             if name in existing:
                 continue
-            cfg = {"cleanup.policy": "compact"} if name == topics.state else {}
-            new.append(NewTopic(name, num_partitions=partitions, replication_factor=replication, topic_configs=cfg))
-        created = []
-        for t in new:
+            spec: dict[str, Any] = {"num_partitions": partitions, "replication_factor": replication}
+            if name == topics.state:
+                # Latest snapshot per partition is all a restart needs.
+                spec["configs"] = {"cleanup.policy": "compact"}
             try:
-                admin.create_topics([t])
-                created.append(t.name)
+                admin.create_topics({name: spec}, wait_for_metadata=True)
+                created.append(name)
             except TopicAlreadyExistsError:
                 pass
         return created

@@ -8,6 +8,7 @@ this GPU at this time?); a *tick check* judges every entity at a point of the ev
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -50,6 +51,10 @@ class TickCheck(Protocol):
     def summary(self, host: str, gpu: int | None, evidence: dict[str, Any]) -> str: ...
 
 
+def _when(ts: Any) -> str:
+    return "?" if ts is None else time.strftime("%Y-%m-%d %H:%M:%SZ", time.gmtime(float(ts)))
+
+
 def _num(x: float) -> float | None:
     return None if x != x else round(float(x), 3)
 
@@ -57,7 +62,9 @@ def _num(x: float) -> float | None:
 class HwThermalSlowdown:
     """HW thermal slowdown bit set while the GPU is under load: the clock is being cut for heat."""
 
-    meta = CheckMeta("builtin_hw_thermal_slowdown", "thermal_throttling", "critical", GPU, for_s=10.0)
+    # keep_firing_for: the bit flickers as the clock recovers and drops again; one alert, not ten.
+    meta = CheckMeta("builtin_hw_thermal_slowdown", "thermal_throttling", "critical", GPU, for_s=10.0,
+                     keep_firing_for_s=30.0)
     _mask = FIELDS.bits["HW_THERMAL"].mask
 
     def evaluate(self, view: View) -> np.ndarray:
@@ -104,7 +111,7 @@ class GpuLost:
             return (t - gpu_last > config.gpu_absent_after) & (t - host_last <= config.gpu_absent_after)
 
     def summary(self, host: str, gpu: int | None, ev: dict[str, Any]) -> str:
-        return f"GPU {gpu} on {host} stopped reporting at {ev.get('last_seen')} while its host still reports"
+        return f"GPU {gpu} on {host} stopped reporting at {_when(ev.get('last_seen'))} while its host still reports"
 
 
 class TelemetryGap:
@@ -117,7 +124,7 @@ class TelemetryGap:
             return t - state.host_last_ts[: entities.n_hosts] > config.host_silent_after
 
     def summary(self, host: str, gpu: int | None, ev: dict[str, Any]) -> str:
-        return f"{host} has sent no telemetry since {ev.get('last_seen')}"
+        return f"{host} has sent no telemetry since {_when(ev.get('last_seen'))}"
 
 
 def builtin_checks() -> tuple[list[RowCheck], list[TickCheck]]:

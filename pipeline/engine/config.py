@@ -16,6 +16,12 @@ class EngineConfig:
       records still count; a host further behind stops holding the watermark back, and records
       older than the watermark go to the DLQ as ``late``.
     - ``host_disorder``: how far out of order one host's own records may arrive.
+    - ``idle_timeout``: live input only (``process(..., now=...)``): a host whose records arrived
+      within this many wall-clock seconds keeps holding the watermark even when it is further
+      behind than ``allowed_lateness``, so a consumer catching up on a backlog partition by
+      partition does not turn the slower partitions' records into late ones. For the same reason
+      a live engine (fresh or restored) holds its first ``idle_timeout`` seconds of input, up to
+      ``max_pending`` records, so every partition can deliver before any host counts as gone.
     - ``tick``: absence (a lost GPU, a silent host) is judged on this event-time grid, so the
       result does not depend on how records were batched.
     - ``gpu_absent_after`` / ``host_silent_after``: silence that makes a finding.
@@ -23,6 +29,8 @@ class EngineConfig:
 
     allowed_lateness: float = 30.0
     host_disorder: float = 0.0
+    idle_timeout: float = 10.0
+    max_pending: int = 500_000
     tick: float = 5.0
     gpu_absent_after: float = 30.0
     host_silent_after: float = 60.0

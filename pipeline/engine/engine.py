@@ -70,6 +70,8 @@ class Engine:
         self.entities = Entities()
         self.state = GpuState()
         self.host_hwm = np.full(0, np.nan)
+        self.host_arrival = np.full(0, np.nan)  # wall clock of each host's latest arrival (live only)
+        self._live_since: float | None = None   # wall clock of the first live arrival (not persisted)
         self.released = -math.inf      # every record with ts < released has been processed
         self.first_ts = math.inf       # oldest event time ever accepted: the stream's start
         self.next_tick = math.nan
@@ -78,6 +80,7 @@ class Engine:
         self._pending_origin: list[str] = []
         self._pending_ts = np.empty(0)
         self.stats: Counter[str] = Counter()
+        self._summaries: dict[str, str] = {}   # alert id -> summary, while firing
 
     def _new_lifecycle(self, name: str) -> Lifecycle:
         check = next(c for c in self.row_checks + self.tick_checks if c.meta.name == name)
@@ -85,8 +88,13 @@ class Engine:
 
     # -- feeding ---------------------------------------------------------------------------
 
-    def process(self, records: Sequence[TelemetryRecord], origins: Sequence[str] | None = None) -> EngineOutput:
-        """Take a batch (any order within the allowed lateness); return what it made happen."""
+    def process(self, records: Sequence[TelemetryRecord], origins: Sequence[str] | None = None,
+                now: float | None = None) -> EngineOutput:
+        """Take a batch (any order within the allowed lateness); return what it made happen.
+
+        ``now``: the wall clock (monotonic seconds) of a live consumer; see ``idle_timeout``.
+        Replay passes none, so its results depend on event time alone.
+        """
         out = EngineOutput()
         n = len(records)
         if n:
@@ -109,11 +117,16 @@ class Engine:
                 ts, hosts = ts[keep], hosts[keep]
             self.host_hwm = grow(self.host_hwm, self.entities.n_hosts, np.nan)
             np.fmax.at(self.host_hwm, hosts, ts)
+            if now is not None:
+                self.host_arrival = grow(self.host_arrival, self.entities.n_hosts, np.nan)
+                self.host_arrival[hosts] = now
+                if self._live_since is None:
+                    self._live_since = now
             self.first_ts = min(self.first_ts, float(ts.min())) if len(ts) else self.first_ts
             self._pending.extend(records)
             self._pending_origin.extend(origins)
             self._pending_ts = np.concatenate([self._pending_ts, ts])
-        self._release(self.watermark(), out, final=False)
+        self._release(self.watermark(now), out, final=False)
         return out
 
     def flush(self) -> EngineOutput:
@@ -122,13 +135,22 @@ class Engine:
         self._release(math.inf, out, final=True)
         return out
 
-    def watermark(self) -> float:
-        hwm = self.host_hwm[: self.entities.n_hosts]
-        hwm = hwm[~np.isnan(hwm)]
-        if not len(hwm):
+    def watermark(self, now: float | None = None) -> float:
+        n = self.entities.n_hosts
+        hwm = self.host_hwm[:n]
+        known = ~np.isnan(hwm)
+        if not known.any():
             return self.released
-        newest, lateness = float(hwm.max()), self.config.allowed_lateness
-        wm = float(hwm[hwm >= newest - lateness].min()) - self.config.host_disorder
+        if (now is not None and self._live_since is not None and now - self._live_since < self.config.idle_timeout
+                and len(self._pending) < self.config.max_pending):
+            return self.released  # live start-up: let every partition deliver first
+        newest, lateness = float(hwm[known].max()), self.config.allowed_lateness
+        active = known & (hwm >= newest - lateness)
+        if now is not None:
+            arrival = grow(self.host_arrival, n, np.nan)[:n]
+            with np.errstate(invalid="ignore"):
+                active |= known & (now - arrival <= self.config.idle_timeout)
+        wm = float(hwm[active].min()) - self.config.host_disorder
         if newest - float(np.nanmin(self.first_ts)) < lateness:
             # Start-up: hosts come online a little apart and one not seen yet cannot hold the
             # watermark, so wait out the allowed lateness before trusting the per-host marks.
@@ -236,10 +258,15 @@ class Engine:
         else:  # pragma: no cover - levels are validated when checks are built
             raise ValueError(meta.level)
         self.stats[f"alerts.{t.state}.{meta.fault}"] += 1
+        aid = alert_id(meta.name, key, t.started_at)
+        if t.state == "firing":
+            summary = self._summaries[aid] = check.summary(host, gpu, evidence)
+        else:
+            # A resolved event says what the alert was about, not the (healthy) values that ended it.
+            summary = self._summaries.pop(aid, "") or check.summary(host, gpu, evidence)
         return AlertEvent(
-            id=alert_id(meta.name, key, t.started_at), state=t.state, fault=meta.fault, severity=meta.severity,
-            rule=meta.name, host=host, gpu=gpu, ts=t.ts, started_at=t.started_at,
-            summary=check.summary(host, gpu, evidence), evidence=evidence, labels=dict(meta.labels))
+            id=aid, state=t.state, fault=meta.fault, severity=meta.severity, rule=meta.name, host=host, gpu=gpu,
+            ts=t.ts, started_at=t.started_at, summary=summary, evidence=evidence, labels=dict(meta.labels))
 
     # -- state ---------------------------------------------------------------------------------
 
@@ -256,6 +283,7 @@ class Engine:
             "pending": [msgspec.json.encode(r) for r in self._pending],
             "pending_origin": self._pending_origin,
             "stats": dict(self.stats),
+            "summaries": self._summaries,
         }
         return msgspec.msgpack.encode(data)
 
@@ -279,6 +307,7 @@ class Engine:
             self._pending_origin = list(data["pending_origin"])
             self._pending_ts = np.array([r.ts for r in self._pending], dtype=np.float64)
             self.stats = Counter(data["stats"])
+            self._summaries = dict(data["summaries"])
         except (msgspec.DecodeError, msgspec.ValidationError, KeyError, TypeError, ValueError) as e:
             raise StateError(f"cannot restore engine snapshot: {e}") from e
 

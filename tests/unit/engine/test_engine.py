@@ -34,7 +34,7 @@ def test_thermal_fires_after_for_and_resolves():
     assert dead == []
     thermal = [a for a in alerts if a.fault == "thermal_throttling"]
     assert [(a.state, a.host, a.gpu, a.ts - T0, a.started_at - T0) for a in thermal] == [
-        ("firing", "n1", 1, 40.0, 30.0), ("resolved", "n1", 1, 80.0, 30.0)]
+        ("firing", "n1", 1, 40.0, 30.0), ("resolved", "n1", 1, 109.0, 30.0)]  # clear for keep_firing_for 30 s
     assert thermal[0].id == thermal[1].id
     assert thermal[0].evidence["gpu_temp"] == 90 and thermal[0].evidence["sm_clock"] == 1005
     assert "GPU 1 on n1" in thermal[0].summary
@@ -169,3 +169,31 @@ def test_nccl_records_flow_through_in_event_time():
     eng.flush()
     assert eng.stats["records.nccl"] == 1 and eng.stats["records.dcgm"] == 2
     assert np.isfinite(eng.state.last_ts[0])
+
+
+def test_live_consumer_draining_partitions_unevenly_loses_nothing():
+    # A consumer catching up on a backlog reads one partition far ahead of another. Hosts whose
+    # records keep arriving (wall clock) hold the watermark; nothing is late, alerts unchanged.
+    recs = fleet(range(300), hosts=2, gpus=2, overrides=throttle_gpu1_of_n1(100, 200))
+    golden = key(run(recs)[0])
+    eng = Engine(EngineConfig(allowed_lateness=30, idle_timeout=10))
+    n0 = [r for r in recs if r.host == "n0"]
+    n1 = [r for r in recs if r.host == "n1"]
+    alerts, dead = [], []
+    wall = 0.0
+    for i in range(0, 600, 100):          # n0 races 200 s ahead of n1, n1 keeps trickling in
+        for part in (n0[2 * i:2 * i + 200], n1[i:i + 100]):
+            wall += 1.0
+            out = eng.process(part, now=wall)
+            alerts += out.alerts
+            dead += out.dead
+    out = eng.process(n1[600:], now=wall + 1)
+    alerts += out.alerts + eng.flush().alerts
+    assert dead == [] and key(alerts) == golden
+
+
+def test_host_silent_on_the_wall_clock_stops_holding_the_watermark():
+    eng = Engine(EngineConfig(allowed_lateness=30, idle_timeout=10))
+    eng.process([sample(t, "a") for t in range(10)] + [sample(t, "b") for t in range(10)], now=0.0)
+    eng.process([sample(t, "a") for t in range(10, 100)], now=50.0)   # b silent for 50 s of wall time
+    assert eng.watermark(now=50.0) == pytest.approx(T0 + 99)

@@ -1,0 +1,88 @@
+"""Per-GPU vs per-host messages: what each costs the consumer, measured.
+
+    .venv/bin/python bench/wire_format.py [--kafka 127.0.0.1:9092] [--hosts 64] [--seconds 60]
+
+Prints, per GPU-sample, the decode cost (our decoder, typed msgspec) and, with --kafka, the
+raw kafka-python consume cost (the ceiling of any consumer) for both layouts. Pinned to one core
+when the platform allows, median of --repeat runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import time
+import uuid
+
+from pipeline.bus.telemetry import per_host_messages, per_record_messages
+from pipeline.decode import Decoder
+from producers.sim import Simulator
+
+
+def _records(hosts: int, seconds: int) -> list[dict]:
+    sim = Simulator(hosts=hosts, duration=seconds, seed=5, scenario="healthy", nccl_interval=1e9)
+    return [r for b in sim.batches() for r in b if r["kind"] == "dcgm"]
+
+
+def _decode_us(msgs: list[tuple[bytes, bytes]], n_samples: int, repeat: int) -> float:
+    dec = Decoder()
+    runs = []
+    for _ in range(repeat):
+        t = time.perf_counter()
+        for _, v in msgs:
+            dec.decode(v, "t[0]@0")
+        runs.append((time.perf_counter() - t) / n_samples * 1e6)
+    return statistics.median(runs)
+
+
+def _kafka_us(bootstrap: str, msgs: list[tuple[bytes, bytes]], n_samples: int, repeat: int) -> float:
+    from kafka import KafkaConsumer
+
+    from pipeline.bus.kafka import KafkaBusProducer
+
+    topic = f"bench-wire-{uuid.uuid4().hex[:8]}"
+    p = KafkaBusProducer(bootstrap)
+    for k, v in msgs:
+        p.send(topic, v, k)
+    p.flush()
+    p.close()
+    runs = []
+    for _ in range(repeat):
+        c = KafkaConsumer(topic, bootstrap_servers=bootstrap, group_id=None, auto_offset_reset="earliest",
+                          enable_auto_commit=False, fetch_max_bytes=64 << 20, max_partition_fetch_bytes=16 << 20)
+        got, t = 0, None
+        deadline = time.monotonic() + 120
+        while got < len(msgs) and time.monotonic() < deadline:
+            batch = c.poll(timeout_ms=1000, max_records=10000)
+            if batch and t is None:
+                t = time.perf_counter()
+                got -= sum(len(v) for v in batch.values())  # time from the first fetch on
+            got += sum(len(v) for v in batch.values())
+        runs.append((time.perf_counter() - t) / n_samples * 1e6)
+        c.close()
+    return statistics.median(runs)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--hosts", type=int, default=64)
+    ap.add_argument("--seconds", type=int, default=60)
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--kafka")
+    args = ap.parse_args()
+    if hasattr(os, "sched_setaffinity"):
+        os.sched_setaffinity(0, {sorted(os.sched_getaffinity(0))[0]})
+    recs = _records(args.hosts, args.seconds)
+    layouts = {"per-GPU message": list(per_record_messages(recs)), "per-host message": list(per_host_messages(recs))}
+    print(f"{len(recs):,} GPU-samples ({args.hosts} hosts x 8 GPUs x {args.seconds}s), median of {args.repeat}")
+    print(f"{'layout':<18} {'messages':>9} {'bytes/sample':>13} {'decode us/sample':>17} {'kafka consume us/sample':>24}")
+    for name, msgs in layouts.items():
+        size = sum(len(v) for _, v in msgs) / len(recs)
+        dec = _decode_us(msgs, len(recs), args.repeat)
+        kc = f"{_kafka_us(args.kafka, msgs, len(recs), args.repeat):.2f}" if args.kafka else "-"
+        print(f"{name:<18} {len(msgs):>9,} {size:>13.0f} {dec:>17.2f} {kc:>24}")
+
+
+if __name__ == "__main__":
+    main()
