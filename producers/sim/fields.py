@@ -1,0 +1,120 @@
+"""DCGM field names, clock-event bits, blank sentinels and per-model constants for the simulator.
+
+The names are the ones dcgm-exporter prints (the pre-4.6 spellings), in the order the simulator
+writes them into a record's ``fields``. Keeping the order fixed here is what makes the JSON of a
+record byte-stable.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+# --- clock-event ("throttle") reasons, field 112 (shared/reference/clock_event_reasons.csv) ---
+GPU_IDLE = 0x1
+CLOCKS_SETTING = 0x2
+SW_POWER_CAP = 0x4
+HW_SLOWDOWN = 0x8
+SYNC_BOOST = 0x10
+SW_THERMAL = 0x20
+HW_THERMAL = 0x40
+HW_POWER_BRAKE = 0x80
+THERMAL_BITS = SW_THERMAL | HW_THERMAL | HW_SLOWDOWN
+
+# --- DCGM "blank" placeholders that older exporters leak (dcgm_structs.h) ---
+BLANK_INT64 = 9223372036854775794      # DCGM_INT64_BLANK (0x7ffffffffffffff0 + 2)
+BLANK_FP64 = 140737488355328.0         # DCGM_FP64_BLANK (2**47)
+
+# --- XIDs the simulator emits (shared/data/nvsentinel_xiderrorsmapping.csv) ---
+XID_DBE = 48             # double-bit ECC error
+XID_REMAP = 63           # row remap recorded
+XID_REMAP_FAILED = 64    # row remap failed
+XID_NVLINK = 74          # NVLink error
+XID_FELL_OFF_BUS = 79    # GPU has fallen off the bus
+XID_SBE_RATE = 92        # excessive SBE interrupts
+XID_CONTAINED = 94       # contained ECC error: one process dies
+XID_UNCONTAINED = 95     # uncontained ECC error: GPU reset needed
+XID_GSP_TIMEOUT = 119    # GSP RPC timeout
+
+P = "DCGM_FI_DEV_"
+
+# (name, is_int) in output order. Ints are written as JSON ints; doubles are rounded to 3 decimals.
+FIELD_SPECS: tuple[tuple[str, bool], ...] = (
+    (P + "GPU_TEMP", True),
+    (P + "MEMORY_TEMP", True),
+    (P + "SM_CLOCK", True),
+    (P + "MEM_CLOCK", True),
+    (P + "POWER_USAGE", False),
+    (P + "ENFORCED_POWER_LIMIT", False),
+    (P + "GPU_UTIL", True),
+    (P + "CLOCK_THROTTLE_REASONS", True),
+    (P + "THERMAL_VIOLATION", True),
+    (P + "POWER_VIOLATION", True),
+    (P + "ECC_SBE_VOL_TOTAL", True),
+    (P + "ECC_DBE_VOL_TOTAL", True),
+    (P + "ECC_SBE_AGG_TOTAL", True),
+    (P + "ECC_DBE_AGG_TOTAL", True),
+    (P + "ROW_REMAP_PENDING", True),
+    (P + "ROW_REMAP_FAILURE", True),
+    (P + "UNCORRECTABLE_REMAPPED_ROWS", True),
+    (P + "CORRECTABLE_REMAPPED_ROWS", True),
+    (P + "NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL", True),
+    (P + "NVLINK_CRC_DATA_ERROR_COUNT_TOTAL", True),
+    (P + "NVLINK_REPLAY_ERROR_COUNT_TOTAL", True),
+    (P + "NVLINK_RECOVERY_ERROR_COUNT_TOTAL", True),
+    (P + "NVLINK_BANDWIDTH_TOTAL", True),
+    (P + "XID_ERRORS", True),
+    (P + "PCIE_REPLAY_COUNTER", True),
+    (P + "SLOWDOWN_TEMP", True),
+    (P + "SHUTDOWN_TEMP", True),
+    (P + "GPU_MAX_OP_TEMP", True),
+    (P + "MEM_MAX_OP_TEMP", True),
+    ("DCGM_FI_PROF_SM_ACTIVE", False),
+)
+FIELD_NAMES: tuple[str, ...] = tuple(n for n, _ in FIELD_SPECS)
+INT_FIELDS: frozenset[str] = frozenset(n for n, is_int in FIELD_SPECS if is_int)
+
+# Counters that only grow; the volatile ones (and the NVLink, PCIe and violation counters, which
+# the driver also keeps since load) go back to 0 on a driver reload. Aggregate ECC and remapped
+# rows live in the InfoROM and never reset.
+VOLATILE_COUNTERS: tuple[str, ...] = (
+    P + "ECC_SBE_VOL_TOTAL",
+    P + "ECC_DBE_VOL_TOTAL",
+    P + "NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL",
+    P + "NVLINK_CRC_DATA_ERROR_COUNT_TOTAL",
+    P + "NVLINK_REPLAY_ERROR_COUNT_TOTAL",
+    P + "NVLINK_RECOVERY_ERROR_COUNT_TOTAL",
+    P + "PCIE_REPLAY_COUNTER",
+    P + "THERMAL_VIOLATION",
+    P + "POWER_VIOLATION",
+)
+PERSISTENT_COUNTERS: tuple[str, ...] = (
+    P + "ECC_SBE_AGG_TOTAL",
+    P + "ECC_DBE_AGG_TOTAL",
+    P + "UNCORRECTABLE_REMAPPED_ROWS",
+    P + "CORRECTABLE_REMAPPED_ROWS",
+)
+
+
+@dataclass(frozen=True)
+class GpuModelSpec:
+    """What differs between GPU models as far as the telemetry shows it."""
+
+    power_limit_w: float = 700.0        # H100/H200 SXM board power limit
+    boost_mhz: int = 1980               # max SM clock
+    idle_mhz: int = 345                 # SM clock when nothing runs
+    clock_step_mhz: int = 15            # SM clocks move in 15 MHz bins
+    mem_clock_mhz: int = 2619           # HBM3 on H100 SXM
+    slowdown_c: int = 89                # DCGM_FI_DEV_SLOWDOWN_TEMP
+    shutdown_c: int = 92                # DCGM_FI_DEV_SHUTDOWN_TEMP
+    gpu_max_op_c: int = 87              # DCGM_FI_DEV_GPU_MAX_OP_TEMP
+    mem_max_op_c: int = 95              # DCGM_FI_DEV_MEM_MAX_OP_TEMP
+    nvlink_busbw_gbs: tuple[float, float] = (395.0, 455.0)  # 8-GPU NVLink all-reduce busbw
+
+
+_H100 = GpuModelSpec()
+_H200 = GpuModelSpec(mem_clock_mhz=3201)   # HBM3e; same board limit and thresholds
+
+
+def model_spec(model: str) -> GpuModelSpec:
+    """The constants for a GPU model name (H100 SXM values for anything unknown)."""
+    return _H200 if "H200" in model.upper() else _H100

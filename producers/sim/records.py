@@ -1,0 +1,124 @@
+"""DCGM records (DESIGN §2) from a step's arrays, and rare, seeded data-quality noise.
+
+Building the dicts is the expensive part of a run, so columns are turned into Python lists once
+per step (``ndarray.tolist``) and stored into copies of a template ``fields`` dict.
+"""
+
+from __future__ import annotations
+
+from itertools import repeat
+
+import numpy as np
+
+from .fields import BLANK_FP64, BLANK_INT64, FIELD_NAMES, INT_FIELDS, GpuModelSpec
+from .fleet import FleetState, StepOut
+
+
+class DcgmBuilder:
+    """Makes the DCGM records of one step for the GPUs that report."""
+
+    def __init__(self, fleet: FleetState, spec: GpuModelSpec, host_names: list[str], uuids: list[str],
+                 model: str, cluster: str, job: str) -> None:
+        self.fleet = fleet
+        self.host_of_gpu = [host_names[h] for h in fleet.host_of.tolist()]
+        self.gpu_local = fleet.gpu_of.tolist()
+        self.uuids = uuids
+        self.model, self.cluster, self.job = model, cluster, job
+        # Constant fields live in the template; every record's ``fields`` starts as a copy of it
+        # (copying a dict clones its hash table, far cheaper than inserting 30 keys), then the
+        # varying columns are stored column by column. Key order is FIELD_NAMES either way.
+        static = {
+            "DCGM_FI_DEV_MEM_CLOCK": spec.mem_clock_mhz,
+            "DCGM_FI_DEV_SLOWDOWN_TEMP": spec.slowdown_c,
+            "DCGM_FI_DEV_SHUTDOWN_TEMP": spec.shutdown_c,
+            "DCGM_FI_DEV_GPU_MAX_OP_TEMP": spec.gpu_max_op_c,
+            "DCGM_FI_DEV_MEM_MAX_OP_TEMP": spec.mem_max_op_c,
+        }
+        self.template = {n: static.get(n, 0) for n in FIELD_NAMES}
+
+    def build(self, ts: float, out: StepOut, idx: np.ndarray) -> list[dict]:
+        """Records for the GPUs in ``idx`` (global indices, ascending = host-major order)."""
+        f = self.fleet
+        m = len(idx)
+        all_rows = m == f.N
+        P = "DCGM_FI_DEV_"
+        columns = (
+            (P + "GPU_TEMP", out.temp), (P + "MEMORY_TEMP", out.mem_temp), (P + "SM_CLOCK", out.sm_clock),
+            (P + "POWER_USAGE", out.power), (P + "ENFORCED_POWER_LIMIT", out.limit),
+            (P + "GPU_UTIL", out.util), (P + "CLOCK_THROTTLE_REASONS", out.reasons),
+            (P + "THERMAL_VIOLATION", f.therm_ns), (P + "POWER_VIOLATION", f.power_ns),
+            (P + "ECC_SBE_VOL_TOTAL", f.sbe_vol), (P + "ECC_DBE_VOL_TOTAL", f.dbe_vol),
+            (P + "ECC_SBE_AGG_TOTAL", f.sbe_agg), (P + "ECC_DBE_AGG_TOTAL", f.dbe_agg),
+            (P + "ROW_REMAP_PENDING", f.remap_pending), (P + "ROW_REMAP_FAILURE", f.remap_failure),
+            (P + "UNCORRECTABLE_REMAPPED_ROWS", f.rows_unc), (P + "CORRECTABLE_REMAPPED_ROWS", f.rows_corr),
+            (P + "NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL", f.crc_flit),
+            (P + "NVLINK_CRC_DATA_ERROR_COUNT_TOTAL", f.crc_data),
+            (P + "NVLINK_REPLAY_ERROR_COUNT_TOTAL", f.replay),
+            (P + "NVLINK_RECOVERY_ERROR_COUNT_TOTAL", f.recovery),
+            (P + "NVLINK_BANDWIDTH_TOTAL", out.nvlink_bw), (P + "XID_ERRORS", f.xid),
+            (P + "PCIE_REPLAY_COUNTER", f.pcie_replay), ("DCGM_FI_PROF_SM_ACTIVE", out.sm_active),
+        )
+        # Most columns are constant across the fleet apart from a few GPUs (clocks at boost,
+        # error counters at 0, one XID): put the common value in this step's template and store
+        # only the exceptions. Only the genuinely varying columns are stored for every record.
+        tmpl = self.template.copy()
+        dense: list[tuple[str, list]] = []
+        sparse: list[tuple[str, np.ndarray, np.ndarray]] = []
+        for name, arr in columns:
+            a = arr if all_rows else arr[idx]
+            if m == 0:
+                continue
+            base = a[0]
+            diff = a != base
+            k = int(np.count_nonzero(diff))
+            if k > m // 4 and base != 0:
+                diff = a != 0
+                k2 = int(np.count_nonzero(diff))
+                if k2 < k:
+                    base, k = a.dtype.type(0), k2
+                else:
+                    diff = a != base
+            if k > m // 4:
+                dense.append((name, a.tolist()))
+            else:
+                tmpl[name] = base.item()
+                if k:
+                    pos = np.flatnonzero(diff)
+                    sparse.append((name, pos, a[pos]))
+        fields = list(map(dict.copy, repeat(tmpl, m)))
+        for name, values in dense:
+            for d, v in zip(fields, values):
+                d[name] = v
+        for name, pos, vals in sparse:
+            for i, v in zip(pos.tolist(), vals.tolist()):
+                fields[i][name] = v
+        model, cluster, job = self.model, self.cluster, self.job
+        hosts, gpus, uuids = self.host_of_gpu, self.gpu_local, self.uuids
+        return [
+            {"v": 1, "kind": "dcgm", "ts": ts, "host": hosts[i], "gpu": gpus[i], "uuid": uuids[i],
+             "model": model, "labels": {"cluster": cluster, "job": job}, "fields": fd}
+            for i, fd in zip(idx.tolist(), fields)
+        ]
+
+
+def add_noise(recs: list[dict], rng: np.random.Generator, blank_rate: float, missing_rate: float) -> None:
+    """Now and then put DCGM's blank sentinel in a field, or leave a field out (in place)."""
+    n = len(recs)
+    if not n:
+        return
+    nf = len(FIELD_NAMES)
+    for rate, blank in ((blank_rate, True), (missing_rate, False)):
+        k = int(rng.binomial(n, rate)) if rate > 0 else 0
+        if not k:
+            continue
+        which = rng.integers(0, n, k).tolist()
+        fields = rng.integers(0, nf, k).tolist()
+        for r, fi in zip(which, fields):
+            name = FIELD_NAMES[fi]
+            flds = recs[r]["fields"]
+            if name not in flds:
+                continue
+            if blank:
+                flds[name] = BLANK_INT64 if name in INT_FIELDS else BLANK_FP64
+            else:
+                del flds[name]

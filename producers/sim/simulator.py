@@ -1,0 +1,164 @@
+"""``Simulator``: a simulated GPU fleet running one training job, with labelled faults.
+
+    sim = Simulator(hosts=4, duration=600.0, seed=1, scenario="mixed")
+    for batch in sim.batches():      # one list of records per time step
+        ...
+    sim.labels()                     # ground truth, known before iterating
+
+Same arguments and seed give identical records (and identical JSON). The simulator is a plain
+library: no wall clock, no I/O, no global state.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from typing import Iterator
+
+import numpy as np
+
+from .faults import TYPES, Runtime
+from .fields import model_spec
+from .fleet import FleetState, Mods
+from .nccl import NcclModel
+from .plan import make_plan
+from .records import DcgmBuilder, add_noise
+from .rng import gpu_uuid, substream
+from .scenarios import DATA_QUALITY_DEFAULTS, Scenario, load_scenario
+
+
+def _int_arg(name: str, v: object, lo: int) -> int:
+    if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < lo:
+        raise ValueError(f"{name}: expected an integer >= {lo}, got {v!r}")
+    return int(v)
+
+
+def _pos_arg(name: str, v: object) -> float:
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
+        raise ValueError(f"{name}: expected a positive number, got {v!r}")
+    return float(v)
+
+
+class Simulator:
+    """A fleet of ``hosts`` x ``gpus_per_host`` GPUs running job ``job``, sampled every
+    ``interval`` seconds of event time for ``duration`` seconds from ``start_ts``.
+
+    ``scenario`` is a built-in name, a YAML path, a ``Scenario`` or None (healthy).
+    ``nccl_interval`` is how often each rank reports its communicators' aggregate.
+    """
+
+    def __init__(
+        self,
+        hosts: int = 4,
+        duration: float = 600.0,
+        interval: float = 1.0,
+        seed: int = 1,
+        scenario: str | os.PathLike | Scenario | None = None,
+        start_ts: float = 1764403200.0,
+        gpus_per_host: int = 8,
+        gpu_model: str = "NVIDIA H100 80GB HBM3",
+        nccl_interval: float = 5.0,
+        job: str = "pretrain",
+        cluster: str = "sim",
+    ) -> None:
+        n_hosts = _int_arg("hosts", hosts, 1)
+        self.gpus_per_host = _int_arg("gpus_per_host", gpus_per_host, 1)
+        self.seed = _int_arg("seed", seed, 0)
+        self.duration = _pos_arg("duration", duration)
+        self.interval = _pos_arg("interval", interval)
+        self.nccl_interval = _pos_arg("nccl_interval", nccl_interval)
+        if isinstance(start_ts, bool) or not isinstance(start_ts, (int, float)) or not math.isfinite(start_ts):
+            raise ValueError(f"start_ts: expected an epoch time in seconds, got {start_ts!r}")
+        self.start_ts = float(start_ts)
+        for name, v in (("gpu_model", gpu_model), ("job", job), ("cluster", cluster)):
+            if not isinstance(v, str) or not v:
+                raise ValueError(f"{name}: expected a non-empty string, got {v!r}")
+        self.gpu_model, self.job, self.cluster = gpu_model, job, cluster
+        self.scenario: Scenario = load_scenario(scenario)
+        self.spec = model_spec(gpu_model)
+        width = max(3, len(str(n_hosts - 1)))
+        self.hosts: list[str] = [f"gpu-node-{h:0{width}d}" for h in range(n_hosts)]
+        self.n_steps = max(1, int(math.floor(self.duration / self.interval + 1e-9)))
+        self.uuids: list[str] = [gpu_uuid(self.seed, h, g) for h in self.hosts
+                                 for g in range(self.gpus_per_host)]
+        self._plan = make_plan(self.scenario, host_names=self.hosts, gpus_per_host=self.gpus_per_host,
+                               duration=self.duration, seed=self.seed, start_ts=self.start_ts, job=job)
+
+    @property
+    def n_gpus(self) -> int:
+        return len(self.hosts) * self.gpus_per_host
+
+    def labels(self) -> list[dict]:
+        """Ground truth: one dict per fault (``fault`` set) or benign condition (``condition``
+        set, ``fault`` None), in (onset, id) order; JSON-serialisable, a fresh copy each call."""
+        return [{**lab, "params": dict(lab["params"])} for lab in self._plan.labels]
+
+    def records(self) -> Iterator[dict]:
+        """Every record of the run, in order (``batches()`` flattened)."""
+        for batch in self.batches():
+            yield from batch
+
+    def batches(self) -> Iterator[list[dict]]:
+        """One list of records per time step, in (ts, host, kind, gpu) order. Each call replays
+        the run from the start and yields the same records."""
+        H, G, dt = len(self.hosts), self.gpus_per_host, self.interval
+        events = self._plan.events
+        first_paused = any(e.type == "checkpoint" and e.t0 <= 0.0 < e.t1 for e in events)
+        fleet = FleetState(H, G, self.spec, self.seed, dt, self.scenario.ambient,
+                           start_paused=first_paused, start_ts=self.start_ts)
+        mods = Mods(fleet.N, H, self.spec.power_limit_w)
+        nccl = NcclModel(H, G, self.hosts, self.seed, self.job, self.spec.nvlink_busbw_gbs, self.scenario.nccl)
+        dcgm = DcgmBuilder(fleet, self.spec, self.hosts, self.uuids, self.gpu_model, self.cluster, self.job)
+        dq = {**DATA_QUALITY_DEFAULTS, **self.scenario.data_quality}
+        dq_rng = substream(self.seed, "data-quality")
+        runtimes = [
+            Runtime(event=e, rng=substream(self.seed, "event", e.id, e.type),
+                    gi=None if e.gpu is None else e.host * G + e.gpu)
+            for e in events
+        ]
+        # Checkpoints first: other effects (e.g. NVLink errors, which need traffic) look at it.
+        pauses = [(e.t0, e.t1) for e in events if e.type == "checkpoint"]
+        all_idx = np.arange(fleet.N)
+        host_of = fleet.host_of
+        next_nccl = 1
+
+        for k in range(self.n_steps):
+            t = k * dt
+            ts = round(self.start_ts + t, 3)
+            mods.reset()
+            mods.paused = any(a - 1e-9 <= t < b - 1e-9 for a, b in pauses)
+            for rt in runtimes:
+                ev = rt.event
+                if ev.t0 > t + 1e-9:
+                    break          # events are in onset order
+                if TYPES[ev.type].instant:
+                    if not rt.done:
+                        rt.done = True
+                        TYPES[ev.type].apply(rt, t, dt, fleet, mods)
+                elif t < ev.t1 - 1e-9:
+                    TYPES[ev.type].apply(rt, t, dt, fleet, mods)
+            out = fleet.step(ts, mods)
+
+            # NCCL: the interval that ended at this step is reported now, then this step starts
+            # the next interval.
+            nccl_recs = None
+            if t + 1e-9 >= next_nccl * self.nccl_interval:
+                nccl_recs = nccl.emit(ts, ~mods.dead)
+                next_nccl = int(math.floor((t + 1e-9) / self.nccl_interval)) + 1
+            nccl.accumulate(dt, out.training, out.speed, mods.tp_h)
+
+            visible = ~(mods.gpu_hidden | mods.host_hidden[host_of])
+            idx = all_idx if visible.all() else all_idx[visible]
+            recs = dcgm.build(ts, out, idx)
+            add_noise(recs, dq_rng, dq["blank_rate"], dq["missing_rate"])
+            if nccl_recs is None:
+                yield recs
+                continue
+            # Interleave per host: the host's DCGM records, then its NCCL records.
+            batch: list[dict] = []
+            bounds = np.searchsorted(host_of[idx], np.arange(H + 1)).tolist()
+            for h in range(H):
+                batch.extend(recs[bounds[h]:bounds[h + 1]])
+                if not mods.host_hidden[h]:
+                    batch.extend(nccl_recs[h])
+            yield batch
