@@ -20,9 +20,9 @@ from pipeline.decode import Decoder
 from producers.sim import Simulator
 
 
-def _records(hosts: int, seconds: int) -> list[dict]:
+def _steps(hosts: int, seconds: int) -> list[list[dict]]:
     sim = Simulator(hosts=hosts, duration=seconds, seed=5, scenario="healthy", nccl_interval=1e9)
-    return [r for b in sim.batches() for r in b if r["kind"] == "dcgm"]
+    return [[r for r in b if r["kind"] == "dcgm"] for b in sim.batches()]
 
 
 def _decode_us(msgs: list[tuple[bytes, bytes]], n_samples: int, repeat: int) -> float:
@@ -73,8 +73,10 @@ def main() -> None:
     args = ap.parse_args()
     if hasattr(os, "sched_setaffinity"):
         os.sched_setaffinity(0, {sorted(os.sched_getaffinity(0))[0]})
-    recs = _records(args.hosts, args.seconds)
-    layouts = {"per-GPU message": list(per_record_messages(recs)), "per-host message": list(per_host_messages(recs))}
+    steps = _steps(args.hosts, args.seconds)
+    recs = [r for step in steps for r in step]
+    layouts = {"per-GPU message": [m for step in steps for m in per_record_messages(step)],
+               "per-host message": [m for step in steps for m in per_host_messages(step)]}
     print(f"{len(recs):,} GPU-samples ({args.hosts} hosts x 8 GPUs x {args.seconds}s), median of {args.repeat}")
     print(f"{'layout':<18} {'messages':>9} {'bytes/sample':>13} {'decode us/sample':>17} {'kafka consume us/sample':>24}")
     for name, msgs in layouts.items():
