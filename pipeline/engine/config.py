@@ -22,8 +22,9 @@ class EngineConfig:
       partition does not turn the slower partitions' records into late ones. For the same reason
       a live engine (fresh or restored) holds its first ``idle_timeout`` seconds of input, up to
       ``max_pending`` records, so every partition can deliver before any host counts as gone.
-    - ``tick``: absence (a lost GPU, a silent host) is judged on this event-time grid, so the
-      result does not depend on how records were batched.
+    - ``tick``: the engine processes samples one tick of event time at a time, and judges
+      absence (a lost GPU, a silent host) at every tick boundary, so nothing depends on how
+      records were batched. Rule windows resolve to whole ticks.
     - ``gpu_absent_after`` / ``host_silent_after``: silence that makes a finding.
     """
 
@@ -31,7 +32,7 @@ class EngineConfig:
     host_disorder: float = 0.0
     idle_timeout: float = 10.0
     max_pending: int = 500_000
-    tick: float = 5.0
+    tick: float = 1.0
     gpu_absent_after: float = 30.0
     host_silent_after: float = 60.0
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 import msgspec
 import numpy as np
@@ -31,6 +31,9 @@ from pipeline.engine.lifecycle import Lifecycle, Transition, alert_id
 from pipeline.engine.state import GpuState, View, advance
 from pipeline.errors import StateError
 from pipeline.schema import AlertEvent, DcgmRecord, DeadLetter, NcclRecord, TelemetryRecord
+
+if TYPE_CHECKING:
+    from pipeline.rules.ruleset import RuleSet
 
 SNAPSHOT_VERSION = 1
 
@@ -58,13 +61,17 @@ class Engine:
     """
 
     def __init__(self, config: EngineConfig | None = None, row_checks: Sequence[RowCheck] | None = None,
-                 tick_checks: Sequence[TickCheck] | None = None) -> None:
+                 tick_checks: Sequence[TickCheck] | None = None, rules: "RuleSet | None" = None) -> None:
+        """Built-in checks run unless ``row_checks``/``tick_checks`` are given; with ``rules``,
+        the YAML rules replace the built-in row checks (the absence checks stay)."""
         self.config = config or EngineConfig()
+        default_rows, default_ticks = builtin_checks()
         if row_checks is None and tick_checks is None:
-            row_checks, tick_checks = builtin_checks()
+            row_checks, tick_checks = ([] if rules is not None else default_rows), default_ticks
         self.row_checks = list(row_checks or [])
         self.tick_checks = list(tick_checks or [])
-        names = [c.meta.name for c in self.row_checks + self.tick_checks]
+        self.rules = rules
+        names = [c.meta.name for c in self.row_checks + self.tick_checks + (rules.rules if rules else [])]
         if len(set(names)) != len(names):
             raise ValueError(f"duplicate check names: {sorted(n for n in names if names.count(n) > 1)}")
         self.entities = Entities()
@@ -82,9 +89,31 @@ class Engine:
         self.stats: Counter[str] = Counter()
         self._summaries: dict[str, str] = {}   # alert id -> summary, while firing
 
+    def _all_checks(self) -> list[Any]:
+        return self.row_checks + self.tick_checks + (self.rules.rules if self.rules else [])
+
     def _new_lifecycle(self, name: str) -> Lifecycle:
-        check = next(c for c in self.row_checks + self.tick_checks if c.meta.name == name)
+        check = next(c for c in self._all_checks() if c.meta.name == name)
         return Lifecycle(check.meta.for_s, check.meta.keep_firing_for_s)
+
+    def set_rules(self, rules: "RuleSet") -> None:
+        """Swap in a new rule set (hot reload). Rules whose definition is unchanged keep their
+        state (pending/firing alerts, windows); new or changed ones start fresh."""
+        old = self.rules
+        kept = {r.meta.name for r in rules.rules if old and old.unchanged(r)}
+        names = [c.meta.name for c in self.row_checks + self.tick_checks + rules.rules]
+        if len(set(names)) != len(names):
+            raise ValueError(f"duplicate check names: {sorted(n for n in names if names.count(n) > 1)}")
+        if old is not None:
+            rules.windows.adopt(old.windows)
+        self.rules = rules
+        for r in rules.rules:
+            if r.meta.name not in kept:
+                self.lifecycles[r.meta.name] = self._new_lifecycle(r.meta.name)
+        live = {c.meta.name for c in self._all_checks()}
+        for name in list(self.lifecycles):
+            if name not in live:
+                del self.lifecycles[name]
 
     # -- feeding ---------------------------------------------------------------------------
 
@@ -126,7 +155,7 @@ class Engine:
             self._pending.extend(records)
             self._pending_origin.extend(origins)
             self._pending_ts = np.concatenate([self._pending_ts, ts])
-        self._release(self.watermark(now), out, final=False)
+        self._release(self._release_bound(self.watermark(now)), out, final=False)
         return out
 
     def flush(self) -> EngineOutput:
@@ -179,6 +208,13 @@ class Engine:
             self._ticks_until(wm, out, inclusive=True)
             self.released = max(self.released, wm)
 
+    def _release_bound(self, wm: float) -> float:
+        # Whole ticks only: a tick's samples are always processed together, so windows and
+        # peer comparisons never depend on where a batch happened to end.
+        if math.isinf(wm):
+            return wm
+        return math.floor(wm / self.config.tick) * self.config.tick
+
     def _process_sorted(self, recs: list[TelemetryRecord], origins: list[str], out: EngineOutput) -> None:
         dcgm = [i for i, r in enumerate(recs) if type(r) is DcgmRecord]
         n_nccl = len(recs) - len(dcgm)
@@ -206,7 +242,7 @@ class Engine:
         while start < n:
             cut = int(np.searchsorted(frame.ts, self.next_tick, side="left"))
             if cut > start:
-                self._rows(frame.take(slice(start, cut)), out)
+                self._rows(frame.take(slice(start, cut)), out, self.next_tick - self.config.tick)
                 start = cut
             if start < n:
                 self._tick(self.next_tick, out)
@@ -217,17 +253,26 @@ class Engine:
             self._tick(self.next_tick, out)
             self.next_tick += self.config.tick
 
-    def _rows(self, frame: DcgmFrame, out: EngineOutput) -> None:
+    def _rows(self, frame: DcgmFrame, out: EngineOutput, ts0: float) -> None:
         perm = np.argsort(frame.gpu, kind="stable")
         chunk = frame.take(perm)
-        view = advance(self.state, chunk, self.entities)
-        n_gpus = self.entities.n_gpus
+        view = advance(self.state, chunk, self.entities, ts0)
+        conds: list[tuple[Any, np.ndarray]] = [(c, c.evaluate(view)) for c in self.row_checks]
+        if self.rules is not None:
+            conds += self.rules.evaluate(view, self.entities.n_gpus)
         transitions: list[tuple[RowCheck, Transition]] = []
-        for check in self.row_checks:
-            cond = check.evaluate(view)
-            ent = chunk.gpu if check.meta.level == GPU else chunk.host
-            n_ent = n_gpus if check.meta.level == GPU else self.entities.n_hosts
-            for t in self.lifecycles[check.meta.name].step(chunk.ts, ent, cond, n_ent):
+        for check, cond in conds:
+            cond = cond == 1 if cond.dtype != bool else cond
+            if check.meta.level == GPU:
+                ts, ent, rows = chunk.ts, chunk.gpu, None
+                n_ent = self.entities.n_gpus
+            else:
+                # Host level: true for the host when true on any of its GPUs in this tick.
+                ts, ent, cond, rows = _per_host(chunk, cond)
+                n_ent = self.entities.n_hosts
+            for t in self.lifecycles[check.meta.name].step(ts, ent, cond, n_ent):
+                if rows is not None:
+                    t = Transition(t.state, t.entity, t.ts, t.started_at, int(rows[t.row]))
                 transitions.append((check, t))
         transitions.sort(key=lambda ct: (ct[1].ts, ct[0].meta.name, ct[1].entity))
         for check, t in transitions:
@@ -284,6 +329,8 @@ class Engine:
             "pending_origin": self._pending_origin,
             "stats": dict(self.stats),
             "summaries": self._summaries,
+            "seen": _arr(self.state.seen),
+            "windows": _windows_to_state(self.rules.windows.to_state()) if self.rules else {},
         }
         return msgspec.msgpack.encode(data)
 
@@ -308,6 +355,9 @@ class Engine:
             self._pending_ts = np.array([r.ts for r in self._pending], dtype=np.float64)
             self.stats = Counter(data["stats"])
             self._summaries = dict(data["summaries"])
+            self.state.seen = _unarr(data["seen"])
+            if self.rules is not None:
+                self.rules.windows.load_state(_windows_from_state(data["windows"]))
         except (msgspec.DecodeError, msgspec.ValidationError, KeyError, TypeError, ValueError) as e:
             raise StateError(f"cannot restore engine snapshot: {e}") from e
 
@@ -317,6 +367,35 @@ class Engine:
 
 
 TelemetryRecordT = DcgmRecord | NcclRecord
+
+
+def _per_host(chunk: DcgmFrame, cond: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Collapse per-GPU rows to one row per host: (ts, host id, any(cond), representative row)."""
+    hosts, inv = np.unique(chunk.host, return_inverse=True)
+    ts = np.full(len(hosts), -np.inf)
+    np.maximum.at(ts, inv, chunk.ts)
+    anyc = np.zeros(len(hosts), dtype=bool)
+    np.logical_or.at(anyc, inv, cond)
+    # Evidence from the first GPU where it holds, else the host's first row.
+    rows = np.full(len(hosts), -1)
+    idx = np.arange(len(chunk))
+    pick = np.where(cond, idx, len(chunk) + idx)
+    best = np.full(len(hosts), np.iinfo(np.int64).max)
+    np.minimum.at(best, inv, pick)
+    rows = np.where(best >= len(chunk), best - len(chunk), best)
+    return ts, hosts.astype(np.int32), anyc, rows
+
+
+def _windows_to_state(st: dict) -> dict:
+    return {"panes": [[k, {n: _arr(a) for n, a in ws.items()}, aggs] for k, ws, aggs in st["panes"]],
+            "baselines": [[k, {n: _arr(a) for n, a in bs.items()}] for k, bs in st["baselines"]]}
+
+
+def _windows_from_state(st: dict) -> dict:
+    def conv(d: dict) -> dict:
+        return {k: _unarr(v) for k, v in d.items()}
+    return {"panes": [[k, conv(ws), aggs] for k, ws, aggs in st.get("panes", [])],
+            "baselines": [[k, conv(bs)] for k, bs in st.get("baselines", [])]}
 
 
 def _arr(a: np.ndarray) -> dict:

@@ -23,15 +23,17 @@ class GpuState:
         self.last = np.full((0, N_FIELDS), np.nan)
         self.last_ts = np.full(0, np.nan)          # per GPU
         self.host_last_ts = np.full(0, np.nan)     # per host (any DCGM record)
+        self.seen = np.full((0, N_FIELDS), np.nan)  # per GPU and field: when it was last reported
 
     def ensure(self, n_gpus: int, n_hosts: int) -> None:
         self.last = grow(self.last, n_gpus, np.nan)
         self.last_ts = grow(self.last_ts, n_gpus, np.nan)
         self.host_last_ts = grow(self.host_last_ts, n_hosts, np.nan)
+        self.seen = grow(self.seen, n_gpus, np.nan)
 
     def nbytes_per_gpu(self) -> float:
         n = max(1, len(self.last_ts))
-        return (self.last.nbytes + self.last_ts.nbytes) / n
+        return (self.last.nbytes + self.last_ts.nbytes + self.seen.nbytes) / n
 
 
 @dataclass
@@ -40,15 +42,21 @@ class View:
 
     - ``frame.values``: what each sample reported (NaN: not reported);
     - ``filled``: the GPU's last known value of each field as of that sample;
+    - ``prev``: the last known value of each field before that sample;
+    - ``seen``: when each field was last reported, as of that sample;
     - ``increase``: per counter field, the increase since the GPU's previous sample (0 at a
-      reset, NaN when unknown, e.g. the first sample ever).
+      reset, NaN when unknown, e.g. the first sample ever);
+    - ``ts0``: start of the tick the chunk belongs to (every row of a chunk shares one tick).
     """
 
     frame: DcgmFrame
     filled: np.ndarray
+    prev: np.ndarray
+    seen: np.ndarray
     increase: np.ndarray          # (n, len(COUNTER_COLS))
     reset: np.ndarray             # (n, len(COUNTER_COLS)) bool
     entities: Entities
+    ts0: float = float("nan")
 
     def value(self, alias: str, *, last_known: bool = True) -> np.ndarray:
         col = FIELDS.by_alias(alias).column
@@ -66,13 +74,14 @@ class View:
         return out
 
 
-def advance(state: GpuState, frame: DcgmFrame, entities: Entities) -> View:
+def advance(state: GpuState, frame: DcgmFrame, entities: Entities, ts0: float = float("nan")) -> View:
     """Fold a chunk (rows sorted by GPU, event time within GPU) into the state; return its view."""
     n = len(frame)
     state.ensure(entities.n_gpus, entities.n_hosts)
     if n == 0:
         empty = np.empty((0, len(COUNTER_COLS)))
-        return View(frame, np.empty((0, N_FIELDS)), empty, empty.astype(bool), entities)
+        m = np.empty((0, N_FIELDS))
+        return View(frame, m, m, m, empty, empty.astype(bool), entities, ts0)
     ent = frame.gpu
     vals = frame.values
     start = np.ones(n, dtype=bool)
@@ -84,20 +93,22 @@ def advance(state: GpuState, frame: DcgmFrame, entities: Entities) -> View:
     have = acc >= gstart[:, None]
     cols = np.arange(N_FIELDS)
     filled = np.where(have, vals[np.maximum(acc, 0), cols], state.last[ent])
-    # Previous known value of each counter: the row above within the GPU, else the state.
-    prev = np.empty((n, len(COUNTER_COLS)))
-    prev[start] = state.last[ent[start]][:, COUNTER_COLS]
+    seen = np.where(have, frame.ts[np.maximum(acc, 0)], state.seen[ent])
+    # Previous known value of each field: the row above within the GPU, else the state.
+    prev = np.empty((n, N_FIELDS))
+    prev[start] = state.last[ent[start]]
     notstart = np.flatnonzero(~start)
-    prev[notstart] = filled[notstart - 1][:, COUNTER_COLS]
+    prev[notstart] = filled[notstart - 1]
     cur = vals[:, COUNTER_COLS]
     with np.errstate(invalid="ignore"):
-        inc = cur - prev
+        inc = cur - prev[:, COUNTER_COLS]
         reset = inc < 0
     inc[reset] = 0.0
     # Store the last row of each GPU's run.
     end = np.ones(n, dtype=bool)
     end[:-1] = ent[1:] != ent[:-1]
     state.last[ent[end]] = filled[end]
+    state.seen[ent[end]] = seen[end]
     state.last_ts[ent[end]] = frame.ts[end]
     np.fmax.at(state.host_last_ts, frame.host, frame.ts)
-    return View(frame, filled, inc, reset, entities)
+    return View(frame, filled, prev, seen, inc, reset, entities, ts0)

@@ -1,0 +1,51 @@
+"""Rule-file diagnostics: every problem with a position, a message and a stable code.
+
+Printed as ``file:line:col: rule "name": message [CODE]`` (Prometheus/promtool and Falco style).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+# Stable codes (documented in docs/rules.md). Errors:
+YAML_SYNTAX = "R001"       # the file is not valid YAML
+YAML_TAG = "R002"          # a YAML tag (e.g. !!python/object): refused, rules are plain data
+SHAPE = "R003"             # wrong structure (rules is not a list, a rule is not a mapping, ...)
+UNKNOWN_KEY = "R004"
+MISSING_KEY = "R005"
+BAD_VALUE = "R006"         # bad severity / level / fault family / name
+BAD_DURATION = "R007"
+DUPLICATE = "R008"         # duplicate rule name
+TEMPLATE = "R009"          # summary template refers to an unknown name or is malformed
+EXPR_SYNTAX = "E101"
+UNKNOWN_METRIC = "E102"    # with "did you mean"
+UNKNOWN_FUNCTION = "E103"
+ARITY = "E104"
+TYPE = "E105"              # type mismatch (bool vs number, counter vs gauge, bits on non-bitmask)
+UNKNOWN_BIT = "E106"
+UNKNOWN_MODEL = "E107"
+UNSUPPORTED = "E108"       # valid syntax the evaluator does not support at this level
+# Lint warnings (fatal with --strict):
+LINT_NO_TEST = "W201"      # a rule no test exercises
+LINT_NO_FOR = "W202"       # a rule on a noisy gauge with no for:
+LINT_COUNTER_AS_GAUGE = "W203"  # a counter compared as a raw value (almost always wants increase/rate)
+
+
+@dataclass(frozen=True, order=True)
+class Diagnostic:
+    file: str
+    line: int
+    col: int
+    rule: str | None
+    message: str
+    code: str
+    severity: str = "error"   # or "warning"
+
+    def __str__(self) -> str:
+        where = f'rule "{self.rule}": ' if self.rule else ""
+        kind = "" if self.severity == "error" else "warning: "
+        return f"{self.file}:{self.line}:{self.col}: {kind}{where}{self.message} [{self.code}]"
+
+    @property
+    def is_error(self) -> bool:
+        return self.severity == "error"
