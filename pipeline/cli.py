@@ -77,17 +77,70 @@ def _cmd_replay(args: argparse.Namespace) -> int:
 
     from pipeline.replay import replay
 
+    from pipeline.engine import Engine
+    from pipeline.rules.loader import load_rules
+
     console = Console(stderr=True)
+    ruleset, diags = load_rules([args.rules])
+    for d in diags:
+        console.print(str(d), highlight=False, markup=False)
+    if ruleset is None:
+        console.print(f"rules in {args.rules} do not load; nothing replayed")
+        return 1
     show = console.is_terminal and not args.quiet
     with Progress(console=console, disable=not show, transient=True) as progress:
         task = progress.add_task("replaying", total=None)
-        res = replay(args.files, alerts_out=args.alerts_out, dlq_out=args.dlq_out, batch_size=args.batch,
-                     on_batch=lambda n, out: progress.advance(task, n))
+        res = replay(args.files, engine=Engine(rules=ruleset), alerts_out=args.alerts_out, dlq_out=args.dlq_out,
+                     batch_size=args.batch, on_batch=lambda n, out: progress.advance(task, n))
     t = res.totals
     console.print(f"replayed {t.records:,} records in {res.seconds:.2f}s ({res.records_per_s:,.0f} records/s)")
     console.print("alerts by family: " + (", ".join(f"{k}: {v}" for k, v in sorted(t.alerts.items())) or "none"))
     console.print("dead letters by reason: " + (", ".join(f"{k}: {v}" for k, v in sorted(t.dead.items())) or "none"))
     return 0
+
+
+def _cmd_rules_check(args: argparse.Namespace) -> int:
+    from pipeline.rules import diagnostics as D
+    from pipeline.rules.diagnostics import Diagnostic
+    from pipeline.rules.loader import load_rules, rule_files
+    from pipeline.rules.testing import tested_rules
+
+    ruleset, diags = load_rules(args.paths)
+    if ruleset is not None:
+        # Sigma's rule: no stable rule without a test.
+        tests = [Path(p) / "tests" for p in args.paths if (Path(p) / "tests").is_dir()]
+        if tests:
+            covered = tested_rules(tests)
+            for r in ruleset.rules:
+                if r.meta.name not in covered:
+                    f, _, line = r.spec.source.rpartition(":")
+                    diags.append(Diagnostic(f, int(line), 5, r.meta.name, "no test exercises this rule",
+                                            D.LINT_NO_TEST, "warning"))
+    for d in sorted(diags):
+        print(d)
+    errors = sum(d.is_error for d in diags)
+    warnings = len(diags) - errors
+    n_files = len(rule_files(args.paths))
+    if errors or (args.strict and warnings):
+        print(f"{errors} error(s), {warnings} warning(s) in {n_files} file(s)", file=sys.stderr)
+        return 1
+    print(f"ok: {len(ruleset)} rules in {n_files} file(s)" + (f", {warnings} warning(s)" if warnings else ""),
+          file=sys.stderr)
+    return 0
+
+
+def _cmd_rules_test(args: argparse.Namespace) -> int:
+    from pipeline.rules.testing import run_tests
+
+    results = run_tests(args.paths)
+    failed = [r for r in results if not r.ok]
+    for r in results:
+        mark = "ok  " if r.ok else "FAIL"
+        print(f"{mark} {r.file}: {r.name}")
+        for f in r.failures:
+            print(f"     {f}")
+    print(f"{len(results) - len(failed)} passed, {len(failed)} failed")
+    return 1 if failed or not results else 0
 
 
 def _cmd_topics(args: argparse.Namespace) -> int:
@@ -97,6 +150,13 @@ def _cmd_topics(args: argparse.Namespace) -> int:
     created = ensure_topics(args.kafka, Topics(args.prefix), partitions=args.partitions)
     print("created: " + (", ".join(created) or "nothing (all exist)"))
     return 0
+
+
+def _default_rules() -> str:
+    """./rules when there is one, else the default packs of this checkout."""
+    if Path("rules").is_dir():
+        return "rules"
+    return str(Path(__file__).resolve().parent.parent / "rules")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -128,9 +188,20 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("files", nargs="+")
     r.add_argument("--alerts-out", help="write alert events (JSONL)")
     r.add_argument("--dlq-out", help="write dead letters (JSONL)")
+    r.add_argument("--rules", default=_default_rules(), help="rule directory or file (default: %(default)s)")
     r.add_argument("--batch", type=int, default=2000, help="lines per engine batch")
     r.add_argument("-q", "--quiet", action="store_true")
     r.set_defaults(func=_cmd_replay)
+
+    ru = sub.add_parser("rules", help="check and unit-test detection rules")
+    rsub = ru.add_subparsers(dest="rules_command", required=True)
+    rc = rsub.add_parser("check", help="load rule files and report every problem as file:line:col")
+    rc.add_argument("paths", nargs="+")
+    rc.add_argument("--strict", action="store_true", help="lint warnings are errors too")
+    rc.set_defaults(func=_cmd_rules_check)
+    rt = rsub.add_parser("test", help="run rule unit tests (rules/tests/*.yaml)")
+    rt.add_argument("paths", nargs="+")
+    rt.set_defaults(func=_cmd_rules_test)
 
     t = sub.add_parser("topics", help="create the project's Kafka topics")
     t.add_argument("--kafka", metavar="BOOTSTRAP", required=True)

@@ -278,6 +278,8 @@ class Engine:
         for check, t in transitions:
             ev = check.evidence(view, t.row)
             out.alerts.append(self._alert(check, t, ev))
+        if self.rules is not None:
+            self.rules.finish()
 
     def _tick(self, t: float, out: EngineOutput) -> None:
         self.state.ensure(self.entities.n_gpus, self.entities.n_hosts)

@@ -77,6 +77,16 @@ class WindowStore:
                 else view.frame.values[:, col]
             w.update(ent, ts0, vals, n_ent)
 
+    def adopt(self, old: "WindowStore") -> None:
+        """Take over the state of windows an older store already had (hot reload)."""
+        for key, w in self.panes.items():
+            prev = old.panes.get(key)
+            if prev is not None and set(prev.aggs) == set(w.aggs):
+                self.panes[key] = prev
+        for key in self.baselines:
+            if key in old.baselines:
+                self.baselines[key] = old.baselines[key]
+
     def update_baselines(self, view: View, n_ent: int) -> None:
         for key, b in self.baselines.items():
             b.update(view.frame.gpu, view.frame.ts, view.frame.values[:, self._base_sources[key]], n_ent)

@@ -9,7 +9,9 @@ resolved to ``pw``. Memory: ``12 x (8 + 8 per aggregate)`` bytes per entity per 
 
 ``Baseline`` is an exponentially weighted mean and variance with time constant ``tau``; it does
 not learn from a value more than 4 standard deviations off once warm, so a burst never becomes
-the new normal, and it answers NaN until it has seen ``warmup`` samples.
+the new normal, and it answers NaN until it has seen ``warmup`` samples. A change that lasts
+longer than ``tau`` is a new regime, not a burst: the baseline restarts from it (otherwise a
+baseline that warmed up during an idle spell would call every busy sample an outlier forever).
 """
 
 from __future__ import annotations
@@ -124,11 +126,13 @@ class Baseline:
         self.var = np.full(0, np.nan)
         self.n = np.zeros(0)
         self.last_ts = np.full(0, np.nan)
+        self.out_since = np.full(0, np.nan)   # first of the current run of outliers
 
     def _ensure(self, n_ent: int) -> None:
         if len(self.mean) < n_ent:
             self.mean, self.var = grow(self.mean, n_ent, np.nan), grow(self.var, n_ent, np.nan)
             self.n, self.last_ts = grow(self.n, n_ent, 0.0), grow(self.last_ts, n_ent, np.nan)
+            self.out_since = grow(self.out_since, n_ent, np.nan)
 
     def query(self, ent: np.ndarray) -> np.ndarray:
         self._ensure(int(ent.max()) + 1 if len(ent) else 0)
@@ -156,20 +160,25 @@ class Baseline:
             sd = np.sqrt(np.where(np.isnan(v), 0.0, v))
             with np.errstate(invalid="ignore"):
                 outlier = (n >= self.warmup) & (np.abs(x - m) > self.clip_sd * np.maximum(sd, 1e-9 + 0.01 * np.abs(m)))
-            learn = ~outlier
+            since = np.where(outlier, np.where(np.isnan(self.out_since[e]), t, self.out_since[e]), np.nan)
+            regime = outlier & (t - since >= self.tau)
+            fresh |= regime
+            learn = ~outlier | regime
             diff = np.where(fresh, 0.0, x - m)
             new_m = np.where(fresh, x, m + alpha * diff)
             new_v = np.where(fresh, 0.0, (1 - alpha) * (np.where(np.isnan(v), 0.0, v) + alpha * diff * diff))
             self.mean[e] = np.where(learn, new_m, m)
             self.var[e] = np.where(learn, new_v, v)
-            self.n[e] = n + learn
+            self.n[e] = np.where(regime, 1.0, n + learn)
             self.last_ts[e] = np.where(learn, t, lt)
+            self.out_since[e] = np.where(regime, np.nan, since)
 
     def to_state(self) -> dict:
-        return {"mean": self.mean, "var": self.var, "n": self.n, "last_ts": self.last_ts}
+        return {"mean": self.mean, "var": self.var, "n": self.n, "last_ts": self.last_ts, "out_since": self.out_since}
 
     def load_state(self, st: dict) -> None:
         self.mean, self.var, self.n, self.last_ts = st["mean"], st["var"], st["n"], st["last_ts"]
+        self.out_since = st["out_since"]
 
 
 def group_stat(keys: np.ndarray, values: np.ndarray, stat: str) -> np.ndarray:

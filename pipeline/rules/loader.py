@@ -1,0 +1,310 @@
+"""Rule files -> a RuleSet, or every problem at once as ``file:line:col`` diagnostics.
+
+YAML is read with PyYAML's safe composer into nodes (so every value keeps its line and column)
+and turned into plain values by hand; any tag outside plain YAML (``!!python/...``) is refused.
+Nothing from a rule file is ever executed: conditions go through our own parser.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from pipeline.catalog import FIELDS
+from pipeline.rules import diagnostics as D
+from pipeline.rules.compile import CompileError, WindowStore, compile_expr
+from pipeline.rules.diagnostics import Diagnostic
+from pipeline.rules.durations import parse_duration
+from pipeline.rules.expr import ExprSyntaxError
+from pipeline.rules.ruleset import Rule, RuleSet, RuleSpec
+from pipeline.rules.template import TemplateError, parse_template
+from pipeline.schema import FAMILIES, fault_family
+
+RULE_KEYS = {"name", "fault", "severity", "level", "condition", "for", "keep_firing_for", "summary",
+             "description", "labels", "values"}
+REQUIRED = ("name", "fault", "severity", "condition")
+FILE_KEYS = {"rules", "description"}
+SEVERITIES = ("critical", "warning", "info")
+LEVELS = ("gpu", "host")
+LATER_LEVELS = ("link", "comm", "job")
+_NAME = re.compile(r"^[a-z][a-z0-9_]*$")
+_SAFE_TAGS = {f"tag:yaml.org,2002:{t}" for t in ("str", "int", "float", "bool", "null", "map", "seq")}
+_ctor = yaml.SafeLoader("")
+
+
+def rule_files(paths: list[str | Path]) -> list[Path]:
+    """The rule files named by ``paths`` (files, or directories' ``*.yaml``/``*.yml``, not tests/)."""
+    out: list[Path] = []
+    for p in map(Path, paths):
+        if p.is_dir():
+            out += sorted(x for x in p.iterdir() if x.suffix in (".yaml", ".yml") and x.is_file()
+                          and x.name not in ("models.yaml", "routes.yaml"))
+        else:
+            out.append(p)
+    return out
+
+
+class _FileLoader:
+    def __init__(self, path: str, text: str, store: WindowStore, models: set[str]) -> None:
+        self.path, self.text, self.store, self.models = path, text, store, models
+        self.lines = text.splitlines()
+        self.diags: list[Diagnostic] = []
+        self.rules: list[tuple[Rule, Any]] = []
+        self.bad: set[int] = set()
+        self.names: list[tuple[str, Any]] = []    # every rule name seen, for duplicate checks
+
+    def err(self, node: Any, message: str, code: str, rule: str | None = None, *, line: int | None = None,
+            col: int | None = None, severity: str = "error") -> None:
+        mark = getattr(node, "start_mark", None)
+        ln = line if line is not None else (mark.line + 1 if mark else 1)
+        cl = col if col is not None else (mark.column + 1 if mark else 1)
+        self.diags.append(Diagnostic(self.path, ln, cl, rule, message, code, severity))
+
+    def value(self, node: Any) -> Any:
+        """Plain Python value of a node whose tags were all checked (refused ones read as None)."""
+        if id(node) in self.bad:
+            return None
+        if isinstance(node, yaml.MappingNode):
+            return {self.value(k): self.value(v) for k, v in node.value}
+        if isinstance(node, yaml.SequenceNode):
+            return [self.value(v) for v in node.value]
+        return _ctor.construct_object(node, deep=True)
+
+    def check_tags(self, node: Any) -> None:
+        """Report every node with a tag outside plain YAML; remember them so they are never built."""
+        stack = [node]
+        while stack:
+            n = stack.pop()
+            if n.tag not in _SAFE_TAGS:
+                self.err(n, f"YAML tag {n.tag!r} is not allowed in rule files (plain data only)", D.YAML_TAG)
+                self.bad.add(id(n))
+                continue
+            if isinstance(n, yaml.MappingNode):
+                for k, v in n.value:
+                    stack += [k, v]
+            elif isinstance(n, yaml.SequenceNode):
+                stack += list(n.value)
+
+    def tainted(self, node: Any) -> bool:
+        stack = [node]
+        while stack:
+            n = stack.pop()
+            if id(n) in self.bad:
+                return True
+            if isinstance(n, yaml.MappingNode):
+                for k, v in n.value:
+                    stack += [k, v]
+            elif isinstance(n, yaml.SequenceNode):
+                stack += list(n.value)
+        return False
+
+    def load(self) -> None:
+        try:
+            root = yaml.compose(self.text, Loader=yaml.SafeLoader)
+        except yaml.YAMLError as e:
+            mark = getattr(e, "problem_mark", None) or getattr(e, "context_mark", None)
+            problem = getattr(e, "problem", None) or str(e)
+            self.err(None, f"YAML syntax: {problem}", D.YAML_SYNTAX,
+                     line=mark.line + 1 if mark else 1, col=mark.column + 1 if mark else 1)
+            return
+        if root is None:
+            return  # an empty file holds no rules
+        self.check_tags(root)
+        if id(root) in self.bad:
+            return
+        if not isinstance(root, yaml.MappingNode):
+            self.err(root, "a rule file is a mapping with a 'rules:' list", D.SHAPE)
+            return
+        rules_node = None
+        for k, v in root.value:
+            key = self.value(k)
+            if key not in FILE_KEYS:
+                self.err(k, f"unknown key {key!r} (expected: {', '.join(sorted(FILE_KEYS))})", D.UNKNOWN_KEY)
+            elif key == "rules":
+                rules_node = v
+        if rules_node is None:
+            self.err(root, "missing 'rules:' list", D.MISSING_KEY)
+            return
+        if not isinstance(rules_node, yaml.SequenceNode):
+            self.err(rules_node, "'rules:' must be a list of rules", D.SHAPE)
+            return
+        for item in rules_node.value:
+            self.rule(item)
+
+    def rule(self, node: Any) -> None:
+        if self.tainted(node):
+            return  # already reported; never build anything from it
+        if not isinstance(node, yaml.MappingNode):
+            self.err(node, "a rule is a mapping (name:, fault:, severity:, condition:, ...)", D.SHAPE)
+            return
+        keys: dict[str, tuple[Any, Any]] = {}
+        for k, v in node.value:
+            keys[str(self.value(k))] = (k, v)
+        name_node = keys.get("name", (None, None))[1]
+        name = str(self.value(name_node)) if name_node is not None else None
+        before = len(self.diags)
+        for key, (knode, _) in keys.items():
+            if key not in RULE_KEYS:
+                import difflib
+                hint = difflib.get_close_matches(key, sorted(RULE_KEYS), n=1)
+                more = f"; did you mean {hint[0]!r}?" if hint else ""
+                self.err(knode, f"unknown key {key!r}{more}", D.UNKNOWN_KEY, name)
+        for key in REQUIRED:
+            if key not in keys:
+                self.err(node, f"missing required key {key!r}", D.MISSING_KEY, name)
+        if name is not None and name_node is not None:
+            self.names.append((name, name_node))
+        val = {k: self.value(v) for k, (_, v) in keys.items() if k in RULE_KEYS}
+        if "name" in val and (not isinstance(val["name"], str) or not _NAME.match(val["name"])):
+            self.err(keys["name"][1], f"rule name {val['name']!r} must be lower_snake_case", D.BAD_VALUE, name)
+        fault = val.get("fault")
+        if "fault" in val and (not isinstance(fault, str) or fault_family(fault) not in FAMILIES or "_" not in fault):
+            self.err(keys["fault"][1], f"fault {fault!r} must start with its family "
+                     f"({', '.join(f + '_' for f in FAMILIES)})", D.BAD_VALUE, name)
+        if "severity" in val and val["severity"] not in SEVERITIES:
+            self.err(keys["severity"][1], f"severity {val['severity']!r} must be one of {', '.join(SEVERITIES)}",
+                     D.BAD_VALUE, name)
+        level = val.get("level", "gpu")
+        if level in LATER_LEVELS:
+            self.err(keys["level"][1], f"level {level!r} is not supported yet (gpu and host are)", D.UNSUPPORTED,
+                     name)
+        elif level not in LEVELS:
+            self.err(keys["level"][1], f"level {level!r} must be one of {', '.join(LEVELS + LATER_LEVELS)}",
+                     D.BAD_VALUE, name)
+        durs = {}
+        for key in ("for", "keep_firing_for"):
+            if key in val:
+                try:
+                    durs[key] = parse_duration(val[key])
+                except ValueError as e:
+                    self.err(keys[key][1], f"{key}: {e}", D.BAD_DURATION, name)
+        for key in ("labels", "values"):
+            if key in val and (not isinstance(val[key], dict)
+                               or not all(isinstance(a, str) and isinstance(b, (str, int, float))
+                                          for a, b in val[key].items())):
+                self.err(keys[key][1], f"{key}: must map names to strings", D.SHAPE, name)
+                val[key] = {}
+        # The condition and named values: our own parser, errors pointed at the character.
+        cond = self.expr(keys["condition"][1], val["condition"], name) if "condition" in keys else None
+        values = {}
+        for vname, vsrc in (val.get("values") or {}).items():
+            vnode = next(v for k, v in keys["values"][1].value if self.value(k) == vname)
+            c = self.expr(vnode, str(vsrc), name)
+            if c is not None:
+                values[vname] = c
+        template: list = []
+        summary = val.get("summary", "")
+        if not isinstance(summary, str):
+            self.err(keys["summary"][1], "summary must be a string", D.TEMPLATE, name)
+            summary = ""
+        try:
+            template = parse_template(summary)
+        except TemplateError as e:
+            ln, cl = self.position(keys["summary"][1], e.pos)
+            self.err(None, f"summary: {e.message}", D.TEMPLATE, name, line=ln, col=cl)
+        else:
+            known = {"host", "gpu", *values, *(cond.evidence if cond else {})}
+            for part in template:
+                if isinstance(part, tuple) and part[0] not in known:
+                    f = FIELDS.resolve(part[0])
+                    if f is not None and cond is not None:
+                        continue  # any catalog field may be shown; it is read at alert time
+                    import difflib
+                    hint = difflib.get_close_matches(part[0], sorted(known), n=1)
+                    more = f"; did you mean {hint[0]!r}?" if hint else f" (known: {', '.join(sorted(known))})"
+                    ln, cl = self.position(keys["summary"][1], summary.find("{" + part[0]))
+                    self.err(None, f"summary refers to unknown name {part[0]!r}{more}", D.TEMPLATE, name,
+                             line=ln, col=cl)
+        if len(self.diags) > before or cond is None:
+            return
+        for part in template:  # catalog fields shown in the summary become evidence too
+            if isinstance(part, tuple) and part[0] not in cond.evidence and part[0] not in values \
+                    and part[0] not in ("host", "gpu"):
+                f = FIELDS.resolve(part[0])
+                cond.evidence[part[0]] = lambda c, col=f.column: c.view.filled[:, col]
+        spec = RuleSpec(name=val["name"], fault=fault, severity=val["severity"], level=level,
+                        condition=val["condition"], for_s=durs.get("for", 0.0),
+                        keep_firing_for_s=durs.get("keep_firing_for", 0.0), summary=summary,
+                        description=str(val.get("description", "")), labels={k: str(v) for k, v in
+                                                                             (val.get("labels") or {}).items()},
+                        values={k: str(v) for k, v in (val.get("values") or {}).items()},
+                        source=f"{self.path}:{node.start_mark.line + 1}")
+        self.rules.append((Rule(spec, cond, values, template, self.store), node))
+
+    def expr(self, node: Any, src: Any, rule: str | None):
+        if not isinstance(src, str):
+            self.err(node, "an expression must be a string", D.EXPR_SYNTAX, rule)
+            return None
+        try:
+            return compile_expr(src, self.store, self.models)
+        except ExprSyntaxError as e:
+            ln, cl = self.position(node, e.pos)
+            self.err(None, e.message, D.EXPR_SYNTAX, rule, line=ln, col=cl)
+        except CompileError as e:
+            ln, cl = self.position(node, e.pos)
+            self.err(None, e.message, e.code, rule, line=ln, col=cl)
+        return None
+
+    def position(self, node: Any, offset: int) -> tuple[int, int]:
+        """File line/column of character ``offset`` of a scalar's value."""
+        mark = node.start_mark
+        style = getattr(node, "style", None)
+        if style in ("|", ">"):
+            # Block scalar: content starts on the next line; walk its lines (folded or not,
+            # each line break is one character of the value).
+            ln = mark.line + 1
+            remaining = max(offset, 0)
+            while ln < len(self.lines):
+                raw = self.lines[ln]
+                body = raw.lstrip()
+                indent = len(raw) - len(body)
+                if remaining <= len(body):
+                    return ln + 1, indent + remaining + 1
+                remaining -= len(body) + 1
+                ln += 1
+            return mark.line + 2, 1
+        quote = 1 if style in ("'", '"') else 0
+        value = node.value
+        line_off = value.count("\n", 0, max(offset, 0))
+        if line_off == 0:
+            return mark.line + 1, mark.column + 1 + quote + max(offset, 0)
+        last_nl = value.rfind("\n", 0, offset)
+        raw = self.lines[mark.line + line_off] if mark.line + line_off < len(self.lines) else ""
+        return mark.line + line_off + 1, (len(raw) - len(raw.lstrip())) + (offset - last_nl - 1) + 1
+
+
+def load_rules(paths: list[str | Path], *, tick: float = 1.0, models: set[str] | None = None
+               ) -> tuple[RuleSet | None, list[Diagnostic]]:
+    """Load every rule file under ``paths``. Returns (rule set, diagnostics); the set is None when
+    any diagnostic is an error, so a broken file can never replace a working set."""
+    store = WindowStore(tick)
+    diags: list[Diagnostic] = []
+    rules: list[Rule] = []
+    names: list[tuple[str, Any, str]] = []
+    files = rule_files(paths)
+    for f in files:
+        try:
+            text = f.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as e:
+            diags.append(Diagnostic(str(f), 1, 1, None, f"cannot read: {e}", D.YAML_SYNTAX))
+            continue
+        fl = _FileLoader(str(f), text, store, models or set())
+        fl.load()
+        diags += fl.diags
+        rules += [r for r, _ in fl.rules]
+        names += [(n, node, str(f)) for n, node in fl.names]
+    seen: dict[str, str] = {}
+    for name, node, f in names:
+        where = f"{f}:{node.start_mark.line + 1}"
+        if name in seen:
+            diags.append(Diagnostic(f, node.start_mark.line + 1, node.start_mark.column + 1, name,
+                                    f"duplicate rule name (first defined at {seen[name]})", D.DUPLICATE))
+        else:
+            seen[name] = where
+    diags.sort()
+    if any(d.is_error for d in diags):
+        return None, diags
+    return RuleSet(rules, store, [str(f) for f in files]), diags
