@@ -97,12 +97,28 @@ class Decoder:
         except (msgspec.DecodeError, msgspec.ValidationError):
             self._slow(payload, origin, out)
             return out
-        if isinstance(obj, list):
-            for i, rec in enumerate(obj):
-                self._accept(rec, f"{origin}#{i}", out, payload)
-        else:
-            self._accept(obj, origin, out, payload)
+        recs = obj if isinstance(obj, list) else [obj]
+        if self._all_plausible(recs):
+            out.records = recs
+            out.origins = [f"{origin}#{i}" for i in range(len(recs))] if isinstance(obj, list) else [origin]
+            return out
+        for i, rec in enumerate(recs):
+            self._accept(rec, f"{origin}#{i}" if isinstance(obj, list) else origin, out, payload)
         return out
+
+    def _all_plausible(self, recs: list[TelemetryRecord]) -> bool:
+        """One cheap pass for the common case; any doubt sends the message to ``_check``."""
+        lo, hi = TS_MIN, TS_MAX
+        if self.wall_clock is not None:
+            now = self.wall_clock()
+            lo, hi = max(lo, now - self.max_age_s), min(hi, now + self.max_future_s)
+        for r in recs:
+            # NaN fails every comparison, so it falls through to the slow path too.
+            if not (lo <= r.ts <= hi) or r.v != 1 or not r.host or type(r) is not DcgmRecord or r.gpu < 0:
+                if type(r) is NcclRecord and lo <= r.ts <= hi and r.v == 1 and r.host and self._check(r) is None:
+                    continue
+                return False
+        return True
 
     # -- checks that the type system cannot make ------------------------------------------
 

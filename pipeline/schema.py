@@ -22,6 +22,7 @@ DcgmFields = msgspec.defstruct(
     [(name, float, math.nan) for name in FIELDS.all_names],
     omit_defaults=True,
     repr_omit_defaults=True,
+    gc=False,
 )
 """All known DCGM fields of one sample; NaN = not reported."""
 
@@ -29,7 +30,9 @@ DcgmFields = msgspec.defstruct(
 FIELD_SLOT_COLUMNS: tuple[int, ...] = tuple(f.column for f in FIELDS for _ in f.names)
 
 
-class DcgmRecord(msgspec.Struct, tag="dcgm", tag_field="kind", kw_only=True):
+# gc=False: records hold no reference cycles, and keeping millions of them out of the cyclic
+# garbage collector's sight cuts decode time by a quarter (msgspec's own advice).
+class DcgmRecord(msgspec.Struct, tag="dcgm", tag_field="kind", kw_only=True, gc=False):
     """One GPU's (or one NVLink's, when ``link`` is set) DCGM sample."""
 
     v: int = SCHEMA_VERSION
@@ -43,7 +46,7 @@ class DcgmRecord(msgspec.Struct, tag="dcgm", tag_field="kind", kw_only=True):
     fields: DcgmFields = msgspec.field(default_factory=DcgmFields)  # type: ignore[valid-type]
 
 
-class NcclRecord(msgspec.Struct, tag="nccl", tag_field="kind", kw_only=True):
+class NcclRecord(msgspec.Struct, tag="nccl", tag_field="kind", kw_only=True, gc=False):
     """One rank's view of one collective (or an interval's aggregate of them)."""
 
     v: int = SCHEMA_VERSION

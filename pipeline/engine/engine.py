@@ -26,7 +26,8 @@ from pipeline.decode import LATE
 from pipeline.engine.checks import GPU, HOST, RowCheck, TickCheck, builtin_checks
 from pipeline.engine.config import EngineConfig
 from pipeline.engine.entities import Entities, grow
-from pipeline.engine.frame import DcgmFrame, clean_fields, field_matrix
+from pipeline.catalog import FIELDS
+from pipeline.engine.frame import Columnizer, DcgmFrame
 from pipeline.engine.lifecycle import Lifecycle, Transition, alert_id
 from pipeline.engine.state import GpuState, View, advance
 from pipeline.errors import StateError
@@ -83,11 +84,18 @@ class Engine:
         self.first_ts = math.inf       # oldest event time ever accepted: the stream's start
         self.next_tick = math.nan
         self.lifecycles = {n: self._new_lifecycle(n) for n in names}
+        self._columnizer = Columnizer(self._columns())
         self._pending: list[TelemetryRecord] = []
         self._pending_origin: list[str] = []
         self._pending_ts = np.empty(0)
         self.stats: Counter[str] = Counter()
         self._summaries: dict[str, str] = {}   # alert id -> summary, while firing
+
+    def _columns(self) -> list[int]:
+        cols = {FIELDS.by_alias(a).column for c in self.row_checks for a in getattr(c, "fields", ())}
+        if self.rules is not None:
+            cols |= self.rules.columns
+        return sorted(cols)
 
     def _all_checks(self) -> list[Any]:
         return self.row_checks + self.tick_checks + (self.rules.rules if self.rules else [])
@@ -110,6 +118,7 @@ class Engine:
         for r in rules.rules:
             if r.meta.name not in kept:
                 self.lifecycles[r.meta.name] = self._new_lifecycle(r.meta.name)
+        self._columnizer = Columnizer(self._columns())
         live = {c.meta.name for c in self._all_checks()}
         for name in list(self.lifecycles):
             if name not in live:
@@ -227,7 +236,7 @@ class Engine:
         ts = np.fromiter((r.ts for r in drecs), np.float64, n)
         gpu = np.fromiter((self.entities.gpu(r.host, r.gpu) for r in drecs), np.int32, n)
         host = self.entities.gpu_host[gpu]
-        values, dead = clean_fields(field_matrix(drecs), drecs, dorig)
+        values, dead = self._columnizer.values(drecs, dorig)
         for d in dead:
             self.stats["dead." + d.reason] += 1
         out.dead.extend(dead)

@@ -7,6 +7,7 @@ one dead letter per record and reason says which fields were dropped.
 
 from __future__ import annotations
 
+import operator
 from dataclasses import dataclass
 
 import msgspec
@@ -17,16 +18,12 @@ from pipeline.decode import BLANK_SENTINEL, NAN_FIELD, NEGATIVE_VALUE
 from pipeline.schema import FIELD_SLOT_COLUMNS, DcgmRecord, DeadLetter, NcclRecord
 
 N_FIELDS = len(FIELDS)
-_SLOTS = np.asarray(FIELD_SLOT_COLUMNS, dtype=np.intp)
 _SLOT_NAMES = FIELDS.all_names
 _SLOT_BLANK = np.array([BLANK_FP64 if FIELDS.by_name(n).dcgm_type == "DOUBLE" else BLANK_INT64
                         for n in _SLOT_NAMES])
 _SLOT_MIN = np.array([-np.inf if FIELDS.by_name(n).min_value is None else FIELDS.by_name(n).min_value
                       for n in _SLOT_NAMES])
-# First slot of every column, and (column, second slot) for fields with a 4.6 spelling too.
-_FIRST = np.array([FIELD_SLOT_COLUMNS.index(c) for c in range(N_FIELDS)], dtype=np.intp)
-_SECOND = [(c, s) for s, c in enumerate(FIELD_SLOT_COLUMNS) if s != _FIRST[c]]
-_astuple = msgspec.structs.astuple
+ALL_COLUMNS = tuple(range(N_FIELDS))
 
 
 @dataclass
@@ -36,7 +33,7 @@ class DcgmFrame:
     ts: np.ndarray        # float64 (n,)
     gpu: np.ndarray       # int32 entity id (n,)
     host: np.ndarray      # int32 host id (n,)
-    values: np.ndarray    # float64 (n, N_FIELDS); NaN = not reported / dropped
+    values: np.ndarray    # float64 (n, N_FIELDS); NaN = not reported / dropped / not needed
 
     def __len__(self) -> int:
         return len(self.ts)
@@ -48,39 +45,72 @@ class DcgmFrame:
         return self.values[:, FIELDS.by_alias(alias).column]
 
 
-def field_matrix(records: list[DcgmRecord]) -> np.ndarray:
-    """(n, slots) matrix of the raw field values of ``records``."""
-    if not records:
-        return np.empty((0, len(_SLOT_NAMES)))
-    return np.array([_astuple(r.fields) for r in records], dtype=np.float64)
+class Columnizer:
+    """Turns records' ``fields`` into the value matrix, reading only the columns in use.
 
+    Reading a field is the expensive part of a sample (a Python float to a C double per slot),
+    so the engine reads the fields its checks and rules name, not all of the catalog's.
+    """
 
-def clean_fields(raw: np.ndarray, records: list[DcgmRecord], origins: list[str]) -> tuple[np.ndarray, list[DeadLetter]]:
-    """Blank/NaN/negative cells -> NaN, both DCGM spellings -> one column; dead letters for what was dropped."""
-    dead: list[DeadLetter] = []
-    with np.errstate(invalid="ignore"):
-        blank = raw >= _SLOT_BLANK
-        inf = np.isinf(raw)
-        neg = raw < _SLOT_MIN
-    bad = blank | inf | neg
-    if bad.any():
-        for i in np.flatnonzero(bad.any(axis=1)):
-            for mask, reason in ((blank[i] & ~inf[i], BLANK_SENTINEL), (inf[i], NAN_FIELD), (neg[i], NEGATIVE_VALUE)):
-                if mask.any():
-                    names = [_SLOT_NAMES[s] for s in np.flatnonzero(mask)]
-                    rec = records[i]
-                    dead.append(DeadLetter(
-                        reason=reason, detail=f"dropped {', '.join(names)}; rest of the record kept",
-                        origin=origins[i], action="fields_dropped", fields=names, ts=rec.ts, host=rec.host,
-                        raw=msgspec.json.encode(rec).decode()[:2048]))
-        raw = np.where(bad, np.nan, raw)
-    values = raw[:, _FIRST]
-    for col, slot in _SECOND:
-        v = values[:, col]
-        miss = np.isnan(v)
-        if miss.any():
-            v[miss] = raw[miss, slot]
-    return values, dead
+    def __init__(self, columns: tuple[int, ...] | list[int] = ALL_COLUMNS) -> None:
+        self.columns = tuple(sorted(set(columns)))
+        slots = [s for s, c in enumerate(FIELD_SLOT_COLUMNS) if c in self.columns]
+        self.slots = np.asarray(slots, dtype=np.intp)
+        names = [_SLOT_NAMES[s] for s in slots] or [_SLOT_NAMES[0]]
+        # attrgetter returns a bare value for one name; always ask for at least two.
+        self._get = operator.attrgetter(*(names if len(names) > 1 else names * 2))
+        self._width = max(len(slots), 1)
+        self._blank = _SLOT_BLANK[self.slots]
+        self._min = _SLOT_MIN[self.slots]
+        slot_cols = [FIELD_SLOT_COLUMNS[s] for s in slots]
+        first: dict[int, int] = {}
+        self._second: list[tuple[int, int]] = []
+        for i, c in enumerate(slot_cols):
+            if c in first:
+                self._second.append((c, i))
+            else:
+                first[c] = i
+        self._first_cols = np.array(list(first), dtype=np.intp)
+        self._first_idx = np.array(list(first.values()), dtype=np.intp)
+
+    def raw(self, records: list[DcgmRecord]) -> np.ndarray:
+        if not records or not len(self.slots):
+            return np.empty((len(records), len(self.slots)))
+        m = np.array([self._get(r.fields) for r in records], dtype=np.float64)
+        return m[:, : len(self.slots)]
+
+    def values(self, records: list[DcgmRecord], origins: list[str]) -> tuple[np.ndarray, list[DeadLetter]]:
+        """The (n, N_FIELDS) matrix and dead letters for the fields dropped on the way.
+
+        Blank/NaN/negative cells become NaN; both DCGM spellings of a field land in one column.
+        """
+        raw = self.raw(records)
+        dead: list[DeadLetter] = []
+        with np.errstate(invalid="ignore"):
+            blank = raw >= self._blank
+            inf = np.isinf(raw)
+            neg = raw < self._min
+        bad = blank | inf | neg
+        if bad.any():
+            for i in np.flatnonzero(bad.any(axis=1)):
+                for mask, reason in ((blank[i] & ~inf[i], BLANK_SENTINEL), (inf[i], NAN_FIELD), (neg[i], NEGATIVE_VALUE)):
+                    if mask.any():
+                        names = [_SLOT_NAMES[self.slots[k]] for k in np.flatnonzero(mask)]
+                        rec = records[i]
+                        dead.append(DeadLetter(
+                            reason=reason, detail=f"dropped {', '.join(names)}; rest of the record kept",
+                            origin=origins[i], action="fields_dropped", fields=names, ts=rec.ts, host=rec.host,
+                            raw=msgspec.json.encode(rec).decode()[:2048]))
+            raw = np.where(bad, np.nan, raw)
+        values = np.full((len(records), N_FIELDS), np.nan)
+        values[:, self._first_cols] = raw[:, self._first_idx]
+        for col, i in self._second:
+            v = values[:, col]
+            miss = np.isnan(v)
+            if miss.any():
+                v[miss] = raw[miss, i]
+        return values, dead
+
 
 
 @dataclass

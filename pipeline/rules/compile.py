@@ -112,6 +112,7 @@ class Compiled:
     fn: Callable[[Chunk], np.ndarray]
     text: str
     evidence: dict[str, Callable[[Chunk], np.ndarray]] = field(default_factory=dict)
+    columns: set[int] = field(default_factory=set)   # catalog columns the expression reads
 
     def __call__(self, chunk: Chunk) -> np.ndarray:
         return self.fn(chunk)
@@ -148,10 +149,11 @@ class Compiler:
         self.store = store
         self.models = models or set()
         self.evidence: dict[str, Callable[[Chunk], np.ndarray]] = {}
+        self.columns: set[int] = set()
 
     def compile(self, node: E.Node) -> Compiled:
         c = self.node(node)
-        return Compiled(c[0], c[1], self.src, self.evidence)
+        return Compiled(c[0], c[1], self.src, self.evidence, self.columns)
 
     def _field(self, node: E.Node, what: str) -> Field:
         if not isinstance(node, E.Name):
@@ -159,6 +161,7 @@ class Compiler:
         f = FIELDS.resolve(node.name)
         if f is None:
             self._unknown(node)
+        self.columns.add(f.column)
         return f  # type: ignore[return-value]
 
     def _unknown(self, node: E.Name) -> None:
@@ -186,6 +189,7 @@ class Compiler:
             if f is None:
                 self._unknown(n)
             col = f.column
+            self.columns.add(col)
             self.evidence.setdefault(f.alias, lambda c, col=col: c.view.filled[:, col])
             return NUM, lambda c: c.view.filled[:, col]
         if isinstance(n, E.Neg):

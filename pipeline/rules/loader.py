@@ -220,11 +220,13 @@ class _FileLoader:
                              line=ln, col=cl)
         if len(self.diags) > before or cond is None:
             return
+        extra: set[int] = set()
         for part in template:  # catalog fields shown in the summary become evidence too
             if isinstance(part, tuple) and part[0] not in cond.evidence and part[0] not in values \
                     and part[0] not in ("host", "gpu"):
                 f = FIELDS.resolve(part[0])
                 cond.evidence[part[0]] = lambda c, col=f.column: c.view.filled[:, col]
+                extra.add(f.column)
         spec = RuleSpec(name=val["name"], fault=fault, severity=val["severity"], level=level,
                         condition=val["condition"], for_s=durs.get("for", 0.0),
                         keep_firing_for_s=durs.get("keep_firing_for", 0.0), summary=summary,
@@ -232,7 +234,9 @@ class _FileLoader:
                                                                              (val.get("labels") or {}).items()},
                         values={k: str(v) for k, v in (val.get("values") or {}).items()},
                         source=f"{self.path}:{node.start_mark.line + 1}")
-        self.rules.append((Rule(spec, cond, values, template, self.store), node))
+        rule = Rule(spec, cond, values, template, self.store)
+        rule.extra_columns = extra
+        self.rules.append((rule, node))
 
     def expr(self, node: Any, src: Any, rule: str | None):
         if not isinstance(src, str):

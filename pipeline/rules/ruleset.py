@@ -48,6 +48,7 @@ class Rule:
         self.values = values
         self.template = template
         self.store = store
+        self.extra_columns: set[int] = set()   # fields only the summary shows
         self._chunk: Chunk | None = None
 
     def evaluate(self, chunk: Chunk) -> np.ndarray:
@@ -75,6 +76,12 @@ class RuleSet:
         self.windows = windows
         self.sources = sources or []
         self._by_name = {r.meta.name: r for r in rules}
+        self.columns: set[int] = set()
+        for r in rules:
+            self.columns |= r.condition.columns
+            for v in r.values.values():
+                self.columns |= v.columns
+            self.columns |= r.extra_columns
 
     def __len__(self) -> int:
         return len(self.rules)

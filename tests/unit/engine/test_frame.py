@@ -1,7 +1,7 @@
 import numpy as np
 
 from pipeline.catalog import FIELDS
-from pipeline.engine.frame import clean_fields, field_matrix
+from pipeline.engine.frame import Columnizer
 from pipeline.schema import dcgm
 
 TS = 1764403200.0
@@ -13,7 +13,7 @@ def col(values, alias):
 
 def test_both_spellings_fill_one_column():
     recs = [dcgm(TS, "h", 0, {"DCGM_FI_DEV_GPU_TEMP": 70}), dcgm(TS, "h", 1, {"DCGM_FI_DEV_GPU_TEMP_CELSIUS": 71})]
-    values, dead = clean_fields(field_matrix(recs), recs, ["a", "b"])
+    values, dead = Columnizer().values(recs, ["a", "b"])
     assert col(values, "gpu_temp").tolist() == [70.0, 71.0]
     assert dead == []
 
@@ -22,7 +22,7 @@ def test_blank_sentinels_by_type_become_nan_with_a_dead_letter():
     recs = [dcgm(TS, "h", 0, {"sm_clock": 9223372036854775794, "power": 140737488355328.0, "gpu_temp": 70,
                              # a huge but real int64 counter (39 h of throttling in ns) is not blank
                              "thermal_violation": 2.0 ** 47 + 5})]
-    values, dead = clean_fields(field_matrix(recs), recs, ["f:3"])
+    values, dead = Columnizer().values(recs, ["f:3"])
     assert np.isnan(col(values, "sm_clock")[0]) and np.isnan(col(values, "power")[0])
     assert col(values, "gpu_temp")[0] == 70 and col(values, "thermal_violation")[0] == 2.0 ** 47 + 5
     assert [(d.reason, d.origin, d.action) for d in dead] == [("blank_sentinel", "f:3", "fields_dropped")]
@@ -31,7 +31,15 @@ def test_blank_sentinels_by_type_become_nan_with_a_dead_letter():
 
 def test_impossible_negatives_and_infinities_dropped():
     recs = [dcgm(TS, "h", 0, {"power": -5, "gpu_util": float("inf"), "gpu_temp_margin": -3, "gpu_temp": 70})]
-    values, dead = clean_fields(field_matrix(recs), recs, ["o"])
+    values, dead = Columnizer().values(recs, ["o"])
     assert np.isnan(col(values, "power")[0]) and np.isnan(col(values, "gpu_util")[0])
     assert col(values, "gpu_temp_margin")[0] == -3  # a margin may be negative
     assert {d.reason for d in dead} == {"negative_value", "nan_field"}
+
+
+def test_only_the_columns_in_use_are_read():
+    recs = [dcgm(TS, "h", 0, {"gpu_temp": 70, "power": 300, "DCGM_FI_DEV_SM_CLOCK": 1980})]
+    cols = (FIELDS.by_alias("gpu_temp").column, FIELDS.by_alias("sm_clock").column)
+    values, _ = Columnizer(cols).values(recs, ["o"])
+    assert col(values, "gpu_temp")[0] == 70 and col(values, "sm_clock")[0] == 1980
+    assert np.isnan(col(values, "power")[0])

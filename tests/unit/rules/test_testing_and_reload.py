@@ -1,0 +1,100 @@
+import textwrap
+
+from pipeline.cli import main
+from pipeline.engine import Engine, EngineConfig
+from pipeline.rules import load_rules
+from pipeline.rules.reload import RuleReloader
+from pipeline.rules.testing import expand_series, run_tests
+from tests.factories import sample
+
+RULE = """
+rules:
+  - name: hot
+    fault: thermal_hot
+    severity: warning
+    condition: gpu_temp > {limit}
+    for: 5s
+"""
+TEST = """
+tests:
+  - name: hot fires
+    series:
+      - host: n1
+        gpu: 0
+        values:
+          gpu_temp: 70x9 90x20
+    alerts:
+      - at: 5s
+        firing: []
+      - at: 20s
+        firing: [{rule: hot, host: n1, gpu: 0}]
+  - name: cool never fires
+    series:
+      - {host: n1, gpu: 1, values: {gpu_temp: 70x30}}
+    never: [hot]
+"""
+
+
+def layout(tmp_path, limit=85, test=TEST):
+    (tmp_path / "rules").mkdir(exist_ok=True)
+    (tmp_path / "rules" / "thermal.yaml").write_text(RULE.format(limit=limit))
+    (tmp_path / "rules" / "tests").mkdir(exist_ok=True)
+    (tmp_path / "rules" / "tests" / "t.yaml").write_text(textwrap.dedent(test))
+    return tmp_path / "rules"
+
+
+def test_series_notation():
+    assert expand_series("60+1x3 90x1 _ _x1 -1.5") == [60, 61, 62, 63, 90, 90, None, None, None, -1.5]
+    assert expand_series("0x120")[:2] == [0, 0] and len(expand_series("0x120")) == 121
+
+
+def test_passing_and_failing_tests_with_a_diff(tmp_path, capsys):
+    rules = layout(tmp_path)
+    assert all(r.ok for r in run_tests([rules / "tests"]))
+    assert main(["rules", "test", str(rules / "tests")]) == 0
+    layout(tmp_path, limit=95)              # the rule changed: the firing test must fail
+    res = run_tests([rules / "tests"])
+    assert [r.ok for r in res] == [False, True]
+    assert "missing:    hot@n1/0" in res[0].failures[0]
+    assert main(["rules", "test", str(rules / "tests")]) == 1
+    assert "FAIL" in capsys.readouterr().out
+
+
+def test_never_reports_when_it_fired(tmp_path):
+    rules = layout(tmp_path, limit=60)
+    res = run_tests([rules / "tests"])
+    assert "hot must never fire, but fired at" in res[1].failures[0]
+
+
+def test_rules_check_cli_lints_untested_rules_and_strict(tmp_path, capsys):
+    rules = layout(tmp_path, test="tests: []\n")
+    assert main(["rules", "check", str(rules)]) == 0
+    assert "[W201]" in capsys.readouterr().out
+    assert main(["rules", "check", "--strict", str(rules)]) == 1
+    (rules / "thermal.yaml").write_text(RULE.format(limit="hot"))
+    assert main(["rules", "check", str(rules)]) == 1
+    assert "[E102]" in capsys.readouterr().out
+
+
+def test_hot_reload_applies_good_files_and_refuses_broken_ones(tmp_path):
+    rules = layout(tmp_path)
+    rs, _ = load_rules([rules])
+    eng = Engine(EngineConfig(allowed_lateness=0), rules=rs)
+    reloader = RuleReloader([rules], eng)
+    assert reloader.poll() is None                     # nothing changed
+    eng.process([sample(t, "n0", 0, gpu_temp=90) for t in range(4)])
+    assert eng.lifecycles["hot"].since[0] == sample(0).ts  # pending
+    (rules / "thermal.yaml").write_text(RULE.format(limit=85) + "\n# a comment\n")
+    res = reloader.poll()
+    assert res.applied and eng.lifecycles["hot"].since[0] == sample(0).ts  # same definition: state kept
+    (rules / "thermal.yaml").write_text(RULE.format(limit="gpu_tmp"))
+    res = reloader.poll()
+    assert not res.applied and res.diagnostics[0].code == "E102"
+    assert [r.meta.name for r in eng.rules.rules] == ["hot"]   # still the working set
+    out = eng.process([sample(t, "n0", 0, gpu_temp=90) for t in range(4, 12)])
+    assert [a.rule for a in out.alerts] == ["hot"]
+    (rules / "thermal.yaml").write_text(RULE.format(limit=95).replace("name: hot", "name: hotter"))
+    assert reloader.poll().applied
+    assert "hot" not in eng.lifecycles and "hotter" in eng.lifecycles
+    reloader.request()                                  # SIGHUP: reload even without a change
+    assert reloader.poll().applied
