@@ -68,7 +68,7 @@ def _cmd_sim(args: argparse.Namespace) -> int:
 def _cmd_demo(args: argparse.Namespace) -> int:
     from pipeline.demo import run_demo
 
-    return run_demo(hosts=args.hosts, duration=args.duration, seed=args.seed, scenario=args.scenario)
+    return run_demo(hosts=args.hosts, duration=args.duration, seed=args.seed, scenario=args.scenario, rules=args.rules)
 
 
 def _cmd_replay(args: argparse.Namespace) -> int:
@@ -182,6 +182,7 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--duration", type=float, default=1500.0)
     d.add_argument("--seed", type=int, default=7)
     d.add_argument("--scenario", default="mixed")
+    d.add_argument("--rules", default=None, help="rule directory (default: the shipped packs)")
     d.set_defaults(func=_cmd_demo)
 
     r = sub.add_parser("replay", help="run recorded telemetry through the engine")
