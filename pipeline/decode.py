@@ -114,9 +114,14 @@ class Decoder:
             lo, hi = max(lo, now - self.max_age_s), min(hi, now + self.max_future_s)
         for r in recs:
             # NaN fails every comparison, so it falls through to the slow path too.
-            if not (lo <= r.ts <= hi) or r.v != 1 or not r.host or type(r) is not DcgmRecord or r.gpu < 0:
-                if type(r) is NcclRecord and lo <= r.ts <= hi and r.v == 1 and r.host and self._check(r) is None:
-                    continue
+            if not (lo <= r.ts <= hi) or r.v != 1 or not r.host:
+                return False
+            if type(r) is DcgmRecord:
+                if r.gpu < 0:
+                    return False
+            elif not (0 <= r.rank < r.nranks and r.exec_time_us >= 0 and
+                      (r.busbw_gbs is None or 0 <= r.busbw_gbs < math.inf) and
+                      (r.algbw_gbs is None or 0 <= r.algbw_gbs < math.inf) and r.exec_time_us < math.inf):
                 return False
         return True
 

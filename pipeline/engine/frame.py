@@ -24,6 +24,7 @@ _SLOT_BLANK = np.array([BLANK_FP64 if FIELDS.by_name(n).dcgm_type == "DOUBLE" el
 _SLOT_MIN = np.array([-np.inf if FIELDS.by_name(n).min_value is None else FIELDS.by_name(n).min_value
                       for n in _SLOT_NAMES])
 ALL_COLUMNS = tuple(range(N_FIELDS))
+_FIELDS = operator.attrgetter("fields")
 
 
 @dataclass
@@ -76,7 +77,7 @@ class Columnizer:
     def raw(self, records: list[DcgmRecord]) -> np.ndarray:
         if not records or not len(self.slots):
             return np.empty((len(records), len(self.slots)))
-        m = np.array([self._get(r.fields) for r in records], dtype=np.float64)
+        m = np.array(list(map(self._get, map(_FIELDS, records))), dtype=np.float64)
         return m[:, : len(self.slots)]
 
     def values(self, records: list[DcgmRecord], origins: list[str]) -> tuple[np.ndarray, list[DeadLetter]]:

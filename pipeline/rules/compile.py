@@ -30,15 +30,26 @@ class CompileError(Exception):
 
 @dataclass
 class Chunk:
-    """What an expression sees: one tick of samples plus the rule set's windows."""
+    """What an expression sees: one tick of samples plus the rule set's windows.
+
+    ``memo`` holds this tick's value of every window and peer function by its text, so a
+    sub-expression that several rules (or one rule twice) use is computed once per tick.
+    """
 
     view: View
     windows: "WindowStore"
     ts0: float                      # start of the chunk's pane (all rows share it)
+    memo: dict[str, np.ndarray] = field(default_factory=dict)
 
     @property
     def ent(self) -> np.ndarray:
         return self.view.frame.gpu
+
+    def cached(self, key: str, compute: Callable[["Chunk"], np.ndarray]) -> np.ndarray:
+        hit = self.memo.get(key)
+        if hit is None:
+            hit = self.memo[key] = compute(self)
+        return hit
 
 
 class WindowStore:
@@ -299,11 +310,13 @@ class Compiler:
             key = self.store.pane(f.column, w, source, aggs)
             store, col = self.store, f.column
             if name == "rate":
-                fn = lambda c: store.panes[key].query("sum", c.ent, c.ts0) / w  # noqa: E731
+                raw = lambda c: store.panes[key].query("sum", c.ent, c.ts0) / w  # noqa: E731
             elif name == "delta":
-                fn = lambda c: c.view.filled[:, col] - store.panes[key].query("first", c.ent, c.ts0)  # noqa: E731
+                raw = lambda c: c.view.filled[:, col] - store.panes[key].query("first", c.ent, c.ts0)  # noqa: E731
             else:
-                fn = lambda c: store.panes[key].query(agg, c.ent, c.ts0)  # noqa: E731
+                raw = lambda c: store.panes[key].query(agg, c.ent, c.ts0)  # noqa: E731
+            memo_key = f"{name}|{key}"
+            fn = lambda c: c.cached(memo_key, raw)  # noqa: E731
             self.evidence.setdefault(label, fn)
             return NUM, fn
         if name == "baseline":
@@ -316,7 +329,8 @@ class Compiler:
             tau = self._duration(n.args[1], name)
             key = self.store.baseline(f.column, tau)
             store = self.store
-            fn = lambda c: store.baselines[key].query(c.ent)  # noqa: E731
+            memo_key = f"baseline|{key}"
+            fn = lambda c: c.cached(memo_key, lambda c: store.baselines[key].query(c.ent))  # noqa: E731
             self.evidence.setdefault(label, fn)
             return NUM, fn
         if name in PEER_FUNCS:
@@ -328,7 +342,9 @@ class Compiler:
                                    n.pos, D.UNSUPPORTED)
             inner = self.expect(n.args[0], NUM, f"{name}()")
             stat = PEER_FUNCS[name]
-            fn = lambda c: group_stat(c.view.frame.host, inner(c), stat)  # noqa: E731
+            # Keyed by the call's text: the same text compiles to the same computation.
+            memo_key = f"peer|{label}"
+            fn = lambda c: c.cached(memo_key, lambda c: group_stat(c.view.frame.host, inner(c), stat))  # noqa: E731
             self.evidence.setdefault(label, fn)
             return NUM, fn
         if name == "absent":

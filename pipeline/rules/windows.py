@@ -33,6 +33,7 @@ class PaneWindow:
         self.aggs = aggs
         self.pane_id = np.full((0, self.n), -1, dtype=np.int64)
         self.data = {a: np.zeros((0, self.n)) for a in aggs}
+        self._mask_for: tuple | None = None
 
     _FILL = {"sum": 0.0, "count": 0.0, "min": np.inf, "max": -np.inf, "first": np.nan}
 
@@ -45,6 +46,7 @@ class PaneWindow:
     def update(self, ent: np.ndarray, ts0: float, values: np.ndarray, n_ent: int) -> None:
         """Fold one chunk (all in the pane of ``ts0``; rows grouped by entity, in time order)."""
         self._ensure(n_ent)
+        self._mask_for = None
         p = int(math.floor(ts0 / self.pw))
         slot = p % self.n
         touched = np.unique(ent)
@@ -74,9 +76,14 @@ class PaneWindow:
             d["first"][fe[unset], slot] = fv[unset]
 
     def _mask(self, ent: np.ndarray, ts0: float) -> np.ndarray:
+        # Several aggregates of one window are asked for in a tick: compute the mask once.
+        if self._mask_for is not None and self._mask_for[0] is ent and self._mask_for[1] == ts0:
+            return self._mask_for[2]
         p = int(math.floor(ts0 / self.pw))
         ids = self.pane_id[ent]
-        return (ids > p - self.n) & (ids <= p)
+        mask = (ids > p - self.n) & (ids <= p)
+        self._mask_for = (ent, ts0, mask)
+        return mask
 
     def query(self, agg: str, ent: np.ndarray, ts0: float) -> np.ndarray:
         """The aggregate over the window for each row's entity (NaN where the window is empty)."""
@@ -112,6 +119,7 @@ class PaneWindow:
         return {"pane_id": self.pane_id, **{f"d_{a}": v for a, v in self.data.items()}}
 
     def load_state(self, st: dict) -> None:
+        self._mask_for = None
         self.pane_id = st["pane_id"]
         for a in self.aggs:
             self.data[a] = st[f"d_{a}"]
