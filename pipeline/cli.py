@@ -81,6 +81,18 @@ def _cmd_replay(args: argparse.Namespace) -> int:
     from pipeline.rules.loader import load_rules
 
     console = Console(stderr=True)
+    if args.to_kafka:
+        from pipeline.bus import Topics
+        from pipeline.bus.kafka import ensure_topics
+        from pipeline.recording import publish
+
+        speed = None if args.speed == "max" else float(args.speed)
+        ensure_topics(args.to_kafka, Topics(args.prefix))
+        t0 = time.monotonic()
+        n = publish(args.files, args.to_kafka, Topics(args.prefix).telemetry, speed=speed)
+        console.print(f"published {n} messages to {Topics(args.prefix).telemetry} on {args.to_kafka} "
+                      f"in {time.monotonic() - t0:.1f}s")
+        return 0
     ruleset, diags = load_rules([args.rules])
     for d in diags:
         console.print(str(d), highlight=False, markup=False)
@@ -143,6 +155,40 @@ def _cmd_rules_test(args: argparse.Namespace) -> int:
     return 1 if failed or not results else 0
 
 
+def _cmd_serve(args: argparse.Namespace) -> int:
+    from pipeline.service.app import Service, setup_logging
+    from pipeline.service.config import load_config
+
+    cfg = load_config(args.config)
+    if args.kafka:
+        cfg.kafka.bootstrap = args.kafka
+    if args.prefix:
+        cfg.kafka.prefix = args.prefix
+    if args.group:
+        cfg.kafka.group = args.group
+    if args.http_port is not None:
+        cfg.http.port = args.http_port
+    if args.rules:
+        cfg.service.rules = [args.rules]
+    setup_logging(cfg.service.log_level)
+    return Service(cfg).run()
+
+
+def _cmd_record(args: argparse.Namespace) -> int:
+    import signal as _signal
+
+    from pipeline.bus import Topics
+    from pipeline.recording import record
+
+    stop = {"now": False}
+    _signal.signal(_signal.SIGTERM, lambda *_: stop.update(now=True))
+    topic = args.topic or Topics(args.prefix).telemetry
+    res = record(args.kafka, topic, args.out, idle_timeout=args.idle_timeout, max_messages=args.max_messages,
+                 should_stop=lambda: stop["now"])
+    print(f"recorded {res.messages} messages ({res.lines} lines) from {topic} to {args.out}", file=sys.stderr)
+    return 0
+
+
 def _cmd_topics(args: argparse.Namespace) -> int:
     from pipeline.bus import Topics
     from pipeline.bus.kafka import ensure_topics
@@ -191,6 +237,9 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--dlq-out", help="write dead letters (JSONL)")
     r.add_argument("--rules", default=_default_rules(), help="rule directory or file (default: %(default)s)")
     r.add_argument("--batch", type=int, default=2000, help="lines per engine batch")
+    r.add_argument("--to-kafka", metavar="BOOTSTRAP", help="publish the recording to <prefix>.telemetry instead")
+    r.add_argument("--speed", default="max", help="with --to-kafka: 'max' or a factor of event time (1 = real time)")
+    r.add_argument("--prefix", default="gpuwarden", help="topic prefix for --to-kafka")
     r.add_argument("-q", "--quiet", action="store_true")
     r.set_defaults(func=_cmd_replay)
 
@@ -204,6 +253,28 @@ def build_parser() -> argparse.ArgumentParser:
     rt.add_argument("paths", nargs="+")
     rt.set_defaults(func=_cmd_rules_test)
 
+    sv = sub.add_parser("serve", help="run the Kafka consumer-group detection service")
+    sv.add_argument("--config", help="YAML config (see docs/operations.md)")
+    sv.add_argument("--kafka", metavar="BOOTSTRAP", help="override kafka.bootstrap")
+    sv.add_argument("--prefix", help="override kafka.prefix")
+    sv.add_argument("--group", help="override kafka.group")
+    sv.add_argument("--http-port", type=int, help="override http.port (0: any free port)")
+    sv.add_argument("--rules", help="override service.rules with one directory")
+    sv.set_defaults(func=_cmd_serve)
+
+    rec = sub.add_parser("record", help="copy a Kafka topic to a JSONL file")
+    rec.add_argument("--kafka", metavar="BOOTSTRAP", required=True)
+    rec.add_argument("--out", required=True)
+    rec.add_argument("--prefix", default="gpuwarden")
+    rec.add_argument("--topic", help="default: <prefix>.telemetry")
+    rec.add_argument("--idle-timeout", type=float, default=5.0, help="stop after this long without a message")
+    rec.add_argument("--max-messages", type=int)
+    rec.set_defaults(func=_cmd_record)
+
+    from producers.cli import register as register_produce
+    register_produce(sub)
+    from pipeline.remediation.cli import register as register_remediation
+    register_remediation(sub)
     t = sub.add_parser("topics", help="create the project's Kafka topics")
     t.add_argument("--kafka", metavar="BOOTSTRAP", required=True)
     t.add_argument("--prefix", default="gpuwarden")

@@ -52,11 +52,11 @@ class KafkaBusProducer:
 
     def __init__(self, bootstrap: str, *, security: dict[str, Any] | None = None, linger_ms: int = 5,
                  batch_size: int = 256 * 1024, client_id: str = "gpuwarden", **extra: Any) -> None:
+        extra.setdefault("max_request_size", 8 * 1024 * 1024)
         try:
             self._p = KafkaProducer(
                 bootstrap_servers=bootstrap, acks="all", enable_idempotence=True, linger_ms=linger_ms,
-                batch_size=batch_size, max_request_size=8 * 1024 * 1024, client_id=client_id,
-                retries=2**31 - 1, **_security(security), **extra)
+                batch_size=batch_size, client_id=client_id, retries=2**31 - 1, **_security(security), **extra)
         except KafkaError as e:
             raise _unavailable(bootstrap, e) from e
         self._futures: list[Any] = []
@@ -141,8 +141,9 @@ def ensure_topics(bootstrap: str, topics: Topics, *, partitions: int = 8, replic
                 continue
             spec: dict[str, Any] = {"num_partitions": partitions, "replication_factor": replication}
             if name == topics.state:
-                # Latest snapshot per partition is all a restart needs.
-                spec["configs"] = {"cleanup.policy": "compact"}
+                # Latest snapshot per partition is all a restart needs; a big partition's engine
+                # state can exceed the broker's default 1 MiB message limit.
+                spec["configs"] = {"cleanup.policy": "compact", "max.message.bytes": str(64 * 1024 * 1024)}
             try:
                 admin.create_topics({name: spec}, wait_for_metadata=True)
                 created.append(name)

@@ -1,0 +1,1 @@
+"""The long-running Kafka consumer-group service (``gpuwarden serve``)."""

@@ -1,0 +1,153 @@
+"""The service's configuration: YAML -> typed, validated objects; unknown keys are errors.
+
+Environment variables override the file for what differs per deployment and what is secret:
+``GPUWARDEN_KAFKA_BOOTSTRAP``, ``GPUWARDEN_KAFKA_USERNAME``, ``GPUWARDEN_KAFKA_PASSWORD``
+(SASL), so credentials never need to be written into a file.
+
+>>> cfg = load_config_text("kafka: {bootstrap: '127.0.0.1:9092'}", env={})
+>>> cfg.kafka.prefix, cfg.http.port
+('gpuwarden', 9108)
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+from typing import Any, Mapping
+
+import msgspec
+import yaml
+
+from pipeline.engine import EngineConfig
+from pipeline.errors import ConfigError
+
+
+class Security(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
+    """Passed through to kafka-python (TLS files, SASL/SCRAM)."""
+
+    security_protocol: str | None = None          # PLAINTEXT | SSL | SASL_PLAINTEXT | SASL_SSL
+    sasl_mechanism: str | None = None             # PLAIN | SCRAM-SHA-256 | SCRAM-SHA-512
+    sasl_plain_username: str | None = None
+    sasl_plain_password: str | None = None
+    ssl_cafile: str | None = None
+    ssl_certfile: str | None = None
+    ssl_keyfile: str | None = None
+    ssl_password: str | None = None
+    ssl_check_hostname: bool | None = None
+
+    def options(self) -> dict[str, Any]:
+        return {k: v for k, v in msgspec.structs.asdict(self).items() if v is not None}
+
+    def __repr__(self) -> str:  # never print secrets
+        return f"Security(protocol={self.security_protocol!r}, mechanism={self.sasl_mechanism!r}, ...)"
+
+
+class KafkaSection(msgspec.Struct, forbid_unknown_fields=True):
+    bootstrap: str = "127.0.0.1:9092"
+    prefix: str = "gpuwarden"
+    group: str = "gpuwarden-service"
+    partitions: int = 8                            # for topics the service creates
+    max_poll_records: int = 2000
+    max_poll_interval_ms: int = 300_000
+    session_timeout_ms: int = 10_000
+    security: Security = msgspec.field(default_factory=Security)
+
+
+class HttpSection(msgspec.Struct, forbid_unknown_fields=True):
+    host: str = "127.0.0.1"
+    port: int = 9108                              # 0: pick a free port (tests)
+
+
+class EngineSection(msgspec.Struct, forbid_unknown_fields=True):
+    allowed_lateness: float = 30.0
+    host_disorder: float = 0.0
+    idle_timeout: float = 10.0
+    max_pending: int = 500_000
+    tick: float = 1.0
+    gpu_absent_after: float = 30.0
+    host_silent_after: float = 60.0
+
+    def to_engine(self) -> EngineConfig:
+        return EngineConfig(**msgspec.structs.asdict(self))
+
+
+class ServiceSection(msgspec.Struct, forbid_unknown_fields=True):
+    rules: list[str] = msgspec.field(default_factory=lambda: ["rules"])
+    # A partition with no new records for this long (wall clock) is flushed: everything it
+    # buffered is evaluated, as at the end of a replay. Later records older than that are late.
+    flush_idle_s: float = 30.0
+    reload_check_s: float = 5.0                   # how often rule files are checked for changes
+    log_level: str = "INFO"
+
+
+class Config(msgspec.Struct, forbid_unknown_fields=True):
+    kafka: KafkaSection = msgspec.field(default_factory=KafkaSection)
+    http: HttpSection = msgspec.field(default_factory=HttpSection)
+    engine: EngineSection = msgspec.field(default_factory=EngineSection)
+    service: ServiceSection = msgspec.field(default_factory=ServiceSection)
+
+
+_PATH = re.compile(r"at `\$((?:\.\w+|\[\d+\])*)`")
+
+
+def _key_of(err: msgspec.ValidationError) -> tuple[str, str]:
+    msg = str(err)
+    m = _PATH.search(msg)
+    path = m.group(1).lstrip(".") if m else ""
+    unknown = re.search(r"unknown field `([^`]+)`", msg)
+    if unknown:
+        path = f"{path}.{unknown.group(1)}" if path else unknown.group(1)
+    return path or "(top level)", msg.split(" - at ")[0]
+
+
+def load_config_text(text: str, env: Mapping[str, str] | None = None) -> Config:
+    """Parse and validate; raise ``ConfigError`` naming the offending key."""
+    env = os.environ if env is None else env
+    try:
+        data = yaml.safe_load(text) or {}
+    except yaml.YAMLError as e:
+        raise ConfigError("(file)", f"not valid YAML: {e}") from e
+    if not isinstance(data, dict):
+        raise ConfigError("(top level)", "the config is a mapping of sections (kafka, http, engine, service)")
+    try:
+        cfg = msgspec.convert(data, Config)
+    except msgspec.ValidationError as e:
+        key, msg = _key_of(e)
+        raise ConfigError(key, msg) from e
+    if env.get("GPUWARDEN_KAFKA_BOOTSTRAP"):
+        cfg.kafka.bootstrap = env["GPUWARDEN_KAFKA_BOOTSTRAP"]
+    if env.get("GPUWARDEN_KAFKA_USERNAME"):
+        cfg.kafka.security.sasl_plain_username = env["GPUWARDEN_KAFKA_USERNAME"]
+    if env.get("GPUWARDEN_KAFKA_PASSWORD"):
+        cfg.kafka.security.sasl_plain_password = env["GPUWARDEN_KAFKA_PASSWORD"]
+    _validate(cfg)
+    return cfg
+
+
+def _validate(cfg: Config) -> None:
+    if not cfg.kafka.bootstrap:
+        raise ConfigError("kafka.bootstrap", "empty (set it or GPUWARDEN_KAFKA_BOOTSTRAP)")
+    if not re.fullmatch(r"[A-Za-z0-9._-]+", cfg.kafka.prefix):
+        raise ConfigError("kafka.prefix", f"{cfg.kafka.prefix!r}: letters, digits, '.', '_' and '-' only")
+    for key in ("partitions", "max_poll_records", "max_poll_interval_ms", "session_timeout_ms"):
+        if getattr(cfg.kafka, key) <= 0:
+            raise ConfigError(f"kafka.{key}", "must be > 0")
+    if not 0 <= cfg.http.port <= 65535:
+        raise ConfigError("http.port", f"{cfg.http.port} is not a port")
+    try:
+        cfg.engine.to_engine()
+    except ConfigError:
+        raise
+    if cfg.service.log_level.upper() not in ("DEBUG", "INFO", "WARNING", "ERROR"):
+        raise ConfigError("service.log_level", f"{cfg.service.log_level!r}: DEBUG, INFO, WARNING or ERROR")
+
+
+def load_config(path: str | Path | None, env: Mapping[str, str] | None = None) -> Config:
+    if path is None:
+        return load_config_text("", env)
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except OSError as e:
+        raise ConfigError("(file)", f"cannot read {path}: {e}") from e
+    return load_config_text(text, env)

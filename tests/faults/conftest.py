@@ -1,0 +1,103 @@
+"""Fault tests: the real service (a subprocess) against a real broker, compared with a golden
+single-run replay of the same seeded recording."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from pipeline.bus import Topics
+from pipeline.bus.kafka import ensure_topics
+from pipeline.recording import publish, record
+
+ROOT = Path(__file__).resolve().parents[2]
+RULES = ROOT / "rules"
+
+
+def write_config(path: Path, bootstrap: str, prefix: str, **service: object) -> Path:
+    svc = {"flush_idle_s": 3, "rules": [str(RULES)], **service}
+    path.write_text(json.dumps({
+        "kafka": {"bootstrap": bootstrap, "prefix": prefix, "group": f"{prefix}-svc", "partitions": 4,
+                  "max_poll_records": 200, "session_timeout_ms": 6000},
+        "http": {"port": 0},
+        "service": svc,
+    }))
+    return path
+
+
+class ServiceProc:
+    """One `gpuwarden serve` process; its JSON log lines are kept for the assertions."""
+
+    def __init__(self, config: Path, log: Path) -> None:
+        self.config, self.log = config, log
+        self.proc: subprocess.Popen | None = None
+
+    def start(self) -> "ServiceProc":
+        fh = open(self.log, "ab")
+        self.proc = subprocess.Popen([sys.executable, "-m", "pipeline", "serve", "--config", str(self.config)],
+                                     stdout=fh, stderr=fh, cwd=ROOT, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        return self
+
+    def kill9(self) -> None:
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait(30)
+
+    def term(self, timeout: float = 60) -> int:
+        self.proc.send_signal(signal.SIGTERM)
+        return self.proc.wait(timeout)
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def lines(self) -> list[dict]:
+        out = []
+        for raw in self.log.read_text(errors="replace").splitlines():
+            try:
+                out.append(json.loads(raw))
+            except ValueError:
+                pass
+        return out
+
+
+def golden_alerts(recording: Path, tmp: Path) -> set[tuple[str, str]]:
+    out = tmp / "golden.jsonl"
+    subprocess.run([sys.executable, "-m", "pipeline", "replay", str(recording), "--rules", str(RULES),
+                    "--alerts-out", str(out), "-q"], check=True, cwd=ROOT, capture_output=True)
+    return {(a["id"], a["state"]) for a in map(json.loads, out.read_text().splitlines())}
+
+
+def alerts_on_topic(bootstrap: str, prefix: str, tmp: Path, idle: float = 4.0) -> list[dict]:
+    out = tmp / f"alerts-{time.monotonic_ns()}.jsonl"
+    record(bootstrap, Topics(prefix).alerts, str(out), idle_timeout=idle)
+    return [json.loads(x) for x in out.read_text().splitlines()]
+
+
+def wait_for(pred, timeout: float, step: float = 0.5, what: str = "condition") -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if pred():
+            return
+        time.sleep(step)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+@pytest.fixture
+def sim_recording(tmp_path):
+    def make(hosts: int = 4, duration: int = 600, seed: int = 3, scenario: str = "mixed") -> Path:
+        path = tmp_path / f"rec-{scenario}-{seed}.jsonl"
+        subprocess.run([sys.executable, "-m", "pipeline", "sim", "--hosts", str(hosts), "--duration", str(duration),
+                        "--seed", str(seed), "--scenario", scenario, "--out", str(path)],
+                       check=True, cwd=ROOT, capture_output=True)
+        return path
+    return make
+
+
+__all__ = ["ServiceProc", "alerts_on_topic", "ensure_topics", "golden_alerts", "publish", "wait_for",
+           "write_config"]

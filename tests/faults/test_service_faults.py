@@ -1,0 +1,211 @@
+"""The service survives kill -9, SIGTERM, a broker restart, poison input and a second replica,
+and in every case ends with exactly the alerts of a single uninterrupted replay."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import socket
+import subprocess
+import threading
+import time
+
+import pytest
+
+from pipeline.bus import Topics
+from tests.faults.conftest import (ROOT, ServiceProc, alerts_on_topic, ensure_topics, golden_alerts, publish,
+                                   wait_for, write_config)
+
+pytestmark = pytest.mark.kafka
+
+
+def ids(alerts: list[dict], skip_host: str | None = None) -> set[tuple[str, str]]:
+    return {(a["id"], a["state"]) for a in alerts if a.get("host") != skip_host}
+
+
+def no_conflicting_duplicates(alerts: list[dict]) -> None:
+    seen: dict[tuple[str, str], dict] = {}
+    for a in alerts:
+        k = (a["id"], a["state"])
+        if k in seen:
+            assert seen[k] == a, f"same id and state, different content: {a} vs {seen[k]}"
+        seen[k] = a
+
+
+def published_in_background(path, bootstrap, prefix, speed):
+    t = threading.Thread(target=publish, args=([str(path)], bootstrap, Topics(prefix).telemetry),
+                         kwargs={"speed": speed}, daemon=True)
+    t.start()
+    return t
+
+
+def test_kill9_at_random_points_and_restart_loses_no_alert(kafka_bootstrap, topic_prefix, tmp_path, sim_recording):
+    rec = sim_recording(hosts=6, duration=900, seed=4)
+    golden = golden_alerts(rec, tmp_path)
+    ensure_topics(kafka_bootstrap, Topics(topic_prefix), partitions=4)
+    cfg = write_config(tmp_path / "svc.json", kafka_bootstrap, topic_prefix)
+    pub = published_in_background(rec, kafka_bootstrap, topic_prefix, speed=30)   # ~30 s of publishing
+    rng = random.Random(7)
+    svc = ServiceProc(cfg, tmp_path / "svc.log").start()
+    for _ in range(5):
+        time.sleep(rng.uniform(2.0, 6.0))
+        svc.kill9()
+        svc.start()
+    pub.join(120)
+    got = []
+    wait_for(lambda: ids(got := alerts_on_topic(kafka_bootstrap, topic_prefix, tmp_path, idle=2)) >= golden,
+             timeout=150, step=1, what="every golden alert on the alerts topic")
+    svc.term()
+    got = alerts_on_topic(kafka_bootstrap, topic_prefix, tmp_path, idle=2)
+    assert ids(got) == golden                      # nothing lost, nothing extra
+    no_conflicting_duplicates(got)                 # a repeat after a crash is the same alert
+    restored = [x for x in svc.lines() if "state restored" in x.get("message", "")]
+    assert restored, "no run restored its partitions' state from a checkpoint"
+
+
+def test_sigterm_finishes_the_batch_and_restart_repeats_at_most_one(kafka_bootstrap, topic_prefix, tmp_path,
+                                                                     sim_recording):
+    rec = sim_recording(hosts=4, duration=600, seed=5)
+    ensure_topics(kafka_bootstrap, Topics(topic_prefix), partitions=4)
+    sent = publish([str(rec)], kafka_bootstrap, Topics(topic_prefix).telemetry)
+    cfg = write_config(tmp_path / "svc.json", kafka_bootstrap, topic_prefix)
+    first = ServiceProc(cfg, tmp_path / "a.log").start()
+    wait_for(lambda: any(x.get("message", "").startswith("partition") for x in first.lines()), 60,
+             what="partitions assigned")
+    time.sleep(1.5)
+    assert first.term() == 0
+    second = ServiceProc(cfg, tmp_path / "b.log").start()
+    wait_for(lambda: any("state restored" in x.get("message", "") for x in second.lines()), 60,
+             what="the restart restoring state")
+    time.sleep(8)
+    assert second.term() == 0
+    done = [x["messages"] for s in (first, second) for x in s.lines() if x.get("message", "").startswith("stopping")]
+    assert len(done) == 2
+    assert sent <= sum(done) <= sent + 200          # at most one batch (max_poll_records) seen twice
+    assert done[0] > 0
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_broker_restart_during_load_service_recovers_by_itself(tmp_path, sim_recording):
+    port = _free_port()
+    env = {**os.environ, "KAFKA_DIR": str(tmp_path / "kafka"), "KAFKA_PORT": str(port),
+           "KAFKA_CONTROLLER_PORT": str(_free_port()), "PYTHON": os.sys.executable}
+    broker = lambda *args, **extra: subprocess.run([str(ROOT / "scripts" / "kafka"), *args],  # noqa: E731
+                                                   env={**env, **extra}, capture_output=True, text=True, timeout=180)
+    started = broker("start")
+    assert started.returncode == 0, started.stdout + started.stderr
+    bootstrap = f"127.0.0.1:{port}"
+    try:
+        rec = sim_recording(hosts=4, duration=600, seed=6)
+        golden = golden_alerts(rec, tmp_path)
+        lines = rec.read_text().splitlines()
+        half = len(lines) // 2
+        first, second = tmp_path / "first.jsonl", tmp_path / "second.jsonl"
+        first.write_text("\n".join(lines[:half]) + "\n")
+        second.write_text("\n".join(lines[half:]) + "\n")
+        prefix = "brk"
+        ensure_topics(bootstrap, Topics(prefix), partitions=4)
+        publish([str(first)], bootstrap, Topics(prefix).telemetry)
+        svc = ServiceProc(write_config(tmp_path / "svc.json", bootstrap, prefix), tmp_path / "svc.log").start()
+        wait_for(lambda: any(x.get("message", "").startswith("partition") for x in svc.lines()), 60,
+                 what="partitions assigned")
+        time.sleep(3)
+        assert broker("stop").returncode == 0
+        time.sleep(5)                                   # the service polls a dead broker meanwhile
+        restarted = broker("start", KAFKA_KEEP_DATA="1")
+        assert restarted.returncode == 0, restarted.stdout + restarted.stderr
+        publish([str(second)], bootstrap, Topics(prefix).telemetry)
+        got = []
+        wait_for(lambda: ids(got := alerts_on_topic(bootstrap, prefix, tmp_path, idle=2)) >= golden,
+                 timeout=150, step=1, what="every golden alert after the broker came back")
+        assert svc.alive(), "the service died instead of riding out the outage"
+        svc.term()
+        got = alerts_on_topic(bootstrap, prefix, tmp_path, idle=2)
+        assert ids(got) == golden
+        no_conflicting_duplicates(got)
+    finally:
+        broker("stop")
+
+
+def _poison(ts: int) -> list[str]:
+    host = "poison-host"
+    return [
+        '{"v":1,"kind":"dcgm","ts":17644',
+        '{"v":1,"kind":"dcgm","ts":NaN,"host":"%s","gpu":0}' % host,
+        '{"v":1,"kind":"smartctl","ts":%d,"host":"%s"}' % (ts, host),
+        '{"v":1,"kind":"dcgm","ts":%d,"gpu":0}' % ts,
+        '{"v":1,"kind":"dcgm","ts":"noon","host":"%s","gpu":0}' % host,
+        '{"v":1,"kind":"dcgm","ts":%d000,"host":"%s","gpu":0}' % (ts, host),
+        '{"v":1,"kind":"dcgm","ts":%d,"host":"%s","gpu":0,"fields":{"DCGM_FI_DEV_GPU_TEMP":"<<<blank>>>"}}' % (ts, host),
+        '{"v":1,"kind":"dcgm","ts":%d,"host":"%s","gpu":0,"fields":{"DCGM_FI_DEV_GPU_TEMP":Infinity}}' % (ts, host),
+    ]
+
+
+POISON_REASONS = ["malformed_json", "nan_value", "unknown_kind", "missing_key", "wrong_type", "ts_out_of_range",
+                  "blank_sentinel", "nan_field"]
+
+
+def test_one_percent_poison_all_dead_lettered_service_keeps_running(kafka_bootstrap, topic_prefix, tmp_path,
+                                                                      sim_recording):
+    rec = sim_recording(hosts=4, duration=600, seed=8)
+    golden = golden_alerts(rec, tmp_path)
+    lines = rec.read_text().splitlines()
+    mixed, injected = [], 0
+    for i, line in enumerate(lines):
+        mixed.append(line)
+        if i % 800 == 799:                              # 8 poison lines per 800: 1 %
+            ts = int(json.loads(line)["ts"])
+            mixed += _poison(ts)
+            injected += 1
+    dirty = tmp_path / "dirty.jsonl"
+    dirty.write_text("\n".join(mixed) + "\n")
+    ensure_topics(kafka_bootstrap, Topics(topic_prefix), partitions=4)
+    publish([str(dirty)], kafka_bootstrap, Topics(topic_prefix).telemetry)
+    svc = ServiceProc(write_config(tmp_path / "svc.json", kafka_bootstrap, topic_prefix), tmp_path / "s.log").start()
+    got = []
+    wait_for(lambda: ids(got := alerts_on_topic(kafka_bootstrap, topic_prefix, tmp_path, idle=2),
+                         "poison-host") >= golden, timeout=120, step=1, what="the golden alerts")
+    assert svc.alive()
+    svc.term()
+    assert ids(alerts_on_topic(kafka_bootstrap, topic_prefix, tmp_path, idle=2), "poison-host") == golden
+    from pipeline.recording import record
+    dlq = tmp_path / "dlq.jsonl"
+    record(kafka_bootstrap, Topics(topic_prefix).dlq, str(dlq), idle_timeout=2)
+    letters = [json.loads(x) for x in dlq.read_text().splitlines()]
+    poison = [d for d in letters if d.get("host") in (None, "poison-host")]
+    by_reason = {r: sum(d["reason"] == r for d in poison) for r in POISON_REASONS}
+    assert by_reason == {r: injected for r in POISON_REASONS}
+    assert all(d["origin"].startswith(f"{Topics(topic_prefix).telemetry}[") for d in poison)
+    logged = [x for x in svc.lines() if x.get("message", "").startswith("dead letter")]
+    assert len(logged) >= len(poison) and all("]@" in x["origin"] for x in logged)
+
+
+def test_two_replicas_split_partitions_and_a_rebalance_moves_state(kafka_bootstrap, topic_prefix, tmp_path,
+                                                                   sim_recording):
+    rec = sim_recording(hosts=6, duration=900, seed=9)
+    golden = golden_alerts(rec, tmp_path)
+    ensure_topics(kafka_bootstrap, Topics(topic_prefix), partitions=4)
+    cfg = write_config(tmp_path / "svc.json", kafka_bootstrap, topic_prefix)
+    pub = published_in_background(rec, kafka_bootstrap, topic_prefix, speed=40)
+    a = ServiceProc(cfg, tmp_path / "a.log").start()
+    time.sleep(8)
+    b = ServiceProc(cfg, tmp_path / "b.log").start()    # joins: the group rebalances, state moves
+    pub.join(120)
+    got = []
+    wait_for(lambda: ids(got := alerts_on_topic(kafka_bootstrap, topic_prefix, tmp_path, idle=2)) >= golden,
+             timeout=150, step=1, what="every golden alert from the two replicas")
+    assert a.alive() and b.alive()
+    a.term(), b.term()
+    got = alerts_on_topic(kafka_bootstrap, topic_prefix, tmp_path, idle=2)
+    assert ids(got) == golden
+    no_conflicting_duplicates(got)
+    assert any("state restored" in x.get("message", "") for x in b.lines()), "B took over no partition's state"
+    assert any("revoked" in x.get("message", "") for x in a.lines())
+    done = [x["messages"] for s in (a, b) for x in s.lines() if x.get("message", "").startswith("stopping")]
+    assert len(done) == 2 and all(n > 0 for n in done)
