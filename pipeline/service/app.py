@@ -103,6 +103,7 @@ class Service:
             (log.error if d.is_error else log.warning)("rules: %s", d)
         if ruleset is None:
             raise SystemExit(f"gpuwarden serve: rules in {', '.join(self.rule_paths)} do not load")
+        self._n_rules = len(ruleset)
         self._reloader_fp = RuleReloader(self.rule_paths, Engine()).fingerprint()
 
     def _new_engine(self) -> Engine:
@@ -162,6 +163,7 @@ class Service:
         signal.signal(signal.SIGTERM, self.request_stop)
         signal.signal(signal.SIGINT, self.request_stop)
         signal.signal(signal.SIGHUP, self.request_reload)
+        self.metrics.rules.set(self._n_rules)
         self.http = HttpEndpoint(self.cfg.http.host, self.cfg.http.port, self.metrics, self.health).start()
         log.info("serving: %s -> %s, %s; http on %s:%d", self.topics.telemetry, self.topics.alerts, self.topics.dlq,
                  self.cfg.http.host, self.http.port, extra={"http_port": self.http.port})
@@ -187,14 +189,16 @@ class Service:
         t0 = time.perf_counter()
         outputs: list[EngineOutput] = []
         touched: list[PartitionState] = []
-        n = 0
+        n = n_records = 0
         for tp, recs in batch.items():
             ps = self.parts.get(tp.partition)
             if ps is None:  # pragma: no cover - kafka-python only returns assigned partitions
                 continue
             msgs = [Message(tp.topic, tp.partition, r.offset, r.key, r.value, r.timestamp) for r in recs]
+            before = ps.pipe.totals.records
             out = ps.pipe.handle(msgs)
             n += len(msgs)
+            n_records += ps.pipe.totals.records - before
             ps.next_offset = recs[-1].offset + 1
             ps.last_input = time.monotonic()
             outputs.append(out)
@@ -205,8 +209,8 @@ class Service:
         self.batches += 1
         dt = time.perf_counter() - t0
         self.metrics.batch_seconds.observe(dt)
-        self.metrics.records.inc(n)
-        self.metrics.records_per_s.set(n / dt if dt > 0 else 0)
+        self.metrics.records.inc(n_records)
+        self.metrics.records_per_s.set(n_records / dt if dt > 0 else 0)
         self.totals["messages"] += n
 
     def _deliver(self, outputs: list[EngineOutput]) -> None:

@@ -14,7 +14,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, make
 class Metrics:
     def __init__(self) -> None:
         self.registry = r = CollectorRegistry()
-        self.records = Counter("gpuwarden_records", "Telemetry records processed", registry=r)
+        self.records = Counter("gpuwarden_records", "Telemetry records decoded and processed", registry=r)
         self.records_per_s = Gauge("gpuwarden_records_per_second", "Records processed per second (last batch)",
                                    registry=r)
         self.dead = Counter("gpuwarden_dead_letters", "Dead letters by reason", ["reason"], registry=r)

@@ -1,0 +1,47 @@
+import pytest
+
+from pipeline.errors import ConfigError
+from pipeline.service.config import load_config, load_config_text
+
+
+def test_defaults_and_overrides_from_the_environment():
+    cfg = load_config_text("kafka: {prefix: prod, security: {security_protocol: SASL_SSL, sasl_mechanism: SCRAM-SHA-512}}",
+                           env={"GPUWARDEN_KAFKA_BOOTSTRAP": "k1:9093,k2:9093", "GPUWARDEN_KAFKA_USERNAME": "svc",
+                                "GPUWARDEN_KAFKA_PASSWORD": "s3cret"})
+    assert cfg.kafka.bootstrap == "k1:9093,k2:9093" and cfg.kafka.prefix == "prod"
+    opts = cfg.kafka.security.options()
+    assert opts == {"security_protocol": "SASL_SSL", "sasl_mechanism": "SCRAM-SHA-512",
+                    "sasl_plain_username": "svc", "sasl_plain_password": "s3cret"}
+    assert "s3cret" not in repr(cfg.kafka.security)           # secrets never printed
+    assert cfg.engine.to_engine().allowed_lateness == 30.0
+
+
+@pytest.mark.parametrize("text, key", [
+    ("kafka: {bootstrp: x}", "kafka.bootstrp"),
+    ("kafka: {security: {sasl_password: x}}", "kafka.security.sasl_password"),
+    ("http: {port: 'eighty'}", "http.port"),
+    ("http: {port: 70000}", "http.port"),
+    ("engine: {tick: 0}", "engine.tick"),
+    ("engine: {allowed_lateness: -1}", "engine.allowed_lateness"),
+    ("kafka: {prefix: 'a b'}", "kafka.prefix"),
+    ("kafka: {max_poll_records: 0}", "kafka.max_poll_records"),
+    ("service: {log_level: loud}", "service.log_level"),
+    ("sevice: {}", "sevice"),
+    ("- 1", "(top level)"),
+    ("kafka: [", "(file)"),
+])
+def test_bad_config_names_the_key(text, key):
+    with pytest.raises(ConfigError) as err:
+        load_config_text(text, env={})
+    assert err.value.key == key and key in str(err.value)
+
+
+def test_missing_file_is_a_config_error(tmp_path):
+    with pytest.raises(ConfigError, match="cannot read"):
+        load_config(tmp_path / "nope.yaml")
+
+
+def test_the_shipped_example_config_loads():
+    from pathlib import Path
+    cfg = load_config(Path(__file__).resolve().parents[3] / "docs" / "serve.example.yaml", env={})
+    assert cfg.kafka.group and cfg.service.rules
