@@ -1,0 +1,1 @@
+"""Scoring detectors on labelled simulator scenarios (``gpuwarden eval``)."""
