@@ -1,0 +1,8 @@
+"""Remediation: alerts -> routes -> actions, behind guardrails, every decision audited.
+
+``config`` (the YAML file, typed), ``routes`` (the Alertmanager-style route tree), ``safety``
+(values allowed to reach a command line), ``actions`` (log, webhook, kafka, command),
+``presets`` (Slurm, Kubernetes, GPU reset, checkpoint), ``guardrails`` (dry-run, circuit
+breaker, cooldown, attempt cap, once per alert id; persisted), ``audit`` (one record per
+decision), ``remediator`` (the decision loop), ``service`` (the Kafka driver), ``cli``.
+"""

@@ -1,0 +1,335 @@
+"""Actions: log, webhook (httpx, retries with backoff and jitter), kafka, command (argv, no shell).
+
+An action first *plans* (fills its templates from the alert: the exact argv or URL, or an
+``UnsafeValue``/``MissingValue`` when the alert cannot be acted on safely), and only then, when
+the guardrails allow it, *executes*. Planning never touches the outside world, which is what
+makes dry-run exact: the audit shows the argv that would have run.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import random
+import re
+import signal
+import subprocess
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Protocol
+from urllib.parse import urlsplit, urlunsplit
+
+import httpx
+
+from pipeline.remediation.safety import alert_values, fill, fill_argv
+from pipeline.schema import AlertEvent, encode
+
+log = logging.getLogger("gpuwarden.remediation")
+
+OUTPUT_LIMIT = 2000  # characters of a command's stdout/stderr kept in the audit
+
+
+@dataclass
+class Plan:
+    """What an action would do for one alert: enough for the audit and for ``execute``."""
+
+    action: str
+    type: str
+    disruptive: bool
+    breaker: bool                    # counts as a node acted on (drain, cordon, reset)
+    entity: str | None               # cooldown/attempt key: "host:n1", "gpu:n1/3", "job:42"
+    host: str | None
+    argv: list[str] | None = None
+    url: str | None = None
+    query: list[str] | None = None
+    body: bytes | None = None
+    undo: bool = False               # an undo (uncordon, resume): only where gpuwarden itself acted
+    alert: AlertEvent | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class Outcome:
+    ok: bool
+    detail: str = ""
+    error: str | None = None
+    attempts: int = 1
+    stdout: str = ""
+
+
+@dataclass
+class QueryResult:
+    leave_alone: bool
+    detail: str
+    error: str | None = None
+
+
+@dataclass
+class Context:
+    """What executing actions may use; tests swap ``sleep`` and ``rng``."""
+
+    producer: Any = None             # pipeline.bus Producer for kafka actions
+    sleep: Callable[[float], None] = time.sleep
+    rng: random.Random = field(default_factory=random.Random)
+
+
+class Action(Protocol):
+    name: str
+    type: str
+    disruptive: bool
+
+    def plan(self, alert: AlertEvent) -> Plan: ...
+
+    def query(self, plan: Plan, ctx: Context) -> QueryResult | None: ...
+
+    def execute(self, plan: Plan, ctx: Context) -> Outcome: ...
+
+
+def redact_url(url: str) -> str:
+    """The URL as audited: a password in it or query-string values replaced by ``***``."""
+    try:
+        p = urlsplit(url)
+    except ValueError:
+        return "<unparseable url>"
+    netloc = p.netloc
+    if p.password is not None:
+        netloc = f"{p.username}:***@{p.hostname}" + (f":{p.port}" if p.port else "")
+    query = "&".join(f"{kv.partition('=')[0]}=***" if "=" in kv else kv for kv in p.query.split("&")) if p.query else ""
+    return urlunsplit((p.scheme, netloc, p.path, query, p.fragment))
+
+
+# -- command execution ---------------------------------------------------------------------
+
+@dataclass
+class CommandResult:
+    returncode: int | None
+    stdout: str
+    stderr: str
+    timed_out: bool = False
+    error: str | None = None
+
+
+def run_command(argv: list[str], timeout: float, kill_grace: float = 2.0) -> CommandResult:
+    """Run ``argv`` without a shell in its own process group; on timeout kill the whole group.
+
+    A new session means a ``scontrol`` wrapper's children (ssh, a script's subprocesses) die with
+    it instead of lingering and acting after we reported a failure.
+    """
+    try:
+        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                shell=False, start_new_session=True, close_fds=True)
+    except OSError as e:
+        return CommandResult(None, "", "", error=f"cannot run {argv[0]!r}: {e.strerror or e}")
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        _kill_group(proc, signal.SIGTERM)
+        try:
+            out, err = proc.communicate(timeout=kill_grace)
+        except subprocess.TimeoutExpired:
+            _kill_group(proc, signal.SIGKILL)
+            out, err = proc.communicate()
+        return CommandResult(proc.returncode, _text(out), _text(err), timed_out=True,
+                             error=f"timed out after {timeout:g}s; process group killed")
+    return CommandResult(proc.returncode, _text(out), _text(err))
+
+
+def _kill_group(proc: subprocess.Popen[bytes], sig: int) -> None:
+    try:
+        os.killpg(proc.pid, sig)
+    except ProcessLookupError:
+        pass
+
+
+def _text(b: bytes | None) -> str:
+    return (b or b"").decode("utf-8", "replace")[:OUTPUT_LIMIT]
+
+
+# -- the actions ---------------------------------------------------------------------------
+
+class LogAction:
+    """Writes the alert to the service log; never disruptive."""
+
+    type = "log"
+    disruptive = False
+
+    def __init__(self, name: str, level: str = "warning", message: str = "") -> None:
+        self.name = name
+        self.level = logging.getLevelName(level.upper())
+        if not isinstance(self.level, int):
+            raise ValueError(f"unknown log level {level!r}")
+        self.message = message
+
+    def plan(self, alert: AlertEvent) -> Plan:
+        vals = {k: ("-" if v is None else v) for k, v in alert_values(alert).items()}
+        return Plan(self.name, self.type, False, False, None, alert.host, alert=alert,
+                    extra={"message": fill(self.message, vals, for_argv=False)})
+
+    def query(self, plan: Plan, ctx: Context) -> QueryResult | None:
+        return None
+
+    def execute(self, plan: Plan, ctx: Context) -> Outcome:
+        log.log(self.level, "%s", plan.extra["message"])
+        return Outcome(True, "logged")
+
+
+class WebhookAction:
+    """HTTP POST of the alert JSON; retries with exponential backoff and jitter on 5xx and
+    connection errors, never on 4xx (the request itself is wrong: repeating it cannot help)."""
+
+    type = "webhook"
+
+    def __init__(self, name: str, url: str, *, timeout: float = 5.0, retries: int = 3, backoff: float = 0.5,
+                 max_backoff: float = 30.0, headers: dict[str, str] | None = None,
+                 headers_env: dict[str, str] | None = None, disruptive: bool = False, breaker: bool = False,
+                 entity: str = "host", type_name: str = "webhook") -> None:
+        self.name, self.url, self.timeout, self.retries = name, url, timeout, retries
+        self.backoff, self.max_backoff = backoff, max_backoff
+        self.headers = dict(headers or {})
+        self.headers_env = dict(headers_env or {})
+        self.disruptive, self.breaker, self.entity, self.type = disruptive, breaker, entity, type_name
+        self._client: httpx.Client | None = None
+
+    def plan(self, alert: AlertEvent) -> Plan:
+        url = fill(self.url, alert_values(alert))
+        return Plan(self.name, self.type, self.disruptive, self.breaker, entity_key(self.entity, alert), alert.host,
+                    url=url, body=encode(alert), alert=alert)
+
+    def query(self, plan: Plan, ctx: Context) -> QueryResult | None:
+        return None
+
+    def delay(self, attempt: int, rng: random.Random) -> float:
+        """Seconds before retry ``attempt`` (0-based): half of the doubled backoff plus up to as much again."""
+        d = min(self.max_backoff, self.backoff * (2 ** attempt))
+        return d / 2 + rng.uniform(0, d / 2)
+
+    def _headers(self) -> dict[str, str]:
+        h = {"Content-Type": "application/json", "User-Agent": "gpuwarden-remediate", **self.headers}
+        for header, env in self.headers_env.items():
+            if env in os.environ:
+                h[header] = os.environ[env]
+        return h
+
+    def execute(self, plan: Plan, ctx: Context) -> Outcome:
+        if self._client is None:
+            self._client = httpx.Client(timeout=self.timeout, follow_redirects=False)
+        shown = redact_url(plan.url or "")
+        last = ""
+        for attempt in range(self.retries + 1):
+            try:
+                r = self._client.post(plan.url or "", content=plan.body or b"", headers=self._headers())
+            except httpx.TransportError as e:
+                last = f"{type(e).__name__}: {e}"
+            else:
+                if r.status_code < 300:
+                    return Outcome(True, f"HTTP {r.status_code}", attempts=attempt + 1)
+                if r.status_code < 500:
+                    # 4xx: the request itself is wrong; 3xx: redirects are not followed (a POST
+                    # carrying an alert should reach the configured URL or fail visibly).
+                    return Outcome(False, f"HTTP {r.status_code}", error=f"HTTP {r.status_code} from {shown} "
+                                   "(not retried: the same request would get the same answer)",
+                                   attempts=attempt + 1)
+                last = f"HTTP {r.status_code}"
+            if attempt < self.retries:
+                wait = self.delay(attempt, ctx.rng)
+                log.info("webhook %s: %s from %s; retry %d/%d in %.2fs", self.name, last, shown, attempt + 1,
+                         self.retries, wait)
+                ctx.sleep(wait)
+        return Outcome(False, last, error=f"{last} from {shown} after {self.retries + 1} attempt(s)",
+                       attempts=self.retries + 1)
+
+    def close(self) -> None:
+        if self._client is not None:
+            self._client.close()
+
+
+class KafkaAction:
+    """Forwards the alert JSON to another Kafka topic (keyed by host), acknowledged before success."""
+
+    type = "kafka"
+    disruptive = False
+
+    def __init__(self, name: str, topic: str) -> None:
+        self.name, self.topic = name, topic
+
+    def plan(self, alert: AlertEvent) -> Plan:
+        return Plan(self.name, self.type, False, False, None, alert.host, url=f"kafka:{self.topic}",
+                    body=encode(alert), alert=alert)
+
+    def query(self, plan: Plan, ctx: Context) -> QueryResult | None:
+        return None
+
+    def execute(self, plan: Plan, ctx: Context) -> Outcome:
+        if ctx.producer is None:
+            return Outcome(False, error="no Kafka producer configured for kafka actions")
+        try:
+            ctx.producer.send(self.topic, plan.body or b"", (plan.host or "").encode() or None)
+            ctx.producer.flush()
+        except Exception as e:  # noqa: BLE001 - any producer failure is this action's failure
+            return Outcome(False, error=f"kafka send to {self.topic} failed: {e}")
+        return Outcome(True, f"sent to {self.topic}")
+
+
+class CommandAction:
+    """An argv template filled from the alert, run without a shell, with a timeout.
+
+    ``query`` (optional) runs first: stdout matching ``query_match`` means someone else already
+    took care of the entity (a node drained by a human) and it is left alone.
+    """
+
+    type = "command"
+
+    def __init__(self, name: str, argv: list[str], *, timeout: float = 30.0, disruptive: bool = True,
+                 entity: str = "host", breaker: bool = True, query: list[str] | None = None,
+                 query_match: str | None = None, query_reason: str = "query says it is already handled",
+                 undo: bool = False, type_name: str = "command", values: dict[str, str] | None = None) -> None:
+        if not argv:
+            raise ValueError("argv is empty")
+        if entity not in ("host", "gpu", "job"):
+            raise ValueError(f"entity must be host, gpu or job, not {entity!r}")
+        self.name, self.argv, self.timeout = name, list(argv), timeout
+        self.disruptive, self.entity, self.breaker, self.undo, self.type = disruptive, entity, breaker, undo, type_name
+        self.query_argv = list(query) if query else None
+        self.query_match = re.compile(query_match) if query_match else None
+        if self.query_argv and self.query_match is None:
+            raise ValueError("query needs query_match")
+        self.query_reason = query_reason
+        self.values = dict(values or {})
+
+    def plan(self, alert: AlertEvent) -> Plan:
+        vals = alert_values(alert, self.values)
+        return Plan(self.name, self.type, self.disruptive, self.breaker, entity_key(self.entity, alert), alert.host,
+                    argv=fill_argv(self.argv, vals),
+                    query=fill_argv(self.query_argv, vals) if self.query_argv else None, undo=self.undo, alert=alert)
+
+    def query(self, plan: Plan, ctx: Context) -> QueryResult | None:
+        if not plan.query:
+            return None
+        res = run_command(plan.query, self.timeout)
+        if res.error or res.returncode != 0:
+            why = res.error or f"exit {res.returncode}: {res.stderr.strip()[:200]}"
+            return QueryResult(False, "", error=f"query {plan.query!r} failed ({why})")
+        assert self.query_match is not None
+        m = self.query_match.search(res.stdout)
+        if m:
+            return QueryResult(True, f"{self.query_reason} ({m.group(0).strip()})")
+        return QueryResult(False, res.stdout.strip()[:200])
+
+    def execute(self, plan: Plan, ctx: Context) -> Outcome:
+        res = run_command(plan.argv or [], self.timeout)
+        if res.error:
+            return Outcome(False, error=res.error, stdout=res.stdout)
+        if res.returncode != 0:
+            return Outcome(False, f"exit {res.returncode}",
+                           error=f"exit {res.returncode}: {res.stderr.strip()[:500]}", stdout=res.stdout)
+        return Outcome(True, "exit 0", stdout=res.stdout)
+
+
+def entity_key(kind: str, alert: AlertEvent) -> str | None:
+    """What cooldown and the attempt cap count: a node, a GPU or a job."""
+    if kind == "gpu":
+        return None if alert.host is None else f"gpu:{alert.host}/{alert.gpu if alert.gpu is not None else '-'}"
+    if kind == "job":
+        job = alert.job or alert.labels.get("job")
+        return None if job is None else f"job:{job}"
+    return None if alert.host is None else f"host:{alert.host}"

@@ -1,0 +1,160 @@
+"""CLI: ``gpuwarden remediate [--config F]``, ``remediate breaker status|reset``, ``remediate act``,
+``gpuwarden routes test fault=... severity=... [label=value ...] [--expect RECEIVER ...]``."""
+
+from __future__ import annotations
+
+import argparse
+import getpass
+import json
+import signal
+import sys
+import threading
+from pathlib import Path
+
+DEFAULT_ROUTES = "rules/routes.yaml"
+
+
+def _config_arg(p: argparse.ArgumentParser, default: str | None = None, suppress: bool = False) -> None:
+    p.add_argument("--config", metavar="FILE", help="remediation config (YAML)",
+                   default=argparse.SUPPRESS if suppress else default)
+
+
+def _load(args: argparse.Namespace):
+    from pipeline.errors import ConfigError
+    from pipeline.remediation.config import load_config
+
+    if not getattr(args, "config", None):
+        raise ConfigError("--config", "give the remediation config file")
+    return load_config(args.config)
+
+
+def _cmd_remediate(args: argparse.Namespace) -> int:
+    from pipeline.remediation.service import RemediationService
+
+    cfg = _load(args)
+    svc = RemediationService(cfg, bootstrap=args.kafka, prefix=args.prefix, group=args.group)
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    dry = "dry-run" if cfg.guardrails.dry_run else "LIVE"
+    print(f"gpuwarden remediate: {svc.topics.alerts} (group {svc.group}) on {svc.bootstrap}, "
+          f"disruptive actions {dry}, state {cfg.state_file}", file=sys.stderr)
+    stats = svc.run(stop, idle_exit_s=args.idle_exit)
+    print(f"gpuwarden remediate: {stats.messages} alerts handled; decisions {svc.audit.total}", file=sys.stderr)
+    return 0
+
+
+def _cmd_breaker(args: argparse.Namespace) -> int:
+    from pipeline.remediation.config import parse_duration
+    from pipeline.remediation.guardrails import StateStore
+
+    cfg = _load(args)
+    store = StateStore(cfg.state_file)
+    try:
+        window = parse_duration(cfg.guardrails.breaker.window, "guardrails.breaker.window")
+        if args.breaker_command == "reset":
+            was_open = store.reset_breaker(args.by or getpass.getuser(), args.note or "")
+            print("breaker closed" if was_open else "breaker was not open; reset recorded anyway")
+        st = store.breaker(window)
+        b = cfg.guardrails.breaker
+        if args.json:
+            print(json.dumps(st.to_dict(), indent=2))
+        else:
+            print(f"breaker: {'OPEN' if st.open else 'closed'}")
+            if st.open:
+                print(f"  opened: {st.opened_at} ({st.reason})")
+            if st.reset_at:
+                print(f"  last reset: {st.reset_at} by {st.reset_by} {st.reset_note or ''}".rstrip())
+            print(f"  nodes acted on in the last {window:g}s: {len(st.hosts_in_window)} "
+                  f"(limit {b.max_nodes}" + (f", {b.max_percent:g}% of {b.fleet_size}" if b.fleet_size else "") + ")")
+        return 1 if (args.breaker_command == "status" and st.open and args.exit_code) else 0
+    finally:
+        store.close()
+
+
+def _cmd_act(args: argparse.Namespace) -> int:
+    import msgspec
+
+    from pipeline.remediation.audit import AuditLog
+    from pipeline.remediation.guardrails import StateStore
+    from pipeline.remediation.remediator import Remediator
+    from pipeline.schema import AlertEvent
+
+    cfg = _load(args)
+    try:
+        alert = msgspec.json.decode(Path(args.alert).read_bytes(), type=AlertEvent)
+    except (OSError, msgspec.DecodeError, msgspec.ValidationError) as e:
+        print(f"gpuwarden remediate act: {args.alert}: not an alert event: {e}", file=sys.stderr)
+        return 2
+    store = StateStore(cfg.state_file)
+    audit = AuditLog(file=cfg.audit_file)
+    rem = Remediator(cfg, store, audit)
+    try:
+        rem.handle(alert, origin=f"cli:{args.alert}", force=args.force)
+        recs = list(audit.records)
+        audit.flush()
+    finally:
+        rem.close()
+        store.close()
+    for r in recs:
+        print(msgspec.json.encode(r).decode())
+    return 1 if any(r.decision in ("failed", "blocked") for r in recs) else 0
+
+
+def _cmd_routes_test(args: argparse.Namespace) -> int:
+    from pipeline.remediation.config import load_config
+    from pipeline.remediation.routes import RouteTree, alert_from_args
+
+    cfg = load_config(args.config)
+    alert = alert_from_args(args.pairs)
+    matches = RouteTree.build(cfg.raw.route).match(alert)
+    for m in matches:
+        r = cfg.receivers[m.receiver]
+        chain = r.actions if alert.state == "firing" else r.on_resolved
+        print(f"{m.describe()}  ->  receiver {m.receiver}: " + (", ".join(
+            f"{a} ({type(cfg.actions[a]).__struct_config__.tag})" for a in chain) or "no actions"))
+        print(f"    group_by={m.route.group_by} group_wait={m.route.group_wait:g}s "
+              f"repeat_interval={m.route.repeat_interval:g}s")
+    got = [m.receiver for m in matches]
+    if args.expect is not None and got != args.expect:
+        print(f"FAIL: expected receivers {args.expect}, got {got}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def register(sub) -> None:
+    """Add ``remediate`` and ``routes`` to the ``gpuwarden`` CLI's subparsers."""
+    rm = sub.add_parser("remediate", help="run remediation on the alerts topic (routes, actions, guardrails)")
+    _config_arg(rm)
+    rm.add_argument("--kafka", metavar="BOOTSTRAP", help="broker (default: the config's kafka.bootstrap)")
+    rm.add_argument("--prefix", help="topic prefix (default: the config's kafka.prefix)")
+    rm.add_argument("--group", help="consumer group (default: the config's kafka.group)")
+    rm.add_argument("--idle-exit", type=float, default=None, metavar="SECONDS",
+                    help="stop after this long without an alert (tests, one-shot catch-up)")
+    rm.set_defaults(func=_cmd_remediate)
+    rsub = rm.add_subparsers(dest="remediate_command")
+
+    br = rsub.add_parser("breaker", help="show or reset (close) the circuit breaker")
+    br.add_argument("breaker_command", choices=["status", "reset"])
+    _config_arg(br, suppress=True)
+    br.add_argument("--by", help="who resets it (default: the login name)")
+    br.add_argument("--note", help="why it is safe to resume")
+    br.add_argument("--json", action="store_true")
+    br.add_argument("--exit-code", action="store_true", help="status exits 1 while the breaker is open")
+    br.set_defaults(func=_cmd_breaker)
+
+    act = rsub.add_parser("act", help="decide one alert (JSON file) now, through every guardrail")
+    act.add_argument("--alert", required=True, metavar="FILE")
+    act.add_argument("--force", action="store_true",
+                     help="ignore once-per-alert, grouping, cooldown and attempt cap (never the breaker or dry-run)")
+    _config_arg(act, suppress=True)
+    act.set_defaults(func=_cmd_act)
+
+    ro = sub.add_parser("routes", help="test remediation routes")
+    rosub = ro.add_subparsers(dest="routes_command", required=True)
+    rt = rosub.add_parser("test", help="print the route path and actions an alert would take")
+    rt.add_argument("pairs", nargs="+", metavar="name=value",
+                    help="fault=..., severity=..., host=..., gpu=..., job=..., state=..., any label=value")
+    rt.add_argument("--expect", nargs="+", metavar="RECEIVER", help="exit 1 unless exactly these receivers match")
+    _config_arg(rt, default=DEFAULT_ROUTES)
+    rt.set_defaults(func=_cmd_routes_test)

@@ -1,0 +1,110 @@
+"""Ready actions built on ``command`` (and ``webhook``): Slurm, Kubernetes, GPU reset, checkpoint.
+
+Every disruptive preset that takes a node out of service has a query command that tells whether
+the node is already out (drained, down, cordoned) — by a human, another tool or an earlier
+gpuwarden action — so it is left alone instead of being drained again with our reason over theirs.
+The GPU reset's query asks whether processes still run on the GPU: a reset under a live job is
+refused (drain first).
+"""
+
+from __future__ import annotations
+
+from pipeline.errors import ConfigError
+from pipeline.remediation import actions as A
+from pipeline.remediation import config as C
+from pipeline.remediation.config import parse_duration
+from pipeline.remediation.safety import UnsafeValue, check_value
+
+
+def _reason_ok(name: str, reason: str) -> str:
+    # The reason becomes one argv element `reason=...`; a newline would confuse scontrol's output.
+    if any(ch in reason for ch in "\n\r\0"):
+        raise ConfigError(f"actions.{name}.reason", "must be one line")
+    return reason
+
+
+def build_action(name: str, spec: C.ActionSpec) -> A.Action:
+    """The runnable action for a config entry; ConfigError naming the key when it cannot be built."""
+    key = f"actions.{name}"
+    try:
+        return _build(name, spec, key)
+    except ValueError as e:
+        raise ConfigError(key, str(e)) from None
+
+
+def _build(name: str, spec: C.ActionSpec, key: str) -> A.Action:
+    t = (lambda v, f="timeout": parse_duration(v, f"{key}.{f}"))
+    if isinstance(spec, C.LogAction):
+        return A.LogAction(name, spec.level, spec.message)
+    if isinstance(spec, C.WebhookAction):
+        return A.WebhookAction(name, spec.url, timeout=t(spec.timeout), retries=spec.retries,
+                               backoff=t(spec.backoff, "backoff"), max_backoff=t(spec.max_backoff, "max_backoff"),
+                               headers=spec.headers, headers_env=spec.headers_env)
+    if isinstance(spec, C.KafkaAction):
+        return A.KafkaAction(name, spec.topic)
+    if isinstance(spec, C.CommandAction):
+        return A.CommandAction(name, spec.argv, timeout=t(spec.timeout), disruptive=spec.disruptive,
+                               entity=spec.entity, breaker=spec.disruptive and spec.entity != "job",
+                               query=spec.query, query_match=spec.query_match, query_reason=spec.query_reason)
+    if isinstance(spec, C.SlurmDrainAction):
+        return A.CommandAction(
+            name, [spec.scontrol, "update", "nodename={host}", "state=drain", f"reason={_reason_ok(name, spec.reason)}"],
+            timeout=t(spec.timeout), query=[spec.scontrol, "show", "node", "-o", "{host}"],
+            # scontrol prints compound states such as IDLE+DRAIN, MIXED+DRAIN, DOWN+NOT_RESPONDING.
+            query_match=r"\bState=\S*(?:DRAIN|DOWN|FAIL|MAINT)\S*(?:.*?\bReason=.*)?",
+            query_reason="node already drained or down in Slurm", type_name="slurm_drain")
+    if isinstance(spec, C.SlurmResumeAction):
+        return A.CommandAction(name, [spec.scontrol, "update", "nodename={host}", "state=resume"],
+                               timeout=t(spec.timeout), breaker=False, undo=True, type_name="slurm_resume")
+    if isinstance(spec, C.K8sCordonAction):
+        k = [spec.kubectl, *spec.kubectl_args]
+        return A.CommandAction(
+            name, [*k, "cordon", "{host}"], timeout=t(spec.timeout),
+            query=[*k, "get", "node", "{host}", "-o", "jsonpath={.spec.unschedulable}"],
+            query_match=r"^\s*true\b", query_reason="node already cordoned", type_name="k8s_cordon")
+    if isinstance(spec, C.K8sTaintAction):
+        k = [spec.kubectl, *spec.kubectl_args]
+        if spec.effect not in ("NoSchedule", "PreferNoSchedule", "NoExecute"):
+            raise ConfigError(f"{key}.effect", "one of NoSchedule, PreferNoSchedule, NoExecute")
+        try:
+            check_value("labels.key", spec.key)
+        except UnsafeValue:
+            raise ConfigError(f"{key}.key", f"{spec.key!r} is not a taint key") from None
+        return A.CommandAction(
+            name, [*k, "taint", "nodes", "{host}", f"{spec.key}={spec.value}:{spec.effect}", "--overwrite"],
+            timeout=t(spec.timeout),
+            query=[*k, "get", "node", "{host}", "-o", "jsonpath={.spec.unschedulable} {.spec.taints[*].key}"],
+            query_match=rf"^\s*true\b|(?:^|\s){_re_escape(spec.key)}(?:\s|$)",
+            query_reason="node already cordoned or tainted", type_name="k8s_taint")
+    if isinstance(spec, C.K8sUncordonAction):
+        k = [spec.kubectl, *spec.kubectl_args]
+        return A.CommandAction(name, [*k, "uncordon", "{host}"], timeout=t(spec.timeout), breaker=False, undo=True,
+                               type_name="k8s_uncordon")
+    if isinstance(spec, C.GpuResetAction):
+        via = list(spec.via)
+        return A.CommandAction(
+            name, [*via, spec.nvidia_smi, "-r", "-i", "{gpu}"], timeout=t(spec.timeout), entity="gpu",
+            query=[*via, spec.nvidia_smi, "--query-compute-apps=pid", "--format=csv,noheader", "-i", "{gpu}"],
+            query_match=r"\d+", query_reason="processes still run on the GPU (drain first)",
+            type_name="gpu_reset")
+    if isinstance(spec, C.CheckpointAction):
+        if spec.mode == "http":
+            if not spec.url:
+                raise ConfigError(f"{key}.url", "mode http needs the trainer's url")
+            return A.WebhookAction(name, spec.url, timeout=t(spec.timeout), retries=spec.retries,
+                                   backoff=t(spec.backoff, "backoff"), max_backoff=t(spec.max_backoff, "max_backoff"),
+                                   disruptive=True, breaker=False, entity="job", type_name="checkpoint")
+        if spec.mode != "signal":
+            raise ConfigError(f"{key}.mode", "signal or http")
+        try:
+            check_value("signal", spec.signal)
+        except UnsafeValue:
+            raise ConfigError(f"{key}.signal", f"{spec.signal!r} is not a signal name") from None
+        return A.CommandAction(name, spec.argv, timeout=t(spec.timeout), entity="job", breaker=False,
+                               type_name="checkpoint", values={"signal": spec.signal})
+    raise ConfigError(f"{key}.type", f"unsupported action {type(spec).__name__}")
+
+
+def _re_escape(s: str) -> str:
+    import re
+    return re.escape(s)

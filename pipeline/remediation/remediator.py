@@ -1,0 +1,273 @@
+"""The decision loop: an alert -> routes -> each receiver's actions, through the guardrails.
+
+For every action of a matched receiver, in order, exactly one audit record says what happened.
+The checks run cheapest and safest first::
+
+    claim (once per alert id) -> group (group_wait, repeat_interval) -> plan (argv/URL; unsafe
+    values refused) -> breaker open? -> dry-run? -> undo of a node we did not take out? ->
+    cooldown -> attempt cap -> query (already drained by someone else?) -> breaker admits the
+    node? -> execute
+
+``force`` (a human's ``gpuwarden remediate act --force``) skips the claim, grouping, cooldown and
+attempt cap — never the breaker, dry-run or the query.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+import msgspec
+
+from pipeline.bus.base import Message
+from pipeline.remediation.actions import Action, Context
+from pipeline.remediation.audit import AuditLog
+from pipeline.remediation.config import Config, parse_duration
+from pipeline.remediation.guardrails import Limits, StateStore, iso_time
+from pipeline.remediation.presets import build_action
+from pipeline.remediation.routes import RouteMatch, RouteTree
+from pipeline.remediation.safety import MissingValue, UnsafeValue
+from pipeline.schema import AlertEvent, encode
+
+log = logging.getLogger("gpuwarden.remediation")
+
+
+class Remediator:
+    """Turns alerts into audited decisions. Feed it ``handle_message``/``handle``; call ``tick``."""
+
+    def __init__(self, config: Config, store: StateStore, audit: AuditLog, *, ctx: Context | None = None,
+                 clock=time.time) -> None:
+        self.config, self.store, self.audit = config, store, audit
+        self.ctx = ctx or Context()
+        self.clock = clock
+        self.tree = RouteTree.build(config.raw.route)
+        self.actions: dict[str, Action] = {n: build_action(n, s) for n, s in config.actions.items()}
+        self.action_dry_run = {n: s.dry_run for n, s in config.actions.items()}
+        g = config.guardrails
+        self.dry_run = g.dry_run
+        self.limits = Limits(
+            max_nodes=g.breaker.max_nodes, max_percent=g.breaker.max_percent, fleet_size=g.breaker.fleet_size,
+            window=parse_duration(g.breaker.window, "guardrails.breaker.window"),
+            cooldown=parse_duration(g.cooldown, "guardrails.cooldown"), max_attempts=g.max_attempts,
+            attempt_window=parse_duration(g.attempt_window, "guardrails.attempt_window"))
+        self._pruned_at = 0.0
+
+    # -- input -------------------------------------------------------------------------------
+
+    def handle_message(self, msg: Message) -> None:
+        """One message of the alerts topic; a malformed one is audited as skipped, never raised."""
+        try:
+            alert = msgspec.json.decode(msg.value, type=AlertEvent)
+        except (msgspec.DecodeError, msgspec.ValidationError) as e:
+            self.audit.record("skipped", reason=f"malformed_alert: {e}", origin=msg.origin,
+                              detail=msg.value[:300].decode("utf-8", "replace"))
+            return
+        try:
+            self.handle(alert, origin=msg.origin)
+        except Exception as e:  # noqa: BLE001 - one bad alert must not stop remediation of the rest
+            log.exception("remediation of alert %s from %s failed", alert.id, msg.origin)
+            self.audit.record("failed", **self._base(alert, None, msg.origin), error=f"internal error: {e!r}")
+
+    def handle(self, alert: AlertEvent, *, origin: str | None = None, force: bool = False) -> None:
+        """Route one alert and decide every action of every matched receiver."""
+        now = self.clock()
+        if alert.state not in ("firing", "resolved"):
+            self.audit.record("skipped", **self._base(alert, None, origin),
+                              reason=f"unknown alert state {alert.state!r} (firing or resolved)")
+            return
+        for m in self.tree.match(alert):
+            base = self._base(alert, m, origin, forced=force)
+            receiver = self.config.receivers[m.receiver]
+            chain = receiver.actions if alert.state == "firing" else receiver.on_resolved
+            if not chain:
+                why = ("resolved: no undo configured (on_resolved is empty)" if alert.state == "resolved"
+                       else f"receiver {receiver.name!r} has no actions")
+                self.audit.record("skipped", **base, reason=why)
+                continue
+            if not self.store.claim(alert.id, alert.state, m.route.path, now) and not force:
+                at, outcome = self.store.claimed(alert.id, alert.state, m.route.path) or (now, None)
+                self.audit.record("skipped", **base, reason=f"duplicate: alert {alert.id} ({alert.state}) was "
+                                  f"already decided on this route at {iso_time(at)} ({outcome or 'outcome unknown'})")
+                continue
+            if alert.state == "firing" and not force and not self._group_admits(alert, m, base, now, origin):
+                continue
+            self._run_chain(alert, m, chain, base, now, force)
+
+    def tick(self, now: float | None = None) -> int:
+        """Dispatch groups whose ``group_wait`` is over; returns how many. Prunes old counts hourly."""
+        now = self.clock() if now is None else now
+        if now - self._pruned_at >= 3600:
+            # Older than every window that reads them: they can no longer change a decision.
+            keep = max(self.limits.cooldown, self.limits.attempt_window, self.limits.window)
+            self.store.prune(now - keep)
+            self._pruned_at = now
+        n = 0
+        for key, route_path, blob in self.store.due_groups(now):
+            self.store.mark_dispatched(key, now)
+            try:
+                alert, origin = _unpack(blob)
+            except (msgspec.DecodeError, msgspec.ValidationError, TypeError) as e:
+                self.audit.record("failed", route=route_path, error=f"stored group {key} unreadable: {e}")
+                continue
+            match = next((m for m in self.tree.match(alert) if m.route.path == route_path), None)
+            base = self._base(alert, match, origin)
+            if match is None:
+                self.audit.record("skipped", **base, route=route_path,
+                                  reason="the route no longer matches this alert (config changed while it waited)")
+                continue
+            self._run_chain(alert, match, self.config.receivers[match.receiver].actions, base, now, False)
+            n += 1
+        return n
+
+    # -- steps -------------------------------------------------------------------------------
+
+    def _base(self, alert: AlertEvent, m: RouteMatch | None, origin: str | None, forced: bool = False) -> dict[str, Any]:
+        return {"alert_id": alert.id, "alert_state": alert.state, "fault": alert.fault, "severity": alert.severity,
+                "host": alert.host, "gpu": alert.gpu, "origin": origin, "forced": forced,
+                "route": m.describe() if m else None, "receiver": m.receiver if m else None}
+
+    def _group_admits(self, alert: AlertEvent, m: RouteMatch, base: dict[str, Any], now: float,
+                      origin: str | None) -> bool:
+        route = m.route
+        key = route.group_key(alert)
+        g = self.store.group(key)
+        if g is not None:
+            opened_at, due, dispatched_at, blob = g
+            if dispatched_at is None:
+                first = _unpack(blob)[0].id if blob else "?"
+                self.audit.record("skipped", **base, reason=f"grouped: group {key} acts once, on alert {first}, "
+                                  f"at {iso_time(due)}")
+                self.store.finish(alert.id, alert.state, route.path, "grouped")
+                return False
+            if now - dispatched_at < route.repeat_interval:
+                self.audit.record("skipped", **base, reason=f"repeat_interval: group {key} acted at "
+                                  f"{iso_time(dispatched_at)}; not again before {iso_time(dispatched_at + route.repeat_interval)}")
+                self.store.finish(alert.id, alert.state, route.path, "repeat_interval")
+                return False
+        if route.group_wait > 0:
+            self.store.open_group(key, route.path, now, now + route.group_wait, _pack(alert, origin))
+            self.audit.record("queued", **base, reason=f"group_wait: group {key} acts at {iso_time(now + route.group_wait)}")
+            return False
+        self.store.open_group(key, route.path, now, now, b"")
+        self.store.mark_dispatched(key, now)
+        return True
+
+    def _dry(self, name: str) -> bool:
+        own = self.action_dry_run.get(name)
+        return self.dry_run if own is None else own
+
+    def _run_chain(self, alert: AlertEvent, m: RouteMatch, chain: list[str], base: dict[str, Any], now: float,
+                   force: bool) -> None:
+        receiver = self.config.receivers[m.receiver]
+        stopped_by: str | None = None
+        outcomes = []
+        for name in chain:
+            action = self.actions[name]
+            rec = {**base, "action": name, "action_type": action.type}
+            if stopped_by and receiver.stop_on_failure:
+                self.audit.record("skipped", **rec, reason=f"not run: {stopped_by} did not succeed before it "
+                                  "(stop_on_failure)")
+                outcomes.append(f"skipped:{name}")
+                continue
+            decision = self._decide(alert, action, rec, now, force)
+            outcomes.append(f"{decision}:{name}")
+            if decision in ("failed", "blocked", "refused"):
+                stopped_by = name
+        self.store.finish(alert.id, alert.state, m.route.path, ",".join(outcomes))
+
+    def _decide(self, alert: AlertEvent, action: Action, rec: dict[str, Any], now: float, force: bool) -> str:
+        a = self.audit
+        try:
+            plan = action.plan(alert)
+        except UnsafeValue as e:
+            a.record("skipped", **rec, reason=f"unsafe_value: {e}")
+            return "refused"
+        except MissingValue as e:
+            a.record("skipped", **rec, reason=f"missing_value: {e}")
+            return "skipped"
+        rec = {**rec, "argv": plan.argv, "url": _shown_url(plan.url)}
+        if not plan.disruptive:
+            if self.action_dry_run.get(action.name):
+                a.record("dry_run", **rec)
+                return "dry_run"
+            return self._execute(action, plan, rec, now)
+        is_open, why = self.store.breaker_is_open()
+        if is_open:
+            a.record("blocked", **rec, reason=why)
+            return "blocked"
+        if self._dry(action.name):
+            a.record("dry_run", **rec, reason="dry-run: a disruptive action and dry_run is on")
+            return "dry_run"
+        if plan.undo and (plan.host is None or not self.store.owns(plan.host)):
+            a.record("skipped", **rec, reason=f"undo: gpuwarden did not take {plan.host} out; left as it is")
+            return "skipped"
+        ent = plan.entity
+        if ent is not None and not force:
+            last = self.store.last_success(ent, action.name)
+            if last is not None and now - last < self.limits.cooldown:
+                a.record("skipped", **rec, reason=f"cooldown: {action.name} succeeded on {ent} at {iso_time(last)}; "
+                         f"not again before {iso_time(last + self.limits.cooldown)}")
+                return "skipped"
+            n = self.store.attempts_since(ent, action.name, now - self.limits.attempt_window)
+            if n >= self.limits.max_attempts:
+                a.record("skipped", **rec, reason=f"attempt_cap: {n} attempts of {action.name} on {ent} within "
+                         f"{self.limits.attempt_window:g}s (max {self.limits.max_attempts})")
+                return "skipped"
+        q = action.query(plan, self.ctx)
+        if q is not None and q.error:
+            if ent is not None:
+                self.store.record_attempt(ent, action.name, now, False)
+            a.record("failed", **rec, error=f"not acted: {q.error}")
+            return "failed"
+        if q is not None and q.leave_alone:
+            a.record("skipped", **rec, reason=f"left alone: {q.detail}")
+            return "skipped"
+        if plan.breaker and plan.host is not None:
+            ok, why = self.store.admit_node(plan.host, action.name, self.limits, now)
+            if not ok:
+                a.record("blocked", **rec, reason=why)
+                return "blocked"
+        return self._execute(action, plan, rec, now)
+
+    def _execute(self, action: Action, plan, rec: dict[str, Any], now: float) -> str:
+        out = action.execute(plan, self.ctx)
+        if plan.disruptive and plan.entity is not None:
+            self.store.record_attempt(plan.entity, action.name, now, out.ok)
+        if not out.ok:
+            self.audit.record("failed", **rec, error=out.error, detail=out.detail or None, attempts=out.attempts)
+            return "failed"
+        if plan.disruptive and plan.host is not None:
+            if plan.breaker:
+                self.store.record_owned(plan.host, action.name, now)
+            if plan.undo:
+                self.store.release(plan.host)
+        self.audit.record("acted", **rec, detail=out.detail or None, attempts=out.attempts)
+        return "acted"
+
+    def close(self) -> None:
+        for act in self.actions.values():
+            close = getattr(act, "close", None)
+            if close:
+                close()
+
+
+def _shown_url(url: str | None) -> str | None:
+    from pipeline.remediation.actions import redact_url
+    if url is None or url.startswith("kafka:"):
+        return url
+    return redact_url(url)
+
+
+def _pack(alert: AlertEvent, origin: str | None) -> bytes:
+    return encode({"alert": alert, "origin": origin})
+
+
+class _Packed(msgspec.Struct):
+    alert: AlertEvent
+    origin: str | None = None
+
+
+def _unpack(blob: bytes) -> tuple[AlertEvent, str | None]:
+    p = msgspec.json.decode(blob, type=_Packed)
+    return p.alert, p.origin

@@ -1,0 +1,131 @@
+"""Config errors name their key; the route tree matches like Alertmanager; `routes test` and --expect."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from pipeline.cli import main
+from pipeline.errors import ConfigError
+from pipeline.remediation.config import load_config, parse_config, parse_duration
+from pipeline.remediation.routes import RouteTree
+from tests.unit.remediation.conftest import alert
+
+ROOT = Path(__file__).resolve().parents[3]
+EXAMPLE = ROOT / "rules" / "routes.yaml"
+
+
+def base(**over):
+    doc = {"actions": {"log": {"type": "log"}}, "receivers": [{"name": "r", "actions": ["log"]}],
+           "route": {"receiver": "r"}}
+    doc["actions"].update(over.pop("actions", {}))
+    doc.update(over)
+    return doc
+
+
+@pytest.mark.parametrize("doc,key", [
+    (base(unknown_top=1), "unknown_top"),
+    (base(guardrails={"breaker": {"max_node": 3}}), "guardrails.breaker.max_node"),
+    (base(actions={"d": {"type": "slurm_drain", "reson": "x"}}), "actions.d.reson"),
+    (base(actions={"d": {"type": "slurm_dran"}}), "actions.d.type"),
+    (base(actions={"d": {"reason": "x"}}), "actions.d.type"),
+    (base(route={"receiver": "r", "routes": [{"matchers": ['a="b"'], "recv": "r"}]}), "route.routes[0].recv"),
+    (base(route={"receiver": "nope"}), "route.receiver"),
+    (base(route={"receiver": "r", "routes": [{"matchers": ['a=~"("']}]}), "route.routes[0].matchers[0]"),
+    (base(route={"receiver": "r", "routes": [{"matchers": ["a is b"]}]}), "route.routes[0].matchers[0]"),
+    (base(route={"receiver": "r", "group_wait": "soon"}), "route.group_wait"),
+    (base(receivers=[{"name": "r", "actions": ["missing"]}]), "receivers[0].actions"),
+    (base(guardrails={"cooldown": "1 fortnight"}), "guardrails.cooldown"),
+    (base(guardrails={"breaker": {"max_percent": 140}}), "guardrails.breaker.max_percent"),
+    (base(guardrails={"max_attempts": "three"}), "guardrails.max_attempts"),
+    (base(actions={"c": {"type": "command", "argv": ["x"], "entity": "rack"}}), "actions.c"),
+    (base(actions={"t": {"type": "k8s_taint", "effect": "Evict"}}), "actions.t.effect"),
+    (base(actions={"c": {"type": "checkpoint", "mode": "http"}}), "actions.c.url"),
+    (base(actions={"c": {"type": "checkpoint", "signal": "USR1;id"}}), "actions.c.signal"),
+])
+def test_bad_config_names_the_key(doc, key):
+    with pytest.raises(ConfigError) as e:
+        parse_config(doc)
+    assert e.value.key == key, str(e.value)
+    assert repr(key) in str(e.value)
+
+
+def test_yaml_is_loaded_safely(tmp_path):
+    p = tmp_path / "evil.yaml"
+    p.write_text("route: !!python/object/apply:os.system ['touch /tmp/gw-pwned']\n")
+    with pytest.raises(ConfigError) as e:
+        load_config(p)
+    assert e.value.key == "(yaml)"
+    with pytest.raises(ConfigError, match="cannot read"):
+        load_config(tmp_path / "missing.yaml")
+
+
+def test_durations():
+    assert parse_duration("10m", "k") == 600 and parse_duration(90, "k") == 90 and parse_duration("1.5h", "k") == 5400
+    assert parse_duration("250ms", "k") == 0.25
+    with pytest.raises(ConfigError):
+        parse_duration(-1, "k")
+
+
+def test_example_config_loads_and_defaults_to_dry_run():
+    cfg = load_config(EXAMPLE)
+    assert cfg.guardrails.dry_run is True
+    assert cfg.state_file == EXAMPLE.parent / "remediation-state.sqlite"
+
+
+TREE = {
+    "receiver": "default", "group_by": ["host"], "repeat_interval": "2h",
+    "routes": [
+        {"name": "hbm-crit", "matchers": ['family="hbm"', 'severity="critical"'], "receiver": "drain",
+         "continue": True, "group_wait": "30s"},
+        {"name": "pager", "matchers": ['severity=~"critical|page"'], "receiver": "page",
+         "routes": [{"name": "rack9-quiet", "matchers": ['host=~"r9-.*"'], "receiver": "default"}]},
+        {"name": "team", "matchers": ['team="ml"', 'fault!="nvlink_crc_errors"'], "receiver": "team"},
+    ],
+}
+
+
+def tree():
+    return RouteTree.build(parse_config({
+        "actions": {"log": {"type": "log"}},
+        "receivers": [{"name": n, "actions": ["log"]} for n in ("default", "drain", "page", "team")],
+        "route": TREE}).raw.route)
+
+
+@pytest.mark.parametrize("kw,expected", [
+    ({"fault": "hbm_uncorrectable_error", "severity": "critical"}, ["drain", "page"]),   # continue
+    ({"fault": "hbm_ecc_burst", "severity": "warning"}, ["default"]),
+    ({"fault": "thermal_throttling", "severity": "critical"}, ["page"]),
+    ({"fault": "thermal_throttling", "severity": "critical", "host": "r9-n3"}, ["default"]),   # nested
+    ({"fault": "nvlink_crc_errors", "severity": "warning", "labels": {"team": "ml"}}, ["default"]),
+    ({"fault": "nvlink_replay_errors", "severity": "warning", "labels": {"team": "ml"}}, ["team"]),
+])
+def test_route_tree(kw, expected):
+    a = alert(kw.pop("host", "n1"), **kw)
+    ms = tree().match(a)
+    assert [m.receiver for m in ms] == expected
+
+
+def test_settings_are_inherited_down_the_tree():
+    ms = tree().match(alert("r9-n1", fault="hbm_uncorrectable_error"))
+    drain, quiet = ms
+    assert drain.route.group_wait == 30 and drain.route.group_by == ["host"] and drain.route.repeat_interval == 7200
+    assert quiet.describe() == "root > pager > rack9-quiet" and quiet.route.group_wait == 0
+    assert drain.route.group_key(alert("r9-n1", 3)) == drain.route.group_key(alert("r9-n1", 5))
+
+
+def test_routes_test_cli(capsys):
+    args = ["routes", "test", "fault=hbm_uncorrectable_error", "severity=critical", "host=gpu-node-007", "gpu=3",
+            "--config", str(EXAMPLE)]
+    assert main(args + ["--expect", "drain-node"]) == 0
+    out = capsys.readouterr().out
+    assert "root > node-fatal" in out and "drain (slurm_drain)" in out and "checkpoint (checkpoint)" in out
+    assert main(args + ["--expect", "page"]) == 1
+    assert "expected receivers ['page'], got ['drain-node']" in capsys.readouterr().err
+    assert main(["routes", "test", "fault=hbm_row_remap_pending", "severity=critical", "--config", str(EXAMPLE),
+                 "--expect", "reset-gpu", "page"]) == 0
+    assert main(["routes", "test", "fault=thermal_throttling", "severity=warning", "host=staging-4",
+                 "--config", str(EXAMPLE), "--expect", "log-only"]) == 0
+    assert main(["routes", "test", "severity=critical", "--config", str(EXAMPLE)]) == 2    # no fault: clear error
+    assert "fault" in capsys.readouterr().err
