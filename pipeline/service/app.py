@@ -107,8 +107,8 @@ class Service:
         self._reloader_fp = RuleReloader(self.rule_paths, Engine()).fingerprint()
 
     def _new_engine(self) -> Engine:
-        ruleset, _ = load_rules(self.rule_paths, tick=self.cfg.engine.tick)
-        return Engine(self.cfg.engine.to_engine(), rules=ruleset)
+        ruleset, _ = load_rules(self.rule_paths, tick=self.cfg.engine_config().tick)
+        return Engine(self.cfg.engine_config(), rules=ruleset)
 
     def _assigned(self, partitions: list[int]) -> None:
         try:
@@ -293,7 +293,7 @@ class Service:
             return
         self._reload_requested = False
         self._reloader_fp = fp
-        ruleset, diags = load_rules(self.rule_paths, tick=self.cfg.engine.tick)
+        ruleset, diags = load_rules(self.rule_paths, tick=self.cfg.engine_config().tick)
         for d in diags:
             (log.error if d.is_error else log.warning)("rules: %s", d)
         if ruleset is None:
@@ -301,7 +301,7 @@ class Service:
             log.error("rules: reload refused; still running the previous rules")
             return
         for ps in self.parts.values():
-            fresh, _ = load_rules(self.rule_paths, tick=self.cfg.engine.tick)
+            fresh, _ = load_rules(self.rule_paths, tick=self.cfg.engine_config().tick)
             ps.pipe.engine.set_rules(fresh)
         self.metrics.rules.set(len(ruleset))
         log.warning("rules: reloaded %d rule(s)", len(ruleset))

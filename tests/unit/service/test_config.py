@@ -13,7 +13,7 @@ def test_defaults_and_overrides_from_the_environment():
     assert opts == {"security_protocol": "SASL_SSL", "sasl_mechanism": "SCRAM-SHA-512",
                     "sasl_plain_username": "svc", "sasl_plain_password": "s3cret"}
     assert "s3cret" not in repr(cfg.kafka.security)           # secrets never printed
-    assert cfg.engine.to_engine().allowed_lateness == 30.0
+    assert cfg.engine_config().allowed_lateness == 30.0
 
 
 @pytest.mark.parametrize("text, key", [
@@ -23,6 +23,7 @@ def test_defaults_and_overrides_from_the_environment():
     ("http: {port: 70000}", "http.port"),
     ("engine: {tick: 0}", "engine.tick"),
     ("engine: {allowed_lateness: -1}", "engine.allowed_lateness"),
+    ("engine: {lateness: 5}", "engine.lateness"),
     ("kafka: {prefix: 'a b'}", "kafka.prefix"),
     ("kafka: {max_poll_records: 0}", "kafka.max_poll_records"),
     ("service: {log_level: loud}", "service.log_level"),
