@@ -72,6 +72,10 @@ class FileSink:
         for line in lines:
             self.write(line)
 
+    def flush(self) -> None:
+        """Push what was written so far to the OS (a tailing reader sees it)."""
+        self._fh.flush()
+
     def close(self) -> None:
         if self.path == "-":
             self._fh.flush()

@@ -1,0 +1,139 @@
+"""``gpuwarden produce SOURCE ...``: the producers for real clusters, one subcommand each."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+import threading
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+
+def _sender(args: argparse.Namespace) -> Any:
+    from pipeline.bus import Topics
+    from producers.common import BoundedSender, JsonlSink, KafkaSink
+
+    if bool(args.out) == bool(args.kafka):
+        raise SystemExit(f"gpuwarden produce {args.source}: give exactly one of --out FILE or --kafka BOOTSTRAP")
+    if args.buffer <= 0:
+        raise SystemExit("gpuwarden produce: --buffer must be a positive number of records")
+    sink = KafkaSink(args.kafka, Topics(args.prefix).telemetry, send_timeout_s=args.send_timeout) if args.kafka \
+        else JsonlSink(args.out)
+    return BoundedSender(sink, max_records=args.buffer)
+
+
+def _run(args: argparse.Namespace, make_source: Any) -> int:
+    from producers.common import install_stop_handlers, run
+
+    sender = _sender(args)
+    try:
+        source = make_source()
+    except Exception as e:  # noqa: BLE001 - no NVML, no dcgmi, unreadable input: one clear line
+        sender.close()
+        raise SystemExit(f"gpuwarden produce {args.source}: cannot start: {e}") from e
+    stop = threading.Event()
+    restore = install_stop_handlers(stop)
+    try:
+        res = run(source, sender, interval_s=args.interval, stop=stop, max_polls=args.count)
+    finally:
+        restore()
+    s = res.sender
+    print(f"gpuwarden produce {args.source}: {res.records} records read, {s.sent} delivered, "
+          f"{s.dropped} dropped, {s.failures} failed sends", file=sys.stderr, flush=True)
+    return 0
+
+
+def _cmd_dcgm_exporter(args: argparse.Namespace) -> int:
+    from producers.dcgm_exporter import ExporterSource
+
+    if bool(args.url) == bool(args.file):
+        raise SystemExit("gpuwarden produce dcgm-exporter: give exactly one of --url URL or --file FILE...")
+    return _run(args, lambda: ExporterSource(args.url, files=args.file, timeout_s=args.timeout, host=args.host))
+
+
+def _cmd_dcgmi(args: argparse.Namespace) -> int:
+    from producers.dcgmi import DEFAULT_FIELD_IDS, DmonSource
+
+    ids = DEFAULT_FIELD_IDS
+    if args.fields:
+        try:
+            ids = tuple(int(x) for x in args.fields.split(","))
+        except ValueError:
+            raise SystemExit(f"gpuwarden produce dcgmi: --fields must be comma-separated field ids, got {args.fields!r}")
+    return _run(args, lambda: DmonSource(ids, interval_s=args.interval, host=args.host, dcgmi=args.dcgmi,
+                                 probe=not args.no_probe))
+
+
+def _cmd_nvml(args: argparse.Namespace) -> int:
+    from producers.nvml import NvmlSource
+
+    return _run(args, lambda: NvmlSource(host=args.host, links=not args.no_links))
+
+
+def _cmd_nccl_inspector(args: argparse.Namespace) -> int:
+    from producers.nccl_inspector import InspectorFollower, PromFileSource
+
+    if bool(args.dir) == bool(args.prom):
+        raise SystemExit("gpuwarden produce nccl-inspector: give a DIR or --prom FILE")
+    return _run(args, lambda: PromFileSource(args.prom, host=args.host) if args.prom else
+                InspectorFollower(args.dir, gpus_per_node=args.gpus_per_node, job=args.job))
+
+
+def _cmd_nccl_tests(args: argparse.Namespace) -> int:
+    from producers.nccl_tests import NcclTestsSource
+
+    return _run(args, lambda: NcclTestsSource(args.file, coll=args.coll, host=args.host, job=args.job))
+
+
+def _common(p: argparse.ArgumentParser, interval: float) -> None:
+    p.add_argument("--kafka", metavar="BOOTSTRAP", help="publish to <prefix>.telemetry on this broker")
+    p.add_argument("--out", metavar="FILE", help="write JSONL here instead (.gz to compress, - for stdout)")
+    p.add_argument("--prefix", default="gpuwarden", help="topic prefix")
+    p.add_argument("--host", help="host name for the records (default: what the source says, else this host)")
+    p.add_argument("--interval", type=float, default=interval, help="seconds between polls (default %(default)s)")
+    p.add_argument("--count", type=int, default=None, help="stop after this many polls")
+    p.add_argument("--buffer", type=int, default=200_000, help="records held while the broker is away; "
+                   "the oldest are dropped beyond it (default %(default)s)")
+    p.add_argument("--send-timeout", type=float, default=5.0, help="seconds one send may wait (default %(default)s)")
+
+
+def register(sub: Any) -> None:
+    """Add ``produce`` and its per-source subcommands to the ``gpuwarden`` parser."""
+    pr = sub.add_parser("produce", help="read real telemetry (dcgm-exporter, dcgmi, NVML, NCCL) and publish it")
+    psub = pr.add_subparsers(dest="source", required=True)
+
+    d = psub.add_parser("dcgm-exporter", help="scrape dcgm-exporter's /metrics (or read saved scrapes)")
+    d.add_argument("--url", help="e.g. http://127.0.0.1:9400/metrics")
+    d.add_argument("--file", nargs="+", help="saved scrape(s), one per poll")
+    d.add_argument("--timeout", type=float, default=5.0, help="scrape timeout in seconds")
+    _common(d, 10.0)
+    d.set_defaults(func=_cmd_dcgm_exporter)
+
+    g = psub.add_parser("dcgmi", help="run `dcgmi dmon` and parse its stream")
+    g.add_argument("--fields", help="comma-separated DCGM field ids (default: what the rules use)")
+    g.add_argument("--dcgmi", default="dcgmi", help="path of the dcgmi binary")
+    g.add_argument("--no-probe", action="store_true", help="skip the per-field support check")
+    _common(g, 1.0)
+    g.set_defaults(func=_cmd_dcgmi)
+
+    n = psub.add_parser("nvml", help="read GPUs directly through NVML (nvidia-ml-py)")
+    n.add_argument("--no-links", action="store_true", help="skip per-NVLink records")
+    _common(n, 1.0)
+    n.set_defaults(func=_cmd_nvml)
+
+    i = psub.add_parser("nccl-inspector", help="follow the NCCL Inspector plugin's dump directory")
+    i.add_argument("dir", nargs="?", help="the plugin's dump directory (JSON mode)")
+    i.add_argument("--prom", metavar="FILE", help="read its Prometheus-mode output file instead")
+    i.add_argument("--gpus-per-node", type=int, help="map ranks of whole-node communicators to local GPUs")
+    i.add_argument("--job", help="job id to stamp on the records")
+    _common(i, 5.0)
+    i.set_defaults(func=_cmd_nccl_inspector)
+
+    t = psub.add_parser("nccl-tests", help="parse nccl-tests output (text tables or -J JSON)")
+    t.add_argument("file", help="output file, or - for stdin")
+    t.add_argument("--coll", help="collective name if the output does not say (AllReduce, ...)")
+    t.add_argument("--job", help="job id to stamp on the records")
+    _common(t, 1.0)
+    t.set_defaults(func=_cmd_nccl_tests)

@@ -1,0 +1,295 @@
+"""What every producer shares: a bounded buffer, a retrying sender and the poll loop.
+
+A producer's source (an exporter scrape, a ``dcgmi`` stream, NVML, a directory of dumps) is
+polled on an interval; its records go into a bounded buffer, and the sender ships the buffer to
+Kafka as one message per host (``per_host_messages``) or to a JSONL file. When the broker is
+away the buffer keeps the newest records and drops the oldest (counted and logged), the source
+keeps being polled, and no send waits longer than ``send_timeout_s``: a telemetry agent that
+blocks its source hides exactly the incident it should report.
+
+Delivery is at least once: a batch is removed from the buffer only after the broker
+acknowledged all of it, so a partly acknowledged batch is sent again after an outage.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable, Protocol
+
+import msgspec
+
+from pipeline.bus.telemetry import per_host_messages
+from pipeline.errors import BrokerUnavailableError, BusError
+from pipeline.schema import encode
+
+log = logging.getLogger(__name__)
+
+Record = msgspec.Struct
+
+
+class Sink(Protocol):
+    """Where batches go; ``deliver`` raises ``BusError`` unless all of them arrived."""
+
+    def deliver(self, records: list[Record]) -> None: ...
+
+    def close(self) -> None: ...
+
+
+class JsonlSink:
+    """One record a line into a JSONL file (``.gz`` compressed), as ``gpuwarden sim --out`` writes."""
+
+    def __init__(self, path: str) -> None:
+        from pipeline.bus import FileSink
+
+        self._sink = FileSink(path)
+
+    def deliver(self, records: list[Record]) -> None:
+        self._sink.write_many(encode(r) for r in records)
+        self._sink.flush()  # a follower (tail -f, replay) sees each interval's records at once
+
+    def close(self) -> None:
+        self._sink.close()
+
+
+class KafkaSink:
+    """Per-host messages to ``topic``; the Kafka client is (re)made lazily so a broker that is
+    down at start-up is just an outage, not a crash.
+
+    ``max_block_ms`` bounds how long kafka-python's ``send`` may wait for metadata; after a
+    failed delivery the client is closed and rebuilt, so nothing it still holds is sent twice
+    behind the buffer's back.
+    """
+
+    def __init__(self, bootstrap: str, topic: str, *, send_timeout_s: float = 5.0,
+                 security: dict[str, Any] | None = None, ensure: bool = True,
+                 max_records_per_message: int = 1000) -> None:
+        self.bootstrap = bootstrap
+        self.max_records_per_message = max_records_per_message
+        self.topic = topic
+        self.send_timeout_s = send_timeout_s
+        self.security = security
+        self.ensure = ensure
+        self._producer: Any = None
+
+    def _client(self) -> Any:
+        if self._producer is None:
+            from pipeline.bus.kafka import KafkaBusProducer
+
+            ms = int(self.send_timeout_s * 1000)
+            # bootstrap_timeout_ms: kafka-python otherwise waits 30 s for a first broker inside
+            # the constructor, and the source would wait with it.
+            self._producer = KafkaBusProducer(
+                self.bootstrap, security=self.security, max_block_ms=ms, request_timeout_ms=ms,
+                bootstrap_timeout_ms=ms, delivery_timeout_ms=2 * ms, reconnect_backoff_max_ms=1000)
+        if self.ensure and self.topic.endswith(".telemetry"):
+            # Only once a broker answered: topic creation would otherwise block on a dead one too.
+            from pipeline.bus import Topics
+            from pipeline.bus.kafka import ensure_topics
+
+            ensure_topics(self.bootstrap, Topics(self.topic.removesuffix(".telemetry")), security=self.security,
+                          timeout_s=self.send_timeout_s)
+            self.ensure = False
+        return self._producer
+
+    def deliver(self, records: list[Record]) -> None:
+        try:
+            p = self._client()
+            # A host's records go in one message per interval; after an outage the backlog of one
+            # host is split so no message nears the 8 MiB request (and decoder) limit.
+            for i in range(0, len(records), self.max_records_per_message):
+                for key, value in per_host_messages(records[i:i + self.max_records_per_message]):
+                    p.send(self.topic, value, key)
+            p.flush(timeout=self.send_timeout_s)
+        except BusError:
+            self._reset()
+            raise
+        except Exception as e:  # noqa: BLE001 - kafka-python raises many classes for one outage
+            self._reset()
+            raise BrokerUnavailableError(f"send to {self.bootstrap} failed: {e!r}") from e
+
+    def _reset(self) -> None:
+        p, self._producer = self._producer, None
+        if p is not None:
+            try:
+                p.close(timeout=0)
+            except Exception:  # noqa: BLE001 - closing a broken client must not mask the outage
+                pass
+
+    def close(self) -> None:
+        self._reset()
+
+
+@dataclass
+class SenderStats:
+    """Counters a producer logs and tests read."""
+
+    submitted: int = 0
+    sent: int = 0
+    dropped: int = 0
+    failures: int = 0
+    batches: int = 0
+
+
+class BoundedSender:
+    """A bounded FIFO of records in front of a ``Sink``: drops the oldest when full, retries with
+    back-off, and sends at most ``max_batch`` records per attempt.
+
+    After a failure only one probe batch of ``probe_records`` goes out per retry, so an outage
+    costs one short timeout per back-off period, not one per buffered message.
+    """
+
+    def __init__(self, sink: Sink, *, max_records: int = 200_000, max_batch: int = 20_000,
+                 probe_records: int = 64, backoff_s: float = 0.5, max_backoff_s: float = 10.0,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        if max_records <= 0:
+            raise ValueError("max_records must be positive")
+        self.sink = sink
+        self.max_records = max_records
+        self.max_batch = max_batch
+        self.probe_records = probe_records
+        self.backoff_s = backoff_s
+        self.max_backoff_s = max_backoff_s
+        self.clock = clock
+        self.stats = SenderStats()
+        self._buf: deque[Record] = deque()
+        self._healthy = True
+        self._next_try = 0.0
+        self._delay = backoff_s
+        self._last_drop_log = -1e9
+
+    def __len__(self) -> int:
+        return len(self._buf)
+
+    def submit(self, records: Iterable[Record]) -> None:
+        """Queue records; beyond ``max_records`` the oldest are dropped (counted, logged)."""
+        n = 0
+        for r in records:
+            self._buf.append(r)
+            n += 1
+        self.stats.submitted += n
+        over = len(self._buf) - self.max_records
+        if over > 0:
+            for _ in range(over):
+                self._buf.popleft()
+            self.stats.dropped += over
+            now = self.clock()
+            if now - self._last_drop_log >= 10.0:  # one line per 10 s, not one per interval
+                self._last_drop_log = now
+                log.warning("send buffer full (%d records): dropped the %d oldest, %d dropped in all",
+                            self.max_records, over, self.stats.dropped)
+
+    def pump(self, *, force: bool = False) -> int:
+        """Send what the back-off allows; return how many records were delivered. Never raises."""
+        delivered = 0
+        while self._buf:
+            if not force and self.clock() < self._next_try:
+                break
+            n = min(len(self._buf), self.max_batch if self._healthy else self.probe_records)
+            batch = [self._buf[i] for i in range(n)]
+            try:
+                self.sink.deliver(batch)
+            except Exception as e:  # noqa: BLE001 - any failure is retried later; none may stop the source
+                self.stats.failures += 1
+                if self._healthy:
+                    log.warning("delivery failed, buffering (%d records held): %s", len(self._buf), e)
+                self._healthy = False
+                self._next_try = self.clock() + self._delay
+                self._delay = min(self._delay * 2, self.max_backoff_s)
+                break
+            for _ in range(n):
+                self._buf.popleft()
+            delivered += n
+            self.stats.sent += n
+            self.stats.batches += 1
+            if not self._healthy:
+                log.warning("delivery recovered; %d records still buffered", len(self._buf))
+            self._healthy = True
+            self._delay = self.backoff_s
+            self._next_try = 0.0
+            if force:
+                force = False  # one forced attempt; the rest follows the normal rules
+        return delivered
+
+    def drain(self, deadline_s: float) -> None:
+        """Try to empty the buffer for up to ``deadline_s`` seconds (used at shutdown)."""
+        end = self.clock() + deadline_s
+        while self._buf and self.clock() < end:
+            if self.pump(force=True) == 0:
+                time.sleep(min(0.2, max(0.0, end - self.clock())))
+        if self._buf:
+            log.warning("stopping with %d records undelivered", len(self._buf))
+
+    def close(self) -> None:
+        self.sink.close()
+
+
+class Source(Protocol):
+    """A producer's input. ``poll`` returns the records read since the last call (never raises
+    for bad input: it logs and counts); ``done`` is true once a finite input is exhausted."""
+
+    done: bool
+
+    def poll(self) -> list[Record]: ...
+
+    def close(self) -> None: ...
+
+
+@dataclass
+class RunResult:
+    polls: int = 0
+    records: int = 0
+    poll_errors: int = 0
+    sender: SenderStats = field(default_factory=SenderStats)
+
+
+def install_stop_handlers(stop: threading.Event) -> Callable[[], None]:
+    """SIGTERM and SIGINT set ``stop``: the loop finishes its interval, drains, and exits.
+
+    Returns a function that puts the previous handlers back.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        return lambda: None
+    old = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGTERM, signal.SIGINT)}
+
+    def restore() -> None:
+        for sig, handler in old.items():
+            signal.signal(sig, handler)
+    return restore
+
+
+def run(source: Source, sender: BoundedSender, *, interval_s: float, stop: threading.Event | None = None,
+        max_polls: int | None = None, drain_s: float = 10.0) -> RunResult:
+    """Poll ``source`` every ``interval_s`` and ship what it gives until ``stop``, ``max_polls`` or
+    the source is done; then drain the buffer for up to ``drain_s`` and close both."""
+    stop = stop or threading.Event()
+    res = RunResult(sender=sender.stats)
+    try:
+        while not stop.is_set():
+            t0 = time.monotonic()
+            try:
+                recs = source.poll()
+            except Exception:  # noqa: BLE001 - a broken poll is logged and retried next interval
+                res.poll_errors += 1
+                log.exception("poll failed")
+                recs = []
+            res.polls += 1
+            res.records += len(recs)
+            if recs:
+                sender.submit(recs)
+            sender.pump()
+            if source.done or (max_polls is not None and res.polls >= max_polls):
+                break
+            stop.wait(max(0.0, interval_s - (time.monotonic() - t0)))
+    finally:
+        sender.drain(drain_s)
+        source.close()
+        sender.close()
+        s = sender.stats
+        log.info("producer stopped: %d polls, %d records, %d sent, %d dropped, %d failed sends",
+                 res.polls, res.records, s.sent, s.dropped, s.failures)
+    return res

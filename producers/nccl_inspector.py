@@ -1,0 +1,335 @@
+"""NCCL Inspector plugin output -> ``NcclRecord``s, aggregated per communicator and interval.
+
+JSON mode: the plugin writes ``<dump_dir>/<hostname>-pid<pid>.log``, one object a line, one per
+completed operation per communicator. ``InspectorFollower`` follows every such file in a
+directory like ``tail -F``: new files, appended lines, a partial last line (kept until its
+newline arrives), truncation and rotation (a new inode under the same name starts over).
+Versions differ (v4.0-v4.3 seen): ``comm_name`` may be missing, numbers may be the string
+``"nan"``, verbose mode adds event traces; records are selected by ``coll_perf``/``p2p_perf``.
+
+A 16,384-rank job emits far too many operations to ship raw, so ``Aggregator`` folds each
+interval's operations per (host, communicator, rank, collective, message size) into one record:
+mean time and bandwidths, the count and the worst time in ``labels``.
+
+Ranks map to GPUs only where that is knowable: with ``gpus_per_node`` given and a communicator
+that spans whole nodes (``n_ranks == nnodes * gpus_per_node``), ``gpu = rank % gpus_per_node``
+(NCCL's usual node-major rank order); otherwise ``gpu`` stays empty rather than guessed.
+
+Prometheus mode (``--prom FILE``): the plugin rewrites a file with ``nccl_bus_bandwidth_gbs`` and
+``nccl_collective_exec_time_microseconds`` (and their p2p twins) per GPU; see ``parse_prom``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import re
+import socket
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterable
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from pipeline.schema import NcclRecord
+
+log = logging.getLogger(__name__)
+
+_PATTERNS = ("*.log", "*.jsonl", "*.json")
+
+
+def _num(v: Any) -> float | None:
+    """A finite number from an Inspector value (which may be ``"nan"`` or a numeric string)."""
+    if isinstance(v, bool) or v is None:
+        return None
+    try:
+        x = float(v)
+    except (TypeError, ValueError):
+        return None
+    return x if math.isfinite(x) else None
+
+
+@dataclass
+class InspectorStats:
+    lines: int = 0
+    records: int = 0
+    bad_json: int = 0
+    skipped: int = 0            # valid JSON but no usable perf record (no time, bad rank...)
+    rotations: int = 0
+
+
+def parse_record(obj: Any, *, gpus_per_node: int | None = None, file_host: str | None = None,
+                 job: str | None = None) -> NcclRecord | None:
+    """One Inspector JSON object -> an ``NcclRecord``, or None when it holds no usable operation."""
+    if not isinstance(obj, dict):
+        return None
+    hdr = obj.get("header") or {}
+    meta = obj.get("metadata") or {}
+    perf, kind = (obj.get("coll_perf"), "coll") if "coll_perf" in obj else (obj.get("p2p_perf"), "p2p")
+    if not isinstance(perf, dict) or not isinstance(hdr, dict):
+        return None
+    rank, nranks = hdr.get("rank"), hdr.get("n_ranks", hdr.get("nranks"))
+    if not isinstance(rank, int) or not isinstance(nranks, int) or not 0 <= rank < nranks:
+        return None
+    nbytes = _num(perf.get(f"{kind}_msg_size_bytes"))
+    exec_us = _num(perf.get(f"{kind}_exec_time_us"))
+    if nbytes is None or exec_us is None or exec_us < 0 or nbytes < 0:
+        return None
+    ts_us = _num(meta.get("dump_timestamp_us"))
+    ts = ts_us / 1e6 if ts_us else time.time()
+    host = meta.get("hostname") or file_host or "unknown"
+    nnodes = hdr.get("nnodes") if isinstance(hdr.get("nnodes"), int) else None
+    gpu = None
+    if gpus_per_node and nnodes and nranks == nnodes * gpus_per_node:
+        gpu = rank % gpus_per_node
+    labels = {"source": "nccl_inspector"}
+    for k in ("inspector_output_format_version", "pid"):
+        if meta.get(k) not in (None, ""):
+            labels[k.replace("inspector_output_format_", "")] = str(meta[k])
+    if perf.get("coll_timing_source"):
+        labels["timing_source"] = str(perf["coll_timing_source"])
+    if kind == "p2p" and perf.get("p2p_peer") is not None:
+        labels["peer"] = str(perf["p2p_peer"])
+    algbw, busbw = _num(perf.get(f"{kind}_algobw_gbs")), _num(perf.get(f"{kind}_busbw_gbs"))
+    seq = perf.get(f"{kind}_sn")
+    return NcclRecord(ts=ts, host=str(host), gpu=gpu, job=job, comm=str(hdr.get("id", "unknown")),
+                      comm_name=hdr.get("comm_name") or None, rank=rank, nranks=nranks, nnodes=nnodes,
+                      coll=str(perf.get(kind) or kind), seq=seq if isinstance(seq, int) else None,
+                      bytes=int(nbytes), exec_time_us=exec_us,
+                      algbw_gbs=algbw if algbw is None or algbw >= 0 else None,
+                      busbw_gbs=busbw if busbw is None or busbw >= 0 else None, labels=labels)
+
+
+def _mean(xs: list[float]) -> float | None:
+    return sum(xs) / len(xs) if xs else None
+
+
+def aggregate(records: Iterable[NcclRecord]) -> list[NcclRecord]:
+    """Fold operations per (host, comm, rank, coll, bytes): means, count and the worst time."""
+    groups: dict[tuple, list[NcclRecord]] = {}
+    for r in records:
+        groups.setdefault((r.host, r.comm, r.rank, r.coll, r.bytes), []).append(r)
+    out = []
+    for recs in groups.values():
+        last = max(recs, key=lambda r: r.ts)
+        if len(recs) == 1:
+            out.append(last)
+            continue
+        times = [r.exec_time_us for r in recs]
+        labels = {**last.labels, "ops": str(len(recs)), "exec_time_us_max": f"{max(times):g}",
+                  "seq_first": str(min((r.seq for r in recs if r.seq is not None), default=""))}
+        out.append(NcclRecord(
+            ts=last.ts, host=last.host, gpu=last.gpu, job=last.job, comm=last.comm, comm_name=last.comm_name,
+            rank=last.rank, nranks=last.nranks, nnodes=last.nnodes, coll=last.coll, seq=last.seq,
+            bytes=last.bytes, exec_time_us=sum(times) / len(times),
+            algbw_gbs=_mean([r.algbw_gbs for r in recs if r.algbw_gbs is not None]),
+            busbw_gbs=_mean([r.busbw_gbs for r in recs if r.busbw_gbs is not None]), labels=labels))
+    out.sort(key=lambda r: (r.host, r.comm, r.rank, r.coll, r.bytes))
+    return out
+
+
+@dataclass
+class _Tail:
+    inode: int
+    offset: int = 0
+    partial: bytes = b""
+    head: bytes = b""        # the file's first bytes: a rewrite to the same size changes them
+
+
+class InspectorFollower:
+    """Follows the Inspector's dump files in ``directory``; ``poll`` aggregates what was new."""
+
+    def __init__(self, directory: str | Path, *, gpus_per_node: int | None = None, job: str | None = None,
+                 from_start: bool = True, max_read_bytes: int = 64 * 1024 * 1024, aggregate_ops: bool = True) -> None:
+        self.dir = Path(directory)
+        self.gpus_per_node = gpus_per_node
+        self.job = job
+        self.from_start = from_start
+        self.max_read_bytes = max_read_bytes
+        self.aggregate_ops = aggregate_ops
+        self.stats = InspectorStats()
+        self.done = False
+        self._tails: dict[Path, _Tail] = {}
+        self._first = True
+        self._warned_missing = False
+
+    def _files(self) -> list[Path]:
+        if not self.dir.is_dir():
+            if not self._warned_missing:
+                log.warning("%s is not a directory (yet): waiting for the Inspector to create it", self.dir)
+                self._warned_missing = True
+            return []
+        self._warned_missing = False
+        seen: set[Path] = set()
+        for pat in _PATTERNS:
+            seen.update(p for p in self.dir.glob(pat) if p.is_file())
+        return sorted(seen)
+
+    @staticmethod
+    def _head(path: Path, n: int) -> bytes:
+        try:
+            with open(path, "rb") as fh:
+                return fh.read(n)
+        except OSError:
+            return b""
+
+    def _read(self, path: Path) -> list[bytes]:
+        try:
+            st = path.stat()
+        except OSError:
+            return []
+        t = self._tails.get(path)
+        if t is None:
+            start = 0 if (self.from_start or not self._first) else st.st_size
+            t = self._tails[path] = _Tail(st.st_ino, start)
+        elif t.inode != st.st_ino or st.st_size < t.offset or (t.head and self._head(path, len(t.head)) != t.head):
+            # Rotated (new inode) or truncated: the new content starts at 0; a partial line of the
+            # old file can never be completed.
+            self.stats.rotations += 1
+            log.info("%s rotated or truncated; reading it from the start", path)
+            t.inode, t.offset, t.partial, t.head = st.st_ino, 0, b"", b""
+        if st.st_size <= t.offset:
+            return []
+        with open(path, "rb") as fh:
+            fh.seek(t.offset)
+            data = fh.read(min(st.st_size - t.offset, self.max_read_bytes))
+        if t.offset == 0 or len(t.head) < 64:
+            t.head = self._head(path, 64)
+        t.offset += len(data)
+        data = t.partial + data
+        *lines, t.partial = data.split(b"\n")
+        return lines
+
+    def poll(self) -> list[NcclRecord]:
+        recs = []
+        live = set()
+        for path in self._files():
+            live.add(path)
+            m = re.match(r"(.+)-pid(\d+)$", path.stem)
+            file_host = m.group(1) if m else None
+            for line in self._read(path):
+                line = line.strip()
+                if not line:
+                    continue
+                self.stats.lines += 1
+                try:
+                    obj = json.loads(line)
+                except ValueError:
+                    self.stats.bad_json += 1
+                    log.debug("%s: not JSON: %.120r", path, line)
+                    continue
+                r = parse_record(obj, gpus_per_node=self.gpus_per_node, file_host=file_host, job=self.job)
+                if r is None:
+                    self.stats.skipped += 1
+                    continue
+                self.stats.records += 1
+                recs.append(r)
+        for gone in set(self._tails) - live:
+            del self._tails[gone]  # deleted by the plugin's own clean-up or by logrotate
+        self._first = False
+        return aggregate(recs) if self.aggregate_ops else recs
+
+    def close(self) -> None:
+        pass
+
+
+_UNITS = {"B": 1, "KB": 1 << 10, "MB": 1 << 20, "GB": 1 << 30, "TB": 1 << 40}
+
+
+def bucket_bytes(bucket: str) -> int | None:
+    """Lower bound of a Prometheus-mode size bucket: ``"4-5GB"`` -> 4 GiB, ``"512-513MB"`` -> 512 MiB."""
+    m = re.fullmatch(r"\s*(\d+)(?:-\d+)?\s*([KMGT]?B)\s*", bucket or "")
+    if not m:
+        return None
+    return int(m.group(1)) * _UNITS[m.group(2)]
+
+
+def parse_prom(text: str, *, ts: float, host: str | None = None) -> list[NcclRecord]:
+    """Prometheus-mode output -> one record per (node, GPU, communicator, op, size bucket).
+
+    This mode carries no rank: ``rank`` is the GPU's local index when that is below ``nranks``
+    (labelled ``rank_source=gpu_index``), else 0 (``rank_source=unknown``).
+    """
+    rows: dict[tuple, dict[str, Any]] = {}
+    for fam in text_string_to_metric_families(text):
+        for s in fam.samples:
+            name = s.name
+            if name.endswith("bus_bandwidth_gbs"):
+                what = "busbw"
+            elif name.endswith("exec_time_microseconds"):
+                what = "time"
+            else:
+                continue
+            lab = s.labels
+            op = lab.get("collective") or lab.get("p2p_operation") or "unknown"
+            key = (lab.get("node"), lab.get("gpu"), lab.get("comm_name"), op, lab.get("message_size"),
+                   lab.get("algo_proto"), lab.get("slurm_job_id"))
+            row = rows.setdefault(key, {"labels": lab})
+            row[what] = float(s.value)
+    out = []
+    for key, row in rows.items():
+        lab = row["labels"]
+        t = _num(row.get("time"))
+        try:
+            nranks = int(lab.get("nranks", "0"))
+        except ValueError:
+            nranks = 0
+        if t is None or nranks <= 0:
+            continue
+        g = re.fullmatch(r"GPU(\d+)", lab.get("gpu", ""))
+        gpu = int(g.group(1)) if g else None
+        rank, src = (gpu, "gpu_index") if gpu is not None and gpu < nranks else (0, "unknown")
+        labels = {"source": "nccl_inspector_prom", "rank_source": src}
+        for k in ("message_size", "algo_proto", "version"):
+            if lab.get(k):
+                labels[k] = lab[k]
+        job = lab.get("slurm_job_id")
+        nn = lab.get("n_nodes", "")
+        busbw = _num(row.get("busbw"))
+        out.append(NcclRecord(ts=ts, host=host or lab.get("node") or socket.gethostname(), gpu=gpu,
+                              job=None if job in (None, "", "unknown") else job,
+                              comm=lab.get("comm_name") or "unknown", comm_name=lab.get("comm_name") or None,
+                              rank=rank, nranks=nranks, nnodes=int(nn) if nn.isdigit() else None, coll=key[3],
+                              bytes=bucket_bytes(lab.get("message_size", "")) or 0, exec_time_us=t,
+                              busbw_gbs=busbw if busbw is None or busbw >= 0 else None, labels=labels))
+    return out
+
+
+class PromFileSource:
+    """Re-reads the Prometheus-mode file whenever the plugin rewrites it (mtime change)."""
+
+    def __init__(self, path: str | Path, *, host: str | None = None, once: bool = False) -> None:
+        self.path = Path(path)
+        self.host = host
+        self.once = once
+        self.done = False
+        self._mtime: float | None = None
+
+    def poll(self) -> list[NcclRecord]:
+        if self.once:
+            self.done = True
+        try:
+            st = os.stat(self.path)
+        except OSError as e:
+            log.warning("%s: %s", self.path, e)
+            return []
+        if st.st_mtime == self._mtime:
+            return []
+        self._mtime = st.st_mtime
+        try:
+            return parse_prom(self.path.read_text(encoding="utf-8", errors="replace"), ts=time.time(),
+                              host=self.host)
+        except ValueError as e:  # a half-rewritten file: try again at the next change
+            self._mtime = None
+            log.warning("%s: not parseable yet (%s)", self.path, e)
+            return []
+
+    def close(self) -> None:
+        pass
+
+
+__all__ = ["InspectorFollower", "PromFileSource", "aggregate", "bucket_bytes", "parse_prom",
+           "parse_record"]

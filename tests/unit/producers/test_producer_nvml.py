@@ -1,0 +1,159 @@
+"""NVML producer against a fake NVML module (no GPU in CI): every field, unsupported queries,
+per-link records, XID events, and a GPU that becomes unreadable."""
+
+from __future__ import annotations
+
+import math
+import types
+
+import pynvml
+import pytest
+
+from pipeline.decode import Decoder
+from pipeline.schema import encode
+from producers.nvml import NvmlSource
+
+
+class FakeNvml(types.SimpleNamespace):
+    """The slice of pynvml the producer uses; constants and error classes are pynvml's own."""
+
+    def __init__(self, gpus=2, links=(0, 1), unsupported=()):
+        super().__init__()
+        for k in dir(pynvml):
+            if k.startswith(("NVML_", "nvmlEventType", "NVMLError")):
+                setattr(self, k, getattr(pynvml, k))
+        self.gpus, self.links, self.unsupported = gpus, links, set(unsupported)
+        self.events: list = []
+        self.gone: set[int] = set()
+        self.shutdown = False
+
+    def _chk(self, name, h):
+        if h in self.gone:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_GPU_IS_LOST)
+        if name in self.unsupported:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
+
+    def nvmlInit(self): pass
+    def nvmlShutdown(self): self.shutdown = True
+    def nvmlDeviceGetCount(self): return self.gpus
+    def nvmlDeviceGetHandleByIndex(self, i): return i
+    def nvmlDeviceGetUUID(self, h): return f"GPU-fake-{h}"
+    def nvmlDeviceGetName(self, h): return b"NVIDIA H100 80GB HBM3"
+    def nvmlEventSetCreate(self): return "es"
+    def nvmlEventSetFree(self, es): pass
+    def nvmlDeviceRegisterEvents(self, h, mask, es): pass
+
+    def nvmlEventSetWait(self, es, timeout_ms):
+        if not self.events:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_TIMEOUT)
+        return self.events.pop(0)
+
+    def nvmlDeviceGetTemperature(self, h, s): self._chk("temp", h); return 60 + h
+    def nvmlDeviceGetFieldValues(self, h, ids):
+        self._chk("fieldvalues", h)
+        return [types.SimpleNamespace(nvmlReturn=0, valueType=1, value=types.SimpleNamespace(uiVal=70 + h))]
+    def nvmlDeviceGetClockInfo(self, h, c): self._chk("clock", h); return 1980 if c == pynvml.NVML_CLOCK_SM else 2619
+    def nvmlDeviceGetCurrentClocksEventReasons(self, h): self._chk("reasons", h); return 0x60 if h == 1 else 0
+    def nvmlDeviceGetPowerUsage(self, h): self._chk("power", h); return 650_500
+    def nvmlDeviceGetEnforcedPowerLimit(self, h): self._chk("limit", h); return 700_000
+    def nvmlDeviceGetTotalEnergyConsumption(self, h): self._chk("energy", h); return 123_456_789
+    def nvmlDeviceGetUtilizationRates(self, h): self._chk("util", h); return types.SimpleNamespace(gpu=98, memory=40)
+    def nvmlDeviceGetTotalEccErrors(self, h, err, cnt):
+        self._chk("ecc", h)
+        return {(0, 0): 5, (1, 0): 0, (0, 1): 50, (1, 1): 1}[(err, cnt)]
+    def nvmlDeviceGetRemappedRows(self, h): self._chk("rows", h); return (2, 1, True, False)
+    def nvmlDeviceGetPcieReplayCounter(self, h): self._chk("pcie", h); return 3
+    def nvmlDeviceGetViolationStatus(self, h, p):
+        self._chk("viol", h)
+        return types.SimpleNamespace(violationTime=1000 if p == pynvml.NVML_PERF_POLICY_POWER else 2000)
+    def nvmlDeviceGetNvLinkState(self, h, link):
+        if link not in self.links:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        return pynvml.NVML_FEATURE_ENABLED
+    def nvmlDeviceGetNvLinkErrorCounter(self, h, link, c): self._chk("nvlink", h); return 10 * link + c
+
+
+def test_reads_every_field_with_units():
+    fake = FakeNvml()
+    src = NvmlSource(nvml=fake, host="n1", clock=lambda: 1764403200.0)
+    recs = src.poll()
+    assert [(r.gpu, r.link) for r in recs] == [(0, None), (0, 0), (0, 1), (1, None), (1, 0), (1, 1)]
+    g = recs[0]
+    f = g.fields
+    assert g.uuid == "GPU-fake-0" and g.model == "NVIDIA H100 80GB HBM3" and g.host == "n1"
+    assert (f.DCGM_FI_DEV_GPU_TEMP, f.DCGM_FI_DEV_MEMORY_TEMP, f.DCGM_FI_DEV_SM_CLOCK, f.DCGM_FI_DEV_MEM_CLOCK) == (60, 70, 1980, 2619)
+    assert f.DCGM_FI_DEV_POWER_USAGE == 650.5 and f.DCGM_FI_DEV_ENFORCED_POWER_LIMIT == 700.0   # mW -> W
+    assert f.DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION == 123_456_789
+    assert (f.DCGM_FI_DEV_GPU_UTIL, f.DCGM_FI_DEV_MEM_COPY_UTIL) == (98, 40)
+    assert (f.DCGM_FI_DEV_ECC_SBE_VOL_TOTAL, f.DCGM_FI_DEV_ECC_DBE_VOL_TOTAL,
+            f.DCGM_FI_DEV_ECC_SBE_AGG_TOTAL, f.DCGM_FI_DEV_ECC_DBE_AGG_TOTAL) == (5, 0, 50, 1)
+    assert (f.DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS, f.DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS,
+            f.DCGM_FI_DEV_ROW_REMAP_PENDING, f.DCGM_FI_DEV_ROW_REMAP_FAILURE) == (2, 1, 1, 0)
+    assert f.DCGM_FI_DEV_PCIE_REPLAY_COUNTER == 3
+    assert (f.DCGM_FI_DEV_POWER_VIOLATION, f.DCGM_FI_DEV_THERMAL_VIOLATION) == (1000, 2000)
+    assert f.DCGM_FI_DEV_XID_ERRORS == 0                      # events registered, none yet
+    assert recs[3].fields.DCGM_FI_DEV_CLOCK_THROTTLE_REASONS == 0x60
+    # Per link: replay=0, recovery=1, crc_flit=2, crc_data=3 (+10*link); GPU totals are the sums.
+    l1 = recs[2].fields
+    assert (l1.DCGM_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL, l1.DCGM_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL,
+            l1.DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL, l1.DCGM_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_TOTAL) == (10, 11, 12, 13)
+    assert l1.DCGM_FI_DEV_NVLINK_GET_STATE == 1
+    assert f.DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL == 2 + 12
+    out = Decoder().decode(b"[" + b",".join(encode(r) for r in recs) + b"]", "t")
+    assert out.dead == [] and len(out.records) == 6
+    src.close()
+    assert fake.shutdown
+
+
+def test_unsupported_queries_are_absent_not_zero():
+    src = NvmlSource(nvml=FakeNvml(gpus=1, links=(), unsupported={"ecc", "rows", "fieldvalues"}), host="n1")
+    [r] = src.poll()
+    assert math.isnan(r.fields.DCGM_FI_DEV_ECC_SBE_VOL_TOTAL) and math.isnan(r.fields.DCGM_FI_DEV_ROW_REMAP_PENDING)
+    assert math.isnan(r.fields.DCGM_FI_DEV_MEMORY_TEMP)
+    assert r.fields.DCGM_FI_DEV_GPU_TEMP == 60
+
+
+def test_xid_event_is_sticky_latest_code():
+    fake = FakeNvml(gpus=2, links=())
+    src = NvmlSource(nvml=fake, host="n1")
+    fake.events = [types.SimpleNamespace(eventType=pynvml.nvmlEventTypeXidCriticalError, device=1, eventData=48),
+                   types.SimpleNamespace(eventType=pynvml.nvmlEventTypeXidCriticalError, device=1, eventData=94)]
+    r = src.poll()
+    assert [x.fields.DCGM_FI_DEV_XID_ERRORS for x in r] == [0, 94]
+    assert [x.fields.DCGM_FI_DEV_XID_ERRORS for x in src.poll()] == [0, 94]   # stays until restart
+
+
+def test_lost_gpu_is_skipped_so_gpu_lost_fires():
+    fake = FakeNvml(gpus=2, links=())
+    src = NvmlSource(nvml=fake, host="n1")
+    fake.gone.add(1)
+    recs = src.poll()
+    assert [r.gpu for r in recs] == [0] and src.errors == 1
+
+
+def test_xid_matches_real_ctypes_handles_by_address():
+    """pynvml's handles are ctypes pointers: an event's ``device`` is a different object from
+    the handle we hold, and ``==`` on them compares identity. The match must be by address."""
+    import ctypes
+
+    bufs = [(ctypes.c_char * 8)() for _ in range(2)]
+
+    class CtypesNvml(FakeNvml):
+        def nvmlDeviceGetHandleByIndex(self, i):
+            return ctypes.cast(bufs[i], pynvml.c_nvmlDevice_t)
+
+        def _chk(self, name, h):
+            pass
+
+        def nvmlDeviceGetUUID(self, h): return "GPU-x"
+        def nvmlDeviceGetTemperature(self, h, s): return 60
+        def nvmlDeviceGetFieldValues(self, h, ids): raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        def nvmlDeviceGetNvLinkState(self, h, link): raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
+
+    fake = CtypesNvml(gpus=2)
+    src = NvmlSource(nvml=fake, host="n1")
+    event_handle = ctypes.cast(bufs[1], pynvml.c_nvmlDevice_t)      # a new object, same GPU
+    assert not (event_handle == src.handles[1])
+    fake.events = [types.SimpleNamespace(eventType=pynvml.nvmlEventTypeXidCriticalError, device=event_handle,
+                                         eventData=79)]
+    assert [r.fields.DCGM_FI_DEV_XID_ERRORS for r in src.poll()] == [0, 79]
