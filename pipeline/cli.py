@@ -189,6 +189,40 @@ def _cmd_record(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_eval(args: argparse.Namespace) -> int:
+    from rich.console import Console
+    from rich.table import Table
+
+    from pipeline.evaluation.run import evaluate
+
+    console = Console(width=None if sys.stdout.isatty() else 150)
+    with console.status("evaluating") as status:
+        scores = evaluate(args.scenario, seeds=args.seeds, hosts=args.hosts, duration=args.duration,
+                          progress=lambda s: status.update(f"evaluating {args.scenario}: {s}"))
+    fams = sorted({f for s in scores for f, fs in s.families.items() if fs.injected})
+    table = Table(title=f"{args.scenario}: {args.seeds} seed(s) x {args.hosts * 8} GPUs x {args.duration:.0f}s")
+    for col in ("family", "detector", "injected", "recall", "precision", "F1", "latency p50", "p95", "right GPU"):
+        table.add_column(col, justify="right" if col not in ("family", "detector") else "left")
+
+    def pct(x: float) -> str:
+        return "-" if x != x else f"{100 * x:.0f}%"
+
+    def sec(x: float) -> str:
+        return "-" if x != x else f"{x:.0f}s"
+
+    for fam in fams:
+        for s in scores:
+            f = s.family(fam)
+            table.add_row(fam, s.detector, str(f.injected), pct(f.recall), pct(f.precision), pct(f.f1),
+                          sec(f.latency(50)), sec(f.latency(95)), pct(f.localisation))
+        table.add_section()
+    console.print(table)
+    for s in scores:
+        console.print(f"{s.detector:<12} false alerts: {s.false_per_1000_gpu_h:.2f} per 1,000 GPU-hours "
+                      f"({sum(f.false_alerts for f in s.families.values())} in {s.gpu_hours:.0f} GPU-hours)")
+    return 0
+
+
 def _cmd_topics(args: argparse.Namespace) -> int:
     from pipeline.bus import Topics
     from pipeline.bus.kafka import ensure_topics
@@ -252,6 +286,13 @@ def build_parser() -> argparse.ArgumentParser:
     rt = rsub.add_parser("test", help="run rule unit tests (rules/tests/*.yaml)")
     rt.add_argument("paths", nargs="+")
     rt.set_defaults(func=_cmd_rules_test)
+
+    ev = sub.add_parser("eval", help="score detectors (ours and two baselines) on labelled scenarios")
+    ev.add_argument("--scenario", default="llama3", help="built-in scenario name or a YAML file")
+    ev.add_argument("--seeds", type=int, default=3)
+    ev.add_argument("--hosts", type=int, default=8)
+    ev.add_argument("--duration", type=float, default=3600.0)
+    ev.set_defaults(func=_cmd_eval)
 
     sv = sub.add_parser("serve", help="run the Kafka consumer-group detection service")
     sv.add_argument("--config", help="YAML config (see docs/operations.md)")
