@@ -19,7 +19,6 @@ from typing import Any, Callable, Union
 
 import msgspec
 
-from pipeline.catalog import FIELDS
 from pipeline.schema import DcgmRecord, DeadLetter, NcclRecord, TelemetryRecord
 
 # Stable reason codes (documented in docs/architecture.md; DLQ consumers match on them).
@@ -238,7 +237,3 @@ class Decoder:
                                            origin=origin, action="fields_dropped", fields=names, ts=rec.ts,
                                            host=rec.host, raw=raw))
         self._accept(rec, origin, out, raw)
-
-
-def known_field(name: str) -> bool:
-    return FIELDS.by_name(name) is not None
