@@ -28,13 +28,14 @@ from pipeline.engine.checks import GPU, HOST, RowCheck, TickCheck, builtin_check
 from pipeline.engine.config import EngineConfig
 from pipeline.engine.entities import Entities, grow
 from pipeline.catalog import FIELDS
-from pipeline.engine.frame import Columnizer, DcgmFrame
+from pipeline.engine.frame import Columnizer, DcgmFrame, nccl_frame
 from pipeline.engine.lifecycle import Lifecycle, Transition, alert_id
 from pipeline.engine.state import GpuState, View, advance
 from pipeline.errors import StateError
 from pipeline.schema import AlertEvent, DcgmRecord, DeadLetter, NcclRecord, TelemetryRecord
 
 if TYPE_CHECKING:
+    from pipeline.models.modelset import ModelSet
     from pipeline.rules.ruleset import RuleSet
 
 SNAPSHOT_VERSION = 1
@@ -64,9 +65,11 @@ class Engine:
     """
 
     def __init__(self, config: EngineConfig | None = None, row_checks: Sequence[RowCheck] | None = None,
-                 tick_checks: Sequence[TickCheck] | None = None, rules: "RuleSet | None" = None) -> None:
+                 tick_checks: Sequence[TickCheck] | None = None, rules: "RuleSet | None" = None,
+                 models: "ModelSet | None" = None) -> None:
         """Built-in checks run unless ``row_checks``/``tick_checks`` are given; with ``rules``,
-        the YAML rules replace the built-in row checks (the absence checks stay)."""
+        the YAML rules replace the built-in row checks (the absence checks stay). ``models``:
+        online anomaly models (``pipeline.models``), evaluated each tick next to the rules."""
         self.config = config or EngineConfig()
         default_rows, default_ticks = builtin_checks()
         if row_checks is None and tick_checks is None:
@@ -74,7 +77,9 @@ class Engine:
         self.row_checks = list(row_checks or [])
         self.tick_checks = list(tick_checks or [])
         self.rules = rules
-        names = [c.meta.name for c in self.row_checks + self.tick_checks + (rules.rules if rules else [])]
+        self.models = models
+        names = [c.meta.name for c in self.row_checks + self.tick_checks + (rules.rules if rules else [])
+                 + (models.checks if models else [])]
         if len(set(names)) != len(names):
             raise ValueError(f"duplicate check names: {sorted(n for n in names if names.count(n) > 1)}")
         self.entities = Entities()
@@ -97,10 +102,13 @@ class Engine:
         cols = {FIELDS.by_alias(a).column for c in self.row_checks for a in getattr(c, "fields", ())}
         if self.rules is not None:
             cols |= self.rules.columns
+        if self.models is not None:
+            cols |= self.models.columns
         return sorted(cols)
 
     def _all_checks(self) -> list[Any]:
-        return self.row_checks + self.tick_checks + (self.rules.rules if self.rules else [])
+        return self.row_checks + self.tick_checks + (self.rules.rules if self.rules else []) + \
+            (self.models.checks if self.models else [])
 
     def _new_lifecycle(self, name: str) -> Lifecycle:
         check = next(c for c in self._all_checks() if c.meta.name == name)
@@ -214,10 +222,10 @@ class Engine:
         if final:
             hwm = self.host_hwm[: self.entities.n_hosts]
             upto = float(np.nanmax(hwm)) if len(hwm) and not np.all(np.isnan(hwm)) else -math.inf
-            self._ticks_until(upto, out, inclusive=True)
+            self._ticks_until(upto, out)
             self.released = max(self.released, upto)
         else:
-            self._ticks_until(wm, out, inclusive=True)
+            self._ticks_until(wm, out)
             self.released = max(self.released, wm)
 
     def _release_bound(self, wm: float) -> float:
@@ -232,6 +240,7 @@ class Engine:
         n_nccl = len(recs) - len(dcgm)
         self.stats["records.nccl"] += n_nccl
         if not dcgm:
+            self._hand_nccl(recs, n_nccl)
             return
         drecs: list[DcgmRecord] = [recs[i] for i in dcgm]  # type: ignore[misc]
         dorig = [origins[i] for i in dcgm]
@@ -239,6 +248,9 @@ class Engine:
         ts = np.fromiter(map(_TS, drecs), np.float64, n)
         gpu = np.fromiter(map(self.entities.gpu, map(_HOST, drecs), map(_GPU, drecs)), np.int32, n)
         host = self.entities.gpu_host[gpu]
+        if self.models is not None:
+            self.models.note_cohorts(gpu, drecs)
+            self._hand_nccl(recs, n_nccl)
         values, dead = self._columnizer.values(drecs, dorig)
         for d in dead:
             self.stats["dead." + d.reason] += 1
@@ -260,7 +272,17 @@ class Engine:
                 self._tick(self.next_tick, out)
                 self.next_tick += self.config.tick
 
-    def _ticks_until(self, upto: float, out: EngineOutput, inclusive: bool) -> None:
+    def _hand_nccl(self, recs: list[TelemetryRecord], n_nccl: int) -> None:
+        # The models' NCCL detectors score each record with the tick it belongs to (see _rows).
+        if self.models is None or not n_nccl:
+            return
+        nrecs: list[NcclRecord] = [r for r in recs if type(r) is NcclRecord]  # type: ignore[misc]
+        hosts = np.fromiter(map(self.entities.host, map(_HOST, nrecs)), np.int32, len(nrecs))
+        gpus = np.fromiter((-1 if r.gpu is None else self.entities.gpu(r.host, r.gpu) for r in nrecs),
+                           np.int32, len(nrecs))
+        self.models.queue_nccl(nccl_frame(nrecs, hosts, gpus))
+
+    def _ticks_until(self, upto: float, out: EngineOutput) -> None:
         while not math.isnan(self.next_tick) and self.next_tick <= upto:
             self._tick(self.next_tick, out)
             self.next_tick += self.config.tick
@@ -269,9 +291,13 @@ class Engine:
         perm = np.argsort(frame.gpu, kind="stable")
         chunk = frame.take(perm)
         view = advance(self.state, chunk, self.entities, ts0)
+        mconds = self.models.evaluate(view, self.entities) if self.models is not None else []
+        if self.models is not None:
+            view.model_scores = self.models.scores  # read by score() in rules
         conds: list[tuple[Any, np.ndarray]] = [(c, c.evaluate(view)) for c in self.row_checks]
         if self.rules is not None:
             conds += self.rules.evaluate(view, self.entities.n_gpus)
+        conds += mconds
         transitions: list[tuple[RowCheck, Transition]] = []
         for check, cond in conds:
             cond = cond == 1 if cond.dtype != bool else cond
@@ -330,7 +356,9 @@ class Engine:
     # -- state ---------------------------------------------------------------------------------
 
     def snapshot(self) -> bytes:
-        """All engine state as bytes (msgpack; no pickle, so a state topic cannot run code)."""
+        """All engine state as bytes (msgpack). Without models nothing in it is ever executed;
+        with models, per-cohort river objects are pickled inside it, so a restored snapshot must
+        come from a trusted source (the service signs its checkpoints, see service/state.py)."""
         data = {
             "version": SNAPSHOT_VERSION,
             "config": self.config.to_dict(),
@@ -345,6 +373,7 @@ class Engine:
             "summaries": self._summaries,
             "seen": _arr(self.state.seen),
             "windows": _windows_to_state(self.rules.windows.to_state()) if self.rules else {},
+            "models": self.models.snapshot() if self.models is not None else None,
         }
         return msgspec.msgpack.encode(data)
 
@@ -372,6 +401,8 @@ class Engine:
             self.state.seen = _unarr(data["seen"])
             if self.rules is not None:
                 self.rules.windows.load_state(_windows_from_state(data["windows"]))
+            if self.models is not None and data.get("models"):
+                self.models.restore(data["models"])
         except (msgspec.DecodeError, msgspec.ValidationError, KeyError, TypeError, ValueError) as e:
             raise StateError(f"cannot restore engine snapshot: {e}") from e
 

@@ -7,7 +7,7 @@ One GPU's state is a row of ``last`` plus a few scalars: ~0.6 KiB at 67 fields.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -57,6 +57,7 @@ class View:
     reset: np.ndarray             # (n, len(COUNTER_COLS)) bool
     entities: Entities
     ts0: float = float("nan")
+    model_scores: dict[str, np.ndarray] = field(default_factory=dict)  # per-row, set by the models
 
     def value(self, alias: str, *, last_known: bool = True) -> np.ndarray:
         col = FIELDS.by_alias(alias).column

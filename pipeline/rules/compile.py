@@ -382,7 +382,15 @@ class Compiler:
             if model not in self.models:
                 known = ", ".join(sorted(self.models)) or "none are configured"
                 raise CompileError(f"unknown model {model!r} (models: {known})", arg.pos, D.UNKNOWN_MODEL)
-            raise CompileError("score() is not available yet", n.pos, D.UNSUPPORTED)
+            self._no_kwargs(n)
+
+            def score(c: Chunk, model: str = model) -> np.ndarray:
+                # The engine evaluates the models first each tick and hangs their per-row
+                # scores on the view; NaN (unknown) before a model's warm-up or without models.
+                got = c.view.model_scores.get(model)
+                return np.full(len(c.ent), np.nan) if got is None or len(got) != len(c.ent) else got
+            self.evidence.setdefault(label, score)
+            return NUM, score
         import difflib
         hint = difflib.get_close_matches(name, ALL_FUNCS, n=2)
         more = f"; did you mean {' or '.join(h + '()' for h in hint)}?" if hint else ""

@@ -1,0 +1,122 @@
+"""Error counters: is this GPU's error rate surprising against its own and its cohort's normal?
+
+Used for HBM single-bit errors and NVLink CRC/replay errors. Per GPU, three exponentially
+decayed counts of the counter's increases (a short window for bursts, a medium one for slow
+acceleration over hours, a long one for the GPU's own baseline rate); the cohort's baseline is
+the mean of its GPUs' long-run rates. The expected count in a window is
+``max(own rate, cohort rate, floor) x window``; the score is the Poisson surprise of the
+observed count, ``-log10 P(N >= observed)``, the larger of the two windows'. Resets (driver
+reloads) arrive as zero increases, so they are not errors. Flagged points do not feed the
+baseline (the model set masks them), so a burst never becomes this GPU's normal.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+from scipy.special import gammainc
+
+from pipeline.models.detectors._util import decay, last_per_entity
+from pipeline.models.protocol import BatchDetector, Features
+
+
+def poisson_surprise(observed: np.ndarray, expected: np.ndarray) -> np.ndarray:
+    """-log10 P(N >= observed) for N ~ Poisson(expected); 0 where observed <= expected."""
+    obs = np.nan_to_num(observed, nan=0.0)
+    lam = np.maximum(np.nan_to_num(expected, nan=0.0), 1e-12)
+    out = np.zeros(len(obs))
+    hot = np.flatnonzero(obs > lam)     # usually none: only those need the incomplete gamma
+    if len(hot):
+        with np.errstate(divide="ignore", invalid="ignore", under="ignore"):
+            s = -np.log10(np.maximum(gammainc(obs[hot], lam[hot]), 1e-300))
+        out[hot] = np.where(np.isfinite(s), s, 300.0)
+    return out
+
+
+class CounterRateSurprise(BatchDetector):
+    entity_arrays = ("c_short", "c_mid", "c_long", "t_long", "last_ts")
+    cohort_attrs = ()
+    fills = {"c_short": 0.0, "c_mid": 0.0, "c_long": 0.0, "t_long": 0.0}
+
+    def __init__(self, counters: tuple[str, ...] | list[str] = ("ecc_sbe_volatile",), short_s: float = 60.0,
+                 mid_s: float = 1800.0, long_s: float = 6 * 3600.0, floor_per_h: float = 1.0,
+                 warmup: int = 300, **params: Any) -> None:
+        counters = tuple(counters)
+        super().__init__(counters=counters, short_s=short_s, mid_s=mid_s, long_s=long_s,
+                         floor_per_h=floor_per_h, warmup=warmup, **params)
+        self.counters = counters
+        self.features = tuple(f"inc:{c}" for c in counters)
+        self.short_s, self.mid_s, self.long_s = short_s, mid_s, long_s
+        self.floor = floor_per_h / 3600.0
+        self.warmup = warmup
+        self._pending: tuple | None = None
+
+    def _inc(self, F: Features, n: int) -> np.ndarray:
+        tot = np.zeros(n)
+        for f in self.features:
+            v = F.get(f)
+            if v is not None:
+                tot += np.nan_to_num(v, nan=0.0)
+        return tot
+
+    def _fold(self, ent: np.ndarray, ts: np.ndarray, inc: np.ndarray) -> tuple[np.ndarray, ...]:
+        self._ensure(int(ent.max()) + 1)
+        dt = ts - self.last_ts[ent]
+        dt = np.where(np.isnan(dt), 0.0, np.maximum(dt, 0.0))
+        cs = self.c_short[ent] * decay(dt, self.short_s) + inc
+        cm = self.c_mid[ent] * decay(dt, self.mid_s) + inc
+        return cs, cm, dt
+
+    def _rates(self, ent: np.ndarray) -> np.ndarray:
+        # Cohort rate: the median GPU's, so one failing GPU does not raise everybody's normal.
+        seen = self.t_long > 0
+        cohort = max(float(np.median(self.c_long[seen] / self.t_long[seen])) if seen.any() else 0.0, self.floor)
+        # Own rate: decayed count over decayed exposure, shrunk toward the cohort's with one
+        # hour of prior exposure, so a few minutes of history cannot set a GPU's normal.
+        prior = 3600.0
+        own = (self.c_long[ent] + cohort * prior) / (self.t_long[ent] + prior)
+        return np.maximum(own, cohort)
+
+    def score_many(self, ent: np.ndarray, ts: np.ndarray, F: Features) -> np.ndarray:
+        n = len(ent)
+        if n == 0:
+            return np.empty(0)
+        inc = self._inc(F, n)
+        cs, cm, dt = self._fold(ent, ts, inc)
+        rate = self._rates(ent)
+        # Expected decayed count at steady rate r is r * tau.
+        exp_s, exp_m = rate * self.short_s, rate * self.mid_s
+        s = np.maximum(poisson_surprise(cs, exp_s), poisson_surprise(cm, exp_m))
+        self._pending = (ts, inc, cs, cm, dt)
+        self.last = {"expected": exp_s, "observed": cs,
+                     "drivers": {"errors_short": cs, "errors_mid": cm, "baseline_per_h": rate * 3600.0,
+                                 "expected_mid": exp_m}}
+        return s
+
+    def learn_many(self, ent: np.ndarray, ts: np.ndarray, F: Features, mask: np.ndarray) -> None:
+        if len(ent) == 0:
+            return
+        pend = self._pending
+        if pend is None or pend[0] is not ts:
+            self.score_many(ent, ts, F)
+            pend = self._pending
+        self._pending = None
+        _, inc, cs, cm, dt = pend
+        last = last_per_entity(ent)
+        e = ent[last]
+        # Windows always advance: they describe what happened, flagged or not.
+        self.c_short[e], self.c_mid[e] = cs[last], cm[last]
+        ok_ts = ~np.isnan(ts[last])
+        self.last_ts[e[ok_ts]] = ts[last][ok_ts]
+        # The baseline learns only from unflagged time.
+        sel = last[mask[last]]
+        es = ent[sel]
+        w = decay(dt[sel], self.long_s)
+        step = np.where(dt[sel] > 0, dt[sel], 1.0)
+        self.c_long[es] = self.c_long[es] * w + inc[sel]
+        self.t_long[es] = self.t_long[es] * w + step
+
+    def warm(self, ent: np.ndarray) -> np.ndarray:
+        self._ensure(int(ent.max()) + 1 if len(ent) else 0)
+        return self.t_long[ent] >= self.warmup

@@ -1,0 +1,140 @@
+"""A multivariate detector for faults no rule names: river's HalfSpaceTrees, one per cohort.
+
+Features are per-GPU and normalised against the GPU's host peers (temperature above the host
+mean, power and SM clock as a ratio of the host mean, utilisation difference, ...), so one
+model serves every GPU of a cohort whatever the load, the aisle or the afternoon. One
+HalfSpaceTrees is ~1.1 MiB and ~19 us per score+learn (DESIGN §6), so it is never one per GPU
+and it does not see every sample: each GPU is scored every ``period`` seconds (GPUs take turns,
+``gpu_id % period``), every ``learn_every``-th turn is learnt from (every turn on a small fleet,
+with 16 or fewer GPUs due in a tick), and in between a GPU keeps
+its last score. Per-GPU state: that score and its time (16 bytes).
+
+State is the river object (pickled into the engine snapshot; see docs/models.md on trusting
+the state topic).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Mapping
+
+import numpy as np
+from river import anomaly
+
+from pipeline.models.protocol import BatchDetector, Features
+
+# name: (definition, lower, upper) -- the limits map each feature onto HalfSpaceTrees' [0, 1].
+NORMALISED = {
+    "temp_dev": ("gpu_temp - hostmean:gpu_temp", -15.0, 25.0),
+    "mem_temp_dev": ("memory_temp - hostmean:memory_temp", -15.0, 25.0),
+    "power_ratio": ("power / hostmean:power", 0.4, 1.6),
+    "clock_ratio": ("sm_clock / hostmean:sm_clock", 0.4, 1.3),
+    "util_dev": ("gpu_util - hostmean:gpu_util", -80.0, 40.0),
+}
+
+
+def _normalise(F: Features, n: int) -> dict[str, np.ndarray]:
+    def g(k: str) -> np.ndarray:
+        v = F.get(k)
+        return np.full(n, np.nan) if v is None else v
+    with np.errstate(invalid="ignore", divide="ignore"):
+        out = {
+            "temp_dev": g("gpu_temp") - g("hostmean:gpu_temp"),
+            "mem_temp_dev": g("memory_temp") - g("hostmean:memory_temp"),
+            "power_ratio": g("power") / g("hostmean:power"),
+            "clock_ratio": g("sm_clock") / g("hostmean:sm_clock"),
+            "util_dev": g("gpu_util") - g("hostmean:gpu_util"),
+        }
+    for k, (_, lo, hi) in NORMALISED.items():
+        v = out[k]
+        # Missing -> the middle of the range: an absent feature says nothing, it is not extreme.
+        out[k] = np.clip(np.where(np.isfinite(v), (v - lo) / (hi - lo), 0.5), 0.0, 1.0)
+    return out
+
+
+class CohortHalfSpaceTrees(BatchDetector):
+    features = ("gpu_temp", "memory_temp", "power", "sm_clock", "gpu_util", "hostmean:gpu_temp",
+                "hostmean:memory_temp", "hostmean:power", "hostmean:sm_clock", "hostmean:gpu_util")
+    entity_arrays = ("score", "score_ts")
+    cohort_attrs = ("hst", "n_learnt", "tick")
+    fills = {"score": 0.0}
+
+    def __init__(self, n_trees: int = 10, height: int = 8, window_size: int = 250, seed: int = 42,
+                 period: int = 60, learn_every: int = 4, warmup: int = 2000, **params: Any) -> None:
+        super().__init__(n_trees=n_trees, height=height, window_size=window_size, seed=seed, period=period,
+                         learn_every=learn_every, warmup=warmup, **params)
+        self.period, self.warmup = max(1, int(period)), warmup
+        self.learn_every = max(1, int(learn_every))
+        self.hst = anomaly.HalfSpaceTrees(n_trees=n_trees, height=height, window_size=window_size,
+                                          limits={k: (0.0, 1.0) for k in NORMALISED}, seed=seed)
+        self.n_learnt = 0
+        self.tick = 0
+        self._pending: tuple | None = None
+
+    def _due(self, ent: np.ndarray, ts: np.ndarray) -> np.ndarray:
+        if self.period == 1:
+            return np.ones(len(ent), dtype=bool)
+        t = np.nan_to_num(ts, nan=0.0).astype(np.int64)
+        return (ent.astype(np.int64) + t) % self.period == 0
+
+    def score_many(self, ent: np.ndarray, ts: np.ndarray, F: Features) -> np.ndarray:
+        n = len(ent)
+        if n == 0:
+            return np.empty(0)
+        self._ensure(int(ent.max()) + 1)
+        due = self._due(ent, ts)
+        idx = np.flatnonzero(due)
+        Z = _normalise({k: v[idx] for k, v in F.items()}, len(idx))
+        keys = list(Z)
+        cols = [Z[k].tolist() for k in keys]
+        fresh = np.array([self.hst.score_one(dict(zip(keys, row))) for row in zip(*cols)]) if len(idx) else \
+            np.empty(0)
+        score = self.score[ent].copy()
+        score[idx] = fresh
+        stale = ~due & (np.nan_to_num(ts - self.score_ts[ent], nan=np.inf) > 3 * self.period)
+        score[stale] = 0.0
+        self._pending = (ts, idx, Z, keys, fresh)
+        self.last = {"expected": np.full(n, np.nan), "observed": score,
+                     "drivers": {k: np.full(n, np.nan) for k in keys}}
+        for k in keys:
+            self.last["drivers"][k][idx] = Z[k]
+        return np.nan_to_num(score, nan=0.0)
+
+    def learn_many(self, ent: np.ndarray, ts: np.ndarray, F: Features, mask: np.ndarray) -> None:
+        if len(ent) == 0:
+            return
+        pend = self._pending
+        if pend is None or pend[0] is not ts:
+            self.score_many(ent, ts, F)
+            pend = self._pending
+        self._pending = None
+        _, idx, Z, keys, fresh = pend
+        self.score[ent[idx]] = fresh
+        self.score_ts[ent[idx]] = ts[idx]
+        ok = mask[idx]
+        if self.learn_every > 1 and self.period > 1 and len(idx) > 16:
+            # A shared model has data to spare: learn from every learn_every-th turn of a GPU.
+            turn = np.nan_to_num(ts[idx], nan=0.0).astype(np.int64) // self.period
+            ok = ok & ((turn + ent[idx]) % self.learn_every == 0)
+        for j in np.flatnonzero(ok).tolist():
+            self.hst.learn_one({k: float(Z[k][j]) for k in keys})
+        self.n_learnt += int(ok.sum())
+
+    def warm(self, ent: np.ndarray) -> np.ndarray:
+        return np.full(len(ent), self.n_learnt >= self.warmup)
+
+    def learn_one(self, x: Mapping[str, Any]) -> None:
+        # The single-sample protocol scores every call (no turn-taking).
+        p, self.period = self.period, 1
+        try:
+            super().learn_one(x)
+        finally:
+            self.period = p
+
+    def score_one(self, x: Mapping[str, Any]) -> float:
+        p, self.period = self.period, 1
+        try:
+            s = super().score_one(x)
+        finally:
+            self.period = p
+        return s if math.isfinite(s) else 0.0

@@ -1,0 +1,136 @@
+"""Thermal: a GPU running hotter than its load explains.
+
+Expected temperature is learnt per cohort (GPU model) and per GPU by ridge regression of the
+GPU's temperature above its host's mean, ``temp - host_mean(temp)``, on ``[1, power_lag -
+host_mean(power)_lag]`` (power lagged with the ~45 s thermal time constant). The host's mean is
+the ambient: a warm afternoon, a hot aisle or facility power capping move every GPU of the host
+together and cancel out. Each GPU's coefficients are pulled toward the cohort's (ridge prior),
+so a GPU seen only under one load still gets sensible slopes; its own intercept absorbs its slot
+in the chassis. The score is the positive residual in units of the cohort's residual standard
+deviation. While power is changing fast (checkpoint start/end), lags differ between GPUs and
+the GPU is not judged (score 0) nor learnt from.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from pipeline.models.detectors._util import decay, last_per_entity
+from pipeline.models.protocol import BatchDetector, Features
+
+K = 2
+
+
+class ThermalResidual(BatchDetector):
+    features = ("gpu_temp", "power", "hostmean:gpu_temp", "hostmean:power")
+    entity_arrays = ("p_lag", "hp_lag", "last_ts", "xx", "xy", "nobs")
+    cohort_attrs = ("xx_c", "xy_c", "res_var", "res_n")
+    fills = {"xx": 0.0, "xy": 0.0, "nobs": 0.0}
+
+    def __init__(self, lag_s: float = 45.0, forget_s: float = 6 * 3600.0, ridge: float = 50.0,
+                 steady_w: float = 15.0, sd_floor: float = 0.5, lag_c_per_w: float = 0.015, warmup: int = 600,
+                 **params: Any) -> None:
+        super().__init__(lag_s=lag_s, forget_s=forget_s, ridge=ridge, steady_w=steady_w, sd_floor=sd_floor,
+                         lag_c_per_w=lag_c_per_w, warmup=warmup, **params)
+        self.lag_c_per_w = lag_c_per_w
+        self._swing = np.zeros(0)
+        self.lag_s, self.forget_s, self.ridge = lag_s, forget_s, ridge
+        self.steady_w, self.sd_floor, self.warmup = steady_w, sd_floor, warmup
+        self.xx = np.zeros((0, K * K))
+        self.xy = np.zeros((0, K))
+        self.xx_c = np.zeros(K * K)
+        self.xy_c = np.zeros(K)
+        self.res_var = 1.0
+        self.res_n = 0.0
+        self._pending: tuple | None = None
+
+    def _x(self, ent: np.ndarray, ts: np.ndarray, F: Features) -> tuple[np.ndarray, ...]:
+        """Lagged inputs as of these rows (without storing them) and whether power is steady."""
+        self._ensure(int(ent.max()) + 1)
+        p, hp = F["power"], F["hostmean:power"]
+        w = decay(ts - self.last_ts[ent], self.lag_s)
+        pl0, hl0 = self.p_lag[ent], self.hp_lag[ent]
+        p_lag = np.where(np.isnan(pl0), p, w * pl0 + (1 - w) * p)
+        hp_lag = np.where(np.isnan(hl0), hp, w * hl0 + (1 - w) * hp)
+        p_lag = np.where(np.isnan(p), pl0, p_lag)
+        hp_lag = np.where(np.isnan(hp), hl0, hp_lag)
+        with np.errstate(invalid="ignore"):
+            swing = np.nan_to_num(np.abs(p - p_lag) + np.abs(hp - hp_lag), nan=0.0)
+        steady = swing <= self.steady_w
+        self._swing = swing
+        # Only the GPU's power above its host's mean: the host's level (busy or idle in a
+        # checkpoint) hardly varies while learning, so a slope on it would extrapolate wildly.
+        X = np.stack([np.ones(len(ent)), (p_lag - hp_lag) / 100.0], axis=1)
+        y = F["gpu_temp"] - F["hostmean:gpu_temp"]
+        ok = steady & ~np.isnan(y) & ~np.isnan(X).any(axis=1)
+        return X, y, ok, p_lag, hp_lag
+
+    def _beta(self, ent: np.ndarray) -> np.ndarray:
+        eye = np.eye(K)
+        bc = np.linalg.solve(self.xx_c.reshape(K, K) + 1e-3 * eye, self.xy_c)
+        A = self.xx[ent].reshape(-1, K, K) + self.ridge * eye
+        b = self.xy[ent] + self.ridge * bc
+        return np.linalg.solve(A, b[..., None])[..., 0]
+
+    def score_many(self, ent: np.ndarray, ts: np.ndarray, F: Features) -> np.ndarray:
+        n = len(ent)
+        if n == 0:
+            return np.empty(0)
+        X, y, ok, p_lag, hp_lag = self._x(ent, ts, F)
+        beta = self._beta(ent)
+        pred = np.einsum("ij,ij->i", np.nan_to_num(X), beta)
+        res = y - pred
+        # While power moves, GPUs' different thermal lags make the residual swing by up to about
+        # k x the power change (k ~ 0.06 C/W on Hopper): widen the allowance rather than go blind.
+        sd = np.sqrt(max(self.res_var, 0.0) + self.sd_floor ** 2) + self.lag_c_per_w * self._swing
+        usable = ~np.isnan(y) & ~np.isnan(X).any(axis=1)
+        score = np.where(usable, np.maximum(res, 0.0) / sd, 0.0)
+        score = np.nan_to_num(score, nan=0.0, posinf=0.0)
+        self._pending = (ts, X, y, ok, p_lag, hp_lag, res)
+        self.last = {"expected": pred + F["hostmean:gpu_temp"], "observed": F["gpu_temp"],
+                     "drivers": {"power": F["power"], "host_mean_temp": F["hostmean:gpu_temp"],
+                                 "residual_c": res}}
+        return score
+
+    def learn_many(self, ent: np.ndarray, ts: np.ndarray, F: Features, mask: np.ndarray) -> None:
+        if len(ent) == 0:
+            return
+        pend = self._pending
+        if pend is None or pend[0] is not ts:
+            self.score_many(ent, ts, F)
+            pend = self._pending
+        self._pending = None
+        _, X, y, ok, p_lag, hp_lag, res = pend
+        last = last_per_entity(ent)
+        e = ent[last]
+        # Lags always advance (they follow physics, not the decision).
+        self.p_lag[e], self.hp_lag[e] = p_lag[last], hp_lag[last]
+        have_ts = ~np.isnan(ts[last])
+        self.last_ts[e[have_ts]] = ts[last][have_ts]
+        sel = last[ok[last] & mask[last]]
+        if not len(sel):
+            return
+        es = ent[sel]
+        # Forgetting per learnt sample (steady samples come about once a tick).
+        w = np.full(len(sel), np.exp(-1.0 / self.forget_s))
+        Xs, ys = X[sel], y[sel]
+        outer = (Xs[:, :, None] * Xs[:, None, :]).reshape(len(sel), K * K)
+        self.xx[es] = w[:, None] * self.xx[es] + outer
+        self.xy[es] = w[:, None] * self.xy[es] + Xs * ys[:, None]
+        self.nobs[es] += 1.0
+        lam = np.exp(-len(sel) / self.forget_s / max(1.0, len(self.nobs)))
+        self.xx_c = lam * self.xx_c + outer.sum(0) / max(1.0, len(self.nobs))
+        self.xy_c = lam * self.xy_c + (Xs * ys[:, None]).sum(0) / max(1.0, len(self.nobs))
+        r = res[sel]
+        r = r[np.isfinite(r) & (self.nobs[es] >= self.warmup)]
+        if len(r):
+            # Cohort residual variance, a slow EW over warm GPUs' unflagged residuals.
+            a = min(1.0, len(r) / max(self.res_n + len(r), 1.0)) if self.res_n < 10_000 else len(r) / 10_000
+            self.res_var = (1 - a) * self.res_var + a * float(np.mean(r * r))
+            self.res_n += len(r)
+
+    def warm(self, ent: np.ndarray) -> np.ndarray:
+        self._ensure(int(ent.max()) + 1 if len(ent) else 0)
+        return self.nobs[ent] >= self.warmup

@@ -1,0 +1,446 @@
+"""What the engine evaluates each tick for the models, like ``RuleSet`` for the rules.
+
+Per tick the engine hands the model set the tick's view (one row per GPU sample) after the
+rows were folded into the GPU state. For every model: build its features (catalog fields,
+counter increases, host means), score the rows with the cohort's detector, let the decider
+flag, learn from the rows it did not flag, and return one condition per row for the model's
+alert lifecycle. NCCL records of the tick (queued by the engine) are scored first; their
+per-GPU/per-host findings are carried onto the tick's rows.
+
+Heavy state is per cohort (one detector instance per GPU model, or one for the fleet); per
+entity there are only arrays. Scores are exposed to rules as ``score(model_name)`` (NaN before
+warm-up). No model alerts before its warm-up.
+"""
+
+from __future__ import annotations
+
+import math
+import operator
+import pickle
+from pathlib import Path
+from typing import Any, Sequence
+
+import msgspec
+import numpy as np
+
+from pipeline.catalog import FIELDS
+from pipeline.engine.checks import GPU, CheckMeta
+from pipeline.engine.entities import Entities, grow
+from pipeline.engine.frame import NcclFrame
+from pipeline.engine.state import COUNTER_COLS, View
+from pipeline.errors import StateError
+from pipeline.models.config import ModelSpec, load_model_specs
+from pipeline.models.deciders import make_decider
+from pipeline.models.registry import DCGM, REGISTRY, build
+
+STATE_VERSION = 1
+_MODEL = operator.attrgetter("model")
+NCCL_FRESH_S = 15.0        # NCCL findings hold this long on the DCGM rows (3 reporting intervals)
+
+
+def _r(x: Any) -> Any:
+    try:
+        f = float(x)
+    except (TypeError, ValueError):
+        return None
+    return round(f, 4) if math.isfinite(f) else None
+
+
+class ModelCheck:
+    """The engine-facing side of one model: meta for the lifecycle, evidence and summary."""
+
+    def __init__(self, spec: ModelSpec, owner: "ModelSet") -> None:
+        level = REGISTRY[spec.detector].level
+        self.spec = spec
+        self.meta = CheckMeta(spec.name, spec.fault, spec.severity, level, spec.for_s, spec.keep_firing_for_s,
+                              {"source": "model", "detector": spec.detector, **spec.labels})
+        self.fields: tuple[str, ...] = ()
+        self._owner = owner
+
+    def evidence(self, view: View, row: int) -> dict[str, Any]:
+        return self._owner.evidence(self.spec.name, view, row)
+
+    def summary(self, host: str, gpu: int | None, ev: dict[str, Any]) -> str:
+        tmpl = self.spec.summary
+        if tmpl:
+            try:
+                return tmpl.format(host=host, gpu=gpu, **{k: v for k, v in ev.items() if k != "drivers"})
+            except (KeyError, ValueError, IndexError, TypeError):
+                pass
+        where = f"GPU {gpu} on {host}" if gpu is not None else host
+        return (f"{where}: model {self.spec.name} score {ev.get('score')} (threshold {ev.get('threshold')}); "
+                f"expected {ev.get('expected')}, observed {ev.get('observed')}")
+
+
+class Features:
+    """Per-tick feature arrays, computed once per tick whichever models ask."""
+
+    def __init__(self, view: View) -> None:
+        self.view = view
+        self.memo: dict[str, np.ndarray] = {}
+        self._inv: tuple[np.ndarray, np.ndarray] | None = None
+
+    def _host_inv(self) -> tuple[np.ndarray, np.ndarray]:
+        if self._inv is None:
+            uniq, inv = np.unique(self.view.frame.host, return_inverse=True)
+            self._inv = (uniq, inv)
+        return self._inv
+
+    def get(self, name: str) -> np.ndarray:
+        hit = self.memo.get(name)
+        if hit is not None:
+            return hit
+        if name.startswith("inc:"):
+            col = FIELDS.by_alias(name[4:]).column
+            v = self.view.increase[:, int(np.searchsorted(COUNTER_COLS, col))]
+        elif name.startswith("hostmean:"):
+            x = self.get(name[9:])
+            uniq, inv = self._host_inv()
+            ok = ~np.isnan(x)
+            s = np.bincount(inv, weights=np.where(ok, x, 0.0), minlength=len(uniq))
+            c = np.bincount(inv, weights=ok.astype(float), minlength=len(uniq))
+            with np.errstate(invalid="ignore", divide="ignore"):
+                v = np.where(c > 0, s / c, np.nan)[inv]
+        else:
+            v = self.view.filled[:, FIELDS.by_alias(name).column]
+        self.memo[name] = v
+        return v
+
+    def subset(self, names: Sequence[str], rows: np.ndarray | None) -> dict[str, np.ndarray]:
+        if rows is None:
+            return {n: self.get(n) for n in names}
+        return {n: self.get(n)[rows] for n in names}
+
+
+def feature_columns(names: Sequence[str]) -> set[int]:
+    cols = set()
+    for n in names:
+        base = n.split(":", 1)[1] if ":" in n else n
+        cols.add(FIELDS.by_alias(base).column)
+    return cols
+
+
+class _Model:
+    """One configured model: its per-cohort detectors, its decider and this tick's results."""
+
+    def __init__(self, spec: ModelSpec) -> None:
+        self.spec = spec
+        self.info = REGISTRY[spec.detector]
+        self.proto = build(spec.detector, spec.params)
+        self.dets: dict[str, Any] = {}
+        self.decider = make_decider(spec.decider)
+        self.rows_ev: list[tuple[np.ndarray | None, dict, np.ndarray]] = []
+        # NCCL models: per-entity findings carried onto DCGM rows.
+        self.cur = np.zeros(0)
+        self.flag = np.zeros(0, dtype=bool)
+        self.obs_ts = np.full(0, np.nan)
+        self.ent_ev: dict[int, dict[str, Any]] = {}
+
+    def det(self, cohort: str) -> Any:
+        d = self.dets.get(cohort)
+        if d is None:
+            d = self.dets[cohort] = self.proto.clone()
+        return d
+
+    def ensure(self, n: int) -> None:
+        if len(self.cur) < n:
+            self.cur, self.flag = grow(self.cur, n, 0.0), grow(self.flag, n, False)
+            self.obs_ts = grow(self.obs_ts, n, np.nan)
+
+
+class ModelSet:
+    """The models the engine runs (built from specs); evaluated once per tick."""
+
+    def __init__(self, specs: Sequence[ModelSpec], tick: float = 1.0, source: str = "") -> None:
+        self.specs = list(specs)
+        self.tick = tick
+        self.source = source
+        self.models = {s.name: _Model(s) for s in self.specs}
+        self.checks = [ModelCheck(s, self) for s in self.specs if s.alert]
+        self.columns: set[int] = set()
+        for m in self.models.values():
+            if m.info.source == DCGM:
+                self.columns |= feature_columns(m.proto.features)
+        self.cohort_names: list[str] = []
+        self.cohort_of = np.full(0, -1, dtype=np.int32)    # per GPU: index into cohort_names
+        self._nccl: list[NcclFrame] = []
+        self.scores: dict[str, np.ndarray] = {}
+
+    @property
+    def names(self) -> set[str]:
+        return set(self.models)
+
+    def __len__(self) -> int:
+        return len(self.models)
+
+    # -- engine hooks --------------------------------------------------------------------------
+
+    def note_cohorts(self, gpu: np.ndarray, records: Sequence[Any]) -> None:
+        """Learn the cohort (GPU model) of GPUs not seen before, from their records."""
+        n = int(gpu.max()) + 1 if len(gpu) else 0
+        if len(self.cohort_of) < n:
+            self.cohort_of = grow(self.cohort_of, n, -1)
+        unknown = np.flatnonzero(self.cohort_of[gpu] < 0)
+        if len(unknown):
+            _, first = np.unique(gpu[unknown], return_index=True)   # one record per new GPU
+            unknown = unknown[first]
+        for i in unknown.tolist():
+            name = _MODEL(records[i]) or "unknown"
+            try:
+                c = self.cohort_names.index(name)
+            except ValueError:
+                c = len(self.cohort_names)
+                self.cohort_names.append(name)
+            self.cohort_of[gpu[i]] = c
+
+    def queue_nccl(self, frame: NcclFrame) -> None:
+        """NCCL records released with this batch; each is scored with the tick it belongs to."""
+        if len(frame):
+            self._nccl.append(frame)
+
+    def evaluate(self, view: View, entities: Entities) -> list[tuple[ModelCheck, np.ndarray]]:
+        """Score, decide and learn for one tick; returns (check, condition per row)."""
+        n = len(view.frame)
+        self.scores = {}
+        if n == 0:
+            return []
+        n_gpus, n_hosts = entities.n_gpus, entities.n_hosts
+        ent = view.frame.gpu
+        ts = view.frame.ts
+        self._run_nccl(view.ts0 + self.tick, n_gpus, n_hosts)
+        feats = Features(view)
+        if len(self.cohort_of) < n_gpus:
+            self.cohort_of = grow(self.cohort_of, n_gpus, -1)
+        coh = self.cohort_of[ent]
+        groups = self._cohort_groups(coh)
+        out: list[tuple[ModelCheck, np.ndarray]] = []
+        by_name = {c.spec.name: c for c in self.checks}
+        for name, m in self.models.items():
+            if m.info.source == DCGM:
+                score = np.zeros(n)
+                warm = np.zeros(n, dtype=bool)
+                m.rows_ev = []
+                fleet = m.spec.cohort == "fleet"
+                for cname, rows in ([("fleet", None)] if fleet else groups):
+                    det = m.det(cname)
+                    e = ent if rows is None else ent[rows]
+                    t = ts if rows is None else ts[rows]
+                    F = feats.subset(det.features, rows)
+                    s = np.nan_to_num(det.score_many(e, t, F), nan=0.0, posinf=1e6, neginf=0.0)
+                    w = det.warm(e)
+                    if rows is None:
+                        score, warm = s, w
+                    else:
+                        score[rows], warm[rows] = s, w
+                    m.rows_ev.append((rows, det.last, s))
+                flagged = m.decider.decide(ent, score, n_gpus)
+                cond = flagged & warm
+                m.decider.observe(score[warm & ~flagged])
+                for cname, rows in ([("fleet", None)] if fleet else groups):
+                    det = m.det(cname)
+                    mask = ~cond if rows is None else ~cond[rows]
+                    det.learn_many(ent if rows is None else ent[rows], ts if rows is None else ts[rows],
+                                   feats.subset(det.features, rows), mask)
+                self.scores[name] = np.where(warm, score, np.nan)
+            else:
+                idx = view.frame.gpu if m.info.level == GPU else view.frame.host
+                m.ensure(max(n_gpus, n_hosts))
+                fresh = (ts - m.obs_ts[idx]) <= NCCL_FRESH_S
+                warm_all = m.det("fleet").warm_count() >= m.spec.warmup
+                cond = m.flag[idx] & fresh & warm_all
+                self.scores[name] = np.where(fresh & warm_all, m.cur[idx], np.nan if not warm_all else 0.0)
+            chk = by_name.get(name)
+            if chk is not None:
+                out.append((chk, cond))
+        return out
+
+    def _cohort_groups(self, coh: np.ndarray) -> list[tuple[str, np.ndarray | None]]:
+        if len(coh) == 0:
+            return []
+        c0 = int(coh[0])
+        if (coh == c0).all():
+            return [(self.cohort_names[c0] if c0 >= 0 else "unknown", None)]
+        out = []
+        for c in np.unique(coh).tolist():
+            out.append((self.cohort_names[c] if c >= 0 else "unknown", np.flatnonzero(coh == c)))
+        return out
+
+    def _run_nccl(self, upto: float, n_gpus: int, n_hosts: int) -> None:
+        if not self._nccl:
+            return
+        frame = _concat(self._nccl)
+        now = frame.ts < upto
+        if not now.any():
+            return
+        rest = np.flatnonzero(~now)
+        self._nccl = [_take(frame, rest)] if len(rest) else []
+        fr = _take(frame, np.flatnonzero(now))
+        for name, m in self.models.items():
+            if m.info.source == DCGM:
+                continue
+            det = m.det("fleet")
+            scores = np.nan_to_num(det.score_frame(fr), nan=0.0)
+            ent = fr.gpu if m.info.level == GPU else fr.host
+            m.ensure(max(n_gpus, n_hosts, int(ent.max()) + 1 if len(ent) else 0))
+            ok = ent >= 0
+            e, s = ent[ok], scores[ok]
+            rows = np.flatnonzero(ok)
+            # Worst record per entity in this tick.
+            order = np.lexsort((s, e))
+            last = np.ones(len(order), dtype=bool)
+            last[:-1] = e[order][1:] != e[order][:-1]
+            pick = order[last]
+            ue, us = e[pick], s[pick]
+            flagged = m.decider.decide(ue, us, len(m.cur))
+            warm = det.warm_count() >= m.spec.warmup
+            m.cur[ue] = us
+            m.flag[ue] = flagged
+            m.obs_ts[ue] = fr.ts[rows[pick]]
+            for j in np.flatnonzero(flagged).tolist():
+                r = int(rows[pick[j]])
+                m.ent_ev[int(ue[j])] = {
+                    "score": _r(us[j]), "threshold": _r(m.decider.threshold()),
+                    "expected": _r(det.last["expected"][r]), "observed": _r(det.last["observed"][r]),
+                    "comm": fr.comm[r], "rank": int(fr.rank[r]),
+                    "drivers": {k: _r(v[r]) for k, v in det.last["drivers"].items()}}
+            bad = np.zeros(len(fr), dtype=bool)
+            if warm:
+                bad[rows] = np.isin(e, ue[flagged])
+            if warm:
+                m.decider.observe(us[~flagged])
+            det.learn_frame(fr, scores, ~bad)
+
+    def evidence(self, name: str, view: View, row: int) -> dict[str, Any]:
+        m = self.models[name]
+        if m.info.source != DCGM:
+            e = int(view.frame.gpu[row] if m.info.level == GPU else view.frame.host[row])
+            return dict(m.ent_ev.get(e, {"score": _r(m.cur[e]) if e < len(m.cur) else None}))
+        for rows, last, s in m.rows_ev:
+            if rows is None:
+                j = row
+            else:
+                hit = np.flatnonzero(rows == row)
+                if not len(hit):
+                    continue
+                j = int(hit[0])
+            drivers = {k: _r(v[j]) for k, v in last.get("drivers", {}).items()}
+            return {"score": _r(s[j]), "threshold": _r(m.decider.threshold()),
+                    "expected": _r(last.get("expected", [math.nan] * (j + 1))[j]),
+                    "observed": _r(last.get("observed", [math.nan] * (j + 1))[j]), "drivers": drivers}
+        return {}
+
+    # -- state ------------------------------------------------------------------------------------
+
+    def snapshot(self) -> bytes:
+        """Model state as bytes (msgpack; river objects pickled -- trusted state topic only)."""
+        data = {"version": STATE_VERSION, "cohort_names": self.cohort_names, "cohort_of": self.cohort_of,
+                "nccl": [_frame_state(f) for f in self._nccl], "models": {}}
+        for name, m in self.models.items():
+            data["models"][name] = {
+                "definition": repr(m.spec.definition()),
+                "dets": {c: d.to_state() for c, d in m.dets.items()},
+                "decider": m.decider.to_state(), "cur": m.cur, "flag": m.flag, "obs_ts": m.obs_ts,
+                "ent_ev": {str(k): v for k, v in m.ent_ev.items()}}
+        return msgspec.msgpack.encode(_pack(data))
+
+    def restore(self, blob: bytes) -> None:
+        """Continue where ``snapshot`` stopped; models whose definition changed start fresh."""
+        try:
+            data = _unpack(msgspec.msgpack.decode(blob))
+            if data.get("version") != STATE_VERSION:
+                raise StateError(f"model state version {data.get('version')} (this build reads {STATE_VERSION})")
+            self.cohort_names = list(data["cohort_names"])
+            self.cohort_of = np.asarray(data["cohort_of"], dtype=np.int32).copy()
+            self._nccl = [_frame_from_state(f) for f in data["nccl"]]
+            for name, st in data["models"].items():
+                m = self.models.get(name)
+                if m is None or st["definition"] != repr(m.spec.definition()):
+                    continue
+                m.dets = {}
+                for c, ds in st["dets"].items():
+                    m.det(c).load_state(ds)
+                m.decider.load_state(st["decider"])
+                m.cur, m.flag, m.obs_ts = st["cur"].copy(), st["flag"].copy(), st["obs_ts"].copy()
+                m.ent_ev = {int(k): v for k, v in st["ent_ev"].items()}
+        except (msgspec.DecodeError, KeyError, TypeError, ValueError, pickle.UnpicklingError, AttributeError) as e:
+            raise StateError(f"cannot restore model state: {e}") from e
+
+    def nbytes_per_gpu(self, n_gpus: int) -> dict[str, float]:
+        """Per-GPU state bytes of each model (entity arrays) plus its shared (cohort) bytes."""
+        out: dict[str, float] = {}
+        for name, m in self.models.items():
+            per = sum(d.nbytes_per_entity() for d in m.dets.values())
+            per += m.decider.up.itemsize + (m.cur.itemsize + m.flag.itemsize + m.obs_ts.itemsize
+                                            if m.info.source != DCGM else 0)
+            out[name] = per
+        out["cohort_of"] = float(self.cohort_of.itemsize)
+        return out
+
+    def shared_bytes(self) -> int:
+        """Bytes of per-cohort state (pickled size), e.g. a HalfSpaceTrees."""
+        total = 0
+        for m in self.models.values():
+            for d in m.dets.values():
+                st = d.to_state()
+                total += len(pickle.dumps({k: v for k, v in st.items() if k != "arrays"}))
+        return total
+
+
+def _concat(frames: list[NcclFrame]) -> NcclFrame:
+    if len(frames) == 1:
+        return frames[0]
+    return NcclFrame(*(np.concatenate([getattr(f, k) for f in frames]) if k != "comm"
+                       else [c for f in frames for c in f.comm]
+                       for k in ("ts", "host", "gpu", "comm", "rank", "nranks", "bytes", "exec_time_us",
+                                 "busbw_gbs")))
+
+
+def _take(f: NcclFrame, idx: np.ndarray) -> NcclFrame:
+    il = idx.tolist()
+    return NcclFrame(f.ts[idx], f.host[idx], f.gpu[idx], [f.comm[i] for i in il], f.rank[idx], f.nranks[idx],
+                     f.bytes[idx], f.exec_time_us[idx], f.busbw_gbs[idx])
+
+
+_NCCL_KEYS = ("ts", "host", "gpu", "comm", "rank", "nranks", "bytes", "exec_time_us", "busbw_gbs")
+
+
+def _frame_state(f: NcclFrame) -> dict:
+    return {k: getattr(f, k) for k in _NCCL_KEYS}
+
+
+def _frame_from_state(d: dict) -> NcclFrame:
+    return NcclFrame(*(list(d[k]) if k == "comm" else np.asarray(d[k]).copy() for k in _NCCL_KEYS))
+
+
+def _pack(o: Any) -> Any:
+    if isinstance(o, np.ndarray):
+        a = np.ascontiguousarray(o)
+        return {"__nd__": a.dtype.str, "shape": list(a.shape), "data": a.tobytes()}
+    if isinstance(o, dict):
+        return {str(k): _pack(v) for k, v in o.items()}
+    if isinstance(o, (list, tuple)):
+        return [_pack(v) for v in o]
+    if isinstance(o, (np.floating, np.integer, np.bool_)):
+        return o.item()
+    if o is None or isinstance(o, (str, int, float, bool, bytes)):
+        return o
+    # river objects (a cohort's HalfSpaceTrees): pickled; the state topic must be trusted.
+    return {"__pickle__": pickle.dumps(o, protocol=pickle.HIGHEST_PROTOCOL)}
+
+
+def _unpack(o: Any) -> Any:
+    if isinstance(o, dict):
+        if "__nd__" in o:
+            return np.frombuffer(o["data"], dtype=np.dtype(o["__nd__"])).reshape(o["shape"]).copy()
+        if "__pickle__" in o:
+            return pickle.loads(o["__pickle__"])  # noqa: S301 - engine's own state, trusted topic
+        return {k: _unpack(v) for k, v in o.items()}
+    if isinstance(o, list):
+        return [_unpack(v) for v in o]
+    return o
+
+
+def load_models(path: str | Path | None = None, tick: float = 1.0) -> ModelSet:
+    """The model set of a ``models.yaml`` (default: the repository's ``rules/models.yaml``)."""
+    p = Path(path) if path is not None else Path(__file__).resolve().parents[2] / "rules" / "models.yaml"
+    return ModelSet(load_model_specs(p), tick=tick, source=str(p))

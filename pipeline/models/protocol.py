@@ -1,0 +1,124 @@
+"""The detector protocol (river's) and the batch form the engine drives.
+
+Every detector answers river's ``learn_one(x)`` and ``score_one(x) -> float`` (higher = more
+anomalous, always finite), is picklable and ``clone()``-able. The engine does not call them a
+sample at a time: it hands a whole tick (one row per GPU sample) to ``score_many`` and
+``learn_many``, which work on dense per-entity numpy arrays. ``*_one`` are thin adapters over the
+same code, so what the conformance suite checks is what the engine runs.
+
+``x`` is a mapping of feature name -> value; ``x["entity"]`` (default 0) says which GPU/host the
+sample is about and ``x["ts"]`` its event time (default: one second after the previous one).
+A missing or non-finite feature is NaN: detectors skip what they cannot use, never fail.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from typing import Any, Mapping, Protocol, runtime_checkable
+
+import numpy as np
+
+from pipeline.engine.entities import grow
+
+Features = dict[str, np.ndarray]
+
+
+@runtime_checkable
+class Detector(Protocol):
+    def learn_one(self, x: Mapping[str, Any]) -> None: ...
+
+    def score_one(self, x: Mapping[str, Any]) -> float: ...
+
+
+def _num(v: Any) -> float:
+    try:
+        f = float(v)
+    except (TypeError, ValueError):
+        return math.nan
+    return f if math.isfinite(f) else math.nan
+
+
+class BatchDetector:
+    """Base of the DCGM-fed detectors: per-entity state in arrays grown on demand.
+
+    Subclasses set ``features`` and implement ``score_many``/``learn_many``/``warm``; they keep
+    their last tick's ``expected``/``observed``/``drivers`` arrays (row-aligned with the last
+    ``score_many``) for alert evidence.
+    """
+
+    features: tuple[str, ...] = ()
+    #: names of per-entity arrays (``self.<name>``) that make up the detector's state
+    entity_arrays: tuple[str, ...] = ()
+    #: names of scalar / small cohort attributes in the state
+    cohort_attrs: tuple[str, ...] = ()
+    fills: dict[str, float] = {}
+
+    def __init__(self, **params: Any) -> None:
+        self.params = dict(params)
+        self._t = 0.0
+        self.last: dict[str, Any] = {}
+        for name in self.entity_arrays:
+            setattr(self, name, np.full(0, self.fills.get(name, np.nan)))
+
+    # -- the batch interface ------------------------------------------------------------------
+
+    def _ensure(self, n: int) -> None:
+        for name in self.entity_arrays:
+            arr = getattr(self, name)
+            if len(arr) < n:
+                setattr(self, name, grow(arr, n, self.fills.get(name, np.nan)))
+
+    def score_many(self, ent: np.ndarray, ts: np.ndarray, F: Features) -> np.ndarray:  # pragma: no cover
+        raise NotImplementedError
+
+    def learn_many(self, ent: np.ndarray, ts: np.ndarray, F: Features, mask: np.ndarray) -> None:  # pragma: no cover
+        raise NotImplementedError
+
+    def warm(self, ent: np.ndarray) -> np.ndarray:  # pragma: no cover
+        raise NotImplementedError
+
+    # -- river's protocol -----------------------------------------------------------------------
+
+    def _one(self, x: Mapping[str, Any]) -> tuple[np.ndarray, np.ndarray, Features]:
+        ent = np.array([int(x.get("entity", 0))], dtype=np.int32)
+        t = _num(x.get("ts"))
+        if math.isnan(t):
+            t = self._t + 1.0
+        self._t = t
+        ts = np.array([t])
+        F = {k: np.array([_num(x.get(k))]) for k in self.features}
+        return ent, ts, F
+
+    def score_one(self, x: Mapping[str, Any]) -> float:
+        ent, ts, F = self._one(x)
+        self._t -= 1.0 if "ts" not in x else 0.0   # scoring does not advance the default clock
+        s = float(self.score_many(ent, ts, F)[0])
+        return s if math.isfinite(s) else 0.0
+
+    def learn_one(self, x: Mapping[str, Any]) -> None:
+        ent, ts, F = self._one(x)
+        self.learn_many(ent, ts, F, np.ones(1, dtype=bool))
+
+    def clone(self) -> "BatchDetector":
+        """A fresh detector with the same parameters (river's ``clone``)."""
+        return type(self)(**self.params)
+
+    # -- state ------------------------------------------------------------------------------------
+
+    def to_state(self) -> dict[str, Any]:
+        return {"arrays": {n: getattr(self, n) for n in self.entity_arrays},
+                "cohort": {n: copy.deepcopy(getattr(self, n)) for n in self.cohort_attrs}}
+
+    def load_state(self, st: dict[str, Any]) -> None:
+        for n in self.entity_arrays:
+            if n in st["arrays"]:
+                setattr(self, n, np.array(st["arrays"][n], copy=True))
+        for n in self.cohort_attrs:
+            if n in st["cohort"]:
+                setattr(self, n, copy.deepcopy(st["cohort"][n]))
+
+    def nbytes_per_entity(self) -> float:
+        """Bytes of per-entity state (arrays indexed by entity id) per entity."""
+        return float(sum(getattr(self, n).itemsize * (getattr(self, n).size // max(1, len(getattr(self, n))))
+                         for n in self.entity_arrays))
