@@ -68,7 +68,8 @@ def _cmd_sim(args: argparse.Namespace) -> int:
 def _cmd_demo(args: argparse.Namespace) -> int:
     from pipeline.demo import run_demo
 
-    return run_demo(hosts=args.hosts, duration=args.duration, seed=args.seed, scenario=args.scenario, rules=args.rules)
+    return run_demo(hosts=args.hosts, duration=args.duration, seed=args.seed, scenario=args.scenario, rules=args.rules,
+                    models=args.models)
 
 
 def _cmd_replay(args: argparse.Namespace) -> int:
@@ -77,8 +78,7 @@ def _cmd_replay(args: argparse.Namespace) -> int:
 
     from pipeline.replay import replay
 
-    from pipeline.engine import Engine
-    from pipeline.rules.loader import load_rules
+    from pipeline.detection import build_engine
 
     console = Console(stderr=True)
     if args.to_kafka:
@@ -93,16 +93,16 @@ def _cmd_replay(args: argparse.Namespace) -> int:
         console.print(f"published {n} messages to {Topics(args.prefix).telemetry} on {args.to_kafka} "
                       f"in {time.monotonic() - t0:.1f}s")
         return 0
-    ruleset, diags = load_rules([args.rules])
+    engine, diags = build_engine([args.rules], args.models)
     for d in diags:
         console.print(str(d), highlight=False, markup=False)
-    if ruleset is None:
+    if engine is None:
         console.print(f"rules in {args.rules} do not load; nothing replayed")
         return 1
     show = console.is_terminal and not args.quiet
     with Progress(console=console, disable=not show, transient=True) as progress:
         task = progress.add_task("replaying", total=None)
-        res = replay(args.files, engine=Engine(rules=ruleset), alerts_out=args.alerts_out, dlq_out=args.dlq_out,
+        res = replay(args.files, engine=engine, alerts_out=args.alerts_out, dlq_out=args.dlq_out,
                      batch_size=args.batch, on_batch=lambda n, out: progress.advance(task, n))
     t = res.totals
     console.print(f"replayed {t.records:,} records in {res.seconds:.2f}s ({res.records_per_s:,.0f} records/s)")
@@ -263,6 +263,7 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--seed", type=int, default=7)
     d.add_argument("--scenario", default="mixed")
     d.add_argument("--rules", default=None, help="rule directory (default: the shipped packs)")
+    d.add_argument("--models", default="auto", help="models.yaml, 'auto' (beside the rules) or 'none'")
     d.set_defaults(func=_cmd_demo)
 
     r = sub.add_parser("replay", help="run recorded telemetry through the engine")
@@ -270,6 +271,8 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--alerts-out", help="write alert events (JSONL)")
     r.add_argument("--dlq-out", help="write dead letters (JSONL)")
     r.add_argument("--rules", default=_default_rules(), help="rule directory or file (default: %(default)s)")
+    r.add_argument("--models", default="auto",
+                   help="models.yaml for the online models; 'auto': the one beside the rules; 'none': rules only")
     r.add_argument("--batch", type=int, default=2000, help="lines per engine batch")
     r.add_argument("--to-kafka", metavar="BOOTSTRAP", help="publish the recording to <prefix>.telemetry instead")
     r.add_argument("--speed", default="max", help="with --to-kafka: 'max' or a factor of event time (1 = real time)")

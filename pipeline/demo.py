@@ -17,7 +17,6 @@ from rich.table import Table
 
 from pipeline.bus import MemoryBus, Topics, send_all
 from pipeline.bus.telemetry import per_host_messages
-from pipeline.engine import Engine
 from pipeline.runner import Pipeline
 from pipeline.schema import AlertEvent, encode
 from pipeline.scoring import match_faults
@@ -36,10 +35,10 @@ def alert_line(a: AlertEvent, t0: float) -> str:
 
 
 def run_demo(hosts: int = 8, duration: float = 1200.0, seed: int = 7, scenario: str = "mixed",
-             console: Console | None = None, rules: str | None = None) -> int:
+             console: Console | None = None, rules: str | None = None, models: str | None = "auto") -> int:
     from producers.sim import Simulator
 
-    from pipeline.rules import load_rules
+    from pipeline.detection import build_engine
 
     # Piped output (CI logs, tee) gets a log-friendly width instead of rich's 80 columns.
     console = console or Console(width=None if sys.stdout.isatty() else 140)
@@ -49,17 +48,18 @@ def run_demo(hosts: int = 8, duration: float = 1200.0, seed: int = 7, scenario: 
     producer = bus.producer()
     consumer = bus.consumer(topics.telemetry, group="gpuwarden-demo")
     rules_dir = rules or str(Path(__file__).resolve().parent.parent / "rules")
-    ruleset, diags = load_rules([rules_dir])
-    if ruleset is None:
+    engine, diags = build_engine([rules_dir], models)
+    if engine is None:
         for d in diags:
             console.print(str(d), markup=False, highlight=False)
         return 1
-    pipe = Pipeline(Engine(rules=ruleset))
+    pipe = Pipeline(engine)
     alerts: list[AlertEvent] = []
     t_start = time.perf_counter()
     t0 = None
     console.print(f"[bold]gpuwarden demo[/]: {hosts} hosts x 8 GPUs, {duration:.0f}s of event time, "
-                  f"scenario [cyan]{scenario}[/], seed {seed}, in-process bus, {len(ruleset)} rules from {rules_dir}")
+                  f"scenario [cyan]{scenario}[/], seed {seed}, in-process bus, {len(engine.rules)} rules from {rules_dir}"
+                  f"{', ' + str(len(engine.models.checks)) + ' online models' if engine.models else ''}")
 
     def publish(out_alerts: list[AlertEvent], dead: list) -> None:
         for a in out_alerts:
@@ -111,5 +111,4 @@ def run_demo(hosts: int = 8, duration: float = 1200.0, seed: int = 7, scenario: 
     console.print(table)
     console.print(f"{sum(m.detected for m in matches)}/{len(matches)} injected faults detected; "
                   f"{len(unmatched)} firing alert(s) matched no injected fault.")
-    console.print("Stragglers (NCCL) are the online models' job; they are not in the rule packs.", style="dim")
     return 0

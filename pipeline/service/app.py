@@ -34,6 +34,7 @@ from pipeline.engine import Engine, EngineOutput
 from pipeline.errors import DeliveryError, StateError
 from pipeline.rules import load_rules
 from pipeline.rules.reload import RuleReloader
+from pipeline.detection import build_engine
 from pipeline.runner import Pipeline
 from pipeline.schema import encode
 from pipeline.service.config import Config
@@ -107,8 +108,10 @@ class Service:
         self._reloader_fp = RuleReloader(self.rule_paths, Engine()).fingerprint()
 
     def _new_engine(self) -> Engine:
-        ruleset, _ = load_rules(self.rule_paths, tick=self.cfg.engine_config().tick)
-        return Engine(self.cfg.engine_config(), rules=ruleset)
+        engine, diags = build_engine(self.rule_paths, self.cfg.service.models, self.cfg.engine_config())
+        if engine is None:  # checked at start-up; a file broken since then keeps the old set elsewhere
+            raise StateError("; ".join(str(d) for d in diags if d.is_error))
+        return engine
 
     def _assigned(self, partitions: list[int]) -> None:
         try:
@@ -300,8 +303,9 @@ class Service:
             self.metrics.reload_failures.inc()
             log.error("rules: reload refused; still running the previous rules")
             return
+        models = {m for e in [ps.pipe.engine for ps in self.parts.values()] if e.models for m in e.models.names}
         for ps in self.parts.values():
-            fresh, _ = load_rules(self.rule_paths, tick=self.cfg.engine_config().tick)
+            fresh, _ = load_rules(self.rule_paths, tick=self.cfg.engine_config().tick, models=models or None)
             ps.pipe.engine.set_rules(fresh)
         self.metrics.rules.set(len(ruleset))
         log.warning("rules: reloaded %d rule(s)", len(ruleset))

@@ -61,6 +61,8 @@ class HttpSection(msgspec.Struct, forbid_unknown_fields=True):
 
 class ServiceSection(msgspec.Struct, forbid_unknown_fields=True):
     rules: list[str] = msgspec.field(default_factory=lambda: ["rules"])
+    # Online models: a models.yaml, "auto" (the one beside the rules) or "none".
+    models: str = "auto"
     # A partition with no new records for this long (wall clock) is flushed: everything it
     # buffered is evaluated, as at the end of a replay. Later records older than that are late.
     flush_idle_s: float = 30.0
