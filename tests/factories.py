@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any, Iterable
 
 from pipeline.schema import DcgmRecord, dcgm
@@ -32,3 +33,6 @@ def fleet(seconds: Iterable[float], hosts: int = 2, gpus: int = 2, overrides: An
                     continue
                 out.append(sample(t, f"n{h}", g, **extra))
     return out
+
+# The read-only real-format samples beside the checkout (../shared/data), as CI lays them out.
+SHARED_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"

@@ -88,6 +88,44 @@ def wait_for(pred, timeout: float, step: float = 0.5, what: str = "condition") -
     raise AssertionError(f"timed out after {timeout}s waiting for {what}")
 
 
+class PrivateBroker:
+    """A broker of the test's own (own directory and ports), so it can be stopped and restarted
+    without touching the one every other test uses."""
+
+    def __init__(self, tmp: Path) -> None:
+        import socket
+
+        def free() -> int:
+            with socket.socket() as s:
+                s.bind(("127.0.0.1", 0))
+                return s.getsockname()[1]
+        self.port = free()
+        self.env = {**os.environ, "KAFKA_DIR": str(tmp / "kafka"), "KAFKA_PORT": str(self.port),
+                    "KAFKA_CONTROLLER_PORT": str(free()), "PYTHON": sys.executable}
+        self.bootstrap = f"127.0.0.1:{self.port}"
+
+    def _run(self, *args: str, **extra: str) -> None:
+        done = subprocess.run([str(ROOT / "scripts" / "kafka"), *args], env={**self.env, **extra},
+                              capture_output=True, text=True, timeout=180)
+        assert done.returncode == 0, done.stdout + done.stderr
+
+    def start(self, keep_data: bool = False) -> None:
+        self._run("start", **({"KAFKA_KEEP_DATA": "1"} if keep_data else {}))
+
+    def stop(self) -> None:
+        self._run("stop")
+
+
+@pytest.fixture
+def private_broker(tmp_path):
+    broker = PrivateBroker(tmp_path)
+    broker.start()
+    try:
+        yield broker
+    finally:
+        broker.stop()
+
+
 @pytest.fixture
 def sim_recording(tmp_path):
     def make(hosts: int = 4, duration: int = 600, seed: int = 3, scenario: str = "mixed") -> Path:

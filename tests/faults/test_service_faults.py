@@ -4,17 +4,14 @@ and in every case ends with exactly the alerts of a single uninterrupted replay.
 from __future__ import annotations
 
 import json
-import os
 import random
-import socket
-import subprocess
 import threading
 import time
 
 import pytest
 
 from pipeline.bus import Topics
-from tests.faults.conftest import (ROOT, ServiceProc, alerts_on_topic, ensure_topics, golden_alerts, publish,
+from tests.faults.conftest import (ServiceProc, alerts_on_topic, ensure_topics, golden_alerts, publish,
                                    wait_for, write_config)
 
 pytestmark = pytest.mark.kafka
@@ -45,11 +42,19 @@ def test_kill9_at_random_points_and_restart_loses_no_alert(kafka_bootstrap, topi
     golden = golden_alerts(rec, tmp_path)
     ensure_topics(kafka_bootstrap, Topics(topic_prefix), partitions=4)
     cfg = write_config(tmp_path / "svc.json", kafka_bootstrap, topic_prefix)
-    pub = published_in_background(rec, kafka_bootstrap, topic_prefix, speed=30)   # ~30 s of publishing
+    pub = published_in_background(rec, kafka_bootstrap, topic_prefix, speed=15)   # ~60 s of publishing
     rng = random.Random(7)
     svc = ServiceProc(cfg, tmp_path / "svc.log").start()
+
+    def assignments() -> int:
+        return sum(1 for x in svc.lines() if x.get("message", "").startswith("partition "))
+
     for _ in range(5):
-        time.sleep(rng.uniform(2.0, 6.0))
+        # Kill only once this run owns partitions and has had a moment to process and
+        # checkpoint: a kill during start-up would test nothing.
+        seen = assignments()
+        wait_for(lambda: assignments() > seen, 90, what="the (re)started service to get partitions")
+        time.sleep(rng.uniform(1.0, 4.0))
         svc.kill9()
         svc.start()
     pub.join(120)
@@ -86,40 +91,26 @@ def test_sigterm_finishes_the_batch_and_restart_repeats_at_most_one(kafka_bootst
     assert done[0] > 0
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def test_broker_restart_during_load_service_recovers_by_itself(tmp_path, sim_recording):
-    port = _free_port()
-    env = {**os.environ, "KAFKA_DIR": str(tmp_path / "kafka"), "KAFKA_PORT": str(port),
-           "KAFKA_CONTROLLER_PORT": str(_free_port()), "PYTHON": os.sys.executable}
-    broker = lambda *args, **extra: subprocess.run([str(ROOT / "scripts" / "kafka"), *args],  # noqa: E731
-                                                   env={**env, **extra}, capture_output=True, text=True, timeout=180)
-    started = broker("start")
-    assert started.returncode == 0, started.stdout + started.stderr
-    bootstrap = f"127.0.0.1:{port}"
+def test_broker_restart_during_load_service_recovers_by_itself(tmp_path, sim_recording, private_broker):
+    bootstrap = private_broker.bootstrap
+    rec = sim_recording(hosts=4, duration=600, seed=6)
+    golden = golden_alerts(rec, tmp_path)
+    lines = rec.read_text().splitlines()
+    half = len(lines) // 2
+    first, second = tmp_path / "first.jsonl", tmp_path / "second.jsonl"
+    first.write_text("\n".join(lines[:half]) + "\n")
+    second.write_text("\n".join(lines[half:]) + "\n")
+    prefix = "brk"
+    ensure_topics(bootstrap, Topics(prefix), partitions=4)
+    publish([str(first)], bootstrap, Topics(prefix).telemetry)
+    svc = ServiceProc(write_config(tmp_path / "svc.json", bootstrap, prefix), tmp_path / "svc.log").start()
     try:
-        rec = sim_recording(hosts=4, duration=600, seed=6)
-        golden = golden_alerts(rec, tmp_path)
-        lines = rec.read_text().splitlines()
-        half = len(lines) // 2
-        first, second = tmp_path / "first.jsonl", tmp_path / "second.jsonl"
-        first.write_text("\n".join(lines[:half]) + "\n")
-        second.write_text("\n".join(lines[half:]) + "\n")
-        prefix = "brk"
-        ensure_topics(bootstrap, Topics(prefix), partitions=4)
-        publish([str(first)], bootstrap, Topics(prefix).telemetry)
-        svc = ServiceProc(write_config(tmp_path / "svc.json", bootstrap, prefix), tmp_path / "svc.log").start()
         wait_for(lambda: any(x.get("message", "").startswith("partition") for x in svc.lines()), 60,
                  what="partitions assigned")
         time.sleep(3)
-        assert broker("stop").returncode == 0
+        private_broker.stop()
         time.sleep(5)                                   # the service polls a dead broker meanwhile
-        restarted = broker("start", KAFKA_KEEP_DATA="1")
-        assert restarted.returncode == 0, restarted.stdout + restarted.stderr
+        private_broker.start(keep_data=True)
         publish([str(second)], bootstrap, Topics(prefix).telemetry)
         got = []
         wait_for(lambda: ids(got := alerts_on_topic(bootstrap, prefix, tmp_path, idle=2)) >= golden,
@@ -130,7 +121,8 @@ def test_broker_restart_during_load_service_recovers_by_itself(tmp_path, sim_rec
         assert ids(got) == golden
         no_conflicting_duplicates(got)
     finally:
-        broker("stop")
+        if svc.alive():
+            svc.kill9()
 
 
 def _poison(ts: int) -> list[str]:

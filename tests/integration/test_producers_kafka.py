@@ -25,7 +25,7 @@ from producers.dcgm_exporter import parse_metrics
 
 pytestmark = pytest.mark.kafka
 
-DATA = Path("/work/shared/data") if Path("/work/shared/data").is_dir() else Path(__file__).resolve().parents[3] / "shared" / "data"
+from tests.factories import SHARED_DATA as DATA  # noqa: E402
 T0 = 1764403200.0
 
 

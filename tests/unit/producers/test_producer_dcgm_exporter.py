@@ -15,9 +15,7 @@ from pipeline.decode import Decoder
 from pipeline.schema import encode
 from producers.dcgm_exporter import ExporterSource, fetch, parse_metrics, ScrapeError
 
-DATA = Path(__file__).resolve().parents[4] / "shared" / "data"
-if not DATA.is_dir():
-    DATA = Path("/work/shared/data")
+from tests.factories import SHARED_DATA as DATA  # noqa: E402
 H100 = DATA / "dcgm_exporter_h100_8gpu_sampled.prom"
 T4 = DATA / "dcgm_exporter_t4_full_format.prom"
 TS = 1764403200.0

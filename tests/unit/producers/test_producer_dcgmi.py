@@ -16,7 +16,7 @@ from pipeline.decode import Decoder
 from pipeline.schema import encode
 from producers.dcgmi import DmonParser, DmonSource, supported_fields
 
-DATA = Path("/work/shared/data") if Path("/work/shared/data").is_dir() else Path(__file__).resolve().parents[4] / "shared" / "data"
+from tests.factories import SHARED_DATA as DATA  # noqa: E402
 SAMPLE = DATA / "dcgmi_dmon_a100_dcgm3_sample.txt"
 
 

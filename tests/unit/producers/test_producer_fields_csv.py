@@ -11,7 +11,7 @@ from pathlib import Path
 from pipeline.catalog import FIELDS
 
 ROOT = Path(__file__).resolve().parents[3]
-DATA = Path("/work/shared/data") if Path("/work/shared/data").is_dir() else ROOT.parent / "shared" / "data"
+from tests.factories import SHARED_DATA as DATA  # noqa: E402
 
 
 def read_exporter_csv(path: Path) -> list[tuple[str, str, str]]:

@@ -14,7 +14,7 @@ from pipeline.schema import encode
 from producers.nccl_inspector import InspectorFollower, PromFileSource, aggregate, bucket_bytes, parse_prom, parse_record
 from producers.nccl_tests import parse, parse_text
 
-DATA = Path("/work/shared/data") if Path("/work/shared/data").is_dir() else Path(__file__).resolve().parents[4] / "shared" / "data"
+from tests.factories import SHARED_DATA as DATA  # noqa: E402
 
 
 def _decodes(recs):
