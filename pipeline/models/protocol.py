@@ -78,6 +78,15 @@ class BatchDetector:
     def warm(self, ent: np.ndarray) -> np.ndarray:  # pragma: no cover
         raise NotImplementedError
 
+    def _take_pending(self, ent: np.ndarray, ts: np.ndarray, F: Features) -> tuple:
+        """What ``score_many`` left for this tick (scoring first if it has not run on ``ts``)."""
+        pend = getattr(self, "_pending", None)
+        if pend is None or pend[0] is not ts:
+            self.score_many(ent, ts, F)
+            pend = self._pending
+        self._pending = None
+        return pend
+
     # -- river's protocol -----------------------------------------------------------------------
 
     def _one(self, x: Mapping[str, Any]) -> tuple[np.ndarray, np.ndarray, Features]:

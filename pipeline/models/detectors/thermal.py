@@ -97,11 +97,7 @@ class ThermalResidual(BatchDetector):
     def learn_many(self, ent: np.ndarray, ts: np.ndarray, F: Features, mask: np.ndarray) -> None:
         if len(ent) == 0:
             return
-        pend = self._pending
-        if pend is None or pend[0] is not ts:
-            self.score_many(ent, ts, F)
-            pend = self._pending
-        self._pending = None
+        pend = self._take_pending(ent, ts, F)
         _, X, y, ok, p_lag, hp_lag, res = pend
         last = last_per_entity(ent)
         e = ent[last]
