@@ -83,7 +83,7 @@ def test_sigterm_finishes_the_batch_and_restart_repeats_at_most_one(kafka_bootst
     second = ServiceProc(cfg, tmp_path / "b.log").start()
     wait_for(lambda: any("state restored" in x.get("message", "") for x in second.lines()), 60,
              what="the restart restoring state")
-    time.sleep(8)
+    time.sleep(15)                                  # let it drain the topic
     assert second.term() == 0
     done = [x["messages"] for s in (first, second) for x in s.lines() if x.get("message", "").startswith("stopping")]
     assert len(done) == 2
