@@ -13,10 +13,15 @@ from pipeline.schema import AlertEvent
 
 
 def run_detector(det: Detector, sim) -> list[AlertEvent]:
-    pipe = Pipeline(det.engine())
+    return replay_batches(det.engine(), det.transform(sim.batches()))
+
+
+def replay_batches(engine, batches) -> list[AlertEvent]:
+    """Simulated record batches -> per-host messages -> decoder -> ``engine``: every alert."""
+    pipe = Pipeline(engine)
     alerts: list[AlertEvent] = []
     offset = 0
-    for batch in det.transform(sim.batches()):
+    for batch in batches:
         msgs = []
         for key, value in per_host_messages(batch):
             msgs.append(Message("eval", 0, offset, key, value))

@@ -106,6 +106,7 @@ class ThermalThrottling(EffectType):
 
     name = "thermal_throttling"
     PARAMS = {"severity": 4.0, "ramp_s": None}
+    target = "cool_mult"      # the core's thermal resistance
 
     def resolve(self, params, rng, window):
         p = super().resolve(params, rng, window)
@@ -115,26 +116,17 @@ class ThermalThrottling(EffectType):
 
     def apply(self, rt, t, dt, fleet, mods):
         p = rt.event.params
-        mods.cool_mult[rt.gi] *= 1.0 + (p["severity"] - 1.0) * _ramp(t, rt.event.t0, p["ramp_s"])
+        getattr(mods, self.target)[rt.gi] *= 1.0 + (p["severity"] - 1.0) * _ramp(t, rt.event.t0, p["ramp_s"])
 
 
-class ThermalHbmThrottling(EffectType):
+class ThermalHbmThrottling(ThermalThrottling):
     """HBM cooling degraded (memory-side cold plate contact): HBM temperature climbs to its max
     operating temperature (95 C) and stays there under SW_THERMAL while the core temperature is
     unremarkable; the governor trims the SM clock moderately (~1400-1700 MHz)."""
 
     name = "thermal_hbm_throttling"
     PARAMS = {"severity": 2.2, "ramp_s": None}
-
-    def resolve(self, params, rng, window):
-        p = super().resolve(params, rng, window)
-        if p["ramp_s"] is None:
-            p["ramp_s"] = round(min(180.0, 0.4 * window), 3)
-        return p
-
-    def apply(self, rt, t, dt, fleet, mods):
-        p = rt.event.params
-        mods.hbm_mult[rt.gi] *= 1.0 + (p["severity"] - 1.0) * _ramp(t, rt.event.t0, p["ramp_s"])
+    target = "hbm_mult"       # the same ramp, on the memory side
 
 
 class HbmEccBurst(EffectType):

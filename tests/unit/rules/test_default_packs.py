@@ -6,11 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.bus.base import Message
-from pipeline.bus.telemetry import per_host_messages
 from pipeline.engine import Engine
+from pipeline.evaluation.run import replay_batches
 from pipeline.rules import load_rules
-from pipeline.runner import Pipeline
 from pipeline.schema import fault_family
 from pipeline.scoring import match_faults
 from producers.sim import Simulator
@@ -21,16 +19,7 @@ RULES = Path(__file__).resolve().parents[3] / "rules"
 def replay_sim(sim):
     rs, diags = load_rules([RULES])
     assert rs is not None, diags
-    pipe = Pipeline(Engine(rules=rs))
-    alerts = []
-    offset = 0
-    for batch in sim.batches():
-        msgs = []
-        for key, value in per_host_messages(batch):
-            msgs.append(Message("sim", 0, offset, key, value))
-            offset += 1
-        alerts += pipe.handle(msgs).alerts
-    return alerts + pipe.flush().alerts
+    return replay_batches(Engine(rules=rs), sim.batches())
 
 
 @pytest.mark.parametrize("seed", [1, 2, 3])
