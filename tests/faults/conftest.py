@@ -35,12 +35,19 @@ def write_config(path: Path, bootstrap: str, prefix: str, **service: object) -> 
     return path
 
 
+_LIVE: list["ServiceProc"] = []
+
+
 class ServiceProc:
-    """One `gpuwarden serve` process; its JSON log lines are kept for the assertions."""
+    """One `gpuwarden serve` process; its JSON log lines are kept for the assertions.
+
+    Every one started is killed when its test ends, passed or failed (see ``_no_leftovers``).
+    """
 
     def __init__(self, config: Path, log: Path) -> None:
         self.config, self.log = config, log
         self.proc: subprocess.Popen | None = None
+        _LIVE.append(self)
 
     def start(self) -> "ServiceProc":
         fh = open(self.log, "ab")
@@ -127,6 +134,15 @@ def private_broker(tmp_path):
         yield broker
     finally:
         broker.stop()
+
+
+@pytest.fixture(autouse=True)
+def _no_leftovers():
+    yield
+    while _LIVE:
+        svc = _LIVE.pop()
+        if svc.alive():
+            svc.kill9()
 
 
 @pytest.fixture
