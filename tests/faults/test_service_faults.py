@@ -76,9 +76,9 @@ def test_sigterm_finishes_the_batch_and_restart_repeats_at_most_one(kafka_bootst
     sent = publish([str(rec)], kafka_bootstrap, Topics(topic_prefix).telemetry)
     cfg = write_config(tmp_path / "svc.json", kafka_bootstrap, topic_prefix)
     first = ServiceProc(cfg, tmp_path / "a.log").start()
-    wait_for(lambda: any(x.get("message", "").startswith("partition") for x in first.lines()), 60,
+    wait_for(lambda: any(x.get("message", "").startswith("partition ") for x in first.lines()), 60,
              what="partitions assigned")
-    time.sleep(1.5)
+    time.sleep(2.5)                                 # mid-way through the backlog
     assert first.term() == 0
     second = ServiceProc(cfg, tmp_path / "b.log").start()
     wait_for(lambda: any("state restored" in x.get("message", "") for x in second.lines()), 60,
@@ -105,7 +105,7 @@ def test_broker_restart_during_load_service_recovers_by_itself(tmp_path, sim_rec
     publish([str(first)], bootstrap, Topics(prefix).telemetry)
     svc = ServiceProc(write_config(tmp_path / "svc.json", bootstrap, prefix), tmp_path / "svc.log").start()
     try:
-        wait_for(lambda: any(x.get("message", "").startswith("partition") for x in svc.lines()), 60,
+        wait_for(lambda: any(x.get("message", "").startswith("partition ") for x in svc.lines()), 60,
                  what="partitions assigned")
         time.sleep(3)
         private_broker.stop()
