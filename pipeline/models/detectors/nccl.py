@@ -167,7 +167,7 @@ class RankStraggler(NcclDetector):
         # host-wide condition, not a slow GPU: take out the host's median gap per kind, as the
         # communicator median takes out a job-wide slowdown.
         hk = (frame.host.astype(np.int64) * 1_000_003 + frame.nranks.astype(np.int64)) * 1_000_003 + \
-            (frame.bytes.astype(np.int64) % 1_000_003)
+            (_as_int(frame.bytes) % 1_000_003)
         jg = np.where(judged, gap, np.nan)
         host_med = group_stat(hk, jg, "median")
         host_cnt = group_stat(hk, jg, "count")
@@ -218,7 +218,7 @@ class CommBusbw(NcclDetector):
         # Peers: the other communicators of the same kind (rank count, message size) in the
         # same interval, one value per communicator (its first row stands for it).
         _, first = np.unique(key, return_index=True)
-        kind = (frame.nranks.astype(np.int64) * 1_000_003 + frame.bytes.astype(np.int64)) * 7 + \
+        kind = (frame.nranks.astype(np.int64) * 1_000_003 + _as_int(frame.bytes)) * 7 + \
             np.rint(frame.ts - frame.ts.min()).astype(np.int64)
         rep = np.zeros(n, dtype=bool)
         rep[first] = True
@@ -254,3 +254,8 @@ class CommBusbw(NcclDetector):
         self.own_m[code] = (1 - a) * self.own_m[code] + a * ratio[rows]
         self.own_w[code] += 1.0
         self.own_t[code] = t
+
+
+def _as_int(x: np.ndarray) -> np.ndarray:
+    """Group keys from a float column: an unknown (NaN/inf) size is its own group, -1."""
+    return np.where(np.isfinite(x), x, -1).astype(np.int64)
