@@ -19,7 +19,7 @@ from pipeline.bus import MemoryBus, Topics, send_all
 from pipeline.bus.telemetry import per_host_messages
 from pipeline.runner import Pipeline
 from pipeline.schema import AlertEvent, encode
-from pipeline.scoring import match_faults
+from pipeline.scoring import knock_on, match_faults
 
 _STYLE = {"critical": "bold red", "warning": "yellow", "info": "cyan"}
 
@@ -109,6 +109,9 @@ def run_demo(hosts: int = 8, duration: float = 1200.0, seed: int = 7, scenario: 
                       {True: "yes", False: "[red]no[/]", None: "-"}[m.right_gpu],
                       m.alert.rule if m.alert else "-")
     console.print(table)
+    labels = sim.labels()
+    knock = [a for a in unmatched if knock_on(a, labels)]
     console.print(f"{sum(m.detected for m in matches)}/{len(matches)} injected faults detected; "
-                  f"{len(unmatched)} firing alert(s) matched no injected fault.")
+                  f"{len(knock)} more alert(s) are knock-on effects on a faulty GPU or host (e.g. a throttled GPU "
+                  f"is also an NCCL straggler); {len(unmatched) - len(knock)} firing alert(s) matched no injected fault.")
     return 0

@@ -62,3 +62,16 @@ def match_faults(labels: Iterable[dict[str, Any]], alerts: Iterable[AlertEvent])
         matches.append(Match(lab, best))
     unmatched = [a for a in firing if a.id not in used]
     return matches, unmatched
+
+
+def knock_on(alert: AlertEvent, labels: Iterable[dict[str, Any]]) -> bool:
+    """Whether an alert of another family sits on an injected fault's culprit while it lasts: a
+    throttled GPU is also a straggler, a broken link also drags its host's NCCL busbw down."""
+    for lab in labels:
+        if not lab.get("fault") or lab.get("host") != alert.host:
+            continue
+        if lab.get("gpu") is not None and alert.gpu is not None and lab["gpu"] != alert.gpu:
+            continue
+        if float(lab["onset"]) <= alert.ts <= float(lab.get("end") or lab["onset"]) + GRACE_S:
+            return True
+    return False

@@ -40,3 +40,13 @@ def test_baselines_see_what_they_would_in_real_life():
     assert len(list(dets["gpuwarden"].transform(iter(batches)))) == 90
     for d in dets.values():
         d.engine()  # every pack loads
+
+
+def test_knock_on_effects_are_told_apart_from_false_alerts():
+    from pipeline.scoring import knock_on
+    labels = [{"fault": "thermal_throttling", "host": "a", "gpu": 1, "onset": T + 100, "end": T + 400}]
+    assert knock_on(alert("nccl_straggler", "a", 1, 200), labels)            # same GPU, during the fault
+    assert knock_on(alert("nccl_busbw_degraded", "a", None, 200), labels)    # its host, host-level alert
+    assert not knock_on(alert("nccl_straggler", "a", 2, 200), labels)        # a neighbour GPU
+    assert not knock_on(alert("nccl_straggler", "a", 1, 900), labels)        # long after
+    assert not knock_on(alert("nccl_straggler", "b", 1, 200), labels)        # another host
