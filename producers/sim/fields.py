@@ -37,37 +37,40 @@ XID_GSP_TIMEOUT = 119    # GSP RPC timeout
 
 P = "DCGM_FI_DEV_"
 
-# (name, is_int) in output order. Ints are written as JSON ints; doubles are rounded to 3 decimals.
+# (name, is_int) in output order: the field catalog's order (pipeline/catalog.py), which is the
+# decoder's slot order. msgspec matches JSON keys to Struct fields fastest when they arrive in
+# that order (measured: 2.0 vs 4.6 us a record), so every producer writes fields in it.
+# Ints are written as JSON ints; doubles are rounded to 3 decimals.
 FIELD_SPECS: tuple[tuple[str, bool], ...] = (
-    (P + "GPU_TEMP", True),
-    (P + "MEMORY_TEMP", True),
     (P + "SM_CLOCK", True),
     (P + "MEM_CLOCK", True),
+    (P + "CLOCK_THROTTLE_REASONS", True),
+    (P + "MEMORY_TEMP", True),
+    (P + "GPU_TEMP", True),
+    (P + "MEM_MAX_OP_TEMP", True),
+    (P + "GPU_MAX_OP_TEMP", True),
+    (P + "SLOWDOWN_TEMP", True),
+    (P + "SHUTDOWN_TEMP", True),
     (P + "POWER_USAGE", False),
     (P + "ENFORCED_POWER_LIMIT", False),
+    (P + "PCIE_REPLAY_COUNTER", True),
     (P + "GPU_UTIL", True),
-    (P + "CLOCK_THROTTLE_REASONS", True),
-    (P + "THERMAL_VIOLATION", True),
+    (P + "XID_ERRORS", True),
     (P + "POWER_VIOLATION", True),
+    (P + "THERMAL_VIOLATION", True),
     (P + "ECC_SBE_VOL_TOTAL", True),
     (P + "ECC_DBE_VOL_TOTAL", True),
     (P + "ECC_SBE_AGG_TOTAL", True),
     (P + "ECC_DBE_AGG_TOTAL", True),
-    (P + "ROW_REMAP_PENDING", True),
-    (P + "ROW_REMAP_FAILURE", True),
     (P + "UNCORRECTABLE_REMAPPED_ROWS", True),
     (P + "CORRECTABLE_REMAPPED_ROWS", True),
+    (P + "ROW_REMAP_FAILURE", True),
+    (P + "ROW_REMAP_PENDING", True),
     (P + "NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL", True),
     (P + "NVLINK_CRC_DATA_ERROR_COUNT_TOTAL", True),
     (P + "NVLINK_REPLAY_ERROR_COUNT_TOTAL", True),
     (P + "NVLINK_RECOVERY_ERROR_COUNT_TOTAL", True),
     (P + "NVLINK_BANDWIDTH_TOTAL", True),
-    (P + "XID_ERRORS", True),
-    (P + "PCIE_REPLAY_COUNTER", True),
-    (P + "SLOWDOWN_TEMP", True),
-    (P + "SHUTDOWN_TEMP", True),
-    (P + "GPU_MAX_OP_TEMP", True),
-    (P + "MEM_MAX_OP_TEMP", True),
     ("DCGM_FI_PROF_SM_ACTIVE", False),
 )
 FIELD_NAMES: tuple[str, ...] = tuple(n for n, _ in FIELD_SPECS)
