@@ -77,6 +77,10 @@ def main() -> None:
             fh.write(json.dumps({"bench": "models_throughput", "gpus": args.gpus, "seconds": args.seconds,
                                  "rules_samples_per_s": round(out["rules"][0]),
                                  "models_samples_per_s": round(out["rules+models"][0]),
+                                 "rules_runs": [round(r) for r in out["rules"][1]],
+                                 "models_runs": [round(r) for r in out["rules+models"][1]],
+                                 "gpu_samples": out["rules+models"][2],
+                                 "engine_bytes_per_gpu": round(eng.state.nbytes_per_gpu()),
                                  "model_bytes_per_gpu": round(per_gpu), "shared_bytes": shared,
                                  "machine": f"{platform.machine()} {os.cpu_count()} cores, 1 used",
                                  "python": platform.python_version()}) + "\n")

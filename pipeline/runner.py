@@ -9,7 +9,6 @@ from typing import Callable, Sequence
 from pipeline.bus.base import Message
 from pipeline.decode import Decoder
 from pipeline.engine import Engine, EngineOutput
-from pipeline.schema import TelemetryRecord
 
 
 @dataclass
@@ -39,14 +38,12 @@ class Pipeline:
         self.totals = Totals()
 
     def handle(self, messages: Sequence[Message]) -> EngineOutput:
-        records: list[TelemetryRecord] = []
-        origins: list[str] = []
         out = EngineOutput()
-        for m in messages:
-            d = self.decoder.decode(m.value, m.origin)
-            records.extend(d.records)
-            origins.extend(d.origins)
-            out.dead.extend(d.dead)
+        if self.decoder.fields is not self.engine.decode_fields:   # new engine or rules reloaded
+            self.decoder.set_fields(self.engine.decode_fields)
+        d = self.decoder.decode_many([m.value for m in messages], [m.origin for m in messages])
+        records, origins = d.records, d.origins
+        out.dead.extend(d.dead)
         out.extend(self.engine.process(records, origins, now=self.clock() if self.clock else None))
         self.totals.messages += len(messages)
         self.totals.records += len(records)

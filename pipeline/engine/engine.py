@@ -17,6 +17,7 @@ from __future__ import annotations
 import math
 import operator
 from collections import Counter
+from itertools import repeat
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Sequence
 
@@ -92,9 +93,10 @@ class Engine:
         self.next_tick = math.nan
         self.lifecycles = {n: self._new_lifecycle(n) for n in names}
         self._columnizer = Columnizer(self._columns())
-        self._pending: list[TelemetryRecord] = []
-        self._pending_origin: list[str] = []
-        self._pending_ts = np.empty(0)
+        # Records waiting for the watermark: one chunk per batch, in arrival order. A release
+        # takes whole chunks the watermark has passed and splits at most the chunks it cuts, so
+        # its cost does not grow with what stays pending (the start-up hold can be 30 s of data).
+        self._chunks: list[_Pending] = []
         self.stats: Counter[str] = Counter()
         self._summaries: dict[str, str] = {}   # alert id -> summary, while firing
 
@@ -105,6 +107,11 @@ class Engine:
         if self.models is not None:
             cols |= self.models.columns
         return sorted(cols)
+
+    @property
+    def decode_fields(self) -> tuple[str, ...]:
+        """The DCGM field names (both spellings) this engine reads: what a decoder must keep."""
+        return self._columnizer.names
 
     def _all_checks(self) -> list[Any]:
         return self.row_checks + self.tick_checks + (self.rules.rules if self.rules else []) + \
@@ -150,7 +157,7 @@ class Engine:
                 origins = [f"batch#{i}" for i in range(n)]
             # map() over C-level attribute getters: this runs once per record on the hot path.
             ts = np.fromiter(map(_TS, records), np.float64, n)
-            hosts = np.fromiter(map(self.entities.host, map(_HOST, records)), np.int32, n)
+            hosts = self.entities.host_ids(list(map(_HOST, records)))
             late = ts < self.released
             if late.any():
                 for i in np.flatnonzero(late).tolist():
@@ -172,9 +179,8 @@ class Engine:
                 if self._live_since is None:
                     self._live_since = now
             self.first_ts = min(self.first_ts, float(ts.min())) if len(ts) else self.first_ts
-            self._pending.extend(records)
-            self._pending_origin.extend(origins)
-            self._pending_ts = np.concatenate([self._pending_ts, ts])
+            if len(ts):
+                self._chunks.append(_Pending.of(records, origins, ts))
         self._release(self._release_bound(self.watermark(now)), out, final=False)
         return out
 
@@ -191,7 +197,7 @@ class Engine:
         if not known.any():
             return self.released
         if (now is not None and self._live_since is not None and now - self._live_since < self.config.idle_timeout
-                and len(self._pending) < self.config.max_pending):
+                and self.pending < self.config.max_pending):
             return self.released  # live start-up: let every partition deliver first
         newest, lateness = float(hwm[known].max()), self.config.allowed_lateness
         active = known & (hwm >= newest - lateness)
@@ -209,16 +215,21 @@ class Engine:
     # -- processing in event time ---------------------------------------------------------------
 
     def _release(self, wm: float, out: EngineOutput, final: bool) -> None:
-        ts_all = self._pending_ts
-        sel = np.flatnonzero(ts_all < wm)
-        if len(sel):
-            recs = [self._pending[i] for i in sel.tolist()]
-            origins = [self._pending_origin[i] for i in sel.tolist()]
-            keep = np.flatnonzero(ts_all >= wm).tolist()
-            self._pending = [self._pending[i] for i in keep]
-            self._pending_origin = [self._pending_origin[i] for i in keep]
-            self._pending_ts = ts_all[keep]
-            self._process_sorted(recs, origins, out)
+        go: list[_Pending] = []
+        stay: list[_Pending] = []
+        for c in self._chunks:
+            if c.tmax < wm:
+                go.append(c)
+            elif c.tmin >= wm:
+                stay.append(c)
+            else:
+                sel = c.ts < wm
+                go.append(c.take(sel))
+                stay.append(c.take(~sel))
+        self._chunks = stay
+        if go:
+            r = _Pending.concat(go)
+            self._process_sorted(r.recs, r.origins, r.ts, r.dcgm, out)
         if final:
             hwm = self.host_hwm[: self.entities.n_hosts]
             upto = float(np.nanmax(hwm)) if len(hwm) and not np.all(np.isnan(hwm)) else -math.inf
@@ -235,22 +246,24 @@ class Engine:
             return wm
         return math.floor(wm / self.config.tick) * self.config.tick
 
-    def _process_sorted(self, recs: list[TelemetryRecord], origins: list[str], out: EngineOutput) -> None:
-        dcgm = [i for i, r in enumerate(recs) if type(r) is DcgmRecord]
-        n_nccl = len(recs) - len(dcgm)
+    def _process_sorted(self, recs: np.ndarray, origins: np.ndarray, ts: np.ndarray, is_dcgm: np.ndarray,
+                        out: EngineOutput) -> None:
+        """Released records (object arrays in arrival order, with their event times and kinds)."""
+        n = int(is_dcgm.sum())
+        n_nccl = len(recs) - n
         self.stats["records.nccl"] += n_nccl
-        if not dcgm:
-            self._hand_nccl(recs, n_nccl)
+        nrecs: list[NcclRecord] = recs[~is_dcgm].tolist() if n_nccl else []
+        if not n:
+            self._hand_nccl(nrecs)
             return
-        drecs: list[DcgmRecord] = [recs[i] for i in dcgm]  # type: ignore[misc]
-        dorig = [origins[i] for i in dcgm]
-        n = len(drecs)
-        ts = np.fromiter(map(_TS, drecs), np.float64, n)
-        gpu = np.fromiter(map(self.entities.gpu, map(_HOST, drecs), map(_GPU, drecs)), np.int32, n)
+        drecs: list[DcgmRecord] = recs[is_dcgm].tolist()
+        dorig: list[str] = origins[is_dcgm].tolist()
+        ts = ts[is_dcgm]
+        gpu = self.entities.gpu_ids(list(map(_HOST, drecs)), list(map(_GPU, drecs)))
         host = self.entities.gpu_host[gpu]
         if self.models is not None:
             self.models.note_cohorts(gpu, drecs)
-            self._hand_nccl(recs, n_nccl)
+            self._hand_nccl(nrecs)
         values, dead = self._columnizer.values(drecs, dorig)
         for d in dead:
             self.stats["dead." + d.reason] += 1
@@ -272,14 +285,18 @@ class Engine:
                 self._tick(self.next_tick, out)
                 self.next_tick += self.config.tick
 
-    def _hand_nccl(self, recs: list[TelemetryRecord], n_nccl: int) -> None:
+    def _hand_nccl(self, nrecs: list[NcclRecord]) -> None:
         # The models' NCCL detectors score each record with the tick it belongs to (see _rows).
-        if self.models is None or not n_nccl:
+        if self.models is None or not nrecs:
             return
-        nrecs: list[NcclRecord] = [r for r in recs if type(r) is NcclRecord]  # type: ignore[misc]
-        hosts = np.fromiter(map(self.entities.host, map(_HOST, nrecs)), np.int32, len(nrecs))
-        gpus = np.fromiter((-1 if r.gpu is None else self.entities.gpu(r.host, r.gpu) for r in nrecs),
-                           np.int32, len(nrecs))
+        names = list(map(_HOST, nrecs))
+        hosts = self.entities.host_ids(names)
+        idx = list(map(_GPU, nrecs))
+        if None not in idx:
+            gpus = self.entities.gpu_ids(names, idx)
+        else:
+            gpus = np.fromiter((-1 if g is None else self.entities.gpu(h, g) for h, g in zip(names, idx)),
+                               np.int32, len(nrecs))
         self.models.queue_nccl(nccl_frame(nrecs, hosts, gpus))
 
     def _ticks_until(self, upto: float, out: EngineOutput) -> None:
@@ -290,7 +307,7 @@ class Engine:
     def _rows(self, frame: DcgmFrame, out: EngineOutput, ts0: float) -> None:
         perm = np.argsort(frame.gpu, kind="stable")
         chunk = frame.take(perm)
-        view = advance(self.state, chunk, self.entities, ts0)
+        view = advance(self.state, chunk, self.entities, ts0, self._columnizer.column_array)
         mconds = self.models.evaluate(view, self.entities) if self.models is not None else []
         if self.models is not None:
             view.model_scores = self.models.scores  # read by score() in rules
@@ -367,8 +384,8 @@ class Engine:
             "host_last_ts": _arr(self.state.host_last_ts), "host_hwm": _arr(self.host_hwm),
             "released": self.released, "next_tick": self.next_tick, "first_ts": self.first_ts,
             "lifecycles": {n: {k: _arr(v) for k, v in lc.to_state().items()} for n, lc in self.lifecycles.items()},
-            "pending": [msgspec.json.encode(r) for r in self._pending],
-            "pending_origin": self._pending_origin,
+            "pending": [msgspec.json.encode(r) for c in self._chunks for r in c.recs],
+            "pending_origin": [o for c in self._chunks for o in c.origins.tolist()],
             "stats": dict(self.stats),
             "summaries": self._summaries,
             "seen": _arr(self.state.seen),
@@ -393,9 +410,10 @@ class Engine:
                 if name in self.lifecycles:
                     self.lifecycles[name].load_state({k: _unarr(v) for k, v in lc.items()})
             dec = msgspec.json.Decoder(TelemetryRecordT)
-            self._pending = [dec.decode(b) for b in data["pending"]]
-            self._pending_origin = list(data["pending_origin"])
-            self._pending_ts = np.array([r.ts for r in self._pending], dtype=np.float64)
+            pending = [dec.decode(b) for b in data["pending"]]
+            origins = list(data["pending_origin"])
+            self._chunks = [_Pending.of(pending, origins, np.array([r.ts for r in pending], dtype=np.float64))] \
+                if pending else []
             self.stats = Counter(data["stats"])
             self._summaries = dict(data["summaries"])
             self.state.seen = _unarr(data["seen"])
@@ -408,7 +426,39 @@ class Engine:
 
     @property
     def pending(self) -> int:
-        return len(self._pending)
+        return sum(len(c.ts) for c in self._chunks)
+
+
+@dataclass
+class _Pending:
+    """A run of buffered records as object arrays, with event times and kinds alongside."""
+
+    recs: np.ndarray       # object
+    origins: np.ndarray    # object (str)
+    ts: np.ndarray
+    dcgm: np.ndarray       # bool: a DcgmRecord (else NCCL)
+    tmin: float
+    tmax: float
+
+    @classmethod
+    def of(cls, records: Sequence[TelemetryRecord], origins: Sequence[str], ts: np.ndarray) -> "_Pending":
+        k = len(ts)
+        return cls(np.fromiter(records, object, k), np.fromiter(origins, object, k), ts,
+                   np.fromiter(map(isinstance, records, repeat(DcgmRecord)), bool, k),
+                   float(ts.min()), float(ts.max()))
+
+    def take(self, sel: np.ndarray) -> "_Pending":
+        ts = self.ts[sel]
+        return _Pending(self.recs[sel], self.origins[sel], ts, self.dcgm[sel],
+                        float(ts.min()) if len(ts) else math.inf, float(ts.max()) if len(ts) else -math.inf)
+
+    @staticmethod
+    def concat(parts: list["_Pending"]) -> "_Pending":
+        if len(parts) == 1:
+            return parts[0]
+        return _Pending(np.concatenate([p.recs for p in parts]), np.concatenate([p.origins for p in parts]),
+                        np.concatenate([p.ts for p in parts]), np.concatenate([p.dcgm for p in parts]),
+                        min(p.tmin for p in parts), max(p.tmax for p in parts))
 
 
 TelemetryRecordT = DcgmRecord | NcclRecord

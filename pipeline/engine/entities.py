@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Iterable, Sequence
+
 import numpy as np
 
 
@@ -45,6 +47,24 @@ class Entities:
                 self._gpu_host = np.resize(self._gpu_host, 2 * len(self._gpu_host))
             self._gpu_host[gid] = self.host(host)
         return gid
+
+    def host_ids(self, names: Sequence[str]) -> np.ndarray:
+        """Ids of many host names at once (new ones assigned in order).
+
+        ``dict.get`` mapped in C: this runs for every record on the hot path.
+        """
+        ids = list(map(self.host_id.get, names))
+        if None in ids:
+            ids = [self.host(n) if i is None else i for n, i in zip(names, ids)]
+        return np.array(ids, dtype=np.int32)
+
+    def gpu_ids(self, hosts: Iterable[str], indices: Iterable[int]) -> np.ndarray:
+        """Ids of many (host, gpu index) pairs at once (new ones assigned in order)."""
+        keys = list(zip(hosts, indices))
+        ids = list(map(self.gpu_id.get, keys))
+        if None in ids:
+            ids = [self.gpu(*k) if i is None else i for k, i in zip(keys, ids)]
+        return np.array(ids, dtype=np.int32)
 
     def to_state(self) -> dict:
         return {"hosts": self.hosts, "gpus": [list(k) for k in self.gpus]}

@@ -75,41 +75,79 @@ class View:
         return out
 
 
-def advance(state: GpuState, frame: DcgmFrame, entities: Entities, ts0: float = float("nan")) -> View:
-    """Fold a chunk (rows sorted by GPU, event time within GPU) into the state; return its view."""
+def advance(state: GpuState, frame: DcgmFrame, entities: Entities, ts0: float = float("nan"),
+            columns: np.ndarray | None = None) -> View:
+    """Fold a chunk (rows sorted by GPU, event time within GPU) into the state; return its view.
+
+    ``columns``: the catalog columns anything reads (the engine's ``Columnizer.columns``). Only
+    those are carried forward; the others are never read into ``frame.values`` and stay NaN,
+    so working on them would be ~4x the numpy work for nothing.
+    """
     n = len(frame)
     state.ensure(entities.n_gpus, entities.n_hosts)
     if n == 0:
         empty = np.empty((0, len(COUNTER_COLS)))
         m = np.empty((0, N_FIELDS))
         return View(frame, m, m, m, empty, empty.astype(bool), entities, ts0)
+    cols = _ALL if columns is None else np.asarray(columns, dtype=np.intp)
+    k = len(cols)
     ent = frame.gpu
-    vals = frame.values
+    vals = frame.values[:, cols]
     start = np.ones(n, dtype=bool)
     start[1:] = ent[1:] != ent[:-1]
-    gstart = np.maximum.accumulate(np.where(start, np.arange(n), 0))
-    # Forward-fill each column within its GPU's run of rows; fall back to the stored state.
-    idx = np.where(np.isnan(vals), -1, np.arange(n)[:, None])
-    acc = np.maximum.accumulate(idx, axis=0)
-    have = acc >= gstart[:, None]
-    cols = np.arange(N_FIELDS)
-    filled = np.where(have, vals[np.maximum(acc, 0), cols], state.last[ent])
-    seen = np.where(have, frame.ts[np.maximum(acc, 0)], state.seen[ent])
-    # Previous known value of each field: the row above within the GPU, else the state.
-    prev = np.empty((n, N_FIELDS))
-    prev[start] = state.last[ent[start]]
-    notstart = np.flatnonzero(~start)
-    prev[notstart] = filled[notstart - 1]
-    cur = vals[:, COUNTER_COLS]
+    # take() along one axis at a time: ~2.5x faster than a 2-D fancy index (n x k gather).
+    last_c = state.last.take(ent, axis=0).take(cols, axis=1)
+    seen_state = state.seen.take(ent, axis=0).take(cols, axis=1)
+    missing = np.isnan(vals)
+    if start.all():
+        # One row per GPU (the usual tick): a sample's "before" is the stored state.
+        filled_c = np.where(missing, last_c, vals)
+        seen_c = np.where(missing, seen_state, frame.ts[:, None])
+        prev_c = last_c
+    else:
+        gstart = np.maximum.accumulate(np.where(start, np.arange(n), 0))
+        # Forward-fill each column within its GPU's run of rows; fall back to the stored state.
+        idx = np.where(missing, -1, np.arange(n)[:, None])
+        acc = np.maximum.accumulate(idx, axis=0)
+        have = acc >= gstart[:, None]
+        src = np.maximum(acc, 0)
+        filled_c = np.where(have, vals[src, np.arange(k)], last_c)
+        seen_c = np.where(have, frame.ts[src], seen_state)
+        # Previous known value of each field: the row above within the GPU, else the state.
+        prev_c = np.empty((n, k))
+        prev_c[start] = last_c[start]
+        notstart = np.flatnonzero(~start)
+        prev_c[notstart] = filled_c[notstart - 1]
+    filled, prev, seen = (np.full((n, N_FIELDS), np.nan) for _ in range(3))
+    filled[:, cols], prev[:, cols], seen[:, cols] = filled_c, prev_c, seen_c
+    inc = np.full((n, len(COUNTER_COLS)), np.nan)
+    ccols, cpos = _counter_positions(cols)
     with np.errstate(invalid="ignore"):
-        inc = cur - prev[:, COUNTER_COLS]
+        inc[:, ccols] = vals[:, cpos] - prev_c[:, cpos]
         reset = inc < 0
     inc[reset] = 0.0
     # Store the last row of each GPU's run.
     end = np.ones(n, dtype=bool)
     end[:-1] = ent[1:] != ent[:-1]
-    state.last[ent[end]] = filled[end]
-    state.seen[ent[end]] = seen[end]
+    last_ent = ent[end]
+    for store, new in ((state.last, filled_c[end]), (state.seen, seen_c[end])):
+        # Whole rows out, columns set, whole rows back: ~2x faster than a 2-D fancy scatter.
+        block = store.take(last_ent, axis=0)
+        block[:, cols] = new
+        store[last_ent] = block
     state.last_ts[ent[end]] = frame.ts[end]
     np.fmax.at(state.host_last_ts, frame.host, frame.ts)
     return View(frame, filled, prev, seen, inc, reset, entities, ts0)
+
+
+_ALL = np.arange(N_FIELDS)
+_COUNTER_POS = {int(c): i for i, c in enumerate(COUNTER_COLS)}
+
+
+def _counter_positions(cols: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """For the counter columns among ``cols``: their index in COUNTER_COLS and in ``cols``."""
+    pairs = [(_COUNTER_POS[int(c)], j) for j, c in enumerate(cols) if int(c) in _COUNTER_POS]
+    if not pairs:
+        return np.empty(0, dtype=np.intp), np.empty(0, dtype=np.intp)
+    a, b = zip(*pairs)
+    return np.array(a, dtype=np.intp), np.array(b, dtype=np.intp)

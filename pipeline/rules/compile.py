@@ -9,7 +9,7 @@ reported a temperature. A rule fires only where its condition is exactly 1.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Any, Callable
 
 import numpy as np
 
@@ -39,7 +39,7 @@ class Chunk:
     view: View
     windows: "WindowStore"
     ts0: float                      # start of the chunk's pane (all rows share it)
-    memo: dict[str, np.ndarray] = field(default_factory=dict)
+    memo: dict[str, Any] = field(default_factory=dict)
 
     @property
     def ent(self) -> np.ndarray:
@@ -127,6 +127,10 @@ class Compiled:
 
     def __call__(self, chunk: Chunk) -> np.ndarray:
         return self.fn(chunk)
+
+
+def _host_groups(c: "Chunk") -> tuple[np.ndarray, np.ndarray]:
+    return np.unique(c.view.frame.host, return_inverse=True)
 
 
 def _kleene_and(a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -344,7 +348,8 @@ class Compiler:
             stat = PEER_FUNCS[name]
             # Keyed by the call's text: the same text compiles to the same computation.
             memo_key = f"peer|{label}"
-            fn = lambda c: c.cached(memo_key, lambda c: group_stat(c.view.frame.host, inner(c), stat))  # noqa: E731
+            fn = lambda c: c.cached(memo_key, lambda c: group_stat(  # noqa: E731
+                c.view.frame.host, inner(c), stat, groups=c.cached("peer|groups", _host_groups)))
             self.evidence.setdefault(label, fn)
             return NUM, fn
         if name == "absent":

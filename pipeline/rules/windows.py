@@ -49,7 +49,7 @@ class PaneWindow:
         self._mask_for = None
         p = int(math.floor(ts0 / self.pw))
         slot = p % self.n
-        touched = np.unique(ent)
+        touched, distinct = _distinct(ent)
         stale = touched[self.pane_id[touched, slot] != p]
         if len(stale):
             self.pane_id[stale, slot] = p
@@ -60,14 +60,26 @@ class PaneWindow:
         if not len(e):
             return
         d = self.data
-        if "sum" in d:
-            np.add.at(d["sum"], (e, slot), v)
-        if "count" in d:
-            np.add.at(d["count"], (e, slot), 1.0)
-        if "min" in d:
-            np.minimum.at(d["min"], (e, slot), v)
-        if "max" in d:
-            np.maximum.at(d["max"], (e, slot), v)
+        if distinct:
+            # One row per entity (the usual tick): plain fancy indexing, several times faster
+            # than the unbuffered ufunc.at that repeated entities need.
+            if "sum" in d:
+                d["sum"][e, slot] += v
+            if "count" in d:
+                d["count"][e, slot] += 1.0
+            if "min" in d:
+                d["min"][e, slot] = np.minimum(d["min"][e, slot], v)
+            if "max" in d:
+                d["max"][e, slot] = np.maximum(d["max"][e, slot], v)
+        else:
+            if "sum" in d:
+                np.add.at(d["sum"], (e, slot), v)
+            if "count" in d:
+                np.add.at(d["count"], (e, slot), 1.0)
+            if "min" in d:
+                np.minimum.at(d["min"], (e, slot), v)
+            if "max" in d:
+                np.maximum.at(d["max"], (e, slot), v)
         if "first" in d:
             first_row = np.ones(len(e), dtype=bool)
             first_row[1:] = e[1:] != e[:-1]
@@ -123,6 +135,24 @@ class PaneWindow:
         self.pane_id = st["pane_id"]
         for a in self.aggs:
             self.data[a] = st[f"d_{a}"]
+
+
+def _distinct(ent: np.ndarray) -> tuple[np.ndarray, bool]:
+    """The entities of a chunk, sorted and unique, and whether each appears in one row only.
+
+    Chunks arrive sorted by entity, so this is a linear scan instead of ``np.unique``'s sort.
+    """
+    if len(ent) < 2:
+        return ent, True
+    step = ent[1:] != ent[:-1]
+    if not (ent[1:] >= ent[:-1]).all():
+        u = np.unique(ent)
+        return u, len(u) == len(ent)
+    if step.all():
+        return ent, True
+    first = np.ones(len(ent), dtype=bool)
+    first[1:] = step
+    return ent[first], False
 
 
 class Baseline:
@@ -189,12 +219,17 @@ class Baseline:
         self.out_since = st["out_since"]
 
 
-def group_stat(keys: np.ndarray, values: np.ndarray, stat: str) -> np.ndarray:
-    """Per row, ``stat`` (median/mean/min/max/count) of ``values`` over rows with the same key; NaN ignored."""
+def group_stat(keys: np.ndarray, values: np.ndarray, stat: str,
+               groups: tuple[np.ndarray, np.ndarray] | None = None) -> np.ndarray:
+    """Per row, ``stat`` (median/mean/min/max/count) of ``values`` over rows with the same key; NaN ignored.
+
+    ``groups``: ``np.unique(keys, return_inverse=True)`` when the caller already has it (every
+    peer function of a tick groups the same rows by host).
+    """
     n = len(keys)
     if n == 0:
         return np.empty(0)
-    uniq, inv = np.unique(keys, return_inverse=True)
+    uniq, inv = groups if groups is not None else np.unique(keys, return_inverse=True)
     ok = ~np.isnan(values)
     cnt = np.bincount(inv, weights=ok.astype(float), minlength=len(uniq))
     if stat == "count":

@@ -94,3 +94,50 @@ def test_oversized_message():
 def test_unknown_fields_are_ignored_not_fatal():
     out = dec(json.dumps(rec(fields={"DCGM_FI_DEV_GPU_TEMP": 70, "DCGM_FI_SOMETHING_NEW": 5})))
     assert out.records and not out.dead
+
+
+GOOD = [json.dumps([rec(gpu=0), rec(gpu=1), nccl()]), json.dumps(rec(host="n2")), json.dumps(nccl(rank=3))]
+BAD = [
+    "",                                                   # empty message
+    "{not json",                                          # malformed
+    json.dumps(rec()) + "," + json.dumps(rec(gpu=5)),     # two values in one message
+    "[" + json.dumps(rec(gpu=6)),                         # half an array ...
+    json.dumps(rec(gpu=7)) + "]",                         # ... and the other half
+    json.dumps([rec(gpu=-1), rec(gpu=2)]),                # one implausible record among good ones
+    json.dumps(rec(ts=TS * 1000)),                        # milliseconds
+    json.dumps(nccl(rank=9)),                             # rank >= nranks
+    json.dumps([rec(v=2)]),
+    "   " + json.dumps(rec(gpu=3)) + "\n",                # whitespace around is fine
+]
+
+
+def _flat(out):
+    return ([json.loads(__import__("msgspec").json.encode(r)) for r in out.records], out.origins,
+            [(d.reason, d.origin) for d in out.dead])
+
+
+@pytest.mark.parametrize("bad", [None, *BAD])
+def test_decode_many_equals_decode_per_message(bad):
+    # Joining a batch into one JSON array must never let one message's bytes change how another
+    # is read: same records, origins and dead letters as decoding each message alone.
+    payloads = GOOD + ([] if bad is None else [bad]) + GOOD[:1]
+    payloads = [p.encode() for p in payloads]
+    origins = [f"t[0]@{i}" for i in range(len(payloads))]
+    d = Decoder()
+    one_by_one = [d.decode(p, o) for p, o in zip(payloads, origins)]
+    expected = ([json.loads(__import__("msgspec").json.encode(r)) for x in one_by_one for r in x.records],
+                [o for x in one_by_one for o in x.origins], [(dl.reason, dl.origin) for x in one_by_one for dl in x.dead])
+    assert _flat(d.decode_many(payloads, origins)) == expected
+    assert _flat(Decoder(fields=("DCGM_FI_DEV_GPU_TEMP",)).decode_many(payloads, origins)) == expected
+
+
+@pytest.mark.parametrize("bad", [nccl(rank=8), nccl(rank=-1), nccl(nranks=0), nccl(exec_time_us=-1.0),
+                                 nccl(busbw_gbs=-2.0), nccl(algbw_gbs=1e999), nccl(busbw_gbs=None, algbw_gbs=None)])
+def test_decode_many_judges_nccl_records_like_decode(bad):
+    payloads = [json.dumps([rec(gpu=0), nccl(rank=1)]).encode(), json.dumps([nccl(rank=2), bad]).encode()]
+    origins = ["a", "b"]
+    d = Decoder()
+    one_by_one = [d.decode(p, o) for p, o in zip(payloads, origins)]
+    many = d.decode_many(payloads, origins)
+    assert [(x.reason, x.origin) for x in many.dead] == [(x.reason, x.origin) for o in one_by_one for x in o.dead]
+    assert many.origins == [o for x in one_by_one for o in x.origins]

@@ -43,3 +43,36 @@ def test_only_the_columns_in_use_are_read():
     values, _ = Columnizer(cols).values(recs, ["o"])
     assert col(values, "gpu_temp")[0] == 70 and col(values, "sm_clock")[0] == 1980
     assert np.isnan(col(values, "power")[0])
+
+
+def _subset_record(names, **values):
+    from pipeline.decode import Decoder
+
+    line = msgspec_line(values)
+    return Decoder(fields=tuple(names)).decode(line, "o").records[0]
+
+
+def msgspec_line(values):
+    import msgspec
+
+    return msgspec.json.encode({"kind": "dcgm", "ts": TS, "host": "h", "gpu": 0, "fields": values})
+
+
+def test_records_decoded_for_the_columnizers_fields_give_the_same_matrix():
+    cz = Columnizer([FIELDS.by_alias("gpu_temp").column, FIELDS.by_alias("sm_clock").column])
+    fields = {"DCGM_FI_DEV_GPU_TEMP": 70, "DCGM_FI_DEV_SM_CLOCK": 1980, "DCGM_FI_DEV_POWER_USAGE": 500}
+    sub = _subset_record(cz.names, **fields)
+    assert not hasattr(sub.fields, "DCGM_FI_DEV_POWER_USAGE")          # skipped while decoding
+    full, _ = cz.values([dcgm(TS, "h", 0, fields)], ["a"])
+    fast, _ = cz.values([sub], ["a"])
+    np.testing.assert_array_equal(fast, full)
+    mixed, _ = cz.values([sub, dcgm(TS, "h", 1, fields)], ["a", "b"])   # a slow-path record among them
+    np.testing.assert_array_equal(mixed[1], full[0])
+
+
+def test_records_decoded_for_fewer_fields_read_what_they_lack_as_not_reported():
+    # Rules reloaded with a new field while records decoded for the old set are still pending.
+    old = _subset_record(("DCGM_FI_DEV_GPU_TEMP",), DCGM_FI_DEV_GPU_TEMP=70, DCGM_FI_DEV_SM_CLOCK=1980)
+    cz = Columnizer([FIELDS.by_alias("gpu_temp").column, FIELDS.by_alias("sm_clock").column])
+    values, dead = cz.values([old], ["a"])
+    assert col(values, "gpu_temp")[0] == 70 and np.isnan(col(values, "sm_clock")[0]) and dead == []

@@ -98,3 +98,41 @@ def test_hot_reload_applies_good_files_and_refuses_broken_ones(tmp_path):
     assert "hot" not in eng.lifecycles and "hotter" in eng.lifecycles
     reloader.request()                                  # SIGHUP: reload even without a change
     assert reloader.poll().applied
+
+
+def test_pipeline_decodes_the_fields_of_reloaded_rules():
+    # The pipeline decodes only the fields its engine reads; a reload that adds a field must
+    # widen that, and records already pending keep working.
+    import msgspec
+
+    from pipeline.bus.base import Message
+    from pipeline.runner import Pipeline
+
+    def rules(cond):
+        rs, diags = load_rules_text(cond)
+        assert rs is not None, diags
+        return rs
+
+    def load_rules_text(cond):
+        import tempfile
+        from pathlib import Path
+        d = Path(tempfile.mkdtemp())
+        (d / "r.yaml").write_text(RULE.replace("gpu_temp > {limit}", cond))
+        return load_rules([d])
+
+    eng = Engine(rules=rules("gpu_temp > 85"))
+    pipe = Pipeline(eng)
+    t0 = 1764403200.0
+
+    def msg(t):
+        rec = {"kind": "dcgm", "ts": t0 + t, "host": "n1", "gpu": 0,
+               "fields": {"DCGM_FI_DEV_GPU_TEMP": 70, "DCGM_FI_DEV_SM_CLOCK": 900}}
+        return Message("t", 0, t, None, msgspec.json.encode([rec]))
+
+    pipe.handle([msg(t) for t in range(3)])
+    assert "DCGM_FI_DEV_SM_CLOCK" not in pipe.decoder.fields
+    eng.set_rules(rules("sm_clock < 1000"))
+    out = pipe.handle([msg(t) for t in range(3, 40)])
+    out.extend(pipe.flush())
+    assert "DCGM_FI_DEV_SM_CLOCK" in pipe.decoder.fields
+    assert [(a.state, a.rule) for a in out.alerts][:1] == [("firing", "hot")]
