@@ -1,5 +1,7 @@
 """The detectors evaluation compares: this project's packs and two baselines written as our rules.
 
+``gpuwarden``: what ``gpuwarden replay``/``serve`` run by default -- ``rules/*.yaml``, the
+engine's absence checks and the online models of ``rules/models.yaml`` (``build_engine``).
 (a) ``community``: dcgm-exporter's default field list at a 30 s scrape with the usual community
 alerts (`rules/baselines/prometheus_community.yaml`); (b) ``dcgm-health``: DCGM's own health-watch
 thresholds on every sample (`rules/baselines/dcgm_health.yaml`). Neither has absence detection.
@@ -13,6 +15,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, Iterable
 
+from pipeline.detection import build_engine
 from pipeline.engine import Engine
 from pipeline.rules import load_rules
 
@@ -32,8 +35,15 @@ class Detector:
     absence_checks: bool = True
     scrape_s: float | None = None           # downsample to this scrape interval
     fields: set[str] | None = None          # keep only these DCGM fields
+    models: str | None = None               # models.yaml, "auto" (beside the rules) or None: rules only
 
     def engine(self) -> Engine:
+        """A fresh engine for one run (models start cold, so every run is deterministic per seed)."""
+        if self.models is not None:
+            engine, diags = build_engine([str(r) for r in self.rules], self.models)
+            if engine is None:
+                raise ValueError("; ".join(str(d) for d in diags if d.is_error))
+            return engine
         rs, diags = load_rules(self.rules)
         if rs is None:
             raise ValueError("; ".join(str(d) for d in diags if d.is_error))
@@ -41,26 +51,33 @@ class Detector:
             return Engine(rules=rs)
         return Engine(row_checks=[], tick_checks=[], rules=rs)
 
+    def view(self, batch: list[dict[str, Any]], start: float) -> list[dict[str, Any]] | None:
+        """What this detector sees of one batch (one second of the fleet's telemetry) of a run
+        that started at ``start``: None between scrapes, else the batch with only its fields."""
+        if not batch:
+            return None
+        if self.scrape_s is not None and round(batch[0]["ts"] - start) % round(self.scrape_s) != 0:
+            return None
+        if self.fields is None:
+            return batch
+        return [{**r, "fields": {k: v for k, v in r["fields"].items() if k in self.fields}}
+                if r.get("kind") == "dcgm" else r for r in batch]
+
     def transform(self, batches: Iterable[list[dict[str, Any]]]) -> Iterable[list[dict[str, Any]]]:
         """What this detector would have seen of the fleet's telemetry (one batch per second)."""
         start = None
         for batch in batches:
             if not batch:
                 continue
-            if self.scrape_s is not None:
-                start = batch[0]["ts"] if start is None else start
-                if round(batch[0]["ts"] - start) % round(self.scrape_s) != 0:
-                    continue
-            if self.fields is None:
-                yield batch
-                continue
-            yield [{**r, "fields": {k: v for k, v in r["fields"].items() if k in self.fields}}
-                   if r.get("kind") == "dcgm" else r for r in batch]
+            start = batch[0]["ts"] if start is None else start
+            seen = self.view(batch, start)
+            if seen is not None:
+                yield seen
 
 
 def detectors() -> list[Detector]:
     return [
-        Detector("gpuwarden", [ROOT / "rules"]),
+        Detector("gpuwarden", [ROOT / "rules"], models="auto"),
         Detector("community", [ROOT / "rules" / "baselines" / "prometheus_community.yaml"], absence_checks=False,
                  scrape_s=30.0, fields=default_exporter_fields()),
         Detector("dcgm-health", [ROOT / "rules" / "baselines" / "dcgm_health.yaml"], absence_checks=False),

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Callable, Iterable
 
 from pipeline.bus.base import Message
 from pipeline.bus.telemetry import per_host_messages
@@ -16,33 +16,64 @@ def run_detector(det: Detector, sim) -> list[AlertEvent]:
     return replay_batches(det.engine(), det.transform(sim.batches()))
 
 
-def replay_batches(engine, batches) -> list[AlertEvent]:
-    """Simulated record batches -> per-host messages -> decoder -> ``engine``: every alert."""
-    pipe = Pipeline(engine)
-    alerts: list[AlertEvent] = []
-    offset = 0
-    for batch in batches:
+class _Feed:
+    """Simulated record batches -> per-host messages -> decoder -> engine, one batch at a time."""
+
+    def __init__(self, engine) -> None:
+        self.pipe = Pipeline(engine)
+        self.alerts: list[AlertEvent] = []
+        self.offset = 0
+
+    def send(self, batch: list[dict]) -> None:
         msgs = []
         for key, value in per_host_messages(batch):
-            msgs.append(Message("eval", 0, offset, key, value))
-            offset += 1
-        alerts += pipe.handle(msgs).alerts
-    return alerts + pipe.flush().alerts
+            msgs.append(Message("eval", 0, self.offset, key, value))
+            self.offset += 1
+        self.alerts += self.pipe.handle(msgs).alerts
+
+    def close(self) -> list[AlertEvent]:
+        self.alerts += self.pipe.flush().alerts
+        return self.alerts
+
+
+def replay_batches(engine, batches: Iterable[list[dict]]) -> list[AlertEvent]:
+    """Simulated record batches -> per-host messages -> decoder -> ``engine``: every alert."""
+    feed = _Feed(engine)
+    for batch in batches:
+        feed.send(batch)
+    return feed.close()
+
+
+def run_detectors(dets: list[Detector], sim) -> dict[str, list[AlertEvent]]:
+    """Every detector's alerts on one simulated run, generating the run once."""
+    feeds = {d.name: _Feed(d.engine()) for d in dets}
+    start = None
+    for batch in sim.batches():
+        if not batch:
+            continue
+        start = batch[0]["ts"] if start is None else start
+        for d in dets:
+            seen = d.view(batch, start)
+            if seen is not None:
+                feeds[d.name].send(seen)
+    return {name: f.close() for name, f in feeds.items()}
 
 
 def evaluate(scenario: str, *, seeds: int = 3, hosts: int = 8, duration: float = 3600.0,
-             progress: Callable[[str], None] | None = None) -> list[Score]:
-    """Score every detector on ``seeds`` runs of ``scenario`` (seeds 1..N)."""
+             progress: Callable[[str], None] | None = None,
+             dets: list[Detector] | None = None) -> list[Score]:
+    """Score every detector on ``seeds`` runs of ``scenario`` (seeds 1..N); one ``Score`` per
+    detector, in ``detectors()`` order."""
     from producers.sim import Simulator
 
-    dets = detectors()
+    dets = dets if dets is not None else detectors()
     scores = {d.name: Score(d.name) for d in dets}
     for seed in range(1, seeds + 1):
+        if progress:
+            progress(f"seed {seed}/{seeds}")
         sim = Simulator(hosts=hosts, duration=duration, seed=seed, scenario=scenario)
         gpu_hours = sim.n_gpus * duration / 3600.0
         labels = sim.labels()
-        for d in dets:
-            if progress:
-                progress(f"seed {seed}: {d.name}")
-            score_run(scores[d.name], labels, run_detector(d, sim), gpu_hours)
+        for name, alerts in run_detectors(dets, sim).items():
+            score_run(scores[name], labels, alerts, gpu_hours, run=f"{scenario}/{seed}")
     return list(scores.values())
