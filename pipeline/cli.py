@@ -191,35 +191,54 @@ def _cmd_record(args: argparse.Namespace) -> int:
 
 def _cmd_eval(args: argparse.Namespace) -> int:
     from rich.console import Console
-    from rich.table import Table
 
+    from pipeline.evaluation.goodput import Job
     from pipeline.evaluation.run import evaluate
+    from pipeline.evaluation.tables import detector_rows, family_rows, goodput_rows, verdicts
 
-    console = Console(width=None if sys.stdout.isatty() else 150)
-    with console.status("evaluating") as status:
+    console = Console(width=None if sys.stdout.isatty() else 160)
+    err = Console(stderr=True)
+    with err.status("evaluating") as status:
         scores = evaluate(args.scenario, seeds=args.seeds, hosts=args.hosts, duration=args.duration,
                           progress=lambda s: status.update(f"evaluating {args.scenario}: {s}"))
-    fams = sorted({f for s in scores for f, fs in s.families.items() if fs.injected})
-    table = Table(title=f"{args.scenario}: {args.seeds} seed(s) x {args.hosts * 8} GPUs x {args.duration:.0f}s")
-    for col in ("family", "detector", "injected", "recall", "precision", "F1", "latency p50", "p95", "right GPU"):
-        table.add_column(col, justify="right" if col not in ("family", "detector") else "left")
+    job = Job(gpus=args.job_gpus, checkpoint_interval_s=args.checkpoint_interval, restart_cost_s=args.restart_cost,
+              watchdog_timeout_s=args.watchdog_timeout)
+    title = f"{args.scenario}: {args.seeds} seed(s) x {args.hosts * 8} GPUs x {args.duration:.0f} s"
+    tables = [family_rows(scores, title), detector_rows(scores), goodput_rows(scores, job)]
+    lines = verdicts(scores)
+    if args.html:
+        from pipeline.report import eval_page, write_page
 
-    def pct(x: float) -> str:
-        return "-" if x != x else f"{100 * x:.0f}%"
+        out = write_page(eval_page(scores, title, subtitle="; ".join(lines)), args.html)
+        err.print(f"gpuwarden eval: wrote {out} (latency CDF and per-family table)")
+    if args.markdown:
+        console.print("\n\n".join(t.markdown() for t in tables[:2]) + "\n\n" + "\n".join(f"- {v}" for v in lines)
+                      + "\n\n" + tables[2].markdown(), markup=False, highlight=False, soft_wrap=True)
+        return 0
+    console.print(tables[0].rich())
+    console.print(tables[1].rich())
+    for v in lines:
+        console.print(v, markup=False, highlight=False)
+    console.print(tables[2].rich())
+    return 0
 
-    def sec(x: float) -> str:
-        return "-" if x != x else f"{x:.0f}s"
 
-    for fam in fams:
-        for s in scores:
-            f = s.family(fam)
-            table.add_row(fam, s.detector, str(f.injected), pct(f.recall), pct(f.precision), pct(f.f1),
-                          sec(f.latency(50)), sec(f.latency(95)), pct(f.localisation))
-        table.add_section()
-    console.print(table)
-    for s in scores:
-        console.print(f"{s.detector:<12} false alerts: {s.false_per_1000_gpu_h:.2f} per 1,000 GPU-hours "
-                      f"({sum(f.false_alerts for f in s.families.values())} in {s.gpu_hours:.0f} GPU-hours)")
+def _cmd_report(args: argparse.Namespace) -> int:
+    from pipeline.errors import ConfigError
+    from pipeline.report import incident_page, write_page
+
+    for opt, paths in (("--telemetry", args.telemetry), ("--alerts", args.alerts)):
+        for p in paths:
+            if p != "-" and not Path(p).is_file():
+                raise ConfigError(opt, f"no such file: {p}")
+    if args.window <= 0 or args.max_alerts < 0:
+        raise ConfigError("--window" if args.window <= 0 else "--max-alerts", "must be positive")
+    t0 = time.monotonic()
+    html = incident_page(args.telemetry, args.alerts, rules=[args.rules], models=args.models, window=args.window,
+                         max_alerts=args.max_alerts, title=args.title)
+    out = write_page(html, args.out)
+    print(f"gpuwarden report: wrote {out} ({len(html) / 1e6:.1f} MB) in {time.monotonic() - t0:.1f}s",
+          file=sys.stderr)
     return 0
 
 
@@ -292,10 +311,31 @@ def build_parser() -> argparse.ArgumentParser:
 
     ev = sub.add_parser("eval", help="score detectors (ours and two baselines) on labelled scenarios")
     ev.add_argument("--scenario", default="llama3", help="built-in scenario name or a YAML file")
-    ev.add_argument("--seeds", type=int, default=3)
+    ev.add_argument("--seeds", type=int, default=5, help="runs with seeds 1..N (default: %(default)s)")
     ev.add_argument("--hosts", type=int, default=8)
     ev.add_argument("--duration", type=float, default=3600.0)
+    ev.add_argument("--job-gpus", type=int, default=16_384, help="training job size for the effective-training-time table")
+    ev.add_argument("--checkpoint-interval", type=float, default=1800.0, help="seconds between the job's checkpoints")
+    ev.add_argument("--restart-cost", type=float, default=600.0, help="seconds to restart the job after an interruption")
+    ev.add_argument("--watchdog-timeout", type=float, default=600.0,
+                    help="seconds a missed fault hangs the job (PyTorch's NCCL default: 600)")
+    ev.add_argument("--markdown", action="store_true", help="print markdown tables (for docs/evaluation.md)")
+    ev.add_argument("--html", metavar="FILE", help="also write an HTML page: latency CDF per family, per-family table")
     ev.set_defaults(func=_cmd_eval)
+
+    rp = sub.add_parser("report", help="write a self-contained HTML incident report (timeline + signals per alert)")
+    rp.add_argument("--telemetry", nargs="+", required=True, metavar="FILE", help="telemetry JSONL (.gz) recordings")
+    rp.add_argument("--alerts", nargs="+", required=True, metavar="FILE", help="alert events (replay --alerts-out)")
+    rp.add_argument("--out", required=True, help="HTML file to write")
+    rp.add_argument("--window", type=float, default=300.0,
+                    help="seconds of telemetry shown before an alert's onset and after it fired (default: %(default)s)")
+    rp.add_argument("--max-alerts", type=int, default=50,
+                    help="alerts given a section with plots, most severe then earliest first (default: %(default)s)")
+    rp.add_argument("--rules", default=_default_rules(),
+                    help="the rules the alerts came from: which fields each reads (default: %(default)s)")
+    rp.add_argument("--models", default="auto", help="models.yaml; 'auto': the one beside the rules; 'none'")
+    rp.add_argument("--title", default="Incident report")
+    rp.set_defaults(func=_cmd_report)
 
     sv = sub.add_parser("serve", help="run the Kafka consumer-group detection service")
     sv.add_argument("--config", help="YAML config (see docs/operations.md)")

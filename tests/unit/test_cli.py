@@ -63,3 +63,17 @@ def test_demo_runs_to_its_summary_table():
     assert proc.returncode == 0, proc.stderr
     assert "Injected faults vs alerts" in proc.stdout
     assert "injected faults detected" in proc.stdout
+
+
+def test_eval_prints_per_family_and_per_detector_tables_verdicts_and_training_time(capsys, tmp_path):
+    page = tmp_path / "eval.html"
+    assert main(["eval", "--scenario", "thermal", "--seeds", "1", "--hosts", "1", "--duration", "600",
+                 "--markdown", "--job-gpus", "1024", "--checkpoint-interval", "900", "--html", str(page)]) == 0
+    html = page.read_text()
+    assert "data:image/png;base64," in html and "gpuwarden beats community" in html
+    out = capsys.readouterr().out
+    assert "| thermal | gpuwarden | 1 | 1 | 100%" in out
+    for det in ("community", "dcgm-health"):
+        assert f"| {det} |" in out and f"gpuwarden beats {det}" in out
+    assert "false / 1,000 GPU-h" in out and "95% upper bound" in out
+    assert "1,024 GPUs, checkpoint every 900 s" in out and "| watchdog only |" in out

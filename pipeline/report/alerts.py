@@ -1,0 +1,108 @@
+"""Alert events (JSONL, as ``gpuwarden replay --alerts-out`` writes them) -> one ``Incident`` per id.
+
+An alert is a ``firing`` event followed, maybe, by a ``resolved`` one under the same ``id``; the
+report shows the firing event's evidence (what the detector saw when it decided) and the
+resolution time. Unreadable lines are counted, never fatal: a report of a half-broken incident
+is still a report.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterable
+
+import msgspec
+
+from pipeline.bus.files import read_lines
+from pipeline.schema import AlertEvent
+
+SEVERITY_RANK = {"critical": 0, "error": 1, "warning": 2, "info": 3}
+
+
+@dataclass
+class Incident:
+    """One alert from onset to resolution (``resolved_at`` None: still firing when the data ends)."""
+
+    id: str
+    event: AlertEvent               # the (first) firing event: its evidence is what fired the alert
+    resolved_at: float | None = None
+    number: int = 0                 # position in the report (1-based), 0: not given a section
+
+    @property
+    def started_at(self) -> float:
+        return self.event.started_at
+
+    @property
+    def fired_at(self) -> float:
+        return self.event.ts
+
+    @property
+    def severity(self) -> str:
+        return self.event.severity
+
+    @property
+    def is_model(self) -> bool:
+        return self.event.labels.get("source") == "model"
+
+    def end(self, data_end: float) -> float:
+        """When the alert stopped (or the data did), never before it fired."""
+        end = self.resolved_at if self.resolved_at is not None else data_end
+        return max(end, self.fired_at)
+
+
+@dataclass
+class AlertLog:
+    incidents: list[Incident]
+    lines: int = 0
+    bad_lines: int = 0
+    orphan_resolutions: int = 0     # resolved events whose firing event is not in the file
+
+
+def group_events(events: Iterable[AlertEvent]) -> tuple[list[Incident], int]:
+    """Pair firing and resolved events by id; returns (incidents by onset, resolutions without a firing)."""
+    by_id: dict[str, Incident] = {}
+    resolved: dict[str, float] = {}
+    for ev in events:
+        if ev.state == "firing":
+            cur = by_id.get(ev.id)
+            if cur is None or ev.ts < cur.event.ts:
+                by_id[ev.id] = Incident(ev.id, ev)
+        elif ev.state == "resolved":
+            resolved[ev.id] = max(ev.ts, resolved.get(ev.id, ev.ts))
+    orphans = 0
+    for aid, ts in resolved.items():
+        inc = by_id.get(aid)
+        if inc is None:
+            orphans += 1
+        else:
+            inc.resolved_at = ts
+    incidents = sorted(by_id.values(), key=lambda i: (i.started_at, i.fired_at, i.id))
+    return incidents, orphans
+
+
+def load_alerts(paths: Iterable[str | Path]) -> AlertLog:
+    """Read alert JSONL files (optionally .gz); a line may hold one event or an array of them."""
+    events: list[AlertEvent] = []
+    lines = bad = 0
+    for path in paths:
+        for msg in read_lines(path):
+            lines += 1
+            try:
+                obj = msgspec.json.decode(msg.value)
+            except msgspec.DecodeError:
+                bad += 1
+                continue
+            for item in obj if isinstance(obj, list) else [obj]:
+                try:
+                    events.append(msgspec.convert(item, AlertEvent))
+                except msgspec.ValidationError:
+                    bad += 1
+    incidents, orphans = group_events(events)
+    return AlertLog(incidents, lines, bad, orphans)
+
+
+def most_important(incidents: list[Incident], limit: int) -> list[Incident]:
+    """The ``limit`` incidents a reader should see first: most severe, then earliest."""
+    ranked = sorted(incidents, key=lambda i: (SEVERITY_RANK.get(i.severity, 9), i.started_at, i.fired_at, i.id))
+    return ranked[:max(0, limit)]

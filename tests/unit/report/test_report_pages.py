@@ -1,0 +1,129 @@
+import base64
+import io
+import math
+import re
+
+import numpy as np
+from markupsafe import escape
+from PIL import Image
+
+from pipeline.cli import main
+from pipeline.evaluation.score import Score
+from pipeline.report import eval_page, flatten_evidence, incident_page
+from pipeline.report.alerts import group_events
+from pipeline.report.plots import ALERTED, alert_figure, bit_names
+from pipeline.report.signals import Signal
+from pipeline.report.telemetry import load_telemetry
+from tests.unit.report.conftest import alert, write_jsonl
+
+
+def images(page: str) -> list[Image.Image]:
+    return [Image.open(io.BytesIO(base64.b64decode(b)))
+            for b in re.findall(r'src="data:image/png;base64,([A-Za-z0-9+/=]+)"', page)]
+
+
+def colour_pixels(img: Image.Image, hex_colour: str, tol: int = 10) -> int:
+    rgb = np.asarray(img.convert("RGB")).astype(int)
+    target = np.array([int(hex_colour[i:i + 2], 16) for i in (1, 3, 5)])
+    return int((np.abs(rgb - target).max(axis=2) <= tol).sum())
+
+
+def test_the_page_is_self_contained_with_a_timeline_and_a_figure_per_alert(incident_files):
+    tel, alerts = incident_files
+    page = incident_page([tel], [alerts])
+    imgs = images(page)
+    assert len(imgs) == 2 and all(i.size[0] > 600 for i in imgs)     # timeline + the one alert
+    assert not re.search(r'(src|href)="(https?:)?//', page) and "<script" not in page and "<link" not in page
+    assert 'id="alert-1"' in page and "gpu_thermal_throttling" in page and "rules/thermal.yaml" in page
+    assert "2025-11-29 08:01:00Z" in page and "(after 1m 30s)" in page        # onset and resolution
+
+
+def test_the_alerted_gpu_is_drawn_in_its_own_colour(incident_files):
+    tel_path, alerts = incident_files
+    tel = load_telemetry([tel_path], hosts={"n0"}, fields=["gpu_temp", "sm_clock"])
+    inc = group_events([alert(65, started=60)])[0][0]
+    sigs = [Signal("gpu_temp"), Signal("sm_clock")]
+    img = Image.open(io.BytesIO(base64.b64decode(alert_figure(inc, sigs, tel, 60).split(",", 1)[1])))
+    assert colour_pixels(img, ALERTED) > 500
+    # The same alert on a GPU the recording does not have: nothing is highlighted.
+    inc.event.gpu = 7
+    img = Image.open(io.BytesIO(base64.b64decode(alert_figure(inc, sigs, tel, 60).split(",", 1)[1])))
+    assert colour_pixels(img, ALERTED) < 50
+
+
+def test_text_from_the_data_is_escaped(tmp_path, incident_files):
+    tel, _ = incident_files
+    evil = '<script>alert("x")</script>'
+    alerts = write_jsonl(tmp_path / "evil.jsonl", [alert(65, host="n0", summary=evil, evidence={evil: evil},
+                                                         labels={"team": evil})])
+    page = incident_page([tel], [alerts])
+    assert evil not in page and "<script" not in page
+    assert page.count(str(escape(evil))) >= 4        # summary (table, section), evidence key and value
+
+
+def test_sections_are_capped_and_the_rest_are_still_listed(tmp_path, incident_files):
+    tel, _ = incident_files
+    alerts = write_jsonl(tmp_path / "many.jsonl", [
+        alert(10 + i, id=f"a{i}", severity="critical" if i == 3 else "warning") for i in range(5)])
+    page = incident_page([tel], [alerts], max_alerts=2)
+    assert len(images(page)) == 3                                  # timeline + 2 sections
+    assert "3 of 5 alerts are not shown in detail" in page
+    sections = re.findall(r'<section class="alert" id="alert-(\d+)">\s*<h3>#\d+ <span class="sev sev-(\w+)"', page)
+    assert sections == [("1", "critical"), ("2", "warning")]
+    assert page.count('<a href="#alert-') == 2 and page.count("<tr>") >= 5
+
+
+def test_alerts_without_telemetry_and_broken_inputs_still_make_a_page(tmp_path):
+    tel = tmp_path / "t.jsonl"
+    tel.write_text("garbage\n")
+    alerts = write_jsonl(tmp_path / "a.jsonl", [alert(5)])
+    with alerts.open("a") as fh:
+        fh.write("{not json\n")
+    page = incident_page([tel], [alerts])
+    assert "1 telemetry record(s) or line(s) could not be decoded" in page
+    assert "1 alert line(s) could not be read" in page and "no readable records" in page
+    assert len(images(page)) == 1                                  # the timeline only
+
+
+def test_evidence_is_flattened_and_formatted():
+    rows = dict(flatten_evidence({"a": 6000000000.0, "b": 0.08334, "c": None, "drivers": {"gap": 0.3}}))
+    assert rows == {"a": "6,000,000,000", "b": "0.08334", "c": "—", "drivers.gap": "0.3"}
+
+
+def test_bitmask_values_are_named():
+    assert bit_names(0x40 | 0x20 | 0x8) == "hw_slowdown|sw_thermal|hw_thermal" and bit_names(0) == "none"
+
+
+def _score(name: str, latencies: list[float], injected: int = 4, false_alerts: int = 0) -> Score:
+    s = Score(name, gpu_hours=100.0)
+    f = s.family("thermal")
+    f.injected, f.detected, f.right_gpu = injected, len(latencies), len(latencies)
+    f.alerts, f.false_alerts, f.latencies = len(latencies) + false_alerts, false_alerts, list(latencies)
+    return s
+
+
+def test_eval_page_has_a_latency_cdf_and_marks_each_familys_best():
+    page = eval_page([_score("ours", [1.0, 2.0, 3.0]), _score("baseline", [60.0, 90.0], false_alerts=2)],
+                     title="eval <x>")
+    assert "eval &lt;x&gt;" in page and len(images(page)) == 1
+    families = page.split('id="families"', 1)[1]
+    row = re.search(r"<code>ours</code>.*?</tr>", families, re.S).group(0)
+    assert '<td class="num best">75%</td>' in row and '<td class="num best">2.0s</td>' in row
+    base = re.search(r"<code>baseline</code>.*?</tr>", families, re.S).group(0)
+    assert "best" not in base and "50%" in base
+    assert "20.00" in page                                         # 2 false alerts in 100 GPU-hours, per 1,000
+
+
+def test_eval_page_without_detections_has_no_plot_and_shows_dashes():
+    page = eval_page([_score("ours", [], injected=0)], title="empty")
+    assert len(images(page)) == 0 and "—" in page and math.isnan(_score("x", [], 0).family("thermal").recall)
+
+
+def test_cli_writes_the_report_and_refuses_missing_inputs(tmp_path, incident_files, capsys):
+    tel, alerts = incident_files
+    out = tmp_path / "sub" / "r.html"
+    assert main(["report", "--telemetry", str(tel), "--alerts", str(alerts), "--out", str(out),
+                 "--window", "60", "--max-alerts", "1"]) == 0
+    assert out.read_text().startswith("<!DOCTYPE html>") and "wrote" in capsys.readouterr().err
+    assert main(["report", "--telemetry", str(tmp_path / "nope"), "--alerts", str(alerts), "--out", str(out)]) == 2
+    assert "no such file" in capsys.readouterr().err
