@@ -1,14 +1,16 @@
 # gpuwarden — the two commands in the README do all of their own set-up.
 #   make demo   venv + install + the demo (no broker needed)
 #   make test   venv + install + a local Apache Kafka broker + the whole suite + stop the broker
+#   make bench  venv + install + a broker (unless KAFKA_BOOTSTRAP) + bench/run_all.py + stop it
 
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml | sha1sum | cut -c1-12)
 PYTEST_ARGS ?=
+BENCH_ARGS  ?=
 
-.PHONY: venv demo test test-unit kafka-start kafka-stop bench clean
+.PHONY: venv browser demo test test-unit kafka-start kafka-stop bench clean
 
 $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "Python >= 3.11 is required")'
@@ -23,15 +25,42 @@ venv: $(STAMP)
 demo: venv
 	$(BIN)/gpuwarden demo
 
+# Headless Chromium for the report-rendering test (tests/integration/test_report_render.py).
+# Installed from the distribution's apt when missing (sudo only when not root); where there is
+# no apt-get it says so and goes on: the test then skips locally and fails under CI.
+browser:
+	@command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1 || { \
+		if command -v apt-get >/dev/null 2>&1; then \
+			SUDO=; [ "$$(id -u)" -eq 0 ] || SUDO=sudo; \
+			$$SUDO apt-get update -qq && \
+			$$SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium; \
+		else \
+			echo "no apt-get here: install Chromium yourself for the report-rendering test" >&2; \
+		fi; \
+	}
+
 # The broker is started unless KAFKA_BOOTSTRAP points at one already; it is stopped whatever
 # the tests did, and the tests' exit status is kept.
-test: venv
+test: venv browser
 	@if [ -n "$$KAFKA_BOOTSTRAP" ]; then \
 		$(BIN)/python -m pytest $(PYTEST_ARGS); \
 	else \
 		PYTHON=$(BIN)/python scripts/kafka start || exit 1; \
 		status=0; \
 		KAFKA_BOOTSTRAP=127.0.0.1:$${KAFKA_PORT:-9092} $(BIN)/python -m pytest $(PYTEST_ARGS) || status=$$?; \
+		scripts/kafka stop; \
+		exit $$status; \
+	fi
+
+# The whole benchmark suite (bench/run_all.py): JSON under bench/results/ and the generated
+# section of docs/performance.md. BENCH_ARGS=--quick for a smoke run (it leaves the doc alone).
+bench: venv
+	@if [ -n "$$KAFKA_BOOTSTRAP" ]; then \
+		$(BIN)/python bench/run_all.py $(BENCH_ARGS); \
+	else \
+		PYTHON=$(BIN)/python scripts/kafka start || exit 1; \
+		status=0; \
+		KAFKA_BOOTSTRAP=127.0.0.1:$${KAFKA_PORT:-9092} $(BIN)/python bench/run_all.py $(BENCH_ARGS) || status=$$?; \
 		scripts/kafka stop; \
 		exit $$status; \
 	fi

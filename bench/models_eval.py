@@ -11,7 +11,9 @@ Runs the engine with the default rule packs and the default models (rules/models
 * fault-free runs (64 GPUs, 2 hours by default: healthy with checkpoints, power capping,
   afternoon heat): every firing alert is a false alert.
 
-Prints a markdown table (pasted into docs/models.md). Not a test: a benchmark.
+Prints a markdown table (pasted into docs/models.md). Not a test: a benchmark, and a quality
+one, so `bench/run_all.py` (speed and memory) leaves it out. ``--quick``: one seed and
+15-minute fault-free runs, a smoke check of the script rather than a measurement.
 """
 
 from __future__ import annotations
@@ -97,7 +99,10 @@ def main() -> None:
     ap.add_argument("--kinds", nargs="*", choices=list(FAULTS), default=list(FAULTS))
     ap.add_argument("--first-seed", type=int, default=1)
     ap.add_argument("--json", help="append results as JSON lines")
+    ap.add_argument("--quick", action="store_true", help="one seed, 15-minute fault-free runs")
     args = ap.parse_args()
+    if args.quick:
+        args.seeds, args.clean_hours = 1, 0.25
     results = []
     if args.only != "clean":
         for kind in args.kinds:

@@ -1,12 +1,14 @@
 """Produce-to-alert latency of the service at a paced fleet load (default 16,384 GPUs at 1 Hz).
 
     .venv/bin/python bench/service_latency.py --kafka 127.0.0.1:9092 [--gpus 16384] [--seconds 40]
+        [--repeat 1] [--json OUT] [--workdir bench/results]
 
 A publisher sends one message per host per second, paced in real time, each sample stamped
 with the current wall clock as its event time. Every second a few random GPUs report XID 79,
 which the default rules alert on at once (`gpu_fallen_off_bus`). The latency of an alert is its
 Kafka timestamp (set when the service produced it) minus the wall time its triggering sample was
-produced. One `gpuwarden serve` process; broker, service and publisher share the machine.
+produced. One `gpuwarden serve` process per repeat, on a fresh topic prefix deleted afterwards;
+broker, service and publisher share the machine. Percentiles are per run; reported: their median.
 """
 
 from __future__ import annotations
@@ -15,106 +17,140 @@ import argparse
 import json
 import os
 import random
-import re
-import subprocess
+import statistics
 import sys
-import threading
 import time
 import uuid
 from pathlib import Path
 
+import numpy as np
 from kafka import KafkaConsumer
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+from service_harness import Service, delete_topics  # noqa: E402
 
 from pipeline.bus import Topics  # noqa: E402
 from pipeline.bus.kafka import KafkaBusProducer, ensure_topics  # noqa: E402
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--kafka", default="127.0.0.1:9092")
-    ap.add_argument("--gpus", type=int, default=16384)
-    ap.add_argument("--seconds", type=int, default=40)
-    ap.add_argument("--faults-per-s", type=int, default=3)
-    ap.add_argument("--json")
-    args = ap.parse_args()
-    prefix = f"lat-{uuid.uuid4().hex[:8]}"
-    topics = Topics(prefix)
-    ensure_topics(args.kafka, topics, partitions=8)
-    hosts = [f"node-{i:05d}" for i in range(args.gpus // 8)]
-    results = ROOT / "bench" / "results"
-    results.mkdir(exist_ok=True)
-    cfg = results / f"{prefix}.json"
-    cfg.write_text(json.dumps({"kafka": {"bootstrap": args.kafka, "prefix": prefix, "group": prefix},
-                               "engine": {"allowed_lateness": 10},
-                               "http": {"port": 0}, "service": {"rules": [str(ROOT / "rules")]}}))
-    log = results / f"{prefix}.log"
-    svc = subprocess.Popen([sys.executable, "-m", "pipeline", "serve", "--config", str(cfg)], cwd=ROOT,
-                           stdout=open(log, "w"), stderr=subprocess.STDOUT)
-    while not re.search(r'"http_port"', log.read_text()):
-        time.sleep(0.2)
-    produced: dict[tuple[str, int, int], float] = {}     # (host, gpu, second) -> produce wall time
-    rng = random.Random(1)
+def publish_paced(bootstrap: str, topic: str, hosts: list[str], seconds: int, warmup: int, cooldown: int,
+                  faults_per_s: int, rng: random.Random) -> tuple[dict[tuple[str, int, int], float], float]:
+    """Send one message per host per second in real time; return (host, gpu, second) -> produce time
+    of each injected XID 79, and how far behind its schedule the publisher fell at worst (a
+    second's messages sent later than the next second's start mean the load was not paced).
+
+    No fault in the last ``cooldown`` seconds: a second's samples are evaluated once later event
+    time closes its tick, so a fault in the very last second would only be seen at the idle flush.
+    """
+    produced: dict[tuple[str, int, int], float] = {}
     lost: set[tuple[str, int]] = set()
+    p = KafkaBusProducer(bootstrap, linger_ms=2)
+    start = time.time()
+    behind = 0.0
+    for s in range(seconds):
+        delay = start + s - time.time()
+        if delay > 0:
+            time.sleep(delay)
+        ts = round(time.time(), 3)
+        faulty = set()
+        if warmup <= s < seconds - cooldown:  # after the engine's start-up window
+            while len(faulty) < faults_per_s and len(lost) < 8 * len(hosts):
+                c = (rng.choice(hosts), rng.randrange(8))
+                if c not in lost:
+                    faulty.add(c)
+                    lost.add(c)
+        for h in hosts:
+            recs = []
+            for g in range(8):
+                xid = 79 if (h, g) in lost else 0
+                recs.append('{"v":1,"kind":"dcgm","ts":%s,"host":"%s","gpu":%d,"fields":{"DCGM_FI_DEV_GPU_UTIL":99,'
+                            '"DCGM_FI_DEV_GPU_TEMP":65,"DCGM_FI_DEV_SM_CLOCK":1980,"DCGM_FI_DEV_XID_ERRORS":%d}}'
+                            % (ts, h, g, xid))
+            now = time.time()
+            for g in range(8):
+                if (h, g) in faulty:
+                    produced[(h, g, int(ts))] = now
+            p.send(topic, ("[" + ",".join(recs) + "]").encode(), h.encode())
+        p.flush()
+        behind = max(behind, time.time() - (start + s + 1))
+    p.close()
+    return produced, behind
 
-    def publisher() -> None:
-        p = KafkaBusProducer(args.kafka, linger_ms=2)
-        start = time.time()
-        for s in range(args.seconds):
-            target = start + s
-            delay = target - time.time()
-            if delay > 0:
-                time.sleep(delay)
-            ts = round(time.time(), 3)
-            faulty = set()
-            if s >= 15:  # after the engine's start-up window
-                while len(faulty) < args.faults_per_s:
-                    c = (rng.choice(hosts), rng.randrange(8))
-                    if c not in lost:
-                        faulty.add(c)
-                        lost.add(c)
-            for h in hosts:
-                recs = []
-                for g in range(8):
-                    xid = 79 if (h, g) in faulty or (h, g) in lost else 0
-                    recs.append('{"v":1,"kind":"dcgm","ts":%s,"host":"%s","gpu":%d,"fields":{"DCGM_FI_DEV_GPU_UTIL":99,'
-                                '"DCGM_FI_DEV_GPU_TEMP":65,"DCGM_FI_DEV_SM_CLOCK":1980,"DCGM_FI_DEV_XID_ERRORS":%d}}'
-                                % (ts, h, g, xid))
-                now = time.time()
-                for g in range(8):
-                    if (h, g) in faulty:
-                        produced[(h, g, int(ts))] = now
-                p.send(topics.telemetry, ("[" + ",".join(recs) + "]").encode(), h.encode())
-            p.flush()
-        p.close()
 
-    t = threading.Thread(target=publisher)
-    t.start()
-    t.join()
-    time.sleep(8)
-    c = KafkaConsumer(topics.alerts, bootstrap_servers=args.kafka, group_id=None, auto_offset_reset="earliest")
-    lat = []
-    deadline = time.monotonic() + 20
-    while time.monotonic() < deadline:
-        for recs in c.poll(timeout_ms=1000).values():
+def collect(bootstrap: str, topic: str, produced: dict, drain_s: float) -> list[float]:
+    """Latencies (alert's Kafka timestamp - produce time) of the injected faults' alerts, waiting
+    up to ``drain_s`` for the last ones."""
+    c = KafkaConsumer(topic, bootstrap_servers=bootstrap, group_id=None, auto_offset_reset="earliest")
+    lat: dict[tuple, float] = {}
+    deadline = time.monotonic() + drain_s
+    while time.monotonic() < deadline and len(lat) < len(produced):
+        for recs in c.poll(timeout_ms=500).values():
             for r in recs:
                 a = json.loads(r.value)
                 key = (a["host"], a["gpu"], int(a["ts"]))
                 if a["state"] == "firing" and a["rule"] == "gpu_fallen_off_bus" and key in produced:
-                    lat.append(r.timestamp / 1000.0 - produced[key])
+                    lat.setdefault(key, r.timestamp / 1000.0 - produced[key])
     c.close()
-    svc.terminate()
-    svc.wait(60)
-    lat.sort()
-    expected = len(produced)
-    q = (lambda p: lat[min(len(lat) - 1, int(p * len(lat)))]) if lat else (lambda p: float("nan"))
-    res = {"bench": "service_latency", "gpus": args.gpus, "seconds": args.seconds, "faults": expected,
-           "alerts_seen": len(lat), "p50_s": round(q(0.50), 3), "p99_s": round(q(0.99), 3),
-           "max_s": round(lat[-1], 3) if lat else None, "machine": f"{os.cpu_count()} cores, shared"}
-    print(f"{args.gpus:,} GPUs at 1 Hz for {args.seconds}s: {len(lat)}/{expected} alerts seen, produce-to-alert "
-          f"latency p50 {res['p50_s']}s, p99 {res['p99_s']}s, max {res['max_s']}s")
+    return sorted(lat.values())
+
+
+def run_once(args: argparse.Namespace, seed: int) -> dict:
+    """One service, one paced load on a fresh topic prefix; the latency percentiles of that run."""
+    prefix = f"lat-{uuid.uuid4().hex[:8]}"
+    topics = Topics(prefix)
+    hosts = [f"node-{i:05d}" for i in range(max(1, args.gpus // 8))]
+    try:
+        ensure_topics(args.kafka, topics, partitions=8)
+        svc = Service({"kafka": {"bootstrap": args.kafka, "prefix": prefix, "group": prefix},
+                       "engine": {"allowed_lateness": 10},
+                       "http": {"port": 0}, "service": {"rules": [str(ROOT / "rules")]}}, args.workdir, prefix)
+        try:
+            produced, behind = publish_paced(args.kafka, topics.telemetry, hosts, args.seconds, args.warmup,
+                                             args.cooldown,
+                                     args.faults_per_s, random.Random(seed))
+            lat = collect(args.kafka, topics.alerts, produced, args.drain_s)
+        finally:
+            svc.stop()
+    finally:
+        delete_topics(args.kafka, topics.all())
+    pct = np.percentile(lat, [50, 95, 99], method="inverted_cdf") if lat else [float("nan")] * 3
+    return {"faults": len(produced), "alerts_seen": len(lat), "p50_s": float(pct[0]), "p95_s": float(pct[1]),
+            "p99_s": float(pct[2]), "max_s": lat[-1] if lat else float("nan"),
+            "publisher_behind_s": max(0.0, behind)}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--kafka", default=os.environ.get("KAFKA_BOOTSTRAP", "127.0.0.1:9092"))
+    ap.add_argument("--gpus", type=int, default=16384)
+    ap.add_argument("--seconds", type=int, default=40)
+    ap.add_argument("--warmup", type=int, default=15, help="seconds of load before the first fault")
+    ap.add_argument("--cooldown", type=int, default=3, help="seconds of load after the last fault")
+    ap.add_argument("--faults-per-s", type=int, default=3)
+    ap.add_argument("--drain-s", type=float, default=30.0, help="how long to wait for the last alerts")
+    ap.add_argument("--repeat", type=int, default=1)
+    ap.add_argument("--workdir", type=Path, default=ROOT / "bench" / "results", help="service configs and logs")
+    ap.add_argument("--json", help="append the result as one JSON line to this file")
+    args = ap.parse_args()
+    if args.seconds <= args.warmup + args.cooldown:
+        ap.error("--seconds must exceed --warmup + --cooldown, or no fault is injected")
+    runs = [run_once(args, seed) for seed in range(1, args.repeat + 1)]
+
+    def med(key: str) -> float:
+        return round(statistics.median(r[key] for r in runs), 3)
+
+    res = {"bench": "service_latency", "gpus": args.gpus, "seconds": args.seconds, "repeat": args.repeat,
+           "faults": sum(r["faults"] for r in runs), "alerts_seen": sum(r["alerts_seen"] for r in runs),
+           "p50_s": med("p50_s"), "p95_s": med("p95_s"), "p99_s": med("p99_s"), "max_s": med("max_s"),
+           "publisher_behind_s": round(max(r["publisher_behind_s"] for r in runs), 3),
+           "runs": [{k: round(v, 3) if isinstance(v, float) else v for k, v in r.items()} for r in runs],
+           "machine": f"{os.cpu_count()} cores, shared by broker, publisher and service"}
+    print(f"{args.gpus:,} GPUs at 1 Hz for {args.seconds}s, median of {args.repeat}: {res['alerts_seen']}/"
+          f"{res['faults']} alerts seen, produce-to-alert latency p50 {res['p50_s']}s, p95 {res['p95_s']}s, "
+          f"p99 {res['p99_s']}s, max {res['max_s']}s; publisher at worst {res['publisher_behind_s']}s behind")
     if args.json:
         with open(args.json, "a") as fh:
             fh.write(json.dumps(res) + "\n")

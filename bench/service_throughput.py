@@ -1,12 +1,18 @@
 """The service through the local broker: max-speed throughput next to the raw consume ceiling.
 
     .venv/bin/python bench/service_throughput.py --kafka 127.0.0.1:9092 [--gpus 2048] [--seconds 60]
+        [--repeat 1] [--json OUT] [--workdir bench/results]
 
-1. publishes a simulated recording (per-host messages) to a fresh ``<prefix>.telemetry``;
+Each repeat, on a fresh topic prefix:
+
+1. publishes a simulated recording (per-host messages) to ``<prefix>.telemetry``;
 2. measures the raw kafka-python consume rate of that topic (the ceiling of any consumer);
 3. runs one `gpuwarden serve` process from the beginning of the topic and measures the time
-   until its /metrics say every record was processed (GPU-samples/s, decode + rules + delivery
-   + checkpoint + commit included).
+   from its partition assignment until its /metrics say every record was processed
+   (GPU-samples/s; decode, rules, models, delivery, checkpoint and commit included);
+4. deletes the prefix's topics.
+
+Reports the median of the repeats. Broker, publisher and service share the machine.
 """
 
 from __future__ import annotations
@@ -15,6 +21,7 @@ import argparse
 import json
 import os
 import re
+import statistics
 import subprocess
 import sys
 import time
@@ -26,77 +33,122 @@ from kafka import KafkaConsumer
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+from service_harness import Service, delete_topics  # noqa: E402
 
 from pipeline.bus import Topics  # noqa: E402
 from pipeline.bus.kafka import ensure_topics  # noqa: E402
 from pipeline.recording import publish  # noqa: E402
 
 
-def raw_consume(bootstrap: str, topic: str, n_msgs: int) -> float:
+def raw_consume(bootstrap: str, topic: str, n_msgs: int, timeout_s: float = 600.0) -> float:
+    """Seconds for a bare kafka-python consumer to read ``n_msgs`` messages of ``topic``."""
     c = KafkaConsumer(topic, bootstrap_servers=bootstrap, group_id=None, auto_offset_reset="earliest",
                       enable_auto_commit=False, fetch_max_bytes=64 << 20, max_partition_fetch_bytes=16 << 20)
-    c.topics()
+    c.topics()  # metadata and connection set-up outside the timing
     got, t = 0, time.perf_counter()
+    deadline = time.monotonic() + timeout_s
     while got < n_msgs:
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"raw consume: {got}/{n_msgs} messages after {timeout_s:.0f}s")
         got += sum(len(v) for v in c.poll(timeout_ms=1000, max_records=10000).values())
     dt = time.perf_counter() - t
     c.close()
     return dt
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--kafka", default="127.0.0.1:9092")
-    ap.add_argument("--gpus", type=int, default=2048)
-    ap.add_argument("--seconds", type=int, default=60)
-    ap.add_argument("--json")
-    args = ap.parse_args()
+def service_seconds(svc: Service, n_records: int, timeout_s: float = 1800.0) -> float:
+    """Seconds from the service's partition assignment until it has processed ``n_records``.
+
+    Timed from the assignment, not from the first processed record: a small recording can be
+    done before the first /metrics poll sees anything.
+    """
+    t0 = None
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if svc.proc.poll() is not None:
+            raise RuntimeError(f"service exited with {svc.proc.returncode}; see {svc.log_path}")
+        text = urllib.request.urlopen(f"http://127.0.0.1:{svc.port}/metrics", timeout=10).read().decode()
+        now = time.perf_counter()
+        m = re.search(r"^gpuwarden_assigned_partitions (\S+)", text, re.M)
+        if t0 is None and m and float(m.group(1)) > 0:
+            t0 = now
+        m = re.search(r"^gpuwarden_records_total (\S+)", text, re.M)
+        if t0 is not None and m and float(m.group(1)) >= n_records:
+            return now - t0
+        time.sleep(0.02)
+    raise RuntimeError(f"service did not process {n_records} records in {timeout_s:.0f}s; see {svc.log_path}")
+
+
+def recording(gpus: int, seconds: int, workdir: Path) -> Path:
+    """A cached `gpuwarden sim` recording of the fleet, one record per line."""
+    rec = workdir / f"svc-{gpus}gpu-{seconds}s.jsonl"
+    workdir.mkdir(parents=True, exist_ok=True)
+    if not rec.exists():
+        tmp = rec.with_suffix(".tmp")
+        subprocess.run([sys.executable, "-m", "pipeline", "sim", "--hosts", str(max(1, gpus // 8)), "--duration",
+                        str(seconds), "--seed", "3", "--scenario", "mixed", "--out", str(tmp)], check=True, cwd=ROOT)
+        tmp.rename(rec)
+    return rec
+
+
+def run_once(bootstrap: str, rec: Path, n_records: int, workdir: Path) -> tuple[int, float, float, float]:
+    """(messages, publish seconds, raw consume seconds, service seconds) on a fresh topic prefix.
+
+    Each repeat publishes again: on the same prefix the service would resume from its checkpoint.
+    """
     prefix = f"bench-{uuid.uuid4().hex[:8]}"
     topics = Topics(prefix)
-    rec = ROOT / "bench" / "results" / f"svc-{args.gpus}gpu-{args.seconds}s.jsonl"
-    rec.parent.mkdir(exist_ok=True)
-    if not rec.exists():
-        subprocess.run([sys.executable, "-m", "pipeline", "sim", "--hosts", str(args.gpus // 8), "--duration",
-                        str(args.seconds), "--seed", "3", "--scenario", "mixed", "--out", str(rec)], check=True,
-                       cwd=ROOT)
-    n_dcgm = sum(1 for line in rec.open() if '"kind":"dcgm"' in line)
-    n_all = sum(1 for _ in rec.open())
-    ensure_topics(args.kafka, topics, partitions=8)
-    n_msgs = publish([str(rec)], args.kafka, topics.telemetry)
-    raw_s = raw_consume(args.kafka, topics.telemetry, n_msgs)
-    cfg = rec.parent / f"{prefix}.json"
-    cfg.write_text(json.dumps({"kafka": {"bootstrap": args.kafka, "prefix": prefix, "group": prefix},
-                               "http": {"port": 0}, "service": {"rules": [str(ROOT / "rules")], "flush_idle_s": 2}}))
-    log = rec.parent / f"{prefix}.log"
-    env = {**os.environ}
-    proc = subprocess.Popen([sys.executable, "-m", "pipeline", "serve", "--config", str(cfg)], cwd=ROOT,
-                            stdout=open(log, "w"), stderr=subprocess.STDOUT, env=env)
     try:
-        port = None
-        while port is None:
-            time.sleep(0.2)
-            m = re.search(r'"http_port": (\d+)', log.read_text())
-            port = int(m.group(1)) if m else None
-        t0 = None
-        while True:
-            text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics").read().decode()
-            m = re.search(r"^gpuwarden_records_total (\S+)", text, re.M)
-            done = float(m.group(1)) if m else 0.0
-            if done > 0 and t0 is None:
-                t0 = time.perf_counter()
-            if done >= n_all:
-                break
-            time.sleep(0.05)
-        svc_s = time.perf_counter() - t0
+        ensure_topics(bootstrap, topics, partitions=8)
+        t = time.perf_counter()
+        n_msgs = publish([str(rec)], bootstrap, topics.telemetry)
+        pub_s = time.perf_counter() - t
+        raw_s = raw_consume(bootstrap, topics.telemetry, n_msgs)
+        svc = Service({"kafka": {"bootstrap": bootstrap, "prefix": prefix, "group": prefix},
+                       "http": {"port": 0}, "service": {"rules": [str(ROOT / "rules")], "flush_idle_s": 2}},
+                      workdir, prefix)
+        try:
+            svc_s = service_seconds(svc, n_records)
+        finally:
+            svc.stop()
+        return n_msgs, pub_s, raw_s, svc_s
     finally:
-        proc.terminate()
-        proc.wait(60)
+        delete_topics(bootstrap, topics.all())
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--kafka", default=os.environ.get("KAFKA_BOOTSTRAP", "127.0.0.1:9092"))
+    ap.add_argument("--gpus", type=int, default=2048)
+    ap.add_argument("--seconds", type=int, default=60)
+    ap.add_argument("--repeat", type=int, default=1)
+    ap.add_argument("--workdir", type=Path, default=ROOT / "bench" / "results",
+                    help="where the recording, service configs and logs go")
+    ap.add_argument("--json", help="append the result as one JSON line to this file")
+    args = ap.parse_args()
+    rec = recording(args.gpus, args.seconds, args.workdir)
+    n_dcgm = n_all = 0
+    with rec.open() as fh:
+        for line in fh:
+            n_all += 1
+            n_dcgm += '"kind":"dcgm"' in line
+    raw, svc, pub = [], [], []
+    for _ in range(args.repeat):
+        n_msgs, pub_s, raw_s, svc_s = run_once(args.kafka, rec, n_all, args.workdir)
+        pub.append(round(pub_s, 2))
+        raw.append(n_dcgm / raw_s)
+        svc.append(n_dcgm / svc_s)
+    raw_med, svc_med = statistics.median(raw), statistics.median(svc)
     res = {"bench": "service_throughput", "gpus": args.gpus, "seconds": args.seconds, "messages": n_msgs,
-           "gpu_samples": n_dcgm, "records": n_all, "raw_consume_gpu_samples_per_s": round(n_dcgm / raw_s),
-           "service_gpu_samples_per_s": round(n_dcgm / svc_s), "ratio": round(raw_s / svc_s, 3),
+           "gpu_samples": n_dcgm, "records": n_all, "repeat": args.repeat,
+           "raw_consume_gpu_samples_per_s": round(raw_med), "raw_consume_runs": [round(r) for r in raw],
+           "service_gpu_samples_per_s": round(svc_med), "service_runs": [round(r) for r in svc],
+           "ratio": round(svc_med / raw_med, 3), "publish_s": pub,
            "machine": f"{os.cpu_count()} cores; broker and service on the same machine"}
-    print(f"{n_dcgm:,} GPU-samples in {n_msgs:,} per-host messages: raw kafka-python consume "
-          f"{res['raw_consume_gpu_samples_per_s']:,}/s, service {res['service_gpu_samples_per_s']:,}/s "
+    print(f"{n_dcgm:,} GPU-samples in {n_msgs:,} per-host messages, median of {args.repeat}: raw kafka-python "
+          f"consume {res['raw_consume_gpu_samples_per_s']:,}/s, service {res['service_gpu_samples_per_s']:,}/s "
           f"({100 * res['ratio']:.0f}% of raw)")
     if args.json:
         with open(args.json, "a") as fh:

@@ -1,6 +1,7 @@
 """Per-GPU vs per-host messages: what each costs the consumer, measured.
 
-    .venv/bin/python bench/wire_format.py [--kafka 127.0.0.1:9092] [--hosts 64] [--seconds 60]
+    .venv/bin/python bench/wire_format.py [--kafka 127.0.0.1:9092] [--hosts 64] [--seconds 60] [--repeat 3]
+        [--json OUT]
 
 Prints, per GPU-sample, the decode cost (our decoder, typed msgspec) and, with --kafka, the
 raw kafka-python consume cost (the ceiling of any consumer) for both layouts. Pinned to one core
@@ -10,7 +11,9 @@ when the platform allows, median of --repeat runs.
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import platform
 import statistics
 import time
 import uuid
@@ -39,6 +42,8 @@ def _decode_us(msgs: list[tuple[bytes, bytes]], n_samples: int, repeat: int) -> 
 def _kafka_us(bootstrap: str, msgs: list[tuple[bytes, bytes]], n_samples: int, repeat: int) -> float:
     from kafka import KafkaConsumer
 
+    from service_harness import delete_topics
+
     from pipeline.bus.kafka import KafkaBusProducer
 
     topic = f"bench-wire-{uuid.uuid4().hex[:8]}"
@@ -60,6 +65,7 @@ def _kafka_us(bootstrap: str, msgs: list[tuple[bytes, bytes]], n_samples: int, r
             got += sum(len(v) for v in batch.values())
         runs.append((time.perf_counter() - t) / n_samples * 1e6)
         c.close()
+    delete_topics(bootstrap, [topic])
     return statistics.median(runs)
 
 
@@ -68,7 +74,8 @@ def main() -> None:
     ap.add_argument("--hosts", type=int, default=64)
     ap.add_argument("--seconds", type=int, default=60)
     ap.add_argument("--repeat", type=int, default=3)
-    ap.add_argument("--kafka")
+    ap.add_argument("--kafka", help="bootstrap servers; without it, the Kafka column is skipped")
+    ap.add_argument("--json", help="append the result as one JSON line to this file")
     args = ap.parse_args()
     if hasattr(os, "sched_setaffinity"):
         os.sched_setaffinity(0, {sorted(os.sched_getaffinity(0))[0]})
@@ -78,11 +85,23 @@ def main() -> None:
                "per-host message": [m for step in steps for m in per_host_messages(step)]}
     print(f"{len(recs):,} GPU-samples ({args.hosts} hosts x 8 GPUs x {args.seconds}s), median of {args.repeat}")
     print(f"{'layout':<18} {'messages':>9} {'bytes/sample':>13} {'decode us/sample':>17} {'kafka consume us/sample':>24}")
+    rows = []
     for name, msgs in layouts.items():
         size = sum(len(v) for _, v in msgs) / len(recs)
         dec = _decode_us(msgs, len(recs), args.repeat)
-        kc = f"{_kafka_us(args.kafka, msgs, len(recs), args.repeat):.2f}" if args.kafka else "-"
+        kafka_us = _kafka_us(args.kafka, msgs, len(recs), args.repeat) if args.kafka else None
+        kc = f"{kafka_us:.2f}" if kafka_us is not None else "-"
         print(f"{name:<18} {len(msgs):>9,} {size:>13.0f} {dec:>17.2f} {kc:>24}")
+        rows.append({"layout": name, "messages": len(msgs), "bytes_per_sample": round(size, 1),
+                     "decode_us_per_sample": round(dec, 3),
+                     "kafka_consume_us_per_sample": round(kafka_us, 3) if kafka_us is not None else None})
+    if args.json:
+        res = {"bench": "wire_format", "gpus": args.hosts * 8, "seconds": args.seconds, "gpu_samples": len(recs),
+               "repeat": args.repeat, "layouts": rows,
+               "machine": f"{platform.machine()} {os.cpu_count()} cores, 1 used",
+               "python": platform.python_version()}
+        with open(args.json, "a") as fh:
+            fh.write(json.dumps(res) + "\n")
 
 
 if __name__ == "__main__":
