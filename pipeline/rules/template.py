@@ -53,7 +53,9 @@ def render(parts: list[str | tuple[str, str | None]], values: dict[str, Any]) ->
         if v is None or (isinstance(v, float) and v != v):
             out.append("?")
         elif fmt and isinstance(v, (int, float)):
-            out.append(format(int(v), "d") if fmt == "d" else format(float(v), fmt))
+            text = format(int(v), "d") if fmt == "d" else format(float(v), fmt)
+            # -0.2 at .0f is "-0": a sign on a zero reads as a finding, so drop it.
+            out.append(text[1:] if text.startswith("-") and not text.strip("-0.") else text)
         elif isinstance(v, float) and v.is_integer():
             out.append(str(int(v)))
         else:
