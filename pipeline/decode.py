@@ -15,7 +15,6 @@ import functools
 import json
 import math
 import operator
-import time
 from dataclasses import dataclass
 from itertools import compress, repeat
 from typing import Any, Callable, Sequence, Union

@@ -17,8 +17,8 @@ from __future__ import annotations
 import math
 import operator
 from collections import Counter
-from itertools import repeat
 from dataclasses import dataclass, field
+from itertools import repeat
 from typing import TYPE_CHECKING, Any, Sequence
 
 import msgspec
@@ -31,7 +31,7 @@ from pipeline.engine.entities import Entities, grow
 from pipeline.catalog import FIELDS
 from pipeline.engine.frame import Columnizer, DcgmFrame, nccl_frame
 from pipeline.engine.lifecycle import Lifecycle, Transition, alert_id
-from pipeline.engine.state import GpuState, View, advance
+from pipeline.engine.state import GpuState, advance
 from pipeline.errors import StateError
 from pipeline.schema import AlertEvent, DcgmRecord, DeadLetter, NcclRecord, TelemetryRecord
 
