@@ -172,8 +172,11 @@ class Decoder:
             return False
         nccl = list(compress(recs, map(operator.not_, is_dcgm)))
         m = len(nccl)
-        rank = np.fromiter(map(_RANK, nccl), np.int64, m)
-        nranks = np.fromiter(map(_NRANKS, nccl), np.int64, m)
+        try:
+            rank = np.fromiter(map(_RANK, nccl), np.int64, m)
+            nranks = np.fromiter(map(_NRANKS, nccl), np.int64, m)
+        except OverflowError:   # beyond int64 (JSON allows it): let the per-message path judge it
+            return False
         # None (not reported) becomes NaN here; JSON cannot carry a NaN, so NaN means None.
         num = np.array([list(map(_EXEC, nccl)), list(map(_BUSBW, nccl)), list(map(_ALGBW, nccl))], dtype=np.float64)
         with np.errstate(invalid="ignore"):
