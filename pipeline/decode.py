@@ -122,7 +122,7 @@ class Decoder:
         Python round trip per message. Anything doubtful falls back to ``decode`` per message.
         """
         n = len(payloads)
-        if n > 1 and max(map(len, payloads)) <= self.max_message_bytes:
+        if n > 1 and None not in payloads and max(map(len, payloads)) <= self.max_message_bytes:
             try:
                 objs = self._fast_many.decode(b"[" + b",".join(payloads) + b"]")
             except (msgspec.DecodeError, msgspec.ValidationError):
@@ -185,6 +185,10 @@ class Decoder:
 
     def decode(self, payload: bytes, origin: str) -> Decoded:
         out = Decoded([], [], [])
+        if payload is None:
+            out.dead.append(DeadLetter(reason=WRONG_TYPE, detail="message has no value (a Kafka tombstone?)",
+                                       origin=origin))
+            return out
         if len(payload) > self.max_message_bytes:
             out.dead.append(DeadLetter(reason=TOO_LARGE, detail=f"{len(payload)} bytes > {self.max_message_bytes}",
                                        origin=origin, raw=_raw(payload[:RAW_KEEP])))

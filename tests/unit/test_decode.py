@@ -142,3 +142,10 @@ def test_decode_many_judges_nccl_records_like_decode(bad):
     many = d.decode_many(payloads, origins)
     assert [(x.reason, x.origin) for x in many.dead] == [(x.reason, x.origin) for o in one_by_one for x in o.dead]
     assert many.origins == [o for x in one_by_one for o in x.origins]
+
+
+def test_a_message_without_a_value_is_a_dead_letter_not_a_crash():
+    # A tombstone (null value) on the telemetry topic must not stop the service.
+    d = Decoder()
+    out = d.decode_many([json.dumps(rec()).encode(), None], ["t[0]@1", "t[0]@2"])
+    assert len(out.records) == 1 and [(x.reason, x.origin) for x in out.dead] == [("wrong_type", "t[0]@2")]
