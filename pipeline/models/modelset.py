@@ -33,7 +33,7 @@ from pipeline.models.config import ModelSpec, load_model_specs
 from pipeline.models.deciders import make_decider
 from pipeline.models.registry import DCGM, REGISTRY, build
 
-STATE_VERSION = 1
+STATE_VERSION = 2   # 2: arrays and river objects as msgpack extension types
 _MODEL = operator.attrgetter("model")
 NCCL_FRESH_S = 15.0        # NCCL findings hold this long on the DCGM rows (3 reporting intervals)
 
@@ -346,7 +346,7 @@ class ModelSet:
     def restore(self, blob: bytes) -> None:
         """Continue where ``snapshot`` stopped; models whose definition changed start fresh."""
         try:
-            data = _unpack(msgspec.msgpack.decode(blob))
+            data = _decode_state.decode(blob)
             if data.get("version") != STATE_VERSION:
                 raise StateError(f"model state version {data.get('version')} (this build reads {STATE_VERSION})")
             self.cohort_names = list(data["cohort_names"])
@@ -412,10 +412,15 @@ def _frame_from_state(d: dict) -> NcclFrame:
     return NcclFrame(*(list(d[k]) if k == "comm" else np.asarray(d[k]).copy() for k in _NCCL_KEYS))
 
 
+# Types msgpack has no word for travel as extension values, never as marked dicts: dict keys in
+# the state come from telemetry (NCCL communicator ids) and must never be read as a type marker.
+_EXT_NDARRAY, _EXT_PICKLE = 1, 2
+
+
 def _pack(o: Any) -> Any:
     if isinstance(o, np.ndarray):
         a = np.ascontiguousarray(o)
-        return {"__nd__": a.dtype.str, "shape": list(a.shape), "data": a.tobytes()}
+        return msgspec.msgpack.Ext(_EXT_NDARRAY, msgspec.msgpack.encode([a.dtype.str, list(a.shape), a.tobytes()]))
     if isinstance(o, dict):
         return {str(k): _pack(v) for k, v in o.items()}
     if isinstance(o, (list, tuple)):
@@ -425,19 +430,19 @@ def _pack(o: Any) -> Any:
     if o is None or isinstance(o, (str, int, float, bool, bytes)):
         return o
     # river objects (a cohort's HalfSpaceTrees): pickled; the state topic must be trusted.
-    return {"__pickle__": pickle.dumps(o, protocol=pickle.HIGHEST_PROTOCOL)}
+    return msgspec.msgpack.Ext(_EXT_PICKLE, pickle.dumps(o, protocol=pickle.HIGHEST_PROTOCOL))
 
 
-def _unpack(o: Any) -> Any:
-    if isinstance(o, dict):
-        if "__nd__" in o:
-            return np.frombuffer(o["data"], dtype=np.dtype(o["__nd__"])).reshape(o["shape"]).copy()
-        if "__pickle__" in o:
-            return pickle.loads(o["__pickle__"])  # noqa: S301 - engine's own state, trusted topic
-        return {k: _unpack(v) for k, v in o.items()}
-    if isinstance(o, list):
-        return [_unpack(v) for v in o]
-    return o
+def _ext(code: int, data: memoryview) -> Any:
+    if code == _EXT_NDARRAY:
+        dtype, shape, raw = msgspec.msgpack.decode(data)
+        return np.frombuffer(raw, dtype=np.dtype(dtype)).reshape(shape).copy()
+    if code == _EXT_PICKLE:
+        return pickle.loads(data)  # noqa: S301 - the engine's own state from the (signed) state topic
+    raise ValueError(f"unknown extension type {code} in model state")
+
+
+_decode_state = msgspec.msgpack.Decoder(ext_hook=_ext)
 
 
 def load_models(path: str | Path | None = None, tick: float = 1.0) -> ModelSet:

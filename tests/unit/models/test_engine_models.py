@@ -193,3 +193,19 @@ def test_a_host_behind_in_all_its_communicators_names_no_gpu():
     one = frame(slow_host=None, slow_gpu=(2, 5))
     s = det.score_frame(one)
     assert int(one.gpu[int(np.argmax(s))]) == 2 * 8 + 5 and s.max() > 10
+
+
+@pytest.mark.parametrize("comm", ["__pickle__", "__nd__"])
+def test_state_keyed_by_telemetry_strings_restores_whatever_they_are(comm):
+    # Communicator ids come from telemetry and key the NCCL detectors' state; one spelled like
+    # the snapshot's own type markers must restore as the plain key it is (and never be read as
+    # a pickle or an array).
+    ms = load_models()
+    det = ms.models["nccl_rank_straggler"].det("fleet")
+    det.latest = {comm: {3: (1.0, 2.0, 4)}}
+    det.codes = {comm: 0}
+    blob = ms.snapshot()
+    back = load_models()
+    back.restore(blob)
+    got = back.models["nccl_rank_straggler"].det("fleet")
+    assert got.latest == {comm: {3: (1.0, 2.0, 4)}} and got.codes == {comm: 0}
