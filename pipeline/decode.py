@@ -22,7 +22,7 @@ from typing import Any, Callable, Sequence, Union
 import msgspec
 import numpy as np
 
-from pipeline.schema import DcgmRecord, DeadLetter, NcclRecord, TelemetryRecord, dcgm_record_type
+from pipeline.schema import DcgmRecord, DcgmSample, DeadLetter, NcclRecord, TelemetryRecord, dcgm_record_type
 
 # Stable reason codes (documented in docs/architecture.md; DLQ consumers match on them).
 MALFORMED_JSON = "malformed_json"
@@ -109,7 +109,7 @@ class Decoder:
 
         The engine reads a few dozen of the catalog's 134 spellings; decoding only those is the
         cheapest part of its hot path to cut (``Pipeline`` keeps this in step with its engine).
-        Records the slow path rebuilds keep every field; both are ``DcgmRecord`` instances.
+        Records the slow path rebuilds keep every field; both are ``DcgmSample`` instances.
         """
         self.fields = fields
         self._fast, self._fast_many = (_fast, _fast_many) if fields is None else _fast_for(fields)
@@ -164,7 +164,7 @@ class Decoder:
             return False
         if set(map(_V, recs)) != {1} or not all(map(_HOST, recs)):
             return False
-        is_dcgm = list(map(isinstance, recs, repeat(DcgmRecord)))
+        is_dcgm = list(map(isinstance, recs, repeat(DcgmSample)))
         if all(is_dcgm):
             return min(map(_GPU, recs)) >= 0
         dcgm = list(compress(recs, is_dcgm))
@@ -217,7 +217,7 @@ class Decoder:
             # NaN fails every comparison, so it falls through to the slow path too.
             if not (lo <= r.ts <= hi) or r.v != 1 or not r.host:
                 return False
-            if isinstance(r, DcgmRecord):
+            if isinstance(r, DcgmSample):
                 if r.gpu < 0:
                     return False
             elif not (0 <= r.rank < r.nranks and r.exec_time_us >= 0 and
@@ -255,7 +255,7 @@ class Decoder:
                 return TS_OUT_OF_RANGE, f"ts {ts} is {now - ts:.0f}s behind the wall clock"
         if not rec.host:
             return MISSING_KEY, "host is empty"
-        if isinstance(rec, DcgmRecord):
+        if isinstance(rec, DcgmSample):
             if rec.gpu < 0:
                 return NEGATIVE_VALUE, f"gpu index {rec.gpu}"
         else:

@@ -33,7 +33,7 @@ from pipeline.engine.frame import Columnizer, DcgmFrame, nccl_frame
 from pipeline.engine.lifecycle import Lifecycle, Transition, alert_id
 from pipeline.engine.state import GpuState, advance
 from pipeline.errors import StateError
-from pipeline.schema import AlertEvent, DcgmRecord, DeadLetter, NcclRecord, TelemetryRecord
+from pipeline.schema import AlertEvent, DcgmRecord, DcgmSample, DeadLetter, NcclRecord, TelemetryRecord
 
 if TYPE_CHECKING:
     from pipeline.models.modelset import ModelSet
@@ -436,7 +436,7 @@ class _Pending:
     recs: np.ndarray       # object
     origins: np.ndarray    # object (str)
     ts: np.ndarray
-    dcgm: np.ndarray       # bool: a DcgmRecord (else NCCL)
+    dcgm: np.ndarray       # bool: a DCGM sample (else NCCL)
     tmin: float
     tmax: float
 
@@ -444,7 +444,7 @@ class _Pending:
     def of(cls, records: Sequence[TelemetryRecord], origins: Sequence[str], ts: np.ndarray) -> "_Pending":
         k = len(ts)
         return cls(np.fromiter(records, object, k), np.fromiter(origins, object, k), ts,
-                   np.fromiter(map(isinstance, records, repeat(DcgmRecord)), bool, k),
+                   np.fromiter(map(isinstance, records, repeat(DcgmSample)), bool, k),
                    float(ts.min()), float(ts.max()))
 
     def take(self, sel: np.ndarray) -> "_Pending":

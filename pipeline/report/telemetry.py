@@ -19,7 +19,7 @@ import numpy as np
 from pipeline.bus.files import read_lines
 from pipeline.catalog import FIELDS
 from pipeline.decode import Decoder
-from pipeline.schema import DcgmRecord, NcclRecord
+from pipeline.schema import DcgmSample, NcclRecord
 
 GpuKey = tuple[str, int]
 
@@ -85,7 +85,7 @@ def load_telemetry(paths: Iterable[str | Path], *, hosts: set[str] | None = None
                 tel.records += 1
                 lo, hi = min(lo, rec.ts), max(hi, rec.ts)
                 tel.hosts_seen.add(rec.host)
-                if isinstance(rec, DcgmRecord):
+                if isinstance(rec, DcgmSample):
                     if rec.link is not None or (hosts is not None and rec.host not in hosts):
                         continue
                     key = (rec.host, rec.gpu)

@@ -1,11 +1,12 @@
 """Per-entity event-time windows and slow baselines, as dense arrays.
 
 A window of length ``w`` is kept as a ring of panes of ``pw = max(tick, w/12)`` seconds (a
-multiple of the engine tick) per entity; each pane holds the aggregates rules ask for (sum,
-count, min, max, first value). The engine hands rules one tick of samples at a time and panes
-are tick-aligned, so a chunk always falls in one pane and window values never depend on how the
-stream was batched. A window's value at a sample covers the panes from ``ts - w`` to now,
-resolved to ``pw``. Memory: ``12 x (8 + 8 per aggregate)`` bytes per entity per window.
+multiple of the engine tick) shared by all entities; each pane holds, per entity, the aggregates
+rules ask for (sum, count, min, max, first value). The engine hands rules one tick of samples at
+a time and panes are tick-aligned, so a chunk always falls in one pane and window values never
+depend on how the stream was batched. A window's value at a sample covers the panes from
+``ts - w`` to now, resolved to ``pw``. Memory: ``12 x 8`` bytes per aggregate per entity per
+window.
 
 ``Baseline`` is an exponentially weighted mean and variance with time constant ``tau``; it does
 not learn from a value more than 4 standard deviations off once warm, so a burst never becomes
@@ -23,118 +24,164 @@ import numpy as np
 from pipeline.engine.entities import grow
 
 PANES = 12
+_NO_PANE = np.iinfo(np.int64).min // 2   # a slot that never held a pane
 
 
 class PaneWindow:
+    """One window length over every entity: a ring of ``n`` panes, stored pane-major.
+
+    All entities share the ring's clock: slot ``s`` holds pane ``slot_pane[s]`` for every
+    entity. When event time enters a new pane, the slot it reuses is cleared for all entities
+    at once (one row fill), so expiry costs O(entities) per pane instead of a per-entity mask
+    on every query, and a query is a reduction over at most ``n`` contiguous rows.
+    """
+
+    _FILL = {"sum": 0.0, "count": 0.0, "min": np.inf, "max": -np.inf, "first": np.nan}
+
     def __init__(self, window_s: float, tick: float, aggs: tuple[str, ...]) -> None:
         self.window_s = window_s
         self.pw = max(tick, math.ceil(window_s / PANES / tick) * tick)
         self.n = max(1, math.ceil(window_s / self.pw))
         self.aggs = aggs
-        self.pane_id = np.full((0, self.n), -1, dtype=np.int64)
-        self.data = {a: np.zeros((0, self.n)) for a in aggs}
-        self._mask_for: tuple | None = None
+        self.slot_pane = np.full(self.n, _NO_PANE, dtype=np.int64)
+        self.cur: int | None = None          # newest pane the ring has been advanced to
+        self.data = {a: np.full((self.n, 0), self._FILL[a]) for a in aggs}
+        self._full: dict[tuple[str, int], np.ndarray] = {}
 
-    _FILL = {"sum": 0.0, "count": 0.0, "min": np.inf, "max": -np.inf, "first": np.nan}
+    @property
+    def capacity(self) -> int:
+        return self.data[self.aggs[0]].shape[1] if self.aggs else 0
 
     def _ensure(self, n_ent: int) -> None:
-        if len(self.pane_id) < n_ent:
-            self.pane_id = grow(self.pane_id, n_ent, -1)
+        cap = self.capacity
+        if cap < n_ent:
+            size = max(n_ent, 2 * cap, 16)
             for a in self.aggs:
-                self.data[a] = grow(self.data[a], n_ent, self._FILL[a])
+                grown = np.full((self.n, size), self._FILL[a])
+                grown[:, :cap] = self.data[a]
+                self.data[a] = grown
+            self._full.clear()
+
+    def _advance(self, p: int) -> None:
+        """Move the ring's clock to pane ``p``, clearing the slots of panes that left the window."""
+        if self.cur is not None and p <= self.cur:
+            return
+        start = p - self.n + 1 if self.cur is None else max(self.cur + 1, p - self.n + 1)
+        for q in range(start, p + 1):
+            s = q % self.n
+            for a in self.aggs:
+                self.data[a][s] = self._FILL[a]
+            self.slot_pane[s] = q
+        self.cur = p
+        self._full.clear()
 
     def update(self, ent: np.ndarray, ts0: float, values: np.ndarray, n_ent: int) -> None:
         """Fold one chunk (all in the pane of ``ts0``; rows grouped by entity, in time order)."""
         self._ensure(n_ent)
-        self._mask_for = None
         p = int(math.floor(ts0 / self.pw))
+        self._advance(p)
+        if p <= self.cur - self.n:
+            return   # older than the whole window: nothing of it can be asked for any more
         slot = p % self.n
-        touched, distinct = _distinct(ent)
-        stale = touched[self.pane_id[touched, slot] != p]
-        if len(stale):
-            self.pane_id[stale, slot] = p
-            for a in self.aggs:
-                self.data[a][stale, slot] = self._FILL[a]
+        self._full.clear()
         ok = ~np.isnan(values)
-        e, v = ent[ok], values[ok]
+        e, v = (ent, values) if ok.all() else (ent[ok], values[ok])
         if not len(e):
             return
         d = self.data
-        if distinct:
+        if _distinct(e)[1]:
             # One row per entity (the usual tick): plain fancy indexing, several times faster
             # than the unbuffered ufunc.at that repeated entities need.
             if "sum" in d:
-                d["sum"][e, slot] += v
+                d["sum"][slot, e] += v
             if "count" in d:
-                d["count"][e, slot] += 1.0
+                d["count"][slot, e] += 1.0
             if "min" in d:
-                d["min"][e, slot] = np.minimum(d["min"][e, slot], v)
+                row = d["min"][slot]
+                row[e] = np.minimum(row[e], v)
             if "max" in d:
-                d["max"][e, slot] = np.maximum(d["max"][e, slot], v)
+                row = d["max"][slot]
+                row[e] = np.maximum(row[e], v)
         else:
             if "sum" in d:
-                np.add.at(d["sum"], (e, slot), v)
+                np.add.at(d["sum"][slot], e, v)
             if "count" in d:
-                np.add.at(d["count"], (e, slot), 1.0)
+                np.add.at(d["count"][slot], e, 1.0)
             if "min" in d:
-                np.minimum.at(d["min"], (e, slot), v)
+                np.minimum.at(d["min"][slot], e, v)
             if "max" in d:
-                np.maximum.at(d["max"], (e, slot), v)
+                np.maximum.at(d["max"][slot], e, v)
         if "first" in d:
             first_row = np.ones(len(e), dtype=bool)
             first_row[1:] = e[1:] != e[:-1]
             fe, fv = e[first_row], v[first_row]
-            unset = np.isnan(d["first"][fe, slot])
-            d["first"][fe[unset], slot] = fv[unset]
-
-    def _mask(self, ent: np.ndarray, ts0: float) -> np.ndarray:
-        # Several aggregates of one window are asked for in a tick: compute the mask once.
-        if self._mask_for is not None and self._mask_for[0] is ent and self._mask_for[1] == ts0:
-            return self._mask_for[2]
-        p = int(math.floor(ts0 / self.pw))
-        ids = self.pane_id[ent]
-        mask = (ids > p - self.n) & (ids <= p)
-        self._mask_for = (ent, ts0, mask)
-        return mask
+            row = d["first"][slot]
+            unset = np.isnan(row[fe])
+            row[fe[unset]] = fv[unset]
 
     def query(self, agg: str, ent: np.ndarray, ts0: float) -> np.ndarray:
         """The aggregate over the window for each row's entity (NaN where the window is empty)."""
         self._ensure(int(ent.max()) + 1 if len(ent) else 0)
-        mask = self._mask(ent, ts0)
-        if agg == "sum":
-            out = np.where(mask, self.data["sum"][ent], 0.0).sum(axis=1)
-            cnt = np.where(mask, self.data["count"][ent], 0.0).sum(axis=1) if "count" in self.data else mask.sum(1)
-            return np.where(cnt > 0, out, np.nan)
-        if agg == "avg":
-            s = np.where(mask, self.data["sum"][ent], 0.0).sum(axis=1)
-            c = np.where(mask, self.data["count"][ent], 0.0).sum(axis=1)
+        p = int(math.floor(ts0 / self.pw))
+        self._advance(p)
+        key = (agg, p)
+        full = self._full.get(key)
+        if full is None:
+            full = self._full[key] = self._reduce(agg, p)
+        return full[ent]
+
+    def _reduce(self, agg: str, p: int) -> np.ndarray:
+        """``agg`` over the window ending in pane ``p``, for every entity."""
+        live = (self.slot_pane > p - self.n) & (self.slot_pane <= p)
+        rows = slice(None) if live.all() else np.flatnonzero(live)
+        d = self.data
+        if agg in ("sum", "avg"):
+            s = d["sum"][rows].sum(axis=0)
+            c = d["count"][rows].sum(axis=0) if "count" in d else np.full(s.shape, float(live.sum()))
             with np.errstate(invalid="ignore", divide="ignore"):
-                return np.where(c > 0, s / c, np.nan)
-        if agg == "min":
-            m = np.where(mask, self.data["min"][ent], np.inf).min(axis=1)
-            return np.where(np.isinf(m), np.nan, m)
-        if agg == "max":
-            m = np.where(mask, self.data["max"][ent], -np.inf).max(axis=1)
+                return np.where(c > 0, s if agg == "sum" else s / c, np.nan)
+        if agg in ("min", "max"):
+            m = d[agg][rows]
+            m = m.min(axis=0) if agg == "min" else m.max(axis=0)
             return np.where(np.isinf(m), np.nan, m)
         if agg == "first":
             # The value first seen in the oldest pane of the window that holds one.
-            firsts = np.where(mask, self.data["first"][ent], np.nan)
-            order = np.argsort(np.where(mask, self.pane_id[ent], np.iinfo(np.int64).max), axis=1)
-            ordered = np.take_along_axis(firsts, order, axis=1)
+            order = np.flatnonzero(live)[np.argsort(self.slot_pane[live], kind="stable")]
+            ordered = d["first"][order]
             have = ~np.isnan(ordered)
-            idx = np.where(have.any(axis=1), have.argmax(axis=1), 0)
-            first = ordered[np.arange(len(ent)), idx]
-            return np.where(have.any(axis=1), first, np.nan)
+            any_ = have.any(axis=0)
+            idx = have.argmax(axis=0)
+            cap = ordered.shape[1]
+            return np.where(any_, ordered[idx, np.arange(cap)], np.nan) if len(order) else np.full(cap, np.nan)
         raise ValueError(agg)
 
     def to_state(self) -> dict:
-        return {"pane_id": self.pane_id, **{f"d_{a}": v for a, v in self.data.items()}}
+        # Entity-major with a pane id per cell: the format snapshots have always had.
+        cap = self.capacity
+        return {"pane_id": np.ascontiguousarray(np.broadcast_to(self.slot_pane, (cap, self.n))),
+                **{f"d_{a}": np.ascontiguousarray(v.T) for a, v in self.data.items()}}
 
     def load_state(self, st: dict) -> None:
-        self._mask_for = None
-        self.pane_id = st["pane_id"]
+        ids = np.asarray(st["pane_id"])
+        cap = ids.shape[0]
+        self.data = {a: np.ascontiguousarray(np.asarray(st[f"d_{a}"], dtype=np.float64).T) for a in self.aggs}
+        self._full.clear()
+        if cap == 0:
+            self.slot_pane[:], self.cur = _NO_PANE, None
+            return
+        # The newest pane anyone wrote is the ring's clock; a cell from any other pane than its
+        # slot's current one has left the window (older snapshots tracked this per entity).
+        p = int(ids.max())
+        if p < 0:
+            self.slot_pane[:], self.cur = _NO_PANE, None
+            for a in self.aggs:
+                self.data[a][:] = self._FILL[a]
+            return
+        want = np.array([p - ((p - s) % self.n) for s in range(self.n)], dtype=np.int64)
+        stale = ids.T != want[:, None]
         for a in self.aggs:
-            self.data[a] = st[f"d_{a}"]
+            self.data[a][stale] = self._FILL[a]
+        self.slot_pane, self.cur = want, p
 
 
 def _distinct(ent: np.ndarray) -> tuple[np.ndarray, bool]:

@@ -155,4 +155,5 @@ def test_window_memory_is_bounded():
     from pipeline.rules.windows import PaneWindow
     w = PaneWindow(1800, 1.0, ("sum", "count"))
     w.update(np.array([0]), T0, np.array([1.0]), 1000)
-    assert w.pane_id.shape == (1000, 12) and w.pw == 150
+    assert w.pw == 150 and w.n == 12
+    assert sum(a.nbytes for a in w.data.values()) == 1000 * 12 * 8 * 2   # 192 B per GPU, any length
