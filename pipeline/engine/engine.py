@@ -264,7 +264,7 @@ class Engine:
         if self.models is not None:
             self.models.note_cohorts(gpu, drecs)
             self._hand_nccl(nrecs)
-        values, dead = self._columnizer.values(drecs, dorig)
+        values, dead = self._columnizer.compact(drecs, dorig)   # advance() spreads it over the catalog
         for d in dead:
             self.stats["dead." + d.reason] += 1
         out.dead.extend(dead)

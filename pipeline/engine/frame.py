@@ -38,6 +38,7 @@ class DcgmFrame:
     gpu: np.ndarray       # int32 entity id (n,)
     host: np.ndarray      # int32 host id (n,)
     values: np.ndarray    # float64 (n, N_FIELDS); NaN = not reported / dropped / not needed
+    # (in the engine, until advance(): the compact (n, len(columns)) matrix of Columnizer.compact)
 
     def __len__(self) -> int:
         return len(self.ts)
@@ -72,15 +73,18 @@ class Columnizer:
         self._blank = _SLOT_BLANK[self.slots]
         self._min = _SLOT_MIN[self.slots]
         slot_cols = [FIELD_SLOT_COLUMNS[s] for s in slots]
+        # Compact layout: one column per entry of ``columns``, from the first spelling a record
+        # has (both DCGM spellings of a field land in one column).
+        pos = {c: j for j, c in enumerate(self.columns)}
         first: dict[int, int] = {}
         self._second: list[tuple[int, int]] = []
         for i, c in enumerate(slot_cols):
             if c in first:
-                self._second.append((c, i))
+                self._second.append((pos[c], i))
             else:
                 first[c] = i
-        self._first_cols = np.array(list(first), dtype=np.intp)
-        self._first_idx = np.array(list(first.values()), dtype=np.intp)
+        self._first_idx = np.array([first[c] for c in self.columns], dtype=np.intp)
+        self._identity = self._first_idx.tolist() == list(range(len(slots)))
 
     def raw(self, records: list[DcgmRecord]) -> np.ndarray:
         n, k = len(records), len(self.slots)
@@ -101,8 +105,8 @@ class Columnizer:
             m = np.array([[getattr(f, nm, math.nan) for nm in self._getter_names] for f in fields])
         return m.reshape(n, width)[:, :k]
 
-    def values(self, records: list[DcgmRecord], origins: list[str]) -> tuple[np.ndarray, list[DeadLetter]]:
-        """The (n, N_FIELDS) matrix and dead letters for the fields dropped on the way.
+    def compact(self, records: list[DcgmRecord], origins: list[str]) -> tuple[np.ndarray, list[DeadLetter]]:
+        """The (n, len(columns)) matrix of the columns in use, and dead letters for dropped fields.
 
         Blank/NaN/negative cells become NaN; both DCGM spellings of a field land in one column.
         """
@@ -124,15 +128,20 @@ class Columnizer:
                             origin=origins[i], action="fields_dropped", fields=names, ts=rec.ts, host=rec.host,
                             raw=msgspec.json.encode(rec).decode()[:2048]))
             raw = np.where(bad, np.nan, raw)
-        values = np.full((len(records), N_FIELDS), np.nan)
-        values[:, self._first_cols] = raw[:, self._first_idx]
-        for col, i in self._second:
-            v = values[:, col]
+        out = raw if self._identity else raw[:, self._first_idx]
+        for j, i in self._second:
+            v = out[:, j]
             miss = np.isnan(v)
             if miss.any():
                 v[miss] = raw[miss, i]
-        return values, dead
+        return out, dead
 
+    def values(self, records: list[DcgmRecord], origins: list[str]) -> tuple[np.ndarray, list[DeadLetter]]:
+        """``compact`` spread over the catalog's columns: (n, N_FIELDS), NaN where not in use."""
+        c, dead = self.compact(records, origins)
+        values = np.full((len(records), N_FIELDS), np.nan)
+        values[:, self.column_array] = c
+        return values, dead
 
 
 @dataclass

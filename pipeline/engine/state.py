@@ -92,7 +92,8 @@ def advance(state: GpuState, frame: DcgmFrame, entities: Entities, ts0: float = 
     cols = _ALL if columns is None else np.asarray(columns, dtype=np.intp)
     k = len(cols)
     ent = frame.gpu
-    vals = frame.values[:, cols]
+    # The engine hands over the compact matrix (``Columnizer.compact``): one column per entry of cols.
+    vals = frame.values if frame.values.shape[1] == k else frame.values[:, cols]
     start = np.ones(n, dtype=bool)
     start[1:] = ent[1:] != ent[:-1]
     # take() along one axis at a time: ~2.5x faster than a 2-D fancy index (n x k gather).
@@ -118,9 +119,12 @@ def advance(state: GpuState, frame: DcgmFrame, entities: Entities, ts0: float = 
         prev_c[start] = last_c[start]
         notstart = np.flatnonzero(~start)
         prev_c[notstart] = filled_c[notstart - 1]
-    filled, prev, seen = (np.full((n, N_FIELDS), np.nan) for _ in range(3))
-    filled[:, cols], prev[:, cols], seen[:, cols] = filled_c, prev_c, seen_c
-    inc = np.full((n, len(COUNTER_COLS)), np.nan)
+    # Column-major: checks read whole columns (``filled[:, col]``), ~2x faster contiguous than
+    # strided across 67-field rows, and scattering the used columns in is cheaper too.
+    values, filled, prev, seen = (np.full((n, N_FIELDS), np.nan, order="F") for _ in range(4))
+    values[:, cols], filled[:, cols], prev[:, cols], seen[:, cols] = vals, filled_c, prev_c, seen_c
+    frame = DcgmFrame(frame.ts, frame.gpu, frame.host, values)
+    inc = np.full((n, len(COUNTER_COLS)), np.nan, order="F")
     ccols, cpos = _counter_positions(cols)
     with np.errstate(invalid="ignore"):
         inc[:, ccols] = vals[:, cpos] - prev_c[:, cpos]

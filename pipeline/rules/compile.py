@@ -61,6 +61,14 @@ class WindowStore:
         self.baselines: dict[tuple, Baseline] = {}
         self._pane_sources: dict[tuple, tuple[int, str]] = {}
         self._base_sources: dict[tuple, int] = {}
+        self._expr_keys: dict[E.Node, str] = {}
+
+    def key_of(self, node: E.Node) -> str:
+        """A short memo key per distinct expression structure (nodes compare without positions)."""
+        key = self._expr_keys.get(node)
+        if key is None:
+            key = self._expr_keys[node] = f"expr|{len(self._expr_keys)}"
+        return key
 
     def pane(self, col: int, window_s: float, source: str, aggs: tuple[str, ...]) -> tuple:
         key = ("pane", col, window_s, source)
@@ -134,11 +142,33 @@ def _host_groups(c: "Chunk") -> tuple[np.ndarray, np.ndarray]:
 
 
 def _kleene_and(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    return np.where((a == 0) | (b == 0), 0.0, np.where(np.isnan(a) | np.isnan(b), np.nan, 1.0))
+    # Over {0, 1, NaN}: a 0 on either side wins (fmin skips NaN to find it), else an unknown
+    # side makes the result unknown (minimum propagates NaN), else 1.
+    return np.where(np.fmin(a, b) == 0, 0.0, np.minimum(a, b))
 
 
 def _kleene_or(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    return np.where((a == 1) | (b == 1), 1.0, np.where(np.isnan(a) | np.isnan(b), np.nan, 0.0))
+    return np.where(np.fmax(a, b) == 1, 1.0, np.maximum(a, b))
+
+
+class _Const:
+    """A number literal: a scalar to operators that can use one, an array to everything else."""
+
+    def __init__(self, value: float) -> None:
+        self.value = value
+
+    def __call__(self, c: "Chunk") -> np.ndarray:
+        return np.full(len(c.ent), self.value)
+
+
+def _shared(key: str, fn: Callable[["Chunk"], np.ndarray]) -> Callable[["Chunk"], np.ndarray]:
+    """``fn`` computed once per tick however many rules hold the same sub-expression.
+
+    ``key`` stands for the node's structure (``WindowStore.key_of``): ``gpu_util >= 50`` in five
+    rules is one comparison a tick. Every node is a pure function of the tick, so sharing cannot
+    change a value.
+    """
+    return lambda c: c.cached(key, fn)
 
 
 def _as_bool(x: np.ndarray) -> np.ndarray:
@@ -195,8 +225,7 @@ class Compiler:
 
     def node(self, n: E.Node) -> tuple[str, Callable[[Chunk], np.ndarray]]:
         if isinstance(n, E.Num):
-            v = n.value
-            return NUM, lambda c: np.full(len(c.ent), v)
+            return NUM, _Const(n.value)
         if isinstance(n, E.Dur):
             raise CompileError(f"a duration ({n.text}) only makes sense as a window argument", n.pos, D.TYPE)
         if isinstance(n, E.Name):
@@ -214,24 +243,36 @@ class Compiler:
             a = self.expect(n.left, NUM, f"'{n.op}'")
             b = self.expect(n.right, NUM, f"'{n.op}'")
             op = _ARITH[n.op]
+            x_of = (lambda c: a.value) if isinstance(a, _Const) else a
+            y_of = (lambda c: b.value) if isinstance(b, _Const) else b
 
             def arith(c: Chunk) -> np.ndarray:
-                with np.errstate(divide="ignore", invalid="ignore"):
-                    r = op(a(c), b(c))
-                return np.where(np.isinf(r), np.nan, r)
-            return NUM, arith
+                with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+                    r = np.asarray(op(x_of(c), y_of(c)), dtype=float)
+                if r.ndim == 0:
+                    r = np.full(len(c.ent), float(r))
+                r[np.isinf(r)] = np.nan
+                return r
+            return NUM, _shared(self.store.key_of(n), arith)
         if isinstance(n, E.Compare):
             lt, a = self.node(n.left)
             rt, b = self.node(n.right)
             if lt != rt:
                 raise CompileError(f"cannot compare a {lt} with a {rt}", n.pos, D.TYPE)
             op = _CMP[n.op]
+            if isinstance(b, _Const) and not isinstance(a, _Const):
+                y = b.value
 
-            def cmp(c: Chunk) -> np.ndarray:
-                x, y = a(c), b(c)
-                with np.errstate(invalid="ignore"):
-                    return np.where(np.isnan(x) | np.isnan(y), np.nan, op(x, y).astype(float))
-            return BOOL, cmp
+                def cmp(c: Chunk) -> np.ndarray:
+                    x = a(c)
+                    with np.errstate(invalid="ignore"):
+                        return np.where(np.isnan(x), np.nan, op(x, y))
+            else:
+                def cmp(c: Chunk) -> np.ndarray:
+                    x, y = a(c), b(c)
+                    with np.errstate(invalid="ignore"):
+                        return np.where(np.isnan(x) | np.isnan(y), np.nan, op(x, y))
+            return BOOL, _shared(self.store.key_of(n), cmp)
         if isinstance(n, E.Has):
             f = self._field(n.operand, "'has'") if isinstance(n.operand, E.Name) else None
             if f is None or f.kind != BITMASK:
@@ -252,10 +293,9 @@ class Compiler:
 
             def has(c: Chunk) -> np.ndarray:
                 v = c.view.filled[:, col]
-                ok = ~np.isnan(v)
-                out = np.full(len(v), np.nan)
-                out[ok] = ((v[ok].astype(np.int64) & mask) != 0).astype(float)
-                return out
+                with np.errstate(invalid="ignore"):   # NaN's cast is garbage, masked out below
+                    bits = (v.astype(np.int64) & mask) != 0
+                return np.where(np.isnan(v), np.nan, bits)
             return BOOL, has
         if isinstance(n, E.In):
             fn = self.expect(n.operand, NUM, "'in'")
@@ -269,7 +309,16 @@ class Compiler:
             a = self.expect(n.left, BOOL, f"'{word}'")
             b = self.expect(n.right, BOOL, f"'{word}'")
             comb = _kleene_and if word == "and" else _kleene_or
-            return BOOL, lambda c: comb(a(c), b(c))
+            decided = 0.0 if word == "and" else 1.0
+
+            def logic(c: Chunk) -> np.ndarray:
+                x = a(c)
+                # Short circuit, vectorised: when the left side alone decides every row (a
+                # rare-event gate such as 'changed(xid) and ...'), the right side is not computed.
+                if (x == decided).all():
+                    return x
+                return comb(x, b(c))
+            return BOOL, logic
         if isinstance(n, E.Call):
             return self.call(n)
         raise CompileError(f"unsupported expression {type(n).__name__}", n.pos, D.EXPR_SYNTAX)

@@ -157,3 +157,32 @@ def test_window_memory_is_bounded():
     w.update(np.array([0]), T0, np.array([1.0]), 1000)
     assert w.pw == 150 and w.n == 12
     assert sum(a.nbytes for a in w.data.values()) == 1000 * 12 * 8 * 2   # 192 B per GPU, any length
+
+
+def test_rules_share_only_identical_sub_expressions(make_rules):
+    # Sub-expressions are computed once a tick per distinct structure: two rules comparing
+    # different fields with the same operator and constant must not share a result.
+    rs = make_rules("""
+rules:
+  - {name: pending, fault: hbm_pending, severity: warning, condition: "row_remap_pending >= 1"}
+  - {name: failure, fault: hbm_failure, severity: warning, condition: "row_remap_failure >= 1"}
+  - {name: pending_again, fault: hbm_again, severity: warning, condition: "row_remap_pending >= 1 and gpu_util >= 0"}
+""")
+    recs = [sample(t, "n0", 0, row_remap_pending=0, row_remap_failure=1, gpu_util=50) for t in range(3)]
+    alerts, _ = run_rules(rs, recs)
+    assert sorted({a.rule for a in alerts if a.state == "firing"}) == ["failure"]
+
+
+def test_and_or_are_kleene_whatever_the_left_side_decides(make_rules):
+    # 'and'/'or' skip their right side when the left decides every row; unknown stays unknown.
+    cases = {
+        "xid == 79 and gpu_temp > 80": [],                  # left false everywhere: false
+        "gpu_temp > 80 or power > 100": [0, 1, 2],          # left true everywhere: true
+        "not (gpu_temp > 80 and power > 100)": [],          # power never reported: unknown, not true
+        "not (xid == 79 or power > 100)": [],               # false or unknown = unknown
+    }
+    for text, gpus in cases.items():
+        rs = make_rules(one_rule(text))
+        recs = [sample(t, "n0", g, xid=0, gpu_temp=90) for t in range(3) for g in range(3)]
+        alerts, _ = run_rules(rs, recs)
+        assert sorted({a.gpu for a in alerts if a.state == "firing"}) == gpus, text
