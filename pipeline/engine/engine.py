@@ -180,7 +180,7 @@ class Engine:
                     self._live_since = now
             self.first_ts = min(self.first_ts, float(ts.min())) if len(ts) else self.first_ts
             if len(ts):
-                self._chunks.append(_Pending.of(records, origins, ts))
+                self._chunks.append(_Pending.of(records, origins, ts, hosts))
         self._release(self._release_bound(self.watermark(now)), out, final=False)
         return out
 
@@ -229,7 +229,7 @@ class Engine:
         self._chunks = stay
         if go:
             r = _Pending.concat(go)
-            self._process_sorted(r.recs, r.origins, r.ts, r.dcgm, out)
+            self._process_sorted(r.recs, r.origins, r.ts, r.dcgm, r.host, out)
         if final:
             hwm = self.host_hwm[: self.entities.n_hosts]
             upto = float(np.nanmax(hwm)) if len(hwm) and not np.all(np.isnan(hwm)) else -math.inf
@@ -247,23 +247,23 @@ class Engine:
         return math.floor(wm / self.config.tick) * self.config.tick
 
     def _process_sorted(self, recs: np.ndarray, origins: np.ndarray, ts: np.ndarray, is_dcgm: np.ndarray,
-                        out: EngineOutput) -> None:
-        """Released records (object arrays in arrival order, with their event times and kinds)."""
+                        hosts: np.ndarray, out: EngineOutput) -> None:
+        """Released records (object arrays in arrival order, with event times, kinds, host ids)."""
         n = int(is_dcgm.sum())
         n_nccl = len(recs) - n
         self.stats["records.nccl"] += n_nccl
         nrecs: list[NcclRecord] = recs[~is_dcgm].tolist() if n_nccl else []
         if not n:
-            self._hand_nccl(nrecs)
+            self._hand_nccl(nrecs, hosts[~is_dcgm])
             return
         drecs: list[DcgmRecord] = recs[is_dcgm].tolist()
         dorig: list[str] = origins[is_dcgm].tolist()
         ts = ts[is_dcgm]
-        gpu = self.entities.gpu_ids(list(map(_HOST, drecs)), list(map(_GPU, drecs)))
-        host = self.entities.gpu_host[gpu]
+        host = hosts[is_dcgm]
+        gpu = self.entities.gpu_ids_of(host, np.fromiter(map(_GPU, drecs), np.int64, n))
         if self.models is not None:
             self.models.note_cohorts(gpu, drecs)
-            self._hand_nccl(nrecs)
+            self._hand_nccl(nrecs, hosts[~is_dcgm])
         values, dead = self._columnizer.compact(drecs, dorig)   # advance() spreads it over the catalog
         for d in dead:
             self.stats["dead." + d.reason] += 1
@@ -285,12 +285,11 @@ class Engine:
                 self._tick(self.next_tick, out)
                 self.next_tick += self.config.tick
 
-    def _hand_nccl(self, nrecs: list[NcclRecord]) -> None:
+    def _hand_nccl(self, nrecs: list[NcclRecord], hosts: np.ndarray) -> None:
         # The models' NCCL detectors score each record with the tick it belongs to (see _rows).
         if self.models is None or not nrecs:
             return
         names = list(map(_HOST, nrecs))
-        hosts = self.entities.host_ids(names)
         idx = list(map(_GPU, nrecs))
         if None not in idx:
             gpus = self.entities.gpu_ids(names, idx)
@@ -412,8 +411,8 @@ class Engine:
             dec = msgspec.json.Decoder(TelemetryRecordT)
             pending = [dec.decode(b) for b in data["pending"]]
             origins = list(data["pending_origin"])
-            self._chunks = [_Pending.of(pending, origins, np.array([r.ts for r in pending], dtype=np.float64))] \
-                if pending else []
+            self._chunks = [_Pending.of(pending, origins, np.array([r.ts for r in pending], dtype=np.float64),
+                                        self.entities.host_ids([r.host for r in pending]))] if pending else []
             self.stats = Counter(data["stats"])
             self._summaries = dict(data["summaries"])
             self.state.seen = _unarr(data["seen"])
@@ -437,19 +436,21 @@ class _Pending:
     origins: np.ndarray    # object (str)
     ts: np.ndarray
     dcgm: np.ndarray       # bool: a DCGM sample (else NCCL)
+    host: np.ndarray       # int32 host id
     tmin: float
     tmax: float
 
     @classmethod
-    def of(cls, records: Sequence[TelemetryRecord], origins: Sequence[str], ts: np.ndarray) -> "_Pending":
+    def of(cls, records: Sequence[TelemetryRecord], origins: Sequence[str], ts: np.ndarray,
+           host: np.ndarray) -> "_Pending":
         k = len(ts)
         return cls(np.fromiter(records, object, k), np.fromiter(origins, object, k), ts,
-                   np.fromiter(map(isinstance, records, repeat(DcgmSample)), bool, k),
+                   np.fromiter(map(isinstance, records, repeat(DcgmSample)), bool, k), host,
                    float(ts.min()), float(ts.max()))
 
     def take(self, sel: np.ndarray) -> "_Pending":
         ts = self.ts[sel]
-        return _Pending(self.recs[sel], self.origins[sel], ts, self.dcgm[sel],
+        return _Pending(self.recs[sel], self.origins[sel], ts, self.dcgm[sel], self.host[sel],
                         float(ts.min()) if len(ts) else math.inf, float(ts.max()) if len(ts) else -math.inf)
 
     @staticmethod
@@ -458,7 +459,7 @@ class _Pending:
             return parts[0]
         return _Pending(np.concatenate([p.recs for p in parts]), np.concatenate([p.origins for p in parts]),
                         np.concatenate([p.ts for p in parts]), np.concatenate([p.dcgm for p in parts]),
-                        min(p.tmin for p in parts), max(p.tmax for p in parts))
+                        np.concatenate([p.host for p in parts]), min(p.tmin for p in parts), max(p.tmax for p in parts))
 
 
 TelemetryRecordT = DcgmRecord | NcclRecord

@@ -7,6 +7,9 @@ from typing import Iterable, Sequence
 import numpy as np
 
 
+_TABLE_MAX = 1024   # GPU indices at or above this (none in practice) take the dict path
+
+
 class Entities:
     """Maps (host, gpu) and host names to dense integer ids, assigned in first-seen order."""
 
@@ -16,6 +19,9 @@ class Entities:
         self.gpus: list[tuple[str, int]] = []
         self.gpu_id: dict[tuple[str, int], int] = {}
         self._gpu_host = np.zeros(16, dtype=np.int32)
+        # GPU id by (host id, GPU index) for indices below _TABLE_MAX, -1 where not seen yet:
+        # ids for a whole batch in one numpy gather instead of a tuple and a dict lookup each.
+        self._table = np.full((16, 8), -1, dtype=np.int32)
 
     @property
     def n_gpus(self) -> int:
@@ -45,7 +51,14 @@ class Entities:
             self.gpus.append(key)
             if gid >= len(self._gpu_host):
                 self._gpu_host = np.resize(self._gpu_host, 2 * len(self._gpu_host))
-            self._gpu_host[gid] = self.host(host)
+            hid = self._gpu_host[gid] = self.host(host)
+            if index < _TABLE_MAX:
+                rows, cols = self._table.shape
+                if hid >= rows or index >= cols:
+                    grown = np.full((max(hid + 1, 2 * rows), max(index + 1, cols)), -1, dtype=np.int32)
+                    grown[:rows, :cols] = self._table
+                    self._table = grown
+                self._table[hid, index] = gid
         return gid
 
     def host_ids(self, names: Sequence[str]) -> np.ndarray:
@@ -65,6 +78,16 @@ class Entities:
         if None in ids:
             ids = [self.gpu(*k) if i is None else i for k, i in zip(keys, ids)]
         return np.array(ids, dtype=np.int32)
+
+    def gpu_ids_of(self, host_ids: np.ndarray, indices: np.ndarray) -> np.ndarray:
+        """``gpu_ids`` for host ids (``host_ids``) rather than names: a table lookup when every
+        pair is known, which is every batch but the first few."""
+        rows, cols = self._table.shape
+        if len(indices) and 0 <= int(indices.min()) and int(indices.max()) < cols and int(host_ids.max()) < rows:
+            ids = self._table[host_ids, indices]
+            if int(ids.min()) >= 0:
+                return ids
+        return self.gpu_ids([self.hosts[h] for h in host_ids.tolist()], indices.tolist())
 
     def to_state(self) -> dict:
         return {"hosts": self.hosts, "gpus": [list(k) for k in self.gpus]}

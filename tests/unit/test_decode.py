@@ -27,7 +27,9 @@ def dec(payload, origin="t[0]@7"):
 
 def test_good_records_single_and_batched():
     out = dec(json.dumps([rec(gpu=0), rec(gpu=1), nccl()]))
-    assert [type(r) for r in out.records] == [DcgmRecord, DcgmRecord, NcclRecord]
+    # The fast path's checked types are subclasses of the contract's.
+    assert len(out.records) == 3
+    assert all(isinstance(r, t) for r, t in zip(out.records, [DcgmRecord, DcgmRecord, NcclRecord]))
     assert out.origins == ["t[0]@7#0", "t[0]@7#1", "t[0]@7#2"]
     assert out.dead == []
     assert out.records[0].fields.DCGM_FI_DEV_GPU_TEMP == 70.0
