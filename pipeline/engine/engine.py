@@ -18,7 +18,7 @@ import math
 import operator
 from collections import Counter
 from dataclasses import dataclass, field
-from itertools import repeat
+from itertools import compress, repeat
 from typing import TYPE_CHECKING, Any, Sequence
 
 import msgspec
@@ -29,7 +29,7 @@ from pipeline.engine.checks import GPU, HOST, RowCheck, TickCheck, builtin_check
 from pipeline.engine.config import EngineConfig
 from pipeline.engine.entities import Entities, grow
 from pipeline.catalog import FIELDS
-from pipeline.engine.frame import Columnizer, DcgmFrame, nccl_frame
+from pipeline.engine.frame import Columnizer, DcgmFrame, NcclFrame, nccl_frame
 from pipeline.engine.lifecycle import Lifecycle, Transition, alert_id
 from pipeline.engine.state import GpuState, advance
 from pipeline.errors import StateError
@@ -39,7 +39,7 @@ if TYPE_CHECKING:
     from pipeline.models.modelset import ModelSet
     from pipeline.rules.ruleset import RuleSet
 
-SNAPSHOT_VERSION = 1
+SNAPSHOT_VERSION = 2   # 2: buffered rows as columns; version 1 (records as JSON) is still read
 _TS, _HOST, _GPU = operator.attrgetter("ts"), operator.attrgetter("host"), operator.attrgetter("gpu")
 
 
@@ -180,9 +180,44 @@ class Engine:
                     self._live_since = now
             self.first_ts = min(self.first_ts, float(ts.min())) if len(ts) else self.first_ts
             if len(ts):
-                self._chunks.append(_Pending.of(records, origins, ts, hosts))
+                self._chunks.append(self._ingest(records, origins, ts, hosts, out))
         self._release(self._release_bound(self.watermark(now)), out, final=False)
         return out
+
+    def _ingest(self, records: Sequence[TelemetryRecord], origins: Sequence[str], ts: np.ndarray,
+                hosts: np.ndarray, out: EngineOutput) -> "_Pending":
+        """Arriving records -> the columns the engine keeps until the watermark passes them.
+
+        Done on arrival, not on release: the record objects are freed at once (the start-up hold
+        buffers ~30 s of the fleet, and a checkpoint carries what is buffered), and a release
+        works on arrays only. Fields dropped as bad data are dead-lettered here.
+        """
+        k = len(records)
+        kinds = list(map(isinstance, records, repeat(DcgmSample)))
+        is_dcgm = np.array(kinds, dtype=bool)
+        n = int(is_dcgm.sum())
+        if n == k:
+            drecs, dorig, dts, dhost = records, origins, ts, hosts
+            nrecs: Sequence[NcclRecord] = []
+        else:   # compress(): the split in C, not a Python loop over the batch
+            drecs, dorig = list(compress(records, kinds)), list(compress(origins, kinds))
+            dts, dhost = ts[is_dcgm], hosts[is_dcgm]
+            nrecs = list(compress(records, map(operator.not_, kinds)))
+        cols = self._columnizer.columns
+        if n:
+            gpu = self.entities.gpu_ids_of(dhost, np.fromiter(map(_GPU, drecs), np.int64, n))
+            if self.models is not None:
+                self.models.note_cohorts(gpu, drecs)
+            values, dead = self._columnizer.compact(drecs, dorig)
+            for d in dead:
+                self.stats["dead." + d.reason] += 1
+            out.dead.extend(dead)
+        else:
+            gpu, values = np.empty(0, np.int32), np.empty((0, len(cols)))
+        nts = ts[~is_dcgm] if n < k else np.empty(0)
+        # The models' NCCL detectors need the records' columns; without models they are counted.
+        nccl = self._nccl_frame(nrecs, hosts[~is_dcgm]) if nrecs and self.models is not None else None
+        return _Pending(dts, dhost, gpu, values, cols, nts, nccl, float(ts.min()), float(ts.max()))
 
     def flush(self) -> EngineOutput:
         """End of stream (replay, demo): process everything still buffered."""
@@ -223,13 +258,12 @@ class Engine:
             elif c.tmin >= wm:
                 stay.append(c)
             else:
-                sel = c.ts < wm
-                go.append(c.take(sel))
-                stay.append(c.take(~sel))
+                before, after = c.split(wm)
+                go.append(before)
+                stay.append(after)
         self._chunks = stay
         if go:
-            r = _Pending.concat(go)
-            self._process_sorted(r.recs, r.origins, r.ts, r.dcgm, r.host, out)
+            self._process_released(_Pending.concat(go, self._columnizer.columns), out)
         if final:
             hwm = self.host_hwm[: self.entities.n_hosts]
             upto = float(np.nanmax(hwm)) if len(hwm) and not np.all(np.isnan(hwm)) else -math.inf
@@ -246,31 +280,18 @@ class Engine:
             return wm
         return math.floor(wm / self.config.tick) * self.config.tick
 
-    def _process_sorted(self, recs: np.ndarray, origins: np.ndarray, ts: np.ndarray, is_dcgm: np.ndarray,
-                        hosts: np.ndarray, out: EngineOutput) -> None:
-        """Released records (object arrays in arrival order, with event times, kinds, host ids)."""
-        n = int(is_dcgm.sum())
-        n_nccl = len(recs) - n
-        self.stats["records.nccl"] += n_nccl
-        nrecs: list[NcclRecord] = recs[~is_dcgm].tolist() if n_nccl else []
+    def _process_released(self, go: "_Pending", out: EngineOutput) -> None:
+        """Released rows (arrival order), sorted into event time and run tick by tick."""
+        self.stats["records.nccl"] += len(go.nccl_ts)
+        if self.models is not None and go.nccl is not None and len(go.nccl):
+            # The models' NCCL detectors score each record with the tick it belongs to (see _rows).
+            self.models.queue_nccl(go.nccl)
+        n = len(go.ts)
         if not n:
-            self._hand_nccl(nrecs, hosts[~is_dcgm])
             return
-        drecs: list[DcgmRecord] = recs[is_dcgm].tolist()
-        dorig: list[str] = origins[is_dcgm].tolist()
-        ts = ts[is_dcgm]
-        host = hosts[is_dcgm]
-        gpu = self.entities.gpu_ids_of(host, np.fromiter(map(_GPU, drecs), np.int64, n))
-        if self.models is not None:
-            self.models.note_cohorts(gpu, drecs)
-            self._hand_nccl(nrecs, hosts[~is_dcgm])
-        values, dead = self._columnizer.compact(drecs, dorig)   # advance() spreads it over the catalog
-        for d in dead:
-            self.stats["dead." + d.reason] += 1
-        out.dead.extend(dead)
         self.stats["records.dcgm"] += n
-        order = np.lexsort((gpu, ts))
-        frame = DcgmFrame(ts[order], gpu[order], host[order], values[order])
+        order = np.lexsort((go.gpu, go.ts))
+        frame = DcgmFrame(go.ts[order], go.gpu[order], go.host[order], go.values[order])
         if math.isnan(self.next_tick):
             self.next_tick = (math.floor(frame.ts[0] / self.config.tick) + 1) * self.config.tick
         # Rows before each tick, then the tick itself: absence is judged on a fixed grid, so the
@@ -285,10 +306,7 @@ class Engine:
                 self._tick(self.next_tick, out)
                 self.next_tick += self.config.tick
 
-    def _hand_nccl(self, nrecs: list[NcclRecord], hosts: np.ndarray) -> None:
-        # The models' NCCL detectors score each record with the tick it belongs to (see _rows).
-        if self.models is None or not nrecs:
-            return
+    def _nccl_frame(self, nrecs: Sequence[NcclRecord], hosts: np.ndarray) -> NcclFrame:
         names = list(map(_HOST, nrecs))
         idx = list(map(_GPU, nrecs))
         if None not in idx:
@@ -296,7 +314,7 @@ class Engine:
         else:
             gpus = np.fromiter((-1 if g is None else self.entities.gpu(h, g) for h, g in zip(names, idx)),
                                np.int32, len(nrecs))
-        self.models.queue_nccl(nccl_frame(nrecs, hosts, gpus))
+        return nccl_frame(list(nrecs), hosts, gpus)
 
     def _ticks_until(self, upto: float, out: EngineOutput) -> None:
         while not math.isnan(self.next_tick) and self.next_tick <= upto:
@@ -383,8 +401,8 @@ class Engine:
             "host_last_ts": _arr(self.state.host_last_ts), "host_hwm": _arr(self.host_hwm),
             "released": self.released, "next_tick": self.next_tick, "first_ts": self.first_ts,
             "lifecycles": {n: {k: _arr(v) for k, v in lc.to_state().items()} for n, lc in self.lifecycles.items()},
-            "pending": [msgspec.json.encode(r) for c in self._chunks for r in c.recs],
-            "pending_origin": [o for c in self._chunks for o in c.origins.tolist()],
+            # Buffered rows as columns (version 1 held the records themselves, as JSON).
+            "pending_columns": [c.to_state() for c in self._chunks],
             "stats": dict(self.stats),
             "summaries": self._summaries,
             "seen": _arr(self.state.seen),
@@ -397,7 +415,7 @@ class Engine:
         """Continue exactly where ``snapshot`` left off (same checks must be configured)."""
         try:
             data = msgspec.msgpack.decode(blob)
-            if data.get("version") != SNAPSHOT_VERSION:
+            if data.get("version") not in (1, SNAPSHOT_VERSION):
                 raise StateError(f"snapshot version {data.get('version')} (this build reads {SNAPSHOT_VERSION})")
             self.entities = Entities.from_state(data["entities"])
             self.state.last, self.state.last_ts = _unarr(data["last"]), _unarr(data["last_ts"])
@@ -408,11 +426,16 @@ class Engine:
             for name, lc in data["lifecycles"].items():
                 if name in self.lifecycles:
                     self.lifecycles[name].load_state({k: _unarr(v) for k, v in lc.items()})
-            dec = msgspec.json.Decoder(TelemetryRecordT)
-            pending = [dec.decode(b) for b in data["pending"]]
-            origins = list(data["pending_origin"])
-            self._chunks = [_Pending.of(pending, origins, np.array([r.ts for r in pending], dtype=np.float64),
-                                        self.entities.host_ids([r.host for r in pending]))] if pending else []
+            if "pending_columns" in data:
+                self._chunks = [_Pending.from_state(c) for c in data["pending_columns"]]
+            else:   # a version-1 snapshot: buffered records as JSON; ingest them as on arrival
+                dec = msgspec.json.Decoder(TelemetryRecordT)
+                pending = [dec.decode(b) for b in data["pending"]]
+                self._chunks = []
+                if pending:
+                    ts = np.array([r.ts for r in pending], dtype=np.float64)
+                    hosts = self.entities.host_ids([r.host for r in pending])
+                    self._chunks.append(self._ingest(pending, list(data["pending_origin"]), ts, hosts, EngineOutput()))
             self.stats = Counter(data["stats"])
             self._summaries = dict(data["summaries"])
             self.state.seen = _unarr(data["seen"])
@@ -425,41 +448,74 @@ class Engine:
 
     @property
     def pending(self) -> int:
-        return sum(len(c.ts) for c in self._chunks)
+        return sum(len(c) for c in self._chunks)
 
 
 @dataclass
 class _Pending:
-    """A run of buffered records as object arrays, with event times and kinds alongside."""
+    """Buffered rows of a batch as columns: DCGM samples, and NCCL records' times (and columns,
+    with models), each in arrival order."""
 
-    recs: np.ndarray       # object
-    origins: np.ndarray    # object (str)
-    ts: np.ndarray
-    dcgm: np.ndarray       # bool: a DCGM sample (else NCCL)
-    host: np.ndarray       # int32 host id
+    ts: np.ndarray            # DCGM rows: event time
+    host: np.ndarray          # host id (int32)
+    gpu: np.ndarray           # GPU id (int32)
+    values: np.ndarray        # (n, len(cols)): Columnizer.compact
+    cols: tuple[int, ...]     # the catalog columns of ``values`` (rules may be reloaded meanwhile)
+    nccl_ts: np.ndarray       # NCCL rows: event time
+    nccl: NcclFrame | None    # their columns, kept when models read them
     tmin: float
     tmax: float
 
-    @classmethod
-    def of(cls, records: Sequence[TelemetryRecord], origins: Sequence[str], ts: np.ndarray,
-           host: np.ndarray) -> "_Pending":
-        k = len(ts)
-        return cls(np.fromiter(records, object, k), np.fromiter(origins, object, k), ts,
-                   np.fromiter(map(isinstance, records, repeat(DcgmSample)), bool, k), host,
-                   float(ts.min()), float(ts.max()))
+    def split(self, wm: float) -> tuple["_Pending", "_Pending"]:
+        """(rows before ``wm``, the rest)."""
+        sel, nsel = self.ts < wm, self.nccl_ts < wm
+        return self._take(sel, nsel), self._take(~sel, ~nsel)
 
-    def take(self, sel: np.ndarray) -> "_Pending":
-        ts = self.ts[sel]
-        return _Pending(self.recs[sel], self.origins[sel], ts, self.dcgm[sel], self.host[sel],
-                        float(ts.min()) if len(ts) else math.inf, float(ts.max()) if len(ts) else -math.inf)
+    def _take(self, sel: np.ndarray, nsel: np.ndarray) -> "_Pending":
+        ts, nts = self.ts[sel], self.nccl_ts[nsel]
+        both = np.concatenate([ts, nts])
+        return _Pending(ts, self.host[sel], self.gpu[sel], self.values[sel], self.cols, nts,
+                        self.nccl.take(nsel) if self.nccl is not None else None,
+                        float(both.min()) if len(both) else math.inf, float(both.max()) if len(both) else -math.inf)
+
+    def __len__(self) -> int:
+        return len(self.ts) + len(self.nccl_ts)
 
     @staticmethod
-    def concat(parts: list["_Pending"]) -> "_Pending":
+    def concat(parts: list["_Pending"], cols: tuple[int, ...]) -> "_Pending":
+        """One run of rows, values in the layout of ``cols`` (the columnizer's now)."""
+        parts = [p if p.cols == cols else p.remap(cols) for p in parts]
         if len(parts) == 1:
             return parts[0]
-        return _Pending(np.concatenate([p.recs for p in parts]), np.concatenate([p.origins for p in parts]),
-                        np.concatenate([p.ts for p in parts]), np.concatenate([p.dcgm for p in parts]),
-                        np.concatenate([p.host for p in parts]), min(p.tmin for p in parts), max(p.tmax for p in parts))
+        frames = [p.nccl for p in parts if p.nccl is not None]
+        return _Pending(np.concatenate([p.ts for p in parts]), np.concatenate([p.host for p in parts]),
+                        np.concatenate([p.gpu for p in parts]), np.concatenate([p.values for p in parts]), cols,
+                        np.concatenate([p.nccl_ts for p in parts]), NcclFrame.concat(frames) if frames else None,
+                        min(p.tmin for p in parts), max(p.tmax for p in parts))
+
+    def remap(self, cols: tuple[int, ...]) -> "_Pending":
+        """The same rows in another column layout: a column this one lacks reads as not reported."""
+        pos = {c: j for j, c in enumerate(self.cols)}
+        values = np.full((len(self.ts), len(cols)), np.nan)
+        for j, c in enumerate(cols):
+            if c in pos:
+                values[:, j] = self.values[:, pos[c]]
+        return _Pending(self.ts, self.host, self.gpu, values, cols, self.nccl_ts, self.nccl, self.tmin, self.tmax)
+
+    def to_state(self) -> dict:
+        return {"cols": list(self.cols), "ts": _arr(self.ts), "host": _arr(self.host), "gpu": _arr(self.gpu),
+                "values": _arr(self.values), "nccl_ts": _arr(self.nccl_ts),
+                "nccl": None if self.nccl is None else
+                {k: (v if k == "comm" else _arr(v)) for k, v in self.nccl.to_state().items()}}
+
+    @staticmethod
+    def from_state(d: dict) -> "_Pending":
+        ts, nts = _unarr(d["ts"]), _unarr(d["nccl_ts"])
+        nccl = None if d["nccl"] is None else \
+            NcclFrame.from_state({k: (v if k == "comm" else _unarr(v)) for k, v in d["nccl"].items()})
+        both = np.concatenate([ts, nts])
+        return _Pending(ts, _unarr(d["host"]), _unarr(d["gpu"]), _unarr(d["values"]), tuple(d["cols"]), nts, nccl,
+                        float(both.min()) if len(both) else math.inf, float(both.max()) if len(both) else -math.inf)
 
 
 TelemetryRecordT = DcgmRecord | NcclRecord

@@ -161,6 +161,27 @@ class NcclFrame:
     def __len__(self) -> int:
         return len(self.ts)
 
+    def take(self, idx: np.ndarray) -> "NcclFrame":
+        il = idx.tolist() if idx.dtype != bool else np.flatnonzero(idx).tolist()
+        return NcclFrame(self.ts[idx], self.host[idx], self.gpu[idx], [self.comm[i] for i in il], self.rank[idx],
+                         self.nranks[idx], self.bytes[idx], self.exec_time_us[idx], self.busbw_gbs[idx])
+
+    @staticmethod
+    def concat(frames: list["NcclFrame"]) -> "NcclFrame":
+        if len(frames) == 1:
+            return frames[0]
+        return NcclFrame(*(np.concatenate([getattr(f, k) for f in frames]) if k != "comm"
+                           else [c for f in frames for c in f.comm] for k in NCCL_KEYS))
+
+    def to_state(self) -> dict:
+        return {k: getattr(self, k) for k in NCCL_KEYS}
+
+    @staticmethod
+    def from_state(d: dict) -> "NcclFrame":
+        return NcclFrame(*(list(d[k]) if k == "comm" else np.asarray(d[k]).copy() for k in NCCL_KEYS))
+
+
+NCCL_KEYS = ("ts", "host", "gpu", "comm", "rank", "nranks", "bytes", "exec_time_us", "busbw_gbs")
 
 _NCCL = {n: operator.attrgetter(n) for n in ("ts", "comm", "rank", "nranks", "bytes", "exec_time_us", "busbw_gbs")}
 

@@ -268,13 +268,13 @@ class ModelSet:
     def _run_nccl(self, upto: float, n_gpus: int, n_hosts: int) -> None:
         if not self._nccl:
             return
-        frame = _concat(self._nccl)
+        frame = NcclFrame.concat(self._nccl)
         now = frame.ts < upto
         if not now.any():
             return
         rest = np.flatnonzero(~now)
-        self._nccl = [_take(frame, rest)] if len(rest) else []
-        fr = _take(frame, np.flatnonzero(now))
+        self._nccl = [frame.take(rest)] if len(rest) else []
+        fr = frame.take(np.flatnonzero(now))
         for name, m in self.models.items():
             if m.info.source == DCGM:
                 continue
@@ -334,7 +334,7 @@ class ModelSet:
     def snapshot(self) -> bytes:
         """Model state as bytes (msgpack; river objects pickled -- trusted state topic only)."""
         data = {"version": STATE_VERSION, "cohort_names": self.cohort_names, "cohort_of": self.cohort_of,
-                "nccl": [_frame_state(f) for f in self._nccl], "models": {}}
+                "nccl": [f.to_state() for f in self._nccl], "models": {}}
         for name, m in self.models.items():
             data["models"][name] = {
                 "definition": repr(m.spec.definition()),
@@ -351,7 +351,7 @@ class ModelSet:
                 raise StateError(f"model state version {data.get('version')} (this build reads {STATE_VERSION})")
             self.cohort_names = list(data["cohort_names"])
             self.cohort_of = np.asarray(data["cohort_of"], dtype=np.int32).copy()
-            self._nccl = [_frame_from_state(f) for f in data["nccl"]]
+            self._nccl = [NcclFrame.from_state(f) for f in data["nccl"]]
             for name, st in data["models"].items():
                 m = self.models.get(name)
                 if m is None or st["definition"] != repr(m.spec.definition()):
@@ -384,32 +384,6 @@ class ModelSet:
                 st = d.to_state()
                 total += len(pickle.dumps({k: v for k, v in st.items() if k != "arrays"}))
         return total
-
-
-def _concat(frames: list[NcclFrame]) -> NcclFrame:
-    if len(frames) == 1:
-        return frames[0]
-    return NcclFrame(*(np.concatenate([getattr(f, k) for f in frames]) if k != "comm"
-                       else [c for f in frames for c in f.comm]
-                       for k in ("ts", "host", "gpu", "comm", "rank", "nranks", "bytes", "exec_time_us",
-                                 "busbw_gbs")))
-
-
-def _take(f: NcclFrame, idx: np.ndarray) -> NcclFrame:
-    il = idx.tolist()
-    return NcclFrame(f.ts[idx], f.host[idx], f.gpu[idx], [f.comm[i] for i in il], f.rank[idx], f.nranks[idx],
-                     f.bytes[idx], f.exec_time_us[idx], f.busbw_gbs[idx])
-
-
-_NCCL_KEYS = ("ts", "host", "gpu", "comm", "rank", "nranks", "bytes", "exec_time_us", "busbw_gbs")
-
-
-def _frame_state(f: NcclFrame) -> dict:
-    return {k: getattr(f, k) for k in _NCCL_KEYS}
-
-
-def _frame_from_state(d: dict) -> NcclFrame:
-    return NcclFrame(*(list(d[k]) if k == "comm" else np.asarray(d[k]).copy() for k in _NCCL_KEYS))
 
 
 # Types msgpack has no word for travel as extension values, never as marked dicts: dict keys in

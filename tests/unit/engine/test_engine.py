@@ -142,6 +142,29 @@ def test_snapshot_restore_continues_exactly():
     assert eng2.entities.gpus == eng.entities.gpus
 
 
+def test_snapshot_holds_buffered_rows_as_columns_and_still_reads_version_1():
+    import msgspec
+
+    recs = fleet(range(200), hosts=2, gpus=2, overrides=throttle_gpu1_of_n1(60, 150))
+    golden = key(run(recs)[0])
+    eng = Engine()
+    first = eng.process(recs[:300]).alerts
+    assert eng.pending > 0   # the start-up hold: some of what it has seen is still buffered
+    data = msgspec.msgpack.decode(eng.snapshot())
+    assert data["version"] == 2 and "pending" not in data
+    # The same state as version 1 wrote it: buffered records as JSON, with their origins.
+    released = eng.released
+    buffered = [r for r in recs[:300] if r.ts >= released]
+    assert len(buffered) == eng.pending
+    v1 = {**{k: v for k, v in data.items() if k != "pending_columns"}, "version": 1,
+          "pending": [msgspec.json.encode(r) for r in buffered], "pending_origin": ["o"] * len(buffered)}
+    for blob in (eng.snapshot(), msgspec.msgpack.encode(v1)):
+        eng2 = Engine()
+        eng2.restore(blob)
+        rest = eng2.process(recs[300:]).alerts + eng2.flush().alerts
+        assert key(first + rest) == golden
+
+
 def test_restore_rejects_garbage():
     from pipeline.errors import StateError
     with pytest.raises(StateError):
