@@ -143,7 +143,8 @@ class Decoder:
         n = len(payloads)
         if n > 1 and None not in payloads and max(map(len, payloads)) <= self.max_message_bytes:
             try:
-                objs = self._fast_many.decode(b"[" + b",".join(payloads) + b"]")
+                # One copy of the batch: brackets ride on the first and last message.
+                objs = self._fast_many.decode(b",".join([b"[" + payloads[0], *payloads[1:-1], payloads[-1] + b"]"]))
             except (msgspec.DecodeError, msgspec.ValidationError):
                 objs = None
             # A payload that is not one JSON value (``{..},{..}``, half an array) changes the

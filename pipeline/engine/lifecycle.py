@@ -40,6 +40,7 @@ class Lifecycle:
         self.last_true = np.full(0, np.nan)
         self.started = np.full(0, np.nan)     # started_at of the firing alert
         self.firing = np.zeros(0, dtype=bool)
+        self._idle = True   # no entity pending or firing: a tick where the condition holds nowhere is a no-op
 
     def _ensure(self, n: int) -> None:
         if len(self.since) < n:
@@ -55,10 +56,15 @@ class Lifecycle:
     def step(self, ts: np.ndarray, ent: np.ndarray, cond: np.ndarray, n_entities: int) -> list[Transition]:
         """Feed samples (in event-time order per entity) and their condition; return state changes."""
         self._ensure(n_entities)
-        act = ~np.isnan(self.since) | self.firing
-        interesting = cond | act[ent]
-        if not interesting.any():
-            return []
+        if self._idle:
+            if not cond.any():
+                return []
+            interesting = cond
+        else:
+            act = ~np.isnan(self.since) | self.firing
+            interesting = cond | act[ent]
+            if not interesting.any():
+                return []
         idx = np.flatnonzero(interesting)
         idx = idx[np.argsort(ent[idx], kind="stable")]
         out: list[Transition] = []
@@ -83,6 +89,7 @@ class Lifecycle:
                         firing = False
                         out.append(Transition("resolved", e, t, started, i))
             self.since[e], self.last_true[e], self.firing[e], self.started[e] = since, last_true, firing, started
+        self._idle = not (~np.isnan(self.since) | self.firing).any()
         return out
 
     def to_state(self) -> dict:
@@ -91,3 +98,4 @@ class Lifecycle:
     def load_state(self, data: dict) -> None:
         self.since, self.last_true = data["since"], data["last_true"]
         self.started, self.firing = data["started"], data["firing"]
+        self._idle = not (~np.isnan(self.since) | self.firing).any()

@@ -17,7 +17,7 @@ from pipeline.catalog import BITMASK, COUNTER, FIELDS, Field
 from pipeline.engine.state import COUNTER_COLS, View
 from pipeline.rules import diagnostics as D
 from pipeline.rules import expr as E
-from pipeline.rules.windows import Baseline, PaneWindow, group_stat
+from pipeline.rules.windows import Baseline, PaneWindow, distinct, group_stat
 
 NUM, BOOL = "number", "boolean"
 
@@ -107,8 +107,14 @@ class WindowStore:
                 self.baselines[key] = old.baselines[key]
 
     def update_baselines(self, view: View, n_ent: int) -> None:
+        ent = view.frame.gpu
+        if len(self.baselines) > 1 and distinct(ent)[1]:
+            # One row per GPU (the usual tick): every baseline in one pass (Baseline.update_many).
+            cols = [self._base_sources[k] for k in self.baselines]
+            Baseline.update_many(list(self.baselines.values()), ent, view.frame.ts, view.frame.values[:, cols], n_ent)
+            return
         for key, b in self.baselines.items():
-            b.update(view.frame.gpu, view.frame.ts, view.frame.values[:, self._base_sources[key]], n_ent)
+            b.update(ent, view.frame.ts, view.frame.values[:, self._base_sources[key]], n_ent)
 
     def to_state(self) -> dict:
         return {"panes": [[list(k), w.to_state(), list(w.aggs)] for k, w in self.panes.items()],

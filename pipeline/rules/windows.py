@@ -89,7 +89,7 @@ class PaneWindow:
         if not len(e):
             return
         d = self.data
-        if _distinct(e)[1]:
+        if distinct(e)[1]:
             # One row per entity (the usual tick): plain fancy indexing, several times faster
             # than the unbuffered ufunc.at that repeated entities need.
             if "sum" in d:
@@ -184,7 +184,34 @@ class PaneWindow:
         self.slot_pane, self.cur = want, p
 
 
-def _distinct(ent: np.ndarray) -> tuple[np.ndarray, bool]:
+def _fold(m: np.ndarray, v: np.ndarray, n: np.ndarray, lt: np.ndarray, out_since: np.ndarray, t: np.ndarray,
+          x: np.ndarray, tau: float | np.ndarray, warmup: float | np.ndarray, clip_sd: float | np.ndarray,
+          valid: np.ndarray | None = None) -> tuple[np.ndarray, ...]:
+    """One sample per entity folded into (mean, var, n, last_ts, out_since); ``valid`` False
+    leaves an entity as it was (a NaN value)."""
+    fresh = np.isnan(m)
+    dt = np.where(np.isnan(lt), tau, np.maximum(t - lt, 0.0))
+    alpha = 1.0 - np.exp(-dt / tau)
+    v0 = np.where(np.isnan(v), 0.0, v)
+    sd = np.sqrt(v0)
+    with np.errstate(invalid="ignore"):
+        outlier = (n >= warmup) & (np.abs(x - m) > clip_sd * np.maximum(sd, 1e-9 + 0.01 * np.abs(m)))
+    since = np.where(outlier, np.where(np.isnan(out_since), t, out_since), np.nan)
+    regime = outlier & (t - since >= tau)
+    fresh |= regime
+    learn = ~outlier | regime
+    if valid is not None:
+        learn &= valid
+        regime &= valid
+        since = np.where(valid, since, out_since)
+    diff = np.where(fresh, 0.0, x - m)
+    new_m = np.where(fresh, x, m + alpha * diff)
+    new_v = np.where(fresh, 0.0, (1 - alpha) * (v0 + alpha * diff * diff))
+    return (np.where(learn, new_m, m), np.where(learn, new_v, v), np.where(regime, 1.0, n + learn),
+            np.where(learn, t, lt), np.where(regime, np.nan, since))
+
+
+def distinct(ent: np.ndarray) -> tuple[np.ndarray, bool]:
     """The entities of a chunk, sorted and unique, and whether each appears in one row only.
 
     Chunks arrive sorted by entity, so this is a linear scan instead of ``np.unique``'s sort.
@@ -238,25 +265,29 @@ class Baseline:
         for r in range(int(rank.max()) + 1):
             sel = rank == r
             e, t, x = ent[sel], ts[sel], values[sel]
-            m, v, n, lt = self.mean[e], self.var[e], self.n[e], self.last_ts[e]
-            fresh = np.isnan(m)
-            dt = np.where(np.isnan(lt), self.tau, np.maximum(t - lt, 0.0))
-            alpha = 1.0 - np.exp(-dt / self.tau)
-            sd = np.sqrt(np.where(np.isnan(v), 0.0, v))
-            with np.errstate(invalid="ignore"):
-                outlier = (n >= self.warmup) & (np.abs(x - m) > self.clip_sd * np.maximum(sd, 1e-9 + 0.01 * np.abs(m)))
-            since = np.where(outlier, np.where(np.isnan(self.out_since[e]), t, self.out_since[e]), np.nan)
-            regime = outlier & (t - since >= self.tau)
-            fresh |= regime
-            learn = ~outlier | regime
-            diff = np.where(fresh, 0.0, x - m)
-            new_m = np.where(fresh, x, m + alpha * diff)
-            new_v = np.where(fresh, 0.0, (1 - alpha) * (np.where(np.isnan(v), 0.0, v) + alpha * diff * diff))
-            self.mean[e] = np.where(learn, new_m, m)
-            self.var[e] = np.where(learn, new_v, v)
-            self.n[e] = np.where(regime, 1.0, n + learn)
-            self.last_ts[e] = np.where(learn, t, lt)
-            self.out_since[e] = np.where(regime, np.nan, since)
+            new = _fold(self.mean[e], self.var[e], self.n[e], self.last_ts[e], self.out_since[e], t, x,
+                        self.tau, self.warmup, self.clip_sd)
+            self.mean[e], self.var[e], self.n[e], self.last_ts[e], self.out_since[e] = new
+
+    @staticmethod
+    def update_many(baselines: list["Baseline"], ent: np.ndarray, ts: np.ndarray, values: np.ndarray,
+                    n_ent: int) -> None:
+        """``update`` of several baselines over the same rows (one per entity), ``values`` (rows x
+        baselines): one set of numpy calls for all of them. The same arithmetic per element, so
+        the same results as updating each alone."""
+        for b in baselines:
+            b._ensure(n_ent)
+        x = values.T
+        valid = ~np.isnan(x)
+
+        def col(a: np.ndarray | float) -> np.ndarray:
+            return np.array(a, dtype=float)[:, None]
+
+        state = [np.stack([getattr(b, k)[ent] for b in baselines]) for k in ("mean", "var", "n", "last_ts", "out_since")]
+        new = _fold(*state, ts[None, :], x, col([b.tau for b in baselines]), col([b.warmup for b in baselines]),
+                    col([b.clip_sd for b in baselines]), valid)
+        for i, b in enumerate(baselines):
+            b.mean[ent], b.var[ent], b.n[ent], b.last_ts[ent], b.out_since[ent] = (a[i] for a in new)
 
     def to_state(self) -> dict:
         return {"mean": self.mean, "var": self.var, "n": self.n, "last_ts": self.last_ts, "out_since": self.out_since}

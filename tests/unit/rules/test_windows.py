@@ -86,3 +86,27 @@ def test_restore_from_a_snapshot_with_per_entity_pane_ids():
     w.load_state({"pane_id": pane_id, "d_sum": d_sum, "d_count": d_count})
     got = w.query("sum", np.array([0, 1]), float(p))
     assert got[0] == 12.0 and math.isnan(got[1])
+
+
+def test_baselines_updated_together_equal_each_updated_alone():
+    from pipeline.rules.windows import Baseline
+
+    rng = np.random.default_rng(11)
+    n_ent, taus = 40, (30.0, 60.0, 1800.0)
+    alone = [Baseline(t, warmup=5) for t in taus]
+    together = [Baseline(t, warmup=5) for t in taus]
+    ent = np.arange(n_ent, dtype=np.int32)
+    for k in range(400):
+        x = rng.normal(60, 2, (n_ent, len(taus)))
+        x[rng.random(x.shape) < 0.15] = np.nan                 # not reported
+        x[rng.random(x.shape) < 0.02] += 40                    # bursts (outliers)
+        if k > 200:
+            x[:5] += 25                                        # a new regime for a few entities
+        ts = np.full(n_ent, T0 + k)
+        for j, b in enumerate(alone):
+            b.update(ent, ts, x[:, j], n_ent)
+        Baseline.update_many(together, ent, ts, x, n_ent)
+    for a, b in zip(alone, together):
+        for name in ("mean", "var", "n", "last_ts", "out_since"):
+            np.testing.assert_array_equal(getattr(a, name), getattr(b, name), err_msg=name)
+        assert np.isfinite(a.query(ent)).sum() > n_ent // 2
