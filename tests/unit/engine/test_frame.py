@@ -76,3 +76,12 @@ def test_records_decoded_for_fewer_fields_read_what_they_lack_as_not_reported():
     cz = Columnizer([FIELDS.by_alias("gpu_temp").column, FIELDS.by_alias("sm_clock").column])
     values, dead = cz.values([old], ["a"])
     assert col(values, "gpu_temp")[0] == 70 and np.isnan(col(values, "sm_clock")[0]) and dead == []
+
+
+def test_records_built_by_hand_with_int_or_bool_values_give_floats():
+    # The fast path packs each row as doubles: ints and bools from a hand-built record convert.
+    cz = Columnizer([FIELDS.by_alias("gpu_temp").column, FIELDS.by_alias("sm_clock").column])
+    sub = _subset_record(cz.names, DCGM_FI_DEV_GPU_TEMP=70, DCGM_FI_DEV_SM_CLOCK=1980)
+    odd = type(sub)(ts=TS, host="h", gpu=1, fields=type(sub.fields)(DCGM_FI_DEV_GPU_TEMP=71, DCGM_FI_DEV_SM_CLOCK=True))
+    values, _ = cz.values([sub, odd], ["a", "b"])
+    assert col(values, "gpu_temp").tolist() == [70.0, 71.0] and col(values, "sm_clock").tolist() == [1980.0, 1.0]
