@@ -110,3 +110,22 @@ def test_baselines_updated_together_equal_each_updated_alone():
         for name in ("mean", "var", "n", "last_ts", "out_since"):
             np.testing.assert_array_equal(getattr(a, name), getattr(b, name), err_msg=name)
         assert np.isfinite(a.query(ent)).sum() > n_ent // 2
+
+
+@pytest.mark.parametrize("layout", ["equal_contiguous", "equal_interleaved", "unequal", "with_nan"])
+def test_peer_median_fast_path_equals_the_general_one(layout):
+    from pipeline.rules.windows import group_stat
+
+    rng = np.random.default_rng(5)
+    hosts = np.repeat(np.arange(50), 8)
+    if layout == "equal_interleaved":
+        hosts = np.tile(np.arange(50), 8)
+    if layout == "unequal":
+        hosts = np.sort(rng.integers(0, 50, 400))
+    values = rng.normal(100, 10, len(hosts)).round(2)
+    if layout == "with_nan":
+        values[rng.random(len(values)) < 0.1] = np.nan
+    got = group_stat(hosts, values, "median")
+    want = np.array([np.nanmedian(values[hosts == h]) if np.isfinite(values[hosts == h]).any() else np.nan
+                     for h in hosts])
+    np.testing.assert_array_equal(got, want)
