@@ -62,7 +62,7 @@ def _rank_below_nranks(self: NcclRecord) -> None:
 # Named as the contract's types (their reprs and class names are what users see).
 _NcclChecked = msgspec.defstruct(
     "NcclRecord", [*_CHECKED, ("rank", _INDEX), ("nranks", _INDEX), ("exec_time_us", _NONNEG),
-                          ("algbw_gbs", Optional[_NONNEG], None), ("busbw_gbs", Optional[_NONNEG], None)],
+                   ("algbw_gbs", Optional[_NONNEG], None), ("busbw_gbs", Optional[_NONNEG], None)],
     bases=(NcclRecord,), tag="nccl", tag_field="kind", kw_only=True, gc=False,
     namespace={"__post_init__": _rank_below_nranks})
 

@@ -198,7 +198,7 @@ class Engine:
         n = int(is_dcgm.sum())
         if n == k:
             drecs, dorig, dts, dhost = records, origins, ts, hosts
-            nrecs: Sequence[NcclRecord] = []
+            nrecs: list[NcclRecord] = []
         else:   # compress(): the split in C, not a Python loop over the batch
             drecs, dorig = list(compress(records, kinds)), list(compress(origins, kinds))
             dts, dhost = ts[is_dcgm], hosts[is_dcgm]
@@ -306,7 +306,7 @@ class Engine:
                 self._tick(self.next_tick, out)
                 self.next_tick += self.config.tick
 
-    def _nccl_frame(self, nrecs: Sequence[NcclRecord], hosts: np.ndarray) -> NcclFrame:
+    def _nccl_frame(self, nrecs: list[NcclRecord], hosts: np.ndarray) -> NcclFrame:
         names = list(map(_HOST, nrecs))
         idx = list(map(_GPU, nrecs))
         if None not in idx:
@@ -314,7 +314,7 @@ class Engine:
         else:
             gpus = np.fromiter((-1 if g is None else self.entities.gpu(h, g) for h, g in zip(names, idx)),
                                np.int32, len(nrecs))
-        return nccl_frame(list(nrecs), hosts, gpus)
+        return nccl_frame(nrecs, hosts, gpus)
 
     def _ticks_until(self, upto: float, out: EngineOutput) -> None:
         while not math.isnan(self.next_tick) and self.next_tick <= upto:
@@ -432,7 +432,7 @@ class Engine:
                 dec = msgspec.json.Decoder(TelemetryRecordT)
                 pending = [dec.decode(b) for b in data["pending"]]
                 self._chunks = []
-                if pending:
+                if pending:   # their dropped-field dead letters were not written yet: counted in stats
                     ts = np.array([r.ts for r in pending], dtype=np.float64)
                     hosts = self.entities.host_ids([r.host for r in pending])
                     self._chunks.append(self._ingest(pending, list(data["pending_origin"]), ts, hosts, EngineOutput()))
@@ -473,10 +473,8 @@ class _Pending:
 
     def _take(self, sel: np.ndarray, nsel: np.ndarray) -> "_Pending":
         ts, nts = self.ts[sel], self.nccl_ts[nsel]
-        both = np.concatenate([ts, nts])
         return _Pending(ts, self.host[sel], self.gpu[sel], self.values[sel], self.cols, nts,
-                        self.nccl.take(nsel) if self.nccl is not None else None,
-                        float(both.min()) if len(both) else math.inf, float(both.max()) if len(both) else -math.inf)
+                        self.nccl.take(nsel) if self.nccl is not None else None, *_span(ts, nts))
 
     def __len__(self) -> int:
         return len(self.ts) + len(self.nccl_ts)
@@ -513,9 +511,14 @@ class _Pending:
         ts, nts = _unarr(d["ts"]), _unarr(d["nccl_ts"])
         nccl = None if d["nccl"] is None else \
             NcclFrame.from_state({k: (v if k == "comm" else _unarr(v)) for k, v in d["nccl"].items()})
-        both = np.concatenate([ts, nts])
         return _Pending(ts, _unarr(d["host"]), _unarr(d["gpu"]), _unarr(d["values"]), tuple(d["cols"]), nts, nccl,
-                        float(both.min()) if len(both) else math.inf, float(both.max()) if len(both) else -math.inf)
+                        *_span(ts, nts))
+
+
+def _span(ts: np.ndarray, nts: np.ndarray) -> tuple[float, float]:
+    """(oldest, newest) event time of a buffer's rows; (inf, -inf) when it has none."""
+    both = np.concatenate([ts, nts])
+    return (float(both.min()), float(both.max())) if len(both) else (math.inf, -math.inf)
 
 
 TelemetryRecordT = DcgmRecord | NcclRecord
