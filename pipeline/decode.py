@@ -16,9 +16,10 @@ import json
 import math
 import operator
 from dataclasses import dataclass
-from typing import Annotated, Any, Callable, Optional, Sequence, Union
+from typing import Annotated, Any, Callable, Optional, Sequence, Union, overload
 
 import msgspec
+import numpy as np
 
 from pipeline.schema import (SCHEMA_VERSION, DcgmRecord, DcgmSample, DeadLetter, NcclRecord, TelemetryRecord,
                              dcgm_record_type)
@@ -86,10 +87,77 @@ def _raw(payload: bytes | str) -> str:
     return text if len(text) <= RAW_KEEP else text[:RAW_KEEP] + "…"
 
 
+class Origins(Sequence[str]):
+    """Each record's origin, spelled out only when read.
+
+    Only dead letters name an origin, so the hot path keeps two index arrays instead of a
+    string per record: record ``i`` is record ``pos[i]`` of the array in message ``msg[i]``
+    (``pos`` -1: the message was that one record, not an array), named ``names[msg[i]]``.
+
+    >>> o = Origins(["t[0]@7", "t[0]@8"], np.array([0, 0, 1]), np.array([0, 1, -1]))
+    >>> list(o), o[1]
+    (['t[0]@7#0', 't[0]@7#1', 't[0]@8'], 't[0]@7#1')
+    >>> list(o.take(np.array([False, True, True])))
+    ['t[0]@7#1', 't[0]@8']
+    """
+
+    __slots__ = ("names", "msg", "pos")
+
+    def __init__(self, names: Sequence[str], msg: np.ndarray, pos: np.ndarray) -> None:
+        self.names, self.msg, self.pos = names, msg, pos
+
+    @classmethod
+    def of_messages(cls, names: Sequence[str], sizes: Sequence[int]) -> "Origins":
+        """``sizes[j]``: how many records message ``j`` held as an array, -1 for a bare record."""
+        size = np.asarray(sizes, dtype=np.int64)
+        count = np.where(size < 0, 1, size)
+        msg = np.repeat(np.arange(len(size)), count)
+        pos = np.arange(len(msg)) - np.repeat(np.cumsum(count) - count, count)
+        pos[size[msg] < 0] = -1
+        return cls(names, msg, pos)
+
+    def __len__(self) -> int:
+        return len(self.msg)
+
+    @overload
+    def __getitem__(self, i: int) -> str: ...
+    @overload
+    def __getitem__(self, i: slice) -> "Origins": ...
+
+    def __getitem__(self, i: int | slice) -> "str | Origins":
+        if isinstance(i, slice):
+            return Origins(self.names, self.msg[i], self.pos[i])
+        name, pos = self.names[int(self.msg[i])], int(self.pos[i])
+        return name if pos < 0 else f"{name}#{pos}"
+
+    def take(self, idx: np.ndarray) -> "Origins":
+        """The origins at ``idx`` (indices or a boolean mask), still lazy."""
+        return Origins(self.names, self.msg[idx], self.pos[idx])
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, (Origins, list, tuple)):
+            return list(self) == list(other)
+        return NotImplemented
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return f"Origins({list(self)!r})"
+
+
+def take_origins(origins: Sequence[str], idx: np.ndarray) -> Sequence[str]:
+    """``origins`` at ``idx`` (indices or a boolean mask): lazy ones stay lazy."""
+    if isinstance(origins, Origins):
+        return origins.take(idx)
+    if idx.dtype == bool:
+        idx = np.flatnonzero(idx)
+    return [origins[i] for i in idx.tolist()]
+
+
 @dataclass
 class Decoded:
     records: list[TelemetryRecord]
-    origins: list[str]
+    origins: Sequence[str]    # a list, or ``Origins`` from decode_many's fast path
     dead: list[DeadLetter]
 
 
@@ -150,23 +218,25 @@ class Decoder:
             # A payload that is not one JSON value (``{..},{..}``, half an array) changes the
             # count (or fails to parse), so a matching count means one value per message.
             if objs is not None and len(objs) == n:
-                out = Decoded([], [], [])
-                recs, origs = out.records, out.origins
-                for obj, origin in zip(objs, origins):
+                recs: list[TelemetryRecord] = []
+                sizes: list[int] = []
+                for obj in objs:
                     if type(obj) is list:
                         recs.extend(obj)
-                        origs.extend(map((origin + "#").__add__, map(str, range(len(obj)))))
+                        sizes.append(len(obj))
                     else:
                         recs.append(obj)
-                        origs.append(origin)
+                        sizes.append(-1)
                 if self._all_plausible_many(recs):
-                    return out
+                    return Decoded(recs, Origins.of_messages(origins, sizes), [])
         out = Decoded([], [], [])
+        names: list[str] = []
         for payload, origin in zip(payloads, origins):
             d = self.decode(payload, origin)
             out.records.extend(d.records)
-            out.origins.extend(d.origins)
+            names.extend(d.origins)
             out.dead.extend(d.dead)
+        out.origins = names
         return out
 
     def _all_plausible_many(self, recs: list[TelemetryRecord]) -> bool:

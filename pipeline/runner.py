@@ -26,6 +26,21 @@ class Totals:
                 self.alerts[a.family] += 1
 
 
+class _Origins(Sequence[str]):
+    """The messages' origins, spelled out only when one is read (by a dead letter)."""
+
+    __slots__ = ("messages",)
+
+    def __init__(self, messages: Sequence[Message]) -> None:
+        self.messages = messages
+
+    def __len__(self) -> int:
+        return len(self.messages)
+
+    def __getitem__(self, i):  # type: ignore[override]
+        return self.messages[i].origin
+
+
 class Pipeline:
     """Decode a batch of messages and feed the engine; dead letters from both stages come back."""
 
@@ -41,7 +56,7 @@ class Pipeline:
         out = EngineOutput()
         if self.decoder.fields is not self.engine.decode_fields:   # new engine or rules reloaded
             self.decoder.set_fields(self.engine.decode_fields)
-        d = self.decoder.decode_many([m.value for m in messages], [m.origin for m in messages])
+        d = self.decoder.decode_many([m.value for m in messages], _Origins(messages))
         records, origins = d.records, d.origins
         out.dead.extend(d.dead)
         out.extend(self.engine.process(records, origins, now=self.clock() if self.clock else None))

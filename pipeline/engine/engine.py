@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 import msgspec
 import numpy as np
 
-from pipeline.decode import LATE
+from pipeline.decode import LATE, Origins, take_origins
 from pipeline.engine.checks import GPU, HOST, RowCheck, TickCheck, builtin_checks
 from pipeline.engine.config import EngineConfig
 from pipeline.engine.entities import Entities, grow
@@ -154,7 +154,7 @@ class Engine:
         n = len(records)
         if n:
             if origins is None:
-                origins = [f"batch#{i}" for i in range(n)]
+                origins = Origins(["batch"], np.zeros(n, np.intp), np.arange(n))
             # map() over C-level attribute getters: this runs once per record on the hot path.
             ts = np.fromiter(map(_TS, records), np.float64, n)
             hosts = self.entities.host_ids(list(map(_HOST, records)))
@@ -169,7 +169,7 @@ class Engine:
                 self.stats["dead." + LATE] += int(late.sum())
                 keep = np.flatnonzero(~late)
                 records = [records[i] for i in keep.tolist()]
-                origins = [origins[i] for i in keep.tolist()]
+                origins = take_origins(origins, keep)
                 ts, hosts = ts[keep], hosts[keep]
             self.host_hwm = grow(self.host_hwm, self.entities.n_hosts, np.nan)
             np.fmax.at(self.host_hwm, hosts, ts)
@@ -200,7 +200,7 @@ class Engine:
             drecs, dorig, dts, dhost = records, origins, ts, hosts
             nrecs: list[NcclRecord] = []
         else:   # compress(): the split in C, not a Python loop over the batch
-            drecs, dorig = list(compress(records, kinds)), list(compress(origins, kinds))
+            drecs, dorig = list(compress(records, kinds)), take_origins(origins, is_dcgm)
             dts, dhost = ts[is_dcgm], hosts[is_dcgm]
             nrecs = list(compress(records, map(operator.not_, kinds)))
         cols = self._columnizer.columns

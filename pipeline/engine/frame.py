@@ -12,6 +12,7 @@ import operator
 import struct
 from dataclasses import dataclass
 from itertools import chain, starmap
+from typing import Sequence
 
 import msgspec
 import numpy as np
@@ -106,7 +107,7 @@ class Columnizer:
             m = np.array([[getattr(f, nm, math.nan) for nm in self._getter_names] for f in fields])
         return m.reshape(n, width)[:, :k]
 
-    def compact(self, records: list[DcgmRecord], origins: list[str]) -> tuple[np.ndarray, list[DeadLetter]]:
+    def compact(self, records: list[DcgmRecord], origins: Sequence[str]) -> tuple[np.ndarray, list[DeadLetter]]:
         """The (n, len(columns)) matrix of the columns in use, and dead letters for dropped fields.
 
         Blank/NaN/negative cells become NaN; both DCGM spellings of a field land in one column.
@@ -137,7 +138,7 @@ class Columnizer:
                 v[miss] = raw[miss, i]
         return out, dead
 
-    def values(self, records: list[DcgmRecord], origins: list[str]) -> tuple[np.ndarray, list[DeadLetter]]:
+    def values(self, records: list[DcgmRecord], origins: Sequence[str]) -> tuple[np.ndarray, list[DeadLetter]]:
         """``compact`` spread over the catalog's columns: (n, N_FIELDS), NaN where not in use."""
         c, dead = self.compact(records, origins)
         values = np.full((len(records), N_FIELDS), np.nan)
