@@ -18,7 +18,7 @@ import math
 import operator
 from collections import Counter
 from dataclasses import dataclass, field
-from itertools import compress, repeat
+from itertools import compress
 from typing import TYPE_CHECKING, Any, Sequence
 
 import msgspec
@@ -193,7 +193,10 @@ class Engine:
         works on arrays only. Fields dropped as bad data are dead-lettered here.
         """
         k = len(records)
-        kinds = list(map(isinstance, records, repeat(DcgmSample)))
+        # By type, not isinstance(): a type's membership in a set is ~3x cheaper per record.
+        types = list(map(type, records))
+        dcgm_types = {t for t in set(types) if issubclass(t, DcgmSample)}
+        kinds = list(map(dcgm_types.__contains__, types))
         is_dcgm = np.array(kinds, dtype=bool)
         n = int(is_dcgm.sum())
         if n == k:

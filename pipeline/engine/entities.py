@@ -66,10 +66,10 @@ class Entities:
 
         ``dict.get`` mapped in C: this runs for every record on the hot path.
         """
-        ids = list(map(self.host_id.get, names))
-        if None in ids:
-            ids = [self.host(n) if i is None else i for n, i in zip(names, ids)]
-        return np.array(ids, dtype=np.int32)
+        try:
+            return np.fromiter(map(self.host_id.get, names), np.int32, len(names))
+        except TypeError:   # a host not seen before (get() gave None)
+            return np.array([self.host(n) for n in names], dtype=np.int32)
 
     def gpu_ids(self, hosts: Iterable[str], indices: Iterable[int]) -> np.ndarray:
         """Ids of many (host, gpu index) pairs at once (new ones assigned in order)."""

@@ -20,3 +20,12 @@ def test_restored_entities_answer_by_host_id():
     ent.gpu_ids(["a", "b", "a"], [0, 3, 1])
     back = Entities.from_state(ent.to_state())
     np.testing.assert_array_equal(back.gpu_ids_of(back.host_ids(["b", "a", "a"]), np.array([3, 1, 0])), [1, 2, 0])
+
+
+def test_host_ids_assign_new_hosts_in_order_of_first_appearance():
+    ent = Entities()
+    np.testing.assert_array_equal(ent.host_ids(["b", "a", "b"]), [0, 1, 0])
+    # Known and new names mixed: known keep their ids, new ones get the next, in order.
+    np.testing.assert_array_equal(ent.host_ids(["a", "c", "b", "d", "c"]), [1, 2, 0, 3, 2])
+    assert ent.hosts == ["b", "a", "c", "d"]
+    assert ent.host_ids([]).dtype == np.int32 and len(ent.host_ids([])) == 0
