@@ -38,6 +38,8 @@ class _Origins(Sequence[str]):
         return len(self.messages)
 
     def __getitem__(self, i):  # type: ignore[override]
+        if isinstance(i, slice):
+            return [m.origin for m in self.messages[i]]
         return self.messages[i].origin
 
 

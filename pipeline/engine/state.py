@@ -8,6 +8,7 @@ One GPU's state is a row of ``last`` plus a few scalars: ~0.6 KiB at 67 fields.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -84,6 +85,8 @@ class Columns:
     >>> m = Columns(np.array([[1.0, 2.0]]), _positions(np.array([3, 5])))
     >>> m[:, 5].tolist(), m[:, 4].tolist(), m[0, np.array([3, 4])].tolist()
     ([2.0], [nan], [1.0, nan])
+    >>> m[[0, 0]][:, 3].tolist()
+    [1.0, 1.0]
     """
 
     __slots__ = ("data", "pos", "_nan")
@@ -99,7 +102,9 @@ class Columns:
     def __len__(self) -> int:
         return len(self.data)
 
-    def __getitem__(self, key: tuple) -> np.ndarray:
+    def __getitem__(self, key: Any) -> Any:
+        if not isinstance(key, tuple):   # rows only (``DcgmFrame.take``): still a Columns
+            return Columns(self.data[key], self.pos)
         rows, cols = key
         p = self.pos[cols]
         if p.ndim == 0:

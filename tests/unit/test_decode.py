@@ -168,5 +168,7 @@ def test_origins_of_the_fast_path_are_spelled_only_when_read_and_name_the_right_
     assert isinstance(d.origins, Origins)
     assert list(d.origins) == ["t[0]@7", "t[0]@8#0", "t[0]@8#1", "t[0]@8#2"]
     assert list(d.origins.take(__import__("numpy").array([3, 0]))) == ["t[0]@8#2", "t[0]@7"]
+    from pipeline.runner import _Origins
+    assert list(_Origins(msgs)) == ["t[0]@7", "t[0]@8", "t[0]@9"] and _Origins(msgs)[1:] == ["t[0]@8", "t[0]@9"]
     out = Pipeline(Engine()).handle(msgs)
     assert [(x.reason, x.origin, x.action) for x in out.dead] == [("blank_sentinel", "t[0]@8#2", "fields_dropped")]
