@@ -1,8 +1,12 @@
 import json
 
+import numpy as np
 import pytest
 
-from pipeline.decode import Decoder
+from pipeline.bus.base import Message
+from pipeline.decode import Decoder, Origins
+from pipeline.engine import Engine
+from pipeline.runner import Pipeline, _Origins
 from pipeline.schema import DcgmRecord, NcclRecord
 
 TS = 1764403200.0
@@ -156,19 +160,13 @@ def test_a_message_without_a_value_is_a_dead_letter_not_a_crash():
 def test_origins_of_the_fast_path_are_spelled_only_when_read_and_name_the_right_record():
     # Through the whole pipeline: a batch mixing bare records, arrays, NCCL records and a
     # blank sentinel; the dead letter must name the very record, as decode() would.
-    from pipeline.bus.base import Message
-    from pipeline.decode import Origins
-    from pipeline.engine import Engine
-    from pipeline.runner import Pipeline
-
     blank = rec(gpu=2, fields={"DCGM_FI_DEV_GPU_TEMP": 2 ** 63})
     payloads = [json.dumps(rec(gpu=0)), json.dumps([nccl(rank=1), rec(gpu=1), blank]), json.dumps([])]
     msgs = [Message("t", 0, 7 + i, None, p.encode()) for i, p in enumerate(payloads)]
     d = Decoder().decode_many([m.value for m in msgs], [m.origin for m in msgs])
     assert isinstance(d.origins, Origins)
     assert list(d.origins) == ["t[0]@7", "t[0]@8#0", "t[0]@8#1", "t[0]@8#2"]
-    assert list(d.origins.take(__import__("numpy").array([3, 0]))) == ["t[0]@8#2", "t[0]@7"]
-    from pipeline.runner import _Origins
+    assert list(d.origins.take(np.array([3, 0]))) == ["t[0]@8#2", "t[0]@7"]
     assert list(_Origins(msgs)) == ["t[0]@7", "t[0]@8", "t[0]@9"] and _Origins(msgs)[1:] == ["t[0]@8", "t[0]@9"]
     out = Pipeline(Engine()).handle(msgs)
     assert [(x.reason, x.origin, x.action) for x in out.dead] == [("blank_sentinel", "t[0]@8#2", "fields_dropped")]
