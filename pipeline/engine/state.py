@@ -162,7 +162,8 @@ def advance(state: GpuState, frame: DcgmFrame, entities: Entities, ts0: float = 
     start[1:] = ent[1:] != ent[:-1]
     # Every GPU once, in id order (the usual tick of a healthy fleet): the state's rows as they
     # are, no gather or scatter by id.
-    whole = n == entities.n_gpus and bool(start.all()) and int(ent[0]) == 0 and int(ent[-1]) == n - 1
+    one_each = bool(start.all())
+    whole = one_each and n == entities.n_gpus and int(ent[0]) == 0 and int(ent[-1]) == n - 1
     if whole:
         last_c = state.last[:n].take(cols, axis=1)
         seen_state = state.seen[:n].take(cols, axis=1)
@@ -171,7 +172,7 @@ def advance(state: GpuState, frame: DcgmFrame, entities: Entities, ts0: float = 
         last_c = state.last.take(ent, axis=0).take(cols, axis=1)
         seen_state = state.seen.take(ent, axis=0).take(cols, axis=1)
     missing = np.isnan(vals)
-    if start.all():
+    if one_each:
         # One row per GPU (the usual tick): a sample's "before" is the stored state.
         filled_c = np.where(missing, last_c, vals)
         seen_c = np.where(missing, seen_state, frame.ts[:, None])
