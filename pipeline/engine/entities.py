@@ -10,6 +10,13 @@ import numpy as np
 _TABLE_MAX = 1024   # GPU indices at or above this (none in practice) take the dict path
 
 
+def id_bound(ids: np.ndarray | slice) -> int:
+    """One past the largest id of ``ids`` (ids as an array, or ``slice(0, n)``; see ``View.ids``)."""
+    if isinstance(ids, slice):
+        return ids.stop
+    return int(ids.max()) + 1 if len(ids) else 0
+
+
 class Entities:
     """Maps (host, gpu) and host names to dense integer ids, assigned in first-seen order."""
 

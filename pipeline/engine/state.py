@@ -59,6 +59,17 @@ class View:
     entities: Entities
     ts0: float = float("nan")
     model_scores: dict[str, np.ndarray] = field(default_factory=dict)  # per-row, set by the models
+    index: np.ndarray | slice | None = None   # see ``ids``
+
+    @property
+    def ids(self) -> np.ndarray | slice:
+        """The rows' GPU ids as an index into per-GPU arrays.
+
+        ``slice(0, n)`` when the chunk is every GPU once, in id order (a healthy fleet's tick):
+        reading per-GPU state through it is a view instead of a gather, writing it a block
+        store instead of a scatter. Otherwise ``frame.gpu``.
+        """
+        return self.frame.gpu if self.index is None else self.index
 
     def value(self, alias: str, *, last_known: bool = True) -> np.ndarray:
         col = FIELDS.by_alias(alias).column
@@ -217,7 +228,7 @@ def advance(state: GpuState, frame: DcgmFrame, entities: Entities, ts0: float = 
     pos = _positions(cols)
     frame = DcgmFrame(frame.ts, frame.gpu, frame.host, Columns(np.asfortranarray(vals), pos))
     return View(frame, Columns(np.asfortranarray(filled_c), pos), Columns(prev_c, pos), Columns(seen_c, pos),
-                inc, reset, entities, ts0)
+                inc, reset, entities, ts0, index=slice(0, n) if whole else None)
 
 
 _ALL = np.arange(N_FIELDS)

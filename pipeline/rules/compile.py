@@ -45,6 +45,11 @@ class Chunk:
     def ent(self) -> np.ndarray:
         return self.view.frame.gpu
 
+    @property
+    def ids(self) -> np.ndarray | slice:
+        """``ent`` as an index into per-GPU state (``View.ids``)."""
+        return self.view.ids
+
     def cached(self, key: str, compute: Callable[["Chunk"], np.ndarray]) -> np.ndarray:
         hit = self.memo.get(key)
         if hit is None:
@@ -89,7 +94,7 @@ class WindowStore:
 
     def update(self, view: View, ts0: float, n_ent: int) -> None:
         """Fold a chunk into every pane window (baselines are folded after evaluation)."""
-        ent = view.frame.gpu
+        ent = view.ids
         for key, w in self.panes.items():
             col, source = self._pane_sources[key]
             vals = view.increase[:, int(np.searchsorted(COUNTER_COLS, col))] if source == "inc" \
@@ -108,10 +113,11 @@ class WindowStore:
 
     def update_baselines(self, view: View, n_ent: int) -> None:
         ent = view.frame.gpu
-        if len(self.baselines) > 1 and distinct(ent)[1]:
+        if len(self.baselines) > 1 and (isinstance(view.ids, slice) or distinct(ent)[1]):
             # One row per GPU (the usual tick): every baseline in one pass (Baseline.update_many).
             cols = [self._base_sources[k] for k in self.baselines]
-            Baseline.update_many(list(self.baselines.values()), ent, view.frame.ts, view.frame.values[:, cols], n_ent)
+            Baseline.update_many(list(self.baselines.values()), view.ids, view.frame.ts, view.frame.values[:, cols],
+                                 n_ent)
             return
         for key, b in self.baselines.items():
             b.update(ent, view.frame.ts, view.frame.values[:, self._base_sources[key]], n_ent)
@@ -369,11 +375,11 @@ class Compiler:
             key = self.store.pane(f.column, w, source, aggs)
             store, col = self.store, f.column
             if name == "rate":
-                raw = lambda c: store.panes[key].query("sum", c.ent, c.ts0) / w  # noqa: E731
+                raw = lambda c: store.panes[key].query("sum", c.ids, c.ts0) / w  # noqa: E731
             elif name == "delta":
-                raw = lambda c: c.view.filled[:, col] - store.panes[key].query("first", c.ent, c.ts0)  # noqa: E731
+                raw = lambda c: c.view.filled[:, col] - store.panes[key].query("first", c.ids, c.ts0)  # noqa: E731
             else:
-                raw = lambda c: store.panes[key].query(agg, c.ent, c.ts0)  # noqa: E731
+                raw = lambda c: store.panes[key].query(agg, c.ids, c.ts0)  # noqa: E731
             memo_key = f"{name}|{key}"
             fn = lambda c: c.cached(memo_key, raw)  # noqa: E731
             self.evidence.setdefault(label, fn)
@@ -389,7 +395,7 @@ class Compiler:
             key = self.store.baseline(f.column, tau)
             store = self.store
             memo_key = f"baseline|{key}"
-            fn = lambda c: c.cached(memo_key, lambda c: store.baselines[key].query(c.ent))  # noqa: E731
+            fn = lambda c: c.cached(memo_key, lambda c: store.baselines[key].query(c.ids))  # noqa: E731
             self.evidence.setdefault(label, fn)
             return NUM, fn
         if name in PEER_FUNCS:

@@ -21,7 +21,7 @@ import math
 
 import numpy as np
 
-from pipeline.engine.entities import grow
+from pipeline.engine.entities import grow, id_bound
 
 PANES = 12
 _NO_PANE = np.iinfo(np.int64).min // 2   # a slot that never held a pane
@@ -75,8 +75,11 @@ class PaneWindow:
         self.cur = p
         self._full.clear()
 
-    def update(self, ent: np.ndarray, ts0: float, values: np.ndarray, n_ent: int) -> None:
-        """Fold one chunk (all in the pane of ``ts0``; rows grouped by entity, in time order)."""
+    def update(self, ent: np.ndarray | slice, ts0: float, values: np.ndarray, n_ent: int) -> None:
+        """Fold one chunk (all in the pane of ``ts0``; rows grouped by entity, in time order).
+
+        ``ent``: the rows' entity ids, or ``slice(0, n)`` when they are 0..n-1 (``View.ids``).
+        """
         self._ensure(n_ent)
         p = int(math.floor(ts0 / self.pw))
         self._advance(p)
@@ -85,11 +88,15 @@ class PaneWindow:
         slot = p % self.n
         self._full.clear()
         ok = ~np.isnan(values)
-        e, v = (ent, values) if ok.all() else (ent[ok], values[ok])
-        if not len(e):
+        if ok.all():
+            e, v = ent, values
+        else:
+            e = (np.arange(ent.start, ent.stop) if isinstance(ent, slice) else ent)[ok]
+            v = values[ok]
+        if not len(v):
             return
         d = self.data
-        if distinct(e)[1]:
+        if isinstance(e, slice) or distinct(e)[1]:
             # One row per entity (the usual tick): plain fancy indexing, several times faster
             # than the unbuffered ufunc.at that repeated entities need.
             if "sum" in d:
@@ -112,16 +119,24 @@ class PaneWindow:
             if "max" in d:
                 np.maximum.at(d["max"][slot], e, v)
         if "first" in d:
+            row = d["first"][slot]
+            if isinstance(e, slice):
+                block = row[e]
+                np.copyto(block, v, where=np.isnan(block))
+                return
             first_row = np.ones(len(e), dtype=bool)
             first_row[1:] = e[1:] != e[:-1]
             fe, fv = e[first_row], v[first_row]
-            row = d["first"][slot]
             unset = np.isnan(row[fe])
             row[fe[unset]] = fv[unset]
 
-    def query(self, agg: str, ent: np.ndarray, ts0: float) -> np.ndarray:
-        """The aggregate over the window for each row's entity (NaN where the window is empty)."""
-        self._ensure(int(ent.max()) + 1 if len(ent) else 0)
+    def query(self, agg: str, ent: np.ndarray | slice, ts0: float) -> np.ndarray:
+        """The aggregate over the window for each row's entity (NaN where the window is empty).
+
+        With ``ent`` a slice (``View.ids``) the answer is a view of the reduced row: read it,
+        never write it (every caller makes new arrays of what it reads).
+        """
+        self._ensure(id_bound(ent))
         p = int(math.floor(ts0 / self.pw))
         self._advance(p)
         key = (agg, p)
@@ -246,8 +261,8 @@ class Baseline:
             self.n, self.last_ts = grow(self.n, n_ent, 0.0), grow(self.last_ts, n_ent, np.nan)
             self.out_since = grow(self.out_since, n_ent, np.nan)
 
-    def query(self, ent: np.ndarray) -> np.ndarray:
-        self._ensure(int(ent.max()) + 1 if len(ent) else 0)
+    def query(self, ent: np.ndarray | slice) -> np.ndarray:
+        self._ensure(id_bound(ent))
         return np.where(self.n[ent] >= self.warmup, self.mean[ent], np.nan)
 
     def update(self, ent: np.ndarray, ts: np.ndarray, values: np.ndarray, n_ent: int) -> None:
@@ -270,7 +285,7 @@ class Baseline:
             self.mean[e], self.var[e], self.n[e], self.last_ts[e], self.out_since[e] = new
 
     @staticmethod
-    def update_many(baselines: list["Baseline"], ent: np.ndarray, ts: np.ndarray, values: np.ndarray,
+    def update_many(baselines: list["Baseline"], ent: np.ndarray | slice, ts: np.ndarray, values: np.ndarray,
                     n_ent: int) -> None:
         """``update`` of several baselines over the same rows (one per entity), ``values`` (rows x
         baselines): one set of numpy calls for all of them. The same arithmetic per element, so

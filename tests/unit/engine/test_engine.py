@@ -220,3 +220,23 @@ def test_host_silent_on_the_wall_clock_stops_holding_the_watermark():
     eng.process([sample(t, "a") for t in range(10)] + [sample(t, "b") for t in range(10)], now=0.0)
     eng.process([sample(t, "a") for t in range(10, 100)], now=50.0)   # b silent for 50 s of wall time
     assert eng.watermark(now=50.0) == pytest.approx(T0 + 99)
+
+
+def test_rows_already_in_time_order_are_recognised_exactly_when_a_sort_would_keep_them():
+    # The release skips its sort when rows are in (ts, GPU) order already; it must say so
+    # exactly when a stable lexsort would leave them as they are (ties included).
+    from pipeline.engine.engine import _in_time_order
+
+    rng = np.random.default_rng(5)
+    seen = set()
+    for _ in range(400):
+        n = int(rng.integers(0, 7))
+        ts = T0 + rng.integers(0, 3, n).astype(float)
+        gpu = rng.integers(0, 3, n).astype(np.int32)
+        if rng.random() < 0.5:   # often sorted, to hit both answers
+            order = np.lexsort((gpu, ts))
+            ts, gpu = ts[order], gpu[order]
+        want = bool((np.lexsort((gpu, ts)) == np.arange(n)).all())
+        assert _in_time_order(ts, gpu) == want, (ts, gpu)
+        seen.add(want)
+    assert seen == {True, False}

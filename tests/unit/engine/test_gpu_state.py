@@ -56,6 +56,7 @@ def test_a_tick_of_the_whole_fleet_folds_like_any_other_chunk(seed):
             frame.values[:, :] = 0.0
         a = advance(whole, frame, ent_whole, T0 + step, COLS)
         b = advance(general, frame, ent_general, T0 + step, COLS)
+        assert a.ids == slice(0, n) and b.ids is b.frame.gpu   # per-GPU state read as a view, or gathered
         for name in ("filled", "prev", "seen"):
             np.testing.assert_array_equal(np.asarray(getattr(a, name)), np.asarray(getattr(b, name)), err_msg=name)
         np.testing.assert_array_equal(np.asarray(a.frame.values), np.asarray(b.frame.values))

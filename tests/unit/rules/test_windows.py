@@ -63,6 +63,29 @@ def test_pane_window_matches_brute_force(seed):
             np.testing.assert_allclose(got, want, rtol=1e-12, equal_nan=True, err_msg=f"{agg} at tick {i}")
 
 
+
+@pytest.mark.parametrize("seed", range(4))
+def test_whole_fleet_ids_as_a_slice_fold_and_read_like_the_id_array(seed):
+    # A tick of every entity once, in id order, passes ``slice(0, n)`` (View.ids): views and
+    # block stores instead of gathers and scatters, with the same windows and answers.
+    n_ent, rng = 12, np.random.default_rng(seed)
+    by_slice, by_ids = (PaneWindow(24.0, 1.0, AGGS) for _ in range(2))
+    ids = np.arange(n_ent, dtype=np.int32)
+    t = T0
+    for i in range(80):
+        t += float(rng.choice([1, 1, 1, 5, 30]))
+        vals = rng.normal(50, 20, n_ent).round(1)
+        if i % 3 == 0:
+            vals[rng.random(n_ent) < 0.3] = np.nan    # some GPUs' field not reported
+        by_slice.update(slice(0, n_ent), t, vals, n_ent)
+        by_ids.update(ids, t, vals, n_ent)
+        for agg in ("sum", "avg", "min", "max", "first"):
+            np.testing.assert_array_equal(by_slice.query(agg, slice(0, n_ent), t), by_ids.query(agg, ids, t),
+                                          err_msg=f"{agg} at tick {i}")
+        for a in AGGS:
+            np.testing.assert_array_equal(by_slice.data[a], by_ids.data[a], err_msg=a)
+
+
 def test_query_of_an_earlier_pane_sees_only_that_window():
     w = PaneWindow(12.0, 1.0, ("count", "sum"))
     for k in range(30):
@@ -95,6 +118,7 @@ def test_baselines_updated_together_equal_each_updated_alone():
     n_ent, taus = 40, (30.0, 60.0, 1800.0)
     alone = [Baseline(t, warmup=5) for t in taus]
     together = [Baseline(t, warmup=5) for t in taus]
+    by_slice = [Baseline(t, warmup=5) for t in taus]
     ent = np.arange(n_ent, dtype=np.int32)
     for k in range(400):
         x = rng.normal(60, 2, (n_ent, len(taus)))
@@ -106,9 +130,12 @@ def test_baselines_updated_together_equal_each_updated_alone():
         for j, b in enumerate(alone):
             b.update(ent, ts, x[:, j], n_ent)
         Baseline.update_many(together, ent, ts, x, n_ent)
-    for a, b in zip(alone, together):
+        Baseline.update_many(by_slice, slice(0, n_ent), ts, x, n_ent)   # View.ids of a whole-fleet tick
+    for a, b, c in zip(alone, together, by_slice):
+        np.testing.assert_array_equal(b.query(ent), c.query(slice(0, n_ent)))
         for name in ("mean", "var", "n", "last_ts", "out_since"):
             np.testing.assert_array_equal(getattr(a, name), getattr(b, name), err_msg=name)
+            np.testing.assert_array_equal(getattr(b, name), getattr(c, name), err_msg=name)
         assert np.isfinite(a.query(ent)).sum() > n_ent // 2
 
 
