@@ -40,7 +40,9 @@ class Lifecycle:
         self.last_true = np.full(0, np.nan)
         self.started = np.full(0, np.nan)     # started_at of the firing alert
         self.firing = np.zeros(0, dtype=bool)
-        self._idle = True   # no entity pending or firing: a tick where the condition holds nowhere is a no-op
+        # Entities pending or firing (what the four arrays say, kept as a set): a batch visits
+        # these and the rows whose condition holds, never a pass over every entity's state.
+        self._active: set[int] = set()
 
     def _ensure(self, n: int) -> None:
         if len(self.since) < n:
@@ -54,43 +56,52 @@ class Lifecycle:
         return ~np.isnan(self.since[:n]) | self.firing[:n]
 
     def step(self, ts: np.ndarray, ent: np.ndarray, cond: np.ndarray, n_entities: int) -> list[Transition]:
-        """Feed samples (in event-time order per entity) and their condition; return state changes."""
+        """Feed samples (in event-time order per entity) and their condition (bool); return state changes."""
         self._ensure(n_entities)
-        if self._idle:
-            if not cond.any():
-                return []
-            interesting = cond
-        else:
-            act = ~np.isnan(self.since) | self.firing
-            interesting = cond | act[ent]
-            if not interesting.any():
-                return []
-        idx = np.flatnonzero(interesting)
-        idx = idx[np.argsort(ent[idx], kind="stable")]
+        if not self._active and not cond.any():
+            return []
+        # Every row of an entity that is active or whose condition holds somewhere in the batch:
+        # a false row after a true one of the same entity (two samples in one tick) resets it.
+        mark = np.zeros(len(self.since), dtype=bool)
+        if self._active:
+            mark[list(self._active)] = True
+        mark[ent[cond]] = True
+        idx = np.flatnonzero(mark[ent])
+        rows, ents, times, conds = idx.tolist(), ent[idx].tolist(), ts[idx].tolist(), cond[idx].tolist()
         out: list[Transition] = []
-        ents = ent[idx]
-        cuts = np.flatnonzero(np.diff(ents)) + 1
-        for group in np.split(idx, cuts):
-            e = int(ent[group[0]])
-            since, last_true = float(self.since[e]), float(self.last_true[e])
-            firing, started = bool(self.firing[e]), float(self.started[e])
-            for i in group.tolist():
-                t = float(ts[i])
-                if cond[i]:
-                    if math.isnan(since):
-                        since = t
-                    last_true = t
-                    if not firing and t - since >= self.for_s:
-                        firing, started = True, since
-                        out.append(Transition("firing", e, t, since, i))
-                else:
-                    since = math.nan
-                    if firing and t - last_true >= self.keep_s:
-                        firing = False
-                        out.append(Transition("resolved", e, t, started, i))
-            self.since[e], self.last_true[e], self.firing[e], self.started[e] = since, last_true, firing, started
-        self._idle = not (~np.isnan(self.since) | self.firing).any()
+        e = -1
+        since = last_true = started = math.nan
+        firing = False
+        # Entity by entity (stable: each entity's rows stay in event-time order).
+        for k in sorted(range(len(rows)), key=ents.__getitem__):
+            if ents[k] != e:
+                if e >= 0:
+                    self._store(e, since, last_true, firing, started)
+                e = ents[k]
+                since, last_true = float(self.since[e]), float(self.last_true[e])
+                firing, started = bool(self.firing[e]), float(self.started[e])
+            t = times[k]
+            if conds[k]:
+                if math.isnan(since):
+                    since = t
+                last_true = t
+                if not firing and t - since >= self.for_s:
+                    firing, started = True, since
+                    out.append(Transition("firing", e, t, since, rows[k]))
+            else:
+                since = math.nan
+                if firing and t - last_true >= self.keep_s:
+                    firing = False
+                    out.append(Transition("resolved", e, t, started, rows[k]))
+        self._store(e, since, last_true, firing, started)
         return out
+
+    def _store(self, e: int, since: float, last_true: float, firing: bool, started: float) -> None:
+        self.since[e], self.last_true[e], self.firing[e], self.started[e] = since, last_true, firing, started
+        if firing or not math.isnan(since):
+            self._active.add(e)
+        else:
+            self._active.discard(e)
 
     def to_state(self) -> dict:
         return {"since": self.since, "last_true": self.last_true, "started": self.started, "firing": self.firing}
@@ -98,4 +109,4 @@ class Lifecycle:
     def load_state(self, data: dict) -> None:
         self.since, self.last_true = data["since"], data["last_true"]
         self.started, self.firing = data["started"], data["firing"]
-        self._idle = not (~np.isnan(self.since) | self.firing).any()
+        self._active = set(np.flatnonzero(~np.isnan(self.since) | self.firing).tolist())
