@@ -150,17 +150,40 @@ class Compiled:
 
 
 def _host_groups(c: "Chunk") -> tuple[np.ndarray, np.ndarray]:
-    return np.unique(c.view.frame.host, return_inverse=True)
+    """``np.unique(host, return_inverse=True)`` of the tick's rows, without its sort when the
+    rows already come host by host (GPU ids are given out host by host as hosts first report)."""
+    host = c.view.frame.host
+    if len(host) > 1 and (host[1:] >= host[:-1]).all():
+        start = np.empty(len(host), dtype=bool)
+        start[0] = True
+        np.not_equal(host[1:], host[:-1], out=start[1:])
+        return host[start], np.cumsum(start) - 1
+    return np.unique(host, return_inverse=True)
 
+
+# Three-valued results are float arrays over {0, 1, NaN}. A boolean mask store is used below
+# rather than np.where: where() with a scalar and a bool operand takes numpy's casting path,
+# about twice the time for the same values.
 
 def _kleene_and(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    # Over {0, 1, NaN}: a 0 on either side wins (fmin skips NaN to find it), else an unknown
-    # side makes the result unknown (minimum propagates NaN), else 1.
-    return np.where(np.fmin(a, b) == 0, 0.0, np.minimum(a, b))
+    # A 0 on either side wins (fmin skips NaN to find it), else an unknown side makes the
+    # result unknown (minimum propagates NaN), else 1.
+    r = np.minimum(a, b)
+    r[np.fmin(a, b) == 0] = 0.0
+    return r
 
 
 def _kleene_or(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    return np.where(np.fmax(a, b) == 1, 1.0, np.maximum(a, b))
+    r = np.maximum(a, b)
+    r[np.fmax(a, b) == 1] = 1.0
+    return r
+
+
+def _unknown_where_nan(known: np.ndarray, x: np.ndarray, y: np.ndarray | None = None) -> np.ndarray:
+    """``known`` (bool) as {0, 1}, NaN (unknown) where an operand is NaN."""
+    r = known.astype(np.float64)
+    r[np.isnan(x) if y is None else np.isnan(x) | np.isnan(y)] = np.nan
+    return r
 
 
 class _Const:
@@ -275,15 +298,14 @@ class Compiler:
             if isinstance(b, _Const) and not isinstance(a, _Const):
                 y = b.value
 
+                # (Comparisons with NaN raise no floating-point flag: no errstate needed.)
                 def cmp(c: Chunk) -> np.ndarray:
                     x = a(c)
-                    with np.errstate(invalid="ignore"):
-                        return np.where(np.isnan(x), np.nan, op(x, y))
+                    return _unknown_where_nan(op(x, y), x)
             else:
                 def cmp(c: Chunk) -> np.ndarray:
                     x, y = a(c), b(c)
-                    with np.errstate(invalid="ignore"):
-                        return np.where(np.isnan(x) | np.isnan(y), np.nan, op(x, y))
+                    return _unknown_where_nan(op(x, y), x, y)
             return BOOL, _shared(self.store.key_of(n), cmp)
         if isinstance(n, E.Has):
             f = self._field(n.operand, "'has'") if isinstance(n.operand, E.Name) else None
@@ -307,7 +329,7 @@ class Compiler:
                 v = c.view.filled[:, col]
                 with np.errstate(invalid="ignore"):   # NaN's cast is garbage, masked out below
                     bits = (v.astype(np.int64) & mask) != 0
-                return np.where(np.isnan(v), np.nan, bits)
+                return _unknown_where_nan(bits, v)
             return BOOL, has
         if isinstance(n, E.In):
             fn = self.expect(n.operand, NUM, "'in'")

@@ -342,7 +342,11 @@ def group_stat(keys: np.ndarray, values: np.ndarray, stat: str,
                 (np.diff(inv) >= 0).all():
             # Every host reporting the same number of GPUs, in consecutive rows, all known (the
             # usual tick): a partition per host row instead of a sort of the whole tick.
-            return np.repeat(np.median(values.reshape(len(uniq), g), axis=1), g)
+            # np.median's arithmetic (the mean of the two middle values) on a sort of 8-wide rows:
+            # the same numbers at half the cost of its partition and wrappers.
+            s = np.sort(values.reshape(len(uniq), g), axis=1)
+            med = s[:, g // 2] if g % 2 else (s[:, g // 2 - 1] + s[:, g // 2]) / 2.0
+            return np.repeat(med, g)
         order = np.lexsort((np.where(ok, values, np.inf), inv))
         sorted_inv = inv[order]
         starts = np.searchsorted(sorted_inv, np.arange(len(uniq)))
