@@ -20,21 +20,76 @@ COUNTER_COLS = np.array([f.column for f in FIELDS if f.is_counter], dtype=np.int
 
 
 class GpuState:
+    """Each GPU's last known value and last-reported time of every catalog field.
+
+    The columns in use (``advance``'s ``columns``) live apart, column-major, where every tick
+    reads and writes them as whole blocks: a tick of the whole fleet is then views and block
+    copies instead of a column gather and scatter on the n x 67 matrices. ``last`` and ``seen``
+    give the full matrices (for snapshots); setting them (restore) replaces everything.
+    """
+
     def __init__(self) -> None:
-        self.last = np.full((0, N_FIELDS), np.nan)
+        self._last = np.full((0, N_FIELDS), np.nan)
         self.last_ts = np.full(0, np.nan)          # per GPU
         self.host_last_ts = np.full(0, np.nan)     # per host (any DCGM record)
-        self.seen = np.full((0, N_FIELDS), np.nan)  # per GPU and field: when it was last reported
+        self._seen = np.full((0, N_FIELDS), np.nan)  # per GPU and field: when it was last reported
+        self._cols: np.ndarray | None = None       # the columns kept apart, and their blocks:
+        self._last_c = np.full((0, 0), np.nan)
+        self._seen_c = np.full((0, 0), np.nan)
 
     def ensure(self, n_gpus: int, n_hosts: int) -> None:
-        self.last = grow(self.last, n_gpus, np.nan)
+        self._last = grow(self._last, n_gpus, np.nan)
         self.last_ts = grow(self.last_ts, n_gpus, np.nan)
         self.host_last_ts = grow(self.host_last_ts, n_hosts, np.nan)
-        self.seen = grow(self.seen, n_gpus, np.nan)
+        self._seen = grow(self._seen, n_gpus, np.nan)
+        if self._cols is not None and len(self._last_c) < len(self._last):
+            self._last_c, self._seen_c = (_grow_f(self._last_c, len(self._last)),
+                                          _grow_f(self._seen_c, len(self._seen)))
+
+    def columns(self, cols: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(last, seen) of ``cols`` for every GPU id, column-major; ``advance`` writes them in place."""
+        if self._cols is None or not np.array_equal(self._cols, cols):
+            self._write_back()   # new rules read other columns: re-split
+            self._cols = np.array(cols, dtype=np.intp)
+            self._last_c = np.asfortranarray(self._last[:, self._cols])
+            self._seen_c = np.asfortranarray(self._seen[:, self._cols])
+        return self._last_c, self._seen_c
+
+    def _write_back(self) -> None:
+        if self._cols is not None:
+            self._last[: len(self._last_c), self._cols] = self._last_c
+            self._seen[: len(self._seen_c), self._cols] = self._seen_c
+
+    @property
+    def last(self) -> np.ndarray:
+        self._write_back()
+        return self._last
+
+    @last.setter
+    def last(self, value: np.ndarray) -> None:
+        self._write_back()
+        self._last, self._cols = value, None
+
+    @property
+    def seen(self) -> np.ndarray:
+        self._write_back()
+        return self._seen
+
+    @seen.setter
+    def seen(self, value: np.ndarray) -> None:
+        self._write_back()
+        self._seen, self._cols = value, None
 
     def nbytes_per_gpu(self) -> float:
         n = max(1, len(self.last_ts))
-        return (self.last.nbytes + self.last_ts.nbytes + self.seen.nbytes) / n
+        return (self._last.nbytes + self.last_ts.nbytes + self._seen.nbytes + self._last_c.nbytes
+                + self._seen_c.nbytes) / n
+
+
+def _grow_f(arr: np.ndarray, n: int) -> np.ndarray:
+    out = np.full((n, arr.shape[1]), np.nan, order="F")
+    out[: len(arr)] = arr
+    return out
 
 
 @dataclass
@@ -175,19 +230,19 @@ def advance(state: GpuState, frame: DcgmFrame, entities: Entities, ts0: float = 
     # are, no gather or scatter by id.
     one_each = bool(start.all())
     whole = one_each and n == entities.n_gpus and int(ent[0]) == 0 and int(ent[-1]) == n - 1
+    last_all, seen_all = state.columns(cols)
     if whole:
-        last_c = state.last[:n].take(cols, axis=1)
-        seen_state = state.seen[:n].take(cols, axis=1)
+        last_c, seen_state = last_all[:n], seen_all[:n]   # views: written back below
     else:
-        # take() along one axis at a time: ~2.5x faster than a 2-D fancy index (n x k gather).
-        last_c = state.last.take(ent, axis=0).take(cols, axis=1)
-        seen_state = state.seen.take(ent, axis=0).take(cols, axis=1)
+        last_c, seen_state = last_all.take(ent, axis=0), seen_all.take(ent, axis=0)
+    # Column-major from here on, like the state and the view: checks read whole columns.
+    vals = np.asfortranarray(vals)
     missing = np.isnan(vals)
     if one_each:
         # One row per GPU (the usual tick): a sample's "before" is the stored state.
         filled_c = np.where(missing, last_c, vals)
         seen_c = np.where(missing, seen_state, frame.ts[:, None])
-        prev_c = last_c
+        prev_c = last_c.copy(order="F") if whole else last_c
     else:
         gstart = np.maximum.accumulate(np.where(start, np.arange(n), 0))
         # Forward-fill each column within its GPU's run of rows; fall back to the stored state.
@@ -210,23 +265,20 @@ def advance(state: GpuState, frame: DcgmFrame, entities: Entities, ts0: float = 
     inc[reset] = 0.0
     # Store the last row of each GPU's run.
     if whole:
-        state.last[:n, cols] = filled_c
-        state.seen[:n, cols] = seen_c
+        last_all[:n] = filled_c
+        seen_all[:n] = seen_c
         state.last_ts[:n] = frame.ts
     else:
         end = np.ones(n, dtype=bool)
         end[:-1] = ent[1:] != ent[:-1]
         last_ent = ent[end]
-        for store, new in ((state.last, filled_c[end]), (state.seen, seen_c[end])):
-            # Whole rows out, columns set, whole rows back: ~2x faster than a 2-D fancy scatter.
-            block = store.take(last_ent, axis=0)
-            block[:, cols] = new
-            store[last_ent] = block
+        last_all[last_ent] = filled_c[end]
+        seen_all[last_ent] = seen_c[end]
         state.last_ts[last_ent] = frame.ts[end]
     np.fmax.at(state.host_last_ts, frame.host, frame.ts)
     # Column-major where checks read whole columns most (values, filled): contiguous reads.
     pos = _positions(cols)
-    frame = DcgmFrame(frame.ts, frame.gpu, frame.host, Columns(np.asfortranarray(vals), pos))
+    frame = DcgmFrame(frame.ts, frame.gpu, frame.host, Columns(vals, pos))
     return View(frame, Columns(np.asfortranarray(filled_c), pos), Columns(prev_c, pos), Columns(seen_c, pos),
                 inc, reset, entities, ts0, index=slice(0, n) if whole else None)
 

@@ -72,3 +72,27 @@ def test_a_tick_of_the_whole_fleet_folds_like_any_other_chunk(seed):
     assert not np.isnan(a.filled[:, sbe]).all()
     unused = next(c for c in range(N_FIELDS) if c not in COLS)
     assert np.isnan(a.filled[:, unused]).all()
+
+
+def test_state_of_columns_in_use_survives_a_change_of_columns_and_a_restore():
+    # The columns in use live apart from the full matrices (GpuState.columns); rules reloaded
+    # with other columns, and an older snapshot restored into the running state, must still
+    # see each field's last value from the ticks in which it was in use, and nothing else.
+    n, rng = 8, np.random.default_rng(4)
+    a = COLS[:3]
+    b = np.array(sorted({*COLS[1:].tolist(), FIELDS.by_alias("power").column}), dtype=np.intp)
+    state, ent = GpuState(), _entities(2, 4)
+    want = np.full((n, N_FIELDS), np.nan)
+    for step, cols in enumerate([a, a, b, b, b, b, a, a]):
+        if step == 3:   # a snapshot (Engine.snapshot reads the full matrices)
+            saved = state.last.copy(), state.seen.copy(), want.copy()
+        if step == 5:   # ... restored into the running state, as Engine.restore does
+            state.last, state.seen, want = saved
+        vals = rng.integers(0, 9, size=(n, N_FIELDS)).astype(float)
+        vals[rng.random(vals.shape) < 0.4] = np.nan
+        advance(state, DcgmFrame(np.full(n, T0 + step), np.arange(n, dtype=np.int32),
+                                 np.arange(n, dtype=np.int32) // 4, vals), ent, T0 + step, cols)
+        reported = ~np.isnan(vals[:, cols])
+        want[:, cols] = np.where(reported, vals[:, cols], want[:, cols])
+    np.testing.assert_array_equal(state.last[:n], want)
+    assert state.nbytes_per_gpu() < 4096
