@@ -58,6 +58,8 @@ class Lifecycle:
     def step(self, ts: np.ndarray, ent: np.ndarray, cond: np.ndarray, n_entities: int) -> list[Transition]:
         """Feed samples (in event-time order per entity) and their condition (bool); return state changes."""
         self._ensure(n_entities)
+        if cond.dtype != bool:
+            cond = cond.astype(bool)
         if not self._active and not cond.any():
             return []
         # Every row of an entity that is active or whose condition holds somewhere in the batch:
