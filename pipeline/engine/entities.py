@@ -109,11 +109,12 @@ class Entities:
         return ent
 
 
-def grow(arr: np.ndarray, n: int, fill: float | int | bool) -> np.ndarray:
-    """``arr`` with at least ``n`` rows (amortised doubling), new rows set to ``fill``."""
+def grow(arr: np.ndarray, n: int, fill: float | int | bool, order: str = "C") -> np.ndarray:
+    """``arr`` with at least ``n`` rows (amortised doubling), new rows set to ``fill``; a grown
+    copy is laid out in ``order`` ("F": column-major)."""
     if len(arr) >= n:
         return arr
     size = max(n, 2 * len(arr), 16)
-    out = np.full((size,) + arr.shape[1:], fill, dtype=arr.dtype)
+    out = np.full((size,) + arr.shape[1:], fill, dtype=arr.dtype, order=order)
     out[: len(arr)] = arr
     return out

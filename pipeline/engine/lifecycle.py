@@ -51,10 +51,6 @@ class Lifecycle:
             self.started = grow(self.started, n, np.nan)
             self.firing = grow(self.firing, n, False)
 
-    def active(self, n: int) -> np.ndarray:
-        self._ensure(n)
-        return ~np.isnan(self.since[:n]) | self.firing[:n]
-
     def step(self, ts: np.ndarray, ent: np.ndarray, cond: np.ndarray, n_entities: int) -> list[Transition]:
         """Feed samples (in event-time order per entity) and their condition (bool); return state changes."""
         self._ensure(n_entities)

@@ -42,9 +42,9 @@ class GpuState:
         self.last_ts = grow(self.last_ts, n_gpus, np.nan)
         self.host_last_ts = grow(self.host_last_ts, n_hosts, np.nan)
         self._seen = grow(self._seen, n_gpus, np.nan)
-        if self._cols is not None and len(self._last_c) < len(self._last):
-            self._last_c, self._seen_c = (_grow_f(self._last_c, len(self._last)),
-                                          _grow_f(self._seen_c, len(self._seen)))
+        if self._cols is not None:   # grows as the full matrices did: the same number of rows
+            self._last_c = grow(self._last_c, len(self._last), np.nan, order="F")
+            self._seen_c = grow(self._seen_c, len(self._seen), np.nan, order="F")
 
     def columns(self, cols: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(last, seen) of ``cols`` for every GPU id, column-major; ``advance`` writes them in place."""
@@ -84,12 +84,6 @@ class GpuState:
         n = max(1, len(self.last_ts))
         return (self._last.nbytes + self.last_ts.nbytes + self._seen.nbytes + self._last_c.nbytes
                 + self._seen_c.nbytes) / n
-
-
-def _grow_f(arr: np.ndarray, n: int) -> np.ndarray:
-    out = np.full((n, arr.shape[1]), np.nan, order="F")
-    out[: len(arr)] = arr
-    return out
 
 
 @dataclass

@@ -73,4 +73,4 @@ def test_a_quiet_fleet_visits_nothing():
     lc = Lifecycle(5.0, 10.0)
     ent = np.arange(1000, dtype=np.int32)
     assert lc.step(np.full(1000, T0), ent, np.zeros(1000, dtype=bool), 1000) == []
-    assert not lc.active(1000).any()
+    assert not (~np.isnan(lc.since) | lc.firing).any()   # nothing pending, nothing firing
