@@ -124,8 +124,8 @@ def _flat(out):
 
 @pytest.mark.parametrize("bad", [None, *BAD])
 def test_decode_many_equals_decode_per_message(bad):
-    # Joining a batch into one JSON array must never let one message's bytes change how another
-    # is read: same records, origins and dead letters as decoding each message alone.
+    # The batch's fast path must never let one message's bytes change how another is read:
+    # same records, origins and dead letters as decoding each message alone.
     payloads = GOOD + ([] if bad is None else [bad]) + GOOD[:1]
     payloads = [p.encode() for p in payloads]
     origins = [f"t[0]@{i}" for i in range(len(payloads))]
