@@ -15,6 +15,7 @@ import functools
 import json
 import math
 import operator
+import sys
 from dataclasses import dataclass
 from typing import Annotated, Any, Callable, Optional, Sequence, Union, overload
 
@@ -42,6 +43,7 @@ REASONS = (MALFORMED_JSON, WRONG_TYPE, MISSING_KEY, NAN_VALUE, NAN_FIELD, BLANK_
 
 # Plausible event time: 2001-09-09 .. 2100-01-01. Anything else is a unit mistake (ms, us) or garbage.
 TS_MIN, TS_MAX = 1.0e9, 4.1e9
+_DOUBLE_MAX = sys.float_info.max
 RAW_KEEP = 2048  # bytes of the original kept in a dead letter: enough to see it, not to flood the DLQ
 
 # The fast path's types carry the plausibility checks as msgspec constraints, so they cost
@@ -385,7 +387,9 @@ class Decoder:
                             dropped.append((name, NAN_FIELD))
                     else:
                         dropped.append((name, WRONG_TYPE))
-                elif isinstance(val, float) and not math.isfinite(val):
+                elif isinstance(val, float) and not math.isfinite(val) or \
+                        isinstance(val, int) and abs(val) > _DOUBLE_MAX:
+                    # An integer beyond a double (300+ digits) is as unusable as Inf.
                     dropped.append((name, NAN_FIELD))
                 else:
                     clean[name] = val

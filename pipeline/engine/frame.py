@@ -52,10 +52,17 @@ class DcgmFrame:
         return self.values[:, FIELDS.by_alias(alias).column]
 
 
+def _double(v: float) -> float:
+    try:
+        return float(v)
+    except OverflowError:
+        return math.inf if v > 0 else -math.inf
+
+
 class Columnizer:
     """Turns records' ``fields`` into the value matrix, reading only the columns in use.
 
-    Reading a field is the expensive part of a sample (a Python float to a C double per slot),
+    Reading a field is the expensive part of a sample (a Python number to a C double per slot),
     so the engine reads the fields its checks and rules name, not all of the catalog's.
     """
 
@@ -97,14 +104,18 @@ class Columnizer:
         # Each row's tuple packed to doubles by struct in C and the bytes viewed as the matrix:
         # ~2x faster than np.fromiter over the flattened tuples, which converts value by value.
         if set(map(type, fields)) == {self._subset}:
-            return np.frombuffer(b"".join(starmap(self._pack, map(astuple, fields))), np.float64).reshape(n, k)
+            try:
+                return np.frombuffer(b"".join(starmap(self._pack, map(astuple, fields))), np.float64).reshape(n, k)
+            except struct.error:
+                pass   # an integer too large for a double (300+ digits): the slow way below
         width = max(k, 2)
         try:
             m = np.fromiter(chain.from_iterable(map(self._get, fields)), np.float64, n * width)
-        except AttributeError:
+        except (AttributeError, OverflowError):
             # Records decoded for an older field set (still pending when the rules were reloaded
-            # with new fields): what they lack is simply not reported.
-            m = np.array([[getattr(f, nm, math.nan) for nm in self._getter_names] for f in fields])
+            # with new fields): what they lack is simply not reported. An integer beyond a
+            # double is infinite, so it is dropped as NaN/Inf with the rest of the record kept.
+            m = np.array([[_double(getattr(f, nm, math.nan)) for nm in self._getter_names] for f in fields])
         return m.reshape(n, width)[:, :k]
 
     def compact(self, records: list[DcgmRecord], origins: Sequence[str]) -> tuple[np.ndarray, list[DeadLetter]]:
@@ -121,7 +132,7 @@ class Columnizer:
         bad = blank | inf | neg
         if bad.any():
             for i in np.flatnonzero(bad.any(axis=1)):
-                for mask, reason in ((blank[i] & ~inf[i], BLANK_SENTINEL), (inf[i], NAN_FIELD), (neg[i], NEGATIVE_VALUE)):
+                for mask, reason in ((blank[i] & ~inf[i], BLANK_SENTINEL), (inf[i], NAN_FIELD), (neg[i] & ~inf[i], NEGATIVE_VALUE)):
                     if mask.any():
                         names = [_SLOT_NAMES[self.slots[k]] for k in np.flatnonzero(mask)]
                         rec = records[i]

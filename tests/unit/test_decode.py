@@ -83,6 +83,45 @@ def test_bad_fields_are_dropped_and_the_record_kept():
                    ("blank_sentinel", ("DCGM_FI_DEV_SM_CLOCK",), "fields_dropped")}
 
 
+HUGE = 10 ** 400   # a JSON integer no double can hold
+
+
+@pytest.mark.parametrize("fields", [None, ("DCGM_FI_DEV_GPU_TEMP", "DCGM_FI_DEV_SM_CLOCK")])
+@pytest.mark.parametrize("huge", [HUGE, -HUGE])
+def test_an_integer_field_beyond_a_double_is_dropped_and_the_record_kept(fields, huge):
+    # The engine's decoder keeps integers as integers (schema.dcgm_fields_type), so one too
+    # large for a double reaches the columnizer; the plain decoder meets it in its slow path.
+    # Either way: that field is a NaN/Inf dead letter, the rest of the record is used.
+    msg = json.dumps(rec(gpu=3, fields={"DCGM_FI_DEV_GPU_TEMP": huge, "DCGM_FI_DEV_SM_CLOCK": 1980})).encode()
+    d = Decoder(fields=fields)
+    if fields is None:
+        out = d.decode(msg, "t[0]@7")
+        assert [(x.reason, x.fields, x.origin) for x in out.dead] == [("nan_field", ["DCGM_FI_DEV_GPU_TEMP"], "t[0]@7")]
+        assert out.records[0].fields.DCGM_FI_DEV_SM_CLOCK == 1980
+        return
+    engine = Engine()
+    p = Pipeline(engine, decoder=d)
+    ok = json.dumps(rec(gpu=4, fields={"DCGM_FI_DEV_GPU_TEMP": 71, "DCGM_FI_DEV_SM_CLOCK": 1980})).encode()
+    out = p.handle([Message("t", 0, 7, None, msg), Message("t", 0, 8, None, ok)])
+    assert [(x.reason, x.fields, x.origin) for x in out.dead] == [("nan_field", ["DCGM_FI_DEV_GPU_TEMP"], "t[0]@7")]
+    assert p.totals.records == 2   # both records taken in, the huge one without that field
+
+
+def test_integer_and_float_spellings_of_a_value_read_the_same():
+    # The engine's decoder keeps a JSON integer as an int (fewer objects made): the value
+    # matrix must not see a difference between 71 and 71.0, nor between small and large ints.
+    from pipeline.engine.frame import Columnizer
+    from pipeline.catalog import FIELDS
+    names = ("DCGM_FI_DEV_GPU_TEMP", "DCGM_FI_DEV_POWER_VIOLATION")
+    cz = Columnizer([FIELDS.resolve(n).column for n in names])
+    d = Decoder(fields=cz.names)
+    as_int = d.decode(json.dumps(rec(fields={names[0]: 71, names[1]: 272438275669})).encode(), "a").records
+    as_float = d.decode(json.dumps(rec(fields={names[0]: 71.0, names[1]: 272438275669.0})).encode(), "b").records
+    assert type(as_int[0].fields.DCGM_FI_DEV_GPU_TEMP) is int
+    np.testing.assert_array_equal(cz.compact(as_int, ["a"])[0], cz.compact(as_float, ["b"])[0])
+    assert cz.compact(as_int, ["a"])[0].tolist() == [[71.0, 272438275669.0]]
+
+
 def test_wall_clock_bound_only_when_asked():
     far = json.dumps(rec(ts=TS + 3600))
     assert Decoder().decode(far.encode(), "x").records
