@@ -86,25 +86,29 @@ def test_bad_fields_are_dropped_and_the_record_kept():
 HUGE = 10 ** 400   # a JSON integer no double can hold
 
 
-@pytest.mark.parametrize("fields", [None, ("DCGM_FI_DEV_GPU_TEMP", "DCGM_FI_DEV_SM_CLOCK")])
-@pytest.mark.parametrize("huge", [HUGE, -HUGE])
-def test_an_integer_field_beyond_a_double_is_dropped_and_the_record_kept(fields, huge):
-    # The engine's decoder keeps integers as integers (schema.dcgm_fields_type), so one too
-    # large for a double reaches the columnizer; the plain decoder meets it in its slow path.
-    # Either way: that field is a NaN/Inf dead letter, the rest of the record is used.
-    msg = json.dumps(rec(gpu=3, fields={"DCGM_FI_DEV_GPU_TEMP": huge, "DCGM_FI_DEV_SM_CLOCK": 1980})).encode()
-    d = Decoder(fields=fields)
-    if fields is None:
-        out = d.decode(msg, "t[0]@7")
-        assert [(x.reason, x.fields, x.origin) for x in out.dead] == [("nan_field", ["DCGM_FI_DEV_GPU_TEMP"], "t[0]@7")]
-        assert out.records[0].fields.DCGM_FI_DEV_SM_CLOCK == 1980
-        return
-    engine = Engine()
-    p = Pipeline(engine, decoder=d)
-    ok = json.dumps(rec(gpu=4, fields={"DCGM_FI_DEV_GPU_TEMP": 71, "DCGM_FI_DEV_SM_CLOCK": 1980})).encode()
-    out = p.handle([Message("t", 0, 7, None, msg), Message("t", 0, 8, None, ok)])
+def _huge(gpu, huge):
+    return json.dumps(rec(gpu=gpu, fields={"DCGM_FI_DEV_GPU_TEMP": huge, "DCGM_FI_DEV_SM_CLOCK": 1980})).encode()
+
+
+@pytest.mark.parametrize("huge", [HUGE, -HUGE], ids=["huge", "minus_huge"])
+def test_an_integer_field_beyond_a_double_is_dropped_and_the_record_kept(huge):
+    # The plain decoder's float slots refuse it, so it meets it in its slow path: that field is
+    # a NaN/Inf dead letter, the rest of the record is used.
+    out = Decoder().decode(_huge(3, huge), "t[0]@7")
     assert [(x.reason, x.fields, x.origin) for x in out.dead] == [("nan_field", ["DCGM_FI_DEV_GPU_TEMP"], "t[0]@7")]
-    assert p.totals.records == 2   # both records taken in, the huge one without that field
+    assert out.records[0].fields.DCGM_FI_DEV_SM_CLOCK == 1980
+
+
+@pytest.mark.parametrize("huge", [HUGE, -HUGE], ids=["huge", "minus_huge"])
+def test_an_integer_field_beyond_a_double_is_dropped_by_the_engines_decoder_too(huge):
+    # The engine's decoder keeps integers as integers (schema.dcgm_fields_type), so it reaches
+    # the columnizer: the same one dead letter, and both records are taken in.
+    p = Pipeline(Engine())
+    ok = json.dumps(rec(gpu=4, fields={"DCGM_FI_DEV_GPU_TEMP": 71, "DCGM_FI_DEV_SM_CLOCK": 1980})).encode()
+    out = p.handle([Message("t", 0, 7, None, _huge(3, huge)), Message("t", 0, 8, None, ok)])
+    assert "DCGM_FI_DEV_GPU_TEMP" in p.decoder.fields   # decoded by the engine's own decoder
+    assert [(x.reason, x.fields, x.origin) for x in out.dead] == [("nan_field", ["DCGM_FI_DEV_GPU_TEMP"], "t[0]@7")]
+    assert p.totals.records == 2
 
 
 def test_integer_and_float_spellings_of_a_value_read_the_same():
