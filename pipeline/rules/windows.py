@@ -47,6 +47,9 @@ class PaneWindow:
         self.cur: int | None = None          # newest pane the ring has been advanced to
         self.data = {a: np.full((self.n, 0), self._FILL[a]) for a in aggs}
         self._full: dict[tuple[str, int], np.ndarray] = {}
+        # Each aggregate over the window's panes before the newest one (``_closed``): they
+        # change only when the ring advances or a late chunk lands in one of them.
+        self._closed: dict[str, np.ndarray] = {}
 
     @property
     def capacity(self) -> int:
@@ -61,6 +64,7 @@ class PaneWindow:
                 grown[:, :cap] = self.data[a]
                 self.data[a] = grown
             self._full.clear()
+            self._closed.clear()
 
     def _advance(self, p: int) -> None:
         """Move the ring's clock to pane ``p``, clearing the slots of panes that left the window."""
@@ -74,6 +78,7 @@ class PaneWindow:
             self.slot_pane[s] = q
         self.cur = p
         self._full.clear()
+        self._closed.clear()
 
     def update(self, ent: np.ndarray | slice, ts0: float, values: np.ndarray, n_ent: int) -> None:
         """Fold one chunk (all in the pane of ``ts0``; rows grouped by entity, in time order).
@@ -87,6 +92,8 @@ class PaneWindow:
             return   # older than the whole window: nothing of it can be asked for any more
         slot = p % self.n
         self._full.clear()
+        if p != self.cur:
+            self._closed.clear()   # a late chunk: one of the older panes changes
         ok = ~np.isnan(values)
         if ok.all():
             e, v = ent, values
@@ -147,6 +154,8 @@ class PaneWindow:
 
     def _reduce(self, agg: str, p: int) -> np.ndarray:
         """``agg`` over the window ending in pane ``p``, for every entity."""
+        if p == self.cur and self.slot_pane[p % self.n] == p:
+            return self._reduce_newest(agg, p % self.n)
         live = (self.slot_pane > p - self.n) & (self.slot_pane <= p)
         rows = slice(None) if live.all() else np.flatnonzero(live)
         d = self.data
@@ -170,6 +179,56 @@ class PaneWindow:
             return np.where(any_, ordered[idx, np.arange(cap)], np.nan) if len(order) else np.full(cap, np.nan)
         raise ValueError(agg)
 
+    def _reduce_newest(self, agg: str, slot: int) -> np.ndarray:
+        """``_reduce`` for the window ending in the newest pane (every tick's question): the
+        older panes' part, kept until the ring moves, combined with the newest pane's row.
+
+        Reading the older panes once per pane instead of once per tick: a query reads one row
+        instead of up to twelve. ``min``, ``max``, ``first`` and counts are exactly what a
+        reduction of all panes gives; a ``sum`` adds the newest pane last, which for
+        non-integer values can differ from a sum in slot order in the last bit.
+        """
+        d = self.data
+        if agg in ("sum", "avg"):
+            s = self._closed_part("sum") + d["sum"][slot]
+            if "count" in d:
+                c = self._closed_part("count") + d["count"][slot]
+            else:
+                c = np.full(s.shape, float(self._closed_panes().sum() + 1))
+            with np.errstate(invalid="ignore", divide="ignore"):
+                return np.where(c > 0, s if agg == "sum" else s / c, np.nan)
+        if agg in ("min", "max"):
+            m = (np.minimum if agg == "min" else np.maximum)(self._closed_part(agg), d[agg][slot])
+            return np.where(np.isinf(m), np.nan, m)
+        if agg == "first":
+            older = self._closed_part("first")
+            return np.where(np.isnan(older), d["first"][slot], older)
+        raise ValueError(agg)
+
+    def _closed_panes(self) -> np.ndarray:
+        """Which slots hold the window's panes before the newest."""
+        return (self.slot_pane > self.cur - self.n) & (self.slot_pane < self.cur)
+
+    def _closed_part(self, a: str) -> np.ndarray:
+        got = self._closed.get(a)
+        if got is not None:
+            return got
+        live = self._closed_panes()
+        cap = self.capacity
+        if not live.any():
+            got = np.full(cap, self._FILL[a])
+        elif a == "first":
+            # The value first seen in the oldest pane that holds one.
+            order = np.flatnonzero(live)[np.argsort(self.slot_pane[live], kind="stable")]
+            ordered = self.data["first"][order]
+            have = ~np.isnan(ordered)
+            got = np.where(have.any(axis=0), ordered[have.argmax(axis=0), np.arange(cap)], np.nan)
+        else:
+            rows = self.data[a][slice(None) if live.all() else np.flatnonzero(live)]
+            got = rows.sum(axis=0) if a in ("sum", "count") else rows.min(axis=0) if a == "min" else rows.max(axis=0)
+        self._closed[a] = got
+        return got
+
     def to_state(self) -> dict:
         # Entity-major with a pane id per cell: the format snapshots have always had.
         cap = self.capacity
@@ -181,6 +240,7 @@ class PaneWindow:
         cap = ids.shape[0]
         self.data = {a: np.ascontiguousarray(np.asarray(st[f"d_{a}"], dtype=np.float64).T) for a in self.aggs}
         self._full.clear()
+        self._closed.clear()
         if cap == 0:
             self.slot_pane[:], self.cur = _NO_PANE, None
             return

@@ -64,6 +64,31 @@ def test_pane_window_matches_brute_force(seed):
 
 
 
+@pytest.mark.parametrize("seed", range(6))
+def test_late_chunks_into_older_panes_between_queries(seed):
+    # Queries of the newest pane keep the older panes' part until the ring moves; a chunk
+    # arriving late, into one of those panes, must be seen by the next query all the same.
+    n_ent, rng = 7, np.random.default_rng(100 + seed)
+    w = PaneWindow(24.0, 1.0, AGGS)
+    samples: list[tuple[int, int, float]] = []
+    t = T0
+    for i in range(150):
+        late = i > 5 and rng.random() < 0.3
+        at = t - float(rng.integers(1, 20)) if late else (t := t + float(rng.choice([1, 1, 2, 3, 30])))
+        ent = np.sort(rng.choice(n_ent, size=int(rng.integers(1, n_ent + 1)), replace=False)).astype(np.int32)
+        vals = rng.normal(50, 20, len(ent)).round(1)
+        vals[rng.random(len(ent)) < 0.1] = np.nan
+        w.update(ent, at, vals, n_ent)
+        q = math.floor(at / w.pw)
+        if q > w.cur - w.n:   # what the window keeps (older than the whole window: dropped)
+            samples += [(q, int(e), float(v)) for e, v in zip(ent, vals)]
+        p = math.floor(t / w.pw)
+        for agg in ("sum", "avg", "min", "max", "first"):
+            got = w.query(agg, np.arange(n_ent, dtype=np.int32), t)
+            want = np.array([reference(samples, w.n, p, agg, e) for e in range(n_ent)])
+            np.testing.assert_allclose(got, want, rtol=1e-12, equal_nan=True, err_msg=f"{agg} at step {i}")
+
+
 @pytest.mark.parametrize("seed", range(4))
 def test_whole_fleet_ids_as_a_slice_fold_and_read_like_the_id_array(seed):
     # A tick of every entity once, in id order, passes ``slice(0, n)`` (View.ids): views and
