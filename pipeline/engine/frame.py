@@ -82,6 +82,7 @@ class Columnizer:
         self._pack = struct.Struct(f"{len(slots)}d").pack   # native doubles, as np.float64
         self._blank = _SLOT_BLANK[self.slots]
         self._min = _SLOT_MIN[self.slots]
+        self._floor = np.maximum(self._min, -np.finfo(np.float64).max)   # -Inf is below it even without a minimum
         slot_cols = [FIELD_SLOT_COLUMNS[s] for s in slots]
         # Compact layout: one column per entry of ``columns``, from the first spelling a record
         # has (both DCGM spellings of a field land in one column).
@@ -125,12 +126,15 @@ class Columnizer:
         """
         raw = self.raw(records)
         dead: list[DeadLetter] = []
-        with np.errstate(invalid="ignore"):
-            blank = raw >= self._blank
-            inf = np.isinf(raw)
-            neg = raw < self._min
-        bad = blank | inf | neg
-        if bad.any():
+        # Two comparisons tell a clean batch (the usual one): a blank or +Inf is at or above
+        # the blank threshold, a negative or -Inf below the floor. Only a batch with a bad cell
+        # works out which cells and why.
+        if (raw >= self._blank).any() or (raw < self._floor).any():
+            with np.errstate(invalid="ignore"):
+                blank = raw >= self._blank
+                inf = np.isinf(raw)
+                neg = raw < self._min
+            bad = blank | inf | neg
             for i in np.flatnonzero(bad.any(axis=1)):
                 for mask, reason in ((blank[i] & ~inf[i], BLANK_SENTINEL), (inf[i], NAN_FIELD), (neg[i] & ~inf[i], NEGATIVE_VALUE)):
                     if mask.any():

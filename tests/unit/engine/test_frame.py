@@ -1,4 +1,5 @@
 import numpy as np
+import pytest
 
 from pipeline.catalog import FIELDS
 from pipeline.engine.frame import Columnizer
@@ -35,6 +36,25 @@ def test_impossible_negatives_and_infinities_dropped():
     assert np.isnan(col(values, "power")[0]) and np.isnan(col(values, "gpu_util")[0])
     assert col(values, "gpu_temp_margin")[0] == -3  # a margin may be negative
     assert {d.reason for d in dead} == {"negative_value", "nan_field"}
+
+
+@pytest.mark.parametrize("alias,value,reason", [
+    ("power", -5.0, "negative_value"),
+    ("power", float("inf"), "nan_field"),
+    ("power", float("-inf"), "nan_field"),
+    ("gpu_temp_margin", float("-inf"), "nan_field"),   # no minimum: -Inf is still no value
+    ("sm_clock", 9223372036854775794.0, "blank_sentinel"),
+])
+def test_one_bad_cell_in_a_clean_batch_is_found(alias, value, reason):
+    # A batch is first checked as a whole; a single bad cell anywhere must still be found.
+    recs = [dcgm(TS, "h", g, {"power": 300.0, "gpu_temp_margin": -3, "sm_clock": 1980, "gpu_temp": 70})
+            for g in range(8)]
+    recs[5] = dcgm(TS, "h", 5, {"power": 300.0, "gpu_temp_margin": -3, "sm_clock": 1980, "gpu_temp": 70,
+                                alias: value})
+    values, dead = Columnizer().values(recs, [f"o#{g}" for g in range(8)])
+    assert [(d.reason, d.origin) for d in dead] == [(reason, "o#5")]
+    assert np.isnan(col(values, alias)[5]) and not np.isnan(np.delete(col(values, alias), 5)).any()
+    assert (col(values, "gpu_temp") == 70).all()
 
 
 def test_only_the_columns_in_use_are_read():
