@@ -169,15 +169,18 @@ class PaneWindow:
             m = m.min(axis=0) if agg == "min" else m.max(axis=0)
             return np.where(np.isinf(m), np.nan, m)
         if agg == "first":
-            # The value first seen in the oldest pane of the window that holds one.
-            order = np.flatnonzero(live)[np.argsort(self.slot_pane[live], kind="stable")]
-            ordered = d["first"][order]
-            have = ~np.isnan(ordered)
-            any_ = have.any(axis=0)
-            idx = have.argmax(axis=0)
-            cap = ordered.shape[1]
-            return np.where(any_, ordered[idx, np.arange(cap)], np.nan) if len(order) else np.full(cap, np.nan)
+            return self._first(live)
         raise ValueError(agg)
+
+    def _first(self, live: np.ndarray) -> np.ndarray:
+        """The value first seen in the oldest pane among the ``live`` slots that holds one."""
+        cap = self.capacity
+        order = np.flatnonzero(live)[np.argsort(self.slot_pane[live], kind="stable")]
+        if not len(order):
+            return np.full(cap, np.nan)
+        ordered = self.data["first"][order]
+        have = ~np.isnan(ordered)
+        return np.where(have.any(axis=0), ordered[have.argmax(axis=0), np.arange(cap)], np.nan)
 
     def _reduce_newest(self, agg: str, slot: int) -> np.ndarray:
         """``_reduce`` for the window ending in the newest pane (every tick's question): the
@@ -214,17 +217,12 @@ class PaneWindow:
         if got is not None:
             return got
         live = self._closed_panes()
-        cap = self.capacity
-        if not live.any():
-            got = np.full(cap, self._FILL[a])
-        elif a == "first":
-            # The value first seen in the oldest pane that holds one.
-            order = np.flatnonzero(live)[np.argsort(self.slot_pane[live], kind="stable")]
-            ordered = self.data["first"][order]
-            have = ~np.isnan(ordered)
-            got = np.where(have.any(axis=0), ordered[have.argmax(axis=0), np.arange(cap)], np.nan)
+        if a == "first":
+            got = self._first(live)
+        elif not live.any():
+            got = np.full(self.capacity, self._FILL[a])
         else:
-            rows = self.data[a][slice(None) if live.all() else np.flatnonzero(live)]
+            rows = self.data[a][np.flatnonzero(live)]
             got = rows.sum(axis=0) if a in ("sum", "count") else rows.min(axis=0) if a == "min" else rows.max(axis=0)
         self._closed[a] = got
         return got
