@@ -129,7 +129,9 @@ class Columnizer:
         # Two comparisons tell a clean batch (the usual one): a blank or +Inf is at or above
         # the blank threshold, a negative or -Inf below the floor. Only a batch with a bad cell
         # works out which cells and why.
-        if (raw >= self._blank).any() or (raw < self._floor).any():
+        with np.errstate(invalid="ignore"):   # NaN (not reported) compares False, quietly
+            suspect = bool((raw >= self._blank).any() or (raw < self._floor).any())
+        if suspect:
             with np.errstate(invalid="ignore"):
                 blank = raw >= self._blank
                 inf = np.isinf(raw)
