@@ -25,6 +25,8 @@ from pipeline.engine.entities import grow, id_bound
 
 PANES = 12
 _NO_PANE = np.iinfo(np.int64).min // 2   # a slot that never held a pane
+_REDUCE = {"sum": np.sum, "count": np.sum, "min": np.min, "max": np.max}   # over a window's panes
+_COMBINE = {"sum": np.add, "count": np.add, "min": np.minimum, "max": np.maximum}   # two parts of one
 
 
 class PaneWindow:
@@ -153,24 +155,57 @@ class PaneWindow:
         return full[ent]
 
     def _reduce(self, agg: str, p: int) -> np.ndarray:
-        """``agg`` over the window ending in pane ``p``, for every entity."""
+        """``agg`` over the window ending in pane ``p``, for every entity.
+
+        For the newest pane (every tick's question) the older panes' part is kept until the
+        ring moves (``_closed_part``) and combined with the newest pane's row: a query reads
+        one row instead of up to twelve. ``min``, ``max``, ``first`` and counts are exactly
+        what a reduction of all panes gives; a ``sum`` adds the newest pane last, which for
+        non-integer values can differ from a sum in slot order in the last bit.
+        """
         if p == self.cur and self.slot_pane[p % self.n] == p:
-            return self._reduce_newest(agg, p % self.n)
-        live = (self.slot_pane > p - self.n) & (self.slot_pane <= p)
-        rows = slice(None) if live.all() else np.flatnonzero(live)
-        d = self.data
+            slot = p % self.n
+            part = lambda a: self._with_newest(a, slot)  # noqa: E731
+            n_live = lambda: int(self._closed_panes().sum()) + 1  # noqa: E731
+        else:
+            live = (self.slot_pane > p - self.n) & (self.slot_pane <= p)
+            part = lambda a: self._over(a, live)  # noqa: E731
+            n_live = lambda: int(live.sum())  # noqa: E731
         if agg in ("sum", "avg"):
-            s = d["sum"][rows].sum(axis=0)
-            c = d["count"][rows].sum(axis=0) if "count" in d else np.full(s.shape, float(live.sum()))
+            s = part("sum")
+            c = part("count") if "count" in self.data else np.full(s.shape, float(n_live()))
             with np.errstate(invalid="ignore", divide="ignore"):
                 return np.where(c > 0, s if agg == "sum" else s / c, np.nan)
         if agg in ("min", "max"):
-            m = d[agg][rows]
-            m = m.min(axis=0) if agg == "min" else m.max(axis=0)
+            m = part(agg)
             return np.where(np.isinf(m), np.nan, m)
         if agg == "first":
-            return self._first(live)
+            return part("first")
         raise ValueError(agg)
+
+    def _with_newest(self, a: str, slot: int) -> np.ndarray:
+        older, row = self._closed_part(a), self.data[a][slot]
+        if a == "first":
+            return np.where(np.isnan(older), row, older)
+        return _COMBINE[a](older, row)
+
+    def _closed_panes(self) -> np.ndarray:
+        """Which slots hold the window's panes before the newest."""
+        return (self.slot_pane > self.cur - self.n) & (self.slot_pane < self.cur)
+
+    def _closed_part(self, a: str) -> np.ndarray:
+        got = self._closed.get(a)
+        if got is None:
+            got = self._closed[a] = self._over(a, self._closed_panes())
+        return got
+
+    def _over(self, a: str, live: np.ndarray) -> np.ndarray:
+        """Aggregate ``a`` of the ``live`` slots, per entity (its fill value where none is live)."""
+        if a == "first":
+            return self._first(live)
+        if not live.any():
+            return np.full(self.capacity, self._FILL[a])
+        return _REDUCE[a](self.data[a][slice(None) if live.all() else np.flatnonzero(live)], axis=0)
 
     def _first(self, live: np.ndarray) -> np.ndarray:
         """The value first seen in the oldest pane among the ``live`` slots that holds one."""
@@ -181,51 +216,6 @@ class PaneWindow:
         ordered = self.data["first"][order]
         have = ~np.isnan(ordered)
         return np.where(have.any(axis=0), ordered[have.argmax(axis=0), np.arange(cap)], np.nan)
-
-    def _reduce_newest(self, agg: str, slot: int) -> np.ndarray:
-        """``_reduce`` for the window ending in the newest pane (every tick's question): the
-        older panes' part, kept until the ring moves, combined with the newest pane's row.
-
-        Reading the older panes once per pane instead of once per tick: a query reads one row
-        instead of up to twelve. ``min``, ``max``, ``first`` and counts are exactly what a
-        reduction of all panes gives; a ``sum`` adds the newest pane last, which for
-        non-integer values can differ from a sum in slot order in the last bit.
-        """
-        d = self.data
-        if agg in ("sum", "avg"):
-            s = self._closed_part("sum") + d["sum"][slot]
-            if "count" in d:
-                c = self._closed_part("count") + d["count"][slot]
-            else:
-                c = np.full(s.shape, float(self._closed_panes().sum() + 1))
-            with np.errstate(invalid="ignore", divide="ignore"):
-                return np.where(c > 0, s if agg == "sum" else s / c, np.nan)
-        if agg in ("min", "max"):
-            m = (np.minimum if agg == "min" else np.maximum)(self._closed_part(agg), d[agg][slot])
-            return np.where(np.isinf(m), np.nan, m)
-        if agg == "first":
-            older = self._closed_part("first")
-            return np.where(np.isnan(older), d["first"][slot], older)
-        raise ValueError(agg)
-
-    def _closed_panes(self) -> np.ndarray:
-        """Which slots hold the window's panes before the newest."""
-        return (self.slot_pane > self.cur - self.n) & (self.slot_pane < self.cur)
-
-    def _closed_part(self, a: str) -> np.ndarray:
-        got = self._closed.get(a)
-        if got is not None:
-            return got
-        live = self._closed_panes()
-        if a == "first":
-            got = self._first(live)
-        elif not live.any():
-            got = np.full(self.capacity, self._FILL[a])
-        else:
-            rows = self.data[a][np.flatnonzero(live)]
-            got = rows.sum(axis=0) if a in ("sum", "count") else rows.min(axis=0) if a == "min" else rows.max(axis=0)
-        self._closed[a] = got
-        return got
 
     def to_state(self) -> dict:
         # Entity-major with a pane id per cell: the format snapshots have always had.

@@ -122,6 +122,16 @@ def test_query_of_an_earlier_pane_sees_only_that_window():
     assert math.isnan(w.query("sum", np.array([0]), T0)[0])   # long gone
 
 
+def test_min_max_and_first_of_a_long_gone_pane_are_unknown():
+    # No slot of the ring holds a pane of that window any more: nothing to reduce.
+    w = PaneWindow(12.0, 1.0, ("first", "max", "min"))
+    for k in range(30):
+        w.update(np.array([0]), T0 + k, np.array([float(k)]), 1)
+    for agg in ("min", "max", "first"):
+        assert math.isnan(w.query(agg, np.array([0]), T0)[0]), agg
+    assert w.query("min", np.array([0]), T0 + 29)[0] == 18.0
+
+
 def test_restore_from_a_snapshot_with_per_entity_pane_ids():
     """Snapshots written before the ring was shared hold a pane id per entity and slot."""
     w = PaneWindow(12.0, 1.0, ("count", "sum"))
