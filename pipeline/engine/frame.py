@@ -130,12 +130,12 @@ class Columnizer:
         # the blank threshold, a negative or -Inf below the floor. Only a batch with a bad cell
         # works out which cells and why.
         with np.errstate(invalid="ignore"):   # NaN (not reported) compares False, quietly
-            suspect = bool((raw >= self._blank).any() or (raw < self._floor).any())
-        if suspect:
-            with np.errstate(invalid="ignore"):
-                blank = raw >= self._blank
+            blank = raw >= self._blank
+            suspect = bool(blank.any() or (raw < self._floor).any())
+            if suspect:
                 inf = np.isinf(raw)
                 neg = raw < self._min
+        if suspect:
             bad = blank | inf | neg
             for i in np.flatnonzero(bad.any(axis=1)):
                 for mask, reason in ((blank[i] & ~inf[i], BLANK_SENTINEL), (inf[i], NAN_FIELD), (neg[i] & ~inf[i], NEGATIVE_VALUE)):
