@@ -10,6 +10,8 @@ from typing import Any
 
 log = logging.getLogger(__name__)
 
+FINDINGS_EXIT = 3   # the input was read, and it holds a critical finding (e.g. nccl-tests wrong results)
+
 
 def _sender(args: argparse.Namespace) -> Any:
     from pipeline.bus import Topics
@@ -42,7 +44,16 @@ def _run(args: argparse.Namespace, make_source: Any) -> int:
     s = res.sender
     print(f"gpuwarden produce {args.source}: {res.records} records read, {s.sent} delivered, "
           f"{s.dropped} dropped, {s.failures} failed sends", file=sys.stderr, flush=True)
-    return 0
+    summary = getattr(source, "summary", None)
+    if summary is not None:
+        counts = summary()
+        print(f"gpuwarden produce {args.source}: " + ", ".join(f"{k} {v}" for k, v in counts.items()),
+              file=sys.stderr, flush=True)
+    # Findings (nccl-tests wrong results): the run "succeeded" at reading, but what it read is a fault.
+    findings = getattr(getattr(source, "stats", None), "findings", None) or []
+    for f in findings:
+        print(f"gpuwarden produce {args.source}: CRITICAL {f.describe()}", file=sys.stderr, flush=True)
+    return FINDINGS_EXIT if findings else 0
 
 
 def _cmd_dcgm_exporter(args: argparse.Namespace) -> int:

@@ -1,14 +1,32 @@
 """nccl-tests output (``all_reduce_perf`` and friends) -> ``NcclRecord``s, for burn-in runs.
 
-Text tables are read by their header row, not by position: older builds have no ``root``
-column and call the error column ``error``, newer ones add ``#wrong``, per-iteration columns and
-a timestamp, and print ``# Collective test starting: all_reduce_perf``. The first
-``time``/``cputime`` group is out-of-place, the second in-place. ``-J`` JSON output
-(``{"config": {"devices": [...]}, "results": [...]}``) is read as well.
+Layouts (from nccl-tests' ``src/common.cu`` / ``src/util.cu`` across its releases; see
+docs/producers.md for the table):
 
-One record per message size: the out-of-place result (what NCCL's own docs quote), with the
-in-place numbers, data type, reduction and wrong-element count in ``labels``. The job's ranks come
-from the ``#  Rank N ... on HOST device D`` lines: the record is rank 0's, on its host and GPU.
+- Text tables are read by their header row, not by position. Before 2.13 there is no ``root``
+  column (some builds) and the error column is ``error`` (``0e+00``); 2.13+ prints ``#wrong``,
+  a ``root`` column, optional per-iteration columns (``i_min``...) and a timestamp.
+- Tests without a reduction (alltoall, broadcast, gather...) printed an *empty* ``redop`` cell
+  before NCCL 2.13's resync (``"none"`` since): such a row has one token fewer than its header,
+  and the missing one is the ``redop`` cell.
+- Rank lines: ``#  Rank N Group G Pid P on HOST device D [..] NAME`` since 2.13,
+  ``#   Rank N Pid P on HOST device D`` before, ``#   Rank N on HOST device D`` in the first
+  releases. A multi-node log may list only some ranks, so ``nranks`` is the highest listed
+  rank + 1 (never the count of lines).
+- The collective comes from the log itself: ``# Collective test starting: all_gather_perf``
+  (2.14+), else a ``*_perf`` command line echoed into the log, else ``--coll``; a file name is
+  the last resort and says so in ``labels["coll_source"]``.
+- One log may hold several runs (a script running each test in turn): a run starts at
+  ``# Collective test starting`` or a ``# nThread`` header once the previous run had results, and
+  ends at ``# Collective test concluded``. Each run gets its own id (``comm``).
+- Wrong results (``#wrong`` > 0, or ``# Out of bounds values : N FAILED``) are silent data
+  corruption: each such run becomes a ``Finding`` (severity critical), logged at CRITICAL, named
+  in the exit summary, and the records carry ``labels["wrong_results"]``.
+
+``-J`` JSON output (``{"config": {"devices": [...]}, "results": [...], "out_of_bounds": ...}``)
+is read as well. One record per message size: the out-of-place result, with the in-place
+numbers, data type, reduction and wrong-element count in ``labels``; the record is rank 0's (or
+the lowest listed rank's), on its host and GPU.
 """
 
 from __future__ import annotations
@@ -18,25 +36,29 @@ import logging
 import re
 import socket
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from pipeline.schema import NcclRecord
 
 log = logging.getLogger(__name__)
 
-_COLL = {"all_reduce": "AllReduce", "all_gather": "AllGather", "reduce_scatter": "ReduceScatter",
-         "broadcast": "Broadcast", "reduce": "Reduce", "alltoall": "AllToAll", "sendrecv": "SendRecv",
-         "gather": "Gather", "scatter": "Scatter", "hypercube": "HyperCube"}
-_RANK = re.compile(r"#\s+Rank\s+(\d+)\s+Group\s+(\d+)\s+Pid\s+(\d+)\s+on\s+(\S+)\s+device\s+(\d+)")
+# Compact names (no underscores), longest first when matching: "reduce" is inside "allreduce"
+# and "reducescatter", "gather" inside "allgather".
+_COLL = {"allreduce": "AllReduce", "allgather": "AllGather", "reducescatter": "ReduceScatter",
+         "broadcast": "Broadcast", "reduce": "Reduce", "alltoallv": "AllToAllV", "alltoall": "AllToAll",
+         "sendrecv": "SendRecv", "gather": "Gather", "scatter": "Scatter", "hypercube": "HyperCube"}
+_RANK = re.compile(r"#\s*Rank\s+(\d+)(?:\s+Group\s+(\d+))?(?:\s+Pid\s+(\d+))?\s+on\s+(\S+)\s+device\s+(\d+)")
+_PERF = re.compile(r"\b([a-z_]+?)_perf(?:_mpi)?\b")
+_NTHREAD = re.compile(r"nThread\s+(\d+)\s+nGpus\s+(\d+)")
+_OOB = re.compile(r"Out of bounds values\s*:\s*(\d+)\s*(\w*)")
 
 
 def collective_name(text: str | None) -> str | None:
-    """``all_reduce_perf`` / ``/opt/nccl-tests/build/all_gather_perf`` / a file name -> ``AllReduce``..."""
+    """``all_reduce_perf`` / ``/opt/nccl-tests/build/all_gather_perf`` / ``allgather`` -> ``AllGather``..."""
     if not text:
         return None
-    low = text.lower()
-    # Longest names first: "reduce" is inside "all_reduce" and "reduce_scatter".
+    low = text.lower().replace("_", "").replace("-", "")
     for key in sorted(_COLL, key=len, reverse=True):
         if key in low:
             return _COLL[key]
@@ -48,87 +70,130 @@ class Device:
     rank: int
     host: str
     device: int
-    pid: int
+    pid: int | None
 
 
-def _float(tok: str) -> float | None:
+@dataclass
+class Finding:
+    """A run whose results were wrong: the worst thing a burn-in can find."""
+
+    run: str
+    coll: str
+    host: str
+    wrong_sizes: list[int]
+    wrong_elements: float
+    out_of_bounds: int | None
+    severity: str = "critical"
+
+    def describe(self) -> str:
+        parts = []
+        if self.wrong_sizes:
+            parts.append(f"{self.wrong_elements:g} wrong element(s) at sizes {', '.join(map(str, self.wrong_sizes[:8]))}"
+                         + (" ..." if len(self.wrong_sizes) > 8 else ""))
+        if self.out_of_bounds:
+            parts.append(f"Out of bounds values : {self.out_of_bounds} FAILED")
+        return f"nccl-tests {self.coll} run {self.run} on {self.host}: wrong results ({'; '.join(parts)})"
+
+
+@dataclass
+class ParseStats:
+    runs: int = 0
+    rows: int = 0
+    records: int = 0
+    unparsable_rows: int = 0     # looked like a result row but did not fit the header
+    no_time: int = 0             # a row without a usable out-of-place time
+    coll_from_file_name: int = 0
+    findings: list[Finding] = field(default_factory=list)
+
+
+@dataclass
+class _Run:
+    devices: dict[int, Device] = field(default_factory=dict)
+    header: list[str] | None = None
+    time_scale: float = 1.0      # the first releases printed times in ms (units row "(ms)")
+    rows: list[dict[str, Any]] = field(default_factory=list)
+    started: str | None = None
+    nranks_header: int | None = None
+    oob: int | None = None
+    concluded: bool = False
+
+    def empty(self) -> bool:
+        return not self.rows and self.header is None and self.started is None
+
+
+def _float(tok: Any) -> float | None:
     try:
         x = float(tok)
-    except ValueError:
+    except (TypeError, ValueError):
         return None
-    return x if x == x else None
+    return x if x == x and x not in (float("inf"), float("-inf")) else None
 
 
-def _records(rows: list[dict[str, Any]], devices: list[Device], coll: str, ts: float,
-             host_default: str, job: str | None, fmt: str) -> list[NcclRecord]:
-    d0 = min(devices, key=lambda d: d.rank) if devices else None
-    nranks = max(len(devices), 1)
-    nnodes = len({d.host for d in devices}) or None
-    comm = f"nccl-tests:{d0.host}:{d0.pid}" if d0 else "nccl-tests"
+def _records(run: _Run, coll: str, ts: float, host_default: str, job: str | None, fmt: str, run_id: str,
+             stats: ParseStats, coll_source: str) -> list[NcclRecord]:
+    devs = sorted(run.devices.values(), key=lambda d: d.rank)
+    d0 = devs[0] if devs else None
+    # Highest listed rank + 1: a log may elide ranks; nThread x nGpus is one process's share only.
+    nranks = max([d.rank + 1 for d in devs] + [run.nranks_header or 1])
+    nnodes = len({d.host for d in devs}) or None
+    host = d0.host if d0 else host_default
+    comm = f"nccl-tests:{host}:{d0.pid if d0 and d0.pid is not None else 0}:{run_id}"
     out = []
-    for row in rows:
+    wrong_sizes, wrong_total = [], 0.0
+    for row in run.rows:
         t = row.get("time")
+        w = (row.get("wrong") or 0) + (row.get("in_wrong") or 0)
+        if w > 0:
+            wrong_sizes.append(int(row["size"]))
+            wrong_total += w
         if t is None or t < 0:
+            stats.no_time += 1
             continue
-        labels = {"source": "nccl_tests", "format": fmt}
+        labels = {"source": "nccl_tests", "format": fmt, "run": run_id}
+        if coll_source != "log":
+            labels["coll_source"] = coll_source
         for k in ("type", "redop", "root"):
             if row.get(k) not in (None, ""):
                 labels[k] = str(row[k])
         for k in ("in_time_us", "in_algbw_gbs", "in_busbw_gbs", "wrong", "in_wrong"):
             if row.get(k) is not None:
                 labels[k] = f"{row[k]:g}"
-        out.append(NcclRecord(ts=ts, host=d0.host if d0 else host_default, gpu=d0.device if d0 else None, job=job,
-                              comm=comm, comm_name="nccl-tests", rank=0, nranks=nranks, nnodes=nnodes, coll=coll,
-                              bytes=int(row["size"]), exec_time_us=t,
+        out.append(NcclRecord(ts=ts, host=host, gpu=d0.device if d0 else None, job=job,
+                              comm=comm, comm_name="nccl-tests", rank=d0.rank if d0 else 0, nranks=nranks,
+                              nnodes=nnodes, coll=coll, bytes=int(row["size"]), exec_time_us=t,
                               algbw_gbs=row.get("algbw") if (row.get("algbw") or 0) >= 0 else None,
                               busbw_gbs=row.get("busbw") if (row.get("busbw") or 0) >= 0 else None, labels=labels))
+    if wrong_sizes or run.oob:
+        f = Finding(run_id, coll, host, wrong_sizes, wrong_total, run.oob)
+        stats.findings.append(f)
+        log.critical("%s: silent data corruption, take this node out of service", f.describe())
+        for r in out:
+            r.labels["wrong_results"] = "true"
+    stats.records += len(out)
     return out
 
 
-def parse_text(text: str, *, ts: float | None = None, coll: str | None = None, host: str | None = None,
-               job: str | None = None, name_hint: str | None = None) -> list[NcclRecord]:
-    """Records from an nccl-tests text log (old or new column layout)."""
-    devices: list[Device] = []
-    header: list[str] | None = None
-    rows: list[dict[str, Any]] = []
-    started = None
-    for line in text.splitlines():
-        s = line.strip()
-        if s.startswith("#"):
-            m = _RANK.match(s)
-            if m:
-                devices.append(Device(int(m.group(1)), m.group(4), int(m.group(5)), int(m.group(3))))
-                continue
-            if "Collective test starting:" in s:
-                started = s.split(":", 1)[1].strip()
-                continue
-            toks = s.lstrip("#").split()
-            if "size" in toks and "count" in toks:
-                header = toks
-            continue
-        if header is None or not s:
-            continue
-        toks = s.split()
-        if not toks[0].isdigit() or len(toks) < len(header):
-            continue
-        row = _row(header, toks)
-        if row is not None:
-            rows.append(row)
-    c = coll or collective_name(started) or collective_name(name_hint) or "unknown"
-    return _records(rows, devices, c, time.time() if ts is None else ts, host or socket.gethostname(), job, "text")
-
-
-def _row(header: list[str], toks: list[str]) -> dict[str, Any] | None:
+def _row(header: list[str], time_scale: float, toks: list[str]) -> dict[str, Any] | None:
+    if len(toks) == len(header) - 1 and "redop" in header:
+        i = header.index("redop")
+        # Pre-2.13 builds printed an empty redop cell for tests without a reduction.
+        if i < len(toks) and _float(toks[i]) is not None:
+            toks = toks[:i] + [""] + toks[i:]
+    if len(toks) < len(header):
+        return None
     row: dict[str, Any] = {}
     groups = 0
     for name, tok in zip(header, toks):
         if name == "size":
+            if not tok.isdigit():
+                return None
             row["size"] = int(tok)
         elif name in ("type", "redop", "root"):
             row[name] = tok
         elif name in ("time", "cputime"):
             groups += 1
-            row["time" if groups == 1 else "in_time_us"] = _float(tok)
+            x = _float(tok)
+            row["time" if groups == 1 else "in_time_us"] = None if x is None else x * time_scale
         elif name in ("algbw", "busbw"):
             row[name if groups == 1 else f"in_{name}_gbs"] = _float(tok)
         elif name in ("#wrong", "error", "wrong"):
@@ -136,27 +201,149 @@ def _row(header: list[str], toks: list[str]) -> dict[str, Any] | None:
     return row if "size" in row else None
 
 
-def parse_json(doc: dict[str, Any], *, ts: float | None = None, coll: str | None = None,
-               host: str | None = None, job: str | None = None) -> list[NcclRecord]:
-    """Records from nccl-tests ``-J`` output."""
-    cfg = doc.get("config") or {}
-    devices = [Device(int(d.get("rank", 0)), str(d.get("hostname") or "unknown"), int(d.get("device", 0)),
-                      int(d.get("pid", 0))) for d in cfg.get("devices") or [] if isinstance(d, dict)]
-    args = doc.get("args") or []
-    rows = []
-    for r in doc.get("results") or []:
-        if not isinstance(r, dict) or r.get("size") is None:
+def _coll_of(run: _Run, coll: str | None, perf_hint: str | None, name_hint: str | None,
+             stats: ParseStats) -> tuple[str, str]:
+    if coll:
+        return coll, "flag"
+    c = collective_name(run.started)
+    if c:
+        return c, "log"
+    c = collective_name(perf_hint)
+    if c:
+        return c, "log"
+    c = collective_name(name_hint)
+    if c:
+        stats.coll_from_file_name += 1
+        log.warning("nccl-tests log does not name its collective; took %s from the file name %s (use --coll)",
+                    c, name_hint)
+        return c, "file_name"
+    return "unknown", "unknown"
+
+
+def parse_text(text: str, *, ts: float | None = None, coll: str | None = None, host: str | None = None,
+               job: str | None = None, name_hint: str | None = None,
+               stats: ParseStats | None = None) -> list[NcclRecord]:
+    """Records from an nccl-tests text log (any layout; several runs in one log are split)."""
+    stats = stats if stats is not None else ParseStats()
+    runs: list[tuple[_Run, str | None]] = []
+    cur = _Run()
+    perf_hint: str | None = None
+
+    def close() -> None:
+        nonlocal cur
+        if not cur.empty():
+            runs.append((cur, perf_hint))
+        cur = _Run()
+
+    for line in text.splitlines():
+        s = line.strip()
+        if not s:
             continue
+        if not s.startswith("#"):
+            m = _PERF.search(s)
+            if m and not s[0].isdigit():
+                if cur.rows:
+                    close()
+                perf_hint = m.group(0)           # an echoed command line: mpirun ... all_gather_perf -b 8
+                continue
+        if s.startswith("#"):
+            body = s.lstrip("#").strip()
+            m = _RANK.match(s)
+            if m:
+                if cur.rows:
+                    close()
+                r = int(m.group(1))
+                cur.devices[r] = Device(r, m.group(4), int(m.group(5)), int(m.group(3)) if m.group(3) else None)
+                continue
+            if body.startswith("Collective test starting:"):
+                close()
+                cur.started = body.split(":", 1)[1].strip()
+                continue
+            if body.startswith("Collective test concluded"):
+                cur.concluded = True
+                close()
+                continue
+            m = _NTHREAD.search(body)
+            if m:
+                if cur.rows or cur.nranks_header is not None:
+                    close()
+                # One process's ranks: a lower bound for nranks (MPI runs multiply it by processes).
+                cur.nranks_header = int(m.group(1)) * int(m.group(2))
+                continue
+            m = _OOB.search(body)
+            if m:
+                n = int(m.group(1))
+                cur.oob = n if (n or m.group(2).upper() == "FAILED") else 0
+                continue
+            toks = body.split()
+            if "size" in toks and "count" in toks:
+                if cur.rows:
+                    close()
+                cur.header, cur.time_scale = toks, 1.0
+            elif cur.header is not None and toks and toks[0] == "(B)" and "(ms)" in toks:
+                cur.time_scale = 1000.0
+            continue
+        if cur.header is None:
+            continue
+        toks = s.split()
+        if not toks[0].isdigit():
+            continue
+        stats.rows += 1
+        row = _row(cur.header, cur.time_scale, toks)
+        if row is None:
+            stats.unparsable_rows += 1
+            log.warning("nccl-tests row does not fit its header (%d cells for %d columns): %r",
+                        len(toks), len(cur.header), s[:200])
+            continue
+        cur.rows.append(row)
+    close()
+    t = time.time() if ts is None else ts
+    hdefault = host or socket.gethostname()
+    out: list[NcclRecord] = []
+    multi = sum(1 for r, _ in runs if r.rows or r.oob) > 1
+    n = 0
+    for run, hint in runs:
+        if not run.rows and not run.oob:
+            continue
+        n += 1
+        stats.runs += 1
+        c, src = _coll_of(run, coll, hint, name_hint, stats)
+        run_id = f"run{n}" if multi else "run1"
+        out.extend(_records(run, c, t, hdefault, job, "text", run_id, stats, src))
+    return out
+
+
+def parse_json(doc: dict[str, Any], *, ts: float | None = None, coll: str | None = None,
+               host: str | None = None, job: str | None = None, stats: ParseStats | None = None) -> list[NcclRecord]:
+    """Records from nccl-tests ``-J`` output."""
+    stats = stats if stats is not None else ParseStats()
+    cfg = doc.get("config") or {}
+    run = _Run()
+    for d in cfg.get("devices") or []:
+        if isinstance(d, dict) and _float(d.get("rank")) is not None:
+            r = int(d["rank"])
+            run.devices[r] = Device(r, str(d.get("hostname") or "unknown"), int(_float(d.get("device")) or 0),
+                                    int(_float(d.get("pid")) or 0))
+    args = doc.get("args") or []
+    for r in doc.get("results") or []:
+        if not isinstance(r, dict) or _float(r.get("size")) is None:
+            continue
+        stats.rows += 1
         oop, inp = r.get("out_of_place") or {}, r.get("in_place") or {}
-        num = lambda d, *ks: next((_float(str(d[k])) for k in ks if d.get(k) is not None), None)  # noqa: E731
-        rows.append({"size": int(r["size"]), "type": r.get("type"), "redop": r.get("redop"),
-                     "root": str(r.get("root", "")).strip(),
-                     "time": num(oop, "time", "cpu_time"), "algbw": num(oop, "alg_bw"), "busbw": num(oop, "bus_bw"),
-                     "wrong": num(oop, "nwrong"), "in_time_us": num(inp, "time", "cpu_time"),
-                     "in_algbw_gbs": num(inp, "alg_bw"), "in_busbw_gbs": num(inp, "bus_bw"),
-                     "in_wrong": num(inp, "nwrong")})
-    c = coll or collective_name(args[0] if args else None) or "unknown"
-    return _records(rows, devices, c, time.time() if ts is None else ts, host or socket.gethostname(), job, "json")
+        num = lambda d, *ks: next((_float(d[k]) for k in ks if d.get(k) is not None), None)  # noqa: E731
+        run.rows.append({"size": int(_float(r["size"])), "type": r.get("type"), "redop": r.get("redop"),
+                         "root": str(r.get("root", "")).strip(),
+                         "time": num(oop, "time", "cpu_time"), "algbw": num(oop, "alg_bw"),
+                         "busbw": num(oop, "bus_bw"), "wrong": num(oop, "nwrong"),
+                         "in_time_us": num(inp, "time", "cpu_time"), "in_algbw_gbs": num(inp, "alg_bw"),
+                         "in_busbw_gbs": num(inp, "bus_bw"), "in_wrong": num(inp, "nwrong")})
+    oob = doc.get("out_of_bounds")
+    if isinstance(oob, dict) and _float(oob.get("count")) is not None:
+        run.oob = int(_float(oob["count"]) or 0) or (1 if oob.get("okay") is False else 0)
+    stats.runs += 1
+    c, src = (coll, "flag") if coll else (collective_name(args[0] if args else None), "log")
+    return _records(run, c or "unknown", time.time() if ts is None else ts, host or socket.gethostname(), job,
+                    "json", "run1", stats, src if c else "unknown")
 
 
 def parse(text: str, **kw: Any) -> list[NcclRecord]:
@@ -173,22 +360,30 @@ def parse(text: str, **kw: Any) -> list[NcclRecord]:
 
 
 class NcclTestsSource:
-    """A finite source: the whole file (or stdin) in one poll."""
+    """A finite source: the whole file (or stdin) in one poll. ``stats.findings`` lists runs with
+    wrong results (the CLI exits non-zero for them)."""
 
     def __init__(self, path: str, **kw: Any) -> None:
         self.path = path
         self.kw = kw
         self.done = False
+        self.stats = ParseStats()
 
     def poll(self) -> list[NcclRecord]:
         import sys
 
         self.done = True
         text = sys.stdin.read() if self.path == "-" else open(self.path, encoding="utf-8", errors="replace").read()
-        recs = parse(text, name_hint=None if self.path == "-" else self.path, **self.kw)
+        recs = parse(text, name_hint=None if self.path == "-" else self.path, stats=self.stats, **self.kw)
         if not recs:
             log.warning("%s: no nccl-tests result rows found", self.path)
         return recs
+
+    def summary(self) -> dict[str, int]:
+        """Counts for the exit summary (what was read and what was left out, by reason)."""
+        s = self.stats
+        return {"runs": s.runs, "rows": s.rows, "dropped.unparsable_row": s.unparsable_rows,
+                "dropped.no_time": s.no_time, "wrong_result_runs": len(s.findings)}
 
     def close(self) -> None:
         pass

@@ -146,7 +146,8 @@ def test_nccl_tests_old_layout_no_root_error_column():
     recs = parse_text(OLD, ts=1764403200.0, coll="AllReduce", host="fallback")
     assert [(r.bytes, r.exec_time_us, r.busbw_gbs) for r in recs] == [(8, 42.11, 0.0), (128, 43.0, 0.01)]
     assert "root" not in recs[0].labels and recs[0].labels["in_time_us"] == "41.5"
-    assert recs[0].host == "fallback" and recs[0].nranks == 1     # this old rank line has no Group: not matched
+    # rank lines without Group are read; nranks is at least the header's nThread x nGpus
+    assert recs[0].host == "dgx01" and recs[0].gpu == 0 and recs[0].nranks == 8
 
 
 def test_nccl_tests_json():
