@@ -65,7 +65,10 @@ def _cmd_dcgm_exporter(args: argparse.Namespace) -> int:
 
 
 def _cmd_dcgmi(args: argparse.Namespace) -> int:
-    from producers.dcgmi import DEFAULT_FIELD_IDS, DmonSource
+    from producers.dcgmi import DEFAULT_FIELD_IDS, DmonFileSource, DmonSource
+
+    if args.file:
+        return _run(args, lambda: DmonFileSource(args.file, interval_s=args.interval, host=args.host))
 
     ids = DEFAULT_FIELD_IDS
     if args.fields:
@@ -126,6 +129,8 @@ def register(sub: Any) -> None:
     g.add_argument("--fields", help="comma-separated DCGM field ids (default: what the rules use)")
     g.add_argument("--dcgmi", default="dcgmi", help="path of the dcgmi binary")
     g.add_argument("--no-probe", action="store_true", help="skip the per-field support check")
+    g.add_argument("--file", help="read a saved dmon log instead of running dcgmi (rounds are --interval "
+                   "seconds apart, the last one at the file's modification time)")
     _common(g, 1.0)
     g.set_defaults(func=_cmd_dcgmi)
 

@@ -1,9 +1,10 @@
 """``dcgmi dmon`` -> ``DcgmRecord``s, for hosts that run DCGM but no exporter.
 
-``dcgmi dmon -e <ids> -d <ms>`` prints two header lines (``#Entity`` + short names, ``ID`` +
-units), repeated every 14 rounds, then one row per entity per round (``GPU 0``, ``GPU-I 1``,
-``GPU 0 LINK 3``...). Column widths differ between DCGM versions, so rows are split on
-whitespace and matched to the latest header; ``N/A`` is "no value". Short names map to fields
+``dcgmi dmon -e <ids> -d <ms>`` prints two header lines (``#Entity`` or ``# Entity`` + short
+names, ``ID`` or ``Id`` + units), repeated every 14 rounds, then one row per entity per round
+(``GPU 0``, ``GPU-I 9``, ``GPU-CI 9``, ``GPU 0 LINK 3``, ``Switch 0``...). Column widths differ
+between DCGM versions, so rows are split on whitespace and matched to the latest header (or,
+when a cell is empty, cut at the header's column offsets); ``N/A`` is "no value". Short names map to fields
 through ``FIELDS.by_dmon``. One unsupported field makes the whole command exit 250, so each
 field is probed alone first (``dcgmi dmon -e ID -c 1``) and only the supported ones are streamed.
 
@@ -19,7 +20,8 @@ import socket
 import subprocess
 import threading
 import time
-from dataclasses import dataclass
+import re
+from dataclasses import dataclass, field
 from typing import Iterable, Iterator
 
 from pipeline.catalog import FIELDS, Field
@@ -40,64 +42,133 @@ class DmonStats:
     records: int = 0
     na: int = 0
     blank: int = 0
-    skipped_rows: int = 0       # rows that match no header, or entities we do not map (GPU-I...)
+    skipped_rows: int = 0       # rows before any header, or whose cells fit neither the header's count nor its positions
     unknown_columns: int = 0
     restarts: int = 0
+    skipped_entities: dict[str, int] = field(default_factory=dict)   # entity type -> rows (Switch, CPU...)
+
+    def counts(self) -> dict[str, int]:
+        """What the exit summary and /metrics show: rows read, records made, drops by reason."""
+        out = {"rows": self.rows, "records": self.records, "dropped.na_value": self.na,
+               "dropped.blank_sentinel": self.blank, "dropped.unparsable_row": self.skipped_rows,
+               "dropped.unknown_column": self.unknown_columns, "restarts": self.restarts}
+        for ent, n in sorted(self.skipped_entities.items()):
+            out[f"dropped.skipped_entity.{ent}"] = n
+        return out
 
 
-def _entity(tokens: list[str]) -> tuple[int, int | None, int] | None:
-    """(gpu, link, tokens used) for ``GPU 0`` / ``GPU 0 LINK 3``; None for other entities."""
-    if len(tokens) >= 2 and tokens[0] == "GPU" and tokens[1].isdigit():
-        if len(tokens) >= 4 and tokens[2] == "LINK" and tokens[3].isdigit():
-            return int(tokens[1]), int(tokens[3]), 4
-        return int(tokens[1]), None, 2
-    return None
+# Entity cells as DeviceMonitor.cpp prints them: "GPU 0", "GPU 0 LINK 3", "SW 1 LINK 3", "GPU-I 9",
+# "GPU-CI 9", "Switch 0", "CPU 0", "CPU Core 5", "vGPU 1", "CX 0". Longest names first.
+_ENTITY = re.compile(r"^\s*(GPU-CI|GPU-I|GPU|SW|Switch|NvSwitch|CPU Core|CPU|vGPU|CX)\s+(\d+)(?:\s+LINK\s+(\d+))?(?=\s|$)")
+
+
+def _entity(line: str) -> tuple[str, int, int | None, int] | None:
+    """(entity type, id, link, end offset of the entity cell) of a dmon row, or None."""
+    m = _ENTITY.match(line)
+    if m is None:
+        return None
+    return m.group(1), int(m.group(2)), int(m.group(3)) if m.group(3) else None, m.end()
+
+
+def _is_header(tokens: list[str]) -> int:
+    """Number of tokens the entity heading takes: ``#Entity`` (DCGM 2.x+ source) is one,
+    ``# Entity`` (the DCGM User Guide's examples) two; 0 when this is no header."""
+    if tokens and tokens[0].lower() == "#entity":
+        return 1
+    if len(tokens) >= 2 and tokens[0] == "#" and tokens[1].lower() == "entity":
+        return 2
+    return 0
 
 
 class DmonParser:
-    """Feeds on ``dcgmi dmon`` lines; a round's rows share one timestamp (taken when it starts)."""
+    """Feeds on ``dcgmi dmon`` lines; a round's rows share one timestamp (taken when it starts).
+
+    Values are split on whitespace when a row has one per column; a row with fewer (dmon prints
+    an empty cell for a field the entity has no value of, e.g. GPU fields on a LINK row) is cut
+    at the header's column offsets, since DeviceMonitor.cpp left-aligns each value under its
+    column name.
+    """
 
     def __init__(self, host: str, clock=time.time) -> None:
         self.host = host
         self.clock = clock
         self.columns: list[Field | None] | None = None
+        self.offsets: list[int] = []
         self.stats = DmonStats()
-        self._round: set[tuple[int, int | None]] = set()
+        self._round: set[tuple[str, int, int | None]] = set()
         self._round_ts = 0.0
 
+    def _header(self, line: str, skip: int) -> None:
+        spans = [(m.start(), m.group(0)) for m in re.finditer(r"\S+", line)][skip:]
+        names = [t for _, t in spans]
+        cols = [FIELDS.by_dmon(t) for t in names]
+        unknown = [t for t, c in zip(names, cols) if c is None]
+        if unknown and self.columns is None:
+            log.warning("dcgmi dmon columns not in the catalog (ignored): %s", ", ".join(unknown))
+        self.stats.unknown_columns += len(unknown)
+        self.columns = cols
+        self.offsets = [o for o, _ in spans]
+
+    def _values(self, line: str, end: int) -> list[str] | None:
+        assert self.columns is not None
+        vals = line[end:].split()
+        n = len(self.columns)
+        if len(vals) == n:
+            return vals
+        if len(vals) > n or not self.offsets:
+            return None
+        cells = []
+        for i, off in enumerate(self.offsets):
+            nxt = self.offsets[i + 1] if i + 1 < n else len(line)
+            cell = line[max(off, end):nxt].split() if nxt > end else []
+            if len(cell) > 1:
+                return None
+            cells.append(cell[0] if cell else "")
+        # Every value must start under a column: otherwise the row does not fit this header.
+        return cells if sum(1 for c in cells if c) == len(vals) else None
+
     def feed(self, line: str) -> DcgmRecord | None:
+        line = line.rstrip("\r\n")
         tokens = line.split()
         if not tokens:
             return None
-        if tokens[0] == "#Entity":
-            cols = [FIELDS.by_dmon(t) for t in tokens[1:]]
-            unknown = [t for t, c in zip(tokens[1:], cols) if c is None]
-            if unknown and self.columns is None:
-                log.warning("dcgmi dmon columns not in the catalog (ignored): %s", ", ".join(unknown))
-            self.stats.unknown_columns += len(unknown)
-            self.columns = cols
+        skip = _is_header(tokens)
+        if skip:
+            self._header(line, skip)
             return None
-        if tokens[0] in ("ID", "#") or tokens[0].startswith("#"):
-            return None
+        if tokens[0] in ("ID", "Id", "id") or tokens[0].startswith("#"):
+            return None     # the units row ("ID" since DCGM 2.x, "Id" in the User Guide), comments
         self.stats.rows += 1
-        ent = _entity(tokens)
+        ent = _entity(line)
         if ent is None or self.columns is None:
             self.stats.skipped_rows += 1
             return None
-        gpu, link, used = ent
-        vals = tokens[used:]
-        if len(vals) != len(self.columns):
-            self.stats.skipped_rows += 1
-            log.debug("dmon row with %d values for %d columns: %r", len(vals), len(self.columns), line)
+        etype, eid, link, end = ent
+        if etype != "GPU":
+            # Switch, CPU, vGPU, CX rows and NVSwitch links are not GPU telemetry; GPU-I/GPU-CI
+            # rows are MIG instances (docs/architecture.md, MIG).
+            key = f"{etype} LINK" if link is not None else etype
+            self.stats.skipped_entities[key] = self.stats.skipped_entities.get(key, 0) + 1
             return None
-        key = (gpu, link)
+        vals = self._values(line, end)
+        if vals is None:
+            self.stats.skipped_rows += 1
+            log.debug("dmon row that fits no header (%d columns): %r", len(self.columns), line)
+            return None
+        key = (etype, eid, link)
         if key in self._round or not self._round:
             self._round = set()
             self._round_ts = self.clock()
         self._round.add(key)
+        named = self._named(vals)
+        self.stats.records += 1
+        return DcgmRecord(ts=self._round_ts, host=self.host, gpu=eid, link=link, fields=DcgmFields(**named))
+
+    def _named(self, vals: list[str]) -> dict[str, float]:
+        assert self.columns is not None
         named: dict[str, float] = {}
         for f, v in zip(self.columns, vals):
-            if f is None:
+            if f is None or v == "":
                 continue
             if v == "N/A":
                 self.stats.na += 1
@@ -111,14 +182,52 @@ class DmonParser:
                 self.stats.blank += 1
                 continue
             named[f.names[0]] = x
-        self.stats.records += 1
-        return DcgmRecord(ts=self._round_ts, host=self.host, gpu=gpu, link=link, fields=DcgmFields(**named))
+        return named
 
     def parse(self, lines: Iterable[str]) -> Iterator[DcgmRecord]:
         for line in lines:
             rec = self.feed(line)
             if rec is not None:
                 yield rec
+
+
+class DmonFileSource:
+    """A saved ``dcgmi dmon`` log (``--file``), read in one poll. dmon prints no timestamps: round
+    k is stamped ``mtime - (rounds - 1 - k) * interval_s``, so the last round is when the file was
+    last written and rounds are ``interval_s`` apart (give the ``-d`` it was taken with)."""
+
+    def __init__(self, path: str, *, interval_s: float = 1.0, host: str | None = None) -> None:
+        self.path = path
+        self.interval_s = interval_s
+        self.parser = DmonParser(host or socket.gethostname())
+        self.done = False
+
+    @property
+    def stats(self) -> DmonStats:
+        return self.parser.stats
+
+    def poll(self) -> list[DcgmRecord]:
+        import os
+
+        self.done = True
+        rounds = iter(range(1 << 62))
+        self.parser.clock = lambda: float(next(rounds))
+        with open(self.path, encoding="utf-8", errors="replace") as fh:
+            recs = list(self.parser.parse(fh))
+        if not recs:
+            log.warning("%s: no dcgmi dmon GPU rows (%d rows read)", self.path, self.parser.stats.rows)
+            return []
+        last = max(r.ts for r in recs)
+        end = os.stat(self.path).st_mtime
+        for r in recs:
+            r.ts = end - (last - r.ts) * self.interval_s
+        return recs
+
+    def summary(self) -> dict[str, int]:
+        return self.parser.stats.counts()
+
+    def close(self) -> None:
+        pass
 
 
 def supported_fields(ids: Iterable[int], dcgmi: str = "dcgmi", timeout_s: float = 20.0) -> list[int]:
@@ -194,6 +303,9 @@ class DmonSource:
                 delay = self._backoff
             self._stop.wait(delay)
             delay = min(delay * 2, 30.0)
+
+    def summary(self) -> dict[str, int]:
+        return self.parser.stats.counts()
 
     def poll(self) -> list[DcgmRecord]:
         out = []
