@@ -91,7 +91,8 @@ class Lifecycle:
                 if firing and t - last_true >= self.keep_s:
                     firing = False
                     out.append(Transition("resolved", e, t, started, rows[k]))
-        self._store(e, since, last_true, firing, started)
+        if e >= 0:   # no row visited (active entities without a sample in this step): nothing to store
+            self._store(e, since, last_true, firing, started)
         return out
 
     def _store(self, e: int, since: float, last_true: float, firing: bool, started: float) -> None:

@@ -111,6 +111,24 @@ def test_counter_reset_is_not_an_increase_but_real_replays_are():
     assert fired == [10.0, 100.0]  # keep_firing_for 60 s merges 10/20/30; the reset at 40 is silent
 
 
+@pytest.mark.parametrize("every", [5, 10, 30])
+def test_slow_sampling_fires_each_alert_once(every):
+    # Hosts sampling every `every` s, out of step with each other: most ticks hold rows of one
+    # host only. The throttled GPU is the last registered one of 16 (the state arrays' last
+    # slot); its alert fires once, held for `for:` (10 s), and resolves once.
+    def rec(t, h, g):
+        if (t + (0 if h == "n0" else 3)) % every:
+            return None
+        return THROTTLED if (h, g) == ("n1", 7) and 60 <= t < 300 else {}
+    alerts, dead = run(fleet(range(420), gpus=8, overrides=rec), batch=37)
+    assert dead == []
+    thermal = [(a.state, a.ts - T0, a.started_at - T0) for a in alerts if a.fault == "thermal_throttling"]
+    first = next(t for t in range(60, 300) if (t + 3) % every == 0)
+    assert [s for s, *_ in thermal] == ["firing", "resolved"] and thermal[0][2] == first
+    assert thermal[0][1] == next(t for t in range(first + 10, 300) if (t + 3) % every == 0)
+    assert {a.fault for a in alerts} == {"thermal_throttling"}
+
+
 def test_gpu_lost_while_host_reports_and_recovers():
     gone = lambda t, h, g: None if (h, g) == ("n1", 1) and 50 <= t < 150 else {}  # noqa: E731
     alerts, _ = run(fleet(range(240), overrides=gone))

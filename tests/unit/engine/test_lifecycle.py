@@ -74,3 +74,21 @@ def test_a_quiet_fleet_visits_nothing():
     ent = np.arange(1000, dtype=np.int32)
     assert lc.step(np.full(1000, T0), ent, np.zeros(1000, dtype=bool), 1000) == []
     assert not (~np.isnan(lc.since) | lc.firing).any()   # nothing pending, nothing firing
+
+
+def test_a_step_without_rows_of_the_active_entities_leaves_their_state_alone():
+    # Sampling slower than the tick: an entity with an active alert has no row in most steps.
+    # Such a step must not touch any entity's state (it once wrote the defaults into the last
+    # slot of the arrays -- the last-registered entity when the arrays are full -- so that
+    # entity's alert re-fired under a new id and its `for:` never held).
+    n = 16   # arrays grow by doubling from 16: entity 15 is in the last slot
+    lc = Lifecycle(0.0, 0.0)
+    assert [t.state for t in lc.step(np.array([T0]), np.array([15], np.int32), np.array([True]), n)] == ["firing"]
+    assert lc.step(np.array([T0 + 1]), np.array([0], np.int32), np.array([False]), n) == []
+    assert bool(lc.firing[15]) and lc.started[15] == T0
+    assert lc.step(np.array([T0 + 10]), np.array([15], np.int32), np.array([True]), n) == []   # the same alert
+    held = Lifecycle(5.0, 0.0)
+    held.step(np.array([T0]), np.array([15], np.int32), np.array([True]), n)
+    held.step(np.array([T0 + 3]), np.array([0], np.int32), np.array([False]), n)
+    got = held.step(np.array([T0 + 10]), np.array([15], np.int32), np.array([True]), n)
+    assert [(t.state, t.started_at) for t in got] == [("firing", T0)]   # for: 5 s held from T0
