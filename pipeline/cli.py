@@ -8,9 +8,13 @@ import logging
 import signal
 import sys
 import time
+import traceback
 from pathlib import Path
 
-from pipeline.errors import GpuwardenError
+from pipeline import progress
+from pipeline.errors import (EXIT_INPUT, EXIT_INTERNAL, EXIT_INTERRUPTED, EXIT_UNAVAILABLE, EXIT_USAGE, GpuwardenError,
+                             InputError, UsageError)
+from pipeline.resources import rules_dir, version
 
 
 def _cmd_sim(args: argparse.Namespace) -> int:
@@ -21,9 +25,9 @@ def _cmd_sim(args: argparse.Namespace) -> int:
     from pipeline.schema import encode
 
     if bool(args.out) == bool(args.kafka):
-        raise SystemExit("gpuwarden sim: give exactly one of --out FILE or --kafka BOOTSTRAP")
+        raise UsageError("give exactly one of --out FILE or --kafka BOOTSTRAP")
     sim = Simulator(hosts=args.hosts, duration=args.duration, interval=args.interval, seed=args.seed,
-                    scenario=args.scenario)
+                    scenario=_scenario(args.scenario))
     producer = sink = None
     topic = Topics(args.prefix).telemetry
     if args.kafka:
@@ -65,22 +69,40 @@ def _cmd_sim(args: argparse.Namespace) -> int:
     return 0
 
 
+def _scenario(name: str) -> str:
+    """``name`` when it is a built-in scenario or a readable scenario file; else a usage error."""
+    from producers.sim.scenarios import load_scenario
+
+    try:
+        load_scenario(name)
+    except ValueError as e:
+        raise UsageError(f"--scenario: {e}") from None
+    return name
+
+
+def _existing(paths: list[str], option: str) -> list[str]:
+    """``paths`` when each is ``-`` (stdin) or a file; else an input error naming the first that is not."""
+    for p in paths:
+        if p != "-" and not Path(p).is_file():
+            raise InputError(f"{option}{p}: " + ("not a file" if Path(p).exists() else "no such file"))
+    return paths
+
+
 def _cmd_demo(args: argparse.Namespace) -> int:
     from pipeline.demo import run_demo
 
-    return run_demo(hosts=args.hosts, duration=args.duration, seed=args.seed, scenario=args.scenario, rules=args.rules,
-                    models=args.models)
+    return run_demo(hosts=args.hosts, duration=args.duration, seed=args.seed, scenario=_scenario(args.scenario),
+                    rules=args.rules, models=args.models)
 
 
 def _cmd_replay(args: argparse.Namespace) -> int:
     from rich.console import Console
-    from rich.progress import Progress
-
-    from pipeline.replay import replay
 
     from pipeline.detection import build_engine
+    from pipeline.replay import replay
 
     console = Console(stderr=True)
+    _existing(args.files, "")
     if args.to_kafka:
         from pipeline.bus import Topics
         from pipeline.bus.kafka import ensure_topics
@@ -93,22 +115,27 @@ def _cmd_replay(args: argparse.Namespace) -> int:
         console.print(f"published {n} messages to {Topics(args.prefix).telemetry} on {args.to_kafka} "
                       f"in {time.monotonic() - t0:.1f}s")
         return 0
-    engine, diags = build_engine([args.rules], args.models)
+    rules = args.rules or str(rules_dir())
+    engine, diags = build_engine([rules], args.models)
     for d in diags:
         console.print(str(d), highlight=False, markup=False)
     if engine is None:
-        console.print(f"rules in {args.rules} do not load; nothing replayed")
-        return 1
-    show = console.is_terminal and not args.quiet
-    with Progress(console=console, disable=not show, transient=True) as progress:
-        task = progress.add_task("replaying", total=None)
+        raise InputError(f"rules in {rules} do not load; nothing replayed")
+    with progress.bar("replaying") as advance:
         res = replay(args.files, engine=engine, alerts_out=args.alerts_out, dlq_out=args.dlq_out,
-                     batch_size=args.batch, on_batch=lambda n, out: progress.advance(task, n))
+                     batch_size=args.batch, on_batch=lambda n, out: advance(n))
     t = res.totals
     console.print(f"replayed {t.records:,} records in {res.seconds:.2f}s ({res.records_per_s:,.0f} records/s)")
     console.print("alerts by family: " + (", ".join(f"{k}: {v}" for k, v in sorted(t.alerts.items())) or "none"))
     console.print("dead letters by reason: " + (", ".join(f"{k}: {v}" for k, v in sorted(t.dead.items())) or "none"))
     return 0
+
+
+def _existing_paths(paths: list[str]) -> list[str]:
+    for p in paths:
+        if not Path(p).exists():
+            raise InputError(f"{p}: no such file or directory")
+    return paths
 
 
 def _cmd_rules_check(args: argparse.Namespace) -> int:
@@ -117,7 +144,7 @@ def _cmd_rules_check(args: argparse.Namespace) -> int:
     from pipeline.rules.loader import load_rules, rule_files
     from pipeline.rules.testing import tested_rules
 
-    ruleset, diags = load_rules(args.paths)
+    ruleset, diags = load_rules(_existing_paths(args.paths))
     if ruleset is not None:
         # Sigma's rule: no stable rule without a test.
         tests = [Path(p) / "tests" for p in args.paths if (Path(p) / "tests").is_dir()]
@@ -144,7 +171,8 @@ def _cmd_rules_check(args: argparse.Namespace) -> int:
 def _cmd_rules_test(args: argparse.Namespace) -> int:
     from pipeline.rules.testing import run_tests
 
-    results = run_tests(args.paths)
+    with progress.status("rule tests") as update:
+        results = run_tests(_existing_paths(args.paths), on_test=lambda i, n: update(f"rule tests: {i + 1}/{n}"))
     failed = [r for r in results if not r.ok]
     for r in results:
         mark = "ok  " if r.ok else "FAIL"
@@ -198,9 +226,9 @@ def _cmd_eval(args: argparse.Namespace) -> int:
 
     console = Console(width=None if sys.stdout.isatty() else 160)
     err = Console(stderr=True)
-    with err.status("evaluating") as status:
-        scores = evaluate(args.scenario, seeds=args.seeds, hosts=args.hosts, duration=args.duration,
-                          progress=lambda s: status.update(f"evaluating {args.scenario}: {s}"))
+    with progress.status("evaluating") as update:
+        scores = evaluate(_scenario(args.scenario), seeds=args.seeds, hosts=args.hosts, duration=args.duration,
+                          progress=lambda s: update(f"evaluating {args.scenario}: {s}"))
     job = Job(gpus=args.job_gpus, checkpoint_interval_s=args.checkpoint_interval, restart_cost_s=args.restart_cost,
               watchdog_timeout_s=args.watchdog_timeout)
     title = f"{args.scenario}: {args.seeds} seed(s) x {args.hosts * 8} GPUs x {args.duration:.0f} s"
@@ -224,18 +252,17 @@ def _cmd_eval(args: argparse.Namespace) -> int:
 
 
 def _cmd_report(args: argparse.Namespace) -> int:
-    from pipeline.errors import ConfigError
     from pipeline.report import incident_page, write_page
 
-    for opt, paths in (("--telemetry", args.telemetry), ("--alerts", args.alerts)):
-        for p in paths:
-            if p != "-" and not Path(p).is_file():
-                raise ConfigError(opt, f"no such file: {p}")
+    _existing(args.telemetry, "--telemetry ")
+    _existing(args.alerts, "--alerts ")
     if args.window <= 0 or args.max_alerts < 0:
-        raise ConfigError("--window" if args.window <= 0 else "--max-alerts", "must be positive")
+        raise UsageError("--window must be positive" if args.window <= 0 else "--max-alerts must not be negative")
     t0 = time.monotonic()
-    html = incident_page(args.telemetry, args.alerts, rules=[args.rules], models=args.models, window=args.window,
-                         max_alerts=args.max_alerts, title=args.title)
+    with progress.status("report") as update:
+        html = incident_page(args.telemetry, args.alerts, rules=[args.rules or rules_dir()], models=args.models,
+                             window=args.window, max_alerts=args.max_alerts, title=args.title,
+                             progress=lambda s: update(f"report: {s}"))
     out = write_page(html, args.out)
     print(f"gpuwarden report: wrote {out} ({len(html) / 1e6:.1f} MB) in {time.monotonic() - t0:.1f}s",
           file=sys.stderr)
@@ -251,16 +278,42 @@ def _cmd_topics(args: argparse.Namespace) -> int:
     return 0
 
 
-def _default_rules() -> str:
-    """./rules when there is one, else the default packs of this checkout."""
-    if Path("rules").is_dir():
-        return "rules"
-    return str(Path(__file__).resolve().parent.parent / "rules")
+class _Parser(argparse.ArgumentParser):
+    """argparse, with a usage mistake told in one line (the usage is one ``--help`` away)."""
+
+    def error(self, message: str):  # type: ignore[override]
+        self.exit(EXIT_USAGE, f"{self.prog}: {message} (see {self.prog} --help)\n")
+
+
+def _global_options(p: argparse.ArgumentParser, top: bool) -> None:
+    # Under a subcommand the default is SUPPRESS, so an option not given there keeps the value
+    # given (or defaulted) before the subcommand: `gpuwarden -v replay` = `gpuwarden replay -v`.
+    kw = {} if top else {"default": argparse.SUPPRESS}
+    for flags, help_ in ((("-v", "--verbose"), "debug logging; a bug shows its traceback"),
+                         (("-q", "--quiet"), "no progress bars, even on a terminal")):
+        if not any(f in p._option_string_actions for f in flags):
+            p.add_argument(*flags, action="store_true", help=help_, **kw)
+
+
+def _everywhere(p: argparse.ArgumentParser, seen: set[int]) -> None:
+    """Global options on every subcommand, nested ones and those other modules register included."""
+    for action in p._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sp in action.choices.values():
+                if id(sp) not in seen:
+                    seen.add(id(sp))
+                    _global_options(sp, top=False)
+                    sp.set_defaults(_prog=sp.prog)
+                    _everywhere(sp, seen)
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="gpuwarden", description="GPU-fleet fault detection on streaming telemetry.")
-    p.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    p = _Parser(prog="gpuwarden", description="GPU-fleet fault detection on streaming telemetry.",
+                epilog="Exit status: 0 ok, 1 findings (rule errors, failed tests or actions), 2 usage, "
+                       "3 unreadable or invalid input or config, 4 broker or service unavailable, "
+                       "70 internal error (see -v), 130 interrupted.")
+    p.add_argument("--version", action="version", version=f"gpuwarden {version()}")
+    _global_options(p, top=True)
     sub = p.add_subparsers(dest="command", required=True)
 
     s = sub.add_parser("sim", help="simulate a GPU fleet (with labelled fault injection)")
@@ -286,17 +339,16 @@ def build_parser() -> argparse.ArgumentParser:
     d.set_defaults(func=_cmd_demo)
 
     r = sub.add_parser("replay", help="run recorded telemetry through the engine")
-    r.add_argument("files", nargs="+")
-    r.add_argument("--alerts-out", help="write alert events (JSONL)")
+    r.add_argument("files", nargs="+", help="JSONL (.gz) recordings; - reads standard input")
+    r.add_argument("--alerts-out", help="write alert events (JSONL); - writes standard output")
     r.add_argument("--dlq-out", help="write dead letters (JSONL)")
-    r.add_argument("--rules", default=_default_rules(), help="rule directory or file (default: %(default)s)")
+    r.add_argument("--rules", default=None, help="rule directory or file (default: the shipped packs)")
     r.add_argument("--models", default="auto",
                    help="models.yaml for the online models; 'auto': the one beside the rules; 'none': rules only")
     r.add_argument("--batch", type=int, default=2000, help="lines per engine batch")
     r.add_argument("--to-kafka", metavar="BOOTSTRAP", help="publish the recording to <prefix>.telemetry instead")
     r.add_argument("--speed", default="max", help="with --to-kafka: 'max' or a factor of event time (1 = real time)")
     r.add_argument("--prefix", default="gpuwarden", help="topic prefix for --to-kafka")
-    r.add_argument("-q", "--quiet", action="store_true")
     r.set_defaults(func=_cmd_replay)
 
     ru = sub.add_parser("rules", help="check and unit-test detection rules")
@@ -331,8 +383,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help="seconds of telemetry shown before an alert's onset and after it fired (default: %(default)s)")
     rp.add_argument("--max-alerts", type=int, default=50,
                     help="alerts given a section with plots, most severe then earliest first (default: %(default)s)")
-    rp.add_argument("--rules", default=_default_rules(),
-                    help="the rules the alerts came from: which fields each reads (default: %(default)s)")
+    rp.add_argument("--rules", default=None,
+                    help="the rules the alerts came from: which fields each reads (default: the shipped packs)")
     rp.add_argument("--models", default="auto", help="models.yaml; 'auto': the one beside the rules; 'none'")
     rp.add_argument("--title", default="Incident report")
     rp.set_defaults(func=_cmd_report)
@@ -367,18 +419,54 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _fail(args: argparse.Namespace, message: str) -> None:
+    print(f"{getattr(args, '_prog', 'gpuwarden')}: {message}", file=sys.stderr)
+    if args.verbose:
+        traceback.print_exc()
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    """Run one ``gpuwarden`` command; return its exit status (listed in the README).
+
+    A mistake of the user's (an option, a missing file, a bad config, a broker that does not
+    answer) is one line on stderr and its own status; anything else is a bug: one line and 70,
+    the traceback with ``-v``.
+    """
+    parser = build_parser()
+    _everywhere(parser, set())
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as e:   # --help, --version, a usage mistake (told by _Parser.error)
+        return e.code if isinstance(e.code, int) else EXIT_USAGE
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.WARNING,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    progress.set_quiet(args.quiet)
     signal.signal(signal.SIGPIPE, signal.SIG_DFL)
     try:
         return int(args.func(args) or 0)
     except GpuwardenError as e:
-        print(f"gpuwarden {args.command}: {e}", file=sys.stderr)
-        return 2
+        _fail(args, str(e))
+        return e.exit_code
     except KeyboardInterrupt:
-        return 130
+        return EXIT_INTERRUPTED
+    except SystemExit as e:
+        if isinstance(e.code, str):   # raise SystemExit("...") of a subcommand: a usage mistake
+            _fail(args, e.code.removeprefix(f"{getattr(args, '_prog', '')}: "))
+            return EXIT_USAGE
+        raise
+    except OSError as e:
+        if e.filename is None:
+            _fail(args, f"internal error: {e!r} (run with -v for the traceback)")
+            return EXIT_INTERNAL
+        _fail(args, f"{e.filename}: {e.strerror or e}")
+        return EXIT_INPUT
+    except Exception as e:  # noqa: BLE001 - the last resort: a bug, told in one line (-v: traceback)
+        if type(e).__module__.startswith("kafka."):
+            _fail(args, f"Kafka: {e}")
+            return EXIT_UNAVAILABLE
+        _fail(args, f"internal error: {type(e).__name__}: {e}" + ("" if args.verbose else
+                                                                    " (run with -v for the traceback)"))
+        return EXIT_INTERNAL
 
 
 if __name__ == "__main__":

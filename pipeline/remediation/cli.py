@@ -75,6 +75,7 @@ def _cmd_breaker(args: argparse.Namespace) -> int:
 def _cmd_act(args: argparse.Namespace) -> int:
     import msgspec
 
+    from pipeline.errors import InputError
     from pipeline.remediation.audit import AuditLog
     from pipeline.remediation.guardrails import StateStore
     from pipeline.remediation.remediator import Remediator
@@ -84,8 +85,7 @@ def _cmd_act(args: argparse.Namespace) -> int:
     try:
         alert = msgspec.json.decode(Path(args.alert).read_bytes(), type=AlertEvent)
     except (OSError, msgspec.DecodeError, msgspec.ValidationError) as e:
-        print(f"gpuwarden remediate act: {args.alert}: not an alert event: {e}", file=sys.stderr)
-        return 2
+        raise InputError(f"{args.alert}: not an alert event: {e}") from None
     store = StateStore(cfg.state_file)
     audit = AuditLog(file=cfg.audit_file)
     rem = Remediator(cfg, store, audit)

@@ -19,7 +19,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from pipeline.errors import ConfigError
+from pipeline.errors import ConfigError, UsageError
 from pipeline.remediation.config import RouteSpec, parse_duration
 from pipeline.schema import AlertEvent
 
@@ -168,18 +168,18 @@ def alert_from_args(pairs: list[str]) -> AlertEvent:
     for p in pairs:
         k, sep, v = p.partition("=")
         if not sep or not k:
-            raise ConfigError(p, "expected name=value")
+            raise UsageError(f"{p}: expected name=value")
         if k in ("fault", "severity", "rule", "host", "job", "state", "id"):
             kw[k] = v
         elif k in ("gpu", "link"):
             try:
                 kw[k] = int(v)
             except ValueError:
-                raise ConfigError(k, f"expected an integer, got {v!r}") from None
+                raise UsageError(f"{k}: expected an integer, got {v!r}") from None
         elif k == "family":
-            raise ConfigError(k, "family comes from the fault name (fault=hbm_... has family hbm); give fault=")
+            raise UsageError("family: comes from the fault name (fault=hbm_... has family hbm); give fault=")
         else:
             labels[k] = v
     if not kw["fault"]:
-        raise ConfigError("fault", "give fault=<name>, e.g. fault=hbm_ecc_burst")
+        raise UsageError("fault: give fault=<name>, e.g. fault=hbm_ecc_burst")
     return AlertEvent(labels=labels, **kw)

@@ -13,7 +13,7 @@ import os
 from dataclasses import dataclass
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 import jinja2
 
@@ -119,13 +119,16 @@ class Section:
 def incident_page(telemetry: Sequence[str | Path], alerts: Sequence[str | Path], *,
                   rules: Sequence[str | Path] = ("rules",), models: str | None = "auto",
                   window: float = 300.0, max_alerts: int = 50, title: str = "Incident report",
-                  checks: CheckCatalog | None = None) -> str:
+                  checks: CheckCatalog | None = None, progress: Callable[[str], None] | None = None) -> str:
     """One self-contained HTML page about the alerts in ``alerts`` and the telemetry around them.
 
     ``rules``/``models`` are the checks the alerts came from (as ``replay`` takes them): they say
     which fields each alert's detector reads. ``window``: seconds of telemetry shown either side
     of an alert. ``max_alerts``: alerts given a section of their own (the rest are listed only).
+    ``progress(text)``: told what it is doing (the CLI's spinner).
     """
+    step = progress or (lambda _: None)
+    step("reading alerts")
     log = load_alerts(alerts)
     incidents = log.incidents
     shown = most_important(incidents, max_alerts)
@@ -137,6 +140,7 @@ def incident_page(telemetry: Sequence[str | Path], alerts: Sequence[str | Path],
     nccl_fields = {s.name for _, sigs, _ in plans for s in sigs if s.source == NCCL}
     hosts = {inc.event.host for inc in shown if inc.event.host}
     nccl_hosts = {inc.event.host for inc, sigs, _ in plans if inc.event.host and any(s.source == NCCL for s in sigs)}
+    step("reading telemetry")
     tel = load_telemetry(telemetry, hosts=hosts, fields=sorted(dcgm_fields), nccl_fields=sorted(nccl_fields),
                          nccl_hosts=nccl_hosts)
 
@@ -161,7 +165,8 @@ def incident_page(telemetry: Sequence[str | Path], alerts: Sequence[str | Path],
         notes.append(f"{log.orphan_resolutions} alert(s) resolved without their firing event in the file: not shown.")
 
     sections = []
-    for inc, sigs, info in plans:
+    for n, (inc, sigs, info) in enumerate(plans, 1):
+        step(f"plotting alert {n}/{len(plans)}")
         kind = info.kind if info else ("model" if inc.is_model else "builtin" if inc.event.rule.startswith("builtin_")
                                        else "rule")
         uri = alert_figure(inc, sigs, tel, window) if tel.records else None

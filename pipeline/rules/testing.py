@@ -29,7 +29,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import yaml
 
@@ -165,9 +165,10 @@ def test_files(paths: list[str | Path]) -> list[Path]:
     return out
 
 
-def run_tests(paths: list[str | Path]) -> list[TestResult]:
-    """Run every test in the given test files/directories."""
+def run_tests(paths: list[str | Path], on_test: Callable[[int, int], None] | None = None) -> list[TestResult]:
+    """Run every test in the given test files/directories; ``on_test(i, n)`` before test ``i`` of ``n``."""
     results = []
+    todo = []
     for path in test_files(paths):
         try:
             doc = _load(path)
@@ -175,8 +176,11 @@ def run_tests(paths: list[str | Path]) -> list[TestResult]:
             results.append(TestResult(str(path), "(file)", [f"cannot read: {e}"]))
             continue
         rules_dir = path.parent.parent if path.parent.name == "tests" else path.parent
-        for test in doc.get("tests") or []:
-            results.append(run_test(test, path, rules_dir))
+        todo += [(test, path, rules_dir) for test in doc.get("tests") or []]
+    for i, (test, path, rules_dir) in enumerate(todo):
+        if on_test:
+            on_test(i, len(todo))
+        results.append(run_test(test, path, rules_dir))
     return results
 
 

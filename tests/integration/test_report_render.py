@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from pipeline.cli import _default_rules
+from pipeline.resources import rules_dir
 from pipeline.detection import build_engine
 from pipeline.replay import replay
 from pipeline.report import incident_page, load_alerts, write_page
@@ -68,12 +68,12 @@ def incident(tmp_path_factory):
         for batch in sim.batches():
             if batch:
                 fh.write(encode(batch) + b"\n")       # one line per tick: an array of records
-    engine, diags = build_engine([_default_rules()])
+    engine, diags = build_engine([rules_dir()])
     assert engine is not None, [str(x) for x in diags]
     replay([tel], engine=engine, alerts_out=str(alerts))
     log = load_alerts([alerts])
     assert any(i.event.family == "thermal" for i in log.incidents), "the simulated fault raised no thermal alert"
-    page = write_page(incident_page([tel], [alerts], rules=[_default_rules()], title="Thermal incident"),
+    page = write_page(incident_page([tel], [alerts], rules=[rules_dir()], title="Thermal incident"),
                       d / "report.html")
     return d, page, log
 

@@ -2,7 +2,6 @@ import json
 import subprocess
 import sys
 
-import pytest
 
 from pipeline.cli import main
 from pipeline.decode import Decoder
@@ -36,9 +35,9 @@ def test_other_seed_other_output(tmp_path):
     assert (tmp_path / "1.jsonl").read_bytes() != (tmp_path / "2.jsonl").read_bytes()
 
 
-def test_sim_needs_exactly_one_destination(tmp_path):
-    with pytest.raises(SystemExit):
-        main(["sim", "--hosts", "1", "--duration", "5"])
+def test_sim_needs_exactly_one_destination(tmp_path, capsys):
+    assert main(["sim", "--hosts", "1", "--duration", "5"]) == 2
+    assert "exactly one of --out FILE or --kafka" in capsys.readouterr().err
 
 
 def test_replay_writes_alerts_and_dead_letters(tmp_path, capsys):

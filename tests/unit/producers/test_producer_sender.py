@@ -141,10 +141,10 @@ def test_kafka_sink_splits_a_hosts_backlog_into_bounded_messages():
     assert [k for _, k, _ in sent] == [b"h", b"h", b"h", b"other"] and all(t == "gw.telemetry" for t, _, _ in sent)
 
 
-def test_cli_without_nvml_says_why(tmp_path):
+def test_cli_without_nvml_says_why(tmp_path, capsys):
     """No NVIDIA driver here: the nvml producer must say so in one line, not a traceback."""
     from pipeline.cli import main
-    import pytest
 
-    with pytest.raises(SystemExit, match="gpuwarden produce nvml: cannot start: .*NVML|gpuwarden produce nvml: cannot start"):
-        main(["produce", "nvml", "--out", str(tmp_path / "x.jsonl"), "--count", "1"])
+    assert main(["produce", "nvml", "--out", str(tmp_path / "x.jsonl"), "--count", "1"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("gpuwarden produce nvml: cannot start") and "Traceback" not in err

@@ -73,5 +73,5 @@ def test_act_cli_force_is_still_blocked_by_an_open_breaker(tmp_path, fakes, caps
     assert len((tmp_path / "audit.jsonl").read_text().splitlines()) == 3
     bad = tmp_path / "bad.json"
     bad.write_text("{not json")
-    assert main(["remediate", "act", "--config", str(cfg_path), "--alert", str(bad)]) == 2
+    assert main(["remediate", "act", "--config", str(cfg_path), "--alert", str(bad)]) == 3   # unreadable input
     assert load_config(cfg_path).state_file == tmp_path / "s.sqlite"

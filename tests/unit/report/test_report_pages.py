@@ -125,5 +125,5 @@ def test_cli_writes_the_report_and_refuses_missing_inputs(tmp_path, incident_fil
     assert main(["report", "--telemetry", str(tel), "--alerts", str(alerts), "--out", str(out),
                  "--window", "60", "--max-alerts", "1"]) == 0
     assert out.read_text().startswith("<!DOCTYPE html>") and "wrote" in capsys.readouterr().err
-    assert main(["report", "--telemetry", str(tmp_path / "nope"), "--alerts", str(alerts), "--out", str(out)]) == 2
+    assert main(["report", "--telemetry", str(tmp_path / "nope"), "--alerts", str(alerts), "--out", str(out)]) == 3
     assert "no such file" in capsys.readouterr().err

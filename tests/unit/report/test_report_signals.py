@@ -8,8 +8,8 @@ from tests.unit.report.conftest import alert
 
 @pytest.fixture(scope="module")
 def default_checks():
-    from pipeline.cli import _default_rules
-    return load_checks([_default_rules()])
+    from pipeline.resources import rules_dir
+    return load_checks([rules_dir()])
 
 
 def test_a_rule_plots_the_fields_its_condition_and_values_read(default_checks):
