@@ -10,7 +10,13 @@ STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml | sha1sum | cut -c1-12)
 PYTEST_ARGS ?=
 BENCH_ARGS  ?=
 
-.PHONY: venv browser demo test test-unit kafka-start kafka-stop bench clean
+# Debian packages the integration tests run: Prometheus and Alertmanager on loopback, kubectl
+# kustomize (kubernetes-client, only where no kubectl is installed) and systemd-analyze. Installed
+# the way `browser` installs Chromium; a missing one skips its tests locally and fails them in CI.
+SYSTOOLS := prometheus:prometheus prometheus-alertmanager:prometheus-alertmanager kubectl:kubernetes-client \
+            systemd-analyze:systemd
+
+.PHONY: venv browser systools demo test test-unit kafka-start kafka-stop bench clean
 
 $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "Python >= 3.11 is required")'
@@ -39,9 +45,23 @@ browser:
 		fi; \
 	}
 
+systools:
+	@missing=; for t in $(SYSTOOLS); do \
+		command -v "$${t%%:*}" >/dev/null 2>&1 || missing="$$missing $${t#*:}"; \
+	done; \
+	if [ -n "$$missing" ]; then \
+		if command -v apt-get >/dev/null 2>&1; then \
+			SUDO=; [ "$$(id -u)" -eq 0 ] || SUDO=sudo; \
+			$$SUDO apt-get update -qq && \
+			$$SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing; \
+		else \
+			echo "no apt-get here: install$$missing yourself for the deploy/monitoring tests" >&2; \
+		fi; \
+	fi
+
 # The broker is started unless KAFKA_BOOTSTRAP points at one already; it is stopped whatever
 # the tests did, and the tests' exit status is kept.
-test: venv browser
+test: venv browser systools
 	@if [ -n "$$KAFKA_BOOTSTRAP" ]; then \
 		$(BIN)/python -m pytest $(PYTEST_ARGS); \
 	else \

@@ -136,6 +136,18 @@ class K8sTaintAction(_Action, tag="k8s_taint", kw_only=True):
     timeout: Duration = "30s"
 
 
+class K8sDrainAction(_Action, tag="k8s_drain", kw_only=True):
+    # kubectl drain: cordon, then evict every pod through the Eviction API (PodDisruptionBudgets
+    # are honoured); DaemonSet pods stay, as do pods without a controller unless force.
+    kubectl: str = "kubectl"
+    kubectl_args: list[str] = []
+    drain_timeout: Duration = "5m"    # kubectl drain --timeout: how long evictions may take
+    grace_period: Duration | None = None  # pods' own terminationGracePeriodSeconds when absent
+    delete_emptydir_data: bool = True
+    force: bool = False
+    timeout: Duration = "6m"
+
+
 class K8sUncordonAction(_Action, tag="k8s_uncordon", kw_only=True):
     kubectl: str = "kubectl"
     kubectl_args: list[str] = []
@@ -160,7 +172,7 @@ class CheckpointAction(_Action, tag="checkpoint", kw_only=True):
 
 
 ActionSpec = Union[LogAction, WebhookAction, KafkaAction, CommandAction, SlurmDrainAction, SlurmResumeAction,
-                   K8sCordonAction, K8sTaintAction, K8sUncordonAction, GpuResetAction, CheckpointAction]
+                   K8sCordonAction, K8sTaintAction, K8sDrainAction, K8sUncordonAction, GpuResetAction, CheckpointAction]
 
 
 class Receiver(_Strict):
@@ -232,7 +244,7 @@ def _convert(data: Any, typ: Any, prefix: str) -> Any:
 
 
 _TYPES = {"log", "webhook", "kafka", "command", "slurm_drain", "slurm_resume", "k8s_cordon", "k8s_taint",
-          "k8s_uncordon", "gpu_reset", "checkpoint"}
+          "k8s_drain", "k8s_uncordon", "gpu_reset", "checkpoint"}
 
 
 def _check_durations(cfg: RemediationConfig, actions: dict[str, ActionSpec]) -> None:
@@ -249,7 +261,7 @@ def _check_durations(cfg: RemediationConfig, actions: dict[str, ActionSpec]) -> 
     if g.breaker.fleet_size is not None and g.breaker.fleet_size < 1:
         raise ConfigError("guardrails.breaker.fleet_size", "must be at least 1")
     for name, a in actions.items():
-        for f in ("timeout", "backoff", "max_backoff"):
+        for f in ("timeout", "backoff", "max_backoff", "drain_timeout"):
             if hasattr(a, f):
                 parse_duration(getattr(a, f), f"actions.{name}.{f}")
         if getattr(a, "retries", 0) < 0:

@@ -76,6 +76,18 @@ def _build(name: str, spec: C.ActionSpec, key: str) -> A.Action:
             query=[*k, "get", "node", "{host}", "-o", "jsonpath={.spec.unschedulable} {.spec.taints[*].key}"],
             query_match=rf"^\s*true\b|(?:^|\s){_re_escape(spec.key)}(?:\s|$)",
             query_reason="node already cordoned or tainted", type_name="k8s_taint")
+    if isinstance(spec, C.K8sDrainAction):
+        # No "already out" query: a node this chain cordoned or tainted a moment ago must still
+        # be drained, and draining a drained node only evicts what came back (idempotent).
+        argv = [spec.kubectl, *spec.kubectl_args, "drain", "{host}", "--ignore-daemonsets",
+                f"--timeout={t(spec.drain_timeout, 'drain_timeout'):g}s"]
+        if spec.delete_emptydir_data:
+            argv.append("--delete-emptydir-data")
+        if spec.grace_period is not None:
+            argv.append(f"--grace-period={t(spec.grace_period, 'grace_period'):g}")
+        if spec.force:
+            argv.append("--force")
+        return A.CommandAction(name, argv, timeout=t(spec.timeout), type_name="k8s_drain")
     if isinstance(spec, C.K8sUncordonAction):
         k = [spec.kubectl, *spec.kubectl_args]
         return A.CommandAction(name, [*k, "uncordon", "{host}"], timeout=t(spec.timeout), breaker=False, undo=True,

@@ -10,6 +10,8 @@ from __future__ import annotations
 import json
 import random
 
+import pytest
+
 from pipeline.cli import main
 from pipeline.remediation.guardrails import StateStore
 from tests.unit.remediation.conftest import alert, config
@@ -251,3 +253,25 @@ def test_old_counts_are_pruned_but_claims_are_kept(tmp_path, fakes, harness):
     assert db.execute("SELECT COUNT(*) FROM attempts").fetchone()[0] == 0
     assert db.execute("SELECT COUNT(*) FROM node_actions").fetchone()[0] == 0
     assert h.handle(alert("n1", id="old"))[0].reason.startswith("duplicate")
+
+
+def test_k8s_drain_cordons_and_evicts_after_a_taint_in_the_same_chain(tmp_path, fakes, harness):
+    # The taint leaves the node "tainted"; the drain must run anyway (no already-out query),
+    # and it counts once for the breaker, with the eviction options as argv.
+    h = harness(config(tmp_path, actions={"taint": {"type": "k8s_taint"},
+                                          "drain": {"type": "k8s_drain", "drain_timeout": "2m", "grace_period": 30,
+                                                    "kubectl_args": ["--context", "prod"]}},
+                       receivers=[{"name": "out", "actions": ["taint", "drain"]}], route={"receiver": "out"}))
+    assert [r.decision for r in h.handle(alert("k7"))] == ["acted", "acted"]
+    drains = [c for c in fakes.calls("kubectl") if "drain" in c]
+    assert drains == [["--context", "prod", "drain", "k7", "--ignore-daemonsets", "--timeout=120s",
+                       "--delete-emptydir-data", "--grace-period=30"]]
+    assert [r.decision for r in h.handle(alert("k7", id="again"))] == ["skipped", "skipped"]  # cooldown
+
+
+def test_k8s_drain_bad_durations_name_their_key(tmp_path):
+    from pipeline.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="actions.d.drain_timeout"):
+        config(tmp_path, actions={"d": {"type": "k8s_drain", "drain_timeout": "soon"}},
+               receivers=[{"name": "d", "actions": ["d"]}], route={"receiver": "d"})

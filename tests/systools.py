@@ -1,0 +1,71 @@
+"""System tools the integration tests run (Debian packages that `make systools` installs).
+
+A missing tool skips its test on a developer machine and fails it under CI=true, so CI cannot
+pass without running it (the same contract as Chromium for the report test).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import time
+import urllib.error
+import urllib.request
+
+import pytest
+
+
+def require_tool(*names: str, package: str) -> str:
+    """The path of the first of ``names`` on PATH; else skip (locally) or fail (CI)."""
+    for n in names:
+        path = shutil.which(n)
+        if path:
+            return path
+    msg = f"{names[0]} is not installed: `make systools` installs it (Debian package {package})"
+    if os.environ.get("CI", "").lower() not in ("", "0", "false"):
+        pytest.fail(msg)
+    pytest.skip(msg)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def http_get(url: str, timeout: float = 5.0) -> tuple[int, bytes]:
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as r:
+            return r.status, r.read()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read()
+    except OSError:
+        return 0, b""
+
+
+def wait_http(url: str, timeout: float, proc: subprocess.Popen | None = None, log=None) -> None:
+    """Until ``url`` answers 200 (or the process dies, or ``timeout`` passes: AssertionError)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            raise AssertionError(f"exited with {proc.returncode} before {url} answered"
+                                 + (f":\n{log.read_text()[-3000:]}" if log else ""))
+        if http_get(url, timeout=2)[0] == 200:
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"{url} did not answer within {timeout}s"
+                         + (f":\n{log.read_text()[-3000:]}" if log else ""))
+
+
+def stop(proc: subprocess.Popen, timeout: float = 15) -> int:
+    """SIGTERM, then SIGKILL when it does not go: a test never leaves a server behind."""
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(10)
+    return proc.returncode
