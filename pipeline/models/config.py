@@ -34,10 +34,11 @@ from pipeline.rules.durations import parse_duration
 from pipeline.schema import FAMILIES
 
 MODEL_KEYS = {"name", "detector", "fault", "severity", "cohort", "features", "params", "decider", "warmup", "for",
-              "keep_firing_for", "alert", "summary", "description", "labels"}
+              "keep_firing_for", "alert", "summary", "description", "labels", "explained_by"}
 DECIDER_KEYS = {"threshold": {"kind", "threshold", "clear"},
                 "quantile": {"kind", "q", "margin", "clear_ratio", "floor", "half_life"}}
 SEVERITIES = ("info", "warning", "critical")
+CAUSES = ("fleet_power_cap",)     # pipeline/models/context.py
 COHORTS = ("gpu_model", "fleet")
 
 
@@ -57,6 +58,7 @@ class ModelSpec:
     summary: str = ""
     description: str = ""
     labels: dict[str, str] = field(default_factory=dict)
+    explained_by: tuple[str, ...] = ()      # fleet-wide causes that explain this model's findings away
 
     def definition(self) -> tuple:
         return (self.detector, self.fault, self.cohort, repr(sorted(self.params.items())),
@@ -167,6 +169,12 @@ def spec_from_mapping(d: Any, key: str) -> ModelSpec:
     labels = d.get("labels") or {}
     if not isinstance(labels, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in labels.items()):
         raise ConfigError(f"{key}.labels", "expected a mapping of strings")
+    explained = d.get("explained_by") or []
+    if not isinstance(explained, list) or not all(isinstance(c, str) for c in explained):
+        raise ConfigError(f"{key}.explained_by", f"expected a list of causes, got {explained!r}")
+    for j, c in enumerate(explained):
+        if c not in CAUSES:
+            raise ConfigError(f"{key}.explained_by[{j}]", f"unknown cause {c!r} (known: {', '.join(CAUSES)})")
     for k in ("summary", "description"):
         if k in d and not isinstance(d[k], str):
             raise ConfigError(f"{key}.{k}", f"expected a string, got {d[k]!r}")
@@ -175,7 +183,7 @@ def spec_from_mapping(d: Any, key: str) -> ModelSpec:
                      warmup=warmup, for_s=_dur(d.get("for", 0), f"{key}.for"),
                      keep_firing_for_s=_dur(d.get("keep_firing_for", 60), f"{key}.keep_firing_for"),
                      alert=alert, summary=d.get("summary", ""), description=d.get("description", ""),
-                     labels=dict(labels))
+                     labels=dict(labels), explained_by=tuple(explained))
 
 
 def load_model_specs(path: str | Path) -> list[ModelSpec]:

@@ -30,10 +30,12 @@ from pipeline.engine.frame import NcclFrame
 from pipeline.engine.state import COUNTER_COLS, View
 from pipeline.errors import StateError
 from pipeline.models.config import ModelSpec, load_model_specs
+from pipeline.models.context import COLUMNS as CONTEXT_COLUMNS
+from pipeline.models.context import FleetContext, board_power
 from pipeline.models.deciders import make_decider
 from pipeline.models.registry import DCGM, REGISTRY, build
 
-STATE_VERSION = 2   # 2: arrays and river objects as msgpack extension types
+STATE_VERSION = 3   # 2: arrays and river objects as msgpack extension types; 3: the fleet context
 _MODEL = operator.attrgetter("model")
 NCCL_FRESH_S = 15.0        # NCCL findings hold this long on the DCGM rows (3 reporting intervals)
 
@@ -165,6 +167,13 @@ class ModelSet:
         self.cohort_of = np.full(0, -1, dtype=np.int32)    # per GPU: index into cohort_names
         self._nccl: list[NcclFrame] = []
         self.scores: dict[str, np.ndarray] = {}
+        # Fleet-wide causes (docs/models.md#explain-away) and how many findings each model had
+        # explained away by them (rows of ticks where a finding was suppressed).
+        self.context = FleetContext()
+        self.explained: dict[str, int] = {}
+        self._context_on = any(s.explained_by for s in self.specs)
+        if self._context_on:
+            self.columns |= CONTEXT_COLUMNS
 
     @property
     def names(self) -> set[str]:
@@ -213,6 +222,9 @@ class ModelSet:
             self.cohort_of = grow(self.cohort_of, n_gpus, -1)
         coh = self.cohort_of[ent]
         groups = self._cohort_groups(coh)
+        if self._context_on:
+            board = np.append(board_power(self.cohort_names), np.nan)[coh]   # cohort -1 -> NaN
+            self.context.update(view, n_gpus, board)
         out: list[tuple[ModelCheck, np.ndarray]] = []
         by_name = {c.spec.name: c for c in self.checks}
         for name, m in self.models.items():
@@ -249,10 +261,24 @@ class ModelSet:
                 warm_all = m.det("fleet").warm_count() >= m.spec.warmup
                 cond = m.flag[idx] & fresh & warm_all
                 self.scores[name] = np.where(fresh & warm_all, m.cur[idx], np.nan if not warm_all else 0.0)
+            if m.spec.explained_by and m.info.level == GPU and cond.any():
+                cond = self._explain_away(m.spec, cond, ent)
             chk = by_name.get(name)
             if chk is not None:
                 out.append((chk, cond))
         return out
+
+    def _explain_away(self, spec: ModelSpec, cond: np.ndarray, ent: np.ndarray) -> np.ndarray:
+        """``cond`` without the rows whose finding a fleet-wide cause in force explains."""
+        rows = np.flatnonzero(cond)
+        gone = np.zeros(len(rows), dtype=bool)
+        for cause in spec.explained_by:
+            gone |= self.context.explains(cause, ent[rows])
+        if gone.any():
+            cond = cond.copy()
+            cond[rows[gone]] = False
+            self.explained[spec.name] = self.explained.get(spec.name, 0) + int(gone.sum())
+        return cond
 
     def _cohort_groups(self, coh: np.ndarray) -> list[tuple[str, np.ndarray | None]]:
         if len(coh) == 0:
@@ -311,6 +337,14 @@ class ModelSet:
             det.learn_frame(fr, scores, ~bad)
 
     def evidence(self, name: str, view: View, row: int) -> dict[str, Any]:
+        ev = self._evidence(name, view, row)
+        causes = self.context.in_force()
+        if causes and self.models[name].spec.explained_by:
+            # Named on the alert: the fleet-wide causes in force that did not explain it.
+            ev["fleet_causes_not_explaining"] = causes
+        return ev
+
+    def _evidence(self, name: str, view: View, row: int) -> dict[str, Any]:
         m = self.models[name]
         if m.info.source != DCGM:
             e = int(view.frame.gpu[row] if m.info.level == GPU else view.frame.host[row])
@@ -334,7 +368,8 @@ class ModelSet:
     def snapshot(self) -> bytes:
         """Model state as bytes (msgpack; river objects pickled -- trusted state topic only)."""
         data = {"version": STATE_VERSION, "cohort_names": self.cohort_names, "cohort_of": self.cohort_of,
-                "nccl": [f.to_state() for f in self._nccl], "models": {}}
+                "nccl": [f.to_state() for f in self._nccl], "models": {},
+                "context": self.context.to_state(), "explained": self.explained}
         for name, m in self.models.items():
             data["models"][name] = {
                 "definition": repr(m.spec.definition()),
@@ -352,6 +387,8 @@ class ModelSet:
             self.cohort_names = list(data["cohort_names"])
             self.cohort_of = np.asarray(data["cohort_of"], dtype=np.int32).copy()
             self._nccl = [NcclFrame.from_state(f) for f in data["nccl"]]
+            self.context.load_state(data["context"])
+            self.explained = {str(k): int(v) for k, v in data["explained"].items()}
             for name, st in data["models"].items():
                 m = self.models.get(name)
                 if m is None or st["definition"] != repr(m.spec.definition()):
