@@ -23,9 +23,13 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def default_exporter_fields() -> set[str]:
-    """The fields dcgm-exporter sends with its shipped default-counters.csv."""
+    """The fields dcgm-exporter sends with its shipped default-counters.csv (either spelling)."""
+    from pipeline.catalog import FIELDS
+
     with (resources.files("pipeline") / "data" / "dcgm_exporter_default-counters.csv").open() as fh:
-        return {row[0].strip() for row in csv.reader(fh) if row and not row[0].startswith("#") and row[0].strip()}
+        names = {row[0].strip() for row in csv.reader(fh) if row and not row[0].startswith("#") and row[0].strip()}
+    # The same fields under their DCGM 4.6 names, as a 4.6 exporter's default list names them.
+    return names | {n for x in names if FIELDS.by_name(x) is not None for n in FIELDS.by_name(x).names}
 
 
 @dataclass
@@ -51,26 +55,22 @@ class Detector:
             return Engine(rules=rs)
         return Engine(row_checks=[], tick_checks=[], rules=rs)
 
-    def view(self, batch: list[dict[str, Any]], start: float) -> list[dict[str, Any]] | None:
-        """What this detector sees of one batch (one second of the fleet's telemetry) of a run
-        that started at ``start``: None between scrapes, else the batch with only its fields."""
+    def view(self, batch: list[dict[str, Any]], step: int, interval: float = 1.0) -> list[dict[str, Any]] | None:
+        """What this detector sees of the ``step``-th batch (one sampling interval of the fleet's
+        telemetry, ``interval`` seconds): None between scrapes, else the batch with only its fields."""
         if not batch:
             return None
-        if self.scrape_s is not None and round(batch[0]["ts"] - start) % round(self.scrape_s) != 0:
+        if self.scrape_s is not None and step % max(1, round(self.scrape_s / interval)) != 0:
             return None
         if self.fields is None:
             return batch
         return [{**r, "fields": {k: v for k, v in r["fields"].items() if k in self.fields}}
                 if r.get("kind") == "dcgm" else r for r in batch]
 
-    def transform(self, batches: Iterable[list[dict[str, Any]]]) -> Iterable[list[dict[str, Any]]]:
-        """What this detector would have seen of the fleet's telemetry (one batch per second)."""
-        start = None
-        for batch in batches:
-            if not batch:
-                continue
-            start = batch[0]["ts"] if start is None else start
-            seen = self.view(batch, start)
+    def transform(self, batches: Iterable[list[dict[str, Any]]], interval: float = 1.0) -> Iterable[list[dict[str, Any]]]:
+        """What this detector would have seen of the fleet's telemetry (one batch per interval)."""
+        for step, batch in enumerate(batches):
+            seen = self.view(batch, step, interval)
             if seen is not None:
                 yield seen
 

@@ -13,7 +13,7 @@ from pipeline.schema import AlertEvent
 
 
 def run_detector(det: Detector, sim) -> list[AlertEvent]:
-    return replay_batches(det.engine(), det.transform(sim.batches()))
+    return replay_batches(det.engine(), det.transform(sim.batches(), sim.interval))
 
 
 class _Feed:
@@ -47,13 +47,9 @@ def replay_batches(engine, batches: Iterable[list[dict]]) -> list[AlertEvent]:
 def run_detectors(dets: list[Detector], sim) -> dict[str, list[AlertEvent]]:
     """Every detector's alerts on one simulated run, generating the run once."""
     feeds = {d.name: _Feed(d.engine()) for d in dets}
-    start = None
-    for batch in sim.batches():
-        if not batch:
-            continue
-        start = batch[0]["ts"] if start is None else start
+    for step, batch in enumerate(sim.batches()):
         for d in dets:
-            seen = d.view(batch, start)
+            seen = d.view(batch, step, sim.interval)
             if seen is not None:
                 feeds[d.name].send(seen)
     return {name: f.close() for name, f in feeds.items()}
@@ -61,9 +57,9 @@ def run_detectors(dets: list[Detector], sim) -> dict[str, list[AlertEvent]]:
 
 def evaluate(scenario: str, *, seeds: int = 3, hosts: int = 8, duration: float = 3600.0,
              progress: Callable[[str], None] | None = None,
-             dets: list[Detector] | None = None) -> list[Score]:
-    """Score every detector on ``seeds`` runs of ``scenario`` (seeds 1..N); one ``Score`` per
-    detector, in ``detectors()`` order."""
+             dets: list[Detector] | None = None, interval: float = 1.0) -> list[Score]:
+    """Score every detector on ``seeds`` runs of ``scenario`` (seeds 1..N) sampled every
+    ``interval`` seconds; one ``Score`` per detector, in ``detectors()`` order."""
     from producers.sim import Simulator
 
     dets = dets if dets is not None else detectors()
@@ -71,9 +67,9 @@ def evaluate(scenario: str, *, seeds: int = 3, hosts: int = 8, duration: float =
     for seed in range(1, seeds + 1):
         if progress:
             progress(f"seed {seed}/{seeds}")
-        sim = Simulator(hosts=hosts, duration=duration, seed=seed, scenario=scenario)
+        sim = Simulator(hosts=hosts, duration=duration, seed=seed, scenario=scenario, interval=interval)
         gpu_hours = sim.n_gpus * duration / 3600.0
         labels = sim.labels()
         for name, alerts in run_detectors(dets, sim).items():
-            score_run(scores[name], labels, alerts, gpu_hours, run=f"{scenario}/{seed}")
+            score_run(scores[name], labels, alerts, gpu_hours, run=f"{scenario}/{interval:g}s/{seed}")
     return list(scores.values())

@@ -56,6 +56,7 @@ class Score:
     detector: str
     gpu_hours: float = 0.0
     families: dict[str, FamilyScore] = field(default_factory=dict)
+    refires: int = 0                # an alert firing again (new id) before it resolved: see refires()
 
     def family(self, name: str) -> FamilyScore:
         return self.families.setdefault(name, FamilyScore(name))
@@ -84,6 +85,22 @@ def fault_key(run: str, label: dict[str, Any]) -> str:
     return f"{run}/{label['fault']}/{label.get('host')}/{label.get('gpu')}/{float(label['onset']):.3f}"
 
 
+def refires(alerts: Iterable[AlertEvent]) -> int:
+    """How often a rule fired again on the same host/GPU while its previous alert there had not
+    resolved: the lifecycle re-raising one condition under new ids (each a fresh page)."""
+    open_: dict[tuple, str] = {}
+    n = 0
+    for a in sorted(alerts, key=lambda a: a.ts):
+        key = (a.rule, a.host, a.gpu)
+        if a.state == "firing":
+            if key in open_ and open_[key] != a.id:
+                n += 1
+            open_[key] = a.id
+        elif a.state == "resolved" and open_.get(key) == a.id:
+            del open_[key]
+    return n
+
+
 def score_run(score: Score, labels: Iterable[dict[str, Any]], alerts: list[AlertEvent], gpu_hours: float,
               run: str = "") -> None:
     """Add one run (one scenario, one seed, named ``run``) to ``score``.
@@ -96,6 +113,7 @@ def score_run(score: Score, labels: Iterable[dict[str, Any]], alerts: list[Alert
     labels = [lab for lab in labels if lab.get("fault")]
     matches, unmatched = match_faults(labels, alerts)
     score.gpu_hours += gpu_hours
+    score.refires += refires(alerts)
     for m in matches:
         fam = score.family(fault_family(m.label["fault"]))
         fam.injected += 1

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import numpy as np
 from rich.table import Table
 
 from pipeline.evaluation.goodput import Detection, Job, goodput, references
@@ -69,14 +70,32 @@ def family_rows(scores: list[Score], title: str) -> Rows:
 def detector_rows(scores: list[Score]) -> Rows:
     """Per detector: faults found, false alerts per 1,000 GPU-hours and what the run can rule out."""
     r = Rows("Per detector", ["detector", "GPU-hours", "faults found", "firing alerts", "false alerts",
-                              "knock-on", "false / 1,000 GPU-h", "95% upper bound"], left=1)
+                              "knock-on", "re-fires", "false / 1,000 GPU-h", "95% upper bound"], left=1)
     for s in scores:
         inj = sum(f.injected for f in s.families.values())
         det = sum(f.detected for f in s.families.values())
         alerts = sum(f.alerts for f in s.families.values())
         r.rows.append([s.detector, f"{s.gpu_hours:,.0f}", f"{det}/{inj} ({pct(det / inj if inj else float('nan'))})",
-                       str(alerts), str(s.false_alerts), str(s.knock_on_alerts), f"{s.false_per_1000_gpu_h:.2f}",
+                       str(alerts), str(s.false_alerts), str(s.knock_on_alerts), str(s.refires),
+                       f"{s.false_per_1000_gpu_h:.2f}",
                        f"{s.false_per_1000_gpu_h_upper():.2f}"])
+    return r
+
+
+def interval_rows(by_interval: dict[float, list[Score]], title: str) -> Rows:
+    """Per sampling interval and detector: faults found, false alerts, re-fires, latency p50."""
+    r = Rows(title, ["interval", "detector", "faults found", "firing alerts", "false alerts", "re-fires",
+                     "latency p50", "p95"])
+    for iv, scores in by_interval.items():
+        for s in scores:
+            inj = sum(f.injected for f in s.families.values())
+            det = sum(f.detected for f in s.families.values())
+            lat = [x for f in s.families.values() for x in f.latencies]
+            r.rows.append([f"{iv:g} s", s.detector, f"{det}/{inj} ({pct(det / inj if inj else float('nan'))})",
+                           str(sum(f.alerts for f in s.families.values())), str(s.false_alerts), str(s.refires),
+                           sec(float(np.percentile(lat, 50)) if lat else float("nan")),
+                           sec(float(np.percentile(lat, 95)) if lat else float("nan"))])
+        r.sections.append(len(r.rows) - 1)
     return r
 
 

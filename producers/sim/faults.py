@@ -212,8 +212,8 @@ class HbmEccBurst(EffectType):
 
 class NvlinkDegradation(EffectType):
     """A degrading NVLink (connector, cable cartridge, retimer): the CRC flit error rate grows
-    exponentially from ``rate0`` to ``rate_max`` per second over ``ramp_s`` (data CRC and replays
-    in proportion, a rare recovery once the rate is high); the host's TP collectives and the
+    exponentially from ``rate0`` to ``rate_max`` per second over ``ramp_s`` (times ``crc_ratio``;
+    data CRC and replays in proportion to the rate, a rare recovery once the rate is high); the host's TP collectives and the
     GPUs' NVLink throughput sag by up to ``max_sag`` (quadratic in the ramp, so it shows late)."""
 
     name = "nvlink_degradation"
@@ -225,6 +225,7 @@ class NvlinkDegradation(EffectType):
         "max_sag": 0.35,
         "data_ratio": 0.3,
         "replay_ratio": 0.05,
+        "crc_ratio": 1.0,        # 0: replays without CRC errors (a link that retrains cleanly)
     }
 
     def resolve(self, params, rng, window):
@@ -239,7 +240,7 @@ class NvlinkDegradation(EffectType):
         # Errors come with traffic: a link idling through a checkpoint sees few.
         r = p["rate0"] * (p["rate_max"] / p["rate0"]) ** x * (0.05 if mods.paused else 1.0)
         rng = rt.rng
-        fleet.crc_flit[i] += int(rng.poisson(r * dt))
+        fleet.crc_flit[i] += int(rng.poisson(r * p["crc_ratio"] * dt))
         fleet.crc_data[i] += int(rng.poisson(r * p["data_ratio"] * dt))
         fleet.replay[i] += int(rng.poisson(r * p["replay_ratio"] * dt))
         if r > 100.0:
@@ -419,6 +420,48 @@ class Checkpoint(EffectType):
         mods.paused = True
 
 
+class HotRack(EffectType):
+    """A rack runs warm (a failing CRAH, blocked aisle): the host's inlet is ``delta_c`` warmer.
+    Every GPU of the host heats together, nothing throttles. Not a fault."""
+
+    name = "hot_rack"
+    fault = False
+    scope = "host"
+    PARAMS = {"delta_c": 6.0}
+
+    def apply(self, rt, t, dt, fleet, mods):
+        mods.amb_add_h[rt.event.host] += float(rt.event.params["delta_c"])
+
+
+class JobRestart(EffectType):
+    """The job is restarted (a crash, a preemption): every GPU idles for the event's length and
+    NCCL stops; the new incarnation builds new communicators (new ids). Not a fault."""
+
+    name = "job_restart"
+    fault = False
+    scope = "job"
+
+    def apply(self, rt, t, dt, fleet, mods):
+        mods.paused = True
+
+
+class GpuReset(EffectType):
+    """An operator resets one GPU (nvidia-smi -r): it leaves the exporter's output for the event's
+    length, then comes back with its volatile counters and sticky XID at 0. Not a fault."""
+
+    name = "gpu_reset"
+    fault = False
+    scope = "gpu"
+
+    def apply(self, rt, t, dt, fleet, mods):
+        i = rt.gi
+        mods.gpu_hidden[i] = True
+        mods.force_idle[i] = True
+        if not rt.done:
+            rt.done = True
+            fleet.reset_volatile(i)
+
+
 class EccSbeIsolated(EffectType):
     """A lone corrected single-bit error (cosmic rays, marginal cell): SBE counters +1. Benign."""
 
@@ -436,11 +479,12 @@ TYPES: dict[str, EffectType] = {
     for cls in (
         ThermalThrottling, ThermalHbmThrottling, HbmEccBurst, NvlinkDegradation, NvlinkLinkDown,
         NcclStraggler, GpuLost, TelemetryGap,
-        PowerCap, DriverReload, AfternoonHeat, Checkpoint, EccSbeIsolated,
+        PowerCap, DriverReload, AfternoonHeat, Checkpoint, EccSbeIsolated, HotRack, JobRestart, GpuReset,
     )
 }
 FAULT_TYPES: tuple[str, ...] = tuple(n for n, t in TYPES.items() if t.fault)
 CONDITION_TYPES: tuple[str, ...] = tuple(n for n, t in TYPES.items() if not t.fault)
 # Conditions a scenario may schedule itself (the others are drawn by the simulator).
-SCHEDULABLE_CONDITIONS: tuple[str, ...] = ("power_cap", "driver_reload", "afternoon_heat")
+SCHEDULABLE_CONDITIONS: tuple[str, ...] = ("power_cap", "driver_reload", "afternoon_heat", "hot_rack",
+                                           "job_restart", "gpu_reset")
 NVLINK_TYPES = ("nvlink_degradation", "nvlink_link_down")

@@ -100,7 +100,11 @@ PERSISTENT_COUNTERS: tuple[str, ...] = (
 
 @dataclass(frozen=True)
 class GpuModelSpec:
-    """What differs between GPU models as far as the telemetry shows it."""
+    """What differs between GPU models as far as the telemetry shows it.
+
+    The limits come from the per-model table (``pipeline/data/gpu_models.csv``, with sources);
+    ``load_scale`` and ``k_scale`` are the simulator's own physics: training power as a share of
+    the H100's, and the cooling's thermal resistance relative to an air-cooled H100 SXM."""
 
     power_limit_w: float = 700.0        # H100/H200 SXM board power limit
     boost_mhz: int = 1980               # max SM clock
@@ -112,12 +116,25 @@ class GpuModelSpec:
     gpu_max_op_c: int = 87              # DCGM_FI_DEV_GPU_MAX_OP_TEMP
     mem_max_op_c: int = 95              # DCGM_FI_DEV_MEM_MAX_OP_TEMP
     nvlink_busbw_gbs: tuple[float, float] = (395.0, 455.0)  # 8-GPU NVLink all-reduce busbw
+    load_scale: float = 1.0             # training power relative to an H100's (585-662 W)
+    k_scale: float = 1.0                # thermal resistance relative to an H100 SXM's
 
 
 _H100 = GpuModelSpec()
-_H200 = GpuModelSpec(mem_clock_mhz=3201)   # HBM3e; same board limit and thresholds
+# B200: ~1,000 W board (training draws ~840-950 W), liquid-cooled: ~9 °C hotter than an H100 at
+# its load rather than the +20 °C its power alone would give through an H100's cold plate.
+_PHYSICS = {"B200": {"load_scale": 1.43, "k_scale": 0.86}}
 
 
 def model_spec(model: str) -> GpuModelSpec:
-    """The constants for a GPU model name (H100 SXM values for anything unknown)."""
-    return _H200 if "H200" in model.upper() else _H100
+    """The constants for a GPU model name, from the per-model table (H100 SXM for anything
+    not in it)."""
+    from pipeline.gpu_models import lookup
+
+    row = lookup(model)
+    if row is None or row.key == "H100_SXM":
+        return _H100
+    return GpuModelSpec(power_limit_w=row.tdp_w, boost_mhz=int(row.max_sm_clock_mhz),
+                        mem_clock_mhz=int(row.mem_clock_mhz), slowdown_c=int(row.slowdown_c),
+                        shutdown_c=int(row.shutdown_c), gpu_max_op_c=int(row.gpu_max_op_c),
+                        mem_max_op_c=int(row.mem_max_op_c), **_PHYSICS.get(row.key, {}))

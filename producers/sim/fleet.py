@@ -77,12 +77,13 @@ class Mods:
 
     def __init__(self, n: int, h: int, limit_w: float) -> None:
         self.n, self.h, self.limit_w = n, h, limit_w
+        self.limit_w = np.broadcast_to(np.asarray(limit_w, dtype=float), (n,)).copy()   # board limit per GPU
         self.cool_mult = np.ones(n)         # core thermal resistance multiplier (cooling failure)
         self.hbm_mult = np.ones(n)          # HBM thermal resistance multiplier
         self.stall = np.zeros(n)            # fraction of time the GPU waits on input (straggler)
         self.clock_cap = np.ones(n)         # max clock scale (straggler "clock" mode)
         self.peer_wait = np.zeros(n)        # fraction of SM time lost waiting for a slow peer
-        self.limit = np.full(n, limit_w)    # enforced power limit (facility power cap)
+        self.limit = self.limit_w.copy()    # enforced power limit (facility power cap)
         self.amb_add_h = np.zeros(h)        # extra inlet temperature per host (heat wave)
         self.nv_gpu = np.ones(n)            # NVLink throughput factor of one GPU
         self.tp_h = np.ones(h)              # NVLink (TP communicator) bandwidth factor per host
@@ -98,7 +99,7 @@ class Mods:
         self.stall.fill(0.0)
         self.clock_cap.fill(1.0)
         self.peer_wait.fill(0.0)
-        self.limit.fill(self.limit_w)
+        self.limit[:] = self.limit_w
         self.amb_add_h.fill(0.0)
         self.nv_gpu.fill(1.0)
         self.tp_h.fill(1.0)
@@ -116,7 +117,7 @@ class FleetState:
         self,
         hosts: int,
         gpus_per_host: int,
-        spec: GpuModelSpec,
+        spec: GpuModelSpec | list[GpuModelSpec],
         seed: int,
         dt: float,
         ambient: dict | None = None,
@@ -124,7 +125,15 @@ class FleetState:
         start_ts: float = 0.0,
     ) -> None:
         self.H, self.G, self.N = hosts, gpus_per_host, hosts * gpus_per_host
-        self.spec, self.dt = spec, dt
+        specs = spec if isinstance(spec, list) else [spec] * hosts   # one GPU model per host
+        self.spec, self.dt = specs[0], dt
+        self.specs_h = specs
+        per_gpu = lambda attr: np.repeat(np.array([getattr(sp, attr) for sp in specs], dtype=float),  # noqa: E731
+                                         gpus_per_host)
+        self.max_op, self.mem_max_op = per_gpu("gpu_max_op_c"), per_gpu("mem_max_op_c")
+        self.slowdown, self.boost, self.idle_mhz = per_gpu("slowdown_c"), per_gpu("boost_mhz"), per_gpu("idle_mhz")
+        self.board_w = per_gpu("power_limit_w")
+        load_scale, k_scale = per_gpu("load_scale"), per_gpu("k_scale")
         self.amb = {**AMBIENT_DEFAULTS, **(ambient or {})}
         n, h = self.N, self.H
         r = substream(seed, "fleet-static")
@@ -132,8 +141,8 @@ class FleetState:
         self.gpu_of = np.tile(np.arange(gpus_per_host), h)
         # Cooling: thermal resistance (C/W) varies by GPU; clipped so a healthy GPU at the power
         # limit on the hottest afternoon stays under max operating temperature.
-        self.k_core = np.clip(r.normal(0.062, 0.0025, n), 0.055, 0.067)
-        self.k_hbm = np.clip(r.normal(0.066, 0.003, n), 0.058, 0.071)
+        self.k_core = np.clip(r.normal(0.062, 0.0025, n), 0.055, 0.067) * k_scale
+        self.k_hbm = np.clip(r.normal(0.066, 0.003, n), 0.058, 0.071) * k_scale
         self.hbm_off = r.uniform(4.0, 7.0, n)           # HBM sits a few degrees above the die
         self.gpu_amb_off = r.uniform(-1.0, 1.5, n)      # airflow position inside the chassis
         self.host_amb_off = np.clip(r.normal(0.0, self.amb["host_spread_c"], h), -2.5, 2.5)
@@ -146,7 +155,7 @@ class FleetState:
         # and SM activity differ a little between GPUs (silicon lottery, position in the model).
         self.p_idle = r.uniform(68.0, 90.0, n)
         self.p_ckpt = self.p_idle + r.uniform(18.0, 30.0, n)
-        self.p_load = r.uniform(585.0, 662.0, n)
+        self.p_load = r.uniform(585.0, 662.0, n) * load_scale
         self.act_base = r.uniform(0.74, 0.86, n)
         self.nv_base = r.uniform(125_000.0, 155_000.0, n)   # NVLink MB/s while training
         # Counters start where a fleet in service would be: some history in the aggregates.
@@ -255,21 +264,21 @@ class FleetState:
 
             # Software thermal slowdown is on while the governor holds the clock down or a
             # temperature is at its max operating limit.
-            sw_th = (training & (s_th < 0.995)) | (self.t_core >= spec.gpu_max_op_c - 0.5) \
-                | (self.t_hbm >= spec.mem_max_op_c - 0.5)
+            sw_th = (training & (s_th < 0.995)) | (self.t_core >= self.max_op - 0.5) \
+                | (self.t_hbm >= self.mem_max_op - 0.5)
 
             # Thermal governor (acts on the next sub-step): integrate the excess over the set
             # points, recover slowly once comfortably below them. Software slowdown only trims
             # the clock so far (SW_FLOOR); a GPU whose cooling cannot keep up keeps heating to the
             # slowdown temperature, where the hardware latch cuts the clock >= 2x until it is back
             # a little under max operating temperature (hysteresis).
-            over = np.maximum(self.t_core - (spec.gpu_max_op_c + 1.0), self.t_hbm - (spec.mem_max_op_c + 0.5))
+            over = np.maximum(self.t_core - (self.max_op + 1.0), self.t_hbm - (self.mem_max_op + 0.5))
             self.scale_th = np.clip(
                 np.where(over > 0, self.scale_th - 0.012 * over * h,
                          np.where(over < -1.5, self.scale_th + 0.01 * h, self.scale_th)),
                 SW_FLOOR, 1.0,
             )
-            self.hw_latch = (self.t_core >= spec.slowdown_c) | (hw_th & (self.t_core >= spec.gpu_max_op_c - 0.5))
+            self.hw_latch = (self.t_core >= self.slowdown) | (hw_th & (self.t_core >= self.max_op - 0.5))
 
             # Violation counters: time spent held below the requested clock, in ns.
             over_cap = np.clip((p_s - limit) / (0.03 * limit), 0.25, 1.0)
@@ -277,8 +286,8 @@ class FleetState:
             self.therm_ns += np.where(sw_th | hw_th, int(h * NS), 0)
 
         step_mhz = spec.clock_step_mhz
-        clock = np.rint(spec.boost_mhz * s / step_mhz).astype(np.int64) * step_mhz
-        clock = np.where(training, np.maximum(clock, 210), spec.idle_mhz)
+        clock = np.rint(self.boost * s / step_mhz).astype(np.int64) * step_mhz
+        clock = np.where(training, np.maximum(clock, 210), self.idle_mhz.astype(np.int64))
         temp = np.rint(self.t_core + eps_t[0]).astype(np.int64)
         mem_temp = np.rint(self.t_hbm + eps_t[1]).astype(np.int64)
         # Clock-event reasons, from the limits that shaped the sampled clock.

@@ -71,6 +71,8 @@ class NcclModel:
         self.dp_busbw = r.uniform(o["dp_busbw_gbs"][0], o["dp_busbw_gbs"][1], gpus_per_host)
         self.tp_ids = [comm_id(seed, job, f"tp{h}") for h in range(hosts)]
         self.dp_ids = [comm_id(seed, job, f"dp{g}") for g in range(gpus_per_host)]
+        self.seed = seed
+        self.incarnation = 0
         self.tp_seq = r.integers(1_000, 50_000, hosts).astype(np.int64)
         self.dp_seq = r.integers(100, 5_000, gpus_per_host).astype(np.int64)
         self._noise = substream(seed, "nccl-noise")
@@ -88,6 +90,15 @@ class NcclModel:
         if training.any():
             self.acc_tp += tp_h * dt
             self.acc_job += dt
+
+    def restart(self) -> None:
+        """The job was restarted: its new incarnation builds new communicators (new ids, seq 0)."""
+        self.incarnation += 1
+        k, seed, job = self.incarnation, self.seed, self.job
+        self.tp_ids = [comm_id(seed, job, f"tp{h}#{k}") for h in range(self.H)]
+        self.dp_ids = [comm_id(seed, job, f"dp{g}#{k}") for g in range(self.G)]
+        self.tp_seq = np.zeros(self.H, np.int64)
+        self.dp_seq = np.zeros(self.G, np.int64)
 
     def _reset(self) -> None:
         self.acc_speed.fill(0.0)

@@ -14,12 +14,32 @@ from .fields import BLANK_FP64, BLANK_INT64, FIELD_NAMES, INT_FIELDS, GpuModelSp
 from .fleet import FleetState, StepOut
 
 
+def _dcgm46_names() -> dict[str, str]:
+    """Pre-4.6 exporter name -> DCGM 4.6 canonical name, for the fields that were renamed
+    (the field catalog's CSV, a copy of shared/reference/dcgm_field_ids_subset.csv)."""
+    import csv
+    from importlib import resources
+
+    with (resources.files("pipeline") / "data" / "dcgm_fields.csv").open() as fh:
+        return {r["name_used_by_dcgm_exporter"]: r["canonical_name_dcgm_4_6_if_renamed"]
+                for r in csv.DictReader(fh) if r["canonical_name_dcgm_4_6_if_renamed"]}
+
+
+FIELD_NAMES_46: dict[str, str] = {n: _dcgm46_names().get(n, n) for n in FIELD_NAMES}
+
+
 class DcgmBuilder:
     """Makes the DCGM records of one step for the GPUs that report."""
 
     def __init__(self, fleet: FleetState, spec: GpuModelSpec, host_names: list[str], uuids: list[str],
-                 model: str, cluster: str, job: str) -> None:
+                 model: str, cluster: str, job: str, host_kinds: list[tuple[str, GpuModelSpec, bool]] | None = None) -> None:
+        """``host_kinds``: per host (model name, spec, DCGM 4.6 field names?); default: every
+        host ``model``/``spec`` with the pre-4.6 names."""
         self.fleet = fleet
+        kinds = host_kinds or [(model, spec, False)] * len(host_names)
+        uniq = list(dict.fromkeys(kinds))
+        self.kind_of_gpu = np.repeat(np.array([uniq.index(k) for k in kinds]), fleet.G)
+        self.kinds = [DcgmBuilder._Kind(m, sp, new) for m, sp, new in uniq]
         self.host_of_gpu = [host_names[h] for h in fleet.host_of.tolist()]
         self.gpu_local = fleet.gpu_of.tolist()
         self.uuids = uuids
@@ -27,18 +47,38 @@ class DcgmBuilder:
         # Constant fields live in the template; every record's ``fields`` starts as a copy of it
         # (copying a dict clones its hash table, far cheaper than inserting 30 keys), then the
         # varying columns are stored column by column. Key order is FIELD_NAMES either way.
-        static = {
-            "DCGM_FI_DEV_MEM_CLOCK": spec.mem_clock_mhz,
-            "DCGM_FI_DEV_SLOWDOWN_TEMP": spec.slowdown_c,
-            "DCGM_FI_DEV_SHUTDOWN_TEMP": spec.shutdown_c,
-            "DCGM_FI_DEV_GPU_MAX_OP_TEMP": spec.gpu_max_op_c,
-            "DCGM_FI_DEV_MEM_MAX_OP_TEMP": spec.mem_max_op_c,
-        }
-        self.template = {n: static.get(n, 0) for n in FIELD_NAMES}
+
+    class _Kind:
+        """One GPU model with one exporter's field names: its record template."""
+
+        def __init__(self, model: str, spec: GpuModelSpec, dcgm46: bool) -> None:
+            self.model = model
+            self.name = FIELD_NAMES_46.__getitem__ if dcgm46 else (lambda n: n)
+            static = {
+                "DCGM_FI_DEV_MEM_CLOCK": spec.mem_clock_mhz,
+                "DCGM_FI_DEV_SLOWDOWN_TEMP": spec.slowdown_c,
+                "DCGM_FI_DEV_SHUTDOWN_TEMP": spec.shutdown_c,
+                "DCGM_FI_DEV_GPU_MAX_OP_TEMP": spec.gpu_max_op_c,
+                "DCGM_FI_DEV_MEM_MAX_OP_TEMP": spec.mem_max_op_c,
+            }
+            self.template = {self.name(n): static.get(n, 0) for n in FIELD_NAMES}
 
     def build(self, ts: float, out: StepOut, idx: np.ndarray) -> list[dict]:
         """Records for the GPUs in ``idx`` (global indices, ascending = host-major order)."""
+        if len(self.kinds) == 1:
+            return self._build(ts, out, idx, self.kinds[0])
+        recs: list[dict] = [None] * len(idx)  # type: ignore[list-item]
+        kind = self.kind_of_gpu[idx]
+        for k, kd in enumerate(self.kinds):
+            pos = np.flatnonzero(kind == k)
+            if len(pos):
+                for p, r in zip(pos.tolist(), self._build(ts, out, idx[pos], kd)):
+                    recs[p] = r
+        return recs
+
+    def _build(self, ts: float, out: StepOut, idx: np.ndarray, kd: "DcgmBuilder._Kind") -> list[dict]:
         f = self.fleet
+        nm = kd.name
         m = len(idx)
         all_rows = m == f.N
         P = "DCGM_FI_DEV_"
@@ -61,10 +101,11 @@ class DcgmBuilder:
         # Most columns are constant across the fleet apart from a few GPUs (clocks at boost,
         # error counters at 0, one XID): put the common value in this step's template and store
         # only the exceptions. Only the genuinely varying columns are stored for every record.
-        tmpl = self.template.copy()
+        tmpl = kd.template.copy()
         dense: list[tuple[str, list]] = []
         sparse: list[tuple[str, np.ndarray, np.ndarray]] = []
         for name, arr in columns:
+            name = nm(name)
             a = arr if all_rows else arr[idx]
             if m == 0:
                 continue
@@ -92,7 +133,7 @@ class DcgmBuilder:
         for name, pos, vals in sparse:
             for i, v in zip(pos.tolist(), vals.tolist()):
                 fields[i][name] = v
-        model, cluster, job = self.model, self.cluster, self.job
+        model, cluster, job = kd.model, self.cluster, self.job
         hosts, gpus, uuids = self.host_of_gpu, self.gpu_local, self.uuids
         return [
             {"v": 1, "kind": "dcgm", "ts": ts, "host": hosts[i], "gpu": gpus[i], "uuid": uuids[i],

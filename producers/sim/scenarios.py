@@ -18,6 +18,15 @@ A scenario is a ``Scenario`` dataclass, either built in (``SCENARIOS``) or read 
     random: {sbe_per_gpu_day: 1.7, driver_reloads_per_host_day: 0.05}
     data_quality: {blank_rate: 2.0e-5, missing_rate: 2.0e-5}
     nccl: {dp_coll: ReduceScatter, tp_bytes: 1073741824, dp_bytes: 67108864}
+    gpu_models:                       # host blocks in this order; default: the Simulator's gpu_model
+      - {model: NVIDIA H100 80GB HBM3, share: 0.5}                # pre-4.6 DCGM field names
+      - {model: NVIDIA B200, share: 0.5, field_names: "4.6"}     # DCGM 4.6 names
+    delivery:                         # when records are stamped and arrive (not physics)
+      phase: true                     # each host samples at its own offset within the interval
+      jitter_s: 0.3                   # sd of each sample's timestamp jitter (clipped to 3 sd)
+      skew_s: {2: 2.5}                # host 2's clock runs 2.5 s ahead
+      late_s: {3: [20, 40]}           # host 3's records arrive 20-40 s after they were stamped
+      join_s: {5: 3600}               # host 5 sends nothing before 3600 s (or "33%" of the run)
 
 Times (``onset``, ``duration``) are seconds from the run start or a percentage string of the run's
 duration, so a built-in scenario fits any run length. ``duration`` omitted: until the run ends.
@@ -75,8 +84,12 @@ class Scenario:
     random: dict[str, float] = field(default_factory=dict)
     data_quality: dict[str, float] = field(default_factory=dict)
     nccl: dict[str, Any] = field(default_factory=dict)
+    gpu_models: list[dict[str, Any]] = field(default_factory=list)
+    delivery: dict[str, Any] = field(default_factory=dict)
 
 
+DELIVERY_KEYS = {"phase", "jitter_s", "skew_s", "late_s", "join_s"}
+GPU_MODEL_KEYS = {"model", "share", "field_names"}
 RANDOM_DEFAULTS = {
     "sbe_per_gpu_day": 1.7,               # isolated corrected SBEs (benign background)
     "driver_reloads_per_host_day": 0.05,  # benign reloads, so only long runs see one
@@ -139,10 +152,13 @@ def resolve_time(v: Time | None, duration: float) -> float | None:
     return float(v)
 
 
-def _mapping(v: Any, where: str) -> dict:
+def _mapping(v: Any, where: str, int_keys: bool = False) -> dict:
+    """A mapping with string keys (``int_keys``: host indices or names)."""
     if not isinstance(v, dict):
         raise _err(where, f"expected a mapping, got {type(v).__name__}")
     for k in v:
+        if int_keys and isinstance(k, int) and not isinstance(k, bool) and k >= 0:
+            continue
         if not isinstance(k, str):
             raise _err(where, f"keys must be strings, got {k!r}")
     return v
@@ -280,6 +296,33 @@ def _check_options(sc: Scenario) -> None:
     for k, v in dq.items():
         if _number(v, f"data_quality.{k}", lo=0.0) > 0.5:
             raise _err(f"data_quality.{k}", f"must be <= 0.5, got {v!r}")
+    if not isinstance(sc.gpu_models, list):
+        raise _err("gpu_models", f"expected a list, got {type(sc.gpu_models).__name__}")
+    for j, gm in enumerate(sc.gpu_models):
+        gm = _mapping(gm, f"gpu_models[{j}]")
+        _known(gm, GPU_MODEL_KEYS, f"gpu_models[{j}]")
+        if not isinstance(gm.get("model"), str) or not gm["model"]:
+            raise _err(f"gpu_models[{j}].model", f"expected a GPU model name, got {gm.get('model')!r}")
+        _number(gm.get("share", 1.0), f"gpu_models[{j}].share", lo=0.0)
+        if gm.get("field_names", "pre-4.6") not in ("pre-4.6", "4.6"):
+            raise _err(f"gpu_models[{j}].field_names", f"expected 'pre-4.6' or '4.6', got {gm['field_names']!r}")
+    dl = _mapping(sc.delivery, "delivery")
+    _known(dl, DELIVERY_KEYS, "delivery")
+    if not isinstance(dl.get("phase", False), bool):
+        raise _err("delivery.phase", f"expected true/false, got {dl['phase']!r}")
+    _number(dl.get("jitter_s", 0.0), "delivery.jitter_s", lo=0.0)
+    for k in ("skew_s", "late_s", "join_s"):
+        for h, v in _mapping(dl.get(k) or {}, f"delivery.{k}", int_keys=True).items():
+            if k == "late_s":
+                if not isinstance(v, (list, tuple)) or len(v) != 2:
+                    raise _err(f"delivery.late_s.{h}", f"expected [min, max] seconds, got {v!r}")
+                lo = _number(v[0], f"delivery.late_s.{h}[0]", lo=0.0)
+                if _number(v[1], f"delivery.late_s.{h}[1]", lo=0.0) < lo:
+                    raise _err(f"delivery.late_s.{h}", f"max < min in {v!r}")
+            elif k == "join_s":
+                _time(v, f"delivery.join_s.{h}")
+            else:
+                _number(v, f"delivery.skew_s.{h}")
     nc = _mapping(sc.nccl, "nccl")
     _known(nc, NCCL_DEFAULTS, "nccl")
     for k, v in nc.items():
@@ -335,9 +378,11 @@ def scenario_from_dict(data: Any, source: str = "scenario") -> Scenario:
     for k in ("name", "description"):
         if k in kw and not isinstance(kw[k], str):
             raise ValueError(f"{source}: {k}: expected a string, got {kw[k]!r}")
-    for k in ("ambient", "random", "data_quality", "nccl"):
+    for k in ("ambient", "random", "data_quality", "nccl", "delivery"):
         if k in kw and kw[k] is None:
             kw[k] = {}
+    if "gpu_models" in kw and kw["gpu_models"] is None:
+        kw["gpu_models"] = []
     try:
         specs = [_spec_from_mapping(f, f"faults[{j}]") for j, f in enumerate(faults)]
         return validate(Scenario(**{**kw, "faults": specs}))
@@ -377,10 +422,41 @@ def _mixed() -> Scenario:
     )
 
 
+def _mixed_fleet() -> Scenario:
+    # The fleet of issue 20's recording, on 6+ hosts: hosts 0-2 H100 with pre-4.6 DCGM names,
+    # 3-5 B200 with the 4.6 names; 10 s sampling is the caller's (eval runs it at 10 s).
+    F = FaultSpec
+    return Scenario(
+        name="mixed_fleet",
+        description="H100 + B200 hosts, per-host sampling phase and jitter, a skewed, a late and a "
+                    "joining host, a job restart, a hot rack, a GPU reset, a fleet-wide power cap, "
+                    "isolated SBEs, and seven faults (needs >= 6 hosts)",
+        gpu_models=[{"model": "NVIDIA H100 80GB HBM3", "share": 0.5},
+                    {"model": "NVIDIA B200", "share": 0.5, "field_names": "4.6"}],
+        delivery={"phase": True, "jitter_s": 0.3, "skew_s": {1: 2.5}, "late_s": {4: [20.0, 40.0]},
+                  "join_s": {2: "33%"}},
+        random={"sbe_per_gpu_day": 50.0},
+        faults=[
+            F("thermal_throttling", host=5, gpu=2, onset="8%", duration="20%"),
+            F("hbm_ecc_burst", host=0, gpu=1, onset="10%", duration="55%",
+              params={"sbe_per_min": 3, "escalate": False, "xid92": False, "remap_at": 1.0}),
+            F("nvlink_degradation", host=3, gpu=6, onset="20%", duration="30%",
+              params={"crc_ratio": 0.0, "data_ratio": 0.0, "rate_max": 20.0, "replay_ratio": 0.05}),
+            F("hot_rack", host=2, onset="40%", duration="30%", params={"delta_c": 6.0}),
+            F("nccl_straggler", host=1, gpu=4, onset="44%", duration="12%"),
+            F("job_restart", onset="58%", duration=90),
+            F("gpu_reset", host=3, gpu=1, onset="62%", duration=15),
+            F("gpu_lost", host=0, gpu=5, onset="80%", duration=None),
+        ],
+        power_cap={"fraction": 1.0, "limit_w": 625.0, "onset": "66%", "duration": "30%"},
+    )
+
+
 def _builtins() -> dict[str, Scenario]:
     s = {
         "healthy": Scenario(name="healthy", description="a healthy training job: no faults"),
         "mixed": _mixed(),
+        "mixed_fleet": _mixed_fleet(),
         "llama3": Scenario(
             name="llama3",
             description="faults drawn at Meta's Llama 3 405B interruption rate and mix (accelerated)",

@@ -24,7 +24,7 @@ from .nccl import NcclModel
 from .plan import make_plan
 from .records import DcgmBuilder, add_noise
 from .rng import gpu_uuid, substream
-from .scenarios import DATA_QUALITY_DEFAULTS, Scenario, load_scenario
+from .scenarios import DATA_QUALITY_DEFAULTS, Scenario, load_scenario, resolve_time
 
 
 def _int_arg(name: str, v: object, lo: int) -> int:
@@ -78,11 +78,53 @@ class Simulator:
         self.spec = model_spec(gpu_model)
         width = max(3, len(str(n_hosts - 1)))
         self.hosts: list[str] = [f"gpu-node-{h:0{width}d}" for h in range(n_hosts)]
+        self.host_kinds = self._host_kinds(n_hosts)
+        self.delivery = self._delivery()
         self.n_steps = max(1, int(math.floor(self.duration / self.interval + 1e-9)))
         self.uuids: list[str] = [gpu_uuid(self.seed, h, g) for h in self.hosts
                                  for g in range(self.gpus_per_host)]
         self._plan = make_plan(self.scenario, host_names=self.hosts, gpus_per_host=self.gpus_per_host,
                                duration=self.duration, seed=self.seed, start_ts=self.start_ts, job=job)
+
+    def _host_kinds(self, n_hosts: int) -> list[tuple[str, object, bool]]:
+        """Per host (GPU model, its spec, DCGM 4.6 field names?): ``gpu_models`` in host blocks."""
+        gms = self.scenario.gpu_models
+        if not gms:
+            return [(self.gpu_model, self.spec, False)] * n_hosts
+        shares = np.array([float(g.get("share", 1.0)) for g in gms])
+        ends = np.rint(np.cumsum(shares) / max(shares.sum(), 1e-9) * n_hosts).astype(int)
+        out = []
+        for h in range(n_hosts):
+            g = gms[min(int(np.searchsorted(ends, h, side="right")), len(gms) - 1)]
+            out.append((g["model"], model_spec(g["model"]), g.get("field_names", "pre-4.6") == "4.6"))
+        return out
+
+    def _host_index(self, h: object, where: str) -> int:
+        if isinstance(h, str) and not h.isdigit():
+            if h not in self.hosts:
+                raise ValueError(f"{where}: no host named {h!r}")
+            return self.hosts.index(h)
+        i = int(h)
+        if not 0 <= i < len(self.hosts):
+            raise ValueError(f"{where}: host index {i} out of range (the fleet has {len(self.hosts)} hosts)")
+        return i
+
+    def _delivery(self) -> dict:
+        """Per-host timestamp offsets, arrival delays and join times (``Scenario.delivery``)."""
+        d = self.scenario.delivery
+        H = len(self.hosts)
+        rng = substream(self.seed, "delivery-static")
+        phase = rng.uniform(0.0, self.interval, H) if d.get("phase") else np.zeros(H)
+        skew = np.zeros(H)
+        for h, v in (d.get("skew_s") or {}).items():
+            skew[self._host_index(h, f"delivery.skew_s.{h}")] = float(v)
+        late = {self._host_index(h, f"delivery.late_s.{h}"): (float(v[0]), float(v[1]))
+                for h, v in (d.get("late_s") or {}).items()}
+        join = np.zeros(H)
+        for h, v in (d.get("join_s") or {}).items():
+            join[self._host_index(h, f"delivery.join_s.{h}")] = resolve_time(v, self.duration)
+        return {"offset": phase + skew, "jitter": float(d.get("jitter_s", 0.0)), "late": late, "join": join,
+                "on": bool(d)}
 
     @property
     def n_gpus(self) -> int:
@@ -104,11 +146,14 @@ class Simulator:
         H, G, dt = len(self.hosts), self.gpus_per_host, self.interval
         events = self._plan.events
         first_paused = any(e.type == "checkpoint" and e.t0 <= 0.0 < e.t1 for e in events)
-        fleet = FleetState(H, G, self.spec, self.seed, dt, self.scenario.ambient,
+        specs = [k[1] for k in self.host_kinds]
+        fleet = FleetState(H, G, specs if len(set(specs)) > 1 else self.spec, self.seed, dt, self.scenario.ambient,
                            start_paused=first_paused, start_ts=self.start_ts)
-        mods = Mods(fleet.N, H, self.spec.power_limit_w)
+        mods = Mods(fleet.N, H, fleet.board_w if len(set(specs)) > 1 else self.spec.power_limit_w)
         nccl = NcclModel(H, G, self.hosts, self.seed, self.job, self.spec.nvlink_busbw_gbs, self.scenario.nccl)
-        dcgm = DcgmBuilder(fleet, self.spec, self.hosts, self.uuids, self.gpu_model, self.cluster, self.job)
+        mixed = len(set(self.host_kinds)) > 1 or self.host_kinds[0][2]
+        dcgm = DcgmBuilder(fleet, self.spec, self.hosts, self.uuids, self.gpu_model, self.cluster, self.job,
+                           host_kinds=self.host_kinds if mixed else None)
         dq = {**DATA_QUALITY_DEFAULTS, **self.scenario.data_quality}
         dq_rng = substream(self.seed, "data-quality")
         runtimes = [
@@ -117,14 +162,19 @@ class Simulator:
             for e in events
         ]
         # Checkpoints first: other effects (e.g. NVLink errors, which need traffic) look at it.
-        pauses = [(e.t0, e.t1) for e in events if e.type == "checkpoint"]
+        pauses = [(e.t0, e.t1) for e in events if e.type in ("checkpoint", "job_restart")]
+        restarts = sorted(e.t1 for e in events if e.type == "job_restart")
         all_idx = np.arange(fleet.N)
         host_of = fleet.host_of
         next_nccl = 1
+        deliver = _Delivery(self, H) if self.delivery["on"] else None
 
         for k in range(self.n_steps):
             t = k * dt
             ts = round(self.start_ts + t, 3)
+            while restarts and restarts[0] <= t + 1e-9:
+                restarts.pop(0)
+                nccl.restart()
             mods.reset()
             mods.paused = any(a - 1e-9 <= t < b - 1e-9 for a, b in pauses)
             for rt in runtimes:
@@ -151,6 +201,9 @@ class Simulator:
             idx = all_idx if visible.all() else all_idx[visible]
             recs = dcgm.build(ts, out, idx)
             add_noise(recs, dq_rng, dq["blank_rate"], dq["missing_rate"])
+            if deliver is not None:
+                yield deliver.step(t, recs, nccl_recs)
+                continue
             if nccl_recs is None:
                 yield recs
                 continue
@@ -162,3 +215,57 @@ class Simulator:
                 if not mods.host_hidden[h]:
                     batch.extend(nccl_recs[h])
             yield batch
+        if deliver is not None:
+            yield deliver.rest()
+
+
+class _Delivery:
+    """Per-host sampling phase, jitter and clock skew on the records' timestamps; a joining host
+    sends nothing before it joins; a late host's records arrive in a later step's batch."""
+
+    def __init__(self, sim: Simulator, H: int) -> None:
+        d = sim.delivery
+        self.offset, self.jitter, self.late, self.join = d["offset"], d["jitter"], d["late"], d["join"]
+        self.hosts = {name: i for i, name in enumerate(sim.hosts)}
+        self.rng = substream(sim.seed, "delivery")
+        self.held: dict[int, list[tuple[float, list[dict]]]] = {h: [] for h in self.late}
+        self.last_release = {h: -np.inf for h in self.late}
+        self.H = H
+
+    def step(self, t: float, recs: list[dict], nccl_recs: list[list[dict]] | None) -> list[dict]:
+        by_host: list[list[dict]] = [[] for _ in range(self.H)]
+        for r in recs:
+            by_host[self.hosts[r["host"]]].append(r)
+        if nccl_recs is not None:
+            for h in range(self.H):
+                by_host[h].extend(r for r in nccl_recs[h] if r["host"])
+        noise = np.clip(self.rng.normal(0.0, self.jitter, self.H), -3 * self.jitter, 3 * self.jitter) \
+            if self.jitter > 0 else np.zeros(self.H)
+        delay = {h: float(self.rng.uniform(lo, hi)) for h, (lo, hi) in self.late.items()}
+        out: list[dict] = []
+        for h in range(self.H):
+            if t + 1e-9 < self.join[h] or not by_host[h]:
+                continue
+            shift = float(self.offset[h] + noise[h])
+            if shift:
+                for r in by_host[h]:
+                    r["ts"] = round(r["ts"] + shift, 3)
+            if h in self.late:
+                # A late host's records keep their order: each step's arrive no sooner than the last.
+                release = max(self.last_release[h], t + delay[h])
+                self.last_release[h] = release
+                self.held[h].append((release, by_host[h]))
+                continue
+            out.extend(by_host[h])
+        for h, q in self.held.items():
+            while q and q[0][0] <= t + 1e-9:
+                out.extend(q.pop(0)[1])
+        return out
+
+    def rest(self) -> list[dict]:
+        out: list[dict] = []
+        for q in self.held.values():
+            for _, recs in q:
+                out.extend(recs)
+            q.clear()
+        return out

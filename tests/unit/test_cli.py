@@ -76,3 +76,12 @@ def test_eval_prints_per_family_and_per_detector_tables_verdicts_and_training_ti
         assert f"| {det} |" in out and f"gpuwarden beats {det}" in out
     assert "false / 1,000 GPU-h" in out and "95% upper bound" in out
     assert "1,024 GPUs, checkpoint every 900 s" in out and "| watchdog only |" in out
+
+
+def test_eval_reports_each_sampling_interval_and_re_fires(capsys):
+    assert main(["eval", "--scenario", "thermal", "--seeds", "1", "--hosts", "1", "--duration", "600",
+                 "--interval", "1", "10", "--markdown"]) == 0
+    out = capsys.readouterr().out
+    assert "sampled every 1 s" in out and "sampled every 10 s" in out
+    assert "**thermal: per sampling interval**" in out and "re-fires" in out
+    assert "| 10 s | gpuwarden | 1/1 (100%) |" in out

@@ -222,7 +222,12 @@ class CommBusbw(NcclDetector):
             np.rint(frame.ts - frame.ts.min()).astype(np.int64)
         rep = np.zeros(n, dtype=bool)
         rep[first] = True
-        single = ~self.multi[code]
+        # Judged per host only when every rank of the communicator is in the group: a
+        # communicator whose hosts stamp their records at different times (each host samples
+        # at its own phase; clocks are skewed) arrives a rank or a few at a time, and such a
+        # fragment is neither known to sit on one host nor comparable with whole peers.
+        whole = group_stat(key, frame.busbw_gbs, "count") >= frame.nranks
+        single = ~self.multi[code] & whole
         peer_bw = np.where(rep & single, bw, np.nan)
         ref = group_stat(kind, peer_bw, "median")
         npeers = group_stat(kind, peer_bw, "count")
