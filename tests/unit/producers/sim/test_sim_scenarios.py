@@ -27,7 +27,7 @@ def test_builtins_exist_and_load_as_copies():
 
 @pytest.mark.parametrize("name", sorted(SCENARIOS))
 def test_every_builtin_runs_and_labels_fit(name):
-    sim = Simulator(hosts=4, duration=300.0, seed=2, scenario=name)
+    sim = Simulator(hosts=6 if name == "mixed_fleet" else 4, duration=300.0, seed=2, scenario=name)
     n = sum(len(b) for b in sim.batches())
     assert n > 0
     for lab in sim.labels():
