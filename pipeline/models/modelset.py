@@ -382,13 +382,14 @@ class ModelSet:
         """Continue where ``snapshot`` stopped; models whose definition changed start fresh."""
         try:
             data = _decode_state.decode(blob)
-            if data.get("version") != STATE_VERSION:
+            if data.get("version") not in (2, STATE_VERSION):   # 2: before the fleet context
                 raise StateError(f"model state version {data.get('version')} (this build reads {STATE_VERSION})")
             self.cohort_names = list(data["cohort_names"])
             self.cohort_of = np.asarray(data["cohort_of"], dtype=np.int32).copy()
             self._nccl = [NcclFrame.from_state(f) for f in data["nccl"]]
-            self.context.load_state(data["context"])
-            self.explained = {str(k): int(v) for k, v in data["explained"].items()}
+            if "context" in data:
+                self.context.load_state(data["context"])
+                self.explained = {str(k): int(v) for k, v in data["explained"].items()}
             for name, st in data["models"].items():
                 m = self.models.get(name)
                 if m is None or st["definition"] != repr(m.spec.definition()):

@@ -49,3 +49,18 @@ def test_explained_by_is_validated():
         ("fleet_power_cap",)
     with pytest.raises(ConfigError, match=r"models\[0\]\.explained_by\[0\]"):
         specs_from_data({"models": [{**base, "explained_by": ["sunspots"]}]})
+
+
+def test_model_state_from_before_the_fleet_context_still_restores():
+    import msgspec
+
+    from pipeline.models import load_models
+    from pipeline.models.modelset import _decode_state, _pack
+
+    ms = load_models()
+    data = _decode_state.decode(ms.snapshot())
+    old = {k: v for k, v in data.items() if k not in ("context", "explained")}
+    old["version"] = 2
+    fresh = load_models()
+    fresh.restore(msgspec.msgpack.encode(_pack(old)))
+    assert fresh.explained == {} and not fresh.context.fleet_power_cap
