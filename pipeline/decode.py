@@ -38,23 +38,75 @@ UNSUPPORTED_VERSION = "unsupported_version"
 TS_OUT_OF_RANGE = "ts_out_of_range"
 LATE = "late"
 TOO_LARGE = "too_large"
+TOO_DEEP = "too_deep"
+OUT_OF_RANGE = "out_of_range"
+BAD_IDENTIFIER = "bad_identifier"
+INTERNAL = "internal"
 REASONS = (MALFORMED_JSON, WRONG_TYPE, MISSING_KEY, NAN_VALUE, NAN_FIELD, BLANK_SENTINEL, NEGATIVE_VALUE,
-           UNKNOWN_KIND, UNSUPPORTED_VERSION, TS_OUT_OF_RANGE, LATE, TOO_LARGE)
+           UNKNOWN_KIND, UNSUPPORTED_VERSION, TS_OUT_OF_RANGE, LATE, TOO_LARGE, TOO_DEEP, OUT_OF_RANGE,
+           BAD_IDENTIFIER, INTERNAL)
 
 # Plausible event time: 2001-09-09 .. 2100-01-01. Anything else is a unit mistake (ms, us) or garbage.
 TS_MIN, TS_MAX = 1.0e9, 4.1e9
 _DOUBLE_MAX = sys.float_info.max
 RAW_KEEP = 2048  # bytes of the original kept in a dead letter: enough to see it, not to flood the DLQ
 
+# Ranges of the contract's integers (docs/architecture.md, "Dead letters"). Far beyond any real
+# fleet, and each fits the int32 arrays the engine keeps: an index of 2^63 or a rank of 2^32
+# must cost only its own record, never overflow a column.
+MAX_GPU_INDEX = 4095        # GPUs (and MIG instances) of one host
+MAX_LINK_INDEX = 1023       # NVLinks of one GPU
+MAX_RANKS = 1 << 24         # ranks of one NCCL communicator
+# Identifiers (host, GPU model, communicator, job, collective): a host name is at most a DNS name
+# (253), the others a generous 256; printable, no white space, valid Unicode (no lone
+# surrogates, which no UTF-8 writer can encode: a snapshot, an alert id or a dead letter would
+# fail on them far from the record that brought them).
+MAX_HOST_LEN = 253
+MAX_ID_LEN = 256
+
 # The fast path's types carry the plausibility checks as msgspec constraints, so they cost
 # nothing beyond decoding (checked in C); a record that breaks one fails the fast decode and its
 # message goes to the slow path, whose plain types and ``_check`` say exactly what is wrong.
 _ONE = Annotated[int, msgspec.Meta(ge=SCHEMA_VERSION, le=SCHEMA_VERSION)]
 _TS_OK = Annotated[float, msgspec.Meta(ge=TS_MIN, le=TS_MAX)]
-_HOST_OK = Annotated[str, msgspec.Meta(min_length=1)]
-_INDEX = Annotated[int, msgspec.Meta(ge=0)]
+_HOST_OK = Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_HOST_LEN)]
+_ID_OK = Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_ID_LEN)]
+_GPU_OK = Annotated[int, msgspec.Meta(ge=0, le=MAX_GPU_INDEX)]
+_LINK_OK = Annotated[int, msgspec.Meta(ge=0, le=MAX_LINK_INDEX)]
+_RANK = Annotated[int, msgspec.Meta(ge=0, lt=MAX_RANKS)]
+_NRANKS = Annotated[int, msgspec.Meta(ge=1, le=MAX_RANKS)]
 _NONNEG = Annotated[float, msgspec.Meta(ge=0)]   # JSON has no NaN, and msgspec refuses 1e999
 _CHECKED = [("v", _ONE, SCHEMA_VERSION), ("ts", _TS_OK), ("host", _HOST_OK)]
+_HOST, _MODEL = operator.attrgetter("host"), operator.attrgetter("model")
+_NCCL_NAMES = operator.attrgetter("comm", "coll", "job", "comm_name")
+
+
+def bad_identifier(name: object, limit: int = MAX_ID_LEN, host: bool = False) -> str | None:
+    """Why ``name`` cannot be an identifier, or None. A host name (``host``) holds no space;
+    a GPU model, job or collective may ("NVIDIA H100 80GB HBM3").
+
+    >>> bad_identifier("gpu-node-007", host=True), bad_identifier("n\\ud800"), bad_identifier("a b", host=True)
+    (None, 'not printable', 'holds a space')
+    """
+    if not isinstance(name, str):
+        return f"a {type(name).__name__}, not a string"
+    if not 0 < len(name) <= limit:
+        return f"{len(name)} characters (1..{limit})"
+    # isprintable() is False for control characters, lone surrogates and every space but " ".
+    if not name.isprintable():
+        return "not printable"
+    if host and " " in name:
+        return "holds a space"
+    return None
+
+
+def _bad_host(name: object) -> str | None:
+    return bad_identifier(name, MAX_HOST_LEN, host=True)
+
+
+def _shown(name: str) -> str:
+    """An untrusted name as it may appear in a detail: escaped, and cut."""
+    return ascii(name[:64]) + ("…" if len(name) > 64 else "")
 
 
 def _rank_below_nranks(self: NcclRecord) -> None:
@@ -64,7 +116,9 @@ def _rank_below_nranks(self: NcclRecord) -> None:
 
 # Named as the contract's types (their reprs and class names are what users see).
 _NcclChecked = msgspec.defstruct(
-    "NcclRecord", [*_CHECKED, ("rank", _INDEX), ("nranks", _INDEX), ("exec_time_us", _NONNEG),
+    "NcclRecord", [*_CHECKED, ("rank", _RANK), ("nranks", _NRANKS), ("exec_time_us", _NONNEG),
+                   ("gpu", Optional[_GPU_OK], None), ("nnodes", Optional[_NRANKS], None), ("comm", _ID_OK),
+                   ("coll", _ID_OK), ("job", Optional[_ID_OK], None), ("comm_name", Optional[_ID_OK], None),
                    ("algbw_gbs", Optional[_NONNEG], None), ("busbw_gbs", Optional[_NONNEG], None)],
     bases=(NcclRecord,), tag="nccl", tag_field="kind", kw_only=True, gc=False,
     namespace={"__post_init__": _rank_below_nranks})
@@ -74,7 +128,8 @@ _NcclChecked = msgspec.defstruct(
 def _fast_for(fields: tuple[str, ...] | None) -> msgspec.json.Decoder:
     """A decoder of one message into checked types keeping ``fields``."""
     base = DcgmRecord if fields is None else dcgm_record_type(fields)
-    rec = msgspec.defstruct(base.__name__, [*_CHECKED, ("gpu", _INDEX)], bases=(base,), tag="dcgm",
+    rec = msgspec.defstruct(base.__name__, [*_CHECKED, ("gpu", _GPU_OK), ("link", Optional[_LINK_OK], None),
+                                            ("model", Optional[_ID_OK], None)], bases=(base,), tag="dcgm",
                             tag_field="kind", kw_only=True, gc=False)
     one = Union[list[Union[rec, _NcclChecked]], rec, _NcclChecked]  # type: ignore[valid-type]
     return msgspec.json.Decoder(one)
@@ -191,6 +246,9 @@ class Decoder:
         self.max_future_s = max_future_s
         self.max_age_s = max_age_s
         self.max_message_bytes = max_message_bytes
+        # Identifiers already found valid: a fleet has few names, so each is checked once.
+        self._ok_names: set[str | None] = {None}
+        self._ok_hosts: set[str] = set()
         self.set_fields(fields)
 
     def set_fields(self, fields: tuple[str, ...] | None) -> None:
@@ -217,7 +275,7 @@ class Decoder:
                 # this once did, costs a copy of every byte: measured 1-5 % slower end to end
                 # with per-host messages, the same with per-GPU ones.)
                 objs = list(map(self._fast.decode, payloads))
-            except (msgspec.DecodeError, msgspec.ValidationError):
+            except (msgspec.DecodeError, msgspec.ValidationError, RecursionError):
                 objs = None
             if objs is not None:
                 recs: list[TelemetryRecord] = []
@@ -229,7 +287,7 @@ class Decoder:
                     else:
                         recs.append(obj)
                         sizes.append(-1)
-                if self._all_plausible_many(recs):
+                if self._all_plausible_many(recs) and self._names_ok(recs):
                     return Decoded(recs, Origins.of_messages(origins, sizes), [])
         out = Decoded([], [], [])
         names: list[str] = []
@@ -250,7 +308,35 @@ class Decoder:
         ts = list(map(_TS, recs))
         return lo <= min(ts) and max(ts) <= hi
 
+    def _names_ok(self, recs: list[TelemetryRecord]) -> bool:
+        """Whether every identifier in ``recs`` is one already found valid (else: check the new ones)."""
+        hosts = set(map(_HOST, recs)) - self._ok_hosts
+        names: set[str | None] = set()
+        try:
+            names.update(map(_MODEL, recs))   # DCGM records only, the common case
+        except AttributeError:                # NCCL records among them
+            for r in recs:
+                names.update(_NCCL_NAMES(r) if isinstance(r, NcclRecord) else (r.model,))
+        names -= self._ok_names
+        if not hosts and not names:
+            return True
+        if any(map(_bad_host, hosts)) or any(bad_identifier(n) is not None for n in names if n is not None):
+            return False
+        if len(self._ok_names) + len(self._ok_hosts) > 100_000:   # bounded, for a stream of ever-new names
+            self._ok_names, self._ok_hosts = {None}, set()
+        self._ok_names |= names
+        self._ok_hosts |= hosts
+        return True
+
     def decode(self, payload: bytes, origin: str) -> Decoded:
+        """Decode one message (a record or an array of them); never raises."""
+        try:
+            return self._decode(payload, origin)
+        except Exception as e:   # a bug, or an input nobody thought of: it costs this message only
+            return Decoded([], [], [DeadLetter(reason=INTERNAL, detail=f"{type(e).__name__}: {e}"[:300],
+                                               origin=origin, raw=_raw(payload) if payload is not None else None)])
+
+    def _decode(self, payload: bytes, origin: str) -> Decoded:
         out = Decoded([], [], [])
         if payload is None:
             out.dead.append(DeadLetter(reason=WRONG_TYPE, detail="message has no value (a Kafka tombstone?)",
@@ -262,11 +348,11 @@ class Decoder:
             return out
         try:
             obj = self._fast.decode(payload)
-        except (msgspec.DecodeError, msgspec.ValidationError):
+        except (msgspec.DecodeError, msgspec.ValidationError, RecursionError):
             self._slow(payload, origin, out)
             return out
         recs = obj if isinstance(obj, list) else [obj]
-        if self._all_plausible(recs):
+        if self._all_plausible(recs) and (not recs or self._names_ok(recs)):
             out.records = recs
             out.origins = list(map((origin + "#").__add__, map(str, range(len(recs))))) if isinstance(obj, list) else [origin]
             return out
@@ -302,8 +388,9 @@ class Decoder:
             out.origins.append(origin)
         else:
             code, detail = reason
+            host = rec.host if _bad_host(rec.host) is None else None
             out.dead.append(DeadLetter(reason=code, detail=detail, origin=origin, raw=_raw(payload),
-                                       ts=rec.ts if math.isfinite(rec.ts) else None, host=rec.host))
+                                       ts=rec.ts if math.isfinite(rec.ts) else None, host=host))
 
     def _check(self, rec: TelemetryRecord) -> tuple[str, str] | None:
         ts = rec.ts
@@ -322,12 +409,30 @@ class Decoder:
                 return TS_OUT_OF_RANGE, f"ts {ts} is {now - ts:.0f}s behind the wall clock"
         if not rec.host:
             return MISSING_KEY, "host is empty"
+        why = _bad_host(rec.host)
+        if why is not None:
+            return BAD_IDENTIFIER, f"host {_shown(rec.host)}: {why}"
         if isinstance(rec, DcgmSample):
             if rec.gpu < 0:
                 return NEGATIVE_VALUE, f"gpu index {rec.gpu}"
+            if rec.gpu > MAX_GPU_INDEX:
+                return OUT_OF_RANGE, f"gpu index {rec.gpu} (0..{MAX_GPU_INDEX})"
+            if rec.link is not None and not 0 <= rec.link <= MAX_LINK_INDEX:
+                return OUT_OF_RANGE, f"link index {rec.link} (0..{MAX_LINK_INDEX})"
+            if rec.model is not None and (why := bad_identifier(rec.model)) is not None:
+                return BAD_IDENTIFIER, f"model {_shown(rec.model)}: {why}"
         else:
+            if rec.nranks > MAX_RANKS or rec.rank >= MAX_RANKS or (rec.nnodes is not None and
+                                                                   not 0 <= rec.nnodes <= MAX_RANKS):
+                return OUT_OF_RANGE, f"rank {rec.rank} of {rec.nranks} (at most {MAX_RANKS} ranks)"
             if rec.rank < 0 or rec.nranks <= 0 or rec.rank >= rec.nranks:
                 return WRONG_TYPE, f"rank {rec.rank} of {rec.nranks}"
+            if rec.gpu is not None and not 0 <= rec.gpu <= MAX_GPU_INDEX:
+                return OUT_OF_RANGE, f"gpu index {rec.gpu} (0..{MAX_GPU_INDEX})"
+            for name in ("comm", "coll", "job", "comm_name"):
+                val = getattr(rec, name)
+                if val is not None and (why := bad_identifier(val)) is not None:
+                    return BAD_IDENTIFIER, f"{name} {_shown(val)}: {why}"
             for name in ("exec_time_us", "algbw_gbs", "busbw_gbs"):
                 val = getattr(rec, name)
                 if val is not None and not math.isfinite(val):
@@ -346,16 +451,29 @@ class Decoder:
         except (ValueError, UnicodeDecodeError) as e:
             out.dead.append(DeadLetter(reason=MALFORMED_JSON, detail=str(e)[:200], origin=origin, raw=_raw(payload)))
             return
+        except RecursionError:
+            # A record is three levels deep; a thousand nested arrays are an attack or garbage.
+            out.dead.append(DeadLetter(reason=TOO_DEEP, detail="JSON nested too deep to be a record",
+                                       origin=origin, raw=_raw(payload)))
+            return
         items = obj if isinstance(obj, list) else [obj]
         for i, item in enumerate(items):
             o = f"{origin}#{i}" if isinstance(obj, list) else origin
             self._slow_one(item, o, out)
 
     def _slow_one(self, item: Any, origin: str, out: Decoded) -> None:
+        try:
+            self._slow_item(item, origin, out)
+        except RecursionError:   # nested deep inside a key nothing reads
+            out.dead.append(DeadLetter(reason=TOO_DEEP, detail="JSON nested too deep to be a record", origin=origin))
+
+    def _slow_item(self, item: Any, origin: str, out: Decoded) -> None:
         raw = _raw(json.dumps(item, default=str)) if not isinstance(item, str) else _raw(item)
 
         def dead(code: str, detail: str) -> None:
             host = item.get("host") if isinstance(item, dict) and isinstance(item.get("host"), str) else None
+            if host is not None and _bad_host(host) is not None:
+                host = None   # never echo a name a JSON writer cannot encode
             out.dead.append(DeadLetter(reason=code, detail=detail, origin=origin, raw=raw, host=host))
 
         if not isinstance(item, dict):
