@@ -99,3 +99,24 @@ def test_the_nccl_gpu_of_a_record_is_never_wrapped_onto_another_gpu(tmp_path: Pa
     lines.insert(INSERT_AT, json.dumps({**NCCL, "gpu": -1}).encode())
     _, dlq = _run(tmp_path, lines)
     assert [d["reason"] for d in dlq] == ["out_of_range"]
+
+
+def test_an_oversized_line_in_a_gzip_recording_is_never_read_whole(tmp_path: Path) -> None:
+    import tracemalloc
+
+    from pipeline.bus.files import read_lines
+
+    lines = _good_lines()
+    lines.insert(INSERT_AT, b'{"kind":"dcgm","host":"' + b"h" * (40 << 20) + b'"}')   # 40 MiB
+    path = tmp_path / "big.jsonl.gz"
+    with gzip.open(path, "wb", compresslevel=1) as fh:
+        fh.write(b"\n".join(lines) + b"\n")
+    tracemalloc.start()
+    sizes = [len(m.value) for m in read_lines(path, max_line_bytes=1 << 20)]
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    assert len(sizes) == len(lines) and sizes[INSERT_AT] == (1 << 20) + 1
+    assert peak < 8 << 20   # bounded by the limit, not by the line
+
+    alerts, dlq = _run(tmp_path, lines, name="again.jsonl.gz")
+    assert [(d["reason"], d["origin"].rsplit(":", 1)[1]) for d in dlq] == [("too_large", str(INSERT_AT + 1))]
