@@ -5,7 +5,7 @@
 Same recording and method as ``engine_throughput.py`` (decode included, one core, median of
 ``--repeat`` runs), run twice: default rules alone, then default rules + ``rules/models.yaml``.
 Memory: per-GPU model state (arrays indexed by GPU) in bytes, and the shared per-cohort state
-(pickled size: HalfSpaceTrees and friends), after the run.
+(its msgpack size in the snapshot: the HST forests and friends), after the run.
 """
 
 from __future__ import annotations

@@ -25,6 +25,7 @@ import msgspec
 import numpy as np
 
 from pipeline.decode import LATE, Origins, take_origins
+from pipeline.engine.arrays import from_parts
 from pipeline.engine.checks import GPU, HOST, RowCheck, TickCheck, builtin_checks
 from pipeline.engine.config import EngineConfig
 from pipeline.engine.entities import Entities, grow
@@ -398,9 +399,9 @@ class Engine:
     # -- state ---------------------------------------------------------------------------------
 
     def snapshot(self) -> bytes:
-        """All engine state as bytes (msgpack). Without models nothing in it is ever executed;
-        with models, per-cohort river objects are pickled inside it, so a restored snapshot must
-        come from a trusted source (the service signs its checkpoints, see service/state.py)."""
+        """All engine state as bytes: msgpack of numbers, strings and numeric arrays (the models'
+        too, docs/models.md#model-state), so restoring one never runs anything. A forged one could
+        still feed the engine wrong history: the service signs its checkpoints (service/state.py)."""
         data = {
             "version": SNAPSHOT_VERSION,
             "config": self.config.to_dict(),
@@ -575,4 +576,4 @@ def _arr(a: np.ndarray) -> dict:
 
 
 def _unarr(d: dict) -> np.ndarray:
-    return np.frombuffer(d["data"], dtype=np.dtype(d["dtype"])).reshape(d["shape"]).copy()
+    return from_parts(d["dtype"], d["shape"], d["data"])   # numbers only, or StateError

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import math
 import operator
-import pickle
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -24,9 +23,10 @@ import msgspec
 import numpy as np
 
 from pipeline.catalog import FIELDS
+from pipeline.engine.arrays import from_parts, numeric
 from pipeline.engine.checks import GPU, CheckMeta
 from pipeline.engine.entities import Entities, grow
-from pipeline.engine.frame import NcclFrame
+from pipeline.engine.frame import NCCL_KEYS, NcclFrame
 from pipeline.engine.state import COUNTER_COLS, View
 from pipeline.errors import StateError
 from pipeline.models.config import ModelSpec, load_model_specs
@@ -35,7 +35,9 @@ from pipeline.models.context import FleetContext, board_power
 from pipeline.models.deciders import make_decider
 from pipeline.models.registry import DCGM, REGISTRY, build
 
-STATE_VERSION = 3   # 2: arrays and river objects as msgpack extension types; 3: the fleet context
+# 2: arrays and river objects as msgpack extension types; 3: the fleet context; 4: no pickled
+# objects, only numbers (versions 2 and 3 are refused, never unpickled: docs/models.md#model-state).
+STATE_VERSION = 4
 _MODEL = operator.attrgetter("model")
 NCCL_FRESH_S = 15.0        # NCCL findings hold this long on the DCGM rows (3 reporting intervals)
 
@@ -366,7 +368,7 @@ class ModelSet:
     # -- state ------------------------------------------------------------------------------------
 
     def snapshot(self) -> bytes:
-        """Model state as bytes (msgpack; river objects pickled -- trusted state topic only)."""
+        """Model state as bytes: msgpack of numbers, strings and numeric arrays, no objects."""
         data = {"version": STATE_VERSION, "cohort_names": self.cohort_names, "cohort_of": self.cohort_of,
                 "nccl": [f.to_state() for f in self._nccl], "models": {},
                 "context": self.context.to_state(), "explained": self.explained}
@@ -382,14 +384,17 @@ class ModelSet:
         """Continue where ``snapshot`` stopped; models whose definition changed start fresh."""
         try:
             data = _decode_state.decode(blob)
-            if data.get("version") not in (2, STATE_VERSION):   # 2: before the fleet context
-                raise StateError(f"model state version {data.get('version')} (this build reads {STATE_VERSION})")
-            self.cohort_names = list(data["cohort_names"])
-            self.cohort_of = np.asarray(data["cohort_of"], dtype=np.int32).copy()
-            self._nccl = [NcclFrame.from_state(f) for f in data["nccl"]]
-            if "context" in data:
-                self.context.load_state(data["context"])
-                self.explained = {str(k): int(v) for k, v in data["explained"].items()}
+            if not isinstance(data, dict) or data.get("version") != STATE_VERSION:
+                v = data.get("version") if isinstance(data, dict) else None
+                raise StateError(f"model state version {v} (this build reads {STATE_VERSION} only)")
+            self.cohort_names = [str(c) for c in data["cohort_names"]]
+            self.cohort_of = np.asarray(numeric(data["cohort_of"], "cohort_of"), dtype=np.int32).copy()
+            if len(self.cohort_of) and not -1 <= int(self.cohort_of.min()) <= int(self.cohort_of.max()) \
+                    < len(self.cohort_names):
+                raise StateError("model state: a GPU in a cohort that is not named")
+            self._nccl = [_nccl_frame(f) for f in data["nccl"]]
+            self.context.load_state(data["context"])
+            self.explained = {str(k): int(v) for k, v in data["explained"].items()}
             for name, st in data["models"].items():
                 m = self.models.get(name)
                 if m is None or st["definition"] != repr(m.spec.definition()):
@@ -398,10 +403,15 @@ class ModelSet:
                 for c, ds in st["dets"].items():
                     m.det(c).load_state(ds)
                 m.decider.load_state(st["decider"])
-                m.cur, m.flag, m.obs_ts = st["cur"].copy(), st["flag"].copy(), st["obs_ts"].copy()
+                cur, flag, obs_ts = (numeric(st[k], f"{name}.{k}") for k in ("cur", "flag", "obs_ts"))
+                if not len(cur) == len(flag) == len(obs_ts):
+                    raise StateError(f"model state: {name}'s per-entity arrays differ in length")
+                m.cur, m.flag, m.obs_ts = cur.astype(float), flag.astype(bool), obs_ts.astype(float)
                 m.ent_ev = {int(k): v for k, v in st["ent_ev"].items()}
-        except (msgspec.DecodeError, KeyError, TypeError, ValueError, pickle.UnpicklingError, AttributeError) as e:
+        except (msgspec.DecodeError, KeyError, TypeError, ValueError, AttributeError, IndexError) as e:
             raise StateError(f"cannot restore model state: {e}") from e
+        except StateError as e:
+            raise StateError(f"cannot restore model state: {e.message}") from e
 
     def nbytes_per_gpu(self, n_gpus: int) -> dict[str, float]:
         """Per-GPU state bytes of each model (entity arrays) plus its shared (cohort) bytes."""
@@ -415,18 +425,20 @@ class ModelSet:
         return out
 
     def shared_bytes(self) -> int:
-        """Bytes of per-cohort state (pickled size), e.g. a HalfSpaceTrees."""
+        """Bytes of per-cohort state as the snapshot holds it (msgpack), e.g. a cohort's trees."""
         total = 0
         for m in self.models.values():
             for d in m.dets.values():
                 st = d.to_state()
-                total += len(pickle.dumps({k: v for k, v in st.items() if k != "arrays"}))
+                total += len(msgspec.msgpack.encode(_pack({k: v for k, v in st.items() if k != "arrays"})))
         return total
 
 
-# Types msgpack has no word for travel as extension values, never as marked dicts: dict keys in
-# the state come from telemetry (NCCL communicator ids) and must never be read as a type marker.
-_EXT_NDARRAY, _EXT_PICKLE = 1, 2
+# Arrays travel as a msgpack extension value, never as a marked dict: dict keys in the state come
+# from telemetry (NCCL communicator ids) and must never be read as a type marker. There is no
+# other extension: state is numbers, strings and arrays of numbers, so restoring it runs nothing.
+# Type 2 was a pickled object (model state versions 2 and 3); it is refused, never unpickled.
+_EXT_NDARRAY, _EXT_PICKLE_REFUSED = 1, 2
 
 
 def _pack(o: Any) -> Any:
@@ -441,20 +453,32 @@ def _pack(o: Any) -> Any:
         return o.item()
     if o is None or isinstance(o, (str, int, float, bool, bytes)):
         return o
-    # river objects (a cohort's HalfSpaceTrees): pickled; the state topic must be trusted.
-    return msgspec.msgpack.Ext(_EXT_PICKLE, pickle.dumps(o, protocol=pickle.HIGHEST_PROTOCOL))
+    # A detector whose state is an object: a bug here, not something to smuggle into the snapshot.
+    raise TypeError(f"model state holds a {type(o).__name__}; a detector's state is numbers and arrays")
 
 
 def _ext(code: int, data: memoryview) -> Any:
     if code == _EXT_NDARRAY:
-        dtype, shape, raw = msgspec.msgpack.decode(data)
-        return np.frombuffer(raw, dtype=np.dtype(dtype)).reshape(shape).copy()
-    if code == _EXT_PICKLE:
-        return pickle.loads(data)  # noqa: S301 - the engine's own state from the (signed) state topic
-    raise ValueError(f"unknown extension type {code} in model state")
+        parts = msgspec.msgpack.decode(data)
+        if not isinstance(parts, list) or len(parts) != 3:
+            raise StateError("model state: a malformed array")
+        return from_parts(*parts)
+    if code == _EXT_PICKLE_REFUSED:
+        raise StateError("model state holds a pickled object (state version 3 or older); it is not read")
+    raise StateError(f"unknown extension type {code} in model state")
 
 
 _decode_state = msgspec.msgpack.Decoder(ext_hook=_ext)
+
+
+def _nccl_frame(d: dict[str, Any]) -> NcclFrame:
+    """A queued NCCL frame of a snapshot: numeric columns and string communicators, one length."""
+    cols = {k: numeric(d[k], f"nccl.{k}") for k in NCCL_KEYS if k != "comm"}
+    if not isinstance(d["comm"], list) or not all(isinstance(c, str) for c in d["comm"]):
+        raise StateError("model state: queued NCCL communicators are not strings")
+    if len({len(v) for v in cols.values()} | {len(d["comm"])}) != 1:
+        raise StateError("model state: queued NCCL columns differ in length")
+    return NcclFrame.from_state(d)
 
 
 def load_models(path: str | Path | None = None, tick: float = 1.0) -> ModelSet:

@@ -1,8 +1,9 @@
 """The detector protocol (river's) and the batch form the engine drives.
 
 Every detector answers river's ``learn_one(x)`` and ``score_one(x) -> float`` (higher = more
-anomalous, always finite), is picklable and ``clone()``-able. The engine does not call them a
-sample at a time: it hands a whole tick (one row per GPU sample) to ``score_many`` and
+anomalous, always finite) and is ``clone()``-able; its state (``to_state``/``load_state``) is
+numbers, strings and numeric arrays only, never an object (docs/models.md#model-state). The
+engine does not call them a sample at a time: it hands a whole tick (one row per GPU sample) to ``score_many`` and
 ``learn_many``, which work on dense per-entity numpy arrays. ``*_one`` are thin adapters over the
 same code, so what the conformance suite checks is what the engine runs.
 
@@ -19,7 +20,9 @@ from typing import Any, Mapping, Protocol, runtime_checkable
 
 import numpy as np
 
+from pipeline.engine.arrays import numeric
 from pipeline.engine.entities import grow
+from pipeline.errors import StateError
 
 Features = dict[str, np.ndarray]
 
@@ -122,7 +125,12 @@ class BatchDetector:
     def load_state(self, st: dict[str, Any]) -> None:
         for n in self.entity_arrays:
             if n in st["arrays"]:
-                setattr(self, n, np.array(st["arrays"][n], copy=True))
+                now = getattr(self, n)
+                a = numeric(st["arrays"][n], f"{type(self).__name__}.{n}", ndim=now.ndim)
+                if a.shape[1:] != now.shape[1:]:
+                    raise StateError(f"snapshot: {type(self).__name__}.{n} has rows of {a.shape[1:]}, "
+                                     f"expected {now.shape[1:]}")
+                setattr(self, n, a.astype(now.dtype))
         for n in self.cohort_attrs:
             if n in st["cohort"]:
                 setattr(self, n, copy.deepcopy(st["cohort"][n]))

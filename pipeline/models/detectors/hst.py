@@ -1,16 +1,17 @@
-"""A multivariate detector for faults no rule names: river's HalfSpaceTrees, one per cohort.
+"""A multivariate detector for faults no rule names: Half-Space Trees, one forest per cohort.
 
 Features are per-GPU and normalised against the GPU's host peers (temperature above the host
 mean, power and SM clock as a ratio of the host mean, utilisation difference, ...), so one
-model serves every GPU of a cohort whatever the load, the aisle or the afternoon. One
-HalfSpaceTrees is ~1.1 MiB and ~19 us per score+learn (DESIGN §6), so it is never one per GPU
-and it does not see every sample: each GPU is scored every ``period`` seconds (GPUs take turns,
+model serves every GPU of a cohort whatever the load, the aisle or the afternoon. A forest is
+shared by the cohort (~62 KiB: docs/performance.md), so it is never one per GPU and it does not
+see every sample: each GPU is scored every ``period`` seconds (GPUs take turns,
 ``gpu_id % period``), every ``learn_every``-th turn is learnt from (every turn on a small fleet,
 with 16 or fewer GPUs due in a tick), and in between a GPU keeps
 its last score. Per-GPU state: that score and its time (16 bytes).
 
-State is the river object (pickled into the engine snapshot; see docs/models.md on trusting
-the state topic).
+The forest is river's HalfSpaceTrees, same seed, same scores (halfspace.py), kept in numpy
+arrays so that the engine snapshot holds plain numbers, never a pickled object
+(docs/models.md#model-state).
 """
 
 from __future__ import annotations
@@ -19,8 +20,9 @@ import math
 from typing import Any, Mapping
 
 import numpy as np
-from river import anomaly
 
+from pipeline.errors import StateError
+from pipeline.models.detectors.halfspace import HalfSpaceForest
 from pipeline.models.protocol import BatchDetector, Features
 
 # name: (definition, lower, upper) -- the limits map each feature onto HalfSpaceTrees' [0, 1].
@@ -31,6 +33,8 @@ NORMALISED = {
     "clock_ratio": ("sm_clock / hostmean:sm_clock", 0.4, 1.3),
     "util_dev": ("gpu_util - hostmean:gpu_util", -80.0, 40.0),
 }
+# The forest's columns: sorted by name, the order river draws the trees' splits from.
+KEYS = tuple(sorted(NORMALISED))
 
 
 def _normalise(F: Features, n: int) -> dict[str, np.ndarray]:
@@ -56,7 +60,7 @@ class CohortHalfSpaceTrees(BatchDetector):
     features = ("gpu_temp", "memory_temp", "power", "sm_clock", "gpu_util", "hostmean:gpu_temp",
                 "hostmean:memory_temp", "hostmean:power", "hostmean:sm_clock", "hostmean:gpu_util")
     entity_arrays = ("score", "score_ts")
-    cohort_attrs = ("hst", "n_learnt", "tick")
+    cohort_attrs = ("n_learnt", "tick")
     fills = {"score": 0.0}
 
     def __init__(self, n_trees: int = 10, height: int = 8, window_size: int = 250, seed: int = 42,
@@ -65,8 +69,7 @@ class CohortHalfSpaceTrees(BatchDetector):
                          learn_every=learn_every, warmup=warmup, **params)
         self.period, self.warmup = max(1, int(period)), warmup
         self.learn_every = max(1, int(learn_every))
-        self.hst = anomaly.HalfSpaceTrees(n_trees=n_trees, height=height, window_size=window_size,
-                                          limits={k: (0.0, 1.0) for k in NORMALISED}, seed=seed)
+        self.forest = HalfSpaceForest(len(KEYS), n_trees=n_trees, height=height, window_size=window_size, seed=seed)
         self.n_learnt = 0
         self.tick = 0
         self._pending: tuple | None = None
@@ -86,14 +89,13 @@ class CohortHalfSpaceTrees(BatchDetector):
         idx = np.flatnonzero(due)
         Z = _normalise({k: v[idx] for k, v in F.items()}, len(idx))
         keys = list(Z)
-        cols = [Z[k].tolist() for k in keys]
-        fresh = np.array([self.hst.score_one(dict(zip(keys, row))) for row in zip(*cols)]) if len(idx) else \
-            np.empty(0)
+        X = np.column_stack([Z[k] for k in KEYS]) if len(idx) else np.empty((0, len(KEYS)))
+        fresh = self.forest.score(X)
         score = self.score[ent].copy()
         score[idx] = fresh
         stale = ~due & (np.nan_to_num(ts - self.score_ts[ent], nan=np.inf) > 3 * self.period)
         score[stale] = 0.0
-        self._pending = (ts, idx, Z, keys, fresh)
+        self._pending = (ts, idx, X, keys, fresh)
         self.last = {"expected": np.full(n, np.nan), "observed": score,
                      "drivers": {k: np.full(n, np.nan) for k in keys}}
         for k in keys:
@@ -104,7 +106,7 @@ class CohortHalfSpaceTrees(BatchDetector):
         if len(ent) == 0:
             return
         pend = self._take_pending(ent, ts, F)
-        _, idx, Z, keys, fresh = pend
+        _, idx, X, _, fresh = pend
         self.score[ent[idx]] = fresh
         self.score_ts[ent[idx]] = ts[idx]
         ok = mask[idx]
@@ -112,12 +114,26 @@ class CohortHalfSpaceTrees(BatchDetector):
             # A shared model has data to spare: learn from every learn_every-th turn of a GPU.
             turn = np.nan_to_num(ts[idx], nan=0.0).astype(np.int64) // self.period
             ok = ok & ((turn + ent[idx]) % self.learn_every == 0)
-        for j in np.flatnonzero(ok).tolist():
-            self.hst.learn_one({k: float(Z[k][j]) for k in keys})
+        self.forest.learn(X[ok])       # in row order, as river's learn_one one row at a time
         self.n_learnt += int(ok.sum())
 
     def warm(self, ent: np.ndarray) -> np.ndarray:
         return np.full(len(ent), self.n_learnt >= self.warmup)
+
+    def to_state(self) -> dict[str, Any]:
+        st = super().to_state()
+        st["cohort"]["forest"] = self.forest.to_state()
+        return st
+
+    def load_state(self, st: dict[str, Any]) -> None:
+        try:
+            forest, n_learnt = st["cohort"]["forest"], st["cohort"]["n_learnt"]
+        except (KeyError, TypeError) as e:
+            raise StateError(f"half-space trees state lacks {e}") from e
+        if not isinstance(forest, dict) or type(n_learnt) is not int or n_learnt < 0:
+            raise StateError("half-space trees state: forest or n_learnt malformed")
+        self.forest.load_state(forest)
+        super().load_state(st)
 
     def learn_one(self, x: Mapping[str, Any]) -> None:
         # The single-sample protocol scores every call (no turn-taking).

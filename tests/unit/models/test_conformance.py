@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import math
-import pickle
 
+import msgspec
 import numpy as np
 import pytest
+from river import anomaly
 
+from pipeline.models.detectors.halfspace import SMALL, HalfSpaceForest
+from pipeline.models.detectors.hst import KEYS, CohortHalfSpaceTrees, _normalise
+from pipeline.models.modelset import _decode_state, _pack
 from pipeline.models.protocol import Detector
 from pipeline.models.registry import REGISTRY, build
 from tests.unit.models.conftest import HOSTS, TARGETS, auc, one_model, run_scores
@@ -66,12 +70,15 @@ def test_clone_is_fresh_with_same_params(name):
 
 
 @pytest.mark.parametrize("name", NAMES)
-def test_pickle_round_trip_scores_identically(name):
+def test_state_round_trip_through_the_snapshot_format_scores_identically(name):
+    # What the engine snapshot holds (msgpack of numbers and arrays, no pickle) is all there is
+    # to a detector: a fresh one loaded from it continues exactly.
     det = fresh(name)
     xs = stream(name, 100)
     for x in xs[:80]:
         det.learn_one(x)
-    copy = pickle.loads(pickle.dumps(det))
+    copy = fresh(name)
+    copy.load_state(_decode_state.decode(msgspec.msgpack.encode(_pack(det.to_state()))))
     for x in xs[80:]:
         assert copy.score_one(x) == det.score_one(x)
         copy.learn_one(x)
@@ -146,3 +153,56 @@ def test_better_than_chance_on_a_labelled_simulator_stream(name, sim_streams):
     p, n = np.concatenate(pos), np.concatenate(neg)
     assert len(p) > 10 and len(n) > 10
     assert auc(p, n) > 0.75, auc(p, n)
+
+
+# -- Half-Space Trees: numpy state, river's numbers -------------------------------------------------
+
+def _river(n_trees: int = 10, height: int = 8, window_size: int = 250, seed: int = 42) -> anomaly.HalfSpaceTrees:
+    return anomaly.HalfSpaceTrees(n_trees=n_trees, height=height, window_size=window_size, seed=seed,
+                                  limits={k: (0.0, 1.0) for k in KEYS})
+
+
+@pytest.mark.parametrize("n_trees,height,window_size,seed", [(10, 8, 250, 42), (5, 3, 3, 1), (3, 5, 50, 7)])
+def test_half_space_forest_scores_exactly_as_rivers(n_trees, height, window_size, seed):
+    """Same seed and parameters, same stream: the same score to the last bit, whether the rows
+    come in batches walked in numpy (more than SMALL rows) or in Python (SMALL or fewer)."""
+    ref = _river(n_trees, height, window_size, seed)
+    forest = HalfSpaceForest(len(KEYS), n_trees=n_trees, height=height, window_size=window_size, seed=seed)
+    rng = np.random.default_rng(seed)
+    sizes = [0, 1, SMALL, SMALL + 1, 3 * window_size + 5, 40, 2, 17]
+    n = 0
+    for step in range(120):
+        X = np.clip(rng.normal(0.5, 0.1, (sizes[step % len(sizes)], len(KEYS))), 0.0, 1.0)
+        if len(X) and step % 5 == 0:
+            X[0] = rng.random(len(KEYS))            # an outlier now and then
+        rows = [dict(zip(KEYS, r)) for r in X.tolist()]
+        want = np.array([ref.score_one(r) for r in rows], dtype=float)
+        np.testing.assert_array_equal(forest.score(X), want)
+        for r in rows:
+            ref.learn_one(r)
+        forest.learn(X)
+        n += len(X)
+    assert n > 10 * window_size and not forest.first_window
+
+
+def test_half_space_forest_draws_rivers_trees():
+    ref = _river(seed=3)
+    ref.learn_one(dict.fromkeys(KEYS, 0.5))        # river draws its trees on the first sample
+    forest = HalfSpaceForest(len(KEYS), seed=3)
+    for t, tree in enumerate(ref.trees):
+        node, i = tree, 0
+        for _ in range(forest.height):             # the left-most path of each tree
+            assert (KEYS[forest.feature[t, i]], forest.threshold[t, i]) == (node.feature, node.threshold)
+            node, i = node.children[0], 2 * i + 1
+
+
+def test_cohort_hst_scores_as_rivers_half_space_trees_on_a_stream():
+    """The detector (features normalised against the host, then the forest) gives river's scores."""
+    det = CohortHalfSpaceTrees(period=1, window_size=50, warmup=0)
+    ref = _river(window_size=50)
+    for x in stream("cohort_hst", 400, seed=2):
+        F = {k: np.array([float(x[k])]) for k in det.features}
+        z = {k: float(v[0]) for k, v in _normalise(F, 1).items()}
+        assert det.score_one(x) == float(ref.score_one(z))
+        det.learn_one(x)
+        ref.learn_one(z)

@@ -51,9 +51,12 @@ def test_explained_by_is_validated():
         specs_from_data({"models": [{**base, "explained_by": ["sunspots"]}]})
 
 
-def test_model_state_from_before_the_fleet_context_still_restores():
+def test_model_state_from_before_the_fleet_context_is_refused():
+    # Version 2 (and 3) held pickled objects: refused whole, the partition starts fresh
+    # (docs/models.md#model-state); never half-read.
     import msgspec
 
+    from pipeline.errors import StateError
     from pipeline.models import load_models
     from pipeline.models.modelset import _decode_state, _pack
 
@@ -61,6 +64,5 @@ def test_model_state_from_before_the_fleet_context_still_restores():
     data = _decode_state.decode(ms.snapshot())
     old = {k: v for k, v in data.items() if k not in ("context", "explained")}
     old["version"] = 2
-    fresh = load_models()
-    fresh.restore(msgspec.msgpack.encode(_pack(old)))
-    assert fresh.explained == {} and not fresh.context.fleet_power_cap
+    with pytest.raises(StateError, match="version 2"):
+        load_models().restore(msgspec.msgpack.encode(_pack(old)))

@@ -1,0 +1,43 @@
+"""Arrays in engine and model snapshots: numbers only, checked before they are used.
+
+A snapshot comes back from the state topic, which is outside the process (docs/models.md#model-state,
+docs/architecture.md §5): every array is rebuilt from (dtype, shape, raw bytes) only if the dtype
+is a plain number type and the bytes are exactly what the shape says, so a forged or damaged
+snapshot is a ``StateError``, never an object array or a crash later in a tick.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from pipeline.errors import StateError
+
+#: what a snapshot may hold: booleans, integers and floats in the byte order this build writes
+DTYPES = frozenset(np.dtype(t).str for t in (np.bool_, np.int8, np.int16, np.int32, np.int64, np.uint8,
+                                              np.uint16, np.uint32, np.uint64, np.float32, np.float64))
+MAX_NDIM = 4
+
+
+def from_parts(dtype: Any, shape: Any, raw: Any) -> np.ndarray:
+    """The array ``a.dtype.str, list(a.shape), a.tobytes()`` described, or ``StateError``."""
+    if not isinstance(dtype, str) or dtype not in DTYPES:
+        raise StateError(f"snapshot array of dtype {dtype!r}: only numbers are read ({', '.join(sorted(DTYPES))})")
+    if (not isinstance(shape, (list, tuple)) or len(shape) > MAX_NDIM
+            or not all(type(d) is int and d >= 0 for d in shape)):
+        raise StateError(f"snapshot array shape {shape!r} is not a list of at most {MAX_NDIM} sizes")
+    if not isinstance(raw, (bytes, bytearray, memoryview)):
+        raise StateError("snapshot array data is not bytes")
+    dt = np.dtype(dtype)
+    if int(np.prod(shape, dtype=np.int64)) * dt.itemsize != len(raw):
+        raise StateError(f"snapshot array {dtype}{list(shape)} with {len(raw)} bytes of data")
+    return np.frombuffer(raw, dtype=dt).reshape(shape).copy()
+
+
+def numeric(a: Any, what: str, ndim: int | None = 1) -> np.ndarray:
+    """``a`` if it is a numeric array (of ``ndim`` dimensions), else ``StateError``."""
+    if not isinstance(a, np.ndarray) or a.dtype.str not in DTYPES or (ndim is not None and a.ndim != ndim):
+        got = f"{a.dtype}{list(a.shape)}" if isinstance(a, np.ndarray) else type(a).__name__
+        raise StateError(f"snapshot: {what} is {got}, expected a {ndim}-d array of numbers")
+    return a
