@@ -21,7 +21,9 @@ from urllib.parse import urlsplit, urlunsplit
 
 import httpx
 
-from pipeline.remediation.safety import alert_values, fill, fill_argv
+from pipeline.remediation.audit import printable
+from pipeline.remediation.safety import alert_values, fill, fill_argv, template_vars
+from pipeline.remediation.targets import AllowList, Filled, UrlTemplate, pin, resolve
 from pipeline.schema import AlertEvent, encode
 
 log = logging.getLogger("gpuwarden.remediation")
@@ -44,6 +46,7 @@ class Plan:
     query: list[str] | None = None
     body: bytes | None = None
     undo: bool = False               # an undo (uncordon, resume): only where gpuwarden itself acted
+    targets_host: bool = False       # acts on the alert's host: only on a host in the inventory
     alert: AlertEvent | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -71,6 +74,7 @@ class Context:
     producer: Any = None             # pipeline.bus Producer for kafka actions
     sleep: Callable[[float], None] = time.sleep
     rng: random.Random = field(default_factory=random.Random)
+    resolve: Callable[[str, int], list[str]] = resolve   # a templated webhook host's addresses
 
 
 class Action(Protocol):
@@ -109,8 +113,11 @@ class CommandResult:
     error: str | None = None
 
 
-def run_command(argv: list[str], timeout: float, kill_grace: float = 2.0) -> CommandResult:
+def run_command(argv: list[str], timeout: float, kill_grace: float = 2.0, *,
+                limit: int = OUTPUT_LIMIT) -> CommandResult:
     """Run ``argv`` without a shell in its own process group; on timeout kill the whole group.
+
+    ``limit``: characters of stdout/stderr kept (the audit keeps little; a node list needs all).
 
     A new session means a ``scontrol`` wrapper's children (ssh, a script's subprocesses) die with
     it instead of lingering and acting after we reported a failure.
@@ -129,9 +136,9 @@ def run_command(argv: list[str], timeout: float, kill_grace: float = 2.0) -> Com
         except subprocess.TimeoutExpired:
             _kill_group(proc, signal.SIGKILL)
             out, err = proc.communicate()
-        return CommandResult(proc.returncode, _text(out), _text(err), timed_out=True,
+        return CommandResult(proc.returncode, _text(out, limit), _text(err, limit), timed_out=True,
                              error=f"timed out after {timeout:g}s; process group killed")
-    return CommandResult(proc.returncode, _text(out), _text(err))
+    return CommandResult(proc.returncode, _text(out, limit), _text(err, limit))
 
 
 def _kill_group(proc: subprocess.Popen[bytes], sig: int) -> None:
@@ -141,8 +148,8 @@ def _kill_group(proc: subprocess.Popen[bytes], sig: int) -> None:
         pass
 
 
-def _text(b: bytes | None) -> str:
-    return (b or b"").decode("utf-8", "replace")[:OUTPUT_LIMIT]
+def _text(b: bytes | None, limit: int = OUTPUT_LIMIT) -> str:
+    return (b or b"").decode("utf-8", "replace")[:limit]
 
 
 # -- the actions ---------------------------------------------------------------------------
@@ -161,7 +168,8 @@ class LogAction:
         self.message = message
 
     def plan(self, alert: AlertEvent) -> Plan:
-        vals = {k: ("-" if v is None else v) for k, v in alert_values(alert).items()}
+        # Alert values are escaped: a summary or host with a newline must not forge log lines.
+        vals = {k: ("-" if v is None else printable(v)) for k, v in alert_values(alert).items()}
         return Plan(self.name, self.type, False, False, None, alert.host, alert=alert,
                     extra={"message": fill(self.message, vals, for_argv=False)})
 
@@ -175,25 +183,40 @@ class LogAction:
 
 class WebhookAction:
     """HTTP POST of the alert JSON; retries with exponential backoff and jitter on 5xx and
-    connection errors, never on 4xx (the request itself is wrong: repeating it cannot help)."""
+    connection errors, never on 4xx (the request itself is wrong: repeating it cannot help).
+
+    Alert values only reach the URL's path and query, percent-encoded; a templated host needs
+    ``allow_hosts`` and is resolved, checked and pinned (pipeline/remediation/targets.py)."""
 
     type = "webhook"
 
     def __init__(self, name: str, url: str, *, timeout: float = 5.0, retries: int = 3, backoff: float = 0.5,
                  max_backoff: float = 30.0, headers: dict[str, str] | None = None,
                  headers_env: dict[str, str] | None = None, disruptive: bool = False, breaker: bool = False,
-                 entity: str = "host", type_name: str = "webhook") -> None:
+                 entity: str = "host", type_name: str = "webhook", allow_hosts: list[str] | None = None) -> None:
         self.name, self.url, self.timeout, self.retries = name, url, timeout, retries
         self.backoff, self.max_backoff = backoff, max_backoff
         self.headers = dict(headers or {})
         self.headers_env = dict(headers_env or {})
         self.disruptive, self.breaker, self.entity, self.type = disruptive, breaker, entity, type_name
+        self.target = UrlTemplate.parse(url)
+        if self.target.templated_host and self.headers_env:
+            raise ValueError(f"headers_env: secrets are only sent to a host written in the url, and {url!r} "
+                             "takes its host from the alert")
+        self.allow = AllowList.parse(allow_hosts, f"actions.{name}.allow_hosts")
+        self.inventory: Any = None
+        self.targets_host = disruptive and (self.target.templated_host or "host" in template_vars(url) or breaker)
         self._client: httpx.Client | None = None
 
+    def bind(self, allow: AllowList, inventory: Any) -> None:
+        """Set ``allow_hosts`` and the host inventory (the remediator does, from the config)."""
+        self.allow, self.inventory = allow, inventory
+
     def plan(self, alert: AlertEvent) -> Plan:
-        url = fill(self.url, alert_values(alert))
+        filled = self.target.fill(alert_values(alert), self.allow, self.inventory)
         return Plan(self.name, self.type, self.disruptive, self.breaker, entity_key(self.entity, alert), alert.host,
-                    url=url, body=encode(alert), alert=alert)
+                    url=filled.url, body=encode(alert), alert=alert, targets_host=self.targets_host,
+                    extra={"filled": filled})
 
     def query(self, plan: Plan, ctx: Context) -> QueryResult | None:
         return None
@@ -203,23 +226,47 @@ class WebhookAction:
         d = min(self.max_backoff, self.backoff * (2 ** attempt))
         return d / 2 + rng.uniform(0, d / 2)
 
-    def _headers(self) -> dict[str, str]:
+    def _headers(self, secrets: bool) -> dict[str, str]:
         h = {"Content-Type": "application/json", "User-Agent": "gpuwarden-remediate", **self.headers}
-        for header, env in self.headers_env.items():
-            if env in os.environ:
-                h[header] = os.environ[env]
+        if secrets:
+            for header, env in self.headers_env.items():
+                if env in os.environ:
+                    h[header] = os.environ[env]
         return h
+
+    def _request(self, plan: Plan, ctx: Context) -> tuple[str, dict[str, str], dict[str, Any]] | str:
+        """(url to connect to, headers, httpx extensions), or why it may not be sent."""
+        filled: Filled = plan.extra.get("filled") or Filled(plan.url or "")
+        if filled.host is None:
+            # The host is the one written in the config: the secrets may go there.
+            return filled.url, self._headers(secrets=True), {}
+        addr, why = pin(filled, self.allow, ctx.resolve)
+        if why:
+            return why
+        t = self.target
+        port = f":{t.port}" if t.port else ""
+        url = f"{t.scheme}://{f'[{addr}]' if ':' in addr else addr}{port}{filled.rest}"
+        headers = {**self._headers(secrets=False), "Host": filled.host + port}
+        return url, headers, ({"sni_hostname": filled.host} if t.scheme == "https" else {})
 
     def execute(self, plan: Plan, ctx: Context) -> Outcome:
         if self._client is None:
             self._client = httpx.Client(timeout=self.timeout, follow_redirects=False)
         shown = redact_url(plan.url or "")
+        req = self._request(plan, ctx)
+        if isinstance(req, str):
+            return Outcome(False, "refused", error=f"not sent: {req}", attempts=0)
+        url, headers, extensions = req
         last = ""
         for attempt in range(self.retries + 1):
             try:
-                r = self._client.post(plan.url or "", content=plan.body or b"", headers=self._headers())
+                r = self._client.post(url, content=plan.body or b"", headers=headers, extensions=extensions)
             except httpx.TransportError as e:
                 last = f"{type(e).__name__}: {e}"
+            except (httpx.HTTPError, httpx.InvalidURL) as e:
+                # Not the network: the request itself cannot be made; trying again cannot help.
+                return Outcome(False, type(e).__name__, error=f"{type(e).__name__}: {e} ({shown})",
+                               attempts=attempt + 1)
             else:
                 if r.status_code < 300:
                     return Outcome(True, f"HTTP {r.status_code}", attempts=attempt + 1)
@@ -295,12 +342,15 @@ class CommandAction:
             raise ValueError("query needs query_match")
         self.query_reason = query_reason
         self.values = dict(values or {})
+        uses_host = any("host" in template_vars(a) for a in [*self.argv, *(self.query_argv or [])])
+        self.targets_host = disruptive and (uses_host or breaker)
 
     def plan(self, alert: AlertEvent) -> Plan:
         vals = alert_values(alert, self.values)
         return Plan(self.name, self.type, self.disruptive, self.breaker, entity_key(self.entity, alert), alert.host,
                     argv=fill_argv(self.argv, vals),
-                    query=fill_argv(self.query_argv, vals) if self.query_argv else None, undo=self.undo, alert=alert)
+                    query=fill_argv(self.query_argv, vals) if self.query_argv else None, undo=self.undo, alert=alert,
+                    targets_host=self.targets_host)
 
     def query(self, plan: Plan, ctx: Context) -> QueryResult | None:
         if not plan.query:

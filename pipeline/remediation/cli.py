@@ -37,10 +37,13 @@ def _cmd_remediate(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
     dry = "dry-run" if cfg.guardrails.dry_run else "LIVE"
+    inv = svc.remediator.inventory
     print(f"gpuwarden remediate: {svc.topics.alerts} (group {svc.group}) on {svc.bootstrap}, "
-          f"disruptive actions {dry}, state {cfg.state_file}", file=sys.stderr)
+          f"disruptive actions {dry}, state {cfg.state_file}, "
+          f"{inv.describe() if inv else 'no inventory (node actions dry-run only)'}", file=sys.stderr)
     stats = svc.run(stop, idle_exit_s=args.idle_exit)
-    print(f"gpuwarden remediate: {stats.messages} alerts handled; decisions {svc.audit.total}", file=sys.stderr)
+    print(f"gpuwarden remediate: {stats.messages} alerts handled; decisions {svc.audit.total}; "
+          f"unknown hosts {svc.audit.reasons.get('unknown_host', 0)}", file=sys.stderr)
     return 0
 
 

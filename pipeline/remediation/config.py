@@ -6,6 +6,7 @@ Layout (complete examples in ``docs/remediation.md`` and ``rules/routes.yaml``):
     state_file: remediation.sqlite                  # guardrail state (relative to the config file)
     audit:      {kafka: true, file: null}
     guardrails: {dry_run, cooldown, max_attempts, attempt_window, breaker: {...}}
+    inventory:  {source: file|list|slurm|kubernetes|any, path, hosts, argv, refresh, timeout}
     actions:    {name: {type: log|webhook|kafka|command|slurm_drain|..., ...}}
     receivers:  [{name, actions: [...], on_resolved: [...], stop_on_failure}]
     route:      {receiver, matchers, group_by, group_wait, repeat_interval, continue, routes: [...]}
@@ -75,6 +76,16 @@ class Guardrails(_Strict):
     breaker: BreakerSettings = msgspec.field(default_factory=BreakerSettings)
 
 
+class InventorySettings(_Strict):
+    # The hosts remediation may act on (pipeline/remediation/inventory.py); checked there.
+    source: str | None = None         # file | list | slurm | kubernetes | any; none: live node actions refused
+    path: str | None = None           # source file: one host per line or a YAML list (relative to this file)
+    hosts: list[str] = []             # source list
+    argv: list[str] | None = None     # slurm/kubernetes: the listing command (sinfo / kubectl get nodes)
+    refresh: Duration = "5m"
+    timeout: Duration = "30s"
+
+
 # -- actions -------------------------------------------------------------------------------
 
 class _Action(_Strict, tag_field="type"):
@@ -94,6 +105,7 @@ class WebhookAction(_Action, tag="webhook", kw_only=True):
     max_backoff: Duration = "30s"
     headers: dict[str, str] = {}
     headers_env: dict[str, str] = {}  # header -> environment variable holding its (secret) value
+    allow_hosts: list[str] = []       # where a {host} in the url's host may point (targets.py)
 
 
 class KafkaAction(_Action, tag="kafka", kw_only=True):
@@ -165,6 +177,7 @@ class CheckpointAction(_Action, tag="checkpoint", kw_only=True):
     signal: str = "USR1"
     argv: list[str] = msgspec.field(default_factory=lambda: ["scancel", "--signal={signal}", "--full", "{job}"])
     url: str | None = None            # mode http: e.g. http://{host}:8471/checkpoint
+    allow_hosts: list[str] = []       # ... which then needs e.g. [inventory] (targets.py)
     timeout: Duration = "30s"
     retries: int = 2
     backoff: Duration = "1s"
@@ -201,6 +214,7 @@ class RemediationConfig(_Strict):
     kafka: KafkaSettings = msgspec.field(default_factory=KafkaSettings)
     audit: AuditSettings = msgspec.field(default_factory=AuditSettings)
     guardrails: Guardrails = msgspec.field(default_factory=Guardrails)
+    inventory: InventorySettings = msgspec.field(default_factory=InventorySettings)
     state_file: str = "remediation-state.sqlite"
 
 
@@ -317,6 +331,10 @@ def parse_config(data: Any, *, base_dir: Path = Path("."), source: str = "<confi
 
     walk(cfg.route, "route")
     _check_durations(cfg, actions)
+    from pipeline.remediation.inventory import check_settings
+    check_settings(cfg.inventory)
+    if cfg.inventory.path and not Path(cfg.inventory.path).is_absolute():
+        cfg.inventory.path = str(base_dir / cfg.inventory.path)
     # Matchers are compiled here so a bad one is a load error, not a surprise at the first alert.
     from pipeline.remediation.routes import RouteTree
     RouteTree.build(cfg.route)

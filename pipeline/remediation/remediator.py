@@ -4,9 +4,12 @@ For every action of a matched receiver, in order, exactly one audit record says 
 The checks run cheapest and safest first::
 
     claim (once per alert id) -> group (group_wait, repeat_interval) -> plan (argv/URL; unsafe
-    values refused) -> breaker open? -> dry-run? -> undo of a node we did not take out? ->
-    cooldown -> attempt cap -> query (already drained by someone else?) -> breaker admits the
-    node? -> execute
+    values refused) -> host in the inventory? -> breaker open? -> dry-run? -> undo of a node we
+    did not take out? -> cooldown -> attempt cap -> query (already drained by someone else?) ->
+    breaker admits the node? -> execute
+
+An action that raises (a bug, an HTTP client error) is a ``failed`` record for that action; the
+actions after it still each get theirs.
 
 ``force`` (a human's ``gpuwarden remediate act --force``) skips the claim, grouping, cooldown and
 attempt cap — never the breaker, dry-run or the query.
@@ -21,13 +24,16 @@ from typing import Any
 import msgspec
 
 from pipeline.bus.base import Message
-from pipeline.remediation.actions import Action, Context
-from pipeline.remediation.audit import AuditLog
+from pipeline.errors import ConfigError
+from pipeline.remediation.actions import Action, Context, Outcome, WebhookAction
+from pipeline.remediation.audit import AuditLog, printable
 from pipeline.remediation.config import Config, parse_duration
 from pipeline.remediation.guardrails import Limits, StateStore, iso_time
+from pipeline.remediation.inventory import Inventory, build_inventory
 from pipeline.remediation.presets import build_action
 from pipeline.remediation.routes import RouteMatch, RouteTree
 from pipeline.remediation.safety import MissingValue, UnsafeValue
+from pipeline.remediation.targets import AllowList
 from pipeline.schema import AlertEvent, encode
 
 log = logging.getLogger("gpuwarden.remediation")
@@ -37,7 +43,7 @@ class Remediator:
     """Turns alerts into audited decisions. Feed it ``handle_message``/``handle``; call ``tick``."""
 
     def __init__(self, config: Config, store: StateStore, audit: AuditLog, *, ctx: Context | None = None,
-                 clock=time.time) -> None:
+                 clock=time.time, inventory: Inventory | None = None) -> None:
         self.config, self.store, self.audit = config, store, audit
         self.ctx = ctx or Context()
         self.clock = clock
@@ -46,12 +52,33 @@ class Remediator:
         self.action_dry_run = {n: s.dry_run for n, s in config.actions.items()}
         g = config.guardrails
         self.dry_run = g.dry_run
+        self.inventory = inventory if inventory is not None else build_inventory(config.raw.inventory, clock=clock)
+        self._check_trust()
         self.limits = Limits(
             max_nodes=g.breaker.max_nodes, max_percent=g.breaker.max_percent, fleet_size=g.breaker.fleet_size,
             window=parse_duration(g.breaker.window, "guardrails.breaker.window"),
             cooldown=parse_duration(g.cooldown, "guardrails.cooldown"), max_attempts=g.max_attempts,
             attempt_window=parse_duration(g.attempt_window, "guardrails.attempt_window"))
         self._pruned_at = 0.0
+
+    def _check_trust(self) -> None:
+        """Refuse to start what would act on hosts nobody vouched for (docs/remediation.md#host-inventory)."""
+        for name, spec in self.config.actions.items():
+            act = self.actions[name]
+            if isinstance(act, WebhookAction):
+                key = f"actions.{name}.allow_hosts"
+                act.bind(AllowList.parse(getattr(spec, "allow_hosts", None), key), self.inventory)
+                if act.target.templated_host and not act.allow:
+                    raise ConfigError(key, f"url {act.url!r} takes its host from the alert: list the host-name "
+                                      "globs, networks or `inventory` it may reach")
+        live = sorted(n for n, a in self.actions.items() if getattr(a, "targets_host", False) and not self._dry(n))
+        if live and self.inventory is None:
+            raise ConfigError("inventory", f"live actions on nodes ({', '.join(live)}) need a host inventory: "
+                              "set inventory.source to file, list, slurm or kubernetes (or `any` to trust every "
+                              "host an alert names)")
+        if live and self.inventory is not None and self.inventory.trusts_all:
+            log.warning("inventory.source is `any`: live actions on nodes (%s) act on any host an alert names, "
+                        "forged or not (docs/remediation.md#host-inventory)", ", ".join(live))
 
     # -- input -------------------------------------------------------------------------------
 
@@ -66,7 +93,7 @@ class Remediator:
         try:
             self.handle(alert, origin=msg.origin)
         except Exception as e:  # noqa: BLE001 - one bad alert must not stop remediation of the rest
-            log.exception("remediation of alert %s from %s failed", alert.id, msg.origin)
+            log.exception("remediation of alert %s from %s failed", printable(alert.id), printable(msg.origin))
             self.audit.record("failed", **self._base(alert, None, msg.origin), error=f"internal error: {e!r}")
 
     def handle(self, alert: AlertEvent, *, origin: str | None = None, force: bool = False) -> None:
@@ -97,6 +124,8 @@ class Remediator:
     def tick(self, now: float | None = None) -> int:
         """Dispatch groups whose ``group_wait`` is over; returns how many. Prunes old counts hourly."""
         now = self.clock() if now is None else now
+        if self.inventory is not None:
+            self.inventory.refresh_if_due()
         if now - self._pruned_at >= 3600:
             # Older than every window that reads them: they can no longer change a decision.
             keep = max(self.limits.cooldown, self.limits.attempt_window, self.limits.window)
@@ -170,7 +199,12 @@ class Remediator:
                                   "(stop_on_failure)")
                 outcomes.append(f"skipped:{name}")
                 continue
-            decision = self._decide(alert, action, rec, now, force)
+            try:
+                decision = self._decide(alert, action, rec, now, force)
+            except Exception as e:  # noqa: BLE001 - a failure is this action's outcome; the chain goes on
+                log.exception("action %s on alert %s", name, printable(alert.id))
+                self.audit.record("failed", **rec, error=f"internal error: {type(e).__name__}: {e}")
+                decision = "failed"
             outcomes.append(f"{decision}:{name}")
             if decision in ("failed", "blocked", "refused"):
                 stopped_by = name
@@ -187,6 +221,11 @@ class Remediator:
             a.record("skipped", **rec, reason=f"missing_value: {e}")
             return "skipped"
         rec = {**rec, "argv": plan.argv, "url": _shown_url(plan.url)}
+        if (plan.targets_host and plan.host is not None and self.inventory is not None
+                and not self.inventory.knows(plan.host)):
+            # Before the breaker and dry-run: an unknown host is never acted on, never counted.
+            a.record("skipped", **rec, reason=f"unknown_host: {self.inventory.why_unknown(plan.host)}")
+            return "refused"
         if not plan.disruptive:
             if self.action_dry_run.get(action.name):
                 a.record("dry_run", **rec)
@@ -231,7 +270,11 @@ class Remediator:
         return self._execute(action, plan, rec, now)
 
     def _execute(self, action: Action, plan, rec: dict[str, Any], now: float) -> str:
-        out = action.execute(plan, self.ctx)
+        try:
+            out = action.execute(plan, self.ctx)
+        except Exception as e:  # noqa: BLE001 - whatever an action raises is its failure, audited
+            log.exception("action %s raised", action.name)
+            out = Outcome(False, "exception", error=f"{type(e).__name__}: {e}")
         if plan.disruptive and plan.entity is not None:
             self.store.record_attempt(plan.entity, action.name, now, out.ok)
         if not out.ok:

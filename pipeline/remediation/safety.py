@@ -16,12 +16,14 @@ from typing import Any, Mapping
 
 from pipeline.schema import AlertEvent
 
+# Every pattern is applied with fullmatch: with re.match, ``$`` also matches before a trailing
+# newline, so ``gpu-node-007\n`` passed and became a broken URL or a two-line argv element.
 _LABEL = r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
-HOSTNAME = re.compile(rf"^{_LABEL}(?:\.{_LABEL})*$")
-_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
-_JOB = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:@+-]{0,127}$")
-_LABEL_VALUE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:@/+-]{0,255}$")
-_SIGNAL = re.compile(r"^(?:SIG)?[A-Z0-9]{2,8}$")
+HOSTNAME = re.compile(rf"{_LABEL}(?:\.{_LABEL})*")
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
+_JOB = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:@+-]{0,127}")
+_LABEL_VALUE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:@/+-]{0,255}")
+_SIGNAL = re.compile(r"(?:SIG)?[A-Z0-9]{2,8}")
 
 TEMPLATE_VAR = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z0-9_.-]+)?)\}")
 # Free text: fine in a log line or a JSON body, never in argv.
@@ -41,7 +43,7 @@ class MissingValue(KeyError):
 
 def valid_hostname(value: str) -> bool:
     """RFC 1123 host name: dot-separated labels of letters, digits and inner hyphens, <= 253 chars."""
-    return len(value) <= 253 and bool(HOSTNAME.match(value))
+    return len(value) <= 253 and bool(HOSTNAME.fullmatch(value))
 
 
 def check_value(name: str, value: Any) -> str:
@@ -58,13 +60,13 @@ def check_value(name: str, value: Any) -> str:
             raise UnsafeValue(f"host {s!r} is not an RFC 1123 hostname")
         return s
     if name == "job":
-        ok = _JOB.match(s)
+        ok = _JOB.fullmatch(s)
     elif name == "signal":
-        ok = _SIGNAL.match(s)
+        ok = _SIGNAL.fullmatch(s)
     elif name.startswith("labels."):
-        ok = _LABEL_VALUE.match(s)
+        ok = _LABEL_VALUE.fullmatch(s)
     else:
-        ok = _NAME.match(s)
+        ok = _NAME.fullmatch(s)
     if not ok:
         raise UnsafeValue(f"{name} {s!r} contains characters not allowed in a command line")
     return s

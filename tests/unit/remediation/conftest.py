@@ -36,6 +36,8 @@ def add(name, v):
 fail = os.path.join(d, "fail-" + prog)
 if os.path.exists(fail):
     sys.stderr.write("fake failure\n"); sys.exit(int(open(fail).read() or 1))
+if os.path.exists(os.path.join(d, "hang-" + prog)):
+    time.sleep(60)
 if prog == "scontrol":
     if args[:2] == ["show", "node"]:
         n = args[-1]
@@ -44,9 +46,14 @@ if prog == "scontrol":
     elif args[:1] == ["update"]:
         kv = dict(a.split("=", 1) for a in args[1:])
         if kv.get("state") == "drain": add("drained", kv["nodename"])
+elif prog == "sinfo":
+    for n in lines("nodes"): print(n)
+    for n in lines("nodes"): print(n)   # a node in two partitions is listed twice
 elif prog == "kubectl":
     while args and args[0] in ("--context", "--kubeconfig"): args = args[2:]
-    if args[:2] == ["get", "node"]:
+    if args[:2] == ["get", "nodes"]:
+        for n in lines("nodes"): print("node/" + n)
+    elif args[:2] == ["get", "node"]:
         print("true" if args[2] in lines("cordoned") else "", end="")
     elif args[:1] == ["cordon"]:
         add("cordoned", args[1])
@@ -68,7 +75,7 @@ class Fakes:
         self.dir = root / "fakebin"
         self.dir.mkdir()
         script = FAKE.format(python=sys.executable, state=str(self.dir))
-        for prog in ("scontrol", "kubectl", "nvidia-smi", "scancel", "sleeper"):
+        for prog in ("scontrol", "kubectl", "nvidia-smi", "scancel", "sleeper", "sinfo"):
             p = self.dir / prog
             p.write_text(script)
             p.chmod(0o755)
@@ -90,6 +97,13 @@ class Fakes:
 
     def fail(self, prog: str, code: int = 1) -> None:
         (self.dir / f"fail-{prog}").write_text(str(code))
+
+    def heal(self, prog: str) -> None:
+        (self.dir / f"fail-{prog}").unlink(missing_ok=True)
+        (self.dir / f"hang-{prog}").unlink(missing_ok=True)
+
+    def hang(self, prog: str) -> None:
+        (self.dir / f"hang-{prog}").write_text("")
 
 
 @pytest.fixture
@@ -116,6 +130,8 @@ def config(tmp_path: Path, *, actions: dict[str, Any] | None = None, receivers: 
         "actions": actions if actions is not None else {"drain": {"type": "slurm_drain"}},
         "receivers": receivers if receivers is not None else [{"name": "drain", "actions": ["drain"]}],
         "route": route or {"receiver": "drain"},
+        # Tests of the other guardrails trust every host; test_inventory.py tests the inventory.
+        "inventory": {"source": "any"},
         **top,
     }
     return parse_config(doc, base_dir=tmp_path)

@@ -56,6 +56,7 @@ def test_act_cli_force_is_still_blocked_by_an_open_breaker(tmp_path, fakes, caps
     cfg_path.write_text(yaml.safe_dump({
         "state_file": "s.sqlite", "audit": {"kafka": False, "file": "audit.jsonl"},
         "guardrails": {"dry_run": False, "breaker": {"max_nodes": 1}},
+        "inventory": {"source": "list", "hosts": ["n1", "n2"]},
         "actions": {"drain": {"type": "slurm_drain"}}, "receivers": [{"name": "d", "actions": ["drain"]}],
         "route": {"receiver": "d"}}))
     for i, host in enumerate(["n1", "n2"]):
