@@ -1,8 +1,19 @@
-"""Prometheus metrics and the /healthz + /metrics HTTP endpoint of the service."""
+"""Prometheus metrics and the /healthz + /metrics HTTP endpoint of the service.
+
+The endpoint serves each connection in its own (daemon) thread, and a client has ``timeout``
+seconds to send its whole request: a single-threaded server without one was held by any idle
+or dribbling client (slowloris), and the liveness probe queued behind it then killed a healthy
+service. Connections beyond ``max_connections`` are closed at once rather than queued.
+"""
 
 from __future__ import annotations
 
+import io
 import json
+import logging
+import socket
+import socketserver
+import sys
 import threading
 import time
 from typing import Callable
@@ -35,15 +46,82 @@ class Metrics:
                                         registry=r)
 
 
-class _Quiet(WSGIRequestHandler):
+log = logging.getLogger("gpuwarden.service.http")
+
+
+class _DeadlineReader(io.RawIOBase):
+    """Socket reads that all share one deadline: a per-read timeout alone lets a client sending a
+    byte a second hold its thread forever."""
+
+    def __init__(self, sock: socket.socket, deadline: float) -> None:
+        self.sock, self.deadline = sock, deadline
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, b) -> int:  # type: ignore[override]
+        left = self.deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError("request not received in time")
+        self.sock.settimeout(left)
+        return self.sock.recv_into(b)
+
+
+class _Handler(WSGIRequestHandler):
+    timeout = 5.0                      # set per endpoint
+
+    def setup(self) -> None:
+        super().setup()                # socket timeout for every read and write
+        plain = self.rfile
+        self.rfile = io.BufferedReader(_DeadlineReader(self.connection, time.monotonic() + self.timeout))
+        plain.close()
+
+    def get_environ(self):
+        # The request is read; the answer gets the full timeout, not what is left of it.
+        self.connection.settimeout(self.timeout)
+        return super().get_environ()
+
     def log_message(self, *args: object) -> None:  # requests are not worth a log line each
         pass
+
+
+class _ThreadingServer(socketserver.ThreadingMixIn, WSGIServer):
+    daemon_threads = True              # a stuck client never delays shutdown
+    block_on_close = False
+    max_connections = 64
+
+    def __init__(self, *args, **kwargs) -> None:
+        self._slots = threading.BoundedSemaphore(self.max_connections)
+        super().__init__(*args, **kwargs)
+
+    def process_request(self, request, client_address) -> None:
+        if not self._slots.acquire(blocking=False):
+            self.shutdown_request(request)
+            return
+        try:
+            super().process_request(request, client_address)
+        except BaseException:
+            self._slots.release()
+            raise
+
+    def process_request_thread(self, request, client_address) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self._slots.release()
+
+    def handle_error(self, request, client_address) -> None:
+        if isinstance(sys.exc_info()[1], OSError):   # timeouts, resets: the client's problem
+            log.debug("http client %s: %s", client_address, sys.exc_info()[1])
+            return
+        super().handle_error(request, client_address)
 
 
 class HttpEndpoint:
     """``/metrics`` (Prometheus) and ``/healthz`` (200 while the poll loop is alive) in a thread."""
 
-    def __init__(self, host: str, port: int, metrics: Metrics, health: Callable[[], tuple[bool, dict]]) -> None:
+    def __init__(self, host: str, port: int, metrics: Metrics, health: Callable[[], tuple[bool, dict]], *,
+                 timeout: float = 5.0) -> None:
         metrics_app = make_wsgi_app(metrics.registry)
 
         def app(environ, start_response):
@@ -55,7 +133,8 @@ class HttpEndpoint:
                 return [body]
             return metrics_app(environ, start_response)
 
-        self.server: WSGIServer = make_server(host, port, app, handler_class=_Quiet)
+        handler = type("_TimedHandler", (_Handler,), {"timeout": timeout})
+        self.server: WSGIServer = make_server(host, port, app, server_class=_ThreadingServer, handler_class=handler)
         self.port = self.server.server_port
         self.thread = threading.Thread(target=self.server.serve_forever, name="gpuwarden-http", daemon=True)
 

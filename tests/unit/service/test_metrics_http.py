@@ -1,0 +1,88 @@
+"""/healthz and /metrics stay answerable while clients misbehave: an idle connection does not
+block other requests, and a client that dribbles its request (slowloris) is dropped."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+import urllib.request
+
+import pytest
+
+from pipeline.service.metrics import HttpEndpoint, Metrics
+
+
+@pytest.fixture
+def endpoint():
+    ep = HttpEndpoint("127.0.0.1", 0, Metrics(), lambda: (True, {"partitions": 3}), timeout=1.0).start()
+    yield ep
+    ep.stop()
+
+
+def get(ep: HttpEndpoint, path: str, timeout: float = 1.0) -> tuple[int, bytes]:
+    with urllib.request.urlopen(f"http://127.0.0.1:{ep.port}{path}", timeout=timeout) as r:
+        return r.status, r.read()
+
+
+def test_an_idle_connection_does_not_block_healthz(endpoint):
+    idle = socket.create_connection(("127.0.0.1", endpoint.port))
+    try:
+        time.sleep(0.1)   # the server has accepted it and waits for its request line
+        t0 = time.monotonic()
+        status, body = get(endpoint, "/healthz")
+        assert status == 200 and b'"status": "ok"' in body and time.monotonic() - t0 < 1.0
+        status, body = get(endpoint, "/metrics")
+        assert status == 200 and b"gpuwarden_records_total" in body
+    finally:
+        idle.close()
+
+
+def test_a_slowloris_client_is_dropped_after_the_timeout(endpoint):
+    s = socket.create_connection(("127.0.0.1", endpoint.port))
+    s.settimeout(5)
+    s.sendall(b"GET /healthz HTTP/1.1\r\n")
+    t0 = time.monotonic()
+    dropped = None
+    try:
+        # One header byte every 0.2 s: each read succeeds, so only a deadline for the whole
+        # request ends it.
+        for _ in range(40):
+            s.sendall(b"X")
+            time.sleep(0.2)
+    except OSError:
+        dropped = time.monotonic() - t0
+    else:
+        try:
+            dropped = time.monotonic() - t0 if s.recv(1) == b"" else None
+        except OSError:
+            dropped = time.monotonic() - t0
+    finally:
+        s.close()
+    assert dropped is not None and dropped < 3.0, "the connection was not closed by the server"
+
+
+def test_many_idle_connections_and_healthz_still_answers(endpoint):
+    idle = [socket.create_connection(("127.0.0.1", endpoint.port)) for _ in range(20)]
+    try:
+        results = []
+        threads = [threading.Thread(target=lambda: results.append(get(endpoint, "/healthz")[0])) for _ in range(5)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(2)
+        assert results == [200] * 5
+    finally:
+        for s in idle:
+            s.close()
+
+
+def test_stop_returns_promptly_with_a_client_still_connected():
+    ep = HttpEndpoint("127.0.0.1", 0, Metrics(), lambda: (True, {}), timeout=30.0).start()
+    idle = socket.create_connection(("127.0.0.1", ep.port))
+    try:
+        t0 = time.monotonic()
+        ep.stop()
+        assert time.monotonic() - t0 < 2.0
+    finally:
+        idle.close()
