@@ -39,6 +39,27 @@ def test_doc_configs_load(name, tmp_path):
     assert cfg.guardrails.dry_run is False and cfg.guardrails.breaker.fleet_size
 
 
+@pytest.mark.parametrize("name", ["remediate-slurm.yaml", "remediate-k8s.yaml"])
+def test_doc_configs_start(name, tmp_path):
+    # Live node actions need the inventory and a templated checkpoint URL needs allow_hosts: the
+    # doc's configs must pass those start-time checks, not only load.
+    from pipeline.remediation.audit import AuditLog
+    from pipeline.remediation.guardrails import StateStore
+    from pipeline.remediation.inventory import Inventory
+    from pipeline.remediation.remediator import Remediator
+
+    doc = yaml.safe_load(doc_configs()[name])
+    doc["state_file"] = str(tmp_path / "s.sqlite")
+    cfg = parse_config(doc)
+    assert cfg.raw.inventory.source in ("slurm", "kubernetes")
+    store = StateStore(cfg.state_file)
+    try:
+        inv = Inventory(cfg.raw.inventory.source, None, 300.0, hosts=frozenset({"gpu-node-007"}))
+        Remediator(cfg, store, AuditLog(), inventory=inv).close()
+    finally:
+        store.close()
+
+
 def test_doc_routes_test_lines_pass(tmp_path):
     cfgs = doc_configs()
     for name, body in cfgs.items():
