@@ -7,7 +7,9 @@ its topics afterwards: a 16k-GPU recording is over a GiB on the broker's disk.
 from __future__ import annotations
 
 import json
+import os
 import re
+import secrets
 import subprocess
 import sys
 import time
@@ -17,6 +19,9 @@ from kafka import KafkaAdminClient
 from kafka.errors import KafkaError
 
 ROOT = Path(__file__).resolve().parents[1]
+# serve signs its checkpoints and will not start without a key: one per bench run unless given,
+# shared by every service the run starts (a restarted one must read what the last one wrote).
+STATE_KEY = os.environ.get("GPUWARDEN_STATE_KEY") or secrets.token_hex(32)
 
 
 class Service:
@@ -29,7 +34,8 @@ class Service:
         self.log_path = workdir / f"{name}.log"
         self._log = open(self.log_path, "w")
         self.proc = subprocess.Popen([sys.executable, "-m", "pipeline", "serve", "--config", str(self.config_path)],
-                                     cwd=ROOT, stdout=self._log, stderr=subprocess.STDOUT)
+                                     cwd=ROOT, stdout=self._log, stderr=subprocess.STDOUT,
+                                     env={**os.environ, "GPUWARDEN_STATE_KEY": STATE_KEY})
         self.port = self._wait_port(start_timeout_s)
 
     def _wait_port(self, timeout_s: float) -> int:

@@ -198,6 +198,8 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         cfg.http.port = args.http_port
     if args.rules:
         cfg.service.rules = [args.rules]
+    if args.insecure_state:
+        cfg.service.insecure_state = True
     setup_logging(cfg.service.log_level)
     return Service(cfg).run()
 
@@ -415,6 +417,9 @@ def build_parser() -> argparse.ArgumentParser:
     sv.add_argument("--group", help="override kafka.group")
     sv.add_argument("--http-port", type=int, help="override http.port (0: any free port)")
     sv.add_argument("--rules", help="override service.rules with one directory")
+    sv.add_argument("--insecure-state", action="store_true",
+                    help="run without GPUWARDEN_STATE_KEY: checkpoints unsigned, the state topic trusted "
+                         "(service.insecure_state)")
     sv.set_defaults(func=_cmd_serve)
 
     rec = sub.add_parser("record", help="copy a Kafka topic to a JSONL file")

@@ -94,3 +94,10 @@ class StateError(GpuwardenError):
     """An engine snapshot cannot be restored (wrong version, corrupt)."""
 
     code = "GW400"
+
+
+class StateKeyError(GpuwardenError):
+    """``serve`` has no key to sign and check its checkpoints with (``GPUWARDEN_STATE_KEY``), or
+    a key too short to be one, and was not told to run without (``--insecure-state``)."""
+
+    code = "GW401"

@@ -11,6 +11,10 @@ import uuid
 
 import pytest
 
+# `gpuwarden serve` refuses to start without a checkpoint key (pipeline/service/state.py); every
+# service the tests start, in process or as a child, signs with this one unless a test says otherwise.
+os.environ.setdefault("GPUWARDEN_STATE_KEY", "gpuwarden-tests-state-key-0123456789")
+
 
 def _reachable(bootstrap: str) -> bool:
     host, _, port = bootstrap.rpartition(":")

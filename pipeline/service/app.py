@@ -17,6 +17,7 @@ again after a crash carry the same deterministic ids, so consumers deduplicate b
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import time
 from collections import Counter
@@ -39,7 +40,7 @@ from pipeline.runner import Pipeline
 from pipeline.schema import encode
 from pipeline.service.config import Config
 from pipeline.service.metrics import HttpEndpoint, Metrics
-from pipeline.service.state import Checkpoint, KafkaStateStore
+from pipeline.service.state import Checkpoint, KafkaStateStore, state_key
 
 log = logging.getLogger("gpuwarden.service")
 STATE_MAX_BYTES = 64 * 1024 * 1024   # the state topic's max.message.bytes (pipeline.bus.kafka.ensure_topics)
@@ -71,13 +72,20 @@ class Service:
         k = cfg.kafka
         self.topics = Topics(k.prefix)
         self.security = k.security.options()
+        # Before anything else: no key (and no --insecure-state) is a refusal to start, not a
+        # service that trusts whatever the state topic holds (docs/operations.md, Security).
+        state_mac_key = state_key(os.environ, cfg.service.insecure_state)
+        if state_mac_key is None:
+            log.warning("INSECURE STATE: GPUWARDEN_STATE_KEY is not set and --insecure-state is on; checkpoints are "
+                        "unsigned and anyone who can write %s can feed the engines a forged history",
+                        self.topics.state, extra={"insecure_state": True})
         self.rule_paths = [str(Path(p)) for p in cfg.service.rules]
         self._check_rules()
         ensure_topics(k.bootstrap, self.topics, partitions=k.partitions, security=self.security)
         self.producer = KafkaBusProducer(k.bootstrap, security=self.security, client_id="gpuwarden-service",
                                          max_request_size=STATE_MAX_BYTES)
         self.state = KafkaStateStore(k.bootstrap, self.topics.state, k.group, self.topics.telemetry, self.producer,
-                                     self.security)
+                                     self.security, key=state_mac_key, max_bytes=cfg.service.state_max_mib << 20)
         self.parts: dict[int, PartitionState] = {}
         self.metrics = Metrics()
         self.consumer = KafkaConsumer(

@@ -2,7 +2,8 @@
 
 Environment variables override the file for what differs per deployment and what is secret:
 ``GPUWARDEN_KAFKA_BOOTSTRAP``, ``GPUWARDEN_KAFKA_USERNAME``, ``GPUWARDEN_KAFKA_PASSWORD``
-(SASL), so credentials never need to be written into a file.
+(SASL), so credentials never need to be written into a file; the checkpoint key is only ever
+the environment's (``GPUWARDEN_STATE_KEY``, read by ``service/state.py``).
 
 >>> cfg = load_config_text("kafka: {bootstrap: '127.0.0.1:9092'}", env={})
 >>> cfg.kafka.prefix, cfg.http.port
@@ -68,6 +69,12 @@ class ServiceSection(msgspec.Struct, forbid_unknown_fields=True):
     flush_idle_s: float = 30.0
     reload_check_s: float = 5.0                   # how often rule files are checked for changes
     log_level: str = "INFO"
+    # Checkpoints are signed with GPUWARDEN_STATE_KEY; without the key serve refuses to start
+    # unless this is true (or --insecure-state): then anyone who can write the state topic can
+    # feed the engines a forged history (docs/operations.md, Security).
+    insecure_state: bool = False
+    # The most a checkpoint may decompress to (MiB); above any real snapshot (docs/performance.md).
+    state_max_mib: int = 512
 
 
 class Config(msgspec.Struct, forbid_unknown_fields=True):
@@ -129,6 +136,8 @@ def _validate(cfg: Config) -> None:
     if not 0 <= cfg.http.port <= 65535:
         raise ConfigError("http.port", f"{cfg.http.port} is not a port")
     cfg.engine_config()   # raises ConfigError naming engine.<key>
+    if not 0 < cfg.service.state_max_mib <= 16384:
+        raise ConfigError("service.state_max_mib", f"{cfg.service.state_max_mib}: between 1 and 16384")
     if cfg.service.log_level.upper() not in ("DEBUG", "INFO", "WARNING", "ERROR"):
         raise ConfigError("service.log_level", f"{cfg.service.log_level!r}: DEBUG, INFO, WARNING or ERROR")
 
