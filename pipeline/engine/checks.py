@@ -110,8 +110,12 @@ class GpuLost:
         n = entities.n_gpus
         gpu_last = state.last_ts[:n]
         host_last = state.host_last_ts[entities.gpu_host]
+        # A host back from a silence (a reboot, a paused recording) gives its GPUs the same time
+        # to report again before one counts as lost: they come up one by one.
+        host_back = state.host_back[entities.gpu_host]
         with np.errstate(invalid="ignore"):
-            return (t - gpu_last > config.gpu_absent_after) & (t - host_last <= config.gpu_absent_after)
+            return (t - gpu_last > config.gpu_absent_after) & (t - host_last <= config.gpu_absent_after) & \
+                ~(t - host_back <= config.gpu_absent_after)
 
     def summary(self, host: str, gpu: int | None, ev: dict[str, Any]) -> str:
         return f"GPU {gpu} on {host} stopped reporting at {_when(ev.get('last_seen'))} while its host still reports"

@@ -26,6 +26,14 @@ class EngineConfig:
       absence (a lost GPU, a silent host) at every tick boundary, so nothing depends on how
       records were batched. Rule windows resolve to whole ticks.
     - ``gpu_absent_after`` / ``host_silent_after``: silence that makes a finding.
+    - ``max_lag``: a host whose records keep arriving holds the watermark however far it lags
+      (its data is used, and it is never reported absent), up to this far behind the newest
+      host; records further behind the fleet than this are ``late``. Bounds what a lagging host
+      makes the engine buffer.
+    - ``max_ahead``: a record further than this ahead of the fleet's present (the lower median
+      of the hosts' newest event times) is ``ts_out_of_range``: one bad clock must not carry
+      the watermark (and every other host's data) with it. A jump the fleet makes together is
+      followed after its first record from each of half the hosts.
     """
 
     allowed_lateness: float = 30.0
@@ -35,6 +43,8 @@ class EngineConfig:
     tick: float = 1.0
     gpu_absent_after: float = 30.0
     host_silent_after: float = 60.0
+    max_lag: float = 300.0
+    max_ahead: float = 300.0
 
     def __post_init__(self) -> None:
         for f in fields(self):

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 import msgspec
 import numpy as np
 
-from pipeline.decode import LATE, Origins, take_origins
+from pipeline.decode import LATE, TS_OUT_OF_RANGE, Origins, take_origins
 from pipeline.engine.arrays import from_parts
 from pipeline.engine.checks import GPU, HOST, RowCheck, TickCheck, builtin_checks
 from pipeline.engine.config import EngineConfig
@@ -41,6 +41,8 @@ if TYPE_CHECKING:
     from pipeline.rules.ruleset import RuleSet
 
 SNAPSHOT_VERSION = 2   # 2: buffered rows as columns; version 1 (records as JSON) is still read
+_LATE, _AHEAD = 1, 2   # why _screen refuses a record
+_REFUSED = {_LATE: LATE, _AHEAD: TS_OUT_OF_RANGE}
 _TS, _HOST, _GPU = operator.attrgetter("ts"), operator.attrgetter("host"), operator.attrgetter("gpu")
 
 
@@ -88,6 +90,15 @@ class Engine:
         self.state = GpuState()
         self.host_hwm = np.full(0, np.nan)
         self.host_arrival = np.full(0, np.nan)  # wall clock of each host's latest arrival (live only)
+        # Stream progress (the newest event time accepted) when each host's latest record came:
+        # a host whose records keep coming is alive however far it lags (docs/architecture.md §4).
+        self.host_seen = np.full(0, np.nan)
+        # Event time of a host's latest record refused as ahead of the fleet (NaN: none since its
+        # last good one): when half the fleet claims a jump, the fleet's present follows.
+        self.host_jump = np.full(0, np.nan)
+        # Each host's sampling interval (its latest step forward in event time): a host sampled
+        # every 30 s is not gone 30 s after its last sample.
+        self.host_step = np.full(0, np.nan)
         self._live_since: float | None = None   # wall clock of the first live arrival (not persisted)
         self.released = -math.inf      # every record with ts < released has been processed
         self.first_ts = math.inf       # oldest event time ever accepted: the stream's start
@@ -159,21 +170,32 @@ class Engine:
             # map() over C-level attribute getters: this runs once per record on the hot path.
             ts = np.fromiter(map(_TS, records), np.float64, n)
             hosts = self.entities.host_ids(list(map(_HOST, records)))
-            late = ts < self.released
-            if late.any():
-                for i in np.flatnonzero(late).tolist():
-                    r = records[i]
-                    out.dead.append(DeadLetter(
-                        reason=LATE, detail=f"ts {r.ts} is {self.released - r.ts:.1f}s behind the watermark "
-                        f"{self.released} (allowed lateness {self.config.allowed_lateness}s)", origin=origins[i],
-                        ts=r.ts, host=r.host, raw=msgspec.json.encode(r).decode()[:2048]))
-                self.stats["dead." + LATE] += int(late.sum())
-                keep = np.flatnonzero(~late)
+            nh = self.entities.n_hosts
+            self.host_hwm = grow(self.host_hwm, nh, np.nan)
+            self.host_seen = grow(self.host_seen, nh, np.nan)
+            self.host_jump = grow(self.host_jump, nh, np.nan)
+            self.host_step = grow(self.host_step, nh, np.nan)
+            screened = self._screen(ts, hosts)
+            if screened is not None:
+                why, ref = screened
+                bad = why != 0
+                for i in np.flatnonzero(bad).tolist():
+                    out.dead.append(self._refused(int(why[i]), records[i], origins[i], float(ref[i])))
+                for code, reason in _REFUSED.items():
+                    if (c := int((why == code).sum())):
+                        self.stats["dead." + reason] += c
+                keep = np.flatnonzero(~bad)
                 records = [records[i] for i in keep.tolist()]
                 origins = take_origins(origins, keep)
                 ts, hosts = ts[keep], hosts[keep]
-            self.host_hwm = grow(self.host_hwm, self.entities.n_hosts, np.nan)
-            np.fmax.at(self.host_hwm, hosts, ts)
+            if len(ts):
+                # Stream progress at each record (a running max): the same whatever the batching.
+                prior = self.host_hwm[:nh]
+                start = float(np.nanmax(prior)) if nh and not np.isnan(prior).all() else -math.inf
+                np.fmax.at(self.host_seen, hosts, np.maximum(np.maximum.accumulate(ts), start))
+                self._note_steps(ts, hosts)
+                np.fmax.at(self.host_hwm, hosts, ts)
+                self.host_jump[np.unique(hosts)] = np.nan
             if now is not None:
                 self.host_arrival = grow(self.host_arrival, self.entities.n_hosts, np.nan)
                 self.host_arrival[hosts] = now
@@ -223,6 +245,122 @@ class Engine:
         nccl = self._nccl_frame(nrecs, hosts[~is_dcgm]) if nrecs and self.models is not None else None
         return _Pending(dts, dhost, gpu, values, cols, nts, nccl, float(ts.min()), float(ts.max()))
 
+    # -- screening arrivals against the fleet's clock ------------------------------------------
+
+    def _note_steps(self, ts: np.ndarray, hosts: np.ndarray) -> None:
+        """Each host's latest step forward in event time, record to record in its own order."""
+        o = np.argsort(hosts, kind="stable")
+        h, t = hosts[o], ts[o]
+        prev = np.empty_like(t)
+        prev[1:] = t[:-1]
+        first = np.ones(len(h), bool)
+        first[1:] = h[1:] != h[:-1]
+        prev[first] = self.host_hwm[h[first]]
+        with np.errstate(invalid="ignore"):
+            step = t - prev
+            fwd = np.flatnonzero(step > 0)
+        if len(fwd):
+            # Assignment with repeated indices keeps the last: the host's latest step.
+            self.host_step[h[fwd]] = np.minimum(step[fwd], self.config.max_lag)
+
+    def _alive(self) -> np.ndarray:
+        """Hosts near the front, or whose records kept coming within ``allowed_lateness`` of stream
+        progress: the hosts whose clocks say where the fleet is."""
+        n = self.entities.n_hosts
+        hwm, seen = self.host_hwm[:n], self.host_seen[:n]
+        if not n or np.isnan(hwm).all():
+            return np.zeros(n, bool)
+        newest, lateness = float(np.nanmax(hwm)), self.config.allowed_lateness
+        wait = lateness + np.nan_to_num(self.host_step[:n])
+        with np.errstate(invalid="ignore"):
+            return (hwm >= newest - lateness) | (newest - seen <= wait)
+
+    def _newest(self) -> float:
+        """The newest event time accepted so far (-inf before any)."""
+        hwm = self.host_hwm[: self.entities.n_hosts]
+        return float(np.nanmax(hwm)) if len(hwm) and not np.isnan(hwm).all() else -math.inf
+
+    @staticmethod
+    def _present(claimed: np.ndarray, alive: np.ndarray) -> float:
+        """The fleet's present: the lower median of what the live hosts claim (NaN: none yet)."""
+        known = claimed[alive & ~np.isnan(claimed)]
+        if not len(known):
+            return math.nan
+        k = (len(known) - 1) // 2
+        return float(np.partition(known, k)[k])
+
+    def _screen(self, ts: np.ndarray, hosts: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
+        """Why each arriving record is refused (0: it is not) and the present it was judged
+        against, or None when none is refused.
+
+        ``late``: older than what was processed, or further behind the fleet than ``max_lag``;
+        ``ts_out_of_range``: further ahead of the fleet's present than ``max_ahead`` (one bad
+        clock, or one record dated 2096, must not carry the watermark, and every other host's
+        data, with it; nor make the engine walk 46 hours of ticks). Judged record by record in
+        stream order, so the answer does not depend on the batching; the common case (nothing
+        ahead, no jump claimed) is one vectorised comparison.
+        """
+        nh = self.entities.n_hosts
+        cfg = self.config
+        claimed = np.fmax(self.host_hwm[:nh], self.host_jump[:nh])
+        alive = self._alive()
+        present = self._present(claimed, alive)
+        k = (len(ts) - 1) // 2
+        median = float(np.partition(ts, k)[k])
+        ref = median if math.isnan(present) else present
+        if not np.isnan(self.host_jump[:nh]).all() or (ts > ref + cfg.max_ahead).any():
+            return self._screen_in_order(ts, hosts, claimed, alive, median)
+        # Behind: against the stream's progress when the record came (a running max), which
+        # nothing ahead can have inflated here, and which is the same whatever the batching.
+        clock = np.maximum.accumulate(ts)
+        np.maximum(clock, self._newest(), out=clock)
+        behind = (ts < self.released) | (ts < clock - cfg.max_lag)
+        if not behind.any():
+            return None
+        return np.where(behind, _LATE, 0).astype(np.int8), clock
+
+    def _screen_in_order(self, ts: np.ndarray, hosts: np.ndarray, claimed: np.ndarray, alive: np.ndarray,
+                         first: float) -> tuple[np.ndarray, np.ndarray]:
+        """``_screen`` one record at a time (a host or the fleet claims a jump: rare)."""
+        cfg = self.config
+        claimed, alive = claimed.copy(), alive.copy()
+        hwm, jump = self.host_hwm, self.host_jump
+        why = np.zeros(len(ts), np.int8)
+        ref = np.empty(len(ts))
+        newest = self._newest()
+        for i, (t, h) in enumerate(zip(ts.tolist(), hosts.tolist())):
+            present = self._present(claimed, alive)
+            start = math.isnan(present)   # no host yet: the batch's median judges what is ahead
+            ref[i] = present = first if start else present
+            alive[h] = True   # it is sending
+            if t > present + cfg.max_ahead:
+                why[i] = _AHEAD
+                jump[h] = t
+                claimed[h] = t if math.isnan(claimed[h]) else max(t, claimed[h])
+            elif t < self.released or t < newest - cfg.max_lag:
+                why[i] = _LATE
+                ref[i] = newest
+            else:
+                jump[h] = np.nan
+                claimed[h] = hwm[h] = t if math.isnan(hwm[h]) else max(hwm[h], t)
+                newest = max(newest, t)
+        # hwm was raised as records were accepted here; process() raises it again (idempotent).
+        return why, ref
+
+    def _refused(self, code: int, r: TelemetryRecord, origin: str, present: float) -> DeadLetter:
+        raw = msgspec.json.encode(r).decode()[:2048]
+        if code == _AHEAD:
+            return DeadLetter(reason=TS_OUT_OF_RANGE, detail=f"ts {r.ts} is {r.ts - present:.0f}s ahead of the "
+                              f"fleet's present {present} (max ahead {self.config.max_ahead}s)", origin=origin,
+                              ts=r.ts, host=r.host, raw=raw)
+        if r.ts >= self.released:
+            detail = f"ts {r.ts} is {present - r.ts:.0f}s behind the newest record {present} " \
+                     f"(max lag {self.config.max_lag}s)"
+        else:
+            detail = f"ts {r.ts} is {self.released - r.ts:.1f}s behind the watermark {self.released} " \
+                     f"(allowed lateness {self.config.allowed_lateness}s)"
+        return DeadLetter(reason=LATE, detail=detail, origin=origin, ts=r.ts, host=r.host, raw=raw)
+
     def flush(self) -> EngineOutput:
         """End of stream (replay, demo): process everything still buffered."""
         out = EngineOutput()
@@ -239,7 +377,12 @@ class Engine:
                 and self.pending < self.config.max_pending):
             return self.released  # live start-up: let every partition deliver first
         newest, lateness = float(hwm[known].max()), self.config.allowed_lateness
-        active = known & (hwm >= newest - lateness)
+        seen = grow(self.host_seen, n, np.nan)[:n]
+        wait = lateness + np.nan_to_num(grow(self.host_step, n, np.nan)[:n])
+        with np.errstate(invalid="ignore"):
+            # Near the front, or still sending (however far behind, up to max_lag).
+            active = known & ((hwm >= newest - lateness) | (newest - seen <= wait))
+            active &= hwm >= newest - self.config.max_lag
         if now is not None:
             arrival = grow(self.host_arrival, n, np.nan)[:n]
             with np.errstate(invalid="ignore"):
@@ -314,6 +457,7 @@ class Engine:
             if start < n:
                 self._tick(self.next_tick, out)
                 self.next_tick += self.config.tick
+                self._skip_quiet(float(frame.ts[start]))
 
     def _nccl_frame(self, nrecs: list[NcclRecord], hosts: np.ndarray) -> NcclFrame:
         names = list(map(_HOST, nrecs))
@@ -329,10 +473,33 @@ class Engine:
         while not math.isnan(self.next_tick) and self.next_tick <= upto:
             self._tick(self.next_tick, out)
             self.next_tick += self.config.tick
+            self._skip_quiet(upto)
+
+    def _quiet_after(self) -> float:
+        """Seconds without a sample after which no tick can change anything: every absence
+        deadline has passed and every lifecycle on it has settled."""
+        cfg = self.config
+        hold = max((c.meta.for_s + c.meta.keep_firing_for_s for c in self.tick_checks), default=0.0)
+        return max(cfg.gpu_absent_after, cfg.host_silent_after) + hold + 2 * cfg.tick
+
+    def _skip_quiet(self, upto: float) -> None:
+        """Jump the tick grid over a stretch with no sample in it, once nothing can be due.
+
+        A recording with a pause (or a fleet that jumps) used to cost a tick per second of the
+        gap: 46 hours of ticks for one record dated two days ahead. After ``_quiet_after``
+        seconds with no row, each tick repeats the last (absence alerts already fired or
+        resolved, no rule sees a row), so skipping them gives the same alerts.
+        """
+        last = float(np.nanmax(self.state.last_ts)) if len(self.state.last_ts) and \
+            not np.isnan(self.state.last_ts).all() else -math.inf
+        quiet = last + self._quiet_after()
+        if self.next_tick > quiet and upto - self.next_tick > self.config.tick:
+            self.next_tick = math.floor(upto / self.config.tick) * self.config.tick
 
     def _rows(self, frame: DcgmFrame, out: EngineOutput, ts0: float) -> None:
         gpu = frame.gpu
         chunk = frame if (gpu[1:] >= gpu[:-1]).all() else frame.take(np.argsort(gpu, kind="stable"))
+        self._note_returns(chunk)
         view = advance(self.state, chunk, self.entities, ts0, self._columnizer.column_array)
         mconds = self.models.evaluate(view, self.entities) if self.models is not None else []
         if self.models is not None:
@@ -361,6 +528,16 @@ class Engine:
             out.alerts.append(self._alert(check, t, ev))
         if self.rules is not None:
             self.rules.finish()
+
+    def _note_returns(self, chunk: DcgmFrame) -> None:
+        """Hosts reporting after more than ``gpu_absent_after`` of silence (or for the first time)."""
+        st = self.state
+        st.ensure(self.entities.n_gpus, self.entities.n_hosts)
+        last = st.host_last_ts[chunk.host]
+        with np.errstate(invalid="ignore"):
+            back = ~(chunk.ts - last <= self.config.gpu_absent_after)
+        if back.any():
+            np.fmax.at(st.host_back, chunk.host[back], chunk.ts[back])
 
     def _tick(self, t: float, out: EngineOutput) -> None:
         self.state.ensure(self.entities.n_gpus, self.entities.n_hosts)
@@ -407,7 +584,9 @@ class Engine:
             "config": self.config.to_dict(),
             "entities": self.entities.to_state(),
             "last": _arr(self.state.last), "last_ts": _arr(self.state.last_ts),
-            "host_last_ts": _arr(self.state.host_last_ts), "host_hwm": _arr(self.host_hwm),
+            "host_last_ts": _arr(self.state.host_last_ts), "host_back": _arr(self.state.host_back),
+            "host_hwm": _arr(self.host_hwm),
+            "host_seen": _arr(self.host_seen), "host_jump": _arr(self.host_jump), "host_step": _arr(self.host_step),
             "released": self.released, "next_tick": self.next_tick, "first_ts": self.first_ts,
             "lifecycles": {n: {k: _arr(v) for k, v in lc.to_state().items()} for n, lc in self.lifecycles.items()},
             # Buffered rows as columns (version 1 held the records themselves, as JSON).
@@ -429,7 +608,14 @@ class Engine:
             self.entities = Entities.from_state(data["entities"])
             self.state.last, self.state.last_ts = _unarr(data["last"]), _unarr(data["last_ts"])
             self.state.host_last_ts = _unarr(data["host_last_ts"])
+            # Before host returns were kept: every host counts as back long ago.
+            self.state.host_back = _unarr(data["host_back"]) if "host_back" in data else \
+                np.full(len(self.state.host_last_ts), -np.inf)
             self.host_hwm = _unarr(data["host_hwm"])
+            # Absent from snapshots written before hosts were screened: nothing seen, no jump.
+            self.host_seen = _unarr(data["host_seen"]) if "host_seen" in data else np.full(len(self.host_hwm), np.nan)
+            self.host_jump = _unarr(data["host_jump"]) if "host_jump" in data else np.full(len(self.host_hwm), np.nan)
+            self.host_step = _unarr(data["host_step"]) if "host_step" in data else np.full(len(self.host_hwm), np.nan)
             self.released, self.next_tick = data["released"], data["next_tick"]
             self.first_ts = data["first_ts"]
             for name, lc in data["lifecycles"].items():
