@@ -88,6 +88,7 @@ class Service:
                                      self.security, key=state_mac_key, max_bytes=cfg.service.state_max_mib << 20)
         self.parts: dict[int, PartitionState] = {}
         self.metrics = Metrics()
+        self.state.on_reject = lambda reason: self.metrics.state_skipped.labels(reason).inc()
         self.consumer = KafkaConsumer(
             bootstrap_servers=k.bootstrap, group_id=k.group, enable_auto_commit=False,
             auto_offset_reset="earliest", max_poll_records=k.max_poll_records,

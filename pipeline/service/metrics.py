@@ -44,6 +44,10 @@ class Metrics:
                                        registry=r)
         self.delivery_retries = Counter("gpuwarden_delivery_retries", "Batches whose output had to be re-sent",
                                         registry=r)
+        self.state_skipped = Counter("gpuwarden_state_checkpoints_skipped",
+                                     "Checkpoints read from the state topic and not used, by reason "
+                                     "(unsigned, bad_signature, misplaced, too_large, corrupt, version, rollback)",
+                                     ["reason"], registry=r)
 
 
 log = logging.getLogger("gpuwarden.service.http")

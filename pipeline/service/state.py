@@ -23,7 +23,7 @@ import time
 import zlib
 from collections import Counter
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 import msgspec
 from kafka import KafkaConsumer, TopicPartition
@@ -80,6 +80,7 @@ class KafkaStateStore:
         self.epochs: dict[int, int] = {}                # partition -> epoch this writer stamps
         self.seen: dict[int, tuple[int, int]] = {}      # partition -> newest (epoch, offset) loaded
         self.rejected: Counter[str] = Counter()         # why checkpoints were skipped, by reason
+        self.on_reject: Callable[[str], None] | None = None   # e.g. a metric, called with the reason
 
     def key(self, partition: int) -> bytes:
         return f"{self.group}/{self.source}/{partition}".encode()
@@ -136,7 +137,7 @@ class KafkaStateStore:
         try:
             cp = self.decode(p, value)
         except StateError as e:
-            self.rejected[e.code] += 1
+            self._reject(str(e.context.get("reason", "corrupt")))
             log.warning("state: skipping the checkpoint at %s for partition %d: %s", where, p, e,
                         extra={"partition": p, "origin": where, "code": e.code})
             return
@@ -144,12 +145,17 @@ class KafkaStateStore:
         if best is None or (cp.epoch, cp.next_offset) > (best.epoch, best.next_offset):
             latest[p] = cp
 
+    def _reject(self, reason: str) -> None:
+        self.rejected[reason] += 1
+        if self.on_reject is not None:
+            self.on_reject(reason)
+
     def _settle(self, partitions: list[int], latest: dict[int, Checkpoint]) -> dict[int, Checkpoint]:
         """Refuse going back past what this reader loaded before; pick the epochs to write with."""
         for p in partitions:
             cp, floor = latest.get(p), self.seen.get(p, (0, -1))
             if cp is not None and (cp.epoch, cp.next_offset) < floor:
-                self.rejected["rollback"] += 1
+                self._reject("rollback")
                 log.error("state: partition %d's newest checkpoint (epoch %d, offset %d) is older than the one "
                           "loaded before (epoch %d, offset %d); not going back, starting fresh", p, cp.epoch,
                           cp.next_offset, *floor, extra={"partition": p})
@@ -178,29 +184,34 @@ def _decode(value: bytes, key: bytes | None, want: tuple[str, str, int], max_byt
     try:
         env = msgspec.msgpack.decode(value)
     except msgspec.DecodeError as e:
-        raise StateError(f"corrupt checkpoint for partition {partition}: {e}") from e
-    if not isinstance(env, dict) or env.get("v") != ENVELOPE_VERSION:
-        v = env.get("v") if isinstance(env, dict) else None
-        raise StateError(f"checkpoint envelope version {v} for partition {partition} "
-                         f"(this build reads {ENVELOPE_VERSION})")
+        raise StateError(f"corrupt checkpoint for partition {partition}: {e}", reason="corrupt") from e
+    if not isinstance(env, dict):
+        raise StateError(f"corrupt checkpoint for partition {partition}: not an envelope", reason="corrupt")
+    if env.get("v") != ENVELOPE_VERSION:
+        raise StateError(f"checkpoint envelope version {env.get('v')} for partition {partition} "
+                         f"(this build reads {ENVELOPE_VERSION})", reason="version")
     try:
         fields = _signed(env)
     except (KeyError, TypeError) as e:
-        raise StateError(f"corrupt checkpoint for partition {partition}: missing {e}") from e
+        raise StateError(f"corrupt checkpoint for partition {partition}: missing {e}", reason="corrupt") from e
     if key is not None:
         mac = env.get("mac")
         if not isinstance(mac, bytes):
-            raise StateError(f"unsigned checkpoint for partition {partition}; this service requires signed ones")
+            raise StateError(f"unsigned checkpoint for partition {partition}; this service requires signed ones",
+                             reason="unsigned")
         if not hmac.compare_digest(mac, hmac.new(key, fields, hashlib.sha256).digest()):
-            raise StateError(f"checkpoint for partition {partition} is not signed with this service's key")
+            raise StateError(f"checkpoint for partition {partition} is not signed with this service's key",
+                             reason="bad_signature")
     if (env["group"], env["topic"], env["partition"]) != (group, topic, partition):
         raise StateError(f"checkpoint of {env['group']}/{env['topic']}/{env['partition']} found under "
-                         f"{group}/{topic}/{partition}'s key")
+                         f"{group}/{topic}/{partition}'s key", reason="misplaced")
     offset, epoch, size, engine = env["offset"], env["epoch"], env["size"], env["engine"]
     if type(offset) is not int or type(epoch) is not int or offset < 0 or epoch < 0 or not isinstance(engine, bytes):
-        raise StateError(f"corrupt checkpoint for partition {partition}: offset, epoch or snapshot malformed")
+        raise StateError(f"corrupt checkpoint for partition {partition}: offset, epoch or snapshot malformed",
+                         reason="corrupt")
     if type(size) is not int or not 0 < size <= max_bytes:
-        raise StateError(f"checkpoint for partition {partition} expands to {size} bytes (at most {max_bytes})")
+        raise StateError(f"checkpoint for partition {partition} expands to {size} bytes (at most {max_bytes})",
+                         reason="too_large")
     return Checkpoint(partition, offset, _inflate(engine, size, partition), epoch)
 
 
@@ -210,9 +221,11 @@ def _inflate(data: bytes, size: int, partition: int) -> bytes:
     try:
         out = d.decompress(data, size)
         if len(out) == size and not d.eof and d.decompress(d.unconsumed_tail, 1):
-            raise StateError(f"checkpoint for partition {partition} expands past the {size} bytes it states")
+            raise StateError(f"checkpoint for partition {partition} expands past the {size} bytes it states",
+                             reason="too_large")
     except zlib.error as e:
-        raise StateError(f"corrupt checkpoint for partition {partition}: {e}") from e
+        raise StateError(f"corrupt checkpoint for partition {partition}: {e}", reason="corrupt") from e
     if len(out) != size or d.unconsumed_tail or not d.eof or d.unused_data:
-        raise StateError(f"checkpoint for partition {partition} does not expand to the {size} bytes it states")
+        raise StateError(f"checkpoint for partition {partition} does not expand to the {size} bytes it states",
+                         reason="corrupt")
     return out

@@ -90,7 +90,12 @@ def test_forged_and_misplaced_checkpoints_are_not_used(kafka_bootstrap, topic_pr
                  what="the records after the committed offset")
         time.sleep(3)
         # From the committed offset, no further back (from offset 0 or 5 it would count 60 or 55).
-        assert metric(get(url)[1], "gpuwarden_records_total") == N - COMMITTED
+        text = get(url)[1]
+        assert metric(text, "gpuwarden_records_total") == N - COMMITTED
+        skipped_metric = {"signed": ('reason="misplaced"', 'reason="unsigned"'), "insecure": ('reason="misplaced"',)}
+        for reason in skipped_metric[mode]:
+            assert f"gpuwarden_state_checkpoints_skipped_total{{{reason}}} 1.0" in text, text
+        assert metric(text, "gpuwarden_state_checkpoints_skipped_total") == len(skipped_metric[mode])
         assert svc.term() == 0
         msgs = [x.get("message", "") for x in svc.lines()]
         stopped = [x for x in svc.lines() if x.get("message", "").startswith("stopping")]

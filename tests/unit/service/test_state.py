@@ -158,7 +158,7 @@ def test_a_bad_message_costs_only_itself_and_its_partition_falls_back(caplog):
     r = store()
     got = consider_all(r, [(0, good0), (1, good1), (0, forged), (0, b"\x01garbage")], partitions=(0, 1, 2))
     assert got[0].engine == b"good0" and got[1].engine == b"good1" and 2 not in got
-    assert r.rejected["GW400"] == 2
+    assert r.rejected == {"unsigned": 1, "corrupt": 1}
     skipped = [rec for rec in caplog.records if "skipping the checkpoint" in rec.getMessage()]
     assert len(skipped) == 2 and {rec.partition for rec in skipped} == {0}
     assert {rec.origin for rec in skipped} == {"p.state[0]@2", "p.state[0]@3"}
@@ -174,7 +174,7 @@ def test_a_reader_never_goes_back_past_what_it_loaded(caplog):
     w.epochs[0] = 2
     old = written(w, Checkpoint(0, 100, b"old"))          # compaction left only a replayed old one
     assert consider_all(r, [(0, old)]) == {}
-    assert r.rejected["rollback"] == 1 and r.epochs[0] == 4
+    assert r.rejected == {"rollback": 1} and r.epochs[0] == 4
     assert any("not going back" in rec.getMessage() for rec in caplog.records)
 
 
@@ -224,3 +224,18 @@ def test_insecure_state_starts_with_a_loud_warning(monkeypatch, caplog):
     assert any(r.levelname == "WARNING" and "INSECURE STATE" in r.getMessage() for r in caplog.records)
     with pytest.raises(StateKeyError):
         app.Service(load_config_text("", env={}))
+
+
+def test_each_skipped_checkpoint_is_reported_with_its_reason():
+    w = store()
+    good = written(w, Checkpoint(0, 10, b"s" * 100))
+    values = [(0, written(store(key=None), Checkpoint(0, 10, b"s"))),                 # unsigned
+              (0, written(store(key=b"o" * 32), Checkpoint(0, 10, b"s"))),            # another key
+              (0, written(w, Checkpoint(1, 10, b"s"))),                              # partition 1's
+              (0, resign(good, size=1)),                                              # expands past
+              (0, resign(good, v=1)), (0, b"\x01")]
+    r = store()
+    seen = []
+    r.on_reject = seen.append
+    consider_all(r, values)
+    assert seen == ["unsigned", "bad_signature", "misplaced", "too_large", "version", "corrupt"]
