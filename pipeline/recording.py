@@ -75,7 +75,9 @@ def publish(paths: list[str], bootstrap: str, topic: str, *, speed: float | None
         if not group:
             return
         value = b"[" + b",".join(group) + b"]"
-        producer.send(topic, value, group_key[1].encode() if group_key else None)
+        # A host name no UTF-8 writer can encode (a lone surrogate) still travels: the service
+        # dead-letters the record; the key only spreads it onto a partition.
+        producer.send(topic, value, group_key[1].encode("utf-8", "backslashreplace") if group_key else None)
         sent += 1
         group = []
 
@@ -84,7 +86,7 @@ def publish(paths: list[str], bootstrap: str, topic: str, *, speed: float | None
             try:
                 rec = json.loads(m.value)
                 key = (float(rec["ts"]), str(rec["host"]))
-            except (ValueError, KeyError, TypeError):
+            except (ValueError, KeyError, TypeError, RecursionError):
                 emit()
                 producer.send(topic, m.value, None)   # poison travels as it was recorded
                 sent += 1

@@ -55,7 +55,7 @@ def replay(paths: list[str | Path], *, engine: Engine | None = None, alerts_out:
     try:
         for path in paths:
             for batch in _batches(read_lines(path), batch_size):
-                emit(pipe.handle(batch), len(batch))
+                emit(pipe.handle_guarded(batch), len(batch))
         emit(pipe.flush(), 0)
     finally:
         for sink in (alerts_sink, dlq_sink):

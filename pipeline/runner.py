@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import logging
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
 from pipeline.bus.base import Message
-from pipeline.decode import Decoder
+from pipeline.decode import INTERNAL, RAW_KEEP, Decoder
 from pipeline.engine import Engine, EngineOutput
+from pipeline.schema import DeadLetter
+
+log = logging.getLogger("gpuwarden.runner")
 
 
 @dataclass
@@ -65,6 +69,32 @@ class Pipeline:
         self.totals.messages += len(messages)
         self.totals.records += len(records)
         self.totals.add(out)
+        return out
+
+    def handle_guarded(self, messages: Sequence[Message]) -> EngineOutput:
+        """``handle``, where an unexpected error costs only the message that caused it.
+
+        In the service an exception out of a batch would leave before checkpoint and commit, so
+        every restart would read the same message and die with it (a poison pill); in replay it
+        ended the run and lost the rest of the file. Instead the batch is handled again one
+        message at a time, and each message that still raises becomes an ``internal`` dead
+        letter carrying the error, and the driver goes on.
+        """
+        try:
+            return self.handle(messages)
+        except Exception as e:   # noqa: BLE001 - a driver must outlive any one message
+            log.error("a batch raised %s: %s; handling its %d message(s) one by one", type(e).__name__, e,
+                      len(messages))
+        out = EngineOutput()
+        for m in messages:
+            try:
+                out.extend(self.handle([m]))
+            except Exception as e:   # noqa: BLE001
+                log.exception("message at %s raised; dead-lettered as internal", m.origin)
+                dead = DeadLetter(reason=INTERNAL, detail=f"{type(e).__name__}: {e}"[:300], origin=m.origin,
+                                  raw=None if m.value is None else bytes(m.value[:RAW_KEEP]).decode("utf-8", "replace"))
+                self.totals.dead[INTERNAL] += 1
+                out.dead.append(dead)
         return out
 
     def flush(self) -> EngineOutput:

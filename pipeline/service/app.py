@@ -17,6 +17,7 @@ again after a crash carry the same deterministic ids, so consumers deduplicate b
 from __future__ import annotations
 
 import logging
+import math
 import os
 import signal
 import time
@@ -132,7 +133,7 @@ class Service:
             engine = self._new_engine()
             # No wall clock: one engine sees one partition, whose messages arrive in the order they
             # were produced, so pure event time applies -- the same alerts as a file replay.
-            ps = PartitionState(p, Pipeline(engine, Decoder()))
+            ps = PartitionState(p, Pipeline(engine, _decoder()))
             cp = saved.get(p)
             if cp is not None:
                 try:
@@ -144,7 +145,7 @@ class Service:
                 except StateError as e:
                     log.error("partition %d: checkpoint unusable (%s); starting fresh from the committed offset",
                               p, e, extra={"partition": p})
-                    ps = PartitionState(p, Pipeline(self._new_engine(), Decoder()))
+                    ps = PartitionState(p, Pipeline(self._new_engine(), _decoder()))
             else:
                 log.info("partition %d: no checkpoint, starting from the committed offset", p,
                          extra={"partition": p})
@@ -208,7 +209,7 @@ class Service:
                 continue
             msgs = [Message(tp.topic, tp.partition, r.offset, r.key, r.value, r.timestamp) for r in recs]
             before = ps.pipe.totals.records
-            out = ps.pipe.handle(msgs)
+            out = ps.pipe.handle_guarded(msgs)
             n += len(msgs)
             n_records += ps.pipe.totals.records - before
             ps.next_offset = recs[-1].offset + 1
@@ -342,6 +343,15 @@ class Service:
             self.producer.close()
             if self.http:
                 self.http.stop()
+
+
+# Event time further ahead of the service's wall clock than this is ts_out_of_range (a producer
+# whose clock is wrong). No bound on age: a recording replayed into the topic is old by nature.
+MAX_FUTURE_S = 300.0
+
+
+def _decoder() -> Decoder:
+    return Decoder(wall_clock=time.time, max_future_s=MAX_FUTURE_S, max_age_s=math.inf)
 
 
 def setup_logging(level: str = "INFO") -> None:
