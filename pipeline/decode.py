@@ -42,9 +42,10 @@ TOO_DEEP = "too_deep"
 OUT_OF_RANGE = "out_of_range"
 BAD_IDENTIFIER = "bad_identifier"
 INTERNAL = "internal"
+ENTITY_LIMIT = "entity_limit"
 REASONS = (MALFORMED_JSON, WRONG_TYPE, MISSING_KEY, NAN_VALUE, NAN_FIELD, BLANK_SENTINEL, NEGATIVE_VALUE,
            UNKNOWN_KIND, UNSUPPORTED_VERSION, TS_OUT_OF_RANGE, LATE, TOO_LARGE, TOO_DEEP, OUT_OF_RANGE,
-           BAD_IDENTIFIER, INTERNAL)
+           BAD_IDENTIFIER, INTERNAL, ENTITY_LIMIT)
 
 # Plausible event time: 2001-09-09 .. 2100-01-01. Anything else is a unit mistake (ms, us) or garbage.
 TS_MIN, TS_MAX = 1.0e9, 4.1e9

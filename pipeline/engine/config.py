@@ -34,6 +34,9 @@ class EngineConfig:
       of the hosts' newest event times) is ``ts_out_of_range``: one bad clock must not carry
       the watermark (and every other host's data) with it. A jump the fleet makes together is
       followed after its first record from each of half the hosts.
+    - ``max_hosts``: hosts one engine keeps state for (a service engine sees one partition's);
+      records of further new hosts are ``entity_limit`` dead letters. 200,000 junk host names
+      once took 1.55 GB; the largest fleet this is built for has 2,048 hosts.
     """
 
     allowed_lateness: float = 30.0
@@ -45,6 +48,7 @@ class EngineConfig:
     host_silent_after: float = 60.0
     max_lag: float = 300.0
     max_ahead: float = 300.0
+    max_hosts: int = 16_384
 
     def __post_init__(self) -> None:
         for f in fields(self):

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 import msgspec
 import numpy as np
 
-from pipeline.decode import LATE, TS_OUT_OF_RANGE, Origins, take_origins
+from pipeline.decode import ENTITY_LIMIT, LATE, TS_OUT_OF_RANGE, Origins, take_origins
 from pipeline.engine.arrays import from_parts
 from pipeline.engine.checks import GPU, HOST, RowCheck, TickCheck, builtin_checks
 from pipeline.engine.config import EngineConfig
@@ -169,7 +169,9 @@ class Engine:
                 origins = Origins(["batch"], np.zeros(n, np.intp), np.arange(n))
             # map() over C-level attribute getters: this runs once per record on the hot path.
             ts = np.fromiter(map(_TS, records), np.float64, n)
-            hosts = self.entities.host_ids(list(map(_HOST, records)))
+            hosts = self.entities.host_ids(list(map(_HOST, records)), limit=self.config.max_hosts)
+            if (hosts < 0).any():
+                records, origins, ts, hosts = self._refuse_new_hosts(records, origins, ts, hosts, out)
             nh = self.entities.n_hosts
             self.host_hwm = grow(self.host_hwm, nh, np.nan)
             self.host_seen = grow(self.host_seen, nh, np.nan)
@@ -244,6 +246,19 @@ class Engine:
         # The models' NCCL detectors need the records' columns; without models they are counted.
         nccl = self._nccl_frame(nrecs, hosts[~is_dcgm]) if nrecs and self.models is not None else None
         return _Pending(dts, dhost, gpu, values, cols, nts, nccl, float(ts.min()), float(ts.max()))
+
+    def _refuse_new_hosts(self, records: Sequence[TelemetryRecord], origins: Sequence[str], ts: np.ndarray,
+                          hosts: np.ndarray, out: EngineOutput) -> tuple:
+        """Records of hosts beyond ``max_hosts`` -> ``entity_limit`` dead letters."""
+        for i in np.flatnonzero(hosts < 0).tolist():
+            r = records[i]
+            out.dead.append(DeadLetter(reason=ENTITY_LIMIT, detail=f"host {r.host!r} would be host number "
+                                       f"{self.entities.n_hosts + 1}; this engine keeps at most "
+                                       f"{self.config.max_hosts} (engine.max_hosts)", origin=origins[i], ts=r.ts,
+                                       host=r.host))
+        self.stats["dead." + ENTITY_LIMIT] += int((hosts < 0).sum())
+        keep = np.flatnonzero(hosts >= 0)
+        return [records[i] for i in keep.tolist()], take_origins(origins, keep), ts[keep], hosts[keep]
 
     # -- screening arrivals against the fleet's clock ------------------------------------------
 

@@ -68,15 +68,17 @@ class Entities:
                 self._table[hid, index] = gid
         return gid
 
-    def host_ids(self, names: Sequence[str]) -> np.ndarray:
-        """Ids of many host names at once (new ones assigned in order).
+    def host_ids(self, names: Sequence[str], limit: int | None = None) -> np.ndarray:
+        """Ids of many host names at once (new ones assigned in order; -1 for a new one once
+        ``limit`` hosts are known).
 
         ``dict.get`` mapped in C: this runs for every record on the hot path.
         """
         try:
             return np.fromiter(map(self.host_id.get, names), np.int32, len(names))
         except TypeError:   # a host not seen before (get() gave None)
-            return np.array([self.host(n) for n in names], dtype=np.int32)
+            return np.array([self.host(n) if limit is None or n in self.host_id or len(self.hosts) < limit else -1
+                             for n in names], dtype=np.int32)
 
     def gpu_ids(self, hosts: Iterable[str], indices: Iterable[int]) -> np.ndarray:
         """Ids of many (host, gpu index) pairs at once (new ones assigned in order)."""

@@ -140,3 +140,14 @@ def test_a_single_host_that_really_jumps_is_followed_after_one_record(batch: int
     eng.process(records)
     eng.flush()
     assert eng.released >= T0 + 199 + jump - 1 and not math.isnan(eng.next_tick)
+
+
+def test_hosts_beyond_the_bound_are_dead_letters_and_known_hosts_go_on() -> None:
+    from pipeline.engine.config import EngineConfig
+
+    eng = Engine(EngineConfig(max_hosts=3))
+    junk = [sample(t, f"junk{t}", 0) for t in range(10)]
+    out = eng.process(_clean(hosts=3)[:60] + junk)
+    assert eng.entities.n_hosts == 3
+    assert [d.reason for d in out.dead] == ["entity_limit"] * 10
+    assert "engine.max_hosts" in out.dead[0].detail
