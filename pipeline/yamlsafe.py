@@ -1,0 +1,134 @@
+"""Reading YAML that someone else wrote: bounded size, nesting, strings and aliases.
+
+PyYAML's safe loader already refuses tags that build objects, but not input that is merely
+huge. A few hundred bytes of anchors and aliases ("billion laughs") compose to a graph whose
+expansion has billions of nodes: anything that walks it as a tree, or converts it into typed
+objects, hangs or eats memory. An alias may also refer to the node that contains it, which
+makes the "tree" a cycle. Deep nesting recurses in PyYAML's composer. So the loader here counts
+while it composes and stops at the first limit crossed, naming its line and column: the caller
+reports that as a diagnostic instead of hanging. The limits and the diagnostic codes that rule
+and route files use for them are listed in docs/rules.md and docs/remediation.md ("Limits").
+
+Aliases stay allowed (sharing a block of labels is a fair use), but each one counts the full
+size of what it expands to, so what the caller later walks or converts is bounded.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import yaml
+
+
+@dataclass(frozen=True)
+class Limits:
+    max_bytes: int = 1 << 20        # the file, in UTF-8 bytes
+    max_depth: int = 64             # mappings and lists nested in each other
+    max_aliases: int = 100          # ``*name`` uses in one document
+    max_nodes: int = 100_000        # every scalar, list and mapping, aliases expanded
+    max_string: int = 64 << 10      # one scalar's characters
+
+
+DEFAULT = Limits()
+
+# What crossed a limit, for callers that map it onto their own diagnostic codes.
+SIZE, DEPTH, ALIAS, STRING = "size", "depth", "alias", "string"
+
+
+class YamlLimitError(yaml.YAMLError):
+    """Input that crosses a limit. A ``YAMLError``, so code that reports bad YAML reports this too."""
+
+    def __init__(self, kind: str, message: str, line: int = 1, col: int = 1) -> None:
+        super().__init__(message)
+        self.kind, self.message, self.line, self.col = kind, message, line, col
+
+    def __str__(self) -> str:
+        return f"line {self.line}, column {self.col}: {self.message}"
+
+
+def _bounded(base: type) -> type:
+    class Bounded(base):  # type: ignore[valid-type, misc]
+        def __init__(self, stream: str, limits: Limits) -> None:
+            super().__init__(stream)
+            self._limits = limits
+            self._open: list[Any] = []          # the containers being composed, outermost first
+            self._size: dict[int, int] = {}     # id(node) -> nodes it expands to
+            self._aliases = 0
+            self._nodes = 0
+
+        def _fail(self, kind: str, message: str, mark: Any) -> None:
+            raise YamlLimitError(kind, message, mark.line + 1 if mark else 1, mark.column + 1 if mark else 1)
+
+        def compose_node(self, parent: Any, index: Any) -> Any:
+            lim = self._limits
+            event = self.peek_event()
+            if isinstance(event, yaml.AliasEvent):
+                self._aliases += 1
+                if self._aliases > lim.max_aliases:
+                    self._fail(ALIAS, f"more than {lim.max_aliases} aliases (*name) in one document",
+                               event.start_mark)
+                node = super().compose_node(parent, index)
+                if node is parent or any(node is n for n in self._open):
+                    self._fail(ALIAS, f"alias *{event.anchor} refers to a node that contains it", event.start_mark)
+                self._nodes += self._size[id(node)]
+                if self._nodes > lim.max_nodes:
+                    self._fail(ALIAS, f"aliases expand to more than {lim.max_nodes} nodes", event.start_mark)
+                return node
+            if len(self._open) >= lim.max_depth:
+                self._fail(DEPTH, f"nested more than {lim.max_depth} levels deep", event.start_mark)
+            self._open.append(parent)
+            try:
+                node = super().compose_node(parent, index)
+            finally:
+                self._open.pop()
+            if isinstance(node, yaml.ScalarNode):
+                if len(node.value) > lim.max_string:
+                    self._fail(STRING, f"a string longer than {lim.max_string} characters", node.start_mark)
+                size = 1
+            elif isinstance(node, yaml.SequenceNode):
+                size = 1 + sum(self._size[id(c)] for c in node.value)
+            else:
+                size = 1 + sum(self._size[id(k)] + self._size[id(v)] for k, v in node.value)
+            self._size[id(node)] = size
+            self._nodes += 1
+            if self._nodes > lim.max_nodes:
+                self._fail(SIZE, f"more than {lim.max_nodes} YAML nodes", node.start_mark)
+            return node
+
+    return Bounded
+
+
+_LOADERS: dict[type, type] = {}
+
+
+def _loader(text: str, limits: Limits, base: type) -> Any:
+    size = len(text.encode("utf-8", "surrogatepass"))
+    if size > limits.max_bytes:
+        raise YamlLimitError(SIZE, f"the file is {size} bytes; the limit is {limits.max_bytes}")
+    cls = _LOADERS.get(base)
+    if cls is None:
+        cls = _LOADERS[base] = _bounded(base)
+    return cls(text, limits)
+
+
+def compose(text: str, limits: Limits = DEFAULT, *, base: type = yaml.SafeLoader) -> Any:
+    """The node tree of one YAML document (None when empty), every node keeping its position.
+
+    Raises ``YamlLimitError`` (a ``yaml.YAMLError``) at the first limit crossed, or the usual
+    ``yaml.YAMLError`` for a syntax error.
+    """
+    loader = _loader(text, limits, base)
+    try:
+        return loader.get_single_node()
+    finally:
+        loader.dispose()
+
+
+def load(text: str, limits: Limits = DEFAULT, *, base: type = yaml.SafeLoader) -> Any:
+    """``yaml.safe_load`` (or ``base``'s load) with the limits of ``compose``."""
+    loader = _loader(text, limits, base)
+    try:
+        return loader.get_single_data()
+    finally:
+        loader.dispose()
