@@ -1,11 +1,27 @@
-"""Durations as rules write them: ``500ms``, ``30s``, ``5m``, ``2h``, ``1d``, or ``1m30s``."""
+"""Durations as rules write them: ``500ms``, ``30s``, ``5m``, ``2h``, ``1d``, or ``1m30s``.
+
+Every duration is finite, not negative and at most ``MAX_SECONDS``: ``for: .nan`` would make a
+rule that can never fire (no time is ever >= NaN), and ``[99...9s]`` overflows window arithmetic.
+"""
 
 from __future__ import annotations
 
+import math
 import re
 
 _UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 _PART = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d)")
+MAX_SECONDS = 366 * 86400.0   # a year (and a leap day): longer than any window or hold-off means
+
+
+def _bounded(seconds: float, text: object) -> float:
+    if not math.isfinite(seconds):
+        raise ValueError(f"{text!r} is not a finite duration")
+    if seconds < 0:
+        raise ValueError(f"{text!r} is negative")
+    if seconds > MAX_SECONDS:
+        raise ValueError(f"{text!r} is longer than the limit of 366d")
+    return seconds
 
 
 def parse_duration(text: str | int | float) -> float:
@@ -17,9 +33,10 @@ def parse_duration(text: str | int | float) -> float:
     if isinstance(text, bool):
         raise ValueError(f"{text!r} is not a duration")
     if isinstance(text, (int, float)):
-        if text < 0:
-            raise ValueError(f"{text} is negative")
-        return float(text)
+        try:
+            return _bounded(float(text), text)
+        except OverflowError:   # an int too big for a float
+            raise ValueError("the number is longer than the limit of 366d") from None
     s = str(text).strip()
     pos, total = 0, 0.0
     for m in _PART.finditer(s):
@@ -29,4 +46,4 @@ def parse_duration(text: str | int | float) -> float:
         pos = m.end()
     if pos != len(s) or not s:
         raise ValueError(f"{text!r} is not a duration (use e.g. 30s, 5m, 1h30m)")
-    return total
+    return _bounded(total, text if len(s) <= 40 else s[:40] + "...")

@@ -14,23 +14,39 @@ numbers, durations, clock-event bits and the functions in ``functions.py``.
     atom    := NUMBER | DURATION | NAME | NAME "(" [arg ("," arg)*] ")" | "(" expr ")"
     arg     := NAME "=" NAME | expr
 
+A chain of ``and`` (or of ``or``) is built as a balanced tree: Kleene and/or are associative, so
+the value is the same, and 200 terms nest 8 levels deep instead of 200.
+
+Expressions come from files anyone may edit, so their size is bounded before anything recurses
+over them (the parser, the type checker, the evaluator's closures): length, nesting depth and
+number of terms, and every number must be finite. Each limit has its own diagnostic code
+(docs/rules.md, "Limits").
+
 >>> parse("clocks_event_reasons has HW_THERMAL|SW_THERMAL and sm_clock < 0.7 * baseline(sm_clock, 30m)")
 And(left=Has(...), right=Compare(...))
 """
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass, field
 
+from pipeline.rules import diagnostics as D
 from pipeline.rules.durations import parse_duration
+
+MAX_CHARS = 4096      # characters in one expression
+MAX_DEPTH = 32        # nested operators, parentheses and calls (each level costs Python frames)
+MAX_TERMS = 256       # operands: fields, numbers, durations, bit names, `in` values
+MAX_NUMBER = 2.0 ** 64   # a literal's magnitude: room for any 64-bit bitmask
 
 
 class ExprSyntaxError(ValueError):
-    def __init__(self, message: str, pos: int) -> None:
+    def __init__(self, message: str, pos: int, code: str = D.EXPR_SYNTAX) -> None:
         super().__init__(message)
         self.message = message
         self.pos = pos
+        self.code = code
 
 
 @dataclass(frozen=True)
@@ -149,10 +165,73 @@ def tokenize(src: str) -> list[Tok]:
     return out
 
 
+def _number(t: Tok) -> float:
+    """A number token's value; out-of-range literals (``0x`` + 300 digits, ``1e400``) are errors."""
+    big = ExprSyntaxError(f"number {t.text[:20]}{'...' if len(t.text) > 20 else ''} is out of range "
+                          f"(at most {MAX_NUMBER:.3g})", t.pos, D.BAD_NUMBER)
+    if t.text[:2].lower() == "0x":
+        n = int(t.text, 16)   # exact for any length: no float overflow here
+        if n > MAX_NUMBER:
+            raise big
+        return float(n)
+    v = float(t.text)
+    if not math.isfinite(v) or abs(v) > MAX_NUMBER:
+        raise big
+    return v
+
+
+def _children(n: "Node") -> tuple["Node", ...]:
+    if isinstance(n, (Arith, Compare, And, Or)):
+        return (n.left, n.right)  # type: ignore[return-value]
+    if isinstance(n, (Neg, Not, Has, In)):
+        return (n.operand,)  # type: ignore[return-value]
+    if isinstance(n, Call):
+        return n.args
+    return ()
+
+
+def _terms(n: "Node") -> int:
+    if isinstance(n, Has):
+        return len(n.bits)
+    if isinstance(n, In):
+        return len(n.values)
+    return 1 if isinstance(n, (Num, Dur, Name)) else 0
+
+
+def check_size(root: "Node") -> None:
+    """Refuse a tree deeper than ``MAX_DEPTH`` or with more than ``MAX_TERMS`` operands.
+
+    Iterative, so it is safe on any tree; what compiles afterwards recurses at most
+    ``MAX_DEPTH`` levels.
+    """
+    stack, terms = [(root, 1)], 0
+    while stack:
+        n, depth = stack.pop()
+        if depth > MAX_DEPTH:
+            raise ExprSyntaxError(f"expression nests more than {MAX_DEPTH} levels deep (operators inside operators, "
+                                  "parentheses, calls); split it into named values", n.pos, D.EXPR_TOO_DEEP)
+        terms += _terms(n)
+        if terms > MAX_TERMS:
+            raise ExprSyntaxError(f"expression has more than {MAX_TERMS} terms; use 'in (...)' for lists of "
+                                  "values, or split the rule", n.pos, D.EXPR_TOO_MANY_TERMS)
+        stack += [(c, depth + 1) for c in _children(n) if c is not None]
+
+
 class _Parser:
     def __init__(self, src: str) -> None:
+        if len(src) > MAX_CHARS:
+            raise ExprSyntaxError(f"expression is {len(src)} characters long; the limit is {MAX_CHARS}",
+                                  MAX_CHARS, D.EXPR_TOO_LONG)
         self.toks = tokenize(src)
         self.i = 0
+        self.depth = 0
+
+    def nest(self, pos: int) -> None:
+        """Count one level of the parser's own recursion, which stops well before Python's."""
+        self.depth += 1
+        if self.depth > MAX_DEPTH:
+            raise ExprSyntaxError(f"expression nests more than {MAX_DEPTH} levels deep (parentheses, 'not', "
+                                  "'-', calls)", pos, D.EXPR_TOO_DEEP)
 
     @property
     def tok(self) -> Tok:
@@ -178,26 +257,36 @@ class _Parser:
         node = self.or_()
         if not self.at("end"):
             raise ExprSyntaxError(f"unexpected {self.tok.text!r} (missing 'and'/'or' or an operator?)", self.tok.pos)
+        check_size(node)
         return node
 
+    def _chain(self, word: str, cls: type, operand) -> Node:
+        items, ops = [operand()], []
+        while self.at("kw", word):
+            ops.append(self.take().pos)
+            items.append(operand())
+
+        def build(lo: int, hi: int) -> Node:
+            # Left-heavy split: chains of two or three terms keep their usual left-nested shape.
+            if hi - lo == 1:
+                return items[lo]
+            mid = (lo + hi + 1) // 2
+            return cls(ops[mid - 1], build(lo, mid), build(mid, hi))
+        return build(0, len(items))
+
     def or_(self) -> Node:
-        left = self.and_()
-        while self.at("kw", "or"):
-            pos = self.take().pos
-            left = Or(pos, left, self.and_())
-        return left
+        return self._chain("or", Or, self.and_)
 
     def and_(self) -> Node:
-        left = self.not_()
-        while self.at("kw", "and"):
-            pos = self.take().pos
-            left = And(pos, left, self.not_())
-        return left
+        return self._chain("and", And, self.not_)
 
     def not_(self) -> Node:
         if self.at("kw", "not"):
             pos = self.take().pos
-            return Not(pos, self.not_())
+            self.nest(pos)
+            node = Not(pos, self.not_())
+            self.depth -= 1
+            return node
         return self.cmp()
 
     def cmp(self) -> Node:
@@ -229,8 +318,7 @@ class _Parser:
         if self.at("op", "-"):
             self.take()
             neg = True
-        t = self.expect("num", what="a number")
-        v = float(int(t.text, 16)) if t.text.lower().startswith("0x") else float(t.text)
+        v = _number(self.expect("num", what="a number"))
         return -v if neg else v
 
     def sum(self) -> Node:
@@ -250,26 +338,36 @@ class _Parser:
     def unary(self) -> Node:
         if self.at("op", "-"):
             pos = self.take().pos
-            return Neg(pos, self.unary())
+            self.nest(pos)
+            node = Neg(pos, self.unary())
+            self.depth -= 1
+            return node
         return self.atom()
 
     def atom(self) -> Node:
         t = self.tok
         if t.kind == "num":
             self.take()
-            return Num(t.pos, float(int(t.text, 16)) if t.text.lower().startswith("0x") else float(t.text))
+            return Num(t.pos, _number(t))
         if t.kind == "dur":
             self.take()
-            return Dur(t.pos, parse_duration(t.text), t.text)
+            try:
+                return Dur(t.pos, parse_duration(t.text), t.text)
+            except ValueError as e:
+                raise ExprSyntaxError(str(e), t.pos, D.BAD_DURATION) from None
         if t.kind == "name":
             self.take()
             if self.at("op", "("):
-                return self.call(t)
+                self.nest(t.pos)
+                node = self.call(t)
+                self.depth -= 1
+                return node
             return Name(t.pos, t.text)
         if self.at("op", "("):
-            self.take()
+            self.nest(self.take().pos)
             node = self.or_()
             self.expect("op", ")", what="')'")
+            self.depth -= 1
             return node
         found = "end of expression" if t.kind == "end" else repr(t.text)
         raise ExprSyntaxError(f"expected a number, a field or a function, found {found}", t.pos)

@@ -3,6 +3,11 @@
 YAML is read with PyYAML's safe composer into nodes (so every value keeps its line and column)
 and turned into plain values by hand; any tag outside plain YAML (``!!python/...``) is refused.
 Nothing from a rule file is ever executed: conditions go through our own parser.
+
+A rule file is input from anyone who can edit it, and a hot reload reads it inside ``serve``: its
+size, YAML aliases and nesting are bounded (``pipeline.yamlsafe``), and any failure, even one of
+a kind nobody foresaw, becomes a diagnostic that refuses the file instead of an exception
+(limits and codes in docs/rules.md, "Limits").
 """
 
 from __future__ import annotations
@@ -13,6 +18,7 @@ from typing import Any
 
 import yaml
 
+from pipeline import yamlsafe
 from pipeline.catalog import FIELDS
 from pipeline.rules import diagnostics as D
 from pipeline.rules.compile import CompileError, WindowStore, compile_expr
@@ -30,9 +36,13 @@ FILE_KEYS = {"rules", "description"}
 SEVERITIES = ("critical", "warning", "info")
 LEVELS = ("gpu", "host")
 LATER_LEVELS = ("link", "comm", "job")
-_NAME = re.compile(r"^[a-z][a-z0-9_]*$")
+_NAME = re.compile(r"[a-z][a-z0-9_]*")
 _SAFE_TAGS = {f"tag:yaml.org,2002:{t}" for t in ("str", "int", "float", "bool", "null", "map", "seq")}
-_ctor = yaml.SafeLoader("")
+# The shipped packs use a few KB and no aliases; these leave room for generated files.
+LIMITS = yamlsafe.Limits(max_bytes=1 << 20, max_depth=32, max_aliases=100, max_nodes=100_000, max_string=16 << 10)
+MAX_RULES = 1000          # rules in one file
+_LIMIT_CODES = {yamlsafe.SIZE: D.TOO_LARGE, yamlsafe.STRING: D.TOO_LARGE, yamlsafe.ALIAS: D.YAML_ALIAS,
+                yamlsafe.DEPTH: D.YAML_DEPTH}
 
 
 def rule_files(paths: list[str | Path]) -> list[Path]:
@@ -55,6 +65,9 @@ class _FileLoader:
         self.rules: list[tuple[Rule, Any]] = []
         self.bad: set[int] = set()
         self.names: list[tuple[str, Any]] = []    # every rule name seen, for duplicate checks
+        # One constructor per file: a shared one would keep every scalar node of every reload
+        # (construct_object memoizes by node).
+        self._ctor = yaml.SafeLoader("")
 
     def err(self, node: Any, message: str, code: str, rule: str | None = None, *, line: int | None = None,
             col: int | None = None, severity: str = "error") -> None:
@@ -71,19 +84,31 @@ class _FileLoader:
             return {self.value(k): self.value(v) for k, v in node.value}
         if isinstance(node, yaml.SequenceNode):
             return [self.value(v) for v in node.value]
-        return _ctor.construct_object(node, deep=True)
+        try:
+            return self._ctor.construct_object(node, deep=True)
+        except (ValueError, OverflowError) as e:   # e.g. an integer of 5000 digits
+            self.err(node, f"cannot read this value ({str(e).split(':')[0]})", D.BAD_VALUE)
+            self.bad.add(id(node))
+            return None
 
     def check_tags(self, node: Any) -> None:
         """Report every node with a tag outside plain YAML; remember them so they are never built."""
-        stack = [node]
+        stack, seen = [node], set()
         while stack:
             n = stack.pop()
+            if id(n) in seen:
+                continue   # an aliased node: reported once
+            seen.add(id(n))
             if n.tag not in _SAFE_TAGS:
                 self.err(n, f"YAML tag {n.tag!r} is not allowed in rule files (plain data only)", D.YAML_TAG)
                 self.bad.add(id(n))
                 continue
             if isinstance(n, yaml.MappingNode):
                 for k, v in n.value:
+                    if not isinstance(k, yaml.ScalarNode):
+                        # A list or mapping as a key (``? [a, b]``) cannot be a dict key.
+                        self.err(k, "a mapping key must be a plain name or value", D.SHAPE)
+                        self.bad.add(id(n))
                     stack += [k, v]
             elif isinstance(n, yaml.SequenceNode):
                 stack += list(n.value)
@@ -103,7 +128,10 @@ class _FileLoader:
 
     def load(self) -> None:
         try:
-            root = yaml.compose(self.text, Loader=yaml.SafeLoader)
+            root = yamlsafe.compose(self.text, LIMITS)
+        except yamlsafe.YamlLimitError as e:
+            self.err(None, f"YAML: {e.message}", _LIMIT_CODES[e.kind], line=e.line, col=e.col)
+            return
         except yaml.YAMLError as e:
             mark = getattr(e, "problem_mark", None) or getattr(e, "context_mark", None)
             problem = getattr(e, "problem", None) or str(e)
@@ -131,8 +159,15 @@ class _FileLoader:
         if not isinstance(rules_node, yaml.SequenceNode):
             self.err(rules_node, "'rules:' must be a list of rules", D.SHAPE)
             return
+        if len(rules_node.value) > MAX_RULES:
+            self.err(rules_node.value[MAX_RULES], f"more than {MAX_RULES} rules in one file; split it", D.TOO_LARGE)
+            return
         for item in rules_node.value:
-            self.rule(item)
+            try:
+                self.rule(item)
+            except Exception as e:  # noqa: BLE001 - the trust boundary: no input may crash the loader
+                self.err(item, f"cannot load this rule ({type(e).__name__}: {str(e)[:200]}); "
+                         "this is a gpuwarden bug, please report it", D.INTERNAL)
 
     def rule(self, node: Any) -> None:
         if self.tainted(node):
@@ -158,7 +193,7 @@ class _FileLoader:
         if name is not None and name_node is not None:
             self.names.append((name, name_node))
         val = {k: self.value(v) for k, (_, v) in keys.items() if k in RULE_KEYS}
-        if "name" in val and (not isinstance(val["name"], str) or not _NAME.match(val["name"])):
+        if "name" in val and (not isinstance(val["name"], str) or not _NAME.fullmatch(val["name"])):
             self.err(keys["name"][1], f"rule name {val['name']!r} must be lower_snake_case", D.BAD_VALUE, name)
         fault = val.get("fault")
         if "fault" in val and (not isinstance(fault, str) or fault_family(fault) not in FAMILIES or "_" not in fault):
@@ -176,7 +211,7 @@ class _FileLoader:
                      D.BAD_VALUE, name)
         durs = {}
         for key in ("for", "keep_firing_for"):
-            if key in val:
+            if key in val and id(keys[key][1]) not in self.bad:
                 try:
                     durs[key] = parse_duration(val[key])
                 except ValueError as e:
@@ -190,11 +225,12 @@ class _FileLoader:
         # The condition and named values: our own parser, errors pointed at the character.
         cond = self.expr(keys["condition"][1], val["condition"], name) if "condition" in keys else None
         values = {}
-        for vname, vsrc in (val.get("values") or {}).items():
-            vnode = next(v for k, v in keys["values"][1].value if self.value(k) == vname)
-            c = self.expr(vnode, str(vsrc), name)
-            if c is not None:
-                values[vname] = c
+        if val.get("values"):
+            vnodes = {self.value(k): v for k, v in keys["values"][1].value}
+            for vname, vsrc in val["values"].items():
+                c = self.expr(vnodes[vname], str(vsrc), name)
+                if c is not None:
+                    values[vname] = c
         template: list = []
         summary = val.get("summary", "")
         if not isinstance(summary, str):
@@ -246,7 +282,7 @@ class _FileLoader:
             return compile_expr(src, self.store, self.models)
         except ExprSyntaxError as e:
             ln, cl = self.position(node, e.pos)
-            self.err(None, e.message, D.EXPR_SYNTAX, rule, line=ln, col=cl)
+            self.err(None, e.message, e.code, rule, line=ln, col=cl)
         except CompileError as e:
             ln, cl = self.position(node, e.pos)
             self.err(None, e.message, e.code, rule, line=ln, col=cl)
@@ -284,19 +320,50 @@ def load_rules(paths: list[str | Path], *, tick: float = 1.0, models: set[str] |
                ) -> tuple[RuleSet | None, list[Diagnostic]]:
     """Load every rule file under ``paths``. Returns (rule set, diagnostics); the set is None when
     any diagnostic is an error, so a broken file can never replace a working set."""
+    try:
+        return _load_rules(paths, tick, models)
+    except Exception as e:  # noqa: BLE001 - a hot reload in `serve` calls this: refuse, never raise
+        where = str(paths[0]) if paths else "(rules)"
+        return None, [Diagnostic(where, 1, 1, None, f"cannot load rules ({type(e).__name__}: {str(e)[:200]}); "
+                                 "this is a gpuwarden bug, please report it", D.INTERNAL)]
+
+
+def _read(f: Path) -> str:
+    """The file's text, refusing one over the size limit before reading it all."""
+    with f.open("rb") as fh:
+        data = fh.read(LIMITS.max_bytes + 1)
+    if len(data) > LIMITS.max_bytes:
+        raise yamlsafe.YamlLimitError(yamlsafe.SIZE, f"the file is over {LIMITS.max_bytes} bytes")
+    return data.decode("utf-8")
+
+
+def _load_rules(paths: list[str | Path], tick: float, models: set[str] | None
+                ) -> tuple[RuleSet | None, list[Diagnostic]]:
     store = WindowStore(tick)
     diags: list[Diagnostic] = []
     rules: list[Rule] = []
     names: list[tuple[str, Any, str]] = []
-    files = rule_files(paths)
+    try:
+        files = rule_files(paths)
+    except OSError as e:
+        return None, [Diagnostic(str(getattr(e, "filename", None) or paths[0]), 1, 1, None,
+                                 f"cannot read: {e}", D.YAML_SYNTAX)]
     for f in files:
         try:
-            text = f.read_text(encoding="utf-8")
+            text = _read(f)
+        except yamlsafe.YamlLimitError as e:
+            diags.append(Diagnostic(str(f), 1, 1, None, f"YAML: {e.message}", D.TOO_LARGE))
+            continue
         except (OSError, UnicodeDecodeError) as e:
             diags.append(Diagnostic(str(f), 1, 1, None, f"cannot read: {e}", D.YAML_SYNTAX))
             continue
         fl = _FileLoader(str(f), text, store, models or set())
-        fl.load()
+        try:
+            fl.load()
+        except Exception as e:  # noqa: BLE001 - refuse the file, keep reporting the others
+            fl.err(None, f"cannot load this file ({type(e).__name__}: {str(e)[:200]}); "
+                   "this is a gpuwarden bug, please report it", D.INTERNAL)
+            fl.rules = []
         diags += fl.diags
         rules += [r for r, _ in fl.rules]
         names += [(n, node, str(f)) for n, node in fl.names]

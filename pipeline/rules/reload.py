@@ -1,8 +1,10 @@
 """Hot reload of rules: on SIGHUP or when a rule file changes, between batches.
 
 A broken file is reported and never replaces the working set: the engine keeps running the
-rules it had. Rules whose definition did not change keep their state (pending and firing
-alerts, windows), so a reload does not re-fire or forget anything.
+rules it had. Nothing a rule file holds may stop the engine: a failure of any kind while
+reading, loading or installing a new set is a refused reload, logged with its reason. Rules
+whose definition did not change keep their state (pending and firing alerts, windows), so a
+reload does not re-fire or forget anything.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from pipeline.engine import Engine
+from pipeline.rules import diagnostics as D
 from pipeline.rules.diagnostics import Diagnostic
 from pipeline.rules.loader import load_rules, rule_files
 
@@ -38,10 +41,18 @@ class RuleReloader:
 
     def fingerprint(self) -> str:
         h = hashlib.sha256()
-        for f in rule_files(self.paths):
+        try:
+            files = rule_files(self.paths)
+        except OSError as e:   # a directory that cannot be listed: a change the reload will report
+            h.update(f"<unlistable {e}>".encode())
+            return h.hexdigest()
+        for f in files:
             h.update(str(f).encode())
             try:
-                h.update(f.read_bytes())
+                # In blocks: a huge file (refused by the loader) must not be read into memory here.
+                with f.open("rb") as fh:
+                    for block in iter(lambda: fh.read(1 << 20), b""):
+                        h.update(block)
             except OSError:
                 h.update(b"<unreadable>")
         return h.hexdigest()
@@ -63,13 +74,19 @@ class RuleReloader:
         return self.reload()
 
     def reload(self) -> ReloadResult:
-        ruleset, diags = load_rules(self.paths, tick=self.engine.config.tick)
-        for d in diags:
-            (log.error if d.is_error else log.warning)("rules: %s", d)
+        try:
+            ruleset, diags = load_rules(self.paths, tick=self.engine.config.tick)
+            for d in diags:
+                (log.error if d.is_error else log.warning)("rules: %s", d)
+            if ruleset is not None:
+                self.engine.set_rules(ruleset)
+        except Exception as e:  # noqa: BLE001 - load_rules refuses bad input itself; this is the backstop
+            log.exception("rules: reload failed")
+            ruleset, diags = None, [Diagnostic(str(self.paths[0]) if self.paths else "(rules)", 1, 1, None,
+                                               f"reload failed ({type(e).__name__}: {str(e)[:200]})", D.INTERNAL)]
         if ruleset is None:
             log.error("rules: reload refused, %d error(s); still running the previous %d rule(s)",
                       sum(d.is_error for d in diags), len(self.engine.rules or []))
             return ReloadResult(False, diags, len(self.engine.rules or []))
-        self.engine.set_rules(ruleset)
         log.warning("rules: reloaded %d rule(s) from %d file(s)", len(ruleset), len(ruleset.sources))
         return ReloadResult(True, diags, len(ruleset))

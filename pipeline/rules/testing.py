@@ -33,6 +33,7 @@ from typing import Any, Callable
 
 import yaml
 
+from pipeline import yamlsafe
 from pipeline.catalog import FIELDS
 from pipeline.engine import Engine, EngineConfig
 from pipeline.rules.durations import parse_duration
@@ -40,6 +41,8 @@ from pipeline.rules.loader import load_rules
 from pipeline.schema import AlertEvent, dcgm
 
 T0 = 1764403200.0
+TEST_LIMITS = yamlsafe.Limits(max_bytes=4 << 20)   # series make test files longer than rule files
+MAX_SAMPLES = 1_000_000   # per series: "1x99999999999" must be an error, not all the memory
 _TERM = re.compile(r"^(_|-?\d+(?:\.\d+)?(?:[eE][-+]?\d+)?)(?:([+-]\d+(?:\.\d+)?))?(?:x(\d+))?$")
 
 
@@ -59,6 +62,8 @@ def expand_series(text: str | int | float) -> list[float | None]:
         if not m:
             raise SeriesError(f"bad series term {term!r} (use v, vxN, a+bxN or _)")
         start, step, times = m.group(1), m.group(2), int(m.group(3) or 0)
+        if len(out) + times + 1 > MAX_SAMPLES:
+            raise SeriesError(f"series term {term[:40]!r}: more than {MAX_SAMPLES} samples in one series")
         if start == "_":
             if step:
                 raise SeriesError(f"bad series term {term!r}: '_' takes no step")
@@ -128,7 +133,11 @@ def run_test(test: dict[str, Any], path: Path, rules_dir: Path) -> TestResult:
     alerts = engine.process(records).alerts + engine.flush().alerts
     known = {r.meta.name for r in ruleset.rules}
     for exp in test.get("alerts") or []:
-        t = parse_duration(exp["at"])
+        try:
+            t = parse_duration(exp["at"])
+        except (KeyError, TypeError, ValueError) as e:
+            res.failures.append(f"bad test input: at: {e}")
+            continue
         want = set()
         for a in exp.get("firing") or []:
             if a["rule"] not in known:
@@ -153,8 +162,9 @@ def run_test(test: dict[str, Any], path: Path, rules_dir: Path) -> TestResult:
 
 def _load(path: Path) -> dict:
     # BaseLoader: every scalar stays the text that was written. With the usual resolvers a
-    # series such as ``0x120`` would silently become the hex number 288.
-    doc = yaml.load(path.read_text(encoding="utf-8"), Loader=yaml.BaseLoader) or {}
+    # series such as ``0x120`` would silently become the hex number 288. Bounded like rule
+    # files (an alias bomb is a YAMLError here, reported as a file that cannot be read).
+    doc = yamlsafe.load(path.read_text(encoding="utf-8"), TEST_LIMITS, base=yaml.BaseLoader) or {}
     return doc if isinstance(doc, dict) else {}
 
 
