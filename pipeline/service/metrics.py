@@ -71,14 +71,39 @@ class _DeadlineReader(io.RawIOBase):
         return self.sock.recv_into(b)
 
 
+_NOSIGNAL = getattr(socket, "MSG_NOSIGNAL", 0)
+
+
+class _Writer(io.BufferedIOBase):
+    """Writes with MSG_NOSIGNAL: ``gpuwarden`` sets SIGPIPE to its default action (pipeline/cli.py,
+    for ``| head``), and a client that hangs up mid-answer must be an EPIPE in this thread, not a
+    signal that kills the service."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, b) -> int:  # type: ignore[override]
+        self.sock.sendall(b, _NOSIGNAL)
+        with memoryview(b) as v:
+            return v.nbytes
+
+    def fileno(self) -> int:
+        return self.sock.fileno()
+
+
 class _Handler(WSGIRequestHandler):
     timeout = 5.0                      # set per endpoint
 
     def setup(self) -> None:
         super().setup()                # socket timeout for every read and write
-        plain = self.rfile
+        plain_r, plain_w = self.rfile, self.wfile
         self.rfile = io.BufferedReader(_DeadlineReader(self.connection, time.monotonic() + self.timeout))
-        plain.close()
+        self.wfile = _Writer(self.connection)
+        plain_r.close()
+        plain_w.close()
 
     def get_environ(self):
         # The request is read; the answer gets the full timeout, not what is left of it.

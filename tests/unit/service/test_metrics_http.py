@@ -12,6 +12,10 @@ import pytest
 
 from pipeline.service.metrics import HttpEndpoint, Metrics
 
+# `gpuwarden` CLI tests run in this process set SIGPIPE to its default action; a write to a socket
+# the server closed must be an error here, not the end of the test run.
+NOSIGNAL = getattr(socket, "MSG_NOSIGNAL", 0)
+
 
 @pytest.fixture
 def endpoint():
@@ -41,14 +45,14 @@ def test_an_idle_connection_does_not_block_healthz(endpoint):
 def test_a_slowloris_client_is_dropped_after_the_timeout(endpoint):
     s = socket.create_connection(("127.0.0.1", endpoint.port))
     s.settimeout(5)
-    s.sendall(b"GET /healthz HTTP/1.1\r\n")
+    s.sendall(b"GET /healthz HTTP/1.1\r\n", NOSIGNAL)
     t0 = time.monotonic()
     dropped = None
     try:
         # One header byte every 0.2 s: each read succeeds, so only a deadline for the whole
         # request ends it.
         for _ in range(40):
-            s.sendall(b"X")
+            s.sendall(b"X", NOSIGNAL)
             time.sleep(0.2)
     except OSError:
         dropped = time.monotonic() - t0
@@ -86,3 +90,28 @@ def test_stop_returns_promptly_with_a_client_still_connected():
         assert time.monotonic() - t0 < 2.0
     finally:
         idle.close()
+
+
+def test_a_client_hanging_up_mid_answer_cannot_kill_the_service_with_sigpipe(tmp_path):
+    # `gpuwarden serve` runs with SIGPIPE at its default action (pipeline/cli.py): a plain
+    # socket write after the client hung up would end the process, not the request.
+    import subprocess
+    import sys
+
+    code = """
+import signal, socket
+from pipeline.service.metrics import _Handler
+signal.signal(signal.SIGPIPE, signal.SIG_DFL)
+a, b = socket.socketpair()
+b.close()
+h = _Handler.__new__(_Handler)
+h.request, h.client_address, h.server = a, ("peer", 0), None
+h.setup()
+try:
+    for _ in range(3):
+        h.wfile.write(b"x" * 65536)
+except OSError as e:
+    print("error, not a signal:", type(e).__name__)
+"""
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=30)
+    assert r.returncode == 0 and "error, not a signal: BrokenPipeError" in r.stdout, (r.returncode, r.stderr)
