@@ -11,11 +11,14 @@ Layout (complete examples in ``docs/remediation.md`` and ``rules/routes.yaml``):
     receivers:  [{name, actions: [...], on_resolved: [...], stop_on_failure}]
     route:      {receiver, matchers, group_by, group_wait, repeat_interval, continue, routes: [...]}
 
-Durations are numbers of seconds or strings such as ``90s``, ``10m``, ``4h``, ``1d``.
+Durations are numbers of seconds or strings such as ``90s``, ``10m``, ``4h``, ``1d``: finite, not
+negative, at most 366 days. The file is read with the bounds of ``pipeline.yamlsafe`` (size,
+nesting, aliases); docs/remediation.md ("Limits") lists them.
 """
 
 from __future__ import annotations
 
+import math
 import re
 from pathlib import Path
 from typing import Any, Union
@@ -23,24 +26,41 @@ from typing import Any, Union
 import msgspec
 import yaml
 
+from pipeline import yamlsafe
 from pipeline.errors import ConfigError
 
-_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$")
+_DURATION = re.compile(r"\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*")
 _UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, None: 1.0}
+MAX_SECONDS = 366 * 86400.0   # as rule durations (pipeline/rules/durations.py), without importing the rules
+# Routes files are small; these bound what a hostile or runaway one can make the loader do.
+LIMITS = yamlsafe.Limits(max_bytes=1 << 20, max_depth=64, max_aliases=100, max_nodes=100_000, max_string=16 << 10)
 
 
 def parse_duration(value: Any, key: str) -> float:
-    """``"10m"`` -> 600.0; a plain number is seconds; anything else is a ConfigError naming ``key``."""
+    """``"10m"`` -> 600.0; a plain number is seconds; anything else is a ConfigError naming ``key``.
+
+    NaN and infinity are refused: a cooldown of NaN never holds (every comparison with NaN is
+    false, so a drain repeats on every alert) and one of infinity never lets the action run again.
+    """
     if isinstance(value, bool):
         raise ConfigError(key, f"expected a duration such as 30s, 10m, 4h, got {value!r}")
     if isinstance(value, (int, float)):
-        if value < 0:
-            raise ConfigError(key, f"a duration cannot be negative, got {value!r}")
-        return float(value)
-    m = _DURATION.match(str(value))
-    if not m:
-        raise ConfigError(key, f"expected a duration such as 30s, 10m, 4h, got {value!r}")
-    return float(m.group(1)) * _UNITS[m.group(2)]
+        try:
+            seconds = float(value)
+        except OverflowError:
+            raise ConfigError(key, "a duration must be at most 366d") from None
+    else:
+        m = _DURATION.fullmatch(str(value))
+        if not m:
+            raise ConfigError(key, f"expected a duration such as 30s, 10m, 4h, got {str(value)[:60]!r}")
+        seconds = float(m.group(1)) * _UNITS[m.group(2)]
+    if not math.isfinite(seconds):
+        raise ConfigError(key, f"a duration must be finite, got {str(value)[:60]}")
+    if seconds < 0:
+        raise ConfigError(key, f"a duration cannot be negative, got {value!r}")
+    if seconds > MAX_SECONDS:
+        raise ConfigError(key, f"a duration must be at most 366d, got {str(value)[:60]}")
+    return seconds
 
 
 Duration = Union[float, str]
@@ -350,11 +370,25 @@ def load_config(path: str | Path) -> Config:
     """Read a YAML config file safely (no tags that build objects) and check it."""
     p = Path(path)
     try:
-        text = p.read_text()
+        with p.open("rb") as fh:
+            raw = fh.read(LIMITS.max_bytes + 1)   # never more than the limit into memory
+        text = raw.decode("utf-8")
     except OSError as e:
         raise ConfigError("--config", f"cannot read {p}: {e.strerror or e}") from None
+    except UnicodeDecodeError as e:
+        raise ConfigError("(yaml)", f"{p}: not UTF-8 text ({e.reason} at byte {e.start})") from None
     try:
-        data = yaml.safe_load(text)
+        data = yamlsafe.load(text, LIMITS)
+    except yamlsafe.YamlLimitError as e:
+        raise ConfigError("(yaml)", f"{p}:{e.line}:{e.col}: {e.message}") from None
     except yaml.YAMLError as e:
         raise ConfigError("(yaml)", f"{p}: {e}") from None
-    return parse_config(data, base_dir=p.resolve().parent, source=str(p))
+    except (ValueError, OverflowError) as e:   # a scalar PyYAML cannot build: an int of 5000 digits
+        raise ConfigError("(yaml)", f"{p}: cannot read a value ({str(e).split(':')[0]})") from None
+    try:
+        return parse_config(data, base_dir=p.resolve().parent, source=str(p))
+    except ConfigError:
+        raise
+    except Exception as e:  # noqa: BLE001 - the trust boundary: a bad file is an error, never a crash
+        raise ConfigError("(top level)", f"{p} cannot be loaded ({type(e).__name__}: {str(e)[:200]}); "
+                          "this is a gpuwarden bug, please report it") from None

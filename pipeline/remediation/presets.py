@@ -13,6 +13,7 @@ from pipeline.errors import ConfigError
 from pipeline.remediation import actions as A
 from pipeline.remediation import config as C
 from pipeline.remediation.config import parse_duration
+from pipeline.remediation.routes import regex_problem
 from pipeline.remediation.safety import UnsafeValue, check_value
 
 
@@ -43,6 +44,11 @@ def _build(name: str, spec: C.ActionSpec, key: str) -> A.Action:
     if isinstance(spec, C.KafkaAction):
         return A.KafkaAction(name, spec.topic)
     if isinstance(spec, C.CommandAction):
+        # The query's stdout is searched with this pattern: refused where it could backtrack badly
+        # (the route matchers' rule, pipeline/remediation/routes.py).
+        problem = regex_problem(spec.query_match) if spec.query_match else None
+        if problem is not None:
+            raise ConfigError(f"{key}.query_match", problem)
         return A.CommandAction(name, spec.argv, timeout=t(spec.timeout), disruptive=spec.disruptive,
                                entity=spec.entity, breaker=spec.disruptive and spec.entity != "job",
                                query=spec.query, query_match=spec.query_match, query_reason=spec.query_reason)
