@@ -519,7 +519,7 @@ class Decoder:
             msg = str(e)
             code = MISSING_KEY if "missing required field" in msg else WRONG_TYPE
             return dead(code, msg)
-        if dropped:
+        if dropped and self._check(rec) is None:   # a refused record's fields need no word of their own
             reasons = sorted({r for _, r in dropped})
             for r in reasons:
                 names = [n for n, rr in dropped if rr == r]
