@@ -198,7 +198,10 @@ def bench_models(plan: Plan, gpus: int) -> tuple[dict, list[dict]]:
 
 MEMORY_PARTS = (("core_bytes_per_gpu", "core state"), ("rule_windows_bytes_per_gpu", "rule windows + baselines"),
                 ("lifecycle_bytes_per_gpu", "alert lifecycles"), ("model_bytes_per_gpu", "models"),
-                ("total_bytes_per_gpu", "total"), ("snapshot_bytes_per_gpu", "checkpoint snapshot"))
+                ("total_bytes_per_gpu", "total"), ("snapshot_bytes_per_gpu", "checkpoint snapshot"),
+                # As the service writes it (zlib, signed envelope); goal <= 2 KiB (docs/performance.md#memory).
+                ("checkpoint_bytes_per_gpu", "checkpoint as written"),
+                ("rules_checkpoint_bytes_per_gpu", "checkpoint as written, rules only"))
 
 
 def bench_memory(plan: Plan, gpus: int) -> tuple[dict, list[dict]]:
