@@ -465,7 +465,10 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.WARNING,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     progress.set_quiet(args.quiet)
-    signal.signal(signal.SIGPIPE, signal.SIG_DFL)
+    # `gpuwarden sim --out - | head` should end quietly; but a service, a producer or remediate
+    # must not die of a peer that hangs up (a socket write to a closed connection raises instead).
+    if getattr(args, "_prog", "").split(" ")[1:2] not in (["serve"], ["remediate"], ["produce"], ["record"]):
+        signal.signal(signal.SIGPIPE, signal.SIG_DFL)
     try:
         return int(args.func(args) or 0)
     except GpuwardenError as e:

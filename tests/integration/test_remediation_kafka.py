@@ -30,6 +30,8 @@ def _config(tmp_path, bootstrap, prefix):
         "state_file": "state.sqlite",
         "audit": {"kafka": True, "file": "audit.jsonl"},
         "guardrails": {"dry_run": False, "breaker": {"max_nodes": 10, "window": "10m"}},
+        # Live node actions act only on an inventory's hosts (docs/remediation.md, "Host inventory").
+        "inventory": {"source": "list", "hosts": [f"gpu-node-{i}" for i in range(10)]},
         "actions": {"drain": {"type": "slurm_drain"}, "forward": {"type": "kafka", "topic": f"{prefix}.pages"}},
         "receivers": [{"name": "drain", "actions": ["drain", "forward"]}, {"name": "fwd", "actions": ["forward"]}],
         "route": {"receiver": "fwd", "routes": [{"matchers": ['severity="critical"'], "receiver": "drain"}]},
