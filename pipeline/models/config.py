@@ -22,12 +22,14 @@ place (``models[2].decider.on``), unknown keys included. Format::
 from __future__ import annotations
 
 import inspect
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+from pipeline import yamlsafe
 from pipeline.errors import ConfigError
 from pipeline.models.registry import REGISTRY
 from pipeline.rules.durations import parse_duration
@@ -69,8 +71,8 @@ def _dur(v: Any, key: str) -> float:
     if isinstance(v, bool):
         raise ConfigError(key, f"expected a duration such as 30s or 5m, got {v!r}")
     if isinstance(v, (int, float)):
-        if v < 0:
-            raise ConfigError(key, f"must be >= 0, got {v!r}")
+        if not 0 <= v < math.inf:   # NaN fails every comparison: .nan is no duration either
+            raise ConfigError(key, f"must be a finite number of seconds >= 0, got {v!r}")
         return float(v)
     if isinstance(v, str):
         try:
@@ -190,7 +192,7 @@ def load_model_specs(path: str | Path) -> list[ModelSpec]:
     """Read and validate a models file; raises ``ConfigError`` naming the key on any mistake."""
     p = Path(path)
     try:
-        data = yaml.safe_load(p.read_text(encoding="utf-8"))
+        data = yamlsafe.load(p.read_text(encoding="utf-8"))
     except OSError as e:
         raise ConfigError(str(p), f"cannot read: {e}") from None
     except yaml.YAMLError as e:

@@ -20,6 +20,8 @@ from typing import Any, Mapping
 import msgspec
 import yaml
 
+from pipeline import yamlsafe
+
 from pipeline.engine import EngineConfig
 from pipeline.errors import ConfigError
 
@@ -105,7 +107,7 @@ def load_config_text(text: str, env: Mapping[str, str] | None = None) -> Config:
     """Parse and validate; raise ``ConfigError`` naming the offending key."""
     env = os.environ if env is None else env
     try:
-        data = yaml.safe_load(text) or {}
+        data = yamlsafe.load(text) or {}
     except yaml.YAMLError as e:
         raise ConfigError("(file)", f"not valid YAML: {e}") from e
     if not isinstance(data, dict):

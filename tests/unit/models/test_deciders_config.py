@@ -118,3 +118,14 @@ def test_duplicate_names_and_unsafe_yaml(tmp_path):
         load_model_specs(_write(tmp_path, dup))
     with pytest.raises(ConfigError, match="not valid YAML"):
         load_model_specs(_write(tmp_path, "models: !!python/object/apply:os.system ['true']\n"))
+
+
+def test_a_duration_given_as_nan_or_infinity_is_refused_naming_the_key() -> None:
+    import pytest
+
+    from pipeline.errors import ConfigError
+    from pipeline.models.config import _dur
+
+    for bad in (float("nan"), float("inf"), -1):
+        with pytest.raises(ConfigError, match="warmup"):
+            _dur(bad, "models[0].warmup")

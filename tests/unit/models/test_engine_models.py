@@ -209,3 +209,17 @@ def test_state_keyed_by_telemetry_strings_restores_whatever_they_are(comm):
     back.restore(blob)
     got = back.models["nccl_rank_straggler"].det("fleet")
     assert got.latest == {comm: {3: (1.0, 2.0, 4)}} and got.codes == {comm: 0}
+
+
+def test_invented_gpu_models_share_one_overflow_cohort() -> None:
+    from pipeline.models.modelset import MAX_COHORTS, OVERFLOW_COHORT, load_models
+    from pipeline.engine import Engine
+    from pipeline.schema import dcgm
+    from tests.factories import HEALTHY, T0
+
+    models = load_models()
+    eng = Engine(models=models)
+    recs = [dcgm(T0, f"h{i // 8}", i % 8, HEALTHY, model=f"junk-{i}") for i in range(1000)]
+    eng.process(recs)
+    assert len(models.cohort_names) == MAX_COHORTS and models.cohort_names[-1] == OVERFLOW_COHORT
+    assert len(eng.snapshot()) < 8 << 20
