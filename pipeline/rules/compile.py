@@ -13,7 +13,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from pipeline.catalog import BITMASK, COUNTER, FIELDS, Field
+from pipeline.catalog import BITMASK, CODE, COUNTER, FIELDS, Field
 from pipeline.engine.state import COUNTER_COLS, View
 from pipeline.rules import diagnostics as D
 from pipeline.rules import expr as E
@@ -220,7 +220,8 @@ WINDOW_FUNCS = {  # name: (source, aggregate, needs counter)
 }
 PEER_FUNCS = {"peer_median": "median", "peer_mean": "mean", "peer_min": "min", "peer_max": "max",
               "peer_count": "count"}
-ALL_FUNCS = sorted([*WINDOW_FUNCS, *PEER_FUNCS, "baseline", "absent", "changed", "abs", "min", "max", "score"])
+ALL_FUNCS = sorted([*WINDOW_FUNCS, *PEER_FUNCS, "baseline", "absent", "changed", "raised", "xid_severity", "abs", "min",
+                    "max", "score"])
 
 
 class Compiler:
@@ -453,6 +454,38 @@ class Compiler:
                 known = ~np.isnan(now) & ~np.isnan(prev)
                 return np.where(known, (now != prev).astype(float), 0.0)
             return BOOL, changed
+        if name == "raised":
+            # A sticky code (the XID gauge holds the last XID seen) is an event when it takes a new
+            # non-zero value -- and also the first time a GPU is seen with one: the fault happened
+            # before we started (or the host rejoined), and only comparing with the previous value
+            # would never tell anyone (docs/rules.md#xids).
+            self._arity(n, 1, "field")
+            self._no_kwargs(n)
+            f = self._field(n.args[0], "raised()")
+            if f.kind != CODE:
+                raise CompileError(f"raised() is for code fields such as xid (a sticky last value); {f.alias} is a "
+                                   f"{f.kind} (use changed() or increase())", n.args[0].pos, D.TYPE)
+            col = f.column
+            self.evidence.setdefault(f.alias, lambda c, col=col: c.view.filled[:, col])
+
+            def raised(c: Chunk) -> np.ndarray:
+                now, prev = c.view.frame.values[:, col], c.view.prev[:, col]
+                with np.errstate(invalid="ignore"):
+                    new = (now != 0) & ~np.isnan(now) & (np.isnan(prev) | (now != prev))
+                return new.astype(float)
+            return BOOL, raised
+        if name == "xid_severity":
+            self._arity(n, 1, "xid")
+            self._no_kwargs(n)
+            f = self._field(n.args[0], "xid_severity()")
+            if f.alias != "xid":
+                raise CompileError(f"xid_severity() reads the XID catalogue: its argument is xid, not {f.alias}",
+                                   n.args[0].pos, D.TYPE)
+            col = f.column
+            from pipeline.rules.xids import severity_levels
+            fn = lambda c: severity_levels(c.view.filled[:, col])  # noqa: E731
+            self.evidence.setdefault(label, fn)
+            return NUM, fn
         if name == "abs":
             self._arity(n, 1, "number")
             fn = self.expect(n.args[0], NUM, "abs()")

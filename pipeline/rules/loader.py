@@ -27,6 +27,7 @@ from pipeline.rules.durations import parse_duration
 from pipeline.rules.expr import ExprSyntaxError
 from pipeline.rules.ruleset import Rule, RuleSet, RuleSpec
 from pipeline.rules.template import TemplateError, parse_template
+from pipeline.rules.xids import TEXT_NAMES as XID_TEXT_NAMES
 from pipeline.schema import FAMILIES, fault_family
 
 RULE_KEYS = {"name", "fault", "severity", "level", "condition", "for", "keep_firing_for", "summary",
@@ -243,6 +244,8 @@ class _FileLoader:
             self.err(None, f"summary: {e.message}", D.TEMPLATE, name, line=ln, col=cl)
         else:
             known = {"host", "gpu", *values, *(cond.evidence if cond else {})}
+            if cond is not None and FIELDS.by_alias("xid").column in cond.columns:
+                known |= set(XID_TEXT_NAMES)   # the XID catalogue's text (docs/rules.md#xids)
             for part in template:
                 if isinstance(part, tuple) and part[0] not in known:
                     f = FIELDS.resolve(part[0])
@@ -259,7 +262,7 @@ class _FileLoader:
         extra: set[int] = set()
         for part in template:  # catalog fields shown in the summary become evidence too
             if isinstance(part, tuple) and part[0] not in cond.evidence and part[0] not in values \
-                    and part[0] not in ("host", "gpu"):
+                    and part[0] not in ("host", "gpu", *XID_TEXT_NAMES):
                 f = FIELDS.resolve(part[0])
                 cond.evidence[part[0]] = lambda c, col=f.column: c.view.filled[:, col]
                 extra.add(f.column)

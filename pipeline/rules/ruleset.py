@@ -7,10 +7,14 @@ from typing import Any
 
 import numpy as np
 
+from pipeline.catalog import FIELDS
 from pipeline.engine.checks import CheckMeta
 from pipeline.engine.state import View
 from pipeline.rules.compile import Chunk, Compiled, WindowStore
 from pipeline.rules.template import render
+from pipeline.rules.xids import evidence_text
+
+_XID_COLUMN = FIELDS.by_alias("xid").column
 
 
 @dataclass
@@ -62,6 +66,9 @@ class Rule:
         for name, fn in {**self.condition.evidence, **{k: v.fn for k, v in self.values.items()}}.items():
             x = float(fn(chunk)[row])
             ev[name] = None if x != x else round(x, 4)
+        if _XID_COLUMN in self.condition.columns:
+            # What the XID means and what to do, from NVIDIA's catalogue (docs/rules.md#xids).
+            ev.update(evidence_text(float(view.filled[row, _XID_COLUMN])))
         return ev
 
     def summary(self, host: str, gpu: int | None, evidence: dict[str, Any]) -> str:
