@@ -6,6 +6,10 @@ what the project adds -- the short alias rules use, the unit, whether the value 
 a counter, a bitmask or a sticky code, and which values are impossible -- lives in
 ``_SEMANTICS`` below, keyed by field id so a DCGM rename cannot desynchronise the two.
 
+``data/dcgm_exporter_fields.csv`` (same columns) adds the metrics dcgm-exporter computes itself,
+which DCGM has no field for, with dcgm-exporter's own ids (``ExporterCounter`` in its
+``internal/pkg/counters/exporter_counters.go``: ``DCGM_EXP_XID_ERRORS_COUNT`` is 9001).
+
 Every known field gets a dense column index; the engine stores per-entity values in arrays
 with one column per field, so a rule's ``gpu_temp`` is one column lookup, never a dict walk.
 
@@ -99,6 +103,14 @@ _SEMANTICS: dict[int, tuple[str, str, str, float | None]] = {
     1423: ("hw_thermal_ns", "ns", COUNTER, 0),
     1424: ("hw_power_brake_ns", "ns", COUNTER, 0),
     1508: ("nvlink_state", "", STATE, 0),
+    # An NVSwitch's last SXid (DCGM's value is "the specific SXid reported"), fatal and non-fatal.
+    # DCGM reports them per switch; records carry them on every GPU of the switch's host
+    # (docs/architecture.md §3), the way the kernel-log producer reads them.
+    856: ("nvswitch_fatal_sxid", "", CODE, 0),
+    857: ("nvswitch_nonfatal_sxid", "", CODE, 0),
+    # dcgm-exporter's DCGM_EXP_XID_ERRORS_COUNT: XIDs reported within its window (--xid-count-window-size,
+    # label window_size_in_ms), all codes together; it falls as events leave the window: a gauge.
+    9001: ("xid_count", "", GAUGE, 0),
 }
 
 # Extra short names people type (and older dashboards use).
@@ -209,8 +221,8 @@ def _load() -> Catalog:
     data = resources.files("pipeline") / "data"
     rows: dict[int, dict[str, str]] = {}
     renames: dict[int, list[str]] = {}
-    with (data / "dcgm_fields.csv").open() as fh:
-        for row in csv.DictReader(fh):
+    with (data / "dcgm_fields.csv").open() as fh, (data / "dcgm_exporter_fields.csv").open() as fx:
+        for row in [*csv.DictReader(fh), *csv.DictReader(fx)]:
             fid = int(row["field_id"])
             name = row["name_used_by_dcgm_exporter"]
             canon = row["canonical_name_dcgm_4_6_if_renamed"]

@@ -55,3 +55,18 @@ def test_shipped_tables_match_the_shared_reference():
             assert row["name_used_by_dcgm_exporter"] in f.names
             if row["canonical_name_dcgm_4_6_if_renamed"]:
                 assert row["canonical_name_dcgm_4_6_if_renamed"] in f.names
+
+
+def test_exporter_only_metrics_come_from_their_own_table_not_the_dcgm_copy():
+    """dcgm_fields.csv stays a byte copy of the shared reference; what dcgm-exporter computes
+    itself (DCGM_EXP_*) is in dcgm_exporter_fields.csv, under the exporter's own ids (>= 9000)."""
+    pkg = Path(__file__).resolve().parents[2] / "pipeline" / "data"
+    with open(pkg / "dcgm_exporter_fields.csv") as fh:
+        rows = list(csv.DictReader(fh))
+    with open(pkg / "dcgm_fields.csv") as fh:
+        dcgm_ids = {int(r["field_id"]) for r in csv.DictReader(fh)}
+    assert rows and all(r["name_used_by_dcgm_exporter"].startswith("DCGM_EXP_") for r in rows)
+    for r in rows:
+        assert int(r["field_id"]) >= 9000 and int(r["field_id"]) not in dcgm_ids
+        assert FIELDS.by_name(r["name_used_by_dcgm_exporter"]).field_id == int(r["field_id"])
+    assert FIELDS.by_alias("xid_count").field_id == 9001
