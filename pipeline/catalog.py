@@ -103,11 +103,6 @@ _SEMANTICS: dict[int, tuple[str, str, str, float | None]] = {
     1423: ("hw_thermal_ns", "ns", COUNTER, 0),
     1424: ("hw_power_brake_ns", "ns", COUNTER, 0),
     1508: ("nvlink_state", "", STATE, 0),
-    # An NVSwitch's last SXid (DCGM's value is "the specific SXid reported"), fatal and non-fatal.
-    # DCGM reports them per switch; records carry them on every GPU of the switch's host
-    # (docs/architecture.md §3), the way the kernel-log producer reads them.
-    856: ("nvswitch_fatal_sxid", "", CODE, 0),
-    857: ("nvswitch_nonfatal_sxid", "", CODE, 0),
     # dcgm-exporter's DCGM_EXP_XID_ERRORS_COUNT: XIDs reported within its window (--xid-count-window-size,
     # label window_size_in_ms), all codes together; it falls as events leave the window: a gauge.
     9001: ("xid_count", "", GAUGE, 0),
