@@ -77,6 +77,16 @@ class NcclRecord(msgspec.Struct, tag="nccl", tag_field="kind", kw_only=True, gc=
 
 TelemetryRecord = Union[DcgmSample, NcclRecord]   # a DcgmRecord is a DcgmSample
 
+# MIG (docs/architecture.md §3). dcgm-exporter labels a GPU instance's series with these
+# (rendermetrics/render_metrics.go: GPU_I_PROFILE="3g.40gb", GPU_I_ID = NVML's GPU instance id).
+MIG_INSTANCE_LABEL = "GPU_I_ID"
+MIG_PROFILE_LABEL = "GPU_I_PROFILE"
+# Fields that describe one GPU instance (its share of the engines and memory): utilisation,
+# framebuffer and the profiling (DCGM_FI_PROF_*, ids 1001-1099) fields. Every other field belongs
+# to the physical GPU (XIDs, temperatures, power, clocks, ECC, row remap, NVLink, PCIe, violations).
+MIG_INSTANCE_FIELD_IDS: frozenset[int] = frozenset(
+    f.field_id for f in FIELDS if f.field_id in (203, 204, 250, 251, 252) or 1000 < f.field_id < 1100)
+
 
 @functools.lru_cache(maxsize=32)
 def dcgm_fields_type(names: tuple[str, ...]) -> type:

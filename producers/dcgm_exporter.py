@@ -12,6 +12,15 @@ per NVLink (``nvlink`` label). What real exporters vary on, and how it is handle
   names (``dcgm_sm_clock``) are tried as ``DCGM_FI_DEV_*``.
 - DCGM blank sentinels (``pipeline.catalog`` thresholds) and non-finite values are dropped.
 - ``DCGM_FI_DEV_XID_ERRORS`` is the most recent XID (a sticky gauge), passed through as such.
+  ``DCGM_EXP_XID_ERRORS_COUNT{xid="N",window_size_in_ms="W"}`` (one series per XID code seen in
+  the exporter's window) becomes the field ``xid_count`` (all codes' total) and
+  ``labels["xid_counts"] = "13:5,79:2"``.
+- MIG: a GPU instance's series (``GPU_I_ID``, ``GPU_I_PROFILE``, its own pod labels) and the
+  whole GPU's become one record of the physical GPU, never overwriting each other
+  (docs/architecture.md §3): physical fields from the whole GPU's series, else the instances'
+  (an XID's non-zero wins); per-instance fields and labels under ``mig.<GPU_I_ID>.``.
+- What is left out is counted by reason (``summary()``): unknown metric, blank sentinel, series
+  without a GPU label, unparsable line.
 
 A scrape that fails, times out, comes back empty, or lacks GPUs an earlier scrape had sends
 nothing for what is missing -- so the engine's absence checks (``telemetry_gap`` for a silent
@@ -32,7 +41,7 @@ from pathlib import Path
 from prometheus_client.parser import text_string_to_metric_families
 
 from pipeline.catalog import BLANK_INT32, COUNTER, FIELDS, Field
-from pipeline.schema import DcgmFields, DcgmRecord
+from pipeline.schema import MIG_INSTANCE_FIELD_IDS, MIG_INSTANCE_LABEL, MIG_PROFILE_LABEL, DcgmFields, DcgmRecord
 
 log = logging.getLogger(__name__)
 
@@ -40,7 +49,8 @@ HOST_LABELS = ("Hostname", "hostname")
 UUID_LABELS = ("UUID", "uuid", "gpu_uuid")
 MODEL_LABELS = ("modelName", "model_name")
 # Identity labels become record fields; the XID's code/message are already the value.
-_NOT_CARRIED = {"gpu", "nvlink", "err_code", "err_msg", *HOST_LABELS, *UUID_LABELS, *MODEL_LABELS}
+_NOT_CARRIED = {"gpu", "nvlink", "err_code", "err_msg", "xid", "window_size_in_ms",
+                *HOST_LABELS, *UUID_LABELS, *MODEL_LABELS}
 MAX_BODY_BYTES = 32 * 1024 * 1024
 
 
@@ -54,6 +64,9 @@ class ParseStats:
     unknown_metric: int = 0
     no_gpu_label: int = 0
     bad_lines: int = 0
+    mig_entities: int = 0   # records assembled from GPU-instance series (MIG)
+    mig_conflicts: int = 0  # physical fields whose series disagreed (the chosen origin is labelled)
+    unknown_names: list[str] = field(default_factory=list)
     dropped: list[tuple[str, str, str]] = field(default_factory=list)  # (metric, entity, reason)
 
 
@@ -92,14 +105,132 @@ def _families(text: str, stats: ParseStats):
     return fams
 
 
+# dcgm-exporter's per-XID counter (xid_collector.go): one series per GPU and XID code seen in the
+# window, labels ``xid`` and ``window_size_in_ms``; one series without ``xid`` and value 0 when none.
+XID_COUNT = "DCGM_EXP_XID_ERRORS_COUNT"
+_XID_FIELDS = {FIELDS.by_alias("xid"), FIELDS.by_alias("xid_count")}
+# Labels that say who uses a slice of the GPU: never lifted from an instance onto the whole GPU.
+_ATTRIBUTION = ("pod", "namespace", "container", "hpc_job")
+_MIG_LABELS = {MIG_INSTANCE_LABEL, MIG_PROFILE_LABEL}
+
+
+def _num_text(v: float) -> str:
+    return str(int(v)) if v.is_integer() and abs(v) < 2 ** 63 else repr(v)
+
+
+@dataclass
+class _Series:
+    """What one origin (the whole GPU, ``None``, or one GPU instance's ``GPU_I_ID``) said about
+    one entity in one scrape."""
+
+    values: dict[str, float] = field(default_factory=dict)
+    labels: dict[str, str] = field(default_factory=dict)
+    xid_counts: dict[int, float] = field(default_factory=dict)
+    profile: str | None = None
+
+
+def _origin_name(inst: str | None) -> str:
+    return "gpu" if inst is None else f"{MIG_INSTANCE_LABEL}={inst}"
+
+
+def _inst_order(inst: str | None) -> tuple[int, int, str]:
+    if inst is None:
+        return (0, 0, "")
+    return (1, int(inst), inst) if inst.isdigit() else (1, 1 << 30, inst)
+
+
+def _physical(f: Field, name: str, origins: dict[str | None, _Series]) -> tuple[float | None, str | None, bool]:
+    """The physical GPU's value of one field: (value, the origin it came from -- ``None`` for the
+    whole GPU or a GPU_I_ID --, whether the series disagreed).
+
+    The whole GPU's series where it has one, else the lowest GPU_I_ID's; for an XID field, a
+    non-zero value wins over 0 (a fault on any instance is the physical GPU's). Values are chosen,
+    never combined."""
+    seen = [(inst, ser.values[name]) for inst, ser in sorted(origins.items(), key=lambda kv: _inst_order(kv[0]))
+            if name in ser.values]
+    if not seen:
+        return None, None, False
+    conflict = len({v for _, v in seen}) > 1
+    if f in _XID_FIELDS:
+        for inst, v in seen:
+            if v != 0:
+                return v, inst, conflict
+    inst, v = seen[0]
+    return v, inst, conflict
+
+
+def _assemble(key: tuple[str, int, int | None], origins: dict[str | None, _Series],
+              stats: ParseStats) -> tuple[dict[str, float], dict[str, str]]:
+    """Fields and labels of one entity's record from its series (docs/architecture.md §3, MIG)."""
+    values: dict[str, float] = {}
+    labels: dict[str, str] = {}
+    whole = origins.get(None)
+    instances = sorted((i for i in origins if i is not None), key=_inst_order)
+    names = sorted({n for ser in origins.values() for n in ser.values}, key=_SLOT.__getitem__)
+    chosen: dict[str, str | None] = {}
+    for name in names:
+        f = FIELDS.by_name(name)
+        assert f is not None
+        if f.field_id in MIG_INSTANCE_FIELD_IDS:
+            if whole is not None and name in whole.values:
+                values[name] = whole.values[name]
+            for inst in instances:
+                if name in origins[inst].values:
+                    labels[f"mig.{inst}.{f.alias}"] = _num_text(origins[inst].values[name])
+            continue
+        v, src, conflict = _physical(f, name, origins)
+        if v is None:
+            continue
+        values[name] = v
+        chosen[name] = src
+        if conflict:
+            stats.mig_conflicts += 1
+            labels[f"mig.source.{f.alias}"] = _origin_name(src)
+    if instances:
+        labels["mig.instances"] = ",".join(instances)
+        for inst in instances:
+            if origins[inst].profile:
+                labels[f"mig.{inst}.profile"] = origins[inst].profile  # type: ignore[assignment]
+        xf = FIELDS.by_alias("xid")
+        xname = next((n for n in xf.names if n in values), None)
+        if xname is not None and values[xname] != 0:
+            labels["mig.xid_sources"] = ",".join(
+                f"{_origin_name(i)}:{_num_text(origins[i].values[xname])}" for i in sorted(origins, key=_inst_order)
+                if origins[i].values.get(xname, 0) != 0)
+    # Labels: the whole GPU's as they are; an instance's attribution labels (pod...) stay with the
+    # instance; other labels move up only when every series that has them agrees.
+    keys = {k for ser in origins.values() for k in ser.labels}
+    for k in sorted(keys):
+        have = [(i, origins[i].labels[k]) for i in sorted(origins, key=_inst_order) if k in origins[i].labels]
+        if whole is not None and k in whole.labels:
+            labels[k] = whole.labels[k]
+        elif k not in _ATTRIBUTION and len({v for _, v in have}) == 1:
+            labels[k] = have[0][1]
+            continue
+        for i, v in have:
+            if i is not None and (k in _ATTRIBUTION or v != labels.get(k)):
+                labels[f"mig.{i}.{k}"] = v
+    # DCGM_EXP_XID_ERRORS_COUNT per code, from the series its total was taken from.
+    if XID_COUNT in chosen:
+        counts = origins[chosen[XID_COUNT]].xid_counts
+        if counts:
+            labels["xid_counts"] = ",".join(f"{c}:{_num_text(n)}" for c, n in sorted(counts.items()))
+    return values, labels
+
+
+_SLOT = {n: i for i, n in enumerate(FIELDS.all_names)}
+
+
 def parse_metrics(text: str, *, ts: float, host: str | None = None,
                   default_host: str | None = None) -> tuple[list[DcgmRecord], ParseStats]:
     """Records (one per GPU and per NVLink) from one scrape.
 
     ``host`` overrides the exporter's host label; ``default_host`` is used when it has none.
+    With MIG, the series of a GPU's instances (``GPU_I_ID``) and of the whole GPU become one
+    record of the physical GPU, per the contract in docs/architecture.md §3: nothing overwrites.
     """
     stats = ParseStats()
-    values: dict[tuple[str, int, int | None], dict[str, float]] = {}
+    series: dict[tuple[str, int, int | None], dict[str | None, _Series]] = {}
     meta: dict[tuple[str, int, int | None], dict[str, object]] = {}
     for fam in _families(text, stats):
         for s in fam.samples:
@@ -110,6 +241,8 @@ def parse_metrics(text: str, *, ts: float, host: str | None = None,
             f = _field(mname)
             if f is None:
                 stats.unknown_metric += 1
+                if mname not in stats.unknown_names and len(stats.unknown_names) < 1000:
+                    stats.unknown_names.append(mname)
                 continue
             lab = s.labels
             gpu_s = lab.get("gpu", "")
@@ -121,16 +254,30 @@ def parse_metrics(text: str, *, ts: float, host: str | None = None,
             link = int(link_s) if link_s is not None and link_s.isdigit() else None
             h = host or next((lab[k] for k in HOST_LABELS if lab.get(k)), None) or default_host or "unknown"
             key = (h, int(gpu_s), link)
+            inst = lab.get(MIG_INSTANCE_LABEL) or None
             value = float(s.value)
+            origins = series.setdefault(key, {})
+            ser = origins.get(inst)
+            if ser is None:
+                ser = origins[inst] = _Series(profile=lab.get(MIG_PROFILE_LABEL) or None)
+            m = meta.setdefault(key, {})
             if is_blank(f, value):
                 stats.blank += 1
-                stats.dropped.append((mname, f"{h}/gpu{gpu_s}" + (f"/link{link}" if link is not None else ""),
-                                      "blank_sentinel"))
+                stats.dropped.append((mname, f"{h}/gpu{gpu_s}" + (f"/link{link}" if link is not None else "")
+                                      + (f"/{MIG_INSTANCE_LABEL}={inst}" if inst else ""), "blank_sentinel"))
                 continue
             stats.used += 1
             name = mname if mname in f.names else f.names[0]
-            values.setdefault(key, {})[name] = value
-            m = meta.setdefault(key, {"labels": {}})
+            if name == XID_COUNT:
+                # One series per XID code: the record's field is the window's total, the codes go in labels.
+                code = lab.get("xid", "")
+                ser.values[name] = ser.values.get(name, 0.0) + value
+                if code.isdigit() and value:
+                    ser.xid_counts[int(code)] = ser.xid_counts.get(int(code), 0.0) + value
+                if lab.get("window_size_in_ms"):
+                    ser.labels["xid_count_window_ms"] = lab["window_size_in_ms"]
+            else:
+                ser.values[name] = value
             uuid = next((lab[k] for k in UUID_LABELS if lab.get(k)), None)
             model = next((lab[k] for k in MODEL_LABELS if lab.get(k)), None)
             if uuid:
@@ -139,20 +286,21 @@ def parse_metrics(text: str, *, ts: float, host: str | None = None,
                 m["model"] = model
             if s.timestamp is not None:
                 m["ts"] = float(s.timestamp)
-            labels = m["labels"]
             for k, v in lab.items():
-                if v and k not in _NOT_CARRIED:
-                    labels[k] = v  # type: ignore[index]
+                if v and k not in _NOT_CARRIED and k not in _MIG_LABELS:
+                    ser.labels[k] = v
     # Entities whose every sample was blank still exist: send them with no fields, so the engine
     # sees the GPU report (a blank is "no data", not "GPU gone").
     records = []
-    for key in sorted(set(values) | set(meta), key=lambda k: (k[0], k[1], -1 if k[2] is None else k[2])):
+    for key in sorted(series, key=lambda k: (k[0], k[1], -1 if k[2] is None else k[2])):
         h, gpu, link = key
-        m = meta.get(key, {"labels": {}})
+        m = meta.get(key, {})
+        values, labels = _assemble(key, series[key], stats)
+        if any(i is not None for i in series[key]):
+            stats.mig_entities += 1
         records.append(DcgmRecord(ts=float(m.get("ts", ts)), host=h, gpu=gpu, link=link,  # type: ignore[arg-type]
                                   uuid=m.get("uuid"), model=m.get("model"),  # type: ignore[arg-type]
-                                  labels=dict(m["labels"]),  # type: ignore[arg-type]
-                                  fields=DcgmFields(**values.get(key, {}))))
+                                  labels=labels, fields=DcgmFields(**values)))
     return records, stats
 
 
@@ -191,9 +339,23 @@ class ExporterStats:
     failures: int = 0          # down, timeout, HTTP error
     empty: int = 0             # answered, but no GPU in it
     missing_gpus: int = 0      # GPU-intervals missing that an earlier scrape had
+    samples: int = 0
+    records: int = 0
     blank: int = 0
     unknown_metric: int = 0
+    no_gpu_label: int = 0
     bad_lines: int = 0
+    mig_records: int = 0
+    mig_conflicts: int = 0
+    unknown_names: set[str] = field(default_factory=set)
+
+    def counts(self) -> dict[str, int]:
+        """What the exit summary, the periodic log line and /metrics show."""
+        return {"scrapes": self.scrapes, "samples": self.samples, "records": self.records,
+                "mig_records": self.mig_records, "mig_conflicts": self.mig_conflicts,
+                "scrape_failures": self.failures, "empty_scrapes": self.empty, "missing_gpus": self.missing_gpus,
+                "dropped.unknown_metric": self.unknown_metric, "dropped.blank_sentinel": self.blank,
+                "dropped.no_gpu_label": self.no_gpu_label, "dropped.unparsable_line": self.bad_lines}
 
 
 class ExporterSource:
@@ -231,11 +393,24 @@ class ExporterSource:
                         "telemetry_gap check sees the silence", self.stats.failures, e)
             return []
         records, ps = parse_metrics(text or "", ts=self.clock(), host=self.host, default_host=self.default_host)
-        self.stats.blank += ps.blank
-        self.stats.unknown_metric += ps.unknown_metric
-        self.stats.bad_lines += ps.bad_lines
+        st = self.stats
+        st.samples += ps.samples
+        st.records += len(records)
+        st.blank += ps.blank
+        st.unknown_metric += ps.unknown_metric
+        st.no_gpu_label += ps.no_gpu_label
+        st.bad_lines += ps.bad_lines
+        st.mig_records += ps.mig_entities
+        st.mig_conflicts += ps.mig_conflicts
         if ps.bad_lines:
             log.warning("dcgm-exporter: %d unparseable line(s) skipped (truncated scrape?)", ps.bad_lines)
+        new = [n for n in ps.unknown_names if n not in st.unknown_names]
+        if new and len(st.unknown_names) < 1000:
+            st.unknown_names.update(new)
+            log.warning("dcgm-exporter: metric(s) the catalog does not know, left out (counted as "
+                        "dropped.unknown_metric): %s", ", ".join(sorted(new)[:20]))
+        if ps.no_gpu_label:
+            log.debug("dcgm-exporter: %d sample(s) without a gpu label left out", ps.no_gpu_label)
         gpus = {(r.host, r.gpu) for r in records}
         if not gpus:
             self.stats.empty += 1
@@ -247,6 +422,10 @@ class ExporterSource:
                 f"{h}/gpu{g}" for h, g in sorted(missing)))
         self.known |= gpus
         return records
+
+    def summary(self) -> dict[str, int]:
+        """Scrapes, samples, records, and what was dropped, by reason."""
+        return self.stats.counts()
 
     def close(self) -> None:
         pass
