@@ -27,7 +27,8 @@ def _sender(args: argparse.Namespace) -> Any:
 
 
 def _run(args: argparse.Namespace, make_source: Any) -> int:
-    from producers.common import install_stop_handlers, run
+    from producers.common import ProducerMetrics, RunResult, format_counts, install_stop_handlers, run, \
+        serve_metrics, source_counts
 
     sender = _sender(args)
     try:
@@ -36,19 +37,30 @@ def _run(args: argparse.Namespace, make_source: Any) -> int:
         sender.close()
         raise SystemExit(f"gpuwarden produce {args.source}: cannot start: {e}") from e
     stop = threading.Event()
+    res = RunResult()
+    endpoint = None
+    if getattr(args, "metrics_port", None) is not None:
+        try:
+            endpoint = serve_metrics(ProducerMetrics(args.source, source, sender, res), args.metrics_port,
+                                     args.metrics_host)
+        except OSError as e:
+            source.close()
+            sender.close()
+            raise SystemExit(f"gpuwarden produce {args.source}: --metrics-port {args.metrics_port}: {e}") from e
+        log.info("metrics on http://%s:%d/metrics", args.metrics_host, endpoint.port)
     restore = install_stop_handlers(stop)
     try:
-        res = run(source, sender, interval_s=args.interval, stop=stop, max_polls=args.count)
+        res = run(source, sender, interval_s=args.interval, stop=stop, max_polls=args.count, result=res)
     finally:
         restore()
+        if endpoint is not None:
+            endpoint.stop()
     s = res.sender
     print(f"gpuwarden produce {args.source}: {res.records} records read, {s.sent} delivered, "
           f"{s.dropped} dropped, {s.failures} failed sends", file=sys.stderr, flush=True)
-    summary = getattr(source, "summary", None)
-    if summary is not None:
-        counts = summary()
-        print(f"gpuwarden produce {args.source}: " + ", ".join(f"{k} {v}" for k, v in counts.items()),
-              file=sys.stderr, flush=True)
+    counts = source_counts(source)
+    if counts:
+        print(f"gpuwarden produce {args.source}: " + format_counts(counts), file=sys.stderr, flush=True)
     # Findings (nccl-tests wrong results): the run "succeeded" at reading, but what it read is a fault.
     findings = getattr(getattr(source, "stats", None), "findings", None) or []
     for f in findings:
@@ -111,6 +123,9 @@ def _common(p: argparse.ArgumentParser, interval: float) -> None:
     p.add_argument("--buffer", type=int, default=200_000, help="records held while the broker is away; "
                    "the oldest are dropped beyond it (default %(default)s)")
     p.add_argument("--send-timeout", type=float, default=5.0, help="seconds one send may wait (default %(default)s)")
+    p.add_argument("--metrics-port", type=int, default=None, help="serve the producer's counters (records, "
+                   "drops by reason, failed sends, queue depth) on http://HOST:PORT/metrics (0: any free port)")
+    p.add_argument("--metrics-host", default="0.0.0.0", help="address for --metrics-port (default %(default)s)")
 
 
 def register(sub: Any) -> None:

@@ -9,6 +9,10 @@ blocks its source hides exactly the incident it should report.
 
 Delivery is at least once: a batch is removed from the buffer only after the broker
 acknowledged all of it, so a partly acknowledged batch is sent again after an outage.
+
+Nothing is dropped silently: every source's ``summary()`` counts what it read and, under
+``dropped.<reason>`` keys, what it left out; ``run`` logs those counts periodically and at exit,
+and ``ProducerMetrics`` serves them on ``/metrics`` (``--metrics-port``; docs/producers.md).
 """
 
 from __future__ import annotations
@@ -230,7 +234,10 @@ class BoundedSender:
 
 class Source(Protocol):
     """A producer's input. ``poll`` returns the records read since the last call (never raises
-    for bad input: it logs and counts); ``done`` is true once a finite input is exhausted."""
+    for bad input: it logs and counts); ``done`` is true once a finite input is exhausted.
+
+    Sources also have ``summary() -> dict[str, int]``: what they read, and what they dropped
+    under ``dropped.<reason>`` keys (see ``source_counts``)."""
 
     done: bool
 
@@ -239,12 +246,91 @@ class Source(Protocol):
     def close(self) -> None: ...
 
 
+DROPPED = "dropped."
+
+
+def source_counts(source: Any) -> dict[str, int]:
+    """The source's ``summary()`` (empty when it has none): a copy, safe to read from another
+    thread (a scrape of ``/metrics``) while the poll loop updates the counters."""
+    summary = getattr(source, "summary", None)
+    if summary is None:
+        return {}
+    for _ in range(3):
+        try:
+            return {str(k): int(v) for k, v in dict(summary()).items()}
+        except RuntimeError:  # "dictionary changed size during iteration": the loop was mid-update
+            continue
+    return {}
+
+
+def format_counts(counts: dict[str, int]) -> str:
+    """``rows 31, records 30, dropped.unparsable_row 1``: the summary as one log-friendly line."""
+    return ", ".join(f"{k} {v}" for k, v in counts.items()) or "nothing counted"
+
+
 @dataclass
 class RunResult:
     polls: int = 0
     records: int = 0
     poll_errors: int = 0
     sender: SenderStats = field(default_factory=SenderStats)
+
+
+class ProducerMetrics:
+    """A long-running producer's counters for Prometheus, read at scrape time (nothing to keep in
+    step): records produced, sent, dropped by reason (the source's ``dropped.*`` counts and
+    ``send_buffer_full`` for the sender's own drops), failed sends, queue depth, polls.
+
+    Served by the service's hardened endpoint (``pipeline.service.metrics.HttpEndpoint``).
+    """
+
+    def __init__(self, name: str, source: Any, sender: "BoundedSender", result: RunResult) -> None:
+        from prometheus_client import CollectorRegistry
+
+        self.name, self.source, self.sender, self.result = name, source, sender, result
+        self.registry = CollectorRegistry()
+        self.registry.register(self)
+
+    def collect(self):  # the prometheus_client collector protocol
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+        s, res = self.sender.stats, self.result
+        counts = source_counts(self.source)
+
+        def counter(name: str, doc: str, value: float) -> CounterMetricFamily:
+            c = CounterMetricFamily(name, doc, labels=["producer"])
+            c.add_metric([self.name], value)
+            return c
+
+        yield counter("gpuwarden_producer_records", "Records the source produced", res.records)
+        yield counter("gpuwarden_producer_records_sent", "Records the sink acknowledged", s.sent)
+        yield counter("gpuwarden_producer_send_failures", "Deliveries that failed (retried later)", s.failures)
+        yield counter("gpuwarden_producer_polls", "Polls of the source", res.polls)
+        yield counter("gpuwarden_producer_poll_errors", "Polls that raised", res.poll_errors)
+        dropped = CounterMetricFamily("gpuwarden_producer_dropped",
+                                      "Input the producer left out, by reason (also in the exit summary)",
+                                      labels=["producer", "reason"])
+        dropped.add_metric([self.name, "send_buffer_full"], s.dropped)
+        read = CounterMetricFamily("gpuwarden_producer_read", "What the source read, by unit (rows, lines, ...)",
+                                   labels=["producer", "what"])
+        for k, v in counts.items():
+            if k.startswith(DROPPED):
+                dropped.add_metric([self.name, k[len(DROPPED):]], v)
+            else:
+                read.add_metric([self.name, k], v)
+        yield dropped
+        yield read
+        q = GaugeMetricFamily("gpuwarden_producer_queue_depth", "Records buffered, not yet delivered",
+                              labels=["producer"])
+        q.add_metric([self.name], len(self.sender))
+        yield q
+
+
+def serve_metrics(metrics: ProducerMetrics, port: int, host: str = "0.0.0.0") -> Any:
+    """Start ``/metrics`` (and ``/healthz``) on ``host:port``; returns the endpoint (``.stop()``)."""
+    from pipeline.service.metrics import HttpEndpoint
+
+    return HttpEndpoint(host, port, metrics, lambda: (True, {"producer": metrics.name})).start()  # type: ignore[arg-type]
 
 
 def install_stop_handlers(stop: threading.Event) -> Callable[[], None]:
@@ -262,12 +348,28 @@ def install_stop_handlers(stop: threading.Event) -> Callable[[], None]:
     return restore
 
 
+def _log_counts(source: Any, res: RunResult, sender: BoundedSender, what: str) -> None:
+    s = sender.stats
+    counts = source_counts(source)
+    drops = {k: v for k, v in counts.items() if k.startswith(DROPPED) and v}
+    log.log(logging.WARNING if drops or s.dropped else logging.INFO,
+            "producer %s: %d polls, %d records, %d sent, %d send-buffer drops, %d failed sends, %d queued; %s",
+            what, res.polls, res.records, s.sent, s.dropped, s.failures, len(sender), format_counts(counts))
+
+
 def run(source: Source, sender: BoundedSender, *, interval_s: float, stop: threading.Event | None = None,
-        max_polls: int | None = None, drain_s: float = 10.0) -> RunResult:
+        max_polls: int | None = None, drain_s: float = 10.0, log_every_s: float = 60.0,
+        result: RunResult | None = None) -> RunResult:
     """Poll ``source`` every ``interval_s`` and ship what it gives until ``stop``, ``max_polls`` or
-    the source is done; then drain the buffer for up to ``drain_s`` and close both."""
+    the source is done; then drain the buffer for up to ``drain_s`` and close both.
+
+    Every ``log_every_s`` (and at the end) one line gives the counts, drops by reason included
+    (a warning when anything was dropped). ``result`` lets a caller (the ``/metrics`` endpoint)
+    read the counters while the loop runs."""
     stop = stop or threading.Event()
-    res = RunResult(sender=sender.stats)
+    res = result if result is not None else RunResult()
+    res.sender = sender.stats
+    next_log = time.monotonic() + log_every_s
     try:
         while not stop.is_set():
             t0 = time.monotonic()
@@ -282,6 +384,9 @@ def run(source: Source, sender: BoundedSender, *, interval_s: float, stop: threa
             if recs:
                 sender.submit(recs)
             sender.pump()
+            if time.monotonic() >= next_log:
+                next_log = time.monotonic() + log_every_s
+                _log_counts(source, res, sender, "running")
             if source.done or (max_polls is not None and res.polls >= max_polls):
                 break
             stop.wait(max(0.0, interval_s - (time.monotonic() - t0)))
@@ -289,7 +394,5 @@ def run(source: Source, sender: BoundedSender, *, interval_s: float, stop: threa
         sender.drain(drain_s)
         source.close()
         sender.close()
-        s = sender.stats
-        log.info("producer stopped: %d polls, %d records, %d sent, %d dropped, %d failed sends",
-                 res.polls, res.records, s.sent, s.dropped, s.failures)
+        _log_counts(source, res, sender, "stopped")
     return res

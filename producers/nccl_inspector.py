@@ -6,6 +6,12 @@ directory like ``tail -F``: new files, appended lines, a partial last line (kept
 newline arrives), truncation and rotation (a new inode under the same name starts over).
 Versions differ (v4.0-v4.3 seen): ``comm_name`` may be missing, numbers may be the string
 ``"nan"``, verbose mode adds event traces; records are selected by ``coll_perf``/``p2p_perf``.
+v4.1 adds a ``dump_stats`` record per communicator dump, whose ``*_dropped_since_last_dump``
+say how many operations the plugin's own ring buffer overwrote: counted as
+``dropped.inspector_ring_overwritten`` and warned about. v4.2 adds ``coll_algo``/``coll_proto``
+(kept in ``labels`` as ``algo``, ``proto`` and, as the Prometheus mode spells it, ``algo_proto``).
+v4.3 writes ``header``/``metadata`` once, on the ``dump_stats`` marker, and the operation lines
+after it carry neither: the marker's context is applied to them.
 
 A 16,384-rank job emits far too many operations to ship raw, so ``Aggregator`` folds each
 interval's operations per (host, communicator, rank, collective, message size) into one record:
@@ -28,7 +34,7 @@ import os
 import re
 import socket
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
 
@@ -59,25 +65,52 @@ class InspectorStats:
     bad_json: int = 0
     skipped: int = 0            # valid JSON but no usable perf record (no time, bad rank...)
     rotations: int = 0
+    dump_stats: int = 0         # v4.1+ per-dump stats records read
+    ring_overwritten: int = 0   # operations the Inspector itself dropped (its ring buffer was full)
+    skipped_by: dict[str, int] = field(default_factory=dict)   # reason -> records
+
+    def skip(self, reason: str) -> None:
+        self.skipped += 1
+        self.skipped_by[reason] = self.skipped_by.get(reason, 0) + 1
+
+    def counts(self) -> dict[str, int]:
+        """What the exit summary, the periodic log line and /metrics show."""
+        out = {"lines": self.lines, "operations": self.records, "dump_stats": self.dump_stats,
+               "rotations": self.rotations, "dropped.bad_json": self.bad_json,
+               "dropped.inspector_ring_overwritten": self.ring_overwritten}
+        for reason, n in sorted(self.skipped_by.items()):
+            out[f"dropped.{reason}"] = n
+        return out
 
 
 def parse_record(obj: Any, *, gpus_per_node: int | None = None, file_host: str | None = None,
                  job: str | None = None) -> NcclRecord | None:
     """One Inspector JSON object -> an ``NcclRecord``, or None when it holds no usable operation."""
+    r = parse_operation(obj, gpus_per_node=gpus_per_node, file_host=file_host, job=job)
+    return r if isinstance(r, NcclRecord) else None
+
+
+def parse_operation(obj: Any, *, gpus_per_node: int | None = None, file_host: str | None = None,
+                    job: str | None = None, context: dict[str, Any] | None = None) -> NcclRecord | str:
+    """One Inspector JSON object -> an ``NcclRecord``, or the reason it holds none (``not_an_object``,
+    ``no_operation``, ``bad_rank``, ``no_time``). ``context``: the v4.3 marker's ``header`` and
+    ``metadata``, for operation lines that carry neither."""
     if not isinstance(obj, dict):
-        return None
-    hdr = obj.get("header") or {}
-    meta = obj.get("metadata") or {}
+        return "not_an_object"
+    hdr = obj.get("header") or (context or {}).get("header") or {}
+    meta = obj.get("metadata") or (context or {}).get("metadata") or {}
     perf, kind = (obj.get("coll_perf"), "coll") if "coll_perf" in obj else (obj.get("p2p_perf"), "p2p")
-    if not isinstance(perf, dict) or not isinstance(hdr, dict):
-        return None
+    if not isinstance(perf, dict):
+        return "no_operation"
+    if not isinstance(hdr, dict) or not isinstance(meta, dict):
+        return "bad_rank"
     rank, nranks = hdr.get("rank"), hdr.get("n_ranks", hdr.get("nranks"))
     if not isinstance(rank, int) or not isinstance(nranks, int) or not 0 <= rank < nranks:
-        return None
+        return "bad_rank"
     nbytes = _num(perf.get(f"{kind}_msg_size_bytes"))
     exec_us = _num(perf.get(f"{kind}_exec_time_us"))
     if nbytes is None or exec_us is None or exec_us < 0 or nbytes < 0:
-        return None
+        return "no_time"
     ts_us = _num(meta.get("dump_timestamp_us"))
     ts = ts_us / 1e6 if ts_us else time.time()
     host = meta.get("hostname") or file_host or "unknown"
@@ -89,8 +122,15 @@ def parse_record(obj: Any, *, gpus_per_node: int | None = None, file_host: str |
     for k in ("inspector_output_format_version", "pid"):
         if meta.get(k) not in (None, ""):
             labels[k.replace("inspector_output_format_", "")] = str(meta[k])
-    if perf.get("coll_timing_source"):
-        labels["timing_source"] = str(perf["coll_timing_source"])
+    if perf.get(f"{kind}_timing_source"):
+        labels["timing_source"] = str(perf[f"{kind}_timing_source"])
+    algo, proto = perf.get(f"{kind}_algo"), perf.get(f"{kind}_proto")   # v4.2+
+    if algo not in (None, ""):
+        labels["algo"] = str(algo)
+    if proto not in (None, ""):
+        labels["proto"] = str(proto)
+    if algo not in (None, "") or proto not in (None, ""):
+        labels["algo_proto"] = f"{algo or 'unknown'}_{proto or 'unknown'}"
     if kind == "p2p" and perf.get("p2p_peer") is not None:
         labels["peer"] = str(perf["p2p_peer"])
     algbw, busbw = _num(perf.get(f"{kind}_algobw_gbs")), _num(perf.get(f"{kind}_busbw_gbs"))
@@ -111,7 +151,8 @@ def aggregate(records: Iterable[NcclRecord]) -> list[NcclRecord]:
     """Fold operations per (host, comm, rank, coll, bytes): means, count and the worst time."""
     groups: dict[tuple, list[NcclRecord]] = {}
     for r in records:
-        groups.setdefault((r.host, r.comm, r.rank, r.coll, r.bytes), []).append(r)
+        # Operations NCCL ran with another algorithm/protocol are not the same measurement.
+        groups.setdefault((r.host, r.comm, r.rank, r.coll, r.bytes, r.labels.get("algo_proto", "")), []).append(r)
     out = []
     for recs in groups.values():
         last = max(recs, key=lambda r: r.ts)
@@ -155,6 +196,8 @@ class InspectorFollower:
         self._tails: dict[Path, _Tail] = {}
         self._first = True
         self._warned_missing = False
+        self._context: dict[Path, dict[str, Any]] = {}          # v4.3: the last dump_stats marker per file
+        self._ring_totals: dict[tuple, float] = {}              # (file, comm, kind) -> *_dropped_total seen
 
     def _files(self) -> list[Path]:
         if not self.dir.is_dir():
@@ -221,16 +264,54 @@ class InspectorFollower:
                     self.stats.bad_json += 1
                     log.debug("%s: not JSON: %.120r", path, line)
                     continue
-                r = parse_record(obj, gpus_per_node=self.gpus_per_node, file_host=file_host, job=self.job)
-                if r is None:
-                    self.stats.skipped += 1
+                if isinstance(obj, dict) and isinstance(obj.get("dump_stats"), dict):
+                    self._dump_stats(path, obj)
+                    continue
+                if isinstance(obj, dict) and "proxy_trace" in obj:
+                    self.stats.skip("proxy_trace")   # network-progress traces: no operation timing to send
+                    continue
+                r = parse_operation(obj, gpus_per_node=self.gpus_per_node, file_host=file_host, job=self.job,
+                                    context=self._context.get(path))
+                if isinstance(r, str):
+                    self.stats.skip(r)
                     continue
                 self.stats.records += 1
                 recs.append(r)
         for gone in set(self._tails) - live:
             del self._tails[gone]  # deleted by the plugin's own clean-up or by logrotate
+            self._context.pop(gone, None)
         self._first = False
         return aggregate(recs) if self.aggregate_ops else recs
+
+    def _dump_stats(self, path: Path, obj: dict[str, Any]) -> None:
+        """A v4.1+ ``dump_stats`` record: count the operations the plugin overwrote before dumping
+        them (``*_dropped_since_last_dump``, else the growth of ``*_dropped_total``), and keep its
+        header/metadata as the context of the v4.3 operation lines that follow it."""
+        self.stats.dump_stats += 1
+        st = obj["dump_stats"]
+        hdr = obj.get("header") if isinstance(obj.get("header"), dict) else {}
+        if obj.get("header") or obj.get("metadata"):
+            self._context[path] = {"header": obj.get("header"), "metadata": obj.get("metadata")}
+        lost = 0.0
+        for kind in ("coll", "p2p"):
+            since, total = _num(st.get(f"{kind}_dropped_since_last_dump")), _num(st.get(f"{kind}_dropped_total"))
+            key = (path, str(hdr.get("id")), kind)
+            if since is not None:
+                lost += max(since, 0.0)
+            elif total is not None:
+                prev = self._ring_totals.get(key, 0.0)
+                lost += total - prev if total >= prev else total   # a smaller total: the process restarted
+            if total is not None:
+                self._ring_totals[key] = total
+        if lost > 0:
+            self.stats.ring_overwritten += int(lost)
+            log.warning("NCCL Inspector on %s dropped %d operation record(s) of communicator %s before dumping "
+                        "them (its ring buffer was full; %d in all): raise the plugin's ring size or dump more "
+                        "often", path.name, lost, hdr.get("comm_name") or hdr.get("id"), self.stats.ring_overwritten)
+
+    def summary(self) -> dict[str, int]:
+        """Lines, operations, and what was dropped, by reason (the plugin's own losses included)."""
+        return self.stats.counts()
 
     def close(self) -> None:
         pass
@@ -247,7 +328,8 @@ def bucket_bytes(bucket: str) -> int | None:
     return int(m.group(1)) * _UNITS[m.group(2)]
 
 
-def parse_prom(text: str, *, ts: float, host: str | None = None) -> list[NcclRecord]:
+def parse_prom(text: str, *, ts: float, host: str | None = None,
+               counts: dict[str, int] | None = None) -> list[NcclRecord]:
     """Prometheus-mode output -> one record per (node, GPU, communicator, op, size bucket).
 
     This mode carries no rank: ``rank`` is the GPU's local index when that is below ``nranks``
@@ -262,6 +344,8 @@ def parse_prom(text: str, *, ts: float, host: str | None = None) -> list[NcclRec
             elif name.endswith("exec_time_microseconds"):
                 what = "time"
             else:
+                if counts is not None:
+                    counts["dropped.unknown_metric"] = counts.get("dropped.unknown_metric", 0) + 1
                 continue
             lab = s.labels
             op = lab.get("collective") or lab.get("p2p_operation") or "unknown"
@@ -278,6 +362,9 @@ def parse_prom(text: str, *, ts: float, host: str | None = None) -> list[NcclRec
         except ValueError:
             nranks = 0
         if t is None or nranks <= 0:
+            if counts is not None:
+                reason = "dropped.no_time" if t is None else "dropped.bad_rank"
+                counts[reason] = counts.get(reason, 0) + 1
             continue
         g = re.fullmatch(r"GPU(\d+)", lab.get("gpu", ""))
         gpu = int(g.group(1)) if g else None
@@ -307,6 +394,8 @@ class PromFileSource:
         self.once = once
         self.done = False
         self._mtime: float | None = None
+        self.counts: dict[str, int] = {"reads": 0, "records": 0, "dropped.unparsable_file": 0,
+                                       "dropped.unknown_metric": 0, "dropped.no_time": 0, "dropped.bad_rank": 0}
 
     def poll(self) -> list[NcclRecord]:
         if self.once:
@@ -319,13 +408,21 @@ class PromFileSource:
         if st.st_mtime == self._mtime:
             return []
         self._mtime = st.st_mtime
+        self.counts["reads"] += 1
         try:
-            return parse_prom(self.path.read_text(encoding="utf-8", errors="replace"), ts=time.time(),
-                              host=self.host)
+            recs = parse_prom(self.path.read_text(encoding="utf-8", errors="replace"), ts=time.time(),
+                              host=self.host, counts=self.counts)
         except ValueError as e:  # a half-rewritten file: try again at the next change
             self._mtime = None
+            self.counts["dropped.unparsable_file"] += 1
             log.warning("%s: not parseable yet (%s)", self.path, e)
             return []
+        self.counts["records"] += len(recs)
+        return recs
+
+    def summary(self) -> dict[str, int]:
+        """Reads, records, and what was dropped, by reason."""
+        return dict(self.counts)
 
     def close(self) -> None:
         pass

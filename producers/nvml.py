@@ -40,7 +40,9 @@ class NvmlSource:
         self.clock = clock
         self.links = links
         self.done = False
-        self.errors = 0
+        self.errors = 0                 # GPU-polls skipped: the GPU did not answer (gpu_lost fires)
+        self.counts: dict[str, int] = {"polls": 0, "records": 0, "xid_events": 0, "unsupported_queries": 0,
+                                       "dropped.gpu_unreadable": 0, "dropped.xid_event_error": 0}
         nvml.nvmlInit()
         self.handles = [nvml.nvmlDeviceGetHandleByIndex(i) for i in range(nvml.nvmlDeviceGetCount())]
         self.uuid = [self._try(lambda h=h: _text(nvml.nvmlDeviceGetUUID(h))) for h in self.handles]
@@ -67,6 +69,7 @@ class NvmlSource:
         except self.n.NVMLError as e:
             if getattr(e, "value", None) == getattr(self.n, "NVML_ERROR_GPU_IS_LOST", object()):
                 raise
+            self.counts["unsupported_queries"] += 1
             return None
 
     def _drain_xids(self) -> None:
@@ -79,11 +82,13 @@ class NvmlSource:
             except n.NVMLError_Timeout:
                 return
             except n.NVMLError as e:
+                self.counts["dropped.xid_event_error"] += 1
                 log.warning("NVML event wait failed: %s", e)
                 return
             if ev.eventType & n.nvmlEventTypeXidCriticalError:
                 for i, h in enumerate(self.handles):
                     if _same_device(ev.device, h):
+                        self.counts["xid_events"] += 1
                         self.xid[i] = float(ev.eventData)
                         log.warning("GPU %d: XID %d", i, ev.eventData)
 
@@ -159,6 +164,7 @@ class NvmlSource:
                 fields = self._gpu_fields(i, h)
             except self.n.NVMLError as e:  # the GPU itself is gone (XID 79): skip, gpu_lost fires
                 self.errors += 1
+                self.counts["dropped.gpu_unreadable"] += 1
                 log.warning("GPU %d unreadable: %s", i, e)
                 continue
             links = self._links(h) if self.links else {}
@@ -171,7 +177,13 @@ class NvmlSource:
             for link, vals in sorted(links.items()):
                 out.append(DcgmRecord(ts=ts, host=self.host, gpu=i, link=link, uuid=self.uuid[i],
                                       model=self.model[i], fields=DcgmFields(**vals)))
+        self.counts["polls"] += 1
+        self.counts["records"] += len(out)
         return out
+
+    def summary(self) -> dict[str, int]:
+        """Polls, records, XID events, and what was dropped, by reason."""
+        return dict(self.counts)
 
     def close(self) -> None:
         try:

@@ -1,0 +1,95 @@
+"""NCCL Inspector JSON v4.1-v4.3 (issue 21 item 7), built from the plugin's README
+(NVIDIA/nccl ``plugins/profiler/inspector/README.md``): v4.1's per-dump ``dump_stats`` record
+(the plugin's own ring-buffer losses), v4.2's ``coll_algo``/``coll_proto``, and v4.3's dump
+marker that carries ``header``/``metadata`` once for the operation lines after it."""
+
+from __future__ import annotations
+
+import json
+
+from producers.nccl_inspector import InspectorFollower, parse_record
+
+HDR = {"id": "0x7f8c496ae9f661", "comm_name": "DP Group 0", "rank": 2, "n_ranks": 8, "nnodes": 1}
+
+
+def meta(version: str) -> dict:
+    return {"inspector_output_format_version": version, "git_rev": "", "rec_mechanism": "nccl_profiler_interface",
+            "dump_timestamp_us": 1748030377748202, "hostname": "node-a", "pid": 1639453}
+
+
+def coll(sn: int, *, algo: str | None = "RING", proto: str | None = "LL", t: float = 61974, **extra) -> dict:
+    perf = {"coll": "AllReduce", "coll_sn": sn, "coll_msg_size_bytes": 17179869184, "coll_exec_time_us": t,
+            "coll_timing_source": "kernel_gpu", "coll_algobw_gbs": 277.2, "coll_busbw_gbs": 485.1}
+    if algo is not None:
+        perf["coll_algo"] = algo
+    if proto is not None:
+        perf["coll_proto"] = proto
+    return {"coll_perf": {**perf, **extra}}
+
+
+def dump_stats(version: str, *, since: int | None = None, total: int | None = None, with_context: bool = True) -> dict:
+    st = {"coll_records": 1024, "p2p_records": 0, "p2p_dropped_total": 0}
+    if since is not None:
+        st["coll_dropped_since_last_dump"] = since
+        st["p2p_dropped_since_last_dump"] = 0
+    if total is not None:
+        st["coll_dropped_total"] = total
+    obj = {"dump_stats": st}
+    if with_context:
+        obj = {"header": HDR, "metadata": meta(version), **obj}
+    return obj
+
+
+def write(dir_, *objs) -> None:
+    with open(dir_ / "node-a-pid1639453.log", "a") as fh:
+        for o in objs:
+            fh.write(json.dumps(o) + "\n")
+
+
+def test_v42_algorithm_and_protocol_are_kept_as_in_prometheus_mode():
+    r = parse_record({"header": HDR, "metadata": meta("v4.2"), **coll(1407)})
+    assert r.labels["algo"] == "RING" and r.labels["proto"] == "LL" and r.labels["algo_proto"] == "RING_LL"
+    old = parse_record({"header": HDR, "metadata": meta("v4.0"), **coll(1, algo=None, proto=None)})
+    assert "algo_proto" not in old.labels   # v4.0 has neither: nothing invented
+
+
+def test_operations_with_another_algorithm_are_not_averaged_together(tmp_path):
+    write(tmp_path, *({"header": HDR, "metadata": meta("v4.2"), **coll(i, algo=a, t=t)}
+                      for i, (a, t) in enumerate([("RING", 100), ("RING", 120), ("TREE", 900)])))
+    recs = InspectorFollower(tmp_path).poll()
+    by = {r.labels["algo"]: r for r in recs}
+    assert set(by) == {"RING", "TREE"} and by["RING"].exec_time_us == 110 and by["TREE"].exec_time_us == 900
+
+
+def test_v41_dump_stats_losses_are_counted_and_warned(tmp_path, caplog):
+    write(tmp_path, dump_stats("v4.1", since=512, total=4096), {"header": HDR, "metadata": meta("v4.1"), **coll(1)})
+    fol = InspectorFollower(tmp_path)
+    assert len(fol.poll()) == 1
+    c = fol.summary()
+    assert c["dropped.inspector_ring_overwritten"] == 512 and c["dump_stats"] == 1
+    assert "dropped 512 operation record(s)" in caplog.text
+    # Only the cumulative total: its growth is what was lost since the last dump.
+    write(tmp_path, dump_stats("v4.1", total=4196))
+    fol.poll()
+    assert fol.summary()["dropped.inspector_ring_overwritten"] == 512 + 100
+
+
+def test_v43_operation_lines_take_the_markers_header_and_metadata(tmp_path):
+    write(tmp_path, dump_stats("v4.3", since=0), coll(1407), coll(1408))
+    fol = InspectorFollower(tmp_path)
+    recs = fol.poll()
+    assert len(recs) == 1 and recs[0].labels["ops"] == "2"
+    r = recs[0]
+    assert (r.rank, r.nranks, r.comm, r.comm_name, r.host) == (2, 8, HDR["id"], "DP Group 0", "node-a")
+    assert fol.summary()["dropped.inspector_ring_overwritten"] == 0
+
+
+def test_records_without_an_operation_are_counted_by_reason(tmp_path):
+    write(tmp_path, {"header": HDR, "metadata": meta("v4.0"), **coll(1, t="nan")},
+          {"header": {**HDR, "rank": 9}, "metadata": meta("v4.0"), **coll(2)},
+          {"proxy_trace": {"record_type": "proxy_step", "record_sn": 41}}, {"metadata": {}})
+    fol = InspectorFollower(tmp_path)
+    assert fol.poll() == []
+    c = fol.summary()
+    assert (c["dropped.no_time"], c["dropped.bad_rank"], c["dropped.proxy_trace"], c["dropped.no_operation"]) == \
+        (1, 1, 1, 1)
