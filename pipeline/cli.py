@@ -20,20 +20,22 @@ from pipeline.resources import rules_dir, version
 def _cmd_sim(args: argparse.Namespace) -> int:
     from producers.sim import Simulator
 
-    from pipeline.bus import FileSink, Topics
+    from pipeline.bus import FileSink, Topics, connection
     from pipeline.bus.telemetry import per_host_messages
     from pipeline.schema import encode
 
-    if bool(args.out) == bool(args.kafka):
-        raise UsageError("give exactly one of --out FILE or --kafka BOOTSTRAP")
+    if bool(args.out) == connection.wanted(args):
+        raise UsageError("give exactly one of --out FILE or --kafka BOOTSTRAP / --kafka-config FILE")
+    conn = connection.from_args(args) if not args.out else None
     sim = Simulator(hosts=args.hosts, duration=args.duration, interval=args.interval, seed=args.seed,
                     scenario=_scenario(args.scenario))
     producer = sink = None
     topic = Topics(args.prefix).telemetry
-    if args.kafka:
+    if conn is not None:
         from pipeline.bus.kafka import KafkaBusProducer, ensure_topics
-        ensure_topics(args.kafka, Topics(args.prefix))
-        producer = KafkaBusProducer(args.kafka)
+        connection.check(conn)
+        ensure_topics(conn.bootstrap, Topics(args.prefix), security=conn.options(), timeout_s=15.0)
+        producer = KafkaBusProducer(conn.bootstrap, security=conn.options())
     else:
         sink = FileSink(args.out, atomic=True)
     n = 0
@@ -64,7 +66,7 @@ def _cmd_sim(args: argparse.Namespace) -> int:
         doc = {"scenario": args.scenario, "seed": args.seed, "hosts": sim.hosts, "interval": args.interval,
                "start_ts": sim.start_ts, "duration": args.duration, "faults": sim.labels()}
         Path(args.labels_out).write_text(json.dumps(doc, indent=2, sort_keys=True) + "\n")
-    dest = args.out or f"{topic} on {args.kafka}"
+    dest = args.out or f"{topic} on {conn.bootstrap}"
     print(f"gpuwarden sim: {n} records from {args.hosts} hosts over {args.duration:.0f}s -> {dest}", file=sys.stderr)
     return 0
 
@@ -104,15 +106,17 @@ def _cmd_replay(args: argparse.Namespace) -> int:
     console = Console(stderr=True)
     _existing(args.files, "")
     if args.to_kafka:
-        from pipeline.bus import Topics
+        from pipeline.bus import Topics, connection
         from pipeline.bus.kafka import ensure_topics
         from pipeline.recording import publish
 
         speed = None if args.speed == "max" else float(args.speed)
-        ensure_topics(args.to_kafka, Topics(args.prefix))
+        conn = connection.resolve(bootstrap=args.to_kafka, config_file=args.kafka_config)
+        connection.check(conn)
+        ensure_topics(conn.bootstrap, Topics(args.prefix), security=conn.options(), timeout_s=15.0)
         t0 = time.monotonic()
-        n = publish(args.files, args.to_kafka, Topics(args.prefix).telemetry, speed=speed)
-        console.print(f"published {n} messages to {Topics(args.prefix).telemetry} on {args.to_kafka} "
+        n = publish(args.files, conn.bootstrap, Topics(args.prefix).telemetry, speed=speed, security=conn.options())
+        console.print(f"published {n} messages to {Topics(args.prefix).telemetry} on {conn.bootstrap} "
                       f"in {time.monotonic() - t0:.1f}s")
         return 0
     rules = args.rules or str(rules_dir())
@@ -184,12 +188,18 @@ def _cmd_rules_test(args: argparse.Namespace) -> int:
 
 
 def _cmd_serve(args: argparse.Namespace) -> int:
+    from pipeline.bus import connection
     from pipeline.service.app import Service, setup_logging
     from pipeline.service.config import load_config
 
     cfg = load_config(args.config)
-    if args.kafka:
-        cfg.kafka.bootstrap = args.kafka
+    conn = connection.from_args(args, base=connection.KafkaConnection(cfg.kafka.bootstrap, cfg.kafka.security))
+    cfg.kafka.bootstrap, cfg.kafka.security = conn.bootstrap, conn.security
+    if (conn.security.security_protocol or "PLAINTEXT") != "PLAINTEXT":
+        # A refused login or certificate: one line and exit 4 now, not kafka-python's retries in the
+        # log until a timeout (docs/operations.md, Secured Kafka). Plain brokers are left to the
+        # service, which first refuses to start without its state key.
+        connection.check(conn)
     if args.prefix:
         cfg.kafka.prefix = args.prefix
     if args.group:
@@ -207,14 +217,18 @@ def _cmd_serve(args: argparse.Namespace) -> int:
 def _cmd_record(args: argparse.Namespace) -> int:
     import signal as _signal
 
-    from pipeline.bus import Topics
+    from pipeline.bus import Topics, connection
     from pipeline.recording import record
 
+    conn = connection.from_args(args)
+    # A consumer whose login is refused polls empty batches until the idle timeout: an empty
+    # recording that looks like a quiet topic. One login first says what is wrong.
+    connection.check(conn)
     stop = {"now": False}
     _signal.signal(_signal.SIGTERM, lambda *_: stop.update(now=True))
     topic = args.topic or Topics(args.prefix).telemetry
-    res = record(args.kafka, topic, args.out, idle_timeout=args.idle_timeout, max_messages=args.max_messages,
-                 should_stop=lambda: stop["now"])
+    res = record(conn.bootstrap, topic, args.out, idle_timeout=args.idle_timeout, max_messages=args.max_messages,
+                 security=conn.options(), should_stop=lambda: stop["now"])
     print(f"recorded {res.messages} messages ({res.lines} lines) from {topic} to {args.out}", file=sys.stderr)
     return 0
 
@@ -288,10 +302,13 @@ def _cmd_report(args: argparse.Namespace) -> int:
 
 
 def _cmd_topics(args: argparse.Namespace) -> int:
-    from pipeline.bus import Topics
+    from pipeline.bus import Topics, connection
     from pipeline.bus.kafka import ensure_topics
 
-    created = ensure_topics(args.kafka, Topics(args.prefix), partitions=args.partitions)
+    conn = connection.from_args(args)
+    connection.check(conn)
+    created = ensure_topics(conn.bootstrap, Topics(args.prefix), partitions=args.partitions,
+                            security=conn.options(), timeout_s=15.0)
     print("created: " + (", ".join(created) or "nothing (all exist)"))
     return 0
 
@@ -341,7 +358,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--seed", type=int, default=0)
     s.add_argument("--scenario", default="healthy", help="built-in scenario name or a YAML file")
     s.add_argument("--out", help="JSONL file to write (.gz to compress)")
-    s.add_argument("--kafka", metavar="BOOTSTRAP", help="publish to <prefix>.telemetry on this broker")
+    _kafka_options(s, "publish to <prefix>.telemetry on this broker")
     s.add_argument("--prefix", default="gpuwarden", help="topic prefix")
     s.add_argument("--labels-out", help="write the injected-fault labels (JSON) here")
     s.add_argument("--realtime", action="store_true", help="pace output to event time")
@@ -367,6 +384,8 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--to-kafka", metavar="BOOTSTRAP", help="publish the recording to <prefix>.telemetry instead")
     r.add_argument("--speed", default="max", help="with --to-kafka: 'max' or a factor of event time (1 = real time)")
     r.add_argument("--prefix", default="gpuwarden", help="topic prefix for --to-kafka")
+    r.add_argument("--kafka-config", metavar="FILE", help="with --to-kafka: the Kafka connection file (TLS, SASL; "
+                   "docs/operations.md, Secured Kafka)")
     r.set_defaults(func=_cmd_replay)
 
     ru = sub.add_parser("rules", help="check and unit-test detection rules")
@@ -412,7 +431,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     sv = sub.add_parser("serve", help="run the Kafka consumer-group detection service")
     sv.add_argument("--config", help="YAML config (see docs/operations.md)")
-    sv.add_argument("--kafka", metavar="BOOTSTRAP", help="override kafka.bootstrap")
+    _kafka_options(sv, "override kafka.bootstrap")
     sv.add_argument("--prefix", help="override kafka.prefix")
     sv.add_argument("--group", help="override kafka.group")
     sv.add_argument("--http-port", type=int, help="override http.port (0: any free port)")
@@ -423,7 +442,7 @@ def build_parser() -> argparse.ArgumentParser:
     sv.set_defaults(func=_cmd_serve)
 
     rec = sub.add_parser("record", help="copy a Kafka topic to a JSONL file")
-    rec.add_argument("--kafka", metavar="BOOTSTRAP", required=True)
+    _kafka_options(rec)
     rec.add_argument("--out", required=True)
     rec.add_argument("--prefix", default="gpuwarden")
     rec.add_argument("--topic", help="default: <prefix>.telemetry")
@@ -436,11 +455,17 @@ def build_parser() -> argparse.ArgumentParser:
     from pipeline.remediation.cli import register as register_remediation
     register_remediation(sub)
     t = sub.add_parser("topics", help="create the project's Kafka topics")
-    t.add_argument("--kafka", metavar="BOOTSTRAP", required=True)
+    _kafka_options(t)
     t.add_argument("--prefix", default="gpuwarden")
     t.add_argument("--partitions", type=int, default=8)
     t.set_defaults(func=_cmd_topics)
     return p
+
+
+def _kafka_options(p: argparse.ArgumentParser, bootstrap_help: str = "Kafka bootstrap servers") -> None:
+    from pipeline.bus.connection import add_arguments
+
+    add_arguments(p, bootstrap_help=bootstrap_help)
 
 
 def _fail(args: argparse.Namespace, message: str) -> None:

@@ -14,15 +14,25 @@ FINDINGS_EXIT = 3   # the input was read, and it holds a critical finding (e.g. 
 
 
 def _sender(args: argparse.Namespace) -> Any:
-    from pipeline.bus import Topics
+    from pipeline.bus import Topics, connection
+    from pipeline.errors import BrokerUnavailableError
     from producers.common import BoundedSender, JsonlSink, KafkaSink
 
-    if bool(args.out) == bool(args.kafka):
-        raise SystemExit(f"gpuwarden produce {args.source}: give exactly one of --out FILE or --kafka BOOTSTRAP")
+    if bool(args.out) == connection.wanted(args):
+        raise SystemExit(f"gpuwarden produce {args.source}: give exactly one of --out FILE or "
+                         "--kafka BOOTSTRAP / --kafka-config FILE")
     if args.buffer <= 0:
         raise SystemExit("gpuwarden produce: --buffer must be a positive number of records")
-    sink = KafkaSink(args.kafka, Topics(args.prefix).telemetry, send_timeout_s=args.send_timeout) if args.kafka \
-        else JsonlSink(args.out)
+    if args.out:
+        return BoundedSender(JsonlSink(args.out), max_records=args.buffer)
+    conn = connection.from_args(args)
+    # A broker that is down is an outage the buffer rides out; a refused login or TLS never
+    # heals by waiting, so it stops the producer at once (exit 4, one line).
+    refused = connection.login_refused(conn, timeout_s=max(args.send_timeout, 5.0))
+    if refused:
+        raise BrokerUnavailableError(refused)
+    sink = KafkaSink(conn.bootstrap, Topics(args.prefix).telemetry, send_timeout_s=args.send_timeout,
+                     security=conn.options())
     return BoundedSender(sink, max_records=args.buffer)
 
 
@@ -114,7 +124,9 @@ def _cmd_nccl_tests(args: argparse.Namespace) -> int:
 
 
 def _common(p: argparse.ArgumentParser, interval: float) -> None:
-    p.add_argument("--kafka", metavar="BOOTSTRAP", help="publish to <prefix>.telemetry on this broker")
+    from pipeline.bus.connection import add_arguments
+
+    add_arguments(p, bootstrap_help="publish to <prefix>.telemetry on this broker")
     p.add_argument("--out", metavar="FILE", help="write JSONL here instead (.gz to compress, - for stdout)")
     p.add_argument("--prefix", default="gpuwarden", help="topic prefix")
     p.add_argument("--host", help="host name for the records (default: what the source says, else this host)")

@@ -13,18 +13,21 @@ from typing import Any
 from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer
 from kafka.errors import KafkaError, TopicAlreadyExistsError
 
+from pipeline.bus import connection
 from pipeline.bus.base import Message, Topics
 from pipeline.errors import BrokerUnavailableError, DeliveryError
 
 log = logging.getLogger(__name__)
 
-# Options passed straight through to kafka-python (TLS, SASL/SCRAM); values are never logged.
-SECURITY_KEYS = ("security_protocol", "sasl_mechanism", "sasl_plain_username", "sasl_plain_password",
-                 "ssl_cafile", "ssl_certfile", "ssl_keyfile", "ssl_password", "ssl_check_hostname")
+# Options passed straight through to kafka-python (TLS, SASL/SCRAM; pipeline/bus/connection.py);
+# values are never logged.
+SECURITY_KEYS = tuple(connection.Security.__struct_fields__)
 
 
-def _unavailable(bootstrap: str, err: KafkaError) -> BrokerUnavailableError:
-    return BrokerUnavailableError(f"no Kafka broker answered at {bootstrap}: {err}")
+def _unavailable(bootstrap: str, err: KafkaError, security: dict[str, Any] | None = None) -> BrokerUnavailableError:
+    # kafka-python says "Unable to bootstrap" for a dead broker, a TLS mismatch and a refused
+    # login alike; the diagnosis tells them apart.
+    return connection.unavailable(bootstrap, security, err)
 
 
 def _security(options: dict[str, Any] | None) -> dict[str, Any]:
@@ -58,7 +61,7 @@ class KafkaBusProducer:
                 bootstrap_servers=bootstrap, acks="all", enable_idempotence=True, linger_ms=linger_ms,
                 batch_size=batch_size, client_id=client_id, retries=2**31 - 1, **_security(security), **extra)
         except KafkaError as e:
-            raise _unavailable(bootstrap, e) from e
+            raise _unavailable(bootstrap, e, security) from e
         self._futures: list[Any] = []
 
     def send(self, topic: str, value: bytes, key: bytes | None = None) -> None:
@@ -104,7 +107,7 @@ class KafkaBusConsumer:
                 fetch_max_bytes=64 * 1024 * 1024, max_partition_fetch_bytes=8 * 1024 * 1024,
                 client_id=client_id, **_security(security), **extra)
         except KafkaError as e:
-            raise _unavailable(bootstrap, e) from e
+            raise _unavailable(bootstrap, e, security) from e
 
     def poll(self, timeout: float = 1.0, max_records: int = 2000) -> list[Message]:
         batches = self._c.poll(timeout_ms=int(timeout * 1000), max_records=max_records)
@@ -130,9 +133,9 @@ def ensure_topics(bootstrap: str, topics: Topics, *, partitions: int = 8, replic
     """Create the project's topics if missing (the state topic compacted); return those created."""
     try:
         admin = KafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=int(timeout_s * 1000),
-                                 **_security(security))
+                                 bootstrap_timeout_ms=int(timeout_s * 1000), **_security(security))
     except KafkaError as e:
-        raise _unavailable(bootstrap, e) from e
+        raise _unavailable(bootstrap, e, security) from e
     try:
         existing = set(admin.list_topics())
         created = []

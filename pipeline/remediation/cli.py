@@ -29,10 +29,15 @@ def _load(args: argparse.Namespace):
 
 
 def _cmd_remediate(args: argparse.Namespace) -> int:
+    from pipeline.bus import connection
     from pipeline.remediation.service import RemediationService
 
     cfg = _load(args)
-    svc = RemediationService(cfg, bootstrap=args.kafka, prefix=args.prefix, group=args.group)
+    k = cfg.raw.kafka
+    conn = connection.from_args(args, base=connection.KafkaConnection(k.bootstrap, k.security))
+    connection.check(conn)   # refused credentials: one line and exit 4, not a consumer polling nothing
+    svc = RemediationService(cfg, bootstrap=conn.bootstrap, prefix=args.prefix, group=args.group,
+                             security=conn.options())
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
@@ -129,7 +134,9 @@ def register(sub) -> None:
     """Add ``remediate`` and ``routes`` to the ``gpuwarden`` CLI's subparsers."""
     rm = sub.add_parser("remediate", help="run remediation on the alerts topic (routes, actions, guardrails)")
     _config_arg(rm)
-    rm.add_argument("--kafka", metavar="BOOTSTRAP", help="broker (default: the config's kafka.bootstrap)")
+    from pipeline.bus.connection import add_arguments
+
+    add_arguments(rm, bootstrap_help="broker (default: the config's kafka.bootstrap)")
     rm.add_argument("--prefix", help="topic prefix (default: the config's kafka.prefix)")
     rm.add_argument("--group", help="consumer group (default: the config's kafka.group)")
     rm.add_argument("--idle-exit", type=float, default=None, metavar="SECONDS",

@@ -2,7 +2,7 @@
 
 Layout (complete examples in ``docs/remediation.md`` and ``rules/routes.yaml``)::
 
-    kafka:      {bootstrap, prefix, group}          # what `gpuwarden remediate` consumes
+    kafka:      {bootstrap, prefix, group, security}  # what `gpuwarden remediate` consumes
     state_file: remediation.sqlite                  # guardrail state (relative to the config file)
     audit:      {kafka: true, file: null}
     guardrails: {dry_run, cooldown, max_attempts, attempt_window, breaker: {...}}
@@ -27,6 +27,7 @@ import msgspec
 import yaml
 
 from pipeline import yamlsafe
+from pipeline.bus.connection import Security
 from pipeline.errors import ConfigError
 
 _DURATION = re.compile(r"\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*")
@@ -74,6 +75,8 @@ class KafkaSettings(_Strict):
     bootstrap: str = "127.0.0.1:9092"
     prefix: str = "gpuwarden"
     group: str = "gpuwarden-remediate"
+    # TLS and SASL, as serve's kafka.security (pipeline/bus/connection.py; docs/operations.md, Secured Kafka).
+    security: Security = msgspec.field(default_factory=Security)
 
 
 class AuditSettings(_Strict):

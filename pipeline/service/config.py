@@ -15,35 +15,20 @@ from __future__ import annotations
 import os
 import re
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Mapping
 
 import msgspec
 import yaml
 
 from pipeline import yamlsafe
+from pipeline.bus import connection
 
 from pipeline.engine import EngineConfig
 from pipeline.errors import ConfigError
 
 
-class Security(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
-    """Passed through to kafka-python (TLS files, SASL/SCRAM)."""
-
-    security_protocol: str | None = None          # PLAINTEXT | SSL | SASL_PLAINTEXT | SASL_SSL
-    sasl_mechanism: str | None = None             # PLAIN | SCRAM-SHA-256 | SCRAM-SHA-512
-    sasl_plain_username: str | None = None
-    sasl_plain_password: str | None = None
-    ssl_cafile: str | None = None
-    ssl_certfile: str | None = None
-    ssl_keyfile: str | None = None
-    ssl_password: str | None = None
-    ssl_check_hostname: bool | None = None
-
-    def options(self) -> dict[str, Any]:
-        return {k: v for k, v in msgspec.structs.asdict(self).items() if v is not None}
-
-    def __repr__(self) -> str:  # never print secrets
-        return f"Security(protocol={self.security_protocol!r}, mechanism={self.sasl_mechanism!r}, ...)"
+# TLS and SASL options: the one definition every Kafka client shares (pipeline/bus/connection.py).
+Security = connection.Security
 
 
 class KafkaSection(msgspec.Struct, forbid_unknown_fields=True):
