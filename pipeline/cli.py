@@ -148,6 +148,7 @@ def _cmd_rules_check(args: argparse.Namespace) -> int:
     from pipeline.rules.loader import load_rules, rule_files
     from pipeline.rules.testing import tested_rules
 
+    args.paths = args.paths or [str(rules_dir())]
     ruleset, diags = load_rules(_existing_paths(args.paths))
     if ruleset is not None:
         # Sigma's rule: no stable rule without a test.
@@ -175,6 +176,7 @@ def _cmd_rules_check(args: argparse.Namespace) -> int:
 def _cmd_rules_test(args: argparse.Namespace) -> int:
     from pipeline.rules.testing import run_tests
 
+    args.paths = args.paths or [str(rules_dir() / "tests")]
     with progress.status("rule tests") as update:
         results = run_tests(_existing_paths(args.paths), on_test=lambda i, n: update(f"rule tests: {i + 1}/{n}"))
     failed = [r for r in results if not r.ok]
@@ -391,11 +393,11 @@ def build_parser() -> argparse.ArgumentParser:
     ru = sub.add_parser("rules", help="check and unit-test detection rules")
     rsub = ru.add_subparsers(dest="rules_command", required=True)
     rc = rsub.add_parser("check", help="load rule files and report every problem as file:line:col")
-    rc.add_argument("paths", nargs="+")
+    rc.add_argument("paths", nargs="*", help="rule files or directories (default: the shipped packs)")
     rc.add_argument("--strict", action="store_true", help="lint warnings are errors too")
     rc.set_defaults(func=_cmd_rules_check)
     rt = rsub.add_parser("test", help="run rule unit tests (rules/tests/*.yaml)")
-    rt.add_argument("paths", nargs="+")
+    rt.add_argument("paths", nargs="*", help="rule test files or directories (default: the shipped packs' tests)")
     rt.set_defaults(func=_cmd_rules_test)
 
     ev = sub.add_parser("eval", help="score detectors (ours and two baselines) on labelled scenarios")

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import sys
 import time
-from pathlib import Path
 
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
@@ -47,7 +46,9 @@ def run_demo(hosts: int = 8, duration: float = 1200.0, seed: int = 7, scenario: 
     bus = MemoryBus(partitions=4)
     producer = bus.producer()
     consumer = bus.consumer(topics.telemetry, group="gpuwarden-demo")
-    rules_dir = rules or str(Path(__file__).resolve().parent.parent / "rules")
+    from pipeline.resources import rules_dir as default_rules
+
+    rules_dir = rules or str(default_rules())
     engine, diags = build_engine([rules_dir], models)
     if engine is None:
         for d in diags:

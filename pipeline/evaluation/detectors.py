@@ -17,9 +17,10 @@ from typing import Any, Iterable
 
 from pipeline.detection import build_engine
 from pipeline.engine import Engine
+from pipeline.resources import rules_dir
 from pipeline.rules import load_rules
 
-ROOT = Path(__file__).resolve().parents[2]
+PACKS = rules_dir()   # the shipped packs and baselines, installed or in a checkout
 
 
 def default_exporter_fields() -> set[str]:
@@ -77,8 +78,8 @@ class Detector:
 
 def detectors() -> list[Detector]:
     return [
-        Detector("gpuwarden", [ROOT / "rules"], models="auto"),
-        Detector("community", [ROOT / "rules" / "baselines" / "prometheus_community.yaml"], absence_checks=False,
+        Detector("gpuwarden", [PACKS], models="auto"),
+        Detector("community", [PACKS / "baselines" / "prometheus_community.yaml"], absence_checks=False,
                  scrape_s=30.0, fields=default_exporter_fields()),
-        Detector("dcgm-health", [ROOT / "rules" / "baselines" / "dcgm_health.yaml"], absence_checks=False),
+        Detector("dcgm-health", [PACKS / "baselines" / "dcgm_health.yaml"], absence_checks=False),
     ]

@@ -488,6 +488,8 @@ def _nccl_frame(d: dict[str, Any]) -> NcclFrame:
 
 
 def load_models(path: str | Path | None = None, tick: float = 1.0) -> ModelSet:
-    """The model set of a ``models.yaml`` (default: the repository's ``rules/models.yaml``)."""
-    p = Path(path) if path is not None else Path(__file__).resolve().parents[2] / "rules" / "models.yaml"
+    """The model set of a ``models.yaml`` (default: the shipped one, ``pipeline/resources.py``)."""
+    from pipeline.resources import default_models
+
+    p = Path(path) if path is not None else default_models()
     return ModelSet(load_model_specs(p), tick=tick, source=str(p))

@@ -11,7 +11,9 @@ import sys
 import threading
 from pathlib import Path
 
-DEFAULT_ROUTES = "rules/routes.yaml"
+from pipeline.resources import default_routes
+
+DEFAULT_ROUTES = str(default_routes())   # the shipped example routes, installed or in a checkout
 
 
 def _config_arg(p: argparse.ArgumentParser, default: str | None = None, suppress: bool = False) -> None:

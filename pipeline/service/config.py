@@ -25,6 +25,7 @@ from pipeline.bus import connection
 
 from pipeline.engine import EngineConfig
 from pipeline.errors import ConfigError
+from pipeline.resources import rules_dir
 
 
 # TLS and SASL options: the one definition every Kafka client shares (pipeline/bus/connection.py).
@@ -48,7 +49,8 @@ class HttpSection(msgspec.Struct, forbid_unknown_fields=True):
 
 
 class ServiceSection(msgspec.Struct, forbid_unknown_fields=True):
-    rules: list[str] = msgspec.field(default_factory=lambda: ["rules"])
+    # Default: the shipped packs (pipeline/resources.py), wherever gpuwarden is installed.
+    rules: list[str] = msgspec.field(default_factory=lambda: [str(rules_dir())])
     # Online models: a models.yaml, "auto" (the one beside the rules) or "none".
     models: str = "auto"
     # A partition with no new records for this long (wall clock) is flushed: everything it
