@@ -8,7 +8,9 @@ a counter, a bitmask or a sticky code, and which values are impossible -- lives 
 
 ``data/dcgm_exporter_fields.csv`` (same columns) adds the metrics dcgm-exporter computes itself,
 which DCGM has no field for, with dcgm-exporter's own ids (``ExporterCounter`` in its
-``internal/pkg/counters/exporter_counters.go``: ``DCGM_EXP_XID_ERRORS_COUNT`` is 9001).
+``internal/pkg/counters/exporter_counters.go``: ``DCGM_EXP_XID_ERRORS_COUNT`` is 9001), and
+``data/dcgm_fields_extra.csv`` DCGM fields the shared subset lacks, from DCGM's ``dcgm_fields.h``
+(the NVSwitch SXid fields 856/857 the kernel-log producer sends).
 
 Every known field gets a dense column index; the engine stores per-entity values in arrays
 with one column per field, so a rule's ``gpu_temp`` is one column lookup, never a dict walk.
@@ -103,6 +105,11 @@ _SEMANTICS: dict[int, tuple[str, str, str, float | None]] = {
     1423: ("hw_thermal_ns", "ns", COUNTER, 0),
     1424: ("hw_power_brake_ns", "ns", COUNTER, 0),
     1508: ("nvlink_state", "", STATE, 0),
+    # An NVSwitch's last SXid (DCGM's value is "the specific SXid reported"), fatal and non-fatal.
+    # DCGM reports them per switch; records carry them on every GPU of the switch's host
+    # (docs/architecture.md §3), the way the kernel-log producer reads them.
+    856: ("nvswitch_fatal_sxid", "", CODE, 0),
+    857: ("nvswitch_nonfatal_sxid", "", CODE, 0),
     # dcgm-exporter's DCGM_EXP_XID_ERRORS_COUNT: XIDs reported within its window (--xid-count-window-size,
     # label window_size_in_ms), all codes together; it falls as events leave the window: a gauge.
     9001: ("xid_count", "", GAUGE, 0),
@@ -216,8 +223,9 @@ def _load() -> Catalog:
     data = resources.files("pipeline") / "data"
     rows: dict[int, dict[str, str]] = {}
     renames: dict[int, list[str]] = {}
-    with (data / "dcgm_fields.csv").open() as fh, (data / "dcgm_exporter_fields.csv").open() as fx:
-        for row in [*csv.DictReader(fh), *csv.DictReader(fx)]:
+    with (data / "dcgm_fields.csv").open() as fh, (data / "dcgm_exporter_fields.csv").open() as fx, \
+            (data / "dcgm_fields_extra.csv").open() as fe:
+        for row in [*csv.DictReader(fh), *csv.DictReader(fx), *csv.DictReader(fe)]:
             fid = int(row["field_id"])
             name = row["name_used_by_dcgm_exporter"]
             canon = row["canonical_name_dcgm_4_6_if_renamed"]

@@ -123,6 +123,22 @@ def _cmd_nccl_tests(args: argparse.Namespace) -> int:
     return _run(args, lambda: NcclTestsSource(args.file, coll=args.coll, host=args.host, job=args.job))
 
 
+def _cmd_kmsg(args: argparse.Namespace) -> int:
+    from producers.kmsg import DevKmsgReader, JournalReader, KmsgFileSource, KmsgFollower, load_pci_map
+
+    if sum(map(bool, (args.file, args.journal, args.kmsg))) > 1:
+        raise SystemExit("gpuwarden produce kmsg: give at most one of --file, --journal, --kmsg")
+
+    def make() -> object:
+        pci = load_pci_map(args.pci_map, args.nvidia_smi)
+        if args.file:
+            return KmsgFileSource(args.file, pci, host=args.host, interval_s=args.interval, boot_time=args.boot_time,
+                                  sample=not args.events_only)
+        reader = JournalReader(args.journalctl) if args.journal else DevKmsgReader(args.kmsg or "/dev/kmsg")
+        return KmsgFollower(reader, pci, host=args.host, sample=not args.events_only)
+    return _run(args, make)
+
+
 def _common(p: argparse.ArgumentParser, interval: float) -> None:
     from pipeline.bus.connection import add_arguments
 
@@ -180,3 +196,20 @@ def register(sub: Any) -> None:
     t.add_argument("--job", help="job id to stamp on the records")
     _common(t, 1.0)
     t.set_defaults(func=_cmd_nccl_tests)
+
+    k = psub.add_parser("kmsg", help="follow the kernel log's XIDs and NVSwitch SXids (/dev/kmsg, journalctl, "
+                        "or a saved dmesg/journal file)")
+    k.add_argument("--file", help="a saved log instead of following one: dmesg (with or without -T or "
+                   "timestamps), journalctl (short, short-iso, json) or a copy of /dev/kmsg; - for stdin")
+    k.add_argument("--kmsg", metavar="PATH", help="follow this kmsg device (default: /dev/kmsg)")
+    k.add_argument("--journal", action="store_true", help="follow `journalctl -k -b -f -o json` instead of /dev/kmsg")
+    k.add_argument("--journalctl", default="journalctl", help="path of the journalctl binary")
+    k.add_argument("--pci-map", metavar="FILE", help="GPU index by PCI bus id: saved `nvidia-smi "
+                   "--query-gpu=index,pci.bus_id --format=csv` (default: run nvidia-smi on this host)")
+    k.add_argument("--nvidia-smi", default="nvidia-smi", help="path of the nvidia-smi binary")
+    k.add_argument("--boot-time", type=float, help="--file: epoch seconds of the boot that dmesg/kmsg times count "
+                   "from (default: the last line falls at the file's modification time)")
+    k.add_argument("--events-only", action="store_true", help="send XID lines only, no sample of every GPU each "
+                   "--interval (for hosts whose dcgm-exporter already reports every GPU: docs/producers.md)")
+    _common(k, 10.0)
+    k.set_defaults(func=_cmd_kmsg)

@@ -1,0 +1,481 @@
+"""The kernel log as a telemetry source: XIDs (``NVRM: Xid``) and NVSwitch SXids.
+
+Most XIDs reach operators through the kernel log, whether or not DCGM runs. The driver prints
+(open-gpu-kernel-modules, ``src/nvidia/src/kernel/gpu/rc/kernel_rc.c`` and
+``src/common/nvswitch/kernel/inc/common_nvswitch.h``)::
+
+    NVRM: Xid (PCI:%04x:%02x:%02x[ GPU-I:%02u[ GPU-CI:%02u]]): %d, pid=%s, name=%s, <message>
+    NVRM: Xid (PCI:%04x:%02x:%02x): %d, <message>                 (no process to blame)
+    nvidia-<switch>: SXid (PCI:%04x:%02x:%02x.%x): %05d, <Fatal|Non-fatal>, <message>
+
+and drivers before R4xx wrote ``NVRM: Xid (0000:03:00): 14, ...`` without ``PCI:``. The
+producer reads those lines from ``/dev/kmsg``, ``journalctl -k -f -o json`` or a saved file
+(``dmesg`` with or without timestamps, ``dmesg -T``, ``journalctl`` short/short-iso/json output,
+a copy of ``/dev/kmsg``), maps each PCI bus id to a GPU index (nvidia-smi or a saved
+``--query-gpu=index,pci.bus_id`` mapping) and publishes DCGM records with the XID gauge's meaning:
+``xid`` is the GPU's last XID, ``nvswitch_fatal_sxid`` / ``nvswitch_nonfatal_sxid`` the host's
+last SXid of each kind (docs/architecture.md §3, docs/producers.md#kernel-log).
+
+Each XID line becomes a record at its own time; between them every known GPU is sampled every
+``interval_s`` (the state the log implies, like DCGM's gauge), so the engine's absence checks
+see a reporting GPU, not a silent one. What cannot be used is counted by reason, never skipped
+silently.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import logging
+import os
+import queue
+import re
+import socket
+import subprocess
+import threading
+import time
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Any, Callable
+
+from pipeline.schema import DcgmRecord, dcgm
+
+log = logging.getLogger(__name__)
+
+PciKey = tuple[int, int, int]        # (domain, bus, device): the GPU, whatever its function
+
+_XID = re.compile(
+    r"NVRM: Xid \((?:PCI:)?(?P<dom>[0-9a-fA-F]{4,8}):(?P<bus>[0-9a-fA-F]{2}):(?P<dev>[0-9a-fA-F]{2})"
+    r"(?:\.[0-9a-fA-F])?(?: GPU-I:(?P<gi>\d+))?(?: GPU-CI:(?P<ci>\d+))?\): (?P<code>\d+)(?:, ?(?P<rest>.*))?$")
+_PID = re.compile(r"^pid=(?P<pid>'[^']*'|[^,]*)(?:, name=(?P<name>.*?))?, (?P<msg>.*)$")
+_SXID = re.compile(
+    r"nvidia-(?P<sw>[^:\s]+): SXid \(PCI:(?P<dom>[0-9a-fA-F]{4,8}):(?P<bus>[0-9a-fA-F]{2}):(?P<dev>[0-9a-fA-F]{2})"
+    r"\.(?P<fn>[0-9a-fA-F])\): (?P<code>\d+)(?:, ?(?P<rest>.*))?$")
+
+# Line layouts, tried in order (docs/producers.md#kernel-log).
+_KMSG = re.compile(r"^(?P<prio>\d+),(?P<seq>\d+),(?P<usec>\d+),[^;]*;(?P<msg>.*)$")       # /dev/kmsg
+_DMESG = re.compile(r"^\[\s*(?P<secs>\d+\.\d+)\]\s?(?P<msg>.*)$")                            # dmesg
+_DMESG_T = re.compile(r"^\[(?P<date>[A-Z][a-z]{2} [A-Z][a-z]{2} [ \d]\d \d\d:\d\d:\d\d \d{4})\]\s?(?P<msg>.*)$")
+_ISO = re.compile(r"^(?P<date>\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:[.,]\d+)?(?:Z|[+-]\d\d:?\d\d)?) (?P<host>\S+) "
+                  r"kernel: (?:\[\s*\d+\.\d+\] )?(?P<msg>.*)$")                              # short-iso
+_SYSLOG = re.compile(r"^(?P<date>[A-Z][a-z]{2} [ \d]\d \d\d:\d\d:\d\d) (?P<host>\S+) kernel: (?:\[\s*\d+\.\d+\] )?"
+                     r"(?P<msg>.*)$")                                                        # short / syslog
+
+LABEL_MAX = 200            # characters of the driver's message kept on the record
+
+
+@dataclass
+class Line:
+    """One kernel-log message: its time (epoch seconds, ``None`` when the layout has none, or
+    ``boot`` seconds when it counts from boot), the host the line names, and the message."""
+
+    msg: str
+    ts: float | None = None
+    boot: float | None = None
+    host: str | None = None
+
+
+def parse_line(text: str, *, year: int | None = None) -> Line | None:
+    """A line in any layout the producer reads; ``None`` for ``/dev/kmsg`` continuation lines
+    (`` KEY=value`` metadata of the record before)."""
+    text = text.rstrip("\r\n")
+    if text.startswith(" ") and "=" in text:
+        return None
+    if text.startswith("{"):
+        try:
+            obj = json.loads(text)
+        except ValueError:
+            return Line(text)
+        msg = obj.get("MESSAGE", "")
+        if isinstance(msg, list):              # journald writes non-UTF-8 messages as byte arrays
+            msg = bytes(b & 0xFF for b in msg if isinstance(b, int)).decode("utf-8", "replace")
+        ts = obj.get("__REALTIME_TIMESTAMP")
+        return Line(str(msg), ts=int(ts) / 1e6 if str(ts).isdigit() else None,
+                    host=obj.get("_HOSTNAME") if isinstance(obj.get("_HOSTNAME"), str) else None)
+    m = _KMSG.match(text)
+    if m:
+        return Line(m["msg"], boot=int(m["usec"]) / 1e6)
+    m = _DMESG.match(text)
+    if m:
+        return Line(m["msg"], boot=float(m["secs"]))
+    m = _DMESG_T.match(text)
+    if m:
+        return Line(m["msg"], ts=time.mktime(time.strptime(m["date"], "%a %b %d %H:%M:%S %Y")))
+    m = _ISO.match(text)
+    if m:
+        d = m["date"].replace(",", ".")
+        if d.endswith("Z"):
+            d = d[:-1] + "+00:00"
+        elif re.search(r"[+-]\d{4}$", d):
+            d = d[:-2] + ":" + d[-2:]
+        dt = datetime.fromisoformat(d)
+        return Line(m["msg"], ts=dt.timestamp(), host=m["host"])
+    m = _SYSLOG.match(text)
+    if m:
+        yr = year or time.localtime().tm_year
+        return Line(m["msg"], ts=time.mktime(time.strptime(f"{yr} {m['date']}", "%Y %b %d %H:%M:%S")),
+                    host=m["host"])
+    return Line(text)
+
+
+def _pci_key(dom: str, bus: str, dev: str) -> PciKey:
+    return int(dom, 16), int(bus, 16), int(dev, 16)
+
+
+def parse_pci_map(text: str) -> dict[PciKey, int]:
+    """GPU index by PCI bus id from ``nvidia-smi --query-gpu=index,pci.bus_id --format=csv``
+    (with or without its header; ``00000000:3B:00.0`` and ``0000:3b:00.0`` both read).
+
+    Raises ``ValueError`` naming the line that is neither."""
+    out: dict[PciKey, int] = {}
+    bus_id = re.compile(r"^(?:PCI:)?([0-9a-fA-F]{4,8}):([0-9a-fA-F]{2}):([0-9a-fA-F]{2})(?:\.[0-9a-fA-F])?$")
+    for n, row in enumerate(csv.reader(io.StringIO(text)), 1):
+        cells = [c.strip() for c in row]
+        if not cells or not any(cells) or cells[0].startswith("#") or cells[0].lower() == "index":
+            continue
+        idx = next((c for c in cells if c.isdigit()), None)
+        bid = next((bus_id.match(c) for c in cells if bus_id.match(c)), None)
+        if idx is None or bid is None:
+            raise ValueError(f"PCI map line {n}: expected 'index, pci.bus_id', got {','.join(row)!r}")
+        out[_pci_key(*bid.groups())] = int(idx)
+    return out
+
+
+def nvidia_smi_pci_map(nvidia_smi: str = "nvidia-smi", timeout_s: float = 15.0) -> dict[PciKey, int]:
+    """This host's mapping from ``nvidia-smi`` (run as argv, no shell)."""
+    out = subprocess.run([nvidia_smi, "--query-gpu=index,pci.bus_id", "--format=csv,noheader"],
+                         capture_output=True, text=True, timeout=timeout_s, check=True).stdout
+    return parse_pci_map(out)
+
+
+@dataclass
+class KmsgStats:
+    """What the exit summary and ``/metrics`` show (docs/producers.md#kernel-log)."""
+
+    lines: int = 0
+    xid_lines: int = 0
+    sxid_lines: int = 0
+    records: int = 0
+    backlog_events: int = 0            # events from before the follower started: folded into the state
+    unmapped_pci: int = 0              # an XID for a bus id the PCI map does not have
+    unparsable_xid: int = 0            # a line that says "NVRM: Xid" / "SXid" in no layout the driver prints
+    no_timestamp: int = 0              # lines of a saved file without a time: stamped with the file's mtime
+    overrun: int = 0                   # /dev/kmsg records the ring buffer overwrote before we read them
+    queue_full: int = 0                # journalctl lines beyond the follower's buffer
+
+    def summary(self) -> dict[str, int]:
+        return {"lines": self.lines, "xid_lines": self.xid_lines, "sxid_lines": self.sxid_lines,
+                "records": self.records, "backlog_events": self.backlog_events,
+                "lines_without_time": self.no_timestamp,
+                "dropped.unmapped_pci": self.unmapped_pci, "dropped.unparsable_xid": self.unparsable_xid,
+                "dropped.kmsg_overrun": self.overrun, "dropped.queue_full": self.queue_full}
+
+
+@dataclass
+class _HostState:
+    xid: dict[int, int] = field(default_factory=dict)      # gpu -> last XID
+    fatal_sxid: int = 0
+    nonfatal_sxid: int = 0
+
+
+class KernelLog:
+    """The state the kernel log implies (each GPU's last XID, each host's last SXids) and the
+    records that report it. Shared by the file reader and the followers."""
+
+    def __init__(self, pci_map: dict[PciKey, int], *, host: str | None = None) -> None:
+        self.pci_map = dict(pci_map)
+        self.host = host
+        self.default_host = host or socket.gethostname()
+        self.stats = KmsgStats()
+        self.hosts: dict[str, _HostState] = {}
+        self._warned: set[PciKey] = set()
+
+    def _state(self, host: str) -> _HostState:
+        st = self.hosts.get(host)
+        if st is None:
+            st = self.hosts[host] = _HostState(xid=dict.fromkeys(sorted(set(self.pci_map.values())), 0))
+        return st
+
+    def apply(self, line: Line, ts: float, *, emit: bool = True) -> list[DcgmRecord]:
+        """Fold one message into the state; the record(s) it makes when ``emit``."""
+        msg = line.msg
+        host = self.host or line.host or self.default_host
+        if "SXid" in msg:
+            m = _SXID.search(msg)
+            if m is None:
+                self.stats.unparsable_xid += 1
+                return []
+            self.stats.sxid_lines += 1
+            st = self._state(host)
+            code = int(m["code"])
+            rest = m["rest"] or ""
+            if rest.startswith("Fatal"):
+                st.fatal_sxid = code
+            else:                         # "Non-fatal", or a message that does not say (thermal events)
+                st.nonfatal_sxid = code
+            labels = {"sxid.switch": m["sw"], "sxid.pci": f"{m['dom']}:{m['bus']}:{m['dev']}.{m['fn']}",
+                      "sxid.message": rest[:LABEL_MAX]}
+            return self.snapshot(ts, host, labels=labels) if emit else []
+        if "NVRM: Xid" not in msg:
+            return []
+        m = _XID.search(msg)
+        if m is None:
+            self.stats.unparsable_xid += 1
+            return []
+        self.stats.xid_lines += 1
+        key = _pci_key(m["dom"], m["bus"], m["dev"])
+        gpu = self.pci_map.get(key)
+        if gpu is None:
+            self.stats.unmapped_pci += 1
+            if key not in self._warned:
+                self._warned.add(key)
+                log.warning("XID %s for PCI %04x:%02x:%02x, which the PCI map does not have: not sent "
+                            "(dropped.unmapped_pci)", m["code"], *key)
+            return []
+        st = self._state(host)
+        st.xid[gpu] = int(m["code"])
+        if not emit:
+            return []
+        labels = {}
+        rest = m["rest"] or ""
+        pm = _PID.match(rest)
+        if pm:
+            labels["xid.pid"] = pm["pid"].strip("'")
+            if pm["name"] is not None:
+                labels["xid.process"] = pm["name"][:LABEL_MAX]
+            rest = pm["msg"]
+        labels["xid.message"] = rest[:LABEL_MAX]
+        labels["xid.pci"] = "%04x:%02x:%02x" % key
+        if m["gi"] is not None:   # the physical GPU's fault, attributed to an instance (architecture.md §3, MIG)
+            labels["mig.xid_sources"] = f"GPU_I_ID={int(m['gi'])}:{int(m['code'])}"
+            if m["ci"] is not None:
+                labels["mig.xid_compute_instance"] = str(int(m["ci"]))
+        return [self._record(ts, host, gpu, st, labels)]
+
+    def _record(self, ts: float, host: str, gpu: int, st: _HostState, labels: dict[str, str]) -> DcgmRecord:
+        self.stats.records += 1
+        return dcgm(ts, host, gpu, {"xid": st.xid.get(gpu, 0), "nvswitch_fatal_sxid": st.fatal_sxid,
+                                    "nvswitch_nonfatal_sxid": st.nonfatal_sxid}, labels=labels)
+
+    def snapshot(self, ts: float, host: str | None = None, labels: dict[str, str] | None = None) -> list[DcgmRecord]:
+        """A record per known GPU of ``host`` (every host when ``None``) with the current state."""
+        hosts = [host] if host is not None else (list(self.hosts) or [self.host or self.default_host])
+        out = []
+        for h in hosts:
+            st = self._state(h)
+            out += [self._record(ts, h, g, st, dict(labels or {})) for g in sorted(st.xid)]
+        return out
+
+
+class KmsgFileSource:
+    """A saved kernel log, read once: each XID / SXid line a record at its time, and every known
+    GPU sampled every ``interval_s`` from the first of them to the log's last line.
+
+    Times: ``dmesg`` and ``/dev/kmsg`` count seconds from boot, placed at ``boot_time`` (epoch
+    seconds) or else so that the last line falls at the file's modification time; lines with no
+    time at all get the modification time; syslog lines without a year get the mtime's year."""
+
+    def __init__(self, path: str, pci_map: dict[PciKey, int], *, host: str | None = None, interval_s: float = 10.0,
+                 boot_time: float | None = None, sample: bool = True) -> None:
+        self.path = path
+        self.log = KernelLog(pci_map, host=host)
+        self.interval_s = interval_s
+        self.boot_time = boot_time
+        self.sample = sample
+        self.done = False
+        self.mtime = os.stat(path).st_mtime if path != "-" else time.time()
+
+    @property
+    def stats(self) -> KmsgStats:
+        return self.log.stats
+
+    def _lines(self) -> list[Line]:
+        year = time.localtime(self.mtime).tm_year
+        fh = open(self.path, encoding="utf-8", errors="replace") if self.path != "-" else None
+        import sys
+        src = fh if fh is not None else sys.stdin
+        try:
+            out = []
+            for text in src:
+                self.stats.lines += 1
+                ln = parse_line(text, year=year)
+                if ln is not None:
+                    out.append(ln)
+            return out
+        finally:
+            if fh is not None:
+                fh.close()
+
+    def poll(self) -> list[DcgmRecord]:
+        if self.done:
+            return []
+        self.done = True
+        lines = self._lines()
+        boots = [ln.boot for ln in lines if ln.boot is not None]
+        boot = self.boot_time if self.boot_time is not None else (self.mtime - max(boots) if boots else self.mtime)
+        stamped: list[tuple[float, Line]] = []
+        for ln in lines:
+            if ln.ts is not None:
+                ts = ln.ts
+            elif ln.boot is not None:
+                ts = boot + ln.boot
+            else:
+                ts = self.mtime
+                if "Xid" in ln.msg:
+                    self.stats.no_timestamp += 1
+            stamped.append((ts, ln))
+        stamped.sort(key=lambda p: p[0])           # journal exports of several boots are not in order
+        out: list[DcgmRecord] = []
+        first: float | None = None
+        next_sample = 0.0
+        for ts, ln in stamped:
+            if self.sample and first is not None:
+                while next_sample < ts:
+                    out += self.log.snapshot(next_sample)
+                    next_sample += self.interval_s
+            recs = self.log.apply(ln, ts)
+            if recs and first is None:
+                first = ts
+                if self.sample:
+                    out += self.log.snapshot(ts)        # every GPU's state when the log first says something
+                next_sample = ts + self.interval_s
+            out += recs
+        if self.sample and first is not None and stamped:
+            end = stamped[-1][0]
+            while next_sample <= end:
+                out += self.log.snapshot(next_sample)
+                next_sample += self.interval_s
+        return out
+
+    def summary(self) -> dict[str, int]:
+        return self.stats.summary()
+
+    def close(self) -> None:
+        pass
+
+
+class DevKmsgReader:
+    """``/dev/kmsg``: one record per read(2), non-blocking; from the start of the ring buffer."""
+
+    def __init__(self, path: str = "/dev/kmsg", stats: KmsgStats | None = None) -> None:
+        self.fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+        self.stats = stats or KmsgStats()
+
+    def read(self) -> list[str]:
+        out = []
+        while True:
+            try:
+                chunk = os.read(self.fd, 8192)
+            except BlockingIOError:
+                return out
+            except BrokenPipeError:            # EPIPE: records were overwritten before we read them
+                self.stats.overrun += 1
+                continue
+            if not chunk:
+                return out
+            out.extend(chunk.decode("utf-8", "replace").splitlines())
+
+    def close(self) -> None:
+        os.close(self.fd)
+
+
+class JournalReader:
+    """``journalctl -k -b -f -o json`` (argv, no shell), its lines gathered by a thread."""
+
+    def __init__(self, journalctl: str = "journalctl", stats: KmsgStats | None = None, max_lines: int = 100_000) -> None:
+        self.stats = stats or KmsgStats()
+        self.proc = subprocess.Popen([journalctl, "-k", "-b", "-f", "-o", "json", "--no-pager"],
+                                     stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+                                     encoding="utf-8", errors="replace")
+        self.q: queue.Queue[str] = queue.Queue(maxsize=max_lines)
+        self.thread = threading.Thread(target=self._pump, name="journalctl", daemon=True)
+        self.thread.start()
+
+    def _pump(self) -> None:
+        assert self.proc.stdout is not None
+        for text in self.proc.stdout:
+            try:
+                self.q.put_nowait(text)
+            except queue.Full:
+                self.stats.queue_full += 1
+
+    def read(self) -> list[str]:
+        out = []
+        while True:
+            try:
+                out.append(self.q.get_nowait())
+            except queue.Empty:
+                return out
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+
+
+class KmsgFollower:
+    """Follow a live kernel log (a ``DevKmsgReader`` or ``JournalReader``). What the log says
+    happened before we started -- the ring buffer or this boot's journal -- is the state, not
+    news: it is folded in, and the first sample tells the engine, once, which GPUs already have
+    an XID. Each later XID line is a record at its time; every poll samples every known GPU."""
+
+    def __init__(self, reader: Any, pci_map: dict[PciKey, int], *, host: str | None = None, sample: bool = True,
+                 clock: Callable[[], float] = time.time, boot_time: float | None = None) -> None:
+        self.reader = reader
+        self.log = KernelLog(pci_map, host=host)
+        reader.stats = self.log.stats
+        self.sample = sample
+        self.clock = clock
+        self.started = clock()
+        self.boot = boot_time if boot_time is not None else self.started - time.monotonic()
+        self.done = False
+        self._first = True
+
+    @property
+    def stats(self) -> KmsgStats:
+        return self.log.stats
+
+    def poll(self) -> list[DcgmRecord]:
+        out: list[DcgmRecord] = []
+        now = self.clock()
+        for text in self.reader.read():
+            self.stats.lines += 1
+            ln = parse_line(text)
+            if ln is None:
+                continue
+            ts = ln.ts if ln.ts is not None else (self.boot + ln.boot if ln.boot is not None else now)
+            backlog = ts < self.started
+            if backlog and ("Xid" in ln.msg):
+                self.stats.backlog_events += 1
+            out += self.log.apply(ln, min(ts, now), emit=not backlog)
+        if self.sample or self._first:
+            out += self.log.snapshot(now)
+        self._first = False
+        return out
+
+    def summary(self) -> dict[str, int]:
+        return self.stats.summary()
+
+    def close(self) -> None:
+        self.reader.close()
+
+
+def load_pci_map(path: str | None, nvidia_smi: str = "nvidia-smi") -> dict[PciKey, int]:
+    """``--pci-map FILE`` if given, else this host's ``nvidia-smi``; ``ValueError``/``OSError``
+    with the reason when neither works."""
+    if path:
+        return parse_pci_map(Path(path).read_text(encoding="utf-8"))
+    try:
+        return nvidia_smi_pci_map(nvidia_smi)
+    except (OSError, subprocess.SubprocessError) as e:
+        raise OSError(f"cannot map PCI bus ids to GPU indices: {nvidia_smi} failed ({e}); give --pci-map FILE "
+                      "(saved `nvidia-smi --query-gpu=index,pci.bus_id --format=csv`)") from e
+
+
+__all__ = ["DevKmsgReader", "JournalReader", "KernelLog", "KmsgFileSource", "KmsgFollower", "KmsgStats", "Line",
+           "load_pci_map", "nvidia_smi_pci_map", "parse_line", "parse_pci_map"]
