@@ -248,3 +248,21 @@ def test_older_driver_layouts_keep_the_pid_and_message_apart(tmp_path):
     assert "xid.process" not in r.labels
     assert kl.apply(Line("NVRM: Xid (PCI:0000:10:00): seventy-nine"), 2.0) == []
     assert kl.stats.summary()["dropped.unparsable_xid"] == 1
+
+
+def test_dev_kmsg_records_are_read_without_blocking(tmp_path):
+    from producers.kmsg import DevKmsgReader
+
+    dev = write(tmp_path, "kmsg", f"3,812,{9_000 * 1_000_000},-;{XID_119}\n SUBSYSTEM=pci\n"
+                                  f"4,813,{9_990 * 1_000_000},-;{SXID_NONFATAL}\n")
+    now = 1_800_000_000.0
+    f = KmsgFollower(DevKmsgReader(str(dev)), parse_pci_map(PCI_MAP), host="n1", clock=lambda: now,
+                     boot_time=now - 10_000)
+    try:
+        recs = f.poll()                       # both lines are from before the follower started: state
+        assert {(r.gpu, val(r, XID), val(r, NONFATAL)) for r in recs} == {
+            (0, 0, 12028), (1, 119, 12028), (2, 0, 12028), (3, 0, 12028), (4, 0, 12028)}
+        assert f.summary()["backlog_events"] == 2 and f.summary()["lines"] == 3
+        assert [r for r in f.poll() if r.labels] == []          # nothing new, and read() did not block
+    finally:
+        f.close()
