@@ -234,6 +234,7 @@ class Engine:
         cols = self._columnizer.columns
         if n:
             gpu = self.entities.gpu_ids_of(dhost, np.fromiter(map(_GPU, drecs), np.int64, n))
+            self.entities.note_labels(gpu, drecs)   # the job on each GPU, for its alerts
             if self.models is not None:
                 self.models.note_cohorts(gpu, drecs)
             values, dead = self._columnizer.compact(drecs, dorig)
@@ -243,6 +244,8 @@ class Engine:
         else:
             gpu, values = np.empty(0, np.int32), np.empty((0, len(cols)))
         nts = ts[~is_dcgm] if n < k else np.empty(0)
+        if nrecs:
+            self.entities.note_nccl(nrecs)
         # The models' NCCL detectors need the records' columns; without models they are counted.
         nccl = self._nccl_frame(nrecs, hosts[~is_dcgm]) if nrecs and self.models is not None else None
         return _Pending(dts, dhost, gpu, values, cols, nts, nccl, float(ts.min()), float(ts.max()))
@@ -584,9 +587,13 @@ class Engine:
         else:
             # A resolved event says what the alert was about, not the (healthy) values that ended it.
             summary = self._summaries.pop(aid, "") or check.summary(host, gpu, evidence)
+        # The job (pod, namespace) from the telemetry; the rule's own labels win a clash.
+        jl = self.entities.job_labels(t.entity) if meta.level == GPU else self.entities.host_job_labels(t.entity)
+        job = jl.pop("job", None)
         return AlertEvent(
             id=aid, state=t.state, fault=meta.fault, severity=meta.severity, rule=meta.name, host=host, gpu=gpu,
-            ts=t.ts, started_at=t.started_at, summary=summary, evidence=evidence, labels=dict(meta.labels))
+            job=job, ts=t.ts, started_at=t.started_at, summary=summary, evidence=evidence,
+            labels={**jl, **meta.labels})
 
     # -- state ---------------------------------------------------------------------------------
 

@@ -1,10 +1,22 @@
-"""Dense ids for GPUs and hosts, so per-entity state lives in numpy arrays indexed by id."""
+"""Dense ids for GPUs and hosts, so per-entity state lives in numpy arrays indexed by id.
+
+Also whose work runs where: the latest job labels of each GPU (from DCGM records' ``labels``)
+and the job of each host's latest NCCL record, which alerts carry (docs/architecture.md §3).
+"""
 
 from __future__ import annotations
 
-from typing import Iterable, Sequence
+import operator
+from typing import Any, Iterable, Sequence
 
 import numpy as np
+
+from pipeline.schema import JOB_LABELS, DcgmJobLabels
+
+_LABELS = operator.attrgetter("labels")
+_HOST = operator.attrgetter("host")
+_NCCL_JOB = operator.attrgetter("job")
+MAX_JOBS_SHOWN = 8   # a host alert over more jobs than this names only the first ones
 
 
 _TABLE_MAX = 1024   # GPU indices at or above this (none in practice) take the dict path
@@ -29,6 +41,10 @@ class Entities:
         # GPU id by (host id, GPU index) for indices below _TABLE_MAX, -1 where not seen yet:
         # ids for a whole batch in one numpy gather instead of a tuple and a dict lookup each.
         self._table = np.full((16, 8), -1, dtype=np.int32)
+        # Latest labels object of each GPU id (a DcgmJobLabels, or the slow path's labels dict;
+        # None: no DCGM record yet), and the job of each host's latest NCCL record.
+        self._labels = np.full(16, None, dtype=object)
+        self.nccl_jobs: dict[str, str | None] = {}
 
     @property
     def n_gpus(self) -> int:
@@ -58,6 +74,7 @@ class Entities:
             self.gpus.append(key)
             if gid >= len(self._gpu_host):
                 self._gpu_host = np.resize(self._gpu_host, 2 * len(self._gpu_host))
+                self._labels = grow(self._labels, len(self._gpu_host), None)
             hid = self._gpu_host[gid] = self.host(host)
             if index < _TABLE_MAX:
                 rows, cols = self._table.shape
@@ -98,16 +115,65 @@ class Entities:
                 return ids
         return self.gpu_ids([self.hosts[h] for h in host_ids.tolist()], indices.tolist())
 
+    # -- whose work runs where ----------------------------------------------------------------
+
+    def note_labels(self, gpu_ids: np.ndarray, records: Sequence[Any]) -> None:
+        """Keep each GPU's latest record's labels (the hot path: one gather and one store in C;
+        they are read only when an alert is made)."""
+        self._labels[gpu_ids] = np.fromiter(map(_LABELS, records), object, len(records))
+
+    def note_nccl(self, records: Sequence[Any]) -> None:
+        """Keep the job of each host's latest NCCL record: one dict update in C. (By host, not by
+        GPU: a fleet sends as many NCCL records as DCGM ones, and a tuple key for each cost
+        more than the rest of this bookkeeping together.)"""
+        self.nccl_jobs.update(zip(map(_HOST, records), map(_NCCL_JOB, records)))
+
+    def job_labels(self, gpu_id: int) -> dict[str, str]:
+        """``job``, ``pod``, ``namespace``, ``container`` of a GPU, where known (``job``: the
+        ``job`` label, else dcgm-exporter's ``hpc_job``, else the host's NCCL job)."""
+        out = _job_fields(self._labels[gpu_id] if gpu_id < len(self._labels) else None)
+        if "job" not in out:
+            job = self.nccl_jobs.get(self.gpus[gpu_id][0])
+            if _usable(job):
+                out["job"] = job
+        return out
+
+    def host_job_labels(self, host_id: int) -> dict[str, str]:
+        """The job labels of a host: each one its GPUs (and NCCL) agree on; several jobs on the
+        host leave ``job`` out and list them in ``jobs`` (comma-separated)."""
+        gids = np.flatnonzero(self.gpu_host == host_id).tolist()
+        per = [self.job_labels(g) for g in gids]
+        host = self.hosts[host_id]
+        if not gids and _usable(self.nccl_jobs.get(host)):
+            per = [{"job": self.nccl_jobs[host]}]
+        out: dict[str, str] = {}
+        for key in ("job", "pod", "namespace", "container"):
+            vals = sorted({p[key] for p in per if key in p})
+            if len(vals) == 1:
+                out[key] = vals[0]
+            elif len(vals) > 1 and key == "job":
+                out["jobs"] = ",".join(vals[:MAX_JOBS_SHOWN]) + (",..." if len(vals) > MAX_JOBS_SHOWN else "")
+        return out
+
     def to_state(self) -> dict:
-        return {"hosts": self.hosts, "gpus": [list(k) for k in self.gpus]}
+        labels = [_label_state(self._labels[i]) for i in range(self.n_gpus)]
+        return {"hosts": self.hosts, "gpus": [list(k) for k in self.gpus],
+                "labels": labels if any(labels) else [],
+                "nccl_jobs": [[h, j] for h, j in self.nccl_jobs.items()]}
 
     @classmethod
     def from_state(cls, data: dict) -> "Entities":
+        """From ``to_state``; snapshots written before jobs were kept have none (every job unknown)."""
         ent = cls()
         for h in data["hosts"]:
             ent.host(h)
         for h, g in data["gpus"]:
             ent.gpu(h, int(g))
+        for i, lab in enumerate(data.get("labels") or []):
+            if lab and i < ent.n_gpus:
+                ent._labels[i] = DcgmJobLabels(**{k: str(v) for k, v in zip(JOB_LABELS, lab) if v is not None})
+        for h, j in data.get("nccl_jobs") or []:
+            ent.nccl_jobs[str(h)] = None if j is None else str(j)
         return ent
 
 
@@ -120,3 +186,32 @@ def grow(arr: np.ndarray, n: int, fill: float | int | bool, order: str = "C") ->
     out = np.full((size,) + arr.shape[1:], fill, dtype=arr.dtype, order=order)
     out[: len(arr)] = arr
     return out
+
+
+def _usable(value: Any) -> bool:
+    # Alerts carry a label value only when it could be an identifier: labels are producers'
+    # free text, and a job name reaches routes, audit records and (checked again) commands.
+    from pipeline.decode import bad_identifier
+    return isinstance(value, str) and bad_identifier(value) is None
+
+
+def _job_fields(lab: Any) -> dict[str, str]:
+    if lab is None:
+        return {}
+    get = lab.get if isinstance(lab, dict) else (lambda k: getattr(lab, k, None))
+    out = {}
+    job = get("job") if _usable(get("job")) else get("hpc_job")
+    if _usable(job):
+        out["job"] = job
+    for key in ("pod", "namespace", "container"):
+        if _usable(v := get(key)):
+            out[key] = v
+    return out
+
+
+def _label_state(lab: Any) -> list[str | None] | None:
+    if lab is None:
+        return None
+    get = lab.get if isinstance(lab, dict) else (lambda k: getattr(lab, k, None))
+    vals = [v if isinstance(v := get(k), str) else None for k in JOB_LABELS]
+    return vals if any(v is not None for v in vals) else None
