@@ -2,7 +2,10 @@
 
 ``config`` (the YAML file, typed), ``routes`` (the Alertmanager-style route tree), ``safety``
 (values allowed to reach a command line), ``actions`` (log, webhook, kafka, command),
-``presets`` (Slurm, Kubernetes, GPU reset, checkpoint), ``guardrails`` (dry-run, circuit
+``presets`` (Slurm, Kubernetes, GPU reset, checkpoint, webhook formats), ``payloads`` (Slack and
+PagerDuty bodies), ``alertmanager`` (alerts posted to Alertmanager, its silences honoured),
+``inventory`` (the hosts we may act on), ``targets`` (webhook URLs alert values cannot
+redirect), ``guardrails`` (dry-run, circuit
 breaker, cooldown, attempt cap, once per alert id; persisted), ``audit`` (one record per
 decision), ``remediator`` (the decision loop), ``service`` (the Kafka driver), ``cli``.
 """

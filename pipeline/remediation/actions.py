@@ -8,7 +8,10 @@ makes dry-run exact: the audit shows the argv that would have run.
 
 from __future__ import annotations
 
+import datetime
+import email.utils
 import logging
+import math
 import os
 import random
 import re
@@ -102,6 +105,71 @@ def redact_url(url: str) -> str:
     return urlunsplit((p.scheme, netloc, p.path, query, p.fragment))
 
 
+def retry_after(value: str | None, now: float) -> float | None:
+    """Seconds a ``Retry-After`` header asks to wait: delay-seconds or an HTTP-date (RFC 9110
+    §10.2.3); None when absent or unreadable (then the backoff applies)."""
+    if not value:
+        return None
+    v = value.strip()
+    if v.isdigit():
+        return float(v) if len(v) <= 9 else math.inf
+    try:
+        when = email.utils.parsedate_to_datetime(v)
+    except (TypeError, ValueError, IndexError, OverflowError):
+        return None
+    if when.tzinfo is None:                 # an HTTP-date is always GMT
+        when = when.replace(tzinfo=datetime.timezone.utc)
+    return max(0.0, when.timestamp() - now)
+
+
+class RetryPolicy(Protocol):
+    retries: int
+    max_retry_after: float
+
+    def delay(self, attempt: int, rng: random.Random) -> float: ...
+
+
+def send(client: httpx.Client, url: str, body: bytes, headers: dict[str, str], extensions: dict[str, Any],
+         policy: RetryPolicy, ctx: Context, shown: str, name: str) -> Outcome:
+    """POST ``body``; retry connection errors, timeouts, 429 and 5xx (a 429's or 503's
+    ``Retry-After`` is waited, up to ``max_retry_after``; else backoff with jitter); never other
+    4xx, nor redirects. ``shown``: the URL as it may be logged."""
+    last = ""
+    for attempt in range(policy.retries + 1):
+        wait: float | None = None
+        try:
+            r = client.post(url, content=body, headers=headers, extensions=extensions)
+        except httpx.TransportError as e:
+            last = f"{type(e).__name__}: {e}"
+        except (httpx.HTTPError, httpx.InvalidURL) as e:
+            # Not the network: the request itself cannot be made; trying again cannot help.
+            return Outcome(False, type(e).__name__, error=f"{type(e).__name__}: {e} ({shown})",
+                           attempts=attempt + 1)
+        else:
+            if r.status_code < 300:
+                return Outcome(True, f"HTTP {r.status_code}", attempts=attempt + 1, stdout=r.text[:OUTPUT_LIMIT])
+            if r.status_code < 500 and r.status_code != 429:
+                # 4xx: the request itself is wrong; 3xx: redirects are not followed (a POST
+                # carrying an alert should reach the configured URL or fail visibly).
+                return Outcome(False, f"HTTP {r.status_code}", error=f"HTTP {r.status_code} from {shown} "
+                               "(not retried: the same request would get the same answer)",
+                               attempts=attempt + 1)
+            last = f"HTTP {r.status_code}"
+            wait = retry_after(r.headers.get("Retry-After"), time.time())
+            if wait is not None and wait > policy.max_retry_after:
+                # Waiting that long would hold every other alert back (one loop, one thread).
+                return Outcome(False, last, error=f"{last} from {shown} with Retry-After {wait:.0f}s, beyond "
+                               f"max_retry_after {policy.max_retry_after:g}s: not waited for", attempts=attempt + 1)
+        if attempt < policy.retries:
+            if wait is None:
+                wait = policy.delay(attempt, ctx.rng)
+            log.info("webhook %s: %s from %s; retry %d/%d in %.2fs", name, last, shown, attempt + 1,
+                     policy.retries, wait)
+            ctx.sleep(wait)
+    return Outcome(False, last, error=f"{last} from {shown} after {policy.retries + 1} attempt(s)",
+                   attempts=policy.retries + 1)
+
+
 # -- command execution ---------------------------------------------------------------------
 
 @dataclass
@@ -182,20 +250,26 @@ class LogAction:
 
 
 class WebhookAction:
-    """HTTP POST of the alert JSON; retries with exponential backoff and jitter on 5xx and
-    connection errors, never on 4xx (the request itself is wrong: repeating it cannot help).
+    """HTTP POST of the alert JSON (or a Slack or PagerDuty Events v2 body: ``format``); retries
+    with exponential backoff and jitter on 5xx, 429 and connection errors, waiting a
+    ``Retry-After`` where the answer has one; never on other 4xx (the request itself is wrong:
+    repeating it cannot help).
 
     Alert values only reach the URL's path and query, percent-encoded; a templated host needs
-    ``allow_hosts`` and is resolved, checked and pinned (pipeline/remediation/targets.py)."""
+    ``allow_hosts`` and is resolved, checked and pinned (pipeline/remediation/targets.py).
+    ``shown_url``: what the audit shows instead of the URL (a Slack URL is itself the secret)."""
 
     type = "webhook"
 
     def __init__(self, name: str, url: str, *, timeout: float = 5.0, retries: int = 3, backoff: float = 0.5,
                  max_backoff: float = 30.0, headers: dict[str, str] | None = None,
                  headers_env: dict[str, str] | None = None, disruptive: bool = False, breaker: bool = False,
-                 entity: str = "host", type_name: str = "webhook", allow_hosts: list[str] | None = None) -> None:
+                 entity: str = "host", type_name: str = "webhook", allow_hosts: list[str] | None = None,
+                 max_retry_after: float = 60.0, payload: Callable[[AlertEvent], bytes] = encode,
+                 shown_url: str | None = None) -> None:
         self.name, self.url, self.timeout, self.retries = name, url, timeout, retries
-        self.backoff, self.max_backoff = backoff, max_backoff
+        self.backoff, self.max_backoff, self.max_retry_after = backoff, max_backoff, max_retry_after
+        self.payload, self.shown_url = payload, shown_url
         self.headers = dict(headers or {})
         self.headers_env = dict(headers_env or {})
         self.disruptive, self.breaker, self.entity, self.type = disruptive, breaker, entity, type_name
@@ -215,8 +289,8 @@ class WebhookAction:
     def plan(self, alert: AlertEvent) -> Plan:
         filled = self.target.fill(alert_values(alert), self.allow, self.inventory)
         return Plan(self.name, self.type, self.disruptive, self.breaker, entity_key(self.entity, alert), alert.host,
-                    url=filled.url, body=encode(alert), alert=alert, targets_host=self.targets_host,
-                    extra={"filled": filled})
+                    url=self.shown_url or filled.url, body=self.payload(alert), alert=alert,
+                    targets_host=self.targets_host, extra={"filled": filled})
 
     def query(self, plan: Plan, ctx: Context) -> QueryResult | None:
         return None
@@ -252,38 +326,12 @@ class WebhookAction:
     def execute(self, plan: Plan, ctx: Context) -> Outcome:
         if self._client is None:
             self._client = httpx.Client(timeout=self.timeout, follow_redirects=False)
-        shown = redact_url(plan.url or "")
         req = self._request(plan, ctx)
         if isinstance(req, str):
             return Outcome(False, "refused", error=f"not sent: {req}", attempts=0)
         url, headers, extensions = req
-        last = ""
-        for attempt in range(self.retries + 1):
-            try:
-                r = self._client.post(url, content=plan.body or b"", headers=headers, extensions=extensions)
-            except httpx.TransportError as e:
-                last = f"{type(e).__name__}: {e}"
-            except (httpx.HTTPError, httpx.InvalidURL) as e:
-                # Not the network: the request itself cannot be made; trying again cannot help.
-                return Outcome(False, type(e).__name__, error=f"{type(e).__name__}: {e} ({shown})",
-                               attempts=attempt + 1)
-            else:
-                if r.status_code < 300:
-                    return Outcome(True, f"HTTP {r.status_code}", attempts=attempt + 1)
-                if r.status_code < 500:
-                    # 4xx: the request itself is wrong; 3xx: redirects are not followed (a POST
-                    # carrying an alert should reach the configured URL or fail visibly).
-                    return Outcome(False, f"HTTP {r.status_code}", error=f"HTTP {r.status_code} from {shown} "
-                                   "(not retried: the same request would get the same answer)",
-                                   attempts=attempt + 1)
-                last = f"HTTP {r.status_code}"
-            if attempt < self.retries:
-                wait = self.delay(attempt, ctx.rng)
-                log.info("webhook %s: %s from %s; retry %d/%d in %.2fs", self.name, last, shown, attempt + 1,
-                         self.retries, wait)
-                ctx.sleep(wait)
-        return Outcome(False, last, error=f"{last} from {shown} after {self.retries + 1} attempt(s)",
-                       attempts=self.retries + 1)
+        return send(self._client, url, plan.body or b"", headers, extensions, self, ctx,
+                    self.shown_url or redact_url(plan.url or ""), self.name)
 
     def close(self) -> None:
         if self._client is not None:

@@ -7,7 +7,8 @@ Layout (complete examples in ``docs/remediation.md`` and ``rules/routes.yaml``):
     audit:      {kafka: true, file: null}
     guardrails: {dry_run, cooldown, max_attempts, attempt_window, breaker: {...}}
     inventory:  {source: file|list|slurm|kubernetes|any, path, hosts, argv, refresh, timeout}
-    actions:    {name: {type: log|webhook|kafka|command|slurm_drain|..., ...}}
+    alertmanager: {url, silences, cache, timeout, headers_env}  # its silences stop node actions
+    actions:    {name: {type: log|webhook|alertmanager|kafka|command|slurm_drain|..., ...}}
     receivers:  [{name, actions: [...], on_resolved: [...], stop_on_failure}]
     route:      {receiver, matchers, group_by, group_wait, repeat_interval, continue, routes: [...]}
 
@@ -121,14 +122,33 @@ class LogAction(_Action, tag="log", kw_only=True):
 
 
 class WebhookAction(_Action, tag="webhook", kw_only=True):
-    url: str
+    url: str | None = None            # or url_env; format pagerduty defaults to PagerDuty's Events API
+    url_env: str | None = None        # environment variable holding the url (a Slack URL is a secret)
+    format: str = "json"              # json (the alert) | slack | pagerduty (payloads.py)
+    routing_key_env: str | None = None  # format pagerduty: the integration's routing key
     timeout: Duration = "5s"
-    retries: int = 3                  # retries after the first try, on 5xx and connection errors
+    retries: int = 3                  # retries after the first try, on 5xx, 429 and connection errors
     backoff: Duration = "0.5s"        # first retry's delay; doubles each time, with jitter
     max_backoff: Duration = "30s"
+    max_retry_after: Duration = "60s"  # a longer Retry-After fails the action instead of blocking the loop
     headers: dict[str, str] = {}
     headers_env: dict[str, str] = {}  # header -> environment variable holding its (secret) value
     allow_hosts: list[str] = []       # where a {host} in the url's host may point (targets.py)
+
+
+class AlertmanagerAction(_Action, tag="alertmanager", kw_only=True):
+    # POST /api/v2/alerts (pipeline/remediation/alertmanager.py); url: the top-level alertmanager.url
+    url: str | None = None
+    resend_interval: Duration = "1m"  # firing alerts are re-posted this often; endsAt = now + 4x this
+    runbook_url: str | None = None    # annotation runbook_url; {fault}, {rule}, ... percent-encoded
+    generator_url: str | None = None
+    timeout: Duration = "5s"
+    retries: int = 3
+    backoff: Duration = "0.5s"
+    max_backoff: Duration = "30s"
+    max_retry_after: Duration = "60s"
+    headers: dict[str, str] = {}
+    headers_env: dict[str, str] = {}
 
 
 class KafkaAction(_Action, tag="kafka", kw_only=True):
@@ -208,7 +228,17 @@ class CheckpointAction(_Action, tag="checkpoint", kw_only=True):
 
 
 ActionSpec = Union[LogAction, WebhookAction, KafkaAction, CommandAction, SlurmDrainAction, SlurmResumeAction,
-                   K8sCordonAction, K8sTaintAction, K8sDrainAction, K8sUncordonAction, GpuResetAction, CheckpointAction]
+                   K8sCordonAction, K8sTaintAction, K8sDrainAction, K8sUncordonAction, GpuResetAction, CheckpointAction,
+                   AlertmanagerAction]
+
+
+class AlertmanagerSettings(_Strict):
+    # Where alertmanager actions post, and whose silences stop node actions (alertmanager.py).
+    url: str | None = None            # http://alertmanager:9093
+    silences: bool = True             # with a url: a host an active silence matches is left alone
+    cache: Duration = "15s"           # silences are read at most this often
+    timeout: Duration = "5s"
+    headers_env: dict[str, str] = {}
 
 
 class Receiver(_Strict):
@@ -238,6 +268,7 @@ class RemediationConfig(_Strict):
     audit: AuditSettings = msgspec.field(default_factory=AuditSettings)
     guardrails: Guardrails = msgspec.field(default_factory=Guardrails)
     inventory: InventorySettings = msgspec.field(default_factory=InventorySettings)
+    alertmanager: AlertmanagerSettings = msgspec.field(default_factory=AlertmanagerSettings)
     state_file: str = "remediation-state.sqlite"
 
 
@@ -281,7 +312,7 @@ def _convert(data: Any, typ: Any, prefix: str) -> Any:
 
 
 _TYPES = {"log", "webhook", "kafka", "command", "slurm_drain", "slurm_resume", "k8s_cordon", "k8s_taint",
-          "k8s_drain", "k8s_uncordon", "gpu_reset", "checkpoint"}
+          "k8s_drain", "k8s_uncordon", "gpu_reset", "checkpoint", "alertmanager"}
 
 
 def _check_durations(cfg: RemediationConfig, actions: dict[str, ActionSpec]) -> None:
@@ -298,7 +329,7 @@ def _check_durations(cfg: RemediationConfig, actions: dict[str, ActionSpec]) -> 
     if g.breaker.fleet_size is not None and g.breaker.fleet_size < 1:
         raise ConfigError("guardrails.breaker.fleet_size", "must be at least 1")
     for name, a in actions.items():
-        for f in ("timeout", "backoff", "max_backoff", "drain_timeout"):
+        for f in ("timeout", "backoff", "max_backoff", "drain_timeout", "max_retry_after", "resend_interval"):
             if hasattr(a, f):
                 parse_duration(getattr(a, f), f"actions.{name}.{f}")
         if getattr(a, "retries", 0) < 0:
@@ -354,6 +385,12 @@ def parse_config(data: Any, *, base_dir: Path = Path("."), source: str = "<confi
 
     walk(cfg.route, "route")
     _check_durations(cfg, actions)
+    am = cfg.alertmanager
+    for f in ("cache", "timeout"):
+        parse_duration(getattr(am, f), f"alertmanager.{f}")
+    for name, a in actions.items():
+        if isinstance(a, AlertmanagerAction) and not (a.url or am.url):
+            raise ConfigError(f"actions.{name}.url", "an alertmanager action needs a url (or alertmanager.url)")
     from pipeline.remediation.inventory import check_settings
     check_settings(cfg.inventory)
     if cfg.inventory.path and not Path(cfg.inventory.path).is_absolute():

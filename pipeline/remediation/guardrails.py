@@ -37,6 +37,7 @@ CREATE TABLE IF NOT EXISTS breaker (id INTEGER PRIMARY KEY CHECK (id = 1), open 
     opened_at REAL, reason TEXT, reset_at REAL, reset_by TEXT, reset_note TEXT);
 CREATE TABLE IF NOT EXISTS groups (group_key TEXT PRIMARY KEY, route TEXT NOT NULL, opened_at REAL NOT NULL,
     due REAL NOT NULL, dispatched_at REAL, alert BLOB);
+CREATE TABLE IF NOT EXISTS kv (ns TEXT NOT NULL, key TEXT NOT NULL, value BLOB NOT NULL, PRIMARY KEY (ns, key));
 INSERT OR IGNORE INTO breaker (id, open) VALUES (1, 0);
 """
 
@@ -229,6 +230,18 @@ class StateStore:
 
     def mark_dispatched(self, key: str, now: float) -> None:
         self.db.execute("UPDATE groups SET dispatched_at=?, alert=NULL WHERE group_key=?", (now, key))
+
+
+    # -- small keyed state of actions (the alerts firing in Alertmanager) ------------------------
+
+    def kv_put(self, ns: str, key: str, value: bytes) -> None:
+        self.db.execute("INSERT OR REPLACE INTO kv (ns, key, value) VALUES (?, ?, ?)", (ns, key, value))
+
+    def kv_delete(self, ns: str, key: str) -> None:
+        self.db.execute("DELETE FROM kv WHERE ns=? AND key=?", (ns, key))
+
+    def kv_all(self, ns: str) -> list[tuple[str, bytes]]:
+        return [(k, bytes(v)) for k, v in self.db.execute("SELECT key, value FROM kv WHERE ns=? ORDER BY key", (ns,))]
 
 
 def iso_time(ts: float | None) -> str:

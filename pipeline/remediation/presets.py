@@ -38,9 +38,17 @@ def _build(name: str, spec: C.ActionSpec, key: str) -> A.Action:
     if isinstance(spec, C.LogAction):
         return A.LogAction(name, spec.level, spec.message)
     if isinstance(spec, C.WebhookAction):
-        return A.WebhookAction(name, spec.url, timeout=t(spec.timeout), retries=spec.retries,
-                               backoff=t(spec.backoff, "backoff"), max_backoff=t(spec.max_backoff, "max_backoff"),
-                               headers=spec.headers, headers_env=spec.headers_env)
+        return _webhook(name, spec, key, t)
+    if isinstance(spec, C.AlertmanagerAction):
+        from pipeline.remediation.alertmanager import AlertmanagerAction
+        # The url defaults to the top-level alertmanager.url; the remediator sets it (bind_url).
+        return AlertmanagerAction(name, spec.url, timeout=t(spec.timeout),
+                                  retries=spec.retries, backoff=t(spec.backoff, "backoff"),
+                                  max_backoff=t(spec.max_backoff, "max_backoff"),
+                                  max_retry_after=t(spec.max_retry_after, "max_retry_after"),
+                                  resend_interval=t(spec.resend_interval, "resend_interval"), headers=spec.headers,
+                                  headers_env=spec.headers_env, runbook_url=spec.runbook_url,
+                                  generator_url=spec.generator_url)
     if isinstance(spec, C.KafkaAction):
         return A.KafkaAction(name, spec.topic)
     if isinstance(spec, C.CommandAction):
@@ -121,6 +129,46 @@ def _build(name: str, spec: C.ActionSpec, key: str) -> A.Action:
         return A.CommandAction(name, spec.argv, timeout=t(spec.timeout), entity="job", breaker=False,
                                type_name="checkpoint", values={"signal": spec.signal})
     raise ConfigError(f"{key}.type", f"unsupported action {type(spec).__name__}")
+
+
+def _webhook(name: str, spec: C.WebhookAction, key: str, t) -> A.WebhookAction:
+    """A webhook, its body in ``format``: the alert JSON, a Slack message, a PagerDuty event."""
+    import os
+
+    from pipeline.remediation import payloads
+    if spec.format not in ("json", "slack", "pagerduty"):
+        raise ConfigError(f"{key}.format", f"{spec.format!r}: one of json, slack, pagerduty")
+    if spec.url and spec.url_env:
+        raise ConfigError(f"{key}.url_env", "give url or url_env, not both")
+    url, shown = spec.url, None
+    if spec.url_env:
+        url = os.environ.get(spec.url_env)
+        if not url:
+            raise ConfigError(f"{key}.url_env", f"environment variable {spec.url_env} is not set")
+        try:
+            t_ = A.UrlTemplate.parse(url)
+        except ValueError:
+            raise ConfigError(f"{key}.url_env", f"environment variable {spec.url_env} is not an http(s) url") from None
+        if "{" in url:
+            raise ConfigError(f"{key}.url_env", "a url from the environment cannot be a template")
+        # The audit shows where it goes, never the secret path (a Slack webhook's token).
+        shown = f"{t_.scheme}://{t_.host}{':' + t_.port if t_.port else ''}/*** (from ${spec.url_env})"
+    if not url and spec.format == "pagerduty":
+        url = payloads.PAGERDUTY_URL
+    if not url:
+        raise ConfigError(f"{key}.url", "a webhook needs url (or url_env)")
+    body = A.encode
+    if spec.format == "slack":
+        body = payloads.slack_body
+    elif spec.format == "pagerduty":
+        if not spec.routing_key_env:
+            raise ConfigError(f"{key}.routing_key_env", "format pagerduty needs the environment variable holding "
+                              "the integration's routing key")
+        body = payloads.pagerduty_body(spec.routing_key_env)
+    return A.WebhookAction(name, url, timeout=t(spec.timeout), retries=spec.retries,
+                           backoff=t(spec.backoff, "backoff"), max_backoff=t(spec.max_backoff, "max_backoff"),
+                           max_retry_after=t(spec.max_retry_after, "max_retry_after"), headers=spec.headers,
+                           headers_env=spec.headers_env, payload=body, shown_url=shown)
 
 
 def _re_escape(s: str) -> str:

@@ -4,9 +4,9 @@ For every action of a matched receiver, in order, exactly one audit record says 
 The checks run cheapest and safest first::
 
     claim (once per alert id) -> group (group_wait, repeat_interval) -> plan (argv/URL; unsafe
-    values refused) -> host in the inventory? -> breaker open? -> dry-run? -> undo of a node we
-    did not take out? -> cooldown -> attempt cap -> query (already drained by someone else?) ->
-    breaker admits the node? -> execute
+    values refused) -> host in the inventory? -> breaker open? -> dry-run? -> host silenced in
+    Alertmanager (a maintenance window)? -> undo of a node we did not take out? -> cooldown ->
+    attempt cap -> query (already drained by someone else?) -> breaker admits the node? -> execute
 
 An action that raises (a bug, an HTTP client error) is a ``failed`` record for that action; the
 actions after it still each get theirs.
@@ -26,6 +26,7 @@ import msgspec
 from pipeline.bus.base import Message
 from pipeline.errors import ConfigError
 from pipeline.remediation.actions import Action, Context, Outcome, WebhookAction
+from pipeline.remediation.alertmanager import AlertmanagerAction, SilenceError, Silences
 from pipeline.remediation.audit import AuditLog, printable
 from pipeline.remediation.config import Config, parse_duration
 from pipeline.remediation.guardrails import Limits, StateStore, iso_time
@@ -54,6 +55,7 @@ class Remediator:
         self.dry_run = g.dry_run
         self.inventory = inventory if inventory is not None else build_inventory(config.raw.inventory, clock=clock)
         self._check_trust()
+        self.silences = self._bind_alertmanager()
         self.limits = Limits(
             max_nodes=g.breaker.max_nodes, max_percent=g.breaker.max_percent, fleet_size=g.breaker.fleet_size,
             window=parse_duration(g.breaker.window, "guardrails.breaker.window"),
@@ -79,6 +81,23 @@ class Remediator:
         if live and self.inventory is not None and self.inventory.trusts_all:
             log.warning("inventory.source is `any`: live actions on nodes (%s) act on any host an alert names, "
                         "forged or not (docs/remediation.md#host-inventory)", ", ".join(live))
+
+    def _bind_alertmanager(self) -> Silences | None:
+        """Point alertmanager actions at ``alertmanager.url`` (unless they name their own) and keep
+        their firing alerts in the state file; the silences to honour, when configured."""
+        am = self.config.raw.alertmanager
+        for act in self.actions.values():
+            if isinstance(act, AlertmanagerAction):
+                if not act.url and am.url:
+                    act.bind_url(am.url)
+                act.bind_store(self.store)
+        if not am.url or not am.silences:
+            return None
+        try:
+            return Silences(am.url, timeout=parse_duration(am.timeout, "alertmanager.timeout"),
+                            cache=parse_duration(am.cache, "alertmanager.cache"), headers_env=am.headers_env)
+        except ValueError as e:
+            raise ConfigError("alertmanager.url", str(e)) from None
 
     # -- input -------------------------------------------------------------------------------
 
@@ -131,6 +150,9 @@ class Remediator:
             keep = max(self.limits.cooldown, self.limits.attempt_window, self.limits.window)
             self.store.prune(now - keep)
             self._pruned_at = now
+        for act in self.actions.values():
+            if isinstance(act, AlertmanagerAction):
+                act.tick(now, self.ctx)   # firing alerts re-posted, or Alertmanager resolves them
         n = 0
         for key, route_path, blob in self.store.due_groups(now):
             self.store.mark_dispatched(key, now)
@@ -238,6 +260,18 @@ class Remediator:
         if self._dry(action.name):
             a.record("dry_run", **rec, reason="dry-run: a disruptive action and dry_run is on")
             return "dry_run"
+        if plan.targets_host and plan.host is not None and self.silences is not None:
+            # A maintenance window someone set in Alertmanager: the node is theirs for now.
+            try:
+                sil = self.silences.matching(alert)
+            except SilenceError as e:
+                a.record("failed", **rec, error=f"not acted: Alertmanager silences unknown ({e}); a maintenance "
+                         "window we cannot see is not a reason to act")
+                return "failed"
+            if sil is not None:
+                a.record("skipped", **rec, reason=f"maintenance: silenced in Alertmanager by silence {sil.id} "
+                         f"({printable(sil.createdBy)}: {printable(sil.comment)[:200]}) until {sil.endsAt}")
+                return "skipped"
         if plan.undo and (plan.host is None or not self.store.owns(plan.host)):
             a.record("skipped", **rec, reason=f"undo: gpuwarden did not take {plan.host} out; left as it is")
             return "skipped"
@@ -293,6 +327,8 @@ class Remediator:
             close = getattr(act, "close", None)
             if close:
                 close()
+        if self.silences is not None:
+            self.silences.close()
 
 
 def _shown_url(url: str | None) -> str | None:

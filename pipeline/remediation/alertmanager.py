@@ -1,0 +1,329 @@
+"""Alertmanager: alerts posted to its v2 API, and its silences honoured as maintenance windows
+(docs/remediation.md#alertmanager).
+
+Teams that run Prometheus route with Alertmanager (receivers, silences, inhibition). The
+``alertmanager`` action posts each alert to ``POST /api/v2/alerts`` with the labels their
+routes match on (``alertname``, ``fault``, ``severity``, ``host``, ``gpu``, ``rule``, ``job``,
+``pod``, ``namespace``), and re-posts the firing ones every ``resend_interval`` the way
+Prometheus does: each post says ``endsAt`` = now + 4 x ``resend_interval``, so an alert whose
+sender died resolves by itself instead of firing forever. A resolved alert is posted once more
+with ``endsAt`` = its resolve time and the labels it fired with (a changed job label would
+otherwise make it a different alert).
+
+``Silences`` reads ``GET /api/v2/silences`` (cached for ``cache``) and tells whether an active
+silence matches an alert's labels: the remediator then leaves the node alone (``skipped:
+maintenance:``). A query that fails is a ``failed`` decision and nothing runs: a maintenance
+window we cannot see is not a reason to drain.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import time
+from typing import Any, Callable
+
+import httpx
+import msgspec
+
+from pipeline.remediation.actions import Context, Outcome, Plan, QueryResult, entity_key, redact_url, send
+from pipeline.remediation.payloads import iso8601
+from pipeline.remediation.routes import MAX_MATCH_CHARS, regex_problem
+from pipeline.remediation.safety import alert_values
+from pipeline.remediation.targets import UrlTemplate
+from pipeline.schema import AlertEvent, encode
+
+log = logging.getLogger("gpuwarden.remediation.alertmanager")
+
+ALERTS_PATH = "/api/v2/alerts"
+SILENCES_PATH = "/api/v2/silences"
+_LABEL_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+EVIDENCE_LIMIT = 4096        # characters of the evidence annotation
+MAX_FIRING = 10_000          # alerts re-posted; beyond, the oldest is forgotten (a flood of forged alerts)
+MAX_BODY = 8 * 1024 * 1024   # bytes of a silences answer read
+
+
+def base_url(url: str, key: str) -> str:
+    """The Alertmanager URL as written (``http://am:9093``, maybe with a path prefix), checked:
+    nothing in it may come from an alert. ValueError naming ``key`` otherwise."""
+    t = UrlTemplate.parse(url)
+    if "{" in url:
+        raise ValueError(f"{key}: {url!r}: the Alertmanager URL is the operator's; no {{...}} in it")
+    return f"{t.scheme}://" + (f"{t.userinfo}@" if t.userinfo is not None else "") + t.host + \
+        (f":{t.port}" if t.port else "") + t.rest.rstrip("/")
+
+
+def am_labels(alert: AlertEvent) -> dict[str, str]:
+    """The alert's Alertmanager labels: what identifies it there and what routes and silences
+    match on. The alert's own labels (a rule's ``team``, the telemetry's ``pod``) come first and
+    the fixed ones win a clash; names that are not Prometheus label names are left out."""
+    out = {k: str(v) for k, v in alert.labels.items() if _LABEL_NAME.fullmatch(k) and v != ""}
+    fixed = {"alertname": alert.rule, "fault": alert.fault, "family": alert.family, "severity": alert.severity,
+             "rule": alert.rule, "host": alert.host, "gpu": None if alert.gpu is None else str(alert.gpu),
+             "link": None if alert.link is None else str(alert.link), "job": alert.job or alert.labels.get("job"),
+             "source": "gpuwarden"}
+    out.update({k: v for k, v in fixed.items() if v})
+    return out
+
+
+def am_alert(alert: AlertEvent, *, now: float, resend_interval: float, runbook_url: str | None = None,
+             generator_url: str | None = None, labels: dict[str, str] | None = None) -> dict[str, Any]:
+    """One ``postableAlert`` of the v2 API for ``alert``."""
+    evidence = json.dumps(alert.evidence, separators=(",", ":"), sort_keys=True, default=str)
+    ann = {"summary": alert.summary, "evidence": evidence[:EVIDENCE_LIMIT], "alert_id": alert.id}
+    if runbook_url:
+        ann["runbook_url"] = runbook_url
+    out: dict[str, Any] = {"labels": labels or am_labels(alert), "annotations": ann,
+                           "startsAt": iso8601(alert.started_at)}
+    if alert.state == "resolved":
+        # After startsAt, or Alertmanager refuses the alert ("start time must be before end time").
+        out["endsAt"] = iso8601(max(alert.ts, alert.started_at + 0.001))
+    else:
+        out["endsAt"] = iso8601(now + 4 * resend_interval)
+    if generator_url:
+        out["generatorURL"] = generator_url
+    return out
+
+
+class AlertmanagerAction:
+    """Posts alerts to Alertmanager (``POST {url}/api/v2/alerts``); never disruptive.
+
+    Put it in a receiver's ``actions`` and ``on_resolved``: the firing post starts the alert
+    there, ``tick`` re-posts it while it fires, the resolved post ends it."""
+
+    type = "alertmanager"
+    disruptive = False
+    breaker = False
+    targets_host = False
+
+    def __init__(self, name: str, url: str | None, *, timeout: float = 5.0, retries: int = 3, backoff: float = 0.5,
+                 max_backoff: float = 30.0, max_retry_after: float = 60.0, resend_interval: float = 60.0,
+                 headers: dict[str, str] | None = None, headers_env: dict[str, str] | None = None,
+                 runbook_url: str | None = None, generator_url: str | None = None,
+                 clock: Callable[[], float] = time.time) -> None:
+        self.name = name
+        self.url = ""
+        if url:
+            self.bind_url(url)
+        self.timeout, self.retries, self.backoff, self.max_backoff = timeout, retries, backoff, max_backoff
+        self.max_retry_after, self.resend_interval = max_retry_after, resend_interval
+        if resend_interval <= 0:
+            raise ValueError("resend_interval must be positive")
+        self.headers, self.headers_env = dict(headers or {}), dict(headers_env or {})
+        self.runbook_url, self.generator_url, self.clock = runbook_url, generator_url, clock
+        if runbook_url:
+            UrlTemplate.parse(runbook_url)      # ValueError: the action's config error
+        self.firing: dict[str, tuple[AlertEvent, dict[str, str]]] = {}   # id -> (alert, labels it fired with)
+        self._sent_at = -1e18
+        self._store: Any = None
+        self._client: httpx.Client | None = None
+
+    def bind_url(self, url: str) -> None:
+        """Post to this Alertmanager (an action without its own url gets ``alertmanager.url``)."""
+        self.url = base_url(url, f"actions.{self.name}.url") + ALERTS_PATH
+
+    def bind_store(self, store: Any) -> None:
+        """Keep the firing set in the remediation state file, so a restart goes on re-posting."""
+        self._store = store
+        for _, blob in store.kv_all(f"am:{self.name}"):
+            try:
+                a = msgspec.json.decode(blob, type=_Firing)
+            except (msgspec.DecodeError, msgspec.ValidationError):
+                continue
+            self.firing[a.alert.id] = (a.alert, a.labels)
+
+    def delay(self, attempt: int, rng: Any) -> float:
+        d = min(self.max_backoff, self.backoff * (2 ** attempt))
+        return d / 2 + rng.uniform(0, d / 2)
+
+    def _runbook(self, alert: AlertEvent) -> str | None:
+        if not self.runbook_url:
+            return None
+        from pipeline.remediation.targets import AllowList
+        try:
+            return UrlTemplate.parse(self.runbook_url).fill(alert_values(alert), AllowList()).url
+        except ValueError:
+            return None
+
+    def _body(self, alerts: list[tuple[AlertEvent, dict[str, str] | None]], now: float) -> bytes:
+        return encode([am_alert(a, now=now, resend_interval=self.resend_interval, runbook_url=self._runbook(a),
+                                generator_url=self.generator_url, labels=lab) for a, lab in alerts])
+
+    def plan(self, alert: AlertEvent) -> Plan:
+        fired = self.firing.get(alert.id)
+        labels = fired[1] if fired is not None and alert.state == "resolved" else am_labels(alert)
+        return Plan(self.name, self.type, False, False, entity_key("host", alert), alert.host, url=self.url,
+                    body=self._body([(alert, labels)], self.clock()), alert=alert, extra={"labels": labels})
+
+    def query(self, plan: Plan, ctx: Context) -> QueryResult | None:
+        return None
+
+    def _headers(self) -> dict[str, str]:
+        import os
+        h = {"Content-Type": "application/json", "User-Agent": "gpuwarden-remediate", **self.headers}
+        for header, env in self.headers_env.items():
+            if env in os.environ:
+                h[header] = os.environ[env]
+        return h
+
+    def _post(self, body: bytes, ctx: Context) -> Outcome:
+        if self._client is None:
+            self._client = httpx.Client(timeout=self.timeout, follow_redirects=False)
+        return send(self._client, self.url, body, self._headers(), {}, self, ctx, redact_url(self.url), self.name)
+
+    def execute(self, plan: Plan, ctx: Context) -> Outcome:
+        assert plan.alert is not None
+        out = self._post(plan.body or b"[]", ctx)
+        a = plan.alert
+        if out.ok:
+            ns = f"am:{self.name}"
+            if a.state == "firing":
+                self.firing[a.id] = (a, plan.extra["labels"])
+                if self._store is not None:
+                    self._store.kv_put(ns, a.id, encode(_Firing(alert=a, labels=plan.extra["labels"])))
+                while len(self.firing) > MAX_FIRING:
+                    old = next(iter(self.firing))
+                    log.warning("alertmanager %s: more than %d alerts firing; no longer re-posting %s",
+                                self.name, MAX_FIRING, old)
+                    self.firing.pop(old)
+                    if self._store is not None:
+                        self._store.kv_delete(ns, old)
+            else:
+                self.firing.pop(a.id, None)
+                if self._store is not None:
+                    self._store.kv_delete(ns, a.id)
+        return out
+
+    def tick(self, now: float, ctx: Context) -> Outcome | None:
+        """Re-post every firing alert once per ``resend_interval`` (one request for all)."""
+        if not self.firing or now - self._sent_at < self.resend_interval:
+            return None
+        self._sent_at = now
+        out = self._post(self._body([(a, lab) for a, lab in self.firing.values()], now), ctx)
+        if not out.ok:
+            log.warning("alertmanager %s: re-posting %d firing alert(s) failed: %s", self.name, len(self.firing),
+                        out.error)
+        return out
+
+    def close(self) -> None:
+        if self._client is not None:
+            self._client.close()
+
+
+class _Firing(msgspec.Struct):
+    alert: AlertEvent
+    labels: dict[str, str]
+
+
+# -- silences ------------------------------------------------------------------------------
+
+class _Matcher(msgspec.Struct):
+    name: str
+    value: str
+    isRegex: bool = False           # noqa: N815 - the API's names
+    isEqual: bool = True            # noqa: N815
+
+
+class _Status(msgspec.Struct):
+    state: str
+
+
+class _Silence(msgspec.Struct):
+    id: str
+    matchers: list[_Matcher]
+    startsAt: str                   # noqa: N815
+    endsAt: str                     # noqa: N815
+    status: _Status
+    createdBy: str = ""             # noqa: N815
+    comment: str = ""
+
+
+def silence_matches(sil: Any, labels: dict[str, str]) -> bool:
+    """Whether every matcher of an Alertmanager silence matches ``labels`` (a missing label is
+    the empty string, as in Alertmanager). A regular expression is anchored; one we cannot run
+    safely (Python's ``re`` backtracks where Alertmanager's RE2 does not) counts as matching:
+    someone meant to silence something, and leaving a node alone is the safe side."""
+    for m in sil.matchers:
+        v = labels.get(m.name, "")
+        if m.isRegex:
+            if regex_problem(m.value) is not None or len(v) > MAX_MATCH_CHARS:
+                hit = True
+            else:
+                try:
+                    hit = re.fullmatch(m.value, v) is not None
+                except re.error:
+                    hit = True
+        else:
+            hit = v == m.value
+        if hit != m.isEqual:
+            return False
+    return True
+
+
+class SilenceError(Exception):
+    """Alertmanager's silences could not be read."""
+
+
+class Silences:
+    """Active Alertmanager silences, read at most once per ``cache`` seconds."""
+
+    def __init__(self, url: str, *, timeout: float = 5.0, cache: float = 15.0,
+                 headers_env: dict[str, str] | None = None, clock: Callable[[], float] = time.monotonic,
+                 client: httpx.Client | None = None) -> None:
+        self.base = base_url(url, "alertmanager.url")
+        self.url = self.base + SILENCES_PATH
+        self.timeout, self.cache, self.clock = timeout, cache, clock
+        self.headers_env = dict(headers_env or {})
+        self._client = client
+        self._at = -1e18
+        self._silences: list[_Silence] | None = None
+        self._error: str | None = None
+
+    def describe(self) -> str:
+        return f"Alertmanager silences from {redact_url(self.url)} (cached {self.cache:g}s)"
+
+    def _fetch(self) -> list[_Silence]:
+        import os
+        if self._client is None:
+            self._client = httpx.Client(timeout=self.timeout, follow_redirects=False)
+        headers = {"Accept": "application/json", "User-Agent": "gpuwarden-remediate"}
+        headers.update({h: os.environ[e] for h, e in self.headers_env.items() if e in os.environ})
+        try:
+            with self._client.stream("GET", self.url, headers=headers) as r:
+                if r.status_code != 200:
+                    raise SilenceError(f"HTTP {r.status_code} from {redact_url(self.url)}")
+                body = b""
+                for chunk in r.iter_bytes():
+                    body += chunk
+                    if len(body) > MAX_BODY:
+                        raise SilenceError(f"answer from {redact_url(self.url)} larger than {MAX_BODY} bytes")
+        except httpx.HTTPError as e:
+            raise SilenceError(f"{type(e).__name__}: {e} ({redact_url(self.url)})") from None
+        try:
+            return msgspec.json.decode(body, type=list[_Silence])
+        except (msgspec.DecodeError, msgspec.ValidationError) as e:
+            raise SilenceError(f"not a silences list from {redact_url(self.url)}: {e}") from None
+
+    def active(self) -> list[Any]:
+        """The active silences (cached); SilenceError when they cannot be read (also cached, so
+        a dead Alertmanager costs one timeout per ``cache``, not one per action)."""
+        now = self.clock()
+        if now - self._at >= self.cache:
+            self._at = now
+            try:
+                self._silences, self._error = [s for s in self._fetch() if s.status.state == "active"], None
+            except SilenceError as e:
+                self._silences, self._error = None, str(e)
+        if self._error is not None:
+            raise SilenceError(self._error)
+        return list(self._silences or [])
+
+    def matching(self, alert: AlertEvent) -> Any | None:
+        """The first active silence matching the alert's Alertmanager labels, or None."""
+        labels = am_labels(alert)
+        return next((s for s in self.active() if silence_matches(s, labels)), None)
+
+    def close(self) -> None:
+        if self._client is not None:
+            self._client.close()

@@ -1,0 +1,130 @@
+"""Alertmanager pieces without a server: the labels and annotations an alert is posted with,
+how a silence's matchers match (Alertmanager's semantics), and what the silence cache does."""
+
+from __future__ import annotations
+
+import json
+
+import msgspec
+import pytest
+
+from pipeline.remediation.alertmanager import AlertmanagerAction, SilenceError, Silences, am_alert, am_labels, \
+    silence_matches
+from tests.unit.remediation.conftest import T0, alert
+
+
+class _Sil(msgspec.Struct):
+    matchers: list
+
+
+class _M(msgspec.Struct):
+    name: str
+    value: str
+    isRegex: bool = False   # noqa: N815
+    isEqual: bool = True    # noqa: N815
+
+
+def sil(*ms: _M) -> _Sil:
+    return _Sil(list(ms))
+
+
+def test_labels_carry_the_routing_keys_and_drop_bad_names():
+    a = alert("n1", 2, job="train-1", labels={"team": "ml", "bad-name": "x", "host": "forged", "pod": "p0"})
+    lab = am_labels(a)
+    assert lab["alertname"] == a.rule and lab["host"] == "n1" and lab["gpu"] == "2" and lab["job"] == "train-1"
+    assert lab["team"] == "ml" and lab["pod"] == "p0" and "bad-name" not in lab
+    assert am_labels(alert(None, None))["source"] == "gpuwarden" and "host" not in am_labels(alert(None, None))
+
+
+def test_firing_ends_after_four_resend_intervals_and_resolved_at_its_time():
+    a = alert("n1", 0, ts=T0)
+    a.evidence = {"b": 2.0, "a": 1.0}
+    doc = am_alert(a, now=T0 + 10, resend_interval=60)
+    assert doc["startsAt"] == "2025-11-29T07:59:30.000Z" and doc["endsAt"] == "2025-11-29T08:04:10.000Z"
+    assert doc["annotations"]["evidence"] == '{"a":1.0,"b":2.0}' and json.loads(doc["annotations"]["evidence"])
+    r = alert("n1", 0, state="resolved", ts=T0 + 99)
+    assert am_alert(r, now=T0 + 500, resend_interval=60)["endsAt"] == "2025-11-29T08:01:39.000Z"
+
+
+def test_a_resolve_is_posted_with_the_labels_it_fired_with():
+    act = AlertmanagerAction("am", "http://127.0.0.1:9")
+    a = alert("n1", 0, id="x", job="old-job")
+    act.firing["x"] = (a, am_labels(a))
+    r = alert("n1", 0, id="x", job="new-job", state="resolved")
+    body = json.loads(act.plan(r).body)
+    assert body[0]["labels"]["job"] == "old-job" and "endsAt" in body[0]
+
+
+@pytest.mark.parametrize("matchers, hit", [
+    ([_M("host", "n1")], True),
+    ([_M("host", "n2")], False),
+    ([_M("host", "n1"), _M("severity", "warning")], False),            # every matcher must match
+    ([_M("host", "n[0-9]+", isRegex=True)], True),
+    ([_M("host", "n", isRegex=True)], False),                           # anchored, as in Alertmanager
+    ([_M("host", "n1", isEqual=False)], False),
+    ([_M("host", "n2", isEqual=False)], True),
+    ([_M("rack", "")], True),                                           # a missing label is ""
+    ([_M("host", "(a+)+$", isRegex=True)], True),                      # cannot run safely: counts as a match
+])
+def test_silence_matchers(matchers, hit):
+    assert silence_matches(sil(*matchers), am_labels(alert("n1", 0))) is hit
+
+
+class _FakeSilences(Silences):
+    def __init__(self, answers, clock):
+        super().__init__("http://127.0.0.1:9", cache=15, clock=clock)
+        self.answers, self.fetches = list(answers), 0
+
+    def _fetch(self):
+        self.fetches += 1
+        ans = self.answers.pop(0)
+        if isinstance(ans, Exception):
+            raise ans
+        return ans
+
+
+def test_silences_are_cached_and_so_is_a_failure():
+    t = [0.0]
+    s = _FakeSilences([SilenceError("down"), []], clock=lambda: t[0])
+    with pytest.raises(SilenceError):
+        s.active()
+    t[0] = 10
+    with pytest.raises(SilenceError):          # the failure is remembered for the cache period
+        s.active()
+    assert s.fetches == 1
+    t[0] = 16
+    assert s.active() == [] and s.fetches == 2
+
+
+def _silenced_host(host: str) -> _FakeSilences:
+    class S(msgspec.Struct):
+        id: str
+        matchers: list
+        createdBy: str = "bob"        # noqa: N815
+        comment: str = "rack move"
+        endsAt: str = "2026-12-02T00:00:00Z"   # noqa: N815
+    s = _FakeSilences([], clock=lambda: 0.0)
+    s.active = lambda: [S("sil-1", [_M("host", host)])]       # type: ignore[method-assign]
+    return s
+
+
+def test_only_node_actions_honour_a_silence(tmp_path, harness, fakes):
+    from tests.unit.remediation.conftest import config
+    cfg = config(tmp_path, actions={"ckpt": {"type": "checkpoint"}, "drain": {"type": "slurm_drain"},
+                                    "log": {"type": "log"}},
+                 receivers=[{"name": "r", "actions": ["ckpt", "drain", "log"]}], route={"receiver": "r"})
+    h = harness(cfg)
+    h.rem.silences = _silenced_host("n1")
+    recs = h.handle(alert("n1", 0, job="42"))
+    assert [(r.action, r.decision) for r in recs] == [("ckpt", "acted"), ("drain", "skipped"), ("log", "acted")]
+    assert recs[1].reason.startswith("maintenance: silenced in Alertmanager by silence sil-1 (bob: rack move)")
+    assert fakes.calls("scancel") == [["--signal=USR1", "--full", "42"]] and fakes.calls("scontrol") == []
+
+
+def test_dry_run_does_not_ask_alertmanager(tmp_path, harness):
+    from tests.unit.remediation.conftest import config
+    cfg = config(tmp_path, guardrails={"dry_run": True})
+    h = harness(cfg)
+    s = _FakeSilences([SilenceError("must not be asked")], clock=lambda: 0.0)
+    h.rem.silences = s
+    assert [r.decision for r in h.handle(alert("n1", 0))] == ["dry_run"] and s.fetches == 0
