@@ -64,6 +64,7 @@ _SYSLOG = re.compile(r"^(?P<date>[A-Z][a-z]{2} [ \d]\d \d\d:\d\d:\d\d) (?P<host>
                      r"(?P<msg>.*)$")                                                        # short / syslog
 
 LABEL_MAX = 200            # characters of the driver's message kept on the record
+LINE_MAX = 64 * 1024       # a kernel message is at most ~1 KiB (kmsg's LOG_LINE_MAX); longer is not a log line
 
 
 @dataclass
@@ -164,13 +165,16 @@ class KmsgStats:
     no_timestamp: int = 0              # lines of a saved file without a time: stamped with the file's mtime
     overrun: int = 0                   # /dev/kmsg records the ring buffer overwrote before we read them
     queue_full: int = 0                # journalctl lines beyond the follower's buffer
+    oversize: int = 0                  # lines of a saved file longer than LINE_MAX: skipped whole
+    sxid_no_gpu: int = 0               # an SXid on a host with no GPU in the PCI map to carry it
 
     def summary(self) -> dict[str, int]:
         return {"lines": self.lines, "xid_lines": self.xid_lines, "sxid_lines": self.sxid_lines,
                 "records": self.records, "backlog_events": self.backlog_events,
                 "lines_without_time": self.no_timestamp,
                 "dropped.unmapped_pci": self.unmapped_pci, "dropped.unparsable_xid": self.unparsable_xid,
-                "dropped.kmsg_overrun": self.overrun, "dropped.queue_full": self.queue_full}
+                "dropped.kmsg_overrun": self.overrun, "dropped.queue_full": self.queue_full,
+                "dropped.oversize_line": self.oversize, "dropped.sxid_without_gpu": self.sxid_no_gpu}
 
 
 @dataclass
@@ -217,6 +221,8 @@ class KernelLog:
                 st.nonfatal_sxid = code
             labels = {"sxid.switch": m["sw"], "sxid.pci": f"{m['dom']}:{m['bus']}:{m['dev']}.{m['fn']}",
                       "sxid.message": rest[:LABEL_MAX]}
+            if not st.xid:
+                self.stats.sxid_no_gpu += 1
             return self.snapshot(ts, host, labels=labels) if emit else []
         if "NVRM: Xid" not in msg:
             return []
@@ -298,12 +304,19 @@ class KmsgFileSource:
         src = fh if fh is not None else sys.stdin
         try:
             out = []
-            for text in src:
+            while True:
+                text = src.readline(LINE_MAX)
+                if not text:
+                    return out
                 self.stats.lines += 1
+                if len(text) >= LINE_MAX and not text.endswith("\n"):
+                    self.stats.oversize += 1
+                    while text and not text.endswith("\n"):      # the rest of it, a bounded piece at a time
+                        text = src.readline(LINE_MAX)
+                    continue
                 ln = parse_line(text, year=year)
                 if ln is not None:
                     out.append(ln)
-            return out
         finally:
             if fh is not None:
                 fh.close()

@@ -266,3 +266,15 @@ def test_dev_kmsg_records_are_read_without_blocking(tmp_path):
         assert [r for r in f.poll() if r.labels] == []          # nothing new, and read() did not block
     finally:
         f.close()
+
+
+def test_hostile_lines_cost_only_themselves_and_are_counted(tmp_path):
+    huge = "NVRM: Xid (PCI:0000:3b:00): 79, " + "x" * 200_000
+    p = write(tmp_path, "dmesg.txt", f"[ 1.000000] {huge}\n[ 2.000000] {XID_13}\n")
+    src = KmsgFileSource(str(p), parse_pci_map(PCI_MAP), host="n1", boot_time=0.0, sample=False)
+    assert [(r.gpu, val(r, XID)) for r in src.poll()] == [(2, 13)]
+    assert src.summary()["dropped.oversize_line"] == 1 and src.summary()["lines"] == 2
+    # An SXid on a host whose PCI map has no GPU has no record to ride on: counted, not lost silently.
+    p = write(tmp_path, "sx.txt", f"[ 1.000000] {SXID_FATAL}\n")
+    src = KmsgFileSource(str(p), {}, host="n1", boot_time=0.0)
+    assert src.poll() == [] and src.summary()["dropped.sxid_without_gpu"] == 1
