@@ -211,40 +211,60 @@ def from_args(args: Any, *, base: KafkaConnection | None = None, env: Mapping[st
 
 # -- telling what went wrong --------------------------------------------------------------------
 
-def _first(bootstrap: str) -> tuple[str, int]:
-    hostport = bootstrap.split(",")[0].strip()
-    host, _, port = hostport.rpartition(":")
-    return host.strip("[]") or "127.0.0.1", int(port) if port.isdigit() else 9092
+def _servers(bootstrap: str) -> list[tuple[str, int]]:
+    out = []
+    for hostport in filter(None, (x.strip() for x in bootstrap.split(","))):
+        host, _, port = hostport.rpartition(":")
+        out.append((host.strip("[]") or "127.0.0.1", int(port) if port.isdigit() else 9092))
+    return out or [("127.0.0.1", 9092)]
 
 
-def diagnose(bootstrap: str, security: Mapping[str, Any] | None, timeout_s: float = 5.0) -> str:
-    """Why a client could not get going: TCP, then TLS (the stdlib's own handshake), then SASL.
-
-    kafka-python reports every one of these as "Unable to bootstrap" after its timeout; a broker
-    that finishes the TLS handshake and then drops the connection refused the SASL login.
-    """
-    s = dict(security or {})
-    proto = s.get("security_protocol") or "PLAINTEXT"
-    host, port = _first(bootstrap)
+def _transport(host: str, port: int, s: Mapping[str, Any], timeout_s: float) -> str | None:
+    """What stops TCP or TLS to one server (the stdlib's own handshake), else ``None``."""
     try:
         sock = socket.create_connection((host, port), timeout=timeout_s)
     except OSError as e:
-        return f"no Kafka broker answered at {bootstrap}: {e.strerror or e}"
+        return f"no Kafka broker answered at {host}:{port}: {e.strerror or e}"
     try:
-        if proto in ("SSL", "SASL_SSL"):
-            ctx = ssl.create_default_context(cafile=s.get("ssl_cafile"))
-            ctx.check_hostname = bool(s.get("ssl_check_hostname", True))
-            if s.get("ssl_certfile"):
-                ctx.load_cert_chain(s["ssl_certfile"], s.get("ssl_keyfile"), s.get("ssl_password"))
+        if (s.get("security_protocol") or "PLAINTEXT") in ("SSL", "SASL_SSL"):
             try:
+                ctx = ssl.create_default_context(cafile=s.get("ssl_cafile"))
+                ctx.check_hostname = bool(s.get("ssl_check_hostname", True))
+                if s.get("ssl_certfile"):
+                    ctx.load_cert_chain(s["ssl_certfile"], s.get("ssl_keyfile"), s.get("ssl_password"))
                 sock = ctx.wrap_socket(sock, server_hostname=host)
             except (ssl.SSLError, OSError) as e:
                 return (f"TLS with the Kafka broker at {host}:{port} failed: {getattr(e, 'reason', None) or e} "
                         "(ssl_cafile, ssl_certfile, or a listener that is not TLS?)")
     finally:
         sock.close()
+    return None
+
+
+def transport_problem(bootstrap: str, security: Mapping[str, Any] | None, timeout_s: float = 5.0) -> str | None:
+    """Why no bootstrap server can be reached over TCP (and TLS, when configured); ``None`` if one can."""
+    first = None
+    for host, port in _servers(bootstrap):
+        problem = _transport(host, port, dict(security or {}), timeout_s)
+        if problem is None:
+            return None
+        first = first or problem
+    return first
+
+
+def diagnose(bootstrap: str, security: Mapping[str, Any] | None, timeout_s: float = 5.0) -> str:
+    """Why a client could not get going: TCP, then TLS, then SASL.
+
+    kafka-python reports every one of these as "Unable to bootstrap" after its timeout; a broker
+    that finishes the TLS handshake and then drops the connection refused the SASL login.
+    """
+    s = dict(security or {})
+    proto = s.get("security_protocol") or "PLAINTEXT"
+    problem = transport_problem(bootstrap, s, timeout_s)
+    if problem:
+        return problem
     if proto.startswith("SASL"):
-        return (f"the Kafka broker at {host}:{port} refused the SASL {s.get('sasl_mechanism')} login of user "
+        return (f"the Kafka broker at {bootstrap} refused the SASL {s.get('sasl_mechanism')} login of user "
                 f"{s.get('sasl_plain_username')!r} (wrong user or password, or a mechanism it has no credentials for)")
     return f"the Kafka broker at {bootstrap} did not complete a {proto} connection (is that listener {proto}?)"
 
@@ -263,6 +283,10 @@ def check(conn: KafkaConnection, timeout_s: float = 10.0) -> None:
     from kafka import KafkaAdminClient
     from kafka.errors import KafkaError
 
+    # Nobody there, or a certificate refused: said at once, without kafka-python's retries.
+    problem = transport_problem(conn.bootstrap, conn.options(), min(timeout_s, 5.0))
+    if problem:
+        raise BrokerUnavailableError(problem)
     ms = int(timeout_s * 1000)
     with _quiet_kafka():
         try:
@@ -298,10 +322,6 @@ def login_refused(conn: KafkaConnection, timeout_s: float = 5.0) -> str | None:
     For producers: a broker that is down is an outage to ride out (they buffer), but refused
     credentials never heal by waiting.
     """
-    try:
-        socket.create_connection(_first(conn.bootstrap), timeout=timeout_s).close()
-    except OSError:
-        return None   # nobody there (yet): an outage
     try:
         check(conn, timeout_s)
     except BrokerUnavailableError as e:

@@ -171,7 +171,7 @@ def test_every_client_exchanges_records_over_sasl_ssl(broker, work, tmp_path, to
         got: list[dict] = []
         while not any(a.get("fault") == "gpu_fallen_off_bus" for a in got) and time.monotonic() < deadline:
             ok("record", "--kafka-config", str(work), "--topic", f"{p}.alerts", "--out", str(alerts),
-               "--idle-timeout", "2")
+               "--idle-timeout", "1")
             got = [json.loads(x) for x in alerts.read_text().splitlines()]
         assert any(a.get("fault") == "gpu_fallen_off_bus" and a.get("state") == "firing" for a in got), got
     finally:
@@ -180,11 +180,11 @@ def test_every_client_exchanges_records_over_sasl_ssl(broker, work, tmp_path, to
 
     # remediate consumes those alerts and audits them to <prefix>.audit, both through the connection.
     done = ok("remediate", "--config", str(remediation_config(tmp_path, p)), "--kafka-config", str(work),
-              "--idle-exit", "4")
+              "--idle-exit", "2")
     handled = int(re.search(r"(\d+) alerts handled", done.stderr).group(1))
     assert handled == len(got)
     audit = tmp_path / "audit.out.jsonl"
-    ok("record", "--kafka-config", str(work), "--topic", f"{p}.audit", "--out", str(audit), "--idle-timeout", "2")
+    ok("record", "--kafka-config", str(work), "--topic", f"{p}.audit", "--out", str(audit), "--idle-timeout", "1")
     assert len(audit.read_text().splitlines()) >= handled > 0
 
     # replay --to-kafka publishes a recording; record copies it back: nothing lost.
@@ -192,7 +192,7 @@ def test_every_client_exchanges_records_over_sasl_ssl(broker, work, tmp_path, to
     ok("sim", "--out", str(rec), "--hosts", "1", "--duration", "60")
     ok("replay", str(rec), "--to-kafka", broker.bootstrap, "--kafka-config", str(work), "--prefix", f"{p}-rp")
     back = tmp_path / "back.jsonl"
-    ok("record", "--kafka-config", str(work), "--prefix", f"{p}-rp", "--out", str(back), "--idle-timeout", "2")
+    ok("record", "--kafka-config", str(work), "--prefix", f"{p}-rp", "--out", str(back), "--idle-timeout", "1")
     assert sorted(back.read_text().splitlines()) == sorted(rec.read_text().splitlines())
 
     for out in outputs:
