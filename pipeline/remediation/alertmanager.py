@@ -176,23 +176,25 @@ class AlertmanagerAction:
         assert plan.alert is not None
         out = self._post(plan.body or b"[]", ctx)
         a = plan.alert
-        if out.ok:
-            ns = f"am:{self.name}"
-            if a.state == "firing":
-                self.firing[a.id] = (a, plan.extra["labels"])
+        ns = f"am:{self.name}"
+        if a.state == "resolved":
+            # Forgotten even when the post failed: re-posting a resolved alert as firing would keep
+            # it open for good; unposted, Alertmanager resolves it at its last endsAt.
+            self.firing.pop(a.id, None)
+            if self._store is not None:
+                self._store.kv_delete(ns, a.id)
+        else:
+            # Kept even when the post failed: the next re-post delivers it once Alertmanager answers.
+            self.firing[a.id] = (a, plan.extra["labels"])
+            if self._store is not None:
+                self._store.kv_put(ns, a.id, encode(_Firing(alert=a, labels=plan.extra["labels"])))
+            while len(self.firing) > MAX_FIRING:
+                old = next(iter(self.firing))
+                log.warning("alertmanager %s: more than %d alerts firing; no longer re-posting %s",
+                            self.name, MAX_FIRING, old)
+                self.firing.pop(old)
                 if self._store is not None:
-                    self._store.kv_put(ns, a.id, encode(_Firing(alert=a, labels=plan.extra["labels"])))
-                while len(self.firing) > MAX_FIRING:
-                    old = next(iter(self.firing))
-                    log.warning("alertmanager %s: more than %d alerts firing; no longer re-posting %s",
-                                self.name, MAX_FIRING, old)
-                    self.firing.pop(old)
-                    if self._store is not None:
-                        self._store.kv_delete(ns, old)
-            else:
-                self.firing.pop(a.id, None)
-                if self._store is not None:
-                    self._store.kv_delete(ns, a.id)
+                    self._store.kv_delete(ns, old)
         return out
 
     def tick(self, now: float, ctx: Context) -> Outcome | None:

@@ -47,7 +47,9 @@ def _cmd_remediate(args: argparse.Namespace) -> int:
     inv = svc.remediator.inventory
     print(f"gpuwarden remediate: {svc.topics.alerts} (group {svc.group}) on {svc.bootstrap}, "
           f"disruptive actions {dry}, state {cfg.state_file}, "
-          f"{inv.describe() if inv else 'no inventory (node actions dry-run only)'}", file=sys.stderr)
+          f"{inv.describe() if inv else 'no inventory (node actions dry-run only)'}"
+          + (f", honouring {svc.remediator.silences.describe()}" if svc.remediator.silences else ""),
+          file=sys.stderr)
     stats = svc.run(stop, idle_exit_s=args.idle_exit)
     print(f"gpuwarden remediate: {stats.messages} alerts handled; decisions {svc.audit.total}; "
           f"unknown hosts {svc.audit.reasons.get('unknown_host', 0)}", file=sys.stderr)

@@ -128,3 +128,23 @@ def test_dry_run_does_not_ask_alertmanager(tmp_path, harness):
     s = _FakeSilences([SilenceError("must not be asked")], clock=lambda: 0.0)
     h.rem.silences = s
     assert [r.decision for r in h.handle(alert("n1", 0))] == ["dry_run"] and s.fetches == 0
+
+
+def test_a_failed_firing_post_is_re_posted_later_and_a_failed_resolve_is_not_re_fired():
+    from pipeline.remediation.actions import Context, Outcome
+    act = AlertmanagerAction("am", "http://127.0.0.1:9", resend_interval=1)
+    posts: list[list] = []
+    ok = [False]
+
+    def post(body, ctx):
+        posts.append(json.loads(body))
+        return Outcome(ok[0], "x", error=None if ok[0] else "down")
+
+    act._post = post                                            # type: ignore[method-assign]
+    a = alert("n1", 0, id="f1")
+    assert not act.execute(act.plan(a), Context()).ok           # Alertmanager down
+    ok[0] = True
+    assert act.tick(T0, Context()).ok and [x["labels"]["host"] for x in posts[-1]] == ["n1"]
+    ok[0] = False
+    assert not act.execute(act.plan(alert("n1", 0, id="f1", state="resolved")), Context()).ok
+    assert act.firing == {} and act.tick(T0 + 5, Context()) is None   # never re-posted as firing
