@@ -30,6 +30,29 @@ class ReloadResult:
     rules: int = 0
 
 
+def fingerprint(paths: list[str | Path]) -> str:
+    """A digest of the rule files under ``paths`` (names and bytes): it changes when they do.
+
+    Needs no engine, so a driver with many engines (the service, one per partition) watches the
+    files once."""
+    h = hashlib.sha256()
+    try:
+        files = rule_files(paths)
+    except OSError as e:   # a directory that cannot be listed: a change the reload will report
+        h.update(f"<unlistable {e}>".encode())
+        return h.hexdigest()
+    for f in files:
+        h.update(str(f).encode())
+        try:
+            # In blocks: a huge file (refused by the loader) must not be read into memory here.
+            with f.open("rb") as fh:
+                for block in iter(lambda: fh.read(1 << 20), b""):
+                    h.update(block)
+        except OSError:
+            h.update(b"<unreadable>")
+    return h.hexdigest()
+
+
 class RuleReloader:
     """Watches rule files for one engine. Call ``poll()`` from the driver loop between batches."""
 
@@ -40,22 +63,7 @@ class RuleReloader:
         self._requested = False
 
     def fingerprint(self) -> str:
-        h = hashlib.sha256()
-        try:
-            files = rule_files(self.paths)
-        except OSError as e:   # a directory that cannot be listed: a change the reload will report
-            h.update(f"<unlistable {e}>".encode())
-            return h.hexdigest()
-        for f in files:
-            h.update(str(f).encode())
-            try:
-                # In blocks: a huge file (refused by the loader) must not be read into memory here.
-                with f.open("rb") as fh:
-                    for block in iter(lambda: fh.read(1 << 20), b""):
-                        h.update(block)
-            except OSError:
-                h.update(b"<unreadable>")
-        return h.hexdigest()
+        return fingerprint(self.paths)
 
     def request(self, *_: object) -> None:
         """Ask for a reload at the next ``poll`` (safe to call from a signal handler)."""

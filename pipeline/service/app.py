@@ -1,17 +1,22 @@
-"""``gpuwarden serve``: the long-running Kafka consumer-group service around the engine.
+"""``gpuwarden serve``: the long-running consumer-group service around the engine.
 
 Per assigned telemetry partition there is one engine (a partition holds whole hosts: messages
-are keyed by host). Per batch, in this order (the commit protocol):
+are keyed by host). The commit protocol (docs/operations.md, How it keeps its promises):
 
 1. poll a batch and run each partition's share through its engine;
 2. send the alerts and dead letters and wait until the broker acknowledged every one;
-3. checkpoint each affected partition's engine, with the offset of the next message, to the
-   compacted ``<prefix>.state`` topic, and wait for the acknowledgement;
-4. only then commit the consumer offsets (manual commits; auto-commit is off).
+3. on the partition's cadence (``service.checkpoint_interval_s`` or ``checkpoint_records``) and
+   always on revoke, idle flush and shutdown: checkpoint its engine, with the offset of the next
+   message, to the state store, and wait for the acknowledgement;
+4. only then commit that partition's offset: a committed offset always has a checkpoint.
 
-A crash anywhere repeats at most the batch in flight: on assignment a partition's engine is
-restored from its checkpoint and the consumer seeks to the checkpoint's offset. Alerts sent
-again after a crash carry the same deterministic ids, so consumers deduplicate by id.
+A crash replays what each partition received after its last checkpoint: on assignment its
+engine is restored from the checkpoint and the consumer seeks to the checkpoint's offset.
+Alerts sent again carry the same deterministic ids, so consumers deduplicate by id.
+
+The consumer, producer and state store come in by injection (``Service(cfg, consumer=...,
+producer=..., state=...)``): Kafka in production (``Service.kafka``), the in-memory bus in the
+unit tests of this protocol (tests/unit/service/).
 """
 
 from __future__ import annotations
@@ -24,98 +29,88 @@ import time
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
-from kafka import ConsumerRebalanceListener, KafkaConsumer, OffsetAndMetadata, TopicPartition
-from kafka.errors import KafkaError
-
-from pipeline.bus.base import Message, Topics
+from pipeline.bus.base import Message, Producer, Topics
+from pipeline.bus.group import GroupConsumer, KafkaGroupConsumer
 from pipeline.bus.kafka import KafkaBusProducer, ensure_topics
+from pipeline.bus.retry import Backoff, is_retriable, retry
 from pipeline.decode import Decoder
-from pipeline.engine import Engine, EngineOutput
-from pipeline.errors import DeliveryError, StateError
-from pipeline.rules import load_rules
-from pipeline.rules.reload import RuleReloader
 from pipeline.detection import build_engine
+from pipeline.engine import Engine, EngineOutput
+from pipeline.errors import BusError, DeliveryError, StateError
+from pipeline.rules import load_rules
+from pipeline.rules.reload import fingerprint
 from pipeline.runner import Pipeline
 from pipeline.schema import encode
 from pipeline.service.config import Config
 from pipeline.service.metrics import HttpEndpoint, Metrics
-from pipeline.service.state import Checkpoint, KafkaStateStore, state_key
+from pipeline.service.state import Checkpoint, KafkaStateStore, StateStore, state_key
 
 log = logging.getLogger("gpuwarden.service")
 STATE_MAX_BYTES = 64 * 1024 * 1024   # the state topic's max.message.bytes (pipeline.bus.kafka.ensure_topics)
+POLL_TIMEOUT_S = 0.5
 
 
 @dataclass
 class PartitionState:
     partition: int
     pipe: Pipeline
-    next_offset: int | None = None
-    last_input: float = field(default_factory=time.monotonic)
-    newest_ts: float = 0.0
-
-
-class _Rebalance(ConsumerRebalanceListener):
-    def __init__(self, service: "Service") -> None:
-        self.service = service
-
-    def on_partitions_revoked(self, revoked: set[TopicPartition]) -> None:
-        self.service._revoked([tp.partition for tp in revoked])
-
-    def on_partitions_assigned(self, assigned: set[TopicPartition]) -> None:
-        self.service._assigned([tp.partition for tp in assigned])
+    next_offset: int | None = None        # of the next message to process
+    saved_offset: int | None = None       # next_offset of the last checkpoint written
+    dirty: bool = False                   # engine state changed since the last checkpoint
+    since_saved: int = 0                  # records processed since the last checkpoint
+    # Service clock of the last checkpoint; -inf: none yet since the assignment, so the first
+    # batch is checkpointed at once. That puts this owner's epoch on the state topic early (a
+    # previous owner's late checkpoint cannot win, pipeline/service/state.py) and bounds what a
+    # crash soon after a (re)start replays, when restarts come in a row.
+    last_saved: float = -math.inf
+    last_input: float = 0.0
 
 
 class Service:
-    def __init__(self, cfg: Config) -> None:
+    """One ``serve`` replica: a group member, its engines, its outputs and its checkpoints."""
+
+    def __init__(self, cfg: Config, *, consumer: GroupConsumer | None = None, producer: Producer | None = None,
+                 state: StateStore | None = None, clock: Callable[[], float] = time.monotonic,
+                 backoff: Backoff | None = None) -> None:
+        """Without ``consumer``, ``producer`` and ``state``: all three on the Kafka of ``cfg.kafka``."""
+        rules_checked: int | None = None
+        if consumer is None and producer is None and state is None:
+            consumer, producer, state, rules_checked = kafka_parts(cfg)
+        if consumer is None or producer is None or state is None:
+            raise TypeError("Service: give consumer, producer and state together, or none of them")
         self.cfg = cfg
-        k = cfg.kafka
-        self.topics = Topics(k.prefix)
-        self.security = k.security.options()
-        # Before anything else: no key (and no --insecure-state) is a refusal to start, not a
-        # service that trusts whatever the state topic holds (docs/operations.md, Security).
-        state_mac_key = state_key(os.environ, cfg.service.insecure_state)
-        if state_mac_key is None:
-            log.warning("INSECURE STATE: GPUWARDEN_STATE_KEY is not set and --insecure-state is on; checkpoints are "
-                        "unsigned and anyone who can write %s can feed the engines a forged history",
-                        self.topics.state, extra={"insecure_state": True})
+        self.topics = Topics(cfg.kafka.prefix)
         self.rule_paths = [str(Path(p)) for p in cfg.service.rules]
-        self._check_rules()
-        ensure_topics(k.bootstrap, self.topics, partitions=k.partitions, security=self.security)
-        self.producer = KafkaBusProducer(k.bootstrap, security=self.security, client_id="gpuwarden-service",
-                                         max_request_size=STATE_MAX_BYTES)
-        self.state = KafkaStateStore(k.bootstrap, self.topics.state, k.group, self.topics.telemetry, self.producer,
-                                     self.security, key=state_mac_key, max_bytes=cfg.service.state_max_mib << 20)
+        self.clock = clock
+        self.backoff = backoff or Backoff()
+        self._n_rules = _check_rules_load(self.rule_paths) if rules_checked is None else rules_checked
+        self._rules_fp = fingerprint(self.rule_paths)
+        self.consumer, self.producer, self.state = consumer, producer, state
         self.parts: dict[int, PartitionState] = {}
         self.metrics = Metrics()
+        phase = self.metrics.loop_seconds.labels
+        self._phase_poll, self._phase_process, self._phase_deliver = phase("poll"), phase("process"), phase("deliver")
+        self._phase_checkpoint, self._phase_commit = phase("checkpoint"), phase("commit")
         self.state.on_reject = lambda reason: self.metrics.state_skipped.labels(reason).inc()
-        self.consumer = KafkaConsumer(
-            bootstrap_servers=k.bootstrap, group_id=k.group, enable_auto_commit=False,
-            auto_offset_reset="earliest", max_poll_records=k.max_poll_records,
-            max_poll_interval_ms=k.max_poll_interval_ms, session_timeout_ms=k.session_timeout_ms,
-            fetch_max_bytes=64 << 20, max_partition_fetch_bytes=8 << 20, client_id="gpuwarden-service",
-            **self.security)
-        self.consumer.subscribe([self.topics.telemetry], listener=_Rebalance(self))
         self._stop = False
         self._reload_requested = False
-        self._last_poll = time.monotonic()
-        self._last_reload_check = time.monotonic()
+        now = clock()
+        self._last_poll = now
+        self._last_reload_check = now
         self._last_lag = 0.0
         self.http: HttpEndpoint | None = None
         self.batches = 0
         self.totals: Counter[str] = Counter()
+        self.consumer.subscribe(self._assigned, self._revoked, self._lost)
+
+    @classmethod
+    def kafka(cls, cfg: Config) -> "Service":
+        """The service on the Kafka cluster of ``cfg.kafka`` (what ``gpuwarden serve`` runs)."""
+        return cls(cfg)
 
     # -- set-up --------------------------------------------------------------------------------
-
-    def _check_rules(self) -> None:
-        ruleset, diags = load_rules(self.rule_paths)
-        for d in diags:
-            (log.error if d.is_error else log.warning)("rules: %s", d)
-        if ruleset is None:
-            raise SystemExit(f"gpuwarden serve: rules in {', '.join(self.rule_paths)} do not load")
-        self._n_rules = len(ruleset)
-        self._reloader_fp = RuleReloader(self.rule_paths, Engine()).fingerprint()
 
     def _new_engine(self) -> Engine:
         engine, diags = build_engine(self.rule_paths, self.cfg.service.models, self.cfg.engine_config())
@@ -123,29 +118,36 @@ class Service:
             raise StateError("; ".join(str(d) for d in diags if d.is_error))
         return engine
 
+    # -- group membership (called inside consumer.poll / close, see pipeline/bus/group.py) ------
+
     def _assigned(self, partitions: list[int]) -> None:
         try:
             saved = self.state.load(partitions)
-        except (StateError, KafkaError) as e:
+        except (StateError, BusError) as e:
             log.error("state: cannot read checkpoints (%s); starting those partitions fresh", e)
             saved = {}
+        except Exception as e:  # noqa: BLE001 - the client's own errors (kafka-python) mean the same
+            log.error("state: cannot read checkpoints (%s: %s); starting those partitions fresh",
+                      type(e).__name__, e)
+            saved = {}
+        now = self.clock()
         for p in partitions:
             engine = self._new_engine()
             # No wall clock: one engine sees one partition, whose messages arrive in the order they
             # were produced, so pure event time applies -- the same alerts as a file replay.
-            ps = PartitionState(p, Pipeline(engine, _decoder()))
+            ps = PartitionState(p, Pipeline(engine, _decoder()), last_input=now)
             cp = saved.get(p)
             if cp is not None:
                 try:
                     engine.restore(cp.engine)
-                    ps.next_offset = cp.next_offset
-                    self.consumer.seek(TopicPartition(self.topics.telemetry, p), cp.next_offset)
+                    ps.next_offset = ps.saved_offset = cp.next_offset
+                    self.consumer.seek(p, cp.next_offset)
                     log.info("partition %d: state restored, resuming at offset %d", p, cp.next_offset,
                              extra={"partition": p, "offset": cp.next_offset})
                 except StateError as e:
                     log.error("partition %d: checkpoint unusable (%s); starting fresh from the committed offset",
                               p, e, extra={"partition": p})
-                    ps = PartitionState(p, Pipeline(self._new_engine(), _decoder()))
+                    ps = PartitionState(p, Pipeline(self._new_engine(), _decoder()), last_input=now)
             else:
                 log.info("partition %d: no checkpoint, starting from the committed offset", p,
                          extra={"partition": p})
@@ -153,11 +155,23 @@ class Service:
         self.metrics.partitions.set(len(self.parts))
 
     def _revoked(self, partitions: list[int]) -> None:
-        # Every batch was checkpointed before its offsets were committed, so there is nothing
-        # left to save here: the new owner restores exactly this state.
+        # The group hands these partitions on only after this returns (pipeline/bus/group.py), so
+        # the checkpoint written here is the one the next owner restores. No offset commit: a
+        # blocking consumer call cannot run inside the rebalance, and the checkpoint carries the
+        # position, which the next owner seeks to.
+        mine = [self.parts[p] for p in partitions if p in self.parts]
+        self._checkpoint([ps for ps in mine if ps.dirty], "revoke", commit=False)
+        self._drop(partitions, "revoked")
+
+    def _lost(self, partitions: list[int]) -> None:
+        # Evicted from the group: another member may already own them and have restored the last
+        # checkpoint, so this replica's newer state is discarded, not written over its work.
+        self._drop(partitions, "lost")
+
+    def _drop(self, partitions: list[int], how: str) -> None:
         for p in partitions:
             self.parts.pop(p, None)
-        log.info("partitions revoked: %s", partitions, extra={"partitions": partitions})
+        log.info("partitions %s: %s", how, partitions, extra={"partitions": partitions})
         self.metrics.partitions.set(len(self.parts))
 
     # -- the loop ------------------------------------------------------------------------------
@@ -169,7 +183,7 @@ class Service:
         self._reload_requested = True
 
     def health(self) -> tuple[bool, dict]:
-        age = time.monotonic() - self._last_poll
+        age = self.clock() - self._last_poll
         return age < 30.0, {"last_poll_s": round(age, 2), "partitions": sorted(self.parts), "batches": self.batches}
 
     def run(self) -> int:
@@ -181,44 +195,63 @@ class Service:
         log.info("serving: %s -> %s, %s; http on %s:%d", self.topics.telemetry, self.topics.alerts, self.topics.dlq,
                  self.cfg.http.host, self.http.port, extra={"http_port": self.http.port})
         try:
+            failures = 0
             while not self._stop:
-                try:
-                    batch = self.consumer.poll(timeout_ms=500, max_records=self.cfg.kafka.max_poll_records)
-                except KafkaError as e:
-                    log.warning("poll failed (%s); retrying", e)
-                    time.sleep(1.0)
-                    continue
-                self._last_poll = time.monotonic()
-                if batch:
-                    self._process(batch)
-                self._flush_idle()
-                self._maybe_reload()
-                self._update_lag()
+                failures = self.step(failures)
+            self.shutdown()
+        except BaseException:
+            # Not a checkpoint of state in an unknown condition: leave, and let the next owner
+            # replay from the last good checkpoint.
+            self._close()
+            raise
         finally:
-            self._shutdown()
+            if self.http:
+                self.http.stop()
         return 0
 
-    def _process(self, batch: dict[TopicPartition, list[Any]]) -> None:
+    def step(self, failures: int = 0) -> int:
+        """One turn of the loop: poll, process, deliver, and whatever is due. Returns the number
+        of polls in a row that failed (0 after one that worked), for the back-off."""
+        t = time.perf_counter()
+        try:
+            batch = self.consumer.poll(POLL_TIMEOUT_S, self.cfg.kafka.max_poll_records)
+        except BusError as e:
+            # Whatever the broker says (restarting, leader moving, group coordinator gone), the
+            # same poll is tried again, ever more slowly: the service rides out an outage.
+            log.warning("poll failed (%s); retrying", e)
+            self.backoff.wait(failures)
+            return failures + 1
+        self._last_poll = self.clock()
+        self._phase_poll.inc(time.perf_counter() - t)
+        if batch:
+            self._process(batch)
+        self._flush_idle()
+        self._checkpoint_due()
+        self._maybe_reload()
+        self._update_lag()
+        return 0
+
+    def _process(self, batch: dict[int, list[Message]]) -> None:
         t0 = time.perf_counter()
         outputs: list[EngineOutput] = []
-        touched: list[PartitionState] = []
         n = n_records = 0
-        for tp, recs in batch.items():
-            ps = self.parts.get(tp.partition)
-            if ps is None:  # pragma: no cover - kafka-python only returns assigned partitions
+        now = self.clock()
+        for p, msgs in batch.items():
+            ps = self.parts.get(p)
+            if ps is None:  # pragma: no cover - a group consumer only returns assigned partitions
                 continue
-            msgs = [Message(tp.topic, tp.partition, r.offset, r.key, r.value, r.timestamp) for r in recs]
             before = ps.pipe.totals.records
-            out = ps.pipe.handle_guarded(msgs)
+            outputs.append(ps.pipe.handle_guarded(msgs))
+            done = ps.pipe.totals.records - before
             n += len(msgs)
-            n_records += ps.pipe.totals.records - before
-            ps.next_offset = recs[-1].offset + 1
-            ps.last_input = time.monotonic()
-            outputs.append(out)
-            touched.append(ps)
+            n_records += done
+            ps.next_offset = msgs[-1].offset + 1
+            ps.since_saved += done
+            ps.dirty = True
+            ps.last_input = now
+        t1 = time.perf_counter()
+        self._phase_process.inc(t1 - t0)
         self._deliver(outputs)
-        self._checkpoint(touched)
-        self._commit(touched)
         self.batches += 1
         dt = time.perf_counter() - t0
         self.metrics.batch_seconds.observe(dt)
@@ -228,26 +261,29 @@ class Service:
 
     def _deliver(self, outputs: list[EngineOutput]) -> None:
         """Send every alert and dead letter of the batch; return only once all were acknowledged."""
-        attempt = 0
-        while True:
+        if not any(out.alerts or out.dead for out in outputs):
+            return
+        t0 = time.perf_counter()
+
+        def send_and_flush() -> None:
             for out in outputs:
                 for a in out.alerts:
                     self.producer.send(self.topics.alerts, encode(a), (a.host or "").encode())
                 for d in out.dead:
                     self.producer.send(self.topics.dlq, encode(d), (d.host or "").encode())
-            try:
-                self.producer.flush()
-                break
-            except DeliveryError as e:
-                attempt += 1
-                self.metrics.delivery_retries.inc()
-                if not e.retriable:
-                    # Sending it again cannot help (e.g. over the broker's size limit): say so loudly,
-                    # with everything that was in the batch, and move on rather than stall forever.
-                    log.error("delivery refused by the broker (%s); the batch's alerts follow in this log", e)
-                    break
-                log.warning("delivery failed (attempt %d, %s); re-sending the batch's output", attempt, e)
-                time.sleep(min(0.5 * 2 ** attempt, 10.0))
+            self.producer.flush()
+
+        def again(attempt: int, e: BaseException) -> None:
+            self.metrics.delivery_retries.inc()
+            log.warning("delivery failed (attempt %d, %s); re-sending the batch's output", attempt, e)
+        try:
+            retry(send_and_flush, self.backoff, retriable=_retriable_delivery, on_retry=again)
+        except DeliveryError as e:
+            # Sending it again cannot help (e.g. over the broker's size limit): say so loudly,
+            # with everything that was in the batch, and move on rather than stall forever.
+            self.metrics.delivery_retries.inc()
+            log.error("delivery refused by the broker (%s); the batch's alerts follow in this log", e)
+        self._phase_deliver.inc(time.perf_counter() - t0)
         for out in outputs:
             for a in out.alerts:
                 self.metrics.alerts.labels(a.family, a.state).inc()
@@ -258,91 +294,184 @@ class Service:
                 log.warning("dead letter %s at %s: %s", d.reason, d.origin, d.detail,
                             extra={"reason": d.reason, "origin": d.origin, "dlq_action": d.action})
 
-    def _checkpoint(self, parts: list[PartitionState]) -> None:
-        attempt = 0
-        while True:
-            for ps in parts:
-                if ps.next_offset is not None:
-                    self.state.save(Checkpoint(ps.partition, ps.next_offset, ps.pipe.engine.snapshot()))
-            try:
-                self.producer.flush()
-                return
-            except DeliveryError as e:
-                attempt += 1
-                if not e.retriable:
-                    # The previous checkpoint stays valid (it carries its own offset): a restart
-                    # replays a little more, nothing is lost.
-                    log.error("checkpoint refused by the broker (%s); keeping the previous one", e)
-                    return
-                log.warning("checkpoint failed (attempt %d, %s); retrying", attempt, e)
-                time.sleep(min(0.5 * 2 ** attempt, 10.0))
+    def _checkpoint_due(self) -> None:
+        now = self.clock()
+        svc = self.cfg.service
+        by_records = [ps for ps in self.parts.values() if ps.dirty and ps.since_saved >= svc.checkpoint_records]
+        first = [ps for ps in self.parts.values() if ps.dirty and ps.last_saved == -math.inf]
+        by_time = [ps for ps in self.parts.values() if ps.dirty and ps not in by_records and ps not in first
+                   and now - ps.last_saved >= svc.checkpoint_interval_s]
+        self._checkpoint(first, "first")
+        self._checkpoint(by_records, "records")
+        self._checkpoint(by_time, "interval")
 
-    def _commit(self, parts: list[PartitionState]) -> None:
-        offsets = {TopicPartition(self.topics.telemetry, ps.partition): OffsetAndMetadata(ps.next_offset, "", -1)
-                   for ps in parts if ps.next_offset is not None}
+    def _checkpoint(self, parts: list[PartitionState], why: str, commit: bool = True) -> bool:
+        """Write the checkpoints of ``parts``, wait for the broker, then commit their offsets.
+
+        False (and nothing committed) when the broker refused them: each partition's previous
+        checkpoint stays valid (it carries its own offset), so a restart replays more, losing
+        nothing, and the next turn of the loop tries again."""
+        parts = [ps for ps in parts if ps.next_offset is not None]
+        if not parts:
+            return True
+        saved: list[tuple[PartitionState, int]] = []
+        t0 = time.perf_counter()
+
+        def save_and_flush() -> None:
+            saved.clear()
+            for ps in parts:
+                t = time.perf_counter()
+                self.state.save(Checkpoint(ps.partition, ps.next_offset, ps.pipe.engine.snapshot()))
+                self.metrics.checkpoint_seconds.observe(time.perf_counter() - t)
+                saved.append((ps, ps.next_offset))
+            self.state.flush()
+
+        def again(attempt: int, e: BaseException) -> None:
+            log.warning("checkpoint failed (attempt %d, %s); retrying", attempt, e)
+        try:
+            retry(save_and_flush, self.backoff, retriable=_retriable_delivery, on_retry=again)
+        except DeliveryError as e:
+            self.metrics.checkpoint_failures.inc()
+            log.error("checkpoint refused by the broker (%s); keeping the previous one", e)
+            now = self.clock()
+            for ps in parts:            # tried again on the cadence, not on every turn of the loop
+                ps.last_saved, ps.since_saved = now, 0
+            return False
+        self._phase_checkpoint.inc(time.perf_counter() - t0)
+        now = self.clock()
+        for ps, offset in saved:
+            ps.saved_offset, ps.dirty, ps.since_saved, ps.last_saved = offset, False, 0, now
+        self.metrics.checkpoints.labels(why).inc(len(saved))
+        log.debug("checkpointed partitions %s (%s)", [ps.partition for ps, _ in saved], why,
+                  extra={"partitions": [ps.partition for ps, _ in saved], "why": why})
+        if commit:
+            self._commit({ps.partition: offset for ps, offset in saved})
+        return True
+
+    def _commit(self, offsets: dict[int, int]) -> None:
+        t0 = time.perf_counter()
         try:
             self.consumer.commit(offsets)
-        except KafkaError as e:
+            self._phase_commit.inc(time.perf_counter() - t0)
+        except BusError as e:
             # Not fatal: the checkpoint already holds the position; the next commit catches up.
+            self.metrics.commit_failures.inc()
             log.warning("offset commit failed (%s); the checkpoint holds the position", e)
 
     def _flush_idle(self) -> None:
-        now = time.monotonic()
+        now = self.clock()
         idle = [ps for ps in self.parts.values()
                 if ps.pipe.engine.pending and now - ps.last_input > self.cfg.service.flush_idle_s]
         if not idle:
             return
         outputs = [ps.pipe.flush() for ps in idle]
+        for ps in idle:
+            ps.dirty = True
         self._deliver(outputs)
-        self._checkpoint(idle)
+        self._checkpoint(idle, "idle")
 
     def _maybe_reload(self) -> None:
-        now = time.monotonic()
+        now = self.clock()
         if not self._reload_requested and now - self._last_reload_check < self.cfg.service.reload_check_s:
             return
         self._last_reload_check = now
-        fp = RuleReloader(self.rule_paths, Engine()).fingerprint()
-        if not self._reload_requested and fp == self._reloader_fp:
+        fp = fingerprint(self.rule_paths)
+        if not self._reload_requested and fp == self._rules_fp:
             return
         self._reload_requested = False
-        self._reloader_fp = fp
-        ruleset, diags = load_rules(self.rule_paths, tick=self.cfg.engine_config().tick)
-        for d in diags:
-            (log.error if d.is_error else log.warning)("rules: %s", d)
+        self._rules_fp = fp
+        tick = self.cfg.engine_config().tick
+        # As pipeline/rules/reload.py: nothing a rule file holds may stop the service; a failure
+        # of any kind is a refused reload and every engine keeps the rules it had.
+        try:
+            ruleset, diags = load_rules(self.rule_paths, tick=tick)
+            for d in diags:
+                (log.error if d.is_error else log.warning)("rules: %s", d)
+            if ruleset is not None:
+                models = {m for ps in self.parts.values() if ps.pipe.engine.models
+                          for m in ps.pipe.engine.models.names}
+                fresh = {p: load_rules(self.rule_paths, tick=tick, models=models or None)[0] for p in self.parts}
+                if any(r is None for r in fresh.values()):
+                    ruleset = None
+                else:
+                    for p, ps in self.parts.items():
+                        ps.pipe.engine.set_rules(fresh[p])
+        except Exception:  # noqa: BLE001 - load_rules refuses bad input itself; this is the backstop
+            log.exception("rules: reload failed")
+            ruleset = None
         if ruleset is None:
             self.metrics.reload_failures.inc()
             log.error("rules: reload refused; still running the previous rules")
             return
-        models = {m for e in [ps.pipe.engine for ps in self.parts.values()] if e.models for m in e.models.names}
-        for ps in self.parts.values():
-            fresh, _ = load_rules(self.rule_paths, tick=self.cfg.engine_config().tick, models=models or None)
-            ps.pipe.engine.set_rules(fresh)
+        self._n_rules = len(ruleset)
         self.metrics.rules.set(len(ruleset))
         log.warning("rules: reloaded %d rule(s)", len(ruleset))
 
     def _update_lag(self) -> None:
-        now = time.monotonic()
+        now = self.clock()
         if now - self._last_lag < 5.0 or not self.parts:
             return
         self._last_lag = now
         try:
-            tps = [TopicPartition(self.topics.telemetry, p) for p in self.parts]
-            end = self.consumer.end_offsets(tps)
-            for tp in tps:
-                pos = self.parts[tp.partition].next_offset
-                if pos is not None:
-                    self.metrics.lag.labels(str(tp.partition)).set(max(0, end[tp] - pos))
-        except KafkaError:
-            pass
+            end = self.consumer.end_offsets(list(self.parts))
+        except BusError:
+            return
+        for p, e in end.items():
+            ps = self.parts.get(p)
+            if ps is not None and ps.next_offset is not None:
+                self.metrics.lag.labels(str(p)).set(max(0, e - ps.next_offset))
 
-    def _shutdown(self) -> None:
+    def shutdown(self) -> None:
+        """Checkpoint and commit every partition with new input, then leave the group."""
+        self._checkpoint([ps for ps in self.parts.values() if ps.dirty], "shutdown")
         log.info("stopping: leaving the group", extra={"batches": self.batches, "messages": self.totals["messages"]})
+        self._close()
+
+    def _close(self) -> None:
         try:
-            self.consumer.close(autocommit=False)
+            self.consumer.close()
         finally:
             self.producer.close()
-            if self.http:
-                self.http.stop()
+
+
+def kafka_parts(cfg: Config) -> tuple[GroupConsumer, Producer, StateStore, int]:
+    """Consumer, producer and state store on the Kafka cluster of ``cfg.kafka``, and the rule count."""
+    k = cfg.kafka
+    topics = Topics(k.prefix)
+    security = k.security.options()
+    # Before anything else: no key (and no --insecure-state) is a refusal to start, not a
+    # service that trusts whatever the state topic holds (docs/operations.md, Security).
+    mac_key = state_key(os.environ, cfg.service.insecure_state)
+    if mac_key is None:
+        log.warning("INSECURE STATE: GPUWARDEN_STATE_KEY is not set and --insecure-state is on; checkpoints are "
+                    "unsigned and anyone who can write %s can feed the engines a forged history",
+                    topics.state, extra={"insecure_state": True})
+    n_rules = _check_rules_load([str(Path(p)) for p in cfg.service.rules])
+    ensure_topics(k.bootstrap, topics, partitions=k.partitions, security=security)
+    producer = KafkaBusProducer(k.bootstrap, security=security, client_id="gpuwarden-service",
+                                max_request_size=STATE_MAX_BYTES)
+    state = KafkaStateStore(k.bootstrap, topics.state, k.group, topics.telemetry, producer, security,
+                            key=mac_key, max_bytes=cfg.service.state_max_mib << 20)
+    consumer = KafkaGroupConsumer(
+        k.bootstrap, topics.telemetry, k.group, security=security, client_id="gpuwarden-service",
+        auto_offset_reset="earliest", max_poll_records=k.max_poll_records,
+        max_poll_interval_ms=k.max_poll_interval_ms, session_timeout_ms=k.session_timeout_ms,
+        fetch_max_bytes=k.fetch_max_bytes, max_partition_fetch_bytes=k.max_partition_fetch_bytes)
+    return consumer, producer, state, n_rules
+
+
+def _retriable_delivery(e: BaseException) -> bool:
+    return isinstance(e, DeliveryError) and is_retriable(e)
+
+
+def _check_rules_load(paths: list[str]) -> int:
+    """The number of rules; ``SystemExit`` naming the files when they do not load."""
+    ruleset, diags = load_rules(paths)
+    for d in diags:
+        (log.error if d.is_error else log.warning)("rules: %s", d)
+    if ruleset is None:
+        raise SystemExit(f"gpuwarden serve: rules in {', '.join(paths)} do not load")
+    return len(ruleset)
 
 
 # Event time further ahead of the service's wall clock than this is ts_out_of_range (a producer

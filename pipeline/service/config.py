@@ -12,6 +12,7 @@ the environment's (``GPUWARDEN_STATE_KEY``, read by ``service/state.py``).
 
 from __future__ import annotations
 
+import math
 import os
 import re
 from pathlib import Path
@@ -37,7 +38,12 @@ class KafkaSection(msgspec.Struct, forbid_unknown_fields=True):
     prefix: str = "gpuwarden"
     group: str = "gpuwarden-service"
     partitions: int = 8                            # for topics the service creates
+    # kafka-python consumer settings (docs/operations.md#performance): a batch big enough to
+    # amortise the per-batch costs (delivery flush, metrics), fetches big enough that a poll is
+    # served from what was already fetched.
     max_poll_records: int = 2000
+    fetch_max_bytes: int = 64 << 20
+    max_partition_fetch_bytes: int = 8 << 20
     max_poll_interval_ms: int = 300_000
     session_timeout_ms: int = 10_000
     security: Security = msgspec.field(default_factory=Security)
@@ -57,6 +63,12 @@ class ServiceSection(msgspec.Struct, forbid_unknown_fields=True):
     # buffered is evaluated, as at the end of a replay. Later records older than that are late.
     flush_idle_s: float = 30.0
     reload_check_s: float = 5.0                   # how often rule files are checked for changes
+    # Checkpoint cadence (docs/operations.md, How it keeps its promises): a partition with new
+    # input is checkpointed, and only then its offsets committed, at most every
+    # checkpoint_interval_s or after checkpoint_records records, and always on revoke, idle
+    # flush and shutdown. A crash replays what came after the partition's last checkpoint.
+    checkpoint_interval_s: float = 5.0
+    checkpoint_records: int = 200_000
     log_level: str = "INFO"
     # Checkpoints are signed with GPUWARDEN_STATE_KEY; without the key serve refuses to start
     # unless this is true (or --insecure-state): then anyone who can write the state topic can
@@ -119,12 +131,18 @@ def _validate(cfg: Config) -> None:
         raise ConfigError("kafka.bootstrap", "empty (set it or GPUWARDEN_KAFKA_BOOTSTRAP)")
     if not re.fullmatch(r"[A-Za-z0-9._-]+", cfg.kafka.prefix):
         raise ConfigError("kafka.prefix", f"{cfg.kafka.prefix!r}: letters, digits, '.', '_' and '-' only")
-    for key in ("partitions", "max_poll_records", "max_poll_interval_ms", "session_timeout_ms"):
+    for key in ("partitions", "max_poll_records", "fetch_max_bytes", "max_partition_fetch_bytes",
+                "max_poll_interval_ms", "session_timeout_ms"):
         if getattr(cfg.kafka, key) <= 0:
             raise ConfigError(f"kafka.{key}", "must be > 0")
     if not 0 <= cfg.http.port <= 65535:
         raise ConfigError("http.port", f"{cfg.http.port} is not a port")
     cfg.engine_config()   # raises ConfigError naming engine.<key>
+    if not (math.isfinite(cfg.service.checkpoint_interval_s) and 0 < cfg.service.checkpoint_interval_s <= 3600):
+        raise ConfigError("service.checkpoint_interval_s",
+                          f"{cfg.service.checkpoint_interval_s}: seconds, above 0 and at most 3600")
+    if cfg.service.checkpoint_records <= 0:
+        raise ConfigError("service.checkpoint_records", "must be > 0")
     if not 0 < cfg.service.state_max_mib <= 16384:
         raise ConfigError("service.state_max_mib", f"{cfg.service.state_max_mib}: between 1 and 16384")
     if cfg.service.log_level.upper() not in ("DEBUG", "INFO", "WARNING", "ERROR"):

@@ -34,7 +34,7 @@ class Metrics:
         self.lag = Gauge("gpuwarden_consumer_lag", "Messages behind the end of each assigned partition",
                          ["partition"], registry=r)
         self.batch_seconds = Histogram("gpuwarden_batch_processing_seconds",
-                                       "Poll-to-commit time of a batch (decode, detect, deliver, checkpoint)",
+                                       "Time to decode, detect and deliver one polled batch",
                                        buckets=(.005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10), registry=r)
         self.event_lag = Gauge("gpuwarden_event_time_lag_seconds",
                                "Wall clock minus the newest event time processed", registry=r)
@@ -44,6 +44,21 @@ class Metrics:
                                        registry=r)
         self.delivery_retries = Counter("gpuwarden_delivery_retries", "Batches whose output had to be re-sent",
                                         registry=r)
+        self.loop_seconds = Counter("gpuwarden_loop_seconds",
+                                    "Time spent in each phase of the service loop (poll, process: decode and "
+                                    "engine, deliver, checkpoint, commit)", ["phase"], registry=r)
+        self.checkpoints = Counter("gpuwarden_state_checkpoints",
+                                   "Partition checkpoints written, by why (first after assignment, interval, records, idle, revoke, shutdown)",
+                                   ["why"], registry=r)
+        self.checkpoint_seconds = Histogram("gpuwarden_state_checkpoint_seconds",
+                                            "Time to snapshot, sign and write one partition's checkpoint",
+                                            buckets=(.001, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5),
+                                            registry=r)
+        self.checkpoint_failures = Counter("gpuwarden_state_checkpoint_failures",
+                                           "Checkpoint rounds the broker refused (the previous checkpoint stays)",
+                                           registry=r)
+        self.commit_failures = Counter("gpuwarden_offset_commit_failures",
+                                       "Offset commits refused (the checkpoint holds the position)", registry=r)
         self.state_skipped = Counter("gpuwarden_state_checkpoints_skipped",
                                      "Checkpoints read from the state topic and not used, by reason "
                                      "(unsigned, bad_signature, misplaced, too_large, corrupt, version, rollback)",

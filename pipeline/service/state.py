@@ -23,12 +23,12 @@ import time
 import zlib
 from collections import Counter
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Iterator, Mapping
 
 import msgspec
 from kafka import KafkaConsumer, TopicPartition
 
-from pipeline.bus.kafka import KafkaBusProducer
+from pipeline.bus.base import Producer
 from pipeline.errors import StateError, StateKeyError
 
 log = logging.getLogger("gpuwarden.service.state")
@@ -66,15 +66,17 @@ def state_key(env: Mapping[str, str], insecure: bool) -> bytes | None:
     return key
 
 
-class KafkaStateStore:
-    """Signed (``key``) or, when the operator said so, unsigned checkpoints of one consumer group."""
+class StateStore:
+    """Signed (``key``) or, when the operator said so, unsigned checkpoints of one consumer group.
 
-    def __init__(self, bootstrap: str, topic: str, group: str, source_topic: str, producer: KafkaBusProducer,
-                 security: dict | None = None, key: bytes | None = None,
-                 max_bytes: int = DEFAULT_MAX_BYTES) -> None:
-        self.bootstrap, self.topic, self.group, self.source = bootstrap, topic, group, source_topic
+    Checkpoints go out through ``producer`` (``save`` queues, ``flush`` confirms) and come back
+    from ``_records``, the whole state log as (key, value, where) in log order: Kafka's compacted
+    topic (``KafkaStateStore``) or an in-process bus topic (``MemoryStateStore``, for tests)."""
+
+    def __init__(self, topic: str, group: str, source_topic: str, producer: Producer,
+                 key: bytes | None = None, max_bytes: int = DEFAULT_MAX_BYTES) -> None:
+        self.topic, self.group, self.source = topic, group, source_topic
         self.producer = producer
-        self.security = security or {}
         self.mac_key = key
         self.max_bytes = int(max_bytes)
         self.epochs: dict[int, int] = {}                # partition -> epoch this writer stamps
@@ -86,7 +88,7 @@ class KafkaStateStore:
         return f"{self.group}/{self.source}/{partition}".encode()
 
     def save(self, cp: Checkpoint) -> None:
-        """Queue a checkpoint; the caller's ``producer.flush()`` confirms it."""
+        """Queue a checkpoint; ``flush`` confirms it."""
         self.producer.send(self.topic, self.encode(cp), self.key(cp.partition))
 
     def encode(self, cp: Checkpoint) -> bytes:
@@ -104,33 +106,24 @@ class KafkaStateStore:
         """The checkpoint in ``value`` if it is valid for ``partition`` of this group, else ``StateError``."""
         return _decode(value, self.mac_key, (self.group, self.source, partition), self.max_bytes)
 
+    def flush(self) -> int:
+        """Wait until the broker acknowledged every queued checkpoint (``DeliveryError`` if not)."""
+        return self.producer.flush()
+
+    def _records(self, timeout_s: float) -> Iterator[tuple[bytes | None, bytes | None, str]]:
+        raise NotImplementedError
+
     def load(self, partitions: list[int], timeout_s: float = 30.0) -> dict[int, Checkpoint]:
-        """The newest valid checkpoint of each of ``partitions`` (read the whole compacted topic).
+        """The newest valid checkpoint of each of ``partitions`` (read the whole state log).
 
         Newest is the highest (epoch, offset): a checkpoint replayed later into the topic does not
         win by arriving last. A bad message is logged, counted in ``rejected`` and skipped."""
         wanted = {self.key(p): p for p in partitions}
-        consumer = KafkaConsumer(bootstrap_servers=self.bootstrap, group_id=None, enable_auto_commit=False,
-                                 max_partition_fetch_bytes=64 << 20, fetch_max_bytes=64 << 20, **self.security)
-        try:
-            parts = consumer.partitions_for_topic(self.topic) or set()
-            tps = [TopicPartition(self.topic, p) for p in sorted(parts)]
-            latest: dict[int, Checkpoint] = {}
-            if tps:
-                consumer.assign(tps)
-                consumer.seek_to_beginning(*tps)
-                end = consumer.end_offsets(tps)
-                deadline = time.monotonic() + timeout_s
-                while any(consumer.position(tp) < end[tp] for tp in tps):
-                    if time.monotonic() > deadline:
-                        raise StateError(f"reading {self.topic} took over {timeout_s}s")
-                    for tp, recs in consumer.poll(timeout_ms=500).items():
-                        for r in recs:
-                            p = wanted.get(r.key)
-                            if p is not None and r.value is not None:
-                                self._consider(latest, p, r.value, f"{tp.topic}[{tp.partition}]@{r.offset}")
-        finally:
-            consumer.close(autocommit=False)
+        latest: dict[int, Checkpoint] = {}
+        for key, value, where in self._records(timeout_s):
+            p = wanted.get(key) if key is not None else None
+            if p is not None and value is not None:
+                self._consider(latest, p, value, where)
         return self._settle(partitions, latest)
 
     def _consider(self, latest: dict[int, Checkpoint], p: int, value: bytes, where: str) -> None:
@@ -167,6 +160,51 @@ class KafkaStateStore:
             # previous owner's late ones.
             self.epochs[p] = max(cp.epoch if cp else 0, self.seen.get(p, (0, -1))[0]) + 1
         return latest
+
+
+class KafkaStateStore(StateStore):
+    """Checkpoints in the compacted ``<prefix>.state`` topic of a Kafka cluster."""
+
+    def __init__(self, bootstrap: str, topic: str, group: str, source_topic: str, producer: Producer,
+                 security: dict | None = None, key: bytes | None = None,
+                 max_bytes: int = DEFAULT_MAX_BYTES) -> None:
+        super().__init__(topic, group, source_topic, producer, key=key, max_bytes=max_bytes)
+        self.bootstrap = bootstrap
+        self.security = security or {}
+
+    def _records(self, timeout_s: float) -> Iterator[tuple[bytes | None, bytes | None, str]]:
+        consumer = KafkaConsumer(bootstrap_servers=self.bootstrap, group_id=None, enable_auto_commit=False,
+                                 max_partition_fetch_bytes=64 << 20, fetch_max_bytes=64 << 20, **self.security)
+        try:
+            parts = consumer.partitions_for_topic(self.topic) or set()
+            tps = [TopicPartition(self.topic, p) for p in sorted(parts)]
+            if not tps:
+                return
+            consumer.assign(tps)
+            consumer.seek_to_beginning(*tps)
+            end = consumer.end_offsets(tps)
+            deadline = time.monotonic() + timeout_s
+            while any(consumer.position(tp) < end[tp] for tp in tps):
+                if time.monotonic() > deadline:
+                    raise StateError(f"reading {self.topic} took over {timeout_s}s")
+                for tp, recs in consumer.poll(timeout_ms=500).items():
+                    for r in recs:
+                        yield r.key, r.value, f"{tp.topic}[{tp.partition}]@{r.offset}"
+        finally:
+            consumer.close(autocommit=False)
+
+
+class MemoryStateStore(StateStore):
+    """Checkpoints in a topic of an in-process ``MemoryBus`` (unit tests of the commit protocol)."""
+
+    def __init__(self, bus: Any, topic: str, group: str, source_topic: str, key: bytes | None = None,
+                 max_bytes: int = DEFAULT_MAX_BYTES) -> None:
+        super().__init__(topic, group, source_topic, bus.producer(), key=key, max_bytes=max_bytes)
+        self.bus = bus
+
+    def _records(self, timeout_s: float) -> Iterator[tuple[bytes | None, bytes | None, str]]:
+        for m in self.bus.messages(self.topic):
+            yield m.key, m.value, m.origin
 
 
 def _signed(env: Mapping[str, Any]) -> bytes:
