@@ -51,6 +51,11 @@ class TickCheck(Protocol):
 
     def summary(self, host: str, gpu: int | None, evidence: dict[str, Any]) -> str: ...
 
+    # Optional: ``changes(state, entities, config) -> np.ndarray``, the event times at which the
+    # condition can flip while the state stays as it is (NaN: never). With it the engine jumps
+    # over ticks where nothing can change (docs/architecture.md §4); a tick check without it is
+    # walked tick by tick until ``gpu_absent_after``/``host_silent_after`` after the newest sample.
+
 
 def _when(ts: Any) -> str:
     return "?" if ts is None else time.strftime("%Y-%m-%d %H:%M:%SZ", time.gmtime(float(ts)))
@@ -117,6 +122,12 @@ class GpuLost:
             return (t - gpu_last > config.gpu_absent_after) & (t - host_last <= config.gpu_absent_after) & \
                 ~(t - host_back <= config.gpu_absent_after)
 
+    def changes(self, state: GpuState, entities: Entities, config: EngineConfig) -> np.ndarray:
+        """Where the condition can flip: each of its three terms' deadline."""
+        gh = entities.gpu_host
+        return np.concatenate([state.last_ts[: entities.n_gpus], state.host_last_ts[gh],
+                               state.host_back[gh]]) + config.gpu_absent_after
+
     def summary(self, host: str, gpu: int | None, ev: dict[str, Any]) -> str:
         return f"GPU {gpu} on {host} stopped reporting at {_when(ev.get('last_seen'))} while its host still reports"
 
@@ -129,6 +140,10 @@ class TelemetryGap:
     def evaluate_tick(self, t: float, state: GpuState, entities: Entities, config: EngineConfig) -> np.ndarray:
         with np.errstate(invalid="ignore"):
             return t - state.host_last_ts[: entities.n_hosts] > config.host_silent_after
+
+    def changes(self, state: GpuState, entities: Entities, config: EngineConfig) -> np.ndarray:
+        """Where the condition can flip: each host's silence deadline."""
+        return state.host_last_ts[: entities.n_hosts] + config.host_silent_after
 
     def summary(self, host: str, gpu: int | None, ev: dict[str, Any]) -> str:
         return f"{host} has sent no telemetry since {_when(ev.get('last_seen'))}"

@@ -473,9 +473,11 @@ class Engine:
                 self._rows(frame.take(slice(start, cut)), out, self.next_tick - self.config.tick)
                 start = cut
             if start < n:
-                self._tick(self.next_tick, out)
-                self.next_tick += self.config.tick
-                self._skip_quiet(float(frame.ts[start]))
+                # Ticks up to the next row's time all see the state the rows before left.
+                self._skip_ahead(float(frame.ts[start]))
+                if self.next_tick <= frame.ts[start]:
+                    self._tick(self.next_tick, out)
+                    self.next_tick += self.config.tick
 
     def _nccl_frame(self, nrecs: list[NcclRecord], hosts: np.ndarray) -> NcclFrame:
         names = list(map(_HOST, nrecs))
@@ -489,30 +491,70 @@ class Engine:
 
     def _ticks_until(self, upto: float, out: EngineOutput) -> None:
         while not math.isnan(self.next_tick) and self.next_tick <= upto:
-            self._tick(self.next_tick, out)
-            self.next_tick += self.config.tick
-            self._skip_quiet(upto)
+            self._skip_ahead(upto)
+            if self.next_tick <= upto:
+                self._tick(self.next_tick, out)
+                self.next_tick += self.config.tick
 
-    def _quiet_after(self) -> float:
-        """Seconds without a sample after which no tick can change anything: every absence
-        deadline has passed and every lifecycle on it has settled."""
-        cfg = self.config
-        hold = max((c.meta.for_s + c.meta.keep_firing_for_s for c in self.tick_checks), default=0.0)
-        return max(cfg.gpu_absent_after, cfg.host_silent_after) + hold + 2 * cfg.tick
+    def _skip_ahead(self, limit: float) -> None:
+        """Jump the tick grid over the ticks up to ``limit`` at which nothing can be due.
 
-    def _skip_quiet(self, upto: float) -> None:
-        """Jump the tick grid over a stretch with no sample in it, once nothing can be due.
-
-        A recording with a pause (or a fleet that jumps) used to cost a tick per second of the
-        gap: 46 hours of ticks for one record dated two days ahead. After ``_quiet_after``
-        seconds with no row, each tick repeats the last (absence alerts already fired or
-        resolved, no rule sees a row), so skipping them gives the same alerts.
+        Called where no row falls between ``next_tick`` and ``limit``, so those ticks all see the
+        same state; only the tick checks (absence) and their lifecycles act at a tick without
+        rows. Over a run of ticks where no check's condition can flip (``changes``) and no
+        lifecycle deadline falls (``for:``, ``keep_firing_for:``; ``Lifecycle.next_change``),
+        walking every tick is the same as one step at the last of them, and when no condition
+        holds and no alert is active, the same as none. So a fleet sampled every 30 s costs a
+        tick check per sample, not 30, and a two-day pause a handful of ticks, with the alerts
+        of the walk (tested against it, docs/architecture.md §4).
         """
+        tick, a = self.config.tick, self.next_tick
+        if math.isinf(limit) or math.isnan(a):
+            return
+        last = math.floor(limit / tick) * tick
+        if not last > a:   # the densely sampled case: at most this tick before the next row
+            return
+        st, ent, cfg = self.state, self.entities, self.config
+        st.ensure(ent.n_gpus, ent.n_hosts)
+        idle = True
+        for check in self.tick_checks:
+            changes = getattr(check, "changes", None)
+            if changes is not None:
+                x = changes(st, ent, cfg)
+                with np.errstate(invalid="ignore"):
+                    x = x[x >= a - 2 * tick]   # those further back have flipped already
+            elif a <= self._settled_after() + 2 * tick:
+                return   # a check that cannot say when it changes: walked until all is settled
+            else:
+                x = np.empty(0)
+            lc = self.lifecycles[check.meta.name]
+            cond = check.evaluate_tick(a, st, ent, cfg)
+            cond = cond if cond.dtype == bool else cond.astype(bool)
+            due = lc.next_change(cond)
+            if len(x):
+                due = min(due, float(x.min()))
+            # A whole tick of margin on either side of a deadline: the tick where it falls is
+            # walked whatever the rounding of ``t - last_ts > after``.
+            if due <= last + tick:
+                if due < a:
+                    return
+                last = math.floor(due / tick) * tick - tick
+                if last < a:
+                    return
+            idle = idle and lc.idle and not cond.any()
+        if idle:
+            self.next_tick = last + tick    # every one of these ticks would do nothing
+        elif last > a:
+            self.next_tick = last           # one step, at the last of them, does what all would
+
+    def _settled_after(self) -> float:
+        """When every absence deadline after the newest sample has passed and every lifecycle
+        on it has settled: the bound for a tick check that cannot say when it changes."""
+        cfg = self.config
         last = float(np.nanmax(self.state.last_ts)) if len(self.state.last_ts) and \
             not np.isnan(self.state.last_ts).all() else -math.inf
-        quiet = last + self._quiet_after()
-        if self.next_tick > quiet and upto - self.next_tick > self.config.tick:
-            self.next_tick = math.floor(upto / self.config.tick) * self.config.tick
+        hold = max((c.meta.for_s + c.meta.keep_firing_for_s for c in self.tick_checks), default=0.0)
+        return last + max(cfg.gpu_absent_after, cfg.host_silent_after) + hold + 2 * cfg.tick
 
     def _rows(self, frame: DcgmFrame, out: EngineOutput, ts0: float) -> None:
         gpu = frame.gpu

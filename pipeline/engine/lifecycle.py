@@ -95,6 +95,26 @@ class Lifecycle:
             self._store(e, since, last_true, firing, started)
         return out
 
+    def next_change(self, cond: np.ndarray) -> float:
+        """Under a condition that holds still (one bool per entity): the earliest event time at
+        which a step could do more than move ``last_true`` -- fire a pending alert, resolve one
+        after ``keep_firing_for:``. -inf: the very next step changes state (the condition differs
+        from what the arrays hold); inf: no step ever does. Steps before that time can be
+        replaced by one step at the last of them (docs/architecture.md §4)."""
+        n = len(cond)
+        self._ensure(n)
+        since, firing = self.since[:n], self.firing[:n]
+        fresh = np.isnan(since)
+        if (cond & fresh).any() or (~cond & ~fresh).any():
+            return -math.inf
+        due = np.concatenate([since[cond & ~firing] + self.for_s, self.last_true[:n][~cond & firing] + self.keep_s])
+        return float(due.min()) if len(due) else math.inf
+
+    @property
+    def idle(self) -> bool:
+        """No entity pending or firing."""
+        return not self._active
+
     def _store(self, e: int, since: float, last_true: float, firing: bool, started: float) -> None:
         self.since[e], self.last_true[e], self.firing[e], self.started[e] = since, last_true, firing, started
         if firing or not math.isnan(since):

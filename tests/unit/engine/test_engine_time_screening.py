@@ -121,7 +121,7 @@ def test_the_tick_jump_gives_the_alerts_of_the_tick_by_tick_walk() -> None:
         [sample(t + gap, f"n{h}", g) for t in range(100, 200) for h in range(2) for g in range(2)]
     jumped = Engine()
     walked = Engine()
-    walked._skip_quiet = lambda upto: None  # type: ignore[method-assign]
+    walked._skip_ahead = lambda limit: None  # type: ignore[method-assign]
     a = jumped.process(records)
     a.extend(jumped.flush())
     b = walked.process(records)
