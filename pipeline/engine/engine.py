@@ -90,6 +90,9 @@ class Engine:
         self.state = GpuState()
         self.host_hwm = np.full(0, np.nan)
         self.host_arrival = np.full(0, np.nan)  # wall clock of each host's latest arrival (live only)
+        # Whether each host's latest records came as per-host messages, one host's GPUs at one
+        # time each: such a host is complete for the tick of its newest sample.
+        self.host_whole = np.zeros(0, bool)
         # Stream progress (the newest event time accepted) when each host's latest record came:
         # a host whose records keep coming is alive however far it lags (docs/architecture.md §4).
         self.host_seen = np.full(0, np.nan)
@@ -203,6 +206,7 @@ class Engine:
                 self.host_arrival[hosts] = now
                 if self._live_since is None:
                     self._live_since = now
+            self._note_whole(origins, hosts)
             self.first_ts = min(self.first_ts, float(ts.min())) if len(ts) else self.first_ts
             if len(ts):
                 self._chunks.append(self._ingest(records, origins, ts, hosts, out))
@@ -280,6 +284,26 @@ class Engine:
         if len(fwd):
             # Assignment with repeated indices keeps the last: the host's latest step.
             self.host_step[h[fwd]] = np.minimum(step[fwd], self.config.max_lag)
+
+    def _note_whole(self, origins: Sequence[str], hosts: np.ndarray) -> None:
+        """Which hosts of this batch sent per-host messages only (docs/architecture.md §4)."""
+        nh = self.entities.n_hosts
+        self.host_whole = grow(self.host_whole, nh, False)
+        if not len(hosts):
+            return
+        if isinstance(origins, Origins):
+            m = origins.msg
+            whole = origins.pos >= 0         # an element of an array message, not a bare record
+        else:   # decoded message by message (a batch of one, or a doubtful one): "<origin>#<i>"
+            parts = [o.rpartition("#") for o in origins]
+            whole = np.array([sep == "#" and i.isdigit() for _, sep, i in parts], bool)
+            ids: dict[str, int] = {}
+            m = np.array([ids.setdefault(name, len(ids)) for name, _, _ in parts], np.int64)
+        mixed = (m[1:] == m[:-1]) & (hosts[1:] != hosts[:-1])
+        if mixed.any():                      # a message with several hosts' records: not per host
+            whole &= ~np.isin(m, m[1:][mixed])
+        self.host_whole[hosts] = True
+        self.host_whole[hosts[~whole]] = False
 
     def _alive(self) -> np.ndarray:
         """Hosts near the front, or whose records kept coming within ``allowed_lateness`` of stream
@@ -403,14 +427,37 @@ class Engine:
             active &= hwm >= newest - self.config.max_lag
         if now is not None:
             arrival = grow(self.host_arrival, n, np.nan)[:n]
+            heard = ~np.isnan(arrival)
             with np.errstate(invalid="ignore"):
-                active |= known & (now - arrival <= self.config.idle_timeout)
-        wm = float(hwm[active].min()) - self.config.host_disorder
+                recent = now - arrival <= self.config.idle_timeout
+            # Live, a host heard from holds the watermark while its records keep arriving on the
+            # wall clock, however far behind (a backlog drained partition by partition), and
+            # stops holding it ``idle_timeout`` after its last one, however near the front.
+            live = np.where(heard, known & recent, active)
+            if live.any():   # (the whole fleet silent: as replay has it, until the idle flush)
+                active = live
+        wm = float(self._whole_bound(hwm, active)[active].min()) - self.config.host_disorder
         if newest - float(np.nanmin(self.first_ts)) < lateness:
             # Start-up: hosts come online a little apart and one not seen yet cannot hold the
             # watermark, so wait out the allowed lateness before trusting the per-host marks.
             wm = min(wm, newest - lateness)
         return max(self.released, wm)
+
+    def _whole_bound(self, hwm: np.ndarray, active: np.ndarray) -> np.ndarray:
+        """How far each host is complete: its newest sample, or the end of that sample's tick for
+        a host sending per-host messages whose next sample falls in a later tick (sampled at
+        least once a tick, 5 % of a tick to spare): its message for that second held every GPU,
+        so the second can go as soon as every live host has sent it, not the next one."""
+        n = len(hwm)
+        whole = grow(self.host_whole, n, False)[:n] & active
+        if not whole.any():
+            return hwm
+        tick = self.config.tick
+        step = grow(self.host_step, n, np.nan)[:n]
+        end = (np.floor(hwm / tick) + 1) * tick
+        with np.errstate(invalid="ignore"):
+            whole &= hwm + step - 0.05 * tick >= end
+        return np.where(whole, end, hwm)
 
     # -- processing in event time ---------------------------------------------------------------
 

@@ -1,0 +1,156 @@
+"""Sub-second release (issue 17): a per-host message holds all of a host's GPUs for one second,
+so a live engine releases second t once every live host has sent t, not t+1; per-GPU records
+keep the old rule; a host that stops sending stops holding the others after ``idle_timeout``;
+and the alerts do not depend on how the messages were batched."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from pipeline.decode import Origins
+from pipeline.engine import Engine, EngineConfig
+from pipeline.schema import DcgmRecord
+from tests.factories import T0, sample
+
+HOSTS = ("a", "b", "c")
+CONFIG = EngineConfig(idle_timeout=5.0)
+
+
+def _message(t: float, host: str, gpus: int = 4, fault_at: float | None = None) -> list[DcgmRecord]:
+    """One host's GPUs at one time; GPU 0 counts an NVLink replay from ``fault_at`` on."""
+    return [sample(t, host, g, nvlink_replay_errors=(1 if g == 0 and fault_at is not None and t >= fault_at else 0))
+            for g in range(gpus)]
+
+
+def _stream(seconds: int, phase: float = 0.3, fault: tuple[str, float] | None = ("b", 40.3),
+            silent: tuple[str, float] | None = None) -> list[tuple[str, list[DcgmRecord]]]:
+    """Per-host messages, second by second, hosts in turn (``silent``: that host stops then)."""
+    out = []
+    for s in range(seconds):
+        t = s + phase
+        for h in HOSTS:
+            if silent and h == silent[0] and t >= silent[1]:
+                continue
+            out.append((h, _message(t, h, fault_at=fault[1] if fault and h == fault[0] else None)))
+    return out
+
+
+def _feed(eng: Engine, messages: list[tuple[str, list[DcgmRecord]]], per_host_messages: bool = True,
+          now: float | None = 0.0, as_strings: bool = False) -> list[DcgmRecord]:
+    """One ``process`` call for these messages, as the decoder hands them over (``as_strings``:
+    as its message-by-message path does, origins spelled out)."""
+    recs = [r for _, m in messages for r in m]
+    sizes = [len(m) if per_host_messages else -1 for _, m in messages]
+    if not per_host_messages:   # one bare record per message
+        sizes = [-1] * len(recs)
+    origins = Origins.of_messages([f"t[0]@{i}" for i in range(len(sizes))], sizes)
+    out = eng.process(recs, list(origins) if as_strings else origins, now=now)
+    return out.alerts
+
+
+def _firing_after(per_host_messages: bool, live: bool, as_strings: bool = False) -> list[str]:
+    """After which host's message of which second the NVLink alert of second 40 came out."""
+    eng = Engine(CONFIG)
+    seen = []
+    for i, (h, m) in enumerate(_stream(60)):
+        wall = 100.0 + i / len(HOSTS)   # one second of wall clock per second of event time
+        for a in _feed(eng, [(h, m)], per_host_messages, now=wall if live else None, as_strings=as_strings):
+            if a.state == "firing":
+                seen.append(f"{h}@{m[0].ts - T0:.1f}")
+    return seen
+
+
+@pytest.mark.parametrize("as_strings", [False, True])
+@pytest.mark.parametrize("live", [True, False])
+def test_per_host_messages_release_a_second_once_every_host_has_sent_it(live: bool, as_strings: bool) -> None:
+    # Host c's message is the last of second 40: the alert on b's GPU comes out with it.
+    assert _firing_after(per_host_messages=True, live=live, as_strings=as_strings) == ["c@40.3"]
+
+
+@pytest.mark.parametrize("as_strings", [False, True])
+@pytest.mark.parametrize("live", [True, False])
+def test_per_gpu_records_keep_waiting_for_the_next_second(live: bool, as_strings: bool) -> None:
+    # Second 40 goes once every host has sent 41: with c's message of 41.3.
+    assert _firing_after(per_host_messages=False, live=live, as_strings=as_strings) == ["c@41.3"]
+
+
+def test_a_message_with_several_hosts_is_not_taken_as_any_hosts_whole_second() -> None:
+    eng = Engine(CONFIG)
+    seen = []
+    for s in range(60):
+        t = s + 0.3
+        both = [("ab", _message(t, "a") + _message(t, "b", fault_at=40.3))]
+        seen += [f"ab@{s}" for a in _feed(eng, both + [("c", _message(t, "c"))], now=None) if a.state == "firing"]
+    assert seen == ["ab@41"]
+
+
+def test_a_host_sampled_just_after_a_tick_starts_is_not_taken_as_complete_early() -> None:
+    # Samples at .02 of a second, once a second: a little jitter puts the next one in the same
+    # tick, so these hosts keep the old rule (the alert waits for the next second).
+    eng = Engine(CONFIG)
+    seen = []
+    for i, (h, m) in enumerate(_stream(60, phase=0.02, fault=("b", 40.02))):
+        seen += [f"{h}@{m[0].ts - T0:.2f}" for a in _feed(eng, [(h, m)], now=100.0 + i / len(HOSTS))
+                 if a.state == "firing"]
+    assert seen == ["c@41.02"]
+
+
+def test_a_silent_host_stops_holding_the_others_after_idle_timeout() -> None:
+    eng = Engine(CONFIG)
+    msgs = _stream(80, fault=("b", 50.3), silent=("c", 45.0))
+    when = {}
+    for i, (h, m) in enumerate(msgs):
+        wall = 100.0 + (m[0].ts - T0)
+        for a in _feed(eng, [(h, m)], now=wall):
+            if a.state == "firing":
+                when[a.rule] = (m[0].ts - T0, wall)
+        eng.process([], now=wall + 0.5)   # the consumer's idle poll between messages
+        if "builtin_nvlink_replay" in when:
+            break
+    # c went silent at event time 45 (wall 145); b's fault at 50.3 (wall 150.3) is out within
+    # the second, once c's last arrival is idle_timeout (5 s) behind: not held for lateness (30 s).
+    t, wall = when["builtin_nvlink_replay"]
+    assert t == pytest.approx(50.3) and wall <= 151.0
+    assert eng.watermark(now=wall) >= T0 + 50
+
+
+def test_a_silent_host_holds_the_others_until_idle_timeout() -> None:
+    eng = Engine(CONFIG)
+    for i, (h, m) in enumerate(_stream(44)):
+        _feed(eng, [(h, m)], now=100.0 + (m[0].ts - T0))
+    # c sent 43.3 at wall 143.3; a and b go on to 46.3: within idle_timeout c still holds.
+    for s in (44.3, 45.3, 46.3):
+        _feed(eng, [("a", _message(s, "a")), ("b", _message(s, "b"))], now=100.0 + s)
+    assert eng.watermark(now=146.5) <= T0 + 44
+    assert eng.watermark(now=149.0) >= T0 + 46
+
+
+def _alerts(eng: Engine, batches: list[list[tuple[str, list[DcgmRecord]]]], live: bool) -> list[tuple]:
+    out = []
+    for b in batches:
+        # Live: the batch comes when its newest message was sent, in real time.
+        out += _feed(eng, b, now=1000.0 + max(m[0].ts for _, m in b) - T0 if live else None)
+    out += eng.flush().alerts
+    return [(a.id, a.state, a.rule, a.host, a.gpu, a.ts) for a in out]
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_alerts_do_not_depend_on_how_per_host_messages_are_batched(seed: int) -> None:
+    rnd = random.Random(seed)
+    msgs = _stream(90, phase=rnd.choice([0.0, 0.3, 0.6]), fault=(rnd.choice(HOSTS), 30 + rnd.randrange(40) + 0.3))
+    # Hosts' messages of one second interleave in any order (a consumer reads partitions so).
+    for s in range(0, len(msgs), len(HOSTS)):
+        part = msgs[s:s + len(HOSTS)]
+        rnd.shuffle(part)
+        msgs[s:s + len(HOSTS)] = part
+    golden = _alerts(Engine(CONFIG), [msgs], live=False)
+    assert any(a[1] == "firing" for a in golden)
+    for _ in range(4):
+        cuts = sorted(rnd.sample(range(1, len(msgs)), rnd.randrange(1, 60)))
+        batches = [msgs[i:j] for i, j in zip([0] + cuts, cuts + [len(msgs)])]
+        for live in (False, True):
+            eng = Engine(CONFIG)
+            assert _alerts(eng, batches, live=live) == golden
+            assert eng.stats["dead.late"] == 0
