@@ -105,6 +105,29 @@ def _bad_host(name: object) -> str | None:
     return bad_identifier(name, MAX_HOST_LEN, host=True)
 
 
+def _is_str(v: object) -> bool:
+    return isinstance(v, str)
+
+
+def _label_text(labels: object, dropped: list[tuple[str, str]]) -> dict[str, str]:
+    """``labels`` as strings: a finite number as its text (``1234``, ``0.5``), any other value
+    (and labels that are not an object) noted in ``dropped``."""
+    if not isinstance(labels, dict):
+        dropped.append(("labels", WRONG_TYPE))
+        return {}
+    out = {}
+    for k, v in labels.items():
+        if isinstance(v, str):
+            out[k] = v
+        elif isinstance(v, int) and not isinstance(v, bool) and abs(v) < 10 ** 30:
+            out[k] = str(v)
+        elif isinstance(v, float) and math.isfinite(v):
+            out[k] = f"{v:g}" if v != int(v) or abs(v) >= 1e16 else str(int(v))
+        else:
+            dropped.append((f"labels.{k}", WRONG_TYPE))
+    return out
+
+
 def _shown(name: str) -> str:
     """An untrusted name as it may appear in a detail: escaped, and cut."""
     return ascii(name[:64]) + ("…" if len(name) > 64 else "")
@@ -513,6 +536,13 @@ class Decoder:
                 else:
                     clean[name] = val
             item = {**item, "fields": clean}
+        labels = item.get("labels", {})
+        if labels is None:                      # null: no labels
+            item = {**item, "labels": {}}
+        elif not (isinstance(labels, dict) and all(map(_is_str, labels.values()))):
+            # Labels are metadata: a number (a Slurm job id written as 1234) is kept as its text,
+            # anything else dropped on its own; the record is still used.
+            item = {**item, "labels": _label_text(labels, dropped)}
         try:
             rec = msgspec.convert(item, _KINDS[kind], strict=False)
         except msgspec.ValidationError as e:

@@ -112,10 +112,11 @@ class DcgmJobLabels(msgspec.Struct, kw_only=True, gc=False):
     """The few ``labels`` of a DCGM record that say whose work runs on the GPU: dcgm-exporter's
     Kubernetes pod mapping (``pod``, ``namespace``, ``container``), its HPC job mapping
     (``hpc_job``), and a ``job`` label (the simulator's, or one a producer adds). Every other
-    label is skipped while decoding, allocating nothing (docs/architecture.md §3)."""
+    label is skipped while decoding, allocating nothing (docs/architecture.md §3). An integer
+    (a Slurm job id written as a number) is kept as it is; it is text by the time an alert has it."""
 
-    job: str | None = None
-    hpc_job: str | None = None
+    job: str | int | None = None
+    hpc_job: str | int | None = None
     pod: str | None = None
     namespace: str | None = None
     container: str | None = None
@@ -134,7 +135,8 @@ def dcgm_record_type(names: tuple[str, ...]) -> type[DcgmSample]:
     """
     sub = dcgm_fields_type(names)
     return msgspec.defstruct("DcgmSampleSubset", [("fields", sub, msgspec.field(default_factory=sub)),
-                                                  ("labels", DcgmJobLabels, msgspec.field(default_factory=DcgmJobLabels))],
+                                                  ("labels", Union[DcgmJobLabels, None],
+                                                   msgspec.field(default_factory=DcgmJobLabels))],
                              bases=(DcgmSample,), tag="dcgm", tag_field="kind", kw_only=True, gc=False)
 
 

@@ -198,7 +198,12 @@ def _usable(value: Any) -> bool:
 def _job_fields(lab: Any) -> dict[str, str]:
     if lab is None:
         return {}
-    get = lab.get if isinstance(lab, dict) else (lambda k: getattr(lab, k, None))
+    get_ = lab.get if isinstance(lab, dict) else (lambda k: getattr(lab, k, None))
+
+    def get(k: str) -> Any:
+        v = get_(k)
+        return str(v) if isinstance(v, int) and not isinstance(v, bool) else v
+
     out = {}
     job = get("job") if _usable(get("job")) else get("hpc_job")
     if _usable(job):
@@ -213,5 +218,5 @@ def _label_state(lab: Any) -> list[str | None] | None:
     if lab is None:
         return None
     get = lab.get if isinstance(lab, dict) else (lambda k: getattr(lab, k, None))
-    vals = [v if isinstance(v := get(k), str) else None for k in JOB_LABELS]
+    vals = [str(v) if isinstance(v := get(k), (str, int)) and not isinstance(v, bool) else None for k in JOB_LABELS]
     return vals if any(v is not None for v in vals) else None

@@ -102,3 +102,27 @@ def test_jobs_survive_snapshot_and_restore_and_old_snapshots_still_read():
     old.restore(msgspec.msgpack.encode(data))
     assert old.entities.job_labels(0) == {} and old.entities.gpus == [("n1", 0)]
     np.testing.assert_array_equal(old.state.last_ts, back.state.last_ts)
+
+
+def _wire(labels: bytes) -> bytes:
+    return b'{"kind":"dcgm","ts":1764403200,"host":"h","gpu":0,"labels":' + labels + b',"fields":{}}'
+
+
+def test_odd_labels_cost_only_themselves():
+    # Reading labels must not start losing records it used to keep: a Slurm job id written as a
+    # number is the job, null is no labels, a label of another type is dropped on its own.
+    eng = Engine()
+    for dec in (Decoder(fields=eng.decode_fields), Decoder()):
+        out = dec.decode(_wire(b'{"job":1234}'), "t:1")
+        assert len(out.records) == 1 and not out.dead
+        ent = Entities()
+        ent.note_labels(ent.gpu_ids(["h"], [0]), out.records)
+        assert ent.job_labels(0) == {"job": "1234"}
+        out = dec.decode(_wire(b"null"), "t:2")
+        assert len(out.records) == 1 and not out.dead
+        out = dec.decode(_wire(b'{"job":"j","pod":[1],"x":{"y":1}}'), "t:3")
+        assert len(out.records) == 1
+        assert [(d.reason, d.action, d.fields) for d in out.dead] == \
+            [("wrong_type", "fields_dropped", ["labels.pod", "labels.x"])]
+        out = dec.decode(_wire(b'"not an object"'), "t:4")
+        assert len(out.records) == 1 and out.dead[0].fields == ["labels"]
