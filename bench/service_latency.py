@@ -37,13 +37,16 @@ from pipeline.bus.kafka import KafkaBusProducer, ensure_topics  # noqa: E402
 
 
 def publish_paced(bootstrap: str, topic: str, hosts: list[str], seconds: int, warmup: int, cooldown: int,
-                  faults_per_s: int, rng: random.Random) -> tuple[dict[tuple[str, int, int], float], float]:
+                  faults_per_s: int, rng: random.Random, silent_from: int | None = None
+                  ) -> tuple[dict[tuple[str, int, int], float], float]:
     """Send one message per host per second in real time; return (host, gpu, second) -> produce time
     of each injected XID 79, and how far behind its schedule the publisher fell at worst (a
     second's messages sent later than the next second's start mean the load was not paced).
 
     No fault in the last ``cooldown`` seconds: a second's samples are evaluated once later event
     time closes its tick, so a fault in the very last second would only be seen at the idle flush.
+    ``silent_from``: the last host sends nothing from that second on (a dead node); it gets no
+    fault, so what is measured is what its silence does to the other hosts' alerts.
     """
     produced: dict[tuple[str, int, int], float] = {}
     lost: set[tuple[str, int]] = set()
@@ -57,12 +60,15 @@ def publish_paced(bootstrap: str, topic: str, hosts: list[str], seconds: int, wa
         ts = round(time.time(), 3)
         faulty = set()
         if warmup <= s < seconds - cooldown:  # after the engine's start-up window
-            while len(faulty) < faults_per_s and len(lost) < 8 * len(hosts):
-                c = (rng.choice(hosts), rng.randrange(8))
+            live = hosts[:-1] if silent_from is not None and len(hosts) > 1 else hosts
+            while len(faulty) < faults_per_s and len(lost) < 8 * len(live):
+                c = (rng.choice(live), rng.randrange(8))
                 if c not in lost:
                     faulty.add(c)
                     lost.add(c)
         for h in hosts:
+            if silent_from is not None and s >= silent_from and h == hosts[-1] and len(hosts) > 1:
+                continue
             recs = []
             for g in range(8):
                 xid = 79 if (h, g) in lost else 0
@@ -105,12 +111,12 @@ def run_once(args: argparse.Namespace, seed: int) -> dict:
     try:
         ensure_topics(args.kafka, topics, partitions=8)
         svc = Service({"kafka": {"bootstrap": args.kafka, "prefix": prefix, "group": prefix},
-                       "engine": {"allowed_lateness": 10},
+                       "engine": {"allowed_lateness": 10, "idle_timeout": args.idle_timeout},
                        "http": {"port": 0}, "service": {"rules": [str(ROOT / "rules")]}}, args.workdir, prefix)
         try:
             produced, behind = publish_paced(args.kafka, topics.telemetry, hosts, args.seconds, args.warmup,
-                                             args.cooldown,
-                                     args.faults_per_s, random.Random(seed))
+                                             args.cooldown, args.faults_per_s, random.Random(seed),
+                                             args.silent_from)
             lat = collect(args.kafka, topics.alerts, produced, args.drain_s)
         finally:
             svc.stop()
@@ -132,6 +138,9 @@ def main() -> None:
     ap.add_argument("--faults-per-s", type=int, default=3)
     ap.add_argument("--drain-s", type=float, default=30.0, help="how long to wait for the last alerts")
     ap.add_argument("--repeat", type=int, default=1)
+    ap.add_argument("--silent-from", type=int, help="one host (never faulty) sends nothing from this second on")
+    ap.add_argument("--idle-timeout", type=float, default=10.0,
+                    help="engine.idle_timeout: how long a silent host holds the others back (default 10)")
     ap.add_argument("--workdir", type=Path, default=ROOT / "bench" / "results", help="service configs and logs")
     ap.add_argument("--json", help="append the result as one JSON line to this file")
     args = ap.parse_args()
@@ -143,12 +152,15 @@ def main() -> None:
         return round(statistics.median(r[key] for r in runs), 3)
 
     res = {"bench": "service_latency", "gpus": args.gpus, "seconds": args.seconds, "repeat": args.repeat,
+           "silent_from": args.silent_from, "idle_timeout": args.idle_timeout,
            "faults": sum(r["faults"] for r in runs), "alerts_seen": sum(r["alerts_seen"] for r in runs),
            "p50_s": med("p50_s"), "p95_s": med("p95_s"), "p99_s": med("p99_s"), "max_s": med("max_s"),
            "publisher_behind_s": round(max(r["publisher_behind_s"] for r in runs), 3),
            "runs": [{k: round(v, 3) if isinstance(v, float) else v for k, v in r.items()} for r in runs],
            "machine": f"{os.cpu_count()} cores, shared by broker, publisher and service"}
-    print(f"{args.gpus:,} GPUs at 1 Hz for {args.seconds}s, median of {args.repeat}: {res['alerts_seen']}/"
+    silent = f", one host silent from {args.silent_from}s (idle_timeout {args.idle_timeout:g}s)" \
+        if args.silent_from is not None else ""
+    print(f"{args.gpus:,} GPUs at 1 Hz for {args.seconds}s{silent}, median of {args.repeat}: {res['alerts_seen']}/"
           f"{res['faults']} alerts seen, produce-to-alert latency p50 {res['p50_s']}s, p95 {res['p95_s']}s, "
           f"p99 {res['p99_s']}s, max {res['max_s']}s; publisher at worst {res['publisher_behind_s']}s behind")
     if args.json:

@@ -43,7 +43,14 @@ def fake_result(**overrides) -> dict:
                                    gpus=4096, gpu_samples=245_760)},
     ] + [{"bench": "latency", **fig(f"latency.{q}", q, "s", [v, v + 0.5, v - 0.25], gpus=16384, rate_hz=1,
                                     alerts_seen=225, faults=225, publisher_behind_s=0.2)}
-         for q, v in (("p50", 1.25), ("p95", 2.5), ("p99", 3.75), ("max", 4.0))]
+         for q, v in (("p50", 1.25), ("p95", 2.5), ("p99", 3.75), ("max", 4.0))] \
+      + [{"bench": "latency", **fig(f"latency_silent.{q}", q, "s", [v], gpus=16384, rate_hz=1, alerts_seen=224,
+                                    faults=225, publisher_behind_s=0.1, silent_from=23)}
+         for q, v in (("p50", 1.5), ("p95", 2.75), ("p99", 4.5), ("max", 9.0))] \
+      + [{"bench": "replay", **fig(f"replay.{m}.{k}", k, "records/s", [v], gpus=48, seconds=7200, interval_s=5,
+                                   dcgm_records=69_120, records=197_088, ticks_walked=400)}
+         for m, k, v in (("rules", "dcgm", 21_000), ("rules", "all", 60_000), ("models", "dcgm", 9_000),
+                         ("models", "all", 26_000))]
     result = {"suite": "gpuwarden bench", "format": 1, "started": "2026-11-29T12:00:00+00:00",
               "finished": "2026-11-29T12:30:00+00:00", "repeat": 3, "fleets": [1024, 4096, 16384],
               "machine": {"cpu": "Test CPU 9000", "arch": "x86_64", "cores": 2, "cores_usable": 2, "ram_gib": 23.5,
@@ -110,8 +117,11 @@ def test_markdown_states_the_machine_and_the_medians_of_the_runs():
     # engine: median of 41k/52k/50k is 50k, the runs beside it; models cost against the same run's rules
     assert "| 1,024 | 61,440 | 50,000 (41,000 / 52,000 / 50,000) | 42,000 (40,000 / 43,000 / 42,000) | 12 % |" in md
     assert "| 4,096 | 245,760 | 95,000 (90,000 / 95,000 / 100,000) | 30,000 (30,000 / 31,000 / 29,000) | 32 % |" in md
-    assert "| 16,384 | 225/225 | 1.25 (1.25 / 1.75 / 1.00) | 2.50 " in md
+    assert "| 16,384 | all hosts sending | 225/225 | 1.25 (1.25 / 1.75 / 1.00) | 2.50 " in md
     assert md.count("| 0.20 |") == 1  # the publisher's worst lag: was the load really paced
+    assert "| 16,384 | one host silent mid-run | 224/225 | 1.50 | 2.75 | 4.50 | 9.00 | 0.10 |" in md
+    assert "69,120 DCGM of 197,088 records" in md and "400 ticks walked of 7,200 seconds" in md
+    assert "| rules only | 21,000 | 60,000 |" in md and "| rules + models | 9,000 | 26,000 |" in md
     assert "168 KiB" in md
     assert "Wire format" not in md  # no wire figures, no wire table
 
