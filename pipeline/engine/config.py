@@ -19,7 +19,9 @@ class EngineConfig:
     - ``idle_timeout``: live input only (``process(..., now=...)``): a host whose records arrived
       within this many wall-clock seconds keeps holding the watermark even when it is further
       behind than ``allowed_lateness``, so a consumer catching up on a backlog partition by
-      partition does not turn the slower partitions' records into late ones. For the same reason
+      partition does not turn the slower partitions' records into late ones; and a host whose
+      records stopped arriving this long ago stops holding it, however near the front it was
+      (one dead node must not delay every other host's alerts by ``allowed_lateness``). For the same reason
       a live engine (fresh or restored) holds its first ``idle_timeout`` seconds of input, up to
       ``max_pending`` records, so every partition can deliver before any host counts as gone.
     - ``tick``: the engine processes samples one tick of event time at a time, and judges
