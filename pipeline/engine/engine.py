@@ -4,12 +4,15 @@
 The Kafka service, file replay, rule tests, the demo and the benchmarks all drive this same
 object; they differ only in where records come from and where the output goes.
 
-Time (DESIGN §3): every host has a high-water mark (its newest event time). The watermark is the
-oldest high-water mark among hosts that are within ``allowed_lateness`` of the newest one, so a
-lagging host holds processing back instead of losing its data, and a dead host stops doing so
-after ``allowed_lateness``. Records are buffered and processed in event-time order once the
-watermark passes them; a record older than what was already processed is dead-lettered as
-``late``. Hence any interleaving of hosts' streams (each in order) gives the same alerts.
+Time (docs/architecture.md §4): every host has a high-water mark (its newest event time). The
+watermark is the oldest high-water mark among active hosts (near the front, or still sending), so
+a lagging host holds processing back instead of losing its data, and a dead host stops doing so
+after ``allowed_lateness`` (live: ``idle_timeout`` of wall clock). A host sending per-host
+messages counts up to the end of its newest sample's tick, so a second goes as soon as every
+active host has sent it. Records are buffered and processed in event-time order once the
+watermark passes them, tick by tick, skipping ticks with nothing due; a record older than what
+was already processed is dead-lettered as ``late``. Hence any interleaving of hosts' streams
+(each in order) gives the same alerts.
 """
 
 from __future__ import annotations
