@@ -13,8 +13,9 @@ back. Every figure is the median of ``--repeat`` runs (memory is deterministic: 
 * engine: ``engine_throughput.py``, rules only, decode included, one core, per fleet size;
 * models: ``models_throughput.py``, rules + default models, one core, per fleet size;
 * memory: ``state_memory.py``, per-GPU state bytes by part, per fleet size;
-* service: ``service_throughput.py``, the service through Kafka next to the raw kafka-python
-  consume ceiling, per fleet size;
+* service: ``service_throughput.py``, the service through Kafka, with the models and with the
+  rules only, next to the raw kafka-python consume ceiling, and its checkpoint time per
+  partition, per fleet size;
 * latency: ``service_latency.py``, produce-to-alert p50/p95/p99 at a paced 1 Hz load, per fleet
   size (the 16,384-GPU row is the headline);
 * wire: ``wire_format.py``, per-GPU vs per-host messages;
@@ -218,11 +219,20 @@ def bench_memory(plan: Plan, gpus: int) -> tuple[dict, list[dict]]:
 def bench_service(plan: Plan, gpus: int) -> tuple[dict, list[dict]]:
     (raw,), wall = run_script("service_throughput.py", ["--kafka", plan.kafka, "--gpus", str(gpus), "--seconds",
                                                           str(plan.service_seconds), "--repeat", str(plan.repeat),
-                                                          "--workdir", str(plan.workdir)])
-    figs = [figure("service.throughput", "service through Kafka", "GPU-samples/s", raw["service_runs"], gpus=gpus,
-                   gpu_samples=raw["gpu_samples"]),
-            figure("service.raw_consume", "raw kafka-python consume", "GPU-samples/s", raw["raw_consume_runs"],
+                                                          "--models", "auto,none", "--workdir", str(plan.workdir)])
+    figs = [figure("service.raw_consume", "raw kafka-python consume", "GPU-samples/s", raw["raw_consume_runs"],
                    gpus=gpus, gpu_samples=raw["gpu_samples"])]
+    for mode, slug, label in (("auto", "throughput", "service through Kafka, rules and models"),
+                              ("none", "throughput_rules", "service through Kafka, rules only")):
+        m = raw["modes"].get(mode)
+        if not m:
+            continue
+        figs.append(figure(f"service.{slug}", label, "GPU-samples/s", m["service_runs"], gpus=gpus,
+                           gpu_samples=raw["gpu_samples"]))
+        if m["checkpoint_runs"]:
+            # Snapshot, sign and queue one partition's checkpoint (docs/operations.md#performance).
+            figs.append(figure(f"service.checkpoint_s.{mode}", f"checkpoint per partition ({label})", "s",
+                               m["checkpoint_runs"], gpus=gpus))
     return {"name": "service", "gpus": gpus, "wall_s": wall, "raw": raw}, figs
 
 
@@ -421,16 +431,25 @@ def render_markdown(result: dict, json_path: str | None = None) -> str:
     if svc:
         out += ["### Service through Kafka, at full speed", "",
                 "A recording published to a fresh topic (per-host messages, 8 partitions); a bare kafka-python "
-                "consumer reads it (the ceiling of any consumer), then one `gpuwarden serve` process processes it "
-                "from its partition assignment until its /metrics count every record (decode, rules, models, "
-                "alert delivery, checkpoints and commits included).", ""]
+                "consumer reads it (the ceiling of any consumer), then one `gpuwarden serve` process per mode "
+                "(rules and the default models; rules only), each in a group of its own, processes it from its "
+                "partition assignment until its /metrics count every record (decode, rules, models, alert "
+                "delivery, checkpoints and commits included). Goals: with the models >= 60 % of raw, rules "
+                "only >= 85 %. Checkpoint: one partition's snapshot, signature and write, mean over the run.", ""]
         rows = []
         for g in svc:
-            s, r = get("service.throughput", g), get("service.raw_consume", g)
-            ratio = f"{100 * s['median'] / r['median']:.0f} %" if s and r and r["median"] else "-"
-            rows.append([f"{g:,}", _fmt((s or r or {}).get("gpu_samples")), _cell(r), _cell(s), ratio])
+            r = get("service.raw_consume", g)
+            s, s0 = get("service.throughput", g), get("service.throughput_rules", g)
+
+            def pct(x: dict | None) -> str:
+                return f"{100 * x['median'] / r['median']:.0f} %" if x and r and r["median"] else "-"
+            cp, cp0 = get("service.checkpoint_s.auto", g), get("service.checkpoint_s.none", g)
+            rows.append([f"{g:,}", _fmt((s or r or {}).get("gpu_samples")), _cell(r), _cell(s), pct(s), _cell(s0),
+                         pct(s0), _cell(cp, 3), _cell(cp0, 3)])
         out += _table(["GPUs", "GPU-samples", "raw kafka-python consume (GPU-samples/s)",
-                       "service (GPU-samples/s)", "service / raw"], rows) + [""]
+                       "service, models (GPU-samples/s)", "models / raw (goal 60 %)", "service, rules only",
+                       "rules / raw (goal 85 %)", "checkpoint per partition, models (s)",
+                       "rules only (s)"], rows) + [""]
     lat = fleets("latency.")
     if lat:
         out += ["### Produce-to-alert latency at a paced 1 Hz load", "",
