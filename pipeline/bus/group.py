@@ -94,7 +94,7 @@ class KafkaGroupConsumer:
             self._c = KafkaConsumer(bootstrap_servers=bootstrap, group_id=group, enable_auto_commit=False,
                                     client_id=client_id, **_security(security), **options)
         except KafkaError as e:
-            raise _unavailable(bootstrap, e) from e
+            raise _unavailable(bootstrap, e, security) from e
 
     def _tp(self, partition: int) -> Any:
         from kafka import TopicPartition

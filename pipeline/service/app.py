@@ -27,7 +27,7 @@ import os
 import signal
 import time
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
@@ -97,6 +97,7 @@ class Service:
         self._stop = False
         self._reload_requested = False
         now = clock()
+        self._grid0 = now
         self._last_poll = now
         self._last_reload_check = now
         self._last_lag = 0.0
@@ -297,20 +298,32 @@ class Service:
     def _checkpoint_due(self) -> None:
         now = self.clock()
         svc = self.cfg.service
-        by_records = [ps for ps in self.parts.values() if ps.dirty and ps.since_saved >= svc.checkpoint_records]
-        first = [ps for ps in self.parts.values() if ps.dirty and ps.last_saved == -math.inf]
-        by_time = [ps for ps in self.parts.values() if ps.dirty and ps not in by_records and ps not in first
-                   and now - ps.last_saved >= svc.checkpoint_interval_s]
-        self._checkpoint(first, "first")
-        self._checkpoint(by_records, "records")
-        self._checkpoint(by_time, "interval")
+        why: dict[int, str] = {}
+        for ps in self.parts.values():
+            if not ps.dirty:
+                continue
+            if ps.last_saved == -math.inf:
+                why[ps.partition] = "first"
+            elif ps.since_saved >= svc.checkpoint_records:
+                why[ps.partition] = "records"
+            elif now - ps.last_saved >= svc.checkpoint_interval_s:
+                why[ps.partition] = "interval"
+        # One round for every partition due: one wait for the broker and one offset commit.
+        self._checkpoint([self.parts[p] for p in why], why)
 
-    def _checkpoint(self, parts: list[PartitionState], why: str, commit: bool = True) -> bool:
+    def _on_grid(self, t: float) -> float:
+        """``t`` rounded down to the checkpoint grid (multiples of the interval since start-up):
+        partitions saved in different turns of the loop fall due in the same one later."""
+        step = self.cfg.service.checkpoint_interval_s
+        return t - (t - self._grid0) % step
+
+    def _checkpoint(self, parts: list[PartitionState], why: str | dict[int, str], commit: bool = True) -> bool:
         """Write the checkpoints of ``parts``, wait for the broker, then commit their offsets.
 
-        False (and nothing committed) when the broker refused them: each partition's previous
-        checkpoint stays valid (it carries its own offset), so a restart replays more, losing
-        nothing, and the next turn of the loop tries again."""
+        ``why``: the reason, or each partition's (the metric's label). False (and nothing
+        committed) when the broker refused them: each partition's previous checkpoint stays
+        valid (it carries its own offset), so a restart replays more, losing nothing, and it is
+        tried again on the cadence."""
         parts = [ps for ps in parts if ps.next_offset is not None]
         if not parts:
             return True
@@ -333,17 +346,20 @@ class Service:
         except DeliveryError as e:
             self.metrics.checkpoint_failures.inc()
             log.error("checkpoint refused by the broker (%s); keeping the previous one", e)
-            now = self.clock()
+            now = self._on_grid(self.clock())
             for ps in parts:            # tried again on the cadence, not on every turn of the loop
                 ps.last_saved, ps.since_saved = now, 0
             return False
         self._phase_checkpoint.inc(time.perf_counter() - t0)
-        now = self.clock()
+        now = self._on_grid(self.clock())
         for ps, offset in saved:
             ps.saved_offset, ps.dirty, ps.since_saved, ps.last_saved = offset, False, 0, now
-        self.metrics.checkpoints.labels(why).inc(len(saved))
-        log.debug("checkpointed partitions %s (%s)", [ps.partition for ps, _ in saved], why,
-                  extra={"partitions": [ps.partition for ps, _ in saved], "why": why})
+        reasons = {ps.partition: why if isinstance(why, str) else why[ps.partition] for ps, _ in saved}
+        for reason in reasons.values():
+            self.metrics.checkpoints.labels(reason).inc()
+        label = "+".join(sorted(set(reasons.values())))
+        log.debug("checkpointed partitions %s (%s)", sorted(reasons), label,
+                  extra={"partitions": sorted(reasons), "why": label})
         if commit:
             self._commit({ps.partition: offset for ps, offset in saved})
         return True
