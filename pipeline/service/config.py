@@ -64,9 +64,10 @@ class ServiceSection(msgspec.Struct, forbid_unknown_fields=True):
     flush_idle_s: float = 30.0
     reload_check_s: float = 5.0                   # how often rule files are checked for changes
     # Checkpoint cadence (docs/operations.md, How it keeps its promises): a partition with new
-    # input is checkpointed, and only then its offsets committed, at most every
-    # checkpoint_interval_s or after checkpoint_records records, and always on revoke, idle
-    # flush and shutdown. A crash replays what came after the partition's last checkpoint.
+    # input is checkpointed, and only then its offsets committed, once per
+    # checkpoint_interval_s (one grid for all partitions, so they go in one round) or after
+    # checkpoint_records records, and always after its first batch, on revoke, idle flush and
+    # shutdown. A crash replays what came after the partition's last checkpoint.
     checkpoint_interval_s: float = 5.0
     checkpoint_records: int = 200_000
     log_level: str = "INFO"
