@@ -172,7 +172,9 @@ class Engine:
         n = len(records)
         if n:
             if origins is None:
-                origins = Origins(["batch"], np.zeros(n, np.intp), np.arange(n))
+                # Each record its own message: a caller that hands the engine records has said
+                # nothing about per-host messages, so no host counts as whole (see _note_whole).
+                origins = Origins(_Numbered("batch", n), np.arange(n), np.full(n, -1))
             # map() over C-level attribute getters: this runs once per record on the hot path.
             ts = np.fromiter(map(_TS, records), np.float64, n)
             hosts = self.entities.host_ids(list(map(_HOST, records)), limit=self.config.max_hosts)
@@ -183,7 +185,11 @@ class Engine:
             self.host_seen = grow(self.host_seen, nh, np.nan)
             self.host_jump = grow(self.host_jump, nh, np.nan)
             self.host_step = grow(self.host_step, nh, np.nan)
-            screened = self._screen(ts, hosts)
+            # Live, a consumer may drain a backlog partition by partition, hours apart in event
+            # time: there the decoder bounds time against the wall clock and aliveness is by
+            # arrival, so one host ahead cannot carry the watermark; only replay screens here.
+            screened = self._screen(ts, hosts) if now is None else self._screen_late(ts)
+            heard_ts, heard_hosts = ts, hosts
             if screened is not None:
                 why, ref = screened
                 bad = why != 0
@@ -195,15 +201,20 @@ class Engine:
                 keep = np.flatnonzero(~bad)
                 records = [records[i] for i in keep.tolist()]
                 origins = take_origins(origins, keep)
+                # A late record still says its host is there: a host first seen late (it joined
+                # behind the others) holds the watermark from now on instead of losing every
+                # record to lateness. Records refused as ahead say nothing of the kind.
+                heard = why != _AHEAD
+                heard_ts, heard_hosts = ts[heard], hosts[heard]
                 ts, hosts = ts[keep], hosts[keep]
-            if len(ts):
+            if len(heard_ts):
                 # Stream progress at each record (a running max): the same whatever the batching.
                 prior = self.host_hwm[:nh]
                 start = float(np.nanmax(prior)) if nh and not np.isnan(prior).all() else -math.inf
-                np.fmax.at(self.host_seen, hosts, np.maximum(np.maximum.accumulate(ts), start))
-                self._note_steps(ts, hosts)
-                np.fmax.at(self.host_hwm, hosts, ts)
-                self.host_jump[np.unique(hosts)] = np.nan
+                np.fmax.at(self.host_seen, heard_hosts, np.maximum(np.maximum.accumulate(heard_ts), start))
+                self._note_steps(heard_ts, heard_hosts)
+                np.fmax.at(self.host_hwm, heard_hosts, heard_ts)
+                self.host_jump[np.unique(heard_hosts)] = np.nan
             if now is not None:
                 self.host_arrival = grow(self.host_arrival, self.entities.n_hosts, np.nan)
                 self.host_arrival[hosts] = now
@@ -308,6 +319,13 @@ class Engine:
         self.host_whole[hosts] = True
         self.host_whole[hosts[~whole]] = False
 
+    def _wait(self, n: int) -> np.ndarray:
+        """How much stream progress each host may go without a record and still count as there:
+        ``allowed_lateness`` plus its sampling step (a host seen once: the fleet's longest)."""
+        step = grow(self.host_step, n, np.nan)[:n]
+        known = step[~np.isnan(step)]
+        return self.config.allowed_lateness + np.where(np.isnan(step), known.max() if len(known) else 0.0, step)
+
     def _alive(self) -> np.ndarray:
         """Hosts near the front, or whose records kept coming within ``allowed_lateness`` of stream
         progress: the hosts whose clocks say where the fleet is."""
@@ -316,7 +334,7 @@ class Engine:
         if not n or np.isnan(hwm).all():
             return np.zeros(n, bool)
         newest, lateness = float(np.nanmax(hwm)), self.config.allowed_lateness
-        wait = lateness + np.nan_to_num(self.host_step[:n])
+        wait = self._wait(n)
         with np.errstate(invalid="ignore"):
             return (hwm >= newest - lateness) | (newest - seen <= wait)
 
@@ -333,6 +351,13 @@ class Engine:
             return math.nan
         k = (len(known) - 1) // 2
         return float(np.partition(known, k)[k])
+
+    def _screen_late(self, ts: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
+        """Only what is older than what was processed (the live engine's screen)."""
+        late = ts < self.released
+        if not late.any():
+            return None
+        return np.where(late, _LATE, 0).astype(np.int8), np.full(len(ts), self.released)
 
     def _screen(self, ts: np.ndarray, hosts: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
         """Why each arriving record is refused (0: it is not) and the present it was judged
@@ -354,7 +379,7 @@ class Engine:
         median = float(np.partition(ts, k)[k])
         ref = median if math.isnan(present) else present
         if not np.isnan(self.host_jump[:nh]).all() or (ts > ref + cfg.max_ahead).any():
-            return self._screen_in_order(ts, hosts, claimed, alive, median)
+            return self._screen_in_order(ts, hosts, claimed, median)
         # Behind: against the stream's progress when the record came (a running max), which
         # nothing ahead can have inflated here, and which is the same whatever the batching.
         clock = np.maximum.accumulate(ts)
@@ -364,20 +389,27 @@ class Engine:
             return None
         return np.where(behind, _LATE, 0).astype(np.int8), clock
 
-    def _screen_in_order(self, ts: np.ndarray, hosts: np.ndarray, claimed: np.ndarray, alive: np.ndarray,
+    def _screen_in_order(self, ts: np.ndarray, hosts: np.ndarray, claimed: np.ndarray,
                          first: float) -> tuple[np.ndarray, np.ndarray]:
         """``_screen`` one record at a time (a host or the fleet claims a jump: rare)."""
         cfg = self.config
-        claimed, alive = claimed.copy(), alive.copy()
+        n = self.entities.n_hosts
+        claimed = claimed.copy()
         hwm, jump = self.host_hwm, self.host_jump
+        # Aliveness as _alive() has it, kept up to date record by record: a host that went
+        # silent in the middle of this batch must stop counting for the present.
+        seen = self.host_seen[:n].copy()
+        wait = self._wait(n)
         why = np.zeros(len(ts), np.int8)
         ref = np.empty(len(ts))
         newest = self._newest()
         for i, (t, h) in enumerate(zip(ts.tolist(), hosts.tolist())):
+            with np.errstate(invalid="ignore"):
+                alive = (hwm[:n] >= newest - cfg.allowed_lateness) | (newest - seen <= wait)
+            alive[h] = True   # it is sending
             present = self._present(claimed, alive)
             start = math.isnan(present)   # no host yet: the batch's median judges what is ahead
             ref[i] = present = first if start else present
-            alive[h] = True   # it is sending
             if t > present + cfg.max_ahead:
                 why[i] = _AHEAD
                 jump[h] = t
@@ -389,6 +421,7 @@ class Engine:
                 jump[h] = np.nan
                 claimed[h] = hwm[h] = t if math.isnan(hwm[h]) else max(hwm[h], t)
                 newest = max(newest, t)
+            seen[h] = newest if math.isnan(seen[h]) else max(seen[h], newest)
         # hwm was raised as records were accepted here; process() raises it again (idempotent).
         return why, ref
 
@@ -423,7 +456,7 @@ class Engine:
             return self.released  # live start-up: let every partition deliver first
         newest, lateness = float(hwm[known].max()), self.config.allowed_lateness
         seen = grow(self.host_seen, n, np.nan)[:n]
-        wait = lateness + np.nan_to_num(grow(self.host_step, n, np.nan)[:n])
+        wait = self._wait(n)
         with np.errstate(invalid="ignore"):
             # Near the front, or still sending (however far behind, up to max_lag).
             active = known & ((hwm >= newest - lateness) | (newest - seen <= wait))
@@ -440,10 +473,14 @@ class Engine:
             if live.any():   # (the whole fleet silent: as replay has it, until the idle flush)
                 active = live
         wm = float(self._whole_bound(hwm, active)[active].min()) - self.config.host_disorder
-        if newest - float(np.nanmin(self.first_ts)) < lateness:
+        # A host's first sample may come up to its sampling interval after the stream's start:
+        # at 30 s sampling, 30 s of lateness alone is not time enough for every host to appear.
+        hold = lateness + float(np.nanmax(self.host_step[:n], initial=0.0)) if n and \
+            not np.isnan(self.host_step[:n]).all() else lateness
+        if newest - float(np.nanmin(self.first_ts)) < hold:
             # Start-up: hosts come online a little apart and one not seen yet cannot hold the
             # watermark, so wait out the allowed lateness before trusting the per-host marks.
-            wm = min(wm, newest - lateness)
+            wm = min(wm, newest - hold)
         return max(self.released, wm)
 
     def _whole_bound(self, hwm: np.ndarray, active: np.ndarray) -> np.ndarray:
@@ -758,6 +795,22 @@ class Engine:
     @property
     def pending(self) -> int:
         return sum(len(c) for c in self._chunks)
+
+
+class _Numbered(Sequence[str]):
+    """``batch#0``, ``batch#1``, ...: the origins of records handed over without any, spelled
+    only when a dead letter reads one."""
+
+    def __init__(self, name: str, n: int) -> None:
+        self.name, self.n = name, n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i):  # type: ignore[override]
+        if isinstance(i, slice):
+            return [f"{self.name}#{j}" for j in range(*i.indices(self.n))]
+        return f"{self.name}#{i}"
 
 
 def _in_time_order(ts: np.ndarray, gpu: np.ndarray) -> bool:
