@@ -11,10 +11,11 @@ PYTEST_ARGS ?=
 BENCH_ARGS  ?=
 
 # Debian packages the integration tests run: Prometheus and Alertmanager on loopback, kubectl
-# kustomize (kubernetes-client, only where no kubectl is installed) and systemd-analyze. Installed
+# kustomize (kubernetes-client, only where no kubectl is installed), systemd-analyze and openssl (the
+# secured-Kafka test makes its CA with it). Installed
 # the way `browser` installs Chromium; a missing one skips its tests locally and fails them in CI.
 SYSTOOLS := prometheus:prometheus prometheus-alertmanager:prometheus-alertmanager kubectl:kubernetes-client \
-            systemd-analyze:systemd
+            systemd-analyze:systemd openssl:openssl
 
 .PHONY: venv browser systools demo test test-unit kafka-start kafka-stop bench clean
 

@@ -164,7 +164,8 @@ def test_remediation_rbac_is_what_cordon_taint_and_drain_need(rendered):
     role = by_kind(docs, "ClusterRole")["gpuwarden-remediate"]
     granted = {(g, r, v) for rule in role["rules"] for g in rule["apiGroups"] for r in rule["resources"]
                for v in rule["verbs"]}
-    assert granted == {("", "nodes", "get"), ("", "nodes", "patch"), ("", "pods", "get"), ("", "pods", "list"),
+    assert granted == {("", "nodes", "get"), ("", "nodes", "list"), ("", "nodes", "patch"), ("", "pods", "get"),
+                       ("", "pods", "list"),
                        ("", "pods/eviction", "create"), ("apps", "daemonsets", "get")}
     binding = by_kind(docs, "ClusterRoleBinding")["gpuwarden-remediate"]
     assert binding["roleRef"]["name"] == "gpuwarden-remediate"
