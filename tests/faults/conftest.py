@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import time
+import types
 from pathlib import Path
 
 import pytest
@@ -35,7 +36,11 @@ def write_config(path: Path, bootstrap: str, prefix: str, **service: object) -> 
     return path
 
 
-_LIVE: list["ServiceProc"] = []
+# One list for both copies of this module: pytest imports this file as a conftest under its own
+# name and the tests import it as tests.faults.conftest, so a plain module-level list would be
+# two lists, and the clean-up would never see (or kill) what a failed test started.
+_LIVE: list["ServiceProc"] = sys.modules.setdefault("_gpuwarden_fault_services", types.ModuleType(
+    "_gpuwarden_fault_services")).__dict__.setdefault("live", [])
 
 
 class ServiceProc:
