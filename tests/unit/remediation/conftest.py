@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import json
 import sys
+import threading
 import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -192,3 +194,51 @@ def harness():
     yield make
     for h in made:
         h.close()
+
+
+class ScriptedServer:
+    """A real HTTP server on 127.0.0.1 that answers the i-th POST with ``script[i]`` (the last
+    one repeats): a status, or (status, headers). Every request is kept in ``hits``."""
+
+    def __init__(self, script: list) -> None:
+        self.script = [x if isinstance(x, tuple) else (x, {}) for x in script]
+        self.hits: list[dict] = []
+        srv = self
+
+        class H(BaseHTTPRequestHandler):
+            def do_POST(self):  # noqa: N802 - http.server's naming
+                body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+                srv.hits.append({"t": time.monotonic(), "path": self.path, "body": body,
+                                 "headers": dict(self.headers)})
+                code, headers = srv.script[min(len(srv.hits) - 1, len(srv.script) - 1)]
+                self.send_response(code)
+                for k, v in headers.items():
+                    self.send_header(k, v)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+            def log_message(self, *a):
+                pass
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), H)
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+@pytest.fixture
+def server():
+    """``server(script)`` starts a ``ScriptedServer``; every one is closed after the test."""
+    made: list[ScriptedServer] = []
+
+    def make(script: list) -> ScriptedServer:
+        s = ScriptedServer(script)
+        made.append(s)
+        return s
+
+    yield make
+    for s in made:
+        s.close()

@@ -6,9 +6,7 @@ from __future__ import annotations
 import email.utils
 import json
 import random
-import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
@@ -17,50 +15,6 @@ from pipeline.remediation.actions import Context, retry_after
 from pipeline.remediation.presets import build_action
 from pipeline.remediation.config import parse_config
 from tests.unit.remediation.conftest import alert, config
-
-
-class Server:
-    """Answers the i-th POST with ``script[i]`` = (status, headers) (the last one repeats)."""
-
-    def __init__(self, script: list[tuple[int, dict[str, str]]]) -> None:
-        self.script, self.hits = script, []
-        srv = self
-
-        class H(BaseHTTPRequestHandler):
-            def do_POST(self):  # noqa: N802 - http.server's naming
-                body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
-                srv.hits.append({"t": time.monotonic(), "path": self.path, "body": body})
-                code, headers = srv.script[min(len(srv.hits) - 1, len(srv.script) - 1)]
-                self.send_response(code)
-                for k, v in headers.items():
-                    self.send_header(k, v)
-                self.send_header("Content-Length", "0")
-                self.end_headers()
-
-            def log_message(self, *a):
-                pass
-
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), H)
-        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
-        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
-
-    def close(self) -> None:
-        self.httpd.shutdown()
-        self.httpd.server_close()
-
-
-@pytest.fixture
-def server():
-    made = []
-
-    def make(script):
-        s = Server(script)
-        made.append(s)
-        return s
-
-    yield make
-    for s in made:
-        s.close()
 
 
 def _action(spec: dict, tmp_path):

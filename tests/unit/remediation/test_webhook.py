@@ -5,9 +5,7 @@ from __future__ import annotations
 
 import random
 import socket
-import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import msgspec
 import pytest
@@ -15,50 +13,6 @@ import pytest
 from pipeline.remediation.actions import Context, WebhookAction, redact_url
 from pipeline.schema import AlertEvent
 from tests.unit.remediation.conftest import alert, config
-
-
-class Server:
-    """Answers each POST with the next status of ``script`` (the last one repeats) and records it."""
-
-    def __init__(self, script: list[int]) -> None:
-        self.script, self.hits = list(script), []
-        srv = self
-
-        class H(BaseHTTPRequestHandler):
-            def do_POST(self):  # noqa: N802 - http.server's naming
-                body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
-                srv.hits.append({"t": time.monotonic(), "path": self.path, "body": body,
-                                 "headers": dict(self.headers)})
-                code = srv.script[min(len(srv.hits) - 1, len(srv.script) - 1)]
-                self.send_response(code)
-                self.send_header("Content-Length", "0")
-                self.end_headers()
-
-            def log_message(self, *a):
-                pass
-
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), H)
-        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
-        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
-        self.thread.start()
-
-    def close(self) -> None:
-        self.httpd.shutdown()
-        self.httpd.server_close()
-
-
-@pytest.fixture
-def server():
-    made = []
-
-    def make(script):
-        s = Server(script)
-        made.append(s)
-        return s
-
-    yield make
-    for s in made:
-        s.close()
 
 
 def _run(action: WebhookAction, a: AlertEvent, sleeps: list[float] | None = None):
