@@ -36,3 +36,16 @@ def fleet(seconds: Iterable[float], hosts: int = 2, gpus: int = 2, overrides: An
 
 # The read-only real-format samples beside the checkout (../shared/data), as CI lays them out.
 SHARED_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
+
+
+def run_batched(records: list, batch: int, engine: Any = None) -> Any:
+    """Feed ``records`` to an engine ``batch`` at a time, then flush; all it output, in one
+    ``EngineOutput``."""
+    from pipeline.engine import Engine, EngineOutput
+
+    eng = engine or Engine()
+    out = EngineOutput()
+    for i in range(0, len(records), batch):
+        out.extend(eng.process(records[i:i + batch]))
+    out.extend(eng.flush())
+    return out

@@ -19,10 +19,9 @@ import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from pipeline.engine import Engine
 from pipeline.engine.lifecycle import Lifecycle
 from pipeline.schema import dcgm
-from tests.factories import HEALTHY, T0, THROTTLED
+from tests.factories import HEALTHY, T0, THROTTLED, run_batched
 
 SCALE = int(os.environ.get("GPUWARDEN_FUZZ_EXAMPLES", "300")) / 300
 PROPS = settings(max_examples=max(10, int(40 * SCALE)), deadline=None, database=None,
@@ -120,17 +119,10 @@ def fleets(draw):
 
 
 def _run(records, batch: int) -> tuple[list[tuple], list[tuple]]:
-    eng = Engine()
-    alerts, dead = [], []
-    for i in range(0, len(records), batch):
-        out = eng.process(records[i:i + batch])
-        alerts += out.alerts
-        dead += out.dead
-    out = eng.flush()
-    alerts += out.alerts
-    dead += out.dead
+    out = run_batched(records, batch)
     # Sorted: alerts of one tick come in entity-id order, and ids follow first sight (arrival).
-    return sorted((a.ts, a.id, a.state, a.fault, a.host, a.gpu) for a in alerts), [(d.reason, d.host, d.ts) for d in dead]
+    return (sorted((a.ts, a.id, a.state, a.fault, a.host, a.gpu) for a in out.alerts),
+            [(d.reason, d.host, d.ts) for d in out.dead])
 
 
 @PROPS

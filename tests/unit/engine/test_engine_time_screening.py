@@ -10,21 +10,13 @@ import pytest
 
 from pipeline.engine import Engine
 from pipeline.schema import DcgmRecord
-from tests.factories import T0, THROTTLED, fleet, sample
+from tests.factories import T0, THROTTLED, fleet, run_batched, sample
 
 
 def _run(records: list[DcgmRecord], batch: int) -> tuple[list[tuple], list[tuple]]:
-    eng = Engine()
-    alerts, dead = [], []
-    for i in range(0, len(records), batch):
-        out = eng.process(records[i:i + batch])
-        alerts += out.alerts
-        dead += out.dead
-    out = eng.flush()
-    alerts += out.alerts
-    dead += out.dead
-    return ([(a.id, a.state, a.fault, a.host, a.gpu, a.ts) for a in alerts],
-            [(d.reason, d.host, d.ts) for d in dead])
+    out = run_batched(records, batch)
+    return ([(a.id, a.state, a.fault, a.host, a.gpu, a.ts) for a in out.alerts],
+            [(d.reason, d.host, d.ts) for d in out.dead])
 
 
 def _throttle(t: float, host: str, gpu: int) -> dict:
