@@ -1,7 +1,7 @@
 """Bytes -> typed telemetry records, and everything that cannot be used -> dead letters.
 
 A message (a Kafka value or a JSONL line) holds one record object or an array of them (a host's
-GPUs batched, DESIGN §6). The fast path decodes it straight into Structs; only when that fails
+GPUs batched, docs/architecture.md §7). The fast path decodes it straight into Structs; only when that fails
 does the slow path take the message apart record by record to say exactly what is wrong with
 which one, so one poison record never costs its neighbours. Nothing here raises into the caller.
 

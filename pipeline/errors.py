@@ -61,7 +61,7 @@ class ScenarioError(ConfigError):
 
 
 class SchemaError(GpuwardenError):
-    """A record does not follow the data contract (DESIGN §2)."""
+    """A record does not follow the data contract (docs/architecture.md §3)."""
 
     code = "GW200"
 

@@ -1,6 +1,6 @@
-"""Typed records of the data contracts (DESIGN §2): telemetry in, alerts and dead letters out.
+"""Typed records of the data contracts (docs/architecture.md §3): telemetry in, alerts and dead letters out.
 
-msgspec Structs: decoding JSON straight into them costs ~1 us a record (DESIGN §6) and checks
+msgspec Structs: decoding JSON straight into them costs ~1 us a record (docs/performance.md) and checks
 types on the way. ``DcgmFields`` has one slot per known DCGM spelling (both the pre-4.6 and the
 4.6 name), NaN when absent, so turning a batch into a numpy matrix is one ``astuple`` per record.
 Unknown field names are ignored: no rule can name them (the catalog is the vocabulary).

@@ -31,7 +31,7 @@ class Message:
 
 @dataclass(frozen=True)
 class Topics:
-    """The project's topics under one prefix (DESIGN §1)."""
+    """The project's topics under one prefix (docs/architecture.md §1)."""
 
     prefix: str = "gpuwarden"
 

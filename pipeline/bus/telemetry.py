@@ -2,7 +2,7 @@
 
 Measured (docs/architecture.md, bench/wire_format.py): per-host batching cuts the consumer's
 cost per GPU-sample several-fold against one message per GPU, because kafka-python's per-message
-overhead is paid once per host instead of once per GPU (DESIGN §6: 4.9 vs 0.8 us). Keying by host
+overhead is paid once per host instead of once per GPU (docs/performance.md, wire format: 4.9 vs 0.8 us). Keying by host
 keeps a host's samples in order on one partition.
 """
 

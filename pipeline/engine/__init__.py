@@ -1,4 +1,4 @@
-"""The detection engine (DESIGN §1, §3): a plain object fed batches of records in event time."""
+"""The detection engine (docs/architecture.md §1, §4): a plain object fed batches of records in event time."""
 
 from pipeline.engine.config import EngineConfig
 from pipeline.engine.engine import Engine, EngineOutput

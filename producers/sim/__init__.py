@@ -4,7 +4,7 @@ The project's test-data generator, demo driver and evaluation ground truth::
 
     from producers.sim import Simulator, load_scenario, SCENARIOS
     sim = Simulator(hosts=4, duration=600.0, seed=1, scenario="mixed")
-    for batch in sim.batches():   # list[dict] per time step, DESIGN §2 records
+    for batch in sim.batches():   # list[dict] per time step, records of docs/architecture.md §3
         ...
     sim.labels()                  # faults and benign conditions, with onset/end timestamps
 

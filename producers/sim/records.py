@@ -1,4 +1,4 @@
-"""DCGM records (DESIGN §2) from a step's arrays, and rare, seeded data-quality noise.
+"""DCGM records (docs/architecture.md §3) from a step's arrays, and rare, seeded data-quality noise.
 
 Building the dicts is the expensive part of a run, so columns are turned into Python lists once
 per step (``ndarray.tolist``) and stored into copies of a template ``fields`` dict.

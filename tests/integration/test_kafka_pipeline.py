@@ -25,7 +25,7 @@ pytestmark = pytest.mark.kafka
 
 
 def poison(ts: float) -> dict[str, bytes]:
-    """One bad message of every kind in DESIGN §2, stamped near the stream's current time."""
+    """One bad message of every kind in docs/architecture.md §3, stamped near the stream's current time."""
     return {
         "malformed_json": b'{"v":1,"kind":"dcgm","ts":17644',
         "nan_value": b'{"v":1,"kind":"dcgm","ts":NaN,"host":"poison-host","gpu":0}',

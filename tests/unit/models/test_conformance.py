@@ -1,4 +1,4 @@
-"""Every registered detector passes the same suite (DESIGN §4: one protocol for all)."""
+"""Every registered detector passes the same suite (docs/models.md: one protocol for all)."""
 
 from __future__ import annotations
 

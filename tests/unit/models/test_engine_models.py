@@ -133,7 +133,7 @@ def test_fault_free_run_raises_no_model_alert(sim_streams):
     eng, seen, alerts = run_scores(ms, batches, name="thermal_hotter_than_load")
     assert [a.rule for a in alerts if a.state == "firing"] == []
     assert sum(np.isfinite(s).sum() for *_, s in seen) > 10_000   # it was really judging
-    # DESIGN §6: per-GPU model state stays small; heavy state is per cohort, not per GPU.
+    # docs/models.md (placement and cost): per-GPU model state stays small; heavy state is per cohort, not per GPU.
     per_gpu = ms.nbytes_per_gpu(eng.entities.n_gpus)
     assert 0 < sum(per_gpu.values()) <= 4096, per_gpu
     assert len(ms.models["gpu_multivariate"].dets) == 1     # one HalfSpaceTrees for the cohort

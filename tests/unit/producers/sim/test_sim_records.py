@@ -1,4 +1,4 @@
-"""Simulator output: determinism, DESIGN §2 record shape, ordering, labels."""
+"""Simulator output: determinism, the record shape of docs/architecture.md §3, ordering, labels."""
 
 from __future__ import annotations
 
