@@ -42,8 +42,7 @@ def test_kill9_between_two_checkpoints_well_after_the_last_loses_no_alert(kafka_
     svc.kill9()
     svc.start()
     pub.join(150)
-    got = []
-    wait_for(lambda: ids(got := alerts_on_topic(kafka_bootstrap, topic_prefix, tmp_path, idle=2)) >= golden,
+    wait_for(lambda: ids(alerts_on_topic(kafka_bootstrap, topic_prefix, tmp_path, idle=2)) >= golden,
              timeout=180, step=1, what="every golden alert on the alerts topic")
     svc.term()
     got = alerts_on_topic(kafka_bootstrap, topic_prefix, tmp_path, idle=2)

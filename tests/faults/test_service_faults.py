@@ -58,8 +58,7 @@ def test_kill9_at_random_points_and_restart_loses_no_alert(kafka_bootstrap, topi
         svc.kill9()
         svc.start()
     pub.join(120)
-    got = []
-    wait_for(lambda: ids(got := alerts_on_topic(kafka_bootstrap, topic_prefix, tmp_path, idle=2)) >= golden,
+    wait_for(lambda: ids(alerts_on_topic(kafka_bootstrap, topic_prefix, tmp_path, idle=2)) >= golden,
              timeout=150, step=1, what="every golden alert on the alerts topic")
     svc.term()
     got = alerts_on_topic(kafka_bootstrap, topic_prefix, tmp_path, idle=2)
@@ -112,8 +111,7 @@ def test_broker_restart_during_load_service_recovers_by_itself(tmp_path, sim_rec
         time.sleep(5)                                   # the service polls a dead broker meanwhile
         private_broker.start(keep_data=True)
         publish([str(second)], bootstrap, Topics(prefix).telemetry)
-        got = []
-        wait_for(lambda: ids(got := alerts_on_topic(bootstrap, prefix, tmp_path, idle=2)) >= golden,
+        wait_for(lambda: ids(alerts_on_topic(bootstrap, prefix, tmp_path, idle=2)) >= golden,
                  timeout=150, step=1, what="every golden alert after the broker came back")
         assert svc.alive(), "the service died instead of riding out the outage"
         svc.term()
@@ -160,8 +158,7 @@ def test_one_percent_poison_all_dead_lettered_service_keeps_running(kafka_bootst
     ensure_topics(kafka_bootstrap, Topics(topic_prefix), partitions=4)
     publish([str(dirty)], kafka_bootstrap, Topics(topic_prefix).telemetry)
     svc = ServiceProc(write_config(tmp_path / "svc.json", kafka_bootstrap, topic_prefix), tmp_path / "s.log").start()
-    got = []
-    wait_for(lambda: ids(got := alerts_on_topic(kafka_bootstrap, topic_prefix, tmp_path, idle=2),
+    wait_for(lambda: ids(alerts_on_topic(kafka_bootstrap, topic_prefix, tmp_path, idle=2),
                          "poison-host") >= golden, timeout=120, step=1, what="the golden alerts")
     assert svc.alive()
     svc.term()
@@ -189,8 +186,7 @@ def test_two_replicas_split_partitions_and_a_rebalance_moves_state(kafka_bootstr
     time.sleep(8)
     b = ServiceProc(cfg, tmp_path / "b.log").start()    # joins: the group rebalances, state moves
     pub.join(120)
-    got = []
-    wait_for(lambda: ids(got := alerts_on_topic(kafka_bootstrap, topic_prefix, tmp_path, idle=2)) >= golden,
+    wait_for(lambda: ids(alerts_on_topic(kafka_bootstrap, topic_prefix, tmp_path, idle=2)) >= golden,
              timeout=150, step=1, what="every golden alert from the two replicas")
     assert a.alive() and b.alive()
     a.term(), b.term()

@@ -67,7 +67,6 @@ def test_200k_gpu_samples_through_kafka_none_lost_order_kept_poison_dead_lettere
     seen_ts: dict[tuple[str, int], list[float]] = defaultdict(list)
     partitions_of_host: dict[str, set[int]] = defaultdict(set)
     got_dcgm = 0
-    total_msgs = None
     t1 = time.perf_counter()
     deadline = time.monotonic() + 180
     while time.monotonic() < deadline:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import shutil
 import signal
-import time
 import urllib.request
 
 import pytest

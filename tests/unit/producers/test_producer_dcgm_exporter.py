@@ -7,7 +7,6 @@ import http.server
 import math
 import threading
 import time
-from pathlib import Path
 
 import pytest
 

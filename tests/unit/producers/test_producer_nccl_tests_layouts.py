@@ -22,7 +22,7 @@ def rank_line(rank: int, host: str, dev: int, pid: int = 4242, *, group: bool = 
 def new_run(prog: str, ranks: list[tuple[int, str, int]], rows: list[tuple], *, redop: str = "sum",
             wrong: int = 0, oob: int = 0, pid: int = 4242) -> str:
     """2.13+ layout: 'Collective test starting', Group in rank lines, #wrong columns."""
-    out = [f"# nccl-tests version 2.17.6 nccl-headers=22803 nccl-library=22803",
+    out = ["# nccl-tests version 2.17.6 nccl-headers=22803 nccl-library=22803",
            f"# Collective test starting: {prog}",
            "# nThread 1 nGpus 1 minBytes 8 maxBytes 1024 step: 2(factor) warmup iters: 5 iters: 20 agg iters: 1 "
            "validation: 1 graph: 0",

@@ -7,7 +7,6 @@ import math
 import types
 
 import pynvml
-import pytest
 
 from pipeline.decode import Decoder
 from pipeline.schema import encode

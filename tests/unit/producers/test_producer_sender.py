@@ -4,7 +4,6 @@ source, at-least-once retry, the poll loop, and a clean stop of the real CLI on 
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
