@@ -16,7 +16,7 @@ import numpy as np
 
 from pipeline.catalog import FIELDS
 from pipeline.engine.config import EngineConfig
-from pipeline.engine.entities import Entities
+from pipeline.engine.entities import Entities, grow
 from pipeline.engine.state import GpuState, View
 
 GPU, HOST = "gpu", "host"
@@ -106,6 +106,15 @@ class NvlinkReplayIncrease:
         return f"NVLink replays on GPU {gpu} of {host}: +{ev.get('replay_increase')} (total {ev.get('replay_total')})"
 
 
+def absent_after(base: float, state: GpuState, n_hosts: int) -> np.ndarray:
+    """Silence that makes a finding, per host: ``base``, or two and a half sampling steps of a
+    host sampled more slowly (at 30 s sampling a GPU that misses one sample is 60 s quiet, and
+    a GPU reset does that without being lost)."""
+    step = grow(state.host_step, n_hosts, np.nan)[:n_hosts]
+    with np.errstate(invalid="ignore"):
+        return np.fmax(base, 2.5 * step)
+
+
 class GpuLost:
     """A GPU stops reporting while its host keeps reporting (fallen off the bus, XID 79)."""
 
@@ -118,15 +127,16 @@ class GpuLost:
         # A host back from a silence (a reboot, a paused recording) gives its GPUs the same time
         # to report again before one counts as lost: they come up one by one.
         host_back = state.host_back[entities.gpu_host]
+        after = absent_after(config.gpu_absent_after, state, entities.n_hosts)[entities.gpu_host]
         with np.errstate(invalid="ignore"):
-            return (t - gpu_last > config.gpu_absent_after) & (t - host_last <= config.gpu_absent_after) & \
-                ~(t - host_back <= config.gpu_absent_after)
+            return (t - gpu_last > after) & (t - host_last <= after) & ~(t - host_back <= after)
 
     def changes(self, state: GpuState, entities: Entities, config: EngineConfig) -> np.ndarray:
         """Where the condition can flip: each of its three terms' deadline."""
         gh = entities.gpu_host
-        return np.concatenate([state.last_ts[: entities.n_gpus], state.host_last_ts[gh],
-                               state.host_back[gh]]) + config.gpu_absent_after
+        after = absent_after(config.gpu_absent_after, state, entities.n_hosts)[gh]
+        return np.concatenate([state.last_ts[: entities.n_gpus] + after, state.host_last_ts[gh] + after,
+                               state.host_back[gh] + after])
 
     def summary(self, host: str, gpu: int | None, ev: dict[str, Any]) -> str:
         return f"GPU {gpu} on {host} stopped reporting at {_when(ev.get('last_seen'))} while its host still reports"
@@ -138,12 +148,14 @@ class TelemetryGap:
     meta = CheckMeta("builtin_telemetry_gap", "telemetry_gap", "warning", HOST)
 
     def evaluate_tick(self, t: float, state: GpuState, entities: Entities, config: EngineConfig) -> np.ndarray:
+        after = absent_after(config.host_silent_after, state, entities.n_hosts)
         with np.errstate(invalid="ignore"):
-            return t - state.host_last_ts[: entities.n_hosts] > config.host_silent_after
+            return t - state.host_last_ts[: entities.n_hosts] > after
 
     def changes(self, state: GpuState, entities: Entities, config: EngineConfig) -> np.ndarray:
         """Where the condition can flip: each host's silence deadline."""
-        return state.host_last_ts[: entities.n_hosts] + config.host_silent_after
+        return state.host_last_ts[: entities.n_hosts] + absent_after(config.host_silent_after, state,
+                                                                     entities.n_hosts)
 
     def summary(self, host: str, gpu: int | None, ev: dict[str, Any]) -> str:
         return f"{host} has sent no telemetry since {_when(ev.get('last_seen'))}"

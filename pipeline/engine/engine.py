@@ -29,7 +29,7 @@ import numpy as np
 
 from pipeline.decode import ENTITY_LIMIT, LATE, TS_OUT_OF_RANGE, Origins, take_origins
 from pipeline.engine.arrays import from_parts
-from pipeline.engine.checks import GPU, HOST, RowCheck, TickCheck, builtin_checks
+from pipeline.engine.checks import GPU, HOST, RowCheck, TickCheck, absent_after, builtin_checks
 from pipeline.engine.config import EngineConfig
 from pipeline.engine.entities import Entities, grow
 from pipeline.catalog import FIELDS
@@ -213,6 +213,7 @@ class Engine:
                 start = float(np.nanmax(prior)) if nh and not np.isnan(prior).all() else -math.inf
                 np.fmax.at(self.host_seen, heard_hosts, np.maximum(np.maximum.accumulate(heard_ts), start))
                 self._note_steps(heard_ts, heard_hosts)
+                self.state.host_step = self.host_step   # absence checks scale with it
                 np.fmax.at(self.host_hwm, heard_hosts, heard_ts)
                 self.host_jump[np.unique(heard_hosts)] = np.nan
             if now is not None:
@@ -641,7 +642,9 @@ class Engine:
         last = float(np.nanmax(self.state.last_ts)) if len(self.state.last_ts) and \
             not np.isnan(self.state.last_ts).all() else -math.inf
         hold = max((c.meta.for_s + c.meta.keep_firing_for_s for c in self.tick_checks), default=0.0)
-        return last + max(cfg.gpu_absent_after, cfg.host_silent_after) + hold + 2 * cfg.tick
+        step = self.host_step[~np.isnan(self.host_step)]
+        slow = 2.5 * float(step.max()) if len(step) else 0.0   # checks.absent_after
+        return last + max(cfg.gpu_absent_after, cfg.host_silent_after, slow) + hold + 2 * cfg.tick
 
     def _rows(self, frame: DcgmFrame, out: EngineOutput, ts0: float) -> None:
         gpu = frame.gpu
@@ -677,12 +680,14 @@ class Engine:
             self.rules.finish()
 
     def _note_returns(self, chunk: DcgmFrame) -> None:
-        """Hosts reporting after more than ``gpu_absent_after`` of silence (or for the first time)."""
+        """Hosts reporting after more than ``gpu_absent_after`` of silence (scaled with a slow
+        host's sampling step, as the absence checks do), or for the first time."""
         st = self.state
         st.ensure(self.entities.n_gpus, self.entities.n_hosts)
         last = st.host_last_ts[chunk.host]
+        after = absent_after(self.config.gpu_absent_after, st, self.entities.n_hosts)[chunk.host]
         with np.errstate(invalid="ignore"):
-            back = ~(chunk.ts - last <= self.config.gpu_absent_after)
+            back = ~(chunk.ts - last <= after)
         if back.any():
             np.fmax.at(st.host_back, chunk.host[back], chunk.ts[back])
 
@@ -767,6 +772,7 @@ class Engine:
             self.host_seen = _unarr(data["host_seen"]) if "host_seen" in data else np.full(len(self.host_hwm), np.nan)
             self.host_jump = _unarr(data["host_jump"]) if "host_jump" in data else np.full(len(self.host_hwm), np.nan)
             self.host_step = _unarr(data["host_step"]) if "host_step" in data else np.full(len(self.host_hwm), np.nan)
+            self.state.host_step = self.host_step
             self.released, self.next_tick = data["released"], data["next_tick"]
             self.first_ts = data["first_ts"]
             for name, lc in data["lifecycles"].items():

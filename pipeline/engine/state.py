@@ -34,6 +34,8 @@ class GpuState:
         self.host_last_ts = np.full(0, np.nan)     # per host (any DCGM record)
         # per host: when it came back after a silence (or first reported); see Engine._rows
         self.host_back = np.full(0, np.nan)
+        # per host: its sampling step, kept by the engine (Engine.host_step); absence scales with it
+        self.host_step = np.full(0, np.nan)
         self._seen = np.full((0, N_FIELDS), np.nan)  # per GPU and field: when it was last reported
         self._cols: np.ndarray | None = None       # the columns kept apart, and their blocks:
         self._last_c = np.full((0, 0), np.nan)

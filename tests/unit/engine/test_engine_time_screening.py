@@ -143,3 +143,25 @@ def test_hosts_beyond_the_bound_are_dead_letters_and_known_hosts_go_on() -> None
     assert eng.entities.n_hosts == 3
     assert [d.reason for d in out.dead] == ["entity_limit"] * 10
     assert "engine.max_hosts" in out.dead[0].detail
+
+
+@pytest.mark.parametrize("interval", [10, 15, 30])
+def test_at_slow_sampling_one_missed_sample_is_not_a_lost_gpu_but_silence_is(interval: int) -> None:
+    # mixed_fleet at 30 s: a GPU reset that missed one sample was reported lost (gpu_absent_after
+    # 30 s is one sampling interval there).
+    def records(gone_after: float | None, skip: float | None) -> list:
+        out = []
+        for k in range(60):
+            t = k * interval + 0.3 * (k % 3 - 1)   # jitter
+            for g in range(2):
+                if g == 1 and (t == skip or (gone_after is not None and t >= gone_after)):
+                    continue
+                out.append(sample(t, "n0", g))
+        return out
+    missed_one = run_batched(records(None, skip=20 * interval + 0.3 * (20 % 3 - 1)), 100)
+    assert [a.fault for a in missed_one.alerts] == []
+    gone = run_batched(records(gone_after=20 * interval, skip=None), 100)
+    lost = [a for a in gone.alerts if a.fault == "gpu_lost" and a.state == "firing"]
+    assert [(a.host, a.gpu) for a in lost] == [("n0", 1)]
+    last_seen = T0 + 19 * interval + 0.3 * (19 % 3 - 1)
+    assert lost[0].ts - last_seen <= max(30.0, 2.5 * interval) + 1.5
