@@ -21,6 +21,9 @@ from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, make_wsgi_app
 
+from pipeline.decode import REASONS
+from pipeline.schema import FAMILIES
+
 
 class Metrics:
     def __init__(self) -> None:
@@ -31,6 +34,13 @@ class Metrics:
         self.dead = Counter("gpuwarden_dead_letters", "Dead letters by reason", ["reason"], registry=r)
         self.alerts = Counter("gpuwarden_alerts", "Alert events by fault family and state", ["family", "state"],
                               registry=r)
+        # Every series from zero: increase() over a series born with its first alert reads 0
+        # (Prometheus sees no earlier sample), so a dashboard would miss every family's first one.
+        for family in FAMILIES:
+            for state in ("firing", "resolved"):
+                self.alerts.labels(family, state)
+        for reason in REASONS:
+            self.dead.labels(reason)
         self.lag = Gauge("gpuwarden_consumer_lag", "Messages behind the end of each assigned partition",
                          ["partition"], registry=r)
         self.batch_seconds = Histogram("gpuwarden_batch_processing_seconds",

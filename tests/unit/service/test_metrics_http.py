@@ -115,3 +115,14 @@ except OSError as e:
 """
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=30)
     assert r.returncode == 0 and "error, not a signal: BrokenPipeError" in r.stdout, (r.returncode, r.stderr)
+
+
+def test_alert_and_dead_letter_series_exist_from_zero() -> None:
+    # A counter series born with its first alert makes increase() read 0 for that alert.
+    from prometheus_client import generate_latest
+
+    from pipeline.service.metrics import Metrics
+
+    text = generate_latest(Metrics().registry).decode()
+    assert 'gpuwarden_alerts_total{family="hbm",state="firing"} 0.0' in text
+    assert 'gpuwarden_dead_letters_total{reason="too_deep"} 0.0' in text
