@@ -10,7 +10,7 @@ import pytest
 
 from pipeline.remediation.safety import UnsafeValue, check_value
 from tests.unit.remediation.conftest import alert, config
-from tests.unit.remediation.test_webhook import Server
+from tests.unit.remediation.conftest import ScriptedServer as Server
 
 
 @pytest.mark.parametrize("name, value", [("host", "gpu-node-007\n"), ("job", "42\n"), ("signal", "USR1\n"),

@@ -11,7 +11,7 @@ from pipeline.errors import ConfigError
 from pipeline.remediation.actions import Context, WebhookAction
 from pipeline.remediation.targets import AllowList
 from tests.unit.remediation.conftest import alert, config
-from tests.unit.remediation.test_webhook import Server
+from tests.unit.remediation.conftest import ScriptedServer as Server
 
 
 @pytest.fixture
