@@ -215,7 +215,9 @@ class Engine:
                 self._note_steps(heard_ts, heard_hosts)
                 self.state.host_step = self.host_step   # absence checks scale with it
                 np.fmax.at(self.host_hwm, heard_hosts, heard_ts)
-                self.host_jump[np.unique(heard_hosts)] = np.nan
+                # host_jump is kept by _screen_in_order record by record (the fast path runs only
+                # when no host claims a jump): clearing it here for every host heard would make a
+                # claim depend on whether its next record came in the same batch.
             if now is not None:
                 self.host_arrival = grow(self.host_arrival, self.entities.n_hosts, np.nan)
                 self.host_arrival[hosts] = now
@@ -422,7 +424,8 @@ class Engine:
                 jump[h] = np.nan
                 claimed[h] = hwm[h] = t if math.isnan(hwm[h]) else max(hwm[h], t)
                 newest = max(newest, t)
-            seen[h] = newest if math.isnan(seen[h]) else max(seen[h], newest)
+            if why[i] != _AHEAD:   # as process() keeps host_seen: a record refused as ahead says nothing
+                seen[h] = newest if math.isnan(seen[h]) else max(seen[h], newest)
         # hwm was raised as records were accepted here; process() raises it again (idempotent).
         return why, ref
 

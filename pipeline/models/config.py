@@ -1,6 +1,6 @@
 """``rules/models.yaml``: which models run, on which features and cohorts, decided how.
 
-Loaded with ``yaml.safe_load`` only. Every mistake is a ``ConfigError`` whose key names the
+Loaded through ``pipeline.yamlsafe`` (safe loading, bounded). Every mistake is a ``ConfigError`` whose key names the
 place (``models[2].decider.on``), unknown keys included. Format::
 
     models:

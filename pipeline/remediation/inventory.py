@@ -30,6 +30,7 @@ from typing import Any, Callable
 
 import yaml
 
+from pipeline import yamlsafe
 from pipeline.errors import ConfigError
 from pipeline.remediation.audit import printable
 from pipeline.remediation.safety import valid_hostname
@@ -66,13 +67,17 @@ def check_settings(s: Any, key: str = "inventory") -> None:
         raise ConfigError(f"{key}.timeout", "must be more than 0")
 
 
+LIMITS = yamlsafe.Limits(max_bytes=16 << 20, max_depth=8, max_aliases=0, max_nodes=1_000_000, max_string=1024)
+
+
 def parse_hosts(text: str, source: str) -> tuple[set[str], list[str]]:
     """(valid host names, rejected entries) from a file's or a command's output."""
     entries: list[Any]
     if source == "file":
         try:
-            doc = yaml.safe_load(text)
-        except yaml.YAMLError:
+            # Bounded: an inventory is a file others write (often generated from a CMDB).
+            doc = yamlsafe.load(text, LIMITS)
+        except yaml.YAMLError:   # YamlLimitError included
             doc = None
         entries = doc if isinstance(doc, list) else _lines(text)
     else:
@@ -136,7 +141,7 @@ class Inventory:
                             len(bad), ", ".join(bad[:5]))
             if not hosts:
                 raise InventoryError("it lists no hosts")
-        except InventoryError as e:
+        except Exception as e:   # noqa: BLE001 - whatever a refresh meets, the last good list stays
             self.error = str(e)
             self.next_refresh = now + min(self.refresh_s, RETRY_AFTER)
             kept = f"keeping the last good list ({len(self.hosts)} hosts)" if self.hosts is not None \

@@ -127,10 +127,12 @@ class Service:
         except (StateError, BusError) as e:
             log.error("state: cannot read checkpoints (%s); starting those partitions fresh", e)
             saved = {}
+            self.state.unread(partitions)
         except Exception as e:  # noqa: BLE001 - the client's own errors (kafka-python) mean the same
             log.error("state: cannot read checkpoints (%s: %s); starting those partitions fresh",
                       type(e).__name__, e)
             saved = {}
+            self.state.unread(partitions)
         now = self.clock()
         for p in partitions:
             engine = self._new_engine()

@@ -143,6 +143,13 @@ class StateStore:
         if self.on_reject is not None:
             self.on_reject(reason)
 
+    def unread(self, partitions: list[int]) -> None:
+        """The checkpoints of ``partitions`` could not be read (the topic did not answer): write
+        with an epoch above any an earlier owner can have used (counters from 1; this is the wall
+        clock in seconds), so this writer's checkpoints are never outranked by stale ones."""
+        for p in partitions:
+            self.epochs[p] = max(int(time.time()), self.epochs.get(p, 0) + 1, self.seen.get(p, (0, -1))[0] + 1)
+
     def _settle(self, partitions: list[int], latest: dict[int, Checkpoint]) -> dict[int, Checkpoint]:
         """Refuse going back past what this reader loaded before; pick the epochs to write with."""
         for p in partitions:

@@ -165,3 +165,21 @@ def test_at_slow_sampling_one_missed_sample_is_not_a_lost_gpu_but_silence_is(int
     assert [(a.host, a.gpu) for a in lost] == [("n0", 1)]
     last_seen = T0 + 19 * interval + 0.3 * (19 % 3 - 1)
     assert lost[0].ts - last_seen <= max(30.0, 2.5 * interval) + 1.5
+
+
+def test_a_jump_claim_does_not_depend_on_how_the_records_were_batched() -> None:
+    # Found in review: a host's good record and its ahead record in one batch cleared its claim,
+    # in two batches kept it, so which records were refused depended on the batching.
+    base = [sample(0, h, 0) for h in "abcd"]
+    tail = [sample(5000, "a", 0), sample(5000, "b", 0)]
+    later = [sample(5000, "c", 0), sample(5000, "d", 0)] + [sample(5001, h, 0) for h in "abcd"]
+    rest = [sample(1, "a", 0), tail[0], sample(1, "b", 0), tail[1]] + later
+    answers = set()
+    for batch in (1, 2, 3, len(rest)):
+        # The fleet is known first: before any host is, a batch's own median is the present (the
+        # one place where the batching shows, docs/architecture.md §4).
+        eng = Engine()
+        eng.process(base)
+        out = run_batched(rest, batch, engine=eng)
+        answers.add(tuple((d.reason, d.host, d.ts) for d in out.dead))
+    assert len(answers) == 1

@@ -181,3 +181,15 @@ def test_a_missing_inventory_file_is_a_config_error_at_start(tmp_path, harness):
     with pytest.raises(ConfigError) as e:
         harness(cfg)
     assert e.value.key == "inventory.path" and str(tmp_path / "nope.txt") in str(e.value)
+
+
+def test_a_hostile_inventory_file_is_a_failed_refresh_not_a_crash(tmp_path) -> None:
+    # Found in review: '[' * 100000 raised RecursionError out of refresh(), and an alias bomb
+    # cost unbounded memory: the inventory file went through plain yaml.safe_load.
+    from pipeline.remediation.inventory import parse_hosts
+
+    assert parse_hosts("[" * 100_000, "file")[0] == set()
+    bomb = "a: &a [x, x, x, x, x, x, x, x, x]\n" + "".join(
+        f"{c}: &{c} [{', '.join(['*' + p] * 9)}]\n" for p, c in zip("abcdefgh", "bcdefghi"))
+    assert parse_hosts(bomb, "file")[0] == set()
+    assert parse_hosts("- gpu-node-1\n- gpu-node-2\n", "file")[0] == {"gpu-node-1", "gpu-node-2"}

@@ -239,3 +239,16 @@ def test_each_skipped_checkpoint_is_reported_with_its_reason():
     r.on_reject = seen.append
     consider_all(r, values)
     assert seen == ["unsigned", "bad_signature", "misplaced", "too_large", "version", "corrupt"]
+
+
+def test_a_writer_that_could_not_read_the_topic_is_never_outranked_by_a_stale_checkpoint():
+    # Before: a failed load left the epoch unset, the writer stamped 1, and an earlier owner's
+    # checkpoint at epoch 5 won over everything it wrote: the next owner went back to it.
+    earlier = store()
+    earlier.epochs[0] = 5
+    stale = written(earlier, Checkpoint(0, 100, b"stale"))
+    cut_off = store()
+    cut_off.unread([0])
+    fresh = written(cut_off, Checkpoint(0, 900, b"fresh"))
+    got = consider_all(store(), [(0, stale), (0, fresh)])
+    assert got[0].engine == b"fresh"
