@@ -46,10 +46,19 @@ _URL = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*)://([^/?#]*)(.*)", re.DOTALL)
 _GLOB = re.compile(r"[A-Za-z0-9*?.-]+")
 
 
+_NAT64 = ipaddress.ip_network("64:ff9b::/96")
+
+
 def refused(addr: IpAddress) -> str | None:
-    """Why ``addr`` may not be a templated URL's target (None: it may)."""
-    if isinstance(addr, ipaddress.IPv6Address) and addr.ipv4_mapped is not None:
-        addr = addr.ipv4_mapped
+    """Why ``addr`` may not be a templated URL's target (None: it may). IPv4 addresses inside
+    IPv6 ones (mapped, 6to4, NAT64) are judged as the IPv4 address they carry."""
+    if isinstance(addr, ipaddress.IPv6Address):
+        if addr.ipv4_mapped is not None:
+            addr = addr.ipv4_mapped
+        elif addr.sixtofour is not None:
+            addr = addr.sixtofour
+        elif addr in _NAT64:
+            addr = ipaddress.IPv4Address(int(addr) & 0xFFFFFFFF)
     for net in REFUSED:
         if addr.version == net.version and addr in net:
             kind = ("loopback" if addr.is_loopback else "link-local" if addr.is_link_local else "unspecified")

@@ -168,3 +168,15 @@ def test_bad_allow_hosts_entry_names_the_key(tmp_path, harness):
     with pytest.raises(ConfigError) as e:
         harness(cfg)
     assert e.value.key == "actions.page.allow_hosts[1]"
+
+
+def test_ipv4_inside_ipv6_is_judged_as_the_ipv4_it_carries():
+    # Found in review: NAT64 and 6to4 forms of loopback and the metadata address passed.
+    import ipaddress
+
+    from pipeline.remediation.targets import refused
+
+    for a in ("::ffff:127.0.0.1", "64:ff9b::7f00:1", "2002:7f00:1::", "64:ff9b::a9fe:a9fe", "2002:a9fe:a9fe::"):
+        assert refused(ipaddress.ip_address(a)) is not None, a
+    for a in ("2001:db8::1", "64:ff9b::a00:1", "10.0.0.1"):
+        assert refused(ipaddress.ip_address(a)) is None, a
