@@ -73,8 +73,10 @@ def test_many_idle_connections_and_healthz_still_answers(endpoint):
         threads = [threading.Thread(target=lambda: results.append(get(endpoint, "/healthz")[0])) for _ in range(5)]
         for t in threads:
             t.start()
+        # 10 s: far under what 20 idle clients would hold a one-at-a-time server (5 s each), and
+        # far over what a loaded CI machine needs for five requests.
         for t in threads:
-            t.join(2)
+            t.join(10)
         assert results == [200] * 5
     finally:
         for s in idle:
