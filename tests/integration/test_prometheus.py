@@ -152,13 +152,22 @@ def test_prometheus_scrapes_service_and_producer_and_every_dashboard_query_has_d
                 time.sleep(1)
         assert not pending, f"dashboard queries without data: {sorted(pending)}"
 
-        # What the run made happen is in it, not only zeros.
-        # (The alerts panel's increase() is 0 here: a labelled series starts when its first alert fires,
-        # and increase() has no earlier sample; the counter itself shows the alerts.)
-        firing = query(prom, 'sum by (family) (gpuwarden_alerts_total{state="firing"})')
-        assert any(r["metric"].get("family") == "gpu" and float(r["value"][1]) > 0 for r in firing), firing
-        dead = query(prom, "sum by (reason) (gpuwarden_dead_letters_total)")
-        assert {r["metric"]["reason"] for r in dead} >= {"malformed_json"}, dead
+        # What the run made happen is in it, not only zeros. The series exist from zero (so a
+        # dashboard's increase() sees the first alert): wait for the scrape that holds the counts.
+        def counted() -> tuple[list, list]:
+            firing = query(prom, 'sum by (family) (gpuwarden_alerts_total{state="firing"})')
+            dead = query(prom, "sum by (reason) (gpuwarden_dead_letters_total)")
+            return firing, dead
+        deadline = time.monotonic() + 60
+        while True:
+            firing, dead = counted()
+            gpu = any(r["metric"].get("family") == "gpu" and float(r["value"][1]) > 0 for r in firing)
+            malformed = any(r["metric"].get("reason") == "malformed_json" and float(r["value"][1]) > 0 for r in dead)
+            if (gpu and malformed) or time.monotonic() > deadline:
+                break
+            time.sleep(1)
+        assert gpu, firing
+        assert malformed, dead
         sent = query(prom, "sum(rate(gpuwarden_producer_records_sent_total[1m]))")
         assert float(sent[0]["value"][1]) > 0, sent
         for q in variables:   # label_values(METRIC, instance): the variables' values exist

@@ -70,7 +70,8 @@ def test_many_idle_connections_and_healthz_still_answers(endpoint):
     idle = [socket.create_connection(("127.0.0.1", endpoint.port)) for _ in range(20)]
     try:
         results = []
-        threads = [threading.Thread(target=lambda: results.append(get(endpoint, "/healthz")[0])) for _ in range(5)]
+        threads = [threading.Thread(target=lambda: results.append(get(endpoint, "/healthz", timeout=10.0)[0]))
+                   for _ in range(5)]
         for t in threads:
             t.start()
         # 10 s: far under what 20 idle clients would hold a one-at-a-time server (5 s each), and
