@@ -194,7 +194,16 @@ class Catalog:
         return self._by_name.get(name)
 
     def by_alias(self, alias: str) -> Field | None:
+        """A field by its alias (``gpu_temp``); None for an unknown one (a name from input)."""
         return self._by_alias.get(alias)
+
+    def require(self, alias: str) -> Field:
+        """A field the code itself names by alias: an unknown one is a bug, so ``KeyError``.
+
+        >>> FIELDS.require("xid").names[0]
+        'DCGM_FI_DEV_XID_ERRORS'
+        """
+        return self._by_alias[alias]
 
     def by_id(self, field_id: int) -> Field | None:
         return self._by_id.get(field_id)

@@ -55,7 +55,11 @@ def bar(description: str, total: float | None = None, unit: str = "records") -> 
         columns += [BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), TimeRemainingColumn()]
     with Progress(*columns, console=Console(stderr=True), transient=True) as progress:
         task = progress.add_task(description, total=total)
-        yield lambda n=1: progress.advance(task, n)
+
+        def advance(n: float = 1) -> None:
+            progress.advance(task, n)
+
+        yield advance
 
 
 @contextmanager

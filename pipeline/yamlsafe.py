@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-import yaml
+import yaml  # type: ignore[import-untyped]  # PyYAML ships no type information
 
 
 @dataclass(frozen=True)
@@ -48,7 +48,7 @@ class YamlLimitError(yaml.YAMLError):
 
 
 def _bounded(base: type) -> type:
-    class Bounded(base):  # type: ignore[valid-type, misc]
+    class Bounded(base):
         def __init__(self, stream: str, limits: Limits) -> None:
             super().__init__(stream)
             self._limits = limits

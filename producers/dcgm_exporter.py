@@ -38,6 +38,7 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from prometheus_client.metrics_core import Metric
 from prometheus_client.parser import text_string_to_metric_families
 
 from pipeline.catalog import BLANK_INT32, COUNTER, FIELDS, Field
@@ -87,14 +88,14 @@ def _field(name: str) -> Field | None:
     return f
 
 
-def _families(text: str, stats: ParseStats):
+def _families(text: str, stats: ParseStats) -> list[Metric]:
     """Parse with the maintained parser; if the text is damaged (a cut-off scrape), parse it
     again line by line so one bad line costs only itself."""
     try:
         return list(text_string_to_metric_families(text))
     except Exception:  # noqa: BLE001 - the parser raises ValueError, TypeError, IndexError...
         pass
-    fams = []
+    fams: list[Metric] = []
     for line in text.splitlines():
         if not line.strip() or line.startswith("#"):
             continue
@@ -189,9 +190,10 @@ def _assemble(key: tuple[str, int, int | None], origins: dict[str | None, _Serie
     if instances:
         labels["mig.instances"] = ",".join(instances)
         for inst in instances:
-            if origins[inst].profile:
-                labels[f"mig.{inst}.profile"] = origins[inst].profile  # type: ignore[assignment]
-        xf = FIELDS.by_alias("xid")
+            profile = origins[inst].profile
+            if profile:
+                labels[f"mig.{inst}.profile"] = profile
+        xf = FIELDS.require("xid")
         xname = next((n for n in xf.names if n in values), None)
         if xname is not None and values[xname] != 0:
             labels["mig.xid_sources"] = ",".join(
@@ -207,9 +209,9 @@ def _assemble(key: tuple[str, int, int | None], origins: dict[str | None, _Serie
         elif k not in _ATTRIBUTION and len({v for _, v in have}) == 1:
             labels[k] = have[0][1]
             continue
-        for i, v in have:
-            if i is not None and (k in _ATTRIBUTION or v != labels.get(k)):
-                labels[f"mig.{i}.{k}"] = v
+        for i, text in have:
+            if i is not None and (k in _ATTRIBUTION or text != labels.get(k)):
+                labels[f"mig.{i}.{k}"] = text
     # DCGM_EXP_XID_ERRORS_COUNT per code, from the series its total was taken from.
     if XID_COUNT in chosen:
         counts = origins[chosen[XID_COUNT]].xid_counts

@@ -147,8 +147,8 @@ class DmonParser:
         if etype != "GPU":
             # Switch, CPU, vGPU, CX rows and NVSwitch links are not GPU telemetry; GPU-I/GPU-CI
             # rows are MIG instances (docs/architecture.md, MIG).
-            key = f"{etype} LINK" if link is not None else etype
-            self.stats.skipped_entities[key] = self.stats.skipped_entities.get(key, 0) + 1
+            what = f"{etype} LINK" if link is not None else etype
+            self.stats.skipped_entities[what] = self.stats.skipped_entities.get(what, 0) + 1
             return None
         vals = self._values(line, end)
         if vals is None:

@@ -303,7 +303,7 @@ class KmsgFileSource:
         import sys
         src = fh if fh is not None else sys.stdin
         try:
-            out = []
+            out: list[Line] = []
             while True:
                 text = src.readline(LINE_MAX)
                 if not text:
@@ -377,7 +377,7 @@ class DevKmsgReader:
         self.stats = stats or KmsgStats()
 
     def read(self) -> list[str]:
-        out = []
+        out: list[str] = []
         while True:
             try:
                 chunk = os.read(self.fd, 8192)
@@ -415,7 +415,7 @@ class JournalReader:
                 self.stats.queue_full += 1
 
     def read(self) -> list[str]:
-        out = []
+        out: list[str] = []
         while True:
             try:
                 out.append(self.q.get_nowait())

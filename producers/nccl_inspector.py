@@ -289,7 +289,9 @@ class InspectorFollower:
         header/metadata as the context of the v4.3 operation lines that follow it."""
         self.stats.dump_stats += 1
         st = obj["dump_stats"]
-        hdr = obj.get("header") if isinstance(obj.get("header"), dict) else {}
+        hdr = obj.get("header")
+        if not isinstance(hdr, dict):
+            hdr = {}
         if obj.get("header") or obj.get("metadata"):
             self._context[path] = {"header": obj.get("header"), "metadata": obj.get("metadata")}
         lost = 0.0

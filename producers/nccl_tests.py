@@ -326,12 +326,12 @@ def parse_json(doc: dict[str, Any], *, ts: float | None = None, coll: str | None
                                     int(_float(d.get("pid")) or 0))
     args = doc.get("args") or []
     for r in doc.get("results") or []:
-        if not isinstance(r, dict) or _float(r.get("size")) is None:
+        if not isinstance(r, dict) or (size := _float(r.get("size"))) is None:
             continue
         stats.rows += 1
         oop, inp = r.get("out_of_place") or {}, r.get("in_place") or {}
         num = lambda d, *ks: next((_float(d[k]) for k in ks if d.get(k) is not None), None)  # noqa: E731
-        run.rows.append({"size": int(_float(r["size"])), "type": r.get("type"), "redop": r.get("redop"),
+        run.rows.append({"size": int(size), "type": r.get("type"), "redop": r.get("redop"),
                          "root": str(r.get("root", "")).strip(),
                          "time": num(oop, "time", "cpu_time"), "algbw": num(oop, "alg_bw"),
                          "busbw": num(oop, "bus_bw"), "wrong": num(oop, "nwrong"),

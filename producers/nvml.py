@@ -34,7 +34,8 @@ class NvmlSource:
     def __init__(self, *, nvml: Any = None, host: str | None = None, clock: Callable[[], float] = time.time,
                  links: bool = True) -> None:
         if nvml is None:
-            import pynvml as nvml  # nvidia-ml-py
+            import pynvml  # nvidia-ml-py
+            nvml = pynvml
         self.n = nvml
         self.host = host or socket.gethostname()
         self.clock = clock
@@ -45,8 +46,8 @@ class NvmlSource:
                                        "dropped.gpu_unreadable": 0, "dropped.xid_event_error": 0}
         nvml.nvmlInit()
         self.handles = [nvml.nvmlDeviceGetHandleByIndex(i) for i in range(nvml.nvmlDeviceGetCount())]
-        self.uuid = [self._try(lambda h=h: _text(nvml.nvmlDeviceGetUUID(h))) for h in self.handles]
-        self.model = [self._try(lambda h=h: _text(nvml.nvmlDeviceGetName(h))) for h in self.handles]
+        self.uuid = [self._try(lambda: _text(nvml.nvmlDeviceGetUUID(h))) for h in self.handles]
+        self.model = [self._try(lambda: _text(nvml.nvmlDeviceGetName(h))) for h in self.handles]
         self.xid: list[float] = [float("nan")] * len(self.handles)
         self._events = None
         try:
@@ -63,7 +64,8 @@ class NvmlSource:
 
     def _try(self, fn: Callable[[], Any]) -> Any:
         """The query's value, or None when this GPU cannot answer it (unsupported, no permission).
-        A GPU that is gone raises on: its record must disappear so ``gpu_lost`` fires."""
+        A GPU that is gone raises on: its record must disappear so ``gpu_lost`` fires. ``fn`` runs
+        here and now, so the callers' lambdas may read their loop variables without binding them."""
         try:
             return fn()
         except self.n.NVMLError as e:
@@ -117,7 +119,7 @@ class NvmlSource:
                                ("DCGM_FI_DEV_ECC_DBE_VOL_TOTAL", n.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, n.NVML_VOLATILE_ECC),
                                ("DCGM_FI_DEV_ECC_SBE_AGG_TOTAL", n.NVML_MEMORY_ERROR_TYPE_CORRECTED, n.NVML_AGGREGATE_ECC),
                                ("DCGM_FI_DEV_ECC_DBE_AGG_TOTAL", n.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, n.NVML_AGGREGATE_ECC)):
-            f[name] = t(lambda err=err, cnt=cnt: n.nvmlDeviceGetTotalEccErrors(h, err, cnt))
+            f[name] = t(lambda: n.nvmlDeviceGetTotalEccErrors(h, err, cnt))
         rows = t(lambda: n.nvmlDeviceGetRemappedRows(h))
         if rows is not None:
             corr, unc, pending, failed = rows
@@ -128,7 +130,7 @@ class NvmlSource:
         f["DCGM_FI_DEV_PCIE_REPLAY_COUNTER"] = t(lambda: n.nvmlDeviceGetPcieReplayCounter(h))
         for name, policy in (("DCGM_FI_DEV_POWER_VIOLATION", n.NVML_PERF_POLICY_POWER),
                              ("DCGM_FI_DEV_THERMAL_VIOLATION", n.NVML_PERF_POLICY_THERMAL)):
-            v = t(lambda policy=policy: n.nvmlDeviceGetViolationStatus(h, policy))
+            v = t(lambda: n.nvmlDeviceGetViolationStatus(h, policy))
             f[name] = None if v is None else v.violationTime
         f["DCGM_FI_DEV_XID_ERRORS"] = self.xid[i]
         return {k: float(v) for k, v in f.items() if v is not None}
@@ -149,7 +151,7 @@ class NvmlSource:
             vals: dict[str, float] = {"DCGM_FI_DEV_NVLINK_GET_STATE": 1.0 if state == n.NVML_FEATURE_ENABLED else 0.0}
             if state == n.NVML_FEATURE_ENABLED:
                 for name, const in self._LINK_COUNTERS:
-                    v = self._try(lambda const=const: n.nvmlDeviceGetNvLinkErrorCounter(h, link, getattr(n, const)))
+                    v = self._try(lambda: n.nvmlDeviceGetNvLinkErrorCounter(h, link, getattr(n, const)))
                     if v is not None:
                         vals[name] = float(v)
             out[link] = vals

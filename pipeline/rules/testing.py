@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-import yaml
+import yaml  # type: ignore[import-untyped]  # PyYAML ships no type information
 
 from pipeline import yamlsafe
 from pipeline.catalog import FIELDS
@@ -122,7 +122,7 @@ def run_test(test: dict[str, Any], path: Path, rules_dir: Path) -> TestResult:
                 columns[str(fname)] = expand_series(text)
             n = max((len(v) for v in columns.values()), default=0)
             for i in range(n):
-                vals = {f: v[i] for f, v in columns.items() if i < len(v) and v[i] is not None}
+                vals = {f: x for f, v in columns.items() if i < len(v) and (x := v[i]) is not None}
                 if vals:
                     records.append(dcgm(T0 + i * interval, host, gpu, vals))
         records.sort(key=lambda r: (r.ts, r.host, r.gpu))

@@ -16,13 +16,16 @@ import socketserver
 import sys
 import threading
 import time
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, make_wsgi_app
 
 from pipeline.decode import REASONS
 from pipeline.schema import FAMILIES
+
+if TYPE_CHECKING:
+    from _typeshed import ReadableBuffer, WriteableBuffer
 
 
 class Metrics:
@@ -88,7 +91,7 @@ class _DeadlineReader(io.RawIOBase):
     def readable(self) -> bool:
         return True
 
-    def readinto(self, b) -> int:  # type: ignore[override]
+    def readinto(self, b: WriteableBuffer) -> int:
         left = self.deadline - time.monotonic()
         if left <= 0:
             raise TimeoutError("request not received in time")
@@ -110,7 +113,7 @@ class _Writer(io.BufferedIOBase):
     def writable(self) -> bool:
         return True
 
-    def write(self, b) -> int:  # type: ignore[override]
+    def write(self, b: ReadableBuffer) -> int:
         self.sock.sendall(b, _NOSIGNAL)
         with memoryview(b) as v:
             return v.nbytes
