@@ -11,6 +11,8 @@ from typing import Any, Iterable, Sequence
 
 import numpy as np
 
+from pipeline.numeric import grow as grow
+from pipeline.numeric import id_bound as id_bound
 from pipeline.schema import JOB_LABELS, DcgmJobLabels
 
 _LABELS = operator.attrgetter("labels")
@@ -20,13 +22,6 @@ MAX_JOBS_SHOWN = 8   # a host alert over more jobs than this names only the firs
 
 
 _TABLE_MAX = 1024   # GPU indices at or above this (none in practice) take the dict path
-
-
-def id_bound(ids: np.ndarray | slice) -> int:
-    """One past the largest id of ``ids`` (ids as an array, or ``slice(0, n)``; see ``View.ids``)."""
-    if isinstance(ids, slice):
-        return ids.stop
-    return int(ids.max()) + 1 if len(ids) else 0
 
 
 class Entities:
@@ -175,17 +170,6 @@ class Entities:
         for h, j in data.get("nccl_jobs") or []:
             ent.nccl_jobs[str(h)] = None if j is None else str(j)
         return ent
-
-
-def grow(arr: np.ndarray, n: int, fill: float | int | bool, order: str = "C") -> np.ndarray:
-    """``arr`` with at least ``n`` rows (amortised doubling), new rows set to ``fill``; a grown
-    copy is laid out in ``order`` ("F": column-major)."""
-    if len(arr) >= n:
-        return arr
-    size = max(n, 2 * len(arr), 16)
-    out = np.full((size,) + arr.shape[1:], fill, dtype=arr.dtype, order=order)
-    out[: len(arr)] = arr
-    return out
 
 
 def _usable(value: Any) -> bool:

@@ -25,10 +25,9 @@ from typing import Any
 import numpy as np
 
 from pipeline.catalog import FIELDS
-from pipeline.engine.entities import grow
 from pipeline.engine.state import View
 from pipeline.gpu_models import lookup
-from pipeline.rules.windows import group_stat
+from pipeline.numeric import group_stat, grow
 
 SW_POWER_CAP = FIELDS.bits["SW_POWER_CAP"].mask
 _REASONS = FIELDS.by_alias("clocks_event_reasons").column

@@ -18,8 +18,8 @@ from typing import Any
 
 import numpy as np
 
-from pipeline.engine.entities import grow
 from pipeline.errors import ConfigError
+from pipeline.numeric import grow
 
 
 class ThresholdDecider:

@@ -21,7 +21,9 @@ import math
 
 import numpy as np
 
-from pipeline.engine.entities import grow, id_bound
+from pipeline.numeric import distinct as distinct
+from pipeline.numeric import group_stat as group_stat
+from pipeline.numeric import grow, id_bound
 
 PANES = 12
 _NO_PANE = np.iinfo(np.int64).min // 2   # a slot that never held a pane
@@ -274,24 +276,6 @@ def _fold(m: np.ndarray, v: np.ndarray, n: np.ndarray, lt: np.ndarray, out_since
             np.where(learn, t, lt), np.where(regime, np.nan, since))
 
 
-def distinct(ent: np.ndarray) -> tuple[np.ndarray, bool]:
-    """The entities of a chunk, sorted and unique, and whether each appears in one row only.
-
-    Chunks arrive sorted by entity, so this is a linear scan instead of ``np.unique``'s sort.
-    """
-    if len(ent) < 2:
-        return ent, True
-    step = ent[1:] != ent[:-1]
-    if not (ent[1:] >= ent[:-1]).all():
-        u = np.unique(ent)
-        return u, len(u) == len(ent)
-    if step.all():
-        return ent, True
-    first = np.ones(len(ent), dtype=bool)
-    first[1:] = step
-    return ent[first], False
-
-
 class Baseline:
     def __init__(self, tau_s: float, warmup: int = 10, clip_sd: float = 4.0) -> None:
         self.tau = tau_s
@@ -358,50 +342,3 @@ class Baseline:
     def load_state(self, st: dict) -> None:
         self.mean, self.var, self.n, self.last_ts = st["mean"], st["var"], st["n"], st["last_ts"]
         self.out_since = st["out_since"]
-
-
-def group_stat(keys: np.ndarray, values: np.ndarray, stat: str,
-               groups: tuple[np.ndarray, np.ndarray] | None = None) -> np.ndarray:
-    """Per row, ``stat`` (median/mean/min/max/count) of ``values`` over rows with the same key; NaN ignored.
-
-    ``groups``: ``np.unique(keys, return_inverse=True)`` when the caller already has it (every
-    peer function of a tick groups the same rows by host).
-    """
-    n = len(keys)
-    if n == 0:
-        return np.empty(0)
-    uniq, inv = groups if groups is not None else np.unique(keys, return_inverse=True)
-    ok = ~np.isnan(values)
-    cnt = np.bincount(inv, weights=ok.astype(float), minlength=len(uniq))
-    if stat == "count":
-        return cnt[inv]
-    if stat == "mean":
-        s = np.bincount(inv, weights=np.where(ok, values, 0.0), minlength=len(uniq))
-        with np.errstate(invalid="ignore", divide="ignore"):
-            return np.where(cnt > 0, s / cnt, np.nan)[inv]
-    if stat in ("min", "max"):
-        fill = np.inf if stat == "min" else -np.inf
-        out = np.full(len(uniq), fill)
-        (np.minimum if stat == "min" else np.maximum).at(out, inv[ok], values[ok])
-        return np.where(np.isinf(out), np.nan, out)[inv]
-    if stat == "median":
-        g = n // len(uniq)
-        if g * len(uniq) == n and ok.all() and (inv[::g] == np.arange(len(uniq))).all() and \
-                (np.diff(inv) >= 0).all():
-            # Every host reporting the same number of GPUs, in consecutive rows, all known (the
-            # usual tick): a partition per host row instead of a sort of the whole tick.
-            # np.median's arithmetic (the mean of the two middle values) on a sort of 8-wide rows:
-            # the same numbers at half the cost of its partition and wrappers.
-            s = np.sort(values.reshape(len(uniq), g), axis=1)
-            med = s[:, g // 2] if g % 2 else (s[:, g // 2 - 1] + s[:, g // 2]) / 2.0
-            return np.repeat(med, g)
-        order = np.lexsort((np.where(ok, values, np.inf), inv))
-        sorted_inv = inv[order]
-        starts = np.searchsorted(sorted_inv, np.arange(len(uniq)))
-        c = cnt.astype(np.int64)
-        lo = starts + np.maximum(c - 1, 0) // 2
-        hi = starts + c // 2
-        sv = np.where(ok, values, np.inf)[order]
-        med = np.where(c > 0, (sv[np.minimum(lo, n - 1)] + sv[np.minimum(hi, n - 1)]) / 2.0, np.nan)
-        return med[inv]
-    raise ValueError(stat)
