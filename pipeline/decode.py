@@ -17,35 +17,21 @@ import math
 import operator
 import sys
 from dataclasses import dataclass
-from typing import Annotated, Any, Callable, Optional, Sequence, Union, overload
+from typing import Annotated, Any, Callable, Optional, Sequence, Union
 
 import msgspec
-import numpy as np
 
+# The reason codes and origins belong to the dead letters (pipeline/deadletters.py); they are
+# named here too, where the decoder's users have always found them.
+from pipeline.deadletters import ENTITY_LIMIT as ENTITY_LIMIT
+from pipeline.deadletters import LATE as LATE
+from pipeline.deadletters import REASONS as REASONS
+from pipeline.deadletters import (BAD_IDENTIFIER, BLANK_SENTINEL, INTERNAL, MALFORMED_JSON, MISSING_KEY, NAN_FIELD,
+                                  NAN_VALUE, NEGATIVE_VALUE, OUT_OF_RANGE, TOO_DEEP, TOO_LARGE, TS_OUT_OF_RANGE,
+                                  UNKNOWN_KIND, UNSUPPORTED_VERSION, WRONG_TYPE, Origins)
+from pipeline.deadletters import take_origins as take_origins
 from pipeline.schema import (SCHEMA_VERSION, DcgmRecord, DcgmSample, DeadLetter, NcclRecord, TelemetryRecord,
                              dcgm_record_type)
-
-# Stable reason codes (documented in docs/architecture.md; DLQ consumers match on them).
-MALFORMED_JSON = "malformed_json"
-WRONG_TYPE = "wrong_type"
-MISSING_KEY = "missing_key"
-NAN_VALUE = "nan_value"
-NAN_FIELD = "nan_field"
-BLANK_SENTINEL = "blank_sentinel"
-NEGATIVE_VALUE = "negative_value"
-UNKNOWN_KIND = "unknown_kind"
-UNSUPPORTED_VERSION = "unsupported_version"
-TS_OUT_OF_RANGE = "ts_out_of_range"
-LATE = "late"
-TOO_LARGE = "too_large"
-TOO_DEEP = "too_deep"
-OUT_OF_RANGE = "out_of_range"
-BAD_IDENTIFIER = "bad_identifier"
-INTERNAL = "internal"
-ENTITY_LIMIT = "entity_limit"
-REASONS = (MALFORMED_JSON, WRONG_TYPE, MISSING_KEY, NAN_VALUE, NAN_FIELD, BLANK_SENTINEL, NEGATIVE_VALUE,
-           UNKNOWN_KIND, UNSUPPORTED_VERSION, TS_OUT_OF_RANGE, LATE, TOO_LARGE, TOO_DEEP, OUT_OF_RANGE,
-           BAD_IDENTIFIER, INTERNAL, ENTITY_LIMIT)
 
 # Plausible event time: 2001-09-09 .. 2100-01-01. Anything else is a unit mistake (ms, us) or garbage.
 TS_MIN, TS_MAX = 1.0e9, 4.1e9
@@ -166,73 +152,6 @@ _KINDS = {"dcgm": DcgmRecord, "nccl": NcclRecord}
 def _raw(payload: bytes | str) -> str:
     text = payload.decode("utf-8", "replace") if isinstance(payload, (bytes, bytearray)) else payload
     return text if len(text) <= RAW_KEEP else text[:RAW_KEEP] + "…"
-
-
-class Origins(Sequence[str]):
-    """Each record's origin, spelled out only when read.
-
-    Only dead letters name an origin, so the hot path keeps two index arrays instead of a
-    string per record: record ``i`` is record ``pos[i]`` of the array in message ``msg[i]``
-    (``pos`` -1: the message was that one record, not an array), named ``names[msg[i]]``.
-
-    >>> o = Origins(["t[0]@7", "t[0]@8"], np.array([0, 0, 1]), np.array([0, 1, -1]))
-    >>> list(o), o[1]
-    (['t[0]@7#0', 't[0]@7#1', 't[0]@8'], 't[0]@7#1')
-    >>> list(o.take(np.array([False, True, True])))
-    ['t[0]@7#1', 't[0]@8']
-    """
-
-    __slots__ = ("names", "msg", "pos")
-
-    def __init__(self, names: Sequence[str], msg: np.ndarray, pos: np.ndarray) -> None:
-        self.names, self.msg, self.pos = names, msg, pos
-
-    @classmethod
-    def of_messages(cls, names: Sequence[str], sizes: Sequence[int]) -> "Origins":
-        """``sizes[j]``: how many records message ``j`` held as an array, -1 for a bare record."""
-        size = np.asarray(sizes, dtype=np.int64)
-        count = np.where(size < 0, 1, size)
-        msg = np.repeat(np.arange(len(size)), count)
-        pos = np.arange(len(msg)) - np.repeat(np.cumsum(count) - count, count)
-        pos[size[msg] < 0] = -1
-        return cls(names, msg, pos)
-
-    def __len__(self) -> int:
-        return len(self.msg)
-
-    @overload
-    def __getitem__(self, i: int) -> str: ...
-    @overload
-    def __getitem__(self, i: slice) -> "Origins": ...
-
-    def __getitem__(self, i: int | slice) -> "str | Origins":
-        if isinstance(i, slice):
-            return Origins(self.names, self.msg[i], self.pos[i])
-        name, pos = self.names[int(self.msg[i])], int(self.pos[i])
-        return name if pos < 0 else f"{name}#{pos}"
-
-    def take(self, idx: np.ndarray) -> "Origins":
-        """The origins at ``idx`` (indices or a boolean mask), still lazy."""
-        return Origins(self.names, self.msg[idx], self.pos[idx])
-
-    def __eq__(self, other: object) -> bool:
-        if isinstance(other, (Origins, list, tuple)):
-            return list(self) == list(other)
-        return NotImplemented
-
-    __hash__ = None  # type: ignore[assignment]
-
-    def __repr__(self) -> str:
-        return f"Origins({list(self)!r})"
-
-
-def take_origins(origins: Sequence[str], idx: np.ndarray) -> Sequence[str]:
-    """``origins`` at ``idx`` (indices or a boolean mask): lazy ones stay lazy."""
-    if isinstance(origins, Origins):
-        return origins.take(idx)
-    if idx.dtype == bool:
-        idx = np.flatnonzero(idx)
-    return [origins[i] for i in idx.tolist()]
 
 
 @dataclass

@@ -15,6 +15,11 @@ from typing import Any, Union
 import msgspec
 
 from pipeline.catalog import FIELDS
+# DeadLetter's reason codes and the records' origins (pipeline/deadletters.py), beside it.
+from pipeline.deadletters import (BAD_IDENTIFIER, BLANK_SENTINEL, ENTITY_LIMIT, INTERNAL, LATE,  # noqa: F401
+                                  MALFORMED_JSON, MISSING_KEY, NAN_FIELD, NAN_VALUE, NEGATIVE_VALUE, OUT_OF_RANGE,
+                                  REASONS, TOO_DEEP, TOO_LARGE, TS_OUT_OF_RANGE, UNKNOWN_KIND, UNSUPPORTED_VERSION,
+                                  WRONG_TYPE, Origins, take_origins)
 
 SCHEMA_VERSION = 1
 

@@ -19,7 +19,7 @@ import numpy as np
 from msgspec.structs import astuple
 
 from pipeline.catalog import BLANK_FP64, BLANK_INT64, FIELDS
-from pipeline.decode import BLANK_SENTINEL, NAN_FIELD, NEGATIVE_VALUE
+from pipeline.deadletters import BLANK_SENTINEL, NAN_FIELD, NEGATIVE_VALUE
 from pipeline.schema import FIELD_SLOT_COLUMNS, DcgmRecord, DeadLetter, NcclRecord, dcgm_fields_type
 
 N_FIELDS = len(FIELDS)
