@@ -56,6 +56,8 @@ class BatchDetector:
     #: names of scalar / small cohort attributes in the state
     cohort_attrs: tuple[str, ...] = ()
     fills: dict[str, float] = {}
+    #: what the last ``score_many`` computed for ``learn_many`` (first item: its ``ts`` array)
+    _pending: tuple[Any, ...] | None
 
     def __init__(self, **params: Any) -> None:
         self.params = dict(params)
@@ -87,6 +89,7 @@ class BatchDetector:
         if pend is None or pend[0] is not ts:
             self.score_many(ent, ts, F)
             pend = self._pending
+            assert pend is not None, f"{type(self).__name__}.score_many left nothing for learn_many"
         self._pending = None
         return pend
 

@@ -8,6 +8,7 @@ record byte-stable.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TypedDict
 
 # --- clock-event ("throttle") reasons, field 112 (shared/reference/clock_event_reasons.csv) ---
 GPU_IDLE = 0x1
@@ -121,9 +122,18 @@ class GpuModelSpec:
 
 
 _H100 = GpuModelSpec()
+
+
+class _Physics(TypedDict, total=False):
+    """The simulator's own constants that a model overrides (``GpuModelSpec``'s of these names)."""
+
+    load_scale: float
+    k_scale: float
+
+
 # B200: ~1,000 W board (training draws ~840-950 W), liquid-cooled: ~9 °C hotter than an H100 at
 # its load rather than the +20 °C its power alone would give through an H100's cold plate.
-_PHYSICS = {"B200": {"load_scale": 1.43, "k_scale": 0.86}}
+_PHYSICS: dict[str, _Physics] = {"B200": {"load_scale": 1.43, "k_scale": 0.86}}
 
 
 def model_spec(model: str) -> GpuModelSpec:

@@ -75,8 +75,9 @@ class StepOut:
 class Mods:
     """What this step's active faults and conditions impose; reset before every step."""
 
-    def __init__(self, n: int, h: int, limit_w: float) -> None:
-        self.n, self.h, self.limit_w = n, h, limit_w
+    def __init__(self, n: int, h: int, limit_w: float | np.ndarray) -> None:
+        """``limit_w``: the board limit, one for the fleet or one per GPU (a mixed fleet)."""
+        self.n, self.h = n, h
         self.limit_w = np.broadcast_to(np.asarray(limit_w, dtype=float), (n,)).copy()   # board limit per GPU
         self.cool_mult = np.ones(n)         # core thermal resistance multiplier (cooling failure)
         self.hbm_mult = np.ones(n)          # HBM thermal resistance multiplier

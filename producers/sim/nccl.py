@@ -179,7 +179,7 @@ class NcclModel:
                         "exec_time_us": 0.0, "algbw_gbs": 0.0, "busbw_gbs": 0.0}
                 t_ok, t_ex, t_al, t_bb = recs_tp[0][h], recs_tp[1][h], recs_tp[2][h], recs_tp[3][h]
             for g in range(G):
-                if dp_tmpl is not None and recs_dp[0][g][h]:
+                if dp_tmpl is not None and recs_dp is not None and recs_dp[0][g][h]:
                     d = dp_tmpl[g].copy()
                     d["host"] = host
                     d["rank"] = h

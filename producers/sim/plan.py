@@ -252,9 +252,9 @@ def _finish(raw: list[dict], host_names: list[str], start_ts: float, job: str) -
     return Plan(events=events, labels=labels)
 
 
-def _plain(params: dict) -> dict:
+def _plain(params: dict[str, Any]) -> dict[str, Any]:
     """JSON-friendly params: numpy scalars to Python, floats rounded for byte-stable output."""
-    out = {}
+    out: dict[str, Any] = {}
     for k, v in params.items():
         if isinstance(v, (bool, np.bool_)):
             out[k] = bool(v)

@@ -42,8 +42,11 @@ import dataclasses
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, cast, overload
 
+# PyYAML ships no type information (the global ignore_missing_imports does not cover a library
+# with stubs on PyPI), and mypy reports it at whichever importer it reaches first: file-wide.
+# mypy: disable-error-code="import-untyped"
 import yaml
 
 from .faults import FAULT_TYPES, NVLINK_TYPES, SCHEDULABLE_CONDITIONS, TYPES
@@ -113,9 +116,7 @@ def _err(where: str, msg: str) -> ValueError:
     return ValueError(f"{where}: {msg}")
 
 
-def _number(v: Any, where: str, lo: float | None = None, allow_none: bool = False) -> float | None:
-    if v is None and allow_none:
-        return None
+def _number(v: Any, where: str, lo: float | None = None) -> float:
     if isinstance(v, bool) or not isinstance(v, (int, float)):
         raise _err(where, f"expected a number, got {v!r}")
     if v != v or v in (float("inf"), float("-inf")):
@@ -123,6 +124,12 @@ def _number(v: Any, where: str, lo: float | None = None, allow_none: bool = Fals
     if lo is not None and v < lo:
         raise _err(where, f"must be >= {lo}, got {v!r}")
     return float(v)
+
+
+@overload
+def _time(v: Any, where: str, allow_none: Literal[False] = False) -> Time: ...
+@overload
+def _time(v: Any, where: str, allow_none: bool) -> Time | None: ...
 
 
 def _time(v: Any, where: str, allow_none: bool = False) -> Time | None:
@@ -141,6 +148,12 @@ def _time(v: Any, where: str, allow_none: bool = False) -> Time | None:
             return s
         raise _err(where, f"expected seconds or a percentage like '25%', got {v!r}")
     return _number(v, where, lo=0.0)
+
+
+@overload
+def resolve_time(v: Time, duration: float) -> float: ...
+@overload
+def resolve_time(v: Time | None, duration: float) -> float | None: ...
 
 
 def resolve_time(v: Time | None, duration: float) -> float | None:
@@ -354,7 +367,8 @@ def validate(sc: Scenario) -> Scenario:
         else:
             raise _err(f"faults[{j}]", f"expected a mapping, got {type(f).__name__}")
     out = copy.deepcopy(dataclasses.replace(sc, faults=faults))
-    out.checkpoint_duration = tuple(float(x) for x in out.checkpoint_duration) \
+    # Any length here: _check_options, next, rejects all but [min, max].
+    out.checkpoint_duration = cast("tuple[float, float]", tuple(float(x) for x in out.checkpoint_duration)) \
         if isinstance(out.checkpoint_duration, (list, tuple)) else out.checkpoint_duration
     _check_options(out)
     if out.checkpoint_every == 0:

@@ -38,6 +38,12 @@ class CounterRateSurprise(BatchDetector):
     entity_arrays = ("c_short", "c_mid", "c_long", "t_long", "last_ts")
     cohort_attrs = ()
     fills = {"c_short": 0.0, "c_mid": 0.0, "c_long": 0.0, "t_long": 0.0}
+    # entity_arrays, which BatchDetector.__init__ creates by name:
+    c_short: np.ndarray
+    c_mid: np.ndarray
+    c_long: np.ndarray
+    t_long: np.ndarray
+    last_ts: np.ndarray
 
     def __init__(self, counters: tuple[str, ...] | list[str] = ("ecc_sbe_volatile",), short_s: float = 60.0,
                  mid_s: float = 1800.0, long_s: float = 6 * 3600.0, floor_per_h: float = 1.0,

@@ -62,6 +62,9 @@ class CohortHalfSpaceTrees(BatchDetector):
     entity_arrays = ("score", "score_ts")
     cohort_attrs = ("n_learnt", "tick")
     fills = {"score": 0.0}
+    # entity_arrays, which BatchDetector.__init__ creates by name:
+    score: np.ndarray
+    score_ts: np.ndarray
 
     def __init__(self, n_trees: int = 10, height: int = 8, window_size: int = 250, seed: int = 42,
                  period: int = 60, learn_every: int = 4, warmup: int = 2000, **params: Any) -> None:

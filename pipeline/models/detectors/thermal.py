@@ -28,6 +28,13 @@ class ThermalResidual(BatchDetector):
     entity_arrays = ("p_lag", "hp_lag", "last_ts", "xx", "xy", "nobs")
     cohort_attrs = ("xx_c", "xy_c", "res_var", "res_n")
     fills = {"xx": 0.0, "xy": 0.0, "nobs": 0.0}
+    # entity_arrays, which BatchDetector.__init__ creates by name:
+    p_lag: np.ndarray
+    hp_lag: np.ndarray
+    last_ts: np.ndarray
+    xx: np.ndarray
+    xy: np.ndarray
+    nobs: np.ndarray
 
     def __init__(self, lag_s: float = 45.0, forget_s: float = 6 * 3600.0, ridge: float = 50.0,
                  steady_w: float = 15.0, sd_floor: float = 0.5, lag_c_per_w: float = 0.015, warmup: int = 600,
