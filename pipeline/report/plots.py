@@ -11,7 +11,7 @@ import base64
 import io
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING, Sequence, overload
 
 import matplotlib
 import numpy as np
@@ -54,6 +54,12 @@ def styled(fn):
         with matplotlib.rc_context(STYLE):
             return fn(*args, **kwargs)
     return wrapper
+
+
+@overload
+def _x(ts: float) -> float: ...
+@overload
+def _x(ts: np.ndarray) -> np.ndarray: ...
 
 
 def _x(ts: np.ndarray | float) -> np.ndarray | float:
@@ -278,13 +284,13 @@ def alert_figure(inc: Incident, signals: Sequence[Signal], tel: Telemetry, windo
         else:
             order = sorted(gpus, key=lambda g: g == gpu)     # the alerted GPU last: drawn on top
             for i, g in enumerate(order):
-                s = tel.gpus[(host, g)]
-                m = (s.ts >= lo) & (s.ts <= hi)
+                gs = tel.gpus[(host or "", g)]      # gpus is empty unless host is set
+                m = (gs.ts >= lo) & (gs.ts <= hi)
                 if sig.source == PRESENCE:
-                    x, y = _presence(s.ts[m], lo, hi, tel.interval)
+                    x, y = _presence(gs.ts[m], lo, hi, tel.interval)
                     ylab, step = f"samples per {max(5 * tel.interval, (hi - lo) / 60):.0f}s", True
                 else:
-                    x, y, ylab, step = _series(sig, s.values[sig.name][m], s.ts[m])
+                    x, y, ylab, step = _series(sig, gs.values[sig.name][m], gs.ts[m])
                 if not np.isfinite(y).any():
                     continue
                 if sig.source != PRESENCE:
@@ -359,9 +365,9 @@ def latency_cdf(scores: Sequence["Score"], max_facets: int = 9) -> str | None:
             x = np.concatenate([[0.0], lat, [tmax * 1.5]])
             y = np.concatenate([[0.0], np.arange(1, len(lat) + 1) / injected, [len(lat) / injected]])
             ax.plot(x, y, drawstyle="steps-post", color=palette(i % 10), lw=1.8, label=s.detector)
-        injected = max((s.families[facet].injected for s in scores if facet in s.families), default=0) \
+        total = max((s.families[facet].injected for s in scores if facet in s.families), default=0) \
             if facet != "all families" else None
-        ax.set_title(facet + (f" ({injected} injected)" if injected is not None else ""))
+        ax.set_title(facet + (f" ({total} injected)" if total is not None else ""))
         ax.set_xscale("symlog", linthresh=1.0)
         ax.xaxis.set_major_formatter(ticker.FuncFormatter(lambda v, _: f"{v:g}"))
         ax.set_xlim(0, tmax * 1.5)

@@ -67,7 +67,7 @@ def load_telemetry(paths: Iterable[str | Path], *, hosts: set[str] | None = None
                    nccl_hosts: set[str] | None = None) -> Telemetry:
     """Read telemetry files, keeping DCGM ``fields`` (aliases) for GPUs of ``hosts`` (None: all)
     and NCCL ``nccl_fields`` of every communicator that has a rank on ``nccl_hosts``."""
-    wanted = [(a, FIELDS.by_alias(a).names) for a in dict.fromkeys(fields) if FIELDS.by_alias(a) is not None]
+    wanted = [(a, fld.names) for a in dict.fromkeys(fields) if (fld := FIELDS.by_alias(a)) is not None]
     nfields = list(dict.fromkeys(nccl_fields))
     tel = Telemetry()
     dec = Decoder()
