@@ -18,9 +18,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-# PyYAML ships no type information (the global ignore_missing_imports does not cover a library
-# with stubs on PyPI), and mypy reports it at whichever importer it reaches first: file-wide.
-# mypy: disable-error-code="import-untyped"
 import yaml
 
 

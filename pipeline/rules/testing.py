@@ -31,9 +31,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-# PyYAML ships no type information (the global ignore_missing_imports does not cover a library
-# with stubs on PyPI), and mypy reports it at whichever importer it reaches first: file-wide.
-# mypy: disable-error-code="import-untyped"
 import yaml
 
 from pipeline import yamlsafe

@@ -44,9 +44,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, cast, overload
 
-# PyYAML ships no type information (the global ignore_missing_imports does not cover a library
-# with stubs on PyPI), and mypy reports it at whichever importer it reaches first: file-wide.
-# mypy: disable-error-code="import-untyped"
 import yaml
 
 from .faults import FAULT_TYPES, NVLINK_TYPES, SCHEDULABLE_CONDITIONS, TYPES
