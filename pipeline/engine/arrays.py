@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import msgspec
 import numpy as np
 
 from pipeline.errors import StateError
@@ -41,3 +42,39 @@ def numeric(a: Any, what: str, ndim: int | None = 1) -> np.ndarray:
         got = f"{a.dtype}{list(a.shape)}" if isinstance(a, np.ndarray) else type(a).__name__
         raise StateError(f"snapshot: {what} is {got}, expected a {ndim}-d array of numbers")
     return a
+
+
+# One codec, two framings, both kept byte for byte: the engine's snapshot holds an array as a
+# map (``to_dict``), the model state as msgpack extension type 1 (``to_ext``), where dict keys
+# come from telemetry (NCCL communicators) and must never be read as an array marker.
+EXT_NDARRAY = 1
+
+
+def to_parts(a: np.ndarray) -> tuple[str, list[int], bytes]:
+    """(dtype, shape, raw bytes) of ``a``: what ``from_parts`` reads back."""
+    a = np.ascontiguousarray(a)
+    return a.dtype.str, list(a.shape), a.tobytes()
+
+
+def to_dict(a: np.ndarray) -> dict[str, Any]:
+    """``a`` as the engine snapshot's map: ``{"dtype", "shape", "data"}``."""
+    dtype, shape, raw = to_parts(a)
+    return {"dtype": dtype, "shape": shape, "data": raw}
+
+
+def from_dict(d: dict[str, Any]) -> np.ndarray:
+    """The array a ``to_dict`` map describes (numbers only, or ``StateError``)."""
+    return from_parts(d["dtype"], d["shape"], d["data"])
+
+
+def to_ext(a: np.ndarray) -> msgspec.msgpack.Ext:
+    """``a`` as msgpack extension ``EXT_NDARRAY``: its (dtype, shape, bytes) packed inside."""
+    return msgspec.msgpack.Ext(EXT_NDARRAY, msgspec.msgpack.encode(list(to_parts(a))))
+
+
+def from_ext(data: bytes | memoryview) -> np.ndarray:
+    """The array inside an ``EXT_NDARRAY`` extension value (numbers only, or ``StateError``)."""
+    parts = msgspec.msgpack.decode(data)
+    if not isinstance(parts, list) or len(parts) != 3:
+        raise StateError("model state: a malformed array")
+    return from_parts(*parts)

@@ -22,28 +22,27 @@ import operator
 from collections import Counter
 from dataclasses import dataclass, field
 from itertools import compress
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import Any, Sequence
 
 import msgspec
 import numpy as np
 
 from pipeline.decode import ENTITY_LIMIT, LATE, TS_OUT_OF_RANGE, Origins, take_origins
-from pipeline.engine.arrays import from_parts
 from pipeline.engine.checks import GPU, HOST, RowCheck, TickCheck, absent_after, builtin_checks
 from pipeline.engine.config import EngineConfig
 from pipeline.engine.entities import Entities, grow
-from pipeline.catalog import FIELDS
 from pipeline.engine.frame import Columnizer, DcgmFrame, NcclFrame, nccl_frame
 from pipeline.engine.lifecycle import Lifecycle, Transition, alert_id
+from pipeline.engine.pending import Pending, in_time_order, span
+from pipeline.engine.snapshot import SNAPSHOT_VERSION, TelemetryRecordT, read_snapshot, write_snapshot
+from pipeline.engine.stage import CheckStage, Stage, StageCheck
 from pipeline.engine.state import GpuState, advance
-from pipeline.errors import StateError
-from pipeline.schema import AlertEvent, DcgmRecord, DcgmSample, DeadLetter, NcclRecord, TelemetryRecord
+from pipeline.schema import AlertEvent, DcgmSample, DeadLetter, NcclRecord, TelemetryRecord
 
-if TYPE_CHECKING:
-    from pipeline.models.modelset import ModelSet
-    from pipeline.rules.ruleset import RuleSet
+# Where they were defined before pending.py and snapshot.py: tests and tools import them from here.
+_Pending, _span, _in_time_order = Pending, span, in_time_order
+__all__ = ["SNAPSHOT_VERSION", "Engine", "EngineOutput", "TelemetryRecordT"]
 
-SNAPSHOT_VERSION = 2   # 2: buffered rows as columns; version 1 (records as JSON) is still read
 _LATE, _AHEAD = 1, 2   # why _screen refuses a record
 _REFUSED = {_LATE: LATE, _AHEAD: TS_OUT_OF_RANGE}
 _TS, _HOST, _GPU = operator.attrgetter("ts"), operator.attrgetter("host"), operator.attrgetter("gpu")
@@ -72,23 +71,25 @@ class Engine:
     """
 
     def __init__(self, config: EngineConfig | None = None, row_checks: Sequence[RowCheck] | None = None,
-                 tick_checks: Sequence[TickCheck] | None = None, rules: "RuleSet | None" = None,
-                 models: "ModelSet | None" = None) -> None:
+                 tick_checks: Sequence[TickCheck] | None = None, rules: Stage | None = None,
+                 models: Stage | None = None, stages: Sequence[Stage] = ()) -> None:
         """Built-in checks run unless ``row_checks``/``tick_checks`` are given; with ``rules``,
         the YAML rules replace the built-in row checks (the absence checks stay). ``models``:
-        online anomaly models (``pipeline.models``), evaluated each tick next to the rules."""
+        online anomaly models (``pipeline.models``), evaluated each tick before the rules, which
+        read their scores. ``stages``: more stages (``pipeline.engine.stage``), run after those
+        in this order, each seeing what the earlier ones published."""
         self.config = config or EngineConfig()
         default_rows, default_ticks = builtin_checks()
         if row_checks is None and tick_checks is None:
             row_checks, tick_checks = ([] if rules is not None else default_rows), default_ticks
-        self.row_checks = list(row_checks or [])
         self.tick_checks = list(tick_checks or [])
-        self.rules = rules
-        self.models = models
-        names = [c.meta.name for c in self.row_checks + self.tick_checks + (rules.rules if rules else [])
-                 + (models.checks if models else [])]
-        if len(set(names)) != len(names):
-            raise ValueError(f"duplicate check names: {sorted(n for n in names if names.count(n) > 1)}")
+        # Models first: the rules' score() reads what they publish for the tick.
+        self.stages: list[Stage] = [s for s in (models, CheckStage(row_checks or []), rules) if s is not None]
+        self.stages += stages
+        kinds = [s.kind for s in self.stages]
+        if len(set(kinds)) != len(kinds):
+            raise ValueError(f"two stages of one kind: {sorted(k for k in kinds if kinds.count(k) > 1)}")
+        names = self._check_names(self.stages)
         self.entities = Entities()
         self.state = GpuState()
         self.host_hwm = np.full(0, np.nan)
@@ -114,45 +115,86 @@ class Engine:
         # Records waiting for the watermark: one chunk per batch, in arrival order. A release
         # takes whole chunks the watermark has passed and splits at most the chunks it cuts, so
         # its cost does not grow with what stays pending (the start-up hold can be 30 s of data).
-        self._chunks: list[_Pending] = []
+        self._chunks: list[Pending] = []
         self.stats: Counter[str] = Counter()
         self._summaries: dict[str, str] = {}   # alert id -> summary, while firing
 
+    # -- stages ------------------------------------------------------------------------------
+
+    def stage(self, kind: str) -> Any:
+        """The stage of ``kind`` ("checks", "models", "rules", ...), or None. Typed ``Any``: the
+        engine knows stages by their protocol only, the caller that built it knows its class."""
+        return next((s for s in self.stages if s.kind == kind), None)
+
+    @property
+    def rules(self) -> Any:
+        """The rule set (``pipeline.rules.RuleSet``) this engine runs, or None."""
+        return self.stage("rules")
+
+    @property
+    def models(self) -> Any:
+        """The model set (``pipeline.models.ModelSet``) this engine runs, or None."""
+        return self.stage("models")
+
+    @property
+    def row_checks(self) -> list[RowCheck]:
+        """The built-in (or given) row checks."""
+        return self.stage("checks").checks   # type: ignore[no-any-return]
+
+    def _check_names(self, stages: Sequence[Stage]) -> list[str]:
+        """Every check's name, or ValueError on a duplicate. In the order snapshots have always
+        listed the lifecycles: row checks, tick checks, rules, models, then any other stage's."""
+        rows = [s for s in stages if s.kind == "checks"]
+        rest = sorted((s for s in stages if s.kind != "checks"), key=lambda s: s.kind != "rules")
+        names = [c.meta.name for s in rows for c in s.checks] + [c.meta.name for c in self.tick_checks] + \
+            [c.meta.name for s in rest for c in s.checks]
+        if len(set(names)) != len(names):
+            raise ValueError(f"duplicate check names: {sorted(n for n in names if names.count(n) > 1)}")
+        return names
+
     def _columns(self) -> list[int]:
-        cols = {FIELDS.by_alias(a).column for c in self.row_checks for a in getattr(c, "fields", ())}
-        if self.rules is not None:
-            cols |= self.rules.columns
-        if self.models is not None:
-            cols |= self.models.columns
+        cols: set[int] = set()
+        for s in self.stages:
+            cols.update(s.columns)
         return sorted(cols)
+
+    @property
+    def _reads_nccl(self) -> bool:
+        return any(s.reads_nccl for s in self.stages)
 
     @property
     def decode_fields(self) -> tuple[str, ...]:
         """The DCGM field names (both spellings) this engine reads: what a decoder must keep."""
         return self._columnizer.names
 
-    def _all_checks(self) -> list[Any]:
-        return self.row_checks + self.tick_checks + (self.rules.rules if self.rules else []) + \
-            (self.models.checks if self.models else [])
+    def _all_checks(self) -> list[StageCheck | TickCheck]:
+        return [*self.tick_checks, *(c for s in self.stages for c in s.checks)]
 
     def _new_lifecycle(self, name: str) -> Lifecycle:
         check = next(c for c in self._all_checks() if c.meta.name == name)
         return Lifecycle(check.meta.for_s, check.meta.keep_firing_for_s)
 
-    def set_rules(self, rules: "RuleSet") -> None:
+    def set_rules(self, rules: Stage) -> None:
         """Swap in a new rule set (hot reload). Rules whose definition is unchanged keep their
         state (pending/firing alerts, windows); new or changed ones start fresh."""
-        old = self.rules
-        kept = {r.meta.name for r in rules.rules if old and old.unchanged(r)}
-        names = [c.meta.name for c in self.row_checks + self.tick_checks + rules.rules]
-        if len(set(names)) != len(names):
-            raise ValueError(f"duplicate check names: {sorted(n for n in names if names.count(n) > 1)}")
+        self.set_stage(rules)
+
+    def set_stage(self, stage: Stage) -> None:
+        """Swap in ``stage`` for the stage of its kind (one without such a stage gets it after
+        the built-in row checks). What ``stage.adopt`` keeps of the old one keeps its state;
+        the rest of its checks start fresh."""
+        old = self.stage(stage.kind)
         if old is not None:
-            rules.windows.adopt(old.windows)
-        self.rules = rules
-        for r in rules.rules:
-            if r.meta.name not in kept:
-                self.lifecycles[r.meta.name] = self._new_lifecycle(r.meta.name)
+            stages = [stage if s is old else s for s in self.stages]
+        else:
+            at = next(i for i, s in enumerate(self.stages) if s.kind == "checks") + 1
+            stages = self.stages[:at] + [stage] + self.stages[at:]
+        self._check_names(stages)
+        kept = stage.adopt(old) if old is not None else set()
+        self.stages = stages
+        for c in stage.checks:
+            if c.meta.name not in kept:
+                self.lifecycles[c.meta.name] = self._new_lifecycle(c.meta.name)
         self._columnizer = Columnizer(self._columns())
         live = {c.meta.name for c in self._all_checks()}
         for name in list(self.lifecycles):
@@ -231,7 +273,7 @@ class Engine:
         return out
 
     def _ingest(self, records: Sequence[TelemetryRecord], origins: Sequence[str], ts: np.ndarray,
-                hosts: np.ndarray, out: EngineOutput) -> "_Pending":
+                hosts: np.ndarray, out: EngineOutput) -> Pending:
         """Arriving records -> the columns the engine keeps until the watermark passes them.
 
         Done on arrival, not on release: the record objects are freed at once (the start-up hold
@@ -256,8 +298,8 @@ class Engine:
         if n:
             gpu = self.entities.gpu_ids_of(dhost, np.fromiter(map(_GPU, drecs), np.int64, n))
             self.entities.note_labels(gpu, drecs)   # the job on each GPU, for its alerts
-            if self.models is not None:
-                self.models.note_cohorts(gpu, drecs)
+            for stage in self.stages:
+                stage.ingest(gpu, drecs)
             values, dead = self._columnizer.compact(drecs, dorig)
             for d in dead:
                 self.stats["dead." + d.reason] += 1
@@ -267,9 +309,17 @@ class Engine:
         nts = ts[~is_dcgm] if n < k else np.empty(0)
         if nrecs:
             self.entities.note_nccl(nrecs)
-        # The models' NCCL detectors need the records' columns; without models they are counted.
-        nccl = self._nccl_frame(nrecs, hosts[~is_dcgm]) if nrecs and self.models is not None else None
-        return _Pending(dts, dhost, gpu, values, cols, nts, nccl, float(ts.min()), float(ts.max()))
+        # The models' NCCL detectors need the records' columns; without such a stage they are counted.
+        nccl = self._nccl_frame(nrecs, hosts[~is_dcgm]) if nrecs and self._reads_nccl else None
+        return Pending(dts, dhost, gpu, values, cols, nts, nccl, float(ts.min()), float(ts.max()))
+
+    def _ingest_buffered(self, records: list[TelemetryRecord], origins: list[str]) -> None:
+        """Records a version-1 snapshot buffered, ingested as on arrival; their dropped-field
+        dead letters were not written yet (they are counted in stats)."""
+        if records:
+            ts = np.array([r.ts for r in records], dtype=np.float64)
+            hosts = self.entities.host_ids([r.host for r in records])
+            self._chunks.append(self._ingest(records, origins, ts, hosts, EngineOutput()))
 
     def _refuse_new_hosts(self, records: Sequence[TelemetryRecord], origins: Sequence[str], ts: np.ndarray,
                           hosts: np.ndarray, out: EngineOutput) -> tuple:
@@ -506,8 +556,8 @@ class Engine:
     # -- processing in event time ---------------------------------------------------------------
 
     def _release(self, wm: float, out: EngineOutput, final: bool) -> None:
-        go: list[_Pending] = []
-        stay: list[_Pending] = []
+        go: list[Pending] = []
+        stay: list[Pending] = []
         for c in self._chunks:
             if c.tmax < wm:
                 go.append(c)
@@ -519,7 +569,7 @@ class Engine:
                 stay.append(after)
         self._chunks = stay
         if go:
-            self._process_released(_Pending.concat(go, self._columnizer.columns), out)
+            self._process_released(Pending.concat(go, self._columnizer.columns), out)
         if final:
             hwm = self.host_hwm[: self.entities.n_hosts]
             upto = float(np.nanmax(hwm)) if len(hwm) and not np.all(np.isnan(hwm)) else -math.inf
@@ -536,17 +586,19 @@ class Engine:
             return wm
         return math.floor(wm / self.config.tick) * self.config.tick
 
-    def _process_released(self, go: "_Pending", out: EngineOutput) -> None:
+    def _process_released(self, go: Pending, out: EngineOutput) -> None:
         """Released rows (arrival order), sorted into event time and run tick by tick."""
         self.stats["records.nccl"] += len(go.nccl_ts)
-        if self.models is not None and go.nccl is not None and len(go.nccl):
+        if go.nccl is not None and len(go.nccl):
             # The models' NCCL detectors score each record with the tick it belongs to (see _rows).
-            self.models.queue_nccl(go.nccl)
+            for stage in self.stages:
+                if stage.reads_nccl:
+                    stage.released(go.nccl)
         n = len(go.ts)
         if not n:
             return
         self.stats["records.dcgm"] += n
-        if _in_time_order(go.ts, go.gpu):
+        if in_time_order(go.ts, go.gpu):
             # Already in (time, GPU) order, as a tick arrives from a fleet that samples in step:
             # the rows as they are, without a sort and a copy of every column.
             frame = DcgmFrame(go.ts, go.gpu, go.host, go.values)
@@ -654,14 +706,11 @@ class Engine:
         chunk = frame if (gpu[1:] >= gpu[:-1]).all() else frame.take(np.argsort(gpu, kind="stable"))
         self._note_returns(chunk)
         view = advance(self.state, chunk, self.entities, ts0, self._columnizer.column_array)
-        mconds = self.models.evaluate(view, self.entities) if self.models is not None else []
-        if self.models is not None:
-            view.model_scores = self.models.scores  # read by score() in rules
-        conds: list[tuple[Any, np.ndarray]] = [(c, c.evaluate(view)) for c in self.row_checks]
-        if self.rules is not None:
-            conds += self.rules.evaluate(view, self.entities.n_gpus)
-        conds += mconds
-        transitions: list[tuple[RowCheck, Transition]] = []
+        outputs: dict[str, Any] = {}   # what each stage publishes for the later ones
+        conds: list[tuple[StageCheck, np.ndarray]] = []
+        for stage in self.stages:
+            conds += stage.run(view, self.entities, outputs)
+        transitions: list[tuple[StageCheck, Transition]] = []
         for check, cond in conds:
             cond = cond == 1 if cond.dtype != bool else cond
             if check.meta.level == GPU:
@@ -679,8 +728,8 @@ class Engine:
         for check, t in transitions:
             ev = check.evidence(view, t.row)
             out.alerts.append(self._alert(check, t, ev))
-        if self.rules is not None:
-            self.rules.finish()
+        for stage in self.stages:
+            stage.finish()
 
     def _note_returns(self, chunk: DcgmFrame) -> None:
         """Hosts reporting after more than ``gpu_absent_after`` of silence (scaled with a slow
@@ -707,7 +756,7 @@ class Engine:
                     last = self.state.host_last_ts[tr.entity]
                 out.alerts.append(self._alert(check, tr, {"last_seen": None if last != last else float(last)}))
 
-    def _alert(self, check: RowCheck | TickCheck, t: Transition, evidence: dict[str, Any]) -> AlertEvent:
+    def _alert(self, check: StageCheck | TickCheck, t: Transition, evidence: dict[str, Any]) -> AlertEvent:
         meta = check.meta
         if meta.level == GPU:
             host, gpu = self.entities.gpus[t.entity]
@@ -735,71 +784,15 @@ class Engine:
     # -- state ---------------------------------------------------------------------------------
 
     def snapshot(self) -> bytes:
-        """All engine state as bytes: msgpack of numbers, strings and numeric arrays (the models'
-        too, docs/models.md#model-state), so restoring one never runs anything. A forged one could
-        still feed the engine wrong history: the service signs its checkpoints (service/state.py)."""
-        data = {
-            "version": SNAPSHOT_VERSION,
-            "config": self.config.to_dict(),
-            "entities": self.entities.to_state(),
-            "last": _arr(self.state.last), "last_ts": _arr(self.state.last_ts),
-            "host_last_ts": _arr(self.state.host_last_ts), "host_back": _arr(self.state.host_back),
-            "host_hwm": _arr(self.host_hwm),
-            "host_seen": _arr(self.host_seen), "host_jump": _arr(self.host_jump), "host_step": _arr(self.host_step),
-            "released": self.released, "next_tick": self.next_tick, "first_ts": self.first_ts,
-            "lifecycles": {n: {k: _arr(v) for k, v in lc.to_state().items()} for n, lc in self.lifecycles.items()},
-            # Buffered rows as columns (version 1 held the records themselves, as JSON).
-            "pending_columns": [c.to_state() for c in self._chunks],
-            "stats": dict(self.stats),
-            "summaries": self._summaries,
-            "seen": _arr(self.state.seen),
-            "windows": _windows_to_state(self.rules.windows.to_state()) if self.rules else {},
-            "models": self.models.snapshot() if self.models is not None else None,
-        }
-        return msgspec.msgpack.encode(data)
+        """All engine state as bytes: msgpack of numbers, strings and numeric arrays (the stages'
+        too: rule windows, docs/models.md#model-state), so restoring one never runs anything. A
+        forged one could still feed the engine wrong history: the service signs its checkpoints
+        (service/state.py). Layout: ``pipeline/engine/snapshot.py``."""
+        return write_snapshot(self)
 
     def restore(self, blob: bytes) -> None:
         """Continue exactly where ``snapshot`` left off (same checks must be configured)."""
-        try:
-            data = msgspec.msgpack.decode(blob)
-            if data.get("version") not in (1, SNAPSHOT_VERSION):
-                raise StateError(f"snapshot version {data.get('version')} (this build reads {SNAPSHOT_VERSION})")
-            self.entities = Entities.from_state(data["entities"])
-            self.state.last, self.state.last_ts = _unarr(data["last"]), _unarr(data["last_ts"])
-            self.state.host_last_ts = _unarr(data["host_last_ts"])
-            # Before host returns were kept: every host counts as back long ago.
-            self.state.host_back = _unarr(data["host_back"]) if "host_back" in data else \
-                np.full(len(self.state.host_last_ts), -np.inf)
-            self.host_hwm = _unarr(data["host_hwm"])
-            # Absent from snapshots written before hosts were screened: nothing seen, no jump.
-            self.host_seen = _unarr(data["host_seen"]) if "host_seen" in data else np.full(len(self.host_hwm), np.nan)
-            self.host_jump = _unarr(data["host_jump"]) if "host_jump" in data else np.full(len(self.host_hwm), np.nan)
-            self.host_step = _unarr(data["host_step"]) if "host_step" in data else np.full(len(self.host_hwm), np.nan)
-            self.state.host_step = self.host_step
-            self.released, self.next_tick = data["released"], data["next_tick"]
-            self.first_ts = data["first_ts"]
-            for name, lc in data["lifecycles"].items():
-                if name in self.lifecycles:
-                    self.lifecycles[name].load_state({k: _unarr(v) for k, v in lc.items()})
-            if "pending_columns" in data:
-                self._chunks = [_Pending.from_state(c) for c in data["pending_columns"]]
-            else:   # a version-1 snapshot: buffered records as JSON; ingest them as on arrival
-                dec = msgspec.json.Decoder(TelemetryRecordT)
-                pending = [dec.decode(b) for b in data["pending"]]
-                self._chunks = []
-                if pending:   # their dropped-field dead letters were not written yet: counted in stats
-                    ts = np.array([r.ts for r in pending], dtype=np.float64)
-                    hosts = self.entities.host_ids([r.host for r in pending])
-                    self._chunks.append(self._ingest(pending, list(data["pending_origin"]), ts, hosts, EngineOutput()))
-            self.stats = Counter(data["stats"])
-            self._summaries = dict(data["summaries"])
-            self.state.seen = _unarr(data["seen"])
-            if self.rules is not None:
-                self.rules.windows.load_state(_windows_from_state(data["windows"]))
-            if self.models is not None and data.get("models"):
-                self.models.restore(data["models"])
-        except (msgspec.DecodeError, msgspec.ValidationError, KeyError, TypeError, ValueError) as e:
-            raise StateError(f"cannot restore engine snapshot: {e}") from e
+        read_snapshot(self, blob)
 
     @property
     def pending(self) -> int:
@@ -822,87 +815,6 @@ class _Numbered(Sequence[str]):
         return f"{self.name}#{i}"
 
 
-def _in_time_order(ts: np.ndarray, gpu: np.ndarray) -> bool:
-    """Whether rows are sorted by (ts, gpu): what a stable lexsort would leave as it is."""
-    if len(ts) < 2:
-        return True
-    dt = ts[1:] - ts[:-1]
-    return bool(((dt > 0) | ((dt == 0) & (gpu[1:] >= gpu[:-1]))).all())
-
-
-@dataclass
-class _Pending:
-    """Buffered rows of a batch as columns: DCGM samples, and NCCL records' times (and columns,
-    with models), each in arrival order."""
-
-    ts: np.ndarray            # DCGM rows: event time
-    host: np.ndarray          # host id (int32)
-    gpu: np.ndarray           # GPU id (int32)
-    values: np.ndarray        # (n, len(cols)): Columnizer.compact
-    cols: tuple[int, ...]     # the catalog columns of ``values`` (rules may be reloaded meanwhile)
-    nccl_ts: np.ndarray       # NCCL rows: event time
-    nccl: NcclFrame | None    # their columns, kept when models read them
-    tmin: float
-    tmax: float
-
-    def split(self, wm: float) -> tuple["_Pending", "_Pending"]:
-        """(rows before ``wm``, the rest)."""
-        sel, nsel = self.ts < wm, self.nccl_ts < wm
-        return self._take(sel, nsel), self._take(~sel, ~nsel)
-
-    def _take(self, sel: np.ndarray, nsel: np.ndarray) -> "_Pending":
-        ts, nts = self.ts[sel], self.nccl_ts[nsel]
-        return _Pending(ts, self.host[sel], self.gpu[sel], self.values[sel], self.cols, nts,
-                        self.nccl.take(nsel) if self.nccl is not None else None, *_span(ts, nts))
-
-    def __len__(self) -> int:
-        return len(self.ts) + len(self.nccl_ts)
-
-    @staticmethod
-    def concat(parts: list["_Pending"], cols: tuple[int, ...]) -> "_Pending":
-        """One run of rows, values in the layout of ``cols`` (the columnizer's now)."""
-        parts = [p if p.cols == cols else p.remap(cols) for p in parts]
-        if len(parts) == 1:
-            return parts[0]
-        frames = [p.nccl for p in parts if p.nccl is not None]
-        return _Pending(np.concatenate([p.ts for p in parts]), np.concatenate([p.host for p in parts]),
-                        np.concatenate([p.gpu for p in parts]), np.concatenate([p.values for p in parts]), cols,
-                        np.concatenate([p.nccl_ts for p in parts]), NcclFrame.concat(frames) if frames else None,
-                        min(p.tmin for p in parts), max(p.tmax for p in parts))
-
-    def remap(self, cols: tuple[int, ...]) -> "_Pending":
-        """The same rows in another column layout: a column this one lacks reads as not reported."""
-        pos = {c: j for j, c in enumerate(self.cols)}
-        values = np.full((len(self.ts), len(cols)), np.nan)
-        for j, c in enumerate(cols):
-            if c in pos:
-                values[:, j] = self.values[:, pos[c]]
-        return _Pending(self.ts, self.host, self.gpu, values, cols, self.nccl_ts, self.nccl, self.tmin, self.tmax)
-
-    def to_state(self) -> dict:
-        return {"cols": list(self.cols), "ts": _arr(self.ts), "host": _arr(self.host), "gpu": _arr(self.gpu),
-                "values": _arr(self.values), "nccl_ts": _arr(self.nccl_ts),
-                "nccl": None if self.nccl is None else
-                {k: (v if k == "comm" else _arr(v)) for k, v in self.nccl.to_state().items()}}
-
-    @staticmethod
-    def from_state(d: dict) -> "_Pending":
-        ts, nts = _unarr(d["ts"]), _unarr(d["nccl_ts"])
-        nccl = None if d["nccl"] is None else \
-            NcclFrame.from_state({k: (v if k == "comm" else _unarr(v)) for k, v in d["nccl"].items()})
-        return _Pending(ts, _unarr(d["host"]), _unarr(d["gpu"]), _unarr(d["values"]), tuple(d["cols"]), nts, nccl,
-                        *_span(ts, nts))
-
-
-def _span(ts: np.ndarray, nts: np.ndarray) -> tuple[float, float]:
-    """(oldest, newest) event time of a buffer's rows; (inf, -inf) when it has none."""
-    both = np.concatenate([ts, nts])
-    return (float(both.min()), float(both.max())) if len(both) else (math.inf, -math.inf)
-
-
-TelemetryRecordT = DcgmRecord | NcclRecord
-
-
 def _per_host(chunk: DcgmFrame, cond: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Collapse per-GPU rows to one row per host: (ts, host id, any(cond), representative row)."""
     hosts, inv = np.unique(chunk.host, return_inverse=True)
@@ -918,24 +830,3 @@ def _per_host(chunk: DcgmFrame, cond: np.ndarray) -> tuple[np.ndarray, np.ndarra
     np.minimum.at(best, inv, pick)
     rows = np.where(best >= len(chunk), best - len(chunk), best)
     return ts, hosts.astype(np.int32), anyc, rows
-
-
-def _windows_to_state(st: dict) -> dict:
-    return {"panes": [[k, {n: _arr(a) for n, a in ws.items()}, aggs] for k, ws, aggs in st["panes"]],
-            "baselines": [[k, {n: _arr(a) for n, a in bs.items()}] for k, bs in st["baselines"]]}
-
-
-def _windows_from_state(st: dict) -> dict:
-    def conv(d: dict) -> dict:
-        return {k: _unarr(v) for k, v in d.items()}
-    return {"panes": [[k, conv(ws), aggs] for k, ws, aggs in st.get("panes", [])],
-            "baselines": [[k, conv(bs)] for k, bs in st.get("baselines", [])]}
-
-
-def _arr(a: np.ndarray) -> dict:
-    a = np.ascontiguousarray(a)
-    return {"dtype": a.dtype.str, "shape": list(a.shape), "data": a.tobytes()}
-
-
-def _unarr(d: dict) -> np.ndarray:
-    return from_parts(d["dtype"], d["shape"], d["data"])   # numbers only, or StateError

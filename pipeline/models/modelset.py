@@ -23,10 +23,11 @@ import msgspec
 import numpy as np
 
 from pipeline.catalog import FIELDS
-from pipeline.engine.arrays import from_parts, numeric
+from pipeline.engine.arrays import EXT_NDARRAY, from_ext, numeric, to_ext
 from pipeline.engine.checks import GPU, CheckMeta
 from pipeline.engine.entities import Entities, grow
 from pipeline.engine.frame import NCCL_KEYS, NcclFrame
+from pipeline.engine.stage import MODEL_SCORES, StageBase
 from pipeline.engine.state import COUNTER_COLS, View
 from pipeline.errors import StateError
 from pipeline.models.config import ModelSpec, load_model_specs
@@ -156,8 +157,13 @@ class _Model:
             self.obs_ts = grow(self.obs_ts, n, np.nan)
 
 
-class ModelSet:
-    """The models the engine runs (built from specs); evaluated once per tick."""
+class ModelSet(StageBase):
+    """The models the engine runs (built from specs); evaluated once per tick. The engine's
+    "models" stage, before the rules: it publishes each tick's scores for their ``score()``."""
+
+    kind = "models"
+    state_key = "models"
+    reads_nccl = True    # the NCCL detectors score the records' columns
 
     def __init__(self, specs: Sequence[ModelSpec], tick: float = 1.0, source: str = "") -> None:
         self.specs = list(specs)
@@ -188,7 +194,39 @@ class ModelSet:
     def __len__(self) -> int:
         return len(self.models)
 
-    # -- engine hooks --------------------------------------------------------------------------
+    # -- engine hooks (the stage protocol, pipeline/engine/stage.py) ----------------------------
+
+    def ingest(self, gpu: np.ndarray, records: Sequence[Any]) -> None:
+        """Arriving DCGM records: their GPUs' cohorts."""
+        self.note_cohorts(gpu, records)
+
+    def released(self, nccl: NcclFrame) -> None:
+        """Released NCCL records: queued for the ticks they belong to."""
+        self.queue_nccl(nccl)
+
+    def run(self, view: View, entities: Entities, outputs: dict[str, Any]) -> list[tuple[ModelCheck, np.ndarray]]:
+        """The stage's tick: ``evaluate``, and the scores published for later stages (the rules)."""
+        out = self.evaluate(view, entities)
+        outputs[MODEL_SCORES] = self.scores
+        return out
+
+    def to_state(self) -> bytes:
+        """The engine snapshot's ``models``: ``snapshot()``."""
+        return self.snapshot()
+
+    def load_state(self, state: Any) -> None:
+        """``restore`` what ``to_state`` wrote; nothing when the snapshot holds none."""
+        if state:
+            self.restore(state)
+
+    def adopt(self, old: Any) -> set[str]:
+        """Take over ``old``'s state for the models whose definition is unchanged (as ``restore``
+        does); the names of their checks, which keep their alert state."""
+        if not isinstance(old, ModelSet):
+            return set()
+        self.restore(old.snapshot())
+        before = {c.meta.name: (c.meta, c.spec.definition()) for c in old.checks}
+        return {c.meta.name for c in self.checks if before.get(c.meta.name) == (c.meta, c.spec.definition())}
 
     def note_cohorts(self, gpu: np.ndarray, records: Sequence[Any]) -> None:
         """Learn the cohort (GPU model) of GPUs not seen before, from their records."""
@@ -440,17 +478,17 @@ class ModelSet:
         return total
 
 
-# Arrays travel as a msgpack extension value, never as a marked dict: dict keys in the state come
-# from telemetry (NCCL communicator ids) and must never be read as a type marker. There is no
-# other extension: state is numbers, strings and arrays of numbers, so restoring it runs nothing.
-# Type 2 was a pickled object (model state versions 2 and 3); it is refused, never unpickled.
-_EXT_NDARRAY, _EXT_PICKLE_REFUSED = 1, 2
+# Arrays travel as a msgpack extension value (``pipeline.engine.arrays.to_ext``), never as a
+# marked dict: dict keys in the state come from telemetry (NCCL communicator ids) and must never
+# be read as a type marker. There is no other extension: state is numbers, strings and arrays of
+# numbers, so restoring it runs nothing. Type 2 was a pickled object (model state versions 2 and
+# 3); it is refused, never unpickled.
+_EXT_NDARRAY, _EXT_PICKLE_REFUSED = EXT_NDARRAY, 2
 
 
 def _pack(o: Any) -> Any:
     if isinstance(o, np.ndarray):
-        a = np.ascontiguousarray(o)
-        return msgspec.msgpack.Ext(_EXT_NDARRAY, msgspec.msgpack.encode([a.dtype.str, list(a.shape), a.tobytes()]))
+        return to_ext(o)
     if isinstance(o, dict):
         return {str(k): _pack(v) for k, v in o.items()}
     if isinstance(o, (list, tuple)):
@@ -465,10 +503,7 @@ def _pack(o: Any) -> Any:
 
 def _ext(code: int, data: memoryview) -> Any:
     if code == _EXT_NDARRAY:
-        parts = msgspec.msgpack.decode(data)
-        if not isinstance(parts, list) or len(parts) != 3:
-            raise StateError("model state: a malformed array")
-        return from_parts(*parts)
+        return from_ext(data)
     if code == _EXT_PICKLE_REFUSED:
         raise StateError("model state holds a pickled object (state version 3 or older); it is not read")
     raise StateError(f"unknown extension type {code} in model state")

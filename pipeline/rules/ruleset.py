@@ -1,4 +1,4 @@
-"""Compiled rules and the set the engine evaluates each tick."""
+"""Compiled rules, and the set the engine evaluates each tick (a stage, ``pipeline.engine.stage``)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,10 @@ from typing import Any
 import numpy as np
 
 from pipeline.catalog import FIELDS
+from pipeline.engine.arrays import from_dict, to_dict
 from pipeline.engine.checks import CheckMeta
+from pipeline.engine.entities import Entities
+from pipeline.engine.stage import MODEL_SCORES, StageBase
 from pipeline.engine.state import View
 from pipeline.rules.compile import Chunk, Compiled, WindowStore
 from pipeline.rules.template import render
@@ -75,8 +78,12 @@ class Rule:
         return render(self.template, {"host": host, "gpu": gpu, **evidence})
 
 
-class RuleSet:
-    """The rules the engine runs, with the windows they share."""
+class RuleSet(StageBase):
+    """The rules the engine runs, with the windows they share: the engine's "rules" stage,
+    after the models (``score()`` reads what they publish)."""
+
+    kind = "rules"
+    state_key = "windows"
 
     def __init__(self, rules: list[Rule], windows: WindowStore, sources: list[str] | None = None) -> None:
         self.rules = rules
@@ -93,6 +100,11 @@ class RuleSet:
     def __len__(self) -> int:
         return len(self.rules)
 
+    @property
+    def checks(self) -> list[Rule]:
+        """The rules, each a check with its own alert lifecycle."""
+        return self.rules
+
     def unchanged(self, rule: Rule) -> bool:
         old = self._by_name.get(rule.meta.name)
         return old is not None and old.spec.definition() == rule.spec.definition()
@@ -108,9 +120,50 @@ class RuleSet:
         self._pending_baseline = (view, n_gpus)
         return out
 
+    def run(self, view: View, entities: Entities, outputs: dict[str, Any]) -> list[tuple[Rule, np.ndarray]]:
+        """The stage's tick: ``evaluate`` with the scores the models published for these rows."""
+        # score() reads them from the view (compile.py), and so does an alert's evidence later.
+        view.model_scores = outputs.get(MODEL_SCORES, {})
+        return self.evaluate(view, entities.n_gpus)
+
     def finish(self) -> None:
         """After the engine has built this tick's alerts: baselines learn from it."""
         pending = getattr(self, "_pending_baseline", None)
         if pending is not None:
             self.windows.update_baselines(*pending)
             self._pending_baseline = None
+
+    def adopt(self, old: Any) -> set[str]:
+        """Hot reload: take over ``old``'s windows; the names of the rules whose definition is
+        unchanged (they keep their pending and firing alerts)."""
+        if not isinstance(old, RuleSet):
+            return set()
+        kept = {r.meta.name for r in self.rules if old.unchanged(r)}
+        self.windows.adopt(old.windows)
+        return kept
+
+    def to_state(self) -> dict[str, Any]:
+        """The windows and baselines as plain data (the engine snapshot's ``windows``)."""
+        if not self.rules:   # {}, as snapshots of an engine with an empty rule set have always had
+            return {}
+        return windows_to_state(self.windows.to_state())
+
+    def load_state(self, state: Any) -> None:
+        """Windows and baselines of a snapshot (``to_state``); a bad array is a ``StateError``."""
+        if state is None:   # every snapshot has them ({} without rules): this one is damaged
+            raise KeyError("windows")
+        self.windows.load_state(windows_from_state(state))
+
+
+def windows_to_state(st: dict[str, Any]) -> dict[str, Any]:
+    """``WindowStore.to_state()`` with its arrays as the snapshot's maps (``arrays.to_dict``)."""
+    return {"panes": [[k, {n: to_dict(a) for n, a in ws.items()}, aggs] for k, ws, aggs in st["panes"]],
+            "baselines": [[k, {n: to_dict(a) for n, a in bs.items()}] for k, bs in st["baselines"]]}
+
+
+def windows_from_state(st: dict[str, Any]) -> dict[str, Any]:
+    """What ``WindowStore.load_state`` takes, from ``windows_to_state``'s form."""
+    def conv(d: dict[str, Any]) -> dict[str, np.ndarray]:
+        return {k: from_dict(v) for k, v in d.items()}
+    return {"panes": [[k, conv(ws), aggs] for k, ws, aggs in st.get("panes", [])],
+            "baselines": [[k, conv(bs)] for k, bs in st.get("baselines", [])]}
