@@ -9,7 +9,7 @@ reported a temperature. A rule fires only where its condition is exactly 1.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Literal, NoReturn, TypeVar, Union, cast
 
 import numpy as np
 
@@ -20,6 +20,9 @@ from pipeline.rules import expr as E
 from pipeline.rules.windows import Baseline, PaneWindow, distinct, group_stat
 
 NUM, BOOL = "number", "boolean"
+_T = TypeVar("_T")
+
+Fn = Callable[["Chunk"], np.ndarray]   # a node's evaluator: one value per sample of the chunk
 
 
 class CompileError(Exception):
@@ -50,8 +53,9 @@ class Chunk:
         """``ent`` as an index into per-GPU state (``View.ids``)."""
         return self.view.ids
 
-    def cached(self, key: str, compute: Callable[["Chunk"], np.ndarray]) -> np.ndarray:
-        hit = self.memo.get(key)
+    def cached(self, key: str, compute: Callable[["Chunk"], _T]) -> _T:
+        """``compute(self)``, once per tick and ``key``."""
+        hit: _T | None = self.memo.get(key)
         if hit is None:
             hit = self.memo[key] = compute(self)
         return hit
@@ -161,6 +165,11 @@ def _host_groups(c: "Chunk") -> tuple[np.ndarray, np.ndarray]:
     return np.unique(host, return_inverse=True)
 
 
+def _filled(col: int) -> Fn:
+    """The column's last known value per sample: a field's evidence."""
+    return lambda c: c.view.filled[:, col]
+
+
 # Three-valued results are float arrays over {0, 1, NaN}. A boolean mask store is used below
 # rather than np.where: where() with a scalar and a bool operand takes numpy's casting path,
 # about twice the time for the same values.
@@ -220,8 +229,85 @@ WINDOW_FUNCS = {  # name: (source, aggregate, needs counter)
 }
 PEER_FUNCS = {"peer_median": "median", "peer_mean": "mean", "peer_min": "min", "peer_max": "max",
               "peer_count": "count"}
-ALL_FUNCS = sorted([*WINDOW_FUNCS, *PEER_FUNCS, "baseline", "absent", "changed", "raised", "xid_severity", "abs", "min",
-                    "max", "score"])
+
+# What one position of a call must hold (Arg.kind).
+ArgKind = Literal["expression", "field", "duration", "model"]
+EXPR: ArgKind = "expression"    # any numeric expression
+FIELD: ArgKind = "field"        # a catalog field by name: windows and baselines are kept per field
+DURATION: ArgKind = "duration"  # a duration literal (5m): a window or a time constant
+MODEL: ArgKind = "model"        # a model name from models.yaml
+
+ArgValue = Union[Field, float, Fn, str]   # an argument once read: by kind, Field, seconds, evaluator, name
+
+
+@dataclass(frozen=True)
+class Arg:
+    """One positional argument of a rule function."""
+
+    kind: ArgKind
+    # Refuses a field the function cannot use (baseline() of a counter, raised() of a gauge),
+    # run as soon as the field is read, before the next argument.
+    check: Callable[[Field, E.Node], None] | None = None
+
+
+@dataclass(frozen=True)
+class Kwarg:
+    """A keyword argument, the values it accepts and why others are refused (E108)."""
+
+    name: str
+    values: tuple[str, ...]
+    default: str
+    why: str
+
+
+BY_HOST = Kwarg("by", ("host",), "host", "peers are the GPUs of the same host (by=host)")
+
+
+@dataclass(frozen=True)
+class Bound:
+    """A call whose arguments passed their kinds' checks, as its function's builder gets it."""
+
+    call: E.Call
+    label: str                      # the call's text: its evidence name and memo key
+    values: tuple[ArgValue, ...]    # one per positional argument, read as its Arg.kind says
+    kwargs: dict[str, str]
+
+    def field(self, i: int) -> Field:
+        return cast(Field, self.values[i])
+
+    def seconds(self, i: int) -> float:
+        return cast(float, self.values[i])
+
+    def fn(self, i: int) -> Fn:
+        return cast(Fn, self.values[i])
+
+    def model(self, i: int) -> str:
+        return cast(str, self.values[i])
+
+
+@dataclass(frozen=True)
+class Function:
+    """One rule function: its signature, checked by ``Compiler.call``, and its builder.
+
+    ``build`` gets the checked arguments and returns the vectorised evaluator; it makes only the
+    checks that need several arguments together.
+    """
+
+    name: str
+    args: tuple[Arg, ...]
+    sig: str                        # the arguments as the arity diagnostic (E104) names them
+    result: str                     # NUM or BOOL
+    build: Callable[["Compiler", Bound], Fn]
+    kwargs: tuple[Kwarg, ...] = ()
+    # When keyword arguments are checked: "first" (before the positional ones), "last" (after
+    # them) or "never" (accepted and ignored). Of two mistakes in one call the first checked is
+    # reported, so each function keeps the order its diagnostics have always had.
+    kwargs_checked: Literal["first", "last", "never"] = "first"
+
+    @property
+    def arity(self) -> tuple[int, int]:
+        """The fewest and the most positional arguments (the same for every function today)."""
+        return len(self.args), len(self.args)
 
 
 class Compiler:
@@ -229,7 +315,7 @@ class Compiler:
         self.src = src
         self.store = store
         self.models = models or set()
-        self.evidence: dict[str, Callable[[Chunk], np.ndarray]] = {}
+        self.evidence: dict[str, Fn] = {}
         self.columns: set[int] = set()
 
     def compile(self, node: E.Node) -> Compiled:
@@ -243,9 +329,9 @@ class Compiler:
         if f is None:
             self._unknown(node)
         self.columns.add(f.column)
-        return f  # type: ignore[return-value]
+        return f
 
-    def _unknown(self, node: E.Name) -> None:
+    def _unknown(self, node: E.Name) -> NoReturn:
         if node.name in FIELDS.bits:
             raise CompileError(f"{node.name} is a clock-event bit: test it with "
                                f"'clocks_event_reasons has {node.name}'", node.pos, D.TYPE)
@@ -253,7 +339,7 @@ class Compiler:
         more = f"; did you mean {' or '.join(repr(h) for h in hint)}?" if hint else ""
         raise CompileError(f"unknown metric {node.name!r}{more}", node.pos, D.UNKNOWN_METRIC)
 
-    def expect(self, node: E.Node, typ: str, ctx: str) -> Callable[[Chunk], np.ndarray]:
+    def expect(self, node: E.Node, typ: str, ctx: str) -> Fn:
         t, fn = self.node(node)
         if t != typ:
             raise CompileError(f"{ctx} needs a {typ}, got a {t}", node.pos, D.TYPE)
@@ -270,7 +356,7 @@ class Compiler:
                 self._unknown(n)
             col = f.column
             self.columns.add(col)
-            self.evidence.setdefault(f.alias, lambda c, col=col: c.view.filled[:, col])
+            self.evidence.setdefault(f.alias, _filled(col))
             return NUM, lambda c: c.view.filled[:, col]
         if isinstance(n, E.Neg):
             fn = self.expect(n.operand, NUM, "'-'")
@@ -324,7 +410,7 @@ class Compiler:
                     raise CompileError(f"unknown clock-event bit {name!r}{more}", pos, D.UNKNOWN_BIT)
                 mask |= bit.mask
             col = f.column
-            self.evidence.setdefault(f.alias, lambda c, col=col: c.view.filled[:, col])
+            self.evidence.setdefault(f.alias, _filled(col))
 
             def has(c: Chunk) -> np.ndarray:
                 v = c.view.filled[:, col]
@@ -358,19 +444,6 @@ class Compiler:
             return self.call(n)
         raise CompileError(f"unsupported expression {type(n).__name__}", n.pos, D.EXPR_SYNTAX)
 
-    def _arity(self, n: E.Call, count: int, sig: str) -> None:
-        if len(n.args) != count:
-            raise CompileError(f"{n.func}() takes {count} argument{'s' * (count != 1)} ({sig}), got {len(n.args)}",
-                               n.pos, D.ARITY)
-
-    def _no_kwargs(self, n: E.Call, allowed: tuple[str, ...] = ()) -> dict[str, str]:
-        out = {}
-        for k, v, pos in n.kwargs:
-            if k not in allowed:
-                raise CompileError(f"{n.func}() has no argument {k}=", pos, D.ARITY)
-            out[k] = v
-        return out
-
     def _duration(self, n: E.Node, func: str) -> float:
         if not isinstance(n, E.Dur):
             raise CompileError(f"{func}() needs a duration such as 60s or 5m as its window", n.pos, D.BAD_DURATION)
@@ -378,144 +451,63 @@ class Compiler:
             raise CompileError(f"{func}() window must be positive", n.pos, D.BAD_DURATION)
         return n.seconds
 
-    def call(self, n: E.Call) -> tuple[str, Callable[[Chunk], np.ndarray]]:
-        name = n.func
-        label = self.src[n.pos:self._end(n)] if self._end(n) else name
-        if name in WINDOW_FUNCS:
-            self._arity(n, 2, "field, window")
-            self._no_kwargs(n)
-            f = self._field(n.args[0], f"{name}()")
-            w = self._duration(n.args[1], name)
-            source, agg, counter = WINDOW_FUNCS[name]
-            if counter and f.kind != COUNTER:
-                raise CompileError(f"{name}() needs a counter; {f.alias} is a {f.kind} (use delta() or avg_over())",
-                                   n.args[0].pos, D.TYPE)
-            if not counter and name == "delta" and f.kind == COUNTER:
-                raise CompileError(f"delta() is for gauges; {f.alias} is a counter (use increase(), which knows "
-                                   "about resets)", n.args[0].pos, D.TYPE)
-            aggs = {"sum": ("sum", "count"), "avg": ("sum", "count"), "first": ("first",), "min": ("min",),
-                    "max": ("max",)}[agg]
-            key = self.store.pane(f.column, w, source, aggs)
-            store, col = self.store, f.column
-            if name == "rate":
-                raw = lambda c: store.panes[key].query("sum", c.ids, c.ts0) / w  # noqa: E731
-            elif name == "delta":
-                raw = lambda c: c.view.filled[:, col] - store.panes[key].query("first", c.ids, c.ts0)  # noqa: E731
-            else:
-                raw = lambda c: store.panes[key].query(agg, c.ids, c.ts0)  # noqa: E731
-            memo_key = f"{name}|{key}"
-            fn = lambda c: c.cached(memo_key, raw)  # noqa: E731
-            self.evidence.setdefault(label, fn)
-            return NUM, fn
-        if name == "baseline":
-            self._arity(n, 2, "field, time constant")
-            self._no_kwargs(n)
-            f = self._field(n.args[0], "baseline()")
-            if f.kind == COUNTER:
-                raise CompileError(f"baseline() of a counter is meaningless; use baseline of its rate via a rule on "
-                                   f"increase(), not {f.alias}", n.args[0].pos, D.TYPE)
-            tau = self._duration(n.args[1], name)
-            key = self.store.baseline(f.column, tau)
-            store = self.store
-            memo_key = f"baseline|{key}"
-            fn = lambda c: c.cached(memo_key, lambda c: store.baselines[key].query(c.ids))  # noqa: E731
-            self.evidence.setdefault(label, fn)
-            return NUM, fn
-        if name in PEER_FUNCS:
-            self._arity(n, 1, "expression")
-            kw = self._no_kwargs(n, ("by",))
-            by = kw.get("by", "host")
-            if by != "host":
-                raise CompileError(f"{name}(by={by}) is not supported: peers are the GPUs of the same host (by=host)",
-                                   n.pos, D.UNSUPPORTED)
-            inner = self.expect(n.args[0], NUM, f"{name}()")
-            stat = PEER_FUNCS[name]
-            # Keyed by the call's text: the same text compiles to the same computation.
-            memo_key = f"peer|{label}"
-            fn = lambda c: c.cached(memo_key, lambda c: group_stat(  # noqa: E731
-                c.view.frame.host, inner(c), stat, groups=c.cached("peer|groups", _host_groups)))
-            self.evidence.setdefault(label, fn)
-            return NUM, fn
-        if name == "absent":
-            self._arity(n, 2, "field, duration")
-            self._no_kwargs(n)
-            f = self._field(n.args[0], "absent()")
-            w = self._duration(n.args[1], name)
-            col = f.column
-            return BOOL, lambda c: (c.view.frame.ts - c.view.seen[:, col] > w).astype(float)
-        if name == "changed":
-            self._arity(n, 1, "field")
-            self._no_kwargs(n)
-            f = self._field(n.args[0], "changed()")
-            col = f.column
+    def _model(self, n: E.Node) -> str:
+        model = n.name if isinstance(n, E.Name) else None
+        if model is None or model not in self.models:
+            known = ", ".join(sorted(self.models)) or "none are configured"
+            raise CompileError(f"unknown model {model!r} (models: {known})", n.pos, D.UNKNOWN_MODEL)
+        return model
 
-            def changed(c: Chunk) -> np.ndarray:
-                now, prev = c.view.frame.values[:, col], c.view.prev[:, col]
-                known = ~np.isnan(now) & ~np.isnan(prev)
-                return np.where(known, (now != prev).astype(float), 0.0)
-            return BOOL, changed
-        if name == "raised":
-            # A sticky code (the XID gauge holds the last XID seen) is an event when it takes a new
-            # non-zero value -- and also the first time a GPU is seen with one: the fault happened
-            # before we started (or the host rejoined), and only comparing with the previous value
-            # would never tell anyone (docs/rules.md#xids).
-            self._arity(n, 1, "field")
-            self._no_kwargs(n)
-            f = self._field(n.args[0], "raised()")
-            if f.kind != CODE:
-                raise CompileError(f"raised() is for code fields such as xid (a sticky last value); {f.alias} is a "
-                                   f"{f.kind} (use changed() or increase())", n.args[0].pos, D.TYPE)
-            col = f.column
-            self.evidence.setdefault(f.alias, lambda c, col=col: c.view.filled[:, col])
+    def _arg(self, n: E.Call, arg: Arg, node: E.Node) -> ArgValue:
+        """Read one argument as its kind says, or raise the kind's diagnostic."""
+        if arg.kind == FIELD:
+            f = self._field(node, f"{n.func}()")
+            if arg.check is not None:
+                arg.check(f, node)
+            return f
+        if arg.kind == DURATION:
+            return self._duration(node, n.func)
+        if arg.kind == EXPR:
+            return self.expect(node, NUM, f"{n.func}()")
+        return self._model(node)
 
-            def raised(c: Chunk) -> np.ndarray:
-                now, prev = c.view.frame.values[:, col], c.view.prev[:, col]
-                with np.errstate(invalid="ignore"):
-                    new = (now != 0) & ~np.isnan(now) & (np.isnan(prev) | (now != prev))
-                return new.astype(float)
-            return BOOL, raised
-        if name == "xid_severity":
-            self._arity(n, 1, "xid")
-            self._no_kwargs(n)
-            f = self._field(n.args[0], "xid_severity()")
-            if f.alias != "xid":
-                raise CompileError(f"xid_severity() reads the XID catalogue: its argument is xid, not {f.alias}",
-                                   n.args[0].pos, D.TYPE)
-            col = f.column
-            from pipeline.rules.xids import severity_levels
-            fn = lambda c: severity_levels(c.view.filled[:, col])  # noqa: E731
-            self.evidence.setdefault(label, fn)
-            return NUM, fn
-        if name == "abs":
-            self._arity(n, 1, "number")
-            fn = self.expect(n.args[0], NUM, "abs()")
-            return NUM, lambda c: np.abs(fn(c))
-        if name in ("min", "max"):
-            self._arity(n, 2, "number, number")
-            a = self.expect(n.args[0], NUM, f"{name}()")
-            b = self.expect(n.args[1], NUM, f"{name}()")
-            op = np.fmin if name == "min" else np.fmax
-            return NUM, lambda c: op(a(c), b(c))
-        if name == "score":
-            self._arity(n, 1, "model name")
-            arg = n.args[0]
-            model = arg.name if isinstance(arg, E.Name) else None
-            if model not in self.models:
-                known = ", ".join(sorted(self.models)) or "none are configured"
-                raise CompileError(f"unknown model {model!r} (models: {known})", arg.pos, D.UNKNOWN_MODEL)
-            self._no_kwargs(n)
+    def _kwargs(self, n: E.Call, spec: Function) -> dict[str, str]:
+        allowed = {k.name for k in spec.kwargs}
+        out = {}
+        for k, v, pos in n.kwargs:
+            if k not in allowed:
+                raise CompileError(f"{n.func}() has no argument {k}=", pos, D.ARITY)
+            out[k] = v
+        for kw in spec.kwargs:
+            v = out.setdefault(kw.name, kw.default)
+            if v not in kw.values:
+                raise CompileError(f"{n.func}({kw.name}={v}) is not supported: {kw.why}", n.pos, D.UNSUPPORTED)
+        return out
 
-            def score(c: Chunk, model: str = model) -> np.ndarray:
-                # The engine evaluates the models first each tick and hangs their per-row
-                # scores on the view; NaN (unknown) before a model's warm-up or without models.
-                got = c.view.model_scores.get(model)
-                return np.full(len(c.ent), np.nan) if got is None or len(got) != len(c.ent) else got
-            self.evidence.setdefault(label, score)
-            return NUM, score
+    def call(self, n: E.Call) -> tuple[str, Fn]:
+        """Check a call against its row of ``FUNCTIONS`` and build its evaluator."""
+        spec = FUNCTIONS.get(n.func)
+        if spec is None:
+            self._unknown_function(n)
+        end = self._end(n)
+        label = self.src[n.pos:end] if end else n.func
+        lo, hi = spec.arity
+        if not lo <= len(n.args) <= hi:
+            count = f"{lo}" if lo == hi else f"{lo} to {hi}"
+            raise CompileError(f"{n.func}() takes {count} argument{'s' * (hi != 1)} ({spec.sig}), got {len(n.args)}",
+                               n.pos, D.ARITY)
+        kwargs = self._kwargs(n, spec) if spec.kwargs_checked == "first" else {}
+        values = tuple(self._arg(n, arg, node) for arg, node in zip(spec.args, n.args))
+        if spec.kwargs_checked == "last":
+            kwargs = self._kwargs(n, spec)
+        return spec.result, spec.build(self, Bound(n, label, values, kwargs))
+
+    def _unknown_function(self, n: E.Call) -> NoReturn:
         import difflib
-        hint = difflib.get_close_matches(name, ALL_FUNCS, n=2)
-        more = f"; did you mean {' or '.join(h + '()' for h in hint)}?" if hint else ""
-        raise CompileError(f"unknown function {name}(){more}", n.pos, D.UNKNOWN_FUNCTION)
+        hint = difflib.get_close_matches(n.func, ALL_FUNCS, n=2)
+        more = (f"; did you mean {' or '.join(h + '()' for h in hint)}?" if hint
+                else f" (known: {', '.join(h + '()' for h in ALL_FUNCS)})")
+        raise CompileError(f"unknown function {n.func}(){more}", n.pos, D.UNKNOWN_FUNCTION)
 
     def _end(self, n: E.Call) -> int:
         # The call's text runs to its matching ')'; good enough for an evidence label.
@@ -529,6 +521,155 @@ class Compiler:
                 if depth == 0:
                     return i + 1
         return 0
+
+
+# The builders of FUNCTIONS: each gets a call whose arguments passed their kinds' checks.
+
+def _window(cp: Compiler, a: Bound) -> Fn:
+    name, f, w = a.call.func, a.field(0), a.seconds(1)
+    source, agg, counter = WINDOW_FUNCS[name]
+    # Checked here, after the window's duration, not as the field's Arg.check: that is the order
+    # these diagnostics have always come in.
+    if counter and f.kind != COUNTER:
+        raise CompileError(f"{name}() needs a counter; {f.alias} is a {f.kind} (use delta() or avg_over())",
+                           a.call.args[0].pos, D.TYPE)
+    if not counter and name == "delta" and f.kind == COUNTER:
+        raise CompileError(f"delta() is for gauges; {f.alias} is a counter (use increase(), which knows "
+                           "about resets)", a.call.args[0].pos, D.TYPE)
+    aggs = {"sum": ("sum", "count"), "avg": ("sum", "count"), "first": ("first",), "min": ("min",),
+            "max": ("max",)}[agg]
+    key = cp.store.pane(f.column, w, source, aggs)
+    store, col = cp.store, f.column
+    raw: Fn
+    if name == "rate":
+        raw = lambda c: store.panes[key].query("sum", c.ids, c.ts0) / w  # noqa: E731
+    elif name == "delta":
+        raw = lambda c: c.view.filled[:, col] - store.panes[key].query("first", c.ids, c.ts0)  # noqa: E731
+    else:
+        raw = lambda c: store.panes[key].query(agg, c.ids, c.ts0)  # noqa: E731
+    memo_key = f"{name}|{key}"
+    fn: Fn = lambda c: c.cached(memo_key, raw)  # noqa: E731
+    cp.evidence.setdefault(a.label, fn)
+    return fn
+
+
+def _not_a_counter(f: Field, node: E.Node) -> None:
+    if f.kind == COUNTER:
+        raise CompileError(f"baseline() of a counter is meaningless; use baseline of its rate via a rule on "
+                           f"increase(), not {f.alias}", node.pos, D.TYPE)
+
+
+def _baseline(cp: Compiler, a: Bound) -> Fn:
+    key = cp.store.baseline(a.field(0).column, a.seconds(1))
+    store = cp.store
+    memo_key = f"baseline|{key}"
+    fn: Fn = lambda c: c.cached(memo_key, lambda c: store.baselines[key].query(c.ids))  # noqa: E731
+    cp.evidence.setdefault(a.label, fn)
+    return fn
+
+
+def _peer(cp: Compiler, a: Bound) -> Fn:
+    inner, stat = a.fn(0), PEER_FUNCS[a.call.func]
+    # Keyed by the call's text: the same text compiles to the same computation.
+    memo_key = f"peer|{a.label}"
+    fn: Fn = lambda c: c.cached(memo_key, lambda c: group_stat(  # noqa: E731
+        c.view.frame.host, inner(c), stat, groups=c.cached("peer|groups", _host_groups)))
+    cp.evidence.setdefault(a.label, fn)
+    return fn
+
+
+def _absent(cp: Compiler, a: Bound) -> Fn:
+    col, w = a.field(0).column, a.seconds(1)
+    return lambda c: (c.view.frame.ts - c.view.seen[:, col] > w).astype(float)
+
+
+def _changed(cp: Compiler, a: Bound) -> Fn:
+    col = a.field(0).column
+
+    def changed(c: Chunk) -> np.ndarray:
+        now, prev = c.view.frame.values[:, col], c.view.prev[:, col]
+        known = ~np.isnan(now) & ~np.isnan(prev)
+        return np.where(known, (now != prev).astype(float), 0.0)
+    return changed
+
+
+def _a_code(f: Field, node: E.Node) -> None:
+    if f.kind != CODE:
+        raise CompileError(f"raised() is for code fields such as xid (a sticky last value); {f.alias} is a "
+                           f"{f.kind} (use changed() or increase())", node.pos, D.TYPE)
+
+
+def _raised(cp: Compiler, a: Bound) -> Fn:
+    # A sticky code (the XID gauge holds the last XID seen) is an event when it takes a new
+    # non-zero value -- and also the first time a GPU is seen with one: the fault happened
+    # before we started (or the host rejoined), and only comparing with the previous value
+    # would never tell anyone (docs/rules.md#xids).
+    f = a.field(0)
+    col = f.column
+    cp.evidence.setdefault(f.alias, _filled(col))
+
+    def raised(c: Chunk) -> np.ndarray:
+        now, prev = c.view.frame.values[:, col], c.view.prev[:, col]
+        with np.errstate(invalid="ignore"):
+            new = (now != 0) & ~np.isnan(now) & (np.isnan(prev) | (now != prev))
+        return new.astype(float)
+    return raised
+
+
+def _the_xid(f: Field, node: E.Node) -> None:
+    if f.alias != "xid":
+        raise CompileError(f"xid_severity() reads the XID catalogue: its argument is xid, not {f.alias}",
+                           node.pos, D.TYPE)
+
+
+def _xid_severity(cp: Compiler, a: Bound) -> Fn:
+    col = a.field(0).column
+    from pipeline.rules.xids import severity_levels
+    fn: Fn = lambda c: severity_levels(c.view.filled[:, col])  # noqa: E731
+    cp.evidence.setdefault(a.label, fn)
+    return fn
+
+
+def _abs(cp: Compiler, a: Bound) -> Fn:
+    fn = a.fn(0)
+    return lambda c: np.abs(fn(c))
+
+
+def _min_max(cp: Compiler, a: Bound) -> Fn:
+    x, y = a.fn(0), a.fn(1)
+    op = np.fmin if a.call.func == "min" else np.fmax
+    return lambda c: op(x(c), y(c))
+
+
+def _score(cp: Compiler, a: Bound) -> Fn:
+    model = a.model(0)
+
+    def score(c: Chunk) -> np.ndarray:
+        # The engine evaluates the models first each tick and hangs their per-row
+        # scores on the view; NaN (unknown) before a model's warm-up or without models.
+        got = c.view.model_scores.get(model)
+        return np.full(len(c.ent), np.nan) if got is None or len(got) != len(c.ent) else got
+    cp.evidence.setdefault(a.label, score)
+    return score
+
+
+# Every rule function, the table Compiler.call reads (docs/rules.md, "Functions", lists the same
+# names; tests/unit/rules/test_functions_table.py keeps them equal).
+FUNCTIONS: dict[str, Function] = {f.name: f for f in [
+    *(Function(name, (Arg(FIELD), Arg(DURATION)), "field, window", NUM, _window) for name in WINDOW_FUNCS),
+    Function("baseline", (Arg(FIELD, _not_a_counter), Arg(DURATION)), "field, time constant", NUM, _baseline),
+    *(Function(name, (Arg(EXPR),), "expression", NUM, _peer, kwargs=(BY_HOST,)) for name in PEER_FUNCS),
+    Function("absent", (Arg(FIELD), Arg(DURATION)), "field, duration", BOOL, _absent),
+    Function("changed", (Arg(FIELD),), "field", BOOL, _changed),
+    Function("raised", (Arg(FIELD, _a_code),), "field", BOOL, _raised),
+    Function("xid_severity", (Arg(FIELD, _the_xid),), "xid", NUM, _xid_severity),
+    Function("abs", (Arg(EXPR),), "number", NUM, _abs, kwargs_checked="never"),
+    Function("min", (Arg(EXPR), Arg(EXPR)), "number, number", NUM, _min_max, kwargs_checked="never"),
+    Function("max", (Arg(EXPR), Arg(EXPR)), "number, number", NUM, _min_max, kwargs_checked="never"),
+    # The model is looked up before the keyword arguments are: its diagnostics' order.
+    Function("score", (Arg(MODEL),), "model name", NUM, _score, kwargs_checked="last"),
+]}
+ALL_FUNCS = sorted(FUNCTIONS)
 
 
 def compile_expr(src: str, store: WindowStore, models: set[str] | None = None) -> Compiled:

@@ -1,7 +1,7 @@
 """The rule expression language: tokens, a recursive-descent parser and the syntax tree.
 
 Our own grammar, never Python's ``eval``/``ast``: an expression can only name catalog fields,
-numbers, durations, clock-event bits and the functions in ``functions.py``.
+numbers, durations, clock-event bits and the functions of ``compile.FUNCTIONS``.
 
     expr    := or
     or      := and ("or" and)*
@@ -82,44 +82,44 @@ class Call(Node):
 
 @dataclass(frozen=True, repr=False)
 class Neg(Node):
-    operand: Node | None = None
+    operand: Node
 
 
 @dataclass(frozen=True, repr=False)
 class Arith(Node):
-    op: str = "+"
-    left: Node | None = None
-    right: Node | None = None
+    op: str
+    left: Node
+    right: Node
 
 
 @dataclass(frozen=True, repr=False)
 class Compare(Node):
-    op: str = "=="
-    left: Node | None = None
-    right: Node | None = None
+    op: str
+    left: Node
+    right: Node
 
 
 @dataclass(frozen=True, repr=False)
 class Has(Node):
-    operand: Node | None = None
+    operand: Node
     bits: tuple[tuple[str, int], ...] = ()   # (name, pos)
 
 
 @dataclass(frozen=True, repr=False)
 class In(Node):
-    operand: Node | None = None
+    operand: Node
     values: tuple[float, ...] = ()
 
 
 @dataclass(frozen=True, repr=False)
 class Not(Node):
-    operand: Node | None = None
+    operand: Node
 
 
 @dataclass(frozen=True, repr=False)
 class And(Node):
-    left: Node | None = None
-    right: Node | None = None
+    left: Node
+    right: Node
 
     def __repr__(self) -> str:
         return f"And(left={self.left!r}, right={self.right!r})"
@@ -127,8 +127,8 @@ class And(Node):
 
 @dataclass(frozen=True, repr=False)
 class Or(Node):
-    left: Node | None = None
-    right: Node | None = None
+    left: Node
+    right: Node
 
 
 _TOKEN = re.compile(r"""
@@ -182,9 +182,9 @@ def _number(t: Tok) -> float:
 
 def _children(n: "Node") -> tuple["Node", ...]:
     if isinstance(n, (Arith, Compare, And, Or)):
-        return (n.left, n.right)  # type: ignore[return-value]
+        return (n.left, n.right)
     if isinstance(n, (Neg, Not, Has, In)):
-        return (n.operand,)  # type: ignore[return-value]
+        return (n.operand,)
     if isinstance(n, Call):
         return n.args
     return ()
@@ -214,7 +214,7 @@ def check_size(root: "Node") -> None:
         if terms > MAX_TERMS:
             raise ExprSyntaxError(f"expression has more than {MAX_TERMS} terms; use 'in (...)' for lists of "
                                   "values, or split the rule", n.pos, D.EXPR_TOO_MANY_TERMS)
-        stack += [(c, depth + 1) for c in _children(n) if c is not None]
+        stack += [(c, depth + 1) for c in _children(n)]
 
 
 class _Parser:
@@ -359,7 +359,7 @@ class _Parser:
             self.take()
             if self.at("op", "("):
                 self.nest(t.pos)
-                node = self.call(t)
+                node: Node = self.call(t)
                 self.depth -= 1
                 return node
             return Name(t.pos, t.text)
