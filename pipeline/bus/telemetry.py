@@ -4,29 +4,109 @@ Measured (docs/architecture.md, bench/wire_format.py): per-host batching cuts th
 cost per GPU-sample several-fold against one message per GPU, because kafka-python's per-message
 overhead is paid once per host instead of once per GPU (docs/performance.md, wire format: 4.9 vs 0.8 us). Keying by host
 keeps a host's samples in order on one partition.
+
+Every publisher builds its messages here: ``per_host_messages`` from records (the simulator,
+the producers' sender, the demo, evaluation, the benchmarks) and ``recorded_messages`` from the
+lines of a recording (``replay --to-kafka``), so the wire format has one definition.
 """
 
 from __future__ import annotations
 
+import json
+from dataclasses import dataclass
 from typing import Any, Iterable, Iterator
 
 import msgspec
 
+from pipeline.bus.base import Message
+
 _enc = msgspec.json.Encoder()
 
 
-def per_host_messages(records: Iterable[dict[str, Any] | msgspec.Struct]) -> Iterator[tuple[bytes, bytes]]:
-    """Group consecutive records by host into (key, value) messages, order kept within a host."""
+@dataclass(frozen=True, slots=True)
+class WireMessage:
+    """A telemetry message ready to send: its key (the host; None for poison passed on as it was
+    recorded), its value, and the event time of its records (None: unknown, never paced)."""
+
+    key: bytes | None
+    value: bytes
+    ts: float | None = None
+
+
+def _host(rec: dict[str, Any] | msgspec.Struct) -> str:
+    return rec["host"] if isinstance(rec, dict) else rec.host  # type: ignore[attr-defined]
+
+
+def per_host_messages(records: Iterable[dict[str, Any] | msgspec.Struct],
+                      max_records: int | None = None) -> Iterator[tuple[bytes, bytes]]:
+    """Group records by host into (key, value) messages, hosts in order of first appearance and
+    each host's records in their order.
+
+    ``max_records``: a host with more records than that gets several consecutive messages of at
+    most ``max_records`` each (a producer's backlog after an outage stays under the broker's and
+    the decoder's 8 MiB message limit). None: one message per host.
+    """
+    if max_records is not None and max_records <= 0:
+        raise ValueError("max_records must be positive")
     groups: dict[str, list[Any]] = {}
     for rec in records:
-        host = rec["host"] if isinstance(rec, dict) else rec.host  # type: ignore[union-attr]
-        groups.setdefault(host, []).append(rec)
+        groups.setdefault(_host(rec), []).append(rec)
     for host, recs in groups.items():
-        yield host.encode(), _enc.encode(recs)
+        key = host.encode()
+        if max_records is None or len(recs) <= max_records:
+            yield key, _enc.encode(recs)
+            continue
+        for i in range(0, len(recs), max_records):
+            yield key, _enc.encode(recs[i:i + max_records])
 
 
 def per_record_messages(records: Iterable[dict[str, Any] | msgspec.Struct]) -> Iterator[tuple[bytes, bytes]]:
     """One message per record (what a naive producer does; kept for the wire-format benchmark)."""
     for rec in records:
-        host = rec["host"] if isinstance(rec, dict) else rec.host  # type: ignore[union-attr]
-        yield host.encode(), _enc.encode(rec)
+        yield _host(rec).encode(), _enc.encode(rec)
+
+
+def recorded_messages(lines: Iterable[Message]) -> Iterator[WireMessage]:
+    """The lines of a JSONL recording (one record a line) as wire messages: each run of
+    consecutive lines with the same (ts, host) becomes one message, its lines' bytes kept verbatim.
+
+    A line that is not a record with a ``ts`` and a ``host`` travels alone, as it was recorded,
+    unkeyed and unpaced: poison survives a record/publish round trip for the service to
+    dead-letter. A host name no UTF-8 writer can encode (a lone surrogate) still travels: the
+    key only spreads it onto a partition.
+    """
+    group: list[bytes] = []
+    group_key: tuple[float, str] | None = None
+
+    def take() -> WireMessage | None:
+        nonlocal group
+        if not group or group_key is None:
+            return None
+        msg = WireMessage(group_key[1].encode("utf-8", "backslashreplace"), b"[" + b",".join(group) + b"]",
+                          group_key[0])
+        group = []
+        return msg
+
+    for m in lines:
+        try:
+            rec = json.loads(m.value)
+            key = (float(rec["ts"]), str(rec["host"]))
+        except (ValueError, KeyError, TypeError, RecursionError):
+            if (done := take()) is not None:
+                yield done
+            yield WireMessage(None, m.value)
+            continue
+        if key != group_key:
+            if (done := take()) is not None:
+                yield done
+            group_key = key
+        group.append(m.value)
+    if (done := take()) is not None:
+        yield done
+
+
+def as_consumed(items: Iterable[tuple[bytes | None, bytes]], topic: str, first_offset: int = 0,
+                partition: int = 0) -> list[Message]:
+    """(key, value) messages as a consumer of one partition would read them, without a bus: what
+    an in-process driver (evaluation) hands the decoder, with ``topic[partition]@offset`` origins."""
+    return [Message(topic, partition, first_offset + i, key, value) for i, (key, value) in enumerate(items)]
