@@ -18,9 +18,9 @@ import statistics
 import time
 from pathlib import Path
 
-import msgspec
 
 from pipeline.bus.files import FileSink, read_lines
+from pipeline.bus.telemetry import per_host_messages
 from pipeline.engine import Engine
 from pipeline.rules import load_rules
 from pipeline.runner import Pipeline
@@ -36,14 +36,10 @@ def recording(gpus: int, seconds: int, seed: int = 7) -> Path:
     path = RESULTS / f"fleet-{gpus}gpu-{seconds}s-seed{seed}.jsonl"
     if not path.exists():
         sim = Simulator(hosts=gpus // 8, duration=seconds, seed=seed, scenario="mixed")
-        enc = msgspec.json.Encoder()
         with FileSink(path, atomic=True) as sink:
             for batch in sim.batches():
                 # One line per host per step: how the wire carries it (docs/architecture.md §7).
-                by_host: dict[str, list] = {}
-                for r in batch:
-                    by_host.setdefault(r["host"], []).append(r)
-                sink.write_many(enc.encode(v) for v in by_host.values())
+                sink.write_many(value for _, value in per_host_messages(batch))
     return path
 
 

@@ -34,6 +34,8 @@ from service_harness import Service, delete_topics  # noqa: E402
 
 from pipeline.bus import Topics  # noqa: E402
 from pipeline.bus.kafka import KafkaBusProducer, ensure_topics  # noqa: E402
+from pipeline.bus.publish import Pacer  # noqa: E402
+from pipeline.bus.telemetry import per_host_messages  # noqa: E402
 
 
 def publish_paced(bootstrap: str, topic: str, hosts: list[str], seconds: int, warmup: int, cooldown: int,
@@ -51,14 +53,12 @@ def publish_paced(bootstrap: str, topic: str, hosts: list[str], seconds: int, wa
     produced: dict[tuple[str, int, int], float] = {}
     lost: set[tuple[str, int]] = set()
     p = KafkaBusProducer(bootstrap, linger_ms=2)
-    start = time.time()
+    pacer = Pacer(1.0)   # second s of the run is due s seconds after the start
     behind = 0.0
     for s in range(seconds):
-        delay = start + s - time.time()
-        if delay > 0:
-            time.sleep(delay)
+        pacer.wait(s)
         ts = round(time.time(), 3)
-        faulty = set()
+        faulty: set[tuple[str, int]] = set()
         if warmup <= s < seconds - cooldown:  # after the engine's start-up window
             live = hosts[:-1] if silent_from is not None and len(hosts) > 1 else hosts
             while len(faulty) < faults_per_s and len(lost) < 8 * len(live):
@@ -69,19 +69,18 @@ def publish_paced(bootstrap: str, topic: str, hosts: list[str], seconds: int, wa
         for h in hosts:
             if silent_from is not None and s >= silent_from and h == hosts[-1] and len(hosts) > 1:
                 continue
-            recs = []
-            for g in range(8):
-                xid = 79 if (h, g) in lost else 0
-                recs.append('{"v":1,"kind":"dcgm","ts":%s,"host":"%s","gpu":%d,"fields":{"DCGM_FI_DEV_GPU_UTIL":99,'
-                            '"DCGM_FI_DEV_GPU_TEMP":65,"DCGM_FI_DEV_SM_CLOCK":1980,"DCGM_FI_DEV_XID_ERRORS":%d}}'
-                            % (ts, h, g, xid))
+            recs = [{"v": 1, "kind": "dcgm", "ts": ts, "host": h, "gpu": g,
+                     "fields": {"DCGM_FI_DEV_GPU_UTIL": 99, "DCGM_FI_DEV_GPU_TEMP": 65, "DCGM_FI_DEV_SM_CLOCK": 1980,
+                                "DCGM_FI_DEV_XID_ERRORS": 79 if (h, g) in lost else 0}}
+                    for g in range(8)]
+            ((key, value),) = per_host_messages(recs)
             now = time.time()
             for g in range(8):
                 if (h, g) in faulty:
                     produced[(h, g, int(ts))] = now
-            p.send(topic, ("[" + ",".join(recs) + "]").encode(), h.encode())
+            p.send(topic, value, key)
         p.flush()
-        behind = max(behind, time.time() - (start + s + 1))
+        behind = max(behind, -pacer.delay(s + 1))
     p.close()
     return produced, behind
 

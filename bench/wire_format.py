@@ -44,13 +44,12 @@ def _kafka_us(bootstrap: str, msgs: list[tuple[bytes, bytes]], n_samples: int, r
 
     from service_harness import delete_topics
 
+    from pipeline.bus import send_all
     from pipeline.bus.kafka import KafkaBusProducer
 
     topic = f"bench-wire-{uuid.uuid4().hex[:8]}"
     p = KafkaBusProducer(bootstrap)
-    for k, v in msgs:
-        p.send(topic, v, k)
-    p.flush()
+    send_all(p, topic, msgs)
     p.close()
     runs = []
     for _ in range(repeat):

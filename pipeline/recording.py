@@ -8,7 +8,6 @@ record; a message that is not valid JSON is kept verbatim, so poison survives a 
 
 from __future__ import annotations
 
-import json
 import time
 from dataclasses import dataclass
 from typing import Callable
@@ -17,6 +16,8 @@ import msgspec
 
 from pipeline.bus.files import FileSink, read_lines
 from pipeline.bus.kafka import KafkaBusConsumer, KafkaBusProducer
+from pipeline.bus.publish import Pacer, send_paced
+from pipeline.bus.telemetry import recorded_messages
 
 _enc = msgspec.json.Encoder()
 
@@ -64,46 +65,7 @@ def publish(paths: list[str], bootstrap: str, topic: str, *, speed: float | None
             security: dict | None = None) -> int:
     """Send a recording to ``topic``; returns the number of messages sent."""
     producer = KafkaBusProducer(bootstrap, security=security)
-    sent = 0
-    wall0 = time.monotonic()
-    ts0: float | None = None
-    group: list[bytes] = []
-    group_key: tuple[float, str] | None = None
-
-    def emit() -> None:
-        nonlocal sent, group
-        if not group:
-            return
-        value = b"[" + b",".join(group) + b"]"
-        # A host name no UTF-8 writer can encode (a lone surrogate) still travels: the service
-        # dead-letters the record; the key only spreads it onto a partition.
-        producer.send(topic, value, group_key[1].encode("utf-8", "backslashreplace") if group_key else None)
-        sent += 1
-        group = []
-
-    for path in paths:
-        for m in read_lines(path):
-            try:
-                rec = json.loads(m.value)
-                key = (float(rec["ts"]), str(rec["host"]))
-            except (ValueError, KeyError, TypeError, RecursionError):
-                emit()
-                producer.send(topic, m.value, None)   # poison travels as it was recorded
-                sent += 1
-                continue
-            if key != group_key:
-                emit()
-                group_key = key
-                if speed is not None:
-                    ts0 = key[0] if ts0 is None else ts0
-                    delay = (key[0] - ts0) / speed - (time.monotonic() - wall0)
-                    if delay > 0:
-                        producer.flush()
-                        time.sleep(delay)
-            group.append(m.value)
-            if sent % 1000 == 999:
-                producer.flush()
-    emit()
-    producer.flush()
+    lines = (m for path in paths for m in read_lines(path))
+    sent = send_paced(producer, topic, recorded_messages(lines), pacer=Pacer(speed))
     producer.close()
     return sent
