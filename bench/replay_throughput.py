@@ -29,6 +29,7 @@ sys.path.insert(0, str(ROOT))
 
 from pipeline.bus.files import FileSink, read_lines  # noqa: E402
 from pipeline.detection import build_engine  # noqa: E402
+from pipeline.engine import EngineOutput  # noqa: E402
 from pipeline.replay import replay  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results"
@@ -56,7 +57,7 @@ def run_once(path: Path, models: str) -> tuple[float, int, int, int]:
     ticks = [0]
     real = eng._tick
 
-    def counted(t: float, out: object) -> None:
+    def counted(t: float, out: EngineOutput) -> None:
         ticks[0] += 1
         real(t, out)
 

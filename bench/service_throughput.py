@@ -79,7 +79,7 @@ def loop_profile(text: str) -> dict:
     count = re.search(r"^gpuwarden_state_checkpoint_seconds_count (\S+)", text, re.M)
     n = float(count.group(1)) if count else 0.0
     return {"phases_s": phases, "checkpoints": int(n),
-            "checkpoint_s_per_partition": round(float(total.group(1)) / n, 4) if n else None}
+            "checkpoint_s_per_partition": round(float(total.group(1)) / n, 4) if n and total else None}
 
 
 def service_seconds(svc: Service, n_records: int, timeout_s: float = 1800.0) -> float:
