@@ -15,9 +15,10 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from pipeline.bus import MemoryBus, Topics, send_all
+from pipeline.bus.sinks import BusOutput
 from pipeline.bus.telemetry import per_host_messages
 from pipeline.runner import Pipeline
-from pipeline.schema import AlertEvent, encode
+from pipeline.schema import AlertEvent, DeadLetter
 from pipeline.scoring import knock_on, match_faults
 
 _STYLE = {"critical": "bold red", "warning": "yellow", "info": "cyan"}
@@ -62,14 +63,17 @@ def run_demo(hosts: int = 8, duration: float = 1200.0, seed: int = 7, scenario: 
                   f"scenario [cyan]{scenario}[/], seed {seed}, in-process bus, {len(engine.rules)} rules from {rules_dir}"
                   f"{', ' + str(len(engine.models.checks)) + ' online models' if engine.models else ''}")
 
-    def publish(out_alerts: list[AlertEvent], dead: list) -> None:
+    # Every alert goes to the alerts topic and is printed as it fires; dead letters to the DLQ.
+    sink = BusOutput(producer, topics)
+
+    def publish(out_alerts: list[AlertEvent], dead: list[DeadLetter]) -> None:
+        sink.alerts(out_alerts)
+        sink.dead(dead)
+        sink.flush()
         for a in out_alerts:
-            producer.send(topics.alerts, encode(a), (a.host or "").encode())
             style = _STYLE.get(a.severity, "") if a.state == "firing" else "green"
             progress.console.print(f"[{style}]{alert_line(a, t0 or a.ts)}[/]", highlight=False, soft_wrap=True,
                                    markup=True)
-        for d in dead:
-            producer.send(topics.dlq, encode(d), (d.host or "").encode())
         alerts.extend(out_alerts)
 
     with Progress(TextColumn("[progress.description]{task.description}"), BarColumn(),
@@ -91,6 +95,7 @@ def run_demo(hosts: int = 8, duration: float = 1200.0, seed: int = 7, scenario: 
                             rate=f"{pipe.totals.records / max(elapsed, 1e-9):,.0f} records/s")
         out = pipe.flush()
         publish(out.alerts, out.dead)
+    sink.close()
 
     elapsed = time.perf_counter() - t_start
     totals = pipe.totals

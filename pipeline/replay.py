@@ -9,10 +9,10 @@ from pathlib import Path
 from typing import Callable, Iterable, Iterator
 
 from pipeline.bus.base import Message
-from pipeline.bus.files import FileSink, read_lines
+from pipeline.bus.files import read_lines
+from pipeline.bus.sinks import FileOutput, OutputSink
 from pipeline.engine import Engine, EngineOutput
 from pipeline.runner import Pipeline, Totals
-from pipeline.schema import encode
 
 
 @dataclass
@@ -34,21 +34,20 @@ def _batches(messages: Iterable[Message], size: int) -> Iterator[list[Message]]:
 
 def replay(paths: list[str | Path], *, engine: Engine | None = None, alerts_out: str | None = None,
            dlq_out: str | None = None, batch_size: int = 2000,
-           on_batch: Callable[[int, EngineOutput], None] | None = None) -> ReplayResult:
-    """Run every line of ``paths`` through a pipeline; write alerts and dead letters as JSONL."""
+           on_batch: Callable[[int, EngineOutput], None] | None = None,
+           sink: OutputSink | None = None) -> ReplayResult:
+    """Run every line of ``paths`` through a pipeline; write alerts and dead letters as JSONL
+    (``alerts_out``, ``dlq_out``), or through ``sink`` when given (closed at the end either way)."""
     pipe = Pipeline(engine)
-    alerts_sink = FileSink(alerts_out, atomic=True) if alerts_out else None
-    dlq_sink = FileSink(dlq_out, atomic=True) if dlq_out else None
+    out_sink: OutputSink = sink if sink is not None else FileOutput(alerts_out, dlq_out)
     n_alerts = 0
     t0 = time.perf_counter()
 
     def emit(out: EngineOutput, n_msgs: int) -> None:
         nonlocal n_alerts
         n_alerts += len(out.alerts)
-        if alerts_sink:
-            alerts_sink.write_many(encode(a) for a in out.alerts)
-        if dlq_sink:
-            dlq_sink.write_many(encode(d) for d in out.dead)
+        out_sink.alerts(out.alerts)
+        out_sink.dead(out.dead)
         if on_batch:
             on_batch(n_msgs, out)
 
@@ -58,7 +57,5 @@ def replay(paths: list[str | Path], *, engine: Engine | None = None, alerts_out:
                 emit(pipe.handle_guarded(batch), len(batch))
         emit(pipe.flush(), 0)
     finally:
-        for sink in (alerts_sink, dlq_sink):
-            if sink:
-                sink.close()
+        out_sink.close()
     return ReplayResult(pipe.totals, time.perf_counter() - t0, n_alerts)

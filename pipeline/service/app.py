@@ -35,6 +35,7 @@ from pipeline.bus.base import Message, Producer, Topics
 from pipeline.bus.group import GroupConsumer, KafkaGroupConsumer
 from pipeline.bus.kafka import KafkaBusProducer, ensure_topics
 from pipeline.bus.retry import Backoff, is_retriable, retry
+from pipeline.bus.sinks import BusOutput, OutputSink
 from pipeline.decode import Decoder
 from pipeline.detection import build_engine
 from pipeline.engine import Engine, EngineOutput
@@ -42,7 +43,6 @@ from pipeline.errors import BusError, DeliveryError, StateError
 from pipeline.rules import load_rules
 from pipeline.rules.reload import fingerprint
 from pipeline.runner import Pipeline
-from pipeline.schema import encode
 from pipeline.service.config import Config
 from pipeline.service.metrics import HttpEndpoint, Metrics
 from pipeline.service.state import Checkpoint, KafkaStateStore, StateStore, state_key
@@ -88,6 +88,9 @@ class Service:
         self._n_rules = _check_rules_load(self.rule_paths) if rules_checked is None else rules_checked
         self._rules_fp = fingerprint(self.rule_paths)
         self.consumer, self.producer, self.state = consumer, producer, state
+        # Alerts and dead letters leave through the injected producer; the sink's flush is step 2
+        # of the commit protocol (it returns only once every send was acknowledged).
+        self.output: OutputSink = BusOutput(producer, self.topics)
         self.parts: dict[int, PartitionState] = {}
         self.metrics = Metrics()
         phase = self.metrics.loop_seconds.labels
@@ -270,11 +273,9 @@ class Service:
 
         def send_and_flush() -> None:
             for out in outputs:
-                for a in out.alerts:
-                    self.producer.send(self.topics.alerts, encode(a), (a.host or "").encode())
-                for d in out.dead:
-                    self.producer.send(self.topics.dlq, encode(d), (d.host or "").encode())
-            self.producer.flush()
+                self.output.alerts(out.alerts)
+                self.output.dead(out.dead)
+            self.output.flush()
 
         def again(attempt: int, e: BaseException) -> None:
             self.metrics.delivery_retries.inc()
@@ -449,7 +450,7 @@ class Service:
         try:
             self.consumer.close()
         finally:
-            self.producer.close()
+            self.output.close()
 
 
 def kafka_parts(cfg: Config) -> tuple[GroupConsumer, Producer, StateStore, int]:
