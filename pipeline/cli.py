@@ -10,6 +10,7 @@ import sys
 import time
 import traceback
 from pathlib import Path
+from typing import Any
 
 from pipeline import progress
 from pipeline.errors import (EXIT_INPUT, EXIT_INTERNAL, EXIT_INTERRUPTED, EXIT_UNAVAILABLE, EXIT_USAGE, GpuwardenError,
@@ -18,10 +19,9 @@ from pipeline.resources import rules_dir, version
 
 
 def _cmd_sim(args: argparse.Namespace) -> int:
-    from producers.sim import Simulator
+    from producers.sim import SimSource, Simulator
 
     from pipeline.bus import FileSink, Topics, connection
-    from pipeline.bus.telemetry import per_host_messages
     from pipeline.schema import encode
 
     if bool(args.out) == connection.wanted(args):
@@ -29,46 +29,45 @@ def _cmd_sim(args: argparse.Namespace) -> int:
     conn = connection.from_args(args) if not args.out else None
     sim = Simulator(hosts=args.hosts, duration=args.duration, interval=args.interval, seed=args.seed,
                     scenario=_scenario(args.scenario))
-    producer = sink = None
     topic = Topics(args.prefix).telemetry
     if conn is not None:
-        from pipeline.bus.kafka import KafkaBusProducer, ensure_topics
+        from pipeline.bus.kafka import ensure_topics
         connection.check(conn)
         ensure_topics(conn.bootstrap, Topics(args.prefix), security=conn.options(), timeout_s=15.0)
-        producer = KafkaBusProducer(conn.bootstrap, security=conn.options())
+    source = SimSource(sim, speed=1.0 if args.realtime else None)
+    if conn is not None:
+        n = _sim_to_kafka(source, conn, topic)
     else:
-        sink = FileSink(args.out, atomic=True)
-    n = 0
-    wall0 = time.monotonic()
-    ts0 = None
-    try:
-        for batch in sim.batches():
-            if not batch:
-                continue
-            if args.realtime:
-                ts0 = batch[0]["ts"] if ts0 is None else ts0
-                delay = (batch[0]["ts"] - ts0) - (time.monotonic() - wall0)
-                if delay > 0:
-                    time.sleep(delay)
-            if producer is not None:
-                for key, value in per_host_messages(batch):
-                    producer.send(topic, value, key)
-                producer.flush()
-            else:
-                sink.write_many(encode(r) for r in batch)
-            n += len(batch)
-    finally:
-        if sink is not None:
-            sink.close()
-        if producer is not None:
-            producer.close()
+        with FileSink(args.out, atomic=True) as sink:
+            while not source.done:
+                sink.write_many(encode(r) for r in source.poll())
+        n = source.records
     if args.labels_out:
         doc = {"scenario": args.scenario, "seed": args.seed, "hosts": sim.hosts, "interval": args.interval,
                "start_ts": sim.start_ts, "duration": args.duration, "faults": sim.labels()}
         Path(args.labels_out).write_text(json.dumps(doc, indent=2, sort_keys=True) + "\n")
-    dest = args.out or f"{topic} on {conn.bootstrap}"
+    dest = args.out if conn is None else f"{topic} on {conn.bootstrap}"
     print(f"gpuwarden sim: {n} records from {args.hosts} hosts over {args.duration:.0f}s -> {dest}", file=sys.stderr)
     return 0
+
+
+def _sim_to_kafka(source: Any, conn: Any, topic: str) -> int:
+    """Publish the simulator through the producers' bounded sender and Kafka sink (one message
+    per host per step); the number of records delivered, or an error if any were not."""
+    from producers.common import BoundedSender, KafkaSink, run
+
+    from pipeline.errors import BrokerUnavailableError
+
+    # A whole step per delivery, so each host's step is one message; kafka-python's own limits
+    # (60 s) as the send timeout, as the simulator had before it shared the producers' sender.
+    step = max(20_000, 4 * source.sim.n_gpus)
+    sink = KafkaSink(conn.bootstrap, topic, send_timeout_s=60.0, security=conn.options(), ensure=False)
+    sender = BoundedSender(sink, max_records=max(200_000, 10 * step), max_batch=step)
+    res = run(source, sender, interval_s=0.0, drain_s=15.0)
+    lost = res.records - res.sender.sent
+    if lost:
+        raise BrokerUnavailableError(f"{lost} of {res.records} records not delivered to {topic} on {conn.bootstrap}")
+    return res.sender.sent
 
 
 def _scenario(name: str) -> str:

@@ -15,7 +15,7 @@ telemetry), ``scenarios`` (Scenario, YAML loading, built-ins), ``llama3`` (Meta'
 
 from .faults import CONDITION_TYPES, FAULT_TYPES
 from .scenarios import SCENARIOS, FaultSpec, Scenario, load_scenario
-from .simulator import Simulator
+from .simulator import SimSource, Simulator
 
 __all__ = [
     "CONDITION_TYPES",
@@ -23,6 +23,7 @@ __all__ = [
     "SCENARIOS",
     "FaultSpec",
     "Scenario",
+    "SimSource",
     "Simulator",
     "load_scenario",
 ]

@@ -6,19 +6,23 @@
     sim.labels()                     # ground truth, known before iterating
 
 Same arguments and seed give identical records (and identical JSON). The simulator is a plain
-library: no wall clock, no I/O, no global state.
+library: no wall clock, no I/O, no global state. ``SimSource`` adapts it to a producer's
+``Source`` (producers/common.py), paced by event time when asked, so ``gpuwarden sim --kafka``
+publishes through the same bounded sender and Kafka sink as the real producers.
 """
 
 from __future__ import annotations
 
 import math
 import os
-from typing import Iterator
+from typing import Any, Generator, Iterator
 
 import numpy as np
 
+from pipeline.bus.publish import Pacer
+
 from .faults import TYPES, Runtime
-from .fields import model_spec
+from .fields import GpuModelSpec, model_spec
 from .fleet import FleetState, Mods
 from .nccl import NcclModel
 from .plan import make_plan
@@ -86,20 +90,20 @@ class Simulator:
         self._plan = make_plan(self.scenario, host_names=self.hosts, gpus_per_host=self.gpus_per_host,
                                duration=self.duration, seed=self.seed, start_ts=self.start_ts, job=job)
 
-    def _host_kinds(self, n_hosts: int) -> list[tuple[str, object, bool]]:
+    def _host_kinds(self, n_hosts: int) -> list[tuple[str, GpuModelSpec, bool]]:
         """Per host (GPU model, its spec, DCGM 4.6 field names?): ``gpu_models`` in host blocks."""
         gms = self.scenario.gpu_models
         if not gms:
             return [(self.gpu_model, self.spec, False)] * n_hosts
         shares = np.array([float(g.get("share", 1.0)) for g in gms])
         ends = np.rint(np.cumsum(shares) / max(shares.sum(), 1e-9) * n_hosts).astype(int)
-        out = []
+        out: list[tuple[str, GpuModelSpec, bool]] = []
         for h in range(n_hosts):
             g = gms[min(int(np.searchsorted(ends, h, side="right")), len(gms) - 1)]
             out.append((g["model"], model_spec(g["model"]), g.get("field_names", "pre-4.6") == "4.6"))
         return out
 
-    def _host_index(self, h: object, where: str) -> int:
+    def _host_index(self, h: Any, where: str) -> int:  # a YAML key: a name, an index or junk
         if isinstance(h, str) and not h.isdigit():
             if h not in self.hosts:
                 raise ValueError(f"{where}: no host named {h!r}")
@@ -140,7 +144,7 @@ class Simulator:
         for batch in self.batches():
             yield from batch
 
-    def batches(self) -> Iterator[list[dict]]:
+    def batches(self) -> Generator[list[dict], None, None]:
         """One list of records per time step, in (ts, host, kind, gpu) order. Each call replays
         the run from the start and yields the same records."""
         H, G, dt = len(self.hosts), self.gpus_per_host, self.interval
@@ -158,7 +162,7 @@ class Simulator:
         dq_rng = substream(self.seed, "data-quality")
         runtimes = [
             Runtime(event=e, rng=substream(self.seed, "event", e.id, e.type),
-                    gi=None if e.gpu is None else e.host * G + e.gpu)
+                    gi=None if e.gpu is None or e.host is None else e.host * G + e.gpu)
             for e in events
         ]
         # Checkpoints first: other effects (e.g. NVLink errors, which need traffic) look at it.
@@ -269,3 +273,37 @@ class _Delivery:
                 out.extend(recs)
             q.clear()
         return out
+
+
+class SimSource:
+    """A ``Simulator`` as a producer ``Source``: each ``poll`` returns the next non-empty time
+    step's records, held back until ``pacer`` says their event time is due (``speed`` times
+    event time; None: as fast as they are asked for). ``done`` once the run is over."""
+
+    def __init__(self, sim: Simulator, *, speed: float | None = None, pacer: Pacer | None = None) -> None:
+        self.sim = sim
+        self.pacer = pacer if pacer is not None else Pacer(speed)
+        self.done = False
+        self.steps = 0
+        self.records = 0
+        self._batches = sim.batches()
+
+    def poll(self) -> list[dict]:
+        """The next step's records (a step with none is skipped); [] once ``done``."""
+        for batch in self._batches:
+            if not batch:
+                continue
+            self.pacer.wait(batch[0]["ts"])
+            self.steps += 1
+            self.records += len(batch)
+            return batch
+        self.done = True
+        return []
+
+    def close(self) -> None:
+        """Stop the run where it is."""
+        self._batches.close()
+
+    def summary(self) -> dict[str, int]:
+        """Steps and records produced so far (the simulator drops nothing)."""
+        return {"steps": self.steps, "records": self.records}
