@@ -30,7 +30,7 @@ def default_exporter_fields() -> set[str]:
     with (resources.files("pipeline") / "data" / "dcgm_exporter_default-counters.csv").open() as fh:
         names = {row[0].strip() for row in csv.reader(fh) if row and not row[0].startswith("#") and row[0].strip()}
     # The same fields under their DCGM 4.6 names, as a 4.6 exporter's default list names them.
-    return names | {n for x in names if FIELDS.by_name(x) is not None for n in FIELDS.by_name(x).names}
+    return names | {n for x in names if (f := FIELDS.by_name(x)) is not None for n in f.names}
 
 
 @dataclass
@@ -49,7 +49,8 @@ class Detector:
             if engine is None:
                 raise ValueError("; ".join(str(d) for d in diags if d.is_error))
             return engine
-        rs, diags = load_rules(self.rules)
+        paths: list[str | Path] = [*self.rules]
+        rs, diags = load_rules(paths)
         if rs is None:
             raise ValueError("; ".join(str(d) for d in diags if d.is_error))
         if self.absence_checks:

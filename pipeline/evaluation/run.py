@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from typing import Callable, Iterable
 
-from pipeline.bus.base import Message
-from pipeline.bus.telemetry import per_host_messages
+from pipeline.bus.telemetry import as_consumed, per_host_messages
 from pipeline.evaluation.detectors import Detector, detectors
 from pipeline.evaluation.score import Score, score_run
 from pipeline.runner import Pipeline
@@ -25,10 +24,8 @@ class _Feed:
         self.offset = 0
 
     def send(self, batch: list[dict]) -> None:
-        msgs = []
-        for key, value in per_host_messages(batch):
-            msgs.append(Message("eval", 0, self.offset, key, value))
-            self.offset += 1
+        msgs = as_consumed(per_host_messages(batch), "eval", self.offset)
+        self.offset += len(msgs)
         self.alerts += self.pipe.handle(msgs).alerts
 
     def close(self) -> list[AlertEvent]:
