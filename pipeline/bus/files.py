@@ -6,7 +6,7 @@ import gzip
 import os
 import sys
 from pathlib import Path
-from typing import IO, Iterable, Iterator
+from typing import IO, Iterable, Iterator, cast
 
 from pipeline.bus.base import FILE_PARTITION, Message
 from pipeline.errors import BusError
@@ -17,7 +17,8 @@ def _open(path: str | Path, mode: str, gz: bool | None = None) -> IO[bytes]:
     if p == "-":
         return sys.stdin.buffer if "r" in mode else sys.stdout.buffer
     if p.endswith(".gz") if gz is None else gz:
-        return gzip.open(p, mode + "b", compresslevel=5) if "w" in mode else gzip.open(p, mode + "b")
+        # A GzipFile is a binary file object, though typeshed's gzip.open does not say IO[bytes].
+        return cast(IO[bytes], gzip.open(p, mode + "b", compresslevel=5) if "w" in mode else gzip.open(p, mode + "b"))
     return open(p, mode + "b")
 
 
