@@ -15,7 +15,7 @@ from pipeline.rules.diagnostics import Diagnostic
 
 
 def models_path(rules: list[str], models: str | None) -> Path | None:
-    if models in (None, "", "none"):
+    if not models or models == "none":
         return None
     if models == "auto":
         for r in rules:
@@ -38,7 +38,8 @@ def build_engine(rules: list[str], models: str | None = "auto", config: EngineCo
     config = config or EngineConfig()
     mpath = models_path(rules, models)
     modelset = load_models(mpath, tick=config.tick) if mpath is not None else None
-    ruleset, diags = load_rules(rules, tick=config.tick, models=set(modelset.names) if modelset else None)
+    paths: list[str | Path] = list(rules)
+    ruleset, diags = load_rules(paths, tick=config.tick, models=set(modelset.names) if modelset else None)
     if ruleset is None:
         return None, diags
     return Engine(config, rules=ruleset, models=modelset), diags

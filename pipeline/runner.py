@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
+from typing import Callable, Sequence, overload
 
 from pipeline.bus.base import Message
 from pipeline.decode import INTERNAL, RAW_KEEP, Decoder
@@ -41,7 +41,13 @@ class _Origins(Sequence[str]):
     def __len__(self) -> int:
         return len(self.messages)
 
-    def __getitem__(self, i):  # type: ignore[override]
+    @overload
+    def __getitem__(self, i: int) -> str: ...
+
+    @overload
+    def __getitem__(self, i: slice) -> list[str]: ...
+
+    def __getitem__(self, i: int | slice) -> str | list[str]:
         if isinstance(i, slice):
             return [m.origin for m in self.messages[i]]
         return self.messages[i].origin

@@ -68,7 +68,7 @@ def _num(x: float) -> float | None:
 class HwThermalSlowdown:
     """HW thermal slowdown bit set while the GPU is under load: the clock is being cut for heat."""
 
-    fields = ("gpu_temp", "sm_clock", "gpu_util", "clocks_event_reasons")
+    fields: tuple[str, ...] = ("gpu_temp", "sm_clock", "gpu_util", "clocks_event_reasons")
     # keep_firing_for: the bit flickers as the clock recovers and drops again; one alert, not ten.
     meta = CheckMeta("builtin_hw_thermal_slowdown", "thermal_throttling", "critical", GPU, for_s=10.0,
                      keep_firing_for_s=30.0)
@@ -91,7 +91,7 @@ class HwThermalSlowdown:
 class NvlinkReplayIncrease:
     """Any NVLink replay increase is a failure in DCGM's own health watch; counter resets are not."""
 
-    fields = ("nvlink_replay_errors",)
+    fields: tuple[str, ...] = ("nvlink_replay_errors",)
     meta = CheckMeta("builtin_nvlink_replay", "nvlink_replay_errors", "warning", GPU, keep_firing_for_s=60.0)
 
     def evaluate(self, view: View) -> np.ndarray:

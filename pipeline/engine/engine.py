@@ -13,6 +13,11 @@ active host has sent it. Records are buffered and processed in event-time order 
 watermark passes them, tick by tick, skipping ticks with nothing due; a record older than what
 was already processed is dead-lettered as ``late``. Hence any interleaving of hosts' streams
 (each in order) gives the same alerts.
+
+What a tick's rows are checked by comes in stages, run in order (``pipeline/engine/stage.py``):
+the models, the built-in row checks, the rules, and any of one's own. The engine knows them by
+that protocol only, so it imports neither ``pipeline.rules`` nor ``pipeline.models``. The rows
+waiting for the watermark are in ``pending.py``, the snapshot's layout in ``snapshot.py``.
 """
 
 from __future__ import annotations
@@ -22,7 +27,7 @@ import operator
 from collections import Counter
 from dataclasses import dataclass, field
 from itertools import compress
-from typing import Any, Sequence
+from typing import Any, Sequence, cast, overload
 
 import msgspec
 import numpy as np
@@ -37,7 +42,7 @@ from pipeline.engine.pending import Pending, in_time_order, span
 from pipeline.engine.snapshot import SNAPSHOT_VERSION, TelemetryRecordT, read_snapshot, write_snapshot
 from pipeline.engine.stage import CheckStage, Stage, StageCheck
 from pipeline.engine.state import GpuState, advance
-from pipeline.schema import AlertEvent, DcgmSample, DeadLetter, NcclRecord, TelemetryRecord
+from pipeline.schema import AlertEvent, DcgmRecord, DcgmSample, DeadLetter, NcclRecord, TelemetryRecord
 
 # Where they were defined before pending.py and snapshot.py: tests and tools import them from here.
 _Pending, _span, _in_time_order = Pending, span, in_time_order
@@ -139,7 +144,7 @@ class Engine:
     @property
     def row_checks(self) -> list[RowCheck]:
         """The built-in (or given) row checks."""
-        return self.stage("checks").checks   # type: ignore[no-any-return]
+        return self.stage("checks").checks
 
     def _check_names(self, stages: Sequence[Stage]) -> list[str]:
         """Every check's name, or ValueError on a duplicate. In the order snapshots have always
@@ -287,13 +292,14 @@ class Engine:
         kinds = list(map(dcgm_types.__contains__, types))
         is_dcgm = np.array(kinds, dtype=bool)
         n = int(is_dcgm.sum())
+        # The casts say what the type test above found: compact() reads any DcgmSample's fields.
         if n == k:
-            drecs, dorig, dts, dhost = records, origins, ts, hosts
+            drecs, dorig, dts, dhost = cast("list[DcgmRecord]", records), origins, ts, hosts
             nrecs: list[NcclRecord] = []
         else:   # compress(): the split in C, not a Python loop over the batch
-            drecs, dorig = list(compress(records, kinds)), take_origins(origins, is_dcgm)
+            drecs, dorig = cast("list[DcgmRecord]", list(compress(records, kinds))), take_origins(origins, is_dcgm)
             dts, dhost = ts[is_dcgm], hosts[is_dcgm]
-            nrecs = list(compress(records, map(operator.not_, kinds)))
+            nrecs = cast("list[NcclRecord]", list(compress(records, map(operator.not_, kinds))))
         cols = self._columnizer.columns
         if n:
             gpu = self.entities.gpu_ids_of(dhost, np.fromiter(map(_GPU, drecs), np.int64, n))
@@ -809,7 +815,13 @@ class _Numbered(Sequence[str]):
     def __len__(self) -> int:
         return self.n
 
-    def __getitem__(self, i):  # type: ignore[override]
+    @overload
+    def __getitem__(self, i: int) -> str: ...
+
+    @overload
+    def __getitem__(self, i: slice) -> list[str]: ...
+
+    def __getitem__(self, i: int | slice) -> str | list[str]:
         if isinstance(i, slice):
             return [f"{self.name}#{j}" for j in range(*i.indices(self.n))]
         return f"{self.name}#{i}"

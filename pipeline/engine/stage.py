@@ -140,7 +140,7 @@ class CheckStage(StageBase):
     @property
     def columns(self) -> set[int]:
         """The columns of the fields the checks name."""
-        return {FIELDS.by_alias(a).column for c in self.checks for a in getattr(c, "fields", ())}
+        return {FIELDS.require(a).column for c in self.checks for a in getattr(c, "fields", ())}
 
     def run(self, view: View, entities: Entities, outputs: dict[str, Any]) -> list[tuple[RowCheck, np.ndarray]]:
         """Each check's condition on the tick's rows."""

@@ -8,9 +8,10 @@ One GPU's state is a row of ``last`` plus a few scalars: ~0.6 KiB at 67 fields.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
+import numpy.typing as npt
 
 from pipeline.catalog import FIELDS
 from pipeline.engine.entities import Entities, grow
@@ -126,11 +127,11 @@ class View:
         return self.frame.gpu if self.index is None else self.index
 
     def value(self, alias: str, *, last_known: bool = True) -> np.ndarray:
-        col = FIELDS.by_alias(alias).column
+        col = FIELDS.require(alias).column
         return self.filled[:, col] if last_known else self.frame.values[:, col]
 
     def inc(self, alias: str) -> np.ndarray:
-        col = FIELDS.by_alias(alias).column
+        col = FIELDS.require(alias).column
         return self.increase[:, int(np.searchsorted(COUNTER_COLS, col))]
 
     def has_bits(self, alias: str, mask: int) -> np.ndarray:
@@ -183,7 +184,7 @@ class Columns:
             out[..., p < 0] = np.nan
         return out
 
-    def __array__(self, dtype: object = None, copy: object = None) -> np.ndarray:
+    def __array__(self, dtype: npt.DTypeLike | None = None, copy: object = None) -> np.ndarray:
         full = np.full(self.shape, np.nan)
         used = self.pos >= 0
         full[:, used] = self.data[:, self.pos[used]]
@@ -277,9 +278,15 @@ def advance(state: GpuState, frame: DcgmFrame, entities: Entities, ts0: float = 
     np.fmax.at(state.host_last_ts, frame.host, frame.ts)
     # Column-major where checks read whole columns most (values, filled): contiguous reads.
     pos = _positions(cols)
-    frame = DcgmFrame(frame.ts, frame.gpu, frame.host, Columns(vals, pos))
-    return View(frame, Columns(np.asfortranarray(filled_c), pos), Columns(prev_c, pos), Columns(seen_c, pos),
+    frame = DcgmFrame(frame.ts, frame.gpu, frame.host, _matrix(vals, pos))
+    return View(frame, _matrix(np.asfortranarray(filled_c), pos), _matrix(prev_c, pos), _matrix(seen_c, pos),
                 inc, reset, entities, ts0, index=slice(0, n) if whole else None)
+
+
+def _matrix(data: np.ndarray, pos: np.ndarray) -> np.ndarray:
+    """A ``Columns`` where a check expects the full matrix: it reads like one (``[:, col]``,
+    ``[rows, cols]``, ``len``, ``np.asarray``), which the type checker cannot be told otherwise."""
+    return cast(np.ndarray, Columns(data, pos))
 
 
 _ALL = np.arange(N_FIELDS)

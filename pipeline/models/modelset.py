@@ -100,7 +100,7 @@ class Features:
         if hit is not None:
             return hit
         if name.startswith("inc:"):
-            col = FIELDS.by_alias(name[4:]).column
+            col = FIELDS.require(name[4:]).column
             v = self.view.increase[:, int(np.searchsorted(COUNTER_COLS, col))]
         elif name.startswith("hostmean:"):
             x = self.get(name[9:])
@@ -111,7 +111,7 @@ class Features:
             with np.errstate(invalid="ignore", divide="ignore"):
                 v = np.where(c > 0, s / c, np.nan)[inv]
         else:
-            v = self.view.filled[:, FIELDS.by_alias(name).column]
+            v = self.view.filled[:, FIELDS.require(name).column]
         self.memo[name] = v
         return v
 
@@ -125,7 +125,7 @@ def feature_columns(names: Sequence[str]) -> set[int]:
     cols = set()
     for n in names:
         base = n.split(":", 1)[1] if ":" in n else n
-        cols.add(FIELDS.by_alias(base).column)
+        cols.add(FIELDS.require(base).column)
     return cols
 
 
@@ -332,7 +332,7 @@ class ModelSet(StageBase):
         c0 = int(coh[0])
         if (coh == c0).all():
             return [(self.cohort_names[c0] if c0 >= 0 else "unknown", None)]
-        out = []
+        out: list[tuple[str, np.ndarray | None]] = []
         for c in np.unique(coh).tolist():
             out.append((self.cohort_names[c] if c >= 0 else "unknown", np.flatnonzero(coh == c)))
         return out
@@ -413,9 +413,10 @@ class ModelSet(StageBase):
 
     def snapshot(self) -> bytes:
         """Model state as bytes: msgpack of numbers, strings and numeric arrays, no objects."""
-        data = {"version": STATE_VERSION, "cohort_names": self.cohort_names, "cohort_of": self.cohort_of,
-                "nccl": [f.to_state() for f in self._nccl], "models": {},
-                "context": self.context.to_state(), "explained": self.explained}
+        data: dict[str, Any] = {
+            "version": STATE_VERSION, "cohort_names": self.cohort_names, "cohort_of": self.cohort_of,
+            "nccl": [f.to_state() for f in self._nccl], "models": {},
+            "context": self.context.to_state(), "explained": self.explained}
         for name, m in self.models.items():
             data["models"][name] = {
                 "definition": repr(m.spec.definition()),

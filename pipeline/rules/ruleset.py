@@ -17,7 +17,7 @@ from pipeline.rules.compile import Chunk, Compiled, WindowStore
 from pipeline.rules.template import render
 from pipeline.rules.xids import evidence_text
 
-_XID_COLUMN = FIELDS.by_alias("xid").column
+_XID_COLUMN = FIELDS.require("xid").column
 
 
 @dataclass
@@ -90,6 +90,7 @@ class RuleSet(StageBase):
         self.windows = windows
         self.sources = sources or []
         self._by_name = {r.meta.name: r for r in rules}
+        self._pending_baseline: tuple[View, int] | None = None   # this tick's, until finish()
         self.columns: set[int] = set()
         for r in rules:
             self.columns |= r.condition.columns
@@ -128,7 +129,7 @@ class RuleSet(StageBase):
 
     def finish(self) -> None:
         """After the engine has built this tick's alerts: baselines learn from it."""
-        pending = getattr(self, "_pending_baseline", None)
+        pending = self._pending_baseline
         if pending is not None:
             self.windows.update_baselines(*pending)
             self._pending_baseline = None
