@@ -2,7 +2,8 @@
 
 Read from the source (ast), so a forbidden import fails here before it can make a cycle or let
 the engine reach up into the rule language. Imports under ``if TYPE_CHECKING:`` are type
-annotations only and do not count.
+annotations only and do not count, except in the engine: it knows the rules and models only
+as stages (``pipeline/engine/stage.py``), so it does not name them even for the type checker.
 """
 
 from __future__ import annotations
@@ -44,11 +45,15 @@ def _package(module: str) -> str:
     return ".".join(parts[:2]) if len(parts) > 1 else parts[0]
 
 
-def _runtime_imports(path: Path) -> set[str]:
+# package -> the packages it may not import even under ``if TYPE_CHECKING:``
+FORBIDDEN_FOR_TYPES = {"pipeline.engine": {"pipeline.rules", "pipeline.models"}}
+
+
+def _runtime_imports(path: Path, typing_too: bool = False) -> set[str]:
     tree = ast.parse(path.read_text(encoding="utf-8"))
-    typing_only = {id(n) for node in ast.walk(tree) if isinstance(node, ast.If)
-                   and getattr(node.test, "id", getattr(node.test, "attr", None)) == "TYPE_CHECKING"
-                   for n in ast.walk(node)}
+    typing_only = set() if typing_too else {
+        id(n) for node in ast.walk(tree) if isinstance(node, ast.If)
+        and getattr(node.test, "id", getattr(node.test, "attr", None)) == "TYPE_CHECKING" for n in ast.walk(node)}
     out: set[str] = set()
     for node in ast.walk(tree):
         if id(node) in typing_only:
@@ -70,12 +75,12 @@ def _modules() -> list[tuple[str, Path]]:
     return found
 
 
-def violations(modules: list[tuple[str, Path]]) -> list[str]:
+def violations(modules: list[tuple[str, Path]], typing_too: bool = False) -> list[str]:
     out = []
     for mod, path in modules:
         own = _package(mod)
-        banned = FORBIDDEN.get(own, set())
-        for imp in sorted(_runtime_imports(path)):
+        banned = (FORBIDDEN_FOR_TYPES if typing_too else FORBIDDEN).get(own, set())
+        for imp in sorted(_runtime_imports(path, typing_too)):
             target = _package(imp)
             if imp.split(".")[0] in ("tests", "bench"):
                 out.append(f"{mod} imports {imp}: the product never imports its tests or benchmarks")
@@ -95,6 +100,19 @@ def test_the_contract_catches_a_forbidden_import(tmp_path: Path) -> None:
     found = violations([("pipeline.engine.bad", bad)])
     assert found == ["pipeline.engine.bad imports pipeline.rules.ruleset (pipeline.engine may not import "
                      "pipeline.rules; CONTRIBUTING.md)"]
+
+
+def test_the_engine_names_no_rules_or_models_even_for_types() -> None:
+    assert violations(_modules(), typing_too=True) == []
+
+
+def test_the_type_only_contract_catches_a_type_only_import(tmp_path: Path) -> None:
+    bad = tmp_path / "engine_bad.py"
+    bad.write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from pipeline.models.modelset import ModelSet\n")
+    assert violations([("pipeline.engine.bad", bad)]) == []
+    assert violations([("pipeline.engine.bad", bad)], typing_too=True) == [
+        "pipeline.engine.bad imports pipeline.models.modelset (pipeline.engine may not import pipeline.models; "
+        "CONTRIBUTING.md)"]
 
 
 @pytest.mark.parametrize("package", sorted(FORBIDDEN))
