@@ -167,3 +167,32 @@ def test_send_paced_waits_for_acknowledgements_every_flush_every_messages() -> N
 
     assert send_paced(P(), "t", (WireMessage(b"k", b"v") for _ in range(25)), flush_every=10) == 25
     assert flushes == [10, 20, 25]
+
+
+def test_replay_to_kafka_publishes_a_recording_through_the_one_path(tmp_path, monkeypatch) -> None:
+    """``pipeline.recording.publish``: a file's lines -> ``recorded_messages`` -> ``send_paced``."""
+    import pipeline.recording as recording
+
+    sent: list[tuple[str, bytes | None, bytes]] = []
+
+    class P:
+        def __init__(self, *a: object, **kw: object) -> None:
+            pass
+
+        def send(self, topic: str, value: bytes, key: bytes | None = None) -> None:
+            sent.append((topic, key, value))
+
+        def flush(self, timeout: float | None = None) -> int:
+            return 0
+
+        def close(self) -> None:
+            pass
+
+    sim = Simulator(hosts=2, duration=5, seed=4, scenario="mixed")
+    path = tmp_path / "rec.jsonl"
+    path.write_bytes(b"".join(encode(r) + b"\n" for r in sim.records()) + b"{poison\n")
+    monkeypatch.setattr(recording, "KafkaBusProducer", P)
+    n = recording.publish([str(path)], "unused:1", "gw.telemetry")
+    direct = [m for batch in sim.batches() if batch for m in per_host_messages(batch)]
+    assert [(k, v) for _, k, v in sent] == direct + [(None, b"{poison")] and n == len(direct) + 1
+    assert {t for t, _, _ in sent} == {"gw.telemetry"}
