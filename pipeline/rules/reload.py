@@ -14,6 +14,7 @@ import logging
 import signal
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Sequence
 
 from pipeline.engine import Engine
 from pipeline.rules import diagnostics as D
@@ -30,14 +31,14 @@ class ReloadResult:
     rules: int = 0
 
 
-def fingerprint(paths: list[str | Path]) -> str:
+def fingerprint(paths: Sequence[str | Path]) -> str:
     """A digest of the rule files under ``paths`` (names and bytes): it changes when they do.
 
     Needs no engine, so a driver with many engines (the service, one per partition) watches the
     files once."""
     h = hashlib.sha256()
     try:
-        files = rule_files(paths)
+        files = rule_files(list(paths))
     except OSError as e:   # a directory that cannot be listed: a change the reload will report
         h.update(f"<unlistable {e}>".encode())
         return h.hexdigest()
@@ -56,8 +57,8 @@ def fingerprint(paths: list[str | Path]) -> str:
 class RuleReloader:
     """Watches rule files for one engine. Call ``poll()`` from the driver loop between batches."""
 
-    def __init__(self, paths: list[str | Path], engine: Engine) -> None:
-        self.paths = list(paths)
+    def __init__(self, paths: Sequence[str | Path], engine: Engine) -> None:
+        self.paths: list[str | Path] = list(paths)
         self.engine = engine
         self._fingerprint = self.fingerprint()
         self._requested = False
