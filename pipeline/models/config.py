@@ -22,18 +22,17 @@ place (``models[2].decider.on``), unknown keys included. Format::
 from __future__ import annotations
 
 import inspect
-import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
-from pipeline import yamlsafe
+from pipeline import typedconfig
+from pipeline.durations import duration
 from pipeline.errors import ConfigError
 from pipeline.models.registry import REGISTRY
-from pipeline.rules.durations import parse_duration
 from pipeline.schema import FAMILIES
+
+_dur = duration   # the name the models' tests know
 
 MODEL_KEYS = {"name", "detector", "fault", "severity", "cohort", "features", "params", "decider", "warmup", "for",
               "keep_firing_for", "alert", "summary", "description", "labels", "explained_by"}
@@ -65,21 +64,6 @@ class ModelSpec:
     def definition(self) -> tuple:
         return (self.detector, self.fault, self.cohort, repr(sorted(self.params.items())),
                 repr(sorted(self.decider.items())), self.warmup, self.for_s, self.keep_firing_for_s)
-
-
-def _dur(v: Any, key: str) -> float:
-    if isinstance(v, bool):
-        raise ConfigError(key, f"expected a duration such as 30s or 5m, got {v!r}")
-    if isinstance(v, (int, float)):
-        if not 0 <= v < math.inf:   # NaN fails every comparison: .nan is no duration either
-            raise ConfigError(key, f"must be a finite number of seconds >= 0, got {v!r}")
-        return float(v)
-    if isinstance(v, str):
-        try:
-            return parse_duration(v)
-        except (ValueError, TypeError) as e:
-            raise ConfigError(key, f"bad duration {v!r}: {e}") from None
-    raise ConfigError(key, f"expected a duration such as 30s or 5m, got {v!r}")
 
 
 def _num(v: Any, key: str, lo: float | None = None) -> float:
@@ -157,11 +141,13 @@ def spec_from_mapping(d: Any, key: str) -> ModelSpec:
         if not isinstance(feats, list) or not feats or not all(isinstance(f, str) for f in feats):
             raise ConfigError(f"{key}.features", f"expected a non-empty list of field names, got {feats!r}")
         from pipeline.catalog import COUNTER, FIELDS
+        aliases = []
         for j, f in enumerate(feats):
             fld = FIELDS.resolve(f)
             if fld is None or fld.kind != COUNTER:
                 raise ConfigError(f"{key}.features[{j}]", f"{f!r} is not a counter field of the catalog")
-        params[info.feature_param] = [FIELDS.resolve(f).alias for f in feats]
+            aliases.append(fld.alias)
+        params[info.feature_param] = aliases
     warmup = int(_num(d.get("warmup", 600), f"{key}.warmup", 0))
     if "warmup" in accepted:
         params["warmup"] = warmup
@@ -182,8 +168,8 @@ def spec_from_mapping(d: Any, key: str) -> ModelSpec:
             raise ConfigError(f"{key}.{k}", f"expected a string, got {d[k]!r}")
     return ModelSpec(name=name, detector=det, fault=fault, severity=sev, cohort=cohort, params=params,
                      decider=_decider(d.get("decider", {"kind": "threshold", "threshold": 6.0}), f"{key}.decider"),
-                     warmup=warmup, for_s=_dur(d.get("for", 0), f"{key}.for"),
-                     keep_firing_for_s=_dur(d.get("keep_firing_for", 60), f"{key}.keep_firing_for"),
+                     warmup=warmup, for_s=duration(d.get("for", 0), f"{key}.for"),
+                     keep_firing_for_s=duration(d.get("keep_firing_for", 60), f"{key}.keep_firing_for"),
                      alert=alert, summary=d.get("summary", ""), description=d.get("description", ""),
                      labels=dict(labels), explained_by=tuple(explained))
 
@@ -191,13 +177,7 @@ def spec_from_mapping(d: Any, key: str) -> ModelSpec:
 def load_model_specs(path: str | Path) -> list[ModelSpec]:
     """Read and validate a models file; raises ``ConfigError`` naming the key on any mistake."""
     p = Path(path)
-    try:
-        data = yamlsafe.load(p.read_text(encoding="utf-8"))
-    except OSError as e:
-        raise ConfigError(str(p), f"cannot read: {e}") from None
-    except yaml.YAMLError as e:
-        raise ConfigError(str(p), f"not valid YAML: {e}") from None
-    return specs_from_data(data)
+    return specs_from_data(typedconfig.load_yaml(p, key=str(p), yaml_key=str(p)))
 
 
 def specs_from_data(data: Any) -> list[ModelSpec]:

@@ -19,11 +19,9 @@ from pathlib import Path
 from typing import Mapping
 
 import msgspec
-import yaml
 
-from pipeline import yamlsafe
+from pipeline import typedconfig
 from pipeline.bus import connection
-
 from pipeline.engine import EngineConfig
 from pipeline.errors import ConfigError
 from pipeline.resources import rules_dir
@@ -90,33 +88,13 @@ class Config(msgspec.Struct, forbid_unknown_fields=True):
         return EngineConfig.from_dict(self.engine)
 
 
-_PATH = re.compile(r"at `\$((?:\.\w+|\[\d+\])*)`")
-
-
-def _key_of(err: msgspec.ValidationError) -> tuple[str, str]:
-    msg = str(err)
-    m = _PATH.search(msg)
-    path = m.group(1).lstrip(".") if m else ""
-    unknown = re.search(r"unknown field `([^`]+)`", msg)
-    if unknown:
-        path = f"{path}.{unknown.group(1)}" if path else unknown.group(1)
-    return path or "(top level)", msg.split(" - at ")[0]
-
-
-def load_config_text(text: str, env: Mapping[str, str] | None = None) -> Config:
-    """Parse and validate; raise ``ConfigError`` naming the offending key."""
+def load_config_text(text: str, env: Mapping[str, str] | None = None, *, source: str = "<config>") -> Config:
+    """Parse and validate; raise ``ConfigError`` naming the offending key (and ``source``, the file)."""
     env = os.environ if env is None else env
-    try:
-        data = yamlsafe.load(text) or {}
-    except yaml.YAMLError as e:
-        raise ConfigError("(file)", f"not valid YAML: {e}") from e
+    data = typedconfig.parse_yaml(text, source=source, key="(file)") or {}
     if not isinstance(data, dict):
-        raise ConfigError("(top level)", "the config is a mapping of sections (kafka, http, engine, service)")
-    try:
-        cfg = msgspec.convert(data, Config)
-    except msgspec.ValidationError as e:
-        key, msg = _key_of(e)
-        raise ConfigError(key, msg) from e
+        raise ConfigError(typedconfig.TOP, "the config is a mapping of sections (kafka, http, engine, service)")
+    cfg = typedconfig.convert(data, Config, source=source)
     if env.get("GPUWARDEN_KAFKA_BOOTSTRAP"):
         cfg.kafka.bootstrap = env["GPUWARDEN_KAFKA_BOOTSTRAP"]
     if env.get("GPUWARDEN_KAFKA_USERNAME"):
@@ -151,10 +129,9 @@ def _validate(cfg: Config) -> None:
 
 
 def load_config(path: str | Path | None, env: Mapping[str, str] | None = None) -> Config:
+    """The service config file at ``path`` (none: the defaults), checked, with the environment's
+    overrides; ``ConfigError`` naming the key on any mistake."""
     if path is None:
         return load_config_text("", env)
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except OSError as e:
-        raise ConfigError("(file)", f"cannot read {path}: {e}") from e
-    return load_config_text(text, env)
+    text = typedconfig.read_text(path, key="(file)", yaml_key="(file)")
+    return load_config_text(text, env, source=str(path))
