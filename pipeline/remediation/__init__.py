@@ -1,6 +1,6 @@
 """Remediation: alerts -> routes -> actions, behind guardrails, every decision audited.
 
-``config`` (the YAML file, typed), ``routes`` (the Alertmanager-style route tree), ``safety``
+``specs`` (the config's typed parts), ``config`` (the YAML file, loaded and checked), ``routes`` (the Alertmanager-style route tree), ``safety``
 (values allowed to reach a command line), ``actions`` (log, webhook, kafka, command),
 ``presets`` (Slurm, Kubernetes, GPU reset, checkpoint, webhook formats), ``payloads`` (Slack and
 PagerDuty bodies), ``alertmanager`` (alerts posted to Alertmanager, its silences honoured),

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import re
 import time
 from typing import Any, Callable
@@ -31,7 +32,7 @@ from pipeline.remediation.actions import Context, Outcome, Plan, QueryResult, en
 from pipeline.remediation.payloads import iso8601
 from pipeline.remediation.routes import MAX_MATCH_CHARS, regex_problem
 from pipeline.remediation.safety import alert_values
-from pipeline.remediation.targets import UrlTemplate
+from pipeline.remediation.targets import AllowList, UrlTemplate
 from pipeline.schema import AlertEvent, encode
 
 log = logging.getLogger("gpuwarden.remediation.alertmanager")
@@ -140,7 +141,6 @@ class AlertmanagerAction:
     def _runbook(self, alert: AlertEvent) -> str | None:
         if not self.runbook_url:
             return None
-        from pipeline.remediation.targets import AllowList
         try:
             return UrlTemplate.parse(self.runbook_url).fill(alert_values(alert), AllowList()).url
         except ValueError:
@@ -160,7 +160,6 @@ class AlertmanagerAction:
         return None
 
     def _headers(self) -> dict[str, str]:
-        import os
         h = {"Content-Type": "application/json", "User-Agent": "gpuwarden-remediate", **self.headers}
         for header, env in self.headers_env.items():
             if env in os.environ:
@@ -286,7 +285,6 @@ class Silences:
         return f"Alertmanager silences from {redact_url(self.url)} (cached {self.cache:g}s)"
 
     def _fetch(self) -> list[_Silence]:
-        import os
         if self._client is None:
             self._client = httpx.Client(timeout=self.timeout, follow_redirects=False)
         headers = {"Accept": "application/json", "User-Agent": "gpuwarden-remediate"}

@@ -11,7 +11,18 @@ import sys
 import threading
 from pathlib import Path
 
+import msgspec
+
+from pipeline.bus import connection
+from pipeline.errors import ConfigError, InputError
+from pipeline.remediation.audit import AuditLog
+from pipeline.remediation.config import load_config, parse_duration
+from pipeline.remediation.guardrails import StateStore
+from pipeline.remediation.remediator import Remediator
+from pipeline.remediation.routes import RouteTree, alert_from_args
+from pipeline.remediation.service import RemediationService
 from pipeline.resources import default_routes
+from pipeline.schema import AlertEvent
 
 DEFAULT_ROUTES = str(default_routes())   # the shipped example routes, installed or in a checkout
 
@@ -22,18 +33,12 @@ def _config_arg(p: argparse.ArgumentParser, default: str | None = None, suppress
 
 
 def _load(args: argparse.Namespace):
-    from pipeline.errors import ConfigError
-    from pipeline.remediation.config import load_config
-
     if not getattr(args, "config", None):
         raise ConfigError("--config", "give the remediation config file")
     return load_config(args.config)
 
 
 def _cmd_remediate(args: argparse.Namespace) -> int:
-    from pipeline.bus import connection
-    from pipeline.remediation.service import RemediationService
-
     cfg = _load(args)
     k = cfg.raw.kafka
     conn = connection.from_args(args, base=connection.KafkaConnection(k.bootstrap, k.security))
@@ -57,9 +62,6 @@ def _cmd_remediate(args: argparse.Namespace) -> int:
 
 
 def _cmd_breaker(args: argparse.Namespace) -> int:
-    from pipeline.remediation.config import parse_duration
-    from pipeline.remediation.guardrails import StateStore
-
     cfg = _load(args)
     store = StateStore(cfg.state_file)
     try:
@@ -85,14 +87,6 @@ def _cmd_breaker(args: argparse.Namespace) -> int:
 
 
 def _cmd_act(args: argparse.Namespace) -> int:
-    import msgspec
-
-    from pipeline.errors import InputError
-    from pipeline.remediation.audit import AuditLog
-    from pipeline.remediation.guardrails import StateStore
-    from pipeline.remediation.remediator import Remediator
-    from pipeline.schema import AlertEvent
-
     cfg = _load(args)
     try:
         alert = msgspec.json.decode(Path(args.alert).read_bytes(), type=AlertEvent)
@@ -114,9 +108,6 @@ def _cmd_act(args: argparse.Namespace) -> int:
 
 
 def _cmd_routes_test(args: argparse.Namespace) -> int:
-    from pipeline.remediation.config import load_config
-    from pipeline.remediation.routes import RouteTree, alert_from_args
-
     cfg = load_config(args.config)
     alert = alert_from_args(args.pairs)
     matches = RouteTree.build(cfg.raw.route).match(alert)
@@ -138,9 +129,7 @@ def register(sub) -> None:
     """Add ``remediate`` and ``routes`` to the ``gpuwarden`` CLI's subparsers."""
     rm = sub.add_parser("remediate", help="run remediation on the alerts topic (routes, actions, guardrails)")
     _config_arg(rm)
-    from pipeline.bus.connection import add_arguments
-
-    add_arguments(rm, bootstrap_help="broker (default: the config's kafka.bootstrap)")
+    connection.add_arguments(rm, bootstrap_help="broker (default: the config's kafka.bootstrap)")
     rm.add_argument("--prefix", help="topic prefix (default: the config's kafka.prefix)")
     rm.add_argument("--group", help="consumer group (default: the config's kafka.group)")
     rm.add_argument("--idle-exit", type=float, default=None, metavar="SECONDS",

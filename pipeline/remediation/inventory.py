@@ -31,7 +31,9 @@ from typing import Any, Callable
 import yaml
 
 from pipeline import yamlsafe
+from pipeline.durations import duration as parse_duration
 from pipeline.errors import ConfigError
+from pipeline.remediation.actions import run_command
 from pipeline.remediation.audit import printable
 from pipeline.remediation.safety import valid_hostname
 
@@ -45,8 +47,6 @@ LIST_LIMIT = 16 << 20  # characters of a listing command's output read (100k nod
 
 def check_settings(s: Any, key: str = "inventory") -> None:
     """Validate an ``inventory`` section without touching anything; ConfigError naming the key."""
-    from pipeline.remediation.config import parse_duration
-
     if s.source is None:
         return
     if s.source not in SOURCES:
@@ -173,8 +173,6 @@ class InventoryError(Exception):
 def build_inventory(s: Any, *, clock: Callable[[], float] = time.time, runner: Callable | None = None,
                     key: str = "inventory") -> Inventory | None:
     """The inventory an ``inventory`` section describes, loaded once; None when there is none."""
-    from pipeline.remediation.config import parse_duration
-
     check_settings(s, key)
     if s.source is None:
         return None
@@ -202,7 +200,6 @@ def build_inventory(s: Any, *, clock: Callable[[], float] = time.time, runner: C
         argv = list(s.argv or DEFAULT_ARGV[s.source])
         timeout = parse_duration(s.timeout, f"{key}.timeout")
         if runner is None:
-            from pipeline.remediation.actions import run_command
             runner = run_command
 
         def load() -> str:

@@ -9,12 +9,19 @@ refused (drain first).
 
 from __future__ import annotations
 
+import os
+import re
+from typing import Callable
+
+from pipeline.durations import duration as parse_duration
 from pipeline.errors import ConfigError
 from pipeline.remediation import actions as A
-from pipeline.remediation import config as C
-from pipeline.remediation.config import parse_duration
+from pipeline.remediation import payloads
+from pipeline.remediation import specs as C
+from pipeline.remediation.alertmanager import AlertmanagerAction
 from pipeline.remediation.routes import regex_problem
 from pipeline.remediation.safety import UnsafeValue, check_value
+from pipeline.schema import AlertEvent
 
 
 def _reason_ok(name: str, reason: str) -> str:
@@ -40,7 +47,6 @@ def _build(name: str, spec: C.ActionSpec, key: str) -> A.Action:
     if isinstance(spec, C.WebhookAction):
         return _webhook(name, spec, key, t)
     if isinstance(spec, C.AlertmanagerAction):
-        from pipeline.remediation.alertmanager import AlertmanagerAction
         # The url defaults to the top-level alertmanager.url; the remediator sets it (bind_url).
         return AlertmanagerAction(name, spec.url, timeout=t(spec.timeout),
                                   retries=spec.retries, backoff=t(spec.backoff, "backoff"),
@@ -133,9 +139,6 @@ def _build(name: str, spec: C.ActionSpec, key: str) -> A.Action:
 
 def _webhook(name: str, spec: C.WebhookAction, key: str, t) -> A.WebhookAction:
     """A webhook, its body in ``format``: the alert JSON, a Slack message, a PagerDuty event."""
-    import os
-
-    from pipeline.remediation import payloads
     if spec.format not in ("json", "slack", "pagerduty"):
         raise ConfigError(f"{key}.format", f"{spec.format!r}: one of json, slack, pagerduty")
     if spec.url and spec.url_env:
@@ -157,7 +160,7 @@ def _webhook(name: str, spec: C.WebhookAction, key: str, t) -> A.WebhookAction:
         url = payloads.PAGERDUTY_URL
     if not url:
         raise ConfigError(f"{key}.url", "a webhook needs url (or url_env)")
-    body = A.encode
+    body: Callable[[AlertEvent], bytes] = A.encode
     if spec.format == "slack":
         body = payloads.slack_body
     elif spec.format == "pagerduty":
@@ -172,5 +175,4 @@ def _webhook(name: str, spec: C.WebhookAction, key: str, t) -> A.WebhookAction:
 
 
 def _re_escape(s: str) -> str:
-    import re
     return re.escape(s)

@@ -25,7 +25,7 @@ import msgspec
 
 from pipeline.bus.base import Message
 from pipeline.errors import ConfigError
-from pipeline.remediation.actions import Action, Context, Outcome, WebhookAction
+from pipeline.remediation.actions import Action, Context, Outcome, WebhookAction, redact_url
 from pipeline.remediation.alertmanager import AlertmanagerAction, SilenceError, Silences
 from pipeline.remediation.audit import AuditLog, printable
 from pipeline.remediation.config import Config, parse_duration
@@ -332,7 +332,6 @@ class Remediator:
 
 
 def _shown_url(url: str | None) -> str | None:
-    from pipeline.remediation.actions import redact_url
     if url is None or url.startswith("kafka:"):
         return url
     return redact_url(url)

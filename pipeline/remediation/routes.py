@@ -27,12 +27,14 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass, field
-from re import _constants as _sre
-from re import _parser as _sre_parse
+# re's own parser (private modules typeshed does not describe): the one exact reading of a pattern.
+from re import _constants as _sre  # type: ignore[attr-defined]
+from re import _parser as _sre_parse  # type: ignore[attr-defined]
 from typing import Any
 
+from pipeline.durations import duration as parse_duration
 from pipeline.errors import ConfigError, UsageError
-from pipeline.remediation.config import RouteSpec, parse_duration
+from pipeline.remediation.specs import RouteSpec
 from pipeline.schema import AlertEvent
 
 _MATCHER = re.compile(r'\s*([A-Za-z_][A-Za-z0-9_.]*)\s*(=~|!~|!=|=)\s*(?:"((?:[^"\\]|\\.)*)"|(\S*))\s*')
