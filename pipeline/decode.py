@@ -17,7 +17,7 @@ import math
 import operator
 import sys
 from dataclasses import dataclass
-from typing import Annotated, Any, Callable, Optional, Sequence, Union
+from typing import Annotated, Any, Callable, Optional, Sequence, Union, cast
 
 import msgspec
 
@@ -63,7 +63,7 @@ _LINK_OK = Annotated[int, msgspec.Meta(ge=0, le=MAX_LINK_INDEX)]
 _RANK = Annotated[int, msgspec.Meta(ge=0, lt=MAX_RANKS)]
 _NRANKS = Annotated[int, msgspec.Meta(ge=1, le=MAX_RANKS)]
 _NONNEG = Annotated[float, msgspec.Meta(ge=0)]   # JSON has no NaN, and msgspec refuses 1e999
-_CHECKED = [("v", _ONE, SCHEMA_VERSION), ("ts", _TS_OK), ("host", _HOST_OK)]
+_CHECKED: list[tuple[str, Any] | tuple[str, Any, Any]] = [("v", _ONE, SCHEMA_VERSION), ("ts", _TS_OK), ("host", _HOST_OK)]
 _HOST, _MODEL = operator.attrgetter("host"), operator.attrgetter("model")
 _NCCL_NAMES = operator.attrgetter("comm", "coll", "job", "comm_name")
 
@@ -328,7 +328,7 @@ class Decoder:
         reason = self._check(rec)
         if reason is None:
             out.records.append(rec)
-            out.origins.append(origin)
+            cast(list, out.origins).append(origin)   # the slow path's Decoded holds a list
         else:
             code, detail = reason
             host = rec.host if _bad_host(rec.host) is None else None

@@ -6,6 +6,8 @@ definition each without borrowing from one another.
 
 from __future__ import annotations
 
+from typing import Literal
+
 import numpy as np
 
 
@@ -16,7 +18,7 @@ def id_bound(ids: np.ndarray | slice) -> int:
     return int(ids.max()) + 1 if len(ids) else 0
 
 
-def grow(arr: np.ndarray, n: int, fill: float | int | bool, order: str = "C") -> np.ndarray:
+def grow(arr: np.ndarray, n: int, fill: object, order: Literal["C", "F"] = "C") -> np.ndarray:
     """``arr`` with at least ``n`` rows (amortised doubling), new rows set to ``fill``; a grown
     copy is laid out in ``order`` ("F": column-major)."""
     if len(arr) >= n:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import functools
 import math
-from typing import Any, Union
+from typing import Any, Union, cast
 
 import msgspec
 
@@ -139,10 +139,12 @@ def dcgm_record_type(names: tuple[str, ...]) -> type[DcgmSample]:
     record; the job labels' Struct costs ~0.1 us.
     """
     sub = dcgm_fields_type(names)
-    return msgspec.defstruct("DcgmSampleSubset", [("fields", sub, msgspec.field(default_factory=sub)),
+    # defstruct is typed as making a plain Struct; bases=(DcgmSample,) makes it a DcgmSample.
+    made = msgspec.defstruct("DcgmSampleSubset", [("fields", sub, msgspec.field(default_factory=sub)),
                                                   ("labels", Union[DcgmJobLabels, None],
                                                    msgspec.field(default_factory=DcgmJobLabels))],
                              bases=(DcgmSample,), tag="dcgm", tag_field="kind", kw_only=True, gc=False)
+    return cast("type[DcgmSample]", made)
 
 
 class AlertEvent(msgspec.Struct, tag="alert", tag_field="kind", kw_only=True):

@@ -7,10 +7,11 @@ and the job of each host's latest NCCL record, which alerts carry (docs/architec
 from __future__ import annotations
 
 import operator
-from typing import Any, Iterable, Sequence
+from typing import Any, Iterable, Sequence, TypeGuard
 
 import numpy as np
 
+from pipeline.decode import bad_identifier
 from pipeline.numeric import grow as grow
 from pipeline.numeric import id_bound as id_bound
 from pipeline.schema import JOB_LABELS, DcgmJobLabels
@@ -139,8 +140,9 @@ class Entities:
         gids = np.flatnonzero(self.gpu_host == host_id).tolist()
         per = [self.job_labels(g) for g in gids]
         host = self.hosts[host_id]
-        if not gids and _usable(self.nccl_jobs.get(host)):
-            per = [{"job": self.nccl_jobs[host]}]
+        nccl_job = self.nccl_jobs.get(host)
+        if not gids and _usable(nccl_job):
+            per = [{"job": nccl_job}]
         out: dict[str, str] = {}
         for key in ("job", "pod", "namespace", "container"):
             vals = sorted({p[key] for p in per if key in p})
@@ -172,10 +174,9 @@ class Entities:
         return ent
 
 
-def _usable(value: Any) -> bool:
+def _usable(value: Any) -> TypeGuard[str]:
     # Alerts carry a label value only when it could be an identifier: labels are producers'
     # free text, and a job name reaches routes, audit records and (checked again) commands.
-    from pipeline.decode import bad_identifier
     return isinstance(value, str) and bad_identifier(value) is None
 
 

@@ -24,10 +24,10 @@ from pipeline.schema import FIELD_SLOT_COLUMNS, DcgmRecord, DeadLetter, NcclReco
 
 N_FIELDS = len(FIELDS)
 _SLOT_NAMES = FIELDS.all_names
-_SLOT_BLANK = np.array([BLANK_FP64 if FIELDS.by_name(n).dcgm_type == "DOUBLE" else BLANK_INT64
-                        for n in _SLOT_NAMES])
-_SLOT_MIN = np.array([-np.inf if FIELDS.by_name(n).min_value is None else FIELDS.by_name(n).min_value
-                      for n in _SLOT_NAMES])
+# The catalog field of each slot of DcgmFields, in slot order (the slots are the catalog's names).
+_SLOT_FIELDS = [f for f in FIELDS for _ in f.names]
+_SLOT_BLANK = np.array([BLANK_FP64 if f.dcgm_type == "DOUBLE" else BLANK_INT64 for f in _SLOT_FIELDS])
+_SLOT_MIN = np.array([-np.inf if f.min_value is None else f.min_value for f in _SLOT_FIELDS])
 ALL_COLUMNS = tuple(range(N_FIELDS))
 _FIELDS = operator.attrgetter("fields")
 
@@ -49,7 +49,7 @@ class DcgmFrame:
         return DcgmFrame(self.ts[idx], self.gpu[idx], self.host[idx], self.values[idx])
 
     def col(self, alias: str) -> np.ndarray:
-        return self.values[:, FIELDS.by_alias(alias).column]
+        return self.values[:, FIELDS.require(alias).column]
 
 
 def _double(v: float) -> float:
@@ -137,7 +137,7 @@ class Columnizer:
                 neg = raw < self._min
         if suspect:
             bad = blank | inf | neg
-            for i in np.flatnonzero(bad.any(axis=1)):
+            for i in np.flatnonzero(bad.any(axis=1)).tolist():
                 for mask, reason in ((blank[i] & ~inf[i], BLANK_SENTINEL), (inf[i], NAN_FIELD), (neg[i] & ~inf[i], NEGATIVE_VALUE)):
                     if mask.any():
                         names = [_SLOT_NAMES[self.slots[k]] for k in np.flatnonzero(mask)]
@@ -189,15 +189,16 @@ class NcclFrame:
     def concat(frames: list["NcclFrame"]) -> "NcclFrame":
         if len(frames) == 1:
             return frames[0]
-        return NcclFrame(*(np.concatenate([getattr(f, k) for f in frames]) if k != "comm"
-                           else [c for f in frames for c in f.comm] for k in NCCL_KEYS))
+        cols = {k: np.concatenate([getattr(f, k) for f in frames]) for k in NCCL_KEYS if k != "comm"}
+        return NcclFrame(comm=[c for f in frames for c in f.comm], **cols)
 
     def to_state(self) -> dict:
         return {k: getattr(self, k) for k in NCCL_KEYS}
 
     @staticmethod
     def from_state(d: dict) -> "NcclFrame":
-        return NcclFrame(*(list(d[k]) if k == "comm" else np.asarray(d[k]).copy() for k in NCCL_KEYS))
+        cols = {k: np.asarray(d[k]).copy() for k in NCCL_KEYS if k != "comm"}
+        return NcclFrame(comm=list(d["comm"]), **cols)
 
 
 NCCL_KEYS = ("ts", "host", "gpu", "comm", "rank", "nranks", "bytes", "exec_time_us", "busbw_gbs")

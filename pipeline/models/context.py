@@ -30,9 +30,9 @@ from pipeline.gpu_models import lookup
 from pipeline.numeric import group_stat, grow
 
 SW_POWER_CAP = FIELDS.bits["SW_POWER_CAP"].mask
-_REASONS = FIELDS.by_alias("clocks_event_reasons").column
-_LIMIT = FIELDS.by_alias("enforced_power_limit").column
-_CLOCK = FIELDS.by_alias("sm_clock").column
+_REASONS = FIELDS.require("clocks_event_reasons").column
+_LIMIT = FIELDS.require("enforced_power_limit").column
+_CLOCK = FIELDS.require("sm_clock").column
 COLUMNS = {_REASONS, _LIMIT, _CLOCK}
 
 WINDOW_S = 90.0          # a GPU counts as seen / capped for this long (three samples at 30 s sampling)

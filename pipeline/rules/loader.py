@@ -23,7 +23,7 @@ from pipeline.catalog import FIELDS
 from pipeline.rules import diagnostics as D
 from pipeline.rules.compile import CompileError, WindowStore, compile_expr
 from pipeline.rules.diagnostics import Diagnostic
-from pipeline.rules.durations import parse_duration
+from pipeline.durations import parse_duration
 from pipeline.rules.expr import ExprSyntaxError
 from pipeline.rules.ruleset import Rule, RuleSet, RuleSpec
 from pipeline.rules.template import TemplateError, parse_template
@@ -244,7 +244,7 @@ class _FileLoader:
             self.err(None, f"summary: {e.message}", D.TEMPLATE, name, line=ln, col=cl)
         else:
             known = {"host", "gpu", *values, *(cond.evidence if cond else {})}
-            if cond is not None and FIELDS.by_alias("xid").column in cond.columns:
+            if cond is not None and FIELDS.require("xid").column in cond.columns:
                 known |= set(XID_TEXT_NAMES)   # the XID catalogue's text (docs/rules.md#xids)
             for part in template:
                 if isinstance(part, tuple) and part[0] not in known:
@@ -257,15 +257,18 @@ class _FileLoader:
                     ln, cl = self.position(keys["summary"][1], summary.find("{" + part[0]))
                     self.err(None, f"summary refers to unknown name {part[0]!r}{more}", D.TEMPLATE, name,
                              line=ln, col=cl)
-        if len(self.diags) > before or cond is None:
+        # A missing or bad fault was reported (REQUIRED, the family check): isinstance only narrows.
+        if len(self.diags) > before or cond is None or not isinstance(fault, str):
             return
         extra: set[int] = set()
         for part in template:  # catalog fields shown in the summary become evidence too
             if isinstance(part, tuple) and part[0] not in cond.evidence and part[0] not in values \
                     and part[0] not in ("host", "gpu", *XID_TEXT_NAMES):
-                f = FIELDS.resolve(part[0])
-                cond.evidence[part[0]] = lambda c, col=f.column: c.view.filled[:, col]
-                extra.add(f.column)
+                fld = FIELDS.resolve(part[0])
+                if fld is None:   # an unknown name was reported above
+                    continue
+                cond.evidence[part[0]] = lambda c, col=fld.column: c.view.filled[:, col]
+                extra.add(fld.column)
         spec = RuleSpec(name=val["name"], fault=fault, severity=val["severity"], level=level,
                         condition=val["condition"], for_s=durs.get("for", 0.0),
                         keep_firing_for_s=durs.get("keep_firing_for", 0.0), summary=summary,
@@ -371,10 +374,10 @@ def _load_rules(paths: list[str | Path], tick: float, models: set[str] | None
         rules += [r for r, _ in fl.rules]
         names += [(n, node, str(f)) for n, node in fl.names]
     seen: dict[str, str] = {}
-    for name, node, f in names:
-        where = f"{f}:{node.start_mark.line + 1}"
+    for name, node, src in names:
+        where = f"{src}:{node.start_mark.line + 1}"
         if name in seen:
-            diags.append(Diagnostic(f, node.start_mark.line + 1, node.start_mark.column + 1, name,
+            diags.append(Diagnostic(src, node.start_mark.line + 1, node.start_mark.column + 1, name,
                                     f"duplicate rule name (first defined at {seen[name]})", D.DUPLICATE))
         else:
             seen[name] = where

@@ -18,6 +18,7 @@ baseline that warmed up during an idle spell would call every busy sample an out
 from __future__ import annotations
 
 import math
+from typing import Callable, Sequence
 
 import numpy as np
 
@@ -27,8 +28,8 @@ from pipeline.numeric import grow, id_bound
 
 PANES = 12
 _NO_PANE = np.iinfo(np.int64).min // 2   # a slot that never held a pane
-_REDUCE = {"sum": np.sum, "count": np.sum, "min": np.min, "max": np.max}   # over a window's panes
-_COMBINE = {"sum": np.add, "count": np.add, "min": np.minimum, "max": np.maximum}   # two parts of one
+_REDUCE: dict[str, Callable[..., np.ndarray]] = {"sum": np.sum, "count": np.sum, "min": np.min, "max": np.max}   # over a window's panes
+_COMBINE: dict[str, Callable[..., np.ndarray]] = {"sum": np.add, "count": np.add, "min": np.minimum, "max": np.maximum}   # two parts of one
 
 
 class PaneWindow:
@@ -70,10 +71,11 @@ class PaneWindow:
             self._full.clear()
             self._closed.clear()
 
-    def _advance(self, p: int) -> None:
-        """Move the ring's clock to pane ``p``, clearing the slots of panes that left the window."""
+    def _advance(self, p: int) -> int:
+        """Move the ring's clock to pane ``p``, clearing the slots of panes that left the window;
+        the newest pane after it."""
         if self.cur is not None and p <= self.cur:
-            return
+            return self.cur
         start = p - self.n + 1 if self.cur is None else max(self.cur + 1, p - self.n + 1)
         for q in range(start, p + 1):
             s = q % self.n
@@ -83,6 +85,7 @@ class PaneWindow:
         self.cur = p
         self._full.clear()
         self._closed.clear()
+        return p
 
     def update(self, ent: np.ndarray | slice, ts0: float, values: np.ndarray, n_ent: int) -> None:
         """Fold one chunk (all in the pane of ``ts0``; rows grouped by entity, in time order).
@@ -91,12 +94,12 @@ class PaneWindow:
         """
         self._ensure(n_ent)
         p = int(math.floor(ts0 / self.pw))
-        self._advance(p)
-        if p <= self.cur - self.n:
+        cur = self._advance(p)
+        if p <= cur - self.n:
             return   # older than the whole window: nothing of it can be asked for any more
         slot = p % self.n
         self._full.clear()
-        if p != self.cur:
+        if p != cur:
             self._closed.clear()   # a late chunk: one of the older panes changes
         ok = ~np.isnan(values)
         if ok.all():
@@ -193,7 +196,8 @@ class PaneWindow:
 
     def _closed_panes(self) -> np.ndarray:
         """Which slots hold the window's panes before the newest."""
-        return (self.slot_pane > self.cur - self.n) & (self.slot_pane < self.cur)
+        cur = _NO_PANE if self.cur is None else self.cur   # no pane yet: none is closed
+        return (self.slot_pane > cur - self.n) & (self.slot_pane < cur)
 
     def _closed_part(self, a: str) -> np.ndarray:
         got = self._closed.get(a)
@@ -327,11 +331,12 @@ class Baseline:
         x = values.T
         valid = ~np.isnan(x)
 
-        def col(a: np.ndarray | float) -> np.ndarray:
+        def col(a: Sequence[float]) -> np.ndarray:
             return np.array(a, dtype=float)[:, None]
 
-        state = [np.stack([getattr(b, k)[ent] for b in baselines]) for k in ("mean", "var", "n", "last_ts", "out_since")]
-        new = _fold(*state, ts[None, :], x, col([b.tau for b in baselines]), col([b.warmup for b in baselines]),
+        m, v, n, lt, since = (np.stack([getattr(b, k)[ent] for b in baselines])
+                              for k in ("mean", "var", "n", "last_ts", "out_since"))
+        new = _fold(m, v, n, lt, since, ts[None, :], x, col([b.tau for b in baselines]), col([b.warmup for b in baselines]),
                     col([b.clip_sd for b in baselines]), valid)
         for i, b in enumerate(baselines):
             b.mean[ent], b.var[ent], b.n[ent], b.last_ts[ent], b.out_since[ent] = (a[i] for a in new)

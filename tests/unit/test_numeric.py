@@ -1,0 +1,40 @@
+"""The shared numpy helpers (pipeline/numeric.py), and their old names still answer."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from pipeline import numeric
+from pipeline.engine import entities
+from pipeline.rules import windows
+
+
+def test_grow_doubles_and_fills():
+    a = np.arange(3.0)
+    g = numeric.grow(a, 5, np.nan)
+    assert len(g) == 16 and list(g[:3]) == [0, 1, 2] and np.isnan(g[3:]).all()
+    assert numeric.grow(g, 10, 0.0) is g
+    f = numeric.grow(np.zeros((2, 3)), 40, -1.0, order="F")
+    assert f.shape == (40, 3) and f.flags.f_contiguous and (f[2:] == -1).all()
+
+
+def test_id_bound_and_distinct():
+    assert numeric.id_bound(slice(0, 7)) == 7 and numeric.id_bound(np.array([3, 9])) == 10
+    assert numeric.id_bound(np.array([], dtype=int)) == 0
+    u, once = numeric.distinct(np.array([1, 1, 4]))
+    assert list(u) == [1, 4] and not once
+    u, once = numeric.distinct(np.array([5, 2]))
+    assert list(u) == [2, 5] and once
+
+
+def test_group_stat():
+    keys = np.array([0, 0, 1, 1, 1])
+    vals = np.array([1.0, 3.0, 2.0, np.nan, 6.0])
+    assert list(numeric.group_stat(keys, vals, "median")) == [2, 2, 4, 4, 4]
+    assert list(numeric.group_stat(keys, vals, "count")) == [2, 2, 2, 2, 2]
+    assert list(numeric.group_stat(keys, vals, "max")) == [3, 3, 6, 6, 6]
+
+
+def test_the_old_homes_re_export_them():
+    assert entities.grow is numeric.grow and entities.id_bound is numeric.id_bound
+    assert windows.group_stat is numeric.group_stat and windows.distinct is numeric.distinct
