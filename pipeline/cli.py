@@ -99,7 +99,7 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 def _cmd_replay(args: argparse.Namespace) -> int:
     from rich.console import Console
 
-    from pipeline.detection import build_engine
+    from pipeline.detection import build_detector
     from pipeline.replay import replay
 
     console = Console(stderr=True)
@@ -119,7 +119,7 @@ def _cmd_replay(args: argparse.Namespace) -> int:
                       f"in {time.monotonic() - t0:.1f}s")
         return 0
     rules = args.rules or str(rules_dir())
-    engine, diags = build_engine([rules], args.models)
+    engine, diags = build_detector([rules], args.models)
     for d in diags:
         console.print(str(d), highlight=False, markup=False)
     if engine is None:
@@ -211,8 +211,16 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         cfg.service.rules = [args.rules]
     if args.insecure_state:
         cfg.service.insecure_state = True
+    if args.stage:
+        cfg.service.stage = args.stage
     setup_logging(cfg.service.log_level)
-    return Service(cfg).run()
+    stage = cfg.service.stage
+    if stage == "fleet":
+        return Service(cfg, stage="fleet").run()
+    host = Service(cfg)
+    if stage == "all" and host.forwards:
+        return host.run(Service(cfg, stage="fleet", metrics=host.metrics))
+    return host.run()
 
 
 def _cmd_record(args: argparse.Namespace) -> int:
@@ -440,6 +448,9 @@ def build_parser() -> argparse.ArgumentParser:
     sv.add_argument("--insecure-state", action="store_true",
                     help="run without GPUWARDEN_STATE_KEY: checkpoints unsigned, the state topic trusted "
                          "(service.insecure_state)")
+    sv.add_argument("--stage", choices=["all", "host", "fleet"],
+                    help="run only this stage (service.stage; default all: the host stage and, with "
+                         "models, the fleet stage)")
     sv.set_defaults(func=_cmd_serve)
 
     rec = sub.add_parser("record", help="copy a Kafka topic to a JSONL file")

@@ -38,7 +38,7 @@ def run_demo(hosts: int = 8, duration: float = 1200.0, seed: int = 7, scenario: 
              console: Console | None = None, rules: str | None = None, models: str | None = "auto") -> int:
     from producers.sim import Simulator
 
-    from pipeline.detection import build_engine
+    from pipeline.detection import build_detector
 
     # Piped output (CI logs, tee) gets a log-friendly width instead of rich's 80 columns.
     console = console or Console(width=None if sys.stdout.isatty() else 140)
@@ -50,7 +50,7 @@ def run_demo(hosts: int = 8, duration: float = 1200.0, seed: int = 7, scenario: 
     from pipeline.resources import rules_dir as default_rules
 
     rules_dir = rules or str(default_rules())
-    engine, diags = build_engine([rules_dir], models)
+    engine, diags = build_detector([rules_dir], models)
     if engine is None:
         for d in diags:
             console.print(str(d), markup=False, highlight=False)

@@ -7,11 +7,13 @@ default packs ship ``rules/models.yaml``); ``None`` or ``"none"`` runs rules onl
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from pipeline.engine import Engine, EngineConfig
 from pipeline.errors import ConfigError
 from pipeline.rules import load_rules
 from pipeline.rules.diagnostics import Diagnostic
+from pipeline.topology import Topology
 
 
 def models_path(rules: list[str], models: str | None) -> Path | None:
@@ -27,9 +29,13 @@ def models_path(rules: list[str], models: str | None) -> Path | None:
     return Path(models)
 
 
-def build_engine(rules: list[str], models: str | None = "auto", config: EngineConfig | None = None
-                 ) -> tuple[Engine | None, list[Diagnostic]]:
-    """An engine with the rules (and models), or None and the diagnostics when rules do not load.
+def build_engine(rules: list[str], models: str | None = "auto", config: EngineConfig | None = None,
+                 stages: str = "one") -> tuple[Any, list[Diagnostic]]:
+    """An engine with the rules and models (``stages="one"``), or what the product's drivers
+    feed (``stages="two"``, ``build_detector``): the rules in an ``Engine``, and with models a
+    ``Topology`` of two stages (rules and absence per host, the models across hosts:
+    pipeline/topology.py); None and the diagnostics when the rules do not load. Rules that read
+    ``score()`` keep the models in their engine whatever ``stages`` says.
 
     A broken models file raises ``ConfigError`` naming the key.
     """
@@ -42,7 +48,26 @@ def build_engine(rules: list[str], models: str | None = "auto", config: EngineCo
     ruleset, diags = load_rules(paths, tick=config.tick, models=set(modelset.names) if modelset else None)
     if ruleset is None:
         return None, diags
+    if modelset is None:
+        return Engine(config, rules=ruleset), diags
+    if stages == "two":
+        # The host stage's rules are loaded without models: when they load so, none reads a
+        # score and the models can run in their own stage.
+        alone, _ = load_rules(paths, tick=config.tick, models=None)
+        if alone is not None:
+            mp = mpath
+
+            def fleet_engine() -> Engine:
+                return Engine(config, row_checks=[], tick_checks=[], models=load_models(mp, tick=config.tick),
+                              screened=True)
+            return Topology(Engine(config, rules=alone), fleet_engine), diags
     return Engine(config, rules=ruleset, models=modelset), diags
 
 
-__all__ = ["ConfigError", "build_engine", "models_path"]
+def build_detector(rules: list[str], models: str | None = "auto", config: EngineConfig | None = None
+                   ) -> tuple[Any, list[Diagnostic]]:
+    """What replay, the demo, the evaluation and the service run: ``build_engine(stages="two")``."""
+    return build_engine(rules, models, config, stages="two")
+
+
+__all__ = ["ConfigError", "build_detector", "build_engine", "models_path"]

@@ -55,13 +55,19 @@ class Topics:
     def state(self) -> str:
         return f"{self.prefix}.state"
 
+    @property
+    def fleet(self) -> str:
+        """The repartition topic from the host stage to the fleet stage (pipeline/topology.py)."""
+        return f"{self.prefix}.fleet"
+
     def all(self) -> list[str]:
-        return [self.telemetry, self.alerts, self.dlq, self.audit, self.state]
+        return [self.telemetry, self.alerts, self.dlq, self.audit, self.state, self.fleet]
 
 
 class Producer(Protocol):
-    def send(self, topic: str, value: bytes, key: bytes | None = None) -> None:
-        """Queue a message; ``flush`` raises if any queued send was not acknowledged."""
+    def send(self, topic: str, value: bytes, key: bytes | None = None, partition: int | None = None) -> None:
+        """Queue a message (to ``partition``, else the key's); ``flush`` raises if any queued send
+        was not acknowledged."""
 
     def flush(self, timeout: float | None = None) -> int:
         """Wait for every queued send; return how many were delivered."""

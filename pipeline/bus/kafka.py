@@ -64,13 +64,21 @@ class KafkaBusProducer:
             raise _unavailable(bootstrap, e, security) from e
         self._futures: list[Any] = []
 
-    def send(self, topic: str, value: bytes, key: bytes | None = None) -> None:
+    def send(self, topic: str, value: bytes, key: bytes | None = None, partition: int | None = None) -> None:
         try:
-            self._futures.append(self._p.send(topic, value=value, key=key))
+            self._futures.append(self._p.send(topic, value=value, key=key, partition=partition))
         except KafkaError as e:
             # Refused before it left (too large, buffer full past max_block_ms): reported by flush,
             # like a send the broker refused, so callers have one place to check.
             self._futures.append(_Failed(e))
+
+    def partition_count(self, topic: str) -> int | None:
+        """How many partitions ``topic`` has (None when the cluster does not say)."""
+        try:
+            parts = self._p.partitions_for(topic)
+        except KafkaError:
+            return None
+        return len(parts) if parts else None
 
     def flush(self, timeout: float | None = 60.0) -> int:
         futures, self._futures = self._futures, []

@@ -25,11 +25,14 @@ class MemoryBus:
             self._logs[topic] = [[] for _ in range(self.partitions)]
         return self._logs[topic]
 
-    def append(self, topic: str, value: bytes, key: bytes | None) -> Message:
+    def append(self, topic: str, value: bytes, key: bytes | None, partition: int | None = None) -> Message:
         with self._lock:
             parts = self._topic(topic)
             # Same key -> same partition, like Kafka's keyed partitioner: a host's GPUs stay ordered.
-            p = zlib.crc32(key) % self.partitions if key is not None else sum(map(len, parts)) % self.partitions
+            if partition is not None:
+                p = partition % self.partitions
+            else:
+                p = zlib.crc32(key) % self.partitions if key is not None else sum(map(len, parts)) % self.partitions
             msg = Message(topic, p, len(parts[p]), key, value)
             parts[p].append(msg)
             return msg
@@ -55,9 +58,12 @@ class MemoryProducer:
         self.bus = bus
         self._queued = 0
 
-    def send(self, topic: str, value: bytes, key: bytes | None = None) -> None:
-        self.bus.append(topic, value, key)
+    def send(self, topic: str, value: bytes, key: bytes | None = None, partition: int | None = None) -> None:
+        self.bus.append(topic, value, key, partition)
         self._queued += 1
+
+    def partition_count(self, topic: str) -> int | None:
+        return self.bus.partitions
 
     def flush(self, timeout: float | None = None) -> int:
         n, self._queued = self._queued, 0

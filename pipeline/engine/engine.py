@@ -27,7 +27,7 @@ import operator
 from collections import Counter
 from dataclasses import dataclass, field
 from itertools import compress
-from typing import Any, Sequence, cast, overload
+from typing import Any, Callable, Sequence, cast, overload
 
 import msgspec
 import numpy as np
@@ -77,13 +77,21 @@ class Engine:
 
     def __init__(self, config: EngineConfig | None = None, row_checks: Sequence[RowCheck] | None = None,
                  tick_checks: Sequence[TickCheck] | None = None, rules: Stage | None = None,
-                 models: Stage | None = None, stages: Sequence[Stage] = ()) -> None:
+                 models: Stage | None = None, stages: Sequence[Stage] = (),
+                 forward: Callable[[list[TelemetryRecord]], None] | None = None, screened: bool = False) -> None:
         """Built-in checks run unless ``row_checks``/``tick_checks`` are given; with ``rules``,
         the YAML rules replace the built-in row checks (the absence checks stay). ``models``:
         online anomaly models (``pipeline.models``), evaluated each tick before the rules, which
         read their scores. ``stages``: more stages (``pipeline.engine.stage``), run after those
-        in this order, each seeing what the earlier ones published."""
+        in this order, each seeing what the earlier ones published.
+
+        ``forward``: called with every batch's accepted records (after screening: what this engine
+        will process), for a later stage of the topology (``pipeline/topology.py``).
+        ``screened``: the records come from such a stage, already screened, ordered and released
+        by its watermark (``advance_to``): only lateness is checked, never the fleet's clock."""
         self.config = config or EngineConfig()
+        self.forward = forward
+        self.screened = screened
         default_rows, default_ticks = builtin_checks()
         if row_checks is None and tick_checks is None:
             row_checks, tick_checks = ([] if rules is not None else default_rows), default_ticks
@@ -235,7 +243,7 @@ class Engine:
             # Live, a consumer may drain a backlog partition by partition, hours apart in event
             # time: there the decoder bounds time against the wall clock and aliveness is by
             # arrival, so one host ahead cannot carry the watermark; only replay screens here.
-            screened = self._screen(ts, hosts) if now is None else self._screen_late(ts)
+            screened = self._screen(ts, hosts) if now is None and not self.screened else self._screen_late(ts)
             heard_ts, heard_hosts = ts, hosts
             if screened is not None:
                 why, ref = screened
@@ -274,7 +282,18 @@ class Engine:
             self.first_ts = min(self.first_ts, float(ts.min())) if len(ts) else self.first_ts
             if len(ts):
                 self._chunks.append(self._ingest(records, origins, ts, hosts, out))
-        self._release(self._release_bound(self.watermark(now)), out, final=False)
+                if self.forward is not None:
+                    self.forward(list(records))
+        if not self.screened:
+            self._release(self._release_bound(self.watermark(now)), out, final=False)
+        return out
+
+    def advance_to(self, upto: float) -> EngineOutput:
+        """Process everything before ``upto`` (whole ticks): the watermark of an engine fed by an
+        earlier stage, which alone knows when every record of a second has come."""
+        out = EngineOutput()
+        if upto > self.released:
+            self._release(self._release_bound(upto), out, final=False)
         return out
 
     def _ingest(self, records: Sequence[TelemetryRecord], origins: Sequence[str], ts: np.ndarray,

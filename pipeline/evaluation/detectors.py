@@ -1,7 +1,7 @@
 """The detectors evaluation compares: this project's packs and two baselines written as our rules.
 
 ``gpuwarden``: what ``gpuwarden replay``/``serve`` run by default -- ``rules/*.yaml``, the
-engine's absence checks and the online models of ``rules/models.yaml`` (``build_engine``).
+engine's absence checks and the online models of ``rules/models.yaml`` (``build_detector``: the two stages of pipeline/topology.py).
 (a) ``community``: dcgm-exporter's default field list at a 30 s scrape with the usual community
 alerts (`rules/baselines/prometheus_community.yaml`); (b) ``dcgm-health``: DCGM's own health-watch
 thresholds on every sample (`rules/baselines/dcgm_health.yaml`). Neither has absence detection.
@@ -15,7 +15,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, Iterable
 
-from pipeline.detection import build_engine
+from pipeline.detection import build_detector
 from pipeline.engine import Engine
 from pipeline.resources import rules_dir
 from pipeline.rules import load_rules
@@ -45,7 +45,7 @@ class Detector:
     def engine(self) -> Engine:
         """A fresh engine for one run (models start cold, so every run is deterministic per seed)."""
         if self.models is not None:
-            engine, diags = build_engine([str(r) for r in self.rules], self.models)
+            engine, diags = build_detector([str(r) for r in self.rules], self.models)
             if engine is None:
                 raise ValueError("; ".join(str(d) for d in diags if d.is_error))
             return engine

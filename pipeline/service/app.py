@@ -37,25 +37,28 @@ from pipeline.bus.kafka import KafkaBusProducer, ensure_topics
 from pipeline.bus.retry import Backoff, is_retriable, retry
 from pipeline.bus.sinks import BusOutput, OutputSink
 from pipeline.decode import Decoder
-from pipeline.detection import build_engine
-from pipeline.engine import Engine, EngineOutput
+from pipeline.detection import build_detector
+from pipeline.engine import EngineOutput
 from pipeline.errors import BusError, DeliveryError, StateError
 from pipeline.rules import load_rules
 from pipeline.rules.reload import fingerprint
 from pipeline.runner import Pipeline
 from pipeline.service.config import Config
+from pipeline.service.fleet import FleetTask, Outbox, Send
 from pipeline.service.metrics import HttpEndpoint, Metrics
 from pipeline.service.state import Checkpoint, KafkaStateStore, StateStore, state_key
+from pipeline.topology import Topology
 
 log = logging.getLogger("gpuwarden.service")
 STATE_MAX_BYTES = 64 * 1024 * 1024   # the state topic's max.message.bytes (pipeline.bus.kafka.ensure_topics)
 POLL_TIMEOUT_S = 0.5
+STAGES = ("host", "fleet")           # docs/operations.md, "Topology"
 
 
 @dataclass
 class PartitionState:
     partition: int
-    pipe: Pipeline
+    pipe: Any                             # Pipeline (host stage) or FleetTask (fleet stage)
     next_offset: int | None = None        # of the next message to process
     saved_offset: int | None = None       # next_offset of the last checkpoint written
     dirty: bool = False                   # engine state changed since the last checkpoint
@@ -73,15 +76,28 @@ class Service:
 
     def __init__(self, cfg: Config, *, consumer: GroupConsumer | None = None, producer: Producer | None = None,
                  state: StateStore | None = None, clock: Callable[[], float] = time.monotonic,
-                 backoff: Backoff | None = None) -> None:
-        """Without ``consumer``, ``producer`` and ``state``: all three on the Kafka of ``cfg.kafka``."""
+                 backoff: Backoff | None = None, stage: str = "host", upstream: int | None = None,
+                 metrics: Metrics | None = None) -> None:
+        """Without ``consumer``, ``producer`` and ``state``: all three on the Kafka of ``cfg.kafka``.
+
+        ``stage``: ``host`` consumes the telemetry topic (rules, absence; with models it forwards
+        to the fleet topic), ``fleet`` the fleet topic (the models). ``upstream``: the telemetry
+        topic's partition count (each fleet partition waits for the marks of that many)."""
+        if stage not in STAGES:
+            raise ValueError(f"stage {stage!r}: one of {', '.join(STAGES)}")
+        self.stage = stage
         rules_checked: int | None = None
         if consumer is None and producer is None and state is None:
-            consumer, producer, state, rules_checked = kafka_parts(cfg)
+            consumer, producer, state, rules_checked = kafka_parts(cfg, stage)
         if consumer is None or producer is None or state is None:
             raise TypeError("Service: give consumer, producer and state together, or none of them")
         self.cfg = cfg
         self.topics = Topics(cfg.kafka.prefix)
+        count = getattr(producer, "partition_count", lambda topic: None)
+        # As the cluster has them (the topics may predate this config): how many telemetry
+        # partitions mark each fleet partition, and how many fleet partitions each mark goes to.
+        self.upstream = upstream or (count(self.topics.telemetry) if stage == "host" else 1) or cfg.kafka.partitions
+        self.n_fleet = (count(self.topics.fleet) if stage == "host" else None) or cfg.kafka.partitions
         self.rule_paths = [str(Path(p)) for p in cfg.service.rules]
         self.clock = clock
         self.backoff = backoff or Backoff()
@@ -92,12 +108,13 @@ class Service:
         # of the commit protocol (it returns only once every send was acknowledged).
         self.output: OutputSink = BusOutput(producer, self.topics)
         self.parts: dict[int, PartitionState] = {}
-        self.metrics = Metrics()
+        self.metrics = metrics or Metrics()
         phase = self.metrics.loop_seconds.labels
         self._phase_poll, self._phase_process, self._phase_deliver = phase("poll"), phase("process"), phase("deliver")
         self._phase_checkpoint, self._phase_commit = phase("checkpoint"), phase("commit")
         self.state.on_reject = lambda reason: self.metrics.state_skipped.labels(reason).inc()
         self._stop = False
+        self.poll_timeout = POLL_TIMEOUT_S
         self._reload_requested = False
         now = clock()
         self._grid0 = now
@@ -116,11 +133,30 @@ class Service:
 
     # -- set-up --------------------------------------------------------------------------------
 
-    def _new_engine(self) -> Engine:
-        engine, diags = build_engine(self.rule_paths, self.cfg.service.models, self.cfg.engine_config())
+    def _new_engine(self, partition: int) -> Any:
+        """The host stage's engine of a partition (with models: a ``Topology`` whose fleet side
+        is an ``Outbox`` to the fleet topic), or the fleet stage's task."""
+        engine, diags = build_detector(self.rule_paths, self.cfg.service.models, self.cfg.engine_config())
         if engine is None:  # checked at start-up; a file broken since then keeps the old set elsewhere
             raise StateError("; ".join(str(d) for d in diags if d.is_error))
+        if self.stage == "fleet":
+            if not isinstance(engine, Topology):
+                raise StateError("the fleet stage runs the models, and none are configured (service.models)")
+            return FleetTask(engine.make_fleet_engine, self.upstream)
+        if isinstance(engine, Topology):
+            make = engine.make_fleet_engine
+            engine = Topology(engine.host, make, fleet=Outbox(partition, self.upstream, self.topics.fleet,
+                                                              self.n_fleet, make))
         return engine
+
+    def _task(self, partition: int) -> Any:
+        eng = self._new_engine(partition)
+        return eng if isinstance(eng, FleetTask) else Pipeline(eng, _decoder())
+
+    @property
+    def forwards(self) -> bool:
+        """Whether this host stage sends to the fleet topic (models are configured)."""
+        return self.stage == "host" and models_on(self.cfg)
 
     # -- group membership (called inside consumer.poll / close, see pipeline/bus/group.py) ------
 
@@ -138,14 +174,13 @@ class Service:
             self.state.unread(partitions)
         now = self.clock()
         for p in partitions:
-            engine = self._new_engine()
             # No wall clock: one engine sees one partition, whose messages arrive in the order they
             # were produced, so pure event time applies -- the same alerts as a file replay.
-            ps = PartitionState(p, Pipeline(engine, _decoder()), last_input=now)
+            ps = PartitionState(p, self._task(p), last_input=now)
             cp = saved.get(p)
             if cp is not None:
                 try:
-                    engine.restore(cp.engine)
+                    ps.pipe.engine.restore(cp.engine)
                     ps.next_offset = ps.saved_offset = cp.next_offset
                     self.consumer.seek(p, cp.next_offset)
                     log.info("partition %d: state restored, resuming at offset %d", p, cp.next_offset,
@@ -153,7 +188,7 @@ class Service:
                 except StateError as e:
                     log.error("partition %d: checkpoint unusable (%s); starting fresh from the committed offset",
                               p, e, extra={"partition": p})
-                    ps = PartitionState(p, Pipeline(self._new_engine(), _decoder()), last_input=now)
+                    ps = PartitionState(p, self._task(p), last_input=now)
             else:
                 log.info("partition %d: no checkpoint, starting from the committed offset", p,
                          extra={"partition": p})
@@ -192,23 +227,41 @@ class Service:
         age = self.clock() - self._last_poll
         return age < 30.0, {"last_poll_s": round(age, 2), "partitions": sorted(self.parts), "batches": self.batches}
 
-    def run(self) -> int:
-        signal.signal(signal.SIGTERM, self.request_stop)
-        signal.signal(signal.SIGINT, self.request_stop)
-        signal.signal(signal.SIGHUP, self.request_reload)
+    def run(self, *others: "Service") -> int:
+        """The replica's loop: this stage and ``others`` (the fleet stage beside the host stage,
+        as ``serve`` runs them by default), one turn of each in turn, one HTTP endpoint."""
+        services = [self, *others]
+
+        def stop(*_: Any) -> None:
+            for s in services:
+                s.request_stop()
+
+        def reload(*_: Any) -> None:
+            for s in services:
+                s.request_reload()
+        signal.signal(signal.SIGTERM, stop)
+        signal.signal(signal.SIGINT, stop)
+        signal.signal(signal.SIGHUP, reload)
+        for s in services:
+            # Several stages in one loop: none may sit in an empty poll while another has input.
+            s.poll_timeout = POLL_TIMEOUT_S / len(services)
         self.metrics.rules.set(self._n_rules)
         self.http = HttpEndpoint(self.cfg.http.host, self.cfg.http.port, self.metrics, self.health).start()
-        log.info("serving: %s -> %s, %s; http on %s:%d", self.topics.telemetry, self.topics.alerts, self.topics.dlq,
-                 self.cfg.http.host, self.http.port, extra={"http_port": self.http.port})
+        log.info("serving: %s -> %s, %s; http on %s:%d; stages %s", self.topics.telemetry, self.topics.alerts,
+                 self.topics.dlq, self.cfg.http.host, self.http.port, "+".join(s.stage for s in services),
+                 extra={"http_port": self.http.port, "stages": [s.stage for s in services]})
         try:
-            failures = 0
+            failures = [0] * len(services)
             while not self._stop:
-                failures = self.step(failures)
-            self.shutdown()
+                for i, s in enumerate(services):
+                    failures[i] = s.step(failures[i])
+            for s in services:   # the host stage first: its last marks reach the fleet stage's topic
+                s.shutdown()
         except BaseException:
             # Not a checkpoint of state in an unknown condition: leave, and let the next owner
             # replay from the last good checkpoint.
-            self._close()
+            for s in services:
+                s._close()
             raise
         finally:
             if self.http:
@@ -220,7 +273,7 @@ class Service:
         of polls in a row that failed (0 after one that worked), for the back-off."""
         t = time.perf_counter()
         try:
-            batch = self.consumer.poll(POLL_TIMEOUT_S, self.cfg.kafka.max_poll_records)
+            batch = self.consumer.poll(self.poll_timeout, self.cfg.kafka.max_poll_records)
         except BusError as e:
             # Whatever the broker says (restarting, leader moving, group coordinator gone), the
             # same poll is tried again, ever more slowly: the service rides out an outage.
@@ -240,6 +293,7 @@ class Service:
     def _process(self, batch: dict[int, list[Message]]) -> None:
         t0 = time.perf_counter()
         outputs: list[EngineOutput] = []
+        sends: list[Send] = []
         n = n_records = 0
         now = self.clock()
         for p, msgs in batch.items():
@@ -248,6 +302,7 @@ class Service:
                 continue
             before = ps.pipe.totals.records
             outputs.append(ps.pipe.handle_guarded(msgs))
+            sends += _outbox(ps)
             done = ps.pipe.totals.records - before
             n += len(msgs)
             n_records += done
@@ -257,7 +312,7 @@ class Service:
             ps.last_input = now
         t1 = time.perf_counter()
         self._phase_process.inc(t1 - t0)
-        self._deliver(outputs)
+        self._deliver(outputs, sends)
         self.batches += 1
         dt = time.perf_counter() - t0
         self.metrics.batch_seconds.observe(dt)
@@ -265,13 +320,18 @@ class Service:
         self.metrics.records_per_s.set(n_records / dt if dt > 0 else 0)
         self.totals["messages"] += n
 
-    def _deliver(self, outputs: list[EngineOutput]) -> None:
-        """Send every alert and dead letter of the batch; return only once all were acknowledged."""
-        if not any(out.alerts or out.dead for out in outputs):
+    def _deliver(self, outputs: list[EngineOutput], sends: list[Send] | None = None) -> None:
+        """Send every alert and dead letter of the batch, and what the host stage forwards to the
+        fleet stage; return only once all were acknowledged."""
+        if not sends and not any(out.alerts or out.dead for out in outputs):
             return
         t0 = time.perf_counter()
 
         def send_and_flush() -> None:
+            # Sent again whole on a retry: the fleet stage drops records it has (pipeline/topology.py)
+            # and a mark says the same the second time.
+            for topic, key, value, partition in sends or ():
+                self.producer.send(topic, value, key, partition)
             for out in outputs:
                 self.output.alerts(out.alerts)
                 self.output.dead(out.dead)
@@ -379,14 +439,19 @@ class Service:
 
     def _flush_idle(self) -> None:
         now = self.clock()
+        # A host-stage task forwarding to the fleet stage also says, once idle, that it holds
+        # nothing back (a final mark), even with nothing buffered: a telemetry partition no host
+        # writes to must not hold the fleet stage for ever.
         idle = [ps for ps in self.parts.values()
-                if ps.pipe.engine.pending and now - ps.last_input > self.cfg.service.flush_idle_s]
+                if (ps.pipe.engine.pending or _holds_fleet(ps))
+                and now - ps.last_input > self.cfg.service.flush_idle_s]
         if not idle:
             return
         outputs = [ps.pipe.flush() for ps in idle]
+        sends = [s for ps in idle for s in _outbox(ps)]
         for ps in idle:
             ps.dirty = True
-        self._deliver(outputs)
+        self._deliver(outputs, sends)
         self._checkpoint(idle, "idle")
 
     def _maybe_reload(self) -> None:
@@ -399,6 +464,8 @@ class Service:
             return
         self._reload_requested = False
         self._rules_fp = fp
+        if self.stage == "fleet":
+            return   # the fleet stage runs the models only; a models.yaml change needs a restart
         tick = self.cfg.engine_config().tick
         # As pipeline/rules/reload.py: nothing a rule file holds may stop the service; a failure
         # of any kind is a refused reload and every engine keeps the rules it had.
@@ -438,7 +505,7 @@ class Service:
         for p, e in end.items():
             ps = self.parts.get(p)
             if ps is not None and ps.next_offset is not None:
-                self.metrics.lag.labels(str(p)).set(max(0, e - ps.next_offset))
+                self.metrics.lag.labels(str(p) if self.stage == "host" else f"fleet/{p}").set(max(0, e - ps.next_offset))
 
     def shutdown(self) -> None:
         """Checkpoint and commit every partition with new input, then leave the group."""
@@ -453,10 +520,30 @@ class Service:
             self.output.close()
 
 
-def kafka_parts(cfg: Config) -> tuple[GroupConsumer, Producer, StateStore, int]:
-    """Consumer, producer and state store on the Kafka cluster of ``cfg.kafka``, and the rule count."""
+def _outbox(ps: PartitionState) -> list[Send]:
+    fleet = getattr(ps.pipe.engine, "fleet", None)
+    return fleet.take() if isinstance(fleet, Outbox) else []
+
+
+def _holds_fleet(ps: PartitionState) -> bool:
+    fleet = getattr(ps.pipe.engine, "fleet", None)
+    return isinstance(fleet, Outbox) and not fleet.final_sent()
+
+
+def models_on(cfg: Config) -> bool:
+    """Whether the service's rules run with models (then a fleet stage runs them)."""
+    from pipeline.detection import models_path
+    return models_path([str(Path(p)) for p in cfg.service.rules], cfg.service.models) is not None
+
+
+def kafka_parts(cfg: Config, stage: str = "host") -> tuple[GroupConsumer, Producer, StateStore, int]:
+    """Consumer, producer and state store on the Kafka cluster of ``cfg.kafka`` for ``stage``,
+    and the rule count. The fleet stage is its own consumer group (``<group>.fleet``) on the
+    fleet topic, with its own checkpoints in the state topic."""
     k = cfg.kafka
     topics = Topics(k.prefix)
+    source = topics.telemetry if stage == "host" else topics.fleet
+    group = k.group if stage == "host" else f"{k.group}.fleet"
     security = k.security.options()
     # Before anything else: no key (and no --insecure-state) is a refusal to start, not a
     # service that trusts whatever the state topic holds (docs/operations.md, Security).
@@ -469,10 +556,10 @@ def kafka_parts(cfg: Config) -> tuple[GroupConsumer, Producer, StateStore, int]:
     ensure_topics(k.bootstrap, topics, partitions=k.partitions, security=security)
     producer = KafkaBusProducer(k.bootstrap, security=security, client_id="gpuwarden-service",
                                 max_request_size=STATE_MAX_BYTES)
-    state = KafkaStateStore(k.bootstrap, topics.state, k.group, topics.telemetry, producer, security,
+    state = KafkaStateStore(k.bootstrap, topics.state, group, source, producer, security,
                             key=mac_key, max_bytes=cfg.service.state_max_mib << 20)
     consumer = KafkaGroupConsumer(
-        k.bootstrap, topics.telemetry, k.group, security=security, client_id="gpuwarden-service",
+        k.bootstrap, source, group, security=security, client_id=f"gpuwarden-service-{stage}",
         auto_offset_reset="earliest", max_poll_records=k.max_poll_records,
         max_poll_interval_ms=k.max_poll_interval_ms, session_timeout_ms=k.session_timeout_ms,
         fetch_max_bytes=k.fetch_max_bytes, max_partition_fetch_bytes=k.max_partition_fetch_bytes)

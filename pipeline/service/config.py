@@ -16,7 +16,7 @@ import math
 import os
 import re
 from pathlib import Path
-from typing import Mapping
+from typing import Literal, Mapping
 
 import msgspec
 
@@ -75,6 +75,10 @@ class ServiceSection(msgspec.Struct, forbid_unknown_fields=True):
     insecure_state: bool = False
     # The most a checkpoint may decompress to (MiB); above any real snapshot (docs/performance.md).
     state_max_mib: int = 512
+    # Which stages this replica runs (docs/operations.md, Topology): "all" (the host stage and,
+    # with models, the fleet stage), "host" (rules and absence, keyed by host) or "fleet" (the
+    # models, fed through <prefix>.fleet). Each is its own consumer group, scaled on its own.
+    stage: Literal["all", "host", "fleet"] = "all"
 
 
 class Config(msgspec.Struct, forbid_unknown_fields=True):

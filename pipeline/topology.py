@@ -1,0 +1,295 @@
+"""Two stages of detection: per host, then across hosts (docs/architecture.md §8, "Topology").
+
+Detection that needs one host's data (the rules, absence) runs in the **host stage**, an engine
+keyed by host: any partitioning of hosts gives it the same answer. Detection that compares
+across hosts (the online models: cohort detectors, NCCL communicators spanning hosts, fleet-wide
+causes, the deciders' quantiles) runs in the **fleet stage**, fed what the host stage accepted
+and released. The fleet stage's answer must not depend on how the host stage was partitioned,
+so it is built on two rules:
+
+- **Its watermark comes from upstream.** Every host-stage task reports how far it has released
+  (``mark``: every record it will ever forward older than that has been forwarded; ``final``
+  after an idle flush, when it holds nothing back). The fleet stage releases a second only once
+  every upstream task has passed it.
+- **Its input order is canonical.** Released records are sorted by (ts, host, kind, GPU, link,
+  communicator, rank) before its engine sees them, so GPU ids, tick rows and every model's
+  learning order are the same whichever task forwarded what first. A record forwarded twice
+  (an upstream task replaying after a crash) is dropped.
+
+``Topology`` runs both stages in one process, fed like an ``Engine`` (replay, the demo, the
+evaluation, each service partition). Dead letters come from the host stage only: the fleet
+stage sees records that stage already screened.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Callable, Iterable, Sequence, Union
+
+import msgspec
+import numpy as np
+
+from pipeline.engine import Engine, EngineOutput
+from pipeline.errors import StateError
+from pipeline.schema import NcclRecord, TelemetryRecord, dcgm_record_type
+
+FLEET_KEY = "fleet"   # the one key of the fleet stage today: every model compares over the whole fleet
+STATE_VERSION = 1
+
+
+def record_identity(r: Any) -> tuple:
+    """The canonical sort key (and identity) of a record: event time first, so sorting each
+    released slice and concatenating gives the order of sorting them all at once."""
+    if isinstance(r, NcclRecord):
+        return (r.ts, r.host, 1, -1 if r.gpu is None else r.gpu, -1, r.comm, r.rank, r.coll, r.seq or 0)
+    return (r.ts, r.host, 0, r.gpu, -1 if r.link is None else r.link, "", 0, "", 0)
+
+
+class FleetStage:
+    """The cross-host stage of one partition of the fleet topic (or of everything, in process).
+
+    ``feed`` takes forwarded records, ``mark`` an upstream task's progress, ``advance`` releases
+    what every upstream task has passed, through one engine per key.
+    """
+
+    def __init__(self, make_engine: Callable[[], Engine], upstream: int = 1) -> None:
+        self.make_engine = make_engine
+        self.n_upstream = upstream
+        self.engines: dict[str, Engine] = {}
+        self.marks: dict[int, float] = {}
+        self.final: set[int] = set()
+        self.released = -math.inf          # every record older than this went to an engine
+        self._buf: list[TelemetryRecord] = []
+        self._keys: list[str] = []
+        self._ids: set[tuple] = set()
+        self.stats: dict[str, int] = {"fed": 0, "duplicate": 0, "late": 0}
+
+    def engine(self, key: str = FLEET_KEY) -> Engine:
+        eng = self.engines.get(key)
+        if eng is None:
+            eng = self.engines[key] = self.make_engine()
+        return eng
+
+    # -- input -------------------------------------------------------------------------------
+
+    def feed(self, records: Iterable[TelemetryRecord], keys: Sequence[str] | None = None) -> None:
+        """Forwarded records (any order), each with its key (default: the one fleet key)."""
+        for i, r in enumerate(records):
+            ident = record_identity(r)
+            if r.ts < self.released:
+                # Only a record sent again after its second was released (an upstream replay),
+                # since an upstream task never forwards what it released before.
+                self.stats["late"] += 1
+                continue
+            if ident in self._ids:
+                self.stats["duplicate"] += 1
+                continue
+            self._ids.add(ident)
+            self._buf.append(r)
+            self._keys.append(FLEET_KEY if keys is None else keys[i])
+            self.stats["fed"] += 1
+
+    def mark(self, upstream: int, upto: float, final: bool = False, n_upstream: int | None = None) -> None:
+        """Upstream task ``upstream`` has forwarded every record older than ``upto``; ``final``:
+        it holds nothing back (flushed while idle) until it next marks without it."""
+        if n_upstream is not None:
+            self.n_upstream = max(self.n_upstream, n_upstream)
+        self.marks[upstream] = max(self.marks.get(upstream, -math.inf), upto)
+        if final:
+            self.final.add(upstream)
+        else:
+            self.final.discard(upstream)
+
+    def watermark(self) -> float:
+        """How far every upstream task has come (-inf until each has said so)."""
+        if len(self.marks) < self.n_upstream:
+            return -math.inf
+        return min(math.inf if p in self.final else m for p, m in self.marks.items())
+
+    # -- release -----------------------------------------------------------------------------
+
+    def advance(self) -> EngineOutput:
+        """Release what every upstream task has passed; all of it when all are final."""
+        wm = self.watermark()
+        out = EngineOutput()
+        if wm == -math.inf:
+            return out
+        if wm == math.inf:
+            self._release(self._take(math.inf), out)
+            for eng in self.engines.values():
+                self._collect(eng.flush(), out)
+            hwm = [eng.released for eng in self.engines.values()]
+            self.released = max([self.released, *hwm]) if hwm else self.released
+            return out
+        if wm <= self.released:
+            return out
+        self._release(self._take(wm), out)
+        for eng in self.engines.values():
+            self._collect(eng.advance_to(wm), out)
+        self.released = wm
+        return out
+
+    def flush(self) -> EngineOutput:
+        """End of stream: every upstream task is done."""
+        for p in range(self.n_upstream):
+            self.mark(p, math.inf, final=True)
+        for p in list(self.marks):
+            self.final.add(p)
+        return self.advance()
+
+    def _take(self, wm: float) -> dict[str, list[TelemetryRecord]]:
+        if not self._buf:
+            return {}
+        ts = np.fromiter((r.ts for r in self._buf), np.float64, len(self._buf))
+        go = ts < wm
+        if not go.any():
+            return {}
+        by_key: dict[str, list[tuple[tuple, TelemetryRecord]]] = {}
+        stay_r: list[TelemetryRecord] = []
+        stay_k: list[str] = []
+        for r, k, g in zip(self._buf, self._keys, go.tolist()):
+            if g:
+                ident = record_identity(r)
+                self._ids.discard(ident)
+                by_key.setdefault(k, []).append((ident, r))
+            else:
+                stay_r.append(r)
+                stay_k.append(k)
+        self._buf, self._keys = stay_r, stay_k
+        return {k: [r for _, r in sorted(v, key=lambda x: x[0])] for k, v in sorted(by_key.items())}
+
+    def _release(self, batches: dict[str, list[TelemetryRecord]], out: EngineOutput) -> None:
+        for key, recs in batches.items():
+            self._collect(self.engine(key).process(recs), out)
+
+    def _collect(self, got: EngineOutput, out: EngineOutput) -> None:
+        out.alerts.extend(got.alerts)
+        # The host stage wrote every dead letter these records could cause; one here would be a
+        # record sent again after its second (counted, never written twice).
+        self.stats["late"] += len(got.dead)
+
+    @property
+    def pending(self) -> int:
+        return len(self._buf) + sum(e.pending for e in self.engines.values())
+
+    # -- state -------------------------------------------------------------------------------
+
+    def snapshot(self) -> bytes:
+        return msgspec.msgpack.encode({
+            "version": STATE_VERSION, "n_upstream": self.n_upstream, "released": self.released,
+            "marks": {str(k): v for k, v in self.marks.items()}, "final": sorted(self.final),
+            "buffer": msgspec.json.encode(self._buf), "keys": self._keys,
+            "engines": {k: e.snapshot() for k, e in self.engines.items()}})
+
+    def restore(self, blob: bytes, decode_records: Callable[[bytes], list[TelemetryRecord]]) -> None:
+        try:
+            d = msgspec.msgpack.decode(blob)
+            if not isinstance(d, dict) or d.get("version") != STATE_VERSION:
+                raise StateError(f"fleet stage state version {d.get('version') if isinstance(d, dict) else None}")
+            self.n_upstream = int(d["n_upstream"])
+            self.released = float(d["released"])
+            self.marks = {int(k): float(v) for k, v in d["marks"].items()}
+            self.final = {int(p) for p in d["final"]}
+            buf = decode_records(d["buffer"])
+            keys = [str(k) for k in d["keys"]]
+            if len(buf) != len(keys):
+                raise StateError("fleet stage state: buffered records and keys differ in length")
+            self._buf, self._keys = buf, keys
+            self._ids = {record_identity(r) for r in buf}
+            self.engines = {}
+            for k, blob_k in d["engines"].items():
+                self.engine(str(k)).restore(blob_k)
+        except (msgspec.DecodeError, KeyError, TypeError, ValueError, AttributeError) as e:
+            raise StateError(f"cannot restore the fleet stage: {e}") from e
+
+
+class Topology:
+    """Both stages in one process, fed like an ``Engine`` (``process``/``flush``/``snapshot``).
+
+    >>> from pipeline.schema import dcgm
+    >>> from pipeline.engine import Engine
+    >>> topo = Topology(Engine(), lambda: Engine(row_checks=[], tick_checks=[], screened=True))
+    >>> out = topo.process([dcgm(1764403200.0 + t, "n1", 0, {"gpu_temp": 50}) for t in range(5)])
+    >>> out.extend(topo.flush())
+    >>> topo.fleet.engine().stats["records.dcgm"]
+    5
+    """
+
+    def __init__(self, host: Engine, make_fleet_engine: Callable[[], Engine], fleet: Any = None) -> None:
+        """``fleet``: what the host stage forwards to, shaped as ``FleetStage`` (default: one in
+        this process; the service's ``Outbox`` sends to the fleet topic instead)."""
+        self.host = host
+        self.make_fleet_engine = make_fleet_engine
+        self.fleet = fleet if fleet is not None else FleetStage(make_fleet_engine)
+        self.host.forward = self.fleet.feed
+        self._fields: tuple[str, ...] | None = None
+
+    # What the drivers read of an engine.
+    @property
+    def config(self) -> Any:
+        return self.host.config
+
+    @property
+    def rules(self) -> Any:
+        return self.host.rules
+
+    @property
+    def models(self) -> Any:
+        return self.fleet.engine().models
+
+    @property
+    def stats(self) -> Any:
+        return self.host.stats
+
+    @property
+    def released(self) -> float:
+        return self.host.released
+
+    @property
+    def decode_fields(self) -> tuple[str, ...]:
+        """Both stages' fields, as one tuple object while neither changes (the runner compares
+        by identity to know when to tell its decoder)."""
+        names = tuple(dict.fromkeys(self.host.decode_fields + self.fleet.engine().decode_fields))
+        if self._fields != names:
+            self._fields = names
+        return self._fields
+
+    def set_rules(self, rules: Any) -> None:
+        self.host.set_rules(rules)
+
+    def process(self, records: Sequence[TelemetryRecord], origins: Sequence[str] | None = None,
+                now: float | None = None) -> EngineOutput:
+        out = self.host.process(records, origins, now)
+        self.fleet.mark(0, self.host.released)
+        out.extend(self.fleet.advance())
+        return out
+
+    def flush(self) -> EngineOutput:
+        out = self.host.flush()
+        out.extend(self.fleet.flush())
+        return out
+
+    @property
+    def pending(self) -> int:
+        return self.host.pending + self.fleet.pending
+
+    def snapshot(self) -> bytes:
+        return msgspec.msgpack.encode({"topology": STATE_VERSION, "host": self.host.snapshot(),
+                                       "fleet": self.fleet.snapshot()})
+
+    def restore(self, blob: bytes) -> None:
+        try:
+            d = msgspec.msgpack.decode(blob)
+        except msgspec.DecodeError as e:
+            raise StateError(f"cannot restore the topology: {e}") from e
+        if not isinstance(d, dict) or d.get("topology") != STATE_VERSION:
+            raise StateError("not a two-stage snapshot (written by an engine with the models in one stage?)")
+        self.host.restore(d["host"])
+        self.fleet.restore(d["fleet"], records_decoder(self.fleet.engine().decode_fields))
+
+
+def records_decoder(fields: tuple[str, ...]) -> Callable[[bytes], list[TelemetryRecord]]:
+    """Decode a JSON array of records as the fleet stage's engine reads them (its fields, the
+    job labels), for its buffered records in a snapshot."""
+    dec = msgspec.json.Decoder(list[Union[dcgm_record_type(fields), NcclRecord]])  # type: ignore[misc]
+    return lambda blob: list(dec.decode(blob))

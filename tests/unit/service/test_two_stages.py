@@ -1,0 +1,155 @@
+"""The service's two stages on the in-memory bus: host stage -> <prefix>.fleet -> fleet stage.
+
+With the models on, the alerts of any number of host- and fleet-stage replicas, with members
+joining and crashing mid-stream, are exactly those of one in-process replay of the same
+messages (pipeline/topology.py). The same against a real broker and real processes:
+tests/faults/test_service_stages.py.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import msgspec
+import pytest
+
+from pipeline.bus import MemoryBus, Topics
+from pipeline.bus.base import Message
+from pipeline.bus.retry import Backoff
+from pipeline.bus.telemetry import per_host_messages
+from pipeline.detection import build_detector
+from pipeline.runner import Pipeline
+from pipeline.service.app import Service
+from pipeline.service.config import load_config_text
+from pipeline.service.state import MemoryStateStore
+from pipeline.topology import Topology
+from producers.sim.simulator import Simulator
+
+RULES = str(Path(__file__).resolve().parents[3] / "rules")
+KEY = b"unit-test-state-key-0123456789ab"
+GROUP = "svc"
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 1000.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+@pytest.fixture(scope="module")
+def telemetry() -> list[tuple[bytes, bytes]]:
+    # Eight hosts, ten minutes of the mixed scenario: a straggler on a communicator spanning
+    # every host, a host whose NCCL bandwidth sags, and cohort-model (counter_rate) alerts.
+    sim = Simulator(hosts=8, duration=600, seed=3, scenario="mixed")
+    return [m for batch in sim.batches() if batch for m in per_host_messages(batch)]
+
+
+@pytest.fixture(scope="module")
+def reference(telemetry) -> list[dict]:
+    """One process, everything in order: what `gpuwarden replay` of the recording says."""
+    det, diags = build_detector([RULES], "auto")
+    assert isinstance(det, Topology), diags
+    pipe = Pipeline(det)
+    out = []
+    for i in range(0, len(telemetry), 64):
+        msgs = [Message("rec", -1, j, k, v) for j, (k, v) in enumerate(telemetry[i:i + 64], start=i)]
+        out += pipe.handle(msgs).alerts
+    out += pipe.flush().alerts
+    return [msgspec.to_builtins(a) for a in out]
+
+
+class Fleet:
+    def __init__(self, telemetry) -> None:
+        self.bus = MemoryBus(partitions=4)
+        self.topics = Topics("t")
+        p = self.bus.producer()
+        for key, value in telemetry:
+            p.send(self.topics.telemetry, value, key)
+        self.cfg = load_config_text(json.dumps({
+            "kafka": {"prefix": "t", "max_poll_records": 16, "partitions": 4},
+            "service": {"rules": [RULES], "models": "auto", "flush_idle_s": 3, "checkpoint_interval_s": 5}}),
+            env={})
+        self.clock = Clock()
+
+    def service(self, stage: str) -> Service:
+        group, topic = (GROUP, self.topics.telemetry) if stage == "host" else (GROUP + ".fleet", self.topics.fleet)
+        state = MemoryStateStore(self.bus, self.topics.state, group, topic, key=KEY)
+        return Service(self.cfg, consumer=self.bus.group_consumer(topic, group), producer=self.bus.producer(),
+                       state=state, clock=self.clock, backoff=Backoff(sleep=lambda s: None), stage=stage)
+
+    def step(self, *services: Service) -> None:
+        for s in services:
+            s.step()
+        self.clock.t += 0.5
+
+    def idle(self, services: list[Service]) -> bool:
+        for s in services:
+            for p, ps in s.parts.items():
+                if s.consumer.end_offsets([p])[p] != (ps.next_offset or 0):
+                    return False
+        hosts = [s for s in services if s.stage == "host"]
+        return all(not ps.pipe.engine.pending and ps.pipe.engine.fleet.final_sent()
+                   for s in hosts for ps in s.parts.values()) and sum(len(s.parts) for s in hosts) == 4
+
+    def alerts(self) -> list[dict]:
+        return [msgspec.json.decode(m.value) for m in self.bus.messages(self.topics.alerts)]
+
+
+def _ids(alerts: list[dict]) -> set[tuple[str, str]]:
+    return {(a["id"], a["state"]) for a in alerts}
+
+
+def _run(f: Fleet, services: list[Service], steps: int = 4000, events: dict | None = None) -> None:
+    events = events or {}
+    for i in range(steps):
+        if i in events:
+            events[i](services)
+        f.step(*services)
+        if i > max(events, default=0) and f.idle(services):
+            for _ in range(8):      # the fleet stage reads the last marks
+                f.step(*services)
+            break
+    else:
+        raise AssertionError("the stages did not drain")
+    for s in services:
+        s.shutdown()
+
+
+def test_the_reference_has_cross_host_model_alerts(reference):
+    detectors = {a["labels"].get("detector") for a in reference if a["labels"].get("source") == "model"}
+    assert {"nccl_straggler", "nccl_busbw", "counter_rate"} <= detectors
+
+
+@pytest.mark.parametrize(("hosts", "fleets"), [(1, 1), (2, 2), (4, 3)])
+def test_any_number_of_replicas_give_the_alerts_of_one_replay(telemetry, reference, hosts, fleets):
+    f = Fleet(telemetry)
+    services = [f.service("host") for _ in range(hosts)] + [f.service("fleet") for _ in range(fleets)]
+    _run(f, services)
+    got = f.alerts()
+    assert _ids(got) == _ids(reference)
+    assert any(a["labels"].get("source") == "model" for a in got)
+
+
+def test_replicas_joining_and_crashing_mid_stream_change_nothing(telemetry, reference):
+    f = Fleet(telemetry)
+    services = [f.service("host"), f.service("fleet")]
+
+    def join(svcs: list[Service]) -> None:
+        svcs += [f.service("host"), f.service("fleet")]
+
+    def crash(svcs: list[Service]) -> None:
+        # kill -9 of one replica of each stage: no callback, nothing saved; the others restore
+        # its partitions' last checkpoints and replay from there.
+        for stage in ("host", "fleet"):
+            victim = next(s for s in svcs if s.stage == stage)
+            victim.consumer.crash()
+            svcs.remove(victim)
+    _run(f, services, events={40: join, 120: crash})
+    got = f.alerts()
+    assert _ids(got) == _ids(reference)
+    seen: dict[tuple[str, str], dict] = {}
+    for a in got:   # alerts sent again after the crash are the same events
+        assert seen.setdefault((a["id"], a["state"]), a) == a
