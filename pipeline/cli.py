@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import logging
 import signal
@@ -10,7 +11,7 @@ import sys
 import time
 import traceback
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from pipeline import progress
 from pipeline.errors import (EXIT_INPUT, EXIT_INTERNAL, EXIT_INTERRUPTED, EXIT_UNAVAILABLE, EXIT_USAGE, GpuwardenError,
@@ -167,6 +168,7 @@ def _cmd_rules_check(args: argparse.Namespace) -> int:
     if errors or (args.strict and warnings):
         print(f"{errors} error(s), {warnings} warning(s) in {n_files} file(s)", file=sys.stderr)
         return 1
+    assert ruleset is not None   # no errors: the rules loaded
     print(f"ok: {len(ruleset)} rules in {n_files} file(s)" + (f", {warnings} warning(s)" if warnings else ""),
           file=sys.stderr)
     return 0
@@ -242,6 +244,10 @@ def _cmd_record(args: argparse.Namespace) -> int:
     return 0
 
 
+def _eval_progress(update: Callable[[str], None], scenario: str, interval: float, status: str) -> None:
+    update(f"evaluating {scenario} at {interval:g} s: {status}")
+
+
 def _cmd_eval(args: argparse.Namespace) -> int:
     from rich.console import Console
 
@@ -258,7 +264,7 @@ def _cmd_eval(args: argparse.Namespace) -> int:
         for iv in args.interval:
             by_interval[iv] = evaluate(
                 _scenario(args.scenario), seeds=args.seeds, hosts=args.hosts, duration=args.duration, interval=iv,
-                progress=lambda s, iv=iv: update(f"evaluating {args.scenario} at {iv:g} s: {s}"))
+                progress=functools.partial(_eval_progress, update, args.scenario, iv))
     job = Job(gpus=args.job_gpus, checkpoint_interval_s=args.checkpoint_interval, restart_cost_s=args.restart_cost,
               watchdog_timeout_s=args.watchdog_timeout)
     md: list[str] = []
@@ -325,14 +331,14 @@ def _cmd_topics(args: argparse.Namespace) -> int:
 class _Parser(argparse.ArgumentParser):
     """argparse, with a usage mistake told in one line (the usage is one ``--help`` away)."""
 
-    def error(self, message: str):  # type: ignore[override]
+    def error(self, message: str):
         self.exit(EXIT_USAGE, f"{self.prog}: {message} (see {self.prog} --help)\n")
 
 
 def _global_options(p: argparse.ArgumentParser, top: bool) -> None:
     # Under a subcommand the default is SUPPRESS, so an option not given there keeps the value
     # given (or defaulted) before the subcommand: `gpuwarden -v replay` = `gpuwarden replay -v`.
-    kw = {} if top else {"default": argparse.SUPPRESS}
+    kw: dict[str, Any] = {} if top else {"default": argparse.SUPPRESS}
     for flags, help_ in ((("-v", "--verbose"), "debug logging; a bug shows its traceback"),
                          (("-q", "--quiet"), "no progress bars, even on a terminal")):
         if not any(f in p._option_string_actions for f in flags):

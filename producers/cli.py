@@ -92,7 +92,7 @@ def _cmd_dcgmi(args: argparse.Namespace) -> int:
     if args.file:
         return _run(args, lambda: DmonFileSource(args.file, interval_s=args.interval, host=args.host))
 
-    ids = DEFAULT_FIELD_IDS
+    ids: tuple[int, ...] = DEFAULT_FIELD_IDS
     if args.fields:
         try:
             ids = tuple(int(x) for x in args.fields.split(","))

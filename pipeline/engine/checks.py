@@ -16,8 +16,9 @@ import numpy as np
 
 from pipeline.catalog import FIELDS
 from pipeline.engine.config import EngineConfig
-from pipeline.engine.entities import Entities, grow
+from pipeline.engine.entities import Entities
 from pipeline.engine.state import GpuState, View
+from pipeline.numeric import grow
 
 GPU, HOST = "gpu", "host"
 

@@ -32,16 +32,17 @@ from typing import Any, Callable, Sequence, cast, overload
 import msgspec
 import numpy as np
 
-from pipeline.decode import ENTITY_LIMIT, LATE, TS_OUT_OF_RANGE, Origins, take_origins
+from pipeline.deadletters import ENTITY_LIMIT, LATE, TS_OUT_OF_RANGE, Origins, take_origins
 from pipeline.engine.checks import GPU, HOST, RowCheck, TickCheck, absent_after, builtin_checks
 from pipeline.engine.config import EngineConfig
-from pipeline.engine.entities import Entities, grow
+from pipeline.engine.entities import Entities
 from pipeline.engine.frame import Columnizer, DcgmFrame, NcclFrame, nccl_frame
 from pipeline.engine.lifecycle import Lifecycle, Transition, alert_id
 from pipeline.engine.pending import Pending, in_time_order, span
 from pipeline.engine.snapshot import SNAPSHOT_VERSION, TelemetryRecordT, read_snapshot, write_snapshot
 from pipeline.engine.stage import CheckStage, Stage, StageCheck
 from pipeline.engine.state import GpuState, advance
+from pipeline.numeric import grow
 from pipeline.schema import AlertEvent, DcgmRecord, DcgmSample, DeadLetter, NcclRecord, TelemetryRecord
 
 # Where they were defined before pending.py and snapshot.py: tests and tools import them from here.

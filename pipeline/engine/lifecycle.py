@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from pipeline.engine.entities import grow
+from pipeline.numeric import grow
 
 
 @dataclass(frozen=True)

@@ -14,8 +14,9 @@ import numpy as np
 import numpy.typing as npt
 
 from pipeline.catalog import FIELDS
-from pipeline.engine.entities import Entities, grow
+from pipeline.engine.entities import Entities
 from pipeline.engine.frame import N_FIELDS, DcgmFrame
+from pipeline.numeric import grow
 
 COUNTER_COLS = np.array([f.column for f in FIELDS if f.is_counter], dtype=np.intp)
 

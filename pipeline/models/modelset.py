@@ -25,7 +25,7 @@ import numpy as np
 from pipeline.catalog import FIELDS
 from pipeline.engine.arrays import EXT_NDARRAY, from_ext, numeric, to_ext
 from pipeline.engine.checks import GPU, CheckMeta
-from pipeline.engine.entities import Entities, grow
+from pipeline.engine.entities import Entities
 from pipeline.engine.frame import NCCL_KEYS, NcclFrame
 from pipeline.engine.stage import MODEL_SCORES, StageBase
 from pipeline.engine.state import COUNTER_COLS, View
@@ -35,6 +35,7 @@ from pipeline.models.context import COLUMNS as CONTEXT_COLUMNS
 from pipeline.models.context import FleetContext, board_power
 from pipeline.models.deciders import make_decider
 from pipeline.models.registry import DCGM, REGISTRY, build
+from pipeline.numeric import grow
 
 # 2: arrays and river objects as msgpack extension types; 3: the fleet context; 4: no pickled
 # objects, only numbers (versions 2 and 3 are refused, never unpickled: docs/models.md#model-state).

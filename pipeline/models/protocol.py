@@ -21,8 +21,8 @@ from typing import Any, Mapping, Protocol, runtime_checkable
 import numpy as np
 
 from pipeline.engine.arrays import numeric
-from pipeline.engine.entities import grow
 from pipeline.errors import StateError
+from pipeline.numeric import grow
 
 Features = dict[str, np.ndarray]
 

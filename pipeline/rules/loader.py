@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 import yaml
 
@@ -46,7 +46,7 @@ _LIMIT_CODES = {yamlsafe.SIZE: D.TOO_LARGE, yamlsafe.STRING: D.TOO_LARGE, yamlsa
                 yamlsafe.DEPTH: D.YAML_DEPTH}
 
 
-def rule_files(paths: list[str | Path]) -> list[Path]:
+def rule_files(paths: Sequence[str | Path]) -> list[Path]:
     """The rule files named by ``paths`` (files, or directories' ``*.yaml``/``*.yml``, not tests/)."""
     out: list[Path] = []
     for p in map(Path, paths):
@@ -322,7 +322,7 @@ class _FileLoader:
         return mark.line + line_off + 1, (len(raw) - len(raw.lstrip())) + (offset - last_nl - 1) + 1
 
 
-def load_rules(paths: list[str | Path], *, tick: float = 1.0, models: set[str] | None = None
+def load_rules(paths: Sequence[str | Path], *, tick: float = 1.0, models: set[str] | None = None
                ) -> tuple[RuleSet | None, list[Diagnostic]]:
     """Load every rule file under ``paths``. Returns (rule set, diagnostics); the set is None when
     any diagnostic is an error, so a broken file can never replace a working set."""
@@ -343,7 +343,7 @@ def _read(f: Path) -> str:
     return data.decode("utf-8")
 
 
-def _load_rules(paths: list[str | Path], tick: float, models: set[str] | None
+def _load_rules(paths: Sequence[str | Path], tick: float, models: set[str] | None
                 ) -> tuple[RuleSet | None, list[Diagnostic]]:
     store = WindowStore(tick)
     diags: list[Diagnostic] = []

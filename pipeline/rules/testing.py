@@ -29,7 +29,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import yaml
 
@@ -168,14 +168,14 @@ def _load(path: Path) -> dict:
     return doc if isinstance(doc, dict) else {}
 
 
-def test_files(paths: list[str | Path]) -> list[Path]:
+def test_files(paths: Sequence[str | Path]) -> list[Path]:
     out = []
     for p in map(Path, paths):
         out += sorted(p.glob("*.yaml")) + sorted(p.glob("*.yml")) if p.is_dir() else [p]
     return out
 
 
-def run_tests(paths: list[str | Path], on_test: Callable[[int, int], None] | None = None) -> list[TestResult]:
+def run_tests(paths: Sequence[str | Path], on_test: Callable[[int, int], None] | None = None) -> list[TestResult]:
     """Run every test in the given test files/directories; ``on_test(i, n)`` before test ``i`` of ``n``."""
     results = []
     todo = []
@@ -194,7 +194,7 @@ def run_tests(paths: list[str | Path], on_test: Callable[[int, int], None] | Non
     return results
 
 
-def tested_rules(paths: list[str | Path]) -> set[str]:
+def tested_rules(paths: Sequence[str | Path]) -> set[str]:
     """Rule names that some test expects to fire or never to fire (for the W201 lint)."""
     names: set[str] = set()
     for path in test_files(paths):

@@ -25,9 +25,8 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from pipeline.engine.entities import grow
 from pipeline.engine.frame import NcclFrame
-from pipeline.rules.windows import group_stat
+from pipeline.numeric import group_stat, grow
 
 
 def _frame_from_one(x: Mapping[str, Any]) -> NcclFrame:
