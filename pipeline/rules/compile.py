@@ -15,9 +15,10 @@ import numpy as np
 
 from pipeline.catalog import BITMASK, CODE, COUNTER, FIELDS, Field
 from pipeline.engine.state import COUNTER_COLS, View
+from pipeline.numeric import distinct, group_stat
 from pipeline.rules import diagnostics as D
 from pipeline.rules import expr as E
-from pipeline.rules.windows import Baseline, PaneWindow, distinct, group_stat
+from pipeline.rules.windows import Baseline, PaneWindow
 
 NUM, BOOL = "number", "boolean"
 _T = TypeVar("_T")
@@ -299,10 +300,10 @@ class Function:
     result: str                     # NUM or BOOL
     build: Callable[["Compiler", Bound], Fn]
     kwargs: tuple[Kwarg, ...] = ()
-    # When keyword arguments are checked: "first" (before the positional ones), "last" (after
-    # them) or "never" (accepted and ignored). Of two mistakes in one call the first checked is
-    # reported, so each function keeps the order its diagnostics have always had.
-    kwargs_checked: Literal["first", "last", "never"] = "first"
+    # When keyword arguments are checked: "first" (before the positional ones) or "last" (after
+    # them). Of two mistakes in one call the first checked is reported, so each function keeps
+    # the order its diagnostics have always had.
+    kwargs_checked: Literal["first", "last"] = "first"
 
     @property
     def arity(self) -> tuple[int, int]:
@@ -663,9 +664,9 @@ FUNCTIONS: dict[str, Function] = {f.name: f for f in [
     Function("changed", (Arg(FIELD),), "field", BOOL, _changed),
     Function("raised", (Arg(FIELD, _a_code),), "field", BOOL, _raised),
     Function("xid_severity", (Arg(FIELD, _the_xid),), "xid", NUM, _xid_severity),
-    Function("abs", (Arg(EXPR),), "number", NUM, _abs, kwargs_checked="never"),
-    Function("min", (Arg(EXPR), Arg(EXPR)), "number, number", NUM, _min_max, kwargs_checked="never"),
-    Function("max", (Arg(EXPR), Arg(EXPR)), "number, number", NUM, _min_max, kwargs_checked="never"),
+    Function("abs", (Arg(EXPR),), "number", NUM, _abs, kwargs_checked="last"),
+    Function("min", (Arg(EXPR), Arg(EXPR)), "number, number", NUM, _min_max, kwargs_checked="last"),
+    Function("max", (Arg(EXPR), Arg(EXPR)), "number, number", NUM, _min_max, kwargs_checked="last"),
     # The model is looked up before the keyword arguments are: its diagnostics' order.
     Function("score", (Arg(MODEL),), "model name", NUM, _score, kwargs_checked="last"),
 ]}

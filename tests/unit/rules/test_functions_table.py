@@ -58,3 +58,13 @@ def test_arity_comes_from_the_table(name):
         compile_expr(f"{name}({args}) > 1", WindowStore(1.0), {"thermal"})
     assert e.value.code == ARITY and e.value.pos == 0
     assert e.value.message == (f"{name}() takes {lo} argument{'s' * (hi != 1)} ({spec.sig}), got {hi + 1}")
+
+
+@pytest.mark.parametrize("expr", ["abs(gpu_temp, by=host)", "min(gpu_temp, power, by=host)",
+                                  "max(gpu_temp, power, by=gpu)"])
+def test_a_keyword_a_function_does_not_take_is_an_error_not_ignored(expr):
+    # abs/min/max once accepted any keyword and ignored it: `abs(x, by=host)` read as a peer
+    # comparison and was none.
+    with pytest.raises(CompileError) as e:
+        compile_expr(expr, WindowStore(1.0))
+    assert e.value.code == ARITY and "has no argument" in str(e.value)
