@@ -52,9 +52,13 @@ class FleetStage:
     what every upstream task has passed, through one engine per key.
     """
 
-    def __init__(self, make_engine: Callable[[], Engine], upstream: int = 1) -> None:
+    def __init__(self, make_engine: Callable[[], Engine], upstream: int = 1, max_buffer: int = 500_000) -> None:
+        """``max_buffer``: the most records held for an upstream task that does not mark (down,
+        or cut off): past it, the stage follows the most advanced task instead, and what the
+        others send later for seconds already released is dropped (``stats["forced"]``)."""
         self.make_engine = make_engine
         self.n_upstream = upstream
+        self.max_buffer = max_buffer
         self.engines: dict[str, Engine] = {}
         self.marks: dict[int, float] = {}
         self.final: set[int] = set()
@@ -62,7 +66,7 @@ class FleetStage:
         self._buf: list[TelemetryRecord] = []
         self._keys: list[str] = []
         self._ids: set[tuple] = set()
-        self.stats: dict[str, int] = {"fed": 0, "duplicate": 0, "late": 0}
+        self.stats: dict[str, int] = {"fed": 0, "duplicate": 0, "late": 0, "forced": 0}
 
     def engine(self, key: str = FLEET_KEY) -> Engine:
         eng = self.engines.get(key)
@@ -102,9 +106,15 @@ class FleetStage:
 
     def watermark(self) -> float:
         """How far every upstream task has come (-inf until each has said so)."""
-        if len(self.marks) < self.n_upstream:
-            return -math.inf
-        return min(math.inf if p in self.final else m for p, m in self.marks.items())
+        wm = -math.inf
+        if len(self.marks) >= self.n_upstream:
+            wm = min(math.inf if p in self.final else m for p, m in self.marks.items())
+        if len(self._buf) > self.max_buffer:
+            ahead = max((m for p, m in self.marks.items() if p not in self.final), default=math.inf)
+            if ahead > wm:
+                self.stats["forced"] += 1
+                wm = ahead
+        return wm
 
     # -- release -----------------------------------------------------------------------------
 

@@ -155,6 +155,9 @@ def ensure_topics(bootstrap: str, topics: Topics, *, partitions: int = 8, replic
                 # Latest snapshot per partition is all a restart needs; a big partition's engine
                 # state can exceed the broker's default 1 MiB message limit.
                 spec["configs"] = {"cleanup.policy": "compact", "max.message.bytes": str(64 * 1024 * 1024)}
+            elif name == topics.fleet:
+                # What the host stage forwards: up to MAX_FORWARD records a message (service/fleet.py).
+                spec["configs"] = {"max.message.bytes": str(8 * 1024 * 1024)}
             try:
                 admin.create_topics({name: spec}, wait_for_metadata=True)
                 created.append(name)

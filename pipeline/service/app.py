@@ -86,6 +86,7 @@ class Service:
         if stage not in STAGES:
             raise ValueError(f"stage {stage!r}: one of {', '.join(STAGES)}")
         self.stage = stage
+        self._what = "partition" if stage == "host" else "fleet partition"   # in its log lines
         rules_checked: int | None = None
         if consumer is None and producer is None and state is None:
             consumer, producer, state, rules_checked = kafka_parts(cfg, stage)
@@ -115,6 +116,7 @@ class Service:
         self.state.on_reject = lambda reason: self.metrics.state_skipped.labels(reason).inc()
         self._stop = False
         self.poll_timeout = POLL_TIMEOUT_S
+        self.max_poll = max_poll(cfg, stage)
         self._reload_requested = False
         now = clock()
         self._grid0 = now
@@ -183,17 +185,18 @@ class Service:
                     ps.pipe.engine.restore(cp.engine)
                     ps.next_offset = ps.saved_offset = cp.next_offset
                     self.consumer.seek(p, cp.next_offset)
-                    log.info("partition %d: state restored, resuming at offset %d", p, cp.next_offset,
+                    log.info(self._what + " %d: state restored, resuming at offset %d", p, cp.next_offset,
                              extra={"partition": p, "offset": cp.next_offset})
                 except StateError as e:
-                    log.error("partition %d: checkpoint unusable (%s); starting fresh from the committed offset",
+                    log.error(self._what + " %d: checkpoint unusable (%s); starting fresh from the committed offset",
                               p, e, extra={"partition": p})
                     ps = PartitionState(p, self._task(p), last_input=now)
             else:
-                log.info("partition %d: no checkpoint, starting from the committed offset", p,
+                log.info(self._what + " %d: no checkpoint, starting from the committed offset", p,
                          extra={"partition": p})
             self.parts[p] = ps
-        self.metrics.partitions.set(len(self.parts))
+        if self.stage == "host":
+            self.metrics.partitions.set(len(self.parts))
 
     def _revoked(self, partitions: list[int]) -> None:
         # The group hands these partitions on only after this returns (pipeline/bus/group.py), so
@@ -212,8 +215,9 @@ class Service:
     def _drop(self, partitions: list[int], how: str) -> None:
         for p in partitions:
             self.parts.pop(p, None)
-        log.info("partitions %s: %s", how, partitions, extra={"partitions": partitions})
-        self.metrics.partitions.set(len(self.parts))
+        log.info(self._what + "s %s: %s", how, partitions, extra={"partitions": partitions})
+        if self.stage == "host":
+            self.metrics.partitions.set(len(self.parts))
 
     # -- the loop ------------------------------------------------------------------------------
 
@@ -273,7 +277,7 @@ class Service:
         of polls in a row that failed (0 after one that worked), for the back-off."""
         t = time.perf_counter()
         try:
-            batch = self.consumer.poll(self.poll_timeout, self.cfg.kafka.max_poll_records)
+            batch = self.consumer.poll(self.poll_timeout, self.max_poll)
         except BusError as e:
             # Whatever the broker says (restarting, leader moving, group coordinator gone), the
             # same poll is tried again, ever more slowly: the service rides out an outage.
@@ -315,9 +319,10 @@ class Service:
         self._deliver(outputs, sends)
         self.batches += 1
         dt = time.perf_counter() - t0
-        self.metrics.batch_seconds.observe(dt)
-        self.metrics.records.inc(n_records)
-        self.metrics.records_per_s.set(n_records / dt if dt > 0 else 0)
+        if self.stage == "host":   # telemetry records; the fleet stage's are the same ones again
+            self.metrics.batch_seconds.observe(dt)
+            self.metrics.records.inc(n_records)
+            self.metrics.records_per_s.set(n_records / dt if dt > 0 else 0)
         self.totals["messages"] += n
 
     def _deliver(self, outputs: list[EngineOutput], sends: list[Send] | None = None) -> None:
@@ -387,7 +392,8 @@ class Service:
         committed) when the broker refused them: each partition's previous checkpoint stays
         valid (it carries its own offset), so a restart replays more, losing nothing, and it is
         tried again on the cadence."""
-        parts = [ps for ps in parts if ps.next_offset is not None]
+        offsets = {ps.partition: ps.next_offset for ps in parts if ps.next_offset is not None}
+        parts = [ps for ps in parts if ps.partition in offsets]
         if not parts:
             return True
         saved: list[tuple[PartitionState, int]] = []
@@ -397,9 +403,9 @@ class Service:
             saved.clear()
             for ps in parts:
                 t = time.perf_counter()
-                self.state.save(Checkpoint(ps.partition, ps.next_offset, ps.pipe.engine.snapshot()))
+                self.state.save(Checkpoint(ps.partition, offsets[ps.partition], ps.pipe.engine.snapshot()))
                 self.metrics.checkpoint_seconds.observe(time.perf_counter() - t)
-                saved.append((ps, ps.next_offset))
+                saved.append((ps, offsets[ps.partition]))
             self.state.flush()
 
         def again(attempt: int, e: BaseException) -> None:
@@ -445,6 +451,16 @@ class Service:
         idle = [ps for ps in self.parts.values()
                 if (ps.pipe.engine.pending or _holds_fleet(ps))
                 and now - ps.last_input > self.cfg.service.flush_idle_s]
+        if not idle:
+            return
+        # Idle means nothing left to read, not nothing read lately: a loop slowed by a backlog
+        # (or by the fleet stage beside it) must not flush a partition whose records are waiting,
+        # which would make them late.
+        try:
+            end = self.consumer.end_offsets([ps.partition for ps in idle])
+        except BusError:
+            return
+        idle = [ps for ps in idle if end.get(ps.partition, 0) <= (ps.next_offset or 0)]
         if not idle:
             return
         outputs = [ps.pipe.flush() for ps in idle]
@@ -510,7 +526,8 @@ class Service:
     def shutdown(self) -> None:
         """Checkpoint and commit every partition with new input, then leave the group."""
         self._checkpoint([ps for ps in self.parts.values() if ps.dirty], "shutdown")
-        log.info("stopping: leaving the group", extra={"batches": self.batches, "messages": self.totals["messages"]})
+        log.info("stopping: leaving the group", extra={"batches": self.batches, "messages": self.totals["messages"],
+                                                       "stage": self.stage})
         self._close()
 
     def _close(self) -> None:
@@ -528,6 +545,13 @@ def _outbox(ps: PartitionState) -> list[Send]:
 def _holds_fleet(ps: PartitionState) -> bool:
     fleet = getattr(ps.pipe.engine, "fleet", None)
     return isinstance(fleet, Outbox) and not fleet.final_sent()
+
+
+def max_poll(cfg: Config, stage: str) -> int:
+    """Messages a poll may return: a fleet-topic message holds up to MAX_FORWARD records, so that
+    stage takes fewer of them per turn (the turn of the host stage beside it waits for it)."""
+    n = cfg.kafka.max_poll_records
+    return n if stage == "host" else max(4, n // 20)
 
 
 def models_on(cfg: Config) -> bool:
@@ -560,7 +584,7 @@ def kafka_parts(cfg: Config, stage: str = "host") -> tuple[GroupConsumer, Produc
                             key=mac_key, max_bytes=cfg.service.state_max_mib << 20)
     consumer = KafkaGroupConsumer(
         k.bootstrap, source, group, security=security, client_id=f"gpuwarden-service-{stage}",
-        auto_offset_reset="earliest", max_poll_records=k.max_poll_records,
+        auto_offset_reset="earliest", max_poll_records=max_poll(cfg, stage),
         max_poll_interval_ms=k.max_poll_interval_ms, session_timeout_ms=k.session_timeout_ms,
         fetch_max_bytes=k.fetch_max_bytes, max_partition_fetch_bytes=k.max_partition_fetch_bytes)
     return consumer, producer, state, n_rules

@@ -23,10 +23,9 @@ RULES = ROOT / "rules"
 
 
 def write_config(path: Path, bootstrap: str, prefix: str, **service: object) -> Path:
-    # Rules only: the service's engines each see one partition's hosts, and the online models'
-    # cohort statistics depend on which hosts they see, so only rules are comparable with a
-    # single whole-fleet replay (docs/operations.md).
-    svc = {"flush_idle_s": 3, "rules": [str(RULES)], "models": "none", **service}
+    # Rules and models: the host stage per partition, the models in the fleet stage (the same
+    # process by default), whose answer is a whole-fleet replay's (pipeline/topology.py).
+    svc = {"flush_idle_s": 3, "rules": [str(RULES)], "models": "auto", **service}
     path.write_text(json.dumps({
         "kafka": {"bootstrap": bootstrap, "prefix": prefix, "group": f"{prefix}-svc", "partitions": 4,
                   "max_poll_records": 200, "session_timeout_ms": 6000},
@@ -49,14 +48,16 @@ class ServiceProc:
     Every one started is killed when its test ends, passed or failed (see ``_no_leftovers``).
     """
 
-    def __init__(self, config: Path, log: Path) -> None:
-        self.config, self.log = config, log
+    def __init__(self, config: Path, log: Path, *args: str) -> None:
+        """``args``: more ``serve`` options (``--stage fleet``)."""
+        self.config, self.log, self.args = config, log, list(args)
         self.proc: subprocess.Popen | None = None
         _LIVE.append(self)
 
     def start(self) -> "ServiceProc":
         fh = open(self.log, "ab")
-        self.proc = subprocess.Popen([sys.executable, "-m", "pipeline", "serve", "--config", str(self.config)],
+        self.proc = subprocess.Popen([sys.executable, "-m", "pipeline", "serve", "--config", str(self.config),
+                                      *self.args],
                                      stdout=fh, stderr=fh, cwd=ROOT, env={**os.environ, "PYTHONUNBUFFERED": "1"})
         return self
 
@@ -81,10 +82,10 @@ class ServiceProc:
         return out
 
 
-def golden_alerts(recording: Path, tmp: Path) -> set[tuple[str, str]]:
+def golden_alerts(recording: Path, tmp: Path, models: str = "auto") -> set[tuple[str, str]]:
     out = tmp / "golden.jsonl"
     subprocess.run([sys.executable, "-m", "pipeline", "replay", str(recording), "--rules", str(RULES),
-                    "--models", "none", "--alerts-out", str(out), "-q"], check=True, cwd=ROOT, capture_output=True)
+                    "--models", models, "--alerts-out", str(out), "-q"], check=True, cwd=ROOT, capture_output=True)
     return {(a["id"], a["state"]) for a in map(json.loads, out.read_text().splitlines())}
 
 

@@ -84,7 +84,8 @@ def test_sigterm_finishes_the_batch_and_restart_repeats_at_most_one(kafka_bootst
              what="the restart restoring state")
     time.sleep(15)                                  # let it drain the topic
     assert second.term() == 0
-    done = [x["messages"] for s in (first, second) for x in s.lines() if x.get("message", "").startswith("stopping")]
+    done = [x["messages"] for s in (first, second) for x in s.lines()
+            if x.get("message", "").startswith("stopping") and x.get("stage") == "host"]
     assert len(done) == 2
     assert sent <= sum(done) <= sent + 200          # at most one batch (max_poll_records) seen twice
     assert done[0] > 0
@@ -195,5 +196,6 @@ def test_two_replicas_split_partitions_and_a_rebalance_moves_state(kafka_bootstr
     no_conflicting_duplicates(got)
     assert any("state restored" in x.get("message", "") for x in b.lines()), "B took over no partition's state"
     assert any("revoked" in x.get("message", "") for x in a.lines())
-    done = [x["messages"] for s in (a, b) for x in s.lines() if x.get("message", "").startswith("stopping")]
+    done = [x["messages"] for s in (a, b) for x in s.lines()
+            if x.get("message", "").startswith("stopping") and x.get("stage") == "host"]
     assert len(done) == 2 and all(n > 0 for n in done)

@@ -1,0 +1,165 @@
+"""The fleet stage (pipeline/topology.py): its watermark is its upstream tasks' marks, its input
+order is canonical, a record forwarded twice counts once, and its state survives a restore."""
+
+from __future__ import annotations
+
+import math
+import random
+from pathlib import Path
+
+import pytest
+
+from pipeline.bus.telemetry import per_host_messages
+from pipeline.decode import Decoder
+from pipeline.detection import build_detector
+from pipeline.engine import Engine
+from pipeline.topology import FleetStage, Topology, record_identity, records_decoder
+from producers.sim.simulator import Simulator
+from tests.factories import T0, sample
+
+RULES = str(Path(__file__).resolve().parents[2] / "rules")
+
+
+def _fleet_engine() -> Engine:
+    det, _ = build_detector([RULES], "auto")
+    assert isinstance(det, Topology)
+    return det.make_fleet_engine()
+
+
+@pytest.fixture(scope="module")
+def records() -> list:
+    sim = Simulator(hosts=4, duration=400, seed=3, scenario="mixed")
+    values = [v for batch in sim.batches() if batch for _, v in per_host_messages(batch)]
+    got = Decoder().decode_many(values, [f"m{i}" for i in range(len(values))])
+    return list(got.records)
+
+
+def _keys(alerts) -> set[tuple]:
+    return {(a.id, a.state, a.host, a.gpu, a.ts) for a in alerts}
+
+
+def _split(records: list, n: int) -> list[list]:
+    """The records as ``n`` upstream tasks would forward them: by host, each in its own order."""
+    parts: list[list] = [[] for _ in range(n)]
+    hosts = sorted({r.host for r in records})
+    for r in records:
+        parts[hosts.index(r.host) % n].append(r)
+    return parts
+
+
+def _through(records: list, upstream: int, step: int, seed: int) -> tuple[set[tuple], FleetStage]:
+    """Forward in chunks from ``upstream`` tasks in a random interleaving, each marking what it
+    has sent up to (its newest record less 30 s, as a host stage's release bound trails)."""
+    rng = random.Random(seed)
+    st = FleetStage(_fleet_engine, upstream=upstream)
+    parts = _split(records, upstream)
+    pos = [0] * upstream
+    alerts = []
+    while any(pos[i] < len(parts[i]) for i in range(upstream)):
+        i = rng.choice([k for k in range(upstream) if pos[k] < len(parts[k])])
+        chunk = parts[i][pos[i]:pos[i] + step]
+        pos[i] += len(chunk)
+        st.feed(chunk)
+        newest = max(r.ts for r in parts[i][:pos[i]])
+        done = pos[i] == len(parts[i])
+        st.mark(i, math.floor(newest - 30) if not done else newest + 1)
+        alerts += st.advance().alerts
+    alerts += st.flush().alerts
+    return _keys(alerts), st
+
+
+def test_the_answer_does_not_depend_on_upstream_tasks_or_their_interleaving(records):
+    one, st = _through(records, 1, 500, 0)
+    assert any(k for k in one), "the recording makes model alerts"
+    for upstream, step, seed in [(2, 300, 1), (4, 97, 2), (3, 1000, 3)]:
+        got, _ = _through(records, upstream, step, seed)
+        assert got == one, (upstream, step, seed)
+
+
+def test_nothing_is_released_until_every_upstream_task_has_marked():
+    st = FleetStage(lambda: Engine(row_checks=[], tick_checks=[], screened=True), upstream=2)
+    st.feed([sample(t, "n1") for t in range(10)])
+    st.mark(0, T0 + 100)
+    st.advance()
+    assert st.engine().stats["records.dcgm"] == 0 and st.watermark() == -math.inf
+    st.mark(1, T0 + 5)
+    st.advance()
+    assert st.engine().stats["records.dcgm"] == 5        # up to the slower task's mark
+    st.mark(1, T0 + 50, final=True)                        # final: it holds nothing back
+    st.advance()
+    assert st.engine().stats["records.dcgm"] == 10
+
+
+def test_a_record_forwarded_twice_counts_once():
+    st = FleetStage(lambda: Engine(row_checks=[], tick_checks=[], screened=True))
+    recs = [sample(t, "n1") for t in range(10)]
+    st.feed(recs[:6])
+    st.mark(0, T0 + 4)
+    st.advance()
+    st.feed(recs)              # an upstream replay after a crash: 0-3 released, 4-5 buffered
+    st.flush()
+    assert st.engine().stats["records.dcgm"] == 10
+    assert st.stats["late"] == 4 and st.stats["duplicate"] == 2
+
+
+def test_an_upstream_task_that_never_marks_holds_only_up_to_max_buffer():
+    st = FleetStage(lambda: Engine(row_checks=[], tick_checks=[], screened=True), upstream=2, max_buffer=20)
+    st.feed([sample(t, "n1") for t in range(30)])
+    st.mark(0, T0 + 25)
+    st.advance()
+    assert st.stats["forced"] >= 1 and st.engine().stats["records.dcgm"] == 25
+
+
+def test_canonical_order_is_by_time_first():
+    recs = [sample(t % 7, f"n{t % 3}", t % 2) for t in range(40)]
+    order = sorted(recs, key=record_identity)
+    assert [r.ts for r in order] == sorted(r.ts for r in recs)
+
+
+def test_a_restored_fleet_stage_goes_on_exactly_as_one_that_ran_through(records):
+    whole, _ = _through(records, 2, 400, 5)
+    st = FleetStage(_fleet_engine, upstream=2)
+    parts = _split(records, 2)
+    half = [len(p) // 2 for p in parts]
+    alerts = []
+    for i in range(2):
+        st.feed(parts[i][:half[i]])
+        st.mark(i, math.floor(max(r.ts for r in parts[i][:half[i]]) - 30))
+    alerts += st.advance().alerts
+    blob = st.snapshot()
+    again = FleetStage(_fleet_engine, upstream=2)
+    again.restore(blob, records_decoder(again.engine().decode_fields))
+    assert again.pending == st.pending
+    for i in range(2):
+        again.feed(parts[i][half[i]:])
+        again.mark(i, max(r.ts for r in parts[i]) + 1, final=True)
+    alerts += again.advance().alerts
+    alerts += again.flush().alerts
+    assert _keys(alerts) == whole
+
+
+def test_a_fleet_checkpoint_with_pickled_model_state_is_refused_never_unpickled(tmp_path):
+    import pickle
+
+    import msgspec
+
+    from pipeline.errors import StateError
+    from pipeline.models.modelset import STATE_VERSION
+
+    marker = tmp_path / "unpickled"
+
+    class Mkdir:
+        def __reduce__(self):
+            return (__import__("os").mkdir, (str(marker),))
+    st = FleetStage(_fleet_engine)
+    st.feed([sample(t, "n1") for t in range(5)])
+    st.flush()
+    outer = msgspec.msgpack.decode(st.snapshot())
+    eng = msgspec.msgpack.decode(outer["engines"]["fleet"])
+    eng["models"] = msgspec.msgpack.encode({"version": STATE_VERSION,
+                                            "cohort_names": msgspec.msgpack.Ext(2, pickle.dumps(Mkdir()))})
+    outer["engines"]["fleet"] = msgspec.msgpack.encode(eng)
+    again = FleetStage(_fleet_engine)
+    with pytest.raises(StateError, match="pickled object"):
+        again.restore(msgspec.msgpack.encode(outer), records_decoder(again.engine().decode_fields))
+    assert not marker.exists()
