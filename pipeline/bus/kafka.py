@@ -137,8 +137,10 @@ class KafkaBusConsumer:
 
 
 def ensure_topics(bootstrap: str, topics: Topics, *, partitions: int = 8, replication: int = 1,
-                  security: dict[str, Any] | None = None, timeout_s: float = 30.0) -> list[str]:
-    """Create the project's topics if missing (the state topic compacted); return those created."""
+                  security: dict[str, Any] | None = None, timeout_s: float = 30.0,
+                  fleet_partitions: int | None = None) -> list[str]:
+    """Create the project's topics if missing (the state topic compacted); return those created.
+    ``fleet_partitions``: of the fleet stage's topic (default ``partitions``)."""
     try:
         admin = KafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=int(timeout_s * 1000),
                                  bootstrap_timeout_ms=int(timeout_s * 1000), **_security(security))
@@ -150,7 +152,8 @@ def ensure_topics(bootstrap: str, topics: Topics, *, partitions: int = 8, replic
         for name in topics.all():
             if name in existing:
                 continue
-            spec: dict[str, Any] = {"num_partitions": partitions, "replication_factor": replication}
+            n = fleet_partitions if name == topics.fleet and fleet_partitions else partitions
+            spec: dict[str, Any] = {"num_partitions": n, "replication_factor": replication}
             if name == topics.state:
                 # Latest snapshot per partition is all a restart needs; a big partition's engine
                 # state can exceed the broker's default 1 MiB message limit.
