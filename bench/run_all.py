@@ -249,6 +249,11 @@ def bench_latency(plan: Plan, gpus: int) -> tuple[dict, list[dict]]:
                         gpus=gpus, rate_hz=1, alerts_seen=r["alerts_seen"], faults=r["faults"],
                         publisher_behind_s=r.get("publisher_behind_s"), silent_from=r.get("silent_from"))
                  for q in ("p50", "p95", "p99", "max")]
+        # End to end through both stages: a probe model's alerts, behind the <prefix>.fleet hop.
+        figs += [figure(f"{prefix}.fleet.{q}", f"produce-to-alert latency through the fleet stage {q}{label}", "s",
+                        [x[f"fleet_{q}_s"] for x in r["runs"]], gpus=gpus, rate_hz=1,
+                        alerts_seen=r.get("fleet_alerts_seen"), faults=r["faults"])
+                 for q in ("p50", "p99")]
     return {"name": "latency", "gpus": gpus, "wall_s": wall + wall2, "raw": raw, "raw_silent": quiet}, figs
 
 

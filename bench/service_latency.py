@@ -5,10 +5,14 @@
 
 A publisher sends one message per host per second, paced in real time, each sample stamped
 with the current wall clock as its event time. Every second a few random GPUs report XID 79,
-which the default rules alert on at once (`gpu_fallen_off_bus`). The latency of an alert is its
-Kafka timestamp (set when the service produced it) minus the wall time its triggering sample was
-produced. One `gpuwarden serve` process per repeat, on a fresh topic prefix deleted afterwards;
-broker, service and publisher share the machine. Percentiles are per run; reported: their median.
+which the default rules alert on at once in the host stage (`gpu_fallen_off_bus`), and a burst
+of 1,000 single-bit ECC errors, which a probe model (a `counter_rate` detector with a 5-sample
+warm-up, written beside the logs) alerts on in the fleet stage, behind the `<prefix>.fleet` hop
+(docs/operations.md, Topology). The latency of an alert is its Kafka timestamp (set when the
+service produced it) minus the wall time its triggering sample was produced: `host` for the
+first, `fleet` for the second, end to end through both stages. One `gpuwarden serve` process
+(both stages) per repeat, on a fresh topic prefix deleted afterwards; broker, service and
+publisher share the machine. Percentiles are per run; reported: their median.
 """
 
 from __future__ import annotations
@@ -71,6 +75,7 @@ def publish_paced(bootstrap: str, topic: str, hosts: list[str], seconds: int, wa
                 continue
             recs = [{"v": 1, "kind": "dcgm", "ts": ts, "host": h, "gpu": g,
                      "fields": {"DCGM_FI_DEV_GPU_UTIL": 99, "DCGM_FI_DEV_GPU_TEMP": 65, "DCGM_FI_DEV_SM_CLOCK": 1980,
+                                "DCGM_FI_DEV_ECC_SBE_VOL_TOTAL": 1000 if (h, g) in lost else 0,
                                 "DCGM_FI_DEV_XID_ERRORS": 79 if (h, g) in lost else 0}}
                     for g in range(8)]
             ((key, value),) = per_host_messages(recs)
@@ -85,21 +90,38 @@ def publish_paced(bootstrap: str, topic: str, hosts: list[str], seconds: int, wa
     return produced, behind
 
 
-def collect(bootstrap: str, topic: str, produced: dict, drain_s: float) -> list[float]:
-    """Latencies (alert's Kafka timestamp - produce time) of the injected faults' alerts, waiting
-    up to ``drain_s`` for the last ones."""
+PROBE = "probe_sbe_burst"
+PROBE_MODELS = f"""models:
+  - name: {PROBE}
+    detector: counter_rate
+    fault: hbm_sbe_rate_anomaly
+    severity: info
+    cohort: gpu_model
+    features: [ecc_sbe_volatile]
+    params: {{warmup: 5}}
+    decider: {{kind: threshold, threshold: 8, clear: 4}}
+    warmup: 5
+    keep_firing_for: 30s
+"""
+STAGE_OF = {"gpu_fallen_off_bus": "host", PROBE: "fleet"}
+
+
+def collect(bootstrap: str, topic: str, produced: dict, drain_s: float) -> dict[str, list[float]]:
+    """Latencies (alert's Kafka timestamp - produce time) of the injected faults' alerts, per
+    stage, waiting up to ``drain_s`` for the last ones."""
     c = KafkaConsumer(topic, bootstrap_servers=bootstrap, group_id=None, auto_offset_reset="earliest")
-    lat: dict[tuple, float] = {}
+    lat: dict[str, dict[tuple, float]] = {"host": {}, "fleet": {}}
     deadline = time.monotonic() + drain_s
-    while time.monotonic() < deadline and len(lat) < len(produced):
+    while time.monotonic() < deadline and min(len(v) for v in lat.values()) < len(produced):
         for recs in c.poll(timeout_ms=500).values():
             for r in recs:
                 a = json.loads(r.value)
                 key = (a["host"], a["gpu"], int(a["ts"]))
-                if a["state"] == "firing" and a["rule"] == "gpu_fallen_off_bus" and key in produced:
-                    lat.setdefault(key, r.timestamp / 1000.0 - produced[key])
+                stage = STAGE_OF.get(a["rule"])
+                if a["state"] == "firing" and stage and key in produced:
+                    lat[stage].setdefault(key, r.timestamp / 1000.0 - produced[key])
     c.close()
-    return sorted(lat.values())
+    return {k: sorted(v.values()) for k, v in lat.items()}
 
 
 def run_once(args: argparse.Namespace, seed: int) -> dict:
@@ -109,22 +131,29 @@ def run_once(args: argparse.Namespace, seed: int) -> dict:
     hosts = [f"node-{i:05d}" for i in range(max(1, args.gpus // 8))]
     try:
         ensure_topics(args.kafka, topics, partitions=8)
-        svc = Service({"kafka": {"bootstrap": args.kafka, "prefix": prefix, "group": prefix},
+        args.workdir.mkdir(parents=True, exist_ok=True)
+        probe = args.workdir / f"{prefix}-models.yaml"
+        probe.write_text(PROBE_MODELS)
+        svc = Service({"kafka": {"bootstrap": args.kafka, "prefix": prefix, "group": prefix, "partitions": 8},
                        "engine": {"allowed_lateness": 10, "idle_timeout": args.idle_timeout},
-                       "http": {"port": 0}, "service": {"rules": [str(ROOT / "rules")]}}, args.workdir, prefix)
+                       "http": {"port": 0}, "service": {"rules": [str(ROOT / "rules")], "models": str(probe)}},
+                      args.workdir, prefix)
         try:
             produced, behind = publish_paced(args.kafka, topics.telemetry, hosts, args.seconds, args.warmup,
                                              args.cooldown, args.faults_per_s, random.Random(seed),
                                              args.silent_from)
-            lat = collect(args.kafka, topics.alerts, produced, args.drain_s)
+            by_stage = collect(args.kafka, topics.alerts, produced, args.drain_s)
         finally:
             svc.stop()
     finally:
         delete_topics(args.kafka, topics.all())
-    pct = np.percentile(lat, [50, 95, 99], method="inverted_cdf") if lat else [float("nan")] * 3
-    return {"faults": len(produced), "alerts_seen": len(lat), "p50_s": float(pct[0]), "p95_s": float(pct[1]),
-            "p99_s": float(pct[2]), "max_s": lat[-1] if lat else float("nan"),
-            "publisher_behind_s": max(0.0, behind)}
+    out: dict = {"faults": len(produced), "publisher_behind_s": max(0.0, behind)}
+    for stage, lat in by_stage.items():
+        pct = np.percentile(lat, [50, 95, 99], method="inverted_cdf") if lat else [float("nan")] * 3
+        pre = "" if stage == "host" else "fleet_"
+        out.update({f"{pre}alerts_seen": len(lat), f"{pre}p50_s": float(pct[0]), f"{pre}p95_s": float(pct[1]),
+                    f"{pre}p99_s": float(pct[2]), f"{pre}max_s": lat[-1] if lat else float("nan")})
+    return out
 
 
 def main() -> None:
@@ -154,6 +183,8 @@ def main() -> None:
            "silent_from": args.silent_from, "idle_timeout": args.idle_timeout,
            "faults": sum(r["faults"] for r in runs), "alerts_seen": sum(r["alerts_seen"] for r in runs),
            "p50_s": med("p50_s"), "p95_s": med("p95_s"), "p99_s": med("p99_s"), "max_s": med("max_s"),
+           "fleet_alerts_seen": sum(r["fleet_alerts_seen"] for r in runs), "fleet_p50_s": med("fleet_p50_s"),
+           "fleet_p95_s": med("fleet_p95_s"), "fleet_p99_s": med("fleet_p99_s"), "fleet_max_s": med("fleet_max_s"),
            "publisher_behind_s": round(max(r["publisher_behind_s"] for r in runs), 3),
            "runs": [{k: round(v, 3) if isinstance(v, float) else v for k, v in r.items()} for r in runs],
            "machine": f"{os.cpu_count()} cores, shared by broker, publisher and service"}
@@ -161,7 +192,9 @@ def main() -> None:
         if args.silent_from is not None else ""
     print(f"{args.gpus:,} GPUs at 1 Hz for {args.seconds}s{silent}, median of {args.repeat}: {res['alerts_seen']}/"
           f"{res['faults']} alerts seen, produce-to-alert latency p50 {res['p50_s']}s, p95 {res['p95_s']}s, "
-          f"p99 {res['p99_s']}s, max {res['max_s']}s; publisher at worst {res['publisher_behind_s']}s behind")
+          f"p99 {res['p99_s']}s, max {res['max_s']}s; through the fleet stage: {res['fleet_alerts_seen']}/"
+          f"{res['faults']} seen, p50 {res['fleet_p50_s']}s, p95 {res['fleet_p95_s']}s, p99 {res['fleet_p99_s']}s, "
+          f"max {res['fleet_max_s']}s; publisher at worst {res['publisher_behind_s']}s behind")
     if args.json:
         with open(args.json, "a") as fh:
             fh.write(json.dumps(res) + "\n")

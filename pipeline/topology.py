@@ -33,7 +33,7 @@ from pipeline.engine import Engine, EngineOutput
 from pipeline.errors import StateError
 from pipeline.schema import NcclRecord, TelemetryRecord, dcgm_record_type
 
-FLEET_KEY = "fleet"   # the one key of the fleet stage today: every model compares over the whole fleet
+FLEET_KEY = "fleet"   # the fleet stage's one key: every model compares over the whole fleet
 STATE_VERSION = 1
 
 
