@@ -22,6 +22,7 @@ waiting for the watermark are in ``pending.py``, the snapshot's layout in ``snap
 
 from __future__ import annotations
 
+import bisect
 import math
 import operator
 from collections import Counter
@@ -398,10 +399,11 @@ class Engine:
         self.host_whole[hosts] = True
         self.host_whole[hosts[~whole]] = False
 
-    def _wait(self, n: int) -> np.ndarray:
+    def _wait(self, n: int, step: np.ndarray | None = None) -> np.ndarray:
         """How much stream progress each host may go without a record and still count as there:
-        ``allowed_lateness`` plus its sampling step (a host seen once: the fleet's longest)."""
-        step = grow(self.host_step, n, np.nan)[:n]
+        ``allowed_lateness`` plus its sampling step (a host seen once: the fleet's longest).
+        ``step``: the hosts' steps, when not ``host_step``'s."""
+        step = grow(self.host_step, n, np.nan)[:n] if step is None else step
         known = step[~np.isnan(step)]
         return self.config.allowed_lateness + np.where(np.isnan(step), known.max() if len(known) else 0.0, step)
 
@@ -456,8 +458,12 @@ class Engine:
         present = self._present(claimed, alive)
         k = (len(ts) - 1) // 2
         median = float(np.partition(ts, k)[k])
-        ref = median if math.isnan(present) else present
-        if not np.isnan(self.host_jump[:nh]).all() or (ts > ref + cfg.max_ahead).any():
+        if not np.isnan(self.host_jump[:nh]).all():
+            return self._screen_in_order(ts, hosts, claimed, median)
+        # Not the present now but the lowest it can fall to within the batch: record by record a
+        # host can come to count or one at the median stop, and the answer must not change.
+        low = median if math.isnan(present) else self._lowest_present(ts, hosts, claimed, alive)
+        if (ts > low + cfg.max_ahead).any():
             return self._screen_in_order(ts, hosts, claimed, median)
         # Behind: against the stream's progress when the record came (a running max), which
         # nothing ahead can have inflated here, and which is the same whatever the batching.
@@ -468,24 +474,58 @@ class Engine:
             return None
         return np.where(behind, _LATE, 0).astype(np.int8), clock
 
+    def _lowest_present(self, ts: np.ndarray, hosts: np.ndarray, claimed: np.ndarray, alive: np.ndarray) -> float:
+        """The lowest the present can fall to while ``_screen_in_order`` judges this batch, as
+        long as none of its records is ahead (its premise: it is the check of that).
+
+        Claims only rise then, so the present falls only as the set of live hosts changes: a host
+        comes to count (one heard in the batch, or one seen once, whose wait the fleet's longest
+        step can lengthen) or stops (one alive now that the batch's newest record can outrun).
+        The lowest lower median over those sets keeps every host sure to stay alive and adds
+        the others' lowest claims from the bottom while they pull it down."""
+        cfg = self.config
+        n = len(claimed)
+        newest = max(self._newest(), float(ts.max()))
+        hwm, seen = self.host_hwm[:n], self.host_seen[:n]
+        sending = np.zeros(n, bool)
+        sending[hosts] = True
+        first = np.full(n, np.inf)
+        np.minimum.at(first, hosts, ts)
+        low = np.where(np.isnan(claimed), first, claimed)   # a new host claims at least its first record
+        with np.errstate(invalid="ignore"):
+            # Alive through to the batch's newest record whatever comes (wait >= allowed_lateness).
+            sure = alive & ((hwm >= newest - cfg.allowed_lateness) | (seen >= newest - cfg.allowed_lateness))
+        may = (alive | sending | np.isnan(self.host_step[:n])) & ~sure & np.isfinite(low)
+        if not may.any():
+            return self._present(claimed, sure)
+        counted = np.sort(low[sure]).tolist()
+        for c in np.sort(low[may]).tolist():
+            if counted and c > counted[(len(counted) - 1) // 2]:
+                break   # this one and every one after it would only raise the median
+            bisect.insort(counted, c)
+        return counted[(len(counted) - 1) // 2]
+
     def _screen_in_order(self, ts: np.ndarray, hosts: np.ndarray, claimed: np.ndarray,
                          first: float) -> tuple[np.ndarray, np.ndarray]:
-        """``_screen`` one record at a time (a host or the fleet claims a jump: rare)."""
+        """``_screen`` one record at a time (a host or the fleet claims a jump: rare).
+
+        Each record is judged on the state process() would have left had the records before it
+        come one batch each: marks, stream progress and sampling steps are kept up to date here
+        as process() keeps them, on copies (process() reads the state before the batch)."""
         cfg = self.config
         n = self.entities.n_hosts
         claimed = claimed.copy()
-        hwm, jump = self.host_hwm, self.host_jump
-        # Aliveness as _alive() has it, kept up to date record by record: a host that went
-        # silent in the middle of this batch must stop counting for the present.
-        seen = self.host_seen[:n].copy()
+        hwm, seen, jump = self.host_hwm[:n].copy(), self.host_seen[:n].copy(), self.host_jump
+        step = self.host_step[:n].copy()
         wait = self._wait(n)
         why = np.zeros(len(ts), np.int8)
         ref = np.empty(len(ts))
         newest = self._newest()
         for i, (t, h) in enumerate(zip(ts.tolist(), hosts.tolist())):
+            # Aliveness as _alive() has it (a host that went silent in the middle of this batch
+            # stops counting for the present); the sending host counts only if it did already.
             with np.errstate(invalid="ignore"):
-                alive = (hwm[:n] >= newest - cfg.allowed_lateness) | (newest - seen <= wait)
-            alive[h] = True   # it is sending
+                alive = (hwm >= newest - cfg.allowed_lateness) | (newest - seen <= wait)
             present = self._present(claimed, alive)
             start = math.isnan(present)   # no host yet: the batch's median judges what is ahead
             ref[i] = present = first if start else present
@@ -493,16 +533,21 @@ class Engine:
                 why[i] = _AHEAD
                 jump[h] = t
                 claimed[h] = t if math.isnan(claimed[h]) else max(t, claimed[h])
-            elif t < self.released or t < newest - cfg.max_lag:
+                continue   # a record refused as ahead says nothing of its host (see process())
+            if t < self.released or t < newest - cfg.max_lag:
                 why[i] = _LATE
                 ref[i] = newest
             else:
                 jump[h] = np.nan
-                claimed[h] = hwm[h] = t if math.isnan(hwm[h]) else max(hwm[h], t)
-                newest = max(newest, t)
-            if why[i] != _AHEAD:   # as process() keeps host_seen: a record refused as ahead says nothing
-                seen[h] = newest if math.isnan(seen[h]) else max(seen[h], newest)
-        # hwm was raised as records were accepted here; process() raises it again (idempotent).
+            # Heard, late or not: as process() has it, the host's mark, step and progress move.
+            if math.isnan(hwm[h]) or t > hwm[h]:
+                if not math.isnan(hwm[h]):
+                    step[h] = min(t - hwm[h], cfg.max_lag)
+                    wait = self._wait(n, step)
+                hwm[h] = t
+            claimed[h] = hwm[h] if math.isnan(jump[h]) else max(hwm[h], jump[h])
+            newest = max(newest, t)
+            seen[h] = newest if math.isnan(seen[h]) else max(seen[h], newest)
         return why, ref
 
     def _refused(self, code: int, r: TelemetryRecord, origin: str, present: float) -> DeadLetter:

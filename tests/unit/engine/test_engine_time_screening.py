@@ -8,7 +8,7 @@ import math
 
 import pytest
 
-from pipeline.engine import Engine
+from pipeline.engine import Engine, EngineOutput
 from pipeline.schema import DcgmRecord
 from tests.factories import T0, THROTTLED, fleet, run_batched, sample
 
@@ -92,7 +92,7 @@ def test_a_pause_in_the_recording_is_not_walked_tick_by_tick() -> None:
     ticks = 0
     real_tick = eng._tick
 
-    def counting(t: float, out: object) -> None:
+    def counting(t: float, out: EngineOutput) -> None:
         nonlocal ticks
         ticks += 1
         real_tick(t, out)
@@ -181,5 +181,58 @@ def test_a_jump_claim_does_not_depend_on_how_the_records_were_batched() -> None:
         eng = Engine()
         eng.process(base)
         out = run_batched(rest, batch, engine=eng)
+        answers.add(tuple((d.reason, d.host, d.ts) for d in out.dead))
+    assert len(answers) == 1
+
+
+def test_a_host_that_stops_in_a_batch_screened_in_order_does_not_stay_alive() -> None:
+    # Found by the batching property test (30 s sampling, hosts leaving at two thirds, batch 25):
+    # a batch screened record by record (it reached more than max_ahead past the present) raised
+    # the hosts' high-water marks before process() read the stream's progress from them, so a
+    # host whose last record was in that batch was dated to the batch's newest record. It then
+    # counted as live, its stale clock held the present back, and the host still sending lost
+    # its records as ts_out_of_range (and its alerts with them).
+    def overrides(t: float, host: str, gpu: int) -> dict | None:
+        if host == "n1" and t > 200:
+            return None   # n1 leaves; n0 goes on alone
+        return THROTTLED if host == "n0" and gpu == 0 and 600 <= t < 660 else {}
+
+    records = fleet(range(900), hosts=2, gpus=2, overrides=overrides)
+    # Batches of 700: the second runs from t=175, n1's last records in it, to t=498, more than
+    # max_ahead past the present it starts from, so it is screened record by record.
+    answers = {batch: _run(records, batch) for batch in (1, 700, len(records))}
+    alerts, dead = answers[len(records)]
+    assert dead == [] and any(a[2] == "thermal_throttling" for a in alerts)
+    assert answers[700] == answers[1] == (alerts, dead)
+
+
+def test_a_host_back_from_a_silence_is_judged_alike_in_any_batch() -> None:
+    # A batch screened record by record counted the sender as live before its record was
+    # judged, so b's stale clock (from before its silence) was half of a two-host fleet's
+    # present and its first record back was ts_out_of_range; judged alone it was not.
+    records = []
+    for t in range(600):
+        records.append(sample(t, "a", 0))
+        if t < 100 or t >= 500:
+            records.append(sample(t, "b", 0))
+        if t == 510:
+            records.append(sample(t + 1e6, "a", 1))   # far off: its batch is screened in order
+    answers = {batch: _run(records, batch) for batch in (1, 50, len(records))}
+    assert answers[1][1] == [("ts_out_of_range", "a", T0 + 510 + 1e6)]
+    assert answers[50] == answers[len(records)] == answers[1]
+
+
+def test_a_host_that_comes_to_count_within_a_batch_moves_the_present_for_the_records_after_it() -> None:
+    # The present a batch starts from is not the one every record of it meets: l, first heard
+    # within the batch (its records late but still its host's claim), is half of the fleet from
+    # then on. A batch judged against its start only let through what the records judged one
+    # by one refused.
+    before = [sample(t, "c", 0) for t in range(500)]
+    records = [r for t in range(500, 560) for r in (sample(t - 400, "l", 0), sample(t, "c", 0))]
+    answers = set()
+    for batch in (1, 7, len(records)):
+        eng = Engine()
+        eng.process(before)
+        out = run_batched(records, batch, engine=eng)
         answers.add(tuple((d.reason, d.host, d.ts) for d in out.dead))
     assert len(answers) == 1
