@@ -33,7 +33,7 @@ from pipeline.engine import Engine, EngineOutput
 from pipeline.errors import StateError
 from pipeline.schema import NcclRecord, TelemetryRecord, dcgm_record_type
 
-FLEET_KEY = "fleet"   # the fleet stage's one key: every model compares over the whole fleet
+FLEET_KEY = "fleet"  # the fleet stage's one key: every model compares over the whole fleet
 STATE_VERSION = 1
 
 
@@ -62,11 +62,11 @@ class FleetStage:
         self.engines: dict[str, Engine] = {}
         self.marks: dict[int, float] = {}
         self.final: set[int] = set()
-        self.released = -math.inf          # every record older than this went to an engine
+        self.released = -math.inf  # every record older than this went to an engine
         self._buf: list[TelemetryRecord] = []
         self._keys: list[str] = []
         self._ids: set[tuple] = set()
-        self.stats: dict[str, int] = {"fed": 0, "duplicate": 0, "late": 0, "forced": 0}
+        self.stats: dict[str, int] = {"fed": 0, "duplicate": 0, "late": 0, "forced": 0, "released": 0}
 
     def engine(self, key: str = FLEET_KEY) -> Engine:
         eng = self.engines.get(key)
@@ -170,6 +170,7 @@ class FleetStage:
 
     def _release(self, batches: dict[str, list[TelemetryRecord]], out: EngineOutput) -> None:
         for key, recs in batches.items():
+            self.stats["released"] += len(recs)
             self._collect(self.engine(key).process(recs), out)
 
     def _collect(self, got: EngineOutput, out: EngineOutput) -> None:
@@ -185,11 +186,18 @@ class FleetStage:
     # -- state -------------------------------------------------------------------------------
 
     def snapshot(self) -> bytes:
-        return msgspec.msgpack.encode({
-            "version": STATE_VERSION, "n_upstream": self.n_upstream, "released": self.released,
-            "marks": {str(k): v for k, v in self.marks.items()}, "final": sorted(self.final),
-            "buffer": msgspec.json.encode(self._buf), "keys": self._keys,
-            "engines": {k: e.snapshot() for k, e in self.engines.items()}})
+        return msgspec.msgpack.encode(
+            {
+                "version": STATE_VERSION,
+                "n_upstream": self.n_upstream,
+                "released": self.released,
+                "marks": {str(k): v for k, v in self.marks.items()},
+                "final": sorted(self.final),
+                "buffer": msgspec.json.encode(self._buf),
+                "keys": self._keys,
+                "engines": {k: e.snapshot() for k, e in self.engines.items()},
+            }
+        )
 
     def restore(self, blob: bytes, decode_records: Callable[[bytes], list[TelemetryRecord]]) -> None:
         try:
@@ -267,8 +275,9 @@ class Topology:
     def set_rules(self, rules: Any) -> None:
         self.host.set_rules(rules)
 
-    def process(self, records: Sequence[TelemetryRecord], origins: Sequence[str] | None = None,
-                now: float | None = None) -> EngineOutput:
+    def process(
+        self, records: Sequence[TelemetryRecord], origins: Sequence[str] | None = None, now: float | None = None
+    ) -> EngineOutput:
         out = self.host.process(records, origins, now)
         self.fleet.mark(0, self.host.released)
         out.extend(self.fleet.advance())
@@ -284,8 +293,9 @@ class Topology:
         return self.host.pending + self.fleet.pending
 
     def snapshot(self) -> bytes:
-        return msgspec.msgpack.encode({"topology": STATE_VERSION, "host": self.host.snapshot(),
-                                       "fleet": self.fleet.snapshot()})
+        return msgspec.msgpack.encode(
+            {"topology": STATE_VERSION, "host": self.host.snapshot(), "fleet": self.fleet.snapshot()}
+        )
 
     def restore(self, blob: bytes) -> None:
         try:

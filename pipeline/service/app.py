@@ -50,19 +50,19 @@ from pipeline.service.state import Checkpoint, KafkaStateStore, StateStore, stat
 from pipeline.topology import Topology
 
 log = logging.getLogger("gpuwarden.service")
-STATE_MAX_BYTES = 64 * 1024 * 1024   # the state topic's max.message.bytes (pipeline.bus.kafka.ensure_topics)
+STATE_MAX_BYTES = 64 * 1024 * 1024  # the state topic's max.message.bytes (pipeline.bus.kafka.ensure_topics)
 POLL_TIMEOUT_S = 0.5
-STAGES = ("host", "fleet")           # docs/operations.md, "Topology"
+STAGES = ("host", "fleet")  # docs/operations.md, "Topology"
 
 
 @dataclass
 class PartitionState:
     partition: int
-    pipe: Any                             # Pipeline (host stage) or FleetTask (fleet stage)
-    next_offset: int | None = None        # of the next message to process
-    saved_offset: int | None = None       # next_offset of the last checkpoint written
-    dirty: bool = False                   # engine state changed since the last checkpoint
-    since_saved: int = 0                  # records processed since the last checkpoint
+    pipe: Any  # Pipeline (host stage) or FleetTask (fleet stage)
+    next_offset: int | None = None  # of the next message to process
+    saved_offset: int | None = None  # next_offset of the last checkpoint written
+    dirty: bool = False  # engine state changed since the last checkpoint
+    since_saved: int = 0  # records processed since the last checkpoint
     # Service clock of the last checkpoint; -inf: none yet since the assignment, so the first
     # batch is checkpointed at once. That puts this owner's epoch on the state topic early (a
     # previous owner's late checkpoint cannot win, pipeline/service/state.py) and bounds what a
@@ -74,10 +74,19 @@ class PartitionState:
 class Service:
     """One ``serve`` replica: a group member, its engines, its outputs and its checkpoints."""
 
-    def __init__(self, cfg: Config, *, consumer: GroupConsumer | None = None, producer: Producer | None = None,
-                 state: StateStore | None = None, clock: Callable[[], float] = time.monotonic,
-                 backoff: Backoff | None = None, stage: str = "host", upstream: int | None = None,
-                 metrics: Metrics | None = None) -> None:
+    def __init__(
+        self,
+        cfg: Config,
+        *,
+        consumer: GroupConsumer | None = None,
+        producer: Producer | None = None,
+        state: StateStore | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        backoff: Backoff | None = None,
+        stage: str = "host",
+        upstream: int | None = None,
+        metrics: Metrics | None = None,
+    ) -> None:
         """Without ``consumer``, ``producer`` and ``state``: all three on the Kafka of ``cfg.kafka``.
 
         ``stage``: ``host`` consumes the telemetry topic (rules, absence; with models it forwards
@@ -86,7 +95,7 @@ class Service:
         if stage not in STAGES:
             raise ValueError(f"stage {stage!r}: one of {', '.join(STAGES)}")
         self.stage = stage
-        self._what = "partition" if stage == "host" else "fleet partition"   # in its log lines
+        self._what = "partition" if stage == "host" else "fleet partition"  # in its log lines
         rules_checked: int | None = None
         if consumer is None and producer is None and state is None:
             consumer, producer, state, rules_checked = kafka_parts(cfg, stage)
@@ -147,8 +156,9 @@ class Service:
             return FleetTask(engine.make_fleet_engine, self.upstream)
         if isinstance(engine, Topology):
             make = engine.make_fleet_engine
-            engine = Topology(engine.host, make, fleet=Outbox(partition, self.upstream, self.topics.fleet,
-                                                              self.n_fleet, make))
+            engine = Topology(
+                engine.host, make, fleet=Outbox(partition, self.upstream, self.topics.fleet, self.n_fleet, make)
+            )
         return engine
 
     def _task(self, partition: int) -> Any:
@@ -170,8 +180,7 @@ class Service:
             saved = {}
             self.state.unread(partitions)
         except Exception as e:  # noqa: BLE001 - the client's own errors (kafka-python) mean the same
-            log.error("state: cannot read checkpoints (%s: %s); starting those partitions fresh",
-                      type(e).__name__, e)
+            log.error("state: cannot read checkpoints (%s: %s); starting those partitions fresh", type(e).__name__, e)
             saved = {}
             self.state.unread(partitions)
         now = self.clock()
@@ -185,15 +194,24 @@ class Service:
                     ps.pipe.engine.restore(cp.engine)
                     ps.next_offset = ps.saved_offset = cp.next_offset
                     self.consumer.seek(p, cp.next_offset)
-                    log.info(self._what + " %d: state restored, resuming at offset %d", p, cp.next_offset,
-                             extra={"partition": p, "offset": cp.next_offset})
+                    log.info(
+                        self._what + " %d: state restored, resuming at offset %d",
+                        p,
+                        cp.next_offset,
+                        extra={"partition": p, "offset": cp.next_offset},
+                    )
                 except StateError as e:
-                    log.error(self._what + " %d: checkpoint unusable (%s); starting fresh from the committed offset",
-                              p, e, extra={"partition": p})
+                    log.error(
+                        self._what + " %d: checkpoint unusable (%s); starting fresh from the committed offset",
+                        p,
+                        e,
+                        extra={"partition": p},
+                    )
                     ps = PartitionState(p, self._task(p), last_input=now)
             else:
-                log.info(self._what + " %d: no checkpoint, starting from the committed offset", p,
-                         extra={"partition": p})
+                log.info(
+                    self._what + " %d: no checkpoint, starting from the committed offset", p, extra={"partition": p}
+                )
             self.parts[p] = ps
         if self.stage == "host":
             self.metrics.partitions.set(len(self.parts))
@@ -243,6 +261,7 @@ class Service:
         def reload(*_: Any) -> None:
             for s in services:
                 s.request_reload()
+
         signal.signal(signal.SIGTERM, stop)
         signal.signal(signal.SIGINT, stop)
         signal.signal(signal.SIGHUP, reload)
@@ -251,15 +270,22 @@ class Service:
             s.poll_timeout = POLL_TIMEOUT_S / len(services)
         self.metrics.rules.set(self._n_rules)
         self.http = HttpEndpoint(self.cfg.http.host, self.cfg.http.port, self.metrics, self.health).start()
-        log.info("serving: %s -> %s, %s; http on %s:%d; stages %s", self.topics.telemetry, self.topics.alerts,
-                 self.topics.dlq, self.cfg.http.host, self.http.port, "+".join(s.stage for s in services),
-                 extra={"http_port": self.http.port, "stages": [s.stage for s in services]})
+        log.info(
+            "serving: %s -> %s, %s; http on %s:%d; stages %s",
+            self.topics.telemetry,
+            self.topics.alerts,
+            self.topics.dlq,
+            self.cfg.http.host,
+            self.http.port,
+            "+".join(s.stage for s in services),
+            extra={"http_port": self.http.port, "stages": [s.stage for s in services]},
+        )
         try:
             failures = [0] * len(services)
             while not self._stop:
                 for i, s in enumerate(services):
                     failures[i] = s.step(failures[i])
-            for s in services:   # the host stage first: its last marks reach the fleet stage's topic
+            for s in services:  # the host stage first: its last marks reach the fleet stage's topic
                 s.shutdown()
         except BaseException:
             # Not a checkpoint of state in an unknown condition: leave, and let the next owner
@@ -319,7 +345,9 @@ class Service:
         self._deliver(outputs, sends)
         self.batches += 1
         dt = time.perf_counter() - t0
-        if self.stage == "host":   # telemetry records; the fleet stage's are the same ones again
+        if self.stage == "fleet":
+            self.metrics.fleet_records.inc(sum(ps.pipe.take_released() for ps in self.parts.values()))
+        if self.stage == "host":  # telemetry records; the fleet stage's are the same ones again
             self.metrics.batch_seconds.observe(dt)
             self.metrics.records.inc(n_records)
             self.metrics.records_per_s.set(n_records / dt if dt > 0 else 0)
@@ -345,6 +373,7 @@ class Service:
         def again(attempt: int, e: BaseException) -> None:
             self.metrics.delivery_retries.inc()
             log.warning("delivery failed (attempt %d, %s); re-sending the batch's output", attempt, e)
+
         try:
             retry(send_and_flush, self.backoff, retriable=_retriable_delivery, on_retry=again)
         except DeliveryError as e:
@@ -356,12 +385,25 @@ class Service:
         for out in outputs:
             for a in out.alerts:
                 self.metrics.alerts.labels(a.family, a.state).inc()
-                log.info("alert %s %s %s %s/%s: %s", a.state, a.fault, a.id, a.host, a.gpu, a.summary,
-                         extra={"alert_id": a.id, "fault": a.fault, "state": a.state, "host": a.host, "gpu": a.gpu})
+                log.info(
+                    "alert %s %s %s %s/%s: %s",
+                    a.state,
+                    a.fault,
+                    a.id,
+                    a.host,
+                    a.gpu,
+                    a.summary,
+                    extra={"alert_id": a.id, "fault": a.fault, "state": a.state, "host": a.host, "gpu": a.gpu},
+                )
             for d in out.dead:
                 self.metrics.dead.labels(d.reason).inc()
-                log.warning("dead letter %s at %s: %s", d.reason, d.origin, d.detail,
-                            extra={"reason": d.reason, "origin": d.origin, "dlq_action": d.action})
+                log.warning(
+                    "dead letter %s at %s: %s",
+                    d.reason,
+                    d.origin,
+                    d.detail,
+                    extra={"reason": d.reason, "origin": d.origin, "dlq_action": d.action},
+                )
 
     def _checkpoint_due(self) -> None:
         now = self.clock()
@@ -410,13 +452,14 @@ class Service:
 
         def again(attempt: int, e: BaseException) -> None:
             log.warning("checkpoint failed (attempt %d, %s); retrying", attempt, e)
+
         try:
             retry(save_and_flush, self.backoff, retriable=_retriable_delivery, on_retry=again)
         except DeliveryError as e:
             self.metrics.checkpoint_failures.inc()
             log.error("checkpoint refused by the broker (%s); keeping the previous one", e)
             now = self._on_grid(self.clock())
-            for ps in parts:            # tried again on the cadence, not on every turn of the loop
+            for ps in parts:  # tried again on the cadence, not on every turn of the loop
                 ps.last_saved, ps.since_saved = now, 0
             return False
         self._phase_checkpoint.inc(time.perf_counter() - t0)
@@ -427,8 +470,12 @@ class Service:
         for reason in reasons.values():
             self.metrics.checkpoints.labels(reason).inc()
         label = "+".join(sorted(set(reasons.values())))
-        log.debug("checkpointed partitions %s (%s)", sorted(reasons), label,
-                  extra={"partitions": sorted(reasons), "why": label})
+        log.debug(
+            "checkpointed partitions %s (%s)",
+            sorted(reasons),
+            label,
+            extra={"partitions": sorted(reasons), "why": label},
+        )
         if commit:
             self._commit({ps.partition: offset for ps, offset in saved})
         return True
@@ -448,9 +495,11 @@ class Service:
         # A host-stage task forwarding to the fleet stage also says, once idle, that it holds
         # nothing back (a final mark), even with nothing buffered: a telemetry partition no host
         # writes to must not hold the fleet stage for ever.
-        idle = [ps for ps in self.parts.values()
-                if (ps.pipe.engine.pending or _holds_fleet(ps))
-                and now - ps.last_input > self.cfg.service.flush_idle_s]
+        idle = [
+            ps
+            for ps in self.parts.values()
+            if (ps.pipe.engine.pending or _holds_fleet(ps)) and now - ps.last_input > self.cfg.service.flush_idle_s
+        ]
         if not idle:
             return
         # Idle means nothing left to read, not nothing read lately: a loop slowed by a backlog
@@ -481,7 +530,7 @@ class Service:
         self._reload_requested = False
         self._rules_fp = fp
         if self.stage == "fleet":
-            return   # the fleet stage runs the models only; a models.yaml change needs a restart
+            return  # the fleet stage runs the models only; a models.yaml change needs a restart
         tick = self.cfg.engine_config().tick
         # As pipeline/rules/reload.py: nothing a rule file holds may stop the service; a failure
         # of any kind is a refused reload and every engine keeps the rules it had.
@@ -490,8 +539,7 @@ class Service:
             for d in diags:
                 (log.error if d.is_error else log.warning)("rules: %s", d)
             if ruleset is not None:
-                models = {m for ps in self.parts.values() if ps.pipe.engine.models
-                          for m in ps.pipe.engine.models.names}
+                models = {m for ps in self.parts.values() if ps.pipe.engine.models for m in ps.pipe.engine.models.names}
                 fresh = {p: load_rules(self.rule_paths, tick=tick, models=models or None)[0] for p in self.parts}
                 if any(r is None for r in fresh.values()):
                     ruleset = None
@@ -521,13 +569,17 @@ class Service:
         for p, e in end.items():
             ps = self.parts.get(p)
             if ps is not None and ps.next_offset is not None:
-                self.metrics.lag.labels(str(p) if self.stage == "host" else f"fleet/{p}").set(max(0, e - ps.next_offset))
+                self.metrics.lag.labels(str(p) if self.stage == "host" else f"fleet/{p}").set(
+                    max(0, e - ps.next_offset)
+                )
 
     def shutdown(self) -> None:
         """Checkpoint and commit every partition with new input, then leave the group."""
         self._checkpoint([ps for ps in self.parts.values() if ps.dirty], "shutdown")
-        log.info("stopping: leaving the group", extra={"batches": self.batches, "messages": self.totals["messages"],
-                                                       "stage": self.stage})
+        log.info(
+            "stopping: leaving the group",
+            extra={"batches": self.batches, "messages": self.totals["messages"], "stage": self.stage},
+        )
         self._close()
 
     def _close(self) -> None:
@@ -557,6 +609,7 @@ def max_poll(cfg: Config, stage: str) -> int:
 def models_on(cfg: Config) -> bool:
     """Whether the service's rules run with models (then a fleet stage runs them)."""
     from pipeline.detection import models_path
+
     return models_path([str(Path(p)) for p in cfg.service.rules], cfg.service.models) is not None
 
 
@@ -573,20 +626,40 @@ def kafka_parts(cfg: Config, stage: str = "host") -> tuple[GroupConsumer, Produc
     # service that trusts whatever the state topic holds (docs/operations.md, Security).
     mac_key = state_key(os.environ, cfg.service.insecure_state)
     if mac_key is None:
-        log.warning("INSECURE STATE: GPUWARDEN_STATE_KEY is not set and --insecure-state is on; checkpoints are "
-                    "unsigned and anyone who can write %s can feed the engines a forged history",
-                    topics.state, extra={"insecure_state": True})
+        log.warning(
+            "INSECURE STATE: GPUWARDEN_STATE_KEY is not set and --insecure-state is on; checkpoints are "
+            "unsigned and anyone who can write %s can feed the engines a forged history",
+            topics.state,
+            extra={"insecure_state": True},
+        )
     n_rules = _check_rules_load([str(Path(p)) for p in cfg.service.rules])
     ensure_topics(k.bootstrap, topics, partitions=k.partitions, security=security)
-    producer = KafkaBusProducer(k.bootstrap, security=security, client_id="gpuwarden-service",
-                                max_request_size=STATE_MAX_BYTES)
-    state = KafkaStateStore(k.bootstrap, topics.state, group, source, producer, security,
-                            key=mac_key, max_bytes=cfg.service.state_max_mib << 20)
+    producer = KafkaBusProducer(
+        k.bootstrap, security=security, client_id="gpuwarden-service", max_request_size=STATE_MAX_BYTES
+    )
+    state = KafkaStateStore(
+        k.bootstrap,
+        topics.state,
+        group,
+        source,
+        producer,
+        security,
+        key=mac_key,
+        max_bytes=cfg.service.state_max_mib << 20,
+    )
     consumer = KafkaGroupConsumer(
-        k.bootstrap, source, group, security=security, client_id=f"gpuwarden-service-{stage}",
-        auto_offset_reset="earliest", max_poll_records=max_poll(cfg, stage),
-        max_poll_interval_ms=k.max_poll_interval_ms, session_timeout_ms=k.session_timeout_ms,
-        fetch_max_bytes=k.fetch_max_bytes, max_partition_fetch_bytes=k.max_partition_fetch_bytes)
+        k.bootstrap,
+        source,
+        group,
+        security=security,
+        client_id=f"gpuwarden-service-{stage}",
+        auto_offset_reset="earliest",
+        max_poll_records=max_poll(cfg, stage),
+        max_poll_interval_ms=k.max_poll_interval_ms,
+        session_timeout_ms=k.session_timeout_ms,
+        fetch_max_bytes=k.fetch_max_bytes,
+        max_partition_fetch_bytes=k.max_partition_fetch_bytes,
+    )
     return consumer, producer, state, n_rules
 
 
@@ -618,8 +691,11 @@ def setup_logging(level: str = "INFO") -> None:
     from pythonjsonlogger.json import JsonFormatter
 
     handler = logging.StreamHandler()
-    handler.setFormatter(JsonFormatter("%(asctime)s %(levelname)s %(name)s %(message)s",
-                                       rename_fields={"levelname": "level", "asctime": "time"}))
+    handler.setFormatter(
+        JsonFormatter(
+            "%(asctime)s %(levelname)s %(name)s %(message)s", rename_fields={"levelname": "level", "asctime": "time"}
+        )
+    )
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())

@@ -38,20 +38,21 @@ MAX_FORWARD = 400
 
 class Mark(msgspec.Struct):
     mark: int
-    upto: float | None      # None: -inf (nothing released yet)
+    upto: float | None  # None: -inf (nothing released yet)
     final: bool = False
     n: int = 1
 
 
-Send = tuple[str, bytes | None, bytes, int | None]   # topic, key, value, partition
+Send = tuple[str, bytes | None, bytes, int | None]  # topic, key, value, partition
 
 
 class Outbox:
     """The fleet side of a host-stage task's ``Topology``: forwarded records and marks queue here
     until the service sends them with the batch's alerts (step 2 of the commit protocol)."""
 
-    def __init__(self, partition: int, n_upstream: int, topic: str, n_fleet: int,
-                 template: Callable[[], Engine]) -> None:
+    def __init__(
+        self, partition: int, n_upstream: int, topic: str, n_fleet: int, template: Callable[[], Engine]
+    ) -> None:
         self.partition, self.n_upstream, self.topic, self.n_fleet = partition, n_upstream, topic, n_fleet
         self._template = template
         self._engine: Engine | None = None
@@ -95,11 +96,12 @@ class Outbox:
         out: list[Send] = []
         recs, self._records = self._records, []
         for i in range(0, len(recs), MAX_FORWARD):
-            out.append((self.topic, FLEET_KEY.encode(), self._enc.encode(recs[i:i + MAX_FORWARD]), None))
+            out.append((self.topic, FLEET_KEY.encode(), self._enc.encode(recs[i : i + MAX_FORWARD]), None))
         if self._mark is not None and self._mark != self._sent:
             upto, final = self._mark
-            body = self._enc.encode(Mark(self.partition, None if math.isinf(upto) and upto < 0 else upto,
-                                         final, self.n_upstream))
+            body = self._enc.encode(
+                Mark(self.partition, None if math.isinf(upto) and upto < 0 else upto, final, self.n_upstream)
+            )
             out.extend((self.topic, b"mark", body, q) for q in range(self.n_fleet))
             self._sent = self._mark
         return out
@@ -115,11 +117,12 @@ class FleetTask:
     def __init__(self, make_engine: Callable[[], Engine], n_upstream: int) -> None:
         self.stage = FleetStage(make_engine, upstream=n_upstream)
         self.totals = Totals()
-        self.engine = self   # snapshot/restore/pending, as the service reads them of an engine
+        self.engine = self  # snapshot/restore/pending, as the service reads them of an engine
         self._decode = records_decoder(self.stage.engine().decode_fields)
         self._mark = msgspec.json.Decoder(Mark)
         self.models = self.stage.engine().models
         self.rules = None
+        self._counted = 0
 
     def handle_guarded(self, messages: Sequence[Message]) -> EngineOutput:
         for m in messages:
@@ -139,6 +142,12 @@ class FleetTask:
         out = self.stage.advance()
         self.totals.add(out)
         return out
+
+    def take_released(self) -> int:
+        """Records released to the models since the last call (the service's metric)."""
+        n = self.stage.stats["released"] - self._counted
+        self._counted += n
+        return n
 
     def flush(self) -> EngineOutput:
         # Idle is no reason to release here: only the marks say when every host has been heard.

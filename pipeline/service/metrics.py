@@ -32,11 +32,18 @@ class Metrics:
     def __init__(self) -> None:
         self.registry = r = CollectorRegistry()
         self.records = Counter("gpuwarden_records", "Telemetry records decoded and processed", registry=r)
-        self.records_per_s = Gauge("gpuwarden_records_per_second", "Records processed per second (last batch)",
-                                   registry=r)
+        self.fleet_records = Counter(
+            "gpuwarden_fleet_records",
+            "Records the fleet stage released to its models (docs/operations.md#topology)",
+            registry=r,
+        )
+        self.records_per_s = Gauge(
+            "gpuwarden_records_per_second", "Records processed per second (last batch)", registry=r
+        )
         self.dead = Counter("gpuwarden_dead_letters", "Dead letters by reason", ["reason"], registry=r)
-        self.alerts = Counter("gpuwarden_alerts", "Alert events by fault family and state", ["family", "state"],
-                              registry=r)
+        self.alerts = Counter(
+            "gpuwarden_alerts", "Alert events by fault family and state", ["family", "state"], registry=r
+        )
         # Every series from zero: increase() over a series born with its first alert reads 0
         # (Prometheus sees no earlier sample), so a dashboard would miss every family's first one.
         for family in FAMILIES:
@@ -44,38 +51,60 @@ class Metrics:
                 self.alerts.labels(family, state)
         for reason in REASONS:
             self.dead.labels(reason)
-        self.lag = Gauge("gpuwarden_consumer_lag", "Messages behind the end of each assigned partition",
-                         ["partition"], registry=r)
-        self.batch_seconds = Histogram("gpuwarden_batch_processing_seconds",
-                                       "Time to decode, detect and deliver one polled batch",
-                                       buckets=(.005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10), registry=r)
-        self.event_lag = Gauge("gpuwarden_event_time_lag_seconds",
-                               "Wall clock minus the newest event time processed", registry=r)
+        self.lag = Gauge(
+            "gpuwarden_consumer_lag", "Messages behind the end of each assigned partition", ["partition"], registry=r
+        )
+        self.batch_seconds = Histogram(
+            "gpuwarden_batch_processing_seconds",
+            "Time to decode, detect and deliver one polled batch",
+            buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
+            registry=r,
+        )
+        self.event_lag = Gauge(
+            "gpuwarden_event_time_lag_seconds", "Wall clock minus the newest event time processed", registry=r
+        )
         self.partitions = Gauge("gpuwarden_assigned_partitions", "Telemetry partitions assigned", registry=r)
         self.rules = Gauge("gpuwarden_rules_loaded", "Rules in the working set", registry=r)
-        self.reload_failures = Counter("gpuwarden_rule_reload_failures", "Rule reloads refused (broken files)",
-                                       registry=r)
-        self.delivery_retries = Counter("gpuwarden_delivery_retries", "Batches whose output had to be re-sent",
-                                        registry=r)
-        self.loop_seconds = Counter("gpuwarden_loop_seconds",
-                                    "Time spent in each phase of the service loop (poll, process: decode and "
-                                    "engine, deliver, checkpoint, commit)", ["phase"], registry=r)
-        self.checkpoints = Counter("gpuwarden_state_checkpoints",
-                                   "Partition checkpoints written, by why (first after assignment, interval, records, idle, revoke, shutdown)",
-                                   ["why"], registry=r)
-        self.checkpoint_seconds = Histogram("gpuwarden_state_checkpoint_seconds",
-                                            "Time to snapshot, sign and write one partition's checkpoint",
-                                            buckets=(.001, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5),
-                                            registry=r)
-        self.checkpoint_failures = Counter("gpuwarden_state_checkpoint_failures",
-                                           "Checkpoint rounds the broker refused (the previous checkpoint stays)",
-                                           registry=r)
-        self.commit_failures = Counter("gpuwarden_offset_commit_failures",
-                                       "Offset commits refused (the checkpoint holds the position)", registry=r)
-        self.state_skipped = Counter("gpuwarden_state_checkpoints_skipped",
-                                     "Checkpoints read from the state topic and not used, by reason "
-                                     "(unsigned, bad_signature, misplaced, too_large, corrupt, version, rollback)",
-                                     ["reason"], registry=r)
+        self.reload_failures = Counter(
+            "gpuwarden_rule_reload_failures", "Rule reloads refused (broken files)", registry=r
+        )
+        self.delivery_retries = Counter(
+            "gpuwarden_delivery_retries", "Batches whose output had to be re-sent", registry=r
+        )
+        self.loop_seconds = Counter(
+            "gpuwarden_loop_seconds",
+            "Time spent in each phase of the service loop (poll, process: decode and "
+            "engine, deliver, checkpoint, commit)",
+            ["phase"],
+            registry=r,
+        )
+        self.checkpoints = Counter(
+            "gpuwarden_state_checkpoints",
+            "Partition checkpoints written, by why (first after assignment, interval, records, idle, revoke, shutdown)",
+            ["why"],
+            registry=r,
+        )
+        self.checkpoint_seconds = Histogram(
+            "gpuwarden_state_checkpoint_seconds",
+            "Time to snapshot, sign and write one partition's checkpoint",
+            buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5),
+            registry=r,
+        )
+        self.checkpoint_failures = Counter(
+            "gpuwarden_state_checkpoint_failures",
+            "Checkpoint rounds the broker refused (the previous checkpoint stays)",
+            registry=r,
+        )
+        self.commit_failures = Counter(
+            "gpuwarden_offset_commit_failures", "Offset commits refused (the checkpoint holds the position)", registry=r
+        )
+        self.state_skipped = Counter(
+            "gpuwarden_state_checkpoints_skipped",
+            "Checkpoints read from the state topic and not used, by reason "
+            "(unsigned, bad_signature, misplaced, too_large, corrupt, version, rollback)",
+            ["reason"],
+            registry=r,
+        )
 
 
 log = logging.getLogger("gpuwarden.service.http")
@@ -123,10 +152,10 @@ class _Writer(io.BufferedIOBase):
 
 
 class _Handler(WSGIRequestHandler):
-    timeout = 5.0                      # set per endpoint
+    timeout = 5.0  # set per endpoint
 
     def setup(self) -> None:
-        super().setup()                # socket timeout for every read and write
+        super().setup()  # socket timeout for every read and write
         plain_r, plain_w = self.rfile, self.wfile
         self.rfile = io.BufferedReader(_DeadlineReader(self.connection, time.monotonic() + self.timeout))
         self.wfile = _Writer(self.connection)
@@ -143,7 +172,7 @@ class _Handler(WSGIRequestHandler):
 
 
 class _ThreadingServer(socketserver.ThreadingMixIn, WSGIServer):
-    daemon_threads = True              # a stuck client never delays shutdown
+    daemon_threads = True  # a stuck client never delays shutdown
     block_on_close = False
     max_connections = 64
 
@@ -168,7 +197,7 @@ class _ThreadingServer(socketserver.ThreadingMixIn, WSGIServer):
             self._slots.release()
 
     def handle_error(self, request, client_address) -> None:
-        if isinstance(sys.exc_info()[1], OSError):   # timeouts, resets: the client's problem
+        if isinstance(sys.exc_info()[1], OSError):  # timeouts, resets: the client's problem
             log.debug("http client %s: %s", client_address, sys.exc_info()[1])
             return
         super().handle_error(request, client_address)
@@ -177,16 +206,19 @@ class _ThreadingServer(socketserver.ThreadingMixIn, WSGIServer):
 class HttpEndpoint:
     """``/metrics`` (Prometheus) and ``/healthz`` (200 while the poll loop is alive) in a thread."""
 
-    def __init__(self, host: str, port: int, metrics: Metrics, health: Callable[[], tuple[bool, dict]], *,
-                 timeout: float = 5.0) -> None:
+    def __init__(
+        self, host: str, port: int, metrics: Metrics, health: Callable[[], tuple[bool, dict]], *, timeout: float = 5.0
+    ) -> None:
         metrics_app = make_wsgi_app(metrics.registry)
 
         def app(environ, start_response):
             if environ.get("PATH_INFO") == "/healthz":
                 ok, detail = health()
                 body = json.dumps({"status": "ok" if ok else "unhealthy", **detail}).encode()
-                start_response("200 OK" if ok else "503 Service Unavailable",
-                               [("Content-Type", "application/json"), ("Content-Length", str(len(body)))])
+                start_response(
+                    "200 OK" if ok else "503 Service Unavailable",
+                    [("Content-Type", "application/json"), ("Content-Length", str(len(body)))],
+                )
                 return [body]
             return metrics_app(environ, start_response)
 
