@@ -30,10 +30,10 @@ from importlib import resources
 from typing import Iterator
 
 GAUGE = "gauge"
-COUNTER = "counter"      # only grows; a drop is a reset (driver reload)
-BITMASK = "bitmask"      # clock-event reasons
-CODE = "code"            # a sticky last value (XID): compare with changed(), not rate()
-STATE = "state"          # small enumerations / flags (remap pending, pstate)
+COUNTER = "counter"  # only grows; a drop is a reset (driver reload)
+BITMASK = "bitmask"  # clock-event reasons
+CODE = "code"  # a sticky last value (XID): compare with changed(), not rate()
+STATE = "state"  # small enumerations / flags (remap pending, pstate)
 
 # field id -> (alias, unit, kind, lower bound of possible values or None)
 _SEMANTICS: dict[int, tuple[str, str, str, float | None]] = {
@@ -127,9 +127,9 @@ _EXTRA_ALIASES = {
 }
 
 # DCGM "blank" placeholders (dcgm_structs.h): values at or above these are not data.
-BLANK_INT64 = float(0x7FFFFFFFFFFFFFF0)   # == 2**63 once a JSON number becomes a float
+BLANK_INT64 = float(0x7FFFFFFFFFFFFFF0)  # == 2**63 once a JSON number becomes a float
 BLANK_INT32 = float(0x7FFFFFF0)
-BLANK_FP64 = 140737488355328.0           # 2**47
+BLANK_FP64 = 140737488355328.0  # 2**47
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,8 +139,8 @@ class Field:
     column: int
     alias: str
     field_id: int
-    names: tuple[str, ...]      # exporter name first, then the DCGM 4.6 canonical name if renamed
-    dcgm_type: str              # INT64 / DOUBLE
+    names: tuple[str, ...]  # exporter name first, then the DCGM 4.6 canonical name if renamed
+    dcgm_type: str  # INT64 / DOUBLE
     unit: str
     kind: str
     min_value: float | None
@@ -157,9 +157,9 @@ class Field:
 
 @dataclass(frozen=True, slots=True)
 class Bit:
-    name: str          # HW_THERMAL
-    mask: int          # 0x40
-    label: str         # dcgm-exporter's label, hw_thermal
+    name: str  # HW_THERMAL
+    mask: int  # 0x40
+    label: str  # dcgm-exporter's label, hw_thermal
     meaning: str
 
 
@@ -232,8 +232,11 @@ def _load() -> Catalog:
     data = resources.files("pipeline") / "data"
     rows: dict[int, dict[str, str]] = {}
     renames: dict[int, list[str]] = {}
-    with (data / "dcgm_fields.csv").open() as fh, (data / "dcgm_exporter_fields.csv").open() as fx, \
-            (data / "dcgm_fields_extra.csv").open() as fe:
+    with (
+        (data / "dcgm_fields.csv").open() as fh,
+        (data / "dcgm_exporter_fields.csv").open() as fx,
+        (data / "dcgm_fields_extra.csv").open() as fe,
+    ):
         for row in [*csv.DictReader(fh), *csv.DictReader(fx), *csv.DictReader(fe)]:
             fid = int(row["field_id"])
             name = row["name_used_by_dcgm_exporter"]

@@ -14,8 +14,16 @@ from pathlib import Path
 from typing import Any, Callable
 
 from pipeline import progress
-from pipeline.errors import (EXIT_INPUT, EXIT_INTERNAL, EXIT_INTERRUPTED, EXIT_UNAVAILABLE, EXIT_USAGE, GpuwardenError,
-                             InputError, UsageError)
+from pipeline.errors import (
+    EXIT_INPUT,
+    EXIT_INTERNAL,
+    EXIT_INTERRUPTED,
+    EXIT_UNAVAILABLE,
+    EXIT_USAGE,
+    GpuwardenError,
+    InputError,
+    UsageError,
+)
 from pipeline.resources import rules_dir, version
 
 
@@ -28,11 +36,17 @@ def _cmd_sim(args: argparse.Namespace) -> int:
     if bool(args.out) == connection.wanted(args):
         raise UsageError("give exactly one of --out FILE or --kafka BOOTSTRAP / --kafka-config FILE")
     conn = connection.from_args(args) if not args.out else None
-    sim = Simulator(hosts=args.hosts, duration=args.duration, interval=args.interval, seed=args.seed,
-                    scenario=_scenario(args.scenario))
+    sim = Simulator(
+        hosts=args.hosts,
+        duration=args.duration,
+        interval=args.interval,
+        seed=args.seed,
+        scenario=_scenario(args.scenario),
+    )
     topic = Topics(args.prefix).telemetry
     if conn is not None:
         from pipeline.bus.kafka import ensure_topics
+
         connection.check(conn)
         ensure_topics(conn.bootstrap, Topics(args.prefix), security=conn.options(), timeout_s=15.0)
     source = SimSource(sim, speed=1.0 if args.realtime else None)
@@ -44,8 +58,15 @@ def _cmd_sim(args: argparse.Namespace) -> int:
                 sink.write_many(encode(r) for r in source.poll())
         n = source.records
     if args.labels_out:
-        doc = {"scenario": args.scenario, "seed": args.seed, "hosts": sim.hosts, "interval": args.interval,
-               "start_ts": sim.start_ts, "duration": args.duration, "faults": sim.labels()}
+        doc = {
+            "scenario": args.scenario,
+            "seed": args.seed,
+            "hosts": sim.hosts,
+            "interval": args.interval,
+            "start_ts": sim.start_ts,
+            "duration": args.duration,
+            "faults": sim.labels(),
+        }
         Path(args.labels_out).write_text(json.dumps(doc, indent=2, sort_keys=True) + "\n")
     dest = args.out if conn is None else f"{topic} on {conn.bootstrap}"
     print(f"gpuwarden sim: {n} records from {args.hosts} hosts over {args.duration:.0f}s -> {dest}", file=sys.stderr)
@@ -93,8 +114,14 @@ def _existing(paths: list[str], option: str) -> list[str]:
 def _cmd_demo(args: argparse.Namespace) -> int:
     from pipeline.demo import run_demo
 
-    return run_demo(hosts=args.hosts, duration=args.duration, seed=args.seed, scenario=_scenario(args.scenario),
-                    rules=args.rules, models=args.models)
+    return run_demo(
+        hosts=args.hosts,
+        duration=args.duration,
+        seed=args.seed,
+        scenario=_scenario(args.scenario),
+        rules=args.rules,
+        models=args.models,
+    )
 
 
 def _cmd_replay(args: argparse.Namespace) -> int:
@@ -116,8 +143,10 @@ def _cmd_replay(args: argparse.Namespace) -> int:
         ensure_topics(conn.bootstrap, Topics(args.prefix), security=conn.options(), timeout_s=15.0)
         t0 = time.monotonic()
         n = publish(args.files, conn.bootstrap, Topics(args.prefix).telemetry, speed=speed, security=conn.options())
-        console.print(f"published {n} messages to {Topics(args.prefix).telemetry} on {conn.bootstrap} "
-                      f"in {time.monotonic() - t0:.1f}s")
+        console.print(
+            f"published {n} messages to {Topics(args.prefix).telemetry} on {conn.bootstrap} "
+            f"in {time.monotonic() - t0:.1f}s"
+        )
         return 0
     rules = args.rules or str(rules_dir())
     engine, diags = build_detector([rules], args.models)
@@ -126,8 +155,14 @@ def _cmd_replay(args: argparse.Namespace) -> int:
     if engine is None:
         raise InputError(f"rules in {rules} do not load; nothing replayed")
     with progress.bar("replaying") as advance:
-        res = replay(args.files, engine=engine, alerts_out=args.alerts_out, dlq_out=args.dlq_out,
-                     batch_size=args.batch, on_batch=lambda n, out: advance(n))
+        res = replay(
+            args.files,
+            engine=engine,
+            alerts_out=args.alerts_out,
+            dlq_out=args.dlq_out,
+            batch_size=args.batch,
+            on_batch=lambda n, out: advance(n),
+        )
     t = res.totals
     console.print(f"replayed {t.records:,} records in {res.seconds:.2f}s ({res.records_per_s:,.0f} records/s)")
     console.print("alerts by family: " + (", ".join(f"{k}: {v}" for k, v in sorted(t.alerts.items())) or "none"))
@@ -158,8 +193,11 @@ def _cmd_rules_check(args: argparse.Namespace) -> int:
             for r in ruleset.rules:
                 if r.meta.name not in covered:
                     f, _, line = r.spec.source.rpartition(":")
-                    diags.append(Diagnostic(f, int(line), 5, r.meta.name, "no test exercises this rule",
-                                            D.LINT_NO_TEST, "warning"))
+                    diags.append(
+                        Diagnostic(
+                            f, int(line), 5, r.meta.name, "no test exercises this rule", D.LINT_NO_TEST, "warning"
+                        )
+                    )
     for d in sorted(diags):
         print(d)
     errors = sum(d.is_error for d in diags)
@@ -168,9 +206,11 @@ def _cmd_rules_check(args: argparse.Namespace) -> int:
     if errors or (args.strict and warnings):
         print(f"{errors} error(s), {warnings} warning(s) in {n_files} file(s)", file=sys.stderr)
         return 1
-    assert ruleset is not None   # no errors: the rules loaded
-    print(f"ok: {len(ruleset)} rules in {n_files} file(s)" + (f", {warnings} warning(s)" if warnings else ""),
-          file=sys.stderr)
+    assert ruleset is not None  # no errors: the rules loaded
+    print(
+        f"ok: {len(ruleset)} rules in {n_files} file(s)" + (f", {warnings} warning(s)" if warnings else ""),
+        file=sys.stderr,
+    )
     return 0
 
 
@@ -238,8 +278,15 @@ def _cmd_record(args: argparse.Namespace) -> int:
     stop = {"now": False}
     _signal.signal(_signal.SIGTERM, lambda *_: stop.update(now=True))
     topic = args.topic or Topics(args.prefix).telemetry
-    res = record(conn.bootstrap, topic, args.out, idle_timeout=args.idle_timeout, max_messages=args.max_messages,
-                 security=conn.options(), should_stop=lambda: stop["now"])
+    res = record(
+        conn.bootstrap,
+        topic,
+        args.out,
+        idle_timeout=args.idle_timeout,
+        max_messages=args.max_messages,
+        security=conn.options(),
+        should_stop=lambda: stop["now"],
+    )
     print(f"recorded {res.messages} messages ({res.lines} lines) from {topic} to {args.out}", file=sys.stderr)
     return 0
 
@@ -263,10 +310,19 @@ def _cmd_eval(args: argparse.Namespace) -> int:
     with progress.status("evaluating") as update:
         for iv in args.interval:
             by_interval[iv] = evaluate(
-                _scenario(args.scenario), seeds=args.seeds, hosts=args.hosts, duration=args.duration, interval=iv,
-                progress=functools.partial(_eval_progress, update, args.scenario, iv))
-    job = Job(gpus=args.job_gpus, checkpoint_interval_s=args.checkpoint_interval, restart_cost_s=args.restart_cost,
-              watchdog_timeout_s=args.watchdog_timeout)
+                _scenario(args.scenario),
+                seeds=args.seeds,
+                hosts=args.hosts,
+                duration=args.duration,
+                interval=iv,
+                progress=functools.partial(_eval_progress, update, args.scenario, iv),
+            )
+    job = Job(
+        gpus=args.job_gpus,
+        checkpoint_interval_s=args.checkpoint_interval,
+        restart_cost_s=args.restart_cost,
+        watchdog_timeout_s=args.watchdog_timeout,
+    )
     md: list[str] = []
     for iv, scores in by_interval.items():
         title = f"{args.scenario}: {args.seeds} seed(s) x {args.hosts * 8} GPUs x {args.duration:.0f} s, sampled every {iv:g} s"
@@ -279,8 +335,13 @@ def _cmd_eval(args: argparse.Namespace) -> int:
             out = write_page(eval_page(scores, title, subtitle="; ".join(lines)), html)
             err.print(f"gpuwarden eval: wrote {out} (latency CDF and per-family table)")
         if args.markdown:
-            md.append("\n\n".join(t.markdown() for t in tables[:2]) + "\n\n" + "\n".join(f"- {v}" for v in lines)
-                      + "\n\n" + tables[2].markdown())
+            md.append(
+                "\n\n".join(t.markdown() for t in tables[:2])
+                + "\n\n"
+                + "\n".join(f"- {v}" for v in lines)
+                + "\n\n"
+                + tables[2].markdown()
+            )
             continue
         console.print(tables[0].rich())
         console.print(tables[1].rich())
@@ -307,12 +368,18 @@ def _cmd_report(args: argparse.Namespace) -> int:
         raise UsageError("--window must be positive" if args.window <= 0 else "--max-alerts must not be negative")
     t0 = time.monotonic()
     with progress.status("report") as update:
-        html = incident_page(args.telemetry, args.alerts, rules=[args.rules or rules_dir()], models=args.models,
-                             window=args.window, max_alerts=args.max_alerts, title=args.title,
-                             progress=lambda s: update(f"report: {s}"))
+        html = incident_page(
+            args.telemetry,
+            args.alerts,
+            rules=[args.rules or rules_dir()],
+            models=args.models,
+            window=args.window,
+            max_alerts=args.max_alerts,
+            title=args.title,
+            progress=lambda s: update(f"report: {s}"),
+        )
     out = write_page(html, args.out)
-    print(f"gpuwarden report: wrote {out} ({len(html) / 1e6:.1f} MB) in {time.monotonic() - t0:.1f}s",
-          file=sys.stderr)
+    print(f"gpuwarden report: wrote {out} ({len(html) / 1e6:.1f} MB) in {time.monotonic() - t0:.1f}s", file=sys.stderr)
     return 0
 
 
@@ -322,8 +389,14 @@ def _cmd_topics(args: argparse.Namespace) -> int:
 
     conn = connection.from_args(args)
     connection.check(conn)
-    created = ensure_topics(conn.bootstrap, Topics(args.prefix), partitions=args.partitions,
-                            security=conn.options(), timeout_s=15.0, fleet_partitions=args.fleet_partitions)
+    created = ensure_topics(
+        conn.bootstrap,
+        Topics(args.prefix),
+        partitions=args.partitions,
+        security=conn.options(),
+        timeout_s=15.0,
+        fleet_partitions=args.fleet_partitions,
+    )
     print("created: " + (", ".join(created) or "nothing (all exist)"))
     return 0
 
@@ -339,8 +412,10 @@ def _global_options(p: argparse.ArgumentParser, top: bool) -> None:
     # Under a subcommand the default is SUPPRESS, so an option not given there keeps the value
     # given (or defaulted) before the subcommand: `gpuwarden -v replay` = `gpuwarden replay -v`.
     kw: dict[str, Any] = {} if top else {"default": argparse.SUPPRESS}
-    for flags, help_ in ((("-v", "--verbose"), "debug logging; a bug shows its traceback"),
-                         (("-q", "--quiet"), "no progress bars, even on a terminal")):
+    for flags, help_ in (
+        (("-v", "--verbose"), "debug logging; a bug shows its traceback"),
+        (("-q", "--quiet"), "no progress bars, even on a terminal"),
+    ):
         if not any(f in p._option_string_actions for f in flags):
             p.add_argument(*flags, action="store_true", help=help_, **kw)
 
@@ -358,10 +433,13 @@ def _everywhere(p: argparse.ArgumentParser, seen: set[int]) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = _Parser(prog="gpuwarden", description="GPU-fleet fault detection on streaming telemetry.",
-                epilog="Exit status: 0 ok, 1 findings (rule errors, failed tests or actions), 2 usage, "
-                       "3 unreadable or invalid input or config, 4 broker or service unavailable, "
-                       "70 internal error (see -v), 130 interrupted.")
+    p = _Parser(
+        prog="gpuwarden",
+        description="GPU-fleet fault detection on streaming telemetry.",
+        epilog="Exit status: 0 ok, 1 findings (rule errors, failed tests or actions), 2 usage, "
+        "3 unreadable or invalid input or config, 4 broker or service unavailable, "
+        "70 internal error (see -v), 130 interrupted.",
+    )
     p.add_argument("--version", action="version", version=f"gpuwarden {version()}")
     _global_options(p, top=True)
     sub = p.add_subparsers(dest="command", required=True)
@@ -393,14 +471,20 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--alerts-out", help="write alert events (JSONL); - writes standard output")
     r.add_argument("--dlq-out", help="write dead letters (JSONL)")
     r.add_argument("--rules", default=None, help="rule directory or file (default: the shipped packs)")
-    r.add_argument("--models", default="auto",
-                   help="models.yaml for the online models; 'auto': the one beside the rules; 'none': rules only")
+    r.add_argument(
+        "--models",
+        default="auto",
+        help="models.yaml for the online models; 'auto': the one beside the rules; 'none': rules only",
+    )
     r.add_argument("--batch", type=int, default=2000, help="lines per engine batch")
     r.add_argument("--to-kafka", metavar="BOOTSTRAP", help="publish the recording to <prefix>.telemetry instead")
     r.add_argument("--speed", default="max", help="with --to-kafka: 'max' or a factor of event time (1 = real time)")
     r.add_argument("--prefix", default="gpuwarden", help="topic prefix for --to-kafka")
-    r.add_argument("--kafka-config", metavar="FILE", help="with --to-kafka: the Kafka connection file (TLS, SASL; "
-                   "docs/operations.md, Secured Kafka)")
+    r.add_argument(
+        "--kafka-config",
+        metavar="FILE",
+        help="with --to-kafka: the Kafka connection file (TLS, SASL; docs/operations.md, Secured Kafka)",
+    )
     r.set_defaults(func=_cmd_replay)
 
     ru = sub.add_parser("rules", help="check and unit-test detection rules")
@@ -418,14 +502,28 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--seeds", type=int, default=5, help="runs with seeds 1..N (default: %(default)s)")
     ev.add_argument("--hosts", type=int, default=8)
     ev.add_argument("--duration", type=float, default=3600.0)
-    ev.add_argument("--interval", type=float, nargs="+", default=[1.0], metavar="S",
-                    help="sampling interval(s) in seconds; several: one set of tables each plus a summary "
-                         "per interval (default: %(default)s)")
-    ev.add_argument("--job-gpus", type=int, default=16_384, help="training job size for the effective-training-time table")
+    ev.add_argument(
+        "--interval",
+        type=float,
+        nargs="+",
+        default=[1.0],
+        metavar="S",
+        help="sampling interval(s) in seconds; several: one set of tables each plus a summary "
+        "per interval (default: %(default)s)",
+    )
+    ev.add_argument(
+        "--job-gpus", type=int, default=16_384, help="training job size for the effective-training-time table"
+    )
     ev.add_argument("--checkpoint-interval", type=float, default=1800.0, help="seconds between the job's checkpoints")
-    ev.add_argument("--restart-cost", type=float, default=600.0, help="seconds to restart the job after an interruption")
-    ev.add_argument("--watchdog-timeout", type=float, default=600.0,
-                    help="seconds a missed fault hangs the job (PyTorch's NCCL default: 600)")
+    ev.add_argument(
+        "--restart-cost", type=float, default=600.0, help="seconds to restart the job after an interruption"
+    )
+    ev.add_argument(
+        "--watchdog-timeout",
+        type=float,
+        default=600.0,
+        help="seconds a missed fault hangs the job (PyTorch's NCCL default: 600)",
+    )
     ev.add_argument("--markdown", action="store_true", help="print markdown tables (for docs/evaluation.md)")
     ev.add_argument("--html", metavar="FILE", help="also write an HTML page: latency CDF per family, per-family table")
     ev.set_defaults(func=_cmd_eval)
@@ -434,12 +532,23 @@ def build_parser() -> argparse.ArgumentParser:
     rp.add_argument("--telemetry", nargs="+", required=True, metavar="FILE", help="telemetry JSONL (.gz) recordings")
     rp.add_argument("--alerts", nargs="+", required=True, metavar="FILE", help="alert events (replay --alerts-out)")
     rp.add_argument("--out", required=True, help="HTML file to write")
-    rp.add_argument("--window", type=float, default=300.0,
-                    help="seconds of telemetry shown before an alert's onset and after it fired (default: %(default)s)")
-    rp.add_argument("--max-alerts", type=int, default=50,
-                    help="alerts given a section with plots, most severe then earliest first (default: %(default)s)")
-    rp.add_argument("--rules", default=None,
-                    help="the rules the alerts came from: which fields each reads (default: the shipped packs)")
+    rp.add_argument(
+        "--window",
+        type=float,
+        default=300.0,
+        help="seconds of telemetry shown before an alert's onset and after it fired (default: %(default)s)",
+    )
+    rp.add_argument(
+        "--max-alerts",
+        type=int,
+        default=50,
+        help="alerts given a section with plots, most severe then earliest first (default: %(default)s)",
+    )
+    rp.add_argument(
+        "--rules",
+        default=None,
+        help="the rules the alerts came from: which fields each reads (default: the shipped packs)",
+    )
     rp.add_argument("--models", default="auto", help="models.yaml; 'auto': the one beside the rules; 'none'")
     rp.add_argument("--title", default="Incident report")
     rp.set_defaults(func=_cmd_report)
@@ -451,12 +560,16 @@ def build_parser() -> argparse.ArgumentParser:
     sv.add_argument("--group", help="override kafka.group")
     sv.add_argument("--http-port", type=int, help="override http.port (0: any free port)")
     sv.add_argument("--rules", help="override service.rules with one directory")
-    sv.add_argument("--insecure-state", action="store_true",
-                    help="run without GPUWARDEN_STATE_KEY: checkpoints unsigned, the state topic trusted "
-                         "(service.insecure_state)")
-    sv.add_argument("--stage", choices=["all", "host", "fleet"],
-                    help="run only this stage (service.stage; default all: the host stage and, with "
-                         "models, the fleet stage)")
+    sv.add_argument(
+        "--insecure-state",
+        action="store_true",
+        help="run without GPUWARDEN_STATE_KEY: checkpoints unsigned, the state topic trusted (service.insecure_state)",
+    )
+    sv.add_argument(
+        "--stage",
+        choices=["all", "host", "fleet"],
+        help="run only this stage (service.stage; default all: the host stage and, with models, the fleet stage)",
+    )
     sv.set_defaults(func=_cmd_serve)
 
     rec = sub.add_parser("record", help="copy a Kafka topic to a JSONL file")
@@ -469,15 +582,20 @@ def build_parser() -> argparse.ArgumentParser:
     rec.set_defaults(func=_cmd_record)
 
     from producers.cli import register as register_produce
+
     register_produce(sub)
     from pipeline.remediation.cli import register as register_remediation
+
     register_remediation(sub)
     t = sub.add_parser("topics", help="create the project's Kafka topics")
     _kafka_options(t)
     t.add_argument("--prefix", default="gpuwarden")
     t.add_argument("--partitions", type=int, default=8, help="partitions of each topic (default 8)")
-    t.add_argument("--fleet-partitions", type=int,
-                   help="partitions of <prefix>.fleet, the fleet stage's input (default: --partitions)")
+    t.add_argument(
+        "--fleet-partitions",
+        type=int,
+        help="partitions of <prefix>.fleet, the fleet stage's input (default: --partitions)",
+    )
     t.set_defaults(func=_cmd_topics)
     return p
 
@@ -505,10 +623,12 @@ def main(argv: list[str] | None = None) -> int:
     _everywhere(parser, set())
     try:
         args = parser.parse_args(argv)
-    except SystemExit as e:   # --help, --version, a usage mistake (told by _Parser.error)
+    except SystemExit as e:  # --help, --version, a usage mistake (told by _Parser.error)
         return e.code if isinstance(e.code, int) else EXIT_USAGE
-    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.WARNING,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.WARNING,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
     progress.set_quiet(args.quiet)
     # `gpuwarden sim --out - | head` should end quietly; but a service, a producer or remediate
     # must not die of a peer that hangs up (a socket write to a closed connection raises instead).
@@ -522,7 +642,7 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         return EXIT_INTERRUPTED
     except SystemExit as e:
-        if isinstance(e.code, str):   # raise SystemExit("...") of a subcommand: a usage mistake
+        if isinstance(e.code, str):  # raise SystemExit("...") of a subcommand: a usage mistake
             _fail(args, e.code.removeprefix(f"{getattr(args, '_prog', '')}: "))
             return EXIT_USAGE
         raise
@@ -536,8 +656,10 @@ def main(argv: list[str] | None = None) -> int:
         if type(e).__module__.startswith("kafka."):
             _fail(args, f"Kafka: {e}")
             return EXIT_UNAVAILABLE
-        _fail(args, f"internal error: {type(e).__name__}: {e}" + ("" if args.verbose else
-                                                                    " (run with -v for the traceback)"))
+        _fail(
+            args,
+            f"internal error: {type(e).__name__}: {e}" + ("" if args.verbose else " (run with -v for the traceback)"),
+        )
         return EXIT_INTERNAL
 
 

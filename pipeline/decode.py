@@ -26,12 +26,34 @@ import msgspec
 from pipeline.deadletters import ENTITY_LIMIT as ENTITY_LIMIT
 from pipeline.deadletters import LATE as LATE
 from pipeline.deadletters import REASONS as REASONS
-from pipeline.deadletters import (BAD_IDENTIFIER, BLANK_SENTINEL, INTERNAL, MALFORMED_JSON, MISSING_KEY, NAN_FIELD,
-                                  NAN_VALUE, NEGATIVE_VALUE, OUT_OF_RANGE, TOO_DEEP, TOO_LARGE, TS_OUT_OF_RANGE,
-                                  UNKNOWN_KIND, UNSUPPORTED_VERSION, WRONG_TYPE, Origins)
+from pipeline.deadletters import (
+    BAD_IDENTIFIER,
+    BLANK_SENTINEL,
+    INTERNAL,
+    MALFORMED_JSON,
+    MISSING_KEY,
+    NAN_FIELD,
+    NAN_VALUE,
+    NEGATIVE_VALUE,
+    OUT_OF_RANGE,
+    TOO_DEEP,
+    TOO_LARGE,
+    TS_OUT_OF_RANGE,
+    UNKNOWN_KIND,
+    UNSUPPORTED_VERSION,
+    WRONG_TYPE,
+    Origins,
+)
 from pipeline.deadletters import take_origins as take_origins
-from pipeline.schema import (SCHEMA_VERSION, DcgmRecord, DcgmSample, DeadLetter, NcclRecord, TelemetryRecord,
-                             dcgm_record_type)
+from pipeline.schema import (
+    SCHEMA_VERSION,
+    DcgmRecord,
+    DcgmSample,
+    DeadLetter,
+    NcclRecord,
+    TelemetryRecord,
+    dcgm_record_type,
+)
 
 # Plausible event time: 2001-09-09 .. 2100-01-01. Anything else is a unit mistake (ms, us) or garbage.
 TS_MIN, TS_MAX = 1.0e9, 4.1e9
@@ -41,9 +63,9 @@ RAW_KEEP = 2048  # bytes of the original kept in a dead letter: enough to see it
 # Ranges of the contract's integers (docs/architecture.md, "Dead letters"). Far beyond any real
 # fleet, and each fits the int32 arrays the engine keeps: an index of 2^63 or a rank of 2^32
 # must cost only its own record, never overflow a column.
-MAX_GPU_INDEX = 4095        # GPUs (and MIG instances) of one host
-MAX_LINK_INDEX = 1023       # NVLinks of one GPU
-MAX_RANKS = 1 << 24         # ranks of one NCCL communicator
+MAX_GPU_INDEX = 4095  # GPUs (and MIG instances) of one host
+MAX_LINK_INDEX = 1023  # NVLinks of one GPU
+MAX_RANKS = 1 << 24  # ranks of one NCCL communicator
 # Identifiers (host, GPU model, communicator, job, collective): a host name is at most a DNS name
 # (253), the others a generous 256; printable, no white space, valid Unicode (no lone
 # surrogates, which no UTF-8 writer can encode: a snapshot, an alert id or a dead letter would
@@ -62,8 +84,12 @@ _GPU_OK = Annotated[int, msgspec.Meta(ge=0, le=MAX_GPU_INDEX)]
 _LINK_OK = Annotated[int, msgspec.Meta(ge=0, le=MAX_LINK_INDEX)]
 _RANK = Annotated[int, msgspec.Meta(ge=0, lt=MAX_RANKS)]
 _NRANKS = Annotated[int, msgspec.Meta(ge=1, le=MAX_RANKS)]
-_NONNEG = Annotated[float, msgspec.Meta(ge=0)]   # JSON has no NaN, and msgspec refuses 1e999
-_CHECKED: list[tuple[str, Any] | tuple[str, Any, Any]] = [("v", _ONE, SCHEMA_VERSION), ("ts", _TS_OK), ("host", _HOST_OK)]
+_NONNEG = Annotated[float, msgspec.Meta(ge=0)]  # JSON has no NaN, and msgspec refuses 1e999
+_CHECKED: list[tuple[str, Any] | tuple[str, Any, Any]] = [
+    ("v", _ONE, SCHEMA_VERSION),
+    ("ts", _TS_OK),
+    ("host", _HOST_OK),
+]
 _HOST, _MODEL = operator.attrgetter("host"), operator.attrgetter("model")
 _NCCL_NAMES = operator.attrgetter("comm", "coll", "job", "comm_name")
 
@@ -105,7 +131,7 @@ def _label_text(labels: object, dropped: list[tuple[str, str]]) -> dict[str, str
     for k, v in labels.items():
         if isinstance(v, str):
             out[k] = v
-        elif isinstance(v, int) and not isinstance(v, bool) and abs(v) < 10 ** 30:
+        elif isinstance(v, int) and not isinstance(v, bool) and abs(v) < 10**30:
             out[k] = str(v)
         elif isinstance(v, float) and math.isfinite(v):
             out[k] = f"{v:g}" if v != int(v) or abs(v) >= 1e16 else str(int(v))
@@ -120,27 +146,49 @@ def _shown(name: str) -> str:
 
 
 def _rank_below_nranks(self: NcclRecord) -> None:
-    if self.rank >= self.nranks:   # the one check that spans two fields
+    if self.rank >= self.nranks:  # the one check that spans two fields
         raise ValueError("rank >= nranks")
 
 
 # Named as the contract's types (their reprs and class names are what users see).
 _NcclChecked = msgspec.defstruct(
-    "NcclRecord", [*_CHECKED, ("rank", _RANK), ("nranks", _NRANKS), ("exec_time_us", _NONNEG),
-                   ("gpu", Optional[_GPU_OK], None), ("nnodes", Optional[_NRANKS], None), ("comm", _ID_OK),
-                   ("coll", _ID_OK), ("job", Optional[_ID_OK], None), ("comm_name", Optional[_ID_OK], None),
-                   ("algbw_gbs", Optional[_NONNEG], None), ("busbw_gbs", Optional[_NONNEG], None)],
-    bases=(NcclRecord,), tag="nccl", tag_field="kind", kw_only=True, gc=False,
-    namespace={"__post_init__": _rank_below_nranks})
+    "NcclRecord",
+    [
+        *_CHECKED,
+        ("rank", _RANK),
+        ("nranks", _NRANKS),
+        ("exec_time_us", _NONNEG),
+        ("gpu", Optional[_GPU_OK], None),
+        ("nnodes", Optional[_NRANKS], None),
+        ("comm", _ID_OK),
+        ("coll", _ID_OK),
+        ("job", Optional[_ID_OK], None),
+        ("comm_name", Optional[_ID_OK], None),
+        ("algbw_gbs", Optional[_NONNEG], None),
+        ("busbw_gbs", Optional[_NONNEG], None),
+    ],
+    bases=(NcclRecord,),
+    tag="nccl",
+    tag_field="kind",
+    kw_only=True,
+    gc=False,
+    namespace={"__post_init__": _rank_below_nranks},
+)
 
 
 @functools.lru_cache(maxsize=32)
 def _fast_for(fields: tuple[str, ...] | None) -> msgspec.json.Decoder:
     """A decoder of one message into checked types keeping ``fields``."""
     base = DcgmRecord if fields is None else dcgm_record_type(fields)
-    rec = msgspec.defstruct(base.__name__, [*_CHECKED, ("gpu", _GPU_OK), ("link", Optional[_LINK_OK], None),
-                                            ("model", Optional[_ID_OK], None)], bases=(base,), tag="dcgm",
-                            tag_field="kind", kw_only=True, gc=False)
+    rec = msgspec.defstruct(
+        base.__name__,
+        [*_CHECKED, ("gpu", _GPU_OK), ("link", Optional[_LINK_OK], None), ("model", Optional[_ID_OK], None)],
+        bases=(base,),
+        tag="dcgm",
+        tag_field="kind",
+        kw_only=True,
+        gc=False,
+    )
     one = Union[list[Union[rec, _NcclChecked]], rec, _NcclChecked]  # type: ignore[valid-type]
     return msgspec.json.Decoder(one)
 
@@ -157,7 +205,7 @@ def _raw(payload: bytes | str) -> str:
 @dataclass
 class Decoded:
     records: list[TelemetryRecord]
-    origins: Sequence[str]    # a list, or ``Origins`` from decode_many's fast path
+    origins: Sequence[str]  # a list, or ``Origins`` from decode_many's fast path
     dead: list[DeadLetter]
 
 
@@ -256,8 +304,8 @@ class Decoder:
         hosts = set(map(_HOST, recs)) - self._ok_hosts
         names: set[str | None] = set()
         try:
-            names.update(map(_MODEL, recs))   # DCGM records only, the common case
-        except AttributeError:                # NCCL records among them
+            names.update(map(_MODEL, recs))  # DCGM records only, the common case
+        except AttributeError:  # NCCL records among them
             for r in recs:
                 names.update(_NCCL_NAMES(r) if isinstance(r, NcclRecord) else (r.model,))
         names -= self._ok_names
@@ -265,7 +313,7 @@ class Decoder:
             return True
         if any(map(_bad_host, hosts)) or any(bad_identifier(n) is not None for n in names if n is not None):
             return False
-        if len(self._ok_names) + len(self._ok_hosts) > 100_000:   # bounded, for a stream of ever-new names
+        if len(self._ok_names) + len(self._ok_hosts) > 100_000:  # bounded, for a stream of ever-new names
             self._ok_names, self._ok_hosts = {None}, set()
         self._ok_names |= names
         self._ok_hosts |= hosts
@@ -275,19 +323,36 @@ class Decoder:
         """Decode one message (a record or an array of them); never raises."""
         try:
             return self._decode(payload, origin)
-        except Exception as e:   # a bug, or an input nobody thought of: it costs this message only
-            return Decoded([], [], [DeadLetter(reason=INTERNAL, detail=f"{type(e).__name__}: {e}"[:300],
-                                               origin=origin, raw=_raw(payload) if payload is not None else None)])
+        except Exception as e:  # a bug, or an input nobody thought of: it costs this message only
+            return Decoded(
+                [],
+                [],
+                [
+                    DeadLetter(
+                        reason=INTERNAL,
+                        detail=f"{type(e).__name__}: {e}"[:300],
+                        origin=origin,
+                        raw=_raw(payload) if payload is not None else None,
+                    )
+                ],
+            )
 
     def _decode(self, payload: bytes, origin: str) -> Decoded:
         out = Decoded([], [], [])
         if payload is None:
-            out.dead.append(DeadLetter(reason=WRONG_TYPE, detail="message has no value (a Kafka tombstone?)",
-                                       origin=origin))
+            out.dead.append(
+                DeadLetter(reason=WRONG_TYPE, detail="message has no value (a Kafka tombstone?)", origin=origin)
+            )
             return out
         if len(payload) > self.max_message_bytes:
-            out.dead.append(DeadLetter(reason=TOO_LARGE, detail=f"{len(payload)} bytes > {self.max_message_bytes}",
-                                       origin=origin, raw=_raw(payload[:RAW_KEEP])))
+            out.dead.append(
+                DeadLetter(
+                    reason=TOO_LARGE,
+                    detail=f"{len(payload)} bytes > {self.max_message_bytes}",
+                    origin=origin,
+                    raw=_raw(payload[:RAW_KEEP]),
+                )
+            )
             return out
         try:
             obj = self._fast.decode(payload)
@@ -297,7 +362,9 @@ class Decoder:
         recs = obj if isinstance(obj, list) else [obj]
         if self._all_plausible(recs) and (not recs or self._names_ok(recs)):
             out.records = recs
-            out.origins = list(map((origin + "#").__add__, map(str, range(len(recs))))) if isinstance(obj, list) else [origin]
+            out.origins = (
+                list(map((origin + "#").__add__, map(str, range(len(recs))))) if isinstance(obj, list) else [origin]
+            )
             return out
         for i, rec in enumerate(recs):
             self._accept(rec, f"{origin}#{i}" if isinstance(obj, list) else origin, out, payload)
@@ -316,9 +383,13 @@ class Decoder:
             if isinstance(r, DcgmSample):
                 if r.gpu < 0:
                     return False
-            elif not (0 <= r.rank < r.nranks and r.exec_time_us >= 0 and
-                      (r.busbw_gbs is None or 0 <= r.busbw_gbs < math.inf) and
-                      (r.algbw_gbs is None or 0 <= r.algbw_gbs < math.inf) and r.exec_time_us < math.inf):
+            elif not (
+                0 <= r.rank < r.nranks
+                and r.exec_time_us >= 0
+                and (r.busbw_gbs is None or 0 <= r.busbw_gbs < math.inf)
+                and (r.algbw_gbs is None or 0 <= r.algbw_gbs < math.inf)
+                and r.exec_time_us < math.inf
+            ):
                 return False
         return True
 
@@ -328,12 +399,20 @@ class Decoder:
         reason = self._check(rec)
         if reason is None:
             out.records.append(rec)
-            cast(list, out.origins).append(origin)   # the slow path's Decoded holds a list
+            cast(list, out.origins).append(origin)  # the slow path's Decoded holds a list
         else:
             code, detail = reason
             host = rec.host if _bad_host(rec.host) is None else None
-            out.dead.append(DeadLetter(reason=code, detail=detail, origin=origin, raw=_raw(payload),
-                                       ts=rec.ts if math.isfinite(rec.ts) else None, host=host))
+            out.dead.append(
+                DeadLetter(
+                    reason=code,
+                    detail=detail,
+                    origin=origin,
+                    raw=_raw(payload),
+                    ts=rec.ts if math.isfinite(rec.ts) else None,
+                    host=host,
+                )
+            )
 
     def _check(self, rec: TelemetryRecord) -> tuple[str, str] | None:
         ts = rec.ts
@@ -365,8 +444,11 @@ class Decoder:
             if rec.model is not None and (why := bad_identifier(rec.model)) is not None:
                 return BAD_IDENTIFIER, f"model {_shown(rec.model)}: {why}"
         else:
-            if rec.nranks > MAX_RANKS or rec.rank >= MAX_RANKS or (rec.nnodes is not None and
-                                                                   not 0 <= rec.nnodes <= MAX_RANKS):
+            if (
+                rec.nranks > MAX_RANKS
+                or rec.rank >= MAX_RANKS
+                or (rec.nnodes is not None and not 0 <= rec.nnodes <= MAX_RANKS)
+            ):
                 return OUT_OF_RANGE, f"rank {rec.rank} of {rec.nranks} (at most {MAX_RANKS} ranks)"
             if rec.rank < 0 or rec.nranks <= 0 or rec.rank >= rec.nranks:
                 return WRONG_TYPE, f"rank {rec.rank} of {rec.nranks}"
@@ -396,8 +478,11 @@ class Decoder:
             return
         except RecursionError:
             # A record is three levels deep; a thousand nested arrays are an attack or garbage.
-            out.dead.append(DeadLetter(reason=TOO_DEEP, detail="JSON nested too deep to be a record",
-                                       origin=origin, raw=_raw(payload)))
+            out.dead.append(
+                DeadLetter(
+                    reason=TOO_DEEP, detail="JSON nested too deep to be a record", origin=origin, raw=_raw(payload)
+                )
+            )
             return
         items = obj if isinstance(obj, list) else [obj]
         for i, item in enumerate(items):
@@ -407,7 +492,7 @@ class Decoder:
     def _slow_one(self, item: Any, origin: str, out: Decoded) -> None:
         try:
             self._slow_item(item, origin, out)
-        except RecursionError:   # nested deep inside a key nothing reads
+        except RecursionError:  # nested deep inside a key nothing reads
             out.dead.append(DeadLetter(reason=TOO_DEEP, detail="JSON nested too deep to be a record", origin=origin))
 
     def _slow_item(self, item: Any, origin: str, out: Decoded) -> None:
@@ -416,15 +501,17 @@ class Decoder:
         def dead(code: str, detail: str) -> None:
             host = item.get("host") if isinstance(item, dict) and isinstance(item.get("host"), str) else None
             if host is not None and _bad_host(host) is not None:
-                host = None   # never echo a name a JSON writer cannot encode
+                host = None  # never echo a name a JSON writer cannot encode
             out.dead.append(DeadLetter(reason=code, detail=detail, origin=origin, raw=raw, host=host))
 
         if not isinstance(item, dict):
             return dead(WRONG_TYPE, f"a record is a JSON object, got {type(item).__name__}")
         kind = item.get("kind")
         if kind not in _KINDS:
-            return dead(UNKNOWN_KIND if kind is not None else MISSING_KEY,
-                        f"kind {kind!r} (known: {', '.join(_KINDS)})" if kind is not None else "no 'kind'")
+            return dead(
+                UNKNOWN_KIND if kind is not None else MISSING_KEY,
+                f"kind {kind!r} (known: {', '.join(_KINDS)})" if kind is not None else "no 'kind'",
+            )
         ts = item.get("ts")
         if isinstance(ts, float) and not math.isfinite(ts):
             return dead(NAN_VALUE, f"ts is {ts}")
@@ -438,7 +525,7 @@ class Decoder:
                         dropped.append((name, BLANK_SENTINEL))
                     elif isinstance(val, str):
                         try:
-                            num = float(val)   # "71" from a loose producer is still 71
+                            num = float(val)  # "71" from a loose producer is still 71
                         except ValueError:
                             dropped.append((name, WRONG_TYPE))
                             continue
@@ -448,15 +535,16 @@ class Decoder:
                             dropped.append((name, NAN_FIELD))
                     else:
                         dropped.append((name, WRONG_TYPE))
-                elif isinstance(val, float) and not math.isfinite(val) or \
-                        isinstance(val, int) and abs(val) > _DOUBLE_MAX:
+                elif (
+                    isinstance(val, float) and not math.isfinite(val) or isinstance(val, int) and abs(val) > _DOUBLE_MAX
+                ):
                     # An integer beyond a double (300+ digits) is as unusable as Inf.
                     dropped.append((name, NAN_FIELD))
                 else:
                     clean[name] = val
             item = {**item, "fields": clean}
         labels = item.get("labels", {})
-        if labels is None:                      # null: no labels
+        if labels is None:  # null: no labels
             item = {**item, "labels": {}}
         elif not (isinstance(labels, dict) and all(map(_is_str, labels.values()))):
             # Labels are metadata: a number (a Slurm job id written as 1234) is kept as its text,
@@ -468,11 +556,20 @@ class Decoder:
             msg = str(e)
             code = MISSING_KEY if "missing required field" in msg else WRONG_TYPE
             return dead(code, msg)
-        if dropped and self._check(rec) is None:   # a refused record's fields need no word of their own
+        if dropped and self._check(rec) is None:  # a refused record's fields need no word of their own
             reasons = sorted({r for _, r in dropped})
             for r in reasons:
                 names = [n for n, rr in dropped if rr == r]
-                out.dead.append(DeadLetter(reason=r, detail=f"dropped {', '.join(names)}; rest of the record kept",
-                                           origin=origin, action="fields_dropped", fields=names, ts=rec.ts,
-                                           host=rec.host, raw=raw))
+                out.dead.append(
+                    DeadLetter(
+                        reason=r,
+                        detail=f"dropped {', '.join(names)}; rest of the record kept",
+                        origin=origin,
+                        action="fields_dropped",
+                        fields=names,
+                        ts=rec.ts,
+                        host=rec.host,
+                        raw=raw,
+                    )
+                )
         self._accept(rec, origin, out, raw)

@@ -34,8 +34,15 @@ def alert_line(a: AlertEvent, t0: float) -> str:
     return f"+{a.ts - t0:5.0f}s resolved {a.severity:<8} {a.fault:<22} {where:<18} after {a.ts - a.started_at:.0f}s"
 
 
-def run_demo(hosts: int = 8, duration: float = 1200.0, seed: int = 7, scenario: str = "mixed",
-             console: Console | None = None, rules: str | None = None, models: str | None = "auto") -> int:
+def run_demo(
+    hosts: int = 8,
+    duration: float = 1200.0,
+    seed: int = 7,
+    scenario: str = "mixed",
+    console: Console | None = None,
+    rules: str | None = None,
+    models: str | None = "auto",
+) -> int:
     from producers.sim import Simulator
 
     from pipeline.detection import build_detector
@@ -59,9 +66,11 @@ def run_demo(hosts: int = 8, duration: float = 1200.0, seed: int = 7, scenario: 
     alerts: list[AlertEvent] = []
     t_start = time.perf_counter()
     t0 = None
-    console.print(f"[bold]gpuwarden demo[/]: {hosts} hosts x 8 GPUs, {duration:.0f}s of event time, "
-                  f"scenario [cyan]{scenario}[/], seed {seed}, in-process bus, {len(engine.rules)} rules from {rules_dir}"
-                  f"{', ' + str(len(engine.models.checks)) + ' online models' if engine.models else ''}")
+    console.print(
+        f"[bold]gpuwarden demo[/]: {hosts} hosts x 8 GPUs, {duration:.0f}s of event time, "
+        f"scenario [cyan]{scenario}[/], seed {seed}, in-process bus, {len(engine.rules)} rules from {rules_dir}"
+        f"{', ' + str(len(engine.models.checks)) + ' online models' if engine.models else ''}"
+    )
 
     # Every alert goes to the alerts topic and is printed as it fires; dead letters to the DLQ.
     sink = BusOutput(producer, topics)
@@ -72,14 +81,20 @@ def run_demo(hosts: int = 8, duration: float = 1200.0, seed: int = 7, scenario: 
         sink.flush()
         for a in out_alerts:
             style = _STYLE.get(a.severity, "") if a.state == "firing" else "green"
-            progress.console.print(f"[{style}]{alert_line(a, t0 or a.ts)}[/]", highlight=False, soft_wrap=True,
-                                   markup=True)
+            progress.console.print(
+                f"[{style}]{alert_line(a, t0 or a.ts)}[/]", highlight=False, soft_wrap=True, markup=True
+            )
         alerts.extend(out_alerts)
 
-    with Progress(TextColumn("[progress.description]{task.description}"), BarColumn(),
-                  TextColumn("{task.completed:.0f}/{task.total:.0f}s event time"),
-                  TextColumn("{task.fields[rate]}"), TimeElapsedColumn(), console=console,
-                  transient=True) as progress:
+    with Progress(
+        TextColumn("[progress.description]{task.description}"),
+        BarColumn(),
+        TextColumn("{task.completed:.0f}/{task.total:.0f}s event time"),
+        TextColumn("{task.fields[rate]}"),
+        TimeElapsedColumn(),
+        console=console,
+        transient=True,
+    ) as progress:
         task = progress.add_task("replaying fleet", total=duration, rate="")
         for batch in sim.batches():
             if not batch:
@@ -91,18 +106,21 @@ def run_demo(hosts: int = 8, duration: float = 1200.0, seed: int = 7, scenario: 
             consumer.commit()
             publish(out.alerts, out.dead)
             elapsed = time.perf_counter() - t_start
-            progress.update(task, completed=batch[0]["ts"] - t0,
-                            rate=f"{pipe.totals.records / max(elapsed, 1e-9):,.0f} records/s")
+            progress.update(
+                task, completed=batch[0]["ts"] - t0, rate=f"{pipe.totals.records / max(elapsed, 1e-9):,.0f} records/s"
+            )
         out = pipe.flush()
         publish(out.alerts, out.dead)
     sink.close()
 
     elapsed = time.perf_counter() - t_start
     totals = pipe.totals
-    console.print(f"\n{totals.records:,} records ({totals.messages:,} messages) in {elapsed:.1f}s; "
-                  f"{len(bus.messages(topics.alerts))} alert events on {topics.alerts}, "
-                  f"{len(bus.messages(topics.dlq))} dead letters on {topics.dlq} "
-                  f"({', '.join(f'{k}: {v}' for k, v in sorted(totals.dead.items())) or 'none'})")
+    console.print(
+        f"\n{totals.records:,} records ({totals.messages:,} messages) in {elapsed:.1f}s; "
+        f"{len(bus.messages(topics.alerts))} alert events on {topics.alerts}, "
+        f"{len(bus.messages(topics.dlq))} dead letters on {topics.dlq} "
+        f"({', '.join(f'{k}: {v}' for k, v in sorted(totals.dead.items())) or 'none'})"
+    )
     matches, unmatched = match_faults(sim.labels(), alerts)
     table = Table(title="Injected faults vs alerts", min_width=60)
     for col in ("injected fault", "culprit", "onset", "found after", "right GPU", "by"):
@@ -110,14 +128,20 @@ def run_demo(hosts: int = 8, duration: float = 1200.0, seed: int = 7, scenario: 
     for m in matches:
         lab = m.label
         culprit = str(lab.get("host")) + (f"/GPU{lab['gpu']}" if lab.get("gpu") is not None else "")
-        table.add_row(lab["fault"], culprit, f"+{float(lab['onset']) - (t0 or 0):.0f}s",
-                      f"[green]{m.latency:.0f}s[/]" if m.latency is not None else "[red]missed[/]",
-                      {True: "yes", False: "[red]no[/]", None: "-"}[m.right_gpu],
-                      m.alert.rule if m.alert else "-")
+        table.add_row(
+            lab["fault"],
+            culprit,
+            f"+{float(lab['onset']) - (t0 or 0):.0f}s",
+            f"[green]{m.latency:.0f}s[/]" if m.latency is not None else "[red]missed[/]",
+            {True: "yes", False: "[red]no[/]", None: "-"}[m.right_gpu],
+            m.alert.rule if m.alert else "-",
+        )
     console.print(table)
     labels = sim.labels()
     knock = [a for a in unmatched if knock_on(a, labels)]
-    console.print(f"{sum(m.detected for m in matches)}/{len(matches)} injected faults detected; "
-                  f"{len(knock)} more alert(s) are knock-on effects on a faulty GPU or host (e.g. a throttled GPU "
-                  f"is also an NCCL straggler); {len(unmatched) - len(knock)} firing alert(s) matched no injected fault.")
+    console.print(
+        f"{sum(m.detected for m in matches)}/{len(matches)} injected faults detected; "
+        f"{len(knock)} more alert(s) are knock-on effects on a faulty GPU or host (e.g. a throttled GPU "
+        f"is also an NCCL straggler); {len(unmatched) - len(knock)} firing alert(s) matched no injected fault."
+    )
     return 0

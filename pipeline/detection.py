@@ -29,8 +29,9 @@ def models_path(rules: list[str], models: str | None) -> Path | None:
     return Path(models)
 
 
-def build_engine(rules: list[str], models: str | None = "auto", config: EngineConfig | None = None,
-                 stages: str = "one") -> tuple[Any, list[Diagnostic]]:
+def build_engine(
+    rules: list[str], models: str | None = "auto", config: EngineConfig | None = None, stages: str = "one"
+) -> tuple[Any, list[Diagnostic]]:
     """An engine with the rules and models (``stages="one"``), or what the product's drivers
     feed (``stages="two"``, ``build_detector``): the rules in an ``Engine``, and with models a
     ``Topology`` of two stages (rules and absence per host, the models across hosts:
@@ -58,14 +59,17 @@ def build_engine(rules: list[str], models: str | None = "auto", config: EngineCo
             mp = mpath
 
             def fleet_engine() -> Engine:
-                return Engine(config, row_checks=[], tick_checks=[], models=load_models(mp, tick=config.tick),
-                              screened=True)
+                return Engine(
+                    config, row_checks=[], tick_checks=[], models=load_models(mp, tick=config.tick), screened=True
+                )
+
             return Topology(Engine(config, rules=alone), fleet_engine), diags
     return Engine(config, rules=ruleset, models=modelset), diags
 
 
-def build_detector(rules: list[str], models: str | None = "auto", config: EngineConfig | None = None
-                   ) -> tuple[Any, list[Diagnostic]]:
+def build_detector(
+    rules: list[str], models: str | None = "auto", config: EngineConfig | None = None
+) -> tuple[Any, list[Diagnostic]]:
     """What replay, the demo, the evaluation and the service run: ``build_engine(stages="two")``."""
     return build_engine(rules, models, config, stages="two")
 

@@ -21,8 +21,8 @@ _UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 # Blanks between a number and its unit and between parts ("10 m", "1h 30m") are allowed: the
 # remediation config always took them.
 _PART = re.compile(r"\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)")
-_SECONDS = re.compile(r"\s*(\d+(?:\.\d+)?)\s*")   # a number without a unit, quoted
-MAX_SECONDS = 366 * 86400.0   # a year (and a leap day): longer than any window or hold-off means
+_SECONDS = re.compile(r"\s*(\d+(?:\.\d+)?)\s*")  # a number without a unit, quoted
+MAX_SECONDS = 366 * 86400.0  # a year (and a leap day): longer than any window or hold-off means
 
 
 def _bounded(seconds: float, text: object) -> float:
@@ -46,7 +46,7 @@ def parse_duration(text: str | int | float) -> float:
     if isinstance(text, (int, float)):
         try:
             return _bounded(float(text), text)
-        except OverflowError:   # an int too big for a float
+        except OverflowError:  # an int too big for a float
             raise ValueError("the number is longer than the limit of 366d") from None
     s = str(text)
     shown = text if len(s.strip()) <= 40 else s.strip()[:40] + "..."

@@ -9,12 +9,12 @@ from __future__ import annotations
 
 # The command line's exit statuses (documented in the README); a script may match on them.
 EXIT_OK = 0
-EXIT_FINDINGS = 1        # the command worked and found something: rule errors, failed tests, actions failed
-EXIT_USAGE = 2           # the command line is wrong: unknown option, bad option value, unknown scenario
-EXIT_INPUT = 3           # a named file or config cannot be read or is not valid
-EXIT_UNAVAILABLE = 4     # a broker or service did not answer, or refused the credentials
-EXIT_INTERNAL = 70       # a bug: the traceback is shown with -v (sysexits' EX_SOFTWARE)
-EXIT_INTERRUPTED = 130   # Ctrl-C (128 + SIGINT)
+EXIT_FINDINGS = 1  # the command worked and found something: rule errors, failed tests, actions failed
+EXIT_USAGE = 2  # the command line is wrong: unknown option, bad option value, unknown scenario
+EXIT_INPUT = 3  # a named file or config cannot be read or is not valid
+EXIT_UNAVAILABLE = 4  # a broker or service did not answer, or refused the credentials
+EXIT_INTERNAL = 70  # a bug: the traceback is shown with -v (sysexits' EX_SOFTWARE)
+EXIT_INTERRUPTED = 130  # Ctrl-C (128 + SIGINT)
 
 
 class GpuwardenError(Exception):

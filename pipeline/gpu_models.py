@@ -40,10 +40,26 @@ def _rows() -> list[GpuModel]:
     lines = [ln for ln in text.splitlines() if ln and not ln.startswith("#")]
     out = []
     for row in csv.DictReader(lines):
-        nums = {k: float(row[k]) for k in ("tdp_w", "max_sm_clock_mhz", "mem_clock_mhz", "gpu_max_op_c",
-                                          "slowdown_c", "shutdown_c", "mem_max_op_c")}
-        out.append(GpuModel(key=row["key"], match=tuple(m.strip().upper() for m in row["match"].split("|")),
-                            source=row["source"], **nums))
+        nums = {
+            k: float(row[k])
+            for k in (
+                "tdp_w",
+                "max_sm_clock_mhz",
+                "mem_clock_mhz",
+                "gpu_max_op_c",
+                "slowdown_c",
+                "shutdown_c",
+                "mem_max_op_c",
+            )
+        }
+        out.append(
+            GpuModel(
+                key=row["key"],
+                match=tuple(m.strip().upper() for m in row["match"].split("|")),
+                source=row["source"],
+                **nums,
+            )
+        )
     return out
 
 

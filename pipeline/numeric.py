@@ -47,8 +47,9 @@ def distinct(ent: np.ndarray) -> tuple[np.ndarray, bool]:
     return ent[first], False
 
 
-def group_stat(keys: np.ndarray, values: np.ndarray, stat: str,
-               groups: tuple[np.ndarray, np.ndarray] | None = None) -> np.ndarray:
+def group_stat(
+    keys: np.ndarray, values: np.ndarray, stat: str, groups: tuple[np.ndarray, np.ndarray] | None = None
+) -> np.ndarray:
     """Per row, ``stat`` (median/mean/min/max/count) of ``values`` over rows with the same key; NaN ignored.
 
     ``groups``: ``np.unique(keys, return_inverse=True)`` when the caller already has it (every
@@ -73,8 +74,7 @@ def group_stat(keys: np.ndarray, values: np.ndarray, stat: str,
         return np.where(np.isinf(out), np.nan, out)[inv]
     if stat == "median":
         g = n // len(uniq)
-        if g * len(uniq) == n and ok.all() and (inv[::g] == np.arange(len(uniq))).all() and \
-                (np.diff(inv) >= 0).all():
+        if g * len(uniq) == n and ok.all() and (inv[::g] == np.arange(len(uniq))).all() and (np.diff(inv) >= 0).all():
             # Every host reporting the same number of GPUs, in consecutive rows, all known (the
             # usual tick): a partition per host row instead of a sort of the whole tick.
             # np.median's arithmetic (the mean of the two middle values) on a sort of 8-wide rows:

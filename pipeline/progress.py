@@ -30,7 +30,7 @@ def enabled() -> bool:
         return False
     try:
         return sys.stderr.isatty()
-    except (AttributeError, ValueError):   # replaced or closed stderr
+    except (AttributeError, ValueError):  # replaced or closed stderr
         return False
 
 
@@ -45,8 +45,15 @@ def bar(description: str, total: float | None = None, unit: str = "records") -> 
         yield _noop
         return
     from rich.console import Console
-    from rich.progress import (BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn,
-                               TimeElapsedColumn, TimeRemainingColumn)
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        SpinnerColumn,
+        TextColumn,
+        TimeElapsedColumn,
+        TimeRemainingColumn,
+    )
 
     columns = [SpinnerColumn(), TextColumn("{task.description}")]
     if total is None:

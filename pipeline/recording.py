@@ -28,8 +28,16 @@ class RecordResult:
     lines: int
 
 
-def record(bootstrap: str, topic: str, out: str, *, idle_timeout: float = 5.0, max_messages: int | None = None,
-           security: dict | None = None, should_stop: Callable[[], bool] = lambda: False) -> RecordResult:
+def record(
+    bootstrap: str,
+    topic: str,
+    out: str,
+    *,
+    idle_timeout: float = 5.0,
+    max_messages: int | None = None,
+    security: dict | None = None,
+    should_stop: Callable[[], bool] = lambda: False,
+) -> RecordResult:
     """Copy ``topic`` from the beginning to ``out`` until it has been idle for ``idle_timeout``."""
     consumer = KafkaBusConsumer(bootstrap, topic, group=None, security=security)
     msgs = lines = 0
@@ -61,8 +69,9 @@ def record(bootstrap: str, topic: str, out: str, *, idle_timeout: float = 5.0, m
     return RecordResult(msgs, lines)
 
 
-def publish(paths: list[str], bootstrap: str, topic: str, *, speed: float | None = None,
-            security: dict | None = None) -> int:
+def publish(
+    paths: list[str], bootstrap: str, topic: str, *, speed: float | None = None, security: dict | None = None
+) -> int:
     """Send a recording to ``topic``; returns the number of messages sent."""
     producer = KafkaBusProducer(bootstrap, security=security)
     lines = (m for path in paths for m in read_lines(path))

@@ -32,10 +32,16 @@ def _batches(messages: Iterable[Message], size: int) -> Iterator[list[Message]]:
         yield batch
 
 
-def replay(paths: list[str | Path], *, engine: Engine | None = None, alerts_out: str | None = None,
-           dlq_out: str | None = None, batch_size: int = 2000,
-           on_batch: Callable[[int, EngineOutput], None] | None = None,
-           sink: OutputSink | None = None) -> ReplayResult:
+def replay(
+    paths: list[str | Path],
+    *,
+    engine: Engine | None = None,
+    alerts_out: str | None = None,
+    dlq_out: str | None = None,
+    batch_size: int = 2000,
+    on_batch: Callable[[int, EngineOutput], None] | None = None,
+    sink: OutputSink | None = None,
+) -> ReplayResult:
     """Run every line of ``paths`` through a pipeline; write alerts and dead letters as JSONL
     (``alerts_out``, ``dlq_out``), or through ``sink`` when given (closed at the end either way)."""
     pipe = Pipeline(engine)

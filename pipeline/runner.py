@@ -20,7 +20,7 @@ class Totals:
     messages: int = 0
     records: int = 0
     dead: Counter[str] = field(default_factory=Counter)
-    alerts: Counter[str] = field(default_factory=Counter)   # firing alerts by fault family
+    alerts: Counter[str] = field(default_factory=Counter)  # firing alerts by fault family
 
     def add(self, out: EngineOutput) -> None:
         for d in out.dead:
@@ -56,8 +56,9 @@ class _Origins(Sequence[str]):
 class Pipeline:
     """Decode a batch of messages and feed the engine; dead letters from both stages come back."""
 
-    def __init__(self, engine: Engine | None = None, decoder: Decoder | None = None,
-                 clock: Callable[[], float] | None = None) -> None:
+    def __init__(
+        self, engine: Engine | None = None, decoder: Decoder | None = None, clock: Callable[[], float] | None = None
+    ) -> None:
         """``clock``: a live consumer's monotonic wall clock (see ``EngineConfig.idle_timeout``)."""
         self.engine = engine or Engine()
         self.decoder = decoder or Decoder()
@@ -66,7 +67,7 @@ class Pipeline:
 
     def handle(self, messages: Sequence[Message]) -> EngineOutput:
         out = EngineOutput()
-        if self.decoder.fields is not self.engine.decode_fields:   # new engine or rules reloaded
+        if self.decoder.fields is not self.engine.decode_fields:  # new engine or rules reloaded
             self.decoder.set_fields(self.engine.decode_fields)
         d = self.decoder.decode_many([m.value for m in messages], _Origins(messages))
         records, origins = d.records, d.origins
@@ -88,17 +89,22 @@ class Pipeline:
         """
         try:
             return self.handle(messages)
-        except Exception as e:   # noqa: BLE001 - a driver must outlive any one message
-            log.error("a batch raised %s: %s; handling its %d message(s) one by one", type(e).__name__, e,
-                      len(messages))
+        except Exception as e:  # noqa: BLE001 - a driver must outlive any one message
+            log.error(
+                "a batch raised %s: %s; handling its %d message(s) one by one", type(e).__name__, e, len(messages)
+            )
         out = EngineOutput()
         for m in messages:
             try:
                 out.extend(self.handle([m]))
-            except Exception as e:   # noqa: BLE001
+            except Exception as e:  # noqa: BLE001
                 log.exception("message at %s raised; dead-lettered as internal", m.origin)
-                dead = DeadLetter(reason=INTERNAL, detail=f"{type(e).__name__}: {e}"[:300], origin=m.origin,
-                                  raw=None if m.value is None else bytes(m.value[:RAW_KEEP]).decode("utf-8", "replace"))
+                dead = DeadLetter(
+                    reason=INTERNAL,
+                    detail=f"{type(e).__name__}: {e}"[:300],
+                    origin=m.origin,
+                    raw=None if m.value is None else bytes(m.value[:RAW_KEEP]).decode("utf-8", "replace"),
+                )
                 self.totals.dead[INTERNAL] += 1
                 out.dead.append(dead)
         return out

@@ -15,11 +15,30 @@ from typing import Any, Union, cast
 import msgspec
 
 from pipeline.catalog import FIELDS
+
 # DeadLetter's reason codes and the records' origins (pipeline/deadletters.py), beside it.
-from pipeline.deadletters import (BAD_IDENTIFIER, BLANK_SENTINEL, ENTITY_LIMIT, INTERNAL, LATE,  # noqa: F401
-                                  MALFORMED_JSON, MISSING_KEY, NAN_FIELD, NAN_VALUE, NEGATIVE_VALUE, OUT_OF_RANGE,
-                                  REASONS, TOO_DEEP, TOO_LARGE, TS_OUT_OF_RANGE, UNKNOWN_KIND, UNSUPPORTED_VERSION,
-                                  WRONG_TYPE, Origins, take_origins)
+from pipeline.deadletters import (
+    BAD_IDENTIFIER,
+    BLANK_SENTINEL,
+    ENTITY_LIMIT,
+    INTERNAL,
+    LATE,
+    MALFORMED_JSON,
+    MISSING_KEY,
+    NAN_FIELD,
+    NAN_VALUE,
+    NEGATIVE_VALUE,
+    OUT_OF_RANGE,
+    REASONS,
+    TOO_DEEP,
+    TOO_LARGE,
+    TS_OUT_OF_RANGE,
+    UNKNOWN_KIND,
+    UNSUPPORTED_VERSION,
+    WRONG_TYPE,
+    Origins,
+    take_origins,
+)
 
 SCHEMA_VERSION = 1
 
@@ -80,7 +99,7 @@ class NcclRecord(msgspec.Struct, tag="nccl", tag_field="kind", kw_only=True, gc=
     labels: dict[str, str] = {}
 
 
-TelemetryRecord = Union[DcgmSample, NcclRecord]   # a DcgmRecord is a DcgmSample
+TelemetryRecord = Union[DcgmSample, NcclRecord]  # a DcgmRecord is a DcgmSample
 
 # MIG (docs/architecture.md §3). dcgm-exporter labels a GPU instance's series with these
 # (rendermetrics/render_metrics.go: GPU_I_PROFILE="3g.40gb", GPU_I_ID = NVML's GPU instance id).
@@ -90,7 +109,8 @@ MIG_PROFILE_LABEL = "GPU_I_PROFILE"
 # framebuffer and the profiling (DCGM_FI_PROF_*, ids 1001-1099) fields. Every other field belongs
 # to the physical GPU (XIDs, temperatures, power, clocks, ECC, row remap, NVLink, PCIe, violations).
 MIG_INSTANCE_FIELD_IDS: frozenset[int] = frozenset(
-    f.field_id for f in FIELDS if f.field_id in (203, 204, 250, 251, 252) or 1000 < f.field_id < 1100)
+    f.field_id for f in FIELDS if f.field_id in (203, 204, 250, 251, 252) or 1000 < f.field_id < 1100
+)
 
 
 @functools.lru_cache(maxsize=32)
@@ -109,8 +129,13 @@ def dcgm_fields_type(names: tuple[str, ...]) -> type:
     """
     slot = {n: i for i, n in enumerate(FIELDS.all_names)}
     ordered = sorted(set(names), key=slot.__getitem__)
-    return msgspec.defstruct("DcgmFieldsSubset", [(n, Union[int, float], math.nan) for n in ordered],
-                             omit_defaults=True, repr_omit_defaults=True, gc=False)
+    return msgspec.defstruct(
+        "DcgmFieldsSubset",
+        [(n, Union[int, float], math.nan) for n in ordered],
+        omit_defaults=True,
+        repr_omit_defaults=True,
+        gc=False,
+    )
 
 
 class DcgmJobLabels(msgspec.Struct, kw_only=True, gc=False):
@@ -140,10 +165,18 @@ def dcgm_record_type(names: tuple[str, ...]) -> type[DcgmSample]:
     """
     sub = dcgm_fields_type(names)
     # defstruct is typed as making a plain Struct; bases=(DcgmSample,) makes it a DcgmSample.
-    made = msgspec.defstruct("DcgmSampleSubset", [("fields", sub, msgspec.field(default_factory=sub)),
-                                                  ("labels", Union[DcgmJobLabels, None],
-                                                   msgspec.field(default_factory=DcgmJobLabels))],
-                             bases=(DcgmSample,), tag="dcgm", tag_field="kind", kw_only=True, gc=False)
+    made = msgspec.defstruct(
+        "DcgmSampleSubset",
+        [
+            ("fields", sub, msgspec.field(default_factory=sub)),
+            ("labels", Union[DcgmJobLabels, None], msgspec.field(default_factory=DcgmJobLabels)),
+        ],
+        bases=(DcgmSample,),
+        tag="dcgm",
+        tag_field="kind",
+        kw_only=True,
+        gc=False,
+    )
     return cast("type[DcgmSample]", made)
 
 
@@ -152,8 +185,8 @@ class AlertEvent(msgspec.Struct, tag="alert", tag_field="kind", kw_only=True):
 
     v: int = SCHEMA_VERSION
     id: str
-    state: str                      # firing | resolved
-    fault: str                      # family-prefixed: thermal_..., hbm_..., nvlink_..., gpu_...
+    state: str  # firing | resolved
+    fault: str  # family-prefixed: thermal_..., hbm_..., nvlink_..., gpu_...
     severity: str
     rule: str
     host: str | None = None
@@ -178,7 +211,7 @@ class DeadLetter(msgspec.Struct, tag="dead_letter", tag_field="kind", kw_only=Tr
     reason: str
     detail: str
     origin: str
-    action: str = "record_dropped"     # or "fields_dropped": the rest of the record was used
+    action: str = "record_dropped"  # or "fields_dropped": the rest of the record was used
     fields: list[str] = []
     ts: float | None = None
     host: str | None = None

@@ -36,7 +36,9 @@ class Match:
         return self.alert.host == self.label.get("host") and self.alert.gpu == self.label["gpu"]
 
 
-def match_faults(labels: Iterable[dict[str, Any]], alerts: Iterable[AlertEvent]) -> tuple[list[Match], list[AlertEvent]]:
+def match_faults(
+    labels: Iterable[dict[str, Any]], alerts: Iterable[AlertEvent]
+) -> tuple[list[Match], list[AlertEvent]]:
     """Pair each injected fault with the first firing alert of its family on its host within its window.
 
     Returns the matches (in label order) and the firing alerts that matched no fault.

@@ -33,7 +33,7 @@ from pipeline.errors import ConfigError
 
 T = TypeVar("T")
 
-TOP = "(top level)"   # the key of a mistake in the document as a whole
+TOP = "(top level)"  # the key of a mistake in the document as a whole
 _UNKNOWN = re.compile(r"Object contains unknown field `([^`]*)`")
 _AT = re.compile(r" - at `\$(.*)`$")
 
@@ -75,14 +75,15 @@ def convert(data: Any, typ: Any, prefix: str = "", *, source: str | None = None)
         raise ConfigError(key, f"{source}: {what}" if source else what) from None
 
 
-def read_text(path: str | Path, limits: yamlsafe.Limits = yamlsafe.DEFAULT, *, key: str = "--config",
-              yaml_key: str = "(yaml)") -> str:
+def read_text(
+    path: str | Path, limits: yamlsafe.Limits = yamlsafe.DEFAULT, *, key: str = "--config", yaml_key: str = "(yaml)"
+) -> str:
     """A config file's text, reading no more than ``limits`` allows into memory; ``ConfigError``
     under ``key`` when it cannot be read, under ``yaml_key`` when it is not UTF-8."""
     p = Path(path)
     try:
         with p.open("rb") as fh:
-            raw = fh.read(limits.max_bytes + 1)   # one byte over: yamlsafe then says it is too big
+            raw = fh.read(limits.max_bytes + 1)  # one byte over: yamlsafe then says it is too big
     except OSError as e:
         raise ConfigError(key, f"cannot read {p}: {e.strerror or e}") from None
     try:
@@ -91,8 +92,9 @@ def read_text(path: str | Path, limits: yamlsafe.Limits = yamlsafe.DEFAULT, *, k
         raise ConfigError(yaml_key, f"{p}: not UTF-8 text ({e.reason} at byte {e.start})") from None
 
 
-def parse_yaml(text: str, limits: yamlsafe.Limits = yamlsafe.DEFAULT, *, source: str = "<config>",
-               key: str = "(yaml)") -> Any:
+def parse_yaml(
+    text: str, limits: yamlsafe.Limits = yamlsafe.DEFAULT, *, source: str = "<config>", key: str = "(yaml)"
+) -> Any:
     """One YAML document through ``pipeline.yamlsafe``; every problem a ``ConfigError`` under
     ``key`` naming ``source`` (and the line and column of a limit crossed)."""
     try:
@@ -101,12 +103,13 @@ def parse_yaml(text: str, limits: yamlsafe.Limits = yamlsafe.DEFAULT, *, source:
         raise ConfigError(key, f"{source}:{e.line}:{e.col}: {e.message}") from None
     except yaml.YAMLError as e:
         raise ConfigError(key, f"{source}: not valid YAML: {e}") from None
-    except (ValueError, OverflowError) as e:   # a scalar PyYAML cannot build: an int of 5000 digits
+    except (ValueError, OverflowError) as e:  # a scalar PyYAML cannot build: an int of 5000 digits
         raise ConfigError(key, f"{source}: cannot read a value ({str(e).split(':')[0]})") from None
 
 
-def load_yaml(path: str | Path, limits: yamlsafe.Limits = yamlsafe.DEFAULT, *, key: str = "--config",
-              yaml_key: str = "(yaml)") -> Any:
+def load_yaml(
+    path: str | Path, limits: yamlsafe.Limits = yamlsafe.DEFAULT, *, key: str = "--config", yaml_key: str = "(yaml)"
+) -> Any:
     """A YAML file's document (``read_text`` and ``parse_yaml``)."""
     return parse_yaml(read_text(path, limits, key=key, yaml_key=yaml_key), limits, source=str(path), key=yaml_key)
 

@@ -23,11 +23,11 @@ import yaml
 
 @dataclass(frozen=True)
 class Limits:
-    max_bytes: int = 1 << 20        # the file, in UTF-8 bytes
-    max_depth: int = 64             # mappings and lists nested in each other
-    max_aliases: int = 100          # ``*name`` uses in one document
-    max_nodes: int = 100_000        # every scalar, list and mapping, aliases expanded
-    max_string: int = 64 << 10      # one scalar's characters
+    max_bytes: int = 1 << 20  # the file, in UTF-8 bytes
+    max_depth: int = 64  # mappings and lists nested in each other
+    max_aliases: int = 100  # ``*name`` uses in one document
+    max_nodes: int = 100_000  # every scalar, list and mapping, aliases expanded
+    max_string: int = 64 << 10  # one scalar's characters
 
 
 DEFAULT = Limits()
@@ -52,8 +52,8 @@ def _bounded(base: type) -> type:
         def __init__(self, stream: str, limits: Limits) -> None:
             super().__init__(stream)
             self._limits = limits
-            self._open: list[Any] = []          # the containers being composed, outermost first
-            self._size: dict[int, int] = {}     # id(node) -> nodes it expands to
+            self._open: list[Any] = []  # the containers being composed, outermost first
+            self._size: dict[int, int] = {}  # id(node) -> nodes it expands to
             self._aliases = 0
             self._nodes = 0
 
@@ -66,8 +66,7 @@ def _bounded(base: type) -> type:
             if isinstance(event, yaml.AliasEvent):
                 self._aliases += 1
                 if self._aliases > lim.max_aliases:
-                    self._fail(ALIAS, f"more than {lim.max_aliases} aliases (*name) in one document",
-                               event.start_mark)
+                    self._fail(ALIAS, f"more than {lim.max_aliases} aliases (*name) in one document", event.start_mark)
                 node = super().compose_node(parent, index)
                 if node is parent or any(node is n for n in self._open):
                     self._fail(ALIAS, f"alias *{event.anchor} refers to a node that contains it", event.start_mark)

@@ -10,7 +10,7 @@ from typing import Any
 
 log = logging.getLogger(__name__)
 
-FINDINGS_EXIT = 3   # the input was read, and it holds a critical finding (e.g. nccl-tests wrong results)
+FINDINGS_EXIT = 3  # the input was read, and it holds a critical finding (e.g. nccl-tests wrong results)
 
 
 def _sender(args: argparse.Namespace) -> Any:
@@ -19,8 +19,10 @@ def _sender(args: argparse.Namespace) -> Any:
     from producers.common import BoundedSender, JsonlSink, KafkaSink
 
     if bool(args.out) == connection.wanted(args):
-        raise SystemExit(f"gpuwarden produce {args.source}: give exactly one of --out FILE or "
-                         "--kafka BOOTSTRAP / --kafka-config FILE")
+        raise SystemExit(
+            f"gpuwarden produce {args.source}: give exactly one of --out FILE or "
+            "--kafka BOOTSTRAP / --kafka-config FILE"
+        )
     if args.buffer <= 0:
         raise SystemExit("gpuwarden produce: --buffer must be a positive number of records")
     if args.out:
@@ -31,14 +33,22 @@ def _sender(args: argparse.Namespace) -> Any:
     refused = connection.login_refused(conn, timeout_s=max(args.send_timeout, 5.0))
     if refused:
         raise BrokerUnavailableError(refused)
-    sink = KafkaSink(conn.bootstrap, Topics(args.prefix).telemetry, send_timeout_s=args.send_timeout,
-                     security=conn.options())
+    sink = KafkaSink(
+        conn.bootstrap, Topics(args.prefix).telemetry, send_timeout_s=args.send_timeout, security=conn.options()
+    )
     return BoundedSender(sink, max_records=args.buffer)
 
 
 def _run(args: argparse.Namespace, make_source: Any) -> int:
-    from producers.common import ProducerMetrics, RunResult, format_counts, install_stop_handlers, run, \
-        serve_metrics, source_counts
+    from producers.common import (
+        ProducerMetrics,
+        RunResult,
+        format_counts,
+        install_stop_handlers,
+        run,
+        serve_metrics,
+        source_counts,
+    )
 
     sender = _sender(args)
     try:
@@ -51,8 +61,9 @@ def _run(args: argparse.Namespace, make_source: Any) -> int:
     endpoint = None
     if getattr(args, "metrics_port", None) is not None:
         try:
-            endpoint = serve_metrics(ProducerMetrics(args.source, source, sender, res), args.metrics_port,
-                                     args.metrics_host)
+            endpoint = serve_metrics(
+                ProducerMetrics(args.source, source, sender, res), args.metrics_port, args.metrics_host
+            )
         except OSError as e:
             source.close()
             sender.close()
@@ -66,8 +77,12 @@ def _run(args: argparse.Namespace, make_source: Any) -> int:
         if endpoint is not None:
             endpoint.stop()
     s = res.sender
-    print(f"gpuwarden produce {args.source}: {res.records} records read, {s.sent} delivered, "
-          f"{s.dropped} dropped, {s.failures} failed sends", file=sys.stderr, flush=True)
+    print(
+        f"gpuwarden produce {args.source}: {res.records} records read, {s.sent} delivered, "
+        f"{s.dropped} dropped, {s.failures} failed sends",
+        file=sys.stderr,
+        flush=True,
+    )
     counts = source_counts(source)
     if counts:
         print(f"gpuwarden produce {args.source}: " + format_counts(counts), file=sys.stderr, flush=True)
@@ -97,9 +112,13 @@ def _cmd_dcgmi(args: argparse.Namespace) -> int:
         try:
             ids = tuple(int(x) for x in args.fields.split(","))
         except ValueError:
-            raise SystemExit(f"gpuwarden produce dcgmi: --fields must be comma-separated field ids, got {args.fields!r}")
-    return _run(args, lambda: DmonSource(ids, interval_s=args.interval, host=args.host, dcgmi=args.dcgmi,
-                                 probe=not args.no_probe))
+            raise SystemExit(
+                f"gpuwarden produce dcgmi: --fields must be comma-separated field ids, got {args.fields!r}"
+            )
+    return _run(
+        args,
+        lambda: DmonSource(ids, interval_s=args.interval, host=args.host, dcgmi=args.dcgmi, probe=not args.no_probe),
+    )
 
 
 def _cmd_nvml(args: argparse.Namespace) -> int:
@@ -113,8 +132,14 @@ def _cmd_nccl_inspector(args: argparse.Namespace) -> int:
 
     if bool(args.dir) == bool(args.prom):
         raise SystemExit("gpuwarden produce nccl-inspector: give a DIR or --prom FILE")
-    return _run(args, lambda: PromFileSource(args.prom, host=args.host) if args.prom else
-                InspectorFollower(args.dir, gpus_per_node=args.gpus_per_node, job=args.job))
+    return _run(
+        args,
+        lambda: (
+            PromFileSource(args.prom, host=args.host)
+            if args.prom
+            else InspectorFollower(args.dir, gpus_per_node=args.gpus_per_node, job=args.job)
+        ),
+    )
 
 
 def _cmd_nccl_tests(args: argparse.Namespace) -> int:
@@ -132,10 +157,17 @@ def _cmd_kmsg(args: argparse.Namespace) -> int:
     def make() -> object:
         pci = load_pci_map(args.pci_map, args.nvidia_smi)
         if args.file:
-            return KmsgFileSource(args.file, pci, host=args.host, interval_s=args.interval, boot_time=args.boot_time,
-                                  sample=not args.events_only)
+            return KmsgFileSource(
+                args.file,
+                pci,
+                host=args.host,
+                interval_s=args.interval,
+                boot_time=args.boot_time,
+                sample=not args.events_only,
+            )
         reader = JournalReader(args.journalctl) if args.journal else DevKmsgReader(args.kmsg or "/dev/kmsg")
         return KmsgFollower(reader, pci, host=args.host, sample=not args.events_only)
+
     return _run(args, make)
 
 
@@ -148,11 +180,20 @@ def _common(p: argparse.ArgumentParser, interval: float) -> None:
     p.add_argument("--host", help="host name for the records (default: what the source says, else this host)")
     p.add_argument("--interval", type=float, default=interval, help="seconds between polls (default %(default)s)")
     p.add_argument("--count", type=int, default=None, help="stop after this many polls")
-    p.add_argument("--buffer", type=int, default=200_000, help="records held while the broker is away; "
-                   "the oldest are dropped beyond it (default %(default)s)")
+    p.add_argument(
+        "--buffer",
+        type=int,
+        default=200_000,
+        help="records held while the broker is away; the oldest are dropped beyond it (default %(default)s)",
+    )
     p.add_argument("--send-timeout", type=float, default=5.0, help="seconds one send may wait (default %(default)s)")
-    p.add_argument("--metrics-port", type=int, default=None, help="serve the producer's counters (records, "
-                   "drops by reason, failed sends, queue depth) on http://HOST:PORT/metrics (0: any free port)")
+    p.add_argument(
+        "--metrics-port",
+        type=int,
+        default=None,
+        help="serve the producer's counters (records, "
+        "drops by reason, failed sends, queue depth) on http://HOST:PORT/metrics (0: any free port)",
+    )
     p.add_argument("--metrics-host", default="0.0.0.0", help="address for --metrics-port (default %(default)s)")
 
 
@@ -172,8 +213,11 @@ def register(sub: Any) -> None:
     g.add_argument("--fields", help="comma-separated DCGM field ids (default: what the rules use)")
     g.add_argument("--dcgmi", default="dcgmi", help="path of the dcgmi binary")
     g.add_argument("--no-probe", action="store_true", help="skip the per-field support check")
-    g.add_argument("--file", help="read a saved dmon log instead of running dcgmi (rounds are --interval "
-                   "seconds apart, the last one at the file's modification time)")
+    g.add_argument(
+        "--file",
+        help="read a saved dmon log instead of running dcgmi (rounds are --interval "
+        "seconds apart, the last one at the file's modification time)",
+    )
     _common(g, 1.0)
     g.set_defaults(func=_cmd_dcgmi)
 
@@ -197,19 +241,36 @@ def register(sub: Any) -> None:
     _common(t, 1.0)
     t.set_defaults(func=_cmd_nccl_tests)
 
-    k = psub.add_parser("kmsg", help="follow the kernel log's XIDs and NVSwitch SXids (/dev/kmsg, journalctl, "
-                        "or a saved dmesg/journal file)")
-    k.add_argument("--file", help="a saved log instead of following one: dmesg (with or without -T or "
-                   "timestamps), journalctl (short, short-iso, json) or a copy of /dev/kmsg; - for stdin")
+    k = psub.add_parser(
+        "kmsg",
+        help="follow the kernel log's XIDs and NVSwitch SXids (/dev/kmsg, journalctl, or a saved dmesg/journal file)",
+    )
+    k.add_argument(
+        "--file",
+        help="a saved log instead of following one: dmesg (with or without -T or "
+        "timestamps), journalctl (short, short-iso, json) or a copy of /dev/kmsg; - for stdin",
+    )
     k.add_argument("--kmsg", metavar="PATH", help="follow this kmsg device (default: /dev/kmsg)")
     k.add_argument("--journal", action="store_true", help="follow `journalctl -k -b -f -o json` instead of /dev/kmsg")
     k.add_argument("--journalctl", default="journalctl", help="path of the journalctl binary")
-    k.add_argument("--pci-map", metavar="FILE", help="GPU index by PCI bus id: saved `nvidia-smi "
-                   "--query-gpu=index,pci.bus_id --format=csv` (default: run nvidia-smi on this host)")
+    k.add_argument(
+        "--pci-map",
+        metavar="FILE",
+        help="GPU index by PCI bus id: saved `nvidia-smi "
+        "--query-gpu=index,pci.bus_id --format=csv` (default: run nvidia-smi on this host)",
+    )
     k.add_argument("--nvidia-smi", default="nvidia-smi", help="path of the nvidia-smi binary")
-    k.add_argument("--boot-time", type=float, help="--file: epoch seconds of the boot that dmesg/kmsg times count "
-                   "from (default: the last line falls at the file's modification time)")
-    k.add_argument("--events-only", action="store_true", help="send XID lines only, no sample of every GPU each "
-                   "--interval (for hosts whose dcgm-exporter already reports every GPU: docs/producers.md)")
+    k.add_argument(
+        "--boot-time",
+        type=float,
+        help="--file: epoch seconds of the boot that dmesg/kmsg times count "
+        "from (default: the last line falls at the file's modification time)",
+    )
+    k.add_argument(
+        "--events-only",
+        action="store_true",
+        help="send XID lines only, no sample of every GPU each "
+        "--interval (for hosts whose dcgm-exporter already reports every GPU: docs/producers.md)",
+    )
     _common(k, 10.0)
     k.set_defaults(func=_cmd_kmsg)

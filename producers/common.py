@@ -70,9 +70,16 @@ class KafkaSink:
     behind the buffer's back.
     """
 
-    def __init__(self, bootstrap: str, topic: str, *, send_timeout_s: float = 5.0,
-                 security: dict[str, Any] | None = None, ensure: bool = True,
-                 max_records_per_message: int = 1000) -> None:
+    def __init__(
+        self,
+        bootstrap: str,
+        topic: str,
+        *,
+        send_timeout_s: float = 5.0,
+        security: dict[str, Any] | None = None,
+        ensure: bool = True,
+        max_records_per_message: int = 1000,
+    ) -> None:
         self.bootstrap = bootstrap
         self.max_records_per_message = max_records_per_message
         self.topic = topic
@@ -89,15 +96,25 @@ class KafkaSink:
             # bootstrap_timeout_ms: kafka-python otherwise waits 30 s for a first broker inside
             # the constructor, and the source would wait with it.
             self._producer = KafkaBusProducer(
-                self.bootstrap, security=self.security, max_block_ms=ms, request_timeout_ms=ms,
-                bootstrap_timeout_ms=ms, delivery_timeout_ms=2 * ms, reconnect_backoff_max_ms=1000)
+                self.bootstrap,
+                security=self.security,
+                max_block_ms=ms,
+                request_timeout_ms=ms,
+                bootstrap_timeout_ms=ms,
+                delivery_timeout_ms=2 * ms,
+                reconnect_backoff_max_ms=1000,
+            )
         if self.ensure and self.topic.endswith(".telemetry"):
             # Only once a broker answered: topic creation would otherwise block on a dead one too.
             from pipeline.bus import Topics
             from pipeline.bus.kafka import ensure_topics
 
-            ensure_topics(self.bootstrap, Topics(self.topic.removesuffix(".telemetry")), security=self.security,
-                          timeout_s=self.send_timeout_s)
+            ensure_topics(
+                self.bootstrap,
+                Topics(self.topic.removesuffix(".telemetry")),
+                security=self.security,
+                timeout_s=self.send_timeout_s,
+            )
             self.ensure = False
         return self._producer
 
@@ -147,9 +164,17 @@ class BoundedSender:
     costs one short timeout per back-off period, not one per buffered message.
     """
 
-    def __init__(self, sink: Sink, *, max_records: int = 200_000, max_batch: int = 20_000,
-                 probe_records: int = 64, backoff_s: float = 0.5, max_backoff_s: float = 10.0,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        sink: Sink,
+        *,
+        max_records: int = 200_000,
+        max_batch: int = 20_000,
+        probe_records: int = 64,
+        backoff_s: float = 0.5,
+        max_backoff_s: float = 10.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         if max_records <= 0:
             raise ValueError("max_records must be positive")
         self.sink = sink
@@ -184,8 +209,12 @@ class BoundedSender:
             now = self.clock()
             if now - self._last_drop_log >= 10.0:  # one line per 10 s, not one per interval
                 self._last_drop_log = now
-                log.warning("send buffer full (%d records): dropped the %d oldest, %d dropped in all",
-                            self.max_records, over, self.stats.dropped)
+                log.warning(
+                    "send buffer full (%d records): dropped the %d oldest, %d dropped in all",
+                    self.max_records,
+                    over,
+                    self.stats.dropped,
+                )
 
     def pump(self, *, force: bool = False) -> int:
         """Send what the back-off allows; return how many records were delivered. Never raises."""
@@ -307,21 +336,25 @@ class ProducerMetrics:
         yield counter("gpuwarden_producer_send_failures", "Deliveries that failed (retried later)", s.failures)
         yield counter("gpuwarden_producer_polls", "Polls of the source", res.polls)
         yield counter("gpuwarden_producer_poll_errors", "Polls that raised", res.poll_errors)
-        dropped = CounterMetricFamily("gpuwarden_producer_dropped",
-                                      "Input the producer left out, by reason (also in the exit summary)",
-                                      labels=["producer", "reason"])
+        dropped = CounterMetricFamily(
+            "gpuwarden_producer_dropped",
+            "Input the producer left out, by reason (also in the exit summary)",
+            labels=["producer", "reason"],
+        )
         dropped.add_metric([self.name, "send_buffer_full"], s.dropped)
-        read = CounterMetricFamily("gpuwarden_producer_read", "What the source read, by unit (rows, lines, ...)",
-                                   labels=["producer", "what"])
+        read = CounterMetricFamily(
+            "gpuwarden_producer_read", "What the source read, by unit (rows, lines, ...)", labels=["producer", "what"]
+        )
         for k, v in counts.items():
             if k.startswith(DROPPED):
-                dropped.add_metric([self.name, k[len(DROPPED):]], v)
+                dropped.add_metric([self.name, k[len(DROPPED) :]], v)
             else:
                 read.add_metric([self.name, k], v)
         yield dropped
         yield read
-        q = GaugeMetricFamily("gpuwarden_producer_queue_depth", "Records buffered, not yet delivered",
-                              labels=["producer"])
+        q = GaugeMetricFamily(
+            "gpuwarden_producer_queue_depth", "Records buffered, not yet delivered", labels=["producer"]
+        )
         q.add_metric([self.name], len(self.sender))
         yield q
 
@@ -345,6 +378,7 @@ def install_stop_handlers(stop: threading.Event) -> Callable[[], None]:
     def restore() -> None:
         for sig, handler in old.items():
             signal.signal(sig, handler)
+
     return restore
 
 
@@ -352,14 +386,31 @@ def _log_counts(source: Any, res: RunResult, sender: BoundedSender, what: str) -
     s = sender.stats
     counts = source_counts(source)
     drops = {k: v for k, v in counts.items() if k.startswith(DROPPED) and v}
-    log.log(logging.WARNING if drops or s.dropped else logging.INFO,
-            "producer %s: %d polls, %d records, %d sent, %d send-buffer drops, %d failed sends, %d queued; %s",
-            what, res.polls, res.records, s.sent, s.dropped, s.failures, len(sender), format_counts(counts))
+    log.log(
+        logging.WARNING if drops or s.dropped else logging.INFO,
+        "producer %s: %d polls, %d records, %d sent, %d send-buffer drops, %d failed sends, %d queued; %s",
+        what,
+        res.polls,
+        res.records,
+        s.sent,
+        s.dropped,
+        s.failures,
+        len(sender),
+        format_counts(counts),
+    )
 
 
-def run(source: Source, sender: BoundedSender, *, interval_s: float, stop: threading.Event | None = None,
-        max_polls: int | None = None, drain_s: float = 10.0, log_every_s: float = 60.0,
-        result: RunResult | None = None) -> RunResult:
+def run(
+    source: Source,
+    sender: BoundedSender,
+    *,
+    interval_s: float,
+    stop: threading.Event | None = None,
+    max_polls: int | None = None,
+    drain_s: float = 10.0,
+    log_every_s: float = 60.0,
+    result: RunResult | None = None,
+) -> RunResult:
     """Poll ``source`` every ``interval_s`` and ship what it gives until ``stop``, ``max_polls`` or
     the source is done; then drain the buffer for up to ``drain_s`` and close both.
 

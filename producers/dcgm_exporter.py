@@ -50,8 +50,17 @@ HOST_LABELS = ("Hostname", "hostname")
 UUID_LABELS = ("UUID", "uuid", "gpu_uuid")
 MODEL_LABELS = ("modelName", "model_name")
 # Identity labels become record fields; the XID's code/message are already the value.
-_NOT_CARRIED = {"gpu", "nvlink", "err_code", "err_msg", "xid", "window_size_in_ms",
-                *HOST_LABELS, *UUID_LABELS, *MODEL_LABELS}
+_NOT_CARRIED = {
+    "gpu",
+    "nvlink",
+    "err_code",
+    "err_msg",
+    "xid",
+    "window_size_in_ms",
+    *HOST_LABELS,
+    *UUID_LABELS,
+    *MODEL_LABELS,
+}
 MAX_BODY_BYTES = 32 * 1024 * 1024
 
 
@@ -61,11 +70,11 @@ class ParseStats:
 
     samples: int = 0
     used: int = 0
-    blank: int = 0          # DCGM blank sentinel or non-finite value
+    blank: int = 0  # DCGM blank sentinel or non-finite value
     unknown_metric: int = 0
     no_gpu_label: int = 0
     bad_lines: int = 0
-    mig_entities: int = 0   # records assembled from GPU-instance series (MIG)
+    mig_entities: int = 0  # records assembled from GPU-instance series (MIG)
     mig_conflicts: int = 0  # physical fields whose series disagreed (the chosen origin is labelled)
     unknown_names: list[str] = field(default_factory=list)
     dropped: list[tuple[str, str, str]] = field(default_factory=list)  # (metric, entity, reason)
@@ -116,7 +125,7 @@ _MIG_LABELS = {MIG_INSTANCE_LABEL, MIG_PROFILE_LABEL}
 
 
 def _num_text(v: float) -> str:
-    return str(int(v)) if v.is_integer() and abs(v) < 2 ** 63 else repr(v)
+    return str(int(v)) if v.is_integer() and abs(v) < 2**63 else repr(v)
 
 
 @dataclass
@@ -147,8 +156,11 @@ def _physical(f: Field, name: str, origins: dict[str | None, _Series]) -> tuple[
     The whole GPU's series where it has one, else the lowest GPU_I_ID's; for an XID field, a
     non-zero value wins over 0 (a fault on any instance is the physical GPU's). Values are chosen,
     never combined."""
-    seen = [(inst, ser.values[name]) for inst, ser in sorted(origins.items(), key=lambda kv: _inst_order(kv[0]))
-            if name in ser.values]
+    seen = [
+        (inst, ser.values[name])
+        for inst, ser in sorted(origins.items(), key=lambda kv: _inst_order(kv[0]))
+        if name in ser.values
+    ]
     if not seen:
         return None, None, False
     conflict = len({v for _, v in seen}) > 1
@@ -160,8 +172,9 @@ def _physical(f: Field, name: str, origins: dict[str | None, _Series]) -> tuple[
     return v, inst, conflict
 
 
-def _assemble(key: tuple[str, int, int | None], origins: dict[str | None, _Series],
-              stats: ParseStats) -> tuple[dict[str, float], dict[str, str]]:
+def _assemble(
+    key: tuple[str, int, int | None], origins: dict[str | None, _Series], stats: ParseStats
+) -> tuple[dict[str, float], dict[str, str]]:
     """Fields and labels of one entity's record from its series (docs/architecture.md §3, MIG)."""
     values: dict[str, float] = {}
     labels: dict[str, str] = {}
@@ -197,8 +210,10 @@ def _assemble(key: tuple[str, int, int | None], origins: dict[str | None, _Serie
         xname = next((n for n in xf.names if n in values), None)
         if xname is not None and values[xname] != 0:
             labels["mig.xid_sources"] = ",".join(
-                f"{_origin_name(i)}:{_num_text(origins[i].values[xname])}" for i in sorted(origins, key=_inst_order)
-                if origins[i].values.get(xname, 0) != 0)
+                f"{_origin_name(i)}:{_num_text(origins[i].values[xname])}"
+                for i in sorted(origins, key=_inst_order)
+                if origins[i].values.get(xname, 0) != 0
+            )
     # Labels: the whole GPU's as they are; an instance's attribution labels (pod...) stay with the
     # instance; other labels move up only when every series that has them agrees.
     keys = {k for ser in origins.values() for k in ser.labels}
@@ -223,8 +238,9 @@ def _assemble(key: tuple[str, int, int | None], origins: dict[str | None, _Serie
 _SLOT = {n: i for i, n in enumerate(FIELDS.all_names)}
 
 
-def parse_metrics(text: str, *, ts: float, host: str | None = None,
-                  default_host: str | None = None) -> tuple[list[DcgmRecord], ParseStats]:
+def parse_metrics(
+    text: str, *, ts: float, host: str | None = None, default_host: str | None = None
+) -> tuple[list[DcgmRecord], ParseStats]:
     """Records (one per GPU and per NVLink) from one scrape.
 
     ``host`` overrides the exporter's host label; ``default_host`` is used when it has none.
@@ -265,8 +281,15 @@ def parse_metrics(text: str, *, ts: float, host: str | None = None,
             m = meta.setdefault(key, {})
             if is_blank(f, value):
                 stats.blank += 1
-                stats.dropped.append((mname, f"{h}/gpu{gpu_s}" + (f"/link{link}" if link is not None else "")
-                                      + (f"/{MIG_INSTANCE_LABEL}={inst}" if inst else ""), "blank_sentinel"))
+                stats.dropped.append(
+                    (
+                        mname,
+                        f"{h}/gpu{gpu_s}"
+                        + (f"/link{link}" if link is not None else "")
+                        + (f"/{MIG_INSTANCE_LABEL}={inst}" if inst else ""),
+                        "blank_sentinel",
+                    )
+                )
                 continue
             stats.used += 1
             name = mname if mname in f.names else f.names[0]
@@ -300,9 +323,18 @@ def parse_metrics(text: str, *, ts: float, host: str | None = None,
         values, labels = _assemble(key, series[key], stats)
         if any(i is not None for i in series[key]):
             stats.mig_entities += 1
-        records.append(DcgmRecord(ts=float(m.get("ts", ts)), host=h, gpu=gpu, link=link,  # type: ignore[arg-type]
-                                  uuid=m.get("uuid"), model=m.get("model"),  # type: ignore[arg-type]
-                                  labels=labels, fields=DcgmFields(**values)))
+        records.append(
+            DcgmRecord(
+                ts=float(m.get("ts", ts)),  # type: ignore[arg-type]
+                host=h,
+                gpu=gpu,
+                link=link,
+                uuid=m.get("uuid"),  # type: ignore[arg-type]
+                model=m.get("model"),  # type: ignore[arg-type]
+                labels=labels,
+                fields=DcgmFields(**values),
+            )
+        )
     return records, stats
 
 
@@ -338,9 +370,9 @@ def fetch(url: str, timeout_s: float) -> str:
 @dataclass
 class ExporterStats:
     scrapes: int = 0
-    failures: int = 0          # down, timeout, HTTP error
-    empty: int = 0             # answered, but no GPU in it
-    missing_gpus: int = 0      # GPU-intervals missing that an earlier scrape had
+    failures: int = 0  # down, timeout, HTTP error
+    empty: int = 0  # answered, but no GPU in it
+    missing_gpus: int = 0  # GPU-intervals missing that an earlier scrape had
     samples: int = 0
     records: int = 0
     blank: int = 0
@@ -353,18 +385,34 @@ class ExporterStats:
 
     def counts(self) -> dict[str, int]:
         """What the exit summary, the periodic log line and /metrics show."""
-        return {"scrapes": self.scrapes, "samples": self.samples, "records": self.records,
-                "mig_records": self.mig_records, "mig_conflicts": self.mig_conflicts,
-                "scrape_failures": self.failures, "empty_scrapes": self.empty, "missing_gpus": self.missing_gpus,
-                "dropped.unknown_metric": self.unknown_metric, "dropped.blank_sentinel": self.blank,
-                "dropped.no_gpu_label": self.no_gpu_label, "dropped.unparsable_line": self.bad_lines}
+        return {
+            "scrapes": self.scrapes,
+            "samples": self.samples,
+            "records": self.records,
+            "mig_records": self.mig_records,
+            "mig_conflicts": self.mig_conflicts,
+            "scrape_failures": self.failures,
+            "empty_scrapes": self.empty,
+            "missing_gpus": self.missing_gpus,
+            "dropped.unknown_metric": self.unknown_metric,
+            "dropped.blank_sentinel": self.blank,
+            "dropped.no_gpu_label": self.no_gpu_label,
+            "dropped.unparsable_line": self.bad_lines,
+        }
 
 
 class ExporterSource:
     """Scrapes one dcgm-exporter (``url``), or reads saved scrapes (``files``, one per poll)."""
 
-    def __init__(self, url: str | None = None, *, files: list[str] | None = None, timeout_s: float = 5.0,
-                 host: str | None = None, clock=time.time) -> None:
+    def __init__(
+        self,
+        url: str | None = None,
+        *,
+        files: list[str] | None = None,
+        timeout_s: float = 5.0,
+        host: str | None = None,
+        clock=time.time,
+    ) -> None:
         if bool(url) == bool(files):
             raise ValueError("give exactly one of url or files")
         self.url = url
@@ -391,8 +439,12 @@ class ExporterSource:
             text = self._text()
         except (ScrapeError, OSError) as e:
             self.stats.failures += 1
-            log.warning("dcgm-exporter scrape failed (%d so far): %s; sending nothing, so the engine's "
-                        "telemetry_gap check sees the silence", self.stats.failures, e)
+            log.warning(
+                "dcgm-exporter scrape failed (%d so far): %s; sending nothing, so the engine's "
+                "telemetry_gap check sees the silence",
+                self.stats.failures,
+                e,
+            )
             return []
         records, ps = parse_metrics(text or "", ts=self.clock(), host=self.host, default_host=self.default_host)
         st = self.stats
@@ -409,8 +461,10 @@ class ExporterSource:
         new = [n for n in ps.unknown_names if n not in st.unknown_names]
         if new and len(st.unknown_names) < 1000:
             st.unknown_names.update(new)
-            log.warning("dcgm-exporter: metric(s) the catalog does not know, left out (counted as "
-                        "dropped.unknown_metric): %s", ", ".join(sorted(new)[:20]))
+            log.warning(
+                "dcgm-exporter: metric(s) the catalog does not know, left out (counted as dropped.unknown_metric): %s",
+                ", ".join(sorted(new)[:20]),
+            )
         if ps.no_gpu_label:
             log.debug("dcgm-exporter: %d sample(s) without a gpu label left out", ps.no_gpu_label)
         gpus = {(r.host, r.gpu) for r in records}
@@ -420,8 +474,9 @@ class ExporterSource:
         missing = self.known - gpus
         if missing and gpus:
             self.stats.missing_gpus += len(missing)
-            log.warning("dcgm-exporter lost GPU(s) it reported before: %s", ", ".join(
-                f"{h}/gpu{g}" for h, g in sorted(missing)))
+            log.warning(
+                "dcgm-exporter lost GPU(s) it reported before: %s", ", ".join(f"{h}/gpu{g}" for h, g in sorted(missing))
+            )
         self.known |= gpus
         return records
 

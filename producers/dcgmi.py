@@ -31,8 +31,29 @@ from producers.dcgm_exporter import is_blank
 log = logging.getLogger(__name__)
 
 # What our rules read, that dmon can report (GPU entities).
-DEFAULT_FIELD_IDS = (100, 112, 140, 150, 155, 156, 202, 203, 230, 240, 241, 310, 311, 313, 395, 396,
-                     409, 419, 429, 439, 449)
+DEFAULT_FIELD_IDS = (
+    100,
+    112,
+    140,
+    150,
+    155,
+    156,
+    202,
+    203,
+    230,
+    240,
+    241,
+    310,
+    311,
+    313,
+    395,
+    396,
+    409,
+    419,
+    429,
+    439,
+    449,
+)
 UNSUPPORTED_EXIT = 250
 
 
@@ -42,16 +63,22 @@ class DmonStats:
     records: int = 0
     na: int = 0
     blank: int = 0
-    skipped_rows: int = 0       # rows before any header, or whose cells fit neither the header's count nor its positions
+    skipped_rows: int = 0  # rows before any header, or whose cells fit neither the header's count nor its positions
     unknown_columns: int = 0
     restarts: int = 0
-    skipped_entities: dict[str, int] = field(default_factory=dict)   # entity type -> rows (Switch, CPU...)
+    skipped_entities: dict[str, int] = field(default_factory=dict)  # entity type -> rows (Switch, CPU...)
 
     def counts(self) -> dict[str, int]:
         """What the exit summary and /metrics show: rows read, records made, drops by reason."""
-        out = {"rows": self.rows, "records": self.records, "dropped.na_value": self.na,
-               "dropped.blank_sentinel": self.blank, "dropped.unparsable_row": self.skipped_rows,
-               "dropped.unknown_column": self.unknown_columns, "restarts": self.restarts}
+        out = {
+            "rows": self.rows,
+            "records": self.records,
+            "dropped.na_value": self.na,
+            "dropped.blank_sentinel": self.blank,
+            "dropped.unparsable_row": self.skipped_rows,
+            "dropped.unknown_column": self.unknown_columns,
+            "restarts": self.restarts,
+        }
         for ent, n in sorted(self.skipped_entities.items()):
             out[f"dropped.skipped_entity.{ent}"] = n
         return out
@@ -59,7 +86,9 @@ class DmonStats:
 
 # Entity cells as DeviceMonitor.cpp prints them: "GPU 0", "GPU 0 LINK 3", "SW 1 LINK 3", "GPU-I 9",
 # "GPU-CI 9", "Switch 0", "CPU 0", "CPU Core 5", "vGPU 1", "CX 0". Longest names first.
-_ENTITY = re.compile(r"^\s*(GPU-CI|GPU-I|GPU|SW|Switch|NvSwitch|CPU Core|CPU|vGPU|CX)\s+(\d+)(?:\s+LINK\s+(\d+))?(?=\s|$)")
+_ENTITY = re.compile(
+    r"^\s*(GPU-CI|GPU-I|GPU|SW|Switch|NvSwitch|CPU Core|CPU|vGPU|CX)\s+(\d+)(?:\s+LINK\s+(\d+))?(?=\s|$)"
+)
 
 
 def _entity(line: str) -> tuple[str, int, int | None, int] | None:
@@ -120,7 +149,7 @@ class DmonParser:
         cells = []
         for i, off in enumerate(self.offsets):
             nxt = self.offsets[i + 1] if i + 1 < n else len(line)
-            cell = line[max(off, end):nxt].split() if nxt > end else []
+            cell = line[max(off, end) : nxt].split() if nxt > end else []
             if len(cell) > 1:
                 return None
             cells.append(cell[0] if cell else "")
@@ -137,7 +166,7 @@ class DmonParser:
             self._header(line, skip)
             return None
         if tokens[0] in ("ID", "Id", "id") or tokens[0].startswith("#"):
-            return None     # the units row ("ID" since DCGM 2.x, "Id" in the User Guide), comments
+            return None  # the units row ("ID" since DCGM 2.x, "Id" in the User Guide), comments
         self.stats.rows += 1
         ent = _entity(line)
         if ent is None or self.columns is None:
@@ -235,8 +264,9 @@ def supported_fields(ids: Iterable[int], dcgmi: str = "dcgmi", timeout_s: float 
     ok = []
     for fid in ids:
         try:
-            proc = subprocess.run([dcgmi, "dmon", "-e", str(fid), "-c", "1"], capture_output=True,
-                                  timeout=timeout_s, check=False)
+            proc = subprocess.run(
+                [dcgmi, "dmon", "-e", str(fid), "-c", "1"], capture_output=True, timeout=timeout_s, check=False
+            )
         except (OSError, subprocess.TimeoutExpired) as e:
             log.warning("dcgmi probe of field %d failed: %s", fid, e)
             continue
@@ -244,17 +274,28 @@ def supported_fields(ids: Iterable[int], dcgmi: str = "dcgmi", timeout_s: float 
             ok.append(fid)
         else:
             f = FIELDS.by_id(fid)
-            log.warning("field %d (%s) not supported here (dcgmi exit %d); left out", fid,
-                        f.alias if f else "?", proc.returncode)
+            log.warning(
+                "field %d (%s) not supported here (dcgmi exit %d); left out",
+                fid,
+                f.alias if f else "?",
+                proc.returncode,
+            )
     return ok
 
 
 class DmonSource:
     """Runs ``dcgmi dmon`` in the background and hands out the rows read since the last poll."""
 
-    def __init__(self, field_ids: Iterable[int] = DEFAULT_FIELD_IDS, *, interval_s: float = 1.0,
-                 host: str | None = None, dcgmi: str = "dcgmi", probe: bool = True,
-                 restart_backoff_s: float = 1.0) -> None:
+    def __init__(
+        self,
+        field_ids: Iterable[int] = DEFAULT_FIELD_IDS,
+        *,
+        interval_s: float = 1.0,
+        host: str | None = None,
+        dcgmi: str = "dcgmi",
+        probe: bool = True,
+        restart_backoff_s: float = 1.0,
+    ) -> None:
         self.host = host or socket.gethostname()
         self.dcgmi = dcgmi
         ids = list(field_ids)
@@ -275,8 +316,9 @@ class DmonSource:
         delay = self._backoff
         while not self._stop.is_set():
             try:
-                self._proc = subprocess.Popen(self.argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                              text=True, bufsize=1)
+                self._proc = subprocess.Popen(
+                    self.argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, bufsize=1
+                )
             except OSError as e:
                 log.error("cannot run %s: %s", self.argv[0], e)
                 self._stop.wait(delay)
@@ -297,8 +339,7 @@ class DmonSource:
                 break
             err = self._proc.stderr.read().strip() if self._proc.stderr else ""
             self.parser.stats.restarts += 1
-            log.warning("dcgmi dmon exited %d%s; restarting in %.1fs", rc, f" ({err[:200]})" if err else "",
-                        delay)
+            log.warning("dcgmi dmon exited %d%s; restarting in %.1fs", rc, f" ({err[:200]})" if err else "", delay)
             if got:
                 delay = self._backoff
             self._stop.wait(delay)

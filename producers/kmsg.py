@@ -44,27 +44,33 @@ from pipeline.schema import DcgmRecord, dcgm
 
 log = logging.getLogger(__name__)
 
-PciKey = tuple[int, int, int]        # (domain, bus, device): the GPU, whatever its function
+PciKey = tuple[int, int, int]  # (domain, bus, device): the GPU, whatever its function
 
 _XID = re.compile(
     r"NVRM: Xid \((?:PCI:)?(?P<dom>[0-9a-fA-F]{4,8}):(?P<bus>[0-9a-fA-F]{2}):(?P<dev>[0-9a-fA-F]{2})"
-    r"(?:\.[0-9a-fA-F])?(?: GPU-I:(?P<gi>\d+))?(?: GPU-CI:(?P<ci>\d+))?\): (?P<code>\d+)(?:, ?(?P<rest>.*))?$")
+    r"(?:\.[0-9a-fA-F])?(?: GPU-I:(?P<gi>\d+))?(?: GPU-CI:(?P<ci>\d+))?\): (?P<code>\d+)(?:, ?(?P<rest>.*))?$"
+)
 _PID = re.compile(r"^pid=(?P<pid>'[^']*'|[^,]*)(?:, name=(?P<name>.*?))?, (?P<msg>.*)$")
 _SXID = re.compile(
     r"nvidia-(?P<sw>[^:\s]+): SXid \(PCI:(?P<dom>[0-9a-fA-F]{4,8}):(?P<bus>[0-9a-fA-F]{2}):(?P<dev>[0-9a-fA-F]{2})"
-    r"\.(?P<fn>[0-9a-fA-F])\): (?P<code>\d+)(?:, ?(?P<rest>.*))?$")
+    r"\.(?P<fn>[0-9a-fA-F])\): (?P<code>\d+)(?:, ?(?P<rest>.*))?$"
+)
 
 # Line layouts, tried in order (docs/producers.md#kernel-log).
-_KMSG = re.compile(r"^(?P<prio>\d+),(?P<seq>\d+),(?P<usec>\d+),[^;]*;(?P<msg>.*)$")       # /dev/kmsg
-_DMESG = re.compile(r"^\[\s*(?P<secs>\d+\.\d+)\]\s?(?P<msg>.*)$")                            # dmesg
+_KMSG = re.compile(r"^(?P<prio>\d+),(?P<seq>\d+),(?P<usec>\d+),[^;]*;(?P<msg>.*)$")  # /dev/kmsg
+_DMESG = re.compile(r"^\[\s*(?P<secs>\d+\.\d+)\]\s?(?P<msg>.*)$")  # dmesg
 _DMESG_T = re.compile(r"^\[(?P<date>[A-Z][a-z]{2} [A-Z][a-z]{2} [ \d]\d \d\d:\d\d:\d\d \d{4})\]\s?(?P<msg>.*)$")
-_ISO = re.compile(r"^(?P<date>\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:[.,]\d+)?(?:Z|[+-]\d\d:?\d\d)?) (?P<host>\S+) "
-                  r"kernel: (?:\[\s*\d+\.\d+\] )?(?P<msg>.*)$")                              # short-iso
-_SYSLOG = re.compile(r"^(?P<date>[A-Z][a-z]{2} [ \d]\d \d\d:\d\d:\d\d) (?P<host>\S+) kernel: (?:\[\s*\d+\.\d+\] )?"
-                     r"(?P<msg>.*)$")                                                        # short / syslog
+_ISO = re.compile(
+    r"^(?P<date>\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:[.,]\d+)?(?:Z|[+-]\d\d:?\d\d)?) (?P<host>\S+) "
+    r"kernel: (?:\[\s*\d+\.\d+\] )?(?P<msg>.*)$"
+)  # short-iso
+_SYSLOG = re.compile(
+    r"^(?P<date>[A-Z][a-z]{2} [ \d]\d \d\d:\d\d:\d\d) (?P<host>\S+) kernel: (?:\[\s*\d+\.\d+\] )?"
+    r"(?P<msg>.*)$"
+)  # short / syslog
 
-LABEL_MAX = 200            # characters of the driver's message kept on the record
-LINE_MAX = 64 * 1024       # a kernel message is at most ~1 KiB (kmsg's LOG_LINE_MAX); longer is not a log line
+LABEL_MAX = 200  # characters of the driver's message kept on the record
+LINE_MAX = 64 * 1024  # a kernel message is at most ~1 KiB (kmsg's LOG_LINE_MAX); longer is not a log line
 
 
 @dataclass
@@ -90,11 +96,14 @@ def parse_line(text: str, *, year: int | None = None) -> Line | None:
         except ValueError:
             return Line(text)
         msg = obj.get("MESSAGE", "")
-        if isinstance(msg, list):              # journald writes non-UTF-8 messages as byte arrays
+        if isinstance(msg, list):  # journald writes non-UTF-8 messages as byte arrays
             msg = bytes(b & 0xFF for b in msg if isinstance(b, int)).decode("utf-8", "replace")
         ts = obj.get("__REALTIME_TIMESTAMP")
-        return Line(str(msg), ts=int(ts) / 1e6 if str(ts).isdigit() else None,
-                    host=obj.get("_HOSTNAME") if isinstance(obj.get("_HOSTNAME"), str) else None)
+        return Line(
+            str(msg),
+            ts=int(ts) / 1e6 if str(ts).isdigit() else None,
+            host=obj.get("_HOSTNAME") if isinstance(obj.get("_HOSTNAME"), str) else None,
+        )
     m = _KMSG.match(text)
     if m:
         return Line(m["msg"], boot=int(m["usec"]) / 1e6)
@@ -116,8 +125,7 @@ def parse_line(text: str, *, year: int | None = None) -> Line | None:
     m = _SYSLOG.match(text)
     if m:
         yr = year or time.localtime().tm_year
-        return Line(m["msg"], ts=time.mktime(time.strptime(f"{yr} {m['date']}", "%Y %b %d %H:%M:%S")),
-                    host=m["host"])
+        return Line(m["msg"], ts=time.mktime(time.strptime(f"{yr} {m['date']}", "%Y %b %d %H:%M:%S")), host=m["host"])
     return Line(text)
 
 
@@ -146,8 +154,13 @@ def parse_pci_map(text: str) -> dict[PciKey, int]:
 
 def nvidia_smi_pci_map(nvidia_smi: str = "nvidia-smi", timeout_s: float = 15.0) -> dict[PciKey, int]:
     """This host's mapping from ``nvidia-smi`` (run as argv, no shell)."""
-    out = subprocess.run([nvidia_smi, "--query-gpu=index,pci.bus_id", "--format=csv,noheader"],
-                         capture_output=True, text=True, timeout=timeout_s, check=True).stdout
+    out = subprocess.run(
+        [nvidia_smi, "--query-gpu=index,pci.bus_id", "--format=csv,noheader"],
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+        check=True,
+    ).stdout
     return parse_pci_map(out)
 
 
@@ -159,27 +172,35 @@ class KmsgStats:
     xid_lines: int = 0
     sxid_lines: int = 0
     records: int = 0
-    backlog_events: int = 0            # events from before the follower started: folded into the state
-    unmapped_pci: int = 0              # an XID for a bus id the PCI map does not have
-    unparsable_xid: int = 0            # a line that says "NVRM: Xid" / "SXid" in no layout the driver prints
-    no_timestamp: int = 0              # lines of a saved file without a time: stamped with the file's mtime
-    overrun: int = 0                   # /dev/kmsg records the ring buffer overwrote before we read them
-    queue_full: int = 0                # journalctl lines beyond the follower's buffer
-    oversize: int = 0                  # lines of a saved file longer than LINE_MAX: skipped whole
-    sxid_no_gpu: int = 0               # an SXid on a host with no GPU in the PCI map to carry it
+    backlog_events: int = 0  # events from before the follower started: folded into the state
+    unmapped_pci: int = 0  # an XID for a bus id the PCI map does not have
+    unparsable_xid: int = 0  # a line that says "NVRM: Xid" / "SXid" in no layout the driver prints
+    no_timestamp: int = 0  # lines of a saved file without a time: stamped with the file's mtime
+    overrun: int = 0  # /dev/kmsg records the ring buffer overwrote before we read them
+    queue_full: int = 0  # journalctl lines beyond the follower's buffer
+    oversize: int = 0  # lines of a saved file longer than LINE_MAX: skipped whole
+    sxid_no_gpu: int = 0  # an SXid on a host with no GPU in the PCI map to carry it
 
     def summary(self) -> dict[str, int]:
-        return {"lines": self.lines, "xid_lines": self.xid_lines, "sxid_lines": self.sxid_lines,
-                "records": self.records, "backlog_events": self.backlog_events,
-                "lines_without_time": self.no_timestamp,
-                "dropped.unmapped_pci": self.unmapped_pci, "dropped.unparsable_xid": self.unparsable_xid,
-                "dropped.kmsg_overrun": self.overrun, "dropped.queue_full": self.queue_full,
-                "dropped.oversize_line": self.oversize, "dropped.sxid_without_gpu": self.sxid_no_gpu}
+        return {
+            "lines": self.lines,
+            "xid_lines": self.xid_lines,
+            "sxid_lines": self.sxid_lines,
+            "records": self.records,
+            "backlog_events": self.backlog_events,
+            "lines_without_time": self.no_timestamp,
+            "dropped.unmapped_pci": self.unmapped_pci,
+            "dropped.unparsable_xid": self.unparsable_xid,
+            "dropped.kmsg_overrun": self.overrun,
+            "dropped.queue_full": self.queue_full,
+            "dropped.oversize_line": self.oversize,
+            "dropped.sxid_without_gpu": self.sxid_no_gpu,
+        }
 
 
 @dataclass
 class _HostState:
-    xid: dict[int, int] = field(default_factory=dict)      # gpu -> last XID
+    xid: dict[int, int] = field(default_factory=dict)  # gpu -> last XID
     fatal_sxid: int = 0
     nonfatal_sxid: int = 0
 
@@ -217,10 +238,13 @@ class KernelLog:
             rest = m["rest"] or ""
             if rest.startswith("Fatal"):
                 st.fatal_sxid = code
-            else:                         # "Non-fatal", or a message that does not say (thermal events)
+            else:  # "Non-fatal", or a message that does not say (thermal events)
                 st.nonfatal_sxid = code
-            labels = {"sxid.switch": m["sw"], "sxid.pci": f"{m['dom']}:{m['bus']}:{m['dev']}.{m['fn']}",
-                      "sxid.message": rest[:LABEL_MAX]}
+            labels = {
+                "sxid.switch": m["sw"],
+                "sxid.pci": f"{m['dom']}:{m['bus']}:{m['dev']}.{m['fn']}",
+                "sxid.message": rest[:LABEL_MAX],
+            }
             if not st.xid:
                 self.stats.sxid_no_gpu += 1
             return self.snapshot(ts, host, labels=labels) if emit else []
@@ -237,8 +261,11 @@ class KernelLog:
             self.stats.unmapped_pci += 1
             if key not in self._warned:
                 self._warned.add(key)
-                log.warning("XID %s for PCI %04x:%02x:%02x, which the PCI map does not have: not sent "
-                            "(dropped.unmapped_pci)", m["code"], *key)
+                log.warning(
+                    "XID %s for PCI %04x:%02x:%02x, which the PCI map does not have: not sent (dropped.unmapped_pci)",
+                    m["code"],
+                    *key,
+                )
             return []
         st = self._state(host)
         st.xid[gpu] = int(m["code"])
@@ -254,7 +281,7 @@ class KernelLog:
             rest = pm["msg"]
         labels["xid.message"] = rest[:LABEL_MAX]
         labels["xid.pci"] = "%04x:%02x:%02x" % key
-        if m["gi"] is not None:   # the physical GPU's fault, attributed to an instance (architecture.md §3, MIG)
+        if m["gi"] is not None:  # the physical GPU's fault, attributed to an instance (architecture.md §3, MIG)
             labels["mig.xid_sources"] = f"GPU_I_ID={int(m['gi'])}:{int(m['code'])}"
             if m["ci"] is not None:
                 labels["mig.xid_compute_instance"] = str(int(m["ci"]))
@@ -262,8 +289,17 @@ class KernelLog:
 
     def _record(self, ts: float, host: str, gpu: int, st: _HostState, labels: dict[str, str]) -> DcgmRecord:
         self.stats.records += 1
-        return dcgm(ts, host, gpu, {"xid": st.xid.get(gpu, 0), "nvswitch_fatal_sxid": st.fatal_sxid,
-                                    "nvswitch_nonfatal_sxid": st.nonfatal_sxid}, labels=labels)
+        return dcgm(
+            ts,
+            host,
+            gpu,
+            {
+                "xid": st.xid.get(gpu, 0),
+                "nvswitch_fatal_sxid": st.fatal_sxid,
+                "nvswitch_nonfatal_sxid": st.nonfatal_sxid,
+            },
+            labels=labels,
+        )
 
     def snapshot(self, ts: float, host: str | None = None, labels: dict[str, str] | None = None) -> list[DcgmRecord]:
         """A record per known GPU of ``host`` (every host when ``None``) with the current state."""
@@ -283,8 +319,16 @@ class KmsgFileSource:
     seconds) or else so that the last line falls at the file's modification time; lines with no
     time at all get the modification time; syslog lines without a year get the mtime's year."""
 
-    def __init__(self, path: str, pci_map: dict[PciKey, int], *, host: str | None = None, interval_s: float = 10.0,
-                 boot_time: float | None = None, sample: bool = True) -> None:
+    def __init__(
+        self,
+        path: str,
+        pci_map: dict[PciKey, int],
+        *,
+        host: str | None = None,
+        interval_s: float = 10.0,
+        boot_time: float | None = None,
+        sample: bool = True,
+    ) -> None:
         self.path = path
         self.log = KernelLog(pci_map, host=host)
         self.interval_s = interval_s
@@ -301,6 +345,7 @@ class KmsgFileSource:
         year = time.localtime(self.mtime).tm_year
         fh = open(self.path, encoding="utf-8", errors="replace") if self.path != "-" else None
         import sys
+
         src = fh if fh is not None else sys.stdin
         try:
             out: list[Line] = []
@@ -311,7 +356,7 @@ class KmsgFileSource:
                 self.stats.lines += 1
                 if len(text) >= LINE_MAX and not text.endswith("\n"):
                     self.stats.oversize += 1
-                    while text and not text.endswith("\n"):      # the rest of it, a bounded piece at a time
+                    while text and not text.endswith("\n"):  # the rest of it, a bounded piece at a time
                         text = src.readline(LINE_MAX)
                     continue
                 ln = parse_line(text, year=year)
@@ -339,7 +384,7 @@ class KmsgFileSource:
                 if "Xid" in ln.msg:
                     self.stats.no_timestamp += 1
             stamped.append((ts, ln))
-        stamped.sort(key=lambda p: p[0])           # journal exports of several boots are not in order
+        stamped.sort(key=lambda p: p[0])  # journal exports of several boots are not in order
         out: list[DcgmRecord] = []
         first: float | None = None
         next_sample = 0.0
@@ -352,7 +397,7 @@ class KmsgFileSource:
             if recs and first is None:
                 first = ts
                 if self.sample:
-                    out += self.log.snapshot(ts)        # every GPU's state when the log first says something
+                    out += self.log.snapshot(ts)  # every GPU's state when the log first says something
                 next_sample = ts + self.interval_s
             out += recs
         if self.sample and first is not None and stamped:
@@ -383,7 +428,7 @@ class DevKmsgReader:
                 chunk = os.read(self.fd, 8192)
             except BlockingIOError:
                 return out
-            except BrokenPipeError:            # EPIPE: records were overwritten before we read them
+            except BrokenPipeError:  # EPIPE: records were overwritten before we read them
                 self.stats.overrun += 1
                 continue
             if not chunk:
@@ -397,11 +442,18 @@ class DevKmsgReader:
 class JournalReader:
     """``journalctl -k -b -f -o json`` (argv, no shell), its lines gathered by a thread."""
 
-    def __init__(self, journalctl: str = "journalctl", stats: KmsgStats | None = None, max_lines: int = 100_000) -> None:
+    def __init__(
+        self, journalctl: str = "journalctl", stats: KmsgStats | None = None, max_lines: int = 100_000
+    ) -> None:
         self.stats = stats or KmsgStats()
-        self.proc = subprocess.Popen([journalctl, "-k", "-b", "-f", "-o", "json", "--no-pager"],
-                                     stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
-                                     encoding="utf-8", errors="replace")
+        self.proc = subprocess.Popen(
+            [journalctl, "-k", "-b", "-f", "-o", "json", "--no-pager"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            text=True,
+            encoding="utf-8",
+            errors="replace",
+        )
         self.q: queue.Queue[str] = queue.Queue(maxsize=max_lines)
         self.thread = threading.Thread(target=self._pump, name="journalctl", daemon=True)
         self.thread.start()
@@ -437,8 +489,16 @@ class KmsgFollower:
     news: it is folded in, and the first sample tells the engine, once, which GPUs already have
     an XID. Each later XID line is a record at its time; every poll samples every known GPU."""
 
-    def __init__(self, reader: Any, pci_map: dict[PciKey, int], *, host: str | None = None, sample: bool = True,
-                 clock: Callable[[], float] = time.time, boot_time: float | None = None) -> None:
+    def __init__(
+        self,
+        reader: Any,
+        pci_map: dict[PciKey, int],
+        *,
+        host: str | None = None,
+        sample: bool = True,
+        clock: Callable[[], float] = time.time,
+        boot_time: float | None = None,
+    ) -> None:
         self.reader = reader
         self.log = KernelLog(pci_map, host=host)
         reader.stats = self.log.stats
@@ -486,9 +546,22 @@ def load_pci_map(path: str | None, nvidia_smi: str = "nvidia-smi") -> dict[PciKe
     try:
         return nvidia_smi_pci_map(nvidia_smi)
     except (OSError, subprocess.SubprocessError) as e:
-        raise OSError(f"cannot map PCI bus ids to GPU indices: {nvidia_smi} failed ({e}); give --pci-map FILE "
-                      "(saved `nvidia-smi --query-gpu=index,pci.bus_id --format=csv`)") from e
+        raise OSError(
+            f"cannot map PCI bus ids to GPU indices: {nvidia_smi} failed ({e}); give --pci-map FILE "
+            "(saved `nvidia-smi --query-gpu=index,pci.bus_id --format=csv`)"
+        ) from e
 
 
-__all__ = ["DevKmsgReader", "JournalReader", "KernelLog", "KmsgFileSource", "KmsgFollower", "KmsgStats", "Line",
-           "load_pci_map", "nvidia_smi_pci_map", "parse_line", "parse_pci_map"]
+__all__ = [
+    "DevKmsgReader",
+    "JournalReader",
+    "KernelLog",
+    "KmsgFileSource",
+    "KmsgFollower",
+    "KmsgStats",
+    "Line",
+    "load_pci_map",
+    "nvidia_smi_pci_map",
+    "parse_line",
+    "parse_pci_map",
+]

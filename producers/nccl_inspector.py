@@ -63,11 +63,11 @@ class InspectorStats:
     lines: int = 0
     records: int = 0
     bad_json: int = 0
-    skipped: int = 0            # valid JSON but no usable perf record (no time, bad rank...)
+    skipped: int = 0  # valid JSON but no usable perf record (no time, bad rank...)
     rotations: int = 0
-    dump_stats: int = 0         # v4.1+ per-dump stats records read
-    ring_overwritten: int = 0   # operations the Inspector itself dropped (its ring buffer was full)
-    skipped_by: dict[str, int] = field(default_factory=dict)   # reason -> records
+    dump_stats: int = 0  # v4.1+ per-dump stats records read
+    ring_overwritten: int = 0  # operations the Inspector itself dropped (its ring buffer was full)
+    skipped_by: dict[str, int] = field(default_factory=dict)  # reason -> records
 
     def skip(self, reason: str) -> None:
         self.skipped += 1
@@ -75,23 +75,35 @@ class InspectorStats:
 
     def counts(self) -> dict[str, int]:
         """What the exit summary, the periodic log line and /metrics show."""
-        out = {"lines": self.lines, "operations": self.records, "dump_stats": self.dump_stats,
-               "rotations": self.rotations, "dropped.bad_json": self.bad_json,
-               "dropped.inspector_ring_overwritten": self.ring_overwritten}
+        out = {
+            "lines": self.lines,
+            "operations": self.records,
+            "dump_stats": self.dump_stats,
+            "rotations": self.rotations,
+            "dropped.bad_json": self.bad_json,
+            "dropped.inspector_ring_overwritten": self.ring_overwritten,
+        }
         for reason, n in sorted(self.skipped_by.items()):
             out[f"dropped.{reason}"] = n
         return out
 
 
-def parse_record(obj: Any, *, gpus_per_node: int | None = None, file_host: str | None = None,
-                 job: str | None = None) -> NcclRecord | None:
+def parse_record(
+    obj: Any, *, gpus_per_node: int | None = None, file_host: str | None = None, job: str | None = None
+) -> NcclRecord | None:
     """One Inspector JSON object -> an ``NcclRecord``, or None when it holds no usable operation."""
     r = parse_operation(obj, gpus_per_node=gpus_per_node, file_host=file_host, job=job)
     return r if isinstance(r, NcclRecord) else None
 
 
-def parse_operation(obj: Any, *, gpus_per_node: int | None = None, file_host: str | None = None,
-                    job: str | None = None, context: dict[str, Any] | None = None) -> NcclRecord | str:
+def parse_operation(
+    obj: Any,
+    *,
+    gpus_per_node: int | None = None,
+    file_host: str | None = None,
+    job: str | None = None,
+    context: dict[str, Any] | None = None,
+) -> NcclRecord | str:
     """One Inspector JSON object -> an ``NcclRecord``, or the reason it holds none (``not_an_object``,
     ``no_operation``, ``bad_rank``, ``no_time``). ``context``: the v4.3 marker's ``header`` and
     ``metadata``, for operation lines that carry neither."""
@@ -124,7 +136,7 @@ def parse_operation(obj: Any, *, gpus_per_node: int | None = None, file_host: st
             labels[k.replace("inspector_output_format_", "")] = str(meta[k])
     if perf.get(f"{kind}_timing_source"):
         labels["timing_source"] = str(perf[f"{kind}_timing_source"])
-    algo, proto = perf.get(f"{kind}_algo"), perf.get(f"{kind}_proto")   # v4.2+
+    algo, proto = perf.get(f"{kind}_algo"), perf.get(f"{kind}_proto")  # v4.2+
     if algo not in (None, ""):
         labels["algo"] = str(algo)
     if proto not in (None, ""):
@@ -135,12 +147,24 @@ def parse_operation(obj: Any, *, gpus_per_node: int | None = None, file_host: st
         labels["peer"] = str(perf["p2p_peer"])
     algbw, busbw = _num(perf.get(f"{kind}_algobw_gbs")), _num(perf.get(f"{kind}_busbw_gbs"))
     seq = perf.get(f"{kind}_sn")
-    return NcclRecord(ts=ts, host=str(host), gpu=gpu, job=job, comm=str(hdr.get("id", "unknown")),
-                      comm_name=hdr.get("comm_name") or None, rank=rank, nranks=nranks, nnodes=nnodes,
-                      coll=str(perf.get(kind) or kind), seq=seq if isinstance(seq, int) else None,
-                      bytes=int(nbytes), exec_time_us=exec_us,
-                      algbw_gbs=algbw if algbw is None or algbw >= 0 else None,
-                      busbw_gbs=busbw if busbw is None or busbw >= 0 else None, labels=labels)
+    return NcclRecord(
+        ts=ts,
+        host=str(host),
+        gpu=gpu,
+        job=job,
+        comm=str(hdr.get("id", "unknown")),
+        comm_name=hdr.get("comm_name") or None,
+        rank=rank,
+        nranks=nranks,
+        nnodes=nnodes,
+        coll=str(perf.get(kind) or kind),
+        seq=seq if isinstance(seq, int) else None,
+        bytes=int(nbytes),
+        exec_time_us=exec_us,
+        algbw_gbs=algbw if algbw is None or algbw >= 0 else None,
+        busbw_gbs=busbw if busbw is None or busbw >= 0 else None,
+        labels=labels,
+    )
 
 
 def _mean(xs: list[float]) -> float | None:
@@ -160,14 +184,32 @@ def aggregate(records: Iterable[NcclRecord]) -> list[NcclRecord]:
             out.append(last)
             continue
         times = [r.exec_time_us for r in recs]
-        labels = {**last.labels, "ops": str(len(recs)), "exec_time_us_max": f"{max(times):g}",
-                  "seq_first": str(min((r.seq for r in recs if r.seq is not None), default=""))}
-        out.append(NcclRecord(
-            ts=last.ts, host=last.host, gpu=last.gpu, job=last.job, comm=last.comm, comm_name=last.comm_name,
-            rank=last.rank, nranks=last.nranks, nnodes=last.nnodes, coll=last.coll, seq=last.seq,
-            bytes=last.bytes, exec_time_us=sum(times) / len(times),
-            algbw_gbs=_mean([r.algbw_gbs for r in recs if r.algbw_gbs is not None]),
-            busbw_gbs=_mean([r.busbw_gbs for r in recs if r.busbw_gbs is not None]), labels=labels))
+        labels = {
+            **last.labels,
+            "ops": str(len(recs)),
+            "exec_time_us_max": f"{max(times):g}",
+            "seq_first": str(min((r.seq for r in recs if r.seq is not None), default="")),
+        }
+        out.append(
+            NcclRecord(
+                ts=last.ts,
+                host=last.host,
+                gpu=last.gpu,
+                job=last.job,
+                comm=last.comm,
+                comm_name=last.comm_name,
+                rank=last.rank,
+                nranks=last.nranks,
+                nnodes=last.nnodes,
+                coll=last.coll,
+                seq=last.seq,
+                bytes=last.bytes,
+                exec_time_us=sum(times) / len(times),
+                algbw_gbs=_mean([r.algbw_gbs for r in recs if r.algbw_gbs is not None]),
+                busbw_gbs=_mean([r.busbw_gbs for r in recs if r.busbw_gbs is not None]),
+                labels=labels,
+            )
+        )
     out.sort(key=lambda r: (r.host, r.comm, r.rank, r.coll, r.bytes))
     return out
 
@@ -177,14 +219,22 @@ class _Tail:
     inode: int
     offset: int = 0
     partial: bytes = b""
-    head: bytes = b""        # the file's first bytes: a rewrite to the same size changes them
+    head: bytes = b""  # the file's first bytes: a rewrite to the same size changes them
 
 
 class InspectorFollower:
     """Follows the Inspector's dump files in ``directory``; ``poll`` aggregates what was new."""
 
-    def __init__(self, directory: str | Path, *, gpus_per_node: int | None = None, job: str | None = None,
-                 from_start: bool = True, max_read_bytes: int = 64 * 1024 * 1024, aggregate_ops: bool = True) -> None:
+    def __init__(
+        self,
+        directory: str | Path,
+        *,
+        gpus_per_node: int | None = None,
+        job: str | None = None,
+        from_start: bool = True,
+        max_read_bytes: int = 64 * 1024 * 1024,
+        aggregate_ops: bool = True,
+    ) -> None:
         self.dir = Path(directory)
         self.gpus_per_node = gpus_per_node
         self.job = job
@@ -196,8 +246,8 @@ class InspectorFollower:
         self._tails: dict[Path, _Tail] = {}
         self._first = True
         self._warned_missing = False
-        self._context: dict[Path, dict[str, Any]] = {}          # v4.3: the last dump_stats marker per file
-        self._ring_totals: dict[tuple, float] = {}              # (file, comm, kind) -> *_dropped_total seen
+        self._context: dict[Path, dict[str, Any]] = {}  # v4.3: the last dump_stats marker per file
+        self._ring_totals: dict[tuple, float] = {}  # (file, comm, kind) -> *_dropped_total seen
 
     def _files(self) -> list[Path]:
         if not self.dir.is_dir():
@@ -268,10 +318,15 @@ class InspectorFollower:
                     self._dump_stats(path, obj)
                     continue
                 if isinstance(obj, dict) and "proxy_trace" in obj:
-                    self.stats.skip("proxy_trace")   # network-progress traces: no operation timing to send
+                    self.stats.skip("proxy_trace")  # network-progress traces: no operation timing to send
                     continue
-                r = parse_operation(obj, gpus_per_node=self.gpus_per_node, file_host=file_host, job=self.job,
-                                    context=self._context.get(path))
+                r = parse_operation(
+                    obj,
+                    gpus_per_node=self.gpus_per_node,
+                    file_host=file_host,
+                    job=self.job,
+                    context=self._context.get(path),
+                )
                 if isinstance(r, str):
                     self.stats.skip(r)
                     continue
@@ -302,14 +357,20 @@ class InspectorFollower:
                 lost += max(since, 0.0)
             elif total is not None:
                 prev = self._ring_totals.get(key, 0.0)
-                lost += total - prev if total >= prev else total   # a smaller total: the process restarted
+                lost += total - prev if total >= prev else total  # a smaller total: the process restarted
             if total is not None:
                 self._ring_totals[key] = total
         if lost > 0:
             self.stats.ring_overwritten += int(lost)
-            log.warning("NCCL Inspector on %s dropped %d operation record(s) of communicator %s before dumping "
-                        "them (its ring buffer was full; %d in all): raise the plugin's ring size or dump more "
-                        "often", path.name, lost, hdr.get("comm_name") or hdr.get("id"), self.stats.ring_overwritten)
+            log.warning(
+                "NCCL Inspector on %s dropped %d operation record(s) of communicator %s before dumping "
+                "them (its ring buffer was full; %d in all): raise the plugin's ring size or dump more "
+                "often",
+                path.name,
+                lost,
+                hdr.get("comm_name") or hdr.get("id"),
+                self.stats.ring_overwritten,
+            )
 
     def summary(self) -> dict[str, int]:
         """Lines, operations, and what was dropped, by reason (the plugin's own losses included)."""
@@ -330,8 +391,9 @@ def bucket_bytes(bucket: str) -> int | None:
     return int(m.group(1)) * _UNITS[m.group(2)]
 
 
-def parse_prom(text: str, *, ts: float, host: str | None = None,
-               counts: dict[str, int] | None = None) -> list[NcclRecord]:
+def parse_prom(
+    text: str, *, ts: float, host: str | None = None, counts: dict[str, int] | None = None
+) -> list[NcclRecord]:
     """Prometheus-mode output -> one record per (node, GPU, communicator, op, size bucket).
 
     This mode carries no rank: ``rank`` is the GPU's local index when that is below ``nranks``
@@ -351,8 +413,15 @@ def parse_prom(text: str, *, ts: float, host: str | None = None,
                 continue
             lab = s.labels
             op = lab.get("collective") or lab.get("p2p_operation") or "unknown"
-            key = (lab.get("node"), lab.get("gpu"), lab.get("comm_name"), op, lab.get("message_size"),
-                   lab.get("algo_proto"), lab.get("slurm_job_id"))
+            key = (
+                lab.get("node"),
+                lab.get("gpu"),
+                lab.get("comm_name"),
+                op,
+                lab.get("message_size"),
+                lab.get("algo_proto"),
+                lab.get("slurm_job_id"),
+            )
             row = rows.setdefault(key, {"labels": lab})
             row[what] = float(s.value)
     out = []
@@ -378,12 +447,24 @@ def parse_prom(text: str, *, ts: float, host: str | None = None,
         job = lab.get("slurm_job_id")
         nn = lab.get("n_nodes", "")
         busbw = _num(row.get("busbw"))
-        out.append(NcclRecord(ts=ts, host=host or lab.get("node") or socket.gethostname(), gpu=gpu,
-                              job=None if job in (None, "", "unknown") else job,
-                              comm=lab.get("comm_name") or "unknown", comm_name=lab.get("comm_name") or None,
-                              rank=rank, nranks=nranks, nnodes=int(nn) if nn.isdigit() else None, coll=key[3],
-                              bytes=bucket_bytes(lab.get("message_size", "")) or 0, exec_time_us=t,
-                              busbw_gbs=busbw if busbw is None or busbw >= 0 else None, labels=labels))
+        out.append(
+            NcclRecord(
+                ts=ts,
+                host=host or lab.get("node") or socket.gethostname(),
+                gpu=gpu,
+                job=None if job in (None, "", "unknown") else job,
+                comm=lab.get("comm_name") or "unknown",
+                comm_name=lab.get("comm_name") or None,
+                rank=rank,
+                nranks=nranks,
+                nnodes=int(nn) if nn.isdigit() else None,
+                coll=key[3],
+                bytes=bucket_bytes(lab.get("message_size", "")) or 0,
+                exec_time_us=t,
+                busbw_gbs=busbw if busbw is None or busbw >= 0 else None,
+                labels=labels,
+            )
+        )
     return out
 
 
@@ -396,8 +477,14 @@ class PromFileSource:
         self.once = once
         self.done = False
         self._mtime: float | None = None
-        self.counts: dict[str, int] = {"reads": 0, "records": 0, "dropped.unparsable_file": 0,
-                                       "dropped.unknown_metric": 0, "dropped.no_time": 0, "dropped.bad_rank": 0}
+        self.counts: dict[str, int] = {
+            "reads": 0,
+            "records": 0,
+            "dropped.unparsable_file": 0,
+            "dropped.unknown_metric": 0,
+            "dropped.no_time": 0,
+            "dropped.bad_rank": 0,
+        }
 
     def poll(self) -> list[NcclRecord]:
         if self.once:
@@ -412,8 +499,12 @@ class PromFileSource:
         self._mtime = st.st_mtime
         self.counts["reads"] += 1
         try:
-            recs = parse_prom(self.path.read_text(encoding="utf-8", errors="replace"), ts=time.time(),
-                              host=self.host, counts=self.counts)
+            recs = parse_prom(
+                self.path.read_text(encoding="utf-8", errors="replace"),
+                ts=time.time(),
+                host=self.host,
+                counts=self.counts,
+            )
         except ValueError as e:  # a half-rewritten file: try again at the next change
             self._mtime = None
             self.counts["dropped.unparsable_file"] += 1
@@ -430,5 +521,4 @@ class PromFileSource:
         pass
 
 
-__all__ = ["InspectorFollower", "PromFileSource", "aggregate", "bucket_bytes", "parse_prom",
-           "parse_record"]
+__all__ = ["InspectorFollower", "PromFileSource", "aggregate", "bucket_bytes", "parse_prom", "parse_record"]

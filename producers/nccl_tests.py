@@ -45,9 +45,19 @@ log = logging.getLogger(__name__)
 
 # Compact names (no underscores), longest first when matching: "reduce" is inside "allreduce"
 # and "reducescatter", "gather" inside "allgather".
-_COLL = {"allreduce": "AllReduce", "allgather": "AllGather", "reducescatter": "ReduceScatter",
-         "broadcast": "Broadcast", "reduce": "Reduce", "alltoallv": "AllToAllV", "alltoall": "AllToAll",
-         "sendrecv": "SendRecv", "gather": "Gather", "scatter": "Scatter", "hypercube": "HyperCube"}
+_COLL = {
+    "allreduce": "AllReduce",
+    "allgather": "AllGather",
+    "reducescatter": "ReduceScatter",
+    "broadcast": "Broadcast",
+    "reduce": "Reduce",
+    "alltoallv": "AllToAllV",
+    "alltoall": "AllToAll",
+    "sendrecv": "SendRecv",
+    "gather": "Gather",
+    "scatter": "Scatter",
+    "hypercube": "HyperCube",
+}
 _RANK = re.compile(r"#\s*Rank\s+(\d+)(?:\s+Group\s+(\d+))?(?:\s+Pid\s+(\d+))?\s+on\s+(\S+)\s+device\s+(\d+)")
 _PERF = re.compile(r"\b([a-z_]+?)_perf(?:_mpi)?\b")
 _NTHREAD = re.compile(r"nThread\s+(\d+)\s+nGpus\s+(\d+)")
@@ -88,8 +98,10 @@ class Finding:
     def describe(self) -> str:
         parts = []
         if self.wrong_sizes:
-            parts.append(f"{self.wrong_elements:g} wrong element(s) at sizes {', '.join(map(str, self.wrong_sizes[:8]))}"
-                         + (" ..." if len(self.wrong_sizes) > 8 else ""))
+            parts.append(
+                f"{self.wrong_elements:g} wrong element(s) at sizes {', '.join(map(str, self.wrong_sizes[:8]))}"
+                + (" ..." if len(self.wrong_sizes) > 8 else "")
+            )
         if self.out_of_bounds:
             parts.append(f"Out of bounds values : {self.out_of_bounds} FAILED")
         return f"nccl-tests {self.coll} run {self.run} on {self.host}: wrong results ({'; '.join(parts)})"
@@ -100,8 +112,8 @@ class ParseStats:
     runs: int = 0
     rows: int = 0
     records: int = 0
-    unparsable_rows: int = 0     # looked like a result row but did not fit the header
-    no_time: int = 0             # a row without a usable out-of-place time
+    unparsable_rows: int = 0  # looked like a result row but did not fit the header
+    no_time: int = 0  # a row without a usable out-of-place time
     coll_from_file_name: int = 0
     findings: list[Finding] = field(default_factory=list)
 
@@ -110,7 +122,7 @@ class ParseStats:
 class _Run:
     devices: dict[int, Device] = field(default_factory=dict)
     header: list[str] | None = None
-    time_scale: float = 1.0      # the first releases printed times in ms (units row "(ms)")
+    time_scale: float = 1.0  # the first releases printed times in ms (units row "(ms)")
     rows: list[dict[str, Any]] = field(default_factory=list)
     started: str | None = None
     nranks_header: int | None = None
@@ -129,8 +141,17 @@ def _float(tok: Any) -> float | None:
     return x if x == x and x not in (float("inf"), float("-inf")) else None
 
 
-def _records(run: _Run, coll: str, ts: float, host_default: str, job: str | None, fmt: str, run_id: str,
-             stats: ParseStats, coll_source: str) -> list[NcclRecord]:
+def _records(
+    run: _Run,
+    coll: str,
+    ts: float,
+    host_default: str,
+    job: str | None,
+    fmt: str,
+    run_id: str,
+    stats: ParseStats,
+    coll_source: str,
+) -> list[NcclRecord]:
     devs = sorted(run.devices.values(), key=lambda d: d.rank)
     d0 = devs[0] if devs else None
     # Highest listed rank + 1: a log may elide ranks; nThread x nGpus is one process's share only.
@@ -158,11 +179,25 @@ def _records(run: _Run, coll: str, ts: float, host_default: str, job: str | None
         for k in ("in_time_us", "in_algbw_gbs", "in_busbw_gbs", "wrong", "in_wrong"):
             if row.get(k) is not None:
                 labels[k] = f"{row[k]:g}"
-        out.append(NcclRecord(ts=ts, host=host, gpu=d0.device if d0 else None, job=job,
-                              comm=comm, comm_name="nccl-tests", rank=d0.rank if d0 else 0, nranks=nranks,
-                              nnodes=nnodes, coll=coll, bytes=int(row["size"]), exec_time_us=t,
-                              algbw_gbs=row.get("algbw") if (row.get("algbw") or 0) >= 0 else None,
-                              busbw_gbs=row.get("busbw") if (row.get("busbw") or 0) >= 0 else None, labels=labels))
+        out.append(
+            NcclRecord(
+                ts=ts,
+                host=host,
+                gpu=d0.device if d0 else None,
+                job=job,
+                comm=comm,
+                comm_name="nccl-tests",
+                rank=d0.rank if d0 else 0,
+                nranks=nranks,
+                nnodes=nnodes,
+                coll=coll,
+                bytes=int(row["size"]),
+                exec_time_us=t,
+                algbw_gbs=row.get("algbw") if (row.get("algbw") or 0) >= 0 else None,
+                busbw_gbs=row.get("busbw") if (row.get("busbw") or 0) >= 0 else None,
+                labels=labels,
+            )
+        )
     if wrong_sizes or run.oob:
         f = Finding(run_id, coll, host, wrong_sizes, wrong_total, run.oob)
         stats.findings.append(f)
@@ -201,8 +236,9 @@ def _row(header: list[str], time_scale: float, toks: list[str]) -> dict[str, Any
     return row if "size" in row else None
 
 
-def _coll_of(run: _Run, coll: str | None, perf_hint: str | None, name_hint: str | None,
-             stats: ParseStats) -> tuple[str, str]:
+def _coll_of(
+    run: _Run, coll: str | None, perf_hint: str | None, name_hint: str | None, stats: ParseStats
+) -> tuple[str, str]:
     if coll:
         return coll, "flag"
     c = collective_name(run.started)
@@ -214,15 +250,23 @@ def _coll_of(run: _Run, coll: str | None, perf_hint: str | None, name_hint: str 
     c = collective_name(name_hint)
     if c:
         stats.coll_from_file_name += 1
-        log.warning("nccl-tests log does not name its collective; took %s from the file name %s (use --coll)",
-                    c, name_hint)
+        log.warning(
+            "nccl-tests log does not name its collective; took %s from the file name %s (use --coll)", c, name_hint
+        )
         return c, "file_name"
     return "unknown", "unknown"
 
 
-def parse_text(text: str, *, ts: float | None = None, coll: str | None = None, host: str | None = None,
-               job: str | None = None, name_hint: str | None = None,
-               stats: ParseStats | None = None) -> list[NcclRecord]:
+def parse_text(
+    text: str,
+    *,
+    ts: float | None = None,
+    coll: str | None = None,
+    host: str | None = None,
+    job: str | None = None,
+    name_hint: str | None = None,
+    stats: ParseStats | None = None,
+) -> list[NcclRecord]:
     """Records from an nccl-tests text log (any layout; several runs in one log are split)."""
     stats = stats if stats is not None else ParseStats()
     runs: list[tuple[_Run, str | None]] = []
@@ -244,7 +288,7 @@ def parse_text(text: str, *, ts: float | None = None, coll: str | None = None, h
             if m and not s[0].isdigit():
                 if cur.rows:
                     close()
-                perf_hint = m.group(0)           # an echoed command line: mpirun ... all_gather_perf -b 8
+                perf_hint = m.group(0)  # an echoed command line: mpirun ... all_gather_perf -b 8
                 continue
         if s.startswith("#"):
             body = s.lstrip("#").strip()
@@ -292,8 +336,12 @@ def parse_text(text: str, *, ts: float | None = None, coll: str | None = None, h
         row = _row(cur.header, cur.time_scale, toks)
         if row is None:
             stats.unparsable_rows += 1
-            log.warning("nccl-tests row does not fit its header (%d cells for %d columns): %r",
-                        len(toks), len(cur.header), s[:200])
+            log.warning(
+                "nccl-tests row does not fit its header (%d cells for %d columns): %r",
+                len(toks),
+                len(cur.header),
+                s[:200],
+            )
             continue
         cur.rows.append(row)
     close()
@@ -313,8 +361,15 @@ def parse_text(text: str, *, ts: float | None = None, coll: str | None = None, h
     return out
 
 
-def parse_json(doc: dict[str, Any], *, ts: float | None = None, coll: str | None = None,
-               host: str | None = None, job: str | None = None, stats: ParseStats | None = None) -> list[NcclRecord]:
+def parse_json(
+    doc: dict[str, Any],
+    *,
+    ts: float | None = None,
+    coll: str | None = None,
+    host: str | None = None,
+    job: str | None = None,
+    stats: ParseStats | None = None,
+) -> list[NcclRecord]:
     """Records from nccl-tests ``-J`` output."""
     stats = stats if stats is not None else ParseStats()
     cfg = doc.get("config") or {}
@@ -322,8 +377,12 @@ def parse_json(doc: dict[str, Any], *, ts: float | None = None, coll: str | None
     for d in cfg.get("devices") or []:
         if isinstance(d, dict) and _float(d.get("rank")) is not None:
             r = int(d["rank"])
-            run.devices[r] = Device(r, str(d.get("hostname") or "unknown"), int(_float(d.get("device")) or 0),
-                                    int(_float(d.get("pid")) or 0))
+            run.devices[r] = Device(
+                r,
+                str(d.get("hostname") or "unknown"),
+                int(_float(d.get("device")) or 0),
+                int(_float(d.get("pid")) or 0),
+            )
     args = doc.get("args") or []
     for r in doc.get("results") or []:
         if not isinstance(r, dict) or (size := _float(r.get("size"))) is None:
@@ -331,19 +390,38 @@ def parse_json(doc: dict[str, Any], *, ts: float | None = None, coll: str | None
         stats.rows += 1
         oop, inp = r.get("out_of_place") or {}, r.get("in_place") or {}
         num = lambda d, *ks: next((_float(d[k]) for k in ks if d.get(k) is not None), None)  # noqa: E731
-        run.rows.append({"size": int(size), "type": r.get("type"), "redop": r.get("redop"),
-                         "root": str(r.get("root", "")).strip(),
-                         "time": num(oop, "time", "cpu_time"), "algbw": num(oop, "alg_bw"),
-                         "busbw": num(oop, "bus_bw"), "wrong": num(oop, "nwrong"),
-                         "in_time_us": num(inp, "time", "cpu_time"), "in_algbw_gbs": num(inp, "alg_bw"),
-                         "in_busbw_gbs": num(inp, "bus_bw"), "in_wrong": num(inp, "nwrong")})
+        run.rows.append(
+            {
+                "size": int(size),
+                "type": r.get("type"),
+                "redop": r.get("redop"),
+                "root": str(r.get("root", "")).strip(),
+                "time": num(oop, "time", "cpu_time"),
+                "algbw": num(oop, "alg_bw"),
+                "busbw": num(oop, "bus_bw"),
+                "wrong": num(oop, "nwrong"),
+                "in_time_us": num(inp, "time", "cpu_time"),
+                "in_algbw_gbs": num(inp, "alg_bw"),
+                "in_busbw_gbs": num(inp, "bus_bw"),
+                "in_wrong": num(inp, "nwrong"),
+            }
+        )
     oob = doc.get("out_of_bounds")
     if isinstance(oob, dict) and _float(oob.get("count")) is not None:
         run.oob = int(_float(oob["count"]) or 0) or (1 if oob.get("okay") is False else 0)
     stats.runs += 1
     c, src = (coll, "flag") if coll else (collective_name(args[0] if args else None), "log")
-    return _records(run, c or "unknown", time.time() if ts is None else ts, host or socket.gethostname(), job,
-                    "json", "run1", stats, src if c else "unknown")
+    return _records(
+        run,
+        c or "unknown",
+        time.time() if ts is None else ts,
+        host or socket.gethostname(),
+        job,
+        "json",
+        "run1",
+        stats,
+        src if c else "unknown",
+    )
 
 
 def parse(text: str, **kw: Any) -> list[NcclRecord]:
@@ -382,8 +460,13 @@ class NcclTestsSource:
     def summary(self) -> dict[str, int]:
         """Counts for the exit summary (what was read and what was left out, by reason)."""
         s = self.stats
-        return {"runs": s.runs, "rows": s.rows, "dropped.unparsable_row": s.unparsable_rows,
-                "dropped.no_time": s.no_time, "wrong_result_runs": len(s.findings)}
+        return {
+            "runs": s.runs,
+            "rows": s.rows,
+            "dropped.unparsable_row": s.unparsable_rows,
+            "dropped.no_time": s.no_time,
+            "wrong_result_runs": len(s.findings),
+        }
 
     def close(self) -> None:
         pass

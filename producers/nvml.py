@@ -31,19 +31,27 @@ def _text(v: Any) -> str:
 class NvmlSource:
     """Polls every GPU NVML sees; ``poll`` returns one record per GPU and per active NVLink."""
 
-    def __init__(self, *, nvml: Any = None, host: str | None = None, clock: Callable[[], float] = time.time,
-                 links: bool = True) -> None:
+    def __init__(
+        self, *, nvml: Any = None, host: str | None = None, clock: Callable[[], float] = time.time, links: bool = True
+    ) -> None:
         if nvml is None:
             import pynvml  # nvidia-ml-py
+
             nvml = pynvml
         self.n = nvml
         self.host = host or socket.gethostname()
         self.clock = clock
         self.links = links
         self.done = False
-        self.errors = 0                 # GPU-polls skipped: the GPU did not answer (gpu_lost fires)
-        self.counts: dict[str, int] = {"polls": 0, "records": 0, "xid_events": 0, "unsupported_queries": 0,
-                                       "dropped.gpu_unreadable": 0, "dropped.xid_event_error": 0}
+        self.errors = 0  # GPU-polls skipped: the GPU did not answer (gpu_lost fires)
+        self.counts: dict[str, int] = {
+            "polls": 0,
+            "records": 0,
+            "xid_events": 0,
+            "unsupported_queries": 0,
+            "dropped.gpu_unreadable": 0,
+            "dropped.xid_event_error": 0,
+        }
         nvml.nvmlInit()
         self.handles = [nvml.nvmlDeviceGetHandleByIndex(i) for i in range(nvml.nvmlDeviceGetCount())]
         self.uuid = [self._try(lambda: _text(nvml.nvmlDeviceGetUUID(h))) for h in self.handles]
@@ -103,8 +111,9 @@ class NvmlSource:
             f["DCGM_FI_DEV_MEMORY_TEMP"] = _field_value(mt)
         f["DCGM_FI_DEV_SM_CLOCK"] = t(lambda: n.nvmlDeviceGetClockInfo(h, n.NVML_CLOCK_SM))
         f["DCGM_FI_DEV_MEM_CLOCK"] = t(lambda: n.nvmlDeviceGetClockInfo(h, n.NVML_CLOCK_MEM))
-        reasons = getattr(n, "nvmlDeviceGetCurrentClocksEventReasons", None) or \
-            n.nvmlDeviceGetCurrentClocksThrottleReasons
+        reasons = (
+            getattr(n, "nvmlDeviceGetCurrentClocksEventReasons", None) or n.nvmlDeviceGetCurrentClocksThrottleReasons
+        )
         f["DCGM_FI_DEV_CLOCK_THROTTLE_REASONS"] = t(lambda: reasons(h))
         mw = t(lambda: n.nvmlDeviceGetPowerUsage(h))
         f["DCGM_FI_DEV_POWER_USAGE"] = None if mw is None else mw / 1000.0
@@ -115,10 +124,12 @@ class NvmlSource:
         if util is not None:
             f["DCGM_FI_DEV_GPU_UTIL"] = util.gpu
             f["DCGM_FI_DEV_MEM_COPY_UTIL"] = util.memory
-        for name, err, cnt in (("DCGM_FI_DEV_ECC_SBE_VOL_TOTAL", n.NVML_MEMORY_ERROR_TYPE_CORRECTED, n.NVML_VOLATILE_ECC),
-                               ("DCGM_FI_DEV_ECC_DBE_VOL_TOTAL", n.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, n.NVML_VOLATILE_ECC),
-                               ("DCGM_FI_DEV_ECC_SBE_AGG_TOTAL", n.NVML_MEMORY_ERROR_TYPE_CORRECTED, n.NVML_AGGREGATE_ECC),
-                               ("DCGM_FI_DEV_ECC_DBE_AGG_TOTAL", n.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, n.NVML_AGGREGATE_ECC)):
+        for name, err, cnt in (
+            ("DCGM_FI_DEV_ECC_SBE_VOL_TOTAL", n.NVML_MEMORY_ERROR_TYPE_CORRECTED, n.NVML_VOLATILE_ECC),
+            ("DCGM_FI_DEV_ECC_DBE_VOL_TOTAL", n.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, n.NVML_VOLATILE_ECC),
+            ("DCGM_FI_DEV_ECC_SBE_AGG_TOTAL", n.NVML_MEMORY_ERROR_TYPE_CORRECTED, n.NVML_AGGREGATE_ECC),
+            ("DCGM_FI_DEV_ECC_DBE_AGG_TOTAL", n.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, n.NVML_AGGREGATE_ECC),
+        ):
             f[name] = t(lambda: n.nvmlDeviceGetTotalEccErrors(h, err, cnt))
         rows = t(lambda: n.nvmlDeviceGetRemappedRows(h))
         if rows is not None:
@@ -128,17 +139,21 @@ class NvmlSource:
             f["DCGM_FI_DEV_ROW_REMAP_PENDING"] = 1.0 if pending else 0.0
             f["DCGM_FI_DEV_ROW_REMAP_FAILURE"] = 1.0 if failed else 0.0
         f["DCGM_FI_DEV_PCIE_REPLAY_COUNTER"] = t(lambda: n.nvmlDeviceGetPcieReplayCounter(h))
-        for name, policy in (("DCGM_FI_DEV_POWER_VIOLATION", n.NVML_PERF_POLICY_POWER),
-                             ("DCGM_FI_DEV_THERMAL_VIOLATION", n.NVML_PERF_POLICY_THERMAL)):
+        for name, policy in (
+            ("DCGM_FI_DEV_POWER_VIOLATION", n.NVML_PERF_POLICY_POWER),
+            ("DCGM_FI_DEV_THERMAL_VIOLATION", n.NVML_PERF_POLICY_THERMAL),
+        ):
             v = t(lambda: n.nvmlDeviceGetViolationStatus(h, policy))
             f[name] = None if v is None else v.violationTime
         f["DCGM_FI_DEV_XID_ERRORS"] = self.xid[i]
         return {k: float(v) for k, v in f.items() if v is not None}
 
-    _LINK_COUNTERS = (("DCGM_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL", "NVML_NVLINK_ERROR_DL_REPLAY"),
-                      ("DCGM_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL", "NVML_NVLINK_ERROR_DL_RECOVERY"),
-                      ("DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL", "NVML_NVLINK_ERROR_DL_CRC_FLIT"),
-                      ("DCGM_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_TOTAL", "NVML_NVLINK_ERROR_DL_CRC_DATA"))
+    _LINK_COUNTERS = (
+        ("DCGM_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL", "NVML_NVLINK_ERROR_DL_REPLAY"),
+        ("DCGM_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL", "NVML_NVLINK_ERROR_DL_RECOVERY"),
+        ("DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL", "NVML_NVLINK_ERROR_DL_CRC_FLIT"),
+        ("DCGM_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_TOTAL", "NVML_NVLINK_ERROR_DL_CRC_DATA"),
+    )
 
     def _links(self, h: Any) -> dict[int, dict[str, float]]:
         n = self.n
@@ -174,11 +189,23 @@ class NvmlSource:
                 per = [v[name] for v in links.values() if name in v]
                 if per:
                     fields[name] = float(sum(per))
-            out.append(DcgmRecord(ts=ts, host=self.host, gpu=i, uuid=self.uuid[i], model=self.model[i],
-                                  fields=DcgmFields(**fields)))
+            out.append(
+                DcgmRecord(
+                    ts=ts, host=self.host, gpu=i, uuid=self.uuid[i], model=self.model[i], fields=DcgmFields(**fields)
+                )
+            )
             for link, vals in sorted(links.items()):
-                out.append(DcgmRecord(ts=ts, host=self.host, gpu=i, link=link, uuid=self.uuid[i],
-                                      model=self.model[i], fields=DcgmFields(**vals)))
+                out.append(
+                    DcgmRecord(
+                        ts=ts,
+                        host=self.host,
+                        gpu=i,
+                        link=link,
+                        uuid=self.uuid[i],
+                        model=self.model[i],
+                        fields=DcgmFields(**vals),
+                    )
+                )
         self.counts["polls"] += 1
         self.counts["records"] += len(out)
         return out

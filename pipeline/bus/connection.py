@@ -57,8 +57,8 @@ _FILES = ("ssl_cafile", "ssl_certfile", "ssl_keyfile")
 class Security(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
     """TLS and SASL options, passed through to kafka-python under its own names."""
 
-    security_protocol: str | None = None          # PLAINTEXT | SSL | SASL_PLAINTEXT | SASL_SSL
-    sasl_mechanism: str | None = None             # PLAIN | SCRAM-SHA-256 | SCRAM-SHA-512
+    security_protocol: str | None = None  # PLAINTEXT | SSL | SASL_PLAINTEXT | SASL_SSL
+    sasl_mechanism: str | None = None  # PLAIN | SCRAM-SHA-256 | SCRAM-SHA-512
     sasl_plain_username: str | None = None
     sasl_plain_password: str | None = None
     ssl_cafile: str | None = None
@@ -132,8 +132,14 @@ def load_file(path: str | Path) -> _File:
         raise ConfigError(key, f"{msg} (in {path})") from e
 
 
-def resolve(*, bootstrap: str | None = None, config_file: str | None = None, base: KafkaConnection | None = None,
-            env: Mapping[str, str] | None = None, key_prefix: str = "kafka.") -> KafkaConnection:
+def resolve(
+    *,
+    bootstrap: str | None = None,
+    config_file: str | None = None,
+    base: KafkaConnection | None = None,
+    env: Mapping[str, str] | None = None,
+    key_prefix: str = "kafka.",
+) -> KafkaConnection:
     """The connection a command uses: ``base`` < file < environment < ``bootstrap`` (see above).
 
     Validated: an unknown protocol or mechanism, SASL without a user or password, credentials
@@ -172,8 +178,9 @@ def validate(conn: KafkaConnection, key_prefix: str = "kafka.") -> None:
         raise ConfigError(f"{sec}security_protocol", f"{proto!r}: one of {', '.join(PROTOCOLS)}")
     if proto.startswith("SASL"):
         if s.sasl_mechanism not in MECHANISMS:
-            raise ConfigError(f"{sec}sasl_mechanism", f"{s.sasl_mechanism!r}: {proto} needs one of "
-                              f"{', '.join(MECHANISMS)}")
+            raise ConfigError(
+                f"{sec}sasl_mechanism", f"{s.sasl_mechanism!r}: {proto} needs one of {', '.join(MECHANISMS)}"
+            )
         if not s.sasl_plain_username:
             raise ConfigError(f"{sec}sasl_plain_username", f"{proto} needs a user (or GPUWARDEN_KAFKA_USERNAME)")
         if not s.sasl_plain_password:
@@ -181,8 +188,9 @@ def validate(conn: KafkaConnection, key_prefix: str = "kafka.") -> None:
     else:
         for key in ("sasl_mechanism", "sasl_plain_username", "sasl_plain_password"):
             if getattr(s, key):
-                raise ConfigError(f"{sec}{key}", f"set, but security_protocol {proto} does not use SASL "
-                                  "(SASL_SSL or SASL_PLAINTEXT?)")
+                raise ConfigError(
+                    f"{sec}{key}", f"set, but security_protocol {proto} does not use SASL (SASL_SSL or SASL_PLAINTEXT?)"
+                )
     for key in _FILES:
         p = getattr(s, key)
         if p and not os.access(p, os.R_OK):
@@ -192,9 +200,12 @@ def validate(conn: KafkaConnection, key_prefix: str = "kafka.") -> None:
 def add_arguments(parser: Any, *, bootstrap_help: str = "Kafka bootstrap servers (host:port[,...])") -> None:
     """``--kafka BOOTSTRAP`` and ``--kafka-config FILE``, the same on every command that talks to Kafka."""
     parser.add_argument("--kafka", metavar="BOOTSTRAP", help=bootstrap_help + f" (or {ENV_BOOTSTRAP})")
-    parser.add_argument("--kafka-config", metavar="FILE",
-                        help="Kafka connection file: bootstrap, TLS files, SASL (or GPUWARDEN_KAFKA_CONFIG; "
-                             "docs/operations.md, Secured Kafka)")
+    parser.add_argument(
+        "--kafka-config",
+        metavar="FILE",
+        help="Kafka connection file: bootstrap, TLS files, SASL (or GPUWARDEN_KAFKA_CONFIG; "
+        "docs/operations.md, Secured Kafka)",
+    )
 
 
 def wanted(args: Any) -> bool:
@@ -202,14 +213,21 @@ def wanted(args: Any) -> bool:
     return bool(getattr(args, "kafka", None) or getattr(args, "kafka_config", None))
 
 
-def from_args(args: Any, *, base: KafkaConnection | None = None, env: Mapping[str, str] | None = None,
-              key_prefix: str = "kafka.") -> KafkaConnection:
+def from_args(
+    args: Any, *, base: KafkaConnection | None = None, env: Mapping[str, str] | None = None, key_prefix: str = "kafka."
+) -> KafkaConnection:
     """The connection for a parsed command line (``add_arguments``)."""
-    return resolve(bootstrap=getattr(args, "kafka", None), config_file=getattr(args, "kafka_config", None),
-                   base=base, env=env, key_prefix=key_prefix)
+    return resolve(
+        bootstrap=getattr(args, "kafka", None),
+        config_file=getattr(args, "kafka_config", None),
+        base=base,
+        env=env,
+        key_prefix=key_prefix,
+    )
 
 
 # -- telling what went wrong --------------------------------------------------------------------
+
 
 def _servers(bootstrap: str) -> list[tuple[str, int]]:
     out = []
@@ -234,8 +252,10 @@ def _transport(host: str, port: int, s: Mapping[str, Any], timeout_s: float) -> 
                     ctx.load_cert_chain(s["ssl_certfile"], s.get("ssl_keyfile"), s.get("ssl_password"))
                 sock = ctx.wrap_socket(sock, server_hostname=host)
             except (ssl.SSLError, OSError) as e:
-                return (f"TLS with the Kafka broker at {host}:{port} failed: {getattr(e, 'reason', None) or e} "
-                        "(ssl_cafile, ssl_certfile, or a listener that is not TLS?)")
+                return (
+                    f"TLS with the Kafka broker at {host}:{port} failed: {getattr(e, 'reason', None) or e} "
+                    "(ssl_cafile, ssl_certfile, or a listener that is not TLS?)"
+                )
     finally:
         sock.close()
     return None
@@ -264,8 +284,10 @@ def diagnose(bootstrap: str, security: Mapping[str, Any] | None, timeout_s: floa
     if problem:
         return problem
     if proto.startswith("SASL"):
-        return (f"the Kafka broker at {bootstrap} refused the SASL {s.get('sasl_mechanism')} login of user "
-                f"{s.get('sasl_plain_username')!r} (wrong user or password, or a mechanism it has no credentials for)")
+        return (
+            f"the Kafka broker at {bootstrap} refused the SASL {s.get('sasl_mechanism')} login of user "
+            f"{s.get('sasl_plain_username')!r} (wrong user or password, or a mechanism it has no credentials for)"
+        )
     return f"the Kafka broker at {bootstrap} did not complete a {proto} connection (is that listener {proto}?)"
 
 
@@ -290,8 +312,13 @@ def check(conn: KafkaConnection, timeout_s: float = 10.0) -> None:
     ms = int(timeout_s * 1000)
     with _quiet_kafka():
         try:
-            admin = KafkaAdminClient(bootstrap_servers=conn.bootstrap, request_timeout_ms=ms,
-                                     bootstrap_timeout_ms=ms, client_id="gpuwarden-check", **conn.options())
+            admin = KafkaAdminClient(
+                bootstrap_servers=conn.bootstrap,
+                request_timeout_ms=ms,
+                bootstrap_timeout_ms=ms,
+                client_id="gpuwarden-check",
+                **conn.options(),
+            )
         except KafkaError as e:
             raise unavailable(conn.bootstrap, conn.options(), e) from None
         try:

@@ -22,7 +22,7 @@ def _open(path: str | Path, mode: str, gz: bool | None = None) -> IO[bytes]:
     return open(p, mode + "b")
 
 
-MAX_LINE_BYTES = 8 * 1024 * 1024   # the decoder's message limit (Decoder.max_message_bytes)
+MAX_LINE_BYTES = 8 * 1024 * 1024  # the decoder's message limit (Decoder.max_message_bytes)
 
 
 def read_lines(path: str | Path, max_line_bytes: int = MAX_LINE_BYTES) -> Iterator[Message]:
@@ -57,8 +57,6 @@ def read_lines(path: str | Path, max_line_bytes: int = MAX_LINE_BYTES) -> Iterat
     finally:
         if name != "-":
             fh.close()
-
-
 
 
 class FileSink:

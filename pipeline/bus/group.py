@@ -81,8 +81,16 @@ class KafkaGroupConsumer:
     revoke needs: the group does not hand the partition on until the listener returned.
     """
 
-    def __init__(self, bootstrap: str, topic: str, group: str, *, security: dict[str, Any] | None = None,
-                 client_id: str = "gpuwarden", **options: Any) -> None:
+    def __init__(
+        self,
+        bootstrap: str,
+        topic: str,
+        group: str,
+        *,
+        security: dict[str, Any] | None = None,
+        client_id: str = "gpuwarden",
+        **options: Any,
+    ) -> None:
         from kafka import KafkaConsumer
         from kafka.errors import KafkaError
 
@@ -91,13 +99,20 @@ class KafkaGroupConsumer:
         self.topic = topic
         self._KafkaError = KafkaError
         try:
-            self._c = KafkaConsumer(bootstrap_servers=bootstrap, group_id=group, enable_auto_commit=False,
-                                    client_id=client_id, **_security(security), **options)
+            self._c = KafkaConsumer(
+                bootstrap_servers=bootstrap,
+                group_id=group,
+                enable_auto_commit=False,
+                client_id=client_id,
+                **_security(security),
+                **options,
+            )
         except KafkaError as e:
             raise _unavailable(bootstrap, e, security) from e
 
     def _tp(self, partition: int) -> Any:
         from kafka import TopicPartition
+
         return TopicPartition(self.topic, partition)
 
     def subscribe(self, on_assigned: Partitions, on_revoked: Partitions, on_lost: Partitions | None = None) -> None:
@@ -127,8 +142,7 @@ class KafkaGroupConsumer:
         for tp, recs in batch.items():
             # Message is built here, once per record: the fields are read from kafka-python's
             # ConsumerRecord as they are, no copies of key or value.
-            out[tp.partition] = [Message(tp.topic, tp.partition, r.offset, r.key, r.value, r.timestamp)
-                                 for r in recs]
+            out[tp.partition] = [Message(tp.topic, tp.partition, r.offset, r.key, r.value, r.timestamp) for r in recs]
         return out
 
     def assignment(self) -> set[int]:
@@ -145,6 +159,7 @@ class KafkaGroupConsumer:
 
     def commit(self, offsets: Mapping[int, int]) -> None:
         from kafka import OffsetAndMetadata
+
         if not offsets:
             return
         try:
@@ -162,5 +177,5 @@ class KafkaGroupConsumer:
     def close(self) -> None:
         try:
             self._c.close(autocommit=False)
-        except self._KafkaError as e:   # leaving a group the broker already dropped us from
+        except self._KafkaError as e:  # leaving a group the broker already dropped us from
             log.warning("closing the consumer of %s: %s", self.topic, e)

@@ -53,13 +53,29 @@ class _Failed:
 class KafkaBusProducer:
     """Idempotent, ``acks=all`` producer; ``flush`` raises unless every send was acknowledged."""
 
-    def __init__(self, bootstrap: str, *, security: dict[str, Any] | None = None, linger_ms: int = 5,
-                 batch_size: int = 256 * 1024, client_id: str = "gpuwarden", **extra: Any) -> None:
+    def __init__(
+        self,
+        bootstrap: str,
+        *,
+        security: dict[str, Any] | None = None,
+        linger_ms: int = 5,
+        batch_size: int = 256 * 1024,
+        client_id: str = "gpuwarden",
+        **extra: Any,
+    ) -> None:
         extra.setdefault("max_request_size", 8 * 1024 * 1024)
         try:
             self._p = KafkaProducer(
-                bootstrap_servers=bootstrap, acks="all", enable_idempotence=True, linger_ms=linger_ms,
-                batch_size=batch_size, client_id=client_id, retries=2**31 - 1, **_security(security), **extra)
+                bootstrap_servers=bootstrap,
+                acks="all",
+                enable_idempotence=True,
+                linger_ms=linger_ms,
+                batch_size=batch_size,
+                client_id=client_id,
+                retries=2**31 - 1,
+                **_security(security),
+                **extra,
+            )
         except KafkaError as e:
             raise _unavailable(bootstrap, e, security) from e
         self._futures: list[Any] = []
@@ -93,9 +109,11 @@ class KafkaBusProducer:
             except Exception as e:  # noqa: BLE001 - every failure counts, whatever its class
                 failed.append(e)
         if failed:
-            raise DeliveryError(f"{len(failed)} of {len(futures)} sends not acknowledged: {failed[0]!r}",
-                                failed=len(failed),
-                                retriable=all(getattr(e, "retriable", False) for e in failed))
+            raise DeliveryError(
+                f"{len(failed)} of {len(futures)} sends not acknowledged: {failed[0]!r}",
+                failed=len(failed),
+                retriable=all(getattr(e, "retriable", False) for e in failed),
+            )
         return len(futures)
 
     def close(self, timeout: float = 10.0) -> None:
@@ -105,15 +123,32 @@ class KafkaBusProducer:
 class KafkaBusConsumer:
     """Manual-commit consumer of one topic in a consumer group."""
 
-    def __init__(self, bootstrap: str, topic: str, group: str | None, *, security: dict[str, Any] | None = None,
-                 auto_offset_reset: str = "earliest", max_poll_records: int = 2000,
-                 client_id: str = "gpuwarden", **extra: Any) -> None:
+    def __init__(
+        self,
+        bootstrap: str,
+        topic: str,
+        group: str | None,
+        *,
+        security: dict[str, Any] | None = None,
+        auto_offset_reset: str = "earliest",
+        max_poll_records: int = 2000,
+        client_id: str = "gpuwarden",
+        **extra: Any,
+    ) -> None:
         try:
             self._c = KafkaConsumer(
-                topic, bootstrap_servers=bootstrap, group_id=group, enable_auto_commit=False,
-                auto_offset_reset=auto_offset_reset, max_poll_records=max_poll_records,
-                fetch_max_bytes=64 * 1024 * 1024, max_partition_fetch_bytes=8 * 1024 * 1024,
-                client_id=client_id, **_security(security), **extra)
+                topic,
+                bootstrap_servers=bootstrap,
+                group_id=group,
+                enable_auto_commit=False,
+                auto_offset_reset=auto_offset_reset,
+                max_poll_records=max_poll_records,
+                fetch_max_bytes=64 * 1024 * 1024,
+                max_partition_fetch_bytes=8 * 1024 * 1024,
+                client_id=client_id,
+                **_security(security),
+                **extra,
+            )
         except KafkaError as e:
             raise _unavailable(bootstrap, e, security) from e
 
@@ -136,14 +171,25 @@ class KafkaBusConsumer:
         return self._c
 
 
-def ensure_topics(bootstrap: str, topics: Topics, *, partitions: int = 8, replication: int = 1,
-                  security: dict[str, Any] | None = None, timeout_s: float = 30.0,
-                  fleet_partitions: int | None = None) -> list[str]:
+def ensure_topics(
+    bootstrap: str,
+    topics: Topics,
+    *,
+    partitions: int = 8,
+    replication: int = 1,
+    security: dict[str, Any] | None = None,
+    timeout_s: float = 30.0,
+    fleet_partitions: int | None = None,
+) -> list[str]:
     """Create the project's topics if missing (the state topic compacted); return those created.
     ``fleet_partitions``: of the fleet stage's topic (default ``partitions``)."""
     try:
-        admin = KafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=int(timeout_s * 1000),
-                                 bootstrap_timeout_ms=int(timeout_s * 1000), **_security(security))
+        admin = KafkaAdminClient(
+            bootstrap_servers=bootstrap,
+            request_timeout_ms=int(timeout_s * 1000),
+            bootstrap_timeout_ms=int(timeout_s * 1000),
+            **_security(security),
+        )
     except KafkaError as e:
         raise _unavailable(bootstrap, e, security) from e
     try:

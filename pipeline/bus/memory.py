@@ -88,7 +88,7 @@ class MemoryConsumer:
             # Round-robin over partitions so no partition starves, as Kafka's fetcher does.
             for k in range(self.bus.partitions):
                 p = (self._next + k) % self.bus.partitions
-                take = parts[p][self._position[p]: self._position[p] + max_records - len(out)]
+                take = parts[p][self._position[p] : self._position[p] + max_records - len(out)]
                 out.extend(take)
                 self._position[p] += len(take)
                 if len(out) >= max_records:
@@ -106,8 +106,6 @@ class MemoryConsumer:
 
     def close(self) -> None:
         pass
-
-
 
 
 class _Group:
@@ -190,7 +188,7 @@ class MemoryGroupConsumer:
             self._turn += 1
             for k in range(len(ready)):
                 p = ready[(self._turn + k) % len(ready)]
-                take = parts[p][self._position[p]: self._position[p] + max_records - n]
+                take = parts[p][self._position[p] : self._position[p] + max_records - n]
                 if take:
                     out[p] = take
                     self._position[p] += len(take)
@@ -219,6 +217,7 @@ class MemoryGroupConsumer:
             for p, o in offsets.items():
                 if self._group().owner.get(p) is not self:
                     from pipeline.errors import BusError
+
                     raise BusError(f"commit for partition {p}, which this member does not own")
                 committed[p] = o
 

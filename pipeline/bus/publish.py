@@ -15,7 +15,7 @@ from typing import Callable, Iterable
 from pipeline.bus.base import Producer
 from pipeline.bus.telemetry import WireMessage
 
-FLUSH_EVERY = 1000   # messages between waits for acknowledgements when nothing paces the stream
+FLUSH_EVERY = 1000  # messages between waits for acknowledgements when nothing paces the stream
 
 
 class Pacer:
@@ -26,8 +26,13 @@ class Pacer:
     pacer that fell behind does not hurry to catch up: it only never runs ahead.
     """
 
-    def __init__(self, speed: float | None, *, clock: Callable[[], float] = time.monotonic,
-                 sleep: Callable[[float], None] = time.sleep) -> None:
+    def __init__(
+        self,
+        speed: float | None,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
         if speed is not None and (isinstance(speed, bool) or not math.isfinite(speed) or speed <= 0):
             raise ValueError(f"speed: expected a positive factor of event time, got {speed!r}")
         self.speed = speed
@@ -56,8 +61,14 @@ class Pacer:
         return d
 
 
-def send_paced(producer: Producer, topic: str, messages: Iterable[WireMessage], *, pacer: Pacer | None = None,
-               flush_every: int = FLUSH_EVERY) -> int:
+def send_paced(
+    producer: Producer,
+    topic: str,
+    messages: Iterable[WireMessage],
+    *,
+    pacer: Pacer | None = None,
+    flush_every: int = FLUSH_EVERY,
+) -> int:
     """Send ``messages`` to ``topic`` in order, each no sooner than ``pacer`` says its event time
     is due (unstamped ones at once), waiting for acknowledgements every ``flush_every`` messages,
     before each wait and at the end; returns how many were sent. ``flush`` raises

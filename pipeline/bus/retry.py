@@ -40,16 +40,20 @@ class Backoff:
     sleep: Callable[[float], None] = field(default=time.sleep, repr=False)
 
     def delay(self, failures: int) -> float:
-        return min(self.base_s * 2.0 ** failures, self.max_s)
+        return min(self.base_s * 2.0**failures, self.max_s)
 
     def wait(self, failures: int) -> None:
         self.sleep(self.delay(failures))
 
 
-def retry(fn: Callable[[], T], backoff: Backoff | None = None, *,
-          retriable: Callable[[BaseException], bool] = is_retriable,
-          on_retry: Callable[[int, BaseException], None] | None = None,
-          attempts: int | None = None) -> T:
+def retry(
+    fn: Callable[[], T],
+    backoff: Backoff | None = None,
+    *,
+    retriable: Callable[[BaseException], bool] = is_retriable,
+    on_retry: Callable[[int, BaseException], None] | None = None,
+    attempts: int | None = None,
+) -> T:
     """``fn()``, called again after each retriable failure (at most ``attempts`` calls if given).
 
     ``on_retry(failures, error)`` runs before each wait (log it, count it). A failure that is not
@@ -59,7 +63,7 @@ def retry(fn: Callable[[], T], backoff: Backoff | None = None, *,
     while True:
         try:
             return fn()
-        except Exception as e:   # noqa: BLE001 - the predicate decides; everything else is re-raised
+        except Exception as e:  # noqa: BLE001 - the predicate decides; everything else is re-raised
             failures += 1
             if not retriable(e) or (attempts is not None and failures >= attempts):
                 raise

@@ -47,8 +47,9 @@ class BusOutput:
         self.topics = topics
 
     @classmethod
-    def kafka(cls, bootstrap: str, topics: Topics, *, security: dict[str, Any] | None = None,
-              **options: Any) -> "BusOutput":
+    def kafka(
+        cls, bootstrap: str, topics: Topics, *, security: dict[str, Any] | None = None, **options: Any
+    ) -> "BusOutput":
         """On a new idempotent ``acks=all`` Kafka producer (``pipeline/bus/kafka.py``)."""
         from pipeline.bus.kafka import KafkaBusProducer
 
@@ -83,8 +84,9 @@ class FileOutput:
     document a line; either path may be None (not written). Written to a temporary file and
     renamed into place on ``close``, so a reader never sees half a run's output."""
 
-    def __init__(self, alerts_path: str | Path | None = None, dlq_path: str | Path | None = None, *,
-                 atomic: bool = True) -> None:
+    def __init__(
+        self, alerts_path: str | Path | None = None, dlq_path: str | Path | None = None, *, atomic: bool = True
+    ) -> None:
         self._alerts = FileSink(alerts_path, atomic=atomic) if alerts_path else None
         self._dead = FileSink(dlq_path, atomic=atomic) if dlq_path else None
 
@@ -118,4 +120,3 @@ class FileOutput:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-

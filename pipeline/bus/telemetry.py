@@ -37,8 +37,9 @@ def _host(rec: dict[str, Any] | msgspec.Struct) -> str:
     return rec["host"] if isinstance(rec, dict) else rec.host  # type: ignore[attr-defined]
 
 
-def per_host_messages(records: Iterable[dict[str, Any] | msgspec.Struct],
-                      max_records: int | None = None) -> Iterator[tuple[bytes, bytes]]:
+def per_host_messages(
+    records: Iterable[dict[str, Any] | msgspec.Struct], max_records: int | None = None
+) -> Iterator[tuple[bytes, bytes]]:
     """Group records by host into (key, value) messages, hosts in order of first appearance and
     each host's records in their order.
 
@@ -57,7 +58,7 @@ def per_host_messages(records: Iterable[dict[str, Any] | msgspec.Struct],
             yield key, _enc.encode(recs)
             continue
         for i in range(0, len(recs), max_records):
-            yield key, _enc.encode(recs[i:i + max_records])
+            yield key, _enc.encode(recs[i : i + max_records])
 
 
 def per_record_messages(records: Iterable[dict[str, Any] | msgspec.Struct]) -> Iterator[tuple[bytes, bytes]]:
@@ -82,8 +83,9 @@ def recorded_messages(lines: Iterable[Message]) -> Iterator[WireMessage]:
         nonlocal group
         if not group or group_key is None:
             return None
-        msg = WireMessage(group_key[1].encode("utf-8", "backslashreplace"), b"[" + b",".join(group) + b"]",
-                          group_key[0])
+        msg = WireMessage(
+            group_key[1].encode("utf-8", "backslashreplace"), b"[" + b",".join(group) + b"]", group_key[0]
+        )
         group = []
         return msg
 
@@ -105,8 +107,9 @@ def recorded_messages(lines: Iterable[Message]) -> Iterator[WireMessage]:
         yield done
 
 
-def as_consumed(items: Iterable[tuple[bytes | None, bytes]], topic: str, first_offset: int = 0,
-                partition: int = 0) -> list[Message]:
+def as_consumed(
+    items: Iterable[tuple[bytes | None, bytes]], topic: str, first_offset: int = 0, partition: int = 0
+) -> list[Message]:
     """(key, value) messages as a consumer of one partition would read them, without a bus: what
     an in-process driver (evaluation) hands the decoder, with ``topic[partition]@offset`` origins."""
     return [Message(topic, partition, first_offset + i, key, value) for i, (key, value) in enumerate(items)]

@@ -16,8 +16,22 @@ import numpy as np
 from pipeline.errors import StateError
 
 #: what a snapshot may hold: booleans, integers and floats in the byte order this build writes
-DTYPES = frozenset(np.dtype(t).str for t in (np.bool_, np.int8, np.int16, np.int32, np.int64, np.uint8,
-                                              np.uint16, np.uint32, np.uint64, np.float32, np.float64))
+DTYPES = frozenset(
+    np.dtype(t).str
+    for t in (
+        np.bool_,
+        np.int8,
+        np.int16,
+        np.int32,
+        np.int64,
+        np.uint8,
+        np.uint16,
+        np.uint32,
+        np.uint64,
+        np.float32,
+        np.float64,
+    )
+)
 MAX_NDIM = 4
 
 
@@ -25,8 +39,11 @@ def from_parts(dtype: Any, shape: Any, raw: Any) -> np.ndarray:
     """The array ``a.dtype.str, list(a.shape), a.tobytes()`` described, or ``StateError``."""
     if not isinstance(dtype, str) or dtype not in DTYPES:
         raise StateError(f"snapshot array of dtype {dtype!r}: only numbers are read ({', '.join(sorted(DTYPES))})")
-    if (not isinstance(shape, (list, tuple)) or len(shape) > MAX_NDIM
-            or not all(type(d) is int and d >= 0 for d in shape)):
+    if (
+        not isinstance(shape, (list, tuple))
+        or len(shape) > MAX_NDIM
+        or not all(type(d) is int and d >= 0 for d in shape)
+    ):
         raise StateError(f"snapshot array shape {shape!r} is not a list of at most {MAX_NDIM} sizes")
     if not isinstance(raw, (bytes, bytearray, memoryview)):
         raise StateError("snapshot array data is not bytes")

@@ -36,7 +36,7 @@ class CheckMeta:
 
 class RowCheck(Protocol):
     meta: CheckMeta
-    fields: tuple[str, ...]      # catalog aliases the check reads (only those are decoded)
+    fields: tuple[str, ...]  # catalog aliases the check reads (only those are decoded)
 
     def evaluate(self, view: View) -> np.ndarray: ...
 
@@ -71,8 +71,9 @@ class HwThermalSlowdown:
 
     fields: tuple[str, ...] = ("gpu_temp", "sm_clock", "gpu_util", "clocks_event_reasons")
     # keep_firing_for: the bit flickers as the clock recovers and drops again; one alert, not ten.
-    meta = CheckMeta("builtin_hw_thermal_slowdown", "thermal_throttling", "critical", GPU, for_s=10.0,
-                     keep_firing_for_s=30.0)
+    meta = CheckMeta(
+        "builtin_hw_thermal_slowdown", "thermal_throttling", "critical", GPU, for_s=10.0, keep_firing_for_s=30.0
+    )
     _mask = FIELDS.bits["HW_THERMAL"].mask
 
     def evaluate(self, view: View) -> np.ndarray:
@@ -85,8 +86,10 @@ class HwThermalSlowdown:
         return {a: _num(view.value(a)[row]) for a in ("gpu_temp", "sm_clock", "gpu_util", "clocks_event_reasons")}
 
     def summary(self, host: str, gpu: int | None, ev: dict[str, Any]) -> str:
-        return (f"GPU {gpu} on {host} is thermally throttled (HW_THERMAL): SM clock {ev.get('sm_clock')} MHz "
-                f"at {ev.get('gpu_temp')} °C under {ev.get('gpu_util')}% load")
+        return (
+            f"GPU {gpu} on {host} is thermally throttled (HW_THERMAL): SM clock {ev.get('sm_clock')} MHz "
+            f"at {ev.get('gpu_temp')} °C under {ev.get('gpu_util')}% load"
+        )
 
 
 class NvlinkReplayIncrease:
@@ -100,8 +103,10 @@ class NvlinkReplayIncrease:
             return view.inc("nvlink_replay_errors") > 0
 
     def evidence(self, view: View, row: int) -> dict[str, Any]:
-        return {"replay_increase": _num(view.inc("nvlink_replay_errors")[row]),
-                "replay_total": _num(view.value("nvlink_replay_errors")[row])}
+        return {
+            "replay_increase": _num(view.inc("nvlink_replay_errors")[row]),
+            "replay_total": _num(view.value("nvlink_replay_errors")[row]),
+        }
 
     def summary(self, host: str, gpu: int | None, ev: dict[str, Any]) -> str:
         return f"NVLink replays on GPU {gpu} of {host}: +{ev.get('replay_increase')} (total {ev.get('replay_total')})"
@@ -136,8 +141,9 @@ class GpuLost:
         """Where the condition can flip: each of its three terms' deadline."""
         gh = entities.gpu_host
         after = absent_after(config.gpu_absent_after, state, entities.n_hosts)[gh]
-        return np.concatenate([state.last_ts[: entities.n_gpus] + after, state.host_last_ts[gh] + after,
-                               state.host_back[gh] + after])
+        return np.concatenate(
+            [state.last_ts[: entities.n_gpus] + after, state.host_last_ts[gh] + after, state.host_back[gh] + after]
+        )
 
     def summary(self, host: str, gpu: int | None, ev: dict[str, Any]) -> str:
         return f"GPU {gpu} on {host} stopped reporting at {_when(ev.get('last_seen'))} while its host still reports"
@@ -155,8 +161,7 @@ class TelemetryGap:
 
     def changes(self, state: GpuState, entities: Entities, config: EngineConfig) -> np.ndarray:
         """Where the condition can flip: each host's silence deadline."""
-        return state.host_last_ts[: entities.n_hosts] + absent_after(config.host_silent_after, state,
-                                                                     entities.n_hosts)
+        return state.host_last_ts[: entities.n_hosts] + absent_after(config.host_silent_after, state, entities.n_hosts)
 
     def summary(self, host: str, gpu: int | None, ev: dict[str, Any]) -> str:
         return f"{host} has sent no telemetry since {_when(ev.get('last_seen'))}"

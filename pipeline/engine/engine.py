@@ -50,7 +50,7 @@ from pipeline.schema import AlertEvent, DcgmRecord, DcgmSample, DeadLetter, Nccl
 _Pending, _span, _in_time_order = Pending, span, in_time_order
 __all__ = ["SNAPSHOT_VERSION", "Engine", "EngineOutput", "TelemetryRecordT"]
 
-_LATE, _AHEAD = 1, 2   # why _screen refuses a record
+_LATE, _AHEAD = 1, 2  # why _screen refuses a record
 _REFUSED = {_LATE: LATE, _AHEAD: TS_OUT_OF_RANGE}
 _TS, _HOST, _GPU = operator.attrgetter("ts"), operator.attrgetter("host"), operator.attrgetter("gpu")
 
@@ -77,10 +77,17 @@ class Engine:
     [('firing', 'thermal_throttling', 'n1', 0, 10.0)]
     """
 
-    def __init__(self, config: EngineConfig | None = None, row_checks: Sequence[RowCheck] | None = None,
-                 tick_checks: Sequence[TickCheck] | None = None, rules: Stage | None = None,
-                 models: Stage | None = None, stages: Sequence[Stage] = (),
-                 forward: Callable[[list[TelemetryRecord]], None] | None = None, screened: bool = False) -> None:
+    def __init__(
+        self,
+        config: EngineConfig | None = None,
+        row_checks: Sequence[RowCheck] | None = None,
+        tick_checks: Sequence[TickCheck] | None = None,
+        rules: Stage | None = None,
+        models: Stage | None = None,
+        stages: Sequence[Stage] = (),
+        forward: Callable[[list[TelemetryRecord]], None] | None = None,
+        screened: bool = False,
+    ) -> None:
         """Built-in checks run unless ``row_checks``/``tick_checks`` are given; with ``rules``,
         the YAML rules replace the built-in row checks (the absence checks stay). ``models``:
         online anomaly models (``pipeline.models``), evaluated each tick before the rules, which
@@ -121,9 +128,9 @@ class Engine:
         # Each host's sampling interval (its latest step forward in event time): a host sampled
         # every 30 s is not gone 30 s after its last sample.
         self.host_step = np.full(0, np.nan)
-        self._live_since: float | None = None   # wall clock of the first live arrival (not persisted)
-        self.released = -math.inf      # every record with ts < released has been processed
-        self.first_ts = math.inf       # oldest event time ever accepted: the stream's start
+        self._live_since: float | None = None  # wall clock of the first live arrival (not persisted)
+        self.released = -math.inf  # every record with ts < released has been processed
+        self.first_ts = math.inf  # oldest event time ever accepted: the stream's start
         self.next_tick = math.nan
         self.lifecycles = {n: self._new_lifecycle(n) for n in names}
         self._columnizer = Columnizer(self._columns())
@@ -132,7 +139,7 @@ class Engine:
         # its cost does not grow with what stays pending (the start-up hold can be 30 s of data).
         self._chunks: list[Pending] = []
         self.stats: Counter[str] = Counter()
-        self._summaries: dict[str, str] = {}   # alert id -> summary, while firing
+        self._summaries: dict[str, str] = {}  # alert id -> summary, while firing
 
     # -- stages ------------------------------------------------------------------------------
 
@@ -161,8 +168,11 @@ class Engine:
         listed the lifecycles: row checks, tick checks, rules, models, then any other stage's."""
         rows = [s for s in stages if s.kind == "checks"]
         rest = sorted((s for s in stages if s.kind != "checks"), key=lambda s: s.kind != "rules")
-        names = [c.meta.name for s in rows for c in s.checks] + [c.meta.name for c in self.tick_checks] + \
-            [c.meta.name for s in rest for c in s.checks]
+        names = (
+            [c.meta.name for s in rows for c in s.checks]
+            + [c.meta.name for c in self.tick_checks]
+            + [c.meta.name for s in rest for c in s.checks]
+        )
         if len(set(names)) != len(names):
             raise ValueError(f"duplicate check names: {sorted(n for n in names if names.count(n) > 1)}")
         return names
@@ -218,8 +228,9 @@ class Engine:
 
     # -- feeding ---------------------------------------------------------------------------
 
-    def process(self, records: Sequence[TelemetryRecord], origins: Sequence[str] | None = None,
-                now: float | None = None) -> EngineOutput:
+    def process(
+        self, records: Sequence[TelemetryRecord], origins: Sequence[str] | None = None, now: float | None = None
+    ) -> EngineOutput:
         """Take a batch (any order within the allowed lateness); return what it made happen.
 
         ``now``: the wall clock (monotonic seconds) of a live consumer; see ``idle_timeout``.
@@ -253,7 +264,7 @@ class Engine:
                 for i in np.flatnonzero(bad).tolist():
                     out.dead.append(self._refused(int(why[i]), records[i], origins[i], float(ref[i])))
                 for code, reason in _REFUSED.items():
-                    if (c := int((why == code).sum())):
+                    if c := int((why == code).sum()):
                         self.stats["dead." + reason] += c
                 keep = np.flatnonzero(~bad)
                 records = [records[i] for i in keep.tolist()]
@@ -270,7 +281,7 @@ class Engine:
                 start = float(np.nanmax(prior)) if nh and not np.isnan(prior).all() else -math.inf
                 np.fmax.at(self.host_seen, heard_hosts, np.maximum(np.maximum.accumulate(heard_ts), start))
                 self._note_steps(heard_ts, heard_hosts)
-                self.state.host_step = self.host_step   # absence checks scale with it
+                self.state.host_step = self.host_step  # absence checks scale with it
                 np.fmax.at(self.host_hwm, heard_hosts, heard_ts)
                 # host_jump is kept by _screen_in_order record by record (the fast path runs only
                 # when no host claims a jump): clearing it here for every host heard would make a
@@ -298,8 +309,14 @@ class Engine:
             self._release(self._release_bound(upto), out, final=False)
         return out
 
-    def _ingest(self, records: Sequence[TelemetryRecord], origins: Sequence[str], ts: np.ndarray,
-                hosts: np.ndarray, out: EngineOutput) -> Pending:
+    def _ingest(
+        self,
+        records: Sequence[TelemetryRecord],
+        origins: Sequence[str],
+        ts: np.ndarray,
+        hosts: np.ndarray,
+        out: EngineOutput,
+    ) -> Pending:
         """Arriving records -> the columns the engine keeps until the watermark passes them.
 
         Done on arrival, not on release: the record objects are freed at once (the start-up hold
@@ -317,14 +334,14 @@ class Engine:
         if n == k:
             drecs, dorig, dts, dhost = cast("list[DcgmRecord]", records), origins, ts, hosts
             nrecs: list[NcclRecord] = []
-        else:   # compress(): the split in C, not a Python loop over the batch
+        else:  # compress(): the split in C, not a Python loop over the batch
             drecs, dorig = cast("list[DcgmRecord]", list(compress(records, kinds))), take_origins(origins, is_dcgm)
             dts, dhost = ts[is_dcgm], hosts[is_dcgm]
             nrecs = cast("list[NcclRecord]", list(compress(records, map(operator.not_, kinds))))
         cols = self._columnizer.columns
         if n:
             gpu = self.entities.gpu_ids_of(dhost, np.fromiter(map(_GPU, drecs), np.int64, n))
-            self.entities.note_labels(gpu, drecs)   # the job on each GPU, for its alerts
+            self.entities.note_labels(gpu, drecs)  # the job on each GPU, for its alerts
             for stage in self.stages:
                 stage.ingest(gpu, drecs)
             values, dead = self._columnizer.compact(drecs, dorig)
@@ -348,15 +365,28 @@ class Engine:
             hosts = self.entities.host_ids([r.host for r in records])
             self._chunks.append(self._ingest(records, origins, ts, hosts, EngineOutput()))
 
-    def _refuse_new_hosts(self, records: Sequence[TelemetryRecord], origins: Sequence[str], ts: np.ndarray,
-                          hosts: np.ndarray, out: EngineOutput) -> tuple:
+    def _refuse_new_hosts(
+        self,
+        records: Sequence[TelemetryRecord],
+        origins: Sequence[str],
+        ts: np.ndarray,
+        hosts: np.ndarray,
+        out: EngineOutput,
+    ) -> tuple:
         """Records of hosts beyond ``max_hosts`` -> ``entity_limit`` dead letters."""
         for i in np.flatnonzero(hosts < 0).tolist():
             r = records[i]
-            out.dead.append(DeadLetter(reason=ENTITY_LIMIT, detail=f"host {r.host!r} would be host number "
-                                       f"{self.entities.n_hosts + 1}; this engine keeps at most "
-                                       f"{self.config.max_hosts} (engine.max_hosts)", origin=origins[i], ts=r.ts,
-                                       host=r.host))
+            out.dead.append(
+                DeadLetter(
+                    reason=ENTITY_LIMIT,
+                    detail=f"host {r.host!r} would be host number "
+                    f"{self.entities.n_hosts + 1}; this engine keeps at most "
+                    f"{self.config.max_hosts} (engine.max_hosts)",
+                    origin=origins[i],
+                    ts=r.ts,
+                    host=r.host,
+                )
+            )
         self.stats["dead." + ENTITY_LIMIT] += int((hosts < 0).sum())
         keep = np.flatnonzero(hosts >= 0)
         return [records[i] for i in keep.tolist()], take_origins(origins, keep), ts[keep], hosts[keep]
@@ -387,14 +417,14 @@ class Engine:
             return
         if isinstance(origins, Origins):
             m = origins.msg
-            whole = origins.pos >= 0         # an element of an array message, not a bare record
-        else:   # decoded message by message (a batch of one, or a doubtful one): "<origin>#<i>"
+            whole = origins.pos >= 0  # an element of an array message, not a bare record
+        else:  # decoded message by message (a batch of one, or a doubtful one): "<origin>#<i>"
             parts = [o.rpartition("#") for o in origins]
             whole = np.array([sep == "#" and i.isdigit() for _, sep, i in parts], bool)
             ids: dict[str, int] = {}
             m = np.array([ids.setdefault(name, len(ids)) for name, _, _ in parts], np.int64)
         mixed = (m[1:] == m[:-1]) & (hosts[1:] != hosts[:-1])
-        if mixed.any():                      # a message with several hosts' records: not per host
+        if mixed.any():  # a message with several hosts' records: not per host
             whole &= ~np.isin(m, m[1:][mixed])
         self.host_whole[hosts] = True
         self.host_whole[hosts[~whole]] = False
@@ -491,7 +521,7 @@ class Engine:
         sending[hosts] = True
         first = np.full(n, np.inf)
         np.minimum.at(first, hosts, ts)
-        low = np.where(np.isnan(claimed), first, claimed)   # a new host claims at least its first record
+        low = np.where(np.isnan(claimed), first, claimed)  # a new host claims at least its first record
         with np.errstate(invalid="ignore"):
             # Alive through to the batch's newest record whatever comes (wait >= allowed_lateness).
             sure = alive & ((hwm >= newest - cfg.allowed_lateness) | (seen >= newest - cfg.allowed_lateness))
@@ -501,12 +531,13 @@ class Engine:
         counted = np.sort(low[sure]).tolist()
         for c in np.sort(low[may]).tolist():
             if counted and c > counted[(len(counted) - 1) // 2]:
-                break   # this one and every one after it would only raise the median
+                break  # this one and every one after it would only raise the median
             bisect.insort(counted, c)
         return counted[(len(counted) - 1) // 2]
 
-    def _screen_in_order(self, ts: np.ndarray, hosts: np.ndarray, claimed: np.ndarray,
-                         first: float) -> tuple[np.ndarray, np.ndarray]:
+    def _screen_in_order(
+        self, ts: np.ndarray, hosts: np.ndarray, claimed: np.ndarray, first: float
+    ) -> tuple[np.ndarray, np.ndarray]:
         """``_screen`` one record at a time (a host or the fleet claims a jump: rare).
 
         Each record is judged on the state process() would have left had the records before it
@@ -527,13 +558,13 @@ class Engine:
             with np.errstate(invalid="ignore"):
                 alive = (hwm >= newest - cfg.allowed_lateness) | (newest - seen <= wait)
             present = self._present(claimed, alive)
-            start = math.isnan(present)   # no host yet: the batch's median judges what is ahead
+            start = math.isnan(present)  # no host yet: the batch's median judges what is ahead
             ref[i] = present = first if start else present
             if t > present + cfg.max_ahead:
                 why[i] = _AHEAD
                 jump[h] = t
                 claimed[h] = t if math.isnan(claimed[h]) else max(t, claimed[h])
-                continue   # a record refused as ahead says nothing of its host (see process())
+                continue  # a record refused as ahead says nothing of its host (see process())
             if t < self.released or t < newest - cfg.max_lag:
                 why[i] = _LATE
                 ref[i] = newest
@@ -553,15 +584,25 @@ class Engine:
     def _refused(self, code: int, r: TelemetryRecord, origin: str, present: float) -> DeadLetter:
         raw = msgspec.json.encode(r).decode()[:2048]
         if code == _AHEAD:
-            return DeadLetter(reason=TS_OUT_OF_RANGE, detail=f"ts {r.ts} is {r.ts - present:.0f}s ahead of the "
-                              f"fleet's present {present} (max ahead {self.config.max_ahead}s)", origin=origin,
-                              ts=r.ts, host=r.host, raw=raw)
+            return DeadLetter(
+                reason=TS_OUT_OF_RANGE,
+                detail=f"ts {r.ts} is {r.ts - present:.0f}s ahead of the "
+                f"fleet's present {present} (max ahead {self.config.max_ahead}s)",
+                origin=origin,
+                ts=r.ts,
+                host=r.host,
+                raw=raw,
+            )
         if r.ts >= self.released:
-            detail = f"ts {r.ts} is {present - r.ts:.0f}s behind the newest record {present} " \
-                     f"(max lag {self.config.max_lag}s)"
+            detail = (
+                f"ts {r.ts} is {present - r.ts:.0f}s behind the newest record {present} "
+                f"(max lag {self.config.max_lag}s)"
+            )
         else:
-            detail = f"ts {r.ts} is {self.released - r.ts:.1f}s behind the watermark {self.released} " \
-                     f"(allowed lateness {self.config.allowed_lateness}s)"
+            detail = (
+                f"ts {r.ts} is {self.released - r.ts:.1f}s behind the watermark {self.released} "
+                f"(allowed lateness {self.config.allowed_lateness}s)"
+            )
         return DeadLetter(reason=LATE, detail=detail, origin=origin, ts=r.ts, host=r.host, raw=raw)
 
     def flush(self) -> EngineOutput:
@@ -576,8 +617,12 @@ class Engine:
         known = ~np.isnan(hwm)
         if not known.any():
             return self.released
-        if (now is not None and self._live_since is not None and now - self._live_since < self.config.idle_timeout
-                and self.pending < self.config.max_pending):
+        if (
+            now is not None
+            and self._live_since is not None
+            and now - self._live_since < self.config.idle_timeout
+            and self.pending < self.config.max_pending
+        ):
             return self.released  # live start-up: let every partition deliver first
         newest, lateness = float(hwm[known].max()), self.config.allowed_lateness
         seen = grow(self.host_seen, n, np.nan)[:n]
@@ -595,13 +640,16 @@ class Engine:
             # wall clock, however far behind (a backlog drained partition by partition), and
             # stops holding it ``idle_timeout`` after its last one, however near the front.
             live = np.where(heard, known & recent, active)
-            if live.any():   # (the whole fleet silent: as replay has it, until the idle flush)
+            if live.any():  # (the whole fleet silent: as replay has it, until the idle flush)
                 active = live
         wm = float(self._whole_bound(hwm, active)[active].min()) - self.config.host_disorder
         # A host's first sample may come up to its sampling interval after the stream's start:
         # at 30 s sampling, 30 s of lateness alone is not time enough for every host to appear.
-        hold = lateness + float(np.nanmax(self.host_step[:n], initial=0.0)) if n and \
-            not np.isnan(self.host_step[:n]).all() else lateness
+        hold = (
+            lateness + float(np.nanmax(self.host_step[:n], initial=0.0))
+            if n and not np.isnan(self.host_step[:n]).all()
+            else lateness
+        )
         if newest - float(np.nanmin(self.first_ts)) < hold:
             # Start-up: hosts come online a little apart and one not seen yet cannot hold the
             # watermark, so wait out the allowed lateness before trusting the per-host marks.
@@ -699,8 +747,9 @@ class Engine:
         if None not in idx:
             gpus = self.entities.gpu_ids(names, idx)
         else:
-            gpus = np.fromiter((-1 if g is None else self.entities.gpu(h, g) for h, g in zip(names, idx)),
-                               np.int32, len(nrecs))
+            gpus = np.fromiter(
+                (-1 if g is None else self.entities.gpu(h, g) for h, g in zip(names, idx)), np.int32, len(nrecs)
+            )
         return nccl_frame(nrecs, hosts, gpus)
 
     def _ticks_until(self, upto: float, out: EngineOutput) -> None:
@@ -726,7 +775,7 @@ class Engine:
         if math.isinf(limit) or math.isnan(a):
             return
         last = math.floor(limit / tick) * tick
-        if not last > a:   # the densely sampled case: at most this tick before the next row
+        if not last > a:  # the densely sampled case: at most this tick before the next row
             return
         st, ent, cfg = self.state, self.entities, self.config
         st.ensure(ent.n_gpus, ent.n_hosts)
@@ -736,9 +785,9 @@ class Engine:
             if changes is not None:
                 x = changes(st, ent, cfg)
                 with np.errstate(invalid="ignore"):
-                    x = x[x >= a - 2 * tick]   # those further back have flipped already
+                    x = x[x >= a - 2 * tick]  # those further back have flipped already
             elif a <= self._settled_after() + 2 * tick:
-                return   # a check that cannot say when it changes: walked until all is settled
+                return  # a check that cannot say when it changes: walked until all is settled
             else:
                 x = np.empty(0)
             lc = self.lifecycles[check.meta.name]
@@ -757,19 +806,22 @@ class Engine:
                     return
             idle = idle and lc.idle and not cond.any()
         if idle:
-            self.next_tick = last + tick    # every one of these ticks would do nothing
+            self.next_tick = last + tick  # every one of these ticks would do nothing
         elif last > a:
-            self.next_tick = last           # one step, at the last of them, does what all would
+            self.next_tick = last  # one step, at the last of them, does what all would
 
     def _settled_after(self) -> float:
         """When every absence deadline after the newest sample has passed and every lifecycle
         on it has settled: the bound for a tick check that cannot say when it changes."""
         cfg = self.config
-        last = float(np.nanmax(self.state.last_ts)) if len(self.state.last_ts) and \
-            not np.isnan(self.state.last_ts).all() else -math.inf
+        last = (
+            float(np.nanmax(self.state.last_ts))
+            if len(self.state.last_ts) and not np.isnan(self.state.last_ts).all()
+            else -math.inf
+        )
         hold = max((c.meta.for_s + c.meta.keep_firing_for_s for c in self.tick_checks), default=0.0)
         step = self.host_step[~np.isnan(self.host_step)]
-        slow = 2.5 * float(step.max()) if len(step) else 0.0   # checks.absent_after
+        slow = 2.5 * float(step.max()) if len(step) else 0.0  # checks.absent_after
         return last + max(cfg.gpu_absent_after, cfg.host_silent_after, slow) + hold + 2 * cfg.tick
 
     def _rows(self, frame: DcgmFrame, out: EngineOutput, ts0: float) -> None:
@@ -777,7 +829,7 @@ class Engine:
         chunk = frame if (gpu[1:] >= gpu[:-1]).all() else frame.take(np.argsort(gpu, kind="stable"))
         self._note_returns(chunk)
         view = advance(self.state, chunk, self.entities, ts0, self._columnizer.column_array)
-        outputs: dict[str, Any] = {}   # what each stage publishes for the later ones
+        outputs: dict[str, Any] = {}  # what each stage publishes for the later ones
         conds: list[tuple[StageCheck, np.ndarray]] = []
         for stage in self.stages:
             conds += stage.run(view, self.entities, outputs)
@@ -848,9 +900,20 @@ class Engine:
         jl = self.entities.job_labels(t.entity) if meta.level == GPU else self.entities.host_job_labels(t.entity)
         job = jl.pop("job", None)
         return AlertEvent(
-            id=aid, state=t.state, fault=meta.fault, severity=meta.severity, rule=meta.name, host=host, gpu=gpu,
-            job=job, ts=t.ts, started_at=t.started_at, summary=summary, evidence=evidence,
-            labels={**jl, **meta.labels})
+            id=aid,
+            state=t.state,
+            fault=meta.fault,
+            severity=meta.severity,
+            rule=meta.name,
+            host=host,
+            gpu=gpu,
+            job=job,
+            ts=t.ts,
+            started_at=t.started_at,
+            summary=summary,
+            evidence=evidence,
+            labels={**jl, **meta.labels},
+        )
 
     # -- state ---------------------------------------------------------------------------------
 

@@ -19,10 +19,10 @@ from pipeline.schema import JOB_LABELS, DcgmJobLabels
 _LABELS = operator.attrgetter("labels")
 _HOST = operator.attrgetter("host")
 _NCCL_JOB = operator.attrgetter("job")
-MAX_JOBS_SHOWN = 8   # a host alert over more jobs than this names only the first ones
+MAX_JOBS_SHOWN = 8  # a host alert over more jobs than this names only the first ones
 
 
-_TABLE_MAX = 1024   # GPU indices at or above this (none in practice) take the dict path
+_TABLE_MAX = 1024  # GPU indices at or above this (none in practice) take the dict path
 
 
 class Entities:
@@ -89,9 +89,11 @@ class Entities:
         """
         try:
             return np.fromiter(map(self.host_id.get, names), np.int32, len(names))
-        except TypeError:   # a host not seen before (get() gave None)
-            return np.array([self.host(n) if limit is None or n in self.host_id or len(self.hosts) < limit else -1
-                             for n in names], dtype=np.int32)
+        except TypeError:  # a host not seen before (get() gave None)
+            return np.array(
+                [self.host(n) if limit is None or n in self.host_id or len(self.hosts) < limit else -1 for n in names],
+                dtype=np.int32,
+            )
 
     def gpu_ids(self, hosts: Iterable[str], indices: Iterable[int]) -> np.ndarray:
         """Ids of many (host, gpu index) pairs at once (new ones assigned in order)."""
@@ -154,9 +156,12 @@ class Entities:
 
     def to_state(self) -> dict:
         labels = [_label_state(self._labels[i]) for i in range(self.n_gpus)]
-        return {"hosts": self.hosts, "gpus": [list(k) for k in self.gpus],
-                "labels": labels if any(labels) else [],
-                "nccl_jobs": [[h, j] for h, j in self.nccl_jobs.items()]}
+        return {
+            "hosts": self.hosts,
+            "gpus": [list(k) for k in self.gpus],
+            "labels": labels if any(labels) else [],
+            "nccl_jobs": [[h, j] for h, j in self.nccl_jobs.items()],
+        }
 
     @classmethod
     def from_state(cls, data: dict) -> "Entities":

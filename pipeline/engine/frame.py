@@ -36,10 +36,10 @@ _FIELDS = operator.attrgetter("fields")
 class DcgmFrame:
     """A batch of DCGM samples as columns, rows in processing order."""
 
-    ts: np.ndarray        # float64 (n,)
-    gpu: np.ndarray       # int32 entity id (n,)
-    host: np.ndarray      # int32 host id (n,)
-    values: np.ndarray    # float64 (n, N_FIELDS); NaN = not reported / dropped / not needed
+    ts: np.ndarray  # float64 (n,)
+    gpu: np.ndarray  # int32 entity id (n,)
+    host: np.ndarray  # int32 host id (n,)
+    values: np.ndarray  # float64 (n, N_FIELDS); NaN = not reported / dropped / not needed
     # (in the engine, until advance(): the compact (n, len(columns)) matrix of Columnizer.compact)
 
     def __len__(self) -> int:
@@ -79,10 +79,10 @@ class Columnizer:
         # attrgetter returns a bare value for one name; always ask for at least two.
         self._getter_names = names if len(names) > 1 else names * 2
         self._get = operator.attrgetter(*self._getter_names)
-        self._pack = struct.Struct(f"{len(slots)}d").pack   # native doubles, as np.float64
+        self._pack = struct.Struct(f"{len(slots)}d").pack  # native doubles, as np.float64
         self._blank = _SLOT_BLANK[self.slots]
         self._min = _SLOT_MIN[self.slots]
-        self._floor = np.maximum(self._min, -np.finfo(np.float64).max)   # -Inf is below it even without a minimum
+        self._floor = np.maximum(self._min, -np.finfo(np.float64).max)  # -Inf is below it even without a minimum
         slot_cols = [FIELD_SLOT_COLUMNS[s] for s in slots]
         # Compact layout: one column per entry of ``columns``, from the first spelling a record
         # has (both DCGM spellings of a field land in one column).
@@ -108,7 +108,7 @@ class Columnizer:
             try:
                 return np.frombuffer(b"".join(starmap(self._pack, map(astuple, fields))), np.float64).reshape(n, k)
             except struct.error:
-                pass   # an integer too large for a double (300+ digits): the slow way below
+                pass  # an integer too large for a double (300+ digits): the slow way below
         width = max(k, 2)
         try:
             m = np.fromiter(chain.from_iterable(map(self._get, fields)), np.float64, n * width)
@@ -129,7 +129,7 @@ class Columnizer:
         # Two comparisons tell a clean batch (the usual one): a blank or +Inf is at or above
         # the blank threshold, a negative or -Inf below the floor. Only a batch with a bad cell
         # works out which cells and why.
-        with np.errstate(invalid="ignore"):   # NaN (not reported) compares False, quietly
+        with np.errstate(invalid="ignore"):  # NaN (not reported) compares False, quietly
             blank = raw >= self._blank
             suspect = bool(blank.any() or (raw < self._floor).any())
             if suspect:
@@ -138,14 +138,26 @@ class Columnizer:
         if suspect:
             bad = blank | inf | neg
             for i in np.flatnonzero(bad.any(axis=1)).tolist():
-                for mask, reason in ((blank[i] & ~inf[i], BLANK_SENTINEL), (inf[i], NAN_FIELD), (neg[i] & ~inf[i], NEGATIVE_VALUE)):
+                for mask, reason in (
+                    (blank[i] & ~inf[i], BLANK_SENTINEL),
+                    (inf[i], NAN_FIELD),
+                    (neg[i] & ~inf[i], NEGATIVE_VALUE),
+                ):
                     if mask.any():
                         names = [_SLOT_NAMES[self.slots[k]] for k in np.flatnonzero(mask)]
                         rec = records[i]
-                        dead.append(DeadLetter(
-                            reason=reason, detail=f"dropped {', '.join(names)}; rest of the record kept",
-                            origin=origins[i], action="fields_dropped", fields=names, ts=rec.ts, host=rec.host,
-                            raw=msgspec.json.encode(rec).decode()[:2048]))
+                        dead.append(
+                            DeadLetter(
+                                reason=reason,
+                                detail=f"dropped {', '.join(names)}; rest of the record kept",
+                                origin=origins[i],
+                                action="fields_dropped",
+                                fields=names,
+                                ts=rec.ts,
+                                host=rec.host,
+                                raw=msgspec.json.encode(rec).decode()[:2048],
+                            )
+                        )
             raw = np.where(bad, np.nan, raw)
         out = raw if self._identity else raw[:, self._first_idx]
         for j, i in self._second:
@@ -168,8 +180,8 @@ class NcclFrame:
     """A batch of NCCL per-rank records as columns."""
 
     ts: np.ndarray
-    host: np.ndarray          # host id
-    gpu: np.ndarray           # GPU entity id, -1 when the record names no GPU
+    host: np.ndarray  # host id
+    gpu: np.ndarray  # GPU entity id, -1 when the record names no GPU
     comm: list[str]
     rank: np.ndarray
     nranks: np.ndarray
@@ -182,8 +194,17 @@ class NcclFrame:
 
     def take(self, idx: np.ndarray) -> "NcclFrame":
         il = idx.tolist() if idx.dtype != bool else np.flatnonzero(idx).tolist()
-        return NcclFrame(self.ts[idx], self.host[idx], self.gpu[idx], [self.comm[i] for i in il], self.rank[idx],
-                         self.nranks[idx], self.bytes[idx], self.exec_time_us[idx], self.busbw_gbs[idx])
+        return NcclFrame(
+            self.ts[idx],
+            self.host[idx],
+            self.gpu[idx],
+            [self.comm[i] for i in il],
+            self.rank[idx],
+            self.nranks[idx],
+            self.bytes[idx],
+            self.exec_time_us[idx],
+            self.busbw_gbs[idx],
+        )
 
     @staticmethod
     def concat(frames: list["NcclFrame"]) -> "NcclFrame":

@@ -18,11 +18,11 @@ from pipeline.numeric import grow
 
 @dataclass(frozen=True)
 class Transition:
-    state: str        # "firing" | "resolved"
+    state: str  # "firing" | "resolved"
     entity: int
-    ts: float         # event time of the sample (or tick) that made the change
-    started_at: float # when the condition became true
-    row: int          # row of the batch that made the change; -1 for a tick
+    ts: float  # event time of the sample (or tick) that made the change
+    started_at: float  # when the condition became true
+    row: int  # row of the batch that made the change; -1 for a tick
 
 
 def alert_id(rule: str, entity_key: str, started_at: float) -> str:
@@ -36,9 +36,9 @@ class Lifecycle:
     def __init__(self, for_s: float, keep_firing_for_s: float) -> None:
         self.for_s = for_s
         self.keep_s = keep_firing_for_s
-        self.since = np.full(0, np.nan)       # condition continuously true since (NaN: not true)
+        self.since = np.full(0, np.nan)  # condition continuously true since (NaN: not true)
         self.last_true = np.full(0, np.nan)
-        self.started = np.full(0, np.nan)     # started_at of the firing alert
+        self.started = np.full(0, np.nan)  # started_at of the firing alert
         self.firing = np.zeros(0, dtype=bool)
         # Entities pending or firing (what the four arrays say, kept as a set): a batch visits
         # these and the rows whose condition holds, never a pass over every entity's state.
@@ -91,7 +91,7 @@ class Lifecycle:
                 if firing and t - last_true >= self.keep_s:
                     firing = False
                     out.append(Transition("resolved", e, t, started, rows[k]))
-        if e >= 0:   # no row visited (active entities without a sample in this step): nothing to store
+        if e >= 0:  # no row visited (active entities without a sample in this step): nothing to store
             self._store(e, since, last_true, firing, started)
         return out
 

@@ -35,13 +35,13 @@ class Pending:
     """Buffered rows of a batch as columns: DCGM samples, and NCCL records' times (and columns,
     when a stage reads them), each in arrival order."""
 
-    ts: np.ndarray            # DCGM rows: event time
-    host: np.ndarray          # host id (int32)
-    gpu: np.ndarray           # GPU id (int32)
-    values: np.ndarray        # (n, len(cols)): Columnizer.compact
-    cols: tuple[int, ...]     # the catalog columns of ``values`` (rules may be reloaded meanwhile)
-    nccl_ts: np.ndarray       # NCCL rows: event time
-    nccl: NcclFrame | None    # their columns, kept when a stage reads them
+    ts: np.ndarray  # DCGM rows: event time
+    host: np.ndarray  # host id (int32)
+    gpu: np.ndarray  # GPU id (int32)
+    values: np.ndarray  # (n, len(cols)): Columnizer.compact
+    cols: tuple[int, ...]  # the catalog columns of ``values`` (rules may be reloaded meanwhile)
+    nccl_ts: np.ndarray  # NCCL rows: event time
+    nccl: NcclFrame | None  # their columns, kept when a stage reads them
     tmin: float
     tmax: float
 
@@ -52,8 +52,16 @@ class Pending:
 
     def _take(self, sel: np.ndarray, nsel: np.ndarray) -> "Pending":
         ts, nts = self.ts[sel], self.nccl_ts[nsel]
-        return Pending(ts, self.host[sel], self.gpu[sel], self.values[sel], self.cols, nts,
-                       self.nccl.take(nsel) if self.nccl is not None else None, *span(ts, nts))
+        return Pending(
+            ts,
+            self.host[sel],
+            self.gpu[sel],
+            self.values[sel],
+            self.cols,
+            nts,
+            self.nccl.take(nsel) if self.nccl is not None else None,
+            *span(ts, nts),
+        )
 
     def __len__(self) -> int:
         return len(self.ts) + len(self.nccl_ts)
@@ -65,10 +73,17 @@ class Pending:
         if len(parts) == 1:
             return parts[0]
         frames = [p.nccl for p in parts if p.nccl is not None]
-        return Pending(np.concatenate([p.ts for p in parts]), np.concatenate([p.host for p in parts]),
-                       np.concatenate([p.gpu for p in parts]), np.concatenate([p.values for p in parts]), cols,
-                       np.concatenate([p.nccl_ts for p in parts]), NcclFrame.concat(frames) if frames else None,
-                       min(p.tmin for p in parts), max(p.tmax for p in parts))
+        return Pending(
+            np.concatenate([p.ts for p in parts]),
+            np.concatenate([p.host for p in parts]),
+            np.concatenate([p.gpu for p in parts]),
+            np.concatenate([p.values for p in parts]),
+            cols,
+            np.concatenate([p.nccl_ts for p in parts]),
+            NcclFrame.concat(frames) if frames else None,
+            min(p.tmin for p in parts),
+            max(p.tmax for p in parts),
+        )
 
     def remap(self, cols: tuple[int, ...]) -> "Pending":
         """The same rows in another column layout: a column this one lacks reads as not reported."""
@@ -81,16 +96,34 @@ class Pending:
 
     def to_state(self) -> dict[str, Any]:
         """The rows as a snapshot holds them (``pending_columns``): numbers and strings only."""
-        return {"cols": list(self.cols), "ts": to_dict(self.ts), "host": to_dict(self.host),
-                "gpu": to_dict(self.gpu), "values": to_dict(self.values), "nccl_ts": to_dict(self.nccl_ts),
-                "nccl": None if self.nccl is None else
-                {k: (v if k == "comm" else to_dict(v)) for k, v in self.nccl.to_state().items()}}
+        return {
+            "cols": list(self.cols),
+            "ts": to_dict(self.ts),
+            "host": to_dict(self.host),
+            "gpu": to_dict(self.gpu),
+            "values": to_dict(self.values),
+            "nccl_ts": to_dict(self.nccl_ts),
+            "nccl": None
+            if self.nccl is None
+            else {k: (v if k == "comm" else to_dict(v)) for k, v in self.nccl.to_state().items()},
+        }
 
     @staticmethod
     def from_state(d: dict[str, Any]) -> "Pending":
         """Rows of a snapshot (``to_state``); a bad array is a ``StateError``."""
         ts, nts = from_dict(d["ts"]), from_dict(d["nccl_ts"])
-        nccl = None if d["nccl"] is None else \
-            NcclFrame.from_state({k: (v if k == "comm" else from_dict(v)) for k, v in d["nccl"].items()})
-        return Pending(ts, from_dict(d["host"]), from_dict(d["gpu"]), from_dict(d["values"]), tuple(d["cols"]),
-                       nts, nccl, *span(ts, nts))
+        nccl = (
+            None
+            if d["nccl"] is None
+            else NcclFrame.from_state({k: (v if k == "comm" else from_dict(v)) for k, v in d["nccl"].items()})
+        )
+        return Pending(
+            ts,
+            from_dict(d["host"]),
+            from_dict(d["gpu"]),
+            from_dict(d["values"]),
+            tuple(d["cols"]),
+            nts,
+            nccl,
+            *span(ts, nts),
+        )

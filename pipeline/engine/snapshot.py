@@ -24,7 +24,7 @@ from pipeline.schema import DcgmRecord, NcclRecord
 if TYPE_CHECKING:
     from pipeline.engine.engine import Engine
 
-SNAPSHOT_VERSION = 2   # 2: buffered rows as columns; version 1 (records as JSON) is still read
+SNAPSHOT_VERSION = 2  # 2: buffered rows as columns; version 1 (records as JSON) is still read
 READS = (1, SNAPSHOT_VERSION)
 # The stages' keys of the version-2 layout and what an engine without that stage writes there,
 # so that a snapshot has the same keys, in the same order, whichever stages an engine runs.
@@ -40,12 +40,17 @@ def write_snapshot(engine: "Engine") -> bytes:
         "version": SNAPSHOT_VERSION,
         "config": engine.config.to_dict(),
         "entities": engine.entities.to_state(),
-        "last": to_dict(st.last), "last_ts": to_dict(st.last_ts),
-        "host_last_ts": to_dict(st.host_last_ts), "host_back": to_dict(st.host_back),
+        "last": to_dict(st.last),
+        "last_ts": to_dict(st.last_ts),
+        "host_last_ts": to_dict(st.host_last_ts),
+        "host_back": to_dict(st.host_back),
         "host_hwm": to_dict(engine.host_hwm),
-        "host_seen": to_dict(engine.host_seen), "host_jump": to_dict(engine.host_jump),
+        "host_seen": to_dict(engine.host_seen),
+        "host_jump": to_dict(engine.host_jump),
         "host_step": to_dict(engine.host_step),
-        "released": engine.released, "next_tick": engine.next_tick, "first_ts": engine.first_ts,
+        "released": engine.released,
+        "next_tick": engine.next_tick,
+        "first_ts": engine.first_ts,
         "lifecycles": {n: {k: to_dict(v) for k, v in lc.to_state().items()} for n, lc in engine.lifecycles.items()},
         "pending_columns": [c.to_state() for c in engine._chunks],
         "stats": dict(engine.stats),
@@ -70,8 +75,7 @@ def read_snapshot(engine: "Engine", blob: bytes) -> None:
         st.last, st.last_ts = from_dict(data["last"]), from_dict(data["last_ts"])
         st.host_last_ts = from_dict(data["host_last_ts"])
         # Before host returns were kept: every host counts as back long ago.
-        st.host_back = from_dict(data["host_back"]) if "host_back" in data else \
-            np.full(len(st.host_last_ts), -np.inf)
+        st.host_back = from_dict(data["host_back"]) if "host_back" in data else np.full(len(st.host_last_ts), -np.inf)
         engine.host_hwm = from_dict(data["host_hwm"])
         # Absent from snapshots written before hosts were screened: nothing seen, no jump.
         n = len(engine.host_hwm)
@@ -86,7 +90,7 @@ def read_snapshot(engine: "Engine", blob: bytes) -> None:
                 engine.lifecycles[name].load_state({k: from_dict(v) for k, v in lc.items()})
         if "pending_columns" in data:
             engine._chunks = [Pending.from_state(c) for c in data["pending_columns"]]
-        else:   # a version-1 snapshot: buffered records as JSON; ingest them as on arrival
+        else:  # a version-1 snapshot: buffered records as JSON; ingest them as on arrival
             dec = msgspec.json.Decoder(TelemetryRecordT)
             engine._chunks = []
             engine._ingest_buffered([dec.decode(b) for b in data["pending"]], list(data["pending_origin"]))

@@ -78,8 +78,7 @@ class Stage(Protocol):
         """NCCL records the watermark released (``reads_nccl`` stages only), before their ticks run."""
         ...
 
-    def run(self, view: View, entities: Entities, outputs: dict[str, Any]
-            ) -> Sequence[tuple[StageCheck, np.ndarray]]:
+    def run(self, view: View, entities: Entities, outputs: dict[str, Any]) -> Sequence[tuple[StageCheck, np.ndarray]]:
         """One tick's rows: (check, condition per row) for each check; may publish to ``outputs``."""
         ...
 

@@ -32,14 +32,14 @@ class GpuState:
 
     def __init__(self) -> None:
         self._last = np.full((0, N_FIELDS), np.nan)
-        self.last_ts = np.full(0, np.nan)          # per GPU
-        self.host_last_ts = np.full(0, np.nan)     # per host (any DCGM record)
+        self.last_ts = np.full(0, np.nan)  # per GPU
+        self.host_last_ts = np.full(0, np.nan)  # per host (any DCGM record)
         # per host: when it came back after a silence (or first reported); see Engine._rows
         self.host_back = np.full(0, np.nan)
         # per host: its sampling step, kept by the engine (Engine.host_step); absence scales with it
         self.host_step = np.full(0, np.nan)
         self._seen = np.full((0, N_FIELDS), np.nan)  # per GPU and field: when it was last reported
-        self._cols: np.ndarray | None = None       # the columns kept apart, and their blocks:
+        self._cols: np.ndarray | None = None  # the columns kept apart, and their blocks:
         self._last_c = np.full((0, 0), np.nan)
         self._seen_c = np.full((0, 0), np.nan)
 
@@ -49,14 +49,14 @@ class GpuState:
         self.host_last_ts = grow(self.host_last_ts, n_hosts, np.nan)
         self.host_back = grow(self.host_back, n_hosts, np.nan)
         self._seen = grow(self._seen, n_gpus, np.nan)
-        if self._cols is not None:   # grows as the full matrices did: the same number of rows
+        if self._cols is not None:  # grows as the full matrices did: the same number of rows
             self._last_c = grow(self._last_c, len(self._last), np.nan, order="F")
             self._seen_c = grow(self._seen_c, len(self._seen), np.nan, order="F")
 
     def columns(self, cols: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(last, seen) of ``cols`` for every GPU id, column-major; ``advance`` writes them in place."""
         if self._cols is None or not np.array_equal(self._cols, cols):
-            self._write_back()   # new rules read other columns: re-split
+            self._write_back()  # new rules read other columns: re-split
             self._cols = np.array(cols, dtype=np.intp)
             self._last_c = np.asfortranarray(self._last[:, self._cols])
             self._seen_c = np.asfortranarray(self._seen[:, self._cols])
@@ -89,8 +89,9 @@ class GpuState:
 
     def nbytes_per_gpu(self) -> float:
         n = max(1, len(self.last_ts))
-        return (self._last.nbytes + self.last_ts.nbytes + self._seen.nbytes + self._last_c.nbytes
-                + self._seen_c.nbytes) / n
+        return (
+            self._last.nbytes + self.last_ts.nbytes + self._seen.nbytes + self._last_c.nbytes + self._seen_c.nbytes
+        ) / n
 
 
 @dataclass
@@ -106,16 +107,16 @@ class View:
     - ``ts0``: start of the tick the chunk belongs to (every row of a chunk shares one tick).
     """
 
-    frame: DcgmFrame              # its ``values`` a ``Columns``, as are the next three
+    frame: DcgmFrame  # its ``values`` a ``Columns``, as are the next three
     filled: np.ndarray
     prev: np.ndarray
     seen: np.ndarray
-    increase: np.ndarray          # (n, len(COUNTER_COLS))
-    reset: np.ndarray             # (n, len(COUNTER_COLS)) bool
+    increase: np.ndarray  # (n, len(COUNTER_COLS))
+    reset: np.ndarray  # (n, len(COUNTER_COLS)) bool
     entities: Entities
     ts0: float = float("nan")
     model_scores: dict[str, np.ndarray] = field(default_factory=dict)  # per-row, set by the models
-    index: np.ndarray | slice | None = None   # see ``ids``
+    index: np.ndarray | slice | None = None  # see ``ids``
 
     @property
     def ids(self) -> np.ndarray | slice:
@@ -170,7 +171,7 @@ class Columns:
         return len(self.data)
 
     def __getitem__(self, key: Any) -> Any:
-        if not isinstance(key, tuple):   # rows only (``DcgmFrame.take``): still a Columns
+        if not isinstance(key, tuple):  # rows only (``DcgmFrame.take``): still a Columns
             return Columns(self.data[key], self.pos)
         rows, cols = key
         p = self.pos[cols]
@@ -206,8 +207,9 @@ def _positions(cols: np.ndarray) -> np.ndarray:
     return pos
 
 
-def advance(state: GpuState, frame: DcgmFrame, entities: Entities, ts0: float = float("nan"),
-            columns: np.ndarray | None = None) -> View:
+def advance(
+    state: GpuState, frame: DcgmFrame, entities: Entities, ts0: float = float("nan"), columns: np.ndarray | None = None
+) -> View:
     """Fold a chunk (rows sorted by GPU, event time within GPU) into the state; return its view.
 
     ``columns``: the catalog columns anything reads (the engine's ``Columnizer.columns``). Only
@@ -233,7 +235,7 @@ def advance(state: GpuState, frame: DcgmFrame, entities: Entities, ts0: float = 
     whole = one_each and n == entities.n_gpus and int(ent[0]) == 0 and int(ent[-1]) == n - 1
     last_all, seen_all = state.columns(cols)
     if whole:
-        last_c, seen_state = last_all[:n], seen_all[:n]   # views: written back below
+        last_c, seen_state = last_all[:n], seen_all[:n]  # views: written back below
     else:
         last_c, seen_state = last_all.take(ent, axis=0), seen_all.take(ent, axis=0)
     # Column-major from here on, like the state and the view: checks read whole columns.
@@ -280,8 +282,17 @@ def advance(state: GpuState, frame: DcgmFrame, entities: Entities, ts0: float = 
     # Column-major where checks read whole columns most (values, filled): contiguous reads.
     pos = _positions(cols)
     frame = DcgmFrame(frame.ts, frame.gpu, frame.host, _matrix(vals, pos))
-    return View(frame, _matrix(np.asfortranarray(filled_c), pos), _matrix(prev_c, pos), _matrix(seen_c, pos),
-                inc, reset, entities, ts0, index=slice(0, n) if whole else None)
+    return View(
+        frame,
+        _matrix(np.asfortranarray(filled_c), pos),
+        _matrix(prev_c, pos),
+        _matrix(seen_c, pos),
+        inc,
+        reset,
+        entities,
+        ts0,
+        index=slice(0, n) if whole else None,
+    )
 
 
 def _matrix(data: np.ndarray, pos: np.ndarray) -> np.ndarray:

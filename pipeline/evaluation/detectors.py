@@ -20,7 +20,7 @@ from pipeline.engine import Engine
 from pipeline.resources import rules_dir
 from pipeline.rules import load_rules
 
-PACKS = rules_dir()   # the shipped packs and baselines, installed or in a checkout
+PACKS = rules_dir()  # the shipped packs and baselines, installed or in a checkout
 
 
 def default_exporter_fields() -> set[str]:
@@ -38,9 +38,9 @@ class Detector:
     name: str
     rules: list[Path]
     absence_checks: bool = True
-    scrape_s: float | None = None           # downsample to this scrape interval
-    fields: set[str] | None = None          # keep only these DCGM fields
-    models: str | None = None               # models.yaml, "auto" (beside the rules) or None: rules only
+    scrape_s: float | None = None  # downsample to this scrape interval
+    fields: set[str] | None = None  # keep only these DCGM fields
+    models: str | None = None  # models.yaml, "auto" (beside the rules) or None: rules only
 
     def engine(self) -> Engine:
         """A fresh engine for one run (models start cold, so every run is deterministic per seed)."""
@@ -66,10 +66,16 @@ class Detector:
             return None
         if self.fields is None:
             return batch
-        return [{**r, "fields": {k: v for k, v in r["fields"].items() if k in self.fields}}
-                if r.get("kind") == "dcgm" else r for r in batch]
+        return [
+            {**r, "fields": {k: v for k, v in r["fields"].items() if k in self.fields}}
+            if r.get("kind") == "dcgm"
+            else r
+            for r in batch
+        ]
 
-    def transform(self, batches: Iterable[list[dict[str, Any]]], interval: float = 1.0) -> Iterable[list[dict[str, Any]]]:
+    def transform(
+        self, batches: Iterable[list[dict[str, Any]]], interval: float = 1.0
+    ) -> Iterable[list[dict[str, Any]]]:
         """What this detector would have seen of the fleet's telemetry (one batch per interval)."""
         for step, batch in enumerate(batches):
             seen = self.view(batch, step, interval)
@@ -80,7 +86,12 @@ class Detector:
 def detectors() -> list[Detector]:
     return [
         Detector("gpuwarden", [PACKS], models="auto"),
-        Detector("community", [PACKS / "baselines" / "prometheus_community.yaml"], absence_checks=False,
-                 scrape_s=30.0, fields=default_exporter_fields()),
+        Detector(
+            "community",
+            [PACKS / "baselines" / "prometheus_community.yaml"],
+            absence_checks=False,
+            scrape_s=30.0,
+            fields=default_exporter_fields(),
+        ),
         Detector("dcgm-health", [PACKS / "baselines" / "dcgm_health.yaml"], absence_checks=False),
     ]

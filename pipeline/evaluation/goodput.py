@@ -31,8 +31,8 @@ from pipeline.evaluation.score import Score
 from pipeline.schema import fault_family
 
 LLAMA3_JOB_GPUS = 16_384
-WATCHDOG_TIMEOUT_S = 600.0   # PyTorch ProcessGroupNCCL default timeout (10 min), pytorch/pytorch#110947
-OTHER = "other"              # causes no GPU-telemetry detector can see
+WATCHDOG_TIMEOUT_S = 600.0  # PyTorch ProcessGroupNCCL default timeout (10 min), pytorch/pytorch#110947
+OTHER = "other"  # causes no GPU-telemetry detector can see
 
 
 def family_shares() -> dict[str, float]:
@@ -62,7 +62,7 @@ class Job:
     restart_cost_s: float = 600.0
     watchdog_timeout_s: float = WATCHDOG_TIMEOUT_S
     other_latency_s: float = 0.0
-    fault_rate_per_gpu_s: float | None = None   # None: the Llama 3 rate
+    fault_rate_per_gpu_s: float | None = None  # None: the Llama 3 rate
 
     @property
     def fault_rate_s(self) -> float:
@@ -80,7 +80,7 @@ class Detection:
     name: str
     families: dict[str, tuple[float, float]]
     false_per_1000_gpu_h: float = 0.0
-    unmeasured: list[str] = field(default_factory=list)   # families charged as never detected
+    unmeasured: list[str] = field(default_factory=list)  # families charged as never detected
 
     @classmethod
     def from_score(cls, score: Score, false_per_1000_gpu_h: float | None = None) -> "Detection":
@@ -98,10 +98,10 @@ class Goodput:
 
     detector: str
     useful: float
-    rollback: float          # work since the last checkpoint, redone
-    restarts: float          # restart cost
-    detecting: float         # faults found: waiting for the detector
-    hung: float              # faults missed: waiting for the watchdog
+    rollback: float  # work since the last checkpoint, redone
+    restarts: float  # restart cost
+    detecting: float  # faults found: waiting for the detector
+    hung: float  # faults missed: waiting for the watchdog
     faults_per_day: float
     false_restarts_per_day: float
     unmeasured: list[str] = field(default_factory=list)
@@ -159,5 +159,7 @@ def references(families: list[str] | None = None) -> list[Detection]:
     """Two yardsticks: no detector at all (every fault waits for the watchdog) and an ideal one
     (every fault found at once, never a false alert)."""
     families = families if families is not None else [f for f in family_shares() if f != OTHER]
-    return [Detection("watchdog only", {f: (0.0, 0.0) for f in families}),
-            Detection("ideal (0 s)", {f: (1.0, 0.0) for f in families})]
+    return [
+        Detection("watchdog only", {f: (0.0, 0.0) for f in families}),
+        Detection("ideal (0 s)", {f: (1.0, 0.0) for f in families}),
+    ]

@@ -52,9 +52,16 @@ def run_detectors(dets: list[Detector], sim) -> dict[str, list[AlertEvent]]:
     return {name: f.close() for name, f in feeds.items()}
 
 
-def evaluate(scenario: str, *, seeds: int = 3, hosts: int = 8, duration: float = 3600.0,
-             progress: Callable[[str], None] | None = None,
-             dets: list[Detector] | None = None, interval: float = 1.0) -> list[Score]:
+def evaluate(
+    scenario: str,
+    *,
+    seeds: int = 3,
+    hosts: int = 8,
+    duration: float = 3600.0,
+    progress: Callable[[str], None] | None = None,
+    dets: list[Detector] | None = None,
+    interval: float = 1.0,
+) -> list[Score]:
     """Score every detector on ``seeds`` runs of ``scenario`` (seeds 1..N) sampled every
     ``interval`` seconds; one ``Score`` per detector, in ``detectors()`` order."""
     from producers.sim import Simulator

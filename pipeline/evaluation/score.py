@@ -19,10 +19,10 @@ class FamilyScore:
     injected: int = 0
     detected: int = 0
     right_gpu: int = 0
-    alerts: int = 0                 # firing alerts of this family
-    false_alerts: int = 0           # of which matched no injected fault and sat on no faulty GPU/host
+    alerts: int = 0  # firing alerts of this family
+    false_alerts: int = 0  # of which matched no injected fault and sat on no faulty GPU/host
     latencies: list[float] = field(default_factory=list)
-    knock_on: int = 0               # of which matched no fault of their family but sat on another fault's culprit
+    knock_on: int = 0  # of which matched no fault of their family but sat on another fault's culprit
     # fault key (run/fault/host/gpu/onset) -> latency, so two detectors compare on the same faults
     detections: dict[str, float] = field(default_factory=dict)
 
@@ -56,7 +56,7 @@ class Score:
     detector: str
     gpu_hours: float = 0.0
     families: dict[str, FamilyScore] = field(default_factory=dict)
-    refires: int = 0                # an alert firing again (new id) before it resolved: see refires()
+    refires: int = 0  # an alert firing again (new id) before it resolved: see refires()
 
     def family(self, name: str) -> FamilyScore:
         return self.families.setdefault(name, FamilyScore(name))
@@ -101,8 +101,9 @@ def refires(alerts: Iterable[AlertEvent]) -> int:
     return n
 
 
-def score_run(score: Score, labels: Iterable[dict[str, Any]], alerts: list[AlertEvent], gpu_hours: float,
-              run: str = "") -> None:
+def score_run(
+    score: Score, labels: Iterable[dict[str, Any]], alerts: list[AlertEvent], gpu_hours: float, run: str = ""
+) -> None:
     """Add one run (one scenario, one seed, named ``run``) to ``score``.
 
     A firing alert that matches no fault of its own family is a *knock-on* alert when it sits on

@@ -32,14 +32,32 @@ from pipeline.errors import ConfigError
 from pipeline.models.registry import REGISTRY
 from pipeline.schema import FAMILIES
 
-_dur = duration   # the name the models' tests know
+_dur = duration  # the name the models' tests know
 
-MODEL_KEYS = {"name", "detector", "fault", "severity", "cohort", "features", "params", "decider", "warmup", "for",
-              "keep_firing_for", "alert", "summary", "description", "labels", "explained_by"}
-DECIDER_KEYS = {"threshold": {"kind", "threshold", "clear"},
-                "quantile": {"kind", "q", "margin", "clear_ratio", "floor", "half_life"}}
+MODEL_KEYS = {
+    "name",
+    "detector",
+    "fault",
+    "severity",
+    "cohort",
+    "features",
+    "params",
+    "decider",
+    "warmup",
+    "for",
+    "keep_firing_for",
+    "alert",
+    "summary",
+    "description",
+    "labels",
+    "explained_by",
+}
+DECIDER_KEYS = {
+    "threshold": {"kind", "threshold", "clear"},
+    "quantile": {"kind", "q", "margin", "clear_ratio", "floor", "half_life"},
+}
 SEVERITIES = ("info", "warning", "critical")
-CAUSES = ("fleet_power_cap",)     # pipeline/models/context.py
+CAUSES = ("fleet_power_cap",)  # pipeline/models/context.py
 COHORTS = ("gpu_model", "fleet")
 
 
@@ -59,11 +77,19 @@ class ModelSpec:
     summary: str = ""
     description: str = ""
     labels: dict[str, str] = field(default_factory=dict)
-    explained_by: tuple[str, ...] = ()      # fleet-wide causes that explain this model's findings away
+    explained_by: tuple[str, ...] = ()  # fleet-wide causes that explain this model's findings away
 
     def definition(self) -> tuple:
-        return (self.detector, self.fault, self.cohort, repr(sorted(self.params.items())),
-                repr(sorted(self.decider.items())), self.warmup, self.for_s, self.keep_firing_for_s)
+        return (
+            self.detector,
+            self.fault,
+            self.cohort,
+            repr(sorted(self.params.items())),
+            repr(sorted(self.decider.items())),
+            self.warmup,
+            self.for_s,
+            self.keep_firing_for_s,
+        )
 
 
 def _num(v: Any, key: str, lo: float | None = None) -> float:
@@ -82,8 +108,9 @@ def _decider(d: Any, key: str) -> dict[str, Any]:
         raise ConfigError(f"{key}.kind", f"unknown decider {kind!r} (known: {', '.join(DECIDER_KEYS)})")
     for k in d:
         if k not in DECIDER_KEYS[kind]:
-            raise ConfigError(f"{key}.{k}", f"unknown key for a {kind} decider "
-                                            f"(known: {', '.join(sorted(DECIDER_KEYS[kind]))})")
+            raise ConfigError(
+                f"{key}.{k}", f"unknown key for a {kind} decider (known: {', '.join(sorted(DECIDER_KEYS[kind]))})"
+            )
     out: dict[str, Any] = {"kind": kind}
     for k, v in d.items():
         if k != "kind":
@@ -141,6 +168,7 @@ def spec_from_mapping(d: Any, key: str) -> ModelSpec:
         if not isinstance(feats, list) or not feats or not all(isinstance(f, str) for f in feats):
             raise ConfigError(f"{key}.features", f"expected a non-empty list of field names, got {feats!r}")
         from pipeline.catalog import COUNTER, FIELDS
+
         aliases = []
         for j, f in enumerate(feats):
             fld = FIELDS.resolve(f)
@@ -166,12 +194,23 @@ def spec_from_mapping(d: Any, key: str) -> ModelSpec:
     for k in ("summary", "description"):
         if k in d and not isinstance(d[k], str):
             raise ConfigError(f"{key}.{k}", f"expected a string, got {d[k]!r}")
-    return ModelSpec(name=name, detector=det, fault=fault, severity=sev, cohort=cohort, params=params,
-                     decider=_decider(d.get("decider", {"kind": "threshold", "threshold": 6.0}), f"{key}.decider"),
-                     warmup=warmup, for_s=duration(d.get("for", 0), f"{key}.for"),
-                     keep_firing_for_s=duration(d.get("keep_firing_for", 60), f"{key}.keep_firing_for"),
-                     alert=alert, summary=d.get("summary", ""), description=d.get("description", ""),
-                     labels=dict(labels), explained_by=tuple(explained))
+    return ModelSpec(
+        name=name,
+        detector=det,
+        fault=fault,
+        severity=sev,
+        cohort=cohort,
+        params=params,
+        decider=_decider(d.get("decider", {"kind": "threshold", "threshold": 6.0}), f"{key}.decider"),
+        warmup=warmup,
+        for_s=duration(d.get("for", 0), f"{key}.for"),
+        keep_firing_for_s=duration(d.get("keep_firing_for", 60), f"{key}.keep_firing_for"),
+        alert=alert,
+        summary=d.get("summary", ""),
+        description=d.get("description", ""),
+        labels=dict(labels),
+        explained_by=tuple(explained),
+    )
 
 
 def load_model_specs(path: str | Path) -> list[ModelSpec]:

@@ -35,11 +35,11 @@ _LIMIT = FIELDS.require("enforced_power_limit").column
 _CLOCK = FIELDS.require("sm_clock").column
 COLUMNS = {_REASONS, _LIMIT, _CLOCK}
 
-WINDOW_S = 90.0          # a GPU counts as seen / capped for this long (three samples at 30 s sampling)
-FLEET_SHARE = 0.6        # a cause is fleet-wide when at least this share of the recently seen GPUs shows it
-MIN_GPUS = 8             # ... and at least this many GPUs were seen
-LIMIT_LOWERED = 0.97     # an enforced power limit under 97 % of the board's is a cap
-CLOCK_TOLERANCE = 0.92   # a capped GPU's clock within 8 % of its host's median is explained by the cap
+WINDOW_S = 90.0  # a GPU counts as seen / capped for this long (three samples at 30 s sampling)
+FLEET_SHARE = 0.6  # a cause is fleet-wide when at least this share of the recently seen GPUs shows it
+MIN_GPUS = 8  # ... and at least this many GPUs were seen
+LIMIT_LOWERED = 0.97  # an enforced power limit under 97 % of the board's is a cap
+CLOCK_TOLERANCE = 0.92  # a capped GPU's clock within 8 % of its host's median is explained by the cap
 
 
 class FleetContext:
@@ -113,8 +113,14 @@ class FleetContext:
         return capped & near
 
     def to_state(self) -> dict[str, Any]:
-        return {"seen": self.seen, "cap_ts": self.cap_ts, "lim_max": self.lim_max, "clock": self.clock,
-                "host": self.host, "now": self.now}
+        return {
+            "seen": self.seen,
+            "cap_ts": self.cap_ts,
+            "lim_max": self.lim_max,
+            "clock": self.clock,
+            "host": self.host,
+            "now": self.now,
+        }
 
     def load_state(self, st: dict[str, Any]) -> None:
         self.seen, self.cap_ts = np.array(st["seen"], float), np.array(st["cap_ts"], float)

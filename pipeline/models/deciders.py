@@ -55,8 +55,14 @@ class ThresholdDecider:
 class QuantileDecider(ThresholdDecider):
     EDGES = np.concatenate([[0.0], np.logspace(-4, 4, 160)])
 
-    def __init__(self, q: float = 0.999, margin: float = 1.5, off_ratio: float = 0.7, floor: float = 0.0,
-                 half_life: float = 200_000.0) -> None:
+    def __init__(
+        self,
+        q: float = 0.999,
+        margin: float = 1.5,
+        off_ratio: float = 0.7,
+        floor: float = 0.0,
+        half_life: float = 200_000.0,
+    ) -> None:
         if not 0.5 <= q < 1.0:
             raise ConfigError("decider.q", f"must be within [0.5, 1), got {q}")
         if margin < 1.0:

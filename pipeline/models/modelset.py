@@ -45,7 +45,7 @@ _MODEL = operator.attrgetter("model")
 # invented model strings (1,000 of them once made a 106 MB snapshot taking 5.6 s) shares the last.
 MAX_COHORTS = 32
 OVERFLOW_COHORT = "other"
-NCCL_FRESH_S = 15.0        # NCCL findings hold this long on the DCGM rows (3 reporting intervals)
+NCCL_FRESH_S = 15.0  # NCCL findings hold this long on the DCGM rows (3 reporting intervals)
 
 
 def _r(x: Any) -> Any:
@@ -62,8 +62,15 @@ class ModelCheck:
     def __init__(self, spec: ModelSpec, owner: "ModelSet") -> None:
         level = REGISTRY[spec.detector].level
         self.spec = spec
-        self.meta = CheckMeta(spec.name, spec.fault, spec.severity, level, spec.for_s, spec.keep_firing_for_s,
-                              {"source": "model", "detector": spec.detector, **spec.labels})
+        self.meta = CheckMeta(
+            spec.name,
+            spec.fault,
+            spec.severity,
+            level,
+            spec.for_s,
+            spec.keep_firing_for_s,
+            {"source": "model", "detector": spec.detector, **spec.labels},
+        )
         self.fields: tuple[str, ...] = ()
         self._owner = owner
 
@@ -78,8 +85,10 @@ class ModelCheck:
             except (KeyError, ValueError, IndexError, TypeError):
                 pass
         where = f"GPU {gpu} on {host}" if gpu is not None else host
-        return (f"{where}: model {self.spec.name} score {ev.get('score')} (threshold {ev.get('threshold')}); "
-                f"expected {ev.get('expected')}, observed {ev.get('observed')}")
+        return (
+            f"{where}: model {self.spec.name} score {ev.get('score')} (threshold {ev.get('threshold')}); "
+            f"expected {ev.get('expected')}, observed {ev.get('observed')}"
+        )
 
 
 class Features:
@@ -164,7 +173,7 @@ class ModelSet(StageBase):
 
     kind = "models"
     state_key = "models"
-    reads_nccl = True    # the NCCL detectors score the records' columns
+    reads_nccl = True  # the NCCL detectors score the records' columns
 
     def __init__(self, specs: Sequence[ModelSpec], tick: float = 1.0, source: str = "") -> None:
         self.specs = list(specs)
@@ -177,7 +186,7 @@ class ModelSet(StageBase):
             if m.info.source == DCGM:
                 self.columns |= feature_columns(m.proto.features)
         self.cohort_names: list[str] = []
-        self.cohort_of = np.full(0, -1, dtype=np.int32)    # per GPU: index into cohort_names
+        self.cohort_of = np.full(0, -1, dtype=np.int32)  # per GPU: index into cohort_names
         self._nccl: list[NcclFrame] = []
         self.scores: dict[str, np.ndarray] = {}
         # Fleet-wide causes (docs/models.md#explain-away) and how many findings each model had
@@ -236,7 +245,7 @@ class ModelSet(StageBase):
             self.cohort_of = grow(self.cohort_of, n, -1)
         unknown = np.flatnonzero(self.cohort_of[gpu] < 0)
         if len(unknown):
-            _, first = np.unique(gpu[unknown], return_index=True)   # one record per new GPU
+            _, first = np.unique(gpu[unknown], return_index=True)  # one record per new GPU
             unknown = unknown[first]
         for i in unknown.tolist():
             name = _MODEL(records[i]) or "unknown"
@@ -270,7 +279,7 @@ class ModelSet(StageBase):
         coh = self.cohort_of[ent]
         groups = self._cohort_groups(coh)
         if self._context_on:
-            board = np.append(board_power(self.cohort_names), np.nan)[coh]   # cohort -1 -> NaN
+            board = np.append(board_power(self.cohort_names), np.nan)[coh]  # cohort -1 -> NaN
             self.context.update(view, n_gpus, board)
         out: list[tuple[ModelCheck, np.ndarray]] = []
         by_name = {c.spec.name: c for c in self.checks}
@@ -280,7 +289,7 @@ class ModelSet(StageBase):
                 warm = np.zeros(n, dtype=bool)
                 m.rows_ev = []
                 fleet = m.spec.cohort == "fleet"
-                for cname, rows in ([("fleet", None)] if fleet else groups):
+                for cname, rows in [("fleet", None)] if fleet else groups:
                     det = m.det(cname)
                     e = ent if rows is None else ent[rows]
                     t = ts if rows is None else ts[rows]
@@ -295,11 +304,15 @@ class ModelSet(StageBase):
                 flagged = m.decider.decide(ent, score, n_gpus)
                 cond = flagged & warm
                 m.decider.observe(score[warm & ~flagged])
-                for cname, rows in ([("fleet", None)] if fleet else groups):
+                for cname, rows in [("fleet", None)] if fleet else groups:
                     det = m.det(cname)
                     mask = ~cond if rows is None else ~cond[rows]
-                    det.learn_many(ent if rows is None else ent[rows], ts if rows is None else ts[rows],
-                                   feats.subset(det.features, rows), mask)
+                    det.learn_many(
+                        ent if rows is None else ent[rows],
+                        ts if rows is None else ts[rows],
+                        feats.subset(det.features, rows),
+                        mask,
+                    )
                 self.scores[name] = np.where(warm, score, np.nan)
             else:
                 idx = view.frame.gpu if m.info.level == GPU else view.frame.host
@@ -372,10 +385,14 @@ class ModelSet(StageBase):
             for j in np.flatnonzero(flagged).tolist():
                 r = int(rows[pick[j]])
                 m.ent_ev[int(ue[j])] = {
-                    "score": _r(us[j]), "threshold": _r(m.decider.threshold()),
-                    "expected": _r(det.last["expected"][r]), "observed": _r(det.last["observed"][r]),
-                    "comm": fr.comm[r], "rank": int(fr.rank[r]),
-                    "drivers": {k: _r(v[r]) for k, v in det.last["drivers"].items()}}
+                    "score": _r(us[j]),
+                    "threshold": _r(m.decider.threshold()),
+                    "expected": _r(det.last["expected"][r]),
+                    "observed": _r(det.last["observed"][r]),
+                    "comm": fr.comm[r],
+                    "rank": int(fr.rank[r]),
+                    "drivers": {k: _r(v[r]) for k, v in det.last["drivers"].items()},
+                }
             bad = np.zeros(len(fr), dtype=bool)
             if warm:
                 bad[rows] = np.isin(e, ue[flagged])
@@ -405,9 +422,13 @@ class ModelSet(StageBase):
                     continue
                 j = int(hit[0])
             drivers = {k: _r(v[j]) for k, v in last.get("drivers", {}).items()}
-            return {"score": _r(s[j]), "threshold": _r(m.decider.threshold()),
-                    "expected": _r(last.get("expected", [math.nan] * (j + 1))[j]),
-                    "observed": _r(last.get("observed", [math.nan] * (j + 1))[j]), "drivers": drivers}
+            return {
+                "score": _r(s[j]),
+                "threshold": _r(m.decider.threshold()),
+                "expected": _r(last.get("expected", [math.nan] * (j + 1))[j]),
+                "observed": _r(last.get("observed", [math.nan] * (j + 1))[j]),
+                "drivers": drivers,
+            }
         return {}
 
     # -- state ------------------------------------------------------------------------------------
@@ -415,15 +436,24 @@ class ModelSet(StageBase):
     def snapshot(self) -> bytes:
         """Model state as bytes: msgpack of numbers, strings and numeric arrays, no objects."""
         data: dict[str, Any] = {
-            "version": STATE_VERSION, "cohort_names": self.cohort_names, "cohort_of": self.cohort_of,
-            "nccl": [f.to_state() for f in self._nccl], "models": {},
-            "context": self.context.to_state(), "explained": self.explained}
+            "version": STATE_VERSION,
+            "cohort_names": self.cohort_names,
+            "cohort_of": self.cohort_of,
+            "nccl": [f.to_state() for f in self._nccl],
+            "models": {},
+            "context": self.context.to_state(),
+            "explained": self.explained,
+        }
         for name, m in self.models.items():
             data["models"][name] = {
                 "definition": repr(m.spec.definition()),
                 "dets": {c: d.to_state() for c, d in m.dets.items()},
-                "decider": m.decider.to_state(), "cur": m.cur, "flag": m.flag, "obs_ts": m.obs_ts,
-                "ent_ev": {str(k): v for k, v in m.ent_ev.items()}}
+                "decider": m.decider.to_state(),
+                "cur": m.cur,
+                "flag": m.flag,
+                "obs_ts": m.obs_ts,
+                "ent_ev": {str(k): v for k, v in m.ent_ev.items()},
+            }
         return msgspec.msgpack.encode(_pack(data))
 
     def restore(self, blob: bytes) -> None:
@@ -435,8 +465,9 @@ class ModelSet(StageBase):
                 raise StateError(f"model state version {v} (this build reads {STATE_VERSION} only)")
             self.cohort_names = [str(c) for c in data["cohort_names"]]
             self.cohort_of = np.asarray(numeric(data["cohort_of"], "cohort_of"), dtype=np.int32).copy()
-            if len(self.cohort_of) and not -1 <= int(self.cohort_of.min()) <= int(self.cohort_of.max()) \
-                    < len(self.cohort_names):
+            if len(self.cohort_of) and not -1 <= int(self.cohort_of.min()) <= int(self.cohort_of.max()) < len(
+                self.cohort_names
+            ):
                 raise StateError("model state: a GPU in a cohort that is not named")
             self._nccl = [_nccl_frame(f) for f in data["nccl"]]
             self.context.load_state(data["context"])
@@ -464,8 +495,9 @@ class ModelSet(StageBase):
         out: dict[str, float] = {}
         for name, m in self.models.items():
             per = sum(d.nbytes_per_entity() for d in m.dets.values())
-            per += m.decider.up.itemsize + (m.cur.itemsize + m.flag.itemsize + m.obs_ts.itemsize
-                                            if m.info.source != DCGM else 0)
+            per += m.decider.up.itemsize + (
+                m.cur.itemsize + m.flag.itemsize + m.obs_ts.itemsize if m.info.source != DCGM else 0
+            )
             out[name] = per
         out["cohort_of"] = float(self.cohort_of.itemsize)
         return out

@@ -107,7 +107,7 @@ class BatchDetector:
 
     def score_one(self, x: Mapping[str, Any]) -> float:
         ent, ts, F = self._one(x)
-        self._t -= 1.0 if "ts" not in x else 0.0   # scoring does not advance the default clock
+        self._t -= 1.0 if "ts" not in x else 0.0  # scoring does not advance the default clock
         s = float(self.score_many(ent, ts, F)[0])
         return s if math.isfinite(s) else 0.0
 
@@ -122,8 +122,10 @@ class BatchDetector:
     # -- state ------------------------------------------------------------------------------------
 
     def to_state(self) -> dict[str, Any]:
-        return {"arrays": {n: getattr(self, n) for n in self.entity_arrays},
-                "cohort": {n: copy.deepcopy(getattr(self, n)) for n in self.cohort_attrs}}
+        return {
+            "arrays": {n: getattr(self, n) for n in self.entity_arrays},
+            "cohort": {n: copy.deepcopy(getattr(self, n)) for n in self.cohort_attrs},
+        }
 
     def load_state(self, st: dict[str, Any]) -> None:
         for n in self.entity_arrays:
@@ -131,8 +133,9 @@ class BatchDetector:
                 now = getattr(self, n)
                 a = numeric(st["arrays"][n], f"{type(self).__name__}.{n}", ndim=now.ndim)
                 if a.shape[1:] != now.shape[1:]:
-                    raise StateError(f"snapshot: {type(self).__name__}.{n} has rows of {a.shape[1:]}, "
-                                     f"expected {now.shape[1:]}")
+                    raise StateError(
+                        f"snapshot: {type(self).__name__}.{n} has rows of {a.shape[1:]}, expected {now.shape[1:]}"
+                    )
                 setattr(self, n, a.astype(now.dtype))
         for n in self.cohort_attrs:
             if n in st["cohort"]:
@@ -140,5 +143,9 @@ class BatchDetector:
 
     def nbytes_per_entity(self) -> float:
         """Bytes of per-entity state (arrays indexed by entity id) per entity."""
-        return float(sum(getattr(self, n).itemsize * (getattr(self, n).size // max(1, len(getattr(self, n))))
-                         for n in self.entity_arrays))
+        return float(
+            sum(
+                getattr(self, n).itemsize * (getattr(self, n).size // max(1, len(getattr(self, n))))
+                for n in self.entity_arrays
+            )
+        )

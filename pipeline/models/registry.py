@@ -16,16 +16,17 @@ DCGM, NCCL = "dcgm", "nccl"
 @dataclass(frozen=True)
 class DetectorInfo:
     factory: Callable[..., Any]
-    source: str                       # dcgm: fed DCGM rows each tick; nccl: fed NCCL records
-    level: str = "gpu"                # entity its alerts are about
+    source: str  # dcgm: fed DCGM rows each tick; nccl: fed NCCL records
+    level: str = "gpu"  # entity its alerts are about
     feature_param: str | None = None  # the parameter ``features:`` sets, if the features are configurable
-    example: dict[str, Any] = field(default_factory=dict)   # parameters the conformance suite uses
+    example: dict[str, Any] = field(default_factory=dict)  # parameters the conformance suite uses
 
 
 REGISTRY: dict[str, DetectorInfo] = {
     "thermal_residual": DetectorInfo(ThermalResidual, DCGM, example={"warmup": 50}),
-    "counter_rate": DetectorInfo(CounterRateSurprise, DCGM, feature_param="counters",
-                                 example={"counters": ["ecc_sbe_volatile"], "warmup": 50}),
+    "counter_rate": DetectorInfo(
+        CounterRateSurprise, DCGM, feature_param="counters", example={"counters": ["ecc_sbe_volatile"], "warmup": 50}
+    ),
     "cohort_hst": DetectorInfo(CohortHalfSpaceTrees, DCGM, example={"warmup": 50, "period": 1}),
     "nccl_straggler": DetectorInfo(RankStraggler, NCCL),
     "nccl_busbw": DetectorInfo(CommBusbw, NCCL, level="host"),

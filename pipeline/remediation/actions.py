@@ -41,15 +41,15 @@ class Plan:
     action: str
     type: str
     disruptive: bool
-    breaker: bool                    # counts as a node acted on (drain, cordon, reset)
-    entity: str | None               # cooldown/attempt key: "host:n1", "gpu:n1/3", "job:42"
+    breaker: bool  # counts as a node acted on (drain, cordon, reset)
+    entity: str | None  # cooldown/attempt key: "host:n1", "gpu:n1/3", "job:42"
     host: str | None
     argv: list[str] | None = None
     url: str | None = None
     query: list[str] | None = None
     body: bytes | None = None
-    undo: bool = False               # an undo (uncordon, resume): only where gpuwarden itself acted
-    targets_host: bool = False       # acts on the alert's host: only on a host in the inventory
+    undo: bool = False  # an undo (uncordon, resume): only where gpuwarden itself acted
+    targets_host: bool = False  # acts on the alert's host: only on a host in the inventory
     alert: AlertEvent | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -74,10 +74,10 @@ class QueryResult:
 class Context:
     """What executing actions may use; tests swap ``sleep`` and ``rng``."""
 
-    producer: Any = None             # pipeline.bus Producer for kafka actions
+    producer: Any = None  # pipeline.bus Producer for kafka actions
     sleep: Callable[[float], None] = time.sleep
     rng: random.Random = field(default_factory=random.Random)
-    resolve: Callable[[str, int], list[str]] = resolve   # a templated webhook host's addresses
+    resolve: Callable[[str, int], list[str]] = resolve  # a templated webhook host's addresses
 
 
 class Action(Protocol):
@@ -117,7 +117,7 @@ def retry_after(value: str | None, now: float) -> float | None:
         when = email.utils.parsedate_to_datetime(v)
     except (TypeError, ValueError, IndexError, OverflowError):
         return None
-    if when.tzinfo is None:                 # an HTTP-date is always GMT
+    if when.tzinfo is None:  # an HTTP-date is always GMT
         when = when.replace(tzinfo=datetime.timezone.utc)
     return max(0.0, when.timestamp() - now)
 
@@ -129,8 +129,17 @@ class RetryPolicy(Protocol):
     def delay(self, attempt: int, rng: random.Random) -> float: ...
 
 
-def send(client: httpx.Client, url: str, body: bytes, headers: dict[str, str], extensions: dict[str, Any],
-         policy: RetryPolicy, ctx: Context, shown: str, name: str) -> Outcome:
+def send(
+    client: httpx.Client,
+    url: str,
+    body: bytes,
+    headers: dict[str, str],
+    extensions: dict[str, Any],
+    policy: RetryPolicy,
+    ctx: Context,
+    shown: str,
+    name: str,
+) -> Outcome:
     """POST ``body``; retry connection errors, timeouts, 429 and 5xx (a 429's or 503's
     ``Retry-After`` is waited, up to ``max_retry_after``; else backoff with jitter); never other
     4xx, nor redirects. ``shown``: the URL as it may be logged."""
@@ -143,34 +152,45 @@ def send(client: httpx.Client, url: str, body: bytes, headers: dict[str, str], e
             last = f"{type(e).__name__}: {e}"
         except (httpx.HTTPError, httpx.InvalidURL) as e:
             # Not the network: the request itself cannot be made; trying again cannot help.
-            return Outcome(False, type(e).__name__, error=f"{type(e).__name__}: {e} ({shown})",
-                           attempts=attempt + 1)
+            return Outcome(False, type(e).__name__, error=f"{type(e).__name__}: {e} ({shown})", attempts=attempt + 1)
         else:
             if r.status_code < 300:
                 return Outcome(True, f"HTTP {r.status_code}", attempts=attempt + 1, stdout=r.text[:OUTPUT_LIMIT])
             if r.status_code < 500 and r.status_code != 429:
                 # 4xx: the request itself is wrong; 3xx: redirects are not followed (a POST
                 # carrying an alert should reach the configured URL or fail visibly).
-                return Outcome(False, f"HTTP {r.status_code}", error=f"HTTP {r.status_code} from {shown} "
-                               "(not retried: the same request would get the same answer)",
-                               attempts=attempt + 1)
+                return Outcome(
+                    False,
+                    f"HTTP {r.status_code}",
+                    error=f"HTTP {r.status_code} from {shown} "
+                    "(not retried: the same request would get the same answer)",
+                    attempts=attempt + 1,
+                )
             last = f"HTTP {r.status_code}"
             wait = retry_after(r.headers.get("Retry-After"), time.time())
             if wait is not None and wait > policy.max_retry_after:
                 # Waiting that long would hold every other alert back (one loop, one thread).
-                return Outcome(False, last, error=f"{last} from {shown} with Retry-After {wait:.0f}s, beyond "
-                               f"max_retry_after {policy.max_retry_after:g}s: not waited for", attempts=attempt + 1)
+                return Outcome(
+                    False,
+                    last,
+                    error=f"{last} from {shown} with Retry-After {wait:.0f}s, beyond "
+                    f"max_retry_after {policy.max_retry_after:g}s: not waited for",
+                    attempts=attempt + 1,
+                )
         if attempt < policy.retries:
             if wait is None:
                 wait = policy.delay(attempt, ctx.rng)
-            log.info("webhook %s: %s from %s; retry %d/%d in %.2fs", name, last, shown, attempt + 1,
-                     policy.retries, wait)
+            log.info(
+                "webhook %s: %s from %s; retry %d/%d in %.2fs", name, last, shown, attempt + 1, policy.retries, wait
+            )
             ctx.sleep(wait)
-    return Outcome(False, last, error=f"{last} from {shown} after {policy.retries + 1} attempt(s)",
-                   attempts=policy.retries + 1)
+    return Outcome(
+        False, last, error=f"{last} from {shown} after {policy.retries + 1} attempt(s)", attempts=policy.retries + 1
+    )
 
 
 # -- command execution ---------------------------------------------------------------------
+
 
 @dataclass
 class CommandResult:
@@ -181,8 +201,9 @@ class CommandResult:
     error: str | None = None
 
 
-def run_command(argv: list[str], timeout: float, kill_grace: float = 2.0, *,
-                limit: int = OUTPUT_LIMIT) -> CommandResult:
+def run_command(
+    argv: list[str], timeout: float, kill_grace: float = 2.0, *, limit: int = OUTPUT_LIMIT
+) -> CommandResult:
     """Run ``argv`` without a shell in its own process group; on timeout kill the whole group.
 
     ``limit``: characters of stdout/stderr kept (the audit keeps little; a node list needs all).
@@ -191,8 +212,15 @@ def run_command(argv: list[str], timeout: float, kill_grace: float = 2.0, *,
     it instead of lingering and acting after we reported a failure.
     """
     try:
-        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                shell=False, start_new_session=True, close_fds=True)
+        proc = subprocess.Popen(
+            argv,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            shell=False,
+            start_new_session=True,
+            close_fds=True,
+        )
     except OSError as e:
         return CommandResult(None, "", "", error=f"cannot run {argv[0]!r}: {e.strerror or e}")
     try:
@@ -204,8 +232,13 @@ def run_command(argv: list[str], timeout: float, kill_grace: float = 2.0, *,
         except subprocess.TimeoutExpired:
             _kill_group(proc, signal.SIGKILL)
             out, err = proc.communicate()
-        return CommandResult(proc.returncode, _text(out, limit), _text(err, limit), timed_out=True,
-                             error=f"timed out after {timeout:g}s; process group killed")
+        return CommandResult(
+            proc.returncode,
+            _text(out, limit),
+            _text(err, limit),
+            timed_out=True,
+            error=f"timed out after {timeout:g}s; process group killed",
+        )
     return CommandResult(proc.returncode, _text(out, limit), _text(err, limit))
 
 
@@ -221,6 +254,7 @@ def _text(b: bytes | None, limit: int = OUTPUT_LIMIT) -> str:
 
 
 # -- the actions ---------------------------------------------------------------------------
+
 
 class LogAction:
     """Writes the alert to the service log; never disruptive."""
@@ -238,8 +272,16 @@ class LogAction:
     def plan(self, alert: AlertEvent) -> Plan:
         # Alert values are escaped: a summary or host with a newline must not forge log lines.
         vals = {k: ("-" if v is None else printable(v)) for k, v in alert_values(alert).items()}
-        return Plan(self.name, self.type, False, False, None, alert.host, alert=alert,
-                    extra={"message": fill(self.message, vals, for_argv=False)})
+        return Plan(
+            self.name,
+            self.type,
+            False,
+            False,
+            None,
+            alert.host,
+            alert=alert,
+            extra={"message": fill(self.message, vals, for_argv=False)},
+        )
 
     def query(self, plan: Plan, ctx: Context) -> QueryResult | None:
         return None
@@ -261,12 +303,26 @@ class WebhookAction:
 
     type = "webhook"
 
-    def __init__(self, name: str, url: str, *, timeout: float = 5.0, retries: int = 3, backoff: float = 0.5,
-                 max_backoff: float = 30.0, headers: dict[str, str] | None = None,
-                 headers_env: dict[str, str] | None = None, disruptive: bool = False, breaker: bool = False,
-                 entity: str = "host", type_name: str = "webhook", allow_hosts: list[str] | None = None,
-                 max_retry_after: float = 60.0, payload: Callable[[AlertEvent], bytes] = encode,
-                 shown_url: str | None = None) -> None:
+    def __init__(
+        self,
+        name: str,
+        url: str,
+        *,
+        timeout: float = 5.0,
+        retries: int = 3,
+        backoff: float = 0.5,
+        max_backoff: float = 30.0,
+        headers: dict[str, str] | None = None,
+        headers_env: dict[str, str] | None = None,
+        disruptive: bool = False,
+        breaker: bool = False,
+        entity: str = "host",
+        type_name: str = "webhook",
+        allow_hosts: list[str] | None = None,
+        max_retry_after: float = 60.0,
+        payload: Callable[[AlertEvent], bytes] = encode,
+        shown_url: str | None = None,
+    ) -> None:
         self.name, self.url, self.timeout, self.retries = name, url, timeout, retries
         self.backoff, self.max_backoff, self.max_retry_after = backoff, max_backoff, max_retry_after
         self.payload, self.shown_url = payload, shown_url
@@ -275,8 +331,10 @@ class WebhookAction:
         self.disruptive, self.breaker, self.entity, self.type = disruptive, breaker, entity, type_name
         self.target = UrlTemplate.parse(url)
         if self.target.templated_host and self.headers_env:
-            raise ValueError(f"headers_env: secrets are only sent to a host written in the url, and {url!r} "
-                             "takes its host from the alert")
+            raise ValueError(
+                f"headers_env: secrets are only sent to a host written in the url, and {url!r} "
+                "takes its host from the alert"
+            )
         self.allow = AllowList.parse(allow_hosts, f"actions.{name}.allow_hosts")
         self.inventory: Any = None
         self.targets_host = disruptive and (self.target.templated_host or "host" in template_vars(url) or breaker)
@@ -288,16 +346,26 @@ class WebhookAction:
 
     def plan(self, alert: AlertEvent) -> Plan:
         filled = self.target.fill(alert_values(alert), self.allow, self.inventory)
-        return Plan(self.name, self.type, self.disruptive, self.breaker, entity_key(self.entity, alert), alert.host,
-                    url=self.shown_url or filled.url, body=self.payload(alert), alert=alert,
-                    targets_host=self.targets_host, extra={"filled": filled})
+        return Plan(
+            self.name,
+            self.type,
+            self.disruptive,
+            self.breaker,
+            entity_key(self.entity, alert),
+            alert.host,
+            url=self.shown_url or filled.url,
+            body=self.payload(alert),
+            alert=alert,
+            targets_host=self.targets_host,
+            extra={"filled": filled},
+        )
 
     def query(self, plan: Plan, ctx: Context) -> QueryResult | None:
         return None
 
     def delay(self, attempt: int, rng: random.Random) -> float:
         """Seconds before retry ``attempt`` (0-based): half of the doubled backoff plus up to as much again."""
-        d = min(self.max_backoff, self.backoff * (2 ** attempt))
+        d = min(self.max_backoff, self.backoff * (2**attempt))
         return d / 2 + rng.uniform(0, d / 2)
 
     def _headers(self, secrets: bool) -> dict[str, str]:
@@ -330,8 +398,17 @@ class WebhookAction:
         if isinstance(req, str):
             return Outcome(False, "refused", error=f"not sent: {req}", attempts=0)
         url, headers, extensions = req
-        return send(self._client, url, plan.body or b"", headers, extensions, self, ctx,
-                    self.shown_url or redact_url(plan.url or ""), self.name)
+        return send(
+            self._client,
+            url,
+            plan.body or b"",
+            headers,
+            extensions,
+            self,
+            ctx,
+            self.shown_url or redact_url(plan.url or ""),
+            self.name,
+        )
 
     def close(self) -> None:
         if self._client is not None:
@@ -348,8 +425,17 @@ class KafkaAction:
         self.name, self.topic = name, topic
 
     def plan(self, alert: AlertEvent) -> Plan:
-        return Plan(self.name, self.type, False, False, None, alert.host, url=f"kafka:{self.topic}",
-                    body=encode(alert), alert=alert)
+        return Plan(
+            self.name,
+            self.type,
+            False,
+            False,
+            None,
+            alert.host,
+            url=f"kafka:{self.topic}",
+            body=encode(alert),
+            alert=alert,
+        )
 
     def query(self, plan: Plan, ctx: Context) -> QueryResult | None:
         return None
@@ -374,10 +460,22 @@ class CommandAction:
 
     type = "command"
 
-    def __init__(self, name: str, argv: list[str], *, timeout: float = 30.0, disruptive: bool = True,
-                 entity: str = "host", breaker: bool = True, query: list[str] | None = None,
-                 query_match: str | None = None, query_reason: str = "query says it is already handled",
-                 undo: bool = False, type_name: str = "command", values: dict[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        name: str,
+        argv: list[str],
+        *,
+        timeout: float = 30.0,
+        disruptive: bool = True,
+        entity: str = "host",
+        breaker: bool = True,
+        query: list[str] | None = None,
+        query_match: str | None = None,
+        query_reason: str = "query says it is already handled",
+        undo: bool = False,
+        type_name: str = "command",
+        values: dict[str, str] | None = None,
+    ) -> None:
         if not argv:
             raise ValueError("argv is empty")
         if entity not in ("host", "gpu", "job"):
@@ -395,10 +493,19 @@ class CommandAction:
 
     def plan(self, alert: AlertEvent) -> Plan:
         vals = alert_values(alert, self.values)
-        return Plan(self.name, self.type, self.disruptive, self.breaker, entity_key(self.entity, alert), alert.host,
-                    argv=fill_argv(self.argv, vals),
-                    query=fill_argv(self.query_argv, vals) if self.query_argv else None, undo=self.undo, alert=alert,
-                    targets_host=self.targets_host)
+        return Plan(
+            self.name,
+            self.type,
+            self.disruptive,
+            self.breaker,
+            entity_key(self.entity, alert),
+            alert.host,
+            argv=fill_argv(self.argv, vals),
+            query=fill_argv(self.query_argv, vals) if self.query_argv else None,
+            undo=self.undo,
+            alert=alert,
+            targets_host=self.targets_host,
+        )
 
     def query(self, plan: Plan, ctx: Context) -> QueryResult | None:
         if not plan.query:
@@ -418,8 +525,12 @@ class CommandAction:
         if res.error:
             return Outcome(False, error=res.error, stdout=res.stdout)
         if res.returncode != 0:
-            return Outcome(False, f"exit {res.returncode}",
-                           error=f"exit {res.returncode}: {res.stderr.strip()[:500]}", stdout=res.stdout)
+            return Outcome(
+                False,
+                f"exit {res.returncode}",
+                error=f"exit {res.returncode}: {res.stderr.strip()[:500]}",
+                stdout=res.stdout,
+            )
         return Outcome(True, "exit 0", stdout=res.stdout)
 
 

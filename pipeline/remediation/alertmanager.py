@@ -40,9 +40,9 @@ log = logging.getLogger("gpuwarden.remediation.alertmanager")
 ALERTS_PATH = "/api/v2/alerts"
 SILENCES_PATH = "/api/v2/silences"
 _LABEL_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-EVIDENCE_LIMIT = 4096        # characters of the evidence annotation
-MAX_FIRING = 10_000          # alerts re-posted; beyond, the oldest is forgotten (a flood of forged alerts)
-MAX_BODY = 8 * 1024 * 1024   # bytes of a silences answer read
+EVIDENCE_LIMIT = 4096  # characters of the evidence annotation
+MAX_FIRING = 10_000  # alerts re-posted; beyond, the oldest is forgotten (a flood of forged alerts)
+MAX_BODY = 8 * 1024 * 1024  # bytes of a silences answer read
 
 
 def base_url(url: str, key: str) -> str:
@@ -51,8 +51,13 @@ def base_url(url: str, key: str) -> str:
     t = UrlTemplate.parse(url)
     if "{" in url:
         raise ValueError(f"{key}: {url!r}: the Alertmanager URL is the operator's; no {{...}} in it")
-    return f"{t.scheme}://" + (f"{t.userinfo}@" if t.userinfo is not None else "") + t.host + \
-        (f":{t.port}" if t.port else "") + t.rest.rstrip("/")
+    return (
+        f"{t.scheme}://"
+        + (f"{t.userinfo}@" if t.userinfo is not None else "")
+        + t.host
+        + (f":{t.port}" if t.port else "")
+        + t.rest.rstrip("/")
+    )
 
 
 def am_labels(alert: AlertEvent) -> dict[str, str]:
@@ -60,23 +65,41 @@ def am_labels(alert: AlertEvent) -> dict[str, str]:
     match on. The alert's own labels (a rule's ``team``, the telemetry's ``pod``) come first and
     the fixed ones win a clash; names that are not Prometheus label names are left out."""
     out = {k: str(v) for k, v in alert.labels.items() if _LABEL_NAME.fullmatch(k) and v != ""}
-    fixed = {"alertname": alert.rule, "fault": alert.fault, "family": alert.family, "severity": alert.severity,
-             "rule": alert.rule, "host": alert.host, "gpu": None if alert.gpu is None else str(alert.gpu),
-             "link": None if alert.link is None else str(alert.link), "job": alert.job or alert.labels.get("job"),
-             "source": "gpuwarden"}
+    fixed = {
+        "alertname": alert.rule,
+        "fault": alert.fault,
+        "family": alert.family,
+        "severity": alert.severity,
+        "rule": alert.rule,
+        "host": alert.host,
+        "gpu": None if alert.gpu is None else str(alert.gpu),
+        "link": None if alert.link is None else str(alert.link),
+        "job": alert.job or alert.labels.get("job"),
+        "source": "gpuwarden",
+    }
     out.update({k: v for k, v in fixed.items() if v})
     return out
 
 
-def am_alert(alert: AlertEvent, *, now: float, resend_interval: float, runbook_url: str | None = None,
-             generator_url: str | None = None, labels: dict[str, str] | None = None) -> dict[str, Any]:
+def am_alert(
+    alert: AlertEvent,
+    *,
+    now: float,
+    resend_interval: float,
+    runbook_url: str | None = None,
+    generator_url: str | None = None,
+    labels: dict[str, str] | None = None,
+) -> dict[str, Any]:
     """One ``postableAlert`` of the v2 API for ``alert``."""
     evidence = json.dumps(alert.evidence, separators=(",", ":"), sort_keys=True, default=str)
     ann = {"summary": alert.summary, "evidence": evidence[:EVIDENCE_LIMIT], "alert_id": alert.id}
     if runbook_url:
         ann["runbook_url"] = runbook_url
-    out: dict[str, Any] = {"labels": labels or am_labels(alert), "annotations": ann,
-                           "startsAt": iso8601(alert.started_at)}
+    out: dict[str, Any] = {
+        "labels": labels or am_labels(alert),
+        "annotations": ann,
+        "startsAt": iso8601(alert.started_at),
+    }
     if alert.state == "resolved":
         # After startsAt, or Alertmanager refuses the alert ("start time must be before end time").
         out["endsAt"] = iso8601(max(alert.ts, alert.started_at + 0.001))
@@ -98,11 +121,23 @@ class AlertmanagerAction:
     breaker = False
     targets_host = False
 
-    def __init__(self, name: str, url: str | None, *, timeout: float = 5.0, retries: int = 3, backoff: float = 0.5,
-                 max_backoff: float = 30.0, max_retry_after: float = 60.0, resend_interval: float = 60.0,
-                 headers: dict[str, str] | None = None, headers_env: dict[str, str] | None = None,
-                 runbook_url: str | None = None, generator_url: str | None = None,
-                 clock: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self,
+        name: str,
+        url: str | None,
+        *,
+        timeout: float = 5.0,
+        retries: int = 3,
+        backoff: float = 0.5,
+        max_backoff: float = 30.0,
+        max_retry_after: float = 60.0,
+        resend_interval: float = 60.0,
+        headers: dict[str, str] | None = None,
+        headers_env: dict[str, str] | None = None,
+        runbook_url: str | None = None,
+        generator_url: str | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
         self.name = name
         self.url = ""
         if url:
@@ -114,8 +149,8 @@ class AlertmanagerAction:
         self.headers, self.headers_env = dict(headers or {}), dict(headers_env or {})
         self.runbook_url, self.generator_url, self.clock = runbook_url, generator_url, clock
         if runbook_url:
-            UrlTemplate.parse(runbook_url)      # ValueError: the action's config error
-        self.firing: dict[str, tuple[AlertEvent, dict[str, str]]] = {}   # id -> (alert, labels it fired with)
+            UrlTemplate.parse(runbook_url)  # ValueError: the action's config error
+        self.firing: dict[str, tuple[AlertEvent, dict[str, str]]] = {}  # id -> (alert, labels it fired with)
         self._sent_at = -1e18
         self._store: Any = None
         self._client: httpx.Client | None = None
@@ -135,7 +170,7 @@ class AlertmanagerAction:
             self.firing[a.alert.id] = (a.alert, a.labels)
 
     def delay(self, attempt: int, rng: Any) -> float:
-        d = min(self.max_backoff, self.backoff * (2 ** attempt))
+        d = min(self.max_backoff, self.backoff * (2**attempt))
         return d / 2 + rng.uniform(0, d / 2)
 
     def _runbook(self, alert: AlertEvent) -> str | None:
@@ -147,14 +182,35 @@ class AlertmanagerAction:
             return None
 
     def _body(self, alerts: list[tuple[AlertEvent, dict[str, str] | None]], now: float) -> bytes:
-        return encode([am_alert(a, now=now, resend_interval=self.resend_interval, runbook_url=self._runbook(a),
-                                generator_url=self.generator_url, labels=lab) for a, lab in alerts])
+        return encode(
+            [
+                am_alert(
+                    a,
+                    now=now,
+                    resend_interval=self.resend_interval,
+                    runbook_url=self._runbook(a),
+                    generator_url=self.generator_url,
+                    labels=lab,
+                )
+                for a, lab in alerts
+            ]
+        )
 
     def plan(self, alert: AlertEvent) -> Plan:
         fired = self.firing.get(alert.id)
         labels = fired[1] if fired is not None and alert.state == "resolved" else am_labels(alert)
-        return Plan(self.name, self.type, False, False, entity_key("host", alert), alert.host, url=self.url,
-                    body=self._body([(alert, labels)], self.clock()), alert=alert, extra={"labels": labels})
+        return Plan(
+            self.name,
+            self.type,
+            False,
+            False,
+            entity_key("host", alert),
+            alert.host,
+            url=self.url,
+            body=self._body([(alert, labels)], self.clock()),
+            alert=alert,
+            extra={"labels": labels},
+        )
 
     def query(self, plan: Plan, ctx: Context) -> QueryResult | None:
         return None
@@ -189,8 +245,9 @@ class AlertmanagerAction:
                 self._store.kv_put(ns, a.id, encode(_Firing(alert=a, labels=plan.extra["labels"])))
             while len(self.firing) > MAX_FIRING:
                 old = next(iter(self.firing))
-                log.warning("alertmanager %s: more than %d alerts firing; no longer re-posting %s",
-                            self.name, MAX_FIRING, old)
+                log.warning(
+                    "alertmanager %s: more than %d alerts firing; no longer re-posting %s", self.name, MAX_FIRING, old
+                )
                 self.firing.pop(old)
                 if self._store is not None:
                     self._store.kv_delete(ns, old)
@@ -203,8 +260,9 @@ class AlertmanagerAction:
         self._sent_at = now
         out = self._post(self._body([(a, lab) for a, lab in self.firing.values()], now), ctx)
         if not out.ok:
-            log.warning("alertmanager %s: re-posting %d firing alert(s) failed: %s", self.name, len(self.firing),
-                        out.error)
+            log.warning(
+                "alertmanager %s: re-posting %d firing alert(s) failed: %s", self.name, len(self.firing), out.error
+            )
         return out
 
     def close(self) -> None:
@@ -219,11 +277,12 @@ class _Firing(msgspec.Struct):
 
 # -- silences ------------------------------------------------------------------------------
 
+
 class _Matcher(msgspec.Struct):
     name: str
     value: str
-    isRegex: bool = False           # noqa: N815 - the API's names
-    isEqual: bool = True            # noqa: N815
+    isRegex: bool = False  # noqa: N815 - the API's names
+    isEqual: bool = True  # noqa: N815
 
 
 class _Status(msgspec.Struct):
@@ -233,10 +292,10 @@ class _Status(msgspec.Struct):
 class _Silence(msgspec.Struct):
     id: str
     matchers: list[_Matcher]
-    startsAt: str                   # noqa: N815
-    endsAt: str                     # noqa: N815
+    startsAt: str  # noqa: N815
+    endsAt: str  # noqa: N815
     status: _Status
-    createdBy: str = ""             # noqa: N815
+    createdBy: str = ""  # noqa: N815
     comment: str = ""
 
 
@@ -269,9 +328,16 @@ class SilenceError(Exception):
 class Silences:
     """Active Alertmanager silences, read at most once per ``cache`` seconds."""
 
-    def __init__(self, url: str, *, timeout: float = 5.0, cache: float = 15.0,
-                 headers_env: dict[str, str] | None = None, clock: Callable[[], float] = time.monotonic,
-                 client: httpx.Client | None = None) -> None:
+    def __init__(
+        self,
+        url: str,
+        *,
+        timeout: float = 5.0,
+        cache: float = 15.0,
+        headers_env: dict[str, str] | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        client: httpx.Client | None = None,
+    ) -> None:
         self.base = base_url(url, "alertmanager.url")
         self.url = self.base + SILENCES_PATH
         self.timeout, self.cache, self.clock = timeout, cache, clock

@@ -76,14 +76,15 @@ def reason_code(reason: str | None) -> str | None:
 class AuditLog:
     """Collects records and writes them to Kafka (``producer`` + ``topic``) and/or ``file``."""
 
-    def __init__(self, *, producer: Any = None, topic: str | None = None, file: str | Path | None = None,
-                 clock=time.time) -> None:
+    def __init__(
+        self, *, producer: Any = None, topic: str | None = None, file: str | Path | None = None, clock=time.time
+    ) -> None:
         self.producer, self.topic = producer, topic
         self.file = Path(file) if file else None
         self.clock = clock
-        self.records: list[AuditRecord] = []      # since the last flush
+        self.records: list[AuditRecord] = []  # since the last flush
         self.total: dict[str, int] = {d: 0 for d in DECISIONS}
-        self.reasons: dict[str, int] = {}         # skipped/blocked records by reason code
+        self.reasons: dict[str, int] = {}  # skipped/blocked records by reason code
         if self.file is not None:
             self.file.parent.mkdir(parents=True, exist_ok=True)
 
@@ -101,9 +102,16 @@ class AuditLog:
         # a forged one: worth a warning, not just an info line.
         loud = decision in ("failed", "blocked") or code in ("unknown_host", "unsafe_value")
         why = rec.reason or rec.error
-        log.log(logging.WARNING if loud else logging.INFO, "%s %s alert=%s host=%s %s%s", decision,
-                printable(rec.action or "-"), printable(rec.alert_id), printable(rec.host),
-                printable(rec.argv or rec.url or ""), f" ({printable(why)})" if why else "")
+        log.log(
+            logging.WARNING if loud else logging.INFO,
+            "%s %s alert=%s host=%s %s%s",
+            decision,
+            printable(rec.action or "-"),
+            printable(rec.alert_id),
+            printable(rec.host),
+            printable(rec.argv or rec.url or ""),
+            f" ({printable(why)})" if why else "",
+        )
         return rec
 
     def flush(self) -> int:

@@ -24,12 +24,13 @@ from pipeline.remediation.service import RemediationService
 from pipeline.resources import default_routes
 from pipeline.schema import AlertEvent
 
-DEFAULT_ROUTES = str(default_routes())   # the shipped example routes, installed or in a checkout
+DEFAULT_ROUTES = str(default_routes())  # the shipped example routes, installed or in a checkout
 
 
 def _config_arg(p: argparse.ArgumentParser, default: str | None = None, suppress: bool = False) -> None:
-    p.add_argument("--config", metavar="FILE", help="remediation config (YAML)",
-                   default=argparse.SUPPRESS if suppress else default)
+    p.add_argument(
+        "--config", metavar="FILE", help="remediation config (YAML)", default=argparse.SUPPRESS if suppress else default
+    )
 
 
 def _load(args: argparse.Namespace):
@@ -42,22 +43,28 @@ def _cmd_remediate(args: argparse.Namespace) -> int:
     cfg = _load(args)
     k = cfg.raw.kafka
     conn = connection.from_args(args, base=connection.KafkaConnection(k.bootstrap, k.security))
-    connection.check(conn)   # refused credentials: one line and exit 4, not a consumer polling nothing
-    svc = RemediationService(cfg, bootstrap=conn.bootstrap, prefix=args.prefix, group=args.group,
-                             security=conn.options())
+    connection.check(conn)  # refused credentials: one line and exit 4, not a consumer polling nothing
+    svc = RemediationService(
+        cfg, bootstrap=conn.bootstrap, prefix=args.prefix, group=args.group, security=conn.options()
+    )
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
     dry = "dry-run" if cfg.guardrails.dry_run else "LIVE"
     inv = svc.remediator.inventory
-    print(f"gpuwarden remediate: {svc.topics.alerts} (group {svc.group}) on {svc.bootstrap}, "
-          f"disruptive actions {dry}, state {cfg.state_file}, "
-          f"{inv.describe() if inv else 'no inventory (node actions dry-run only)'}"
-          + (f", honouring {svc.remediator.silences.describe()}" if svc.remediator.silences else ""),
-          file=sys.stderr)
+    print(
+        f"gpuwarden remediate: {svc.topics.alerts} (group {svc.group}) on {svc.bootstrap}, "
+        f"disruptive actions {dry}, state {cfg.state_file}, "
+        f"{inv.describe() if inv else 'no inventory (node actions dry-run only)'}"
+        + (f", honouring {svc.remediator.silences.describe()}" if svc.remediator.silences else ""),
+        file=sys.stderr,
+    )
     stats = svc.run(stop, idle_exit_s=args.idle_exit)
-    print(f"gpuwarden remediate: {stats.messages} alerts handled; decisions {svc.audit.total}; "
-          f"unknown hosts {svc.audit.reasons.get('unknown_host', 0)}", file=sys.stderr)
+    print(
+        f"gpuwarden remediate: {stats.messages} alerts handled; decisions {svc.audit.total}; "
+        f"unknown hosts {svc.audit.reasons.get('unknown_host', 0)}",
+        file=sys.stderr,
+    )
     return 0
 
 
@@ -79,8 +86,10 @@ def _cmd_breaker(args: argparse.Namespace) -> int:
                 print(f"  opened: {st.opened_at} ({st.reason})")
             if st.reset_at:
                 print(f"  last reset: {st.reset_at} by {st.reset_by} {st.reset_note or ''}".rstrip())
-            print(f"  nodes acted on in the last {window:g}s: {len(st.hosts_in_window)} "
-                  f"(limit {b.max_nodes}" + (f", {b.max_percent:g}% of {b.fleet_size}" if b.fleet_size else "") + ")")
+            print(
+                f"  nodes acted on in the last {window:g}s: {len(st.hosts_in_window)} "
+                f"(limit {b.max_nodes}" + (f", {b.max_percent:g}% of {b.fleet_size}" if b.fleet_size else "") + ")"
+            )
         return 1 if (args.breaker_command == "status" and st.open and args.exit_code) else 0
     finally:
         store.close()
@@ -114,10 +123,14 @@ def _cmd_routes_test(args: argparse.Namespace) -> int:
     for m in matches:
         r = cfg.receivers[m.receiver]
         chain = r.actions if alert.state == "firing" else r.on_resolved
-        print(f"{m.describe()}  ->  receiver {m.receiver}: " + (", ".join(
-            f"{a} ({type(cfg.actions[a]).__struct_config__.tag})" for a in chain) or "no actions"))
-        print(f"    group_by={m.route.group_by} group_wait={m.route.group_wait:g}s "
-              f"repeat_interval={m.route.repeat_interval:g}s")
+        print(
+            f"{m.describe()}  ->  receiver {m.receiver}: "
+            + (", ".join(f"{a} ({type(cfg.actions[a]).__struct_config__.tag})" for a in chain) or "no actions")
+        )
+        print(
+            f"    group_by={m.route.group_by} group_wait={m.route.group_wait:g}s "
+            f"repeat_interval={m.route.repeat_interval:g}s"
+        )
     got = [m.receiver for m in matches]
     if args.expect is not None and got != args.expect:
         print(f"FAIL: expected receivers {args.expect}, got {got}", file=sys.stderr)
@@ -132,8 +145,13 @@ def register(sub) -> None:
     connection.add_arguments(rm, bootstrap_help="broker (default: the config's kafka.bootstrap)")
     rm.add_argument("--prefix", help="topic prefix (default: the config's kafka.prefix)")
     rm.add_argument("--group", help="consumer group (default: the config's kafka.group)")
-    rm.add_argument("--idle-exit", type=float, default=None, metavar="SECONDS",
-                    help="stop after this long without an alert (tests, one-shot catch-up)")
+    rm.add_argument(
+        "--idle-exit",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="stop after this long without an alert (tests, one-shot catch-up)",
+    )
     rm.set_defaults(func=_cmd_remediate)
     rsub = rm.add_subparsers(dest="remediate_command")
 
@@ -148,16 +166,23 @@ def register(sub) -> None:
 
     act = rsub.add_parser("act", help="decide one alert (JSON file) now, through every guardrail")
     act.add_argument("--alert", required=True, metavar="FILE")
-    act.add_argument("--force", action="store_true",
-                     help="ignore once-per-alert, grouping, cooldown and attempt cap (never the breaker or dry-run)")
+    act.add_argument(
+        "--force",
+        action="store_true",
+        help="ignore once-per-alert, grouping, cooldown and attempt cap (never the breaker or dry-run)",
+    )
     _config_arg(act, suppress=True)
     act.set_defaults(func=_cmd_act)
 
     ro = sub.add_parser("routes", help="test remediation routes")
     rosub = ro.add_subparsers(dest="routes_command", required=True)
     rt = rosub.add_parser("test", help="print the route path and actions an alert would take")
-    rt.add_argument("pairs", nargs="+", metavar="name=value",
-                    help="fault=..., severity=..., host=..., gpu=..., job=..., state=..., any label=value")
+    rt.add_argument(
+        "pairs",
+        nargs="+",
+        metavar="name=value",
+        help="fault=..., severity=..., host=..., gpu=..., job=..., state=..., any label=value",
+    )
     rt.add_argument("--expect", nargs="+", metavar="RECEIVER", help="exit 1 unless exactly these receivers match")
     _config_arg(rt, default=DEFAULT_ROUTES)
     rt.set_defaults(func=_cmd_routes_test)

@@ -32,13 +32,35 @@ from pipeline.errors import ConfigError
 from pipeline.remediation.inventory import check_settings
 from pipeline.remediation.presets import build_action
 from pipeline.remediation.routes import RouteTree
+
 # The typed parts, where every user of the config has always found them.
-from pipeline.remediation.specs import (ACTION_TYPES, ActionSpec, AlertmanagerAction,  # noqa: F401
-                                        AlertmanagerSettings, AuditSettings, BreakerSettings, CheckpointAction,
-                                        CommandAction, Duration, GpuResetAction, Guardrails, InventorySettings,
-                                        K8sCordonAction, K8sDrainAction, K8sTaintAction, K8sUncordonAction,
-                                        KafkaAction, KafkaSettings, LogAction, Receiver, RemediationConfig,
-                                        RouteSpec, SlurmDrainAction, SlurmResumeAction, WebhookAction)
+from pipeline.remediation.specs import (
+    ACTION_TYPES,
+    ActionSpec,
+    AlertmanagerAction,
+    AlertmanagerSettings,
+    AuditSettings,
+    BreakerSettings,
+    CheckpointAction,
+    CommandAction,
+    Duration,
+    GpuResetAction,
+    Guardrails,
+    InventorySettings,
+    K8sCordonAction,
+    K8sDrainAction,
+    K8sTaintAction,
+    K8sUncordonAction,
+    KafkaAction,
+    KafkaSettings,
+    LogAction,
+    Receiver,
+    RemediationConfig,
+    RouteSpec,
+    SlurmDrainAction,
+    SlurmResumeAction,
+    WebhookAction,
+)
 
 # Routes files are small; these bound what a hostile or runaway one can make the loader do.
 LIMITS = yamlsafe.Limits(max_bytes=1 << 20, max_depth=64, max_aliases=100, max_nodes=100_000, max_string=16 << 10)
@@ -72,8 +94,11 @@ class Config(msgspec.Struct, kw_only=True):
 
 def _check_durations(cfg: RemediationConfig, actions: dict[str, ActionSpec]) -> None:
     g = cfg.guardrails
-    for key, val in (("guardrails.cooldown", g.cooldown), ("guardrails.attempt_window", g.attempt_window),
-                     ("guardrails.breaker.window", g.breaker.window)):
+    for key, val in (
+        ("guardrails.cooldown", g.cooldown),
+        ("guardrails.attempt_window", g.attempt_window),
+        ("guardrails.breaker.window", g.breaker.window),
+    ):
         parse_duration(val, key)
     if g.max_attempts < 1:
         raise ConfigError("guardrails.max_attempts", "must be at least 1")
@@ -116,7 +141,9 @@ def parse_config(data: Any, *, base_dir: Path = Path("."), source: str = "<confi
         if "type" not in spec:
             raise ConfigError(f"{key}.type", f"missing; one of {', '.join(sorted(_TYPES))}")
         if spec["type"] not in _TYPES:
-            raise ConfigError(f"{key}.type", f"unknown action type {spec['type']!r}; one of {', '.join(sorted(_TYPES))}")
+            raise ConfigError(
+                f"{key}.type", f"unknown action type {spec['type']!r}; one of {', '.join(sorted(_TYPES))}"
+            )
         actions[str(name)] = typedconfig.convert(spec, ActionSpec, key)
         build_action(str(name), actions[str(name)])
     receivers: dict[str, Receiver] = {}
@@ -152,10 +179,14 @@ def parse_config(data: Any, *, base_dir: Path = Path("."), source: str = "<confi
     RouteTree.build(cfg.route)
     state = Path(cfg.state_file)
     audit = Path(cfg.audit.file) if cfg.audit.file else None
-    return Config(raw=cfg, actions=actions, receivers=receivers,
-                  state_file=state if state.is_absolute() else base_dir / state,
-                  audit_file=None if audit is None else audit if audit.is_absolute() else base_dir / audit,
-                  source=source)
+    return Config(
+        raw=cfg,
+        actions=actions,
+        receivers=receivers,
+        state_file=state if state.is_absolute() else base_dir / state,
+        audit_file=None if audit is None else audit if audit.is_absolute() else base_dir / audit,
+        source=source,
+    )
 
 
 def load_config(path: str | Path) -> Config:
@@ -167,5 +198,7 @@ def load_config(path: str | Path) -> Config:
     except ConfigError:
         raise
     except Exception as e:  # noqa: BLE001 - the trust boundary: a bad file is an error, never a crash
-        raise ConfigError("(top level)", f"{p} cannot be loaded ({type(e).__name__}: {str(e)[:200]}); "
-                          "this is a gpuwarden bug, please report it") from None
+        raise ConfigError(
+            "(top level)",
+            f"{p} cannot be loaded ({type(e).__name__}: {str(e)[:200]}); this is a gpuwarden bug, please report it",
+        ) from None

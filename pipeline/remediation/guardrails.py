@@ -53,8 +53,15 @@ class BreakerState:
     hosts_in_window: list[str]
 
     def to_dict(self) -> dict[str, Any]:
-        return {"open": self.open, "opened_at": self.opened_at, "reason": self.reason, "reset_at": self.reset_at,
-                "reset_by": self.reset_by, "reset_note": self.reset_note, "hosts_in_window": self.hosts_in_window}
+        return {
+            "open": self.open,
+            "opened_at": self.opened_at,
+            "reason": self.reason,
+            "reset_at": self.reset_at,
+            "reset_by": self.reset_by,
+            "reset_note": self.reset_note,
+            "hosts_in_window": self.hosts_in_window,
+        }
 
 
 @dataclass
@@ -77,8 +84,7 @@ class StateStore:
         try:
             # One thread at a time uses it, but not always the one that built it (the service is
             # built, then run in a worker thread).
-            self.db = sqlite3.connect(str(self.path), isolation_level=None, timeout=30.0,
-                                      check_same_thread=False)
+            self.db = sqlite3.connect(str(self.path), isolation_level=None, timeout=30.0, check_same_thread=False)
             self.db.execute("PRAGMA journal_mode=WAL")
             self.db.execute("PRAGMA synchronous=FULL")
             self.db.executescript(SCHEMA)
@@ -108,33 +114,40 @@ class StateStore:
 
     def claim(self, alert_id: str, state: str, route: str, now: float) -> bool:
         """True when this (alert, state, route) was never decided before; it is now claimed."""
-        cur = self.db.execute("INSERT OR IGNORE INTO claims (alert_id, state, route, claimed_at) VALUES (?, ?, ?, ?)",
-                              (alert_id, state, route, now))
+        cur = self.db.execute(
+            "INSERT OR IGNORE INTO claims (alert_id, state, route, claimed_at) VALUES (?, ?, ?, ?)",
+            (alert_id, state, route, now),
+        )
         return cur.rowcount == 1
 
     def claimed(self, alert_id: str, state: str, route: str) -> tuple[float, str | None] | None:
-        row = self.db.execute("SELECT claimed_at, outcome FROM claims WHERE alert_id=? AND state=? AND route=?",
-                              (alert_id, state, route)).fetchone()
+        row = self.db.execute(
+            "SELECT claimed_at, outcome FROM claims WHERE alert_id=? AND state=? AND route=?", (alert_id, state, route)
+        ).fetchone()
         return None if row is None else (row[0], row[1])
 
     def finish(self, alert_id: str, state: str, route: str, outcome: str) -> None:
-        self.db.execute("UPDATE claims SET outcome=? WHERE alert_id=? AND state=? AND route=?",
-                        (outcome, alert_id, state, route))
+        self.db.execute(
+            "UPDATE claims SET outcome=? WHERE alert_id=? AND state=? AND route=?", (outcome, alert_id, state, route)
+        )
 
     # -- cooldown and attempts ------------------------------------------------------------------
 
     def last_success(self, entity: str, action: str) -> float | None:
-        row = self.db.execute("SELECT MAX(ts) FROM attempts WHERE entity=? AND action=? AND ok=1",
-                              (entity, action)).fetchone()
+        row = self.db.execute(
+            "SELECT MAX(ts) FROM attempts WHERE entity=? AND action=? AND ok=1", (entity, action)
+        ).fetchone()
         return row[0]
 
     def attempts_since(self, entity: str, action: str, since: float) -> int:
-        return self.db.execute("SELECT COUNT(*) FROM attempts WHERE entity=? AND action=? AND ts>=?",
-                               (entity, action, since)).fetchone()[0]
+        return self.db.execute(
+            "SELECT COUNT(*) FROM attempts WHERE entity=? AND action=? AND ts>=?", (entity, action, since)
+        ).fetchone()[0]
 
     def record_attempt(self, entity: str, action: str, now: float, ok: bool) -> None:
-        self.db.execute("INSERT INTO attempts (entity, action, ts, ok) VALUES (?, ?, ?, ?)",
-                        (entity, action, now, int(ok)))
+        self.db.execute(
+            "INSERT INTO attempts (entity, action, ts, ok) VALUES (?, ?, ?, ?)", (entity, action, now, int(ok))
+        )
 
     # -- ownership (for undo) -------------------------------------------------------------------
 
@@ -151,11 +164,13 @@ class StateStore:
 
     def breaker(self, window: float, now: float | None = None) -> BreakerState:
         now = time.time() if now is None else now
-        row = self.db.execute("SELECT open, opened_at, reason, reset_at, reset_by, reset_note FROM breaker "
-                              "WHERE id=1").fetchone()
+        row = self.db.execute(
+            "SELECT open, opened_at, reason, reset_at, reset_by, reset_note FROM breaker WHERE id=1"
+        ).fetchone()
         since = max(now - window, row[3] or 0.0)
-        hosts = [h for (h,) in self.db.execute(
-            "SELECT DISTINCT host FROM node_actions WHERE ts>=? ORDER BY host", (since,))]
+        hosts = [
+            h for (h,) in self.db.execute("SELECT DISTINCT host FROM node_actions WHERE ts>=? ORDER BY host", (since,))
+        ]
         return BreakerState(bool(row[0]), row[1], row[2], row[3], row[4], row[5], hosts)
 
     def admit_node(self, host: str, action: str, limits: Limits, now: float) -> tuple[bool, str]:
@@ -175,12 +190,13 @@ class StateStore:
                 n = len(hosts) + 1
                 why = None
                 if n > limits.max_nodes:
-                    why = (f"acting on {host} would make {n} nodes within {limits.window:g}s "
-                           f"(limit {limits.max_nodes})")
+                    why = f"acting on {host} would make {n} nodes within {limits.window:g}s (limit {limits.max_nodes})"
                 elif limits.fleet_size and n * 100.0 / limits.fleet_size > limits.max_percent:
-                    why = (f"acting on {host} would make {n} of {limits.fleet_size} nodes "
-                           f"({n * 100.0 / limits.fleet_size:.1f}%) within {limits.window:g}s "
-                           f"(limit {limits.max_percent:g}%)")
+                    why = (
+                        f"acting on {host} would make {n} of {limits.fleet_size} nodes "
+                        f"({n * 100.0 / limits.fleet_size:.1f}%) within {limits.window:g}s "
+                        f"(limit {limits.max_percent:g}%)"
+                    )
                 if why:
                     self.db.execute("UPDATE breaker SET open=1, opened_at=?, reason=? WHERE id=1", (now, why))
                     self.db.execute("COMMIT")
@@ -215,22 +231,28 @@ class StateStore:
     # -- groups (group_wait, repeat_interval) ----------------------------------------------------
 
     def group(self, key: str) -> tuple[float, float, float | None, bytes | None] | None:
-        row = self.db.execute("SELECT opened_at, due, dispatched_at, alert FROM groups WHERE group_key=?",
-                              (key,)).fetchone()
+        row = self.db.execute(
+            "SELECT opened_at, due, dispatched_at, alert FROM groups WHERE group_key=?", (key,)
+        ).fetchone()
         return None if row is None else (row[0], row[1], row[2], row[3])
 
     def open_group(self, key: str, route: str, now: float, due: float, alert: bytes) -> None:
-        self.db.execute("INSERT OR REPLACE INTO groups (group_key, route, opened_at, due, dispatched_at, alert) "
-                        "VALUES (?, ?, ?, ?, NULL, ?)", (key, route, now, due, alert))
+        self.db.execute(
+            "INSERT OR REPLACE INTO groups (group_key, route, opened_at, due, dispatched_at, alert) "
+            "VALUES (?, ?, ?, ?, NULL, ?)",
+            (key, route, now, due, alert),
+        )
 
     def due_groups(self, now: float) -> list[tuple[str, str, bytes]]:
-        return [(k, r, a) for k, r, a in self.db.execute(
-            "SELECT group_key, route, alert FROM groups WHERE dispatched_at IS NULL AND due<=? ORDER BY due",
-            (now,))]
+        return [
+            (k, r, a)
+            for k, r, a in self.db.execute(
+                "SELECT group_key, route, alert FROM groups WHERE dispatched_at IS NULL AND due<=? ORDER BY due", (now,)
+            )
+        ]
 
     def mark_dispatched(self, key: str, now: float) -> None:
         self.db.execute("UPDATE groups SET dispatched_at=?, alert=NULL WHERE group_key=?", (now, key))
-
 
     # -- small keyed state of actions (the alerts firing in Alertmanager) ------------------------
 

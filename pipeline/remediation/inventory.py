@@ -41,7 +41,7 @@ log = logging.getLogger("gpuwarden.remediation.inventory")
 
 SOURCES = ("file", "list", "slurm", "kubernetes", "any")
 DEFAULT_ARGV = {"slurm": ["sinfo", "-h", "-N", "-o", "%N"], "kubernetes": ["kubectl", "get", "nodes", "-o", "name"]}
-RETRY_AFTER = 30.0     # seconds before a failed refresh is tried again (at most `refresh`)
+RETRY_AFTER = 30.0  # seconds before a failed refresh is tried again (at most `refresh`)
 LIST_LIMIT = 16 << 20  # characters of a listing command's output read (100k nodes fit)
 
 
@@ -77,7 +77,7 @@ def parse_hosts(text: str, source: str) -> tuple[set[str], list[str]]:
         try:
             # Bounded: an inventory is a file others write (often generated from a CMDB).
             doc = yamlsafe.load(text, LIMITS)
-        except yaml.YAMLError:   # YamlLimitError included
+        except yaml.YAMLError:  # YamlLimitError included
             doc = None
         entries = doc if isinstance(doc, list) else _lines(text)
     else:
@@ -86,7 +86,7 @@ def parse_hosts(text: str, source: str) -> tuple[set[str], list[str]]:
     for e in entries:
         h = str(e).strip() if isinstance(e, (str, int)) and not isinstance(e, bool) else None
         if h and source == "kubernetes" and h.startswith("node/"):
-            h = h[len("node/"):]
+            h = h[len("node/") :]
         if h and valid_hostname(h):
             hosts.add(h)
         else:
@@ -103,10 +103,10 @@ class Inventory:
     """What ``knows`` answers from; ``refresh_if_due`` (the remediator's tick) keeps it current."""
 
     source: str
-    loader: Callable[[], str] | None      # returns the raw list; raises InventoryError
+    loader: Callable[[], str] | None  # returns the raw list; raises InventoryError
     refresh_s: float
     clock: Callable[[], float] = time.time
-    hosts: frozenset[str] | None = None   # None until a first list loaded
+    hosts: frozenset[str] | None = None  # None until a first list loaded
     loaded_at: float | None = None
     error: str | None = None
     next_refresh: float = 0.0
@@ -123,8 +123,10 @@ class Inventory:
 
     def why_unknown(self, host: str | None) -> str:
         if self.hosts is None:
-            return (f"{printable(host)} cannot be checked: the {self.source} inventory is not loaded yet "
-                    f"({self.error or 'no list'}); nothing is acted on until it is")
+            return (
+                f"{printable(host)} cannot be checked: the {self.source} inventory is not loaded yet "
+                f"({self.error or 'no list'}); nothing is acted on until it is"
+            )
         when = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(self.loaded_at or 0))
         return f"{printable(host)} is not in the {self.source} host inventory ({len(self.hosts)} hosts, loaded {when})"
 
@@ -137,20 +139,32 @@ class Inventory:
         try:
             hosts, bad = parse_hosts(self.loader(), self.source)
             if bad:
-                log.warning("inventory (%s): %d entries are not host names and are ignored: %s", self.source,
-                            len(bad), ", ".join(bad[:5]))
+                log.warning(
+                    "inventory (%s): %d entries are not host names and are ignored: %s",
+                    self.source,
+                    len(bad),
+                    ", ".join(bad[:5]),
+                )
             if not hosts:
                 raise InventoryError("it lists no hosts")
-        except Exception as e:   # noqa: BLE001 - whatever a refresh meets, the last good list stays
+        except Exception as e:  # noqa: BLE001 - whatever a refresh meets, the last good list stays
             self.error = str(e)
             self.next_refresh = now + min(self.refresh_s, RETRY_AFTER)
-            kept = f"keeping the last good list ({len(self.hosts)} hosts)" if self.hosts is not None \
+            kept = (
+                f"keeping the last good list ({len(self.hosts)} hosts)"
+                if self.hosts is not None
                 else "no host is known until it loads"
+            )
             log.error("inventory (%s) refresh failed: %s; %s", self.source, printable(e), kept)
             return False
         if self.hosts is not None and hosts != self.hosts:
-            log.info("inventory (%s): %d hosts (+%d, -%d)", self.source, len(hosts), len(hosts - self.hosts),
-                     len(self.hosts - hosts))
+            log.info(
+                "inventory (%s): %d hosts (+%d, -%d)",
+                self.source,
+                len(hosts),
+                len(hosts - self.hosts),
+                len(self.hosts - hosts),
+            )
         self.hosts, self.loaded_at, self.error = frozenset(hosts), now, None
         self.next_refresh = now + self.refresh_s
         return True
@@ -170,8 +184,9 @@ class InventoryError(Exception):
     """A source could not give a list (the message says why)."""
 
 
-def build_inventory(s: Any, *, clock: Callable[[], float] = time.time, runner: Callable | None = None,
-                    key: str = "inventory") -> Inventory | None:
+def build_inventory(
+    s: Any, *, clock: Callable[[], float] = time.time, runner: Callable | None = None, key: str = "inventory"
+) -> Inventory | None:
     """The inventory an ``inventory`` section describes, loaded once; None when there is none."""
     check_settings(s, key)
     if s.source is None:

@@ -17,8 +17,8 @@ from pipeline.schema import AlertEvent, encode
 
 PAGERDUTY_URL = "https://events.pagerduty.com/v2/enqueue"
 PD_SEVERITIES = {"critical": "critical", "error": "error", "warning": "warning", "info": "info"}
-SLACK_TEXT_LIMIT = 3000     # a section block's text
-PD_SUMMARY_LIMIT = 1024     # PagerDuty truncates payload.summary there
+SLACK_TEXT_LIMIT = 3000  # a section block's text
+PD_SUMMARY_LIMIT = 1024  # PagerDuty truncates payload.summary there
 
 
 def iso8601(ts: float) -> str:
@@ -71,25 +71,38 @@ def pagerduty_body(routing_key_env: str) -> Callable[[AlertEvent], bytes]:
             raise MissingValue(f"environment variable {routing_key_env} (routing_key_env) is not set")
         if alert.state == "resolved":
             return encode({"routing_key": key, "event_action": "resolve", "dedup_key": alert.id})
-        details: dict[str, Any] = {"alert_id": alert.id, "rule": alert.rule, "host": alert.host, "gpu": alert.gpu,
-                                   "job": alert.job or alert.labels.get("job"), "evidence": alert.evidence,
-                                   "labels": alert.labels, "started_at": iso8601(alert.started_at)}
+        details: dict[str, Any] = {
+            "alert_id": alert.id,
+            "rule": alert.rule,
+            "host": alert.host,
+            "gpu": alert.gpu,
+            "job": alert.job or alert.labels.get("job"),
+            "evidence": alert.evidence,
+            "labels": alert.labels,
+            "started_at": iso8601(alert.started_at),
+        }
         summary = f"{alert.fault} on {_where(alert)}" + (f": {alert.summary}" if alert.summary else "")
-        return encode({
-            "routing_key": key,
-            "event_action": "trigger",
-            "dedup_key": alert.id,
-            "payload": {k: v for k, v in {
-                "summary": summary[:PD_SUMMARY_LIMIT],
-                "source": alert.host or "gpuwarden",
-                "severity": PD_SEVERITIES.get(alert.severity, "warning"),
-                "timestamp": iso8601(alert.ts),
-                "component": f"gpu{alert.gpu}" if alert.gpu is not None else None,
-                "group": alert.family,
-                "class": alert.fault,
-                "custom_details": {k: v for k, v in details.items() if v not in (None, {}, "")},
-            }.items() if v is not None},
-            "client": "gpuwarden",
-        })
+        return encode(
+            {
+                "routing_key": key,
+                "event_action": "trigger",
+                "dedup_key": alert.id,
+                "payload": {
+                    k: v
+                    for k, v in {
+                        "summary": summary[:PD_SUMMARY_LIMIT],
+                        "source": alert.host or "gpuwarden",
+                        "severity": PD_SEVERITIES.get(alert.severity, "warning"),
+                        "timestamp": iso8601(alert.ts),
+                        "component": f"gpu{alert.gpu}" if alert.gpu is not None else None,
+                        "group": alert.family,
+                        "class": alert.fault,
+                        "custom_details": {k: v for k, v in details.items() if v not in (None, {}, "")},
+                    }.items()
+                    if v is not None
+                },
+                "client": "gpuwarden",
+            }
+        )
 
     return body

@@ -41,20 +41,27 @@ def build_action(name: str, spec: C.ActionSpec) -> A.Action:
 
 
 def _build(name: str, spec: C.ActionSpec, key: str) -> A.Action:
-    t = (lambda v, f="timeout": parse_duration(v, f"{key}.{f}"))
+    t = lambda v, f="timeout": parse_duration(v, f"{key}.{f}")
     if isinstance(spec, C.LogAction):
         return A.LogAction(name, spec.level, spec.message)
     if isinstance(spec, C.WebhookAction):
         return _webhook(name, spec, key, t)
     if isinstance(spec, C.AlertmanagerAction):
         # The url defaults to the top-level alertmanager.url; the remediator sets it (bind_url).
-        return AlertmanagerAction(name, spec.url, timeout=t(spec.timeout),
-                                  retries=spec.retries, backoff=t(spec.backoff, "backoff"),
-                                  max_backoff=t(spec.max_backoff, "max_backoff"),
-                                  max_retry_after=t(spec.max_retry_after, "max_retry_after"),
-                                  resend_interval=t(spec.resend_interval, "resend_interval"), headers=spec.headers,
-                                  headers_env=spec.headers_env, runbook_url=spec.runbook_url,
-                                  generator_url=spec.generator_url)
+        return AlertmanagerAction(
+            name,
+            spec.url,
+            timeout=t(spec.timeout),
+            retries=spec.retries,
+            backoff=t(spec.backoff, "backoff"),
+            max_backoff=t(spec.max_backoff, "max_backoff"),
+            max_retry_after=t(spec.max_retry_after, "max_retry_after"),
+            resend_interval=t(spec.resend_interval, "resend_interval"),
+            headers=spec.headers,
+            headers_env=spec.headers_env,
+            runbook_url=spec.runbook_url,
+            generator_url=spec.generator_url,
+        )
     if isinstance(spec, C.KafkaAction):
         return A.KafkaAction(name, spec.topic)
     if isinstance(spec, C.CommandAction):
@@ -63,25 +70,48 @@ def _build(name: str, spec: C.ActionSpec, key: str) -> A.Action:
         problem = regex_problem(spec.query_match) if spec.query_match else None
         if problem is not None:
             raise ConfigError(f"{key}.query_match", problem)
-        return A.CommandAction(name, spec.argv, timeout=t(spec.timeout), disruptive=spec.disruptive,
-                               entity=spec.entity, breaker=spec.disruptive and spec.entity != "job",
-                               query=spec.query, query_match=spec.query_match, query_reason=spec.query_reason)
+        return A.CommandAction(
+            name,
+            spec.argv,
+            timeout=t(spec.timeout),
+            disruptive=spec.disruptive,
+            entity=spec.entity,
+            breaker=spec.disruptive and spec.entity != "job",
+            query=spec.query,
+            query_match=spec.query_match,
+            query_reason=spec.query_reason,
+        )
     if isinstance(spec, C.SlurmDrainAction):
         return A.CommandAction(
-            name, [spec.scontrol, "update", "nodename={host}", "state=drain", f"reason={_reason_ok(name, spec.reason)}"],
-            timeout=t(spec.timeout), query=[spec.scontrol, "show", "node", "-o", "{host}"],
+            name,
+            [spec.scontrol, "update", "nodename={host}", "state=drain", f"reason={_reason_ok(name, spec.reason)}"],
+            timeout=t(spec.timeout),
+            query=[spec.scontrol, "show", "node", "-o", "{host}"],
             # scontrol prints compound states such as IDLE+DRAIN, MIXED+DRAIN, DOWN+NOT_RESPONDING.
             query_match=r"\bState=\S*(?:DRAIN|DOWN|FAIL|MAINT)\S*(?:.*?\bReason=.*)?",
-            query_reason="node already drained or down in Slurm", type_name="slurm_drain")
+            query_reason="node already drained or down in Slurm",
+            type_name="slurm_drain",
+        )
     if isinstance(spec, C.SlurmResumeAction):
-        return A.CommandAction(name, [spec.scontrol, "update", "nodename={host}", "state=resume"],
-                               timeout=t(spec.timeout), breaker=False, undo=True, type_name="slurm_resume")
+        return A.CommandAction(
+            name,
+            [spec.scontrol, "update", "nodename={host}", "state=resume"],
+            timeout=t(spec.timeout),
+            breaker=False,
+            undo=True,
+            type_name="slurm_resume",
+        )
     if isinstance(spec, C.K8sCordonAction):
         k = [spec.kubectl, *spec.kubectl_args]
         return A.CommandAction(
-            name, [*k, "cordon", "{host}"], timeout=t(spec.timeout),
+            name,
+            [*k, "cordon", "{host}"],
+            timeout=t(spec.timeout),
             query=[*k, "get", "node", "{host}", "-o", "jsonpath={.spec.unschedulable}"],
-            query_match=r"^\s*true\b", query_reason="node already cordoned", type_name="k8s_cordon")
+            query_match=r"^\s*true\b",
+            query_reason="node already cordoned",
+            type_name="k8s_cordon",
+        )
     if isinstance(spec, C.K8sTaintAction):
         k = [spec.kubectl, *spec.kubectl_args]
         if spec.effect not in ("NoSchedule", "PreferNoSchedule", "NoExecute"):
@@ -91,16 +121,25 @@ def _build(name: str, spec: C.ActionSpec, key: str) -> A.Action:
         except UnsafeValue:
             raise ConfigError(f"{key}.key", f"{spec.key!r} is not a taint key") from None
         return A.CommandAction(
-            name, [*k, "taint", "nodes", "{host}", f"{spec.key}={spec.value}:{spec.effect}", "--overwrite"],
+            name,
+            [*k, "taint", "nodes", "{host}", f"{spec.key}={spec.value}:{spec.effect}", "--overwrite"],
             timeout=t(spec.timeout),
             query=[*k, "get", "node", "{host}", "-o", "jsonpath={.spec.unschedulable} {.spec.taints[*].key}"],
             query_match=rf"^\s*true\b|(?:^|\s){_re_escape(spec.key)}(?:\s|$)",
-            query_reason="node already cordoned or tainted", type_name="k8s_taint")
+            query_reason="node already cordoned or tainted",
+            type_name="k8s_taint",
+        )
     if isinstance(spec, C.K8sDrainAction):
         # No "already out" query: a node this chain cordoned or tainted a moment ago must still
         # be drained, and draining a drained node only evicts what came back (idempotent).
-        argv = [spec.kubectl, *spec.kubectl_args, "drain", "{host}", "--ignore-daemonsets",
-                f"--timeout={t(spec.drain_timeout, 'drain_timeout'):g}s"]
+        argv = [
+            spec.kubectl,
+            *spec.kubectl_args,
+            "drain",
+            "{host}",
+            "--ignore-daemonsets",
+            f"--timeout={t(spec.drain_timeout, 'drain_timeout'):g}s",
+        ]
         if spec.delete_emptydir_data:
             argv.append("--delete-emptydir-data")
         if spec.grace_period is not None:
@@ -110,30 +149,57 @@ def _build(name: str, spec: C.ActionSpec, key: str) -> A.Action:
         return A.CommandAction(name, argv, timeout=t(spec.timeout), type_name="k8s_drain")
     if isinstance(spec, C.K8sUncordonAction):
         k = [spec.kubectl, *spec.kubectl_args]
-        return A.CommandAction(name, [*k, "uncordon", "{host}"], timeout=t(spec.timeout), breaker=False, undo=True,
-                               type_name="k8s_uncordon")
+        return A.CommandAction(
+            name,
+            [*k, "uncordon", "{host}"],
+            timeout=t(spec.timeout),
+            breaker=False,
+            undo=True,
+            type_name="k8s_uncordon",
+        )
     if isinstance(spec, C.GpuResetAction):
         via = list(spec.via)
         return A.CommandAction(
-            name, [*via, spec.nvidia_smi, "-r", "-i", "{gpu}"], timeout=t(spec.timeout), entity="gpu",
+            name,
+            [*via, spec.nvidia_smi, "-r", "-i", "{gpu}"],
+            timeout=t(spec.timeout),
+            entity="gpu",
             query=[*via, spec.nvidia_smi, "--query-compute-apps=pid", "--format=csv,noheader", "-i", "{gpu}"],
-            query_match=r"\d+", query_reason="processes still run on the GPU (drain first)",
-            type_name="gpu_reset")
+            query_match=r"\d+",
+            query_reason="processes still run on the GPU (drain first)",
+            type_name="gpu_reset",
+        )
     if isinstance(spec, C.CheckpointAction):
         if spec.mode == "http":
             if not spec.url:
                 raise ConfigError(f"{key}.url", "mode http needs the trainer's url")
-            return A.WebhookAction(name, spec.url, timeout=t(spec.timeout), retries=spec.retries,
-                                   backoff=t(spec.backoff, "backoff"), max_backoff=t(spec.max_backoff, "max_backoff"),
-                                   disruptive=True, breaker=False, entity="job", type_name="checkpoint")
+            return A.WebhookAction(
+                name,
+                spec.url,
+                timeout=t(spec.timeout),
+                retries=spec.retries,
+                backoff=t(spec.backoff, "backoff"),
+                max_backoff=t(spec.max_backoff, "max_backoff"),
+                disruptive=True,
+                breaker=False,
+                entity="job",
+                type_name="checkpoint",
+            )
         if spec.mode != "signal":
             raise ConfigError(f"{key}.mode", "signal or http")
         try:
             check_value("signal", spec.signal)
         except UnsafeValue:
             raise ConfigError(f"{key}.signal", f"{spec.signal!r} is not a signal name") from None
-        return A.CommandAction(name, spec.argv, timeout=t(spec.timeout), entity="job", breaker=False,
-                               type_name="checkpoint", values={"signal": spec.signal})
+        return A.CommandAction(
+            name,
+            spec.argv,
+            timeout=t(spec.timeout),
+            entity="job",
+            breaker=False,
+            type_name="checkpoint",
+            values={"signal": spec.signal},
+        )
     raise ConfigError(f"{key}.type", f"unsupported action {type(spec).__name__}")
 
 
@@ -165,13 +231,24 @@ def _webhook(name: str, spec: C.WebhookAction, key: str, t) -> A.WebhookAction:
         body = payloads.slack_body
     elif spec.format == "pagerduty":
         if not spec.routing_key_env:
-            raise ConfigError(f"{key}.routing_key_env", "format pagerduty needs the environment variable holding "
-                              "the integration's routing key")
+            raise ConfigError(
+                f"{key}.routing_key_env",
+                "format pagerduty needs the environment variable holding the integration's routing key",
+            )
         body = payloads.pagerduty_body(spec.routing_key_env)
-    return A.WebhookAction(name, url, timeout=t(spec.timeout), retries=spec.retries,
-                           backoff=t(spec.backoff, "backoff"), max_backoff=t(spec.max_backoff, "max_backoff"),
-                           max_retry_after=t(spec.max_retry_after, "max_retry_after"), headers=spec.headers,
-                           headers_env=spec.headers_env, payload=body, shown_url=shown)
+    return A.WebhookAction(
+        name,
+        url,
+        timeout=t(spec.timeout),
+        retries=spec.retries,
+        backoff=t(spec.backoff, "backoff"),
+        max_backoff=t(spec.max_backoff, "max_backoff"),
+        max_retry_after=t(spec.max_retry_after, "max_retry_after"),
+        headers=spec.headers,
+        headers_env=spec.headers_env,
+        payload=body,
+        shown_url=shown,
+    )
 
 
 def _re_escape(s: str) -> str:

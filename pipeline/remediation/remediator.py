@@ -43,8 +43,16 @@ log = logging.getLogger("gpuwarden.remediation")
 class Remediator:
     """Turns alerts into audited decisions. Feed it ``handle_message``/``handle``; call ``tick``."""
 
-    def __init__(self, config: Config, store: StateStore, audit: AuditLog, *, ctx: Context | None = None,
-                 clock=time.time, inventory: Inventory | None = None) -> None:
+    def __init__(
+        self,
+        config: Config,
+        store: StateStore,
+        audit: AuditLog,
+        *,
+        ctx: Context | None = None,
+        clock=time.time,
+        inventory: Inventory | None = None,
+    ) -> None:
         self.config, self.store, self.audit = config, store, audit
         self.ctx = ctx or Context()
         self.clock = clock
@@ -57,10 +65,14 @@ class Remediator:
         self._check_trust()
         self.silences = self._bind_alertmanager()
         self.limits = Limits(
-            max_nodes=g.breaker.max_nodes, max_percent=g.breaker.max_percent, fleet_size=g.breaker.fleet_size,
+            max_nodes=g.breaker.max_nodes,
+            max_percent=g.breaker.max_percent,
+            fleet_size=g.breaker.fleet_size,
             window=parse_duration(g.breaker.window, "guardrails.breaker.window"),
-            cooldown=parse_duration(g.cooldown, "guardrails.cooldown"), max_attempts=g.max_attempts,
-            attempt_window=parse_duration(g.attempt_window, "guardrails.attempt_window"))
+            cooldown=parse_duration(g.cooldown, "guardrails.cooldown"),
+            max_attempts=g.max_attempts,
+            attempt_window=parse_duration(g.attempt_window, "guardrails.attempt_window"),
+        )
         self._pruned_at = 0.0
 
     def _check_trust(self) -> None:
@@ -71,16 +83,25 @@ class Remediator:
                 key = f"actions.{name}.allow_hosts"
                 act.bind(AllowList.parse(getattr(spec, "allow_hosts", None), key), self.inventory)
                 if act.target.templated_host and not act.allow:
-                    raise ConfigError(key, f"url {act.url!r} takes its host from the alert: list the host-name "
-                                      "globs, networks or `inventory` it may reach")
+                    raise ConfigError(
+                        key,
+                        f"url {act.url!r} takes its host from the alert: list the host-name "
+                        "globs, networks or `inventory` it may reach",
+                    )
         live = sorted(n for n, a in self.actions.items() if getattr(a, "targets_host", False) and not self._dry(n))
         if live and self.inventory is None:
-            raise ConfigError("inventory", f"live actions on nodes ({', '.join(live)}) need a host inventory: "
-                              "set inventory.source to file, list, slurm or kubernetes (or `any` to trust every "
-                              "host an alert names)")
+            raise ConfigError(
+                "inventory",
+                f"live actions on nodes ({', '.join(live)}) need a host inventory: "
+                "set inventory.source to file, list, slurm or kubernetes (or `any` to trust every "
+                "host an alert names)",
+            )
         if live and self.inventory is not None and self.inventory.trusts_all:
-            log.warning("inventory.source is `any`: live actions on nodes (%s) act on any host an alert names, "
-                        "forged or not (docs/remediation.md#host-inventory)", ", ".join(live))
+            log.warning(
+                "inventory.source is `any`: live actions on nodes (%s) act on any host an alert names, "
+                "forged or not (docs/remediation.md#host-inventory)",
+                ", ".join(live),
+            )
 
     def _bind_alertmanager(self) -> Silences | None:
         """Point alertmanager actions at ``alertmanager.url`` (unless they name their own) and keep
@@ -94,8 +115,12 @@ class Remediator:
         if not am.url or not am.silences:
             return None
         try:
-            return Silences(am.url, timeout=parse_duration(am.timeout, "alertmanager.timeout"),
-                            cache=parse_duration(am.cache, "alertmanager.cache"), headers_env=am.headers_env)
+            return Silences(
+                am.url,
+                timeout=parse_duration(am.timeout, "alertmanager.timeout"),
+                cache=parse_duration(am.cache, "alertmanager.cache"),
+                headers_env=am.headers_env,
+            )
         except ValueError as e:
             raise ConfigError("alertmanager.url", str(e)) from None
 
@@ -106,8 +131,12 @@ class Remediator:
         try:
             alert = msgspec.json.decode(msg.value, type=AlertEvent)
         except (msgspec.DecodeError, msgspec.ValidationError) as e:
-            self.audit.record("skipped", reason=f"malformed_alert: {e}", origin=msg.origin,
-                              detail=msg.value[:300].decode("utf-8", "replace"))
+            self.audit.record(
+                "skipped",
+                reason=f"malformed_alert: {e}",
+                origin=msg.origin,
+                detail=msg.value[:300].decode("utf-8", "replace"),
+            )
             return
         try:
             self.handle(alert, origin=msg.origin)
@@ -119,22 +148,32 @@ class Remediator:
         """Route one alert and decide every action of every matched receiver."""
         now = self.clock()
         if alert.state not in ("firing", "resolved"):
-            self.audit.record("skipped", **self._base(alert, None, origin),
-                              reason=f"unknown alert state {alert.state!r} (firing or resolved)")
+            self.audit.record(
+                "skipped",
+                **self._base(alert, None, origin),
+                reason=f"unknown alert state {alert.state!r} (firing or resolved)",
+            )
             return
         for m in self.tree.match(alert):
             base = self._base(alert, m, origin, forced=force)
             receiver = self.config.receivers[m.receiver]
             chain = receiver.actions if alert.state == "firing" else receiver.on_resolved
             if not chain:
-                why = ("resolved: no undo configured (on_resolved is empty)" if alert.state == "resolved"
-                       else f"receiver {receiver.name!r} has no actions")
+                why = (
+                    "resolved: no undo configured (on_resolved is empty)"
+                    if alert.state == "resolved"
+                    else f"receiver {receiver.name!r} has no actions"
+                )
                 self.audit.record("skipped", **base, reason=why)
                 continue
             if not self.store.claim(alert.id, alert.state, m.route.path, now) and not force:
                 at, outcome = self.store.claimed(alert.id, alert.state, m.route.path) or (now, None)
-                self.audit.record("skipped", **base, reason=f"duplicate: alert {alert.id} ({alert.state}) was "
-                                  f"already decided on this route at {iso_time(at)} ({outcome or 'outcome unknown'})")
+                self.audit.record(
+                    "skipped",
+                    **base,
+                    reason=f"duplicate: alert {alert.id} ({alert.state}) was "
+                    f"already decided on this route at {iso_time(at)} ({outcome or 'outcome unknown'})",
+                )
                 continue
             if alert.state == "firing" and not force and not self._group_admits(alert, m, base, now, origin):
                 continue
@@ -152,7 +191,7 @@ class Remediator:
             self._pruned_at = now
         for act in self.actions.values():
             if isinstance(act, AlertmanagerAction):
-                act.tick(now, self.ctx)   # firing alerts re-posted, or Alertmanager resolves them
+                act.tick(now, self.ctx)  # firing alerts re-posted, or Alertmanager resolves them
         n = 0
         for key, route_path, blob in self.store.due_groups(now):
             self.store.mark_dispatched(key, now)
@@ -164,8 +203,12 @@ class Remediator:
             match = next((m for m in self.tree.match(alert) if m.route.path == route_path), None)
             base = self._base(alert, match, origin)
             if match is None:
-                self.audit.record("skipped", **base, route=route_path,
-                                  reason="the route no longer matches this alert (config changed while it waited)")
+                self.audit.record(
+                    "skipped",
+                    **base,
+                    route=route_path,
+                    reason="the route no longer matches this alert (config changed while it waited)",
+                )
                 continue
             self._run_chain(alert, match, self.config.receivers[match.receiver].actions, base, now, False)
             n += 1
@@ -173,13 +216,25 @@ class Remediator:
 
     # -- steps -------------------------------------------------------------------------------
 
-    def _base(self, alert: AlertEvent, m: RouteMatch | None, origin: str | None, forced: bool = False) -> dict[str, Any]:
-        return {"alert_id": alert.id, "alert_state": alert.state, "fault": alert.fault, "severity": alert.severity,
-                "host": alert.host, "gpu": alert.gpu, "origin": origin, "forced": forced,
-                "route": m.describe() if m else None, "receiver": m.receiver if m else None}
+    def _base(
+        self, alert: AlertEvent, m: RouteMatch | None, origin: str | None, forced: bool = False
+    ) -> dict[str, Any]:
+        return {
+            "alert_id": alert.id,
+            "alert_state": alert.state,
+            "fault": alert.fault,
+            "severity": alert.severity,
+            "host": alert.host,
+            "gpu": alert.gpu,
+            "origin": origin,
+            "forced": forced,
+            "route": m.describe() if m else None,
+            "receiver": m.receiver if m else None,
+        }
 
-    def _group_admits(self, alert: AlertEvent, m: RouteMatch, base: dict[str, Any], now: float,
-                      origin: str | None) -> bool:
+    def _group_admits(
+        self, alert: AlertEvent, m: RouteMatch, base: dict[str, Any], now: float, origin: str | None
+    ) -> bool:
         route = m.route
         key = route.group_key(alert)
         g = self.store.group(key)
@@ -187,18 +242,25 @@ class Remediator:
             opened_at, due, dispatched_at, blob = g
             if dispatched_at is None:
                 first = _unpack(blob)[0].id if blob else "?"
-                self.audit.record("skipped", **base, reason=f"grouped: group {key} acts once, on alert {first}, "
-                                  f"at {iso_time(due)}")
+                self.audit.record(
+                    "skipped", **base, reason=f"grouped: group {key} acts once, on alert {first}, at {iso_time(due)}"
+                )
                 self.store.finish(alert.id, alert.state, route.path, "grouped")
                 return False
             if now - dispatched_at < route.repeat_interval:
-                self.audit.record("skipped", **base, reason=f"repeat_interval: group {key} acted at "
-                                  f"{iso_time(dispatched_at)}; not again before {iso_time(dispatched_at + route.repeat_interval)}")
+                self.audit.record(
+                    "skipped",
+                    **base,
+                    reason=f"repeat_interval: group {key} acted at "
+                    f"{iso_time(dispatched_at)}; not again before {iso_time(dispatched_at + route.repeat_interval)}",
+                )
                 self.store.finish(alert.id, alert.state, route.path, "repeat_interval")
                 return False
         if route.group_wait > 0:
             self.store.open_group(key, route.path, now, now + route.group_wait, _pack(alert, origin))
-            self.audit.record("queued", **base, reason=f"group_wait: group {key} acts at {iso_time(now + route.group_wait)}")
+            self.audit.record(
+                "queued", **base, reason=f"group_wait: group {key} acts at {iso_time(now + route.group_wait)}"
+            )
             return False
         self.store.open_group(key, route.path, now, now, b"")
         self.store.mark_dispatched(key, now)
@@ -208,8 +270,9 @@ class Remediator:
         own = self.action_dry_run.get(name)
         return self.dry_run if own is None else own
 
-    def _run_chain(self, alert: AlertEvent, m: RouteMatch, chain: list[str], base: dict[str, Any], now: float,
-                   force: bool) -> None:
+    def _run_chain(
+        self, alert: AlertEvent, m: RouteMatch, chain: list[str], base: dict[str, Any], now: float, force: bool
+    ) -> None:
         receiver = self.config.receivers[m.receiver]
         stopped_by: str | None = None
         outcomes = []
@@ -217,8 +280,9 @@ class Remediator:
             action = self.actions[name]
             rec = {**base, "action": name, "action_type": action.type}
             if stopped_by and receiver.stop_on_failure:
-                self.audit.record("skipped", **rec, reason=f"not run: {stopped_by} did not succeed before it "
-                                  "(stop_on_failure)")
+                self.audit.record(
+                    "skipped", **rec, reason=f"not run: {stopped_by} did not succeed before it (stop_on_failure)"
+                )
                 outcomes.append(f"skipped:{name}")
                 continue
             try:
@@ -243,8 +307,12 @@ class Remediator:
             a.record("skipped", **rec, reason=f"missing_value: {e}")
             return "skipped"
         rec = {**rec, "argv": plan.argv, "url": _shown_url(plan.url)}
-        if (plan.targets_host and plan.host is not None and self.inventory is not None
-                and not self.inventory.knows(plan.host)):
+        if (
+            plan.targets_host
+            and plan.host is not None
+            and self.inventory is not None
+            and not self.inventory.knows(plan.host)
+        ):
             # Before the breaker and dry-run: an unknown host is never acted on, never counted.
             a.record("skipped", **rec, reason=f"unknown_host: {self.inventory.why_unknown(plan.host)}")
             return "refused"
@@ -265,12 +333,20 @@ class Remediator:
             try:
                 sil = self.silences.matching(alert)
             except SilenceError as e:
-                a.record("failed", **rec, error=f"not acted: Alertmanager silences unknown ({e}); a maintenance "
-                         "window we cannot see is not a reason to act")
+                a.record(
+                    "failed",
+                    **rec,
+                    error=f"not acted: Alertmanager silences unknown ({e}); a maintenance "
+                    "window we cannot see is not a reason to act",
+                )
                 return "failed"
             if sil is not None:
-                a.record("skipped", **rec, reason=f"maintenance: silenced in Alertmanager by silence {sil.id} "
-                         f"({printable(sil.createdBy)}: {printable(sil.comment)[:200]}) until {sil.endsAt}")
+                a.record(
+                    "skipped",
+                    **rec,
+                    reason=f"maintenance: silenced in Alertmanager by silence {sil.id} "
+                    f"({printable(sil.createdBy)}: {printable(sil.comment)[:200]}) until {sil.endsAt}",
+                )
                 return "skipped"
         if plan.undo and (plan.host is None or not self.store.owns(plan.host)):
             a.record("skipped", **rec, reason=f"undo: gpuwarden did not take {plan.host} out; left as it is")
@@ -279,13 +355,21 @@ class Remediator:
         if ent is not None and not force:
             last = self.store.last_success(ent, action.name)
             if last is not None and now - last < self.limits.cooldown:
-                a.record("skipped", **rec, reason=f"cooldown: {action.name} succeeded on {ent} at {iso_time(last)}; "
-                         f"not again before {iso_time(last + self.limits.cooldown)}")
+                a.record(
+                    "skipped",
+                    **rec,
+                    reason=f"cooldown: {action.name} succeeded on {ent} at {iso_time(last)}; "
+                    f"not again before {iso_time(last + self.limits.cooldown)}",
+                )
                 return "skipped"
             n = self.store.attempts_since(ent, action.name, now - self.limits.attempt_window)
             if n >= self.limits.max_attempts:
-                a.record("skipped", **rec, reason=f"attempt_cap: {n} attempts of {action.name} on {ent} within "
-                         f"{self.limits.attempt_window:g}s (max {self.limits.max_attempts})")
+                a.record(
+                    "skipped",
+                    **rec,
+                    reason=f"attempt_cap: {n} attempts of {action.name} on {ent} within "
+                    f"{self.limits.attempt_window:g}s (max {self.limits.max_attempts})",
+                )
                 return "skipped"
         q = action.query(plan, self.ctx)
         if q is not None and q.error:

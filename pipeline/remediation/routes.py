@@ -27,6 +27,7 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass, field
+
 # re's own parser (private modules typeshed does not describe): the one exact reading of a pattern.
 from re import _constants as _sre  # type: ignore[attr-defined]
 from re import _parser as _sre_parse  # type: ignore[attr-defined]
@@ -38,11 +39,11 @@ from pipeline.remediation.specs import RouteSpec
 from pipeline.schema import AlertEvent
 
 _MATCHER = re.compile(r'\s*([A-Za-z_][A-Za-z0-9_.]*)\s*(=~|!~|!=|=)\s*(?:"((?:[^"\\]|\\.)*)"|(\S*))\s*')
-MAX_MATCHER_CHARS = 1024      # one matcher's text
-MAX_MATCH_CHARS = 256         # values a regular expression is run on (host names are <= 253)
-MAX_LONG_REPEATS = 3          # open-ended repeats in one pattern: n of them cost up to len**n steps
-_LONG = 16                    # a repeat allowed more than this many times counts as open-ended
-_NESTED_COMBOS = 1000         # (x{1,3}.){3}: bounded nesting with at most this many ways to split
+MAX_MATCHER_CHARS = 1024  # one matcher's text
+MAX_MATCH_CHARS = 256  # values a regular expression is run on (host names are <= 253)
+MAX_LONG_REPEATS = 3  # open-ended repeats in one pattern: n of them cost up to len**n steps
+_LONG = 16  # a repeat allowed more than this many times counts as open-ended
+_NESTED_COMBOS = 1000  # (x{1,3}.){3}: bounded nesting with at most this many ways to split
 _REPEATS = (_sre.MAX_REPEAT, _sre.MIN_REPEAT, _sre.POSSESSIVE_REPEAT)
 ALERT_FIELDS = ("family", "fault", "severity", "rule", "host", "gpu", "link", "job", "state", "id")
 EVERY_ALERT = "..."
@@ -62,7 +63,7 @@ def regex_problem(pattern: str) -> str | None:
         return f"longer than {MAX_MATCHER_CHARS} characters"
     try:
         parsed = _sre_parse.parse(pattern)
-    except (re.error, OverflowError) as e:   # OverflowError: x{99999999999}
+    except (re.error, OverflowError) as e:  # OverflowError: x{99999999999}
         return f"bad regular expression: {e}"
     except RecursionError:
         return "nested too deeply"
@@ -71,8 +72,10 @@ def regex_problem(pattern: str) -> str | None:
     except _Slow as e:
         return str(e)
     if long > MAX_LONG_REPEATS:
-        return (f"more than {MAX_LONG_REPEATS} open-ended repeats (*, +, {{n,}}): matching may take "
-                "len(value)**n steps; split it into several matchers")
+        return (
+            f"more than {MAX_LONG_REPEATS} open-ended repeats (*, +, {{n,}}): matching may take "
+            "len(value)**n steps; split it into several matchers"
+        )
     return None
 
 
@@ -92,9 +95,11 @@ def _long_repeats(items: list, outer: int | None, depth: int) -> int:
                 if outer is not None:
                     unbounded = outer == _sre.MAXREPEAT or hi == _sre.MAXREPEAT
                     if unbounded or outer * math.log(hi) > math.log(_NESTED_COMBOS):
-                        raise _Slow("a repeat inside a repeat, as in (a+)+, can take exponential time; "
-                                    "write it without the nesting")
-                    inner = _sre.MAXREPEAT   # a third level is refused
+                        raise _Slow(
+                            "a repeat inside a repeat, as in (a+)+, can take exponential time; "
+                            "write it without the nesting"
+                        )
+                    inner = _sre.MAXREPEAT  # a third level is refused
                 else:
                     inner = hi
                 n += hi > _LONG
@@ -120,13 +125,15 @@ def _distinct(alts: list[list]) -> None:
     "aaaa...b" tries every way of splitting the a's."""
     lit = _sre.LITERAL
     for i, a in enumerate(alts):
-        for b in alts[i + 1:]:
+        for b in alts[i + 1 :]:
             k = 0
             while k < len(a) and k < len(b) and a[k] == b[k] and a[k][0] is lit:
                 k += 1
             if not (k < len(a) and k < len(b) and a[k][0] is lit and b[k][0] is lit):
-                raise _Slow("alternatives inside a repeat that can match the same text, as in (a|ab)+, "
-                            "can take exponential time; make each start with a different literal")
+                raise _Slow(
+                    "alternatives inside a repeat that can match the same text, as in (a|ab)+, "
+                    "can take exponential time; make each start with a different literal"
+                )
 
 
 @dataclass(frozen=True)
@@ -165,7 +172,7 @@ class Matcher:
         if self.op == "!=":
             return v != self.value
         if len(v) > MAX_MATCH_CHARS:
-            return False   # neither =~ nor !~: see the module's docstring
+            return False  # neither =~ nor !~: see the module's docstring
         hit = self.regex.fullmatch(v) is not None  # type: ignore[union-attr]
         return hit if self.op == "=~" else not hit
 
@@ -208,7 +215,7 @@ class Route:
 @dataclass
 class RouteMatch:
     route: Route
-    trail: list[Route]          # root .. route
+    trail: list[Route]  # root .. route
 
     @property
     def receiver(self) -> str:
@@ -237,10 +244,20 @@ class RouteTree:
                 receiver=s.receiver or (parent.receiver if parent else ""),
                 matchers=[Matcher.parse(t, f"{path}.matchers[{i}]") for i, t in enumerate(s.matchers)],
                 group_by=list(s.group_by) if s.group_by is not None else (parent.group_by if parent else [EVERY_ALERT]),
-                group_wait=(parse_duration(s.group_wait, f"{path}.group_wait") if s.group_wait is not None
-                            else parent.group_wait if parent else 0.0),
-                repeat_interval=(parse_duration(s.repeat_interval, f"{path}.repeat_interval")
-                                 if s.repeat_interval is not None else parent.repeat_interval if parent else 4 * 3600.0),
+                group_wait=(
+                    parse_duration(s.group_wait, f"{path}.group_wait")
+                    if s.group_wait is not None
+                    else parent.group_wait
+                    if parent
+                    else 0.0
+                ),
+                repeat_interval=(
+                    parse_duration(s.repeat_interval, f"{path}.repeat_interval")
+                    if s.repeat_interval is not None
+                    else parent.repeat_interval
+                    if parent
+                    else 4 * 3600.0
+                ),
                 cont=s.continue_,
             )
             r.children = [make(c, f"{path}.routes[{i}]", r) for i, c in enumerate(s.routes)]
@@ -271,8 +288,15 @@ class RouteTree:
 
 def alert_from_args(pairs: list[str]) -> AlertEvent:
     """``fault=hbm_ecc_burst severity=critical host=n1 cluster=c1`` -> a test alert (``routes test``)."""
-    kw: dict[str, Any] = {"id": "routes-test", "state": "firing", "fault": "", "severity": "", "rule": "routes-test",
-                          "ts": 0.0, "started_at": 0.0}
+    kw: dict[str, Any] = {
+        "id": "routes-test",
+        "state": "firing",
+        "fault": "",
+        "severity": "",
+        "rule": "routes-test",
+        "ts": 0.0,
+        "started_at": 0.0,
+    }
     labels: dict[str, str] = {}
     for p in pairs:
         k, sep, v = p.partition("=")

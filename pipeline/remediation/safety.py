@@ -75,9 +75,17 @@ def check_value(name: str, value: Any) -> str:
 def alert_values(alert: AlertEvent, extra: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """The variables a template may name: alert fields, ``family``, ``labels.<name>``."""
     v: dict[str, Any] = {
-        "id": alert.id, "state": alert.state, "fault": alert.fault, "family": alert.family,
-        "severity": alert.severity, "rule": alert.rule, "host": alert.host, "gpu": alert.gpu,
-        "link": alert.link, "job": alert.job or alert.labels.get("job"), "summary": alert.summary,
+        "id": alert.id,
+        "state": alert.state,
+        "fault": alert.fault,
+        "family": alert.family,
+        "severity": alert.severity,
+        "rule": alert.rule,
+        "host": alert.host,
+        "gpu": alert.gpu,
+        "link": alert.link,
+        "job": alert.job or alert.labels.get("job"),
+        "summary": alert.summary,
     }
     for k, val in alert.labels.items():
         v[f"labels.{k}"] = val

@@ -37,9 +37,19 @@ class ServiceStats:
 class RemediationService:
     """Wires a consumer, the remediator and the audit log; ``run`` loops until ``stop`` is set."""
 
-    def __init__(self, config: Config, *, bootstrap: str | None = None, prefix: str | None = None,
-                 group: str | None = None, consumer: Any = None, producer: Any = None,
-                 security: dict[str, Any] | None = None, ctx: Context | None = None, clock=time.time) -> None:
+    def __init__(
+        self,
+        config: Config,
+        *,
+        bootstrap: str | None = None,
+        prefix: str | None = None,
+        group: str | None = None,
+        consumer: Any = None,
+        producer: Any = None,
+        security: dict[str, Any] | None = None,
+        ctx: Context | None = None,
+        clock=time.time,
+    ) -> None:
         k = config.raw.kafka
         self.bootstrap = bootstrap or k.bootstrap
         self.topics = Topics(prefix or k.prefix)
@@ -47,17 +57,29 @@ class RemediationService:
         self._own: list[Any] = []
         if producer is None:
             from pipeline.bus.kafka import KafkaBusProducer
+
             producer = KafkaBusProducer(self.bootstrap, security=security, client_id="gpuwarden-remediate")
             self._own.append(producer)
         if consumer is None:
             from pipeline.bus.kafka import KafkaBusConsumer
-            consumer = KafkaBusConsumer(self.bootstrap, self.topics.alerts, self.group, security=security,
-                                        client_id="gpuwarden-remediate", max_poll_records=500)
+
+            consumer = KafkaBusConsumer(
+                self.bootstrap,
+                self.topics.alerts,
+                self.group,
+                security=security,
+                client_id="gpuwarden-remediate",
+                max_poll_records=500,
+            )
             self._own.append(consumer)
         self.consumer, self.producer = consumer, producer
         self.store = StateStore(config.state_file)
-        self.audit = AuditLog(producer=producer if config.raw.audit.kafka else None, topic=self.topics.audit,
-                              file=config.audit_file, clock=clock)
+        self.audit = AuditLog(
+            producer=producer if config.raw.audit.kafka else None,
+            topic=self.topics.audit,
+            file=config.audit_file,
+            clock=clock,
+        )
         ctx = ctx or Context()
         if ctx.producer is None:
             ctx.producer = producer
@@ -88,10 +110,11 @@ class RemediationService:
                 if i == tries - 1:
                     raise
                 log.warning("audit not stored (%s); retrying before committing anything", e)
-                time.sleep(min(10.0, 0.5 * 2 ** i))
+                time.sleep(min(10.0, 0.5 * 2**i))
 
-    def run(self, stop: threading.Event | None = None, *, idle_exit_s: float | None = None,
-            poll_timeout: float = 1.0) -> ServiceStats:
+    def run(
+        self, stop: threading.Event | None = None, *, idle_exit_s: float | None = None, poll_timeout: float = 1.0
+    ) -> ServiceStats:
         """Loop until ``stop`` is set (SIGTERM) or, when given, ``idle_exit_s`` pass without a message."""
         stop = stop or threading.Event()
         self.store.lock()

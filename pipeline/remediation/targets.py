@@ -32,15 +32,23 @@ from typing import Any, Callable, Mapping
 from urllib.parse import quote
 
 from pipeline.errors import ConfigError
-from pipeline.remediation.safety import TEMPLATE_VAR, TEXT_ONLY, MissingValue, UnsafeValue, check_value, \
-    fill, valid_hostname
+from pipeline.remediation.safety import (
+    TEMPLATE_VAR,
+    TEXT_ONLY,
+    MissingValue,
+    UnsafeValue,
+    check_value,
+    fill,
+    valid_hostname,
+)
 
 IpAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 IpNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
 
 # Never the target of a templated URL: this machine and its link (cloud metadata at 169.254.169.254).
-REFUSED = tuple(ipaddress.ip_network(n) for n in
-                ("127.0.0.0/8", "::1/128", "169.254.0.0/16", "fe80::/10", "0.0.0.0/8", "::/128"))
+REFUSED = tuple(
+    ipaddress.ip_network(n) for n in ("127.0.0.0/8", "::1/128", "169.254.0.0/16", "fe80::/10", "0.0.0.0/8", "::/128")
+)
 
 _URL = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*)://([^/?#]*)(.*)", re.DOTALL)
 _GLOB = re.compile(r"[A-Za-z0-9*?.-]+")
@@ -61,7 +69,7 @@ def refused(addr: IpAddress) -> str | None:
             addr = ipaddress.IPv4Address(int(addr) & 0xFFFFFFFF)
     for net in REFUSED:
         if addr.version == net.version and addr in net:
-            kind = ("loopback" if addr.is_loopback else "link-local" if addr.is_link_local else "unspecified")
+            kind = "loopback" if addr.is_loopback else "link-local" if addr.is_link_local else "unspecified"
             return f"{addr} is a {kind} address"
     return None
 
@@ -109,10 +117,10 @@ class Filled:
     """A filled URL: ``url`` as audited; ``host``/``port`` when the host came from the alert."""
 
     url: str
-    host: str | None = None           # templated host, to resolve and check before sending
+    host: str | None = None  # templated host, to resolve and check before sending
     port: int | None = None
-    by_name: bool = False             # allowed by name (glob/inventory); else every address must be in a network
-    rest: str = ""                    # the filled path, query and fragment
+    by_name: bool = False  # allowed by name (glob/inventory); else every address must be in a network
+    rest: str = ""  # the filled path, query and fragment
 
 
 @dataclass(frozen=True)
@@ -123,7 +131,7 @@ class UrlTemplate:
     userinfo: str | None
     host: str
     port: str
-    rest: str                          # path, query and fragment
+    rest: str  # path, query and fragment
 
     @classmethod
     def parse(cls, url: str) -> "UrlTemplate":
@@ -178,12 +186,15 @@ class UrlTemplate:
                 raise UnsafeValue(f"url host {host!r} is not in allow_hosts")
             if not by_name and literal is not None and not allow.in_networks(literal):
                 raise UnsafeValue(f"url host {host!r} is not in allow_hosts' networks")
-        netloc = (f"{self.userinfo}@" if self.userinfo is not None else "") + host + (f":{self.port}" if self.port else "")
+        netloc = (
+            (f"{self.userinfo}@" if self.userinfo is not None else "") + host + (f":{self.port}" if self.port else "")
+        )
         url = f"{self.scheme}://{netloc}{rest}"
         if not self.templated_host:
             return Filled(url)
-        return Filled(url, host, int(self.port) if self.port else (443 if self.scheme == "https" else 80), by_name,
-                      rest)
+        return Filled(
+            url, host, int(self.port) if self.port else (443 if self.scheme == "https" else 80), by_name, rest
+        )
 
 
 def _encoded(name: str, values: Mapping[str, Any]) -> str:

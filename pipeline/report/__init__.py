@@ -9,5 +9,15 @@ from pipeline.report.render import eval_page, flatten_evidence, incident_page, w
 from pipeline.report.signals import Signal, evidence_signals, load_checks
 from pipeline.report.telemetry import load_telemetry
 
-__all__ = ["Incident", "Signal", "eval_page", "evidence_signals", "flatten_evidence", "incident_page",
-           "load_alerts", "load_checks", "load_telemetry", "write_page"]
+__all__ = [
+    "Incident",
+    "Signal",
+    "eval_page",
+    "evidence_signals",
+    "flatten_evidence",
+    "incident_page",
+    "load_alerts",
+    "load_checks",
+    "load_telemetry",
+    "write_page",
+]

@@ -25,9 +25,9 @@ class Incident:
     """One alert from onset to resolution (``resolved_at`` None: still firing when the data ends)."""
 
     id: str
-    event: AlertEvent               # the (first) firing event: its evidence is what fired the alert
+    event: AlertEvent  # the (first) firing event: its evidence is what fired the alert
     resolved_at: float | None = None
-    number: int = 0                 # position in the report (1-based), 0: not given a section
+    number: int = 0  # position in the report (1-based), 0: not given a section
 
     @property
     def started_at(self) -> float:
@@ -56,7 +56,7 @@ class AlertLog:
     incidents: list[Incident]
     lines: int = 0
     bad_lines: int = 0
-    orphan_resolutions: int = 0     # resolved events whose firing event is not in the file
+    orphan_resolutions: int = 0  # resolved events whose firing event is not in the file
 
 
 def group_events(events: Iterable[AlertEvent]) -> tuple[list[Incident], int]:
@@ -105,4 +105,4 @@ def load_alerts(paths: Iterable[str | Path]) -> AlertLog:
 def most_important(incidents: list[Incident], limit: int) -> list[Incident]:
     """The ``limit`` incidents a reader should see first: most severe, then earliest."""
     ranked = sorted(incidents, key=lambda i: (SEVERITY_RANK.get(i.severity, 9), i.started_at, i.fired_at, i.id))
-    return ranked[:max(0, limit)]
+    return ranked[: max(0, limit)]

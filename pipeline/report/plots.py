@@ -41,8 +41,14 @@ RESOLVED = "#1e8449"
 DPI = 100
 
 # Applied per figure (rc_context), never to the process-wide rcParams.
-STYLE = {"font.size": 9, "axes.titlesize": 10, "axes.spines.top": False, "axes.spines.right": False,
-         "axes.grid": True, "grid.alpha": 0.3}
+STYLE = {
+    "font.size": 9,
+    "axes.titlesize": 10,
+    "axes.spines.top": False,
+    "axes.spines.right": False,
+    "axes.grid": True,
+    "grid.alpha": 0.3,
+}
 
 
 def styled(fn):
@@ -53,6 +59,7 @@ def styled(fn):
     def wrapper(*args, **kwargs):
         with matplotlib.rc_context(STYLE):
             return fn(*args, **kwargs)
+
     return wrapper
 
 
@@ -86,6 +93,7 @@ def severity_colour(sev: str) -> str:
 
 
 # -- the timeline --------------------------------------------------------------------------------
+
 
 @dataclass
 class Timeline:
@@ -122,8 +130,9 @@ def _lanes(spans: list[tuple[float, float]], gap: float, max_lanes: int) -> list
 
 
 @styled
-def timeline(incidents: list[Incident], t_start: float, t_end: float, *, max_hosts: int = 40,
-             max_lanes: int = 16) -> Timeline:
+def timeline(
+    incidents: list[Incident], t_start: float, t_end: float, *, max_hosts: int = 40, max_lanes: int = 16
+) -> Timeline:
     """One row per host, one bar per alert from onset to resolution (or the end of the data).
 
     The pending part (onset to firing, a rule's ``for:``) is drawn pale; numbers label the
@@ -135,17 +144,18 @@ def timeline(incidents: list[Incident], t_start: float, t_end: float, *, max_hos
     hosts = sorted(by_host)
     left_out = 0
     if len(hosts) > max_hosts:
-        ranked = sorted(hosts, key=lambda h: (min(SEVERITY_RANK.get(i.severity, 9) for i in by_host[h]),
-                                              -len(by_host[h]), h))
+        ranked = sorted(
+            hosts, key=lambda h: (min(SEVERITY_RANK.get(i.severity, 9) for i in by_host[h]), -len(by_host[h]), h)
+        )
         hosts = sorted(ranked[:max_hosts])
         left_out = len(by_host) - max_hosts
-    t_end = max(t_end, t_start + 60.0)      # a single instant still gets a readable axis
+    t_end = max(t_end, t_start + 60.0)  # a single instant still gets a readable axis
     span = t_end - t_start
-    char = 0.0048 * span      # one label character at fontsize 7 across an 11-inch axis, in seconds
+    char = 0.0048 * span  # one label character at fontsize 7 across an 11-inch axis, in seconds
 
     def occupied(i: Incident) -> tuple[float, float]:
         w = char * (len(_label(i)) + 1)
-        if i.started_at + w > t_end:          # no room on the right: the label goes left of the bar
+        if i.started_at + w > t_end:  # no room on the right: the label goes left of the bar
             return i.started_at - w, i.end(t_end)
         return i.started_at, max(i.end(t_end), i.started_at + w)
 
@@ -168,15 +178,30 @@ def timeline(incidents: list[Incident], t_start: float, t_end: float, *, max_hos
             if pend > 0:
                 ax.barh(yy + 0.4, _x(pend), left=_x(inc.started_at), height=0.8, color=col, alpha=0.35, lw=0)
             # A white edge keeps back-to-back alerts of one severity apart.
-            ax.barh(yy + 0.4, _x(max(inc.end(t_end) - inc.fired_at, span / 400)), left=_x(inc.fired_at),
-                    height=0.8, color=col, edgecolor="white", lw=0.6)
+            ax.barh(
+                yy + 0.4,
+                _x(max(inc.end(t_end) - inc.fired_at, span / 400)),
+                left=_x(inc.fired_at),
+                height=0.8,
+                color=col,
+                edgecolor="white",
+                lw=0.6,
+            )
             if inc.number:
                 what = _label(inc)
                 inside = inc.end(t_end) - inc.started_at > char * (len(what) + 2)
                 left = not inside and inc.started_at + char * (len(what) + 1) > t_end
-                ax.text(_x(inc.started_at + (-1 if left else 1) * span / 300), yy + 0.4, what, va="center",
-                        ha="right" if left else "left", fontsize=7, color="white" if inside else "black",
-                        fontweight="bold" if inside else "normal", clip_on=True)
+                ax.text(
+                    _x(inc.started_at + (-1 if left else 1) * span / 300),
+                    yy + 0.4,
+                    what,
+                    va="center",
+                    ha="right" if left else "left",
+                    fontsize=7,
+                    color="white" if inside else "black",
+                    fontweight="bold" if inside else "normal",
+                    clip_on=True,
+                )
         ticks.append(y + (n + 0.6) / 2)
         labels.append(h)
         y = top
@@ -187,14 +212,15 @@ def timeline(incidents: list[Incident], t_start: float, t_end: float, *, max_hos
     ax.set_xlabel("event time (UTC)")
     sev_seen = sorted({i.severity for h in hosts for i in by_host[h]}, key=lambda s: SEVERITY_RANK.get(s, 9))
     from matplotlib.patches import Patch
+
     handles = [Patch(color=severity_colour(s), label=s) for s in sev_seen]
     handles.append(Patch(color=OTHER_SEVERITY, alpha=0.35, label="pending (onset → fired)"))
-    ax.legend(handles=handles, loc="lower left", bbox_to_anchor=(0, 1.0), ncol=len(handles), frameon=False,
-              fontsize=8)
+    ax.legend(handles=handles, loc="lower left", bbox_to_anchor=(0, 1.0), ncol=len(handles), frameon=False, fontsize=8)
     return Timeline(to_data_uri(fig), len(hosts), left_out)
 
 
 # -- one alert's signals -------------------------------------------------------------------------
+
 
 def _series(sig: Signal, values: np.ndarray, ts: np.ndarray) -> tuple[np.ndarray, np.ndarray, str, bool]:
     """(ts, y, y-label, step) for one signal: counters become per-second rates."""
@@ -205,7 +231,7 @@ def _series(sig: Signal, values: np.ndarray, ts: np.ndarray) -> tuple[np.ndarray
         dt = np.diff(ts)
         with np.errstate(invalid="ignore", divide="ignore"):
             rate = np.diff(values) / np.where(dt > 0, dt, np.nan)
-        rate[rate < 0] = np.nan       # a counter reset (driver reload), not negative errors
+        rate[rate < 0] = np.nan  # a counter reset (driver reload), not negative errors
         if f.unit == "ns":
             return ts[1:], rate / 1e7, f"{sig.name}\n(% of time)", False
         return ts[1:], rate, f"{sig.name}\n(per s)", False
@@ -277,14 +303,20 @@ def alert_figure(inc: Incident, signals: Sequence[Signal], tel: Telemetry, windo
                 m = (s.ts >= lo) & (s.ts <= hi)
                 me = h == host and g == gpu
                 ranks.add((h, g))
-                ax.plot(_x(s.ts[m]), s.values[sig.name][m], color=ALERTED if me else PEERS,
-                        lw=1.8 if me else 0.8, alpha=1 if me else 0.6, zorder=3 if me else 2)
+                ax.plot(
+                    _x(s.ts[m]),
+                    s.values[sig.name][m],
+                    color=ALERTED if me else PEERS,
+                    lw=1.8 if me else 0.8,
+                    alpha=1 if me else 0.6,
+                    zorder=3 if me else 2,
+                )
                 drawn += int(m.any())
             ax.set_ylabel(label)
         else:
-            order = sorted(gpus, key=lambda g: g == gpu)     # the alerted GPU last: drawn on top
+            order = sorted(gpus, key=lambda g: g == gpu)  # the alerted GPU last: drawn on top
             for i, g in enumerate(order):
-                gs = tel.gpus[(host or "", g)]      # gpus is empty unless host is set
+                gs = tel.gpus[(host or "", g)]  # gpus is empty unless host is set
                 m = (gs.ts >= lo) & (gs.ts <= hi)
                 if sig.source == PRESENCE:
                     x, y = _presence(gs.ts[m], lo, hi, tel.interval)
@@ -297,9 +329,16 @@ def alert_figure(inc: Incident, signals: Sequence[Signal], tel: Telemetry, windo
                     x, y = _break_gaps(x, y, tel.interval)
                 me = g == gpu
                 col = ALERTED if me else (HOST_LEVEL if gpu is None else PEERS)
-                ax.plot(_x(x), y, color=col, lw=1.8 if me else 0.9, alpha=1 if me else 0.7,
-                        drawstyle="steps-post" if step else "default", zorder=3 if me else 2,
-                        label=f"GPU {g}" + (" (alerted)" if me else ""))
+                ax.plot(
+                    _x(x),
+                    y,
+                    color=col,
+                    lw=1.8 if me else 0.9,
+                    alpha=1 if me else 0.7,
+                    drawstyle="steps-post" if step else "default",
+                    zorder=3 if me else 2,
+                    label=f"GPU {g}" + (" (alerted)" if me else ""),
+                )
                 drawn += 1
                 if me or (gpu is None and drawn == 1):
                     focus = y
@@ -308,11 +347,23 @@ def alert_figure(inc: Incident, signals: Sequence[Signal], tel: Telemetry, windo
             if drawn and f is not None and f.kind == BITMASK:
                 _bitmask_ticks(ax, focus)
         if not drawn:
-            ax.text(0.5, 0.5, f"{sig.name}: not reported in this window", transform=ax.transAxes, ha="center",
-                    va="center", color="#666")
+            ax.text(
+                0.5,
+                0.5,
+                f"{sig.name}: not reported in this window",
+                transform=ax.transAxes,
+                ha="center",
+                va="center",
+                color="#666",
+            )
         ax.yaxis.label.set_fontsize(8)
-        ax.axvspan(_x(inc.started_at), _x(inc.resolved_at if inc.resolved_at is not None else hi),
-                   color=severity_colour(inc.severity), alpha=0.07, lw=0)
+        ax.axvspan(
+            _x(inc.started_at),
+            _x(inc.resolved_at if inc.resolved_at is not None else hi),
+            color=severity_colour(inc.severity),
+            alpha=0.07,
+            lw=0,
+        )
         ax.axvline(_x(inc.started_at), color=ONSET, ls="--", lw=1)
         ax.axvline(_x(inc.fired_at), color=FIRED, lw=1.1)
         if inc.resolved_at is not None and inc.resolved_at <= hi:
@@ -322,24 +373,27 @@ def alert_figure(inc: Incident, signals: Sequence[Signal], tel: Telemetry, windo
     _time_axis(axes[-1])
     axes[-1].set_xlabel("event time (UTC)")
     from matplotlib.lines import Line2D
+
     where = f"GPU {gpu} (alerted)" if gpu is not None else "host-level alert: each GPU of the host"
     handles = [Line2D([], [], color=ALERTED if gpu is not None else HOST_LEVEL, lw=1.8, label=where)]
     if gpu is not None and len(gpus) > 1 and any(s.source != NCCL for s in signals):
         handles.append(Line2D([], [], color=PEERS, lw=0.9, label=f"other GPUs of {host} ({len(gpus) - 1})"))
     if len(ranks - {(host, gpu)}):
-        handles.append(Line2D([], [], color=PEERS, lw=0.9,
-                              label=f"other ranks of the communicator ({len(ranks - {(host, gpu)})})"))
-    handles += [Line2D([], [], color=ONSET, ls="--", label="onset"),
-                Line2D([], [], color=FIRED, lw=1.1, label="fired")]
+        handles.append(
+            Line2D([], [], color=PEERS, lw=0.9, label=f"other ranks of the communicator ({len(ranks - {(host, gpu)})})")
+        )
+    handles += [Line2D([], [], color=ONSET, ls="--", label="onset"), Line2D([], [], color=FIRED, lw=1.1, label="fired")]
     if inc.resolved_at is not None and inc.resolved_at <= hi:
         handles.append(Line2D([], [], color=RESOLVED, ls=":", lw=1.3, label="resolved"))
-    ax0.legend(handles=handles, loc="lower left", bbox_to_anchor=(0, 1.02), ncol=len(handles), frameon=False,
-               fontsize=8)
+    ax0.legend(
+        handles=handles, loc="lower left", bbox_to_anchor=(0, 1.02), ncol=len(handles), frameon=False, fontsize=8
+    )
     fig.align_ylabels(axes)
     return to_data_uri(fig)
 
 
 # -- evaluation ----------------------------------------------------------------------------------
+
 
 @styled
 def latency_cdf(scores: Sequence["Score"], max_facets: int = 9) -> str | None:
@@ -365,15 +419,18 @@ def latency_cdf(scores: Sequence["Score"], max_facets: int = 9) -> str | None:
             x = np.concatenate([[0.0], lat, [tmax * 1.5]])
             y = np.concatenate([[0.0], np.arange(1, len(lat) + 1) / injected, [len(lat) / injected]])
             ax.plot(x, y, drawstyle="steps-post", color=palette(i % 10), lw=1.8, label=s.detector)
-        total = max((s.families[facet].injected for s in scores if facet in s.families), default=0) \
-            if facet != "all families" else None
+        total = (
+            max((s.families[facet].injected for s in scores if facet in s.families), default=0)
+            if facet != "all families"
+            else None
+        )
         ax.set_title(facet + (f" ({total} injected)" if total is not None else ""))
         ax.set_xscale("symlog", linthresh=1.0)
         ax.xaxis.set_major_formatter(ticker.FuncFormatter(lambda v, _: f"{v:g}"))
         ax.set_xlim(0, tmax * 1.5)
         ax.set_ylim(0, 1.05)
         ax.yaxis.set_major_formatter(ticker.PercentFormatter(1.0))
-    for ax in axes[len(facets):]:
+    for ax in axes[len(facets) :]:
         ax.set_visible(False)
     for ax in axes[-ncols:]:
         ax.set_xlabel("seconds from onset to first alert")

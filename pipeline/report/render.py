@@ -72,8 +72,13 @@ def _value(v: Any) -> str:
 
 
 def _env() -> jinja2.Environment:
-    env = jinja2.Environment(loader=jinja2.PackageLoader("pipeline.report", "templates"), autoescape=True,
-                             undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True)
+    env = jinja2.Environment(
+        loader=jinja2.PackageLoader("pipeline.report", "templates"),
+        autoescape=True,
+        undefined=jinja2.StrictUndefined,
+        trim_blocks=True,
+        lstrip_blocks=True,
+    )
     env.filters.update(utc=_utc, dur=_dur, pct=_pct, secs=_secs, fixed=_fixed)
     return env
 
@@ -86,8 +91,11 @@ def _version() -> str:
 
 
 def _common(title: str) -> dict[str, Any]:
-    return {"title": title, "version": _version(),
-            "generated_at": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%SZ")}
+    return {
+        "title": title,
+        "version": _version(),
+        "generated_at": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%SZ"),
+    }
 
 
 def flatten_evidence(evidence: dict[str, Any], prefix: str = "") -> list[tuple[str, str]]:
@@ -106,6 +114,7 @@ def flatten_evidence(evidence: dict[str, Any], prefix: str = "") -> list[tuple[s
 
 # -- incident report -----------------------------------------------------------------------------
 
+
 @dataclass
 class Section:
     inc: Incident
@@ -116,10 +125,18 @@ class Section:
     uri: str | None
 
 
-def incident_page(telemetry: Sequence[str | Path], alerts: Sequence[str | Path], *,
-                  rules: Sequence[str | Path] = ("rules",), models: str | None = "auto",
-                  window: float = 300.0, max_alerts: int = 50, title: str = "Incident report",
-                  checks: CheckCatalog | None = None, progress: Callable[[str], None] | None = None) -> str:
+def incident_page(
+    telemetry: Sequence[str | Path],
+    alerts: Sequence[str | Path],
+    *,
+    rules: Sequence[str | Path] = ("rules",),
+    models: str | None = "auto",
+    window: float = 300.0,
+    max_alerts: int = 50,
+    title: str = "Incident report",
+    checks: CheckCatalog | None = None,
+    progress: Callable[[str], None] | None = None,
+) -> str:
     """One self-contained HTML page about the alerts in ``alerts`` and the telemetry around them.
 
     ``rules``/``models`` are the checks the alerts came from (as ``replay`` takes them): they say
@@ -141,8 +158,9 @@ def incident_page(telemetry: Sequence[str | Path], alerts: Sequence[str | Path],
     hosts = {inc.event.host for inc in shown if inc.event.host}
     nccl_hosts = {inc.event.host for inc, sigs, _ in plans if inc.event.host and any(s.source == NCCL for s in sigs)}
     step("reading telemetry")
-    tel = load_telemetry(telemetry, hosts=hosts, fields=sorted(dcgm_fields), nccl_fields=sorted(nccl_fields),
-                         nccl_hosts=nccl_hosts)
+    tel = load_telemetry(
+        telemetry, hosts=hosts, fields=sorted(dcgm_fields), nccl_fields=sorted(nccl_fields), nccl_hosts=nccl_hosts
+    )
 
     alert_ts = [t for i in incidents for t in (i.started_at, i.fired_at, i.resolved_at) if t is not None]
     if tel.records:
@@ -167,8 +185,11 @@ def incident_page(telemetry: Sequence[str | Path], alerts: Sequence[str | Path],
     sections = []
     for n, (inc, sigs, info) in enumerate(plans, 1):
         step(f"plotting alert {n}/{len(plans)}")
-        kind = info.kind if info else ("model" if inc.is_model else "builtin" if inc.event.rule.startswith("builtin_")
-                                       else "rule")
+        kind = (
+            info.kind
+            if info
+            else ("model" if inc.is_model else "builtin" if inc.event.rule.startswith("builtin_") else "rule")
+        )
         uri = alert_figure(inc, sigs, tel, window) if tel.records else None
         sections.append(Section(inc, kind, info, [s.name for s in sigs], flatten_evidence(inc.event.evidence), uri))
 
@@ -177,15 +198,22 @@ def incident_page(telemetry: Sequence[str | Path], alerts: Sequence[str | Path],
         sev_counts[inc.severity] = sev_counts.get(inc.severity, 0) + 1
     ctx = {
         **_common(title),
-        "telemetry_paths": [str(p) for p in telemetry], "alert_paths": [str(p) for p in alerts],
-        "t_start": t_start, "t_end": t_end, "incidents": incidents,
+        "telemetry_paths": [str(p) for p in telemetry],
+        "alert_paths": [str(p) for p in alerts],
+        "t_start": t_start,
+        "t_end": t_end,
+        "incidents": incidents,
         "by_severity": sorted(sev_counts.items(), key=lambda kv: SEVERITY_RANK.get(kv[0], 9)),
         "n_hosts": len({i.event.host for i in incidents if i.event.host}),
         "n_gpus": len({(i.event.host, i.event.gpu) for i in incidents if i.event.gpu is not None}),
-        "records": tel.records, "notes": notes,
+        "records": tel.records,
+        "notes": notes,
         "timeline": timeline(incidents, t_start, t_end) if incidents else None,
-        "table_rows": incidents[:MAX_TABLE_ROWS], "table_left_out": max(0, len(incidents) - MAX_TABLE_ROWS),
-        "sections": sections, "left_out": len(incidents) - len(shown), "window": window,
+        "table_rows": incidents[:MAX_TABLE_ROWS],
+        "table_left_out": max(0, len(incidents) - MAX_TABLE_ROWS),
+        "sections": sections,
+        "left_out": len(incidents) - len(shown),
+        "window": window,
     }
     return _env().get_template("incident.html.j2").render(ctx)
 
@@ -201,6 +229,7 @@ def write_page(html: str, out: str | Path) -> Path:
 
 
 # -- evaluation page -----------------------------------------------------------------------------
+
 
 def _best(values: list[float], higher: bool) -> set[int]:
     ok = [(v, i) for i, v in enumerate(values) if v == v]
@@ -219,22 +248,48 @@ def eval_page(scores: Iterable[Any], title: str = "Detector evaluation", subtitl
         fams = [f for f in s.families.values()]
         injected = sum(f.injected for f in fams)
         detected = sum(f.detected for f in fams)
-        detectors.append({"name": s.detector, "injected": injected, "detected": detected,
-                          "recall": detected / injected if injected else math.nan,
-                          "alerts": sum(f.alerts for f in fams), "false_alerts": sum(f.false_alerts for f in fams),
-                          "false_rate": s.false_per_1000_gpu_h, "gpu_hours": s.gpu_hours})
+        detectors.append(
+            {
+                "name": s.detector,
+                "injected": injected,
+                "detected": detected,
+                "recall": detected / injected if injected else math.nan,
+                "alerts": sum(f.alerts for f in fams),
+                "false_alerts": sum(f.false_alerts for f in fams),
+                "false_rate": s.false_per_1000_gpu_h,
+                "gpu_hours": s.gpu_hours,
+            }
+        )
     fam_names = sorted({f for s in scores for f, fs in s.families.items() if fs.injected or fs.alerts})
     rows = []
     for fam in fam_names:
         fs = [s.families.get(fam) for s in scores]
         present = [(s, f) for s, f in zip(scores, fs) if f is not None]
-        cols = {"recall": ([f.recall for _, f in present], True), "precision": ([f.precision for _, f in present], True),
-                "f1": ([f.f1 for _, f in present], True), "p50": ([f.latency(50) for _, f in present], False),
-                "p95": ([f.latency(95) for _, f in present], False)}
+        cols = {
+            "recall": ([f.recall for _, f in present], True),
+            "precision": ([f.precision for _, f in present], True),
+            "f1": ([f.f1 for _, f in present], True),
+            "p50": ([f.latency(50) for _, f in present], False),
+            "p95": ([f.latency(95) for _, f in present], False),
+        }
         best = {k: _best(v, hi) for k, (v, hi) in cols.items()}
         for i, (s, f) in enumerate(present):
-            rows.append({"family": fam, "detector": s.detector, "f": f, "first": i == 0,
-                         "p50": f.latency(50), "p95": f.latency(95), "best": {k for k, idx in best.items() if i in idx}})
-    ctx = {**_common(title), "subtitle": subtitle, "detectors": detectors, "families": rows,
-           "cdf": latency_cdf(scores) if scores else None}
+            rows.append(
+                {
+                    "family": fam,
+                    "detector": s.detector,
+                    "f": f,
+                    "first": i == 0,
+                    "p50": f.latency(50),
+                    "p95": f.latency(95),
+                    "best": {k for k, idx in best.items() if i in idx},
+                }
+            )
+    ctx = {
+        **_common(title),
+        "subtitle": subtitle,
+        "detectors": detectors,
+        "families": rows,
+        "cdf": latency_cdf(scores) if scores else None,
+    }
     return _env().get_template("eval.html.j2").render(ctx)

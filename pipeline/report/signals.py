@@ -21,7 +21,7 @@ from pipeline.schema import AlertEvent
 DCGM, NCCL, PRESENCE = "dcgm", "nccl", "presence"
 # NCCL record attributes a detector may read (pipeline.schema.NcclRecord).
 NCCL_FIELDS = ("exec_time_us", "busbw_gbs", "algbw_gbs")
-MAX_SIGNALS = 8   # panels per alert: more than this and none of them is readable
+MAX_SIGNALS = 8  # panels per alert: more than this and none of them is readable
 
 _IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
@@ -42,16 +42,16 @@ class CheckInfo:
     """What the report says about the rule or model behind an alert."""
 
     name: str
-    kind: str                       # rule | model | builtin
+    kind: str  # rule | model | builtin
     signals: tuple[Signal, ...]
-    definition: str = ""            # the rule's condition, or the model's detector and description
-    source: str = ""                # file:line of a rule, the models file of a model
+    definition: str = ""  # the rule's condition, or the model's detector and description
+    source: str = ""  # file:line of a rule, the models file of a model
 
 
 @dataclass
 class CheckCatalog:
     checks: dict[str, CheckInfo] = field(default_factory=dict)
-    problems: list[str] = field(default_factory=list)   # why some checks could not be loaded
+    problems: list[str] = field(default_factory=list)  # why some checks could not be loaded
 
     def signals_for(self, ev: AlertEvent) -> tuple[list[Signal], CheckInfo | None]:
         """The signals to plot for an alert (at most ``MAX_SIGNALS``) and its check, when known."""
@@ -96,11 +96,13 @@ def evidence_signals(evidence: dict[str, Any]) -> list[Signal]:
 
 def _order_by_mention(aliases: Iterable[str], text: str) -> list[str]:
     """Aliases in the order the rule text first mentions them (any spelling); unmentioned last."""
+
     def first(alias: str) -> int:
         f = FIELDS.by_alias(alias)
         names = [alias, *(f.names if f else ())]
         hits = [m.start() for n in names for m in re.finditer(rf"\b{re.escape(n)}\b", text)]
         return min(hits) if hits else len(text) + 1
+
     return sorted(aliases, key=lambda a: (first(a), a))
 
 
@@ -133,13 +135,16 @@ def load_checks(rules: list[str | Path], models: str | None = "auto") -> CheckCa
                 if sig not in sigs:
                     sigs.append(sig)
             desc = " ".join(m.spec.description.split())
-            cat.checks[name] = CheckInfo(name, "model", tuple(sigs), f"{m.spec.detector}: {desc}".rstrip(": "),
-                                         modelset.source)
+            cat.checks[name] = CheckInfo(
+                name, "model", tuple(sigs), f"{m.spec.detector}: {desc}".rstrip(": "), modelset.source
+            )
     ruleset, diags = load_rules([str(r) for r in rules], models=set(modelset.names) if modelset else None)
     if ruleset is None:
         errors = [str(d) for d in diags if d.is_error]
-        cat.problems.append(f"rules in {', '.join(map(str, rules))} do not load ({len(errors)} error(s), first: "
-                            f"{errors[0] if errors else '?'}); rule alerts fall back to their evidence")
+        cat.problems.append(
+            f"rules in {', '.join(map(str, rules))} do not load ({len(errors)} error(s), first: "
+            f"{errors[0] if errors else '?'}); rule alerts fall back to their evidence"
+        )
         return cat
     for r in ruleset.rules:
         cols = set(r.condition.columns) | set(r.extra_columns)
@@ -147,6 +152,7 @@ def load_checks(rules: list[str | Path], models: str | None = "auto") -> CheckCa
             cols |= v.columns
         text = " ".join([r.spec.condition, *r.spec.values.values(), r.spec.summary])
         aliases = _order_by_mention({FIELDS.fields[c].alias for c in cols}, text)
-        cat.checks[r.meta.name] = CheckInfo(r.meta.name, "rule", tuple(Signal(a) for a in aliases),
-                                            " ".join(r.spec.condition.split()), r.spec.source)
+        cat.checks[r.meta.name] = CheckInfo(
+            r.meta.name, "rule", tuple(Signal(a) for a in aliases), " ".join(r.spec.condition.split()), r.spec.source
+        )
     return cat

@@ -43,14 +43,14 @@ class NcclSeries:
 @dataclass
 class Telemetry:
     gpus: dict[GpuKey, GpuSeries] = field(default_factory=dict)
-    nccl: dict[tuple[str, str, int], NcclSeries] = field(default_factory=dict)   # (comm, host, gpu)
+    nccl: dict[tuple[str, str, int], NcclSeries] = field(default_factory=dict)  # (comm, host, gpu)
     t_min: float = math.nan
     t_max: float = math.nan
     records: int = 0
     lines: int = 0
-    dead: int = 0                   # records (or lines) that could not be decoded
+    dead: int = 0  # records (or lines) that could not be decoded
     hosts_seen: set[str] = field(default_factory=set)
-    interval: float = 1.0           # median sampling interval of the kept DCGM series
+    interval: float = 1.0  # median sampling interval of the kept DCGM series
 
     def host_gpus(self, host: str) -> list[int]:
         return sorted(g for h, g in self.gpus if h == host)
@@ -62,9 +62,14 @@ class Telemetry:
         return sorted({c for c, h, g in self.nccl if h == host and (gpu is None or g == gpu)})
 
 
-def load_telemetry(paths: Iterable[str | Path], *, hosts: set[str] | None = None,
-                   fields: Iterable[str] = (), nccl_fields: Iterable[str] = (),
-                   nccl_hosts: set[str] | None = None) -> Telemetry:
+def load_telemetry(
+    paths: Iterable[str | Path],
+    *,
+    hosts: set[str] | None = None,
+    fields: Iterable[str] = (),
+    nccl_fields: Iterable[str] = (),
+    nccl_hosts: set[str] | None = None,
+) -> Telemetry:
     """Read telemetry files, keeping DCGM ``fields`` (aliases) for GPUs of ``hosts`` (None: all)
     and NCCL ``nccl_fields`` of every communicator that has a rank on ``nccl_hosts``."""
     wanted = [(a, fld.names) for a in dict.fromkeys(fields) if (fld := FIELDS.by_alias(a)) is not None]

@@ -23,7 +23,7 @@ from pipeline.rules.windows import Baseline, PaneWindow
 NUM, BOOL = "number", "boolean"
 _T = TypeVar("_T")
 
-Fn = Callable[["Chunk"], np.ndarray]   # a node's evaluator: one value per sample of the chunk
+Fn = Callable[["Chunk"], np.ndarray]  # a node's evaluator: one value per sample of the chunk
 
 
 class CompileError(Exception):
@@ -42,7 +42,7 @@ class Chunk:
 
     view: View
     windows: "WindowStore"
-    ts0: float                      # start of the chunk's pane (all rows share it)
+    ts0: float  # start of the chunk's pane (all rows share it)
     memo: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -102,8 +102,11 @@ class WindowStore:
         ent = view.ids
         for key, w in self.panes.items():
             col, source = self._pane_sources[key]
-            vals = view.increase[:, int(np.searchsorted(COUNTER_COLS, col))] if source == "inc" \
+            vals = (
+                view.increase[:, int(np.searchsorted(COUNTER_COLS, col))]
+                if source == "inc"
                 else view.frame.values[:, col]
+            )
             w.update(ent, ts0, vals, n_ent)
 
     def adopt(self, old: "WindowStore") -> None:
@@ -121,15 +124,18 @@ class WindowStore:
         if len(self.baselines) > 1 and (isinstance(view.ids, slice) or distinct(ent)[1]):
             # One row per GPU (the usual tick): every baseline in one pass (Baseline.update_many).
             cols = [self._base_sources[k] for k in self.baselines]
-            Baseline.update_many(list(self.baselines.values()), view.ids, view.frame.ts, view.frame.values[:, cols],
-                                 n_ent)
+            Baseline.update_many(
+                list(self.baselines.values()), view.ids, view.frame.ts, view.frame.values[:, cols], n_ent
+            )
             return
         for key, b in self.baselines.items():
             b.update(ent, view.frame.ts, view.frame.values[:, self._base_sources[key]], n_ent)
 
     def to_state(self) -> dict:
-        return {"panes": [[list(k), w.to_state(), list(w.aggs)] for k, w in self.panes.items()],
-                "baselines": [[list(k), b.to_state()] for k, b in self.baselines.items()]}
+        return {
+            "panes": [[list(k), w.to_state(), list(w.aggs)] for k, w in self.panes.items()],
+            "baselines": [[list(k), b.to_state()] for k, b in self.baselines.items()],
+        }
 
     def load_state(self, st: dict) -> None:
         for k, ws, aggs in st.get("panes", []):
@@ -148,7 +154,7 @@ class Compiled:
     fn: Callable[[Chunk], np.ndarray]
     text: str
     evidence: dict[str, Callable[[Chunk], np.ndarray]] = field(default_factory=dict)
-    columns: set[int] = field(default_factory=set)   # catalog columns the expression reads
+    columns: set[int] = field(default_factory=set)  # catalog columns the expression reads
 
     def __call__(self, chunk: Chunk) -> np.ndarray:
         return self.fn(chunk)
@@ -174,6 +180,7 @@ def _filled(col: int) -> Fn:
 # Three-valued results are float arrays over {0, 1, NaN}. A boolean mask store is used below
 # rather than np.where: where() with a scalar and a bool operand takes numpy's casting path,
 # about twice the time for the same values.
+
 
 def _kleene_and(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     # A 0 on either side wins (fmin skips NaN to find it), else an unknown side makes the
@@ -220,25 +227,27 @@ def _as_bool(x: np.ndarray) -> np.ndarray:
     return np.where(np.isnan(x), np.nan, (x != 0).astype(float))
 
 
-_CMP = {"==": np.equal, "!=": np.not_equal, "<": np.less, "<=": np.less_equal, ">": np.greater,
-        ">=": np.greater_equal}
+_CMP = {"==": np.equal, "!=": np.not_equal, "<": np.less, "<=": np.less_equal, ">": np.greater, ">=": np.greater_equal}
 _ARITH = {"+": np.add, "-": np.subtract, "*": np.multiply, "/": np.divide}
 
 WINDOW_FUNCS = {  # name: (source, aggregate, needs counter)
-    "increase": ("inc", "sum", True), "rate": ("inc", "sum", True), "delta": ("val", "first", False),
-    "avg_over": ("val", "avg", False), "min_over": ("val", "min", False), "max_over": ("val", "max", False),
+    "increase": ("inc", "sum", True),
+    "rate": ("inc", "sum", True),
+    "delta": ("val", "first", False),
+    "avg_over": ("val", "avg", False),
+    "min_over": ("val", "min", False),
+    "max_over": ("val", "max", False),
 }
-PEER_FUNCS = {"peer_median": "median", "peer_mean": "mean", "peer_min": "min", "peer_max": "max",
-              "peer_count": "count"}
+PEER_FUNCS = {"peer_median": "median", "peer_mean": "mean", "peer_min": "min", "peer_max": "max", "peer_count": "count"}
 
 # What one position of a call must hold (Arg.kind).
 ArgKind = Literal["expression", "field", "duration", "model"]
-EXPR: ArgKind = "expression"    # any numeric expression
-FIELD: ArgKind = "field"        # a catalog field by name: windows and baselines are kept per field
+EXPR: ArgKind = "expression"  # any numeric expression
+FIELD: ArgKind = "field"  # a catalog field by name: windows and baselines are kept per field
 DURATION: ArgKind = "duration"  # a duration literal (5m): a window or a time constant
-MODEL: ArgKind = "model"        # a model name from models.yaml
+MODEL: ArgKind = "model"  # a model name from models.yaml
 
-ArgValue = Union[Field, float, Fn, str]   # an argument once read: by kind, Field, seconds, evaluator, name
+ArgValue = Union[Field, float, Fn, str]  # an argument once read: by kind, Field, seconds, evaluator, name
 
 
 @dataclass(frozen=True)
@@ -269,8 +278,8 @@ class Bound:
     """A call whose arguments passed their kinds' checks, as its function's builder gets it."""
 
     call: E.Call
-    label: str                      # the call's text: its evidence name and memo key
-    values: tuple[ArgValue, ...]    # one per positional argument, read as its Arg.kind says
+    label: str  # the call's text: its evidence name and memo key
+    values: tuple[ArgValue, ...]  # one per positional argument, read as its Arg.kind says
     kwargs: dict[str, str]
 
     def field(self, i: int) -> Field:
@@ -296,8 +305,8 @@ class Function:
 
     name: str
     args: tuple[Arg, ...]
-    sig: str                        # the arguments as the arity diagnostic (E104) names them
-    result: str                     # NUM or BOOL
+    sig: str  # the arguments as the arity diagnostic (E104) names them
+    result: str  # NUM or BOOL
     build: Callable[["Compiler", Bound], Fn]
     kwargs: tuple[Kwarg, ...] = ()
     # When keyword arguments are checked: "first" (before the positional ones) or "last" (after
@@ -334,8 +343,11 @@ class Compiler:
 
     def _unknown(self, node: E.Name) -> NoReturn:
         if node.name in FIELDS.bits:
-            raise CompileError(f"{node.name} is a clock-event bit: test it with "
-                               f"'clocks_event_reasons has {node.name}'", node.pos, D.TYPE)
+            raise CompileError(
+                f"{node.name} is a clock-event bit: test it with 'clocks_event_reasons has {node.name}'",
+                node.pos,
+                D.TYPE,
+            )
         hint = FIELDS.suggest(node.name)
         more = f"; did you mean {' or '.join(repr(h) for h in hint)}?" if hint else ""
         raise CompileError(f"unknown metric {node.name!r}{more}", node.pos, D.UNKNOWN_METRIC)
@@ -376,6 +388,7 @@ class Compiler:
                     r = np.full(len(c.ent), float(r))
                 r[np.isinf(r)] = np.nan
                 return r
+
             return NUM, _shared(self.store.key_of(n), arith)
         if isinstance(n, E.Compare):
             lt, a = self.node(n.left)
@@ -391,21 +404,25 @@ class Compiler:
                     x = a(c)
                     return _unknown_where_nan(op(x, y), x)
             else:
+
                 def cmp(c: Chunk) -> np.ndarray:
                     x, y = a(c), b(c)
                     return _unknown_where_nan(op(x, y), x, y)
+
             return BOOL, _shared(self.store.key_of(n), cmp)
         if isinstance(n, E.Has):
             f = self._field(n.operand, "'has'") if isinstance(n.operand, E.Name) else None
             if f is None or f.kind != BITMASK:
                 what = f"{f.alias} is a {f.kind}" if f else "the left side is not a field"
-                raise CompileError(f"'has' tests bits of a bitmask field such as clocks_event_reasons; {what}",
-                                   n.pos, D.TYPE)
+                raise CompileError(
+                    f"'has' tests bits of a bitmask field such as clocks_event_reasons; {what}", n.pos, D.TYPE
+                )
             mask = 0
             for name, pos in n.bits:
                 bit = FIELDS.bits.get(name)
                 if bit is None:
                     import difflib
+
                     hint = difflib.get_close_matches(name, list(FIELDS.bits), n=2)
                     more = f"; did you mean {' or '.join(hint)}?" if hint else f" (known: {', '.join(FIELDS.bits)})"
                     raise CompileError(f"unknown clock-event bit {name!r}{more}", pos, D.UNKNOWN_BIT)
@@ -415,9 +432,10 @@ class Compiler:
 
             def has(c: Chunk) -> np.ndarray:
                 v = c.view.filled[:, col]
-                with np.errstate(invalid="ignore"):   # NaN's cast is garbage, masked out below
+                with np.errstate(invalid="ignore"):  # NaN's cast is garbage, masked out below
                     bits = (v.astype(np.int64) & mask) != 0
                 return _unknown_where_nan(bits, v)
+
             return BOOL, has
         if isinstance(n, E.In):
             fn = self.expect(n.operand, NUM, "'in'")
@@ -440,6 +458,7 @@ class Compiler:
                 if (x == decided).all():
                     return x
                 return comb(x, b(c))
+
             return BOOL, logic
         if isinstance(n, E.Call):
             return self.call(n)
@@ -491,12 +510,13 @@ class Compiler:
         if spec is None:
             self._unknown_function(n)
         end = self._end(n)
-        label = self.src[n.pos:end] if end else n.func
+        label = self.src[n.pos : end] if end else n.func
         lo, hi = spec.arity
         if not lo <= len(n.args) <= hi:
             count = f"{lo}" if lo == hi else f"{lo} to {hi}"
-            raise CompileError(f"{n.func}() takes {count} argument{'s' * (hi != 1)} ({spec.sig}), got {len(n.args)}",
-                               n.pos, D.ARITY)
+            raise CompileError(
+                f"{n.func}() takes {count} argument{'s' * (hi != 1)} ({spec.sig}), got {len(n.args)}", n.pos, D.ARITY
+            )
         kwargs = self._kwargs(n, spec) if spec.kwargs_checked == "first" else {}
         values = tuple(self._arg(n, arg, node) for arg, node in zip(spec.args, n.args))
         if spec.kwargs_checked == "last":
@@ -505,9 +525,13 @@ class Compiler:
 
     def _unknown_function(self, n: E.Call) -> NoReturn:
         import difflib
+
         hint = difflib.get_close_matches(n.func, ALL_FUNCS, n=2)
-        more = (f"; did you mean {' or '.join(h + '()' for h in hint)}?" if hint
-                else f" (known: {', '.join(h + '()' for h in ALL_FUNCS)})")
+        more = (
+            f"; did you mean {' or '.join(h + '()' for h in hint)}?"
+            if hint
+            else f" (known: {', '.join(h + '()' for h in ALL_FUNCS)})"
+        )
         raise CompileError(f"unknown function {n.func}(){more}", n.pos, D.UNKNOWN_FUNCTION)
 
     def _end(self, n: E.Call) -> int:
@@ -526,19 +550,25 @@ class Compiler:
 
 # The builders of FUNCTIONS: each gets a call whose arguments passed their kinds' checks.
 
+
 def _window(cp: Compiler, a: Bound) -> Fn:
     name, f, w = a.call.func, a.field(0), a.seconds(1)
     source, agg, counter = WINDOW_FUNCS[name]
     # Checked here, after the window's duration, not as the field's Arg.check: that is the order
     # these diagnostics have always come in.
     if counter and f.kind != COUNTER:
-        raise CompileError(f"{name}() needs a counter; {f.alias} is a {f.kind} (use delta() or avg_over())",
-                           a.call.args[0].pos, D.TYPE)
+        raise CompileError(
+            f"{name}() needs a counter; {f.alias} is a {f.kind} (use delta() or avg_over())", a.call.args[0].pos, D.TYPE
+        )
     if not counter and name == "delta" and f.kind == COUNTER:
-        raise CompileError(f"delta() is for gauges; {f.alias} is a counter (use increase(), which knows "
-                           "about resets)", a.call.args[0].pos, D.TYPE)
-    aggs = {"sum": ("sum", "count"), "avg": ("sum", "count"), "first": ("first",), "min": ("min",),
-            "max": ("max",)}[agg]
+        raise CompileError(
+            f"delta() is for gauges; {f.alias} is a counter (use increase(), which knows about resets)",
+            a.call.args[0].pos,
+            D.TYPE,
+        )
+    aggs = {"sum": ("sum", "count"), "avg": ("sum", "count"), "first": ("first",), "min": ("min",), "max": ("max",)}[
+        agg
+    ]
     key = cp.store.pane(f.column, w, source, aggs)
     store, col = cp.store, f.column
     raw: Fn
@@ -556,8 +586,11 @@ def _window(cp: Compiler, a: Bound) -> Fn:
 
 def _not_a_counter(f: Field, node: E.Node) -> None:
     if f.kind == COUNTER:
-        raise CompileError(f"baseline() of a counter is meaningless; use baseline of its rate via a rule on "
-                           f"increase(), not {f.alias}", node.pos, D.TYPE)
+        raise CompileError(
+            f"baseline() of a counter is meaningless; use baseline of its rate via a rule on increase(), not {f.alias}",
+            node.pos,
+            D.TYPE,
+        )
 
 
 def _baseline(cp: Compiler, a: Bound) -> Fn:
@@ -573,8 +606,12 @@ def _peer(cp: Compiler, a: Bound) -> Fn:
     inner, stat = a.fn(0), PEER_FUNCS[a.call.func]
     # Keyed by the call's text: the same text compiles to the same computation.
     memo_key = f"peer|{a.label}"
-    fn: Fn = lambda c: c.cached(memo_key, lambda c: group_stat(  # noqa: E731
-        c.view.frame.host, inner(c), stat, groups=c.cached("peer|groups", _host_groups)))
+    fn: Fn = lambda c: c.cached(
+        memo_key,
+        lambda c: group_stat(  # noqa: E731
+            c.view.frame.host, inner(c), stat, groups=c.cached("peer|groups", _host_groups)
+        ),
+    )
     cp.evidence.setdefault(a.label, fn)
     return fn
 
@@ -591,13 +628,18 @@ def _changed(cp: Compiler, a: Bound) -> Fn:
         now, prev = c.view.frame.values[:, col], c.view.prev[:, col]
         known = ~np.isnan(now) & ~np.isnan(prev)
         return np.where(known, (now != prev).astype(float), 0.0)
+
     return changed
 
 
 def _a_code(f: Field, node: E.Node) -> None:
     if f.kind != CODE:
-        raise CompileError(f"raised() is for code fields such as xid (a sticky last value); {f.alias} is a "
-                           f"{f.kind} (use changed() or increase())", node.pos, D.TYPE)
+        raise CompileError(
+            f"raised() is for code fields such as xid (a sticky last value); {f.alias} is a "
+            f"{f.kind} (use changed() or increase())",
+            node.pos,
+            D.TYPE,
+        )
 
 
 def _raised(cp: Compiler, a: Bound) -> Fn:
@@ -614,18 +656,21 @@ def _raised(cp: Compiler, a: Bound) -> Fn:
         with np.errstate(invalid="ignore"):
             new = (now != 0) & ~np.isnan(now) & (np.isnan(prev) | (now != prev))
         return new.astype(float)
+
     return raised
 
 
 def _the_xid(f: Field, node: E.Node) -> None:
     if f.alias != "xid":
-        raise CompileError(f"xid_severity() reads the XID catalogue: its argument is xid, not {f.alias}",
-                           node.pos, D.TYPE)
+        raise CompileError(
+            f"xid_severity() reads the XID catalogue: its argument is xid, not {f.alias}", node.pos, D.TYPE
+        )
 
 
 def _xid_severity(cp: Compiler, a: Bound) -> Fn:
     col = a.field(0).column
     from pipeline.rules.xids import severity_levels
+
     fn: Fn = lambda c: severity_levels(c.view.filled[:, col])  # noqa: E731
     cp.evidence.setdefault(a.label, fn)
     return fn
@@ -650,26 +695,30 @@ def _score(cp: Compiler, a: Bound) -> Fn:
         # scores on the view; NaN (unknown) before a model's warm-up or without models.
         got = c.view.model_scores.get(model)
         return np.full(len(c.ent), np.nan) if got is None or len(got) != len(c.ent) else got
+
     cp.evidence.setdefault(a.label, score)
     return score
 
 
 # Every rule function, the table Compiler.call reads (docs/rules.md, "Functions", lists the same
 # names; tests/unit/rules/test_functions_table.py keeps them equal).
-FUNCTIONS: dict[str, Function] = {f.name: f for f in [
-    *(Function(name, (Arg(FIELD), Arg(DURATION)), "field, window", NUM, _window) for name in WINDOW_FUNCS),
-    Function("baseline", (Arg(FIELD, _not_a_counter), Arg(DURATION)), "field, time constant", NUM, _baseline),
-    *(Function(name, (Arg(EXPR),), "expression", NUM, _peer, kwargs=(BY_HOST,)) for name in PEER_FUNCS),
-    Function("absent", (Arg(FIELD), Arg(DURATION)), "field, duration", BOOL, _absent),
-    Function("changed", (Arg(FIELD),), "field", BOOL, _changed),
-    Function("raised", (Arg(FIELD, _a_code),), "field", BOOL, _raised),
-    Function("xid_severity", (Arg(FIELD, _the_xid),), "xid", NUM, _xid_severity),
-    Function("abs", (Arg(EXPR),), "number", NUM, _abs, kwargs_checked="last"),
-    Function("min", (Arg(EXPR), Arg(EXPR)), "number, number", NUM, _min_max, kwargs_checked="last"),
-    Function("max", (Arg(EXPR), Arg(EXPR)), "number, number", NUM, _min_max, kwargs_checked="last"),
-    # The model is looked up before the keyword arguments are: its diagnostics' order.
-    Function("score", (Arg(MODEL),), "model name", NUM, _score, kwargs_checked="last"),
-]}
+FUNCTIONS: dict[str, Function] = {
+    f.name: f
+    for f in [
+        *(Function(name, (Arg(FIELD), Arg(DURATION)), "field, window", NUM, _window) for name in WINDOW_FUNCS),
+        Function("baseline", (Arg(FIELD, _not_a_counter), Arg(DURATION)), "field, time constant", NUM, _baseline),
+        *(Function(name, (Arg(EXPR),), "expression", NUM, _peer, kwargs=(BY_HOST,)) for name in PEER_FUNCS),
+        Function("absent", (Arg(FIELD), Arg(DURATION)), "field, duration", BOOL, _absent),
+        Function("changed", (Arg(FIELD),), "field", BOOL, _changed),
+        Function("raised", (Arg(FIELD, _a_code),), "field", BOOL, _raised),
+        Function("xid_severity", (Arg(FIELD, _the_xid),), "xid", NUM, _xid_severity),
+        Function("abs", (Arg(EXPR),), "number", NUM, _abs, kwargs_checked="last"),
+        Function("min", (Arg(EXPR), Arg(EXPR)), "number, number", NUM, _min_max, kwargs_checked="last"),
+        Function("max", (Arg(EXPR), Arg(EXPR)), "number, number", NUM, _min_max, kwargs_checked="last"),
+        # The model is looked up before the keyword arguments are: its diagnostics' order.
+        Function("score", (Arg(MODEL),), "model name", NUM, _score, kwargs_checked="last"),
+    ]
+}
 ALL_FUNCS = sorted(FUNCTIONS)
 
 

@@ -35,10 +35,10 @@ from dataclasses import dataclass, field
 from pipeline.rules import diagnostics as D
 from pipeline.rules.durations import parse_duration
 
-MAX_CHARS = 4096      # characters in one expression
-MAX_DEPTH = 32        # nested operators, parentheses and calls (each level costs Python frames)
-MAX_TERMS = 256       # operands: fields, numbers, durations, bit names, `in` values
-MAX_NUMBER = 2.0 ** 64   # a literal's magnitude: room for any 64-bit bitmask
+MAX_CHARS = 4096  # characters in one expression
+MAX_DEPTH = 32  # nested operators, parentheses and calls (each level costs Python frames)
+MAX_TERMS = 256  # operands: fields, numbers, durations, bit names, `in` values
+MAX_NUMBER = 2.0**64  # a literal's magnitude: room for any 64-bit bitmask
 
 
 class ExprSyntaxError(ValueError):
@@ -77,7 +77,7 @@ class Name(Node):
 class Call(Node):
     func: str = ""
     args: tuple[Node, ...] = ()
-    kwargs: tuple[tuple[str, str, int], ...] = ()   # (key, value, pos)
+    kwargs: tuple[tuple[str, str, int], ...] = ()  # (key, value, pos)
 
 
 @dataclass(frozen=True, repr=False)
@@ -102,7 +102,7 @@ class Compare(Node):
 @dataclass(frozen=True, repr=False)
 class Has(Node):
     operand: Node
-    bits: tuple[tuple[str, int], ...] = ()   # (name, pos)
+    bits: tuple[tuple[str, int], ...] = ()  # (name, pos)
 
 
 @dataclass(frozen=True, repr=False)
@@ -131,13 +131,16 @@ class Or(Node):
     right: Node
 
 
-_TOKEN = re.compile(r"""
+_TOKEN = re.compile(
+    r"""
     (?P<ws>\s+)
   | (?P<dur>\d+(?:\.\d+)?(?:ms|s|m|h|d)(?:\d+(?:\.\d+)?(?:ms|s|m|h|d))*(?![A-Za-z0-9_]))
   | (?P<num>0[xX][0-9a-fA-F]+|\d+(?:\.\d*)?(?:[eE][-+]?\d+)?|\.\d+(?:[eE][-+]?\d+)?)
   | (?P<name>[A-Za-z_][A-Za-z0-9_]*)
   | (?P<op>==|!=|<=|>=|[<>+\-*/(),|=])
-""", re.VERBOSE)
+""",
+    re.VERBOSE,
+)
 KEYWORDS = {"and", "or", "not", "has", "in"}
 
 
@@ -167,10 +170,13 @@ def tokenize(src: str) -> list[Tok]:
 
 def _number(t: Tok) -> float:
     """A number token's value; out-of-range literals (``0x`` + 300 digits, ``1e400``) are errors."""
-    big = ExprSyntaxError(f"number {t.text[:20]}{'...' if len(t.text) > 20 else ''} is out of range "
-                          f"(at most {MAX_NUMBER:.3g})", t.pos, D.BAD_NUMBER)
+    big = ExprSyntaxError(
+        f"number {t.text[:20]}{'...' if len(t.text) > 20 else ''} is out of range (at most {MAX_NUMBER:.3g})",
+        t.pos,
+        D.BAD_NUMBER,
+    )
     if t.text[:2].lower() == "0x":
-        n = int(t.text, 16)   # exact for any length: no float overflow here
+        n = int(t.text, 16)  # exact for any length: no float overflow here
         if n > MAX_NUMBER:
             raise big
         return float(n)
@@ -208,20 +214,28 @@ def check_size(root: "Node") -> None:
     while stack:
         n, depth = stack.pop()
         if depth > MAX_DEPTH:
-            raise ExprSyntaxError(f"expression nests more than {MAX_DEPTH} levels deep (operators inside operators, "
-                                  "parentheses, calls); split it into named values", n.pos, D.EXPR_TOO_DEEP)
+            raise ExprSyntaxError(
+                f"expression nests more than {MAX_DEPTH} levels deep (operators inside operators, "
+                "parentheses, calls); split it into named values",
+                n.pos,
+                D.EXPR_TOO_DEEP,
+            )
         terms += _terms(n)
         if terms > MAX_TERMS:
-            raise ExprSyntaxError(f"expression has more than {MAX_TERMS} terms; use 'in (...)' for lists of "
-                                  "values, or split the rule", n.pos, D.EXPR_TOO_MANY_TERMS)
+            raise ExprSyntaxError(
+                f"expression has more than {MAX_TERMS} terms; use 'in (...)' for lists of values, or split the rule",
+                n.pos,
+                D.EXPR_TOO_MANY_TERMS,
+            )
         stack += [(c, depth + 1) for c in _children(n)]
 
 
 class _Parser:
     def __init__(self, src: str) -> None:
         if len(src) > MAX_CHARS:
-            raise ExprSyntaxError(f"expression is {len(src)} characters long; the limit is {MAX_CHARS}",
-                                  MAX_CHARS, D.EXPR_TOO_LONG)
+            raise ExprSyntaxError(
+                f"expression is {len(src)} characters long; the limit is {MAX_CHARS}", MAX_CHARS, D.EXPR_TOO_LONG
+            )
         self.toks = tokenize(src)
         self.i = 0
         self.depth = 0
@@ -230,8 +244,11 @@ class _Parser:
         """Count one level of the parser's own recursion, which stops well before Python's."""
         self.depth += 1
         if self.depth > MAX_DEPTH:
-            raise ExprSyntaxError(f"expression nests more than {MAX_DEPTH} levels deep (parentheses, 'not', "
-                                  "'-', calls)", pos, D.EXPR_TOO_DEEP)
+            raise ExprSyntaxError(
+                f"expression nests more than {MAX_DEPTH} levels deep (parentheses, 'not', '-', calls)",
+                pos,
+                D.EXPR_TOO_DEEP,
+            )
 
     @property
     def tok(self) -> Tok:
@@ -272,6 +289,7 @@ class _Parser:
                 return items[lo]
             mid = (lo + hi + 1) // 2
             return cls(ops[mid - 1], build(lo, mid), build(mid, hi))
+
         return build(0, len(items))
 
     def or_(self) -> Node:

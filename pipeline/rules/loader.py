@@ -30,8 +30,19 @@ from pipeline.rules.template import TemplateError, parse_template
 from pipeline.rules.xids import TEXT_NAMES as XID_TEXT_NAMES
 from pipeline.schema import FAMILIES, fault_family
 
-RULE_KEYS = {"name", "fault", "severity", "level", "condition", "for", "keep_firing_for", "summary",
-             "description", "labels", "values"}
+RULE_KEYS = {
+    "name",
+    "fault",
+    "severity",
+    "level",
+    "condition",
+    "for",
+    "keep_firing_for",
+    "summary",
+    "description",
+    "labels",
+    "values",
+}
 REQUIRED = ("name", "fault", "severity", "condition")
 FILE_KEYS = {"rules", "description"}
 SEVERITIES = ("critical", "warning", "info")
@@ -41,9 +52,13 @@ _NAME = re.compile(r"[a-z][a-z0-9_]*")
 _SAFE_TAGS = {f"tag:yaml.org,2002:{t}" for t in ("str", "int", "float", "bool", "null", "map", "seq")}
 # The shipped packs use a few KB and no aliases; these leave room for generated files.
 LIMITS = yamlsafe.Limits(max_bytes=1 << 20, max_depth=32, max_aliases=100, max_nodes=100_000, max_string=16 << 10)
-MAX_RULES = 1000          # rules in one file
-_LIMIT_CODES = {yamlsafe.SIZE: D.TOO_LARGE, yamlsafe.STRING: D.TOO_LARGE, yamlsafe.ALIAS: D.YAML_ALIAS,
-                yamlsafe.DEPTH: D.YAML_DEPTH}
+MAX_RULES = 1000  # rules in one file
+_LIMIT_CODES = {
+    yamlsafe.SIZE: D.TOO_LARGE,
+    yamlsafe.STRING: D.TOO_LARGE,
+    yamlsafe.ALIAS: D.YAML_ALIAS,
+    yamlsafe.DEPTH: D.YAML_DEPTH,
+}
 
 
 def rule_files(paths: Sequence[str | Path]) -> list[Path]:
@@ -51,8 +66,11 @@ def rule_files(paths: Sequence[str | Path]) -> list[Path]:
     out: list[Path] = []
     for p in map(Path, paths):
         if p.is_dir():
-            out += sorted(x for x in p.iterdir() if x.suffix in (".yaml", ".yml") and x.is_file()
-                          and x.name not in ("models.yaml", "routes.yaml"))
+            out += sorted(
+                x
+                for x in p.iterdir()
+                if x.suffix in (".yaml", ".yml") and x.is_file() and x.name not in ("models.yaml", "routes.yaml")
+            )
         else:
             out.append(p)
     return out
@@ -65,13 +83,22 @@ class _FileLoader:
         self.diags: list[Diagnostic] = []
         self.rules: list[tuple[Rule, Any]] = []
         self.bad: set[int] = set()
-        self.names: list[tuple[str, Any]] = []    # every rule name seen, for duplicate checks
+        self.names: list[tuple[str, Any]] = []  # every rule name seen, for duplicate checks
         # One constructor per file: a shared one would keep every scalar node of every reload
         # (construct_object memoizes by node).
         self._ctor = yaml.SafeLoader("")
 
-    def err(self, node: Any, message: str, code: str, rule: str | None = None, *, line: int | None = None,
-            col: int | None = None, severity: str = "error") -> None:
+    def err(
+        self,
+        node: Any,
+        message: str,
+        code: str,
+        rule: str | None = None,
+        *,
+        line: int | None = None,
+        col: int | None = None,
+        severity: str = "error",
+    ) -> None:
         mark = getattr(node, "start_mark", None)
         ln = line if line is not None else (mark.line + 1 if mark else 1)
         cl = col if col is not None else (mark.column + 1 if mark else 1)
@@ -87,7 +114,7 @@ class _FileLoader:
             return [self.value(v) for v in node.value]
         try:
             return self._ctor.construct_object(node, deep=True)
-        except (ValueError, OverflowError) as e:   # e.g. an integer of 5000 digits
+        except (ValueError, OverflowError) as e:  # e.g. an integer of 5000 digits
             self.err(node, f"cannot read this value ({str(e).split(':')[0]})", D.BAD_VALUE)
             self.bad.add(id(node))
             return None
@@ -98,7 +125,7 @@ class _FileLoader:
         while stack:
             n = stack.pop()
             if id(n) in seen:
-                continue   # an aliased node: reported once
+                continue  # an aliased node: reported once
             seen.add(id(n))
             if n.tag not in _SAFE_TAGS:
                 self.err(n, f"YAML tag {n.tag!r} is not allowed in rule files (plain data only)", D.YAML_TAG)
@@ -136,8 +163,13 @@ class _FileLoader:
         except yaml.YAMLError as e:
             mark = getattr(e, "problem_mark", None) or getattr(e, "context_mark", None)
             problem = getattr(e, "problem", None) or str(e)
-            self.err(None, f"YAML syntax: {problem}", D.YAML_SYNTAX,
-                     line=mark.line + 1 if mark else 1, col=mark.column + 1 if mark else 1)
+            self.err(
+                None,
+                f"YAML syntax: {problem}",
+                D.YAML_SYNTAX,
+                line=mark.line + 1 if mark else 1,
+                col=mark.column + 1 if mark else 1,
+            )
             return
         if root is None:
             return  # an empty file holds no rules
@@ -167,8 +199,12 @@ class _FileLoader:
             try:
                 self.rule(item)
             except Exception as e:  # noqa: BLE001 - the trust boundary: no input may crash the loader
-                self.err(item, f"cannot load this rule ({type(e).__name__}: {str(e)[:200]}); "
-                         "this is a gpuwarden bug, please report it", D.INTERNAL)
+                self.err(
+                    item,
+                    f"cannot load this rule ({type(e).__name__}: {str(e)[:200]}); "
+                    "this is a gpuwarden bug, please report it",
+                    D.INTERNAL,
+                )
 
     def rule(self, node: Any) -> None:
         if self.tainted(node):
@@ -185,6 +221,7 @@ class _FileLoader:
         for key, (knode, _) in keys.items():
             if key not in RULE_KEYS:
                 import difflib
+
                 hint = difflib.get_close_matches(key, sorted(RULE_KEYS), n=1)
                 more = f"; did you mean {hint[0]!r}?" if hint else ""
                 self.err(knode, f"unknown key {key!r}{more}", D.UNKNOWN_KEY, name)
@@ -198,18 +235,29 @@ class _FileLoader:
             self.err(keys["name"][1], f"rule name {val['name']!r} must be lower_snake_case", D.BAD_VALUE, name)
         fault = val.get("fault")
         if "fault" in val and (not isinstance(fault, str) or fault_family(fault) not in FAMILIES or "_" not in fault):
-            self.err(keys["fault"][1], f"fault {fault!r} must start with its family "
-                     f"({', '.join(f + '_' for f in FAMILIES)})", D.BAD_VALUE, name)
+            self.err(
+                keys["fault"][1],
+                f"fault {fault!r} must start with its family ({', '.join(f + '_' for f in FAMILIES)})",
+                D.BAD_VALUE,
+                name,
+            )
         if "severity" in val and val["severity"] not in SEVERITIES:
-            self.err(keys["severity"][1], f"severity {val['severity']!r} must be one of {', '.join(SEVERITIES)}",
-                     D.BAD_VALUE, name)
+            self.err(
+                keys["severity"][1],
+                f"severity {val['severity']!r} must be one of {', '.join(SEVERITIES)}",
+                D.BAD_VALUE,
+                name,
+            )
         level = val.get("level", "gpu")
         if level in LATER_LEVELS:
-            self.err(keys["level"][1], f"level {level!r} is not supported yet (gpu and host are)", D.UNSUPPORTED,
-                     name)
+            self.err(keys["level"][1], f"level {level!r} is not supported yet (gpu and host are)", D.UNSUPPORTED, name)
         elif level not in LEVELS:
-            self.err(keys["level"][1], f"level {level!r} must be one of {', '.join(LEVELS + LATER_LEVELS)}",
-                     D.BAD_VALUE, name)
+            self.err(
+                keys["level"][1],
+                f"level {level!r} must be one of {', '.join(LEVELS + LATER_LEVELS)}",
+                D.BAD_VALUE,
+                name,
+            )
         durs = {}
         for key in ("for", "keep_firing_for"):
             if key in val and id(keys[key][1]) not in self.bad:
@@ -218,9 +266,10 @@ class _FileLoader:
                 except ValueError as e:
                     self.err(keys[key][1], f"{key}: {e}", D.BAD_DURATION, name)
         for key in ("labels", "values"):
-            if key in val and (not isinstance(val[key], dict)
-                               or not all(isinstance(a, str) and isinstance(b, (str, int, float))
-                                          for a, b in val[key].items())):
+            if key in val and (
+                not isinstance(val[key], dict)
+                or not all(isinstance(a, str) and isinstance(b, (str, int, float)) for a, b in val[key].items())
+            ):
                 self.err(keys[key][1], f"{key}: must map names to strings", D.SHAPE, name)
                 val[key] = {}
         # The condition and named values: our own parser, errors pointed at the character.
@@ -245,37 +294,50 @@ class _FileLoader:
         else:
             known = {"host", "gpu", *values, *(cond.evidence if cond else {})}
             if cond is not None and FIELDS.require("xid").column in cond.columns:
-                known |= set(XID_TEXT_NAMES)   # the XID catalogue's text (docs/rules.md#xids)
+                known |= set(XID_TEXT_NAMES)  # the XID catalogue's text (docs/rules.md#xids)
             for part in template:
                 if isinstance(part, tuple) and part[0] not in known:
                     f = FIELDS.resolve(part[0])
                     if f is not None and cond is not None:
                         continue  # any catalog field may be shown; it is read at alert time
                     import difflib
+
                     hint = difflib.get_close_matches(part[0], sorted(known), n=1)
                     more = f"; did you mean {hint[0]!r}?" if hint else f" (known: {', '.join(sorted(known))})"
                     ln, cl = self.position(keys["summary"][1], summary.find("{" + part[0]))
-                    self.err(None, f"summary refers to unknown name {part[0]!r}{more}", D.TEMPLATE, name,
-                             line=ln, col=cl)
+                    self.err(
+                        None, f"summary refers to unknown name {part[0]!r}{more}", D.TEMPLATE, name, line=ln, col=cl
+                    )
         # A missing or bad fault was reported (REQUIRED, the family check): isinstance only narrows.
         if len(self.diags) > before or cond is None or not isinstance(fault, str):
             return
         extra: set[int] = set()
         for part in template:  # catalog fields shown in the summary become evidence too
-            if isinstance(part, tuple) and part[0] not in cond.evidence and part[0] not in values \
-                    and part[0] not in ("host", "gpu", *XID_TEXT_NAMES):
+            if (
+                isinstance(part, tuple)
+                and part[0] not in cond.evidence
+                and part[0] not in values
+                and part[0] not in ("host", "gpu", *XID_TEXT_NAMES)
+            ):
                 fld = FIELDS.resolve(part[0])
-                if fld is None:   # an unknown name was reported above
+                if fld is None:  # an unknown name was reported above
                     continue
                 cond.evidence[part[0]] = lambda c, col=fld.column: c.view.filled[:, col]
                 extra.add(fld.column)
-        spec = RuleSpec(name=val["name"], fault=fault, severity=val["severity"], level=level,
-                        condition=val["condition"], for_s=durs.get("for", 0.0),
-                        keep_firing_for_s=durs.get("keep_firing_for", 0.0), summary=summary,
-                        description=str(val.get("description", "")), labels={k: str(v) for k, v in
-                                                                             (val.get("labels") or {}).items()},
-                        values={k: str(v) for k, v in (val.get("values") or {}).items()},
-                        source=f"{self.path}:{node.start_mark.line + 1}")
+        spec = RuleSpec(
+            name=val["name"],
+            fault=fault,
+            severity=val["severity"],
+            level=level,
+            condition=val["condition"],
+            for_s=durs.get("for", 0.0),
+            keep_firing_for_s=durs.get("keep_firing_for", 0.0),
+            summary=summary,
+            description=str(val.get("description", "")),
+            labels={k: str(v) for k, v in (val.get("labels") or {}).items()},
+            values={k: str(v) for k, v in (val.get("values") or {}).items()},
+            source=f"{self.path}:{node.start_mark.line + 1}",
+        )
         rule = Rule(spec, cond, values, template, self.store)
         rule.extra_columns = extra
         self.rules.append((rule, node))
@@ -322,16 +384,25 @@ class _FileLoader:
         return mark.line + line_off + 1, (len(raw) - len(raw.lstrip())) + (offset - last_nl - 1) + 1
 
 
-def load_rules(paths: Sequence[str | Path], *, tick: float = 1.0, models: set[str] | None = None
-               ) -> tuple[RuleSet | None, list[Diagnostic]]:
+def load_rules(
+    paths: Sequence[str | Path], *, tick: float = 1.0, models: set[str] | None = None
+) -> tuple[RuleSet | None, list[Diagnostic]]:
     """Load every rule file under ``paths``. Returns (rule set, diagnostics); the set is None when
     any diagnostic is an error, so a broken file can never replace a working set."""
     try:
         return _load_rules(paths, tick, models)
     except Exception as e:  # noqa: BLE001 - a hot reload in `serve` calls this: refuse, never raise
         where = str(paths[0]) if paths else "(rules)"
-        return None, [Diagnostic(where, 1, 1, None, f"cannot load rules ({type(e).__name__}: {str(e)[:200]}); "
-                                 "this is a gpuwarden bug, please report it", D.INTERNAL)]
+        return None, [
+            Diagnostic(
+                where,
+                1,
+                1,
+                None,
+                f"cannot load rules ({type(e).__name__}: {str(e)[:200]}); this is a gpuwarden bug, please report it",
+                D.INTERNAL,
+            )
+        ]
 
 
 def _read(f: Path) -> str:
@@ -343,8 +414,9 @@ def _read(f: Path) -> str:
     return data.decode("utf-8")
 
 
-def _load_rules(paths: Sequence[str | Path], tick: float, models: set[str] | None
-                ) -> tuple[RuleSet | None, list[Diagnostic]]:
+def _load_rules(
+    paths: Sequence[str | Path], tick: float, models: set[str] | None
+) -> tuple[RuleSet | None, list[Diagnostic]]:
     store = WindowStore(tick)
     diags: list[Diagnostic] = []
     rules: list[Rule] = []
@@ -352,8 +424,9 @@ def _load_rules(paths: Sequence[str | Path], tick: float, models: set[str] | Non
     try:
         files = rule_files(paths)
     except OSError as e:
-        return None, [Diagnostic(str(getattr(e, "filename", None) or paths[0]), 1, 1, None,
-                                 f"cannot read: {e}", D.YAML_SYNTAX)]
+        return None, [
+            Diagnostic(str(getattr(e, "filename", None) or paths[0]), 1, 1, None, f"cannot read: {e}", D.YAML_SYNTAX)
+        ]
     for f in files:
         try:
             text = _read(f)
@@ -367,8 +440,12 @@ def _load_rules(paths: Sequence[str | Path], tick: float, models: set[str] | Non
         try:
             fl.load()
         except Exception as e:  # noqa: BLE001 - refuse the file, keep reporting the others
-            fl.err(None, f"cannot load this file ({type(e).__name__}: {str(e)[:200]}); "
-                   "this is a gpuwarden bug, please report it", D.INTERNAL)
+            fl.err(
+                None,
+                f"cannot load this file ({type(e).__name__}: {str(e)[:200]}); "
+                "this is a gpuwarden bug, please report it",
+                D.INTERNAL,
+            )
             fl.rules = []
         diags += fl.diags
         rules += [r for r, _ in fl.rules]
@@ -377,8 +454,16 @@ def _load_rules(paths: Sequence[str | Path], tick: float, models: set[str] | Non
     for name, node, src in names:
         where = f"{src}:{node.start_mark.line + 1}"
         if name in seen:
-            diags.append(Diagnostic(src, node.start_mark.line + 1, node.start_mark.column + 1, name,
-                                    f"duplicate rule name (first defined at {seen[name]})", D.DUPLICATE))
+            diags.append(
+                Diagnostic(
+                    src,
+                    node.start_mark.line + 1,
+                    node.start_mark.column + 1,
+                    name,
+                    f"duplicate rule name (first defined at {seen[name]})",
+                    D.DUPLICATE,
+                )
+            )
         else:
             seen[name] = where
     diags.sort()

@@ -39,7 +39,7 @@ def fingerprint(paths: Sequence[str | Path]) -> str:
     h = hashlib.sha256()
     try:
         files = rule_files(list(paths))
-    except OSError as e:   # a directory that cannot be listed: a change the reload will report
+    except OSError as e:  # a directory that cannot be listed: a change the reload will report
         h.update(f"<unlistable {e}>".encode())
         return h.hexdigest()
     for f in files:
@@ -91,11 +91,25 @@ class RuleReloader:
                 self.engine.set_rules(ruleset)
         except Exception as e:  # noqa: BLE001 - load_rules refuses bad input itself; this is the backstop
             log.exception("rules: reload failed")
-            ruleset, diags = None, [Diagnostic(str(self.paths[0]) if self.paths else "(rules)", 1, 1, None,
-                                               f"reload failed ({type(e).__name__}: {str(e)[:200]})", D.INTERNAL)]
+            ruleset, diags = (
+                None,
+                [
+                    Diagnostic(
+                        str(self.paths[0]) if self.paths else "(rules)",
+                        1,
+                        1,
+                        None,
+                        f"reload failed ({type(e).__name__}: {str(e)[:200]})",
+                        D.INTERNAL,
+                    )
+                ],
+            )
         if ruleset is None:
-            log.error("rules: reload refused, %d error(s); still running the previous %d rule(s)",
-                      sum(d.is_error for d in diags), len(self.engine.rules or []))
+            log.error(
+                "rules: reload refused, %d error(s); still running the previous %d rule(s)",
+                sum(d.is_error for d in diags),
+                len(self.engine.rules or []),
+            )
             return ReloadResult(False, diags, len(self.engine.rules or []))
         log.warning("rules: reloaded %d rule(s) from %d file(s)", len(ruleset), len(ruleset.sources))
         return ReloadResult(True, diags, len(ruleset))

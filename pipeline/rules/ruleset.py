@@ -35,27 +35,36 @@ class RuleSpec:
     description: str = ""
     labels: dict[str, str] = field(default_factory=dict)
     values: dict[str, str] = field(default_factory=dict)
-    source: str = ""          # file:line
+    source: str = ""  # file:line
 
     def definition(self) -> tuple:
         """Everything that changes what the rule does (hot reload keeps state when it is equal)."""
-        return (self.fault, self.severity, self.level, self.condition, self.for_s, self.keep_firing_for_s,
-                tuple(sorted(self.values.items())))
+        return (
+            self.fault,
+            self.severity,
+            self.level,
+            self.condition,
+            self.for_s,
+            self.keep_firing_for_s,
+            tuple(sorted(self.values.items())),
+        )
 
 
 class Rule:
     """A compiled rule: a row check whose condition is a rule expression."""
 
-    def __init__(self, spec: RuleSpec, condition: Compiled, values: dict[str, Compiled],
-                 template: list, store: WindowStore) -> None:
+    def __init__(
+        self, spec: RuleSpec, condition: Compiled, values: dict[str, Compiled], template: list, store: WindowStore
+    ) -> None:
         self.spec = spec
-        self.meta = CheckMeta(spec.name, spec.fault, spec.severity, spec.level, spec.for_s,
-                              spec.keep_firing_for_s, dict(spec.labels))
+        self.meta = CheckMeta(
+            spec.name, spec.fault, spec.severity, spec.level, spec.for_s, spec.keep_firing_for_s, dict(spec.labels)
+        )
         self.condition = condition
         self.values = values
         self.template = template
         self.store = store
-        self.extra_columns: set[int] = set()   # fields only the summary shows
+        self.extra_columns: set[int] = set()  # fields only the summary shows
         self._chunk: Chunk | None = None
 
     def evaluate(self, chunk: Chunk) -> np.ndarray:
@@ -63,8 +72,9 @@ class Rule:
         return self.condition(chunk)
 
     def evidence(self, view: View, row: int) -> dict[str, Any]:
-        chunk = self._chunk if self._chunk is not None and self._chunk.view is view else \
-            Chunk(view, self.store, view.ts0)
+        chunk = (
+            self._chunk if self._chunk is not None and self._chunk.view is view else Chunk(view, self.store, view.ts0)
+        )
         ev: dict[str, Any] = {}
         for name, fn in {**self.condition.evidence, **{k: v.fn for k, v in self.values.items()}}.items():
             x = float(fn(chunk)[row])
@@ -90,7 +100,7 @@ class RuleSet(StageBase):
         self.windows = windows
         self.sources = sources or []
         self._by_name = {r.meta.name: r for r in rules}
-        self._pending_baseline: tuple[View, int] | None = None   # this tick's, until finish()
+        self._pending_baseline: tuple[View, int] | None = None  # this tick's, until finish()
         self.columns: set[int] = set()
         for r in rules:
             self.columns |= r.condition.columns
@@ -145,26 +155,32 @@ class RuleSet(StageBase):
 
     def to_state(self) -> dict[str, Any]:
         """The windows and baselines as plain data (the engine snapshot's ``windows``)."""
-        if not self.rules:   # {}, as snapshots of an engine with an empty rule set have always had
+        if not self.rules:  # {}, as snapshots of an engine with an empty rule set have always had
             return {}
         return windows_to_state(self.windows.to_state())
 
     def load_state(self, state: Any) -> None:
         """Windows and baselines of a snapshot (``to_state``); a bad array is a ``StateError``."""
-        if state is None:   # every snapshot has them ({} without rules): this one is damaged
+        if state is None:  # every snapshot has them ({} without rules): this one is damaged
             raise KeyError("windows")
         self.windows.load_state(windows_from_state(state))
 
 
 def windows_to_state(st: dict[str, Any]) -> dict[str, Any]:
     """``WindowStore.to_state()`` with its arrays as the snapshot's maps (``arrays.to_dict``)."""
-    return {"panes": [[k, {n: to_dict(a) for n, a in ws.items()}, aggs] for k, ws, aggs in st["panes"]],
-            "baselines": [[k, {n: to_dict(a) for n, a in bs.items()}] for k, bs in st["baselines"]]}
+    return {
+        "panes": [[k, {n: to_dict(a) for n, a in ws.items()}, aggs] for k, ws, aggs in st["panes"]],
+        "baselines": [[k, {n: to_dict(a) for n, a in bs.items()}] for k, bs in st["baselines"]],
+    }
 
 
 def windows_from_state(st: dict[str, Any]) -> dict[str, Any]:
     """What ``WindowStore.load_state`` takes, from ``windows_to_state``'s form."""
+
     def conv(d: dict[str, Any]) -> dict[str, np.ndarray]:
         return {k: from_dict(v) for k, v in d.items()}
-    return {"panes": [[k, conv(ws), aggs] for k, ws, aggs in st.get("panes", [])],
-            "baselines": [[k, conv(bs)] for k, bs in st.get("baselines", [])]}
+
+    return {
+        "panes": [[k, conv(ws), aggs] for k, ws, aggs in st.get("panes", [])],
+        "baselines": [[k, conv(bs)] for k, bs in st.get("baselines", [])],
+    }

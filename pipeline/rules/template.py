@@ -25,7 +25,7 @@ def parse_template(text: str) -> list[str | tuple[str, str | None]]:
     pos = 0
     for m in _PART.finditer(text):
         if m.start() > pos:
-            out.append(text[pos:m.start()])
+            out.append(text[pos : m.start()])
         tok = m.group()
         if tok in ("{{", "}}"):
             out.append(tok[0])

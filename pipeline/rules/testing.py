@@ -41,8 +41,8 @@ from pipeline.rules.loader import load_rules
 from pipeline.schema import AlertEvent, dcgm
 
 T0 = 1764403200.0
-TEST_LIMITS = yamlsafe.Limits(max_bytes=4 << 20)   # series make test files longer than rule files
-MAX_SAMPLES = 1_000_000   # per series: "1x99999999999" must be an error, not all the memory
+TEST_LIMITS = yamlsafe.Limits(max_bytes=4 << 20)  # series make test files longer than rule files
+MAX_SAMPLES = 1_000_000  # per series: "1x99999999999" must be an error, not all the memory
 _TERM = re.compile(r"^(_|-?\d+(?:\.\d+)?(?:[eE][-+]?\d+)?)(?:([+-]\d+(?:\.\d+)?))?(?:x(\d+))?$")
 
 
@@ -146,8 +146,10 @@ def run_test(test: dict[str, Any], path: Path, rules_dir: Path) -> TestResult:
             want.add((a["rule"], str(a.get("host")), None if gpu in (None, "", "null") else int(gpu)))
         got = firing_at(alerts, T0 + t)
         if got != want:
-            res.failures.append(f"at {exp['at']}: firing {_fmt(got)}; expected {_fmt(want)}\n"
-                                f"      missing:    {_fmt(want - got)}\n      unexpected: {_fmt(got - want)}")
+            res.failures.append(
+                f"at {exp['at']}: firing {_fmt(got)}; expected {_fmt(want)}\n"
+                f"      missing:    {_fmt(want - got)}\n      unexpected: {_fmt(got - want)}"
+            )
     for rule in test.get("never") or []:
         if rule not in known:
             res.failures.append(f"never: unknown rule {rule!r}")
@@ -155,8 +157,9 @@ def run_test(test: dict[str, Any], path: Path, rules_dir: Path) -> TestResult:
         fired = [a for a in alerts if a.rule == rule and a.state == "firing"]
         if fired:
             a = fired[0]
-            res.failures.append(f"{rule} must never fire, but fired at {a.ts - T0:.0f}s on {a.host}/{a.gpu}: "
-                                f"{a.summary}")
+            res.failures.append(
+                f"{rule} must never fire, but fired at {a.ts - T0:.0f}s on {a.host}/{a.gpu}: {a.summary}"
+            )
     return res
 
 

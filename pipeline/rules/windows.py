@@ -27,9 +27,19 @@ from pipeline.numeric import group_stat as group_stat
 from pipeline.numeric import grow, id_bound
 
 PANES = 12
-_NO_PANE = np.iinfo(np.int64).min // 2   # a slot that never held a pane
-_REDUCE: dict[str, Callable[..., np.ndarray]] = {"sum": np.sum, "count": np.sum, "min": np.min, "max": np.max}   # over a window's panes
-_COMBINE: dict[str, Callable[..., np.ndarray]] = {"sum": np.add, "count": np.add, "min": np.minimum, "max": np.maximum}   # two parts of one
+_NO_PANE = np.iinfo(np.int64).min // 2  # a slot that never held a pane
+_REDUCE: dict[str, Callable[..., np.ndarray]] = {
+    "sum": np.sum,
+    "count": np.sum,
+    "min": np.min,
+    "max": np.max,
+}  # over a window's panes
+_COMBINE: dict[str, Callable[..., np.ndarray]] = {
+    "sum": np.add,
+    "count": np.add,
+    "min": np.minimum,
+    "max": np.maximum,
+}  # two parts of one
 
 
 class PaneWindow:
@@ -49,7 +59,7 @@ class PaneWindow:
         self.n = max(1, math.ceil(window_s / self.pw))
         self.aggs = aggs
         self.slot_pane = np.full(self.n, _NO_PANE, dtype=np.int64)
-        self.cur: int | None = None          # newest pane the ring has been advanced to
+        self.cur: int | None = None  # newest pane the ring has been advanced to
         self.data = {a: np.full((self.n, 0), self._FILL[a]) for a in aggs}
         self._full: dict[tuple[str, int], np.ndarray] = {}
         # Each aggregate over the window's panes before the newest one (``_closed``): they
@@ -96,11 +106,11 @@ class PaneWindow:
         p = int(math.floor(ts0 / self.pw))
         cur = self._advance(p)
         if p <= cur - self.n:
-            return   # older than the whole window: nothing of it can be asked for any more
+            return  # older than the whole window: nothing of it can be asked for any more
         slot = p % self.n
         self._full.clear()
         if p != cur:
-            self._closed.clear()   # a late chunk: one of the older panes changes
+            self._closed.clear()  # a late chunk: one of the older panes changes
         ok = ~np.isnan(values)
         if ok.all():
             e, v = ent, values
@@ -196,7 +206,7 @@ class PaneWindow:
 
     def _closed_panes(self) -> np.ndarray:
         """Which slots hold the window's panes before the newest."""
-        cur = _NO_PANE if self.cur is None else self.cur   # no pane yet: none is closed
+        cur = _NO_PANE if self.cur is None else self.cur  # no pane yet: none is closed
         return (self.slot_pane > cur - self.n) & (self.slot_pane < cur)
 
     def _closed_part(self, a: str) -> np.ndarray:
@@ -226,8 +236,10 @@ class PaneWindow:
     def to_state(self) -> dict:
         # Entity-major with a pane id per cell: the format snapshots have always had.
         cap = self.capacity
-        return {"pane_id": np.ascontiguousarray(np.broadcast_to(self.slot_pane, (cap, self.n))),
-                **{f"d_{a}": np.ascontiguousarray(v.T) for a, v in self.data.items()}}
+        return {
+            "pane_id": np.ascontiguousarray(np.broadcast_to(self.slot_pane, (cap, self.n))),
+            **{f"d_{a}": np.ascontiguousarray(v.T) for a, v in self.data.items()},
+        }
 
     def load_state(self, st: dict) -> None:
         ids = np.asarray(st["pane_id"])
@@ -253,9 +265,19 @@ class PaneWindow:
         self.slot_pane, self.cur = want, p
 
 
-def _fold(m: np.ndarray, v: np.ndarray, n: np.ndarray, lt: np.ndarray, out_since: np.ndarray, t: np.ndarray,
-          x: np.ndarray, tau: float | np.ndarray, warmup: float | np.ndarray, clip_sd: float | np.ndarray,
-          valid: np.ndarray | None = None) -> tuple[np.ndarray, ...]:
+def _fold(
+    m: np.ndarray,
+    v: np.ndarray,
+    n: np.ndarray,
+    lt: np.ndarray,
+    out_since: np.ndarray,
+    t: np.ndarray,
+    x: np.ndarray,
+    tau: float | np.ndarray,
+    warmup: float | np.ndarray,
+    clip_sd: float | np.ndarray,
+    valid: np.ndarray | None = None,
+) -> tuple[np.ndarray, ...]:
     """One sample per entity folded into (mean, var, n, last_ts, out_since); ``valid`` False
     leaves an entity as it was (a NaN value)."""
     fresh = np.isnan(m)
@@ -276,8 +298,13 @@ def _fold(m: np.ndarray, v: np.ndarray, n: np.ndarray, lt: np.ndarray, out_since
     diff = np.where(fresh, 0.0, x - m)
     new_m = np.where(fresh, x, m + alpha * diff)
     new_v = np.where(fresh, 0.0, (1 - alpha) * (v0 + alpha * diff * diff))
-    return (np.where(learn, new_m, m), np.where(learn, new_v, v), np.where(regime, 1.0, n + learn),
-            np.where(learn, t, lt), np.where(regime, np.nan, since))
+    return (
+        np.where(learn, new_m, m),
+        np.where(learn, new_v, v),
+        np.where(regime, 1.0, n + learn),
+        np.where(learn, t, lt),
+        np.where(regime, np.nan, since),
+    )
 
 
 class Baseline:
@@ -289,7 +316,7 @@ class Baseline:
         self.var = np.full(0, np.nan)
         self.n = np.zeros(0)
         self.last_ts = np.full(0, np.nan)
-        self.out_since = np.full(0, np.nan)   # first of the current run of outliers
+        self.out_since = np.full(0, np.nan)  # first of the current run of outliers
 
     def _ensure(self, n_ent: int) -> None:
         if len(self.mean) < n_ent:
@@ -316,13 +343,24 @@ class Baseline:
         for r in range(int(rank.max()) + 1):
             sel = rank == r
             e, t, x = ent[sel], ts[sel], values[sel]
-            new = _fold(self.mean[e], self.var[e], self.n[e], self.last_ts[e], self.out_since[e], t, x,
-                        self.tau, self.warmup, self.clip_sd)
+            new = _fold(
+                self.mean[e],
+                self.var[e],
+                self.n[e],
+                self.last_ts[e],
+                self.out_since[e],
+                t,
+                x,
+                self.tau,
+                self.warmup,
+                self.clip_sd,
+            )
             self.mean[e], self.var[e], self.n[e], self.last_ts[e], self.out_since[e] = new
 
     @staticmethod
-    def update_many(baselines: list["Baseline"], ent: np.ndarray | slice, ts: np.ndarray, values: np.ndarray,
-                    n_ent: int) -> None:
+    def update_many(
+        baselines: list["Baseline"], ent: np.ndarray | slice, ts: np.ndarray, values: np.ndarray, n_ent: int
+    ) -> None:
         """``update`` of several baselines over the same rows (one per entity), ``values`` (rows x
         baselines): one set of numpy calls for all of them. The same arithmetic per element, so
         the same results as updating each alone."""
@@ -334,10 +372,22 @@ class Baseline:
         def col(a: Sequence[float]) -> np.ndarray:
             return np.array(a, dtype=float)[:, None]
 
-        m, v, n, lt, since = (np.stack([getattr(b, k)[ent] for b in baselines])
-                              for k in ("mean", "var", "n", "last_ts", "out_since"))
-        new = _fold(m, v, n, lt, since, ts[None, :], x, col([b.tau for b in baselines]), col([b.warmup for b in baselines]),
-                    col([b.clip_sd for b in baselines]), valid)
+        m, v, n, lt, since = (
+            np.stack([getattr(b, k)[ent] for b in baselines]) for k in ("mean", "var", "n", "last_ts", "out_since")
+        )
+        new = _fold(
+            m,
+            v,
+            n,
+            lt,
+            since,
+            ts[None, :],
+            x,
+            col([b.tau for b in baselines]),
+            col([b.warmup for b in baselines]),
+            col([b.clip_sd for b in baselines]),
+            valid,
+        )
         for i, b in enumerate(baselines):
             b.mean[ent], b.var[ent], b.n[ent], b.last_ts[ent], b.out_since[ent] = (a[i] for a in new)
 

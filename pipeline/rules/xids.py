@@ -27,23 +27,30 @@ class XidEntry:
     xid: int
     mnemonic: str
     description: str
-    immediate_action: str       # NVIDIA's resolution bucket (RESET_GPU, RESTART_APP, ...); "" if none
+    immediate_action: str  # NVIDIA's resolution bucket (RESET_GPU, RESTART_APP, ...); "" if none
     investigatory_action: str
-    severity: str               # critical | warning | info (docs/rules.md#xids)
-    action: str                 # what to do, in words
+    severity: str  # critical | warning | info (docs/rules.md#xids)
+    action: str  # what to do, in words
 
 
 def _load() -> dict[int, XidEntry]:
     text = (resources.files("pipeline") / "data" / "xid_catalog.csv").read_text(encoding="utf-8")
-    rows = csv.DictReader(io.StringIO("".join(ln for ln in text.splitlines(keepends=True)
-                                              if not ln.startswith("#"))))
+    rows = csv.DictReader(io.StringIO("".join(ln for ln in text.splitlines(keepends=True) if not ln.startswith("#"))))
     out: dict[int, XidEntry] = {}
     for r in rows:
-        e = XidEntry(int(r["xid"]), r["mnemonic"], r["description"], r["immediate_action"],
-                     r["investigatory_action"], r["severity"], r["action"])
+        e = XidEntry(
+            int(r["xid"]),
+            r["mnemonic"],
+            r["description"],
+            r["immediate_action"],
+            r["investigatory_action"],
+            r["severity"],
+            r["action"],
+        )
         if e.severity not in SEVERITY_LEVEL:
-            raise ValueError(f"xid_catalog.csv: XID {e.xid}: severity {e.severity!r} is not one of "
-                             f"{', '.join(SEVERITY_LEVEL)}")
+            raise ValueError(
+                f"xid_catalog.csv: XID {e.xid}: severity {e.severity!r} is not one of {', '.join(SEVERITY_LEVEL)}"
+            )
         out[e.xid] = e
     return out
 
@@ -52,8 +59,10 @@ CATALOG: dict[int, XidEntry] = _load()
 
 # An XID newer than the catalogue must not pass unnoticed: it counts as a warning.
 UNKNOWN_SEVERITY = "warning"
-UNKNOWN_ACTION = ("not in gpuwarden's XID catalogue (a newer driver?): look it up in NVIDIA's XID "
-                  "documentation and collect nvidia-bug-report.sh output")
+UNKNOWN_ACTION = (
+    "not in gpuwarden's XID catalogue (a newer driver?): look it up in NVIDIA's XID "
+    "documentation and collect nvidia-bug-report.sh output"
+)
 
 _TABLE = np.full(max(CATALOG) + 1, SEVERITY_LEVEL[UNKNOWN_SEVERITY])
 for _x, _e in CATALOG.items():
@@ -75,7 +84,7 @@ def severity_levels(xid: np.ndarray) -> np.ndarray:
     or 0). XIDs outside the catalogue are warnings."""
     out = np.full(len(xid), np.nan)
     with np.errstate(invalid="ignore"):
-        have = (xid > 0) & (xid == np.floor(xid))          # NaN compares false
+        have = (xid > 0) & (xid == np.floor(xid))  # NaN compares false
     if have.any():
         x = xid[have]
         inside = x < len(_TABLE)
@@ -91,5 +100,10 @@ def evidence_text(xid: float | None) -> dict[str, str]:
     e = lookup(xid)
     if e is None:
         return dict.fromkeys(TEXT_NAMES, "")
-    return {"xid_mnemonic": e.mnemonic, "xid_meaning": e.description, "xid_action": e.action,
-            "xid_severity_name": e.severity, "xid_immediate_action": e.immediate_action}
+    return {
+        "xid_mnemonic": e.mnemonic,
+        "xid_meaning": e.description,
+        "xid_action": e.action,
+        "xid_severity_name": e.severity,
+        "xid_immediate_action": e.immediate_action,
+    }

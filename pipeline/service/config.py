@@ -35,7 +35,7 @@ class KafkaSection(msgspec.Struct, forbid_unknown_fields=True):
     bootstrap: str = "127.0.0.1:9092"
     prefix: str = "gpuwarden"
     group: str = "gpuwarden-service"
-    partitions: int = 8                            # for topics the service creates
+    partitions: int = 8  # for topics the service creates
     # kafka-python consumer settings (docs/operations.md#performance): a batch big enough to
     # amortise the per-batch costs (delivery flush, metrics), fetches big enough that a poll is
     # served from what was already fetched.
@@ -49,7 +49,7 @@ class KafkaSection(msgspec.Struct, forbid_unknown_fields=True):
 
 class HttpSection(msgspec.Struct, forbid_unknown_fields=True):
     host: str = "127.0.0.1"
-    port: int = 9108                              # 0: pick a free port (tests)
+    port: int = 9108  # 0: pick a free port (tests)
 
 
 class ServiceSection(msgspec.Struct, forbid_unknown_fields=True):
@@ -60,7 +60,7 @@ class ServiceSection(msgspec.Struct, forbid_unknown_fields=True):
     # A partition with no new records for this long (wall clock) is flushed: everything it
     # buffered is evaluated, as at the end of a replay. Later records older than that are late.
     flush_idle_s: float = 30.0
-    reload_check_s: float = 5.0                   # how often rule files are checked for changes
+    reload_check_s: float = 5.0  # how often rule files are checked for changes
     # Checkpoint cadence (docs/operations.md, How it keeps its promises): a partition with new
     # input is checkpointed, and only then its offsets committed, once per
     # checkpoint_interval_s (one grid for all partitions, so they go in one round) or after
@@ -114,16 +114,23 @@ def _validate(cfg: Config) -> None:
         raise ConfigError("kafka.bootstrap", "empty (set it or GPUWARDEN_KAFKA_BOOTSTRAP)")
     if not re.fullmatch(r"[A-Za-z0-9._-]+", cfg.kafka.prefix):
         raise ConfigError("kafka.prefix", f"{cfg.kafka.prefix!r}: letters, digits, '.', '_' and '-' only")
-    for key in ("partitions", "max_poll_records", "fetch_max_bytes", "max_partition_fetch_bytes",
-                "max_poll_interval_ms", "session_timeout_ms"):
+    for key in (
+        "partitions",
+        "max_poll_records",
+        "fetch_max_bytes",
+        "max_partition_fetch_bytes",
+        "max_poll_interval_ms",
+        "session_timeout_ms",
+    ):
         if getattr(cfg.kafka, key) <= 0:
             raise ConfigError(f"kafka.{key}", "must be > 0")
     if not 0 <= cfg.http.port <= 65535:
         raise ConfigError("http.port", f"{cfg.http.port} is not a port")
-    cfg.engine_config()   # raises ConfigError naming engine.<key>
+    cfg.engine_config()  # raises ConfigError naming engine.<key>
     if not (math.isfinite(cfg.service.checkpoint_interval_s) and 0 < cfg.service.checkpoint_interval_s <= 3600):
-        raise ConfigError("service.checkpoint_interval_s",
-                          f"{cfg.service.checkpoint_interval_s}: seconds, above 0 and at most 3600")
+        raise ConfigError(
+            "service.checkpoint_interval_s", f"{cfg.service.checkpoint_interval_s}: seconds, above 0 and at most 3600"
+        )
     if cfg.service.checkpoint_records <= 0:
         raise ConfigError("service.checkpoint_records", "must be > 0")
     if not 0 < cfg.service.state_max_mib <= 16384:

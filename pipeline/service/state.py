@@ -48,7 +48,7 @@ class Checkpoint:
     partition: int
     next_offset: int
     engine: bytes
-    epoch: int = 0        # the writer's: a partition's new owner writes with a higher one
+    epoch: int = 0  # the writer's: a partition's new owner writes with a higher one
 
 
 def state_key(env: Mapping[str, str], insecure: bool) -> bytes | None:
@@ -57,12 +57,15 @@ def state_key(env: Mapping[str, str], insecure: bool) -> bytes | None:
     if not raw:
         if insecure:
             return None
-        raise StateKeyError(f"{KEY_ENV} is not set: checkpoints are signed, so serve needs the key "
-                            "(the same on every replica); --insecure-state runs without, trusting the state topic")
+        raise StateKeyError(
+            f"{KEY_ENV} is not set: checkpoints are signed, so serve needs the key "
+            "(the same on every replica); --insecure-state runs without, trusting the state topic"
+        )
     key = raw.encode()
     if len(key) < MIN_KEY_BYTES:
-        raise StateKeyError(f"{KEY_ENV} is {len(key)} bytes; use at least {MIN_KEY_BYTES} random bytes "
-                            "(e.g. `openssl rand -hex 32`)")
+        raise StateKeyError(
+            f"{KEY_ENV} is {len(key)} bytes; use at least {MIN_KEY_BYTES} random bytes (e.g. `openssl rand -hex 32`)"
+        )
     return key
 
 
@@ -73,16 +76,23 @@ class StateStore:
     from ``_records``, the whole state log as (key, value, where) in log order: Kafka's compacted
     topic (``KafkaStateStore``) or an in-process bus topic (``MemoryStateStore``, for tests)."""
 
-    def __init__(self, topic: str, group: str, source_topic: str, producer: Producer,
-                 key: bytes | None = None, max_bytes: int = DEFAULT_MAX_BYTES) -> None:
+    def __init__(
+        self,
+        topic: str,
+        group: str,
+        source_topic: str,
+        producer: Producer,
+        key: bytes | None = None,
+        max_bytes: int = DEFAULT_MAX_BYTES,
+    ) -> None:
         self.topic, self.group, self.source = topic, group, source_topic
         self.producer = producer
         self.mac_key = key
         self.max_bytes = int(max_bytes)
-        self.epochs: dict[int, int] = {}                # partition -> epoch this writer stamps
-        self.seen: dict[int, tuple[int, int]] = {}      # partition -> newest (epoch, offset) loaded
-        self.rejected: Counter[str] = Counter()         # why checkpoints were skipped, by reason
-        self.on_reject: Callable[[str], None] | None = None   # e.g. a metric, called with the reason
+        self.epochs: dict[int, int] = {}  # partition -> epoch this writer stamps
+        self.seen: dict[int, tuple[int, int]] = {}  # partition -> newest (epoch, offset) loaded
+        self.rejected: Counter[str] = Counter()  # why checkpoints were skipped, by reason
+        self.on_reject: Callable[[str], None] | None = None  # e.g. a metric, called with the reason
 
     def key(self, partition: int) -> bytes:
         return f"{self.group}/{self.source}/{partition}".encode()
@@ -95,9 +105,16 @@ class StateStore:
         # zlib: snapshots are mostly NaN-filled arrays and compress ~10x, which keeps a
         # partition's state well under the topic's message size.
         epoch = self.epochs.setdefault(cp.partition, max(cp.epoch, 1))
-        env: dict[str, Any] = {"v": ENVELOPE_VERSION, "group": self.group, "topic": self.source,
-                               "partition": cp.partition, "offset": cp.next_offset, "epoch": epoch,
-                               "size": len(cp.engine), "engine": zlib.compress(cp.engine, 1)}
+        env: dict[str, Any] = {
+            "v": ENVELOPE_VERSION,
+            "group": self.group,
+            "topic": self.source,
+            "partition": cp.partition,
+            "offset": cp.next_offset,
+            "epoch": epoch,
+            "size": len(cp.engine),
+            "engine": zlib.compress(cp.engine, 1),
+        }
         if self.mac_key is not None:
             env["mac"] = _mac(self.mac_key, env)
         return msgspec.msgpack.encode(env)
@@ -131,8 +148,13 @@ class StateStore:
             cp = self.decode(p, value)
         except StateError as e:
             self._reject(str(e.context.get("reason", "corrupt")))
-            log.warning("state: skipping the checkpoint at %s for partition %d: %s", where, p, e,
-                        extra={"partition": p, "origin": where, "code": e.code})
+            log.warning(
+                "state: skipping the checkpoint at %s for partition %d: %s",
+                where,
+                p,
+                e,
+                extra={"partition": p, "origin": where, "code": e.code},
+            )
             return
         best = latest.get(p)
         if best is None or (cp.epoch, cp.next_offset) > (best.epoch, best.next_offset):
@@ -156,9 +178,15 @@ class StateStore:
             cp, floor = latest.get(p), self.seen.get(p, (0, -1))
             if cp is not None and (cp.epoch, cp.next_offset) < floor:
                 self._reject("rollback")
-                log.error("state: partition %d's newest checkpoint (epoch %d, offset %d) is older than the one "
-                          "loaded before (epoch %d, offset %d); not going back, starting fresh", p, cp.epoch,
-                          cp.next_offset, *floor, extra={"partition": p})
+                log.error(
+                    "state: partition %d's newest checkpoint (epoch %d, offset %d) is older than the one "
+                    "loaded before (epoch %d, offset %d); not going back, starting fresh",
+                    p,
+                    cp.epoch,
+                    cp.next_offset,
+                    *floor,
+                    extra={"partition": p},
+                )
                 del latest[p]
                 cp = None
             if cp is not None:
@@ -172,16 +200,30 @@ class StateStore:
 class KafkaStateStore(StateStore):
     """Checkpoints in the compacted ``<prefix>.state`` topic of a Kafka cluster."""
 
-    def __init__(self, bootstrap: str, topic: str, group: str, source_topic: str, producer: Producer,
-                 security: dict | None = None, key: bytes | None = None,
-                 max_bytes: int = DEFAULT_MAX_BYTES) -> None:
+    def __init__(
+        self,
+        bootstrap: str,
+        topic: str,
+        group: str,
+        source_topic: str,
+        producer: Producer,
+        security: dict | None = None,
+        key: bytes | None = None,
+        max_bytes: int = DEFAULT_MAX_BYTES,
+    ) -> None:
         super().__init__(topic, group, source_topic, producer, key=key, max_bytes=max_bytes)
         self.bootstrap = bootstrap
         self.security = security or {}
 
     def _records(self, timeout_s: float) -> Iterator[tuple[bytes | None, bytes | None, str]]:
-        consumer = KafkaConsumer(bootstrap_servers=self.bootstrap, group_id=None, enable_auto_commit=False,
-                                 max_partition_fetch_bytes=64 << 20, fetch_max_bytes=64 << 20, **self.security)
+        consumer = KafkaConsumer(
+            bootstrap_servers=self.bootstrap,
+            group_id=None,
+            enable_auto_commit=False,
+            max_partition_fetch_bytes=64 << 20,
+            fetch_max_bytes=64 << 20,
+            **self.security,
+        )
         try:
             parts = consumer.partitions_for_topic(self.topic) or set()
             tps = [TopicPartition(self.topic, p) for p in sorted(parts)]
@@ -204,8 +246,15 @@ class KafkaStateStore(StateStore):
 class MemoryStateStore(StateStore):
     """Checkpoints in a topic of an in-process ``MemoryBus`` (unit tests of the commit protocol)."""
 
-    def __init__(self, bus: Any, topic: str, group: str, source_topic: str, key: bytes | None = None,
-                 max_bytes: int = DEFAULT_MAX_BYTES) -> None:
+    def __init__(
+        self,
+        bus: Any,
+        topic: str,
+        group: str,
+        source_topic: str,
+        key: bytes | None = None,
+        max_bytes: int = DEFAULT_MAX_BYTES,
+    ) -> None:
         super().__init__(topic, group, source_topic, bus.producer(), key=key, max_bytes=max_bytes)
         self.bus = bus
 
@@ -216,8 +265,18 @@ class MemoryStateStore(StateStore):
 
 def _signed(env: Mapping[str, Any]) -> bytes:
     """What the MAC covers, in one fixed order (msgpack of a list is canonical)."""
-    return msgspec.msgpack.encode([env["v"], env["group"], env["topic"], env["partition"], env["offset"],
-                                   env["epoch"], env["size"], env["engine"]])
+    return msgspec.msgpack.encode(
+        [
+            env["v"],
+            env["group"],
+            env["topic"],
+            env["partition"],
+            env["offset"],
+            env["epoch"],
+            env["size"],
+            env["engine"],
+        ]
+    )
 
 
 def _mac(key: bytes, env: Mapping[str, Any]) -> bytes:
@@ -233,8 +292,11 @@ def _decode(value: bytes, key: bytes | None, want: tuple[str, str, int], max_byt
     if not isinstance(env, dict):
         raise StateError(f"corrupt checkpoint for partition {partition}: not an envelope", reason="corrupt")
     if env.get("v") != ENVELOPE_VERSION:
-        raise StateError(f"checkpoint envelope version {env.get('v')} for partition {partition} "
-                         f"(this build reads {ENVELOPE_VERSION})", reason="version")
+        raise StateError(
+            f"checkpoint envelope version {env.get('v')} for partition {partition} "
+            f"(this build reads {ENVELOPE_VERSION})",
+            reason="version",
+        )
     try:
         fields = _signed(env)
     except (KeyError, TypeError) as e:
@@ -242,21 +304,28 @@ def _decode(value: bytes, key: bytes | None, want: tuple[str, str, int], max_byt
     if key is not None:
         mac = env.get("mac")
         if not isinstance(mac, bytes):
-            raise StateError(f"unsigned checkpoint for partition {partition}; this service requires signed ones",
-                             reason="unsigned")
+            raise StateError(
+                f"unsigned checkpoint for partition {partition}; this service requires signed ones", reason="unsigned"
+            )
         if not hmac.compare_digest(mac, hmac.new(key, fields, hashlib.sha256).digest()):
-            raise StateError(f"checkpoint for partition {partition} is not signed with this service's key",
-                             reason="bad_signature")
+            raise StateError(
+                f"checkpoint for partition {partition} is not signed with this service's key", reason="bad_signature"
+            )
     if (env["group"], env["topic"], env["partition"]) != (group, topic, partition):
-        raise StateError(f"checkpoint of {env['group']}/{env['topic']}/{env['partition']} found under "
-                         f"{group}/{topic}/{partition}'s key", reason="misplaced")
+        raise StateError(
+            f"checkpoint of {env['group']}/{env['topic']}/{env['partition']} found under "
+            f"{group}/{topic}/{partition}'s key",
+            reason="misplaced",
+        )
     offset, epoch, size, engine = env["offset"], env["epoch"], env["size"], env["engine"]
     if type(offset) is not int or type(epoch) is not int or offset < 0 or epoch < 0 or not isinstance(engine, bytes):
-        raise StateError(f"corrupt checkpoint for partition {partition}: offset, epoch or snapshot malformed",
-                         reason="corrupt")
+        raise StateError(
+            f"corrupt checkpoint for partition {partition}: offset, epoch or snapshot malformed", reason="corrupt"
+        )
     if type(size) is not int or not 0 < size <= max_bytes:
-        raise StateError(f"checkpoint for partition {partition} expands to {size} bytes (at most {max_bytes})",
-                         reason="too_large")
+        raise StateError(
+            f"checkpoint for partition {partition} expands to {size} bytes (at most {max_bytes})", reason="too_large"
+        )
     return Checkpoint(partition, offset, _inflate(engine, size, partition), epoch)
 
 
@@ -266,11 +335,13 @@ def _inflate(data: bytes, size: int, partition: int) -> bytes:
     try:
         out = d.decompress(data, size)
         if len(out) == size and not d.eof and d.decompress(d.unconsumed_tail, 1):
-            raise StateError(f"checkpoint for partition {partition} expands past the {size} bytes it states",
-                             reason="too_large")
+            raise StateError(
+                f"checkpoint for partition {partition} expands past the {size} bytes it states", reason="too_large"
+            )
     except zlib.error as e:
         raise StateError(f"corrupt checkpoint for partition {partition}: {e}", reason="corrupt") from e
     if len(out) != size or d.unconsumed_tail or not d.eof or d.unused_data:
-        raise StateError(f"checkpoint for partition {partition} does not expand to the {size} bytes it states",
-                         reason="corrupt")
+        raise StateError(
+            f"checkpoint for partition {partition} does not expand to the {size} bytes it states", reason="corrupt"
+        )
     return out

@@ -32,7 +32,7 @@ from .fields import (
 )
 from .fleet import FleetState, Mods
 
-NVLINKS_PER_GPU = 18   # H100/H200 SXM: 18 NVLink4 links
+NVLINKS_PER_GPU = 18  # H100/H200 SXM: 18 NVLink4 links
 
 
 @dataclass
@@ -41,11 +41,11 @@ class Event:
 
     id: str
     type: str
-    host: int | None          # host index; None for fleet/job-wide events
-    gpu: int | None           # local GPU index; None for host-wide events
+    host: int | None  # host index; None for fleet/job-wide events
+    gpu: int | None  # local GPU index; None for host-wide events
     link: int | None
     t0: float
-    t1: float                 # == t0 for instant events
+    t1: float  # == t0 for instant events
     params: dict[str, Any]
 
     @property
@@ -59,17 +59,17 @@ class Runtime:
 
     event: Event
     rng: np.random.Generator
-    gi: int | None            # global GPU index
+    gi: int | None  # global GPU index
     state: dict[str, Any] = field(default_factory=dict)
-    done: bool = False        # instant events fire once
+    done: bool = False  # instant events fire once
 
 
 class EffectType:
     """Base class of a fault/condition type."""
 
     name: ClassVar[str] = ""
-    fault: ClassVar[bool] = True          # False: benign condition
-    scope: ClassVar[str] = "gpu"          # gpu | host | fleet | job
+    fault: ClassVar[bool] = True  # False: benign condition
+    scope: ClassVar[str] = "gpu"  # gpu | host | fleet | job
     instant: ClassVar[bool] = False
     PARAMS: ClassVar[dict[str, Any]] = {}
     # Event length drawn by random scenarios (llama3), seconds; None = until the end of the run.
@@ -97,6 +97,7 @@ def _ramp(t: float, t0: float, ramp: float) -> float:
 # Faults
 # ---------------------------------------------------------------------------------------------
 
+
 class ThermalThrottling(EffectType):
     """Cooling failure on one GPU (fan, cold plate, pump, thermal paste): its thermal resistance
     grows to ``severity`` x normal over ``ramp_s``. The temperature climbs past max operating
@@ -106,7 +107,7 @@ class ThermalThrottling(EffectType):
 
     name = "thermal_throttling"
     PARAMS = {"severity": 4.0, "ramp_s": None}
-    target = "cool_mult"      # the core's thermal resistance
+    target = "cool_mult"  # the core's thermal resistance
 
     def resolve(self, params, rng, window):
         p = super().resolve(params, rng, window)
@@ -126,7 +127,7 @@ class ThermalHbmThrottling(ThermalThrottling):
 
     name = "thermal_hbm_throttling"
     PARAMS = {"severity": 2.2, "ramp_s": None}
-    target = "hbm_mult"       # the same ramp, on the memory side
+    target = "hbm_mult"  # the same ramp, on the memory side
 
 
 class HbmEccBurst(EffectType):
@@ -147,11 +148,11 @@ class HbmEccBurst(EffectType):
     name = "hbm_ecc_burst"
     RANDOM_DURATION = (180.0, 600.0)
     PARAMS = {
-        "sbe_per_min": None,      # drawn 40-300
-        "memory": "hbm",          # hbm | sram
-        "escalate": None,         # drawn: half of the events escalate to a DBE
-        "contained": None,        # drawn: XID 94 (contained) or 95
-        "xid92": None,            # default: sbe_per_min >= 100
+        "sbe_per_min": None,  # drawn 40-300
+        "memory": "hbm",  # hbm | sram
+        "escalate": None,  # drawn: half of the events escalate to a DBE
+        "contained": None,  # drawn: XID 94 (contained) or 95
+        "xid92": None,  # default: sbe_per_min >= 100
         "xid92_after": 30,
         "remap_at": 0.35,
         "rows_per_min": 1.5,
@@ -221,11 +222,11 @@ class NvlinkDegradation(EffectType):
     PARAMS = {
         "rate0": 0.1,
         "rate_max": 300.0,
-        "ramp_s": None,          # default 85 % of the window
+        "ramp_s": None,  # default 85 % of the window
         "max_sag": 0.35,
         "data_ratio": 0.3,
         "replay_ratio": 0.05,
-        "crc_ratio": 1.0,        # 0: replays without CRC errors (a link that retrains cleanly)
+        "crc_ratio": 1.0,  # 0: replays without CRC errors (a link that retrains cleanly)
     }
 
     def resolve(self, params, rng, window):
@@ -353,6 +354,7 @@ class TelemetryGap(EffectType):
 # Benign conditions
 # ---------------------------------------------------------------------------------------------
 
+
 class PowerCap(EffectType):
     """Facility power capping: the host's GPUs get their enforced power limit lowered to
     ``limit_w``. Power sits at the cap, SW_POWER_CAP is set, clocks are moderately lower and
@@ -477,14 +479,33 @@ class EccSbeIsolated(EffectType):
 TYPES: dict[str, EffectType] = {
     cls.name: cls()
     for cls in (
-        ThermalThrottling, ThermalHbmThrottling, HbmEccBurst, NvlinkDegradation, NvlinkLinkDown,
-        NcclStraggler, GpuLost, TelemetryGap,
-        PowerCap, DriverReload, AfternoonHeat, Checkpoint, EccSbeIsolated, HotRack, JobRestart, GpuReset,
+        ThermalThrottling,
+        ThermalHbmThrottling,
+        HbmEccBurst,
+        NvlinkDegradation,
+        NvlinkLinkDown,
+        NcclStraggler,
+        GpuLost,
+        TelemetryGap,
+        PowerCap,
+        DriverReload,
+        AfternoonHeat,
+        Checkpoint,
+        EccSbeIsolated,
+        HotRack,
+        JobRestart,
+        GpuReset,
     )
 }
 FAULT_TYPES: tuple[str, ...] = tuple(n for n, t in TYPES.items() if t.fault)
 CONDITION_TYPES: tuple[str, ...] = tuple(n for n, t in TYPES.items() if not t.fault)
 # Conditions a scenario may schedule itself (the others are drawn by the simulator).
-SCHEDULABLE_CONDITIONS: tuple[str, ...] = ("power_cap", "driver_reload", "afternoon_heat", "hot_rack",
-                                           "job_restart", "gpu_reset")
+SCHEDULABLE_CONDITIONS: tuple[str, ...] = (
+    "power_cap",
+    "driver_reload",
+    "afternoon_heat",
+    "hot_rack",
+    "job_restart",
+    "gpu_reset",
+)
 NVLINK_TYPES = ("nvlink_degradation", "nvlink_link_down")

@@ -22,19 +22,19 @@ HW_POWER_BRAKE = 0x80
 THERMAL_BITS = SW_THERMAL | HW_THERMAL | HW_SLOWDOWN
 
 # --- DCGM "blank" placeholders that older exporters leak (dcgm_structs.h) ---
-BLANK_INT64 = 9223372036854775794      # DCGM_INT64_BLANK (0x7ffffffffffffff0 + 2)
-BLANK_FP64 = 140737488355328.0         # DCGM_FP64_BLANK (2**47)
+BLANK_INT64 = 9223372036854775794  # DCGM_INT64_BLANK (0x7ffffffffffffff0 + 2)
+BLANK_FP64 = 140737488355328.0  # DCGM_FP64_BLANK (2**47)
 
 # --- XIDs the simulator emits (shared/data/nvsentinel_xiderrorsmapping.csv) ---
-XID_DBE = 48             # double-bit ECC error
-XID_REMAP = 63           # row remap recorded
-XID_REMAP_FAILED = 64    # row remap failed
-XID_NVLINK = 74          # NVLink error
-XID_FELL_OFF_BUS = 79    # GPU has fallen off the bus
-XID_SBE_RATE = 92        # excessive SBE interrupts
-XID_CONTAINED = 94       # contained ECC error: one process dies
-XID_UNCONTAINED = 95     # uncontained ECC error: GPU reset needed
-XID_GSP_TIMEOUT = 119    # GSP RPC timeout
+XID_DBE = 48  # double-bit ECC error
+XID_REMAP = 63  # row remap recorded
+XID_REMAP_FAILED = 64  # row remap failed
+XID_NVLINK = 74  # NVLink error
+XID_FELL_OFF_BUS = 79  # GPU has fallen off the bus
+XID_SBE_RATE = 92  # excessive SBE interrupts
+XID_CONTAINED = 94  # contained ECC error: one process dies
+XID_UNCONTAINED = 95  # uncontained ECC error: GPU reset needed
+XID_GSP_TIMEOUT = 119  # GSP RPC timeout
 
 P = "DCGM_FI_DEV_"
 
@@ -107,18 +107,18 @@ class GpuModelSpec:
     ``load_scale`` and ``k_scale`` are the simulator's own physics: training power as a share of
     the H100's, and the cooling's thermal resistance relative to an air-cooled H100 SXM."""
 
-    power_limit_w: float = 700.0        # H100/H200 SXM board power limit
-    boost_mhz: int = 1980               # max SM clock
-    idle_mhz: int = 345                 # SM clock when nothing runs
-    clock_step_mhz: int = 15            # SM clocks move in 15 MHz bins
-    mem_clock_mhz: int = 2619           # HBM3 on H100 SXM
-    slowdown_c: int = 89                # DCGM_FI_DEV_SLOWDOWN_TEMP
-    shutdown_c: int = 92                # DCGM_FI_DEV_SHUTDOWN_TEMP
-    gpu_max_op_c: int = 87              # DCGM_FI_DEV_GPU_MAX_OP_TEMP
-    mem_max_op_c: int = 95              # DCGM_FI_DEV_MEM_MAX_OP_TEMP
+    power_limit_w: float = 700.0  # H100/H200 SXM board power limit
+    boost_mhz: int = 1980  # max SM clock
+    idle_mhz: int = 345  # SM clock when nothing runs
+    clock_step_mhz: int = 15  # SM clocks move in 15 MHz bins
+    mem_clock_mhz: int = 2619  # HBM3 on H100 SXM
+    slowdown_c: int = 89  # DCGM_FI_DEV_SLOWDOWN_TEMP
+    shutdown_c: int = 92  # DCGM_FI_DEV_SHUTDOWN_TEMP
+    gpu_max_op_c: int = 87  # DCGM_FI_DEV_GPU_MAX_OP_TEMP
+    mem_max_op_c: int = 95  # DCGM_FI_DEV_MEM_MAX_OP_TEMP
     nvlink_busbw_gbs: tuple[float, float] = (395.0, 455.0)  # 8-GPU NVLink all-reduce busbw
-    load_scale: float = 1.0             # training power relative to an H100's (585-662 W)
-    k_scale: float = 1.0                # thermal resistance relative to an H100 SXM's
+    load_scale: float = 1.0  # training power relative to an H100's (585-662 W)
+    k_scale: float = 1.0  # thermal resistance relative to an H100 SXM's
 
 
 _H100 = GpuModelSpec()
@@ -144,7 +144,13 @@ def model_spec(model: str) -> GpuModelSpec:
     row = lookup(model)
     if row is None or row.key == "H100_SXM":
         return _H100
-    return GpuModelSpec(power_limit_w=row.tdp_w, boost_mhz=int(row.max_sm_clock_mhz),
-                        mem_clock_mhz=int(row.mem_clock_mhz), slowdown_c=int(row.slowdown_c),
-                        shutdown_c=int(row.shutdown_c), gpu_max_op_c=int(row.gpu_max_op_c),
-                        mem_max_op_c=int(row.mem_max_op_c), **_PHYSICS.get(row.key, {}))
+    return GpuModelSpec(
+        power_limit_w=row.tdp_w,
+        boost_mhz=int(row.max_sm_clock_mhz),
+        mem_clock_mhz=int(row.mem_clock_mhz),
+        slowdown_c=int(row.slowdown_c),
+        shutdown_c=int(row.shutdown_c),
+        gpu_max_op_c=int(row.gpu_max_op_c),
+        mem_max_op_c=int(row.mem_max_op_c),
+        **_PHYSICS.get(row.key, {}),
+    )

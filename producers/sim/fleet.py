@@ -41,17 +41,17 @@ from .fields import (
 from .rng import substream
 
 NS = 1_000_000_000
-SW_FLOOR = 0.6     # lowest clock scale the software thermal slowdown goes to (~1190 MHz)
+SW_FLOOR = 0.6  # lowest clock scale the software thermal slowdown goes to (~1190 MHz)
 MAX_SUBSTEP_S = 1.0
 CLOCK_SPEED_EXP = 0.7
 
 # Ambient (server inlet) model defaults; a scenario's ``ambient`` mapping overrides them.
 AMBIENT_DEFAULTS = {
-    "base_c": 24.0,            # inlet temperature at the daily mean
+    "base_c": 24.0,  # inlet temperature at the daily mean
     "diurnal_amplitude_c": 3.0,  # +- around the mean over a day
-    "peak_hour": 15.0,         # local hour of the daily maximum (mid-afternoon)
-    "utc_offset_h": 0.0,       # the data centre's offset from UTC, for "local hour"
-    "host_spread_c": 1.2,      # sd of per-host inlet offsets (rack position, airflow)
+    "peak_hour": 15.0,  # local hour of the daily maximum (mid-afternoon)
+    "utc_offset_h": 0.0,  # the data centre's offset from UTC, for "local hour"
+    "host_spread_c": 1.2,  # sd of per-host inlet offsets (rack position, airflow)
 }
 
 
@@ -59,17 +59,17 @@ AMBIENT_DEFAULTS = {
 class StepOut:
     """Per-GPU values of one step (arrays of length N)."""
 
-    training: np.ndarray      # bool: running the job this step
-    temp: np.ndarray          # int64 core temperature
-    mem_temp: np.ndarray      # int64 HBM temperature
-    sm_clock: np.ndarray      # int64
-    power: np.ndarray         # float64, rounded to 3 decimals
-    limit: np.ndarray         # float64 enforced power limit
-    util: np.ndarray          # int64 0..100
-    reasons: np.ndarray       # int64 clock-event bitmask
-    sm_active: np.ndarray     # float64 0..1, rounded
-    nvlink_bw: np.ndarray     # int64 MB/s
-    speed: np.ndarray         # float64 effective compute speed (1 = nominal), for NCCL
+    training: np.ndarray  # bool: running the job this step
+    temp: np.ndarray  # int64 core temperature
+    mem_temp: np.ndarray  # int64 HBM temperature
+    sm_clock: np.ndarray  # int64
+    power: np.ndarray  # float64, rounded to 3 decimals
+    limit: np.ndarray  # float64 enforced power limit
+    util: np.ndarray  # int64 0..100
+    reasons: np.ndarray  # int64 clock-event bitmask
+    sm_active: np.ndarray  # float64 0..1, rounded
+    nvlink_bw: np.ndarray  # int64 MB/s
+    speed: np.ndarray  # float64 effective compute speed (1 = nominal), for NCCL
 
 
 class Mods:
@@ -78,21 +78,21 @@ class Mods:
     def __init__(self, n: int, h: int, limit_w: float | np.ndarray) -> None:
         """``limit_w``: the board limit, one for the fleet or one per GPU (a mixed fleet)."""
         self.n, self.h = n, h
-        self.limit_w = np.broadcast_to(np.asarray(limit_w, dtype=float), (n,)).copy()   # board limit per GPU
-        self.cool_mult = np.ones(n)         # core thermal resistance multiplier (cooling failure)
-        self.hbm_mult = np.ones(n)          # HBM thermal resistance multiplier
-        self.stall = np.zeros(n)            # fraction of time the GPU waits on input (straggler)
-        self.clock_cap = np.ones(n)         # max clock scale (straggler "clock" mode)
-        self.peer_wait = np.zeros(n)        # fraction of SM time lost waiting for a slow peer
-        self.limit = self.limit_w.copy()    # enforced power limit (facility power cap)
-        self.amb_add_h = np.zeros(h)        # extra inlet temperature per host (heat wave)
-        self.nv_gpu = np.ones(n)            # NVLink throughput factor of one GPU
-        self.tp_h = np.ones(h)              # NVLink (TP communicator) bandwidth factor per host
+        self.limit_w = np.broadcast_to(np.asarray(limit_w, dtype=float), (n,)).copy()  # board limit per GPU
+        self.cool_mult = np.ones(n)  # core thermal resistance multiplier (cooling failure)
+        self.hbm_mult = np.ones(n)  # HBM thermal resistance multiplier
+        self.stall = np.zeros(n)  # fraction of time the GPU waits on input (straggler)
+        self.clock_cap = np.ones(n)  # max clock scale (straggler "clock" mode)
+        self.peer_wait = np.zeros(n)  # fraction of SM time lost waiting for a slow peer
+        self.limit = self.limit_w.copy()  # enforced power limit (facility power cap)
+        self.amb_add_h = np.zeros(h)  # extra inlet temperature per host (heat wave)
+        self.nv_gpu = np.ones(n)  # NVLink throughput factor of one GPU
+        self.tp_h = np.ones(h)  # NVLink (TP communicator) bandwidth factor per host
         self.gpu_hidden = np.zeros(n, bool)  # GPU absent from the exporter's output
         self.host_hidden = np.zeros(h, bool)  # host sends nothing (telemetry gap)
-        self.dead = np.zeros(n, bool)       # GPU not computing, no NCCL ranks
+        self.dead = np.zeros(n, bool)  # GPU not computing, no NCCL ranks
         self.force_idle = np.zeros(n, bool)  # GPU reports but runs nothing
-        self.paused = False                 # job-wide checkpoint pause
+        self.paused = False  # job-wide checkpoint pause
 
     def reset(self) -> None:
         self.cool_mult.fill(1.0)
@@ -126,11 +126,13 @@ class FleetState:
         start_ts: float = 0.0,
     ) -> None:
         self.H, self.G, self.N = hosts, gpus_per_host, hosts * gpus_per_host
-        specs = spec if isinstance(spec, list) else [spec] * hosts   # one GPU model per host
+        specs = spec if isinstance(spec, list) else [spec] * hosts  # one GPU model per host
         self.spec, self.dt = specs[0], dt
         self.specs_h = specs
-        per_gpu = lambda attr: np.repeat(np.array([getattr(sp, attr) for sp in specs], dtype=float),  # noqa: E731
-                                         gpus_per_host)
+        per_gpu = lambda attr: np.repeat(
+            np.array([getattr(sp, attr) for sp in specs], dtype=float),  # noqa: E731
+            gpus_per_host,
+        )
         self.max_op, self.mem_max_op = per_gpu("gpu_max_op_c"), per_gpu("mem_max_op_c")
         self.slowdown, self.boost, self.idle_mhz = per_gpu("slowdown_c"), per_gpu("boost_mhz"), per_gpu("idle_mhz")
         self.board_w = per_gpu("power_limit_w")
@@ -144,8 +146,8 @@ class FleetState:
         # limit on the hottest afternoon stays under max operating temperature.
         self.k_core = np.clip(r.normal(0.062, 0.0025, n), 0.055, 0.067) * k_scale
         self.k_hbm = np.clip(r.normal(0.066, 0.003, n), 0.058, 0.071) * k_scale
-        self.hbm_off = r.uniform(4.0, 7.0, n)           # HBM sits a few degrees above the die
-        self.gpu_amb_off = r.uniform(-1.0, 1.5, n)      # airflow position inside the chassis
+        self.hbm_off = r.uniform(4.0, 7.0, n)  # HBM sits a few degrees above the die
+        self.gpu_amb_off = r.uniform(-1.0, 1.5, n)  # airflow position inside the chassis
         self.host_amb_off = np.clip(r.normal(0.0, self.amb["host_spread_c"], h), -2.5, 2.5)
         tau_core = r.uniform(30.0, 60.0, n)
         tau_hbm = r.uniform(45.0, 75.0, n)
@@ -158,7 +160,7 @@ class FleetState:
         self.p_ckpt = self.p_idle + r.uniform(18.0, 30.0, n)
         self.p_load = r.uniform(585.0, 662.0, n) * load_scale
         self.act_base = r.uniform(0.74, 0.86, n)
-        self.nv_base = r.uniform(125_000.0, 155_000.0, n)   # NVLink MB/s while training
+        self.nv_base = r.uniform(125_000.0, 155_000.0, n)  # NVLink MB/s while training
         # Counters start where a fleet in service would be: some history in the aggregates.
         self.sbe_vol = np.zeros(n, np.int64)
         self.dbe_vol = np.zeros(n, np.int64)
@@ -200,8 +202,16 @@ class FleetState:
         """A driver reload: volatile counters and the sticky XID go back to zero; a pending row
         remap is applied by the GPU reset that comes with it. Aggregates and remapped rows stay."""
         for arr in (
-            self.sbe_vol, self.dbe_vol, self.crc_flit, self.crc_data, self.replay,
-            self.recovery, self.pcie_replay, self.xid, self.therm_ns, self.power_ns,
+            self.sbe_vol,
+            self.dbe_vol,
+            self.crc_flit,
+            self.crc_data,
+            self.replay,
+            self.recovery,
+            self.pcie_replay,
+            self.xid,
+            self.therm_ns,
+            self.power_ns,
             self.remap_pending,
         ):
             arr[idx] = 0
@@ -265,8 +275,9 @@ class FleetState:
 
             # Software thermal slowdown is on while the governor holds the clock down or a
             # temperature is at its max operating limit.
-            sw_th = (training & (s_th < 0.995)) | (self.t_core >= self.max_op - 0.5) \
-                | (self.t_hbm >= self.mem_max_op - 0.5)
+            sw_th = (
+                (training & (s_th < 0.995)) | (self.t_core >= self.max_op - 0.5) | (self.t_hbm >= self.mem_max_op - 0.5)
+            )
 
             # Thermal governor (acts on the next sub-step): integrate the excess over the set
             # points, recover slowly once comfortably below them. Software slowdown only trims
@@ -275,9 +286,13 @@ class FleetState:
             # a little under max operating temperature (hysteresis).
             over = np.maximum(self.t_core - (self.max_op + 1.0), self.t_hbm - (self.mem_max_op + 0.5))
             self.scale_th = np.clip(
-                np.where(over > 0, self.scale_th - 0.012 * over * h,
-                         np.where(over < -1.5, self.scale_th + 0.01 * h, self.scale_th)),
-                SW_FLOOR, 1.0,
+                np.where(
+                    over > 0,
+                    self.scale_th - 0.012 * over * h,
+                    np.where(over < -1.5, self.scale_th + 0.01 * h, self.scale_th),
+                ),
+                SW_FLOOR,
+                1.0,
             )
             self.hw_latch = (self.t_core >= self.slowdown) | (hw_th & (self.t_core >= self.max_op - 0.5))
 
@@ -310,7 +325,7 @@ class FleetState:
 
         # Compute speed for the NCCL model: training is partly memory- and network-bound, so
         # throughput falls slower than the clock (~clock^0.7); input stalls cost time directly.
-        speed = np.where(training, s ** CLOCK_SPEED_EXP * (1.0 - mods.stall), 0.0)
+        speed = np.where(training, s**CLOCK_SPEED_EXP * (1.0 - mods.stall), 0.0)
         # NVLink traffic follows the TP collectives: the host's link health and its slowest rank.
         host_speed = np.where(training, speed, 1.0).reshape(self.H, self.G).min(axis=1)
         nvbw = self.nv_base * (mods.tp_h * np.minimum(host_speed, 1.0))[host_of] * mods.nv_gpu * (1.0 + eps_bw)

@@ -48,13 +48,17 @@ RATE_PER_GPU_S = UNEXPECTED_INTERRUPTIONS / (SNAPSHOT_DAYS * 86_400 * CLUSTER_GP
 
 # (category, share %, [(fault type, weight within the category, params), ...]); [] = dropped.
 MIX: tuple[tuple[str, float, list[tuple[str, float, dict]]], ...] = (
-    ("Faulty GPU", 30.1, [
-        ("thermal_throttling", 1.0, {}),
-        ("nvlink_degradation", 1.0, {}),
-        ("nvlink_link_down", 1.0, {}),
-        ("gpu_lost", 1.0, {}),
-        ("nccl_straggler", 1.0, {}),
-    ]),
+    (
+        "Faulty GPU",
+        30.1,
+        [
+            ("thermal_throttling", 1.0, {}),
+            ("nvlink_degradation", 1.0, {}),
+            ("nvlink_link_down", 1.0, {}),
+            ("gpu_lost", 1.0, {}),
+            ("nccl_straggler", 1.0, {}),
+        ],
+    ),
     ("GPU HBM3 Memory", 17.2, [("hbm_ecc_burst", 1.0, {"memory": "hbm"})]),
     ("Software Bug", 12.9, []),
     ("Network Switch/Cable", 8.4, []),
@@ -64,10 +68,14 @@ MIX: tuple[tuple[str, float, list[tuple[str, float, dict]]], ...] = (
     ("NIC", 1.7, []),
     ("NCCL Watchdog Timeouts", 1.7, [("nccl_straggler", 1.0, {})]),
     ("Silent Data Corruption", 1.4, []),
-    ("GPU Thermal Interface + Sensor", 1.4, [
-        ("thermal_throttling", 1.0, {}),
-        ("thermal_hbm_throttling", 1.0, {}),
-    ]),
+    (
+        "GPU Thermal Interface + Sensor",
+        1.4,
+        [
+            ("thermal_throttling", 1.0, {}),
+            ("thermal_hbm_throttling", 1.0, {}),
+        ],
+    ),
     ("SSD", 0.7, []),
     ("Power Supply", 0.7, []),
     ("Server Chassis", 0.5, []),
@@ -83,8 +91,9 @@ def expected_faults(n_gpus: int, duration: float, acceleration: float) -> float:
     return RATE_PER_GPU_S * n_gpus * duration * acceleration
 
 
-def draw(rng: np.random.Generator, n_gpus: int, duration: float, acceleration: float,
-         random_duration) -> list[FaultSpec]:
+def draw(
+    rng: np.random.Generator, n_gpus: int, duration: float, acceleration: float, random_duration
+) -> list[FaultSpec]:
     """Draw the run's faults: a Poisson count, categories by Meta's shares, onsets uniform over
     the run (leaving the last minute or 10 % so each fault has time to show). Placement on hosts
     and GPUs (uniform, without overlap on one GPU) is done by the planner (``plan.py``). ``random_duration(type)`` gives
@@ -104,7 +113,9 @@ def draw(rng: np.random.Generator, n_gpus: int, duration: float, acceleration: f
         ftype, _w, params = options[int(rng.choice(len(options), p=w / w.sum()))]
         span = random_duration(ftype)
         dur = None if span is None else float(rng.uniform(*span))
-        out.append(FaultSpec(type=ftype, onset=round(onset, 3),
-                             duration=None if dur is None else round(dur, 3),
-                             params={**params}))
+        out.append(
+            FaultSpec(
+                type=ftype, onset=round(onset, 3), duration=None if dur is None else round(dur, 3), params={**params}
+            )
+        )
     return out

@@ -31,12 +31,12 @@ MIB = 1 << 20
 
 NCCL_DEFAULTS = {
     "tp_bytes": GIB,
-    "tp_rate_per_s": 40.0,        # TP all-reduces per second while training
+    "tp_rate_per_s": 40.0,  # TP all-reduces per second while training
     "dp_coll": "ReduceScatter",
     "dp_bytes": 64 * MIB,
     "dp_rate_per_s": 2.0,
     "dp_busbw_gbs": [41.0, 45.0],
-    "wait_factor": 2.0,           # compute time between collectives, in units of a collective
+    "wait_factor": 2.0,  # compute time between collectives, in units of a collective
 }
 COLLS = ("AllReduce", "AllGather", "ReduceScatter", "Broadcast")
 
@@ -58,8 +58,16 @@ def traffic_bytes(coll: str, nbytes: int, n: int) -> int:
 class NcclModel:
     """Accumulates per-GPU speed over an interval and emits the interval's records."""
 
-    def __init__(self, hosts: int, gpus_per_host: int, host_names: list[str], seed: int,
-                 job: str, busbw_range: tuple[float, float], opts: dict | None = None) -> None:
+    def __init__(
+        self,
+        hosts: int,
+        gpus_per_host: int,
+        host_names: list[str],
+        seed: int,
+        job: str,
+        busbw_range: tuple[float, float],
+        opts: dict | None = None,
+    ) -> None:
         self.H, self.G = hosts, gpus_per_host
         self.host_names, self.job = host_names, job
         o = {**NCCL_DEFAULTS, **(opts or {})}
@@ -127,7 +135,7 @@ class NcclModel:
         busbw_out = np.round(algbw * bf, 3)
         # Collectives completed this interval: bounded by the comm's slowest rank and its time.
         t_comm = np.where(ok, T, 0.0).max(axis=1)
-        count = np.rint(rate * t_comm / (1.0 + max_slow[:, 0]) * factor ** 0.5).astype(np.int64)
+        count = np.rint(rate * t_comm / (1.0 + max_slow[:, 0]) * factor**0.5).astype(np.int64)
         count = np.where(t_comm > 0, np.maximum(count, 1), 0)
         return ok, exec_us, algbw, busbw_out, count
 
@@ -145,16 +153,18 @@ class NcclModel:
         recs_tp = recs_dp = None
         if self.tp_on:
             tp_factor = self.acc_tp / self.acc_job
-            ok, ex, al, bb, cnt = self._group(T, S, A, self.tp_busbw, o["tp_bytes"], "AllReduce",
-                                              o["tp_rate_per_s"], tp_factor)
+            ok, ex, al, bb, cnt = self._group(
+                T, S, A, self.tp_busbw, o["tp_bytes"], "AllReduce", o["tp_rate_per_s"], tp_factor
+            )
             self.tp_seq += cnt
             recs_tp = (ok.tolist(), ex.tolist(), al.tolist(), bb.tolist(), self.tp_seq.tolist())
         if self.dp_on:
             # Job-wide fabric congestion, an AR(1) shared by every DP communicator.
             self.congestion = 0.8 * self.congestion + self._noise.normal(0.0, 0.02)
             dp_factor = np.full(G, max(0.5, 1.0 - abs(self.congestion)))
-            ok, ex, al, bb, cnt = self._group(T.T, S.T, A.T, self.dp_busbw, o["dp_bytes"], o["dp_coll"],
-                                              o["dp_rate_per_s"], dp_factor)
+            ok, ex, al, bb, cnt = self._group(
+                T.T, S.T, A.T, self.dp_busbw, o["dp_bytes"], o["dp_coll"], o["dp_rate_per_s"], dp_factor
+            )
             self.dp_seq += cnt
             recs_dp = (ok.tolist(), ex.tolist(), al.tolist(), bb.tolist(), self.dp_seq.tolist())
         self._reset()
@@ -162,21 +172,56 @@ class NcclModel:
         # with the per-rank values filled in; key order is the template's, so output is stable.
         job, names = self.job, self.host_names
         tp_b, dp_b, dp_coll = int(o["tp_bytes"]), int(o["dp_bytes"]), o["dp_coll"]
-        dp_tmpl = [
-            {"v": 1, "kind": "nccl", "ts": ts, "host": "", "gpu": g, "job": job, "comm": self.dp_ids[g],
-             "comm_name": f"dp{g}", "rank": 0, "nranks": H, "nnodes": H, "coll": dp_coll,
-             "seq": recs_dp[4][g], "bytes": dp_b, "exec_time_us": 0.0, "algbw_gbs": 0.0, "busbw_gbs": 0.0}
-            for g in range(G)
-        ] if recs_dp is not None else None
+        dp_tmpl = (
+            [
+                {
+                    "v": 1,
+                    "kind": "nccl",
+                    "ts": ts,
+                    "host": "",
+                    "gpu": g,
+                    "job": job,
+                    "comm": self.dp_ids[g],
+                    "comm_name": f"dp{g}",
+                    "rank": 0,
+                    "nranks": H,
+                    "nnodes": H,
+                    "coll": dp_coll,
+                    "seq": recs_dp[4][g],
+                    "bytes": dp_b,
+                    "exec_time_us": 0.0,
+                    "algbw_gbs": 0.0,
+                    "busbw_gbs": 0.0,
+                }
+                for g in range(G)
+            ]
+            if recs_dp is not None
+            else None
+        )
         for h in range(H):
             host = names[h]
             lst = out[h]
             tp_t = None
             if recs_tp is not None:
-                tp_t = {"v": 1, "kind": "nccl", "ts": ts, "host": host, "gpu": 0, "job": job,
-                        "comm": self.tp_ids[h], "comm_name": f"tp{h}", "rank": 0, "nranks": G, "nnodes": 1,
-                        "coll": "AllReduce", "seq": recs_tp[4][h], "bytes": tp_b,
-                        "exec_time_us": 0.0, "algbw_gbs": 0.0, "busbw_gbs": 0.0}
+                tp_t = {
+                    "v": 1,
+                    "kind": "nccl",
+                    "ts": ts,
+                    "host": host,
+                    "gpu": 0,
+                    "job": job,
+                    "comm": self.tp_ids[h],
+                    "comm_name": f"tp{h}",
+                    "rank": 0,
+                    "nranks": G,
+                    "nnodes": 1,
+                    "coll": "AllReduce",
+                    "seq": recs_tp[4][h],
+                    "bytes": tp_b,
+                    "exec_time_us": 0.0,
+                    "algbw_gbs": 0.0,
+                    "busbw_gbs": 0.0,
+                }
                 t_ok, t_ex, t_al, t_bb = recs_tp[0][h], recs_tp[1][h], recs_tp[2][h], recs_tp[3][h]
             for g in range(G):
                 if dp_tmpl is not None and recs_dp is not None and recs_dp[0][g][h]:

@@ -27,7 +27,7 @@ from .scenarios import (
 
 @dataclass
 class Plan:
-    events: list[Event]       # faults and conditions, in (onset, id) order
+    events: list[Event]  # faults and conditions, in (onset, id) order
     labels: list[dict]
 
 
@@ -62,18 +62,31 @@ def _expand_options(sc: Scenario, hosts: int, rng: np.random.Generator) -> list[
             chosen = sorted(int(h) for h in rng.choice(hosts, size=min(k, hosts), replace=False))
         params = {"limit_w": float(pc["limit_w"])} if "limit_w" in pc else {}
         for h in chosen:
-            out.append(("power_cap", FaultSpec(type="power_cap", host=h, onset=pc.get("onset", 0.0),
-                                               duration=pc.get("duration"), params=params)))
+            out.append(
+                (
+                    "power_cap",
+                    FaultSpec(
+                        type="power_cap", host=h, onset=pc.get("onset", 0.0), duration=pc.get("duration"), params=params
+                    ),
+                )
+            )
     if sc.afternoon_heat is not None:
         ah = sc.afternoon_heat
         params = {k: ah[k] for k in ("delta_c", "ramp_s") if k in ah}
-        out.append(("afternoon_heat", FaultSpec(type="afternoon_heat", onset=ah.get("onset", 0.0),
-                                                duration=ah.get("duration"), params=params)))
+        out.append(
+            (
+                "afternoon_heat",
+                FaultSpec(
+                    type="afternoon_heat", onset=ah.get("onset", 0.0), duration=ah.get("duration"), params=params
+                ),
+            )
+        )
     return out
 
 
-def make_plan(sc: Scenario, *, host_names: list[str], gpus_per_host: int, duration: float,
-              seed: int, start_ts: float, job: str) -> Plan:
+def make_plan(
+    sc: Scenario, *, host_names: list[str], gpus_per_host: int, duration: float, seed: int, start_ts: float, job: str
+) -> Plan:
     """Place every scheduled and drawn event on the fleet; build the labels."""
     H, G, D = len(host_names), gpus_per_host, duration
     name_to_idx = {n: i for i, n in enumerate(host_names)}
@@ -100,8 +113,9 @@ def make_plan(sc: Scenario, *, host_names: list[str], gpus_per_host: int, durati
         host = spec.host
         if isinstance(host, str):
             if host not in name_to_idx:
-                raise ValueError(f"{where}.host: no host named {host!r} (hosts are "
-                                 f"{host_names[0]} .. {host_names[-1]})")
+                raise ValueError(
+                    f"{where}.host: no host named {host!r} (hosts are {host_names[0]} .. {host_names[-1]})"
+                )
             host = name_to_idx[host]
         elif isinstance(host, int) and host >= H:
             raise ValueError(f"{where}.host: host index {host} out of range (the fleet has {H} hosts)")
@@ -113,8 +127,11 @@ def make_plan(sc: Scenario, *, host_names: list[str], gpus_per_host: int, durati
     named = {r["host"] for r in resolved if r["host"] is not None}
     perm = [int(h) for h in rng.permutation(H)]
     order = [h for h in perm if h not in named] + [h for h in perm if h in named]
-    need = [r for r in resolved if r["host"] is None and r["how"] == "given"
-            and TYPES[r["spec"].type].scope in ("gpu", "host")]
+    need = [
+        r
+        for r in resolved
+        if r["host"] is None and r["how"] == "given" and TYPES[r["spec"].type].scope in ("gpu", "host")
+    ]
     if len(need) <= H:
         for k, r in enumerate(need):
             r["host"] = order[k]
@@ -136,7 +153,7 @@ def make_plan(sc: Scenario, *, host_names: list[str], gpus_per_host: int, durati
         spec, kind = r["spec"], TYPES[r["spec"].type]
         if r["how"] == "random":
             if not _place_random(r, kind, rng, occ, H, G):
-                continue      # no free GPU for it: dropped (faults never overlap on one GPU)
+                continue  # no free GPU for it: dropped (faults never overlap on one GPU)
         else:
             gpu = spec.gpu
             if kind.scope == "gpu" and gpu is None:
@@ -157,12 +174,30 @@ def make_plan(sc: Scenario, *, host_names: list[str], gpus_per_host: int, durati
             params = kind.resolve(dict(spec.params), prng, r["t1"] - r["t0"])
         except ValueError as e:
             raise ValueError(f"{r['where']}.{e}") from None
-        events_raw.append({"type": spec.type, "host": r["host"], "gpu": r["gpu"], "link": link,
-                           "t0": r["t0"], "t1": r["t1"], "params": params})
+        events_raw.append(
+            {
+                "type": spec.type,
+                "host": r["host"],
+                "gpu": r["gpu"],
+                "link": link,
+                "t0": r["t0"],
+                "t1": r["t1"],
+                "params": params,
+            }
+        )
         # A lost GPU that comes back inside the run was reset: a benign GPU-level reload.
         if spec.type == "gpu_lost" and r["t1"] < D:
-            events_raw.append({"type": "driver_reload", "host": r["host"], "gpu": r["gpu"], "link": None,
-                               "t0": r["t1"], "t1": r["t1"], "params": {}})
+            events_raw.append(
+                {
+                    "type": "driver_reload",
+                    "host": r["host"],
+                    "gpu": r["gpu"],
+                    "link": None,
+                    "t0": r["t1"],
+                    "t1": r["t1"],
+                    "params": {},
+                }
+            )
 
     events_raw += _checkpoints(sc, D, seed)
     events_raw += _background(sc, H, G, D, seed)
@@ -192,8 +227,17 @@ def _checkpoints(sc: Scenario, D: float, seed: int) -> list[dict]:
     out, t = [], every * float(rng.uniform(0.3, 1.0))
     while t < D:
         d = float(rng.uniform(lo, hi))
-        out.append({"type": "checkpoint", "host": None, "gpu": None, "link": None,
-                    "t0": t, "t1": min(t + d, D), "params": {"every_s": every}})
+        out.append(
+            {
+                "type": "checkpoint",
+                "host": None,
+                "gpu": None,
+                "link": None,
+                "t0": t,
+                "t1": min(t + d, D),
+                "params": {"every_s": every},
+            }
+        )
         t += every * (1.0 + float(rng.uniform(-0.02, 0.02)))
     return out
 
@@ -205,21 +249,21 @@ def _background(sc: Scenario, H: int, G: int, D: float, seed: int) -> list[dict]
     rng = substream(seed, "sbe-isolated")
     for _ in range(int(rng.poisson(rates["sbe_per_gpu_day"] / 86_400.0 * H * G * D))):
         gi, t = int(rng.integers(H * G)), float(rng.uniform(0.0, D))
-        out.append({"type": "ecc_sbe_isolated", "host": gi // G, "gpu": gi % G, "link": None,
-                    "t0": t, "t1": t, "params": {}})
+        out.append(
+            {"type": "ecc_sbe_isolated", "host": gi // G, "gpu": gi % G, "link": None, "t0": t, "t1": t, "params": {}}
+        )
     rng = substream(seed, "driver-reloads")
     for _ in range(int(rng.poisson(rates["driver_reloads_per_host_day"] / 86_400.0 * H * D))):
         h, t = int(rng.integers(H)), float(rng.uniform(0.0, D))
-        out.append({"type": "driver_reload", "host": h, "gpu": None, "link": None,
-                    "t0": t, "t1": t, "params": {}})
+        out.append({"type": "driver_reload", "host": h, "gpu": None, "link": None, "t0": t, "t1": t, "params": {}})
     return out
 
 
 def _finish(raw: list[dict], host_names: list[str], start_ts: float, job: str) -> Plan:
     """Assign ids (f001.. faults, c001.. conditions, in time order) and build the labels."""
+
     def key(e: dict) -> tuple:
-        return (e["t0"], e["type"], -1 if e["host"] is None else e["host"],
-                -1 if e["gpu"] is None else e["gpu"])
+        return (e["t0"], e["type"], -1 if e["host"] is None else e["host"], -1 if e["gpu"] is None else e["gpu"])
 
     raw = sorted(raw, key=key)
     events: list[Event] = []
@@ -231,24 +275,36 @@ def _finish(raw: list[dict], host_names: list[str], start_ts: float, job: str) -
         else:
             nc += 1
             eid = f"c{nc:03d}"
-        events.append(Event(id=eid, type=e["type"], host=e["host"], gpu=e["gpu"], link=e["link"],
-                            t0=float(e["t0"]), t1=float(e["t1"]), params=_plain(e["params"])))
+        events.append(
+            Event(
+                id=eid,
+                type=e["type"],
+                host=e["host"],
+                gpu=e["gpu"],
+                link=e["link"],
+                t0=float(e["t0"]),
+                t1=float(e["t1"]),
+                params=_plain(e["params"]),
+            )
+        )
     labels = []
     for ev in events:
         kind = TYPES[ev.type]
-        labels.append({
-            "id": ev.id,
-            "fault": ev.type if kind.fault else None,
-            "family": kind.family,
-            "condition": None if kind.fault else ev.type,
-            "host": None if ev.host is None else host_names[ev.host],
-            "gpu": ev.gpu,
-            "link": ev.link,
-            "job": job,
-            "onset": round(start_ts + ev.t0, 3),
-            "end": round(start_ts + ev.t1, 3),
-            "params": dict(ev.params),
-        })
+        labels.append(
+            {
+                "id": ev.id,
+                "fault": ev.type if kind.fault else None,
+                "family": kind.family,
+                "condition": None if kind.fault else ev.type,
+                "host": None if ev.host is None else host_names[ev.host],
+                "gpu": ev.gpu,
+                "link": ev.link,
+                "job": job,
+                "onset": round(start_ts + ev.t0, 3),
+                "end": round(start_ts + ev.t1, 3),
+                "params": dict(ev.params),
+            }
+        )
     return Plan(events=events, labels=labels)
 
 

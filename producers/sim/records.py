@@ -21,8 +21,11 @@ def _dcgm46_names() -> dict[str, str]:
     from importlib import resources
 
     with (resources.files("pipeline") / "data" / "dcgm_fields.csv").open() as fh:
-        return {r["name_used_by_dcgm_exporter"]: r["canonical_name_dcgm_4_6_if_renamed"]
-                for r in csv.DictReader(fh) if r["canonical_name_dcgm_4_6_if_renamed"]}
+        return {
+            r["name_used_by_dcgm_exporter"]: r["canonical_name_dcgm_4_6_if_renamed"]
+            for r in csv.DictReader(fh)
+            if r["canonical_name_dcgm_4_6_if_renamed"]
+        }
 
 
 FIELD_NAMES_46: dict[str, str] = {n: _dcgm46_names().get(n, n) for n in FIELD_NAMES}
@@ -31,8 +34,17 @@ FIELD_NAMES_46: dict[str, str] = {n: _dcgm46_names().get(n, n) for n in FIELD_NA
 class DcgmBuilder:
     """Makes the DCGM records of one step for the GPUs that report."""
 
-    def __init__(self, fleet: FleetState, spec: GpuModelSpec, host_names: list[str], uuids: list[str],
-                 model: str, cluster: str, job: str, host_kinds: list[tuple[str, GpuModelSpec, bool]] | None = None) -> None:
+    def __init__(
+        self,
+        fleet: FleetState,
+        spec: GpuModelSpec,
+        host_names: list[str],
+        uuids: list[str],
+        model: str,
+        cluster: str,
+        job: str,
+        host_kinds: list[tuple[str, GpuModelSpec, bool]] | None = None,
+    ) -> None:
         """``host_kinds``: per host (model name, spec, DCGM 4.6 field names?); default: every
         host ``model``/``spec`` with the pre-4.6 names."""
         self.fleet = fleet
@@ -83,20 +95,31 @@ class DcgmBuilder:
         all_rows = m == f.N
         P = "DCGM_FI_DEV_"
         columns = (
-            (P + "GPU_TEMP", out.temp), (P + "MEMORY_TEMP", out.mem_temp), (P + "SM_CLOCK", out.sm_clock),
-            (P + "POWER_USAGE", out.power), (P + "ENFORCED_POWER_LIMIT", out.limit),
-            (P + "GPU_UTIL", out.util), (P + "CLOCK_THROTTLE_REASONS", out.reasons),
-            (P + "THERMAL_VIOLATION", f.therm_ns), (P + "POWER_VIOLATION", f.power_ns),
-            (P + "ECC_SBE_VOL_TOTAL", f.sbe_vol), (P + "ECC_DBE_VOL_TOTAL", f.dbe_vol),
-            (P + "ECC_SBE_AGG_TOTAL", f.sbe_agg), (P + "ECC_DBE_AGG_TOTAL", f.dbe_agg),
-            (P + "ROW_REMAP_PENDING", f.remap_pending), (P + "ROW_REMAP_FAILURE", f.remap_failure),
-            (P + "UNCORRECTABLE_REMAPPED_ROWS", f.rows_unc), (P + "CORRECTABLE_REMAPPED_ROWS", f.rows_corr),
+            (P + "GPU_TEMP", out.temp),
+            (P + "MEMORY_TEMP", out.mem_temp),
+            (P + "SM_CLOCK", out.sm_clock),
+            (P + "POWER_USAGE", out.power),
+            (P + "ENFORCED_POWER_LIMIT", out.limit),
+            (P + "GPU_UTIL", out.util),
+            (P + "CLOCK_THROTTLE_REASONS", out.reasons),
+            (P + "THERMAL_VIOLATION", f.therm_ns),
+            (P + "POWER_VIOLATION", f.power_ns),
+            (P + "ECC_SBE_VOL_TOTAL", f.sbe_vol),
+            (P + "ECC_DBE_VOL_TOTAL", f.dbe_vol),
+            (P + "ECC_SBE_AGG_TOTAL", f.sbe_agg),
+            (P + "ECC_DBE_AGG_TOTAL", f.dbe_agg),
+            (P + "ROW_REMAP_PENDING", f.remap_pending),
+            (P + "ROW_REMAP_FAILURE", f.remap_failure),
+            (P + "UNCORRECTABLE_REMAPPED_ROWS", f.rows_unc),
+            (P + "CORRECTABLE_REMAPPED_ROWS", f.rows_corr),
             (P + "NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL", f.crc_flit),
             (P + "NVLINK_CRC_DATA_ERROR_COUNT_TOTAL", f.crc_data),
             (P + "NVLINK_REPLAY_ERROR_COUNT_TOTAL", f.replay),
             (P + "NVLINK_RECOVERY_ERROR_COUNT_TOTAL", f.recovery),
-            (P + "NVLINK_BANDWIDTH_TOTAL", out.nvlink_bw), (P + "XID_ERRORS", f.xid),
-            (P + "PCIE_REPLAY_COUNTER", f.pcie_replay), ("DCGM_FI_PROF_SM_ACTIVE", out.sm_active),
+            (P + "NVLINK_BANDWIDTH_TOTAL", out.nvlink_bw),
+            (P + "XID_ERRORS", f.xid),
+            (P + "PCIE_REPLAY_COUNTER", f.pcie_replay),
+            ("DCGM_FI_PROF_SM_ACTIVE", out.sm_active),
         )
         # Most columns are constant across the fleet apart from a few GPUs (clocks at boost,
         # error counters at 0, one XID): put the common value in this step's template and store
@@ -136,8 +159,17 @@ class DcgmBuilder:
         model, cluster, job = kd.model, self.cluster, self.job
         hosts, gpus, uuids = self.host_of_gpu, self.gpu_local, self.uuids
         return [
-            {"v": 1, "kind": "dcgm", "ts": ts, "host": hosts[i], "gpu": gpus[i], "uuid": uuids[i],
-             "model": model, "labels": {"cluster": cluster, "job": job}, "fields": fd}
+            {
+                "v": 1,
+                "kind": "dcgm",
+                "ts": ts,
+                "host": hosts[i],
+                "gpu": gpus[i],
+                "uuid": uuids[i],
+                "model": model,
+                "labels": {"cluster": cluster, "job": job},
+                "fields": fd,
+            }
             for i, fd in zip(idx.tolist(), fields)
         ]
 

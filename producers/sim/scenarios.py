@@ -51,7 +51,7 @@ from .faults import NVLINKS_PER_GPU
 from .nccl import COLLS, NCCL_DEFAULTS
 from .fleet import AMBIENT_DEFAULTS
 
-Time = float | str   # seconds, or "25%" of the run
+Time = float | str  # seconds, or "25%" of the run
 
 
 @dataclass(frozen=True)
@@ -91,12 +91,12 @@ class Scenario:
 DELIVERY_KEYS = {"phase", "jitter_s", "skew_s", "late_s", "join_s"}
 GPU_MODEL_KEYS = {"model", "share", "field_names"}
 RANDOM_DEFAULTS = {
-    "sbe_per_gpu_day": 1.7,               # isolated corrected SBEs (benign background)
+    "sbe_per_gpu_day": 1.7,  # isolated corrected SBEs (benign background)
     "driver_reloads_per_host_day": 0.05,  # benign reloads, so only long runs see one
 }
 DATA_QUALITY_DEFAULTS = {
-    "blank_rate": 2.0e-5,     # per DCGM record: one field replaced by DCGM's blank sentinel
-    "missing_rate": 2.0e-5,   # per DCGM record: one field left out
+    "blank_rate": 2.0e-5,  # per DCGM record: one field replaced by DCGM's blank sentinel
+    "missing_rate": 2.0e-5,  # per DCGM record: one field left out
 }
 LLAMA3_DEFAULTS = {"acceleration": 12000.0}
 POWER_CAP_KEYS = {"hosts", "count", "fraction", "limit_w", "onset", "duration"}
@@ -108,6 +108,7 @@ TOP_KEYS = {f.name for f in dataclasses.fields(Scenario)}
 # --------------------------------------------------------------------------------------------
 # validation helpers
 # --------------------------------------------------------------------------------------------
+
 
 def _err(where: str, msg: str) -> ValueError:
     return ValueError(f"{where}: {msg}")
@@ -177,8 +178,7 @@ def _mapping(v: Any, where: str, int_keys: bool = False) -> dict:
 def _known(d: dict, allowed: set[str] | dict, where: str) -> None:
     for k in d:
         if k not in allowed:
-            raise _err(f"{where}.{k}" if where else k,
-                       f"unknown key (known: {', '.join(sorted(allowed))})")
+            raise _err(f"{where}.{k}" if where else k, f"unknown key (known: {', '.join(sorted(allowed))})")
 
 
 def _check_params(ftype: str, params: Any, where: str) -> dict:
@@ -240,11 +240,19 @@ def _spec_from_mapping(d: Any, where: str) -> FaultSpec:
     _known(d, SPEC_KEYS, where)
     if "type" not in d:
         raise _err(f"{where}.type", "missing")
-    return check_spec(FaultSpec(
-        type=d["type"], host=d.get("host"), gpu=d.get("gpu"), link=d.get("link"),
-        onset=d.get("onset", 0.0), duration=d.get("duration"), params=d.get("params") or {},
-        host_group=d.get("host_group"),
-    ), where)
+    return check_spec(
+        FaultSpec(
+            type=d["type"],
+            host=d.get("host"),
+            gpu=d.get("gpu"),
+            link=d.get("link"),
+            onset=d.get("onset", 0.0),
+            duration=d.get("duration"),
+            params=d.get("params") or {},
+            host_group=d.get("host_group"),
+        ),
+        where,
+    )
 
 
 def _check_options(sc: Scenario) -> None:
@@ -365,8 +373,11 @@ def validate(sc: Scenario) -> Scenario:
             raise _err(f"faults[{j}]", f"expected a mapping, got {type(f).__name__}")
     out = copy.deepcopy(dataclasses.replace(sc, faults=faults))
     # Any length here: _check_options, next, rejects all but [min, max].
-    out.checkpoint_duration = cast("tuple[float, float]", tuple(float(x) for x in out.checkpoint_duration)) \
-        if isinstance(out.checkpoint_duration, (list, tuple)) else out.checkpoint_duration
+    out.checkpoint_duration = (
+        cast("tuple[float, float]", tuple(float(x) for x in out.checkpoint_duration))
+        if isinstance(out.checkpoint_duration, (list, tuple))
+        else out.checkpoint_duration
+    )
     _check_options(out)
     if out.checkpoint_every == 0:
         out.checkpoint_every = None
@@ -405,10 +416,13 @@ def scenario_from_dict(data: Any, source: str = "scenario") -> Scenario:
 # built-in scenarios
 # --------------------------------------------------------------------------------------------
 
-def _single(name: str, desc: str, ftype: str, onset: str = "15%", duration: str | None = "60%",
-            **params: Any) -> Scenario:
-    return Scenario(name=name, description=desc,
-                    faults=[FaultSpec(type=ftype, onset=onset, duration=duration, params=params)])
+
+def _single(
+    name: str, desc: str, ftype: str, onset: str = "15%", duration: str | None = "60%", **params: Any
+) -> Scenario:
+    return Scenario(
+        name=name, description=desc, faults=[FaultSpec(type=ftype, onset=onset, duration=duration, params=params)]
+    )
 
 
 def _mixed() -> Scenario:
@@ -423,8 +437,7 @@ def _mixed() -> Scenario:
             F("nvlink_degradation", onset="5%", duration="50%", host_group="B"),
             F("thermal_throttling", onset="8%", duration="40%", host_group="A"),
             F("thermal_hbm_throttling", onset="10%", duration="35%", host_group="C"),
-            F("hbm_ecc_burst", onset="12%", duration="45%", host_group="D",
-              params={"escalate": True}),
+            F("hbm_ecc_burst", onset="12%", duration="45%", host_group="D", params={"escalate": True}),
             F("nvlink_link_down", onset="55%", duration="30%", host_group="C"),
             F("nccl_straggler", onset="62%", duration="30%", host_group="D"),
             F("telemetry_gap", onset="68%", duration="12%", host_group="B"),
@@ -440,19 +453,38 @@ def _mixed_fleet() -> Scenario:
     return Scenario(
         name="mixed_fleet",
         description="H100 + B200 hosts, per-host sampling phase and jitter, a skewed, a late and a "
-                    "joining host, a job restart, a hot rack, a GPU reset, a fleet-wide power cap, "
-                    "isolated SBEs, and seven faults (needs >= 6 hosts)",
-        gpu_models=[{"model": "NVIDIA H100 80GB HBM3", "share": 0.5},
-                    {"model": "NVIDIA B200", "share": 0.5, "field_names": "4.6"}],
-        delivery={"phase": True, "jitter_s": 0.3, "skew_s": {1: 2.5}, "late_s": {4: [20.0, 40.0]},
-                  "join_s": {2: "33%"}},
+        "joining host, a job restart, a hot rack, a GPU reset, a fleet-wide power cap, "
+        "isolated SBEs, and seven faults (needs >= 6 hosts)",
+        gpu_models=[
+            {"model": "NVIDIA H100 80GB HBM3", "share": 0.5},
+            {"model": "NVIDIA B200", "share": 0.5, "field_names": "4.6"},
+        ],
+        delivery={
+            "phase": True,
+            "jitter_s": 0.3,
+            "skew_s": {1: 2.5},
+            "late_s": {4: [20.0, 40.0]},
+            "join_s": {2: "33%"},
+        },
         random={"sbe_per_gpu_day": 50.0},
         faults=[
             F("thermal_throttling", host=5, gpu=2, onset="8%", duration="20%"),
-            F("hbm_ecc_burst", host=0, gpu=1, onset="10%", duration="55%",
-              params={"sbe_per_min": 3, "escalate": False, "xid92": False, "remap_at": 1.0}),
-            F("nvlink_degradation", host=3, gpu=6, onset="20%", duration="30%",
-              params={"crc_ratio": 0.0, "data_ratio": 0.0, "rate_max": 20.0, "replay_ratio": 0.05}),
+            F(
+                "hbm_ecc_burst",
+                host=0,
+                gpu=1,
+                onset="10%",
+                duration="55%",
+                params={"sbe_per_min": 3, "escalate": False, "xid92": False, "remap_at": 1.0},
+            ),
+            F(
+                "nvlink_degradation",
+                host=3,
+                gpu=6,
+                onset="20%",
+                duration="30%",
+                params={"crc_ratio": 0.0, "data_ratio": 0.0, "rate_max": 20.0, "replay_ratio": 0.05},
+            ),
             F("hot_rack", host=2, onset="40%", duration="30%", params={"delta_c": 6.0}),
             F("nccl_straggler", host=1, gpu=4, onset="44%", duration="12%"),
             F("job_restart", onset="58%", duration=90),
@@ -474,16 +506,15 @@ def _builtins() -> dict[str, Scenario]:
             llama3=dict(LLAMA3_DEFAULTS),
         ),
         "thermal": _single("thermal", "a GPU's cooling fails: thermal throttling", "thermal_throttling"),
-        "thermal_hbm": _single("thermal_hbm", "HBM overheats while the core looks normal",
-                               "thermal_hbm_throttling"),
+        "thermal_hbm": _single("thermal_hbm", "HBM overheats while the core looks normal", "thermal_hbm_throttling"),
         "hbm": _single("hbm", "HBM ECC burst, row remap, then a DBE", "hbm_ecc_burst", escalate=True),
-        "nvlink": _single("nvlink", "an NVLink degrades gradually", "nvlink_degradation",
-                          onset="10%", duration="75%"),
+        "nvlink": _single("nvlink", "an NVLink degrades gradually", "nvlink_degradation", onset="10%", duration="75%"),
         "nvlink_down": _single("nvlink_down", "an NVLink goes down abruptly", "nvlink_link_down"),
         "straggler": _single("straggler", "one slow GPU holds its communicators back", "nccl_straggler"),
         "gpu_lost": _single("gpu_lost", "a GPU falls off the bus", "gpu_lost", onset="40%", duration=None),
-        "telemetry_gap": _single("telemetry_gap", "a host stops reporting, then resumes", "telemetry_gap",
-                                 onset="30%", duration="20%"),
+        "telemetry_gap": _single(
+            "telemetry_gap", "a host stops reporting, then resumes", "telemetry_gap", onset="30%", duration="20%"
+        ),
         "power_cap": Scenario(
             name="power_cap",
             description="facility power capping on a quarter of the hosts (benign, must not alert)",
@@ -521,8 +552,7 @@ def load_scenario(name_or_path: str | os.PathLike | Scenario | None) -> Scenario
         return copy.deepcopy(SCENARIOS[key])
     path = Path(key)
     if not path.is_file():
-        raise ValueError(f"unknown scenario {key!r}: not a built-in ({', '.join(SCENARIOS)}) "
-                         f"and no such file")
+        raise ValueError(f"unknown scenario {key!r}: not a built-in ({', '.join(SCENARIOS)}) and no such file")
     try:
         data = yaml.safe_load(path.read_text(encoding="utf-8"))
     except yaml.YAMLError as e:

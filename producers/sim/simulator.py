@@ -85,10 +85,16 @@ class Simulator:
         self.host_kinds = self._host_kinds(n_hosts)
         self.delivery = self._delivery()
         self.n_steps = max(1, int(math.floor(self.duration / self.interval + 1e-9)))
-        self.uuids: list[str] = [gpu_uuid(self.seed, h, g) for h in self.hosts
-                                 for g in range(self.gpus_per_host)]
-        self._plan = make_plan(self.scenario, host_names=self.hosts, gpus_per_host=self.gpus_per_host,
-                               duration=self.duration, seed=self.seed, start_ts=self.start_ts, job=job)
+        self.uuids: list[str] = [gpu_uuid(self.seed, h, g) for h in self.hosts for g in range(self.gpus_per_host)]
+        self._plan = make_plan(
+            self.scenario,
+            host_names=self.hosts,
+            gpus_per_host=self.gpus_per_host,
+            duration=self.duration,
+            seed=self.seed,
+            start_ts=self.start_ts,
+            job=job,
+        )
 
     def _host_kinds(self, n_hosts: int) -> list[tuple[str, GpuModelSpec, bool]]:
         """Per host (GPU model, its spec, DCGM 4.6 field names?): ``gpu_models`` in host blocks."""
@@ -122,13 +128,20 @@ class Simulator:
         skew = np.zeros(H)
         for h, v in (d.get("skew_s") or {}).items():
             skew[self._host_index(h, f"delivery.skew_s.{h}")] = float(v)
-        late = {self._host_index(h, f"delivery.late_s.{h}"): (float(v[0]), float(v[1]))
-                for h, v in (d.get("late_s") or {}).items()}
+        late = {
+            self._host_index(h, f"delivery.late_s.{h}"): (float(v[0]), float(v[1]))
+            for h, v in (d.get("late_s") or {}).items()
+        }
         join = np.zeros(H)
         for h, v in (d.get("join_s") or {}).items():
             join[self._host_index(h, f"delivery.join_s.{h}")] = resolve_time(v, self.duration)
-        return {"offset": phase + skew, "jitter": float(d.get("jitter_s", 0.0)), "late": late, "join": join,
-                "on": bool(d)}
+        return {
+            "offset": phase + skew,
+            "jitter": float(d.get("jitter_s", 0.0)),
+            "late": late,
+            "join": join,
+            "on": bool(d),
+        }
 
     @property
     def n_gpus(self) -> int:
@@ -151,18 +164,37 @@ class Simulator:
         events = self._plan.events
         first_paused = any(e.type == "checkpoint" and e.t0 <= 0.0 < e.t1 for e in events)
         specs = [k[1] for k in self.host_kinds]
-        fleet = FleetState(H, G, specs if len(set(specs)) > 1 else self.spec, self.seed, dt, self.scenario.ambient,
-                           start_paused=first_paused, start_ts=self.start_ts)
+        fleet = FleetState(
+            H,
+            G,
+            specs if len(set(specs)) > 1 else self.spec,
+            self.seed,
+            dt,
+            self.scenario.ambient,
+            start_paused=first_paused,
+            start_ts=self.start_ts,
+        )
         mods = Mods(fleet.N, H, fleet.board_w if len(set(specs)) > 1 else self.spec.power_limit_w)
         nccl = NcclModel(H, G, self.hosts, self.seed, self.job, self.spec.nvlink_busbw_gbs, self.scenario.nccl)
         mixed = len(set(self.host_kinds)) > 1 or self.host_kinds[0][2]
-        dcgm = DcgmBuilder(fleet, self.spec, self.hosts, self.uuids, self.gpu_model, self.cluster, self.job,
-                           host_kinds=self.host_kinds if mixed else None)
+        dcgm = DcgmBuilder(
+            fleet,
+            self.spec,
+            self.hosts,
+            self.uuids,
+            self.gpu_model,
+            self.cluster,
+            self.job,
+            host_kinds=self.host_kinds if mixed else None,
+        )
         dq = {**DATA_QUALITY_DEFAULTS, **self.scenario.data_quality}
         dq_rng = substream(self.seed, "data-quality")
         runtimes = [
-            Runtime(event=e, rng=substream(self.seed, "event", e.id, e.type),
-                    gi=None if e.gpu is None or e.host is None else e.host * G + e.gpu)
+            Runtime(
+                event=e,
+                rng=substream(self.seed, "event", e.id, e.type),
+                gi=None if e.gpu is None or e.host is None else e.host * G + e.gpu,
+            )
             for e in events
         ]
         # Checkpoints first: other effects (e.g. NVLink errors, which need traffic) look at it.
@@ -184,7 +216,7 @@ class Simulator:
             for rt in runtimes:
                 ev = rt.event
                 if ev.t0 > t + 1e-9:
-                    break          # events are in onset order
+                    break  # events are in onset order
                 if TYPES[ev.type].instant:
                     if not rt.done:
                         rt.done = True
@@ -215,7 +247,7 @@ class Simulator:
             batch: list[dict] = []
             bounds = np.searchsorted(host_of[idx], np.arange(H + 1)).tolist()
             for h in range(H):
-                batch.extend(recs[bounds[h]:bounds[h + 1]])
+                batch.extend(recs[bounds[h] : bounds[h + 1]])
                 if not mods.host_hidden[h]:
                     batch.extend(nccl_recs[h])
             yield batch
@@ -243,8 +275,11 @@ class _Delivery:
         if nccl_recs is not None:
             for h in range(self.H):
                 by_host[h].extend(r for r in nccl_recs[h] if r["host"])
-        noise = np.clip(self.rng.normal(0.0, self.jitter, self.H), -3 * self.jitter, 3 * self.jitter) \
-            if self.jitter > 0 else np.zeros(self.H)
+        noise = (
+            np.clip(self.rng.normal(0.0, self.jitter, self.H), -3 * self.jitter, 3 * self.jitter)
+            if self.jitter > 0
+            else np.zeros(self.H)
+        )
         delay = {h: float(self.rng.uniform(lo, hi)) for h, (lo, hi) in self.late.items()}
         out: list[dict] = []
         for h in range(self.H):

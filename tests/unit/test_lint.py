@@ -1,4 +1,4 @@
-"""The tree is lint-clean (ruff, configured in pyproject.toml): part of `make test`."""
+"""The tree is lint-clean and formatted (ruff, configured in pyproject.toml): part of `make test`."""
 
 from __future__ import annotations
 
@@ -14,5 +14,14 @@ def test_ruff_finds_nothing() -> None:
     ruff = shutil.which("ruff", path=str(Path(sys.executable).parent)) or shutil.which("ruff")
     assert ruff, "ruff is in the test extra: make test installs it"
     res = subprocess.run([ruff, "check", "--no-cache", "pipeline", "producers", "tests", "bench", "scripts"],
+                         cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stdout + res.stderr
+
+
+def test_ruff_format_has_nothing_to_change() -> None:
+    # The formatter's layout (pyproject.toml [tool.ruff]) on the package code.
+    ruff = shutil.which("ruff", path=str(Path(sys.executable).parent)) or shutil.which("ruff")
+    assert ruff, "ruff is in the test extra: make test installs it"
+    res = subprocess.run([ruff, "format", "--check", "--no-cache", "pipeline", "producers"],
                          cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert res.returncode == 0, res.stdout + res.stderr

@@ -10,7 +10,7 @@ def last_per_entity(ent: np.ndarray) -> np.ndarray:
     if len(ent) == 0:
         return np.empty(0, dtype=np.intp)
     if len(ent) == 1 or bool((ent[1:] > ent[:-1]).all()):
-        return np.arange(len(ent), dtype=np.intp)   # the usual tick: one row per GPU, sorted
+        return np.arange(len(ent), dtype=np.intp)  # the usual tick: one row per GPU, sorted
     rev = ent[::-1]
     _, first = np.unique(rev, return_index=True)
     return (len(ent) - 1 - first).astype(np.intp)

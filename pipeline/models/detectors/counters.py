@@ -26,7 +26,7 @@ def poisson_surprise(observed: np.ndarray, expected: np.ndarray) -> np.ndarray:
     obs = np.nan_to_num(observed, nan=0.0)
     lam = np.maximum(np.nan_to_num(expected, nan=0.0), 1e-12)
     out = np.zeros(len(obs))
-    hot = np.flatnonzero(obs > lam)     # usually none: only those need the incomplete gamma
+    hot = np.flatnonzero(obs > lam)  # usually none: only those need the incomplete gamma
     if len(hot):
         with np.errstate(divide="ignore", invalid="ignore", under="ignore"):
             s = -np.log10(np.maximum(gammainc(obs[hot], lam[hot]), 1e-300))
@@ -45,12 +45,26 @@ class CounterRateSurprise(BatchDetector):
     t_long: np.ndarray
     last_ts: np.ndarray
 
-    def __init__(self, counters: tuple[str, ...] | list[str] = ("ecc_sbe_volatile",), short_s: float = 60.0,
-                 mid_s: float = 1800.0, long_s: float = 6 * 3600.0, floor_per_h: float = 1.0,
-                 warmup: int = 300, **params: Any) -> None:
+    def __init__(
+        self,
+        counters: tuple[str, ...] | list[str] = ("ecc_sbe_volatile",),
+        short_s: float = 60.0,
+        mid_s: float = 1800.0,
+        long_s: float = 6 * 3600.0,
+        floor_per_h: float = 1.0,
+        warmup: int = 300,
+        **params: Any,
+    ) -> None:
         counters = tuple(counters)
-        super().__init__(counters=counters, short_s=short_s, mid_s=mid_s, long_s=long_s,
-                         floor_per_h=floor_per_h, warmup=warmup, **params)
+        super().__init__(
+            counters=counters,
+            short_s=short_s,
+            mid_s=mid_s,
+            long_s=long_s,
+            floor_per_h=floor_per_h,
+            warmup=warmup,
+            **params,
+        )
         self.counters = counters
         self.features = tuple(f"inc:{c}" for c in counters)
         self.short_s, self.mid_s, self.long_s = short_s, mid_s, long_s
@@ -95,9 +109,11 @@ class CounterRateSurprise(BatchDetector):
         exp_s, exp_m = rate * self.short_s, rate * self.mid_s
         s = np.maximum(poisson_surprise(cs, exp_s), poisson_surprise(cm, exp_m))
         self._pending = (ts, inc, cs, cm, dt)
-        self.last = {"expected": exp_s, "observed": cs,
-                     "drivers": {"errors_short": cs, "errors_mid": cm, "baseline_per_h": rate * 3600.0,
-                                 "expected_mid": exp_m}}
+        self.last = {
+            "expected": exp_s,
+            "observed": cs,
+            "drivers": {"errors_short": cs, "errors_mid": cm, "baseline_per_h": rate * 3600.0, "expected_mid": exp_m},
+        }
         return s
 
     def learn_many(self, ent: np.ndarray, ts: np.ndarray, F: Features, mask: np.ndarray) -> None:

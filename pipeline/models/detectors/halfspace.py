@@ -29,14 +29,13 @@ import numpy as np
 
 from pipeline.errors import StateError
 
-PADDING = 0.15   # river's make_padded_tree: no split within 15% of a node's range edges
+PADDING = 0.15  # river's make_padded_tree: no split within 15% of a node's range edges
 # Up to this many rows a call walks the trees in Python (as river does, over flat lists); more
 # rows are walked level by level in numpy, whose fixed cost per call then pays off.
 SMALL = 8
 
 
-def _draw_tree(rng: random.Random, n_features: int, height: int, feature: np.ndarray,
-               threshold: np.ndarray) -> None:
+def _draw_tree(rng: random.Random, n_features: int, height: int, feature: np.ndarray, threshold: np.ndarray) -> None:
     """River's ``make_padded_tree`` (pre-order: the node, then its left, then its right subtree),
     writing the splits into heap-ordered arrays. The rng calls are river's, in river's order."""
     limits = {i: (0.0, 1.0) for i in range(n_features)}
@@ -61,15 +60,16 @@ def _draw_tree(rng: random.Random, n_features: int, height: int, feature: np.nda
 class HalfSpaceForest:
     """``n_trees`` half-space trees of ``height`` over ``n_features`` features in [0, 1]."""
 
-    def __init__(self, n_features: int, n_trees: int = 10, height: int = 8, window_size: int = 250,
-                 seed: int | None = None) -> None:
+    def __init__(
+        self, n_features: int, n_trees: int = 10, height: int = 8, window_size: int = 250, seed: int | None = None
+    ) -> None:
         self.n_features, self.n_trees, self.height = int(n_features), int(n_trees), int(height)
         self.window_size = int(window_size)
         if not (0 < self.n_features <= 127 and self.n_trees > 0 and 0 < self.height <= 20 and self.window_size > 0):
             raise ValueError("HalfSpaceForest: n_features in 1..127, n_trees > 0, height in 1..20, window_size > 0")
-        self.n_internal = 2 ** self.height - 1
+        self.n_internal = 2**self.height - 1
         self.n_nodes = 2 ** (self.height + 1) - 1
-        self.size_limit = 0.1 * self.window_size        # the paper's magic constant, as river
+        self.size_limit = 0.1 * self.window_size  # the paper's magic constant, as river
         self.max_score = self.n_trees * self.window_size * self.n_nodes
         rng = random.Random(seed)
         self.feature = np.zeros((self.n_trees, self.n_internal), dtype=np.int8)
@@ -164,7 +164,7 @@ class HalfSpaceForest:
         i, n = 0, len(X)
         while i < n:
             take = min(n - i, self.window_size - self.counter)
-            self._count(X[i:i + take])
+            self._count(X[i : i + take])
             self.counter += take
             i += take
             if self.counter == self.window_size:
@@ -212,8 +212,14 @@ class HalfSpaceForest:
 
     def to_state(self) -> dict[str, Any]:
         self._flush()
-        return {"feature": self.feature, "threshold": self.threshold, "l_mass": self.l_mass,
-                "r_mass": self.r_mass, "counter": self.counter, "first_window": self.first_window}
+        return {
+            "feature": self.feature,
+            "threshold": self.threshold,
+            "l_mass": self.l_mass,
+            "r_mass": self.r_mass,
+            "counter": self.counter,
+            "first_window": self.first_window,
+        }
 
     def load_state(self, st: dict[str, Any]) -> None:
         """Take a saved forest, after checking it is one this forest's parameters could have made."""

@@ -41,6 +41,7 @@ def _normalise(F: Features, n: int) -> dict[str, np.ndarray]:
     def g(k: str) -> np.ndarray:
         v = F.get(k)
         return np.full(n, np.nan) if v is None else v
+
     with np.errstate(invalid="ignore", divide="ignore"):
         out = {
             "temp_dev": g("gpu_temp") - g("hostmean:gpu_temp"),
@@ -57,8 +58,18 @@ def _normalise(F: Features, n: int) -> dict[str, np.ndarray]:
 
 
 class CohortHalfSpaceTrees(BatchDetector):
-    features = ("gpu_temp", "memory_temp", "power", "sm_clock", "gpu_util", "hostmean:gpu_temp",
-                "hostmean:memory_temp", "hostmean:power", "hostmean:sm_clock", "hostmean:gpu_util")
+    features = (
+        "gpu_temp",
+        "memory_temp",
+        "power",
+        "sm_clock",
+        "gpu_util",
+        "hostmean:gpu_temp",
+        "hostmean:memory_temp",
+        "hostmean:power",
+        "hostmean:sm_clock",
+        "hostmean:gpu_util",
+    )
     entity_arrays = ("score", "score_ts")
     cohort_attrs = ("n_learnt", "tick")
     fills = {"score": 0.0}
@@ -66,10 +77,27 @@ class CohortHalfSpaceTrees(BatchDetector):
     score: np.ndarray
     score_ts: np.ndarray
 
-    def __init__(self, n_trees: int = 10, height: int = 8, window_size: int = 250, seed: int = 42,
-                 period: int = 60, learn_every: int = 4, warmup: int = 2000, **params: Any) -> None:
-        super().__init__(n_trees=n_trees, height=height, window_size=window_size, seed=seed, period=period,
-                         learn_every=learn_every, warmup=warmup, **params)
+    def __init__(
+        self,
+        n_trees: int = 10,
+        height: int = 8,
+        window_size: int = 250,
+        seed: int = 42,
+        period: int = 60,
+        learn_every: int = 4,
+        warmup: int = 2000,
+        **params: Any,
+    ) -> None:
+        super().__init__(
+            n_trees=n_trees,
+            height=height,
+            window_size=window_size,
+            seed=seed,
+            period=period,
+            learn_every=learn_every,
+            warmup=warmup,
+            **params,
+        )
         self.period, self.warmup = max(1, int(period)), warmup
         self.learn_every = max(1, int(learn_every))
         self.forest = HalfSpaceForest(len(KEYS), n_trees=n_trees, height=height, window_size=window_size, seed=seed)
@@ -99,8 +127,11 @@ class CohortHalfSpaceTrees(BatchDetector):
         stale = ~due & (np.nan_to_num(ts - self.score_ts[ent], nan=np.inf) > 3 * self.period)
         score[stale] = 0.0
         self._pending = (ts, idx, X, keys, fresh)
-        self.last = {"expected": np.full(n, np.nan), "observed": score,
-                     "drivers": {k: np.full(n, np.nan) for k in keys}}
+        self.last = {
+            "expected": np.full(n, np.nan),
+            "observed": score,
+            "drivers": {k: np.full(n, np.nan) for k in keys},
+        }
         for k in keys:
             self.last["drivers"][k][idx] = Z[k]
         return np.nan_to_num(score, nan=0.0)
@@ -117,7 +148,7 @@ class CohortHalfSpaceTrees(BatchDetector):
             # A shared model has data to spare: learn from every learn_every-th turn of a GPU.
             turn = np.nan_to_num(ts[idx], nan=0.0).astype(np.int64) // self.period
             ok = ok & ((turn + ent[idx]) % self.learn_every == 0)
-        self.forest.learn(X[ok])       # in row order, as river's learn_one one row at a time
+        self.forest.learn(X[ok])  # in row order, as river's learn_one one row at a time
         self.n_learnt += int(ok.sum())
 
     def warm(self, ent: np.ndarray) -> np.ndarray:

@@ -40,11 +40,18 @@ def _frame_from_one(x: Mapping[str, Any]) -> NcclFrame:
     def i(k: str, d: int) -> int:
         v = f(k)
         return d if v != v else int(v)
-    return NcclFrame(ts=np.array([f("ts", 0.0)]), host=np.array([i("host", 0)], dtype=np.int32),
-                     gpu=np.array([i("entity", 0)], dtype=np.int32), comm=[str(x.get("comm", "c"))],
-                     rank=np.array([i("rank", 0)], dtype=np.int32),
-                     nranks=np.array([i("nranks", 1)], dtype=np.int32), bytes=np.array([f("bytes", 0.0)]),
-                     exec_time_us=np.array([f("exec_time_us")]), busbw_gbs=np.array([f("busbw_gbs")]))
+
+    return NcclFrame(
+        ts=np.array([f("ts", 0.0)]),
+        host=np.array([i("host", 0)], dtype=np.int32),
+        gpu=np.array([i("entity", 0)], dtype=np.int32),
+        comm=[str(x.get("comm", "c"))],
+        rank=np.array([i("rank", 0)], dtype=np.int32),
+        nranks=np.array([i("nranks", 1)], dtype=np.int32),
+        bytes=np.array([f("bytes", 0.0)]),
+        exec_time_us=np.array([f("exec_time_us")]),
+        busbw_gbs=np.array([f("busbw_gbs")]),
+    )
 
 
 def _group_keys(frame: NcclFrame, codes: dict[str, int]) -> np.ndarray:
@@ -84,13 +91,17 @@ class NcclDetector:
         if not others:
             return fr
         k = len(others) + 1
-        return NcclFrame(ts=np.full(k, fr.ts[0]),
-                         host=np.concatenate([fr.host, [v[2] for _, v in others]]).astype(np.int32),
-                         gpu=np.concatenate([fr.gpu, np.full(k - 1, -1)]).astype(np.int32), comm=[comm] * k,
-                         rank=np.concatenate([fr.rank, [r for r, _ in others]]).astype(np.int32),
-                         nranks=np.full(k, fr.nranks[0], dtype=np.int32), bytes=np.full(k, fr.bytes[0]),
-                         exec_time_us=np.concatenate([fr.exec_time_us, [v[0] for _, v in others]]),
-                         busbw_gbs=np.concatenate([fr.busbw_gbs, [v[1] for _, v in others]]))
+        return NcclFrame(
+            ts=np.full(k, fr.ts[0]),
+            host=np.concatenate([fr.host, [v[2] for _, v in others]]).astype(np.int32),
+            gpu=np.concatenate([fr.gpu, np.full(k - 1, -1)]).astype(np.int32),
+            comm=[comm] * k,
+            rank=np.concatenate([fr.rank, [r for r, _ in others]]).astype(np.int32),
+            nranks=np.full(k, fr.nranks[0], dtype=np.int32),
+            bytes=np.full(k, fr.bytes[0]),
+            exec_time_us=np.concatenate([fr.exec_time_us, [v[0] for _, v in others]]),
+            busbw_gbs=np.concatenate([fr.busbw_gbs, [v[1] for _, v in others]]),
+        )
 
     def score_one(self, x: Mapping[str, Any]) -> float:
         s = float(self.score_frame(self._augment(x))[0])
@@ -103,7 +114,10 @@ class NcclDetector:
         mask[0] = True
         self.learn_frame(fr, s, mask)
         self.latest.setdefault(fr.comm[0], {})[int(fr.rank[0])] = (
-            float(fr.exec_time_us[0]), float(fr.busbw_gbs[0]), int(fr.host[0]))
+            float(fr.exec_time_us[0]),
+            float(fr.busbw_gbs[0]),
+            int(fr.host[0]),
+        )
 
     def score_frame(self, frame: NcclFrame) -> np.ndarray:  # pragma: no cover
         raise NotImplementedError
@@ -122,12 +136,18 @@ class NcclDetector:
         return self.n_learnt
 
     def to_state(self) -> dict[str, Any]:
-        return {"latest": {c: {str(r): list(v) for r, v in m.items()} for c, m in self.latest.items()},
-                "codes": self.codes, "noise": self.noise, "n_learnt": self.n_learnt, **self._extra_state()}
+        return {
+            "latest": {c: {str(r): list(v) for r, v in m.items()} for c, m in self.latest.items()},
+            "codes": self.codes,
+            "noise": self.noise,
+            "n_learnt": self.n_learnt,
+            **self._extra_state(),
+        }
 
     def load_state(self, st: dict[str, Any]) -> None:
-        self.latest = {c: {int(r): (float(v[0]), float(v[1]), int(v[2])) for r, v in m.items()}
-                       for c, m in st["latest"].items()}
+        self.latest = {
+            c: {int(r): (float(v[0]), float(v[1]), int(v[2])) for r, v in m.items()} for c, m in st["latest"].items()
+        }
         self.codes = {str(k): int(v) for k, v in st["codes"].items()}
         self.noise, self.n_learnt = float(st["noise"]), int(st["n_learnt"])
         self._load_extra(st)
@@ -165,24 +185,29 @@ class RankStraggler(NcclDetector):
         # A whole host behind in every communicator of a kind (power capping, a warm rack) is a
         # host-wide condition, not a slow GPU: take out the host's median gap per kind, as the
         # communicator median takes out a job-wide slowdown.
-        hk = (frame.host.astype(np.int64) * 1_000_003 + frame.nranks.astype(np.int64)) * 1_000_003 + \
-            (_as_int(frame.bytes) % 1_000_003)
+        hk = (frame.host.astype(np.int64) * 1_000_003 + frame.nranks.astype(np.int64)) * 1_000_003 + (
+            _as_int(frame.bytes) % 1_000_003
+        )
         jg = np.where(judged, gap, np.nan)
         host_med = group_stat(hk, jg, "median")
         host_cnt = group_stat(hk, jg, "count")
         gap = np.where(judged & (host_cnt >= 3), gap - np.nan_to_num(host_med, nan=0.0), gap)
         med = np.where(judged, med, np.nan)
         score = np.maximum(gap, 0.0) / max(self.noise, self.noise_floor)
-        self.last = {"gap": gap, "judged": judged, "expected": med, "observed": ex.copy(),
-                     "drivers": {"exec_time_us": ex, "comm_median_us": med, "gap": gap}}
+        self.last = {
+            "gap": gap,
+            "judged": judged,
+            "expected": med,
+            "observed": ex.copy(),
+            "drivers": {"exec_time_us": ex, "comm_median_us": med, "gap": gap},
+        }
         return score
 
 
 class CommBusbw(NcclDetector):
     level = "host"
 
-    def __init__(self, noise_floor: float = 0.01, own_tau_s: float = 3600.0, min_peers: int = 3,
-                 **params: Any) -> None:
+    def __init__(self, noise_floor: float = 0.01, own_tau_s: float = 3600.0, min_peers: int = 3, **params: Any) -> None:
         super().__init__(noise_floor=noise_floor, own_tau_s=own_tau_s, min_peers=min_peers, **params)
         self.noise_floor, self.own_tau, self.min_peers = noise_floor, own_tau_s, min_peers
         # Per communicator code: EW mean of its ratio to peers, its weight, when last updated,
@@ -217,8 +242,9 @@ class CommBusbw(NcclDetector):
         # Peers: the other communicators of the same kind (rank count, message size) in the
         # same interval, one value per communicator (its first row stands for it).
         _, first = np.unique(key, return_index=True)
-        kind = (frame.nranks.astype(np.int64) * 1_000_003 + _as_int(frame.bytes)) * 7 + \
-            np.rint(frame.ts - frame.ts.min()).astype(np.int64)
+        kind = (frame.nranks.astype(np.int64) * 1_000_003 + _as_int(frame.bytes)) * 7 + np.rint(
+            frame.ts - frame.ts.min()
+        ).astype(np.int64)
         rep = np.zeros(n, dtype=bool)
         rep[first] = True
         # Judged per host only when every rank of the communicator is in the group: a
@@ -236,9 +262,14 @@ class CommBusbw(NcclDetector):
         judged = np.isfinite(ratio)
         gap = np.where(judged, normal - ratio, 0.0)
         self._rep = rep
-        self.last = {"gap": gap, "judged": judged & rep, "ratio": ratio, "expected": normal * ref,
-                     "observed": np.where(judged, bw, np.nan),
-                     "drivers": {"busbw_gbs": bw, "ratio_to_peers": ratio}}
+        self.last = {
+            "gap": gap,
+            "judged": judged & rep,
+            "ratio": ratio,
+            "expected": normal * ref,
+            "observed": np.where(judged, bw, np.nan),
+            "drivers": {"busbw_gbs": bw, "ratio_to_peers": ratio},
+        }
         return np.maximum(gap, 0.0) / max(self.noise, self.noise_floor)
 
     def learn_frame(self, frame: NcclFrame, scores: np.ndarray, mask: np.ndarray) -> None:

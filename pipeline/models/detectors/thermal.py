@@ -36,11 +36,27 @@ class ThermalResidual(BatchDetector):
     xy: np.ndarray
     nobs: np.ndarray
 
-    def __init__(self, lag_s: float = 45.0, forget_s: float = 6 * 3600.0, ridge: float = 50.0,
-                 steady_w: float = 15.0, sd_floor: float = 0.5, lag_c_per_w: float = 0.015, warmup: int = 600,
-                 **params: Any) -> None:
-        super().__init__(lag_s=lag_s, forget_s=forget_s, ridge=ridge, steady_w=steady_w, sd_floor=sd_floor,
-                         lag_c_per_w=lag_c_per_w, warmup=warmup, **params)
+    def __init__(
+        self,
+        lag_s: float = 45.0,
+        forget_s: float = 6 * 3600.0,
+        ridge: float = 50.0,
+        steady_w: float = 15.0,
+        sd_floor: float = 0.5,
+        lag_c_per_w: float = 0.015,
+        warmup: int = 600,
+        **params: Any,
+    ) -> None:
+        super().__init__(
+            lag_s=lag_s,
+            forget_s=forget_s,
+            ridge=ridge,
+            steady_w=steady_w,
+            sd_floor=sd_floor,
+            lag_c_per_w=lag_c_per_w,
+            warmup=warmup,
+            **params,
+        )
         self.lag_c_per_w = lag_c_per_w
         self._swing = np.zeros(0)
         self.lag_s, self.forget_s, self.ridge = lag_s, forget_s, ridge
@@ -91,14 +107,16 @@ class ThermalResidual(BatchDetector):
         res = y - pred
         # While power moves, GPUs' different thermal lags make the residual swing by up to about
         # k x the power change (k ~ 0.06 C/W on Hopper): widen the allowance rather than go blind.
-        sd = np.sqrt(max(self.res_var, 0.0) + self.sd_floor ** 2) + self.lag_c_per_w * self._swing
+        sd = np.sqrt(max(self.res_var, 0.0) + self.sd_floor**2) + self.lag_c_per_w * self._swing
         usable = ~np.isnan(y) & ~np.isnan(X).any(axis=1)
         score = np.where(usable, np.maximum(res, 0.0) / sd, 0.0)
         score = np.nan_to_num(score, nan=0.0, posinf=0.0)
         self._pending = (ts, X, y, ok, p_lag, hp_lag, res)
-        self.last = {"expected": pred + F["hostmean:gpu_temp"], "observed": F["gpu_temp"],
-                     "drivers": {"power": F["power"], "host_mean_temp": F["hostmean:gpu_temp"],
-                                 "residual_c": res}}
+        self.last = {
+            "expected": pred + F["hostmean:gpu_temp"],
+            "observed": F["gpu_temp"],
+            "drivers": {"power": F["power"], "host_mean_temp": F["hostmean:gpu_temp"], "residual_c": res},
+        }
         return score
 
     def learn_many(self, ent: np.ndarray, ts: np.ndarray, F: Features, mask: np.ndarray) -> None:
