@@ -66,7 +66,7 @@ class FleetStage:
         self._buf: list[TelemetryRecord] = []
         self._keys: list[str] = []
         self._ids: set[tuple] = set()
-        self.stats: dict[str, int] = {"fed": 0, "duplicate": 0, "late": 0, "forced": 0, "released": 0}
+        self.stats: dict[str, int] = {"fed": 0, "duplicate": 0, "late": 0, "forced": 0, "released": 0, "dead_again": 0}
 
     def engine(self, key: str = FLEET_KEY) -> Engine:
         eng = self.engines.get(key)
@@ -175,9 +175,9 @@ class FleetStage:
 
     def _collect(self, got: EngineOutput, out: EngineOutput) -> None:
         out.alerts.extend(got.alerts)
-        # The host stage wrote every dead letter these records could cause; one here would be a
-        # record sent again after its second (counted, never written twice).
-        self.stats["late"] += len(got.dead)
+        # The host stage wrote every dead letter these records could cause (their dropped fields
+        # again): counted, never written twice.
+        self.stats["dead_again"] += len(got.dead)
 
     @property
     def pending(self) -> int:

@@ -153,3 +153,26 @@ def test_replicas_joining_and_crashing_mid_stream_change_nothing(telemetry, refe
     seen: dict[tuple[str, str], dict] = {}
     for a in got:   # alerts sent again after the crash are the same events
         assert seen.setdefault((a["id"], a["state"]), a) == a
+
+
+def test_a_reload_bringing_a_rule_that_reads_a_score_is_refused_by_the_host_stage(tmp_path, telemetry):
+    # The host stage's rules run without the models (they are in the fleet stage): a score()
+    # rule there would read NaN for ever. A reload checks the files without models first, so
+    # it is refused and the working rules stay (a restart puts such rules beside the models).
+    rules = tmp_path / "rules"
+    rules.mkdir()
+    for f in Path(RULES).glob("*.y*ml"):
+        (rules / f.name).write_bytes(f.read_bytes())
+    f = Fleet(telemetry[:400])
+    f.cfg.service.rules = [str(rules)]
+    f.cfg.service.reload_check_s = 1
+    host = f.service("host")
+    for _ in range(4):
+        f.step(host)
+    n = host._n_rules
+    (rules / "score.yaml").write_text(
+        "rules:\n  - name: hot_model\n    fault: thermal_model_score\n    severity: info\n"
+        "    condition: score(thermal_hotter_than_load) > 10\n")
+    for _ in range(4):
+        f.step(host)
+    assert host.metrics.reload_failures._value.get() == 1 and host._n_rules == n
