@@ -258,6 +258,11 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     setup_logging(cfg.service.log_level)
     stage = cfg.service.stage
     if stage == "fleet":
+        from pipeline.errors import ConfigError
+        from pipeline.service.app import models_on
+
+        if not models_on(cfg):
+            raise ConfigError("service.stage", "the fleet stage runs the models, and service.models finds none")
         return Service(cfg, stage="fleet").run()
     host = Service(cfg)
     if stage == "all" and host.forwards:

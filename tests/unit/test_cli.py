@@ -85,3 +85,11 @@ def test_eval_reports_each_sampling_interval_and_re_fires(capsys):
     assert "sampled every 1 s" in out and "sampled every 10 s" in out
     assert "**thermal: per sampling interval**" in out and "re-fires" in out
     assert "| 10 s | gpuwarden | 1/1 (100%) |" in out
+
+
+def test_serve_fleet_stage_without_models_is_a_config_error_naming_the_key(tmp_path, capsys):
+    cfg = tmp_path / "serve.yaml"
+    cfg.write_text("service:\n  models: none\n")
+    code = main(["serve", "--config", str(cfg), "--stage", "fleet", "--insecure-state", "--kafka", "127.0.0.1:1"])
+    err = capsys.readouterr().err
+    assert code != 0 and "service.stage" in err and "models" in err
