@@ -63,8 +63,11 @@ class FleetStage:
         self.marks: dict[int, float] = {}
         self.final: set[int] = set()
         self.released = -math.inf  # every record older than this went to an engine
-        self._buf: list[TelemetryRecord] = []
-        self._keys: list[str] = []
+        # Fed records waiting for the watermark, one chunk per feed: a release takes whole chunks
+        # it has passed and splits only those it cuts, so its cost does not grow with what
+        # stays buffered (as the engine's pending rows, pipeline/engine/pending.py).
+        self._chunks: list[_Chunk] = []
+        self._n_buf = 0
         self._ids: set[tuple] = set()
         self.stats: dict[str, int] = {"fed": 0, "duplicate": 0, "late": 0, "forced": 0, "released": 0, "dead_again": 0}
 
@@ -78,6 +81,8 @@ class FleetStage:
 
     def feed(self, records: Iterable[TelemetryRecord], keys: Sequence[str] | None = None) -> None:
         """Forwarded records (any order), each with its key (default: the one fleet key)."""
+        recs: list[TelemetryRecord] = []
+        ks: list[str] = []
         for i, r in enumerate(records):
             ident = record_identity(r)
             if r.ts < self.released:
@@ -89,9 +94,12 @@ class FleetStage:
                 self.stats["duplicate"] += 1
                 continue
             self._ids.add(ident)
-            self._buf.append(r)
-            self._keys.append(FLEET_KEY if keys is None else keys[i])
-            self.stats["fed"] += 1
+            recs.append(r)
+            ks.append(FLEET_KEY if keys is None else keys[i])
+        if recs:
+            self._chunks.append(_Chunk(recs, ks))
+            self._n_buf += len(recs)
+            self.stats["fed"] += len(recs)
 
     def mark(self, upstream: int, upto: float, final: bool = False, n_upstream: int | None = None) -> None:
         """Upstream task ``upstream`` has forwarded every record older than ``upto``; ``final``:
@@ -109,7 +117,7 @@ class FleetStage:
         wm = -math.inf
         if len(self.marks) >= self.n_upstream:
             wm = min(math.inf if p in self.final else m for p, m in self.marks.items())
-        if len(self._buf) > self.max_buffer:
+        if self._n_buf > self.max_buffer:
             ahead = max((m for p, m in self.marks.items() if p not in self.final), default=math.inf)
             if ahead > wm:
                 self.stats["forced"] += 1
@@ -148,24 +156,25 @@ class FleetStage:
         return self.advance()
 
     def _take(self, wm: float) -> dict[str, list[TelemetryRecord]]:
-        if not self._buf:
-            return {}
-        ts = np.fromiter((r.ts for r in self._buf), np.float64, len(self._buf))
-        go = ts < wm
-        if not go.any():
-            return {}
-        by_key: dict[str, list[tuple[tuple, TelemetryRecord]]] = {}
-        stay_r: list[TelemetryRecord] = []
-        stay_k: list[str] = []
-        for r, k, g in zip(self._buf, self._keys, go.tolist()):
-            if g:
-                ident = record_identity(r)
-                self._ids.discard(ident)
-                by_key.setdefault(k, []).append((ident, r))
+        """The buffered records older than ``wm``, by key, each key's in canonical order."""
+        go: list[tuple[TelemetryRecord, str]] = []
+        stay: list[_Chunk] = []
+        for c in self._chunks:
+            if c.tmax < wm:
+                go.extend(zip(c.records, c.keys))
+            elif c.tmin >= wm:
+                stay.append(c)
             else:
-                stay_r.append(r)
-                stay_k.append(k)
-        self._buf, self._keys = stay_r, stay_k
+                before = c.ts < wm
+                go.extend((r, k) for r, k, g in zip(c.records, c.keys, before.tolist()) if g)
+                stay.append(c.take(~before))
+        self._chunks = stay
+        self._n_buf -= len(go)
+        by_key: dict[str, list[tuple[tuple, TelemetryRecord]]] = {}
+        for r, k in go:
+            ident = record_identity(r)
+            self._ids.discard(ident)
+            by_key.setdefault(k, []).append((ident, r))
         return {k: [r for _, r in sorted(v, key=lambda x: x[0])] for k, v in sorted(by_key.items())}
 
     def _release(self, batches: dict[str, list[TelemetryRecord]], out: EngineOutput) -> None:
@@ -181,7 +190,7 @@ class FleetStage:
 
     @property
     def pending(self) -> int:
-        return len(self._buf) + sum(e.pending for e in self.engines.values())
+        return self._n_buf + sum(e.pending for e in self.engines.values())
 
     # -- state -------------------------------------------------------------------------------
 
@@ -193,8 +202,8 @@ class FleetStage:
                 "released": self.released,
                 "marks": {str(k): v for k, v in self.marks.items()},
                 "final": sorted(self.final),
-                "buffer": msgspec.json.encode(self._buf),
-                "keys": self._keys,
+                "buffer": msgspec.json.encode([r for c in self._chunks for r in c.records]),
+                "keys": [k for c in self._chunks for k in c.keys],
                 "engines": {k: e.snapshot() for k, e in self.engines.items()},
             }
         )
@@ -212,13 +221,29 @@ class FleetStage:
             keys = [str(k) for k in d["keys"]]
             if len(buf) != len(keys):
                 raise StateError("fleet stage state: buffered records and keys differ in length")
-            self._buf, self._keys = buf, keys
+            self._chunks = [_Chunk(buf, keys)] if buf else []
+            self._n_buf = len(buf)
             self._ids = {record_identity(r) for r in buf}
             self.engines = {}
             for k, blob_k in d["engines"].items():
                 self.engine(str(k)).restore(blob_k)
         except (msgspec.DecodeError, KeyError, TypeError, ValueError, AttributeError) as e:
             raise StateError(f"cannot restore the fleet stage: {e}") from e
+
+
+class _Chunk:
+    """One feed's records, their keys and event times."""
+
+    __slots__ = ("records", "keys", "ts", "tmin", "tmax")
+
+    def __init__(self, records: list[TelemetryRecord], keys: list[str]) -> None:
+        self.records, self.keys = records, keys
+        self.ts = np.fromiter((r.ts for r in records), np.float64, len(records))
+        self.tmin, self.tmax = float(self.ts.min()), float(self.ts.max())
+
+    def take(self, sel: np.ndarray) -> "_Chunk":
+        idx = np.flatnonzero(sel).tolist()
+        return _Chunk([self.records[i] for i in idx], [self.keys[i] for i in idx])
 
 
 class Topology:

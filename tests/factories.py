@@ -49,3 +49,13 @@ def run_batched(records: list, batch: int, engine: Any = None) -> Any:
         out.extend(eng.process(records[i:i + batch]))
     out.extend(eng.flush())
     return out
+
+
+class Clock:
+    """A service's test clock: monotonic seconds that move only when a test says so."""
+
+    def __init__(self) -> None:
+        self.t = 1000.0
+
+    def __call__(self) -> float:
+        return self.t

@@ -23,6 +23,7 @@ from pipeline.service.app import Service
 from pipeline.service.config import load_config_text
 from pipeline.service.state import MemoryStateStore
 from producers.sim.simulator import Simulator
+from tests.factories import Clock
 
 RULES = str(Path(__file__).resolve().parents[3] / "rules")
 KEY = b"unit-test-state-key-0123456789ab"
@@ -31,14 +32,6 @@ GROUP = "svc"
 
 class Crash(BaseException):
     """kill -9 at this point: nothing after it runs (not an Exception, so nothing catches it)."""
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.t = 1000.0
-
-    def __call__(self) -> float:
-        return self.t
 
 
 @pytest.fixture(scope="module")

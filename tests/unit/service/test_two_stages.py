@@ -25,18 +25,11 @@ from pipeline.service.config import load_config_text
 from pipeline.service.state import MemoryStateStore
 from pipeline.topology import Topology
 from producers.sim.simulator import Simulator
+from tests.factories import Clock
 
 RULES = str(Path(__file__).resolve().parents[3] / "rules")
 KEY = b"unit-test-state-key-0123456789ab"
 GROUP = "svc"
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.t = 1000.0
-
-    def __call__(self) -> float:
-        return self.t
 
 
 @pytest.fixture(scope="module")
