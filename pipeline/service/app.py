@@ -125,11 +125,13 @@ class Service:
         self.state.on_reject = lambda reason: self.metrics.state_skipped.labels(reason).inc()
         self._stop = False
         self.poll_timeout = POLL_TIMEOUT_S
+        self.got_input = False  # the last poll returned messages
         self.max_poll = max_poll(cfg, stage)
         self._reload_requested = False
         now = clock()
         self._grid0 = now
         self._last_poll = now
+        self._idle_asked = -math.inf  # when _flush_idle last asked the broker for end offsets
         self._last_reload_check = now
         self._last_lag = 0.0
         self.http: HttpEndpoint | None = None
@@ -265,9 +267,7 @@ class Service:
         signal.signal(signal.SIGTERM, stop)
         signal.signal(signal.SIGINT, stop)
         signal.signal(signal.SIGHUP, reload)
-        for s in services:
-            # Several stages in one loop: none may sit in an empty poll while another has input.
-            s.poll_timeout = POLL_TIMEOUT_S / len(services)
+        split = POLL_TIMEOUT_S / len(services)
         self.metrics.rules.set(self._n_rules)
         self.http = HttpEndpoint(self.cfg.http.host, self.cfg.http.port, self.metrics, self.health).start()
         log.info(
@@ -282,9 +282,19 @@ class Service:
         )
         try:
             failures = [0] * len(services)
+            busy = False
             while not self._stop:
+                # Several stages in one loop: none may sit in an empty poll while another has
+                # input. While any stage got messages in the last round, every poll only takes
+                # what is already fetched (a fleet poll waiting its timeout out each turn cost a
+                # backlog ~2/3 of its time: docs/performance.md); once all are quiet, they share
+                # the timeout.
+                for s in services:
+                    s.poll_timeout = 0.0 if busy else split
+                busy = False
                 for i, s in enumerate(services):
                     failures[i] = s.step(failures[i])
+                    busy = busy or s.got_input
             for s in services:  # the host stage first: its last marks reach the fleet stage's topic
                 s.shutdown()
         except BaseException:
@@ -302,6 +312,7 @@ class Service:
         """One turn of the loop: poll, process, deliver, and whatever is due. Returns the number
         of polls in a row that failed (0 after one that worked), for the back-off."""
         t = time.perf_counter()
+        self.got_input = False
         try:
             batch = self.consumer.poll(self.poll_timeout, self.max_poll)
         except BusError as e:
@@ -312,6 +323,7 @@ class Service:
             return failures + 1
         self._last_poll = self.clock()
         self._phase_poll.inc(time.perf_counter() - t)
+        self.got_input = bool(batch)
         if batch:
             self._process(batch)
         self._flush_idle()
@@ -504,7 +516,11 @@ class Service:
             return
         # Idle means nothing left to read, not nothing read lately: a loop slowed by a backlog
         # (or by the fleet stage beside it) must not flush a partition whose records are waiting,
-        # which would make them late.
+        # which would make them late. Asking is a round trip to the broker, so at most once a
+        # second (a loop turn each time cost a backlog's last seconds ~0.1 s a turn).
+        if now - self._idle_asked < min(1.0, self.cfg.service.flush_idle_s):
+            return
+        self._idle_asked = now
         try:
             end = self.consumer.end_offsets([ps.partition for ps in idle])
         except BusError:
