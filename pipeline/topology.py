@@ -24,14 +24,15 @@ stage sees records that stage already screened.
 from __future__ import annotations
 
 import math
-from typing import Any, Callable, Iterable, Sequence, Union
+import operator
+from typing import Any, Callable, Iterable, Sequence, Union, cast
 
 import msgspec
 import numpy as np
 
 from pipeline.engine import Engine, EngineOutput
 from pipeline.errors import StateError
-from pipeline.schema import NcclRecord, TelemetryRecord, dcgm_record_type
+from pipeline.schema import DcgmSample, NcclRecord, TelemetryRecord, dcgm_record_type
 
 FLEET_KEY = "fleet"  # the fleet stage's one key: every model compares over the whole fleet
 STATE_VERSION = 1
@@ -68,7 +69,6 @@ class FleetStage:
         # stays buffered (as the engine's pending rows, pipeline/engine/pending.py).
         self._chunks: list[_Chunk] = []
         self._n_buf = 0
-        self._ids: set[tuple] = set()
         self.stats: dict[str, int] = {"fed": 0, "duplicate": 0, "late": 0, "forced": 0, "released": 0, "dead_again": 0}
 
     def engine(self, key: str = FLEET_KEY) -> Engine:
@@ -80,26 +80,25 @@ class FleetStage:
     # -- input -------------------------------------------------------------------------------
 
     def feed(self, records: Iterable[TelemetryRecord], keys: Sequence[str] | None = None) -> None:
-        """Forwarded records (any order), each with its key (default: the one fleet key)."""
-        recs: list[TelemetryRecord] = []
-        ks: list[str] = []
-        for i, r in enumerate(records):
-            ident = record_identity(r)
-            if r.ts < self.released:
-                # Only a record sent again after its second was released (an upstream replay),
-                # since an upstream task never forwards what it released before.
-                self.stats["late"] += 1
-                continue
-            if ident in self._ids:
-                self.stats["duplicate"] += 1
-                continue
-            self._ids.add(ident)
-            recs.append(r)
-            ks.append(FLEET_KEY if keys is None else keys[i])
-        if recs:
-            self._chunks.append(_Chunk(recs, ks))
-            self._n_buf += len(recs)
-            self.stats["fed"] += len(recs)
+        """Forwarded records (any order), each with its key (default: the one fleet key).
+
+        A record sent again after its second was released (an upstream replay: a task never
+        forwards what it released before) is dropped here, as ``late``; one sent again while
+        still buffered is dropped at its release, as ``duplicate`` (``_take``).
+        """
+        recs = records if isinstance(records, list) else list(records)
+        if not recs:
+            return
+        c = _Chunk(recs, None if keys is None else list(keys))
+        late = c.ts < self.released
+        if late.any():
+            self.stats["late"] += int(late.sum())
+            if late.all():
+                return
+            c = c.take(~late)
+        self._chunks.append(c)
+        self._n_buf += len(c.records)
+        self.stats["fed"] += len(c.records)
 
     def mark(self, upstream: int, upto: float, final: bool = False, n_upstream: int | None = None) -> None:
         """Upstream task ``upstream`` has forwarded every record older than ``upto``; ``final``:
@@ -156,26 +155,41 @@ class FleetStage:
         return self.advance()
 
     def _take(self, wm: float) -> dict[str, list[TelemetryRecord]]:
-        """The buffered records older than ``wm``, by key, each key's in canonical order."""
-        go: list[tuple[TelemetryRecord, str]] = []
+        """The buffered records older than ``wm``, by key, each key's in canonical order and
+        without records forwarded twice."""
+        recs: list[TelemetryRecord] = []
+        ts: list[np.ndarray] = []
+        keys: list[str] | None = None  # None while every record has the one fleet key
         stay: list[_Chunk] = []
         for c in self._chunks:
             if c.tmax < wm:
-                go.extend(zip(c.records, c.keys))
+                go = c
             elif c.tmin >= wm:
                 stay.append(c)
+                continue
             else:
                 before = c.ts < wm
-                go.extend((r, k) for r, k, g in zip(c.records, c.keys, before.tolist()) if g)
+                go = c.take(before)
                 stay.append(c.take(~before))
+            if go.keys is not None and keys is None:
+                keys = [FLEET_KEY] * len(recs)
+            if keys is not None:
+                keys.extend(go.keys if go.keys is not None else [FLEET_KEY] * len(go.records))
+            recs.extend(go.records)
+            ts.append(go.ts)
         self._chunks = stay
-        self._n_buf -= len(go)
-        by_key: dict[str, list[tuple[tuple, TelemetryRecord]]] = {}
-        for r, k in go:
-            ident = record_identity(r)
-            self._ids.discard(ident)
-            by_key.setdefault(k, []).append((ident, r))
-        return {k: [r for _, r in sorted(v, key=lambda x: x[0])] for k, v in sorted(by_key.items())}
+        self._n_buf -= len(recs)
+        if not recs:
+            return {}
+        order, dup = canonical_order(recs, np.concatenate(ts))
+        if dup:
+            self.stats["duplicate"] += dup
+        if keys is None:
+            return {FLEET_KEY: [recs[i] for i in order]}
+        by_key: dict[str, list[TelemetryRecord]] = {}
+        for i in order:
+            by_key.setdefault(keys[i], []).append(recs[i])
+        return dict(sorted(by_key.items()))
 
     def _release(self, batches: dict[str, list[TelemetryRecord]], out: EngineOutput) -> None:
         for key, recs in batches.items():
@@ -203,7 +217,7 @@ class FleetStage:
                 "marks": {str(k): v for k, v in self.marks.items()},
                 "final": sorted(self.final),
                 "buffer": msgspec.json.encode([r for c in self._chunks for r in c.records]),
-                "keys": [k for c in self._chunks for k in c.keys],
+                "keys": [k for c in self._chunks for k in (c.keys or [FLEET_KEY] * len(c.records))],
                 "engines": {k: e.snapshot() for k, e in self.engines.items()},
             }
         )
@@ -221,9 +235,8 @@ class FleetStage:
             keys = [str(k) for k in d["keys"]]
             if len(buf) != len(keys):
                 raise StateError("fleet stage state: buffered records and keys differ in length")
-            self._chunks = [_Chunk(buf, keys)] if buf else []
+            self._chunks = [_Chunk(buf, None if all(k == FLEET_KEY for k in keys) else keys)] if buf else []
             self._n_buf = len(buf)
-            self._ids = {record_identity(r) for r in buf}
             self.engines = {}
             for k, blob_k in d["engines"].items():
                 self.engine(str(k)).restore(blob_k)
@@ -232,18 +245,79 @@ class FleetStage:
 
 
 class _Chunk:
-    """One feed's records, their keys and event times."""
+    """One feed's records, their keys (None: all the one fleet key) and event times."""
 
     __slots__ = ("records", "keys", "ts", "tmin", "tmax")
 
-    def __init__(self, records: list[TelemetryRecord], keys: list[str]) -> None:
+    def __init__(self, records: list[TelemetryRecord], keys: list[str] | None, ts: np.ndarray | None = None) -> None:
         self.records, self.keys = records, keys
-        self.ts = np.fromiter((r.ts for r in records), np.float64, len(records))
-        self.tmin, self.tmax = float(self.ts.min()), float(self.ts.max())
+        self.ts = np.fromiter(map(_TS, records), np.float64, len(records)) if ts is None else ts
+        self.tmin, self.tmax = (float(self.ts.min()), float(self.ts.max())) if len(records) else (math.inf, -math.inf)
 
     def take(self, sel: np.ndarray) -> "_Chunk":
         idx = np.flatnonzero(sel).tolist()
-        return _Chunk([self.records[i] for i in idx], [self.keys[i] for i in idx])
+        keys = None if self.keys is None else [self.keys[i] for i in idx]
+        return _Chunk([self.records[i] for i in idx], keys, self.ts[sel])
+
+
+_TS = operator.attrgetter("ts")
+_HOST = operator.attrgetter("host")
+
+
+def _codes(values: list[str]) -> np.ndarray:
+    """Each string's rank among the distinct ones: sorting the codes sorts the strings."""
+    rank = {v: i for i, v in enumerate(sorted(set(values)))}
+    return np.fromiter(map(rank.__getitem__, values), np.int64, len(values))
+
+
+def canonical_order(records: list[TelemetryRecord], ts: np.ndarray) -> tuple[list[int], int]:
+    """The indices of ``records`` in ``record_identity`` order, each identity once (the first
+    fed of records forwarded twice), and how many were dropped as such: the sort as arrays,
+    not as Python tuples compared one by one (the fleet stage's cost per record).
+
+    >>> from pipeline.schema import dcgm
+    >>> recs = [dcgm(2.0, "b", 0, {}), dcgm(1.0, "b", 1, {}), dcgm(1.0, "a", 3, {}), dcgm(2.0, "b", 0, {})]
+    >>> canonical_order(recs, np.array([r.ts for r in recs]))
+    ([2, 1, 0], 1)
+    """
+    n = len(records)
+    types = list(map(type, records))
+    nccl_types = {t for t in set(types) if issubclass(t, NcclRecord)}
+    is_nccl = np.fromiter(map(nccl_types.__contains__, types), bool, n)
+    host = _codes(list(map(_HOST, records)))
+    gpu = np.full(n, -1, np.int64)
+    link = np.full(n, -1, np.int64)
+    comm = np.zeros(n, np.int64)
+    rank = np.zeros(n, np.int64)
+    coll = np.zeros(n, np.int64)
+    seq = np.zeros(n, np.int64)
+    nccl_idx = np.flatnonzero(is_nccl)
+    dcgm_idx = np.flatnonzero(~is_nccl)
+    if len(dcgm_idx):
+        d = cast("list[DcgmSample]", [records[i] for i in dcgm_idx.tolist()] if len(nccl_idx) else records)
+        gpu[dcgm_idx] = np.fromiter((r.gpu for r in d), np.int64, len(d))
+        link[dcgm_idx] = np.fromiter((-1 if r.link is None else r.link for r in d), np.int64, len(d))
+    if len(nccl_idx):
+        nr = cast("list[NcclRecord]", [records[i] for i in nccl_idx.tolist()])
+        gpu[nccl_idx] = np.fromiter((-1 if r.gpu is None else r.gpu for r in nr), np.int64, len(nr))
+        # A DCGM record's communicator and collective are "" (record_identity): code 0 of any
+        # set of names that holds "", below every other name.
+        comm[nccl_idx] = _codes([""] + [r.comm for r in nr])[1:]
+        coll[nccl_idx] = _codes([""] + [r.coll for r in nr])[1:]
+        rank[nccl_idx] = np.fromiter((r.rank for r in nr), np.int64, len(nr))
+        seq[nccl_idx] = np.fromiter((r.seq or 0 for r in nr), np.int64, len(nr))
+    cols = (seq, coll, rank, comm, link, gpu, is_nccl.astype(np.int64), host, ts)
+    order = np.lexsort(cols)  # stable: of records forwarded twice, the first fed comes first
+    if n > 1:
+        same = np.ones(n - 1, bool)
+        for col in cols:
+            sc = col[order]
+            same &= sc[1:] == sc[:-1]
+        if same.any():
+            keep = np.ones(n, bool)
+            keep[1:] = ~same
+            return order[keep].tolist(), int(same.sum())
+    return order.tolist(), 0
 
 
 class Topology:
