@@ -126,7 +126,8 @@ def test_200k_gpu_samples_through_kafka_none_lost_order_kept_poison_dead_lettere
 def test_unreachable_broker_is_a_retriable_error():
     from pipeline.errors import BrokerUnavailableError
     with pytest.raises(BrokerUnavailableError) as err:
-        KafkaBusProducer("127.0.0.1:1", max_block_ms=1500, request_timeout_ms=1500)
+        # kafka-python waits bootstrap_timeout_ms (30 s by default) before it gives up on bootstrapping.
+        KafkaBusProducer("127.0.0.1:1", max_block_ms=1500, request_timeout_ms=1500, bootstrap_timeout_ms=1500)
     assert err.value.retriable
 
 
