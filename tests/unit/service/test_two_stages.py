@@ -116,7 +116,9 @@ def test_the_reference_has_cross_host_model_alerts(reference):
     assert {"nccl_straggler", "nccl_busbw", "counter_rate"} <= detectors
 
 
-@pytest.mark.parametrize(("hosts", "fleets"), [(1, 1), (2, 2), (4, 3)])
+# One of each, and more replicas of each stage than the other has (2 and 2 proved nothing more;
+# members joining and crashing: the next test).
+@pytest.mark.parametrize(("hosts", "fleets"), [(1, 1), (4, 3)])
 def test_any_number_of_replicas_give_the_alerts_of_one_replay(telemetry, reference, hosts, fleets):
     f = Fleet(telemetry)
     services = [f.service("host") for _ in range(hosts)] + [f.service("fleet") for _ in range(fleets)]
