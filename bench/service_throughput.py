@@ -8,7 +8,8 @@ Each repeat, on a fresh topic prefix:
 1. publishes a simulated recording (per-host messages) to ``<prefix>.telemetry``;
 2. measures the raw kafka-python consume rate of that topic (the ceiling of any consumer);
 3. for each of ``--models`` (``auto``: what ``serve`` runs by default, rules and models;
-   ``none``: the rules alone), runs one `gpuwarden serve` process, in a consumer group of its
+   ``none``: the rules alone; ``split``: the models, with the two stages in two processes,
+   ``serve --stage host`` and ``serve --stage fleet``), runs one `gpuwarden serve` process, in a consumer group of its
    own, from the beginning of the topic and measures the time from its partition assignment
    until its /metrics say every record was processed (GPU-samples/s; decode, rules, models,
    delivery, checkpoints and commits included), and reads from its /metrics where that time
@@ -82,11 +83,13 @@ def loop_profile(text: str) -> dict:
             "checkpoint_s_per_partition": round(float(total.group(1)) / n, 4) if n and total else None}
 
 
-def service_seconds(svc: Service, n_records: int, timeout_s: float = 1800.0, fleet: bool = False) -> float:
+def service_seconds(svc: Service, n_records: int, timeout_s: float = 1800.0, fleet: bool = False,
+                    fleet_svc: Service | None = None) -> float:
     """Seconds from the service's partition assignment until it has processed ``n_records``.
 
     Timed from the assignment, not from the first processed record: a small recording can be
-    done before the first /metrics poll sees anything.
+    done before the first /metrics poll sees anything. ``fleet_svc``: the fleet stage runs in
+    that process (``--stage fleet``) rather than in ``svc``'s.
     """
     t0 = None
     fleet_seen = [-1.0, 0.0]   # the fleet stage's count, and when it last moved
@@ -100,7 +103,7 @@ def service_seconds(svc: Service, n_records: int, timeout_s: float = 1800.0, fle
         if t0 is None and m and float(m.group(1)) > 0:
             t0 = now
         m = re.search(r"^gpuwarden_records_total (\S+)", text, re.M)
-        f = re.search(r"^gpuwarden_fleet_records_total (\S+)", text, re.M)
+        f = re.search(r"^gpuwarden_fleet_records_total (\S+)", metrics_text(fleet_svc) if fleet_svc else text, re.M)
         # With models, done once the fleet stage has run them on every record too (it sees them
         # after the host stage, the last ones once the host stage's partitions are idle; a
         # record the host stage refused never reaches it, hence "all but 0.1 %, and no more").
@@ -145,22 +148,32 @@ def run_once(bootstrap: str, rec: Path, n_records: int, workdir: Path,
         out = {}
         for mode in models:
             group = f"{prefix}-{mode}"
-            svc = Service({"kafka": {"bootstrap": bootstrap, "prefix": prefix, "group": group},
-                           "http": {"port": 0}, "service": {"rules": [str(ROOT / "rules")], "flush_idle_s": 2,
-                                                            "models": mode},
-                           "engine": {"idle_timeout": 0.5}},
-                          workdir, group)
+            split = mode == "split"   # the models, the stages in two processes (--stage host, --stage fleet)
+
+            def config(stage: str) -> dict:
+                return {"kafka": {"bootstrap": bootstrap, "prefix": prefix, "group": group},
+                        "http": {"port": 0}, "service": {"rules": [str(ROOT / "rules")], "flush_idle_s": 2,
+                                                         "models": "auto" if split else mode, "stage": stage},
+                        "engine": {"idle_timeout": 0.5}}
+
+            svc = Service(config("host" if split else "all"), workdir, group)
+            fleet_svc = Service(config("fleet"), workdir, group + "-fleet") if split else None
             try:
-                svc_s = service_seconds(svc, n_records, fleet=mode != "none")
+                svc_s = service_seconds(svc, n_records, fleet=mode != "none", fleet_svc=fleet_svc)
                 # A small run can be done before its first checkpoint; the idle flush
                 # (flush_idle_s) writes one soon after.
                 deadline = time.monotonic() + 15
                 while loop_profile(metrics_text(svc))["checkpoints"] == 0 and time.monotonic() < deadline:
                     time.sleep(0.2)
                 time.sleep(0.5)       # the round in flight: its broker wait and commit
-                out[mode] = (svc_s, loop_profile(metrics_text(svc)))
+                prof = loop_profile(metrics_text(svc))
+                if fleet_svc is not None:
+                    prof["fleet_process"] = loop_profile(metrics_text(fleet_svc))
+                out[mode] = (svc_s, prof)
             finally:
                 svc.stop()
+                if fleet_svc is not None:
+                    fleet_svc.stop()
         return n_msgs, pub_s, raw_s, out
     finally:
         delete_topics(bootstrap, topics.all())
