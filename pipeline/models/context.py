@@ -27,6 +27,7 @@ import numpy as np
 from pipeline.catalog import FIELDS
 from pipeline.engine.state import View
 from pipeline.gpu_models import lookup
+from pipeline.models.detectors._util import nan_to_num
 from pipeline.numeric import group_stat, grow
 
 SW_POWER_CAP = FIELDS.bits["SW_POWER_CAP"].mask
@@ -71,7 +72,7 @@ class FleetContext:
         reasons = view.filled[:, _REASONS]
         lim = view.filled[:, _LIMIT]
         with np.errstate(invalid="ignore"):
-            bit = np.where(np.isnan(reasons), False, (np.nan_to_num(reasons).astype(np.int64) & SW_POWER_CAP) != 0)
+            bit = np.where(np.isnan(reasons), False, (nan_to_num(reasons).astype(np.int64) & SW_POWER_CAP) != 0)
             self.lim_max[ent] = np.fmax(self.lim_max[ent], lim)
             board = np.fmax(board_w, self.lim_max[ent])
             lowered = lim < LIMIT_LOWERED * board

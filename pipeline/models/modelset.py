@@ -34,6 +34,7 @@ from pipeline.models.config import ModelSpec, load_model_specs
 from pipeline.models.context import COLUMNS as CONTEXT_COLUMNS
 from pipeline.models.context import FleetContext, board_power
 from pipeline.models.deciders import make_decider
+from pipeline.models.detectors._util import nan_to_num
 from pipeline.models.registry import DCGM, REGISTRY, build
 from pipeline.numeric import grow
 
@@ -294,7 +295,7 @@ class ModelSet(StageBase):
                     e = ent if rows is None else ent[rows]
                     t = ts if rows is None else ts[rows]
                     F = feats.subset(det.features, rows)
-                    s = np.nan_to_num(det.score_many(e, t, F), nan=0.0, posinf=1e6, neginf=0.0)
+                    s = nan_to_num(det.score_many(e, t, F), nan=0.0, posinf=1e6, neginf=0.0)
                     w = det.warm(e)
                     if rows is None:
                         score, warm = s, w
@@ -365,7 +366,7 @@ class ModelSet(StageBase):
             if m.info.source == DCGM:
                 continue
             det = m.det("fleet")
-            scores = np.nan_to_num(det.score_frame(fr), nan=0.0)
+            scores = nan_to_num(det.score_frame(fr), nan=0.0)
             ent = fr.gpu if m.info.level == GPU else fr.host
             m.ensure(max(n_gpus, n_hosts, int(ent.max()) + 1 if len(ent) else 0))
             ok = ent >= 0

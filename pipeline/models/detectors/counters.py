@@ -17,14 +17,14 @@ from typing import Any
 import numpy as np
 from scipy.special import gammainc
 
-from pipeline.models.detectors._util import decay, last_per_entity
+from pipeline.models.detectors._util import decay, last_per_entity, nan_to_num
 from pipeline.models.protocol import BatchDetector, Features
 
 
 def poisson_surprise(observed: np.ndarray, expected: np.ndarray) -> np.ndarray:
     """-log10 P(N >= observed) for N ~ Poisson(expected); 0 where observed <= expected."""
-    obs = np.nan_to_num(observed, nan=0.0)
-    lam = np.maximum(np.nan_to_num(expected, nan=0.0), 1e-12)
+    obs = nan_to_num(observed, nan=0.0)
+    lam = np.maximum(nan_to_num(expected, nan=0.0), 1e-12)
     out = np.zeros(len(obs))
     hot = np.flatnonzero(obs > lam)  # usually none: only those need the incomplete gamma
     if len(hot):
@@ -77,7 +77,7 @@ class CounterRateSurprise(BatchDetector):
         for f in self.features:
             v = F.get(f)
             if v is not None:
-                tot += np.nan_to_num(v, nan=0.0)
+                tot += nan_to_num(v, nan=0.0)
         return tot
 
     def _fold(self, ent: np.ndarray, ts: np.ndarray, inc: np.ndarray) -> tuple[np.ndarray, ...]:

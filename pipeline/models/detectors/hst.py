@@ -22,6 +22,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from pipeline.errors import StateError
+from pipeline.models.detectors._util import nan_to_num
 from pipeline.models.detectors.halfspace import HalfSpaceForest
 from pipeline.models.protocol import BatchDetector, Features
 
@@ -108,7 +109,7 @@ class CohortHalfSpaceTrees(BatchDetector):
     def _due(self, ent: np.ndarray, ts: np.ndarray) -> np.ndarray:
         if self.period == 1:
             return np.ones(len(ent), dtype=bool)
-        t = np.nan_to_num(ts, nan=0.0).astype(np.int64)
+        t = nan_to_num(ts, nan=0.0).astype(np.int64)
         return (ent.astype(np.int64) + t) % self.period == 0
 
     def score_many(self, ent: np.ndarray, ts: np.ndarray, F: Features) -> np.ndarray:
@@ -124,7 +125,7 @@ class CohortHalfSpaceTrees(BatchDetector):
         fresh = self.forest.score(X)
         score = self.score[ent].copy()
         score[idx] = fresh
-        stale = ~due & (np.nan_to_num(ts - self.score_ts[ent], nan=np.inf) > 3 * self.period)
+        stale = ~due & (nan_to_num(ts - self.score_ts[ent], nan=np.inf) > 3 * self.period)
         score[stale] = 0.0
         self._pending = (ts, idx, X, keys, fresh)
         self.last = {
@@ -134,7 +135,7 @@ class CohortHalfSpaceTrees(BatchDetector):
         }
         for k in keys:
             self.last["drivers"][k][idx] = Z[k]
-        return np.nan_to_num(score, nan=0.0)
+        return nan_to_num(score, nan=0.0)
 
     def learn_many(self, ent: np.ndarray, ts: np.ndarray, F: Features, mask: np.ndarray) -> None:
         if len(ent) == 0:
@@ -146,7 +147,7 @@ class CohortHalfSpaceTrees(BatchDetector):
         ok = mask[idx]
         if self.learn_every > 1 and self.period > 1 and len(idx) > 16:
             # A shared model has data to spare: learn from every learn_every-th turn of a GPU.
-            turn = np.nan_to_num(ts[idx], nan=0.0).astype(np.int64) // self.period
+            turn = nan_to_num(ts[idx], nan=0.0).astype(np.int64) // self.period
             ok = ok & ((turn + ent[idx]) % self.learn_every == 0)
         self.forest.learn(X[ok])  # in row order, as river's learn_one one row at a time
         self.n_learnt += int(ok.sum())

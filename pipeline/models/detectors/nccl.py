@@ -26,6 +26,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from pipeline.engine.frame import NcclFrame
+from pipeline.models.detectors._util import nan_to_num
 from pipeline.numeric import group_stat, grow
 
 
@@ -181,7 +182,7 @@ class RankStraggler(NcclDetector):
         judged = (cnt >= self.min_ranks) & (med > 0)
         with np.errstate(invalid="ignore", divide="ignore"):
             gap = np.where(judged, (med - ex) / med, 0.0)
-        gap = np.nan_to_num(gap, nan=0.0)
+        gap = nan_to_num(gap, nan=0.0)
         # A whole host behind in every communicator of a kind (power capping, a warm rack) is a
         # host-wide condition, not a slow GPU: take out the host's median gap per kind, as the
         # communicator median takes out a job-wide slowdown.
@@ -191,7 +192,7 @@ class RankStraggler(NcclDetector):
         jg = np.where(judged, gap, np.nan)
         host_med = group_stat(hk, jg, "median")
         host_cnt = group_stat(hk, jg, "count")
-        gap = np.where(judged & (host_cnt >= 3), gap - np.nan_to_num(host_med, nan=0.0), gap)
+        gap = np.where(judged & (host_cnt >= 3), gap - nan_to_num(host_med, nan=0.0), gap)
         med = np.where(judged, med, np.nan)
         score = np.maximum(gap, 0.0) / max(self.noise, self.noise_floor)
         self.last = {

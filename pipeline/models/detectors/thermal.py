@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from pipeline.models.detectors._util import decay, last_per_entity
+from pipeline.models.detectors._util import decay, last_per_entity, nan_to_num
 from pipeline.models.protocol import BatchDetector, Features
 
 K = 2
@@ -80,7 +80,7 @@ class ThermalResidual(BatchDetector):
         p_lag = np.where(np.isnan(p), pl0, p_lag)
         hp_lag = np.where(np.isnan(hp), hl0, hp_lag)
         with np.errstate(invalid="ignore"):
-            swing = np.nan_to_num(np.abs(p - p_lag) + np.abs(hp - hp_lag), nan=0.0)
+            swing = nan_to_num(np.abs(p - p_lag) + np.abs(hp - hp_lag), nan=0.0)
         steady = swing <= self.steady_w
         self._swing = swing
         # Only the GPU's power above its host's mean: the host's level (busy or idle in a
@@ -103,14 +103,14 @@ class ThermalResidual(BatchDetector):
             return np.empty(0)
         X, y, ok, p_lag, hp_lag = self._x(ent, ts, F)
         beta = self._beta(ent)
-        pred = np.einsum("ij,ij->i", np.nan_to_num(X), beta)
+        pred = np.einsum("ij,ij->i", nan_to_num(X), beta)
         res = y - pred
         # While power moves, GPUs' different thermal lags make the residual swing by up to about
         # k x the power change (k ~ 0.06 C/W on Hopper): widen the allowance rather than go blind.
         sd = np.sqrt(max(self.res_var, 0.0) + self.sd_floor**2) + self.lag_c_per_w * self._swing
         usable = ~np.isnan(y) & ~np.isnan(X).any(axis=1)
         score = np.where(usable, np.maximum(res, 0.0) / sd, 0.0)
-        score = np.nan_to_num(score, nan=0.0, posinf=0.0)
+        score = nan_to_num(score, nan=0.0, posinf=0.0)
         self._pending = (ts, X, y, ok, p_lag, hp_lag, res)
         self.last = {
             "expected": pred + F["hostmean:gpu_temp"],
