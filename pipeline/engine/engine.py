@@ -834,16 +834,19 @@ class Engine:
         for stage in self.stages:
             conds += stage.run(view, self.entities, outputs)
         transitions: list[tuple[StageCheck, Transition]] = []
+        lifecycles = self.lifecycles
         for check, cond in conds:
             cond = cond == 1 if cond.dtype != bool else cond
             if check.meta.level == GPU:
                 ts, ent, rows = chunk.ts, chunk.gpu, None
                 n_ent = self.entities.n_gpus
             else:
+                n_ent = self.entities.n_hosts
+                if lifecycles[check.meta.name].quiet(cond, n_ent):
+                    continue  # no host to step: spares _per_host's grouping (~60 us a check)
                 # Host level: true for the host when true on any of its GPUs in this tick.
                 ts, ent, cond, rows = _per_host(chunk, cond)
-                n_ent = self.entities.n_hosts
-            for t in self.lifecycles[check.meta.name].step(ts, ent, cond, n_ent):
+            for t in lifecycles[check.meta.name].step(ts, ent, cond, n_ent):
                 if rows is not None:
                     t = Transition(t.state, t.entity, t.ts, t.started_at, int(rows[t.row]))
                 transitions.append((check, t))

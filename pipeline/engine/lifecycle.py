@@ -95,6 +95,12 @@ class Lifecycle:
             self._store(e, since, last_true, firing, started)
         return out
 
+    def quiet(self, cond: np.ndarray, n_entities: int) -> bool:
+        """Whether ``step`` with this condition would change nothing and return no transition
+        (no entity active, the condition false everywhere): then the caller may skip it."""
+        self._ensure(n_entities)  # as step would: the arrays (and snapshots) keep their length
+        return not self._active and not cond.any()
+
     def next_change(self, cond: np.ndarray) -> float:
         """Under a condition that holds still (one bool per entity): the earliest event time at
         which a step could do more than move ``last_true`` -- fire a pending alert, resolve one
