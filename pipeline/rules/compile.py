@@ -436,11 +436,14 @@ class Compiler:
                     bits = (v.astype(np.int64) & mask) != 0
                 return _unknown_where_nan(bits, v)
 
-            return BOOL, has
+            return BOOL, _shared(self.store.key_of(n), has)
         if isinstance(n, E.In):
             fn = self.expect(n.operand, NUM, "'in'")
             vals = np.array(n.values)
-            return BOOL, lambda c: (lambda x: np.where(np.isnan(x), np.nan, np.isin(x, vals).astype(float)))(fn(c))
+            return BOOL, _shared(
+                self.store.key_of(n),
+                lambda c: (lambda x: np.where(np.isnan(x), np.nan, np.isin(x, vals).astype(float)))(fn(c)),
+            )
         if isinstance(n, E.Not):
             fn = self.expect(n.operand, BOOL, "'not'")
             return BOOL, lambda c: 1.0 - fn(c)
@@ -618,7 +621,7 @@ def _peer(cp: Compiler, a: Bound) -> Fn:
 
 def _absent(cp: Compiler, a: Bound) -> Fn:
     col, w = a.field(0).column, a.seconds(1)
-    return lambda c: (c.view.frame.ts - c.view.seen[:, col] > w).astype(float)
+    return _shared(cp.store.key_of(a.call), lambda c: (c.view.frame.ts - c.view.seen[:, col] > w).astype(float))
 
 
 def _changed(cp: Compiler, a: Bound) -> Fn:
@@ -629,7 +632,7 @@ def _changed(cp: Compiler, a: Bound) -> Fn:
         known = ~np.isnan(now) & ~np.isnan(prev)
         return np.where(known, (now != prev).astype(float), 0.0)
 
-    return changed
+    return _shared(cp.store.key_of(a.call), changed)
 
 
 def _a_code(f: Field, node: E.Node) -> None:
@@ -657,7 +660,8 @@ def _raised(cp: Compiler, a: Bound) -> Fn:
             new = (now != 0) & ~np.isnan(now) & (np.isnan(prev) | (now != prev))
         return new.astype(float)
 
-    return raised
+    # Several rules gate on raised(xid): once a tick for all of them.
+    return _shared(cp.store.key_of(a.call), raised)
 
 
 def _the_xid(f: Field, node: E.Node) -> None:
@@ -671,7 +675,7 @@ def _xid_severity(cp: Compiler, a: Bound) -> Fn:
     col = a.field(0).column
     from pipeline.rules.xids import severity_levels
 
-    fn: Fn = lambda c: severity_levels(c.view.filled[:, col])  # noqa: E731
+    fn: Fn = _shared(cp.store.key_of(a.call), lambda c: severity_levels(c.view.filled[:, col]))
     cp.evidence.setdefault(a.label, fn)
     return fn
 

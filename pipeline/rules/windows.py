@@ -212,7 +212,10 @@ class PaneWindow:
     def _closed_part(self, a: str) -> np.ndarray:
         got = self._closed.get(a)
         if got is None:
-            got = self._closed[a] = self._over(a, self._closed_panes())
+            live = self._closed.get("")  # the closed slots, shared by the aggregates until the ring moves
+            if live is None:
+                live = self._closed[""] = self._closed_panes()
+            got = self._closed[a] = self._over(a, live)
         return got
 
     def _over(self, a: str, live: np.ndarray) -> np.ndarray:
