@@ -3,8 +3,10 @@ single-run replay of the same seeded recording."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -15,6 +17,8 @@ from pathlib import Path
 import pytest
 
 from pipeline.bus import Topics
+from kafka import KafkaAdminClient, KafkaConsumer, TopicPartition
+
 from pipeline.bus.kafka import ensure_topics
 from pipeline.recording import publish, record
 
@@ -82,17 +86,69 @@ class ServiceProc:
         return out
 
 
+# One replay per recording and models for the whole session: several cases share a recording,
+# and the golden answer of the same bytes is the same answer (keyed by content, not by path).
+_GOLDEN: dict[tuple[str, str], tuple[set[tuple[str, str]], Path]] = sys.modules[
+    "_gpuwarden_fault_services"].__dict__.setdefault("golden", {})
+
+
 def golden_alerts(recording: Path, tmp: Path, models: str = "auto") -> set[tuple[str, str]]:
+    """The alert ids of one uninterrupted `gpuwarden replay`; its alerts are left in
+    ``tmp/golden.jsonl``."""
+    key = (hashlib.sha1(recording.read_bytes()).hexdigest(), models)
     out = tmp / "golden.jsonl"
+    if key in _GOLDEN:
+        golden, first = _GOLDEN[key]
+        if first != out:
+            shutil.copyfile(first, out)
+        return set(golden)
     subprocess.run([sys.executable, "-m", "pipeline", "replay", str(recording), "--rules", str(RULES),
                     "--models", models, "--alerts-out", str(out), "-q"], check=True, cwd=ROOT, capture_output=True)
-    return {(a["id"], a["state"]) for a in map(json.loads, out.read_text().splitlines())}
+    golden = {(a["id"], a["state"]) for a in map(json.loads, out.read_text().splitlines())}
+    _GOLDEN[key] = (golden, out)
+    return set(golden)
 
 
-def alerts_on_topic(bootstrap: str, prefix: str, tmp: Path, idle: float = 4.0) -> list[dict]:
-    out = tmp / f"alerts-{time.monotonic_ns()}.jsonl"
-    record(bootstrap, Topics(prefix).alerts, str(out), idle_timeout=idle)
-    return [json.loads(x) for x in out.read_text().splitlines()]
+def alerts_on_topic(bootstrap: str, prefix: str, tmp: Path | None = None) -> list[dict]:
+    """Every alert on the alerts topic when asked: read from the beginning up to the end offsets
+    it has at that moment. A fixed end, not an idle wait: after the services stopped it is all
+    they sent; while they run, a caller asks again (``wait_for``)."""
+    topic = Topics(prefix).alerts
+    consumer = KafkaConsumer(bootstrap_servers=bootstrap, group_id=None, enable_auto_commit=False)
+    try:
+        parts: set[int] | None = None
+        deadline = time.monotonic() + 30
+        while not parts:
+            parts = consumer.partitions_for_topic(topic)
+            if not parts:
+                assert time.monotonic() < deadline, f"no partitions for {topic}"
+                time.sleep(0.2)
+        tps = [TopicPartition(topic, p) for p in sorted(parts)]
+        consumer.assign(tps)
+        consumer.seek_to_beginning(*tps)
+        end = consumer.end_offsets(tps)
+        out: list[dict] = []
+        deadline = time.monotonic() + 60
+        while any(consumer.position(tp) < end[tp] for tp in tps):
+            assert time.monotonic() < deadline, f"could not read {topic} up to {end}"
+            for tp, msgs in sorted(consumer.poll(timeout_ms=500).items()):
+                for m in msgs:
+                    obj = json.loads(m.value)
+                    out += obj if isinstance(obj, list) else [obj]
+        return out
+    finally:
+        consumer.close()
+
+
+def committed(bootstrap: str, group: str, topic: str) -> int:
+    """The sum of ``group``'s committed offsets on ``topic``: on a fresh topic, how many of its
+    messages the group has committed past."""
+    admin = KafkaAdminClient(bootstrap_servers=bootstrap)
+    try:
+        offsets = admin.list_group_offsets(group).get(group, {})
+    finally:
+        admin.close()
+    return sum(o.offset for tp, o in offsets.items() if tp.topic == topic)
 
 
 def wait_for(pred, timeout: float, step: float = 0.5, what: str = "condition") -> None:
@@ -151,16 +207,26 @@ def _no_leftovers():
             svc.kill9()
 
 
+@pytest.fixture(scope="session")
+def _recordings(tmp_path_factory) -> dict:
+    return {"dir": tmp_path_factory.mktemp("recordings")}
+
+
 @pytest.fixture
-def sim_recording(tmp_path):
+def sim_recording(_recordings):
+    """A seeded `gpuwarden sim` recording, made once per session for each set of parameters
+    (tests read it and write what they derive from it under their own tmp_path)."""
     def make(hosts: int = 4, duration: int = 600, seed: int = 3, scenario: str = "mixed") -> Path:
-        path = tmp_path / f"rec-{scenario}-{seed}.jsonl"
-        subprocess.run([sys.executable, "-m", "pipeline", "sim", "--hosts", str(hosts), "--duration", str(duration),
-                        "--seed", str(seed), "--scenario", scenario, "--out", str(path)],
-                       check=True, cwd=ROOT, capture_output=True)
-        return path
+        key = (hosts, duration, seed, scenario)
+        if key not in _recordings:
+            path = _recordings["dir"] / f"rec-{scenario}-h{hosts}-d{duration}-s{seed}.jsonl"
+            subprocess.run([sys.executable, "-m", "pipeline", "sim", "--hosts", str(hosts), "--duration",
+                            str(duration), "--seed", str(seed), "--scenario", scenario, "--out", str(path)],
+                           check=True, cwd=ROOT, capture_output=True)
+            _recordings[key] = path
+        return _recordings[key]
     return make
 
 
-__all__ = ["ServiceProc", "alerts_on_topic", "ensure_topics", "golden_alerts", "publish", "wait_for",
+__all__ = ["ServiceProc", "alerts_on_topic", "committed", "ensure_topics", "golden_alerts", "publish", "record", "wait_for",
            "write_config"]
