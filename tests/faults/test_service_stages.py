@@ -1,6 +1,6 @@
 """Both stages against a real broker (docs/operations.md, Topology): a recording with cross-host
 faults -- a straggler on a data-parallel communicator spanning every host, a host whose NCCL
-bandwidth sags, cohort-model alerts -- replayed through Kafka into 1, 2 and 4 replicas joining
+bandwidth sags, cohort-model alerts -- replayed through Kafka into 1 and 4 replicas joining
 mid-stream (rebalances of both stages), and into separate host- and fleet-stage processes with
 one killed, gives exactly the alert set of `gpuwarden replay` of the file, models on."""
 
@@ -35,22 +35,24 @@ def cross_host(tmp_path_factory):
 
 
 def _drain(procs, bootstrap, prefix, tmp, golden) -> list[dict]:
-    wait_for(lambda: ids(alerts_on_topic(bootstrap, prefix, tmp, idle=2)) >= golden, timeout=240, step=2,
+    wait_for(lambda: ids(alerts_on_topic(bootstrap, prefix, tmp)) >= golden, timeout=240, step=2,
              what="every golden alert on the alerts topic")
     time.sleep(3)
     for p in procs:
         if p.alive():
             assert p.term() == 0
-    return alerts_on_topic(bootstrap, prefix, tmp, idle=2)
+    return alerts_on_topic(bootstrap, prefix, tmp)
 
 
-@pytest.mark.parametrize("replicas", [1, 2, 4])
+# 1: the two stages in one process; 4: three joining one by one, each a rebalance of both
+# groups (2 replicas proved nothing 4 does not).
+@pytest.mark.parametrize("replicas", [1, 4])
 def test_replicas_joining_mid_stream_give_the_alerts_of_one_replay(kafka_bootstrap, topic_prefix, tmp_path,
                                                                     cross_host, replicas):
     rec, golden = cross_host
     ensure_topics(kafka_bootstrap, Topics(topic_prefix), partitions=4)
     cfg = write_config(tmp_path / "svc.json", kafka_bootstrap, topic_prefix)
-    pub = published_in_background(rec, kafka_bootstrap, topic_prefix, speed=20)   # ~30 s of publishing
+    pub = published_in_background(rec, kafka_bootstrap, topic_prefix, speed=30)   # ~20 s of publishing
     procs = [ServiceProc(cfg, tmp_path / "r0.log").start()]
     for i in range(1, replicas):
         time.sleep(4)          # each one joins mid-stream: both groups rebalance, state moves
@@ -67,7 +69,7 @@ def test_separate_stage_processes_and_a_killed_fleet_replica(kafka_bootstrap, to
     rec, golden = cross_host
     ensure_topics(kafka_bootstrap, Topics(topic_prefix), partitions=4)
     cfg = write_config(tmp_path / "svc.json", kafka_bootstrap, topic_prefix)
-    pub = published_in_background(rec, kafka_bootstrap, topic_prefix, speed=20)
+    pub = published_in_background(rec, kafka_bootstrap, topic_prefix, speed=30)
     host = ServiceProc(cfg, tmp_path / "host.log", "--stage", "host").start()
     fleet_a = ServiceProc(cfg, tmp_path / "fa.log", "--stage", "fleet").start()
     fleet_b = ServiceProc(cfg, tmp_path / "fb.log", "--stage", "fleet").start()
