@@ -14,7 +14,7 @@ from tests.faults.test_service_faults import ids, no_conflicting_duplicates, pub
 
 pytestmark = pytest.mark.kafka
 
-INTERVAL_S = 20
+INTERVAL_S = 15
 
 
 def test_kill9_between_two_checkpoints_well_after_the_last_loses_no_alert(kafka_bootstrap, topic_prefix, tmp_path,
@@ -25,9 +25,9 @@ def test_kill9_between_two_checkpoints_well_after_the_last_loses_no_alert(kafka_
     # flush_idle_s above the kill's moment: the only checkpoints before it are the cadence's.
     cfg = write_config(tmp_path / "svc.json", kafka_bootstrap, topic_prefix, checkpoint_interval_s=INTERVAL_S,
                        flush_idle_s=INTERVAL_S, log_level="DEBUG")
-    # ~60 s of publishing: the kill comes ~INTERVAL_S * 1.5 after the start, with records still
+    # ~45 s of publishing: the kill comes ~INTERVAL_S * 1.5 after the start, with records still
     # arriving after it; the INTERVAL_S / 2 before it are ~150 s of event time, alerts among them.
-    pub = published_in_background(rec, kafka_bootstrap, topic_prefix, speed=15)
+    pub = published_in_background(rec, kafka_bootstrap, topic_prefix, speed=20)
     svc = ServiceProc(cfg, tmp_path / "svc.log").start()
 
     def checkpoints(why: str | None = None) -> list[int]:
