@@ -15,10 +15,9 @@ import types
 from pathlib import Path
 
 import pytest
-
-from pipeline.bus import Topics
 from kafka import KafkaAdminClient, KafkaConsumer, TopicPartition
 
+from pipeline.bus import Topics
 from pipeline.bus.kafka import ensure_topics
 from pipeline.recording import publish, record
 
@@ -109,7 +108,7 @@ def golden_alerts(recording: Path, tmp: Path, models: str = "auto") -> set[tuple
     return set(golden)
 
 
-def alerts_on_topic(bootstrap: str, prefix: str, tmp: Path | None = None) -> list[dict]:
+def alerts_on_topic(bootstrap: str, prefix: str) -> list[dict]:
     """Every alert on the alerts topic when asked: read from the beginning up to the end offsets
     it has at that moment. A fixed end, not an idle wait: after the services stopped it is all
     they sent; while they run, a caller asks again (``wait_for``)."""
@@ -228,5 +227,5 @@ def sim_recording(_recordings):
     return make
 
 
-__all__ = ["ServiceProc", "alerts_on_topic", "committed", "ensure_topics", "golden_alerts", "publish", "record", "wait_for",
-           "write_config"]
+__all__ = ["ServiceProc", "alerts_on_topic", "committed", "ensure_topics", "golden_alerts", "publish", "record",
+           "wait_for", "write_config"]

@@ -44,10 +44,10 @@ def test_kill9_between_two_checkpoints_well_after_the_last_loses_no_alert(kafka_
     svc.kill9()
     svc.start()
     pub.join(150)
-    wait_for(lambda: ids(alerts_on_topic(kafka_bootstrap, topic_prefix, tmp_path)) >= golden,
+    wait_for(lambda: ids(alerts_on_topic(kafka_bootstrap, topic_prefix)) >= golden,
              timeout=180, step=1, what="every golden alert on the alerts topic")
     svc.term()
-    got = alerts_on_topic(kafka_bootstrap, topic_prefix, tmp_path)
+    got = alerts_on_topic(kafka_bootstrap, topic_prefix)
     assert ids(got) == golden
     no_conflicting_duplicates(got)
     assert any("state restored" in x.get("message", "") for x in svc.lines()[last:])

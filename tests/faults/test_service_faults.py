@@ -60,10 +60,10 @@ def test_kill9_at_random_points_and_restart_loses_no_alert(kafka_bootstrap, topi
         svc.kill9()
         svc.start()
     pub.join(120)
-    wait_for(lambda: ids(alerts_on_topic(kafka_bootstrap, topic_prefix, tmp_path)) >= golden,
+    wait_for(lambda: ids(alerts_on_topic(kafka_bootstrap, topic_prefix)) >= golden,
              timeout=150, step=1, what="every golden alert on the alerts topic")
     svc.term()
-    got = alerts_on_topic(kafka_bootstrap, topic_prefix, tmp_path)
+    got = alerts_on_topic(kafka_bootstrap, topic_prefix)
     assert ids(got) == golden                      # nothing lost, nothing extra
     no_conflicting_duplicates(got)                 # a repeat after a crash is the same alert
     restored = [x for x in svc.lines() if "state restored" in x.get("message", "")]
@@ -115,11 +115,11 @@ def test_broker_restart_during_load_service_recovers_by_itself(tmp_path, sim_rec
         time.sleep(5)                                   # the service polls a dead broker meanwhile
         private_broker.start(keep_data=True)
         publish([str(second)], bootstrap, Topics(prefix).telemetry)
-        wait_for(lambda: ids(alerts_on_topic(bootstrap, prefix, tmp_path)) >= golden,
+        wait_for(lambda: ids(alerts_on_topic(bootstrap, prefix)) >= golden,
                  timeout=150, step=1, what="every golden alert after the broker came back")
         assert svc.alive(), "the service died instead of riding out the outage"
         svc.term()
-        got = alerts_on_topic(bootstrap, prefix, tmp_path)
+        got = alerts_on_topic(bootstrap, prefix)
         assert ids(got) == golden
         no_conflicting_duplicates(got)
     finally:
@@ -162,11 +162,11 @@ def test_one_percent_poison_all_dead_lettered_service_keeps_running(kafka_bootst
     ensure_topics(kafka_bootstrap, Topics(topic_prefix), partitions=4)
     publish([str(dirty)], kafka_bootstrap, Topics(topic_prefix).telemetry)
     svc = ServiceProc(write_config(tmp_path / "svc.json", kafka_bootstrap, topic_prefix), tmp_path / "s.log").start()
-    wait_for(lambda: ids(alerts_on_topic(kafka_bootstrap, topic_prefix, tmp_path),
+    wait_for(lambda: ids(alerts_on_topic(kafka_bootstrap, topic_prefix),
                          "poison-host") >= golden, timeout=120, step=1, what="the golden alerts")
     assert svc.alive()
     svc.term()
-    assert ids(alerts_on_topic(kafka_bootstrap, topic_prefix, tmp_path), "poison-host") == golden
+    assert ids(alerts_on_topic(kafka_bootstrap, topic_prefix), "poison-host") == golden
     from pipeline.recording import record
     dlq = tmp_path / "dlq.jsonl"
     record(kafka_bootstrap, Topics(topic_prefix).dlq, str(dlq), idle_timeout=2)
@@ -190,11 +190,11 @@ def test_two_replicas_split_partitions_and_a_rebalance_moves_state(kafka_bootstr
     time.sleep(8)
     b = ServiceProc(cfg, tmp_path / "b.log").start()    # joins: the group rebalances, state moves
     pub.join(120)
-    wait_for(lambda: ids(alerts_on_topic(kafka_bootstrap, topic_prefix, tmp_path)) >= golden,
+    wait_for(lambda: ids(alerts_on_topic(kafka_bootstrap, topic_prefix)) >= golden,
              timeout=150, step=1, what="every golden alert from the two replicas")
     assert a.alive() and b.alive()
     a.term(), b.term()
-    got = alerts_on_topic(kafka_bootstrap, topic_prefix, tmp_path)
+    got = alerts_on_topic(kafka_bootstrap, topic_prefix)
     assert ids(got) == golden
     no_conflicting_duplicates(got)
     assert any("state restored" in x.get("message", "") for x in b.lines()), "B took over no partition's state"

@@ -54,7 +54,7 @@ def test_hostile_records_are_dead_letters_and_the_service_commits_past_them(kafk
     sent = publish([str(dirty)], kafka_bootstrap, topics.telemetry)
     svc = ServiceProc(write_config(tmp_path / "svc.json", kafka_bootstrap, topic_prefix), tmp_path / "s.log").start()
     try:
-        wait_for(lambda: ids(alerts_on_topic(kafka_bootstrap, topic_prefix, tmp_path)) >= golden,
+        wait_for(lambda: ids(alerts_on_topic(kafka_bootstrap, topic_prefix)) >= golden,
                  timeout=180, step=1, what="the golden alerts")
         assert svc.alive()
 
@@ -68,7 +68,7 @@ def test_hostile_records_are_dead_letters_and_the_service_commits_past_them(kafk
         finally:
             admin.close()
         svc.term()
-        assert ids(alerts_on_topic(kafka_bootstrap, topic_prefix, tmp_path)) == golden
+        assert ids(alerts_on_topic(kafka_bootstrap, topic_prefix)) == golden
         dlq = tmp_path / "dlq.jsonl"
         record(kafka_bootstrap, topics.dlq, str(dlq), idle_timeout=2)
         letters = [json.loads(x) for x in dlq.read_text().splitlines()]

@@ -35,13 +35,13 @@ def cross_host(tmp_path_factory):
 
 
 def _drain(procs, bootstrap, prefix, tmp, golden) -> list[dict]:
-    wait_for(lambda: ids(alerts_on_topic(bootstrap, prefix, tmp)) >= golden, timeout=240, step=2,
+    wait_for(lambda: ids(alerts_on_topic(bootstrap, prefix)) >= golden, timeout=240, step=2,
              what="every golden alert on the alerts topic")
     time.sleep(3)
     for p in procs:
         if p.alive():
             assert p.term() == 0
-    return alerts_on_topic(bootstrap, prefix, tmp)
+    return alerts_on_topic(bootstrap, prefix)
 
 
 # 1: the two stages in one process; 4: three joining one by one, each a rebalance of both
