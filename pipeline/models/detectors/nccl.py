@@ -177,8 +177,9 @@ class RankStraggler(NcclDetector):
             return np.empty(0)
         key = _group_keys(frame, self.codes)
         ex = frame.exec_time_us
-        med = group_stat(key, ex, "median")
-        cnt = group_stat(key, ex, "count")
+        groups = np.unique(key, return_inverse=True)  # grouped once for every statistic below
+        med = group_stat(key, ex, "median", groups)
+        cnt = group_stat(key, ex, "count", groups)
         judged = (cnt >= self.min_ranks) & (med > 0)
         with np.errstate(invalid="ignore", divide="ignore"):
             gap = np.where(judged, (med - ex) / med, 0.0)
@@ -190,8 +191,9 @@ class RankStraggler(NcclDetector):
             _as_int(frame.bytes) % 1_000_003
         )
         jg = np.where(judged, gap, np.nan)
-        host_med = group_stat(hk, jg, "median")
-        host_cnt = group_stat(hk, jg, "count")
+        hgroups = np.unique(hk, return_inverse=True)
+        host_med = group_stat(hk, jg, "median", hgroups)
+        host_cnt = group_stat(hk, jg, "count", hgroups)
         gap = np.where(judged & (host_cnt >= 3), gap - nan_to_num(host_med, nan=0.0), gap)
         med = np.where(judged, med, np.nan)
         score = np.maximum(gap, 0.0) / max(self.noise, self.noise_floor)
@@ -217,6 +219,7 @@ class CommBusbw(NcclDetector):
         self.own_w = np.zeros(0)
         self.own_t = np.full(0, np.nan)
         self.multi = np.zeros(0, dtype=bool)
+        self._keyed: tuple[NcclFrame, np.ndarray] | None = None  # the last scored frame and its group keys
 
     def _extra_state(self) -> dict[str, Any]:
         return {"own_m": self.own_m, "own_w": self.own_w, "own_t": self.own_t, "multi": self.multi}
@@ -236,13 +239,14 @@ class CommBusbw(NcclDetector):
         if len(self.own_m) < m:
             self.own_m, self.own_w = grow(self.own_m, m, 1.0), grow(self.own_w, m, 0.0)
             self.own_t, self.multi = grow(self.own_t, m, np.nan), grow(self.multi, m, False)
-        bw = group_stat(key, frame.busbw_gbs, "median")
-        hmin = group_stat(key, frame.host.astype(float), "min")
-        hmax = group_stat(key, frame.host.astype(float), "max")
+        uniq, first, inv = np.unique(key, return_index=True, return_inverse=True)
+        groups = (uniq, inv)  # grouped once for every statistic of the communicators below
+        bw = group_stat(key, frame.busbw_gbs, "median", groups)
+        hmin = group_stat(key, frame.host.astype(float), "min", groups)
+        hmax = group_stat(key, frame.host.astype(float), "max", groups)
         self.multi[code[hmin != hmax]] = True
         # Peers: the other communicators of the same kind (rank count, message size) in the
         # same interval, one value per communicator (its first row stands for it).
-        _, first = np.unique(key, return_index=True)
         kind = (frame.nranks.astype(np.int64) * 1_000_003 + _as_int(frame.bytes)) * 7 + np.rint(
             frame.ts - frame.ts.min()
         ).astype(np.int64)
@@ -252,17 +256,19 @@ class CommBusbw(NcclDetector):
         # communicator whose hosts stamp their records at different times (each host samples
         # at its own phase; clocks are skewed) arrives a rank or a few at a time, and such a
         # fragment is neither known to sit on one host nor comparable with whole peers.
-        whole = group_stat(key, frame.busbw_gbs, "count") >= frame.nranks
+        whole = group_stat(key, frame.busbw_gbs, "count", groups) >= frame.nranks
         single = ~self.multi[code] & whole
         peer_bw = np.where(rep & single, bw, np.nan)
-        ref = group_stat(kind, peer_bw, "median")
-        npeers = group_stat(kind, peer_bw, "count")
+        kgroups = np.unique(kind, return_inverse=True)
+        ref = group_stat(kind, peer_bw, "median", kgroups)
+        npeers = group_stat(kind, peer_bw, "count", kgroups)
         with np.errstate(invalid="ignore", divide="ignore"):
             ratio = np.where((npeers >= self.min_peers) & single & (ref > 0), bw / ref, np.nan)
         normal = np.where(self.own_w[code] >= 5, self.own_m[code], 1.0)
         judged = np.isfinite(ratio)
         gap = np.where(judged, normal - ratio, 0.0)
         self._rep = rep
+        self._keyed = (frame, key)  # learn_frame gets the same frame: its keys are these
         self.last = {
             "gap": gap,
             "judged": judged & rep,
@@ -278,7 +284,8 @@ class CommBusbw(NcclDetector):
         ratio = self.last.get("ratio")
         if ratio is None or not len(ratio):
             return
-        key = _group_keys(frame, self.codes)
+        keyed = self._keyed
+        key = keyed[1] if keyed is not None and keyed[0] is frame else _group_keys(frame, self.codes)
         rows = np.flatnonzero(mask & np.isfinite(ratio) & self._rep)
         if not len(rows):
             return
