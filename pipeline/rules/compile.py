@@ -62,6 +62,9 @@ class Chunk:
         return hit
 
 
+_INC_POS = {int(c): i for i, c in enumerate(COUNTER_COLS)}  # counter column -> its column of View.increase
+
+
 class WindowStore:
     """The windows and baselines a rule set needs, shared by rules that ask for the same one."""
 
@@ -102,11 +105,7 @@ class WindowStore:
         ent = view.ids
         for key, w in self.panes.items():
             col, source = self._pane_sources[key]
-            vals = (
-                view.increase[:, int(np.searchsorted(COUNTER_COLS, col))]
-                if source == "inc"
-                else view.frame.values[:, col]
-            )
+            vals = view.increase[:, _INC_POS[col]] if source == "inc" else view.frame.values[:, col]
             w.update(ent, ts0, vals, n_ent)
 
     def adopt(self, old: "WindowStore") -> None:

@@ -212,11 +212,26 @@ class PaneWindow:
     def _closed_part(self, a: str) -> np.ndarray:
         got = self._closed.get(a)
         if got is None:
-            live = self._closed.get("")  # the closed slots, shared by the aggregates until the ring moves
-            if live is None:
-                live = self._closed[""] = self._closed_panes()
-            got = self._closed[a] = self._over(a, live)
+            if a == "first":
+                got = self._first(self._closed_panes())
+            else:
+                # Which slots to reduce, found once per ring move for every aggregate.
+                rows = self._closed.get("")
+                if rows is None:
+                    live = self._closed_panes()
+                    rows = self._closed[""] = np.flatnonzero(live) if live.any() and not live.all() else live
+                got = self._reduce_rows(a, rows)
+            self._closed[a] = got
         return got
+
+    def _reduce_rows(self, a: str, rows: np.ndarray) -> np.ndarray:
+        """``_over(a, live)`` with the live slots as ``_closed_part`` keeps them: their indices,
+        or the mask itself when it holds none or all of them."""
+        if rows.dtype == bool:
+            if not rows.any():
+                return np.full(self.capacity, self._FILL[a])
+            return _REDUCE[a](self.data[a], axis=0)
+        return _REDUCE[a](self.data[a][rows], axis=0)
 
     def _over(self, a: str, live: np.ndarray) -> np.ndarray:
         """Aggregate ``a`` of the ``live`` slots, per entity (its fill value where none is live)."""
