@@ -34,6 +34,17 @@ def poisson_surprise(observed: np.ndarray, expected: np.ndarray) -> np.ndarray:
     return out
 
 
+def _median(x: np.ndarray) -> float:
+    """``float(np.median(x))`` of a small 1-D array by a sort and np.median's arithmetic (the
+    mean of the two middle values), without its partition and wrappers (~12 -> 6 us at 48)."""
+    n = len(x)
+    if n == 0 or np.isnan(x).any():
+        return float(np.median(x))
+    s = np.sort(x)
+    h = n // 2
+    return float(s[h]) if n % 2 else float((s[h - 1] + s[h]) / 2.0)
+
+
 class CounterRateSurprise(BatchDetector):
     entity_arrays = ("c_short", "c_mid", "c_long", "t_long", "last_ts")
     cohort_attrs = ()
@@ -91,7 +102,7 @@ class CounterRateSurprise(BatchDetector):
     def _rates(self, ent: np.ndarray) -> np.ndarray:
         # Cohort rate: the median GPU's, so one failing GPU does not raise everybody's normal.
         seen = self.t_long > 0
-        cohort = max(float(np.median(self.c_long[seen] / self.t_long[seen])) if seen.any() else 0.0, self.floor)
+        cohort = max(_median(self.c_long[seen] / self.t_long[seen]) if seen.any() else 0.0, self.floor)
         # Own rate: decayed count over decayed exposure, shrunk toward the cohort's with one
         # hour of prior exposure, so a few minutes of history cannot set a GPU's normal.
         prior = 3600.0
