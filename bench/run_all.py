@@ -13,8 +13,9 @@ back. Every figure is the median of ``--repeat`` runs (memory is deterministic: 
 * engine: ``engine_throughput.py``, rules only, decode included, one core, per fleet size;
 * models: ``models_throughput.py``, rules + default models, one core, per fleet size;
 * memory: ``state_memory.py``, per-GPU state bytes by part, per fleet size;
-* service: ``service_throughput.py``, the service through Kafka, with the models and with the
-  rules only, next to the raw kafka-python consume ceiling, and its checkpoint time per
+* service: ``service_throughput.py``, the service through Kafka, with the models (one process,
+  and the two stages as two processes) and with the rules only, next to the raw kafka-python
+  consume ceiling, and its checkpoint time per
   partition, per fleet size;
 * latency: ``service_latency.py``, produce-to-alert p50/p95/p99 at a paced 1 Hz load, per fleet
   size (the 16,384-GPU row is the headline);
@@ -219,11 +220,12 @@ def bench_memory(plan: Plan, gpus: int) -> tuple[dict, list[dict]]:
 def bench_service(plan: Plan, gpus: int) -> tuple[dict, list[dict]]:
     (raw,), wall = run_script("service_throughput.py", ["--kafka", plan.kafka, "--gpus", str(gpus), "--seconds",
                                                           str(plan.service_seconds), "--repeat", str(plan.repeat),
-                                                          "--models", "auto,none", "--workdir", str(plan.workdir)])
+                                                          "--models", "auto,none,split", "--workdir", str(plan.workdir)])
     figs = [figure("service.raw_consume", "raw kafka-python consume", "GPU-samples/s", raw["raw_consume_runs"],
                    gpus=gpus, gpu_samples=raw["gpu_samples"])]
     for mode, slug, label in (("auto", "throughput", "service through Kafka, rules and models"),
-                              ("none", "throughput_rules", "service through Kafka, rules only")):
+                              ("none", "throughput_rules", "service through Kafka, rules only"),
+                              ("split", "throughput_split", "service through Kafka, models, stages in two processes")):
         m = raw["modes"].get(mode)
         if not m:
             continue
