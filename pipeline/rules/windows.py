@@ -189,8 +189,10 @@ class PaneWindow:
         if agg in ("sum", "avg"):
             s = part("sum")
             c = part("count") if "count" in self.data else np.full(s.shape, float(n_live()))
+            if agg == "sum":  # no division: nothing to silence (errstate costs ~2 us a query)
+                return np.where(c > 0, s, np.nan)
             with np.errstate(invalid="ignore", divide="ignore"):
-                return np.where(c > 0, s if agg == "sum" else s / c, np.nan)
+                return np.where(c > 0, s / c, np.nan)
         if agg in ("min", "max"):
             m = part(agg)
             return np.where(np.isinf(m), np.nan, m)
