@@ -94,7 +94,7 @@ class KafkaGroupConsumer:
         from kafka import KafkaConsumer
         from kafka.errors import KafkaError
 
-        from pipeline.bus.kafka import _security, _unavailable
+        from pipeline.bus.kafka import CLIENT_DEFAULTS, _security, _unavailable
 
         self.topic = topic
         self._KafkaError = KafkaError
@@ -105,7 +105,7 @@ class KafkaGroupConsumer:
                 enable_auto_commit=False,
                 client_id=client_id,
                 **_security(security),
-                **options,
+                **{**CLIENT_DEFAULTS, **options},
             )
         except KafkaError as e:
             raise _unavailable(bootstrap, e, security) from e
