@@ -305,8 +305,20 @@ _ALL = np.arange(N_FIELDS)
 _COUNTER_POS = {int(c): i for i, c in enumerate(COUNTER_COLS)}
 
 
+_COUNTER_POSITIONS: dict[bytes, tuple[np.ndarray, np.ndarray]] = {}
+
+
 def _counter_positions(cols: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """For the counter columns among ``cols``: their index in COUNTER_COLS and in ``cols``."""
+    """For the counter columns among ``cols``: their index in COUNTER_COLS and in ``cols`` (made
+    once per column set, like ``_positions``: every tick asks with the same one)."""
+    key = cols.tobytes()
+    got = _COUNTER_POSITIONS.get(key)
+    if got is None:
+        got = _COUNTER_POSITIONS[key] = _find_counter_positions(cols)
+    return got
+
+
+def _find_counter_positions(cols: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     pairs = [(_COUNTER_POS[int(c)], j) for j, c in enumerate(cols) if int(c) in _COUNTER_POS]
     if not pairs:
         return np.empty(0, dtype=np.intp), np.empty(0, dtype=np.intp)
