@@ -92,3 +92,28 @@ def test_a_step_without_rows_of_the_active_entities_leaves_their_state_alone():
     held.step(np.array([T0 + 3]), np.array([0], np.int32), np.array([False]), n)
     got = held.step(np.array([T0 + 10]), np.array([15], np.int32), np.array([True]), n)
     assert [(t.state, t.started_at) for t in got] == [("firing", T0)]   # for: 5 s held from T0
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_quiet_says_true_only_when_a_step_would_do_nothing(seed):
+    """``quiet`` lets the engine skip a host-level check's step: it must be true only where the
+    step would return nothing and change no state, and leave the arrays as long as step does."""
+    rng = np.random.default_rng(seed)
+    n_ent = 6
+    lc, twin = Lifecycle(2.0, 3.0), Lifecycle(2.0, 3.0)
+    said_quiet = 0
+    for k in range(200):
+        ent = np.arange(n_ent, dtype=np.int32)
+        cond = ((k // 10) % 3 == 0) & (rng.random(n_ent) < 0.5)
+        ts = T0 + k + np.zeros(n_ent)
+        before = {key: v.copy() for key, v in lc.to_state().items()}
+        if lc.quiet(cond, n_ent):
+            said_quiet += 1
+            got = twin.step(ts, ent, cond, n_ent)       # what the skipped step would have done
+            assert got == []
+            for key, v in twin.to_state().items():
+                assert np.array_equal(v, before[key], equal_nan=True), key
+        else:
+            assert lc.step(ts, ent, cond, n_ent) == twin.step(ts, ent, cond, n_ent)
+        assert len(lc.since) == len(twin.since) >= n_ent
+    assert said_quiet > 20, "the case never went quiet"
