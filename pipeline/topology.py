@@ -53,7 +53,7 @@ class FleetStage:
     what every upstream task has passed, through one engine per key.
     """
 
-    def __init__(self, make_engine: Callable[[], Engine], upstream: int = 1, max_buffer: int = 500_000) -> None:
+    def __init__(self, make_engine: Callable[[], Engine], upstream: int = 1, max_buffer: int = 2_000_000) -> None:
         """``max_buffer``: the most records held for an upstream task that does not mark (down,
         or cut off): past it, the stage follows the most advanced task instead, and what the
         others send later for seconds already released is dropped (``stats["forced"]``)."""
@@ -69,6 +69,7 @@ class FleetStage:
         # stays buffered (as the engine's pending rows, pipeline/engine/pending.py).
         self._chunks: list[_Chunk] = []
         self._n_buf = 0
+        self._newest = -math.inf  # the newest record released (taken) so far
         self.stats: dict[str, int] = {"fed": 0, "duplicate": 0, "late": 0, "forced": 0, "released": 0, "dead_again": 0}
 
     def engine(self, key: str = FLEET_KEY) -> Engine:
@@ -135,8 +136,13 @@ class FleetStage:
             self._release(self._take(math.inf), out)
             for eng in self.engines.values():
                 self._collect(eng.flush(), out)
+            # Everything fed went to the engines: a record sent again later (an upstream replay)
+            # is late even within the last second, which an engine's released (a tick's start)
+            # does not cover; it would reach the models twice.
             hwm = [eng.released for eng in self.engines.values()]
-            self.released = max([self.released, *hwm]) if hwm else self.released
+            if self._newest > -math.inf:
+                hwm.append(math.nextafter(self._newest, math.inf))
+            self.released = max([self.released, *hwm])
             return out
         if wm <= self.released:
             return out
@@ -181,7 +187,9 @@ class FleetStage:
         self._n_buf -= len(recs)
         if not recs:
             return {}
-        order, dup = canonical_order(recs, np.concatenate(ts))
+        tsa = np.concatenate(ts)
+        self._newest = max(self._newest, float(tsa.max()))
+        order, dup = canonical_order(recs, tsa)
         if dup:
             self.stats["duplicate"] += dup
         if keys is None:

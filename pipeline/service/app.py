@@ -155,7 +155,7 @@ class Service:
         if self.stage == "fleet":
             if not isinstance(engine, Topology):
                 raise StateError("the fleet stage runs the models, and none are configured (service.models)")
-            return FleetTask(engine.make_fleet_engine, self.upstream)
+            return FleetTask(engine.make_fleet_engine, self.upstream, max_buffer=self.cfg.service.fleet_max_buffer)
         if isinstance(engine, Topology):
             make = engine.make_fleet_engine
             engine = Topology(
@@ -359,6 +359,9 @@ class Service:
         dt = time.perf_counter() - t0
         if self.stage == "fleet":
             self.metrics.fleet_records.inc(sum(ps.pipe.take_released() for ps in self.parts.values()))
+            for ps in self.parts.values():
+                for why, n in ps.pipe.take_dropped().items():
+                    self.metrics.fleet_dropped.labels(why).inc(n)
         if self.stage == "host":  # telemetry records; the fleet stage's are the same ones again
             self.metrics.batch_seconds.observe(dt)
             self.metrics.records.inc(n_records)

@@ -68,6 +68,12 @@ class ServiceSection(msgspec.Struct, forbid_unknown_fields=True):
     # shutdown. A crash replays what came after the partition's last checkpoint.
     checkpoint_interval_s: float = 5.0
     checkpoint_records: int = 200_000
+    # The most records a fleet-stage partition holds for telemetry partitions that have not
+    # marked past them (docs/operations.md, Topology): ~630 bytes each. Past it, the stage follows
+    # the most advanced partition and what the others send later for released seconds is lost
+    # to the models. It must cover the fleet's records over the host stage's start-up hold
+    # (allowed_lateness plus the largest sampling step): 16,384 GPUs x 30 s is ~650,000.
+    fleet_max_buffer: int = 2_000_000
     log_level: str = "INFO"
     # Checkpoints are signed with GPUWARDEN_STATE_KEY; without the key serve refuses to start
     # unless this is true (or --insecure-state): then anyone who can write the state topic can
@@ -133,6 +139,8 @@ def _validate(cfg: Config) -> None:
         )
     if cfg.service.checkpoint_records <= 0:
         raise ConfigError("service.checkpoint_records", "must be > 0")
+    if cfg.service.fleet_max_buffer <= 0:
+        raise ConfigError("service.fleet_max_buffer", "must be > 0")
     if not 0 < cfg.service.state_max_mib <= 16384:
         raise ConfigError("service.state_max_mib", f"{cfg.service.state_max_mib}: between 1 and 16384")
     if cfg.service.log_level.upper() not in ("DEBUG", "INFO", "WARNING", "ERROR"):

@@ -34,6 +34,8 @@ log = logging.getLogger("gpuwarden.service")
 # Records per message on the fleet topic: ~0.5 MB, under the broker's default 1 MiB message limit
 # should the topic predate this (ensure_topics gives it 8 MiB).
 MAX_FORWARD = 400
+# The fleet stage's drop counters (FleetStage.stats) as the service's metric labels.
+DROPPED = {"duplicate": "duplicate", "late": "late", "forced_releases": "forced"}
 
 
 class Mark(msgspec.Struct):
@@ -114,8 +116,8 @@ class FleetTask:
     """One partition of ``<prefix>.fleet``: what the service's commit protocol drives, shaped as
     its host-stage ``Pipeline`` is (``handle_guarded``, ``flush``, ``totals``, ``engine``)."""
 
-    def __init__(self, make_engine: Callable[[], Engine], n_upstream: int) -> None:
-        self.stage = FleetStage(make_engine, upstream=n_upstream)
+    def __init__(self, make_engine: Callable[[], Engine], n_upstream: int, max_buffer: int = 2_000_000) -> None:
+        self.stage = FleetStage(make_engine, upstream=n_upstream, max_buffer=max_buffer)
         self.totals = Totals()
         self.engine = self  # snapshot/restore/pending, as the service reads them of an engine
         self._decode = records_decoder(self.stage.engine().decode_fields)
@@ -123,6 +125,7 @@ class FleetTask:
         self.models = self.stage.engine().models
         self.rules = None
         self._counted = 0
+        self._dropped = {k: 0 for k in DROPPED}
 
     def handle_guarded(self, messages: Sequence[Message]) -> EngineOutput:
         for m in messages:
@@ -148,6 +151,17 @@ class FleetTask:
         n = self.stage.stats["released"] - self._counted
         self._counted += n
         return n
+
+    def take_dropped(self) -> dict[str, int]:
+        """Records not given to the models since the last call, by why (the service's metric;
+        ``forced_releases`` counts releases, not records)."""
+        out = {}
+        for why, stat in DROPPED.items():
+            n = self.stage.stats[stat] - self._dropped[why]
+            if n:
+                out[why] = n
+                self._dropped[why] += n
+        return out
 
     def flush(self) -> EngineOutput:
         # Idle is no reason to release here: only the marks say when every host has been heard.

@@ -37,6 +37,14 @@ class Metrics:
             "Records the fleet stage released to its models (docs/operations.md#topology)",
             registry=r,
         )
+        self.fleet_dropped = Counter(
+            "gpuwarden_fleet_dropped_records",
+            "Records the fleet stage did not give its models, by why: duplicate (forwarded twice by "
+            "an upstream replay), late (sent for a second already released), and forced_releases "
+            "(times the stage followed the most advanced partition past fleet_max_buffer)",
+            ["why"],
+            registry=r,
+        )
         self.records_per_s = Gauge(
             "gpuwarden_records_per_second", "Records processed per second (last batch)", registry=r
         )

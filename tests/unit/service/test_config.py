@@ -27,6 +27,7 @@ def test_defaults_and_overrides_from_the_environment():
     ("kafka: {prefix: 'a b'}", "kafka.prefix"),
     ("kafka: {max_poll_records: 0}", "kafka.max_poll_records"),
     ("service: {log_level: loud}", "service.log_level"),
+    ("service: {fleet_max_buffer: 0}", "service.fleet_max_buffer"),
     ("sevice: {}", "sevice"),
     ("- 1", "(top level)"),
     ("kafka: [", "(file)"),
