@@ -66,6 +66,7 @@ RAW_KEEP = 2048  # bytes of the original kept in a dead letter: enough to see it
 MAX_GPU_INDEX = 4095  # GPUs (and MIG instances) of one host
 MAX_LINK_INDEX = 1023  # NVLinks of one GPU
 MAX_RANKS = 1 << 24  # ranks of one NCCL communicator
+MAX_SEQ = (1 << 63) - 1  # a collective's sequence number: the int64 the fleet stage sorts by
 # Identifiers (host, GPU model, communicator, job, collective): a host name is at most a DNS name
 # (253), the others a generous 256; printable, no white space, valid Unicode (no lone
 # surrogates, which no UTF-8 writer can encode: a snapshot, an alert id or a dead letter would
@@ -84,6 +85,7 @@ _GPU_OK = Annotated[int, msgspec.Meta(ge=0, le=MAX_GPU_INDEX)]
 _LINK_OK = Annotated[int, msgspec.Meta(ge=0, le=MAX_LINK_INDEX)]
 _RANK = Annotated[int, msgspec.Meta(ge=0, lt=MAX_RANKS)]
 _NRANKS = Annotated[int, msgspec.Meta(ge=1, le=MAX_RANKS)]
+_SEQ_OK = Annotated[int, msgspec.Meta(ge=0, le=MAX_SEQ)]
 _NONNEG = Annotated[float, msgspec.Meta(ge=0)]  # JSON has no NaN, and msgspec refuses 1e999
 _CHECKED: list[tuple[str, Any] | tuple[str, Any, Any]] = [
     ("v", _ONE, SCHEMA_VERSION),
@@ -160,6 +162,7 @@ _NcclChecked = msgspec.defstruct(
         ("exec_time_us", _NONNEG),
         ("gpu", Optional[_GPU_OK], None),
         ("nnodes", Optional[_NRANKS], None),
+        ("seq", Optional[_SEQ_OK], None),
         ("comm", _ID_OK),
         ("coll", _ID_OK),
         ("job", Optional[_ID_OK], None),
@@ -385,6 +388,7 @@ class Decoder:
                     return False
             elif not (
                 0 <= r.rank < r.nranks
+                and (r.seq is None or 0 <= r.seq <= MAX_SEQ)
                 and r.exec_time_us >= 0
                 and (r.busbw_gbs is None or 0 <= r.busbw_gbs < math.inf)
                 and (r.algbw_gbs is None or 0 <= r.algbw_gbs < math.inf)
@@ -454,6 +458,8 @@ class Decoder:
                 return WRONG_TYPE, f"rank {rec.rank} of {rec.nranks}"
             if rec.gpu is not None and not 0 <= rec.gpu <= MAX_GPU_INDEX:
                 return OUT_OF_RANGE, f"gpu index {rec.gpu} (0..{MAX_GPU_INDEX})"
+            if rec.seq is not None and not 0 <= rec.seq <= MAX_SEQ:
+                return OUT_OF_RANGE, f"seq {rec.seq} (0..{MAX_SEQ})"
             for name in ("comm", "coll", "job", "comm_name"):
                 val = getattr(rec, name)
                 if val is not None and (why := bad_identifier(val)) is not None:

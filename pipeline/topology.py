@@ -183,13 +183,15 @@ class FleetStage:
                 keys.extend(go.keys if go.keys is not None else [FLEET_KEY] * len(go.records))
             recs.extend(go.records)
             ts.append(go.ts)
-        self._chunks = stay
-        self._n_buf -= len(recs)
         if not recs:
+            self._chunks = stay
             return {}
         tsa = np.concatenate(ts)
-        self._newest = max(self._newest, float(tsa.max()))
         order, dup = canonical_order(recs, tsa)
+        # Only now: should the sort raise, nothing has left the buffer.
+        self._chunks = stay
+        self._n_buf -= len(recs)
+        self._newest = max(self._newest, float(tsa.max()))
         if dup:
             self.stats["duplicate"] += dup
         if keys is None:
@@ -272,8 +274,8 @@ _TS = operator.attrgetter("ts")
 _HOST = operator.attrgetter("host")
 
 
-def _codes(values: list[str]) -> np.ndarray:
-    """Each string's rank among the distinct ones: sorting the codes sorts the strings."""
+def _codes(values: list[Any]) -> np.ndarray:
+    """Each value's rank among the distinct ones: sorting the codes sorts the values."""
     rank = {v: i for i, v in enumerate(sorted(set(values)))}
     return np.fromiter(map(rank.__getitem__, values), np.int64, len(values))
 
@@ -313,7 +315,13 @@ def canonical_order(records: list[TelemetryRecord], ts: np.ndarray) -> tuple[lis
         comm[nccl_idx] = _codes([""] + [r.comm for r in nr])[1:]
         coll[nccl_idx] = _codes([""] + [r.coll for r in nr])[1:]
         rank[nccl_idx] = np.fromiter((r.rank for r in nr), np.int64, len(nr))
-        seq[nccl_idx] = np.fromiter((r.seq or 0 for r in nr), np.int64, len(nr))
+        seqs = [r.seq or 0 for r in nr]
+        try:
+            seq[nccl_idx] = np.fromiter(seqs, np.int64, len(nr))
+        except OverflowError:
+            # Beyond an int64 (the decoder refuses such a record; one built in process may
+            # still carry it): its rank among the batch's sorts the same.
+            seq[nccl_idx] = _codes(seqs)
     cols = (seq, coll, rank, comm, link, gpu, is_nccl.astype(np.int64), host, ts)
     order = np.lexsort(cols)  # stable: of records forwarded twice, the first fed comes first
     if n > 1:

@@ -50,11 +50,7 @@ class _Failed:
         raise self.err
 
 
-# kafka-python backs off reconnecting to a broker exponentially up to 30 s: after a broker
-# restart a client sat idle for up to that long before it tried again, so alerts came up to 30 s
-# late (measured in the broker-restart fault test). A few seconds' cap costs one connection
-# attempt per broker every 2 s while it is down.
-CLIENT_DEFAULTS: dict[str, Any] = {"reconnect_backoff_max_ms": 2000}
+CLIENT_DEFAULTS = connection.CLIENT_DEFAULTS
 
 
 class KafkaBusProducer:
@@ -196,6 +192,7 @@ def ensure_topics(
             request_timeout_ms=int(timeout_s * 1000),
             bootstrap_timeout_ms=int(timeout_s * 1000),
             **_security(security),
+            **CLIENT_DEFAULTS,
         )
     except KafkaError as e:
         raise _unavailable(bootstrap, e, security) from e

@@ -361,7 +361,10 @@ class Service:
             self.metrics.fleet_records.inc(sum(ps.pipe.take_released() for ps in self.parts.values()))
             for ps in self.parts.values():
                 for why, n in ps.pipe.take_dropped().items():
-                    self.metrics.fleet_dropped.labels(why).inc(n)
+                    if why == "forced":
+                        self.metrics.fleet_forced.inc(n)
+                    else:
+                        self.metrics.fleet_dropped.labels(why).inc(n)
         if self.stage == "host":  # telemetry records; the fleet stage's are the same ones again
             self.metrics.batch_seconds.observe(dt)
             self.metrics.records.inc(n_records)

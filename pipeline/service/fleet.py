@@ -34,8 +34,9 @@ log = logging.getLogger("gpuwarden.service")
 # Records per message on the fleet topic: ~0.5 MB, under the broker's default 1 MiB message limit
 # should the topic predate this (ensure_topics gives it 8 MiB).
 MAX_FORWARD = 400
-# The fleet stage's drop counters (FleetStage.stats) as the service's metric labels.
-DROPPED = {"duplicate": "duplicate", "late": "late", "forced_releases": "forced"}
+# The fleet stage's counters of what its models did not get (FleetStage.stats): records, and
+# forced releases (events).
+DROPPED = ("duplicate", "late", "forced")
 
 
 class Mark(msgspec.Struct):
@@ -153,11 +154,11 @@ class FleetTask:
         return n
 
     def take_dropped(self) -> dict[str, int]:
-        """Records not given to the models since the last call, by why (the service's metric;
-        ``forced_releases`` counts releases, not records)."""
+        """Records not given to the models since the last call, by why, and ``forced`` releases
+        (the service's metrics)."""
         out = {}
-        for why, stat in DROPPED.items():
-            n = self.stage.stats[stat] - self._dropped[why]
+        for why in DROPPED:
+            n = self.stage.stats[why] - self._dropped[why]
             if n:
                 out[why] = n
                 self._dropped[why] += n

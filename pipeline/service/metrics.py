@@ -40,9 +40,14 @@ class Metrics:
         self.fleet_dropped = Counter(
             "gpuwarden_fleet_dropped_records",
             "Records the fleet stage did not give its models, by why: duplicate (forwarded twice by "
-            "an upstream replay), late (sent for a second already released), and forced_releases "
-            "(times the stage followed the most advanced partition past fleet_max_buffer)",
+            "an upstream replay) or late (sent for a second already released)",
             ["why"],
+            registry=r,
+        )
+        self.fleet_forced = Counter(
+            "gpuwarden_fleet_forced_releases",
+            "Times the fleet stage followed the most advanced telemetry partition past "
+            "service.fleet_max_buffer (what the others send later for those seconds is late)",
             registry=r,
         )
         self.records_per_s = Gauge(

@@ -29,6 +29,7 @@ import msgspec
 from kafka import KafkaConsumer, TopicPartition
 
 from pipeline.bus.base import Producer
+from pipeline.bus.connection import CLIENT_DEFAULTS
 from pipeline.errors import StateError, StateKeyError
 
 log = logging.getLogger("gpuwarden.service.state")
@@ -222,7 +223,7 @@ class KafkaStateStore(StateStore):
             enable_auto_commit=False,
             max_partition_fetch_bytes=64 << 20,
             fetch_max_bytes=64 << 20,
-            **self.security,
+            **{**CLIENT_DEFAULTS, **self.security},
         )
         try:
             parts = consumer.partitions_for_topic(self.topic) or set()

@@ -62,3 +62,10 @@ def test_a_repeat_keeps_the_first_fed():
     b = dcgm(T0, "n1", 0, {"gpu_temp": 99})         # same identity, fed later
     order, dropped = canonical_order([a, b], np.array([T0, T0]))
     assert order == [0] and dropped == 1
+
+
+def test_a_sequence_number_beyond_int64_sorts_without_error():
+    big = [NcclRecord(ts=T0, host="n1", comm="c", rank=0, nranks=2, coll="AllReduce", seq=s, bytes=1,
+                      exec_time_us=1.0) for s in (2**64 - 1, 3, 2**70, 3)]
+    order, dropped = canonical_order(big, np.full(len(big), T0))
+    assert order == _reference(big) and dropped == 1

@@ -181,7 +181,7 @@ def test_decode_many_equals_decode_per_message(bad):
 
 
 @pytest.mark.parametrize("bad", [nccl(rank=8), nccl(rank=-1), nccl(nranks=0), nccl(exec_time_us=-1.0),
-                                 nccl(rank=2 ** 63 + 5, nranks=2 ** 64 - 1),
+                                 nccl(rank=2 ** 63 + 5, nranks=2 ** 64 - 1), nccl(seq=2 ** 64 - 1), nccl(seq=-1),
                                  nccl(busbw_gbs=-2.0), nccl(algbw_gbs=1e999), nccl(busbw_gbs=None, algbw_gbs=None)])
 def test_decode_many_judges_nccl_records_like_decode(bad):
     payloads = [json.dumps([rec(gpu=0), nccl(rank=1)]).encode(), json.dumps([nccl(rank=2), bad]).encode()]

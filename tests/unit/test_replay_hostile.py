@@ -65,6 +65,9 @@ HOSTILE_NCCL = {
     "nccl_gpu_minus_2000": ({**NCCL, "gpu": -2000}, "out_of_range"),
     "nccl_gpu_minus_5": ({**NCCL, "gpu": -5}, "out_of_range"),
     "nccl_rank_2_to_32": ({**NCCL, "rank": 2 ** 32, "nranks": 2 ** 32 + 1}, "out_of_range"),
+    # Past an int64 the fleet stage's canonical order could not sort it (the replay stopped).
+    "nccl_seq_2_to_64": ({**NCCL, "seq": 2 ** 64 - 1}, "out_of_range"),
+    "nccl_seq_negative": ({**NCCL, "seq": -3}, "out_of_range"),
     "nccl_comm_surrogate": ({**NCCL, "comm": "c\ud800"}, "bad_identifier"),
     "nccl_job_control_chars": ({**NCCL, "job": "j\x1b[31m"}, "bad_identifier"),
 }

@@ -42,7 +42,7 @@ def test_the_buffer_bound_is_the_tasks_and_forced_releases_are_counted():
     task.stage.mark(0, T0 + 25)
     task.stage.mark(1, -math.inf)
     task.stage.advance()
-    assert task.take_dropped()["forced_releases"] >= 1
+    assert task.take_dropped()["forced"] >= 1
     assert _task().stage.max_buffer == 2_000_000
 
 
