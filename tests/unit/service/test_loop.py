@@ -12,7 +12,7 @@ import pytest
 from pipeline.bus import MemoryBus, Topics
 from pipeline.bus.retry import Backoff
 from pipeline.bus.telemetry import per_host_messages
-from pipeline.service.app import POLL_TIMEOUT_S, Service
+from pipeline.service.app import SHARED_POLL_TIMEOUT_S, Service
 from pipeline.service.config import load_config_text
 from pipeline.service.state import MemoryStateStore
 from producers.sim.simulator import Simulator
@@ -81,10 +81,11 @@ def test_no_stage_waits_in_a_poll_while_another_has_input(telemetry):
     host.run(fleet)
     rounds = [polls[i:i + 2] for i in range(0, len(polls) - 1, 2)]
     assert any(got for r in rounds for _, _, got in r), "the stages had input"
-    quiet = POLL_TIMEOUT_S / 2
+    quiet = SHARED_POLL_TIMEOUT_S
     for before, now in zip(rounds, rounds[1:]):
         busy = any(got for _, _, got in before)
-        # After a round with input, nobody waits; after a quiet one, both share the timeout.
+        # After a round with input, nobody waits; after a quiet one, each waits a short while
+        # (blocked in its poll, a stage cannot see the other's input).
         assert [t for _, t, _ in now] == ([0.0, 0.0] if busy else [quiet, quiet]), (before, now)
     assert any(t == quiet for _, t, _ in polls), "the loop went quiet once the input was read"
 
