@@ -163,30 +163,24 @@ class FleetStage:
     def _take(self, wm: float) -> dict[str, list[TelemetryRecord]]:
         """The buffered records older than ``wm``, by key, each key's in canonical order and
         without records forwarded twice."""
-        recs: list[TelemetryRecord] = []
-        ts: list[np.ndarray] = []
-        keys: list[str] | None = None  # None while every record has the one fleet key
+        go: list[_Chunk] = []
         stay: list[_Chunk] = []
         for c in self._chunks:
             if c.tmax < wm:
-                go = c
+                go.append(c)
             elif c.tmin >= wm:
                 stay.append(c)
-                continue
             else:
                 before = c.ts < wm
-                go = c.take(before)
+                go.append(c.take(before))
                 stay.append(c.take(~before))
-            if go.keys is not None and keys is None:
-                keys = [FLEET_KEY] * len(recs)
-            if keys is not None:
-                keys.extend(go.keys if go.keys is not None else [FLEET_KEY] * len(go.records))
-            recs.extend(go.records)
-            ts.append(go.ts)
+        recs = [r for c in go for r in c.records]
         if not recs:
             self._chunks = stay
             return {}
-        tsa = np.concatenate(ts)
+        # None while every record has the one fleet key (the service's case).
+        keys = None if all(c.keys is None for c in go) else [k for c in go for k in c.key_list()]
+        tsa = np.concatenate([c.ts for c in go])
         order, dup = canonical_order(recs, tsa)
         # Only now: should the sort raise, nothing has left the buffer.
         self._chunks = stay
@@ -227,7 +221,7 @@ class FleetStage:
                 "marks": {str(k): v for k, v in self.marks.items()},
                 "final": sorted(self.final),
                 "buffer": msgspec.json.encode([r for c in self._chunks for r in c.records]),
-                "keys": [k for c in self._chunks for k in (c.keys or [FLEET_KEY] * len(c.records))],
+                "keys": [k for c in self._chunks for k in c.key_list()],
                 "engines": {k: e.snapshot() for k, e in self.engines.items()},
             }
         )
@@ -263,6 +257,9 @@ class _Chunk:
         self.records, self.keys = records, keys
         self.ts = np.fromiter(map(_TS, records), np.float64, len(records)) if ts is None else ts
         self.tmin, self.tmax = (float(self.ts.min()), float(self.ts.max())) if len(records) else (math.inf, -math.inf)
+
+    def key_list(self) -> list[str]:
+        return self.keys if self.keys is not None else [FLEET_KEY] * len(self.records)
 
     def take(self, sel: np.ndarray) -> "_Chunk":
         idx = np.flatnonzero(sel).tolist()

@@ -94,7 +94,8 @@ class KafkaGroupConsumer:
         from kafka import KafkaConsumer
         from kafka.errors import KafkaError
 
-        from pipeline.bus.kafka import CLIENT_DEFAULTS, _security, _unavailable
+        from pipeline.bus.connection import CLIENT_DEFAULTS
+        from pipeline.bus.kafka import _security, _unavailable
 
         self.topic = topic
         self._KafkaError = KafkaError

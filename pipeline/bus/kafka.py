@@ -50,9 +50,6 @@ class _Failed:
         raise self.err
 
 
-CLIENT_DEFAULTS = connection.CLIENT_DEFAULTS
-
-
 class KafkaBusProducer:
     """Idempotent, ``acks=all`` producer; ``flush`` raises unless every send was acknowledged."""
 
@@ -77,7 +74,7 @@ class KafkaBusProducer:
                 client_id=client_id,
                 retries=2**31 - 1,
                 **_security(security),
-                **{**CLIENT_DEFAULTS, **extra},
+                **{**connection.CLIENT_DEFAULTS, **extra},
             )
         except KafkaError as e:
             raise _unavailable(bootstrap, e, security) from e
@@ -150,7 +147,7 @@ class KafkaBusConsumer:
                 max_partition_fetch_bytes=8 * 1024 * 1024,
                 client_id=client_id,
                 **_security(security),
-                **{**CLIENT_DEFAULTS, **extra},
+                **{**connection.CLIENT_DEFAULTS, **extra},
             )
         except KafkaError as e:
             raise _unavailable(bootstrap, e, security) from e
@@ -192,7 +189,7 @@ def ensure_topics(
             request_timeout_ms=int(timeout_s * 1000),
             bootstrap_timeout_ms=int(timeout_s * 1000),
             **_security(security),
-            **CLIENT_DEFAULTS,
+            **connection.CLIENT_DEFAULTS,
         )
     except KafkaError as e:
         raise _unavailable(bootstrap, e, security) from e

@@ -44,7 +44,7 @@ from pipeline.rules import load_rules
 from pipeline.rules.reload import fingerprint
 from pipeline.runner import Pipeline
 from pipeline.service.config import Config
-from pipeline.service.fleet import FleetTask, Outbox, Send
+from pipeline.service.fleet import DROPPED, FORCED, FleetTask, Outbox, Send
 from pipeline.service.metrics import HttpEndpoint, Metrics
 from pipeline.service.state import Checkpoint, KafkaStateStore, StateStore, state_key
 from pipeline.topology import Topology
@@ -362,13 +362,11 @@ class Service:
         self.batches += 1
         dt = time.perf_counter() - t0
         if self.stage == "fleet":
-            self.metrics.fleet_records.inc(sum(ps.pipe.take_released() for ps in self.parts.values()))
             for ps in self.parts.values():
-                for why, n in ps.pipe.take_dropped().items():
-                    if why == "forced":
-                        self.metrics.fleet_forced.inc(n)
-                    else:
-                        self.metrics.fleet_dropped.labels(why).inc(n)
+                self.metrics.fleet_records.inc(ps.pipe.take("released"))
+                self.metrics.fleet_forced.inc(ps.pipe.take(FORCED))
+                for why in DROPPED:
+                    self.metrics.fleet_dropped.labels(why).inc(ps.pipe.take(why))
         if self.stage == "host":  # telemetry records; the fleet stage's are the same ones again
             self.metrics.batch_seconds.observe(dt)
             self.metrics.records.inc(n_records)

@@ -34,9 +34,10 @@ log = logging.getLogger("gpuwarden.service")
 # Records per message on the fleet topic: ~0.5 MB, under the broker's default 1 MiB message limit
 # should the topic predate this (ensure_topics gives it 8 MiB).
 MAX_FORWARD = 400
-# The fleet stage's counters of what its models did not get (FleetStage.stats): records, and
-# forced releases (events).
-DROPPED = ("duplicate", "late", "forced")
+# The fleet stage's counters of records its models did not get (FleetStage.stats), and of its
+# forced releases (events, not records).
+DROPPED = ("duplicate", "late")
+FORCED = "forced"
 
 
 class Mark(msgspec.Struct):
@@ -125,8 +126,7 @@ class FleetTask:
         self._mark = msgspec.json.Decoder(Mark)
         self.models = self.stage.engine().models
         self.rules = None
-        self._counted = 0
-        self._dropped = {k: 0 for k in DROPPED}
+        self._taken: dict[str, int] = {}  # each stat as last taken
 
     def handle_guarded(self, messages: Sequence[Message]) -> EngineOutput:
         for m in messages:
@@ -147,22 +147,16 @@ class FleetTask:
         self.totals.add(out)
         return out
 
-    def take_released(self) -> int:
-        """Records released to the models since the last call (the service's metric)."""
-        n = self.stage.stats["released"] - self._counted
-        self._counted += n
+    def take(self, stat: str) -> int:
+        """How much the fleet stage's counter ``stat`` (``FleetStage.stats``) grew since the last
+        call: the service's metrics are counters fed these increments."""
+        n = self.stage.stats[stat] - self._taken.get(stat, 0)
+        self._taken[stat] = self.stage.stats[stat]
         return n
 
     def take_dropped(self) -> dict[str, int]:
-        """Records not given to the models since the last call, by why, and ``forced`` releases
-        (the service's metrics)."""
-        out = {}
-        for why in DROPPED:
-            n = self.stage.stats[why] - self._dropped[why]
-            if n:
-                out[why] = n
-                self._dropped[why] += n
-        return out
+        """Records not given to the models since the last call, by why, and ``forced`` releases."""
+        return {why: n for why in (*DROPPED, FORCED) if (n := self.take(why))}
 
     def flush(self) -> EngineOutput:
         # Idle is no reason to release here: only the marks say when every host has been heard.

@@ -1,5 +1,5 @@
 """Every Kafka client the product makes reconnects within seconds after a broker comes back,
-not after kafka-python's default back-off of up to 30 s (pipeline/bus/kafka.py CLIENT_DEFAULTS):
+not after kafka-python's default back-off of up to 30 s (pipeline/bus/connection.py CLIENT_DEFAULTS):
 the clients' own configuration, as built against a real broker."""
 
 from __future__ import annotations
