@@ -78,6 +78,11 @@ class Pipeline:
         self.totals.add(out)
         return out
 
+    def checkpoint_offset(self, next_offset: int) -> int:
+        """Where a checkpoint taken now resumes: the next message (the engine's snapshot holds
+        every record it was given)."""
+        return next_offset
+
     def handle_guarded(self, messages: Sequence[Message]) -> EngineOutput:
         """``handle``, where an unexpected error costs only the message that caused it.
 

@@ -70,7 +70,13 @@ class FleetStage:
         self._chunks: list[_Chunk] = []
         self._n_buf = 0
         self._newest = -math.inf  # the newest record released (taken) so far
-        self.stats: dict[str, int] = {"fed": 0, "duplicate": 0, "late": 0, "forced": 0, "released": 0, "dead_again": 0}
+        # Where the input stands (the next offset of the fleet topic partition, set by its
+        # reader), and up to where a restored stage's input is a replay of what it saw before.
+        self.position: int | None = None
+        self.replay_until = -1
+        self.stats: dict[str, int] = {
+            "fed": 0, "duplicate": 0, "late": 0, "replayed": 0, "forced": 0, "released": 0, "dead_again": 0,
+        }  # fmt: skip
 
     def engine(self, key: str = FLEET_KEY) -> Engine:
         eng = self.engines.get(key)
@@ -80,12 +86,17 @@ class FleetStage:
 
     # -- input -------------------------------------------------------------------------------
 
-    def feed(self, records: Iterable[TelemetryRecord], keys: Sequence[str] | None = None) -> None:
-        """Forwarded records (any order), each with its key (default: the one fleet key).
+    def feed(
+        self, records: Iterable[TelemetryRecord], keys: Sequence[str] | None = None, at: int | None = None
+    ) -> None:
+        """Forwarded records (any order), each with its key (default: the one fleet key);
+        ``at``: the position in the input they came from (an offset), for ``snapshot(replayable=True)``.
 
         A record sent again after its second was released (an upstream replay: a task never
         forwards what it released before) is dropped here, as ``late``; one sent again while
-        still buffered is dropped at its release, as ``duplicate`` (``_take``).
+        still buffered is dropped at its release, as ``duplicate`` (``_take``). Records a
+        restored stage reads again from before its snapshot's position were either released
+        before (dropped, as ``replayed``) or buffered then (fed again).
         """
         recs = records if isinstance(records, list) else list(records)
         if not recs:
@@ -93,10 +104,11 @@ class FleetStage:
         c = _Chunk(recs, None if keys is None else list(keys))
         late = c.ts < self.released
         if late.any():
-            self.stats["late"] += int(late.sum())
+            self.stats["replayed" if at is not None and at < self.replay_until else "late"] += int(late.sum())
             if late.all():
                 return
             c = c.take(~late)
+        c.at = at
         self._chunks.append(c)
         self._n_buf += len(c.records)
         self.stats["fed"] += len(c.records)
@@ -212,19 +224,37 @@ class FleetStage:
 
     # -- state -------------------------------------------------------------------------------
 
-    def snapshot(self) -> bytes:
-        return msgspec.msgpack.encode(
-            {
-                "version": STATE_VERSION,
-                "n_upstream": self.n_upstream,
-                "released": self.released,
-                "marks": {str(k): v for k, v in self.marks.items()},
-                "final": sorted(self.final),
-                "buffer": msgspec.json.encode([r for c in self._chunks for r in c.records]),
-                "keys": [k for c in self._chunks for k in c.key_list()],
-                "engines": {k: e.snapshot() for k, e in self.engines.items()},
-            }
-        )
+    def resume_at(self) -> int | None:
+        """The earliest input position whose records are still (partly) buffered: where a
+        ``replayable`` snapshot's reader must resume (None: nothing is buffered)."""
+        return min((c.at for c in self._chunks if c.at is not None), default=None)
+
+    def snapshot(self, replayable: bool = False) -> bytes:
+        """The stage's state. ``replayable``: without the buffered records, which the reader of
+        the snapshot reads again from the input, from ``resume_at()`` on (every record fed with
+        its ``at``): the snapshot's cost is then the engines' state, not a multiple of what a
+        slow upstream task holds back (docs/operations.md, "Checkpoints").
+
+        The marks are kept as they are: the stage has released up to them (``advance`` follows
+        every input), every buffered record is at or past that, and the marks read again are
+        older, so the replay releases nothing before the records it re-reads are back."""
+        d: dict[str, Any] = {
+            "version": STATE_VERSION,
+            "n_upstream": self.n_upstream,
+            "released": self.released,
+            "marks": {str(k): v for k, v in self.marks.items()},
+            "final": sorted(self.final),
+        }
+        if replayable:
+            if any(c.at is None for c in self._chunks):
+                raise ValueError("a replayable snapshot needs every buffered record's input position")
+            d["newest"] = self._newest
+            d["replay_until"] = max(self.replay_until, -1 if self.position is None else self.position)
+        else:
+            d["buffer"] = msgspec.json.encode([r for c in self._chunks for r in c.records])
+            d["keys"] = [k for c in self._chunks for k in c.key_list()]
+        d["engines"] = {k: e.snapshot() for k, e in self.engines.items()}
+        return msgspec.msgpack.encode(d)
 
     def restore(self, blob: bytes, decode_records: Callable[[bytes], list[TelemetryRecord]]) -> None:
         try:
@@ -235,8 +265,11 @@ class FleetStage:
             self.released = float(d["released"])
             self.marks = {int(k): float(v) for k, v in d["marks"].items()}
             self.final = {int(p) for p in d["final"]}
-            buf = decode_records(d["buffer"])
-            keys = [str(k) for k in d["keys"]]
+            # Without a buffer: a replayable snapshot, whose reader reads the buffered records again.
+            buf = decode_records(d["buffer"]) if "buffer" in d else []
+            keys = [str(k) for k in d.get("keys", ())]
+            self._newest = float(d.get("newest", -math.inf))
+            self.replay_until = int(d.get("replay_until", -1))
             if len(buf) != len(keys):
                 raise StateError("fleet stage state: buffered records and keys differ in length")
             self._chunks = [_Chunk(buf, None if all(k == FLEET_KEY for k in keys) else keys)] if buf else []
@@ -251,10 +284,11 @@ class FleetStage:
 class _Chunk:
     """One feed's records, their keys (None: all the one fleet key) and event times."""
 
-    __slots__ = ("records", "keys", "ts", "tmin", "tmax")
+    __slots__ = ("records", "keys", "ts", "tmin", "tmax", "at")
 
     def __init__(self, records: list[TelemetryRecord], keys: list[str] | None, ts: np.ndarray | None = None) -> None:
         self.records, self.keys = records, keys
+        self.at: int | None = None  # the input position it came from (FleetStage.feed)
         self.ts = np.fromiter(map(_TS, records), np.float64, len(records)) if ts is None else ts
         self.tmin, self.tmax = (float(self.ts.min()), float(self.ts.max())) if len(records) else (math.inf, -math.inf)
 
@@ -264,7 +298,9 @@ class _Chunk:
     def take(self, sel: np.ndarray) -> "_Chunk":
         idx = np.flatnonzero(sel).tolist()
         keys = None if self.keys is None else [self.keys[i] for i in idx]
-        return _Chunk([self.records[i] for i in idx], keys, self.ts[sel])
+        c = _Chunk([self.records[i] for i in idx], keys, self.ts[sel])
+        c.at = self.at
+        return c
 
 
 _TS = operator.attrgetter("ts")

@@ -454,7 +454,9 @@ class Service:
         committed) when the broker refused them: each partition's previous checkpoint stays
         valid (it carries its own offset), so a restart replays more, losing nothing, and it is
         tried again on the cadence."""
-        offsets = {ps.partition: ps.next_offset for ps in parts if ps.next_offset is not None}
+        offsets = {
+            ps.partition: ps.pipe.checkpoint_offset(ps.next_offset) for ps in parts if ps.next_offset is not None
+        }
         parts = [ps for ps in parts if ps.partition in offsets]
         if not parts:
             return True

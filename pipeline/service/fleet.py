@@ -136,12 +136,13 @@ class FleetTask:
                     self.stage.mark(mk.mark, -math.inf if mk.upto is None else mk.upto, mk.final, mk.n)
                 else:
                     recs = self._decode(m.value)
-                    self.stage.feed(recs)
+                    self.stage.feed(recs, at=m.offset)
                     self.totals.records += len(recs)
             except (msgspec.DecodeError, msgspec.ValidationError) as e:
                 # Only the host stage writes this topic: a message it could not have written is
                 # skipped and logged, never a reason to stop the stage.
                 log.error("fleet: message at %s is not the host stage's (%s); skipped", m.origin, e)
+            self.stage.position = m.offset + 1
             self.totals.messages += 1
         out = self.stage.advance()
         self.totals.add(out)
@@ -169,8 +170,14 @@ class FleetTask:
     def set_rules(self, rules: Any) -> None:
         """The fleet stage runs no rules."""
 
+    def checkpoint_offset(self, next_offset: int) -> int:
+        """Where a checkpoint taken now resumes: at the oldest message whose records the stage
+        still holds back, which its snapshot leaves out (``FleetStage.snapshot``)."""
+        at = self.stage.resume_at()
+        return next_offset if at is None else min(at, next_offset)
+
     def snapshot(self) -> bytes:
-        return self.stage.snapshot()
+        return self.stage.snapshot(replayable=True)
 
     def restore(self, blob: bytes) -> None:
         try:

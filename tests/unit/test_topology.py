@@ -138,6 +138,69 @@ def test_a_restored_fleet_stage_goes_on_exactly_as_one_that_ran_through(records)
     assert _keys(alerts) == whole
 
 
+def _fleet_log(records: list, upstream: int, step: int, seed: int) -> list[tuple]:
+    """What ``upstream`` host-stage tasks write to one fleet partition, in log order: record
+    messages and the marks after them (as ``_through`` feeds them)."""
+    rng = random.Random(seed)
+    parts = _split(records, upstream)
+    pos = [0] * upstream
+    log: list[tuple] = []
+    while any(pos[i] < len(parts[i]) for i in range(upstream)):
+        i = rng.choice([k for k in range(upstream) if pos[k] < len(parts[k])])
+        chunk = parts[i][pos[i]:pos[i] + step]
+        pos[i] += len(chunk)
+        log.append(("records", chunk))
+        done = pos[i] == len(parts[i])
+        newest = max(r.ts for r in parts[i][:pos[i]])
+        log.append(("mark", i, newest + 1 if done else math.floor(newest - 30), done))
+    return log
+
+
+def _read(st: FleetStage, log: list[tuple], start: int, stop: int) -> list:
+    """Feed ``log[start:stop]`` as the service's fleet task does, one advance per message."""
+    alerts = []
+    for offset in range(start, stop):
+        m = log[offset]
+        if m[0] == "records":
+            st.feed(m[1], at=offset)
+        else:
+            st.mark(m[1], m[2], final=m[3])
+        st.position = offset + 1
+        alerts += st.advance().alerts
+    return alerts
+
+
+@pytest.mark.parametrize("crash_at", [0.2, 0.5, 0.8])
+def test_a_replayable_snapshot_leaves_the_buffer_to_a_replay_of_the_input(records, crash_at):
+    log = _fleet_log(records, 3, 250, 7)
+    whole = _read(FleetStage(_fleet_engine, upstream=3), log, 0, len(log))
+    assert whole, "the recording makes model alerts"
+    st = FleetStage(_fleet_engine, upstream=3)
+    cut = int(len(log) * crash_at)
+    alerts = _read(st, log, 0, cut)
+    assert st.pending > 0 and st.resume_at() is not None and st.resume_at() < cut
+    blob, resume = st.snapshot(replayable=True), st.resume_at()
+    with_buffer = st.snapshot()
+    assert len(blob) < len(with_buffer) - 1000 * 10, "the buffered records stay out"
+    # A crash after the checkpoint: what the stage read since is read again, from the oldest
+    # message it still held records of.
+    alerts += _read(st, log, cut, min(len(log), cut + 20))
+    again = FleetStage(_fleet_engine, upstream=3)
+    again.restore(blob, records_decoder(again.engine().decode_fields))
+    assert again.pending == 0
+    alerts += _read(again, log, resume, len(log))
+    assert _keys(alerts) == _keys(whole)
+    assert again.stats["late"] == 0 and again.stats["replayed"] > 0
+    assert again.stats["released"] + st.stats["released"] >= st.stats["fed"]
+
+
+def test_a_replayable_snapshot_needs_every_record_s_position():
+    st = FleetStage(lambda: Engine(row_checks=[], tick_checks=[], screened=True))
+    st.feed([sample(t, "n1") for t in range(3)])
+    with pytest.raises(ValueError):
+        st.snapshot(replayable=True)
+
+
 def test_a_fleet_checkpoint_with_pickled_model_state_is_refused_never_unpickled(tmp_path):
     import pickle
 
