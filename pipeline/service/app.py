@@ -108,10 +108,9 @@ class Service:
         self.cfg = cfg
         self.topics = Topics(cfg.kafka.prefix)
         count = getattr(producer, "partition_count", lambda topic: None)
-        # As the cluster has them (the topics may predate this config): how many telemetry
-        # partitions mark each fleet partition, and how many fleet partitions each mark goes to.
+        # As the cluster has them (the topic may predate this config): how many telemetry
+        # partitions mark the fleet stage.
         self.upstream = upstream or (count(self.topics.telemetry) if stage == "host" else 1) or cfg.kafka.partitions
-        self.n_fleet = (count(self.topics.fleet) if stage == "host" else None) or cfg.kafka.partitions
         self.rule_paths = [str(Path(p)) for p in cfg.service.rules]
         self.clock = clock
         self.backoff = backoff or Backoff()
@@ -162,9 +161,7 @@ class Service:
             return FleetTask(engine.make_fleet_engine, self.upstream, max_buffer=self.cfg.service.fleet_max_buffer)
         if isinstance(engine, Topology):
             make = engine.make_fleet_engine
-            engine = Topology(
-                engine.host, make, fleet=Outbox(partition, self.upstream, self.topics.fleet, self.n_fleet, make)
-            )
+            engine = Topology(engine.host, make, fleet=Outbox(partition, self.upstream, self.topics.fleet, make))
         return engine
 
     def _task(self, partition: int) -> Any:

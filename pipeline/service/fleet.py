@@ -7,8 +7,10 @@ On ``<prefix>.fleet`` there are two kinds of message:
   the telemetry topic, with only the fields detection reads), keyed by the fleet stage's key
   (``pipeline.topology.FLEET_KEY``), so every record of one key lands on one partition;
 - **marks**: ``{"mark": <telemetry partition>, "upto": <ts>, "final": <bool>, "n": <partitions>}``,
-  sent by each host-stage task to *every* fleet partition after the records they cover, on the
-  same producer: on each partition a mark follows every record it covers.
+  sent by each host-stage task after the records they cover, with the records' key and on the
+  same producer, so on the records' partition a mark follows every record it covers. The other
+  fleet partitions get neither (they hold nothing to release); a mark to each of them cost
+  every host-stage batch one message per fleet partition, for nothing.
 
 A fleet-stage partition releases a second once every telemetry partition's task has marked past
 it (``pipeline.topology.FleetStage``), so its alerts do not depend on how many replicas run
@@ -38,6 +40,7 @@ MAX_FORWARD = 400
 # forced releases (events, not records).
 DROPPED = ("duplicate", "late")
 FORCED = "forced"
+_KEY = FLEET_KEY.encode()
 
 
 class Mark(msgspec.Struct):
@@ -54,10 +57,8 @@ class Outbox:
     """The fleet side of a host-stage task's ``Topology``: forwarded records and marks queue here
     until the service sends them with the batch's alerts (step 2 of the commit protocol)."""
 
-    def __init__(
-        self, partition: int, n_upstream: int, topic: str, n_fleet: int, template: Callable[[], Engine]
-    ) -> None:
-        self.partition, self.n_upstream, self.topic, self.n_fleet = partition, n_upstream, topic, n_fleet
+    def __init__(self, partition: int, n_upstream: int, topic: str, template: Callable[[], Engine]) -> None:
+        self.partition, self.n_upstream, self.topic = partition, n_upstream, topic
         self._template = template
         self._engine: Engine | None = None
         self._records: list[TelemetryRecord] = []
@@ -96,17 +97,18 @@ class Outbox:
         """Nothing to restore: what was not sent before a crash is sent again by the replay."""
 
     def take(self) -> list[Send]:
-        """The messages to send now: the records, then a mark to every fleet partition when it moved."""
+        """The messages to send now: the records, then a mark when it moved (both keyed as the
+        records are, so the mark lands after them on their partition)."""
         out: list[Send] = []
         recs, self._records = self._records, []
         for i in range(0, len(recs), MAX_FORWARD):
-            out.append((self.topic, FLEET_KEY.encode(), self._enc.encode(recs[i : i + MAX_FORWARD]), None))
+            out.append((self.topic, _KEY, self._enc.encode(recs[i : i + MAX_FORWARD]), None))
         if self._mark is not None and self._mark != self._sent:
             upto, final = self._mark
             body = self._enc.encode(
                 Mark(self.partition, None if math.isinf(upto) and upto < 0 else upto, final, self.n_upstream)
             )
-            out.extend((self.topic, b"mark", body, q) for q in range(self.n_fleet))
+            out.append((self.topic, _KEY, body, None))
             self._sent = self._mark
         return out
 

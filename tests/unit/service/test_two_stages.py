@@ -126,6 +126,8 @@ def test_any_number_of_replicas_give_the_alerts_of_one_replay(telemetry, referen
     got = f.alerts()
     assert _ids(got) == _ids(reference)
     assert any(a["labels"].get("source") == "model" for a in got)
+    # Records and marks go to the one fleet key's partition: the others hold nothing to release.
+    assert len({m.partition for m in f.bus.messages(f.topics.fleet)}) == 1
 
 
 def test_replicas_joining_and_crashing_mid_stream_change_nothing(telemetry, reference):
