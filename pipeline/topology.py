@@ -231,8 +231,8 @@ class FleetStage:
 
     def snapshot(self, replayable: bool = False) -> bytes:
         """The stage's state. ``replayable``: without the buffered records, which the reader of
-        the snapshot reads again from the input, from ``resume_at()`` on (every record fed with
-        its ``at``): the snapshot's cost is then the engines' state, not a multiple of what a
+        the snapshot reads again from the input, from ``resume_at()`` on (those fed with their
+        ``at``; any others are kept in it): the snapshot's cost is then the engines' state, not a multiple of what a
         slow upstream task holds back (docs/operations.md, "Checkpoints").
 
         The marks are kept as they are: the stage has released up to them (``advance`` follows
@@ -245,14 +245,14 @@ class FleetStage:
             "marks": {str(k): v for k, v in self.marks.items()},
             "final": sorted(self.final),
         }
+        # Records fed without a position (in process, or restored from a snapshot that carried
+        # them) cannot be read again: those ride in the snapshot either way.
+        kept = [c for c in self._chunks if not replayable or c.at is None]
+        d["buffer"] = msgspec.json.encode([r for c in kept for r in c.records])
+        d["keys"] = [k for c in kept for k in c.key_list()]
         if replayable:
-            if any(c.at is None for c in self._chunks):
-                raise ValueError("a replayable snapshot needs every buffered record's input position")
             d["newest"] = self._newest
             d["replay_until"] = max(self.replay_until, -1 if self.position is None else self.position)
-        else:
-            d["buffer"] = msgspec.json.encode([r for c in self._chunks for r in c.records])
-            d["keys"] = [k for c in self._chunks for k in c.key_list()]
         d["engines"] = {k: e.snapshot() for k, e in self.engines.items()}
         return msgspec.msgpack.encode(d)
 
@@ -265,8 +265,8 @@ class FleetStage:
             self.released = float(d["released"])
             self.marks = {int(k): float(v) for k, v in d["marks"].items()}
             self.final = {int(p) for p in d["final"]}
-            # Without a buffer: a replayable snapshot, whose reader reads the buffered records again.
-            buf = decode_records(d["buffer"]) if "buffer" in d else []
+            # A replayable snapshot's reader reads the records fed with a position again.
+            buf = decode_records(d["buffer"])
             keys = [str(k) for k in d.get("keys", ())]
             self._newest = float(d.get("newest", -math.inf))
             self.replay_until = int(d.get("replay_until", -1))
