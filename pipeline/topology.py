@@ -232,8 +232,9 @@ class FleetStage:
     def snapshot(self, replayable: bool = False) -> bytes:
         """The stage's state. ``replayable``: without the buffered records, which the reader of
         the snapshot reads again from the input, from ``resume_at()`` on (those fed with their
-        ``at``; any others are kept in it): the snapshot's cost is then the engines' state, not a multiple of what a
-        slow upstream task holds back (docs/operations.md, "Checkpoints").
+        ``at``; any others are kept in it): the snapshot's cost is then the engines' state, not
+        a multiple of what a slow upstream task holds back (docs/operations.md, "How it keeps
+        its promises"; docs/architecture.md §8).
 
         The marks are kept as they are: the stage has released up to them (``advance`` follows
         every input), every buffered record is at or past that, and the marks read again are
