@@ -268,7 +268,7 @@ class FleetStage:
             self.final = {int(p) for p in d["final"]}
             # A replayable snapshot's reader reads the records fed with a position again.
             buf = decode_records(d["buffer"])
-            keys = [str(k) for k in d.get("keys", ())]
+            keys = [str(k) for k in d["keys"]]
             self._newest = float(d.get("newest", -math.inf))
             self.replay_until = int(d.get("replay_until", -1))
             if len(buf) != len(keys):

@@ -268,7 +268,7 @@ class Service:
         signal.signal(signal.SIGTERM, stop)
         signal.signal(signal.SIGINT, stop)
         signal.signal(signal.SIGHUP, reload)
-        split = POLL_TIMEOUT_S if len(services) == 1 else SHARED_POLL_TIMEOUT_S
+        quiet_wait = POLL_TIMEOUT_S if len(services) == 1 else SHARED_POLL_TIMEOUT_S
         self.metrics.rules.set(self._n_rules)
         self.http = HttpEndpoint(self.cfg.http.host, self.cfg.http.port, self.metrics, self.health).start()
         log.info(
@@ -291,7 +291,7 @@ class Service:
                 # backlog ~2/3 of its time: docs/performance.md); once all are quiet, each waits
                 # SHARED_POLL_TIMEOUT_S.
                 for s in services:
-                    s.poll_timeout = 0.0 if busy else split
+                    s.poll_timeout = 0.0 if busy else quiet_wait
                 busy = False
                 for i, s in enumerate(services):
                     failures[i] = s.step(failures[i])

@@ -157,10 +157,6 @@ class FleetTask:
         self._taken[stat] = self.stage.stats[stat]
         return n
 
-    def take_dropped(self) -> dict[str, int]:
-        """Records not given to the models since the last call, by why, and ``forced`` releases."""
-        return {why: n for why in (*DROPPED, FORCED) if (n := self.take(why))}
-
     def flush(self) -> EngineOutput:
         # Idle is no reason to release here: only the marks say when every host has been heard.
         return self.stage.advance()
