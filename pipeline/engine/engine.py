@@ -280,8 +280,9 @@ class Engine:
                 prior = self.host_hwm[:nh]
                 start = float(np.nanmax(prior)) if nh and not np.isnan(prior).all() else -math.inf
                 np.fmax.at(self.host_seen, heard_hosts, np.maximum(np.maximum.accumulate(heard_ts), start))
-                self._note_steps(heard_ts, heard_hosts)
-                self.state.host_step = self.host_step  # absence checks scale with it
+                # The step the release rule waits by (docs/architecture.md §4); absence scales with
+                # the step of released samples instead (GpuState.host_step, see _rows).
+                latest_steps(self.host_step, heard_ts, heard_hosts, self.host_hwm, self.config.max_lag)
                 np.fmax.at(self.host_hwm, heard_hosts, heard_ts)
                 # host_jump is kept by _screen_in_order record by record (the fast path runs only
                 # when no host claims a jump): clearing it here for every host heard would make a
@@ -392,22 +393,6 @@ class Engine:
         return [records[i] for i in keep.tolist()], take_origins(origins, keep), ts[keep], hosts[keep]
 
     # -- screening arrivals against the fleet's clock ------------------------------------------
-
-    def _note_steps(self, ts: np.ndarray, hosts: np.ndarray) -> None:
-        """Each host's latest step forward in event time, record to record in its own order."""
-        o = np.argsort(hosts, kind="stable")
-        h, t = hosts[o], ts[o]
-        prev = np.empty_like(t)
-        prev[1:] = t[:-1]
-        first = np.ones(len(h), bool)
-        first[1:] = h[1:] != h[:-1]
-        prev[first] = self.host_hwm[h[first]]
-        with np.errstate(invalid="ignore"):
-            step = t - prev
-            fwd = np.flatnonzero(step > 0)
-        if len(fwd):
-            # Assignment with repeated indices keeps the last: the host's latest step.
-            self.host_step[h[fwd]] = np.minimum(step[fwd], self.config.max_lag)
 
     def _note_whole(self, origins: Sequence[str], hosts: np.ndarray) -> None:
         """Which hosts of this batch sent per-host messages only (docs/architecture.md §4)."""
@@ -820,7 +805,8 @@ class Engine:
             else -math.inf
         )
         hold = max((c.meta.for_s + c.meta.keep_firing_for_s for c in self.tick_checks), default=0.0)
-        step = self.host_step[~np.isnan(self.host_step)]
+        step = np.concatenate([self.host_step, self.state.host_step])  # released steps come from arrived ones
+        step = step[~np.isnan(step)]
         slow = 2.5 * float(step.max()) if len(step) else 0.0  # checks.absent_after
         return last + max(cfg.gpu_absent_after, cfg.host_silent_after, slow) + hold + 2 * cfg.tick
 
@@ -828,6 +814,11 @@ class Engine:
         gpu = frame.gpu
         chunk = frame if (gpu[1:] >= gpu[:-1]).all() else frame.take(np.argsort(gpu, kind="stable"))
         self._note_returns(chunk)
+        # After _note_returns, which judges a return by the step before it; before advance moves
+        # host_last_ts. Taken here, on release and in event time, not on arrival: whether a host
+        # back from a silence still counted as silent at a tick must not depend on whether its
+        # next sample had arrived yet (tests/unit/engine/test_engine_properties.py).
+        latest_steps(self.state.host_step, frame.ts, frame.host, self.state.host_last_ts, self.config.max_lag)
         view = advance(self.state, chunk, self.entities, ts0, self._columnizer.column_array)
         outputs: dict[str, Any] = {}  # what each stage publishes for the later ones
         conds: list[tuple[StageCheck, np.ndarray]] = []
@@ -934,6 +925,27 @@ class Engine:
     @property
     def pending(self) -> int:
         return sum(len(c) for c in self._chunks)
+
+
+def latest_steps(step: np.ndarray, ts: np.ndarray, hosts: np.ndarray, before: np.ndarray, cap: float) -> None:
+    """Each host's latest step forward in event time, record to record in its own order, into
+    ``step`` (per host, in place); ``before``: each host's time before these records. Steps
+    longer than ``cap`` count as ``cap``."""
+    if not len(ts):
+        return
+    o = np.argsort(hosts, kind="stable")
+    h, t = hosts[o], ts[o]
+    prev = np.empty_like(t)
+    prev[1:] = t[:-1]
+    first = np.ones(len(h), bool)
+    first[1:] = h[1:] != h[:-1]
+    prev[first] = before[h[first]]
+    with np.errstate(invalid="ignore"):
+        gap = t - prev
+        fwd = np.flatnonzero(gap > 0)
+    if len(fwd):
+        # Assignment with repeated indices keeps the last: the host's latest step.
+        step[h[fwd]] = np.minimum(gap[fwd], cap)
 
 
 class _Numbered(Sequence[str]):

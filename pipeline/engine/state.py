@@ -36,7 +36,8 @@ class GpuState:
         self.host_last_ts = np.full(0, np.nan)  # per host (any DCGM record)
         # per host: when it came back after a silence (or first reported); see Engine._rows
         self.host_back = np.full(0, np.nan)
-        # per host: its sampling step, kept by the engine (Engine.host_step); absence scales with it
+        # per host: its latest sampling step among released samples; absence scales with it
+        # (checks.absent_after). Kept by Engine._rows, apart from Engine.host_step (on arrival).
         self.host_step = np.full(0, np.nan)
         self._seen = np.full((0, N_FIELDS), np.nan)  # per GPU and field: when it was last reported
         self._cols: np.ndarray | None = None  # the columns kept apart, and their blocks:
@@ -48,6 +49,7 @@ class GpuState:
         self.last_ts = grow(self.last_ts, n_gpus, np.nan)
         self.host_last_ts = grow(self.host_last_ts, n_hosts, np.nan)
         self.host_back = grow(self.host_back, n_hosts, np.nan)
+        self.host_step = grow(self.host_step, n_hosts, np.nan)
         self._seen = grow(self._seen, n_gpus, np.nan)
         if self._cols is not None:  # grows as the full matrices did: the same number of rows
             self._last_c = grow(self._last_c, len(self._last), np.nan, order="F")
