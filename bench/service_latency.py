@@ -13,6 +13,11 @@ service produced it) minus the wall time its triggering sample was produced: `ho
 first, `fleet` for the second, end to end through both stages. One `gpuwarden serve` process
 (both stages) per repeat, on a fresh topic prefix deleted afterwards; broker, service and
 publisher share the machine. Percentiles are per run; reported: their median.
+
+With ``--silent-from S`` the last host sends nothing from second S on (a dead node). Its own
+partition's hosts ("mates") are what its silence can hold back, so from S on one fault a second
+goes to a mate, and their latencies are reported apart from the other partitions' ("others"):
+a p99 over the whole fleet would let the mates' few alerts hide in the tail, or miss them.
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ from pathlib import Path
 
 import numpy as np
 from kafka import KafkaConsumer
+from kafka.partitioner.default import murmur2
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -42,19 +48,28 @@ from pipeline.bus.publish import Pacer  # noqa: E402
 from pipeline.bus.telemetry import per_host_messages  # noqa: E402
 
 
+def partition_of(host: str, partitions: int) -> int:
+    """The telemetry partition of ``host``'s messages: kafka-python's default partitioner on the
+    message key (the host name, pipeline/bus/telemetry.py), as the publisher's producer has it."""
+    return (murmur2(host.encode()) & 0x7FFFFFFF) % partitions
+
+
 def publish_paced(bootstrap: str, topic: str, hosts: list[str], seconds: int, warmup: int, cooldown: int,
-                  faults_per_s: int, rng: random.Random, silent_from: int | None = None
-                  ) -> tuple[dict[tuple[str, int, int], float], float]:
+                  faults_per_s: int, rng: random.Random, silent_from: int | None = None,
+                  mates: list[str] | None = None) -> tuple[dict[tuple[str, int, int], float], float, set[tuple]]:
     """Send one message per host per second in real time; return (host, gpu, second) -> produce time
     of each injected XID 79, and how far behind its schedule the publisher fell at worst (a
-    second's messages sent later than the next second's start mean the load was not paced).
+    second's messages sent later than the next second's start mean the load was not paced), and
+    which of the faults fell on the silent host's partition-mates during its silence.
 
     No fault in the last ``cooldown`` seconds: a second's samples are evaluated once later event
     time closes its tick, so a fault in the very last second would only be seen at the idle flush.
     ``silent_from``: the last host sends nothing from that second on (a dead node); it gets no
     fault, so what is measured is what its silence does to the other hosts' alerts.
+    The silent host's partition-mates (``mates``) get one fault a second from ``silent_from`` on.
     """
     produced: dict[tuple[str, int, int], float] = {}
+    held: set[tuple[str, int, int]] = set()
     lost: set[tuple[str, int]] = set()
     p = KafkaBusProducer(bootstrap, linger_ms=2)
     pacer = Pacer(1.0)   # second s of the run is due s seconds after the start
@@ -65,6 +80,13 @@ def publish_paced(bootstrap: str, topic: str, hosts: list[str], seconds: int, wa
         faulty: set[tuple[str, int]] = set()
         if warmup <= s < seconds - cooldown:  # after the engine's start-up window
             live = hosts[:-1] if silent_from is not None and len(hosts) > 1 else hosts
+            if mates and silent_from is not None and s >= silent_from:
+                for _ in range(100):
+                    c = (rng.choice(mates), rng.randrange(8))
+                    if c not in lost:
+                        faulty.add(c)
+                        lost.add(c)
+                        break
             while len(faulty) < faults_per_s and len(lost) < 8 * len(live):
                 c = (rng.choice(live), rng.randrange(8))
                 if c not in lost:
@@ -83,11 +105,13 @@ def publish_paced(bootstrap: str, topic: str, hosts: list[str], seconds: int, wa
             for g in range(8):
                 if (h, g) in faulty:
                     produced[(h, g, int(ts))] = now
+                    if mates and silent_from is not None and s >= silent_from and h in mates:
+                        held.add((h, g, int(ts)))
             p.send(topic, value, key)
         p.flush()
         behind = max(behind, -pacer.delay(s + 1))
     p.close()
-    return produced, behind
+    return produced, behind, held
 
 
 PROBE = "probe_sbe_burst"
@@ -106,7 +130,7 @@ PROBE_MODELS = f"""models:
 STAGE_OF = {"gpu_fallen_off_bus": "host", PROBE: "fleet"}
 
 
-def collect(bootstrap: str, topic: str, produced: dict, drain_s: float) -> dict[str, list[float]]:
+def collect(bootstrap: str, topic: str, produced: dict, drain_s: float) -> dict[str, dict[tuple, float]]:
     """Latencies (alert's Kafka timestamp - produce time) of the injected faults' alerts, per
     stage, waiting up to ``drain_s`` for the last ones."""
     c = KafkaConsumer(topic, bootstrap_servers=bootstrap, group_id=None, auto_offset_reset="earliest")
@@ -121,7 +145,7 @@ def collect(bootstrap: str, topic: str, produced: dict, drain_s: float) -> dict[
                 if a["state"] == "firing" and stage and key in produced:
                     lat[stage].setdefault(key, r.timestamp / 1000.0 - produced[key])
     c.close()
-    return {k: sorted(v.values()) for k, v in lat.items()}
+    return lat
 
 
 def run_once(args: argparse.Namespace, seed: int) -> dict:
@@ -129,30 +153,44 @@ def run_once(args: argparse.Namespace, seed: int) -> dict:
     prefix = f"lat-{uuid.uuid4().hex[:8]}"
     topics = Topics(prefix)
     hosts = [f"node-{i:05d}" for i in range(max(1, args.gpus // 8))]
+    silent_part = partition_of(hosts[-1], 8)
+    mates = [h for h in hosts[:-1] if partition_of(h, 8) == silent_part]
     try:
         ensure_topics(args.kafka, topics, partitions=8)
         args.workdir.mkdir(parents=True, exist_ok=True)
         probe = args.workdir / f"{prefix}-models.yaml"
         probe.write_text(PROBE_MODELS)
         svc = Service({"kafka": {"bootstrap": args.kafka, "prefix": prefix, "group": prefix, "partitions": 8},
-                       "engine": {"allowed_lateness": 10, "idle_timeout": args.idle_timeout},
+                       "engine": {"allowed_lateness": args.allowed_lateness},
                        "http": {"port": 0}, "service": {"rules": [str(ROOT / "rules")], "models": str(probe)}},
                       args.workdir, prefix)
         try:
-            produced, behind = publish_paced(args.kafka, topics.telemetry, hosts, args.seconds, args.warmup,
+            produced, behind, held = publish_paced(args.kafka, topics.telemetry, hosts, args.seconds, args.warmup,
                                              args.cooldown, args.faults_per_s, random.Random(seed),
-                                             args.silent_from)
+                                             args.silent_from, mates)
             by_stage = collect(args.kafka, topics.alerts, produced, args.drain_s)
         finally:
             svc.stop()
     finally:
         delete_topics(args.kafka, topics.all())
     out: dict = {"faults": len(produced), "publisher_behind_s": max(0.0, behind)}
-    for stage, lat in by_stage.items():
-        pct = np.percentile(lat, [50, 95, 99], method="inverted_cdf") if lat else [float("nan")] * 3
-        pre = "" if stage == "host" else "fleet_"
-        out.update({f"{pre}alerts_seen": len(lat), f"{pre}p50_s": float(pct[0]), f"{pre}p95_s": float(pct[1]),
-                    f"{pre}p99_s": float(pct[2]), f"{pre}max_s": lat[-1] if lat else float("nan")})
+
+    def group(lat: dict[tuple, float], name: str) -> dict[tuple, float]:
+        if name == "all":
+            return lat
+        # mates: faults of the silent host's partition from its silence on; others: the rest.
+        return {k: v for k, v in lat.items() if (k in held) == (name == "mates")}
+
+    groups = ["all"] + (["others", "mates"] if args.silent_from is not None else [])
+    for stage, by_key in by_stage.items():
+        for name in groups:
+            lat = sorted(group(by_key, name).values())
+            pct = np.percentile(lat, [50, 95, 99], method="inverted_cdf") if lat else [float("nan")] * 3
+            pre = ("" if stage == "host" else "fleet_") + ("" if name == "all" else f"{name}_")
+            out.update({f"{pre}alerts_seen": len(lat), f"{pre}p50_s": float(pct[0]), f"{pre}p95_s": float(pct[1]),
+                        f"{pre}p99_s": float(pct[2]), f"{pre}max_s": lat[-1] if lat else float("nan")})
+    if args.silent_from is not None:
+        out["mates_faults"] = len(held)
     return out
 
 
@@ -167,8 +205,9 @@ def main() -> None:
     ap.add_argument("--drain-s", type=float, default=30.0, help="how long to wait for the last alerts")
     ap.add_argument("--repeat", type=int, default=1)
     ap.add_argument("--silent-from", type=int, help="one host (never faulty) sends nothing from this second on")
-    ap.add_argument("--idle-timeout", type=float, default=10.0,
-                    help="engine.idle_timeout: how long a silent host holds the others back (default 10)")
+    ap.add_argument("--allowed-lateness", type=float, default=10.0,
+                    help="engine.allowed_lateness: by event time, how long a silent host holds its "
+                         "partition-mates back, plus its sampling step (default 10)")
     ap.add_argument("--workdir", type=Path, default=ROOT / "bench" / "results", help="service configs and logs")
     ap.add_argument("--json", help="append the result as one JSON line to this file")
     args = ap.parse_args()
@@ -180,21 +219,30 @@ def main() -> None:
         return round(statistics.median(r[key] for r in runs), 3)
 
     res = {"bench": "service_latency", "gpus": args.gpus, "seconds": args.seconds, "repeat": args.repeat,
-           "silent_from": args.silent_from, "idle_timeout": args.idle_timeout,
+           "silent_from": args.silent_from, "allowed_lateness": args.allowed_lateness,
            "faults": sum(r["faults"] for r in runs), "alerts_seen": sum(r["alerts_seen"] for r in runs),
            "p50_s": med("p50_s"), "p95_s": med("p95_s"), "p99_s": med("p99_s"), "max_s": med("max_s"),
            "fleet_alerts_seen": sum(r["fleet_alerts_seen"] for r in runs), "fleet_p50_s": med("fleet_p50_s"),
            "fleet_p95_s": med("fleet_p95_s"), "fleet_p99_s": med("fleet_p99_s"), "fleet_max_s": med("fleet_max_s"),
            "publisher_behind_s": round(max(r["publisher_behind_s"] for r in runs), 3),
+           **({"mates_faults": sum(r["mates_faults"] for r in runs),
+               **{f"{g}_{k}": (sum(r[f"{g}_{k}"] for r in runs) if k == "alerts_seen" else med(f"{g}_{k}"))
+                  for g in ("others", "mates") for k in ("alerts_seen", "p50_s", "p95_s", "p99_s", "max_s")}}
+              if args.silent_from is not None else {}),
            "runs": [{k: round(v, 3) if isinstance(v, float) else v for k, v in r.items()} for r in runs],
            "machine": f"{os.cpu_count()} cores, shared by broker, publisher and service"}
-    silent = f", one host silent from {args.silent_from}s (idle_timeout {args.idle_timeout:g}s)" \
+    silent = f", one host silent from {args.silent_from}s (allowed_lateness {args.allowed_lateness:g}s)" \
         if args.silent_from is not None else ""
     print(f"{args.gpus:,} GPUs at 1 Hz for {args.seconds}s{silent}, median of {args.repeat}: {res['alerts_seen']}/"
           f"{res['faults']} alerts seen, produce-to-alert latency p50 {res['p50_s']}s, p95 {res['p95_s']}s, "
           f"p99 {res['p99_s']}s, max {res['max_s']}s; through the fleet stage: {res['fleet_alerts_seen']}/"
           f"{res['faults']} seen, p50 {res['fleet_p50_s']}s, p95 {res['fleet_p95_s']}s, p99 {res['fleet_p99_s']}s, "
           f"max {res['fleet_max_s']}s; publisher at worst {res['publisher_behind_s']}s behind")
+    if args.silent_from is not None:
+        print(f"  host stage, other partitions: {res['others_alerts_seen']} seen, p50 {res['others_p50_s']}s, "
+              f"p99 {res['others_p99_s']}s; the silent host's partition-mates: {res['mates_alerts_seen']}/"
+              f"{res['mates_faults']} seen, p50 {res['mates_p50_s']}s, p99 {res['mates_p99_s']}s, "
+              f"max {res['mates_max_s']}s")
     if args.json:
         with open(args.json, "a") as fh:
             fh.write(json.dumps(res) + "\n")
