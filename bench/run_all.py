@@ -18,7 +18,8 @@ back. Every figure is the median of ``--repeat`` runs (memory is deterministic: 
   consume ceiling, and its checkpoint time per
   partition, per fleet size;
 * latency: ``service_latency.py``, produce-to-alert p50/p95/p99 at a paced 1 Hz load, per fleet
-  size (the 16,384-GPU row is the headline);
+  size (the 16,384-GPU row is the headline): every host sampling at the second's start, every
+  host at its own phase, and one host silent (its partition-mates apart from the others);
 * wire: ``wire_format.py``, per-GPU vs per-host messages;
 * replay: ``replay_throughput.py``, a 48-GPU, 2-hour recording sampled every 5 s replayed as
   ``gpuwarden replay`` does (rules only, and with the default models), one core.
@@ -245,8 +246,11 @@ def bench_latency(plan: Plan, gpus: int) -> tuple[dict, list[dict]]:
     # The same load with one (never faulty) host going silent halfway through the faults.
     silent_from = plan.latency_warmup + (plan.latency_seconds - plan.latency_warmup) // 3
     (quiet,), wall2 = run_script("service_latency.py", argv + ["--silent-from", str(silent_from)])
+    # Every host at its own phase of the second, as independent exporters sample.
+    (spread,), wall3 = run_script("service_latency.py", argv + ["--phases", "spread"])
     figs = []
-    for prefix, label, r in (("latency", "", raw), ("latency_silent", ", one host silent mid-run", quiet)):
+    for prefix, label, r in (("latency", "", raw), ("latency_silent", ", one host silent mid-run", quiet),
+                             ("latency_spread", ", hosts at spread phases", spread)):
         figs += [figure(f"{prefix}.{q}", f"produce-to-alert latency {q}{label}", "s", [x[f"{q}_s"] for x in r["runs"]],
                         gpus=gpus, rate_hz=1, alerts_seen=r["alerts_seen"], faults=r["faults"],
                         publisher_behind_s=r.get("publisher_behind_s"), silent_from=r.get("silent_from"))
@@ -264,7 +268,8 @@ def bench_latency(plan: Plan, gpus: int) -> tuple[dict, list[dict]]:
                         faults=quiet.get("mates_faults") if grp == "mates" else None,
                         silent_from=quiet.get("silent_from"))
                  for q in ("p50", "p95", "p99", "max")]
-    return {"name": "latency", "gpus": gpus, "wall_s": wall + wall2, "raw": raw, "raw_silent": quiet}, figs
+    return {"name": "latency", "gpus": gpus, "wall_s": wall + wall2 + wall3, "raw": raw, "raw_silent": quiet,
+            "raw_spread": spread}, figs
 
 
 def bench_replay(plan: Plan) -> tuple[dict, list[dict]]:
@@ -476,7 +481,8 @@ def render_markdown(result: dict, json_path: str | None = None) -> str:
                       "then on), the other hosts' p99 within 1.5 s.", ""]
         rows = []
         for g in lat:
-            for prefix, what in (("latency", "all hosts sending"), ("latency_silent", "one host silent mid-run"),
+            for prefix, what in (("latency", "all hosts sending"), ("latency_spread", "hosts at spread phases"),
+                                 ("latency_silent", "one host silent mid-run"),
                                  ("latency_silent.others", "one host silent: other partitions"),
                                  ("latency_silent.mates", "one host silent: its partition-mates")):
                 p = {q: get(f"{prefix}.{q}", g) for q in ("p50", "p95", "p99", "max")}

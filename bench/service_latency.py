@@ -56,7 +56,8 @@ def partition_of(host: str, partitions: int) -> int:
 
 def publish_paced(bootstrap: str, topic: str, hosts: list[str], seconds: int, warmup: int, cooldown: int,
                   faults_per_s: int, rng: random.Random, silent_from: int | None = None,
-                  mates: list[str] | None = None) -> tuple[dict[tuple[str, int, int], float], float, set[tuple]]:
+                  mates: list[str] | None = None, spread: bool = False
+                  ) -> tuple[dict[tuple[str, int, int], float], float, set[tuple]]:
     """Send one message per host per second in real time; return (host, gpu, second) -> produce time
     of each injected XID 79, and how far behind its schedule the publisher fell at worst (a
     second's messages sent later than the next second's start mean the load was not paced), and
@@ -67,6 +68,8 @@ def publish_paced(bootstrap: str, topic: str, hosts: list[str], seconds: int, wa
     ``silent_from``: the last host sends nothing from that second on (a dead node); it gets no
     fault, so what is measured is what its silence does to the other hosts' alerts.
     The silent host's partition-mates (``mates``) get one fault a second from ``silent_from`` on.
+    ``spread``: each host samples at its own phase of the second (one of 20 slots of 50 ms, drawn
+    once per host), as independent exporters do, instead of all hosts at the second's start.
     """
     produced: dict[tuple[str, int, int], float] = {}
     held: set[tuple[str, int, int]] = set()
@@ -74,9 +77,29 @@ def publish_paced(bootstrap: str, topic: str, hosts: list[str], seconds: int, wa
     p = KafkaBusProducer(bootstrap, linger_ms=2)
     pacer = Pacer(1.0)   # second s of the run is due s seconds after the start
     behind = 0.0
+    slots = 20
+    phase_rng = random.Random(len(hosts))  # its own stream: the faults drawn stay those of the seed
+    slot_of = {h: phase_rng.randrange(slots) if spread else 0 for h in hosts}
+    by_slot = [[h for h in hosts if slot_of[h] == k] for k in range(slots)]
+
+    def send_host(h: str, ts: float, s: int, faulty: set[tuple[str, int]]) -> None:
+        if silent_from is not None and s >= silent_from and h == hosts[-1] and len(hosts) > 1:
+            return
+        recs = [{"v": 1, "kind": "dcgm", "ts": ts, "host": h, "gpu": g,
+                 "fields": {"DCGM_FI_DEV_GPU_UTIL": 99, "DCGM_FI_DEV_GPU_TEMP": 65, "DCGM_FI_DEV_SM_CLOCK": 1980,
+                            "DCGM_FI_DEV_ECC_SBE_VOL_TOTAL": 1000 if (h, g) in lost else 0,
+                            "DCGM_FI_DEV_XID_ERRORS": 79 if (h, g) in lost else 0}}
+                for g in range(8)]
+        ((key, value),) = per_host_messages(recs)
+        now = time.time()
+        for g in range(8):
+            if (h, g) in faulty:
+                produced[(h, g, int(ts))] = now
+                if mates and silent_from is not None and s >= silent_from and h in mates:
+                    held.add((h, g, int(ts)))
+        p.send(topic, value, key)
+
     for s in range(seconds):
-        pacer.wait(s)
-        ts = round(time.time(), 3)
         faulty: set[tuple[str, int]] = set()
         if warmup <= s < seconds - cooldown:  # after the engine's start-up window
             live = hosts[:-1] if silent_from is not None and len(hosts) > 1 else hosts
@@ -92,23 +115,14 @@ def publish_paced(bootstrap: str, topic: str, hosts: list[str], seconds: int, wa
                 if c not in lost:
                     faulty.add(c)
                     lost.add(c)
-        for h in hosts:
-            if silent_from is not None and s >= silent_from and h == hosts[-1] and len(hosts) > 1:
+        for k, slot_hosts in enumerate(by_slot):
+            if not slot_hosts:
                 continue
-            recs = [{"v": 1, "kind": "dcgm", "ts": ts, "host": h, "gpu": g,
-                     "fields": {"DCGM_FI_DEV_GPU_UTIL": 99, "DCGM_FI_DEV_GPU_TEMP": 65, "DCGM_FI_DEV_SM_CLOCK": 1980,
-                                "DCGM_FI_DEV_ECC_SBE_VOL_TOTAL": 1000 if (h, g) in lost else 0,
-                                "DCGM_FI_DEV_XID_ERRORS": 79 if (h, g) in lost else 0}}
-                    for g in range(8)]
-            ((key, value),) = per_host_messages(recs)
-            now = time.time()
-            for g in range(8):
-                if (h, g) in faulty:
-                    produced[(h, g, int(ts))] = now
-                    if mates and silent_from is not None and s >= silent_from and h in mates:
-                        held.add((h, g, int(ts)))
-            p.send(topic, value, key)
-        p.flush()
+            pacer.wait(s + k / slots)
+            ts = round(time.time(), 3)
+            for h in slot_hosts:
+                send_host(h, ts, s, faulty)
+            p.flush()
         behind = max(behind, -pacer.delay(s + 1))
     p.close()
     return produced, behind, held
@@ -167,7 +181,7 @@ def run_once(args: argparse.Namespace, seed: int) -> dict:
         try:
             produced, behind, held = publish_paced(args.kafka, topics.telemetry, hosts, args.seconds, args.warmup,
                                              args.cooldown, args.faults_per_s, random.Random(seed),
-                                             args.silent_from, mates)
+                                             args.silent_from, mates, args.phases == "spread")
             by_stage = collect(args.kafka, topics.alerts, produced, args.drain_s)
         finally:
             svc.stop()
@@ -205,6 +219,9 @@ def main() -> None:
     ap.add_argument("--drain-s", type=float, default=30.0, help="how long to wait for the last alerts")
     ap.add_argument("--repeat", type=int, default=1)
     ap.add_argument("--silent-from", type=int, help="one host (never faulty) sends nothing from this second on")
+    ap.add_argument("--phases", choices=("same", "spread"), default="same",
+                    help="'same': every host samples at the start of the second (one publisher's "
+                         "clock); 'spread': each host at its own phase, in 20 slots of 50 ms")
     ap.add_argument("--allowed-lateness", type=float, default=10.0,
                     help="engine.allowed_lateness: by event time, how long a silent host holds its "
                          "partition-mates back, plus its sampling step (default 10)")
@@ -219,7 +236,7 @@ def main() -> None:
         return round(statistics.median(r[key] for r in runs), 3)
 
     res = {"bench": "service_latency", "gpus": args.gpus, "seconds": args.seconds, "repeat": args.repeat,
-           "silent_from": args.silent_from, "allowed_lateness": args.allowed_lateness,
+           "silent_from": args.silent_from, "allowed_lateness": args.allowed_lateness, "phases": args.phases,
            "faults": sum(r["faults"] for r in runs), "alerts_seen": sum(r["alerts_seen"] for r in runs),
            "p50_s": med("p50_s"), "p95_s": med("p95_s"), "p99_s": med("p99_s"), "max_s": med("max_s"),
            "fleet_alerts_seen": sum(r["fleet_alerts_seen"] for r in runs), "fleet_p50_s": med("fleet_p50_s"),
@@ -233,6 +250,7 @@ def main() -> None:
            "machine": f"{os.cpu_count()} cores, shared by broker, publisher and service"}
     silent = f", one host silent from {args.silent_from}s (allowed_lateness {args.allowed_lateness:g}s)" \
         if args.silent_from is not None else ""
+    silent += ", hosts at spread phases" if args.phases == "spread" else ""
     print(f"{args.gpus:,} GPUs at 1 Hz for {args.seconds}s{silent}, median of {args.repeat}: {res['alerts_seen']}/"
           f"{res['faults']} alerts seen, produce-to-alert latency p50 {res['p50_s']}s, p95 {res['p95_s']}s, "
           f"p99 {res['p99_s']}s, max {res['max_s']}s; through the fleet stage: {res['fleet_alerts_seen']}/"
