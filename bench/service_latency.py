@@ -1,7 +1,7 @@
 """Produce-to-alert latency of the service at a paced fleet load (default 16,384 GPUs at 1 Hz).
 
     .venv/bin/python bench/service_latency.py --kafka 127.0.0.1:9092 [--gpus 16384] [--seconds 40]
-        [--repeat 1] [--json OUT] [--workdir bench/results]
+        [--phases same|spread] [--silent-from S] [--repeat 1] [--json OUT] [--workdir bench/results]
 
 A publisher sends one message per host per second, paced in real time, each sample stamped
 with the current wall clock as its event time. Every second a few random GPUs report XID 79,
@@ -13,6 +13,10 @@ service produced it) minus the wall time its triggering sample was produced: `ho
 first, `fleet` for the second, end to end through both stages. One `gpuwarden serve` process
 (both stages) per repeat, on a fresh topic prefix deleted afterwards; broker, service and
 publisher share the machine. Percentiles are per run; reported: their median.
+
+``--phases spread`` gives each host its own phase of the second (one of 20 slots of 50 ms), as
+independent exporters sample; by default every host samples at the start of the second, the
+best case of the release rule (docs/operations.md, "When an alert can fire").
 
 With ``--silent-from S`` the last host sends nothing from second S on (a dead node). Its own
 partition's hosts ("mates") are what its silence can hold back, so from S on one fault a second
