@@ -128,6 +128,10 @@ class Engine:
         # Each host's sampling interval (its latest step forward in event time): a host sampled
         # every 30 s is not gone 30 s after its last sample.
         self.host_step = np.full(0, np.nan)
+        # The shortest step a host has sampled at, forgotten by 1 % a step (STEP_RECOVERY): how
+        # far it is trusted not to sample again (_whole_bound), so that missed samples do not
+        # stretch the promise and a host that samples more slowly for good is trusted so in time.
+        self.host_min_step = np.full(0, np.nan)
         self._live_since: float | None = None  # wall clock of the first live arrival (not persisted)
         self.released = -math.inf  # every record with ts < released has been processed
         self.first_ts = math.inf  # oldest event time ever accepted: the stream's start
@@ -253,6 +257,7 @@ class Engine:
             self.host_seen = grow(self.host_seen, nh, np.nan)
             self.host_jump = grow(self.host_jump, nh, np.nan)
             self.host_step = grow(self.host_step, nh, np.nan)
+            self.host_min_step = grow(self.host_min_step, nh, np.nan)
             # Live, a consumer may drain a backlog partition by partition, hours apart in event
             # time: there the decoder bounds time against the wall clock and aliveness is by
             # arrival, so one host ahead cannot carry the watermark; only replay screens here.
@@ -282,7 +287,14 @@ class Engine:
                 np.fmax.at(self.host_seen, heard_hosts, np.maximum(np.maximum.accumulate(heard_ts), start))
                 # The step the release rule waits by (docs/architecture.md §4); absence scales with
                 # the step of released samples instead (GpuState.host_step, see _rows).
-                latest_steps(self.host_step, heard_ts, heard_hosts, self.host_hwm, self.config.max_lag)
+                latest_steps(
+                    self.host_step,
+                    heard_ts,
+                    heard_hosts,
+                    self.host_hwm,
+                    self.config.max_lag,
+                    shortest=self.host_min_step,
+                )
                 np.fmax.at(self.host_hwm, heard_hosts, heard_ts)
                 # host_jump is kept by _screen_in_order record by record (the fast path runs only
                 # when no host claims a jump): clearing it here for every host heard would make a
@@ -627,7 +639,7 @@ class Engine:
             live = np.where(heard, known & recent, active)
             if live.any():  # (the whole fleet silent: as replay has it, until the idle flush)
                 active = live
-        wm = float(self._whole_bound(hwm, active)[active].min()) - self.config.host_disorder
+        wm = float(self._whole_bound(hwm, active, newest)[active].min()) - self.config.host_disorder
         # A host's first sample may come up to its sampling interval after the stream's start:
         # at 30 s sampling, 30 s of lateness alone is not time enough for every host to appear.
         hold = (
@@ -641,21 +653,30 @@ class Engine:
             wm = min(wm, newest - hold)
         return max(self.released, wm)
 
-    def _whole_bound(self, hwm: np.ndarray, active: np.ndarray) -> np.ndarray:
-        """How far each host is complete: its newest sample, or the end of that sample's tick for
-        a host sending per-host messages whose next sample falls in a later tick (sampled at
-        least once a tick, 5 % of a tick to spare): its message for that second held every GPU,
-        so the second can go as soon as every live host has sent it, not the next one."""
+    def _whole_bound(self, hwm: np.ndarray, active: np.ndarray, newest: float) -> np.ndarray:
+        """How far each host is complete: its newest sample, or more for a host sending per-host
+        messages (its message held every GPU at that time). Its next sample is not due before
+        ``hwm + step`` (``step``: the shortest step it has sampled at, ``host_min_step``; less 5 %
+        of the step or of a tick, whichever is more, for jitter), so the tick of ``hwm`` is whole
+        when that falls in a later tick: at 1 Hz and a 1 s tick a second goes once every live
+        host has sent it, not the next one. And every later tick before that one is whole too,
+        up to the tick of the fleet's newest sample: with a tick shorter than the step
+        (``engine.tick`` 0.1 s at 1 Hz) a sample goes within a tick or so, whatever the other
+        hosts' phases. Not past the newest sample's tick: a host back from a silence (not
+        counted in the watermark meanwhile) is then judged against the present, not against
+        what the others promised (docs/architecture.md §4)."""
         n = len(hwm)
         whole = grow(self.host_whole, n, False)[:n] & active
         if not whole.any():
             return hwm
         tick = self.config.tick
-        step = grow(self.host_step, n, np.nan)[:n]
+        step = grow(self.host_min_step, n, np.nan)[:n]
         end = (np.floor(hwm / tick) + 1) * tick
         with np.errstate(invalid="ignore"):
-            whole &= hwm + step - 0.05 * tick >= end
-        return np.where(whole, end, hwm)
+            upto = np.floor((hwm + step - 0.05 * np.maximum(step, tick)) / tick) * tick
+            whole &= upto >= end
+        ahead = np.maximum(end, np.minimum(upto, math.floor(newest / tick) * tick))
+        return np.where(whole, ahead, hwm)
 
     # -- processing in event time ---------------------------------------------------------------
 
@@ -688,7 +709,8 @@ class Engine:
         # peer comparisons never depend on where a batch happened to end.
         if math.isinf(wm):
             return wm
-        return math.floor(wm / self.config.tick) * self.config.tick
+        # (1e-6 of a tick: a bound of n ticks computed as n * tick may fall just short of it.)
+        return math.floor(wm / self.config.tick + 1e-6) * self.config.tick
 
     def _process_released(self, go: Pending, out: EngineOutput) -> None:
         """Released rows (arrival order), sorted into event time and run tick by tick."""
@@ -927,10 +949,21 @@ class Engine:
         return sum(len(c) for c in self._chunks)
 
 
-def latest_steps(step: np.ndarray, ts: np.ndarray, hosts: np.ndarray, before: np.ndarray, cap: float) -> None:
+STEP_RECOVERY = 1.01  # how fast a host's shortest step is forgotten, per step (Engine.host_min_step)
+
+
+def latest_steps(
+    step: np.ndarray,
+    ts: np.ndarray,
+    hosts: np.ndarray,
+    before: np.ndarray,
+    cap: float,
+    shortest: np.ndarray | None = None,
+) -> None:
     """Each host's latest step forward in event time, record to record in its own order, into
     ``step`` (per host, in place); ``before``: each host's time before these records. Steps
-    longer than ``cap`` count as ``cap``."""
+    longer than ``cap`` count as ``cap``. ``shortest``: each host's shortest step, kept as a
+    running minimum that grows by ``STEP_RECOVERY`` a step (see ``Engine.host_min_step``)."""
     if not len(ts):
         return
     o = np.argsort(hosts, kind="stable")
@@ -943,9 +976,23 @@ def latest_steps(step: np.ndarray, ts: np.ndarray, hosts: np.ndarray, before: np
     with np.errstate(invalid="ignore"):
         gap = t - prev
         fwd = np.flatnonzero(gap > 0)
-    if len(fwd):
-        # Assignment with repeated indices keeps the last: the host's latest step.
-        step[h[fwd]] = np.minimum(gap[fwd], cap)
+    if not len(fwd):
+        return
+    hf, g = h[fwd], np.minimum(gap[fwd], cap)
+    last = np.ones(len(hf), bool)
+    last[:-1] = hf[1:] != hf[:-1]
+    i = np.flatnonzero(last)  # each host's latest step in this batch
+    hs = hf[i]
+    step[hs] = g[i]
+    if shortest is not None:
+        # m_k = min(g_k, m_(k-1) * r) over a host's k-th step of the batch, in closed form: the
+        # minimum over its steps j of g_j * r^(K-1-j), and of the old m * r^K (K steps here).
+        starts = np.flatnonzero(np.r_[True, hf[1:] != hf[:-1]])
+        count = np.diff(np.r_[starts, len(hf)])
+        group = np.repeat(np.arange(len(starts)), count)
+        rank = np.arange(len(hf)) - starts[group]
+        grown = g * STEP_RECOVERY ** (count[group] - 1 - rank)
+        shortest[hs] = np.fmin(shortest[hs] * STEP_RECOVERY**count, np.minimum.reduceat(grown, starts))
 
 
 class _Numbered(Sequence[str]):

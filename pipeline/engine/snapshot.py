@@ -48,6 +48,7 @@ def write_snapshot(engine: "Engine") -> bytes:
         "host_seen": to_dict(engine.host_seen),
         "host_jump": to_dict(engine.host_jump),
         "host_step": to_dict(engine.host_step),
+        "host_min_step": to_dict(engine.host_min_step),
         "released_step": to_dict(st.host_step),
         "released": engine.released,
         "next_tick": engine.next_tick,
@@ -83,6 +84,8 @@ def read_snapshot(engine: "Engine", blob: bytes) -> None:
         engine.host_seen = from_dict(data["host_seen"]) if "host_seen" in data else np.full(n, np.nan)
         engine.host_jump = from_dict(data["host_jump"]) if "host_jump" in data else np.full(n, np.nan)
         engine.host_step = from_dict(data["host_step"]) if "host_step" in data else np.full(n, np.nan)
+        # Before the shortest step was kept: the latest stands for it.
+        engine.host_min_step = from_dict(data["host_min_step"]) if "host_min_step" in data else engine.host_step.copy()
         # Before absence took its step from released samples: the step on arrival, as it was.
         st.host_step = from_dict(data["released_step"]) if "released_step" in data else engine.host_step.copy()
         engine.released, engine.next_tick = data["released"], data["next_tick"]

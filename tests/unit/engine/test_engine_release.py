@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import random
 
+import numpy as np
 import pytest
 
 from pipeline.decode import Origins
@@ -154,3 +155,72 @@ def test_alerts_do_not_depend_on_how_per_host_messages_are_batched(seed: int) ->
             eng = Engine(CONFIG)
             assert _alerts(eng, batches, live=live) == golden
             assert eng.stats["dead.late"] == 0
+
+
+def _sampled(seconds: float, step: float, rnd: random.Random, jitter: float, miss: float,
+             hosts: int = 4) -> list[tuple[str, list[DcgmRecord]]]:
+    """Per-host messages of ``hosts`` hosts, each at its own phase of ``step``, each sample
+    within ``jitter`` of its schedule, a share ``miss`` of them never sent; one host doubles its
+    step halfway (an operator changing the interval); in arrival (event-time) order."""
+    out = []
+    for k in range(hosts):
+        h = f"h{k}"
+        phase = rnd.random() * step
+        n = 0
+        t = phase
+        while t < seconds:
+            s = step if not (k == 1 and t > seconds / 2) else 2 * step
+            if rnd.random() >= miss:
+                ts = t + rnd.uniform(-jitter, jitter)
+                out.append((ts, h, _message(ts, h, fault_at=seconds * 0.6 if k == 0 else None)))
+            n += 1
+            t += s
+    out.sort(key=lambda m: m[0])
+    return [(h, m) for _, h, m in out]
+
+
+@pytest.mark.parametrize("seed", range(6))
+@pytest.mark.parametrize("step,tick", [(1.0, 1.0), (5.0, 1.0), (30.0, 1.0), (1.0, 0.1), (1.0, 0.25)])
+def test_a_host_trusted_to_keep_its_step_loses_no_sample_whatever_the_batching(seed, step, tick) -> None:
+    # A host sending per-host messages counts as complete up to just before its next sample is
+    # due (_whole_bound): with jitter within the margin, a missed sample, or a step that changes,
+    # no sample of any host may come out late, and the alerts are the one-batch replay's.
+    rnd = random.Random(seed)
+    msgs = _sampled(60 * step, step, rnd, jitter=0.02 * step, miss=0.1)
+    config = EngineConfig(idle_timeout=5.0, tick=tick)
+    golden = _alerts(Engine(config), [msgs], live=False)
+    assert any(a[1] == "firing" for a in golden)
+    for _ in range(3):
+        cuts = sorted(rnd.sample(range(1, len(msgs)), min(len(msgs) - 1, rnd.randrange(1, 80))))
+        batches = [msgs[i:j] for i, j in zip([0] + cuts, cuts + [len(msgs)])]
+        eng = Engine(config)
+        assert _alerts(eng, batches, live=False) == golden
+        assert eng.stats["dead.late"] == 0, f"{eng.stats['dead.late']} samples late"
+    # And across a restore: the shortest step travels in the snapshot.
+    k = rnd.randrange(1, len(msgs))
+    first = Engine(config)
+    head = [(a.id, a.state, a.rule, a.host, a.gpu, a.ts) for a in first.process(
+        [r for _, m in msgs[:k] for r in m], Origins.of_messages([f"m{i}" for i in range(k)],
+                                                               [len(m) for _, m in msgs[:k]])).alerts]
+    second = Engine(config)
+    second.restore(first.snapshot())
+    assert np.array_equal(second.host_min_step, first.host_min_step, equal_nan=True)
+    assert head + _alerts(second, [msgs[k:]], live=False) == golden
+    assert second.stats["dead.late"] == 0
+
+
+def test_with_a_tick_shorter_than_the_step_a_sample_goes_within_a_tick() -> None:
+    # 1 Hz hosts at phases spread over the second: with a 1 s tick a sample waits for the
+    # partition's latest-phase host of its second; with a 0.1 s tick, for one tick at most.
+    def lag(tick: float) -> float:
+        eng = Engine(EngineConfig(idle_timeout=5.0, tick=tick))
+        phases = {f"h{i}": 0.01 + i / 10 for i in range(10)}
+        worst = 0.0
+        for t, h in sorted((s + p, h) for s in range(60) for h, p in phases.items()):
+            for a in _feed(eng, [(h, _message(t, h, fault_at=45 + phases[h] if h == "h0" else None))], now=None):
+                if a.state == "firing":
+                    worst = max(worst, t - (a.ts - T0))
+        return worst
+
+    assert lag(1.0) >= 0.8
+    assert lag(0.1) <= 0.1 + 1e-6
