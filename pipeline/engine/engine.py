@@ -991,8 +991,12 @@ def latest_steps(
         count = np.diff(np.r_[starts, len(hf)])
         group = np.repeat(np.arange(len(starts)), count)
         rank = np.arange(len(hf)) - starts[group]
-        grown = g * STEP_RECOVERY ** (count[group] - 1 - rank)
-        shortest[hs] = np.fmin(shortest[hs] * STEP_RECOVERY**count, np.minimum.reduceat(grown, starts))
+        # A step more than ~7,000 steps back has grown past any cap (1.01^7000 > 1e30): capped
+        # there, the powers stay finite however long a host's run in one batch.
+        grown = g * STEP_RECOVERY ** np.minimum(count[group] - 1 - rank, 7000)
+        shortest[hs] = np.fmin(
+            shortest[hs] * STEP_RECOVERY ** np.minimum(count, 7000), np.minimum.reduceat(grown, starts)
+        )
 
 
 class _Numbered(Sequence[str]):

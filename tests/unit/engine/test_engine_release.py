@@ -224,3 +224,25 @@ def test_with_a_tick_shorter_than_the_step_a_sample_goes_within_a_tick() -> None
 
     assert lag(1.0) >= 0.8
     assert lag(0.1) <= 0.1 + 1e-6
+
+
+def test_a_hosts_shortest_step_is_its_running_minimum_forgotten_by_one_percent_a_step() -> None:
+    import warnings
+
+    from pipeline.engine.engine import STEP_RECOVERY, latest_steps
+
+    def run(batches: list[np.ndarray]) -> float:
+        step, shortest = np.full(1, np.nan), np.full(1, np.nan)
+        before = np.full(1, np.nan)
+        for ts in batches:
+            latest_steps(step, ts, np.zeros(len(ts), np.int64), before, 300.0, shortest=shortest)
+            before[0] = ts[-1]
+        return float(shortest[0])
+
+    ts = np.cumsum([0.0, 1.0, 5.0, 5.0, 5.0])  # steps 1, 5, 5, 5
+    expect = min(5.0, 1.0 * STEP_RECOVERY**3)
+    assert run([ts]) == pytest.approx(expect)
+    assert run([ts[:2], ts[2:3], ts[3:]]) == pytest.approx(expect)  # whatever the batching
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a backlog of one host in one batch: no overflow
+        assert run([np.arange(100_000, dtype=float)]) == 1.0
