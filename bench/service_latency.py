@@ -86,8 +86,8 @@ def publish_paced(bootstrap: str, topic: str, hosts: list[str], seconds: int, wa
     slot_of = {h: phase_rng.randrange(slots) if spread else 0 for h in hosts}
     by_slot = [[h for h in hosts if slot_of[h] == k] for k in range(slots)]
 
-    def send_host(h: str, ts: float, s: int, faulty: set[tuple[str, int]]) -> None:
-        if silent_from is not None and s >= silent_from and h == hosts[-1] and len(hosts) > 1:
+    def send_host(h: str, ts: float, silenced: bool, faulty: set[tuple[str, int]]) -> None:
+        if silenced and h == hosts[-1]:
             return
         recs = [{"v": 1, "kind": "dcgm", "ts": ts, "host": h, "gpu": g,
                  "fields": {"DCGM_FI_DEV_GPU_UTIL": 99, "DCGM_FI_DEV_GPU_TEMP": 65, "DCGM_FI_DEV_SM_CLOCK": 1980,
@@ -99,15 +99,16 @@ def publish_paced(bootstrap: str, topic: str, hosts: list[str], seconds: int, wa
         for g in range(8):
             if (h, g) in faulty:
                 produced[(h, g, int(ts))] = now
-                if mates and silent_from is not None and s >= silent_from and h in mates:
+                if silenced and mates and h in mates:
                     held.add((h, g, int(ts)))
         p.send(topic, value, key)
 
     for s in range(seconds):
+        silenced = silent_from is not None and s >= silent_from and len(hosts) > 1
         faulty: set[tuple[str, int]] = set()
         if warmup <= s < seconds - cooldown:  # after the engine's start-up window
             live = hosts[:-1] if silent_from is not None and len(hosts) > 1 else hosts
-            if mates and silent_from is not None and s >= silent_from:
+            if silenced and mates:
                 for _ in range(100):
                     c = (rng.choice(mates), rng.randrange(8))
                     if c not in lost:
@@ -125,7 +126,7 @@ def publish_paced(bootstrap: str, topic: str, hosts: list[str], seconds: int, wa
             pacer.wait(s + k / slots)
             ts = round(time.time(), 3)
             for h in slot_hosts:
-                send_host(h, ts, s, faulty)
+                send_host(h, ts, silenced, faulty)
             p.flush()
         behind = max(behind, -pacer.delay(s + 1))
     p.close()

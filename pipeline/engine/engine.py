@@ -950,6 +950,9 @@ class Engine:
 
 
 STEP_RECOVERY = 1.01  # how fast a host's shortest step is forgotten, per step (Engine.host_min_step)
+# Steps after which a shortest step has grown past any cap (1.01^7000 > 1e30): the exponent is
+# capped there, so the powers stay finite however long a host's run in one batch.
+_FORGOTTEN = 7000
 
 
 def latest_steps(
@@ -979,23 +982,18 @@ def latest_steps(
     if not len(fwd):
         return
     hf, g = h[fwd], np.minimum(gap[fwd], cap)
-    last = np.ones(len(hf), bool)
-    last[:-1] = hf[1:] != hf[:-1]
-    i = np.flatnonzero(last)  # each host's latest step in this batch
-    hs = hf[i]
-    step[hs] = g[i]
+    starts = np.flatnonzero(np.r_[True, hf[1:] != hf[:-1]])
+    ends = np.r_[starts[1:], len(hf)] - 1  # each host's latest step in this batch
+    hs = hf[ends]
+    step[hs] = g[ends]
     if shortest is not None:
-        # m_k = min(g_k, m_(k-1) * r) over a host's k-th step of the batch, in closed form: the
-        # minimum over its steps j of g_j * r^(K-1-j), and of the old m * r^K (K steps here).
-        starts = np.flatnonzero(np.r_[True, hf[1:] != hf[:-1]])
-        count = np.diff(np.r_[starts, len(hf)])
-        group = np.repeat(np.arange(len(starts)), count)
-        rank = np.arange(len(hf)) - starts[group]
-        # A step more than ~7,000 steps back has grown past any cap (1.01^7000 > 1e30): capped
-        # there, the powers stay finite however long a host's run in one batch.
-        grown = g * STEP_RECOVERY ** np.minimum(count[group] - 1 - rank, 7000)
+        # m_k = min(g_k, m_(k-1) * r) over a host's steps of the batch, in closed form: the
+        # minimum over its steps j of g_j * r^(steps after j), and of the old m * r^(its steps).
+        count = ends - starts + 1
+        after = np.repeat(ends, count) - np.arange(len(hf))
+        grown = g * STEP_RECOVERY ** np.minimum(after, _FORGOTTEN)
         shortest[hs] = np.fmin(
-            shortest[hs] * STEP_RECOVERY ** np.minimum(count, 7000), np.minimum.reduceat(grown, starts)
+            shortest[hs] * STEP_RECOVERY ** np.minimum(count, _FORGOTTEN), np.minimum.reduceat(grown, starts)
         )
 
 

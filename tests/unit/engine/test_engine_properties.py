@@ -20,6 +20,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from pipeline.engine import Engine, EngineOutput
 from pipeline.engine.lifecycle import Lifecycle
 from pipeline.schema import dcgm
 from tests.factories import HEALTHY, T0, THROTTLED, run_batched
@@ -119,11 +120,14 @@ def fleets(draw):
     return interval, records
 
 
+def _key(alerts) -> list[tuple]:
+    # Sorted: alerts of one tick come in entity-id order, and ids follow first sight (arrival).
+    return sorted((a.ts, a.id, a.state, a.fault, a.host, a.gpu) for a in alerts)
+
+
 def _run(records, batch: int) -> tuple[list[tuple], list[tuple]]:
     out = run_batched(records, batch)
-    # Sorted: alerts of one tick come in entity-id order, and ids follow first sight (arrival).
-    return (sorted((a.ts, a.id, a.state, a.fault, a.host, a.gpu) for a in out.alerts),
-            [(d.reason, d.host, d.ts) for d in out.dead])
+    return _key(out.alerts), [(d.reason, d.host, d.ts) for d in out.dead]
 
 
 @PROPS
@@ -206,14 +210,11 @@ def test_a_host_back_from_a_gap_resolves_at_the_same_tick_whatever_the_batching(
     interval, records = fleet
     ref = run_batched(records, 10 ** 6)
     assert _gap_resolves(ref.alerts), "the strategy must make a gap that resolves"
-    alerts, dead = _run(records, batch)
-    assert dead == []
-    assert alerts == sorted((a.ts, a.id, a.state, a.fault, a.host, a.gpu) for a in ref.alerts), (
-        f"{interval} s sampling, batch {batch}")
-    assert _gap_resolves(run_batched(records, batch).alerts) == _gap_resolves(ref.alerts)
+    got = run_batched(records, batch)
+    assert got.dead == []
+    assert _key(got.alerts) == _key(ref.alerts), f"{interval} s sampling, batch {batch}"
+    assert _gap_resolves(got.alerts) == _gap_resolves(ref.alerts)
     # And across a snapshot and restore anywhere in the stream (the step lives in the snapshot).
-    from pipeline.engine import Engine, EngineOutput
-
     k = int(cut * len(records)) // batch * batch
     first, out = Engine(), EngineOutput()
     for i in range(0, k, batch):
@@ -227,8 +228,6 @@ def test_a_host_back_from_a_gap_resolves_at_the_same_tick_whatever_the_batching(
 def test_a_snapshot_between_a_returning_hosts_first_samples_keeps_the_resolve(interval) -> None:
     # The cut falls after the returning host's first samples have arrived and before they are
     # released: the restored engine must judge that tick by the step released so far.
-    from pipeline.engine import Engine, EngineOutput
-
     quiet = 4 * max(60 // interval, 1)
     records = []
     for k in range(30 + quiet):

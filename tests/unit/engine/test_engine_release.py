@@ -166,14 +166,12 @@ def _sampled(seconds: float, step: float, rnd: random.Random, jitter: float, mis
     for k in range(hosts):
         h = f"h{k}"
         phase = rnd.random() * step
-        n = 0
         t = phase
         while t < seconds:
             s = step if not (k == 1 and t > seconds / 2) else 2 * step
             if rnd.random() >= miss:
                 ts = t + rnd.uniform(-jitter, jitter)
                 out.append((ts, h, _message(ts, h, fault_at=seconds * 0.6 if k == 0 else None)))
-            n += 1
             t += s
     out.sort(key=lambda m: m[0])
     return [(h, m) for _, h, m in out]
@@ -199,9 +197,7 @@ def test_a_host_trusted_to_keep_its_step_loses_no_sample_whatever_the_batching(s
     # And across a restore: the shortest step travels in the snapshot.
     k = rnd.randrange(1, len(msgs))
     first = Engine(config)
-    head = [(a.id, a.state, a.rule, a.host, a.gpu, a.ts) for a in first.process(
-        [r for _, m in msgs[:k] for r in m], Origins.of_messages([f"m{i}" for i in range(k)],
-                                                               [len(m) for _, m in msgs[:k]])).alerts]
+    head = [(a.id, a.state, a.rule, a.host, a.gpu, a.ts) for a in _feed(first, msgs[:k], now=None)]
     second = Engine(config)
     second.restore(first.snapshot())
     assert np.array_equal(second.host_min_step, first.host_min_step, equal_nan=True)
