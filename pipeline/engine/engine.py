@@ -132,6 +132,12 @@ class Engine:
         # far it is trusted not to sample again (_whole_bound), so that missed samples do not
         # stretch the promise and a host that samples more slowly for good is trusted so in time.
         self.host_min_step = np.full(0, np.nan)
+        # How far each host's rows have been processed ahead of ``released``: a live engine runs
+        # a host's rows of the next tick as soon as the host is complete for it (_release_hosts).
+        self.host_done = np.full(0, -np.inf)
+        # Whether to do so: the service's host stage turns it on; replay leaves it off, so that a
+        # replay's alerts come out in an order that depends on event time alone.
+        self.release_hosts = False
         self._live_since: float | None = None  # wall clock of the first live arrival (not persisted)
         self.released = -math.inf  # every record with ts < released has been processed
         self.first_ts = math.inf  # oldest event time ever accepted: the stream's start
@@ -258,10 +264,13 @@ class Engine:
             self.host_jump = grow(self.host_jump, nh, np.nan)
             self.host_step = grow(self.host_step, nh, np.nan)
             self.host_min_step = grow(self.host_min_step, nh, np.nan)
+            self.host_done = grow(self.host_done, nh, -np.inf)
             # Live, a consumer may drain a backlog partition by partition, hours apart in event
             # time: there the decoder bounds time against the wall clock and aliveness is by
             # arrival, so one host ahead cannot carry the watermark; only replay screens here.
             screened = self._screen(ts, hosts) if now is None and not self.screened else self._screen_late(ts)
+            if self.release_hosts:
+                screened = self._screen_done(ts, hosts, records, screened)
             heard_ts, heard_hosts = ts, hosts
             if screened is not None:
                 why, ref = screened
@@ -311,7 +320,10 @@ class Engine:
                 if self.forward is not None:
                     self.forward(list(records))
         if not self.screened:
-            self._release(self._release_bound(self.watermark(now)), out, final=False)
+            wm, complete = self._watermark(now)
+            self._release(self._release_bound(wm), out, final=False)
+            if self.release_hosts and complete is not None and self.host_local:
+                self._release_hosts(complete, out)
         return out
 
     def advance_to(self, upto: float) -> EngineOutput:
@@ -467,6 +479,29 @@ class Engine:
             return None
         return np.where(late, _LATE, 0).astype(np.int8), np.full(len(ts), self.released)
 
+    def _screen_done(
+        self,
+        ts: np.ndarray,
+        hosts: np.ndarray,
+        records: Sequence[TelemetryRecord],
+        screened: tuple[np.ndarray, np.ndarray] | None,
+    ) -> tuple[np.ndarray, np.ndarray] | None:
+        """``screened`` and, as ``late``, each DCGM sample older than what its host's early
+        release processed already (``host_done``, ``_release_hosts``). NCCL records are never
+        released early: they wait for ``released`` as before."""
+        done = self.host_done[hosts]
+        late = (ts < done) & (ts >= self.released)
+        if screened is not None:
+            late &= screened[0] == 0
+        if not late.any():
+            return screened
+        idx = np.flatnonzero(late)
+        late[idx] = [isinstance(records[i], DcgmSample) for i in idx.tolist()]
+        if not late.any():
+            return screened
+        why, ref = screened if screened is not None else (np.zeros(len(ts), np.int8), np.full(len(ts), self.released))
+        return np.where(late, _LATE, why).astype(np.int8), np.where(late, done, ref)
+
     def _screen(self, ts: np.ndarray, hosts: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
         """Why each arriving record is refused (0: it is not) and the present it was judged
         against, or None when none is refused.
@@ -590,7 +625,13 @@ class Engine:
                 host=r.host,
                 raw=raw,
             )
-        if r.ts >= self.released:
+        hid = self.entities.host_id.get(r.host)
+        if r.ts >= self.released and hid is not None and r.ts < self.host_done[hid]:
+            detail = (
+                f"ts {r.ts} is behind {self.host_done[hid]}, up to which host {r.host!r}'s samples "
+                f"were processed already (its message of that tick held every GPU's sample)"
+            )
+        elif r.ts >= self.released:
             detail = (
                 f"ts {r.ts} is {present - r.ts:.0f}s behind the newest record {present} "
                 f"(max lag {self.config.max_lag}s)"
@@ -609,18 +650,25 @@ class Engine:
         return out
 
     def watermark(self, now: float | None = None) -> float:
+        """Event time before which every record has come (or will count as late): what a
+        release may process. ``now``: the wall clock of a live consumer (``process``)."""
+        return self._watermark(now)[0]
+
+    def _watermark(self, now: float | None) -> tuple[float, np.ndarray | None]:
+        """The watermark, and how far each host is complete (-inf: not one the watermark waits
+        for; None: neither start-up hold is over, so no host's word is taken yet)."""
         n = self.entities.n_hosts
         hwm = self.host_hwm[:n]
         known = ~np.isnan(hwm)
         if not known.any():
-            return self.released
+            return self.released, None
         if (
             now is not None
             and self._live_since is not None
             and now - self._live_since < self.config.idle_timeout
             and self.pending < self.config.max_pending
         ):
-            return self.released  # live start-up: let every partition deliver first
+            return self.released, None  # live start-up: let every partition deliver first
         newest, lateness = float(hwm[known].max()), self.config.allowed_lateness
         seen = grow(self.host_seen, n, np.nan)[:n]
         wait = self._wait(n)
@@ -639,7 +687,8 @@ class Engine:
             live = np.where(heard, known & recent, active)
             if live.any():  # (the whole fleet silent: as replay has it, until the idle flush)
                 active = live
-        wm = float(self._whole_bound(hwm, active, newest)[active].min()) - self.config.host_disorder
+        complete = np.where(active, self._whole_bound(hwm, active, newest) - self.config.host_disorder, -np.inf)
+        wm = float(complete[active].min())
         # A host's first sample may come up to its sampling interval after the stream's start:
         # at 30 s sampling, 30 s of lateness alone is not time enough for every host to appear.
         hold = (
@@ -650,8 +699,8 @@ class Engine:
         if newest - float(np.nanmin(self.first_ts)) < hold:
             # Start-up: hosts come online a little apart and one not seen yet cannot hold the
             # watermark, so wait out the allowed lateness before trusting the per-host marks.
-            wm = min(wm, newest - hold)
-        return max(self.released, wm)
+            return max(self.released, min(wm, newest - hold)), None
+        return max(self.released, wm), complete
 
     def _whole_bound(self, hwm: np.ndarray, active: np.ndarray, newest: float) -> np.ndarray:
         """How far each host is complete: its newest sample, or more for a host sending per-host
@@ -711,6 +760,50 @@ class Engine:
             return wm
         # (1e-6 of a tick: a bound of n ticks computed as n * tick may fall just short of it.)
         return math.floor(wm / self.config.tick + 1e-6) * self.config.tick
+
+    @property
+    def host_local(self) -> bool:
+        """Whether every stage judges a GPU by its own host's rows alone (``Stage.host_local``):
+        then a host's rows of a tick need not wait for the other hosts' (``_release_hosts``)."""
+        return all(getattr(s, "host_local", False) for s in self.stages)
+
+    def _release_hosts(self, complete: np.ndarray, out: EngineOutput) -> None:
+        """With ``release_hosts``: run the rows of the tick after ``released`` of each host
+        complete for it, before the other hosts have sent that tick.
+
+        A tick goes once every host the watermark waits for has sent it; with hosts sampling
+        at their own phases of the second that is up to a second after a host's message came.
+        When every stage is host-local, a GPU's conditions read only its own host's rows and
+        the state they left, so a host's rows of that tick give the same conditions and alerts
+        run on their own as with the others': they go as soon as the host is complete for the
+        tick (``complete``, per host, as the watermark has it), and what the host sends of
+        that tick afterwards is ``late``, as it would be once the tick went. The tick's
+        boundary (absence) and the ticks after it still wait for ``released``. The same alerts
+        come out, only sooner and grouped by when each host's rows went: the service's host
+        stage does this, replay does not, so that a replay's output, alert order included,
+        depends on event time alone (docs/architecture.md §4, release).
+        """
+        tick, end = self.config.tick, self.next_tick
+        # The next tick's rows only, once the ticks before it have run (the grid's next point
+        # is where ``released`` ends); its boundary and everything after wait for the watermark.
+        if math.isnan(end) or not math.isfinite(self.released) or abs(end - tick - self.released) > 1e-6 * tick:
+            return
+        n = len(complete)
+        ready = (complete >= end) & (self.host_done[:n] < end)
+        if not ready.any():
+            return
+        go: list[Pending] = []
+        for i, c in enumerate(self._chunks):
+            if not len(c.ts) or c.tmin >= end:
+                continue
+            sel = ready[c.host] & (c.ts < end)
+            if sel.any():
+                go.append(c.take_rows(sel))
+                self._chunks[i] = c.take_rows(~sel, nccl=True)
+        self.host_done[:n][ready] = end
+        if go:
+            self.stats["early_releases"] += 1
+            self._process_released(Pending.concat(go, self._columnizer.columns), out)
 
     def _process_released(self, go: Pending, out: EngineOutput) -> None:
         """Released rows (arrival order), sorted into event time and run tick by tick."""

@@ -50,6 +50,10 @@ class Pending:
         sel, nsel = self.ts < wm, self.nccl_ts < wm
         return self._take(sel, nsel), self._take(~sel, ~nsel)
 
+    def take_rows(self, sel: np.ndarray, nccl: bool = False) -> "Pending":
+        """The DCGM rows where ``sel`` holds, with every NCCL record (``nccl``) or none."""
+        return self._take(sel, np.full(len(self.nccl_ts), nccl))
+
     def _take(self, sel: np.ndarray, nsel: np.ndarray) -> "Pending":
         ts, nts = self.ts[sel], self.nccl_ts[nsel]
         return Pending(

@@ -50,6 +50,7 @@ def write_snapshot(engine: "Engine") -> bytes:
         "host_step": to_dict(engine.host_step),
         "host_min_step": to_dict(engine.host_min_step),
         "released_step": to_dict(st.host_step),
+        "host_done": to_dict(engine.host_done),
         "released": engine.released,
         "next_tick": engine.next_tick,
         "first_ts": engine.first_ts,
@@ -88,6 +89,8 @@ def read_snapshot(engine: "Engine", blob: bytes) -> None:
         engine.host_min_step = from_dict(data["host_min_step"]) if "host_min_step" in data else engine.host_step.copy()
         # Before absence took its step from released samples: the step on arrival, as it was.
         st.host_step = from_dict(data["released_step"]) if "released_step" in data else engine.host_step.copy()
+        # Before hosts were released early (Engine._release_hosts): none was.
+        engine.host_done = from_dict(data["host_done"]) if "host_done" in data else np.full(n, -np.inf)
         engine.released, engine.next_tick = data["released"], data["next_tick"]
         engine.first_ts = data["first_ts"]
         for name, lc in data["lifecycles"].items():

@@ -102,6 +102,10 @@ class StageBase:
 
     kind = "stage"
     reads_nccl = False
+    # Optional in the protocol (absent: False). True when every condition a stage computes for
+    # a row reads only that GPU's own rows and state and its own host's rows of the tick: then
+    # a live engine may run a host's rows of a tick before the other hosts' (Engine._release_hosts).
+    host_local = False
     state_key: str | None = None
 
     def ingest(self, gpu: np.ndarray, records: Sequence[Any]) -> None:
@@ -132,6 +136,7 @@ class CheckStage(StageBase):
     condition per row straight from the view."""
 
     kind = "checks"
+    host_local = True  # the built-in row checks read one row each
 
     def __init__(self, checks: Sequence[RowCheck]) -> None:
         self.checks: list[RowCheck] = list(checks)

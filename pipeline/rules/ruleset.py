@@ -94,6 +94,9 @@ class RuleSet(StageBase):
 
     kind = "rules"
     state_key = "windows"
+    # A rule reads its GPU's windows and baselines and, through peer_*(), its own host's GPUs
+    # (by=host is the only grouping): never another host's rows (docs/rules.md).
+    host_local = True
 
     def __init__(self, rules: list[Rule], windows: WindowStore, sources: list[str] | None = None) -> None:
         self.rules = rules

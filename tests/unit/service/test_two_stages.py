@@ -55,14 +55,14 @@ def reference(telemetry) -> list[dict]:
 
 
 class Fleet:
-    def __init__(self, telemetry) -> None:
+    def __init__(self, telemetry, max_poll_records: int = 16) -> None:
         self.bus = MemoryBus(partitions=4)
         self.topics = Topics("t")
         p = self.bus.producer()
         for key, value in telemetry:
             p.send(self.topics.telemetry, value, key)
         self.cfg = load_config_text(json.dumps({
-            "kafka": {"prefix": "t", "max_poll_records": 16, "partitions": 4},
+            "kafka": {"prefix": "t", "max_poll_records": max_poll_records, "partitions": 4},
             "service": {"rules": [RULES], "models": "auto", "flush_idle_s": 3, "checkpoint_interval_s": 5}}),
             env={})
         self.clock = Clock()
@@ -128,6 +128,21 @@ def test_any_number_of_replicas_give_the_alerts_of_one_replay(telemetry, referen
     assert any(a["labels"].get("source") == "model" for a in got)
     # Records and marks go to the one fleet key's partition: the others hold nothing to release.
     assert len({m.partition for m in f.bus.messages(f.topics.fleet)}) == 1
+
+
+def test_the_host_stage_runs_a_hosts_rows_before_the_rest_of_the_tick_with_the_same_alerts(telemetry, reference):
+    # The host stage's engines release each host as soon as it is complete for a tick
+    # (Engine.release_hosts): read 3 messages a poll, ticks are cut between hosts, and the
+    # alerts are still the replay's.
+    f = Fleet(telemetry, max_poll_records=3)
+    host, fleet = f.service("host"), f.service("fleet")
+    made = []
+    new_engine = host._new_engine
+    host._new_engine = lambda p: made.append(new_engine(p)) or made[-1]
+    _run(f, [host, fleet], steps=20000)
+    assert _ids(f.alerts()) == _ids(reference)
+    assert made and all(e.host.release_hosts and e.host.host_local for e in made)
+    assert sum(e.host.stats["early_releases"] for e in made) > 100
 
 
 def test_replicas_joining_and_crashing_mid_stream_change_nothing(telemetry, reference):
