@@ -132,6 +132,11 @@ class Engine:
         # far it is trusted not to sample again (_whole_bound), so that missed samples do not
         # stretch the promise and a host that samples more slowly for good is trusted so in time.
         self.host_min_step = np.full(0, np.nan)
+        # How far a host's steps stray from whole multiples of its shortest step (a running
+        # maximum that fades by JITTER_FADE a step), and over how many steps it was measured:
+        # the margin the release rule gives a host for jitter (_whole_bound).
+        self.host_jitter = np.full(0, np.nan)
+        self.host_jitter_n = np.zeros(0)
         # How far each host's rows have been processed ahead of ``released``: a live engine runs
         # a host's rows of the next tick as soon as the host is complete for it (_release_hosts).
         self.host_done = np.full(0, -np.inf)
@@ -264,6 +269,8 @@ class Engine:
             self.host_jump = grow(self.host_jump, nh, np.nan)
             self.host_step = grow(self.host_step, nh, np.nan)
             self.host_min_step = grow(self.host_min_step, nh, np.nan)
+            self.host_jitter = grow(self.host_jitter, nh, np.nan)
+            self.host_jitter_n = grow(self.host_jitter_n, nh, 0.0)
             self.host_done = grow(self.host_done, nh, -np.inf)
             # Live, a consumer may drain a backlog partition by partition, hours apart in event
             # time: there the decoder bounds time against the wall clock and aliveness is by
@@ -294,6 +301,10 @@ class Engine:
                 prior = self.host_hwm[:nh]
                 start = float(np.nanmax(prior)) if nh and not np.isnan(prior).all() else -math.inf
                 np.fmax.at(self.host_seen, heard_hosts, np.maximum(np.maximum.accumulate(heard_ts), start))
+                # Before latest_steps moves the shortest step its deviations are measured from.
+                step_jitter(
+                    self.host_jitter, self.host_jitter_n, heard_ts, heard_hosts, self.host_hwm, self.host_min_step
+                )
                 # The step the release rule waits by (docs/architecture.md §4); absence scales with
                 # the step of released samples instead (GpuState.host_step, see _rows).
                 latest_steps(
@@ -705,8 +716,9 @@ class Engine:
     def _whole_bound(self, hwm: np.ndarray, active: np.ndarray, newest: float) -> np.ndarray:
         """How far each host is complete: its newest sample, or more for a host sending per-host
         messages (its message held every GPU at that time). Its next sample is not due before
-        ``hwm + step`` (``step``: the shortest step it has sampled at, ``host_min_step``; less 5 %
-        of the step or of a tick, whichever is more, for jitter), so the tick of ``hwm`` is whole
+        ``hwm + step`` (``step``: the shortest step it has sampled at, ``host_min_step``; less a
+        margin for jitter, ``_jitter_margin``: 5 % of the step until the host has shown its
+        own), so the tick of ``hwm`` is whole
         when that falls in a later tick: at 1 Hz and a 1 s tick a second goes once every live
         host has sent it, not the next one. And every later tick before that one is whole too,
         up to the tick of the fleet's newest sample: with a tick shorter than the step
@@ -722,10 +734,22 @@ class Engine:
         step = grow(self.host_min_step, n, np.nan)[:n]
         end = (np.floor(hwm / tick) + 1) * tick
         with np.errstate(invalid="ignore"):
-            upto = np.floor((hwm + step - 0.05 * np.maximum(step, tick)) / tick) * tick
+            upto = np.floor((hwm + step - self._jitter_margin(step, n)) / tick) * tick
             whole &= upto >= end
         ahead = np.maximum(end, np.minimum(upto, math.floor(newest / tick) * tick))
         return np.where(whole, ahead, hwm)
+
+    def _jitter_margin(self, step: np.ndarray, n: int) -> np.ndarray:
+        """How much sooner than its shortest step each host's next sample may come: 5 % of the
+        step (or of a tick, if more) until the host has shown its jitter over
+        ``JITTER_TRUSTED_AFTER`` steps, then twice the largest deviation it showed (fading), no
+        less than 0.5 % and no more than 5 %. A producer stamping from a steady clock (ms of
+        jitter) is trusted for a tick once its sample falls past the first 0.5 % of it, not 5 %."""
+        scale = np.maximum(step, self.config.tick)
+        jitter = grow(self.host_jitter, n, np.nan)[:n]
+        shown = grow(self.host_jitter_n, n, 0.0)[:n] >= JITTER_TRUSTED_AFTER
+        with np.errstate(invalid="ignore"):
+            return np.where(shown, np.clip(2 * jitter, 0.005 * scale, 0.05 * scale), 0.05 * scale)
 
     # -- processing in event time ---------------------------------------------------------------
 
@@ -1088,6 +1112,46 @@ def latest_steps(
         shortest[hs] = np.fmin(
             shortest[hs] * STEP_RECOVERY ** np.minimum(count, _FORGOTTEN), np.minimum.reduceat(grown, starts)
         )
+
+
+JITTER_FADE = 0.99  # how fast a host's largest deviation is forgotten, per step (Engine.host_jitter)
+JITTER_TRUSTED_AFTER = 10  # steps measured before a host's own jitter replaces the 5 % margin
+_JITTER_MAX_MULTIPLE = 3  # a longer step (a gap, a restart) says nothing of the sampler's jitter
+
+
+def step_jitter(
+    jitter: np.ndarray, count: np.ndarray, ts: np.ndarray, hosts: np.ndarray, before: np.ndarray, ref: np.ndarray
+) -> None:
+    """Each host's jitter into ``jitter`` and ``count`` (per host, in place): how far each of its
+    steps forward in these records, in its own order, lies from the nearest whole multiple (one
+    to three) of ``ref``, its shortest step before them (a missed sample is two steps, not
+    jitter); a running maximum faded by ``JITTER_FADE`` a step. ``before``: each host's time
+    before these records. Hosts without a shortest step yet are not measured."""
+    if not len(ts):
+        return
+    o = np.argsort(hosts, kind="stable")
+    h, t = hosts[o], ts[o]
+    prev = np.empty_like(t)
+    prev[1:] = t[:-1]
+    first = np.ones(len(h), bool)
+    first[1:] = h[1:] != h[:-1]
+    prev[first] = before[h[first]]
+    with np.errstate(invalid="ignore", divide="ignore"):
+        gap = t - prev
+        m = ref[h]
+        k = np.rint(gap / m)
+        use = np.flatnonzero((gap > 0) & (m > 0) & (k <= _JITTER_MAX_MULTIPLE))
+    if not len(use):
+        return
+    hu, dev = h[use], np.abs(gap[use] - np.maximum(k[use], 1) * m[use])
+    starts = np.flatnonzero(np.r_[True, hu[1:] != hu[:-1]])
+    ends = np.r_[starts[1:], len(hu)] - 1
+    steps = ends - starts + 1
+    after = np.repeat(ends, steps) - np.arange(len(hu))
+    faded = dev * JITTER_FADE ** np.minimum(after, _FORGOTTEN)
+    hs = hu[ends]
+    jitter[hs] = np.fmax(jitter[hs] * JITTER_FADE ** np.minimum(steps, _FORGOTTEN), np.maximum.reduceat(faded, starts))
+    count[hs] += steps
 
 
 class _Numbered(Sequence[str]):

@@ -50,6 +50,8 @@ def write_snapshot(engine: "Engine") -> bytes:
         "host_step": to_dict(engine.host_step),
         "host_min_step": to_dict(engine.host_min_step),
         "released_step": to_dict(st.host_step),
+        "host_jitter": to_dict(engine.host_jitter),
+        "host_jitter_n": to_dict(engine.host_jitter_n),
         "host_done": to_dict(engine.host_done),
         "released": engine.released,
         "next_tick": engine.next_tick,
@@ -89,6 +91,9 @@ def read_snapshot(engine: "Engine", blob: bytes) -> None:
         engine.host_min_step = from_dict(data["host_min_step"]) if "host_min_step" in data else engine.host_step.copy()
         # Before absence took its step from released samples: the step on arrival, as it was.
         st.host_step = from_dict(data["released_step"]) if "released_step" in data else engine.host_step.copy()
+        # Before a host's jitter was measured: none shown yet (the 5 % margin until it is).
+        engine.host_jitter = from_dict(data["host_jitter"]) if "host_jitter" in data else np.full(n, np.nan)
+        engine.host_jitter_n = from_dict(data["host_jitter_n"]) if "host_jitter_n" in data else np.zeros(n)
         # Before hosts were released early (Engine._release_hosts): none was.
         engine.host_done = from_dict(data["host_done"]) if "host_done" in data else np.full(n, -np.inf)
         engine.released, engine.next_tick = data["released"], data["next_tick"]

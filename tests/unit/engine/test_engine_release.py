@@ -9,6 +9,8 @@ import random
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from pipeline.decode import Origins
 from pipeline.engine import Engine, EngineConfig
@@ -87,15 +89,31 @@ def test_a_message_with_several_hosts_is_not_taken_as_any_hosts_whole_second() -
     assert seen == ["ab@41"]
 
 
-def test_a_host_sampled_just_after_a_tick_starts_is_not_taken_as_complete_early() -> None:
-    # Samples at .02 of a second, once a second: a little jitter puts the next one in the same
-    # tick, so these hosts keep the old rule (the alert waits for the next second).
+def _firing_of_second_40(phase: float, jitter: float = 0.0) -> list[str]:
+    """Hosts at ``phase`` of each second, each sample ``jitter`` early or late in turn; after
+    which message the NVLink alert of b's sample of second 40 came out."""
     eng = Engine(CONFIG)
     seen = []
-    for i, (h, m) in enumerate(_stream(60, phase=0.02, fault=("b", 40.02))):
-        seen += [f"{h}@{m[0].ts - T0:.2f}" for a in _feed(eng, [(h, m)], now=100.0 + i / len(HOSTS))
-                 if a.state == "firing"]
-    assert seen == ["c@41.02"]
+    for i, s in enumerate(range(60)):
+        t = s + phase + (jitter if s % 2 else -jitter)
+        for h in HOSTS:
+            m = _message(t, h, fault_at=40.0 if h == "b" else None)
+            seen += [f"{h}@{s}" for a in _feed(eng, [(h, m)], now=100.0 + s) if a.state == "firing"]
+    return seen
+
+
+def test_a_host_sampled_just_after_a_tick_starts_is_complete_once_it_has_shown_little_jitter() -> None:
+    # Samples at .02 of a second from a steady clock: after ten steps without jitter the
+    # margin is 0.5 % of the step, not 5 %, so second 40 goes with c's message of 40.
+    assert _firing_of_second_40(0.02) == ["c@40"]
+
+
+def test_a_host_sampled_within_its_jitter_of_a_tick_start_waits_for_its_next_sample() -> None:
+    # Within the first 0.5 % of the second, or 1.5 % of jitter around .02 (twice the largest
+    # deviation it showed, up to 5 %): its next sample could fall in the same second, so the
+    # hosts keep the per-record rule and the alert waits for the next second.
+    assert _firing_of_second_40(0.003) == ["c@41"]
+    assert _firing_of_second_40(0.02, jitter=0.015) == ["c@41"]
 
 
 def test_a_silent_host_stops_holding_the_others_after_idle_timeout() -> None:
@@ -242,3 +260,51 @@ def test_a_hosts_shortest_step_is_its_running_minimum_forgotten_by_one_percent_a
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # a backlog of one host in one batch: no overflow
         assert run([np.arange(100_000, dtype=float)]) == 1.0
+
+
+@st.composite
+def jittered_fleets(draw) -> tuple[list[tuple[str, list[DcgmRecord]]], EngineConfig, list[int], int]:
+    """Hosts each with its own steady jitter (none to 2 % of the step, uniform), many at phases
+    near the start of a tick, a tenth of the samples missed (none at 30 s: a 30 s host that
+    misses one is silent for longer than ``allowed_lateness`` plus its step and stops counting,
+    a matter of aliveness, not of the margin); a batching and a restore point."""
+    step = draw(st.sampled_from([1.0, 5.0, 30.0]))
+    tick = draw(st.sampled_from([1.0, 1.0, 0.25]))
+    rnd = random.Random(draw(st.integers(0, 2**32 - 1)))  # the samples' noise, from one drawn seed
+    msgs = []
+    for k in range(4):
+        h = f"h{k}"
+        jitter = rnd.choice([0.0, 0.0005, 0.002, 0.005, 0.01, 0.02]) * step
+        phase = rnd.choice([rnd.random(), rnd.uniform(0.0, 0.06)]) * step
+        t = phase
+        while t < 80 * step:
+            if step >= 30 or rnd.random() >= 0.1:
+                ts = t + rnd.uniform(-jitter, jitter)
+                msgs.append((ts, h, _message(ts, h, fault_at=48 * step if k == 0 else None)))
+            t += step
+    msgs.sort(key=lambda m: m[0])
+    msgs = [(h, m) for _, h, m in msgs]
+    cuts = sorted(set(draw(st.lists(st.integers(1, len(msgs) - 1), max_size=80))))
+    return msgs, EngineConfig(idle_timeout=5.0, tick=tick), cuts, draw(st.integers(1, len(msgs) - 1))
+
+
+@settings(max_examples=25, deadline=None)
+@given(jittered_fleets())
+def test_a_hosts_own_jitter_margin_loses_no_sample_whatever_the_batching(case) -> None:
+    # The margin a host is given (twice the largest deviation of its steps, 0.5-5 % of the
+    # step) covers its next sample: fed message by message or in any batches, across a restore,
+    # no sample is late and the alerts are the one-batch replay's.
+    msgs, config, cuts, cut = case
+    golden = _alerts(Engine(config), [msgs], live=False)
+    assert any(a[1] == "firing" for a in golden)
+    for batches in ([[m] for m in msgs], [msgs[i:j] for i, j in zip([0] + cuts, cuts + [len(msgs)])]):
+        eng = Engine(config)
+        assert _alerts(eng, batches, live=False) == golden
+        assert eng.stats["dead.late"] == 0, f"{eng.stats['dead.late']} samples late"
+    first = Engine(config)
+    head = [(a.id, a.state, a.rule, a.host, a.gpu, a.ts) for m in msgs[:cut] for a in _feed(first, [m], now=None)]
+    second = Engine(config)
+    second.restore(first.snapshot())
+    assert np.array_equal(second.host_jitter, first.host_jitter, equal_nan=True)
+    assert head + _alerts(second, [[m] for m in msgs[cut:]], live=False) == golden
+    assert second.stats["dead.late"] == 0
