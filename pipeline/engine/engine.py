@@ -137,12 +137,12 @@ class Engine:
         # the margin the release rule gives a host for jitter (_whole_bound).
         self.host_jitter = np.full(0, np.nan)
         self.host_jitter_n = np.zeros(0)
-        # How far each host's rows have been processed ahead of ``released``: a live engine runs
-        # a host's rows of the next tick as soon as the host is complete for it (_release_hosts).
-        self.host_done = np.full(0, -np.inf)
-        # Whether to do so: the service's host stage turns it on; replay leaves it off, so that a
-        # replay's alerts come out in an order that depends on event time alone.
+        # Whether a host's rows of the tick after ``released`` run as soon as that host is
+        # complete for it (_release_hosts): the service's host stage turns it on; replay leaves
+        # it off, so that a replay's alerts come out in an order set by event time alone.
         self.release_hosts = False
+        # How far each host's rows have been processed so, ahead of ``released`` (-inf: not).
+        self.host_done = np.full(0, -np.inf)
         self._live_since: float | None = None  # wall clock of the first live arrival (not persisted)
         self.released = -math.inf  # every record with ts < released has been processed
         self.first_ts = math.inf  # oldest event time ever accepted: the stream's start
