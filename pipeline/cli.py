@@ -256,6 +256,12 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     if args.stage:
         cfg.service.stage = args.stage
     setup_logging(cfg.service.log_level)
+    # `kill -USR1 <pid>`: every thread's stack to stderr, for a service that seems stuck
+    # (docs/operations.md, Troubleshooting); the service goes on afterwards.
+    import faulthandler
+    import signal as _signal
+
+    faulthandler.register(_signal.SIGUSR1, all_threads=True)
     stage = cfg.service.stage
     if stage == "fleet":
         from pipeline.errors import ConfigError

@@ -197,6 +197,30 @@ def private_broker(tmp_path):
         broker.stop()
 
 
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item, call):
+    report = yield
+    if report.when == "call" and report.failed and any(svc.alive() for svc in _LIVE):
+        report.sections.append(("stacks of the live services", _stacks_of_live_services()))
+    return report
+
+
+def _stacks_of_live_services() -> str:
+    """Every live service's threads (SIGUSR1, faulthandler) and the end of its log: what a
+    failed wait for a stuck replica needs to say where it was stuck."""
+    out = []
+    for svc in _LIVE:
+        if svc.alive():
+            before = svc.log.stat().st_size
+            svc.proc.send_signal(signal.SIGUSR1)
+            time.sleep(1.0)
+            with open(svc.log, "rb") as fh:
+                fh.seek(max(0, before - 4000))
+                tail = fh.read().decode(errors="replace")
+            out.append(f"--- {' '.join(svc.args) or 'serve'} (pid {svc.proc.pid}), end of {svc.log}:\n{tail}")
+    return "\n".join(out)
+
+
 @pytest.fixture(autouse=True)
 def _no_leftovers():
     yield

@@ -1,11 +1,15 @@
-"""The fault tests' own harness: a `serve` a test starts is one the clean-up kills."""
+"""The fault tests' own harness: a `serve` a test starts is one the clean-up kills, and a failed
+test shows where each service still running was."""
 
 from __future__ import annotations
 
 import sys
 
+import pytest
+
+from pipeline.bus import Topics
 from tests.faults import conftest
-from tests.faults.conftest import ServiceProc
+from tests.faults.conftest import ServiceProc, ensure_topics, wait_for, write_config
 
 
 def test_the_clean_up_sees_every_service_a_test_starts(tmp_path):
@@ -16,3 +20,18 @@ def test_the_clean_up_sees_every_service_a_test_starts(tmp_path):
     svc = ServiceProc(tmp_path / "svc.json", tmp_path / "svc.log")
     assert copies and all(svc in m._LIVE for m in copies)
     conftest._LIVE.remove(svc)
+
+
+@pytest.mark.kafka
+def test_a_failed_wait_shows_where_each_live_service_is(kafka_bootstrap, topic_prefix, tmp_path):
+    # SIGUSR1 makes `serve` write every thread's stack (faulthandler) and go on: what a failed
+    # test attaches for each service still running, so a replica stuck in a rebalance says where.
+    ensure_topics(kafka_bootstrap, Topics(topic_prefix), partitions=4)
+    svc = ServiceProc(write_config(tmp_path / "svc.json", kafka_bootstrap, topic_prefix), tmp_path / "svc.log")
+    svc.start()
+    wait_for(lambda: any("no checkpoint" in x.get("message", "") for x in svc.lines()), 90, what="an assignment")
+    stacks = conftest._stacks_of_live_services()
+    assert "Current thread" in stacks or "Thread 0x" in stacks
+    assert "pipeline/service/app.py" in stacks and f"pid {svc.proc.pid}" in stacks
+    assert svc.alive()
+    assert svc.term() == 0
