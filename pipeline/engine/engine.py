@@ -451,11 +451,16 @@ class Engine:
 
     def _wait(self, n: int, step: np.ndarray | None = None) -> np.ndarray:
         """How much stream progress each host may go without a record and still count as there:
-        ``allowed_lateness`` plus its sampling step (a host seen once: the fleet's longest).
-        ``step``: the hosts' steps, when not ``host_step``'s."""
+        ``allowed_lateness`` plus its sampling step (a host seen once: the fleet's longest), and
+        at least two and a half steps, as absence has it (checks.absent_after): a host that
+        misses one sample still counts when its next one comes. At 30 s sampling and the default
+        lateness, one missed sample is 60 s of silence, and the next sample, falling in a tick
+        the other hosts had completed meanwhile, was late. ``step``: the hosts' steps, when not
+        ``host_step``'s."""
         step = grow(self.host_step, n, np.nan)[:n] if step is None else step
         known = step[~np.isnan(step)]
-        return self.config.allowed_lateness + np.where(np.isnan(step), known.max() if len(known) else 0.0, step)
+        step = np.where(np.isnan(step), known.max() if len(known) else 0.0, step)
+        return np.maximum(self.config.allowed_lateness + step, 2.5 * step)
 
     def _alive(self) -> np.ndarray:
         """Hosts near the front, or whose records kept coming within ``allowed_lateness`` of stream

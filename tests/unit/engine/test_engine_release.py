@@ -265,9 +265,8 @@ def test_a_hosts_shortest_step_is_its_running_minimum_forgotten_by_one_percent_a
 @st.composite
 def jittered_fleets(draw) -> tuple[list[tuple[str, list[DcgmRecord]]], EngineConfig, list[int], int]:
     """Hosts each with its own steady jitter (none to 2 % of the step, uniform), many at phases
-    near the start of a tick, a tenth of the samples missed (none at 30 s: a 30 s host that
-    misses one is silent for longer than ``allowed_lateness`` plus its step and stops counting,
-    a matter of aliveness, not of the margin); a batching and a restore point."""
+    near the start of a tick, a tenth of the samples missed (never two in a row: at 30 s that
+    is a host gone for longer than 2.5 steps); a batching and a restore point."""
     step = draw(st.sampled_from([1.0, 5.0, 30.0]))
     tick = draw(st.sampled_from([1.0, 1.0, 0.25]))
     rnd = random.Random(draw(st.integers(0, 2**32 - 1)))  # the samples' noise, from one drawn seed
@@ -276,11 +275,14 @@ def jittered_fleets(draw) -> tuple[list[tuple[str, list[DcgmRecord]]], EngineCon
         h = f"h{k}"
         jitter = rnd.choice([0.0, 0.0005, 0.002, 0.005, 0.01, 0.02]) * step
         phase = rnd.choice([rnd.random(), rnd.uniform(0.0, 0.06)]) * step
-        t = phase
+        t, missed = phase, False
         while t < 80 * step:
-            if step >= 30 or rnd.random() >= 0.1:
+            if missed or rnd.random() >= 0.1:
                 ts = t + rnd.uniform(-jitter, jitter)
                 msgs.append((ts, h, _message(ts, h, fault_at=48 * step if k == 0 else None)))
+                missed = False
+            else:
+                missed = True
             t += step
     msgs.sort(key=lambda m: m[0])
     msgs = [(h, m) for _, h, m in msgs]
@@ -308,3 +310,17 @@ def test_a_hosts_own_jitter_margin_loses_no_sample_whatever_the_batching(case) -
     assert np.array_equal(second.host_jitter, first.host_jitter, equal_nan=True)
     assert head + _alerts(second, [[m] for m in msgs[cut:]], live=False) == golden
     assert second.stats["dead.late"] == 0
+
+
+def test_a_host_sampled_every_30_s_that_misses_a_sample_still_counts_when_its_next_comes() -> None:
+    # a misses its sample of 61.9 and sends 91.97 just after b's 91.95: 60 s of silence, more
+    # than allowed_lateness (30 s) and one step. Counted gone, a was not waited for, b completed
+    # the tick of 91 and a's sample came late; a host counts for 2.5 steps, as absence has it.
+    eng = Engine(CONFIG)
+    times = [("a", 1.9), ("b", 1.95), ("a", 31.9), ("b", 31.95), ("b", 61.95), ("b", 91.95), ("a", 91.97),
+             ("b", 121.95), ("a", 121.9)]
+    for h, t in times:
+        _feed(eng, [(h, _message(t, h))], now=None)
+    eng.flush()
+    assert eng.stats["dead.late"] == 0
+    assert eng.state.last_ts[eng.entities.gpu("a", 0)] == pytest.approx(T0 + 121.9)
