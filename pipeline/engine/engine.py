@@ -1091,6 +1091,28 @@ def latest_steps(
     running minimum that grows by ``STEP_RECOVERY`` a step (see ``Engine.host_min_step``)."""
     if not len(ts):
         return
+    h, gap = _host_gaps(ts, hosts, before)
+    with np.errstate(invalid="ignore"):
+        fwd = np.flatnonzero(gap > 0)
+    if not len(fwd):
+        return
+    hf, g = h[fwd], np.minimum(gap[fwd], cap)
+    starts, ends, count, after = _runs(hf)
+    hs = hf[ends]
+    step[hs] = g[ends]
+    if shortest is not None:
+        # m_k = min(g_k, m_(k-1) * r) over a host's steps of the batch, in closed form: the
+        # minimum over its steps j of g_j * r^(steps after j), and of the old m * r^(its steps).
+        grown = g * STEP_RECOVERY ** np.minimum(after, _FORGOTTEN)
+        shortest[hs] = np.fmin(
+            shortest[hs] * STEP_RECOVERY ** np.minimum(count, _FORGOTTEN), np.minimum.reduceat(grown, starts)
+        )
+
+
+def _host_gaps(ts: np.ndarray, hosts: np.ndarray, before: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Records grouped by host (stable: each host's in its own order): their hosts, and each
+    one's step from the record before it of its host (``before``: each host's time before
+    these records; NaN where unknown, negative where a record went back in time)."""
     o = np.argsort(hosts, kind="stable")
     h, t = hosts[o], ts[o]
     prev = np.empty_like(t)
@@ -1098,25 +1120,16 @@ def latest_steps(
     first = np.ones(len(h), bool)
     first[1:] = h[1:] != h[:-1]
     prev[first] = before[h[first]]
-    with np.errstate(invalid="ignore"):
-        gap = t - prev
-        fwd = np.flatnonzero(gap > 0)
-    if not len(fwd):
-        return
-    hf, g = h[fwd], np.minimum(gap[fwd], cap)
-    starts = np.flatnonzero(np.r_[True, hf[1:] != hf[:-1]])
-    ends = np.r_[starts[1:], len(hf)] - 1  # each host's latest step in this batch
-    hs = hf[ends]
-    step[hs] = g[ends]
-    if shortest is not None:
-        # m_k = min(g_k, m_(k-1) * r) over a host's steps of the batch, in closed form: the
-        # minimum over its steps j of g_j * r^(steps after j), and of the old m * r^(its steps).
-        count = ends - starts + 1
-        after = np.repeat(ends, count) - np.arange(len(hf))
-        grown = g * STEP_RECOVERY ** np.minimum(after, _FORGOTTEN)
-        shortest[hs] = np.fmin(
-            shortest[hs] * STEP_RECOVERY ** np.minimum(count, _FORGOTTEN), np.minimum.reduceat(grown, starts)
-        )
+    return h, t - prev
+
+
+def _runs(h: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """For ids grouped into runs (``_host_gaps``): each run's first and last index, its length,
+    and per element how many elements of its run come after it."""
+    starts = np.flatnonzero(np.r_[True, h[1:] != h[:-1]])
+    ends = np.r_[starts[1:], len(h)] - 1
+    count = ends - starts + 1
+    return starts, ends, count, np.repeat(ends, count) - np.arange(len(h))
 
 
 JITTER_FADE = 0.99  # how fast a host's largest deviation is forgotten, per step (Engine.host_jitter)
@@ -1134,25 +1147,15 @@ def step_jitter(
     before these records. Hosts without a shortest step yet are not measured."""
     if not len(ts):
         return
-    o = np.argsort(hosts, kind="stable")
-    h, t = hosts[o], ts[o]
-    prev = np.empty_like(t)
-    prev[1:] = t[:-1]
-    first = np.ones(len(h), bool)
-    first[1:] = h[1:] != h[:-1]
-    prev[first] = before[h[first]]
+    h, gap = _host_gaps(ts, hosts, before)
     with np.errstate(invalid="ignore", divide="ignore"):
-        gap = t - prev
         m = ref[h]
         k = np.rint(gap / m)
         use = np.flatnonzero((gap > 0) & (m > 0) & (k <= _JITTER_MAX_MULTIPLE))
     if not len(use):
         return
     hu, dev = h[use], np.abs(gap[use] - np.maximum(k[use], 1) * m[use])
-    starts = np.flatnonzero(np.r_[True, hu[1:] != hu[:-1]])
-    ends = np.r_[starts[1:], len(hu)] - 1
-    steps = ends - starts + 1
-    after = np.repeat(ends, steps) - np.arange(len(hu))
+    starts, ends, steps, after = _runs(hu)
     faded = dev * JITTER_FADE ** np.minimum(after, _FORGOTTEN)
     hs = hu[ends]
     jitter[hs] = np.fmax(jitter[hs] * JITTER_FADE ** np.minimum(steps, _FORGOTTEN), np.maximum.reduceat(faded, starts))
