@@ -1,9 +1,11 @@
 """Prometheus metrics and the /healthz + /metrics HTTP endpoint of the service.
 
 The endpoint serves each connection in its own (daemon) thread, and a client has ``timeout``
-seconds to send its whole request: a single-threaded server without one was held by any idle
-or dribbling client (slowloris), and the liveness probe queued behind it then killed a healthy
-service. Connections beyond ``max_connections`` are closed at once rather than queued.
+seconds to send its whole request, so an idle or dribbling client (slowloris) cannot hold a
+thread for long. When every one of the ``max_connections`` slots is taken, a new connection
+evicts the one that has spent longest still sending its request: a liveness probe sends its
+whole request at once, so slow clients, however many, cannot keep it out and get a healthy
+service killed (docs/operations.md, Security).
 """
 
 from __future__ import annotations
@@ -176,7 +178,10 @@ class _Handler(WSGIRequestHandler):
         plain_w.close()
 
     def get_environ(self):
-        # The request is read; the answer gets the full timeout, not what is left of it.
+        # The request is read: no longer a candidate for eviction, and the answer gets the full
+        # timeout, not what is left of it.
+        if isinstance(self.server, _ThreadingServer):
+            self.server.request_read(self.connection)
         self.connection.settimeout(self.timeout)
         return super().get_environ()
 
@@ -188,18 +193,33 @@ class _ThreadingServer(socketserver.ThreadingMixIn, WSGIServer):
     daemon_threads = True  # a stuck client never delays shutdown
     block_on_close = False
     max_connections = 64
+    # Connections the kernel queues while the accept loop evicts: a burst of slow clients must not
+    # fill the backlog ahead of a probe (socketserver's default is 5).
+    request_queue_size = 256
+    # How long the accept loop waits for an evicted client's thread to free its slot.
+    evict_wait_s = 1.0
 
     def __init__(self, *args, **kwargs) -> None:
         self._slots = threading.BoundedSemaphore(self.max_connections)
+        self._reading: dict[socket.socket, float] = {}  # connections still sending their request
+        self._lock = threading.Lock()
+        self.evicted = 0
+        self.refused = 0
         super().__init__(*args, **kwargs)
 
     def process_request(self, request, client_address) -> None:
         if not self._slots.acquire(blocking=False):
-            self.shutdown_request(request)
-            return
+            self._evict_slowest()
+            if not self._slots.acquire(timeout=self.evict_wait_s):
+                self.refused += 1
+                self.shutdown_request(request)
+                return
+        with self._lock:
+            self._reading[request] = time.monotonic()
         try:
             super().process_request(request, client_address)
         except BaseException:
+            self.request_read(request)
             self._slots.release()
             raise
 
@@ -207,7 +227,27 @@ class _ThreadingServer(socketserver.ThreadingMixIn, WSGIServer):
         try:
             super().process_request_thread(request, client_address)
         finally:
+            self.request_read(request)
             self._slots.release()
+
+    def request_read(self, request: socket.socket) -> None:
+        """``request`` has sent its whole request (or is gone): it is no longer evictable."""
+        with self._lock:
+            self._reading.pop(request, None)
+
+    def _evict_slowest(self) -> None:
+        """Cut the connection that has spent longest sending its request; its thread sees the end
+        of its input, answers nothing and frees its slot."""
+        with self._lock:
+            if not self._reading:
+                return
+            victim = min(self._reading, key=self._reading.__getitem__)
+            del self._reading[victim]
+        self.evicted += 1
+        try:
+            victim.shutdown(socket.SHUT_RDWR)
+        except OSError:  # already gone: its slot is on its way back
+            pass
 
     def handle_error(self, request, client_address) -> None:
         if isinstance(sys.exc_info()[1], OSError):  # timeouts, resets: the client's problem

@@ -129,3 +129,50 @@ def test_alert_and_dead_letter_series_exist_from_zero() -> None:
     text = generate_latest(Metrics().registry).decode()
     assert 'gpuwarden_alerts_total{family="hbm",state="firing"} 0.0' in text
     assert 'gpuwarden_dead_letters_total{reason="too_deep"} 0.0' in text
+
+
+def test_healthz_answers_while_more_slow_clients_than_slots_dribble():
+    # 160 clients each sending a header byte now and then, reconnecting when cut: more than
+    # max_connections (64), so without eviction the probes found every slot held and were refused.
+    ep = HttpEndpoint("127.0.0.1", 0, Metrics(), lambda: (True, {}), timeout=5.0).start()
+    stop = threading.Event()
+
+    def dribble(n: int) -> None:
+        socks: list[socket.socket | None] = [None] * n
+        while not stop.is_set():
+            for i, s in enumerate(socks):
+                try:
+                    if s is None:
+                        s = socks[i] = socket.create_connection(("127.0.0.1", ep.port), timeout=10)
+                        s.sendall(b"GET /metrics HTTP/1.1\r\n", NOSIGNAL)
+                    s.sendall(b"X", NOSIGNAL)
+                except OSError:
+                    if s is not None:
+                        s.close()
+                    socks[i] = None
+            stop.wait(0.1)
+        for s in socks:
+            if s is not None:
+                s.close()
+
+    threads = [threading.Thread(target=dribble, args=(40,), daemon=True) for _ in range(4)]
+    base = threading.active_count() + len(threads)
+    for t in threads:
+        t.start()
+    try:
+        # Until the server runs a thread for each of its 64 slots: the dribblers hold them all.
+        deadline = time.monotonic() + 30
+        while threading.active_count() < base + 64 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        results = []
+        for _ in range(30):
+            try:
+                results.append(get(ep, "/healthz", timeout=3.0)[0])
+            except OSError as e:
+                results.append(type(e).__name__)
+        assert results == [200] * 30
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(15)
+        ep.stop()
