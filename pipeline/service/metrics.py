@@ -147,7 +147,7 @@ _NOSIGNAL = getattr(socket, "MSG_NOSIGNAL", 0)
 
 
 class _Writer(io.BufferedIOBase):
-    """Writes with MSG_NOSIGNAL: ``gpuwarden`` sets SIGPIPE to its default action (pipeline/cli.py,
+    """Writes with MSG_NOSIGNAL: ``gpuwarden`` sets SIGPIPE to its default action (pipeline/cli/__init__.py,
     for ``| head``), and a client that hangs up mid-answer must be an EPIPE in this thread, not a
     signal that kills the service."""
 

@@ -96,7 +96,7 @@ def test_stop_returns_promptly_with_a_client_still_connected():
 
 
 def test_a_client_hanging_up_mid_answer_cannot_kill_the_service_with_sigpipe(tmp_path):
-    # `gpuwarden serve` runs with SIGPIPE at its default action (pipeline/cli.py): a plain
+    # `gpuwarden serve` runs with SIGPIPE at its default action (pipeline/cli/__init__.py): a plain
     # socket write after the client hung up would end the process, not the request.
     import subprocess
     import sys

@@ -1,0 +1,65 @@
+"""``gpuwarden report``: a self-contained HTML incident report."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from typing import Any
+
+from pipeline import progress
+from pipeline.cli.args import existing
+from pipeline.errors import UsageError
+from pipeline.resources import rules_dir
+
+
+def _cmd_report(args: argparse.Namespace) -> int:
+    from pipeline.report import incident_page, write_page
+
+    existing(args.telemetry, "--telemetry ")
+    existing(args.alerts, "--alerts ")
+    if args.window <= 0 or args.max_alerts < 0:
+        raise UsageError("--window must be positive" if args.window <= 0 else "--max-alerts must not be negative")
+    t0 = time.monotonic()
+    with progress.status("report") as update:
+        html = incident_page(
+            args.telemetry,
+            args.alerts,
+            rules=[args.rules or rules_dir()],
+            models=args.models,
+            window=args.window,
+            max_alerts=args.max_alerts,
+            title=args.title,
+            progress=lambda s: update(f"report: {s}"),
+        )
+    out = write_page(html, args.out)
+    print(f"gpuwarden report: wrote {out} ({len(html) / 1e6:.1f} MB) in {time.monotonic() - t0:.1f}s", file=sys.stderr)
+    return 0
+
+
+def register(sub: Any) -> None:
+    """Add ``gpuwarden report`` to the subcommands ``sub``."""
+    rp = sub.add_parser("report", help="write a self-contained HTML incident report (timeline + signals per alert)")
+    rp.add_argument("--telemetry", nargs="+", required=True, metavar="FILE", help="telemetry JSONL (.gz) recordings")
+    rp.add_argument("--alerts", nargs="+", required=True, metavar="FILE", help="alert events (replay --alerts-out)")
+    rp.add_argument("--out", required=True, help="HTML file to write")
+    rp.add_argument(
+        "--window",
+        type=float,
+        default=300.0,
+        help="seconds of telemetry shown before an alert's onset and after it fired (default: %(default)s)",
+    )
+    rp.add_argument(
+        "--max-alerts",
+        type=int,
+        default=50,
+        help="alerts given a section with plots, most severe then earliest first (default: %(default)s)",
+    )
+    rp.add_argument(
+        "--rules",
+        default=None,
+        help="the rules the alerts came from: which fields each reads (default: the shipped packs)",
+    )
+    rp.add_argument("--models", default="auto", help="models.yaml; 'auto': the one beside the rules; 'none'")
+    rp.add_argument("--title", default="Incident report")
+    rp.set_defaults(func=_cmd_report)

@@ -1,0 +1,78 @@
+"""``gpuwarden rules check|test``: load rule files, run rule unit tests."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+from pipeline import progress
+from pipeline.cli.args import existing_paths
+from pipeline.resources import rules_dir
+
+
+def _cmd_rules_check(args: argparse.Namespace) -> int:
+    from pipeline.rules import diagnostics as D
+    from pipeline.rules.diagnostics import Diagnostic
+    from pipeline.rules.loader import load_rules, rule_files
+    from pipeline.rules.testing import tested_rules
+
+    args.paths = args.paths or [str(rules_dir())]
+    ruleset, diags = load_rules(existing_paths(args.paths))
+    if ruleset is not None:
+        # Sigma's rule: no stable rule without a test.
+        tests = [Path(p) / "tests" for p in args.paths if (Path(p) / "tests").is_dir()]
+        if tests:
+            covered = tested_rules(tests)
+            for r in ruleset.rules:
+                if r.meta.name not in covered:
+                    f, _, line = r.spec.source.rpartition(":")
+                    diags.append(
+                        Diagnostic(
+                            f, int(line), 5, r.meta.name, "no test exercises this rule", D.LINT_NO_TEST, "warning"
+                        )
+                    )
+    for d in sorted(diags):
+        print(d)
+    errors = sum(d.is_error for d in diags)
+    warnings = len(diags) - errors
+    n_files = len(rule_files(args.paths))
+    if errors or (args.strict and warnings):
+        print(f"{errors} error(s), {warnings} warning(s) in {n_files} file(s)", file=sys.stderr)
+        return 1
+    assert ruleset is not None  # no errors: the rules loaded
+    print(
+        f"ok: {len(ruleset)} rules in {n_files} file(s)" + (f", {warnings} warning(s)" if warnings else ""),
+        file=sys.stderr,
+    )
+    return 0
+
+
+def _cmd_rules_test(args: argparse.Namespace) -> int:
+    from pipeline.rules.testing import run_tests
+
+    args.paths = args.paths or [str(rules_dir() / "tests")]
+    with progress.status("rule tests") as update:
+        results = run_tests(existing_paths(args.paths), on_test=lambda i, n: update(f"rule tests: {i + 1}/{n}"))
+    failed = [r for r in results if not r.ok]
+    for r in results:
+        mark = "ok  " if r.ok else "FAIL"
+        print(f"{mark} {r.file}: {r.name}")
+        for f in r.failures:
+            print(f"     {f}")
+    print(f"{len(results) - len(failed)} passed, {len(failed)} failed")
+    return 1 if failed or not results else 0
+
+
+def register(sub: Any) -> None:
+    """Add ``gpuwarden rules`` to the subcommands ``sub``."""
+    ru = sub.add_parser("rules", help="check and unit-test detection rules")
+    rsub = ru.add_subparsers(dest="rules_command", required=True)
+    rc = rsub.add_parser("check", help="load rule files and report every problem as file:line:col")
+    rc.add_argument("paths", nargs="*", help="rule files or directories (default: the shipped packs)")
+    rc.add_argument("--strict", action="store_true", help="lint warnings are errors too")
+    rc.set_defaults(func=_cmd_rules_check)
+    rt = rsub.add_parser("test", help="run rule unit tests (rules/tests/*.yaml)")
+    rt.add_argument("paths", nargs="*", help="rule test files or directories (default: the shipped packs' tests)")
+    rt.set_defaults(func=_cmd_rules_test)
