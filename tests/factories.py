@@ -2,12 +2,19 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any, Iterable
 
 from pipeline.schema import DcgmRecord, dcgm
 
 T0 = 1764403200.0  # 2025-11-29T08:00:00Z
+
+
+def fuzz_examples(default: int) -> int:
+    """A property test's example budget: ``default`` in `make test`, scaled by
+    ``GPUWARDEN_FUZZ_EXAMPLES`` (300 is the default scale) for a longer hunt."""
+    return max(1, round(default * int(os.environ.get("GPUWARDEN_FUZZ_EXAMPLES", "300")) / 300))
 
 HEALTHY = {"gpu_temp": 68, "memory_temp": 72, "sm_clock": 1980, "gpu_util": 98, "power": 650,
            "clocks_event_reasons": 0, "nvlink_replay_errors": 0, "ecc_sbe_volatile": 0}

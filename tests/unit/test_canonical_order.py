@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 
 from pipeline.schema import NcclRecord, dcgm
 from pipeline.topology import canonical_order, record_identity
+from tests.factories import fuzz_examples
 
 T0 = 1764403200.0
 
@@ -44,7 +45,7 @@ def _reference(records: list) -> list[int]:
     return out
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=fuzz_examples(300), deadline=None)
 @given(st.lists(_dcgm | _nccl, max_size=40), st.data())
 def test_canonical_order_is_the_identity_sort_without_repeats(records, data):
     # Repeats of records already drawn: what an upstream replay forwards again.

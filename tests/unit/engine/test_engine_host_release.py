@@ -17,7 +17,7 @@ from pipeline.deadletters import Origins
 from pipeline.engine import Engine, EngineConfig
 from pipeline.engine.stage import StageBase
 from pipeline.schema import DcgmRecord, NcclRecord
-from tests.factories import T0, sample
+from tests.factories import T0, fuzz_examples, sample
 
 CONFIG = EngineConfig(idle_timeout=5.0)
 Message = tuple[str, list[DcgmRecord]]
@@ -168,7 +168,7 @@ def _run(early: bool, config: EngineConfig, batches: list[list[Message]], cut: i
     return sorted(map(_key, got)), eng.stats["dead.late"]
 
 
-@settings(max_examples=30, deadline=None)
+@settings(max_examples=fuzz_examples(30), deadline=None)
 @given(fleets())
 def test_early_release_gives_the_same_alerts_whatever_the_batching(case) -> None:
     # The same alerts (ids, times, evidence) and dead letters as without early release, fed the

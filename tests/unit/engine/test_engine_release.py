@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from pipeline.decode import Origins
 from pipeline.engine import Engine, EngineConfig
 from pipeline.schema import DcgmRecord
-from tests.factories import T0, sample
+from tests.factories import T0, fuzz_examples, sample
 
 HOSTS = ("a", "b", "c")
 CONFIG = EngineConfig(idle_timeout=5.0)
@@ -290,7 +290,7 @@ def jittered_fleets(draw) -> tuple[list[tuple[str, list[DcgmRecord]]], EngineCon
     return msgs, EngineConfig(idle_timeout=5.0, tick=tick), cuts, draw(st.integers(1, len(msgs) - 1))
 
 
-@settings(max_examples=25, deadline=None)
+@settings(max_examples=fuzz_examples(25), deadline=None)
 @given(jittered_fleets())
 def test_a_hosts_own_jitter_margin_loses_no_sample_whatever_the_batching(case) -> None:
     # The margin a host is given (twice the largest deviation of its steps, 0.5-5 % of the
