@@ -207,9 +207,13 @@ def _parse_cli(argv: list[str]) -> None:
 
 def test_every_container_runs_a_real_gpuwarden_command(rendered):
     overlay, docs = rendered
+    checked = set()
     for d, spec in pod_specs(docs):
         for c in spec["containers"]:
             _parse_cli([re.sub(r"\$\((\w+)\)", "x", a) for a in c["args"]])
+            checked.add(d["metadata"]["name"])
+    # Every workload was looked at: a render that lost them would otherwise check nothing.
+    assert checked >= {"gpuwarden-serve", "gpuwarden-remediate", "gpuwarden-producers"}, checked
 
 
 # -- compose ---------------------------------------------------------------------------------
