@@ -21,7 +21,8 @@ import yaml
 from pipeline import yamlsafe
 from pipeline.catalog import FIELDS
 from pipeline.rules import diagnostics as D
-from pipeline.rules.compile import CompileError, WindowStore, compile_expr
+from pipeline.rules.compile import CompileError, compile_expr
+from pipeline.rules.windows import WindowStore
 from pipeline.rules.diagnostics import Diagnostic
 from pipeline.durations import parse_duration
 from pipeline.rules.expr import ExprSyntaxError

@@ -13,7 +13,8 @@ from pipeline.engine.checks import CheckMeta
 from pipeline.engine.entities import Entities
 from pipeline.engine.stage import MODEL_SCORES, StageBase
 from pipeline.engine.state import View
-from pipeline.rules.compile import Chunk, Compiled, WindowStore
+from pipeline.rules.context import Chunk, Compiled
+from pipeline.rules.windows import WindowStore
 from pipeline.rules.template import render
 from pipeline.rules.xids import evidence_text
 

@@ -22,9 +22,11 @@ from typing import Callable, Sequence
 
 import numpy as np
 
+from pipeline.engine.state import COUNTER_COLS, View
 from pipeline.numeric import distinct as distinct
 from pipeline.numeric import group_stat as group_stat
 from pipeline.numeric import grow, id_bound
+from pipeline.rules import expr as E
 
 PANES = 12
 _NO_PANE = np.iinfo(np.int64).min // 2  # a slot that never held a pane
@@ -417,3 +419,88 @@ class Baseline:
     def load_state(self, st: dict) -> None:
         self.mean, self.var, self.n, self.last_ts = st["mean"], st["var"], st["n"], st["last_ts"]
         self.out_since = st["out_since"]
+
+
+_INC_POS = {int(c): i for i, c in enumerate(COUNTER_COLS)}  # counter column -> its column of View.increase
+
+
+class WindowStore:
+    """The windows and baselines a rule set needs, shared by rules that ask for the same one."""
+
+    def __init__(self, tick: float) -> None:
+        self.tick = tick
+        self.panes: dict[tuple, PaneWindow] = {}
+        self.baselines: dict[tuple, Baseline] = {}
+        self._pane_sources: dict[tuple, tuple[int, str]] = {}
+        self._base_sources: dict[tuple, int] = {}
+        self._expr_keys: dict[E.Node, str] = {}
+
+    def key_of(self, node: E.Node) -> str:
+        """A short memo key per distinct expression structure (nodes compare without positions)."""
+        key = self._expr_keys.get(node)
+        if key is None:
+            key = self._expr_keys[node] = f"expr|{len(self._expr_keys)}"
+        return key
+
+    def pane(self, col: int, window_s: float, source: str, aggs: tuple[str, ...]) -> tuple:
+        key = ("pane", col, window_s, source)
+        if key in self.panes:
+            have = self.panes[key]
+            if not set(aggs) <= set(have.aggs):
+                self.panes[key] = PaneWindow(window_s, self.tick, tuple(sorted(set(have.aggs) | set(aggs))))
+        else:
+            self.panes[key] = PaneWindow(window_s, self.tick, tuple(sorted(set(aggs))))
+        self._pane_sources[key] = (col, source)
+        return key
+
+    def baseline(self, col: int, tau_s: float) -> tuple:
+        key = ("ewm", col, tau_s)
+        self.baselines.setdefault(key, Baseline(tau_s))
+        self._base_sources[key] = col
+        return key
+
+    def update(self, view: View, ts0: float, n_ent: int) -> None:
+        """Fold a chunk into every pane window (baselines are folded after evaluation)."""
+        ent = view.ids
+        for key, w in self.panes.items():
+            col, source = self._pane_sources[key]
+            vals = view.increase[:, _INC_POS[col]] if source == "inc" else view.frame.values[:, col]
+            w.update(ent, ts0, vals, n_ent)
+
+    def adopt(self, old: "WindowStore") -> None:
+        """Take over the state of windows an older store already had (hot reload)."""
+        for key, w in self.panes.items():
+            prev = old.panes.get(key)
+            if prev is not None and set(prev.aggs) == set(w.aggs):
+                self.panes[key] = prev
+        for key in self.baselines:
+            if key in old.baselines:
+                self.baselines[key] = old.baselines[key]
+
+    def update_baselines(self, view: View, n_ent: int) -> None:
+        ent = view.frame.gpu
+        if len(self.baselines) > 1 and (isinstance(view.ids, slice) or distinct(ent)[1]):
+            # One row per GPU (the usual tick): every baseline in one pass (Baseline.update_many).
+            cols = [self._base_sources[k] for k in self.baselines]
+            Baseline.update_many(
+                list(self.baselines.values()), view.ids, view.frame.ts, view.frame.values[:, cols], n_ent
+            )
+            return
+        for key, b in self.baselines.items():
+            b.update(ent, view.frame.ts, view.frame.values[:, self._base_sources[key]], n_ent)
+
+    def to_state(self) -> dict:
+        return {
+            "panes": [[list(k), w.to_state(), list(w.aggs)] for k, w in self.panes.items()],
+            "baselines": [[list(k), b.to_state()] for k, b in self.baselines.items()],
+        }
+
+    def load_state(self, st: dict) -> None:
+        for k, ws, aggs in st.get("panes", []):
+            key = tuple(k)
+            if key in self.panes and set(self.panes[key].aggs) == set(aggs):
+                self.panes[key].load_state(ws)
+        for k, bs in st.get("baselines", []):
+            key = tuple(k)
+            if key in self.baselines:
+                self.baselines[key].load_state(bs)

@@ -21,7 +21,10 @@ from pipeline.catalog import FIELDS
 from pipeline.rules import diagnostics as D
 from pipeline.rules import expr as E
 from pipeline.rules import load_rules
-from pipeline.rules.compile import ALL_FUNCS, CompileError, WindowStore, compile_expr
+from pipeline.rules.compile import compile_expr
+from pipeline.rules.context import CompileError
+from pipeline.rules.signatures import ALL_FUNCS
+from pipeline.rules.windows import WindowStore
 
 EXAMPLES = int(os.environ.get("GPUWARDEN_FUZZ_EXAMPLES", "300"))
 # No example database: every run draws afresh, so a long hunt and `make test` never share examples.

@@ -1,11 +1,14 @@
-"""The rule functions' table (pipeline.rules.compile.FUNCTIONS) against docs/rules.md and the compiler."""
+"""The rule functions' table (pipeline.rules.signatures.FUNCTIONS) against docs/rules.md and the compiler."""
 
 import re
 from pathlib import Path
 
 import pytest
 
-from pipeline.rules.compile import ALL_FUNCS, BOOL, FUNCTIONS, NUM, CompileError, WindowStore, compile_expr
+from pipeline.rules.compile import compile_expr
+from pipeline.rules.context import BOOL, NUM, CompileError
+from pipeline.rules.signatures import ALL_FUNCS, FUNCTIONS
+from pipeline.rules.windows import WindowStore
 from pipeline.rules.diagnostics import ARITY, UNKNOWN_FUNCTION
 
 DOC = Path(__file__).resolve().parents[3] / "docs" / "rules.md"
@@ -32,6 +35,12 @@ def test_all_funcs_is_the_table():
     assert ALL_FUNCS == sorted(FUNCTIONS)
     assert all(name == spec.name for name, spec in FUNCTIONS.items())
     assert {spec.result for spec in FUNCTIONS.values()} <= {NUM, BOOL}
+
+
+def test_every_signature_has_one_implementation():
+    from pipeline.rules.functions import BUILDERS
+
+    assert set(BUILDERS) == set(FUNCTIONS)
 
 
 def test_an_unknown_function_lists_the_known_names():

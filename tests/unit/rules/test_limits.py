@@ -11,7 +11,9 @@ from pipeline.engine import Engine, EngineConfig
 from pipeline.rules import diagnostics as D
 from pipeline.rules import expr as E
 from pipeline.rules import load_rules
-from pipeline.rules.compile import CompileError, WindowStore, compile_expr
+from pipeline.rules.compile import compile_expr
+from pipeline.rules.context import CompileError
+from pipeline.rules.windows import WindowStore
 from pipeline.rules.durations import parse_duration
 from pipeline.rules.reload import RuleReloader
 from tests.factories import sample
