@@ -56,16 +56,6 @@ class ConfigError(GpuwardenError):
         self.key = key
 
 
-class ScenarioError(ConfigError):
-    code = "GW101"
-
-
-class SchemaError(GpuwardenError):
-    """A record does not follow the data contract (docs/architecture.md §3)."""
-
-    code = "GW200"
-
-
 class BusError(GpuwardenError):
     """A message bus operation failed."""
 

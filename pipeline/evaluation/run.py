@@ -11,10 +11,6 @@ from pipeline.runner import Pipeline
 from pipeline.schema import AlertEvent
 
 
-def run_detector(det: Detector, sim) -> list[AlertEvent]:
-    return replay_batches(det.engine(), det.transform(sim.batches(), sim.interval))
-
-
 class _Feed:
     """Simulated record batches -> per-host messages -> decoder -> engine, one batch at a time."""
 
