@@ -86,8 +86,9 @@ bench: venv
 		exit $$status; \
 	fi
 
+# The unit tests without the slow ones (pyproject.toml's markers): the quick loop while editing.
 test-unit: venv
-	$(BIN)/python -m pytest tests/unit $(PYTEST_ARGS)
+	$(BIN)/python -m pytest tests/unit -m "not slow" $(PYTEST_ARGS)
 
 kafka-start: venv
 	PYTHON=$(BIN)/python scripts/kafka start

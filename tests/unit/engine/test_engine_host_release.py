@@ -168,6 +168,7 @@ def _run(early: bool, config: EngineConfig, batches: list[list[Message]], cut: i
     return sorted(map(_key, got)), eng.stats["dead.late"]
 
 
+@pytest.mark.slow
 @settings(max_examples=fuzz_examples(30), deadline=None)
 @given(fleets())
 def test_early_release_gives_the_same_alerts_whatever_the_batching(case) -> None:

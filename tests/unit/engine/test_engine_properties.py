@@ -201,6 +201,7 @@ def _gap_resolves(alerts) -> list[tuple]:
             if a.fault == "telemetry_gap" and a.state == "resolved"]
 
 
+@pytest.mark.slow
 @PROPS
 @given(fleet=gap_fleets(), batch=st.integers(1, 60), cut=st.floats(0.0, 1.0))
 def test_a_host_back_from_a_gap_resolves_at_the_same_tick_whatever_the_batching(fleet, batch, cut) -> None:

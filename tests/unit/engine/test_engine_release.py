@@ -290,6 +290,7 @@ def jittered_fleets(draw) -> tuple[list[tuple[str, list[DcgmRecord]]], EngineCon
     return msgs, EngineConfig(idle_timeout=5.0, tick=tick), cuts, draw(st.integers(1, len(msgs) - 1))
 
 
+@pytest.mark.slow
 @settings(max_examples=fuzz_examples(25), deadline=None)
 @given(jittered_fleets())
 def test_a_hosts_own_jitter_margin_loses_no_sample_whatever_the_batching(case) -> None:

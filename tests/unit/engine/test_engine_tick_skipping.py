@@ -162,6 +162,7 @@ def test_sparse_streams_with_silences_give_the_alerts_of_the_walk(interval: int,
             assert resolved and resolved[0][5] - back >= 21 - interval
 
 
+@pytest.mark.slow
 def test_a_two_day_pause_costs_a_handful_of_ticks_and_keeps_the_walks_alerts() -> None:
     gap = 2 * 86400.0
     records = [sample(t + (gap if t >= 200 else 0), f"n{h}", g) for t in range(0, 400, 10)

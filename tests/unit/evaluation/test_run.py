@@ -1,11 +1,14 @@
 """End to end on small simulated runs: what ``gpuwarden eval`` measures and claims."""
 
+import pytest
+
 from pipeline.evaluation.detectors import detectors
 from pipeline.evaluation.run import evaluate
 from pipeline.evaluation.score import compare, refires
 from pipeline.schema import AlertEvent
 
 
+@pytest.mark.slow
 def test_gpuwarden_beats_both_baselines_on_one_of_every_fault():
     scores = evaluate("mixed", seeds=1, hosts=4, duration=1200)
     assert [s.detector for s in scores] == ["gpuwarden", "community", "dcgm-health"]

@@ -35,6 +35,7 @@ def test_every_thermal_hbm_nvlink_fault_found_on_the_right_gpu(seed):
     assert unmatched == [], [f"{a.rule} {a.host}/{a.gpu} at {a.ts}" for a in unmatched]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("scenario, hosts, duration", [
     ("healthy", 8, 7200),          # 64 GPUs, 2 hours of event time
     ("power_cap", 8, 1800),

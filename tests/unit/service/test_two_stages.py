@@ -130,6 +130,7 @@ def test_any_number_of_replicas_give_the_alerts_of_one_replay(telemetry, referen
     assert len({m.partition for m in f.bus.messages(f.topics.fleet)}) == 1
 
 
+@pytest.mark.slow
 def test_the_host_stage_runs_a_hosts_rows_before_the_rest_of_the_tick_with_the_same_alerts(telemetry, reference):
     # The host stage's engines release each host as soon as it is complete for a tick
     # (Engine.release_hosts): read 3 messages a poll, ticks are cut between hosts, and the
