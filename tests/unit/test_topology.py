@@ -7,13 +7,15 @@ import math
 import random
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from pipeline.bus.telemetry import per_host_messages
 from pipeline.decode import Decoder
 from pipeline.detection import build_detector
 from pipeline.engine import Engine
-from pipeline.topology import FleetStage, Topology, record_identity, records_decoder
+from pipeline.schema import NcclRecord
+from pipeline.topology import FleetStage, Topology, canonical_order, records_decoder
 from producers.sim.simulator import Simulator
 from tests.factories import T0, sample
 
@@ -110,10 +112,23 @@ def test_an_upstream_task_that_never_marks_holds_only_up_to_max_buffer():
     assert st.stats["forced"] >= 1 and st.engine().stats["records.dcgm"] == 25
 
 
-def test_canonical_order_is_by_time_first():
-    recs = [sample(t % 7, f"n{t % 3}", t % 2) for t in range(40)]
-    order = sorted(recs, key=record_identity)
-    assert [r.ts for r in order] == sorted(r.ts for r in recs)
+def test_canonical_order_is_by_time_first_so_released_slices_concatenate():
+    # The fleet stage sorts each released slice on its own: that equals sorting everything at
+    # once only if the order is by event time first, whichever host, GPU or kind comes first.
+    recs = [sample(t % 10, f"n{(t * 3) % 4}", t // 10) for t in range(40)]  # each identity once
+    recs += [NcclRecord(ts=T0 + t % 7, host=f"n{t % 3}", comm="c1", rank=t % 3, nranks=3, coll="AllReduce",
+                        gpu=0, bytes=1 << 20, exec_time_us=900.0)
+             for t in range(12)]
+    ts = np.array([r.ts for r in recs])
+    whole, _ = canonical_order(recs, ts)
+    assert [recs[i].ts for i in whole] == sorted(r.ts for r in recs)
+    for cut in (T0 + 2, T0 + 3.5, T0 + 6):
+        parts = []
+        for keep in (ts < cut, ts >= cut):
+            idx = np.flatnonzero(keep)
+            got, _ = canonical_order([recs[i] for i in idx], ts[idx])
+            parts += [int(idx[i]) for i in got]
+        assert parts == whole
 
 
 def test_a_restored_fleet_stage_goes_on_exactly_as_one_that_ran_through(records):
