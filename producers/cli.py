@@ -69,7 +69,7 @@ def _run(args: argparse.Namespace, make_source: Any) -> int:
             sender.close()
             raise SystemExit(f"gpuwarden produce {args.source}: --metrics-port {args.metrics_port}: {e}") from e
         log.info("metrics on http://%s:%d/metrics", args.metrics_host, endpoint.port)
-    restore = install_stop_handlers(stop)
+    restore = install_stop_handlers(stop, getattr(source, "interrupt", None))
     try:
         res = run(source, sender, interval_s=args.interval, stop=stop, max_polls=args.count, result=res)
     finally:

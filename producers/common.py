@@ -366,14 +366,22 @@ def serve_metrics(metrics: ProducerMetrics, port: int, host: str = "0.0.0.0") ->
     return HttpEndpoint(host, port, metrics, lambda: (True, {"producer": metrics.name})).start()  # type: ignore[arg-type]
 
 
-def install_stop_handlers(stop: threading.Event) -> Callable[[], None]:
+def install_stop_handlers(stop: threading.Event, interrupt: Callable[[], None] | None = None) -> Callable[[], None]:
     """SIGTERM and SIGINT set ``stop``: the loop finishes its interval, drains, and exits.
+    ``interrupt`` (a source's ``interrupt``) is called too, so a poll in flight (a scrape) ends
+    at once instead of at its deadline.
 
     Returns a function that puts the previous handlers back.
     """
     if threading.current_thread() is not threading.main_thread():
         return lambda: None
-    old = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGTERM, signal.SIGINT)}
+
+    def handler(*_: Any) -> None:
+        stop.set()
+        if interrupt is not None:
+            interrupt()
+
+    old = {sig: signal.signal(sig, handler) for sig in (signal.SIGTERM, signal.SIGINT)}
 
     def restore() -> None:
         for sig, handler in old.items():

@@ -20,7 +20,11 @@ per NVLink (``nvlink`` label). What real exporters vary on, and how it is handle
   (docs/architecture.md §3): physical fields from the whole GPU's series, else the instances'
   (an XID's non-zero wins); per-instance fields and labels under ``mig.<GPU_I_ID>.``.
 - What is left out is counted by reason (``summary()``): unknown metric, blank sentinel, series
-  without a GPU label, unparsable line.
+  without a GPU label, an identity label (``gpu``, ``nvlink``, ``GPU_I_ID``, ``xid``) that is not
+  a number of ASCII digits (``bad_label``), a second series for the same metric and entity
+  (``duplicate_series``, the first one kept), unparsable line. Lines longer than
+  ``MAX_LINE_CHARS`` or with more than ``MAX_LABELS`` labels are dropped (counted) before the
+  parser sees them: ``prometheus_client``'s label parsing is quadratic in a line's label count.
 
 A scrape that fails, times out, comes back empty, or lacks GPUs an earlier scrape had sends
 nothing for what is missing -- so the engine's absence checks (``telemetry_gap`` for a silent
@@ -32,17 +36,16 @@ from __future__ import annotations
 import logging
 import math
 import socket
+import threading
 import time
-import urllib.error
-import urllib.request
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from prometheus_client.metrics_core import Metric
 from prometheus_client.parser import text_string_to_metric_families
 
 from pipeline.catalog import BLANK_INT32, COUNTER, FIELDS, Field
 from pipeline.schema import MIG_INSTANCE_FIELD_IDS, MIG_INSTANCE_LABEL, MIG_PROFILE_LABEL, DcgmFields, DcgmRecord
+from producers import httpget
 
 log = logging.getLogger(__name__)
 
@@ -62,6 +65,12 @@ _NOT_CARRIED = {
     *MODEL_LABELS,
 }
 MAX_BODY_BYTES = 32 * 1024 * 1024
+# A real exporter's line is a few hundred characters with a dozen labels (Kubernetes ones
+# included); these bounds keep the parser's quadratic label handling to a constant per line.
+MAX_LINE_CHARS = 64 * 1024
+MAX_LABELS = 128
+# GPU, NVLink, GPU instance and XID numbers: ASCII digits only (int() would also read "٣" as 3).
+MAX_ID_DIGITS = 9
 
 
 @dataclass
@@ -74,6 +83,10 @@ class ParseStats:
     unknown_metric: int = 0
     no_gpu_label: int = 0
     bad_lines: int = 0
+    bad_label: int = 0  # gpu, nvlink, GPU_I_ID or xid present but not a number of ASCII digits
+    duplicate_series: int = 0  # the same metric for the same entity again (the first is kept)
+    line_too_long: int = 0
+    too_many_labels: int = 0
     mig_entities: int = 0  # records assembled from GPU-instance series (MIG)
     mig_conflicts: int = 0  # physical fields whose series disagreed (the chosen origin is labelled)
     unknown_names: list[str] = field(default_factory=list)
@@ -97,15 +110,32 @@ def _field(name: str) -> Field | None:
     return f
 
 
+def _screen(text: str, stats: ParseStats) -> list[str]:
+    """The lines the parser may see: one pass, each line checked in time linear in its length."""
+    kept = []
+    # On "\n" only, as the parser splits: str.splitlines() would also cut at U+2028 in a label.
+    for line in text.split("\n"):
+        if len(line) > MAX_LINE_CHARS:
+            stats.line_too_long += 1
+            continue
+        # '="' opens every label value, so its count bounds the label count from above.
+        if not line.startswith("#") and line.count('="') > MAX_LABELS:
+            stats.too_many_labels += 1
+            continue
+        kept.append(line)
+    return kept
+
+
 def _families(text: str, stats: ParseStats) -> list[Metric]:
     """Parse with the maintained parser; if the text is damaged (a cut-off scrape), parse it
     again line by line so one bad line costs only itself."""
+    lines = _screen(text, stats)
     try:
-        return list(text_string_to_metric_families(text))
+        return list(text_string_to_metric_families("\n".join(lines) + "\n"))
     except Exception:  # noqa: BLE001 - the parser raises ValueError, TypeError, IndexError...
         pass
     fams: list[Metric] = []
-    for line in text.splitlines():
+    for line in lines:
         if not line.strip() or line.startswith("#"):
             continue
         try:
@@ -146,7 +176,18 @@ def _origin_name(inst: str | None) -> str:
 def _inst_order(inst: str | None) -> tuple[int, int, str]:
     if inst is None:
         return (0, 0, "")
-    return (1, int(inst), inst) if inst.isdigit() else (1, 1 << 30, inst)
+    n = ascii_int(inst)
+    return (1, n, inst) if n is not None else (1, 1 << 30, inst)
+
+
+def ascii_int(text: str | None, max_digits: int = MAX_ID_DIGITS) -> int | None:
+    """``text`` as a non-negative integer when it is 1 to ``max_digits`` ASCII digits, else None.
+
+    ``str.isdigit`` is true for "²" (which ``int`` refuses) and ``int`` reads "٣" as 3: both
+    would let a label name another GPU or raise mid-scrape."""
+    if text is None or not (0 < len(text) <= max_digits and text.isascii() and text.isdigit()):
+        return None
+    return int(text)
 
 
 def _physical(f: Field, name: str, origins: dict[str | None, _Series]) -> tuple[float | None, str | None, bool]:
@@ -250,6 +291,7 @@ def parse_metrics(
     stats = ParseStats()
     series: dict[tuple[str, int, int | None], dict[str | None, _Series]] = {}
     meta: dict[tuple[str, int, int | None], dict[str, object]] = {}
+    seen: set[tuple[object, ...]] = set()  # (entity, origin, metric, xid code) of the series kept
     for fam in _families(text, stats):
         for s in fam.samples:
             stats.samples += 1
@@ -264,15 +306,34 @@ def parse_metrics(
                 continue
             lab = s.labels
             gpu_s = lab.get("gpu", "")
-            if not gpu_s.isdigit():
+            if not gpu_s:
                 stats.no_gpu_label += 1
                 stats.dropped.append((mname, repr(gpu_s), "no_gpu_label"))
                 continue
-            link_s = lab.get("nvlink")
-            link = int(link_s) if link_s is not None and link_s.isdigit() else None
+            # Identity labels: ASCII digits of bounded length, or the series is dropped (counted):
+            # "²" would raise and lose the scrape, "٣" would overwrite GPU 3.
+            bad = next(
+                (k for k in ("gpu", "nvlink", MIG_INSTANCE_LABEL, "xid") if lab.get(k) and ascii_int(lab[k]) is None),
+                None,
+            )
+            if bad is not None:
+                stats.bad_label += 1
+                stats.dropped.append((mname, f"{bad}={lab[bad][:40]!r}", "bad_label"))
+                continue
+            gpu = ascii_int(gpu_s)
+            link = ascii_int(lab.get("nvlink"))
             h = host or next((lab[k] for k in HOST_LABELS if lab.get(k)), None) or default_host or "unknown"
-            key = (h, int(gpu_s), link)
+            assert gpu is not None
+            key = (h, gpu, link)
             inst = lab.get(MIG_INSTANCE_LABEL) or None
+            ident = (key, inst, mname, lab.get("xid") or None)
+            if ident in seen:
+                # The exposition format allows one series per label set; a second one for the same
+                # entity (say, differing only in a pod label) would overwrite the first silently.
+                stats.duplicate_series += 1
+                stats.dropped.append((mname, f"{h}/gpu{gpu}", "duplicate_series"))
+                continue
+            seen.add(ident)
             value = float(s.value)
             origins = series.setdefault(key, {})
             ser = origins.get(inst)
@@ -284,7 +345,7 @@ def parse_metrics(
                 stats.dropped.append(
                     (
                         mname,
-                        f"{h}/gpu{gpu_s}"
+                        f"{h}/gpu{gpu}"
                         + (f"/link{link}" if link is not None else "")
                         + (f"/{MIG_INSTANCE_LABEL}={inst}" if inst else ""),
                         "blank_sentinel",
@@ -295,10 +356,10 @@ def parse_metrics(
             name = mname if mname in f.names else f.names[0]
             if name == XID_COUNT:
                 # One series per XID code: the record's field is the window's total, the codes go in labels.
-                code = lab.get("xid", "")
+                code = ascii_int(lab.get("xid"))
                 ser.values[name] = ser.values.get(name, 0.0) + value
-                if code.isdigit() and value:
-                    ser.xid_counts[int(code)] = ser.xid_counts.get(int(code), 0.0) + value
+                if code is not None and value:
+                    ser.xid_counts[code] = ser.xid_counts.get(code, 0.0) + value
                 if lab.get("window_size_in_ms"):
                     ser.labels["xid_count_window_ms"] = lab["window_size_in_ms"]
             else:
@@ -339,38 +400,45 @@ def parse_metrics(
 
 
 class ScrapeError(Exception):
-    """The exporter did not answer with a usable body (down, timeout, HTTP error, too large)."""
+    """The exporter did not answer with a usable body; ``reason`` is one of ``httpget.REASONS``
+    (``unreadable`` for a saved scrape that cannot be read)."""
+
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.reason = reason
 
 
-def fetch(url: str, timeout_s: float) -> str:
-    """GET ``url`` with one overall deadline (a server that trickles bytes cannot hold us)."""
-    deadline = time.monotonic() + timeout_s
+def fetch(url: str, timeout_s: float, cancel: threading.Event | None = None) -> str:
+    """GET ``url`` within one overall deadline of ``timeout_s`` (connect, headers, body: a server
+    that trickles bytes cannot hold us), at most ``MAX_BODY_BYTES``; ``cancel`` aborts it."""
     try:
-        with urllib.request.urlopen(url, timeout=timeout_s) as resp:  # noqa: S310 - operator's URL
-            chunks, size = [], 0
-            while True:
-                if time.monotonic() > deadline:
-                    raise ScrapeError(f"{url}: no complete answer within {timeout_s}s")
-                chunk = resp.read1(65536)
-                if not chunk:
-                    break
-                size += len(chunk)
-                if size > MAX_BODY_BYTES:
-                    raise ScrapeError(f"{url}: body larger than {MAX_BODY_BYTES} bytes")
-                chunks.append(chunk)
-    except ScrapeError:
-        raise
-    except urllib.error.HTTPError as e:
-        raise ScrapeError(f"{url}: HTTP {e.code}") from e
-    except (urllib.error.URLError, OSError, ValueError) as e:
-        raise ScrapeError(f"{url}: {getattr(e, 'reason', e)}") from e
-    return b"".join(chunks).decode("utf-8", "replace")
+        body = httpget.get(url, timeout_s=timeout_s, max_bytes=MAX_BODY_BYTES, cancel=cancel)
+    except httpget.FetchError as e:
+        raise ScrapeError(e.reason, str(e)) from e
+    return body.decode("utf-8", "replace")
+
+
+def read_saved(path: str) -> str:
+    """A saved scrape, refused (``ScrapeError``) when unreadable or larger than ``MAX_BODY_BYTES``."""
+    try:
+        with open(path, "rb") as fh:
+            data = fh.read(MAX_BODY_BYTES + 1)
+    except OSError as e:
+        raise ScrapeError("unreadable", f"{path}: {e}") from e
+    if len(data) > MAX_BODY_BYTES:
+        raise ScrapeError("too_large", f"{path}: larger than {MAX_BODY_BYTES} bytes")
+    return data.decode("utf-8", "replace")
+
+
+MAX_KNOWN_GPUS = 65536  # (host, gpu) pairs remembered for missing-GPU reports: a fleet's worth
 
 
 @dataclass
 class ExporterStats:
     scrapes: int = 0
-    failures: int = 0  # down, timeout, HTTP error
+    failures: int = 0  # down, timeout, HTTP error, protocol error (URL); by reason in failure_reasons
+    failure_reasons: dict[str, int] = field(default_factory=dict)
+    lost_files: int = 0  # saved scrapes that could not be read (--file): input lost
     empty: int = 0  # answered, but no GPU in it
     missing_gpus: int = 0  # GPU-intervals missing that an earlier scrape had
     samples: int = 0
@@ -379,13 +447,17 @@ class ExporterStats:
     unknown_metric: int = 0
     no_gpu_label: int = 0
     bad_lines: int = 0
+    bad_label: int = 0
+    duplicate_series: int = 0
+    line_too_long: int = 0
+    too_many_labels: int = 0
     mig_records: int = 0
     mig_conflicts: int = 0
     unknown_names: set[str] = field(default_factory=set)
 
     def counts(self) -> dict[str, int]:
         """What the exit summary, the periodic log line and /metrics show."""
-        return {
+        out = {
             "scrapes": self.scrapes,
             "samples": self.samples,
             "records": self.records,
@@ -397,8 +469,16 @@ class ExporterStats:
             "dropped.unknown_metric": self.unknown_metric,
             "dropped.blank_sentinel": self.blank,
             "dropped.no_gpu_label": self.no_gpu_label,
+            "dropped.bad_label": self.bad_label,
+            "dropped.duplicate_series": self.duplicate_series,
+            "dropped.line_too_long": self.line_too_long,
+            "dropped.too_many_labels": self.too_many_labels,
             "dropped.unparsable_line": self.bad_lines,
+            "dropped.unreadable_file": self.lost_files,
         }
+        for reason, n in sorted(self.failure_reasons.items()):
+            out[f"scrape_failures.{reason}"] = n
+        return out
 
 
 class ExporterSource:
@@ -424,25 +504,36 @@ class ExporterSource:
         self.stats = ExporterStats()
         self.known: set[tuple[str, int]] = set()
         self.done = False
+        self._cancel = threading.Event()
+
+    def interrupt(self) -> None:
+        """Abort a scrape in flight (called from a signal handler: the producer is stopping)."""
+        self._cancel.set()
 
     def _text(self) -> str | None:
         if self.url:
-            return fetch(self.url, self.timeout_s)
+            return fetch(self.url, self.timeout_s, self._cancel)
         path = self.files.pop(0)
         if not self.files:
             self.done = True
-        return Path(path).read_text(encoding="utf-8", errors="replace")
+        return read_saved(path)
 
     def poll(self) -> list[DcgmRecord]:
         self.stats.scrapes += 1
         try:
             text = self._text()
-        except (ScrapeError, OSError) as e:
-            self.stats.failures += 1
+        except ScrapeError as e:
+            st = self.stats
+            if self.url:
+                st.failures += 1
+                st.failure_reasons[e.reason] = st.failure_reasons.get(e.reason, 0) + 1
+            else:
+                st.lost_files += 1
             log.warning(
-                "dcgm-exporter scrape failed (%d so far): %s; sending nothing, so the engine's "
+                "dcgm-exporter scrape failed (%d so far, %s): %s; sending nothing, so the engine's "
                 "telemetry_gap check sees the silence",
-                self.stats.failures,
+                st.failures + st.lost_files,
+                e.reason,
                 e,
             )
             return []
@@ -454,10 +545,25 @@ class ExporterSource:
         st.unknown_metric += ps.unknown_metric
         st.no_gpu_label += ps.no_gpu_label
         st.bad_lines += ps.bad_lines
+        st.bad_label += ps.bad_label
+        st.duplicate_series += ps.duplicate_series
+        st.line_too_long += ps.line_too_long
+        st.too_many_labels += ps.too_many_labels
         st.mig_records += ps.mig_entities
         st.mig_conflicts += ps.mig_conflicts
         if ps.bad_lines:
             log.warning("dcgm-exporter: %d unparseable line(s) skipped (truncated scrape?)", ps.bad_lines)
+        odd = {
+            "bad_label": ps.bad_label,
+            "duplicate_series": ps.duplicate_series,
+            "line_too_long": ps.line_too_long,
+            "too_many_labels": ps.too_many_labels,
+        }
+        if any(odd.values()):
+            log.warning(
+                "dcgm-exporter: series left out (counted as dropped.<reason>): %s",
+                ", ".join(f"{k} {v}" for k, v in odd.items() if v),
+            )
         new = [n for n in ps.unknown_names if n not in st.unknown_names]
         if new and len(st.unknown_names) < 1000:
             st.unknown_names.update(new)
@@ -475,9 +581,11 @@ class ExporterSource:
         if missing and gpus:
             self.stats.missing_gpus += len(missing)
             log.warning(
-                "dcgm-exporter lost GPU(s) it reported before: %s", ", ".join(f"{h}/gpu{g}" for h, g in sorted(missing))
+                "dcgm-exporter lost GPU(s) it reported before: %s",
+                ", ".join(f"{h}/gpu{g}" for h, g in sorted(missing)[:50]),
             )
-        self.known |= gpus
+        if len(self.known) < MAX_KNOWN_GPUS:  # host labels come from the exporter: bounded memory
+            self.known |= gpus
         return records
 
     def summary(self) -> dict[str, int]:

@@ -1,21 +1,28 @@
 """The scrape's HTTP GET against real hostile servers on 127.0.0.1: one overall deadline however
 the server trickles, a cancel that stops it at once, short bodies, redirects and protocol errors
-refused with a reason."""
+refused with a reason, and the exporter source counting each as a scrape failure."""
 
 from __future__ import annotations
 
+import os
+import signal
 import socket
+import subprocess
+import sys
 import threading
 import time
+from pathlib import Path
 from typing import Callable
 
 import pytest
 
 from producers import httpget
+from producers.dcgm_exporter import ExporterSource
 
 from tests.factories import SHARED_DATA as DATA  # noqa: E402
 
 BODY = (DATA / "dcgm_exporter_h100_8gpu_sampled.prom").read_bytes()
+ROOT = Path(__file__).resolve().parents[3]
 
 
 class RawServer:
@@ -171,3 +178,40 @@ def test_redirect_on_the_same_origin_is_followed_elsewhere_refused(serve):
             c.sendall(OK_HEAD % len(BODY) + BODY)
 
     assert httpget.get(serve(once).url, timeout_s=2.0, max_bytes=1 << 20) == BODY
+
+
+def test_exporter_counts_protocol_errors_and_refusals_as_scrape_failures(serve):
+    # Before: http.client's BadStatusLine and LineTooLong escaped fetch(), so run() counted a
+    # poll error (and a --file run exited 0); a short body was parsed as if whole.
+    garbage = serve(_answer(b"HELLO THERE\r\n\r\n"))
+    short = serve(_answer(OK_HEAD % len(BODY), BODY[:100]))
+    away = serve(_answer(b"HTTP/1.1 302 Found\r\nLocation: http://example.invalid/metrics\r\nContent-Length: 0\r\n\r\n"))
+    for srv, reason in ((garbage, "protocol"), (short, "short_body"), (away, "redirect_refused")):
+        src = ExporterSource(srv.url, timeout_s=1.0)
+        assert src.poll() == []
+        c = src.summary()
+        assert c["scrape_failures"] == 1 and c[f"scrape_failures.{reason}"] == 1
+
+
+def test_sigterm_stops_a_producer_stuck_in_a_trickled_scrape(serve, tmp_path):
+    # Before: the handler only set the loop's stop flag, and the scrape it waited on never ended.
+    srv = serve(_trickle(b"HTTP/1.1 200 OK\r\n" + b"X: " + b"a" * 1000, every_s=0.2))
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    argv = [sys.executable, "-m", "pipeline", "produce", "dcgm-exporter", "--url", srv.url, "--timeout", "120"]
+    proc = subprocess.Popen(argv + ["--out", str(tmp_path / "o.jsonl")], env=env, cwd=ROOT, stderr=subprocess.PIPE)
+    try:
+        end = time.monotonic() + 60
+        while srv.connections == 0 and time.monotonic() < end:  # started, and inside the scrape
+            time.sleep(0.1)
+        time.sleep(0.5)
+        assert srv.connections == 1 and proc.poll() is None
+        t0 = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=20)
+        assert time.monotonic() - t0 < 10
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    err = proc.stderr.read().decode() if proc.stderr else ""
+    assert "scrape_failures.interrupted 1" in err
