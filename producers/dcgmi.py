@@ -66,6 +66,8 @@ class DmonStats:
     skipped_rows: int = 0  # rows before any header, or whose cells fit neither the header's count nor its positions
     unknown_columns: int = 0
     restarts: int = 0
+    bad_values: int = 0  # a cell with digits that is no plain ASCII number ("٣", "1_0", 400 digits)
+    queue_full: int = 0  # records the reader thread could not hand over (the poll loop fell behind)
     skipped_entities: dict[str, int] = field(default_factory=dict)  # entity type -> rows (Switch, CPU...)
 
     def counts(self) -> dict[str, int]:
@@ -77,6 +79,8 @@ class DmonStats:
             "dropped.blank_sentinel": self.blank,
             "dropped.unparsable_row": self.skipped_rows,
             "dropped.unknown_column": self.unknown_columns,
+            "dropped.bad_value": self.bad_values,
+            "dropped.queue_full": self.queue_full,
             "restarts": self.restarts,
         }
         for ent, n in sorted(self.skipped_entities.items()):
@@ -86,9 +90,14 @@ class DmonStats:
 
 # Entity cells as DeviceMonitor.cpp prints them: "GPU 0", "GPU 0 LINK 3", "SW 1 LINK 3", "GPU-I 9",
 # "GPU-CI 9", "Switch 0", "CPU 0", "CPU Core 5", "vGPU 1", "CX 0". Longest names first.
+# Ids are ASCII digits of bounded length: "\d" would read "٣" as GPU 3, and int() of 5,000 digits raises.
 _ENTITY = re.compile(
-    r"^\s*(GPU-CI|GPU-I|GPU|SW|Switch|NvSwitch|CPU Core|CPU|vGPU|CX)\s+(\d+)(?:\s+LINK\s+(\d+))?(?=\s|$)"
+    r"^\s*(GPU-CI|GPU-I|GPU|SW|Switch|NvSwitch|CPU Core|CPU|vGPU|CX)\s+([0-9]{1,9})(?:\s+LINK\s+([0-9]{1,9}))?(?=\s|$)",
+    re.ASCII,
 )
+# A value as dmon prints it: a plain decimal number (float() would also take "٣", "1_0" or "inf").
+_NUMBER = re.compile(r"[-+]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][-+]?[0-9]{1,3})?", re.ASCII)
+MAX_CELL = 40
 
 
 def _entity(line: str) -> tuple[str, int, int | None, int] | None:
@@ -202,11 +211,15 @@ class DmonParser:
             if v == "N/A":
                 self.stats.na += 1
                 continue
-            try:
-                x = float(v)
-            except ValueError:
-                self.stats.na += 1
+            if len(v) > MAX_CELL or not _NUMBER.fullmatch(v):
+                # A word ("N/S", "ERR!") is a placeholder like N/A; digits that are no plain number
+                # ("٣", "1_0", 400 digits) are a damaged cell.
+                if any(c.isdigit() for c in v):
+                    self.stats.bad_values += 1
+                else:
+                    self.stats.na += 1
                 continue
+            x = float(v)
             if is_blank(f, x):
                 self.stats.blank += 1
                 continue
@@ -295,6 +308,7 @@ class DmonSource:
         dcgmi: str = "dcgmi",
         probe: bool = True,
         restart_backoff_s: float = 1.0,
+        max_queued: int = 100_000,
     ) -> None:
         self.host = host or socket.gethostname()
         self.dcgmi = dcgmi
@@ -305,7 +319,7 @@ class DmonSource:
         self.argv = [dcgmi, "dmon", "-e", ",".join(map(str, self.field_ids)), "-d", str(int(interval_s * 1000))]
         self.parser = DmonParser(self.host)
         self.done = False
-        self._q: queue.Queue[DcgmRecord] = queue.Queue(maxsize=100_000)
+        self._q: queue.Queue[DcgmRecord] = queue.Queue(maxsize=max_queued)
         self._stop = threading.Event()
         self._proc: subprocess.Popen[str] | None = None
         self._backoff = restart_backoff_s
@@ -333,7 +347,8 @@ class DmonSource:
                     try:
                         self._q.put_nowait(rec)
                     except queue.Full:
-                        pass  # the sender's own bound is the one that counts; this only caps memory
+                        # Only when the poll loop is stuck: the bound caps memory; the loss is counted.
+                        self.parser.stats.queue_full += 1
             rc = self._proc.wait()
             if self._stop.is_set():
                 break
