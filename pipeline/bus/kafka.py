@@ -11,7 +11,12 @@ import logging
 from typing import Any
 
 from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer
-from kafka.errors import KafkaError, TopicAlreadyExistsError
+from kafka.errors import (
+    KafkaError,
+    MessageSizeTooLargeError,
+    RecordListTooLargeError,
+    TopicAlreadyExistsError,
+)
 
 from pipeline.bus import connection
 from pipeline.bus.base import Message, Topics
@@ -48,6 +53,12 @@ class _Failed:
 
     def get(self, timeout: float | None = None) -> None:
         raise self.err
+
+
+def is_too_large(err: BaseException) -> bool:
+    """True when a send failed because the message is larger than the client's
+    ``max_request_size`` or the topic's ``max.message.bytes``: sending it again cannot succeed."""
+    return isinstance(err, (MessageSizeTooLargeError, RecordListTooLargeError))
 
 
 class KafkaBusProducer:
@@ -96,25 +107,33 @@ class KafkaBusProducer:
             return None
         return len(parts) if parts else None
 
-    def flush(self, timeout: float | None = 60.0) -> int:
+    def flush_results(self, timeout: float | None = 60.0) -> list[BaseException | None]:
+        """Wait for every send since the last flush; each one's error (None: acknowledged), in
+        the order they were sent, so a caller can treat a refused message apart from an outage."""
         futures, self._futures = self._futures, []
         try:
             self._p.flush(timeout=timeout)
         except KafkaError as e:
             log.warning("kafka flush: %s", e)
-        failed: list[BaseException] = []
+        results: list[BaseException | None] = []
         for f in futures:
             try:
                 f.get(timeout=0 if f.is_done else timeout)
+                results.append(None)
             except Exception as e:  # noqa: BLE001 - every failure counts, whatever its class
-                failed.append(e)
+                results.append(e)
+        return results
+
+    def flush(self, timeout: float | None = 60.0) -> int:
+        results = self.flush_results(timeout)
+        failed = [e for e in results if e is not None]
         if failed:
             raise DeliveryError(
-                f"{len(failed)} of {len(futures)} sends not acknowledged: {failed[0]!r}",
+                f"{len(failed)} of {len(results)} sends not acknowledged: {failed[0]!r}",
                 failed=len(failed),
                 retriable=all(getattr(e, "retriable", False) for e in failed),
             )
-        return len(futures)
+        return len(results)
 
     def close(self, timeout: float = 10.0) -> None:
         self._p.close(timeout=timeout)

@@ -61,6 +61,47 @@ def per_host_messages(
             yield key, _enc.encode(recs[i : i + max_records])
 
 
+def sized_host_messages(
+    records: Iterable[dict[str, Any] | msgspec.Struct], max_records: int, max_bytes: int
+) -> tuple[list[tuple[bytes, list[bytes]]], list[dict[str, Any] | msgspec.Struct]]:
+    """``per_host_messages`` bounded in bytes as well as records: (messages as (key, encoded
+    records), the records that alone are larger than ``max_bytes``).
+
+    A message is ``array(parts)``; it holds at most ``max_records`` records and ``max_bytes``
+    bytes, so one host's long label cannot push a message past the broker's limit. A record too
+    large on its own is returned, never sent: no broker would take it, and retrying it would
+    hold every record behind it."""
+    if max_records <= 0 or max_bytes <= 2:
+        raise ValueError("max_records and max_bytes must be positive")
+    groups: dict[str, list[Any]] = {}
+    for rec in records:
+        groups.setdefault(_host(rec), []).append(rec)
+    out: list[tuple[bytes, list[bytes]]] = []
+    too_large: list[Any] = []
+    for host, recs in groups.items():
+        key = host.encode("utf-8", "backslashreplace")
+        parts: list[bytes] = []
+        size = 2  # "[" and "]"
+        for rec in recs:
+            b = _enc.encode(rec)
+            if len(b) + 2 > max_bytes:
+                too_large.append(rec)
+                continue
+            if parts and (len(parts) >= max_records or size + 1 + len(b) > max_bytes):
+                out.append((key, parts))
+                parts, size = [], 2
+            size += len(b) + (1 if parts else 0)
+            parts.append(b)
+        if parts:
+            out.append((key, parts))
+    return out, too_large
+
+
+def array(parts: list[bytes]) -> bytes:
+    """The JSON array of already encoded records: a telemetry message's value."""
+    return b"[" + b",".join(parts) + b"]"
+
+
 def per_record_messages(records: Iterable[dict[str, Any] | msgspec.Struct]) -> Iterator[tuple[bytes, bytes]]:
     """One message per record (what a naive producer does; kept for the wire-format benchmark)."""
     for rec in records:
