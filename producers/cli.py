@@ -10,10 +10,13 @@ from typing import Any
 
 log = logging.getLogger(__name__)
 
-FINDINGS_EXIT = 3  # the input was read, and it holds a critical finding (e.g. nccl-tests wrong results)
+# Exit status: 0 done; 3 the input holds a critical finding (nccl-tests wrong results) or a file
+# producer lost input (a poll raised, a counted drop that is not "no value", records not
+# delivered); 4 the broker refused the login; 2 bad arguments or a source that cannot start.
+FINDINGS_EXIT = 3
 
 
-def _sender(args: argparse.Namespace) -> Any:
+def _sender(args: argparse.Namespace, backpressure: bool = False) -> Any:
     from pipeline.bus import Topics, connection
     from pipeline.errors import BrokerUnavailableError
     from producers.common import BoundedSender, JsonlSink, KafkaSink
@@ -26,7 +29,7 @@ def _sender(args: argparse.Namespace) -> Any:
     if args.buffer <= 0:
         raise SystemExit("gpuwarden produce: --buffer must be a positive number of records")
     if args.out:
-        return BoundedSender(JsonlSink(args.out), max_records=args.buffer)
+        return BoundedSender(JsonlSink(args.out), max_records=args.buffer, backpressure=backpressure)
     conn = connection.from_args(args)
     # A broker that is down is an outage the buffer rides out; a refused login or TLS never
     # heals by waiting, so it stops the producer at once (exit 4, one line).
@@ -36,21 +39,24 @@ def _sender(args: argparse.Namespace) -> Any:
     sink = KafkaSink(
         conn.bootstrap, Topics(args.prefix).telemetry, send_timeout_s=args.send_timeout, security=conn.options()
     )
-    return BoundedSender(sink, max_records=args.buffer)
+    return BoundedSender(sink, max_records=args.buffer, backpressure=backpressure)
 
 
-def _run(args: argparse.Namespace, make_source: Any) -> int:
+def _run(args: argparse.Namespace, make_source: Any, *, from_file: bool = False) -> int:
+    """Run a producer; ``from_file``: its input is a file, read to the end (back-pressure instead
+    of dropping, and a non-zero exit when input was lost)."""
     from producers.common import (
         ProducerMetrics,
         RunResult,
         format_counts,
         install_stop_handlers,
+        lost_input,
         run,
         serve_metrics,
         source_counts,
     )
 
-    sender = _sender(args)
+    sender = _sender(args, backpressure=from_file)
     try:
         source = make_source()
     except Exception as e:  # noqa: BLE001 - no NVML, no dcgmi, unreadable input: one clear line
@@ -79,7 +85,7 @@ def _run(args: argparse.Namespace, make_source: Any) -> int:
     s = res.sender
     print(
         f"gpuwarden produce {args.source}: {res.records} records read, {s.sent} delivered, "
-        f"{s.dropped} dropped, {s.failures} failed sends",
+        f"{s.dropped + s.too_large} dropped, {s.failures} failed sends, {res.poll_errors} failed polls",
         file=sys.stderr,
         flush=True,
     )
@@ -90,7 +96,15 @@ def _run(args: argparse.Namespace, make_source: Any) -> int:
     findings = getattr(getattr(source, "stats", None), "findings", None) or []
     for f in findings:
         print(f"gpuwarden produce {args.source}: CRITICAL {f.describe()}", file=sys.stderr, flush=True)
-    return FINDINGS_EXIT if findings else 0
+    lost = lost_input(source, res) if from_file else {}
+    if lost:
+        # A file read in part is not a success: scripts and CI must see it (exit 3).
+        print(
+            f"gpuwarden produce {args.source}: LOST input: {format_counts(lost)} (exit {FINDINGS_EXIT})",
+            file=sys.stderr,
+            flush=True,
+        )
+    return FINDINGS_EXIT if findings or lost else 0
 
 
 def _cmd_dcgm_exporter(args: argparse.Namespace) -> int:
@@ -98,14 +112,18 @@ def _cmd_dcgm_exporter(args: argparse.Namespace) -> int:
 
     if bool(args.url) == bool(args.file):
         raise SystemExit("gpuwarden produce dcgm-exporter: give exactly one of --url URL or --file FILE...")
-    return _run(args, lambda: ExporterSource(args.url, files=args.file, timeout_s=args.timeout, host=args.host))
+    return _run(
+        args,
+        lambda: ExporterSource(args.url, files=args.file, timeout_s=args.timeout, host=args.host),
+        from_file=bool(args.file),
+    )
 
 
 def _cmd_dcgmi(args: argparse.Namespace) -> int:
     from producers.dcgmi import DEFAULT_FIELD_IDS, DmonFileSource, DmonSource
 
     if args.file:
-        return _run(args, lambda: DmonFileSource(args.file, interval_s=args.interval, host=args.host))
+        return _run(args, lambda: DmonFileSource(args.file, interval_s=args.interval, host=args.host), from_file=True)
 
     ids: tuple[int, ...] = DEFAULT_FIELD_IDS
     if args.fields:
@@ -145,7 +163,7 @@ def _cmd_nccl_inspector(args: argparse.Namespace) -> int:
 def _cmd_nccl_tests(args: argparse.Namespace) -> int:
     from producers.nccl_tests import NcclTestsSource
 
-    return _run(args, lambda: NcclTestsSource(args.file, coll=args.coll, host=args.host, job=args.job))
+    return _run(args, lambda: NcclTestsSource(args.file, coll=args.coll, host=args.host, job=args.job), from_file=True)
 
 
 def _cmd_kmsg(args: argparse.Namespace) -> int:
@@ -168,7 +186,7 @@ def _cmd_kmsg(args: argparse.Namespace) -> int:
         reader = JournalReader(args.journalctl) if args.journal else DevKmsgReader(args.kmsg or "/dev/kmsg")
         return KmsgFollower(reader, pci, host=args.host, sample=not args.events_only)
 
-    return _run(args, make)
+    return _run(args, make, from_file=bool(args.file))
 
 
 def _common(p: argparse.ArgumentParser, interval: float) -> None:
@@ -184,7 +202,8 @@ def _common(p: argparse.ArgumentParser, interval: float) -> None:
         "--buffer",
         type=int,
         default=200_000,
-        help="records held while the broker is away; the oldest are dropped beyond it (default %(default)s)",
+        help="records held while the broker is away; the oldest are dropped beyond it (a file "
+        "waits for the sink instead, while it makes progress) (default %(default)s)",
     )
     p.add_argument("--send-timeout", type=float, default=5.0, help="seconds one send may wait (default %(default)s)")
     p.add_argument(

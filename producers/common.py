@@ -8,7 +8,13 @@ keeps being polled, and no send waits longer than ``send_timeout_s``: a telemetr
 blocks its source hides exactly the incident it should report.
 
 Delivery is at least once: a batch is removed from the buffer only after the broker
-acknowledged all of it, so a partly acknowledged batch is sent again after an outage.
+acknowledged all of it, so a partly acknowledged batch is sent again after an outage. A record
+that no broker would take (larger than the message limit on its own) is dropped and counted
+(``record_too_large``), never retried: it would hold every record behind it for good.
+
+A file source (``--file``, nccl-tests) has all of its input at hand, so its sender applies
+back-pressure (``backpressure=True``): the loop waits for the sink to take the records instead
+of dropping the oldest, as long as the sink makes progress (``stall_s``).
 
 Nothing is dropped silently: every source's ``summary()`` counts what it read and, under
 ``dropped.<reason>`` keys, what it left out; ``run`` logs those counts periodically and at exit,
@@ -27,7 +33,7 @@ from typing import Any, Callable, Iterable, Protocol
 
 import msgspec
 
-from pipeline.bus.telemetry import per_host_messages
+from pipeline.bus.telemetry import array, sized_host_messages
 from pipeline.errors import BrokerUnavailableError, BusError
 from pipeline.schema import encode
 
@@ -35,12 +41,15 @@ log = logging.getLogger(__name__)
 
 # A record as the schema's Struct, or as the dict the simulator builds (same JSON either way).
 Record = msgspec.Struct | dict[str, Any]
+# The client's max_request_size (pipeline/bus/kafka.py) less room for the batch's own framing.
+MAX_MESSAGE_BYTES = 8 * 1024 * 1024 - 64 * 1024
 
 
 class Sink(Protocol):
-    """Where batches go; ``deliver`` raises ``BusError`` unless all of them arrived."""
+    """Where batches go; ``deliver`` raises ``BusError`` unless all of them arrived, except those
+    refused for good as too large, whose number it returns."""
 
-    def deliver(self, records: list[Record]) -> None: ...
+    def deliver(self, records: list[Record]) -> int | None: ...
 
     def close(self) -> None: ...
 
@@ -53,9 +62,10 @@ class JsonlSink:
 
         self._sink = FileSink(path)
 
-    def deliver(self, records: list[Record]) -> None:
+    def deliver(self, records: list[Record]) -> int:
         self._sink.write_many(encode(r) for r in records)
         self._sink.flush()  # a follower (tail -f, replay) sees each interval's records at once
+        return 0
 
     def close(self) -> None:
         self._sink.close()
@@ -79,9 +89,13 @@ class KafkaSink:
         security: dict[str, Any] | None = None,
         ensure: bool = True,
         max_records_per_message: int = 1000,
+        max_message_bytes: int = MAX_MESSAGE_BYTES,
+        make_client: Callable[[], Any] | None = None,
     ) -> None:
         self.bootstrap = bootstrap
         self.max_records_per_message = max_records_per_message
+        self.max_message_bytes = max_message_bytes
+        self.make_client = make_client  # tests: a stand-in for KafkaBusProducer
         self.topic = topic
         self.send_timeout_s = send_timeout_s
         self.security = security
@@ -89,6 +103,8 @@ class KafkaSink:
         self._producer: Any = None
 
     def _client(self) -> Any:
+        if self._producer is None and self.make_client is not None:
+            self._producer = self.make_client()
         if self._producer is None:
             from pipeline.bus.kafka import KafkaBusProducer
 
@@ -118,20 +134,67 @@ class KafkaSink:
             self.ensure = False
         return self._producer
 
-    def deliver(self, records: list[Record]) -> None:
+    def deliver(self, records: list[Record]) -> int:
+        """Send ``records``; return how many were refused for good as too large (logged)."""
+        from pipeline.bus.kafka import is_too_large
+
         try:
             p = self._client()
             # A host's records go in one message per interval; after an outage the backlog of one
             # host is split so no message nears the 8 MiB request (and decoder) limit.
-            for key, value in per_host_messages(records, self.max_records_per_message):
-                p.send(self.topic, value, key)
-            p.flush(timeout=self.send_timeout_s)
+            pending, big = sized_host_messages(records, self.max_records_per_message, self.max_message_bytes)
+            refused = len(big)
+            for r in big:
+                self._too_large(r, f"larger than {self.max_message_bytes} bytes encoded")
+            for key, parts in pending:
+                p.send(self.topic, array(parts), key)
+            results = p.flush_results(timeout=self.send_timeout_s)
+            failed = [e for e in results if e is not None and not is_too_large(e)]
+            if failed:
+                raise BrokerUnavailableError(f"{len(failed)} of {len(pending)} sends failed: {failed[0]!r}")
+            suspects = [m for m, e in zip(pending, results) if e is not None]
+            if suspects:
+                refused += self._isolate(suspects)
+            return refused
         except BusError:
             self._reset()
             raise
         except Exception as e:  # noqa: BLE001 - kafka-python raises many classes for one outage
             self._reset()
             raise BrokerUnavailableError(f"send to {self.bootstrap} failed: {e!r}") from e
+
+    def _isolate(self, suspects: list[tuple[bytes, list[bytes]]]) -> int:
+        """Send messages refused as too large again one at a time, halving each until it fits;
+        return how many single records were refused. A broker's refusal is fatal to an idempotent
+        kafka-python producer (every batch in flight fails with it), hence a fresh client after
+        each and one message at a time: the refusal then names the message that caused it."""
+        from pipeline.bus.kafka import is_too_large
+
+        refused = 0
+        todo = list(suspects)
+        self._reset()
+        while todo:
+            key, parts = todo.pop(0)
+            p = self._client()
+            p.send(self.topic, array(parts), key)
+            (err,) = p.flush_results(timeout=self.send_timeout_s) or [None]
+            if err is None:
+                continue
+            if not is_too_large(err):
+                raise BrokerUnavailableError(f"send failed: {err!r}")
+            self._reset()
+            if len(parts) > 1:
+                # The topic's max.message.bytes is below ours: halve the message until it fits.
+                half = len(parts) // 2
+                todo[:0] = [(key, parts[:half]), (key, parts[half:])]
+            else:
+                refused += 1
+                self._too_large(parts[0], f"refused by the broker: {err!r}")
+        return refused
+
+    def _too_large(self, rec: Any, why: str) -> None:
+        head = rec[:120] if isinstance(rec, bytes) else encode(rec)[:120]
+        log.warning("record dropped (record_too_large), %s: %r...", why, head)
 
     def _reset(self) -> None:
         p, self._producer = self._producer, None
@@ -154,6 +217,8 @@ class SenderStats:
     dropped: int = 0
     failures: int = 0
     batches: int = 0
+    too_large: int = 0  # records no broker would take, dropped (never retried)
+    undelivered: int = 0  # records still buffered when the producer stopped
 
 
 class BoundedSender:
@@ -162,6 +227,10 @@ class BoundedSender:
 
     After a failure only one probe batch of ``probe_records`` goes out per retry, so an outage
     costs one short timeout per back-off period, not one per buffered message.
+
+    ``backpressure`` (file sources): ``submit`` never drops; ``wait_for_room`` holds the caller
+    until the buffer is back within ``max_records``, and gives up (dropping the oldest, counted)
+    only after ``stall_s`` seconds in which the sink took nothing.
     """
 
     def __init__(
@@ -174,6 +243,8 @@ class BoundedSender:
         backoff_s: float = 0.5,
         max_backoff_s: float = 10.0,
         clock: Callable[[], float] = time.monotonic,
+        backpressure: bool = False,
+        stall_s: float = 120.0,
     ) -> None:
         if max_records <= 0:
             raise ValueError("max_records must be positive")
@@ -184,6 +255,8 @@ class BoundedSender:
         self.backoff_s = backoff_s
         self.max_backoff_s = max_backoff_s
         self.clock = clock
+        self.backpressure = backpressure
+        self.stall_s = stall_s
         self.stats = SenderStats()
         self._buf: deque[Record] = deque()
         self._healthy = True
@@ -201,6 +274,10 @@ class BoundedSender:
             self._buf.append(r)
             n += 1
         self.stats.submitted += n
+        if not self.backpressure:
+            self._drop_over()
+
+    def _drop_over(self) -> None:
         over = len(self._buf) - self.max_records
         if over > 0:
             for _ in range(over):
@@ -225,7 +302,7 @@ class BoundedSender:
             n = min(len(self._buf), self.max_batch if self._healthy else self.probe_records)
             batch = [self._buf[i] for i in range(n)]
             try:
-                self.sink.deliver(batch)
+                refused = self.sink.deliver(batch) or 0
             except Exception as e:  # noqa: BLE001 - any failure is retried later; none may stop the source
                 self.stats.failures += 1
                 if self._healthy:
@@ -236,8 +313,9 @@ class BoundedSender:
                 break
             for _ in range(n):
                 self._buf.popleft()
-            delivered += n
-            self.stats.sent += n
+            delivered += n - refused
+            self.stats.sent += n - refused
+            self.stats.too_large += refused
             self.stats.batches += 1
             if not self._healthy:
                 log.warning("delivery recovered; %d records still buffered", len(self._buf))
@@ -248,13 +326,38 @@ class BoundedSender:
                 force = False  # one forced attempt; the rest follows the normal rules
         return delivered
 
+    def wait_for_room(self, stop: threading.Event) -> None:
+        """Back-pressure: send until the buffer is within ``max_records`` again, while the sink
+        makes progress; after ``stall_s`` without any, drop the excess (counted) and go on. A stop
+        leaves the buffer as it is, for ``drain``."""
+        last = self.clock()
+        while len(self._buf) > self.max_records and not stop.is_set():
+            before = len(self._buf)
+            self.pump()
+            now = self.clock()
+            if len(self._buf) < before:
+                last = now
+            elif now - last >= self.stall_s:
+                log.warning(
+                    "sink took nothing for %.0fs: dropping the oldest beyond %d", self.stall_s, self.max_records
+                )
+                self._drop_over()
+                return
+            else:
+                stop.wait(min(0.2, max(0.01, self._next_try - now)))
+
     def drain(self, deadline_s: float) -> None:
-        """Try to empty the buffer for up to ``deadline_s`` seconds (used at shutdown)."""
+        """Try to empty the buffer for up to ``deadline_s`` seconds (used at shutdown); with
+        back-pressure, for as long as the sink keeps taking records (``stall_s`` without any ends it).
+        What is left is counted as ``undelivered``."""
         end = self.clock() + deadline_s
         while self._buf and self.clock() < end:
             if self.pump(force=True) == 0:
                 time.sleep(min(0.2, max(0.0, end - self.clock())))
+            elif self.backpressure:
+                end = max(end, self.clock() + self.stall_s)
         if self._buf:
+            self.stats.undelivered = len(self._buf)
             log.warning("stopping with %d records undelivered", len(self._buf))
 
     def close(self) -> None:
@@ -292,6 +395,27 @@ def source_counts(source: Any) -> dict[str, int]:
     return {}
 
 
+# Drop reasons that are the format's "no value here" or input that is not GPU telemetry by
+# design, not input lost: a file producer's exit status ignores them (docs/producers.md).
+NOT_LOST = ("blank_sentinel", "na_value", "unknown_metric", "unknown_column", "no_gpu_label", "skipped_entity")
+
+
+def lost_input(source: Any, result: "RunResult") -> dict[str, int]:
+    """What a run lost of its input, by reason (empty: nothing): polls that raised, the
+    source's ``dropped.*`` counts other than ``NOT_LOST``, and the sender's drops and leftovers."""
+    s = result.sender
+    lost = {
+        "poll_errors": result.poll_errors,
+        "dropped.send_buffer_full": s.dropped,
+        "dropped.record_too_large": s.too_large,
+        "undelivered": s.undelivered,
+    }
+    for k, v in source_counts(source).items():
+        if k.startswith(DROPPED) and k[len(DROPPED) :].split(".")[0] not in NOT_LOST:
+            lost[k] = lost.get(k, 0) + v
+    return {k: v for k, v in lost.items() if v}
+
+
 def format_counts(counts: dict[str, int]) -> str:
     """``rows 31, records 30, dropped.unparsable_row 1``: the summary as one log-friendly line."""
     return ", ".join(f"{k} {v}" for k, v in counts.items()) or "nothing counted"
@@ -308,7 +432,8 @@ class RunResult:
 class ProducerMetrics:
     """A long-running producer's counters for Prometheus, read at scrape time (nothing to keep in
     step): records produced, sent, dropped by reason (the source's ``dropped.*`` counts and
-    ``send_buffer_full`` for the sender's own drops), failed sends, queue depth, polls.
+    ``send_buffer_full`` and ``record_too_large`` for the sender's own drops), failed sends,
+    queue depth, polls.
 
     Served by the service's hardened endpoint (``pipeline.service.metrics.HttpEndpoint``).
     """
@@ -342,6 +467,7 @@ class ProducerMetrics:
             labels=["producer", "reason"],
         )
         dropped.add_metric([self.name, "send_buffer_full"], s.dropped)
+        dropped.add_metric([self.name, "record_too_large"], s.too_large)
         read = CounterMetricFamily(
             "gpuwarden_producer_read", "What the source read, by unit (rows, lines, ...)", labels=["producer", "what"]
         )
@@ -395,13 +521,14 @@ def _log_counts(source: Any, res: RunResult, sender: BoundedSender, what: str) -
     counts = source_counts(source)
     drops = {k: v for k, v in counts.items() if k.startswith(DROPPED) and v}
     log.log(
-        logging.WARNING if drops or s.dropped else logging.INFO,
-        "producer %s: %d polls, %d records, %d sent, %d send-buffer drops, %d failed sends, %d queued; %s",
+        logging.WARNING if drops or s.dropped or s.too_large or res.poll_errors else logging.INFO,
+        "producer %s: %d polls, %d records, %d sent, %d send-buffer drops, %d too large, %d failed sends, %d queued; %s",
         what,
         res.polls,
         res.records,
         s.sent,
         s.dropped,
+        s.too_large,
         s.failures,
         len(sender),
         format_counts(counts),
@@ -443,6 +570,8 @@ def run(
             if recs:
                 sender.submit(recs)
             sender.pump()
+            if sender.backpressure:
+                sender.wait_for_room(stop)
             if time.monotonic() >= next_log:
                 next_log = time.monotonic() + log_every_s
                 _log_counts(source, res, sender, "running")

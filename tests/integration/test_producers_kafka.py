@@ -170,3 +170,43 @@ def test_outage_then_recovery_delivers_what_was_buffered(kafka_bootstrap, topic_
     assert r.fields.DCGM_FI_DEV_POWER_USAGE == pytest.approx(67.316) and r.host == "gpu-node-1"
     kafka_report.append(f"producer outage: {sender.stats.failures} failed sends, {sender.stats.dropped} dropped "
                         f"(oldest), {sender.stats.sent} delivered after recovery to {topics.telemetry}")
+
+
+def test_records_too_large_are_dropped_and_the_records_behind_them_delivered(kafka_bootstrap, topic_prefix,
+                                                                             kafka_report):
+    """One 9 MB record (over the client's 8 MiB request limit) and one of 2 MB (over the topic's
+    1 MiB max.message.bytes, refused by the broker) among two real scrapes: both are dropped and
+    counted, never retried, and every record around them reaches the topic.
+
+    Before: the batch failed with MessageSizeTooLargeError, was treated as an outage and retried
+    forever; nothing behind it was delivered."""
+    from kafka import KafkaAdminClient
+    from kafka.admin import NewTopic
+
+    topics = Topics(topic_prefix)
+    admin = KafkaAdminClient(bootstrap_servers=kafka_bootstrap)
+    try:
+        admin.create_topics([NewTopic(topics.telemetry, 1, 1, topic_configs={"max.message.bytes": "1048576"})])
+    finally:
+        admin.close()
+    text = (DATA / "dcgm_exporter_h100_8gpu_sampled.prom").read_text()
+    before, _ = parse_metrics(text, ts=T0)
+    after, _ = parse_metrics(text, ts=T0 + 2)
+    huge, big = parse_metrics(text, ts=T0 + 1)[0][:2]
+    huge.labels = {"long": "x" * (9 * 1024 * 1024)}
+    big.labels = {"long": "y" * (2 * 1024 * 1024)}
+    sender = BoundedSender(KafkaSink(kafka_bootstrap, topics.telemetry, send_timeout_s=10.0, ensure=False),
+                           backoff_s=0.2, max_backoff_s=0.5)
+    try:
+        sender.submit(before + [huge, big] + after)
+        deadline = time.monotonic() + 60
+        while len(sender) and time.monotonic() < deadline:
+            sender.pump()
+            time.sleep(0.1)
+        s = sender.stats
+        assert len(sender) == 0 and s.too_large == 2 and s.sent == 16 and s.failures == 0
+    finally:
+        sender.close()
+    got = _consume(kafka_bootstrap, topics.telemetry, 16)
+    assert sorted((round(r.ts - T0), r.gpu) for r in got) == sorted([(0, g) for g in range(8)] + [(2, g) for g in range(8)])
+    kafka_report.append(f"record size: 2 too-large records dropped ({s.too_large}), {s.sent} delivered around them")

@@ -220,9 +220,9 @@ def test_produce_then_replay_raises_catalogue_driven_alerts_with_the_action(tmp_
     pci = write(tmp_path, "pci.csv", PCI_MAP)
     out, alerts = tmp_path / "kmsg.jsonl", tmp_path / "alerts.jsonl"
     assert main(["produce", "kmsg", "--file", str(log), "--pci-map", str(pci), "--boot-time", "1800000000",
-                 "--host", "n1", "--out", str(out), "--interval", "5"]) == 0
+                 "--host", "n1", "--out", str(out), "--interval", "5"]) == 3  # an XID lost: unmapped PCI
     err = capsys.readouterr().err
-    assert "xid_lines 6" in err and "dropped.unmapped_pci 1" in err
+    assert "xid_lines 6" in err and "dropped.unmapped_pci 1" in err and "LOST input: dropped.unmapped_pci 1" in err
     assert main(["replay", str(out), "--alerts-out", str(alerts), "-q"]) == 0
     fired = {(a["rule"], a["gpu"]): a for a in map(json.loads, alerts.read_text().splitlines())
              if a["state"] == "firing"}

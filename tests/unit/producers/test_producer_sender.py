@@ -132,6 +132,9 @@ def test_kafka_sink_splits_a_hosts_backlog_into_bounded_messages():
         def flush(self, timeout=None):
             return len(sent)
 
+        def flush_results(self, timeout=None):
+            return [None] * len(sent)
+
     sink = KafkaSink("unused:1", "gw.telemetry", ensure=False, max_records_per_message=100)
     sink._producer = P()
     sink.deliver(recs(0, 250) + recs(0, 30, host="other"))

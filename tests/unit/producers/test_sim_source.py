@@ -34,6 +34,12 @@ class FakeProducer:
             raise DeliveryError("refused", failed=1, retriable=True)
         return len(self.sent)
 
+    def flush_results(self, timeout: float | None = None) -> list[BaseException | None]:
+        # What KafkaSink reads: each send's error since the last flush (None: acknowledged).
+        from pipeline.errors import DeliveryError
+        pending, self._flushed = len(self.sent) - getattr(self, "_flushed", 0), len(self.sent)
+        return [DeliveryError("refused", failed=1, retriable=True) if self.fail else None] * pending
+
     def close(self, timeout: float = 10.0) -> None:
         pass
 
