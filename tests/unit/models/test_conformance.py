@@ -14,7 +14,7 @@ from pipeline.models.detectors.hst import KEYS, CohortHalfSpaceTrees, _normalise
 from pipeline.models.modelset import _decode_state, _pack
 from pipeline.models.protocol import Detector
 from pipeline.models.registry import REGISTRY, build
-from tests.unit.models.conftest import HOSTS, TARGETS, auc, one_model, run_scores
+from tests.unit.models.factories import HOSTS, TARGETS, auc, one_model, run_scores
 
 NAMES = sorted(REGISTRY)
 

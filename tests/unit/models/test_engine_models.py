@@ -11,7 +11,7 @@ from pipeline.engine import Engine
 from pipeline.errors import StateError
 from pipeline.models import load_models
 from pipeline.rules import load_rules
-from tests.unit.models.conftest import one_model, run_scores
+from tests.unit.models.factories import one_model, run_scores
 
 
 def test_snapshot_restore_gives_identical_scores_and_alerts(sim_streams):
@@ -212,8 +212,8 @@ def test_state_keyed_by_telemetry_strings_restores_whatever_they_are(comm):
 
 
 def test_invented_gpu_models_share_one_overflow_cohort() -> None:
-    from pipeline.models.modelset import MAX_COHORTS, OVERFLOW_COHORT, load_models
     from pipeline.engine import Engine
+    from pipeline.models.modelset import MAX_COHORTS, OVERFLOW_COHORT, load_models
     from pipeline.schema import dcgm
     from tests.factories import HEALTHY, T0
 

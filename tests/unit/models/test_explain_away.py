@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import pytest
 
+from pipeline.errors import ConfigError
 from pipeline.evaluation.detectors import detectors
 from pipeline.evaluation.run import run_detectors
 from pipeline.models.config import specs_from_data
-from pipeline.errors import ConfigError
 from producers.sim import Simulator
 from producers.sim.scenarios import FaultSpec, Scenario
 

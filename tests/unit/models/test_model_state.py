@@ -13,7 +13,7 @@ from pipeline.engine import Engine
 from pipeline.errors import StateError
 from pipeline.models import load_models
 from pipeline.models.modelset import STATE_VERSION, _decode_state, _pack
-from tests.unit.models.conftest import run_scores
+from tests.unit.models.factories import run_scores
 
 
 class _Marker:

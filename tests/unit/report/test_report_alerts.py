@@ -3,8 +3,7 @@ import gzip
 from pipeline.report.alerts import group_events, load_alerts, most_important
 from pipeline.schema import encode
 from tests.factories import T0
-
-from tests.unit.report.conftest import alert, write_jsonl
+from tests.unit.report.factories import alert, write_jsonl
 
 
 def test_firing_and_resolved_events_pair_up_by_id():

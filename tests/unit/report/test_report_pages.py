@@ -14,7 +14,7 @@ from pipeline.report.alerts import group_events
 from pipeline.report.plots import ALERTED, alert_figure, bit_names
 from pipeline.report.signals import Signal
 from pipeline.report.telemetry import load_telemetry
-from tests.unit.report.conftest import alert, write_jsonl
+from tests.unit.report.factories import alert, write_jsonl
 
 
 def images(page: str) -> list[Image.Image]:

@@ -1,9 +1,16 @@
 import pytest
 
-from pipeline.report.signals import DCGM, NCCL, PRESENCE, PRESENCE_SIGNAL, CheckCatalog, Signal, evidence_signals, \
-    load_checks
-
-from tests.unit.report.conftest import alert
+from pipeline.report.signals import (
+    DCGM,
+    NCCL,
+    PRESENCE,
+    PRESENCE_SIGNAL,
+    CheckCatalog,
+    Signal,
+    evidence_signals,
+    load_checks,
+)
+from tests.unit.report.factories import alert
 
 
 @pytest.fixture(scope="module")

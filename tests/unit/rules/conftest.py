@@ -1,8 +1,9 @@
+"""Fixtures of these tests; the helpers they share are in factories.py beside this file."""
+
 import textwrap
 
 import pytest
 
-from pipeline.engine import Engine, EngineConfig
 from pipeline.rules import load_rules
 
 
@@ -16,12 +17,3 @@ def make_rules(tmp_path):
         assert rs is not None, [str(d) for d in diags]
         return rs
     return make
-
-
-def run_rules(ruleset, records, batch=None):
-    eng = Engine(EngineConfig(), row_checks=[], tick_checks=[], rules=ruleset)
-    out = []
-    step = batch or max(1, len(records))
-    for i in range(0, len(records), step):
-        out += eng.process(records[i:i + step]).alerts
-    return out + eng.flush().alerts, eng

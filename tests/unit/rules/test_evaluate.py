@@ -3,7 +3,7 @@ import random
 import numpy as np
 
 from tests.factories import T0, fleet, sample
-from tests.unit.rules.conftest import run_rules
+from tests.unit.rules.factories import run_rules
 
 
 def one_rule(condition, **extra):

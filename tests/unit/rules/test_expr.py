@@ -3,9 +3,17 @@ import pytest
 from pipeline.rules import expr as E
 from pipeline.rules.compile import compile_expr
 from pipeline.rules.context import CompileError
-from pipeline.rules.windows import WindowStore
-from pipeline.rules.diagnostics import ARITY, BAD_DURATION, TYPE, UNKNOWN_BIT, UNKNOWN_FUNCTION, UNKNOWN_METRIC, UNKNOWN_MODEL
+from pipeline.rules.diagnostics import (
+    ARITY,
+    BAD_DURATION,
+    TYPE,
+    UNKNOWN_BIT,
+    UNKNOWN_FUNCTION,
+    UNKNOWN_METRIC,
+    UNKNOWN_MODEL,
+)
 from pipeline.rules.durations import parse_duration
+from pipeline.rules.windows import WindowStore
 
 
 def err(src):

@@ -7,9 +7,9 @@ import pytest
 
 from pipeline.rules.compile import compile_expr
 from pipeline.rules.context import BOOL, NUM, CompileError
+from pipeline.rules.diagnostics import ARITY, UNKNOWN_FUNCTION
 from pipeline.rules.signatures import ALL_FUNCS, FUNCTIONS
 from pipeline.rules.windows import WindowStore
-from pipeline.rules.diagnostics import ARITY, UNKNOWN_FUNCTION
 
 DOC = Path(__file__).resolve().parents[3] / "docs" / "rules.md"
 

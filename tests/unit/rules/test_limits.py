@@ -13,11 +13,11 @@ from pipeline.rules import expr as E
 from pipeline.rules import load_rules
 from pipeline.rules.compile import compile_expr
 from pipeline.rules.context import CompileError
-from pipeline.rules.windows import WindowStore
 from pipeline.rules.durations import parse_duration
 from pipeline.rules.reload import RuleReloader
+from pipeline.rules.windows import WindowStore
 from tests.factories import sample
-from tests.unit.rules.conftest import run_rules
+from tests.unit.rules.factories import run_rules
 
 
 def rule(condition: str = "gpu_temp > 85", extra: str = "", name: str = "hot") -> str:

@@ -1,7 +1,7 @@
 import textwrap
 
-from pipeline.rules import load_rules
 from pipeline.rules import diagnostics as D
+from pipeline.rules import load_rules
 
 
 def check(tmp_path, text, name="r.yaml"):

@@ -12,7 +12,7 @@ import pytest
 from pipeline.rules import load_rules
 from pipeline.rules.xids import CATALOG, evidence_text, lookup, severity_levels
 from tests.factories import sample
-from tests.unit.rules.conftest import run_rules
+from tests.unit.rules.factories import run_rules
 from tests.unit.rules.test_evaluate import fired, one_rule
 
 RULES = Path(__file__).resolve().parents[3] / "rules"
