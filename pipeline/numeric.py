@@ -1,4 +1,5 @@
-"""Numpy helpers every layer shares: growing per-entity arrays, id bounds, per-group statistics.
+"""Numbers every layer shares: growing per-entity arrays, id bounds, per-group statistics, and
+numbers read from text others wrote (ASCII digits only, bounded length).
 
 Foundation: imports nothing of the project, so the engine, the rules and the models use one
 definition each without borrowing from one another.
@@ -6,6 +7,7 @@ definition each without borrowing from one another.
 
 from __future__ import annotations
 
+import math
 from typing import Literal
 
 import numpy as np
@@ -92,3 +94,46 @@ def group_stat(
         med = np.where(c > 0, (sv[np.minimum(lo, n - 1)] + sv[np.minimum(hi, n - 1)]) / 2.0, np.nan)
         return med[inv]
     raise ValueError(stat)
+
+
+# Numbers read from text others wrote (tool output, logs, JSON): ASCII only and of bounded
+# length, because ``str.isdigit``/``int``/``float`` accept Unicode digits ("²", "٣") and
+# ``int`` raises past 4,300 digits; a number that fails is the caller's counted drop.
+_ASCII_DIGITS = frozenset("0123456789")
+
+
+def ascii_int(text: object, max_digits: int = 19) -> int | None:
+    """``text`` as a non-negative int when it is 1..``max_digits`` ASCII digits, else ``None``
+    (``max_digits`` itself at most 4,000: ``int`` refuses longer)."""
+    if not isinstance(text, str) or not 0 < len(text) <= min(max_digits, 4000) or not _ASCII_DIGITS.issuperset(text):
+        return None
+    return int(text)
+
+
+def ascii_float(text: object, max_len: int = 64) -> float | None:
+    """A finite float from ASCII ``text`` of at most ``max_len`` characters (``1.5``, ``0e+00``,
+    ``-3``), else ``None`` (``nan``, ``inf``, ``N/A``, Unicode digits, too long)."""
+    if not isinstance(text, str) or len(text) > max_len or not text.isascii():
+        return None
+    try:
+        x = float(text)
+    except ValueError:
+        return None
+    return x if math.isfinite(x) else None
+
+
+def finite(value: object, limit: float = 2.0**63) -> float | None:
+    """A JSON-decoded number (int or float, not bool) as a finite float with ``|x| < limit``,
+    ASCII text read by ``ascii_float``, else ``None``."""
+    if isinstance(value, bool) or value is None:
+        return None
+    if isinstance(value, str):
+        x = ascii_float(value)
+    elif isinstance(value, (int, float)):
+        try:
+            x = float(value)
+        except OverflowError:  # an int past float's range
+            return None
+    else:
+        return None
+    return x if x is not None and math.isfinite(x) and abs(x) < limit else None

@@ -38,3 +38,16 @@ def test_group_stat():
 def test_the_old_homes_re_export_them():
     assert entities.grow is numeric.grow and entities.id_bound is numeric.id_bound
     assert windows.group_stat is numeric.group_stat and windows.distinct is numeric.distinct
+
+
+def test_numbers_from_text_are_ascii_and_bounded():
+    from pipeline.numeric import ascii_float, ascii_int, finite
+
+    assert ascii_int("1024") == 1024 and ascii_int("0") == 0
+    # str.isdigit() and int() accept these; a tool never prints them.
+    assert [ascii_int(t) for t in ("²", "٣", "", "-1", "1.0", " 1", "9" * 20, None)] == [None] * 8
+    assert ascii_int("9" * 5000, max_digits=10_000) is None and ascii_int("9" * 400, max_digits=400) is not None
+    assert ascii_float("0e+00") == 0.0 and ascii_float("-3") == -3.0 and ascii_float("1.5") == 1.5
+    assert [ascii_float(t) for t in ("nan", "inf", "N/A", "٣", "1" * 400, "9" * 65, b"1")] == [None] * 7
+    assert finite(5) == 5.0 and finite("2.5") == 2.5 and finite(1.0) == 1.0
+    assert [finite(v) for v in (True, None, [], {}, float("nan"), 10**400, 1e300, "²")] == [None] * 8
