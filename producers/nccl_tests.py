@@ -31,7 +31,6 @@ the lowest listed rank's), on its host and GPU.
 
 from __future__ import annotations
 
-import json
 import logging
 import re
 import socket
@@ -39,7 +38,9 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from pipeline.numeric import ascii_int, finite
 from pipeline.schema import NcclRecord
+from producers import jsonsafe
 
 log = logging.getLogger(__name__)
 
@@ -58,10 +59,13 @@ _COLL = {
     "scatter": "Scatter",
     "hypercube": "HyperCube",
 }
-_RANK = re.compile(r"#\s*Rank\s+(\d+)(?:\s+Group\s+(\d+))?(?:\s+Pid\s+(\d+))?\s+on\s+(\S+)\s+device\s+(\d+)")
-_PERF = re.compile(r"\b([a-z_]+?)_perf(?:_mpi)?\b")
-_NTHREAD = re.compile(r"nThread\s+(\d+)\s+nGpus\s+(\d+)")
-_OOB = re.compile(r"Out of bounds values\s*:\s*(\d+)\s*(\w*)")
+# Numbers are matched as any token and read by ascii_int: a line of the right shape whose number
+# is not one ("²", 4,300 digits) is counted as that line's drop instead of passing as text.
+_RANK = re.compile(r"#\s*Rank\s+(\S+)(?:\s+Group\s+(\S+))?(?:\s+Pid\s+(\S+))?\s+on\s+(\S+)\s+device\s+(\S+)")
+_PERF = re.compile(r"\b([a-z_]+?)_perf(?:_mpi)?\b", re.ASCII)
+_NTHREAD = re.compile(r"nThread\s+(\S+)\s+nGpus\s+(\S+)")
+_OOB = re.compile(r"Out of bounds values\s*:\s*(\S+)\s*(\w*)")
+RANK_DIGITS = 9  # ranks, devices, thread and GPU counts: far beyond any job
 
 
 def collective_name(text: str | None) -> str | None:
@@ -112,7 +116,9 @@ class ParseStats:
     runs: int = 0
     rows: int = 0
     records: int = 0
-    unparsable_rows: int = 0  # looked like a result row but did not fit the header
+    unparsable_rows: int = 0  # looked like a result row (or a JSON result) but did not fit the header
+    unparsable_lines: int = 0  # a rank, nThread or out-of-bounds line whose number is not one
+    bad_json_values: int = 0  # a -J value of the wrong type, or nested too deep: left out
     no_time: int = 0  # a row without a usable out-of-place time
     coll_from_file_name: int = 0
     findings: list[Finding] = field(default_factory=list)
@@ -134,11 +140,8 @@ class _Run:
 
 
 def _float(tok: Any) -> float | None:
-    try:
-        x = float(tok)
-    except (TypeError, ValueError):
-        return None
-    return x if x == x and x not in (float("inf"), float("-inf")) else None
+    """A finite number from a text cell or a JSON value (ASCII, bounded length), else None."""
+    return finite(tok)
 
 
 def _records(
@@ -220,9 +223,10 @@ def _row(header: list[str], time_scale: float, toks: list[str]) -> dict[str, Any
     groups = 0
     for name, tok in zip(header, toks):
         if name == "size":
-            if not tok.isdigit():
+            size = ascii_int(tok)
+            if size is None:
                 return None
-            row["size"] = int(tok)
+            row["size"] = size
         elif name in ("type", "redop", "root"):
             row[name] = tok
         elif name in ("time", "cputime"):
@@ -255,6 +259,11 @@ def _coll_of(
         )
         return c, "file_name"
     return "unknown", "unknown"
+
+
+def _bad_line(stats: ParseStats, line: str) -> None:
+    stats.unparsable_lines += 1
+    log.warning("nccl-tests line with a number that is not one: %r", line[:200])
 
 
 def parse_text(
@@ -296,8 +305,12 @@ def parse_text(
             if m:
                 if cur.rows:
                     close()
-                r = int(m.group(1))
-                cur.devices[r] = Device(r, m.group(4), int(m.group(5)), int(m.group(3)) if m.group(3) else None)
+                r, dev = ascii_int(m.group(1), RANK_DIGITS), ascii_int(m.group(5), RANK_DIGITS)
+                pid = ascii_int(m.group(3), RANK_DIGITS) if m.group(3) else None
+                if r is None or dev is None or (m.group(3) and pid is None):
+                    _bad_line(stats, s)
+                    continue
+                cur.devices[r] = Device(r, m.group(4), dev, pid)
                 continue
             if body.startswith("Collective test starting:"):
                 close()
@@ -311,13 +324,22 @@ def parse_text(
             if m:
                 if cur.rows or cur.nranks_header is not None:
                     close()
+                nthread, ngpus = ascii_int(m.group(1), RANK_DIGITS), ascii_int(m.group(2), RANK_DIGITS)
+                if nthread is None or ngpus is None:
+                    _bad_line(stats, s)
+                    continue
                 # One process's ranks: a lower bound for nranks (MPI runs multiply it by processes).
-                cur.nranks_header = int(m.group(1)) * int(m.group(2))
+                cur.nranks_header = nthread * ngpus
                 continue
             m = _OOB.search(body)
             if m:
-                n = int(m.group(1))
-                cur.oob = n if (n or m.group(2).upper() == "FAILED") else 0
+                n = ascii_int(m.group(1))
+                failed = m.group(2).upper() == "FAILED"
+                if n is None:
+                    _bad_line(stats, s)
+                    n = 1 if failed else None  # the verdict still stands when its count is unreadable
+                if n is not None:
+                    cur.oob = n if (n or failed) else 0
                 continue
             toks = body.split()
             if "size" in toks and "count" in toks:
@@ -370,32 +392,58 @@ def parse_json(
     job: str | None = None,
     stats: ParseStats | None = None,
 ) -> list[NcclRecord]:
-    """Records from nccl-tests ``-J`` output."""
+    """Records from nccl-tests ``-J`` output. A value of the wrong type is left out and counted
+    (``bad_json_values``; a result that is not an object or has no usable size: ``unparsable_rows``);
+    the rest of the document is read."""
     stats = stats if stats is not None else ParseStats()
-    cfg = doc.get("config") or {}
     run = _Run()
-    for d in cfg.get("devices") or []:
-        if isinstance(d, dict) and _float(d.get("rank")) is not None:
-            r = int(d["rank"])
-            run.devices[r] = Device(
-                r,
-                str(d.get("hostname") or "unknown"),
-                int(_float(d.get("device")) or 0),
-                int(_float(d.get("pid")) or 0),
-            )
-    args = doc.get("args") or []
-    for r in doc.get("results") or []:
-        if not isinstance(r, dict) or (size := _float(r.get("size"))) is None:
+
+    def obj(v: Any) -> dict[str, Any]:
+        if isinstance(v, dict):
+            return v
+        if v is not None:
+            stats.bad_json_values += 1
+        return {}
+
+    def seq(v: Any) -> list[Any]:
+        if isinstance(v, list):
+            return v
+        if v is not None:
+            stats.bad_json_values += 1
+        return []
+
+    def count(v: Any) -> int | None:
+        x = _float(v)
+        return int(x) if x is not None and x >= 0 else None
+
+    def text(v: Any) -> str | None:
+        return v if isinstance(v, str) else (str(v) if isinstance(v, int) and not isinstance(v, bool) else None)
+
+    doc = obj(doc)
+    for d in seq(obj(doc.get("config")).get("devices")):
+        r = count(d.get("rank")) if isinstance(d, dict) else None
+        if r is None:
+            stats.bad_json_values += 1
             continue
+        run.devices[r] = Device(
+            r, text(d.get("hostname")) or "unknown", count(d.get("device")) or 0, count(d.get("pid")) or 0
+        )
+    args = seq(doc.get("args"))
+    for r in seq(doc.get("results")):
         stats.rows += 1
-        oop, inp = r.get("out_of_place") or {}, r.get("in_place") or {}
+        size = count(r.get("size")) if isinstance(r, dict) else None
+        if size is None:
+            stats.unparsable_rows += 1
+            log.warning("nccl-tests -J result without a usable size: %.200r", r)
+            continue
+        oop, inp = obj(r.get("out_of_place")), obj(r.get("in_place"))
         num = lambda d, *ks: next((_float(d[k]) for k in ks if d.get(k) is not None), None)  # noqa: E731
         run.rows.append(
             {
-                "size": int(size),
-                "type": r.get("type"),
-                "redop": r.get("redop"),
-                "root": str(r.get("root", "")).strip(),
+                "size": size,
+                "type": text(r.get("type")),
+                "redop": text(r.get("redop")),
+                "root": (text(r.get("root")) or "").strip(),
                 "time": num(oop, "time", "cpu_time"),
                 "algbw": num(oop, "alg_bw"),
                 "busbw": num(oop, "bus_bw"),
@@ -407,10 +455,15 @@ def parse_json(
             }
         )
     oob = doc.get("out_of_bounds")
-    if isinstance(oob, dict) and _float(oob.get("count")) is not None:
-        run.oob = int(_float(oob["count"]) or 0) or (1 if oob.get("okay") is False else 0)
+    if isinstance(oob, dict):
+        n = count(oob.get("count"))
+        if n is None and oob.get("count") is not None:
+            stats.bad_json_values += 1
+        # okay=false is the verdict even when the count is missing or unreadable.
+        run.oob = n or (1 if oob.get("okay") is False else (0 if n is not None else None))
     stats.runs += 1
-    c, src = (coll, "flag") if coll else (collective_name(args[0] if args else None), "log")
+    arg0 = args[0] if args and isinstance(args[0], str) else None
+    c, src = (coll, "flag") if coll else (collective_name(arg0), "log")
     return _records(
         run,
         c or "unknown",
@@ -428,11 +481,16 @@ def parse(text: str, **kw: Any) -> list[NcclRecord]:
     """Text or ``-J`` JSON, whichever ``text`` is."""
     if text.lstrip().startswith("{"):
         try:
-            doc = json.loads(text)
+            # Values nested past the limit become null (counted), so one of them costs only itself.
+            doc, deep = jsonsafe.loads_pruned(text)
         except ValueError:
-            doc = None
+            doc, deep = None, 0
         if isinstance(doc, dict):
             kw.pop("name_hint", None)
+            stats = kw.get("stats")
+            if stats is None:
+                stats = kw["stats"] = ParseStats()
+            stats.bad_json_values += deep
             return parse_json(doc, **kw)
     return parse_text(text, **kw)
 
@@ -464,6 +522,8 @@ class NcclTestsSource:
             "runs": s.runs,
             "rows": s.rows,
             "dropped.unparsable_row": s.unparsable_rows,
+            "dropped.unparsable_line": s.unparsable_lines,
+            "dropped.bad_json_value": s.bad_json_values,
             "dropped.no_time": s.no_time,
             "wrong_result_runs": len(s.findings),
         }
