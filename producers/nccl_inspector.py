@@ -27,9 +27,7 @@ Prometheus mode (``--prom FILE``): the plugin rewrites a file with ``nccl_bus_ba
 
 from __future__ import annotations
 
-import json
 import logging
-import math
 import os
 import re
 import socket
@@ -40,22 +38,21 @@ from typing import Any, Iterable
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from pipeline.numeric import ascii_int, finite
 from pipeline.schema import NcclRecord
+from producers import jsonsafe
 
 log = logging.getLogger(__name__)
 
 _PATTERNS = ("*.log", "*.jsonl", "*.json")
+LINE_MAX = 4 * 1024 * 1024  # an operation line is a few hundred bytes, a verbose one a few KiB
+RING_KEYS_MAX = 65_536  # (file, communicator, kind) totals remembered for *_dropped_total growth
 
 
 def _num(v: Any) -> float | None:
-    """A finite number from an Inspector value (which may be ``"nan"`` or a numeric string)."""
-    if isinstance(v, bool) or v is None:
-        return None
-    try:
-        x = float(v)
-    except (TypeError, ValueError):
-        return None
-    return x if math.isfinite(x) else None
+    """A finite number below 2**63 from an Inspector value (which may be ``"nan"`` or a numeric
+    string; ASCII only), else None."""
+    return finite(v)
 
 
 @dataclass
@@ -153,7 +150,7 @@ def parse_operation(
         gpu=gpu,
         job=job,
         comm=str(hdr.get("id", "unknown")),
-        comm_name=hdr.get("comm_name") or None,
+        comm_name=hdr.get("comm_name") if isinstance(hdr.get("comm_name"), str) and hdr.get("comm_name") else None,
         rank=rank,
         nranks=nranks,
         nnodes=nnodes,
@@ -220,6 +217,7 @@ class _Tail:
     offset: int = 0
     partial: bytes = b""
     head: bytes = b""  # the file's first bytes: a rewrite to the same size changes them
+    skipping: bool = False  # inside a line longer than the cap: drop bytes up to its newline
 
 
 class InspectorFollower:
@@ -234,12 +232,14 @@ class InspectorFollower:
         from_start: bool = True,
         max_read_bytes: int = 64 * 1024 * 1024,
         aggregate_ops: bool = True,
+        max_line_bytes: int = LINE_MAX,
     ) -> None:
         self.dir = Path(directory)
         self.gpus_per_node = gpus_per_node
         self.job = job
         self.from_start = from_start
         self.max_read_bytes = max_read_bytes
+        self.max_line_bytes = max_line_bytes
         self.aggregate_ops = aggregate_ops
         self.stats = InspectorStats()
         self.done = False
@@ -283,7 +283,7 @@ class InspectorFollower:
             # old file can never be completed.
             self.stats.rotations += 1
             log.info("%s rotated or truncated; reading it from the start", path)
-            t.inode, t.offset, t.partial, t.head = st.st_ino, 0, b"", b""
+            t.inode, t.offset, t.partial, t.head, t.skipping = st.st_ino, 0, b"", b"", False
         if st.st_size <= t.offset:
             return []
         with open(path, "rb") as fh:
@@ -292,8 +292,24 @@ class InspectorFollower:
         if t.offset == 0 or len(t.head) < 64:
             t.head = self._head(path, 64)
         t.offset += len(data)
+        if t.skipping:  # the rest of a line already counted as oversize
+            nl = data.find(b"\n")
+            if nl < 0:
+                return []
+            data, t.skipping = data[nl + 1 :], False
         data = t.partial + data
         *lines, t.partial = data.split(b"\n")
+        if len(t.partial) > self.max_line_bytes:
+            # An unfinished line past the cap (a dump without newlines) is not held: it would grow
+            # by max_read_bytes a poll. Counted now; its bytes up to the next newline are skipped.
+            self.stats.skip("oversize_line")
+            log.warning("%s: a line longer than %d bytes: skipped to its newline", path, self.max_line_bytes)
+            t.partial, t.skipping = b"", True
+        if any(len(line) > self.max_line_bytes for line in lines):
+            kept = [line for line in lines if len(line) <= self.max_line_bytes]
+            for _ in range(len(lines) - len(kept)):
+                self.stats.skip("oversize_line")
+            lines = kept
         return lines
 
     def poll(self) -> list[NcclRecord]:
@@ -309,7 +325,7 @@ class InspectorFollower:
                     continue
                 self.stats.lines += 1
                 try:
-                    obj = json.loads(line)
+                    obj = jsonsafe.loads(line)  # nesting and numbers bounded: a bad line is a ValueError
                 except ValueError:
                     self.stats.bad_json += 1
                     log.debug("%s: not JSON: %.120r", path, line)
@@ -351,8 +367,14 @@ class InspectorFollower:
             self._context[path] = {"header": obj.get("header"), "metadata": obj.get("metadata")}
         lost = 0.0
         for kind in ("coll", "p2p"):
-            since, total = _num(st.get(f"{kind}_dropped_since_last_dump")), _num(st.get(f"{kind}_dropped_total"))
-            key = (path, str(hdr.get("id")), kind)
+            raw_since, raw_total = st.get(f"{kind}_dropped_since_last_dump"), st.get(f"{kind}_dropped_total")
+            since, total = _count(raw_since), _count(raw_total)
+            if (raw_since is not None and since is None) or (raw_total is not None and total is None):
+                # 1e308, "²", a list: not a count. The marker's context still applies.
+                self.stats.skip("bad_dump_stats")
+            key = (path, str(hdr.get("id"))[:256], kind)
+            if key not in self._ring_totals and len(self._ring_totals) >= RING_KEYS_MAX:
+                del self._ring_totals[next(iter(self._ring_totals))]  # the oldest: memory stays bounded
             if since is not None:
                 lost += max(since, 0.0)
             elif total is not None:
@@ -380,12 +402,18 @@ class InspectorFollower:
         pass
 
 
+def _count(v: Any) -> float | None:
+    """A ring-buffer count: a finite number from 0 to 2**53 (exact as a float), else None."""
+    x = _num(v)
+    return x if x is not None and 0 <= x <= 2.0**53 else None
+
+
 _UNITS = {"B": 1, "KB": 1 << 10, "MB": 1 << 20, "GB": 1 << 30, "TB": 1 << 40}
 
 
 def bucket_bytes(bucket: str) -> int | None:
     """Lower bound of a Prometheus-mode size bucket: ``"4-5GB"`` -> 4 GiB, ``"512-513MB"`` -> 512 MiB."""
-    m = re.fullmatch(r"\s*(\d+)(?:-\d+)?\s*([KMGT]?B)\s*", bucket or "")
+    m = re.fullmatch(r"\s*(\d{1,12})(?:-\d{1,12})?\s*([KMGT]?B)\s*", bucket or "", re.ASCII)
     if not m:
         return None
     return int(m.group(1)) * _UNITS[m.group(2)]
@@ -428,16 +456,13 @@ def parse_prom(
     for key, row in rows.items():
         lab = row["labels"]
         t = _num(row.get("time"))
-        try:
-            nranks = int(lab.get("nranks", "0"))
-        except ValueError:
-            nranks = 0
+        nranks = ascii_int(lab.get("nranks", "0"), 9) or 0  # "٣" or 5,000 digits: this row's bad_rank
         if t is None or nranks <= 0:
             if counts is not None:
                 reason = "dropped.no_time" if t is None else "dropped.bad_rank"
                 counts[reason] = counts.get(reason, 0) + 1
             continue
-        g = re.fullmatch(r"GPU(\d+)", lab.get("gpu", ""))
+        g = re.fullmatch(r"GPU(\d{1,6})", lab.get("gpu", ""), re.ASCII)  # "GPU٣" is not GPU 3
         gpu = int(g.group(1)) if g else None
         rank, src = (gpu, "gpu_index") if gpu is not None and gpu < nranks else (0, "unknown")
         labels = {"source": "nccl_inspector_prom", "rank_source": src}
@@ -457,7 +482,7 @@ def parse_prom(
                 comm_name=lab.get("comm_name") or None,
                 rank=rank,
                 nranks=nranks,
-                nnodes=int(nn) if nn.isdigit() else None,
+                nnodes=ascii_int(nn, 9),
                 coll=key[3],
                 bytes=bucket_bytes(lab.get("message_size", "")) or 0,
                 exec_time_us=t,
