@@ -16,18 +16,21 @@ a copy of ``/dev/kmsg``), maps each PCI bus id to a GPU index (nvidia-smi or a s
 ``xid`` is the GPU's last XID, ``nvswitch_fatal_sxid`` / ``nvswitch_nonfatal_sxid`` the host's
 last SXid of each kind (docs/architecture.md §3, docs/producers.md#kernel-log).
 
-Each XID line becomes a record at its own time; between them every known GPU is sampled every
+Each XID line becomes a record at its own time; around them every known GPU is sampled every
 ``interval_s`` (the state the log implies, like DCGM's gauge), so the engine's absence checks
-see a reporting GPU, not a silent one. What cannot be used is counted by reason, never skipped
-silently.
+see a reporting GPU, not a silent one: a follower at every poll, a saved file densely for
+``window_s`` after each event and sparsely between, with a cap (not once per interval across
+the whole span of the file, which may be a year). What cannot be
+used is counted by reason, never skipped silently: a line whose time or code is not a number or
+a date that exists costs only itself.
 """
 
 from __future__ import annotations
 
 import csv
 import io
-import json
 import logging
+import math
 import os
 import queue
 import re
@@ -40,23 +43,31 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, Callable
 
+from pipeline.numeric import ascii_float, ascii_int
 from pipeline.schema import DcgmRecord, dcgm
+from producers import jsonsafe
 
 log = logging.getLogger(__name__)
 
 PciKey = tuple[int, int, int]  # (domain, bus, device): the GPU, whatever its function
 
+# ASCII digits only (re.ASCII): "٣" is no XID code. Codes are read by ascii_int, bounded.
 _XID = re.compile(
     r"NVRM: Xid \((?:PCI:)?(?P<dom>[0-9a-fA-F]{4,8}):(?P<bus>[0-9a-fA-F]{2}):(?P<dev>[0-9a-fA-F]{2})"
-    r"(?:\.[0-9a-fA-F])?(?: GPU-I:(?P<gi>\d+))?(?: GPU-CI:(?P<ci>\d+))?\): (?P<code>\d+)(?:, ?(?P<rest>.*))?$"
+    r"(?:\.[0-9a-fA-F])?(?: GPU-I:(?P<gi>\d+))?(?: GPU-CI:(?P<ci>\d+))?\): (?P<code>\d+)(?:, ?(?P<rest>.*))?$",
+    re.ASCII,
 )
 _PID = re.compile(r"^pid=(?P<pid>'[^']*'|[^,]*)(?:, name=(?P<name>.*?))?, (?P<msg>.*)$")
 _SXID = re.compile(
     r"nvidia-(?P<sw>[^:\s]+): SXid \(PCI:(?P<dom>[0-9a-fA-F]{4,8}):(?P<bus>[0-9a-fA-F]{2}):(?P<dev>[0-9a-fA-F]{2})"
-    r"\.(?P<fn>[0-9a-fA-F])\): (?P<code>\d+)(?:, ?(?P<rest>.*))?$"
+    r"\.(?P<fn>[0-9a-fA-F])\): (?P<code>\d+)(?:, ?(?P<rest>.*))?$",
+    re.ASCII,
 )
+CODE_DIGITS = 9  # XID codes are below 200 and SXids five digits; longer is not a code
 
-# Line layouts, tried in order (docs/producers.md#kernel-log).
+# Line layouts, tried in order (docs/producers.md#kernel-log). They match any digits so that a
+# line of a known layout whose time is not one ("²", "٣", 400 digits, Feb 29 of 2025) is that
+# line's counted drop (``Line.error``) rather than an untimed message.
 _KMSG = re.compile(r"^(?P<prio>\d+),(?P<seq>\d+),(?P<usec>\d+),[^;]*;(?P<msg>.*)$")  # /dev/kmsg
 _DMESG = re.compile(r"^\[\s*(?P<secs>\d+\.\d+)\]\s?(?P<msg>.*)$")  # dmesg
 _DMESG_T = re.compile(r"^\[(?P<date>[A-Z][a-z]{2} [A-Z][a-z]{2} [ \d]\d \d\d:\d\d:\d\d \d{4})\]\s?(?P<msg>.*)$")
@@ -71,6 +82,17 @@ _SYSLOG = re.compile(
 
 LABEL_MAX = 200  # characters of the driver's message kept on the record
 LINE_MAX = 64 * 1024  # a kernel message is at most ~1 KiB (kmsg's LOG_LINE_MAX); longer is not a log line
+EPOCH_MAX = 253402300800.0  # 10000-01-01: times past it (or before 1970) are not a log's
+BOOT_MAX = 1e10  # seconds since boot: three centuries of uptime
+WINDOW_S = 3600.0  # a saved file is sampled every interval for this long after each event
+# Between windows a saved file is sampled this far apart: under the engine's max_ahead (300 s),
+# so a replay follows without a jump, and the engine's absence bound grows with a host's step
+# (2.5 steps), so a quiet stretch is not a silent host; 360 samples a day instead of 8,640.
+QUIET_S = 240.0
+# The gaps that lead from a window's step to QUIET_S: each under the engine's 60 s floor or 2.5
+# times the gap before it (its absence bound), so the host is never judged silent on the way.
+QUIET_RAMP = (48.0, 96.0, 192.0)
+MAX_SAMPLE_RECORDS = 200_000  # sample records one saved file may make (~200 MB of records)
 
 
 @dataclass
@@ -82,6 +104,30 @@ class Line:
     ts: float | None = None
     boot: float | None = None
     host: str | None = None
+    error: str | None = None  # a line of a known layout whose time is not one: the reason
+
+
+def _bad_time(msg: str) -> Line:
+    return Line(msg, error="bad_timestamp")
+
+
+def _epoch(x: float | None) -> float | None:
+    return x if x is not None and math.isfinite(x) and 0.0 <= x < EPOCH_MAX else None
+
+
+def _boot(x: float | None) -> float | None:
+    return x if x is not None and math.isfinite(x) and 0.0 <= x < BOOT_MAX else None
+
+
+def _local(date: str, fmt: str) -> float | None:
+    """Local time of ``date`` in ``fmt``, or None for a date that does not exist (Feb 29 of a
+    common year, month 13) or is not ASCII (strptime reads Unicode digits)."""
+    if not date.isascii():
+        return None
+    try:
+        return _epoch(time.mktime(time.strptime(date, fmt)))
+    except (ValueError, OverflowError):
+        return None
 
 
 def parse_line(text: str, *, year: int | None = None) -> Line | None:
@@ -92,41 +138,59 @@ def parse_line(text: str, *, year: int | None = None) -> Line | None:
         return None
     if text.startswith("{"):
         try:
-            obj = json.loads(text)
+            obj = jsonsafe.loads(text)  # nesting and numbers bounded
         except ValueError:
+            return Line(text)
+        if not isinstance(obj, dict):
             return Line(text)
         msg = obj.get("MESSAGE", "")
         if isinstance(msg, list):  # journald writes non-UTF-8 messages as byte arrays
             msg = bytes(b & 0xFF for b in msg if isinstance(b, int)).decode("utf-8", "replace")
-        ts = obj.get("__REALTIME_TIMESTAMP")
-        return Line(
-            str(msg),
-            ts=int(ts) / 1e6 if str(ts).isdigit() else None,
-            host=obj.get("_HOSTNAME") if isinstance(obj.get("_HOSTNAME"), str) else None,
-        )
+        host = obj.get("_HOSTNAME") if isinstance(obj.get("_HOSTNAME"), str) else None
+        raw = obj.get("__REALTIME_TIMESTAMP")
+        if raw is None:
+            return Line(str(msg), host=host)
+        usec = ascii_int(str(raw) if isinstance(raw, int) and not isinstance(raw, bool) else raw, 19)
+        ts = _epoch(usec / 1e6) if usec is not None else None
+        return Line(str(msg), ts=ts, host=host) if ts is not None else _bad_time(str(msg))
     m = _KMSG.match(text)
     if m:
-        return Line(m["msg"], boot=int(m["usec"]) / 1e6)
+        usec = ascii_int(m["usec"], 19)
+        boot = _boot(usec / 1e6) if usec is not None else None
+        return Line(m["msg"], boot=boot) if boot is not None else _bad_time(m["msg"])
     m = _DMESG.match(text)
     if m:
-        return Line(m["msg"], boot=float(m["secs"]))
+        boot = _boot(ascii_float(m["secs"], 32))
+        return Line(m["msg"], boot=boot) if boot is not None else _bad_time(m["msg"])
     m = _DMESG_T.match(text)
     if m:
-        return Line(m["msg"], ts=time.mktime(time.strptime(m["date"], "%a %b %d %H:%M:%S %Y")))
+        ts = _local(m["date"], "%a %b %d %H:%M:%S %Y")
+        return Line(m["msg"], ts=ts) if ts is not None else _bad_time(m["msg"])
     m = _ISO.match(text)
     if m:
-        d = m["date"].replace(",", ".")
-        if d.endswith("Z"):
-            d = d[:-1] + "+00:00"
-        elif re.search(r"[+-]\d{4}$", d):
-            d = d[:-2] + ":" + d[-2:]
-        dt = datetime.fromisoformat(d)
-        return Line(m["msg"], ts=dt.timestamp(), host=m["host"])
+        ts = _iso(m["date"])
+        return Line(m["msg"], ts=ts, host=m["host"]) if ts is not None else _bad_time(m["msg"])
     m = _SYSLOG.match(text)
     if m:
         yr = year or time.localtime().tm_year
-        return Line(m["msg"], ts=time.mktime(time.strptime(f"{yr} {m['date']}", "%Y %b %d %H:%M:%S")), host=m["host"])
+        ts = _local(f"{yr} {m['date']}", "%Y %b %d %H:%M:%S")
+        return Line(m["msg"], ts=ts, host=m["host"]) if ts is not None else _bad_time(m["msg"])
     return Line(text)
+
+
+def _iso(date: str) -> float | None:
+    """Epoch seconds of a short-iso time, or None for one that does not exist or is not ASCII."""
+    if not date.isascii():
+        return None
+    d = date.replace(",", ".")
+    if d.endswith("Z"):
+        d = d[:-1] + "+00:00"
+    elif re.search(r"[+-]\d{4}$", d):
+        d = d[:-2] + ":" + d[-2:]
+    try:
+        return _epoch(datetime.fromisoformat(d).timestamp())
+    except (ValueError, OverflowError, OSError):
+        return None
 
 
 def _pci_key(dom: str, bus: str, dev: str) -> PciKey:
@@ -180,6 +244,8 @@ class KmsgStats:
     queue_full: int = 0  # journalctl lines beyond the follower's buffer
     oversize: int = 0  # lines of a saved file longer than LINE_MAX: skipped whole
     sxid_no_gpu: int = 0  # an SXid on a host with no GPU in the PCI map to carry it
+    bad_timestamp: int = 0  # a line of a known layout whose time is not a number or a date that exists
+    samples_capped: int = 0  # sample records a saved file did not get: past max_sample_records
 
     def summary(self) -> dict[str, int]:
         return {
@@ -195,6 +261,8 @@ class KmsgStats:
             "dropped.queue_full": self.queue_full,
             "dropped.oversize_line": self.oversize,
             "dropped.sxid_without_gpu": self.sxid_no_gpu,
+            "dropped.bad_timestamp": self.bad_timestamp,
+            "samples_capped": self.samples_capped,
         }
 
 
@@ -229,12 +297,12 @@ class KernelLog:
         host = self.host or line.host or self.default_host
         if "SXid" in msg:
             m = _SXID.search(msg)
-            if m is None:
+            code = ascii_int(m["code"], CODE_DIGITS) if m is not None else None
+            if m is None or code is None:
                 self.stats.unparsable_xid += 1
                 return []
             self.stats.sxid_lines += 1
             st = self._state(host)
-            code = int(m["code"])
             rest = m["rest"] or ""
             if rest.startswith("Fatal"):
                 st.fatal_sxid = code
@@ -251,7 +319,10 @@ class KernelLog:
         if "NVRM: Xid" not in msg:
             return []
         m = _XID.search(msg)
-        if m is None:
+        code = ascii_int(m["code"], CODE_DIGITS) if m is not None else None
+        gi = ascii_int(m["gi"], CODE_DIGITS) if m is not None and m["gi"] is not None else None
+        ci = ascii_int(m["ci"], CODE_DIGITS) if m is not None and m["ci"] is not None else None
+        if m is None or code is None or (m["gi"] is not None and gi is None) or (m["ci"] is not None and ci is None):
             self.stats.unparsable_xid += 1
             return []
         self.stats.xid_lines += 1
@@ -268,7 +339,7 @@ class KernelLog:
                 )
             return []
         st = self._state(host)
-        st.xid[gpu] = int(m["code"])
+        st.xid[gpu] = code
         if not emit:
             return []
         labels = {}
@@ -281,10 +352,10 @@ class KernelLog:
             rest = pm["msg"]
         labels["xid.message"] = rest[:LABEL_MAX]
         labels["xid.pci"] = "%04x:%02x:%02x" % key
-        if m["gi"] is not None:  # the physical GPU's fault, attributed to an instance (architecture.md §3, MIG)
-            labels["mig.xid_sources"] = f"GPU_I_ID={int(m['gi'])}:{int(m['code'])}"
-            if m["ci"] is not None:
-                labels["mig.xid_compute_instance"] = str(int(m["ci"]))
+        if gi is not None:  # the physical GPU's fault, attributed to an instance (architecture.md §3, MIG)
+            labels["mig.xid_sources"] = f"GPU_I_ID={gi}:{code}"
+            if ci is not None:
+                labels["mig.xid_compute_instance"] = str(ci)
         return [self._record(ts, host, gpu, st, labels)]
 
     def _record(self, ts: float, host: str, gpu: int, st: _HostState, labels: dict[str, str]) -> DcgmRecord:
@@ -313,7 +384,15 @@ class KernelLog:
 
 class KmsgFileSource:
     """A saved kernel log, read once: each XID / SXid line a record at its time, and every known
-    GPU sampled every ``interval_s`` from the first of them to the log's last line.
+    GPU sampled around them: a snapshot at an event that opens a window, samples every
+    ``interval_s`` until ``window_s`` after the window's last event, then, until the next window
+    or the log's last line, a sample every ``QUIET_S`` (reached by ``QUIET_RAMP``), so a year-long
+    log does not cost one sample per interval of the year. At most ``max_sample_records`` sample
+    records are made, a quarter of them for quiet stretches (the rest counted as
+    ``samples_capped``, in records): the events themselves are never capped.
+
+    The file is streamed: only XID/SXid lines are kept (with the latest time of every other line),
+    so memory follows the events, not the log's length.
 
     Times: ``dmesg`` and ``/dev/kmsg`` count seconds from boot, placed at ``boot_time`` (epoch
     seconds) or else so that the last line falls at the file's modification time; lines with no
@@ -328,12 +407,19 @@ class KmsgFileSource:
         interval_s: float = 10.0,
         boot_time: float | None = None,
         sample: bool = True,
+        window_s: float = WINDOW_S,
+        max_sample_records: int = MAX_SAMPLE_RECORDS,
     ) -> None:
+        if not (math.isfinite(interval_s) and interval_s > 0) and sample:
+            raise ValueError(f"kmsg --interval must be a positive number of seconds, not {interval_s}")
         self.path = path
         self.log = KernelLog(pci_map, host=host)
         self.interval_s = interval_s
         self.boot_time = boot_time
         self.sample = sample
+        self.window_s = window_s
+        self.max_sample_records = max_sample_records
+        self._made = {"window": 0, "quiet": 0}  # sample records made so far, by kind
         self.done = False
         self.mtime = os.stat(path).st_mtime if path != "-" else time.time()
 
@@ -341,18 +427,23 @@ class KmsgFileSource:
     def stats(self) -> KmsgStats:
         return self.log.stats
 
-    def _lines(self) -> list[Line]:
+    def _read(self) -> tuple[list[Line], float | None, float | None, bool]:
+        """The event lines (XID/SXid), the latest absolute time and boot time of any line, and
+        whether a line had no time."""
         year = time.localtime(self.mtime).tm_year
         fh = open(self.path, encoding="utf-8", errors="replace") if self.path != "-" else None
         import sys
 
         src = fh if fh is not None else sys.stdin
+        events: list[Line] = []
+        last_ts: float | None = None
+        last_boot: float | None = None
+        untimed = False
         try:
-            out: list[Line] = []
             while True:
                 text = src.readline(LINE_MAX)
                 if not text:
-                    return out
+                    return events, last_ts, last_boot, untimed
                 self.stats.lines += 1
                 if len(text) >= LINE_MAX and not text.endswith("\n"):
                     self.stats.oversize += 1
@@ -360,8 +451,19 @@ class KmsgFileSource:
                         text = src.readline(LINE_MAX)
                     continue
                 ln = parse_line(text, year=year)
-                if ln is not None:
-                    out.append(ln)
+                if ln is None:
+                    continue
+                if ln.error is not None:
+                    self.stats.bad_timestamp += 1
+                    continue
+                if ln.ts is not None:
+                    last_ts = ln.ts if last_ts is None else max(last_ts, ln.ts)
+                elif ln.boot is not None:
+                    last_boot = ln.boot if last_boot is None else max(last_boot, ln.boot)
+                else:
+                    untimed = True
+                if "Xid" in ln.msg:  # "NVRM: Xid" and "SXid": all that KernelLog.apply reads
+                    events.append(ln)
         finally:
             if fh is not None:
                 fh.close()
@@ -370,42 +472,93 @@ class KmsgFileSource:
         if self.done:
             return []
         self.done = True
-        lines = self._lines()
-        boots = [ln.boot for ln in lines if ln.boot is not None]
-        boot = self.boot_time if self.boot_time is not None else (self.mtime - max(boots) if boots else self.mtime)
+        events, last_ts, last_boot, untimed = self._read()
+        boot = self.boot_time if self.boot_time is not None else self.mtime - (last_boot or 0.0)
+        ends = [t for t in (last_ts, None if last_boot is None else boot + last_boot) if t is not None]
+        end = max(ends + ([self.mtime] if untimed else []), default=self.mtime)
         stamped: list[tuple[float, Line]] = []
-        for ln in lines:
+        for ln in events:
             if ln.ts is not None:
                 ts = ln.ts
             elif ln.boot is not None:
                 ts = boot + ln.boot
             else:
                 ts = self.mtime
-                if "Xid" in ln.msg:
-                    self.stats.no_timestamp += 1
+                self.stats.no_timestamp += 1
             stamped.append((ts, ln))
         stamped.sort(key=lambda p: p[0])  # journal exports of several boots are not in order
         out: list[DcgmRecord] = []
-        first: float | None = None
-        next_sample = 0.0
+        window_end = -math.inf  # the open (or last) window's end
+        cursor = 0.0  # the window's next sample
+        quiet: float | None = None  # the quiet stretch's next sample; None inside a window
+        iv, qv = self.interval_s, max(QUIET_S, self.interval_s)
         for ts, ln in stamped:
-            if self.sample and first is not None:
-                while next_sample < ts:
-                    out += self.log.snapshot(next_sample)
-                    next_sample += self.interval_s
+            if self.sample and window_end > -math.inf:  # the samples before this line, in the state before it
+                if ts <= window_end:
+                    cursor = self._samples(out, cursor, ts, iv, "window", inclusive=False)
+                else:
+                    if quiet is None:  # the window closed: its last samples, then a quiet stretch
+                        quiet = self._close(out, cursor, window_end, ts)
+                    quiet = self._samples(out, quiet, ts, qv, "quiet", inclusive=False)
             recs = self.log.apply(ln, ts)
-            if recs and first is None:
-                first = ts
-                if self.sample:
-                    out += self.log.snapshot(ts)  # every GPU's state when the log first says something
-                next_sample = ts + self.interval_s
+            if not recs:
+                continue
+            if self.sample:
+                if ts > window_end:  # a window opens: every GPU's state as the log says something
+                    self._samples(out, ts, ts, iv, "window", inclusive=True)
+                    cursor, quiet = ts + iv, None
+                window_end = max(window_end, min(ts + self.window_s, end))
             out += recs
-        if self.sample and first is not None and stamped:
-            end = stamped[-1][0]
-            while next_sample <= end:
-                out += self.log.snapshot(next_sample)
-                next_sample += self.interval_s
+        if self.sample and window_end > -math.inf:
+            if quiet is None:
+                quiet = self._close(out, cursor, window_end, end)
+            self._samples(out, quiet, end, qv, "quiet", inclusive=True)
         return out
+
+    def _close(self, out: list[DcgmRecord], cursor: float, window_end: float, stop: float) -> float:
+        """A window's last samples, then the ramp to the quiet spacing (samples before ``stop``);
+        the quiet stretch's first sample time."""
+        self._samples(out, cursor, window_end, self.interval_s, "window", inclusive=True)
+        t, qv = window_end, max(QUIET_S, self.interval_s)
+        for gap in QUIET_RAMP:
+            if gap >= qv or t + gap >= stop:
+                break
+            t += gap
+            self._samples(out, t, t, gap, "quiet", inclusive=True)
+        return t + qv
+
+    def _samples(
+        self, out: list[DcgmRecord], start: float, stop: float, step: float, kind: str, *, inclusive: bool
+    ) -> float:
+        """Append snapshots every ``step`` from ``start`` to before ``stop`` (to ``stop`` itself
+        when ``inclusive``) while ``kind``'s share of the sample budget lasts (the rest counted as
+        ``samples_capped``, in records); the next sample's time. The times are counted, not
+        stepped, so float spacing cannot stall the loop and a huge span costs nothing past the cap."""
+        if not stop >= start:
+            return start
+        span = (stop - start) / step
+        n = math.floor(span) + 1 if inclusive else max(math.ceil(span), 0)
+        if n == 0:
+            return start
+        hosts = list(self.log.hosts) or [self.log.host or self.log.default_host]
+        per = sum(len(self.log._state(h).xid) for h in hosts)
+        share = (
+            self.max_sample_records // 4 if kind == "quiet" else self.max_sample_records - self.max_sample_records // 4
+        )
+        room = max((share - self._made[kind]) // per, 0) if per else n
+        for k in range(min(n, room)):
+            made = self.log.snapshot(start + k * step)
+            self._made[kind] += len(made)
+            out += made
+        if n > room:
+            if self.stats.samples_capped == 0:
+                log.warning(
+                    "%s: more than %d sample records; later samples are left out (samples_capped)",
+                    self.path,
+                    self.max_sample_records,
+                )
+            self.stats.samples_capped += (n - room) * per
+        return start + n * step
 
     def summary(self) -> dict[str, int]:
         return self.stats.summary()
@@ -520,6 +673,9 @@ class KmsgFollower:
             self.stats.lines += 1
             ln = parse_line(text)
             if ln is None:
+                continue
+            if ln.error is not None:
+                self.stats.bad_timestamp += 1
                 continue
             ts = ln.ts if ln.ts is not None else (self.boot + ln.boot if ln.boot is not None else now)
             backlog = ts < self.started
