@@ -495,21 +495,37 @@ def parse(text: str, **kw: Any) -> list[NcclRecord]:
     return parse_text(text, **kw)
 
 
-class NcclTestsSource:
-    """A finite source: the whole file (or stdin) in one poll. ``stats.findings`` lists runs with
-    wrong results (the CLI exits non-zero for them)."""
+MAX_LOG_CHARS = 256 * 1024 * 1024  # a burn-in log is kilobytes; this bounds what one poll holds
 
-    def __init__(self, path: str, **kw: Any) -> None:
+
+class NcclTestsSource:
+    """A finite source: the whole file (or stdin) in one poll, up to ``max_chars`` characters (the
+    rest counted as ``dropped.truncated_log``). ``stats.findings`` lists runs with wrong results
+    (the CLI exits non-zero for them)."""
+
+    def __init__(self, path: str, *, max_chars: int = MAX_LOG_CHARS, **kw: Any) -> None:
         self.path = path
+        self.max_chars = max_chars
         self.kw = kw
         self.done = False
         self.stats = ParseStats()
+        self.truncated = 0
 
     def poll(self) -> list[NcclRecord]:
         import sys
 
         self.done = True
-        text = sys.stdin.read() if self.path == "-" else open(self.path, encoding="utf-8", errors="replace").read()
+        if self.path == "-":
+            text = sys.stdin.read(self.max_chars + 1)
+        else:
+            with open(self.path, encoding="utf-8", errors="replace") as fh:
+                text = fh.read(self.max_chars + 1)
+        if len(text) > self.max_chars:
+            self.truncated = 1
+            text = text[: self.max_chars]
+            log.warning(
+                "%s: longer than %d characters; the rest is not read (dropped.truncated_log)", self.path, self.max_chars
+            )
         recs = parse(text, name_hint=None if self.path == "-" else self.path, stats=self.stats, **self.kw)
         if not recs:
             log.warning("%s: no nccl-tests result rows found", self.path)
@@ -525,6 +541,7 @@ class NcclTestsSource:
             "dropped.unparsable_line": s.unparsable_lines,
             "dropped.bad_json_value": s.bad_json_values,
             "dropped.no_time": s.no_time,
+            "dropped.truncated_log": self.truncated,
             "wrong_result_runs": len(s.findings),
         }
 

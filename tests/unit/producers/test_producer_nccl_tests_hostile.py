@@ -132,3 +132,12 @@ def test_a_source_poll_never_raises_for_a_hostile_file(tmp_path):
     p.write_bytes(b"{\"results\": " + b"[" * 100_000 + b"\xff\xfe" + "²".encode() * 1000)
     src = NcclTestsSource(str(p), ts=T)
     assert src.poll() == [] and src.done
+
+
+def test_a_log_past_the_size_cap_is_read_up_to_it_and_counted(tmp_path):
+    # Before: the whole file was read into memory, however large.
+    p = tmp_path / "x.log"
+    text = new_run("all_reduce_perf", NODE8, ROWS, wrong=3)
+    p.write_text(text + "# " + "x" * 10_000 + "\n")
+    src = NcclTestsSource(str(p), ts=T, max_chars=len(text) + 100)
+    assert len(src.poll()) == 2 and src.summary()["dropped.truncated_log"] == 1 and src.stats.findings
