@@ -613,7 +613,14 @@ class JournalReader:
 
     def _pump(self) -> None:
         assert self.proc.stdout is not None
-        for text in self.proc.stdout:
+        out = self.proc.stdout
+        # Bounded reads: a line without a newline must not grow without bound in this thread.
+        for text in iter(lambda: out.readline(LINE_MAX), ""):
+            if len(text) >= LINE_MAX and not text.endswith("\n"):
+                self.stats.oversize += 1
+                while text and not text.endswith("\n"):  # the rest of it, a bounded piece at a time
+                    text = out.readline(LINE_MAX)
+                continue
             try:
                 self.q.put_nowait(text)
             except queue.Full:

@@ -130,3 +130,25 @@ def test_fuzz_arbitrary_lines_among_good_ones(tmp_path_factory, lines):
     pids = {r.labels.get("xid.pid") for r in recs if r.gpu == 2}
     assert {str(700 + i) for i, (good, _) in enumerate(lines) if good} <= pids  # every good line kept
     assert len(recs) <= 300 + len(lines) * 5  # samples capped; an SXid's event snapshot is per GPU
+
+
+def test_journalctl_lines_are_read_in_bounded_pieces(tmp_path):
+    # Before: the reader thread iterated journalctl's stdout line by line, however long a line was.
+    import stat as st_mode
+
+    from producers.kmsg import LINE_MAX, JournalReader
+
+    fake = tmp_path / "journalctl"
+    good = json.dumps({"__REALTIME_TIMESTAMP": "1800000000000000", "MESSAGE": XID_13})
+    fake.write_text(f"#!/bin/sh\nhead -c {3 * LINE_MAX} /dev/zero | tr '\\\\0' x\necho\necho '{good}'\nsleep 5\n")
+    fake.chmod(fake.stat().st_mode | st_mode.S_IXUSR)
+    rd = JournalReader(str(fake))
+    try:
+        got: list[str] = []
+        deadline = time.monotonic() + 10
+        while not got and time.monotonic() < deadline:
+            got = rd.read()
+            time.sleep(0.05)
+        assert [json.loads(x)["MESSAGE"] for x in got] == [XID_13] and rd.stats.oversize == 1
+    finally:
+        rd.close()
