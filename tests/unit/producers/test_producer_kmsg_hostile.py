@@ -130,6 +130,10 @@ def test_fuzz_arbitrary_lines_among_good_ones(tmp_path_factory, lines):
     pids = {r.labels.get("xid.pid") for r in recs if r.gpu == 2}
     assert {str(700 + i) for i, (good, _) in enumerate(lines) if good} <= pids  # every good line kept
     assert len(recs) <= 300 + len(lines) * 5  # samples capped; an SXid's event snapshot is per GPU
+    s = src.summary()  # every line read; each XID/SXid line sent, or dropped by reason
+    assert s["lines"] == max(len(body), 1)  # an empty log is one empty line
+    events_in = sum(1 for line in body if "NVRM: Xid" in line or "SXid" in line)
+    assert s["xid_lines"] + s["sxid_lines"] + s["dropped.unparsable_xid"] + s["dropped.bad_timestamp"] >= events_in
 
 
 def test_journalctl_lines_are_read_in_bounded_pieces(tmp_path):
