@@ -2,25 +2,25 @@
 exist, or lines far apart in time cost only themselves; a saved file is sampled around its
 events with a cap, so work and memory follow the events, not the span of the log.
 
-``GPUWARDEN_FUZZ_EXAMPLES`` examples per fuzz test (300 by default: a few seconds in `make test`).
+``GPUWARDEN_FUZZ_EXAMPLES`` scales the fuzz tests' examples (``factories.fuzz_examples``: 300 by
+default, a few seconds in `make test`).
 """
 
 from __future__ import annotations
 
 import json
-import os
 import time
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from producers.kmsg import QUIET_S, KmsgFileSource, KmsgFollower, parse_pci_map
+from tests.factories import fuzz_examples
 from tests.unit.producers.test_producer_kmsg import (
     PCI_MAP, XID, XID_13, XID_79, XID_119, FakeReader, dmesg, val, write,
 )
 
-EXAMPLES = int(os.environ.get("GPUWARDEN_FUZZ_EXAMPLES", "300"))
-FUZZ = settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+FUZZ = settings(max_examples=fuzz_examples(300), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 MID_2025 = 1_748_779_200.0  # 2025-06-01: syslog lines take this year, which has no Feb 29
 
 

@@ -2,22 +2,22 @@
 good lines of the same poll are kept, read offsets stay consistent, and an unterminated line is
 capped instead of held without bound.
 
-``GPUWARDEN_FUZZ_EXAMPLES`` examples per fuzz test (300 by default: a few seconds in `make test`).
+``GPUWARDEN_FUZZ_EXAMPLES`` scales the fuzz tests' examples (``factories.fuzz_examples``: 300 by
+default, a few seconds in `make test`).
 """
 
 from __future__ import annotations
 
 import json
-import os
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from producers.nccl_inspector import InspectorFollower, parse_prom
+from tests.factories import fuzz_examples
 from tests.unit.producers.test_producer_nccl_inspector_versions import HDR, coll, dump_stats, meta
 
-EXAMPLES = int(os.environ.get("GPUWARDEN_FUZZ_EXAMPLES", "300"))
-FUZZ = settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+FUZZ = settings(max_examples=fuzz_examples(300), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
 def op(sn: int) -> str:

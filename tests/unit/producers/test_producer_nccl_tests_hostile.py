@@ -1,22 +1,22 @@
 """nccl-tests logs with hostile lines (#36): a bad line or JSON value costs only itself, is counted
 by reason, and the log's wrong-results verdict survives it.
 
-``GPUWARDEN_FUZZ_EXAMPLES`` examples per fuzz test (300 by default: a few seconds in `make test`).
+``GPUWARDEN_FUZZ_EXAMPLES`` scales the fuzz tests' examples (``factories.fuzz_examples``: 300 by
+default, a few seconds in `make test`).
 """
 
 from __future__ import annotations
 
 import json
-import os
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from producers.nccl_tests import NcclTestsSource, ParseStats, parse, parse_text
+from tests.factories import fuzz_examples
 from tests.unit.producers.test_producer_nccl_tests_layouts import NODE8, ROWS, T, new_run
 
-EXAMPLES = int(os.environ.get("GPUWARDEN_FUZZ_EXAMPLES", "300"))
-FUZZ = settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+FUZZ = settings(max_examples=fuzz_examples(300), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 ROW = "{size:>12}  {count:>12}     float     sum      -1    30.00    0.00    0.00       3    30.00    0.00    0.00       0"
 
