@@ -43,6 +43,7 @@ from dataclasses import dataclass, field
 from prometheus_client.metrics_core import Metric
 from prometheus_client.parser import text_string_to_metric_families
 
+from pipeline import numeric
 from pipeline.catalog import BLANK_INT32, COUNTER, FIELDS, Field
 from pipeline.schema import MIG_INSTANCE_FIELD_IDS, MIG_INSTANCE_LABEL, MIG_PROFILE_LABEL, DcgmFields, DcgmRecord
 from producers import httpget
@@ -181,13 +182,9 @@ def _inst_order(inst: str | None) -> tuple[int, int, str]:
 
 
 def ascii_int(text: str | None, max_digits: int = MAX_ID_DIGITS) -> int | None:
-    """``text`` as a non-negative integer when it is 1 to ``max_digits`` ASCII digits, else None.
-
-    ``str.isdigit`` is true for "²" (which ``int`` refuses) and ``int`` reads "٣" as 3: both
-    would let a label name another GPU or raise mid-scrape."""
-    if text is None or not (0 < len(text) <= max_digits and text.isascii() and text.isdigit()):
-        return None
-    return int(text)
+    """An identity label as a number: 1 to ``max_digits`` ASCII digits (``numeric.ascii_int``),
+    so neither "²" nor "٣" can name a GPU."""
+    return numeric.ascii_int(text, max_digits)
 
 
 def _physical(f: Field, name: str, origins: dict[str | None, _Series]) -> tuple[float | None, str | None, bool]:
