@@ -64,6 +64,8 @@ _SXID = re.compile(
     re.ASCII,
 )
 CODE_DIGITS = 9  # XID codes are below 200 and SXids five digits; longer is not a code
+# Unmapped PCI ids each logged once, up to this many: hostile lines must not grow the set for ever.
+MAX_WARNED_PCI = 1024
 
 # Line layouts, tried in order (docs/producers.md#kernel-log). They match any digits so that a
 # line of a known layout whose time is not one ("²", "٣", 400 digits, Feb 29 of 2025) is that
@@ -201,18 +203,29 @@ def parse_pci_map(text: str) -> dict[PciKey, int]:
     """GPU index by PCI bus id from ``nvidia-smi --query-gpu=index,pci.bus_id --format=csv``
     (with or without its header; ``00000000:3B:00.0`` and ``0000:3b:00.0`` both read).
 
-    Raises ``ValueError`` naming the line that is neither."""
+    Raises ``ValueError`` naming the line that is neither, or that names a bus id or a GPU index
+    an earlier line already did: with either, XIDs would be charged to the wrong GPU.
+
+    >>> parse_pci_map("index, pci.bus_id\\n0, 00000000:3B:00.0\\n1, 00000000:5E:00.0")
+    {(0, 59, 0): 0, (0, 94, 0): 1}
+    """
     out: dict[PciKey, int] = {}
-    bus_id = re.compile(r"^(?:PCI:)?([0-9a-fA-F]{4,8}):([0-9a-fA-F]{2}):([0-9a-fA-F]{2})(?:\.[0-9a-fA-F])?$")
+    line_of: dict[object, int] = {}
+    bus_id = re.compile(r"^(?:PCI:)?([0-9a-fA-F]{4,8}):([0-9a-fA-F]{2}):([0-9a-fA-F]{2})(?:\.[0-9a-fA-F])?$", re.ASCII)
     for n, row in enumerate(csv.reader(io.StringIO(text)), 1):
         cells = [c.strip() for c in row]
         if not cells or not any(cells) or cells[0].startswith("#") or cells[0].lower() == "index":
             continue
-        idx = next((c for c in cells if c.isdigit()), None)
+        idx = next((i for i in (ascii_int(c, 4) for c in cells) if i is not None), None)
         bid = next((bus_id.match(c) for c in cells if bus_id.match(c)), None)
         if idx is None or bid is None:
             raise ValueError(f"PCI map line {n}: expected 'index, pci.bus_id', got {','.join(row)!r}")
-        out[_pci_key(*bid.groups())] = int(idx)
+        key = _pci_key(*bid.groups())
+        for what, seen in ((f"bus id {bid.group(0)}", key), (f"GPU index {idx}", ("gpu", idx))):
+            if seen in line_of:
+                raise ValueError(f"PCI map line {n}: {what} is already on line {line_of[seen]}")
+            line_of[seen] = n
+        out[key] = idx
     return out
 
 
@@ -330,7 +343,7 @@ class KernelLog:
         gpu = self.pci_map.get(key)
         if gpu is None:
             self.stats.unmapped_pci += 1
-            if key not in self._warned:
+            if key not in self._warned and len(self._warned) < MAX_WARNED_PCI:
                 self._warned.add(key)
                 log.warning(
                     "XID %s for PCI %04x:%02x:%02x, which the PCI map does not have: not sent (dropped.unmapped_pci)",

@@ -84,6 +84,27 @@ def test_pci_map_reads_nvidia_smi_csv_with_or_without_header_and_refuses_anythin
         parse_pci_map("index, pci.bus_id\nGPU-0, not-a-bus-id\n")
 
 
+def test_a_pci_map_naming_a_bus_id_or_an_index_twice_is_refused():
+    # Either would charge one GPU's XIDs to another.
+    with pytest.raises(ValueError, match="line 3: bus id 0000:3b:00.0 is already on line 2"):
+        parse_pci_map("index, pci.bus_id\n0, 0000:3b:00.0\n1, 0000:3b:00.0\n")
+    with pytest.raises(ValueError, match="line 2: GPU index 0 is already on line 1"):
+        parse_pci_map("0, 0000:3b:00.0\n0, 0000:5e:00.0\n")
+    with pytest.raises(ValueError, match="line 1"):
+        parse_pci_map("\u0663, 0000:3b:00.0\n")  # an Arabic-Indic 3 is no GPU index
+
+
+def test_unmapped_pci_ids_are_each_counted_but_remembered_only_up_to_a_bound():
+    from producers.kmsg import MAX_WARNED_PCI, KernelLog
+
+    kl = KernelLog(parse_pci_map(PCI_MAP), host="n1")
+    n = MAX_WARNED_PCI + 500
+    for i in range(n):
+        line = parse_line(f"[ 1.0] NVRM: Xid (PCI:{i + 0x100:08x}:3b:00): 79, pid=1, GPU has fallen off the bus.")
+        assert kl.apply(line, 1.0) == []
+    assert kl.stats.unmapped_pci == n and len(kl._warned) == MAX_WARNED_PCI
+
+
 def test_every_line_layout_gives_the_message_and_its_time():
     msg = XID_79
     assert parse_line(f"[ 1234.567890] {msg}").boot == pytest.approx(1234.56789)
