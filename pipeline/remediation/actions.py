@@ -14,7 +14,6 @@ import logging
 import math
 import os
 import random
-import re
 import signal
 import subprocess
 import time
@@ -25,6 +24,7 @@ from urllib.parse import urlsplit, urlunsplit
 import httpx
 
 from pipeline.remediation.audit import printable
+from pipeline.remediation.regexes import Searching
 from pipeline.remediation.safety import alert_values, fill, fill_argv, template_vars
 from pipeline.remediation.targets import AllowList, Filled, UrlTemplate, pin, resolve
 from pipeline.schema import AlertEvent, encode
@@ -483,7 +483,8 @@ class CommandAction:
         self.name, self.argv, self.timeout = name, list(argv), timeout
         self.disruptive, self.entity, self.breaker, self.undo, self.type = disruptive, entity, breaker, undo, type_name
         self.query_argv = list(query) if query else None
-        self.query_match = re.compile(query_match) if query_match else None
+        # RE2: the query's stdout is searched in time linear in its length, whatever the pattern.
+        self.query_match = Searching(query_match) if query_match else None
         if self.query_argv and self.query_match is None:
             raise ValueError("query needs query_match")
         self.query_reason = query_reason
@@ -516,8 +517,8 @@ class CommandAction:
             return QueryResult(False, "", error=f"query {plan.query!r} failed ({why})")
         assert self.query_match is not None
         m = self.query_match.search(res.stdout)
-        if m:
-            return QueryResult(True, f"{self.query_reason} ({m.group(0).strip()})")
+        if m is not None:
+            return QueryResult(True, f"{self.query_reason} ({m.strip()})")
         return QueryResult(False, res.stdout.strip()[:200])
 
     def execute(self, plan: Plan, ctx: Context) -> Outcome:

@@ -13,7 +13,10 @@ otherwise make it a different alert).
 ``Silences`` reads ``GET /api/v2/silences`` (cached for ``cache``) and tells whether an active
 silence matches an alert's labels: the remediator then leaves the node alone (``skipped:
 maintenance:``). A query that fails is a ``failed`` decision and nothing runs: a maintenance
-window we cannot see is not a reason to drain.
+window we cannot see is not a reason to drain. A silence's regular expressions run on RE2 as
+Alertmanager runs them (``regexes.py``): the same alerts match, in linear time; a silence with
+one RE2 does not accept (Alertmanager would not have either) is that silence's problem: counted,
+logged once, and it silences nothing.
 """
 
 from __future__ import annotations
@@ -23,14 +26,16 @@ import logging
 import os
 import re
 import time
+from dataclasses import dataclass
 from typing import Any, Callable
 
 import httpx
 import msgspec
 
 from pipeline.remediation.actions import Context, Outcome, Plan, QueryResult, entity_key, redact_url, send
+from pipeline.remediation.audit import printable
 from pipeline.remediation.payloads import iso8601
-from pipeline.remediation.routes import MAX_MATCH_CHARS, regex_problem
+from pipeline.remediation.regexes import Anchored, RegexError, forget_compiled
 from pipeline.remediation.safety import alert_values
 from pipeline.remediation.targets import AllowList, UrlTemplate
 from pipeline.schema import AlertEvent, encode
@@ -43,6 +48,8 @@ _LABEL_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 EVIDENCE_LIMIT = 4096  # characters of the evidence annotation
 MAX_FIRING = 10_000  # alerts re-posted; beyond, the oldest is forgotten (a flood of forged alerts)
 MAX_BODY = 8 * 1024 * 1024  # bytes of a silences answer read
+MAX_REGEXES = 1000  # distinct regular expressions compiled from one silences answer
+MAX_PROGRAM = 4_000_000  # RE2 instructions all of them may hold (about 8 bytes each)
 
 
 def base_url(url: str, key: str) -> str:
@@ -299,34 +306,57 @@ class _Silence(msgspec.Struct):
     comment: str = ""
 
 
+@dataclass(frozen=True)
+class _Rule:
+    """One matcher of a silence, ready to run: Alertmanager's ``labels.Matcher``."""
+
+    name: str
+    value: str
+    regex: Anchored | None
+    equal: bool
+
+    def matches(self, labels: dict[str, str]) -> bool:
+        v = labels.get(self.name, "")  # a missing label is the empty string, as in Alertmanager
+        hit = self.regex.matches(v) if self.regex is not None else v == self.value
+        return hit == self.equal
+
+
+def _rules(sil: Any, compiled: Callable[[str], Anchored]) -> list[_Rule]:
+    """The silence's matchers ready to run; RegexError from ``compiled`` when one cannot be."""
+    return [_Rule(m.name, m.value, compiled(m.value) if m.isRegex else None, m.isEqual) for m in sil.matchers]
+
+
 def silence_matches(sil: Any, labels: dict[str, str]) -> bool:
-    """Whether every matcher of an Alertmanager silence matches ``labels`` (a missing label is
-    the empty string, as in Alertmanager). A regular expression is anchored; one we cannot run
-    safely (Python's ``re`` backtracks where Alertmanager's RE2 does not) counts as matching:
-    someone meant to silence something, and leaving a node alone is the safe side."""
-    for m in sil.matchers:
-        v = labels.get(m.name, "")
-        if m.isRegex:
-            if regex_problem(m.value) is not None or len(v) > MAX_MATCH_CHARS:
-                hit = True
-            else:
-                try:
-                    hit = re.fullmatch(m.value, v) is not None
-                except re.error:
-                    hit = True
-        else:
-            hit = v == m.value
-        if hit != m.isEqual:
-            return False
-    return True
+    """Whether every matcher of an Alertmanager silence matches ``labels`` as Alertmanager
+    matches them (a missing label is the empty string; a regular expression must match the
+    whole value, in RE2). A silence with a regular expression RE2 does not accept matches
+    nothing: Alertmanager refuses such a silence, so it cannot be anyone's maintenance window."""
+    try:
+        rules = _rules(sil, Anchored)
+    except RegexError:
+        return False
+    return all(r.matches(labels) for r in rules)
 
 
 class SilenceError(Exception):
     """Alertmanager's silences could not be read."""
 
 
+@dataclass(frozen=True)
+class _Ready:
+    silence: Any
+    rules: list[_Rule]
+
+    def matches(self, labels: dict[str, str]) -> bool:
+        return all(r.matches(labels) for r in self.rules)
+
+
 class Silences:
-    """Active Alertmanager silences, read at most once per ``cache`` seconds."""
+    """Active Alertmanager silences, read at most once per ``cache`` seconds.
+
+    ``ignored``: the silences of the last answer that silence nothing, by id, and why;
+    ``ignored_total``: how many silences have been ignored since start (each counted and logged
+    once)."""
 
     def __init__(
         self,
@@ -344,8 +374,11 @@ class Silences:
         self.headers_env = dict(headers_env or {})
         self._client = client
         self._at = -1e18
-        self._silences: list[_Silence] | None = None
+        self._silences: list[_Ready] | None = None
         self._error: str | None = None
+        self._compiled: dict[str, Anchored | RegexError] = {}
+        self.ignored: dict[str, str] = {}
+        self.ignored_total = 0
 
     def describe(self) -> str:
         return f"Alertmanager silences from {redact_url(self.url)} (cached {self.cache:g}s)"
@@ -371,14 +404,63 @@ class Silences:
         except (msgspec.DecodeError, msgspec.ValidationError) as e:
             raise SilenceError(f"not a silences list from {redact_url(self.url)}: {e}") from None
 
+    def _prepare(self, silences: list[_Silence]) -> list[_Ready]:
+        """Each silence with its matchers compiled; those that cannot be are ignored, counted
+        and logged once. Compiled patterns are kept while a silence still uses them."""
+        old, self._compiled = self._compiled, {}
+        program = 0  # RE2 instructions of this answer's distinct patterns
+
+        def compiled(pattern: str) -> Anchored:
+            nonlocal program
+            got = self._compiled.get(pattern) or old.get(pattern)
+            if got is None:
+                if len(self._compiled) >= MAX_REGEXES:
+                    raise RegexError(f"more than {MAX_REGEXES} distinct regular expressions in the silences")
+                try:
+                    got = Anchored(pattern)
+                except RegexError as e:
+                    got = e
+            if isinstance(got, Anchored) and pattern not in self._compiled:
+                if program + got.size > MAX_PROGRAM:
+                    raise RegexError(f"the silences' regular expressions exceed {MAX_PROGRAM} RE2 instructions")
+                program += got.size
+            self._compiled[pattern] = got
+            if isinstance(got, RegexError):
+                raise got
+            return got
+
+        ready: list[_Ready] = []
+        ignored: dict[str, str] = {}
+        for sil in silences:
+            try:
+                ready.append(_Ready(sil, _rules(sil, compiled)))
+            except RegexError as e:
+                ignored[sil.id] = str(e)
+                if sil.id not in self.ignored:
+                    self.ignored_total += 1
+                    log.warning(
+                        "Alertmanager silence %s (%s) is ignored: a regular expression RE2 does not accept (%s); "
+                        "it silences nothing",
+                        printable(sil.id),
+                        printable(sil.createdBy),
+                        printable(str(e))[:200],
+                    )
+        self.ignored = ignored
+        forget_compiled()
+        return ready
+
     def active(self) -> list[Any]:
         """The active silences (cached); SilenceError when they cannot be read (also cached, so
         a dead Alertmanager costs one timeout per ``cache``, not one per action)."""
+        return [r.silence for r in self._active()]
+
+    def _active(self) -> list[_Ready]:
         now = self.clock()
         if now - self._at >= self.cache:
             self._at = now
             try:
-                self._silences, self._error = [s for s in self._fetch() if s.status.state == "active"], None
+                fetched = [s for s in self._fetch() if s.status.state == "active"]
+                self._silences, self._error = self._prepare(fetched), None
             except SilenceError as e:
                 self._silences, self._error = None, str(e)
         if self._error is not None:
@@ -388,7 +470,7 @@ class Silences:
     def matching(self, alert: AlertEvent) -> Any | None:
         """The first active silence matching the alert's Alertmanager labels, or None."""
         labels = am_labels(alert)
-        return next((s for s in self.active() if silence_matches(s, labels)), None)
+        return next((r.silence for r in self._active() if r.matches(labels)), None)
 
     def close(self) -> None:
         if self._client is not None:

@@ -19,7 +19,7 @@ from pipeline.remediation import actions as A
 from pipeline.remediation import payloads
 from pipeline.remediation import specs as C
 from pipeline.remediation.alertmanager import AlertmanagerAction
-from pipeline.remediation.routes import regex_problem
+from pipeline.remediation.regexes import RegexError, Searching
 from pipeline.remediation.safety import UnsafeValue, check_value
 from pipeline.schema import AlertEvent
 
@@ -65,11 +65,13 @@ def _build(name: str, spec: C.ActionSpec, key: str) -> A.Action:
     if isinstance(spec, C.KafkaAction):
         return A.KafkaAction(name, spec.topic)
     if isinstance(spec, C.CommandAction):
-        # The query's stdout is searched with this pattern: refused where it could backtrack badly
-        # (the route matchers' rule, pipeline/remediation/routes.py).
-        problem = regex_problem(spec.query_match) if spec.query_match else None
-        if problem is not None:
-            raise ConfigError(f"{key}.query_match", problem)
+        # The query's stdout is searched with this pattern, in RE2 like the route matchers
+        # (pipeline/remediation/regexes.py): one RE2 does not accept is this key's error.
+        if spec.query_match:
+            try:
+                Searching(spec.query_match)
+            except RegexError as e:
+                raise ConfigError(f"{key}.query_match", f"bad regular expression (RE2 syntax): {e}") from None
         return A.CommandAction(
             name,
             spec.argv,

@@ -8,14 +8,10 @@ expressions anchored at both ends). Names are alert fields (``family``, ``fault`
 ``rule``, ``host``, ``gpu``, ``link``, ``job``, ``state``) or label names; a label the alert does
 not have is the empty string, as in Alertmanager.
 
-Alertmanager runs its expressions on RE2, which is linear in the input; Python's ``re``
-backtracks, and ``host=~"(a+)+"`` takes seconds per alert on a long enough host name. So a
-pattern that could backtrack badly is refused at load time (``regex_problem``): nested
-repeats, alternatives inside a repeat that can match the same text, backreferences, more than
-``MAX_LONG_REPEATS`` open-ended repeats. A regular expression is matched with ``fullmatch``
-only against values of at most ``MAX_MATCH_CHARS`` characters (every RFC 1123 host name);
-a longer value matches no ``=~`` or ``!~`` matcher, so a route with one never takes it.
-Limits and their errors: docs/remediation.md ("Limits").
+Regular expressions are Alertmanager's: RE2 syntax, matched against the whole value, in time
+linear in the value (``pipeline/remediation/regexes.py``); one RE2 does not accept is a load
+error naming its key (and, from a file, its line). Limits and their errors: docs/remediation.md
+("Limits").
 
 Grouping differs from Alertmanager in one default: ``group_by`` defaults to ``["..."]`` (every
 alert its own group) because remediation acts per alert, and a group acts once per
@@ -24,116 +20,20 @@ alert its own group) because remediation acts per alert, and a group acts once p
 
 from __future__ import annotations
 
-import math
 import re
 from dataclasses import dataclass, field
-
-# re's own parser (private modules typeshed does not describe): the one exact reading of a pattern.
-from re import _constants as _sre  # type: ignore[attr-defined]
-from re import _parser as _sre_parse  # type: ignore[attr-defined]
 from typing import Any
 
 from pipeline.durations import duration as parse_duration
 from pipeline.errors import ConfigError, UsageError
+from pipeline.remediation.regexes import Anchored, RegexError
 from pipeline.remediation.specs import RouteSpec
 from pipeline.schema import AlertEvent
 
 _MATCHER = re.compile(r'\s*([A-Za-z_][A-Za-z0-9_.]*)\s*(=~|!~|!=|=)\s*(?:"((?:[^"\\]|\\.)*)"|(\S*))\s*')
 MAX_MATCHER_CHARS = 1024  # one matcher's text
-MAX_MATCH_CHARS = 256  # values a regular expression is run on (host names are <= 253)
-MAX_LONG_REPEATS = 3  # open-ended repeats in one pattern: n of them cost up to len**n steps
-_LONG = 16  # a repeat allowed more than this many times counts as open-ended
-_NESTED_COMBOS = 1000  # (x{1,3}.){3}: bounded nesting with at most this many ways to split
-_REPEATS = (_sre.MAX_REPEAT, _sre.MIN_REPEAT, _sre.POSSESSIVE_REPEAT)
 ALERT_FIELDS = ("family", "fault", "severity", "rule", "host", "gpu", "link", "job", "state", "id")
 EVERY_ALERT = "..."
-
-
-class _Slow(ValueError):
-    pass
-
-
-def regex_problem(pattern: str) -> str | None:
-    """Why ``pattern`` may take more than polynomial-with-small-degree time to match, or None.
-
-    A syntactic check on Python's own parse of the pattern: it may refuse a pattern that is in
-    fact fast (``(a|ab)+c``), never one that is slow in the ways above.
-    """
-    if len(pattern) > MAX_MATCHER_CHARS:
-        return f"longer than {MAX_MATCHER_CHARS} characters"
-    try:
-        parsed = _sre_parse.parse(pattern)
-    except (re.error, OverflowError) as e:  # OverflowError: x{99999999999}
-        return f"bad regular expression: {e}"
-    except RecursionError:
-        return "nested too deeply"
-    try:
-        long = _long_repeats(list(parsed), None, 0)
-    except _Slow as e:
-        return str(e)
-    if long > MAX_LONG_REPEATS:
-        return (
-            f"more than {MAX_LONG_REPEATS} open-ended repeats (*, +, {{n,}}): matching may take "
-            "len(value)**n steps; split it into several matchers"
-        )
-    return None
-
-
-def _long_repeats(items: list, outer: int | None, depth: int) -> int:
-    """Open-ended repeats along a sequence (a choice counts its worst alternative).
-
-    ``outer``: the count of the repeat this sequence is inside (None: none). Raises ``_Slow``.
-    """
-    if depth > 32:
-        raise _Slow("nested too deeply")
-    n = 0
-    for op, av in items:
-        if op in _REPEATS:
-            _lo, hi, body = av
-            inner = outer
-            if hi > 1:
-                if outer is not None:
-                    unbounded = outer == _sre.MAXREPEAT or hi == _sre.MAXREPEAT
-                    if unbounded or outer * math.log(hi) > math.log(_NESTED_COMBOS):
-                        raise _Slow(
-                            "a repeat inside a repeat, as in (a+)+, can take exponential time; "
-                            "write it without the nesting"
-                        )
-                    inner = _sre.MAXREPEAT  # a third level is refused
-                else:
-                    inner = hi
-                n += hi > _LONG
-            n += _long_repeats(list(body), inner, depth + 1)
-        elif op is _sre.SUBPATTERN:
-            n += _long_repeats(list(av[3]), outer, depth + 1)
-        elif op is _sre.ATOMIC_GROUP:
-            n += _long_repeats(list(av), outer, depth + 1)
-        elif op in (_sre.ASSERT, _sre.ASSERT_NOT):
-            n += _long_repeats(list(av[1]), outer, depth + 1)
-        elif op is _sre.BRANCH:
-            alts = [list(a) for a in av[1]]
-            if outer is not None:
-                _distinct(alts)
-            n += max(_long_repeats(a, outer, depth + 1) for a in alts)
-        elif op in (_sre.GROUPREF, _sre.GROUPREF_EXISTS):
-            raise _Slow("backreferences are not supported (Alertmanager's RE2 syntax has none)")
-    return n
-
-
-def _distinct(alts: list[list]) -> None:
-    """Alternatives inside a repeat must part on different literal characters: (a|ab)+ on
-    "aaaa...b" tries every way of splitting the a's."""
-    lit = _sre.LITERAL
-    for i, a in enumerate(alts):
-        for b in alts[i + 1 :]:
-            k = 0
-            while k < len(a) and k < len(b) and a[k] == b[k] and a[k][0] is lit:
-                k += 1
-            if not (k < len(a) and k < len(b) and a[k][0] is lit and b[k][0] is lit):
-                raise _Slow(
-                    "alternatives inside a repeat that can match the same text, as in (a|ab)+, "
-                    "can take exponential time; make each start with a different literal"
-                )
 
 
 @dataclass(frozen=True)
@@ -141,7 +41,7 @@ class Matcher:
     name: str
     op: str
     value: str
-    regex: re.Pattern[str] | None = None
+    regex: Anchored | None = None
 
     @classmethod
     def parse(cls, text: str, key: str) -> "Matcher":
@@ -155,14 +55,10 @@ class Matcher:
         value = re.sub(r"\\(.)", r"\1", value) if m.group(3) is not None else value
         regex = None
         if op in ("=~", "!~"):
-            problem = regex_problem(value)
-            if problem is not None:
-                raise ConfigError(key, f"matcher {text!r}: {problem}")
             try:
-                # fullmatch, not ^...$: $ also matches before a trailing newline.
-                regex = re.compile(f"(?:{value})")
-            except re.error as e:
-                raise ConfigError(key, f"matcher {text!r}: bad regular expression: {e}") from None
+                regex = Anchored(value)
+            except RegexError as e:
+                raise ConfigError(key, f"matcher {text!r}: bad regular expression (RE2 syntax): {e}") from None
         return cls(name, op, value, regex)
 
     def matches(self, fields: dict[str, str]) -> bool:
@@ -171,9 +67,7 @@ class Matcher:
             return v == self.value
         if self.op == "!=":
             return v != self.value
-        if len(v) > MAX_MATCH_CHARS:
-            return False  # neither =~ nor !~: see the module's docstring
-        hit = self.regex.fullmatch(v) is not None  # type: ignore[union-attr]
+        hit = self.regex.matches(v)  # type: ignore[union-attr]
         return hit if self.op == "=~" else not hit
 
     def __str__(self) -> str:
