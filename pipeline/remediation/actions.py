@@ -24,6 +24,7 @@ from urllib.parse import urlsplit, urlunsplit
 import httpx
 
 from pipeline.remediation.audit import printable
+from pipeline.remediation.exchange import exchange, new_client
 from pipeline.remediation.regexes import Searching
 from pipeline.remediation.safety import alert_values, fill, fill_argv, template_vars
 from pipeline.remediation.targets import AllowList, Filled, UrlTemplate, pin, resolve
@@ -32,6 +33,7 @@ from pipeline.schema import AlertEvent, encode
 log = logging.getLogger("gpuwarden.remediation")
 
 OUTPUT_LIMIT = 2000  # characters of a command's stdout/stderr kept in the audit
+ANSWER_LIMIT = 64 * 1024  # bytes of a webhook's answer read (the audit keeps OUTPUT_LIMIT of them)
 
 
 @dataclass
@@ -125,6 +127,7 @@ def retry_after(value: str | None, now: float) -> float | None:
 class RetryPolicy(Protocol):
     retries: int
     max_retry_after: float
+    timeout: float  # one attempt's deadline: connect, request, headers and body
 
     def delay(self, attempt: int, rng: random.Random) -> float: ...
 
@@ -142,31 +145,40 @@ def send(
 ) -> Outcome:
     """POST ``body``; retry connection errors, timeouts, 429 and 5xx (a 429's or 503's
     ``Retry-After`` is waited, up to ``max_retry_after``; else backoff with jitter); never other
-    4xx, nor redirects. ``shown``: the URL as it may be logged."""
+    4xx, nor redirects. Each attempt has ``policy.timeout`` for all of it (exchange.py).
+    ``shown``: the URL as it may be logged."""
     last = ""
     for attempt in range(policy.retries + 1):
         wait: float | None = None
         try:
-            r = client.post(url, content=body, headers=headers, extensions=extensions)
+            r = exchange(
+                client,
+                "POST",
+                url,
+                deadline=policy.timeout,
+                max_body=ANSWER_LIMIT,
+                content=body,
+                headers=headers,
+                extensions=extensions,
+            )
         except httpx.TransportError as e:
             last = f"{type(e).__name__}: {e}"
         except (httpx.HTTPError, httpx.InvalidURL) as e:
             # Not the network: the request itself cannot be made; trying again cannot help.
             return Outcome(False, type(e).__name__, error=f"{type(e).__name__}: {e} ({shown})", attempts=attempt + 1)
         else:
-            if r.status_code < 300:
-                return Outcome(True, f"HTTP {r.status_code}", attempts=attempt + 1, stdout=r.text[:OUTPUT_LIMIT])
-            if r.status_code < 500 and r.status_code != 429:
+            if r.status < 300:
+                return Outcome(True, f"HTTP {r.status}", attempts=attempt + 1, stdout=r.text[:OUTPUT_LIMIT])
+            if r.status < 500 and r.status != 429:
                 # 4xx: the request itself is wrong; 3xx: redirects are not followed (a POST
                 # carrying an alert should reach the configured URL or fail visibly).
                 return Outcome(
                     False,
-                    f"HTTP {r.status_code}",
-                    error=f"HTTP {r.status_code} from {shown} "
-                    "(not retried: the same request would get the same answer)",
+                    f"HTTP {r.status}",
+                    error=f"HTTP {r.status} from {shown} (not retried: the same request would get the same answer)",
                     attempts=attempt + 1,
                 )
-            last = f"HTTP {r.status_code}"
+            last = f"HTTP {r.status}"
             wait = retry_after(r.headers.get("Retry-After"), time.time())
             if wait is not None and wait > policy.max_retry_after:
                 # Waiting that long would hold every other alert back (one loop, one thread).
@@ -393,7 +405,7 @@ class WebhookAction:
 
     def execute(self, plan: Plan, ctx: Context) -> Outcome:
         if self._client is None:
-            self._client = httpx.Client(timeout=self.timeout, follow_redirects=False)
+            self._client = new_client(self.timeout)
         req = self._request(plan, ctx)
         if isinstance(req, str):
             return Outcome(False, "refused", error=f"not sent: {req}", attempts=0)

@@ -34,6 +34,7 @@ import msgspec
 
 from pipeline.remediation.actions import Context, Outcome, Plan, QueryResult, entity_key, redact_url, send
 from pipeline.remediation.audit import printable
+from pipeline.remediation.exchange import exchange, new_client
 from pipeline.remediation.payloads import iso8601
 from pipeline.remediation.regexes import Anchored, RegexError, forget_compiled
 from pipeline.remediation.safety import alert_values
@@ -231,7 +232,7 @@ class AlertmanagerAction:
 
     def _post(self, body: bytes, ctx: Context) -> Outcome:
         if self._client is None:
-            self._client = httpx.Client(timeout=self.timeout, follow_redirects=False)
+            self._client = new_client(self.timeout)
         return send(self._client, self.url, body, self._headers(), {}, self, ctx, redact_url(self.url), self.name)
 
     def execute(self, plan: Plan, ctx: Context) -> Outcome:
@@ -385,24 +386,22 @@ class Silences:
 
     def _fetch(self) -> list[_Silence]:
         if self._client is None:
-            self._client = httpx.Client(timeout=self.timeout, follow_redirects=False)
+            self._client = new_client(self.timeout)
         headers = {"Accept": "application/json", "User-Agent": "gpuwarden-remediate"}
         headers.update({h: os.environ[e] for h, e in self.headers_env.items() if e in os.environ})
+        shown = redact_url(self.url)
         try:
-            with self._client.stream("GET", self.url, headers=headers) as r:
-                if r.status_code != 200:
-                    raise SilenceError(f"HTTP {r.status_code} from {redact_url(self.url)}")
-                body = b""
-                for chunk in r.iter_bytes():
-                    body += chunk
-                    if len(body) > MAX_BODY:
-                        raise SilenceError(f"answer from {redact_url(self.url)} larger than {MAX_BODY} bytes")
+            r = exchange(self._client, "GET", self.url, deadline=self.timeout, max_body=MAX_BODY, headers=headers)
         except httpx.HTTPError as e:
-            raise SilenceError(f"{type(e).__name__}: {e} ({redact_url(self.url)})") from None
+            raise SilenceError(f"{type(e).__name__}: {e} ({shown})") from None
+        if r.status != 200:
+            raise SilenceError(f"HTTP {r.status} from {shown}")
+        if r.truncated:
+            raise SilenceError(f"answer from {shown} larger than {MAX_BODY} bytes")
         try:
-            return msgspec.json.decode(body, type=list[_Silence])
+            return msgspec.json.decode(r.body, type=list[_Silence])
         except (msgspec.DecodeError, msgspec.ValidationError) as e:
-            raise SilenceError(f"not a silences list from {redact_url(self.url)}: {e}") from None
+            raise SilenceError(f"not a silences list from {shown}: {e}") from None
 
     def _prepare(self, silences: list[_Silence]) -> list[_Ready]:
         """Each silence with its matchers compiled; those that cannot be are ignored, counted
@@ -451,7 +450,7 @@ class Silences:
 
     def active(self) -> list[Any]:
         """The active silences (cached); SilenceError when they cannot be read (also cached, so
-        a dead Alertmanager costs one timeout per ``cache``, not one per action)."""
+        a dead Alertmanager costs one deadline per ``cache``, not one per action)."""
         return [r.silence for r in self._active()]
 
     def _active(self) -> list[_Ready]:

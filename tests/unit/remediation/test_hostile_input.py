@@ -46,6 +46,9 @@ class Boom:
     def post(self, *a, **kw):
         raise self.exc
 
+    def stream(self, *a, **kw):
+        raise self.exc
+
     def close(self) -> None:
         pass
 
