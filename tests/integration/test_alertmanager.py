@@ -1,6 +1,7 @@
 """A real Alertmanager (Debian's prometheus-alertmanager, started on loopback with a temp config
 and storage dir): gpuwarden's alerts appear through its API with the right labels, resolve, and a
-silence created through its API stops a drain, audited as a maintenance window."""
+silence created through its API stops a drain, audited as a maintenance window; hostile silence
+patterns silence exactly the alerts Alertmanager itself says they silence, decided fast."""
 
 from __future__ import annotations
 
@@ -12,8 +13,11 @@ import urllib.request
 import pytest
 
 from pipeline.remediation.actions import Context
+from pipeline.remediation.alertmanager import AlertmanagerAction, am_labels, silence_matches
+from pipeline.remediation.safety import valid_hostname
 from tests.systools import free_port, require_tool, wait_http
 from tests.unit.remediation.conftest import Harness, alert, config, fakes  # noqa: F401 - a fixture
+from tests.unit.remediation.factories import HOSTILE_SILENCES
 
 AM_CONFIG = """\
 route:
@@ -170,3 +174,47 @@ def test_alertmanager_config_errors_name_the_key(tmp_path):
         config(tmp_path, actions={"am": {"type": "alertmanager", "url": "http://{host}:9093"}},
                receivers=[{"name": "am", "actions": ["am"]}], route={"receiver": "am"})
     assert "actions.am" in str(e.value)
+
+
+def test_hostile_silences_silence_what_alertmanager_silences_and_are_decided_fast(alertmanager, tmp_path, fakes):
+    # Before: ".?" x 40 + "!" and "a{0,16}" x 40 held one match for hours; (a+)+$ and
+    # (rack7-[0-9]+,?)+ silenced every host. Alertmanager accepts each of these silences (a
+    # second matcher keeps it from matching the empty label set, which it refuses).
+    now = time.time()
+    ids: dict[str, str] = {}
+    for p in sorted({p for p, _, _ in HOSTILE_SILENCES}):
+        sil = _post(alertmanager + "/api/v2/silences", {
+            "matchers": [{"name": "host", "value": p, "isRegex": True, "isEqual": True},
+                         {"name": "source", "value": "gpuwarden", "isRegex": False, "isEqual": True}],
+            "startsAt": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(now - 60)),
+            "endsAt": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(now + 3600)),
+            "createdBy": "hostile", "comment": p[:60]})
+        ids[p] = sil["silenceID"]
+    hosts = sorted({h for _, h, _ in HOSTILE_SILENCES})
+    post = AlertmanagerAction("am", alertmanager)
+    for i, host in enumerate(hosts):
+        assert post.execute(post.plan(alert(host, 0, id=f"hostile-{i}", ts=now)), Context()).ok
+    # What Alertmanager says: which of these silences mute each alert.
+    muted = {a["labels"]["host"]: set(a["status"]["silencedBy"]) & set(ids.values())
+             for a in _am_alerts(alertmanager, source="gpuwarden") if a["labels"].get("host") in hosts}
+    assert sorted(muted) == hosts
+    for p, host, hit in HOSTILE_SILENCES:
+        assert (ids[p] in muted[host]) is hit, (p, host)
+
+    cfg = config(tmp_path, actions={"drain": {"type": "slurm_drain"}}, receivers=[{"name": "drain",
+                                                                                   "actions": ["drain"]}],
+                 alertmanager={"url": alertmanager, "cache": "60s"})
+    h = Harness(cfg, ctx=Context())
+    try:
+        active = h.rem.silences.active()
+        for i, host in enumerate(hosts):
+            ours = {s.id for s in active if s.id in ids.values() and silence_matches(s, am_labels(alert(host, 0)))}
+            assert ours == muted[host], host
+            if not valid_hostname(host):
+                continue  # never acted on, silenced or not
+            t0 = time.monotonic()
+            recs = h.handle(alert(host, 1, id=f"hostile-d-{i}"))
+            assert time.monotonic() - t0 < 1.0
+            assert recs[0].decision == ("skipped" if muted[host] else "acted"), (host, recs[0])
+    finally:
+        h.close()
