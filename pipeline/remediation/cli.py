@@ -62,7 +62,12 @@ def _cmd_remediate(args: argparse.Namespace) -> int:
     stats = svc.run(stop, idle_exit_s=args.idle_exit)
     print(
         f"gpuwarden remediate: {stats.messages} alerts handled; decisions {svc.audit.total}; "
-        f"unknown hosts {svc.audit.reasons.get('unknown_host', 0)}",
+        f"unknown hosts {svc.audit.reasons.get('unknown_host', 0)}"
+        + (
+            f"; Alertmanager silences ignored (a pattern RE2 does not accept) {sil.ignored_total}"
+            if (sil := svc.remediator.silences) is not None
+            else ""
+        ),
         file=sys.stderr,
     )
     return 0
