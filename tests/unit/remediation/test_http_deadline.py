@@ -106,3 +106,60 @@ def test_redirects_are_not_followed(trickle, server, status):
     out = act.execute(act.plan(alert()), Context(sleep=lambda d: None, rng=random.Random(1)))
     assert not out.ok and f"HTTP {status.split()[0]}" in (out.error or "")
     assert other.hits == []
+
+
+def test_the_deadline_holds_over_tls(tmp_path):
+    # The watchdog shuts the socket under TLS too (the read is inside the TLS layer).
+    import signal
+    import socket
+    import ssl
+    import subprocess
+
+    import httpx
+
+    from pipeline.remediation.exchange import DeadlineTimeout, exchange
+    from tests.systools import require_tool
+
+    openssl = require_tool("openssl", package="openssl")
+    key, cert = tmp_path / "k.pem", tmp_path / "c.pem"
+    subprocess.run([openssl, "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key), "-out", str(cert),
+                    "-days", "1", "-subj", "/CN=localhost", "-addext", "subjectAltName=IP:127.0.0.1"],
+                   check=True, capture_output=True)
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    ctx.load_cert_chain(cert, key)
+    ls = socket.socket()
+    ls.bind(("127.0.0.1", 0))
+    ls.listen(4)
+    stop = threading.Event()
+
+    def serve():
+        conn, _ = ls.accept()
+        with ctx.wrap_socket(conn, server_side=True) as s:
+            s.recv(65536)
+            for b in b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nhello" * 100:
+                if stop.is_set():
+                    return
+                try:
+                    s.send(bytes([b]))
+                except OSError:
+                    return
+                time.sleep(0.2)
+
+    # A TLS send takes no MSG_NOSIGNAL, and CLI tests in this process set SIGPIPE to its default
+    # action: ignored while the server may write to the connection the client shut.
+    old = signal.signal(signal.SIGPIPE, signal.SIG_IGN)
+    server = threading.Thread(target=serve, daemon=True)
+    server.start()
+    client = httpx.Client(timeout=DEADLINE, follow_redirects=False, limits=httpx.Limits(max_keepalive_connections=0),
+                          verify=ssl.create_default_context(cafile=str(cert)))
+    t0 = time.monotonic()
+    try:
+        with pytest.raises(DeadlineTimeout):
+            exchange(client, "GET", f"https://127.0.0.1:{ls.getsockname()[1]}/", deadline=DEADLINE, max_body=100)
+        assert time.monotonic() - t0 < BOUND
+    finally:
+        client.close()
+        stop.set()
+        server.join(5)
+        ls.close()
+        signal.signal(signal.SIGPIPE, old)
