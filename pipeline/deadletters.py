@@ -28,6 +28,13 @@ OUT_OF_RANGE = "out_of_range"
 BAD_IDENTIFIER = "bad_identifier"
 INTERNAL = "internal"
 ENTITY_LIMIT = "entity_limit"
+# The fleet topic's own (pipeline/service/fleet.py): a message the host stage did not write.
+BAD_ENVELOPE = "bad_envelope"
+UNSIGNED = "unsigned"
+BAD_SIGNATURE = "bad_signature"
+UNKNOWN_PARTITION = "unknown_partition"
+BAD_MARK = "bad_mark"
+EARLY_MARK = "early_mark"
 REASONS = (
     MALFORMED_JSON,
     WRONG_TYPE,
@@ -46,6 +53,12 @@ REASONS = (
     BAD_IDENTIFIER,
     INTERNAL,
     ENTITY_LIMIT,
+    BAD_ENVELOPE,
+    UNSIGNED,
+    BAD_SIGNATURE,
+    UNKNOWN_PARTITION,
+    BAD_MARK,
+    EARLY_MARK,
 )
 
 

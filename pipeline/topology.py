@@ -63,6 +63,9 @@ class FleetStage:
         self.engines: dict[str, Engine] = {}
         self.marks: dict[int, float] = {}
         self.final: set[int] = set()
+        # The newest event time each upstream task has forwarded (fed with ``upstream``): how far
+        # its marks may go (pipeline/service/fleet.py, FleetTask.lead).
+        self.forwarded: dict[int, float] = {}
         self.released = -math.inf  # every record older than this went to an engine
         # Fed records waiting for the watermark, one chunk per feed: a release takes whole chunks
         # it has passed and splits only those it cuts, so its cost does not grow with what
@@ -87,10 +90,15 @@ class FleetStage:
     # -- input -------------------------------------------------------------------------------
 
     def feed(
-        self, records: Iterable[TelemetryRecord], keys: Sequence[str] | None = None, at: int | None = None
+        self,
+        records: Iterable[TelemetryRecord],
+        keys: Sequence[str] | None = None,
+        at: int | None = None,
+        upstream: int | None = None,
     ) -> None:
         """Forwarded records (any order), each with its key (default: the one fleet key);
-        ``at``: the position in the input they came from (an offset), for ``snapshot(replayable=True)``.
+        ``at``: the position in the input they came from (an offset), for ``snapshot(replayable=True)``;
+        ``upstream``: the task that forwarded them (``forwarded``).
 
         A record sent again after its second was released (an upstream replay: a task never
         forwards what it released before) is dropped here, as ``late``; one sent again while
@@ -102,6 +110,8 @@ class FleetStage:
         if not recs:
             return
         c = _Chunk(recs, None if keys is None else list(keys))
+        if upstream is not None:
+            self.forwarded[upstream] = max(self.forwarded.get(upstream, -math.inf), c.tmax)
         late = c.ts < self.released
         if late.any():
             self.stats["replayed" if at is not None and at < self.replay_until else "late"] += int(late.sum())
@@ -245,6 +255,7 @@ class FleetStage:
             "released": self.released,
             "marks": {str(k): v for k, v in self.marks.items()},
             "final": sorted(self.final),
+            "forwarded": {str(k): v for k, v in self.forwarded.items()},
         }
         # Records fed without a position (in process, or restored from a snapshot that carried
         # them) cannot be read again: those ride in the snapshot either way.
@@ -266,6 +277,9 @@ class FleetStage:
             self.released = float(d["released"])
             self.marks = {int(k): float(v) for k, v in d["marks"].items()}
             self.final = {int(p) for p in d["final"]}
+            # (A snapshot from before ``forwarded`` was kept: each mark was as far as it went.)
+            forwarded = d["forwarded"] if "forwarded" in d else d["marks"]
+            self.forwarded = {int(k): float(v) for k, v in forwarded.items()}
             # A replayable snapshot's reader reads the records fed with a position again.
             buf = decode_records(d["buffer"])
             keys = [str(k) for k in d["keys"]]

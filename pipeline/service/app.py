@@ -46,7 +46,7 @@ from pipeline.runner import Pipeline
 from pipeline.service.config import Config
 from pipeline.service.fleet import DROPPED, FORCED, FleetTask, Outbox, Send
 from pipeline.service.metrics import HttpEndpoint, Metrics
-from pipeline.service.state import Checkpoint, KafkaStateStore, StateStore, state_key
+from pipeline.service.state import Checkpoint, KafkaStateStore, StateStore, derived_key, state_key
 from pipeline.topology import Topology
 
 log = logging.getLogger("gpuwarden.service")
@@ -109,14 +109,17 @@ class Service:
         self.topics = Topics(cfg.kafka.prefix)
         count = getattr(producer, "partition_count", lambda topic: None)
         # As the cluster has them (the topic may predate this config): how many telemetry
-        # partitions mark the fleet stage.
-        self.upstream = upstream or (count(self.topics.telemetry) if stage == "host" else 1) or cfg.kafka.partitions
+        # partitions mark the fleet stage, which refuses a mark naming another count or partition.
+        self.upstream = upstream or count(self.topics.telemetry) or cfg.kafka.partitions
         self.rule_paths = [str(Path(p)) for p in cfg.service.rules]
         self.clock = clock
         self.backoff = backoff or Backoff()
         self._n_rules = _check_rules_load(self.rule_paths) if rules_checked is None else rules_checked
         self._rules_fp = fingerprint(self.rule_paths)
         self.consumer, self.producer, self.state = consumer, producer, state
+        # The fleet topic's messages are signed under a key of their own, derived from the state
+        # key (None with --insecure-state: unsigned, still validated; pipeline/service/fleet.py).
+        self.fleet_key = derived_key(getattr(state, "mac_key", None), "fleet")
         # Alerts and dead letters leave through the injected producer; the sink's flush is step 2
         # of the commit protocol (it returns only once every send was acknowledged).
         self.output: OutputSink = BusOutput(producer, self.topics)
@@ -158,10 +161,20 @@ class Service:
         if self.stage == "fleet":
             if not isinstance(engine, Topology):
                 raise StateError("the fleet stage runs the models, and none are configured (service.models)")
-            return FleetTask(engine.make_fleet_engine, self.upstream, max_buffer=self.cfg.service.fleet_max_buffer)
+            return FleetTask(
+                engine.make_fleet_engine,
+                self.upstream,
+                max_buffer=self.cfg.service.fleet_max_buffer,
+                topic=self.topics.fleet,
+                group=self.cfg.kafka.group,
+                key=self.fleet_key,
+            )
         if isinstance(engine, Topology):
             make = engine.make_fleet_engine
-            engine = Topology(engine.host, make, fleet=Outbox(partition, self.upstream, self.topics.fleet, make))
+            outbox = Outbox(
+                partition, self.upstream, self.topics.fleet, make, group=self.cfg.kafka.group, key=self.fleet_key
+            )
+            engine = Topology(engine.host, make, fleet=outbox)
         # A host's rows of a tick go once the host is complete for it, not once every host of the
         # partition is: the same alerts, up to a second sooner (docs/architecture.md §4, release).
         (engine.host if isinstance(engine, Topology) else engine).release_hosts = True

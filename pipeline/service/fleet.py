@@ -12,6 +12,13 @@ On ``<prefix>.fleet`` there are two kinds of message:
   fleet partitions get neither (they hold nothing to release); a mark to each of them cost
   every host-stage batch one message per fleet partition, for nothing.
 
+Each travels in an envelope (``Envelope``, msgpack): the sending telemetry partition, the body,
+and an HMAC-SHA256 under a key derived from the state key (``pipeline.service.state.derived_key``)
+over the envelope version, the fleet topic, the consumer group, the sender and the body. The
+fleet topic is outside the process, so what a fleet-stage task reads from it is checked before
+it is used (docs/operations.md, Security): a message that fails is a dead letter with its reason
+and origin, costing only itself (``FleetTask.check``).
+
 A fleet-stage partition releases a second once every telemetry partition's task has marked past
 it (``pipeline.topology.FleetStage``), so its alerts do not depend on how many replicas run
 either stage or on how the partitions are spread among them.
@@ -19,17 +26,33 @@ either stage or on how the partitions are spread among them.
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import logging
 import math
 from typing import Any, Callable, Sequence
 
 import msgspec
+import numpy as np
 
 from pipeline.bus.base import Message
+from pipeline.deadletters import (
+    BAD_ENVELOPE,
+    BAD_MARK,
+    BAD_SIGNATURE,
+    EARLY_MARK,
+    INTERNAL,
+    MALFORMED_JSON,
+    TS_OUT_OF_RANGE,
+    UNKNOWN_PARTITION,
+    UNSIGNED,
+    WRONG_TYPE,
+)
+from pipeline.decode import RAW_KEEP, TS_MAX, TS_MIN
 from pipeline.engine import Engine, EngineOutput
 from pipeline.errors import StateError
 from pipeline.runner import Totals
-from pipeline.schema import TelemetryRecord
+from pipeline.schema import DeadLetter, TelemetryRecord
 from pipeline.topology import FLEET_KEY, FleetStage, records_decoder
 
 log = logging.getLogger("gpuwarden.service")
@@ -43,11 +66,39 @@ FORCED = "forced"
 _KEY = FLEET_KEY.encode()
 
 
+ENVELOPE_VERSION = 1
+
+
 class Mark(msgspec.Struct):
     mark: int
     upto: float | None  # None: -inf (nothing released yet)
     final: bool = False
     n: int = 1
+
+
+class Envelope(msgspec.Struct, array_like=True):
+    """What every message on the fleet topic is: ``[v, sender, body, mac]`` in msgpack.
+
+    ``sender``: the telemetry partition of the host-stage task that wrote it; ``body``: the
+    records' JSON array or the mark's JSON object; ``mac``: HMAC-SHA256 of ``signed(...)``
+    (empty when the service runs without a state key, ``--insecure-state``)."""
+
+    v: int
+    sender: int
+    body: bytes
+    mac: bytes = b""
+
+
+def signed(topic: str, group: str, sender: int, body: bytes) -> bytes:
+    """What a fleet message's MAC covers, in one fixed order (msgpack of a list is canonical):
+    bound to the topic, the group and the sender, so a message of one partition, group or
+    cluster's topic never verifies as another's."""
+    return msgspec.msgpack.encode([ENVELOPE_VERSION, topic, group, sender, body])
+
+
+def mac(key: bytes, topic: str, group: str, sender: int, body: bytes) -> bytes:
+    """The MAC of a fleet message (``signed``) under ``key``, the fleet key."""
+    return hmac.new(key, signed(topic, group, sender, body), hashlib.sha256).digest()
 
 
 Send = tuple[str, bytes | None, bytes, int | None]  # topic, key, value, partition
@@ -57,8 +108,20 @@ class Outbox:
     """The fleet side of a host-stage task's ``Topology``: forwarded records and marks queue here
     until the service sends them with the batch's alerts (step 2 of the commit protocol)."""
 
-    def __init__(self, partition: int, n_upstream: int, topic: str, template: Callable[[], Engine]) -> None:
+    def __init__(
+        self,
+        partition: int,
+        n_upstream: int,
+        topic: str,
+        template: Callable[[], Engine],
+        *,
+        group: str = "",
+        key: bytes | None = None,
+    ) -> None:
+        """``group`` and ``key``: what each message's MAC binds it to and is made with (the fleet
+        key, ``derived_key(state key, "fleet")``; None: unsigned, ``--insecure-state``)."""
         self.partition, self.n_upstream, self.topic = partition, n_upstream, topic
+        self.group, self.key = group, key
         self._template = template
         self._engine: Engine | None = None
         self._records: list[TelemetryRecord] = []
@@ -102,15 +165,19 @@ class Outbox:
         out: list[Send] = []
         recs, self._records = self._records, []
         for i in range(0, len(recs), MAX_FORWARD):
-            out.append((self.topic, _KEY, self._enc.encode(recs[i : i + MAX_FORWARD]), None))
+            out.append((self.topic, _KEY, self._wrap(self._enc.encode(recs[i : i + MAX_FORWARD])), None))
         if self._mark is not None and self._mark != self._sent:
             upto, final = self._mark
             body = self._enc.encode(
                 Mark(self.partition, None if math.isinf(upto) and upto < 0 else upto, final, self.n_upstream)
             )
-            out.append((self.topic, _KEY, body, None))
+            out.append((self.topic, _KEY, self._wrap(body), None))
             self._sent = self._mark
         return out
+
+    def _wrap(self, body: bytes) -> bytes:
+        tag = b"" if self.key is None else mac(self.key, self.topic, self.group, self.partition, body)
+        return msgspec.msgpack.encode(Envelope(ENVELOPE_VERSION, self.partition, body, tag))
 
     def final_sent(self) -> bool:
         return self._sent is not None and self._sent[1]
@@ -118,37 +185,157 @@ class Outbox:
 
 class FleetTask:
     """One partition of ``<prefix>.fleet``: what the service's commit protocol drives, shaped as
-    its host-stage ``Pipeline`` is (``handle_guarded``, ``flush``, ``totals``, ``engine``)."""
+    its host-stage ``Pipeline`` is (``handle_guarded``, ``flush``, ``totals``, ``engine``).
 
-    def __init__(self, make_engine: Callable[[], Engine], n_upstream: int, max_buffer: int = 2_000_000) -> None:
+    Every message is checked before the stage sees it (``check``): its envelope, its MAC (with a
+    key), its sender (a telemetry partition, ``0 <= sender < n_upstream``), and for a mark that
+    it is its sender's, agrees on ``n``, and runs at most ``lead`` seconds ahead of the newest
+    record its sender forwarded. What fails is a dead letter with its reason and origin."""
+
+    def __init__(
+        self,
+        make_engine: Callable[[], Engine],
+        n_upstream: int,
+        max_buffer: int = 2_000_000,
+        *,
+        topic: str = "",
+        group: str = "",
+        key: bytes | None = None,
+    ) -> None:
+        """``n_upstream``: the telemetry topic's partition count, as the service knows it;
+        ``topic``, ``group``, ``key``: what the host stage's ``Outbox`` signs with."""
         self.stage = FleetStage(make_engine, upstream=n_upstream, max_buffer=max_buffer)
+        self.n_upstream = n_upstream
+        self.topic, self.group, self.key = topic, group, key
         self.totals = Totals()
         self.engine = self  # snapshot/restore/pending, as the service reads them of an engine
         self._decode = records_decoder(self.stage.engine().decode_fields)
         self._mark = msgspec.json.Decoder(Mark)
+        self._envelope = msgspec.msgpack.Decoder(Envelope)
         self.models = self.stage.engine().models
         self.rules = None
         self._taken: dict[str, int] = {}  # each stat as last taken
+        cfg = self.stage.engine().config
+        # How far a mark may run ahead of the newest record its sender forwarded. A host-stage
+        # engine forwards every record it accepts as it arrives, and its watermark stays within a
+        # tick of the newest of them (pipeline/engine/engine.py, _whole_bound); the allowed
+        # lateness on top is margin, never needed by a mark the host stage wrote.
+        self.lead = cfg.allowed_lateness + cfg.tick
 
     def handle_guarded(self, messages: Sequence[Message]) -> EngineOutput:
+        """Check and apply each message (a bad one is a dead letter), then release what the
+        marks allow."""
+        dead: list[DeadLetter] = []
         for m in messages:
             try:
-                if m.value[:1] == b"{":
-                    mk = self._mark.decode(m.value)
-                    self.stage.mark(mk.mark, -math.inf if mk.upto is None else mk.upto, mk.final, mk.n)
-                else:
-                    recs = self._decode(m.value)
-                    self.stage.feed(recs, at=m.offset)
-                    self.totals.records += len(recs)
-            except (msgspec.DecodeError, msgspec.ValidationError) as e:
-                # Only the host stage writes this topic: a message it could not have written is
-                # skipped and logged, never a reason to stop the stage.
-                log.error("fleet: message at %s is not the host stage's (%s); skipped", m.origin, e)
+                dead.extend(self.check(m))
+            except Exception as e:  # noqa: BLE001 - a message that breaks the checks costs only itself
+                log.exception("fleet: message at %s could not be handled", m.origin)
+                dead.append(_dead(INTERNAL, f"{type(e).__name__}: {e}", m, m.value))
             self.stage.position = m.offset + 1
             self.totals.messages += 1
         out = self.stage.advance()
+        out.dead.extend(dead)
         self.totals.add(out)
         return out
+
+    def check(self, m: Message) -> list[DeadLetter]:
+        """Apply message ``m`` to the stage if it is one the host stage wrote; otherwise (or for
+        the records in it that are not) the dead letters saying why."""
+        try:
+            env = self._envelope.decode(m.value)
+        except (msgspec.DecodeError, msgspec.ValidationError) as e:
+            return [_dead(BAD_ENVELOPE, f"not a fleet-topic envelope: {e}", m, m.value)]
+        if env.v != ENVELOPE_VERSION:
+            return [_dead(BAD_ENVELOPE, f"envelope version {env.v} (this build reads {ENVELOPE_VERSION})", m, env.body)]
+        if self.key is not None:
+            if not env.mac:
+                return [_dead(UNSIGNED, "unsigned; this service requires signed fleet messages", m, env.body)]
+            want = mac(self.key, self.topic, self.group, env.sender, env.body)
+            if not hmac.compare_digest(env.mac, want):
+                return [
+                    _dead(
+                        BAD_SIGNATURE,
+                        f"MAC does not verify for partition {env.sender} of {self.group}/{self.topic} "
+                        "under this service's key",
+                        m,
+                        env.body,
+                    )
+                ]
+        sender = env.sender
+        if not 0 <= sender < self.n_upstream:
+            return [
+                _dead(
+                    UNKNOWN_PARTITION,
+                    f"sender {sender} is not a telemetry partition (0..{self.n_upstream - 1})",
+                    m,
+                    env.body,
+                )
+            ]
+        body = env.body
+        try:
+            if body[:1] == b"{":
+                return self._apply_mark(self._mark.decode(body), sender, m, body)
+            recs = self._decode(body)
+        except msgspec.ValidationError as e:
+            return [_dead(WRONG_TYPE, str(e), m, body)]
+        except msgspec.DecodeError as e:
+            return [_dead(MALFORMED_JSON, str(e), m, body)]
+        return self._apply_records(recs, sender, m)
+
+    def _apply_mark(self, mk: Mark, sender: int, m: Message, body: bytes) -> list[DeadLetter]:
+        why = self._refuse_mark(mk, sender)
+        if why is not None:
+            return [_dead(why[0], why[1], m, body)]
+        self.stage.mark(mk.mark, -math.inf if mk.upto is None else mk.upto, mk.final, mk.n)
+        return []
+
+    def _refuse_mark(self, mk: Mark, sender: int) -> tuple[str, str] | None:
+        """Why a mark is refused (reason, detail), or None."""
+        if mk.mark != sender:
+            return BAD_MARK, f"mark for partition {_num(mk.mark)} sent by partition {sender}"
+        if mk.n != self.n_upstream:
+            return BAD_MARK, f"mark says {_num(mk.n)} telemetry partitions; this service has {self.n_upstream}"
+        if mk.upto is None:
+            return None
+        if not math.isfinite(mk.upto):
+            return BAD_MARK, f"mark upto {mk.upto} is not finite"
+        bound = self.stage.forwarded.get(sender, -math.inf) + self.lead
+        if mk.upto > bound:
+            return (
+                EARLY_MARK,
+                f"mark upto {mk.upto} runs {'past' if bound == -math.inf else f'{mk.upto - bound:.3f}s past'} "
+                f"the newest record partition {sender} forwarded plus {self.lead}s "
+                "(engine.allowed_lateness + engine.tick)",
+            )
+        return None
+
+    def _apply_records(self, recs: list[TelemetryRecord], sender: int, m: Message) -> list[DeadLetter]:
+        dead: list[DeadLetter] = []
+        if recs:
+            ts = np.fromiter((r.ts for r in recs), np.float64, len(recs))
+            # The host stage's decoder keeps event time in these bounds (pipeline/decode.py): a
+            # record outside them was not forwarded by it, and would carry the marks' bound (and
+            # the engine's clock) anywhere.
+            bad = ~((ts >= TS_MIN) & (ts <= TS_MAX))
+            if bad.any():
+                for i in np.flatnonzero(bad).tolist():
+                    r = recs[i]
+                    dead.append(
+                        _dead(
+                            TS_OUT_OF_RANGE,
+                            f"ts {r.ts} outside {TS_MIN:.0f}..{TS_MAX:.0f}",
+                            m,
+                            None,
+                            origin=f"{m.origin}#{i}",
+                            ts=r.ts,
+                            host=r.host,
+                        )
+                    )
+                recs = [r for r, b in zip(recs, bad.tolist()) if not b]
+        self.stage.feed(recs, at=m.offset, upstream=sender)
+        self.totals.records += len(recs)
+        return dead
 
     def take(self, stat: str) -> int:
         """How much the fleet stage's counter ``stat`` (``FleetStage.stats``) grew since the last
@@ -184,3 +371,26 @@ class FleetTask:
             raise
         except Exception as e:  # noqa: BLE001 - a damaged checkpoint costs its partition, as the host stage's
             raise StateError(f"cannot restore the fleet stage: {e}") from e
+
+
+def _num(x: int) -> str:
+    """An integer from a message for a detail: a huge one by its size (its digits could be
+    thousands, past what ``str`` converts)."""
+    return str(x) if -(10**18) < x < 10**18 else f"<an integer of {x.bit_length()} bits>"
+
+
+def _dead(
+    reason: str,
+    detail: str,
+    m: Message,
+    raw: bytes | None,
+    *,
+    origin: str | None = None,
+    ts: float | None = None,
+    host: str | None = None,
+) -> DeadLetter:
+    """A fleet-topic message (or one record of it) refused, with its origin and up to 2 KiB of it."""
+    text = None
+    if raw is not None:
+        text = raw[:RAW_KEEP].decode("utf-8", "replace") + ("…" if len(raw) > RAW_KEEP else "")
+    return DeadLetter(reason=reason, detail=detail[:RAW_KEEP], origin=origin or m.origin, raw=text, ts=ts, host=host)

@@ -70,6 +70,15 @@ def state_key(env: Mapping[str, str], insecure: bool) -> bytes | None:
     return key
 
 
+def derived_key(key: bytes | None, purpose: str) -> bytes | None:
+    """A key for ``purpose`` (e.g. ``fleet``, the fleet topic's MACs) derived from the state key:
+    HMAC-SHA256 of a label under it, so a MAC made for one use never verifies for another
+    (``None``: insecure, no key)."""
+    if key is None:
+        return None
+    return hmac.new(key, b"gpuwarden/derived-key/v1/" + purpose.encode(), hashlib.sha256).digest()
+
+
 class StateStore:
     """Signed (``key``) or, when the operator said so, unsigned checkpoints of one consumer group.
 

@@ -9,7 +9,7 @@ import msgspec
 from pathlib import Path
 
 from pipeline.detection import build_detector
-from pipeline.service.fleet import DROPPED, FORCED, FleetTask
+from pipeline.service.fleet import DROPPED, FORCED, Envelope, FleetTask
 from pipeline.service.metrics import Metrics
 from pipeline.topology import Topology
 from tests.factories import T0, sample
@@ -67,7 +67,8 @@ def test_the_service_counts_what_an_upstream_replay_sends_again():
         fleet.step()
         clock.t += 0.5
     topic = host.topics.fleet
-    again = [m for m in bus.messages(topic) if m.value[:1] == b"["]   # the records, forwarded again
+    # The records, forwarded again (each in its envelope, MAC and all: a replay by the host stage).
+    again = [m for m in bus.messages(topic) if msgspec.msgpack.decode(m.value, type=Envelope).body[:1] == b"["]
     p = bus.producer()
     for m in again:
         p.send(topic, m.value, m.key, m.partition)
@@ -82,7 +83,9 @@ def test_the_service_counts_what_an_upstream_replay_sends_again():
 
     # Every record sent again is dropped, none reaches the models twice: also those of the last
     # second, which the engines' released (a tick's start) did not cover after the idle flush.
-    assert dropped("late") + dropped("duplicate") == sum(len(msgspec.json.decode(m.value)) for m in again)
+    assert dropped("late") + dropped("duplicate") == sum(
+        len(msgspec.json.decode(msgspec.msgpack.decode(m.value, type=Envelope).body)) for m in again
+    )
     assert dropped("late") > 0
 
 

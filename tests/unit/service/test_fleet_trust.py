@@ -1,0 +1,332 @@
+"""``<prefix>.fleet`` is a trust boundary (pipeline/service/fleet.py): each message is signed by
+the host stage under a key derived from the state key, bound to the topic, the group and the
+sending telemetry partition, and each mark is checked against what its partition forwarded. A
+message that fails is a dead letter with its reason and origin; it costs only itself.
+
+Each test is a row of issue #36's table; the same against a real broker:
+tests/faults/test_service_stages.py::test_a_forged_fleet_mark_and_batch_are_dead_lettered.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+
+import msgspec
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from pipeline.deadletters import REASONS
+from pipeline.engine import Engine, EngineConfig
+from pipeline.service.fleet import FleetTask
+from pipeline.schema import dcgm
+from tests.factories import HEALTHY, T0
+from tests.fleet_factories import (
+    FLEET_KEY,
+    GROUP,
+    STATE_KEY,
+    TOPIC,
+    envelope,
+    fleet_message,
+    mark_body,
+    no_hang,
+    records_body,
+)
+
+N = 2  # telemetry partitions
+EXAMPLES = int(os.environ.get("GPUWARDEN_FUZZ_EXAMPLES", "300"))
+
+
+def _rec(ts: float, host: str = "n1"):
+    """A healthy sample at ``ts`` (absolute: the hostile ones are far from T0)."""
+    return dcgm(ts, host, 0, HEALTHY)
+
+
+def _engine() -> Engine:
+    return Engine(EngineConfig(), row_checks=[], tick_checks=[], screened=True)
+
+
+def _task(key: bytes | None = FLEET_KEY, max_buffer: int = 2_000_000) -> FleetTask:
+    return FleetTask(_engine, N, max_buffer=max_buffer, topic=TOPIC, group=GROUP, key=key)
+
+
+class Feeder:
+    """Feeds a task messages at increasing offsets; keeps every dead letter."""
+
+    def __init__(self, task: FleetTask) -> None:
+        self.task, self.offset, self.dead = task, 0, []
+
+    def send(self, *values: bytes) -> list:
+        msgs = [fleet_message(v, self.offset + i) for i, v in enumerate(values)]
+        self.offset += len(values)
+        out = self.task.handle_guarded(msgs)
+        self.dead += out.dead
+        return out.dead
+
+    def records(self, sender: int, ts: list[float], host: str = "n1", **kw) -> list:
+        return self.send(envelope(records_body([_rec(t, host) for t in ts]), sender, **kw))
+
+    def mark(self, sender: int, upto, final: bool = False, n=N, mark=None, **kw) -> list:
+        return self.send(envelope(mark_body(sender if mark is None else mark, upto, final, n), sender, **kw))
+
+
+def _reasons(dead: list) -> list[str]:
+    return [d.reason for d in dead]
+
+
+def test_signed_records_and_marks_from_every_partition_release():
+    f = Feeder(_task())
+    for p in range(N):
+        assert f.records(p, [T0 + p, T0 + 5 + p], host=f"n{p}") == []
+    assert f.mark(0, T0 + 3) == [] and f.mark(1, T0 + 3) == []
+    assert f.task.stage.released == T0 + 3
+    assert f.task.stage.stats["released"] == 2
+    assert f.task.totals.dead == {}
+
+
+@pytest.mark.parametrize("upto", [1e17, 1e300, T0 + 32.5])
+@pytest.mark.parametrize("buffered", [False, True])
+def test_a_mark_far_ahead_of_what_its_partition_forwarded_is_refused(upto, buffered):
+    # Row 1: upto ~1e17 made _ticks_until spin for ever (float spacing above a second), and with
+    # nothing buffered released jumped to it, was checkpointed, and every later record was late.
+    f = Feeder(_task())
+    if buffered:
+        f.records(0, [T0, T0 + 1])
+        f.records(1, [T0, T0 + 1], host="n2")
+    with no_hang(20):
+        dead = f.mark(0, upto) + f.mark(1, upto)
+    assert _reasons(dead) == ["early_mark", "early_mark"]
+    assert dead[0].origin == f"{TOPIC}[0]@{f.offset - 2}" and "partition 0" in dead[0].detail
+    assert f.task.stage.released == -math.inf and not f.task.stage.marks
+    # The checkpoint holds nothing forged, and the next real record is not late.
+    assert msgspec.msgpack.decode(f.task.snapshot())["released"] == -math.inf
+    f.records(0, [T0 + 2])
+    assert f.task.stage.stats["late"] == 0
+
+
+def test_a_mark_within_the_lateness_of_its_partitions_newest_record_is_taken():
+    f = Feeder(_task())
+    f.records(0, [T0])
+    assert f.mark(0, T0 + 31.0) == []          # allowed_lateness 30 s + tick 1 s
+    assert _reasons(f.mark(0, T0 + 31.5)) == ["early_mark"]
+    assert f.task.stage.marks == {0: T0 + 31.0}
+
+
+def test_a_mark_with_nothing_forwarded_may_only_say_nothing_released():
+    f = Feeder(_task())
+    assert f.mark(0, None) == [] and f.mark(1, None, final=True) == []
+    assert _reasons(f.mark(0, T0)) == ["early_mark"]
+
+
+@pytest.mark.parametrize("n", [2**64, 2**64 + 1, 10**400, 1000, 3, 1, 0, -1])
+def test_a_mark_naming_another_partition_count_is_refused(n):
+    # Row 2: n of 2^64 or more raised OverflowError in every checkpoint (msgpack): serve died on
+    # every restart; a large n below that held the fleet stage until max_buffer.
+    f = Feeder(_task())
+    f.records(0, [T0, T0 + 1])
+    f.records(1, [T0, T0 + 1], host="n2")
+    dead = f.mark(0, T0 + 1, n=n)
+    assert _reasons(dead) == ["bad_mark"] and "telemetry partitions" in dead[0].detail
+    assert len(dead[0].detail) < 200
+    assert f.task.stage.n_upstream == N
+    msgspec.msgpack.decode(f.task.snapshot())   # a checkpoint can be taken
+    f.mark(0, T0 + 1)
+    f.mark(1, T0 + 1)
+    assert f.task.stage.released == T0 + 1
+
+
+@pytest.mark.parametrize("sender", [-5, N, 2**40])
+def test_a_message_from_a_partition_that_does_not_exist_is_refused(sender):
+    # Row 3: a mark from partition -5 counted towards "every upstream task has marked", so the
+    # stage released before a real partition had marked, and that partition's records were late.
+    f = Feeder(_task())
+    f.records(0, [T0, T0 + 5])
+    f.mark(0, T0 + 5)
+    assert _reasons(f.mark(sender, None, final=True)) == ["unknown_partition"]
+    assert _reasons(f.records(sender, [T0 + 9])) == ["unknown_partition"]
+    assert f.task.stage.released == -math.inf
+    f.records(1, [T0 + 1], host="n2")            # partition 1's record: not late
+    f.mark(1, T0 + 5)
+    assert f.task.stage.stats["late"] == 0 and f.task.stage.stats["released"] == 2
+
+
+def test_a_mark_naming_another_partition_than_its_sender_is_refused():
+    f = Feeder(_task())
+    assert _reasons(f.mark(0, None, final=True, mark=1)) == ["bad_mark"]
+    assert _reasons(f.mark(0, None, final=True, mark=-5)) == ["bad_mark"]
+    assert not f.task.stage.final and not f.task.stage.marks
+
+
+@pytest.mark.parametrize("key", [FLEET_KEY, None])
+def test_early_and_final_forged_marks_release_nothing_early(key):
+    # Row 3: an early or final mark forged for partition 1 released partition 0's seconds before
+    # partition 1 had sent its own, which then were late. Signed (key): refused as unsigned; without
+    # a key (--insecure-state) still refused as running ahead of what partition 1 forwarded.
+    f = Feeder(_task(key))
+    f.records(0, [T0 + t for t in range(10)])
+    f.mark(0, T0 + 9)
+    forged = {"key": None} if key is not None else {}
+    assert _reasons(f.mark(1, T0 + 9, final=True, **forged)) == ["unsigned" if key else "early_mark"]
+    assert _reasons(f.mark(1, T0 + 9, **forged)) == ["unsigned" if key else "early_mark"]
+    assert f.task.stage.released == -math.inf
+    f.records(1, [T0 + t for t in range(10)], host="n2")
+    f.mark(1, T0 + 9)
+    assert f.task.stage.stats["late"] == 0 and f.task.stage.stats["released"] == 18
+
+
+def test_forged_records_cannot_fill_the_fleet_engines_hosts():
+    # Row 3: 16,384 forged hosts skipped the host stage's screening, filled max_hosts, and the
+    # real hosts' records were refused, counted only as dead_again.
+    f = Feeder(_task())
+    forged = [_rec(T0, f"forged-{i}") for i in range(16_384)]
+    for i in range(0, len(forged), 400):
+        assert _reasons(f.send(envelope(records_body(forged[i : i + 400]), 0, key=None))) == ["unsigned"]
+    f.records(0, [T0, T0 + 1], host="real-0")
+    f.records(1, [T0, T0 + 1], host="real-1")
+    f.mark(0, T0 + 2, final=True)
+    f.mark(1, T0 + 2, final=True)
+    eng = f.task.stage.engine()
+    assert eng.entities.n_hosts == 2 and f.task.stage.stats["dead_again"] == 0
+    assert f.task.stage.stats["released"] == 4
+    assert f.task.totals.dead == {"unsigned": 41}
+
+
+@pytest.mark.parametrize(
+    "how, forge",
+    [
+        ("flipped byte", lambda body: envelope(body, 0)[:-1] + bytes([envelope(body, 0)[-1] ^ 1])),
+        ("another partition's MAC", lambda body: envelope(body, 0, signed_as=1)),
+        ("another group's MAC", lambda body: envelope(body, 0, group="other")),
+        ("another topic's MAC", lambda body: envelope(body, 0, topic="other.fleet")),
+        ("the state key itself", lambda body: envelope(body, 0, key=STATE_KEY)),
+        ("another key", lambda body: envelope(body, 0, key=b"x" * 32)),
+    ],
+)
+def test_a_mac_that_does_not_verify_is_refused(how, forge):
+    f = Feeder(_task())
+    f.records(0, [T0])
+    dead = f.send(forge(mark_body(0, T0, final=True)))
+    assert _reasons(dead) == ["bad_signature"], how
+    assert dead[0].origin == f"{TOPIC}[0]@1" and dead[0].raw.startswith('{"mark"')
+    assert not f.task.stage.marks
+
+
+def test_a_message_of_one_partition_cannot_be_replayed_as_anothers():
+    # The MAC binds the sender: partition 0's genuine final mark, its envelope re-labelled as
+    # partition 1's (and the body's mark too), verifies as neither.
+    import msgspec as m
+
+    from pipeline.service.fleet import Envelope
+
+    f = Feeder(_task())
+    f.records(1, [T0], host="n2")
+    genuine = m.msgpack.decode(envelope(mark_body(0, None, final=True), 0), type=Envelope)
+    relabelled = Envelope(genuine.v, 1, mark_body(1, None, final=True), genuine.mac)
+    assert _reasons(f.send(m.msgpack.encode(relabelled))) == ["bad_signature"]
+    moved = Envelope(genuine.v, 1, genuine.body, genuine.mac)
+    assert _reasons(f.send(m.msgpack.encode(moved))) == ["bad_signature"]
+
+
+def test_without_a_key_messages_are_unsigned_and_still_validated():
+    f = Feeder(_task(key=None))
+    assert f.records(0, [T0], key=None) == [] and f.mark(0, T0, key=None) == []
+    assert _reasons(f.mark(0, 1e17, key=None)) == ["early_mark"]
+    # A MAC on a message to a service without a key is not checked (there is nothing to check it with).
+    assert f.mark(1, None) == []
+
+
+@pytest.mark.parametrize(
+    "value, reason",
+    [
+        (b"", "bad_envelope"),
+        (b"[1,2,3]", "bad_envelope"),
+        (b'{"mark": 0, "upto": 1e17, "final": true, "n": 2}', "bad_envelope"),   # the old format
+        (msgspec.msgpack.encode([2, 0, b"[]", b""]), "bad_envelope"),
+        (envelope(b"not json", 0), "malformed_json"),
+        (envelope(b'{"mark": "0", "upto": null}', 0), "wrong_type"),
+        (envelope(b'{"mark": 0, "upto": 1e999, "n": 2}', 0), "wrong_type"),
+        (envelope(b'[{"kind": "dcgm"}]', 0), "wrong_type"),
+        (envelope(b'{"mark": 0, "upto": null, "n": ' + b"9" * 5000 + b"}", 0), "wrong_type"),
+    ],
+)
+def test_what_is_not_a_host_stage_message_is_a_dead_letter(value, reason):
+    f = Feeder(_task())
+    dead = f.send(value)
+    assert _reasons(dead) == [reason]
+    assert dead[0].origin == f"{TOPIC}[0]@0" and dead[0].detail
+    assert f.task.totals.dead == {reason: 1} and f.task.totals.messages == 1
+
+
+def test_unsigned_records_out_of_the_decoders_time_range_cost_only_themselves():
+    f = Feeder(_task(key=None))
+    recs = [_rec(T0, "n1"), _rec(1e17, "n1"), _rec(-5.0, "n1"), _rec(T0 + 1, "n1")]
+    dead = f.send(envelope(records_body(recs), 0, key=None))
+    assert _reasons(dead) == ["ts_out_of_range", "ts_out_of_range"]
+    assert [d.origin for d in dead] == [f"{TOPIC}[0]@0#1", f"{TOPIC}[0]@0#2"]
+    assert f.task.stage.forwarded == {0: T0 + 1} and f.task.stage.stats["fed"] == 2
+
+
+def test_what_a_partition_forwarded_survives_a_checkpoint():
+    f = Feeder(_task())
+    f.records(0, [T0, T0 + 3])
+    again = _task()
+    again.restore(f.task.snapshot())
+    assert again.stage.forwarded == {0: T0 + 3}
+    g = Feeder(again)
+    assert g.mark(0, T0 + 3) == [] and _reasons(g.mark(0, T0 + 40)) == ["early_mark"]
+
+
+# -- fuzz: whatever the topic holds ------------------------------------------------------------------
+
+_num = st.one_of(
+    st.integers(min_value=-(2**70), max_value=2**70),
+    st.floats(allow_nan=False, allow_infinity=False),
+    st.sampled_from([T0, T0 + 1, 1e17, 1e300, -1e300, 2**64]),
+)
+_mark = st.builds(
+    lambda mark, upto, final, n: mark_body(mark, upto, final, n),
+    st.one_of(st.integers(-6, 3), st.integers(min_value=-(2**70), max_value=2**70)),
+    st.one_of(st.none(), _num),
+    st.booleans(),
+    st.one_of(st.just(N), _num),
+)
+_records = st.lists(
+    st.builds(lambda t, h: _rec(t, h), st.one_of(st.floats(T0 - 100, T0 + 100), _num.filter(lambda x: isinstance(x, float))), st.sampled_from(["a", "b", "c"])),
+    max_size=5,
+).map(records_body)
+_body = st.one_of(_mark, _records, st.binary(max_size=64))
+_value = st.one_of(
+    st.binary(max_size=64),
+    st.builds(
+        lambda body, sender, signed, signed_as: envelope(body, sender, key=FLEET_KEY if signed else None, signed_as=signed_as),
+        _body,
+        st.one_of(st.integers(-6, 3), st.integers(min_value=-(2**63), max_value=2**64 - 1)),
+        st.booleans(),
+        st.one_of(st.none(), st.integers(0, 2)),
+    ),
+)
+
+
+@settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(values=st.lists(_value, max_size=12), key=st.sampled_from([FLEET_KEY, None]))
+def test_fuzz_any_fleet_message_is_applied_or_dead_lettered_and_state_stays_bounded(values, key):
+    task = _task(key)
+    f = Feeder(task)
+    with no_hang(20):
+        for v in values:
+            before = (dict(task.stage.marks), set(task.stage.final), task.stage.stats["fed"] + task.stage.stats["late"])
+            dead = f.send(v)
+            after = (task.stage.marks, task.stage.final, task.stage.stats["fed"] + task.stage.stats["late"])
+            # Each message is taken, or costs only itself: a dead letter with a known reason and its origin.
+            assert all(d.reason in REASONS and d.origin.startswith(f"{TOPIC}[0]@{f.offset - 1}") for d in dead)
+            if any(d.origin == f"{TOPIC}[0]@{f.offset - 1}" for d in dead):
+                assert (before[0], before[1], before[2]) == (dict(after[0]), set(after[1]), after[2])
+        task.flush()
+    stage = task.stage
+    assert stage.n_upstream == N and set(stage.marks) <= set(range(N)) and stage.final <= set(range(N))
+    assert set(stage.forwarded) <= set(range(N))
+    assert all(1e9 <= t <= 4.1e9 for t in stage.forwarded.values())
+    assert stage.released == -math.inf or stage.released <= 4.1e9 + task.lead
+    assert "internal" not in task.totals.dead
+    msgspec.msgpack.decode(task.snapshot())
