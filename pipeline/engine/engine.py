@@ -868,7 +868,12 @@ class Engine:
                 self._skip_ahead(float(frame.ts[start]))
                 if self.next_tick <= frame.ts[start]:
                     self._tick(self.next_tick, out)
-                    self.next_tick += self.config.tick
+                    after = self.next_tick + self.config.tick
+                    if not after > self.next_tick:
+                        # Float spacing above a tick (as in _ticks_until): the rest share this tick.
+                        self._rows(frame.take(slice(start, n)), out, self.next_tick)
+                        break
+                    self.next_tick = after
 
     def _nccl_frame(self, nrecs: list[NcclRecord], hosts: np.ndarray) -> NcclFrame:
         names = list(map(_HOST, nrecs))
@@ -886,7 +891,12 @@ class Engine:
             self._skip_ahead(upto)
             if self.next_tick <= upto:
                 self._tick(self.next_tick, out)
-                self.next_tick += self.config.tick
+                after = self.next_tick + self.config.tick
+                if not after > self.next_tick:
+                    # Float spacing above a tick (event time ~1e16 s and beyond at a 1 s tick): no
+                    # later tick exists, and stepping would stand still for ever.
+                    break
+                self.next_tick = after
 
     def _skip_ahead(self, limit: float) -> None:
         """Jump the tick grid over the ticks up to ``limit`` at which nothing can be due.
