@@ -330,3 +330,38 @@ def test_fuzz_any_fleet_message_is_applied_or_dead_lettered_and_state_stays_boun
     assert stage.released == -math.inf or stage.released <= 4.1e9 + task.lead
     assert "internal" not in task.totals.dead
     msgspec.msgpack.decode(task.snapshot())
+
+
+# -- in the service ----------------------------------------------------------------------------------
+
+
+def test_the_service_dead_letters_and_counts_forged_fleet_messages():
+    from pipeline.bus.telemetry import per_host_messages
+    from producers.sim.simulator import Simulator
+    from tests.factories import Clock
+    from tests.unit.service.test_loop import _services
+
+    sim = Simulator(hosts=2, duration=30, seed=5, scenario="mixed")
+    telemetry = [m for batch in sim.batches() if batch for m in per_host_messages(batch)]
+    clock = Clock()
+    bus, host, fleet = _services(telemetry, clock)
+    assert fleet.upstream == host.upstream == 2      # the fleet stage knows the telemetry topic's count
+    p = bus.producer()
+    topic = fleet.topics.fleet
+    p.send(topic, envelope(mark_body(0, 1e17, final=True), 0, key=None), b"fleet")
+    group, key = fleet.cfg.kafka.group, fleet.fleet_key  # signed as the host stage signs
+    p.send(topic, envelope(mark_body(-5, None, final=True, n=2**64), -5, key=key, group=group), b"fleet")
+    p.send(topic, envelope(records_body([_rec(T0, "forged")]), 1, key=b"k" * 32, group=group), b"fleet")
+    p.send(topic, b"\xff not an envelope", b"fleet")
+    for _ in range(30):
+        host.step()
+        fleet.step()
+        clock.t += 0.5
+    dlq = [msgspec.json.decode(m.value) for m in bus.messages(fleet.topics.dlq)]
+    forged = sorted(d["reason"] for d in dlq if d["origin"].startswith(topic + "["))
+    assert forged == ["bad_envelope", "bad_signature", "unknown_partition", "unsigned"]
+    for reason in ("unsigned", "unknown_partition", "bad_signature", "bad_envelope"):
+        assert fleet.metrics.dead.labels(reason)._value.get() == 1
+    stages = [ps.pipe.stage for ps in fleet.parts.values()]
+    assert all(s.released < 4.1e9 and set(s.marks) <= {0, 1} for s in stages)
+    assert sum(s.stats["released"] for s in stages) > 0      # the real records went on
