@@ -83,3 +83,61 @@ def test_separate_stage_processes_and_a_killed_fleet_replica(kafka_bootstrap, to
     no_conflicting_duplicates(got)
     assert any(x.get("stages") == ["fleet"] for x in fleet_b.lines())
     assert any(x.get("stages") == ["host"] for x in host.lines())
+
+
+def test_a_forged_fleet_mark_and_batch_are_dead_lettered(kafka_bootstrap, topic_prefix, tmp_path, cross_host):
+    # Issue #36: <prefix>.fleet is a trust boundary. Forged onto it mid-stream while `serve` runs
+    # both stages: marks of every partition running to 1e17 (final), unsigned and in the old bare
+    # format (which the fleet stage once took: it released to 1e17 and hung), a batch of forged
+    # hosts, and a genuine mark re-labelled as another partition's. Each is a dead letter with its
+    # reason and origin, and the alerts are exactly the file replay's.
+    import msgspec
+    from kafka import KafkaConsumer, KafkaProducer, TopicPartition
+
+    from pipeline.recording import record
+    from pipeline.schema import dcgm
+    from pipeline.service.fleet import Envelope
+
+    rec, golden = cross_host
+    topics = Topics(topic_prefix)
+    ensure_topics(kafka_bootstrap, topics, partitions=4)
+    cfg = write_config(tmp_path / "svc.json", kafka_bootstrap, topic_prefix)
+    pub = published_in_background(rec, kafka_bootstrap, topic_prefix, speed=30)
+    svc = ServiceProc(cfg, tmp_path / "svc.log").start()
+    # A genuine mark from the host stage, to replay as another partition's.
+    consumer = KafkaConsumer(bootstrap_servers=kafka_bootstrap, group_id=None, enable_auto_commit=False,
+                             auto_offset_reset="earliest")
+    consumer.assign([TopicPartition(topics.fleet, p) for p in range(4)])
+    genuine: list[Envelope] = []
+
+    def a_genuine_mark() -> bool:
+        for msgs in consumer.poll(timeout_ms=500).values():
+            for m in msgs:
+                env = msgspec.msgpack.decode(m.value, type=Envelope)
+                if env.body[:1] == b"{":
+                    genuine.append(env)
+        return bool(genuine)
+
+    wait_for(a_genuine_mark, timeout=60, step=0, what="a mark from the host stage on the fleet topic")
+    consumer.close()
+    g = genuine[0]
+    forged = [msgspec.msgpack.encode(Envelope(1, p, b'{"mark": %d, "upto": 1e17, "final": true, "n": 4}' % p))
+              for p in range(4)]
+    forged += [b'{"mark": %d, "upto": 1e17, "final": true, "n": 4}' % p for p in range(4)]
+    hosts = [dcgm(1764403200.0, f"forged-{i}", 0, {"gpu_temp": 50}) for i in range(400)]
+    forged.append(msgspec.msgpack.encode(Envelope(1, 0, msgspec.json.encode(hosts))))
+    forged.append(msgspec.msgpack.encode(Envelope(1, (g.sender + 1) % 4, g.body, g.mac)))
+    producer = KafkaProducer(bootstrap_servers=kafka_bootstrap)
+    for value in forged:       # keyed as the host stage keys: onto the partition its marks are on
+        producer.send(topics.fleet, value, key=b"fleet")
+    producer.flush()
+    producer.close()
+    pub.join(120)
+    got = _drain([svc], kafka_bootstrap, topic_prefix, tmp_path, golden)
+    assert ids(got) == golden
+    no_conflicting_duplicates(got)
+    dlq = tmp_path / "dlq.jsonl"
+    record(kafka_bootstrap, topics.dlq, str(dlq), idle_timeout=2)
+    letters = [json.loads(x) for x in dlq.read_text().splitlines()]
+    fleet = sorted(d["reason"] for d in letters if d["origin"].startswith(f"{topics.fleet}["))
+    assert fleet == ["bad_envelope"] * 4 + ["bad_signature"] + ["unsigned"] * 5
