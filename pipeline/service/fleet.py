@@ -300,13 +300,14 @@ class FleetTask:
             return None
         if not math.isfinite(mk.upto):
             return BAD_MARK, f"mark upto {mk.upto} is not finite"
-        bound = self.stage.forwarded.get(sender, -math.inf) + self.lead
-        if mk.upto > bound:
+        newest = self.stage.forwarded.get(sender, -math.inf)
+        if newest == -math.inf:
+            return EARLY_MARK, f"mark upto {mk.upto} from partition {sender}, which has forwarded no record"
+        if mk.upto > newest + self.lead:
             return (
                 EARLY_MARK,
-                f"mark upto {mk.upto} runs {'past' if bound == -math.inf else f'{mk.upto - bound:.3f}s past'} "
-                f"the newest record partition {sender} forwarded plus {self.lead}s "
-                "(engine.allowed_lateness + engine.tick)",
+                f"mark upto {mk.upto} runs {mk.upto - newest:.3f}s past the newest record partition {sender} "
+                f"forwarded; at most {self.lead}s (engine.allowed_lateness + engine.tick)",
             )
         return None
 

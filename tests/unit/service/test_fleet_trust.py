@@ -116,7 +116,8 @@ def test_a_mark_within_the_lateness_of_its_partitions_newest_record_is_taken():
 def test_a_mark_with_nothing_forwarded_may_only_say_nothing_released():
     f = Feeder(_task())
     assert f.mark(0, None) == [] and f.mark(1, None, final=True) == []
-    assert _reasons(f.mark(0, T0)) == ["early_mark"]
+    dead = f.mark(0, T0)
+    assert _reasons(dead) == ["early_mark"] and "forwarded no record" in dead[0].detail
 
 
 @pytest.mark.parametrize("n", [2**64, 2**64 + 1, 10**400, 1000, 3, 1, 0, -1])
