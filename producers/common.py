@@ -435,7 +435,7 @@ class ProducerMetrics:
     ``send_buffer_full`` and ``record_too_large`` for the sender's own drops), failed sends,
     queue depth, polls.
 
-    Served by the service's hardened endpoint (``pipeline.service.metrics.HttpEndpoint``).
+    Served by the hardened endpoint the service uses too (``pipeline.httpendpoint.HttpEndpoint``).
     """
 
     def __init__(self, name: str, source: Any, sender: "BoundedSender", result: RunResult) -> None:
@@ -487,9 +487,9 @@ class ProducerMetrics:
 
 def serve_metrics(metrics: ProducerMetrics, port: int, host: str = "0.0.0.0") -> Any:
     """Start ``/metrics`` (and ``/healthz``) on ``host:port``; returns the endpoint (``.stop()``)."""
-    from pipeline.service.metrics import HttpEndpoint
+    from pipeline.httpendpoint import HttpEndpoint
 
-    return HttpEndpoint(host, port, metrics, lambda: (True, {"producer": metrics.name})).start()  # type: ignore[arg-type]
+    return HttpEndpoint(host, port, metrics.registry, lambda: (True, {"producer": metrics.name})).start()
 
 
 def install_stop_handlers(stop: threading.Event, interrupt: Callable[[], None] | None = None) -> Callable[[], None]:

@@ -45,7 +45,8 @@ from pipeline.rules.reload import fingerprint
 from pipeline.runner import Pipeline
 from pipeline.service.config import Config
 from pipeline.service.fleet import DROPPED, FORCED, FleetTask, Outbox, Send
-from pipeline.service.metrics import HttpEndpoint, Metrics
+from pipeline.httpendpoint import HttpEndpoint
+from pipeline.service.metrics import Metrics
 from pipeline.service.state import Checkpoint, KafkaStateStore, StateStore, derived_key, state_key
 from pipeline.topology import Topology
 
@@ -286,7 +287,7 @@ class Service:
         signal.signal(signal.SIGHUP, reload)
         quiet_wait = POLL_TIMEOUT_S if len(services) == 1 else SHARED_POLL_TIMEOUT_S
         self.metrics.rules.set(self._n_rules)
-        self.http = HttpEndpoint(self.cfg.http.host, self.cfg.http.port, self.metrics, self.health).start()
+        self.http = HttpEndpoint(self.cfg.http.host, self.cfg.http.port, self.metrics.registry, self.health).start()
         log.info(
             "serving: %s -> %s, %s; http on %s:%d; stages %s",
             self.topics.telemetry,

@@ -17,7 +17,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 FOUNDATION = {"pipeline.catalog", "pipeline.errors", "pipeline.schema", "pipeline.gpu_models", "pipeline.resources",
               "pipeline.yamlsafe", "pipeline.decode", "pipeline.scoring", "pipeline.progress", "pipeline.numeric",
-              "pipeline.durations", "pipeline.typedconfig", "pipeline.deadletters"}
+              "pipeline.durations", "pipeline.typedconfig", "pipeline.deadletters", "pipeline.httpendpoint"}
 
 # package -> the packages it must never import (at run time)
 FORBIDDEN = {
@@ -35,7 +35,7 @@ FORBIDDEN = {
     "pipeline.remediation": {"pipeline.engine", "pipeline.rules", "pipeline.models", "pipeline.service",
                              "pipeline.detection", "pipeline.runner", "pipeline.cli", "producers"},
     "producers": {"pipeline.engine", "pipeline.rules", "pipeline.models", "pipeline.remediation",
-                  "pipeline.detection", "pipeline.runner", "pipeline.cli"},
+                  "pipeline.service", "pipeline.detection", "pipeline.runner", "pipeline.cli"},
 }
 
 

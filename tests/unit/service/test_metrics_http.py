@@ -10,7 +10,8 @@ import urllib.request
 
 import pytest
 
-from pipeline.service.metrics import HttpEndpoint, Metrics
+from pipeline.httpendpoint import HttpEndpoint
+from pipeline.service.metrics import Metrics
 
 # `gpuwarden` CLI tests run in this process set SIGPIPE to its default action; a write to a socket
 # the server closed must be an error here, not the end of the test run.
@@ -19,7 +20,7 @@ NOSIGNAL = getattr(socket, "MSG_NOSIGNAL", 0)
 
 @pytest.fixture
 def endpoint():
-    ep = HttpEndpoint("127.0.0.1", 0, Metrics(), lambda: (True, {"partitions": 3}), timeout=1.0).start()
+    ep = HttpEndpoint("127.0.0.1", 0, Metrics().registry, lambda: (True, {"partitions": 3}), timeout=1.0).start()
     yield ep
     ep.stop()
 
@@ -85,7 +86,7 @@ def test_many_idle_connections_and_healthz_still_answers(endpoint):
 
 
 def test_stop_returns_promptly_with_a_client_still_connected():
-    ep = HttpEndpoint("127.0.0.1", 0, Metrics(), lambda: (True, {}), timeout=30.0).start()
+    ep = HttpEndpoint("127.0.0.1", 0, Metrics().registry, lambda: (True, {}), timeout=30.0).start()
     idle = socket.create_connection(("127.0.0.1", ep.port))
     try:
         t0 = time.monotonic()
@@ -103,7 +104,7 @@ def test_a_client_hanging_up_mid_answer_cannot_kill_the_service_with_sigpipe(tmp
 
     code = """
 import signal, socket
-from pipeline.service.metrics import _Handler
+from pipeline.httpendpoint import _Handler
 signal.signal(signal.SIGPIPE, signal.SIG_DFL)
 a, b = socket.socketpair()
 b.close()
@@ -134,7 +135,7 @@ def test_alert_and_dead_letter_series_exist_from_zero() -> None:
 def test_healthz_answers_while_more_slow_clients_than_slots_dribble():
     # 160 clients each sending a header byte now and then, reconnecting when cut: more than
     # max_connections (64), so without eviction the probes found every slot held and were refused.
-    ep = HttpEndpoint("127.0.0.1", 0, Metrics(), lambda: (True, {}), timeout=5.0).start()
+    ep = HttpEndpoint("127.0.0.1", 0, Metrics().registry, lambda: (True, {}), timeout=5.0).start()
     stop = threading.Event()
 
     def dribble(n: int) -> None:

@@ -1,0 +1,206 @@
+"""The hardened ``/metrics`` + ``/healthz`` HTTP endpoint the service and the producers serve.
+
+The endpoint serves each connection in its own (daemon) thread, and a client has ``timeout``
+seconds to send its whole request, so an idle or dribbling client (slowloris) cannot hold a
+thread for long. When every one of the ``max_connections`` slots is taken, a new connection
+evicts the one that has spent longest still sending its request: a liveness probe sends its
+whole request at once, so slow clients, however many, cannot keep it out and get a healthy
+process killed (docs/operations.md, Security).
+
+>>> from prometheus_client import CollectorRegistry
+>>> ep = HttpEndpoint("127.0.0.1", 0, CollectorRegistry(), lambda: (True, {})).start()
+>>> import urllib.request
+>>> urllib.request.urlopen(f"http://127.0.0.1:{ep.port}/healthz", timeout=5).status
+200
+>>> ep.stop()
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+import socket
+import socketserver
+import sys
+import threading
+import time
+from typing import TYPE_CHECKING, Callable
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
+
+from prometheus_client import CollectorRegistry, make_wsgi_app
+
+if TYPE_CHECKING:
+    from _typeshed import ReadableBuffer, WriteableBuffer
+
+log = logging.getLogger("gpuwarden.http")
+
+
+class _DeadlineReader(io.RawIOBase):
+    """Socket reads that all share one deadline: a per-read timeout alone lets a client sending a
+    byte a second hold its thread forever."""
+
+    def __init__(self, sock: socket.socket, deadline: float) -> None:
+        self.sock, self.deadline = sock, deadline
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, b: WriteableBuffer) -> int:
+        left = self.deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError("request not received in time")
+        self.sock.settimeout(left)
+        return self.sock.recv_into(b)
+
+
+_NOSIGNAL = getattr(socket, "MSG_NOSIGNAL", 0)
+
+
+class _Writer(io.BufferedIOBase):
+    """Writes with MSG_NOSIGNAL: ``gpuwarden`` sets SIGPIPE to its default action (pipeline/cli/__init__.py,
+    for ``| head``), and a client that hangs up mid-answer must be an EPIPE in this thread, not a
+    signal that kills the service."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, b: ReadableBuffer) -> int:
+        self.sock.sendall(b, _NOSIGNAL)
+        with memoryview(b) as v:
+            return v.nbytes
+
+    def fileno(self) -> int:
+        return self.sock.fileno()
+
+
+class _Handler(WSGIRequestHandler):
+    timeout = 5.0  # set per endpoint
+
+    def setup(self) -> None:
+        super().setup()  # socket timeout for every read and write
+        plain_r, plain_w = self.rfile, self.wfile
+        self.rfile = io.BufferedReader(_DeadlineReader(self.connection, time.monotonic() + self.timeout))
+        self.wfile = _Writer(self.connection)
+        plain_r.close()
+        plain_w.close()
+
+    def get_environ(self):
+        # The request is read: no longer a candidate for eviction, and the answer gets the full
+        # timeout, not what is left of it.
+        if isinstance(self.server, _ThreadingServer):
+            self.server.request_read(self.connection)
+        self.connection.settimeout(self.timeout)
+        return super().get_environ()
+
+    def log_message(self, *args: object) -> None:  # requests are not worth a log line each
+        pass
+
+
+class _ThreadingServer(socketserver.ThreadingMixIn, WSGIServer):
+    daemon_threads = True  # a stuck client never delays shutdown
+    block_on_close = False
+    max_connections = 64
+    # Connections the kernel queues while the accept loop evicts: a burst of slow clients must not
+    # fill the backlog ahead of a probe (socketserver's default is 5).
+    request_queue_size = 256
+    # How long the accept loop waits for an evicted client's thread to free its slot.
+    evict_wait_s = 1.0
+
+    def __init__(self, *args, **kwargs) -> None:
+        self._slots = threading.BoundedSemaphore(self.max_connections)
+        self._reading: dict[socket.socket, float] = {}  # connections still sending their request
+        self._lock = threading.Lock()
+        self.evicted = 0
+        self.refused = 0
+        super().__init__(*args, **kwargs)
+
+    def process_request(self, request, client_address) -> None:
+        if not self._slots.acquire(blocking=False):
+            self._evict_slowest()
+            if not self._slots.acquire(timeout=self.evict_wait_s):
+                self.refused += 1
+                self.shutdown_request(request)
+                return
+        with self._lock:
+            self._reading[request] = time.monotonic()
+        try:
+            super().process_request(request, client_address)
+        except BaseException:
+            self.request_read(request)
+            self._slots.release()
+            raise
+
+    def process_request_thread(self, request, client_address) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self.request_read(request)
+            self._slots.release()
+
+    def request_read(self, request: socket.socket) -> None:
+        """``request`` has sent its whole request (or is gone): it is no longer evictable."""
+        with self._lock:
+            self._reading.pop(request, None)
+
+    def _evict_slowest(self) -> None:
+        """Cut the connection that has spent longest sending its request; its thread sees the end
+        of its input, answers nothing and frees its slot."""
+        with self._lock:
+            if not self._reading:
+                return
+            victim = min(self._reading, key=self._reading.__getitem__)
+            del self._reading[victim]
+        self.evicted += 1
+        try:
+            victim.shutdown(socket.SHUT_RDWR)
+        except OSError:  # already gone: its slot is on its way back
+            pass
+
+    def handle_error(self, request, client_address) -> None:
+        if isinstance(sys.exc_info()[1], OSError):  # timeouts, resets: the client's problem
+            log.debug("http client %s: %s", client_address, sys.exc_info()[1])
+            return
+        super().handle_error(request, client_address)
+
+
+class HttpEndpoint:
+    """``/metrics`` (Prometheus) and ``/healthz`` (200 while the poll loop is alive) in a thread."""
+
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        registry: CollectorRegistry,
+        health: Callable[[], tuple[bool, dict]],
+        *,
+        timeout: float = 5.0,
+    ) -> None:
+        metrics_app = make_wsgi_app(registry)
+
+        def app(environ, start_response):
+            if environ.get("PATH_INFO") == "/healthz":
+                ok, detail = health()
+                body = json.dumps({"status": "ok" if ok else "unhealthy", **detail}).encode()
+                start_response(
+                    "200 OK" if ok else "503 Service Unavailable",
+                    [("Content-Type", "application/json"), ("Content-Length", str(len(body)))],
+                )
+                return [body]
+            return metrics_app(environ, start_response)
+
+        handler = type("_TimedHandler", (_Handler,), {"timeout": timeout})
+        self.server: WSGIServer = make_server(host, port, app, server_class=_ThreadingServer, handler_class=handler)
+        self.port = self.server.server_port
+        self.thread = threading.Thread(target=self.server.serve_forever, name="gpuwarden-http", daemon=True)
+
+    def start(self) -> "HttpEndpoint":
+        self.thread.start()
+        return self
+
+    def stop(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
