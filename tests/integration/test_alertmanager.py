@@ -16,8 +16,7 @@ from pipeline.remediation.actions import Context
 from pipeline.remediation.alertmanager import AlertmanagerAction, am_labels, silence_matches
 from pipeline.remediation.safety import valid_hostname
 from tests.systools import free_port, require_tool, wait_http
-from tests.unit.remediation.conftest import Harness, alert, config, fakes  # noqa: F401 - a fixture
-from tests.unit.remediation.factories import HOSTILE_SILENCES
+from tests.unit.remediation.factories import HOSTILE_SILENCES, Fakes, Harness, alert, config, install_fakes
 
 AM_CONFIG = """\
 route:
@@ -26,6 +25,11 @@ route:
 receivers:
   - name: "null"
 """
+
+
+@pytest.fixture
+def fakes(tmp_path, monkeypatch) -> Fakes:
+    return install_fakes(tmp_path, monkeypatch)
 
 
 @pytest.fixture(scope="module")

@@ -19,7 +19,7 @@ from pipeline.bus.kafka import KafkaBusConsumer, KafkaBusProducer, ensure_topics
 from pipeline.remediation.config import load_config
 from pipeline.remediation.service import RemediationService
 from pipeline.schema import encode
-from tests.unit.remediation.conftest import Fakes, alert
+from tests.unit.remediation.factories import Fakes, alert
 
 pytestmark = pytest.mark.kafka
 

@@ -1,185 +1,17 @@
-"""Fixtures for remediation tests: fake scontrol/kubectl/nvidia-smi on PATH that record their argv,
-alert and config factories."""
+"""Fixtures of the remediation tests; what they build is in factories.py beside this file."""
 
 from __future__ import annotations
 
-import json
-import sys
-import threading
-import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from pathlib import Path
 from typing import Any
 
 import pytest
 
-from pipeline.remediation.actions import Context
-from pipeline.remediation.audit import AuditLog
-from pipeline.remediation.config import parse_config
-from pipeline.remediation.guardrails import StateStore
-from pipeline.remediation.remediator import Remediator
-from pipeline.schema import AlertEvent
-
-T0 = 1764403200.0
-
-# One script serves as all three programs (argv[0] says which). Node state lives in files in the
-# fake's directory, so a test can drain a node "by hand" and the fake's queries see it.
-FAKE = r'''#!{python}
-import json, os, sys, time
-prog = os.path.basename(sys.argv[0]); args = sys.argv[1:]
-d = {state!r}
-with open(os.path.join(d, "calls.jsonl"), "a") as f:
-    f.write(json.dumps({{"prog": prog, "argv": args, "t": time.time()}}) + "\n")
-def lines(name):
-    p = os.path.join(d, name)
-    return open(p).read().split() if os.path.exists(p) else []
-def add(name, v):
-    with open(os.path.join(d, name), "a") as f: f.write(v + "\n")
-fail = os.path.join(d, "fail-" + prog)
-if os.path.exists(fail):
-    sys.stderr.write("fake failure\n"); sys.exit(int(open(fail).read() or 1))
-if os.path.exists(os.path.join(d, "hang-" + prog)):
-    time.sleep(60)
-if prog == "scontrol":
-    if args[:2] == ["show", "node"]:
-        n = args[-1]
-        st = "IDLE+DRAIN Reason=admin:bad_fan" if n in lines("drained") else "ALLOCATED"
-        print(f"NodeName={{n}} Arch=x86_64 State={{st}} Partitions=gpu")
-    elif args[:1] == ["update"]:
-        kv = dict(a.split("=", 1) for a in args[1:])
-        if kv.get("state") == "drain": add("drained", kv["nodename"])
-elif prog == "sinfo":
-    for n in lines("nodes"): print(n)
-    for n in lines("nodes"): print(n)   # a node in two partitions is listed twice
-elif prog == "kubectl":
-    while args and args[0] in ("--context", "--kubeconfig"): args = args[2:]
-    if args[:2] == ["get", "nodes"]:
-        for n in lines("nodes"): print("node/" + n)
-    elif args[:2] == ["get", "node"]:
-        print("true" if args[2] in lines("cordoned") else "", end="")
-    elif args[:1] == ["cordon"]:
-        add("cordoned", args[1])
-elif prog == "nvidia-smi":
-    if any(a.startswith("--query-compute-apps") for a in args):
-        gpu = args[args.index("-i") + 1]
-        for pid in lines("busy-" + gpu): print(pid)
-elif prog == "sleeper":
-    # A command that hangs and leaves a child behind: the timeout must kill both.
-    import subprocess
-    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
-    add("sleeper-pids", f"{{os.getpid()}} {{child.pid}}")
-    time.sleep(60)
-'''
-
-
-class Fakes:
-    def __init__(self, root: Path) -> None:
-        self.dir = root / "fakebin"
-        self.dir.mkdir()
-        script = FAKE.format(python=sys.executable, state=str(self.dir))
-        for prog in ("scontrol", "kubectl", "nvidia-smi", "scancel", "sleeper", "sinfo"):
-            p = self.dir / prog
-            p.write_text(script)
-            p.chmod(0o755)
-
-    def calls(self, prog: str | None = None) -> list[list[str]]:
-        p = self.dir / "calls.jsonl"
-        if not p.exists():
-            return []
-        rows = [json.loads(x) for x in p.read_text().splitlines()]
-        return [r["argv"] if prog else [r["prog"], *r["argv"]] for r in rows if prog in (None, r["prog"])]
-
-    def updates(self) -> list[list[str]]:
-        """scontrol calls that change something (not the `show node` queries)."""
-        return [c for c in self.calls("scontrol") if c[:1] == ["update"]]
-
-    def mark(self, name: str, value: str) -> None:
-        with open(self.dir / name, "a") as f:
-            f.write(value + "\n")
-
-    def fail(self, prog: str, code: int = 1) -> None:
-        (self.dir / f"fail-{prog}").write_text(str(code))
-
-    def heal(self, prog: str) -> None:
-        (self.dir / f"fail-{prog}").unlink(missing_ok=True)
-        (self.dir / f"hang-{prog}").unlink(missing_ok=True)
-
-    def hang(self, prog: str) -> None:
-        (self.dir / f"hang-{prog}").write_text("")
+from tests.unit.remediation.factories import Fakes, Harness, ScriptedServer, install_fakes
 
 
 @pytest.fixture
 def fakes(tmp_path, monkeypatch) -> Fakes:
-    f = Fakes(tmp_path)
-    monkeypatch.setenv("PATH", f"{f.dir}:/usr/bin:/bin")
-    return f
-
-
-def alert(host: str | None = "n1", gpu: int | None = 0, *, fault: str = "hbm_uncorrectable_error",
-          severity: str = "critical", state: str = "firing", id: str | None = None, job: str | None = None,
-          labels: dict[str, str] | None = None, ts: float = T0) -> AlertEvent:
-    return AlertEvent(id=id or f"a-{host}-{gpu}-{fault}", state=state, fault=fault, severity=severity,
-                      rule=f"rule_{fault}", host=host, gpu=gpu, job=job, ts=ts, started_at=ts - 30,
-                      summary=f"{fault} on {host}", labels=labels or {})
-
-
-def config(tmp_path: Path, *, actions: dict[str, Any] | None = None, receivers: list[dict] | None = None,
-           route: dict | None = None, guardrails: dict | None = None, **top: Any):
-    doc = {
-        "state_file": str(tmp_path / "state.sqlite"),
-        "audit": {"kafka": False, "file": str(tmp_path / "audit.jsonl")},
-        "guardrails": {"dry_run": False, **(guardrails or {})},
-        "actions": actions if actions is not None else {"drain": {"type": "slurm_drain"}},
-        "receivers": receivers if receivers is not None else [{"name": "drain", "actions": ["drain"]}],
-        "route": route or {"receiver": "drain"},
-        # Tests of the other guardrails trust every host; test_inventory.py tests the inventory.
-        "inventory": {"source": "any"},
-        **top,
-    }
-    return parse_config(doc, base_dir=tmp_path)
-
-
-class Clock:
-    """Wall-clock time that only moves when a test moves it (the CLI, run alongside, reads the real one)."""
-
-    def __init__(self, t: float | None = None) -> None:
-        self.t = time.time() if t is None else t
-
-    def __call__(self) -> float:
-        return self.t
-
-
-class Harness:
-    """A remediator over a state file; ``restart()`` builds a fresh one over the same file."""
-
-    def __init__(self, cfg, clock: Clock | None = None, ctx: Context | None = None) -> None:
-        self.cfg, self.clock, self.ctx = cfg, clock or Clock(), ctx
-        self.all: list = []
-        self._open()
-
-    def _open(self) -> None:
-        self.store = StateStore(self.cfg.state_file)
-        self.audit = AuditLog(clock=self.clock)
-        self.rem = Remediator(self.cfg, self.store, self.audit, ctx=self.ctx, clock=self.clock)
-
-    def handle(self, a: AlertEvent, **kw: Any) -> list:
-        n = len(self.audit.records)
-        self.rem.handle(a, **kw)
-        new = self.audit.records[n:]
-        self.all.extend(new)
-        return new
-
-    def restart(self) -> None:
-        self.rem.close()
-        self.store.close()
-        self._open()
-
-    def decisions(self, which: str | None = None) -> list:
-        return [r for r in self.all if which in (None, r.decision)]
-
-    def close(self) -> None:
-        self.rem.close()
-        self.store.close()
+    return install_fakes(tmp_path, monkeypatch)
 
 
 @pytest.fixture
@@ -194,39 +26,6 @@ def harness():
     yield make
     for h in made:
         h.close()
-
-
-class ScriptedServer:
-    """A real HTTP server on 127.0.0.1 that answers the i-th POST with ``script[i]`` (the last
-    one repeats): a status, or (status, headers). Every request is kept in ``hits``."""
-
-    def __init__(self, script: list) -> None:
-        self.script = [x if isinstance(x, tuple) else (x, {}) for x in script]
-        self.hits: list[dict] = []
-        srv = self
-
-        class H(BaseHTTPRequestHandler):
-            def do_POST(self):  # noqa: N802 - http.server's naming
-                body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
-                srv.hits.append({"t": time.monotonic(), "path": self.path, "body": body,
-                                 "headers": dict(self.headers)})
-                code, headers = srv.script[min(len(srv.hits) - 1, len(srv.script) - 1)]
-                self.send_response(code)
-                for k, v in headers.items():
-                    self.send_header(k, v)
-                self.send_header("Content-Length", "0")
-                self.end_headers()
-
-            def log_message(self, *a):
-                pass
-
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), H)
-        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
-        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
-
-    def close(self) -> None:
-        self.httpd.shutdown()
-        self.httpd.server_close()
 
 
 @pytest.fixture

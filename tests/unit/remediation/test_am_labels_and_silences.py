@@ -4,15 +4,20 @@ how a silence's matchers match (Alertmanager's semantics), and what the silence 
 from __future__ import annotations
 
 import json
-
-import msgspec
 from types import SimpleNamespace
 
+import msgspec
 import pytest
 
-from pipeline.remediation.alertmanager import AlertmanagerAction, SilenceError, Silences, am_alert, am_labels, \
-    silence_matches
-from tests.unit.remediation.conftest import T0, alert
+from pipeline.remediation.alertmanager import (
+    AlertmanagerAction,
+    SilenceError,
+    Silences,
+    am_alert,
+    am_labels,
+    silence_matches,
+)
+from tests.unit.remediation.factories import T0, alert
 
 
 class _Sil(msgspec.Struct):
@@ -109,7 +114,7 @@ def _silenced_host(host: str) -> _FakeSilences:
 
 
 def test_only_node_actions_honour_a_silence(tmp_path, harness, fakes):
-    from tests.unit.remediation.conftest import config
+    from tests.unit.remediation.factories import config
     cfg = config(tmp_path, actions={"ckpt": {"type": "checkpoint"}, "drain": {"type": "slurm_drain"},
                                     "log": {"type": "log"}},
                  receivers=[{"name": "r", "actions": ["ckpt", "drain", "log"]}], route={"receiver": "r"})
@@ -122,7 +127,7 @@ def test_only_node_actions_honour_a_silence(tmp_path, harness, fakes):
 
 
 def test_dry_run_does_not_ask_alertmanager(tmp_path, harness):
-    from tests.unit.remediation.conftest import config
+    from tests.unit.remediation.factories import config
     cfg = config(tmp_path, guardrails={"dry_run": True})
     h = harness(cfg)
     s = _FakeSilences([SilenceError("must not be asked")], clock=lambda: 0.0)

@@ -9,7 +9,7 @@ import pytest
 
 from pipeline.remediation.actions import run_command
 from pipeline.remediation.safety import UnsafeValue, check_value, fill, fill_argv, valid_hostname
-from tests.unit.remediation.conftest import alert, config
+from tests.unit.remediation.factories import alert, config
 
 INJECTIONS = ["n1;id", "$(id)", "`id`", "-n1", "--all", "n1 n2", "n1|id", "n1&&id", "n1\nid", "../etc", "n1>x",
               "n_1", "", "a" * 64, "n1.", ".n1", "-"]

@@ -10,7 +10,7 @@ from pipeline.cli import main
 from pipeline.errors import ConfigError
 from pipeline.remediation.config import load_config, parse_config, parse_duration
 from pipeline.remediation.routes import RouteTree
-from tests.unit.remediation.conftest import alert
+from tests.unit.remediation.factories import alert
 
 ROOT = Path(__file__).resolve().parents[3]
 EXAMPLE = ROOT / "rules" / "routes.yaml"

@@ -12,7 +12,7 @@ import yaml
 from pipeline.cli import main
 from pipeline.remediation.config import load_config, parse_config
 from pipeline.schema import encode
-from tests.unit.remediation.conftest import alert
+from tests.unit.remediation.factories import alert
 
 DOC = Path(__file__).resolve().parents[3] / "docs" / "remediation.md"
 

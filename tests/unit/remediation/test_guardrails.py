@@ -14,7 +14,7 @@ import pytest
 
 from pipeline.cli import main
 from pipeline.remediation.guardrails import StateStore
-from tests.unit.remediation.conftest import alert, config
+from tests.unit.remediation.factories import alert, config
 
 K = 5
 

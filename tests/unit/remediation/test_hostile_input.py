@@ -9,8 +9,8 @@ import httpx
 import pytest
 
 from pipeline.remediation.safety import UnsafeValue, check_value
-from tests.unit.remediation.conftest import alert, config
-from tests.unit.remediation.conftest import ScriptedServer as Server
+from tests.unit.remediation.factories import ScriptedServer as Server
+from tests.unit.remediation.factories import alert, config
 
 
 @pytest.mark.parametrize("name, value", [("host", "gpu-node-007\n"), ("job", "42\n"), ("signal", "USR1\n"),

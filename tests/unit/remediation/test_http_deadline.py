@@ -16,8 +16,7 @@ import pytest
 
 from pipeline.remediation.actions import Context, WebhookAction
 from pipeline.remediation.alertmanager import AlertmanagerAction, SilenceError, Silences
-from tests.unit.remediation.conftest import alert
-from tests.unit.remediation.factories import TrickleServer
+from tests.unit.remediation.factories import TrickleServer, alert
 
 DEADLINE = 1.0
 BOUND = 6.0  # seconds: the deadline, plus slack for a loaded machine; the servers hold 30 s

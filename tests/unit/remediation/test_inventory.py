@@ -11,7 +11,7 @@ import pytest
 from pipeline.errors import ConfigError
 from pipeline.remediation.config import InventorySettings
 from pipeline.remediation.inventory import build_inventory, parse_hosts
-from tests.unit.remediation.conftest import Clock, alert, config
+from tests.unit.remediation.factories import Clock, alert, config
 
 DRAIN = {"drain": {"type": "slurm_drain"}, "log": {"type": "log"}}
 CHAIN = [{"name": "drain", "actions": ["log", "drain"]}]

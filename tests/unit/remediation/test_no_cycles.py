@@ -15,7 +15,7 @@ import pytest
 
 from pipeline.errors import ConfigError
 from pipeline.remediation.config import parse_duration
-from tests.unit.remediation.conftest import config
+from tests.unit.remediation.factories import config
 
 ROOT = Path(__file__).resolve().parents[3]
 PACKAGE = ROOT / "pipeline" / "remediation"

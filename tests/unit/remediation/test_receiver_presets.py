@@ -12,9 +12,9 @@ import pytest
 
 from pipeline.errors import ConfigError
 from pipeline.remediation.actions import Context, retry_after
-from pipeline.remediation.presets import build_action
 from pipeline.remediation.config import parse_config
-from tests.unit.remediation.conftest import alert, config
+from pipeline.remediation.presets import build_action
+from tests.unit.remediation.factories import alert, config
 
 
 def _action(spec: dict, tmp_path):

@@ -11,7 +11,7 @@ import pytest
 from pipeline.errors import ConfigError
 from pipeline.remediation.config import load_config, parse_config, parse_duration
 from pipeline.remediation.routes import Matcher, RouteTree
-from tests.unit.remediation.conftest import alert, config
+from tests.unit.remediation.factories import alert, config
 
 
 def doc(**over):

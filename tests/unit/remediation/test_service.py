@@ -12,7 +12,7 @@ from pipeline.errors import DeliveryError, StateError
 from pipeline.remediation.guardrails import StateStore
 from pipeline.remediation.service import RemediationService
 from pipeline.schema import encode
-from tests.unit.remediation.conftest import alert, config
+from tests.unit.remediation.factories import alert, config
 
 
 class FailingProducer:

@@ -14,9 +14,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from pipeline.remediation.alertmanager import Silences, silence_matches
-from tests.unit.remediation.conftest import alert
 from tests.unit.remediation.factories import HOSTILE_SILENCES as HOSTILE
-from tests.unit.remediation.factories import SilencesApi, silence
+from tests.unit.remediation.factories import SilencesApi, alert, silence
 
 EXAMPLES = int(os.environ.get("GPUWARDEN_FUZZ_EXAMPLES", "300"))
 

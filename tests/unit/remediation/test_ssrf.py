@@ -10,8 +10,8 @@ import pytest
 from pipeline.errors import ConfigError
 from pipeline.remediation.actions import Context, WebhookAction
 from pipeline.remediation.targets import AllowList
-from tests.unit.remediation.conftest import alert, config
-from tests.unit.remediation.conftest import ScriptedServer as Server
+from tests.unit.remediation.factories import ScriptedServer as Server
+from tests.unit.remediation.factories import alert, config
 
 
 @pytest.fixture

@@ -12,7 +12,7 @@ import pytest
 
 from pipeline.remediation.actions import Context, WebhookAction, redact_url
 from pipeline.schema import AlertEvent
-from tests.unit.remediation.conftest import alert, config
+from tests.unit.remediation.factories import alert, config
 
 
 def _run(action: WebhookAction, a: AlertEvent, sleeps: list[float] | None = None):
