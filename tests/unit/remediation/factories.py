@@ -52,7 +52,20 @@ def silence(sid: str, *matchers: tuple[str, str, bool, bool], state: str = "acti
     }
 
 
-class SilencesApi:
+class LoopbackServer:
+    """A real HTTP server on 127.0.0.1 in a thread, serving ``handler``; ``url`` is its address."""
+
+    def serve(self, handler: type[BaseHTTPRequestHandler]) -> None:
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+class SilencesApi(LoopbackServer):
     """``GET /api/v2/silences`` answering ``silences`` (a list, settable); every GET counted."""
 
     def __init__(self, silences: list[dict[str, Any]]) -> None:
@@ -72,13 +85,7 @@ class SilencesApi:
             def log_message(self, *a):
                 pass
 
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), H)
-        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
-        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
-
-    def close(self) -> None:
-        self.httpd.shutdown()
-        self.httpd.server_close()
+        self.serve(H)
 
 
 class TrickleServer:
@@ -291,7 +298,7 @@ class Harness:
         self.store.close()
 
 
-class ScriptedServer:
+class ScriptedServer(LoopbackServer):
     """A real HTTP server on 127.0.0.1 that answers the i-th POST with ``script[i]`` (the last
     one repeats): a status, or (status, headers). Every request is kept in ``hits``."""
 
@@ -315,13 +322,7 @@ class ScriptedServer:
             def log_message(self, *a):
                 pass
 
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), H)
-        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
-        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
-
-    def close(self) -> None:
-        self.httpd.shutdown()
-        self.httpd.server_close()
+        self.serve(H)
 
 
 def install_fakes(tmp_path: Path, monkeypatch: Any) -> Fakes:
