@@ -24,8 +24,7 @@ from producers.dcgm_exporter import parse_metrics
 
 pytestmark = pytest.mark.kafka
 
-from tests.factories import SHARED_DATA as DATA  # noqa: E402
-T0 = 1764403200.0
+from tests.factories import T0, SHARED_DATA as DATA  # noqa: E402
 
 
 class ScrapeSource:

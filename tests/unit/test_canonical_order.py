@@ -9,9 +9,8 @@ from hypothesis import strategies as st
 
 from pipeline.schema import NcclRecord, dcgm
 from pipeline.topology import canonical_order, record_identity
-from tests.factories import fuzz_examples
+from tests.factories import T0, fuzz_examples
 
-T0 = 1764403200.0
 
 _dcgm = st.builds(
     lambda t, h, g, link: dcgm(T0 + t, h, g, {"gpu_temp": 50}, link=link),

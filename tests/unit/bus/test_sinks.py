@@ -14,8 +14,8 @@ from pipeline.bus import MemoryBus, Topics
 from pipeline.bus.sinks import BusOutput, FileOutput, OutputSink
 from pipeline.errors import DeliveryError
 from pipeline.schema import AlertEvent, DeadLetter, encode
+from tests.factories import T0
 
-T0 = 1764403200.0
 ALERTS = [AlertEvent(id="a1", state="firing", fault="thermal_slowdown", severity="warning", rule="r", host="n1",
                      gpu=3, ts=T0 + 5, started_at=T0),
           AlertEvent(id="a2", state="firing", fault="telemetry_gap", severity="critical", rule="gap", host=None,

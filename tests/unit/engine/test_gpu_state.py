@@ -5,8 +5,8 @@ from pipeline.catalog import FIELDS
 from pipeline.engine.entities import Entities
 from pipeline.engine.frame import N_FIELDS, DcgmFrame
 from pipeline.engine.state import COUNTER_COLS, Columns, GpuState, _positions, advance
+from tests.factories import T0
 
-T0 = 1764403200.0
 COLS = np.array(sorted({FIELDS.by_alias(a).column for a in
                         ("gpu_temp", "sm_clock", "clocks_event_reasons", "ecc_sbe_volatile", "xid")}), dtype=np.intp)
 

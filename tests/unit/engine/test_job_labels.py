@@ -11,8 +11,8 @@ from pipeline.decode import Decoder
 from pipeline.engine import Engine
 from pipeline.engine.entities import Entities
 from pipeline.schema import NcclRecord, dcgm, encode
+from tests.factories import T0
 
-T0 = 1764403200.0
 HOT = {"clocks_event_reasons": 0x40, "gpu_util": 99, "gpu_temp": 90, "sm_clock": 1005}
 
 

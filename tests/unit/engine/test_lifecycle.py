@@ -8,8 +8,7 @@ import numpy as np
 import pytest
 
 from pipeline.engine.lifecycle import Lifecycle, Transition
-
-T0 = 1_764_403_200.0
+from tests.factories import T0
 
 
 class Reference:

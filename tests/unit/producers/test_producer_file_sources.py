@@ -10,9 +10,8 @@ from pipeline.errors import BrokerUnavailableError
 from pipeline.schema import dcgm
 from producers.common import BoundedSender, run
 
-from tests.factories import SHARED_DATA as DATA  # noqa: E402
+from tests.factories import T0, SHARED_DATA as DATA  # noqa: E402
 
-T0 = 1764403200.0
 HEADER = "#Entity   TMPTR  POWER   XIDER\nID        C      W\n"
 
 

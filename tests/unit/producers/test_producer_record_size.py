@@ -8,8 +8,7 @@ from kafka.errors import MessageSizeTooLargeError
 from pipeline.errors import DeliveryError
 from pipeline.schema import dcgm
 from producers.common import BoundedSender, KafkaSink
-
-T0 = 1764403200.0
+from tests.factories import T0
 
 
 class SizeLimitedProducer:

@@ -13,8 +13,7 @@ from pathlib import Path
 from pipeline.errors import BrokerUnavailableError
 from pipeline.schema import dcgm
 from producers.common import BoundedSender, JsonlSink, run
-
-T0 = 1764403200.0
+from tests.factories import T0
 
 
 class FlakySink:

@@ -19,6 +19,7 @@ from pipeline.remediation.config import parse_config
 from pipeline.remediation.guardrails import StateStore
 from pipeline.remediation.remediator import Remediator
 from pipeline.schema import AlertEvent
+from tests.factories import T0
 
 # CLI tests in the same process set SIGPIPE to its default action: a write to a connection the
 # client closed (as a client at its deadline does) must be an error here, not the end of the run.
@@ -140,9 +141,6 @@ class TrickleServer:
     def close(self) -> None:
         self._stop.set()
         self.sock.close()
-
-
-T0 = 1764403200.0
 
 
 # One script serves as all three programs (argv[0] says which). Node state lives in files in the

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from pipeline.rules.windows import PaneWindow
+from tests.factories import T0
 
-T0 = 1_764_403_200.0
 AGGS = ("count", "first", "max", "min", "sum")
 
 
@@ -61,7 +61,6 @@ def test_pane_window_matches_brute_force(seed):
             got = w.query(agg, ask, t)
             want = np.array([reference(samples, w.n, p, agg, e) for e in range(n_ent)])
             np.testing.assert_allclose(got, want, rtol=1e-12, equal_nan=True, err_msg=f"{agg} at tick {i}")
-
 
 
 @pytest.mark.parametrize("seed", range(6))
