@@ -4,65 +4,45 @@
 The Kafka service, file replay, rule tests, the demo and the benchmarks all drive this same
 object; they differ only in where records come from and where the output goes.
 
-Time (docs/architecture.md §4): every host has a high-water mark (its newest event time). The
-watermark is the oldest high-water mark among active hosts (near the front, or still sending), so
-a lagging host holds processing back instead of losing its data, and a dead host stops doing so
-after ``allowed_lateness`` (live: ``idle_timeout`` of wall clock). A host sending per-host
-messages counts up to the end of its newest sample's tick, so a second goes as soon as every
-active host has sent it. Records are buffered and processed in event-time order once the
-watermark passes them, tick by tick, skipping ticks with nothing due; a record older than what
-was already processed is dead-lettered as ``late``. Hence any interleaving of hosts' streams
-(each in order) gives the same alerts.
-
-What a tick's rows are checked by comes in stages, run in order (``pipeline/engine/stage.py``):
-the models, the built-in row checks, the rules, and any of one's own. The engine knows them by
-that protocol only, so it imports neither ``pipeline.rules`` nor ``pipeline.models``. The rows
-waiting for the watermark are in ``pending.py``, the snapshot's layout in ``snapshot.py``.
+Records are screened on arrival (``screen.py``), buffered as columns until the watermark passes
+them (``pending.py``; the watermark comes from each host's clock, ``hostclock.py``,
+docs/architecture.md §4), then processed in event-time order, tick by tick, skipping ticks with
+nothing due (``ticks.py``); a tick's rows go through the stages (``stage.py``: the models, the
+built-in row checks, the rules, any of one's own) and their conditions through each check's
+lifecycle into alerts (``alerts.py``). The snapshot's layout is in ``snapshot.py``.
 """
 
 from __future__ import annotations
 
-import bisect
 import math
 import operator
 from collections import Counter
-from dataclasses import dataclass, field
 from itertools import compress
-from typing import Any, Callable, Sequence, cast, overload
+from typing import Any, Callable, Sequence, cast
 
-import msgspec
 import numpy as np
 
-from pipeline.deadletters import ENTITY_LIMIT, LATE, TS_OUT_OF_RANGE, Origins, take_origins
-from pipeline.engine.checks import GPU, HOST, RowCheck, TickCheck, absent_after, builtin_checks
+from pipeline.deadletters import ENTITY_LIMIT, Origins, take_origins
+from pipeline.engine.arrays import from_dict, to_dict
+from pipeline.engine.alerts import alert_event, per_host
+from pipeline.engine.checks import GPU, RowCheck, TickCheck, absent_after, builtin_checks
 from pipeline.engine.config import EngineConfig
 from pipeline.engine.entities import Entities
 from pipeline.engine.frame import Columnizer, DcgmFrame, NcclFrame, nccl_frame
-from pipeline.engine.lifecycle import Lifecycle, Transition, alert_id
-from pipeline.engine.pending import Pending, in_time_order, span
-from pipeline.engine.snapshot import SNAPSHOT_VERSION, TelemetryRecordT, read_snapshot, write_snapshot
+from pipeline.engine.hostclock import HostClock, latest_steps
+from pipeline.engine.lifecycle import Lifecycle, Transition
+from pipeline.engine.output import EngineOutput, Numbered
+from pipeline.engine.pending import Pending, in_time_order
+from pipeline.engine.screen import AHEAD, REASONS, refused, screen_done, screen_fleet, screen_late
+from pipeline.engine.snapshot import decode_records, read_snapshot, write_snapshot
 from pipeline.engine.stage import CheckStage, Stage, StageCheck
 from pipeline.engine.state import GpuState, advance
-from pipeline.numeric import grow
+from pipeline.engine.ticks import skip_ahead
 from pipeline.schema import AlertEvent, DcgmRecord, DcgmSample, DeadLetter, NcclRecord, TelemetryRecord
 
-# Where they were defined before pending.py and snapshot.py: tests and tools import them from here.
-_Pending, _span, _in_time_order = Pending, span, in_time_order
-__all__ = ["SNAPSHOT_VERSION", "Engine", "EngineOutput", "TelemetryRecordT"]
+__all__ = ["Engine", "EngineOutput"]
 
-_LATE, _AHEAD = 1, 2  # why _screen refuses a record
-_REFUSED = {_LATE: LATE, _AHEAD: TS_OUT_OF_RANGE}
 _TS, _HOST, _GPU = operator.attrgetter("ts"), operator.attrgetter("host"), operator.attrgetter("gpu")
-
-
-@dataclass
-class EngineOutput:
-    alerts: list[AlertEvent] = field(default_factory=list)
-    dead: list[DeadLetter] = field(default_factory=list)
-
-    def extend(self, other: "EngineOutput") -> None:
-        self.alerts.extend(other.alerts)
-        self.dead.extend(other.dead)
 
 
 class Engine:
@@ -114,38 +94,12 @@ class Engine:
         names = self._check_names(self.stages)
         self.entities = Entities()
         self.state = GpuState()
-        self.host_hwm = np.full(0, np.nan)
-        self.host_arrival = np.full(0, np.nan)  # wall clock of each host's latest arrival (live only)
-        # Whether each host's latest records came as per-host messages, one host's GPUs at one
-        # time each: such a host is complete for the tick of its newest sample.
-        self.host_whole = np.zeros(0, bool)
-        # Stream progress (the newest event time accepted) when each host's latest record came:
-        # a host whose records keep coming is alive however far it lags (docs/architecture.md §4).
-        self.host_seen = np.full(0, np.nan)
-        # Event time of a host's latest record refused as ahead of the fleet (NaN: none since its
-        # last good one): when half the fleet claims a jump, the fleet's present follows.
-        self.host_jump = np.full(0, np.nan)
-        # Each host's sampling interval (its latest step forward in event time): a host sampled
-        # every 30 s is not gone 30 s after its last sample.
-        self.host_step = np.full(0, np.nan)
-        # The shortest step a host has sampled at, forgotten by 1 % a step (STEP_RECOVERY): how
-        # far it is trusted not to sample again (_whole_bound), so that missed samples do not
-        # stretch the promise and a host that samples more slowly for good is trusted so in time.
-        self.host_min_step = np.full(0, np.nan)
-        # How far a host's steps stray from whole multiples of its shortest step (a running
-        # maximum that fades by JITTER_FADE a step), and over how many steps it was measured:
-        # the margin the release rule gives a host for jitter (_whole_bound).
-        self.host_jitter = np.full(0, np.nan)
-        self.host_jitter_n = np.zeros(0)
+        self.clock = HostClock(self.config)  # each host's marks, steps and jitter: the watermark
         # Whether a host's rows of the tick after ``released`` run as soon as that host is
         # complete for it (_release_hosts): the service's host stage turns it on; replay leaves
         # it off, so that a replay's alerts come out in an order set by event time alone.
         self.release_hosts = False
-        # How far each host's rows have been processed so, ahead of ``released`` (-inf: not).
-        self.host_done = np.full(0, -np.inf)
-        self._live_since: float | None = None  # wall clock of the first live arrival (not persisted)
         self.released = -math.inf  # every record with ts < released has been processed
-        self.first_ts = math.inf  # oldest event time ever accepted: the stream's start
         self.next_tick = math.nan
         self.lifecycles = {n: self._new_lifecycle(n) for n in names}
         self._columnizer = Columnizer(self._columns())
@@ -172,11 +126,6 @@ class Engine:
     def models(self) -> Any:
         """The model set (``pipeline.models.ModelSet``) this engine runs, or None."""
         return self.stage("models")
-
-    @property
-    def row_checks(self) -> list[RowCheck]:
-        """The built-in (or given) row checks."""
-        return self.stage("checks").checks
 
     def _check_names(self, stages: Sequence[Stage]) -> list[str]:
         """Every check's name, or ValueError on a duplicate. In the order snapshots have always
@@ -241,6 +190,26 @@ class Engine:
             if name not in live:
                 del self.lifecycles[name]
 
+    @property
+    def host_hwm(self) -> np.ndarray:
+        """Each host's newest event time accepted (``HostClock.hwm``; room past ``n_hosts``)."""
+        return self.clock.hwm
+
+    @property
+    def host_min_step(self) -> np.ndarray:
+        """Each host's shortest sampling step, slowly forgotten (``HostClock.min_step``)."""
+        return self.clock.min_step
+
+    @property
+    def host_jitter(self) -> np.ndarray:
+        """Each host's largest step deviation, fading (``HostClock.jitter``)."""
+        return self.clock.jitter
+
+    @property
+    def host_done(self) -> np.ndarray:
+        """How far each host's rows went early, ahead of ``released`` (``HostClock.done``)."""
+        return self.clock.done
+
     # -- feeding ---------------------------------------------------------------------------
 
     def process(
@@ -253,38 +222,35 @@ class Engine:
         """
         out = EngineOutput()
         n = len(records)
+        clock = self.clock
         if n:
             if origins is None:
                 # Each record its own message: a caller that hands the engine records has said
-                # nothing about per-host messages, so no host counts as whole (see _note_whole).
-                origins = Origins(_Numbered("batch", n), np.arange(n), np.full(n, -1))
+                # nothing about per-host messages, so no host counts as whole (HostClock.note_whole).
+                origins = Origins(Numbered("batch", n), np.arange(n), np.full(n, -1))
             # map() over C-level attribute getters: this runs once per record on the hot path.
             ts = np.fromiter(map(_TS, records), np.float64, n)
             hosts = self.entities.host_ids(list(map(_HOST, records)), limit=self.config.max_hosts)
             if (hosts < 0).any():
                 records, origins, ts, hosts = self._refuse_new_hosts(records, origins, ts, hosts, out)
             nh = self.entities.n_hosts
-            self.host_hwm = grow(self.host_hwm, nh, np.nan)
-            self.host_seen = grow(self.host_seen, nh, np.nan)
-            self.host_jump = grow(self.host_jump, nh, np.nan)
-            self.host_step = grow(self.host_step, nh, np.nan)
-            self.host_min_step = grow(self.host_min_step, nh, np.nan)
-            self.host_jitter = grow(self.host_jitter, nh, np.nan)
-            self.host_jitter_n = grow(self.host_jitter_n, nh, 0.0)
-            self.host_done = grow(self.host_done, nh, -np.inf)
+            clock.grow(nh)
             # Live, a consumer may drain a backlog partition by partition, hours apart in event
             # time: there the decoder bounds time against the wall clock and aliveness is by
             # arrival, so one host ahead cannot carry the watermark; only replay screens here.
-            screened = self._screen(ts, hosts) if now is None and not self.screened else self._screen_late(ts)
+            if now is None and not self.screened:
+                verdict = screen_fleet(clock, nh, ts, hosts, self.released)
+            else:
+                verdict = screen_late(ts, self.released)
             if self.release_hosts:
-                screened = self._screen_done(ts, hosts, records, screened)
+                verdict = screen_done(clock, ts, hosts, records, verdict, self.released)
             heard_ts, heard_hosts = ts, hosts
-            if screened is not None:
-                why, ref = screened
+            if verdict is not None:
+                why, ref = verdict
                 bad = why != 0
                 for i in np.flatnonzero(bad).tolist():
                     out.dead.append(self._refused(int(why[i]), records[i], origins[i], float(ref[i])))
-                for code, reason in _REFUSED.items():
+                for code, reason in REASONS.items():
                     if c := int((why == code).sum()):
                         self.stats["dead." + reason] += c
                 keep = np.flatnonzero(~bad)
@@ -293,39 +259,15 @@ class Engine:
                 # A late record still says its host is there: a host first seen late (it joined
                 # behind the others) holds the watermark from now on instead of losing every
                 # record to lateness. Records refused as ahead say nothing of the kind.
-                heard = why != _AHEAD
+                heard = why != AHEAD
                 heard_ts, heard_hosts = ts[heard], hosts[heard]
                 ts, hosts = ts[keep], hosts[keep]
             if len(heard_ts):
-                # Stream progress at each record (a running max): the same whatever the batching.
-                prior = self.host_hwm[:nh]
-                start = float(np.nanmax(prior)) if nh and not np.isnan(prior).all() else -math.inf
-                np.fmax.at(self.host_seen, heard_hosts, np.maximum(np.maximum.accumulate(heard_ts), start))
-                # Before latest_steps moves the shortest step its deviations are measured from.
-                step_jitter(
-                    self.host_jitter, self.host_jitter_n, heard_ts, heard_hosts, self.host_hwm, self.host_min_step
-                )
-                # The step the release rule waits by (docs/architecture.md §4); absence scales with
-                # the step of released samples instead (GpuState.host_step, see _rows).
-                latest_steps(
-                    self.host_step,
-                    heard_ts,
-                    heard_hosts,
-                    self.host_hwm,
-                    self.config.max_lag,
-                    shortest=self.host_min_step,
-                )
-                np.fmax.at(self.host_hwm, heard_hosts, heard_ts)
-                # host_jump is kept by _screen_in_order record by record (the fast path runs only
-                # when no host claims a jump): clearing it here for every host heard would make a
-                # claim depend on whether its next record came in the same batch.
+                clock.hear(heard_ts, heard_hosts, nh)
             if now is not None:
-                self.host_arrival = grow(self.host_arrival, self.entities.n_hosts, np.nan)
-                self.host_arrival[hosts] = now
-                if self._live_since is None:
-                    self._live_since = now
-            self._note_whole(origins, hosts)
-            self.first_ts = min(self.first_ts, float(ts.min())) if len(ts) else self.first_ts
+                clock.arrived(now, hosts)
+            clock.note_whole(origins, hosts)
+            clock.accepted(ts)
             if len(ts):
                 self._chunks.append(self._ingest(records, origins, ts, hosts, out))
                 if self.forward is not None:
@@ -393,7 +335,7 @@ class Engine:
         nccl = self._nccl_frame(nrecs, hosts[~is_dcgm]) if nrecs and self._reads_nccl else None
         return Pending(dts, dhost, gpu, values, cols, nts, nccl, float(ts.min()), float(ts.max()))
 
-    def _ingest_buffered(self, records: list[TelemetryRecord], origins: list[str]) -> None:
+    def _ingest_buffered(self, records: Sequence[TelemetryRecord], origins: list[str]) -> None:
         """Records a version-1 snapshot buffered, ingested as on arrival; their dropped-field
         dead letters were not written yet (they are counted in stats)."""
         if records:
@@ -427,237 +369,8 @@ class Engine:
         keep = np.flatnonzero(hosts >= 0)
         return [records[i] for i in keep.tolist()], take_origins(origins, keep), ts[keep], hosts[keep]
 
-    # -- screening arrivals against the fleet's clock ------------------------------------------
-
-    def _note_whole(self, origins: Sequence[str], hosts: np.ndarray) -> None:
-        """Which hosts of this batch sent per-host messages only (docs/architecture.md §4)."""
-        nh = self.entities.n_hosts
-        self.host_whole = grow(self.host_whole, nh, False)
-        if not len(hosts):
-            return
-        if isinstance(origins, Origins):
-            m = origins.msg
-            whole = origins.pos >= 0  # an element of an array message, not a bare record
-        else:  # decoded message by message (a batch of one, or a doubtful one): "<origin>#<i>"
-            parts = [o.rpartition("#") for o in origins]
-            whole = np.array([sep == "#" and i.isdigit() for _, sep, i in parts], bool)
-            ids: dict[str, int] = {}
-            m = np.array([ids.setdefault(name, len(ids)) for name, _, _ in parts], np.int64)
-        mixed = (m[1:] == m[:-1]) & (hosts[1:] != hosts[:-1])
-        if mixed.any():  # a message with several hosts' records: not per host
-            whole &= ~np.isin(m, m[1:][mixed])
-        self.host_whole[hosts] = True
-        self.host_whole[hosts[~whole]] = False
-
-    def _wait(self, n: int, step: np.ndarray | None = None) -> np.ndarray:
-        """How much stream progress each host may go without a record and still count as there:
-        ``allowed_lateness`` plus its sampling step (a host seen once: the fleet's longest), and
-        at least two and a half steps, as absence has it (checks.absent_after): a host that
-        misses one sample still counts when its next one comes. At 30 s sampling and the default
-        lateness, one missed sample is 60 s of silence, and the next sample, falling in a tick
-        the other hosts had completed meanwhile, was late. ``step``: the hosts' steps, when not
-        ``host_step``'s."""
-        step = grow(self.host_step, n, np.nan)[:n] if step is None else step
-        known = step[~np.isnan(step)]
-        step = np.where(np.isnan(step), known.max() if len(known) else 0.0, step)
-        return np.maximum(self.config.allowed_lateness + step, 2.5 * step)
-
-    def _alive(self) -> np.ndarray:
-        """Hosts near the front, or whose records kept coming within ``allowed_lateness`` of stream
-        progress: the hosts whose clocks say where the fleet is."""
-        n = self.entities.n_hosts
-        hwm, seen = self.host_hwm[:n], self.host_seen[:n]
-        if not n or np.isnan(hwm).all():
-            return np.zeros(n, bool)
-        newest, lateness = float(np.nanmax(hwm)), self.config.allowed_lateness
-        wait = self._wait(n)
-        with np.errstate(invalid="ignore"):
-            return (hwm >= newest - lateness) | (newest - seen <= wait)
-
-    def _newest(self) -> float:
-        """The newest event time accepted so far (-inf before any)."""
-        hwm = self.host_hwm[: self.entities.n_hosts]
-        return float(np.nanmax(hwm)) if len(hwm) and not np.isnan(hwm).all() else -math.inf
-
-    @staticmethod
-    def _present(claimed: np.ndarray, alive: np.ndarray) -> float:
-        """The fleet's present: the lower median of what the live hosts claim (NaN: none yet)."""
-        known = claimed[alive & ~np.isnan(claimed)]
-        if not len(known):
-            return math.nan
-        k = (len(known) - 1) // 2
-        return float(np.partition(known, k)[k])
-
-    def _screen_late(self, ts: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
-        """Only what is older than what was processed (the live engine's screen)."""
-        late = ts < self.released
-        if not late.any():
-            return None
-        return np.where(late, _LATE, 0).astype(np.int8), np.full(len(ts), self.released)
-
-    def _screen_done(
-        self,
-        ts: np.ndarray,
-        hosts: np.ndarray,
-        records: Sequence[TelemetryRecord],
-        screened: tuple[np.ndarray, np.ndarray] | None,
-    ) -> tuple[np.ndarray, np.ndarray] | None:
-        """``screened`` and, as ``late``, each DCGM sample older than what its host's early
-        release processed already (``host_done``, ``_release_hosts``). NCCL records are never
-        released early: they wait for ``released`` as before."""
-        done = self.host_done[hosts]
-        late = (ts < done) & (ts >= self.released)
-        if screened is not None:
-            late &= screened[0] == 0
-        if not late.any():
-            return screened
-        idx = np.flatnonzero(late)
-        late[idx] = [isinstance(records[i], DcgmSample) for i in idx.tolist()]
-        if not late.any():
-            return screened
-        why, ref = screened if screened is not None else (np.zeros(len(ts), np.int8), np.full(len(ts), self.released))
-        return np.where(late, _LATE, why).astype(np.int8), np.where(late, done, ref)
-
-    def _screen(self, ts: np.ndarray, hosts: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
-        """Why each arriving record is refused (0: it is not) and the present it was judged
-        against, or None when none is refused.
-
-        ``late``: older than what was processed, or further behind the fleet than ``max_lag``;
-        ``ts_out_of_range``: further ahead of the fleet's present than ``max_ahead`` (one bad
-        clock, or one record dated 2096, must not carry the watermark, and every other host's
-        data, with it; nor make the engine walk 46 hours of ticks). Judged record by record in
-        stream order, so the answer does not depend on the batching; the common case (nothing
-        ahead, no jump claimed) is one vectorised comparison.
-        """
-        nh = self.entities.n_hosts
-        cfg = self.config
-        claimed = np.fmax(self.host_hwm[:nh], self.host_jump[:nh])
-        alive = self._alive()
-        present = self._present(claimed, alive)
-        k = (len(ts) - 1) // 2
-        median = float(np.partition(ts, k)[k])
-        if not np.isnan(self.host_jump[:nh]).all():
-            return self._screen_in_order(ts, hosts, claimed, median)
-        # Not the present now but the lowest it can fall to within the batch: record by record a
-        # host can come to count or one at the median stop, and the answer must not change.
-        low = median if math.isnan(present) else self._lowest_present(ts, hosts, claimed, alive)
-        if (ts > low + cfg.max_ahead).any():
-            return self._screen_in_order(ts, hosts, claimed, median)
-        # Behind: against the stream's progress when the record came (a running max), which
-        # nothing ahead can have inflated here, and which is the same whatever the batching.
-        clock = np.maximum.accumulate(ts)
-        np.maximum(clock, self._newest(), out=clock)
-        behind = (ts < self.released) | (ts < clock - cfg.max_lag)
-        if not behind.any():
-            return None
-        return np.where(behind, _LATE, 0).astype(np.int8), clock
-
-    def _lowest_present(self, ts: np.ndarray, hosts: np.ndarray, claimed: np.ndarray, alive: np.ndarray) -> float:
-        """The lowest the present can fall to while ``_screen_in_order`` judges this batch, as
-        long as none of its records is ahead (its premise: it is the check of that).
-
-        Claims only rise then, so the present falls only as the set of live hosts changes: a host
-        comes to count (one heard in the batch, or one seen once, whose wait the fleet's longest
-        step can lengthen) or stops (one alive now that the batch's newest record can outrun).
-        The lowest lower median over those sets keeps every host sure to stay alive and adds
-        the others' lowest claims from the bottom while they pull it down."""
-        cfg = self.config
-        n = len(claimed)
-        newest = max(self._newest(), float(ts.max()))
-        hwm, seen = self.host_hwm[:n], self.host_seen[:n]
-        sending = np.zeros(n, bool)
-        sending[hosts] = True
-        first = np.full(n, np.inf)
-        np.minimum.at(first, hosts, ts)
-        low = np.where(np.isnan(claimed), first, claimed)  # a new host claims at least its first record
-        with np.errstate(invalid="ignore"):
-            # Alive through to the batch's newest record whatever comes (wait >= allowed_lateness).
-            sure = alive & ((hwm >= newest - cfg.allowed_lateness) | (seen >= newest - cfg.allowed_lateness))
-        may = (alive | sending | np.isnan(self.host_step[:n])) & ~sure & np.isfinite(low)
-        if not may.any():
-            return self._present(claimed, sure)
-        counted = np.sort(low[sure]).tolist()
-        for c in np.sort(low[may]).tolist():
-            if counted and c > counted[(len(counted) - 1) // 2]:
-                break  # this one and every one after it would only raise the median
-            bisect.insort(counted, c)
-        return counted[(len(counted) - 1) // 2]
-
-    def _screen_in_order(
-        self, ts: np.ndarray, hosts: np.ndarray, claimed: np.ndarray, first: float
-    ) -> tuple[np.ndarray, np.ndarray]:
-        """``_screen`` one record at a time (a host or the fleet claims a jump: rare).
-
-        Each record is judged on the state process() would have left had the records before it
-        come one batch each: marks, stream progress and sampling steps are kept up to date here
-        as process() keeps them, on copies (process() reads the state before the batch)."""
-        cfg = self.config
-        n = self.entities.n_hosts
-        claimed = claimed.copy()
-        hwm, seen, jump = self.host_hwm[:n].copy(), self.host_seen[:n].copy(), self.host_jump
-        step = self.host_step[:n].copy()
-        wait = self._wait(n)
-        why = np.zeros(len(ts), np.int8)
-        ref = np.empty(len(ts))
-        newest = self._newest()
-        for i, (t, h) in enumerate(zip(ts.tolist(), hosts.tolist())):
-            # Aliveness as _alive() has it (a host that went silent in the middle of this batch
-            # stops counting for the present); the sending host counts only if it did already.
-            with np.errstate(invalid="ignore"):
-                alive = (hwm >= newest - cfg.allowed_lateness) | (newest - seen <= wait)
-            present = self._present(claimed, alive)
-            start = math.isnan(present)  # no host yet: the batch's median judges what is ahead
-            ref[i] = present = first if start else present
-            if t > present + cfg.max_ahead:
-                why[i] = _AHEAD
-                jump[h] = t
-                claimed[h] = t if math.isnan(claimed[h]) else max(t, claimed[h])
-                continue  # a record refused as ahead says nothing of its host (see process())
-            if t < self.released or t < newest - cfg.max_lag:
-                why[i] = _LATE
-                ref[i] = newest
-            else:
-                jump[h] = np.nan
-            # Heard, late or not: as process() has it, the host's mark, step and progress move.
-            if math.isnan(hwm[h]) or t > hwm[h]:
-                if not math.isnan(hwm[h]):
-                    step[h] = min(t - hwm[h], cfg.max_lag)
-                    wait = self._wait(n, step)
-                hwm[h] = t
-            claimed[h] = hwm[h] if math.isnan(jump[h]) else max(hwm[h], jump[h])
-            newest = max(newest, t)
-            seen[h] = newest if math.isnan(seen[h]) else max(seen[h], newest)
-        return why, ref
-
-    def _refused(self, code: int, r: TelemetryRecord, origin: str, present: float) -> DeadLetter:
-        raw = msgspec.json.encode(r).decode()[:2048]
-        if code == _AHEAD:
-            return DeadLetter(
-                reason=TS_OUT_OF_RANGE,
-                detail=f"ts {r.ts} is {r.ts - present:.0f}s ahead of the "
-                f"fleet's present {present} (max ahead {self.config.max_ahead}s)",
-                origin=origin,
-                ts=r.ts,
-                host=r.host,
-                raw=raw,
-            )
-        hid = self.entities.host_id.get(r.host)
-        if r.ts >= self.released and hid is not None and r.ts < self.host_done[hid]:
-            detail = (
-                f"ts {r.ts} is behind {self.host_done[hid]}, up to which host {r.host!r}'s samples "
-                f"were processed already (its message of that tick held every GPU's sample)"
-            )
-        elif r.ts >= self.released:
-            detail = (
-                f"ts {r.ts} is {present - r.ts:.0f}s behind the newest record {present} "
-                f"(max lag {self.config.max_lag}s)"
-            )
-        else:
-            detail = (
-                f"ts {r.ts} is {self.released - r.ts:.1f}s behind the watermark {self.released} "
-                f"(allowed lateness {self.config.allowed_lateness}s)"
-            )
-        return DeadLetter(reason=LATE, detail=detail, origin=origin, ts=r.ts, host=r.host, raw=raw)
+    def _refused(self, code: int, r: TelemetryRecord, origin: str, judged: float) -> DeadLetter:
+        return refused(code, r, origin, judged, self.clock, self.entities.host_id.get(r.host), self.released)
 
     def flush(self) -> EngineOutput:
         """End of stream (replay, demo): process everything still buffered."""
@@ -671,90 +384,10 @@ class Engine:
         return self._watermark(now)[0]
 
     def _watermark(self, now: float | None) -> tuple[float, np.ndarray | None]:
-        """The watermark, and how far each host is complete (-inf: not one the watermark waits
-        for; None: neither start-up hold is over, so no host's word is taken yet)."""
-        n = self.entities.n_hosts
-        hwm = self.host_hwm[:n]
-        known = ~np.isnan(hwm)
-        if not known.any():
-            return self.released, None
-        if (
-            now is not None
-            and self._live_since is not None
-            and now - self._live_since < self.config.idle_timeout
-            and self.pending < self.config.max_pending
-        ):
-            return self.released, None  # live start-up: let every partition deliver first
-        newest, lateness = float(hwm[known].max()), self.config.allowed_lateness
-        seen = grow(self.host_seen, n, np.nan)[:n]
-        wait = self._wait(n)
-        with np.errstate(invalid="ignore"):
-            # Near the front, or still sending (however far behind, up to max_lag).
-            active = known & ((hwm >= newest - lateness) | (newest - seen <= wait))
-            active &= hwm >= newest - self.config.max_lag
-        if now is not None:
-            arrival = grow(self.host_arrival, n, np.nan)[:n]
-            heard = ~np.isnan(arrival)
-            with np.errstate(invalid="ignore"):
-                recent = now - arrival <= self.config.idle_timeout
-            # Live, a host heard from holds the watermark while its records keep arriving on the
-            # wall clock, however far behind (a backlog drained partition by partition), and
-            # stops holding it ``idle_timeout`` after its last one, however near the front.
-            live = np.where(heard, known & recent, active)
-            if live.any():  # (the whole fleet silent: as replay has it, until the idle flush)
-                active = live
-        complete = np.where(active, self._whole_bound(hwm, active, newest) - self.config.host_disorder, -np.inf)
-        wm = float(complete[active].min())
-        # A host's first sample may come up to its sampling interval after the stream's start:
-        # at 30 s sampling, 30 s of lateness alone is not time enough for every host to appear.
-        hold = (
-            lateness + float(np.nanmax(self.host_step[:n], initial=0.0))
-            if n and not np.isnan(self.host_step[:n]).all()
-            else lateness
-        )
-        if newest - float(np.nanmin(self.first_ts)) < hold:
-            # Start-up: hosts come online a little apart and one not seen yet cannot hold the
-            # watermark, so wait out the allowed lateness before trusting the per-host marks.
-            return max(self.released, min(wm, newest - hold)), None
-        return max(self.released, wm), complete
-
-    def _whole_bound(self, hwm: np.ndarray, active: np.ndarray, newest: float) -> np.ndarray:
-        """How far each host is complete: its newest sample, or more for a host sending per-host
-        messages (its message held every GPU at that time). Its next sample is not due before
-        ``hwm + step`` (``step``: the shortest step it has sampled at, ``host_min_step``; less a
-        margin for jitter, ``_jitter_margin``: 5 % of the step until the host has shown its
-        own), so the tick of ``hwm`` is whole
-        when that falls in a later tick: at 1 Hz and a 1 s tick a second goes once every live
-        host has sent it, not the next one. And every later tick before that one is whole too,
-        up to the tick of the fleet's newest sample: with a tick shorter than the step
-        (``engine.tick`` 0.1 s at 1 Hz) a sample goes within a tick or so, whatever the other
-        hosts' phases. Not past the newest sample's tick: a host back from a silence (not
-        counted in the watermark meanwhile) is then judged against the present, not against
-        what the others promised (docs/architecture.md §4)."""
-        n = len(hwm)
-        whole = grow(self.host_whole, n, False)[:n] & active
-        if not whole.any():
-            return hwm
-        tick = self.config.tick
-        step = grow(self.host_min_step, n, np.nan)[:n]
-        end = (np.floor(hwm / tick) + 1) * tick
-        with np.errstate(invalid="ignore"):
-            upto = np.floor((hwm + step - self._jitter_margin(step, n)) / tick) * tick
-            whole &= upto >= end
-        ahead = np.maximum(end, np.minimum(upto, math.floor(newest / tick) * tick))
-        return np.where(whole, ahead, hwm)
-
-    def _jitter_margin(self, step: np.ndarray, n: int) -> np.ndarray:
-        """How much sooner than its shortest step each host's next sample may come: 5 % of the
-        step (or of a tick, if more) until the host has shown its jitter over
-        ``JITTER_TRUSTED_AFTER`` steps, then twice the largest deviation it showed (fading), no
-        less than 0.5 % and no more than 5 %. A producer stamping from a steady clock (ms of
-        jitter) is trusted for a tick once its sample falls past the first 0.5 % of it, not 5 %."""
-        scale = np.maximum(step, self.config.tick)
-        jitter = grow(self.host_jitter, n, np.nan)[:n]
-        shown = grow(self.host_jitter_n, n, 0.0)[:n] >= JITTER_TRUSTED_AFTER
-        with np.errstate(invalid="ignore"):
-            return np.where(shown, np.clip(2 * jitter, 0.005 * scale, 0.05 * scale), 0.05 * scale)
+        """The watermark, and how far each host is complete (``HostClock.watermark``)."""
+        # ``pending`` only bears on the live start-up hold: not summed for replay.
+        pending = self.pending if now is not None else 0
+        return self.clock.watermark(self.entities.n_hosts, self.released, now, pending)
 
     # -- processing in event time ---------------------------------------------------------------
 
@@ -774,8 +407,7 @@ class Engine:
         if go:
             self._process_released(Pending.concat(go, self._columnizer.columns), out)
         if final:
-            hwm = self.host_hwm[: self.entities.n_hosts]
-            upto = float(np.nanmax(hwm)) if len(hwm) and not np.all(np.isnan(hwm)) else -math.inf
+            upto = self.clock.newest(self.entities.n_hosts)
             self._ticks_until(upto, out)
             self.released = max(self.released, upto)
         else:
@@ -818,7 +450,7 @@ class Engine:
         if math.isnan(end) or not math.isfinite(self.released) or abs(end - tick - self.released) > 1e-6 * tick:
             return
         n = len(complete)
-        ready = (complete >= end) & (self.host_done[:n] < end)
+        ready = (complete >= end) & (self.clock.done[:n] < end)
         if not ready.any():
             return
         go: list[Pending] = []
@@ -829,7 +461,7 @@ class Engine:
             if sel.any():
                 go.append(c.take_rows(sel))
                 self._chunks[i] = c.take_rows(~sel, nccl=True)
-        self.host_done[:n][ready] = end
+        self.clock.done[:n][ready] = end
         if go:
             self.stats["early_releases"] += 1
             self._process_released(Pending.concat(go, self._columnizer.columns), out)
@@ -899,70 +531,18 @@ class Engine:
                 self.next_tick = after
 
     def _skip_ahead(self, limit: float) -> None:
-        """Jump the tick grid over the ticks up to ``limit`` at which nothing can be due.
-
-        Called where no row falls between ``next_tick`` and ``limit``, so those ticks all see the
-        same state; only the tick checks (absence) and their lifecycles act at a tick without
-        rows. Over a run of ticks where no check's condition can flip (``changes``) and no
-        lifecycle deadline falls (``for:``, ``keep_firing_for:``; ``Lifecycle.next_change``),
-        walking every tick is the same as one step at the last of them, and when no condition
-        holds and no alert is active, the same as none. So a fleet sampled every 30 s costs a
-        tick check per sample, not 30, and a two-day pause a handful of ticks, with the alerts
-        of the walk (tested against it, docs/architecture.md §4).
-        """
-        tick, a = self.config.tick, self.next_tick
-        if math.isinf(limit) or math.isnan(a):
-            return
-        last = math.floor(limit / tick) * tick
-        if not last > a:  # the densely sampled case: at most this tick before the next row
-            return
-        st, ent, cfg = self.state, self.entities, self.config
-        st.ensure(ent.n_gpus, ent.n_hosts)
-        idle = True
-        for check in self.tick_checks:
-            changes = getattr(check, "changes", None)
-            if changes is not None:
-                x = changes(st, ent, cfg)
-                with np.errstate(invalid="ignore"):
-                    x = x[x >= a - 2 * tick]  # those further back have flipped already
-            elif a <= self._settled_after() + 2 * tick:
-                return  # a check that cannot say when it changes: walked until all is settled
-            else:
-                x = np.empty(0)
-            lc = self.lifecycles[check.meta.name]
-            cond = check.evaluate_tick(a, st, ent, cfg)
-            cond = cond if cond.dtype == bool else cond.astype(bool)
-            due = lc.next_change(cond)
-            if len(x):
-                due = min(due, float(x.min()))
-            # A whole tick of margin on either side of a deadline: the tick where it falls is
-            # walked whatever the rounding of ``t - last_ts > after``.
-            if due <= last + tick:
-                if due < a:
-                    return
-                last = math.floor(due / tick) * tick - tick
-                if last < a:
-                    return
-            idle = idle and lc.idle and not cond.any()
-        if idle:
-            self.next_tick = last + tick  # every one of these ticks would do nothing
-        elif last > a:
-            self.next_tick = last  # one step, at the last of them, does what all would
-
-    def _settled_after(self) -> float:
-        """When every absence deadline after the newest sample has passed and every lifecycle
-        on it has settled: the bound for a tick check that cannot say when it changes."""
-        cfg = self.config
-        last = (
-            float(np.nanmax(self.state.last_ts))
-            if len(self.state.last_ts) and not np.isnan(self.state.last_ts).all()
-            else -math.inf
+        """Jump the tick grid over the ticks up to ``limit`` at which nothing can be due
+        (``ticks.skip_ahead``)."""
+        self.next_tick = skip_ahead(
+            self.next_tick,
+            limit,
+            self.config,
+            self.tick_checks,
+            self.lifecycles,
+            self.state,
+            self.entities,
+            self.clock.step,
         )
-        hold = max((c.meta.for_s + c.meta.keep_firing_for_s for c in self.tick_checks), default=0.0)
-        step = np.concatenate([self.host_step, self.state.host_step])  # released steps come from arrived ones
-        step = step[~np.isnan(step)]
-        slow = 2.5 * float(step.max()) if len(step) else 0.0  # checks.absent_after
-        return last + max(cfg.gpu_absent_after, cfg.host_silent_after, slow) + hold + 2 * cfg.tick
 
     def _rows(self, frame: DcgmFrame, out: EngineOutput, ts0: float) -> None:
         gpu = frame.gpu
@@ -988,9 +568,9 @@ class Engine:
             else:
                 n_ent = self.entities.n_hosts
                 if lifecycles[check.meta.name].quiet(cond, n_ent):
-                    continue  # no host to step: spares _per_host's grouping (~60 us a check)
+                    continue  # no host to step: spares per_host's grouping (~60 us a check)
                 # Host level: true for the host when true on any of its GPUs in this tick.
-                ts, ent, cond, rows = _per_host(chunk, cond)
+                ts, ent, cond, rows = per_host(chunk, cond)
             for t in lifecycles[check.meta.name].step(ts, ent, cond, n_ent):
                 if rows is not None:
                     t = Transition(t.state, t.entity, t.ts, t.started_at, int(rows[t.row]))
@@ -1028,40 +608,8 @@ class Engine:
                 out.alerts.append(self._alert(check, tr, {"last_seen": None if last != last else float(last)}))
 
     def _alert(self, check: StageCheck | TickCheck, t: Transition, evidence: dict[str, Any]) -> AlertEvent:
-        meta = check.meta
-        if meta.level == GPU:
-            host, gpu = self.entities.gpus[t.entity]
-            key = f"{host}/{gpu}"
-        elif meta.level == HOST:
-            host, gpu = self.entities.hosts[t.entity], None
-            key = host
-        else:  # pragma: no cover - levels are validated when checks are built
-            raise ValueError(meta.level)
-        self.stats[f"alerts.{t.state}.{meta.fault}"] += 1
-        aid = alert_id(meta.name, key, t.started_at)
-        if t.state == "firing":
-            summary = self._summaries[aid] = check.summary(host, gpu, evidence)
-        else:
-            # A resolved event says what the alert was about, not the (healthy) values that ended it.
-            summary = self._summaries.pop(aid, "") or check.summary(host, gpu, evidence)
-        # The job (pod, namespace) from the telemetry; the rule's own labels win a clash.
-        jl = self.entities.job_labels(t.entity) if meta.level == GPU else self.entities.host_job_labels(t.entity)
-        job = jl.pop("job", None)
-        return AlertEvent(
-            id=aid,
-            state=t.state,
-            fault=meta.fault,
-            severity=meta.severity,
-            rule=meta.name,
-            host=host,
-            gpu=gpu,
-            job=job,
-            ts=t.ts,
-            started_at=t.started_at,
-            summary=summary,
-            evidence=evidence,
-            labels={**jl, **meta.labels},
-        )
+        self.stats[f"alerts.{t.state}.{check.meta.fault}"] += 1
+        return alert_event(check, t, evidence, self.entities, self._summaries)
 
     # -- state ---------------------------------------------------------------------------------
 
@@ -1070,142 +618,41 @@ class Engine:
         too: rule windows, docs/models.md#model-state), so restoring one never runs anything. A
         forged one could still feed the engine wrong history: the service signs its checkpoints
         (service/state.py). Layout: ``pipeline/engine/snapshot.py``."""
-        return write_snapshot(self)
+        return write_snapshot([self._own_state(), self.state.to_state(), self.clock.to_state()], self.stages)
 
     def restore(self, blob: bytes) -> None:
         """Continue exactly where ``snapshot`` left off (same checks must be configured)."""
-        read_snapshot(self, blob)
+        loads = [self._load_own, self.clock.load_state, lambda d: self.state.load_state(d, self.clock.step)]
+        read_snapshot(blob, loads, self.stages)
+
+    def _own_state(self) -> dict[str, Any]:
+        """The engine's own part of a snapshot: entities, where processing is, the lifecycles,
+        the buffered rows, the counters and the firing alerts' summaries."""
+        return {
+            "config": self.config.to_dict(),
+            "entities": self.entities.to_state(),
+            "released": self.released,
+            "next_tick": self.next_tick,
+            "lifecycles": {n: {k: to_dict(v) for k, v in lc.to_state().items()} for n, lc in self.lifecycles.items()},
+            "pending_columns": [c.to_state() for c in self._chunks],
+            "stats": dict(self.stats),
+            "summaries": self._summaries,
+        }
+
+    def _load_own(self, data: dict[str, Any]) -> None:
+        self.entities = Entities.from_state(data["entities"])
+        self.released, self.next_tick = data["released"], data["next_tick"]
+        for name, lc in data["lifecycles"].items():
+            if name in self.lifecycles:
+                self.lifecycles[name].load_state({k: from_dict(v) for k, v in lc.items()})
+        if "pending_columns" in data:
+            self._chunks = [Pending.from_state(c) for c in data["pending_columns"]]
+        else:  # a version-1 snapshot: buffered records as JSON; ingest them as on arrival
+            self._chunks = []
+            self._ingest_buffered(decode_records(data["pending"]), list(data["pending_origin"]))
+        self.stats = Counter(data["stats"])
+        self._summaries = dict(data["summaries"])
 
     @property
     def pending(self) -> int:
         return sum(len(c) for c in self._chunks)
-
-
-STEP_RECOVERY = 1.01  # how fast a host's shortest step is forgotten, per step (Engine.host_min_step)
-# Steps after which a shortest step has grown past any cap (1.01^7000 > 1e30): the exponent is
-# capped there, so the powers stay finite however long a host's run in one batch.
-_FORGOTTEN = 7000
-
-
-def latest_steps(
-    step: np.ndarray,
-    ts: np.ndarray,
-    hosts: np.ndarray,
-    before: np.ndarray,
-    cap: float,
-    shortest: np.ndarray | None = None,
-) -> None:
-    """Each host's latest step forward in event time, record to record in its own order, into
-    ``step`` (per host, in place); ``before``: each host's time before these records. Steps
-    longer than ``cap`` count as ``cap``. ``shortest``: each host's shortest step, kept as a
-    running minimum that grows by ``STEP_RECOVERY`` a step (see ``Engine.host_min_step``)."""
-    if not len(ts):
-        return
-    h, gap = _host_gaps(ts, hosts, before)
-    with np.errstate(invalid="ignore"):
-        fwd = np.flatnonzero(gap > 0)
-    if not len(fwd):
-        return
-    hf, g = h[fwd], np.minimum(gap[fwd], cap)
-    starts, ends, count, after = _runs(hf)
-    hs = hf[ends]
-    step[hs] = g[ends]
-    if shortest is not None:
-        # m_k = min(g_k, m_(k-1) * r) over a host's steps of the batch, in closed form: the
-        # minimum over its steps j of g_j * r^(steps after j), and of the old m * r^(its steps).
-        grown = g * STEP_RECOVERY ** np.minimum(after, _FORGOTTEN)
-        shortest[hs] = np.fmin(
-            shortest[hs] * STEP_RECOVERY ** np.minimum(count, _FORGOTTEN), np.minimum.reduceat(grown, starts)
-        )
-
-
-def _host_gaps(ts: np.ndarray, hosts: np.ndarray, before: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Records grouped by host (stable: each host's in its own order): their hosts, and each
-    one's step from the record before it of its host (``before``: each host's time before
-    these records; NaN where unknown, negative where a record went back in time)."""
-    o = np.argsort(hosts, kind="stable")
-    h, t = hosts[o], ts[o]
-    prev = np.empty_like(t)
-    prev[1:] = t[:-1]
-    first = np.ones(len(h), bool)
-    first[1:] = h[1:] != h[:-1]
-    prev[first] = before[h[first]]
-    return h, t - prev
-
-
-def _runs(h: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """For ids grouped into runs (``_host_gaps``): each run's first and last index, its length,
-    and per element how many elements of its run come after it."""
-    starts = np.flatnonzero(np.r_[True, h[1:] != h[:-1]])
-    ends = np.r_[starts[1:], len(h)] - 1
-    count = ends - starts + 1
-    return starts, ends, count, np.repeat(ends, count) - np.arange(len(h))
-
-
-JITTER_FADE = 0.99  # how fast a host's largest deviation is forgotten, per step (Engine.host_jitter)
-JITTER_TRUSTED_AFTER = 10  # steps measured before a host's own jitter replaces the 5 % margin
-_JITTER_MAX_MULTIPLE = 3  # a longer step (a gap, a restart) says nothing of the sampler's jitter
-
-
-def step_jitter(
-    jitter: np.ndarray, count: np.ndarray, ts: np.ndarray, hosts: np.ndarray, before: np.ndarray, ref: np.ndarray
-) -> None:
-    """Each host's jitter into ``jitter`` and ``count`` (per host, in place): how far each of its
-    steps forward in these records, in its own order, lies from the nearest whole multiple (one
-    to three) of ``ref``, its shortest step before them (a missed sample is two steps, not
-    jitter); a running maximum faded by ``JITTER_FADE`` a step. ``before``: each host's time
-    before these records. Hosts without a shortest step yet are not measured."""
-    if not len(ts):
-        return
-    h, gap = _host_gaps(ts, hosts, before)
-    with np.errstate(invalid="ignore", divide="ignore"):
-        m = ref[h]
-        k = np.rint(gap / m)
-        use = np.flatnonzero((gap > 0) & (m > 0) & (k <= _JITTER_MAX_MULTIPLE))
-    if not len(use):
-        return
-    hu, dev = h[use], np.abs(gap[use] - np.maximum(k[use], 1) * m[use])
-    starts, ends, steps, after = _runs(hu)
-    faded = dev * JITTER_FADE ** np.minimum(after, _FORGOTTEN)
-    hs = hu[ends]
-    jitter[hs] = np.fmax(jitter[hs] * JITTER_FADE ** np.minimum(steps, _FORGOTTEN), np.maximum.reduceat(faded, starts))
-    count[hs] += steps
-
-
-class _Numbered(Sequence[str]):
-    """``batch#0``, ``batch#1``, ...: the origins of records handed over without any, spelled
-    only when a dead letter reads one."""
-
-    def __init__(self, name: str, n: int) -> None:
-        self.name, self.n = name, n
-
-    def __len__(self) -> int:
-        return self.n
-
-    @overload
-    def __getitem__(self, i: int) -> str: ...
-
-    @overload
-    def __getitem__(self, i: slice) -> list[str]: ...
-
-    def __getitem__(self, i: int | slice) -> str | list[str]:
-        if isinstance(i, slice):
-            return [f"{self.name}#{j}" for j in range(*i.indices(self.n))]
-        return f"{self.name}#{i}"
-
-
-def _per_host(chunk: DcgmFrame, cond: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """Collapse per-GPU rows to one row per host: (ts, host id, any(cond), representative row)."""
-    hosts, inv = np.unique(chunk.host, return_inverse=True)
-    ts = np.full(len(hosts), -np.inf)
-    np.maximum.at(ts, inv, chunk.ts)
-    anyc = np.zeros(len(hosts), dtype=bool)
-    np.logical_or.at(anyc, inv, cond)
-    # Evidence from the first GPU where it holds, else the host's first row.
-    rows = np.full(len(hosts), -1)
-    idx = np.arange(len(chunk))
-    pick = np.where(cond, idx, len(chunk) + idx)
-    best = np.full(len(hosts), np.iinfo(np.int64).max)
-    np.minimum.at(best, inv, pick)
-    rows = np.where(best >= len(chunk), best - len(chunk), best)
-    return ts, hosts.astype(np.int32), anyc, rows

@@ -8,12 +8,13 @@ One GPU's state is a row of ``last`` plus a few scalars: ~0.6 KiB at 67 fields.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, cast
+from typing import Any, Mapping, cast
 
 import numpy as np
 import numpy.typing as npt
 
 from pipeline.catalog import FIELDS
+from pipeline.engine.arrays import from_dict, to_dict
 from pipeline.engine.entities import Entities
 from pipeline.engine.frame import N_FIELDS, DcgmFrame
 from pipeline.numeric import grow
@@ -37,7 +38,7 @@ class GpuState:
         # per host: when it came back after a silence (or first reported); see Engine._rows
         self.host_back = np.full(0, np.nan)
         # per host: its latest sampling step among released samples; absence scales with it
-        # (checks.absent_after). Kept by Engine._rows, apart from Engine.host_step (on arrival).
+        # (checks.absent_after). Kept by Engine._rows, apart from HostClock.step (on arrival).
         self.host_step = np.full(0, np.nan)
         self._seen = np.full((0, N_FIELDS), np.nan)  # per GPU and field: when it was last reported
         self._cols: np.ndarray | None = None  # the columns kept apart, and their blocks:
@@ -88,6 +89,29 @@ class GpuState:
     def seen(self, value: np.ndarray) -> None:
         self._write_back()
         self._seen, self._cols = value, None
+
+    def to_state(self) -> dict[str, Any]:
+        """The arrays a snapshot keeps, under its keys (``host_step`` as ``released_step``)."""
+        return {
+            "last": to_dict(self.last),
+            "last_ts": to_dict(self.last_ts),
+            "host_last_ts": to_dict(self.host_last_ts),
+            "host_back": to_dict(self.host_back),
+            "released_step": to_dict(self.host_step),
+            "seen": to_dict(self.seen),
+        }
+
+    def load_state(self, data: Mapping[str, Any], arrival_step: np.ndarray) -> None:
+        """Where ``to_state`` left off. ``arrival_step``: each host's step on arrival, which
+        stands in for ``host_step`` in a snapshot from before released steps were kept."""
+        self.last, self.last_ts = from_dict(data["last"]), from_dict(data["last_ts"])
+        self.host_last_ts = from_dict(data["host_last_ts"])
+        # Before host returns were kept: every host counts as back long ago.
+        n = len(self.host_last_ts)
+        self.host_back = from_dict(data["host_back"]) if "host_back" in data else np.full(n, -np.inf)
+        # Before absence took its step from released samples: the step on arrival, as it was.
+        self.host_step = from_dict(data["released_step"]) if "released_step" in data else arrival_step.copy()
+        self.seen = from_dict(data["seen"])
 
     def nbytes_per_gpu(self) -> float:
         n = max(1, len(self.last_ts))

@@ -243,7 +243,7 @@ def test_host_silent_on_the_wall_clock_stops_holding_the_watermark():
 def test_rows_already_in_time_order_are_recognised_exactly_when_a_sort_would_keep_them():
     # The release skips its sort when rows are in (ts, GPU) order already; it must say so
     # exactly when a stable lexsort would leave them as they are (ties included).
-    from pipeline.engine.engine import _in_time_order
+    from pipeline.engine.pending import in_time_order as _in_time_order
 
     rng = np.random.default_rng(5)
     seen = set()

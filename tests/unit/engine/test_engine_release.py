@@ -243,7 +243,7 @@ def test_with_a_tick_shorter_than_the_step_a_sample_goes_within_a_tick() -> None
 def test_a_hosts_shortest_step_is_its_running_minimum_forgotten_by_one_percent_a_step() -> None:
     import warnings
 
-    from pipeline.engine.engine import STEP_RECOVERY, latest_steps
+    from pipeline.engine.hostclock import STEP_RECOVERY, latest_steps
 
     def run(batches: list[np.ndarray]) -> float:
         step, shortest = np.full(1, np.nan), np.full(1, np.nan)

@@ -1,0 +1,367 @@
+"""Each host's clock: the per-host arrays the watermark is computed from.
+
+A host's high-water mark, when it was last heard relative to the stream, its sampling step and
+jitter, whether it sends per-host messages, and how far its rows went early: what the
+watermark, arrival screening and early host release read (docs/architecture.md §4). Every array
+is declared once, in ``HostClock.ARRAYS``: growth and the snapshot's ``to_state``/``load_state``
+follow from that table.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from pipeline.deadletters import Origins
+from pipeline.engine.arrays import from_dict, to_dict
+from pipeline.engine.config import EngineConfig
+from pipeline.numeric import grow
+
+
+@dataclass(frozen=True)
+class PerHost:
+    """One per-host array: its attribute, the value a new host gets, and its snapshot key
+    (None: not kept across a restore). A snapshot without the key gets a copy of the array
+    ``absent_as`` names, or ``fill``."""
+
+    name: str
+    fill: float | bool
+    key: str | None = None
+    absent_as: str | None = None
+
+    def new(self, n: int = 0) -> np.ndarray:
+        """``n`` hosts' worth of ``fill``."""
+        return np.full(n, self.fill, dtype=bool if isinstance(self.fill, bool) else np.float64)
+
+
+class HostClock:
+    """Per-host event-time bookkeeping (docs/architecture.md §4) and the watermark it gives."""
+
+    ARRAYS = (
+        # Newest event time accepted from each host.
+        PerHost("hwm", math.nan, "host_hwm"),
+        # Wall clock of each host's latest arrival (live only).
+        PerHost("arrival", math.nan),
+        # Whether each host's latest records came as per-host messages, one host's GPUs at one
+        # time each: such a host is complete for the tick of its newest sample.
+        PerHost("whole", False),
+        # Stream progress (the newest event time accepted) when each host's latest record came:
+        # a host whose records keep coming is alive however far it lags.
+        PerHost("seen", math.nan, "host_seen"),
+        # Event time of a host's latest record refused as ahead of the fleet (NaN: none since its
+        # last good one): when half the fleet claims a jump, the fleet's present follows.
+        PerHost("jump", math.nan, "host_jump"),
+        # Each host's sampling interval (its latest step forward in event time): a host sampled
+        # every 30 s is not gone 30 s after its last sample.
+        PerHost("step", math.nan, "host_step"),
+        # The shortest step a host has sampled at, forgotten by STEP_RECOVERY a step: how far it
+        # is trusted not to sample again (whole_bound), so that missed samples do not stretch
+        # the promise and a host that samples more slowly for good is trusted so in time.
+        PerHost("min_step", math.nan, "host_min_step", absent_as="step"),
+        # How far a host's steps stray from whole multiples of its shortest step (a running
+        # maximum that fades by JITTER_FADE a step), and over how many steps it was measured:
+        # the margin the release rule gives a host for jitter (whole_bound).
+        PerHost("jitter", math.nan, "host_jitter"),
+        PerHost("jitter_n", 0.0, "host_jitter_n"),
+        # How far each host's rows have been processed so, ahead of ``released`` (-inf: not);
+        # see Engine._release_hosts.
+        PerHost("done", -math.inf, "host_done"),
+    )
+
+    hwm: np.ndarray
+    arrival: np.ndarray
+    whole: np.ndarray
+    seen: np.ndarray
+    jump: np.ndarray
+    step: np.ndarray
+    min_step: np.ndarray
+    jitter: np.ndarray
+    jitter_n: np.ndarray
+    done: np.ndarray
+
+    def __init__(self, config: EngineConfig) -> None:
+        self.config = config
+        for a in self.ARRAYS:
+            setattr(self, a.name, a.new())
+        self.first_ts = math.inf  # oldest event time ever accepted: the stream's start
+        self.live_since: float | None = None  # wall clock of the first live arrival (not persisted)
+
+    def grow(self, n: int) -> None:
+        """Room for ``n`` hosts in every array."""
+        for a in self.ARRAYS:
+            setattr(self, a.name, grow(getattr(self, a.name), n, a.fill))
+
+    # -- what arrives ---------------------------------------------------------------------------
+
+    def hear(self, ts: np.ndarray, hosts: np.ndarray, n: int) -> None:
+        """Records heard from ``hosts`` at ``ts`` (late ones included): marks, stream progress,
+        sampling steps and jitter move."""
+        # Stream progress at each record (a running max): the same whatever the batching.
+        prior = self.hwm[:n]
+        start = float(np.nanmax(prior)) if n and not np.isnan(prior).all() else -math.inf
+        np.fmax.at(self.seen, hosts, np.maximum(np.maximum.accumulate(ts), start))
+        # Before latest_steps moves the shortest step its deviations are measured from.
+        step_jitter(self.jitter, self.jitter_n, ts, hosts, self.hwm, self.min_step)
+        # The step the release rule waits by (docs/architecture.md §4); absence scales with the
+        # step of released samples instead (GpuState.host_step, see Engine._rows).
+        latest_steps(self.step, ts, hosts, self.hwm, self.config.max_lag, shortest=self.min_step)
+        np.fmax.at(self.hwm, hosts, ts)
+        # ``jump`` is kept by screening record by record (its fast path runs only when no host
+        # claims a jump): clearing it here for every host heard would make a claim depend on
+        # whether its next record came in the same batch.
+
+    def arrived(self, now: float, hosts: np.ndarray) -> None:
+        """Records of ``hosts`` arrived at wall clock ``now`` (a live consumer)."""
+        self.arrival[hosts] = now
+        if self.live_since is None:
+            self.live_since = now
+
+    def accepted(self, ts: np.ndarray) -> None:
+        """Records at ``ts`` were accepted: the stream's start moves back to the oldest."""
+        self.first_ts = min(self.first_ts, float(ts.min())) if len(ts) else self.first_ts
+
+    def note_whole(self, origins: Sequence[str], hosts: np.ndarray) -> None:
+        """Which hosts of this batch sent per-host messages only (docs/architecture.md §4)."""
+        if not len(hosts):
+            return
+        if isinstance(origins, Origins):
+            m = origins.msg
+            whole = origins.pos >= 0  # an element of an array message, not a bare record
+        else:  # decoded message by message (a batch of one, or a doubtful one): "<origin>#<i>"
+            parts = [o.rpartition("#") for o in origins]
+            whole = np.array([sep == "#" and i.isdigit() for _, sep, i in parts], bool)
+            ids: dict[str, int] = {}
+            m = np.array([ids.setdefault(name, len(ids)) for name, _, _ in parts], np.int64)
+        mixed = (m[1:] == m[:-1]) & (hosts[1:] != hosts[:-1])
+        if mixed.any():  # a message with several hosts' records: not per host
+            whole &= ~np.isin(m, m[1:][mixed])
+        self.whole[hosts] = True
+        self.whole[hosts[~whole]] = False
+
+    # -- what the marks say ---------------------------------------------------------------------
+
+    def newest(self, n: int) -> float:
+        """The newest event time accepted so far (-inf before any)."""
+        hwm = self.hwm[:n]
+        return float(np.nanmax(hwm)) if len(hwm) and not np.isnan(hwm).all() else -math.inf
+
+    def wait(self, n: int, step: np.ndarray | None = None) -> np.ndarray:
+        """How much stream progress each host may go without a record and still count as there:
+        ``allowed_lateness`` plus its sampling step (a host seen once: the fleet's longest), and
+        at least two and a half steps, as absence has it (checks.absent_after): a host that
+        misses one sample still counts when its next one comes. ``step``: the hosts' steps,
+        when not ``self.step``'s."""
+        step = grow(self.step, n, np.nan)[:n] if step is None else step
+        known = step[~np.isnan(step)]
+        step = np.where(np.isnan(step), known.max() if len(known) else 0.0, step)
+        return np.maximum(self.config.allowed_lateness + step, 2.5 * step)
+
+    def alive(self, n: int) -> np.ndarray:
+        """Hosts near the front, or whose records kept coming within ``allowed_lateness`` of stream
+        progress: the hosts whose clocks say where the fleet is."""
+        hwm, seen = self.hwm[:n], self.seen[:n]
+        if not n or np.isnan(hwm).all():
+            return np.zeros(n, bool)
+        newest, lateness = float(np.nanmax(hwm)), self.config.allowed_lateness
+        wait = self.wait(n)
+        with np.errstate(invalid="ignore"):
+            return (hwm >= newest - lateness) | (newest - seen <= wait)
+
+    def watermark(self, n: int, released: float, now: float | None, pending: int) -> tuple[float, np.ndarray | None]:
+        """The watermark, and how far each host is complete (-inf: not one the watermark waits
+        for; None: neither start-up hold is over, so no host's word is taken yet). ``released``:
+        what was processed; ``now``: a live consumer's wall clock; ``pending``: rows buffered."""
+        hwm = self.hwm[:n]
+        known = ~np.isnan(hwm)
+        if not known.any():
+            return released, None
+        cfg = self.config
+        if (
+            now is not None
+            and self.live_since is not None
+            and now - self.live_since < cfg.idle_timeout
+            and pending < cfg.max_pending
+        ):
+            return released, None  # live start-up: let every partition deliver first
+        newest, lateness = float(hwm[known].max()), cfg.allowed_lateness
+        seen = grow(self.seen, n, np.nan)[:n]
+        wait = self.wait(n)
+        with np.errstate(invalid="ignore"):
+            # Near the front, or still sending (however far behind, up to max_lag).
+            active = known & ((hwm >= newest - lateness) | (newest - seen <= wait))
+            active &= hwm >= newest - cfg.max_lag
+        if now is not None:
+            arrival = grow(self.arrival, n, np.nan)[:n]
+            heard = ~np.isnan(arrival)
+            with np.errstate(invalid="ignore"):
+                recent = now - arrival <= cfg.idle_timeout
+            # Live, a host heard from holds the watermark while its records keep arriving on the
+            # wall clock, however far behind (a backlog drained partition by partition), and
+            # stops holding it ``idle_timeout`` after its last one, however near the front.
+            live = np.where(heard, known & recent, active)
+            if live.any():  # (the whole fleet silent: as replay has it, until the idle flush)
+                active = live
+        complete = np.where(active, self.whole_bound(hwm, active, newest) - cfg.host_disorder, -np.inf)
+        wm = float(complete[active].min())
+        # A host's first sample may come up to its sampling interval after the stream's start:
+        # at 30 s sampling, 30 s of lateness alone is not time enough for every host to appear.
+        hold = (
+            lateness + float(np.nanmax(self.step[:n], initial=0.0))
+            if n and not np.isnan(self.step[:n]).all()
+            else lateness
+        )
+        if newest - float(np.nanmin(self.first_ts)) < hold:
+            # Start-up: hosts come online a little apart and one not seen yet cannot hold the
+            # watermark, so wait out the allowed lateness before trusting the per-host marks.
+            return max(released, min(wm, newest - hold)), None
+        return max(released, wm), complete
+
+    def whole_bound(self, hwm: np.ndarray, active: np.ndarray, newest: float) -> np.ndarray:
+        """How far each host is complete: its newest sample, or, for a host sending per-host
+        messages, every tick before its next sample is due (``hwm + min_step`` less
+        ``jitter_margin``), up to the tick of the fleet's newest sample (docs/architecture.md §4).
+
+        >>> c = HostClock(EngineConfig(tick=1.0))
+        >>> c.grow(1); c.whole[0] = True; c.min_step[0] = 1.0
+        >>> float(c.whole_bound(np.array([100.2]), np.array([True]), 100.2)[0])
+        101.0
+        """
+        n = len(hwm)
+        whole = grow(self.whole, n, False)[:n] & active
+        if not whole.any():
+            return hwm
+        tick = self.config.tick
+        step = grow(self.min_step, n, np.nan)[:n]
+        end = (np.floor(hwm / tick) + 1) * tick
+        with np.errstate(invalid="ignore"):
+            upto = np.floor((hwm + step - self.jitter_margin(step, n)) / tick) * tick
+            whole &= upto >= end
+        ahead = np.maximum(end, np.minimum(upto, math.floor(newest / tick) * tick))
+        return np.where(whole, ahead, hwm)
+
+    def jitter_margin(self, step: np.ndarray, n: int) -> np.ndarray:
+        """How much sooner than its shortest step each host's next sample may come: 5 % of the
+        step (or of a tick, if more) until the host has shown its jitter over
+        ``JITTER_TRUSTED_AFTER`` steps, then twice the largest deviation it showed (fading), no
+        less than 0.5 % and no more than 5 %."""
+        scale = np.maximum(step, self.config.tick)
+        jitter = grow(self.jitter, n, np.nan)[:n]
+        shown = grow(self.jitter_n, n, 0.0)[:n] >= JITTER_TRUSTED_AFTER
+        with np.errstate(invalid="ignore"):
+            return np.where(shown, np.clip(2 * jitter, 0.005 * scale, 0.05 * scale), 0.05 * scale)
+
+    # -- state ----------------------------------------------------------------------------------
+
+    def to_state(self) -> dict[str, Any]:
+        """The kept arrays and the stream's start, under their snapshot keys."""
+        state: dict[str, Any] = {a.key: to_dict(getattr(self, a.name)) for a in self.ARRAYS if a.key}
+        state["first_ts"] = self.first_ts
+        return state
+
+    def load_state(self, data: Mapping[str, Any]) -> None:
+        """Where ``to_state`` left off; arrays a snapshot lacks (older ones) start as ``fill``."""
+        n = len(from_dict(data["host_hwm"]))
+        for a in self.ARRAYS:
+            if a.key is None:
+                continue  # not kept: as it is
+            if a.key in data:
+                setattr(self, a.name, from_dict(data[a.key]))
+            elif a.absent_as is not None:  # declared after the array it stands in for
+                setattr(self, a.name, getattr(self, a.absent_as).copy())
+            else:
+                setattr(self, a.name, a.new(n))
+        self.first_ts = data["first_ts"]
+
+
+STEP_RECOVERY = 1.01  # how fast a host's shortest step is forgotten, per step (HostClock.min_step)
+# Steps after which a shortest step has grown past any cap (1.01^7000 > 1e30): the exponent is
+# capped there, so the powers stay finite however long a host's run in one batch.
+_FORGOTTEN = 7000
+
+
+def latest_steps(
+    step: np.ndarray,
+    ts: np.ndarray,
+    hosts: np.ndarray,
+    before: np.ndarray,
+    cap: float,
+    shortest: np.ndarray | None = None,
+) -> None:
+    """Each host's latest step forward in event time, record to record in its own order, into
+    ``step`` (per host, in place); ``before``: each host's time before these records. Steps
+    longer than ``cap`` count as ``cap``. ``shortest``: each host's shortest step, kept as a
+    running minimum that grows by ``STEP_RECOVERY`` a step (see ``HostClock.min_step``)."""
+    if not len(ts):
+        return
+    h, gap = _host_gaps(ts, hosts, before)
+    with np.errstate(invalid="ignore"):
+        fwd = np.flatnonzero(gap > 0)
+    if not len(fwd):
+        return
+    hf, g = h[fwd], np.minimum(gap[fwd], cap)
+    starts, ends, count, after = _runs(hf)
+    hs = hf[ends]
+    step[hs] = g[ends]
+    if shortest is not None:
+        # m_k = min(g_k, m_(k-1) * r) over a host's steps of the batch, in closed form: the
+        # minimum over its steps j of g_j * r^(steps after j), and of the old m * r^(its steps).
+        grown = g * STEP_RECOVERY ** np.minimum(after, _FORGOTTEN)
+        shortest[hs] = np.fmin(
+            shortest[hs] * STEP_RECOVERY ** np.minimum(count, _FORGOTTEN), np.minimum.reduceat(grown, starts)
+        )
+
+
+def _host_gaps(ts: np.ndarray, hosts: np.ndarray, before: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Records grouped by host (stable: each host's in its own order): their hosts, and each
+    one's step from the record before it of its host (``before``: each host's time before
+    these records; NaN where unknown, negative where a record went back in time)."""
+    o = np.argsort(hosts, kind="stable")
+    h, t = hosts[o], ts[o]
+    prev = np.empty_like(t)
+    prev[1:] = t[:-1]
+    first = np.ones(len(h), bool)
+    first[1:] = h[1:] != h[:-1]
+    prev[first] = before[h[first]]
+    return h, t - prev
+
+
+def _runs(h: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """For ids grouped into runs (``_host_gaps``): each run's first and last index, its length,
+    and per element how many elements of its run come after it."""
+    starts = np.flatnonzero(np.r_[True, h[1:] != h[:-1]])
+    ends = np.r_[starts[1:], len(h)] - 1
+    count = ends - starts + 1
+    return starts, ends, count, np.repeat(ends, count) - np.arange(len(h))
+
+
+JITTER_FADE = 0.99  # how fast a host's largest deviation is forgotten, per step (HostClock.jitter)
+JITTER_TRUSTED_AFTER = 10  # steps measured before a host's own jitter replaces the 5 % margin
+_JITTER_MAX_MULTIPLE = 3  # a longer step (a gap, a restart) says nothing of the sampler's jitter
+
+
+def step_jitter(
+    jitter: np.ndarray, count: np.ndarray, ts: np.ndarray, hosts: np.ndarray, before: np.ndarray, ref: np.ndarray
+) -> None:
+    """Each host's jitter into ``jitter`` and ``count`` (per host, in place): how far each of its
+    steps forward in these records, in its own order, lies from the nearest whole multiple (one
+    to three) of ``ref``, its shortest step before them (a missed sample is two steps, not
+    jitter); a running maximum faded by ``JITTER_FADE`` a step. ``before``: each host's time
+    before these records. Hosts without a shortest step yet are not measured."""
+    if not len(ts):
+        return
+    h, gap = _host_gaps(ts, hosts, before)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        m = ref[h]
+        k = np.rint(gap / m)
+        use = np.flatnonzero((gap > 0) & (m > 0) & (k <= _JITTER_MAX_MULTIPLE))
+    if not len(use):
+        return
+    hu, dev = h[use], np.abs(gap[use] - np.maximum(k[use], 1) * m[use])
+    starts, ends, steps, after = _runs(hu)
+    faded = dev * JITTER_FADE ** np.minimum(after, _FORGOTTEN)
+    hs = hu[ends]
+    jitter[hs] = np.fmax(jitter[hs] * JITTER_FADE ** np.minimum(steps, _FORGOTTEN), np.maximum.reduceat(faded, starts))
+    count[hs] += steps

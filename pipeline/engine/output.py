@@ -1,0 +1,47 @@
+"""What the engine gives back for a batch, and the origins of records handed over without any."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Sequence, overload
+
+from pipeline.schema import AlertEvent, DeadLetter
+
+
+@dataclass
+class EngineOutput:
+    """The alert state changes and dead letters a batch (or a flush) caused, in order."""
+
+    alerts: list[AlertEvent] = field(default_factory=list)
+    dead: list[DeadLetter] = field(default_factory=list)
+
+    def extend(self, other: "EngineOutput") -> None:
+        """Append ``other``'s alerts and dead letters to these."""
+        self.alerts.extend(other.alerts)
+        self.dead.extend(other.dead)
+
+
+class Numbered(Sequence[str]):
+    """``batch#0``, ``batch#1``, ...: the origins of records handed over without any, spelled
+    only when a dead letter reads one.
+
+    >>> list(Numbered("batch", 2)), Numbered("batch", 3)[2]
+    (['batch#0', 'batch#1'], 'batch#2')
+    """
+
+    def __init__(self, name: str, n: int) -> None:
+        self.name, self.n = name, n
+
+    def __len__(self) -> int:
+        return self.n
+
+    @overload
+    def __getitem__(self, i: int) -> str: ...
+
+    @overload
+    def __getitem__(self, i: slice) -> list[str]: ...
+
+    def __getitem__(self, i: int | slice) -> str | list[str]:
+        if isinstance(i, slice):
+            return [f"{self.name}#{j}" for j in range(*i.indices(self.n))]
+        return f"{self.name}#{i}"
