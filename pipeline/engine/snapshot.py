@@ -74,6 +74,8 @@ def read_snapshot(blob: bytes, loads: Iterable[Callable[[dict[str, Any]], None]]
     (``Engine.restore``); anything malformed is a ``StateError``."""
     try:
         data = msgspec.msgpack.decode(blob)
+        if not isinstance(data, dict):
+            raise StateError(f"snapshot is a {type(data).__name__}, not a map")
         if data.get("version") not in READS:
             raise StateError(f"snapshot version {data.get('version')} (this build reads {SNAPSHOT_VERSION})")
         for load in loads:
@@ -81,7 +83,8 @@ def read_snapshot(blob: bytes, loads: Iterable[Callable[[dict[str, Any]], None]]
         for stage in stages:
             if stage.state_key is not None:
                 stage.load_state(data.get(stage.state_key))
-    except (msgspec.DecodeError, msgspec.ValidationError, KeyError, TypeError, ValueError) as e:
+    # AttributeError: a list or a number where a map belongs (``lifecycles``).
+    except (msgspec.DecodeError, msgspec.ValidationError, AttributeError, KeyError, TypeError, ValueError) as e:
         raise StateError(f"cannot restore engine snapshot: {e}") from e
 
 
