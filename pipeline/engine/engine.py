@@ -32,6 +32,7 @@ from pipeline.engine.frame import Columnizer, DcgmFrame, NcclFrame, nccl_frame
 from pipeline.engine.hostclock import HostClock, latest_steps
 from pipeline.engine.lifecycle import Lifecycle, Transition
 from pipeline.engine.output import EngineOutput, Numbered
+from pipeline.engine import registry
 from pipeline.engine.pending import Pending, in_time_order
 from pipeline.engine.screen import AHEAD, REASONS, refused, screen_done, screen_fleet, screen_late
 from pipeline.engine.snapshot import decode_records, read_snapshot, write_snapshot
@@ -85,13 +86,8 @@ class Engine:
         if row_checks is None and tick_checks is None:
             row_checks, tick_checks = ([] if rules is not None else default_rows), default_ticks
         self.tick_checks = list(tick_checks or [])
-        # Models first: the rules' score() reads what they publish for the tick.
-        self.stages: list[Stage] = [s for s in (models, CheckStage(row_checks or []), rules) if s is not None]
-        self.stages += stages
-        kinds = [s.kind for s in self.stages]
-        if len(set(kinds)) != len(kinds):
-            raise ValueError(f"two stages of one kind: {sorted(k for k in kinds if kinds.count(k) > 1)}")
-        names = self._check_names(self.stages)
+        self.stages = registry.arrange(models, CheckStage(row_checks or []), rules, stages)
+        names = registry.check_names(self.stages, self.tick_checks)
         self.entities = Entities()
         self.state = GpuState()
         self.clock = HostClock(self.config)  # each host's marks, steps and jitter: the watermark
@@ -102,7 +98,7 @@ class Engine:
         self.released = -math.inf  # every record with ts < released has been processed
         self.next_tick = math.nan
         self.lifecycles = {n: self._new_lifecycle(n) for n in names}
-        self._columnizer = Columnizer(self._columns())
+        self._columnizer = Columnizer(registry.columns(self.stages))
         # Records waiting for the watermark: one chunk per batch, in arrival order. A release
         # takes whole chunks the watermark has passed and splits at most the chunks it cuts, so
         # its cost does not grow with what stays pending (the start-up hold can be 30 s of data).
@@ -115,7 +111,7 @@ class Engine:
     def stage(self, kind: str) -> Any:
         """The stage of ``kind`` ("checks", "models", "rules", ...), or None. Typed ``Any``: the
         engine knows stages by their protocol only, the caller that built it knows its class."""
-        return next((s for s in self.stages if s.kind == kind), None)
+        return registry.find(self.stages, kind)
 
     @property
     def rules(self) -> Any:
@@ -126,26 +122,6 @@ class Engine:
     def models(self) -> Any:
         """The model set (``pipeline.models.ModelSet``) this engine runs, or None."""
         return self.stage("models")
-
-    def _check_names(self, stages: Sequence[Stage]) -> list[str]:
-        """Every check's name, or ValueError on a duplicate. In the order snapshots have always
-        listed the lifecycles: row checks, tick checks, rules, models, then any other stage's."""
-        rows = [s for s in stages if s.kind == "checks"]
-        rest = sorted((s for s in stages if s.kind != "checks"), key=lambda s: s.kind != "rules")
-        names = (
-            [c.meta.name for s in rows for c in s.checks]
-            + [c.meta.name for c in self.tick_checks]
-            + [c.meta.name for s in rest for c in s.checks]
-        )
-        if len(set(names)) != len(names):
-            raise ValueError(f"duplicate check names: {sorted(n for n in names if names.count(n) > 1)}")
-        return names
-
-    def _columns(self) -> list[int]:
-        cols: set[int] = set()
-        for s in self.stages:
-            cols.update(s.columns)
-        return sorted(cols)
 
     @property
     def _reads_nccl(self) -> bool:
@@ -172,19 +148,15 @@ class Engine:
         """Swap in ``stage`` for the stage of its kind (one without such a stage gets it after
         the built-in row checks). What ``stage.adopt`` keeps of the old one keeps its state;
         the rest of its checks start fresh."""
-        old = self.stage(stage.kind)
-        if old is not None:
-            stages = [stage if s is old else s for s in self.stages]
-        else:
-            at = next(i for i, s in enumerate(self.stages) if s.kind == "checks") + 1
-            stages = self.stages[:at] + [stage] + self.stages[at:]
-        self._check_names(stages)
+        old = registry.find(self.stages, stage.kind)
+        stages = registry.place(self.stages, stage)
+        registry.check_names(stages, self.tick_checks)
         kept = stage.adopt(old) if old is not None else set()
         self.stages = stages
         for c in stage.checks:
             if c.meta.name not in kept:
                 self.lifecycles[c.meta.name] = self._new_lifecycle(c.meta.name)
-        self._columnizer = Columnizer(self._columns())
+        self._columnizer = Columnizer(registry.columns(self.stages))
         live = {c.meta.name for c in self._all_checks()}
         for name in list(self.lifecycles):
             if name not in live:

@@ -15,6 +15,8 @@ def _imports(path: Path) -> set[str]:
     for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
         if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("pipeline.engine."):
             out.add(node.module.rsplit(".", 1)[1])
+        elif isinstance(node, ast.ImportFrom) and node.module == "pipeline.engine":
+            out |= {a.name for a in node.names}
         elif isinstance(node, ast.Import):
             out |= {a.name.rsplit(".", 1)[1] for a in node.names if a.name.startswith("pipeline.engine.")}
     return out
