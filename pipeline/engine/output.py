@@ -44,4 +44,5 @@ class Numbered(Sequence[str]):
     def __getitem__(self, i: int | slice) -> str | list[str]:
         if isinstance(i, slice):
             return [f"{self.name}#{j}" for j in range(*i.indices(self.n))]
-        return f"{self.name}#{i}"
+        # range() raises IndexError past the end: iteration (Sequence.__iter__) stops there.
+        return f"{self.name}#{range(self.n)[i]}"
