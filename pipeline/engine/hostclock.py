@@ -3,15 +3,14 @@
 A host's high-water mark, when it was last heard relative to the stream, its sampling step and
 jitter, whether it sends per-host messages, and how far its rows went early: what the
 watermark, arrival screening and early host release read (docs/architecture.md §4). Every array
-is declared once, in ``HostClock.ARRAYS``: growth and the snapshot's ``to_state``/``load_state``
-follow from that table.
+is declared once, as a ``PerHost`` attribute of ``HostClock``: growth and the snapshot's
+``to_state``/``load_state`` follow from those declarations.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
-from typing import Any, Mapping, Sequence
+from typing import Any, Mapping, Sequence, overload
 
 import numpy as np
 
@@ -21,16 +20,29 @@ from pipeline.engine.config import EngineConfig
 from pipeline.numeric import grow
 
 
-@dataclass(frozen=True)
 class PerHost:
-    """One per-host array: its attribute, the value a new host gets, and its snapshot key
-    (None: not kept across a restore). A snapshot without the key gets a copy of the array
-    ``absent_as`` names, or ``fill``."""
+    """One per-host array of ``HostClock``, declared as a class attribute: the value a new host
+    gets, and its snapshot key (None: not kept across a restore). A snapshot without the key
+    gets a copy of the array ``absent_as`` names, or ``fill``. The array itself lives in the
+    instance (set once in ``__init__``), so reading it costs what a plain attribute does."""
 
-    name: str
-    fill: float | bool
-    key: str | None = None
-    absent_as: str | None = None
+    def __init__(self, fill: float | bool, key: str | None = None, absent_as: str | None = None) -> None:
+        self.fill, self.key, self.absent_as = fill, key, absent_as
+        self.name = ""
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = name
+
+    @overload
+    def __get__(self, obj: None, owner: type | None = None) -> "PerHost": ...
+
+    @overload
+    def __get__(self, obj: object, owner: type | None = None) -> np.ndarray: ...
+
+    def __get__(self, obj: object | None, owner: type | None = None) -> "PerHost | np.ndarray":
+        if obj is None:
+            return self
+        raise AttributeError(f"{self.name}: not set yet")  # (set in HostClock.__init__)
 
     def new(self, n: int = 0) -> np.ndarray:
         """``n`` hosts' worth of ``fill``."""
@@ -38,60 +50,59 @@ class PerHost:
 
 
 class HostClock:
-    """Per-host event-time bookkeeping (docs/architecture.md §4) and the watermark it gives."""
+    """Per-host event-time bookkeeping (docs/architecture.md §4) and the watermark it gives.
 
-    ARRAYS = (
-        # Newest event time accepted from each host.
-        PerHost("hwm", math.nan, "host_hwm"),
-        # Wall clock of each host's latest arrival (live only).
-        PerHost("arrival", math.nan),
-        # Whether each host's latest records came as per-host messages, one host's GPUs at one
-        # time each: such a host is complete for the tick of its newest sample.
-        PerHost("whole", False),
-        # Stream progress (the newest event time accepted) when each host's latest record came:
-        # a host whose records keep coming is alive however far it lags.
-        PerHost("seen", math.nan, "host_seen"),
-        # Event time of a host's latest record refused as ahead of the fleet (NaN: none since its
-        # last good one): when half the fleet claims a jump, the fleet's present follows.
-        PerHost("jump", math.nan, "host_jump"),
-        # Each host's sampling interval (its latest step forward in event time): a host sampled
-        # every 30 s is not gone 30 s after its last sample.
-        PerHost("step", math.nan, "host_step"),
-        # The shortest step a host has sampled at, forgotten by STEP_RECOVERY a step: how far it
-        # is trusted not to sample again (whole_bound), so that missed samples do not stretch
-        # the promise and a host that samples more slowly for good is trusted so in time.
-        PerHost("min_step", math.nan, "host_min_step", absent_as="step"),
-        # How far a host's steps stray from whole multiples of its shortest step (a running
-        # maximum that fades by JITTER_FADE a step), and over how many steps it was measured:
-        # the margin the release rule gives a host for jitter (whole_bound).
-        PerHost("jitter", math.nan, "host_jitter"),
-        PerHost("jitter_n", 0.0, "host_jitter_n"),
-        # How far each host's rows have been processed so, ahead of ``released`` (-inf: not);
-        # see Engine._release_hosts.
-        PerHost("done", -math.inf, "host_done"),
-    )
+    Each ``PerHost`` attribute below is one array, indexed by host id; ``arrays()`` lists them,
+    and growth and the state codec follow from that list."""
 
-    hwm: np.ndarray
-    arrival: np.ndarray
-    whole: np.ndarray
-    seen: np.ndarray
-    jump: np.ndarray
-    step: np.ndarray
-    min_step: np.ndarray
-    jitter: np.ndarray
-    jitter_n: np.ndarray
-    done: np.ndarray
+    # Newest event time accepted from each host.
+    hwm = PerHost(math.nan, "host_hwm")
+    # Wall clock of each host's latest arrival (live only).
+    arrival = PerHost(math.nan)
+    # Whether each host's latest records came as per-host messages, one host's GPUs at one
+    # time each: such a host is complete for the tick of its newest sample.
+    whole = PerHost(False)
+    # Stream progress (the newest event time accepted) when each host's latest record came:
+    # a host whose records keep coming is alive however far it lags.
+    seen = PerHost(math.nan, "host_seen")
+    # Event time of a host's latest record refused as ahead of the fleet (NaN: none since its
+    # last good one): when half the fleet claims a jump, the fleet's present follows.
+    jump = PerHost(math.nan, "host_jump")
+    # Each host's sampling interval (its latest step forward in event time): a host sampled
+    # every 30 s is not gone 30 s after its last sample.
+    step = PerHost(math.nan, "host_step")
+    # The shortest step a host has sampled at, forgotten by STEP_RECOVERY a step: how far it
+    # is trusted not to sample again (whole_bound), so that missed samples do not stretch
+    # the promise and a host that samples more slowly for good is trusted so in time.
+    min_step = PerHost(math.nan, "host_min_step", absent_as="step")
+    # How far a host's steps stray from whole multiples of its shortest step (a running
+    # maximum that fades by JITTER_FADE a step), and over how many steps it was measured:
+    # the margin the release rule gives a host for jitter (whole_bound).
+    jitter = PerHost(math.nan, "host_jitter")
+    jitter_n = PerHost(0.0, "host_jitter_n")
+    # How far each host's rows have been processed so, ahead of ``released`` (-inf: not);
+    # see Engine._release_hosts.
+    done = PerHost(-math.inf, "host_done")
+
+    @classmethod
+    def arrays(cls) -> tuple[PerHost, ...]:
+        """Every ``PerHost`` of the class and its bases, in the order declared."""
+        found: dict[str, PerHost] = {}
+        for klass in reversed(cls.__mro__):
+            found.update((k, v) for k, v in vars(klass).items() if isinstance(v, PerHost))
+        return tuple(found.values())
 
     def __init__(self, config: EngineConfig) -> None:
         self.config = config
-        for a in self.ARRAYS:
+        self._arrays = self.arrays()
+        for a in self._arrays:
             setattr(self, a.name, a.new())
         self.first_ts = math.inf  # oldest event time ever accepted: the stream's start
         self.live_since: float | None = None  # wall clock of the first live arrival (not persisted)
 
     def grow(self, n: int) -> None:
         """Room for ``n`` hosts in every array."""
-        for a in self.ARRAYS:
+        for a in self._arrays:
             setattr(self, a.name, grow(getattr(self, a.name), n, a.fill))
 
     # -- what arrives ---------------------------------------------------------------------------
@@ -257,14 +268,14 @@ class HostClock:
 
     def to_state(self) -> dict[str, Any]:
         """The kept arrays and the stream's start, under their snapshot keys."""
-        state: dict[str, Any] = {a.key: to_dict(getattr(self, a.name)) for a in self.ARRAYS if a.key}
+        state: dict[str, Any] = {a.key: to_dict(getattr(self, a.name)) for a in self._arrays if a.key}
         state["first_ts"] = self.first_ts
         return state
 
     def load_state(self, data: Mapping[str, Any]) -> None:
         """Where ``to_state`` left off; arrays a snapshot lacks (older ones) start as ``fill``."""
         n = len(from_dict(data["host_hwm"]))
-        for a in self.ARRAYS:
+        for a in self._arrays:
             if a.key is None:
                 continue  # not kept: as it is
             if a.key in data:
