@@ -13,6 +13,7 @@ a kind nobody foresaw, becomes a diagnostic that refuses the file instead of an 
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -391,19 +392,64 @@ def load_rules(
     """Load every rule file under ``paths``. Returns (rule set, diagnostics); the set is None when
     any diagnostic is an error, so a broken file can never replace a working set."""
     try:
-        return _load_rules(paths, tick, models)
+        return compile_rules(read_rules(paths), tick=tick, models=models)
     except Exception as e:  # noqa: BLE001 - a hot reload in `serve` calls this: refuse, never raise
-        where = str(paths[0]) if paths else "(rules)"
-        return None, [
-            Diagnostic(
-                where,
-                1,
-                1,
-                None,
-                f"cannot load rules ({type(e).__name__}: {str(e)[:200]}); this is a gpuwarden bug, please report it",
-                D.INTERNAL,
-            )
-        ]
+        return None, [_internal(paths, e)]
+
+
+@dataclass
+class RuleSources:
+    """The rule files under some paths, read once (``read_rules``): each readable file's name and
+    text, and the diagnostics of those that are not. ``compile_rules`` makes a rule set of them as
+    often as needed (one per engine: a set holds its rules' state)."""
+
+    files: list[str]
+    texts: list[tuple[str, str]]
+    diags: list[Diagnostic]
+    listed: bool = True  # False: the paths could not be listed (``diags`` says why)
+
+
+def read_rules(paths: Sequence[str | Path]) -> RuleSources:
+    """Read the rule files under ``paths``; never raises for a file that cannot be read."""
+    try:
+        files = rule_files(paths)
+    except OSError as e:
+        where = str(getattr(e, "filename", None) or paths[0])
+        return RuleSources([], [], [Diagnostic(where, 1, 1, None, f"cannot read: {e}", D.YAML_SYNTAX)], listed=False)
+    texts: list[tuple[str, str]] = []
+    diags: list[Diagnostic] = []
+    for f in files:
+        try:
+            texts.append((str(f), _read(f)))
+        except yamlsafe.YamlLimitError as e:
+            diags.append(Diagnostic(str(f), 1, 1, None, f"YAML: {e.message}", D.TOO_LARGE))
+        except (OSError, UnicodeDecodeError) as e:
+            diags.append(Diagnostic(str(f), 1, 1, None, f"cannot read: {e}", D.YAML_SYNTAX))
+    return RuleSources([str(f) for f in files], texts, diags)
+
+
+def compile_rules(
+    src: RuleSources, *, tick: float = 1.0, models: set[str] | None = None
+) -> tuple[RuleSet | None, list[Diagnostic]]:
+    """A fresh rule set of ``src`` (as ``load_rules``, without reading the files again)."""
+    if not src.listed:
+        return None, list(src.diags)
+    try:
+        return _compile(src, tick, models)
+    except Exception as e:  # noqa: BLE001 - as load_rules: refuse, never raise
+        return None, [_internal(src.files or ["(rules)"], e)]
+
+
+def _internal(paths: Sequence[str | Path], e: Exception) -> Diagnostic:
+    where = str(paths[0]) if paths else "(rules)"
+    return Diagnostic(
+        where,
+        1,
+        1,
+        None,
+        f"cannot load rules ({type(e).__name__}: {str(e)[:200]}); this is a gpuwarden bug, please report it",
+        D.INTERNAL,
+    )
 
 
 def _read(f: Path) -> str:
@@ -415,29 +461,13 @@ def _read(f: Path) -> str:
     return data.decode("utf-8")
 
 
-def _load_rules(
-    paths: Sequence[str | Path], tick: float, models: set[str] | None
-) -> tuple[RuleSet | None, list[Diagnostic]]:
+def _compile(src: RuleSources, tick: float, models: set[str] | None) -> tuple[RuleSet | None, list[Diagnostic]]:
     store = WindowStore(tick)
-    diags: list[Diagnostic] = []
+    diags: list[Diagnostic] = list(src.diags)
     rules: list[Rule] = []
     names: list[tuple[str, Any, str]] = []
-    try:
-        files = rule_files(paths)
-    except OSError as e:
-        return None, [
-            Diagnostic(str(getattr(e, "filename", None) or paths[0]), 1, 1, None, f"cannot read: {e}", D.YAML_SYNTAX)
-        ]
-    for f in files:
-        try:
-            text = _read(f)
-        except yamlsafe.YamlLimitError as e:
-            diags.append(Diagnostic(str(f), 1, 1, None, f"YAML: {e.message}", D.TOO_LARGE))
-            continue
-        except (OSError, UnicodeDecodeError) as e:
-            diags.append(Diagnostic(str(f), 1, 1, None, f"cannot read: {e}", D.YAML_SYNTAX))
-            continue
-        fl = _FileLoader(str(f), text, store, models or set())
+    for f, text in src.texts:
+        fl = _FileLoader(f, text, store, models or set())
         try:
             fl.load()
         except Exception as e:  # noqa: BLE001 - refuse the file, keep reporting the others
@@ -450,14 +480,14 @@ def _load_rules(
             fl.rules = []
         diags += fl.diags
         rules += [r for r, _ in fl.rules]
-        names += [(n, node, str(f)) for n, node in fl.names]
+        names += [(n, node, f) for n, node in fl.names]
     seen: dict[str, str] = {}
-    for name, node, src in names:
-        where = f"{src}:{node.start_mark.line + 1}"
+    for name, node, file in names:
+        where = f"{file}:{node.start_mark.line + 1}"
         if name in seen:
             diags.append(
                 Diagnostic(
-                    src,
+                    file,
                     node.start_mark.line + 1,
                     node.start_mark.column + 1,
                     name,
@@ -470,4 +500,4 @@ def _load_rules(
     diags.sort()
     if any(d.is_error for d in diags):
         return None, diags
-    return RuleSet(rules, store, [str(f) for f in files]), diags
+    return RuleSet(rules, store, list(src.files)), diags

@@ -1,4 +1,5 @@
-"""Hot reload of rules: on SIGHUP or when a rule file changes, between batches.
+"""Hot reload of rules: on SIGHUP or when a rule file changes, between batches. The one
+implementation: ``serve`` reloads through it (pipeline/service/upkeep.py).
 
 A broken file is reported and never replaces the working set: the engine keeps running the
 rules it had. Nothing a rule file holds may stop the engine: a failure of any kind while
@@ -14,12 +15,12 @@ import logging
 import signal
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Callable, Protocol, Sequence
 
 from pipeline.engine import Engine
 from pipeline.rules import diagnostics as D
 from pipeline.rules.diagnostics import Diagnostic
-from pipeline.rules.loader import load_rules, rule_files
+from pipeline.rules.loader import compile_rules, read_rules, rule_files
 
 log = logging.getLogger(__name__)
 
@@ -54,12 +55,45 @@ def fingerprint(paths: Sequence[str | Path]) -> str:
     return h.hexdigest()
 
 
-class RuleReloader:
-    """Watches rule files for one engine. Call ``poll()`` from the driver loop between batches."""
+class Reloadable(Protocol):
+    """What a reload installs a rule set in: an ``Engine``, or a driver's detector."""
 
-    def __init__(self, paths: Sequence[str | Path], engine: Engine) -> None:
+    @property
+    def rules(self) -> Any: ...
+
+    def set_rules(self, rules: Any) -> None: ...
+
+
+class RuleReloader:
+    """Watches rule files for one engine or many. Call ``poll()`` from the driver loop between
+    batches.
+
+    ``engines``: the engine, or a callable giving the engines to reload (the service's, one per
+    partition it owns at the time). The files are read once per reload and each engine gets a
+    rule set of its own compiled from those bytes (a set holds its rules' state), so every engine
+    runs the same version of the files. ``tick``: the rules' tick (default: the engine's);
+    ``models``: the model names the rules may read (``load_rules``)."""
+
+    def __init__(
+        self,
+        paths: Sequence[str | Path],
+        engines: Engine | Callable[[], Sequence[Reloadable]],
+        *,
+        tick: float | None = None,
+        models: set[str] | None = None,
+    ) -> None:
         self.paths: list[str | Path] = list(paths)
-        self.engine = engine
+        self.engine = engines if isinstance(engines, Engine) else None
+        self._engines: Callable[[], Sequence[Reloadable]] = (
+            (lambda: [engines]) if isinstance(engines, Engine) else engines
+        )
+        if tick is None:
+            if not isinstance(engines, Engine):
+                raise TypeError("RuleReloader: give tick with a callable of engines")
+            tick = engines.config.tick
+        self.tick = tick
+        self.models = models
+        self.rules = len(self.engine.rules or []) if self.engine is not None else 0
         self._fingerprint = self.fingerprint()
         self._requested = False
 
@@ -83,12 +117,20 @@ class RuleReloader:
         return self.reload()
 
     def reload(self) -> ReloadResult:
+        """Read the files once and install a fresh set in every engine, or in none: a set that
+        does not load, for any engine, is refused and each keeps the rules it had."""
         try:
-            ruleset, diags = load_rules(self.paths, tick=self.engine.config.tick)
+            src = read_rules(self.paths)
+            ruleset, diags = compile_rules(src, tick=self.tick, models=self.models)
             for d in diags:
                 (log.error if d.is_error else log.warning)("rules: %s", d)
             if ruleset is not None:
-                self.engine.set_rules(ruleset)
+                engines = list(self._engines())
+                sets = [ruleset] + [compile_rules(src, tick=self.tick, models=self.models)[0] for _ in engines[1:]]
+                if any(s is None for s in sets):  # pragma: no cover - the same bytes compile the same
+                    raise RuntimeError("a rule set compiled once did not compile again")
+                for eng, rs in zip(engines, sets):
+                    eng.set_rules(rs)
         except Exception as e:  # noqa: BLE001 - load_rules refuses bad input itself; this is the backstop
             log.exception("rules: reload failed")
             ruleset, diags = (
@@ -108,8 +150,9 @@ class RuleReloader:
             log.error(
                 "rules: reload refused, %d error(s); still running the previous %d rule(s)",
                 sum(d.is_error for d in diags),
-                len(self.engine.rules or []),
+                self.rules,
             )
-            return ReloadResult(False, diags, len(self.engine.rules or []))
+            return ReloadResult(False, diags, self.rules)
+        self.rules = len(ruleset)
         log.warning("rules: reloaded %d rule(s) from %d file(s)", len(ruleset), len(ruleset.sources))
         return ReloadResult(True, diags, len(ruleset))
