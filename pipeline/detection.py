@@ -6,11 +6,13 @@ default packs ship ``rules/models.yaml``); ``None`` or ``"none"`` runs rules onl
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Callable
 
 from pipeline.engine import Engine, EngineConfig
 from pipeline.errors import ConfigError
+from pipeline.protocols import Detector
 from pipeline.rules import load_rules
 from pipeline.rules.diagnostics import Diagnostic
 from pipeline.topology import Topology
@@ -29,14 +31,30 @@ def models_path(rules: list[str], models: str | None) -> Path | None:
     return Path(models)
 
 
-def build_engine(
-    rules: list[str], models: str | None = "auto", config: EngineConfig | None = None, stages: str = "one"
-) -> tuple[Any, list[Diagnostic]]:
-    """An engine with the rules and models (``stages="one"``), or what the product's drivers
-    feed (``stages="two"``, ``build_detector``): the rules in an ``Engine``, and with models a
-    ``Topology`` of two stages (rules and absence per host, the models across hosts:
-    pipeline/topology.py); None and the diagnostics when the rules do not load. Rules that read
-    ``score()`` keep the models in their engine whatever ``stages`` says.
+@dataclass
+class Stages:
+    """What a driver builds its detector from: the host stage's engine, and the fleet stage's
+    engine factory when the models run in a stage of their own (None: everything runs in
+    ``host``)."""
+
+    host: Engine
+    fleet: Callable[[], Engine] | None = None
+
+    def detector(self, local_fleet: bool = True) -> Detector:
+        """The ``Engine``, or the ``Topology`` of both stages (``local_fleet``: see ``Topology``)."""
+        if self.fleet is None:
+            return self.host
+        return Topology(self.host, self.fleet, local_fleet=local_fleet)
+
+
+def build_stages(
+    rules: list[str], models: str | None = "auto", config: EngineConfig | None = None, stages: str = "two"
+) -> tuple[Stages | None, list[Diagnostic]]:
+    """The rules in an ``Engine``, and with models (``stages="two"``) the fleet stage's engine
+    factory beside it (rules and absence per host, the models across hosts: pipeline/topology.py);
+    ``stages="one"``: the models in the rules' engine. None and the diagnostics when the rules do
+    not load. Rules that read ``score()`` keep the models in their engine whatever ``stages``
+    says.
 
     A broken models file raises ``ConfigError`` naming the key.
     """
@@ -50,7 +68,7 @@ def build_engine(
     if ruleset is None:
         return None, diags
     if modelset is None:
-        return Engine(config, rules=ruleset), diags
+        return Stages(Engine(config, rules=ruleset)), diags
     if stages == "two":
         # The host stage's rules are loaded without models: when they load so, none reads a
         # score and the models can run in their own stage.
@@ -63,15 +81,25 @@ def build_engine(
                     config, row_checks=[], tick_checks=[], models=load_models(mp, tick=config.tick), screened=True
                 )
 
-            return Topology(Engine(config, rules=alone), fleet_engine), diags
-    return Engine(config, rules=ruleset, models=modelset), diags
+            return Stages(Engine(config, rules=alone), fleet_engine), diags
+    return Stages(Engine(config, rules=ruleset, models=modelset)), diags
+
+
+def build_engine(
+    rules: list[str], models: str | None = "auto", config: EngineConfig | None = None, stages: str = "one"
+) -> tuple[Detector | None, list[Diagnostic]]:
+    """An engine with the rules and models (``stages="one"``), or what the product's drivers
+    feed (``stages="two"``, ``build_detector``); None and the diagnostics when the rules do not
+    load (``build_stages``)."""
+    built, diags = build_stages(rules, models, config, stages)
+    return (built.detector() if built is not None else None), diags
 
 
 def build_detector(
     rules: list[str], models: str | None = "auto", config: EngineConfig | None = None
-) -> tuple[Any, list[Diagnostic]]:
+) -> tuple[Detector | None, list[Diagnostic]]:
     """What replay, the demo, the evaluation and the service run: ``build_engine(stages="two")``."""
     return build_engine(rules, models, config, stages="two")
 
 
-__all__ = ["ConfigError", "build_detector", "build_engine", "models_path"]
+__all__ = ["ConfigError", "Stages", "build_detector", "build_engine", "build_stages", "models_path"]

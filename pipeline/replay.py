@@ -11,7 +11,8 @@ from typing import Callable, Iterable, Iterator
 from pipeline.bus.base import Message
 from pipeline.bus.files import read_lines
 from pipeline.bus.sinks import FileOutput, OutputSink
-from pipeline.engine import Engine, EngineOutput
+from pipeline.engine import EngineOutput
+from pipeline.protocols import Detector
 from pipeline.runner import Pipeline, Totals
 
 
@@ -35,7 +36,7 @@ def _batches(messages: Iterable[Message], size: int) -> Iterator[list[Message]]:
 def replay(
     paths: list[str | Path],
     *,
-    engine: Engine | None = None,
+    engine: Detector | None = None,
     alerts_out: str | None = None,
     dlq_out: str | None = None,
     batch_size: int = 2000,

@@ -10,6 +10,7 @@ from typing import Callable, Sequence, overload
 from pipeline.bus.base import Message
 from pipeline.decode import INTERNAL, RAW_KEEP, Decoder
 from pipeline.engine import Engine, EngineOutput
+from pipeline.protocols import Detector, StageOutput
 from pipeline.schema import DeadLetter
 
 log = logging.getLogger("gpuwarden.runner")
@@ -54,19 +55,21 @@ class _Origins(Sequence[str]):
 
 
 class Pipeline:
-    """Decode a batch of messages and feed the engine; dead letters from both stages come back."""
+    """Decode a batch of messages and feed the detector; dead letters from both come back. The
+    host stage's ``PartitionTask`` in the service (``pipeline/protocols.py``)."""
 
     def __init__(
-        self, engine: Engine | None = None, decoder: Decoder | None = None, clock: Callable[[], float] | None = None
+        self, engine: Detector | None = None, decoder: Decoder | None = None, clock: Callable[[], float] | None = None
     ) -> None:
         """``clock``: a live consumer's monotonic wall clock (see ``EngineConfig.idle_timeout``)."""
-        self.engine = engine or Engine()
+        self.engine: Detector = engine or Engine()
         self.decoder = decoder or Decoder()
         self.clock = clock
         self.totals = Totals()
 
-    def handle(self, messages: Sequence[Message]) -> EngineOutput:
-        out = EngineOutput()
+    def handle(self, messages: Sequence[Message]) -> StageOutput:
+        """The batch's alerts and dead letters, and what the detector forwarded (``forwarded``)."""
+        out = StageOutput()
         if self.decoder.fields is not self.engine.decode_fields:  # new engine or rules reloaded
             self.decoder.set_fields(self.engine.decode_fields)
         d = self.decoder.decode_many([m.value for m in messages], _Origins(messages))
@@ -83,7 +86,7 @@ class Pipeline:
         every record it was given)."""
         return next_offset
 
-    def handle_guarded(self, messages: Sequence[Message]) -> EngineOutput:
+    def handle_guarded(self, messages: Sequence[Message]) -> StageOutput:
         """``handle``, where an unexpected error costs only the message that caused it.
 
         In the service an exception out of a batch would leave before checkpoint and commit, so
@@ -98,7 +101,7 @@ class Pipeline:
             log.error(
                 "a batch raised %s: %s; handling its %d message(s) one by one", type(e).__name__, e, len(messages)
             )
-        out = EngineOutput()
+        out = StageOutput()
         for m in messages:
             try:
                 out.extend(self.handle([m]))
@@ -114,7 +117,22 @@ class Pipeline:
                 out.dead.append(dead)
         return out
 
-    def flush(self) -> EngineOutput:
-        out = self.engine.flush()
+    def flush(self) -> StageOutput:
+        """End of input: what the detector still held back."""
+        got = self.engine.flush()
+        out = StageOutput(got.alerts, got.dead)
         self.totals.add(out)
         return out
+
+    @property
+    def pending(self) -> int:
+        """Records the detector holds back (its rows not yet released)."""
+        return self.engine.pending
+
+    def snapshot(self) -> bytes:
+        """The detector's state (a checkpoint's part; it resumes at ``checkpoint_offset``)."""
+        return self.engine.snapshot()
+
+    def restore(self, blob: bytes) -> None:
+        """Continue where the detector's ``snapshot`` left off."""
+        self.engine.restore(blob)

@@ -30,8 +30,9 @@ from typing import Any, Callable, Iterable, Sequence, Union, cast
 import msgspec
 import numpy as np
 
-from pipeline.engine import Engine, EngineOutput
+from pipeline.engine import Engine, EngineConfig, EngineOutput
 from pipeline.errors import StateError
+from pipeline.protocols import StageOutput
 from pipeline.schema import DcgmSample, NcclRecord, TelemetryRecord, dcgm_record_type
 
 FLEET_KEY = "fleet"  # the fleet stage's one key: every model compares over the whole fleet
@@ -385,29 +386,45 @@ def canonical_order(records: list[TelemetryRecord], ts: np.ndarray) -> tuple[lis
 
 
 class Topology:
-    """Both stages in one process, fed like an ``Engine`` (``process``/``flush``/``snapshot``).
+    """Both stages, fed like an ``Engine`` (a ``Detector``: ``process``/``flush``/``snapshot``).
+
+    ``process`` returns what the host stage forwarded (``StageOutput.forwarded``). With
+    ``local_fleet`` (the default) a ``FleetStage`` in this process gets it and its alerts join the
+    output; without, the caller sends it on (the service's host stage, to the fleet topic).
 
     >>> from pipeline.schema import dcgm
     >>> from pipeline.engine import Engine
     >>> topo = Topology(Engine(), lambda: Engine(row_checks=[], tick_checks=[], screened=True))
     >>> out = topo.process([dcgm(1764403200.0 + t, "n1", 0, {"gpu_temp": 50}) for t in range(5)])
+    >>> len(out.forwarded)
+    5
     >>> out.extend(topo.flush())
     >>> topo.fleet.engine().stats["records.dcgm"]
     5
     """
 
-    def __init__(self, host: Engine, make_fleet_engine: Callable[[], Engine], fleet: Any = None) -> None:
-        """``fleet``: what the host stage forwards to, shaped as ``FleetStage`` (default: one in
-        this process; the service's ``Outbox`` sends to the fleet topic instead)."""
+    def __init__(self, host: Engine, make_fleet_engine: Callable[[], Engine], local_fleet: bool = True) -> None:
         self.host = host
         self.make_fleet_engine = make_fleet_engine
-        self.fleet = fleet if fleet is not None else FleetStage(make_fleet_engine)
-        self.host.forward = self.fleet.feed
+        self.fleet: FleetStage | None = FleetStage(make_fleet_engine) if local_fleet else None
+        self._template: Engine | None = None  # what the fleet stage reads, without a local one
+        self._forwarded: list[TelemetryRecord] = []
+        # The engine hands out what it accepted through its ``forward`` hook only: collected here
+        # and returned by ``process`` (the one place the hook is read).
+        self.host.forward = self._forwarded.extend
         self._fields: tuple[str, ...] | None = None
 
-    # What the drivers read of an engine.
+    def fleet_engine(self) -> Engine:
+        """A fleet engine as the fleet stage builds it: what it reads, which models it runs."""
+        if self.fleet is not None:
+            return self.fleet.engine()
+        if self._template is None:
+            self._template = self.make_fleet_engine()
+        return self._template
+
+    # What the drivers read of an engine (``Detector``).
     @property
-    def config(self) -> Any:
+    def config(self) -> EngineConfig:
         return self.host.config
 
     @property
@@ -416,7 +433,7 @@ class Topology:
 
     @property
     def models(self) -> Any:
-        return self.fleet.engine().models
+        return self.fleet_engine().models
 
     @property
     def stats(self) -> Any:
@@ -430,7 +447,7 @@ class Topology:
     def decode_fields(self) -> tuple[str, ...]:
         """Both stages' fields, as one tuple object while neither changes (the runner compares
         by identity to know when to tell its decoder)."""
-        names = tuple(dict.fromkeys(self.host.decode_fields + self.fleet.engine().decode_fields))
+        names = tuple(dict.fromkeys(self.host.decode_fields + self.fleet_engine().decode_fields))
         if self._fields != names:
             self._fields = names
         return self._fields
@@ -440,25 +457,35 @@ class Topology:
 
     def process(
         self, records: Sequence[TelemetryRecord], origins: Sequence[str] | None = None, now: float | None = None
-    ) -> EngineOutput:
-        out = self.host.process(records, origins, now)
-        self.fleet.mark(0, self.host.released)
-        out.extend(self.fleet.advance())
+    ) -> StageOutput:
+        """The host stage's output for the batch with the records it forwarded (``forwarded``),
+        and with a local fleet stage what that released after them."""
+        try:
+            got = self.host.process(records, origins, now)
+            out = StageOutput(got.alerts, got.dead, self._forwarded[:])
+        finally:
+            self._forwarded.clear()
+        if self.fleet is not None:
+            self.fleet.feed(out.forwarded)
+            self.fleet.mark(0, self.host.released)
+            out.extend(self.fleet.advance())
         return out
 
     def flush(self) -> EngineOutput:
         out = self.host.flush()
-        out.extend(self.fleet.flush())
+        if self.fleet is not None:
+            out.extend(self.fleet.flush())
         return out
 
     @property
     def pending(self) -> int:
-        return self.host.pending + self.fleet.pending
+        return self.host.pending + (self.fleet.pending if self.fleet is not None else 0)
 
     def snapshot(self) -> bytes:
-        return msgspec.msgpack.encode(
-            {"topology": STATE_VERSION, "host": self.host.snapshot(), "fleet": self.fleet.snapshot()}
-        )
+        """Both stages' state; without a local fleet stage its part is empty (the fleet stage
+        checkpoints its own, and what was not sent is sent again by the replay)."""
+        fleet = self.fleet.snapshot() if self.fleet is not None else b""
+        return msgspec.msgpack.encode({"topology": STATE_VERSION, "host": self.host.snapshot(), "fleet": fleet})
 
     def restore(self, blob: bytes) -> None:
         try:
@@ -468,7 +495,8 @@ class Topology:
         if not isinstance(d, dict) or d.get("topology") != STATE_VERSION:
             raise StateError("not a two-stage snapshot (written by an engine with the models in one stage?)")
         self.host.restore(d["host"])
-        self.fleet.restore(d["fleet"], records_decoder(self.fleet.engine().decode_fields))
+        if self.fleet is not None:
+            self.fleet.restore(d["fleet"], records_decoder(self.fleet.engine().decode_fields))
 
 
 def records_decoder(fields: tuple[str, ...]) -> Callable[[bytes], list[TelemetryRecord]]:

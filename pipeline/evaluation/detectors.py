@@ -17,6 +17,7 @@ from typing import Any, Iterable
 
 from pipeline.detection import build_detector
 from pipeline.engine import Engine
+from pipeline import protocols
 from pipeline.resources import rules_dir
 from pipeline.rules import load_rules
 
@@ -42,7 +43,7 @@ class Detector:
     fields: set[str] | None = None  # keep only these DCGM fields
     models: str | None = None  # models.yaml, "auto" (beside the rules) or None: rules only
 
-    def engine(self) -> Engine:
+    def engine(self) -> protocols.Detector:
         """A fresh engine for one run (models start cold, so every run is deterministic per seed)."""
         if self.models is not None:
             engine, diags = build_detector([str(r) for r in self.rules], self.models)

@@ -30,7 +30,7 @@ import hashlib
 import hmac
 import logging
 import math
-from typing import Any, Callable, Sequence
+from typing import Callable, Sequence
 
 import msgspec
 import numpy as np
@@ -105,59 +105,41 @@ Send = tuple[str, bytes | None, bytes, int | None]  # topic, key, value, partiti
 
 
 class Outbox:
-    """The fleet side of a host-stage task's ``Topology``: forwarded records and marks queue here
-    until the service sends them with the batch's alerts (step 2 of the commit protocol)."""
+    """Where a host-stage task's forwarded records and marks queue (a ``FleetSide``) until the
+    service sends them with the batch's alerts (step 2 of the commit protocol, ``take``)."""
 
     def __init__(
         self,
         partition: int,
         n_upstream: int,
         topic: str,
-        template: Callable[[], Engine],
         *,
         group: str = "",
         key: bytes | None = None,
     ) -> None:
-        """``group`` and ``key``: what each message's MAC binds it to and is made with (the fleet
-        key, ``derived_key(state key, "fleet")``; None: unsigned, ``--insecure-state``)."""
+        """``partition``: the telemetry partition of the task (each message's sender). ``group``
+        and ``key``: what each message's MAC binds it to and is made with (the fleet key,
+        ``derived_key(state key, "fleet")``; None: unsigned, ``--insecure-state``)."""
         self.partition, self.n_upstream, self.topic = partition, n_upstream, topic
         self.group, self.key = group, key
-        self._template = template
-        self._engine: Engine | None = None
         self._records: list[TelemetryRecord] = []
         self._mark: tuple[float, bool] | None = None
         self._sent: tuple[float, bool] | None = None
         self._enc = msgspec.json.Encoder()
 
-    def engine(self, key: str = FLEET_KEY) -> Engine:
-        """A fleet engine as the fleet stage builds it: what it reads, for the host's decoder."""
-        if self._engine is None:
-            self._engine = self._template()
-        return self._engine
-
-    def feed(self, records: Sequence[TelemetryRecord], keys: Sequence[str] | None = None) -> None:
+    def feed(self, records: Sequence[TelemetryRecord]) -> None:
+        """Queue records the host stage accepted."""
         self._records.extend(records)
 
-    def mark(self, upstream: int, upto: float, final: bool = False, n_upstream: int | None = None) -> None:
+    def mark(self, upstream: int, upto: float, final: bool = False) -> None:
+        """Queue this task's progress (``upstream``: its partition, which every message names
+        as its sender anyway); only the latest is sent."""
         self._mark = (upto, final)
 
-    def advance(self) -> EngineOutput:
-        return EngineOutput()
-
-    def flush(self) -> EngineOutput:
-        upto = self._mark[0] if self._mark else -math.inf
-        self._mark = (upto, True)
-        return EngineOutput()
-
     @property
-    def pending(self) -> int:
-        return 0
-
-    def snapshot(self) -> bytes:
-        return b""
-
-    def restore(self, blob: bytes, decode: Any) -> None:
-        """Nothing to restore: what was not sent before a crash is sent again by the replay."""
+    def upto(self) -> float:
+        """The latest mark's bound (-inf before any)."""
+        return self._mark[0] if self._mark is not None else -math.inf
 
     def take(self) -> list[Send]:
         """The messages to send now: the records, then a mark when it moved (both keyed as the
@@ -184,8 +166,8 @@ class Outbox:
 
 
 class FleetTask:
-    """One partition of ``<prefix>.fleet``: what the service's commit protocol drives, shaped as
-    its host-stage ``Pipeline`` is (``handle_guarded``, ``flush``, ``totals``, ``engine``).
+    """One partition of ``<prefix>.fleet``: a ``PartitionTask`` (pipeline/protocols.py) the
+    service's commit protocol drives, as it does the host stage's ``Pipeline``.
 
     Every message is checked before the stage sees it (``check``): its envelope, its MAC (with a
     key), its sender (a telemetry partition, ``0 <= sender < n_upstream``), and for a mark that
@@ -208,12 +190,9 @@ class FleetTask:
         self.n_upstream = n_upstream
         self.topic, self.group, self.key = topic, group, key
         self.totals = Totals()
-        self.engine = self  # snapshot/restore/pending, as the service reads them of an engine
         self._decode = records_decoder(self.stage.engine().decode_fields)
         self._mark = msgspec.json.Decoder(Mark)
         self._envelope = msgspec.msgpack.Decoder(Envelope)
-        self.models = self.stage.engine().models
-        self.rules = None
         self._taken: dict[str, int] = {}  # each stat as last taken
         cfg = self.stage.engine().config
         # How far a mark may run ahead of the newest record its sender forwarded. A host-stage
@@ -351,10 +330,8 @@ class FleetTask:
 
     @property
     def pending(self) -> int:
+        """Nothing an idle flush could release: only the marks say when every host was heard."""
         return 0
-
-    def set_rules(self, rules: Any) -> None:
-        """The fleet stage runs no rules."""
 
     def checkpoint_offset(self, next_offset: int) -> int:
         """Where a checkpoint taken now resumes: at the oldest message whose records the stage
@@ -363,9 +340,11 @@ class FleetTask:
         return next_offset if at is None else min(at, next_offset)
 
     def snapshot(self) -> bytes:
+        """The stage's state without the records it holds back (``checkpoint_offset``)."""
         return self.stage.snapshot(replayable=True)
 
     def restore(self, blob: bytes) -> None:
+        """Continue where ``snapshot`` left off; ``StateError`` when the blob is not one."""
         try:
             self.stage.restore(blob, self._decode)
         except StateError:

@@ -79,7 +79,7 @@ class Harness:
         """Step until every message is processed and idle flushes are done, then shut down."""
         for _ in range(limit):
             self.step(*services)
-            if self.consumed(*services) and not any(ps.pipe.engine.pending for s in services
+            if self.consumed(*services) and not any(ps.pipe.pending for s in services
                                                    for ps in s.parts.values()):
                 break
         else:

@@ -209,6 +209,7 @@ def test_serve_without_a_key_refuses_to_start_in_one_line(monkeypatch, capsys):
 
 def test_insecure_state_starts_with_a_loud_warning(monkeypatch, caplog):
     import pipeline.service.app as app
+    import pipeline.service.wiring as wiring
     from pipeline.service.config import load_config_text
 
     class Stop(Exception):
@@ -217,7 +218,7 @@ def test_insecure_state_starts_with_a_loud_warning(monkeypatch, caplog):
     def no_broker(*a, **k):
         raise Stop
     monkeypatch.delenv("GPUWARDEN_STATE_KEY", raising=False)
-    monkeypatch.setattr(app, "ensure_topics", no_broker)
+    monkeypatch.setattr(wiring, "ensure_topics", no_broker)
     cfg = load_config_text("service: {insecure_state: true}", env={})
     with pytest.raises(Stop):
         app.Service(cfg)

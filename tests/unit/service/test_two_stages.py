@@ -84,7 +84,7 @@ class Fleet:
                 if s.consumer.end_offsets([p])[p] != (ps.next_offset or 0):
                     return False
         hosts = [s for s in services if s.stage == "host"]
-        return all(not ps.pipe.engine.pending and ps.pipe.engine.fleet.final_sent()
+        return all(not ps.pipe.pending and ps.outbox.final_sent()
                    for s in hosts for ps in s.parts.values()) and sum(len(s.parts) for s in hosts) == 4
 
     def alerts(self) -> list[dict]:

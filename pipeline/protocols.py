@@ -1,0 +1,111 @@
+"""The serve path's interfaces: what the drivers feed, what a host stage forwards to, and what the
+service's commit protocol drives (docs/architecture.md §8).
+
+- ``Detector``: fed batches of records by replay, the demo, the evaluation and each service
+  partition; an ``Engine`` or a ``Topology`` (``pipeline/topology.py``).
+- ``FleetSide``: what a host stage forwards its accepted records and its progress to; the
+  ``FleetStage`` of a ``Topology`` in process, the service's ``Outbox`` to the fleet topic.
+- ``PartitionTask``: one partition of the service's input, as its commit protocol drives it; the
+  host stage's ``Pipeline`` (``pipeline/runner.py``), the fleet stage's ``FleetTask``.
+
+Conformance is checked in tests/unit/test_protocols.py, at run time (``runtime_checkable``) and by
+mypy (assignments to these types).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Protocol, Sequence, runtime_checkable
+
+from pipeline.engine import EngineOutput
+from pipeline.schema import TelemetryRecord
+
+if TYPE_CHECKING:
+    from pipeline.bus.base import Message
+    from pipeline.engine import EngineConfig
+    from pipeline.runner import Totals
+
+
+@dataclass
+class StageOutput(EngineOutput):
+    """A ``Detector``'s output with the records its host stage forwarded to its fleet side during
+    the call (empty for a detector of one stage)."""
+
+    forwarded: list[TelemetryRecord] = field(default_factory=list)
+
+    def extend(self, other: EngineOutput) -> None:
+        super().extend(other)
+        if isinstance(other, StageOutput):  # an Engine's own output forwards nothing
+            self.forwarded.extend(other.forwarded)
+
+
+@runtime_checkable
+class Detector(Protocol):
+    """What the drivers feed: batches of records in, alerts and dead letters out, its state as bytes."""
+
+    @property
+    def config(self) -> EngineConfig: ...
+
+    @property
+    def rules(self) -> Any:  # the engine knows its rule set as a stage only (pipeline/engine/stage.py)
+        ...
+
+    @property
+    def models(self) -> Any:  # likewise its model set
+        ...
+
+    @property
+    def stats(self) -> Any: ...
+
+    @property
+    def released(self) -> float: ...
+
+    @property
+    def decode_fields(self) -> tuple[str, ...]: ...
+
+    @property
+    def pending(self) -> int: ...
+
+    def set_rules(self, rules: Any) -> None: ...
+
+    def process(
+        self, records: Sequence[TelemetryRecord], origins: Sequence[str] | None = None, now: float | None = None
+    ) -> EngineOutput: ...
+
+    def flush(self) -> EngineOutput: ...
+
+    def snapshot(self) -> bytes: ...
+
+    def restore(self, blob: bytes) -> None: ...
+
+
+@runtime_checkable
+class FleetSide(Protocol):
+    """What a host stage forwards to: its accepted records (``feed``) and how far it has released
+    (``mark``: every record it forwards later is at or after ``upto``; ``final``: it holds nothing
+    back). The ``FleetStage`` in process, the service's ``Outbox`` to the fleet topic."""
+
+    def feed(self, records: Sequence[TelemetryRecord]) -> None: ...
+
+    def mark(self, upstream: int, upto: float, final: bool = False) -> None: ...
+
+
+@runtime_checkable
+class PartitionTask(Protocol):
+    """One partition of the service's input, as its commit protocol drives it (pipeline/service/)."""
+
+    @property
+    def totals(self) -> Totals: ...
+
+    @property
+    def pending(self) -> int: ...
+
+    def handle_guarded(self, messages: Sequence[Message]) -> EngineOutput: ...
+
+    def flush(self) -> EngineOutput: ...
+
+    def checkpoint_offset(self, next_offset: int) -> int: ...
+
+    def snapshot(self) -> bytes: ...
+
+    def restore(self, blob: bytes) -> None: ...

@@ -1,0 +1,200 @@
+"""The service's partitions: what it holds per partition (``PartitionState``), the task it builds
+for one (``Pipeline`` for the host stage, ``ForwardingPipeline`` when that forwards to the fleet
+topic, ``FleetTask`` for the fleet stage), and the group membership callbacks that create,
+restore and drop them."""
+
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+from pipeline.bus.base import Message, Topics
+from pipeline.bus.group import GroupConsumer
+from pipeline.decode import Decoder
+from pipeline.detection import Stages, build_stages
+from pipeline.errors import BusError, StateError
+from pipeline.protocols import Detector, PartitionTask, StageOutput
+from pipeline.runner import Pipeline
+from pipeline.service.config import Config
+from pipeline.service.fleet import FleetTask, Outbox
+from pipeline.service.metrics import Metrics
+from pipeline.service.state import StateStore
+from pipeline.topology import Topology
+
+log = logging.getLogger("gpuwarden.service")
+
+
+@dataclass
+class PartitionState:
+    partition: int
+    pipe: PartitionTask
+    # The host stage's detector (what a rule reload installs in; None in the fleet stage) and,
+    # with models, the outbox its forwarded records and marks queue in for the fleet topic.
+    detector: Detector | None = None
+    outbox: Outbox | None = None
+    next_offset: int | None = None  # of the next message to process
+    saved_offset: int | None = None  # next_offset of the last checkpoint written
+    dirty: bool = False  # engine state changed since the last checkpoint
+    since_saved: int = 0  # records processed since the last checkpoint
+    # Service clock of the last checkpoint; -inf: none yet since the assignment, so the first
+    # batch is checkpointed at once. That puts this owner's epoch on the state topic early (a
+    # previous owner's late checkpoint cannot win, pipeline/service/state.py) and bounds what a
+    # crash soon after a (re)start replays, when restarts come in a row.
+    last_saved: float = -math.inf
+    last_input: float = 0.0
+
+    def holds_fleet(self) -> bool:
+        """Whether this host-stage task has yet to tell the fleet stage it holds nothing back."""
+        return self.outbox is not None and not self.outbox.final_sent()
+
+
+class ForwardingPipeline(Pipeline):
+    """A host-stage task whose detector forwards to the fleet stage: what each batch forwarded,
+    and then how far the detector has released, queue in ``outbox`` (a ``FleetSide``)."""
+
+    def __init__(self, detector: Detector, decoder: Decoder, outbox: Outbox) -> None:
+        super().__init__(detector, decoder)
+        self.outbox = outbox
+
+    def handle_guarded(self, messages: Sequence[Message]) -> StageOutput:
+        out = super().handle_guarded(messages)
+        self.outbox.feed(out.forwarded)
+        self.outbox.mark(self.outbox.partition, self.engine.released)
+        return out
+
+    def flush(self) -> StageOutput:
+        """The detector's flush, and a final mark: this task holds nothing back until it next
+        marks (the bound stays the last one: a flush releases to no finite time)."""
+        out = super().flush()
+        self.outbox.mark(self.outbox.partition, self.outbox.upto, final=True)
+        return out
+
+
+class Membership:
+    """The partitions of one stage of a ``Service``: built on assignment (restored from their
+    checkpoints), dropped on revoke or loss. Called inside ``consumer.poll``/``close``
+    (pipeline/bus/group.py)."""
+
+    cfg: Config
+    stage: str
+    topics: Topics
+    upstream: int
+    rule_paths: list[str]
+    fleet_key: bytes | None
+    consumer: GroupConsumer
+    state: StateStore
+    metrics: Metrics
+    parts: dict[int, PartitionState]
+    clock: Callable[[], float]
+    _what: str
+    _checkpoint: Callable[..., bool]  # the commit protocol's (pipeline/service/commit.py)
+
+    # -- set-up --------------------------------------------------------------------------------
+
+    def _stages(self) -> Stages:
+        built, diags = build_stages(self.rule_paths, self.cfg.service.models, self.cfg.engine_config())
+        if built is None:  # checked at start-up; a file broken since then keeps the old set elsewhere
+            raise StateError("; ".join(str(d) for d in diags if d.is_error))
+        return built
+
+    def _new_engine(self, partition: int) -> Detector:
+        """The host stage's detector of a partition: with models a ``Topology`` whose fleet stage
+        runs elsewhere (its forwarded records go to the fleet topic)."""
+        stages = self._stages()
+        # A host's rows of a tick go once the host is complete for it, not once every host of the
+        # partition is: the same alerts, up to a second sooner (docs/architecture.md §4, release).
+        stages.host.release_hosts = True
+        return stages.detector(local_fleet=False)
+
+    def _new_part(self, partition: int, now: float) -> PartitionState:
+        """A fresh partition: its task, and what the service reaches in it."""
+        from pipeline.service.wiring import live_decoder
+
+        if self.stage == "fleet":
+            make = self._stages().fleet
+            if make is None:
+                raise StateError("the fleet stage runs the models, and none are configured (service.models)")
+            task = FleetTask(
+                make,
+                self.upstream,
+                max_buffer=self.cfg.service.fleet_max_buffer,
+                topic=self.topics.fleet,
+                group=self.cfg.kafka.group,
+                key=self.fleet_key,
+            )
+            return PartitionState(partition, task, last_input=now)
+        detector = self._new_engine(partition)
+        if not isinstance(detector, Topology):
+            return PartitionState(partition, Pipeline(detector, live_decoder()), detector, last_input=now)
+        outbox = Outbox(partition, self.upstream, self.topics.fleet, group=self.cfg.kafka.group, key=self.fleet_key)
+        pipe = ForwardingPipeline(detector, live_decoder(), outbox)
+        return PartitionState(partition, pipe, detector, outbox, last_input=now)
+
+    # -- group membership ----------------------------------------------------------------------
+
+    def _assigned(self, partitions: list[int]) -> None:
+        try:
+            saved = self.state.load(partitions)
+        except (StateError, BusError) as e:
+            log.error("state: cannot read checkpoints (%s); starting those partitions fresh", e)
+            saved = {}
+            self.state.unread(partitions)
+        except Exception as e:  # noqa: BLE001 - the client's own errors (kafka-python) mean the same
+            log.error("state: cannot read checkpoints (%s: %s); starting those partitions fresh", type(e).__name__, e)
+            saved = {}
+            self.state.unread(partitions)
+        now = self.clock()
+        for p in partitions:
+            # No wall clock: one engine sees one partition, whose messages arrive in the order they
+            # were produced, so pure event time applies -- the same alerts as a file replay.
+            ps = self._new_part(p, now)
+            cp = saved.get(p)
+            if cp is not None:
+                try:
+                    ps.pipe.restore(cp.engine)
+                    ps.next_offset = ps.saved_offset = cp.next_offset
+                    self.consumer.seek(p, cp.next_offset)
+                    log.info(
+                        self._what + " %d: state restored, resuming at offset %d",
+                        p,
+                        cp.next_offset,
+                        extra={"partition": p, "offset": cp.next_offset},
+                    )
+                except StateError as e:
+                    log.error(
+                        self._what + " %d: checkpoint unusable (%s); starting fresh from the committed offset",
+                        p,
+                        e,
+                        extra={"partition": p},
+                    )
+                    ps = self._new_part(p, now)
+            else:
+                log.info(
+                    self._what + " %d: no checkpoint, starting from the committed offset", p, extra={"partition": p}
+                )
+            self.parts[p] = ps
+        if self.stage == "host":
+            self.metrics.partitions.set(len(self.parts))
+
+    def _revoked(self, partitions: list[int]) -> None:
+        # The group hands these partitions on only after this returns (pipeline/bus/group.py), so
+        # the checkpoint written here is the one the next owner restores. No offset commit: a
+        # blocking consumer call cannot run inside the rebalance, and the checkpoint carries the
+        # position, which the next owner seeks to.
+        mine = [self.parts[p] for p in partitions if p in self.parts]
+        self._checkpoint([ps for ps in mine if ps.dirty], "revoke", commit=False)
+        self._drop(partitions, "revoked")
+
+    def _lost(self, partitions: list[int]) -> None:
+        # Evicted from the group: another member may already own them and have restored the last
+        # checkpoint, so this replica's newer state is discarded, not written over its work.
+        self._drop(partitions, "lost")
+
+    def _drop(self, partitions: list[int], how: str) -> None:
+        for p in partitions:
+            self.parts.pop(p, None)
+        log.info(self._what + "s %s: %s", how, partitions, extra={"partitions": partitions})
+        if self.stage == "host":
+            self.metrics.partitions.set(len(self.parts))

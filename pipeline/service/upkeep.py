@@ -1,0 +1,114 @@
+"""What a ``Service`` does between batches when it is due: flush a partition that went idle,
+reload the rules, report the consumer lag."""
+
+from __future__ import annotations
+
+import logging
+from typing import Callable
+
+from pipeline.bus.group import GroupConsumer
+from pipeline.engine import EngineOutput
+from pipeline.errors import BusError
+from pipeline.protocols import Detector
+from pipeline.rules.reload import RuleReloader
+from pipeline.service.config import Config
+from pipeline.service.fleet import Send
+from pipeline.service.metrics import Metrics
+from pipeline.service.partitions import PartitionState
+
+log = logging.getLogger("gpuwarden.service")
+
+
+class Upkeep:
+    """Idle flush, rule reload and lag for a ``Service``'s partitions."""
+
+    cfg: Config
+    stage: str
+    consumer: GroupConsumer
+    metrics: Metrics
+    parts: dict[int, PartitionState]
+    clock: Callable[[], float]
+    reloader: RuleReloader | None
+    _n_rules: int
+    _reload_requested: bool
+    _last_reload_check: float
+    _idle_asked: float
+    _last_lag: float
+    _deliver: Callable[[list[EngineOutput], list[Send] | None], None]
+    _checkpoint: Callable[..., bool]
+
+    def _flush_idle(self) -> None:
+        now = self.clock()
+        # A host-stage task forwarding to the fleet stage also says, once idle, that it holds
+        # nothing back (a final mark), even with nothing buffered: a telemetry partition no host
+        # writes to must not hold the fleet stage for ever.
+        idle = [
+            ps
+            for ps in self.parts.values()
+            if (ps.pipe.pending or ps.holds_fleet()) and now - ps.last_input > self.cfg.service.flush_idle_s
+        ]
+        if not idle:
+            return
+        # Idle means nothing left to read, not nothing read lately: a loop slowed by a backlog
+        # (or by the fleet stage beside it) must not flush a partition whose records are waiting,
+        # which would make them late. Asking is a round trip to the broker, so at most once a
+        # second (a loop turn each time cost a backlog's last seconds ~0.1 s a turn).
+        if now - self._idle_asked < min(1.0, self.cfg.service.flush_idle_s):
+            return
+        self._idle_asked = now
+        try:
+            end = self.consumer.end_offsets([ps.partition for ps in idle])
+        except BusError:
+            return
+        idle = [ps for ps in idle if end.get(ps.partition, 0) <= (ps.next_offset or 0)]
+        if not idle:
+            return
+        outputs = [ps.pipe.flush() for ps in idle]
+        sends = [s for ps in idle if ps.outbox is not None for s in ps.outbox.take()]
+        for ps in idle:
+            ps.dirty = True
+        self._deliver(outputs, sends)
+        self._checkpoint(idle, "idle")
+
+    def _maybe_reload(self) -> None:
+        """On SIGHUP, or when ``reload_check_s`` passed and a rule file changed: one reload for
+        every partition's engine (``RuleReloader``). The fleet stage runs the models only; a
+        models.yaml change needs a restart."""
+        now = self.clock()
+        if not self._reload_requested and now - self._last_reload_check < self.cfg.service.reload_check_s:
+            return
+        self._last_reload_check = now
+        if self.reloader is None:
+            self._reload_requested = False
+            return
+        if self._reload_requested:
+            self.reloader.request()
+            self._reload_requested = False
+        res = self.reloader.poll()
+        if res is None:
+            return
+        if not res.applied:
+            self.metrics.reload_failures.inc()
+            return
+        self._n_rules = res.rules
+        self.metrics.rules.set(res.rules)
+
+    def _engines(self) -> list[Detector]:
+        """The detectors a reload installs rules in: every host-stage partition's."""
+        return [ps.detector for ps in self.parts.values() if ps.detector is not None]
+
+    def _update_lag(self) -> None:
+        now = self.clock()
+        if now - self._last_lag < 5.0 or not self.parts:
+            return
+        self._last_lag = now
+        try:
+            end = self.consumer.end_offsets(list(self.parts))
+        except BusError:
+            return
+        for p, e in end.items():
+            ps = self.parts.get(p)
+            if ps is not None and ps.next_offset is not None:
+                self.metrics.lag.labels(str(p) if self.stage == "host" else f"fleet/{p}").set(
+                    max(0, e - ps.next_offset)
+                )

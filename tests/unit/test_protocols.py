@@ -1,0 +1,79 @@
+"""The serve path's interfaces (pipeline/protocols.py): each implementation conforms, and a
+two-stage detector returns what its host stage forwarded."""
+
+from __future__ import annotations
+
+import math
+
+from pipeline.detection import Stages, build_detector
+from pipeline.engine import Engine
+from pipeline.protocols import Detector, FleetSide, PartitionTask, StageOutput
+from pipeline.runner import Pipeline
+from pipeline.service.fleet import FleetTask, Outbox
+from pipeline.service.partitions import ForwardingPipeline
+from pipeline.topology import FleetStage, Topology
+from pipeline.decode import Decoder
+from pipeline.resources import rules_dir
+from tests.factories import sample
+
+
+def _fleet_engine() -> Engine:
+    return Engine(row_checks=[], tick_checks=[], screened=True)
+
+
+def test_engines_and_topologies_are_detectors():
+    det, _ = build_detector([str(rules_dir())], "auto")
+    assert isinstance(det, Topology)
+    for d in (Engine(), det, Topology(Engine(), _fleet_engine, local_fleet=False)):
+        assert isinstance(d, Detector)
+    checked: list[Detector] = [Engine(), det]  # mypy checks the same of pipeline/ (detection.py)
+    assert len(checked) == 2
+
+
+def test_the_fleet_stage_and_the_outbox_are_fleet_sides():
+    assert isinstance(FleetStage(_fleet_engine), FleetSide)
+    assert isinstance(Outbox(0, 1, "t.fleet"), FleetSide)
+
+
+def test_pipelines_and_fleet_tasks_are_partition_tasks():
+    topo = Topology(Engine(), _fleet_engine, local_fleet=False)
+    for task in (Pipeline(Engine()), ForwardingPipeline(topo, Decoder(), Outbox(0, 1, "t.fleet")),
+                 FleetTask(_fleet_engine, 1)):
+        assert isinstance(task, PartitionTask)
+
+
+def test_process_returns_what_the_host_stage_forwarded():
+    recs = [sample(t, "n1", g, gpu_temp=50) for t in range(5) for g in range(2)]
+    local = Topology(Engine(), _fleet_engine)
+    out = local.process(recs)
+    assert isinstance(out, StageOutput) and out.forwarded == recs
+    assert local.fleet is not None and local.fleet.stats["fed"] == len(recs)
+    assert local.process([]).forwarded == []                  # nothing is forwarded twice
+    remote = Topology(Engine(), _fleet_engine, local_fleet=False)
+    out = remote.process(recs)
+    assert out.forwarded == recs and remote.fleet is None and remote.pending == remote.host.pending
+    # The decoder reads what either stage reads.
+    assert set(_fleet_engine().decode_fields) <= set(remote.decode_fields)
+
+
+def test_a_forwarding_pipeline_queues_what_it_forwarded_then_its_mark():
+    from pipeline.bus.base import Message
+    import msgspec
+
+    outbox = Outbox(3, 4, "t.fleet")
+    pipe = ForwardingPipeline(Topology(Engine(), _fleet_engine, local_fleet=False), Decoder(), outbox)
+    msgs = [Message("t", 3, i, None, msgspec.json.encode(sample(i, "n1", 0, gpu_temp=50))) for i in range(4)]
+    out = pipe.handle_guarded(msgs)
+    assert len(out.forwarded) == 4 and outbox.upto == pipe.engine.released
+    sends = outbox.take()
+    assert len(sends) == 2 and not outbox.final_sent()     # the records, then the mark
+    before = outbox.upto
+    pipe.flush()
+    assert outbox.upto == before and math.isfinite(before)
+    assert len(outbox.take()) == 1 and outbox.final_sent()  # a final mark, the bound unchanged
+
+
+def test_stages_build_one_engine_or_two_stages():
+    assert isinstance(Stages(Engine()).detector(), Engine)
+    two = Stages(Engine(), _fleet_engine).detector(local_fleet=False)
+    assert isinstance(two, Topology) and two.fleet is None
