@@ -13,6 +13,7 @@ from pipeline.bus.base import Producer, Topics
 from pipeline.bus.group import GroupConsumer, KafkaGroupConsumer
 from pipeline.bus.kafka import KafkaBusProducer, ensure_topics
 from pipeline.decode import Decoder
+from pipeline.errors import InputError
 from pipeline.rules import load_rules
 from pipeline.service.config import Config
 from pipeline.service.state import KafkaStateStore, StateStore, state_key
@@ -89,12 +90,12 @@ def kafka_parts(cfg: Config, stage: str = "host") -> tuple[GroupConsumer, Produc
 
 
 def check_rules_load(paths: list[str]) -> int:
-    """The number of rules; ``SystemExit`` naming the files when they do not load."""
+    """The number of rules; ``InputError`` (exit 3) naming the files when they do not load."""
     ruleset, diags = load_rules(paths)
     for d in diags:
         (log.error if d.is_error else log.warning)("rules: %s", d)
     if ruleset is None:
-        raise SystemExit(f"gpuwarden serve: rules in {', '.join(paths)} do not load")
+        raise InputError(f"rules in {', '.join(paths)} do not load")
     return len(ruleset)
 
 
