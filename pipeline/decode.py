@@ -16,10 +16,11 @@ import json
 import math
 import operator
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Annotated, Any, Callable, Optional, Sequence, Union, cast
 
 import msgspec
+import numpy as np
 
 # The reason codes and origins belong to the dead letters (pipeline/deadletters.py); they are
 # named here too, where the decoder's users have always found them.
@@ -208,8 +209,11 @@ def _raw(payload: bytes | str) -> str:
 @dataclass
 class Decoded:
     records: list[TelemetryRecord]
-    origins: Sequence[str]  # a list, or ``Origins`` from decode_many's fast path
+    origins: Sequence[str]  # a list from ``decode``, ``Origins`` from ``decode_many``
     dead: list[DeadLetter]
+    # Each record's index in its message's array, -1 for a message that was one bare record
+    # (``decode``; ``decode_many``'s ``Origins`` carry it): which records came in a per-host message.
+    positions: list[int] = field(default_factory=list)
 
 
 class Decoder:
@@ -284,13 +288,14 @@ class Decoder:
                 if self._all_plausible_many(recs) and self._names_ok(recs):
                     return Decoded(recs, Origins.of_messages(origins, sizes), [])
         out = Decoded([], [], [])
-        names: list[str] = []
-        for payload, origin in zip(payloads, origins):
+        msg: list[int] = []
+        for j, (payload, origin) in enumerate(zip(payloads, origins)):
             d = self.decode(payload, origin)
             out.records.extend(d.records)
-            names.extend(d.origins)
+            msg += [j] * len(d.records)
+            out.positions += d.positions
             out.dead.extend(d.dead)
-        out.origins = names
+        out.origins = Origins(origins, np.array(msg, np.int64), np.array(out.positions, np.int64))
         return out
 
     def _all_plausible_many(self, recs: list[TelemetryRecord]) -> bool:
@@ -365,12 +370,17 @@ class Decoder:
         recs = obj if isinstance(obj, list) else [obj]
         if self._all_plausible(recs) and (not recs or self._names_ok(recs)):
             out.records = recs
-            out.origins = (
-                list(map((origin + "#").__add__, map(str, range(len(recs))))) if isinstance(obj, list) else [origin]
-            )
+            if isinstance(obj, list):
+                out.origins = list(map((origin + "#").__add__, map(str, range(len(recs)))))
+                out.positions = list(range(len(recs)))
+            else:
+                out.origins, out.positions = [origin], [-1]
             return out
         for i, rec in enumerate(recs):
-            self._accept(rec, f"{origin}#{i}" if isinstance(obj, list) else origin, out, payload)
+            if isinstance(obj, list):
+                self._accept(rec, f"{origin}#{i}", out, payload, i)
+            else:
+                self._accept(rec, origin, out, payload)
         return out
 
     def _all_plausible(self, recs: list[TelemetryRecord]) -> bool:
@@ -399,11 +409,12 @@ class Decoder:
 
     # -- checks that the type system cannot make ------------------------------------------
 
-    def _accept(self, rec: TelemetryRecord, origin: str, out: Decoded, payload: bytes | str) -> None:
+    def _accept(self, rec: TelemetryRecord, origin: str, out: Decoded, payload: bytes | str, pos: int = -1) -> None:
         reason = self._check(rec)
         if reason is None:
             out.records.append(rec)
             cast(list, out.origins).append(origin)  # the slow path's Decoded holds a list
+            out.positions.append(pos)
         else:
             code, detail = reason
             host = rec.host if _bad_host(rec.host) is None else None
@@ -492,16 +503,18 @@ class Decoder:
             return
         items = obj if isinstance(obj, list) else [obj]
         for i, item in enumerate(items):
-            o = f"{origin}#{i}" if isinstance(obj, list) else origin
-            self._slow_one(item, o, out)
+            if isinstance(obj, list):
+                self._slow_one(item, f"{origin}#{i}", out, i)
+            else:
+                self._slow_one(item, origin, out, -1)
 
-    def _slow_one(self, item: Any, origin: str, out: Decoded) -> None:
+    def _slow_one(self, item: Any, origin: str, out: Decoded, pos: int) -> None:
         try:
-            self._slow_item(item, origin, out)
+            self._slow_item(item, origin, out, pos)
         except RecursionError:  # nested deep inside a key nothing reads
             out.dead.append(DeadLetter(reason=TOO_DEEP, detail="JSON nested too deep to be a record", origin=origin))
 
-    def _slow_item(self, item: Any, origin: str, out: Decoded) -> None:
+    def _slow_item(self, item: Any, origin: str, out: Decoded, pos: int) -> None:
         raw = _raw(json.dumps(item, default=str)) if not isinstance(item, str) else _raw(item)
 
         def dead(code: str, detail: str) -> None:
@@ -578,4 +591,4 @@ class Decoder:
                         raw=raw,
                     )
                 )
-        self._accept(rec, origin, out, raw)
+        self._accept(rec, origin, out, raw, pos)
