@@ -22,7 +22,10 @@ from pipeline.schema import TelemetryRecord
 
 if TYPE_CHECKING:
     from pipeline.bus.base import Message
+    from collections import Counter
+
     from pipeline.engine import EngineConfig
+    from pipeline.engine.stage import Stage
     from pipeline.runner import Totals
 
 
@@ -55,7 +58,7 @@ class Detector(Protocol):
         ...
 
     @property
-    def stats(self) -> Any: ...
+    def stats(self) -> Counter[str]: ...
 
     @property
     def released(self) -> float: ...
@@ -66,7 +69,7 @@ class Detector(Protocol):
     @property
     def pending(self) -> int: ...
 
-    def set_rules(self, rules: Any) -> None: ...
+    def set_rules(self, rules: Stage) -> None: ...
 
     def process(
         self, records: Sequence[TelemetryRecord], origins: Sequence[str] | None = None, now: float | None = None

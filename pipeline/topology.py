@@ -25,12 +25,14 @@ from __future__ import annotations
 
 import math
 import operator
+from collections import Counter
 from typing import Any, Callable, Iterable, Sequence, Union, cast
 
 import msgspec
 import numpy as np
 
 from pipeline.engine import Engine, EngineConfig, EngineOutput
+from pipeline.engine.stage import Stage
 from pipeline.errors import StateError
 from pipeline.protocols import StageOutput
 from pipeline.schema import DcgmSample, NcclRecord, TelemetryRecord, dcgm_record_type
@@ -436,7 +438,7 @@ class Topology:
         return self.fleet_engine().models
 
     @property
-    def stats(self) -> Any:
+    def stats(self) -> Counter[str]:
         return self.host.stats
 
     @property
@@ -452,7 +454,7 @@ class Topology:
             self._fields = names
         return self._fields
 
-    def set_rules(self, rules: Any) -> None:
+    def set_rules(self, rules: Stage) -> None:
         self.host.set_rules(rules)
 
     def process(
