@@ -71,7 +71,9 @@ def rule_files(paths: Sequence[str | Path]) -> list[Path]:
             out += sorted(
                 x
                 for x in p.iterdir()
-                if x.suffix in (".yaml", ".yml") and x.is_file() and x.name not in ("models.yaml", "routes.yaml")
+                if x.suffix in (".yaml", ".yml")
+                and x.is_file()
+                and x.name not in ("models.yaml", "routes.yaml", "incidents.yaml")
             )
         else:
             out.append(p)

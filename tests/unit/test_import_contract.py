@@ -34,6 +34,10 @@ FORBIDDEN = {
                         "pipeline.cli", "producers"},
     "pipeline.remediation": {"pipeline.engine", "pipeline.rules", "pipeline.models", "pipeline.service",
                              "pipeline.detection", "pipeline.runner", "pipeline.cli", "producers"},
+    # Incidents read alert events: nothing of detection, the bus or the drivers above them.
+    "pipeline.incidents": {"pipeline.bus", "pipeline.engine", "pipeline.rules", "pipeline.models",
+                           "pipeline.service", "pipeline.remediation", "pipeline.detection", "pipeline.runner",
+                           "pipeline.cli", "producers"},
     "producers": {"pipeline.engine", "pipeline.rules", "pipeline.models", "pipeline.remediation",
                   "pipeline.service", "pipeline.detection", "pipeline.runner", "pipeline.cli"},
 }

@@ -1,0 +1,69 @@
+"""Incidents against labelled injected faults: is every fault in an incident on its host, does
+every incident match a fault, how many incidents a fault costs (docs/evaluation.md)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Iterable
+
+from pipeline.incidents.events import JOINED, OPENED, IncidentEvent
+from pipeline.scoring import GRACE_S
+
+
+@dataclass
+class IncidentSpan:
+    """One incident as its events tell it: where, and from its first to its last alert joining."""
+
+    incident: str
+    host: str | None
+    gpu: int | None
+    root_rule: str
+    first: float
+    last: float
+
+
+@dataclass
+class IncidentMatch:
+    """Faults (labels with ``fault`` set) and incidents, matched by host and time."""
+
+    faults: list[dict[str, Any]]
+    incidents: list[IncidentSpan]
+    covered: list[bool] = field(default_factory=list)  # per fault: in an incident on its host
+    stray: list[IncidentSpan] = field(default_factory=list)  # incidents that match no fault
+
+    @property
+    def per_fault(self) -> float:
+        return len(self.incidents) / len(self.faults) if self.faults else float("nan")
+
+    @property
+    def found(self) -> int:
+        return sum(self.covered)
+
+
+def spans(events: Iterable[IncidentEvent]) -> list[IncidentSpan]:
+    """One span per incident, in the order they opened."""
+    out: dict[str, IncidentSpan] = {}
+    for e in events:
+        s = out.get(e.incident)
+        if s is None and e.state == OPENED:
+            out[e.incident] = IncidentSpan(e.incident, e.host, e.gpu, e.root.rule, e.ts, e.ts)
+        elif s is not None and JOINED in e.changes:
+            s.last = max(s.last, e.ts)
+    return list(out.values())
+
+
+def _overlaps(s: IncidentSpan, lab: dict[str, Any]) -> bool:
+    lo, hi = float(lab["onset"]), float(lab.get("end") or lab["onset"]) + GRACE_S
+    return s.host == lab.get("host") and s.first <= hi and s.last >= lo
+
+
+def match_incidents(labels: Iterable[dict[str, Any]], events: Iterable[IncidentEvent]) -> IncidentMatch:
+    """Pair faults and incidents: a fault is covered by an incident on its host whose alerts span
+    overlaps the fault's window (onset to end plus the alerts' grace, ``pipeline.scoring``); an
+    incident that covers no fault is stray."""
+    faults = [lab for lab in labels if lab.get("fault")]
+    incs = spans(events)
+    m = IncidentMatch(faults, incs)
+    m.covered = [any(_overlaps(s, lab) for s in incs) for lab in faults]
+    m.stray = [s for s in incs if not any(_overlaps(s, lab) for lab in faults)]
+    return m

@@ -1,0 +1,362 @@
+"""The incident stage: alert events in, incident events out (docs/architecture.md, "Incidents").
+
+Fed the engine's alert events a batch at a time, it groups the alerts of one root cause into an
+incident: every alert on a GPU with an open incident joins it (an NVLink belongs to its GPU), and
+an alert elsewhere joins an incident whose alerts explain it by a ``causality`` entry of
+``incidents.yaml`` (a link down explains its host's bandwidth alert; a GPU off the bus, the
+stragglers of a communicator one of its alerts names). An incident resolves when its alerts have
+all resolved and ``quiet`` passed with none joining; its action escalates when a repeat-offender
+policy counts enough on its GPU or host.
+
+Output depends on the alerts and their order only, never on how they were batched: time moves
+with the alerts (the latest ``ts`` seen), timers are checked before and after each alert, and ids
+hash the root alert's id.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any, Iterable
+
+from pipeline.incidents.config import IncidentConfig, Policy
+from pipeline.incidents.events import (
+    ESCALATED,
+    JOINED,
+    OPENED,
+    RESOLVED,
+    SEVERITY_ROSE,
+    UPDATED,
+    IncidentEvent,
+    IncidentRoot,
+    incident_id,
+)
+from pipeline.incidents.history import RepeatHistory
+from pipeline.schema import MIG_INSTANCE_LABEL, MIG_PROFILE_LABEL, AlertEvent, fault_family
+
+SEVERITY_RANK = {"info": 0, "warning": 1, "critical": 2}
+MAX_MEMBERS = 256  # alert ids an incident lists; more are counted (``more_members``)
+MAX_COMMS = 64  # communicator ids an incident remembers for ``reach: comm``
+MAX_TEXT = 256  # characters of an id, host, rule or label an alert may carry here
+MAX_OPEN = 10_000  # open incidents; an alert that would open one more is dropped and counted
+
+
+@dataclass
+class _Incident:
+    id: str
+    root: IncidentRoot
+    host: str | None
+    gpu: int | None
+    opened_at: float
+    severity: str
+    action: str
+    members: list[str] = field(default_factory=list)
+    more: int = 0
+    firing: set[str] = field(default_factory=set)
+    rules: set[str] = field(default_factory=set)
+    families: set[str] = field(default_factory=set)
+    comms: set[str] = field(default_factory=set)
+    last_join: float = 0.0
+    quiet_due: float | None = None
+    job: str | None = None
+    pod: str | None = None
+    namespace: str | None = None
+    mig_instance: str | None = None
+    mig_profile: str | None = None
+
+
+def _xid(a: AlertEvent) -> int | None:
+    x = a.evidence.get("xid")
+    if isinstance(x, bool) or not isinstance(x, (int, float)) or not math.isfinite(x) or x <= 0 or x != int(x):
+        return None
+    return int(x)
+
+
+def _label(a: AlertEvent, name: str) -> str | None:
+    v = a.labels.get(name, a.evidence.get(name))
+    if v is None or isinstance(v, (dict, list)):
+        return None
+    return str(v)[:MAX_TEXT]
+
+
+def _comm(a: AlertEvent) -> str | None:
+    c = a.evidence.get("comm")
+    return c[:MAX_TEXT] if isinstance(c, str) and c else None
+
+
+class IncidentStage:
+    """Groups alert events into incidents; ``process(alerts)`` returns the incident events.
+
+    >>> from pipeline.incidents.config import IncidentConfig
+    >>> st = IncidentStage(IncidentConfig())
+    >>> a = AlertEvent(id="a1", state="firing", fault="hbm_ecc_burst", severity="warning", rule="hbm_sbe_burst",
+    ...                host="n1", gpu=0, ts=10.0, started_at=10.0)
+    >>> [(e.state, e.members) for e in st.process([a])]
+    [('opened', ['a1'])]
+    """
+
+    def __init__(self, config: IncidentConfig, history: RepeatHistory | None = None, *, max_open: int = MAX_OPEN):
+        self.config = config
+        self.history = history if history is not None else RepeatHistory()
+        self.max_open = max_open
+        self.stats: Counter[str] = Counter()
+        self._open: dict[str, _Incident] = {}
+        self._by_alert: dict[str, str] = {}  # member alert id -> incident id, for open incidents
+        self._clock = -math.inf
+        self._incident_policies = [p for p in config.policies if p.count == "incidents"]
+        self._alert_policies = [p for p in config.policies if p.count != "incidents"]
+
+    @property
+    def open_incidents(self) -> int:
+        return len(self._open)
+
+    def process(self, alerts: Iterable[AlertEvent]) -> list[IncidentEvent]:
+        """Incident events for ``alerts`` (in the order given: event time, as the engine emits)."""
+        out: list[IncidentEvent] = []
+        for a in alerts:
+            if not self._valid(a):
+                continue
+            self._clock = max(self._clock, a.ts)
+            self._expire(out)
+            if a.state == "firing":
+                self._firing(a, out)
+            elif a.state == "resolved":
+                self._resolved(a)
+            else:
+                self.stats["incidents.dropped.bad_state"] += 1
+            self._expire(out)
+        for e in out:
+            self.stats[f"incidents.{e.state}"] += 1
+        return out
+
+    # -- alerts ------------------------------------------------------------------------------
+
+    def _valid(self, a: AlertEvent) -> bool:
+        if not math.isfinite(a.ts) or not a.id or len(a.id) > MAX_TEXT or len(a.rule) > MAX_TEXT:
+            self.stats["incidents.dropped.bad_alert"] += 1
+            return False
+        if a.host is not None and len(a.host) > MAX_TEXT:
+            self.stats["incidents.dropped.bad_alert"] += 1
+            return False
+        return True
+
+    def _resolved(self, a: AlertEvent) -> None:
+        iid = self._by_alert.get(a.id)
+        inc = self._open.get(iid) if iid else None
+        if inc is None:
+            self.stats["incidents.ignored.resolved_not_member"] += 1
+            return
+        inc.firing.discard(a.id)
+        if not inc.firing:
+            inc.quiet_due = max(a.ts, inc.last_join) + self.config.quiet
+
+    def _firing(self, a: AlertEvent, out: list[IncidentEvent]) -> None:
+        if a.id in self._by_alert:
+            self.stats["incidents.ignored.repeated_alert"] += 1
+            return
+        xid = _xid(a)
+        app = self.config.application_xids
+        inc = self._target(a)
+        reason = ""
+        if app.applies(a.rule, xid):
+            n = self.history.note(
+                (f"application_xid_{xid}", a.host or "", a.gpu), a.ts, a.id, keep=app.repeat, window=app.window
+            )
+            if inc is None and n < app.repeat:
+                self.stats["incidents.suppressed.application_xid"] += 1
+                return
+            reason = f"XID {xid} {n} times in {_span(app.window)} on this GPU"
+        if inc is None:
+            inc = self._new(a, reason, out)
+            if inc is None:
+                return
+        else:
+            self._join(inc, a, out)
+        for p in self._alert_policies:
+            if p.counts(a.rule, xid):
+                self._count(p, inc, a.host or "", a.gpu if p.per == "gpu" else None, a.ts, a.id, out, xid)
+
+    def _target(self, a: AlertEvent) -> _Incident | None:
+        """The open incident ``a`` joins (docs/architecture.md, "Incidents"): the latest one on its
+        GPU that is of its family, recent (its last alert within ``join_window``) or explains it;
+        else the latest one whose alerts explain it by a ``causality`` entry and that is still
+        firing or recent."""
+        fam = fault_family(a.fault)
+        window = self.config.join_window
+        same = [
+            inc
+            for inc in self._open.values()
+            if a.gpu is not None
+            and inc.host == a.host
+            and inc.gpu == a.gpu
+            and (fam in inc.families or a.ts - inc.last_join <= window or self._explains(inc, a, None))
+        ]
+        if same:
+            return max(same, key=lambda inc: (inc.opened_at, inc.id))
+        comm = _comm(a)
+        best: _Incident | None = None
+        for inc in self._open.values():
+            if not inc.firing and a.ts - inc.last_join > window:
+                continue
+            if best is not None and (inc.last_join, inc.id) <= (best.last_join, best.id):
+                continue
+            if self._explains(inc, a, comm):
+                best = inc
+        return best
+
+    def _explains(self, inc: _Incident, a: AlertEvent, comm: str | None) -> bool:
+        for c in self.config.causality:
+            if c.reach == "host":
+                near = inc.host == a.host
+            elif c.reach == "comm":  # its GPU, its host's host-level alerts, or a communicator it names
+                near = (inc.host == a.host and (a.gpu is None or a.gpu == inc.gpu)) or (
+                    comm is not None and comm in inc.comms
+                )
+            else:
+                near = inc.host == a.host and inc.gpu == a.gpu
+            if near and c.links(inc.rules, a.rule):
+                return True
+        return False
+
+    def _new(self, a: AlertEvent, reason: str, out: list[IncidentEvent]) -> _Incident | None:
+        if len(self._open) >= self.max_open:
+            self.stats["incidents.dropped.too_many_open"] += 1
+            return None
+        inc = _Incident(
+            id=incident_id(a.id),
+            root=IncidentRoot(alert=a.id, rule=a.rule, fault=a.fault),
+            host=a.host,
+            gpu=a.gpu,
+            opened_at=a.ts,
+            severity=a.severity,
+            action=self.config.action_for(a.rule, a.severity),
+        )
+        self._add(inc, a)
+        self._open[inc.id] = inc
+        out.append(self._event(inc, OPENED, a.ts, reason=reason))
+        for p in self._incident_policies:
+            self._count(p, inc, a.host or "", None, a.ts, inc.id, out, None)
+        return inc
+
+    def _join(self, inc: _Incident, a: AlertEvent, out: list[IncidentEvent]) -> None:
+        changes = [JOINED]
+        self._add(inc, a)
+        if SEVERITY_RANK.get(a.severity, 0) > SEVERITY_RANK.get(inc.severity, 0):
+            inc.severity = a.severity
+            changes.append(SEVERITY_ROSE)
+        action = self.config.action_for(a.rule, a.severity)
+        if self.config.rank(action) > self.config.rank(inc.action):
+            inc.action = action
+            changes.append(ESCALATED)
+        out.append(self._event(inc, UPDATED, a.ts, changes=changes))
+
+    def _add(self, inc: _Incident, a: AlertEvent) -> None:
+        if len(inc.members) < MAX_MEMBERS:
+            inc.members.append(a.id)
+        else:
+            inc.more += 1
+        inc.firing.add(a.id)
+        self._by_alert[a.id] = inc.id
+        inc.rules.add(a.rule)
+        inc.families.add(fault_family(a.fault))
+        comm = _comm(a)
+        if comm is not None and len(inc.comms) < MAX_COMMS:
+            inc.comms.add(comm)
+        inc.last_join = max(inc.last_join, a.ts)
+        inc.quiet_due = None
+        inc.job = inc.job or (a.job[:MAX_TEXT] if a.job else None)
+        inc.pod = inc.pod or _label(a, "pod")
+        inc.namespace = inc.namespace or _label(a, "namespace")
+        inc.mig_instance = inc.mig_instance or _label(a, MIG_INSTANCE_LABEL)
+        inc.mig_profile = inc.mig_profile or _label(a, MIG_PROFILE_LABEL)
+
+    # -- repeat offenders --------------------------------------------------------------------
+
+    def _count(
+        self,
+        p: Policy,
+        inc: _Incident,
+        host: str,
+        gpu: int | None,
+        ts: float,
+        what: str,
+        out: list[IncidentEvent],
+        xid: int | None,
+    ) -> None:
+        key = (p.name, host, gpu)
+        n = self.history.note(key, ts, what, keep=p.threshold, window=p.window)
+        if n < p.threshold or not self.history.escalate(key, ts, p.window):
+            return
+        counted = {"xid": f"XID {xid}", "alerts": "link flaps", "incidents": "incidents"}[p.count]
+        where = "this GPU" if p.per == "gpu" else "this host"
+        reason = f"policy {p.name}: {counted} {n} times in {_span(p.window)} on {where}"
+        if p.reason:
+            reason += f": {p.reason}"
+        if self.config.rank(p.action) > self.config.rank(inc.action):
+            inc.action = p.action
+        self.stats[f"incidents.escalated.{p.name}"] += 1
+        out.append(self._event(inc, UPDATED, ts, changes=[ESCALATED], reason=reason, policy=p.name))
+
+    # -- time --------------------------------------------------------------------------------
+
+    def _expire(self, out: list[IncidentEvent]) -> None:
+        due = sorted(
+            (inc.quiet_due, inc.id)
+            for inc in self._open.values()
+            if inc.quiet_due is not None and inc.quiet_due <= self._clock
+        )
+        for when, iid in due:
+            inc = self._open.pop(iid)
+            for m in inc.members:
+                self._by_alert.pop(m, None)
+            # Members past MAX_MEMBERS are not listed: forget them by incident.
+            if inc.more:
+                for k in [k for k, v in self._by_alert.items() if v == iid]:
+                    del self._by_alert[k]
+            out.append(self._event(inc, RESOLVED, when))
+
+    def _event(
+        self,
+        inc: _Incident,
+        state: str,
+        ts: float,
+        *,
+        changes: list[str] | None = None,
+        reason: str = "",
+        policy: str | None = None,
+    ) -> IncidentEvent:
+        return IncidentEvent(
+            incident=inc.id,
+            state=state,
+            ts=ts,
+            opened_at=inc.opened_at,
+            host=inc.host,
+            gpu=inc.gpu,
+            root=inc.root,
+            members=list(inc.members),
+            more_members=inc.more,
+            severity=inc.severity,
+            action=inc.action,
+            changes=changes or [],
+            reason=reason,
+            policy=policy,
+            job=inc.job,
+            pod=inc.pod,
+            namespace=inc.namespace,
+            mig_instance=inc.mig_instance,
+            mig_profile=inc.mig_profile,
+        )
+
+
+def _span(seconds: float) -> str:
+    """``86400`` -> ``24h``: a window as the policies' reasons print it."""
+    for unit, size in (("d", 86400.0), ("h", 3600.0), ("m", 60.0)):
+        if seconds >= size and seconds % size == 0 and not (unit == "d" and seconds < 2 * 86400):
+            return f"{seconds / size:.0f}{unit}"
+    return f"{seconds:g}s"
+
+
+def summary(stats: Counter[str]) -> dict[str, Any]:
+    """The stage's counters as a sorted plain dict (for a driver to print or serve)."""
+    return dict(sorted(stats.items()))

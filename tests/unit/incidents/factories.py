@@ -1,0 +1,89 @@
+"""Helpers of the incident tests: alert events built from a few parameters, and the stage fed
+them in batches."""
+
+from __future__ import annotations
+
+from typing import Any, Iterable
+
+from pipeline.incidents import IncidentStage, default_config
+from pipeline.incidents.events import IncidentEvent
+from pipeline.schema import AlertEvent, encode
+
+T0 = 1764403200.0
+
+# rule -> (fault, severity), as the shipped packs and the engine's absence checks name them
+RULES = {
+    "gpu_fallen_off_bus": ("gpu_fallen_off_bus", "critical"),
+    "builtin_gpu_lost": ("gpu_lost", "critical"),
+    "gpu_xid_critical": ("gpu_xid_critical", "critical"),
+    "gpu_xid_warning": ("gpu_xid_warning", "warning"),
+    "gpu_xid_repeated": ("gpu_xid_repeated", "warning"),
+    "hbm_sbe_burst": ("hbm_ecc_burst", "warning"),
+    "hbm_ecc_xid": ("hbm_ecc_xid", "critical"),
+    "hbm_row_remap_pending": ("hbm_row_remap_pending", "warning"),
+    "hbm_dbe": ("hbm_uncorrectable_error", "critical"),
+    "nvlink_xid74": ("nvlink_xid74", "critical"),
+    "nvlink_crc_errors": ("nvlink_crc_errors", "warning"),
+    "nvlink_recoveries": ("nvlink_recovery_errors", "critical"),
+    "nvlink_replays": ("nvlink_replay_errors", "warning"),
+    "nvlink_error_rate": ("nvlink_error_rate_drift", "warning"),
+    "nccl_comm_busbw": ("nccl_busbw_degraded", "warning"),
+    "nccl_rank_straggler": ("nccl_straggler", "warning"),
+    "gpu_cooling_degraded": ("thermal_cooling_degraded", "warning"),
+    "gpu_thermal_throttling": ("thermal_throttling", "critical"),
+    "builtin_telemetry_gap": ("telemetry_gap", "warning"),
+    "pcie_replay_rate": ("pcie_replay_rate", "warning"),
+}
+
+
+def alert(
+    rule: str,
+    t: float,
+    host: str = "n1",
+    gpu: int | None = 0,
+    *,
+    state: str = "firing",
+    id: str | None = None,
+    started: float | None = None,
+    **evidence: Any,
+) -> AlertEvent:
+    """An alert event of ``rule`` at T0 + ``t``; its id names the rule, place and start, so a
+    ``resolved`` built with the same ``started`` pairs with its ``firing``."""
+    fault, severity = RULES[rule]
+    start = T0 + (t if started is None else started)
+    labels = {k: str(evidence.pop(k)) for k in ("pod", "namespace", "GPU_I_ID", "GPU_I_PROFILE") if k in evidence}
+    job = evidence.pop("job", None)
+    return AlertEvent(
+        id=id or f"{rule}/{host}/{gpu}/{start - T0:g}",
+        state=state,
+        fault=fault,
+        severity=severity,
+        rule=rule,
+        host=host,
+        gpu=gpu,
+        job=job,
+        ts=T0 + t,
+        started_at=start,
+        evidence=evidence,
+        labels=labels,
+    )
+
+
+def resolved(a: AlertEvent, t: float) -> AlertEvent:
+    """The ``resolved`` event of firing alert ``a`` at T0 + ``t``."""
+    return AlertEvent(**{**{f: getattr(a, f) for f in a.__struct_fields__}, "state": "resolved", "ts": T0 + t})
+
+
+def run(alerts: Iterable[AlertEvent], batch: int = 1000, stage: IncidentStage | None = None) -> list[IncidentEvent]:
+    """Feed ``alerts`` to a stage (the shipped config) ``batch`` at a time; every incident event."""
+    st = stage or IncidentStage(default_config())
+    items = list(alerts)
+    out: list[IncidentEvent] = []
+    for i in range(0, len(items), max(1, batch)):
+        out += st.process(items[i : i + batch])
+    return out
+
+
+def wire(events: Iterable[IncidentEvent]) -> list[bytes]:
+    """The events as their JSON lines: what two runs are compared on."""
+    return [encode(e) for e in events]
