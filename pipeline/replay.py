@@ -1,4 +1,5 @@
-"""Replay recorded telemetry files through the engine, as fast as it goes, in event time."""
+"""Replay recorded telemetry files through the engine, as fast as it goes, in event time; the
+alerts through the incident stage when one is given (docs/architecture.md, "Incidents")."""
 
 from __future__ import annotations
 
@@ -9,11 +10,13 @@ from pathlib import Path
 from typing import Callable, Iterable, Iterator
 
 from pipeline.bus.base import Message
-from pipeline.bus.files import read_lines
+from pipeline.bus.files import FileSink, read_lines
 from pipeline.bus.sinks import FileOutput, OutputSink
 from pipeline.engine import EngineOutput
+from pipeline.incidents import IncidentStage
 from pipeline.protocols import Detector
 from pipeline.runner import Pipeline, Totals
+from pipeline.schema import encode
 
 
 @dataclass
@@ -21,6 +24,8 @@ class ReplayResult:
     totals: Totals
     seconds: float
     alerts: int
+    incidents: int = 0  # incidents opened
+    incident_events: int = 0
 
     @property
     def records_per_s(self) -> float:
@@ -42,19 +47,30 @@ def replay(
     batch_size: int = 2000,
     on_batch: Callable[[int, EngineOutput], None] | None = None,
     sink: OutputSink | None = None,
+    incidents: IncidentStage | None = None,
+    incidents_out: str | None = None,
 ) -> ReplayResult:
     """Run every line of ``paths`` through a pipeline; write alerts and dead letters as JSONL
-    (``alerts_out``, ``dlq_out``), or through ``sink`` when given (closed at the end either way)."""
+    (``alerts_out``, ``dlq_out``), or through ``sink`` when given (closed at the end either way).
+    With ``incidents``, the alerts go through that stage too and its incident events are written
+    to ``incidents_out`` (JSONL, ``.gz`` compressed, ``-`` standard output) when given."""
     pipe = Pipeline(engine)
     out_sink: OutputSink = sink if sink is not None else FileOutput(alerts_out, dlq_out)
-    n_alerts = 0
+    inc_sink = FileSink(incidents_out, atomic=True) if incidents is not None and incidents_out else None
+    n_alerts = n_opened = n_events = 0
     t0 = time.perf_counter()
 
     def emit(out: EngineOutput, n_msgs: int) -> None:
-        nonlocal n_alerts
+        nonlocal n_alerts, n_opened, n_events
         n_alerts += len(out.alerts)
         out_sink.alerts(out.alerts)
         out_sink.dead(out.dead)
+        if incidents is not None:
+            events = incidents.process(out.alerts)
+            n_events += len(events)
+            n_opened += sum(e.state == "opened" for e in events)
+            if inc_sink is not None:
+                inc_sink.write_many(encode(e) for e in events)
         if on_batch:
             on_batch(n_msgs, out)
 
@@ -64,5 +80,9 @@ def replay(
                 emit(pipe.handle_guarded(batch), len(batch))
         emit(pipe.flush(), 0)
     finally:
-        out_sink.close()
-    return ReplayResult(pipe.totals, time.perf_counter() - t0, n_alerts)
+        try:
+            out_sink.close()
+        finally:
+            if inc_sink is not None:
+                inc_sink.close()
+    return ReplayResult(pipe.totals, time.perf_counter() - t0, n_alerts, n_opened, n_events)

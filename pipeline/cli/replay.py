@@ -42,6 +42,18 @@ def _cmd_replay(args: argparse.Namespace) -> int:
         console.print(str(d), highlight=False, markup=False)
     if engine is None:
         raise InputError(f"rules in {rules} do not load; nothing replayed")
+    stage = None
+    if args.incidents_out:
+        from pipeline.incidents import IncidentStage, default_config
+        from pipeline.incidents.config import IncidentConfigError, require_config
+
+        try:
+            cfg = require_config(args.incidents_config) if args.incidents_config else default_config(rules)
+            stage = IncidentStage(cfg)
+        except IncidentConfigError as e:
+            for problem in e.diagnostics:
+                console.print(str(problem), highlight=False, markup=False, soft_wrap=True)
+            raise InputError("the incidents config does not load; nothing replayed") from None
     with progress.bar("replaying") as advance:
         res = replay(
             args.files,
@@ -50,10 +62,22 @@ def _cmd_replay(args: argparse.Namespace) -> int:
             dlq_out=args.dlq_out,
             batch_size=args.batch,
             on_batch=lambda n, out: advance(n),
+            incidents=stage,
+            incidents_out=args.incidents_out,
         )
     t = res.totals
     console.print(f"replayed {t.records:,} records in {res.seconds:.2f}s ({res.records_per_s:,.0f} records/s)")
     console.print("alerts by family: " + (", ".join(f"{k}: {v}" for k, v in sorted(t.alerts.items())) or "none"))
+    if stage is not None:
+        console.print(
+            f"incidents: {res.incidents} opened, {stage.open_incidents} still open at the end "
+            f"({res.incident_events} incident events)"
+            + "".join(
+                f", {k.removeprefix('incidents.')}: {v}"
+                for k, v in sorted(stage.stats.items())
+                if not k.endswith((".opened", ".updated", ".resolved"))
+            )
+        )
     console.print("dead letters by reason: " + (", ".join(f"{k}: {v}" for k, v in sorted(t.dead.items())) or "none"))
     return 0
 
@@ -64,6 +88,16 @@ def register(sub: Any) -> None:
     r.add_argument("files", nargs="+", help="JSONL (.gz) recordings; - reads standard input")
     r.add_argument("--alerts-out", help="write alert events (JSONL); - writes standard output")
     r.add_argument("--dlq-out", help="write dead letters (JSONL)")
+    r.add_argument(
+        "--incidents-out",
+        metavar="FILE",
+        help="group the alerts into incidents and write their events (JSONL; - writes standard output)",
+    )
+    r.add_argument(
+        "--incidents-config",
+        metavar="FILE",
+        help="with --incidents-out: the incidents YAML (default: incidents.yaml beside the rules, else the shipped one)",
+    )
     r.add_argument("--rules", default=None, help="rule directory or file (default: the shipped packs)")
     r.add_argument(
         "--models",

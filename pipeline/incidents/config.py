@@ -503,7 +503,9 @@ def load_config(path: str | Path) -> tuple[IncidentConfig | None, list[Diagnosti
     return parse_config(text, str(p))
 
 
-def _shipped(path: str) -> IncidentConfig:
+def require_config(path: str | Path) -> IncidentConfig:
+    """The config in ``path``; raises ``IncidentConfigError`` with every diagnostic when it does
+    not load."""
     cfg, diags = load_config(path)
     if cfg is None:
         raise IncidentConfigError(diags)
@@ -520,5 +522,5 @@ def default_config(rules: str | Path | None = None) -> IncidentConfig:
         p = Path(rules)
         cand = p / "incidents.yaml" if p.is_dir() else p.parent / "incidents.yaml"
         if cand.is_file():
-            return _shipped(str(cand))
-    return _shipped(str(rules_dir() / "incidents.yaml"))
+            return require_config(str(cand))
+    return require_config(str(rules_dir() / "incidents.yaml"))
