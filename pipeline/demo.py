@@ -1,8 +1,10 @@
-"""``gpuwarden demo``: simulated fleet -> in-process bus -> engine -> alerts, in under a minute.
+"""``gpuwarden demo``: simulated fleet -> in-process bus -> engine -> alerts -> incidents, in
+under a minute.
 
 The same pieces as production, with the in-process bus standing in for Kafka: the simulator
 publishes one message per host per second to ``gpuwarden.telemetry``, a consumer feeds the
-engine, alerts go to ``gpuwarden.alerts`` and are printed as they fire.
+engine, alerts go to ``gpuwarden.alerts`` and are printed as they fire, and the incident stage
+groups them: one incident per root cause, printed as it opens, escalates and resolves.
 """
 
 from __future__ import annotations
@@ -17,6 +19,9 @@ from rich.table import Table
 from pipeline.bus import MemoryBus, Topics, send_all
 from pipeline.bus.sinks import BusOutput
 from pipeline.bus.telemetry import per_host_messages
+from pipeline.incidents import IncidentEvent, IncidentStage, default_config
+from pipeline.incidents.config import IncidentConfigError
+from pipeline.incidents.scoring import match_incidents
 from pipeline.runner import Pipeline
 from pipeline.schema import AlertEvent, DeadLetter
 from pipeline.scoring import knock_on, match_faults
@@ -32,6 +37,17 @@ def alert_line(a: AlertEvent, t0: float) -> str:
     if a.state == "firing":
         return f"+{a.ts - t0:5.0f}s FIRING   {a.severity:<8} {a.fault:<22} {where:<18} {a.summary}"
     return f"+{a.ts - t0:5.0f}s resolved {a.severity:<8} {a.fault:<22} {where:<18} after {a.ts - a.started_at:.0f}s"
+
+
+def incident_line(e: IncidentEvent, t0: float) -> str:
+    """One readable line per incident opened, escalated or resolved."""
+    where = (e.host or "-") + (f"/GPU{e.gpu}" if e.gpu is not None else "")
+    head = f"+{e.ts - t0:5.0f}s INCIDENT {e.state:<8} {e.incident} {where:<18}"
+    if e.state == "opened":
+        return f"{head} root {e.root.rule}; action {e.action}" + (f" ({e.reason})" if e.reason else "")
+    if e.state == "resolved":
+        return f"{head} {len(e.members) + e.more_members} alert(s), {e.severity}, action {e.action}"
+    return f"{head} action {e.action}: {e.reason or ', '.join(e.changes)}"
 
 
 def run_demo(
@@ -62,8 +78,15 @@ def run_demo(
         for d in diags:
             console.print(str(d), markup=False, highlight=False)
         return 1
+    try:
+        stage = IncidentStage(default_config(rules_dir))
+    except IncidentConfigError as e:
+        for problem in e.diagnostics:
+            console.print(str(problem), markup=False, highlight=False, soft_wrap=True)
+        return 1
     pipe = Pipeline(engine)
     alerts: list[AlertEvent] = []
+    incidents: list[IncidentEvent] = []
     t_start = time.perf_counter()
     t0 = None
     console.print(
@@ -85,6 +108,13 @@ def run_demo(
                 f"[{style}]{alert_line(a, t0 or a.ts)}[/]", highlight=False, soft_wrap=True, markup=True
             )
         alerts.extend(out_alerts)
+        # Opened, escalated and resolved incidents are printed; an alert joining is in its own line.
+        for e in stage.process(out_alerts):
+            incidents.append(e)
+            if e.state != "updated" or e.policy:
+                progress.console.print(
+                    f"[bold magenta]{incident_line(e, t0 or e.ts)}[/]", highlight=False, soft_wrap=True, markup=True
+                )
 
     with Progress(
         TextColumn("[progress.description]{task.description}"),
@@ -144,4 +174,37 @@ def run_demo(
         f"{len(knock)} more alert(s) are knock-on effects on a faulty GPU or host (e.g. a throttled GPU "
         f"is also an NCCL straggler); {len(unmatched) - len(knock)} firing alert(s) matched no injected fault."
     )
+    console.print(incident_table(incidents, labels))
+    im = match_incidents(labels, incidents)
+    firing = sum(a.state == "firing" for a in alerts)
+    console.print(
+        f"{len(im.incidents)} incident(s) for {len(im.faults)} injected fault(s) from {firing} firing alert(s); "
+        f"{im.found}/{len(im.faults)} faults in an incident on their host; "
+        f"{len(im.stray)} incident(s) matched no injected fault.",
+        soft_wrap=True,
+    )
     return 0
+
+
+def incident_table(events: list[IncidentEvent], labels: list[dict]) -> Table:
+    """One row per incident, as its last event left it, with the injected fault it covers."""
+    last: dict[str, IncidentEvent] = {}
+    for e in events:
+        last[e.incident] = e
+    table = Table(title="Incidents: one per root cause", min_width=60)
+    for col in ("incident", "where", "root", "alerts", "severity", "action", "state", "injected fault"):
+        table.add_column(col, no_wrap=col in ("incident", "alerts"))
+    for e in last.values():
+        m = match_incidents(labels, [x for x in events if x.incident == e.incident])
+        fault = ", ".join(lab["fault"] for lab, hit in zip(m.faults, m.covered) if hit) or "[red]none[/]"
+        table.add_row(
+            e.incident,
+            (e.host or "-") + (f"/GPU{e.gpu}" if e.gpu is not None else ""),
+            e.root.rule,
+            str(len(e.members) + e.more_members),
+            e.severity,
+            e.action,
+            "resolved" if e.state == "resolved" else "open",
+            fault,
+        )
+    return table

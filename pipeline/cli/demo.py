@@ -23,7 +23,7 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 
 def register(sub: Any) -> None:
     """Add ``gpuwarden demo`` to the subcommands ``sub``."""
-    d = sub.add_parser("demo", help="simulated fleet -> in-process bus -> engine -> alerts")
+    d = sub.add_parser("demo", help="simulated fleet -> in-process bus -> engine -> alerts -> incidents")
     d.add_argument("--hosts", type=int, default=8)
     d.add_argument("--duration", type=float, default=1500.0)
     d.add_argument("--seed", type=int, default=7)
