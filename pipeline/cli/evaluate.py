@@ -21,7 +21,14 @@ def _cmd_eval(args: argparse.Namespace) -> int:
 
     from pipeline.evaluation.goodput import Job
     from pipeline.evaluation.run import evaluate
-    from pipeline.evaluation.tables import detector_rows, family_rows, goodput_rows, interval_rows, verdicts
+    from pipeline.evaluation.tables import (
+        detector_rows,
+        family_rows,
+        goodput_rows,
+        incident_rows,
+        interval_rows,
+        verdicts,
+    )
 
     console = Console(width=None if sys.stdout.isatty() else 160)
     err = Console(stderr=True)
@@ -47,7 +54,7 @@ def _cmd_eval(args: argparse.Namespace) -> int:
     md: list[str] = []
     for iv, scores in by_interval.items():
         title = f"{args.scenario}: {args.seeds} seed(s) x {args.hosts * 8} GPUs x {args.duration:.0f} s, sampled every {iv:g} s"
-        tables = [family_rows(scores, title), detector_rows(scores), goodput_rows(scores, job)]
+        tables = [family_rows(scores, title), detector_rows(scores), goodput_rows(scores, job), incident_rows(scores)]
         lines = verdicts(scores)
         if args.html:
             from pipeline.report import eval_page, write_page
@@ -62,6 +69,8 @@ def _cmd_eval(args: argparse.Namespace) -> int:
                 + "\n".join(f"- {v}" for v in lines)
                 + "\n\n"
                 + tables[2].markdown()
+                + "\n\n"
+                + tables[3].markdown()
             )
             continue
         console.print(tables[0].rich())
@@ -69,6 +78,7 @@ def _cmd_eval(args: argparse.Namespace) -> int:
         for v in lines:
             console.print(v, markup=False, highlight=False)
         console.print(tables[2].rich())
+        console.print(tables[3].rich())
     if len(by_interval) > 1:
         summary = interval_rows(by_interval, f"{args.scenario}: per sampling interval")
         if args.markdown:

@@ -1,4 +1,5 @@
-"""Run labelled scenarios through each detector and score them."""
+"""Run labelled scenarios through each detector and score them: their alerts, and the incidents
+the incident stage makes of those alerts."""
 
 from __future__ import annotations
 
@@ -6,26 +7,34 @@ from typing import Callable, Iterable
 
 from pipeline.bus.telemetry import as_consumed, per_host_messages
 from pipeline.evaluation.detectors import Detector, detectors
-from pipeline.evaluation.score import Score, score_run
+from pipeline.evaluation.score import Score, score_incidents, score_run
+from pipeline.incidents import IncidentConfig, IncidentEvent, IncidentStage, default_config
 from pipeline.runner import Pipeline
 from pipeline.schema import AlertEvent
 
 
 class _Feed:
-    """Simulated record batches -> per-host messages -> decoder -> engine, one batch at a time."""
+    """Simulated record batches -> per-host messages -> decoder -> engine, one batch at a time;
+    the alerts through the incident stage too."""
 
-    def __init__(self, engine) -> None:
+    def __init__(self, engine, incidents: IncidentConfig | None = None) -> None:
         self.pipe = Pipeline(engine)
+        self.stage = IncidentStage(incidents or default_config())
         self.alerts: list[AlertEvent] = []
+        self.incidents: list[IncidentEvent] = []
         self.offset = 0
+
+    def _take(self, alerts: list[AlertEvent]) -> None:
+        self.alerts += alerts
+        self.incidents += self.stage.process(alerts)
 
     def send(self, batch: list[dict]) -> None:
         msgs = as_consumed(per_host_messages(batch), "eval", self.offset)
         self.offset += len(msgs)
-        self.alerts += self.pipe.handle(msgs).alerts
+        self._take(self.pipe.handle(msgs).alerts)
 
     def close(self) -> list[AlertEvent]:
-        self.alerts += self.pipe.flush().alerts
+        self._take(self.pipe.flush().alerts)
         return self.alerts
 
 
@@ -37,15 +46,22 @@ def replay_batches(engine, batches: Iterable[list[dict]]) -> list[AlertEvent]:
     return feed.close()
 
 
-def run_detectors(dets: list[Detector], sim) -> dict[str, list[AlertEvent]]:
-    """Every detector's alerts on one simulated run, generating the run once."""
-    feeds = {d.name: _Feed(d.engine()) for d in dets}
+def _run_feeds(dets: list[Detector], sim) -> dict[str, _Feed]:
+    incidents = default_config()
+    feeds = {d.name: _Feed(d.engine(), incidents) for d in dets}
     for step, batch in enumerate(sim.batches()):
         for d in dets:
             seen = d.view(batch, step, sim.interval)
             if seen is not None:
                 feeds[d.name].send(seen)
-    return {name: f.close() for name, f in feeds.items()}
+    for f in feeds.values():
+        f.close()
+    return feeds
+
+
+def run_detectors(dets: list[Detector], sim) -> dict[str, list[AlertEvent]]:
+    """Every detector's alerts on one simulated run, generating the run once."""
+    return {name: f.alerts for name, f in _run_feeds(dets, sim).items()}
 
 
 def evaluate(
@@ -70,6 +86,7 @@ def evaluate(
         sim = Simulator(hosts=hosts, duration=duration, seed=seed, scenario=scenario, interval=interval)
         gpu_hours = sim.n_gpus * duration / 3600.0
         labels = sim.labels()
-        for name, alerts in run_detectors(dets, sim).items():
-            score_run(scores[name], labels, alerts, gpu_hours, run=f"{scenario}/{interval:g}s/{seed}")
+        for name, feed in _run_feeds(dets, sim).items():
+            score_run(scores[name], labels, feed.alerts, gpu_hours, run=f"{scenario}/{interval:g}s/{seed}")
+            score_incidents(scores[name], labels, feed.incidents)
     return list(scores.values())

@@ -9,6 +9,8 @@ from typing import Any, Iterable
 import numpy as np
 from scipy.stats import chi2
 
+from pipeline.incidents.events import IncidentEvent
+from pipeline.incidents.scoring import match_incidents
 from pipeline.schema import AlertEvent, fault_family
 from pipeline.scoring import knock_on, match_faults
 
@@ -57,9 +59,18 @@ class Score:
     gpu_hours: float = 0.0
     families: dict[str, FamilyScore] = field(default_factory=dict)
     refires: int = 0  # an alert firing again (new id) before it resolved: see refires()
+    # The incident stage on the same alerts (score_incidents): what a fault costs in incidents.
+    incident_faults: int = 0  # faults scored for incidents
+    incidents: int = 0
+    faults_in_incident: int = 0  # faults in an incident on their host
+    stray_incidents: int = 0  # incidents that match no fault
 
     def family(self, name: str) -> FamilyScore:
         return self.families.setdefault(name, FamilyScore(name))
+
+    @property
+    def firing_alerts(self) -> int:
+        return sum(f.alerts for f in self.families.values())
 
     @property
     def false_alerts(self) -> int:
@@ -132,6 +143,16 @@ def score_run(
             score.family(a.family).knock_on += 1
         else:
             score.family(a.family).false_alerts += 1
+
+
+def score_incidents(score: Score, labels: Iterable[dict[str, Any]], events: Iterable[IncidentEvent]) -> None:
+    """Add one run's incidents (the stage's events on the alerts ``score_run`` scored) to ``score``:
+    faults in an incident on their host, incidents in all, incidents that match no fault."""
+    m = match_incidents(labels, events)
+    score.incident_faults += len(m.faults)
+    score.incidents += len(m.incidents)
+    score.faults_in_incident += m.found
+    score.stray_incidents += len(m.stray)
 
 
 @dataclass

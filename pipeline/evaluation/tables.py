@@ -150,6 +150,40 @@ def detector_rows(scores: list[Score]) -> Rows:
     return r
 
 
+def incident_rows(scores: list[Score]) -> Rows:
+    """Per detector: what a fault costs in alerts and in incidents (the incident stage on the same
+    alerts), faults in an incident on their host, incidents that match no fault."""
+    r = Rows(
+        "Incidents per detector",
+        [
+            "detector",
+            "faults",
+            "firing alerts",
+            "alerts / fault",
+            "incidents",
+            "incidents / fault",
+            "faults in an incident",
+            "incidents matching no fault",
+        ],
+        left=1,
+    )
+    for s in scores:
+        n = s.incident_faults
+        r.rows.append(
+            [
+                s.detector,
+                str(n),
+                str(s.firing_alerts),
+                f"{s.firing_alerts / n:.2f}" if n else "-",
+                str(s.incidents),
+                f"{s.incidents / n:.2f}" if n else "-",
+                f"{s.faults_in_incident}/{n} ({pct(s.faults_in_incident / n if n else float('nan'))})",
+                str(s.stray_incidents),
+            ]
+        )
+    return r
+
+
 def interval_rows(by_interval: dict[float, list[Score]], title: str) -> Rows:
     """Per sampling interval and detector: faults found, false alerts, re-fires, latency p50."""
     r = Rows(
