@@ -15,6 +15,7 @@ hash the root alert's id.
 
 from __future__ import annotations
 
+import heapq
 import math
 from collections import Counter
 from dataclasses import dataclass, field
@@ -40,6 +41,7 @@ MAX_MEMBERS = 256  # alert ids an incident lists; more are counted (``more_membe
 MAX_COMMS = 64  # communicator ids an incident remembers for ``reach: comm``
 MAX_TEXT = 256  # characters of an id, host, rule or label an alert may carry here
 MAX_OPEN = 10_000  # open incidents; an alert that would open one more is dropped and counted
+MAX_FIRING = 100_000  # firing member alerts tracked for their resolution, all incidents together
 
 
 @dataclass
@@ -102,7 +104,13 @@ class IncidentStage:
         self.max_open = max_open
         self.stats: Counter[str] = Counter()
         self._open: dict[str, _Incident] = {}
-        self._by_alert: dict[str, str] = {}  # member alert id -> incident id, for open incidents
+        self._by_alert: dict[str, str] = {}  # firing member alert id -> its incident's id
+        # Where to look for the incident an alert joins: by host, and by the communicators named.
+        self._by_host: dict[str | None, dict[str, _Incident]] = {}
+        self._by_comm: dict[str, set[str]] = {}
+        # (quiet_due, incident id) of incidents whose alerts all resolved; an entry whose incident
+        # took an alert since (its quiet_due changed) is skipped when it comes up.
+        self._due: list[tuple[float, str]] = []
         self._clock = -math.inf
         self._incident_policies = [p for p in config.policies if p.count == "incidents"]
         self._alert_policies = [p for p in config.policies if p.count != "incidents"]
@@ -142,7 +150,7 @@ class IncidentStage:
         return True
 
     def _resolved(self, a: AlertEvent) -> None:
-        iid = self._by_alert.get(a.id)
+        iid = self._by_alert.pop(a.id, None)
         inc = self._open.get(iid) if iid else None
         if inc is None:
             self.stats["incidents.ignored.resolved_not_member"] += 1
@@ -150,10 +158,14 @@ class IncidentStage:
         inc.firing.discard(a.id)
         if not inc.firing:
             inc.quiet_due = max(a.ts, inc.last_join) + self.config.quiet
+            heapq.heappush(self._due, (inc.quiet_due, inc.id))
 
     def _firing(self, a: AlertEvent, out: list[IncidentEvent]) -> None:
         if a.id in self._by_alert:
             self.stats["incidents.ignored.repeated_alert"] += 1
+            return
+        if len(self._by_alert) >= MAX_FIRING:
+            self.stats["incidents.dropped.too_many_firing"] += 1
             return
         xid = _xid(a)
         app = self.config.application_xids
@@ -184,19 +196,22 @@ class IncidentStage:
         firing or recent."""
         fam = fault_family(a.fault)
         window = self.config.join_window
+        on_host = self._by_host.get(a.host, {})
         same = [
             inc
-            for inc in self._open.values()
+            for inc in on_host.values()
             if a.gpu is not None
-            and inc.host == a.host
             and inc.gpu == a.gpu
             and (fam in inc.families or a.ts - inc.last_join <= window or self._explains(inc, a, None))
         ]
         if same:
             return max(same, key=lambda inc: (inc.opened_at, inc.id))
         comm = _comm(a)
+        near = dict(on_host)
+        for iid in self._by_comm.get(comm, ()) if comm is not None else ():
+            near[iid] = self._open[iid]
         best: _Incident | None = None
-        for inc in self._open.values():
+        for inc in near.values():
             if not inc.firing and a.ts - inc.last_join > window:
                 continue
             if best is not None and (inc.last_join, inc.id) <= (best.last_join, best.id):
@@ -232,8 +247,9 @@ class IncidentStage:
             severity=a.severity,
             action=self.config.action_for(a.rule, a.severity),
         )
-        self._add(inc, a)
         self._open[inc.id] = inc
+        self._by_host.setdefault(inc.host, {})[inc.id] = inc
+        self._add(inc, a)
         out.append(self._event(inc, OPENED, a.ts, reason=reason))
         for p in self._incident_policies:
             self._count(p, inc, a.host or "", None, a.ts, inc.id, out, None)
@@ -261,8 +277,9 @@ class IncidentStage:
         inc.rules.add(a.rule)
         inc.families.add(fault_family(a.fault))
         comm = _comm(a)
-        if comm is not None and len(inc.comms) < MAX_COMMS:
+        if comm is not None and comm not in inc.comms and len(inc.comms) < MAX_COMMS:
             inc.comms.add(comm)
+            self._by_comm.setdefault(comm, set()).add(inc.id)
         inc.last_join = max(inc.last_join, a.ts)
         inc.quiet_due = None
         inc.job = inc.job or (a.job[:MAX_TEXT] if a.job else None)
@@ -301,19 +318,21 @@ class IncidentStage:
     # -- time --------------------------------------------------------------------------------
 
     def _expire(self, out: list[IncidentEvent]) -> None:
-        due = sorted(
-            (inc.quiet_due, inc.id)
-            for inc in self._open.values()
-            if inc.quiet_due is not None and inc.quiet_due <= self._clock
-        )
-        for when, iid in due:
-            inc = self._open.pop(iid)
-            for m in inc.members:
-                self._by_alert.pop(m, None)
-            # Members past MAX_MEMBERS are not listed: forget them by incident.
-            if inc.more:
-                for k in [k for k, v in self._by_alert.items() if v == iid]:
-                    del self._by_alert[k]
+        while self._due and self._due[0][0] <= self._clock:
+            when, iid = heapq.heappop(self._due)
+            inc = self._open.get(iid)
+            if inc is None or inc.quiet_due != when:
+                continue  # resolved already, or an alert joined it since
+            del self._open[iid]
+            host = self._by_host[inc.host]
+            del host[iid]
+            if not host:
+                del self._by_host[inc.host]
+            for c in inc.comms:
+                ids = self._by_comm[c]
+                ids.discard(iid)
+                if not ids:
+                    del self._by_comm[c]
             out.append(self._event(inc, RESOLVED, when))
 
     def _event(

@@ -147,3 +147,26 @@ def test_the_same_firing_alert_twice_is_counted_once() -> None:
     st = IncidentStage(default_config())
     ev = st.process([a, a])
     assert len(ev) == 1 and st.stats["incidents.ignored.repeated_alert"] == 1
+
+
+def test_a_flood_of_alerts_on_many_hosts_is_handled_without_a_quadratic_walk() -> None:
+    # 20,000 alerts on 20,000 hosts: each looks only at its own host's incidents (and its
+    # communicators'), so this takes a second or two, where walking every open incident for every
+    # alert took minutes. The generous bound only proves there is no such walk.
+    import time
+
+    st = IncidentStage(default_config())
+    flood = [alert("nccl_comm_busbw", i * 0.01, host=f"h{i}", gpu=None, comm=f"c{i}", id=f"f{i}") for i in range(20_000)]
+    t0 = time.perf_counter()
+    ev = st.process(flood)
+    assert time.perf_counter() - t0 < 20.0
+    assert len(ev) == st.max_open and st.stats["incidents.dropped.too_many_open"] == 20_000 - st.max_open
+
+
+def test_firing_alerts_tracked_for_resolution_are_bounded(monkeypatch) -> None:
+    from pipeline.incidents import stage
+
+    monkeypatch.setattr(stage, "MAX_FIRING", 5)
+    st = IncidentStage(default_config())
+    st.process([alert("nvlink_crc_errors", i, id=f"a{i}") for i in range(8)])
+    assert st.stats["incidents.dropped.too_many_firing"] == 3
