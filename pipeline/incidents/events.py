@@ -27,7 +27,7 @@ class IncidentRoot(msgspec.Struct, kw_only=True, gc=False):
     fault: str
 
 
-class IncidentEvent(msgspec.Struct, tag="incident", tag_field="kind", kw_only=True, omit_defaults=True):
+class IncidentEvent(msgspec.Struct, tag="incident", tag_field="kind", kw_only=True):
     """One change of an incident: ``opened``, ``updated`` (``changes`` says what) or ``resolved``."""
 
     v: int = SCHEMA_VERSION

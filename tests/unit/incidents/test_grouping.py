@@ -170,3 +170,16 @@ def test_firing_alerts_tracked_for_resolution_are_bounded(monkeypatch) -> None:
     st = IncidentStage(default_config())
     st.process([alert("nvlink_crc_errors", i, id=f"a{i}") for i in range(8)])
     assert st.stats["incidents.dropped.too_many_firing"] == 3
+
+
+def test_every_event_carries_every_key_null_when_unknown() -> None:
+    import json
+
+    from pipeline.schema import encode
+
+    doc = json.loads(encode(run([alert("builtin_telemetry_gap", 0, gpu=None)])[0]))
+    assert doc["gpu"] is None and doc["job"] is None and doc["mig_instance"] is None
+    assert {"incident", "state", "ts", "host", "gpu", "root", "members", "severity", "action", "job", "pod",
+            "mig_instance"} <= set(doc)
+    assert doc["root"] == {"alert": "builtin_telemetry_gap/n1/None/0", "rule": "builtin_telemetry_gap",
+                           "fault": "telemetry_gap"}
