@@ -14,7 +14,6 @@ mypy (assignments to these types).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, Sequence, runtime_checkable
 
 from pipeline.engine import EngineOutput
@@ -27,19 +26,6 @@ if TYPE_CHECKING:
     from pipeline.engine import EngineConfig
     from pipeline.engine.stage import Stage
     from pipeline.runner import Totals
-
-
-@dataclass
-class StageOutput(EngineOutput):
-    """A ``Detector``'s output with the records its host stage forwarded to its fleet side during
-    the call (empty for a detector of one stage)."""
-
-    forwarded: list[TelemetryRecord] = field(default_factory=list)
-
-    def extend(self, other: EngineOutput) -> None:
-        super().extend(other)
-        if isinstance(other, StageOutput):  # an Engine's own output forwards nothing
-            self.forwarded.extend(other.forwarded)
 
 
 @runtime_checkable

@@ -10,7 +10,7 @@ from typing import Callable, Sequence, overload
 from pipeline.bus.base import Message
 from pipeline.decode import INTERNAL, RAW_KEEP, Decoder
 from pipeline.engine import Engine, EngineOutput
-from pipeline.protocols import Detector, StageOutput
+from pipeline.protocols import Detector
 from pipeline.schema import DeadLetter
 
 log = logging.getLogger("gpuwarden.runner")
@@ -67,9 +67,9 @@ class Pipeline:
         self.clock = clock
         self.totals = Totals()
 
-    def handle(self, messages: Sequence[Message]) -> StageOutput:
+    def handle(self, messages: Sequence[Message]) -> EngineOutput:
         """The batch's alerts and dead letters, and what the detector forwarded (``forwarded``)."""
-        out = StageOutput()
+        out = EngineOutput()
         if self.decoder.fields is not self.engine.decode_fields:  # new engine or rules reloaded
             self.decoder.set_fields(self.engine.decode_fields)
         d = self.decoder.decode_many([m.value for m in messages], _Origins(messages))
@@ -86,7 +86,7 @@ class Pipeline:
         every record it was given)."""
         return next_offset
 
-    def handle_guarded(self, messages: Sequence[Message]) -> StageOutput:
+    def handle_guarded(self, messages: Sequence[Message]) -> EngineOutput:
         """``handle``, where an unexpected error costs only the message that caused it.
 
         In the service an exception out of a batch would leave before checkpoint and commit, so
@@ -101,7 +101,7 @@ class Pipeline:
             log.error(
                 "a batch raised %s: %s; handling its %d message(s) one by one", type(e).__name__, e, len(messages)
             )
-        out = StageOutput()
+        out = EngineOutput()
         for m in messages:
             try:
                 out.extend(self.handle([m]))
@@ -117,10 +117,10 @@ class Pipeline:
                 out.dead.append(dead)
         return out
 
-    def flush(self) -> StageOutput:
+    def flush(self) -> EngineOutput:
         """End of input: what the detector still held back."""
         got = self.engine.flush()
-        out = StageOutput(got.alerts, got.dead)
+        out = EngineOutput(got.alerts, got.dead)
         self.totals.add(out)
         return out
 

@@ -34,7 +34,6 @@ import numpy as np
 from pipeline.engine import Engine, EngineConfig, EngineOutput
 from pipeline.engine.stage import Stage
 from pipeline.errors import StateError
-from pipeline.protocols import StageOutput
 from pipeline.schema import DcgmSample, NcclRecord, TelemetryRecord, dcgm_record_type
 
 FLEET_KEY = "fleet"  # the fleet stage's one key: every model compares over the whole fleet
@@ -390,7 +389,7 @@ def canonical_order(records: list[TelemetryRecord], ts: np.ndarray) -> tuple[lis
 class Topology:
     """Both stages, fed like an ``Engine`` (a ``Detector``: ``process``/``flush``/``snapshot``).
 
-    ``process`` returns what the host stage forwarded (``StageOutput.forwarded``). With
+    ``process`` returns what the host stage forwarded (``EngineOutput.forwarded``). With
     ``local_fleet`` (the default) a ``FleetStage`` in this process gets it and its alerts join the
     output; without, the caller sends it on (the service's host stage, to the fleet topic).
 
@@ -410,10 +409,8 @@ class Topology:
         self.make_fleet_engine = make_fleet_engine
         self.fleet: FleetStage | None = FleetStage(make_fleet_engine) if local_fleet else None
         self._template: Engine | None = None  # what the fleet stage reads, without a local one
-        self._forwarded: list[TelemetryRecord] = []
-        # The engine hands out what it accepted through its ``forward`` hook only: collected here
-        # and returned by ``process`` (the one place the hook is read).
-        self.host.forward = self._forwarded.extend
+        # The host stage returns what it accepted in its output (``EngineOutput.forwarded``).
+        self.host.forwards = True
         self._fields: tuple[str, ...] | None = None
 
     def fleet_engine(self) -> Engine:
@@ -459,14 +456,10 @@ class Topology:
 
     def process(
         self, records: Sequence[TelemetryRecord], origins: Sequence[str] | None = None, now: float | None = None
-    ) -> StageOutput:
+    ) -> EngineOutput:
         """The host stage's output for the batch with the records it forwarded (``forwarded``),
         and with a local fleet stage what that released after them."""
-        try:
-            got = self.host.process(records, origins, now)
-            out = StageOutput(got.alerts, got.dead, self._forwarded[:])
-        finally:
-            self._forwarded.clear()
+        out = self.host.process(records, origins, now)
         if self.fleet is not None:
             self.fleet.feed(out.forwarded)
             self.fleet.mark(0, self.host.released)

@@ -18,7 +18,7 @@ import math
 import operator
 from collections import Counter
 from itertools import compress
-from typing import Any, Callable, Sequence, cast
+from typing import Any, Sequence, cast
 
 import numpy as np
 
@@ -66,7 +66,7 @@ class Engine:
         rules: Stage | None = None,
         models: Stage | None = None,
         stages: Sequence[Stage] = (),
-        forward: Callable[[list[TelemetryRecord]], None] | None = None,
+        forwards: bool = False,
         screened: bool = False,
     ) -> None:
         """Built-in checks run unless ``row_checks``/``tick_checks`` are given; with ``rules``,
@@ -75,12 +75,13 @@ class Engine:
         read their scores. ``stages``: more stages (``pipeline.engine.stage``), run after those
         in this order, each seeing what the earlier ones published.
 
-        ``forward``: called with every batch's accepted records (after screening: what this engine
-        will process), for a later stage of the topology (``pipeline/topology.py``).
+        ``forwards``: every batch's accepted records (after screening: what this engine will
+        process) are also in its output's ``forwarded``, for a later stage of the topology
+        (``pipeline/topology.py``).
         ``screened``: the records come from such a stage, already screened, ordered and released
         by its watermark (``advance_to``): only lateness is checked, never the fleet's clock."""
         self.config = config or EngineConfig()
-        self.forward = forward
+        self.forwards = forwards
         self.screened = screened
         default_rows, default_ticks = builtin_checks()
         if row_checks is None and tick_checks is None:
@@ -242,8 +243,8 @@ class Engine:
             clock.accepted(ts)
             if len(ts):
                 self._chunks.append(self._ingest(records, origins, ts, hosts, out))
-                if self.forward is not None:
-                    self.forward(list(records))
+                if self.forwards:
+                    out.forwarded.extend(records)
         if not self.screened:
             wm, complete = self._watermark(now)
             self._release(self._release_bound(wm), out, final=False)

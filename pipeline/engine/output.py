@@ -5,20 +5,24 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Sequence, overload
 
-from pipeline.schema import AlertEvent, DeadLetter
+from pipeline.schema import AlertEvent, DeadLetter, TelemetryRecord
 
 
 @dataclass
 class EngineOutput:
-    """The alert state changes and dead letters a batch (or a flush) caused, in order."""
+    """The alert state changes and dead letters a batch (or a flush) caused, in order, and the
+    records a host stage accepted for its fleet side (``forwarded``; empty unless the engine
+    ``forwards``)."""
 
     alerts: list[AlertEvent] = field(default_factory=list)
     dead: list[DeadLetter] = field(default_factory=list)
+    forwarded: list[TelemetryRecord] = field(default_factory=list)
 
     def extend(self, other: "EngineOutput") -> None:
-        """Append ``other``'s alerts and dead letters to these."""
+        """Append ``other``'s alerts, dead letters and forwarded records to these."""
         self.alerts.extend(other.alerts)
         self.dead.extend(other.dead)
+        self.forwarded.extend(other.forwarded)
 
 
 class Numbered(Sequence[str]):

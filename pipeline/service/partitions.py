@@ -14,8 +14,9 @@ from pipeline.bus.base import Message, Topics
 from pipeline.bus.group import GroupConsumer
 from pipeline.decode import Decoder
 from pipeline.detection import Stages, build_stages
+from pipeline.engine import EngineOutput
 from pipeline.errors import BusError, StateError
-from pipeline.protocols import Detector, PartitionTask, StageOutput
+from pipeline.protocols import Detector, PartitionTask
 from pipeline.runner import Pipeline
 from pipeline.service.config import Config
 from pipeline.service.fleet import FleetTask, Outbox
@@ -58,13 +59,13 @@ class ForwardingPipeline(Pipeline):
         super().__init__(detector, decoder)
         self.outbox = outbox
 
-    def handle_guarded(self, messages: Sequence[Message]) -> StageOutput:
+    def handle_guarded(self, messages: Sequence[Message]) -> EngineOutput:
         out = super().handle_guarded(messages)
         self.outbox.feed(out.forwarded)
         self.outbox.mark(self.outbox.partition, self.engine.released)
         return out
 
-    def flush(self) -> StageOutput:
+    def flush(self) -> EngineOutput:
         """The detector's flush, and a final mark: this task holds nothing back until it next
         marks (the bound stays the last one: a flush releases to no finite time)."""
         out = super().flush()

@@ -6,8 +6,8 @@ from __future__ import annotations
 import math
 
 from pipeline.detection import Stages, build_detector
-from pipeline.engine import Engine
-from pipeline.protocols import Detector, FleetSide, PartitionTask, StageOutput
+from pipeline.engine import Engine, EngineOutput
+from pipeline.protocols import Detector, FleetSide, PartitionTask
 from pipeline.runner import Pipeline
 from pipeline.service.fleet import FleetTask, Outbox
 from pipeline.service.partitions import ForwardingPipeline
@@ -46,7 +46,7 @@ def test_process_returns_what_the_host_stage_forwarded():
     recs = [sample(t, "n1", g, gpu_temp=50) for t in range(5) for g in range(2)]
     local = Topology(Engine(), _fleet_engine)
     out = local.process(recs)
-    assert isinstance(out, StageOutput) and out.forwarded == recs
+    assert isinstance(out, EngineOutput) and out.forwarded == recs
     assert local.fleet is not None and local.fleet.stats["fed"] == len(recs)
     assert local.process([]).forwarded == []                  # nothing is forwarded twice
     remote = Topology(Engine(), _fleet_engine, local_fleet=False)
