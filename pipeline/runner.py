@@ -93,7 +93,9 @@ class Pipeline:
         every restart would read the same message and die with it (a poison pill); in replay it
         ended the run and lost the rest of the file. Instead the batch is handled again one
         message at a time, and each message that still raises becomes an ``internal`` dead
-        letter carrying the error, and the driver goes on.
+        letter carrying the error, and the driver goes on. A stage that raises on a tick's rows
+        does not reach here: the engine dead-letters those rows itself and goes on, so no record
+        it had taken is fed twice (``Engine._failed_rows``).
         """
         try:
             return self.handle(messages)

@@ -14,6 +14,7 @@ lifecycle into alerts (``alerts.py``). The snapshot's layout is in ``snapshot.py
 
 from __future__ import annotations
 
+import logging
 import math
 import operator
 from collections import Counter
@@ -22,7 +23,7 @@ from typing import Any, Sequence, cast
 
 import numpy as np
 
-from pipeline.deadletters import ENTITY_LIMIT, Origins, take_origins
+from pipeline.deadletters import ENTITY_LIMIT, INTERNAL, Origins, take_origins
 from pipeline.engine.arrays import from_dict, to_dict
 from pipeline.engine.alerts import alert_event, per_host
 from pipeline.engine.checks import GPU, RowCheck, TickCheck, absent_after, builtin_checks
@@ -40,6 +41,8 @@ from pipeline.engine.stage import CheckStage, Stage, StageCheck
 from pipeline.engine.state import GpuState, advance
 from pipeline.engine.ticks import skip_ahead
 from pipeline.schema import AlertEvent, DcgmRecord, DcgmSample, DeadLetter, NcclRecord, TelemetryRecord
+
+log = logging.getLogger("gpuwarden.engine")
 
 __all__ = ["Engine", "EngineOutput"]
 
@@ -529,8 +532,12 @@ class Engine:
         view = advance(self.state, chunk, self.entities, ts0, self._columnizer.column_array)
         outputs: dict[str, Any] = {}  # what each stage publishes for the later ones
         conds: list[tuple[StageCheck, np.ndarray]] = []
-        for stage in self.stages:
-            conds += stage.run(view, self.entities, outputs)
+        try:
+            for stage in self.stages:
+                conds += stage.run(view, self.entities, outputs)
+        except Exception as e:  # noqa: BLE001 - a stage's bug costs this tick's rows, not the stream
+            self._failed_rows(chunk, e, out)
+            return
         transitions: list[tuple[StageCheck, Transition]] = []
         lifecycles = self.lifecycles
         for check, cond in conds:
@@ -552,6 +559,27 @@ class Engine:
         for check, t in transitions:
             ev = check.evidence(view, t.row)
             out.alerts.append(self._alert(check, t, ev))
+        for stage in self.stages:
+            stage.finish()
+
+    def _failed_rows(self, chunk: DcgmFrame, e: Exception, out: EngineOutput) -> None:
+        """A stage raised on ``chunk``: its rows are not evaluated, one ``internal`` dead letter per
+        host says so, and the engine goes on with the next rows. Left in place, the rows would
+        raise again at every later call, and a driver that fed the batch again to isolate the
+        record would feed every other record twice (``Pipeline.handle_guarded``)."""
+        log.exception("a stage raised on %d rows at %.3f; they are dead-lettered as internal", len(chunk), chunk.ts[0])
+        self.stats["dead." + INTERNAL] += len(chunk)
+        hosts, first, counts = np.unique(chunk.host, return_index=True, return_counts=True)
+        detail = f"{type(e).__name__}: {e}"[:240]
+        for h, i, n in zip(hosts.tolist(), first.tolist(), counts.tolist()):
+            name = self.entities.hosts[h]
+            out.dead.append(
+                DeadLetter(
+                    reason=INTERNAL,
+                    detail=f"{n} sample(s) not evaluated, a stage raised: {detail}",
+                    origin=f"{name}@{float(chunk.ts[i]):.3f}",
+                )
+            )
         for stage in self.stages:
             stage.finish()
 

@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+from collections import Counter
+
 from pipeline.bus.base import Message
-from pipeline.engine import Engine
+from pipeline.bus.telemetry import as_consumed, per_host_messages
+from pipeline.catalog import FIELDS
+from pipeline.engine import Engine, EngineConfig
+from pipeline.engine.stage import StageBase
 from pipeline.runner import Pipeline
 from pipeline.schema import encode
-from tests.factories import sample
+from tests.factories import T0, sample
 
 
 class _Boom(Engine):
@@ -25,3 +30,36 @@ def test_a_message_that_raises_is_an_internal_dead_letter_and_its_neighbours_are
     assert [(d.reason, d.origin) for d in out.dead] == [("internal", "t[0]@3")]
     assert "ZeroDivisionError: a bug" in out.dead[0].detail
     assert pipe.totals.records == 5 and pipe.totals.dead["internal"] == 1
+
+
+class _Picky(StageBase):
+    """A stage with a bug that one sample's value reaches, counting every row it evaluates."""
+
+    kind = "picky"
+    state_key = None
+
+    def __init__(self) -> None:
+        self.seen: Counter[tuple[float, int]] = Counter()
+        self.checks = []
+        self.columns = {FIELDS.require("gpu_temp").column}
+
+    def run(self, view, entities, outputs):
+        self.seen.update(zip(view.frame.ts.tolist(), view.frame.gpu.tolist()))
+        if (view.value("gpu_temp") == 999).any():
+            raise ZeroDivisionError("a bug")
+        return []
+
+
+def test_an_engine_that_raises_mid_batch_costs_that_ticks_rows_once_and_nothing_else() -> None:
+    # The engine raised in a tick after ingesting the whole batch: handle_guarded's message-by-
+    # message retry fed every record a second time, and the poison rows, left pending, raised again
+    # at every later call (flush included): the partition was wedged.
+    recs = [sample(t, "n1", g, gpu_temp=999 if t == 3 and g == 0 else 60) for t in range(8) for g in range(2)]
+    stage = _Picky()
+    pipe = Pipeline(Engine(EngineConfig(), row_checks=[], tick_checks=[], stages=[stage]))
+    out = pipe.handle_guarded(as_consumed(per_host_messages(recs), "t", 0))
+    out.extend(pipe.flush())
+    assert max(stage.seen.values()) == 1 and len(stage.seen) == len(recs)
+    assert [(d.reason, d.origin) for d in out.dead] == [("internal", f"n1@{T0 + 3:.3f}")]
+    assert "ZeroDivisionError: a bug" in out.dead[0].detail and "2 sample(s)" in out.dead[0].detail
+    assert pipe.engine.stats["dead.internal"] == 2
