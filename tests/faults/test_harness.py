@@ -8,8 +8,9 @@ import sys
 import pytest
 
 from pipeline.bus import Topics
+from pipeline.bus.kafka import ensure_topics
 from tests.faults import conftest
-from tests.faults.conftest import ServiceProc, ensure_topics, wait_for, write_config
+from tests.faults.factories import ServiceProc, wait_for, write_config
 
 
 def test_the_clean_up_sees_every_service_a_test_starts(tmp_path):

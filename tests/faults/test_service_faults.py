@@ -11,8 +11,9 @@ import time
 import pytest
 
 from pipeline.bus import Topics
-from tests.faults.conftest import (ServiceProc, alerts_on_topic, committed, ensure_topics, golden_alerts, publish,
-                                   wait_for, write_config)
+from pipeline.bus.kafka import ensure_topics
+from pipeline.recording import publish
+from tests.faults.factories import ServiceProc, alerts_on_topic, committed, golden_alerts, wait_for, write_config
 
 pytestmark = pytest.mark.kafka
 

@@ -9,8 +9,9 @@ import json
 from kafka import KafkaAdminClient
 
 from pipeline.bus import Topics
-from tests.faults.conftest import (ServiceProc, alerts_on_topic, ensure_topics, golden_alerts, publish, record,
-                                   wait_for, write_config)
+from pipeline.bus.kafka import ensure_topics
+from pipeline.recording import publish, record
+from tests.faults.factories import ServiceProc, alerts_on_topic, golden_alerts, wait_for, write_config
 from tests.faults.test_service_faults import ids
 
 HOST = "gpu-node-001"   # a real host of the recording: the hostile records speak for it

@@ -12,7 +12,8 @@ import time
 import pytest
 
 from pipeline.bus import Topics
-from tests.faults.conftest import ServiceProc, alerts_on_topic, ensure_topics, golden_alerts, wait_for, write_config
+from pipeline.bus.kafka import ensure_topics
+from tests.faults.factories import ServiceProc, alerts_on_topic, golden_alerts, wait_for, write_config
 from tests.faults.test_service_faults import ids, no_conflicting_duplicates, published_in_background
 
 pytestmark = pytest.mark.kafka
@@ -23,7 +24,7 @@ def cross_host(tmp_path_factory):
     import subprocess
     import sys
 
-    from tests.faults.conftest import ROOT
+    from tests.faults.factories import ROOT
     tmp = tmp_path_factory.mktemp("stages")
     rec = tmp / "rec.jsonl"
     subprocess.run([sys.executable, "-m", "pipeline", "sim", "--hosts", "8", "--duration", "600", "--seed", "3",

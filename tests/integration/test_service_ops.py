@@ -12,7 +12,7 @@ import pytest
 from pipeline.bus import Topics
 from pipeline.bus.kafka import KafkaBusProducer, ensure_topics
 from tests.factories import T0
-from tests.faults.conftest import RULES, ServiceProc, wait_for, write_config
+from tests.faults.factories import RULES, ServiceProc, wait_for, write_config
 
 pytestmark = pytest.mark.kafka
 
