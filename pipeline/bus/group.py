@@ -1,6 +1,6 @@
 """A consumer-group member of one topic: what the service needs from Kafka, and nothing else.
 
-``GroupConsumer`` is the seam between the service's commit protocol (pipeline/service/app.py)
+``GroupConsumer`` is the seam between the service's commit protocol (pipeline/service/commit.py)
 and a bus: ``KafkaGroupConsumer`` here runs it on kafka-python, ``MemoryGroupConsumer``
 (pipeline/bus/memory.py) in process, so the protocol's crash and rebalance cases get fast unit
 tests beside the real-broker fault suite (tests/faults/).
