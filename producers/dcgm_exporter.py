@@ -129,7 +129,12 @@ def _screen(text: str, stats: ParseStats) -> list[str]:
 
 def _families(text: str, stats: ParseStats) -> list[Metric]:
     """Parse with the maintained parser; if the text is damaged (a cut-off scrape), parse it
-    again line by line so one bad line costs only itself."""
+    again line by line so one bad line costs only itself. A text that does not end with a newline
+    was cut off (the exporter ends every line with one): its last line may be a prefix that still
+    parses, ``temp 4`` of ``temp 45``, so it is dropped as a bad line."""
+    if text and not text.endswith("\n"):
+        text = text[: text.rfind("\n") + 1]
+        stats.bad_lines += 1
     lines = _screen(text, stats)
     try:
         return list(text_string_to_metric_families("\n".join(lines) + "\n"))

@@ -129,3 +129,11 @@ def test_fuzz_hostile_series_mixed_with_good_ones(bad, rnd):
     good, _ = _good()
     assert {(r.host, r.gpu, r.link): r for r in recs} == good  # every good series kept, unchanged
     assert st_.bad_label + st_.no_gpu_label + st_.bad_lines == len(bad)  # every hostile one counted
+
+
+def test_a_scrape_cut_mid_line_loses_that_line_not_its_value():
+    # "45" cut to "4" still parses: a body without its final newline was cut off, and its last
+    # line must not become a 4 °C reading of GPU 1.
+    text = 'DCGM_FI_DEV_GPU_TEMP{gpu="0",Hostname="n1"} 45\nDCGM_FI_DEV_GPU_TEMP{gpu="1",Hostname="n1"} 4'
+    recs, st_ = parse_metrics(text, ts=TS)
+    assert [r.gpu for r in recs] == [0] and st_.bad_lines == 1
