@@ -37,8 +37,8 @@ class EngineConfig:
       the watermark (and every other host's data) with it. A jump the fleet makes together is
       followed after its first record from each of half the hosts.
     - ``max_hosts``: hosts one engine keeps state for (a service engine sees one partition's);
-      records of further new hosts are ``entity_limit`` dead letters. 200,000 junk host names
-      once took 1.55 GB; the largest fleet this is built for has 2,048 hosts.
+      records of further new hosts are ``entity_limit`` dead letters, so junk host names cannot
+      grow its memory without bound.
     """
 
     allowed_lateness: float = 30.0

@@ -9,8 +9,7 @@ On ``<prefix>.fleet`` there are two kinds of message:
 - **marks**: ``{"mark": <telemetry partition>, "upto": <ts>, "final": <bool>, "n": <partitions>}``,
   sent by each host-stage task after the records they cover, with the records' key and on the
   same producer, so on the records' partition a mark follows every record it covers. The other
-  fleet partitions get neither (they hold nothing to release); a mark to each of them cost
-  every host-stage batch one message per fleet partition, for nothing.
+  fleet partitions get neither: they hold nothing to release.
 
 Each travels in an envelope (``Envelope``, msgpack): the sending telemetry partition, the body,
 and an HMAC-SHA256 under a key derived from the state key (``pipeline.service.state.derived_key``)
