@@ -25,3 +25,11 @@ def test_ruff_format_has_nothing_to_change() -> None:
     res = subprocess.run([ruff, "format", "--check", "--no-cache", "pipeline", "producers"],
                          cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert res.returncode == 0, res.stdout + res.stderr
+
+
+def test_no_two_test_modules_share_a_name() -> None:
+    # The test folders are not packages: pytest imports each test module by its basename, and a
+    # second file of the same name stops the whole collection.
+    root = Path(__file__).resolve().parents[2] / "tests"
+    names = [p.name for p in root.rglob("test_*.py")]
+    assert sorted({n for n in names if names.count(n) > 1}) == []
