@@ -91,7 +91,7 @@ def run_demo(
     t0 = None
     console.print(
         f"[bold]gpuwarden demo[/]: {hosts} hosts x 8 GPUs, {duration:.0f}s of event time, "
-        f"scenario [cyan]{scenario}[/], seed {seed}, in-process bus, {len(engine.rules)} rules from {rules_dir}"
+        f"scenario [cyan]{scenario}[/], seed {seed}, in-process bus, {len(engine.rules.checks) if engine.rules else 0} rules from {rules_dir}"
         f"{', ' + str(len(engine.models.checks)) + ' online models' if engine.models else ''}"
     )
 

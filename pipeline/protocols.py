@@ -14,7 +14,7 @@ mypy (assignments to these types).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Protocol, Sequence, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, Sequence, runtime_checkable
 
 from pipeline.engine import EngineOutput
 from pipeline.schema import TelemetryRecord
@@ -36,11 +36,11 @@ class Detector(Protocol):
     def config(self) -> EngineConfig: ...
 
     @property
-    def rules(self) -> Any:  # the engine knows its rule set as a stage only (pipeline/engine/stage.py)
+    def rules(self) -> Stage | None:  # the engine knows its rule set as a stage (pipeline/engine/stage.py)
         ...
 
     @property
-    def models(self) -> Any:  # likewise its model set
+    def models(self) -> Stage | None:  # likewise its model set
         ...
 
     @property

@@ -427,11 +427,11 @@ class Topology:
         return self.host.config
 
     @property
-    def rules(self) -> Any:
+    def rules(self) -> Stage | None:
         return self.host.rules
 
     @property
-    def models(self) -> Any:
+    def models(self) -> Stage | None:
         return self.fleet_engine().models
 
     @property
