@@ -6,6 +6,7 @@ With CI=true a Kafka test that finds no broker fails; it never silently skips.
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import uuid
 
@@ -14,6 +15,15 @@ import pytest
 # `gpuwarden serve` refuses to start without a checkpoint key (pipeline/service/state.py); every
 # service the tests start, in process or as a child, signs with this one unless a test says otherwise.
 os.environ.setdefault("GPUWARDEN_STATE_KEY", "gpuwarden-tests-state-key-0123456789")
+
+
+@pytest.fixture(autouse=True)
+def _sigpipe_ignored_after_each_test():
+    """`gpuwarden` commands run in process set SIGPIPE to its default action (pipeline/cli, for
+    `| head`); left so, a later test's loopback server writing to a client that hung up would
+    end the whole test run instead of raising EPIPE in its thread."""
+    yield
+    signal.signal(signal.SIGPIPE, signal.SIG_IGN)
 
 
 def _reachable(bootstrap: str) -> bool:

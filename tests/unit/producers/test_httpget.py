@@ -22,6 +22,8 @@ from producers.dcgm_exporter import ExporterSource
 from tests.factories import SHARED_DATA as DATA  # noqa: E402
 
 BODY = (DATA / "dcgm_exporter_h100_8gpu_sampled.prom").read_bytes()
+# A write to a client that gave up must be an error in the server thread, not a signal.
+NOSIGNAL = getattr(socket, "MSG_NOSIGNAL", 0)
 ROOT = Path(__file__).resolve().parents[3]
 
 
@@ -79,14 +81,14 @@ def serve():
 def _trickle(data: bytes, every_s: float = 0.5) -> Callable[[socket.socket], None]:
     def handle(c: socket.socket) -> None:
         for i in range(len(data)):
-            c.sendall(data[i : i + 1])
+            c.sendall(data[i : i + 1], NOSIGNAL)
             time.sleep(every_s)
 
     return handle
 
 
 def _answer(head: bytes, body: bytes = b"") -> Callable[[socket.socket], None]:
-    return lambda c: c.sendall(head + body)
+    return lambda c: c.sendall(head + body, NOSIGNAL)
 
 
 OK_HEAD = b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: %d\r\n\r\n"
@@ -163,7 +165,8 @@ def test_redirect_on_the_same_origin_is_followed_elsewhere_refused(serve):
     assert _fails(local.url)[0] == "redirect_refused"  # followed to /other on itself: a loop, capped
     https = serve(
         lambda c: c.sendall(
-            f"HTTP/1.1 307 X\r\nLocation: https://127.0.0.1:{c.getsockname()[1]}/m\r\nContent-Length: 0\r\n\r\n".encode()
+            f"HTTP/1.1 307 X\r\nLocation: https://127.0.0.1:{c.getsockname()[1]}/m\r\nContent-Length: 0\r\n\r\n".encode(),
+            NOSIGNAL,
         )
     )
     assert _fails(https.url)[0] == "redirect_refused"
@@ -173,9 +176,9 @@ def test_redirect_on_the_same_origin_is_followed_elsewhere_refused(serve):
     def once(c: socket.socket) -> None:
         hops["n"] += 1
         if hops["n"] == 1:
-            c.sendall(b"HTTP/1.1 302 Found\r\nLocation: /metrics2\r\nContent-Length: 0\r\n\r\n")
+            c.sendall(b"HTTP/1.1 302 Found\r\nLocation: /metrics2\r\nContent-Length: 0\r\n\r\n", NOSIGNAL)
         else:
-            c.sendall(OK_HEAD % len(BODY) + BODY)
+            c.sendall(OK_HEAD % len(BODY) + BODY, NOSIGNAL)
 
     assert httpget.get(serve(once).url, timeout_s=2.0, max_bytes=1 << 20) == BODY
 
