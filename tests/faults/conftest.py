@@ -42,7 +42,7 @@ def _stacks_of_live_services() -> str:
             svc.proc.send_signal(signal.SIGUSR1)
             time.sleep(1.0)
             with open(svc.log, "rb") as fh:
-                fh.seek(max(0, before - 4000))
+                fh.seek(max(0, before - 20000))  # deep stacks (a YAML load) run to tens of KB
                 tail = fh.read().decode(errors="replace")
             out.append(f"--- {' '.join(svc.args) or 'serve'} (pid {svc.proc.pid}), end of {svc.log}:\n{tail}")
     return "\n".join(out)

@@ -186,7 +186,7 @@ def test_a_reload_that_fails_unexpectedly_is_refused_not_raised(tmp_path, monkey
     reloader = RuleReloader([d], eng)
     import pipeline.rules.reload as R
 
-    monkeypatch.setattr(R, "load_rules", lambda *a, **k: (_ for _ in ()).throw(MemoryError()))
+    monkeypatch.setattr(R, "compile_rules", lambda *a, **k: (_ for _ in ()).throw(MemoryError()))
     reloader.request()
     res = reloader.poll()
     assert not res.applied and res.diagnostics[0].code == D.INTERNAL
