@@ -124,6 +124,20 @@ def compose(text: str, limits: Limits = DEFAULT, *, base: type = yaml.SafeLoader
         loader.dispose()
 
 
+def syntax_error(e: yaml.YAMLError) -> tuple[str, int, int]:
+    """A YAML syntax error as (problem, line, column), 1-based, for a ``file:line:col`` diagnostic.
+
+    >>> try:
+    ...     compose("a: [1, 2")
+    ... except yaml.YAMLError as e:
+    ...     syntax_error(e)[1:]
+    (1, 9)
+    """
+    mark = getattr(e, "problem_mark", None) or getattr(e, "context_mark", None)
+    problem = getattr(e, "problem", None) or str(e)
+    return problem, (mark.line + 1 if mark else 1), (mark.column + 1 if mark else 1)
+
+
 def load(text: str, limits: Limits = DEFAULT, *, base: type = yaml.SafeLoader) -> Any:
     """``yaml.safe_load`` (or ``base``'s load) with the limits of ``compose``."""
     loader = _loader(text, limits, base)

@@ -471,15 +471,8 @@ def parse_config(text: str, path: str = "<incidents>") -> tuple[IncidentConfig |
         r.err(None, f"YAML: {e.message}", _LIMIT_CODES[e.kind], line=e.line, col=e.col)
         return None, r.diags
     except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None) or getattr(e, "context_mark", None)
-        problem = getattr(e, "problem", None) or str(e)
-        r.err(
-            None,
-            f"YAML syntax: {problem}",
-            YAML_SYNTAX,
-            line=mark.line + 1 if mark else 1,
-            col=mark.column + 1 if mark else 1,
-        )
+        problem, line, col = yamlsafe.syntax_error(e)
+        r.err(None, f"YAML syntax: {problem}", YAML_SYNTAX, line=line, col=col)
         return None, r.diags
     if root is None:
         return IncidentConfig(), []

@@ -165,15 +165,8 @@ class _FileLoader:
             self.err(None, f"YAML: {e.message}", _LIMIT_CODES[e.kind], line=e.line, col=e.col)
             return
         except yaml.YAMLError as e:
-            mark = getattr(e, "problem_mark", None) or getattr(e, "context_mark", None)
-            problem = getattr(e, "problem", None) or str(e)
-            self.err(
-                None,
-                f"YAML syntax: {problem}",
-                D.YAML_SYNTAX,
-                line=mark.line + 1 if mark else 1,
-                col=mark.column + 1 if mark else 1,
-            )
+            problem, line, col = yamlsafe.syntax_error(e)
+            self.err(None, f"YAML syntax: {problem}", D.YAML_SYNTAX, line=line, col=col)
             return
         if root is None:
             return  # an empty file holds no rules
