@@ -97,10 +97,12 @@ class FleetStage:
         keys: Sequence[str] | None = None,
         at: int | None = None,
         upstream: int | None = None,
+        ts: np.ndarray | None = None,
     ) -> None:
         """Forwarded records (any order), each with its key (default: the one fleet key);
         ``at``: the position in the input they came from (an offset), for ``snapshot(replayable=True)``;
-        ``upstream``: the task that forwarded them (``forwarded``).
+        ``upstream``: the task that forwarded them (``forwarded``); ``ts``: their event times, when
+        the caller has them already.
 
         A record sent again after its second was released (an upstream replay: a task never
         forwards what it released before) is dropped here, as ``late``; one sent again while
@@ -111,7 +113,7 @@ class FleetStage:
         recs = records if isinstance(records, list) else list(records)
         if not recs:
             return
-        c = _Chunk(recs, None if keys is None else list(keys))
+        c = _Chunk(recs, None if keys is None else list(keys), ts)
         if upstream is not None:
             self.forwarded[upstream] = max(self.forwarded.get(upstream, -math.inf), c.tmax)
         late = c.ts < self.released

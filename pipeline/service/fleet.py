@@ -29,6 +29,7 @@ import hashlib
 import hmac
 import logging
 import math
+import operator
 from typing import Callable, Sequence
 
 import msgspec
@@ -55,6 +56,7 @@ from pipeline.schema import DeadLetter, TelemetryRecord
 from pipeline.topology import FLEET_KEY, FleetStage, records_decoder
 
 log = logging.getLogger("gpuwarden.service")
+_TS = operator.attrgetter("ts")
 # Records per message on the fleet topic: ~0.5 MB, under the broker's default 1 MiB message limit
 # should the topic predate this (ensure_topics gives it 8 MiB).
 MAX_FORWARD = 400
@@ -291,8 +293,8 @@ class FleetTask:
 
     def _apply_records(self, recs: list[TelemetryRecord], sender: int, m: Message) -> list[DeadLetter]:
         dead: list[DeadLetter] = []
-        if recs:
-            ts = np.fromiter((r.ts for r in recs), np.float64, len(recs))
+        ts = np.fromiter(map(_TS, recs), np.float64, len(recs))
+        if len(ts):
             # The host stage's decoder keeps event time in these bounds (pipeline/decode.py): a
             # record outside them was not forwarded by it, and would carry the marks' bound (and
             # the engine's clock) anywhere.
@@ -312,7 +314,8 @@ class FleetTask:
                         )
                     )
                 recs = [r for r, b in zip(recs, bad.tolist()) if not b]
-        self.stage.feed(recs, at=m.offset, upstream=sender)
+                ts = ts[~bad]
+        self.stage.feed(recs, at=m.offset, upstream=sender, ts=ts)
         self.totals.records += len(recs)
         return dead
 
