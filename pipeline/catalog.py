@@ -10,7 +10,10 @@ a counter, a bitmask or a sticky code, and which values are impossible -- lives 
 which DCGM has no field for, with dcgm-exporter's own ids (``ExporterCounter`` in its
 ``internal/pkg/counters/exporter_counters.go``: ``DCGM_EXP_XID_ERRORS_COUNT`` is 9001), and
 ``data/dcgm_fields_extra.csv`` DCGM fields the shared subset lacks, from DCGM's ``dcgm_fields.h``
-(the NVSwitch SXid fields 856/857 the kernel-log producer sends).
+(the NVSwitch SXid fields 856/857 the kernel-log producer sends), and ``data/host_fields.csv``
+what gpuwarden's own producers read from the host where DCGM has no field (the PCIe AER counters
+of sysfs, ids from 9501, ``GPUWARDEN_`` names). That file is read last, so its fields take the
+last columns and an engine snapshot from before them restores with those columns empty.
 
 Every known field gets a dense column index; the engine stores per-entity values in arrays
 with one column per field, so a rule's ``gpu_temp`` is one column lookup, never a dict walk.
@@ -113,6 +116,15 @@ _SEMANTICS: dict[int, tuple[str, str, str, float | None]] = {
     # dcgm-exporter's DCGM_EXP_XID_ERRORS_COUNT: XIDs reported within its window (--xid-count-window-size,
     # label window_size_in_ms), all codes together; it falls as events leave the window: a gauge.
     9001: ("xid_count", "", GAUGE, 0),
+    # PCIe Advanced Error Reporting (producers/pcie_aer.py): the kernel's per-device totals of
+    # errors seen (sysfs aer_dev_*; docs/producers.md#pcie-aer), the GPU's own and those of the
+    # bridges between it and its root port, which often see an endpoint's errors first.
+    9501: ("pcie_aer_correctable", "", COUNTER, 0),
+    9502: ("pcie_aer_nonfatal", "", COUNTER, 0),
+    9503: ("pcie_aer_fatal", "", COUNTER, 0),
+    9504: ("pcie_aer_upstream_correctable", "", COUNTER, 0),
+    9505: ("pcie_aer_upstream_nonfatal", "", COUNTER, 0),
+    9506: ("pcie_aer_upstream_fatal", "", COUNTER, 0),
 }
 
 # Extra short names people type (and older dashboards use).
@@ -236,8 +248,9 @@ def _load() -> Catalog:
         (data / "dcgm_fields.csv").open() as fh,
         (data / "dcgm_exporter_fields.csv").open() as fx,
         (data / "dcgm_fields_extra.csv").open() as fe,
+        (data / "host_fields.csv").open() as fo,
     ):
-        for row in [*csv.DictReader(fh), *csv.DictReader(fx), *csv.DictReader(fe)]:
+        for row in [*csv.DictReader(fh), *csv.DictReader(fx), *csv.DictReader(fe), *csv.DictReader(fo)]:
             fid = int(row["field_id"])
             name = row["name_used_by_dcgm_exporter"]
             canon = row["canonical_name_dcgm_4_6_if_renamed"]

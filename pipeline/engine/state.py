@@ -14,6 +14,7 @@ import numpy as np
 import numpy.typing as npt
 
 from pipeline.catalog import FIELDS
+from pipeline.errors import StateError
 from pipeline.engine.arrays import from_dict, to_dict
 from pipeline.engine.entities import Entities
 from pipeline.engine.frame import N_FIELDS, DcgmFrame
@@ -27,7 +28,7 @@ class GpuState:
 
     The columns in use (``advance``'s ``columns``) live apart, column-major, where every tick
     reads and writes them as whole blocks: a tick of the whole fleet is then views and block
-    copies instead of a column gather and scatter on the n x 67 matrices. ``last`` and ``seen``
+    copies instead of a column gather and scatter on the n x 76 matrices. ``last`` and ``seen``
     give the full matrices (for snapshots); setting them (restore) replaces everything.
     """
 
@@ -104,14 +105,14 @@ class GpuState:
     def load_state(self, data: Mapping[str, Any], arrival_step: np.ndarray) -> None:
         """Where ``to_state`` left off. ``arrival_step``: each host's step on arrival, which
         stands in for ``host_step`` in a snapshot from before released steps were kept."""
-        self.last, self.last_ts = from_dict(data["last"]), from_dict(data["last_ts"])
+        self.last, self.last_ts = _catalog_wide(from_dict(data["last"])), from_dict(data["last_ts"])
         self.host_last_ts = from_dict(data["host_last_ts"])
         # Before host returns were kept: every host counts as back long ago.
         n = len(self.host_last_ts)
         self.host_back = from_dict(data["host_back"]) if "host_back" in data else np.full(n, -np.inf)
         # Before absence took its step from released samples: the step on arrival, as it was.
         self.host_step = from_dict(data["released_step"]) if "released_step" in data else arrival_step.copy()
-        self.seen = from_dict(data["seen"])
+        self.seen = _catalog_wide(from_dict(data["seen"]))
 
     def nbytes_per_gpu(self) -> float:
         n = max(1, len(self.last_ts))
@@ -170,11 +171,28 @@ class View:
         return out
 
 
+def _catalog_wide(m: np.ndarray) -> np.ndarray:
+    """A per-GPU x field matrix from a snapshot, as wide as the catalog: fields added to the
+    catalog since take its last columns (pipeline/catalog.py), so a narrower matrix gains them
+    empty; anything else is not this engine's state.
+
+    >>> _catalog_wide(np.zeros((2, N_FIELDS - 6))).shape == (2, N_FIELDS)
+    True
+    """
+    if m.ndim != 2 or m.shape[1] > N_FIELDS:
+        raise StateError(
+            f"snapshot: a per-GPU field matrix of shape {m.shape}, where the catalog has {N_FIELDS} fields"
+        )
+    if m.shape[1] < N_FIELDS:
+        m = np.concatenate([m.astype(np.float64, copy=False), np.full((len(m), N_FIELDS - m.shape[1]), np.nan)], axis=1)
+    return m
+
+
 class Columns:
     """An (n, N_FIELDS) matrix of which only the columns in use are stored.
 
     Reads like the full matrix (``m[:, col]``, ``m[rows, cols]``); a column nobody reads is
-    all NaN. Storing only the used columns spares each tick four n x 67 fills and scatters.
+    all NaN. Storing only the used columns spares each tick four n x 76 fills and scatters.
 
     >>> m = Columns(np.array([[1.0, 2.0]]), _positions(np.array([3, 5])))
     >>> m[:, 5].tolist(), m[:, 4].tolist(), m[0, np.array([3, 4])].tolist()

@@ -2,9 +2,11 @@ import numpy as np
 import pytest
 
 from pipeline.catalog import FIELDS
+from pipeline.engine.arrays import from_dict, to_dict
 from pipeline.engine.entities import Entities
 from pipeline.engine.frame import N_FIELDS, DcgmFrame
 from pipeline.engine.state import COUNTER_COLS, Columns, GpuState, _positions, advance
+from pipeline.errors import StateError
 from tests.factories import T0
 
 COLS = np.array(sorted({FIELDS.by_alias(a).column for a in
@@ -96,3 +98,32 @@ def test_state_of_columns_in_use_survives_a_change_of_columns_and_a_restore():
         want[:, cols] = np.where(reported, vals[:, cols], want[:, cols])
     np.testing.assert_array_equal(state.last[:n], want)
     assert state.nbytes_per_gpu() < 4096
+
+
+def test_a_snapshot_from_a_smaller_catalog_restores_with_the_new_fields_empty():
+    # Fields added to the catalog take its last columns: a snapshot made before them holds
+    # narrower per-GPU matrices, which restore with the new columns unknown (NaN).
+    rng = np.random.default_rng(2)
+    st = GpuState()
+    ent = _entities(2, 4)
+    st.ensure(8, 2)
+    advance(st, _tick(rng, 8, T0), ent, columns=COLS)
+    state = st.to_state()
+    before = st.last.copy()
+    narrow = {k: dict(v) for k, v in state.items()}
+    for key in ("last", "seen"):
+        narrow[key] = to_dict(from_dict(state[key])[:, : N_FIELDS - 6].copy())
+    back = GpuState()
+    back.load_state(narrow, np.full(2, 1.0))
+    assert back.last.shape == before.shape == back.seen.shape and before.shape[1] == N_FIELDS
+    np.testing.assert_array_equal(back.last[:, : N_FIELDS - 6], before[:, : N_FIELDS - 6])
+    assert np.isnan(back.last[:, N_FIELDS - 6 :]).all()
+
+
+def test_a_snapshot_wider_than_the_catalog_is_refused():
+    st = GpuState()
+    st.ensure(2, 1)
+    state = st.to_state()
+    state["last"] = to_dict(np.zeros((2, N_FIELDS + 1)))
+    with pytest.raises(StateError, match="catalog has"):
+        GpuState().load_state(state, np.full(1, 1.0))
