@@ -189,6 +189,20 @@ def _cmd_kmsg(args: argparse.Namespace) -> int:
     return _run(args, make, from_file=bool(args.file))
 
 
+def _cmd_pcie_aer(args: argparse.Namespace) -> int:
+    from producers.kmsg import parse_pci_map
+    from producers.pcie_aer import AerSource
+
+    def make() -> object:
+        pci = None
+        if args.pci_map:
+            with open(args.pci_map, encoding="utf-8") as fh:
+                pci = parse_pci_map(fh.read())
+        return AerSource(args.root, host=args.host, pci_map=pci)
+
+    return _run(args, make)
+
+
 def _common(p: argparse.ArgumentParser, interval: float) -> None:
     from pipeline.bus.connection import add_arguments
 
@@ -293,3 +307,22 @@ def register(sub: Any) -> None:
     )
     _common(k, 10.0)
     k.set_defaults(func=_cmd_kmsg)
+
+    a = psub.add_parser(
+        "pcie-aer",
+        help="poll the PCIe AER error counters of each GPU and the bridges above it (sysfs aer_dev_*)",
+    )
+    a.add_argument(
+        "--root",
+        default="/",
+        help="read sys/bus/pci/devices under this directory (a container's mount of the host's /sys "
+        "parent, a saved tree); no link is followed out of it (default: %(default)s)",
+    )
+    a.add_argument(
+        "--pci-map",
+        metavar="FILE",
+        help="GPU index by PCI bus id: saved `nvidia-smi --query-gpu=index,pci.bus_id --format=csv` "
+        "(default: the GPUs in PCI bus order, as nvidia-smi numbers them)",
+    )
+    _common(a, 10.0)
+    a.set_defaults(func=_cmd_pcie_aer)

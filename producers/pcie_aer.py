@@ -1,0 +1,261 @@
+"""PCIe Advanced Error Reporting counters from sysfs: one record per GPU and poll.
+
+The kernel counts, per PCIe device, the AER errors that device has seen, by severity
+(Documentation/ABI/testing/sysfs-bus-pci-devices-aer_stats, Linux 4.19 and later)::
+
+    /sys/bus/pci/devices/<BDF>/aer_dev_correctable   RxErr 0 / BadTLP 0 / ... / TOTAL_ERR_COR 2
+    /sys/bus/pci/devices/<BDF>/aer_dev_nonfatal      Undefined 0 / DLP 0 / ... / TOTAL_ERR_NONFATAL 0
+    /sys/bus/pci/devices/<BDF>/aer_dev_fatal         Undefined 0 / DLP 0 / ... / TOTAL_ERR_FATAL 0
+
+one ``<name> <count>`` line per error bit (the names vary by kernel: ``RxErr`` in drivers/pci/
+pcie/aer.c, ``Receiver Error`` in the ABI document's example, ``<severity> bit[<n>]`` for a bit
+with no name) and a ``TOTAL_ERR_*`` line. The counters are the reliable source: the kernel
+rate-limits its ``AER: ... severity=...`` log lines, and an endpoint's errors are often seen by
+its link partner, a bridge or the root port, not the endpoint itself (the ABI document's note).
+
+So for each NVIDIA GPU (vendor 0x10de, class 0x0300xx or 0x0302xx) the producer reads its own
+three totals and the sum of those of every bridge between it and its root complex (the PCI
+path of the resolved ``/sys/bus/pci/devices/<BDF>`` link), and publishes them as the catalogue's
+``pcie_aer_*`` and ``pcie_aer_upstream_*`` counters (pipeline/data/host_fields.csv). A bridge
+shared by several GPUs charges its errors to each of them: the alert names every GPU behind it.
+
+GPU indices follow ``--pci-map`` (``nvidia-smi --query-gpu=index,pci.bus_id --format=csv``), else
+the PCI bus order, which is how nvidia-smi numbers GPUs. ``--root`` reads a copy of the tree (a
+container's mount, a test's fixture); no link is followed out of it. A file that is missing is
+a field left out (no AER capability, an older kernel); one that cannot be read, is oversize or
+is not this format costs only its field and is counted by reason.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import socket
+import stat
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from pipeline.numeric import ascii_int
+from pipeline.schema import DcgmRecord, dcgm
+
+log = logging.getLogger(__name__)
+
+NVIDIA = "0x10de"
+GPU_CLASSES = ("0x0300", "0x0302")  # VGA and 3D controllers; NVSwitches are bridges (0x0680)
+SEVERITIES = (
+    ("correctable", "aer_dev_correctable", "TOTAL_ERR_COR"),
+    ("nonfatal", "aer_dev_nonfatal", "TOTAL_ERR_NONFATAL"),
+    ("fatal", "aer_dev_fatal", "TOTAL_ERR_FATAL"),
+)
+MAX_FILE_BYTES = 16 * 1024  # the kernel's files are under 1 KiB; more is not sysfs
+MAX_LINES = 64  # 27 error bits at most (aer.c) and the total
+COUNT_DIGITS = 20  # a u64
+MAX_DEVICES = 4096  # PCI functions scanned a poll; a host has a few hundred
+MAX_DEPTH = 16  # bridges between a GPU and its root complex; real trees have 2-6
+_BDF = re.compile(r"^[0-9a-fA-F]{4,8}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7]$", re.ASCII)
+
+
+@dataclass(frozen=True)
+class AerTotals:
+    """One device's totals by severity; None where its file is missing or unreadable."""
+
+    correctable: int | None = None
+    nonfatal: int | None = None
+    fatal: int | None = None
+
+
+def parse_aer_file(text: str, total_key: str) -> int | None:
+    """The total of one ``aer_dev_*`` file: its ``TOTAL_ERR_*`` line, else the sum of its bit
+    lines; None when a line is not ``<name> <count>`` (the file is not this format).
+
+    >>> parse_aer_file("RxErr 2\\nBadTLP 0\\nTOTAL_ERR_COR 2\\n", "TOTAL_ERR_COR")
+    2
+    >>> parse_aer_file("Receiver Error 3\\nBad TLP 1\\n", "TOTAL_ERR_COR")
+    4
+    >>> parse_aer_file("RxErr two\\n", "TOTAL_ERR_COR") is None
+    True
+    """
+    lines = [ln for ln in text.splitlines() if ln.strip()]
+    if not lines or len(lines) > MAX_LINES:
+        return None
+    total: int | None = None
+    bits = 0
+    for ln in lines:
+        name, _, count = ln.strip().rpartition(" ")
+        n = ascii_int(count, COUNT_DIGITS)
+        if not name.strip() or n is None or n < 0:
+            return None
+        if name.strip() == total_key:
+            total = n
+        else:
+            bits += n
+    return total if total is not None else bits
+
+
+class AerSource:
+    """Polls the AER counters of every GPU under ``root``; ``poll`` returns one record per GPU.
+
+    >>> import tempfile
+    >>> from producers.pcie_aer import AerSource
+    >>> with tempfile.TemporaryDirectory() as root:
+    ...     src = AerSource(root, host="n1", clock=lambda: 1764403200.0)
+    ...     src.poll(), src.counts["gpus"]
+    ([], 0)
+    """
+
+    def __init__(
+        self,
+        root: str | os.PathLike[str] = "/",
+        *,
+        host: str | None = None,
+        pci_map: dict[tuple[int, int, int], int] | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.root = Path(root)
+        self.real_root = self.root.resolve()
+        self.host = host or socket.gethostname()
+        self.pci_map = pci_map
+        self.clock = clock
+        self.done = False
+        self.counts: dict[str, int] = {
+            "polls": 0,
+            "gpus": 0,
+            "records": 0,
+            "dropped.unmapped_gpu": 0,
+            "dropped.link_outside_root": 0,
+            "dropped.unreadable_file": 0,
+            "dropped.oversize_file": 0,
+            "dropped.unparsable_file": 0,
+            "dropped.too_many_devices": 0,
+        }
+
+    def summary(self) -> dict[str, int]:
+        return dict(self.counts)
+
+    def close(self) -> None:
+        pass
+
+    # -- reading sysfs -----------------------------------------------------------------------
+
+    def _read(self, path: Path) -> str | None:
+        """A small sysfs file's text; None when it is missing, unreadable or oversize (counted)."""
+        try:
+            # A sysfs attribute is a regular file: no link at its end (it could leave the root),
+            # no FIFO or device to block the poll on.
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+        except FileNotFoundError:
+            return None
+        except OSError:
+            self.counts["dropped.unreadable_file"] += 1
+            return None
+        try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                self.counts["dropped.unreadable_file"] += 1
+                return None
+            data = os.read(fd, MAX_FILE_BYTES + 1)
+        except OSError:
+            self.counts["dropped.unreadable_file"] += 1
+            return None
+        finally:
+            os.close(fd)
+        if len(data) > MAX_FILE_BYTES:
+            self.counts["dropped.oversize_file"] += 1
+            return None
+        return data.decode("ascii", "replace")
+
+    def _inside(self, path: Path) -> Path | None:
+        """``path`` resolved, when it stays under the root; None (counted) otherwise."""
+        try:
+            real = path.resolve(strict=True)
+        except FileNotFoundError:
+            return None
+        except (OSError, RuntimeError):  # a symlink loop
+            self.counts["dropped.link_outside_root"] += 1
+            return None
+        if real != self.real_root and self.real_root not in real.parents:
+            self.counts["dropped.link_outside_root"] += 1
+            return None
+        return real
+
+    def totals(self, device: Path) -> AerTotals:
+        """``device``'s three totals (the directory of one PCI function)."""
+        out: dict[str, int | None] = {}
+        for sev, name, key in SEVERITIES:
+            text = self._read(device / name)
+            n = None if text is None else parse_aer_file(text, key)
+            if text is not None and n is None:
+                self.counts["dropped.unparsable_file"] += 1
+            out[sev] = n
+        return AerTotals(**out)
+
+    def gpus(self) -> list[tuple[str, Path]]:
+        """(bus id, resolved device directory) of each NVIDIA GPU, in PCI bus order."""
+        devices = self.root / "sys" / "bus" / "pci" / "devices"
+        try:
+            names = sorted(e.name for e in os.scandir(devices) if _BDF.match(e.name))
+        except OSError:
+            return []
+        if len(names) > MAX_DEVICES:
+            self.counts["dropped.too_many_devices"] += len(names) - MAX_DEVICES
+            names = names[:MAX_DEVICES]
+        out: list[tuple[str, Path]] = []
+        for bdf in names:
+            real = self._inside(devices / bdf)
+            if real is None:
+                continue
+            vendor, cls = self._read(real / "vendor"), self._read(real / "class")
+            if vendor is None or cls is None or vendor.strip().lower() != NVIDIA:
+                continue
+            if cls.strip().lower().startswith(GPU_CLASSES):
+                out.append((bdf.lower(), real))
+        return out
+
+    def upstream(self, device: Path) -> list[Path]:
+        """The bridges between ``device`` and its root complex: the PCI functions its resolved
+        path passes through (``.../pci0000:00/0000:00:01.0/0000:01:00.0/<device>``)."""
+        out: list[Path] = []
+        p = device.parent
+        while _BDF.match(p.name) and len(out) < MAX_DEPTH and (p == self.real_root or self.real_root in p.parents):
+            out.append(p)
+            p = p.parent
+        return out
+
+    # -- one poll ----------------------------------------------------------------------------
+
+    def _index(self, bdf: str, order: int) -> int | None:
+        if self.pci_map is None:
+            return order
+        dom, bus, rest = bdf.split(":")
+        return self.pci_map.get((int(dom, 16), int(bus, 16), int(rest.split(".")[0], 16)))
+
+    def poll(self) -> list[DcgmRecord]:
+        self.counts["polls"] += 1
+        ts = self.clock()
+        gpus = self.gpus()
+        self.counts["gpus"] = len(gpus)
+        out: list[DcgmRecord] = []
+        for order, (bdf, real) in enumerate(gpus):
+            idx = self._index(bdf, order)
+            if idx is None:
+                self.counts["dropped.unmapped_gpu"] += 1
+                continue
+            own = self.totals(real)
+            up = [self.totals(b) for b in self.upstream(real)]
+            fields: dict[str, float] = {}
+            for sev, _, _ in SEVERITIES:
+                mine = getattr(own, sev)
+                if mine is not None:
+                    fields[f"pcie_aer_{sev}"] = mine
+                theirs = [getattr(t, sev) for t in up if getattr(t, sev) is not None]
+                if theirs:
+                    fields[f"pcie_aer_upstream_{sev}"] = sum(theirs)
+            if fields:
+                out.append(dcgm(ts, self.host, idx, fields, labels={"pci_bus_id": bdf}))
+        self.counts["records"] += len(out)
+        return out
+
+
+__all__ = ["AerSource", "AerTotals", "parse_aer_file"]
