@@ -74,6 +74,9 @@ class EffectType:
     PARAMS: ClassVar[dict[str, Any]] = {}
     # Event length drawn by random scenarios (llama3), seconds; None = until the end of the run.
     RANDOM_DURATION: ClassVar[tuple[float, float] | None] = (300.0, 900.0)
+    # The producer beside dcgm-exporter whose fields show the fault (fields.SOURCE_FIELDS); a
+    # scenario that schedules it must run that source, or the fault would be invisible.
+    source: ClassVar[str | None] = None
 
     @property
     def family(self) -> str | None:
@@ -337,6 +340,48 @@ class GpuLost(EffectType):
             mods.gpu_hidden[i] = True
 
 
+class PcieAerFatal(EffectType):
+    """A fatal error on the GPU's PCIe link (a Surprise Down or completion timeout seen at the
+    switch port above it): the bridge counts ``fatal`` fatal errors at onset, the GPU a few
+    non-fatal ones, and corrected errors burst (``corrected_per_s``) while the link retrains
+    and stays marginal until the fault is fixed. The GPU stays on the bus (one the link drops
+    for good is ``gpu_lost``)."""
+
+    name = "pcie_aer_fatal"
+    source = "pcie_aer"
+    RANDOM_DURATION = (300.0, 900.0)
+    PARAMS = {"fatal": 1, "nonfatal": 2, "corrected_per_s": 0.5}
+
+    def apply(self, rt, t, dt, fleet, mods):
+        p, i = rt.event.params, rt.gi
+        if not rt.state.get("hit"):
+            rt.state["hit"] = True
+            fleet.aer_up_fatal[i] += int(p["fatal"])
+            fleet.aer_nonfatal[i] += int(p["nonfatal"])
+        fleet.aer_cor[i] += int(rt.rng.poisson(float(p["corrected_per_s"]) * dt))
+        fleet.pcie_replay[i] += int(rt.rng.poisson(float(p["corrected_per_s"]) * dt))
+
+
+class NvswitchFatal(EffectType):
+    """A fatal NVSwitch error on a host (SXid ``sxid``, 20034 an LTSSM fault on a link): the
+    kernel log's SXid shows on every GPU of the host, and the host's NVLink fabric runs at
+    ``1 - bw_drop`` of its bandwidth (its collectives slow) until the switches and GPUs are
+    reset at the end."""
+
+    name = "nvswitch_fatal"
+    scope = "host"
+    source = "nvswitch"
+    RANDOM_DURATION = (300.0, 900.0)
+    PARAMS = {"sxid": 20034, "bw_drop": 0.6}
+
+    def apply(self, rt, t, dt, fleet, mods):
+        ev, p = rt.event, rt.event.params
+        hs = fleet.host_slice(ev.host)
+        fleet.sxid_fatal[hs] = int(p["sxid"])
+        mods.tp_h[ev.host] *= 1.0 - float(p["bw_drop"])
+        mods.nv_gpu[hs] *= 1.0 - float(p["bw_drop"])
+
+
 class TelemetryGap(EffectType):
     """The host's telemetry agent goes silent (exporter hung, network partition): no DCGM and no
     NCCL records from it for the window. The GPUs keep running; counters move on underneath."""
@@ -464,6 +509,18 @@ class GpuReset(EffectType):
             fleet.reset_volatile(i)
 
 
+class PcieAerCorrected(EffectType):
+    """A lone corrected PCIe error (a receiver error a Gen5 link logs now and then): the GPU's
+    correctable AER total +1. Benign."""
+
+    name = "pcie_aer_corrected"
+    fault = False
+    instant = True
+
+    def apply(self, rt, t, dt, fleet, mods):
+        fleet.aer_cor[rt.gi] += 1
+
+
 class EccSbeIsolated(EffectType):
     """A lone corrected single-bit error (cosmic rays, marginal cell): SBE counters +1. Benign."""
 
@@ -486,12 +543,15 @@ TYPES: dict[str, EffectType] = {
         NvlinkLinkDown,
         NcclStraggler,
         GpuLost,
+        PcieAerFatal,
+        NvswitchFatal,
         TelemetryGap,
         PowerCap,
         DriverReload,
         AfternoonHeat,
         Checkpoint,
         EccSbeIsolated,
+        PcieAerCorrected,
         HotRack,
         JobRestart,
         GpuReset,

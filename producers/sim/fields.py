@@ -75,6 +75,23 @@ FIELD_SPECS: tuple[tuple[str, bool], ...] = (
     ("DCGM_FI_PROF_SM_ACTIVE", False),
 )
 FIELD_NAMES: tuple[str, ...] = tuple(n for n, _ in FIELD_SPECS)
+
+# Telemetry from producers beside dcgm-exporter, sent when a scenario's fleet runs them
+# (``sources``): the PCIe AER counters of ``produce pcie-aer`` and the NVSwitch SXids of
+# ``produce kmsg``. Carried on each GPU's DCGM record, after its own fields in catalog order, with
+# the values those producers' records carry. All integers.
+SOURCE_FIELDS: dict[str, tuple[str, ...]] = {
+    "nvswitch": (P + "NVSWITCH_FATAL_ERRORS", P + "NVSWITCH_NON_FATAL_ERRORS"),
+    "pcie_aer": (
+        "GPUWARDEN_PCIE_AER_DEV_CORRECTABLE",
+        "GPUWARDEN_PCIE_AER_DEV_NONFATAL",
+        "GPUWARDEN_PCIE_AER_DEV_FATAL",
+        "GPUWARDEN_PCIE_AER_UPSTREAM_CORRECTABLE",
+        "GPUWARDEN_PCIE_AER_UPSTREAM_NONFATAL",
+        "GPUWARDEN_PCIE_AER_UPSTREAM_FATAL",
+    ),
+}
+SOURCES: tuple[str, ...] = tuple(SOURCE_FIELDS)
 INT_FIELDS: frozenset[str] = frozenset(n for n, is_int in FIELD_SPECS if is_int)
 
 # Counters that only grow; the volatile ones (and the NVLink, PCIe and violation counters, which

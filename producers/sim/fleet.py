@@ -176,6 +176,19 @@ class FleetState:
         self.recovery = np.zeros(n, np.int64)
         self.pcie_replay = np.where(r.random(n) < 0.1, r.integers(1, 6, n), 0).astype(np.int64)
         self.xid = np.zeros(n, np.int64)
+        # PCIe AER totals since boot (the kernel's, not the driver's: a driver reload keeps them),
+        # the GPU's own and its bridges'; a few GPUs have some corrected-error history. Drawn
+        # from their own stream so the draws above are the same with or without them.
+        ra = substream(seed, "fleet-aer")
+        self.aer_cor = np.where(ra.random(n) < 0.1, ra.integers(1, 20, n), 0).astype(np.int64)
+        self.aer_nonfatal = np.zeros(n, np.int64)
+        self.aer_fatal = np.zeros(n, np.int64)
+        self.aer_up_cor = np.where(ra.random(n) < 0.1, ra.integers(1, 50, n), 0).astype(np.int64)
+        self.aer_up_nonfatal = np.zeros(n, np.int64)
+        self.aer_up_fatal = np.zeros(n, np.int64)
+        # The host's last NVSwitch SXid of each kind, on each of its GPUs (as produce kmsg sends it).
+        self.sxid_fatal = np.zeros(n, np.int64)
+        self.sxid_nonfatal = np.zeros(n, np.int64)
         # Since the driver loaded (days ago) the job has brushed the power limit now and then.
         self.power_ns = (r.uniform(0.0, 600.0, n) * NS).astype(np.int64)
         self.therm_ns = np.where(r.random(n) < 0.03, r.uniform(1, 30, n) * NS, 0).astype(np.int64)

@@ -27,8 +27,11 @@ categorisation of the 419 unexpected interruptions during a 54-day snapshot of p
 (The paper's "Faulty GPU" count and percentage do not agree with each other; the percentages
 are used here.) Only categories that show in GPU telemetry become faults; the rest are drawn and
 dropped (thinning the Poisson process), except host maintenance, which silences the host
-(``telemetry_gap``). Network switch/cable faults live in the RoCE fabric, which this simulator
-does not model (it has no NIC/fabric fault type), so they are dropped too.
+(``telemetry_gap``). "Faulty GPU" includes the GPU's PCIe path (``pcie_aer_fatal``) and the
+host's NVSwitches (``nvswitch_fatal``) beside the GPU's own faults, and the IO expansion board
+(the PCIe switch board of a Grand Teton host) is a PCIe fault. Network switch/cable faults live in
+the RoCE fabric, which this simulator does not model (it has no NIC/fabric fault type), so they
+are dropped too.
 
 Rate: 419 / (54 d * 86,400 s * 16,384 GPUs) = 5.48e-9 interruptions per GPU-second -- one every
 ~3 hours for the whole cluster, i.e. ~0.0006 in an hour on 32 GPUs. ``acceleration`` (default
@@ -57,6 +60,9 @@ MIX: tuple[tuple[str, float, list[tuple[str, float, dict]]], ...] = (
             ("nvlink_link_down", 1.0, {}),
             ("gpu_lost", 1.0, {}),
             ("nccl_straggler", 1.0, {}),
+            # The GPU's interconnect beyond its own die: its PCIe path and the host's NVSwitches.
+            ("pcie_aer_fatal", 1.0, {}),
+            ("nvswitch_fatal", 1.0, {}),
         ],
     ),
     ("GPU HBM3 Memory", 17.2, [("hbm_ecc_burst", 1.0, {"memory": "hbm"})]),
@@ -79,7 +85,7 @@ MIX: tuple[tuple[str, float, list[tuple[str, float, dict]]], ...] = (
     ("SSD", 0.7, []),
     ("Power Supply", 0.7, []),
     ("Server Chassis", 0.5, []),
-    ("IO Expansion Board", 0.5, []),
+    ("IO Expansion Board", 0.5, [("pcie_aer_fatal", 1.0, {})]),  # the PCIe switch board
     ("Dependency", 0.5, []),
     ("CPU", 0.5, []),
     ("System Memory", 0.5, []),

@@ -243,7 +243,8 @@ def _checkpoints(sc: Scenario, D: float, seed: int) -> list[dict]:
 
 
 def _background(sc: Scenario, H: int, G: int, D: float, seed: int) -> list[dict]:
-    """Benign events drawn as Poisson processes: isolated SBEs, driver reloads."""
+    """Benign events drawn as Poisson processes: isolated SBEs, lone corrected PCIe errors,
+    driver reloads."""
     rates = {**RANDOM_DEFAULTS, **sc.random}
     out: list[dict] = []
     rng = substream(seed, "sbe-isolated")
@@ -251,6 +252,12 @@ def _background(sc: Scenario, H: int, G: int, D: float, seed: int) -> list[dict]
         gi, t = int(rng.integers(H * G)), float(rng.uniform(0.0, D))
         out.append(
             {"type": "ecc_sbe_isolated", "host": gi // G, "gpu": gi % G, "link": None, "t0": t, "t1": t, "params": {}}
+        )
+    rng = substream(seed, "aer-corrected")
+    for _ in range(int(rng.poisson(rates["aer_corrected_per_gpu_day"] / 86_400.0 * H * G * D))):
+        gi, t = int(rng.integers(H * G)), float(rng.uniform(0.0, D))
+        out.append(
+            {"type": "pcie_aer_corrected", "host": gi // G, "gpu": gi % G, "link": None, "t0": t, "t1": t, "params": {}}
         )
     rng = substream(seed, "driver-reloads")
     for _ in range(int(rng.poisson(rates["driver_reloads_per_host_day"] / 86_400.0 * H * D))):

@@ -10,7 +10,7 @@ from itertools import repeat
 
 import numpy as np
 
-from .fields import BLANK_FP64, BLANK_INT64, FIELD_NAMES, INT_FIELDS, GpuModelSpec
+from .fields import BLANK_FP64, BLANK_INT64, FIELD_NAMES, INT_FIELDS, SOURCE_FIELDS, GpuModelSpec
 from .fleet import FleetState, StepOut
 
 
@@ -44,14 +44,19 @@ class DcgmBuilder:
         cluster: str,
         job: str,
         host_kinds: list[tuple[str, GpuModelSpec, bool]] | None = None,
+        sources: tuple[str, ...] = (),
     ) -> None:
         """``host_kinds``: per host (model name, spec, DCGM 4.6 field names?); default: every
-        host ``model``/``spec`` with the pre-4.6 names."""
+        host ``model``/``spec`` with the pre-4.6 names. ``sources``: the producers beside
+        dcgm-exporter whose fields the records carry (``fields.SOURCE_FIELDS``)."""
         self.fleet = fleet
+        self.sources = sources
+        # In SOURCE_FIELDS' order whatever the order given: the catalog's, which msgspec reads fastest.
+        extra = tuple(n for src, names in SOURCE_FIELDS.items() if src in sources for n in names)
         kinds = host_kinds or [(model, spec, False)] * len(host_names)
         uniq = list(dict.fromkeys(kinds))
         self.kind_of_gpu = np.repeat(np.array([uniq.index(k) for k in kinds]), fleet.G)
-        self.kinds = [DcgmBuilder._Kind(m, sp, new) for m, sp, new in uniq]
+        self.kinds = [DcgmBuilder._Kind(m, sp, new, extra) for m, sp, new in uniq]
         self.host_of_gpu = [host_names[h] for h in fleet.host_of.tolist()]
         self.gpu_local = fleet.gpu_of.tolist()
         self.uuids = uuids
@@ -63,9 +68,9 @@ class DcgmBuilder:
     class _Kind:
         """One GPU model with one exporter's field names: its record template."""
 
-        def __init__(self, model: str, spec: GpuModelSpec, dcgm46: bool) -> None:
+        def __init__(self, model: str, spec: GpuModelSpec, dcgm46: bool, extra: tuple[str, ...] = ()) -> None:
             self.model = model
-            self.name = FIELD_NAMES_46.__getitem__ if dcgm46 else (lambda n: n)
+            self.name = (lambda n: FIELD_NAMES_46.get(n, n)) if dcgm46 else (lambda n: n)
             static = {
                 "DCGM_FI_DEV_MEM_CLOCK": spec.mem_clock_mhz,
                 "DCGM_FI_DEV_SLOWDOWN_TEMP": spec.slowdown_c,
@@ -73,7 +78,7 @@ class DcgmBuilder:
                 "DCGM_FI_DEV_GPU_MAX_OP_TEMP": spec.gpu_max_op_c,
                 "DCGM_FI_DEV_MEM_MAX_OP_TEMP": spec.mem_max_op_c,
             }
-            self.template = {self.name(n): static.get(n, 0) for n in FIELD_NAMES}
+            self.template = {self.name(n): static.get(n, 0) for n in (*FIELD_NAMES, *extra)}
 
     def build(self, ts: float, out: StepOut, idx: np.ndarray) -> list[dict]:
         """Records for the GPUs in ``idx`` (global indices, ascending = host-major order)."""
@@ -121,6 +126,18 @@ class DcgmBuilder:
             (P + "PCIE_REPLAY_COUNTER", f.pcie_replay),
             ("DCGM_FI_PROF_SM_ACTIVE", out.sm_active),
         )
+        if "nvswitch" in self.sources:
+            columns += ((P + "NVSWITCH_FATAL_ERRORS", f.sxid_fatal), (P + "NVSWITCH_NON_FATAL_ERRORS", f.sxid_nonfatal))
+        if "pcie_aer" in self.sources:
+            A = "GPUWARDEN_PCIE_AER_"
+            columns += (
+                (A + "DEV_CORRECTABLE", f.aer_cor),
+                (A + "DEV_NONFATAL", f.aer_nonfatal),
+                (A + "DEV_FATAL", f.aer_fatal),
+                (A + "UPSTREAM_CORRECTABLE", f.aer_up_cor),
+                (A + "UPSTREAM_NONFATAL", f.aer_up_nonfatal),
+                (A + "UPSTREAM_FATAL", f.aer_up_fatal),
+            )
         # Most columns are constant across the fleet apart from a few GPUs (clocks at boost,
         # error counters at 0, one XID): put the common value in this step's template and store
         # only the exceptions. Only the genuinely varying columns are stored for every record.

@@ -15,7 +15,7 @@ A scenario is a ``Scenario`` dataclass, either built in (``SCENARIOS``) or read 
     afternoon_heat: {delta_c: 5, onset: "10%", duration: "80%"}
     ambient: {base_c: 24, diurnal_amplitude_c: 3, peak_hour: 15, utc_offset_h: 0}
     llama3: {acceleration: 12000}     # draw faults at the Llama 3 405B rate (llama3.py)
-    random: {sbe_per_gpu_day: 1.7, driver_reloads_per_host_day: 0.05}
+    random: {sbe_per_gpu_day: 1.7, driver_reloads_per_host_day: 0.05, aer_corrected_per_gpu_day: 4}
     data_quality: {blank_rate: 2.0e-5, missing_rate: 2.0e-5}
     nccl: {dp_coll: ReduceScatter, tp_bytes: 1073741824, dp_bytes: 67108864}
     gpu_models:                       # host blocks in this order; default: the Simulator's gpu_model
@@ -27,6 +27,7 @@ A scenario is a ``Scenario`` dataclass, either built in (``SCENARIOS``) or read 
       skew_s: {2: 2.5}                # host 2's clock runs 2.5 s ahead
       late_s: {3: [20, 40]}           # host 3's records arrive 20-40 s after they were stamped
       join_s: {5: 3600}               # host 5 sends nothing before 3600 s (or "33%" of the run)
+    sources: [pcie_aer, nvswitch]     # producers beside dcgm-exporter: their fields on each record
 
 Times (``onset``, ``duration``) are seconds from the run start or a percentage string of the run's
 duration, so a built-in scenario fits any run length. ``duration`` omitted: until the run ends.
@@ -48,6 +49,7 @@ import yaml
 
 from .faults import FAULT_TYPES, NVLINK_TYPES, SCHEDULABLE_CONDITIONS, TYPES
 from .faults import NVLINKS_PER_GPU
+from .fields import SOURCES
 from .nccl import COLLS, NCCL_DEFAULTS
 from .fleet import AMBIENT_DEFAULTS
 
@@ -86,6 +88,7 @@ class Scenario:
     nccl: dict[str, Any] = field(default_factory=dict)
     gpu_models: list[dict[str, Any]] = field(default_factory=list)
     delivery: dict[str, Any] = field(default_factory=dict)
+    sources: list[str] = field(default_factory=list)
 
 
 DELIVERY_KEYS = {"phase", "jitter_s", "skew_s", "late_s", "join_s"}
@@ -93,6 +96,7 @@ GPU_MODEL_KEYS = {"model", "share", "field_names"}
 RANDOM_DEFAULTS = {
     "sbe_per_gpu_day": 1.7,  # isolated corrected SBEs (benign background)
     "driver_reloads_per_host_day": 0.05,  # benign reloads, so only long runs see one
+    "aer_corrected_per_gpu_day": 4.0,  # lone corrected PCIe errors (benign; sent with pcie_aer)
 }
 DATA_QUALITY_DEFAULTS = {
     "blank_rate": 2.0e-5,  # per DCGM record: one field replaced by DCGM's blank sentinel
@@ -379,6 +383,13 @@ def validate(sc: Scenario) -> Scenario:
         else out.checkpoint_duration
     )
     _check_options(out)
+    if not isinstance(out.sources, (list, tuple)) or any(src not in SOURCES for src in out.sources):
+        raise _err("sources", f"expected a list of {', '.join(SOURCES)}, got {out.sources!r}")
+    out.sources = list(dict.fromkeys(out.sources))
+    for j, f in enumerate(out.faults):
+        need = TYPES[f.type].source
+        if need is not None and need not in out.sources:
+            raise _err(f"faults[{j}].type", f"{f.type} shows only in the {need} source's fields: add sources: [{need}]")
     if out.checkpoint_every == 0:
         out.checkpoint_every = None
     return out
@@ -403,8 +414,9 @@ def scenario_from_dict(data: Any, source: str = "scenario") -> Scenario:
     for k in ("ambient", "random", "data_quality", "nccl", "delivery"):
         if k in kw and kw[k] is None:
             kw[k] = {}
-    if "gpu_models" in kw and kw["gpu_models"] is None:
-        kw["gpu_models"] = []
+    for k in ("gpu_models", "sources"):
+        if k in kw and kw[k] is None:
+            kw[k] = []
     try:
         specs = [_spec_from_mapping(f, f"faults[{j}]") for j, f in enumerate(faults)]
         return validate(Scenario(**{**kw, "faults": specs}))
@@ -504,6 +516,7 @@ def _builtins() -> dict[str, Scenario]:
             name="llama3",
             description="faults drawn at Meta's Llama 3 405B interruption rate and mix (accelerated)",
             llama3=dict(LLAMA3_DEFAULTS),
+            sources=["pcie_aer", "nvswitch"],
         ),
         "thermal": _single("thermal", "a GPU's cooling fails: thermal throttling", "thermal_throttling"),
         "thermal_hbm": _single("thermal_hbm", "HBM overheats while the core looks normal", "thermal_hbm_throttling"),
@@ -512,6 +525,14 @@ def _builtins() -> dict[str, Scenario]:
         "nvlink_down": _single("nvlink_down", "an NVLink goes down abruptly", "nvlink_link_down"),
         "straggler": _single("straggler", "one slow GPU holds its communicators back", "nccl_straggler"),
         "gpu_lost": _single("gpu_lost", "a GPU falls off the bus", "gpu_lost", onset="40%", duration=None),
+        "pcie": dataclasses.replace(
+            _single("pcie", "a fatal PCIe error on a GPU's link, then corrected errors", "pcie_aer_fatal"),
+            sources=["pcie_aer"],
+        ),
+        "nvswitch": dataclasses.replace(
+            _single("nvswitch", "a fatal NVSwitch error cuts a host's NVLink fabric", "nvswitch_fatal"),
+            sources=["nvswitch"],
+        ),
         "telemetry_gap": _single(
             "telemetry_gap", "a host stops reporting, then resumes", "telemetry_gap", onset="30%", duration="20%"
         ),

@@ -186,6 +186,7 @@ class Simulator:
             self.cluster,
             self.job,
             host_kinds=self.host_kinds if mixed else None,
+            sources=tuple(self.scenario.sources),
         )
         dq = {**DATA_QUALITY_DEFAULTS, **self.scenario.data_quality}
         dq_rng = substream(self.seed, "data-quality")

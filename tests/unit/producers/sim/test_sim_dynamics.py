@@ -61,13 +61,17 @@ def test_training_operating_point():
     assert 530 <= np.percentile(power, 1) and np.percentile(power, 99) <= 700
     assert statistics.median(clock) == 1980
     assert 55 <= np.median(temp) <= 78
-    assert np.median(mtemp) > np.median(temp)          # HBM runs a few degrees above the core
+    assert np.median(mtemp) > np.median(temp)  # HBM runs a few degrees above the core
     assert np.median(mtemp) - np.median(temp) < 15
 
 
 def test_checkpoint_pauses_all_gpus_at_once_and_stop_nccl():
-    sim = Simulator(hosts=4, duration=400.0, seed=5,
-                    scenario=scenario("healthy", checkpoint_every=200.0, checkpoint_duration=(40.0, 40.0)))
+    sim = Simulator(
+        hosts=4,
+        duration=400.0,
+        seed=5,
+        scenario=scenario("healthy", checkpoint_every=200.0, checkpoint_duration=(40.0, 40.0)),
+    )
     cps = [lab for lab in sim.labels() if lab["condition"] == "checkpoint"]
     assert cps
     cp = cps[0]
@@ -90,7 +94,7 @@ def test_checkpoint_pauses_all_gpus_at_once_and_stop_nccl():
                 nccl_ts.add(t)
     for t, flags in idle_by_t.items():
         inside = any(lab["onset"] - sim.start_ts - 1e-6 <= t < lab["end"] - sim.start_ts - 1e-6 for lab in cps)
-        assert all(flags) if inside else not any(flags), t   # all GPUs together, never alone
+        assert all(flags) if inside else not any(flags), t  # all GPUs together, never alone
     # No NCCL interval whose steps (t-5 .. t-1) all lay inside the pause reports anything.
     for t in nccl_ts:
         assert not (a - 1e-6 <= t - 5.0 and t - 1.0 < b - 1e-6), t
@@ -99,8 +103,12 @@ def test_checkpoint_pauses_all_gpus_at_once_and_stop_nccl():
 
 def test_temperature_is_a_lag_of_power():
     # After a checkpoint starts the core cools over tens of seconds, not in one step.
-    sim = Simulator(hosts=1, duration=300.0, seed=5,
-                    scenario=scenario("healthy", checkpoint_every=150.0, checkpoint_duration=(80.0, 80.0)))
+    sim = Simulator(
+        hosts=1,
+        duration=300.0,
+        seed=5,
+        scenario=scenario("healthy", checkpoint_every=150.0, checkpoint_duration=(80.0, 80.0)),
+    )
     cp = next(lab for lab in sim.labels() if lab["condition"] == "checkpoint")
     a = cp["onset"] - sim.start_ts
     dc, _ = series(sim)
@@ -116,18 +124,24 @@ def test_temperature_is_a_lag_of_power():
 
 def test_diurnal_cycle_peaks_in_the_afternoon():
     def mean_temp(start_ts: float) -> float:
-        sim = Simulator(hosts=2, duration=60.0, seed=3, start_ts=start_ts,
-                        scenario=scenario("healthy", checkpoint_every=None))
+        sim = Simulator(
+            hosts=2, duration=60.0, seed=3, start_ts=start_ts, scenario=scenario("healthy", checkpoint_every=None)
+        )
         return float(np.mean([f[P + "GPU_TEMP"] for rows in series(sim)[0].values() for _, f in rows]))
-    day = 1764374400.0       # 2025-11-29 00:00 UTC
+
+    day = 1764374400.0  # 2025-11-29 00:00 UTC
     assert mean_temp(day + 15 * 3600) - mean_temp(day + 3 * 3600) > 3.5
 
 
 def test_counters_monotonic_except_labelled_reloads():
-    sc = scenario("mixed", faults=list(load_scenario("mixed").faults) + [
-        {"type": "driver_reload", "host": 1, "onset": "70%"},
-    ])
-    sc.faults[-2] = dataclasses.replace(sc.faults[-2], duration="8%")   # gpu_lost comes back
+    sc = scenario(
+        "mixed",
+        faults=list(load_scenario("mixed").faults)
+        + [
+            {"type": "driver_reload", "host": 1, "onset": "70%"},
+        ],
+    )
+    sc.faults[-2] = dataclasses.replace(sc.faults[-2], duration="8%")  # gpu_lost comes back
     sim = Simulator(hosts=4, duration=600.0, seed=2, scenario=sc)
     labels = sim.labels()
     reloads = [lab for lab in labels if lab["condition"] == "driver_reload"]
@@ -144,9 +158,13 @@ def test_counters_monotonic_except_labelled_reloads():
                 if name in prev and v < prev[name]:
                     assert name in VOLATILE_COUNTERS, (host, gpu, name)
                     assert v == 0
-                    ok = [lab for lab in reloads if lab["host"] == host
-                          and lab["gpu"] in (None, gpu)
-                          and prev["_t"] < lab["onset"] - sim.start_ts + 1e-6 <= t + 1e-6]
+                    ok = [
+                        lab
+                        for lab in reloads
+                        if lab["host"] == host
+                        and lab["gpu"] in (None, gpu)
+                        and prev["_t"] < lab["onset"] - sim.start_ts + 1e-6 <= t + 1e-6
+                    ]
                     assert ok, (host, gpu, name, t)
                     resets_seen += 1
                 prev[name] = v
@@ -163,7 +181,7 @@ def test_isolated_sbe_are_labelled_benign():
     total = 0
     for rows in dc.values():
         total += rows[-1][1][P + "ECC_SBE_VOL_TOTAL"] - rows[0][1][P + "ECC_SBE_VOL_TOTAL"]
-    assert abs(total - len(iso)) <= 2 * 16   # those before the first sample are not in the diff
+    assert abs(total - len(iso)) <= 2 * 16  # those before the first sample are not in the diff
 
 
 def test_healthy_has_no_throttle_bits_but_idle_or_power_cap():
@@ -175,7 +193,7 @@ def test_healthy_has_no_throttle_bits_but_idle_or_power_cap():
             assert bits & ~(GPU_IDLE | SW_POWER_CAP) == 0
             seen |= bits
             assert r["fields"][P + "XID_ERRORS"] == 0
-    assert seen & GPU_IDLE        # a checkpoint happened
+    assert seen & GPU_IDLE  # a checkpoint happened
 
 
 def test_afternoon_heat_raises_temps_without_thermal_bits():

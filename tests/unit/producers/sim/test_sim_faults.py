@@ -10,6 +10,7 @@ from functools import lru_cache
 import pytest
 
 from producers.sim import FAULT_TYPES, Simulator, load_scenario
+from producers.sim.faults import TYPES
 from producers.sim.fields import HW_SLOWDOWN, HW_THERMAL, SW_THERMAL
 
 P = "DCGM_FI_DEV_"
@@ -71,7 +72,8 @@ def single(name: str, seed: int = 1, hosts: int = 4, duration: float = 900.0, **
 def test_mixed_has_every_fault_type_on_distinct_places():
     run = mixed()
     faults = [lab for lab in run.labels if lab["fault"]]
-    assert sorted(lab["fault"] for lab in faults) == sorted(FAULT_TYPES)
+    # Every fault type dcgm-exporter's fields show; the others need their source (pcie, nvswitch).
+    assert sorted(lab["fault"] for lab in faults) == sorted(f for f in FAULT_TYPES if TYPES[f].source is None)
     places = [(lab["host"], lab["gpu"]) for lab in faults if lab["gpu"] is not None]
     assert len(places) == len(set(places))
     assert len({lab["host"] for lab in faults}) == 4
@@ -97,11 +99,17 @@ def test_thermal_throttling_signature(source):
     hot_from = a + lab["params"]["ramp_s"] + 60
     rows = [f for t, f in run.dc[(h, g)] if hot_from <= t < b]
     assert len(rows) > 60
-    throttled = [f for f in rows if f[P + "CLOCK_THROTTLE_REASONS"] & (SW_THERMAL | HW_THERMAL)
-                 and f[P + "GPU_UTIL"] >= 90 and f[P + "SM_CLOCK"] <= 1300]
+    throttled = [
+        f
+        for f in rows
+        if f[P + "CLOCK_THROTTLE_REASONS"] & (SW_THERMAL | HW_THERMAL)
+        and f[P + "GPU_UTIL"] >= 90
+        and f[P + "SM_CLOCK"] <= 1300
+    ]
     assert len(throttled) > 0.6 * len(rows)
-    assert any(f[P + "CLOCK_THROTTLE_REASONS"] & HW_THERMAL and f[P + "CLOCK_THROTTLE_REASONS"] & HW_SLOWDOWN
-               for f in rows)
+    assert any(
+        f[P + "CLOCK_THROTTLE_REASONS"] & HW_THERMAL and f[P + "CLOCK_THROTTLE_REASONS"] & HW_SLOWDOWN for f in rows
+    )
     assert max(f[P + "GPU_TEMP"] for f in rows) >= 88
     assert 86 <= statistics.median(f[P + "GPU_TEMP"] for f in rows) <= 92
     viol = run.field(h, g, P + "THERMAL_VIOLATION")
@@ -128,10 +136,10 @@ def test_thermal_hbm_throttling_signature(source):
     assert rows
     assert max(f[P + "MEMORY_TEMP"] for f in rows) >= 95
     assert statistics.median(f[P + "MEMORY_TEMP"] for f in rows) >= 94
-    assert max(f[P + "GPU_TEMP"] for f in rows) < 87                 # core looks normal
+    assert max(f[P + "GPU_TEMP"] for f in rows) < 87  # core looks normal
     assert sum(bool(f[P + "CLOCK_THROTTLE_REASONS"] & SW_THERMAL) for f in rows) > 0.8 * len(rows)
     assert not any(f[P + "CLOCK_THROTTLE_REASONS"] & HW_THERMAL for f in rows)
-    assert 1200 <= statistics.median(f[P + "SM_CLOCK"] for f in rows) <= 1850   # moderately down
+    assert 1200 <= statistics.median(f[P + "SM_CLOCK"] for f in rows) <= 1850  # moderately down
     assert statistics.median(f[P + "GPU_UTIL"] for f in rows) >= 95
 
 
@@ -147,9 +155,9 @@ def test_hbm_ecc_burst_signature(escalate, seed):
     agg = dict((t, f[P + "ECC_SBE_AGG_TOTAL"]) for t, f in run.dc[(h, g)])
     mid = a + 0.5 * (b - a)
     per_min = sbe[mid + 60] - sbe[mid]
-    assert per_min >= 10 and per_min >= 0.5 * p["sbe_per_min"]      # tens to hundreds a minute
+    assert per_min >= 10 and per_min >= 0.5 * p["sbe_per_min"]  # tens to hundreds a minute
     assert agg[mid + 60] - agg[mid] == per_min
-    assert sbe[a - 1] == 0 or sbe[a - 1] <= 2                        # quiet before (isolated SBEs aside)
+    assert sbe[a - 1] == 0 or sbe[a - 1] <= 2  # quiet before (isolated SBEs aside)
     xids = [x for x in run.field(h, g, P + "XID_ERRORS", a, 1e9)]
     seq = [x for i, x in enumerate(xids) if x and (i == 0 or xids[i - 1] != x)]
     if p["xid92"]:
@@ -165,7 +173,10 @@ def test_hbm_ecc_burst_signature(escalate, seed):
         assert dbe[-1] - dbe[0] == 1
         i48 = seq.index(48)
         assert seq[i48 + 1] in (94, 95) and seq[i48 + 1] == (94 if p["contained"] else 95)
-        assert run.field(h, g, P + "UNCORRECTABLE_REMAPPED_ROWS")[-1] > run.field(h, g, P + "UNCORRECTABLE_REMAPPED_ROWS")[0]
+        assert (
+            run.field(h, g, P + "UNCORRECTABLE_REMAPPED_ROWS")[-1]
+            > run.field(h, g, P + "UNCORRECTABLE_REMAPPED_ROWS")[0]
+        )
     else:
         assert dbe[-1] == dbe[0] and 48 not in seq
     # SBE burst ends with the window.
@@ -196,7 +207,7 @@ def test_nvlink_degradation_signature(source):
     t_early, t_late = round(a + 0.1 * ramp), round(a + 0.9 * ramp)
     early = (crc[t_early + 30] - crc[t_early]) / 30
     late = (crc[t_late + 30] - crc[t_late]) / 30
-    assert late > 50 and late > 20 * max(early, 0.1)            # accelerating, hundreds/s late
+    assert late > 50 and late > 20 * max(early, 0.1)  # accelerating, hundreds/s late
     replay = run.field(h, g, P + "NVLINK_REPLAY_ERROR_COUNT_TOTAL")
     data = run.field(h, g, P + "NVLINK_CRC_DATA_ERROR_COUNT_TOTAL")
     assert replay[-1] > replay[0] and data[-1] > data[0]
@@ -206,11 +217,15 @@ def test_nvlink_degradation_signature(source):
     late_bw = run.comm_median(tp, "busbw_gbs", a + 0.8 * ramp, b)
     assert late_bw < 0.85 * before
     bw = [f[P + "NVLINK_BANDWIDTH_TOTAL"] for t, f in run.dc[(h, g)]]
-    assert statistics.median(run.field(h, g, P + "NVLINK_BANDWIDTH_TOTAL", a + 0.8 * ramp, b)) < \
-        0.85 * statistics.median(run.field(h, g, P + "NVLINK_BANDWIDTH_TOTAL", 0, a))
+    assert statistics.median(
+        run.field(h, g, P + "NVLINK_BANDWIDTH_TOTAL", a + 0.8 * ramp, b)
+    ) < 0.85 * statistics.median(run.field(h, g, P + "NVLINK_BANDWIDTH_TOTAL", 0, a))
     assert bw
-    busy = {x["host"] for x in run.labels if x["fault"] and x is not lab
-            and x["onset"] < lab["end"] and x["end"] > lab["onset"]}
+    busy = {
+        x["host"]
+        for x in run.labels
+        if x["fault"] and x is not lab and x["onset"] < lab["end"] and x["end"] > lab["onset"]
+    }
     for other in run.sim.hosts:
         if other == h or other in busy:
             continue
@@ -232,11 +247,11 @@ def test_nvlink_link_down_signature(source):
     rec = dict((t, f[P + "NVLINK_RECOVERY_ERROR_COUNT_TOTAL"]) for t, f in run.dc[(h, g)])
     crc = dict((t, f[P + "NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL"]) for t, f in run.dc[(h, g)])
     assert rec[a + 10] - rec[a - 1] >= 1
-    assert crc[a + 60] - crc[a - 1] > 500                           # a burst
+    assert crc[a + 60] - crc[a - 1] > 500  # a burst
     tp = f"tp{run.host_index(h)}"
     before = run.comm_median(tp, "busbw_gbs", 0, a)
     during = run.comm_median(tp, "busbw_gbs", a + 5, b)
-    assert during < 0.6 * before                                     # collapsed from onset
+    assert during < 0.6 * before  # collapsed from onset
     if b + 30 < run.sim.duration:
         assert run.comm_median(tp, "busbw_gbs", b + 5, b + 30) > 0.9 * before
 
@@ -257,14 +272,23 @@ def test_nccl_straggler_signature(source, mode):
     assert run.comm_median(tp, "busbw_gbs", s0, s1) < 0.85 * run.comm_median(tp, "busbw_gbs", 0, a)
     # DP communicator of that GPU index: other hosts' ranks wait too.
     own_dp = statistics.median(run.comm(dp, hi, "exec_time_us", s0, s1))
-    others_dp = [statistics.median(run.comm(dp, r, "exec_time_us", s0, s1))
-                 for r in range(len(run.sim.hosts)) if r != hi and run.comm(dp, r, "exec_time_us", s0, s1)]
+    others_dp = [
+        statistics.median(run.comm(dp, r, "exec_time_us", s0, s1))
+        for r in range(len(run.sim.hosts))
+        if r != hi and run.comm(dp, r, "exec_time_us", s0, s1)
+    ]
     assert others_dp and min(others_dp) > 1.3 * own_dp
     # Communicators without the straggler are untouched.
-    busy_hosts = {x["host"] for x in run.labels if x["fault"] and x is not lab
-                  and x["onset"] < lab["end"] and x["end"] > lab["onset"]}
-    busy_gpus = {x["gpu"] for x in run.labels if x["fault"] and x is not lab
-                 and x["onset"] < lab["end"] and x["end"] > lab["onset"]}
+    busy_hosts = {
+        x["host"]
+        for x in run.labels
+        if x["fault"] and x is not lab and x["onset"] < lab["end"] and x["end"] > lab["onset"]
+    }
+    busy_gpus = {
+        x["gpu"]
+        for x in run.labels
+        if x["fault"] and x is not lab and x["onset"] < lab["end"] and x["end"] > lab["onset"]
+    }
     other_g = next(x for x in range(8) if x != g and x not in busy_gpus)
     name = f"dp{other_g}"
     assert run.comm_median(name, "busbw_gbs", s0, s1) > 0.9 * run.comm_median(name, "busbw_gbs", 0, a)
@@ -319,7 +343,7 @@ def test_gpu_lost_gsp_variant_and_return():
     assert run.field(h, g, P + "XID_ERRORS", a, a + 1) == [119]
     assert not run.field(h, g, P + "GPU_TEMP", a + 3, b)
     back = run.field(h, g, P + "XID_ERRORS", b, 1e9)
-    assert back and all(x == 0 for x in back)        # came back reset
+    assert back and all(x == 0 for x in back)  # came back reset
     reload = [x for x in run.labels if x["condition"] == "driver_reload"]
     assert reload and reload[0]["host"] == h and reload[0]["gpu"] == g and reload[0]["onset"] == lab["end"]
 
@@ -337,3 +361,57 @@ def test_telemetry_gap_signature(source):
     for other in run.sim.hosts:
         if other != h:
             assert len([t for t in run.host_ts[other] if a <= t < b]) >= (b - a) - 1
+
+
+A = "GPUWARDEN_PCIE_AER_"
+
+
+def test_pcie_aer_fatal_signature():
+    run = single("pcie", seed=4)
+    lab = run.label("pcie_aer_fatal")
+    h, g = lab["host"], lab["gpu"]
+    a, b = run.window(lab)
+    up = run.field(h, g, A + "UPSTREAM_FATAL")
+    assert set(run.field(h, g, A + "UPSTREAM_FATAL", -1e9, a)) == {0} and set(
+        run.field(h, g, A + "UPSTREAM_FATAL", a + 1)
+    ) == {1}
+    assert len(up) == len(run.dc[(h, g)])  # on every record of the GPU, as the producer sends it
+    assert run.field(h, g, A + "DEV_NONFATAL", a + 1, a + 2) == [2]
+    cor = run.field(h, g, A + "DEV_CORRECTABLE")
+    assert cor == sorted(cor) and cor[-1] - cor[0] > 100  # a corrected-error storm while it lasts
+    # The GPU stays on the bus; no other GPU's AER totals move.
+    assert max(t for t, _ in run.dc[(h, g)]) >= run.sim.duration - 2
+    for (host, gpu), rows in run.dc.items():
+        if (host, gpu) != (h, g):
+            assert len({f[A + "UPSTREAM_FATAL"] for _, f in rows}) == 1
+
+
+def test_nvswitch_fatal_signature():
+    run = single("nvswitch", seed=4)
+    lab = run.label("nvswitch_fatal")
+    h = lab["host"]
+    a, b = run.window(lab)
+    for g in range(8):
+        assert set(run.field(h, g, P + "NVSWITCH_FATAL_ERRORS", -1e9, a)) == {0}
+        assert set(run.field(h, g, P + "NVSWITCH_FATAL_ERRORS", a + 1, b)) == {20034}
+    before = statistics.median(run.field(h, 0, P + "NVLINK_BANDWIDTH_TOTAL", a - 120, a))
+    during = statistics.median(run.field(h, 0, P + "NVLINK_BANDWIDTH_TOTAL", a + 10, b))
+    assert during < 0.6 * before
+    others = {host for host, _ in run.dc if host != h}
+    assert all(set(run.field(o, 0, P + "NVSWITCH_FATAL_ERRORS")) == {0} for o in others)
+
+
+def test_records_carry_a_source_only_when_the_scenario_runs_it():
+    plain = single("gpu_lost", seed=9)
+    rows = next(iter(plain.dc.values()))
+    assert not any(k.startswith(A) or "NVSWITCH" in k for k in rows[0][1])
+
+
+def test_a_fault_whose_source_the_scenario_does_not_run_is_refused():
+    from producers.sim.scenarios import scenario_from_dict
+
+    with pytest.raises(ValueError, match=r"faults\[0\]\.type: pcie_aer_fatal .*sources: \[pcie_aer\]"):
+        scenario_from_dict({"faults": [{"type": "pcie_aer_fatal"}]})
+    with pytest.raises(ValueError, match="sources"):
+        scenario_from_dict({"sources": ["infiniband"]})
+    assert scenario_from_dict({"sources": ["nvswitch"], "faults": [{"type": "nvswitch_fatal"}]}).sources == ["nvswitch"]

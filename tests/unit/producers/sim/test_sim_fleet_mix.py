@@ -16,8 +16,14 @@ START = 1764403200.0
 
 
 def _run(**kw):
-    sim = Simulator(hosts=6, duration=kw.pop("duration", 900.0), interval=kw.pop("interval", 10.0), seed=kw.pop("seed", 4),
-                    scenario=kw.pop("scenario", "mixed_fleet"), **kw)
+    sim = Simulator(
+        hosts=6,
+        duration=kw.pop("duration", 900.0),
+        interval=kw.pop("interval", 10.0),
+        seed=kw.pop("seed", 4),
+        scenario=kw.pop("scenario", "mixed_fleet"),
+        **kw,
+    )
     return sim, [list(b) for b in sim.batches()]
 
 
@@ -28,11 +34,15 @@ def fleet():
 
 def test_same_seed_same_bytes(fleet):
     sim, batches = fleet
-    again = [json.dumps(r, separators=(",", ":")) for r in Simulator(
-        hosts=6, duration=900.0, interval=10.0, seed=4, scenario="mixed_fleet").records()]
+    again = [
+        json.dumps(r, separators=(",", ":"))
+        for r in Simulator(hosts=6, duration=900.0, interval=10.0, seed=4, scenario="mixed_fleet").records()
+    ]
     assert [json.dumps(r, separators=(",", ":")) for b in batches for r in b] == again
-    other = [json.dumps(r, separators=(",", ":")) for r in Simulator(
-        hosts=6, duration=900.0, interval=10.0, seed=5, scenario="mixed_fleet").records()]
+    other = [
+        json.dumps(r, separators=(",", ":"))
+        for r in Simulator(hosts=6, duration=900.0, interval=10.0, seed=5, scenario="mixed_fleet").records()
+    ]
     assert again != other
 
 
@@ -52,14 +62,18 @@ def test_h100_hosts_use_pre_46_names_and_b200_hosts_the_46_names(fleet):
 
 
 def test_b200_runs_hotter_near_1000_w_with_its_own_limits():
-    sim, batches = _run(scenario=Scenario(name="m", checkpoint_every=None,
-                                          gpu_models=SCENARIOS["mixed_fleet"].gpu_models), duration=600.0)
+    sim, batches = _run(
+        scenario=Scenario(name="m", checkpoint_every=None, gpu_models=SCENARIOS["mixed_fleet"].gpu_models),
+        duration=600.0,
+    )
     temp, power, limits = defaultdict(list), defaultdict(list), {}
     for r in (r for b in batches[10:] for r in b if r["kind"] == "dcgm"):
         f = r["fields"]
         temp[r["model"]].append(f.get("DCGM_FI_DEV_GPU_TEMP", f.get("DCGM_FI_DEV_GPU_TEMP_CELSIUS")))
         power[r["model"]].append(f.get("DCGM_FI_DEV_POWER_USAGE", f.get("DCGM_FI_DEV_BOARD_POWER_WATTS")))
-        limits[r["model"]] = f.get("DCGM_FI_DEV_ENFORCED_POWER_LIMIT", f.get("DCGM_FI_DEV_BOARD_POWER_LIMIT_ENFORCED_WATTS"))
+        limits[r["model"]] = f.get(
+            "DCGM_FI_DEV_ENFORCED_POWER_LIMIT", f.get("DCGM_FI_DEV_BOARD_POWER_LIMIT_ENFORCED_WATTS")
+        )
     h, b = "NVIDIA H100 80GB HBM3", "NVIDIA B200"
     assert 5.0 <= np.mean(temp[b]) - np.mean(temp[h]) <= 13.0
     assert 820.0 <= np.mean(power[b]) <= 1000.0 and 560.0 <= np.mean(power[h]) <= 700.0
@@ -91,9 +105,15 @@ def test_delivery_phase_skew_late_and_joining_hosts(fleet):
 
 
 def test_job_restart_new_communicators_and_gpu_reset():
-    sc = scenario_from_dict({"checkpoint_every": None, "faults": [
-        {"type": "job_restart", "onset": 200, "duration": 60},
-        {"type": "gpu_reset", "host": 1, "gpu": 3, "onset": 400, "duration": 15}]})
+    sc = scenario_from_dict(
+        {
+            "checkpoint_every": None,
+            "faults": [
+                {"type": "job_restart", "onset": 200, "duration": 60},
+                {"type": "gpu_reset", "host": 1, "gpu": 3, "onset": 400, "duration": 15},
+            ],
+        }
+    )
     sim = Simulator(hosts=3, duration=600.0, interval=10.0, seed=2, scenario=sc)
     recs = list(sim.records())
     comms_before = {r["comm"] for r in recs if r["kind"] == "nccl" and r["ts"] < START + 200}
@@ -102,16 +122,19 @@ def test_job_restart_new_communicators_and_gpu_reset():
     assert not [r for r in recs if r["kind"] == "nccl" and START + 210 <= r["ts"] < START + 260]
     g = [r for r in recs if r["kind"] == "dcgm" and r["host"] == "gpu-node-001" and r["gpu"] == 3]
     gaps = np.diff([r["ts"] for r in g])
-    assert gaps.max() == 30.0                                     # the samples at 400 and 410 s missing
+    assert gaps.max() == 30.0  # the samples at 400 and 410 s missing
     assert {c["condition"] for c in sim.labels()} >= {"job_restart", "gpu_reset"}
 
 
-@pytest.mark.parametrize("bad, key", [
-    ({"gpu_models": [{"model": "NVIDIA B200", "field_names": "5.0"}]}, "gpu_models[0].field_names"),
-    ({"gpu_models": [{"modl": "x"}]}, "gpu_models[0].modl"),
-    ({"delivery": {"late_s": {3: [40, 20]}}}, "delivery.late_s.3"),
-    ({"delivery": {"jitter": 1}}, "delivery.jitter"),
-])
+@pytest.mark.parametrize(
+    "bad, key",
+    [
+        ({"gpu_models": [{"model": "NVIDIA B200", "field_names": "5.0"}]}, "gpu_models[0].field_names"),
+        ({"gpu_models": [{"modl": "x"}]}, "gpu_models[0].modl"),
+        ({"delivery": {"late_s": {3: [40, 20]}}}, "delivery.late_s.3"),
+        ({"delivery": {"jitter": 1}}, "delivery.jitter"),
+    ],
+)
 def test_bad_fleet_options_name_the_key(bad, key):
     with pytest.raises(ValueError, match=key.replace("[", r"\[").replace("]", r"\]")):
         scenario_from_dict(bad)

@@ -11,8 +11,25 @@ from producers.sim import Simulator
 from producers.sim.fields import BLANK_FP64, BLANK_INT64, FIELD_NAMES, INT_FIELDS
 
 DCGM_KEYS = ["v", "kind", "ts", "host", "gpu", "uuid", "model", "labels", "fields"]
-NCCL_KEYS = ["v", "kind", "ts", "host", "gpu", "job", "comm", "comm_name", "rank", "nranks", "nnodes",
-             "coll", "seq", "bytes", "exec_time_us", "algbw_gbs", "busbw_gbs"]
+NCCL_KEYS = [
+    "v",
+    "kind",
+    "ts",
+    "host",
+    "gpu",
+    "job",
+    "comm",
+    "comm_name",
+    "rank",
+    "nranks",
+    "nnodes",
+    "coll",
+    "seq",
+    "bytes",
+    "exec_time_us",
+    "algbw_gbs",
+    "busbw_gbs",
+]
 LABEL_KEYS = ["id", "fault", "family", "condition", "host", "gpu", "link", "job", "onset", "end", "params"]
 UUID_RE = re.compile(r"^GPU-[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
 COMM_RE = re.compile(r"^0x[0-9a-f]{14}$")
@@ -97,7 +114,7 @@ def test_nccl_record_shape_and_formulas():
             assert (n, r["nnodes"]) == (3, 3)
             assert r["rank"] == sim.hosts.index(r["host"])
             assert r["coll"] == "ReduceScatter"
-            algbw = r["bytes"] * n / 1e9 / secs   # Inspector: RS/AG move bytes x nranks
+            algbw = r["bytes"] * n / 1e9 / secs  # Inspector: RS/AG move bytes x nranks
             assert r["busbw_gbs"] == pytest.approx(algbw * (n - 1) / n, rel=1e-3)
             assert 35 < r["busbw_gbs"] < 48
         assert r["algbw_gbs"] == pytest.approx(algbw, rel=1e-3)
@@ -132,7 +149,7 @@ def test_nccl_interval_and_non_integer_interval():
 
 def test_labels_json_and_inside_run():
     sim = Simulator(hosts=4, duration=600.0, seed=1, scenario="mixed")
-    labels = sim.labels()                      # before iterating
+    labels = sim.labels()  # before iterating
     assert json.loads(json.dumps(labels)) == labels
     faults = [lab for lab in labels if lab["fault"]]
     assert len(faults) == 8
@@ -147,11 +164,12 @@ def test_labels_json_and_inside_run():
             assert lab["family"] is None and lab["condition"]
             assert re.match(r"^c\d{3}$", lab["id"])
     list(sim.batches())
-    assert sim.labels() == labels              # and after
+    assert sim.labels() == labels  # and after
 
 
 def test_data_quality_noise_is_rare_seeded_and_realistic():
     from producers.sim import load_scenario
+
     sc = load_scenario("healthy")
     sc.data_quality = {"blank_rate": 0.05, "missing_rate": 0.05}
     sim = Simulator(hosts=2, duration=60.0, seed=9, scenario=sc)
@@ -168,12 +186,19 @@ def test_data_quality_noise_is_rare_seeded_and_realistic():
             elif v == BLANK_FP64:
                 assert k not in INT_FIELDS and type(v) is float
                 blanks += 1
-    assert 20 < blanks < 100 and 20 < missing < 100       # ~48 each expected
+    assert 20 < blanks < 100 and 20 < missing < 100  # ~48 each expected
     # Default rates: rare.
     sim = Simulator(hosts=2, duration=60.0, seed=9)
-    n_bad = sum(1 for r in sim.records() if r["kind"] == "dcgm" and (
-        len(r["fields"]) < len(FIELD_NAMES) or BLANK_INT64 in r["fields"].values()
-        or BLANK_FP64 in r["fields"].values()))
+    n_bad = sum(
+        1
+        for r in sim.records()
+        if r["kind"] == "dcgm"
+        and (
+            len(r["fields"]) < len(FIELD_NAMES)
+            or BLANK_INT64 in r["fields"].values()
+            or BLANK_FP64 in r["fields"].values()
+        )
+    )
     assert n_bad < 5
 
 
@@ -191,7 +216,7 @@ def test_argument_validation():
 def test_small_fleets_work():
     one = Simulator(hosts=1, duration=20.0, seed=1, scenario="mixed")
     recs = list(one.records())
-    assert {r["comm_name"] for r in recs if r["kind"] == "nccl"} == {"tp0"}   # no DP with 1 host
+    assert {r["comm_name"] for r in recs if r["kind"] == "nccl"} == {"tp0"}  # no DP with 1 host
     single_gpu = Simulator(hosts=2, gpus_per_host=1, duration=20.0, seed=1)
     assert {r["comm_name"] for r in single_gpu.records() if r["kind"] == "nccl"} == {"dp0"}
 

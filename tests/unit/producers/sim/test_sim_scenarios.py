@@ -10,8 +10,18 @@ import pytest
 from producers.sim import FAULT_TYPES, SCENARIOS, FaultSpec, Scenario, Simulator, load_scenario
 from producers.sim import llama3
 
-REQUIRED = {"healthy", "mixed", "llama3", "thermal", "hbm", "nvlink", "straggler", "gpu_lost",
-            "power_cap", "afternoon_heat"}
+REQUIRED = {
+    "healthy",
+    "mixed",
+    "llama3",
+    "thermal",
+    "hbm",
+    "nvlink",
+    "straggler",
+    "gpu_lost",
+    "power_cap",
+    "afternoon_heat",
+}
 
 
 def test_builtins_exist_and_load_as_copies():
@@ -21,7 +31,7 @@ def test_builtins_exist_and_load_as_copies():
         assert isinstance(sc, Scenario) and sc.name == name
     sc = load_scenario("mixed")
     sc.faults.clear()
-    assert len(load_scenario("mixed").faults) == 8          # the built-in is untouched
+    assert len(load_scenario("mixed").faults) == 8  # the built-in is untouched
     assert load_scenario(None).name == "healthy"
 
 
@@ -32,8 +42,13 @@ def test_every_builtin_runs_and_labels_fit(name):
     assert n > 0
     for lab in sim.labels():
         assert sim.start_ts <= lab["onset"] <= lab["end"] <= sim.start_ts + 300.0
-    single = {"thermal": "thermal_throttling", "hbm": "hbm_ecc_burst", "nvlink": "nvlink_degradation",
-              "straggler": "nccl_straggler", "gpu_lost": "gpu_lost"}
+    single = {
+        "thermal": "thermal_throttling",
+        "hbm": "hbm_ecc_burst",
+        "nvlink": "nvlink_degradation",
+        "straggler": "nccl_straggler",
+        "gpu_lost": "gpu_lost",
+    }
     if name in single:
         assert [lab["fault"] for lab in sim.labels() if lab["fault"]] == [single[name]]
     if name in ("healthy", "power_cap", "afternoon_heat", "driver_reload"):
@@ -73,43 +88,47 @@ def test_yaml_scenario(tmp_path):
     th = labels["thermal_throttling"]
     assert th["host"] == "gpu-node-001" and th["onset"] == sim.start_ts + 120 and th["end"] == sim.start_ts + 420
     hbm = labels["hbm_ecc_burst"]
-    assert hbm["params"]["escalate"] is False and hbm["end"] == sim.start_ts + 600   # until the end
-    assert hbm["host"] not in ("gpu-node-001", "gpu-node-002")                       # spread out
+    assert hbm["params"]["escalate"] is False and hbm["end"] == sim.start_ts + 600  # until the end
+    assert hbm["host"] not in ("gpu-node-001", "gpu-node-002")  # spread out
     assert labels["power_cap"]["host"] == "gpu-node-003" and labels["power_cap"]["params"]["limit_w"] == 400
     assert labels["driver_reload"]["onset"] == labels["driver_reload"]["end"]
     assert labels["afternoon_heat"]["params"]["delta_c"] == 4
     assert any(lab["condition"] == "checkpoint" for lab in sim.labels())
-    assert {r["coll"] for r in sim.records() if r["kind"] == "nccl" and r["comm_name"].startswith("dp")} \
-        == {"AllGather"}
+    assert {r["coll"] for r in sim.records() if r["kind"] == "nccl" and r["comm_name"].startswith("dp")} == {
+        "AllGather"
+    }
 
 
-@pytest.mark.parametrize("text,key", [
-    ("bogus: 1", "bogus"),
-    ("faults: {type: thermal_throttling}", "faults"),
-    ("faults: [{host: 1}]", "faults[0].type"),
-    ("faults: [{type: melting}]", "faults[0].type"),
-    ("faults: [{type: gpu_lost, colour: red}]", "faults[0].colour"),
-    ("faults: [{type: gpu_lost, onset: soon}]", "faults[0].onset"),
-    ("faults: [{type: gpu_lost, onset: -5}]", "faults[0].onset"),
-    ("faults: [{type: gpu_lost, duration: '150%'}]", "faults[0].duration"),
-    ("faults: [{type: gpu_lost, gpu: -1}]", "faults[0].gpu"),
-    ("faults: [{type: thermal_throttling, link: 2}]", "faults[0].link"),
-    ("faults: [{type: nvlink_degradation, link: 18}]", "faults[0].link"),
-    ("faults: [{type: telemetry_gap, gpu: 1}]", "faults[0].gpu"),
-    ("faults: [{type: nccl_straggler, params: {slow: 0.3}}]", "faults[0].params.slow"),
-    ("faults: [{type: hbm_ecc_burst, params: {escalate: maybe}}]", "faults[0].params.escalate"),
-    ("faults: [{type: nvlink_degradation, params: {rate_max: fast}}]", "faults[0].params.rate_max"),
-    ("checkpoint_every: often", "checkpoint_every"),
-    ("checkpoint_duration: [90, 30]", "checkpoint_duration"),
-    ("power_cap: {hosts: [1], limit: 400}", "power_cap.limit"),
-    ("afternoon_heat: {delta_c: hot}", "afternoon_heat.delta_c"),
-    ("llama3: {rate: 2}", "llama3.rate"),
-    ("nccl: {dp_coll: AllToAll}", "nccl.dp_coll"),
-    ("data_quality: {blank_rate: 0.9}", "data_quality.blank_rate"),
-    ("ambient: {base: 20}", "ambient.base"),
-    ("- just a list", "top level"),
-    ("faults: [{type: gpu_lost\n", "YAML"),
-])
+@pytest.mark.parametrize(
+    "text,key",
+    [
+        ("bogus: 1", "bogus"),
+        ("faults: {type: thermal_throttling}", "faults"),
+        ("faults: [{host: 1}]", "faults[0].type"),
+        ("faults: [{type: melting}]", "faults[0].type"),
+        ("faults: [{type: gpu_lost, colour: red}]", "faults[0].colour"),
+        ("faults: [{type: gpu_lost, onset: soon}]", "faults[0].onset"),
+        ("faults: [{type: gpu_lost, onset: -5}]", "faults[0].onset"),
+        ("faults: [{type: gpu_lost, duration: '150%'}]", "faults[0].duration"),
+        ("faults: [{type: gpu_lost, gpu: -1}]", "faults[0].gpu"),
+        ("faults: [{type: thermal_throttling, link: 2}]", "faults[0].link"),
+        ("faults: [{type: nvlink_degradation, link: 18}]", "faults[0].link"),
+        ("faults: [{type: telemetry_gap, gpu: 1}]", "faults[0].gpu"),
+        ("faults: [{type: nccl_straggler, params: {slow: 0.3}}]", "faults[0].params.slow"),
+        ("faults: [{type: hbm_ecc_burst, params: {escalate: maybe}}]", "faults[0].params.escalate"),
+        ("faults: [{type: nvlink_degradation, params: {rate_max: fast}}]", "faults[0].params.rate_max"),
+        ("checkpoint_every: often", "checkpoint_every"),
+        ("checkpoint_duration: [90, 30]", "checkpoint_duration"),
+        ("power_cap: {hosts: [1], limit: 400}", "power_cap.limit"),
+        ("afternoon_heat: {delta_c: hot}", "afternoon_heat.delta_c"),
+        ("llama3: {rate: 2}", "llama3.rate"),
+        ("nccl: {dp_coll: AllToAll}", "nccl.dp_coll"),
+        ("data_quality: {blank_rate: 0.9}", "data_quality.blank_rate"),
+        ("ambient: {base: 20}", "ambient.base"),
+        ("- just a list", "top level"),
+        ("faults: [{type: gpu_lost\n", "YAML"),
+    ],
+)
 def test_bad_yaml_names_the_key(tmp_path, text, key):
     p = tmp_path / "bad.yaml"
     p.write_text(text)
@@ -126,13 +145,16 @@ def test_yaml_is_safe_loaded(tmp_path):
         load_scenario(str(p))
 
 
-@pytest.mark.parametrize("fault,key", [
-    ({"type": "gpu_lost", "host": 9}, "faults[0].host"),
-    ({"type": "gpu_lost", "host": "gpu-node-077"}, "faults[0].host"),
-    ({"type": "gpu_lost", "gpu": 8}, "faults[0].gpu"),
-    ({"type": "gpu_lost", "onset": 700}, "faults[0].onset"),
-    ({"type": "hbm_ecc_burst", "params": {"memory": "dram"}}, "faults[0].params.memory"),
-])
+@pytest.mark.parametrize(
+    "fault,key",
+    [
+        ({"type": "gpu_lost", "host": 9}, "faults[0].host"),
+        ({"type": "gpu_lost", "host": "gpu-node-077"}, "faults[0].host"),
+        ({"type": "gpu_lost", "gpu": 8}, "faults[0].gpu"),
+        ({"type": "gpu_lost", "onset": 700}, "faults[0].onset"),
+        ({"type": "hbm_ecc_burst", "params": {"memory": "dram"}}, "faults[0].params.memory"),
+    ],
+)
 def test_fleet_dependent_errors_name_the_key(fault, key):
     with pytest.raises(ValueError) as ei:
         Simulator(hosts=4, duration=600.0, scenario=Scenario(faults=[fault]))
@@ -140,8 +162,11 @@ def test_fleet_dependent_errors_name_the_key(fault, key):
 
 
 def test_programmatic_scenario_with_faultspec():
-    sc = Scenario(name="x", checkpoint_every=0, faults=[
-        FaultSpec(type="nccl_straggler", host=1, gpu=2, onset=10, duration=50, params={"slowdown": 0.5})])
+    sc = Scenario(
+        name="x",
+        checkpoint_every=0,
+        faults=[FaultSpec(type="nccl_straggler", host=1, gpu=2, onset=10, duration=50, params={"slowdown": 0.5})],
+    )
     sim = Simulator(hosts=2, duration=100.0, seed=1, scenario=sc)
     (lab,) = [lab for lab in sim.labels() if lab["fault"]]
     assert (lab["host"], lab["gpu"], lab["params"]["slowdown"]) == ("gpu-node-001", 2, 0.5)
@@ -165,19 +190,28 @@ def test_llama3_rate_mix_and_no_overlap():
                 busy.setdefault((lab["host"], g), []).append((lab["onset"], lab["end"]))
         json.dumps(sim.labels())
     mean = sum(counts) / len(counts)
-    assert 3 <= mean <= 9                                 # "several" in a 4-host hour
+    assert 3 <= mean <= 9  # "several" in a 4-host hour
     assert kinds["hbm_ecc_burst"] == max(kinds.values())  # HBM is the largest single type
     assert set(kinds) <= set(FAULT_TYPES) and len(kinds) >= 6
 
 
 def test_llama3_acceleration_scales_the_rate():
     from producers.sim.scenarios import Scenario as Sc
+
     slow = Sc(name="l", llama3={"acceleration": 0.0})
-    assert not [lab for lab in Simulator(hosts=4, duration=3600.0, interval=10.0, seed=1,
-                                         scenario=slow).labels() if lab["fault"]]
+    assert not [
+        lab
+        for lab in Simulator(hosts=4, duration=3600.0, interval=10.0, seed=1, scenario=slow).labels()
+        if lab["fault"]
+    ]
     fast = Sc(name="l", llama3={"acceleration": 120000.0})
-    n = len([lab for lab in Simulator(hosts=4, duration=3600.0, interval=10.0, seed=1,
-                                      scenario=fast).labels() if lab["fault"]])
+    n = len(
+        [
+            lab
+            for lab in Simulator(hosts=4, duration=3600.0, interval=10.0, seed=1, scenario=fast).labels()
+            if lab["fault"]
+        ]
+    )
     assert n > 25
 
 
@@ -187,4 +221,4 @@ def test_large_fleet_generation_smoke():
     sim = Simulator(hosts=128, duration=20.0, seed=1, scenario="mixed")
     recs = [r for b in sim.batches() for r in b if r["kind"] == "dcgm"]
     assert len({(r["host"], r["gpu"]) for r in recs}) == 128 * 8
-    assert len(recs) >= 128 * 8 * 19   # ~one sample per GPU per second (faults may silence a few)
+    assert len(recs) >= 128 * 8 * 19  # ~one sample per GPU per second (faults may silence a few)
