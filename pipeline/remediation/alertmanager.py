@@ -35,6 +35,7 @@ import msgspec
 from pipeline.remediation.actions import Context, Outcome, Plan, QueryResult, entity_key, redact_url, send
 from pipeline.remediation.audit import printable
 from pipeline.remediation.exchange import exchange, new_client
+from pipeline.remediation.incidents import INCIDENT_LABEL, VOLATILE_LABELS
 from pipeline.remediation.payloads import iso8601
 from pipeline.remediation.regexes import Anchored, RegexError, forget_compiled
 from pipeline.remediation.safety import alert_values
@@ -73,6 +74,10 @@ def am_labels(alert: AlertEvent) -> dict[str, str]:
     match on. The alert's own labels (a rule's ``team``, the telemetry's ``pod``) come first and
     the fixed ones win a clash; names that are not Prometheus label names are left out."""
     out = {k: str(v) for k, v in alert.labels.items() if _LABEL_NAME.fullmatch(k) and v != ""}
+    if INCIDENT_LABEL in alert.labels:
+        # An incident's action and policy change as it escalates; its identity there must not.
+        for k in VOLATILE_LABELS:
+            out.pop(k, None)
     fixed = {
         "alertname": alert.rule,
         "fault": alert.fault,
@@ -206,7 +211,9 @@ class AlertmanagerAction:
 
     def plan(self, alert: AlertEvent) -> Plan:
         fired = self.firing.get(alert.id)
-        labels = fired[1] if fired is not None and alert.state == "resolved" else am_labels(alert)
+        # The labels it fired with: a re-post (an incident's escalation) or the resolve must name
+        # the same Alertmanager alert even if a label (the job) changed since.
+        labels = fired[1] if fired is not None else am_labels(alert)
         return Plan(
             self.name,
             self.type,

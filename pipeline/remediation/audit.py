@@ -50,6 +50,13 @@ class AuditRecord(msgspec.Struct, tag="audit", tag_field="kind", kw_only=True, o
     attempts: int | None = None
     forced: bool = False
     origin: str | None = None
+    # source: incidents (docs/remediation.md#incident-mode): the incident decided on, its event's
+    # state, its recommended action, and for an escalation the policy and the reason.
+    incident: str | None = None
+    incident_state: str | None = None
+    incident_action: str | None = None
+    policy: str | None = None
+    escalation: str | None = None
 
 
 _enc = msgspec.json.Encoder()

@@ -18,6 +18,7 @@ from pipeline.errors import ConfigError, InputError
 from pipeline.remediation.audit import AuditLog
 from pipeline.remediation.config import load_config, parse_duration
 from pipeline.remediation.guardrails import StateStore
+from pipeline.remediation.incidents import SOURCES
 from pipeline.remediation.remediator import Remediator
 from pipeline.remediation.routes import RouteTree, alert_from_args
 from pipeline.remediation.service import RemediationService
@@ -45,7 +46,12 @@ def _cmd_remediate(args: argparse.Namespace) -> int:
     conn = connection.from_args(args, base=connection.KafkaConnection(k.bootstrap, k.security))
     connection.check(conn)  # refused credentials: one line and exit 4, not a consumer polling nothing
     svc = RemediationService(
-        cfg, bootstrap=conn.bootstrap, prefix=args.prefix, group=args.group, security=conn.options()
+        cfg,
+        bootstrap=conn.bootstrap,
+        prefix=args.prefix,
+        group=args.group,
+        source=args.source,
+        security=conn.options(),
     )
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
@@ -53,7 +59,7 @@ def _cmd_remediate(args: argparse.Namespace) -> int:
     dry = "dry-run" if cfg.guardrails.dry_run else "LIVE"
     inv = svc.remediator.inventory
     print(
-        f"gpuwarden remediate: {svc.topics.alerts} (group {svc.group}) on {svc.bootstrap}, "
+        f"gpuwarden remediate: {svc.topic} (group {svc.group}) on {svc.bootstrap}, "
         f"disruptive actions {dry}, state {cfg.state_file}, "
         f"{inv.describe() if inv else 'no inventory (node actions dry-run only)'}"
         + (f", honouring {svc.remediator.silences.describe()}" if svc.remediator.silences else ""),
@@ -61,7 +67,7 @@ def _cmd_remediate(args: argparse.Namespace) -> int:
     )
     stats = svc.run(stop, idle_exit_s=args.idle_exit)
     print(
-        f"gpuwarden remediate: {stats.messages} alerts handled; decisions {svc.audit.total}; "
+        f"gpuwarden remediate: {stats.messages} {svc.source} handled; decisions {svc.audit.total}; "
         f"unknown hosts {svc.audit.reasons.get('unknown_host', 0)}"
         + (
             f"; Alertmanager silences ignored (a pattern RE2 does not accept) {sil.ignored_total}"
@@ -150,6 +156,12 @@ def register(sub) -> None:
     connection.add_arguments(rm, bootstrap_help="broker (default: the config's kafka.bootstrap)")
     rm.add_argument("--prefix", help="topic prefix (default: the config's kafka.prefix)")
     rm.add_argument("--group", help="consumer group (default: the config's kafka.group)")
+    rm.add_argument(
+        "--source",
+        choices=SOURCES,
+        default=None,
+        help="act on each alert (<prefix>.alerts) or on each incident (<prefix>.incidents); default: the config's source",
+    )
     rm.add_argument(
         "--idle-exit",
         type=float,

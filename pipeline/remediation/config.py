@@ -8,6 +8,8 @@ Layout (complete examples in ``docs/remediation.md`` and ``rules/routes.yaml``):
     guardrails: {dry_run, cooldown, max_attempts, attempt_window, breaker: {...}}
     inventory:  {source: file|list|slurm|kubernetes|any, path, hosts, argv, refresh, timeout}
     alertmanager: {url, silences, cache, timeout, headers_env}  # its silences stop node actions
+    source:     alerts | incidents                  # which topic remediation acts on
+    incidents:  {covered_for}                       # source incidents: equivalence groups
     actions:    {name: {type: log|webhook|alertmanager|kafka|command|slurm_drain|..., ...}}
     receivers:  [{name, actions: [...], on_resolved: [...], stop_on_failure}]
     route:      {receiver, matchers, group_by, group_wait, repeat_interval, continue, routes: [...]}
@@ -31,6 +33,7 @@ from pipeline import typedconfig, yamlsafe
 from pipeline.durations import MAX_SECONDS as MAX_SECONDS
 from pipeline.durations import duration
 from pipeline.errors import ConfigError
+from pipeline.remediation.incidents import SOURCES
 from pipeline.remediation.inventory import check_settings
 from pipeline.remediation.presets import build_action
 from pipeline.remediation.routes import RouteTree
@@ -48,6 +51,7 @@ from pipeline.remediation.specs import (
     Duration,
     GpuResetAction,
     Guardrails,
+    IncidentSettings,
     InventorySettings,
     K8sCordonAction,
     K8sDrainAction,
@@ -174,6 +178,9 @@ def parse_config(data: Any, *, base_dir: Path = Path("."), source: str = "<confi
     for name, a in actions.items():
         if isinstance(a, AlertmanagerAction) and not (a.url or am.url):
             raise ConfigError(f"actions.{name}.url", "an alertmanager action needs a url (or alertmanager.url)")
+    if cfg.source not in SOURCES:
+        raise ConfigError("source", f"{cfg.source!r}: one of {', '.join(SOURCES)}")
+    parse_duration(cfg.incidents.covered_for, "incidents.covered_for")
     check_settings(cfg.inventory)
     if cfg.inventory.path and not Path(cfg.inventory.path).is_absolute():
         cfg.inventory.path = str(base_dir / cfg.inventory.path)

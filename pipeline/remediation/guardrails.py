@@ -262,6 +262,10 @@ class StateStore:
     def kv_delete(self, ns: str, key: str) -> None:
         self.db.execute("DELETE FROM kv WHERE ns=? AND key=?", (ns, key))
 
+    def kv_get(self, ns: str, key: str) -> bytes | None:
+        row = self.db.execute("SELECT value FROM kv WHERE ns=? AND key=?", (ns, key)).fetchone()
+        return None if row is None else bytes(row[0])
+
     def kv_all(self, ns: str) -> list[tuple[str, bytes]]:
         return [(k, bytes(v)) for k, v in self.db.execute("SELECT key, value FROM kv WHERE ns=? ORDER BY key", (ns,))]
 

@@ -228,6 +228,8 @@ def _webhook(name: str, spec: C.WebhookAction, key: str, t) -> A.WebhookAction:
         url = payloads.PAGERDUTY_URL
     if not url:
         raise ConfigError(f"{key}.url", "a webhook needs url (or url_env)")
+    if spec.entity not in ("host", "gpu", "job"):
+        raise ConfigError(f"{key}.entity", f"{spec.entity!r}: one of host, gpu, job")
     body: Callable[[AlertEvent], bytes] = A.encode
     if spec.format == "slack":
         body = payloads.slack_body
@@ -250,6 +252,9 @@ def _webhook(name: str, spec: C.WebhookAction, key: str, t) -> A.WebhookAction:
         headers_env=spec.headers_env,
         payload=body,
         shown_url=shown,
+        disruptive=spec.disruptive,
+        breaker=spec.disruptive and spec.entity != "job",
+        entity=spec.entity,
     )
 
 

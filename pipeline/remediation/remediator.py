@@ -25,11 +25,23 @@ import msgspec
 
 from pipeline.bus.base import Message
 from pipeline.errors import ConfigError
+from pipeline.incidents.events import ESCALATED, IncidentEvent
 from pipeline.remediation.actions import Action, Context, Outcome, WebhookAction, redact_url
 from pipeline.remediation.alertmanager import AlertmanagerAction, SilenceError, Silences
 from pipeline.remediation.audit import AuditLog, printable
 from pipeline.remediation.config import Config, parse_duration
 from pipeline.remediation.guardrails import Limits, StateStore, iso_time
+from pipeline.remediation.incidents import (
+    ACT,
+    GPU,
+    HOST,
+    NO,
+    claim_state,
+    decode_incident,
+    incident_alert,
+    scope,
+    what_acts,
+)
 from pipeline.remediation.inventory import Inventory, build_inventory
 from pipeline.remediation.presets import build_action
 from pipeline.remediation.routes import RouteMatch, RouteTree
@@ -73,6 +85,7 @@ class Remediator:
             max_attempts=g.max_attempts,
             attempt_window=parse_duration(g.attempt_window, "guardrails.attempt_window"),
         )
+        self.covered_for = parse_duration(config.raw.incidents.covered_for, "incidents.covered_for")
         self._pruned_at = 0.0
 
     def _check_trust(self) -> None:
@@ -179,6 +192,64 @@ class Remediator:
                 continue
             self._run_chain(alert, m, chain, base, now, force)
 
+    def handle_incident_message(self, msg: Message) -> None:
+        """One message of the incidents topic; a malformed one is audited as skipped, never raised."""
+        try:
+            ev = decode_incident(msg.value)
+        except (msgspec.DecodeError, msgspec.ValidationError) as e:
+            self.audit.record(
+                "skipped",
+                reason=f"malformed_incident: {e}",
+                origin=msg.origin,
+                detail=msg.value[:300].decode("utf-8", "replace"),
+            )
+            return
+        try:
+            self.handle_incident(ev, origin=msg.origin)
+        except Exception as e:  # noqa: BLE001 - one bad incident must not stop remediation of the rest
+            log.exception("remediation of incident %s from %s failed", printable(ev.incident), printable(msg.origin))
+            self.audit.record(
+                "failed",
+                **self._base(incident_alert(ev), None, msg.origin),
+                **_incident_fields(ev),
+                error=f"internal error: {e!r}",
+            )
+
+    def handle_incident(self, ev: IncidentEvent, *, origin: str | None = None, force: bool = False) -> None:
+        """Decide one incident event (docs/remediation.md#incident-mode): ``opened`` and an
+        escalation act, once per rung; ``resolved`` runs ``on_resolved``; anything else is one
+        ``skipped`` record. Grouping settings do not apply: the incident is the group."""
+        now = self.clock()
+        alert = incident_alert(ev)
+        fields = _incident_fields(ev)
+        verdict, why = what_acts(ev)
+        if verdict == NO:
+            self.audit.record("skipped", **self._base(alert, None, origin, forced=force), **fields, reason=why)
+            return
+        claim = claim_state(ev)
+        for m in self.tree.match(alert):
+            base = {**self._base(alert, m, origin, forced=force), **fields}
+            receiver = self.config.receivers[m.receiver]
+            chain = receiver.actions if verdict == ACT else receiver.on_resolved
+            if not chain:
+                why = (
+                    "resolved: no undo configured (on_resolved is empty)"
+                    if verdict != ACT
+                    else f"receiver {receiver.name!r} has no actions"
+                )
+                self.audit.record("skipped", **base, reason=why)
+                continue
+            if not self.store.claim(ev.incident, claim, m.route.path, now) and not force:
+                at, outcome = self.store.claimed(ev.incident, claim, m.route.path) or (now, None)
+                self.audit.record(
+                    "skipped",
+                    **base,
+                    reason=f"duplicate: incident {ev.incident} ({claim}) was already decided on this route "
+                    f"at {iso_time(at)} ({outcome or 'outcome unknown'})",
+                )
+                continue
+            self._run_chain(alert, m, chain, base, now, force, claim=claim, covers=verdict == ACT)
+
     def tick(self, now: float | None = None) -> int:
         """Dispatch groups whose ``group_wait`` is over; returns how many. Prunes old counts hourly."""
         now = self.clock() if now is None else now
@@ -271,18 +342,34 @@ class Remediator:
         return self.dry_run if own is None else own
 
     def _run_chain(
-        self, alert: AlertEvent, m: RouteMatch, chain: list[str], base: dict[str, Any], now: float, force: bool
+        self,
+        alert: AlertEvent,
+        m: RouteMatch,
+        chain: list[str],
+        base: dict[str, Any],
+        now: float,
+        force: bool,
+        *,
+        claim: str | None = None,
+        covers: bool = False,
     ) -> None:
+        """Decide each action of ``chain`` in order. ``covers``: an incident's chain, where
+        equivalence groups apply (``_covered``) and a host taken out is remembered."""
         receiver = self.config.receivers[m.receiver]
         stopped_by: str | None = None
         outcomes = []
-        for name in chain:
+        for i, name in enumerate(chain):
             action = self.actions[name]
             rec = {**base, "action": name, "action_type": action.type}
             if stopped_by and receiver.stop_on_failure:
                 self.audit.record(
                     "skipped", **rec, reason=f"not run: {stopped_by} did not succeed before it (stop_on_failure)"
                 )
+                outcomes.append(f"skipped:{name}")
+                continue
+            covered = self._covered(alert, action, chain[i + 1 :], now) if covers else None
+            if covered:
+                self.audit.record("skipped", **rec, reason=f"covered: {covered}")
                 outcomes.append(f"skipped:{name}")
                 continue
             try:
@@ -294,7 +381,48 @@ class Remediator:
             outcomes.append(f"{decision}:{name}")
             if decision in ("failed", "blocked", "refused"):
                 stopped_by = name
-        self.store.finish(alert.id, alert.state, m.route.path, ",".join(outcomes))
+            elif covers and decision == "acted" and alert.host is not None:
+                if scope(action) == HOST:
+                    self.store.kv_put(_COVER, alert.host, msgspec.json.encode(_Cover(alert.id, name, now)))
+                elif getattr(action, "undo", False):
+                    self.store.kv_delete(_COVER, alert.host)
+        self.store.finish(alert.id, claim or alert.state, m.route.path, ",".join(outcomes))
+
+    def _covered(self, alert: AlertEvent, action: Action, later: list[str], now: float) -> str | None:
+        """Why ``action`` is covered by an equivalence group, or None (docs/remediation.md,
+        "Equivalence groups"): a host taken out for an incident within ``incidents.covered_for``
+        is not taken out again and its GPUs are not reset; a GPU reset in a chain that goes on to
+        take its host out is left to that."""
+        kind = scope(action)
+        if kind is None or alert.host is None:
+            return None
+        host = alert.host
+        out = self._host_out(host, now)
+        if kind == HOST and out is not None:
+            return (
+                f"host {host} was taken out by {out.action} for incident {out.incident} at {iso_time(out.ts)}; "
+                "not again"
+            )
+        if kind == GPU:
+            if out is not None:
+                return (
+                    f"host {host} was taken out by {out.action} for incident {out.incident} at "
+                    f"{iso_time(out.ts)}, which covers resetting its GPU {alert.gpu}"
+                )
+            drain = next((n for n in later if scope(self.actions[n]) == HOST), None)
+            if drain is not None:
+                return f"{drain} takes host {host} out after it, which covers resetting its GPU {alert.gpu}"
+        return None
+
+    def _host_out(self, host: str, now: float) -> "_Cover | None":
+        blob = self.store.kv_get(_COVER, host)
+        if blob is None:
+            return None
+        try:
+            c = msgspec.json.decode(blob, type=_Cover)
+        except (msgspec.DecodeError, msgspec.ValidationError):
+            return None
+        return c if now - c.ts < self.covered_for else None
 
     def _decide(self, alert: AlertEvent, action: Action, rec: dict[str, Any], now: float, force: bool) -> str:
         a = self.audit
@@ -413,6 +541,27 @@ class Remediator:
                 close()
         if self.silences is not None:
             self.silences.close()
+
+
+_COVER = "cover:host"  # state-file namespace: hosts an incident's action took out
+
+
+class _Cover(msgspec.Struct, array_like=True):
+    incident: str
+    action: str
+    ts: float
+
+
+def _incident_fields(ev: IncidentEvent) -> dict[str, Any]:
+    """The audit fields naming an incident event (an escalation's policy and reason too)."""
+    escalated = ESCALATED in ev.changes
+    return {
+        "incident": ev.incident,
+        "incident_state": ev.state,
+        "incident_action": ev.action,
+        "policy": ev.policy if escalated else None,
+        "escalation": (ev.reason or f"action escalated to {ev.action}") if escalated else None,
+    }
 
 
 def _shown_url(url: str | None) -> str | None:

@@ -1,4 +1,5 @@
-"""``gpuwarden remediate``: consume ``<prefix>.alerts`` in its own group, decide, audit, commit.
+"""``gpuwarden remediate``: consume ``<prefix>.alerts`` (or, with ``source: incidents``,
+``<prefix>.incidents``) in its own group, decide, audit, commit.
 
 Detection never waits for remediation: the detection service only produces alerts; this
 service is a separate consumer of that topic. Offsets are committed after the batch's audit
@@ -17,11 +18,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from pipeline.bus import Topics
-from pipeline.errors import DeliveryError
+from pipeline.errors import ConfigError, DeliveryError
 from pipeline.remediation.actions import Context
 from pipeline.remediation.audit import AuditLog
 from pipeline.remediation.config import Config
 from pipeline.remediation.guardrails import StateStore
+from pipeline.remediation.incidents import SOURCES, incidents_topic
 from pipeline.remediation.remediator import Remediator
 
 log = logging.getLogger("gpuwarden.remediation.service")
@@ -44,6 +46,7 @@ class RemediationService:
         bootstrap: str | None = None,
         prefix: str | None = None,
         group: str | None = None,
+        source: str | None = None,
         consumer: Any = None,
         producer: Any = None,
         security: dict[str, Any] | None = None,
@@ -54,6 +57,10 @@ class RemediationService:
         self.bootstrap = bootstrap or k.bootstrap
         self.topics = Topics(prefix or k.prefix)
         self.group = group or k.group
+        self.source = source or config.raw.source
+        if self.source not in SOURCES:
+            raise ConfigError("--source", f"{self.source!r}: one of {', '.join(SOURCES)}")
+        self.topic = incidents_topic(self.topics.prefix) if self.source == "incidents" else self.topics.alerts
         self._own: list[Any] = []
         if producer is None:
             from pipeline.bus.kafka import KafkaBusProducer
@@ -65,7 +72,7 @@ class RemediationService:
 
             consumer = KafkaBusConsumer(
                 self.bootstrap,
-                self.topics.alerts,
+                self.topic,
                 self.group,
                 security=security,
                 client_id="gpuwarden-remediate",
@@ -84,13 +91,16 @@ class RemediationService:
         if ctx.producer is None:
             ctx.producer = producer
         self.remediator = Remediator(config, self.store, self.audit, ctx=ctx, clock=clock)
+        self._handle = (
+            self.remediator.handle_incident_message if self.source == "incidents" else self.remediator.handle_message
+        )
         self.stats = ServiceStats()
 
     def step(self, poll_timeout: float = 1.0, max_records: int = 200) -> int:
         """One poll -> decisions -> audit stored -> offsets committed. Returns messages handled."""
         msgs = self.consumer.poll(timeout=poll_timeout, max_records=max_records)
         for m in msgs:
-            self.remediator.handle_message(m)
+            self._handle(m)
         self.remediator.tick()
         if msgs or self.audit.records:
             self._flush_audit()

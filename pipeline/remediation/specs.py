@@ -84,6 +84,10 @@ class WebhookAction(_Action, tag="webhook", kw_only=True):
     headers: dict[str, str] = {}
     headers_env: dict[str, str] = {}  # header -> environment variable holding its (secret) value
     allow_hosts: list[str] = []  # where a {host} in the url's host may point (targets.py)
+    # A webhook that asks another system to act (a fleet manager's drain API): disruptive, so
+    # behind every guardrail, and counted on its entity (host | gpu | job) like a command.
+    disruptive: bool = False
+    entity: str = "host"
 
 
 class AlertmanagerAction(_Action, tag="alertmanager", kw_only=True):
@@ -222,6 +226,11 @@ class RouteSpec(_Strict):
     continue_: bool = msgspec.field(default=False, name="continue")
 
 
+class IncidentSettings(_Strict):
+    # source: incidents (pipeline/remediation/incidents.py; docs/remediation.md#incident-mode)
+    covered_for: Duration = "24h"  # a host gpuwarden took out covers it and its GPUs this long
+
+
 class RemediationConfig(_Strict):
     route: RouteSpec
     receivers: list[Receiver]
@@ -232,6 +241,8 @@ class RemediationConfig(_Strict):
     inventory: InventorySettings = msgspec.field(default_factory=InventorySettings)
     alertmanager: AlertmanagerSettings = msgspec.field(default_factory=AlertmanagerSettings)
     state_file: str = "remediation-state.sqlite"
+    source: str = "alerts"  # alerts: <prefix>.alerts, one decision per alert | incidents: <prefix>.incidents
+    incidents: IncidentSettings = msgspec.field(default_factory=IncidentSettings)
 
 
 # Every action's ``type`` tag.

@@ -253,6 +253,36 @@ def config(tmp_path: Path, *, actions: dict[str, Any] | None = None, receivers: 
     return parse_config(doc, base_dir=tmp_path)
 
 
+def incident_config(tmp_path: Path, url: str, **top: Any):
+    """Incident mode against the webhook server at ``url``: ``drain`` and ``reset`` are disruptive
+    webhooks (a fleet manager's API) on the host and the GPU, ``inspect`` asks for an inspection;
+    routes pick them by the incident's recommended action."""
+    return config(
+        tmp_path,
+        source="incidents",
+        inventory={"source": "list", "hosts": ["n1", "n2"]},
+        actions={
+            "drain": {"type": "webhook", "url": url + "/drain/{host}", "disruptive": True, "retries": 0},
+            "reset": {"type": "webhook", "url": url + "/reset/{host}/{gpu}", "disruptive": True, "entity": "gpu",
+                      "retries": 0},
+            "inspect": {"type": "webhook", "url": url + "/inspect/{host}", "retries": 0},
+            "log": {"type": "log"},
+        },
+        receivers=[
+            {"name": "log", "actions": ["log"]},
+            {"name": "drain", "actions": ["drain"]},
+            {"name": "drain-and-inspect", "actions": ["drain", "inspect"]},
+            {"name": "reset", "actions": ["reset"]},
+        ],
+        route={"receiver": "log", "routes": [
+            {"name": "inspect", "matchers": ['action="drain_and_inspect"'], "receiver": "drain-and-inspect"},
+            {"name": "drain", "matchers": ['action="drain_node"'], "receiver": "drain"},
+            {"name": "reset", "matchers": ['action="reset_gpu"'], "receiver": "reset"},
+        ]},
+        **top,
+    )
+
+
 class Clock:
     """Wall-clock time that only moves when a test moves it (the CLI, run alongside, reads the real one)."""
 
@@ -279,6 +309,13 @@ class Harness:
     def handle(self, a: AlertEvent, **kw: Any) -> list:
         n = len(self.audit.records)
         self.rem.handle(a, **kw)
+        new = self.audit.records[n:]
+        self.all.extend(new)
+        return new
+
+    def handle_incident(self, ev: Any, **kw: Any) -> list:
+        n = len(self.audit.records)
+        self.rem.handle_incident(ev, **kw)
         new = self.audit.records[n:]
         self.all.extend(new)
         return new
