@@ -1,4 +1,5 @@
-"""``gpuwarden rules check|test``: load rule files, run rule unit tests."""
+"""``gpuwarden rules check|test|alertmanager-config``: load rule files, run rule unit tests, print
+the causality of ``incidents.yaml`` as an Alertmanager configuration."""
 
 from __future__ import annotations
 
@@ -65,6 +66,22 @@ def _cmd_rules_test(args: argparse.Namespace) -> int:
     return 1 if failed or not results else 0
 
 
+def _cmd_rules_alertmanager_config(args: argparse.Namespace) -> int:
+    from pipeline.errors import InputError
+    from pipeline.incidents.amconfig import render
+    from pipeline.incidents.config import IncidentConfigError, require_config
+
+    source = existing_paths([args.incidents])[0] if args.incidents else str(rules_dir() / "incidents.yaml")
+    try:
+        cfg = require_config(source)
+    except IncidentConfigError as e:
+        for problem in e.diagnostics:
+            print(str(problem), file=sys.stderr)
+        raise InputError(f"{source} does not load; no configuration printed") from None
+    sys.stdout.write(render(cfg, source, args.receiver))
+    return 0
+
+
 def register(sub: Any) -> None:
     """Add ``gpuwarden rules`` to the subcommands ``sub``."""
     ru = sub.add_parser("rules", help="check and unit-test detection rules")
@@ -76,3 +93,10 @@ def register(sub: Any) -> None:
     rt = rsub.add_parser("test", help="run rule unit tests (rules/tests/*.yaml)")
     rt.add_argument("paths", nargs="*", help="rule test files or directories (default: the shipped packs' tests)")
     rt.set_defaults(func=_cmd_rules_test)
+    ra = rsub.add_parser(
+        "alertmanager-config",
+        help="print an Alertmanager route and inhibit_rules reproducing incidents.yaml's causality",
+    )
+    ra.add_argument("--incidents", metavar="FILE", help="incidents file (default: the shipped rules/incidents.yaml)")
+    ra.add_argument("--receiver", default="gpuwarden", help="the route's receiver name (default: gpuwarden)")
+    ra.set_defaults(func=_cmd_rules_alertmanager_config)

@@ -33,6 +33,7 @@ def _one_line(err: str) -> str:
     (["replay", "missing.jsonl"], EXIT_INPUT, "missing.jsonl: no such file"),
     (["report", "--telemetry", "t.jsonl", "--alerts", "a.jsonl", "--out", "r.html"], EXIT_INPUT, "t.jsonl: no such file"),
     (["rules", "check", "no-rules-here"], EXIT_INPUT, "no-rules-here: no such file"),
+    (["rules", "alertmanager-config", "--incidents", "none.yaml"], EXIT_INPUT, "none.yaml: no such file"),
     (["serve", "--config", "missing.yaml"], EXIT_INPUT, "cannot read missing.yaml"),
     (["remediate", "--config", "missing.yaml"], EXIT_INPUT, "cannot read"),
 ])
