@@ -7,5 +7,6 @@ PagerDuty bodies), ``alertmanager`` (alerts posted to Alertmanager, its silences
 ``inventory`` (the hosts we may act on), ``targets`` (webhook URLs alert values cannot
 redirect), ``guardrails`` (dry-run, circuit
 breaker, cooldown, attempt cap, once per alert id; persisted), ``audit`` (one record per
-decision), ``remediator`` (the decision loop), ``service`` (the Kafka driver), ``cli``.
+decision), ``incidents`` (incident events as remediation decides them: what acts, equivalence
+groups), ``remediator`` (the decision loop), ``service`` (the Kafka driver), ``cli``.
 """

@@ -25,21 +25,22 @@ def doc_configs() -> dict[str, str]:
 
 def test_the_doc_has_a_complete_slurm_and_kubernetes_config():
     cfgs = doc_configs()
-    assert set(cfgs) == {"remediate-slurm.yaml", "remediate-k8s.yaml"}
+    assert set(cfgs) == {"remediate-slurm.yaml", "remediate-k8s.yaml", "remediate-incidents.yaml"}
     types = {name: {a["type"] for a in yaml.safe_load(body)["actions"].values()} for name, body in cfgs.items()}
     assert {"slurm_drain", "slurm_resume", "checkpoint", "gpu_reset", "webhook"} <= types["remediate-slurm.yaml"]
     assert {"k8s_cordon", "k8s_taint", "k8s_uncordon", "checkpoint"} <= types["remediate-k8s.yaml"]
 
 
-@pytest.mark.parametrize("name", ["remediate-slurm.yaml", "remediate-k8s.yaml"])
+@pytest.mark.parametrize("name", ["remediate-slurm.yaml", "remediate-k8s.yaml", "remediate-incidents.yaml"])
 def test_doc_configs_load(name, tmp_path):
     doc = yaml.safe_load(doc_configs()[name])
     doc["state_file"] = str(tmp_path / "s.sqlite")
     cfg = parse_config(doc)
     assert cfg.guardrails.dry_run is False and cfg.guardrails.breaker.fleet_size
+    assert cfg.raw.source == ("incidents" if name == "remediate-incidents.yaml" else "alerts")
 
 
-@pytest.mark.parametrize("name", ["remediate-slurm.yaml", "remediate-k8s.yaml"])
+@pytest.mark.parametrize("name", ["remediate-slurm.yaml", "remediate-k8s.yaml", "remediate-incidents.yaml"])
 def test_doc_configs_start(name, tmp_path):
     # Live node actions need the inventory and a templated checkpoint URL needs allow_hosts: the
     # doc's configs must pass those start-time checks, not only load.
