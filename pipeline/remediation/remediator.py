@@ -248,7 +248,7 @@ class Remediator:
                     f"at {iso_time(at)} ({outcome or 'outcome unknown'})",
                 )
                 continue
-            self._run_chain(alert, m, chain, base, now, force, claim=claim, covers=verdict == ACT)
+            self._run_chain(alert, m, chain, base, now, force, claim=claim, incident=True)
 
     def tick(self, now: float | None = None) -> int:
         """Dispatch groups whose ``group_wait`` is over; returns how many. Prunes old counts hourly."""
@@ -351,10 +351,11 @@ class Remediator:
         force: bool,
         *,
         claim: str | None = None,
-        covers: bool = False,
+        incident: bool = False,
     ) -> None:
-        """Decide each action of ``chain`` in order. ``covers``: an incident's chain, where
-        equivalence groups apply (``_covered``) and a host taken out is remembered."""
+        """Decide each action of ``chain`` in order. ``incident``: an incident's chain, where
+        equivalence groups apply (``_covered``, to firing ones), a host taken out is remembered
+        and an undo that acts forgets it."""
         receiver = self.config.receivers[m.receiver]
         stopped_by: str | None = None
         outcomes = []
@@ -367,7 +368,8 @@ class Remediator:
                 )
                 outcomes.append(f"skipped:{name}")
                 continue
-            covered = self._covered(alert, action, chain[i + 1 :], now) if covers else None
+            firing = incident and alert.state == "firing"
+            covered = self._covered(alert, action, chain[i + 1 :], now) if firing else None
             if covered:
                 self.audit.record("skipped", **rec, reason=f"covered: {covered}")
                 outcomes.append(f"skipped:{name}")
@@ -381,7 +383,7 @@ class Remediator:
             outcomes.append(f"{decision}:{name}")
             if decision in ("failed", "blocked", "refused"):
                 stopped_by = name
-            elif covers and decision == "acted" and alert.host is not None:
+            elif incident and decision == "acted" and alert.host is not None:
                 if scope(action) == HOST:
                     self.store.kv_put(_COVER, alert.host, msgspec.json.encode(_Cover(alert.id, name, now)))
                 elif getattr(action, "undo", False):

@@ -168,3 +168,30 @@ def test_source_and_webhook_settings_are_checked(tmp_path):
     with pytest.raises(ConfigError, match="actions.w.entity"):
         config(tmp_path, actions={"w": {"type": "webhook", "url": "http://127.0.0.1:9/x", "entity": "rack"}},
                receivers=[{"name": "w", "actions": ["w"]}], route={"receiver": "w"})
+
+
+def test_an_undo_of_gpuwardens_drain_ends_the_cover(fakes, harness, tmp_path):
+    cfg = config(tmp_path, source="incidents",
+                 actions={"drain": {"type": "slurm_drain"}, "resume": {"type": "slurm_resume"}},
+                 receivers=[{"name": "drain", "actions": ["drain"], "on_resolved": ["resume"]}],
+                 guardrails={"cooldown": "0s"})     # the cooldown would hold a second drain within the hour
+    h = harness(cfg)
+    stage = IncidentStage(default_config())
+    link = alert("nvlink_xid74", 0, "n1", 0, xid=74)
+    opened = stage.process([link])
+    assert [r.decision for r in h.handle_incident(opened[0])] == ["acted"]
+    assert [c[1] for c in fakes.updates()] == ["nodename=n1"]
+    # A fault on another GPU while the node is out of service: covered, scontrol not even asked.
+    other = stage.process([alert("nvlink_xid74", 10, "n1", 1, xid=74)])
+    assert [r.reason.split(" was ")[0] for r in h.handle_incident(other[0])] == ["covered: host n1"]
+    assert len(fakes.calls("scontrol")) == 2                     # the first drain's query and update
+    # The first incident resolves; its on_resolved resumes the node gpuwarden drained.
+    done = stage.process([resolved(link, 20), alert("pcie_replay_rate", 1000, "n9", 0)])
+    gone = [e for e in done if e.state == "resolved" and e.incident == opened[0].incident]
+    assert [r.decision for r in h.handle_incident(gone[0])] == ["acted"]
+    assert fakes.updates()[-1][1:] == ["nodename=n1", "state=resume"]
+    (fakes.dir / "drained").unlink()                              # Slurm: the node is back in service
+    # The next fault on n1 drains it again: the cover ended with the resume.
+    again = stage.process([alert("nvlink_xid74", 1100, "n1", 3, xid=74)])
+    assert [r.decision for r in h.handle_incident(again[0])] == ["acted"]
+    assert [c[1] for c in fakes.updates()].count("nodename=n1") == 3
