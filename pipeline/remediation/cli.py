@@ -18,7 +18,7 @@ from pipeline.errors import ConfigError, InputError
 from pipeline.remediation.audit import AuditLog
 from pipeline.remediation.config import load_config, parse_duration
 from pipeline.remediation.guardrails import StateStore
-from pipeline.remediation.incidents import SOURCES
+from pipeline.remediation.incidents import SOURCES, decode_incident
 from pipeline.remediation.remediator import Remediator
 from pipeline.remediation.routes import RouteTree, alert_from_args
 from pipeline.remediation.service import RemediationService
@@ -108,15 +108,21 @@ def _cmd_breaker(args: argparse.Namespace) -> int:
 
 def _cmd_act(args: argparse.Namespace) -> int:
     cfg = _load(args)
+    path = args.alert or args.incident
     try:
-        alert = msgspec.json.decode(Path(args.alert).read_bytes(), type=AlertEvent)
+        data = Path(path).read_bytes()
+        alert = msgspec.json.decode(data, type=AlertEvent) if args.alert else None
+        incident = decode_incident(data) if args.incident else None
     except (OSError, msgspec.DecodeError, msgspec.ValidationError) as e:
-        raise InputError(f"{args.alert}: not an alert event: {e}") from None
+        raise InputError(f"{path}: not an {'alert' if args.alert else 'incident'} event: {e}") from None
     store = StateStore(cfg.state_file)
     audit = AuditLog(file=cfg.audit_file)
     rem = Remediator(cfg, store, audit)
     try:
-        rem.handle(alert, origin=f"cli:{args.alert}", force=args.force)
+        if alert is not None:
+            rem.handle(alert, origin=f"cli:{path}", force=args.force)
+        elif incident is not None:
+            rem.handle_incident(incident, origin=f"cli:{path}", force=args.force)
         recs = list(audit.records)
         audit.flush()
     finally:
@@ -181,8 +187,10 @@ def register(sub) -> None:
     br.add_argument("--exit-code", action="store_true", help="status exits 1 while the breaker is open")
     br.set_defaults(func=_cmd_breaker)
 
-    act = rsub.add_parser("act", help="decide one alert (JSON file) now, through every guardrail")
-    act.add_argument("--alert", required=True, metavar="FILE")
+    act = rsub.add_parser("act", help="decide one alert or incident event (JSON file) now, through every guardrail")
+    one = act.add_mutually_exclusive_group(required=True)
+    one.add_argument("--alert", metavar="FILE", help="an alert event")
+    one.add_argument("--incident", metavar="FILE", help="an incident event (as in <prefix>.incidents)")
     act.add_argument(
         "--force",
         action="store_true",

@@ -195,3 +195,29 @@ def test_an_undo_of_gpuwardens_drain_ends_the_cover(fakes, harness, tmp_path):
     again = stage.process([alert("nvlink_xid74", 1100, "n1", 3, xid=74)])
     assert [r.decision for r in h.handle_incident(again[0])] == ["acted"]
     assert [c[1] for c in fakes.updates()].count("nodename=n1") == 3
+
+
+def test_act_cli_decides_one_incident_event(server, tmp_path, capsys):
+    from pipeline.cli import main
+
+    srv = server([200])
+    cfg = tmp_path / "r.yaml"
+    cfg.write_text(json.dumps({
+        "state_file": "s.sqlite", "audit": {"kafka": False, "file": "audit.jsonl"}, "source": "incidents",
+        "guardrails": {"dry_run": False}, "inventory": {"source": "list", "hosts": ["n1"]},
+        "actions": {"drain": {"type": "webhook", "url": srv.url + "/drain/{host}", "disruptive": True}},
+        "receivers": [{"name": "d", "actions": ["drain"]}], "route": {"receiver": "d"}}))
+    ev = IncidentStage(default_config()).process([alert("nvlink_xid74", 0, "n1", 0, xid=74)])[0]
+    f = tmp_path / "incident.json"
+    f.write_bytes(encode(ev))
+    assert main(["remediate", "act", "--config", str(cfg), "--incident", str(f)]) == 0
+    [rec] = [json.loads(x) for x in capsys.readouterr().out.splitlines()]
+    assert (rec["decision"], rec["incident"], rec["origin"]) == ("acted", ev.incident, f"cli:{f}")
+    assert _paths(srv) == ["/drain/n1"]
+    # Again, forced: past the once-only claim, but the host it took out is covered.
+    assert main(["remediate", "act", "--config", str(cfg), "--incident", str(f), "--force"]) == 0
+    [rec] = [json.loads(x) for x in capsys.readouterr().out.splitlines()]
+    assert rec["decision"] == "skipped" and rec["reason"].startswith("covered: host n1") and len(srv.hits) == 1
+    f.write_text('{"kind": "alert"}')
+    assert main(["remediate", "act", "--config", str(cfg), "--incident", str(f)]) == 3
+    assert "not an incident event" in capsys.readouterr().err
