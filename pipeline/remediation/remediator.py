@@ -1,4 +1,5 @@
-"""The decision loop: an alert -> routes -> each receiver's actions, through the guardrails.
+"""The decision loop: an alert (or an incident event, ``handle_incident``) -> routes -> each
+receiver's actions, through the guardrails.
 
 For every action of a matched receiver, in order, exactly one audit record says what happened.
 The checks run cheapest and safest first::
@@ -259,6 +260,7 @@ class Remediator:
             # Older than every window that reads them: they can no longer change a decision.
             keep = max(self.limits.cooldown, self.limits.attempt_window, self.limits.window)
             self.store.prune(now - keep)
+            self._forget_covers(now)
             self._pruned_at = now
         for act in self.actions.values():
             if isinstance(act, AlertmanagerAction):
@@ -415,6 +417,16 @@ class Remediator:
             if drain is not None:
                 return f"{drain} takes host {host} out after it, which covers resetting its GPU {alert.gpu}"
         return None
+
+    def _forget_covers(self, now: float) -> None:
+        """Drop the covers ``incidents.covered_for`` has ended (or that cannot be read)."""
+        for host, blob in self.store.kv_all(_COVER):
+            try:
+                ended = now - msgspec.json.decode(blob, type=_Cover).ts >= self.covered_for
+            except (msgspec.DecodeError, msgspec.ValidationError):
+                ended = True
+            if ended:
+                self.store.kv_delete(_COVER, host)
 
     def _host_out(self, host: str, now: float) -> "_Cover | None":
         blob = self.store.kv_get(_COVER, host)

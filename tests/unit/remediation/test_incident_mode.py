@@ -221,3 +221,23 @@ def test_act_cli_decides_one_incident_event(server, tmp_path, capsys):
     f.write_text('{"kind": "alert"}')
     assert main(["remediate", "act", "--config", str(cfg), "--incident", str(f)]) == 3
     assert "not an incident event" in capsys.readouterr().err
+
+
+def test_a_cover_ends_after_covered_for(server, harness, tmp_path):
+    from tests.unit.remediation.factories import Clock
+
+    srv = server([200])
+    clock = Clock()
+    h = harness(incident_config(tmp_path, srv.url, incidents={"covered_for": "2h"},
+                                guardrails={"cooldown": "0s"}), clock=clock)
+    st = IncidentStage(default_config())
+    first = st.process([alert("nvlink_xid74", 0, "n1", 0, xid=74)])[0]
+    later = st.process([alert("nvlink_xid74", 10, "n1", 1, xid=74)])[0]
+    last = st.process([alert("nvlink_xid74", 20, "n1", 2, xid=74)])[0]
+    assert h.handle_incident(first)[0].decision == "acted"
+    clock.t += 7199
+    assert h.handle_incident(later)[0].reason.startswith("covered: host n1")
+    clock.t += 2
+    h.rem.tick()                                   # the hourly prune forgets the ended cover
+    assert h.store.kv_all("cover:host") == []
+    assert h.handle_incident(last)[0].decision == "acted" and _paths(srv) == ["/drain/n1", "/drain/n1"]
