@@ -70,7 +70,7 @@ def _cmd_replay(args: argparse.Namespace) -> int:
     console.print("alerts by family: " + (", ".join(f"{k}: {v}" for k, v in sorted(t.alerts.items())) or "none"))
     if stage is not None:
         console.print(
-            f"incidents: {res.incidents} opened, {stage.open_incidents} still open at the end "
+            f"incidents: {res.incidents} opened, {stage.open_count} still open at the end "
             f"({res.incident_events} incident events)"
             + "".join(
                 f", {k.removeprefix('incidents.')}: {v}"

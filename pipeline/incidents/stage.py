@@ -66,6 +66,13 @@ class _Incident:
     namespace: str | None = None
     mig_instance: str | None = None
     mig_profile: str | None = None
+    # What its latest event said (``open_incidents``), and the latest escalation's reason: an
+    # alert joining later must not hide from the live view why the action climbed.
+    state: str = OPENED
+    updated_at: float = 0.0
+    changes: list[str] = field(default_factory=list)
+    reason: str = ""
+    policy: str | None = None
 
 
 def _xid(a: AlertEvent) -> int | None:
@@ -116,8 +123,32 @@ class IncidentStage:
         self._alert_policies = [p for p in config.policies if p.count != "incidents"]
 
     @property
-    def open_incidents(self) -> int:
+    def open_count(self) -> int:
+        """How many incidents are open."""
         return len(self._open)
+
+    def open_incidents(self) -> list[IncidentEvent]:
+        """Each open incident as its latest event said it (``opened`` or ``updated``, at that
+        event's ``ts``), with the reason and policy of its latest escalation: most severe first,
+        then the longest open, then by id.
+
+        >>> from pipeline.incidents.config import IncidentConfig
+        >>> st = IncidentStage(IncidentConfig())
+        >>> def fire(id, host, severity, ts):
+        ...     return AlertEvent(id=id, state="firing", fault="f", severity=severity, rule="r", host=host,
+        ...                       gpu=0, ts=ts, started_at=ts)
+        >>> _ = st.process([fire("a1", "n1", "warning", 10.0), fire("b1", "n2", "critical", 20.0),
+        ...                 fire("a2", "n1", "critical", 30.0)])
+        >>> for e in st.open_incidents():
+        ...     print(e.host, e.state, e.severity, e.members, e.changes)
+        n1 updated critical ['a1', 'a2'] ['alert_joined', 'severity_rose']
+        n2 opened critical ['b1'] []
+        """
+        incs = sorted(self._open.values(), key=lambda i: (-SEVERITY_RANK.get(i.severity, -1), i.opened_at, i.id))
+        return [
+            self._event(i, i.state, i.updated_at, changes=list(i.changes), reason=i.reason, policy=i.policy)
+            for i in incs
+        ]
 
     def process(self, alerts: Iterable[AlertEvent]) -> list[IncidentEvent]:
         """Incident events for ``alerts`` (in the order given: event time, as the engine emits)."""
@@ -250,7 +281,7 @@ class IncidentStage:
         self._open[inc.id] = inc
         self._by_host.setdefault(inc.host, {})[inc.id] = inc
         self._add(inc, a)
-        out.append(self._event(inc, OPENED, a.ts, reason=reason))
+        self._say(out, inc, OPENED, a.ts, reason=reason)
         for p in self._incident_policies:
             self._count(p, inc, a.host or "", None, a.ts, inc.id, out, None)
         return inc
@@ -265,7 +296,7 @@ class IncidentStage:
         if self.config.rank(action) > self.config.rank(inc.action):
             inc.action = action
             changes.append(ESCALATED)
-        out.append(self._event(inc, UPDATED, a.ts, changes=changes))
+        self._say(out, inc, UPDATED, a.ts, changes=changes)
 
     def _add(self, inc: _Incident, a: AlertEvent) -> None:
         if len(inc.members) < MAX_MEMBERS:
@@ -313,7 +344,7 @@ class IncidentStage:
         if self.config.rank(p.action) > self.config.rank(inc.action):
             inc.action = p.action
         self.stats[f"incidents.escalated.{p.name}"] += 1
-        out.append(self._event(inc, UPDATED, ts, changes=[ESCALATED], reason=reason, policy=p.name))
+        self._say(out, inc, UPDATED, ts, changes=[ESCALATED], reason=reason, policy=p.name)
 
     # -- time --------------------------------------------------------------------------------
 
@@ -333,7 +364,24 @@ class IncidentStage:
                 ids.discard(iid)
                 if not ids:
                     del self._by_comm[c]
-            out.append(self._event(inc, RESOLVED, when))
+            self._say(out, inc, RESOLVED, when)
+
+    def _say(
+        self,
+        out: list[IncidentEvent],
+        inc: _Incident,
+        state: str,
+        ts: float,
+        *,
+        changes: list[str] | None = None,
+        reason: str = "",
+        policy: str | None = None,
+    ) -> None:
+        """Append an event of ``inc`` to ``out``, and remember it as the incident's latest."""
+        inc.state, inc.updated_at, inc.changes = state, ts, list(changes or [])
+        if reason:
+            inc.reason, inc.policy = reason, policy
+        out.append(self._event(inc, state, ts, changes=changes, reason=reason, policy=policy))
 
     def _event(
         self,

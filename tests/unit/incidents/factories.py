@@ -87,3 +87,24 @@ def run(alerts: Iterable[AlertEvent], batch: int = 1000, stage: IncidentStage | 
 def wire(events: Iterable[IncidentEvent]) -> list[bytes]:
     """The events as their JSON lines: what two runs are compared on."""
     return [encode(e) for e in events]
+
+
+HOUR = 3600.0
+
+
+def two_open_incidents(host: str = "n1", other: str = "n2") -> list[AlertEvent]:
+    """Alerts that leave two incidents open: on ``host`` GPU 0 the fifth XID 79 in 16 hours (the
+    four before each opened and resolved an incident), escalated by ``xid79_repeat``; on
+    ``other`` GPU 3 an SBE burst joined by its XID 48, which raises severity and action."""
+    out: list[AlertEvent] = []
+    for i in range(5):
+        a = alert("gpu_fallen_off_bus", i * 4 * HOUR, host, 0, id=f"x79-{i}", xid=79, job="train-7", pod="llm-0")
+        out.append(a)
+        if i < 4:
+            out.append(resolved(a, i * 4 * HOUR + 600))
+    t = 16 * HOUR
+    out += [
+        alert("hbm_sbe_burst", t + 60, other, 3, id="sbe-1", GPU_I_ID="2", GPU_I_PROFILE="1g.18gb"),
+        alert("hbm_ecc_xid", t + 90, other, 3, id="xid48-1", xid=48),
+    ]
+    return out
