@@ -95,7 +95,8 @@ HOUR = 3600.0
 def two_open_incidents(host: str = "n1", other: str = "n2") -> list[AlertEvent]:
     """Alerts that leave two incidents open: on ``host`` GPU 0 the fifth XID 79 in 16 hours (the
     four before each opened and resolved an incident), escalated by ``xid79_repeat``; on
-    ``other`` GPU 3 an SBE burst joined by its XID 48, which raises severity and action."""
+    ``other`` GPU 3 an SBE burst on a MIG instance, joined by a PCIe replay alert of its GPU
+    (severity and action stay)."""
     out: list[AlertEvent] = []
     for i in range(5):
         a = alert("gpu_fallen_off_bus", i * 4 * HOUR, host, 0, id=f"x79-{i}", xid=79, job="train-7", pod="llm-0")
@@ -105,6 +106,6 @@ def two_open_incidents(host: str = "n1", other: str = "n2") -> list[AlertEvent]:
     t = 16 * HOUR
     out += [
         alert("hbm_sbe_burst", t + 60, other, 3, id="sbe-1", GPU_I_ID="2", GPU_I_PROFILE="1g.18gb"),
-        alert("hbm_ecc_xid", t + 90, other, 3, id="xid48-1", xid=48),
+        alert("pcie_replay_rate", t + 90, other, 3, id="pcie-1"),
     ]
     return out
