@@ -1,4 +1,5 @@
-"""The hardened ``/metrics`` + ``/healthz`` HTTP endpoint the service and the producers serve.
+"""The hardened ``/metrics`` + ``/healthz`` HTTP endpoint the service and the producers serve,
+and read-only pages a caller adds by path (``pages``: the service's ``/incidents``).
 
 The endpoint serves each connection in its own (daemon) thread, and a client has ``timeout``
 seconds to send its whole request, so an idle or dribbling client (slowloris) cannot hold a
@@ -25,7 +26,7 @@ import socketserver
 import sys
 import threading
 import time
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Callable, Mapping
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 from prometheus_client import CollectorRegistry, make_wsgi_app
@@ -34,6 +35,15 @@ if TYPE_CHECKING:
     from _typeshed import ReadableBuffer, WriteableBuffer
 
 log = logging.getLogger("gpuwarden.http")
+
+Page = tuple[str, bytes]  # what a page's provider returns: content type, body
+# Added to every page's answer: a page shows data from telemetry, so even if its escaping failed
+# the browser runs no script and loads nothing (inline styles only), and never sniffs a type.
+PAGE_HEADERS = [
+    ("Cache-Control", "no-store"),
+    ("X-Content-Type-Options", "nosniff"),
+    ("Content-Security-Policy", "default-src 'none'; style-src 'unsafe-inline'; base-uri 'none'; form-action 'none'"),
+]
 
 
 class _DeadlineReader(io.RawIOBase):
@@ -167,8 +177,34 @@ class _ThreadingServer(socketserver.ThreadingMixIn, WSGIServer):
         super().handle_error(request, client_address)
 
 
+def _answer(start_response, status: str, ctype: str, body: bytes, head: bool = False, extra=()) -> list[bytes]:
+    start_response(status, [("Content-Type", ctype), ("Content-Length", str(len(body))), *extra])
+    return [] if head else [body]
+
+
+def _page(provider: Callable[[], Page], environ, start_response) -> list[bytes]:
+    """A page's answer: GET or HEAD only; a provider that fails costs this request only (500; a
+    ``TimeoutError``, busy: 503), never the server."""
+    method = environ.get("REQUEST_METHOD", "GET")
+    if method not in ("GET", "HEAD"):
+        return _answer(
+            start_response, "405 Method Not Allowed", "text/plain", b"read-only: GET\n", extra=[("Allow", "GET, HEAD")]
+        )
+    try:
+        ctype, body = provider()
+    except TimeoutError:
+        return _answer(
+            start_response, "503 Service Unavailable", "text/plain", b"busy; try again\n", extra=[("Retry-After", "1")]
+        )
+    except Exception:  # noqa: BLE001 - a broken page must not take /metrics and /healthz with it
+        log.exception("http page %s failed", environ.get("PATH_INFO"))
+        return _answer(start_response, "500 Internal Server Error", "text/plain", b"this page failed; see the log\n")
+    return _answer(start_response, "200 OK", ctype, body, head=method == "HEAD", extra=PAGE_HEADERS)
+
+
 class HttpEndpoint:
-    """``/metrics`` (Prometheus) and ``/healthz`` (200 while the poll loop is alive) in a thread."""
+    """``/metrics`` (Prometheus) and ``/healthz`` (200 while the poll loop is alive) in a thread,
+    and each of ``pages`` (path -> provider of its content type and body) read-only."""
 
     def __init__(
         self,
@@ -178,10 +214,18 @@ class HttpEndpoint:
         health: Callable[[], tuple[bool, dict]],
         *,
         timeout: float = 5.0,
+        pages: Mapping[str, Callable[[], Page]] | None = None,
     ) -> None:
         metrics_app = make_wsgi_app(registry)
+        routes = dict(pages or {})
+        for path in routes:
+            if not path.startswith("/") or path in ("/healthz", "/metrics"):
+                raise ValueError(f"page path {path!r}: must start with / and not be /healthz or /metrics")
 
         def app(environ, start_response):
+            provider = routes.get(environ.get("PATH_INFO", ""))
+            if provider is not None:
+                return _page(provider, environ, start_response)
             if environ.get("PATH_INFO") == "/healthz":
                 ok, detail = health()
                 body = json.dumps({"status": "ok" if ok else "unhealthy", **detail}).encode()

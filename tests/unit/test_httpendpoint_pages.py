@@ -1,0 +1,125 @@
+"""Pages added to the HTTP endpoint by path (``HttpEndpoint(pages=...)``): read-only, answered from
+their provider at each request, under the endpoint's limits; a failing provider costs its request
+only."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+import urllib.error
+import urllib.request
+
+import pytest
+
+from pipeline.httpendpoint import HttpEndpoint
+from pipeline.service.metrics import Metrics
+
+NOSIGNAL = getattr(socket, "MSG_NOSIGNAL", 0)
+
+
+class Provider:
+    """A page whose body counts its requests; ``fail`` makes the next one raise it."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+        self.fail: BaseException | None = None
+
+    def __call__(self) -> tuple[str, bytes]:
+        self.calls += 1
+        if self.fail is not None:
+            raise self.fail
+        return "text/html; charset=utf-8", f"<p>call {self.calls}</p>".encode()
+
+
+@pytest.fixture
+def served():
+    page = Provider()
+    ep = HttpEndpoint("127.0.0.1", 0, Metrics().registry, lambda: (True, {}), timeout=1.0,
+                      pages={"/incidents": page}).start()
+    yield ep, page
+    ep.stop()
+
+
+def request(ep: HttpEndpoint, path: str, method: str = "GET", timeout: float = 3.0):
+    req = urllib.request.Request(f"http://127.0.0.1:{ep.port}{path}", method=method)
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            return r.status, dict(r.headers), r.read()
+    except urllib.error.HTTPError as e:
+        return e.code, dict(e.headers), e.read()
+
+
+def test_a_page_is_its_providers_answer_at_each_request_beside_metrics_and_healthz(served):
+    ep, page = served
+    status, headers, body = request(ep, "/incidents")
+    assert status == 200 and body == b"<p>call 1</p>" and headers["Content-Type"] == "text/html; charset=utf-8"
+    assert headers["Content-Length"] == str(len(body)) and headers["Cache-Control"] == "no-store"
+    assert "default-src 'none'" in headers["Content-Security-Policy"] and "script" not in \
+        headers["Content-Security-Policy"]
+    assert request(ep, "/incidents")[2] == b"<p>call 2</p>"
+    assert request(ep, "/healthz")[0] == 200
+    assert b"gpuwarden_records_total" in request(ep, "/metrics")[2] and page.calls == 2
+
+
+def test_a_page_is_read_only(served):
+    ep, page = served
+    for method in ("POST", "PUT", "DELETE"):
+        status, headers, _ = request(ep, "/incidents", method)
+        assert status == 405 and headers["Allow"] == "GET, HEAD"
+    status, headers, body = request(ep, "/incidents", "HEAD")
+    assert status == 200 and body == b"" and headers["Content-Length"] == str(len(b"<p>call 1</p>"))
+    assert page.calls == 1
+
+
+def test_a_failing_provider_costs_its_request_only(served):
+    ep, page = served
+    page.fail = RuntimeError("a bug in the page")
+    status, _, body = request(ep, "/incidents")
+    assert status == 500 and b"a bug" not in body              # the detail goes to the log, not the client
+    page.fail = TimeoutError()
+    status, headers, _ = request(ep, "/incidents")
+    assert status == 503 and headers["Retry-After"] == "1"
+    assert request(ep, "/healthz")[0] == 200
+    page.fail = None
+    assert request(ep, "/incidents")[:1] == (200,)
+
+
+def test_a_slow_client_of_a_page_is_dropped_and_healthz_still_answers(served):
+    ep, page = served
+    slow = []
+    for _ in range(8):
+        s = socket.create_connection(("127.0.0.1", ep.port))
+        s.sendall(b"GET /incidents HTTP/1.1\r\n", NOSIGNAL)
+        slow.append(s)
+    try:
+        t0 = time.monotonic()
+        assert request(ep, "/healthz")[0] == 200 and time.monotonic() - t0 < 1.0
+        for s in slow:   # each had 1 s (the endpoint's timeout) to send its whole request
+            s.settimeout(5)
+            try:
+                assert s.recv(1) == b""
+            except OSError:
+                pass
+        assert time.monotonic() - t0 < 3.0 and page.calls == 0
+    finally:
+        for s in slow:
+            s.close()
+
+
+def test_many_page_requests_at_once_are_each_answered(served):
+    ep, page = served
+    results: list[int] = []
+    threads = [threading.Thread(target=lambda: results.append(request(ep, "/incidents", timeout=10)[0]))
+               for _ in range(20)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(15)
+    assert results == [200] * 20 and page.calls == 20
+
+
+def test_a_page_may_not_shadow_metrics_or_healthz():
+    for path in ("/metrics", "/healthz", "incidents"):
+        with pytest.raises(ValueError, match="page path"):
+            HttpEndpoint("127.0.0.1", 0, Metrics().registry, lambda: (True, {}), pages={path: Provider()})
