@@ -7,6 +7,8 @@ service's commit protocol drives (docs/architecture.md §8).
   ``FleetStage`` of a ``Topology`` in process, the service's ``Outbox`` to the fleet topic.
 - ``PartitionTask``: one partition of the service's input, as its commit protocol drives it; the
   host stage's ``Pipeline`` (``pipeline/runner.py``), the fleet stage's ``FleetTask``.
+- ``IncidentSource``: a partition task that runs the incident stage on its alerts (the fleet
+  stage's task); the service's ``/incidents`` page reads the open incidents of each it holds.
 
 Conformance is checked in tests/unit/test_protocols.py, at run time (``runtime_checkable``) and by
 mypy (assignments to these types).
@@ -25,6 +27,7 @@ if TYPE_CHECKING:
 
     from pipeline.engine import EngineConfig
     from pipeline.engine.stage import Stage
+    from pipeline.incidents import IncidentStage
     from pipeline.runner import Totals
 
 
@@ -98,3 +101,12 @@ class PartitionTask(Protocol):
     def snapshot(self) -> bytes: ...
 
     def restore(self, blob: bytes) -> None: ...
+
+
+@runtime_checkable
+class IncidentSource(Protocol):
+    """A partition task that runs the incident stage (docs/architecture.md, "Incidents") on the
+    alerts it makes: ``incidents`` is that stage, or None where it runs none."""
+
+    @property
+    def incidents(self) -> IncidentStage | None: ...

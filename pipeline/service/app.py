@@ -29,11 +29,15 @@ from pipeline.bus.sinks import BusOutput, OutputSink
 from pipeline.engine import EngineOutput
 from pipeline.errors import BusError
 from pipeline.httpendpoint import HttpEndpoint
+from pipeline.incidents import IncidentEvent, IncidentStage
+from pipeline.incidents.live import live_pages
+from pipeline.protocols import IncidentSource
 from pipeline.rules.reload import RuleReloader
 from pipeline.service import wiring
 from pipeline.service.commit import CommitProtocol
 from pipeline.service.config import Config
 from pipeline.service.fleet import DROPPED, FORCED, FleetTask, Send
+from pipeline.service.liveview import LoopQuery
 from pipeline.service.metrics import Metrics
 from pipeline.service.partitions import Membership, PartitionState
 from pipeline.service.state import StateStore, derived_key
@@ -47,6 +51,9 @@ POLL_TIMEOUT_S = 0.5
 # s against 0.17-0.26 s at 0.05, docs/performance.md). 20 empty polls a second cost next to nothing.
 SHARED_POLL_TIMEOUT_S = 0.05
 STAGES = ("host", "fleet")  # docs/operations.md, "Topology"
+# How long an /incidents request waits for the loop to answer it between turns (a turn is a poll
+# of at most POLL_TIMEOUT_S and its batch); past it the page answers 503, busy.
+LIVE_WAIT_S = 2.0
 
 
 class Service(Membership, CommitProtocol, Upkeep):
@@ -137,6 +144,14 @@ class Service(Membership, CommitProtocol, Upkeep):
     def request_reload(self, *_: Any) -> None:
         self._reload_requested = True
 
+    def incident_stages(self) -> list[IncidentStage]:
+        """The incident stages of this stage's partition tasks that run one (the fleet stage's)."""
+        return [
+            ps.pipe.incidents
+            for ps in self.parts.values()
+            if isinstance(ps.pipe, IncidentSource) and ps.pipe.incidents is not None
+        ]
+
     def health(self) -> tuple[bool, dict]:
         age = self.clock() - self._last_poll
         return age < 30.0, {"last_poll_s": round(age, 2), "partitions": sorted(self.parts), "batches": self.batches}
@@ -159,7 +174,15 @@ class Service(Membership, CommitProtocol, Upkeep):
         signal.signal(signal.SIGHUP, reload)
         quiet_wait = POLL_TIMEOUT_S if len(services) == 1 else SHARED_POLL_TIMEOUT_S
         self.metrics.rules.set(self._n_rules)
-        self.http = HttpEndpoint(self.cfg.http.host, self.cfg.http.port, self.metrics.registry, self.health).start()
+        # The /incidents page is computed by this loop between turns (pipeline/service/liveview.py).
+        live = LoopQuery(lambda: open_incidents(services))
+        self.http = HttpEndpoint(
+            self.cfg.http.host,
+            self.cfg.http.port,
+            self.metrics.registry,
+            self.health,
+            pages=live_pages(lambda: live.ask(LIVE_WAIT_S)),
+        ).start()
         log.info(
             "serving: %s -> %s, %s; http on %s:%d; stages %s",
             self.topics.telemetry,
@@ -185,6 +208,7 @@ class Service(Membership, CommitProtocol, Upkeep):
                 for i, s in enumerate(services):
                     failures[i] = s.step(failures[i])
                     busy = busy or s.got_input
+                live.answer()
             for s in services:  # the host stage first: its last marks reach the fleet stage's topic
                 s.shutdown()
         except BaseException:
@@ -276,13 +300,24 @@ class Service(Membership, CommitProtocol, Upkeep):
             self.output.close()
 
 
+def open_incidents(services: list[Service]) -> list[IncidentEvent] | None:
+    """The open incidents of every incident stage the ``services`` hold (``IncidentStage.open_incidents``),
+    or None when none holds one: the incidents are off, or no fleet partition is assigned here."""
+    stages = [st for s in services for st in s.incident_stages()]
+    if not stages:
+        return None
+    return [e for st in stages for e in st.open_incidents()]
+
+
 __all__ = [
+    "LIVE_WAIT_S",
     "POLL_TIMEOUT_S",
     "SHARED_POLL_TIMEOUT_S",
     "STAGES",
     "PartitionState",
     "Service",
     "kafka_parts",
+    "open_incidents",
     "max_poll",
     "models_on",
     "setup_logging",
