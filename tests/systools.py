@@ -69,3 +69,34 @@ def stop(proc: subprocess.Popen, timeout: float = 15) -> int:
             proc.kill()
             proc.wait(10)
     return proc.returncode
+
+
+CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                  "--disable-background-networking", "--disable-component-update", "--disable-sync",
+                  "--no-proxy-server", "--hide-scrollbars"]
+
+
+def chromium() -> str:
+    """Headless Chromium's path: a system package (``make browser``); skip locally, fail under CI."""
+    path = shutil.which("chromium") or shutil.which("chromium-browser")
+    if path is None:
+        msg = "chromium is not installed: `make browser` installs it (apt package chromium)"
+        if os.environ.get("CI", "").lower() not in ("", "0", "false"):
+            pytest.fail(msg)
+        pytest.skip(msg)
+    return path
+
+
+def headless(browser: str, url: str, profile, *, screenshot=None, dump_dom: bool = False,
+             size: tuple[int, int] = (1280, 2000)) -> str:
+    """Load ``url`` in headless Chromium: a screenshot to ``screenshot`` (a path), or the DOM
+    as the page's scripts and parser left it (``dump_dom``, returned)."""
+    argv = [browser, *CHROMIUM_FLAGS, f"--user-data-dir={profile}", f"--window-size={size[0]},{size[1]}"]
+    if screenshot is not None:
+        argv.append(f"--screenshot={screenshot}")
+    if dump_dom:
+        argv.append("--dump-dom")
+    res = subprocess.run([*argv, url], capture_output=True, text=True, timeout=120, check=False)
+    assert res.returncode == 0, f"chromium failed ({res.returncode}): {res.stderr[-2000:]}"
+    assert screenshot is None or os.path.isfile(screenshot), f"chromium wrote no screenshot: {res.stderr[-2000:]}"
+    return res.stdout

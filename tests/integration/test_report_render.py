@@ -7,10 +7,7 @@ it the test is skipped locally and fails under CI, so CI cannot pass without ren
 
 from __future__ import annotations
 
-import os
 import re
-import shutil
-import subprocess
 from pathlib import Path
 
 import numpy as np
@@ -24,27 +21,13 @@ from pipeline.report import incident_page, load_alerts, write_page
 from pipeline.report.plots import SEVERITY_COLOURS
 from pipeline.schema import encode
 from producers.sim import Simulator
+from tests.systools import chromium, headless
 
 WIDTH, HEIGHT = 1280, 2000
 
 
-def _chromium() -> str:
-    path = shutil.which("chromium") or shutil.which("chromium-browser")
-    if path is None:
-        msg = "chromium is not installed: `make browser` installs it (apt package chromium)"
-        if os.environ.get("CI", "").lower() not in ("", "0", "false"):
-            pytest.fail(msg)
-        pytest.skip(msg)
-    return path
-
-
-def screenshot(chromium: str, page: Path, png: Path, profile: Path) -> Image.Image:
-    argv = [chromium, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-            "--disable-background-networking", "--disable-component-update", "--disable-sync",
-            "--hide-scrollbars", f"--user-data-dir={profile}", f"--screenshot={png}",
-            f"--window-size={WIDTH},{HEIGHT}", page.resolve().as_uri()]
-    res = subprocess.run(argv, capture_output=True, text=True, timeout=120, check=False)
-    assert res.returncode == 0 and png.is_file(), f"chromium failed ({res.returncode}): {res.stderr[-2000:]}"
+def screenshot(browser: str, page: Path, png: Path, profile: Path) -> Image.Image:
+    headless(browser, page.resolve().as_uri(), profile, screenshot=png, size=(WIDTH, HEIGHT))
     return Image.open(png).convert("RGB")
 
 
@@ -79,13 +62,13 @@ def incident(tmp_path_factory):
 
 
 def test_report_page_renders_in_headless_chromium(incident):
-    chromium = _chromium()
+    browser = chromium()
     d, page, log = incident
     html = page.read_text()
     n_img = len(re.findall(r'<img src="data:image/png;base64,', html))
     assert n_img == 1 + len(log.incidents)            # the timeline and one figure per alert
 
-    img = screenshot(chromium, page, d / "shot.png", d / "profile")
+    img = screenshot(browser, page, d / "shot.png", d / "profile")
     assert img.size == (WIDTH, HEIGHT)
     rgb = np.asarray(img)
     colours = len(np.unique(rgb.reshape(-1, 3), axis=0))
@@ -98,5 +81,5 @@ def test_report_page_renders_in_headless_chromium(incident):
     # The same page with its images broken must fail the check above: the check sees the figures.
     broken = d / "broken.html"
     broken.write_text(re.sub(r'src="data:image/png;base64,[^"]+"', 'src="data:image/png;base64,AAAA"', html))
-    bad = screenshot(chromium, broken, d / "broken.png", d / "profile-broken")
+    bad = screenshot(browser, broken, d / "broken.png", d / "profile-broken")
     assert plot_pixels(bad) < drawn / 20
