@@ -18,8 +18,13 @@ def _cmd_report(args: argparse.Namespace) -> int:
 
     existing(args.telemetry, "--telemetry ")
     existing(args.alerts, "--alerts ")
-    if args.window <= 0 or args.max_alerts < 0:
-        raise UsageError("--window must be positive" if args.window <= 0 else "--max-alerts must not be negative")
+    existing(args.incidents or [], "--incidents ")
+    if args.window <= 0 or args.max_alerts < 0 or args.max_incidents < 0:
+        raise UsageError(
+            "--window must be positive"
+            if args.window <= 0
+            else f"--max-{'alerts' if args.max_alerts < 0 else 'incidents'} must not be negative"
+        )
     t0 = time.monotonic()
     with progress.status("report") as update:
         html = incident_page(
@@ -31,6 +36,8 @@ def _cmd_report(args: argparse.Namespace) -> int:
             max_alerts=args.max_alerts,
             title=args.title,
             progress=lambda s: update(f"report: {s}"),
+            incident_events=args.incidents or (),
+            max_incidents=args.max_incidents,
         )
     out = write_page(html, args.out)
     print(f"gpuwarden report: wrote {out} ({len(html) / 1e6:.1f} MB) in {time.monotonic() - t0:.1f}s", file=sys.stderr)
@@ -42,6 +49,12 @@ def register(sub: Any) -> None:
     rp = sub.add_parser("report", help="write a self-contained HTML incident report (timeline + signals per alert)")
     rp.add_argument("--telemetry", nargs="+", required=True, metavar="FILE", help="telemetry JSONL (.gz) recordings")
     rp.add_argument("--alerts", nargs="+", required=True, metavar="FILE", help="alert events (replay --alerts-out)")
+    rp.add_argument(
+        "--incidents",
+        nargs="+",
+        metavar="FILE",
+        help="incident events (replay --incidents-out): a timeline of incidents and their member alerts",
+    )
     rp.add_argument("--out", required=True, help="HTML file to write")
     rp.add_argument(
         "--window",
@@ -54,6 +67,12 @@ def register(sub: Any) -> None:
         type=int,
         default=50,
         help="alerts given a section with plots, most severe then earliest first (default: %(default)s)",
+    )
+    rp.add_argument(
+        "--max-incidents",
+        type=int,
+        default=60,
+        help="incidents drawn on the incident timeline, the most severe (all are listed; default: %(default)s)",
     )
     rp.add_argument(
         "--rules",

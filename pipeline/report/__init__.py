@@ -5,12 +5,14 @@ fetched when the page opens, so it can be attached to a ticket or mailed as it i
 """
 
 from pipeline.report.alerts import Incident, load_alerts
+from pipeline.report.incidents import IncidentSpan, load_incidents
 from pipeline.report.render import eval_page, flatten_evidence, incident_page, write_page
 from pipeline.report.signals import Signal, evidence_signals, load_checks
 from pipeline.report.telemetry import load_telemetry
 
 __all__ = [
     "Incident",
+    "IncidentSpan",
     "Signal",
     "eval_page",
     "evidence_signals",
@@ -18,6 +20,7 @@ __all__ = [
     "incident_page",
     "load_alerts",
     "load_checks",
+    "load_incidents",
     "load_telemetry",
     "write_page",
 ]

@@ -22,6 +22,7 @@ from matplotlib.figure import Figure
 
 from pipeline.catalog import BITMASK, CODE, COUNTER, FIELDS, STATE
 from pipeline.report.alerts import SEVERITY_RANK, Incident
+from pipeline.report.incidents import IncidentSpan
 from pipeline.report.signals import DCGM, NCCL, PRESENCE, Signal
 from pipeline.report.telemetry import Telemetry
 
@@ -38,6 +39,7 @@ HOST_LEVEL = "#2c3e50"
 ONSET = "#5d6d7e"
 FIRED = "#111111"
 RESOLVED = "#1e8449"
+ESCALATION = "#6a1b9a"  # an incident's action climbing, on the incident timeline
 DPI = 100
 
 # Applied per figure (rc_context), never to the process-wide rcParams.
@@ -217,6 +219,79 @@ def timeline(
     handles.append(Patch(color=OTHER_SEVERITY, alpha=0.35, label="pending (onset → fired)"))
     ax.legend(handles=handles, loc="lower left", bbox_to_anchor=(0, 1.0), ncol=len(handles), frameon=False, fontsize=8)
     return Timeline(to_data_uri(fig), len(hosts), left_out)
+
+
+# -- the incident timeline -----------------------------------------------------------------------
+
+
+@dataclass
+class IncidentTimeline:
+    uri: str
+    shown: int
+    left_out: int
+
+
+def _incident_label(s: IncidentSpan, width: int = 46) -> str:
+    where = (s.host or "(no host)") + (f" GPU {s.gpu}" if s.gpu is not None else "")
+    text = f"{where} · {s.root.fault}"
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
+@styled
+def incident_timeline(
+    spans: list[IncidentSpan], t_start: float, t_end: float, *, left_out: int = 0
+) -> IncidentTimeline:
+    """One row per incident (``spans`` in the order given, top to bottom), a bar from opened to
+    resolved (or the end of the data, marked ▸), coloured by its severity at each moment; a
+    marker where its action escalated; labelled with its first id characters and alert count."""
+    t_end = max(t_end, t_start + 60.0)
+    span = t_end - t_start
+    n = max(len(spans), 1)
+    fig = Figure(figsize=(11.5, 1.0 + 0.32 * n))
+    ax = fig.add_subplot()
+    ax.grid(axis="y", visible=False)
+    for row, s in enumerate(spans):
+        y = row + 0.5
+        if row % 2 == 0:
+            ax.axhspan(row, row + 1, color="#f2f4f6", zorder=0, lw=0)
+        end = s.end(t_end)
+        cuts = [*s.severities[1:], (end, "")]
+        for (t0, sev), (t1, _) in zip(s.severities, cuts):
+            t0, t1 = max(t0, s.opened_at), max(t1, t0)
+            ax.barh(y, _x(max(t1 - t0, span / 600)), left=_x(t0), height=0.62, color=severity_colour(sev), lw=0)
+        for e in s.escalations:
+            ax.plot(_x(e.ts), y - 0.42, marker="v", ms=7, color=ESCALATION, mec="white", mew=0.6, zorder=4)
+        if s.resolved_at is None:
+            ax.plot(_x(end), y, marker=">", ms=6, color=FIRED, zorder=4, clip_on=False)
+        what = f"{s.id[:12]} · {s.n_members} alert{'s' if s.n_members != 1 else ''}"
+        inside = end - s.opened_at > 0.0048 * span * (len(what) + 2)
+        ax.text(
+            _x(s.opened_at + span / 300),
+            y,
+            what,
+            va="center",
+            ha="left",
+            fontsize=7,
+            color="white" if inside else "black",
+            fontweight="bold" if inside else "normal",
+            clip_on=True,
+        )
+    ax.set_yticks([r + 0.5 for r in range(len(spans))], [_incident_label(s) for s in spans], fontsize=8)
+    ax.set_ylim(n, 0)
+    ax.set_xlim(_x(t_start), _x(t_end))
+    _time_axis(ax)
+    ax.set_xlabel("event time (UTC)")
+    from matplotlib.lines import Line2D
+    from matplotlib.patches import Patch
+
+    sev_seen = sorted({sev for s in spans for _, sev in s.severities}, key=lambda v: SEVERITY_RANK.get(v, 9))
+    handles: list = [Patch(color=severity_colour(v), label=v) for v in sev_seen]
+    if any(s.escalations for s in spans):
+        handles.append(Line2D([], [], ls="", marker="v", color=ESCALATION, label="action escalated"))
+    if any(s.resolved_at is None for s in spans):
+        handles.append(Line2D([], [], ls="", marker=">", color=FIRED, label="still open at the end"))
+    ax.legend(handles=handles, loc="lower left", bbox_to_anchor=(0, 1.0), ncol=len(handles), frameon=False, fontsize=8)
+    return IncidentTimeline(to_data_uri(fig), len(spans), left_out)
 
 
 # -- one alert's signals -------------------------------------------------------------------------

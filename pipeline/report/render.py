@@ -18,11 +18,13 @@ from typing import Any, Callable, Iterable, Sequence
 import jinja2
 
 from pipeline.report.alerts import SEVERITY_RANK, Incident, load_alerts, most_important
-from pipeline.report.plots import alert_figure, latency_cdf, timeline
+from pipeline.report.incidents import load_incidents, most_severe
+from pipeline.report.plots import alert_figure, incident_timeline, latency_cdf, timeline
 from pipeline.report.signals import DCGM, NCCL, CheckCatalog, CheckInfo, load_checks
 from pipeline.report.telemetry import load_telemetry
 
 MAX_TABLE_ROWS = 1000
+MAX_MEMBERS_LISTED = 20  # member alerts listed per incident in its row (the count is whole)
 
 
 def _utc(ts: float | None, date: bool = True) -> str:
@@ -136,18 +138,24 @@ def incident_page(
     title: str = "Incident report",
     checks: CheckCatalog | None = None,
     progress: Callable[[str], None] | None = None,
+    incident_events: Sequence[str | Path] = (),
+    max_incidents: int = 60,
 ) -> str:
     """One self-contained HTML page about the alerts in ``alerts`` and the telemetry around them.
 
     ``rules``/``models`` are the checks the alerts came from (as ``replay`` takes them): they say
     which fields each alert's detector reads. ``window``: seconds of telemetry shown either side
     of an alert. ``max_alerts``: alerts given a section of their own (the rest are listed only).
+    ``incident_events``: incident-event files (``replay --incidents-out``), shown as a timeline of
+    incidents (``max_incidents`` rows, the most severe) and a table with their member alerts.
     ``progress(text)``: told what it is doing (the CLI's spinner).
     """
     step = progress or (lambda _: None)
     step("reading alerts")
     log = load_alerts(alerts)
     incidents = log.incidents
+    inc_log = load_incidents(incident_events) if incident_events else None
+    spans = inc_log.incidents if inc_log is not None else []
     shown = most_important(incidents, max_alerts)
     for n, inc in enumerate(shown, 1):
         inc.number = n
@@ -163,6 +171,7 @@ def incident_page(
     )
 
     alert_ts = [t for i in incidents for t in (i.started_at, i.fired_at, i.resolved_at) if t is not None]
+    alert_ts += [t for sp in spans for t in (sp.opened_at, sp.last_ts) if math.isfinite(t)]
     if tel.records:
         t_start, t_end = tel.t_min, tel.t_max
         if alert_ts:
@@ -181,6 +190,10 @@ def incident_page(
         notes.append(f"{log.bad_lines} alert line(s) could not be read and were skipped.")
     if log.orphan_resolutions:
         notes.append(f"{log.orphan_resolutions} alert(s) resolved without their firing event in the file: not shown.")
+    if inc_log is not None and inc_log.bad_lines:
+        notes.append(f"{inc_log.bad_lines} incident event line(s) could not be read and were skipped.")
+    if inc_log is not None and inc_log.orphans:
+        notes.append(f"{inc_log.orphans} incident event(s) of incidents not opened in the file: not shown.")
 
     sections = []
     for n, (inc, sigs, info) in enumerate(plans, 1):
@@ -193,6 +206,8 @@ def incident_page(
         uri = alert_figure(inc, sigs, tel, window) if tel.records else None
         sections.append(Section(inc, kind, info, [s.name for s in sigs], flatten_evidence(inc.event.evidence), uri))
 
+    drawn = most_severe(spans, max_incidents)
+    by_alert = {a.id: a for a in incidents}
     sev_counts: dict[str, int] = {}
     for inc in incidents:
         sev_counts[inc.severity] = sev_counts.get(inc.severity, 0) + 1
@@ -214,6 +229,15 @@ def incident_page(
         "sections": sections,
         "left_out": len(incidents) - len(shown),
         "window": window,
+        "incident_paths": [str(p) for p in incident_events],
+        "spans": spans[:MAX_TABLE_ROWS],
+        "n_spans": len(spans),
+        "spans_left_out": max(0, len(spans) - MAX_TABLE_ROWS),
+        "incident_timeline": incident_timeline(drawn, t_start, t_end, left_out=len(spans) - len(drawn))
+        if drawn
+        else None,
+        "by_alert": by_alert,
+        "max_members": MAX_MEMBERS_LISTED,
     }
     return _env().get_template("incident.html.j2").render(ctx)
 

@@ -1,5 +1,5 @@
 """A report for a simulated incident renders in a real browser: headless Chromium takes a
-screenshot and the test looks at the pixels.
+screenshot and the test looks at the pixels, and at the DOM for the incidents' timeline and table.
 
 Chromium is a system package (``make browser`` installs it; ``make test`` depends on it). Without
 it the test is skipped locally and fails under CI, so CI cannot pass without rendering.
@@ -16,8 +16,9 @@ from PIL import Image
 
 from pipeline.resources import rules_dir
 from pipeline.detection import build_engine
+from pipeline.incidents import IncidentStage, default_config
 from pipeline.replay import replay
-from pipeline.report import incident_page, load_alerts, write_page
+from pipeline.report import incident_page, load_alerts, load_incidents, write_page
 from pipeline.report.plots import SEVERITY_COLOURS
 from pipeline.schema import encode
 from producers.sim import Simulator
@@ -43,9 +44,10 @@ def plot_pixels(img: Image.Image, tol: int = 12) -> int:
 
 @pytest.fixture(scope="module")
 def incident(tmp_path_factory):
-    """Simulated thermal incident (2 hosts x 8 GPUs, 10 min) -> replay -> alerts -> report page."""
+    """Simulated thermal incident (2 hosts x 8 GPUs, 10 min) -> replay -> alerts and incident
+    events -> report page."""
     d = tmp_path_factory.mktemp("incident")
-    tel, alerts = d / "telemetry.jsonl", d / "alerts.jsonl"
+    tel, alerts, incidents = d / "telemetry.jsonl", d / "alerts.jsonl", d / "incidents.jsonl"
     sim = Simulator(hosts=2, duration=600, seed=1, scenario="thermal")
     with tel.open("wb") as fh:
         for batch in sim.batches():
@@ -53,20 +55,21 @@ def incident(tmp_path_factory):
                 fh.write(encode(batch) + b"\n")       # one line per tick: an array of records
     engine, diags = build_engine([rules_dir()])
     assert engine is not None, [str(x) for x in diags]
-    replay([tel], engine=engine, alerts_out=str(alerts))
+    replay([tel], engine=engine, alerts_out=str(alerts), incidents=IncidentStage(default_config()),
+           incidents_out=str(incidents))
     log = load_alerts([alerts])
     assert any(i.event.family == "thermal" for i in log.incidents), "the simulated fault raised no thermal alert"
-    page = write_page(incident_page([tel], [alerts], rules=[rules_dir()], title="Thermal incident"),
-                      d / "report.html")
-    return d, page, log
+    page = write_page(incident_page([tel], [alerts], rules=[rules_dir()], title="Thermal incident",
+                                    incident_events=[incidents]), d / "report.html")
+    return d, page, log, load_incidents([incidents])
 
 
 def test_report_page_renders_in_headless_chromium(incident):
     browser = chromium()
-    d, page, log = incident
+    d, page, log, _ = incident
     html = page.read_text()
     n_img = len(re.findall(r'<img src="data:image/png;base64,', html))
-    assert n_img == 1 + len(log.incidents)            # the timeline and one figure per alert
+    assert n_img == 2 + len(log.incidents)            # the two timelines and one figure per alert
 
     img = screenshot(browser, page, d / "shot.png", d / "profile")
     assert img.size == (WIDTH, HEIGHT)
@@ -83,3 +86,29 @@ def test_report_page_renders_in_headless_chromium(incident):
     broken.write_text(re.sub(r'src="data:image/png;base64,[^"]+"', 'src="data:image/png;base64,AAAA"', html))
     bad = screenshot(browser, broken, d / "broken.png", d / "profile-broken")
     assert plot_pixels(bad) < drawn / 20
+
+
+def test_the_incident_timeline_renders_in_headless_chromium(incident):
+    browser = chromium()
+    d, page, log, inc_log = incident
+    spans = inc_log.incidents
+    assert spans and len(spans) < len(log.incidents), "the thermal alerts grouped into fewer incidents"
+    dom = headless(browser, page.resolve().as_uri(), d / "profile-dom", dump_dom=True, size=(WIDTH, HEIGHT))
+    assert '<h2 id="incidents">Incidents</h2>' in dom and 'alt="Timeline of incidents"' in dom
+    alert_ids = {i.id for i in log.incidents}
+    for s in spans:
+        assert f'id="{s.id}"' in dom                   # one row per incident ...
+        assert set(s.members) <= alert_ids             # ... whose members are alerts of the report
+    for i in log.incidents:
+        if i.number:                                   # a member with a section links to it
+            assert f'href="#alert-{i.number}"' in dom
+
+    # The incident timeline's own pixels: the page with only that figure broken loses them.
+    html = page.read_text()
+    shown = plot_pixels(screenshot(browser, page, d / "inc.png", d / "profile-inc"))
+    figure = re.compile(r'(<img src=")data:image/png;base64,[^"]+(" alt="Timeline of incidents")')
+    assert len(figure.findall(html)) == 1
+    broken = d / "broken-incidents.html"
+    broken.write_text(figure.sub(r"\1data:image/png;base64,AAAA\2", html))
+    without = plot_pixels(screenshot(browser, broken, d / "inc-broken.png", d / "profile-inc-broken"))
+    assert shown - without > 2000, f"{shown - without} pixels of incident bars: the incident timeline did not render"

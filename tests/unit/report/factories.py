@@ -1,12 +1,22 @@
-"""Factories for report tests: alert events and telemetry files built from a few parameters."""
+"""Factories for report tests: alert events and telemetry files built from a few parameters,
+incident events made by the incident stage, and the figures of a page."""
 
 from __future__ import annotations
 
+import base64
+import io
+import re
 from pathlib import Path
 from typing import Any, Iterable
 
+import numpy as np
+from PIL import Image
+
+from pipeline.incidents import IncidentStage, default_config
+from pipeline.incidents.events import IncidentEvent
 from pipeline.schema import AlertEvent, encode
 from tests.factories import T0
+from tests.unit.incidents.factories import run, two_open_incidents
 
 
 def alert(t: float, *, state: str = "firing", id: str = "a1", rule: str = "gpu_thermal_throttling",
@@ -29,3 +39,25 @@ def hot_gpu(t: float, host: str, gpu: int) -> dict[str, float]:
     if host == "n0" and gpu == 1 and t >= 60:
         return {"gpu_temp": 90, "sm_clock": 1005, "clocks_event_reasons": 0x40 | 0x20 | 0x8}
     return {}
+
+
+def images(page: str) -> list[Image.Image]:
+    """The page's embedded PNG figures, in page order."""
+    return [Image.open(io.BytesIO(base64.b64decode(b)))
+            for b in re.findall(r'src="data:image/png;base64,([A-Za-z0-9+/=]+)"', page)]
+
+
+def colour_pixels(img: Image.Image, hex_colour: str, tol: int = 10) -> int:
+    rgb = np.asarray(img.convert("RGB")).astype(int)
+    target = np.array([int(hex_colour[i:i + 2], 16) for i in (1, 3, 5)])
+    return int((np.abs(rgb - target).max(axis=2) <= tol).sum())
+
+
+def incident_event_files(d: Path, host: str = "n1") -> tuple[Path, Path, Path, list[IncidentEvent]]:
+    """An empty recording, the alerts of ``two_open_incidents`` (five XID 79 incidents on
+    ``host`` GPU 0, the last one escalated; an SBE burst and a PCIe alert on n2) and the incident
+    events the stage made of them: (telemetry, alerts, incident events, the events)."""
+    alerts = two_open_incidents(host=host)
+    events = run(alerts, stage=IncidentStage(default_config()))
+    return (write_jsonl(d / "t.jsonl", []), write_jsonl(d / "a.jsonl", alerts),
+            write_jsonl(d / "i.jsonl", events), events)

@@ -3,7 +3,6 @@ import io
 import math
 import re
 
-import numpy as np
 from markupsafe import escape
 from PIL import Image
 
@@ -14,18 +13,7 @@ from pipeline.report.alerts import group_events
 from pipeline.report.plots import ALERTED, alert_figure, bit_names
 from pipeline.report.signals import Signal
 from pipeline.report.telemetry import load_telemetry
-from tests.unit.report.factories import alert, write_jsonl
-
-
-def images(page: str) -> list[Image.Image]:
-    return [Image.open(io.BytesIO(base64.b64decode(b)))
-            for b in re.findall(r'src="data:image/png;base64,([A-Za-z0-9+/=]+)"', page)]
-
-
-def colour_pixels(img: Image.Image, hex_colour: str, tol: int = 10) -> int:
-    rgb = np.asarray(img.convert("RGB")).astype(int)
-    target = np.array([int(hex_colour[i:i + 2], 16) for i in (1, 3, 5)])
-    return int((np.abs(rgb - target).max(axis=2) <= tol).sum())
+from tests.unit.report.factories import alert, colour_pixels, images, write_jsonl
 
 
 def test_the_page_is_self_contained_with_a_timeline_and_a_figure_per_alert(incident_files):
