@@ -37,6 +37,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("gpuwarden.http")
 
 Page = tuple[str, bytes]  # what a page's provider returns: content type, body
+MAX_PAGE_REQUESTS = 4  # page requests answered at once, all pages together; more are 503 at once
 # Added to every page's answer: a page shows data from telemetry, so even if its escaping failed
 # the browser runs no script and loads nothing (inline styles only), and never sniffs a type.
 PAGE_HEADERS = [
@@ -182,23 +183,27 @@ def _answer(start_response, status: str, ctype: str, body: bytes, head: bool = F
     return [] if head else [body]
 
 
-def _page(provider: Callable[[], Page], environ, start_response) -> list[bytes]:
-    """A page's answer: GET or HEAD only; a provider that fails costs this request only (500; a
-    ``TimeoutError``, busy: 503), never the server."""
+def _page(provider: Callable[[], Page], slots: threading.BoundedSemaphore, environ, start_response) -> list[bytes]:
+    """A page's answer: GET or HEAD only; at most ``slots`` at once, past them 503 at once (a
+    flood of page requests must not hold the connection slots a probe needs); a provider that
+    fails costs this request only (500; a ``TimeoutError``, busy: 503), never the server."""
     method = environ.get("REQUEST_METHOD", "GET")
     if method not in ("GET", "HEAD"):
         return _answer(
             start_response, "405 Method Not Allowed", "text/plain", b"read-only: GET\n", extra=[("Allow", "GET, HEAD")]
         )
+    busy = [("Retry-After", "1")]
+    if not slots.acquire(blocking=False):
+        return _answer(start_response, "503 Service Unavailable", "text/plain", b"busy; try again\n", extra=busy)
     try:
         ctype, body = provider()
     except TimeoutError:
-        return _answer(
-            start_response, "503 Service Unavailable", "text/plain", b"busy; try again\n", extra=[("Retry-After", "1")]
-        )
+        return _answer(start_response, "503 Service Unavailable", "text/plain", b"busy; try again\n", extra=busy)
     except Exception:  # noqa: BLE001 - a broken page must not take /metrics and /healthz with it
         log.exception("http page %s failed", environ.get("PATH_INFO"))
         return _answer(start_response, "500 Internal Server Error", "text/plain", b"this page failed; see the log\n")
+    finally:
+        slots.release()
     return _answer(start_response, "200 OK", ctype, body, head=method == "HEAD", extra=PAGE_HEADERS)
 
 
@@ -218,6 +223,7 @@ class HttpEndpoint:
     ) -> None:
         metrics_app = make_wsgi_app(registry)
         routes = dict(pages or {})
+        page_slots = threading.BoundedSemaphore(MAX_PAGE_REQUESTS)
         for path in routes:
             if not path.startswith("/") or path in ("/healthz", "/metrics"):
                 raise ValueError(f"page path {path!r}: must start with / and not be /healthz or /metrics")
@@ -225,7 +231,7 @@ class HttpEndpoint:
         def app(environ, start_response):
             provider = routes.get(environ.get("PATH_INFO", ""))
             if provider is not None:
-                return _page(provider, environ, start_response)
+                return _page(provider, page_slots, environ, start_response)
             if environ.get("PATH_INFO") == "/healthz":
                 ok, detail = health()
                 body = json.dumps({"status": "ok" if ok else "unhealthy", **detail}).encode()
