@@ -1,4 +1,5 @@
-"""The service's operations surface on a real broker: /healthz, /metrics, SIGHUP rule reload."""
+"""The service's operations surface on a real broker: /healthz, /metrics, /incidents, SIGHUP rule
+reload."""
 
 from __future__ import annotations
 
@@ -61,6 +62,11 @@ def test_health_metrics_and_sighup_reload(kafka_bootstrap, topic_prefix, tmp_pat
         assert "gpuwarden_batch_processing_seconds_bucket" in text
         logged = [x for x in svc.lines() if x.get("reason") == "malformed_json"]
         assert logged and logged[0]["origin"].startswith(f"{Topics(topic_prefix).telemetry}[")
+        # The open-incidents page beside /metrics: rules only, so no fleet stage runs an incident stage.
+        status, page = get(f"http://127.0.0.1:{port}/incidents")
+        assert status == 200 and "Incidents are off" in page and "<script" not in page
+        status, data = get(f"http://127.0.0.1:{port}/incidents.json")
+        assert status == 200 and json.loads(data) == {**json.loads(data), "enabled": False, "open": 0}
 
         (rules / "gpu.yaml").write_text("rules:\n  - name: broken\n    fault: gpu_x\n    severity: info\n"
                                         "    condition: gpu_tmp > 1\n")
