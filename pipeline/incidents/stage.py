@@ -67,9 +67,10 @@ class _Incident:
     mig_instance: str | None = None
     mig_profile: str | None = None
     # What its latest event said (``open_incidents``), and the latest escalation's reason: an
-    # alert joining later must not hide from the live view why the action climbed.
+    # alert joining later must not hide from the live view why the action climbed. None: not
+    # known (an incident built from state that does not hold it), its last alert's time stands in.
     state: str = OPENED
-    updated_at: float = 0.0
+    updated_at: float | None = None
     changes: list[str] = field(default_factory=list)
     reason: str = ""
     policy: str | None = None
@@ -146,7 +147,14 @@ class IncidentStage:
         """
         incs = sorted(self._open.values(), key=lambda i: (-SEVERITY_RANK.get(i.severity, -1), i.opened_at, i.id))
         return [
-            self._event(i, i.state, i.updated_at, changes=list(i.changes), reason=i.reason, policy=i.policy)
+            self._event(
+                i,
+                i.state,
+                i.last_join if i.updated_at is None else i.updated_at,
+                changes=list(i.changes),
+                reason=i.reason,
+                policy=i.policy,
+            )
             for i in incs
         ]
 
