@@ -7,6 +7,7 @@ per step (``ndarray.tolist``) and stored into copies of a template ``fields`` di
 from __future__ import annotations
 
 from itertools import repeat
+from typing import Callable
 
 import numpy as np
 
@@ -29,6 +30,15 @@ def _dcgm46_names() -> dict[str, str]:
 
 
 FIELD_NAMES_46: dict[str, str] = {n: _dcgm46_names().get(n, n) for n in FIELD_NAMES}
+
+
+def _name_46(name: str) -> str:
+    """A field's DCGM 4.6 spelling (the source fields' names did not change)."""
+    return FIELD_NAMES_46.get(name, name)
+
+
+def _same(name: str) -> str:
+    return name
 
 
 class DcgmBuilder:
@@ -70,7 +80,7 @@ class DcgmBuilder:
 
         def __init__(self, model: str, spec: GpuModelSpec, dcgm46: bool, extra: tuple[str, ...] = ()) -> None:
             self.model = model
-            self.name = (lambda n: FIELD_NAMES_46.get(n, n)) if dcgm46 else (lambda n: n)
+            self.name: Callable[[str], str] = _name_46 if dcgm46 else _same
             static = {
                 "DCGM_FI_DEV_MEM_CLOCK": spec.mem_clock_mhz,
                 "DCGM_FI_DEV_SLOWDOWN_TEMP": spec.slowdown_c,
@@ -99,7 +109,7 @@ class DcgmBuilder:
         m = len(idx)
         all_rows = m == f.N
         P = "DCGM_FI_DEV_"
-        columns = (
+        columns: tuple[tuple[str, np.ndarray], ...] = (
             (P + "GPU_TEMP", out.temp),
             (P + "MEMORY_TEMP", out.mem_temp),
             (P + "SM_CLOCK", out.sm_clock),
