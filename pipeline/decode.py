@@ -52,6 +52,7 @@ from pipeline.schema import (
     DcgmSample,
     DeadLetter,
     NcclRecord,
+    NicRecord,
     TelemetryRecord,
     dcgm_record_type,
 )
@@ -74,6 +75,16 @@ MAX_SEQ = (1 << 63) - 1  # a collective's sequence number: the int64 the fleet s
 # fail on them far from the record that brought them).
 MAX_HOST_LEN = 253
 MAX_ID_LEN = 256
+# NIC port records (``NicRecord``): names are short ("mlx5_bond_0", "ibp26s0", "rx_icrc_encapsulated");
+# a port number is a u8 in IBTA MADs and a u32 in the kernel, 65535 is past any real device;
+# state codes are 4-bit fields; a counter is a u64 (hw_counters) or narrower (the IBTA ones).
+MAX_NIC_NAME = 64
+MAX_NIC_PORT = 65535
+MAX_PORT_STATE = 15
+MAX_NIC_COUNTERS = 256  # an mlx5 port has ~70 counters and hw_counters together
+MAX_COUNTER = (1 << 64) - 1
+MAX_NIC_GPUS = 64  # GPUs behind one NIC: 1 or 2 on an 8-GPU node
+MAX_RATE_GBPS = 100_000.0  # 1.6 Tb/s is the fastest port sold; this is a unit mistake's bound
 
 # The fast path's types carry the plausibility checks as msgspec constraints, so they cost
 # nothing beyond decoding (checked in C); a record that breaks one fails the fast decode and its
@@ -95,6 +106,10 @@ _CHECKED: list[tuple[str, Any] | tuple[str, Any, Any]] = [
 ]
 _HOST, _MODEL = operator.attrgetter("host"), operator.attrgetter("model")
 _NCCL_NAMES = operator.attrgetter("comm", "coll", "job", "comm_name")
+_NIC_NAME_OK = Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_NIC_NAME)]
+_STATE_OK = Annotated[int, msgspec.Meta(ge=0, le=MAX_PORT_STATE)]
+# msgspec bounds only int64: a counter past it goes to the slow path, which keeps it up to 2^64-1.
+_COUNTER_OK = Annotated[int, msgspec.Meta(ge=0, le=(1 << 63) - 1)]
 
 
 def bad_identifier(name: object, limit: int = MAX_ID_LEN, host: bool = False) -> str | None:
@@ -180,6 +195,105 @@ _NcclChecked = msgspec.defstruct(
 )
 
 
+_NicChecked = msgspec.defstruct(
+    "NicRecord",
+    [
+        *_CHECKED,
+        ("device", _NIC_NAME_OK),
+        ("port", Annotated[int, msgspec.Meta(ge=0, le=MAX_NIC_PORT)]),
+        ("link_layer", Optional[_NIC_NAME_OK], None),
+        ("rate_gbps", Optional[Annotated[float, msgspec.Meta(ge=0, le=MAX_RATE_GBPS)]], None),
+        ("state", Optional[_STATE_OK], None),
+        ("state_name", Optional[_NIC_NAME_OK], None),
+        ("phys_state", Optional[_STATE_OK], None),
+        ("phys_state_name", Optional[_NIC_NAME_OK], None),
+        ("netdev", Optional[_NIC_NAME_OK], None),
+        (
+            "counters",
+            Annotated[dict[_NIC_NAME_OK, _COUNTER_OK], msgspec.Meta(max_length=MAX_NIC_COUNTERS)],
+            msgspec.field(default_factory=dict),
+        ),
+        ("gpus", Annotated[list[_GPU_OK], msgspec.Meta(max_length=MAX_NIC_GPUS)], msgspec.field(default_factory=list)),
+    ],
+    bases=(NicRecord,),
+    tag="nic",
+    tag_field="kind",
+    kw_only=True,
+    gc=False,
+)
+
+
+def _nic_problem(rec: NicRecord) -> tuple[str, str] | None:
+    """What is wrong with a NIC port record beyond its time and host (reason, detail), or None."""
+    if (why := bad_identifier(rec.device, MAX_NIC_NAME, host=True)) is not None:
+        return BAD_IDENTIFIER, f"device {_shown(str(rec.device))}: {why}"
+    if rec.port < 0:
+        return NEGATIVE_VALUE, f"port {rec.port}"
+    if rec.port > MAX_NIC_PORT:
+        return OUT_OF_RANGE, f"port {rec.port} (0..{MAX_NIC_PORT})"
+    if rec.netdev is not None and (why := bad_identifier(rec.netdev, MAX_NIC_NAME, host=True)) is not None:
+        return BAD_IDENTIFIER, f"netdev {_shown(rec.netdev)}: {why}"
+    for name in ("link_layer", "state_name", "phys_state_name"):
+        val = getattr(rec, name)
+        if val is not None and (why := bad_identifier(val, MAX_NIC_NAME)) is not None:
+            return BAD_IDENTIFIER, f"{name} {_shown(val)}: {why}"
+    for name in ("state", "phys_state"):
+        val = getattr(rec, name)
+        if val is not None and not 0 <= val <= MAX_PORT_STATE:
+            return OUT_OF_RANGE, f"{name} {val} (0..{MAX_PORT_STATE})"
+    rate = rec.rate_gbps
+    if rate is not None:
+        if not math.isfinite(rate):
+            return NAN_VALUE, f"rate_gbps is {rate}"
+        if rate < 0:
+            return NEGATIVE_VALUE, f"rate_gbps is {rate}"
+        if rate > MAX_RATE_GBPS:
+            return OUT_OF_RANGE, f"rate_gbps {rate} (at most {MAX_RATE_GBPS:g})"
+    if len(rec.counters) > MAX_NIC_COUNTERS:
+        return OUT_OF_RANGE, f"{len(rec.counters)} counters (at most {MAX_NIC_COUNTERS})"
+    for k, v in rec.counters.items():
+        if (why := bad_identifier(k, MAX_NIC_NAME, host=True)) is not None:
+            return BAD_IDENTIFIER, f"counter {_shown(str(k))}: {why}"
+        if type(v) is not int:
+            return WRONG_TYPE, f"counter {k} is a {type(v).__name__}, not an integer"
+        if not 0 <= v <= MAX_COUNTER:
+            return (NEGATIVE_VALUE if v < 0 else OUT_OF_RANGE), f"counter {k} is {v} (0..2^64-1)"
+    if len(rec.gpus) > MAX_NIC_GPUS or any(type(g) is not int or not 0 <= g <= MAX_GPU_INDEX for g in rec.gpus):
+        return OUT_OF_RANGE, f"gpus {rec.gpus[:8]!r}: at most {MAX_NIC_GPUS} indices, each 0..{MAX_GPU_INDEX}"
+    return None
+
+
+def _clean_counters(counters: Any, dropped: list[tuple[str, str]]) -> Any:
+    """A NIC record's ``counters`` with each unusable entry left out and noted in ``dropped``
+    (its own dead letter, the rest of the record kept): a value that is not a non-negative
+    integer of at most 64 bits, or a name that is not a short printable identifier. A number
+    written as an integral float or as ASCII digits (a loose producer) is still that number."""
+    if not isinstance(counters, dict) or len(counters) > MAX_NIC_COUNTERS:
+        return counters  # the record's own problem: conversion or ``_nic_problem`` names it
+    clean: dict[str, int] = {}
+    for name, val in counters.items():
+        if bad_identifier(name, MAX_NIC_NAME, host=True) is not None:
+            dropped.append((f"counters.{_shown(str(name))}", BAD_IDENTIFIER))
+            continue
+        label = f"counters.{name}"
+        num: int | None = None
+        if isinstance(val, int) and not isinstance(val, bool):
+            num = val
+        elif isinstance(val, float) and math.isfinite(val) and val == int(val):
+            num = int(val)
+        elif isinstance(val, str) and val.isascii() and val.isdigit() and len(val) <= 20:
+            num = int(val)
+        if num is None:
+            dropped.append((label, NAN_FIELD if isinstance(val, float) else WRONG_TYPE))
+        elif num < 0:
+            dropped.append((label, NEGATIVE_VALUE))
+        elif num > MAX_COUNTER:
+            dropped.append((label, OUT_OF_RANGE))
+        else:
+            clean[name] = num
+    return clean
+
+
 @functools.lru_cache(maxsize=32)
 def _fast_for(fields: tuple[str, ...] | None) -> msgspec.json.Decoder:
     """A decoder of one message into checked types keeping ``fields``."""
@@ -193,12 +307,12 @@ def _fast_for(fields: tuple[str, ...] | None) -> msgspec.json.Decoder:
         kw_only=True,
         gc=False,
     )
-    one = Union[list[Union[rec, _NcclChecked]], rec, _NcclChecked]  # type: ignore[valid-type]
+    one = Union[list[Union[rec, _NcclChecked, _NicChecked]], rec, _NcclChecked, _NicChecked]  # type: ignore[valid-type]
     return msgspec.json.Decoder(one)
 
 
 _TS = operator.attrgetter("ts")
-_KINDS = {"dcgm": DcgmRecord, "nccl": NcclRecord}
+_KINDS = {"dcgm": DcgmRecord, "nccl": NcclRecord, "nic": NicRecord}
 
 
 def _raw(payload: bytes | str) -> str:
@@ -313,9 +427,14 @@ class Decoder:
         names: set[str | None] = set()
         try:
             names.update(map(_MODEL, recs))  # DCGM records only, the common case
-        except AttributeError:  # NCCL records among them
+        except AttributeError:  # NCCL or NIC records among them
             for r in recs:
-                names.update(_NCCL_NAMES(r) if isinstance(r, NcclRecord) else (r.model,))
+                if isinstance(r, NicRecord):
+                    # Few a host and interval: checked whole each time (device, counters, GPUs).
+                    if _nic_problem(r) is not None:
+                        return False
+                else:
+                    names.update(_NCCL_NAMES(r) if isinstance(r, NcclRecord) else (r.model,))
         names -= self._ok_names
         if not hosts and not names:
             return True
@@ -396,6 +515,9 @@ class Decoder:
             if isinstance(r, DcgmSample):
                 if r.gpu < 0:
                     return False
+            elif isinstance(r, NicRecord):
+                if _nic_problem(r) is not None:
+                    return False
             elif not (
                 0 <= r.rank < r.nranks
                 and (r.seq is None or 0 <= r.seq <= MAX_SEQ)
@@ -458,6 +580,8 @@ class Decoder:
                 return OUT_OF_RANGE, f"link index {rec.link} (0..{MAX_LINK_INDEX})"
             if rec.model is not None and (why := bad_identifier(rec.model)) is not None:
                 return BAD_IDENTIFIER, f"model {_shown(rec.model)}: {why}"
+        elif isinstance(rec, NicRecord):
+            return _nic_problem(rec)
         else:
             if (
                 rec.nranks > MAX_RANKS
@@ -562,6 +686,8 @@ class Decoder:
                 else:
                     clean[name] = val
             item = {**item, "fields": clean}
+        if kind == "nic" and "counters" in item:
+            item = {**item, "counters": _clean_counters(item["counters"], dropped)}
         labels = item.get("labels", {})
         if labels is None:  # null: no labels
             item = {**item, "labels": {}}

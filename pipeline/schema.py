@@ -99,7 +99,39 @@ class NcclRecord(msgspec.Struct, tag="nccl", tag_field="kind", kw_only=True, gc=
     labels: dict[str, str] = {}
 
 
-TelemetryRecord = Union[DcgmSample, NcclRecord]  # a DcgmRecord is a DcgmSample
+class NicRecord(msgspec.Struct, tag="nic", tag_field="kind", kw_only=True, gc=False):
+    """One InfiniBand/RoCE port of a host's NIC (``/sys/class/infiniband/<device>/ports/<port>``
+    or ``ibstat``): its link state and counters at ``ts`` (docs/architecture.md §3).
+
+    ``state`` is the IBTA port state (1 DOWN, 2 INIT, 3 ARMED, 4 ACTIVE), ``phys_state`` the
+    physical state (2 Polling, 3 Disabled, 5 LinkUp, 6 LinkErrorRecovery, ...), each with the
+    kernel's name beside it; ``counters`` the port's ``counters/*``, ``hw_counters/*`` and its
+    netdev's ``carrier_changes``, by file name; ``gpus`` the GPU indices behind this NIC (the
+    nearest common PCIe bridge) when the producer knows them.
+
+    >>> r = NicRecord(ts=1764403200.0, host="h1", device="mlx5_0", port=1, state=4, state_name="ACTIVE")
+    >>> (r.device, r.port, r.state_name, r.counters)
+    ('mlx5_0', 1, 'ACTIVE', {})
+    """
+
+    v: int = SCHEMA_VERSION
+    ts: float
+    host: str
+    device: str
+    port: int
+    link_layer: str | None = None  # InfiniBand | Ethernet (RoCE)
+    rate_gbps: float | None = None
+    state: int | None = None
+    state_name: str | None = None
+    phys_state: int | None = None
+    phys_state_name: str | None = None
+    netdev: str | None = None
+    counters: dict[str, int] = {}
+    gpus: list[int] = []
+    labels: dict[str, str] = {}
+
+
+TelemetryRecord = Union[DcgmSample, NcclRecord, NicRecord]  # a DcgmRecord is a DcgmSample
 
 # MIG (docs/architecture.md §3). dcgm-exporter labels a GPU instance's series with these
 # (rendermetrics/render_metrics.go: GPU_I_PROFILE="3g.40gb", GPU_I_ID = NVML's GPU instance id).

@@ -40,7 +40,7 @@ from pipeline.engine.snapshot import decode_records, read_snapshot, write_snapsh
 from pipeline.engine.stage import CheckStage, Stage, StageCheck
 from pipeline.engine.state import GpuState, advance
 from pipeline.engine.ticks import skip_ahead
-from pipeline.schema import AlertEvent, DcgmRecord, DcgmSample, DeadLetter, NcclRecord, TelemetryRecord
+from pipeline.schema import AlertEvent, DcgmRecord, DcgmSample, DeadLetter, NcclRecord, NicRecord, TelemetryRecord
 
 log = logging.getLogger("gpuwarden.engine")
 
@@ -245,6 +245,8 @@ class Engine:
             clock.note_whole(origins, hosts)
             clock.accepted(ts)
             if len(ts):
+                records, origins, ts, hosts = self._carry_nic(records, origins, ts, hosts)
+            if len(ts):
                 self._chunks.append(self._ingest(records, origins, ts, hosts, out))
                 if self.forwards:
                     out.forwarded.extend(records)
@@ -310,6 +312,18 @@ class Engine:
         # The models' NCCL detectors need the records' columns; without such a stage they are counted.
         nccl = self._nccl_frame(nrecs, hosts[~is_dcgm]) if nrecs and self._reads_nccl else None
         return Pending(dts, dhost, gpu, values, cols, nts, nccl, float(ts.min()), float(ts.max()))
+
+    def _carry_nic(
+        self, records: Sequence[TelemetryRecord], origins: Sequence[str], ts: np.ndarray, hosts: np.ndarray
+    ) -> tuple:
+        """The batch without its NIC port records, which no stage reads: counted (``records.nic``)
+        once screened, so their hosts' clocks hear them, and neither buffered nor forwarded."""
+        if not any(issubclass(t, NicRecord) for t in set(map(type, records))):
+            return records, origins, ts, hosts
+        keep = np.fromiter((not isinstance(r, NicRecord) for r in records), bool, len(records))
+        self.stats["records.nic"] += int((~keep).sum())
+        idx = np.flatnonzero(keep)
+        return [records[i] for i in idx.tolist()], take_origins(origins, idx), ts[keep], hosts[keep]
 
     def _ingest_buffered(self, records: Sequence[TelemetryRecord], origins: list[str]) -> None:
         """Records a version-1 snapshot buffered, ingested as on arrival; their dropped-field

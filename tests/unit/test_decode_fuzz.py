@@ -42,7 +42,13 @@ NCCL = st.fixed_dictionaries({"kind": st.just("nccl"), "ts": HOSTILE_TS, "host":
                               "rank": HOSTILE_INTS, "nranks": HOSTILE_INTS, "coll": HOSTILE_STRS,
                               "bytes": HOSTILE_INTS, "exec_time_us": st.floats(allow_nan=True)},
                              optional={"gpu": HOSTILE_INTS, "job": HOSTILE_STRS, "busbw_gbs": st.floats()})
-RECORD = st.one_of(DCGM, NCCL)
+NIC = st.fixed_dictionaries({"kind": st.just("nic"), "ts": HOSTILE_TS, "host": HOSTILE_STRS, "device": HOSTILE_STRS,
+                             "port": HOSTILE_INTS},
+                            optional={"state": HOSTILE_INTS, "phys_state": HOSTILE_INTS, "netdev": HOSTILE_STRS,
+                                      "link_layer": HOSTILE_STRS, "rate_gbps": VALUES,
+                                      "counters": st.dictionaries(HOSTILE_STRS, VALUES, max_size=4),
+                                      "gpus": st.lists(HOSTILE_INTS, max_size=3)})
+RECORD = st.one_of(DCGM, NCCL, NIC)
 
 
 def _dump(obj: object) -> bytes:
