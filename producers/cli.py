@@ -203,6 +203,26 @@ def _cmd_pcie_aer(args: argparse.Namespace) -> int:
     return _run(args, make)
 
 
+def _cmd_ib_sysfs(args: argparse.Namespace) -> int:
+    from producers.ib_sysfs import IbSysfsSource, bus_ids
+    from producers.kmsg import parse_pci_map
+
+    def make() -> object:
+        gpus = None
+        if args.pci_map:
+            with open(args.pci_map, encoding="utf-8") as fh:
+                gpus = bus_ids(parse_pci_map(fh.read(1 << 20)))
+        return IbSysfsSource(args.root, host=args.host, gpu_bus_ids=gpus)
+
+    return _run(args, make)
+
+
+def _cmd_ibstat(args: argparse.Namespace) -> int:
+    from producers.ibstat import IbstatSource
+
+    return _run(args, lambda: IbstatSource(args.file, host=args.host, device=args.device), from_file=True)
+
+
 def _common(p: argparse.ArgumentParser, interval: float) -> None:
     from pipeline.bus.connection import add_arguments
 
@@ -326,3 +346,26 @@ def register(sub: Any) -> None:
     )
     _common(a, 10.0)
     a.set_defaults(func=_cmd_pcie_aer)
+
+    ib = psub.add_parser(
+        "ib-sysfs", help="read every InfiniBand/RoCE port's state, rate and counters from /sys/class/infiniband"
+    )
+    ib.add_argument(
+        "--root",
+        default="/",
+        help="read <root>/sys/... (a container's mount of the host's /sys; default %(default)s)",
+    )
+    ib.add_argument(
+        "--pci-map",
+        metavar="FILE",
+        help="saved `nvidia-smi --query-gpu=index,pci.bus_id --format=csv`: name the GPUs behind each NIC "
+        "(nearest common PCIe bridge under <root>/sys/bus/pci/devices)",
+    )
+    _common(ib, 10.0)
+    ib.set_defaults(func=_cmd_ib_sysfs)
+
+    st = psub.add_parser("ibstat", help="parse saved `ibstat` or `ibstatus` output (port state and rate)")
+    st.add_argument("--file", required=True, help="the saved output, or - for stdin")
+    st.add_argument("--device", help="the device of `ibstat CA PORT` output, which does not name it")
+    _common(st, 1.0)
+    st.set_defaults(func=_cmd_ibstat)

@@ -9,7 +9,7 @@ import pytest
 
 from producers.pcie_aer import AerSource, parse_aer_file
 from tests.factories import T0
-from tests.unit.producers.factories import COR_NAMES, UNCOR_NAMES, aer_text, dgx_like, pci_device
+from tests.unit.producers.pcie_factories import COR_NAMES, UNCOR_NAMES, aer_text, dgx_like, pci_device
 
 
 def _poll(root: Path, **kw) -> dict[int, dict[str, float]]:

@@ -1,0 +1,372 @@
+"""``/sys/class/infiniband`` -> ``NicRecord``s: every port's state, rate and counters, each poll.
+
+What is read, under ``--root`` (``/`` on a host; a container mounts the host's ``/sys`` below one;
+the kernel's ABI is ``Documentation/ABI/stable/sysfs-class-infiniband``, docs/producers.md):
+
+- ``sys/class/infiniband/<device>/ports/<port>/{state,phys_state,rate,link_layer}``:
+  ``4: ACTIVE``, ``5: LinkUp``, ``400 Gb/sec (4X NDR)``, ``InfiniBand`` or ``Ethernet`` (RoCE);
+- ``.../counters/*`` (the IBTA port counters) and ``.../hw_counters/*`` (the driver's), each a
+  decimal integer, by file name; a directory that is absent (``hw_counters`` on older drivers,
+  ``counters`` on some RoCE functions) is no drop, a file that does not read (EINVAL) is;
+- the port's netdev from ``<device>/device/net/<if>`` (the one there, else the one whose
+  ``dev_port`` is the port less one), and its ``carrier_changes`` from
+  ``sys/class/net/<if>/carrier_changes`` (``statistics/carrier_changes`` where only that exists);
+- with ``--pci-map`` (``nvidia-smi --query-gpu=index,pci.bus_id --format=csv``), the GPUs behind
+  each NIC: for each GPU (``sys/bus/pci/devices/<bus id>``), the NICs that share its deepest PCIe
+  bridge (the nearest common one), as NVIDIA's resiliency extension pairs them.
+
+Hostile trees: every path is resolved and must stay under ``--root`` (a link out of it is
+``dropped.outside_root``), a link loop or a file that does not read is ``dropped.unreadable``, a
+file is read with ``O_NOFOLLOW``/``O_NONBLOCK`` and at most ``MAX_FILE_BYTES`` (more is
+``dropped.oversized_file``, a FIFO or link is ``dropped.not_a_file``), a value that is not ASCII
+digits is ``dropped.bad_value``, a name no record could carry is ``dropped.bad_name``, and at most
+``MAX_DEVICES`` devices, ``MAX_PORTS`` ports each and ``MAX_NIC_COUNTERS`` counters a port are
+read (more is ``dropped.too_many``).
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import socket
+import stat
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+from pipeline.decode import MAX_COUNTER, MAX_NIC_COUNTERS
+from pipeline.numeric import ascii_int
+from pipeline.schema import NicRecord
+from producers.ibports import coded_state, name_ok, rate_gbps
+
+log = logging.getLogger(__name__)
+
+MAX_FILE_BYTES = 4096  # a sysfs attribute is at most a page
+MAX_DEVICES = 256  # an 8-GPU node has ~10 RDMA devices
+MAX_PORTS = 64  # a switch's device exposes its ports; a HCA one or two
+MAX_NETDEVS = 16
+COUNTER_DIRS = ("counters", "hw_counters")
+_OPEN_FLAGS = os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+
+
+@dataclass
+class SysfsStats:
+    polls: int = 0
+    devices: int = 0
+    ports: int = 0
+    unreadable: int = 0
+    not_a_file: int = 0
+    oversized_file: int = 0
+    bad_value: int = 0
+    bad_name: int = 0
+    outside_root: int = 0
+    too_many: int = 0
+
+
+class SysfsTree:
+    """Bounded, root-confined reads of a sysfs tree, each problem counted in ``stats``."""
+
+    def __init__(self, root: str, stats: SysfsStats) -> None:
+        self.root = os.path.realpath(root)
+        self.stats = stats
+
+    def path(self, *parts: str) -> str:
+        return os.path.join(self.root, *parts)
+
+    def resolve(self, path: str) -> str | None:
+        """``path`` with its links resolved, if it stays under the root and exists; else None
+        (counted, except a path that is simply absent)."""
+        real = os.path.realpath(path)
+        if self.root != os.sep and not (real == self.root or real.startswith(self.root + os.sep)):
+            self.stats.outside_root += 1
+            return None
+        try:
+            os.stat(real)
+        except FileNotFoundError:
+            return None
+        except OSError:  # a link loop (ELOOP), a permission
+            self.stats.unreadable += 1
+            return None
+        return real
+
+    def listdir(self, path: str, limit: int) -> list[str]:
+        """The sorted names in a directory (at most ``limit``: the rest counted as ``too_many``);
+        [] when it is absent."""
+        names: list[str] = []
+        try:
+            with os.scandir(path) as it:
+                for entry in it:
+                    if len(names) == limit:
+                        self.stats.too_many += 1
+                        break
+                    names.append(entry.name)
+        except (FileNotFoundError, NotADirectoryError):
+            return []
+        except OSError:
+            self.stats.unreadable += 1
+            return []
+        return sorted(names)
+
+    def read(self, path: str, absent_ok: bool = True) -> str | None:
+        """A small regular file's text (stripped), or None (counted unless absent)."""
+        try:
+            fd = os.open(path, _OPEN_FLAGS)
+        except FileNotFoundError:
+            if not absent_ok:
+                self.stats.unreadable += 1
+            return None
+        except OSError as e:
+            if e.errno == errno.ELOOP:  # O_NOFOLLOW met a link: attributes never are
+                self.stats.not_a_file += 1
+            else:
+                self.stats.unreadable += 1
+            return None
+        try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                self.stats.not_a_file += 1
+                return None
+            data = os.read(fd, MAX_FILE_BYTES + 1)
+        except OSError:  # EINVAL: a counter the device does not support reading
+            self.stats.unreadable += 1
+            return None
+        finally:
+            os.close(fd)
+        if len(data) > MAX_FILE_BYTES:
+            self.stats.oversized_file += 1
+            return None
+        try:
+            return data.decode("ascii").strip()
+        except UnicodeDecodeError:
+            self.stats.bad_value += 1
+            return None
+
+    def read_int(self, path: str) -> int | None:
+        """A decimal counter (``0``, ``2489603687``), else None (``bad_value``)."""
+        text = self.read(path)
+        if text is None:
+            return None
+        n = ascii_int(text, 20)
+        if n is None or n > MAX_COUNTER:
+            self.stats.bad_value += 1
+            return None
+        return n
+
+
+def _pci_chain(real: str) -> list[str]:
+    """The PCI functions on a resolved device path, from the root port down
+    (``.../pci0000:00/0000:00:01.0/0000:01:00.0/infiniband/mlx5_0`` -> the two BDFs)."""
+    parts = real.split(os.sep)
+    return [p for p in parts if len(p) == 12 and p[4] == ":" and p[7] == ":" and p[10] == "."]
+
+
+def gpus_behind(nic_chains: dict[str, list[str]], gpu_chains: dict[int, list[str]]) -> dict[str, list[int]]:
+    """For each NIC, the GPUs whose nearest common PCIe bridge with any NIC is with this one
+    (ties: every NIC at that depth). A GPU that shares no bridge with any NIC (only the root
+    complex) is behind none.
+
+    >>> nics = {"mlx5_0": ["0000:00:01.0", "0000:01:00.0", "0000:02:00.0", "0000:03:00.0"],
+    ...         "mlx5_1": ["0000:80:01.0", "0000:81:00.0", "0000:82:00.0", "0000:83:00.0"]}
+    >>> gpus = {0: ["0000:00:01.0", "0000:01:00.0", "0000:02:01.0", "0000:04:00.0"],
+    ...         1: ["0000:80:01.0", "0000:81:00.0", "0000:82:01.0", "0000:85:00.0"], 2: ["0000:c0:01.0"]}
+    >>> gpus_behind(nics, gpus)
+    {'mlx5_0': [0], 'mlx5_1': [1]}
+    """
+
+    def depth(a: list[str], b: list[str]) -> int:
+        n = 0
+        for x, y in zip(a, b):
+            if x != y:
+                break
+            n += 1
+        return n
+
+    out: dict[str, list[int]] = {name: [] for name in nic_chains}
+    for gpu, chain in sorted(gpu_chains.items()):
+        d = {name: depth(chain, c) for name, c in nic_chains.items()}
+        best = max(d.values(), default=0)
+        if best < 1:
+            continue
+        for name, v in d.items():
+            if v == best:
+                out[name].append(gpu)
+    return out
+
+
+class IbSysfsSource:
+    """Polls every InfiniBand/RoCE port under ``root`` (a live source: never done)."""
+
+    def __init__(
+        self,
+        root: str = "/",
+        *,
+        host: str | None = None,
+        gpu_bus_ids: dict[int, str] | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        """``gpu_bus_ids``: GPU index -> its sysfs PCI name (``0000:3b:00.0``), for ``gpus``."""
+        self.stats = SysfsStats()
+        self.tree = SysfsTree(root, self.stats)
+        self.host = host or socket.gethostname()
+        self.gpu_bus_ids = gpu_bus_ids or {}
+        self.clock = clock
+        self.done = False
+        self._gpus: dict[str, list[int]] | None = None
+
+    def poll(self) -> list[NicRecord]:
+        self.stats.polls += 1
+        ts = self.clock()
+        t = self.tree
+        base = t.path("sys", "class", "infiniband")
+        devices = []
+        for name in t.listdir(base, MAX_DEVICES):
+            if not name_ok(name):
+                self.stats.bad_name += 1
+                continue
+            real = t.resolve(os.path.join(base, name))
+            if real is not None:
+                devices.append((name, real))
+        self.stats.devices += len(devices)
+        if self._gpus is None and self.gpu_bus_ids:
+            self._gpus = self._map_gpus(devices)
+        out: list[NicRecord] = []
+        for name, real in devices:
+            netdevs = self._netdevs(real)
+            ports_dir = t.resolve(os.path.join(real, "ports"))
+            if ports_dir is None:
+                continue
+            for pname in t.listdir(ports_dir, MAX_PORTS):
+                port = ascii_int(pname, 5)
+                if port is None or port > 65535:
+                    self.stats.bad_name += 1
+                    continue
+                pdir = t.resolve(os.path.join(ports_dir, pname))
+                if pdir is not None:
+                    out.append(self._port(ts, name, port, pdir, netdevs))
+        return out
+
+    def _port(self, ts: float, device: str, port: int, pdir: str, netdevs: dict[int | None, str]) -> NicRecord:
+        t = self.tree
+        self.stats.ports += 1
+        kw: dict = {}
+        for key in ("state", "phys_state"):
+            text = t.read(os.path.join(pdir, key))
+            if text is None:
+                continue
+            coded = coded_state(text)
+            if coded is None:
+                self.stats.bad_value += 1
+                continue
+            kw[key], kw[key + "_name"] = coded
+        text = t.read(os.path.join(pdir, "rate"))
+        if text is not None:
+            r = rate_gbps(text)
+            if r is None:
+                self.stats.bad_value += 1
+            else:
+                kw["rate_gbps"] = r
+        text = t.read(os.path.join(pdir, "link_layer"))
+        if text is not None:
+            if name_ok(text):
+                kw["link_layer"] = text
+            else:
+                self.stats.bad_value += 1
+        counters: dict[str, int] = {}
+        for sub in COUNTER_DIRS:
+            cdir = t.resolve(os.path.join(pdir, sub))
+            if cdir is None:
+                continue
+            for cname in t.listdir(cdir, MAX_NIC_COUNTERS + 1):
+                if not name_ok(cname):
+                    self.stats.bad_name += 1
+                    continue
+                if cname in counters:  # the IBTA name wins over a driver's of the same name
+                    continue
+                if len(counters) >= MAX_NIC_COUNTERS:
+                    self.stats.too_many += 1
+                    break
+                v = t.read_int(os.path.join(cdir, cname))
+                if v is not None:
+                    counters[cname] = v
+        netdev = netdevs.get(port, netdevs.get(None))
+        if netdev is not None:
+            kw["netdev"] = netdev
+            cc = self._carrier_changes(netdev)
+            if cc is not None and len(counters) < MAX_NIC_COUNTERS:
+                counters["carrier_changes"] = cc
+        gpus = (self._gpus or {}).get(device)
+        return NicRecord(ts=ts, host=self.host, device=device, port=port, counters=counters, gpus=gpus or [], **kw)
+
+    def _netdevs(self, dev_real: str) -> dict[int | None, str]:
+        """The device's netdevs by port (None: the only one, whatever the port)."""
+        t = self.tree
+        ndir = t.resolve(os.path.join(dev_real, "device", "net"))
+        if ndir is None:
+            return {}
+        names = [n for n in t.listdir(ndir, MAX_NETDEVS) if name_ok(n)]
+        if len(names) == 1:
+            return {None: names[0]}
+        out: dict[int | None, str] = {}
+        for n in names:
+            dp = t.read(os.path.join(ndir, n, "dev_port"))
+            k = ascii_int(dp or "", 5)
+            if k is not None:
+                out.setdefault(k + 1, n)
+        return out
+
+    def _carrier_changes(self, netdev: str) -> int | None:
+        t = self.tree
+        ndir = t.resolve(t.path("sys", "class", "net", netdev))
+        if ndir is None:
+            return None
+        for rel in ("carrier_changes", os.path.join("statistics", "carrier_changes")):
+            if os.path.exists(os.path.join(ndir, rel)):
+                return t.read_int(os.path.join(ndir, rel))
+        return None
+
+    def _map_gpus(self, devices: list[tuple[str, str]]) -> dict[str, list[int]]:
+        t = self.tree
+        nic_chains = {}
+        for name, real in devices:
+            dev = t.resolve(os.path.join(real, "device"))
+            if dev is not None:
+                nic_chains[name] = _pci_chain(dev)
+        gpu_chains = {}
+        for idx, bdf in self.gpu_bus_ids.items():
+            dev = t.resolve(t.path("sys", "bus", "pci", "devices", bdf))
+            if dev is not None:
+                gpu_chains[idx] = _pci_chain(dev)
+        mapping = gpus_behind(nic_chains, gpu_chains)
+        log.info("GPUs behind each NIC: %s", {k: v for k, v in mapping.items() if v} or "none found")
+        return mapping
+
+    def summary(self) -> dict[str, int]:
+        """Counts for the exit summary and ``/metrics`` (what was read, what left out by reason)."""
+        s = self.stats
+        return {
+            "polls": s.polls,
+            "devices": s.devices,
+            "ports": s.ports,
+            "dropped.unreadable": s.unreadable,
+            "dropped.not_a_file": s.not_a_file,
+            "dropped.oversized_file": s.oversized_file,
+            "dropped.bad_value": s.bad_value,
+            "dropped.bad_name": s.bad_name,
+            "dropped.outside_root": s.outside_root,
+            "dropped.too_many": s.too_many,
+        }
+
+    def close(self) -> None:
+        pass
+
+
+def bus_ids(pci_map: dict[tuple[int, int, int], int]) -> dict[int, str]:
+    """``producers.kmsg.parse_pci_map``'s map as GPU index -> sysfs PCI name (function 0).
+
+    >>> bus_ids({(0, 0x3B, 0): 0, (1, 0x05, 0x1F): 1})
+    {0: '0000:3b:00.0', 1: '0001:05:1f.0'}
+    """
+    return {idx: f"{dom:04x}:{bus:02x}:{dev:02x}.0" for (dom, bus, dev), idx in sorted(pci_map.items())}
+
+
+__all__ = ["IbSysfsSource", "SysfsStats", "SysfsTree", "bus_ids", "gpus_behind"]

@@ -1,0 +1,233 @@
+"""``ibstat`` and ``ibstatus`` output -> ``NicRecord``s, one per port (no counters: neither prints any).
+
+Layouts (rdma-core ``infiniband-diags/ibstat.c`` and ``scripts/ibstatus``; docs/producers.md):
+
+- ``ibstat``: a ``CA 'mlx5_0'`` line (``Switch``, ``Router``, ``iWARP RNIC`` for other node
+  types), its attributes indented one level, then each ``Port N:`` with ``State: Active``,
+  ``Physical state: LinkUp``, ``Rate: 400`` (``2.5`` for 1X SDR, ``40 (FDR10)``), newer releases
+  ``Effective speed: 400``, and ``Link layer: InfiniBand`` (or ``Ethernet``), indented two levels.
+  Tabs as the tool writes them, spaces where a terminal copy turned them into spaces; the names
+  are ``port_state_str`` (``Down``, ``Initializing``, ``Armed``, ``Active``, ``???``) and
+  ``port_phy_state_str`` (``Sleep``, ``Polling``, ``Disabled``, ``LinkUp``, ``LinkErrorRecovery``...).
+  ``ibstat CA PORT`` prints one port with neither the CA line nor the indentation: its ports
+  have no device (``--device`` names it, else they are counted as ``dropped.no_device``).
+- ``ibstat`` failing on a device prints ``ibpanic: [pid] main: stat of IB device 'mlx5_8' failed:
+  ...``: counted as ``dropped.tool_error`` (that device's ports are missing from the records).
+- ``ibstatus``: ``Infiniband device 'mlx5_0' port 1 status:`` then the sysfs files as they are
+  (``state: 4: ACTIVE``, ``phys state: 5: LinkUp``, ``rate: 200 Gb/sec (4X HDR)``,
+  ``link_layer: InfiniBand``), ``unknown`` for a file it could not read.
+
+A value that does not read (``Rate: ²``, ``State: 9: ZAP``) is counted as
+``dropped.unparsable_value`` and left out of its record; the rest of the port is kept.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import socket
+import sys
+import time
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from pipeline.decode import MAX_NIC_PORT
+from pipeline.numeric import ascii_int
+from pipeline.schema import NicRecord
+from producers.ibports import (
+    IBSTAT_PHYS_STATES,
+    IBSTAT_STATES,
+    PHYS_STATE_NAMES,
+    STATE_NAMES,
+    coded_state,
+    name_ok,
+    rate_gbps,
+)
+
+log = logging.getLogger(__name__)
+
+_CA = re.compile(r"^(CA|Switch|Router|iWARP RNIC|\?\?\?) '(.*)'\s*$")
+_PORT = re.compile(r"^\s*Port (\S+):\s*$")
+_IBSTATUS = re.compile(r"^Infiniband device '(.*)' port (\S+) status:\s*$")
+_KV = re.compile(r"^\s*([A-Za-z_ ]+?):\s*(.*?)\s*$")
+_PANIC = re.compile(r"^ibpanic:")
+MAX_PORT_DIGITS = 5  # MAX_NIC_PORT is 65535
+MAX_TEXT_CHARS = 16 * 1024 * 1024  # ibstat of 64 CAs is ~40 KB; this bounds what one poll holds
+
+
+@dataclass
+class IbstatStats:
+    cas: int = 0
+    ports: int = 0
+    unparsable_values: int = 0  # a State/Rate/... whose value does not read: left out of its port
+    unparsable_lines: int = 0  # a CA or Port header whose name or number is not one: its ports left out
+    no_device: int = 0  # a port printed without its CA (``ibstat CA PORT``) and no --device
+    tool_errors: int = 0  # ibpanic lines: a device ibstat could not read
+    truncated: int = 0
+
+
+def _port_num(text: str) -> int | None:
+    n = ascii_int(text, MAX_PORT_DIGITS)
+    return n if n is not None and n <= MAX_NIC_PORT else None
+
+
+class _Port:
+    def __init__(self, device: str | None, port: int) -> None:
+        self.device, self.port = device, port
+        self.fields: dict[str, Any] = {}
+
+
+def _set_state(p: _Port, key: str, value: str, stats: IbstatStats) -> None:
+    """One ``Key: value`` line of a port block, in either tool's spelling."""
+    k = key.strip().lower()
+    if k == "state":
+        coded = coded_state(value) if ":" in value else None
+        num = coded[0] if coded else IBSTAT_STATES.get(value)
+        if num is None:
+            if value not in ("???", "unknown"):
+                stats.unparsable_values += 1
+            return
+        p.fields["state"], p.fields["state_name"] = num, STATE_NAMES.get(num, coded[1] if coded else value)
+    elif k in ("physical state", "phys state"):
+        coded = coded_state(value) if value[:1].isdigit() else None
+        num = coded[0] if coded else IBSTAT_PHYS_STATES.get(value)
+        if num is None:
+            if value not in ("???", "unknown"):
+                stats.unparsable_values += 1
+            return
+        p.fields["phys_state"] = num
+        p.fields["phys_state_name"] = PHYS_STATE_NAMES.get(num, coded[1] if coded else value)
+    elif k == "rate":
+        r = rate_gbps(value)
+        if r is None:
+            if value != "unknown":
+                stats.unparsable_values += 1
+            return
+        p.fields["rate_gbps"] = r
+    elif k in ("link layer", "link_layer"):
+        if name_ok(value):
+            p.fields["link_layer"] = value
+        else:
+            stats.unparsable_values += 1
+
+
+def parse(
+    text: str, *, ts: float, host: str, device: str | None = None, stats: IbstatStats | None = None
+) -> list[NicRecord]:
+    """Every port ``ibstat`` or ``ibstatus`` printed in ``text``, as records at ``ts`` on ``host``.
+
+    >>> out = parse("CA 'mlx5_0'\\n\\tCA type: MT4129\\n\\tPort 1:\\n\\t\\tState: Down\\n"
+    ...             "\\t\\tPhysical state: Disabled\\n\\t\\tRate: 40\\n\\t\\tLink layer: Ethernet\\n",
+    ...             ts=1764403200.0, host="n1")
+    >>> [(r.device, r.port, r.state, r.state_name, r.phys_state_name, r.rate_gbps, r.link_layer) for r in out]
+    [('mlx5_0', 1, 1, 'DOWN', 'Disabled', 40.0, 'Ethernet')]
+    """
+    stats = stats if stats is not None else IbstatStats()
+    ports: list[_Port] = []
+    ca: str | None = device
+    ca_bad = False  # the CA line's name was no name: its ports are that line's one drop
+    cur: _Port | None = None
+    for line in text.splitlines():
+        if not line.strip():
+            continue
+        if _PANIC.match(line):
+            stats.tool_errors += 1
+            cur = None
+            continue
+        m = _CA.match(line) or _IBSTATUS.match(line)
+        if m is not None and m.re is _CA:
+            stats.cas += 1
+            cur = None
+            ca = m.group(2) if name_ok(m.group(2)) else None
+            ca_bad = ca is None
+            if ca_bad:
+                stats.unparsable_lines += 1
+            continue
+        if m is not None:  # ibstatus: device and port on one line
+            name, num = m.group(1), _port_num(m.group(2))
+            cur = None
+            if not name_ok(name) or num is None:
+                stats.unparsable_lines += 1
+                continue
+            cur = _Port(name, num)
+            ports.append(cur)
+            continue
+        pm = _PORT.match(line)
+        if pm is not None:
+            num = _port_num(pm.group(1))
+            cur = None
+            if ca_bad:
+                continue
+            if num is None:
+                stats.unparsable_lines += 1
+                continue
+            cur = _Port(ca, num)
+            ports.append(cur)
+            continue
+        kv = _KV.match(line)
+        if kv is not None and cur is not None:
+            _set_state(cur, kv.group(1), kv.group(2), stats)
+    out = []
+    for p in ports:
+        stats.ports += 1
+        if p.device is None:
+            stats.no_device += 1
+            continue
+        out.append(NicRecord(ts=ts, host=host, device=p.device, port=p.port, **p.fields))
+    return out
+
+
+class IbstatSource:
+    """A finite source: the whole file (or stdin) in one poll, up to ``max_chars`` characters (the
+    rest counted as ``dropped.truncated``). Records are stamped with ``clock()`` at the poll."""
+
+    def __init__(
+        self,
+        path: str,
+        *,
+        host: str | None = None,
+        device: str | None = None,
+        max_chars: int = MAX_TEXT_CHARS,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.path, self.host, self.device = path, host or socket.gethostname(), device
+        self.max_chars, self.clock = max_chars, clock
+        self.done = False
+        self.stats = IbstatStats()
+
+    def poll(self) -> list[NicRecord]:
+        self.done = True
+        if self.path == "-":
+            text = sys.stdin.read(self.max_chars + 1)
+        else:
+            with open(self.path, encoding="utf-8", errors="replace") as fh:
+                text = fh.read(self.max_chars + 1)
+        if len(text) > self.max_chars:
+            self.stats.truncated = 1
+            text = text[: self.max_chars]
+            log.warning(
+                "%s: longer than %d characters; the rest is not read (dropped.truncated)", self.path, self.max_chars
+            )
+        recs = parse(text, ts=self.clock(), host=self.host, device=self.device, stats=self.stats)
+        if not recs:
+            log.warning("%s: no ibstat or ibstatus port found", self.path)
+        return recs
+
+    def summary(self) -> dict[str, int]:
+        """Counts for the exit summary (what was read and what was left out, by reason)."""
+        s = self.stats
+        return {
+            "cas": s.cas,
+            "ports": s.ports,
+            "dropped.unparsable_value": s.unparsable_values,
+            "dropped.unparsable_line": s.unparsable_lines,
+            "dropped.no_device": s.no_device,
+            "dropped.tool_error": s.tool_errors,
+            "dropped.truncated": s.truncated,
+        }
+
+    def close(self) -> None:
+        pass
+
+
+__all__ = ["IbstatSource", "IbstatStats", "parse"]
