@@ -15,6 +15,8 @@ from pipeline.errors import ConfigError
 from pipeline.protocols import Detector
 from pipeline.rules import load_rules
 from pipeline.rules.diagnostics import Diagnostic
+from pipeline.rules.portconfig import load_port_config
+from pipeline.rules.ports import PortStage
 from pipeline.topology import Topology
 
 
@@ -29,6 +31,17 @@ def models_path(rules: list[str], models: str | None) -> Path | None:
                 return cand
         return None
     return Path(models)
+
+
+def ports_path(rules: list[str]) -> Path | None:
+    """``fabric/ports.yaml`` beside the first rule directory (or rule file) that has one: the NIC
+    port checks' settings (``pipeline/rules/portconfig.py``); None runs no port checks."""
+    for r in rules:
+        p = Path(r)
+        cand = (p if p.is_dir() else p.parent) / "fabric" / "ports.yaml"
+        if cand.is_file():
+            return cand
+    return None
 
 
 @dataclass
@@ -67,8 +80,14 @@ def build_stages(
     ruleset, diags = load_rules(paths, tick=config.tick, models=set(modelset.names) if modelset else None)
     if ruleset is None:
         return None, diags
+    ports: list[PortStage] = []
+    if (ppath := ports_path(rules)) is not None:
+        pconfig, pdiags = load_port_config(ppath)
+        if pconfig is None:
+            return None, diags + pdiags
+        ports.append(PortStage(pconfig))
     if modelset is None:
-        return Stages(Engine(config, rules=ruleset)), diags
+        return Stages(Engine(config, rules=ruleset, stages=ports)), diags
     if stages == "two":
         # The host stage's rules are loaded without models: when they load so, none reads a
         # score and the models can run in their own stage.
@@ -81,8 +100,8 @@ def build_stages(
                     config, row_checks=[], tick_checks=[], models=load_models(mp, tick=config.tick), screened=True
                 )
 
-            return Stages(Engine(config, rules=alone), fleet_engine), diags
-    return Stages(Engine(config, rules=ruleset, models=modelset)), diags
+            return Stages(Engine(config, rules=alone, stages=ports), fleet_engine), diags
+    return Stages(Engine(config, rules=ruleset, models=modelset, stages=ports)), diags
 
 
 def build_engine(

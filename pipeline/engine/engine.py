@@ -37,7 +37,7 @@ from pipeline.engine import registry
 from pipeline.engine.pending import Pending, in_time_order
 from pipeline.engine.screen import AHEAD, REASONS, refused, screen_done, screen_fleet, screen_late
 from pipeline.engine.snapshot import decode_records, read_snapshot, write_snapshot
-from pipeline.engine.stage import CheckStage, Stage, StageCheck
+from pipeline.engine.stage import CheckStage, NicReader, Stage, StageCheck
 from pipeline.engine.state import GpuState, advance
 from pipeline.engine.ticks import skip_ahead
 from pipeline.schema import AlertEvent, DcgmRecord, DcgmSample, DeadLetter, NcclRecord, NicRecord, TelemetryRecord
@@ -316,12 +316,18 @@ class Engine:
     def _carry_nic(
         self, records: Sequence[TelemetryRecord], origins: Sequence[str], ts: np.ndarray, hosts: np.ndarray
     ) -> tuple:
-        """The batch without its NIC port records, which no stage reads: counted (``records.nic``)
-        once screened, so their hosts' clocks hear them, and neither buffered nor forwarded."""
+        """The batch without its NIC port records: counted (``records.nic``) once screened, so
+        their hosts' clocks hear them, handed to the stages that read them (``reads_nic``, which
+        hold them until ``_release``), and neither buffered as rows nor forwarded."""
         if not any(issubclass(t, NicRecord) for t in set(map(type, records))):
             return records, origins, ts, hosts
         keep = np.fromiter((not isinstance(r, NicRecord) for r in records), bool, len(records))
         self.stats["records.nic"] += int((~keep).sum())
+        readers = [cast(NicReader, s) for s in self.stages if getattr(s, "reads_nic", False)]
+        if readers:
+            nic = [records[i] for i in np.flatnonzero(~keep).tolist()]
+            for stage in readers:
+                stage.nic_arrived(nic)
         idx = np.flatnonzero(keep)
         return [records[i] for i in idx.tolist()], take_origins(origins, idx), ts[keep], hosts[keep]
 
@@ -403,6 +409,15 @@ class Engine:
         else:
             self._ticks_until(wm, out)
             self.released = max(self.released, wm)
+        self._release_nic(math.inf if final else wm, out)
+
+    def _release_nic(self, upto: float, out: EngineOutput) -> None:
+        """The alerts of NIC port records older than ``upto`` (``Stage.nic_release``)."""
+        for stage in self.stages:
+            if getattr(stage, "reads_nic", False):
+                for a in cast(NicReader, stage).nic_release(upto):
+                    self.stats[f"alerts.{a.state}.{a.fault}"] += 1
+                    out.alerts.append(a)
 
     def _release_bound(self, wm: float) -> float:
         # Whole ticks only: a tick's samples are always processed together, so windows and

@@ -96,12 +96,24 @@ class Stage(Protocol):
         ...
 
 
+class NicReader(Protocol):
+    """What a stage that ``reads_nic`` adds to ``Stage``: NIC port records handed over as they
+    arrive, judged when the watermark passes them (the engine asks, ``Engine._release_nic``)."""
+
+    def nic_arrived(self, records: Sequence[Any]) -> None: ...
+
+    def nic_release(self, upto: float) -> list[Any]: ...
+
+
 class StageBase:
     """Defaults for a stage: reads no NCCL records, keeps no state, has no hooks; on a reload
     the checks whose lifecycle settings did not change keep their alert state."""
 
     kind = "stage"
     reads_nccl = False
+    # Optional in the protocol (absent: False). True for a stage that judges NIC port records
+    # (``nic_arrived``, ``nic_release``): the engine hands it those instead of only counting them.
+    reads_nic = False
     # Optional in the protocol (absent: False). True when every condition a stage computes for
     # a row reads only that GPU's own rows and state and its own host's rows of the tick: then
     # a live engine may run a host's rows of a tick before the other hosts' (Engine._release_hosts).
@@ -113,6 +125,14 @@ class StageBase:
 
     def released(self, nccl: NcclFrame) -> None:
         """NCCL records are not read."""
+
+    def nic_arrived(self, records: Sequence[Any]) -> None:
+        """NIC port records are not read."""
+
+    def nic_release(self, upto: float) -> list[Any]:
+        """No alerts from NIC port records: what the records before ``upto`` (inf: all) raise
+        or resolve, as ``AlertEvent`` s, for a stage that ``reads_nic``."""
+        return []
 
     def finish(self) -> None:
         """Nothing to do after a tick."""

@@ -1,0 +1,243 @@
+"""``rules/fabric/ports.yaml`` -> a ``PortConfig``: the NIC port checks' severities, durations and
+thresholds, or every problem at once as ``file:line:col`` diagnostics with the rule files' codes
+(docs/rules.md#nic-ports).
+
+Read through ``pipeline.yamlsafe`` (bounded size, nesting and aliases) into nodes, so each value
+keeps its position; any tag outside plain YAML is refused and nothing in it is executed. Every
+key is optional: a check absent from the file runs with its defaults, ``enabled: false`` turns
+it off.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from pipeline import yamlsafe
+from pipeline.durations import parse_duration
+from pipeline.rules import diagnostics as D
+from pipeline.rules.diagnostics import Diagnostic
+
+LIMITS = yamlsafe.Limits(max_bytes=64 << 10, max_depth=8, max_aliases=20, max_nodes=2_000, max_string=1024)
+_LIMIT_CODES = {yamlsafe.SIZE: D.TOO_LARGE, yamlsafe.STRING: D.TOO_LARGE, yamlsafe.ALIAS: D.YAML_ALIAS,
+                yamlsafe.DEPTH: D.YAML_DEPTH}  # fmt: skip
+_SAFE_TAGS = {f"tag:yaml.org,2002:{t}" for t in ("str", "int", "float", "bool", "null", "map", "seq")}
+_COUNTER = re.compile(r"[A-Za-z0-9_.-]{1,64}")
+SEVERITIES = ("info", "warning", "critical")
+MAX_COUNTERS = 64
+
+
+@dataclass(frozen=True)
+class PortCheck:
+    """One check's settings: its alerts' rule name and fault, severity, ``for:``,
+    ``keep_firing_for:``, and the check's own numbers (``threshold``, ``window``, ``counters``)."""
+
+    name: str
+    fault: str
+    severity: str
+    for_s: float = 0.0
+    keep_firing_for_s: float = 0.0
+    enabled: bool = True
+    threshold: float = 0.0
+    window_s: float = 0.0
+    counters: tuple[str, ...] = ()
+    description: str = ""
+
+
+# The defaults cite their sources (shared/reference/fabric-and-incidents.md §2a).
+DEFAULTS: dict[str, PortCheck] = {
+    # NVSentinel: DOWN or Disabled is fatal. Only a port seen ACTIVE before: cabled-out ports stay quiet.
+    "port_down": PortCheck("network_port_down", "network_port_down", "critical"),
+    # NVSentinel: INIT, ARMED, Polling and LinkErrorRecovery at runtime are non-fatal.
+    "port_degraded": PortCheck("network_port_degraded", "network_port_degraded", "warning", for_s=30.0),
+    # NVSentinel's fatal set: any increase.
+    "link_errors": PortCheck(
+        "network_link_errors",
+        "network_link_errors",
+        "critical",
+        keep_firing_for_s=600.0,
+        counters=("link_downed", "excessive_buffer_overrun_errors", "local_link_integrity_errors", "rnr_nak_retry_err"),
+    ),
+    # The IBTA bit-error bound (1e-12 at the port's rate): 120 symbol errors an hour.
+    "symbol_errors": PortCheck(
+        "network_symbol_errors",
+        "network_symbol_errors",
+        "critical",
+        keep_firing_for_s=600.0,
+        threshold=120,
+        window_s=3600.0,
+        counters=("symbol_error",),
+    ),  # fmt: skip
+    # GPUd: down then ACTIVE again, 3 times in 12 hours.
+    "flapping": PortCheck(
+        "network_port_flapping",
+        "network_port_flapping",
+        "critical",
+        keep_firing_for_s=3600.0,
+        threshold=3,
+        window_s=12 * 3600.0,
+    ),  # fmt: skip
+}
+CHECK_KEYS = {"enabled", "severity", "for", "keep_firing_for", "threshold", "window", "counters", "description"}
+# Which keys mean something for which check.
+_OWN = {"link_errors": {"counters"}, "symbol_errors": {"threshold", "window", "counters"},
+        "flapping": {"threshold", "window"}}  # fmt: skip
+
+
+@dataclass(frozen=True)
+class PortConfig:
+    """The NIC port checks, by key of ``DEFAULTS``."""
+
+    checks: dict[str, PortCheck] = field(default_factory=lambda: dict(DEFAULTS))
+    source: str = "<defaults>"
+
+    def enabled(self) -> list[tuple[str, PortCheck]]:
+        return [(k, c) for k, c in self.checks.items() if c.enabled]
+
+
+class _Reader:
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.diags: list[Diagnostic] = []
+        self._ctor = yaml.SafeLoader("")
+
+    def err(self, node: Any, message: str, code: str, check: str | None = None) -> None:
+        mark = getattr(node, "start_mark", None)
+        line, col = (mark.line + 1, mark.column + 1) if mark else (1, 1)
+        self.diags.append(Diagnostic(self.path, line, col, check, message, code))
+
+    def scalar(self, node: Any) -> Any:
+        if not isinstance(node, yaml.ScalarNode):
+            return node
+        try:
+            return self._ctor.construct_object(node, deep=True)
+        except (ValueError, OverflowError) as e:
+            self.err(node, f"cannot read this value ({str(e).split(':')[0]})", D.BAD_VALUE)
+            return None
+
+    def tags_ok(self, root: Any) -> bool:
+        ok, stack = True, [root]
+        while stack:
+            n = stack.pop()
+            if n.tag not in _SAFE_TAGS:
+                self.err(n, f"YAML tag {n.tag!r} is not allowed (plain data only)", D.YAML_TAG)
+                ok = False
+            elif isinstance(n, yaml.MappingNode):
+                for k, v in n.value:
+                    stack += [k, v]
+            elif isinstance(n, yaml.SequenceNode):
+                stack += list(n.value)
+        return ok
+
+    def mapping(self, node: Any, keys: set[str], what: str, check: str | None) -> dict[str, Any]:
+        if not isinstance(node, yaml.MappingNode):
+            self.err(node, f"{what} must be a mapping", D.SHAPE, check)
+            return {}
+        out: dict[str, Any] = {}
+        for k, v in node.value:
+            key = self.scalar(k)
+            if not isinstance(key, str) or key not in keys:
+                self.err(k, f"{what}: unknown key {key!r} (expected: {', '.join(sorted(keys))})", D.UNKNOWN_KEY, check)
+            elif key in out:
+                self.err(k, f"{what}: key {key!r} given twice", D.DUPLICATE, check)
+            else:
+                out[key] = v
+        return out
+
+
+def _check(r: _Reader, key: str, node: Any, base: PortCheck) -> PortCheck:
+    allowed = {"enabled", "severity", "for", "keep_firing_for", "description"} | _OWN.get(key, set())
+    m = r.mapping(node, allowed, key, key)
+    changes: dict[str, Any] = {}
+    for k, v in m.items():
+        val = r.scalar(v)
+        if k == "enabled":
+            if not isinstance(val, bool):
+                r.err(v, f"{key}.enabled: {val!r} is not true or false", D.BAD_VALUE, key)
+            else:
+                changes["enabled"] = val
+        elif k == "severity":
+            if val not in SEVERITIES:
+                r.err(v, f"{key}.severity: {val!r} is not one of {', '.join(SEVERITIES)}", D.BAD_VALUE, key)
+            else:
+                changes["severity"] = val
+        elif k in ("for", "keep_firing_for", "window"):
+            try:
+                if isinstance(val, bool) or not isinstance(val, (str, int, float)):
+                    raise ValueError(f"{val!r} is not a duration")
+                secs = parse_duration(val)
+            except ValueError as e:
+                r.err(v, f"{key}.{k}: {e}", D.BAD_DURATION, key)
+                continue
+            if k == "window" and secs <= 0:
+                r.err(v, f"{key}.window: must be longer than 0s", D.BAD_DURATION, key)
+                continue
+            changes[{"for": "for_s", "keep_firing_for": "keep_firing_for_s", "window": "window_s"}[k]] = secs
+        elif k == "threshold":
+            if isinstance(val, bool) or not isinstance(val, (int, float)) or not 0 <= val <= 1e12:
+                r.err(v, f"{key}.threshold: {val!r} is not a number from 0 to 1e12", D.BAD_VALUE, key)
+            else:
+                changes["threshold"] = float(val)
+        elif k == "counters":
+            names = [r.scalar(x) for x in v.value] if isinstance(v, yaml.SequenceNode) else None
+            if names is None or not 0 < len(names) <= MAX_COUNTERS:
+                r.err(v, f"{key}.counters: a list of 1 to {MAX_COUNTERS} counter names", D.SHAPE, key)
+            elif not all(isinstance(n, str) and _COUNTER.fullmatch(n) for n in names):
+                r.err(v, f"{key}.counters: {names!r} holds a name that is no counter file name", D.BAD_VALUE, key)
+            else:
+                changes["counters"] = tuple(names)
+        elif k == "description":
+            if not isinstance(val, str):
+                r.err(v, f"{key}.description: a text", D.BAD_VALUE, key)
+            else:
+                changes["description"] = val
+    return replace(base, **changes)
+
+
+def parse_port_config(text: str, path: str = "<ports.yaml>") -> tuple[PortConfig | None, list[Diagnostic]]:
+    """The config in ``text``, or None and every problem found.
+
+    >>> cfg, diags = parse_port_config("symbol_errors: {threshold: 60, window: 30m}\\nflapping: {enabled: false}")
+    >>> (cfg.checks["symbol_errors"].threshold, cfg.checks["symbol_errors"].window_s, cfg.checks["flapping"].enabled)
+    (60.0, 1800.0, False)
+    >>> print(parse_port_config("port_down: {severity: fatal}", "p.yaml")[1][0])
+    p.yaml:1:23: rule "port_down": port_down.severity: 'fatal' is not one of info, warning, critical [R006]
+    """
+    r = _Reader(path)
+    try:
+        root = yamlsafe.compose(text, LIMITS)
+    except yamlsafe.YamlLimitError as e:
+        return None, [Diagnostic(path, e.line, e.col, None, e.message, _LIMIT_CODES.get(e.kind, D.TOO_LARGE))]
+    except yaml.YAMLError as e:
+        problem, line, col = yamlsafe.syntax_error(e)
+        return None, [Diagnostic(path, line, col, None, f"not valid YAML: {problem}", D.YAML_SYNTAX)]
+    if root is None:
+        return PortConfig(source=path), []
+    if not r.tags_ok(root):
+        return None, r.diags
+    keys = set(DEFAULTS) | {"description"}
+    top = r.mapping(root, keys, "the file", None)
+    checks = dict(DEFAULTS)
+    for key, node in top.items():
+        if key == "description":
+            continue
+        checks[key] = _check(r, key, node, DEFAULTS[key])
+    if r.diags:
+        return None, r.diags
+    return PortConfig(checks, path), []
+
+
+def load_port_config(path: str | Path) -> tuple[PortConfig | None, list[Diagnostic]]:
+    """``parse_port_config`` of a file; an unreadable file is one diagnostic (R013)."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        return None, [Diagnostic(str(path), 1, 1, None, f"cannot read the file: {e}", D.INTERNAL)]
+    return parse_port_config(text, str(path))
+
+
+__all__ = ["DEFAULTS", "PortCheck", "PortConfig", "load_port_config", "parse_port_config"]

@@ -1,0 +1,319 @@
+"""The NIC port checks: a host-stage stage that judges each InfiniBand/RoCE port by its own
+``NicRecord``s, in event time, and makes ``network_*`` alerts (docs/rules.md#nic-ports).
+
+The engine hands it port records as they arrive (``nic_arrived``) and, as its watermark moves,
+asks for what the records before it say (``nic_release``): the stage sorts them into event
+time and runs its checks port by port, each through an alert lifecycle (``for:``,
+``keep_firing_for:``), so the alerts do not depend on how the stream was cut into batches.
+Thresholds and severities are in ``rules/fabric/ports.yaml`` (``pipeline.rules.portconfig``).
+
+A port is an entity of its own, ``host/device/port``; its alerts name the host, and carry the
+device, port, netdev and the GPUs behind the NIC in ``labels`` and ``evidence``.
+"""
+
+from __future__ import annotations
+
+import math
+import operator
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+import msgspec
+import numpy as np
+
+from pipeline.engine.arrays import from_dict, to_dict
+from pipeline.engine.lifecycle import Lifecycle, Transition, alert_id
+from pipeline.engine.stage import StageBase
+from pipeline.errors import StateError
+from pipeline.rules.portconfig import PortCheck, PortConfig
+from pipeline.schema import AlertEvent, NicRecord
+
+ACTIVE, DOWN, INIT, ARMED = 4, 1, 2, 3
+POLLING, DISABLED, LINK_ERROR_RECOVERY = 2, 3, 6
+MAX_PENDING = 1_000_000  # port records waiting for the watermark; past it the oldest go first
+STATE_VERSION = 1
+_ORDER = operator.attrgetter("ts", "host", "device", "port")
+_records = msgspec.json.Decoder(list[NicRecord])
+
+
+@dataclass
+class _Port:
+    """What one port's past says: seen ACTIVE, ACTIVE at its last sample, gone down since,
+    its returns to ACTIVE and symbol errors within their windows, its counters' last values."""
+
+    seen_active: bool = False
+    up: bool | None = None
+    went_down: bool = False
+    flaps: deque = field(default_factory=deque)  # event times of returns to ACTIVE
+    errors: deque = field(default_factory=deque)  # (event time, symbol errors since the sample before)
+    prev: dict[str, int] = field(default_factory=dict)
+    gpus: list[int] = field(default_factory=list)
+    netdev: str | None = None
+    link_layer: str | None = None
+
+    def to_state(self) -> dict[str, Any]:
+        return {
+            "seen": self.seen_active,
+            "up": -1 if self.up is None else int(self.up),
+            "down": self.went_down,
+            "flaps": list(self.flaps),
+            "errors": [list(e) for e in self.errors],
+            "prev": self.prev,
+            "gpus": self.gpus,
+            "netdev": self.netdev,
+            "ll": self.link_layer,
+        }
+
+    @classmethod
+    def from_state(cls, d: dict[str, Any]) -> "_Port":
+        return cls(
+            bool(d["seen"]),
+            None if d["up"] == -1 else bool(d["up"]),
+            bool(d["down"]),
+            deque(float(t) for t in d["flaps"]),
+            deque((float(t), int(n)) for t, n in d["errors"]),
+            {str(k): int(v) for k, v in d["prev"].items()},
+            [int(g) for g in d["gpus"]],
+            d["netdev"],
+            d["ll"],
+        )
+
+
+class PortStage(StageBase):
+    """Per-port checks on NIC records (see the module docstring); no DCGM columns, no row checks.
+
+    >>> from pipeline.rules.portconfig import PortConfig
+    >>> st = PortStage(PortConfig())
+    >>> st.nic_arrived([NicRecord(ts=1764403200.0 + t, host="n1", device="mlx5_0", port=1, gpus=[0, 1],
+    ...                           state=1 if t == 5 else 4, phys_state=3 if t == 5 else 5) for t in range(8)])
+    >>> [(a.state, a.fault, a.labels["device"], a.labels["gpus"]) for a in st.nic_release(1764403300.0)]
+    [('firing', 'network_port_down', 'mlx5_0', '0,1'), ('resolved', 'network_port_down', 'mlx5_0', '0,1')]
+    """
+
+    kind = "ports"
+    host_local = True  # a port is judged by its own host's records alone
+    reads_nic = True
+    state_key = "ports"
+
+    def __init__(self, config: PortConfig) -> None:
+        self.config = config
+        self.checks: list[Any] = []  # none of the engine's lifecycles: the stage keeps its own
+        self.columns: set[int] = set()
+        self._checks: list[tuple[str, PortCheck]] = config.enabled()
+        self._life = {key: Lifecycle(c.for_s, c.keep_firing_for_s) for key, c in self._checks}
+        self._pending: list[NicRecord] = []
+        self._ids: dict[tuple[str, str, int], int] = {}
+        self._keys: list[tuple[str, str, int]] = []
+        self._ports: list[_Port] = []
+        self._summaries: dict[str, str] = {}
+        self.dropped = 0  # records past MAX_PENDING
+
+    # -- the engine's hooks ------------------------------------------------------------------
+
+    def run(self, view: Any, entities: Any, outputs: dict[str, Any]) -> Sequence[tuple[Any, np.ndarray]]:
+        """No DCGM rows are judged here."""
+        return []
+
+    def nic_arrived(self, records: Sequence[NicRecord]) -> None:
+        """Port records the engine accepted, held until its watermark passes them."""
+        self._pending.extend(records)
+        over = len(self._pending) - MAX_PENDING
+        if over > 0:
+            self._pending.sort(key=_ORDER)
+            del self._pending[:over]
+            self.dropped += over
+
+    def nic_release(self, upto: float) -> list[AlertEvent]:
+        """Judge every held record older than ``upto`` (inf: all), in event time; their alerts."""
+        if not self._pending:
+            return []
+        go = [r for r in self._pending if r.ts < upto]
+        if not go:
+            return []
+        self._pending = [r for r in self._pending if not r.ts < upto]
+        go.sort(key=_ORDER)
+        return self._judge(go)
+
+    # -- the checks ----------------------------------------------------------------------------
+
+    def _port(self, r: NicRecord) -> int:
+        key = (r.host, r.device, r.port)
+        pid = self._ids.get(key)
+        if pid is None:
+            pid = self._ids[key] = len(self._keys)
+            self._keys.append(key)
+            self._ports.append(_Port())
+        return pid
+
+    def _judge(self, recs: list[NicRecord]) -> list[AlertEvent]:
+        n = len(recs)
+        ent = np.empty(n, np.int32)
+        ts = np.fromiter((r.ts for r in recs), np.float64, n)
+        conds = {key: np.zeros(n, bool) for key, _ in self._checks}
+        evidence: list[dict[str, Any]] = []
+        for i, r in enumerate(recs):
+            pid = ent[i] = self._port(r)
+            ev = self._sample(self._ports[pid], r)
+            evidence.append(ev)
+            for key, _ in self._checks:
+                conds[key][i] = ev["_cond"][key]
+        out: list[tuple[Transition, str]] = []
+        for key, c in self._checks:
+            out += [(t, key) for t in self._life[key].step(ts, ent, conds[key], len(self._keys))]
+        out.sort(key=lambda tk: (tk[0].ts, self.config.checks[tk[1]].name, tk[0].entity))
+        return [self._alert(self.config.checks[key], t, evidence[t.row]) for t, key in out]
+
+    def _sample(self, st: _Port, r: NicRecord) -> dict[str, Any]:
+        """Fold one record into its port's past; the checks' conditions and the evidence."""
+        cfg = self.config.checks
+        t = r.ts
+        active = r.state == ACTIVE
+        down = st.seen_active and (r.state == DOWN or r.phys_state == DISABLED)
+        degraded = (
+            st.seen_active and not down and (r.phys_state in (POLLING, LINK_ERROR_RECOVERY) or r.state in (INIT, ARMED))
+        )
+        if st.up and r.state is not None and not active:
+            st.went_down = True
+        if active and st.went_down:
+            st.flaps.append(t)
+            st.went_down = False
+        if r.state is not None:
+            st.up = active
+        st.seen_active = st.seen_active or active
+        flap_window = cfg["flapping"].window_s
+        while st.flaps and st.flaps[0] <= t - flap_window:
+            st.flaps.popleft()
+        increased: dict[str, int] = {}
+        watched = set(cfg["link_errors"].counters) | set(cfg["symbol_errors"].counters)
+        for name in watched:
+            v = r.counters.get(name)
+            if v is None:
+                continue
+            p = st.prev.get(name)
+            if p is not None and v > p:
+                increased[name] = v - p
+            st.prev[name] = v  # a drop is a reset (driver reload): the series restarts there
+        sym = sum(increased.get(n, 0) for n in cfg["symbol_errors"].counters)
+        if sym:
+            st.errors.append((t, sym))
+        sym_window = cfg["symbol_errors"].window_s
+        while st.errors and st.errors[0][0] <= t - sym_window:
+            st.errors.popleft()
+        in_window = sum(n for _, n in st.errors)
+        if r.gpus:
+            st.gpus = list(r.gpus)
+        st.netdev = r.netdev or st.netdev
+        st.link_layer = r.link_layer or st.link_layer
+        fatal = {n: increased[n] for n in cfg["link_errors"].counters if n in increased}
+        return {
+            "_cond": {
+                "port_down": down,
+                "port_degraded": degraded,
+                "link_errors": bool(fatal),
+                "symbol_errors": in_window > cfg["symbol_errors"].threshold,
+                "flapping": len(st.flaps) >= cfg["flapping"].threshold,
+            },
+            "state": r.state_name,
+            "phys_state": r.phys_state_name,
+            "rate_gbps": r.rate_gbps,
+            "increased": fatal,
+            "symbol_errors_in_window": in_window,
+            "flaps_in_window": len(st.flaps),
+            "gpus": list(st.gpus),
+        }
+
+    def _alert(self, check: PortCheck, t: Transition, ev: dict[str, Any]) -> AlertEvent:
+        host, device, port = self._keys[t.entity]
+        st = self._ports[t.entity]
+        aid = alert_id(check.name, f"{host}/{device}/{port}", t.started_at)
+        evidence = {k: v for k, v in ev.items() if not k.startswith("_")}
+        if t.state == "firing":
+            summary = self._summaries[aid] = _summary(check, host, device, port, evidence)
+        else:
+            summary = self._summaries.pop(aid, "") or _summary(check, host, device, port, evidence)
+        labels = {"device": device, "port": str(port)}
+        if st.netdev:
+            labels["netdev"] = st.netdev
+        if st.link_layer:
+            labels["link_layer"] = st.link_layer
+        if st.gpus:
+            labels["gpus"] = ",".join(map(str, st.gpus))
+        return AlertEvent(
+            id=aid,
+            state=t.state,
+            fault=check.fault,
+            severity=check.severity,
+            rule=check.name,
+            host=host,
+            ts=t.ts,
+            started_at=t.started_at,
+            summary=summary,
+            evidence=evidence,
+            labels=labels,
+        )
+
+    # -- state ----------------------------------------------------------------------------------
+
+    def to_state(self) -> dict[str, Any]:
+        """Plain data: the ports, their pasts, the lifecycles, the held records (as JSON)."""
+        return {
+            "version": STATE_VERSION,
+            "ports": [list(k) for k in self._keys],
+            "past": [p.to_state() for p in self._ports],
+            "life": {k: {n: to_dict(a) for n, a in lc.to_state().items()} for k, lc in self._life.items()},
+            "pending": msgspec.json.encode(self._pending),
+            "summaries": dict(self._summaries),
+        }
+
+    def load_state(self, state: Any) -> None:
+        """Take back ``to_state``'s data (None: a snapshot from an engine without this stage)."""
+        if state is None:
+            return
+        try:
+            if state["version"] != STATE_VERSION:
+                raise StateError(f"ports stage state version {state['version']!r}")
+            keys = [(str(h), str(d), int(p)) for h, d, p in state["ports"]]
+            ports = [_Port.from_state(d) for d in state["past"]]
+            if len(keys) != len(ports):
+                raise StateError("ports stage state: ports and their pasts differ in number")
+            for k, lc in self._life.items():
+                if k in state["life"]:
+                    lc.load_state({n: from_dict(a) for n, a in state["life"][k].items()})
+            pending = _records.decode(state["pending"])
+            summaries = {str(k): str(v) for k, v in state["summaries"].items()}
+        except (KeyError, TypeError, ValueError, msgspec.DecodeError) as e:
+            raise StateError(f"ports stage state: {type(e).__name__}: {e}") from e
+        self._keys, self._ports, self._pending, self._summaries = keys, ports, pending, summaries
+        self._ids = {k: i for i, k in enumerate(keys)}
+
+
+def _summary(check: PortCheck, host: str, device: str, port: int, ev: dict[str, Any]) -> str:
+    where = f"{device} port {port} on {host}"
+    gpus = f"; GPUs {','.join(map(str, ev['gpus']))} behind it" if ev.get("gpus") else ""
+    if check.fault == "network_port_down":
+        what = f"is {ev.get('state') or '?'} ({ev.get('phys_state') or '?'}) after being ACTIVE"
+    elif check.fault == "network_port_degraded":
+        what = f"is {ev.get('state') or '?'} ({ev.get('phys_state') or '?'}): the link is not up cleanly"
+    elif check.fault == "network_link_errors":
+        inc = ", ".join(f"{k} +{v}" for k, v in sorted(ev.get("increased", {}).items()))
+        what = f"counted link errors ({inc or 'an increase'})"
+    elif check.fault == "network_symbol_errors":
+        what = (
+            f"counted {ev.get('symbol_errors_in_window')} symbol errors in {_span(check.window_s)} "
+            f"(more than {check.threshold:g}: the IBTA 1e-12 bit-error bound)"
+        )
+    else:
+        what = f"went down and came back {ev.get('flaps_in_window')} times in {_span(check.window_s)}"
+    return f"{where} {what}{gpus}"
+
+
+def _span(seconds: float) -> str:
+    if seconds % 3600 == 0:
+        return f"{seconds / 3600:g}h"
+    if seconds % 60 == 0:
+        return f"{seconds / 60:g}m"
+    return f"{seconds:g}s" if math.isfinite(seconds) else "ever"
+
+
+__all__ = ["PortStage"]
