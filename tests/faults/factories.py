@@ -109,7 +109,11 @@ def alerts_on_topic(bootstrap: str, prefix: str) -> list[dict]:
     """Every alert on the alerts topic when asked: read from the beginning up to the end offsets
     it has at that moment. A fixed end, not an idle wait: after the services stopped it is all
     they sent; while they run, a caller asks again (``wait_for``)."""
-    topic = Topics(prefix).alerts
+    return on_topic(bootstrap, Topics(prefix).alerts)
+
+
+def on_topic(bootstrap: str, topic: str) -> list[dict]:
+    """Every JSON object on ``topic`` up to its end offsets when asked (``alerts_on_topic``)."""
     consumer = KafkaConsumer(bootstrap_servers=bootstrap, group_id=None, enable_auto_commit=False)
     try:
         parts: set[int] | None = None
