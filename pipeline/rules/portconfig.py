@@ -45,7 +45,18 @@ class PortCheck:
     threshold: float = 0.0
     window_s: float = 0.0
     counters: tuple[str, ...] = ()
+    # active_ports: (GPU model substring, ports, Gb/s), longest substring first ("gb200" before "b200").
+    models: tuple[tuple[str, int, float], ...] = ()
     description: str = ""
+
+    def expected(self, model: str | None) -> tuple[int, float] | None:
+        """(ports, Gb/s) a host of GPU ``model`` needs ACTIVE, or None (a model not listed).
+
+        >>> DEFAULTS["active_ports"].expected("NVIDIA GB200"), DEFAULTS["active_ports"].expected("Tesla T4")
+        ((8, 400.0), None)
+        """
+        low = (model or "").lower()
+        return next(((n, r) for key, n, r in self.models if key in low), None)
 
 
 # The defaults cite their sources (shared/reference/fabric-and-incidents.md §2a).
@@ -72,6 +83,15 @@ DEFAULTS: dict[str, PortCheck] = {
         window_s=3600.0,
         counters=("symbol_error",),
     ),  # fmt: skip
+    # GPUd (threshold_default.go): at least 8 ports ACTIVE at 400 Gb/s on an H100, H200, B200 or
+    # GB200 node, 1 at 200 on an A100; for: GPUd's "drop" is a port down 4 minutes.
+    "active_ports": PortCheck(
+        "network_active_ports_low",
+        "network_active_ports_low",
+        "critical",
+        for_s=240.0,
+        models=(("gb200", 8, 400.0), ("b200", 8, 400.0), ("h200", 8, 400.0), ("h100", 8, 400.0), ("a100", 1, 200.0)),
+    ),  # fmt: skip
     # GPUd: down then ACTIVE again, 3 times in 12 hours.
     "flapping": PortCheck(
         "network_port_flapping",
@@ -82,10 +102,10 @@ DEFAULTS: dict[str, PortCheck] = {
         window_s=12 * 3600.0,
     ),  # fmt: skip
 }
-CHECK_KEYS = {"enabled", "severity", "for", "keep_firing_for", "threshold", "window", "counters", "description"}
+MAX_MODELS = 64
 # Which keys mean something for which check.
 _OWN = {"link_errors": {"counters"}, "symbol_errors": {"threshold", "window", "counters"},
-        "flapping": {"threshold", "window"}}  # fmt: skip
+        "flapping": {"threshold", "window"}, "active_ports": {"models"}}  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -190,12 +210,41 @@ def _check(r: _Reader, key: str, node: Any, base: PortCheck) -> PortCheck:
                 r.err(v, f"{key}.counters: {names!r} holds a name that is no counter file name", D.BAD_VALUE, key)
             else:
                 changes["counters"] = tuple(names)
+        elif k == "models":
+            models = _models(r, key, v)
+            if models is not None:
+                changes["models"] = models
         elif k == "description":
             if not isinstance(val, str):
                 r.err(v, f"{key}.description: a text", D.BAD_VALUE, key)
             else:
                 changes["description"] = val
     return replace(base, **changes)
+
+
+def _models(r: _Reader, key: str, node: Any) -> tuple[tuple[str, int, float], ...] | None:
+    """``models:``: GPU model substring -> ``{ports: N, rate_gbps: R}``, longest substring first."""
+    if not isinstance(node, yaml.MappingNode) or not 0 < len(node.value) <= MAX_MODELS:
+        r.err(node, f"{key}.models: a mapping of 1 to {MAX_MODELS} GPU models", D.SHAPE, key)
+        return None
+    out = []
+    for k, v in node.value:
+        name = r.scalar(k)
+        if not isinstance(name, str) or not _COUNTER.fullmatch(name):
+            r.err(k, f"{key}.models: {name!r} is not a GPU model name (h100, b200, ...)", D.BAD_VALUE, key)
+            continue
+        m = r.mapping(v, {"ports", "rate_gbps"}, f"{key}.models.{name}", key)
+        ports, rate = (r.scalar(m[x]) if x in m else None for x in ("ports", "rate_gbps"))
+        if type(ports) is not int or not 1 <= ports <= 1024:
+            r.err(m.get("ports", v), f"{key}.models.{name}.ports: {ports!r} is not a whole number from 1 to 1024",
+                  D.BAD_VALUE, key)  # fmt: skip
+            continue
+        if isinstance(rate, bool) or not isinstance(rate, (int, float)) or not 0 <= rate <= 100_000:
+            r.err(m.get("rate_gbps", v), f"{key}.models.{name}.rate_gbps: {rate!r} is not a rate from 0 to 100000",
+                  D.BAD_VALUE, key)  # fmt: skip
+            continue
+        out.append((name.lower(), ports, float(rate)))
+    return tuple(sorted(out, key=lambda m: -len(m[0])))
 
 
 def parse_port_config(text: str, path: str = "<ports.yaml>") -> tuple[PortConfig | None, list[Diagnostic]]:

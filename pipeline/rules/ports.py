@@ -8,7 +8,9 @@ time and runs its checks port by port, each through an alert lifecycle (``for:``
 Thresholds and severities are in ``rules/fabric/ports.yaml`` (``pipeline.rules.portconfig``).
 
 A port is an entity of its own, ``host/device/port``; its alerts name the host, and carry the
-device, port, netdev and the GPUs behind the NIC in ``labels`` and ``evidence``.
+device, port, netdev and the GPUs behind the NIC in ``labels`` and ``evidence``. One check is a
+host's: ``active_ports`` counts the ports of each poll against what the host's GPU model needs,
+the model learnt from the GPUs' DCGM records (``ingest``).
 """
 
 from __future__ import annotations
@@ -108,12 +110,34 @@ class PortStage(StageBase):
         self._ports: list[_Port] = []
         self._summaries: dict[str, str] = {}
         self.dropped = 0  # records past MAX_PENDING
+        # ``active_ports`` is judged per host (its own entity ids) against its GPUs' model.
+        self._host_check = next(((k, c) for k, c in self._checks if k == "active_ports"), None)
+        self._port_checks = [(k, c) for k, c in self._checks if k != "active_ports"]
+        self._host_ids: dict[str, int] = {}
+        self._hosts: list[str] = []
+        self._models: dict[str, str] = {}  # host -> its GPUs' model, from their DCGM records
+        self._n_gpus = 0  # GPU ids seen: the engine's are dense, so a new one is >= this
 
     # -- the engine's hooks ------------------------------------------------------------------
 
     def run(self, view: Any, entities: Any, outputs: dict[str, Any]) -> Sequence[tuple[Any, np.ndarray]]:
         """No DCGM rows are judged here."""
         return []
+
+    def ingest(self, gpu: np.ndarray, records: Sequence[Any]) -> None:
+        """Learn each host's GPU model from its GPUs' first DCGM records: only GPUs new to the
+        engine are looked at, so a batch costs one comparison per record."""
+        if self._host_check is None or not len(gpu):
+            return
+        top = int(gpu.max())
+        if top < self._n_gpus:
+            return
+        for i in np.flatnonzero(gpu >= self._n_gpus).tolist():
+            r = records[i]
+            model = getattr(r, "model", None)
+            if model:
+                self._models.setdefault(r.host, model)
+        self._n_gpus = top + 1
 
     def nic_arrived(self, records: Sequence[NicRecord]) -> None:
         """Port records the engine accepted, held until its watermark passes them."""
@@ -150,19 +174,69 @@ class PortStage(StageBase):
         n = len(recs)
         ent = np.empty(n, np.int32)
         ts = np.fromiter((r.ts for r in recs), np.float64, n)
-        conds = {key: np.zeros(n, bool) for key, _ in self._checks}
+        conds = {key: np.zeros(n, bool) for key, _ in self._port_checks}
         evidence: list[dict[str, Any]] = []
         for i, r in enumerate(recs):
             pid = ent[i] = self._port(r)
             ev = self._sample(self._ports[pid], r)
             evidence.append(ev)
-            for key, _ in self._checks:
+            for key, _ in self._port_checks:
                 conds[key][i] = ev["_cond"][key]
         out: list[tuple[Transition, str]] = []
-        for key, c in self._checks:
+        for key, c in self._port_checks:
             out += [(t, key) for t in self._life[key].step(ts, ent, conds[key], len(self._keys))]
-        out.sort(key=lambda tk: (tk[0].ts, self.config.checks[tk[1]].name, tk[0].entity))
-        return [self._alert(self.config.checks[key], t, evidence[t.row]) for t, key in out]
+        alerts = [(t, self._alert(self.config.checks[key], t, evidence[t.row])) for t, key in out]
+        if self._host_check is not None:
+            alerts += self._judge_hosts(recs, *self._host_check)
+        alerts.sort(key=lambda ta: (ta[0].ts, ta[1].rule, ta[1].host or "", ta[0].entity))
+        return [a for _, a in alerts]
+
+    def _judge_hosts(self, recs: list[NicRecord], key: str, check: PortCheck) -> list[tuple[Transition, AlertEvent]]:
+        """``active_ports``: each host's ports sent at one time (one poll), against the ports and
+        rate its GPU model needs; hosts of a model not listed (or not known yet) are not judged."""
+        rows: list[tuple[float, int, dict[str, Any]]] = []
+        group: dict[tuple[float, str], list[NicRecord]] = {}
+        for r in recs:
+            group.setdefault((r.ts, r.host), []).append(r)
+        for (when, host), ports in group.items():
+            need = check.expected(self._models.get(host))
+            if need is None:
+                continue
+            hid = self._host_ids.get(host)
+            if hid is None:
+                hid = self._host_ids[host] = len(self._hosts)
+                self._hosts.append(host)
+            up = sorted(
+                f"{p.device}:{p.port}"
+                for p in ports
+                if p.state == ACTIVE and p.rate_gbps is not None and p.rate_gbps >= need[1]
+            )
+            ev = {"model": self._models.get(host), "expected_ports": need[0], "expected_rate_gbps": need[1],
+                  "active_ports": len(up), "active": up}  # fmt: skip
+            rows.append((when, hid, ev))
+        if not rows:
+            return []
+        ts = np.array([r[0] for r in rows])
+        ent = np.array([r[1] for r in rows], np.int32)
+        cond = np.array([r[2]["active_ports"] < r[2]["expected_ports"] for r in rows])
+        out = []
+        for t in self._life[key].step(ts, ent, cond, len(self._hosts)):
+            ev = rows[t.row][2]
+            host = self._hosts[t.entity]
+            aid = alert_id(check.name, host, t.started_at)
+            summary = (
+                f"{host} has {ev['active_ports']} port(s) ACTIVE at {ev['expected_rate_gbps']:g} Gb/s or more; "
+                f"its {ev['model']} GPUs need {ev['expected_ports']}"
+            )
+            if t.state == "firing":
+                self._summaries[aid] = summary
+            else:
+                summary = self._summaries.pop(aid, "") or summary
+            a = AlertEvent(id=aid, state=t.state, fault=check.fault, severity=check.severity, rule=check.name,
+                           host=host, ts=t.ts, started_at=t.started_at, summary=summary, evidence=ev,
+                           labels={"expected": f"{ev['expected_ports']} @ {ev['expected_rate_gbps']:g} Gb/s"})  # fmt: skip
+            out.append((t, a))
+        return out
 
     def _sample(self, st: _Port, r: NicRecord) -> dict[str, Any]:
         """Fold one record into its port's past; the checks' conditions and the evidence."""
@@ -264,6 +338,9 @@ class PortStage(StageBase):
             "life": {k: {n: to_dict(a) for n, a in lc.to_state().items()} for k, lc in self._life.items()},
             "pending": msgspec.json.encode(self._pending),
             "summaries": dict(self._summaries),
+            "hosts": list(self._hosts),
+            "models": dict(self._models),
+            "n_gpus": self._n_gpus,
         }
 
     def load_state(self, state: Any) -> None:
@@ -282,10 +359,15 @@ class PortStage(StageBase):
                     lc.load_state({n: from_dict(a) for n, a in state["life"][k].items()})
             pending = _records.decode(state["pending"])
             summaries = {str(k): str(v) for k, v in state["summaries"].items()}
+            hosts = [str(h) for h in state["hosts"]]
+            models = {str(k): str(v) for k, v in state["models"].items()}
+            n_gpus = int(state["n_gpus"])
         except (KeyError, TypeError, ValueError, msgspec.DecodeError) as e:
             raise StateError(f"ports stage state: {type(e).__name__}: {e}") from e
         self._keys, self._ports, self._pending, self._summaries = keys, ports, pending, summaries
         self._ids = {k: i for i, k in enumerate(keys)}
+        self._hosts, self._models, self._n_gpus = hosts, models, n_gpus
+        self._host_ids = {h: i for i, h in enumerate(hosts)}
 
 
 def _summary(check: PortCheck, host: str, device: str, port: int, ev: dict[str, Any]) -> str:

@@ -76,9 +76,11 @@ def test_the_two_stage_detector_with_models_carries_port_records_from_the_wire()
                     recs = json.loads(value)
                     recs = recs if isinstance(recs, list) else [recs]
                     ts = recs[0]["ts"]
+                    # An H100 node's eight compute ports, ACTIVE at 400 Gb/s: what the port checks want.
                     recs += [json.loads(encode(NicRecord(ts=ts, host=host, device=f"mlx5_{i}", port=1, state=4,
-                                                         state_name="ACTIVE", counters={"port_xmit_wait": int(ts)})))
-                             for i in range(2)]
+                                                         state_name="ACTIVE", rate_gbps=400.0,
+                                                         counters={"port_xmit_wait": int(ts)})))
+                             for i in range(8)]
                     value = json.dumps(recs).encode()
                 msgs.append(Message("t", 0, off, key, value))
                 off += 1
@@ -91,4 +93,4 @@ def test_the_two_stage_detector_with_models_carries_port_records_from_the_wire()
     plain, n_plain = run(False)
     ported, n_ported = run(True)
     assert plain and ported == plain
-    assert n_ported == n_plain + 2 * sum(len(list(per_host_messages(b))) for b in batches)
+    assert n_ported == n_plain + 8 * sum(len(list(per_host_messages(b))) for b in batches)

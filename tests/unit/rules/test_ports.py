@@ -178,6 +178,56 @@ def test_the_shipped_packs_run_the_port_checks_in_the_host_stage(tmp_path):
     assert stages is not None and stages.host.stage("ports") is None
 
 
+def _node(seconds, model="NVIDIA H100 80GB HBM3", ports=8, host="n1", states=None, rate=400.0):
+    """A host's GPUs (DCGM samples every 10 s, naming their model) and its ports at ``rate``."""
+    from pipeline.schema import dcgm
+
+    recs = [dcgm(T0 + t, host, g, {"gpu_temp": 60}, model=model) for t in range(0, int(seconds), 10) for g in range(2)]
+    for p in range(ports):
+        recs += port_series(seconds, host=host, device=f"mlx5_{p}", gpus=[p],
+                            states=(lambda t, p=p: states(t, p)) if states else None)
+    for r in recs:
+        if isinstance(r, NicRecord) and r.device == "mlx5_7" and rate != 400.0:
+            r.rate_gbps = rate
+    return recs
+
+
+def test_fewer_active_ports_than_the_gpu_model_needs():
+    assert run_ports(_node(HOUR))[0] == []
+    # One of eight down for 10 minutes: the port alert at once, the host's after 4 minutes.
+    down = _node(HOUR, states=lambda t, p: (1, 3) if p == 3 and 600 <= t < 1200 else (4, 5))
+    alerts, _ = run_ports(down)
+    low = [a for a in alerts if a.rule == "network_active_ports_low"]
+    assert [(a.state, a.ts - T0) for a in low] == [("firing", 840.0), ("resolved", 1200.0)]
+    a = low[0]
+    assert (a.host, a.gpu, a.severity, a.evidence["active_ports"], a.evidence["expected_ports"]) == (
+        "n1", None, "critical", 7, 8)
+    assert "mlx5_3:1" not in a.evidence["active"] and "its NVIDIA H100 80GB HBM3 GPUs need 8" in a.summary
+    # A port that trains at 200 Gb/s is not one of the eight; a node that never had eight is judged too.
+    slow, _ = run_ports(_node(HOUR, rate=200.0))
+    assert [(a.rule, a.state) for a in slow] == [("network_active_ports_low", "firing")]
+    seven, _ = run_ports(_node(HOUR, ports=7, model="NVIDIA B200"))
+    assert [(a.rule, a.state) for a in seven] == [("network_active_ports_low", "firing")]
+
+
+def test_a_model_not_listed_or_unknown_is_not_judged_for_its_port_count():
+    assert run_ports(_node(HOUR, ports=2, model="Tesla T4"))[0] == []
+    assert run_ports([r for r in _node(HOUR, ports=2) if isinstance(r, NicRecord)])[0] == []
+    one, _ = run_ports(_node(HOUR, ports=1, model="NVIDIA A100-SXM4-80GB", rate=200.0))
+    assert one == []
+
+
+def test_the_model_survives_a_restore():
+    recs = sorted(_node(HOUR, ports=7), key=lambda r: r.ts)
+    cfg, _ = parse_port_config("")
+    first = Engine(EngineConfig(), row_checks=[], tick_checks=[], stages=[PortStage(cfg)])
+    first.process(recs[:100])
+    second = Engine(EngineConfig(), row_checks=[], tick_checks=[], stages=[PortStage(cfg)])
+    second.restore(first.snapshot())
+    got = [a for a in second.process(recs[100:]).alerts + second.flush().alerts if a.state == "firing"]
+    assert [a.rule for a in got] == ["network_active_ports_low"]
+
+
 def test_network_is_a_fault_family():
     assert "network" in FAMILIES and fault_family("network_port_down") == "network"
 
@@ -189,6 +239,8 @@ def test_network_is_a_fault_family():
     ("port_down: {severity: critical, expr: x}", "R004", (1, 33)),
     ("symbol_errors: {threshold: -1}", "R006", (1, 28)),
     ("symbol_errors: {threshold: .nan}", "R006", (1, 28)),
+    ("active_ports: {models: {h100: {ports: 0, rate_gbps: 400}}}", "R006", (1, 39)),
+    ("active_ports: {models: [h100]}", "R003", (1, 24)),
     ("port_degraded: {for: 3 days}", "R007", (1, 22)),
     ("link_errors: {counters: [link_downed, '../x']}", "R006", (1, 25)),
     ("a: &a [*a]", "R011", None),
