@@ -19,8 +19,13 @@ def _cmd_rules_check(args: argparse.Namespace) -> int:
     from pipeline.rules.loader import load_rules, rule_files
     from pipeline.rules.testing import tested_rules
 
+    from pipeline.detection import ports_path
+    from pipeline.rules.portconfig import load_port_config
+
     args.paths = args.paths or [str(rules_dir())]
     ruleset, diags = load_rules(existing_paths(args.paths))
+    if (ports := ports_path(args.paths)) is not None:  # the NIC port checks' settings beside the rules
+        diags += load_port_config(ports)[1]
     if ruleset is not None:
         # Sigma's rule: no stable rule without a test.
         tests = [Path(p) / "tests" for p in args.paths if (Path(p) / "tests").is_dir()]

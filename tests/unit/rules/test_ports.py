@@ -228,6 +228,22 @@ def test_the_model_survives_a_restore():
     assert [a.rule for a in got] == ["network_active_ports_low"]
 
 
+def test_rules_check_reads_the_ports_file_beside_the_rules(tmp_path, capsys):
+    import shutil
+    from pathlib import Path
+
+    from pipeline.cli import main
+
+    rules = tmp_path / "rules"
+    shutil.copytree(Path(__file__).resolve().parents[3] / "rules", rules)
+    assert main(["rules", "check", str(rules)]) == 0
+    (rules / "fabric" / "ports.yaml").write_text("port_down:\n  severity: fatal\n")
+    capsys.readouterr()
+    assert main(["rules", "check", str(rules)]) == 1
+    out = capsys.readouterr().out
+    assert "fabric/ports.yaml:2:13: rule \"port_down\": port_down.severity: 'fatal'" in out and "[R006]" in out
+
+
 def test_network_is_a_fault_family():
     assert "network" in FAMILIES and fault_family("network_port_down") == "network"
 
