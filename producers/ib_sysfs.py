@@ -212,6 +212,7 @@ class IbSysfsSource:
         self.clock = clock
         self.done = False
         self._gpus: dict[str, list[int]] | None = None
+        self._mapped_for: tuple[str, ...] | None = None
 
     def poll(self) -> list[NicRecord]:
         self.stats.polls += 1
@@ -227,8 +228,9 @@ class IbSysfsSource:
             if real is not None:
                 devices.append((name, real))
         self.stats.devices += len(devices)
-        if self._gpus is None and self.gpu_bus_ids:
-            self._gpus = self._map_gpus(devices)
+        names = tuple(name for name, _ in devices)
+        if self.gpu_bus_ids and names != self._mapped_for:  # at start, and when a device comes or goes
+            self._gpus, self._mapped_for = self._map_gpus(devices), names
         out: list[NicRecord] = []
         for name, real in devices:
             netdevs = self._netdevs(real)

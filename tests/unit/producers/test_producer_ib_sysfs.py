@@ -110,6 +110,11 @@ def test_the_gpus_behind_each_nic_are_those_under_its_nearest_bridge(tmp_path):
     assert drops(summary) == {}  # GPU 4 is not in this tree: behind no NIC, nothing lost
     recs, _ = poll(tmp_path)
     assert recs[("mlx5_0", 1)].gpus == []  # without a map, not known
+    # A NIC that appears later (hot-plug, a driver loaded late) is mapped when it does.
+    src = IbSysfsSource(str(tmp_path), host="n1", clock=lambda: T0, gpu_bus_ids=bus_ids(pci_map))
+    assert {r.device: r.gpus for r in src.poll()} == {"mlx5_0": [0, 1], "mlx5_1": [2, 3]}
+    port_dir(tmp_path, "mlx5_2", pci=("0000:00:01.0", "0000:01:00.0", "0000:02:03.0"))
+    assert {r.device: r.gpus for r in src.poll()} == {"mlx5_0": [0, 1], "mlx5_1": [2, 3], "mlx5_2": [0, 1]}
 
 
 @pytest.mark.parametrize("value", ["abc", "٣", "-1", "1e5", "18446744073709551616", "0x10", ""])
