@@ -34,7 +34,7 @@ import numpy as np
 from pipeline.engine import Engine, EngineConfig, EngineOutput
 from pipeline.engine.stage import Stage
 from pipeline.errors import StateError
-from pipeline.schema import DcgmSample, NcclRecord, TelemetryRecord, dcgm_record_type
+from pipeline.schema import DcgmSample, NcclRecord, ProgressRecord, TelemetryRecord, dcgm_record_type
 
 FLEET_KEY = "fleet"  # the fleet stage's one key: every model compares over the whole fleet
 STATE_VERSION = 1
@@ -45,6 +45,8 @@ def record_identity(r: Any) -> tuple:
     released slice and concatenating gives the order of sorting them all at once."""
     if isinstance(r, NcclRecord):
         return (r.ts, r.host, 1, -1 if r.gpu is None else r.gpu, -1, r.comm, r.rank, r.coll, r.seq or 0)
+    if isinstance(r, ProgressRecord):
+        return (r.ts, r.host, 2, -1 if r.gpu is None else r.gpu, -1, r.comm or "", r.rank, r.state, r.seq or 0)
     return (r.ts, r.host, 0, r.gpu, -1 if r.link is None else r.link, "", 0, "", 0)
 
 
@@ -332,6 +334,10 @@ def _codes(values: list[Any]) -> np.ndarray:
     return np.fromiter(map(rank.__getitem__, values), np.int64, len(values))
 
 
+def _coll_or_state(r: Any) -> str:
+    return r.state if isinstance(r, ProgressRecord) else r.coll
+
+
 def canonical_order(records: list[TelemetryRecord], ts: np.ndarray) -> tuple[list[int], int]:
     """The indices of ``records`` in ``record_identity`` order, each identity once (the first
     fed of records forwarded twice), and how many were dropped as such: the sort as arrays,
@@ -344,8 +350,11 @@ def canonical_order(records: list[TelemetryRecord], ts: np.ndarray) -> tuple[lis
     """
     n = len(records)
     types = list(map(type, records))
-    nccl_types = {t for t in set(types) if issubclass(t, NcclRecord)}
+    nccl_types = {t for t in set(types) if issubclass(t, (NcclRecord, ProgressRecord))}
     is_nccl = np.fromiter(map(nccl_types.__contains__, types), bool, n)
+    # The kind column of record_identity: 0 DCGM, 1 NCCL, 2 collective progress.
+    kind = is_nccl.astype(np.int64)
+    kind[np.fromiter((t is ProgressRecord for t in types), bool, n)] = 2
     host = _codes(list(map(_HOST, records)))
     gpu = np.full(n, -1, np.int64)
     link = np.full(n, -1, np.int64)
@@ -360,12 +369,13 @@ def canonical_order(records: list[TelemetryRecord], ts: np.ndarray) -> tuple[lis
         gpu[dcgm_idx] = np.fromiter((r.gpu for r in d), np.int64, len(d))
         link[dcgm_idx] = np.fromiter((-1 if r.link is None else r.link for r in d), np.int64, len(d))
     if len(nccl_idx):
+        # NCCL and progress records: a progress record's state stands where a collective is.
         nr = cast("list[NcclRecord]", [records[i] for i in nccl_idx.tolist()])
         gpu[nccl_idx] = np.fromiter((-1 if r.gpu is None else r.gpu for r in nr), np.int64, len(nr))
         # A DCGM record's communicator and collective are "" (record_identity): code 0 of any
         # set of names that holds "", below every other name.
-        comm[nccl_idx] = _codes([""] + [r.comm for r in nr])[1:]
-        coll[nccl_idx] = _codes([""] + [r.coll for r in nr])[1:]
+        comm[nccl_idx] = _codes([""] + [r.comm or "" for r in nr])[1:]
+        coll[nccl_idx] = _codes([""] + [_coll_or_state(r) for r in nr])[1:]
         rank[nccl_idx] = np.fromiter((r.rank for r in nr), np.int64, len(nr))
         seqs = [r.seq or 0 for r in nr]
         try:
@@ -374,7 +384,7 @@ def canonical_order(records: list[TelemetryRecord], ts: np.ndarray) -> tuple[lis
             # Beyond an int64 (the decoder refuses such a record; one built in process may
             # still carry it): its rank among the batch's sorts the same.
             seq[nccl_idx] = _codes(seqs)
-    cols = (seq, coll, rank, comm, link, gpu, is_nccl.astype(np.int64), host, ts)
+    cols = (seq, coll, rank, comm, link, gpu, kind, host, ts)
     order = np.lexsort(cols)  # stable: of records forwarded twice, the first fed comes first
     if n > 1:
         same = np.ones(n - 1, bool)
@@ -499,5 +509,5 @@ class Topology:
 def records_decoder(fields: tuple[str, ...]) -> Callable[[bytes], list[TelemetryRecord]]:
     """Decode a JSON array of records as the fleet stage's engine reads them (its fields, the
     job labels), for its buffered records in a snapshot."""
-    dec = msgspec.json.Decoder(list[Union[dcgm_record_type(fields), NcclRecord]])  # type: ignore[misc]
+    dec = msgspec.json.Decoder(list[Union[dcgm_record_type(fields), NcclRecord, ProgressRecord]])  # type: ignore[misc]
     return lambda blob: list(dec.decode(blob))
