@@ -250,7 +250,7 @@ class DeadLetter(msgspec.Struct, tag="dead_letter", tag_field="kind", kw_only=Tr
     raw: str | None = None
 
 
-FAMILIES = ("thermal", "hbm", "nvlink", "nvswitch", "nccl", "gpu", "power", "pcie", "telemetry")
+FAMILIES = ("thermal", "hbm", "nvlink", "nvswitch", "nccl", "gpu", "power", "pcie", "telemetry", "hang")
 
 
 def fault_family(fault: str) -> str:

@@ -1,5 +1,6 @@
 """Collective-progress records in the engine and the two stages: accepted, counted and
-forwarded, never a crash, and no GPU alert changes for them (docs/architecture.md §3)."""
+forwarded, never a crash, and no GPU alert changes for them (docs/architecture.md §3); only the
+fleet stage's hang detector reads them (tests/unit/hang)."""
 
 from __future__ import annotations
 
@@ -64,7 +65,10 @@ def test_the_two_stages_forward_them_and_alert_as_without_them():
     plain = run_batched(base, 50, det)
     det2, _ = build_detector([RULES], "auto")
     mixed = run_batched(_with_progress(base), 50, det2)
-    assert _alerts(mixed) == _alerts(plain)
+    gpu_alerts = [a for a in _alerts(mixed) if a[1] != "hang_collective"]
+    assert gpu_alerts == _alerts(plain)
+    # The one timeout among the reports is the fleet stage's hang detector's (pipeline/hang.py).
+    assert [a[1] for a in _alerts(mixed) if a not in gpu_alerts] == ["hang_collective"]
     assert det2.fleet.engine().stats["records.progress"] == 37
 
 
