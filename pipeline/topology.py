@@ -382,7 +382,8 @@ def canonical_order(records: list[TelemetryRecord], ts: np.ndarray) -> tuple[lis
     is_nccl = np.fromiter(map(nccl_types.__contains__, types), bool, n)
     # The kind column of record_identity: 0 DCGM, 1 NCCL, 2 collective progress.
     kind = is_nccl.astype(np.int64)
-    kind[np.fromiter((t is ProgressRecord for t in types), bool, n)] = 2
+    progress = {t for t in nccl_types if issubclass(t, ProgressRecord)}  # the decoder's subclasses too
+    kind[np.fromiter(map(progress.__contains__, types), bool, n)] = 2
     host = _codes(list(map(_HOST, records)))
     gpu = np.full(n, -1, np.int64)
     link = np.full(n, -1, np.int64)

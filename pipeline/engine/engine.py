@@ -280,10 +280,12 @@ class Engine:
         k = len(records)
         # By type, not isinstance(): a type's membership in a set is ~3x cheaper per record.
         types = list(map(type, records))
-        if ProgressRecord in types:
+        # Subclasses too: the decoder's checked types are (pipeline/decode.py).
+        progress = {t for t in set(types) if issubclass(t, ProgressRecord)}
+        if progress:
             # Collective progress is read by no stage of the engine: counted, and forwarded with
             # the rest (docs/architecture.md §3); the GPU and NCCL rows go on as without it.
-            keep = np.array([t is not ProgressRecord for t in types], dtype=bool)
+            keep = np.array([t not in progress for t in types], dtype=bool)
             self.stats["records.progress"] += k - int(keep.sum())
             records = list(compress(records, keep.tolist()))
             origins, ts, hosts = take_origins(origins, keep), ts[keep], hosts[keep]

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 
+from pipeline.decode import Decoder
 from pipeline.detection import build_detector
 from pipeline.engine import Engine
 from pipeline.topology import Topology, canonical_order, records_decoder
@@ -42,6 +43,25 @@ def test_an_engine_counts_progress_records_and_alerts_as_without_them():
     assert not mixed.dead
     assert mixed_engine.stats["records.progress"] == 37
     assert mixed_engine.stats["records.dcgm"] == len(base)
+
+
+def _decoded(recs: list) -> list:
+    """``recs`` as the decoder gives them: its checked types are subclasses of the schema's."""
+    out = Decoder().decode(b"[" + b",".join(encode(r) for r in recs) + b"]", "f:1")
+    assert not out.dead
+    return out.records
+
+
+def test_decoded_records_go_through_the_engine_and_the_two_stages():
+    base = _throttled_fleet()
+    recs = _decoded(_with_progress(base))
+    assert type(recs[0]) is not type(base[0])  # the decoder's own types
+    eng = Engine()
+    run_batched(recs, 37, eng)
+    assert eng.stats["records.progress"] == 37
+    det, _ = build_detector([RULES], "auto")
+    out = run_batched(recs, 50, det)
+    assert det.fleet.engine().stats["records.progress"] == 37 and not out.dead
 
 
 def test_a_batch_of_progress_records_alone_is_accepted():
