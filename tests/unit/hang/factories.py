@@ -43,3 +43,40 @@ def hang_alerts(records: list, batch: int = 50, det: Any = None) -> list[tuple]:
     out = run_batched(recs, batch, det)
     return [(a.state, a.host, a.gpu, a.job, a.ts, a.summary, [s["rank"] for s in a.evidence.get("suspects", [])])
             for a in out.alerts if a.rule == "hang_collective"]  # fmt: skip
+
+
+def serve_both_stages(messages: list[tuple[bytes, bytes]], partitions: int = 4) -> list[dict]:
+    """``messages`` (key, value) on an in-process bus's telemetry topic, through ``serve``'s
+    host and fleet stages (one ``Service`` each, as two replicas would run them); the alerts
+    topic's events, decoded."""
+    import json
+
+    import msgspec
+
+    from pipeline.bus import MemoryBus, Topics
+    from pipeline.bus.retry import Backoff
+    from pipeline.service.app import Service
+    from pipeline.service.config import load_config_text
+    from pipeline.service.state import MemoryStateStore
+    from tests.factories import Clock
+
+    bus, topics, clock = MemoryBus(partitions=partitions), Topics("t"), Clock()
+    p = bus.producer()
+    for key, value in messages:
+        p.send(topics.telemetry, value, key)
+    cfg = load_config_text(json.dumps({
+        "kafka": {"prefix": "t", "max_poll_records": 16, "partitions": partitions},
+        "service": {"rules": [RULES], "models": "auto", "flush_idle_s": 3, "checkpoint_interval_s": 5}}),
+        env={})  # fmt: skip
+    services = []
+    for stage, group, topic in (("host", "svc", topics.telemetry), ("fleet", "svc.fleet", topics.fleet)):
+        state = MemoryStateStore(bus, topics.state, group, topic, key=b"unit-test-state-key-0123456789ab")
+        services.append(Service(cfg, consumer=bus.group_consumer(topic, group), producer=bus.producer(), state=state,
+                                clock=clock, backoff=Backoff(sleep=lambda s: None), stage=stage))  # fmt: skip
+    for _ in range(3000):
+        for s in services:
+            s.step()
+        clock.t += 0.5
+    for s in services:
+        s.shutdown()
+    return [msgspec.json.decode(m.value) for m in bus.messages(topics.alerts)]
