@@ -74,6 +74,7 @@ class RasStats:
     transitional: int = 0  # ranks in a harmless status mismatch (INIT, FINALIZE, NOCOMM): not records
     unranked: int = 0  # dead processes that no missing rank matches: named in the log, no record
     unparsable: int = 0  # a line inside a communicator block that fits no layout
+    orphan: int = 0  # lines of a block whose header's number is not one: whose they are is unknown
     bad_number: int = 0  # a rank, count or GPU that is not a number in range
     oversize: int = 0
     truncated: int = 0
@@ -89,6 +90,7 @@ class RasStats:
             "unranked_dead_processes": self.unranked,
             "dropped.unparsable_line": self.unparsable,
             "dropped.bad_number": self.bad_number,
+            "dropped.orphan_line": self.orphan,
             "dropped.oversize_line": self.oversize,
             "dropped.truncated_log": self.truncated,
             "dropped.bad_json_value": self.bad_json_values,
@@ -137,6 +139,7 @@ def parse_text(text: str, *, ts: float, job: str | None = None, stats: RasStats 
     cur: _Block | None = None
     section = ""
     in_dead = False
+    orphaned = False  # inside a block whose header could not be read
     for raw in text.splitlines():
         stats.lines += 1
         if len(raw) > LINE_MAX:
@@ -147,7 +150,7 @@ def parse_text(text: str, *, ts: float, job: str | None = None, stats: RasStats 
             continue
         head = line.split("...")[0].strip()
         if head in _SECTIONS and raw == raw.lstrip():
-            section, cur, in_dead = head, None, False
+            section, cur, in_dead, orphaned = head, None, False, False
             continue
         if section == "Communicators" and (m := _TABLE_ROW.match(line)):
             g, size = _int(m.group(1)), _int(m.group(5), MAX_RANKS)
@@ -158,15 +161,18 @@ def parse_text(text: str, *, ts: float, job: str | None = None, stats: RasStats 
             g = _int(m.group(1))
             if g is None:
                 stats.bad_number += 1
-                cur = None
+                cur, orphaned = None, True
                 continue
             cur = _Block(g, m.group(3).lower().removeprefix("0x"), m.group(4))
             blocks.append(cur)
             stats.communicators += 1
-            in_dead = False
+            in_dead = orphaned = False
             continue
         if raw == raw.lstrip() and line in ("DEAD", "INCOMPLETE", "TIMEOUT"):
-            cur, in_dead = None, line == "DEAD"
+            cur, in_dead, orphaned = None, line == "DEAD", False
+            continue
+        if orphaned:
+            stats.orphan += 1
             continue
         if in_dead:
             if m := _PROCESS.match(line):

@@ -11,14 +11,17 @@ with its process, an asynchronous error); their numbers and addresses are made u
 from __future__ import annotations
 
 import json
+import re
 import textwrap
 
 import pytest
+from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import strategies as st
 
 from pipeline.decode import Decoder
 from pipeline.schema import encode
 from producers.ncclras import RasStats, RasStatusSource, parse
-from tests.factories import T0
+from tests.factories import T0, fuzz_examples
 
 DOC_HEALTHY = textwrap.dedent("""\
     Job summary
@@ -247,6 +250,12 @@ def test_a_hostile_rank_line_is_counted_and_costs_only_itself(change, reason):
     assert stats.summary()[reason] == 1
 
 
+def test_a_block_header_whose_number_is_not_one_drops_its_lines_counted():
+    recs, stats = _parse(DOC_MISMATCH.replace("#0-0 (27a0", "#٣-0 (27a0") + NEW_PER_OP.split("========\n", 1)[1])
+    assert [r.rank for r in recs] == [6, 2]  # the next block is read
+    assert stats.bad_number == 1 and stats.orphan == 9
+
+
 def test_a_garbage_group_count_is_counted_and_its_ranks_carry_no_count():
     recs, stats = _parse(DOC_MISMATCH.replace("up to operation 6649", "up to operation 66٤9"))
     assert stats.bad_number == 1 and all(r.last_enqueued is None for r in recs)
@@ -266,3 +275,28 @@ def test_huge_lines_and_hostile_json_cost_only_themselves():
     recs, stats = _parse(deep)
     assert sorted(r.rank for r in recs) == [0, 1] and stats.bad_json_values >= 5
     assert _parse("{not json")[0] == []
+
+
+NUM = st.sampled_from(["0", "12", "²", "٣", "9" * 400, "1e400", "-1", "", "１", "0x10"])
+HOSTILE = st.one_of(
+    st.text(max_size=80),
+    st.builds(lambda r, g, p: f"  Rank {r} -- GPU {g} managed by process {p} on node n9", NUM, NUM, NUM),
+    st.builds(lambda r, o: f"  Rank {r} has launched up to operation {o} -- GPU 1 managed by process 5 on node n9",
+              NUM, NUM),  # fmt: skip
+    st.builds(lambda k, o: f"  {k} ranks have launched up to operation {o}", NUM, NUM),
+    st.builds(lambda r: f"  The missing rank: {r}", NUM),
+    st.just("  Rank 3 -- GPU 3 managed by"),
+)
+
+
+@settings(max_examples=fuzz_examples(200), deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(HOSTILE, max_size=10))
+def test_fuzz_hostile_lines_inside_a_block_cost_only_themselves(lines):
+    # A line that is a good block header starts a block of its own: not a hostile line.
+    assume(not any(re.match(r"#\d+-\d+ \(", h.strip()) for h in lines))  # \d: Unicode digits too
+    head, tail = DOC_MISMATCH.split("  Rank 0 --", 1)
+    text = head + "".join(h.replace("\n", " ").replace("\r", " ") + "\n" for h in lines) + "  Rank 0 --" + tail
+    recs, _ = _parse(text)
+    assert {0, 2, 3, 4, 5, 7} <= {r.rank for r in recs if r.comm == "27a079b828ff1a75" and r.host == "172.16.64.210"}
+    out = Decoder().decode(b"[" + b",".join(encode(r) for r in recs) + b"]", "f:1")
+    assert len(out.records) == len(recs) and not out.dead

@@ -27,11 +27,13 @@ import io
 import json
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from pipeline.decode import Decoder
 from pipeline.schema import encode
 from producers.torch_watchdog import LINE_MAX, WatchdogLogSource, WatchdogStats, parse
-from tests.factories import T0
+from tests.factories import T0, fuzz_examples
 
 PT24_TIMEOUT_0 = ("[rank0]:[E1218 20:27:21.426415540 ProcessGroupNCCL.cpp:629] [Rank 0] Watchdog caught collective "
                   "operation timeout: WorkNCCL(SeqNum=1, OpType=BROADCAST, NumelIn=131072000, NumelOut=131072000, "
@@ -210,3 +212,30 @@ def test_an_unpadded_month_is_read_and_unicode_digits_in_a_time_are_not():
     assert time.localtime(recs[0].ts)[:6] == (2025, 7, 9, 17, 5, 38)
     recs, stats = _parse(PT24_STATUS_1.replace("E1218", "E1２18"))
     assert recs[0].ts == DEC_2025
+
+
+NUM = st.sampled_from(["0", "12", "-1", "²", "٣", "9" * 400, "1e400", "inf", "-7", "", "１"])
+HOSTILE = st.one_of(
+    st.text(max_size=80),
+    st.builds(lambda r, a, b: f"[rank{r}]:[E ProcessGroupNCCL.cpp:1] [PG 0 Rank {r}] Timeout at NCCL work: {a}, "
+              f"last enqueued NCCL work: {a}, last completed NCCL work: {b}.", NUM, NUM, NUM),  # fmt: skip
+    st.builds(lambda r, s, t: f"[Rank {r}] Watchdog caught collective operation timeout: WorkNCCL(SeqNum={s}, "
+              f"OpType=X, Timeout(ms)={t}) ran for {t} milliseconds before timing out.", NUM, NUM, NUM),  # fmt: skip
+    st.builds(lambda d: f"[rank1]:[E{d} 20:27:21.4 ProcessGroupNCCL.cpp:2] [Rank 1] Some NCCL operations have "
+              "failed or timed out.", st.sampled_from(["1218", "1341", "0230", "709", "٠٧٠٩", ""])),  # fmt: skip
+    st.just("[Rank 1] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=1, OpType="),
+)
+
+
+@settings(max_examples=fuzz_examples(200), deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(st.tuples(st.booleans(), HOSTILE), max_size=12))
+def test_fuzz_arbitrary_lines_among_good_ones(lines):
+    body = []
+    for i, (good, hostile) in enumerate(lines):
+        body.append(PT24_STATUS_1.replace("Rank 1]", f"Rank {1000 + i}]").replace("rank1]", f"rank{1000 + i}]")
+                    if good else hostile.replace("\n", " ").replace("\r", " "))  # fmt: skip
+    recs, stats = _parse("\n".join(body))
+    kept = {r.rank for r in recs if r.last_enqueued == 547}
+    assert {1000 + i for i, (good, _) in enumerate(lines) if good} <= kept  # every good line kept
+    out = Decoder().decode(b"[" + b",".join(encode(r) for r in recs) + b"]", "f:1") if recs else None
+    assert out is None or (len(out.records) == len(recs) and not out.dead)  # every record within the contract
