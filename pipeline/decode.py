@@ -53,6 +53,7 @@ from pipeline.schema import (
     DeadLetter,
     NcclRecord,
     NicRecord,
+    ProgressRecord,
     TelemetryRecord,
     dcgm_record_type,
 )
@@ -69,6 +70,8 @@ MAX_GPU_INDEX = 4095  # GPUs (and MIG instances) of one host
 MAX_LINK_INDEX = 1023  # NVLinks of one GPU
 MAX_RANKS = 1 << 24  # ranks of one NCCL communicator
 MAX_SEQ = (1 << 63) - 1  # a collective's sequence number: the int64 the fleet stage sorts by
+# A rank's last enqueued/completed work (progress records): -1 is PyTorch's "none yet".
+MIN_PROGRESS = -1
 # Identifiers (host, GPU model, communicator, job, collective): a host name is at most a DNS name
 # (253), the others a generous 256; printable, no white space, valid Unicode (no lone
 # surrogates, which no UTF-8 writer can encode: a snapshot, an alert id or a dead letter would
@@ -99,6 +102,7 @@ _RANK = Annotated[int, msgspec.Meta(ge=0, lt=MAX_RANKS)]
 _NRANKS = Annotated[int, msgspec.Meta(ge=1, le=MAX_RANKS)]
 _SEQ_OK = Annotated[int, msgspec.Meta(ge=0, le=MAX_SEQ)]
 _NONNEG = Annotated[float, msgspec.Meta(ge=0)]  # JSON has no NaN, and msgspec refuses 1e999
+_PROGRESS_OK = Annotated[int, msgspec.Meta(ge=MIN_PROGRESS, le=MAX_SEQ)]
 _CHECKED: list[tuple[str, Any] | tuple[str, Any, Any]] = [
     ("v", _ONE, SCHEMA_VERSION),
     ("ts", _TS_OK),
@@ -110,6 +114,7 @@ _NIC_NAME_OK = Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_NIC_NAME
 _STATE_OK = Annotated[int, msgspec.Meta(ge=0, le=MAX_PORT_STATE)]
 # msgspec bounds only int64: a counter past it goes to the slow path, which keeps it up to 2^64-1.
 _COUNTER_OK = Annotated[int, msgspec.Meta(ge=0, le=(1 << 63) - 1)]
+_PROGRESS_NAMES = operator.attrgetter("comm", "op", "job", "comm_name")
 
 
 def bad_identifier(name: object, limit: int = MAX_ID_LEN, host: bool = False) -> str | None:
@@ -294,6 +299,37 @@ def _clean_counters(counters: Any, dropped: list[tuple[str, str]]) -> Any:
     return clean
 
 
+def _rank_in_comm(self: ProgressRecord) -> None:
+    if self.nranks is not None and self.rank >= self.nranks:
+        raise ValueError("rank >= nranks")
+
+
+_ProgressChecked = msgspec.defstruct(
+    "ProgressRecord",
+    [
+        *_CHECKED,
+        ("rank", _RANK),
+        ("nranks", Optional[_NRANKS], None),
+        ("gpu", Optional[_GPU_OK], None),
+        ("seq", Optional[_SEQ_OK], None),
+        ("last_enqueued", Optional[_PROGRESS_OK], None),
+        ("last_completed", Optional[_PROGRESS_OK], None),
+        ("timeout_ms", Optional[_SEQ_OK], None),
+        ("ran_ms", Optional[_SEQ_OK], None),
+        ("comm", Optional[_ID_OK], None),
+        ("comm_name", Optional[_ID_OK], None),
+        ("job", Optional[_ID_OK], None),
+        ("op", Optional[_ID_OK], None),
+    ],
+    bases=(ProgressRecord,),
+    tag="progress",
+    tag_field="kind",
+    kw_only=True,
+    gc=False,
+    namespace={"__post_init__": _rank_in_comm},
+)
+
+
 @functools.lru_cache(maxsize=32)
 def _fast_for(fields: tuple[str, ...] | None) -> msgspec.json.Decoder:
     """A decoder of one message into checked types keeping ``fields``."""
@@ -307,12 +343,42 @@ def _fast_for(fields: tuple[str, ...] | None) -> msgspec.json.Decoder:
         kw_only=True,
         gc=False,
     )
-    one = Union[list[Union[rec, _NcclChecked, _NicChecked]], rec, _NcclChecked, _NicChecked]  # type: ignore[valid-type]
+    checked = Union[rec, _NcclChecked, _NicChecked, _ProgressChecked]  # type: ignore[valid-type]
+    one = Union[list[checked], checked]
     return msgspec.json.Decoder(one)
 
 
+def _check_progress(rec: ProgressRecord) -> tuple[str, str] | None:
+    """What is wrong with a progress record's own fields (its ts and host are checked
+    before), or None: the ranges of its integers and its names (docs/architecture.md §3).
+
+    >>> r = ProgressRecord(ts=1764403200.0, host="h", rank=3, nranks=2, source="watchdog", state="timeout")
+    >>> _check_progress(r)
+    ('wrong_type', 'rank 3 of 2')
+    """
+    if not 0 <= rec.rank < MAX_RANKS or (rec.nranks is not None and not 0 < rec.nranks <= MAX_RANKS):
+        return OUT_OF_RANGE, f"rank {rec.rank} of {rec.nranks} (at most {MAX_RANKS} ranks)"
+    if rec.nranks is not None and rec.rank >= rec.nranks:
+        return WRONG_TYPE, f"rank {rec.rank} of {rec.nranks}"
+    if rec.gpu is not None and not 0 <= rec.gpu <= MAX_GPU_INDEX:
+        return OUT_OF_RANGE, f"gpu index {rec.gpu} (0..{MAX_GPU_INDEX})"
+    for name in ("last_enqueued", "last_completed"):
+        val = getattr(rec, name)
+        if val is not None and not MIN_PROGRESS <= val <= MAX_SEQ:
+            return OUT_OF_RANGE, f"{name} {val} ({MIN_PROGRESS}..{MAX_SEQ})"
+    for name in ("seq", "timeout_ms", "ran_ms"):
+        val = getattr(rec, name)
+        if val is not None and not 0 <= val <= MAX_SEQ:
+            return OUT_OF_RANGE, f"{name} {val} (0..{MAX_SEQ})"
+    for name in ("comm", "comm_name", "job", "op"):
+        val = getattr(rec, name)
+        if val is not None and (why := bad_identifier(val)) is not None:
+            return BAD_IDENTIFIER, f"{name} {_shown(val)}: {why}"
+    return None
+
+
 _TS = operator.attrgetter("ts")
-_KINDS = {"dcgm": DcgmRecord, "nccl": NcclRecord, "nic": NicRecord}
+_KINDS = {"dcgm": DcgmRecord, "nccl": NcclRecord, "nic": NicRecord, "progress": ProgressRecord}
 
 
 def _raw(payload: bytes | str) -> str:
@@ -433,8 +499,12 @@ class Decoder:
                     # Few a host and interval: checked whole each time (device, counters, GPUs).
                     if _nic_problem(r) is not None:
                         return False
+                elif isinstance(r, NcclRecord):
+                    names.update(_NCCL_NAMES(r))
+                elif isinstance(r, ProgressRecord):
+                    names.update(_PROGRESS_NAMES(r))
                 else:
-                    names.update(_NCCL_NAMES(r) if isinstance(r, NcclRecord) else (r.model,))
+                    names.add(r.model)
         names -= self._ok_names
         if not hosts and not names:
             return True
@@ -518,6 +588,9 @@ class Decoder:
             elif isinstance(r, NicRecord):
                 if _nic_problem(r) is not None:
                     return False
+            elif isinstance(r, ProgressRecord):
+                if _check_progress(r) is not None:
+                    return False
             elif not (
                 0 <= r.rank < r.nranks
                 and (r.seq is None or 0 <= r.seq <= MAX_SEQ)
@@ -582,6 +655,8 @@ class Decoder:
                 return BAD_IDENTIFIER, f"model {_shown(rec.model)}: {why}"
         elif isinstance(rec, NicRecord):
             return _nic_problem(rec)
+        elif isinstance(rec, ProgressRecord):
+            return _check_progress(rec)
         else:
             if (
                 rec.nranks > MAX_RANKS

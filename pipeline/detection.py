@@ -12,6 +12,7 @@ from typing import Callable
 
 from pipeline.engine import Engine, EngineConfig
 from pipeline.errors import ConfigError
+from pipeline.hang import HangDetector, load_settings
 from pipeline.protocols import Detector
 from pipeline.rules import load_rules
 from pipeline.rules.diagnostics import Diagnostic
@@ -52,12 +53,24 @@ class Stages:
 
     host: Engine
     fleet: Callable[[], Engine] | None = None
+    # The fleet stage's hung-collective detector (pipeline/hang.py), when ``hang.yaml`` is there.
+    hang: Callable[[], HangDetector] | None = None
 
     def detector(self, local_fleet: bool = True) -> Detector:
         """The ``Engine``, or the ``Topology`` of both stages (``local_fleet``: see ``Topology``)."""
         if self.fleet is None:
             return self.host
-        return Topology(self.host, self.fleet, local_fleet=local_fleet)
+        return Topology(self.host, self.fleet, local_fleet=local_fleet, make_hang=self.hang)
+
+
+def hang_path(rules: list[str]) -> Path | None:
+    """``hang.yaml`` beside the first rule directory (or file) that has one."""
+    for r in rules:
+        p = Path(r)
+        cand = p / "hang.yaml" if p.is_dir() else p.parent / "hang.yaml"
+        if cand.is_file():
+            return cand
+    return None
 
 
 def build_stages(
@@ -69,7 +82,8 @@ def build_stages(
     not load. Rules that read ``score()`` keep the models in their engine whatever ``stages``
     says.
 
-    A broken models file raises ``ConfigError`` naming the key.
+    A broken models file raises ``ConfigError`` naming the key, as does a broken ``hang.yaml``
+    (the fleet stage's hung-collective thresholds, beside the rules: pipeline/hang.py).
     """
     from pipeline.models import load_models
 
@@ -100,7 +114,15 @@ def build_stages(
                     config, row_checks=[], tick_checks=[], models=load_models(mp, tick=config.tick), screened=True
                 )
 
-            return Stages(Engine(config, rules=alone, stages=ports), fleet_engine), diags
+            hpath = hang_path(rules)
+            hang = None
+            if hpath is not None:
+                hs = load_settings(hpath)
+
+                def hang() -> HangDetector:
+                    return HangDetector(hs)
+
+            return Stages(Engine(config, rules=alone, stages=ports), fleet_engine, hang), diags
     return Stages(Engine(config, rules=ruleset, models=modelset, stages=ports)), diags
 
 
@@ -121,4 +143,4 @@ def build_detector(
     return build_engine(rules, models, config, stages="two")
 
 
-__all__ = ["ConfigError", "Stages", "build_detector", "build_engine", "build_stages", "models_path"]
+__all__ = ["ConfigError", "Stages", "build_detector", "build_engine", "build_stages", "hang_path", "models_path"]

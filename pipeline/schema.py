@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import functools
 import math
-from typing import Any, Union, cast
+from typing import Any, Literal, Union, cast
 
 import msgspec
 
@@ -131,7 +131,39 @@ class NicRecord(msgspec.Struct, tag="nic", tag_field="kind", kw_only=True, gc=Fa
     labels: dict[str, str] = {}
 
 
-TelemetryRecord = Union[DcgmSample, NcclRecord, NicRecord]  # a DcgmRecord is a DcgmSample
+#: Who reported a ``ProgressRecord``: PyTorch's ProcessGroupNCCL watchdog, or NCCL's RAS.
+PROGRESS_SOURCES = ("watchdog", "ras")
+#: What a ``ProgressRecord`` says of its rank (docs/architecture.md §3, progress records).
+PROGRESS_STATES = ("timeout", "progress", "lagging", "missing", "dead", "error")
+
+
+class ProgressRecord(msgspec.Struct, tag="progress", tag_field="kind", kw_only=True, gc=False):
+    """One rank's collective progress in one communicator (a PyTorch process group), as its
+    watchdog or NCCL's RAS reported it: how far it has enqueued and completed, and the work that
+    timed out when there was one. A rank behind its peers is what a hang is blamed on."""
+
+    v: int = SCHEMA_VERSION
+    ts: float
+    host: str
+    job: str | None = None
+    rank: int
+    gpu: int | None = None
+    comm: str | None = None  # the PG id (watchdog) or communicator hash (RAS); None: not said
+    comm_name: str | None = None  # the PG's name (``default_pg``), when the line gives it
+    nranks: int | None = None
+    last_enqueued: int | None = None  # -1: nothing enqueued yet
+    last_completed: int | None = None  # -1: nothing completed yet
+    seq: int | None = None  # the work that failed or timed out
+    op: str | None = None  # its operation (``ALLREDUCE``)
+    timeout_ms: int | None = None
+    ran_ms: int | None = None
+    source: Literal["watchdog", "ras"]
+    state: Literal["timeout", "progress", "lagging", "missing", "dead", "error"]
+    labels: dict[str, str] = {}
+
+
+# A DcgmRecord is a DcgmSample.
+TelemetryRecord = Union[DcgmSample, NcclRecord, NicRecord, ProgressRecord]
 
 # MIG (docs/architecture.md §3). dcgm-exporter labels a GPU instance's series with these
 # (rendermetrics/render_metrics.go: GPU_I_PROFILE="3g.40gb", GPU_I_ID = NVML's GPU instance id).
@@ -250,7 +282,7 @@ class DeadLetter(msgspec.Struct, tag="dead_letter", tag_field="kind", kw_only=Tr
     raw: str | None = None
 
 
-FAMILIES = ("thermal", "hbm", "nvlink", "nvswitch", "nccl", "gpu", "power", "pcie", "telemetry", "network")
+FAMILIES = ("thermal", "hbm", "nvlink", "nvswitch", "nccl", "gpu", "power", "pcie", "telemetry", "network", "hang")
 
 
 def fault_family(fault: str) -> str:

@@ -34,7 +34,8 @@ import numpy as np
 from pipeline.engine import Engine, EngineConfig, EngineOutput
 from pipeline.engine.stage import Stage
 from pipeline.errors import StateError
-from pipeline.schema import DcgmSample, NcclRecord, TelemetryRecord, dcgm_record_type
+from pipeline.hang import HangDetector
+from pipeline.schema import DcgmSample, NcclRecord, ProgressRecord, TelemetryRecord, dcgm_record_type
 
 FLEET_KEY = "fleet"  # the fleet stage's one key: every model compares over the whole fleet
 STATE_VERSION = 1
@@ -45,6 +46,8 @@ def record_identity(r: Any) -> tuple:
     released slice and concatenating gives the order of sorting them all at once."""
     if isinstance(r, NcclRecord):
         return (r.ts, r.host, 1, -1 if r.gpu is None else r.gpu, -1, r.comm, r.rank, r.coll, r.seq or 0)
+    if isinstance(r, ProgressRecord):
+        return (r.ts, r.host, 2, -1 if r.gpu is None else r.gpu, -1, _comm_key(r), r.rank, r.state, r.seq or 0)
     return (r.ts, r.host, 0, r.gpu, -1 if r.link is None else r.link, "", 0, "", 0)
 
 
@@ -55,11 +58,19 @@ class FleetStage:
     what every upstream task has passed, through one engine per key.
     """
 
-    def __init__(self, make_engine: Callable[[], Engine], upstream: int = 1, max_buffer: int = 2_000_000) -> None:
+    def __init__(
+        self,
+        make_engine: Callable[[], Engine],
+        upstream: int = 1,
+        max_buffer: int = 2_000_000,
+        hang: HangDetector | None = None,
+    ) -> None:
         """``max_buffer``: the most records held for an upstream task that does not mark (down,
         or cut off): past it, the stage follows the most advanced task instead, and what the
-        others send later for seconds already released is dropped (``stats["forced"]``)."""
+        others send later for seconds already released is dropped (``stats["forced"]``).
+        ``hang``: the hung-collective detector, fed the progress records released (pipeline/hang.py)."""
         self.make_engine = make_engine
+        self.hang = hang
         self.n_upstream = upstream
         self.max_buffer = max_buffer
         self.engines: dict[str, Engine] = {}
@@ -162,6 +173,8 @@ class FleetStage:
             self._release(self._take(math.inf), out)
             for eng in self.engines.values():
                 self._collect(eng.flush(), out)
+            if self.hang is not None:
+                out.alerts.extend(self.hang.advance(math.inf))
             # Everything fed went to the engines: a record sent again later (an upstream replay)
             # is late even within the last second, which an engine's released (a tick's start)
             # does not cover; it would reach the models twice.
@@ -175,6 +188,9 @@ class FleetStage:
         self._release(self._take(wm), out)
         for eng in self.engines.values():
             self._collect(eng.advance_to(wm), out)
+        if self.hang is not None:
+            # Every record before wm went to the detector: what settled by then fires.
+            out.alerts.extend(self.hang.advance(wm))
         self.released = wm
         return out
 
@@ -225,6 +241,8 @@ class FleetStage:
         for key, recs in batches.items():
             self.stats["released"] += len(recs)
             self._collect(self.engine(key).process(recs), out)
+            if self.hang is not None:
+                out.alerts.extend(self.hang.observe(recs))
 
     def _collect(self, got: EngineOutput, out: EngineOutput) -> None:
         out.alerts.extend(got.alerts)
@@ -270,6 +288,8 @@ class FleetStage:
             d["newest"] = self._newest
             d["replay_until"] = max(self.replay_until, -1 if self.position is None else self.position)
         d["engines"] = {k: e.snapshot() for k, e in self.engines.items()}
+        if self.hang is not None:
+            d["hang"] = self.hang.to_state()
         return msgspec.msgpack.encode(d)
 
     def restore(self, blob: bytes, decode_records: Callable[[bytes], list[TelemetryRecord]]) -> None:
@@ -296,6 +316,8 @@ class FleetStage:
             self.engines = {}
             for k, blob_k in d["engines"].items():
                 self.engine(str(k)).restore(blob_k)
+            if self.hang is not None and d.get("hang") is not None:
+                self.hang.load_state(d["hang"])
         except (msgspec.DecodeError, KeyError, TypeError, ValueError, AttributeError) as e:
             raise StateError(f"cannot restore the fleet stage: {e}") from e
 
@@ -332,6 +354,18 @@ def _codes(values: list[Any]) -> np.ndarray:
     return np.fromiter(map(rank.__getitem__, values), np.int64, len(values))
 
 
+def _coll_or_state(r: Any) -> str:
+    return r.state if isinstance(r, ProgressRecord) else r.coll
+
+
+def _comm_key(r: Any) -> str:
+    """An NCCL record's communicator; a progress record's job and communicator (two jobs' ranks
+    share PG ids: both have a default PG "0")."""
+    if isinstance(r, ProgressRecord):
+        return f"{r.job or ''}\x00{r.comm or ''}"
+    return r.comm
+
+
 def canonical_order(records: list[TelemetryRecord], ts: np.ndarray) -> tuple[list[int], int]:
     """The indices of ``records`` in ``record_identity`` order, each identity once (the first
     fed of records forwarded twice), and how many were dropped as such: the sort as arrays,
@@ -344,8 +378,12 @@ def canonical_order(records: list[TelemetryRecord], ts: np.ndarray) -> tuple[lis
     """
     n = len(records)
     types = list(map(type, records))
-    nccl_types = {t for t in set(types) if issubclass(t, NcclRecord)}
+    nccl_types = {t for t in set(types) if issubclass(t, (NcclRecord, ProgressRecord))}
     is_nccl = np.fromiter(map(nccl_types.__contains__, types), bool, n)
+    # The kind column of record_identity: 0 DCGM, 1 NCCL, 2 collective progress.
+    kind = is_nccl.astype(np.int64)
+    progress = {t for t in nccl_types if issubclass(t, ProgressRecord)}  # the decoder's subclasses too
+    kind[np.fromiter(map(progress.__contains__, types), bool, n)] = 2
     host = _codes(list(map(_HOST, records)))
     gpu = np.full(n, -1, np.int64)
     link = np.full(n, -1, np.int64)
@@ -360,12 +398,13 @@ def canonical_order(records: list[TelemetryRecord], ts: np.ndarray) -> tuple[lis
         gpu[dcgm_idx] = np.fromiter((r.gpu for r in d), np.int64, len(d))
         link[dcgm_idx] = np.fromiter((-1 if r.link is None else r.link for r in d), np.int64, len(d))
     if len(nccl_idx):
+        # NCCL and progress records: a progress record's state stands where a collective is.
         nr = cast("list[NcclRecord]", [records[i] for i in nccl_idx.tolist()])
         gpu[nccl_idx] = np.fromiter((-1 if r.gpu is None else r.gpu for r in nr), np.int64, len(nr))
         # A DCGM record's communicator and collective are "" (record_identity): code 0 of any
         # set of names that holds "", below every other name.
-        comm[nccl_idx] = _codes([""] + [r.comm for r in nr])[1:]
-        coll[nccl_idx] = _codes([""] + [r.coll for r in nr])[1:]
+        comm[nccl_idx] = _codes([""] + [_comm_key(r) for r in nr])[1:]
+        coll[nccl_idx] = _codes([""] + [_coll_or_state(r) for r in nr])[1:]
         rank[nccl_idx] = np.fromiter((r.rank for r in nr), np.int64, len(nr))
         seqs = [r.seq or 0 for r in nr]
         try:
@@ -374,7 +413,7 @@ def canonical_order(records: list[TelemetryRecord], ts: np.ndarray) -> tuple[lis
             # Beyond an int64 (the decoder refuses such a record; one built in process may
             # still carry it): its rank among the batch's sorts the same.
             seq[nccl_idx] = _codes(seqs)
-    cols = (seq, coll, rank, comm, link, gpu, is_nccl.astype(np.int64), host, ts)
+    cols = (seq, coll, rank, comm, link, gpu, kind, host, ts)
     order = np.lexsort(cols)  # stable: of records forwarded twice, the first fed comes first
     if n > 1:
         same = np.ones(n - 1, bool)
@@ -406,10 +445,17 @@ class Topology:
     5
     """
 
-    def __init__(self, host: Engine, make_fleet_engine: Callable[[], Engine], local_fleet: bool = True) -> None:
+    def __init__(
+        self,
+        host: Engine,
+        make_fleet_engine: Callable[[], Engine],
+        local_fleet: bool = True,
+        make_hang: Callable[[], HangDetector] | None = None,
+    ) -> None:
         self.host = host
         self.make_fleet_engine = make_fleet_engine
-        self.fleet: FleetStage | None = FleetStage(make_fleet_engine) if local_fleet else None
+        hang = make_hang() if make_hang is not None else None
+        self.fleet: FleetStage | None = FleetStage(make_fleet_engine, hang=hang) if local_fleet else None
         self._template: Engine | None = None  # what the fleet stage reads, without a local one
         # The host stage returns what it accepted in its output (``EngineOutput.forwarded``).
         self.host.forwards = True
@@ -499,5 +545,5 @@ class Topology:
 def records_decoder(fields: tuple[str, ...]) -> Callable[[bytes], list[TelemetryRecord]]:
     """Decode a JSON array of records as the fleet stage's engine reads them (its fields, the
     job labels), for its buffered records in a snapshot."""
-    dec = msgspec.json.Decoder(list[Union[dcgm_record_type(fields), NcclRecord]])  # type: ignore[misc]
+    dec = msgspec.json.Decoder(list[Union[dcgm_record_type(fields), NcclRecord, ProgressRecord]])  # type: ignore[misc]
     return lambda blob: list(dec.decode(blob))

@@ -223,6 +223,22 @@ def _cmd_ibstat(args: argparse.Namespace) -> int:
     return _run(args, lambda: IbstatSource(args.file, host=args.host, device=args.device), from_file=True)
 
 
+def _cmd_torch_watchdog(args: argparse.Namespace) -> int:
+    from producers.torch_watchdog import WatchdogLogSource
+
+    return _run(
+        args,
+        lambda: WatchdogLogSource(args.file, job=args.job, host=args.host, gpus_per_node=args.gpus_per_node),
+        from_file=True,
+    )
+
+
+def _cmd_ncclras(args: argparse.Namespace) -> int:
+    from producers.ncclras import RasStatusSource
+
+    return _run(args, lambda: RasStatusSource(args.file, job=args.job), from_file=True)
+
+
 def _common(p: argparse.ArgumentParser, interval: float) -> None:
     from pipeline.bus.connection import add_arguments
 
@@ -369,3 +385,23 @@ def register(sub: Any) -> None:
     st.add_argument("--device", help="the device of `ibstat CA PORT` output, which does not name it")
     _common(st, 1.0)
     st.set_defaults(func=_cmd_ibstat)
+
+    w = psub.add_parser(
+        "torch-watchdog",
+        help="read PyTorch's NCCL watchdog lines (timeouts, last enqueued/completed work) from a training log",
+    )
+    w.add_argument("--file", required=True, help="the training log (torchrun, Slurm or Ray output), - for stdin")
+    w.add_argument("--job", required=True, help="job id to stamp on the records")
+    w.add_argument(
+        "--gpus-per-node",
+        type=int,
+        help="a rank's GPU is rank %% N (default: torchrun's [defaultN]: local rank when the log has it)",
+    )
+    _common(w, 1.0)
+    w.set_defaults(func=_cmd_torch_watchdog)
+
+    r = psub.add_parser("ncclras", help="read NCCL RAS status output (ncclras, text or -f json)")
+    r.add_argument("--file", required=True, help="saved `ncclras` output, - for stdin")
+    r.add_argument("--job", help="job id to stamp on the records")
+    _common(r, 1.0)
+    r.set_defaults(func=_cmd_ncclras)

@@ -6,7 +6,7 @@ import os
 from pathlib import Path
 from typing import Any, Iterable
 
-from pipeline.schema import DcgmRecord, dcgm
+from pipeline.schema import DcgmRecord, ProgressRecord, dcgm
 
 T0 = 1764403200.0  # 2025-11-29T08:00:00Z
 
@@ -40,6 +40,13 @@ def fleet(seconds: Iterable[float], hosts: int = 2, gpus: int = 2, overrides: An
                     continue
                 out.append(sample(t, f"n{h}", g, **extra))
     return out
+
+def progress(t: float, host: str = "n1", rank: int = 0, **kw: Any) -> ProgressRecord:
+    """One rank's collective progress at T0 + t (a watchdog's ``progress`` unless ``kw`` says
+    otherwise): job ``j1``, communicator ``0``."""
+    args: dict[str, Any] = {"job": "j1", "comm": "0", "source": "watchdog", "state": "progress", **kw}
+    return ProgressRecord(ts=T0 + t, host=host, rank=rank, **args)
+
 
 # The read-only real-format samples beside the checkout (../shared/data), as CI lays them out.
 SHARED_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"

@@ -40,7 +40,16 @@ from pipeline.engine.snapshot import decode_records, read_snapshot, write_snapsh
 from pipeline.engine.stage import CheckStage, NicReader, Stage, StageCheck
 from pipeline.engine.state import GpuState, advance
 from pipeline.engine.ticks import skip_ahead
-from pipeline.schema import AlertEvent, DcgmRecord, DcgmSample, DeadLetter, NcclRecord, NicRecord, TelemetryRecord
+from pipeline.schema import (
+    AlertEvent,
+    DcgmRecord,
+    DcgmSample,
+    DeadLetter,
+    NcclRecord,
+    NicRecord,
+    ProgressRecord,
+    TelemetryRecord,
+)
 
 log = logging.getLogger("gpuwarden.engine")
 
@@ -282,6 +291,19 @@ class Engine:
         k = len(records)
         # By type, not isinstance(): a type's membership in a set is ~3x cheaper per record.
         types = list(map(type, records))
+        # Subclasses too: the decoder's checked types are (pipeline/decode.py).
+        progress = {t for t in set(types) if issubclass(t, ProgressRecord)}
+        if progress:
+            # Collective progress is read by no stage of the engine: counted, and forwarded with
+            # the rest (docs/architecture.md §3); the GPU and NCCL rows go on as without it.
+            keep = np.array([t not in progress for t in types], dtype=bool)
+            self.stats["records.progress"] += k - int(keep.sum())
+            records = list(compress(records, keep.tolist()))
+            origins, ts, hosts = take_origins(origins, keep), ts[keep], hosts[keep]
+            types = list(map(type, records))
+            k = len(records)
+            if not k:
+                return Pending.empty(self._columnizer.columns)
         dcgm_types = {t for t in set(types) if issubclass(t, DcgmSample)}
         kinds = list(map(dcgm_types.__contains__, types))
         is_dcgm = np.array(kinds, dtype=bool)

@@ -45,6 +45,12 @@ class Pending:
     tmin: float
     tmax: float
 
+    @staticmethod
+    def empty(cols: tuple[int, ...]) -> "Pending":
+        """No rows (a batch whose records no stage reads as rows)."""
+        none = np.empty(0, np.int32)
+        return Pending(np.empty(0), none, none, np.empty((0, len(cols))), cols, np.empty(0), None, math.inf, -math.inf)
+
     def split(self, wm: float) -> tuple["Pending", "Pending"]:
         """(rows before ``wm``, the rest)."""
         sel, nsel = self.ts < wm, self.nccl_ts < wm

@@ -73,7 +73,7 @@ def rule_files(paths: Sequence[str | Path]) -> list[Path]:
                 for x in p.iterdir()
                 if x.suffix in (".yaml", ".yml")
                 and x.is_file()
-                and x.name not in ("models.yaml", "routes.yaml", "incidents.yaml")
+                and x.name not in ("models.yaml", "routes.yaml", "incidents.yaml", "hang.yaml")
             )
         else:
             out.append(p)

@@ -51,6 +51,7 @@ from pipeline.deadletters import (
 from pipeline.decode import RAW_KEEP, TS_MAX, TS_MIN
 from pipeline.engine import Engine, EngineOutput
 from pipeline.errors import StateError
+from pipeline.hang import HangDetector
 from pipeline.runner import Totals
 from pipeline.schema import DeadLetter, TelemetryRecord
 from pipeline.topology import FLEET_KEY, FleetStage, records_decoder
@@ -184,10 +185,12 @@ class FleetTask:
         topic: str = "",
         group: str = "",
         key: bytes | None = None,
+        hang: HangDetector | None = None,
     ) -> None:
         """``n_upstream``: the telemetry topic's partition count, as the service knows it;
-        ``topic``, ``group``, ``key``: what the host stage's ``Outbox`` signs with."""
-        self.stage = FleetStage(make_engine, upstream=n_upstream, max_buffer=max_buffer)
+        ``topic``, ``group``, ``key``: what the host stage's ``Outbox`` signs with; ``hang``: the
+        hung-collective detector (pipeline/hang.py)."""
+        self.stage = FleetStage(make_engine, upstream=n_upstream, max_buffer=max_buffer, hang=hang)
         self.n_upstream = n_upstream
         self.topic, self.group, self.key = topic, group, key
         self.totals = Totals()

@@ -114,7 +114,8 @@ class Membership:
         from pipeline.service.wiring import live_decoder
 
         if self.stage == "fleet":
-            make = self._stages().fleet
+            stages = self._stages()
+            make = stages.fleet
             if make is None:
                 raise StateError("the fleet stage runs the models, and none are configured (service.models)")
             task = FleetTask(
@@ -124,6 +125,7 @@ class Membership:
                 topic=self.topics.fleet,
                 group=self.cfg.kafka.group,
                 key=self.fleet_key,
+                hang=stages.hang() if stages.hang is not None else None,
             )
             return PartitionState(partition, task, last_input=now)
         detector = self._new_engine(partition)

@@ -1,0 +1,444 @@
+"""Hung collectives: a job's progress records -> one alert per communicator naming the ranks
+behind (docs/rules.md#hung-collectives).
+
+A communicator's ranks span hosts, so this runs where every host's records meet: the fleet stage
+(``pipeline/topology.py``), fed the progress records it releases, in canonical order, and told
+how far event time has come. A communicator (``job``, ``comm``) is hung when a rank reports a
+watchdog timeout, RAS names a rank missing, dead or in error, or a rank behind its peers makes
+no progress for ``stuck_after``. The alert waits ``settle`` after that first evidence, so the
+other ranks' reports of the same hang are in, then fires once, naming the suspects: the ranks
+RAS names, the ranks whose last completed work (RAS: launched operations) lags the highest
+their peers report, else the ranks that enqueued less, and ranks of a known size that never
+reported. It resolves when the suspects (or, without suspects, any rank) report progress past
+what their peers had reached, or after ``forget_after`` without a report.
+
+The outcome depends on the records and their event times only: a communicator's alert fires at
+its deadline (evidence + ``settle``), with the records before it, whichever batches brought them.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Sequence
+
+import msgspec
+
+from pipeline import typedconfig
+from pipeline.durations import duration
+from pipeline.engine.lifecycle import alert_id
+from pipeline.errors import ConfigError, StateError
+from pipeline.schema import AlertEvent, ProgressRecord
+
+RULE = "hang_collective"
+FAULT = "hang_collective"
+STATE_VERSION = 1
+MAX_LISTED = 16  # suspects named in a summary and evidence; the rest counted
+_RAS_SUSPECT = ("missing", "dead", "error")
+
+
+class HangConfig(msgspec.Struct, forbid_unknown_fields=True):
+    """``hang.yaml``'s ``hang:`` section (durations as text: ``30s``, ``2m``)."""
+
+    settle: str | int | float = "30s"
+    stuck_after: str | int | float = "2m"
+    forget_after: str | int | float = "1h"
+    severity: str = "critical"
+    max_communicators: int = 10_000
+    max_ranks: int = 65_536
+
+
+class _File(msgspec.Struct, forbid_unknown_fields=True):
+    hang: HangConfig = msgspec.field(default_factory=HangConfig)
+
+
+@dataclass(frozen=True)
+class Settings:
+    """``HangConfig`` read: seconds and bounds."""
+
+    settle_s: float = 30.0
+    stuck_after_s: float = 120.0
+    forget_after_s: float = 3600.0
+    severity: str = "critical"
+    max_communicators: int = 10_000
+    max_ranks: int = 65_536
+
+
+def settings(cfg: HangConfig, source: str = "hang.yaml") -> Settings:
+    """The thresholds of ``cfg``; a ``ConfigError`` naming the key for one that is not one.
+
+    >>> settings(HangConfig(settle="10s")).settle_s
+    10.0
+    >>> settings(HangConfig(max_ranks=0))
+    Traceback (most recent call last):
+    ...
+    pipeline.errors.ConfigError: config key 'hang.max_ranks': hang.yaml: must be 1..16777216, got 0 [GW100]
+    """
+    out = Settings(
+        duration(cfg.settle, "hang.settle"),
+        duration(cfg.stuck_after, "hang.stuck_after"),
+        duration(cfg.forget_after, "hang.forget_after"),
+        cfg.severity,
+        cfg.max_communicators,
+        cfg.max_ranks,
+    )
+    if out.severity not in ("critical", "warning", "info"):
+        raise ConfigError("hang.severity", f"{source}: critical, warning or info, got {out.severity!r}")
+    for key, val in (("max_communicators", out.max_communicators), ("max_ranks", out.max_ranks)):
+        if not 1 <= val <= 1 << 24:
+            raise ConfigError(f"hang.{key}", f"{source}: must be 1..{1 << 24}, got {val}")
+    return out
+
+
+def load_settings(path: str | Path) -> Settings:
+    """``hang.yaml`` (safe YAML through ``typedconfig``), every mistake a ``ConfigError`` naming
+    the key and the file."""
+    return settings(typedconfig.load(path, _File).hang, str(path))
+
+
+@dataclass
+class _Rank:
+    host: str
+    gpu: int | None
+    state: str
+    progress: int | None  # last completed work (RAS: operations launched)
+    enqueued: int | None
+    since: float  # when ``progress`` last changed
+    ts: float
+
+
+@dataclass
+class _Comm:
+    job: str | None
+    comm: str | None
+    name: str | None = None
+    nranks: int | None = None
+    ranks: dict[int, _Rank] = field(default_factory=dict)
+    evidence_at: float | None = None  # the first report that the communicator is hung
+    seq: int | None = None
+    op: str | None = None
+    timeout_ms: int | None = None
+    last_ts: float = -math.inf
+    top: int | None = None  # the highest progress any rank reported
+    firing: dict[str, Any] | None = None  # the alert while it fires: id, started_at, suspects, peak
+    untracked: int = 0  # ranks past max_ranks
+
+
+class HangDetector:
+    """Progress records in, hang alerts out (see the module's docstring).
+
+    >>> det = HangDetector(Settings(settle_s=10))
+    >>> det.observe([ProgressRecord(ts=1764403200.0, host=f"n{r}", rank=r, job="j", comm="0", last_enqueued=9,
+    ...                             last_completed=8 if r else 5, source="watchdog", state="timeout")
+    ...              for r in range(4)])
+    []
+    >>> [(a.state, a.host, a.evidence["suspects"][0]["why"]) for a in det.advance(1764403300.0)]
+    [('firing', 'n0', 'last completed 5, peers 8')]
+    """
+
+    def __init__(self, config: Settings | None = None) -> None:
+        self.config = config or Settings()
+        self.comms: dict[tuple[str, str], _Comm] = {}
+        self.now = -math.inf
+        self._next = math.inf  # the earliest time anything is due (``_due``), or sooner
+        self.stats: dict[str, int] = {"records": 0, "fired": 0, "resolved": 0, "dropped.communicators": 0,
+                                      "dropped.ranks": 0}  # fmt: skip
+
+    # -- input -------------------------------------------------------------------------------
+
+    def observe(self, records: Sequence[Any]) -> list[AlertEvent]:
+        """Released records in event-time order (others than progress records are skipped);
+        what fired or resolved on the way (a deadline at or before a later record's time)."""
+        out: list[AlertEvent] = []
+        for r in records:
+            if not isinstance(r, ProgressRecord):
+                continue
+            self.stats["records"] += 1
+            out.extend(self.advance(r.ts))
+            self._apply(r, out)
+        return out
+
+    def advance(self, upto: float) -> list[AlertEvent]:
+        """Every record before ``upto`` has been observed: fire what settled by then, forget
+        what went silent. The end of a stream (``upto`` infinite) fires but forgets nothing."""
+        out: list[AlertEvent] = []
+        if upto > self.now:
+            self.now = upto
+        if upto < self._next:  # nothing is due: one comparison a record, not a walk of every communicator
+            return out
+        for key, c in list(self.comms.items()):
+            if c.firing is None and c.evidence_at is not None and c.evidence_at + self.config.settle_s <= upto:
+                out.append(self._fire(c, c.evidence_at + self.config.settle_s))
+            silent = c.last_ts + self.config.forget_after_s
+            if math.isfinite(upto) and silent <= upto:
+                if c.firing is not None:
+                    out.append(self._resolve(c, silent, f"no progress report for {self.config.forget_after_s:g}s"))
+                del self.comms[key]
+        self._next = min((self._due(c) for c in self.comms.values()), default=math.inf)
+        return out
+
+    def _due(self, c: _Comm) -> float:
+        """The earliest event time at which ``advance`` has something to do for ``c``."""
+        due = c.last_ts + self.config.forget_after_s
+        if c.firing is None and c.evidence_at is not None:
+            due = min(due, c.evidence_at + self.config.settle_s)
+        return due
+
+    def _apply(self, r: ProgressRecord, out: list[AlertEvent]) -> None:
+        key = (r.job or "", r.comm or "")
+        c = self.comms.get(key)
+        if c is None:
+            if len(self.comms) >= self.config.max_communicators:
+                self.stats["dropped.communicators"] += 1
+                return
+            c = self.comms[key] = _Comm(r.job, r.comm)
+        c.last_ts = max(c.last_ts, r.ts)
+        c.name = c.name or r.comm_name
+        c.nranks = r.nranks if r.nranks is not None else c.nranks
+        prog = r.last_completed if r.last_completed is not None else (r.last_enqueued if r.source == "ras" else None)
+        rk = c.ranks.get(r.rank)
+        if rk is None:
+            if len(c.ranks) >= self.config.max_ranks:
+                c.untracked += 1
+                self.stats["dropped.ranks"] += 1
+                return
+            rk = c.ranks[r.rank] = _Rank(r.host, r.gpu, r.state, prog, r.last_enqueued, r.ts, r.ts)
+        else:
+            if prog is not None and prog != rk.progress:
+                rk.progress, rk.since = prog, r.ts
+            rk.host, rk.gpu = r.host, r.gpu if r.gpu is not None else rk.gpu
+            rk.state, rk.ts = r.state, r.ts
+            rk.enqueued = r.last_enqueued if r.last_enqueued is not None else rk.enqueued
+        if prog is not None and (c.top is None or prog > c.top):
+            c.top = prog
+        if r.state == "timeout":
+            c.seq = c.seq if c.seq is not None else r.seq
+            c.op = c.op or r.op
+            c.timeout_ms = c.timeout_ms or r.timeout_ms
+        if c.firing is not None:
+            if self._caught_up(c, r.rank, rk):
+                out.append(self._resolve(c, r.ts, "progress resumed"))
+            return
+        if c.evidence_at is None and (r.state == "timeout" or r.state in _RAS_SUSPECT or self._stuck(c, rk, r.ts)):
+            c.evidence_at = r.ts
+        self._next = min(self._next, self._due(c))
+
+    # -- judging -----------------------------------------------------------------------------
+
+    def _stuck(self, c: _Comm, k: _Rank, now: float) -> bool:
+        """Whether rank ``k``, reporting now, is behind its peers and has not moved for
+        ``stuck_after`` (judged as each rank reports: O(1) a record, whatever the job's size)."""
+        behind = k.state == "lagging" or (c.top is not None and k.progress is not None and k.progress < c.top)
+        return behind and now - k.since >= self.config.stuck_after_s
+
+    def suspects(self, c: _Comm) -> list[tuple[int, _Rank, str]]:
+        """The ranks a hang is blamed on, with why, lowest rank first."""
+        out: dict[int, tuple[_Rank, str]] = {}
+        for i, k in c.ranks.items():
+            if k.state in _RAS_SUSPECT:
+                out[i] = (k, k.state)
+        known = [k.progress for k in c.ranks.values() if k.progress is not None]
+        top = max(known, default=None)
+        if top is not None and min(known) < top:
+            for i, k in c.ranks.items():
+                if k.progress is not None and k.progress < top:
+                    out.setdefault(i, (k, f"last completed {k.progress}, peers {top}"))
+        elif not out:
+            enq = [k.enqueued for k in c.ranks.values() if k.enqueued is not None]
+            if enq and min(enq) < max(enq):
+                for i, k in c.ranks.items():
+                    if k.enqueued is not None and k.enqueued < max(enq):
+                        out[i] = (k, f"last enqueued {k.enqueued}, peers {max(enq)}")
+        for i, k in c.ranks.items():
+            if k.state == "lagging":
+                out.setdefault(i, (k, "behind its peers' operation count"))
+        return [(i, k, why) for i, (k, why) in sorted(out.items())]
+
+    def _silent(self, c: _Comm) -> list[int]:
+        """Ranks of a communicator of known size that never reported (at most ``MAX_LISTED``)."""
+        if c.nranks is None or len(c.ranks) >= c.nranks or not any(k.state != "timeout" for k in c.ranks.values()):
+            return []
+        return [i for i in range(c.nranks) if i not in c.ranks][:MAX_LISTED]
+
+    def _caught_up(self, c: _Comm, rank: int, k: _Rank) -> bool:
+        """Whether the firing hang is over, now that ``rank`` reported: every suspect has reported
+        progress up to what its peers had reached (without suspects: any rank past it)."""
+        f = c.firing
+        assert f is not None
+        peak = f["peak"]
+        moved = k.state == "progress" and k.progress is not None and peak is not None
+        if not f["ranks"]:
+            return moved and k.progress > peak
+        if moved and k.progress >= peak and rank in f["waiting"]:
+            f["waiting"].discard(rank)
+        return not f["waiting"]
+
+    # -- alerts ------------------------------------------------------------------------------
+
+    def _entity(self, c: _Comm) -> str:
+        return f"{c.job or '-'}/{c.comm or '-'}"
+
+    def _fire(self, c: _Comm, at: float) -> AlertEvent:
+        assert c.evidence_at is not None
+        sus = self.suspects(c)
+        silent = self._silent(c)
+        known = [k.progress for k in c.ranks.values() if k.progress is not None]
+        listed = [
+            {"rank": i, "host": k.host, "gpu": k.gpu, "why": why, "state": k.state,
+             "last_completed": k.progress, "last_enqueued": k.enqueued}
+            for i, k, why in sus[:MAX_LISTED]
+        ]  # fmt: skip
+        where = c.comm if c.comm is not None else "?"
+        what = f"{c.op} seq {c.seq}" if c.op and c.seq is not None else (f"seq {c.seq}" if c.seq is not None else "")
+        head = f"Collective hang in job {c.job or '?'} (communicator {where}{', ' + what if what else ''})"
+        if sus:
+            names = "; ".join(
+                f"rank {i} on {k.host}{f' GPU {k.gpu}' if k.gpu is not None else ''} ({why})"
+                for i, k, why in sus[:MAX_LISTED]
+            )
+            more = f" and {len(sus) - MAX_LISTED} more" if len(sus) > MAX_LISTED else ""
+            summary = f"{head}: suspects {names}{more}"
+        else:
+            summary = f"{head}: {len(c.ranks)} rank(s) reported it at the same work; no rank stands out"
+        if silent:
+            summary += f"; never reported: rank(s) {', '.join(map(str, silent))}"
+        first = sus[0][1] if sus else None
+        # The engine's id scheme: the same hang found again in a replay or after a restore has the same id.
+        aid = alert_id(RULE, self._entity(c), c.evidence_at)
+        c.firing = {
+            "id": aid,
+            "started_at": c.evidence_at,
+            "summary": summary,
+            "ranks": [i for i, _, _ in sus],
+            "waiting": {i for i, _, _ in sus},  # suspects not yet caught up
+            "peak": max(known, default=None),
+            "host": first.host if first else None,
+            "gpu": first.gpu if first else None,
+        }
+        self.stats["fired"] += 1
+        labels = {"comm": c.comm or "", "source": "hang"}
+        if c.name:
+            labels["comm_name"] = c.name
+        if sus:
+            labels["suspect_hosts"] = ",".join(dict.fromkeys(k.host for _, k, _ in sus[:MAX_LISTED]))
+        evidence = {
+            "suspects": listed,
+            "suspects_total": len(sus),
+            "never_reported": silent,
+            "ranks_reporting": len(c.ranks),
+            "nranks": c.nranks,
+            "seq": c.seq,
+            "op": c.op,
+            "timeout_ms": c.timeout_ms,
+            "peers_last_completed": max(known, default=None),
+        }
+        return AlertEvent(
+            id=aid,
+            state="firing",
+            fault=FAULT,
+            severity=self.config.severity,
+            rule=RULE,
+            host=c.firing["host"],
+            gpu=c.firing["gpu"],
+            job=c.job,
+            ts=at,
+            started_at=c.evidence_at,
+            summary=summary,
+            evidence=evidence,
+            labels=labels,
+        )
+
+    def _resolve(self, c: _Comm, at: float, why: str) -> AlertEvent:
+        f = c.firing
+        assert f is not None
+        c.firing, c.evidence_at = None, None
+        self.stats["resolved"] += 1
+        return AlertEvent(
+            id=f["id"],
+            state="resolved",
+            fault=FAULT,
+            severity=self.config.severity,
+            rule=RULE,
+            host=f["host"],
+            gpu=f["gpu"],
+            job=c.job,
+            ts=at,
+            started_at=f["started_at"],
+            summary=f["summary"],
+            evidence={"resolved_by": why},
+            labels={"comm": c.comm or "", "source": "hang"},
+        )
+
+    # -- state -------------------------------------------------------------------------------
+
+    def to_state(self) -> dict[str, Any]:
+        """Plain data (strings, numbers, lists, maps): msgpack- and JSON-able."""
+        return {
+            "version": STATE_VERSION,
+            "now": self.now,
+            "comms": [
+                {
+                    "job": c.job, "comm": c.comm, "name": c.name, "nranks": c.nranks, "evidence_at": c.evidence_at,
+                    "seq": c.seq, "op": c.op, "timeout_ms": c.timeout_ms, "last_ts": c.last_ts, "top": c.top,
+                    "firing": None if c.firing is None else {**c.firing, "waiting": sorted(c.firing["waiting"])},
+                    "untracked": c.untracked,
+                    "ranks": [[i, k.host, k.gpu, k.state, k.progress, k.enqueued, k.since, k.ts]
+                              for i, k in c.ranks.items()],
+                }
+                for c in self.comms.values()
+            ],
+            "stats": dict(self.stats),
+        }  # fmt: skip
+
+    def load_state(self, state: Any) -> None:
+        """Take back what ``to_state`` wrote; anything else is a ``StateError``, leaving the
+        detector as it was."""
+        try:
+            if not isinstance(state, dict) or state.get("version") != STATE_VERSION:
+                raise StateError("hang detector state: not a version-1 state")
+            comms: dict[tuple[str, str], _Comm] = {}
+            for d in state["comms"][: self.config.max_communicators]:
+                c = _Comm(_opt_str(d["job"]), _opt_str(d["comm"]), _opt_str(d["name"]), _opt_int(d["nranks"]))
+                c.evidence_at = _opt_float(d["evidence_at"])
+                c.seq, c.op, c.timeout_ms = _opt_int(d["seq"]), _opt_str(d["op"]), _opt_int(d["timeout_ms"])
+                c.last_ts, c.untracked, c.top = float(d["last_ts"]), int(d["untracked"]), _opt_int(d["top"])
+                f = d["firing"]
+                if f is not None:
+                    f = {
+                        "id": str(f["id"]), "started_at": float(f["started_at"]), "summary": str(f["summary"]),
+                        "ranks": [int(i) for i in f["ranks"]], "waiting": {int(i) for i in f["waiting"]},
+                        "peak": _opt_int(f["peak"]),
+                        "host": _opt_str(f["host"]), "gpu": _opt_int(f["gpu"]),
+                    }  # fmt: skip
+                c.firing = f
+                for i, host, gpu, st, prog, enq, since, ts in d["ranks"][: self.config.max_ranks]:
+                    c.ranks[int(i)] = _Rank(
+                        str(host), _opt_int(gpu), str(st), _opt_int(prog), _opt_int(enq), float(since), float(ts)
+                    )
+                comms[(c.job or "", c.comm or "")] = c
+            now = float(state["now"])
+            stats = {str(k): int(v) for k, v in state["stats"].items()}
+        except (KeyError, TypeError, ValueError, AttributeError) as e:
+            raise StateError(f"hang detector state: {e}") from e
+        self.comms, self.now = comms, now
+        self.stats.update(stats)
+        self._next = min((self._due(c) for c in comms.values()), default=math.inf)
+
+
+def _opt_str(v: Any) -> str | None:
+    if v is None or isinstance(v, str):
+        return v
+    raise TypeError(f"expected a string, got {type(v).__name__}")
+
+
+def _opt_int(v: Any) -> int | None:
+    if v is None:
+        return None
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise TypeError(f"expected an integer, got {type(v).__name__}")
+    return v
+
+
+def _opt_float(v: Any) -> float | None:
+    return None if v is None else float(v)

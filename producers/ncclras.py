@@ -1,0 +1,448 @@
+"""NCCL RAS status output (``ncclras``, ``echo verbose status | nc localhost 28028``) ->
+``ProgressRecord``s: the ranks RAS names as behind, missing, dead or in error.
+
+The format is NCCL's (``src/ras/client_support.cc``; ``docs/userguide/source/troubleshooting/ras.rst``;
+docs/producers.md#collective-progress-pytorch-watchdog-and-nccl-ras has the table). RAS prints
+the ranks of a group only when the group is an outlier (at most 25 % of the ranks and 10 of
+them; verbose: under 50 %), so a record is made for every rank it names, never for the
+unnamed majority:
+
+- ``#G-C (HASH) MISMATCH`` then ``Communicator ranks have different [OP ]operation counts`` (2.26+
+  per operation, ``collective operation counts`` before): ``K ranks have launched up to operation
+  N`` or ``K ranks have not launched any operations`` heads a group whose outliers follow as
+  ``Rank R -- GPU g managed by process P on node H``; a group of one is ``Rank R has launched up to
+  operation N -- GPU ...``. A named rank's ``last_enqueued`` is its count; it is ``lagging``
+  when another group of the same operation has launched more, else ``progress``.
+- ``#G-C (HASH) INCOMPLETE`` / ``Missing communicator data from K rank(s)``: the ranks named
+  (``Rank R -- GPU ...``, or 2.24's ``The missing rank: 21``) are ``missing``; ``dead`` when a
+  ``DEAD`` section names the process on the same node and GPU.
+- ``#G-C (HASH) ERROR``: ranks named under ``Initialization error`` / ``Asynchronous error`` are
+  ``error``, the NCCL error in ``labels["ras.error"]``.
+- ``MISMATCH`` on status (``K ranks have status S``): ranks in ``ABORT`` are ``error``; the
+  others (``INIT``, ``FINALIZE``, ``NOCOMM``...) are transitions RAS itself calls harmless, counted.
+
+``nranks`` is the "Ranks per comm" of the communicator's group in the Communicators table. The
+text has no time: records get the file's modification time (stdin: now). ``-f json`` output
+(2.28.7+) is read as well: every rank, its operation counts summed (``lagging`` below the
+communicator's highest), ``missing_ranks`` ``missing`` or ``dead`` (``considered_dead``), and an
+``async_error`` or ``init_state`` other than success/in-progress, or ``abort_flag``, ``error``.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from pipeline.decode import MAX_RANKS, MAX_SEQ
+from pipeline.numeric import ascii_int, finite
+from pipeline.schema import ProgressRecord
+from producers import jsonsafe
+
+log = logging.getLogger(__name__)
+
+MAX_CHARS = 64 * 1024 * 1024  # a status of 100k ranks is a few MB; the rest is counted, not read
+LINE_MAX = 64 * 1024
+_COMM = re.compile(r"#(\d+)-(\d+) \(([0-9a-fA-Fx]+)\) (MISMATCH|INCOMPLETE|ERROR)\s*$")
+_COUNTS = re.compile(r"Communicator ranks have different (?:(\w+) )?operation counts")
+_GROUP_LAUNCHED = re.compile(r"(\S+) ranks have launched up to operation (\S+)$")
+_GROUP_NONE = re.compile(r"(\S+) ranks have not launched any operations$")
+_GROUP_STATUS = re.compile(r"(\S+) ranks have status (\w+)$")
+_GROUP_REPORTED = re.compile(r"(\S+) ranks reported (.+)$")
+# Rank R[ has launched up to operation N| has not launched any operations| has status S| reported E]
+#   -- GPU g[ (NVML n)] managed by process P on node H   |   -- [process information not found]
+_RANK = re.compile(
+    r"Rank (?P<rank>\S+?)(?: has launched up to operation (?P<ops>\S+)| has not launched any operations"
+    r"| has status (?P<status>\w+)| reported (?P<err>.+?))? -- (?:GPU (?P<gpu>\S+)(?: \(NVML (?P<nvml>\S+?)\))? "
+    r"managed by process (?P<pid>\S+) on node (?P<node>\S+)|\[process information not found\])$"
+)
+_MISSING_LIST = re.compile(r"The missing ranks?: (.+)$")
+_PROCESS = re.compile(r"Process (\S+) on node (\S+) managing GPUs? (.+)$")
+_TABLE_ROW = re.compile(r"(\d+)\s+(\d+)\s+(\d+)\s+(\S+)\s+(\d+)\s+(\d+)\s+(\w+)\s+([\w,]+)$")
+_SECTIONS = ("Errors", "Warnings", "Job summary", "Communicators")
+
+
+@dataclass
+class RasStats:
+    lines: int = 0
+    communicators: int = 0  # communicator blocks (MISMATCH, INCOMPLETE, ERROR) read
+    records: int = 0
+    dead_processes: int = 0
+    transitional: int = 0  # ranks in a harmless status mismatch (INIT, FINALIZE, NOCOMM): not records
+    unranked: int = 0  # dead processes that no missing rank matches: named in the log, no record
+    unparsable: int = 0  # a line inside a communicator block that fits no layout
+    orphan: int = 0  # lines of a block whose header's number is not one: whose they are is unknown
+    bad_number: int = 0  # a rank, count or GPU that is not a number in range
+    oversize: int = 0
+    truncated: int = 0
+    bad_json_values: int = 0
+
+    def summary(self) -> dict[str, int]:
+        return {
+            "lines": self.lines,
+            "communicators": self.communicators,
+            "records": self.records,
+            "dead_processes": self.dead_processes,
+            "transitional_ranks": self.transitional,
+            "unranked_dead_processes": self.unranked,
+            "dropped.unparsable_line": self.unparsable,
+            "dropped.bad_number": self.bad_number,
+            "dropped.orphan_line": self.orphan,
+            "dropped.oversize_line": self.oversize,
+            "dropped.truncated_log": self.truncated,
+            "dropped.bad_json_value": self.bad_json_values,
+        }
+
+
+@dataclass
+class _Named:
+    """One rank a block names."""
+
+    rank: int
+    state: str
+    node: str | None = None
+    gpu: int | None = None
+    ops: int | None = None
+    op: str | None = None
+    error: str | None = None
+
+
+@dataclass
+class _Block:
+    group: int
+    hash: str
+    kind: str
+    named: list[_Named] = field(default_factory=list)
+    # Operation-count groups of the current "different ... operation counts" paragraph.
+    op: str | None = None
+    groups: list[int] = field(default_factory=list)
+    value: int | None = None
+    status: str | None = None
+    error: str | None = None
+    max_ops: dict[str | None, int] = field(default_factory=dict)
+
+
+def _int(text: str | None, limit: int = MAX_SEQ) -> int | None:
+    n = ascii_int(text, 19) if text is not None else None
+    return n if n is not None and n <= limit else None
+
+
+def parse_text(text: str, *, ts: float, job: str | None = None, stats: RasStats | None = None) -> list[ProgressRecord]:
+    """Records from ``ncclras`` text output (any release since 2.24)."""
+    stats = stats if stats is not None else RasStats()
+    ranks_per_comm: dict[int, int] = {}
+    blocks: list[_Block] = []
+    dead: set[tuple[str, int]] = set()
+    cur: _Block | None = None
+    section = ""
+    in_dead = False
+    orphaned = False  # inside a block whose header could not be read
+    for raw in text.splitlines():
+        stats.lines += 1
+        if len(raw) > LINE_MAX:
+            stats.oversize += 1
+            continue
+        line = raw.strip()
+        if not line or set(line) == {"="}:
+            continue
+        head = line.split("...")[0].strip()
+        if head in _SECTIONS and raw == raw.lstrip():
+            section, cur, in_dead, orphaned = head, None, False, False
+            continue
+        if section == "Communicators" and (m := _TABLE_ROW.match(line)):
+            g, size = _int(m.group(1)), _int(m.group(5), MAX_RANKS)
+            if g is not None and size is not None:
+                ranks_per_comm[g] = size
+            continue
+        if m := _COMM.match(line):
+            g = _int(m.group(1))
+            if g is None:
+                stats.bad_number += 1
+                cur, orphaned = None, True
+                continue
+            cur = _Block(g, m.group(3).lower().removeprefix("0x"), m.group(4))
+            blocks.append(cur)
+            stats.communicators += 1
+            in_dead = orphaned = False
+            continue
+        if raw == raw.lstrip() and line in ("DEAD", "INCOMPLETE", "TIMEOUT"):
+            cur, in_dead, orphaned = None, line == "DEAD", False
+            continue
+        if orphaned:
+            stats.orphan += 1
+            continue
+        if in_dead:
+            if m := _PROCESS.match(line):
+                stats.dead_processes += 1
+                for g_text in re.split(r"[,\s]+", m.group(3)):
+                    gpu = _int(g_text, 4095)
+                    if gpu is not None:
+                        dead.add((m.group(2), gpu))
+            continue
+        if cur is None:
+            continue
+        _block_line(cur, line, stats)
+    out = []
+    for b in blocks:
+        for nm in b.named:
+            state = nm.state
+            if state == "missing" and nm.node is not None and nm.gpu is not None and (nm.node, nm.gpu) in dead:
+                state = "dead"
+                dead.discard((nm.node, nm.gpu))
+            if state == "counted":
+                top = b.max_ops.get(nm.op, 0)
+                state = "lagging" if nm.ops is not None and nm.ops < top else "progress"
+            labels = {"source": "ncclras", "ras.block": b.kind, "ras.comm_id": f"#{b.group}"}
+            if nm.op:
+                labels["ras.op"] = nm.op
+            if nm.error:
+                labels["ras.error"] = nm.error[:200]
+            if nm.op is not None or state in ("lagging", "progress"):
+                labels["ras.max_ops"] = str(b.max_ops.get(nm.op, 0))
+            nranks = ranks_per_comm.get(b.group)
+            out.append(
+                ProgressRecord(
+                    ts=ts,
+                    host=nm.node or "unknown",
+                    job=job,
+                    rank=nm.rank,
+                    gpu=nm.gpu,
+                    comm=b.hash,
+                    nranks=nranks if nranks is not None and nm.rank < nranks else None,
+                    last_enqueued=nm.ops,
+                    source="ras",
+                    state=state,  # type: ignore[arg-type]
+                    labels=labels,
+                )
+            )
+    stats.unranked += len(dead)
+    stats.records += len(out)
+    return out
+
+
+def _block_line(b: _Block, line: str, stats: RasStats) -> None:
+    """One line inside a communicator block: a paragraph's head, a group's head or a rank."""
+    if m := _COUNTS.match(line):
+        # Before 2.26 one paragraph for every operation: "different collective operation counts".
+        op = m.group(1) if m.group(1) != "collective" else None
+        b.op, b.status, b.error, b.value = op, None, None, None
+        return
+    if line.startswith("Communicator ranks have different status"):
+        b.op, b.status, b.error, b.value = None, "", None, None
+        return
+    if line.startswith(("Missing communicator data", "Initialization error", "Asynchronous error")):
+        b.error = None
+        return
+    if m := _GROUP_LAUNCHED.match(line):
+        k, v = _int(m.group(1), MAX_RANKS), _int(m.group(2))
+        if k is None or v is None:
+            stats.bad_number += 1
+            b.value = None
+            return
+        b.value = v
+        b.max_ops[b.op] = max(b.max_ops.get(b.op, 0), v)
+        return
+    if _GROUP_NONE.match(line):
+        b.value = 0
+        return
+    if m := _GROUP_STATUS.match(line):
+        b.status = m.group(2)
+        return
+    if m := _GROUP_REPORTED.match(line):
+        b.error = m.group(2)
+        return
+    if m := _MISSING_LIST.match(line):
+        for tok in re.split(r"[,\s]+", m.group(1).strip()):
+            r = _int(tok, MAX_RANKS - 1)
+            if r is None:
+                stats.bad_number += 1
+                continue
+            b.named.append(_Named(r, "missing"))
+        return
+    m = _RANK.match(line)
+    if m is None:
+        stats.unparsable += 1
+        return
+    rank = _int(m.group("rank"), MAX_RANKS - 1)
+    gpu_text = m.group("nvml") or m.group("gpu")
+    gpu = _int(gpu_text, 4095) if gpu_text is not None else None
+    ops = _int(m.group("ops")) if m.group("ops") is not None else None
+    if (
+        rank is None
+        or (gpu_text is not None and gpu is None)
+        or (m.group("ops") is not None and ops is None)
+        or (m.group("pid") is not None and _int(m.group("pid")) is None)
+    ):
+        stats.bad_number += 1
+        return
+    node = m.group("node")
+    if b.kind == "INCOMPLETE":
+        b.named.append(_Named(rank, "missing", node, gpu))
+    elif b.kind == "ERROR":
+        b.named.append(_Named(rank, "error", node, gpu, error=m.group("err") or b.error))
+    elif b.status is not None:
+        status = m.group("status") or b.status
+        if status == "ABORT":
+            b.named.append(_Named(rank, "error", node, gpu, error="ABORT"))
+        else:
+            stats.transitional += 1
+    else:
+        if ops is None and "has not launched any operations" in line:
+            ops = 0
+        if ops is not None:
+            b.max_ops[b.op] = max(b.max_ops.get(b.op, 0), ops)
+        b.named.append(_Named(rank, "counted", node, gpu, ops=ops if ops is not None else b.value, op=b.op))
+
+
+def parse_json(
+    doc: Any, *, ts: float | None, job: str | None = None, stats: RasStats | None = None
+) -> list[ProgressRecord]:
+    """Records from ``ncclras -f json`` (2.28.7+). A value of the wrong type is left out and
+    counted (``bad_json_value``); the rest of the document is read. ``ts``: the document's
+    ``timestamp`` (local time) when it has one, else this."""
+    stats = stats if stats is not None else RasStats()
+    if not isinstance(doc, dict):
+        stats.bad_json_values += 1
+        return []
+    when = doc.get("timestamp")
+    t = ts if ts is not None else time.time()
+    if isinstance(when, str) and when.isascii():
+        try:
+            t = time.mktime(time.strptime(when[:19], "%Y-%m-%d %H:%M:%S"))
+        except (ValueError, OverflowError):
+            stats.bad_json_values += 1
+    out: list[ProgressRecord] = []
+    for c in _list(doc.get("communicators")):
+        if not isinstance(c, dict) or not isinstance(c.get("hash"), str):
+            stats.bad_json_values += 1
+            continue
+        stats.communicators += 1
+        chash = c["hash"].lower().removeprefix("0x")[:64] or "unknown"
+        size = _count(c.get("size"), MAX_RANKS)
+        named: list[tuple[dict, str, int | None, str | None]] = []
+        totals: list[int] = []
+        for r in _list(c.get("ranks")):
+            if not isinstance(r, dict):
+                stats.bad_json_values += 1
+                continue
+            counts = r.get("collective_counts")
+            total = None
+            if isinstance(counts, dict):
+                vals = [_count(v) for v in counts.values()]
+                if None in vals:
+                    stats.bad_json_values += 1
+                else:
+                    total = min(sum(v for v in vals if v is not None), MAX_SEQ)
+                    totals.append(total)
+            st = _dict(r.get("status"))
+            bad = [k for k in ("init_state", "async_error") if _count(st.get(k)) not in (None, 0, 7)]
+            if st.get("abort_flag") is True:
+                bad.append("abort_flag")
+            named.append((r, "error" if bad else "counted", total, ",".join(bad) or None))
+        for r in _list(c.get("missing_ranks")):
+            if not isinstance(r, dict):
+                stats.bad_json_values += 1
+                continue
+            st = _dict(r.get("status"))
+            named.append((r, "dead" if st.get("considered_dead") is True else "missing", None, None))
+        top = max(totals, default=0)
+        for r, state, total, err in named:
+            rank = _count(r.get("rank"), MAX_RANKS - 1)
+            host = r.get("host")
+            if rank is None or not isinstance(host, str) or not host or len(host) > 253:
+                stats.bad_json_values += 1
+                continue
+            gpu = _count(r.get("nvml_dev"), 4095)
+            if gpu is None:
+                gpu = _count(r.get("cuda_dev"), 4095)
+            if state == "counted":
+                state = "lagging" if total is not None and total < top else "progress"
+            labels = {"source": "ncclras", "format": "json"}
+            if total is not None:
+                labels["ras.max_ops"] = str(top)
+            if err:
+                labels["ras.error"] = err
+            out.append(
+                ProgressRecord(
+                    ts=t,
+                    host=host,
+                    job=job,
+                    rank=rank,
+                    gpu=gpu,
+                    comm=chash,
+                    nranks=size if size and rank < size else None,
+                    last_enqueued=total,
+                    source="ras",
+                    state=state,  # type: ignore[arg-type]
+                    labels=labels,
+                )
+            )
+    stats.records += len(out)
+    return out
+
+
+def _list(v: Any) -> list[Any]:
+    return v if isinstance(v, list) else []
+
+
+def _dict(v: Any) -> dict[str, Any]:
+    return v if isinstance(v, dict) else {}
+
+
+def _count(v: Any, limit: int = MAX_SEQ) -> int | None:
+    """A JSON count (an int, not a bool) in 0..``limit``, else None."""
+    x = finite(v)
+    if x is None or isinstance(v, float) and not x.is_integer():
+        return None
+    n = int(x)
+    return n if 0 <= n <= limit else None
+
+
+def parse(text: str, *, ts: float, job: str | None = None, stats: RasStats | None = None) -> list[ProgressRecord]:
+    """Text or ``-f json``, whichever ``text`` is."""
+    stats = stats if stats is not None else RasStats()
+    if text.lstrip().startswith("{"):
+        try:
+            doc, deep = jsonsafe.loads_pruned(text)
+        except ValueError:
+            doc, deep = None, 0
+        stats.bad_json_values += deep
+        if doc is not None:
+            return parse_json(doc, ts=ts, job=job, stats=stats)
+    return parse_text(text, ts=ts, job=job, stats=stats)
+
+
+class RasStatusSource:
+    """A finite source: one saved ``ncclras`` output (or stdin), read once, up to ``max_chars``."""
+
+    def __init__(self, path: str, *, job: str | None = None, max_chars: int = MAX_CHARS) -> None:
+        import os
+
+        self.path, self.job, self.max_chars = path, job, max_chars
+        self.mtime = os.stat(path).st_mtime if path != "-" else time.time()
+        self.done = False
+        self.stats = RasStats()
+
+    def poll(self) -> list[ProgressRecord]:
+        if self.done:
+            return []
+        self.done = True
+        if self.path == "-":
+            text = sys.stdin.read(self.max_chars + 1)
+        else:
+            with open(self.path, encoding="utf-8", errors="replace") as fh:
+                text = fh.read(self.max_chars + 1)
+        if len(text) > self.max_chars:
+            self.stats.truncated = 1
+            text = text[: self.max_chars]
+        return parse(text, ts=self.mtime, job=self.job, stats=self.stats)
+
+    def summary(self) -> dict[str, int]:
+        """Counts for the exit summary (what was read and what was left out, by reason)."""
+        return self.stats.summary()
+
+    def close(self) -> None:
+        pass

@@ -1,0 +1,435 @@
+"""PyTorch's ProcessGroupNCCL watchdog lines in a training log -> ``ProgressRecord``s.
+
+When a collective hangs, each rank's watchdog (``torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp``)
+logs what it knows: the work that timed out and how far its process group had come. Those are
+the lines that name the ranks a hang is blamed on: a rank whose last completed work lags its
+peers' is a suspect (docs/producers.md#collective-progress-pytorch-watchdog-and-nccl-ras has the
+table of layouts and versions). Read here:
+
+- ``Watchdog caught collective operation timeout: WorkNCCL(SeqNum=N, OpType=OP[, NumelIn=..,
+  NumelOut=..], Timeout(ms)=T) ran for R milliseconds before timing out.`` (every version since
+  1.x; ``NumelIn``/``NumelOut`` since 2.1);
+- ``failure detected by watchdog at work sequence id: N PG status: last enqueued work: A, last
+  completed work: B`` (2.4 and later);
+- ``Timeout at NCCL work: N, last enqueued NCCL work: A, last completed NCCL work: B.`` (2.2, 2.3);
+- ``Received a dump signal due to a collective timeout from ... Last enqueued NCCL work: A, last
+  completed NCCL work: B.``: a rank that did not time out itself, told by a peer that did (its
+  progress, the evidence that tells the lagging ranks from the waiting ones);
+- ``Some NCCL operations have failed or timed out.``: the only word older releases give on some
+  ranks (a timeout without numbers).
+
+Around the message: the glog/c10 header (``[E1218 20:27:21.426415540 ProcessGroupNCCL.cpp:629]``
+since 2.4, ``[E ProcessGroupNCCL.cpp:828]`` without a time before, glog's own ``E1218
+20:27:21.426415 12345 ProcessGroupNCCL.cpp:629]``), the rank prefix (``[rank3]:``, 2.2+), the
+log prefix (``[Rank 1]``, ``[PG 0 Rank 2]``, ``[PG ID 0 PG GUID 0(default_pg) Rank 1]``),
+torchrun's ``--tee`` prefix (``[default0]:``, the local rank) and Ray's (``(WorkerDict pid=..)``).
+A multi-rank log interleaves all of them; lines of one rank about the same work (the timeout,
+the PG status, the exception that repeats it) become one record.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import socket
+import sys
+import time
+from dataclasses import dataclass
+from typing import Any, Iterator, TextIO
+
+from pipeline.decode import MAX_RANKS, MAX_SEQ
+from pipeline.numeric import ascii_int
+from pipeline.schema import ProgressRecord
+
+log = logging.getLogger(__name__)
+
+LINE_MAX = 64 * 1024  # a watchdog line is ~400 characters; longer is not one (skipped whole, counted)
+MAX_RECORDS = 1_000_000  # distinct (rank, work) reports one log may make; the rest counted
+SEQ_DIGITS = 19  # an int64
+
+# Prefixes, each optional, in the order they stack: Ray's worker tag, torchrun's local rank, the
+# rank prefix, the c10/glog header.
+_RAY = re.compile(r"\(\w+ pid=\d+(?:, ip=[^)]*)?\)\s*")
+_TORCHRUN = re.compile(r"\[default(\S+?)\]:")
+_RANKPFX = re.compile(r"\[rank(\S+?)\]:")
+# [E1218 20:27:21.426415540 ProcessGroupNCCL.cpp:629] | [E ProcessGroupNCCL.cpp:828] | glog's own. The
+# month is not zero-padded ("[E709 17:05:38...]").
+_HEADER = re.compile(
+    r"\[?[EWIF](?:(\d{1,2})(\d\d) (\d\d):(\d\d):(\d\d)(?:\.\d+)?(?: +\d+)?)? *([\w.]+\.(?:cpp|hpp|cc|h)):\d+\] ?"
+)
+# The log prefix: [Rank 1], [PG 0 Rank 2], [PG ID 0 PG GUID 0(default_pg) Rank 1].
+_LOGPFX = re.compile(
+    r"\[(?:PG ID (?P<pgid>\S+) PG GUID (?P<guid>[^\s(\]]+)(?:\((?P<name>[^)\]]*)\))? |PG (?P<pg>\S+) )?Rank (?P<rank>\S+?)\]"
+)
+_TIMEOUT = re.compile(
+    r"Watchdog caught collective operation timeout: WorkNCCL\((?P<args>[^)]*(?:\)[^)]*)?)\) ran for (?P<ran>\S+) "
+    r"milliseconds before timing out"
+)
+_FAILURE = re.compile(
+    r"failure detected by watchdog at work sequence id: (?P<seq>\S+) PG status: last enqueued work: (?P<enq>-?\S+?),"
+    r" last completed work: (?P<done>-?[^\s.,]+)"
+)
+_TIMEOUT_AT = re.compile(
+    r"Timeout at NCCL work: (?P<seq>\S+?), last enqueued NCCL work: (?P<enq>-?\S+?), last completed NCCL work: "
+    r"(?P<done>-?[^\s.,]+)"
+)
+_DUMP = re.compile(
+    r"Received a dump signal due to a collective timeout from (?P<from>.*?)(?: and we will try our best to dump "
+    r"the debug info\.)? ?Last enqueued NCCL work: (?P<enq>-?\S+?), last completed NCCL work: (?P<done>-?[^\s.,]+)"
+)
+_FAILED = "Some NCCL operations have failed or timed out"
+# Words a watchdog line holds: a line with one that fits no layout is counted, never guessed at.
+_MARKERS = ("Watchdog caught collective operation timeout", "failure detected by watchdog",
+            "Timeout at NCCL work", "Received a dump signal due to a collective timeout", _FAILED)  # fmt: skip
+_KV = re.compile(r"(\w+(?:\(ms\))?)=([^,]*)")
+
+
+@dataclass
+class WatchdogStats:
+    lines: int = 0
+    watchdog_lines: int = 0
+    records: int = 0
+    no_timestamp: int = 0  # watchdog lines without a time: stamped with the file's mtime
+    oversize: int = 0  # lines longer than LINE_MAX: skipped whole
+    unparsable: int = 0  # a watchdog line that fits no layout (cut short, altered)
+    bad_number: int = 0  # a line of a known layout whose number is not one (Unicode digits, 20+ digits)
+    no_rank: int = 0  # a watchdog line that names no rank anywhere
+    implausible_seq: int = 0  # last completed past last enqueued (garbage): that field left out
+    too_many: int = 0  # reports past MAX_RECORDS
+
+    def summary(self) -> dict[str, int]:
+        return {
+            "lines": self.lines,
+            "watchdog_lines": self.watchdog_lines,
+            "records": self.records,
+            "lines_without_time": self.no_timestamp,
+            "dropped.oversize_line": self.oversize,
+            "dropped.unparsable_line": self.unparsable,
+            "dropped.bad_number": self.bad_number,
+            "dropped.no_rank": self.no_rank,
+            "implausible_seq_cleared": self.implausible_seq,
+            "dropped.too_many_records": self.too_many,
+        }
+
+
+def _seq(text: str | None, minus_one: bool = False) -> int | None:
+    """A work sequence number (ASCII digits, within int64), or -1 where PyTorch prints it."""
+    if text is None:
+        return None
+    if minus_one and text == "-1":
+        return -1
+    n = ascii_int(text, SEQ_DIGITS)
+    return n if n is not None and n <= MAX_SEQ else None
+
+
+class _Bad(Exception):
+    """A line of a known layout whose number is not one."""
+
+
+def _num(text: str | None, minus_one: bool = False) -> int | None:
+    if text is None:
+        return None
+    n = _seq(text, minus_one)
+    if n is None:
+        raise _Bad(text)
+    return n
+
+
+@dataclass
+class Prefix:
+    """What the stacked prefixes of one line say."""
+
+    local_rank: int | None = None
+    rank: int | None = None
+    ts: float | None = None
+    rest: str = ""
+
+
+def strip_prefixes(line: str, year: int) -> Prefix:
+    """The prefixes of a log line read off, the message left in ``rest``.
+
+    >>> p = strip_prefixes("[default3]:[rank11]:[E709 17:05:38.162 ProcessGroupNCCL.cpp:632] [Rank 11] x", 2025)
+    >>> (p.local_rank, p.rank, p.rest)
+    (3, 11, '[Rank 11] x')
+    """
+    p = Prefix()
+    s = line.strip()
+    m = _RAY.match(s)
+    if m:
+        s = s[m.end() :]
+    m = _TORCHRUN.match(s)
+    if m:
+        p.local_rank = ascii_int(m.group(1), 6)
+        s = s[m.end() :]
+    m = _RANKPFX.match(s)
+    if m:
+        p.rank = ascii_int(m.group(1), 9)
+        s = s[m.end() :]
+    m = _HEADER.match(s)
+    if m:
+        if m.group(1) is not None:
+            p.ts = _glog_time(year, *m.group(1, 2, 3, 4, 5))
+        s = s[m.end() :]
+    p.rest = s
+    return p
+
+
+def _glog_time(year: int, mon: str, day: str, hh: str, mm: str, ss: str) -> float | None:
+    """glog's ``MMDD HH:MM:SS`` (the month one or two digits) in the local time of ``year``;
+    None for a date that does not exist or digits that are not ASCII."""
+    if not (mon + day + hh + mm + ss).isascii():
+        return None
+    text = f"{year:04d}{int(mon):02d}{day} {hh}{mm}{ss}"
+    try:
+        return time.mktime(time.strptime(text, "%Y%m%d %H%M%S"))
+    except (ValueError, OverflowError):
+        return None
+
+
+@dataclass
+class _Report:
+    """One rank's report about one piece of work, gathered from its lines."""
+
+    ts: float
+    rank: int
+    state: str
+    local_rank: int | None = None
+    comm: str | None = None
+    comm_name: str | None = None
+    seq: int | None = None
+    op: str | None = None
+    timeout_ms: int | None = None
+    ran_ms: int | None = None
+    last_enqueued: int | None = None
+    last_completed: int | None = None
+    dump_from: str | None = None
+
+    def merge(self, o: "_Report") -> None:
+        self.ts = min(self.ts, o.ts)
+        for k in ("comm", "comm_name", "seq", "op", "timeout_ms", "ran_ms", "last_enqueued", "last_completed",
+                  "local_rank", "dump_from"):  # fmt: skip
+            if getattr(self, k) is None:
+                setattr(self, k, getattr(o, k))
+
+
+def parse_line(line: str, *, year: int, default_ts: float, stats: WatchdogStats) -> _Report | None:
+    """The watchdog report one log line makes, or None (not a watchdog line, or one counted as
+    dropped in ``stats``)."""
+    if not any(w in line for w in _MARKERS):
+        return None
+    stats.watchdog_lines += 1
+    p = strip_prefixes(line, year)
+    if p.ts is not None and p.ts > default_ts + 86400:
+        # glog prints no year: a date past the log's own end is last year's (a December
+        # line in a log written in January).
+        p = strip_prefixes(line, year - 1)
+    msg = p.rest
+    ts = p.ts
+    if ts is None:
+        stats.no_timestamp += 1
+        ts = default_ts
+    # The log prefix nearest the message speaks for it: in "[PG 0 Rank 1] ... terminated with
+    # exception: [Rank 1] Watchdog caught ..." both name the same rank, the first the PG.
+    rank, comm, name = p.rank, None, None
+    for m in _LOGPFX.finditer(msg):
+        r = ascii_int(m.group("rank"), 9)
+        if r is None:
+            stats.bad_number += 1
+            return None
+        rank = r
+        pg = m.group("guid") or m.group("pg") or m.group("pgid")
+        if pg is not None:
+            comm, name = pg, m.group("name") or name
+    if rank is None or rank >= MAX_RANKS:
+        stats.no_rank += 1
+        return None
+    rep = _Report(ts=ts, rank=rank, state="timeout", local_rank=p.local_rank, comm=comm, comm_name=name or None)
+    try:
+        if (t := _TIMEOUT.search(msg)) is not None:
+            kv = dict(_KV.findall(t.group("args")))
+            rep.seq = _num(kv.get("SeqNum"))
+            rep.op = kv.get("OpType") or None
+            rep.timeout_ms = _num(kv.get("Timeout(ms)"))
+            rep.ran_ms = _num(t.group("ran"))
+            if rep.seq is None:
+                stats.unparsable += 1
+                return None
+        elif (f := _FAILURE.search(msg) or _TIMEOUT_AT.search(msg)) is not None:
+            rep.seq = _num(f.group("seq"))
+            rep.last_enqueued = _num(f.group("enq"), True)
+            rep.last_completed = _num(f.group("done"), True)
+        elif (d := _DUMP.search(msg)) is not None:
+            rep.state = "progress"
+            rep.dump_from = d.group("from").strip()[:200] or None
+            rep.last_enqueued = _num(d.group("enq"), True)
+            rep.last_completed = _num(d.group("done"), True)
+        elif _FAILED in msg:
+            pass  # a timeout without numbers: what the oldest releases print on every rank
+        else:
+            stats.unparsable += 1
+            return None
+    except _Bad:
+        stats.bad_number += 1
+        return None
+    if rep.last_completed is not None and rep.last_enqueued is not None and rep.last_completed > rep.last_enqueued:
+        # Seen in real logs (a completed seq of 7.6e16 with 1 enqueued): uninitialised, not progress.
+        stats.implausible_seq += 1
+        rep.last_completed = None
+    return rep
+
+
+def read_lines(src: TextIO, stats: WatchdogStats) -> Iterator[str]:
+    """``src``'s lines, each at most ``LINE_MAX`` characters (longer ones skipped whole, counted);
+    a watchdog timeout line that a wrapped copy cut inside ``WorkNCCL(...)`` is joined with its
+    next line, unless that one starts a log line of its own."""
+    held = ""
+    while True:
+        text = src.readline(LINE_MAX)
+        if not text:
+            if held:
+                yield held
+            return
+        stats.lines += 1
+        if len(text) >= LINE_MAX and not text.endswith("\n"):
+            stats.oversize += 1
+            while text and not text.endswith("\n"):  # the rest of it, a bounded piece at a time
+                text = src.readline(LINE_MAX)
+            continue
+        text = text.rstrip("\r\n")
+        if held:
+            cont = text.lstrip()
+            if cont and cont[0] not in "[(" and not any(w in cont for w in _MARKERS):
+                text, held = held + " " + cont, ""
+                yield text
+                continue
+            yield held  # cut short, not wrapped: the next line is a line of its own
+            held = ""
+        if "WorkNCCL(" in text and ")" not in text.split("WorkNCCL(", 1)[1]:
+            held = text
+            continue
+        yield text
+
+
+def parse(
+    src: TextIO,
+    *,
+    job: str | None,
+    host: str | None = None,
+    year: int | None = None,
+    default_ts: float | None = None,
+    gpus_per_node: int | None = None,
+    stats: WatchdogStats | None = None,
+) -> list[ProgressRecord]:
+    """Records from a training log: one per (rank, communicator, work) the watchdog reported on.
+
+    ``year``: the year of glog's ``MMDD`` times (default: ``default_ts``'s); ``default_ts``: the
+    time of lines without one (default: now). ``gpus_per_node``: a rank's GPU is ``rank %
+    gpus_per_node``; without it, torchrun's local rank (``[default3]:``) is taken as the GPU
+    (the ``LOCAL_RANK`` a job passes to ``torch.cuda.set_device``), else none.
+    """
+    stats = stats if stats is not None else WatchdogStats()
+    now = time.time() if default_ts is None else default_ts
+    yr = year or time.localtime(now).tm_year
+    hostname = host or socket.gethostname()
+    reports: dict[tuple[Any, ...], _Report] = {}
+    # Each rank's latest timeout report: where a bare "Some NCCL operations have failed" joins.
+    latest: dict[int, tuple[Any, ...]] = {}
+    for line in read_lines(src, stats):
+        rep = parse_line(line, year=yr, default_ts=now, stats=stats)
+        if rep is None:
+            continue
+        if rep.state == "progress":
+            key: tuple[Any, ...] = (rep.rank, "progress", rep.comm, rep.last_enqueued, rep.last_completed)
+        elif rep.seq is None:
+            key = latest.get(rep.rank, (rep.rank, "timeout", None))
+        else:
+            key = (rep.rank, "timeout", rep.seq)
+            bare = reports.pop((rep.rank, "timeout", None), None)
+            if bare is not None:  # the rank's bare failure line came before its numbers
+                rep.merge(bare)
+                reports.setdefault(key, rep)
+        have = reports.get(key)
+        if have is not None:
+            have.merge(rep)
+        elif len(reports) >= MAX_RECORDS:
+            stats.too_many += 1
+            continue
+        else:
+            reports[key] = rep
+        if rep.state == "timeout":
+            latest[rep.rank] = key
+    out = []
+    for r in reports.values():
+        gpu = r.rank % gpus_per_node if gpus_per_node else r.local_rank
+        labels = {"source": "torch_watchdog"}
+        if r.local_rank is not None:
+            labels["local_rank"] = str(r.local_rank)
+        if r.dump_from:
+            labels["dump_from"] = r.dump_from
+        out.append(
+            ProgressRecord(
+                ts=r.ts,
+                host=hostname,
+                job=job,
+                rank=r.rank,
+                gpu=gpu if gpu is not None and 0 <= gpu <= 4095 else None,
+                comm=r.comm,
+                comm_name=r.comm_name,
+                last_enqueued=r.last_enqueued,
+                last_completed=r.last_completed,
+                seq=r.seq,
+                op=r.op[:256] if r.op else None,
+                timeout_ms=r.timeout_ms,
+                ran_ms=r.ran_ms,
+                source="watchdog",
+                state="progress" if r.state == "progress" else "timeout",
+                labels=labels,
+            )
+        )
+    out.sort(key=lambda r: (r.ts, r.rank))
+    stats.records += len(out)
+    return out
+
+
+class WatchdogLogSource:
+    """A finite source: a training log (or stdin) read once, its watchdog lines as records.
+    Lines without a time get the file's modification time (stdin: now)."""
+
+    def __init__(
+        self, path: str, *, job: str | None, host: str | None = None, gpus_per_node: int | None = None
+    ) -> None:
+        import os
+
+        self.path = path
+        self.job, self.host, self.gpus_per_node = job, host, gpus_per_node
+        self.mtime = os.stat(path).st_mtime if path != "-" else time.time()
+        self.done = False
+        self.stats = WatchdogStats()
+
+    def poll(self) -> list[ProgressRecord]:
+        if self.done:
+            return []
+        self.done = True
+        fh = open(self.path, encoding="utf-8", errors="replace") if self.path != "-" else None
+        try:
+            recs = parse(
+                fh if fh is not None else sys.stdin,
+                job=self.job,
+                host=self.host,
+                default_ts=self.mtime,
+                gpus_per_node=self.gpus_per_node,
+                stats=self.stats,
+            )
+        finally:
+            if fh is not None:
+                fh.close()
+        if not recs:
+            log.warning("%s: no PyTorch NCCL watchdog lines found", self.path)
+        return recs
+
+    def summary(self) -> dict[str, int]:
+        """Counts for the exit summary (what was read and what was left out, by reason)."""
+        return self.stats.summary()
+
+    def close(self) -> None:
+        pass
