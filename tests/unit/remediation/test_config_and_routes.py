@@ -129,3 +129,23 @@ def test_routes_test_cli(capsys):
                  "--config", str(EXAMPLE), "--expect", "log-only"]) == 0
     assert main(["routes", "test", "severity=critical", "--config", str(EXAMPLE)]) == 2    # no fault: clear error
     assert "fault" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("fault,severity,receiver", [
+    ("network_port_down", "critical", "fabric"),
+    ("network_port_flapping", "critical", "fabric"),
+    ("pcie_aer_fatal", "critical", "fabric"),
+    ("nvswitch_fatal", "critical", "fabric"),
+    ("network_port_degraded", "warning", "fabric-notify"),
+    ("network_active_ports_low", "warning", "fabric-notify"),
+    ("pcie_aer_nonfatal", "warning", "log-only"),
+])
+def test_the_example_sends_fabric_faults_to_the_fabric_team(fault, severity, receiver, capsys):
+    # A fabric fault drains its node and tells the fabric team (the alert JSON names the port and
+    # the GPUs behind it); a degraded port only tells them.
+    args = ["routes", "test", f"fault={fault}", f"severity={severity}", "host=gpu-node-007", "device=mlx5_3",
+            "port=1", "--config", str(EXAMPLE), "--expect", receiver]
+    assert main(args) == 0, capsys.readouterr().err
+    out = capsys.readouterr().out
+    if receiver == "fabric":
+        assert "drain (slurm_drain)" in out and "notify-fabric (webhook)" in out and "group_by=['host']" in out
