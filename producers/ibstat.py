@@ -26,7 +26,6 @@ from __future__ import annotations
 import logging
 import re
 import socket
-import sys
 import time
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -43,6 +42,7 @@ from producers.ibports import (
     name_ok,
     rate_gbps,
 )
+from producers.textinput import read_capped
 
 log = logging.getLogger(__name__)
 
@@ -197,14 +197,9 @@ class IbstatSource:
 
     def poll(self) -> list[NicRecord]:
         self.done = True
-        if self.path == "-":
-            text = sys.stdin.read(self.max_chars + 1)
-        else:
-            with open(self.path, encoding="utf-8", errors="replace") as fh:
-                text = fh.read(self.max_chars + 1)
-        if len(text) > self.max_chars:
+        text, cut = read_capped(self.path, self.max_chars)
+        if cut:
             self.stats.truncated = 1
-            text = text[: self.max_chars]
             log.warning(
                 "%s: longer than %d characters; the rest is not read (dropped.truncated)", self.path, self.max_chars
             )

@@ -41,6 +41,7 @@ from typing import Any
 from pipeline.numeric import ascii_int, finite
 from pipeline.schema import NcclRecord
 from producers import jsonsafe
+from producers.textinput import read_capped
 
 log = logging.getLogger(__name__)
 
@@ -512,17 +513,11 @@ class NcclTestsSource:
         self.truncated = 0
 
     def poll(self) -> list[NcclRecord]:
-        import sys
 
         self.done = True
-        if self.path == "-":
-            text = sys.stdin.read(self.max_chars + 1)
-        else:
-            with open(self.path, encoding="utf-8", errors="replace") as fh:
-                text = fh.read(self.max_chars + 1)
-        if len(text) > self.max_chars:
+        text, cut = read_capped(self.path, self.max_chars)
+        if cut:
             self.truncated = 1
-            text = text[: self.max_chars]
             log.warning(
                 "%s: longer than %d characters; the rest is not read (dropped.truncated_log)", self.path, self.max_chars
             )

@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import logging
 import re
-import sys
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -41,6 +40,7 @@ from pipeline.decode import MAX_RANKS, MAX_SEQ
 from pipeline.numeric import ascii_int, finite
 from pipeline.schema import ProgressRecord
 from producers import jsonsafe
+from producers.textinput import read_capped
 
 log = logging.getLogger(__name__)
 
@@ -430,14 +430,9 @@ class RasStatusSource:
         if self.done:
             return []
         self.done = True
-        if self.path == "-":
-            text = sys.stdin.read(self.max_chars + 1)
-        else:
-            with open(self.path, encoding="utf-8", errors="replace") as fh:
-                text = fh.read(self.max_chars + 1)
-        if len(text) > self.max_chars:
+        text, cut = read_capped(self.path, self.max_chars)
+        if cut:
             self.stats.truncated = 1
-            text = text[: self.max_chars]
         return parse(text, ts=self.mtime, job=self.job, stats=self.stats)
 
     def summary(self) -> dict[str, int]:

@@ -1,0 +1,24 @@
+"""A whole text input read once, bounded: a file producer's ``--file F`` or ``-`` for stdin."""
+
+from __future__ import annotations
+
+import sys
+
+
+def read_capped(path: str, max_chars: int) -> tuple[str, bool]:
+    """The first ``max_chars`` characters of ``path`` (``-``: standard input), undecodable bytes
+    replaced, and whether there was more (the rest is not read, so a huge input costs no memory).
+
+    >>> import tempfile, os
+    >>> with tempfile.NamedTemporaryFile("w", suffix=".txt", delete=False) as fh:
+    ...     _ = fh.write("abcdef")
+    >>> read_capped(fh.name, 4), read_capped(fh.name, 6)
+    (('abcd', True), ('abcdef', False))
+    >>> os.unlink(fh.name)
+    """
+    if path == "-":
+        text = sys.stdin.read(max_chars + 1)
+    else:
+        with open(path, encoding="utf-8", errors="replace") as fh:
+            text = fh.read(max_chars + 1)
+    return (text[:max_chars], True) if len(text) > max_chars else (text, False)
