@@ -382,6 +382,33 @@ class NvswitchFatal(EffectType):
         mods.nv_gpu[hs] *= 1.0 - float(p["bw_drop"])
 
 
+class HangCollective(EffectType):
+    """One rank stops completing collectives (a hung GPU kernel behind its share of a collective,
+    or a blocked process): its progress stalls one operation behind its peers, which wait in the
+    next collective and complete nothing more either. The job makes no progress: its GPUs idle
+    in the NCCL wait and its NCCL records stop. RAS shows the rank behind (``progress.py``); after
+    ``timeout_ms`` (PyTorch's ``Timeout(ms)``, 600,000 by default; shorter here so an hour's run
+    sees it) every rank of its communicators reports a watchdog timeout naming the sequence number
+    it waited on. The hang clears at the end (the job restarted from its checkpoint)."""
+
+    name = "hang_collective"
+    source = "progress"
+    RANDOM_DURATION = (300.0, 900.0)
+    PARAMS = {"timeout_ms": 120_000}
+
+    def resolve(self, params, rng, window):
+        p = super().resolve(params, rng, window)
+        v = p["timeout_ms"]
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not 1_000 <= v <= 86_400_000:
+            raise ValueError(f"params.timeout_ms: must be 1000..86400000 (ms), got {v!r}")
+        return p
+
+    def apply(self, rt, t, dt, fleet, mods):
+        mods.paused = True
+        mods.hung[rt.gi] = True
+        mods.hang_timeout_s[rt.gi] = float(rt.event.params["timeout_ms"]) / 1000.0
+
+
 class TelemetryGap(EffectType):
     """The host's telemetry agent goes silent (exporter hung, network partition): no DCGM and no
     NCCL records from it for the window. The GPUs keep running; counters move on underneath."""
@@ -545,6 +572,7 @@ TYPES: dict[str, EffectType] = {
         GpuLost,
         PcieAerFatal,
         NvswitchFatal,
+        HangCollective,
         TelemetryGap,
         PowerCap,
         DriverReload,

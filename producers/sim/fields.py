@@ -91,6 +91,9 @@ SOURCE_FIELDS: dict[str, tuple[str, ...]] = {
         "GPUWARDEN_PCIE_AER_UPSTREAM_FATAL",
     ),
 }
+# ``progress``: the ranks' collective progress (``produce ncclras``/``torch-watchdog``), records of
+# their own (progress.py) rather than fields.
+SOURCE_FIELDS["progress"] = ()
 SOURCES: tuple[str, ...] = tuple(SOURCE_FIELDS)
 INT_FIELDS: frozenset[str] = frozenset(n for n, is_int in FIELD_SPECS if is_int)
 

@@ -92,6 +92,8 @@ class Mods:
         self.host_hidden = np.zeros(h, bool)  # host sends nothing (telemetry gap)
         self.dead = np.zeros(n, bool)  # GPU not computing, no NCCL ranks
         self.force_idle = np.zeros(n, bool)  # GPU reports but runs nothing
+        self.hung = np.zeros(n, bool)  # the GPU's rank hangs in a collective (progress.py)
+        self.hang_timeout_s = np.zeros(n)  # its watchdog's collective timeout
         self.paused = False  # job-wide checkpoint pause
 
     def reset(self) -> None:
@@ -108,6 +110,7 @@ class Mods:
         self.host_hidden.fill(False)
         self.dead.fill(False)
         self.force_idle.fill(False)
+        self.hung.fill(False)
         self.paused = False
 
 

@@ -28,6 +28,7 @@ A scenario is a ``Scenario`` dataclass, either built in (``SCENARIOS``) or read 
       late_s: {3: [20, 40]}           # host 3's records arrive 20-40 s after they were stamped
       join_s: {5: 3600}               # host 5 sends nothing before 3600 s (or "33%" of the run)
     sources: [pcie_aer, nvswitch]     # producers beside dcgm-exporter: their fields on each record
+                                      # (progress: the ranks' collective progress records)
 
 Times (``onset``, ``duration``) are seconds from the run start or a percentage string of the run's
 duration, so a built-in scenario fits any run length. ``duration`` omitted: until the run ends.
@@ -532,6 +533,10 @@ def _builtins() -> dict[str, Scenario]:
         "nvswitch": dataclasses.replace(
             _single("nvswitch", "a fatal NVSwitch error cuts a host's NVLink fabric", "nvswitch_fatal"),
             sources=["nvswitch"],
+        ),
+        "hang": dataclasses.replace(
+            _single("hang", "one rank hangs in a collective until the watchdog times out", "hang_collective"),
+            sources=["progress"],
         ),
         "telemetry_gap": _single(
             "telemetry_gap", "a host stops reporting, then resumes", "telemetry_gap", onset="30%", duration="20%"

@@ -26,6 +26,7 @@ from .fields import GpuModelSpec, model_spec
 from .fleet import FleetState, Mods
 from .nccl import NcclModel
 from .plan import make_plan
+from .progress import ProgressModel
 from .records import DcgmBuilder, add_noise
 from .rng import gpu_uuid, substream
 from .scenarios import DATA_QUALITY_DEFAULTS, Scenario, load_scenario, resolve_time
@@ -188,6 +189,7 @@ class Simulator:
             host_kinds=self.host_kinds if mixed else None,
             sources=tuple(self.scenario.sources),
         )
+        progress = ProgressModel(nccl, self.hosts, self.job) if "progress" in self.scenario.sources else None
         dq = {**DATA_QUALITY_DEFAULTS, **self.scenario.data_quality}
         dq_rng = substream(self.seed, "data-quality")
         runtimes = [
@@ -233,6 +235,11 @@ class Simulator:
                 nccl_recs = nccl.emit(ts, ~mods.dead)
                 next_nccl = int(math.floor((t + 1e-9) / self.nccl_interval)) + 1
             nccl.accumulate(dt, out.training, out.speed, mods.tp_h)
+            if progress is not None:
+                prog_recs = progress.step(t, ts, mods.hung, mods.hang_timeout_s, mods.dead)
+                if prog_recs is not None:
+                    # A host's progress records follow its NCCL records.
+                    nccl_recs = prog_recs if nccl_recs is None else [a + b for a, b in zip(nccl_recs, prog_recs)]
 
             visible = ~(mods.gpu_hidden | mods.host_hidden[host_of])
             idx = all_idx if visible.all() else all_idx[visible]

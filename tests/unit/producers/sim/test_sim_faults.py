@@ -26,12 +26,15 @@ class Run:
         self.labels = sim.labels()
         self.dc: dict[tuple[str, int], list[tuple[float, dict]]] = defaultdict(list)
         self.nc: dict[tuple[str, int], list[tuple[float, dict]]] = defaultdict(list)  # (comm, rank)
+        self.progress: list[tuple[float, dict]] = []  # the progress source's records
         self.host_ts: dict[str, set[float]] = defaultdict(set)
         for r in sim.records():
             t = round(r["ts"] - sim.start_ts, 3)
             self.host_ts[r["host"]].add(t)
             if r["kind"] == "dcgm":
                 self.dc[(r["host"], r["gpu"])].append((t, r["fields"]))
+            elif r["kind"] == "progress":
+                self.progress.append((t, r))
             else:
                 self.nc[(r["comm_name"], r["rank"])].append((t, r))
 
@@ -399,6 +402,82 @@ def test_nvswitch_fatal_signature():
     assert during < 0.6 * before
     others = {host for host, _ in run.dc if host != h}
     assert all(set(run.field(o, 0, P + "NVSWITCH_FATAL_ERRORS")) == {0} for o in others)
+
+
+def test_hang_collective_signature():
+    run = single("hang", seed=4, duration=1200.0)
+    lab = run.label("hang_collective")
+    h, g, hi = lab["host"], lab["gpu"], run.host_index(lab["host"])
+    a, b = run.window(lab)
+    timeout = lab["params"]["timeout_ms"] / 1000.0
+    assert timeout < b - a  # the run sees the watchdog fire
+    ras = [(t, r) for t, r in run.progress if r["source"] == "ras"]
+    # RAS is polled every 30 s: every rank of every communicator (tp<h>: 8 GPUs, dp<g>: 4 hosts).
+    assert sorted({t for t, _ in ras})[:3] == [30.0, 60.0, 90.0]
+    assert len([r for t, r in ras if t == 30.0]) == 4 * 8 * 2
+    by_comm: dict[tuple[float, str], list[dict]] = defaultdict(list)
+    for t, r in ras:
+        by_comm[(t, r["comm"])].append(r)
+    mine = {r["comm"] for _, r in ras if r["host"] == h and r["gpu"] == g}
+    assert len(mine) == 2  # its TP and its DP communicator
+    for (t, comm), rows in by_comm.items():
+        counts = {r["rank"]: r["last_enqueued"] for r in rows}
+        culprit = next((r for r in rows if r["host"] == h and r["gpu"] == g), None)
+        if a <= t < b and comm in mine:
+            # Stuck one operation behind its peers, which wait in the next collective.
+            assert culprit is not None and culprit["state"] == "lagging"
+            assert {c for k, c in counts.items() if k != culprit["rank"]} == {culprit["last_enqueued"] + 1}
+            assert [r["state"] for r in rows].count("lagging") == 1
+        else:
+            assert len(set(counts.values())) == 1 and {r["state"] for r in rows} == {"progress"}
+    # Nothing moves during the hang; counts go on afterwards, never backwards.
+    for comm in mine:
+        seen = [(t, r["last_enqueued"]) for t, r in ras if r["comm"] == comm and r["host"] == h and r["gpu"] == g]
+        assert len({c for t, c in seen if a <= t < b}) == 1
+        assert [c for _, c in seen] == sorted(c for _, c in seen)
+        assert max(c for t, c in seen if t >= b + 30) > max(c for t, c in seen if t < b)
+    # The job's NCCL records stop for the hang, everywhere.
+    nccl = [t for rows in run.nc.values() for t, _ in rows]
+    assert not [t for t in nccl if a + 5 < t < b] and [t for t in nccl if t > b + 5]
+    # Every rank of its two communicators reports a watchdog timeout once, naming what it waited on.
+    wd = [(t, r) for t, r in run.progress if r["source"] == "watchdog"]
+    assert {t for t, _ in wd} == {a + timeout}
+    assert len(wd) == 8 + 4 and {r["comm_name"] for _, r in wd} == {f"tp{hi}", f"dp{g}"}
+    for _, r in wd:
+        assert (
+            r["state"] == "timeout" and r["timeout_ms"] == lab["params"]["timeout_ms"] and r["ran_ms"] > r["timeout_ms"]
+        )
+        assert r["seq"] == r["last_enqueued"] == r["last_completed"] + 1
+    for name in (f"tp{hi}", f"dp{g}"):
+        rows = {(r["host"], r["gpu"]): r for _, r in wd if r["comm_name"] == name}
+        peers = {r["last_completed"] for k, r in rows.items() if k != (h, g)}
+        assert peers == {rows[(h, g)]["last_completed"] + 1}
+
+
+def test_progress_records_only_when_the_scenario_runs_the_source():
+    assert single("gpu_lost", seed=9).progress == []
+    sc = dataclasses.replace(load_scenario("healthy"), sources=["progress"], data_quality=dict(CLEAN))
+    run = Run(Simulator(hosts=2, duration=120.0, seed=9, scenario=sc))
+    assert {r["source"] for _, r in run.progress} == {"ras"}  # no timeout without a hang
+
+
+def test_a_hung_rank_is_named_by_the_hang_detector():
+    from pipeline.hang import HangDetector
+    from pipeline.schema import ProgressRecord
+    import msgspec
+
+    run = single("hang", seed=4, duration=1200.0)
+    lab = run.label("hang_collective")
+    a, _ = run.window(lab)
+    det = HangDetector()
+    recs = [msgspec.convert({k: v for k, v in r.items() if k != "kind"}, ProgressRecord) for _, r in run.progress]
+    alerts = [x for x in det.observe(recs) + det.advance(float("inf")) if x.state == "firing"]
+    # One per hung communicator, RAS's and the watchdog's, each naming the hung rank only.
+    assert len(alerts) == 4
+    for x in alerts:
+        assert (x.host, x.gpu) == (lab["host"], lab["gpu"])
+        assert [(s["host"], s["gpu"]) for s in x.evidence["suspects"]] == [(lab["host"], lab["gpu"])]
+        assert a < x.ts - run.sim.start_ts <= a + 120 + 30 + 30
 
 
 def test_records_carry_a_source_only_when_the_scenario_runs_it():
