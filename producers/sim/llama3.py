@@ -29,7 +29,8 @@ are used here.) Only categories that show in GPU telemetry become faults; the re
 dropped (thinning the Poisson process), except host maintenance, which silences the host
 (``telemetry_gap``). "Faulty GPU" includes the GPU's PCIe path (``pcie_aer_fatal``) and the
 host's NVSwitches (``nvswitch_fatal``) beside the GPU's own faults, and the IO expansion board
-(the PCIe switch board of a Grand Teton host) is a PCIe fault. Network switch/cable faults live in
+(the PCIe switch board of a Grand Teton host) is a PCIe fault. An NCCL watchdog timeout is a rank
+hung in a collective (``hang_collective``, seen in the ranks' progress records). Network switch/cable faults live in
 the RoCE fabric, which this simulator does not model (it has no NIC/fabric fault type), so they
 are dropped too.
 
@@ -72,7 +73,7 @@ MIX: tuple[tuple[str, float, list[tuple[str, float, dict]]], ...] = (
     ("GPU SRAM Memory", 4.5, [("hbm_ecc_burst", 1.0, {"memory": "sram", "escalate": True})]),
     ("GPU System Processor", 4.1, [("gpu_lost", 1.0, {"xid": 119})]),
     ("NIC", 1.7, []),
-    ("NCCL Watchdog Timeouts", 1.7, [("nccl_straggler", 1.0, {})]),
+    ("NCCL Watchdog Timeouts", 1.7, [("hang_collective", 1.0, {})]),
     ("Silent Data Corruption", 1.4, []),
     (
         "GPU Thermal Interface + Sensor",

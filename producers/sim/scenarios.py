@@ -517,7 +517,7 @@ def _builtins() -> dict[str, Scenario]:
             name="llama3",
             description="faults drawn at Meta's Llama 3 405B interruption rate and mix (accelerated)",
             llama3=dict(LLAMA3_DEFAULTS),
-            sources=["pcie_aer", "nvswitch"],
+            sources=["pcie_aer", "nvswitch", "progress"],
         ),
         "thermal": _single("thermal", "a GPU's cooling fails: thermal throttling", "thermal_throttling"),
         "thermal_hbm": _single("thermal_hbm", "HBM overheats while the core looks normal", "thermal_hbm_throttling"),
