@@ -461,6 +461,27 @@ def test_progress_records_only_when_the_scenario_runs_the_source():
     assert {r["source"] for _, r in run.progress} == {"ras"}  # no timeout without a hang
 
 
+@pytest.mark.parametrize("delivery", [{}, {"phase": True, "jitter_s": 0.5}])
+def test_the_progress_source_adds_its_records_and_changes_nothing_else(delivery):
+    base = dataclasses.replace(load_scenario("healthy"), checkpoint_every=120.0, delivery=delivery)
+    without = list(Simulator(hosts=3, duration=300.0, seed=5, scenario=base).records())
+    sim = Simulator(hosts=3, duration=300.0, seed=5, scenario=dataclasses.replace(base, sources=["progress"]))
+    recs = list(sim.records())
+    assert [r for r in recs if r["kind"] != "progress"] == without
+    # Every rank of 3 TP and 8 DP communicators, polled at 30, 60, ... 270 s.
+    assert len(recs) - len(without) == 9 * 3 * 8 * 2
+
+
+@pytest.mark.parametrize("bad", [0, -5, True, "2m", 1e12])
+def test_a_hang_timeout_that_is_not_milliseconds_is_refused(bad):
+    from producers.sim.scenarios import scenario_from_dict
+
+    # The scenario's checks refuse what is not a positive number; the fault's, a timeout out of range.
+    with pytest.raises(ValueError, match=r"faults\[0\]\.params\.timeout_ms: "):
+        fault = {"type": "hang_collective", "params": {"timeout_ms": bad}}
+        Simulator(hosts=2, duration=600.0, scenario=scenario_from_dict({"sources": ["progress"], "faults": [fault]}))
+
+
 def test_a_hung_rank_is_named_by_the_hang_detector():
     from pipeline.hang import HangDetector
     from pipeline.schema import ProgressRecord
