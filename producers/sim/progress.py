@@ -14,9 +14,10 @@
   group ``0`` carries no collectives here), so it differs from RAS's hash as it does in a real job.
 
 A hung rank (``Mods.hung``, the ``hang_collective`` fault) is stuck in the collective after the
-last one its peers completed: from the first poll of the hang, its count is the communicator's
-``C + 1`` while its peers have completed ``C + 1`` and launched ``C + 2``, and nothing moves until
-the hang ends, when the counts go on from the communicator's sequence number again.
+last one its peers completed: from the hang's first step (the communicator's sequence number then
+``C``), its count is ``C + 1`` while its peers have completed ``C + 1`` and launched ``C + 2``, and
+nothing moves until the hang ends, when the counts go on from the sequence number again, never
+below what the ranks last reported.
 """
 
 from __future__ import annotations
@@ -60,6 +61,9 @@ class ProgressModel:
         """Records of the step at ``t`` (seconds from the start; ``ts`` its event time), one list
         per host, or None when there are none: ``hung``/``timeout_s`` per GPU (``Mods``), ``gone``
         the GPUs without a rank. Call after the step's NCCL records were emitted."""
+        poll = t + 1e-9 >= self.next_poll * self.ras_interval
+        if not (poll or self.hangs or hung.any()):
+            return None  # most steps: no poll, no hang
         comms = self._comms()
         for gi in [gi for gi in self.hangs if not hung[gi]]:
             hg = self.hangs.pop(gi)  # the hang ended: counts follow the communicators again
@@ -72,7 +76,7 @@ class ProgressModel:
                 self.hangs[gi] = {"t0": t, "frozen": frozen, "reported": False}
         out: list[list[dict]] = [[] for _ in range(self.H)]
         any_out = False
-        if t + 1e-9 >= self.next_poll * self.ras_interval:
+        if poll:
             self.next_poll = int(np.floor((t + 1e-9) / self.ras_interval)) + 1
             any_out = self._ras(ts, comms, gone, out)
         for gi, hg in self.hangs.items():
