@@ -31,6 +31,7 @@ from .fields import (
     XID_UNCONTAINED,
 )
 from .fleet import FleetState, Mods
+from .nic import PORTS_PER_HOST as NIC_PORTS
 
 NVLINKS_PER_GPU = 18  # H100/H200 SXM: 18 NVLink4 links
 
@@ -409,6 +410,77 @@ class HangCollective(EffectType):
         mods.hang_timeout_s[rt.gi] = float(rt.event.params["timeout_ms"]) / 1000.0
 
 
+class NetworkLinkFlap(EffectType):
+    """A flapping cable or transceiver on the InfiniBand port of the GPU's rail (``mlx5_<gpu>``):
+    the link falls to DOWN/Polling for ``down_s`` seconds and comes back ACTIVE, ``flaps``
+    times spread over the window (``link_downed`` and ``carrier_changes`` rise at each fall).
+    While it is down the GPU's data-parallel traffic detours through another rail's NIC, so its
+    DP communicator runs at ``1 - bw_drop`` of its bandwidth."""
+
+    name = "network_link_flap"
+    source = "nic"
+    RANDOM_DURATION = (300.0, 900.0)
+    PARAMS = {"flaps": 4, "down_s": 20.0, "bw_drop": 0.5}
+
+    def resolve(self, params, rng, window):
+        p = super().resolve(params, rng, window)
+        if int(p["flaps"]) < 1 or float(p["down_s"]) <= 0:
+            raise ValueError(f"params: flaps must be >= 1 and down_s > 0, got {p['flaps']!r}, {p['down_s']!r}")
+        return p
+
+    def apply(self, rt, t, dt, fleet, mods):
+        ev, p = rt.event, rt.event.params
+        # Falls at even spacing from onset, each followed by at least as long up again.
+        period = max(2.0 * float(p["down_s"]), (ev.t1 - ev.t0) / int(p["flaps"]))
+        k, into = divmod(t - ev.t0, period)
+        if k < int(p["flaps"]) and into < float(p["down_s"]):
+            port = ev.gpu % NIC_PORTS
+            mods.nic_polling[ev.host, port] = True
+            mods.dp_bw[rt.gi] *= 1.0 - float(p["bw_drop"])
+
+
+class NetworkNicDown(EffectType):
+    """The GPU's rail NIC (or its port) goes down for the rest of the window: DOWN, physical state
+    Disabled (``link_downed`` +1 at the fall), and the GPU's DP traffic detours through another
+    rail at ``1 - bw_drop`` of its bandwidth. Back ACTIVE when the NIC is replaced at the end."""
+
+    name = "network_nic_down"
+    source = "nic"
+    RANDOM_DURATION = (600.0, 1800.0)
+    PARAMS = {"bw_drop": 0.5}
+
+    def apply(self, rt, t, dt, fleet, mods):
+        ev = rt.event
+        mods.nic_down[ev.host, ev.gpu % NIC_PORTS] = True
+        mods.dp_bw[rt.gi] *= 1.0 - float(ev.params["bw_drop"])
+
+
+class NetworkSymbolDrift(EffectType):
+    """A degrading cable on the GPU's rail port: its symbol errors drift up from ``rate0_per_h``
+    to ``rate_max_per_h`` an hour (exponentially over ``ramp_s``), past the IBTA bound of 120 an
+    hour, while the link stays ACTIVE and FEC keeps its traffic whole."""
+
+    name = "network_symbol_drift"
+    source = "nic"
+    RANDOM_DURATION = (600.0, 1800.0)
+    PARAMS = {"rate0_per_h": 100.0, "rate_max_per_h": 3000.0, "ramp_s": None}
+
+    def resolve(self, params, rng, window):
+        p = super().resolve(params, rng, window)
+        if not 0 < float(p["rate0_per_h"]) <= float(p["rate_max_per_h"]):
+            raise ValueError(f"params: need 0 < rate0_per_h <= rate_max_per_h, got {p['rate0_per_h']!r}, "
+                             f"{p['rate_max_per_h']!r}")  # fmt: skip
+        if p["ramp_s"] is None:
+            p["ramp_s"] = round(min(300.0, 0.4 * window), 3)
+        return p
+
+    def apply(self, rt, t, dt, fleet, mods):
+        ev, p = rt.event, rt.event.params
+        x = _ramp(t, ev.t0, float(p["ramp_s"]))
+        r0, r1 = float(p["rate0_per_h"]), float(p["rate_max_per_h"])
+        mods.nic_sym_per_s[ev.host, ev.gpu % NIC_PORTS] += r0 * (r1 / r0) ** x / 3600.0
+
+
 class TelemetryGap(EffectType):
     """The host's telemetry agent goes silent (exporter hung, network partition): no DCGM and no
     NCCL records from it for the window. The GPUs keep running; counters move on underneath."""
@@ -481,6 +553,24 @@ class AfternoonHeat(EffectType):
         ramp = p["ramp_s"]
         x = min(_ramp(t, ev.t0, ramp), _ramp(ev.t1, t, ramp))
         mods.amb_add_h += p["delta_c"] * x * rt.state["host_factor"]
+
+
+class NetworkCongestion(EffectType):
+    """A congested fabric (another job's all-to-all, an ECMP hot spot): every port's
+    ``port_xmit_wait`` grows ``wait_factor`` times as fast, and the job's DP collectives run at
+    ``1 - bw_drop`` of their bandwidth, fleet-wide, with no error and no link down. Not a fault --
+    a must-not-alert case."""
+
+    name = "network_congestion"
+    fault = False
+    scope = "fleet"
+    source = "nic"
+    PARAMS = {"wait_factor": 20.0, "bw_drop": 0.1}
+
+    def apply(self, rt, t, dt, fleet, mods):
+        p = rt.event.params
+        mods.nic_wait *= float(p["wait_factor"])
+        mods.dp_bw *= 1.0 - float(p["bw_drop"])
 
 
 class Checkpoint(EffectType):
@@ -573,6 +663,9 @@ TYPES: dict[str, EffectType] = {
         PcieAerFatal,
         NvswitchFatal,
         HangCollective,
+        NetworkLinkFlap,
+        NetworkNicDown,
+        NetworkSymbolDrift,
         TelemetryGap,
         PowerCap,
         DriverReload,
@@ -581,6 +674,7 @@ TYPES: dict[str, EffectType] = {
         EccSbeIsolated,
         PcieAerCorrected,
         HotRack,
+        NetworkCongestion,
         JobRestart,
         GpuReset,
     )
@@ -595,5 +689,6 @@ SCHEDULABLE_CONDITIONS: tuple[str, ...] = (
     "hot_rack",
     "job_restart",
     "gpu_reset",
+    "network_congestion",
 )
 NVLINK_TYPES = ("nvlink_degradation", "nvlink_link_down")

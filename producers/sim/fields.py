@@ -79,7 +79,8 @@ FIELD_NAMES: tuple[str, ...] = tuple(n for n, _ in FIELD_SPECS)
 # Telemetry from producers beside dcgm-exporter, sent when a scenario's fleet runs them
 # (``sources``): the PCIe AER counters of ``produce pcie-aer`` and the NVSwitch SXids of
 # ``produce kmsg``. Carried on each GPU's DCGM record, after its own fields in catalog order, with
-# the values those producers' records carry. All integers.
+# the values those producers' records carry. All integers. A source whose telemetry comes in records
+# of its own (``nic``: the NIC records of ``produce ib-sysfs``, producers/sim/nic.py) adds none.
 SOURCE_FIELDS: dict[str, tuple[str, ...]] = {
     "nvswitch": (P + "NVSWITCH_FATAL_ERRORS", P + "NVSWITCH_NON_FATAL_ERRORS"),
     "pcie_aer": (
@@ -90,6 +91,7 @@ SOURCE_FIELDS: dict[str, tuple[str, ...]] = {
         "GPUWARDEN_PCIE_AER_UPSTREAM_NONFATAL",
         "GPUWARDEN_PCIE_AER_UPSTREAM_FATAL",
     ),
+    "nic": (),
 }
 # ``progress``: the ranks' collective progress (``produce ncclras``/``torch-watchdog``), records of
 # their own (progress.py) rather than fields.

@@ -38,6 +38,7 @@ from .fields import (
     SW_THERMAL,
     GpuModelSpec,
 )
+from .nic import PORTS_PER_HOST as NIC_PORTS
 from .rng import substream
 
 NS = 1_000_000_000
@@ -95,6 +96,13 @@ class Mods:
         self.hung = np.zeros(n, bool)  # the GPU's rank hangs in a collective (progress.py)
         self.hang_timeout_s = np.zeros(n)  # its watchdog's collective timeout
         self.paused = False  # job-wide checkpoint pause
+        # The hosts' NIC ports (nic.py, the ``nic`` source), 8 a host, and the data-parallel
+        # (inter-host) bandwidth factor of each GPU's rank.
+        self.nic_down = np.zeros((h, NIC_PORTS), bool)  # port Disabled
+        self.nic_polling = np.zeros((h, NIC_PORTS), bool)  # port down, retraining (Polling)
+        self.nic_sym_per_s = np.zeros((h, NIC_PORTS))  # extra symbol errors a second
+        self.nic_wait = np.ones((h, NIC_PORTS))  # port_xmit_wait factor (fabric congestion)
+        self.dp_bw = np.ones(n)  # inter-host (DP communicator) bandwidth factor per GPU
 
     def reset(self) -> None:
         self.cool_mult.fill(1.0)
@@ -112,6 +120,11 @@ class Mods:
         self.force_idle.fill(False)
         self.hung.fill(False)
         self.paused = False
+        self.nic_down.fill(False)
+        self.nic_polling.fill(False)
+        self.nic_sym_per_s.fill(0.0)
+        self.nic_wait.fill(1.0)
+        self.dp_bw.fill(1.0)
 
 
 class FleetState:

@@ -89,14 +89,20 @@ class NcclModel:
         self.acc_speed = np.zeros(n)
         self.acc_train = np.zeros(n)
         self.acc_tp = np.zeros(hosts)
+        self.acc_dp = np.zeros(gpus_per_host)
         self.acc_job = 0.0
 
-    def accumulate(self, dt: float, training: np.ndarray, speed: np.ndarray, tp_h: np.ndarray) -> None:
-        """Add one step: which GPUs trained, at what speed, and the hosts' NVLink factor."""
+    def accumulate(
+        self, dt: float, training: np.ndarray, speed: np.ndarray, tp_h: np.ndarray, dp_bw: np.ndarray | None = None
+    ) -> None:
+        """Add one step: which GPUs trained, at what speed, the hosts' NVLink factor and each
+        GPU's inter-host bandwidth factor (``dp_bw``: a ring runs at its slowest link's pace, so
+        a DP communicator gets its ranks' lowest)."""
         self.acc_speed += speed * dt
         self.acc_train += training * dt
         if training.any():
             self.acc_tp += tp_h * dt
+            self.acc_dp += (1.0 if dp_bw is None else dp_bw.reshape(self.H, self.G).min(axis=0)) * dt
             self.acc_job += dt
 
     def restart(self) -> None:
@@ -112,6 +118,7 @@ class NcclModel:
         self.acc_speed.fill(0.0)
         self.acc_train.fill(0.0)
         self.acc_tp.fill(0.0)
+        self.acc_dp.fill(0.0)
         self.acc_job = 0.0
 
     def _group(self, T, S, alive, busbw, nbytes, coll, rate, factor):
@@ -161,7 +168,7 @@ class NcclModel:
         if self.dp_on:
             # Job-wide fabric congestion, an AR(1) shared by every DP communicator.
             self.congestion = 0.8 * self.congestion + self._noise.normal(0.0, 0.02)
-            dp_factor = np.full(G, max(0.5, 1.0 - abs(self.congestion)))
+            dp_factor = max(0.5, 1.0 - abs(self.congestion)) * (self.acc_dp / self.acc_job)
             ok, ex, al, bb, cnt = self._group(
                 T.T, S.T, A.T, self.dp_busbw, o["dp_bytes"], o["dp_coll"], o["dp_rate_per_s"], dp_factor
             )

@@ -27,7 +27,7 @@ A scenario is a ``Scenario`` dataclass, either built in (``SCENARIOS``) or read 
       skew_s: {2: 2.5}                # host 2's clock runs 2.5 s ahead
       late_s: {3: [20, 40]}           # host 3's records arrive 20-40 s after they were stamped
       join_s: {5: 3600}               # host 5 sends nothing before 3600 s (or "33%" of the run)
-    sources: [pcie_aer, nvswitch]     # producers beside dcgm-exporter: their fields on each record
+    sources: [pcie_aer, nvswitch, nic]  # producers beside dcgm-exporter: their fields or records
                                       # (progress: the ranks' collective progress records)
 
 Times (``onset``, ``duration``) are seconds from the run start or a percentage string of the run's
@@ -230,8 +230,8 @@ def check_spec(spec: FaultSpec, where: str) -> FaultSpec:
             raise _err(f"{where}.link", f"only NVLink faults take a link, not {spec.type}")
         if isinstance(link, bool) or not isinstance(link, int) or not 0 <= link < NVLINKS_PER_GPU:
             raise _err(f"{where}.link", f"expected a link index 0-{NVLINKS_PER_GPU - 1}, got {link!r}")
-    if spec.type == "afternoon_heat" and host is not None:
-        raise _err(f"{where}.host", "afternoon_heat is fleet-wide; remove 'host'")
+    if TYPES[spec.type].scope == "fleet" and host is not None:
+        raise _err(f"{where}.host", f"{spec.type} is fleet-wide; remove 'host'")
     onset = _time(spec.onset, f"{where}.onset")
     duration = _time(spec.duration, f"{where}.duration", allow_none=True)
     if spec.host_group is not None and not isinstance(spec.host_group, str):
@@ -517,7 +517,7 @@ def _builtins() -> dict[str, Scenario]:
             name="llama3",
             description="faults drawn at Meta's Llama 3 405B interruption rate and mix (accelerated)",
             llama3=dict(LLAMA3_DEFAULTS),
-            sources=["pcie_aer", "nvswitch", "progress"],
+            sources=["pcie_aer", "nvswitch", "nic", "progress"],
         ),
         "thermal": _single("thermal", "a GPU's cooling fails: thermal throttling", "thermal_throttling"),
         "thermal_hbm": _single("thermal_hbm", "HBM overheats while the core looks normal", "thermal_hbm_throttling"),
@@ -537,6 +537,16 @@ def _builtins() -> dict[str, Scenario]:
         "hang": dataclasses.replace(
             _single("hang", "one rank hangs in a collective until the watchdog times out", "hang_collective"),
             sources=["progress"],
+        ),
+        "network": dataclasses.replace(
+            _single("network", "an InfiniBand cable flaps: its port goes down and up again", "network_link_flap"),
+            sources=["nic"],
+        ),
+        "congestion": Scenario(
+            name="congestion",
+            description="a congested InfiniBand fabric: ports wait, DP collectives slow (benign, must not alert)",
+            faults=[FaultSpec(type="network_congestion", onset="20%", duration="60%")],
+            sources=["nic"],
         ),
         "telemetry_gap": _single(
             "telemetry_gap", "a host stops reporting, then resumes", "telemetry_gap", onset="30%", duration="20%"

@@ -25,11 +25,15 @@ from .faults import TYPES, Runtime
 from .fields import GpuModelSpec, model_spec
 from .fleet import FleetState, Mods
 from .nccl import NcclModel
+from .nic import PORTS_PER_HOST, NicPorts
 from .plan import make_plan
 from .progress import ProgressModel
 from .records import DcgmBuilder, add_noise
 from .rng import gpu_uuid, substream
 from .scenarios import DATA_QUALITY_DEFAULTS, Scenario, load_scenario, resolve_time
+
+
+NIC_INTERVAL_S = 10.0  # ``gpuwarden produce ib-sysfs``'s default poll
 
 
 def _int_arg(name: str, v: object, lo: int) -> int:
@@ -206,6 +210,14 @@ class Simulator:
         all_idx = np.arange(fleet.N)
         host_of = fleet.host_of
         next_nccl = 1
+        # The NIC ports' records (the ``nic`` source), every NIC_INTERVAL_S like ``produce
+        # ib-sysfs``; stamped half a sample after the step so no DCGM record shares their time.
+        nic = (
+            NicPorts(self.hosts, [k[0] for k in self.host_kinds], G, self.seed)
+            if "nic" in self.scenario.sources
+            else None
+        )
+        next_nic = 0
         deliver = _Delivery(self, H) if self.delivery["on"] else None
 
         for k in range(self.n_steps):
@@ -234,33 +246,52 @@ class Simulator:
             if t + 1e-9 >= next_nccl * self.nccl_interval:
                 nccl_recs = nccl.emit(ts, ~mods.dead)
                 next_nccl = int(math.floor((t + 1e-9) / self.nccl_interval)) + 1
-            nccl.accumulate(dt, out.training, out.speed, mods.tp_h)
+            nccl.accumulate(dt, out.training, out.speed, mods.tp_h, mods.dp_bw)
             if progress is not None:
                 prog_recs = progress.step(t, ts, mods.hung, mods.hang_timeout_s, mods.dead)
                 if prog_recs is not None:
                     # A host's progress records follow its NCCL records.
                     nccl_recs = prog_recs if nccl_recs is None else [a + b for a, b in zip(nccl_recs, prog_recs)]
+            nic_recs = None
+            if nic is not None:
+                nic.step(dt, self._nic_load(out.training, mods), mods.nic_down, mods.nic_polling,
+                         mods.nic_sym_per_s, mods.nic_wait)  # fmt: skip
+                if t + 1e-9 >= next_nic * NIC_INTERVAL_S:
+                    nic_recs = nic.records(round(ts + dt / 2, 3), mods.host_hidden)
+                    next_nic = int(math.floor((t + 1e-9) / NIC_INTERVAL_S)) + 1
 
             visible = ~(mods.gpu_hidden | mods.host_hidden[host_of])
             idx = all_idx if visible.all() else all_idx[visible]
             recs = dcgm.build(ts, out, idx)
             add_noise(recs, dq_rng, dq["blank_rate"], dq["missing_rate"])
             if deliver is not None:
-                yield deliver.step(t, recs, nccl_recs)
+                yield deliver.step(t, recs, nccl_recs, nic_recs)
                 continue
-            if nccl_recs is None:
+            if nccl_recs is None and nic_recs is None:
                 yield recs
                 continue
-            # Interleave per host: the host's DCGM records, then its NCCL records.
+            # Interleave per host: the host's DCGM records, then its NCCL and NIC records.
             batch: list[dict] = []
             bounds = np.searchsorted(host_of[idx], np.arange(H + 1)).tolist()
             for h in range(H):
                 batch.extend(recs[bounds[h] : bounds[h + 1]])
-                if not mods.host_hidden[h]:
+                if nccl_recs is not None and not mods.host_hidden[h]:
                     batch.extend(nccl_recs[h])
+                if nic_recs is not None:
+                    batch.extend(nic_recs[h])
             yield batch
         if deliver is not None:
             yield deliver.rest()
+
+    def _nic_load(self, training: np.ndarray, mods) -> np.ndarray:
+        """Each port's share of line rate: its GPU's DP traffic while that GPU trains (a third of
+        the link, less when the fabric is slower), a trickle otherwise; ports without a GPU idle."""
+        H, G = len(self.hosts), self.gpus_per_host
+        per_gpu = np.where(training, 0.33 * np.minimum(mods.dp_bw, 1.0), 0.01).reshape(H, G)
+        load = np.full((H, PORTS_PER_HOST), 0.01)
+        k = min(G, PORTS_PER_HOST)
+        load[:, :k] = per_gpu[:, :k]
+        return load
 
 
 class _Delivery:
@@ -276,13 +307,18 @@ class _Delivery:
         self.last_release = {h: -np.inf for h in self.late}
         self.H = H
 
-    def step(self, t: float, recs: list[dict], nccl_recs: list[list[dict]] | None) -> list[dict]:
+    def step(
+        self, t: float, recs: list[dict], nccl_recs: list[list[dict]] | None, nic_recs: list[list[dict]] | None = None
+    ) -> list[dict]:
         by_host: list[list[dict]] = [[] for _ in range(self.H)]
         for r in recs:
             by_host[self.hosts[r["host"]]].append(r)
         if nccl_recs is not None:
             for h in range(self.H):
                 by_host[h].extend(r for r in nccl_recs[h] if r["host"])
+        if nic_recs is not None:
+            for h in range(self.H):
+                by_host[h].extend(nic_recs[h])
         noise = (
             np.clip(self.rng.normal(0.0, self.jitter, self.H), -3 * self.jitter, 3 * self.jitter)
             if self.jitter > 0
