@@ -30,9 +30,11 @@ dropped (thinning the Poisson process), except host maintenance, which silences 
 (``telemetry_gap``). "Faulty GPU" includes the GPU's PCIe path (``pcie_aer_fatal``) and the
 host's NVSwitches (``nvswitch_fatal``) beside the GPU's own faults, and the IO expansion board
 (the PCIe switch board of a Grand Teton host) is a PCIe fault. An NCCL watchdog timeout is a rank
-hung in a collective (``hang_collective``, seen in the ranks' progress records). Network switch/cable faults live in
-the RoCE fabric, which this simulator does not model (it has no NIC/fabric fault type), so they
-are dropped too.
+hung in a collective (``hang_collective``, seen in the ranks' progress records). Network
+switch/cable faults show on the hosts' InfiniBand ports (the ``nic`` source; Meta's fabric is
+RoCE, whose ports the same records describe): a flapping cable (``network_link_flap``) or one
+whose symbol errors drift up (``network_symbol_drift``); a NIC fault takes its port down
+(``network_nic_down``).
 
 Rate: 419 / (54 d * 86,400 s * 16,384 GPUs) = 5.48e-9 interruptions per GPU-second -- one every
 ~3 hours for the whole cluster, i.e. ~0.0006 in an hour on 32 GPUs. ``acceleration`` (default
@@ -68,11 +70,11 @@ MIX: tuple[tuple[str, float, list[tuple[str, float, dict]]], ...] = (
     ),
     ("GPU HBM3 Memory", 17.2, [("hbm_ecc_burst", 1.0, {"memory": "hbm"})]),
     ("Software Bug", 12.9, []),
-    ("Network Switch/Cable", 8.4, []),
+    ("Network Switch/Cable", 8.4, [("network_link_flap", 1.0, {}), ("network_symbol_drift", 1.0, {})]),
     ("Host Maintenance", 7.6, [("telemetry_gap", 1.0, {})]),
     ("GPU SRAM Memory", 4.5, [("hbm_ecc_burst", 1.0, {"memory": "sram", "escalate": True})]),
     ("GPU System Processor", 4.1, [("gpu_lost", 1.0, {"xid": 119})]),
-    ("NIC", 1.7, []),
+    ("NIC", 1.7, [("network_nic_down", 1.0, {})]),
     ("NCCL Watchdog Timeouts", 1.7, [("hang_collective", 1.0, {})]),
     ("Silent Data Corruption", 1.4, []),
     (

@@ -5,7 +5,7 @@ import pytest
 from pipeline.evaluation.goodput import OTHER, Detection, Job, family_shares, goodput, references
 from pipeline.evaluation.score import Score
 
-FAMS = ["gpu", "hang", "hbm", "nccl", "nvlink", "nvswitch", "pcie", "telemetry", "thermal"]
+FAMS = ["gpu", "hang", "hbm", "nccl", "network", "nvlink", "nvswitch", "pcie", "telemetry", "thermal"]
 
 
 def detection(latency: float, recall: float = 1.0, false_rate: float = 0.0) -> Detection:
@@ -71,5 +71,5 @@ def test_references_bracket_a_measured_detector_and_unmeasured_families_count_as
     d = Detection.from_score(s)
     assert d.families == {"hbm": (1.0, 20.0)} and d.false_per_1000_gpu_h == 0.0
     g = goodput(job, d)
-    assert sorted(g.unmeasured) == ["gpu", "hang", "nccl", "nvlink", "nvswitch", "pcie", "telemetry", "thermal"]
+    assert sorted(g.unmeasured) == ["gpu", "hang", "nccl", "network", "nvlink", "nvswitch", "pcie", "telemetry", "thermal"]
     assert g.hung > 0

@@ -1,0 +1,43 @@
+"""The network family through the default detector: a congested fabric raises nothing, and each
+simulated network fault is found on its host by the NIC port checks (docs/rules.md#nic-ports)."""
+
+from __future__ import annotations
+
+import pytest
+
+from pipeline.evaluation.detectors import detectors
+from pipeline.evaluation.run import run_detectors
+from pipeline.scoring import match_faults
+from producers.sim import Simulator
+from producers.sim.scenarios import scenario_from_dict
+
+
+def _firing(faults: list[dict], hosts: int = 4, duration: float = 900.0, seed: int = 5):
+    sc = scenario_from_dict({"sources": ["nic"], "checkpoint_every": 0, "faults": faults})
+    sim = Simulator(hosts=hosts, duration=duration, seed=seed, scenario=sc)
+    gw = [d for d in detectors() if d.name == "gpuwarden"]
+    return sim, [a for a in run_detectors(gw, sim)["gpuwarden"] if a.state == "firing"]
+
+
+def test_healthy_and_congested_fabric_stays_quiet():
+    sim, alerts = _firing([{"type": "network_congestion", "onset": "20%", "duration": "60%"}])
+    assert [lab["condition"] for lab in sim.labels() if lab["condition"] == "network_congestion"]
+    assert [(a.rule, a.host, a.gpu) for a in alerts] == []
+
+
+@pytest.mark.parametrize(
+    ("ftype", "rule"),
+    [
+        ("network_link_flap", "network_port_flapping"),
+        ("network_nic_down", "network_active_ports_low"),
+        ("network_symbol_drift", "network_symbol_errors"),
+    ],
+)
+def test_each_network_fault_is_found_on_its_host(ftype, rule):
+    sim, alerts = _firing([{"type": ftype, "host": 2, "onset": "20%", "duration": "70%"}])
+    (lab,) = [lab for lab in sim.labels() if lab["fault"]]
+    (m,), unmatched = match_faults(sim.labels(), alerts)
+    assert m.detected and m.alert.family == "network" and m.alert.host == sim.hosts[2]
+    assert rule in {a.rule for a in alerts if a.host == sim.hosts[2]}
+    assert f"mlx5_{lab['gpu']}" in {a.labels.get("device") for a in alerts if a.labels.get("device")}
+    assert [a for a in unmatched if a.family == "network"] == []
