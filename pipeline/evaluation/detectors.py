@@ -4,7 +4,8 @@
 engine's absence checks and the online models of ``rules/models.yaml`` (``build_detector``: the two stages of pipeline/topology.py).
 (a) ``community``: dcgm-exporter's default field list at a 30 s scrape with the usual community
 alerts (`rules/baselines/prometheus_community.yaml`); (b) ``dcgm-health``: DCGM's own health-watch
-thresholds on every sample (`rules/baselines/dcgm_health.yaml`). Neither has absence detection.
+thresholds on every sample (`rules/baselines/dcgm_health.yaml`) and, beside them, NVSentinel's NIC
+port thresholds (`rules/baselines/fabric/ports.yaml`). Neither has absence detection.
 """
 
 from __future__ import annotations
@@ -20,6 +21,8 @@ from pipeline.engine import Engine
 from pipeline import protocols
 from pipeline.resources import rules_dir
 from pipeline.rules import load_rules
+from pipeline.rules.portconfig import load_port_config
+from pipeline.rules.ports import PortStage
 
 PACKS = rules_dir()  # the shipped packs and baselines, installed or in a checkout
 
@@ -42,6 +45,7 @@ class Detector:
     scrape_s: float | None = None  # downsample to this scrape interval
     fields: set[str] | None = None  # keep only these DCGM fields
     models: str | None = None  # models.yaml, "auto" (beside the rules) or None: rules only
+    ports: Path | None = None  # NIC port checks (a ports.yaml) for a detector without models
 
     def engine(self) -> protocols.Detector:
         """A fresh engine for one run (models start cold, so every run is deterministic per seed)."""
@@ -54,9 +58,15 @@ class Detector:
         rs, diags = load_rules(paths)
         if rs is None:
             raise ValueError("; ".join(str(d) for d in diags if d.is_error))
+        stages: list[PortStage] = []
+        if self.ports is not None:
+            pconfig, pdiags = load_port_config(self.ports)
+            if pconfig is None:
+                raise ValueError("; ".join(str(d) for d in pdiags if d.is_error))
+            stages.append(PortStage(pconfig))
         if self.absence_checks:
-            return Engine(rules=rs)
-        return Engine(row_checks=[], tick_checks=[], rules=rs)
+            return Engine(rules=rs, stages=stages)
+        return Engine(row_checks=[], tick_checks=[], rules=rs, stages=stages)
 
     def view(self, batch: list[dict[str, Any]], step: int, interval: float = 1.0) -> list[dict[str, Any]] | None:
         """What this detector sees of the ``step``-th batch (one sampling interval of the fleet's
@@ -94,5 +104,10 @@ def detectors() -> list[Detector]:
             scrape_s=30.0,
             fields=default_exporter_fields(),
         ),
-        Detector("dcgm-health", [PACKS / "baselines" / "dcgm_health.yaml"], absence_checks=False),
+        Detector(
+            "dcgm-health",
+            [PACKS / "baselines" / "dcgm_health.yaml"],
+            absence_checks=False,
+            ports=PACKS / "baselines" / "fabric" / "ports.yaml",
+        ),
     ]

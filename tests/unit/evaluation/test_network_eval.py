@@ -1,5 +1,6 @@
-"""The network family through the default detector: a congested fabric raises nothing, and each
-simulated network fault is found on its host by the NIC port checks (docs/rules.md#nic-ports)."""
+"""The network family through the default detector and the dcgm-health baseline (NVSentinel's NIC
+thresholds): a congested fabric raises nothing, and each simulated network fault is found on its
+host by the NIC port checks (docs/rules.md#nic-ports)."""
 
 from __future__ import annotations
 
@@ -12,11 +13,11 @@ from producers.sim import Simulator
 from producers.sim.scenarios import scenario_from_dict
 
 
-def _firing(faults: list[dict], hosts: int = 4, duration: float = 900.0, seed: int = 5):
+def _firing(faults: list[dict], hosts: int = 4, duration: float = 900.0, seed: int = 5, det: str = "gpuwarden"):
     sc = scenario_from_dict({"sources": ["nic"], "checkpoint_every": 0, "faults": faults})
     sim = Simulator(hosts=hosts, duration=duration, seed=seed, scenario=sc)
-    gw = [d for d in detectors() if d.name == "gpuwarden"]
-    return sim, [a for a in run_detectors(gw, sim)["gpuwarden"] if a.state == "firing"]
+    dets = [d for d in detectors() if d.name == det]
+    return sim, [a for a in run_detectors(dets, sim)[det] if a.state == "firing"]
 
 
 def test_healthy_and_congested_fabric_stays_quiet():
@@ -41,3 +42,13 @@ def test_each_network_fault_is_found_on_its_host(ftype, rule):
     assert rule in {a.rule for a in alerts if a.host == sim.hosts[2]}
     assert f"mlx5_{lab['gpu']}" in {a.labels.get("device") for a in alerts if a.labels.get("device")}
     assert [a for a in unmatched if a.family == "network"] == []
+
+
+def test_the_dcgm_health_baseline_runs_nvsentinels_nic_thresholds():
+    # A flap: a port DOWN and link_downed rising are fatal to NVSentinel; a quiet fleet stays quiet.
+    sim, alerts = _firing([{"type": "network_link_flap", "host": 1, "onset": "20%", "duration": "60%"}],
+                          duration=600.0, det="dcgm-health")  # fmt: skip
+    (m,), unmatched = match_faults(sim.labels(), alerts)
+    assert m.detected and m.alert.host == sim.hosts[1]
+    assert {a.rule for a in alerts} <= {"network_port_down", "network_link_errors", "network_port_degraded"}
+    assert unmatched == []
