@@ -14,9 +14,11 @@ from pipeline.bus.files import FileSink, read_lines
 from pipeline.bus.sinks import FileOutput, OutputSink
 from pipeline.engine import EngineOutput
 from pipeline.incidents import IncidentStage
+from pipeline.incidents.feed import AlertFeed
 from pipeline.protocols import Detector
 from pipeline.runner import Pipeline, Totals
 from pipeline.schema import encode
+from pipeline.topology import Topology
 
 
 @dataclass
@@ -30,6 +32,15 @@ class ReplayResult:
     @property
     def records_per_s(self) -> float:
         return self.totals.records / self.seconds if self.seconds > 0 else 0.0
+
+
+def incident_watermark(detector: Detector) -> float:
+    """How far the alerts of ``detector`` are complete, for the incident stage's ``AlertFeed``:
+    its fleet stage's watermark (inf once it flushed), or the engine's ``released`` in one stage.
+    The service's fleet stage releases its feed by the same rule (``FleetTask``)."""
+    if isinstance(detector, Topology) and detector.fleet is not None:
+        return max(detector.fleet.released, detector.fleet.last_watermark)
+    return detector.released
 
 
 def _batches(messages: Iterable[Message], size: int) -> Iterator[list[Message]]:
@@ -57,16 +68,19 @@ def replay(
     pipe = Pipeline(engine)
     out_sink: OutputSink = sink if sink is not None else FileOutput(alerts_out, dlq_out)
     inc_sink = FileSink(incidents_out, atomic=True) if incidents is not None and incidents_out else None
+    # The alerts reach the incident stage in canonical order, as in the service (AlertFeed).
+    feed = AlertFeed()
     n_alerts = n_opened = n_events = 0
     t0 = time.perf_counter()
 
-    def emit(out: EngineOutput, n_msgs: int) -> None:
+    def emit(out: EngineOutput, n_msgs: int, final: bool = False) -> None:
         nonlocal n_alerts, n_opened, n_events
         n_alerts += len(out.alerts)
         out_sink.alerts(out.alerts)
         out_sink.dead(out.dead)
         if incidents is not None:
-            events = incidents.process(out.alerts)
+            feed.add(out.alerts)
+            events = incidents.process(feed.flush() if final else feed.release(incident_watermark(pipe.engine)))
             n_events += len(events)
             n_opened += sum(e.state == "opened" for e in events)
             if inc_sink is not None:
@@ -78,7 +92,7 @@ def replay(
         for path in paths:
             for batch in _batches(read_lines(path), batch_size):
                 emit(pipe.handle_guarded(batch), len(batch))
-        emit(pipe.flush(), 0)
+        emit(pipe.flush(), 0, final=True)
     finally:
         try:
             out_sink.close()

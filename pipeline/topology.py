@@ -80,6 +80,9 @@ class FleetStage:
         # its marks may go (pipeline/service/fleet.py, FleetTask.lead).
         self.forwarded: dict[int, float] = {}
         self.released = -math.inf  # every record older than this went to an engine
+        # The watermark of the last ``advance`` (inf once every upstream task was final): how far
+        # what runs after the stage may release (the incident stage's AlertFeed).
+        self.last_watermark = -math.inf
         # Fed records waiting for the watermark, one chunk per feed: a release takes whole chunks
         # it has passed and splits only those it cuts, so its cost does not grow with what
         # stays buffered (as the engine's pending rows, pipeline/engine/pending.py).
@@ -165,7 +168,7 @@ class FleetStage:
 
     def advance(self) -> EngineOutput:
         """Release what every upstream task has passed; all of it when all are final."""
-        wm = self.watermark()
+        wm = self.last_watermark = self.watermark()
         out = EngineOutput()
         if wm == -math.inf:
             return out

@@ -6,10 +6,12 @@ A layer above the alerts: it reads ``AlertEvent``s and never the engine, rules o
 
 from pipeline.incidents.config import IncidentConfig, default_config, load_config, parse_config
 from pipeline.incidents.events import IncidentEvent, incident_id
+from pipeline.incidents.feed import AlertFeed
 from pipeline.incidents.history import RepeatHistory
 from pipeline.incidents.stage import IncidentStage
 
 __all__ = [
+    "AlertFeed",
     "IncidentConfig",
     "IncidentEvent",
     "IncidentStage",

@@ -17,6 +17,7 @@ OPENED, UPDATED, RESOLVED = "opened", "updated", "resolved"
 STATES = (OPENED, UPDATED, RESOLVED)
 # What an ``updated`` event reports (``changes``), in this order when several come at once.
 JOINED, SEVERITY_ROSE, ESCALATED = "alert_joined", "severity_rose", "action_escalated"
+CHANGES = (JOINED, SEVERITY_ROSE, ESCALATED)
 
 
 class IncidentRoot(msgspec.Struct, kw_only=True, gc=False):

@@ -158,6 +158,20 @@ class IncidentStage:
             for i in incs
         ]
 
+    def to_state(self) -> dict[str, Any]:
+        """The open incidents, the clock and the repeat-offender history as plain data (lists of
+        strings and numbers, ``pipeline/incidents/stagestate.py``), for a checkpoint."""
+        from pipeline.incidents import stagestate
+
+        return stagestate.dump(self)
+
+    def load_state(self, state: Any) -> None:
+        """Continue from what ``to_state`` made; anything else raises ``StateError`` naming what
+        is wrong and leaves the stage as it was."""
+        from pipeline.incidents import stagestate
+
+        stagestate.load(self, state)
+
     def process(self, alerts: Iterable[AlertEvent]) -> list[IncidentEvent]:
         """Incident events for ``alerts`` (in the order given: event time, as the engine emits)."""
         out: list[IncidentEvent] = []

@@ -1,0 +1,188 @@
+"""The incident stage's state as plain data, and its checked way back (``IncidentStage.to_state``
+and ``load_state``): its open incidents, its clock and its repeat-offender history, lists of
+strings and numbers, msgpack- and JSON-able, no pickle, so a service can checkpoint it beside
+its other state (docs/architecture.md, "Incidents").
+
+Only what cannot be derived is kept: the indexes (by alert, host, communicator) and the timer
+heap are rebuilt from the incidents on load.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from typing import TYPE_CHECKING, Any
+
+from pipeline.errors import StateError
+from pipeline.incidents.events import IncidentRoot
+from pipeline.incidents.history import RepeatHistory
+
+if TYPE_CHECKING:
+    from pipeline.incidents.stage import IncidentStage, _Incident
+
+STATE_VERSION = 1
+# _Incident's fields in the order a row holds them.
+FIELDS = (
+    "id", "root", "host", "gpu", "opened_at", "severity", "action", "members", "more", "firing", "rules",
+    "families", "comms", "last_join", "quiet_due", "job", "pod", "namespace", "mig_instance", "mig_profile",
+    "state", "updated_at", "changes", "reason", "policy",
+)  # fmt: skip
+MAX_REASON = 4096  # characters of the latest escalation's reason kept
+
+
+def dump(stage: "IncidentStage") -> dict[str, Any]:
+    """``stage``'s state (see the module docstring)."""
+    rows = []
+    for inc in stage._open.values():
+        rows.append(
+            [
+                inc.id,
+                [inc.root.alert, inc.root.rule, inc.root.fault],
+                inc.host,
+                inc.gpu,
+                inc.opened_at,
+                inc.severity,
+                inc.action,
+                list(inc.members),
+                inc.more,
+                sorted(inc.firing),
+                sorted(inc.rules),
+                sorted(inc.families),
+                sorted(inc.comms),
+                inc.last_join,
+                inc.quiet_due,
+                inc.job,
+                inc.pod,
+                inc.namespace,
+                inc.mig_instance,
+                inc.mig_profile,
+                inc.state,
+                inc.updated_at,
+                list(inc.changes),
+                inc.reason,
+                inc.policy,
+            ]
+        )
+    return {
+        "v": STATE_VERSION,
+        "clock": None if math.isinf(stage._clock) else stage._clock,
+        "open": rows,
+        "history": stage.history.to_state(),
+    }
+
+
+def load(stage: "IncidentStage", state: Any) -> None:
+    """Replace ``stage``'s state with ``state``; ``StateError`` naming what is wrong (a forged or
+    damaged state) leaves the stage as it was."""
+    from pipeline.incidents.events import CHANGES, OPENED, UPDATED
+    from pipeline.incidents.stage import MAX_COMMS, MAX_FIRING, MAX_MEMBERS, MAX_TEXT, _Incident
+
+    if not isinstance(state, dict) or state.get("v") != STATE_VERSION or not isinstance(state.get("open"), list):
+        raise StateError(f"incident stage state: not a version {STATE_VERSION} state")
+    clock = -math.inf if state.get("clock") is None else _num(state["clock"], "clock")
+    rows = state["open"]
+    if len(rows) > stage.max_open:
+        raise StateError(f"incident stage state: {len(rows)} open incidents, more than the limit of {stage.max_open}")
+    history = RepeatHistory(stage.history.max_keys)
+    history.load_state(state.get("history"))
+    incidents: dict[str, _Incident] = {}
+    n_firing = 0
+    for i, row in enumerate(rows):
+        if not isinstance(row, (list, tuple)) or len(row) != len(FIELDS):
+            raise StateError(f"incident stage state: incident {i} is not a row of {len(FIELDS)} fields")
+        f = dict(zip(FIELDS, row))
+
+        def text(name: str, none: bool = False) -> Any:
+            v = f[name]
+            if v is None and none:
+                return None
+            if not isinstance(v, str) or len(v) > MAX_TEXT:
+                raise StateError(f"incident stage state: incident {i}: {name} is not text of at most {MAX_TEXT}")
+            return v
+
+        def texts(name: str, limit: int) -> list[str]:
+            v = f[name]
+            if not isinstance(v, (list, tuple)) or len(v) > limit:
+                raise StateError(f"incident stage state: incident {i}: {name} is not a list of at most {limit}")
+            for x in v:
+                if not isinstance(x, str) or len(x) > MAX_TEXT:
+                    raise StateError(f"incident stage state: incident {i}: {name} holds other than short text")
+            return list(v)
+
+        root = f["root"]
+        if not isinstance(root, (list, tuple)) or len(root) != 3 or not all(isinstance(x, str) for x in root):
+            raise StateError(f"incident stage state: incident {i}: root is not [alert, rule, fault]")
+        gpu = f["gpu"]
+        if gpu is not None and (isinstance(gpu, bool) or not isinstance(gpu, int) or not 0 <= gpu < 1 << 16):
+            raise StateError(f"incident stage state: incident {i}: gpu {gpu!r} is not an index")
+        more = f["more"]
+        if isinstance(more, bool) or not isinstance(more, int) or more < 0:
+            raise StateError(f"incident stage state: incident {i}: more is not a count")
+        firing = texts("firing", MAX_FIRING)
+        n_firing += len(firing)
+        if n_firing > MAX_FIRING:
+            raise StateError(f"incident stage state: more than {MAX_FIRING} firing member alerts")
+        inc = _Incident(
+            id=text("id"),
+            root=IncidentRoot(alert=root[0][:MAX_TEXT], rule=root[1][:MAX_TEXT], fault=root[2][:MAX_TEXT]),
+            host=text("host", none=True),
+            gpu=gpu,
+            opened_at=_num(f["opened_at"], f"incident {i}: opened_at"),
+            severity=text("severity"),
+            action=text("action"),
+            members=texts("members", MAX_MEMBERS),
+            more=more,
+            firing=set(firing),
+            rules=set(texts("rules", 10_000)),
+            families=set(texts("families", 10_000)),
+            comms=set(texts("comms", MAX_COMMS)),
+            last_join=_num(f["last_join"], f"incident {i}: last_join"),
+            quiet_due=None if f["quiet_due"] is None else _num(f["quiet_due"], f"incident {i}: quiet_due"),
+            job=text("job", none=True),
+            pod=text("pod", none=True),
+            namespace=text("namespace", none=True),
+            mig_instance=text("mig_instance", none=True),
+            mig_profile=text("mig_profile", none=True),
+        )
+        if f["state"] not in (OPENED, UPDATED):
+            raise StateError(
+                f"incident stage state: incident {i}: state {str(f['state'])[:32]!r} is not opened or updated"
+            )
+        changes = texts("changes", len(CHANGES))
+        if not set(changes) <= set(CHANGES):
+            raise StateError(f"incident stage state: incident {i}: changes are not of {', '.join(CHANGES)}")
+        reason = f["reason"]
+        if not isinstance(reason, str) or len(reason) > MAX_REASON:
+            raise StateError(f"incident stage state: incident {i}: reason is not text of at most {MAX_REASON}")
+        inc.state, inc.changes, inc.reason, inc.policy = f["state"], changes, reason, text("policy", none=True)
+        inc.updated_at = None if f["updated_at"] is None else _num(f["updated_at"], f"incident {i}: updated_at")
+        if inc.id in incidents:
+            raise StateError(f"incident stage state: incident {inc.id!r} twice")
+        incidents[inc.id] = inc
+    by_alert: dict[str, str] = {}
+    for inc in incidents.values():
+        for a in inc.firing:
+            if a in by_alert:
+                raise StateError(f"incident stage state: alert {a!r} fires in two incidents")
+            by_alert[a] = inc.id
+    # Every check passed: only now does the stage change.
+    stage._open = incidents
+    stage._by_alert = by_alert
+    stage._by_host = {}
+    stage._by_comm = {}
+    stage._due = []
+    for inc in incidents.values():
+        stage._by_host.setdefault(inc.host, {})[inc.id] = inc
+        for c in inc.comms:
+            stage._by_comm.setdefault(c, set()).add(inc.id)
+        if inc.quiet_due is not None:
+            stage._due.append((inc.quiet_due, inc.id))
+    heapq.heapify(stage._due)
+    stage._clock = clock
+    stage.history = history
+
+
+def _num(v: Any, what: str) -> float:
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+        raise StateError(f"incident stage state: {what} is not a finite number")
+    return float(v)
