@@ -35,6 +35,7 @@ BAD_SIGNATURE = "bad_signature"
 UNKNOWN_PARTITION = "unknown_partition"
 BAD_MARK = "bad_mark"
 EARLY_MARK = "early_mark"
+BAD_ALERT = "bad_alert"
 REASONS = (
     MALFORMED_JSON,
     WRONG_TYPE,
@@ -59,6 +60,7 @@ REASONS = (
     UNKNOWN_PARTITION,
     BAD_MARK,
     EARLY_MARK,
+    BAD_ALERT,
 )
 
 

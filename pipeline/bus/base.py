@@ -60,8 +60,13 @@ class Topics:
         """The repartition topic from the host stage to the fleet stage (pipeline/topology.py)."""
         return f"{self.prefix}.fleet"
 
+    @property
+    def incidents(self) -> str:
+        """The incident events of the service's fleet stage (pipeline/incidents/)."""
+        return f"{self.prefix}.incidents"
+
     def all(self) -> list[str]:
-        return [self.telemetry, self.alerts, self.dlq, self.audit, self.state, self.fleet]
+        return [self.telemetry, self.alerts, self.dlq, self.audit, self.state, self.fleet, self.incidents]
 
 
 class Producer(Protocol):

@@ -47,10 +47,14 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     stage = cfg.service.stage
     if stage == "fleet":
         from pipeline.errors import ConfigError
-        from pipeline.service.app import models_on
+        from pipeline.service.app import fleet_on
 
-        if not models_on(cfg):
-            raise ConfigError("service.stage", "the fleet stage runs the models, and service.models finds none")
+        if not fleet_on(cfg):
+            raise ConfigError(
+                "service.stage",
+                "the fleet stage runs the models or the incidents; service.models finds none "
+                "and service.incidents is off",
+            )
         return Service(cfg, stage="fleet").run()
     host = Service(cfg)
     if stage == "all" and host.forwards:
@@ -75,6 +79,6 @@ def register(sub: Any) -> None:
     sv.add_argument(
         "--stage",
         choices=["all", "host", "fleet"],
-        help="run only this stage (service.stage; default all: the host stage and, with models, the fleet stage)",
+        help="run only this stage (service.stage; default all: the host stage and, with models or incidents, the fleet stage)",
     )
     sv.set_defaults(func=_cmd_serve)

@@ -36,13 +36,13 @@ from pipeline.rules.reload import RuleReloader
 from pipeline.service import wiring
 from pipeline.service.commit import CommitProtocol
 from pipeline.service.config import Config
-from pipeline.service.fleet import DROPPED, FORCED, FleetTask, Send
+from pipeline.service.fleet import DROPPED, FORCED, FleetTask, Send, incident_sends
 from pipeline.service.liveview import LoopQuery
 from pipeline.service.metrics import Metrics
 from pipeline.service.partitions import Membership, PartitionState
 from pipeline.service.state import StateStore, derived_key
 from pipeline.service.upkeep import Upkeep
-from pipeline.service.wiring import kafka_parts, max_poll, models_on, setup_logging
+from pipeline.service.wiring import fleet_on, kafka_parts, max_poll, models_on, setup_logging
 
 log = logging.getLogger("gpuwarden.service")
 POLL_TIMEOUT_S = 0.5
@@ -101,6 +101,8 @@ class Service(Membership, CommitProtocol, Upkeep):
         # The fleet topic's messages are signed under a key of their own, derived from the state
         # key (None with --insecure-state: unsigned, still validated; pipeline/service/fleet.py).
         self.fleet_key = derived_key(getattr(state, "mac_key", None), "fleet")
+        # Read once: every fleet partition's incident stage runs it (None: incidents off).
+        self.incident_config = wiring.incident_config(cfg)
         # Alerts and dead letters leave through the injected producer; the sink's flush is step 2
         # of the commit protocol (it returns only once every send was acknowledged).
         self.output: OutputSink = BusOutput(producer, self.topics)
@@ -133,8 +135,8 @@ class Service(Membership, CommitProtocol, Upkeep):
 
     @property
     def forwards(self) -> bool:
-        """Whether this host stage sends to the fleet topic (models are configured)."""
-        return self.stage == "host" and models_on(self.cfg)
+        """Whether this host stage sends to the fleet topic (models or incidents are on)."""
+        return self.stage == "host" and fleet_on(self.cfg)
 
     # -- the loop ------------------------------------------------------------------------------
 
@@ -267,9 +269,13 @@ class Service(Membership, CommitProtocol, Upkeep):
             ps.since_saved += done
             ps.dirty = True
             ps.last_input = now
+        events = self._take_incidents()
+        sends += incident_sends(self.topics.incidents, events)
         t1 = time.perf_counter()
         self._phase_process.inc(t1 - t0)
         self._deliver(outputs, sends)
+        for e in events:
+            self.metrics.incidents.labels(e.state).inc()
         self.batches += 1
         dt = time.perf_counter() - t0
         for ps in self.parts.values():
@@ -283,6 +289,11 @@ class Service(Membership, CommitProtocol, Upkeep):
             self.metrics.records.inc(n_records)
             self.metrics.records_per_s.set(n_records / dt if dt > 0 else 0)
         self.totals["messages"] += n
+
+    def _take_incidents(self) -> list:
+        """The incident events the fleet partitions made since the last call (step 2 sends them
+        with the batch's alerts, before the offsets they come from are committed)."""
+        return [e for ps in self.parts.values() if isinstance(ps.pipe, FleetTask) for e in ps.pipe.take_incidents()]
 
     def shutdown(self) -> None:
         """Checkpoint and commit every partition with new input, then leave the group."""
@@ -315,6 +326,7 @@ __all__ = [
     "SHARED_POLL_TIMEOUT_S",
     "STAGES",
     "PartitionState",
+    "fleet_on",
     "Service",
     "kafka_parts",
     "open_incidents",

@@ -85,6 +85,12 @@ class ServiceSection(msgspec.Struct, forbid_unknown_fields=True):
     # with models, the fleet stage), "host" (rules and absence, keyed by host) or "fleet" (the
     # models, fed through <prefix>.fleet). Each is its own consumer group, scaled on its own.
     stage: Literal["all", "host", "fleet"] = "all"
+    # Incidents (docs/operations.md, "Incidents"): the fleet stage groups the alerts of both
+    # stages into incident events on <prefix>.incidents (it runs for them also without models).
+    incidents: bool = True
+    # The incidents YAML: "auto" (incidents.yaml beside the first rule directory, else the
+    # shipped one) or a path.
+    incidents_config: str = "auto"
 
 
 class Config(msgspec.Struct, forbid_unknown_fields=True):

@@ -1,14 +1,17 @@
 """The service's two stages on Kafka (docs/operations.md, "Topology"): what the host stage sends
 to ``<prefix>.fleet`` and what a fleet-stage partition makes of it.
 
-On ``<prefix>.fleet`` there are two kinds of message:
+On ``<prefix>.fleet`` there are three kinds of message:
 
 - **records**: a JSON array of the records one host-stage task accepted (the wire format of
   the telemetry topic, with only the fields detection reads), keyed by the fleet stage's key
-  (``pipeline.topology.FLEET_KEY``), so every record of one key lands on one partition;
+  (``pipeline.topology.FLEET_KEY``), so every record of one key lands on one partition; sent
+  only when the fleet stage runs models;
+- **alerts**: ``{"alerts": [<alert event>, ...]}``, the alerts of a host-stage task, for the
+  incident stage the fleet stage runs (``service.incidents``), with the same key;
 - **marks**: ``{"mark": <telemetry partition>, "upto": <ts>, "final": <bool>, "n": <partitions>}``,
-  sent by each host-stage task after the records they cover, with the records' key and on the
-  same producer, so on the records' partition a mark follows every record it covers. The other
+  sent by each host-stage task after the records and alerts they cover, with their key and on
+  the same producer, so on their partition a mark follows everything it covers. The other
   fleet partitions get neither: they hold nothing to release.
 
 Each travels in an envelope (``Envelope``, msgpack): the sending telemetry partition, the body,
@@ -20,7 +23,9 @@ and origin, costing only itself (``FleetTask.check``).
 
 A fleet-stage partition releases a second once every telemetry partition's task has marked past
 it (``pipeline.topology.FleetStage``), so its alerts do not depend on how many replicas run
-either stage or on how the partitions are spread among them.
+either stage or on how the partitions are spread among them. With incidents on, the alerts of
+both stages before that second then go to its incident stage through an ``AlertFeed``, in the
+canonical order the replay feeds it (``pipeline.replay.incident_watermark``).
 """
 
 from __future__ import annotations
@@ -37,12 +42,14 @@ import numpy as np
 
 from pipeline.bus.base import Message
 from pipeline.deadletters import (
+    BAD_ALERT,
     BAD_ENVELOPE,
     BAD_MARK,
     BAD_SIGNATURE,
     EARLY_MARK,
     INTERNAL,
     MALFORMED_JSON,
+    TOO_LARGE,
     TS_OUT_OF_RANGE,
     UNKNOWN_PARTITION,
     UNSIGNED,
@@ -52,8 +59,9 @@ from pipeline.decode import RAW_KEEP, TS_MAX, TS_MIN
 from pipeline.engine import Engine, EngineOutput
 from pipeline.errors import StateError
 from pipeline.hang import HangDetector
+from pipeline.incidents import AlertFeed, IncidentEvent, IncidentStage
 from pipeline.runner import Totals
-from pipeline.schema import DeadLetter, TelemetryRecord
+from pipeline.schema import AlertEvent, DeadLetter, TelemetryRecord, encode
 from pipeline.topology import FLEET_KEY, FleetStage, records_decoder
 
 log = logging.getLogger("gpuwarden.service")
@@ -66,6 +74,16 @@ MAX_FORWARD = 400
 DROPPED = ("duplicate", "late")
 FORCED = "forced"
 _KEY = FLEET_KEY.encode()
+# Alerts per message on the fleet topic (each well under 2 KiB), and what one alert may hold: a
+# message over either is refused (``too_large``, ``bad_alert``), so a forged one costs bounded work.
+MAX_FORWARD_ALERTS = 500
+MAX_ALERT_TEXT = 256  # characters of an alert's id, rule, fault, severity, host or job
+MAX_ALERT_SUMMARY = 4096
+MAX_ALERT_ITEMS = 64  # evidence and label entries
+ALERT_STATES = ("firing", "resolved")
+# The fleet task's checkpoint with incidents on: the stage's snapshot beside the incident stage's
+# and its feed's state. Without incidents the checkpoint is the stage's snapshot alone, as before.
+TASK_STATE_VERSION = 1
 
 
 ENVELOPE_VERSION = 1
@@ -76,6 +94,16 @@ class Mark(msgspec.Struct):
     upto: float | None  # None: -inf (nothing released yet)
     final: bool = False
     n: int = 1
+
+
+class AlertBatch(msgspec.Struct):
+    """An alerts message's body: ``{"alerts": [...]}`` (the encoder writes no space, so a body
+    starting ``{"alerts":`` is one, any other object a mark)."""
+
+    alerts: list[AlertEvent]
+
+
+_ALERTS_PREFIX = b'{"alerts":'
 
 
 class Envelope(msgspec.Struct, array_like=True):
@@ -107,8 +135,8 @@ Send = tuple[str, bytes | None, bytes, int | None]  # topic, key, value, partiti
 
 
 class Outbox:
-    """Where a host-stage task's forwarded records and marks queue (a ``FleetSide``) until the
-    service sends them with the batch's alerts (step 2 of the commit protocol, ``take``)."""
+    """Where a host-stage task's forwarded records, alerts and marks queue (a ``FleetSide``) until
+    the service sends them with the batch's alerts (step 2 of the commit protocol, ``take``)."""
 
     def __init__(
         self,
@@ -125,6 +153,7 @@ class Outbox:
         self.partition, self.n_upstream, self.topic = partition, n_upstream, topic
         self.group, self.key = group, key
         self._records: list[TelemetryRecord] = []
+        self._alerts: list[AlertEvent] = []
         self._mark: tuple[float, bool] | None = None
         self._sent: tuple[float, bool] | None = None
         self._enc = msgspec.json.Encoder()
@@ -132,6 +161,10 @@ class Outbox:
     def feed(self, records: Sequence[TelemetryRecord]) -> None:
         """Queue records the host stage accepted."""
         self._records.extend(records)
+
+    def alerts(self, events: Sequence[AlertEvent]) -> None:
+        """Queue the host stage's alerts for the fleet stage's incident stage."""
+        self._alerts.extend(events)
 
     def mark(self, upstream: int, upto: float, final: bool = False) -> None:
         """Queue this task's progress (``upstream``: its partition, which every message names
@@ -144,12 +177,16 @@ class Outbox:
         return self._mark[0] if self._mark is not None else -math.inf
 
     def take(self) -> list[Send]:
-        """The messages to send now: the records, then a mark when it moved (both keyed as the
-        records are, so the mark lands after them on their partition)."""
+        """The messages to send now: the records, the alerts, then a mark when it moved (all keyed
+        alike, so the mark lands after what it covers on their partition)."""
         out: list[Send] = []
         recs, self._records = self._records, []
         for i in range(0, len(recs), MAX_FORWARD):
             out.append((self.topic, _KEY, self._wrap(self._enc.encode(recs[i : i + MAX_FORWARD])), None))
+        alerts, self._alerts = self._alerts, []
+        for i in range(0, len(alerts), MAX_FORWARD_ALERTS):
+            body = self._enc.encode(AlertBatch(alerts[i : i + MAX_FORWARD_ALERTS]))
+            out.append((self.topic, _KEY, self._wrap(body), None))
         if self._mark is not None and self._mark != self._sent:
             upto, final = self._mark
             body = self._enc.encode(
@@ -174,7 +211,13 @@ class FleetTask:
     Every message is checked before the stage sees it (``check``): its envelope, its MAC (with a
     key), its sender (a telemetry partition, ``0 <= sender < n_upstream``), and for a mark that
     it is its sender's, agrees on ``n``, and runs at most ``lead`` seconds ahead of the newest
-    record its sender forwarded. What fails is a dead letter with its reason and origin."""
+    record its sender forwarded (without records, rules only: within the decoder's time range);
+    for alerts that each is a well-formed, bounded alert event. What fails is a dead letter with
+    its reason and origin.
+
+    With ``incidents``, the alerts of both stages go through ``feed`` to that ``IncidentStage``
+    (public: the service serves its open incidents) up to the second the stage released; its
+    events wait in ``take_incidents`` for the service to send with the batch."""
 
     def __init__(
         self,
@@ -186,16 +229,25 @@ class FleetTask:
         group: str = "",
         key: bytes | None = None,
         hang: HangDetector | None = None,
+        incidents: IncidentStage | None = None,
+        records: bool = True,
     ) -> None:
         """``n_upstream``: the telemetry topic's partition count, as the service knows it;
         ``topic``, ``group``, ``key``: what the host stage's ``Outbox`` signs with; ``hang``: the
-        hung-collective detector (pipeline/hang.py)."""
+        hung-collective detector (pipeline/hang.py); ``incidents``: the incident stage to feed
+        (None: incidents off); ``records``: whether the host stage forwards records (models
+        on), which bounds its marks."""
         self.stage = FleetStage(make_engine, upstream=n_upstream, max_buffer=max_buffer, hang=hang)
+        self.incidents = incidents
+        self.feed = AlertFeed()
+        self.records = records
+        self._events: list[IncidentEvent] = []
         self.n_upstream = n_upstream
         self.topic, self.group, self.key = topic, group, key
         self.totals = Totals()
         self._decode = records_decoder(self.stage.engine().decode_fields)
         self._mark = msgspec.json.Decoder(Mark)
+        self._alert_batch = msgspec.json.Decoder(AlertBatch)
         self._envelope = msgspec.msgpack.Decoder(Envelope)
         self._taken: dict[str, int] = {}  # each stat as last taken
         cfg = self.stage.engine().config
@@ -218,8 +270,23 @@ class FleetTask:
             self.stage.position = m.offset + 1
             self.totals.messages += 1
         out = self.stage.advance()
+        self._to_incidents(out)
         out.dead.extend(dead)
         self.totals.add(out)
+        return out
+
+    def _to_incidents(self, out: EngineOutput) -> None:
+        """The models' alerts into the feed, then what the feed releases into the incident stage:
+        every alert before the second this stage released (all once every upstream is final)."""
+        if self.incidents is None:
+            return
+        self.feed.add(out.alerts)
+        upto = max(self.stage.released, self.stage.last_watermark)
+        self._events += self.incidents.process(self.feed.release(upto))
+
+    def take_incidents(self) -> list[IncidentEvent]:
+        """The incident events made since the last call (the service sends them with the batch)."""
+        out, self._events = self._events, []
         return out
 
     def check(self, m: Message) -> list[DeadLetter]:
@@ -257,6 +324,8 @@ class FleetTask:
             ]
         body = env.body
         try:
+            if body.startswith(_ALERTS_PREFIX):
+                return self._apply_alerts(self._alert_batch.decode(body), m, body)
             if body[:1] == b"{":
                 return self._apply_mark(self._mark.decode(body), sender, m, body)
             recs = self._decode(body)
@@ -283,6 +352,12 @@ class FleetTask:
             return None
         if not math.isfinite(mk.upto):
             return BAD_MARK, f"mark upto {mk.upto} is not finite"
+        if not self.records:
+            # Rules only: no records to bound a mark by; the decoder's range bounds every time a
+            # host-stage engine releases to.
+            if not TS_MIN <= mk.upto <= TS_MAX:
+                return EARLY_MARK, f"mark upto {mk.upto} outside {TS_MIN:.0f}..{TS_MAX:.0f}"
+            return None
         newest = self.stage.forwarded.get(sender, -math.inf)
         if newest == -math.inf:
             return EARLY_MARK, f"mark upto {mk.upto} from partition {sender}, which has forwarded no record"
@@ -293,6 +368,23 @@ class FleetTask:
                 f"forwarded; at most {self.lead}s (engine.allowed_lateness + engine.tick)",
             )
         return None
+
+    def _apply_alerts(self, batch: AlertBatch, m: Message, body: bytes) -> list[DeadLetter]:
+        if len(batch.alerts) > MAX_FORWARD_ALERTS:
+            return [_dead(TOO_LARGE, f"{len(batch.alerts)} alerts; at most {MAX_FORWARD_ALERTS} a message", m, body)]
+        dead: list[DeadLetter] = []
+        good: list[AlertEvent] = []
+        for i, a in enumerate(batch.alerts):
+            why = _refuse_alert(a)
+            if why is None:
+                good.append(a)
+                continue
+            ts = a.ts if math.isfinite(a.ts) else None
+            host = a.host[:MAX_ALERT_TEXT] if a.host is not None else None
+            dead.append(_dead(why[0], why[1], m, encode(a), origin=f"{m.origin}#{i}", ts=ts, host=host))
+        if self.incidents is not None:
+            self.feed.add(good)
+        return dead
 
     def _apply_records(self, recs: list[TelemetryRecord], sender: int, m: Message) -> list[DeadLetter]:
         dead: list[DeadLetter] = []
@@ -345,17 +437,69 @@ class FleetTask:
         return next_offset if at is None else min(at, next_offset)
 
     def snapshot(self) -> bytes:
-        """The stage's state without the records it holds back (``checkpoint_offset``)."""
-        return self.stage.snapshot(replayable=True)
+        """The stage's state without the records it holds back (``checkpoint_offset``); with
+        incidents, beside the incident stage's and its feed's (the alerts it buffers: few, so
+        they ride in the checkpoint rather than being read again)."""
+        stage = self.stage.snapshot(replayable=True)
+        if self.incidents is None:
+            return stage
+        return msgspec.msgpack.encode(
+            {
+                "fleet_task": TASK_STATE_VERSION,
+                "stage": stage,
+                "incidents": self.incidents.to_state(),
+                "feed": self.feed.to_state(),
+            }
+        )
 
     def restore(self, blob: bytes) -> None:
-        """Continue where ``snapshot`` left off; ``StateError`` when the blob is not one."""
+        """Continue where ``snapshot`` left off; ``StateError`` when the blob is not one. A
+        stage's snapshot alone (written with incidents off) restores with no open incidents."""
         try:
+            d = msgspec.msgpack.decode(blob)
+            if isinstance(d, dict) and "fleet_task" in d:
+                if d["fleet_task"] != TASK_STATE_VERSION:
+                    raise StateError(f"fleet task state version {d['fleet_task']!r} (this build reads 1)")
+                if self.incidents is not None:
+                    self.incidents.load_state(d["incidents"])
+                    self.feed.load_state(d["feed"])
+                blob = d["stage"]
             self.stage.restore(blob, self._decode)
         except StateError:
             raise
         except Exception as e:  # noqa: BLE001 - a damaged checkpoint costs its partition, as the host stage's
             raise StateError(f"cannot restore the fleet stage: {e}") from e
+
+
+def incident_sends(topic: str, events: Sequence[IncidentEvent]) -> list[Send]:
+    """Incident events as messages for ``<prefix>.incidents``, keyed by host as alerts are."""
+    return [(topic, (e.host or "").encode(), encode(e), None) for e in events]
+
+
+def _refuse_alert(a: AlertEvent) -> tuple[str, str] | None:
+    """Why a forwarded alert is refused (reason, detail), or None: what the host stage's engine
+    makes is a firing or resolved event in the decoder's time range with short names."""
+    if a.state not in ALERT_STATES:
+        return BAD_ALERT, f"state {a.state[:64]!r} is not firing or resolved"
+    if not (math.isfinite(a.ts) and TS_MIN <= a.ts <= TS_MAX):
+        return TS_OUT_OF_RANGE, f"alert ts {a.ts} outside {TS_MIN:.0f}..{TS_MAX:.0f}"
+    if not math.isfinite(a.started_at):
+        return BAD_ALERT, f"started_at {a.started_at} is not finite"
+    if not a.id:
+        return BAD_ALERT, "empty id"
+    for name in ("id", "rule", "fault", "severity", "host", "job"):
+        v = getattr(a, name)
+        if v is not None and len(v) > MAX_ALERT_TEXT:
+            return BAD_ALERT, f"{name} of {len(v)} characters; at most {MAX_ALERT_TEXT}"
+    if a.gpu is not None and not 0 <= a.gpu < 4096:
+        return BAD_ALERT, f"gpu {_num(a.gpu)} outside 0..4095"
+    if a.link is not None and not 0 <= a.link < 1024:
+        return BAD_ALERT, f"link {_num(a.link)} outside 0..1023"
+    if len(a.summary) > MAX_ALERT_SUMMARY:
+        return BAD_ALERT, f"summary of {len(a.summary)} characters; at most {MAX_ALERT_SUMMARY}"
+    if len(a.evidence) > MAX_ALERT_ITEMS or len(a.labels) > MAX_ALERT_ITEMS:
+        return BAD_ALERT, f"more than {MAX_ALERT_ITEMS} evidence or label entries"
+    return None
 
 
 def _num(x: int) -> str:

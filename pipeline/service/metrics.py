@@ -45,6 +45,14 @@ class Metrics:
                 self.alerts.labels(family, state)
         for reason in REASONS:
             self.dead.labels(reason)
+        self.incidents = Counter(
+            "gpuwarden_incidents",
+            "Incident events the fleet stage sent to <prefix>.incidents, by state (opened, updated, resolved)",
+            ["state"],
+            registry=r,
+        )
+        for state in ("opened", "updated", "resolved"):
+            self.incidents.labels(state)
         self.lag = Gauge(
             "gpuwarden_consumer_lag", "Messages behind the end of each assigned partition", ["partition"], registry=r
         )

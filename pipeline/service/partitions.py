@@ -1,21 +1,23 @@
 """The service's partitions: what it holds per partition (``PartitionState``), the task it builds
 for one (``Pipeline`` for the host stage, ``ForwardingPipeline`` when that forwards to the fleet
-topic, ``FleetTask`` for the fleet stage), and the group membership callbacks that create,
-restore and drop them."""
+topic: models or incidents on, ``FleetTask`` for the fleet stage), and the group membership
+callbacks that create, restore and drop them."""
 
 from __future__ import annotations
 
 import logging
 import math
 from dataclasses import dataclass
+from functools import partial
 from typing import Callable, Sequence
 
 from pipeline.bus.base import Message, Topics
 from pipeline.bus.group import GroupConsumer
 from pipeline.decode import Decoder
 from pipeline.detection import Stages, build_stages
-from pipeline.engine import EngineOutput
+from pipeline.engine import Engine, EngineOutput
 from pipeline.errors import BusError, StateError
+from pipeline.incidents import IncidentConfig, IncidentStage
 from pipeline.protocols import Detector, PartitionTask
 from pipeline.runner import Pipeline
 from pipeline.service.config import Config
@@ -32,7 +34,7 @@ class PartitionState:
     partition: int
     pipe: PartitionTask
     # The host stage's detector (what a rule reload installs in; None in the fleet stage) and,
-    # with models, the outbox its forwarded records and marks queue in for the fleet topic.
+    # with models or incidents, the outbox its forwarded records, alerts and marks queue in.
     detector: Detector | None = None
     outbox: Outbox | None = None
     next_offset: int | None = None  # of the next message to process
@@ -52,8 +54,9 @@ class PartitionState:
 
 
 class ForwardingPipeline(Pipeline):
-    """A host-stage task whose detector forwards to the fleet stage: what each batch forwarded,
-    and then how far the detector has released, queue in ``outbox`` (a ``FleetSide``)."""
+    """A host-stage task that feeds the fleet stage: what each batch forwarded (records, with
+    models), its alerts (for the incident stage), and then how far the detector has released,
+    queue in ``outbox`` (a ``FleetSide``)."""
 
     def __init__(self, detector: Detector, decoder: Decoder, outbox: Outbox) -> None:
         super().__init__(detector, decoder)
@@ -62,6 +65,7 @@ class ForwardingPipeline(Pipeline):
     def handle_guarded(self, messages: Sequence[Message]) -> EngineOutput:
         out = super().handle_guarded(messages)
         self.outbox.feed(out.forwarded)
+        self.outbox.alerts(out.alerts)
         self.outbox.mark(self.outbox.partition, self.engine.released)
         return out
 
@@ -69,6 +73,7 @@ class ForwardingPipeline(Pipeline):
         """The detector's flush, and a final mark: this task holds nothing back until it next
         marks (the bound stays the last one: a flush releases to no finite time)."""
         out = super().flush()
+        self.outbox.alerts(out.alerts)
         self.outbox.mark(self.outbox.partition, self.outbox.upto, final=True)
         return out
 
@@ -84,6 +89,7 @@ class Membership:
     upstream: int
     rule_paths: list[str]
     fleet_key: bytes | None
+    incident_config: IncidentConfig | None  # None: incidents off (service.incidents)
     consumer: GroupConsumer
     state: StateStore
     metrics: Metrics
@@ -116,8 +122,14 @@ class Membership:
         if self.stage == "fleet":
             stages = self._stages()
             make = stages.fleet
+            records = make is not None
             if make is None:
-                raise StateError("the fleet stage runs the models, and none are configured (service.models)")
+                if self.incident_config is None:
+                    raise StateError("the fleet stage runs the models or incidents, and neither is on")
+                # Rules only: an engine that is never fed, so the stage's watermark works alike.
+                make = partial(Engine, self.cfg.engine_config(), row_checks=[], tick_checks=[], screened=True)
+
+            incidents = IncidentStage(self.incident_config) if self.incident_config is not None else None
             task = FleetTask(
                 make,
                 self.upstream,
@@ -126,10 +138,12 @@ class Membership:
                 group=self.cfg.kafka.group,
                 key=self.fleet_key,
                 hang=stages.hang() if stages.hang is not None else None,
+                incidents=incidents,
+                records=records,
             )
             return PartitionState(partition, task, last_input=now)
         detector = self._new_engine(partition)
-        if not isinstance(detector, Topology):
+        if not isinstance(detector, Topology) and self.incident_config is None:
             return PartitionState(partition, Pipeline(detector, live_decoder()), detector, last_input=now)
         outbox = Outbox(partition, self.upstream, self.topics.fleet, group=self.cfg.kafka.group, key=self.fleet_key)
         pipe = ForwardingPipeline(detector, live_decoder(), outbox)

@@ -13,7 +13,8 @@ from pipeline.bus.base import Producer, Topics
 from pipeline.bus.group import GroupConsumer, KafkaGroupConsumer
 from pipeline.bus.kafka import KafkaBusProducer, ensure_topics
 from pipeline.decode import Decoder
-from pipeline.errors import InputError
+from pipeline.errors import ConfigError, InputError
+from pipeline.incidents import IncidentConfig
 from pipeline.rules import load_rules
 from pipeline.service.config import Config
 from pipeline.service.state import KafkaStateStore, StateStore, state_key
@@ -30,6 +31,11 @@ def max_poll(cfg: Config, stage: str) -> int:
     stage takes fewer of them per turn (the turn of the host stage beside it waits for it)."""
     n = cfg.kafka.max_poll_records
     return n if stage == "host" else max(4, n // 20)
+
+
+def fleet_on(cfg: Config) -> bool:
+    """Whether a fleet stage runs: for the models, or for the incidents (rules only)."""
+    return cfg.service.incidents or models_on(cfg)
 
 
 def models_on(cfg: Config) -> bool:
@@ -87,6 +93,25 @@ def kafka_parts(cfg: Config, stage: str = "host") -> tuple[GroupConsumer, Produc
         max_partition_fetch_bytes=k.max_partition_fetch_bytes,
     )
     return consumer, producer, state, n_rules
+
+
+def incident_config(cfg: Config) -> IncidentConfig | None:
+    """The incident stage's config (None: ``service.incidents`` is off); ``ConfigError`` naming
+    ``service.incidents_config`` when its file does not load, each problem logged."""
+    from pipeline.incidents import default_config
+    from pipeline.incidents.config import IncidentConfigError, require_config
+
+    svc = cfg.service
+    if not svc.incidents:
+        return None
+    try:
+        if svc.incidents_config != "auto":
+            return require_config(svc.incidents_config)
+        return default_config(svc.rules[0] if svc.rules else None)
+    except IncidentConfigError as e:
+        for d in e.diagnostics:
+            log.error("incidents: %s", d)
+        raise ConfigError("service.incidents_config", f"{svc.incidents_config}: does not load (see the log)") from None
 
 
 def check_rules_load(paths: list[str]) -> int:

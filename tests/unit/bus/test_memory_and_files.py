@@ -7,7 +7,8 @@ from pipeline.bus.telemetry import per_host_messages, per_record_messages
 
 def test_topics_named_by_prefix():
     t = Topics("prod")
-    assert t.all() == ["prod.telemetry", "prod.alerts", "prod.dlq", "prod.audit", "prod.state", "prod.fleet"]
+    assert t.all() == ["prod.telemetry", "prod.alerts", "prod.dlq", "prod.audit", "prod.state", "prod.fleet",
+                       "prod.incidents"]
 
 
 def test_same_key_same_partition_and_order_kept():

@@ -90,7 +90,9 @@ def telemetry() -> list[tuple[bytes, bytes]]:
     return [m for batch in sim.batches() if batch for m in per_host_messages(batch)]
 
 
-def services(telemetry) -> tuple[Service, Service]:
+def services(telemetry, incidents: bool = False) -> tuple[Service, Service]:
+    """Both stages on the in-memory bus; ``incidents`` off by default: the tests below give the
+    fleet tasks incident stages of their own making."""
     bus = MemoryBus(partitions=2)
     topics = Topics("t")
     p = bus.producer()
@@ -99,7 +101,7 @@ def services(telemetry) -> tuple[Service, Service]:
     cfg = load_config_text(json.dumps({
         "kafka": {"prefix": "t", "max_poll_records": 20, "partitions": 2},
         "http": {"host": "127.0.0.1", "port": 0},
-        "service": {"rules": [RULES], "models": "auto", "flush_idle_s": 3}}), env={})
+        "service": {"rules": [RULES], "models": "auto", "flush_idle_s": 3, "incidents": incidents}}), env={})
     clock = Clock()
 
     def make(stage: str) -> Service:
@@ -130,6 +132,20 @@ def test_incidents_are_off_until_a_fleet_task_runs_an_incident_stage(telemetry) 
     with_incidents(task, stage)
     assert isinstance(task, IncidentSource) and fleet.incident_stages() == [stage] and host.incident_stages() == []
     assert open_incidents([host, fleet]) == stage.open_incidents()
+    for s in (host, fleet):
+        s.shutdown()
+
+
+def test_with_incidents_on_every_fleet_task_runs_the_stage_the_page_reads(telemetry) -> None:
+    # service.incidents (the default): the fleet tasks' own stages, fed by the service.
+    host, fleet = services(telemetry, incidents=True)
+    for _ in range(10):
+        host.step()
+        fleet.step()
+    stages = fleet.incident_stages()
+    assert fleet.parts and len(stages) == len(fleet.parts) and host.incident_stages() == []
+    assert all(isinstance(ps.pipe, FleetTask) and ps.pipe.incidents is not None for ps in fleet.parts.values())
+    assert open_incidents([host, fleet]) == [e for st in stages for e in st.open_incidents()]
     for s in (host, fleet):
         s.shutdown()
 
