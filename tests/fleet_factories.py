@@ -44,6 +44,13 @@ def records_body(records: list) -> bytes:
     return msgspec.json.encode(records)
 
 
+def alerts_body(alerts: list) -> bytes:
+    """An alerts message's JSON, as the host stage's ``Outbox`` writes it."""
+    from pipeline.service.fleet import AlertBatch
+
+    return msgspec.json.encode(AlertBatch(alerts))
+
+
 def fleet_message(value: bytes, offset: int, partition: int = 0, topic: str = TOPIC) -> Message:
     return Message(topic, partition, offset, b"fleet", value)
 

@@ -19,14 +19,17 @@ from hypothesis import strategies as st
 
 from pipeline.deadletters import REASONS
 from pipeline.engine import Engine, EngineConfig
-from pipeline.service.fleet import FleetTask
-from pipeline.schema import dcgm
+from pipeline.errors import StateError
+from pipeline.incidents import IncidentStage, default_config
+from pipeline.service.fleet import MAX_FORWARD_ALERTS, FleetTask
+from pipeline.schema import AlertEvent, dcgm
 from tests.factories import HEALTHY, T0
 from tests.fleet_factories import (
     FLEET_KEY,
     GROUP,
     STATE_KEY,
     TOPIC,
+    alerts_body,
     envelope,
     fleet_message,
     mark_body,
@@ -47,8 +50,19 @@ def _engine() -> Engine:
     return Engine(EngineConfig(), row_checks=[], tick_checks=[], screened=True)
 
 
-def _task(key: bytes | None = FLEET_KEY, max_buffer: int = 2_000_000) -> FleetTask:
-    return FleetTask(_engine, N, max_buffer=max_buffer, topic=TOPIC, group=GROUP, key=key)
+def _task(key: bytes | None = FLEET_KEY, max_buffer: int = 2_000_000, incidents: bool = False,
+          records: bool = True) -> FleetTask:
+    stage = IncidentStage(default_config()) if incidents else None
+    return FleetTask(_engine, N, max_buffer=max_buffer, topic=TOPIC, group=GROUP, key=key, incidents=stage,
+                     records=records)
+
+
+def _alert(i: int, ts: float, host: str = "n1", gpu: int | None = 0, **kw) -> AlertEvent:
+    """A firing XID 48 alert (one that opens an incident alone) at ``ts``."""
+    fields = {"id": f"a{i}", "state": "firing", "fault": "gpu_xid_critical", "severity": "critical",
+              "rule": "gpu_xid_critical", "host": host, "gpu": gpu, "ts": ts, "started_at": ts,
+              "evidence": {"xid": 48}, **kw}
+    return AlertEvent(**fields)
 
 
 class Feeder:
@@ -69,6 +83,9 @@ class Feeder:
 
     def mark(self, sender: int, upto, final: bool = False, n=N, mark=None, **kw) -> list:
         return self.send(envelope(mark_body(sender if mark is None else mark, upto, final, n), sender, **kw))
+
+    def alerts(self, sender: int, alerts: list, **kw) -> list:
+        return self.send(envelope(alerts_body(alerts), sender, **kw))
 
 
 def _reasons(dead: list) -> list[str]:
@@ -278,6 +295,104 @@ def test_what_a_partition_forwarded_survives_a_checkpoint():
     assert g.mark(0, T0 + 3) == [] and _reasons(g.mark(0, T0 + 40)) == ["early_mark"]
 
 
+# -- alerts for the incident stage -------------------------------------------------------------------
+
+
+def test_signed_alerts_reach_the_incident_stage_once_every_partition_marked_past_them():
+    f = Feeder(_task(incidents=True))
+    for p in range(N):
+        f.records(p, [T0, T0 + 5], host=f"n{p}")
+    assert f.alerts(1, [_alert(2, T0 + 2, "n1")]) == [] and f.alerts(0, [_alert(1, T0 + 1, "n0")]) == []
+    f.mark(0, T0 + 3)
+    assert f.task.take_incidents() == []               # partition 1 has not marked
+    f.mark(1, T0 + 5)
+    got = f.task.take_incidents()
+    assert [(e.state, e.host, e.members) for e in got] == [("opened", "n0", ["a1"]), ("opened", "n1", ["a2"])]
+    assert f.task.take_incidents() == []
+    f.alerts(0, [_alert(1, T0 + 1, "n0")])            # sent again (an upstream replay): nothing new
+    f.mark(0, T0 + 5, final=True)
+    f.mark(1, T0 + 5, final=True)
+    assert f.task.take_incidents() == [] and f.task.feed.stats["late"] == 1
+
+
+@pytest.mark.parametrize(("change", "reason"), [
+    ({"ts": 1e17}, "ts_out_of_range"),
+    ({"ts": -5.0}, "ts_out_of_range"),
+    ({"state": "pending"}, "bad_alert"),
+    ({"id": ""}, "bad_alert"),
+    ({"id": "x" * 300}, "bad_alert"),
+    ({"host": "h" * 300}, "bad_alert"),
+    ({"gpu": 2**40}, "bad_alert"),
+    ({"link": -1}, "bad_alert"),
+    ({"severity": "s" * 300}, "bad_alert"),
+    ({"summary": "s" * 5000}, "bad_alert"),
+    ({"evidence": {f"k{i}": i for i in range(100)}}, "bad_alert"),
+])
+def test_a_malformed_alert_costs_only_itself(change, reason):
+    f = Feeder(_task(incidents=True))
+    f.records(0, [T0, T0 + 5])
+    bad = msgspec.structs.replace(_alert(2, T0 + 2), **change)
+    dead = f.alerts(0, [_alert(1, T0 + 1), bad, _alert(3, T0 + 3, gpu=1)])
+    assert _reasons(dead) == [reason] and dead[0].origin == f"{TOPIC}[0]@1#1"
+    assert len(dead[0].detail) < 200 and dead[0].raw
+    assert len(f.task.feed) == 2
+
+
+def test_alerts_arriving_unsigned_or_in_too_large_a_message_are_refused_whole():
+    f = Feeder(_task(incidents=True))
+    assert _reasons(f.alerts(0, [_alert(1, T0)], key=None)) == ["unsigned"]
+    many = [_alert(i, T0) for i in range(MAX_FORWARD_ALERTS + 1)]
+    assert _reasons(f.alerts(0, many)) == ["too_large"]
+    assert _reasons(f.send(envelope(b'{"alerts": 5}', 0))) == ["wrong_type"]
+    assert _reasons(f.send(envelope(b'{"alerts":[{"kind":"alert","id":"a"}]}', 0))) == ["wrong_type"]
+    assert _reasons(f.send(envelope(b'{"alerts":[', 0))) == ["malformed_json"]
+    assert len(f.task.feed) == 0
+
+
+def test_rules_only_marks_need_no_records_and_stay_in_the_decoders_range():
+    f = Feeder(_task(incidents=True, records=False))
+    assert f.mark(0, T0) == [] and f.mark(1, T0 + 2) == []
+    assert _reasons(f.mark(0, 1e17)) == ["early_mark"]
+    assert f.task.stage.released == T0
+
+
+def test_the_incident_stage_and_its_feed_survive_a_checkpoint():
+    f = Feeder(_task(incidents=True))
+    for p in range(N):
+        f.records(p, [T0, T0 + 9], host=f"n{p}")
+    f.alerts(0, [_alert(1, T0 + 1), _alert(2, T0 + 8, gpu=3)])
+    f.mark(0, T0 + 5)
+    f.mark(1, T0 + 5)
+    (opened,) = f.task.take_incidents()
+    again = _task(incidents=True)
+    again.restore(msgspec.msgpack.encode(msgspec.msgpack.decode(f.task.snapshot())))
+    assert again.incidents.open_count == 1 and len(again.feed) == 1
+    g = Feeder(again)
+    g.offset = f.offset
+    g.alerts(0, [_alert(4, T0 + 6)])        # joins the open incident
+    g.mark(0, T0 + 9, final=True)
+    g.mark(1, T0 + 9, final=True)
+    got = again.take_incidents()
+    assert [(e.incident, e.state) for e in got] == [(opened.incident, "updated"), (got[1].incident, "opened")]
+    assert got[1].members == ["a2"]
+
+
+def test_a_checkpoint_without_incidents_restores_and_another_version_is_refused():
+    f = Feeder(_task())
+    f.records(0, [T0, T0 + 3])
+    with_incidents = _task(incidents=True)
+    with_incidents.restore(f.task.snapshot())
+    assert with_incidents.stage.forwarded == {0: T0 + 3} and with_incidents.incidents.open_count == 0
+    blob = msgspec.msgpack.decode(with_incidents.snapshot())
+    blob["fleet_task"] = 2
+    with pytest.raises(StateError, match="version 2"):
+        _task(incidents=True).restore(msgspec.msgpack.encode(blob))
+    blob["fleet_task"] = 1
+    blob["incidents"]["open"] = [["forged"]]
+    with pytest.raises(StateError, match="incident stage state"):
+        _task(incidents=True).restore(msgspec.msgpack.encode(blob))
+
+
 # -- fuzz: whatever the topic holds ------------------------------------------------------------------
 
 _num = st.one_of(
@@ -296,7 +411,17 @@ _records = st.lists(
     st.builds(lambda t, h: _rec(t, h), st.one_of(st.floats(T0 - 100, T0 + 100), _num.filter(lambda x: isinstance(x, float))), st.sampled_from(["a", "b", "c"])),
     max_size=5,
 ).map(records_body)
-_body = st.one_of(_mark, _records, st.binary(max_size=64))
+_alerts = st.lists(
+    st.builds(
+        lambda i, t, gpu, state: _alert(i, t, gpu=gpu, state=state),
+        st.integers(0, 5),
+        st.one_of(st.floats(T0 - 100, T0 + 100), _num.filter(lambda x: isinstance(x, float))),
+        st.one_of(st.none(), st.integers(-3, 5), st.integers(min_value=-(2**63), max_value=2**63 - 1)),
+        st.sampled_from(["firing", "resolved", "pending"]),
+    ),
+    max_size=5,
+).map(alerts_body)
+_body = st.one_of(_mark, _records, _alerts, st.binary(max_size=64))
 _value = st.one_of(
     st.binary(max_size=64),
     st.builds(
@@ -312,7 +437,7 @@ _value = st.one_of(
 @settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(values=st.lists(_value, max_size=12), key=st.sampled_from([FLEET_KEY, None]))
 def test_fuzz_any_fleet_message_is_applied_or_dead_lettered_and_state_stays_bounded(values, key):
-    task = _task(key)
+    task = _task(key, incidents=True)
     f = Feeder(task)
     with no_hang(20):
         for v in values:
@@ -330,7 +455,9 @@ def test_fuzz_any_fleet_message_is_applied_or_dead_lettered_and_state_stays_boun
     assert all(1e9 <= t <= 4.1e9 for t in stage.forwarded.values())
     assert stage.released == -math.inf or stage.released <= 4.1e9 + task.lead
     assert "internal" not in task.totals.dead
-    msgspec.msgpack.decode(task.snapshot())
+    assert all(1e9 <= e.ts <= 4.1e9 for e in task.take_incidents())
+    again = _task(key, incidents=True)
+    again.restore(task.snapshot())
 
 
 # -- in the service ----------------------------------------------------------------------------------

@@ -2,8 +2,9 @@
 
 With the models on, the alerts of any number of host- and fleet-stage replicas, with members
 joining and crashing mid-stream, are exactly those of one in-process replay of the same
-messages (pipeline/topology.py). The same against a real broker and real processes:
-tests/faults/test_service_stages.py.
+messages (pipeline/topology.py), and so are the incident events on <prefix>.incidents (the
+replay's incident stage, fed through its AlertFeed); with rules only too. The same against a
+real broker and real processes: tests/faults/test_service_stages.py.
 """
 
 from __future__ import annotations
@@ -19,11 +20,12 @@ from pipeline.bus.base import Message
 from pipeline.bus.retry import Backoff
 from pipeline.bus.telemetry import per_host_messages
 from pipeline.detection import build_detector
+from pipeline.incidents import AlertFeed, IncidentStage, default_config
+from pipeline.replay import incident_watermark
 from pipeline.runner import Pipeline
 from pipeline.service.app import Service
 from pipeline.service.config import load_config_text
 from pipeline.service.state import MemoryStateStore
-from pipeline.topology import Topology
 from producers.sim.simulator import Simulator
 from tests.factories import Clock
 
@@ -40,22 +42,44 @@ def telemetry() -> list[tuple[bytes, bytes]]:
     return [m for batch in sim.batches() if batch for m in per_host_messages(batch)]
 
 
-@pytest.fixture(scope="module")
-def reference(telemetry) -> list[dict]:
-    """One process, everything in order: what `gpuwarden replay` of the recording says."""
-    det, diags = build_detector([RULES], "auto")
-    assert isinstance(det, Topology), diags
+def _replay(telemetry, models: str) -> tuple[list[dict], list[dict]]:
+    """One process, everything in order: the alerts and incident events `gpuwarden replay
+    --incidents-out` of the recording writes."""
+    det, diags = build_detector([RULES], models)
+    assert det is not None, diags
     pipe = Pipeline(det)
-    out = []
+    feed, stage = AlertFeed(), IncidentStage(default_config(RULES))
+    out, incidents = [], []
     for i in range(0, len(telemetry), 64):
         msgs = [Message("rec", -1, j, k, v) for j, (k, v) in enumerate(telemetry[i:i + 64], start=i)]
-        out += pipe.handle(msgs).alerts
-    out += pipe.flush().alerts
-    return [msgspec.to_builtins(a) for a in out]
+        got = pipe.handle(msgs).alerts
+        feed.add(got)
+        out += got
+        incidents += stage.process(feed.release(incident_watermark(det)))
+    got = pipe.flush().alerts
+    feed.add(got)
+    out += got
+    incidents += stage.process(feed.flush())
+    return [msgspec.to_builtins(a) for a in out], [msgspec.to_builtins(e) for e in incidents]
+
+
+@pytest.fixture(scope="module")
+def replayed(telemetry) -> tuple[list[dict], list[dict]]:
+    return _replay(telemetry, "auto")
+
+
+@pytest.fixture(scope="module")
+def reference(replayed) -> list[dict]:
+    return replayed[0]
+
+
+@pytest.fixture(scope="module")
+def reference_incidents(replayed) -> list[dict]:
+    return replayed[1]
 
 
 class Fleet:
-    def __init__(self, telemetry, max_poll_records: int = 16) -> None:
+    def __init__(self, telemetry, max_poll_records: int = 16, models: str = "auto") -> None:
         self.bus = MemoryBus(partitions=4)
         self.topics = Topics("t")
         p = self.bus.producer()
@@ -63,7 +87,7 @@ class Fleet:
             p.send(self.topics.telemetry, value, key)
         self.cfg = load_config_text(json.dumps({
             "kafka": {"prefix": "t", "max_poll_records": max_poll_records, "partitions": 4},
-            "service": {"rules": [RULES], "models": "auto", "flush_idle_s": 3, "checkpoint_interval_s": 5}}),
+            "service": {"rules": [RULES], "models": models, "flush_idle_s": 3, "checkpoint_interval_s": 5}}),
             env={})
         self.clock = Clock()
 
@@ -90,9 +114,18 @@ class Fleet:
     def alerts(self) -> list[dict]:
         return [msgspec.json.decode(m.value) for m in self.bus.messages(self.topics.alerts)]
 
+    def incidents(self) -> list[dict]:
+        return [msgspec.json.decode(m.value) for m in self.bus.messages(self.topics.incidents)]
+
 
 def _ids(alerts: list[dict]) -> set[tuple[str, str]]:
     return {(a["id"], a["state"]) for a in alerts}
+
+
+def _events(incidents: list[dict]) -> set[str]:
+    """Incident events as comparable wholes: every field, so any difference in grouping, order,
+    severity, action or members shows. Sent again after a crash, an event is the same one."""
+    return {json.dumps(e, sort_keys=True) for e in incidents}
 
 
 def _run(f: Fleet, services: list[Service], steps: int = 4000, events: dict | None = None) -> None:
@@ -119,12 +152,17 @@ def test_the_reference_has_cross_host_model_alerts(reference):
 # One of each, and more replicas of each stage than the other has (2 and 2 proved nothing more;
 # members joining and crashing: the next test).
 @pytest.mark.parametrize(("hosts", "fleets"), [(1, 1), (4, 3)])
-def test_any_number_of_replicas_give_the_alerts_of_one_replay(telemetry, reference, hosts, fleets):
+def test_any_number_of_replicas_give_the_alerts_of_one_replay(telemetry, reference, reference_incidents, hosts,
+                                                               fleets):
     f = Fleet(telemetry)
     services = [f.service("host") for _ in range(hosts)] + [f.service("fleet") for _ in range(fleets)]
     _run(f, services)
     got = f.alerts()
     assert _ids(got) == _ids(reference)
+    incidents = f.incidents()
+    assert len({e["incident"] for e in reference_incidents}) >= 3
+    assert _events(incidents) == _events(reference_incidents)
+    assert len(incidents) == len(reference_incidents)      # no crash: each event once
     assert any(a["labels"].get("source") == "model" for a in got)
     # Records and marks go to the one fleet key's partition: the others hold nothing to release.
     assert len({m.partition for m in f.bus.messages(f.topics.fleet)}) == 1
@@ -146,7 +184,7 @@ def test_the_host_stage_runs_a_hosts_rows_before_the_rest_of_the_tick_with_the_s
     assert sum(e.host.stats["early_releases"] for e in made) > 100
 
 
-def test_replicas_joining_and_crashing_mid_stream_change_nothing(telemetry, reference):
+def test_replicas_joining_and_crashing_mid_stream_change_nothing(telemetry, reference, reference_incidents):
     f = Fleet(telemetry)
     services = [f.service("host"), f.service("fleet")]
 
@@ -166,6 +204,38 @@ def test_replicas_joining_and_crashing_mid_stream_change_nothing(telemetry, refe
     seen: dict[tuple[str, str], dict] = {}
     for a in got:   # alerts sent again after the crash are the same events
         assert seen.setdefault((a["id"], a["state"]), a) == a
+    assert _events(f.incidents()) == _events(reference_incidents)
+
+
+def test_rules_only_the_fleet_stage_runs_for_the_incidents_alone(telemetry):
+    # No models: the host stage forwards its alerts and marks, no records; the fleet stage's
+    # incident events are the replay's, through a crash of one replica of each stage.
+    alerts, incidents = _replay(telemetry, "none")
+    assert incidents and not any(a["labels"].get("source") == "model" for a in alerts)
+    f = Fleet(telemetry, models="none")
+    services = [f.service("host"), f.service("fleet"), f.service("host"), f.service("fleet")]
+
+    def crash(svcs: list[Service]) -> None:
+        for stage in ("host", "fleet"):
+            victim = next(s for s in svcs if s.stage == stage)
+            victim.consumer.crash()
+            svcs.remove(victim)
+    _run(f, services, events={60: crash})
+    assert _ids(f.alerts()) == _ids(alerts)
+    assert _events(f.incidents()) == _events(incidents)
+    forwarded = [msgspec.msgpack.decode(m.value)[2] for m in f.bus.messages(f.topics.fleet)]
+    assert forwarded and not any(body[:1] == b"[" for body in forwarded)      # no records
+    assert any(body.startswith(b'{"alerts":') for body in forwarded)
+
+
+def test_incidents_off_the_host_stage_runs_alone_without_models(telemetry):
+    f = Fleet(telemetry[:2000], models="none")
+    f.cfg.service.incidents = False
+    host = f.service("host")
+    assert not host.forwards
+    for _ in range(20):
+        f.step(host)
+    assert f.bus.messages(f.topics.fleet) == [] and f.bus.messages(f.topics.incidents) == []
 
 
 def test_a_reload_bringing_a_rule_that_reads_a_score_is_refused_by_the_host_stage(tmp_path, telemetry):
