@@ -47,3 +47,17 @@ def test_the_shipped_example_config_loads():
     from pathlib import Path
     cfg = load_config(Path(__file__).resolve().parents[3] / "docs" / "serve.example.yaml", env={})
     assert cfg.kafka.group and cfg.service.rules
+
+
+def test_an_incidents_config_that_does_not_load_names_the_key_and_its_problems(tmp_path, caplog):
+    from pipeline.service.wiring import incident_config
+
+    bad = tmp_path / "incidents.yaml"
+    bad.write_text("actions: [watch]\npolicies:\n  - name: x\n    count: sometimes\n")
+    cfg = load_config_text(f"service: {{incidents_config: '{bad}'}}", env={})
+    with pytest.raises(ConfigError) as err:
+        incident_config(cfg)
+    assert err.value.key == "service.incidents_config"
+    assert any(str(bad) in r.getMessage() for r in caplog.records)      # file:line:col problems logged
+    assert incident_config(load_config_text("service: {incidents: false}", env={})) is None
+    assert incident_config(load_config_text("", env={})) is not None      # on, with the shipped config

@@ -94,3 +94,24 @@ def test_the_service_metric_has_a_series_per_why():
     m.fleet_dropped.labels("late").inc(3)
     text = "\n".join(f"{s.name}{s.labels} {s.value}" for mt in m.registry.collect() for s in mt.samples)
     assert "gpuwarden_fleet_dropped_records_total{'why': 'late'} 3.0" in text
+
+
+def test_incident_events_are_counted_by_state_on_metrics():
+    # gpuwarden_incidents_total{state}: what the fleet stage sent to <prefix>.incidents.
+    from pipeline.bus.telemetry import per_host_messages
+    from producers.sim.simulator import Simulator
+    from tests.factories import Clock
+    from tests.unit.service.test_loop import _services
+
+    sim = Simulator(hosts=2, duration=300, seed=5, scenario="mixed")
+    telemetry = [m for batch in sim.batches() if batch for m in per_host_messages(batch)]
+    clock = Clock()
+    bus, host, fleet = _services(telemetry, clock)
+    for _ in range(400):
+        host.step()
+        fleet.step()
+        clock.t += 0.5
+    sent = [msgspec.json.decode(m.value) for m in bus.messages(fleet.topics.incidents)]
+    assert sent
+    for state in ("opened", "updated", "resolved"):
+        assert fleet.metrics.incidents.labels(state)._value.get() == sum(e["state"] == state for e in sent)
