@@ -115,3 +115,9 @@ def test_incident_events_are_counted_by_state_on_metrics():
     assert sent
     for state in ("opened", "updated", "resolved"):
         assert fleet.metrics.incidents.labels(state)._value.get() == sum(e["state"] == state for e in sent)
+    # The stages a view of open incidents reads: the fleet partitions', none in the host stage.
+    stages = fleet.incident_stages()
+    assert stages and host.incident_stages() == []
+    opened = {e["incident"] for e in sent if e["state"] == "opened"}
+    resolved = {e["incident"] for e in sent if e["state"] == "resolved"}
+    assert sum(s.open_count for s in stages) == len(opened - resolved)
