@@ -1,5 +1,6 @@
 """Helpers of the fault tests: the real service as a subprocess against a real broker, its config,
-what it wrote to its topics, and the golden single-run replay it is compared with."""
+what it wrote to its topics, and the golden single-run replay it is compared with (its alerts and,
+with `--incidents-out`, its incident events)."""
 
 from __future__ import annotations
 
@@ -90,19 +91,33 @@ _GOLDEN: dict[tuple[str, str], tuple[set[tuple[str, str]], Path]] = sys.modules[
 
 def golden_alerts(recording: Path, tmp: Path, models: str = "auto") -> set[tuple[str, str]]:
     """The alert ids of one uninterrupted `gpuwarden replay`; its alerts are left in
-    ``tmp/golden.jsonl``."""
+    ``tmp/golden.jsonl``, its incident events in ``tmp/golden-incidents.jsonl``."""
     key = (hashlib.sha1(recording.read_bytes()).hexdigest(), models)
-    out = tmp / "golden.jsonl"
+    out, inc = tmp / "golden.jsonl", tmp / "golden-incidents.jsonl"
     if key in _GOLDEN:
         golden, first = _GOLDEN[key]
         if first != out:
             shutil.copyfile(first, out)
+            shutil.copyfile(first.with_name(inc.name), inc)
         return set(golden)
     subprocess.run([sys.executable, "-m", "pipeline", "replay", str(recording), "--rules", str(RULES),
-                    "--models", models, "--alerts-out", str(out), "-q"], check=True, cwd=ROOT, capture_output=True)
+                    "--models", models, "--alerts-out", str(out), "--incidents-out", str(inc), "-q"], check=True,
+                   cwd=ROOT, capture_output=True)
     golden = {(a["id"], a["state"]) for a in map(json.loads, out.read_text().splitlines())}
     _GOLDEN[key] = (golden, out)
     return set(golden)
+
+
+def golden_incidents(recording: Path, tmp: Path, models: str = "auto") -> set[str]:
+    """The incident events of the same replay as ``golden_alerts`` (``incident_events``)."""
+    golden_alerts(recording, tmp, models)
+    return incident_events(list(map(json.loads, (tmp / "golden-incidents.jsonl").read_text().splitlines())))
+
+
+def incident_events(events: list[dict]) -> set[str]:
+    """Incident events as comparable wholes (every field: grouping, order, severity, action and
+    members all show), each once: one sent again after a crash is the same event, as an alert is."""
+    return {json.dumps(e, sort_keys=True) for e in events}
 
 
 def alerts_on_topic(bootstrap: str, prefix: str) -> list[dict]:
@@ -110,6 +125,11 @@ def alerts_on_topic(bootstrap: str, prefix: str) -> list[dict]:
     it has at that moment. A fixed end, not an idle wait: after the services stopped it is all
     they sent; while they run, a caller asks again (``wait_for``)."""
     return on_topic(bootstrap, Topics(prefix).alerts)
+
+
+def incidents_on_topic(bootstrap: str, prefix: str) -> list[dict]:
+    """Every incident event on ``<prefix>.incidents`` when asked (as ``alerts_on_topic``)."""
+    return on_topic(bootstrap, Topics(prefix).incidents)
 
 
 def on_topic(bootstrap: str, topic: str) -> list[dict]:

@@ -1,5 +1,6 @@
 """The service survives kill -9, SIGTERM, a broker restart, poison input and a second replica,
-and in every case ends with exactly the alerts of a single uninterrupted replay."""
+and in every case ends with exactly the alerts of a single uninterrupted replay, and (kill -9,
+SIGTERM, a rebalance, a restart between repeats of an XID 79) exactly its incident events."""
 
 from __future__ import annotations
 
@@ -13,7 +14,17 @@ import pytest
 from pipeline.bus import Topics
 from pipeline.bus.kafka import ensure_topics
 from pipeline.recording import publish
-from tests.faults.factories import ServiceProc, alerts_on_topic, committed, golden_alerts, wait_for, write_config
+from tests.faults.factories import (
+    ServiceProc,
+    alerts_on_topic,
+    committed,
+    golden_alerts,
+    golden_incidents,
+    incident_events,
+    incidents_on_topic,
+    wait_for,
+    write_config,
+)
 
 pytestmark = pytest.mark.kafka
 
@@ -31,6 +42,12 @@ def no_conflicting_duplicates(alerts: list[dict]) -> None:
         seen[k] = a
 
 
+def wait_for_incidents(bootstrap: str, prefix: str, golden: set[str], timeout: float = 120) -> None:
+    """Until every golden incident event is on ``<prefix>.incidents``."""
+    wait_for(lambda: incident_events(incidents_on_topic(bootstrap, prefix)) >= golden, timeout=timeout, step=1,
+             what="every golden incident event on the incidents topic")
+
+
 def published_in_background(path, bootstrap, prefix, speed):
     t = threading.Thread(target=publish, args=([str(path)], bootstrap, Topics(prefix).telemetry),
                          kwargs={"speed": speed}, daemon=True)
@@ -41,6 +58,8 @@ def published_in_background(path, bootstrap, prefix, speed):
 def test_kill9_at_random_points_and_restart_loses_no_alert(kafka_bootstrap, topic_prefix, tmp_path, sim_recording):
     rec = sim_recording(hosts=6, duration=900, seed=4)
     golden = golden_alerts(rec, tmp_path)
+    golden_inc = golden_incidents(rec, tmp_path)
+    assert len(golden_inc) >= 5
     ensure_topics(kafka_bootstrap, Topics(topic_prefix), partitions=4)
     cfg = write_config(tmp_path / "svc.json", kafka_bootstrap, topic_prefix)
     # ~45 s of publishing: about what the five kill/restart rounds take (each waits out the dead
@@ -63,10 +82,13 @@ def test_kill9_at_random_points_and_restart_loses_no_alert(kafka_bootstrap, topi
     pub.join(120)
     wait_for(lambda: ids(alerts_on_topic(kafka_bootstrap, topic_prefix)) >= golden,
              timeout=150, step=1, what="every golden alert on the alerts topic")
+    wait_for_incidents(kafka_bootstrap, topic_prefix, golden_inc)
     svc.term()
     got = alerts_on_topic(kafka_bootstrap, topic_prefix)
     assert ids(got) == golden                      # nothing lost, nothing extra
     no_conflicting_duplicates(got)                 # a repeat after a crash is the same alert
+    # Incident events too: none lost, none extra, a repeat after a crash the same event.
+    assert incident_events(incidents_on_topic(kafka_bootstrap, topic_prefix)) == golden_inc
     restored = [x for x in svc.lines() if "state restored" in x.get("message", "")]
     assert restored, "no run restored its partitions' state from a checkpoint"
 
@@ -74,6 +96,7 @@ def test_kill9_at_random_points_and_restart_loses_no_alert(kafka_bootstrap, topi
 def test_sigterm_finishes_the_batch_and_restart_repeats_at_most_one(kafka_bootstrap, topic_prefix, tmp_path,
                                                                      sim_recording):
     rec = sim_recording(hosts=4, duration=600, seed=5)
+    golden_inc = golden_incidents(rec, tmp_path)
     ensure_topics(kafka_bootstrap, Topics(topic_prefix), partitions=4)
     sent = publish([str(rec)], kafka_bootstrap, Topics(topic_prefix).telemetry)
     cfg = write_config(tmp_path / "svc.json", kafka_bootstrap, topic_prefix)
@@ -87,7 +110,9 @@ def test_sigterm_finishes_the_batch_and_restart_repeats_at_most_one(kafka_bootst
              what="the restart restoring state")
     wait_for(lambda: committed(kafka_bootstrap, f"{topic_prefix}-svc", Topics(topic_prefix).telemetry) == sent,
              60, what="the restart to drain the topic and commit past every message")
+    wait_for_incidents(kafka_bootstrap, topic_prefix, golden_inc)
     assert second.term() == 0
+    assert incident_events(incidents_on_topic(kafka_bootstrap, topic_prefix)) == golden_inc
     done = [x["messages"] for s in (first, second) for x in s.lines()
             if x.get("message", "").startswith("stopping") and x.get("stage") == "host"]
     assert len(done) == 2
@@ -184,6 +209,7 @@ def test_two_replicas_split_partitions_and_a_rebalance_moves_state(kafka_bootstr
                                                                    sim_recording):
     rec = sim_recording(hosts=6, duration=900, seed=4)     # the kill -9 case's: one golden replay for both
     golden = golden_alerts(rec, tmp_path)
+    golden_inc = golden_incidents(rec, tmp_path)
     ensure_topics(kafka_bootstrap, Topics(topic_prefix), partitions=4)
     cfg = write_config(tmp_path / "svc.json", kafka_bootstrap, topic_prefix)
     pub = published_in_background(rec, kafka_bootstrap, topic_prefix, speed=40)
@@ -193,13 +219,69 @@ def test_two_replicas_split_partitions_and_a_rebalance_moves_state(kafka_bootstr
     pub.join(120)
     wait_for(lambda: ids(alerts_on_topic(kafka_bootstrap, topic_prefix)) >= golden,
              timeout=150, step=1, what="every golden alert from the two replicas")
+    wait_for_incidents(kafka_bootstrap, topic_prefix, golden_inc)
     assert a.alive() and b.alive()
     a.term(), b.term()
     got = alerts_on_topic(kafka_bootstrap, topic_prefix)
     assert ids(got) == golden
     no_conflicting_duplicates(got)
+    assert incident_events(incidents_on_topic(kafka_bootstrap, topic_prefix)) == golden_inc
     assert any("state restored" in x.get("message", "") for x in b.lines()), "B took over no partition's state"
     assert any("revoked" in x.get("message", "") for x in a.lines())
     done = [x["messages"] for s in (a, b) for x in s.lines()
             if x.get("message", "").startswith("stopping") and x.get("stage") == "host"]
     assert len(done) == 2 and all(n > 0 for n in done)
+
+
+def xid79_recording(path, hours: int = 20, step: int = 30):
+    """One host, two GPUs sampled every ``step`` s for ``hours``; GPU 0 falls off the bus (XID 79)
+    at 10 minutes and every 4 hours after: five times in 16 h 10 min."""
+    from pipeline.schema import encode
+    from tests.factories import sample
+
+    xids = [600 + i * 4 * 3600 for i in range(5)]
+    with open(path, "wb") as f:
+        for t in range(0, hours * 3600, step):
+            for g in range(2):
+                x = 79 if g == 0 and any(x <= t < x + 60 for x in xids) else 0
+                f.write(encode(sample(t, "n0", g, xid=x)) + b"\n")
+    return path
+
+
+def test_xid79_five_times_escalates_once_with_a_restart_between_the_third_and_fourth(kafka_bootstrap, topic_prefix,
+                                                                                     tmp_path):
+    # Issue #33: the repeat-offender history is checkpointed with the fleet stage that runs the
+    # incident stage, so the count of XID 79s on the GPU survives a restart of `serve`.
+    rec = xid79_recording(tmp_path / "xid79.jsonl")
+    golden_inc = golden_incidents(rec, tmp_path)
+    lines = rec.read_bytes().splitlines(keepends=True)
+    cut = len(lines) // 2            # 10 h: after the third XID 79 (8 h 10 min), before the fourth
+    first, second = tmp_path / "first.jsonl", tmp_path / "second.jsonl"
+    first.write_bytes(b"".join(lines[:cut]))
+    second.write_bytes(b"".join(lines[cut:]))
+    topics = Topics(topic_prefix)
+    ensure_topics(kafka_bootstrap, topics, partitions=4)
+    cfg = write_config(tmp_path / "svc.json", kafka_bootstrap, topic_prefix)
+
+    def opened() -> list[dict]:
+        return [e for e in incidents_on_topic(kafka_bootstrap, topic_prefix)
+                if e["state"] == "opened" and e["root"]["rule"] == "gpu_fallen_off_bus"]
+
+    publish([str(first)], kafka_bootstrap, topics.telemetry)
+    a = ServiceProc(cfg, tmp_path / "a.log").start()
+    wait_for(lambda: len(opened()) == 3, 90, step=1, what="three XID 79 incidents before the restart")
+    assert a.term() == 0
+    assert not [e for e in incidents_on_topic(kafka_bootstrap, topic_prefix) if e.get("policy") == "xid79_repeat"]
+    publish([str(second)], kafka_bootstrap, topics.telemetry)
+    b = ServiceProc(cfg, tmp_path / "b.log").start()
+    wait_for(lambda: len(opened()) == 5, 90, step=1, what="five XID 79 incidents after the restart")
+    wait_for_incidents(kafka_bootstrap, topic_prefix, {e for e in golden_inc if '"xid79_repeat"' in e}, timeout=60)
+    assert b.term() == 0
+    got = incidents_on_topic(kafka_bootstrap, topic_prefix)
+    escalations = {json.dumps(e, sort_keys=True) for e in got if e.get("policy") == "xid79_repeat"}
+    assert len(escalations) == 1
+    (esc,) = map(json.loads, escalations)
+    assert esc["action"] == "drain_and_inspect" and esc["reason"].startswith("policy xid79_repeat: XID 79 5 times")
+    assert any("fleet partition" in x.get("message", "") and "state restored" in x.get("message", "")
+               for x in b.lines())
+    assert incident_events(got) == golden_inc

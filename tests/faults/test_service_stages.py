@@ -2,7 +2,8 @@
 faults -- a straggler on a data-parallel communicator spanning every host, a host whose NCCL
 bandwidth sags, cohort-model alerts -- replayed through Kafka into 1 and 4 replicas joining
 mid-stream (rebalances of both stages), and into separate host- and fleet-stage processes with
-one killed, gives exactly the alert set of `gpuwarden replay` of the file, models on."""
+one killed, gives exactly the alert set of `gpuwarden replay` of the file, models on, and exactly
+its incident events (`--incidents-out`) on <prefix>.incidents."""
 
 from __future__ import annotations
 
@@ -13,8 +14,22 @@ import pytest
 
 from pipeline.bus import Topics
 from pipeline.bus.kafka import ensure_topics
-from tests.faults.factories import ServiceProc, alerts_on_topic, golden_alerts, wait_for, write_config
-from tests.faults.test_service_faults import ids, no_conflicting_duplicates, published_in_background
+from tests.faults.factories import (
+    ServiceProc,
+    alerts_on_topic,
+    golden_alerts,
+    golden_incidents,
+    incident_events,
+    incidents_on_topic,
+    wait_for,
+    write_config,
+)
+from tests.faults.test_service_faults import (
+    ids,
+    no_conflicting_duplicates,
+    published_in_background,
+    wait_for_incidents,
+)
 
 pytestmark = pytest.mark.kafka
 
@@ -32,12 +47,16 @@ def cross_host(tmp_path_factory):
     golden = golden_alerts(rec, tmp)
     models = {json.loads(x)["labels"].get("detector") for x in (tmp / "golden.jsonl").read_text().splitlines()}
     assert {"nccl_straggler", "nccl_busbw", "counter_rate"} <= models, models
-    return rec, golden
+    incidents = golden_incidents(rec, tmp)
+    assert len(incidents) >= 5
+    return rec, golden, incidents
 
 
-def _drain(procs, bootstrap, prefix, tmp, golden) -> list[dict]:
+def _drain(procs, bootstrap, prefix, tmp, golden, golden_inc=None) -> list[dict]:
     wait_for(lambda: ids(alerts_on_topic(bootstrap, prefix)) >= golden, timeout=240, step=2,
              what="every golden alert on the alerts topic")
+    if golden_inc is not None:
+        wait_for_incidents(bootstrap, prefix, golden_inc)
     time.sleep(3)
     for p in procs:
         if p.alive():
@@ -50,7 +69,7 @@ def _drain(procs, bootstrap, prefix, tmp, golden) -> list[dict]:
 @pytest.mark.parametrize("replicas", [1, 4])
 def test_replicas_joining_mid_stream_give_the_alerts_of_one_replay(kafka_bootstrap, topic_prefix, tmp_path,
                                                                     cross_host, replicas):
-    rec, golden = cross_host
+    rec, golden, golden_inc = cross_host
     ensure_topics(kafka_bootstrap, Topics(topic_prefix), partitions=4)
     cfg = write_config(tmp_path / "svc.json", kafka_bootstrap, topic_prefix)
     pub = published_in_background(rec, kafka_bootstrap, topic_prefix, speed=30)   # ~20 s of publishing
@@ -59,15 +78,16 @@ def test_replicas_joining_mid_stream_give_the_alerts_of_one_replay(kafka_bootstr
         time.sleep(4)          # each one joins mid-stream: both groups rebalance, state moves
         procs.append(ServiceProc(cfg, tmp_path / f"r{i}.log").start())
     pub.join(120)
-    got = _drain(procs, kafka_bootstrap, topic_prefix, tmp_path, golden)
+    got = _drain(procs, kafka_bootstrap, topic_prefix, tmp_path, golden, golden_inc)
     assert ids(got) == golden
     no_conflicting_duplicates(got)
+    assert incident_events(incidents_on_topic(kafka_bootstrap, topic_prefix)) == golden_inc
     if replicas > 1:
         assert any("state restored" in x.get("message", "") for p in procs[1:] for x in p.lines())
 
 
 def test_separate_stage_processes_and_a_killed_fleet_replica(kafka_bootstrap, topic_prefix, tmp_path, cross_host):
-    rec, golden = cross_host
+    rec, golden, golden_inc = cross_host
     ensure_topics(kafka_bootstrap, Topics(topic_prefix), partitions=4)
     cfg = write_config(tmp_path / "svc.json", kafka_bootstrap, topic_prefix)
     pub = published_in_background(rec, kafka_bootstrap, topic_prefix, speed=30)
@@ -79,9 +99,10 @@ def test_separate_stage_processes_and_a_killed_fleet_replica(kafka_bootstrap, to
     time.sleep(8)
     fleet_a.kill9()          # mid-stream: its partitions move to the other with their checkpoints
     pub.join(120)
-    got = _drain([host, fleet_b], kafka_bootstrap, topic_prefix, tmp_path, golden)
+    got = _drain([host, fleet_b], kafka_bootstrap, topic_prefix, tmp_path, golden, golden_inc)
     assert ids(got) == golden
     no_conflicting_duplicates(got)
+    assert incident_events(incidents_on_topic(kafka_bootstrap, topic_prefix)) == golden_inc
     assert any(x.get("stages") == ["fleet"] for x in fleet_b.lines())
     assert any(x.get("stages") == ["host"] for x in host.lines())
 
@@ -99,7 +120,7 @@ def test_a_forged_fleet_mark_and_batch_are_dead_lettered(kafka_bootstrap, topic_
     from pipeline.schema import dcgm
     from pipeline.service.fleet import Envelope
 
-    rec, golden = cross_host
+    rec, golden, golden_inc = cross_host
     topics = Topics(topic_prefix)
     ensure_topics(kafka_bootstrap, topics, partitions=4)
     cfg = write_config(tmp_path / "svc.json", kafka_bootstrap, topic_prefix)
@@ -115,7 +136,7 @@ def test_a_forged_fleet_mark_and_batch_are_dead_lettered(kafka_bootstrap, topic_
         for msgs in consumer.poll(timeout_ms=500).values():
             for m in msgs:
                 env = msgspec.msgpack.decode(m.value, type=Envelope)
-                if env.body[:1] == b"{":
+                if env.body[:1] == b"{" and not env.body.startswith(b'{"alerts":'):
                     genuine.append(env)
         return bool(genuine)
 
@@ -134,9 +155,10 @@ def test_a_forged_fleet_mark_and_batch_are_dead_lettered(kafka_bootstrap, topic_
     producer.flush()
     producer.close()
     pub.join(120)
-    got = _drain([svc], kafka_bootstrap, topic_prefix, tmp_path, golden)
+    got = _drain([svc], kafka_bootstrap, topic_prefix, tmp_path, golden, golden_inc)
     assert ids(got) == golden
     no_conflicting_duplicates(got)
+    assert incident_events(incidents_on_topic(kafka_bootstrap, topic_prefix)) == golden_inc
     dlq = tmp_path / "dlq.jsonl"
     record(kafka_bootstrap, topics.dlq, str(dlq), idle_timeout=2)
     letters = [json.loads(x) for x in dlq.read_text().splitlines()]
