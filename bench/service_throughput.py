@@ -8,7 +8,8 @@ Each repeat, on a fresh topic prefix:
 1. publishes a simulated recording (per-host messages) to ``<prefix>.telemetry``;
 2. measures the raw kafka-python consume rate of that topic (the ceiling of any consumer);
 3. for each of ``--models`` (``auto``: what ``serve`` runs by default, rules and models;
-   ``none``: the rules alone; ``split``: the models, with the two stages in two processes,
+   ``none``: the rules alone, and the incident stage in the fleet stage; ``none-noinc``: the rules
+   alone, ``service.incidents`` off; ``split``: the models, with the two stages in two processes,
    ``serve --stage host`` and ``serve --stage fleet``), runs one `gpuwarden serve` process, in a consumer group of its
    own, from the beginning of the topic and measures the time from its partition assignment
    until its /metrics say every record was processed (GPU-samples/s; decode, rules, models,
@@ -149,17 +150,20 @@ def run_once(bootstrap: str, rec: Path, n_records: int, workdir: Path,
         for mode in models:
             group = f"{prefix}-{mode}"
             split = mode == "split"   # the models, the stages in two processes (--stage host, --stage fleet)
+            # "<models>-noinc": service.incidents off (rules only: no fleet stage at all).
+            models, incidents = mode.removesuffix("-noinc"), not mode.endswith("-noinc")
 
             def config(stage: str) -> dict:
                 return {"kafka": {"bootstrap": bootstrap, "prefix": prefix, "group": group},
                         "http": {"port": 0}, "service": {"rules": [str(ROOT / "rules")], "flush_idle_s": 2,
-                                                         "models": "auto" if split else mode, "stage": stage},
+                                                         "models": "auto" if split else models, "stage": stage,
+                                                         "incidents": incidents},
                         "engine": {"idle_timeout": 0.5}}
 
             svc = Service(config("host" if split else "all"), workdir, group)
             fleet_svc = Service(config("fleet"), workdir, group + "-fleet") if split else None
             try:
-                svc_s = service_seconds(svc, n_records, fleet=mode != "none", fleet_svc=fleet_svc)
+                svc_s = service_seconds(svc, n_records, fleet=models != "none", fleet_svc=fleet_svc)
                 # A small run can be done before its first checkpoint; the idle flush
                 # (flush_idle_s) writes one soon after.
                 deadline = time.monotonic() + 15
