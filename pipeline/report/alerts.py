@@ -12,9 +12,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable
 
-import msgspec
 
-from pipeline.bus.files import read_lines
+from pipeline.report.eventfiles import read_events
 from pipeline.schema import AlertEvent
 
 SEVERITY_RANK = {"critical": 0, "error": 1, "warning": 2, "info": 3}
@@ -83,21 +82,7 @@ def group_events(events: Iterable[AlertEvent]) -> tuple[list[Incident], int]:
 
 def load_alerts(paths: Iterable[str | Path]) -> AlertLog:
     """Read alert JSONL files (optionally .gz); a line may hold one event or an array of them."""
-    events: list[AlertEvent] = []
-    lines = bad = 0
-    for path in paths:
-        for msg in read_lines(path):
-            lines += 1
-            try:
-                obj = msgspec.json.decode(msg.value)
-            except msgspec.DecodeError:
-                bad += 1
-                continue
-            for item in obj if isinstance(obj, list) else [obj]:
-                try:
-                    events.append(msgspec.convert(item, AlertEvent))
-                except msgspec.ValidationError:
-                    bad += 1
+    events, lines, bad = read_events(paths, AlertEvent)
     incidents, orphans = group_events(events)
     return AlertLog(incidents, lines, bad, orphans)
 

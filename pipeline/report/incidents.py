@@ -11,9 +11,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable
 
-import msgspec
 
-from pipeline.bus.files import read_lines
+from pipeline.report.eventfiles import read_events
 from pipeline.incidents.events import ESCALATED, OPENED, RESOLVED, IncidentEvent, IncidentRoot
 from pipeline.report.alerts import SEVERITY_RANK
 
@@ -119,21 +118,7 @@ def group_incident_events(events: Iterable[IncidentEvent]) -> tuple[list[Inciden
 
 def load_incidents(paths: Iterable[str | Path]) -> IncidentLog:
     """Read incident-event JSONL files (optionally .gz); a line may hold one event or an array."""
-    events: list[IncidentEvent] = []
-    lines = bad = 0
-    for path in paths:
-        for msg in read_lines(path):
-            lines += 1
-            try:
-                obj = msgspec.json.decode(msg.value)
-            except msgspec.DecodeError:
-                bad += 1
-                continue
-            for item in obj if isinstance(obj, list) else [obj]:
-                try:
-                    events.append(msgspec.convert(item, IncidentEvent))
-                except msgspec.ValidationError:
-                    bad += 1
+    events, lines, bad = read_events(paths, IncidentEvent)
     spans, orphans = group_incident_events(events)
     return IncidentLog(spans, lines, bad, orphans)
 
