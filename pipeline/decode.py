@@ -15,9 +15,8 @@ import functools
 import json
 import math
 import operator
-import sys
 from dataclasses import dataclass, field
-from typing import Annotated, Any, Callable, Optional, Sequence, Union, cast
+from typing import Any, Callable, Optional, Sequence, Union, cast
 
 import msgspec
 import numpy as np
@@ -46,8 +45,47 @@ from pipeline.deadletters import (
     Origins,
 )
 from pipeline.deadletters import take_origins as take_origins
+
+# The limits and checked types of each record kind (pipeline/recordchecks.py); the limits are
+# named here too, where the decoder's users have always found them.
+from pipeline.recordchecks import (
+    bad_host,
+    bad_identifier,
+    CHECKED_BASE,
+    clean_counters,
+    DOUBLE_MAX,
+    GPU_OK,
+    HOST_OF,
+    ID_OK,
+    is_str,
+    label_text,
+    LINK_OK,
+    MAX_GPU_INDEX,
+    MAX_LINK_INDEX,
+    MAX_RANKS,
+    MAX_SEQ,
+    MODEL_OF,
+    NCCL_NAMES,
+    NcclChecked,
+    nic_problem,
+    NicChecked,
+    PROGRESS_NAMES,
+    progress_problem,
+    ProgressChecked,
+    RAW_KEEP,
+    shown,
+    TS_MAX,
+    TS_MIN,
+)
+from pipeline.recordchecks import MAX_COUNTER as MAX_COUNTER
+from pipeline.recordchecks import MAX_NIC_COUNTERS as MAX_NIC_COUNTERS
+from pipeline.recordchecks import MAX_NIC_NAME as MAX_NIC_NAME
+from pipeline.recordchecks import MAX_PORT_STATE as MAX_PORT_STATE
+from pipeline.recordchecks import MAX_RATE_GBPS as MAX_RATE_GBPS
+from pipeline.recordchecks import MAX_NIC_PORT as MAX_NIC_PORT
+from pipeline.recordchecks import MAX_ID_LEN as MAX_ID_LEN
+from pipeline.recordchecks import MAX_HOST_LEN as MAX_HOST_LEN
 from pipeline.schema import (
-    SCHEMA_VERSION,
     DcgmRecord,
     DcgmSample,
     DeadLetter,
@@ -58,277 +96,6 @@ from pipeline.schema import (
     dcgm_record_type,
 )
 
-# Plausible event time: 2001-09-09 .. 2100-01-01. Anything else is a unit mistake (ms, us) or garbage.
-TS_MIN, TS_MAX = 1.0e9, 4.1e9
-_DOUBLE_MAX = sys.float_info.max
-RAW_KEEP = 2048  # bytes of the original kept in a dead letter: enough to see it, not to flood the DLQ
-
-# Ranges of the contract's integers (docs/architecture.md, "Dead letters"). Far beyond any real
-# fleet, and each fits the int32 arrays the engine keeps: an index of 2^63 or a rank of 2^32
-# must cost only its own record, never overflow a column.
-MAX_GPU_INDEX = 4095  # GPUs (and MIG instances) of one host
-MAX_LINK_INDEX = 1023  # NVLinks of one GPU
-MAX_RANKS = 1 << 24  # ranks of one NCCL communicator
-MAX_SEQ = (1 << 63) - 1  # a collective's sequence number: the int64 the fleet stage sorts by
-# A rank's last enqueued/completed work (progress records): -1 is PyTorch's "none yet".
-MIN_PROGRESS = -1
-# Identifiers (host, GPU model, communicator, job, collective): a host name is at most a DNS name
-# (253), the others a generous 256; printable, no white space, valid Unicode (no lone
-# surrogates, which no UTF-8 writer can encode: a snapshot, an alert id or a dead letter would
-# fail on them far from the record that brought them).
-MAX_HOST_LEN = 253
-MAX_ID_LEN = 256
-# NIC port records (``NicRecord``): names are short ("mlx5_bond_0", "ibp26s0", "rx_icrc_encapsulated");
-# a port number is a u8 in IBTA MADs and a u32 in the kernel, 65535 is past any real device;
-# state codes are 4-bit fields; a counter is a u64 (hw_counters) or narrower (the IBTA ones).
-MAX_NIC_NAME = 64
-MAX_NIC_PORT = 65535
-MAX_PORT_STATE = 15
-MAX_NIC_COUNTERS = 256  # an mlx5 port has ~70 counters and hw_counters together
-MAX_COUNTER = (1 << 64) - 1
-MAX_NIC_GPUS = 64  # GPUs behind one NIC: 1 or 2 on an 8-GPU node
-MAX_RATE_GBPS = 100_000.0  # 1.6 Tb/s is the fastest port sold; this is a unit mistake's bound
-
-# The fast path's types carry the plausibility checks as msgspec constraints, so they cost
-# nothing beyond decoding (checked in C); a record that breaks one fails the fast decode and its
-# message goes to the slow path, whose plain types and ``_check`` say exactly what is wrong.
-_ONE = Annotated[int, msgspec.Meta(ge=SCHEMA_VERSION, le=SCHEMA_VERSION)]
-_TS_OK = Annotated[float, msgspec.Meta(ge=TS_MIN, le=TS_MAX)]
-_HOST_OK = Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_HOST_LEN)]
-_ID_OK = Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_ID_LEN)]
-_GPU_OK = Annotated[int, msgspec.Meta(ge=0, le=MAX_GPU_INDEX)]
-_LINK_OK = Annotated[int, msgspec.Meta(ge=0, le=MAX_LINK_INDEX)]
-_RANK = Annotated[int, msgspec.Meta(ge=0, lt=MAX_RANKS)]
-_NRANKS = Annotated[int, msgspec.Meta(ge=1, le=MAX_RANKS)]
-_SEQ_OK = Annotated[int, msgspec.Meta(ge=0, le=MAX_SEQ)]
-_NONNEG = Annotated[float, msgspec.Meta(ge=0)]  # JSON has no NaN, and msgspec refuses 1e999
-_PROGRESS_OK = Annotated[int, msgspec.Meta(ge=MIN_PROGRESS, le=MAX_SEQ)]
-_CHECKED: list[tuple[str, Any] | tuple[str, Any, Any]] = [
-    ("v", _ONE, SCHEMA_VERSION),
-    ("ts", _TS_OK),
-    ("host", _HOST_OK),
-]
-_HOST, _MODEL = operator.attrgetter("host"), operator.attrgetter("model")
-_NCCL_NAMES = operator.attrgetter("comm", "coll", "job", "comm_name")
-_NIC_NAME_OK = Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_NIC_NAME)]
-_STATE_OK = Annotated[int, msgspec.Meta(ge=0, le=MAX_PORT_STATE)]
-# msgspec bounds only int64: a counter past it goes to the slow path, which keeps it up to 2^64-1.
-_COUNTER_OK = Annotated[int, msgspec.Meta(ge=0, le=(1 << 63) - 1)]
-_PROGRESS_NAMES = operator.attrgetter("comm", "op", "job", "comm_name")
-
-
-def bad_identifier(name: object, limit: int = MAX_ID_LEN, host: bool = False) -> str | None:
-    """Why ``name`` cannot be an identifier, or None. A host name (``host``) holds no space;
-    a GPU model, job or collective may ("NVIDIA H100 80GB HBM3").
-
-    >>> bad_identifier("gpu-node-007", host=True), bad_identifier("n\\ud800"), bad_identifier("a b", host=True)
-    (None, 'not printable', 'holds a space')
-    """
-    if not isinstance(name, str):
-        return f"a {type(name).__name__}, not a string"
-    if not 0 < len(name) <= limit:
-        return f"{len(name)} characters (1..{limit})"
-    # isprintable() is False for control characters, lone surrogates and every space but " ".
-    if not name.isprintable():
-        return "not printable"
-    if host and " " in name:
-        return "holds a space"
-    return None
-
-
-def _bad_host(name: object) -> str | None:
-    return bad_identifier(name, MAX_HOST_LEN, host=True)
-
-
-def _is_str(v: object) -> bool:
-    return isinstance(v, str)
-
-
-def _label_text(labels: object, dropped: list[tuple[str, str]]) -> dict[str, str]:
-    """``labels`` as strings: a finite number as its text (``1234``, ``0.5``), any other value
-    (and labels that are not an object) noted in ``dropped``."""
-    if not isinstance(labels, dict):
-        dropped.append(("labels", WRONG_TYPE))
-        return {}
-    out = {}
-    for k, v in labels.items():
-        if isinstance(v, str):
-            out[k] = v
-        elif isinstance(v, int) and not isinstance(v, bool) and abs(v) < 10**30:
-            out[k] = str(v)
-        elif isinstance(v, float) and math.isfinite(v):
-            out[k] = f"{v:g}" if v != int(v) or abs(v) >= 1e16 else str(int(v))
-        else:
-            dropped.append((f"labels.{k}", WRONG_TYPE))
-    return out
-
-
-def _shown(name: str) -> str:
-    """An untrusted name as it may appear in a detail: escaped, and cut."""
-    return ascii(name[:64]) + ("…" if len(name) > 64 else "")
-
-
-def _rank_below_nranks(self: NcclRecord) -> None:
-    if self.rank >= self.nranks:  # the one check that spans two fields
-        raise ValueError("rank >= nranks")
-
-
-# Named as the contract's types (their reprs and class names are what users see).
-_NcclChecked = msgspec.defstruct(
-    "NcclRecord",
-    [
-        *_CHECKED,
-        ("rank", _RANK),
-        ("nranks", _NRANKS),
-        ("exec_time_us", _NONNEG),
-        ("gpu", Optional[_GPU_OK], None),
-        ("nnodes", Optional[_NRANKS], None),
-        ("seq", Optional[_SEQ_OK], None),
-        ("comm", _ID_OK),
-        ("coll", _ID_OK),
-        ("job", Optional[_ID_OK], None),
-        ("comm_name", Optional[_ID_OK], None),
-        ("algbw_gbs", Optional[_NONNEG], None),
-        ("busbw_gbs", Optional[_NONNEG], None),
-    ],
-    bases=(NcclRecord,),
-    tag="nccl",
-    tag_field="kind",
-    kw_only=True,
-    gc=False,
-    namespace={"__post_init__": _rank_below_nranks},
-)
-
-
-_NicChecked = msgspec.defstruct(
-    "NicRecord",
-    [
-        *_CHECKED,
-        ("device", _NIC_NAME_OK),
-        ("port", Annotated[int, msgspec.Meta(ge=0, le=MAX_NIC_PORT)]),
-        ("link_layer", Optional[_NIC_NAME_OK], None),
-        ("rate_gbps", Optional[Annotated[float, msgspec.Meta(ge=0, le=MAX_RATE_GBPS)]], None),
-        ("state", Optional[_STATE_OK], None),
-        ("state_name", Optional[_NIC_NAME_OK], None),
-        ("phys_state", Optional[_STATE_OK], None),
-        ("phys_state_name", Optional[_NIC_NAME_OK], None),
-        ("netdev", Optional[_NIC_NAME_OK], None),
-        (
-            "counters",
-            Annotated[dict[_NIC_NAME_OK, _COUNTER_OK], msgspec.Meta(max_length=MAX_NIC_COUNTERS)],
-            msgspec.field(default_factory=dict),
-        ),
-        ("gpus", Annotated[list[_GPU_OK], msgspec.Meta(max_length=MAX_NIC_GPUS)], msgspec.field(default_factory=list)),
-    ],
-    bases=(NicRecord,),
-    tag="nic",
-    tag_field="kind",
-    kw_only=True,
-    gc=False,
-)
-
-
-def _nic_problem(rec: NicRecord) -> tuple[str, str] | None:
-    """What is wrong with a NIC port record beyond its time and host (reason, detail), or None."""
-    if (why := bad_identifier(rec.device, MAX_NIC_NAME, host=True)) is not None:
-        return BAD_IDENTIFIER, f"device {_shown(str(rec.device))}: {why}"
-    if rec.port < 0:
-        return NEGATIVE_VALUE, f"port {rec.port}"
-    if rec.port > MAX_NIC_PORT:
-        return OUT_OF_RANGE, f"port {rec.port} (0..{MAX_NIC_PORT})"
-    if rec.netdev is not None and (why := bad_identifier(rec.netdev, MAX_NIC_NAME, host=True)) is not None:
-        return BAD_IDENTIFIER, f"netdev {_shown(rec.netdev)}: {why}"
-    for name in ("link_layer", "state_name", "phys_state_name"):
-        val = getattr(rec, name)
-        if val is not None and (why := bad_identifier(val, MAX_NIC_NAME)) is not None:
-            return BAD_IDENTIFIER, f"{name} {_shown(val)}: {why}"
-    for name in ("state", "phys_state"):
-        val = getattr(rec, name)
-        if val is not None and not 0 <= val <= MAX_PORT_STATE:
-            return OUT_OF_RANGE, f"{name} {val} (0..{MAX_PORT_STATE})"
-    rate = rec.rate_gbps
-    if rate is not None:
-        if not math.isfinite(rate):
-            return NAN_VALUE, f"rate_gbps is {rate}"
-        if rate < 0:
-            return NEGATIVE_VALUE, f"rate_gbps is {rate}"
-        if rate > MAX_RATE_GBPS:
-            return OUT_OF_RANGE, f"rate_gbps {rate} (at most {MAX_RATE_GBPS:g})"
-    if len(rec.counters) > MAX_NIC_COUNTERS:
-        return OUT_OF_RANGE, f"{len(rec.counters)} counters (at most {MAX_NIC_COUNTERS})"
-    for k, v in rec.counters.items():
-        if (why := bad_identifier(k, MAX_NIC_NAME, host=True)) is not None:
-            return BAD_IDENTIFIER, f"counter {_shown(str(k))}: {why}"
-        if type(v) is not int:
-            return WRONG_TYPE, f"counter {k} is a {type(v).__name__}, not an integer"
-        if not 0 <= v <= MAX_COUNTER:
-            return (NEGATIVE_VALUE if v < 0 else OUT_OF_RANGE), f"counter {k} is {v} (0..2^64-1)"
-    if len(rec.gpus) > MAX_NIC_GPUS or any(type(g) is not int or not 0 <= g <= MAX_GPU_INDEX for g in rec.gpus):
-        return OUT_OF_RANGE, f"gpus {rec.gpus[:8]!r}: at most {MAX_NIC_GPUS} indices, each 0..{MAX_GPU_INDEX}"
-    return None
-
-
-def _clean_counters(counters: Any, dropped: list[tuple[str, str]]) -> Any:
-    """A NIC record's ``counters`` with each unusable entry left out and noted in ``dropped``
-    (its own dead letter, the rest of the record kept): a value that is not a non-negative
-    integer of at most 64 bits, or a name that is not a short printable identifier. A number
-    written as an integral float or as ASCII digits (a loose producer) is still that number."""
-    if not isinstance(counters, dict) or len(counters) > MAX_NIC_COUNTERS:
-        return counters  # the record's own problem: conversion or ``_nic_problem`` names it
-    clean: dict[str, int] = {}
-    for name, val in counters.items():
-        if bad_identifier(name, MAX_NIC_NAME, host=True) is not None:
-            dropped.append((f"counters.{_shown(str(name))}", BAD_IDENTIFIER))
-            continue
-        label = f"counters.{name}"
-        num: int | None = None
-        if isinstance(val, int) and not isinstance(val, bool):
-            num = val
-        elif isinstance(val, float) and math.isfinite(val) and val == int(val):
-            num = int(val)
-        elif isinstance(val, str) and val.isascii() and val.isdigit() and len(val) <= 20:
-            num = int(val)
-        if num is None:
-            dropped.append((label, NAN_FIELD if isinstance(val, float) else WRONG_TYPE))
-        elif num < 0:
-            dropped.append((label, NEGATIVE_VALUE))
-        elif num > MAX_COUNTER:
-            dropped.append((label, OUT_OF_RANGE))
-        else:
-            clean[name] = num
-    return clean
-
-
-def _rank_in_comm(self: ProgressRecord) -> None:
-    if self.nranks is not None and self.rank >= self.nranks:
-        raise ValueError("rank >= nranks")
-
-
-_ProgressChecked = msgspec.defstruct(
-    "ProgressRecord",
-    [
-        *_CHECKED,
-        ("rank", _RANK),
-        ("nranks", Optional[_NRANKS], None),
-        ("gpu", Optional[_GPU_OK], None),
-        ("seq", Optional[_SEQ_OK], None),
-        ("last_enqueued", Optional[_PROGRESS_OK], None),
-        ("last_completed", Optional[_PROGRESS_OK], None),
-        ("timeout_ms", Optional[_SEQ_OK], None),
-        ("ran_ms", Optional[_SEQ_OK], None),
-        ("comm", Optional[_ID_OK], None),
-        ("comm_name", Optional[_ID_OK], None),
-        ("job", Optional[_ID_OK], None),
-        ("op", Optional[_ID_OK], None),
-    ],
-    bases=(ProgressRecord,),
-    tag="progress",
-    tag_field="kind",
-    kw_only=True,
-    gc=False,
-    namespace={"__post_init__": _rank_in_comm},
-)
-
 
 @functools.lru_cache(maxsize=32)
 def _fast_for(fields: tuple[str, ...] | None) -> msgspec.json.Decoder:
@@ -336,45 +103,16 @@ def _fast_for(fields: tuple[str, ...] | None) -> msgspec.json.Decoder:
     base = DcgmRecord if fields is None else dcgm_record_type(fields)
     rec = msgspec.defstruct(
         base.__name__,
-        [*_CHECKED, ("gpu", _GPU_OK), ("link", Optional[_LINK_OK], None), ("model", Optional[_ID_OK], None)],
+        [*CHECKED_BASE, ("gpu", GPU_OK), ("link", Optional[LINK_OK], None), ("model", Optional[ID_OK], None)],
         bases=(base,),
         tag="dcgm",
         tag_field="kind",
         kw_only=True,
         gc=False,
     )
-    checked = Union[rec, _NcclChecked, _NicChecked, _ProgressChecked]  # type: ignore[valid-type]
+    checked = Union[rec, NcclChecked, NicChecked, ProgressChecked]  # type: ignore[valid-type]
     one = Union[list[checked], checked]
     return msgspec.json.Decoder(one)
-
-
-def _check_progress(rec: ProgressRecord) -> tuple[str, str] | None:
-    """What is wrong with a progress record's own fields (its ts and host are checked
-    before), or None: the ranges of its integers and its names (docs/architecture.md §3).
-
-    >>> r = ProgressRecord(ts=1764403200.0, host="h", rank=3, nranks=2, source="watchdog", state="timeout")
-    >>> _check_progress(r)
-    ('wrong_type', 'rank 3 of 2')
-    """
-    if not 0 <= rec.rank < MAX_RANKS or (rec.nranks is not None and not 0 < rec.nranks <= MAX_RANKS):
-        return OUT_OF_RANGE, f"rank {rec.rank} of {rec.nranks} (at most {MAX_RANKS} ranks)"
-    if rec.nranks is not None and rec.rank >= rec.nranks:
-        return WRONG_TYPE, f"rank {rec.rank} of {rec.nranks}"
-    if rec.gpu is not None and not 0 <= rec.gpu <= MAX_GPU_INDEX:
-        return OUT_OF_RANGE, f"gpu index {rec.gpu} (0..{MAX_GPU_INDEX})"
-    for name in ("last_enqueued", "last_completed"):
-        val = getattr(rec, name)
-        if val is not None and not MIN_PROGRESS <= val <= MAX_SEQ:
-            return OUT_OF_RANGE, f"{name} {val} ({MIN_PROGRESS}..{MAX_SEQ})"
-    for name in ("seq", "timeout_ms", "ran_ms"):
-        val = getattr(rec, name)
-        if val is not None and not 0 <= val <= MAX_SEQ:
-            return OUT_OF_RANGE, f"{name} {val} (0..{MAX_SEQ})"
-    for name in ("comm", "comm_name", "job", "op"):
-        val = getattr(rec, name)
-        if val is not None and (why := bad_identifier(val)) is not None:
-            return BAD_IDENTIFIER, f"{name} {_shown(val)}: {why}"
-    return None
 
 
 _TS = operator.attrgetter("ts")
@@ -489,26 +227,26 @@ class Decoder:
 
     def _names_ok(self, recs: list[TelemetryRecord]) -> bool:
         """Whether every identifier in ``recs`` is one already found valid (else: check the new ones)."""
-        hosts = set(map(_HOST, recs)) - self._ok_hosts
+        hosts = set(map(HOST_OF, recs)) - self._ok_hosts
         names: set[str | None] = set()
         try:
-            names.update(map(_MODEL, recs))  # DCGM records only, the common case
+            names.update(map(MODEL_OF, recs))  # DCGM records only, the common case
         except AttributeError:  # NCCL or NIC records among them
             for r in recs:
                 if isinstance(r, NicRecord):
                     # Few a host and interval: checked whole each time (device, counters, GPUs).
-                    if _nic_problem(r) is not None:
+                    if nic_problem(r) is not None:
                         return False
                 elif isinstance(r, NcclRecord):
-                    names.update(_NCCL_NAMES(r))
+                    names.update(NCCL_NAMES(r))
                 elif isinstance(r, ProgressRecord):
-                    names.update(_PROGRESS_NAMES(r))
+                    names.update(PROGRESS_NAMES(r))
                 else:
                     names.add(r.model)
         names -= self._ok_names
         if not hosts and not names:
             return True
-        if any(map(_bad_host, hosts)) or any(bad_identifier(n) is not None for n in names if n is not None):
+        if any(map(bad_host, hosts)) or any(bad_identifier(n) is not None for n in names if n is not None):
             return False
         if len(self._ok_names) + len(self._ok_hosts) > 100_000:  # bounded, for a stream of ever-new names
             self._ok_names, self._ok_hosts = {None}, set()
@@ -586,10 +324,10 @@ class Decoder:
                 if r.gpu < 0:
                     return False
             elif isinstance(r, NicRecord):
-                if _nic_problem(r) is not None:
+                if nic_problem(r) is not None:
                     return False
             elif isinstance(r, ProgressRecord):
-                if _check_progress(r) is not None:
+                if progress_problem(r) is not None:
                     return False
             elif not (
                 0 <= r.rank < r.nranks
@@ -612,7 +350,7 @@ class Decoder:
             out.positions.append(pos)
         else:
             code, detail = reason
-            host = rec.host if _bad_host(rec.host) is None else None
+            host = rec.host if bad_host(rec.host) is None else None
             out.dead.append(
                 DeadLetter(
                     reason=code,
@@ -641,9 +379,9 @@ class Decoder:
                 return TS_OUT_OF_RANGE, f"ts {ts} is {now - ts:.0f}s behind the wall clock"
         if not rec.host:
             return MISSING_KEY, "host is empty"
-        why = _bad_host(rec.host)
+        why = bad_host(rec.host)
         if why is not None:
-            return BAD_IDENTIFIER, f"host {_shown(rec.host)}: {why}"
+            return BAD_IDENTIFIER, f"host {shown(rec.host)}: {why}"
         if isinstance(rec, DcgmSample):
             if rec.gpu < 0:
                 return NEGATIVE_VALUE, f"gpu index {rec.gpu}"
@@ -652,11 +390,11 @@ class Decoder:
             if rec.link is not None and not 0 <= rec.link <= MAX_LINK_INDEX:
                 return OUT_OF_RANGE, f"link index {rec.link} (0..{MAX_LINK_INDEX})"
             if rec.model is not None and (why := bad_identifier(rec.model)) is not None:
-                return BAD_IDENTIFIER, f"model {_shown(rec.model)}: {why}"
+                return BAD_IDENTIFIER, f"model {shown(rec.model)}: {why}"
         elif isinstance(rec, NicRecord):
-            return _nic_problem(rec)
+            return nic_problem(rec)
         elif isinstance(rec, ProgressRecord):
-            return _check_progress(rec)
+            return progress_problem(rec)
         else:
             if (
                 rec.nranks > MAX_RANKS
@@ -673,7 +411,7 @@ class Decoder:
             for name in ("comm", "coll", "job", "comm_name"):
                 val = getattr(rec, name)
                 if val is not None and (why := bad_identifier(val)) is not None:
-                    return BAD_IDENTIFIER, f"{name} {_shown(val)}: {why}"
+                    return BAD_IDENTIFIER, f"{name} {shown(val)}: {why}"
             for name in ("exec_time_us", "algbw_gbs", "busbw_gbs"):
                 val = getattr(rec, name)
                 if val is not None and not math.isfinite(val):
@@ -718,7 +456,7 @@ class Decoder:
 
         def dead(code: str, detail: str) -> None:
             host = item.get("host") if isinstance(item, dict) and isinstance(item.get("host"), str) else None
-            if host is not None and _bad_host(host) is not None:
+            if host is not None and bad_host(host) is not None:
                 host = None  # never echo a name a JSON writer cannot encode
             out.dead.append(DeadLetter(reason=code, detail=detail, origin=origin, raw=raw, host=host))
 
@@ -754,7 +492,7 @@ class Decoder:
                     else:
                         dropped.append((name, WRONG_TYPE))
                 elif (
-                    isinstance(val, float) and not math.isfinite(val) or isinstance(val, int) and abs(val) > _DOUBLE_MAX
+                    isinstance(val, float) and not math.isfinite(val) or isinstance(val, int) and abs(val) > DOUBLE_MAX
                 ):
                     # An integer beyond a double (300+ digits) is as unusable as Inf.
                     dropped.append((name, NAN_FIELD))
@@ -762,14 +500,14 @@ class Decoder:
                     clean[name] = val
             item = {**item, "fields": clean}
         if kind == "nic" and "counters" in item:
-            item = {**item, "counters": _clean_counters(item["counters"], dropped)}
+            item = {**item, "counters": clean_counters(item["counters"], dropped)}
         labels = item.get("labels", {})
         if labels is None:  # null: no labels
             item = {**item, "labels": {}}
-        elif not (isinstance(labels, dict) and all(map(_is_str, labels.values()))):
+        elif not (isinstance(labels, dict) and all(map(is_str, labels.values()))):
             # Labels are metadata: a number (a Slurm job id written as 1234) is kept as its text,
             # anything else dropped on its own; the record is still used.
-            item = {**item, "labels": _label_text(labels, dropped)}
+            item = {**item, "labels": label_text(labels, dropped)}
         try:
             rec = msgspec.convert(item, _KINDS[kind], strict=False)
         except msgspec.ValidationError as e:
