@@ -36,14 +36,9 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     setup_logging(cfg.service.log_level)
     # `kill -USR1 <pid>`: every thread's stack to stderr, for a service that seems stuck
     # (docs/operations.md, Troubleshooting); the service goes on afterwards.
-    import faulthandler
-    import io
-    import signal as _signal
+    from pipeline import stackdump
 
-    try:
-        faulthandler.register(_signal.SIGUSR1, all_threads=True)
-    except (io.UnsupportedOperation, ValueError, AttributeError):
-        pass  # stderr is not a file (embedded, captured): nothing to write the stacks to
+    stackdump.install()
     stage = cfg.service.stage
     if stage == "fleet":
         from pipeline.errors import ConfigError

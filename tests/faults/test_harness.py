@@ -25,16 +25,17 @@ def test_the_clean_up_sees_every_service_a_test_starts(tmp_path):
 
 @pytest.mark.kafka
 def test_a_failed_wait_shows_where_each_live_service_is(kafka_bootstrap, topic_prefix, tmp_path):
-    # SIGUSR1 makes `serve` write every thread's stack (faulthandler) and go on: what a failed
+    # SIGUSR1 makes `serve` write every thread's stack (pipeline/stackdump.py) and go on: what a failed
     # test attaches for each service still running, so a replica stuck in a rebalance says where.
     ensure_topics(kafka_bootstrap, Topics(topic_prefix), partitions=4)
     svc = ServiceProc(write_config(tmp_path / "svc.json", kafka_bootstrap, topic_prefix), tmp_path / "svc.log")
     svc.start()
     wait_for(lambda: any("no checkpoint" in x.get("message", "") for x in svc.lines()), 90, what="an assignment")
-    # One dump: faulthandler prints at most 100 frames a thread, so one caught deep in a YAML load
-    # may end before the service's own frames; it still shows every thread and the pid.
+    # The dump, taken while the service runs its loop: every thread, the pid, and the service
+    # still running after it (a C-level dump of running threads once killed it here).
     stacks = conftest._stacks_of_live_services()
     assert "Current thread" in stacks or "Thread 0x" in stacks
     assert f"pid {svc.proc.pid}" in stacks and "most recent call first" in stacks
+    assert "pipeline/service/" in stacks  # the loop's own frames, whole
     assert svc.alive()
     assert svc.term() == 0
