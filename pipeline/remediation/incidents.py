@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import msgspec
 
+from pipeline.bus.base import Topics
 from pipeline.incidents.events import ESCALATED, JOINED, OPENED, RESOLVED, SEVERITY_ROSE, UPDATED, IncidentEvent
 from pipeline.schema import MIG_INSTANCE_LABEL, MIG_PROFILE_LABEL, AlertEvent
 
@@ -36,7 +37,7 @@ def incidents_topic(prefix: str) -> str:
     >>> incidents_topic("gpuwarden")
     'gpuwarden.incidents'
     """
-    return f"{prefix}.incidents"
+    return Topics(prefix).incidents
 
 
 def decode_incident(value: bytes) -> IncidentEvent:

@@ -9,8 +9,7 @@ import threading
 import time
 
 import pytest
-from kafka import KafkaAdminClient, KafkaConsumer, TopicPartition
-from kafka.admin import NewTopic
+from kafka import KafkaConsumer, TopicPartition
 
 from pipeline.bus import Topics
 from pipeline.bus.kafka import KafkaBusConsumer, KafkaBusProducer, ensure_topics
@@ -52,12 +51,8 @@ def _config(tmp_path, bootstrap: str, prefix: str, url: str):
 def test_incidents_from_kafka_drain_once_and_the_audit_names_them(kafka_bootstrap, topic_prefix, tmp_path,
                                                                   kafka_report):
     topics = Topics(topic_prefix)
-    ensure_topics(kafka_bootstrap, topics, partitions=2)
-    admin = KafkaAdminClient(bootstrap_servers=kafka_bootstrap)
-    try:
-        admin.create_topics([NewTopic(incidents_topic(topic_prefix), 2, 1)])
-    finally:
-        admin.close()
+    ensure_topics(kafka_bootstrap, topics, partitions=2)  # <prefix>.incidents among them
+    assert incidents_topic(topic_prefix) == topics.incidents
     srv = ScriptedServer([200])
 
     stage = IncidentStage(default_config())
