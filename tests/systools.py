@@ -6,6 +6,7 @@ pass without running it (the same contract as Chromium for the report test).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import socket
@@ -13,6 +14,8 @@ import subprocess
 import time
 import urllib.error
 import urllib.request
+from pathlib import Path
+from typing import Iterator
 
 import pytest
 
@@ -70,6 +73,25 @@ def stop(proc: subprocess.Popen, timeout: float = 15) -> int:
             proc.wait(10)
     return proc.returncode
 
+
+
+@contextlib.contextmanager
+def run_alertmanager(config: Path, workdir: Path) -> Iterator[str]:
+    """A real Alertmanager on 127.0.0.1 with ``config``, its data and log in ``workdir``; yields
+    its base URL once it is ready, and stops it afterwards."""
+    binary = require_tool("prometheus-alertmanager", "alertmanager", package="prometheus-alertmanager")
+    port = free_port()
+    log = workdir / "am.log"
+    with open(log, "wb") as fh:
+        proc = subprocess.Popen([binary, f"--config.file={config}", f"--storage.path={workdir / 'data'}",
+                                 f"--web.listen-address=127.0.0.1:{port}", "--cluster.listen-address="],
+                                stdout=fh, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_http(url + "/-/ready", 30, proc, log)
+        yield url
+    finally:
+        stop(proc, 10)
 
 CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                   "--disable-background-networking", "--disable-component-update", "--disable-sync",

@@ -6,7 +6,6 @@ patterns silence exactly the alerts Alertmanager itself says they silence, decid
 from __future__ import annotations
 
 import json
-import subprocess
 import time
 import urllib.request
 
@@ -15,7 +14,7 @@ import pytest
 from pipeline.remediation.actions import Context
 from pipeline.remediation.alertmanager import AlertmanagerAction, am_labels, silence_matches
 from pipeline.remediation.safety import valid_hostname
-from tests.systools import free_port, require_tool, wait_http
+from tests.systools import free_port, run_alertmanager
 from tests.unit.remediation.factories import HOSTILE_SILENCES, Fakes, Harness, alert, config, install_fakes
 
 AM_CONFIG = """\
@@ -34,26 +33,10 @@ def fakes(tmp_path, monkeypatch) -> Fakes:
 
 @pytest.fixture(scope="module")
 def alertmanager(tmp_path_factory):
-    binary = require_tool("prometheus-alertmanager", "alertmanager", package="prometheus-alertmanager")
     d = tmp_path_factory.mktemp("am")
     (d / "am.yml").write_text(AM_CONFIG)
-    port = free_port()
-    log = d / "am.log"
-    with open(log, "wb") as fh:
-        proc = subprocess.Popen([binary, f"--config.file={d / 'am.yml'}", f"--storage.path={d / 'data'}",
-                                 f"--web.listen-address=127.0.0.1:{port}", "--cluster.listen-address="],
-                                stdout=fh, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        wait_http(url + "/-/ready", 30, proc, log)
+    with run_alertmanager(d / "am.yml", d) as url:
         yield url
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
 
 
 def _get(url: str):

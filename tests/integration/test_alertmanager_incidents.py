@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from pipeline.incidents import IncidentStage, default_config
-from tests.systools import free_port, require_tool, wait_http
+from tests.systools import require_tool, run_alertmanager
 from tests.unit.incidents.factories import alert, resolved
 from tests.unit.remediation.factories import Harness, config
 
@@ -44,25 +44,9 @@ def generated(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def alertmanager(generated, tmp_path_factory):
-    binary = require_tool("prometheus-alertmanager", "alertmanager", package="prometheus-alertmanager")
     d = tmp_path_factory.mktemp("am")
-    port = free_port()
-    log = d / "am.log"
-    with open(log, "wb") as fh:
-        proc = subprocess.Popen([binary, f"--config.file={generated}", f"--storage.path={d / 'data'}",
-                                 f"--web.listen-address=127.0.0.1:{port}", "--cluster.listen-address="],
-                                stdout=fh, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        wait_http(url + "/-/ready", 30, proc, log)
+    with run_alertmanager(generated, d) as url:
         yield url
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
 
 
 def _get(url: str):
