@@ -20,6 +20,9 @@ back. Every figure is the median of ``--repeat`` runs (memory is deterministic: 
 * latency: ``service_latency.py``, produce-to-alert p50/p95/p99 at a paced 1 Hz load, per fleet
   size (the 16,384-GPU row is the headline): every host sampling at the second's start, every
   host at its own phase, and one host silent (its partition-mates apart from the others);
+* replicas: ``service_replicas.py``, 1, 2 and 4 identical `serve` replicas (both stages, the
+  models) on a 64-host `llama3` recording: each replica's share of the model work and its CPU,
+  and the 100,000-GPU projection from one process's rate;
 * wire: ``wire_format.py``, per-GPU vs per-host messages;
 * replay: ``replay_throughput.py``, a 48-GPU, 2-hour recording sampled every 5 s replayed as
   ``gpuwarden replay`` does (rules only, and with the default models), one core.
@@ -52,8 +55,8 @@ from pathlib import Path
 BENCH = Path(__file__).resolve().parent
 ROOT = BENCH.parent
 BEGIN, END = "<!-- bench:begin -->", "<!-- bench:end -->"
-ALL = ("engine", "models", "memory", "service", "latency", "wire", "replay")
-KAFKA_BENCHES = {"service", "latency", "wire"}
+ALL = ("engine", "models", "memory", "service", "latency", "replicas", "wire", "replay")
+KAFKA_BENCHES = {"service", "latency", "replicas", "wire"}
 FULL_FLEETS = (1024, 4096, 16384)
 QUICK_FLEETS = (64, 256)
 
@@ -272,6 +275,26 @@ def bench_latency(plan: Plan, gpus: int) -> tuple[dict, list[dict]]:
             "raw_spread": spread}, figs
 
 
+def bench_replicas(plan: Plan) -> tuple[dict, list[dict]]:
+    hosts, seconds = (16, 30) if plan.engine_seconds < 60 else (64, 120)   # --quick: a smaller fleet
+    (raw,), wall = run_script("service_replicas.py", ["--kafka", plan.kafka, "--hosts", str(hosts), "--seconds",
+                                                        str(seconds), "--replicas", "1,2,4", "--workdir",
+                                                        str(plan.workdir)])
+    figs = []
+    for run in raw["runs"]:
+        n = run["replicas"]
+        figs.append(figure(f"replicas.max_share.{n}", f"busiest replica's share of the model work, {n} replica(s)",
+                           "fraction", [run["max_fleet_share"]], replicas=n, hosts=hosts,
+                           shares=[r["fleet_share"] for r in run["per_replica"]],
+                           cpu_s=[r["cpu_s"] for r in run["per_replica"]], wall_s=run["wall_s"]))
+    p = raw.get("projection")
+    if p:
+        figs.append(figure("replicas.process_rate", "one process with the models", "GPU-samples/s",
+                           [p["process_gpu_samples_per_s"]], hosts=hosts, **{k: v for k, v in p.items()
+                                                                            if k != "process_gpu_samples_per_s"}))
+    return {"name": "replicas", "gpus": hosts * 8, "wall_s": wall, "raw": raw}, figs
+
+
 def bench_replay(plan: Plan) -> tuple[dict, list[dict]]:
     seconds = 1800 if plan.engine_seconds < 60 else 7200   # --quick: a shorter recording
     figs, raws, wall = [], {}, 0.0
@@ -342,6 +365,8 @@ def run_suite(plan: Plan, log: Callable[[str], None] = print) -> dict:
             continue
         if name == "wire":
             jobs.append((name, lambda: bench_wire(plan)))
+        elif name == "replicas":
+            jobs.append((name, lambda: bench_replicas(plan)))
         elif name == "replay":
             jobs.append((name, lambda: bench_replay(plan)))
         else:
@@ -493,6 +518,24 @@ def render_markdown(result: dict, json_path: str | None = None) -> str:
                             + [_fmt(p["p50"].get("publisher_behind_s"), 2)])
         out += _table(["GPUs at 1 Hz", "load", "alerts seen / faults", "p50 (s)", "p95 (s)", "p99 (s)", "max (s)",
                        "publisher behind, worst (s)"], rows, right_from=2) + [""]
+    shares = [f for f in figs if f["id"].startswith("replicas.max_share.")]
+    if shares:
+        out += [f"### Identical replicas: who runs the models ({shares[0]['hosts']} hosts of `llama3`, 8 telemetry "
+                f"and 8 fleet partitions)", "",
+                "Each replica is a whole `serve` (both stages, the default models) in one consumer group; its share "
+                "is of the records the fleet stages' models scored (`gpuwarden_fleet_records_total`), its CPU from "
+                "/proc. Goal: with 4 replicas no replica above 35 %.", ""]
+        rows = [[str(f["replicas"]), " / ".join(f"{100 * x:.0f} %" for x in f["shares"]),
+                 " / ".join(_fmt(c) for c in f["cpu_s"]), f"{100 * f['median']:.0f} %"] for f in shares]
+        out += _table(["replicas", "model work per replica", "CPU per replica (s)", "busiest"], rows) + [""]
+        p = get("replicas.process_rate")
+        if p:
+            out += [f"One process with the models scores {_fmt(p['median'])} GPU-samples per CPU second here. A "
+                    f"100,000-GPU fleet "
+                    f"needs {p['processes_even_1hz']} such processes at 1 Hz and {p['processes_even_10s']} at one "
+                    f"sample per 10 s if the model work spreads evenly; with the largest run's shares its busiest "
+                    f"replica would carry {_fmt(p['busiest_load_1hz'], 1)}x one process's rate at 1 Hz and "
+                    f"{_fmt(p['busiest_load_10s'], 1)}x at 10 s (above 1: it does not hold).", ""]
     rep = [f for f in figs if f["id"].startswith("replay.")]
     if rep:
         r0 = rep[0]

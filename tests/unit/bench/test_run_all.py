@@ -219,3 +219,19 @@ def test_recordings_older_than_the_simulator_are_dropped_and_fresh_ones_kept(mon
     dropped = run_all.drop_stale_recordings(plan, log=lambda _: None)
     assert dropped == [stale]
     assert not stale.exists() and fresh.exists() and other.exists()
+
+
+def test_replicas_table_gives_each_replicas_share_and_the_projection():
+    fig = run_all.figure
+    figures = [{"bench": "replicas", **fig(f"replicas.max_share.{n}", "busiest", "fraction", [max(shares)],
+                                           replicas=n, hosts=64, shares=shares, cpu_s=cpu, wall_s=10.0)}
+               for n, shares, cpu in ((1, [1.0], [40.0]), (4, [0.97, 0.01, 0.01, 0.01], [41.0, 3.0, 3.0, 2.5]))]
+    figures.append({"bench": "replicas", **fig("replicas.process_rate", "one process", "GPU-samples/s", [20_000],
+                                               hosts=64, processes_even_1hz=5, processes_even_10s=1,
+                                               busiest_load_1hz=4.85, busiest_load_10s=0.49)})
+    md = run_all.render_markdown(fake_result(figures=figures))
+    assert "64 hosts of `llama3`" in md
+    assert "| 4 | 97 % / 1 % / 1 % / 1 % | 41 / 3 / 3 / 2 | 97 % |" in md
+    assert "| 1 | 100 % | 40 | 100 % |" in md
+    assert "20,000 GPU-samples per CPU second" in md and "needs 5 such processes at 1 Hz and 1 at one" in md
+    assert "4.8x one process's rate at 1 Hz and 0.5x at 10 s" in md
