@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import operator
+import re
 import sys
 from typing import Annotated, Any, Optional
 
@@ -54,6 +55,10 @@ MAX_NIC_COUNTERS = 256  # an mlx5 port has ~70 counters and hw_counters together
 MAX_COUNTER = (1 << 64) - 1
 MAX_NIC_GPUS = 64  # GPUs behind one NIC: 1 or 2 on an 8-GPU node
 MAX_RATE_GBPS = 100_000.0  # 1.6 Tb/s is the fastest port sold; this is a unit mistake's bound
+# A port's link partner (``peer*``): an IBTA NodeDescription is 64 bytes, a GUID 64 bits, a LID 16.
+MAX_PEER_DESC = 64
+PEER_GUID_PATTERN = "^0x[0-9a-f]{16}$"
+MAX_LID = 0xFFFF
 
 # The fast path's types carry the plausibility checks as msgspec constraints, so they cost
 # nothing beyond decoding (checked in C); a record that breaks one fails the fast decode and its
@@ -185,6 +190,10 @@ NicChecked = msgspec.defstruct(
             msgspec.field(default_factory=dict),
         ),
         ("gpus", Annotated[list[GPU_OK], msgspec.Meta(max_length=MAX_NIC_GPUS)], msgspec.field(default_factory=list)),
+        ("peer", Optional[Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_PEER_DESC)]], None),
+        ("peer_guid", Optional[Annotated[str, msgspec.Meta(pattern=PEER_GUID_PATTERN)]], None),
+        ("peer_port", Optional[Annotated[int, msgspec.Meta(ge=0, le=MAX_NIC_PORT)]], None),
+        ("peer_lid", Optional[Annotated[int, msgspec.Meta(ge=0, le=MAX_LID)]], None),
     ],
     bases=(NicRecord,),
     tag="nic",
@@ -229,6 +238,16 @@ def nic_problem(rec: NicRecord) -> tuple[str, str] | None:
             return WRONG_TYPE, f"counter {k} is a {type(v).__name__}, not an integer"
         if not 0 <= v <= MAX_COUNTER:
             return (NEGATIVE_VALUE if v < 0 else OUT_OF_RANGE), f"counter {k} is {v} (0..2^64-1)"
+    if rec.peer is not None and (why := bad_identifier(rec.peer, MAX_PEER_DESC)) is not None:
+        return BAD_IDENTIFIER, f"peer {shown(rec.peer)}: {why}"
+    if rec.peer_guid is not None and not (
+        isinstance(rec.peer_guid, str) and re.fullmatch(PEER_GUID_PATTERN, rec.peer_guid)
+    ):
+        return BAD_IDENTIFIER, f"peer_guid {shown(str(rec.peer_guid))}: not 0x and 16 lower-case hex digits"
+    for name, top in (("peer_port", MAX_NIC_PORT), ("peer_lid", MAX_LID)):
+        val = getattr(rec, name)
+        if val is not None and (type(val) is not int or not 0 <= val <= top):
+            return OUT_OF_RANGE, f"{name} {val!r} (0..{top})"
     if len(rec.gpus) > MAX_NIC_GPUS or any(type(g) is not int or not 0 <= g <= MAX_GPU_INDEX for g in rec.gpus):
         return OUT_OF_RANGE, f"gpus {rec.gpus[:8]!r}: at most {MAX_NIC_GPUS} indices, each 0..{MAX_GPU_INDEX}"
     return None

@@ -107,7 +107,8 @@ class NicRecord(msgspec.Struct, tag="nic", tag_field="kind", kw_only=True, gc=Fa
     physical state (2 Polling, 3 Disabled, 5 LinkUp, 6 LinkErrorRecovery, ...), each with the
     kernel's name beside it; ``counters`` the port's ``counters/*``, ``hw_counters/*`` and its
     netdev's ``carrier_changes``, by file name; ``gpus`` the GPU indices behind this NIC (the
-    nearest common PCIe bridge) when the producer knows them.
+    nearest common PCIe bridge) when the producer knows them; ``peer*`` the switch port (or other
+    node) at the far end of the cable, when the producer was given the fabric's links.
 
     >>> r = NicRecord(ts=1764403200.0, host="h1", device="mlx5_0", port=1, state=4, state_name="ACTIVE")
     >>> (r.device, r.port, r.state_name, r.counters)
@@ -129,6 +130,12 @@ class NicRecord(msgspec.Struct, tag="nic", tag_field="kind", kw_only=True, gc=Fa
     counters: dict[str, int] = {}
     gpus: list[int] = []
     labels: dict[str, str] = {}
+    # The port's link partner, from a saved iblinkinfo/ibnetdiscover (``--peers``): its node
+    # description, GUID, port and LID (docs/producers.md#peers); None where not known.
+    peer: str | None = None
+    peer_guid: str | None = None
+    peer_port: int | None = None
+    peer_lid: int | None = None
 
 
 #: Who reported a ``ProgressRecord``: PyTorch's ProcessGroupNCCL watchdog, or NCCL's RAS.

@@ -79,6 +79,12 @@ def test_unknown_fields_are_ignored_as_for_the_other_kinds():
     ({"ts": T0 * 1000}, "ts_out_of_range"),
     ({"v": 2}, "unsupported_version"),
     ({"port": "one"}, "wrong_type"),
+    ({"peer": "s" * 65}, "bad_identifier"),
+    ({"peer": "leaf\x1b[2J"}, "bad_identifier"),
+    ({"peer_guid": "0x2c9020046c588"}, "bad_identifier"),
+    ({"peer_guid": "0x0002C9020046C588"}, "bad_identifier"),
+    ({"peer_port": 65536}, "out_of_range"),
+    ({"peer_lid": -1}, "out_of_range"),
 ])
 def test_a_bad_port_record_is_dropped_with_its_reason(change, reason):
     out = dec(nic(**change))
@@ -86,6 +92,15 @@ def test_a_bad_port_record_is_dropped_with_its_reason(change, reason):
     [d] = out.dead
     assert (d.reason, d.action, d.origin) == (reason, "record_dropped", "t[0]@3")
     encode(d)  # every dead letter encodes, whatever the record held
+
+
+def test_the_link_partner_decodes_with_the_port():
+    # A node description holds spaces and punctuation (``MF0;leaf01:MQM9700/U1``).
+    out = dec(nic(peer="MF0;leaf01:MQM9700/U1", peer_guid="0x0002c9020046c588", peer_port=17, peer_lid=2))
+    assert out.dead == []
+    r = out.records[0]
+    assert (r.peer, r.peer_guid, r.peer_port, r.peer_lid) == ("MF0;leaf01:MQM9700/U1", "0x0002c9020046c588", 17, 2)
+    assert dec(nic()).records[0].peer is None
 
 
 def test_a_missing_device_or_port_is_a_missing_key():
