@@ -205,6 +205,7 @@ def _cmd_pcie_aer(args: argparse.Namespace) -> int:
 
 def _cmd_ib_sysfs(args: argparse.Namespace) -> int:
     from producers.ib_sysfs import IbSysfsSource, bus_ids
+    from producers.ibpeers import PeerFile
     from producers.kmsg import parse_pci_map
 
     def make() -> object:
@@ -212,15 +213,21 @@ def _cmd_ib_sysfs(args: argparse.Namespace) -> int:
         if args.pci_map:
             with open(args.pci_map, encoding="utf-8") as fh:
                 gpus = bus_ids(parse_pci_map(fh.read(1 << 20)))
-        return IbSysfsSource(args.root, host=args.host, gpu_bus_ids=gpus)
+        peers = PeerFile(args.peers) if args.peers else None
+        return IbSysfsSource(args.root, host=args.host, gpu_bus_ids=gpus, peers=peers)
 
     return _run(args, make)
 
 
 def _cmd_ibstat(args: argparse.Namespace) -> int:
+    from producers.ibpeers import PeerFile
     from producers.ibstat import IbstatSource
 
-    return _run(args, lambda: IbstatSource(args.file, host=args.host, device=args.device), from_file=True)
+    def make() -> object:
+        peers = PeerFile(args.peers) if args.peers else None
+        return IbstatSource(args.file, host=args.host, device=args.device, peers=peers)
+
+    return _run(args, make, from_file=True)
 
 
 def _cmd_torch_watchdog(args: argparse.Namespace) -> int:
@@ -237,6 +244,15 @@ def _cmd_ncclras(args: argparse.Namespace) -> int:
     from producers.ncclras import RasStatusSource
 
     return _run(args, lambda: RasStatusSource(args.file, job=args.job), from_file=True)
+
+
+def _peers_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--peers",
+        metavar="FILE",
+        help="saved `iblinkinfo` (either layout) or `ibnetdiscover` (topology or -p) output: label each port "
+        "with its link partner (switch name, GUID, port, LID); re-read when the file changes",
+    )
 
 
 def _common(p: argparse.ArgumentParser, interval: float) -> None:
@@ -377,12 +393,14 @@ def register(sub: Any) -> None:
         help="saved `nvidia-smi --query-gpu=index,pci.bus_id --format=csv`: name the GPUs behind each NIC "
         "(nearest common PCIe bridge under <root>/sys/bus/pci/devices)",
     )
+    _peers_arg(ib)
     _common(ib, 10.0)
     ib.set_defaults(func=_cmd_ib_sysfs)
 
     st = psub.add_parser("ibstat", help="parse saved `ibstat` or `ibstatus` output (port state and rate)")
     st.add_argument("--file", required=True, help="the saved output, or - for stdin")
     st.add_argument("--device", help="the device of `ibstat CA PORT` output, which does not name it")
+    _peers_arg(st)
     _common(st, 1.0)
     st.set_defaults(func=_cmd_ibstat)
 

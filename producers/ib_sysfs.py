@@ -13,7 +13,10 @@ the kernel's ABI is ``Documentation/ABI/stable/sysfs-class-infiniband``, docs/pr
   ``sys/class/net/<if>/carrier_changes`` (``statistics/carrier_changes`` where only that exists);
 - with ``--pci-map`` (``nvidia-smi --query-gpu=index,pci.bus_id --format=csv``), the GPUs behind
   each NIC: for each GPU (``sys/bus/pci/devices/<bus id>``), the NICs that share its deepest PCIe
-  bridge (the nearest common one), as NVIDIA's resiliency extension pairs them.
+  bridge (the nearest common one), as NVIDIA's resiliency extension pairs them;
+- with ``--peers`` (a saved ``iblinkinfo`` or ``ibnetdiscover``, ``producers/ibpeers.py``), each
+  port's link partner: found by the port GUID of ``ports/<port>/gids/0``, else by the device's
+  ``node_desc`` (or ``<host> <device>``) and port, it fills the record's ``peer*`` fields.
 
 Hostile trees: every path is resolved and must stay under ``--root`` (a link out of it is
 ``dropped.outside_root``), a link loop or a file that does not read is ``dropped.unreadable``, a
@@ -35,9 +38,12 @@ import time
 from dataclasses import dataclass
 from typing import Callable
 
+import msgspec
+
 from pipeline.decode import MAX_COUNTER, MAX_NIC_COUNTERS
 from pipeline.numeric import ascii_int
 from pipeline.schema import NicRecord
+from producers.ibpeers import PeerFile, gid_port_guid, local_names
 from producers.ibports import coded_state, name_ok, rate_gbps
 
 log = logging.getLogger(__name__)
@@ -202,9 +208,12 @@ class IbSysfsSource:
         *,
         host: str | None = None,
         gpu_bus_ids: dict[int, str] | None = None,
+        peers: PeerFile | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
-        """``gpu_bus_ids``: GPU index -> its sysfs PCI name (``0000:3b:00.0``), for ``gpus``."""
+        """``gpu_bus_ids``: GPU index -> its sysfs PCI name (``0000:3b:00.0``), for ``gpus``;
+        ``peers``: the fabric's links, for ``peer*``."""
+        self.peers = peers
         self.stats = SysfsStats()
         self.tree = SysfsTree(root, self.stats)
         self.host = host or socket.gethostname()
@@ -232,8 +241,10 @@ class IbSysfsSource:
         if self.gpu_bus_ids and names != self._mapped_for:  # at start, and when a device comes or goes
             self._gpus, self._mapped_for = self._map_gpus(devices), names
         out: list[NicRecord] = []
+        peer_map = self.peers.current() if self.peers is not None else None
         for name, real in devices:
             netdevs = self._netdevs(real)
+            descs = local_names(self.host, name, t.read(os.path.join(real, "node_desc"))) if peer_map else []
             ports_dir = t.resolve(os.path.join(real, "ports"))
             if ports_dir is None:
                 continue
@@ -243,8 +254,15 @@ class IbSysfsSource:
                     self.stats.bad_name += 1
                     continue
                 pdir = t.resolve(os.path.join(ports_dir, pname))
-                if pdir is not None:
-                    out.append(self._port(ts, name, port, pdir, netdevs))
+                if pdir is None:
+                    continue
+                rec = self._port(ts, name, port, pdir, netdevs)
+                if peer_map is not None:
+                    gid = t.read(os.path.join(pdir, "gids", "0"))
+                    found = peer_map.labels(port, gid_port_guid(gid) if gid else None, descs)
+                    if found:
+                        rec = msgspec.structs.replace(rec, **found)
+                out.append(rec)
         return out
 
     def _port(self, ts: float, device: str, port: int, pdir: str, netdevs: dict[int | None, str]) -> NicRecord:
@@ -356,6 +374,7 @@ class IbSysfsSource:
             "dropped.bad_name": s.bad_name,
             "dropped.outside_root": s.outside_root,
             "dropped.too_many": s.too_many,
+            **(self.peers.summary() if self.peers is not None else {}),
         }
 
     def close(self) -> None:

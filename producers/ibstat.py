@@ -13,6 +13,9 @@ Layouts (rdma-core ``infiniband-diags/ibstat.c`` and ``scripts/ibstatus``; docs/
   have no device (``--device`` names it, else they are counted as ``dropped.no_device``).
 - ``ibstat`` failing on a device prints ``ibpanic: [pid] main: stat of IB device 'mlx5_8' failed:
   ...``: counted as ``dropped.tool_error`` (that device's ports are missing from the records).
+- ``Port GUID: 0x...`` (ibstat) and ``default gid: fe80:...`` (ibstatus) find the port's link
+  partner in ``--peers`` (``producers/ibpeers.py``), else the CA's ``<host> <CA>`` node
+  description does; it fills the record's ``peer*`` fields.
 - ``ibstatus``: ``Infiniband device 'mlx5_0' port 1 status:`` then the sysfs files as they are
   (``state: 4: ACTIVE``, ``phys state: 5: LinkUp``, ``rate: 200 Gb/sec (4X HDR)``,
   ``link_layer: InfiniBand``), ``unknown`` for a file it could not read.
@@ -42,6 +45,7 @@ from producers.ibports import (
     name_ok,
     rate_gbps,
 )
+from producers.ibpeers import PeerFile, PeerMap, gid_port_guid, local_names, norm_guid
 from producers.textinput import read_capped
 
 log = logging.getLogger(__name__)
@@ -75,6 +79,7 @@ class _Port:
     def __init__(self, device: str | None, port: int) -> None:
         self.device, self.port = device, port
         self.fields: dict[str, Any] = {}
+        self.guid: str | None = None  # its port GUID, for --peers
 
 
 def _set_state(p: _Port, key: str, value: str, stats: IbstatStats) -> None:
@@ -104,6 +109,10 @@ def _set_state(p: _Port, key: str, value: str, stats: IbstatStats) -> None:
                 stats.unparsable_values += 1
             return
         p.fields["rate_gbps"] = r
+    elif k == "port guid":
+        p.guid = norm_guid(value)
+    elif k == "default gid":
+        p.guid = gid_port_guid(value)
     elif k in ("link layer", "link_layer"):
         if name_ok(value):
             p.fields["link_layer"] = value
@@ -112,7 +121,13 @@ def _set_state(p: _Port, key: str, value: str, stats: IbstatStats) -> None:
 
 
 def parse(
-    text: str, *, ts: float, host: str, device: str | None = None, stats: IbstatStats | None = None
+    text: str,
+    *,
+    ts: float,
+    host: str,
+    device: str | None = None,
+    stats: IbstatStats | None = None,
+    peers: PeerMap | None = None,
 ) -> list[NicRecord]:
     """Every port ``ibstat`` or ``ibstatus`` printed in ``text``, as records at ``ts`` on ``host``.
 
@@ -173,7 +188,8 @@ def parse(
         if p.device is None:
             stats.no_device += 1
             continue
-        out.append(NicRecord(ts=ts, host=host, device=p.device, port=p.port, **p.fields))
+        found = peers.labels(p.port, p.guid, local_names(host, p.device)) if peers is not None else {}
+        out.append(NicRecord(ts=ts, host=host, device=p.device, port=p.port, **p.fields, **found))
     return out
 
 
@@ -188,9 +204,11 @@ class IbstatSource:
         host: str | None = None,
         device: str | None = None,
         max_chars: int = MAX_TEXT_CHARS,
+        peers: PeerFile | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.path, self.host, self.device = path, host or socket.gethostname(), device
+        self.peers = peers
         self.max_chars, self.clock = max_chars, clock
         self.done = False
         self.stats = IbstatStats()
@@ -203,7 +221,8 @@ class IbstatSource:
             log.warning(
                 "%s: longer than %d characters; the rest is not read (dropped.truncated)", self.path, self.max_chars
             )
-        recs = parse(text, ts=self.clock(), host=self.host, device=self.device, stats=self.stats)
+        peer_map = self.peers.current() if self.peers is not None else None
+        recs = parse(text, ts=self.clock(), host=self.host, device=self.device, stats=self.stats, peers=peer_map)
         if not recs:
             log.warning("%s: no ibstat or ibstatus port found", self.path)
         return recs
@@ -219,6 +238,7 @@ class IbstatSource:
             "dropped.no_device": s.no_device,
             "dropped.tool_error": s.tool_errors,
             "dropped.truncated": s.truncated,
+            **(self.peers.summary() if self.peers is not None else {}),
         }
 
     def close(self) -> None:
