@@ -8,7 +8,8 @@ time and runs its checks port by port, each through an alert lifecycle (``for:``
 Thresholds and severities are in ``rules/fabric/ports.yaml`` (``pipeline.rules.portconfig``).
 
 A port is an entity of its own, ``host/device/port``; its alerts name the host, and carry the
-device, port, netdev and the GPUs behind the NIC in ``labels`` and ``evidence``. One check is a
+device, port, netdev, the GPUs behind the NIC and the link partner (``peer*``, from the producer's
+``--peers``) in ``labels``, and the rest in ``evidence``. One check is a
 host's: ``active_ports`` counts the ports of each poll against what the host's GPU model needs,
 the model learnt from the GPUs' DCGM records (``ingest``).
 """
@@ -53,6 +54,7 @@ class _Port:
     gpus: list[int] = field(default_factory=list)
     netdev: str | None = None
     link_layer: str | None = None
+    peer: dict[str, str] = field(default_factory=dict)  # the link partner's labels (``peer``, ``peer_port``...)
 
     def to_state(self) -> dict[str, Any]:
         return {
@@ -65,6 +67,7 @@ class _Port:
             "gpus": self.gpus,
             "netdev": self.netdev,
             "ll": self.link_layer,
+            "peer": self.peer,
         }
 
     @classmethod
@@ -79,6 +82,7 @@ class _Port:
             [int(g) for g in d["gpus"]],
             d["netdev"],
             d["ll"],
+            {str(k): str(v) for k, v in d.get("peer", {}).items()},  # absent in a snapshot from before peers
         )
 
 
@@ -279,6 +283,8 @@ class PortStage(StageBase):
             st.gpus = list(r.gpus)
         st.netdev = r.netdev or st.netdev
         st.link_layer = r.link_layer or st.link_layer
+        if r.peer is not None:
+            st.peer = _peer_labels(r)
         fatal = {n: increased[n] for n in cfg["link_errors"].counters if n in increased}
         return {
             "_cond": {
@@ -313,6 +319,7 @@ class PortStage(StageBase):
             labels["link_layer"] = st.link_layer
         if st.gpus:
             labels["gpus"] = ",".join(map(str, st.gpus))
+        labels.update(st.peer)
         return AlertEvent(
             id=aid,
             state=t.state,
@@ -368,6 +375,20 @@ class PortStage(StageBase):
         self._ids = {k: i for i, k in enumerate(keys)}
         self._hosts, self._models, self._n_gpus = hosts, models, n_gpus
         self._host_ids = {h: i for i, h in enumerate(hosts)}
+
+
+def _peer_labels(r: NicRecord) -> dict[str, str]:
+    """The record's link partner as alert labels (docs/remediation.md#fabric-faults).
+
+    >>> _peer_labels(NicRecord(ts=0.0, host="n1", device="mlx5_0", port=1, peer="leaf01", peer_port=17))
+    {'peer': 'leaf01', 'peer_port': '17'}
+    """
+    out = {"peer": str(r.peer)}
+    for key in ("peer_guid", "peer_port", "peer_lid"):
+        val = getattr(r, key)
+        if val is not None:
+            out[key] = str(val)
+    return out
 
 
 def _summary(check: PortCheck, host: str, device: str, port: int, ev: dict[str, Any]) -> str:
