@@ -17,6 +17,7 @@ from pipeline.protocols import Detector
 from pipeline.rules import load_rules
 from pipeline.rules.diagnostics import Diagnostic
 from pipeline.rules.portconfig import load_port_config
+from pipeline.rules.nicaer import NicAerStage
 from pipeline.rules.ports import PortStage
 from pipeline.topology import Topology
 
@@ -94,12 +95,12 @@ def build_stages(
     ruleset, diags = load_rules(paths, tick=config.tick, models=set(modelset.names) if modelset else None)
     if ruleset is None:
         return None, diags
-    ports: list[PortStage] = []
+    ports: list[PortStage | NicAerStage] = []
     if (ppath := ports_path(rules)) is not None:
         pconfig, pdiags = load_port_config(ppath)
         if pconfig is None:
             return None, diags + pdiags
-        ports.append(PortStage(pconfig))
+        ports += [PortStage(pconfig), NicAerStage(pconfig)]  # the NIC's AER checks share the file
     if modelset is None:
         return Stages(Engine(config, rules=ruleset, stages=ports)), diags
     if stages == "two":

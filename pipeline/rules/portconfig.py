@@ -101,11 +101,41 @@ DEFAULTS: dict[str, PortCheck] = {
         threshold=3,
         window_s=12 * 3600.0,
     ),  # fmt: skip
+    # PCIe AER of the NIC and the bridges above it (``produce pcie-aer``; pipeline/rules/nicaer.py),
+    # the NIC's side of rules/pcie.yaml's GPU rules: a fatal or non-fatal error is the event, a
+    # corrected-error rate past 100 in 10 minutes a marginal link, as pcie_aer_correctable_rate.
+    "pcie_aer_fatal": PortCheck(
+        "nic_pcie_aer_fatal",
+        "pcie_aer_fatal",
+        "critical",
+        keep_firing_for_s=600.0,
+        counters=("pcie_aer_fatal", "pcie_aer_upstream_fatal"),
+    ),  # fmt: skip
+    "pcie_aer_nonfatal": PortCheck(
+        "nic_pcie_aer_nonfatal",
+        "pcie_aer_nonfatal",
+        "warning",
+        keep_firing_for_s=600.0,
+        counters=("pcie_aer_nonfatal", "pcie_aer_upstream_nonfatal"),
+    ),  # fmt: skip
+    "pcie_aer_correctable": PortCheck(
+        "nic_pcie_aer_correctable_rate",
+        "pcie_aer_correctable_rate",
+        "warning",
+        keep_firing_for_s=600.0,
+        threshold=100,
+        window_s=600.0,
+        counters=("pcie_aer_correctable", "pcie_aer_upstream_correctable"),
+    ),  # fmt: skip
 }
 MAX_MODELS = 64
+# The checks of the NIC's PCIe AER counters: their own stage judges them (pipeline/rules/nicaer.py).
+AER_CHECKS = ("pcie_aer_fatal", "pcie_aer_nonfatal", "pcie_aer_correctable")
 # Which keys mean something for which check.
 _OWN = {"link_errors": {"counters"}, "symbol_errors": {"threshold", "window", "counters"},
-        "flapping": {"threshold", "window"}, "active_ports": {"models"}}  # fmt: skip
+        "flapping": {"threshold", "window"}, "active_ports": {"models"},
+        "pcie_aer_fatal": {"counters"}, "pcie_aer_nonfatal": {"counters"},
+        "pcie_aer_correctable": {"threshold", "window", "counters"}}  # fmt: skip
 
 
 @dataclass(frozen=True)

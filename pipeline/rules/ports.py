@@ -29,7 +29,7 @@ from pipeline.engine.arrays import from_dict, to_dict
 from pipeline.engine.lifecycle import Lifecycle, Transition, alert_id
 from pipeline.engine.stage import StageBase
 from pipeline.errors import StateError
-from pipeline.rules.portconfig import PortCheck, PortConfig
+from pipeline.rules.portconfig import AER_CHECKS, PortCheck, PortConfig
 from pipeline.schema import AlertEvent, NicRecord
 
 ACTIVE, DOWN, INIT, ARMED = 4, 1, 2, 3
@@ -106,7 +106,7 @@ class PortStage(StageBase):
         self.config = config
         self.checks: list[Any] = []  # none of the engine's lifecycles: the stage keeps its own
         self.columns: set[int] = set()
-        self._checks: list[tuple[str, PortCheck]] = config.enabled()
+        self._checks: list[tuple[str, PortCheck]] = [(k, c) for k, c in config.enabled() if k not in AER_CHECKS]
         self._life = {key: Lifecycle(c.for_s, c.keep_firing_for_s) for key, c in self._checks}
         self._pending: list[NicRecord] = []
         self._ids: dict[tuple[str, str, int], int] = {}
@@ -204,7 +204,7 @@ class PortStage(StageBase):
             group.setdefault((r.ts, r.host), []).append(r)
         for (when, host), ports in group.items():
             need = check.expected(self._models.get(host))
-            if need is None:
+            if need is None or all(p.state is None for p in ports):  # a poll that says no port's state
                 continue
             hid = self._host_ids.get(host)
             if hid is None:

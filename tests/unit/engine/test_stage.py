@@ -175,14 +175,14 @@ def test_rules_and_models_are_stages_models_first() -> None:
 
     eng, diags = build_engine([str(rules_dir())], "auto")
     assert eng is not None, diags
-    # The shipped packs' NIC port checks (rules/fabric/ports.yaml) are a stage of their own.
-    assert [s.kind for s in eng.stages] == ["models", "checks", "rules", "ports"]
+    # The shipped packs' NIC port checks and the NICs' AER checks (rules/fabric/ports.yaml) are stages of their own.
+    assert [s.kind for s in eng.stages] == ["models", "checks", "rules", "ports", "nic_aer"]
     assert isinstance(eng.rules, RuleSet) and isinstance(eng.models, ModelSet)
     stage: Stage = eng.rules   # RuleSet and ModelSet are stages to the type checker too
     assert stage.state_key == "windows" and eng.models.state_key == "models"
     echo = EchoStage()
     eng.set_stage(echo)            # a new kind goes after the row checks: it sees the models' scores
-    assert [s.kind for s in eng.stages] == ["models", "checks", "echo", "rules", "ports"]
+    assert [s.kind for s in eng.stages] == ["models", "checks", "echo", "rules", "ports", "nic_aer"]
     _run(eng, fleet(range(5), hosts=1, gpus=2))
     assert echo.seen and all(MODEL_SCORES in s for s in echo.seen) and all(echo.scores_ok)
 

@@ -1,0 +1,265 @@
+"""The NIC's PCIe AER checks: a host-stage stage that judges the ``pcie_aer_*`` counters of NIC
+records (``gpuwarden produce pcie-aer``), in event time, and makes ``pcie_aer_*`` alerts that name
+the NIC (docs/rules.md#nic-ports).
+
+The GPU's AER counters are catalogue fields judged by rules/pcie.yaml; a NIC is no GPU, so its
+counters ride on its ``NicRecord`` and are judged here, with the same three checks: any increase
+of a fatal or a non-fatal total (the NIC's own or its bridges'), and more corrected errors than
+``threshold`` in ``window``. Settings are the ``pcie_aer_*`` keys of ``rules/fabric/ports.yaml``
+(``pipeline.rules.portconfig``). A NIC is an entity of its own, ``host/device``; its alerts carry
+the device, its PCI bus id and the GPUs behind it in ``labels``, the increases in ``evidence``.
+Records are held until the engine's watermark passes them, as the port checks hold theirs, so
+the alerts do not depend on how the stream was cut into batches.
+"""
+
+from __future__ import annotations
+
+import operator
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+import msgspec
+import numpy as np
+
+from pipeline.engine.arrays import from_dict, to_dict
+from pipeline.engine.lifecycle import Lifecycle, Transition, alert_id
+from pipeline.engine.stage import StageBase
+from pipeline.errors import StateError
+from pipeline.rules.portconfig import AER_CHECKS, PortCheck, PortConfig
+from pipeline.schema import AlertEvent, NicRecord
+
+MAX_PENDING = 100_000  # NIC records waiting for the watermark; past it the oldest go first
+STATE_VERSION = 1
+_ORDER = operator.attrgetter("ts", "host", "device")
+_records = msgspec.json.Decoder(list[NicRecord])
+_PREFIX = "pcie_aer_"
+
+
+@dataclass
+class _Nic:
+    """One NIC's past: its counters' last values, its corrected errors within the window, the
+    GPUs behind it and its PCI bus id."""
+
+    prev: dict[str, int] = field(default_factory=dict)
+    corrected: deque = field(default_factory=deque)  # (event time, corrected errors since the sample before)
+    gpus: list[int] = field(default_factory=list)
+    bus_id: str | None = None
+
+    def to_state(self) -> dict[str, Any]:
+        return {"prev": self.prev, "cor": [list(c) for c in self.corrected], "gpus": self.gpus, "bus": self.bus_id}
+
+    @classmethod
+    def from_state(cls, d: dict[str, Any]) -> "_Nic":
+        return cls(
+            {str(k): int(v) for k, v in d["prev"].items()},
+            deque((float(t), int(n)) for t, n in d["cor"]),
+            [int(g) for g in d["gpus"]],
+            None if d["bus"] is None else str(d["bus"]),
+        )
+
+
+class NicAerStage(StageBase):
+    """The NIC AER checks on NIC records that carry ``pcie_aer_*`` counters (module docstring).
+
+    >>> from pipeline.rules.portconfig import PortConfig
+    >>> st = NicAerStage(PortConfig())
+    >>> st.nic_arrived([NicRecord(ts=1764403200.0 + 10 * t, host="n1", device="mlx5_0", port=1, gpus=[0, 1],
+    ...                           counters={"pcie_aer_fatal": int(t >= 3)}) for t in range(6)])
+    >>> [(a.state, a.rule, a.labels["device"], a.labels["gpus"]) for a in st.nic_release(1764403300.0)]
+    [('firing', 'nic_pcie_aer_fatal', 'mlx5_0', '0,1')]
+    """
+
+    kind = "nic_aer"
+    host_local = True  # a NIC is judged by its own host's records alone
+    reads_nic = True
+    state_key = "nic_aer"
+
+    def __init__(self, config: PortConfig) -> None:
+        self.config = config
+        self.checks: list[Any] = []  # none of the engine's lifecycles: the stage keeps its own
+        self.columns: set[int] = set()
+        self._checks: list[tuple[str, PortCheck]] = [(k, c) for k, c in config.enabled() if k in AER_CHECKS]
+        self._life = {key: Lifecycle(c.for_s, c.keep_firing_for_s) for key, c in self._checks}
+        self._pending: list[NicRecord] = []
+        self._ids: dict[tuple[str, str], int] = {}
+        self._keys: list[tuple[str, str]] = []
+        self._nics: list[_Nic] = []
+        self._summaries: dict[str, str] = {}
+        self.dropped = 0  # records past MAX_PENDING
+
+    # -- the engine's hooks ------------------------------------------------------------------
+
+    def run(self, view: Any, entities: Any, outputs: dict[str, Any]) -> Sequence[tuple[Any, np.ndarray]]:
+        """No DCGM rows are judged here."""
+        return []
+
+    def nic_arrived(self, records: Sequence[NicRecord]) -> None:
+        """The NIC records that carry AER counters, held until the watermark passes them (the
+        port records of ``ib-sysfs`` carry none and cost nothing here)."""
+        if not self._checks:
+            return
+        self._pending.extend(r for r in records if any(k.startswith(_PREFIX) for k in r.counters))
+        over = len(self._pending) - MAX_PENDING
+        if over > 0:
+            self._pending.sort(key=_ORDER)
+            del self._pending[:over]
+            self.dropped += over
+
+    def nic_release(self, upto: float) -> list[AlertEvent]:
+        """Judge every held record older than ``upto`` (inf: all), in event time; their alerts."""
+        if not self._pending:
+            return []
+        go = [r for r in self._pending if r.ts < upto]
+        if not go:
+            return []
+        self._pending = [r for r in self._pending if not r.ts < upto]
+        go.sort(key=_ORDER)
+        return self._judge(go)
+
+    # -- the checks ----------------------------------------------------------------------------
+
+    def _nic(self, r: NicRecord) -> int:
+        key = (r.host, r.device)
+        nid = self._ids.get(key)
+        if nid is None:
+            nid = self._ids[key] = len(self._keys)
+            self._keys.append(key)
+            self._nics.append(_Nic())
+        return nid
+
+    def _judge(self, recs: list[NicRecord]) -> list[AlertEvent]:
+        n = len(recs)
+        ent = np.empty(n, np.int32)
+        ts = np.fromiter((r.ts for r in recs), np.float64, n)
+        conds = {key: np.zeros(n, bool) for key, _ in self._checks}
+        evidence: list[dict[str, Any]] = []
+        for i, r in enumerate(recs):
+            nid = ent[i] = self._nic(r)
+            ev = self._sample(self._nics[nid], r)
+            evidence.append(ev)
+            for key, _ in self._checks:
+                conds[key][i] = ev["_cond"][key]
+        out: list[tuple[Transition, AlertEvent]] = []
+        for key, c in self._checks:
+            for t in self._life[key].step(ts, ent, conds[key], len(self._keys)):
+                out.append((t, self._alert(c, t, evidence[t.row])))
+        out.sort(key=lambda ta: (ta[0].ts, ta[1].rule, ta[0].entity))
+        return [a for _, a in out]
+
+    def _sample(self, st: _Nic, r: NicRecord) -> dict[str, Any]:
+        """Fold one record into its NIC's past; the checks' conditions and the evidence."""
+        cfg = dict(self._checks)
+        increased: dict[str, int] = {}
+        for name, v in r.counters.items():
+            if not name.startswith(_PREFIX):
+                continue
+            p = st.prev.get(name)
+            if p is not None and v > p:
+                increased[name] = v - p
+            st.prev[name] = v  # a drop is a reset (reboot, hot-plug): the series restarts there; the first is history
+        cond: dict[str, bool] = {}
+        for key in ("pcie_aer_fatal", "pcie_aer_nonfatal"):
+            if key in cfg:
+                cond[key] = any(increased.get(c, 0) for c in cfg[key].counters)
+        in_window = 0
+        if "pcie_aer_correctable" in cfg:
+            c = cfg["pcie_aer_correctable"]
+            cor = sum(increased.get(name, 0) for name in c.counters)
+            if cor:
+                st.corrected.append((r.ts, cor))
+            while st.corrected and st.corrected[0][0] <= r.ts - c.window_s:
+                st.corrected.popleft()
+            in_window = sum(k for _, k in st.corrected)
+            cond["pcie_aer_correctable"] = in_window > c.threshold
+        if r.gpus:
+            st.gpus = list(r.gpus)
+        st.bus_id = r.labels.get("pci_bus_id") or st.bus_id
+        return {
+            "_cond": cond,
+            "increased": increased,
+            "corrected_in_window": in_window,
+            "totals": {k: v for k, v in r.counters.items() if k.startswith(_PREFIX)},
+            "gpus": list(st.gpus),
+        }
+
+    def _alert(self, check: PortCheck, t: Transition, ev: dict[str, Any]) -> AlertEvent:
+        host, device = self._keys[t.entity]
+        st = self._nics[t.entity]
+        aid = alert_id(check.name, f"{host}/{device}", t.started_at)
+        evidence = {k: v for k, v in ev.items() if not k.startswith("_")}
+        if t.state == "firing":
+            summary = self._summaries[aid] = _summary(check, host, device, evidence)
+        else:
+            summary = self._summaries.pop(aid, "") or _summary(check, host, device, evidence)
+        labels = {"device": device}
+        if st.bus_id:
+            labels["pci_bus_id"] = st.bus_id
+        if st.gpus:
+            labels["gpus"] = ",".join(map(str, st.gpus))
+        return AlertEvent(
+            id=aid,
+            state=t.state,
+            fault=check.fault,
+            severity=check.severity,
+            rule=check.name,
+            host=host,
+            ts=t.ts,
+            started_at=t.started_at,
+            summary=summary,
+            evidence=evidence,
+            labels=labels,
+        )
+
+    # -- state ----------------------------------------------------------------------------------
+
+    def to_state(self) -> dict[str, Any]:
+        """Plain data: the NICs, their pasts, the lifecycles, the held records (as JSON)."""
+        return {
+            "version": STATE_VERSION,
+            "nics": [list(k) for k in self._keys],
+            "past": [p.to_state() for p in self._nics],
+            "life": {k: {n: to_dict(a) for n, a in lc.to_state().items()} for k, lc in self._life.items()},
+            "pending": msgspec.json.encode(self._pending),
+            "summaries": dict(self._summaries),
+        }
+
+    def load_state(self, state: Any) -> None:
+        """Take back ``to_state``'s data (None: a snapshot from an engine without this stage)."""
+        if state is None:
+            return
+        try:
+            if state["version"] != STATE_VERSION:
+                raise StateError(f"nic_aer stage state version {state['version']!r}")
+            keys = [(str(h), str(d)) for h, d in state["nics"]]
+            nics = [_Nic.from_state(d) for d in state["past"]]
+            if len(keys) != len(nics):
+                raise StateError("nic_aer stage state: NICs and their pasts differ in number")
+            for k, lc in self._life.items():
+                if k in state["life"]:
+                    lc.load_state({n: from_dict(a) for n, a in state["life"][k].items()})
+            pending = _records.decode(state["pending"])
+            summaries = {str(k): str(v) for k, v in state["summaries"].items()}
+        except (KeyError, TypeError, ValueError, msgspec.DecodeError) as e:
+            raise StateError(f"nic_aer stage state: {type(e).__name__}: {e}") from e
+        self._keys, self._nics, self._pending, self._summaries = keys, nics, pending, summaries
+        self._ids = {k: i for i, k in enumerate(keys)}
+
+
+def _summary(check: PortCheck, host: str, device: str, ev: dict[str, Any]) -> str:
+    where = f"NIC {device} on {host}"
+    gpus = f"; GPUs {','.join(map(str, ev['gpus']))} behind it" if ev.get("gpus") else ""
+    inc = ev.get("increased", {})
+    if check.fault == "pcie_aer_correctable_rate":
+        what = (
+            f"counted {ev.get('corrected_in_window')} corrected PCIe AER errors at the NIC and the bridges above "
+            f"it in {check.window_s / 60:g} minutes (more than {check.threshold:g})"
+        )
+    else:
+        kind = "fatal" if check.fault == "pcie_aer_fatal" else "nonfatal"
+        at, above = inc.get(f"pcie_aer_{kind}", 0), inc.get(f"pcie_aer_upstream_{kind}", 0)
+        what = f"counted {'non-fatal' if kind == 'nonfatal' else 'fatal'} PCIe AER errors, {at} at the NIC and {above} at the bridges above it"
+    return f"{where} {what}{gpus}"
+
+
+__all__ = ["NicAerStage"]
