@@ -362,7 +362,7 @@ def register(sub: Any) -> None:
 
     a = psub.add_parser(
         "pcie-aer",
-        help="poll the PCIe AER error counters of each GPU and the bridges above it (sysfs aer_dev_*)",
+        help="poll the PCIe AER error counters of each GPU and NIC and the bridges above them (sysfs aer_dev_*)",
     )
     a.add_argument(
         "--root",

@@ -19,6 +19,13 @@ path of the resolved ``/sys/bus/pci/devices/<BDF>`` link), and publishes them as
 ``pcie_aer_*`` and ``pcie_aer_upstream_*`` counters (pipeline/data/host_fields.csv). A bridge
 shared by several GPUs charges its errors to each of them: the alert names every GPU behind it.
 
+The InfiniBand/RoCE NICs (``sys/class/infiniband/<device>``, whose ``device`` link is the PCI
+function) are read the same way: each NIC's own totals and those of the bridges above it, sent as
+one ``NicRecord`` a NIC (``kind: "nic"``; ``port`` its first port, ``counters``
+``pcie_aer_<severity>`` and ``pcie_aer_upstream_<severity>``, ``labels.pci_bus_id``, and ``gpus``
+the GPUs that share their nearest bridge with it, as ``produce ib-sysfs`` pairs them). The NIC
+port checks judge them (docs/rules.md#nic-ports), so an alert names the NIC and its GPUs.
+
 GPU indices follow ``--pci-map`` (``nvidia-smi --query-gpu=index,pci.bus_id --format=csv``), else
 the PCI bus order, which is how nvidia-smi numbers GPUs. ``--root`` reads a copy of the tree (a
 container's mount, a test's fixture); no link is followed out of it. A file that is missing is
@@ -39,7 +46,9 @@ from pathlib import Path
 from typing import Callable
 
 from pipeline.numeric import ascii_int
-from pipeline.schema import DcgmRecord, dcgm
+from pipeline.schema import DcgmRecord, NicRecord, dcgm
+from producers.ib_sysfs import gpus_behind
+from producers.ibports import name_ok
 
 log = logging.getLogger(__name__)
 
@@ -55,6 +64,8 @@ MAX_LINES = 64  # 27 error bits at most (aer.c) and the total
 COUNT_DIGITS = 20  # a u64
 MAX_DEVICES = 4096  # PCI functions scanned a poll; a host has a few hundred
 MAX_DEPTH = 16  # bridges between a GPU and its root complex; real trees have 2-6
+MAX_NICS = 256  # RDMA devices a poll; an 8-GPU node has ~10
+MAX_PORT_NAME = 5  # a port number is at most 65535
 _BDF = re.compile(r"^[0-9a-fA-F]{4,8}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7]$", re.ASCII)
 
 
@@ -130,6 +141,8 @@ class AerSource:
             "dropped.oversize_file": 0,
             "dropped.unparsable_file": 0,
             "dropped.too_many_devices": 0,
+            "nics": 0,
+            "dropped.bad_nic_name": 0,
         }
 
     def summary(self) -> dict[str, int]:
@@ -223,6 +236,58 @@ class AerSource:
             p = p.parent
         return out
 
+    def nics(self) -> list[tuple[str, Path, int]]:
+        """(name, resolved PCI function, first port) of each RDMA device whose ``device`` link is
+        a PCI function under the root (a software device such as ``rxe0`` has none), by name."""
+        base = self.root / "sys" / "class" / "infiniband"
+        try:
+            names = sorted(e.name for e in os.scandir(base))
+        except OSError:
+            return []
+        if len(names) > MAX_NICS:
+            self.counts["dropped.too_many_devices"] += len(names) - MAX_NICS
+            names = names[:MAX_NICS]
+        out: list[tuple[str, Path, int]] = []
+        for name in names:
+            if not name_ok(name):
+                self.counts["dropped.bad_nic_name"] += 1
+                continue
+            real = self._inside(base / name / "device")
+            if real is None or not _BDF.match(real.name):
+                continue
+            try:
+                ports = sorted(n for p in os.scandir(base / name / "ports") if (n := ascii_int(p.name, MAX_PORT_NAME)))
+            except OSError:
+                ports = []
+            out.append((name, real, ports[0] if ports else 1))
+        return out
+
+    def _nic_records(self, ts: float, gpu_paths: dict[int, Path]) -> list[NicRecord]:
+        """One record a NIC: its own AER totals and its bridges', and the GPUs behind it."""
+        nics = self.nics()
+        self.counts["nics"] = len(nics)
+        if not nics:
+            return []
+        behind = gpus_behind(
+            {name: _chain(real) for name, real, _ in nics}, {i: _chain(p) for i, p in gpu_paths.items()}
+        )
+        out: list[NicRecord] = []
+        for name, real, port in nics:
+            own = self.totals(real)
+            up = [self.totals(b) for b in self.upstream(real)]
+            counters: dict[str, int] = {}
+            for sev, _, _ in SEVERITIES:
+                mine = getattr(own, sev)
+                if mine is not None:
+                    counters[f"pcie_aer_{sev}"] = mine
+                theirs = [getattr(t, sev) for t in up if getattr(t, sev) is not None]
+                if theirs:
+                    counters[f"pcie_aer_upstream_{sev}"] = sum(theirs)
+            if counters:
+                out.append(NicRecord(ts=ts, host=self.host, device=name, port=port, counters=counters,
+                                     gpus=behind.get(name, []), labels={"pci_bus_id": real.name.lower()}))  # fmt: skip
+        return out
+
     # -- one poll ----------------------------------------------------------------------------
 
     def _index(self, bdf: str, order: int) -> int | None:
@@ -231,17 +296,19 @@ class AerSource:
         dom, bus, rest = bdf.split(":")
         return self.pci_map.get((int(dom, 16), int(bus, 16), int(rest.split(".")[0], 16)))
 
-    def poll(self) -> list[DcgmRecord]:
+    def poll(self) -> list[DcgmRecord | NicRecord]:
         self.counts["polls"] += 1
         ts = self.clock()
         gpus = self.gpus()
         self.counts["gpus"] = len(gpus)
-        out: list[DcgmRecord] = []
+        out: list[DcgmRecord | NicRecord] = []
+        gpu_paths: dict[int, Path] = {}
         for order, (bdf, real) in enumerate(gpus):
             idx = self._index(bdf, order)
             if idx is None:
                 self.counts["dropped.unmapped_gpu"] += 1
                 continue
+            gpu_paths[idx] = real
             own = self.totals(real)
             up = [self.totals(b) for b in self.upstream(real)]
             fields: dict[str, float] = {}
@@ -254,8 +321,14 @@ class AerSource:
                     fields[f"pcie_aer_upstream_{sev}"] = sum(theirs)
             if fields:
                 out.append(dcgm(ts, self.host, idx, fields, labels={"pci_bus_id": bdf}))
+        out += self._nic_records(ts, gpu_paths)
         self.counts["records"] += len(out)
         return out
+
+
+def _chain(real: Path) -> list[str]:
+    """The PCI functions on a resolved device path, root port first, the device last."""
+    return [p.lower() for p in real.parts if _BDF.match(p)]
 
 
 __all__ = ["AerSource", "AerTotals", "parse_aer_file"]

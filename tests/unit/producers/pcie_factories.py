@@ -68,3 +68,19 @@ def dgx_like(root: Path) -> dict[str, Path]:
     out["gpu2"] = pci_device(root, "pci0000:80/0000:80:01.0/0000:81:00.0", cls="0x030000")
     out["nvswitch"] = pci_device(root, "pci0000:80/0000:80:02.0", cls="0x068000")
     return out
+
+
+def ib_class(root: Path, name: str, function: Path, ports: tuple[int, ...] = (1,)) -> Path:
+    """An RDMA device of PCI function ``function`` as the kernel lays it out: ``<function>/infiniband/
+    <name>`` with its ``device`` link back and its ``ports/<n>``, and ``sys/class/infiniband/<name>``
+    (Documentation/ABI/stable/sysfs-class-infiniband)."""
+    dev = function / "infiniband" / name
+    for p in ports:
+        (dev / "ports" / str(p)).mkdir(parents=True, exist_ok=True)
+    if not (dev / "device").is_symlink():
+        os.symlink(os.path.relpath(function, dev), dev / "device")
+    cls = root / "sys" / "class" / "infiniband"
+    cls.mkdir(parents=True, exist_ok=True)
+    if not (cls / name).is_symlink():
+        os.symlink(os.path.relpath(dev, cls), cls / name)
+    return dev

@@ -5,15 +5,25 @@ between; and the AER records (which say no port state) do not count as a poll of
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
+from pipeline.decode import Decoder
+from pipeline.detection import build_stages
 from pipeline.engine import Engine, EngineConfig
+from pipeline.remediation.config import load_config
+from pipeline.remediation.routes import RouteTree
 from pipeline.rules.nicaer import NicAerStage
 from pipeline.rules.portconfig import parse_port_config
 from pipeline.rules.ports import PortStage
-from pipeline.schema import NicRecord, dcgm, fault_family
+from pipeline.schema import NicRecord, dcgm, encode, fault_family
+from producers.pcie_aer import AerSource
 from tests.factories import T0
+from tests.unit.producers.pcie_factories import COR_NAMES, UNCOR_NAMES, aer_text, dgx_like, ib_class
 from tests.unit.rules.factories import port_series
+
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def aer_series(seconds, counters, device="mlx5_0", host="n1", step=10.0, gpus=(0, 1)):
@@ -125,6 +135,35 @@ def test_aer_records_are_not_a_poll_of_no_active_ports():
     for p in range(8):
         recs += port_series(1200, device=f"mlx5_{p}", gpus=[p], states=(lambda t: (1, 3)) if p == 3 else None)
     assert [a.rule for a in run(recs)[0] if a.state == "firing"] == ["network_active_ports_low"]
+
+
+def test_from_the_producer_to_an_alert_of_the_shipped_packs_and_its_route(tmp_path):
+    root = tmp_path / "root"
+    dev = dgx_like(root)
+    ib_class(root, "mlx5_0", dev["nic"])
+    now = [T0]
+    src = AerSource(root, host="gpu-node-007", clock=lambda: now[0])
+    stages, diags = build_stages([str(ROOT / "rules")], None)
+    assert stages is not None, diags
+    eng, dec = stages.host, Decoder()
+    alerts = []
+    for i in range(12):
+        now[0] = T0 + 10 * i
+        if i == 6:  # a Surprise Down at the PCIe switch port above the NIC
+            (dev["switch_dn1"] / "aer_dev_fatal").write_text(aer_text("TOTAL_ERR_FATAL", UNCOR_NAMES, {"SDES": 1}))
+        if i == 8:
+            (dev["nic"] / "aer_dev_correctable").write_text(aer_text("TOTAL_ERR_COR", COR_NAMES, {"RxErr": 500}))
+        out = dec.decode(encode(src.poll()), f"aer#{i}")
+        assert out.dead == []
+        alerts += eng.process(out.records).alerts
+    alerts += eng.flush().alerts
+    fire = {a.rule: a for a in alerts if a.state == "firing"}
+    # The GPUs under that switch port see it as theirs (rules/pcie.yaml); the NIC's alert names the NIC.
+    assert {"nic_pcie_aer_fatal", "nic_pcie_aer_correctable_rate", "pcie_aer_fatal"} <= set(fire)
+    nic = fire["nic_pcie_aer_fatal"]
+    assert nic.labels == {"device": "mlx5_0", "pci_bus_id": "0000:05:00.0", "gpus": "0,1"}
+    tree = RouteTree.build(load_config(ROOT / "rules" / "routes.yaml").raw.route)
+    assert [m.receiver for m in tree.match(nic)] == ["fabric"]
 
 
 @pytest.mark.parametrize("text", [
