@@ -25,7 +25,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from pipeline.decode import Decoder
-from pipeline.schema import encode
+from pipeline.schema import NicRecord, encode
 from producers.ib_sysfs import IbSysfsSource
 from producers.ibpeers import MAX_LINE, End, PeerFile, PeerStats, parse
 from producers.ibstat import IbstatSource
@@ -239,6 +239,9 @@ def test_any_text_parses_to_bounded_valid_links_without_an_exception(lines):
             assert end.lid is None or 0 <= end.lid <= 0xFFFF
             labels = m.labels(port, key) if by_guid else m.labels(port, names=[key])
             assert labels["peer"] == end.desc and labels["peer_port"] == end.port
+            # Whatever a file held, the record it labels passes the decoder's checks.
+            rec = NicRecord(ts=T0, host="n1", device="mlx5_0", port=1, **labels)
+            assert Decoder().decode(encode([rec]), "x").dead == []
 
 
 def test_a_large_fabric_parses_in_bounded_time():
