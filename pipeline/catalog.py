@@ -12,7 +12,8 @@ which DCGM has no field for, with dcgm-exporter's own ids (``ExporterCounter`` i
 ``data/dcgm_fields_extra.csv`` DCGM fields the shared subset lacks, from DCGM's ``dcgm_fields.h``
 (the NVSwitch SXid fields 856/857 the kernel-log producer sends), and ``data/host_fields.csv``
 what gpuwarden's own producers read from the host where DCGM has no field (the PCIe AER counters
-of sysfs, ids from 9501, ``GPUWARDEN_`` names). That file is read last, so its fields take the
+of sysfs, ids from 9501; the kernel-log and fabric-manager event counters, 9510-9523;
+``GPUWARDEN_`` names). That file is read last, so its fields take the
 last columns and an engine snapshot from before them restores with those columns empty.
 
 Every known field gets a dense column index; the engine stores per-entity values in arrays
@@ -125,6 +126,22 @@ _SEMANTICS: dict[int, tuple[str, str, str, float | None]] = {
     9504: ("pcie_aer_upstream_correctable", "", COUNTER, 0),
     9505: ("pcie_aer_upstream_nonfatal", "", COUNTER, 0),
     9506: ("pcie_aer_upstream_fatal", "", COUNTER, 0),
+    # Events read from the kernel log and the fabric manager's log (producers/kmsg_fabric.py,
+    # producers/fabric_manager.py; docs/producers.md#kernel-log): lines counted since the producer
+    # started, per host and carried on every GPU record of the host (docs/architecture.md §3), so
+    # a producer restart is a counter reset and increase() gives a rate the sticky SXid code cannot.
+    9510: ("nvswitch_fatal_sxids", "", COUNTER, 0),
+    9511: ("nvswitch_nonfatal_sxids", "", COUNTER, 0),
+    9512: ("nic_link_down_events", "", COUNTER, 0),
+    9513: ("nic_module_errors", "", COUNTER, 0),
+    9514: ("nic_health_errors", "", COUNTER, 0),
+    9515: ("pcie_aer_log_correctable", "", COUNTER, 0),
+    9516: ("pcie_aer_log_nonfatal", "", COUNTER, 0),
+    9517: ("pcie_aer_log_fatal", "", COUNTER, 0),
+    9520: ("fm_nvswitch_fatal_errors", "", COUNTER, 0),
+    9521: ("fm_nvswitch_nonfatal_errors", "", COUNTER, 0),
+    9522: ("fm_nvlink_errors", "", COUNTER, 0),
+    9523: ("fm_errors", "", COUNTER, 0),
 }
 
 # Extra short names people type (and older dashboards use).

@@ -46,6 +46,7 @@ from typing import Any, Callable
 from pipeline.numeric import ascii_float, ascii_int
 from pipeline.schema import DcgmRecord, dcgm
 from producers import jsonsafe
+from producers.kmsg_fabric import FabricEvents
 
 log = logging.getLogger(__name__)
 
@@ -257,6 +258,8 @@ class KmsgStats:
     queue_full: int = 0  # journalctl lines beyond the follower's buffer
     oversize: int = 0  # lines of a saved file longer than LINE_MAX: skipped whole
     sxid_no_gpu: int = 0  # an SXid on a host with no GPU in the PCI map to carry it
+    fabric_lines: int = 0  # NIC and AER lines counted (producers/kmsg_fabric.py)
+    fabric_no_gpu: int = 0  # a NIC or AER line on a host with no GPU in the PCI map to carry it
     bad_timestamp: int = 0  # a line of a known layout whose time is not a number or a date that exists
     samples_capped: int = 0  # sample records a saved file did not get: past max_sample_records
 
@@ -265,6 +268,7 @@ class KmsgStats:
             "lines": self.lines,
             "xid_lines": self.xid_lines,
             "sxid_lines": self.sxid_lines,
+            "fabric_lines": self.fabric_lines,
             "records": self.records,
             "backlog_events": self.backlog_events,
             "lines_without_time": self.no_timestamp,
@@ -274,6 +278,7 @@ class KmsgStats:
             "dropped.queue_full": self.queue_full,
             "dropped.oversize_line": self.oversize,
             "dropped.sxid_without_gpu": self.sxid_no_gpu,
+            "dropped.event_without_gpu": self.fabric_no_gpu,
             "dropped.bad_timestamp": self.bad_timestamp,
             "samples_capped": self.samples_capped,
         }
@@ -284,6 +289,8 @@ class _HostState:
     xid: dict[int, int] = field(default_factory=dict)  # gpu -> last XID
     fatal_sxid: int = 0
     nonfatal_sxid: int = 0
+    fatal_sxids: int = 0  # SXid lines since the producer started: a counter, so a rate
+    nonfatal_sxids: int = 0
 
 
 class KernelLog:
@@ -296,7 +303,17 @@ class KernelLog:
         self.default_host = host or socket.gethostname()
         self.stats = KmsgStats()
         self.hosts: dict[str, _HostState] = {}
+        self.fabric = FabricEvents()
+        self.baseline_s = 1.0  # a saved file's source sets its --interval
         self._warned: set[PciKey] = set()
+
+    def host_of(self, line: Line) -> str:
+        """The host a line is charged to: ``--host``, else the one the line names, else this one."""
+        return self.host or line.host or self.default_host
+
+    def wants(self, msg: str) -> bool:
+        """Whether ``apply`` may make something of ``msg`` (a saved file keeps only those lines)."""
+        return "Xid" in msg or self.fabric.wants(msg)
 
     def _state(self, host: str) -> _HostState:
         st = self.hosts.get(host)
@@ -307,7 +324,7 @@ class KernelLog:
     def apply(self, line: Line, ts: float, *, emit: bool = True) -> list[DcgmRecord]:
         """Fold one message into the state; the record(s) it makes when ``emit``."""
         msg = line.msg
-        host = self.host or line.host or self.default_host
+        host = self.host_of(line)
         if "SXid" in msg:
             m = _SXID.search(msg)
             code = ascii_int(m["code"], CODE_DIGITS) if m is not None else None
@@ -315,12 +332,15 @@ class KernelLog:
                 self.stats.unparsable_xid += 1
                 return []
             self.stats.sxid_lines += 1
+            base = self._baseline(host, ts) if emit else []
             st = self._state(host)
             rest = m["rest"] or ""
             if rest.startswith("Fatal"):
                 st.fatal_sxid = code
+                st.fatal_sxids += emit  # a follower's backlog is the state, not news: not counted
             else:  # "Non-fatal", or a message that does not say (thermal events)
                 st.nonfatal_sxid = code
+                st.nonfatal_sxids += emit
             labels = {
                 "sxid.switch": m["sw"],
                 "sxid.pci": f"{m['dom']}:{m['bus']}:{m['dev']}.{m['fn']}",
@@ -328,9 +348,9 @@ class KernelLog:
             }
             if not st.xid:
                 self.stats.sxid_no_gpu += 1
-            return self.snapshot(ts, host, labels=labels) if emit else []
+            return base + self.snapshot(ts, host, labels=labels) if emit else []
         if "NVRM: Xid" not in msg:
-            return []
+            return self._fabric(msg, host, ts, emit)
         m = _XID.search(msg)
         code = ascii_int(m["code"], CODE_DIGITS) if m is not None else None
         gi = ascii_int(m["gi"], CODE_DIGITS) if m is not None and m["gi"] is not None else None
@@ -381,9 +401,34 @@ class KernelLog:
                 "xid": st.xid.get(gpu, 0),
                 "nvswitch_fatal_sxid": st.fatal_sxid,
                 "nvswitch_nonfatal_sxid": st.nonfatal_sxid,
+                "nvswitch_fatal_sxids": st.fatal_sxids,
+                "nvswitch_nonfatal_sxids": st.nonfatal_sxids,
+                **self.fabric.counts(host),
             },
             labels=labels,
         )
+
+    def _fabric(self, msg: str, host: str, ts: float, emit: bool) -> list[DcgmRecord]:
+        """A NIC or AER line (producers/kmsg_fabric.py): every GPU of the host with its counters."""
+        if not self.fabric.wants(msg):
+            return []
+        got = self.fabric.classify(host, msg)
+        if got is None:
+            return []
+        self.stats.fabric_lines += 1
+        if not emit:  # a follower's backlog: the counters count from the producer's start
+            self.stats.backlog_events += 1
+            return []
+        out = self._baseline(host, ts)
+        self.fabric.count(host, got[0])
+        if not self._state(host).xid:
+            self.stats.fabric_no_gpu += 1
+        return out + self.snapshot(ts, host, labels=got[1])
+
+    def _baseline(self, host: str, ts: float) -> list[DcgmRecord]:
+        """The counters of a host not seen before, ``baseline_s`` before its first event: a
+        counter first seen non-zero is history to increase(), and this event is news."""
+        return [] if host in self.hosts else self.snapshot(ts - self.baseline_s, host)
 
     def snapshot(self, ts: float, host: str | None = None, labels: dict[str, str] | None = None) -> list[DcgmRecord]:
         """A record per known GPU of ``host`` (every host when ``None``) with the current state."""
@@ -422,11 +467,18 @@ class KmsgFileSource:
         sample: bool = True,
         window_s: float = WINDOW_S,
         max_sample_records: int = MAX_SAMPLE_RECORDS,
+        log: KernelLog | None = None,
+        parse: Callable[..., Line | None] | None = None,
     ) -> None:
         if not (math.isfinite(interval_s) and interval_s > 0) and sample:
             raise ValueError(f"kmsg --interval must be a positive number of seconds, not {interval_s}")
         self.path = path
-        self.log = KernelLog(pci_map, host=host)
+        # Another log of the same shape (the fabric manager's: producers/fabric_manager.py) brings
+        # its own state and line layout.
+        self.log = log if log is not None else KernelLog(pci_map, host=host)
+        self.parse = parse or parse_line
+        if sample:
+            self.log.baseline_s = interval_s
         self.interval_s = interval_s
         self.boot_time = boot_time
         self.sample = sample
@@ -463,7 +515,7 @@ class KmsgFileSource:
                     while text and not text.endswith("\n"):  # the rest of it, a bounded piece at a time
                         text = src.readline(LINE_MAX)
                     continue
-                ln = parse_line(text, year=year)
+                ln = self.parse(text, year=year)
                 if ln is None:
                     continue
                 if ln.error is not None:
@@ -475,7 +527,7 @@ class KmsgFileSource:
                     last_boot = ln.boot if last_boot is None else max(last_boot, ln.boot)
                 else:
                     untimed = True
-                if "Xid" in ln.msg:  # "NVRM: Xid" and "SXid": all that KernelLog.apply reads
+                if self.log.wants(ln.msg):  # XID, SXid, NIC and AER lines: all that KernelLog.apply reads
                     events.append(ln)
         finally:
             if fh is not None:
@@ -516,6 +568,9 @@ class KmsgFileSource:
             recs = self.log.apply(ln, ts)
             if not recs:
                 continue
+            if recs[0].ts < ts:  # a host's baseline (KernelLog._baseline) goes before its window
+                out += [r for r in recs if r.ts < ts]
+                recs = [r for r in recs if r.ts >= ts]
             if self.sample:
                 if ts > window_end:  # a window opens: every GPU's state as the log says something
                     self._samples(out, ts, ts, iv, "window", inclusive=True)
@@ -671,9 +726,12 @@ class KmsgFollower:
         sample: bool = True,
         clock: Callable[[], float] = time.time,
         boot_time: float | None = None,
+        log: KernelLog | None = None,
+        parse: Callable[..., Line | None] | None = None,
     ) -> None:
         self.reader = reader
-        self.log = KernelLog(pci_map, host=host)
+        self.log = log if log is not None else KernelLog(pci_map, host=host)
+        self.parse = parse or parse_line
         reader.stats = self.log.stats
         self.sample = sample
         self.clock = clock
@@ -691,7 +749,7 @@ class KmsgFollower:
         now = self.clock()
         for text in self.reader.read():
             self.stats.lines += 1
-            ln = parse_line(text)
+            ln = self.parse(text)
             if ln is None:
                 continue
             if ln.error is not None:
@@ -699,7 +757,7 @@ class KmsgFollower:
                 continue
             ts = ln.ts if ln.ts is not None else (self.boot + ln.boot if ln.boot is not None else now)
             backlog = ts < self.started
-            if backlog and ("Xid" in ln.msg):
+            if backlog and "Xid" in ln.msg:
                 self.stats.backlog_events += 1
             out += self.log.apply(ln, min(ts, now), emit=not backlog)
         if self.sample or self._first:
