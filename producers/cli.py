@@ -189,6 +189,31 @@ def _cmd_kmsg(args: argparse.Namespace) -> int:
     return _run(args, make, from_file=bool(args.file))
 
 
+def _cmd_fabric_manager(args: argparse.Namespace) -> int:
+    from producers.fabric_manager import FabricManagerLog, FileFollower, parse_fm_line
+    from producers.kmsg import KmsgFileSource, KmsgFollower, load_pci_map
+
+    def make() -> object:
+        pci = load_pci_map(args.pci_map, args.nvidia_smi)
+        log = FabricManagerLog(pci, host=args.host)
+        if args.follow:
+            reader = FileFollower(args.follow)
+            return KmsgFollower(reader, pci, host=args.host, sample=not args.events_only, log=log, parse=parse_fm_line)
+        return KmsgFileSource(
+            args.file,
+            pci,
+            host=args.host,
+            interval_s=args.interval,
+            sample=not args.events_only,
+            log=log,
+            parse=parse_fm_line,
+        )
+
+    if bool(args.file) == bool(args.follow):
+        raise SystemExit("gpuwarden produce fabric-manager: give exactly one of --file FILE or --follow [FILE]")
+    return _run(args, make, from_file=bool(args.file))
+
+
 def _cmd_pcie_aer(args: argparse.Namespace) -> int:
     from producers.kmsg import parse_pci_map
     from producers.pcie_aer import AerSource
@@ -328,7 +353,8 @@ def register(sub: Any) -> None:
 
     k = psub.add_parser(
         "kmsg",
-        help="follow the kernel log's XIDs and NVSwitch SXids (/dev/kmsg, journalctl, or a saved dmesg/journal file)",
+        help="follow the kernel log's XIDs, NVSwitch SXids, NIC and PCIe AER lines (/dev/kmsg, journalctl, or a saved "
+        "dmesg/journal file)",
     )
     k.add_argument(
         "--file",
@@ -359,6 +385,33 @@ def register(sub: Any) -> None:
     )
     _common(k, 10.0)
     k.set_defaults(func=_cmd_kmsg)
+
+    fm = psub.add_parser(
+        "fabric-manager",
+        help="count NVSwitch, NVLink and fabric errors in NVIDIA Fabric Manager's log (fabricmanager.log)",
+    )
+    fm.add_argument("--file", help="read a saved fabricmanager.log once; - for stdin")
+    fm.add_argument(
+        "--follow",
+        nargs="?",
+        const="/var/log/fabricmanager.log",
+        metavar="FILE",
+        help="follow the log as it grows, across rotation (default FILE: %(const)s, Fabric Manager's LOG_FILE_NAME)",
+    )
+    fm.add_argument(
+        "--pci-map",
+        metavar="FILE",
+        help="the GPUs whose records carry the host's counters: saved `nvidia-smi "
+        "--query-gpu=index,pci.bus_id --format=csv` (default: run nvidia-smi on this host)",
+    )
+    fm.add_argument("--nvidia-smi", default="nvidia-smi", help="path of the nvidia-smi binary")
+    fm.add_argument(
+        "--events-only",
+        action="store_true",
+        help="send the error lines only, no sample of every GPU each --interval",
+    )
+    _common(fm, 10.0)
+    fm.set_defaults(func=_cmd_fabric_manager)
 
     a = psub.add_parser(
         "pcie-aer",

@@ -1,0 +1,235 @@
+"""NVIDIA Fabric Manager's log as a telemetry source: NVSwitch, NVLink and fabric errors, counted.
+
+Fabric Manager (``nv-fabricmanager``, on every NVSwitch system) writes its log to
+``LOG_FILE_NAME`` in ``fabricmanager.cfg`` (default ``/var/log/fabricmanager.log``), one message
+per line, continuation lines of a multi-line message without the prefix::
+
+    [Jul 13 2023 06:39:42] [ERROR] [tid 1259] detected NVSwitch fatal error 12028 on fid 0 on NVSwitch pci bus id 00000000:86:00.0 physical id 3 port 45
+    [Feb 25 2025 13:59:45] [INFO] [tid 1803] multicast group 0 is freed.
+
+``gpuwarden produce fabric-manager`` reads such a file once (``--file``) or follows it as it
+grows (``--follow``, rotation and truncation included) and counts, per host since the producer
+started, the errors GPUd's fabric-manager component and NVIDIA's Fabric Manager user guide name
+(catalogue fields 9520-9523, docs/producers.md#fabric-manager-log):
+
+- ``detected NVSwitch fatal error <SXid>`` -> ``fm_nvswitch_fatal_errors``;
+- ``detected NVSwitch non-fatal error <SXid>`` -> ``fm_nvswitch_nonfatal_errors``;
+- NVLink failures: ``failed to find the GPU handle N in the multicast team ...`` (GPUd's "NVSwitch
+  NVLink failure"), ``Fabric Manager detected GPU NVL [Non ]Fatal error``, ``Trunk port failure
+  detected``, and any ``[ERROR]``/``[WARNING]`` line about NVLink training or a link that failed
+  or went down -> ``fm_nvlink_errors``;
+- every other ``[ERROR]`` or ``[FATAL]`` line (topology mismatch, NVSwitch driver queries that
+  failed, configuration errors) -> ``fm_errors``.
+
+The records are the kernel-log producer's (``producers/kmsg.py``: the same sampling around the
+events, the same follower and backlog rules, DCGM records on every GPU of the PCI map) with these
+counters as host fields; the log's times are local time, as Fabric Manager writes them.
+
+>>> parse_fm_line("[Jul 13 2023 06:39:42] [ERROR] [tid 1259] detected NVSwitch fatal error 12028 on fid 0").msg
+'[ERROR] detected NVSwitch fatal error 12028 on fid 0'
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from pipeline.numeric import ascii_int
+from pipeline.schema import DcgmRecord
+from producers.kmsg import LINE_MAX, KernelLog, KmsgStats, Line, PciKey, _local
+
+FIELDS = ("fm_nvswitch_fatal_errors", "fm_nvswitch_nonfatal_errors", "fm_nvlink_errors", "fm_errors")
+LABEL_MAX = 200
+DEFAULT_PATH = "/var/log/fabricmanager.log"
+READ_MAX = 4 * 1024 * 1024  # bytes a follower reads per poll: a burst is read over several polls
+
+_PREFIX = re.compile(
+    r"^\[(?P<date>[A-Z][a-z]{2} [ \d]?\d \d{4} \d\d:\d\d:\d\d)\] \[(?P<level>[A-Z]{1,16})\] "
+    r"\[tid (?P<tid>\d{1,12})\] ?(?P<msg>.*)$",
+    re.ASCII,
+)
+_LOOSE_PREFIX = re.compile(r"^\[[^\]]{0,64}\] \[[A-Za-z]{1,16}\] \[tid [^\]]{0,32}\]")
+_SWITCH = re.compile(
+    r"detected NVSwitch (?P<kind>fatal|non-fatal) error (?P<code>\d+)"
+    r"(?:.*?pci bus id (?P<pci>[0-9a-fA-F:.]{1,20}))?(?:.*?physical id (?P<phys>\d{1,4}))?(?:.*?port (?P<port>\d{1,4}))?",
+    re.ASCII,
+)
+_NVLINK = re.compile(
+    r"failed to find the GPU handle \d+ in the multicast team|GPU NVL (?:Non )?Fatal error|Trunk port failure"
+    r"|(?i:nvlink.{0,80}(?:train\w*|fail\w*|down|error)|(?:train\w*|fail\w*).{0,80}nvlink)",
+    re.ASCII,
+)
+
+
+def parse_fm_line(text: str, *, year: int | None = None) -> Line | None:
+    """A Fabric Manager log line as a ``Line`` (``msg`` is ``[LEVEL] message``, ``ts`` local
+    time); ``None`` for a continuation line of a multi-line message; a line with the prefix whose
+    date does not exist has ``error="bad_timestamp"``. ``year`` is unused: the log writes it.
+
+    >>> parse_fm_line("Message payload details:Team release request") is None
+    True
+    >>> parse_fm_line("[Feb 30 2025 13:59:45] [INFO] [tid 1803] x").error
+    'bad_timestamp'
+    """
+    text = text.rstrip("\r\n")
+    m = _PREFIX.match(text)
+    if m is None:
+        if _LOOSE_PREFIX.match(text):  # the prefix with a time or thread that is not one
+            return Line(text, error="bad_timestamp")
+        return None
+    ts = _local(m["date"], "%b %d %Y %H:%M:%S")
+    msg = f"[{m['level']}] {m['msg']}"
+    return Line(msg, ts=ts) if ts is not None else Line(msg, error="bad_timestamp")
+
+
+def classify(msg: str) -> tuple[str, dict[str, str]] | None:
+    """The counter a ``[LEVEL] message`` moves and its labels, or ``None``.
+
+    >>> classify("[ERROR] detected NVSwitch non-fatal error 12028 on fid 0 on NVSwitch pci bus id 00000000:86:00.0 physical id 3 port 61")[0]
+    'fm_nvswitch_nonfatal_errors'
+    >>> classify("[INFO] multicast group 0 is freed.") is None
+    True
+    """
+    level, _, body = msg.partition("] ")
+    level = level.lstrip("[")
+    labels = {"fm.level": level, "fm.message": body[:LABEL_MAX]}
+    s = _SWITCH.search(body)
+    if s is not None and ascii_int(s["code"], 9) is not None:
+        labels["fm.sxid"] = s["code"]
+        for key in ("pci", "phys", "port"):
+            if s[key] is not None:
+                labels[f"fm.nvswitch_{key}"] = s[key]
+        return ("fm_nvswitch_fatal_errors" if s["kind"] == "fatal" else "fm_nvswitch_nonfatal_errors"), labels
+    if level in ("ERROR", "FATAL", "WARNING", "WARN") and _NVLINK.search(body) is not None:
+        return "fm_nvlink_errors", labels
+    if level in ("ERROR", "FATAL"):
+        return "fm_errors", labels
+    return None
+
+
+@dataclass
+class FabricManagerStats(KmsgStats):
+    """The exit summary and ``/metrics`` (docs/producers.md#fabric-manager-log)."""
+
+    error_lines: int = 0
+
+    def summary(self) -> dict[str, int]:
+        return {
+            "lines": self.lines,
+            "error_lines": self.error_lines,
+            "records": self.records,
+            "backlog_events": self.backlog_events,
+            "dropped.oversize_line": self.oversize,
+            "dropped.bad_timestamp": self.bad_timestamp,
+            "dropped.event_without_gpu": self.fabric_no_gpu,
+            "samples_capped": self.samples_capped,
+        }
+
+
+class FabricManagerLog(KernelLog):
+    """The kernel-log state and records, fed Fabric Manager's messages: each host's counters."""
+
+    def __init__(self, pci_map: dict[PciKey, int], *, host: str | None = None) -> None:
+        super().__init__(pci_map, host=host)
+        self.fm_stats = FabricManagerStats()
+        self.stats = self.fm_stats
+        self.counters: dict[str, dict[str, int]] = {}
+
+    def wants(self, msg: str) -> bool:
+        return msg.startswith(("[ERROR]", "[FATAL]", "[WARNING]", "[WARN]")) or "detected NVSwitch" in msg
+
+    def apply(self, line: Line, ts: float, *, emit: bool = True) -> list[DcgmRecord]:
+        got = classify(line.msg) if self.wants(line.msg) else None
+        if got is None:
+            return []
+        host = self.host_of(line)
+        self.fm_stats.error_lines += 1
+        if not emit:  # a follower's backlog: the counters count from the producer's start
+            self.stats.backlog_events += 1
+            return []
+        out = self._baseline(host, ts)
+        counts = self.counters.setdefault(host, dict.fromkeys(FIELDS, 0))
+        counts[got[0]] += 1
+        if not self._state(host).xid:
+            self.stats.fabric_no_gpu += 1
+        return out + self.snapshot(ts, host, labels=got[1])
+
+    def _record(self, ts: float, host: str, gpu: int, st: Any, labels: dict[str, str]) -> DcgmRecord:
+        from pipeline.schema import dcgm
+
+        self.stats.records += 1
+        counts = self.counters.get(host) or dict.fromkeys(FIELDS, 0)
+        return dcgm(ts, host, gpu, {k: float(v) for k, v in counts.items()}, labels=labels)
+
+
+class FileFollower:
+    """A growing text file read line by line, from its start: what was there before the producer
+    started is the backlog (folded, not counted, like the kernel ring buffer); a file replaced
+    (rotation: another inode) or truncated is read again from its start. A line longer than
+    ``LINE_MAX`` is skipped whole (``dropped.oversize_line``)."""
+
+    def __init__(self, path: str, stats: KmsgStats | None = None, read_max: int = READ_MAX) -> None:
+        self.path = path
+        self.stats = stats or KmsgStats()
+        self.read_max = read_max
+        self._fh: Any = None
+        self._ino: int | None = None
+        self._buf = b""
+        self._skipping = False  # inside an oversize line: drop up to its newline
+
+    def _open(self) -> bool:
+        try:
+            st = os.stat(self.path)
+        except OSError:
+            return False  # not there yet (Fabric Manager not started): nothing to read
+        if self._fh is not None and (st.st_ino != self._ino or st.st_size < self._fh.tell()):
+            self._fh.close()
+            self._fh, self._buf, self._skipping = None, b"", False
+        if self._fh is None:
+            try:
+                self._fh = open(self.path, "rb")
+            except OSError:
+                return False
+            self._ino = os.fstat(self._fh.fileno()).st_ino
+        return True
+
+    def read(self) -> list[str]:
+        if not self._open():
+            return []
+        chunk = self._fh.read(self.read_max)
+        if not chunk:
+            return []
+        data = self._buf + chunk
+        parts = data.split(b"\n")
+        self._buf = parts.pop()
+        out: list[str] = []
+        for raw in parts:
+            if self._skipping:
+                self._skipping = False
+                continue
+            if len(raw) > LINE_MAX:
+                self.stats.oversize += 1
+                continue
+            out.append(raw.decode("utf-8", "replace"))
+        if len(self._buf) > LINE_MAX:  # no newline in sight: drop what we hold, and the rest of it
+            self.stats.oversize += 0 if self._skipping else 1
+            self._buf, self._skipping = b"", True
+        return out
+
+    def close(self) -> None:
+        if self._fh is not None:
+            self._fh.close()
+            self._fh = None
+
+
+__all__ = [
+    "DEFAULT_PATH",
+    "FIELDS",
+    "FabricManagerLog",
+    "FabricManagerStats",
+    "FileFollower",
+    "classify",
+    "parse_fm_line",
+]
