@@ -1,4 +1,5 @@
-"""The kernel log as a telemetry source: XIDs (``NVRM: Xid``) and NVSwitch SXids.
+"""The kernel log as a telemetry source: XIDs (``NVRM: Xid``) and NVSwitch SXids, and (through
+``producers/kmsg_fabric.py``) the NIC and PCIe AER lines, counted per host.
 
 Most XIDs reach operators through the kernel log, whether or not DCGM runs. The driver prints
 (open-gpu-kernel-modules, ``src/nvidia/src/kernel/gpu/rc/kernel_rc.c`` and
@@ -14,7 +15,8 @@ producer reads those lines from ``/dev/kmsg``, ``journalctl -k -f -o json`` or a
 a copy of ``/dev/kmsg``), maps each PCI bus id to a GPU index (nvidia-smi or a saved
 ``--query-gpu=index,pci.bus_id`` mapping) and publishes DCGM records with the XID gauge's meaning:
 ``xid`` is the GPU's last XID, ``nvswitch_fatal_sxid`` / ``nvswitch_nonfatal_sxid`` the host's
-last SXid of each kind (docs/architecture.md §3, docs/producers.md#kernel-log).
+last SXid of each kind, and the host's SXid, NIC and AER line counts since the producer started
+(docs/architecture.md §3, docs/producers.md#kernel-log).
 
 Each XID line becomes a record at its own time; around them every known GPU is sampled every
 ``interval_s`` (the state the log implies, like DCGM's gauge), so the engine's absence checks
@@ -449,7 +451,8 @@ class KmsgFileSource:
     records are made, a quarter of them for quiet stretches (the rest counted as
     ``samples_capped``, in records): the events themselves are never capped.
 
-    The file is streamed: only XID/SXid lines are kept (with the latest time of every other line),
+    The file is streamed: only the lines ``KernelLog.wants`` (XID, SXid, NIC, AER) are kept (with the
+    latest time of every other line),
     so memory follows the events, not the log's length.
 
     Times: ``dmesg`` and ``/dev/kmsg`` count seconds from boot, placed at ``boot_time`` (epoch
