@@ -38,7 +38,8 @@ from typing import Any
 
 from pipeline.numeric import ascii_int
 from pipeline.schema import DcgmRecord
-from producers.kmsg import LINE_MAX, KernelLog, KmsgStats, Line, PciKey, _local
+from producers.kmsg import KernelLog
+from producers.kmsg_input import LINE_MAX, KmsgStats, Line, PciKey, local_time
 
 FIELDS = ("fm_nvswitch_fatal_errors", "fm_nvswitch_nonfatal_errors", "fm_nvlink_errors", "fm_errors")
 LABEL_MAX = 200
@@ -79,7 +80,7 @@ def parse_fm_line(text: str, *, year: int | None = None) -> Line | None:
         if _LOOSE_PREFIX.match(text):  # the prefix with a time or thread that is not one
             return Line(text, error="bad_timestamp")
         return None
-    ts = _local(m["date"], "%b %d %Y %H:%M:%S")
+    ts = local_time(m["date"], "%b %d %Y %H:%M:%S")
     msg = f"[{m['level']}] {m['msg']}"
     return Line(msg, ts=ts) if ts is not None else Line(msg, error="bad_timestamp")
 

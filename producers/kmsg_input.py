@@ -1,0 +1,347 @@
+"""What the kernel-log producer reads: the line layouts of the kernel log (dmesg, journalctl,
+/dev/kmsg), its live readers, and the PCI map that names the GPUs (docs/producers.md#kernel-log).
+
+``producers/kmsg.py`` turns the lines into records; ``producers/fabric_manager.py`` reuses the
+same time rules and readers' shape for Fabric Manager's log.
+
+>>> parse_line("[ 1000.000200] NVRM: Xid (PCI:0000:3b:00): 79, GPU has fallen off the bus.").boot
+1000.0002
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import math
+import os
+import queue
+import re
+import subprocess
+import threading
+import time
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+
+from pipeline.numeric import ascii_float, ascii_int
+from producers import jsonsafe
+
+PciKey = tuple[int, int, int]  # (domain, bus, device): the GPU, whatever its function
+
+
+# Line layouts, tried in order (docs/producers.md#kernel-log). They match any digits so that a
+# line of a known layout whose time is not one ("²", "٣", 400 digits, Feb 29 of 2025) is that
+# line's counted drop (``Line.error``) rather than an untimed message.
+_KMSG = re.compile(r"^(?P<prio>\d+),(?P<seq>\d+),(?P<usec>\d+),[^;]*;(?P<msg>.*)$")  # /dev/kmsg
+_DMESG = re.compile(r"^\[\s*(?P<secs>\d+\.\d+)\]\s?(?P<msg>.*)$")  # dmesg
+_DMESG_T = re.compile(r"^\[(?P<date>[A-Z][a-z]{2} [A-Z][a-z]{2} [ \d]\d \d\d:\d\d:\d\d \d{4})\]\s?(?P<msg>.*)$")
+_ISO = re.compile(
+    r"^(?P<date>\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:[.,]\d+)?(?:Z|[+-]\d\d:?\d\d)?) (?P<host>\S+) "
+    r"kernel: (?:\[\s*\d+\.\d+\] )?(?P<msg>.*)$"
+)  # short-iso
+_SYSLOG = re.compile(
+    r"^(?P<date>[A-Z][a-z]{2} [ \d]\d \d\d:\d\d:\d\d) (?P<host>\S+) kernel: (?:\[\s*\d+\.\d+\] )?"
+    r"(?P<msg>.*)$"
+)  # short / syslog
+
+LINE_MAX = 64 * 1024  # a kernel message is at most ~1 KiB (kmsg's LOG_LINE_MAX); longer is not a log line
+EPOCH_MAX = 253402300800.0  # 10000-01-01: times past it (or before 1970) are not a log's
+BOOT_MAX = 1e10  # seconds since boot: three centuries of uptime
+
+
+@dataclass
+class Line:
+    """One kernel-log message: its time (epoch seconds, ``None`` when the layout has none, or
+    ``boot`` seconds when it counts from boot), the host the line names, and the message."""
+
+    msg: str
+    ts: float | None = None
+    boot: float | None = None
+    host: str | None = None
+    error: str | None = None  # a line of a known layout whose time is not one: the reason
+
+
+def _bad_time(msg: str) -> Line:
+    return Line(msg, error="bad_timestamp")
+
+
+def _epoch(x: float | None) -> float | None:
+    return x if x is not None and math.isfinite(x) and 0.0 <= x < EPOCH_MAX else None
+
+
+def _boot(x: float | None) -> float | None:
+    return x if x is not None and math.isfinite(x) and 0.0 <= x < BOOT_MAX else None
+
+
+def local_time(date: str, fmt: str) -> float | None:
+    """Local time of ``date`` in ``fmt``, or None for a date that does not exist (Feb 29 of a
+    common year, month 13) or is not ASCII (strptime reads Unicode digits).
+
+    >>> local_time("Feb 29 2025 10:00:00", "%b %d %Y %H:%M:%S") is None
+    True
+    """
+    if not date.isascii():
+        return None
+    try:
+        return _epoch(time.mktime(time.strptime(date, fmt)))
+    except (ValueError, OverflowError):
+        return None
+
+
+def parse_line(text: str, *, year: int | None = None) -> Line | None:
+    """A line in any layout the producer reads; ``None`` for ``/dev/kmsg`` continuation lines
+    (`` KEY=value`` metadata of the record before)."""
+    text = text.rstrip("\r\n")
+    if text.startswith(" ") and "=" in text:
+        return None
+    if text.startswith("{"):
+        try:
+            obj = jsonsafe.loads(text)  # nesting and numbers bounded
+        except ValueError:
+            return Line(text)
+        if not isinstance(obj, dict):
+            return Line(text)
+        msg = obj.get("MESSAGE", "")
+        if isinstance(msg, list):  # journald writes non-UTF-8 messages as byte arrays
+            msg = bytes(b & 0xFF for b in msg if isinstance(b, int)).decode("utf-8", "replace")
+        host = obj.get("_HOSTNAME") if isinstance(obj.get("_HOSTNAME"), str) else None
+        raw = obj.get("__REALTIME_TIMESTAMP")
+        if raw is None:
+            return Line(str(msg), host=host)
+        usec = ascii_int(str(raw) if isinstance(raw, int) and not isinstance(raw, bool) else raw, 19)
+        ts = _epoch(usec / 1e6) if usec is not None else None
+        return Line(str(msg), ts=ts, host=host) if ts is not None else _bad_time(str(msg))
+    m = _KMSG.match(text)
+    if m:
+        usec = ascii_int(m["usec"], 19)
+        boot = _boot(usec / 1e6) if usec is not None else None
+        return Line(m["msg"], boot=boot) if boot is not None else _bad_time(m["msg"])
+    m = _DMESG.match(text)
+    if m:
+        boot = _boot(ascii_float(m["secs"], 32))
+        return Line(m["msg"], boot=boot) if boot is not None else _bad_time(m["msg"])
+    m = _DMESG_T.match(text)
+    if m:
+        ts = local_time(m["date"], "%a %b %d %H:%M:%S %Y")
+        return Line(m["msg"], ts=ts) if ts is not None else _bad_time(m["msg"])
+    m = _ISO.match(text)
+    if m:
+        ts = _iso(m["date"])
+        return Line(m["msg"], ts=ts, host=m["host"]) if ts is not None else _bad_time(m["msg"])
+    m = _SYSLOG.match(text)
+    if m:
+        yr = year or time.localtime().tm_year
+        ts = local_time(f"{yr} {m['date']}", "%Y %b %d %H:%M:%S")
+        return Line(m["msg"], ts=ts, host=m["host"]) if ts is not None else _bad_time(m["msg"])
+    return Line(text)
+
+
+def _iso(date: str) -> float | None:
+    """Epoch seconds of a short-iso time, or None for one that does not exist or is not ASCII."""
+    if not date.isascii():
+        return None
+    d = date.replace(",", ".")
+    if d.endswith("Z"):
+        d = d[:-1] + "+00:00"
+    elif re.search(r"[+-]\d{4}$", d):
+        d = d[:-2] + ":" + d[-2:]
+    try:
+        return _epoch(datetime.fromisoformat(d).timestamp())
+    except (ValueError, OverflowError, OSError):
+        return None
+
+
+def pci_key(dom: str, bus: str, dev: str) -> PciKey:
+    return int(dom, 16), int(bus, 16), int(dev, 16)
+
+
+def parse_pci_map(text: str) -> dict[PciKey, int]:
+    """GPU index by PCI bus id from ``nvidia-smi --query-gpu=index,pci.bus_id --format=csv``
+    (with or without its header; ``00000000:3B:00.0`` and ``0000:3b:00.0`` both read).
+
+    Raises ``ValueError`` naming the line that is neither, or that names a bus id or a GPU index
+    an earlier line already did: with either, XIDs would be charged to the wrong GPU.
+
+    >>> parse_pci_map("index, pci.bus_id\\n0, 00000000:3B:00.0\\n1, 00000000:5E:00.0")
+    {(0, 59, 0): 0, (0, 94, 0): 1}
+    """
+    out: dict[PciKey, int] = {}
+    line_of: dict[object, int] = {}
+    bus_id = re.compile(r"^(?:PCI:)?([0-9a-fA-F]{4,8}):([0-9a-fA-F]{2}):([0-9a-fA-F]{2})(?:\.[0-9a-fA-F])?$", re.ASCII)
+    for n, row in enumerate(csv.reader(io.StringIO(text)), 1):
+        cells = [c.strip() for c in row]
+        if not cells or not any(cells) or cells[0].startswith("#") or cells[0].lower() == "index":
+            continue
+        idx = next((i for i in (ascii_int(c, 4) for c in cells) if i is not None), None)
+        bid = next((bus_id.match(c) for c in cells if bus_id.match(c)), None)
+        if idx is None or bid is None:
+            raise ValueError(f"PCI map line {n}: expected 'index, pci.bus_id', got {','.join(row)!r}")
+        key = pci_key(*bid.groups())
+        for what, seen in ((f"bus id {bid.group(0)}", key), (f"GPU index {idx}", ("gpu", idx))):
+            if seen in line_of:
+                raise ValueError(f"PCI map line {n}: {what} is already on line {line_of[seen]}")
+            line_of[seen] = n
+        out[key] = idx
+    return out
+
+
+def nvidia_smi_pci_map(nvidia_smi: str = "nvidia-smi", timeout_s: float = 15.0) -> dict[PciKey, int]:
+    """This host's mapping from ``nvidia-smi`` (run as argv, no shell)."""
+    out = subprocess.run(
+        [nvidia_smi, "--query-gpu=index,pci.bus_id", "--format=csv,noheader"],
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+        check=True,
+    ).stdout
+    return parse_pci_map(out)
+
+
+@dataclass
+class KmsgStats:
+    """What the exit summary and ``/metrics`` show (docs/producers.md#kernel-log)."""
+
+    lines: int = 0
+    xid_lines: int = 0
+    sxid_lines: int = 0
+    records: int = 0
+    backlog_events: int = 0  # events from before the follower started: folded into the state
+    unmapped_pci: int = 0  # an XID for a bus id the PCI map does not have
+    unparsable_xid: int = 0  # a line that says "NVRM: Xid" / "SXid" in no layout the driver prints
+    no_timestamp: int = 0  # lines of a saved file without a time: stamped with the file's mtime
+    overrun: int = 0  # /dev/kmsg records the ring buffer overwrote before we read them
+    queue_full: int = 0  # journalctl lines beyond the follower's buffer
+    oversize: int = 0  # lines of a saved file longer than LINE_MAX: skipped whole
+    sxid_no_gpu: int = 0  # an SXid on a host with no GPU in the PCI map to carry it
+    fabric_lines: int = 0  # NIC and AER lines counted (producers/kmsg_fabric.py)
+    fabric_no_gpu: int = 0  # a NIC or AER line on a host with no GPU in the PCI map to carry it
+    bad_timestamp: int = 0  # a line of a known layout whose time is not a number or a date that exists
+    samples_capped: int = 0  # sample records a saved file did not get: past max_sample_records
+
+    def summary(self) -> dict[str, int]:
+        return {
+            "lines": self.lines,
+            "xid_lines": self.xid_lines,
+            "sxid_lines": self.sxid_lines,
+            "fabric_lines": self.fabric_lines,
+            "records": self.records,
+            "backlog_events": self.backlog_events,
+            "lines_without_time": self.no_timestamp,
+            "dropped.unmapped_pci": self.unmapped_pci,
+            "dropped.unparsable_xid": self.unparsable_xid,
+            "dropped.kmsg_overrun": self.overrun,
+            "dropped.queue_full": self.queue_full,
+            "dropped.oversize_line": self.oversize,
+            "dropped.sxid_without_gpu": self.sxid_no_gpu,
+            "dropped.event_without_gpu": self.fabric_no_gpu,
+            "dropped.bad_timestamp": self.bad_timestamp,
+            "samples_capped": self.samples_capped,
+        }
+
+
+class DevKmsgReader:
+    """``/dev/kmsg``: one record per read(2), non-blocking; from the start of the ring buffer."""
+
+    def __init__(self, path: str = "/dev/kmsg", stats: KmsgStats | None = None) -> None:
+        self.fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+        self.stats = stats or KmsgStats()
+
+    def read(self) -> list[str]:
+        out: list[str] = []
+        while True:
+            try:
+                chunk = os.read(self.fd, 8192)
+            except BlockingIOError:
+                return out
+            except BrokenPipeError:  # EPIPE: records were overwritten before we read them
+                self.stats.overrun += 1
+                continue
+            if not chunk:
+                return out
+            out.extend(chunk.decode("utf-8", "replace").splitlines())
+
+    def close(self) -> None:
+        os.close(self.fd)
+
+
+class JournalReader:
+    """``journalctl -k -b -f -o json`` (argv, no shell), its lines gathered by a thread."""
+
+    def __init__(
+        self, journalctl: str = "journalctl", stats: KmsgStats | None = None, max_lines: int = 100_000
+    ) -> None:
+        self.stats = stats or KmsgStats()
+        self.proc = subprocess.Popen(
+            [journalctl, "-k", "-b", "-f", "-o", "json", "--no-pager"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            text=True,
+            encoding="utf-8",
+            errors="replace",
+        )
+        self.q: queue.Queue[str] = queue.Queue(maxsize=max_lines)
+        self.thread = threading.Thread(target=self._pump, name="journalctl", daemon=True)
+        self.thread.start()
+
+    def _pump(self) -> None:
+        assert self.proc.stdout is not None
+        out = self.proc.stdout
+        # Bounded reads: a line without a newline must not grow without bound in this thread.
+        for text in iter(lambda: out.readline(LINE_MAX), ""):
+            if len(text) >= LINE_MAX and not text.endswith("\n"):
+                self.stats.oversize += 1
+                while text and not text.endswith("\n"):  # the rest of it, a bounded piece at a time
+                    text = out.readline(LINE_MAX)
+                continue
+            try:
+                self.q.put_nowait(text)
+            except queue.Full:
+                self.stats.queue_full += 1
+
+    def read(self) -> list[str]:
+        out: list[str] = []
+        while True:
+            try:
+                out.append(self.q.get_nowait())
+            except queue.Empty:
+                return out
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+
+
+def load_pci_map(path: str | None, nvidia_smi: str = "nvidia-smi") -> dict[PciKey, int]:
+    """``--pci-map FILE`` if given, else this host's ``nvidia-smi``; ``ValueError``/``OSError``
+    with the reason when neither works."""
+    if path:
+        return parse_pci_map(Path(path).read_text(encoding="utf-8"))
+    try:
+        return nvidia_smi_pci_map(nvidia_smi)
+    except (OSError, subprocess.SubprocessError) as e:
+        raise OSError(
+            f"cannot map PCI bus ids to GPU indices: {nvidia_smi} failed ({e}); give --pci-map FILE "
+            "(saved `nvidia-smi --query-gpu=index,pci.bus_id --format=csv`)"
+        ) from e
+
+
+__all__ = [
+    "BOOT_MAX",
+    "EPOCH_MAX",
+    "LINE_MAX",
+    "DevKmsgReader",
+    "JournalReader",
+    "KmsgStats",
+    "Line",
+    "PciKey",
+    "load_pci_map",
+    "local_time",
+    "nvidia_smi_pci_map",
+    "parse_line",
+    "parse_pci_map",
+    "pci_key",
+]
