@@ -224,7 +224,20 @@ class KernelLog:
         self.fabric.count(host, got[0])
         if not self._state(host).xid:
             self.stats.fabric_no_gpu += 1
-        return out + self.snapshot(ts, host, labels=got[1])
+        labels = got[1]
+        for key in ("aer.device", "aer.source", "nic.device"):  # a GPU's own bus id: name the GPU
+            gpu = self._gpu_of(labels.get(key))
+            if gpu is not None:
+                labels[key.split(".")[0] + ".gpu"] = str(gpu)
+                break
+        return out + self.snapshot(ts, host, labels=labels)
+
+    def _gpu_of(self, bdf: str | None) -> int | None:
+        """The GPU index of a bus id the PCI map has (``0000:3b:00.0``), else ``None``."""
+        parts = bdf.replace(".", ":").split(":") if bdf else []
+        if len(parts) != 4 or not all(p and all(c in "0123456789abcdefABCDEF" for c in p) for p in parts):
+            return None
+        return self.pci_map.get(pci_key(parts[0], parts[1], parts[2]))
 
     def _baseline(self, host: str, ts: float) -> list[DcgmRecord]:
         """The counters of a host not seen before, ``baseline_s`` before its first event: a

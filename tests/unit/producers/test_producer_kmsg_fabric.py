@@ -201,3 +201,14 @@ def test_a_saved_log_of_hostile_lines_among_good_ones_still_counts_the_good_ones
     recs = KmsgFileSource(str(p), parse_pci_map(PCI_MAP), host="n1", boot_time=0.0, sample=False).poll()
     last = max(recs, key=lambda r: r.ts)
     assert val(last, "nic_link_down_events") >= 1 and val(last, "nic_health_errors") >= 1
+
+
+def test_an_aer_error_on_a_gpus_bus_id_names_the_gpu(tmp_path):
+    # The PCI map's GPU 0 is 0000:3b:00.0; the root port's "received" line names it as the source.
+    lines = ["pcieport 0000:3a:00.0: AER: Uncorrected (Non-Fatal) error received: 0000:3b:00.0",
+             "nvidia 0000:3b:00.0: AER: PCIe Bus Error: severity=Uncorrected (Non-Fatal), type=Transaction Layer, "
+             "(Requester ID)", AER_FATAL_HOWTO]
+    p = write(tmp_path, "dmesg.txt", dmesg(lines))
+    recs = KmsgFileSource(str(p), parse_pci_map(PCI_MAP), host="n1", boot_time=0.0, sample=False).poll()
+    named = [r.labels.get("aer.gpu") for r in recs if r.gpu == 0 and "aer.message" in r.labels]
+    assert named == ["0", None]   # 0000:50:00.0 is no GPU of the map
