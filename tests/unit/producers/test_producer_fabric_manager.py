@@ -205,3 +205,26 @@ def test_a_saved_log_of_hostile_lines_still_counts_the_good_ones(tmp_path_factor
     recs = src.poll()
     last = max(recs, key=lambda r: r.ts)
     assert val(last, "fm_nvswitch_fatal_errors") >= 1 and val(last, "fm_nvswitch_nonfatal_errors") >= 1
+
+
+@FUZZ
+@given(st.lists(st.text(alphabet=st.characters(codec="utf-8", exclude_characters="\r\n"), max_size=60), max_size=20),
+       st.lists(st.integers(min_value=1, max_value=97), min_size=1, max_size=10))
+def test_the_follower_returns_the_same_lines_however_the_writes_are_cut(tmp_path_factory, lines, cuts):
+    tmp = tmp_path_factory.mktemp("ff")
+    path = tmp / "fabricmanager.log"
+    data = "".join(ln + "\n" for ln in lines).encode()
+    rd = FileFollower(str(path), read_max=13)            # reads smaller than the writes, too
+    got: list[str] = []
+    pos, i = 0, 0
+    with path.open("wb") as fh:
+        while pos < len(data):
+            step = cuts[i % len(cuts)]
+            fh.write(data[pos:pos + step])
+            fh.flush()
+            pos, i = pos + step, i + 1
+            got += rd.read()
+    for _ in range(len(data) // 13 + 2):
+        got += rd.read()
+    rd.close()
+    assert got == lines
