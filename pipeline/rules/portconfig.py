@@ -127,15 +127,53 @@ DEFAULTS: dict[str, PortCheck] = {
         window_s=600.0,
         counters=("pcie_aer_correctable", "pcie_aer_upstream_correctable"),
     ),  # fmt: skip
-}
+    # NVSentinel nic-health-monitor (charts/nic-health-monitor/values.yaml, counterDetection): its
+    # non-fatal velocity thresholds, each judged over a span of at least `window` (its velocityUnit).
+    "rcv_errors": PortCheck("network_rcv_errors", "network_rcv_errors", "warning", keep_firing_for_s=600.0,
+                            threshold=10, window_s=1.0, counters=("port_rcv_errors",)),
+    "link_error_recovery": PortCheck("network_link_error_recovery", "network_link_error_recovery", "warning",
+                                     keep_firing_for_s=600.0, threshold=5, window_s=60.0,
+                                     counters=("link_error_recovery",)),
+    "symbol_error_rate": PortCheck("network_symbol_error_rate", "network_symbol_error_rate", "warning",
+                                   keep_firing_for_s=600.0, threshold=10, window_s=1.0, counters=("symbol_error",)),
+    "ack_timeouts": PortCheck("network_ack_timeouts", "network_ack_timeouts", "warning", keep_firing_for_s=600.0,
+                              threshold=1, window_s=1.0, counters=("local_ack_timeout_err",)),
+    "roce_slow_restart": PortCheck("network_roce_slow_restart", "network_roce_slow_restart", "warning",
+                                   keep_firing_for_s=600.0, threshold=10, window_s=1.0,
+                                   counters=("roce_slow_restart",)),
+    # NVSentinel's congestion indicator: off unless a file turns it on, since a congested fabric
+    # discards under load with no fault (docs/rules.md#nic-ports).
+    "xmit_discards": PortCheck("network_xmit_discards", "network_xmit_discards", "warning", enabled=False,
+                               keep_firing_for_s=600.0, threshold=100, window_s=1.0, counters=("port_xmit_discards",)),
+    # NVSentinel: carrier_changes, a delta of more than 2 in one poll interval (its 1 s).
+    "carrier_changes": PortCheck("network_carrier_changes", "network_carrier_changes", "warning",
+                                 keep_firing_for_s=600.0, threshold=2, window_s=1.0, counters=("carrier_changes",)),
+    # GPUd and NVSentinel: an expected port that disappears is a fault; silent past `window` (or
+    # two and a half of its host's polls) while the host reports its other ports.
+    "port_lost": PortCheck("network_port_lost", "network_port_lost", "critical", window_s=30.0),
+    # NCCL's InfiniBand completion errors and fatal async events, from a training log
+    # (gpuwarden produce torch-watchdog): any.
+    "completion_errors": PortCheck("network_ib_completion_errors", "network_ib_completion_errors", "warning",
+                                   keep_firing_for_s=600.0,
+                                   counters=("nccl_ib_completion_errors", "nccl_ib_async_fatal_events")),
+}  # fmt: skip
+#: Checks judged by rate (NVSentinel's velocity): the increase over a span of at least ``window``.
+RATE_CHECKS = ("rcv_errors", "link_error_recovery", "symbol_error_rate", "ack_timeouts", "roce_slow_restart",
+               "xmit_discards")  # fmt: skip
+#: Checks judged by the increase within the trailing ``window``.
+WINDOW_CHECKS = ("symbol_errors", "carrier_changes")
+#: Counters a training log's NCCL lines count from 0 (``gpuwarden produce torch-watchdog``).
+LOG_COUNTERS = ("nccl_ib_completion_errors", "nccl_ib_async_fatal_events")
 MAX_MODELS = 64
 # The checks of the NIC's PCIe AER counters: their own stage judges them (pipeline/rules/nicaer.py).
 AER_CHECKS = ("pcie_aer_fatal", "pcie_aer_nonfatal", "pcie_aer_correctable")
 # Which keys mean something for which check.
 _OWN = {"link_errors": {"counters"}, "symbol_errors": {"threshold", "window", "counters"},
-        "flapping": {"threshold", "window"}, "active_ports": {"models"},
+        "flapping": {"threshold", "window"}, "active_ports": {"models"}, "port_lost": {"window"},
+        "completion_errors": {"counters"}, "carrier_changes": {"threshold", "window", "counters"},
         "pcie_aer_fatal": {"counters"}, "pcie_aer_nonfatal": {"counters"},
-        "pcie_aer_correctable": {"threshold", "window", "counters"}}  # fmt: skip
+        "pcie_aer_correctable": {"threshold", "window", "counters"},
+        **{k: {"threshold", "window", "counters"} for k in RATE_CHECKS}}  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -319,4 +357,13 @@ def load_port_config(path: str | Path) -> tuple[PortConfig | None, list[Diagnost
     return parse_port_config(text, str(path))
 
 
-__all__ = ["DEFAULTS", "PortCheck", "PortConfig", "load_port_config", "parse_port_config"]
+__all__ = [
+    "DEFAULTS",
+    "LOG_COUNTERS",
+    "RATE_CHECKS",
+    "WINDOW_CHECKS",
+    "PortCheck",
+    "PortConfig",
+    "load_port_config",
+    "parse_port_config",
+]

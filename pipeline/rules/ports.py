@@ -29,7 +29,7 @@ from pipeline.engine.arrays import from_dict, to_dict
 from pipeline.engine.lifecycle import Lifecycle, Transition, alert_id
 from pipeline.engine.stage import StageBase
 from pipeline.errors import StateError
-from pipeline.rules.portconfig import AER_CHECKS, PortCheck, PortConfig
+from pipeline.rules.portconfig import AER_CHECKS, LOG_COUNTERS, RATE_CHECKS, WINDOW_CHECKS, PortCheck, PortConfig
 from pipeline.schema import AlertEvent, NicRecord
 
 ACTIVE, DOWN, INIT, ARMED = 4, 1, 2, 3
@@ -37,13 +37,17 @@ POLLING, DISABLED, LINK_ERROR_RECOVERY = 2, 3, 6
 MAX_PENDING = 1_000_000  # port records waiting for the watermark; past it the oldest go first
 STATE_VERSION = 1
 _ORDER = operator.attrgetter("ts", "host", "device", "port")
+# What a training log's record says of its NCCL errors (producers/nccl_ib.py), carried into the evidence.
+_NCCL_LABELS = ("peer", "peers", "status", "status_name", "opcode", "vendor_err", "direction", "event", "rank")
 _records = msgspec.json.Decoder(list[NicRecord])
 
 
 @dataclass
 class _Port:
     """What one port's past says: seen ACTIVE, ACTIVE at its last sample, gone down since,
-    its returns to ACTIVE and symbol errors within their windows, its counters' last values."""
+    its returns to ACTIVE and symbol errors within their windows, its counters' last values;
+    the rate checks' snapshots and verdicts, the windowed checks' increases, when it was last
+    polled and its last state."""
 
     seen_active: bool = False
     up: bool | None = None
@@ -55,6 +59,12 @@ class _Port:
     netdev: str | None = None
     link_layer: str | None = None
     peer: dict[str, str] = field(default_factory=dict)  # the link partner's labels (``peer``, ``peer_port``...)
+    # rate check -> [snapshot time, snapshot sum, counters summed, verdict, rate, increase, span]
+    rates: dict[str, list] = field(default_factory=dict)
+    sums: dict[str, deque] = field(default_factory=dict)  # windowed check -> (event time, increase)
+    last_polled: float = math.nan
+    state: int | None = None
+    phys_state: int | None = None
 
     def to_state(self) -> dict[str, Any]:
         return {
@@ -68,6 +78,12 @@ class _Port:
             "netdev": self.netdev,
             "ll": self.link_layer,
             "peer": self.peer,
+            "rates": {
+                k: [None if isinstance(x, float) and math.isnan(x) else x for x in v] for k, v in self.rates.items()
+            },
+            "sums": {k: [list(e) for e in v] for k, v in self.sums.items()},
+            "polled": None if math.isnan(self.last_polled) else self.last_polled,
+            "st": [self.state, self.phys_state],
         }
 
     @classmethod
@@ -83,6 +99,13 @@ class _Port:
             d["netdev"],
             d["ll"],
             {str(k): str(v) for k, v in d.get("peer", {}).items()},  # absent in a snapshot from before peers
+            {
+                str(k): [float(v[0]), int(v[1]), int(v[2]), bool(v[3]), _float(v[4]), int(v[5]), float(v[6])]
+                for k, v in d.get("rates", {}).items()
+            },
+            {str(k): deque((float(t), int(n)) for t, n in v) for k, v in d.get("sums", {}).items()},
+            math.nan if d.get("polled") is None else float(d["polled"]),
+            *[None if x is None else int(x) for x in d.get("st", [None, None])],
         )
 
 
@@ -114,9 +137,19 @@ class PortStage(StageBase):
         self._ports: list[_Port] = []
         self._summaries: dict[str, str] = {}
         self.dropped = 0  # records past MAX_PENDING
-        # ``active_ports`` is judged per host (its own entity ids) against its GPUs' model.
+        # ``active_ports`` is judged per host (its own entity ids) against its GPUs' model;
+        # ``port_lost`` at each poll of the port's host.
         self._host_check = next(((k, c) for k, c in self._checks if k == "active_ports"), None)
-        self._port_checks = [(k, c) for k, c in self._checks if k != "active_ports"]
+        self._lost_check = next(((k, c) for k, c in self._checks if k == "port_lost"), None)
+        self._port_checks = [(k, c) for k, c in self._checks if k not in ("active_ports", "port_lost")]
+        self._polls: dict[str, list[float]] = {}  # host -> [last poll, poll step, back from a silence]
+        self._host_ports: dict[str, list[int]] = {}  # host -> its polled ports' ids
+        cfg = config.checks
+        self._watched = sorted(
+            {n for k in ("link_errors", "completion_errors", *WINDOW_CHECKS) for n in cfg[k].counters}
+        )
+        self._rates = [(k, cfg[k]) for k in RATE_CHECKS if cfg[k].enabled]
+        self._windows = [(k, cfg[k]) for k in WINDOW_CHECKS if k != "symbol_errors" and cfg[k].enabled]
         self._host_ids: dict[str, int] = {}
         self._hosts: list[str] = []
         self._models: dict[str, str] = {}  # host -> its GPUs' model, from their DCGM records
@@ -179,19 +212,31 @@ class PortStage(StageBase):
         ent = np.empty(n, np.int32)
         ts = np.fromiter((r.ts for r in recs), np.float64, n)
         conds = {key: np.zeros(n, bool) for key, _ in self._port_checks}
+        polled = np.ones(n, bool)
         evidence: list[dict[str, Any]] = []
         for i, r in enumerate(recs):
             pid = ent[i] = self._port(r)
+            polled[i] = _polled(r)
             ev = self._sample(self._ports[pid], r)
             evidence.append(ev)
             for key, _ in self._port_checks:
                 conds[key][i] = ev["_cond"][key]
-        out: list[tuple[Transition, str]] = []
+        out: list[tuple[Transition, str, np.ndarray]] = []
+        every = np.arange(n)
+        only_polled = every if polled.all() else np.flatnonzero(polled)
         for key, c in self._port_checks:
-            out += [(t, key) for t in self._life[key].step(ts, ent, conds[key], len(self._keys))]
-        alerts = [(t, self._alert(self.config.checks[key], t, evidence[t.row])) for t, key in out]
-        if self._host_check is not None:
-            alerts += self._judge_hosts(recs, *self._host_check)
+            # A training log's record speaks of its NCCL errors only, not of the port's state or counters.
+            idx = every if key == "completion_errors" else only_polled
+            if len(idx):
+                out += [
+                    (t, key, idx) for t in self._life[key].step(ts[idx], ent[idx], conds[key][idx], len(self._keys))
+                ]
+        alerts = [(t, self._alert(self.config.checks[key], t, evidence[idx[t.row]])) for t, key, idx in out]
+        host_recs = recs if polled.all() else [r for r, p in zip(recs, polled) if p]
+        if self._host_check is not None and host_recs:
+            alerts += self._judge_hosts(host_recs, *self._host_check)
+        if self._lost_check is not None and host_recs:
+            alerts += self._judge_lost(host_recs, *self._lost_check)
         alerts.sort(key=lambda ta: (ta[0].ts, ta[1].rule, ta[1].host or "", ta[0].entity))
         return [a for _, a in alerts]
 
@@ -242,10 +287,62 @@ class PortStage(StageBase):
             out.append((t, a))
         return out
 
+    def _judge_lost(self, recs: list[NicRecord], key: str, check: PortCheck) -> list[tuple[Transition, AlertEvent]]:
+        """``port_lost``: at each poll of a host (its records sent at one time), each port the host
+        reported before and left out of this poll, silent past ``window`` or two and a half of the
+        host's poll steps; a host back from a silence (telemetry_gap's case) gets that long for
+        its ports to come back."""
+        rows_ts: list[float] = []
+        rows_ent: list[int] = []
+        rows_cond: list[bool] = []
+        rows_ev: list[dict[str, Any]] = []
+        i, n = 0, len(recs)
+        while i < n:
+            when, host = recs[i].ts, recs[i].host
+            j = i
+            here: set[int] = set()
+            while j < n and recs[j].ts == when and recs[j].host == host:
+                here.add(self._ids[(recs[j].host, recs[j].device, recs[j].port)])
+                j += 1
+            poll = self._polls.get(host)
+            if poll is None:
+                poll = self._polls[host] = [when, math.nan, when]
+            else:
+                gap = when - poll[0]
+                after = max(check.window_s, 2.5 * poll[1]) if math.isfinite(poll[1]) else check.window_s
+                if gap > after:
+                    poll[2] = when  # back from a silence: its ports come up one by one
+                elif gap > 0:
+                    poll[1] = gap
+                poll[0] = max(poll[0], when)
+            after = max(check.window_s, 2.5 * poll[1]) if math.isfinite(poll[1]) else check.window_s
+            ports = self._host_ports.setdefault(host, [])
+            for pid in sorted(here):
+                st = self._ports[pid]
+                if math.isnan(st.last_polled):
+                    ports.append(pid)
+                st.last_polled = max(when, st.last_polled) if not math.isnan(st.last_polled) else when
+            for pid in ports:
+                st = self._ports[pid]
+                silent = when - st.last_polled
+                rows_ts.append(when)
+                rows_ent.append(pid)
+                rows_cond.append(pid not in here and silent > after and when - poll[2] > after)
+                rows_ev.append({"last_seen": st.last_polled, "silent_s": round(silent, 3), "host_ports": len(here),
+                                "gpus": list(st.gpus)})  # fmt: skip
+            i = j
+        if not rows_ts:
+            return []
+        trans = self._life[key].step(np.array(rows_ts), np.array(rows_ent, np.int32), np.array(rows_cond),
+                                     len(self._keys))  # fmt: skip
+        return [(t, self._alert(check, t, rows_ev[t.row])) for t in trans]
+
     def _sample(self, st: _Port, r: NicRecord) -> dict[str, Any]:
         """Fold one record into its port's past; the checks' conditions and the evidence."""
         cfg = self.config.checks
         t = r.ts
+        if r.state is not None or r.phys_state is not None:
+            st.state, st.phys_state = r.state, r.phys_state
         active = r.state == ACTIVE
         down = st.seen_active and (r.state == DOWN or r.phys_state == DISABLED)
         degraded = (
@@ -263,15 +360,28 @@ class PortStage(StageBase):
         while st.flaps and st.flaps[0] <= t - flap_window:
             st.flaps.popleft()
         increased: dict[str, int] = {}
-        watched = set(cfg["link_errors"].counters) | set(cfg["symbol_errors"].counters)
-        for name in watched:
+        for name in self._watched:
             v = r.counters.get(name)
             if v is None:
                 continue
             p = st.prev.get(name)
+            if name in LOG_COUNTERS:
+                # A training log counts from 0, and a new log (the next job) starts again from 0.
+                if p is None or v < p:
+                    p = 0
             if p is not None and v > p:
                 increased[name] = v - p
             st.prev[name] = v  # a drop is a reset (driver reload): the series restarts there
+        windowed: dict[str, int] = {}
+        for key, c in self._windows:
+            q = st.sums.setdefault(key, deque())
+            inc = sum(increased.get(n, 0) for n in c.counters)
+            if inc:
+                q.append((t, inc))
+            while q and q[0][0] <= t - c.window_s:
+                q.popleft()
+            windowed[key] = sum(k for _, k in q)
+        rated = {key: self._rate(st, key, c, r) for key, c in self._rates}
         sym = sum(increased.get(n, 0) for n in cfg["symbol_errors"].counters)
         if sym:
             st.errors.append((t, sym))
@@ -286,14 +396,21 @@ class PortStage(StageBase):
         if r.peer is not None:
             st.peer = _peer_labels(r)
         fatal = {n: increased[n] for n in cfg["link_errors"].counters if n in increased}
-        return {
-            "_cond": {
-                "port_down": down,
-                "port_degraded": degraded,
-                "link_errors": bool(fatal),
-                "symbol_errors": in_window > cfg["symbol_errors"].threshold,
-                "flapping": len(st.flaps) >= cfg["flapping"].threshold,
-            },
+        nccl = {n: increased[n] for n in cfg["completion_errors"].counters if n in increased}
+        cond = {
+            "port_down": down,
+            "port_degraded": degraded,
+            "link_errors": bool(fatal),
+            "symbol_errors": in_window > cfg["symbol_errors"].threshold,
+            "flapping": len(st.flaps) >= cfg["flapping"].threshold,
+            "completion_errors": bool(nccl),
+        }
+        for key, c in self._windows:
+            cond[key] = windowed[key] > c.threshold
+        for key, _ in self._rates:
+            cond[key] = rated[key]
+        ev: dict[str, Any] = {
+            "_cond": cond,
             "state": r.state_name,
             "phys_state": r.phys_state_name,
             "rate_gbps": r.rate_gbps,
@@ -302,6 +419,34 @@ class PortStage(StageBase):
             "flaps_in_window": len(st.flaps),
             "gpus": list(st.gpus),
         }
+        if windowed:
+            ev["in_window"] = {cfg[k].name: v for k, v in windowed.items()}
+        if self._rates:
+            ev["rates"] = {cfg[k].name: {"rate": round(v[4], 6), "increase": v[5], "over_s": round(v[6], 3)}
+                           for k, v in st.rates.items() if k in cfg and math.isfinite(v[4])}  # fmt: skip
+        if nccl:
+            ev["nccl_errors"] = nccl
+            ev.update({k: v for k, v in r.labels.items() if k in _NCCL_LABELS})
+        return ev
+
+    def _rate(self, st: _Port, key: str, c: PortCheck, r: NicRecord) -> bool:
+        """NVSentinel's velocity: the increase of ``c.counters`` since a snapshot at least
+        ``c.window_s`` old, per ``c.window_s``, over ``c.threshold``; the verdict holds until the
+        next span closes. A counter that fell (a reset) restarts the span with no verdict."""
+        vals = [r.counters[n] for n in c.counters if n in r.counters]
+        snap = st.rates.get(key)
+        if not vals:
+            return bool(snap and snap[3])
+        v, k, t = sum(vals), len(vals), r.ts
+        if snap is None or k != snap[2] or v < snap[1]:
+            st.rates[key] = [t, v, k, False, math.nan, 0, 0.0]
+            return False
+        span = t - snap[0]
+        if span >= c.window_s - 1e-6:
+            inc = v - snap[1]
+            rate = inc / span * c.window_s
+            st.rates[key] = [t, v, k, rate > c.threshold, rate, inc, span]
+        return bool(st.rates[key][3])
 
     def _alert(self, check: PortCheck, t: Transition, ev: dict[str, Any]) -> AlertEvent:
         host, device, port = self._keys[t.entity]
@@ -313,6 +458,8 @@ class PortStage(StageBase):
         else:
             summary = self._summaries.pop(aid, "") or _summary(check, host, device, port, evidence)
         labels = {"device": device, "port": str(port)}
+        if ev.get("peer"):
+            labels["peer"] = str(ev["peer"])
         if st.netdev:
             labels["netdev"] = st.netdev
         if st.link_layer:
@@ -348,6 +495,7 @@ class PortStage(StageBase):
             "hosts": list(self._hosts),
             "models": dict(self._models),
             "n_gpus": self._n_gpus,
+            "polls": {h: [None if math.isnan(x) else x for x in p] for h, p in self._polls.items()},
         }
 
     def load_state(self, state: Any) -> None:
@@ -369,11 +517,17 @@ class PortStage(StageBase):
             hosts = [str(h) for h in state["hosts"]]
             models = {str(k): str(v) for k, v in state["models"].items()}
             n_gpus = int(state["n_gpus"])
+            polls = {str(h): [_float(x) for x in p] for h, p in state.get("polls", {}).items()}
         except (KeyError, TypeError, ValueError, msgspec.DecodeError) as e:
             raise StateError(f"ports stage state: {type(e).__name__}: {e}") from e
         self._keys, self._ports, self._pending, self._summaries = keys, ports, pending, summaries
         self._ids = {k: i for i, k in enumerate(keys)}
         self._hosts, self._models, self._n_gpus = hosts, models, n_gpus
+        self._polls = polls
+        self._host_ports = {}
+        for pid, (h, _, _) in enumerate(keys):
+            if not math.isnan(ports[pid].last_polled):
+                self._host_ports.setdefault(h, []).append(pid)
         self._host_ids = {h: i for i, h in enumerate(hosts)}
 
 
@@ -391,6 +545,26 @@ def _peer_labels(r: NicRecord) -> dict[str, str]:
     return out
 
 
+def _float(x: Any) -> float:
+    """A number from a snapshot; None is NaN (JSON has none)."""
+    return math.nan if x is None else float(x)
+
+
+def _polled(r: NicRecord) -> bool:
+    """A record of a poll of the port itself (its state or its own counters), not one that only
+    carries a training log's NCCL errors or the NIC's PCIe AER totals (``produce pcie-aer``):
+    those come on their own clock, so they neither show a port alive nor count as a poll.
+
+    >>> _polled(NicRecord(ts=0.0, host="n1", device="mlx5_0", port=1, counters={"pcie_aer_fatal": 0}))
+    False
+    >>> _polled(NicRecord(ts=0.0, host="n1", device="mlx5_0", port=1, state=4))
+    True
+    """
+    if r.state is not None or r.phys_state is not None:
+        return True
+    return any(k not in LOG_COUNTERS and not k.startswith("pcie_aer_") for k in r.counters)
+
+
 def _summary(check: PortCheck, host: str, device: str, port: int, ev: dict[str, Any]) -> str:
     where = f"{device} port {port} on {host}"
     gpus = f"; GPUs {','.join(map(str, ev['gpus']))} behind it" if ev.get("gpus") else ""
@@ -406,9 +580,42 @@ def _summary(check: PortCheck, host: str, device: str, port: int, ev: dict[str, 
             f"counted {ev.get('symbol_errors_in_window')} symbol errors in {_span(check.window_s)} "
             f"(more than {check.threshold:g}: the IBTA 1e-12 bit-error bound)"
         )
-    else:
+    elif check.fault == "network_port_flapping":
         what = f"went down and came back {ev.get('flaps_in_window')} times in {_span(check.window_s)}"
+    elif check.fault == "network_port_lost":
+        what = (
+            f"is no longer reported ({ev.get('silent_s', 0):g}s silent) while its host reports "
+            f"{ev.get('host_ports')} other port(s)"
+        )
+    elif check.fault == "network_ib_completion_errors":
+        what = _nccl_what(ev)
+    elif check.name in ev.get("in_window", {}):
+        counters = "+".join(check.counters)
+        what = f"counted {ev['in_window'][check.name]} {counters} in {_span(check.window_s)} (more than {check.threshold:g})"
+    else:
+        counters = "+".join(check.counters)
+        r = ev.get("rates", {}).get(check.name, {})
+        what = (
+            f"counted {counters} at {r.get('rate', math.nan):.3g} per {_span(check.window_s)} "
+            f"(+{r.get('increase', 0)} in {r.get('over_s', 0):g}s; NVSentinel's bound: {check.threshold:g})"
+        )
     return f"{where} {what}{gpus}"
+
+
+def _nccl_what(ev: dict[str, Any]) -> str:
+    errs = ev.get("nccl_errors", {})
+    parts = []
+    if errs.get("nccl_ib_completion_errors"):
+        status = ev.get("status_name") or (f"status {ev['status']}" if ev.get("status") else "an error status")
+        vendor = f", vendor err {ev['vendor_err']}" if ev.get("vendor_err") else ""
+        way = f", {ev['direction']}" if ev.get("direction") else ""
+        peer = f" from peer {ev['peer']}" if ev.get("peer") else ""
+        parts.append(
+            f"{errs['nccl_ib_completion_errors']} InfiniBand completion error(s) ({status}{vendor}{way}){peer}"
+        )
+    if errs.get("nccl_ib_async_fatal_events"):
+        parts.append(f"{errs['nccl_ib_async_fatal_events']} fatal async event(s) ({ev.get('event') or '?'})")
+    return "got " + " and ".join(parts or ["InfiniBand errors"]) + " in NCCL"
 
 
 def _span(seconds: float) -> str:
