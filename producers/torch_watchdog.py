@@ -39,7 +39,8 @@ from typing import Any, Iterator, TextIO
 
 from pipeline.decode import MAX_RANKS, MAX_SEQ
 from pipeline.numeric import ascii_int
-from pipeline.schema import ProgressRecord
+from pipeline.schema import NicRecord, ProgressRecord
+from producers.nccl_ib import IbLog, IbStats
 
 log = logging.getLogger(__name__)
 
@@ -319,13 +320,15 @@ def parse(
     default_ts: float | None = None,
     gpus_per_node: int | None = None,
     stats: WatchdogStats | None = None,
+    ib: IbLog | None = None,
 ) -> list[ProgressRecord]:
     """Records from a training log: one per (rank, communicator, work) the watchdog reported on.
 
     ``year``: the year of glog's ``MMDD`` times (default: ``default_ts``'s); ``default_ts``: the
     time of lines without one (default: now). ``gpus_per_node``: a rank's GPU is ``rank %
     gpus_per_node``; without it, torchrun's local rank (``[default3]:``) is taken as the GPU
-    (the ``LOCAL_RANK`` a job passes to ``torch.cuda.set_device``), else none.
+    (the ``LOCAL_RANK`` a job passes to ``torch.cuda.set_device``), else none. ``ib``: where
+    NCCL's InfiniBand error lines go (``producers/nccl_ib.py``); without it they are skipped.
     """
     stats = stats if stats is not None else WatchdogStats()
     now = time.time() if default_ts is None else default_ts
@@ -335,6 +338,8 @@ def parse(
     # Each rank's latest timeout report: where a bare "Some NCCL operations have failed" joins.
     latest: dict[int, tuple[Any, ...]] = {}
     for line in read_lines(src, stats):
+        if ib is not None and ib.feed(line):
+            continue
         rep = parse_line(line, year=yr, default_ts=now, stats=stats)
         if rep is None:
             continue
@@ -392,8 +397,9 @@ def parse(
 
 
 class WatchdogLogSource:
-    """A finite source: a training log (or stdin) read once, its watchdog lines as records.
-    Lines without a time get the file's modification time (stdin: now)."""
+    """A finite source: a training log (or stdin) read once, its watchdog lines as progress
+    records and NCCL's InfiniBand errors as NIC records (``producers/nccl_ib.py``). Lines
+    without a time get the file's modification time (stdin: now)."""
 
     def __init__(
         self, path: str, *, job: str | None, host: str | None = None, gpus_per_node: int | None = None
@@ -405,31 +411,36 @@ class WatchdogLogSource:
         self.mtime = os.stat(path).st_mtime if path != "-" else time.time()
         self.done = False
         self.stats = WatchdogStats()
+        self.ib_stats = IbStats()
 
-    def poll(self) -> list[ProgressRecord]:
+    def poll(self) -> list[ProgressRecord | NicRecord]:
         if self.done:
             return []
         self.done = True
         fh = open(self.path, encoding="utf-8", errors="replace") if self.path != "-" else None
+        ib = IbLog(host=self.host, default_ts=self.mtime, stats=self.ib_stats, fallback_host=socket.gethostname())
         try:
-            recs = parse(
+            recs: list[ProgressRecord | NicRecord] = []
+            recs += parse(
                 fh if fh is not None else sys.stdin,
                 job=self.job,
                 host=self.host,
                 default_ts=self.mtime,
                 gpus_per_node=self.gpus_per_node,
                 stats=self.stats,
+                ib=ib,
             )
         finally:
             if fh is not None:
                 fh.close()
+        recs += ib.records()
         if not recs:
-            log.warning("%s: no PyTorch NCCL watchdog lines found", self.path)
+            log.warning("%s: no PyTorch NCCL watchdog or NCCL InfiniBand error lines found", self.path)
         return recs
 
     def summary(self) -> dict[str, int]:
         """Counts for the exit summary (what was read and what was left out, by reason)."""
-        return self.stats.summary()
+        return self.stats.summary() | self.ib_stats.summary()
 
     def close(self) -> None:
         pass

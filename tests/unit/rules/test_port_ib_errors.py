@@ -55,3 +55,31 @@ def test_a_log_record_does_not_touch_the_ports_state_checks():
     # A log record for an HCA the polls never name is no lost port either.
     recs = port_series(1200) + [_log_record(400.0, 1, device="mlx5_9")]
     assert {a.rule for a in run_ports(recs)[0]} == {"network_ib_completion_errors"}
+
+
+def test_a_training_logs_lines_through_the_producer_raise_the_alert():
+    # NVIDIA/nccl#1905's lines (NCCL 2.23+ layout, the HCA named), read by the torch-watchdog producer.
+    import time
+
+    from producers.nccl_ib import IbLog
+
+    lines = [
+        "[2025-11-09 07:39:30] h100-28:238:1219 [0] transport/net_ib.cc:180 NCCL WARN NET/IB : mlx5_ib0:1 async fatal "
+        "event on QP (0x7f69f01519a8): local access violation work queue error",
+        "[2025-11-09 07:39:30] h100-28:238:1313 [0] transport/net_ib.cc:2451 NCCL WARN NET/IB: Got completion from peer "
+        "172.16.12.34<38081> with status=4 opcode=0 len=0 vendor err 83 (Send) hca mlx5_ib0",
+    ]
+    log = IbLog(host=None, default_ts=0.0)
+    for line in lines:
+        log.feed(line)
+    when = time.mktime(time.strptime("2025-11-09 07:39:30", "%Y-%m-%d %H:%M:%S"))
+    polls = port_series(1200, host="h100-28", device="mlx5_ib0")
+    for r in polls:
+        r.ts = r.ts - T0 + when - 600
+    alerts, _ = run_ports(polls + log.records())
+    (a,) = [a for a in alerts if a.state == "firing"]
+    assert (a.rule, a.host, a.labels["device"], a.labels["peer"]) == (
+        "network_ib_completion_errors", "h100-28", "mlx5_ib0", "172.16.12.34<38081>")
+    assert a.summary == (
+        "mlx5_ib0 port 1 on h100-28 got 1 InfiniBand completion error(s) (IBV_WC_LOC_PROT_ERR, vendor err 83, Send) "
+        "from peer 172.16.12.34<38081> and 1 fatal async event(s) (local access violation work queue error) in NCCL")
