@@ -309,8 +309,9 @@ class PortStage(StageBase):
                 poll = self._polls[host] = [when, math.nan, when]
             else:
                 gap = when - poll[0]
-                after = max(check.window_s, 2.5 * poll[1]) if math.isfinite(poll[1]) else check.window_s
-                if gap > after:
+                if gap > 0 and not math.isfinite(poll[1]):
+                    poll[1] = gap  # the host's first step, however long: its sampling
+                elif gap > max(check.window_s, 2.5 * poll[1]):
                     poll[2] = when  # back from a silence: its ports come up one by one
                 elif gap > 0:
                     poll[1] = gap

@@ -140,7 +140,7 @@ def _host(seconds, step, ports=4, host="n1", gone=None, silent=None):
     return recs
 
 
-@pytest.mark.parametrize("step", STEPS)
+@pytest.mark.parametrize("step", [*STEPS, 60.0])
 def test_a_port_that_stops_being_reported_is_lost(step):
     recs = _host(1800, step, gone=lambda t, p: p == 2 and 600 <= t < 1200) + _host(1800, step, host="n2")
     alerts, _ = run_ports(recs)
