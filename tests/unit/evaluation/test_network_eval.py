@@ -54,3 +54,14 @@ def test_the_dcgm_health_baseline_runs_nvsentinels_nic_thresholds():
     assert {a.rule for a in alerts} <= {"network_port_down", "network_link_errors", "network_port_degraded",
                                         "network_link_error_recovery", "network_carrier_changes"}
     assert unmatched == []
+
+
+@pytest.mark.parametrize("det", ["gpuwarden", "dcgm-health"])
+def test_the_congestion_scenario_raises_no_network_alert(det):
+    # The shipped benign case (producers/sim/scenarios.py "congestion") through the port checks,
+    # NVSentinel's non-fatal rates and the lost-port check included.
+    from producers.sim.scenarios import load_scenario
+
+    sim = Simulator(hosts=4, duration=900.0, seed=7, scenario=load_scenario("congestion"))
+    alerts = [a for a in run_detectors([d for d in detectors() if d.name == det], sim)[det] if a.state == "firing"]
+    assert [(a.rule, a.host) for a in alerts if a.family == "network"] == []
