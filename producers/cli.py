@@ -459,7 +459,8 @@ def register(sub: Any) -> None:
 
     w = psub.add_parser(
         "torch-watchdog",
-        help="read PyTorch's NCCL watchdog lines (timeouts, last enqueued/completed work) from a training log",
+        help="read PyTorch's NCCL watchdog lines (timeouts, last enqueued/completed work) and NCCL's InfiniBand "
+        "completion errors and async events (per HCA) from a training log",
     )
     w.add_argument("--file", required=True, help="the training log (torchrun, Slurm or Ray output), - for stdin")
     w.add_argument("--job", required=True, help="job id to stamp on the records")
