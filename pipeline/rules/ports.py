@@ -211,7 +211,8 @@ class PortStage(StageBase):
         n = len(recs)
         ent = np.empty(n, np.int32)
         ts = np.fromiter((r.ts for r in recs), np.float64, n)
-        conds = {key: np.zeros(n, bool) for key, _ in self._port_checks}
+        lists: dict[str, list[bool]] = {key: [] for key, _ in self._port_checks}
+        appends = [(key, lists[key].append) for key, _ in self._port_checks]
         polled = np.ones(n, bool)
         evidence: list[dict[str, Any]] = []
         for i, r in enumerate(recs):
@@ -219,8 +220,10 @@ class PortStage(StageBase):
             polled[i] = _polled(r)
             ev = self._sample(self._ports[pid], r)
             evidence.append(ev)
-            for key, _ in self._port_checks:
-                conds[key][i] = ev["_cond"][key]
+            cond = ev["_cond"]
+            for key, add in appends:
+                add(cond[key])
+        conds = {key: np.array(v, bool) for key, v in lists.items()}
         out: list[tuple[Transition, str, np.ndarray]] = []
         every = np.arange(n)
         only_polled = every if polled.all() else np.flatnonzero(polled)
@@ -295,7 +298,7 @@ class PortStage(StageBase):
         rows_ts: list[float] = []
         rows_ent: list[int] = []
         rows_cond: list[bool] = []
-        rows_ev: list[dict[str, Any]] = []
+        rows_ev: list[tuple[int, float, int]] = []  # (port, last seen, ports in the poll): evidence, if it fires
         i, n = 0, len(recs)
         while i < n:
             when, host = recs[i].ts, recs[i].host
@@ -329,14 +332,19 @@ class PortStage(StageBase):
                 rows_ts.append(when)
                 rows_ent.append(pid)
                 rows_cond.append(pid not in here and silent > after and when - poll[2] > after)
-                rows_ev.append({"last_seen": st.last_polled, "silent_s": round(silent, 3), "host_ports": len(here),
-                                "gpus": list(st.gpus)})  # fmt: skip
+                rows_ev.append((pid, st.last_polled, len(here)))
             i = j
         if not rows_ts:
             return []
         trans = self._life[key].step(np.array(rows_ts), np.array(rows_ent, np.int32), np.array(rows_cond),
                                      len(self._keys))  # fmt: skip
-        return [(t, self._alert(check, t, rows_ev[t.row])) for t in trans]
+        out = []
+        for t in trans:
+            pid, last, n_here = rows_ev[t.row]
+            ev = {"last_seen": last, "silent_s": round(t.ts - last, 3), "host_ports": n_here,
+                  "gpus": list(self._ports[pid].gpus)}  # fmt: skip
+            out.append((t, self._alert(check, t, ev)))
+        return out
 
     def _sample(self, st: _Port, r: NicRecord) -> dict[str, Any]:
         """Fold one record into its port's past; the checks' conditions and the evidence."""
@@ -375,13 +383,15 @@ class PortStage(StageBase):
             st.prev[name] = v  # a drop is a reset (driver reload): the series restarts there
         windowed: dict[str, int] = {}
         for key, c in self._windows:
-            q = st.sums.setdefault(key, deque())
-            inc = sum(increased.get(n, 0) for n in c.counters)
+            q = st.sums.get(key)
+            if q is None:
+                q = st.sums[key] = deque()
+            inc = sum(increased.get(n, 0) for n in c.counters) if increased else 0
             if inc:
                 q.append((t, inc))
             while q and q[0][0] <= t - c.window_s:
                 q.popleft()
-            windowed[key] = sum(k for _, k in q)
+            windowed[key] = sum(k for _, k in q) if q else 0
         rated = {key: self._rate(st, key, c, r) for key, c in self._rates}
         sym = sum(increased.get(n, 0) for n in cfg["symbol_errors"].counters)
         if sym:
@@ -421,10 +431,9 @@ class PortStage(StageBase):
             "gpus": list(st.gpus),
         }
         if windowed:
-            ev["in_window"] = {cfg[k].name: v for k, v in windowed.items()}
+            ev["_windowed"] = windowed
         if self._rates:
-            ev["rates"] = {cfg[k].name: {"rate": round(v[4], 6), "increase": v[5], "over_s": round(v[6], 3)}
-                           for k, v in st.rates.items() if k in cfg and math.isfinite(v[4])}  # fmt: skip
+            ev["_rates"] = dict(st.rates)  # each entry is replaced, never changed: this row's snapshot
         if nccl:
             ev["nccl_errors"] = nccl
             ev.update({k: v for k, v in r.labels.items() if k in _NCCL_LABELS})
@@ -434,11 +443,19 @@ class PortStage(StageBase):
         """NVSentinel's velocity: the increase of ``c.counters`` since a snapshot at least
         ``c.window_s`` old, per ``c.window_s``, over ``c.threshold``; the verdict holds until the
         next span closes. A counter that fell (a reset) restarts the span with no verdict."""
-        vals = [r.counters[n] for n in c.counters if n in r.counters]
+        counters = r.counters
         snap = st.rates.get(key)
-        if not vals:
-            return bool(snap and snap[3])
-        v, k, t = sum(vals), len(vals), r.ts
+        if len(c.counters) == 1:
+            one = counters.get(c.counters[0])
+            if one is None:
+                return bool(snap and snap[3])
+            v, k = one, 1
+        else:
+            vals = [counters[n] for n in c.counters if n in counters]
+            if not vals:
+                return bool(snap and snap[3])
+            v, k = sum(vals), len(vals)
+        t = r.ts
         if snap is None or k != snap[2] or v < snap[1]:
             st.rates[key] = [t, v, k, False, math.nan, 0, 0.0]
             return False
@@ -454,6 +471,12 @@ class PortStage(StageBase):
         st = self._ports[t.entity]
         aid = alert_id(check.name, f"{host}/{device}/{port}", t.started_at)
         evidence = {k: v for k, v in ev.items() if not k.startswith("_")}
+        cfg = self.config.checks
+        if "_windowed" in ev:
+            evidence["in_window"] = {cfg[k].name: v for k, v in ev["_windowed"].items()}
+        if "_rates" in ev:
+            evidence["rates"] = {cfg[k].name: {"rate": round(v[4], 6), "increase": v[5], "over_s": round(v[6], 3)}
+                                 for k, v in ev["_rates"].items() if k in cfg and math.isfinite(v[4])}  # fmt: skip
         if t.state == "firing":
             summary = self._summaries[aid] = _summary(check, host, device, port, evidence)
         else:
