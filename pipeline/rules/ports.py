@@ -483,7 +483,8 @@ class PortStage(StageBase):
             summary = self._summaries.pop(aid, "") or _summary(check, host, device, port, evidence)
         labels = {"device": device, "port": str(port)}
         if ev.get("peer"):
-            labels["peer"] = str(ev["peer"])
+            # The remote endpoint NCCL named (an IP and port), apart from the switch-side ``peer``.
+            labels["nccl_peer"] = str(ev["peer"])
         if st.netdev:
             labels["netdev"] = st.netdev
         if st.link_layer:

@@ -24,7 +24,7 @@ def test_a_completion_error_names_host_hca_and_peer():
     assert [(a.rule, a.state, a.ts - T0) for a in alerts] == [
         ("network_ib_completion_errors", "firing", 605.5), ("network_ib_completion_errors", "resolved", 1210.0)]
     a = alerts[0]
-    assert (a.severity, a.host, a.labels["device"], a.labels["peer"], a.labels["gpus"]) == (
+    assert (a.severity, a.host, a.labels["device"], a.labels["nccl_peer"], a.labels["gpus"]) == (
         "warning", "n1", "mlx5_0", "10.0.35.1<49189>", "0,1")
     assert a.evidence["nccl_errors"] == {"nccl_ib_completion_errors": 1} and a.evidence["status"] == "12"
     assert "completion error(s) (IBV_WC_RETRY_EXC_ERR, vendor err 129, Send) from peer 10.0.35.1<49189>" in a.summary
@@ -35,7 +35,7 @@ def test_a_new_log_counting_from_one_again_fires_again():
     recs = port_series(2400) + [_log_record(100, 1), _log_record(101, 2), _log_record(2000, 1, peer="10.0.0.9<1>")]
     alerts, _ = run_ports(recs)
     fire = [a for a in alerts if a.state == "firing"]
-    assert [(a.ts - T0, a.labels["peer"]) for a in fire] == [(100.0, "10.0.35.1<49189>"), (2000.0, "10.0.0.9<1>")]
+    assert [(a.ts - T0, a.labels["nccl_peer"]) for a in fire] == [(100.0, "10.0.35.1<49189>"), (2000.0, "10.0.0.9<1>")]
 
 
 def test_a_fatal_async_event_is_counted_too():
@@ -78,7 +78,7 @@ def test_a_training_logs_lines_through_the_producer_raise_the_alert():
         r.ts = r.ts - T0 + when - 600
     alerts, _ = run_ports(polls + log.records())
     (a,) = [a for a in alerts if a.state == "firing"]
-    assert (a.rule, a.host, a.labels["device"], a.labels["peer"]) == (
+    assert (a.rule, a.host, a.labels["device"], a.labels["nccl_peer"]) == (
         "network_ib_completion_errors", "h100-28", "mlx5_ib0", "172.16.12.34<38081>")
     assert a.summary == (
         "mlx5_ib0 port 1 on h100-28 got 1 InfiniBand completion error(s) (IBV_WC_LOC_PROT_ERR, vendor err 83, Send) "

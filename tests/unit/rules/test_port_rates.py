@@ -5,6 +5,7 @@ while its host reports the others is lost, a host that goes silent is not."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from pipeline.engine import Engine, EngineConfig
@@ -186,3 +187,22 @@ def test_the_lost_port_survives_a_restore():
     second.restore(first.snapshot())
     got += second.process(recs[250:]).alerts + second.flush().alerts
     assert [(a.id, a.state, a.ts) for a in got] == [(a.id, a.state, a.ts) for a in want]
+
+
+def _aer(seconds, step, host="n1", ports=4, offset=3.0, until=None):
+    """``produce pcie-aer``'s NIC records: each NIC's AER totals, no port state, on their own clock."""
+    from pipeline.schema import NicRecord
+
+    return [NicRecord(ts=T0 + t, host=host, device=f"mlx5_{p}", port=1, counters={"pcie_aer_fatal": 0},
+                      gpus=[p]) for t in np.arange(offset, until if until is not None else seconds, step)
+            for p in range(ports)]  # fmt: skip
+
+
+def test_a_nics_aer_records_neither_keep_a_lost_port_alive_nor_lose_one():
+    # The port mlx5_2 leaves the ib-sysfs polls while pcie-aer still reports its NIC: it is lost.
+    recs = _host(1800, 10.0, gone=lambda t, p: p == 2 and t >= 600) + _aer(1800, 10.0)
+    lost = fired(run_ports(recs)[0], "network_port_lost")
+    assert [a.labels["device"] for a in lost] == ["mlx5_2"]
+    # pcie-aer stopping (or polling slowly) loses no port the ib-sysfs polls still show.
+    quiet = _host(1800, 10.0) + _aer(1800, 60.0, until=300)
+    assert fired(run_ports(quiet)[0], "network_port_lost") == []
