@@ -1,19 +1,26 @@
-"""Hung collectives: a job's progress records -> one alert per communicator naming the ranks
-behind (docs/rules.md#hung-collectives).
+"""Hung collectives: a job's progress records -> one alert per hang, naming the ranks behind
+(docs/rules.md#hung-collectives).
 
 A communicator's ranks span hosts, so this runs where every host's records meet: the fleet stage
 (``pipeline/topology.py``), fed the progress records it releases, in canonical order, and told
 how far event time has come. A communicator (``job``, ``comm``) is hung when a rank reports a
 watchdog timeout, RAS names a rank missing, dead or in error, or a rank behind its peers makes
-no progress for ``stuck_after``. The alert waits ``settle`` after that first evidence, so the
-other ranks' reports of the same hang are in, then fires once, naming the suspects: the ranks
-RAS names, the ranks whose last completed work (RAS: launched operations) lags the highest
-their peers report, else the ranks that enqueued less, and ranks of a known size that never
-reported. It resolves when the suspects (or, without suspects, any rank) report progress past
-what their peers had reached, or after ``forget_after`` without a report.
+no progress for ``stuck_after``. The communicator waits ``settle`` after that first evidence, so
+the other ranks' reports of the same hang are in, then names its suspects: the ranks RAS names,
+the ranks whose last completed work (RAS: launched operations) lags the highest their peers
+report, else the ranks that enqueued less, and ranks of a known size that never reported.
 
-The outcome depends on the records and their event times only: a communicator's alert fires at
-its deadline (evidence + ``settle``), with the records before it, whichever batches brought them.
+One hang is seen by several communicators (a rank's TP and DP groups) and by both sources (the
+watchdog keys a communicator by its process group's id, RAS by its hash), so the alert is per
+job and suspects (their hosts and GPUs, the one identity a rank has in every communicator): a
+communicator whose suspects are all among those of a firing alert of its job joins that alert,
+and any other opens one. The alert resolves when a communicator that joined it sees the
+suspects (or, without suspects, any rank) report progress past what their peers had reached,
+or once every one of them went ``forget_after`` without a report.
+
+The outcome depends on the records and their event times only: a communicator settles at its
+deadline (evidence + ``settle``) with the records before it, whichever batches brought them, and
+deadlines and silences are taken in event-time order.
 """
 
 from __future__ import annotations
@@ -33,7 +40,7 @@ from pipeline.schema import AlertEvent, ProgressRecord
 
 RULE = "hang_collective"
 FAULT = "hang_collective"
-STATE_VERSION = 1
+STATE_VERSION = 2
 MAX_LISTED = 16  # suspects named in a summary and evidence; the rest counted
 _RAS_SUSPECT = ("missing", "dead", "error")
 
@@ -121,8 +128,38 @@ class _Comm:
     timeout_ms: int | None = None
     last_ts: float = -math.inf
     top: int | None = None  # the highest progress any rank reported
-    firing: dict[str, Any] | None = None  # the alert while it fires: id, started_at, suspects, peak
+    # While it is part of a firing alert: the alert's id, its suspects here, those not yet caught
+    # up, and the highest progress when it joined.
+    firing: dict[str, Any] | None = None
     untracked: int = 0  # ranks past max_ranks
+    sources: set[str] = field(default_factory=set)  # the producers that reported on it
+
+
+Suspect = tuple[str, int | None]  # a suspect's host and GPU: the same rank in every communicator
+
+
+@dataclass
+class _Alert:
+    """A firing hang alert: one job's suspects and the communicators that saw them."""
+
+    id: str
+    job: str | None
+    started_at: float
+    suspects: list[Suspect]
+    summary: str
+    host: str | None
+    gpu: int | None
+    members: list[dict[str, Any]]  # each communicator that joined: comm, name, sources, suspects, nranks
+    live: set[str]  # the members (``comm or ""``) not forgotten since
+
+    def covers(self, job: str | None, who: list[Suspect]) -> bool:
+        """Whether a communicator of ``job`` naming ``who`` saw this hang: the same job, and each
+        of its suspects one of these (a GPU left unsaid matches any GPU of the host)."""
+        if (job or "") != (self.job or ""):
+            return False
+        exact = set(self.suspects)
+        hosts = {h for h, _ in self.suspects}
+        return all((h, g) in exact or (h, None) in exact or (g is None and h in hosts) for h, g in who)
 
 
 class HangDetector:
@@ -140,10 +177,11 @@ class HangDetector:
     def __init__(self, config: Settings | None = None) -> None:
         self.config = config or Settings()
         self.comms: dict[tuple[str, str], _Comm] = {}
+        self.alerts: dict[str, _Alert] = {}  # firing, in the order they fired
         self.now = -math.inf
         self._next = math.inf  # the earliest time anything is due (``_due``), or sooner
-        self.stats: dict[str, int] = {"records": 0, "fired": 0, "resolved": 0, "dropped.communicators": 0,
-                                      "dropped.ranks": 0}  # fmt: skip
+        self.stats: dict[str, int] = {"records": 0, "fired": 0, "joined": 0, "resolved": 0,
+                                      "dropped.communicators": 0, "dropped.ranks": 0}  # fmt: skip
 
     # -- input -------------------------------------------------------------------------------
 
@@ -160,21 +198,37 @@ class HangDetector:
         return out
 
     def advance(self, upto: float) -> list[AlertEvent]:
-        """Every record before ``upto`` has been observed: fire what settled by then, forget
-        what went silent. The end of a stream (``upto`` infinite) fires but forgets nothing."""
+        """Every record before ``upto`` has been observed: settle what is due by then, forget
+        what went silent. The end of a stream (``upto`` infinite) settles but forgets nothing."""
         out: list[AlertEvent] = []
         if upto > self.now:
             self.now = upto
         if upto < self._next:  # nothing is due: one comparison a record, not a walk of every communicator
             return out
-        for key, c in list(self.comms.items()):
+        forget = math.isfinite(upto)
+        due: list[tuple[float, int, tuple[str, str]]] = []
+        for key, c in self.comms.items():
             if c.firing is None and c.evidence_at is not None and c.evidence_at + self.config.settle_s <= upto:
-                out.append(self._fire(c, c.evidence_at + self.config.settle_s))
-            silent = c.last_ts + self.config.forget_after_s
-            if math.isfinite(upto) and silent <= upto:
-                if c.firing is not None:
-                    out.append(self._resolve(c, silent, f"no progress report for {self.config.forget_after_s:g}s"))
-                del self.comms[key]
+                due.append((c.evidence_at + self.config.settle_s, 0, key))
+            if forget and c.last_ts + self.config.forget_after_s <= upto:
+                due.append((c.last_ts + self.config.forget_after_s, 1, key))
+        # In event-time order, a deadline before a silence at the same time: one communicator's
+        # outcome decides another's (which alert it joins), whatever span one call covers.
+        for at, kind, key in sorted(due):
+            cur = self.comms.get(key)
+            if cur is None:
+                continue
+            if kind == 0:
+                if cur.firing is None and cur.evidence_at is not None:  # not joined at another's firing
+                    fired = self._settle(cur, at)
+                    if fired is not None:
+                        out.append(fired)
+                continue
+            if cur.firing is not None:
+                gone = self._leave(cur, at, f"no progress report for {self.config.forget_after_s:g}s")
+                if gone is not None:
+                    out.append(gone)
+            del self.comms[key]
         self._next = min((self._due(c) for c in self.comms.values()), default=math.inf)
         return out
 
@@ -194,6 +248,7 @@ class HangDetector:
                 return
             c = self.comms[key] = _Comm(r.job, r.comm)
         c.last_ts = max(c.last_ts, r.ts)
+        c.sources.add(r.source)
         c.name = c.name or r.comm_name
         c.nranks = r.nranks if r.nranks is not None else c.nranks
         prog = r.last_completed if r.last_completed is not None else (r.last_enqueued if r.source == "ras" else None)
@@ -218,7 +273,7 @@ class HangDetector:
             c.timeout_ms = c.timeout_ms or r.timeout_ms
         if c.firing is not None:
             if self._caught_up(c, r.rank, rk):
-                out.append(self._resolve(c, r.ts, "progress resumed"))
+                out.append(self._resolve(self.alerts[c.firing["alert"]], r.ts, "progress resumed"))
             return
         if c.evidence_at is None and (r.state == "timeout" or r.state in _RAS_SUSPECT or self._stuck(c, rk, r.ts)):
             c.evidence_at = r.ts
@@ -276,12 +331,29 @@ class HangDetector:
 
     # -- alerts ------------------------------------------------------------------------------
 
-    def _entity(self, c: _Comm) -> str:
-        return f"{c.job or '-'}/{c.comm or '-'}"
-
-    def _fire(self, c: _Comm, at: float) -> AlertEvent:
-        assert c.evidence_at is not None
+    def _settle(self, c: _Comm, at: float) -> AlertEvent | None:
+        """Communicator ``c`` at its deadline: it joins the firing alert of its job that names
+        all its suspects (the first that fired), or fires one of its own."""
         sus = self.suspects(c)
+        who: list[Suspect] = [(k.host, k.gpu) for _, k, _ in sus]
+        for a in self.alerts.values():
+            if a.covers(c.job, who):
+                self._join(a, c, sus)
+                self.stats["joined"] += 1
+                return None
+        return self._fire(c, at, sus)
+
+    def _join(self, a: _Alert, c: _Comm, sus: list[tuple[int, _Rank, str]]) -> None:
+        known = [k.progress for k in c.ranks.values() if k.progress is not None]
+        ranks = [i for i, _, _ in sus]
+        c.firing = {"alert": a.id, "ranks": ranks, "waiting": set(ranks), "peak": max(known, default=None)}
+        src = sorted(c.sources)
+        a.members.append({"comm": c.comm, "name": c.name, "sources": src, "suspects": ranks[:MAX_LISTED],
+                          "nranks": c.nranks})  # fmt: skip
+        a.live.add(c.comm or "")
+
+    def _fire(self, c: _Comm, at: float, sus: list[tuple[int, _Rank, str]]) -> AlertEvent:
+        assert c.evidence_at is not None
         silent = self._silent(c)
         known = [k.progress for k in c.ranks.values() if k.progress is not None]
         listed = [
@@ -289,9 +361,31 @@ class HangDetector:
              "last_completed": k.progress, "last_enqueued": k.enqueued}
             for i, k, why in sus[:MAX_LISTED]
         ]  # fmt: skip
-        where = c.comm if c.comm is not None else "?"
+        first = sus[0][1] if sus else None
+        # The engine's id scheme: the same hang found again in a replay or after a restore has the
+        # same id; the job and suspects are what the alert is about, the first communicator and
+        # its evidence's time which finding of them.
+        who: list[Suspect] = [(k.host, k.gpu) for _, k, _ in sus]
+        entity = f"{c.job or '-'}/{c.comm or '-'}/" + ",".join(f"{h}:{'-' if g is None else g}" for h, g in who)
+        a = _Alert(alert_id(RULE, entity, c.evidence_at), c.job, c.evidence_at, who, "",
+                   first.host if first else None, first.gpu if first else None, [], set())  # fmt: skip
+        self._join(a, c, sus)
+        self.alerts[a.id] = a
+        self.stats["fired"] += 1
+        # The job's other communicators settling now that saw the same suspects join at once, so
+        # the alert lists them; any that settle later join it then.
+        for key, o in sorted(self.comms.items()):
+            if o is c or o.firing is not None or o.evidence_at is None:
+                continue
+            osus = self.suspects(o)
+            if a.covers(o.job, [(k.host, k.gpu) for _, k, _ in osus]):
+                self._join(a, o, osus)
+                self.stats["joined"] += 1
         what = f"{c.op} seq {c.seq}" if c.op and c.seq is not None else (f"seq {c.seq}" if c.seq is not None else "")
-        head = f"Collective hang in job {c.job or '?'} (communicator {where}{', ' + what if what else ''})"
+        comms = [m["comm"] if m["comm"] is not None else "?" for m in a.members]
+        where = ("communicator " if len(comms) == 1 else "communicators ") + ", ".join(comms[:4])
+        where += f" and {len(comms) - 4} more" if len(comms) > 4 else ""
+        head = f"Collective hang in job {c.job or '?'} ({where}{', ' + what if what else ''})"
         if sus:
             names = "; ".join(
                 f"rank {i} on {k.host}{f' GPU {k.gpu}' if k.gpu is not None else ''} ({why})"
@@ -303,21 +397,8 @@ class HangDetector:
             summary = f"{head}: {len(c.ranks)} rank(s) reported it at the same work; no rank stands out"
         if silent:
             summary += f"; never reported: rank(s) {', '.join(map(str, silent))}"
-        first = sus[0][1] if sus else None
-        # The engine's id scheme: the same hang found again in a replay or after a restore has the same id.
-        aid = alert_id(RULE, self._entity(c), c.evidence_at)
-        c.firing = {
-            "id": aid,
-            "started_at": c.evidence_at,
-            "summary": summary,
-            "ranks": [i for i, _, _ in sus],
-            "waiting": {i for i, _, _ in sus},  # suspects not yet caught up
-            "peak": max(known, default=None),
-            "host": first.host if first else None,
-            "gpu": first.gpu if first else None,
-        }
-        self.stats["fired"] += 1
-        labels = {"comm": c.comm or "", "source": "hang"}
+        a.summary = summary
+        labels = self._labels(a)
         if c.name:
             labels["comm_name"] = c.name
         if sus:
@@ -332,15 +413,17 @@ class HangDetector:
             "op": c.op,
             "timeout_ms": c.timeout_ms,
             "peers_last_completed": max(known, default=None),
+            "communicators": a.members[:MAX_LISTED],
+            "communicators_total": len(a.members),
         }
         return AlertEvent(
-            id=aid,
+            id=a.id,
             state="firing",
             fault=FAULT,
             severity=self.config.severity,
             rule=RULE,
-            host=c.firing["host"],
-            gpu=c.firing["gpu"],
+            host=a.host,
+            gpu=a.gpu,
             job=c.job,
             ts=at,
             started_at=c.evidence_at,
@@ -349,25 +432,44 @@ class HangDetector:
             labels=labels,
         )
 
-    def _resolve(self, c: _Comm, at: float, why: str) -> AlertEvent:
-        f = c.firing
-        assert f is not None
-        c.firing, c.evidence_at = None, None
+    def _labels(self, a: _Alert) -> dict[str, str]:
+        comms = dict.fromkeys(m["comm"] or "" for m in a.members[:MAX_LISTED])
+        return {"comm": ",".join(comms), "source": "hang"}
+
+    def _leave(self, c: _Comm, at: float, why: str) -> AlertEvent | None:
+        """``c`` went silent while part of an alert: the alert resolves once none of its
+        communicators is left."""
+        assert c.firing is not None
+        a = self.alerts[c.firing["alert"]]
+        c.firing = None
+        a.live.discard(c.comm or "")
+        return self._resolve(a, at, why) if not a.live else None
+
+    def _resolve(self, a: _Alert, at: float, why: str) -> AlertEvent:
+        for comm in a.live:
+            c = self.comms.get((a.job or "", comm))
+            if c is not None and c.firing is not None and c.firing["alert"] == a.id:
+                c.firing, c.evidence_at = None, None
+        del self.alerts[a.id]
         self.stats["resolved"] += 1
         return AlertEvent(
-            id=f["id"],
+            id=a.id,
             state="resolved",
             fault=FAULT,
             severity=self.config.severity,
             rule=RULE,
-            host=f["host"],
-            gpu=f["gpu"],
-            job=c.job,
+            host=a.host,
+            gpu=a.gpu,
+            job=a.job,
             ts=at,
-            started_at=f["started_at"],
-            summary=f["summary"],
-            evidence={"resolved_by": why},
-            labels={"comm": c.comm or "", "source": "hang"},
+            started_at=a.started_at,
+            summary=a.summary,
+            evidence={
+                "resolved_by": why,
+                "communicators": a.members[:MAX_LISTED],
+                "communicators_total": len(a.members),
+            },  # fmt: skip
+            labels=self._labels(a),
         )
 
     # -- state -------------------------------------------------------------------------------
@@ -382,48 +484,90 @@ class HangDetector:
                     "job": c.job, "comm": c.comm, "name": c.name, "nranks": c.nranks, "evidence_at": c.evidence_at,
                     "seq": c.seq, "op": c.op, "timeout_ms": c.timeout_ms, "last_ts": c.last_ts, "top": c.top,
                     "firing": None if c.firing is None else {**c.firing, "waiting": sorted(c.firing["waiting"])},
-                    "untracked": c.untracked,
+                    "untracked": c.untracked, "sources": sorted(c.sources),
                     "ranks": [[i, k.host, k.gpu, k.state, k.progress, k.enqueued, k.since, k.ts]
                               for i, k in c.ranks.items()],
                 }
                 for c in self.comms.values()
             ],
+            "alerts": [
+                {"id": a.id, "job": a.job, "started_at": a.started_at, "suspects": [list(s) for s in a.suspects],
+                 "summary": a.summary, "host": a.host, "gpu": a.gpu, "members": a.members, "live": sorted(a.live)}
+                for a in self.alerts.values()
+            ],
             "stats": dict(self.stats),
         }  # fmt: skip
 
     def load_state(self, state: Any) -> None:
-        """Take back what ``to_state`` wrote; anything else is a ``StateError``, leaving the
-        detector as it was."""
+        """Take back what ``to_state`` wrote (or a version-1 state, whose firing communicators
+        become an alert each); anything else is a ``StateError``, leaving the detector as it was."""
         try:
-            if not isinstance(state, dict) or state.get("version") != STATE_VERSION:
-                raise StateError("hang detector state: not a version-1 state")
+            if not isinstance(state, dict) or state.get("version") not in (1, STATE_VERSION):
+                raise StateError(f"hang detector state: not a version-1 or -{STATE_VERSION} state")
+            v1 = state["version"] == 1
             comms: dict[tuple[str, str], _Comm] = {}
+            alerts: dict[str, _Alert] = {}
             for d in state["comms"][: self.config.max_communicators]:
                 c = _Comm(_opt_str(d["job"]), _opt_str(d["comm"]), _opt_str(d["name"]), _opt_int(d["nranks"]))
                 c.evidence_at = _opt_float(d["evidence_at"])
                 c.seq, c.op, c.timeout_ms = _opt_int(d["seq"]), _opt_str(d["op"]), _opt_int(d["timeout_ms"])
                 c.last_ts, c.untracked, c.top = float(d["last_ts"]), int(d["untracked"]), _opt_int(d["top"])
-                f = d["firing"]
-                if f is not None:
-                    f = {
-                        "id": str(f["id"]), "started_at": float(f["started_at"]), "summary": str(f["summary"]),
-                        "ranks": [int(i) for i in f["ranks"]], "waiting": {int(i) for i in f["waiting"]},
-                        "peak": _opt_int(f["peak"]),
-                        "host": _opt_str(f["host"]), "gpu": _opt_int(f["gpu"]),
-                    }  # fmt: skip
-                c.firing = f
+                c.sources = set() if v1 else {_str(s) for s in d["sources"]}
                 for i, host, gpu, st, prog, enq, since, ts in d["ranks"][: self.config.max_ranks]:
                     c.ranks[int(i)] = _Rank(
                         str(host), _opt_int(gpu), str(st), _opt_int(prog), _opt_int(enq), float(since), float(ts)
                     )
+                f = d["firing"]
+                if f is not None:
+                    c.firing = {
+                        "alert": _str(f["id"] if v1 else f["alert"]), "ranks": [int(i) for i in f["ranks"]],
+                        "waiting": {int(i) for i in f["waiting"]}, "peak": _opt_int(f["peak"]),
+                    }  # fmt: skip
+                    if v1:  # each firing communicator was an alert of its own
+                        who = [(c.ranks[i].host, c.ranks[i].gpu) for i in c.firing["ranks"] if i in c.ranks]
+                        a = _Alert(c.firing["alert"], c.job, float(f["started_at"]), who, _str(f["summary"]),
+                                   _opt_str(f["host"]), _opt_int(f["gpu"]), [], set())  # fmt: skip
+                        a.members.append({"comm": c.comm, "name": c.name, "sources": [],
+                                          "suspects": c.firing["ranks"][:MAX_LISTED], "nranks": c.nranks})  # fmt: skip
+                        a.live.add(c.comm or "")
+                        alerts[a.id] = a
                 comms[(c.job or "", c.comm or "")] = c
+            for d in [] if v1 else state["alerts"][: self.config.max_communicators]:
+                a = _Alert(
+                    _str(d["id"]), _opt_str(d["job"]), float(d["started_at"]),
+                    [(_str(h), _opt_int(g)) for h, g in d["suspects"]], _str(d["summary"]),
+                    _opt_str(d["host"]), _opt_int(d["gpu"]), [_member(m) for m in d["members"]],
+                    {_str(s) for s in d["live"]},
+                )  # fmt: skip
+                alerts[a.id] = a
+            for c in comms.values():
+                if c.firing is not None and c.firing["alert"] not in alerts:
+                    raise StateError(f"hang detector state: communicator {c.comm!r} joined an alert it does not hold")
             now = float(state["now"])
             stats = {str(k): int(v) for k, v in state["stats"].items()}
         except (KeyError, TypeError, ValueError, AttributeError) as e:
             raise StateError(f"hang detector state: {e}") from e
-        self.comms, self.now = comms, now
+        self.comms, self.alerts, self.now = comms, alerts, now
         self.stats.update(stats)
         self._next = min((self._due(c) for c in comms.values()), default=math.inf)
+
+
+def _member(m: Any) -> dict[str, Any]:
+    """An alert's member communicator from a state, checked."""
+    return {"comm": _opt_str(m["comm"]), "name": _opt_str(m["name"]), "sources": [_str(s) for s in m["sources"]],
+            "suspects": [_int(i) for i in m["suspects"]], "nranks": _opt_int(m["nranks"])}  # fmt: skip
+
+
+def _int(v: Any) -> int:
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise TypeError(f"expected an integer, got {type(v).__name__}")
+    return v
+
+
+def _str(v: Any) -> str:
+    if isinstance(v, str):
+        return v
+    raise TypeError(f"expected a string, got {type(v).__name__}")
 
 
 def _opt_str(v: Any) -> str | None:

@@ -80,3 +80,44 @@ def serve_both_stages(messages: list[tuple[bytes, bytes]], partitions: int = 4) 
     for s in services:
         s.shutdown()
     return [msgspec.json.decode(m.value) for m in bus.messages(topics.alerts)]
+
+
+def tp_dp_job(
+    hosts: int,
+    gpus: int,
+    duration: int,
+    hung: tuple[int, int] | None = None,
+    start: int = 60,
+    end: int | None = None,
+    timeout: float = 120.0,
+    job: str = "j1",
+) -> list:
+    """A job of ``hosts`` x ``gpus`` ranks in a TP communicator per host and a DP one per GPU
+    index, as the simulator lays them out (producers/sim/progress.py): RAS counts of every rank
+    every 30 s (communicators keyed ``tp<h>``/``dp<g>``, one operation a second) and, with
+    ``hung`` (host, GPU) stuck from ``start`` to ``end``, the watchdog timeouts of its two
+    communicators ``timeout`` later (keyed by process-group id ``1``.., as PyTorch numbers them).
+    The hung GPU's counts stay one behind its peers' while it hangs."""
+    comms = [("tp", h, [(h, g) for g in range(gpus)]) for h in range(hosts)]
+    comms += [("dp", g, [(h, g) for h in range(hosts)]) for g in range(gpus)]
+    recs = []
+    for t in range(0, duration, 30):
+        frozen = hung is not None and start <= t and (end is None or t < end)
+        for kind, i, ranks in comms:
+            stuck = frozen and hung in ranks
+            for r, hg in enumerate(ranks):
+                count = (start + (1 if hg == hung else 2)) if stuck else t
+                recs.append(progress(t + 0.5, f"n{hg[0]}", r, gpu=hg[1], job=job, comm=f"{kind}{i}", source="ras",
+                                     state="lagging" if stuck and hg == hung else "progress", nranks=len(ranks),
+                                     last_enqueued=count))  # fmt: skip
+    if hung is not None and start + timeout < min(duration, end if end is not None else duration):
+        for pg, (kind, i, ranks) in enumerate(comms, 1):
+            if hung not in ranks:
+                continue
+            for r, hg in enumerate(ranks):
+                done = start if hg == hung else start + 1
+                recs.append(progress(start + timeout + 0.1 * r, f"n{hg[0]}", r, gpu=hg[1], job=job, comm=str(pg),
+                                     comm_name=f"{kind}{i}", state="timeout", seq=start + 2, op="ALLREDUCE",
+                                     timeout_ms=int(timeout * 1000), last_enqueued=done + 1,
+                                     last_completed=done))  # fmt: skip
+    return sorted(recs, key=lambda x: x.ts)
