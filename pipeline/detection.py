@@ -56,12 +56,17 @@ class Stages:
     fleet: Callable[[], Engine] | None = None
     # The fleet stage's hung-collective detector (pipeline/hang.py), when ``hang.yaml`` is there.
     hang: Callable[[], HangDetector] | None = None
+    # Rules only with a hang detector: the fleet stage's engine runs nothing, and the host stage
+    # forwards it the progress records alone (docs/architecture.md §8).
+    progress_only: bool = False
 
     def detector(self, local_fleet: bool = True) -> Detector:
         """The ``Engine``, or the ``Topology`` of both stages (``local_fleet``: see ``Topology``)."""
         if self.fleet is None:
             return self.host
-        return Topology(self.host, self.fleet, local_fleet=local_fleet, make_hang=self.hang)
+        return Topology(
+            self.host, self.fleet, local_fleet=local_fleet, make_hang=self.hang, progress_only=self.progress_only
+        )
 
 
 def hang_path(rules: list[str]) -> Path | None:
@@ -79,8 +84,10 @@ def build_stages(
 ) -> tuple[Stages | None, list[Diagnostic]]:
     """The rules in an ``Engine``, and with models (``stages="two"``) the fleet stage's engine
     factory beside it (rules and absence per host, the models across hosts: pipeline/topology.py);
-    ``stages="one"``: the models in the rules' engine. None and the diagnostics when the rules do
-    not load. Rules that read ``score()`` keep the models in their engine whatever ``stages``
+    ``stages="one"``: the models in the rules' engine. Rules only, ``stages="two"`` and a
+    ``hang.yaml`` beside the rules: a fleet stage for the hang detector alone, which the host stage
+    forwards the progress records only (``Stages.progress_only``). None and the diagnostics when
+    the rules do not load. Rules that read ``score()`` keep the models in their engine whatever ``stages``
     says.
 
     A broken models file raises ``ConfigError`` naming the key, as does a broken ``hang.yaml``
@@ -101,7 +108,14 @@ def build_stages(
         if pconfig is None:
             return None, diags + pdiags
         ports += [PortStage(pconfig), NicAerStage(pconfig)]  # the NIC's AER checks share the file
+    hang = _hang_factory(rules) if stages == "two" else None
     if modelset is None:
+        if stages == "two" and hang is not None:
+            # Rules only: a fleet stage for the hang detector alone, fed the progress records.
+            def bare_engine() -> Engine:
+                return Engine(config, row_checks=[], tick_checks=[], screened=True)
+
+            return Stages(Engine(config, rules=ruleset, stages=ports), bare_engine, hang, progress_only=True), diags
         return Stages(Engine(config, rules=ruleset, stages=ports)), diags
     if stages == "two":
         # The host stage's rules are loaded without models: when they load so, none reads a
@@ -115,16 +129,18 @@ def build_stages(
                     config, row_checks=[], tick_checks=[], models=load_models(mp, tick=config.tick), screened=True
                 )
 
-            hpath = hang_path(rules)
-            hang = None
-            if hpath is not None:
-                hs = load_settings(hpath)
-
-                def hang() -> HangDetector:
-                    return HangDetector(hs)
-
             return Stages(Engine(config, rules=alone, stages=ports), fleet_engine, hang), diags
     return Stages(Engine(config, rules=ruleset, models=modelset, stages=ports)), diags
+
+
+def _hang_factory(rules: list[str]) -> Callable[[], HangDetector] | None:
+    """Fresh hang detectors with the thresholds of the ``hang.yaml`` beside the rules (read
+    once: a broken one is a ``ConfigError`` now), or None without one."""
+    hpath = hang_path(rules)
+    if hpath is None:
+        return None
+    hs = load_settings(hpath)
+    return lambda: HangDetector(hs)
 
 
 def build_engine(

@@ -454,8 +454,12 @@ class Topology:
         make_fleet_engine: Callable[[], Engine],
         local_fleet: bool = True,
         make_hang: Callable[[], HangDetector] | None = None,
+        progress_only: bool = False,
     ) -> None:
+        """``make_hang``: the fleet stage's hang detector; ``progress_only``: the fleet stage runs
+        it alone (rules only), so the host stage forwards only the progress records."""
         self.host = host
+        self.progress_only = progress_only
         self.make_fleet_engine = make_fleet_engine
         hang = make_hang() if make_hang is not None else None
         self.fleet: FleetStage | None = FleetStage(make_fleet_engine, hang=hang) if local_fleet else None
@@ -511,6 +515,8 @@ class Topology:
         """The host stage's output for the batch with the records it forwarded (``forwarded``),
         and with a local fleet stage what that released after them."""
         out = self.host.process(records, origins, now)
+        if self.progress_only and out.forwarded:
+            out.forwarded = _progress(out.forwarded)
         if self.fleet is not None:
             self.fleet.feed(out.forwarded)
             self.fleet.mark(0, self.host.released)
@@ -543,6 +549,23 @@ class Topology:
         self.host.restore(d["host"])
         if self.fleet is not None:
             self.fleet.restore(d["fleet"], records_decoder(self.fleet.engine().decode_fields))
+
+
+def _progress(records: list[TelemetryRecord]) -> list[TelemetryRecord]:
+    """The progress records of ``records`` (the decoder's subclasses too), in their order.
+
+    >>> from pipeline.schema import dcgm
+    >>> [type(r).__name__ for r in _progress([dcgm(1.0, "n", 0, {}), ProgressRecord(ts=1.0, host="n", rank=0,
+    ...                                                                             source="ras", state="progress")])]
+    ['ProgressRecord']
+    """
+    types = set(map(type, records))
+    progress = {t for t in types if issubclass(t, ProgressRecord)}
+    if not progress:
+        return []  # most batches: the type test per distinct type, not per record
+    if types == progress:
+        return records
+    return [r for r in records if type(r) in progress]
 
 
 def records_decoder(fields: tuple[str, ...]) -> Callable[[bytes], list[TelemetryRecord]]:

@@ -47,8 +47,8 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         if not fleet_on(cfg):
             raise ConfigError(
                 "service.stage",
-                "the fleet stage runs the models or the incidents; service.models finds none "
-                "and service.incidents is off",
+                "the fleet stage runs the models, the hang detector or the incidents; service.models finds "
+                "none, no hang.yaml is beside service.rules and service.incidents is off",
             )
         return Service(cfg, stage="fleet").run()
     host = Service(cfg)
@@ -74,6 +74,6 @@ def register(sub: Any) -> None:
     sv.add_argument(
         "--stage",
         choices=["all", "host", "fleet"],
-        help="run only this stage (service.stage; default all: the host stage and, with models or incidents, the fleet stage)",
+        help="run only this stage (service.stage; default all: the host stage and, with models, a hang.yaml or incidents, the fleet stage)",
     )
     sv.set_defaults(func=_cmd_serve)

@@ -75,8 +75,9 @@ class Service(Membership, CommitProtocol, Upkeep):
     ) -> None:
         """Without ``consumer``, ``producer`` and ``state``: all three on the Kafka of ``cfg.kafka``.
 
-        ``stage``: ``host`` consumes the telemetry topic (rules, absence; with models it forwards
-        to the fleet topic), ``fleet`` the fleet topic (the models). ``upstream``: the telemetry
+        ``stage``: ``host`` consumes the telemetry topic (rules, absence; with models, a hang
+        detector or incidents it forwards to the fleet topic), ``fleet`` the fleet topic (the
+        models, the hang detector, the incidents). ``upstream``: the telemetry
         topic's partition count (each fleet partition waits for the marks of that many)."""
         if stage not in STAGES:
             raise ValueError(f"stage {stage!r}: one of {', '.join(STAGES)}")
@@ -135,7 +136,7 @@ class Service(Membership, CommitProtocol, Upkeep):
 
     @property
     def forwards(self) -> bool:
-        """Whether this host stage sends to the fleet topic (models or incidents are on)."""
+        """Whether this host stage sends to the fleet topic (models, the hang detector or incidents are on)."""
         return self.stage == "host" and fleet_on(self.cfg)
 
     # -- the loop ------------------------------------------------------------------------------

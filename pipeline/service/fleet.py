@@ -6,7 +6,8 @@ On ``<prefix>.fleet`` there are three kinds of message:
 - **records**: a JSON array of the records one host-stage task accepted (the wire format of
   the telemetry topic, with only the fields detection reads), keyed by the fleet stage's key
   (``pipeline.topology.FLEET_KEY``), so every record of one key lands on one partition; sent
-  only when the fleet stage runs models;
+  when the fleet stage runs models (every record) or, rules only, the hang detector (the
+  progress records: ``pipeline.topology.Topology``'s ``progress_only``);
 - **alerts**: ``{"alerts": [<alert event>, ...]}``, the alerts of a host-stage task, for the
   incident stage the fleet stage runs (``service.incidents``), with the same key;
 - **marks**: ``{"mark": <telemetry partition>, "upto": <ts>, "final": <bool>, "n": <partitions>}``,
@@ -235,8 +236,9 @@ class FleetTask:
         """``n_upstream``: the telemetry topic's partition count, as the service knows it;
         ``topic``, ``group``, ``key``: what the host stage's ``Outbox`` signs with; ``hang``: the
         hung-collective detector (pipeline/hang.py); ``incidents``: the incident stage to feed
-        (None: incidents off); ``records``: whether the host stage forwards records (models
-        on), which bounds its marks."""
+        (None: incidents off); ``records``: whether the host stage forwards every record it
+        accepts (models on), which bounds its marks (rules only, with or without the progress
+        records, the decoder's time range does)."""
         self.stage = FleetStage(make_engine, upstream=n_upstream, max_buffer=max_buffer, hang=hang)
         self.incidents = incidents
         self.feed = AlertFeed()

@@ -1,6 +1,6 @@
 """The service's partitions: what it holds per partition (``PartitionState``), the task it builds
 for one (``Pipeline`` for the host stage, ``ForwardingPipeline`` when that forwards to the fleet
-topic: models or incidents on, ``FleetTask`` for the fleet stage), and the group membership
+topic: models, the hang detector or incidents on, ``FleetTask`` for the fleet stage), and the group membership
 callbacks that create, restore and drop them."""
 
 from __future__ import annotations
@@ -107,8 +107,9 @@ class Membership:
         return built
 
     def _new_engine(self, partition: int) -> Detector:
-        """The host stage's detector of a partition: with models a ``Topology`` whose fleet stage
-        runs elsewhere (its forwarded records go to the fleet topic)."""
+        """The host stage's detector of a partition: with models (or rules only with a hang
+        detector) a ``Topology`` whose fleet stage runs elsewhere (its forwarded records, all or
+        the progress records, go to the fleet topic)."""
         stages = self._stages()
         # A host's rows of a tick go once the host is complete for it, not once every host of the
         # partition is: the same alerts, up to a second sooner (docs/architecture.md §4, release).
@@ -122,10 +123,12 @@ class Membership:
         if self.stage == "fleet":
             stages = self._stages()
             make = stages.fleet
-            records = make is not None
+            # Every record the host stage accepted comes (models on), which bounds its marks; rules
+            # only with a hang detector, the progress records alone.
+            records = make is not None and not stages.progress_only
             if make is None:
                 if self.incident_config is None:
-                    raise StateError("the fleet stage runs the models or incidents, and neither is on")
+                    raise StateError("the fleet stage runs the models, the hang detector or incidents, and none is on")
                 # Rules only: an engine that is never fed, so the stage's watermark works alike.
                 make = partial(Engine, self.cfg.engine_config(), row_checks=[], tick_checks=[], screened=True)
 

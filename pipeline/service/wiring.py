@@ -34,8 +34,15 @@ def max_poll(cfg: Config, stage: str) -> int:
 
 
 def fleet_on(cfg: Config) -> bool:
-    """Whether a fleet stage runs: for the models, or for the incidents (rules only)."""
-    return cfg.service.incidents or models_on(cfg)
+    """Whether a fleet stage runs: for the models, the hang detector or the incidents."""
+    return cfg.service.incidents or models_on(cfg) or hang_on(cfg)
+
+
+def hang_on(cfg: Config) -> bool:
+    """Whether a ``hang.yaml`` is beside the service's rules (the fleet stage's hang detector)."""
+    from pipeline.detection import hang_path
+
+    return hang_path([str(Path(p)) for p in cfg.service.rules]) is not None
 
 
 def models_on(cfg: Config) -> bool:

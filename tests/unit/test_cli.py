@@ -88,9 +88,12 @@ def test_eval_reports_each_sampling_interval_and_re_fires(capsys):
 
 
 def test_serve_fleet_stage_without_models_is_a_config_error_naming_the_key(tmp_path, capsys):
-    # The fleet stage runs the models or the incidents: with neither it has nothing to do.
+    # The fleet stage runs the models, the hang detector or the incidents: with none it has
+    # nothing to do (rules without a hang.yaml beside them).
+    rules = tmp_path / "rules"
+    rules.mkdir()
     cfg = tmp_path / "serve.yaml"
-    cfg.write_text("service:\n  models: none\n  incidents: false\n")
+    cfg.write_text(f"service:\n  rules: [{rules}]\n  models: none\n  incidents: false\n")
     code = main(["serve", "--config", str(cfg), "--stage", "fleet", "--insecure-state", "--kafka", "127.0.0.1:1"])
     err = capsys.readouterr().err
     assert code != 0 and "service.stage" in err and "models" in err

@@ -208,8 +208,9 @@ def test_replicas_joining_and_crashing_mid_stream_change_nothing(telemetry, refe
 
 
 def test_rules_only_the_fleet_stage_runs_for_the_incidents_alone(telemetry):
-    # No models: the host stage forwards its alerts and marks, no records; the fleet stage's
-    # incident events are the replay's, through a crash of one replica of each stage.
+    # No models: the host stage forwards its alerts and marks, and of the records only the
+    # progress ones (none in this scenario); the fleet stage's incident events are the
+    # replay's, through a crash of one replica of each stage.
     alerts, incidents = _replay(telemetry, "none")
     assert incidents and not any(a["labels"].get("source") == "model" for a in alerts)
     f = Fleet(telemetry, models="none")
@@ -228,14 +229,66 @@ def test_rules_only_the_fleet_stage_runs_for_the_incidents_alone(telemetry):
     assert any(body.startswith(b'{"alerts":') for body in forwarded)
 
 
-def test_incidents_off_the_host_stage_runs_alone_without_models(telemetry):
+def _rules_without_hang(tmp_path: Path) -> str:
+    rules = tmp_path / "rules"
+    rules.mkdir()
+    for f in Path(RULES).glob("*.y*ml"):
+        if f.name != "hang.yaml":
+            (rules / f.name).write_bytes(f.read_bytes())
+    return str(rules)
+
+
+def test_incidents_off_the_host_stage_runs_alone_without_models_or_a_hang_yaml(tmp_path, telemetry):
     f = Fleet(telemetry[:2000], models="none")
     f.cfg.service.incidents = False
+    f.cfg.service.rules = [_rules_without_hang(tmp_path)]
     host = f.service("host")
     assert not host.forwards
     for _ in range(20):
         f.step(host)
     assert f.bus.messages(f.topics.fleet) == [] and f.bus.messages(f.topics.incidents) == []
+
+
+@pytest.fixture(scope="module")
+def hung_job() -> list[tuple[bytes, bytes]]:
+    # Four hosts of a job whose ranks report their progress (RAS every 30 s); one rank hangs
+    # until its watchdogs time out.
+    sim = Simulator(hosts=4, duration=900, seed=1, scenario="hang")
+    return [m for batch in sim.batches() if batch for m in per_host_messages(batch)]
+
+
+def _fleet_bodies(f: Fleet) -> list[bytes]:
+    return [msgspec.msgpack.decode(m.value)[2] for m in f.bus.messages(f.topics.fleet)]
+
+
+@pytest.mark.parametrize("incidents", [True, False])
+def test_rules_only_the_host_stage_forwards_progress_records_and_the_fleet_stage_finds_the_hang(
+        hung_job, incidents):
+    # `serve --models none` with the hang.yaml beside the rules: the host stage forwards the
+    # progress records alone (and its alerts and marks), the fleet stage's hang detector alerts
+    # as `replay --models none` does, through a crash of one replica of each stage; with the
+    # incidents off the fleet stage runs for the hang detector alone.
+    alerts, incidents_ref = _replay(hung_job, "none")
+    hang = [a for a in alerts if a["rule"] == "hang_collective"]
+    assert [a["state"] for a in hang][:1] == ["firing"] and len({a["id"] for a in hang}) == 1
+    f = Fleet(hung_job, models="none")
+    f.cfg.service.incidents = incidents
+    services = [f.service("host"), f.service("fleet"), f.service("host"), f.service("fleet")]
+    assert services[0].forwards
+
+    def crash(svcs: list[Service]) -> None:
+        for stage in ("host", "fleet"):
+            victim = next(s for s in svcs if s.stage == stage)
+            victim.consumer.crash()
+            svcs.remove(victim)
+    _run(f, services, events={30: crash})
+    assert _ids(f.alerts()) == _ids(alerts)
+    if incidents:
+        assert _events(f.incidents()) == _events(incidents_ref)
+    else:
+        assert f.bus.messages(f.topics.incidents) == []
+    records = [r for body in _fleet_bodies(f) if body[:1] == b"[" for r in json.loads(body)]
+    assert records and {r["kind"] for r in records} == {"progress"}
 
 
 def test_a_reload_bringing_a_rule_that_reads_a_score_is_refused_by_the_host_stage(tmp_path, telemetry):
