@@ -374,11 +374,14 @@ class HangDetector:
         self.stats["fired"] += 1
         # The job's other communicators settling now that saw the same suspects join at once, so
         # the alert lists them; any that settle later join it then.
+        job = c.job or ""
         for key, o in sorted(self.comms.items()):
-            if o is c or o.firing is not None or o.evidence_at is None:
+            if o is c or o.firing is not None or o.evidence_at is None or key[0] != job:
                 continue
             osus = self.suspects(o)
-            if a.covers(o.job, [(k.host, k.gpu) for _, k, _ in osus]):
+            # Only one that already names suspects: one that names none yet may name others by
+            # its own deadline (another hang), and joins then if it does not.
+            if osus and a.covers(o.job, [(k.host, k.gpu) for _, k, _ in osus]):
                 self._join(a, o, osus)
                 self.stats["joined"] += 1
         what = f"{c.op} seq {c.seq}" if c.op and c.seq is not None else (f"seq {c.seq}" if c.seq is not None else "")

@@ -162,3 +162,13 @@ def test_a_forged_grouped_state_is_a_state_error_and_changes_nothing(bad):
     with pytest.raises(StateError):
         det.load_state({**state, **bad})
     assert det.to_state() == state
+
+
+def test_a_communicator_naming_no_suspect_yet_when_another_fires_is_judged_at_its_own_deadline():
+    first = watchdog_timeouts(4, 100.0, {1: 10})  # fires at 130, naming n1
+    # Communicator "7": one rank's timeout at 120 (no rank stands out yet), the rest by 140,
+    # naming n3: a hang of its own, not the one that fired.
+    later = [progress(120.0 if r == 0 else 140.0 + r, f"n{r}", r, gpu=r, comm="7", state="timeout", seq=3,
+                      last_enqueued=3, last_completed=1 if r == 3 else 2) for r in range(4)]  # fmt: skip
+    got = _settled(sorted(first + later, key=lambda r: r.ts))
+    assert [(a.state, a.host, a.labels["comm"]) for a in got] == [("firing", "n1", "0"), ("firing", "n3", "7")]
