@@ -544,6 +544,11 @@ class Topology:
             d = msgspec.msgpack.decode(blob)
         except msgspec.DecodeError as e:
             raise StateError(f"cannot restore the topology: {e}") from e
+        if isinstance(d, dict) and "topology" not in d and self.progress_only and self.fleet is None:
+            # A rules-only host stage checkpointed before it ran the hang detector: its engine
+            # alone, which is all this side of the stages holds (the fleet stage keeps its own).
+            self.host.restore(blob)
+            return
         if not isinstance(d, dict) or d.get("topology") != STATE_VERSION:
             raise StateError("not a two-stage snapshot (written by an engine with the models in one stage?)")
         self.host.restore(d["host"])
