@@ -112,11 +112,12 @@ class FleetStage:
         at: int | None = None,
         upstream: int | None = None,
         ts: np.ndarray | None = None,
+        cols: SortColumns | None = None,
     ) -> None:
         """Forwarded records (any order), each with its key (default: the one fleet key);
         ``at``: the position in the input they came from (an offset), for ``snapshot(replayable=True)``;
-        ``upstream``: the task that forwarded them (``forwarded``); ``ts``: their event times, when
-        the caller has them already.
+        ``upstream``: the task that forwarded them (``forwarded``); ``ts`` and ``cols``: their
+        event times and sort columns, when the caller has them already.
 
         A record sent again after its second was released (an upstream replay: a task never
         forwards what it released before) is dropped here, as ``late``; one sent again while
@@ -127,7 +128,7 @@ class FleetStage:
         recs = records if isinstance(records, list) else list(records)
         if not recs:
             return
-        c = _Chunk(recs, None if keys is None else list(keys), ts)
+        c = _Chunk(recs, None if keys is None else list(keys), ts, cols)
         if upstream is not None:
             self.forwarded[upstream] = max(self.forwarded.get(upstream, -math.inf), c.tmax)
         late = c.ts < self.released
@@ -226,7 +227,8 @@ class FleetStage:
         # None while every record has the one fleet key (the service's case).
         keys = None if all(c.keys is None for c in go) else [k for c in go for k in c.key_list()]
         tsa = np.concatenate([c.ts for c in go])
-        order, dup = canonical_order(recs, tsa)
+        cols = SortColumns.concat([c.sort_columns() for c in go])
+        order, dup = canonical_order(recs, tsa, cols)
         # Only now: should the sort raise, nothing has left the buffer.
         self._chunks = stay
         self._n_buf -= len(recs)
@@ -326,12 +328,19 @@ class FleetStage:
 
 
 class _Chunk:
-    """One feed's records, their keys (None: all the one fleet key) and event times."""
+    """One feed's records, their keys (None: all the one fleet key), event times and sort columns
+    (None: read off the records when they are released)."""
 
-    __slots__ = ("records", "keys", "ts", "tmin", "tmax", "at")
+    __slots__ = ("records", "keys", "ts", "tmin", "tmax", "at", "cols")
 
-    def __init__(self, records: list[TelemetryRecord], keys: list[str] | None, ts: np.ndarray | None = None) -> None:
-        self.records, self.keys = records, keys
+    def __init__(
+        self,
+        records: list[TelemetryRecord],
+        keys: list[str] | None,
+        ts: np.ndarray | None = None,
+        cols: SortColumns | None = None,
+    ) -> None:
+        self.records, self.keys, self.cols = records, keys, cols
         self.at: int | None = None  # the input position it came from (FleetStage.feed)
         self.ts = np.fromiter(map(_TS, records), np.float64, len(records)) if ts is None else ts
         self.tmin, self.tmax = (float(self.ts.min()), float(self.ts.max())) if len(records) else (math.inf, -math.inf)
@@ -339,10 +348,15 @@ class _Chunk:
     def key_list(self) -> list[str]:
         return self.keys if self.keys is not None else [FLEET_KEY] * len(self.records)
 
+    def sort_columns(self) -> SortColumns:
+        return self.cols if self.cols is not None else SortColumns.of(self.records)
+
     def take(self, sel: np.ndarray) -> "_Chunk":
         idx = np.flatnonzero(sel).tolist()
         keys = None if self.keys is None else [self.keys[i] for i in idx]
-        c = _Chunk([self.records[i] for i in idx], keys, self.ts[sel])
+        c = _Chunk(
+            [self.records[i] for i in idx], keys, self.ts[sel], None if self.cols is None else self.cols.take(sel)
+        )
         c.at = self.at
         return c
 
@@ -369,10 +383,82 @@ def _comm_key(r: Any) -> str:
     return r.comm
 
 
-def canonical_order(records: list[TelemetryRecord], ts: np.ndarray) -> tuple[list[int], int]:
+class SortColumns:
+    """The columns of ``record_identity`` that a record's kind does not decide by itself, for a
+    batch of records: kind (0 DCGM, 1 NCCL, 2 collective progress), host (an index into
+    ``hosts``), GPU (-1: none) and link (-1: none). The fleet topic's columnar body carries them
+    (``pipeline.service.forwarded``), so records from it sort without a Python step per DCGM
+    record; ``of`` reads them off records (the in-process stage's input).
+
+    >>> from pipeline.schema import dcgm
+    >>> c = SortColumns.of([dcgm(1.0, "b", 3, {}), dcgm(1.0, "a", 0, {}, link=2)])
+    >>> (c.hosts, c.host.tolist(), c.gpu.tolist(), c.link.tolist())
+    (['a', 'b'], [1, 0], [3, 0], [-1, 2])
+    """
+
+    __slots__ = ("kind", "host", "hosts", "gpu", "link")
+
+    def __init__(self, kind: np.ndarray, host: np.ndarray, hosts: list[str], gpu: np.ndarray, link: np.ndarray) -> None:
+        self.kind, self.host, self.hosts, self.gpu, self.link = kind, host, hosts, gpu, link
+
+    def __len__(self) -> int:
+        return len(self.kind)
+
+    @staticmethod
+    def of(records: Sequence[TelemetryRecord]) -> "SortColumns":
+        """The columns of ``records``, read one record at a time (hosts coded by rank)."""
+        n = len(records)
+        types = list(map(type, records))
+        nccl_types = {t for t in set(types) if issubclass(t, (NcclRecord, ProgressRecord))}
+        is_nccl = np.fromiter(map(nccl_types.__contains__, types), bool, n)
+        kind = is_nccl.astype(np.int64)
+        progress = {t for t in nccl_types if issubclass(t, ProgressRecord)}  # the decoder's subclasses too
+        kind[np.fromiter(map(progress.__contains__, types), bool, n)] = 2
+        names = list(map(_HOST, records))
+        hosts = sorted(set(names))
+        rank = {h: i for i, h in enumerate(hosts)}
+        host = np.fromiter(map(rank.__getitem__, names), np.int64, n)
+        gpu = np.full(n, -1, np.int64)
+        link = np.full(n, -1, np.int64)
+        nccl_idx = np.flatnonzero(is_nccl)
+        dcgm_idx = np.flatnonzero(~is_nccl)
+        if len(dcgm_idx):
+            d = cast("list[DcgmSample]", [records[i] for i in dcgm_idx.tolist()] if len(nccl_idx) else records)
+            gpu[dcgm_idx] = np.fromiter((r.gpu for r in d), np.int64, len(d))
+            link[dcgm_idx] = np.fromiter((-1 if r.link is None else r.link for r in d), np.int64, len(d))
+        if len(nccl_idx):
+            nr = cast("list[NcclRecord]", [records[i] for i in nccl_idx.tolist()])
+            gpu[nccl_idx] = np.fromiter((-1 if r.gpu is None else r.gpu for r in nr), np.int64, len(nr))
+        return SortColumns(kind, host, hosts, gpu, link)
+
+    def take(self, sel: np.ndarray) -> "SortColumns":
+        return SortColumns(self.kind[sel], self.host[sel], self.hosts, self.gpu[sel], self.link[sel])
+
+    @staticmethod
+    def concat(parts: Sequence["SortColumns"]) -> "SortColumns":
+        """One batch of ``parts`` in order, its hosts coded by rank among all of theirs (a
+        table lookup per part, not a step per record)."""
+        hosts = sorted(set().union(*(p.hosts for p in parts)))
+        rank = {h: i for i, h in enumerate(hosts)}
+        codes = [np.fromiter(map(rank.__getitem__, p.hosts), np.int64, len(p.hosts))[p.host] for p in parts]
+        return SortColumns(
+            np.concatenate([p.kind for p in parts]),
+            np.concatenate(codes) if codes else np.empty(0, np.int64),
+            hosts,
+            np.concatenate([p.gpu for p in parts]),
+            np.concatenate([p.link for p in parts]),
+        )
+
+
+def canonical_order(
+    records: list[TelemetryRecord], ts: np.ndarray, cols: SortColumns | None = None
+) -> tuple[list[int], int]:
     """The indices of ``records`` in ``record_identity`` order, each identity once (the first
     fed of records forwarded twice), and how many were dropped as such: the sort as arrays,
-    not as Python tuples compared one by one (the fleet stage's cost per record).
+    not as Python tuples compared one by one (the fleet stage's cost per record). ``cols``: the
+    records' ``SortColumns`` when the caller has them (read off the records otherwise); only
+    NCCL and progress records are then read one by one, for their communicator, rank,
+    collective and sequence number.
 
     >>> from pipeline.schema import dcgm
     >>> recs = [dcgm(2.0, "b", 0, {}), dcgm(1.0, "b", 1, {}), dcgm(1.0, "a", 3, {}), dcgm(2.0, "b", 0, {})]
@@ -380,30 +466,20 @@ def canonical_order(records: list[TelemetryRecord], ts: np.ndarray) -> tuple[lis
     ([2, 1, 0], 1)
     """
     n = len(records)
-    types = list(map(type, records))
-    nccl_types = {t for t in set(types) if issubclass(t, (NcclRecord, ProgressRecord))}
-    is_nccl = np.fromiter(map(nccl_types.__contains__, types), bool, n)
-    # The kind column of record_identity: 0 DCGM, 1 NCCL, 2 collective progress.
-    kind = is_nccl.astype(np.int64)
-    progress = {t for t in nccl_types if issubclass(t, ProgressRecord)}  # the decoder's subclasses too
-    kind[np.fromiter(map(progress.__contains__, types), bool, n)] = 2
-    host = _codes(list(map(_HOST, records)))
-    gpu = np.full(n, -1, np.int64)
-    link = np.full(n, -1, np.int64)
+    if cols is None:
+        cols = SortColumns.of(records)
+    kind, gpu, link = cols.kind, cols.gpu, cols.link
+    # Codes that sort as the host names do, whatever order the table is in.
+    table = np.argsort(np.argsort(np.array(cols.hosts, dtype=object), kind="stable"), kind="stable")
+    host = table[cols.host] if len(cols.hosts) else cols.host
     comm = np.zeros(n, np.int64)
     rank = np.zeros(n, np.int64)
     coll = np.zeros(n, np.int64)
     seq = np.zeros(n, np.int64)
-    nccl_idx = np.flatnonzero(is_nccl)
-    dcgm_idx = np.flatnonzero(~is_nccl)
-    if len(dcgm_idx):
-        d = cast("list[DcgmSample]", [records[i] for i in dcgm_idx.tolist()] if len(nccl_idx) else records)
-        gpu[dcgm_idx] = np.fromiter((r.gpu for r in d), np.int64, len(d))
-        link[dcgm_idx] = np.fromiter((-1 if r.link is None else r.link for r in d), np.int64, len(d))
+    nccl_idx = np.flatnonzero(kind > 0)
     if len(nccl_idx):
         # NCCL and progress records: a progress record's state stands where a collective is.
         nr = cast("list[NcclRecord]", [records[i] for i in nccl_idx.tolist()])
-        gpu[nccl_idx] = np.fromiter((-1 if r.gpu is None else r.gpu for r in nr), np.int64, len(nr))
         # A DCGM record's communicator and collective are "" (record_identity): code 0 of any
         # set of names that holds "", below every other name.
         comm[nccl_idx] = _codes([""] + [_comm_key(r) for r in nr])[1:]
@@ -416,11 +492,11 @@ def canonical_order(records: list[TelemetryRecord], ts: np.ndarray) -> tuple[lis
             # Beyond an int64 (the decoder refuses such a record; one built in process may
             # still carry it): its rank among the batch's sorts the same.
             seq[nccl_idx] = _codes(seqs)
-    cols = (seq, coll, rank, comm, link, gpu, kind, host, ts)
-    order = np.lexsort(cols)  # stable: of records forwarded twice, the first fed comes first
+    keys = (seq, coll, rank, comm, link, gpu, kind, host, ts)
+    order = np.lexsort(keys)  # stable: of records forwarded twice, the first fed comes first
     if n > 1:
         same = np.ones(n - 1, bool)
-        for col in cols:
+        for col in keys:
             sc = col[order]
             same &= sc[1:] == sc[:-1]
         if same.any():
