@@ -40,8 +40,25 @@ def mark_body(mark: Any, upto: Any, final: bool = False, n: Any = 2) -> bytes:
     return f'{{"mark": {mark}, "upto": {"null" if upto is None else upto}, "final": {str(final).lower()}, "n": {n}}}'.encode()
 
 
-def records_body(records: list) -> bytes:
+def records_body(records: list, fields: tuple[str, ...] | None = None) -> bytes:
+    """Records as the host stage's ``Outbox`` forwards them: columns (pipeline/service/forwarded.py)
+    of ``fields`` (None: every field they report)."""
+    from pipeline.service.forwarded import Encoder
+
+    return Encoder(fields).encode(records)
+
+
+def json_records_body(records: list) -> bytes:
+    """Records as a JSON array: what the host stage of earlier builds forwarded."""
     return msgspec.json.encode(records)
+
+
+def columns_body(records: list, **change: Any) -> bytes:
+    """``records_body`` with members of its map replaced (``n=10**9``, ``ts=b"x"``): a hostile body."""
+    from pipeline.service.forwarded import Columns
+
+    body = msgspec.msgpack.decode(records_body(records), type=Columns)
+    return msgspec.msgpack.encode(msgspec.structs.replace(body, **change))
 
 
 def alerts_body(alerts: list) -> bytes:

@@ -3,11 +3,12 @@ to ``<prefix>.fleet`` and what a fleet-stage partition makes of it.
 
 On ``<prefix>.fleet`` there are three kinds of message:
 
-- **records**: a JSON array of the records one host-stage task accepted (the wire format of
-  the telemetry topic, with only the fields detection reads), keyed by the fleet stage's key
+- **records**: the records one host-stage task accepted, as columns of what the fleet stage's
+  engine reads (``pipeline.service.forwarded``: msgpack, the DCGM fields as a float64 matrix,
+  NCCL and progress records whole), keyed by the fleet stage's key
   (``pipeline.topology.FLEET_KEY``), so every record of one key lands on one partition; sent
   when the fleet stage runs models (every record) or, rules only, the hang detector (the
-  progress records: ``pipeline.topology.Topology``'s ``progress_only``);
+  progress records: ``pipeline.topology.Topology``'s ``progress_only``). A JSON array of records (the encoding of earlier builds) is still read;
 - **alerts**: ``{"alerts": [<alert event>, ...]}``, the alerts of a host-stage task, for the
   incident stage the fleet stage runs (``service.incidents``), with the same key;
 - **marks**: ``{"mark": <telemetry partition>, "upto": <ts>, "final": <bool>, "n": <partitions>}``,
@@ -62,14 +63,12 @@ from pipeline.errors import StateError
 from pipeline.hang import HangDetector
 from pipeline.incidents import AlertFeed, IncidentEvent, IncidentStage
 from pipeline.runner import Totals
-from pipeline.schema import AlertEvent, DeadLetter, TelemetryRecord, encode
-from pipeline.topology import FLEET_KEY, FleetStage, records_decoder
+from pipeline.schema import AlertEvent, DeadLetter, NcclRecord, ProgressRecord, TelemetryRecord, encode
+from pipeline.service.forwarded import MAX_FORWARD, Builder, Columns, Decoded, Encoder, Malformed, check_other
+from pipeline.topology import FLEET_KEY, FleetStage, SortColumns, records_decoder
 
 log = logging.getLogger("gpuwarden.service")
 _TS = operator.attrgetter("ts")
-# Records per message on the fleet topic: ~0.5 MB, under the broker's default 1 MiB message limit
-# should the topic predate this (ensure_topics gives it 8 MiB).
-MAX_FORWARD = 400
 # The fleet stage's counters of records its models did not get (FleetStage.stats), and of its
 # forced releases (events, not records).
 DROPPED = ("duplicate", "late")
@@ -105,6 +104,9 @@ class AlertBatch(msgspec.Struct):
 
 
 _ALERTS_PREFIX = b'{"alerts":'
+# What a msgpack map starts with (fixmap, map 16, map 32): a columns body; a JSON body starts
+# with "{" or "[" (or whitespace), never one of these.
+_COLUMNS_MAP = frozenset([*(bytes([b]) for b in range(0x80, 0x90)), b"\xde", b"\xdf"]).__contains__
 
 
 class Envelope(msgspec.Struct, array_like=True):
@@ -147,10 +149,12 @@ class Outbox:
         *,
         group: str = "",
         key: bytes | None = None,
+        fields: Sequence[str] | None = None,
     ) -> None:
         """``partition``: the telemetry partition of the task (each message's sender). ``group``
         and ``key``: what each message's MAC binds it to and is made with (the fleet key,
-        ``derived_key(state key, "fleet")``; None: unsigned, ``--insecure-state``)."""
+        ``derived_key(state key, "fleet")``; None: unsigned, ``--insecure-state``). ``fields``:
+        the DCGM fields the fleet stage's engine reads (``Engine.decode_fields``; None: all)."""
         self.partition, self.n_upstream, self.topic = partition, n_upstream, topic
         self.group, self.key = group, key
         self._records: list[TelemetryRecord] = []
@@ -158,6 +162,7 @@ class Outbox:
         self._mark: tuple[float, bool] | None = None
         self._sent: tuple[float, bool] | None = None
         self._enc = msgspec.json.Encoder()
+        self._columns = Encoder(fields)
 
     def feed(self, records: Sequence[TelemetryRecord]) -> None:
         """Queue records the host stage accepted."""
@@ -183,7 +188,7 @@ class Outbox:
         out: list[Send] = []
         recs, self._records = self._records, []
         for i in range(0, len(recs), MAX_FORWARD):
-            out.append((self.topic, _KEY, self._wrap(self._enc.encode(recs[i : i + MAX_FORWARD])), None))
+            out.append((self.topic, _KEY, self._wrap(self._columns.encode(recs[i : i + MAX_FORWARD])), None))
         alerts, self._alerts = self._alerts, []
         for i in range(0, len(alerts), MAX_FORWARD_ALERTS):
             body = self._enc.encode(AlertBatch(alerts[i : i + MAX_FORWARD_ALERTS]))
@@ -247,7 +252,10 @@ class FleetTask:
         self.n_upstream = n_upstream
         self.topic, self.group, self.key = topic, group, key
         self.totals = Totals()
-        self._decode = records_decoder(self.stage.engine().decode_fields)
+        fields = self.stage.engine().decode_fields
+        self._decode = records_decoder(fields)
+        self._columns = msgspec.msgpack.Decoder(Columns)
+        self._build = Builder(fields)
         self._mark = msgspec.json.Decoder(Mark)
         self._alert_batch = msgspec.json.Decoder(AlertBatch)
         self._envelope = msgspec.msgpack.Decoder(Envelope)
@@ -330,12 +338,20 @@ class FleetTask:
                 return self._apply_alerts(self._alert_batch.decode(body), m, body)
             if body[:1] == b"{":
                 return self._apply_mark(self._mark.decode(body), sender, m, body)
-            recs = self._decode(body)
+            if not _COLUMNS_MAP(body[:1]):
+                # JSON: a records array (the encoding of earlier builds), or not a body at all.
+                recs = self._decode(body)
+                check_other(recs)
+                return self._apply_records(recs, sender, m)
+            cols = Decoded(self._columns.decode(body))
+        except Malformed as e:
+            reason = {"version": BAD_ENVELOPE, "size": TOO_LARGE}.get(e.kind, WRONG_TYPE)
+            return [_dead(reason, str(e), m, body)]
         except msgspec.ValidationError as e:
             return [_dead(WRONG_TYPE, str(e), m, body)]
         except msgspec.DecodeError as e:
             return [_dead(MALFORMED_JSON, str(e), m, body)]
-        return self._apply_records(recs, sender, m)
+        return self._apply_columns(cols, sender, m)
 
     def _apply_mark(self, mk: Mark, sender: int, m: Message, body: bytes) -> list[DeadLetter]:
         why = self._refuse_mark(mk, sender)
@@ -388,6 +404,45 @@ class FleetTask:
             self.feed.add(good)
         return dead
 
+    def _apply_columns(self, d: Decoded, sender: int, m: Message) -> list[DeadLetter]:
+        """A columns body's records to the stage, but those outside the decoder's time range
+        (``_apply_records``), which are dead letters."""
+        dead: list[DeadLetter] = []
+        n = d.n
+        good = (d.ts >= TS_MIN) & (d.ts <= TS_MAX)
+        for i in np.flatnonzero(~good).tolist():
+            t = float(d.ts[i])
+            dead.append(self._out_of_range(m, i, t, d.hosts[int(d.host[i])]))
+        other: list[NcclRecord | ProgressRecord] = []
+        for j, r in enumerate(d.other):
+            if TS_MIN <= r.ts <= TS_MAX:
+                other.append(r)
+            else:
+                dead.append(self._out_of_range(m, n + j, r.ts, r.host))
+        recs, cols = self._build.build(d, good, other)
+        if recs:
+            ts = np.concatenate([d.ts[good], np.fromiter(map(_TS, other), np.float64, len(other))])
+            self._feed(recs, sender, m, ts, cols)
+        return dead
+
+    @staticmethod
+    def _out_of_range(m: Message, i: int, ts: float, host: str) -> DeadLetter:
+        return _dead(
+            TS_OUT_OF_RANGE,
+            f"ts {ts} outside {TS_MIN:.0f}..{TS_MAX:.0f}",
+            m,
+            None,
+            origin=f"{m.origin}#{i}",
+            ts=ts,
+            host=host,
+        )
+
+    def _feed(
+        self, recs: list[TelemetryRecord], sender: int, m: Message, ts: np.ndarray, cols: SortColumns | None = None
+    ) -> None:
+        self.stage.feed(recs, at=m.offset, upstream=sender, ts=ts, cols=cols)
+        self.totals.records += len(recs)
+
     def _apply_records(self, recs: list[TelemetryRecord], sender: int, m: Message) -> list[DeadLetter]:
         dead: list[DeadLetter] = []
         ts = np.fromiter(map(_TS, recs), np.float64, len(recs))
@@ -398,22 +453,10 @@ class FleetTask:
             bad = ~((ts >= TS_MIN) & (ts <= TS_MAX))
             if bad.any():
                 for i in np.flatnonzero(bad).tolist():
-                    r = recs[i]
-                    dead.append(
-                        _dead(
-                            TS_OUT_OF_RANGE,
-                            f"ts {r.ts} outside {TS_MIN:.0f}..{TS_MAX:.0f}",
-                            m,
-                            None,
-                            origin=f"{m.origin}#{i}",
-                            ts=r.ts,
-                            host=r.host,
-                        )
-                    )
+                    dead.append(self._out_of_range(m, i, recs[i].ts, recs[i].host))
                 recs = [r for r, b in zip(recs, bad.tolist()) if not b]
                 ts = ts[~bad]
-        self.stage.feed(recs, at=m.offset, upstream=sender, ts=ts)
-        self.totals.records += len(recs)
+        self._feed(recs, sender, m, ts)
         return dead
 
     def take(self, stat: str) -> int:

@@ -148,7 +148,11 @@ class Membership:
         detector = self._new_engine(partition)
         if not isinstance(detector, Topology) and self.incident_config is None:
             return PartitionState(partition, Pipeline(detector, live_decoder()), detector, last_input=now)
-        outbox = Outbox(partition, self.upstream, self.topics.fleet, group=self.cfg.kafka.group, key=self.fleet_key)
+        # The fleet stage's engine is built as the host stage's template is: the same fields.
+        fields = detector.fleet_engine().decode_fields if isinstance(detector, Topology) else ()
+        outbox = Outbox(
+            partition, self.upstream, self.topics.fleet, group=self.cfg.kafka.group, key=self.fleet_key, fields=fields
+        )
         pipe = ForwardingPipeline(detector, live_decoder(), outbox)
         return PartitionState(partition, pipe, detector, outbox, last_input=now)
 

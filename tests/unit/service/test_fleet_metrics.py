@@ -10,6 +10,7 @@ from pathlib import Path
 
 from pipeline.detection import build_detector
 from pipeline.service.fleet import DROPPED, FORCED, Envelope, FleetTask
+from pipeline.service.forwarded import Columns
 from pipeline.service.metrics import Metrics
 from pipeline.topology import Topology
 from tests.factories import T0, sample
@@ -68,7 +69,7 @@ def test_the_service_counts_what_an_upstream_replay_sends_again():
         clock.t += 0.5
     topic = host.topics.fleet
     # The records, forwarded again (each in its envelope, MAC and all: a replay by the host stage).
-    again = [m for m in bus.messages(topic) if msgspec.msgpack.decode(m.value, type=Envelope).body[:1] == b"["]
+    again = [m for m in bus.messages(topic) if msgspec.msgpack.decode(m.value, type=Envelope).body[:1] != b"{"]
     p = bus.producer()
     for m in again:
         p.send(topic, m.value, m.key, m.partition)
@@ -84,7 +85,7 @@ def test_the_service_counts_what_an_upstream_replay_sends_again():
     # Every record sent again is dropped, none reaches the models twice: also those of the last
     # second, which the engines' released (a tick's start) did not cover after the idle flush.
     assert dropped("late") + dropped("duplicate") == sum(
-        len(msgspec.json.decode(msgspec.msgpack.decode(m.value, type=Envelope).body)) for m in again
+        _records_in(msgspec.msgpack.decode(m.value, type=Envelope).body) for m in again
     )
     assert dropped("late") > 0
 
@@ -121,3 +122,9 @@ def test_incident_events_are_counted_by_state_on_metrics():
     opened = {e["incident"] for e in sent if e["state"] == "opened"}
     resolved = {e["incident"] for e in sent if e["state"] == "resolved"}
     assert sum(s.open_count for s in stages) == len(opened - resolved)
+
+
+def _records_in(body: bytes) -> int:
+    """How many records a records message's body (pipeline/service/forwarded.py) holds."""
+    cols = msgspec.msgpack.decode(body, type=Columns)
+    return cols.n + len(cols.other)

@@ -22,7 +22,8 @@ from pipeline.engine import Engine, EngineConfig
 from pipeline.errors import StateError
 from pipeline.incidents import IncidentStage, default_config
 from pipeline.service.fleet import MAX_FORWARD_ALERTS, FleetTask
-from pipeline.schema import AlertEvent, dcgm
+from pipeline.schema import AlertEvent, NcclRecord, dcgm
+from pipeline.service.forwarded import MAX_FORWARD
 from tests.factories import HEALTHY, T0
 from tests.fleet_factories import (
     FLEET_KEY,
@@ -31,7 +32,9 @@ from tests.fleet_factories import (
     TOPIC,
     alerts_body,
     envelope,
+    columns_body,
     fleet_message,
+    json_records_body,
     mark_body,
     no_hang,
     records_body,
@@ -285,6 +288,68 @@ def test_unsigned_records_out_of_the_decoders_time_range_cost_only_themselves():
     assert f.task.stage.forwarded == {0: T0 + 1} and f.task.stage.stats["fed"] == 2
 
 
+def test_columns_out_of_the_decoders_time_range_cost_only_themselves():
+    # The DCGM rows are #0.. and the NCCL records after them, whatever order they were fed in.
+    f = Feeder(_task())
+    nccl = NcclRecord(ts=1e17, host="n2", comm="c", rank=0, nranks=2, coll="AllReduce", bytes=1, exec_time_us=1.0)
+    dead = f.send(envelope(records_body([_rec(T0, "n1"), nccl, _rec(-5.0, "n3"), _rec(T0 + 1, "n1")]), 0))
+    assert _reasons(dead) == ["ts_out_of_range", "ts_out_of_range"]
+    assert [(d.origin, d.host) for d in dead] == [(f"{TOPIC}[0]@0#1", "n3"), (f"{TOPIC}[0]@0#3", "n2")]
+    assert f.task.stage.forwarded == {0: T0 + 1} and f.task.stage.stats["fed"] == 2
+
+
+def test_a_json_array_of_records_from_an_earlier_build_is_still_read():
+    f = Feeder(_task())
+    assert f.send(envelope(json_records_body([_rec(T0), _rec(T0 + 1)]), 0)) == []
+    assert f.records(1, [T0 + 1], host="n2") == []
+    assert f.mark(0, T0 + 2) == [] and f.mark(1, T0 + 2) == []
+    assert f.task.stage.stats["released"] == 3
+
+
+@pytest.mark.parametrize("body", ["json", "columns"])
+def test_a_record_with_a_gpu_past_an_int64_is_refused_not_a_crash_at_release(body):
+    # The canonical order holds GPUs in int64 columns: such a record raised OverflowError from
+    # the stage's release, outside the per-message guard, and took the partition down with it.
+    f = Feeder(_task())
+    rec = NcclRecord(ts=T0, host="n1", gpu=2**63, comm="c", rank=0, nranks=2, coll="AllReduce", bytes=1,
+                     exec_time_us=1.0)
+    encode = json_records_body if body == "json" else records_body
+    assert _reasons(f.send(envelope(encode([rec]), 0))) == ["wrong_type"]
+    f.records(0, [T0])
+    f.records(1, [T0], host="n2")
+    assert f.mark(0, T0 + 1) == [] and f.mark(1, T0 + 1) == []
+    assert f.task.stage.stats["released"] == 2
+
+
+_TWO = [dcgm(T0, "n1", 0, HEALTHY), dcgm(T0, "n2", 1, HEALTHY)]
+
+
+@pytest.mark.parametrize(
+    "change, reason",
+    [
+        ({"cols": 2}, "bad_envelope"),                           # another encoding's version
+        ({"n": MAX_FORWARD + 1}, "too_large"),
+        ({"n": 10**12}, "too_large"),
+        ({"n": -1}, "too_large"),
+        ({"other": [NcclRecord(ts=T0, host="n", comm="c", rank=0, nranks=2, coll="A", bytes=1,
+                               exec_time_us=1.0)] * (MAX_FORWARD - 1)}, "too_large"),
+        ({"n": 3}, "wrong_type"),                                # columns of 2 rows
+        ({"ts": b"\0" * 8}, "wrong_type"),
+        ({"values": b""}, "wrong_type"),
+        ({"host": b"\xff\xff\xff\xff" * 2}, "wrong_type"),    # an index past the host table
+        ({"label": b"\x05\0\0\0" * 2}, "wrong_type"),
+        ({"hosts": ["h"] * 3}, "wrong_type"),                    # a table longer than the rows
+        ({"fields": ["DCGM_FI_DEV_GPU_TEMP"] * 2, "values": b"\0" * 32}, "wrong_type"),
+        ({"fields": ["x"] * 1000, "values": b""}, "wrong_type"),
+    ],
+)
+def test_a_columns_body_that_does_not_hold_what_it_declares_is_refused_whole(change, reason):
+    f = Feeder(_task())
+    dead = f.send(envelope(columns_body(_TWO, **change), 0))
+    assert _reasons(dead) == [reason] and dead[0].origin == f"{TOPIC}[0]@0"
+    assert f.task.stage.stats["fed"] == 0 and f.task.stage.forwarded == {}
+
+
 def test_what_a_partition_forwarded_survives_a_checkpoint():
     f = Feeder(_task())
     f.records(0, [T0, T0 + 3])
@@ -407,10 +472,34 @@ _mark = st.builds(
     st.booleans(),
     st.one_of(st.just(N), _num),
 )
-_records = st.lists(
+_record_lists = st.lists(
     st.builds(lambda t, h: _rec(t, h), st.one_of(st.floats(T0 - 100, T0 + 100), _num.filter(lambda x: isinstance(x, float))), st.sampled_from(["a", "b", "c"])),
     max_size=5,
-).map(records_body)
+)
+_u32s = st.lists(st.integers(0, 2**32 - 1), max_size=6).map(lambda xs: b"".join(x.to_bytes(4, "little") for x in xs))
+# A columns body with any of its members replaced by what a forger might write.
+_hostile_columns = st.builds(
+    lambda recs, change: columns_body(recs, **change),
+    _record_lists,
+    st.fixed_dictionaries(
+        {},
+        optional={
+            "cols": st.integers(-2, 3),
+            "n": st.one_of(st.integers(-3, 8), st.integers(min_value=-(2**63), max_value=2**63 - 1)),
+            "ts": st.binary(max_size=48),
+            "host": _u32s,
+            "gpu": st.binary(max_size=24),
+            "link": st.binary(max_size=24),
+            "model": _u32s,
+            "label": _u32s,
+            "hosts": st.lists(st.text(max_size=4), max_size=6),
+            "fields": st.lists(st.sampled_from(["DCGM_FI_DEV_GPU_TEMP", "DCGM_FI_DEV_POWER_USAGE", "x", ""]),
+                               max_size=4),
+            "values": st.binary(max_size=96),
+        },
+    ),
+)
+_records = st.one_of(_record_lists.map(records_body), _record_lists.map(json_records_body), _hostile_columns)
 _alerts = st.lists(
     st.builds(
         lambda i, t, gpu, state: _alert(i, t, gpu=gpu, state=state),

@@ -1,0 +1,313 @@
+"""The records the host stage forwards to ``<prefix>.fleet``, as columns (docs/architecture.md §8,
+"The forwarded records' body").
+
+A records message's body is a msgpack map (``Columns``): the DCGM records as columns, only the
+fields the fleet stage's engine reads (``Engine.decode_fields``) and a column only when a record
+of the message reports it, values as one float64 matrix (NaN: not reported); their hosts, GPU
+models and job labels as tables with an index per record; NCCL and progress records whole. The
+fleet stage reads the columns as arrays and sorts by them (``pipeline.topology.SortColumns``)
+without a Python step per value; only the records its engine is fed are built, one object per
+record and one per field value.
+
+Reading is bounded: every column's length is checked against the row count it declares, and
+that count against ``MAX_FORWARD``, before an array is made of it; arrays are made from the
+bytes with an explicit dtype and shape, never from anything else (no pickle).
+"""
+
+from __future__ import annotations
+
+import math
+import operator
+import struct
+from itertools import starmap
+from typing import Any, Sequence, Union
+
+import msgspec
+import numpy as np
+from msgspec.structs import astuple
+
+from pipeline.catalog import FIELDS
+from pipeline.schema import (
+    JOB_LABELS,
+    DcgmJobLabels,
+    DcgmSample,
+    NcclRecord,
+    ProgressRecord,
+    TelemetryRecord,
+    dcgm_fields_type,
+    dcgm_record_type,
+)
+from pipeline.topology import SortColumns
+
+COLUMNS_VERSION = 1
+# Records per message on the fleet topic: a DCGM record is ~8 bytes a field it reports plus ~30,
+# an NCCL or progress record ~300-600, so a message stays well under the broker's default 1 MiB
+# limit should the topic predate ensure_topics (which gives it 8 MiB).
+MAX_FORWARD = 400
+_SLOT = {n: i for i, n in enumerate(FIELDS.all_names)}
+_TS = operator.attrgetter("ts")
+_HOST = operator.attrgetter("host")
+_GPU = operator.attrgetter("gpu")
+_LINK = operator.attrgetter("link")
+_MODEL = operator.attrgetter("model")
+_LABELS = operator.attrgetter("labels")
+_FIELDS = operator.attrgetter("fields")
+_F64 = np.dtype("<f8")
+_I32 = np.dtype("<i4")
+_U32 = np.dtype("<u4")
+
+
+class Columns(msgspec.Struct):
+    """A records message's body (``cols``: the encoding's version). ``n`` DCGM records: ``ts``
+    (float64), ``host``, ``model`` and ``label`` (uint32 indices into ``hosts``, ``models`` and
+    ``labels``), ``gpu`` and ``link`` (int32; link -1: none), ``values`` (float64, ``n`` rows of
+    ``len(fields)``, row-major; NaN: not reported), every array little-endian bytes; ``other``:
+    the NCCL and progress records, whole. A record's index in the message (a dead letter's
+    ``#i``) counts the DCGM rows first, then ``other``."""
+
+    cols: int
+    n: int
+    ts: bytes
+    host: bytes
+    hosts: list[str]
+    gpu: bytes
+    link: bytes
+    model: bytes
+    models: list[Union[str, None]]
+    label: bytes
+    labels: list[Union[DcgmJobLabels, None]]
+    fields: list[str]
+    values: bytes
+    other: list[Union[NcclRecord, ProgressRecord]]
+
+
+class Malformed(ValueError):
+    """A body that decodes but does not hold what it declares: ``reason`` (a dead-letter code's
+    kind: ``"version"``, ``"size"`` or ``"shape"``) and the detail."""
+
+    def __init__(self, kind: str, detail: str) -> None:
+        super().__init__(detail)
+        self.kind = kind
+
+
+def _table(values: list[Any]) -> tuple[list[Any], np.ndarray]:
+    """The distinct ``values`` in first-seen order and each value's index among them."""
+    index = {v: i for i, v in enumerate(dict.fromkeys(values))}
+    return list(index), np.fromiter(map(index.__getitem__, values), np.uint32, len(values))
+
+
+def _label_key(lab: Any) -> tuple | None:
+    """Job labels as a hashable tuple (``JOB_LABELS`` order): a decoder's ``DcgmJobLabels`` or a
+    record's whole ``labels`` dict (a record built in process)."""
+    if lab is None:
+        return None
+    if isinstance(lab, dict):
+        return tuple(lab.get(k) for k in JOB_LABELS)
+    return astuple(lab)
+
+
+def _double(v: Any) -> float:
+    try:
+        return float(v)
+    except (OverflowError, TypeError, ValueError):
+        return math.inf if isinstance(v, int) and v > 0 else (-math.inf if isinstance(v, int) else math.nan)
+
+
+class Encoder:
+    """Forwarded records -> a ``Columns`` body, keeping the DCGM fields in ``fields`` (the fleet
+    engine's ``decode_fields``; None: every catalog name).
+
+    >>> from pipeline.schema import dcgm
+    >>> enc = Encoder(("DCGM_FI_DEV_GPU_TEMP",))
+    >>> body = enc.encode([dcgm(1764403200.0, "n1", 0, {"gpu_temp": 71, "power": 500})])
+    >>> cols = msgspec.msgpack.decode(body, type=Columns)
+    >>> (cols.n, cols.hosts, cols.fields, np.frombuffer(cols.values, "<f8").tolist())
+    (1, ['n1'], ['DCGM_FI_DEV_GPU_TEMP'], [71.0])
+    """
+
+    def __init__(self, fields: Sequence[str] | None = None) -> None:
+        names = FIELDS.all_names if fields is None else fields
+        self.names = sorted((n for n in set(names) if n in _SLOT), key=_SLOT.__getitem__)
+        getter_names = self.names if len(self.names) > 1 else [*self.names, *self.names]
+        self._get = operator.attrgetter(*getter_names) if self.names else None
+        self._pack = struct.Struct(f"<{len(getter_names)}d").pack if self.names else None
+        self._enc = msgspec.msgpack.Encoder()
+
+    def encode(self, records: Sequence[TelemetryRecord]) -> bytes:
+        """One message's body for ``records`` (at most ``MAX_FORWARD`` of them)."""
+        types = set(map(type, records))
+        if all(issubclass(t, DcgmSample) for t in types):
+            dcgm, other = list(records), []
+        else:
+            dcgm = [r for r in records if isinstance(r, DcgmSample)]
+            other = [r for r in records if not isinstance(r, DcgmSample)]
+        n = len(dcgm)
+        hosts, host = _table(list(map(_HOST, dcgm)))
+        models, model = _table(list(map(_MODEL, dcgm)))
+        label_keys, label = _table(list(map(_label_key, map(_LABELS, dcgm))))
+        labels = [None if k is None else DcgmJobLabels(**dict(zip(JOB_LABELS, k))) for k in label_keys]
+        links = list(map(_LINK, dcgm))
+        link = (
+            np.fromiter((-1 if x is None else x for x in links), _I32, n)
+            if any(x is not None for x in links)
+            else np.full(n, -1, _I32)
+        )
+        values, names = self._values(dcgm)
+        body = Columns(
+            cols=COLUMNS_VERSION,
+            n=n,
+            ts=np.fromiter(map(_TS, dcgm), _F64, n).tobytes(),
+            host=host.tobytes(),
+            hosts=hosts,
+            gpu=np.fromiter(map(_GPU, dcgm), _I32, n).tobytes(),
+            link=link.tobytes(),
+            model=model.tobytes(),
+            models=models,
+            label=label.tobytes(),
+            labels=labels,
+            fields=names,
+            values=values.tobytes(),
+            other=other,  # type: ignore[arg-type]  # NCCL and progress records, by the split above
+        )
+        return self._enc.encode(body)
+
+    def _values(self, dcgm: list[Any]) -> tuple[np.ndarray, list[str]]:
+        """The value matrix of the fields any of ``dcgm`` reports, and their names."""
+        n, k = len(dcgm), len(self.names)
+        if not n or not k or self._get is None or self._pack is None:
+            return np.empty((n, 0), _F64), []
+        fields = list(map(_FIELDS, dcgm))
+        try:
+            m = np.frombuffer(b"".join(starmap(self._pack, map(self._get, fields))), _F64).reshape(n, -1)[:, :k]
+        except (AttributeError, struct.error, OverflowError, TypeError):
+            # A record decoded for another field set, or an integer past a double: field by field.
+            m = np.array([[_double(getattr(f, nm, math.nan)) for nm in self.names] for f in fields], _F64)
+            m = m.reshape(n, k)
+        with np.errstate(invalid="ignore"):
+            seen: list[bool] = np.logical_not(np.isnan(m).all(axis=0)).tolist()
+        return np.ascontiguousarray(m[:, seen]), [nm for nm, s in zip(self.names, seen) if s]
+
+
+class Decoded:
+    """A ``Columns`` body read: the DCGM rows' arrays and the other records, not yet checked."""
+
+    __slots__ = (
+        "n",
+        "ts",
+        "host",
+        "hosts",
+        "gpu",
+        "link",
+        "model",
+        "models",
+        "label",
+        "labels",
+        "fields",
+        "values",
+        "other",
+    )
+
+    def __init__(self, c: Columns) -> None:
+        n = c.n
+        if c.cols != COLUMNS_VERSION:
+            raise Malformed("version", f"forwarded records encoding {c.cols} (this build reads {COLUMNS_VERSION})")
+        if not 0 <= n <= MAX_FORWARD or len(c.other) > MAX_FORWARD - n:
+            raise Malformed("size", f"{n} + {len(c.other)} records; at most {MAX_FORWARD} a message")
+        k = len(c.fields)
+        if k > len(_SLOT) or len(set(c.fields)) != k:
+            raise Malformed("shape", f"{k} field names, repeated or more than the catalog's {len(_SLOT)}")
+        for name, blob, width in (
+            ("ts", c.ts, 8),
+            ("host", c.host, 4),
+            ("gpu", c.gpu, 4),
+            ("link", c.link, 4),
+            ("model", c.model, 4),
+            ("label", c.label, 4),
+            ("values", c.values, 8 * k),
+        ):
+            if len(blob) != n * width:
+                raise Malformed("shape", f"column {name} of {len(blob)} bytes; {n} rows need {n * width}")
+        check_other(c.other)
+        self.n, self.fields = n, c.fields
+        self.other: list[NcclRecord | ProgressRecord] = list(c.other)
+        self.ts = np.frombuffer(c.ts, _F64)
+        self.gpu = np.frombuffer(c.gpu, _I32)
+        self.link = np.frombuffer(c.link, _I32)
+        self.values = np.frombuffer(c.values, _F64).reshape(n, k)
+        self.host, self.hosts = self._index("host", c.host, c.hosts)
+        self.model, self.models = self._index("model", c.model, c.models)
+        self.label, self.labels = self._index("label", c.label, c.labels)
+
+    def _index(self, name: str, blob: bytes, table: list[Any]) -> tuple[np.ndarray, list[Any]]:
+        idx = np.frombuffer(blob, _U32)
+        if len(table) > self.n or (len(idx) and int(idx.max()) >= len(table)):
+            raise Malformed("shape", f"column {name} indexes past its table of {len(table)}")
+        return idx.astype(np.int64), table
+
+
+_I64_MIN, _I64_MAX = -(2**63), 2**63 - 1
+
+
+def check_other(records: Sequence[Any]) -> None:
+    """Refuse (``Malformed``) NCCL or progress records whose GPU or rank is past an int64: the
+    fleet stage's canonical order holds them in int64 columns (``canonical_order``); the host
+    stage's decoder never forwards such a record."""
+    for i, r in enumerate(records):
+        if isinstance(r, (NcclRecord, ProgressRecord)):
+            gpu = -1 if r.gpu is None else r.gpu
+            if not (_I64_MIN <= gpu <= _I64_MAX and _I64_MIN <= r.rank <= _I64_MAX):
+                raise Malformed("shape", f"record {i}: gpu or rank past an int64")
+
+
+class Builder:
+    """Checked columns -> the records the fleet engine reads (``fields``: its ``decode_fields``)
+    and their ``SortColumns``."""
+
+    def __init__(self, fields: tuple[str, ...]) -> None:
+        # Typed Any: made at run time with the fields' slots (and ``labels``), which mypy cannot see.
+        self.record_type: Any = dcgm_record_type(fields)
+        self.fields_type: Any = dcgm_fields_type(fields)
+        # Its slots are in catalog order (``dcgm_fields_type``).
+        self.slots = {n: i for i, n in enumerate(sorted(set(fields), key=_SLOT.__getitem__))}
+
+    def build(
+        self, d: Decoded, keep: np.ndarray, other: list[NcclRecord | ProgressRecord]
+    ) -> tuple[list[Any], SortColumns]:
+        """The DCGM rows ``keep`` selects as records, then ``other``; their sort columns."""
+        rows = np.flatnonzero(keep)
+        m = len(rows)
+        width = len(self.slots)
+        values = np.full((m, width), np.nan)
+        for j, name in enumerate(d.fields):
+            s = self.slots.get(name)
+            if s is not None:  # a field this engine does not read is skipped, as the JSON decoder skips it
+                values[:, s] = d.values[rows, j]
+        fields = list(starmap(self.fields_type, values.tolist())) if width else [self.fields_type()] * m
+        hosts = [d.hosts[i] for i in d.host[rows].tolist()]
+        models = [d.models[i] for i in d.model[rows].tolist()]
+        labels = [d.labels[i] for i in d.label[rows].tolist()]
+        link_a = d.link[rows]
+        links: list[int | None] = [None if x < 0 else x for x in link_a.tolist()] if (link_a >= 0).any() else [None] * m
+        make = self.record_type
+        recs: list[Any] = [
+            make(ts=t, host=h, gpu=g, link=lk, model=md, fields=f, labels=lb)
+            for t, h, g, lk, md, f, lb in zip(
+                d.ts[rows].tolist(), hosts, d.gpu[rows].tolist(), links, models, fields, labels
+            )
+        ]
+        recs.extend(other)
+        table = list(d.hosts)
+        index = {h: i for i, h in enumerate(table)}
+        for r in other:
+            if r.host not in index:
+                index[r.host] = len(table)
+                table.append(r.host)
+        o = len(other)
+        kind = np.zeros(m + o, np.int64)
+        kind[m:] = [2 if isinstance(r, ProgressRecord) else 1 for r in other]
+        host = np.concatenate([d.host[rows], np.fromiter((index[r.host] for r in other), np.int64, o)])
+        gpu = np.concatenate(
+            [d.gpu[rows].astype(np.int64), np.fromiter((-1 if r.gpu is None else r.gpu for r in other), np.int64, o)]
+        )
+        link = np.concatenate([link_a.astype(np.int64), np.full(o, -1, np.int64)])
+        return recs, SortColumns(kind, host, table, gpu, link)

@@ -1,0 +1,165 @@
+"""The forwarded records' columns (pipeline/service/forwarded.py): what the fleet stage builds from
+them is what it decoded from the JSON array of earlier builds, field for field, and their sort
+columns give the canonical order of ``record_identity`` (pipeline/topology.py)."""
+
+from __future__ import annotations
+
+import math
+
+import msgspec
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from msgspec.structs import astuple
+
+from pipeline.schema import DcgmJobLabels, NcclRecord, ProgressRecord, dcgm, dcgm_record_type
+from pipeline.service.forwarded import Builder, Columns, Decoded, Encoder
+from pipeline.topology import FleetStage, SortColumns, canonical_order, record_identity, records_decoder
+from tests.factories import T0, fuzz_examples
+
+# What a fleet engine with models reads, both spellings (Engine.decode_fields).
+FIELDS = ("DCGM_FI_DEV_GPU_TEMP", "DCGM_FI_DEV_POWER_USAGE", "DCGM_FI_DEV_SM_CLOCK", "DCGM_FI_DEV_MEMORY_TEMP",
+          "DCGM_FI_DEV_MEMORY_TEMP_CELSIUS")
+_value = st.one_of(st.integers(0, 2**40), st.floats(-1e6, 1e6, allow_nan=False), st.sampled_from([0, 1, 71.5, 2**53 + 1]))
+_dcgm = st.builds(
+    lambda t, h, g, link, model, labels, fields: dcgm(T0 + t, h, g, fields, link=link, model=model, labels=labels),
+    st.sampled_from([0.0, 0.5, 1.0, 7.25]),
+    st.sampled_from(["n1", "n10", "n2", "a"]),
+    st.integers(0, 3),
+    st.none() | st.integers(0, 2),
+    st.none() | st.sampled_from(["NVIDIA H100 80GB HBM3", "NVIDIA A100-SXM4-80GB"]),
+    st.sampled_from([{}, {"job": "train-1"}, {"job": "7", "pod": "p", "namespace": "ns", "other": "x"},
+                     {"hpc_job": "42"}]),
+    st.dictionaries(st.sampled_from(["gpu_temp", "power", "sm_clock", "memory_temp", "xid"]), _value, max_size=5),
+)
+_nccl = st.builds(
+    lambda t, h, g, comm, rank, coll, seq: NcclRecord(
+        ts=T0 + t, host=h, gpu=g, comm=comm, rank=rank, nranks=8, coll=coll, seq=seq, bytes=1 << 20,
+        exec_time_us=100.0, labels={"job": "j"}),
+    st.sampled_from([0.0, 1.0, 7.25]),
+    st.sampled_from(["n1", "n3", "a"]),
+    st.none() | st.integers(0, 3),
+    st.sampled_from(["0x1", "0xab", "", "z"]),
+    st.integers(0, 7),
+    st.sampled_from(["AllReduce", "AllGather", ""]),
+    st.none() | st.integers(0, 3),
+)
+_progress = st.builds(
+    lambda t, h, rank, state: ProgressRecord(ts=T0 + t, host=h, job="j", rank=rank, comm="0", source="watchdog",
+                                             state=state, last_enqueued=5, last_completed=4),
+    st.sampled_from([0.0, 1.0]),
+    st.sampled_from(["n1", "b"]),
+    st.integers(0, 3),
+    st.sampled_from(["progress", "timeout"]),
+)
+_records = st.lists(_dcgm | _nccl | _progress, max_size=30)
+
+
+def _through_columns(records: list, fields: tuple[str, ...] = FIELDS) -> tuple[list, np.ndarray, SortColumns]:
+    body = Encoder(fields).encode(records)
+    d = Decoded(msgspec.msgpack.decode(body, type=Columns))
+    recs, cols = Builder(fields).build(d, np.ones(d.n, bool), d.other)
+    return recs, np.array([r.ts for r in recs]), cols
+
+
+def _plain(r: object) -> tuple:
+    """A record's values, numbers as doubles and NaN as None, for a comparison across decoders."""
+    def one(v: object) -> object:
+        if isinstance(v, (int, float)) and not isinstance(v, bool):
+            return None if math.isnan(v) else float(v)
+        if isinstance(v, msgspec.Struct):
+            return tuple(one(x) for x in astuple(v))
+        return v
+    return (type(r).__name__.replace("Subset", ""), *(one(v) for v in astuple(r)))
+
+
+@settings(max_examples=fuzz_examples(200), deadline=None)
+@given(_records)
+def test_the_columns_build_what_the_json_array_decoded(records):
+    got, _, _ = _through_columns(records)
+    want = records_decoder(FIELDS)(msgspec.json.encode(records))
+    # The columns carry the DCGM records first, then the NCCL and progress records.
+    want = [r for r in want if not isinstance(r, (NcclRecord, ProgressRecord))] + [
+        r for r in want if isinstance(r, (NcclRecord, ProgressRecord))]
+    assert [_plain(r) for r in got] == [_plain(r) for r in want]
+    assert all(type(r) is dcgm_record_type(FIELDS) for r in got[: sum(1 for r in want if hasattr(r, "fields"))])
+
+
+def _reference(records: list) -> list[int]:
+    """The record-by-record canonical order: sorted by ``record_identity``, the first fed kept."""
+    seen: set = set()
+    out = []
+    for i in sorted(range(len(records)), key=lambda i: record_identity(records[i])):
+        ident = record_identity(records[i])
+        if ident not in seen:
+            seen.add(ident)
+            out.append(i)
+    return out
+
+
+@settings(max_examples=fuzz_examples(200), deadline=None)
+@given(_records, st.data())
+def test_the_sort_columns_of_the_wire_give_the_record_by_record_order(records, data):
+    if records:  # repeats: what an upstream replay forwards again
+        records = records + data.draw(st.lists(st.sampled_from(records), max_size=10))
+    recs, ts, cols = _through_columns(records)
+    order, dropped = canonical_order(recs, ts, cols)
+    want = _reference(recs)
+    assert order == want and dropped == len(recs) - len(want)
+    assert canonical_order(recs, ts) == (order, dropped)
+
+
+@settings(max_examples=fuzz_examples(100), deadline=None)
+@given(st.lists(_records, min_size=1, max_size=4))
+def test_a_stage_fed_columns_releases_what_one_fed_records_releases(batches):
+    # Each message its own host table: the stage ranks the hosts of all it releases together.
+    def released(columns: bool) -> list:
+        got: list = []
+        stage = FleetStage(lambda: _Recorder(got))
+        for recs in batches:
+            if columns:
+                built, ts, cols = _through_columns(recs)
+                stage.feed(built, ts=ts, cols=cols)
+            else:
+                stage.feed(records_decoder(FIELDS)(msgspec.json.encode(recs)))
+        stage.flush()
+        return [_plain(r) for r in got]
+
+    assert released(True) == released(False)
+
+
+class _Recorder:
+    """An engine that keeps what it is fed, in order."""
+
+    def __init__(self, got: list) -> None:
+        self.got, self.released, self.pending = got, -math.inf, 0
+
+    def process(self, records: list):
+        from pipeline.engine import EngineOutput
+
+        self.got.extend(records)
+        return EngineOutput()
+
+    def advance_to(self, upto: float):
+        from pipeline.engine import EngineOutput
+
+        return EngineOutput()
+
+    def flush(self):
+        from pipeline.engine import EngineOutput
+
+        return EngineOutput()
+
+
+def test_a_message_carries_only_the_fields_its_records_report():
+    recs = [dcgm(T0, "n1", g, {"gpu_temp": 60 + g}) for g in range(4)]
+    cols = msgspec.msgpack.decode(Encoder(FIELDS).encode(recs), type=Columns)
+    assert cols.fields == ["DCGM_FI_DEV_GPU_TEMP"] and cols.hosts == ["n1"]
+    assert np.frombuffer(cols.values, "<f8").tolist() == [60.0, 61.0, 62.0, 63.0]
+
+
+def test_job_labels_travel_as_a_table():
+    recs = [dcgm(T0, "n1", g, {}, labels={"job": "a" if g % 2 else "b", "pod": "p", "rack": "r1"}) for g in range(6)]
+    cols = msgspec.msgpack.decode(Encoder(FIELDS).encode(recs), type=Columns)
+    assert cols.labels == [DcgmJobLabels(job="b", pod="p"), DcgmJobLabels(job="a", pod="p")]
+    assert np.frombuffer(cols.label, "<u4").tolist() == [0, 1, 0, 1, 0, 1]
