@@ -63,7 +63,7 @@ from pipeline.errors import StateError
 from pipeline.hang import HangDetector
 from pipeline.incidents import AlertFeed, IncidentEvent, IncidentStage
 from pipeline.runner import Totals
-from pipeline.schema import AlertEvent, DeadLetter, NcclRecord, ProgressRecord, TelemetryRecord, encode
+from pipeline.schema import AlertEvent, DeadLetter, TelemetryRecord, encode
 from pipeline.service.forwarded import MAX_FORWARD, Builder, Columns, Decoded, Encoder, Malformed, check_other
 from pipeline.topology import FLEET_KEY, FleetStage, SortColumns, records_decoder
 
@@ -413,16 +413,13 @@ class FleetTask:
         for i in np.flatnonzero(~good).tolist():
             t = float(d.ts[i])
             dead.append(self._out_of_range(m, i, t, d.hosts[int(d.host[i])]))
-        other: list[NcclRecord | ProgressRecord] = []
-        for j, r in enumerate(d.other):
-            if TS_MIN <= r.ts <= TS_MAX:
-                other.append(r)
-            else:
-                dead.append(self._out_of_range(m, n + j, r.ts, r.host))
-        recs, cols = self._build.build(d, good, other)
+        ots = np.fromiter(map(_TS, d.other), np.float64, len(d.other))
+        ogood = (ots >= TS_MIN) & (ots <= TS_MAX)
+        for j in np.flatnonzero(~ogood).tolist():
+            dead.append(self._out_of_range(m, n + j, d.other[j].ts, d.other[j].host))
+        recs, cols = self._build.build(d, good, ogood)
         if recs:
-            ts = np.concatenate([d.ts[good], np.fromiter(map(_TS, other), np.float64, len(other))])
-            self._feed(recs, sender, m, ts, cols)
+            self._feed(recs, sender, m, np.concatenate([d.ts[good], ots[ogood]]), cols)
         return dead
 
     @staticmethod

@@ -19,8 +19,8 @@ from __future__ import annotations
 import math
 import operator
 import struct
-from itertools import starmap
-from typing import Any, Sequence, Union
+from itertools import compress, repeat, starmap
+from typing import Any, Callable, Sequence, Union
 
 import msgspec
 import numpy as np
@@ -49,6 +49,7 @@ _TS = operator.attrgetter("ts")
 _HOST = operator.attrgetter("host")
 _GPU = operator.attrgetter("gpu")
 _LINK = operator.attrgetter("link")
+_RANK = operator.attrgetter("rank")
 _MODEL = operator.attrgetter("model")
 _LABELS = operator.attrgetter("labels")
 _FIELDS = operator.attrgetter("fields")
@@ -132,25 +133,33 @@ class Encoder:
         self._get = operator.attrgetter(*getter_names) if self.names else None
         self._pack = struct.Struct(f"<{len(getter_names)}d").pack if self.names else None
         self._enc = msgspec.msgpack.Encoder()
+        self._layouts: dict[type, tuple[Callable[..., bytes], np.ndarray]] = {}
 
     def encode(self, records: Sequence[TelemetryRecord]) -> bytes:
         """One message's body for ``records`` (at most ``MAX_FORWARD`` of them)."""
-        types = set(map(type, records))
-        if all(issubclass(t, DcgmSample) for t in types):
+        # By type, not isinstance(): a set lookup per record, and the split in C (compress).
+        types = list(map(type, records))
+        kinds = set(types)
+        dcgm_types = {t for t in kinds if issubclass(t, DcgmSample)}
+        if len(dcgm_types) == len(kinds):
             dcgm, other = list(records), []
         else:
-            dcgm = [r for r in records if isinstance(r, DcgmSample)]
-            other = [r for r in records if not isinstance(r, DcgmSample)]
+            is_dcgm = list(map(dcgm_types.__contains__, types))
+            dcgm = list(compress(records, is_dcgm))
+            other = list(compress(records, map(operator.not_, is_dcgm)))
         n = len(dcgm)
         hosts, host = _table(list(map(_HOST, dcgm)))
         models, model = _table(list(map(_MODEL, dcgm)))
-        label_keys, label = _table(list(map(_label_key, map(_LABELS, dcgm))))
+        labs = list(map(_LABELS, dcgm))
+        # The decoder's job labels (the service's case) turn into tuples in C.
+        keys = list(map(astuple, labs)) if set(map(type, labs)) <= {DcgmJobLabels} else list(map(_label_key, labs))
+        label_keys, label = _table(keys)
         labels = [None if k is None else DcgmJobLabels(**dict(zip(JOB_LABELS, k))) for k in label_keys]
         links = list(map(_LINK, dcgm))
         link = (
-            np.fromiter((-1 if x is None else x for x in links), _I32, n)
-            if any(x is not None for x in links)
-            else np.full(n, -1, _I32)
+            np.full(n, -1, _I32)
+            if links.count(None) == n
+            else np.fromiter((-1 if x is None else x for x in links), _I32, n)
         )
         values, names = self._values(dcgm)
         body = Columns(
@@ -171,15 +180,33 @@ class Encoder:
         )
         return self._enc.encode(body)
 
+    def _layout(self, fields_type: type) -> tuple[Callable[..., bytes], np.ndarray]:
+        """For records whose ``fields`` are ``fields_type``: a packer of all its slots, and the
+        positions of ``names`` among them (``KeyError`` when it lacks one)."""
+        got = self._layouts.get(fields_type)
+        if got is None:
+            slots: tuple[str, ...] = getattr(fields_type, "__struct_fields__")
+            at = {nm: i for i, nm in enumerate(slots)}
+            got = (struct.Struct(f"<{len(slots)}d").pack, np.array([at[nm] for nm in self.names], np.intp))
+            self._layouts[fields_type] = got
+        return got
+
     def _values(self, dcgm: list[Any]) -> tuple[np.ndarray, list[str]]:
         """The value matrix of the fields any of ``dcgm`` reports, and their names."""
         n, k = len(dcgm), len(self.names)
         if not n or not k or self._get is None or self._pack is None:
             return np.empty((n, 0), _F64), []
         fields = list(map(_FIELDS, dcgm))
+        types = set(map(type, fields))
         try:
-            m = np.frombuffer(b"".join(starmap(self._pack, map(self._get, fields))), _F64).reshape(n, -1)[:, :k]
-        except (AttributeError, struct.error, OverflowError, TypeError):
+            if len(types) == 1:
+                # One fields type (the host decoder's): every slot of a record packed at once in C
+                # (astuple), the names wanted picked from the matrix.
+                pack, pick = self._layout(types.pop())
+                m = np.frombuffer(b"".join(starmap(pack, map(astuple, fields))), _F64).reshape(n, -1)[:, pick]
+            else:
+                m = np.frombuffer(b"".join(starmap(self._pack, map(self._get, fields))), _F64).reshape(n, -1)[:, :k]
+        except (AttributeError, KeyError, struct.error, OverflowError, TypeError):
             # A record decoded for another field set, or an integer past a double: field by field.
             m = np.array([[_double(getattr(f, nm, math.nan)) for nm in self.names] for f in fields], _F64)
             m = m.reshape(n, k)
@@ -205,6 +232,8 @@ class Decoded:
         "fields",
         "values",
         "other",
+        "other_gpu",
+        "other_rank",
     )
 
     def __init__(self, c: Columns) -> None:
@@ -227,9 +256,9 @@ class Decoded:
         ):
             if len(blob) != n * width:
                 raise Malformed("shape", f"column {name} of {len(blob)} bytes; {n} rows need {n * width}")
-        check_other(c.other)
         self.n, self.fields = n, c.fields
         self.other: list[NcclRecord | ProgressRecord] = list(c.other)
+        self.other_gpu, self.other_rank = other_columns(self.other)
         self.ts = np.frombuffer(c.ts, _F64)
         self.gpu = np.frombuffer(c.gpu, _I32)
         self.link = np.frombuffer(c.link, _I32)
@@ -245,18 +274,35 @@ class Decoded:
         return idx.astype(np.int64), table
 
 
-_I64_MIN, _I64_MAX = -(2**63), 2**63 - 1
+def other_columns(records: Sequence[Any]) -> tuple[np.ndarray, np.ndarray]:
+    """The GPU (-1: none) and rank columns of NCCL or progress ``records``; ``Malformed`` when one
+    is past an int64: the fleet stage's canonical order holds them in int64 columns
+    (``canonical_order``), and the host stage's decoder never forwards such a record.
+
+    >>> from pipeline.schema import NcclRecord
+    >>> r = NcclRecord(ts=1.0, host="h", comm="c", rank=3, nranks=4, coll="AllReduce", bytes=1, exec_time_us=1.0)
+    >>> [a.tolist() for a in other_columns([r])]
+    [[-1], [3]]
+    """
+    n = len(records)
+    gpus = list(map(_GPU, records))
+    try:
+        gpu = (
+            np.fromiter(gpus, np.int64, n)
+            if gpus.count(None) == 0
+            else np.fromiter((-1 if g is None else g for g in gpus), np.int64, n)
+        )
+        rank = np.fromiter(map(_RANK, records), np.int64, n)
+    except OverflowError:
+        raise Malformed("shape", "an NCCL or progress record's gpu or rank is past an int64") from None
+    return gpu, rank
 
 
 def check_other(records: Sequence[Any]) -> None:
-    """Refuse (``Malformed``) NCCL or progress records whose GPU or rank is past an int64: the
-    fleet stage's canonical order holds them in int64 columns (``canonical_order``); the host
-    stage's decoder never forwards such a record."""
-    for i, r in enumerate(records):
-        if isinstance(r, (NcclRecord, ProgressRecord)):
-            gpu = -1 if r.gpu is None else r.gpu
-            if not (_I64_MIN <= gpu <= _I64_MAX and _I64_MIN <= r.rank <= _I64_MAX):
-                raise Malformed("shape", f"record {i}: gpu or rank past an int64")
+    """``other_columns`` of the NCCL and progress records among ``records`` (a JSON array's)."""
+    types = {t for t in set(map(type, records)) if issubclass(t, (NcclRecord, ProgressRecord))}
+    if types:
+        other_columns([r for r in records if type(r) in types])
 
 
 class Builder:
@@ -270,19 +316,22 @@ class Builder:
         # Its slots are in catalog order (``dcgm_fields_type``).
         self.slots = {n: i for i, n in enumerate(sorted(set(fields), key=_SLOT.__getitem__))}
 
-    def build(
-        self, d: Decoded, keep: np.ndarray, other: list[NcclRecord | ProgressRecord]
-    ) -> tuple[list[Any], SortColumns]:
-        """The DCGM rows ``keep`` selects as records, then ``other``; their sort columns."""
+    def build(self, d: Decoded, keep: np.ndarray, keep_other: np.ndarray) -> tuple[list[Any], SortColumns]:
+        """The DCGM rows ``keep`` selects as records, then the other records ``keep_other``
+        selects; their sort columns."""
         rows = np.flatnonzero(keep)
         m = len(rows)
-        width = len(self.slots)
-        values = np.full((m, width), np.nan)
+        # One column per slot, in slot order: a list of the message's values, or one shared NaN
+        # for a field it does not carry (no float object made per absent value).
+        columns: list[Any] = [repeat(math.nan)] * len(self.slots)
         for j, name in enumerate(d.fields):
             s = self.slots.get(name)
             if s is not None:  # a field this engine does not read is skipped, as the JSON decoder skips it
-                values[:, s] = d.values[rows, j]
-        fields = list(starmap(self.fields_type, values.tolist())) if width else [self.fields_type()] * m
+                columns[s] = d.values[rows, j].tolist()
+        if any(isinstance(c, list) for c in columns):
+            fields = list(map(self.fields_type, *columns))
+        else:  # nothing to read (and map over repeat() alone would never end)
+            fields = [self.fields_type() for _ in range(m)]
         hosts = [d.hosts[i] for i in d.host[rows].tolist()]
         models = [d.models[i] for i in d.model[rows].tolist()]
         labels = [d.labels[i] for i in d.label[rows].tolist()]
@@ -295,6 +344,8 @@ class Builder:
                 d.ts[rows].tolist(), hosts, d.gpu[rows].tolist(), links, models, fields, labels
             )
         ]
+        sel = np.flatnonzero(keep_other).tolist()
+        other = [d.other[i] for i in sel] if len(sel) < len(d.other) else d.other
         recs.extend(other)
         table = list(d.hosts)
         index = {h: i for i, h in enumerate(table)}
@@ -304,10 +355,10 @@ class Builder:
                 table.append(r.host)
         o = len(other)
         kind = np.zeros(m + o, np.int64)
-        kind[m:] = [2 if isinstance(r, ProgressRecord) else 1 for r in other]
+        if o:
+            progress = {t for t in set(map(type, other)) if issubclass(t, ProgressRecord)}
+            kind[m:] = np.fromiter(map(progress.__contains__, map(type, other)), bool, o).astype(np.int64) + 1
         host = np.concatenate([d.host[rows], np.fromiter((index[r.host] for r in other), np.int64, o)])
-        gpu = np.concatenate(
-            [d.gpu[rows].astype(np.int64), np.fromiter((-1 if r.gpu is None else r.gpu for r in other), np.int64, o)]
-        )
+        gpu = np.concatenate([d.gpu[rows].astype(np.int64), d.other_gpu[keep_other]])
         link = np.concatenate([link_a.astype(np.int64), np.full(o, -1, np.int64)])
         return recs, SortColumns(kind, host, table, gpu, link)

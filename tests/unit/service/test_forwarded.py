@@ -58,7 +58,7 @@ _records = st.lists(_dcgm | _nccl | _progress, max_size=30)
 def _through_columns(records: list, fields: tuple[str, ...] = FIELDS) -> tuple[list, np.ndarray, SortColumns]:
     body = Encoder(fields).encode(records)
     d = Decoded(msgspec.msgpack.decode(body, type=Columns))
-    recs, cols = Builder(fields).build(d, np.ones(d.n, bool), d.other)
+    recs, cols = Builder(fields).build(d, np.ones(d.n, bool), np.ones(len(d.other), bool))
     return recs, np.array([r.ts for r in recs]), cols
 
 
@@ -163,3 +163,11 @@ def test_job_labels_travel_as_a_table():
     cols = msgspec.msgpack.decode(Encoder(FIELDS).encode(recs), type=Columns)
     assert cols.labels == [DcgmJobLabels(job="b", pod="p"), DcgmJobLabels(job="a", pod="p")]
     assert np.frombuffer(cols.label, "<u4").tolist() == [0, 1, 0, 1, 0, 1]
+
+
+def test_a_message_of_fields_the_engine_does_not_read_builds_records_without_values():
+    # Each slot then reads a shared NaN: a map over those alone would never end.
+    body = Encoder(("DCGM_FI_DEV_XID_ERRORS",)).encode([dcgm(T0, "n1", 0, {"xid": 79})])
+    d = Decoded(msgspec.msgpack.decode(body, type=Columns))
+    recs, _ = Builder(FIELDS).build(d, np.ones(1, bool), np.ones(0, bool))
+    assert len(recs) == 1 and all(math.isnan(v) for v in astuple(recs[0].fields))

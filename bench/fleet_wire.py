@@ -1,0 +1,119 @@
+"""What the host stage forwards to ``<prefix>.fleet``: bytes and CPU per forwarded record, measured.
+
+    .venv/bin/python bench/fleet_wire.py [--hosts 64] [--seconds 60] [--repeat 3] [--json OUT]
+
+A simulated ``mixed`` recording goes through the host stage (default rules, the default models'
+fleet stage as the field set) as the service's host stage runs it; what it forwards is encoded
+in messages of ``MAX_FORWARD`` records inside the signed envelope, as a JSON array of records
+(the encoding of earlier builds, still read) and as columns (pipeline/service/forwarded.py).
+Prints per forwarded record: the bytes on the topic, the host stage's encode, and the fleet
+stage's decode (records ready for its engine) plus canonical order, in CPU time. Median of
+--repeat runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import msgspec
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from pipeline.decode import Decoder  # noqa: E402
+from pipeline.detection import build_detector  # noqa: E402
+from pipeline.service.fleet import ENVELOPE_VERSION, Envelope, mac  # noqa: E402
+from pipeline.service.forwarded import MAX_FORWARD, Builder, Columns, Decoded, Encoder  # noqa: E402
+from pipeline.topology import Topology, canonical_order, records_decoder  # noqa: E402
+from producers.sim import Simulator  # noqa: E402
+
+KEY = b"k" * 32
+
+
+def forwarded(hosts: int, seconds: int) -> tuple[list[Any], tuple[str, ...]]:
+    """The records the host stage forwards for a simulated recording, and the fleet engine's fields."""
+    det, _ = build_detector([str(ROOT / "rules")], "auto")
+    assert isinstance(det, Topology)
+    fields = det.fleet_engine().decode_fields
+    dec = Decoder()
+    dec.set_fields(det.decode_fields)
+    out: list[Any] = []
+    sim = Simulator(hosts=hosts, duration=seconds, seed=5, scenario="mixed")
+    for batch in sim.batches():
+        recs = dec.decode(msgspec.json.encode(batch), "sim").records
+        out.extend(det.host.process(recs).forwarded)
+    out.extend(det.host.flush().forwarded)
+    return out, fields
+
+
+def _wrap(body: bytes) -> bytes:
+    return msgspec.msgpack.encode(Envelope(ENVELOPE_VERSION, 0, body, mac(KEY, "t.fleet", "g", 0, body)))
+
+
+def _timed(fn: Callable[[], Any], repeat: int) -> tuple[float, Any]:
+    runs, got = [], None
+    for _ in range(repeat):
+        # CPU time of this process: the machine's other load does not count.
+        t = time.process_time()
+        got = fn()
+        runs.append(time.process_time() - t)
+    return statistics.median(runs), got
+
+
+def measure(records: list[Any], fields: tuple[str, ...], repeat: int) -> dict:
+    chunks = [records[i : i + MAX_FORWARD] for i in range(0, len(records), MAX_FORWARD)]
+    n = len(records)
+    json_enc = msgspec.json.Encoder()
+    col_enc = Encoder(fields)
+    env = msgspec.msgpack.Decoder(Envelope)
+    json_dec = records_decoder(fields)
+    col_dec = msgspec.msgpack.Decoder(Columns)
+    build = Builder(fields)
+
+    def json_in(msgs: list[bytes]) -> None:
+        for v in msgs:
+            recs = json_dec(env.decode(v).body)
+            canonical_order(recs, np.fromiter((r.ts for r in recs), np.float64, len(recs)))
+
+    def col_in(msgs: list[bytes]) -> None:
+        for v in msgs:
+            d = Decoded(col_dec.decode(env.decode(v).body))
+            recs, cols = build.build(d, np.ones(d.n, bool), np.ones(len(d.other), bool))
+            canonical_order(recs, np.array([r.ts for r in recs]), cols)
+
+    out: dict = {"records": n}
+    for name, enc, dec in (("json", json_enc.encode, json_in), ("columns", col_enc.encode, col_in)):
+        t_enc, msgs = _timed(lambda enc=enc: [_wrap(enc(c)) for c in chunks], repeat)
+        t_dec, _ = _timed(lambda dec=dec, msgs=msgs: dec(msgs), repeat)
+        out[name] = {
+            "bytes_per_record": round(sum(map(len, msgs)) / n, 1),
+            "encode_us": round(t_enc / n * 1e6, 3),
+            "decode_and_order_us": round(t_dec / n * 1e6, 3),
+        }
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--hosts", type=int, default=64)
+    ap.add_argument("--seconds", type=int, default=60)
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--json", help="append the result as one JSON line to this file")
+    a = ap.parse_args()
+    records, fields = forwarded(a.hosts, a.seconds)
+    res = {"bench": "fleet_wire", "hosts": a.hosts, "seconds": a.seconds, **measure(records, fields, a.repeat)}
+    print(json.dumps(res, indent=2))
+    if a.json:
+        with open(a.json, "a") as f:
+            f.write(json.dumps(res) + "\n")
+
+
+if __name__ == "__main__":
+    main()
