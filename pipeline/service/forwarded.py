@@ -327,7 +327,10 @@ class Builder:
         for j, name in enumerate(d.fields):
             s = self.slots.get(name)
             if s is not None:  # a field this engine does not read is skipped, as the JSON decoder skips it
-                columns[s] = d.values[rows, j].tolist()
+                col = d.values[rows, j]
+                # A gap reads the shared NaN, the slot's default, which JSON leaves out (a
+                # snapshot's buffered records): another NaN object would be written as null.
+                columns[s] = [math.nan if x != x else x for x in col.tolist()] if np.isnan(col).any() else col.tolist()
         if any(isinstance(c, list) for c in columns):
             fields = list(map(self.fields_type, *columns))
         else:  # nothing to read (and map over repeat() alone would never end)
