@@ -83,8 +83,9 @@ class Columns(msgspec.Struct):
 
 
 class Malformed(ValueError):
-    """A body that decodes but does not hold what it declares: ``reason`` (a dead-letter code's
-    kind: ``"version"``, ``"size"`` or ``"shape"``) and the detail."""
+    """A body that decodes but does not hold what it declares: its ``kind`` (``"version"``,
+    ``"size"`` or ``"shape"``: ``bad_envelope``, ``too_large`` or ``wrong_type`` in
+    ``FleetTask.check``) and the detail."""
 
     def __init__(self, kind: str, detail: str) -> None:
         super().__init__(detail)
