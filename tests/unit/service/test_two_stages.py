@@ -25,6 +25,7 @@ from pipeline.replay import incident_watermark
 from pipeline.runner import Pipeline
 from pipeline.service.app import Service
 from pipeline.service.config import load_config_text
+from pipeline.service.forwarded import Columns
 from pipeline.service.state import MemoryStateStore
 from producers.sim.simulator import Simulator
 from tests.factories import Clock
@@ -287,8 +288,14 @@ def test_rules_only_the_host_stage_forwards_progress_records_and_the_fleet_stage
         assert _events(f.incidents()) == _events(incidents_ref)
     else:
         assert f.bus.messages(f.topics.incidents) == []
-    records = [r for body in _fleet_bodies(f) if body[:1] == b"[" for r in json.loads(body)]
-    assert records and {r["kind"] for r in records} == {"progress"}
+    records = []
+    for body in _fleet_bodies(f):
+        if body[:1] == b"{":  # marks and alerts are JSON objects; records are columns
+            continue
+        cols = msgspec.msgpack.decode(body, type=Columns)
+        assert cols.n == 0  # no DCGM row
+        records += cols.other
+    assert records and {type(r).__name__ for r in records} == {"ProgressRecord"}
 
 
 def test_a_reload_bringing_a_rule_that_reads_a_score_is_refused_by_the_host_stage(tmp_path, telemetry):
