@@ -51,6 +51,11 @@ class Lifecycle:
             self.started = grow(self.started, n, np.nan)
             self.firing = grow(self.firing, n, False)
 
+    def reserve(self, n_entities: int) -> None:
+        """Room for ``n_entities``, as ``step`` makes it: for a caller that skips a quiet step."""
+        if len(self.since) < n_entities:
+            self._ensure(n_entities)
+
     def step(self, ts: np.ndarray, ent: np.ndarray, cond: np.ndarray, n_entities: int) -> list[Transition]:
         """Feed samples (in event-time order per entity) and their condition (bool); return state changes."""
         self._ensure(n_entities)
@@ -98,7 +103,7 @@ class Lifecycle:
     def quiet(self, cond: np.ndarray, n_entities: int) -> bool:
         """Whether ``step`` with this condition would change nothing and return no transition
         (no entity active, the condition false everywhere): then the caller may skip it."""
-        self._ensure(n_entities)  # as step would: the arrays (and snapshots) keep their length
+        self.reserve(n_entities)  # as step would: the arrays (and snapshots) keep their length
         return not self._active and not cond.any()
 
     def next_change(self, cond: np.ndarray) -> float:

@@ -6,9 +6,11 @@ import math
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from pipeline.engine.lifecycle import Lifecycle, Transition
-from tests.factories import T0
+from tests.factories import T0, fuzz_examples
 
 
 class Reference:
@@ -116,3 +118,35 @@ def test_quiet_says_true_only_when_a_step_would_do_nothing(seed):
             assert lc.step(ts, ent, cond, n_ent) == twin.step(ts, ent, cond, n_ent)
         assert len(lc.since) == len(twin.since) >= n_ent
     assert said_quiet > 20, "the case never went quiet"
+
+
+@settings(max_examples=fuzz_examples(40), deadline=None)
+@given(
+    st.lists(
+        st.lists(st.sampled_from([0.0, 1.0, math.nan]), min_size=4, max_size=4).map(np.array),
+        min_size=1,
+        max_size=40,
+    ),
+    st.sampled_from([(0.0, 0.0), (3.0, 0.0), (2.0, 4.0)]),
+)
+def test_skipping_quiet_steps_as_the_engine_does_changes_nothing(ticks, hold):
+    # The engine steps a check's lifecycle only where its condition holds somewhere or an alert
+    # of it is pending or firing (engine._held); the rest only reserve room. That must leave
+    # the same transitions and the same state as stepping every tick.
+    from pipeline.engine.engine import _held
+
+    for_s, keep_s = hold
+    every, skipping = Lifecycle(for_s, keep_s), Lifecycle(for_s, keep_s)
+    ent = np.arange(4, dtype=np.int32)
+    for i, cond in enumerate(ticks):
+        ts = np.full(4, T0 + i)
+        want = every.step(ts, ent, cond == 1, 4)
+        held, holds = _held([(None, cond)])
+        if not holds[0] and skipping.idle:
+            skipping.reserve(4)
+            got: list[Transition] = []
+        else:
+            got = skipping.step(ts, ent, held[0], 4)
+        assert got == want
+        for k, v in every.to_state().items():
+            np.testing.assert_array_equal(skipping.to_state()[k], v, err_msg=k)
