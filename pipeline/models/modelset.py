@@ -14,6 +14,7 @@ warm-up). No model alerts before its warm-up.
 
 from __future__ import annotations
 
+import functools
 import math
 import operator
 from pathlib import Path
@@ -92,6 +93,18 @@ class ModelCheck:
         )
 
 
+@functools.lru_cache(maxsize=None)
+def _column(name: str) -> int:
+    """The catalog column of a feature's field (looked up once per name, not once a tick)."""
+    return FIELDS.require(name).column
+
+
+@functools.lru_cache(maxsize=None)
+def _counter_index(name: str) -> int:
+    """The column of ``View.increase`` that holds counter ``name``'s increase."""
+    return int(np.searchsorted(COUNTER_COLS, _column(name)))
+
+
 class Features:
     """Per-tick feature arrays, computed once per tick whichever models ask."""
 
@@ -111,8 +124,7 @@ class Features:
         if hit is not None:
             return hit
         if name.startswith("inc:"):
-            col = FIELDS.require(name[4:]).column
-            v = self.view.increase[:, int(np.searchsorted(COUNTER_COLS, col))]
+            v = self.view.increase[:, _counter_index(name[4:])]
         elif name.startswith("hostmean:"):
             x = self.get(name[9:])
             uniq, inv = self._host_inv()
@@ -122,7 +134,7 @@ class Features:
             with np.errstate(invalid="ignore", divide="ignore"):
                 v = np.where(c > 0, s / c, np.nan)[inv]
         else:
-            v = self.view.filled[:, FIELDS.require(name).column]
+            v = self.view.filled[:, _column(name)]
         self.memo[name] = v
         return v
 
@@ -182,6 +194,8 @@ class ModelSet(StageBase):
         self.source = source
         self.models = {s.name: _Model(s) for s in self.specs}
         self.checks = [ModelCheck(s, self) for s in self.specs if s.alert]
+        self._by_name = {c.spec.name: c for c in self.checks}
+        self._board: tuple[tuple[str, ...], np.ndarray] | None = None  # _board_power's
         self.columns: set[int] = set()
         for m in self.models.values():
             if m.info.source == DCGM:
@@ -280,10 +294,9 @@ class ModelSet(StageBase):
         coh = self.cohort_of[ent]
         groups = self._cohort_groups(coh)
         if self._context_on:
-            board = np.append(board_power(self.cohort_names), np.nan)[coh]  # cohort -1 -> NaN
-            self.context.update(view, n_gpus, board)
+            self.context.update(view, n_gpus, self._board_power()[coh])
         out: list[tuple[ModelCheck, np.ndarray]] = []
-        by_name = {c.spec.name: c for c in self.checks}
+        by_name = self._by_name
         for name, m in self.models.items():
             if m.info.source == DCGM:
                 score = np.zeros(n)
@@ -328,6 +341,14 @@ class ModelSet(StageBase):
             if chk is not None:
                 out.append((chk, cond))
         return out
+
+    def _board_power(self) -> np.ndarray:
+        """Board power per cohort index, NaN last (cohort -1): looked up again only when the
+        cohorts change, not every tick."""
+        names = tuple(self.cohort_names)
+        if self._board is None or self._board[0] != names:
+            self._board = (names, np.append(board_power(self.cohort_names), np.nan))
+        return self._board[1]
 
     def _explain_away(self, spec: ModelSpec, cond: np.ndarray, ent: np.ndarray) -> np.ndarray:
         """``cond`` without the rows whose finding a fleet-wide cause in force explains."""
