@@ -28,6 +28,8 @@ OUT_OF_RANGE = "out_of_range"
 BAD_IDENTIFIER = "bad_identifier"
 INTERNAL = "internal"
 ENTITY_LIMIT = "entity_limit"
+# A message whose header says columnar (pipeline/colwire.py) and whose bytes are not one.
+MALFORMED_COLUMNS = "malformed_columns"
 # The fleet topic's own (pipeline/service/fleet.py): a message the host stage did not write.
 BAD_ENVELOPE = "bad_envelope"
 UNSIGNED = "unsigned"
@@ -54,6 +56,7 @@ REASONS = (
     BAD_IDENTIFIER,
     INTERNAL,
     ENTITY_LIMIT,
+    MALFORMED_COLUMNS,
     BAD_ENVELOPE,
     UNSIGNED,
     BAD_SIGNATURE,

@@ -26,7 +26,10 @@ import numpy as np
 from pipeline.deadletters import ENTITY_LIMIT as ENTITY_LIMIT
 from pipeline.deadletters import LATE as LATE
 from pipeline.deadletters import REASONS as REASONS
+from pipeline import colwire
+from pipeline.catalog import FIELDS
 from pipeline.deadletters import (
+    MALFORMED_COLUMNS,
     BAD_IDENTIFIER,
     BLANK_SENTINEL,
     INTERNAL,
@@ -93,7 +96,9 @@ from pipeline.schema import (
     NicRecord,
     ProgressRecord,
     TelemetryRecord,
+    dcgm_fields_type,
     dcgm_record_type,
+    SCHEMA_VERSION,
 )
 
 
@@ -126,7 +131,8 @@ def _raw(payload: bytes | str) -> str:
 
 @dataclass
 class Decoded:
-    records: list[TelemetryRecord]
+    # A list, or one ``colwire.DcgmColumns`` for a batch of columnar messages (decode_many).
+    records: Sequence[TelemetryRecord]
     origins: Sequence[str]  # a list from ``decode``, ``Origins`` from ``decode_many``
     dead: list[DeadLetter]
     # Each record's index in its message's array, -1 for a message that was one bare record
@@ -177,13 +183,21 @@ class Decoder:
         self.fields = fields
         self._fast = _fast_for(fields)
 
-    def decode_many(self, payloads: Sequence[bytes], origins: Sequence[str]) -> Decoded:
+    def decode_many(
+        self, payloads: Sequence[bytes], origins: Sequence[str], columnar: Sequence[bool | None] | None = None
+    ) -> Decoded:
         """Decode a batch of messages; the same result as ``decode`` on each, in order.
+
+        ``columnar``: per message, what its headers say of its encoding (``colwire.is_columnar``:
+        True columnar, False JSON, None a columnar version this build does not read); None: all
+        JSON. A batch of columnar messages decodes to one ``colwire.DcgmColumns`` as ``records``.
 
         The common case (every message well-formed and plausible) is the fast decoder mapped
         over the messages and one plausibility pass over the batch, without the per-message
         bookkeeping of ``decode``. Anything doubtful falls back to ``decode`` per message.
         """
+        if columnar is not None and any(c is not False for c in columnar):
+            return self._decode_with_columns(payloads, origins, columnar)
         n = len(payloads)
         if n > 1 and None not in payloads and max(map(len, payloads)) <= self.max_message_bytes:
             try:
@@ -209,12 +223,159 @@ class Decoder:
         msg: list[int] = []
         for j, (payload, origin) in enumerate(zip(payloads, origins)):
             d = self.decode(payload, origin)
-            out.records.extend(d.records)
+            cast(list, out.records).extend(d.records)
             msg += [j] * len(d.records)
             out.positions += d.positions
             out.dead.extend(d.dead)
         out.origins = Origins(origins, np.array(msg, np.int64), np.array(out.positions, np.int64))
         return out
+
+    # -- columnar messages (pipeline/colwire.py) ------------------------------------------
+
+    def _decode_with_columns(
+        self, payloads: Sequence[bytes], origins: Sequence[str], columnar: Sequence[bool | None]
+    ) -> Decoded:
+        """A batch holding columnar messages: their rows stay columns when every message with
+        records is columnar; beside JSON ones, each row becomes a record, in message order."""
+        parts: list[colwire.Part] = []
+        part_msg: list[int] = []
+        dead: list[DeadLetter] = []
+        json_at: list[int] = []
+        for j, (payload, col) in enumerate(zip(payloads, columnar)):
+            if col is False:
+                json_at.append(j)
+                continue
+            origin = origins[j]
+            if payload is None:
+                dead.append(
+                    DeadLetter(reason=WRONG_TYPE, detail="message has no value (a Kafka tombstone?)", origin=origin)
+                )
+            elif col is None:
+                dead.append(
+                    DeadLetter(
+                        reason=UNSUPPORTED_VERSION,
+                        detail=f"a columnar encoding this build does not read (it reads {colwire.COLUMNAR_V1.decode()})",
+                        origin=origin,
+                    )
+                )
+            elif len(payload) > self.max_message_bytes:
+                dead.append(
+                    DeadLetter(
+                        reason=TOO_LARGE, detail=f"{len(payload)} bytes > {self.max_message_bytes}", origin=origin
+                    )
+                )
+            else:
+                try:
+                    parts.append(colwire.read(payload))
+                    part_msg.append(j)
+                except colwire.ColumnsError as e:
+                    dead.append(DeadLetter(reason=MALFORMED_COLUMNS, detail=str(e)[:300], origin=origin))
+        cols, msg, pos = self._columns(parts, part_msg, origins, dead)
+        if not json_at:
+            return Decoded(cols, Origins(origins, msg, pos), dead, pos.tolist())
+        # Beside JSON messages: the columns first, then the JSON messages' records in message
+        # order (colwire.Combined); the engine ingests each part as it is.
+        jd = self.decode_many([payloads[j] for j in json_at], [origins[j] for j in json_at])
+        dead.extend(jd.dead)
+        recs = list(jd.records)
+        jo = cast(Origins, jd.origins)  # decode_many's origins: indices into the JSON messages
+        all_msg = np.concatenate([msg, np.array(json_at, np.int64)[jo.msg]])
+        all_pos = np.concatenate([pos, jo.pos])
+        records: Sequence[TelemetryRecord] = colwire.Combined(cols, recs) if len(cols) else recs
+        return Decoded(records, Origins(origins, all_msg, all_pos), dead, all_pos.tolist())
+
+    def _columns(
+        self, parts: list[colwire.Part], part_msg: list[int], origins: Sequence[str], dead: list[DeadLetter]
+    ) -> tuple[colwire.DcgmColumns, np.ndarray, np.ndarray]:
+        """The parts' rows as columns, with each row's message and position; every check the
+        JSON path makes, made on the arrays, and each row that fails one a dead letter with the
+        reason and detail ``_check`` gives its record."""
+        names = self.fields if self.fields is not None else tuple(FIELDS.all_names)
+        rtype = dcgm_record_type(names)
+        ftype = dcgm_fields_type(names)
+        sizes = [len(p) for p in parts]
+        n = sum(sizes)
+        msg = np.repeat(np.array(part_msg, np.int64), sizes)
+        pos = np.arange(n, dtype=np.int64) - np.repeat(np.cumsum(sizes) - sizes, sizes) if n else np.empty(0, np.int64)
+        if not n:
+            empty = colwire.DcgmColumns(
+                names,
+                np.empty(0),
+                [],
+                np.empty(0, np.int64),
+                np.empty(0, np.int64),
+                np.empty((0, len(names))),
+                [],
+                [],
+                rtype,
+                ftype,
+                np.empty(0, np.int64),
+            )
+            return empty, msg, pos
+        hosts: list[str] = []
+        models: list[str | None] = []
+        labels: list[Any] = []
+        ok_msg = np.ones(len(parts), bool)
+        for k, p in enumerate(parts):
+            w = p.wire
+            hosts += [w.host] * p.n
+            models += p.models
+            labels += p.labels
+            if w.v != SCHEMA_VERSION or not self._host_ok(w.host) or (w.models and not self._models_ok(w.models)):
+                ok_msg[k] = False
+        ts = colwire.column(parts, "ts", np.dtype("<f8"))
+        gpu = colwire.column(parts, "gpu", np.dtype("<i8"))
+        link = colwire.links(parts)
+        v = np.repeat(np.array([p.wire.v for p in parts], np.int64), sizes)
+        cols = colwire.DcgmColumns(
+            names, ts, hosts, gpu, link, colwire.values_of(parts, names), models, labels, rtype, ftype, v
+        )
+        lo, hi = TS_MIN, TS_MAX
+        if self.wall_clock is not None:
+            now = self.wall_clock()
+            lo, hi = max(lo, now - self.max_age_s), min(hi, now + self.max_future_s)
+        with np.errstate(invalid="ignore"):  # NaN compares False: a bad row
+            ok = (ts >= lo) & (ts <= hi) & (gpu >= 0) & (gpu <= MAX_GPU_INDEX)
+            ok &= (link == colwire.NO_LINK) | ((link >= 0) & (link <= MAX_LINK_INDEX))
+        if not ok_msg.all():
+            # A bad host or version fails every row; a bad model among the message's, only the
+            # rows naming it (``_check`` accepts the others below).
+            ok &= np.repeat(ok_msg, sizes)
+        if ok.all():
+            return cols, msg, pos
+        for i in np.flatnonzero(~ok).tolist():
+            rec = cols[i]
+            reason = self._check(rec)
+            if reason is None:
+                ok[i] = True
+                continue
+            code, detail = reason
+            dead.append(
+                DeadLetter(
+                    reason=code,
+                    detail=detail,
+                    origin=f"{origins[int(msg[i])]}#{int(pos[i])}",
+                    raw=_raw(msgspec.json.encode(rec)),
+                    ts=rec.ts if math.isfinite(rec.ts) else None,
+                    host=rec.host if bad_host(rec.host) is None else None,
+                )
+            )
+        return cols.take(ok), msg[ok], pos[ok]
+
+    def _host_ok(self, host: str) -> bool:
+        if host in self._ok_hosts:
+            return True
+        if bad_host(host) is not None:
+            return False
+        self._ok_hosts.add(host)
+        return True
+
+    def _models_ok(self, models: Sequence[str]) -> bool:
+        new = [m for m in models if m not in self._ok_names]
+        if any(bad_identifier(m) is not None for m in new):
+            return False
+        self._ok_names.update(new)
+        return True
 
     def _all_plausible_many(self, recs: list[TelemetryRecord]) -> bool:
         """What the checked types cannot know: the live service's wall-clock range."""
@@ -345,7 +506,7 @@ class Decoder:
     def _accept(self, rec: TelemetryRecord, origin: str, out: Decoded, payload: bytes | str, pos: int = -1) -> None:
         reason = self._check(rec)
         if reason is None:
-            out.records.append(rec)
+            cast(list, out.records).append(rec)  # the slow path's Decoded holds a list
             cast(list, out.origins).append(origin)  # the slow path's Decoded holds a list
             out.positions.append(pos)
         else:

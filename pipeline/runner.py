@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Sequence, overload
 
 from pipeline.bus.base import Message
+from pipeline.colwire import is_columnar
 from pipeline.decode import INTERNAL, RAW_KEEP, Decoder
 from pipeline.engine import Engine, EngineOutput
 from pipeline.protocols import Detector
@@ -72,7 +73,9 @@ class Pipeline:
         out = EngineOutput()
         if self.decoder.fields is not self.engine.decode_fields:  # new engine or rules reloaded
             self.decoder.set_fields(self.engine.decode_fields)
-        d = self.decoder.decode_many([m.value for m in messages], _Origins(messages))
+        # Headers say a message's encoding (colwire.is_columnar); a batch without any is all JSON.
+        columnar = [is_columnar(m.headers) for m in messages] if any(m.headers for m in messages) else None
+        d = self.decoder.decode_many([m.value for m in messages], _Origins(messages), columnar)
         records, origins = d.records, d.origins
         out.dead.extend(d.dead)
         out.extend(self.engine.process(records, origins, now=self.clock() if self.clock else None))

@@ -17,6 +17,9 @@ class Message:
     key: bytes | None
     value: bytes
     timestamp_ms: int | None = None
+    # Kafka record headers, (name, value) pairs; what says a telemetry message's encoding
+    # (pipeline/colwire.py). None: none (a file line, or a record without headers).
+    headers: tuple[tuple[str, bytes], ...] | None = None
 
     @property
     def origin(self) -> str:
@@ -70,9 +73,16 @@ class Topics:
 
 
 class Producer(Protocol):
-    def send(self, topic: str, value: bytes, key: bytes | None = None, partition: int | None = None) -> None:
-        """Queue a message (to ``partition``, else the key's); ``flush`` raises if any queued send
-        was not acknowledged."""
+    def send(
+        self,
+        topic: str,
+        value: bytes,
+        key: bytes | None = None,
+        partition: int | None = None,
+        headers: list[tuple[str, bytes]] | None = None,
+    ) -> None:
+        """Queue a message (to ``partition``, else the key's) with ``headers``; ``flush`` raises
+        if any queued send was not acknowledged."""
 
     def flush(self, timeout: float | None = None) -> int:
         """Wait for every queued send; return how many were delivered."""

@@ -143,7 +143,18 @@ class KafkaGroupConsumer:
         for tp, recs in batch.items():
             # Message is built here, once per record: the fields are read from kafka-python's
             # ConsumerRecord as they are, no copies of key or value.
-            out[tp.partition] = [Message(tp.topic, tp.partition, r.offset, r.key, r.value, r.timestamp) for r in recs]
+            out[tp.partition] = [
+                Message(
+                    tp.topic,
+                    tp.partition,
+                    r.offset,
+                    r.key,
+                    r.value,
+                    r.timestamp,
+                    tuple(r.headers) if r.headers else None,
+                )
+                for r in recs
+            ]
         return out
 
     def assignment(self) -> set[int]:

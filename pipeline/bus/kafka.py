@@ -91,9 +91,16 @@ class KafkaBusProducer:
             raise _unavailable(bootstrap, e, security) from e
         self._futures: list[Any] = []
 
-    def send(self, topic: str, value: bytes, key: bytes | None = None, partition: int | None = None) -> None:
+    def send(
+        self,
+        topic: str,
+        value: bytes,
+        key: bytes | None = None,
+        partition: int | None = None,
+        headers: list[tuple[str, bytes]] | None = None,
+    ) -> None:
         try:
-            self._futures.append(self._p.send(topic, value=value, key=key, partition=partition))
+            self._futures.append(self._p.send(topic, value=value, key=key, partition=partition, headers=headers))
         except KafkaError as e:
             # Refused before it left (too large, buffer full past max_block_ms): reported by flush,
             # like a send the broker refused, so callers have one place to check.
@@ -176,7 +183,17 @@ class KafkaBusConsumer:
         out: list[Message] = []
         for tp, recs in batches.items():
             for r in recs:
-                out.append(Message(tp.topic, tp.partition, r.offset, r.key, r.value, r.timestamp))
+                out.append(
+                    Message(
+                        tp.topic,
+                        tp.partition,
+                        r.offset,
+                        r.key,
+                        r.value,
+                        r.timestamp,
+                        tuple(r.headers) if r.headers else None,
+                    )
+                )
         return out
 
     def commit(self) -> None:

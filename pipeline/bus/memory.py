@@ -25,7 +25,14 @@ class MemoryBus:
             self._logs[topic] = [[] for _ in range(self.partitions)]
         return self._logs[topic]
 
-    def append(self, topic: str, value: bytes, key: bytes | None, partition: int | None = None) -> Message:
+    def append(
+        self,
+        topic: str,
+        value: bytes,
+        key: bytes | None,
+        partition: int | None = None,
+        headers: list[tuple[str, bytes]] | None = None,
+    ) -> Message:
         with self._lock:
             parts = self._topic(topic)
             # Same key -> same partition, like Kafka's keyed partitioner: a host's GPUs stay ordered.
@@ -33,7 +40,7 @@ class MemoryBus:
                 p = partition % self.partitions
             else:
                 p = zlib.crc32(key) % self.partitions if key is not None else sum(map(len, parts)) % self.partitions
-            msg = Message(topic, p, len(parts[p]), key, value)
+            msg = Message(topic, p, len(parts[p]), key, value, None, tuple(headers) if headers else None)
             parts[p].append(msg)
             return msg
 
@@ -58,8 +65,15 @@ class MemoryProducer:
         self.bus = bus
         self._queued = 0
 
-    def send(self, topic: str, value: bytes, key: bytes | None = None, partition: int | None = None) -> None:
-        self.bus.append(topic, value, key, partition)
+    def send(
+        self,
+        topic: str,
+        value: bytes,
+        key: bytes | None = None,
+        partition: int | None = None,
+        headers: list[tuple[str, bytes]] | None = None,
+    ) -> None:
+        self.bus.append(topic, value, key, partition, headers)
         self._queued += 1
 
     def partition_count(self, topic: str) -> int | None:

@@ -19,8 +19,15 @@ from typing import Any, Iterable, Iterator
 import msgspec
 
 from pipeline.bus.base import Message
+from pipeline.colwire import COLUMNAR_V1, CONTENT_TYPE, encode_dcgm
 
 _enc = msgspec.json.Encoder()
+
+#: A telemetry message's encodings (docs/architecture.md §7): ``columnar`` where the records
+#: allow it (DCGM only, pipeline/colwire.py), else JSON; ``json`` always JSON.
+COLUMNAR, JSON = "columnar", "json"
+ENCODINGS = (COLUMNAR, JSON)
+COLUMNAR_HEADERS = [(CONTENT_TYPE, COLUMNAR_V1)]
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,6 +68,41 @@ def per_host_messages(
             yield key, _enc.encode(recs[i : i + max_records])
 
 
+def encoded(
+    key: bytes, recs: list[dict[str, Any] | msgspec.Struct], encoding: str
+) -> tuple[bytes, bytes, list[tuple[str, bytes]] | None]:
+    """One host's records as (key, value, headers) in ``encoding``: columnar with its header
+    where ``colwire.encode_dcgm`` can carry them, else a JSON array without headers."""
+    if encoding == COLUMNAR:
+        cols = encode_dcgm(recs)
+        if cols is not None:
+            return key, cols, COLUMNAR_HEADERS
+    elif encoding != JSON:
+        raise ValueError(f"encoding {encoding!r} (one of {', '.join(ENCODINGS)})")
+    return key, _enc.encode(recs), None
+
+
+def per_host_wire(
+    records: Iterable[dict[str, Any] | msgspec.Struct], encoding: str = COLUMNAR, max_records: int | None = None
+) -> Iterator[tuple[bytes, bytes, list[tuple[str, bytes]] | None]]:
+    """``per_host_messages`` in ``encoding``, each message as (key, value, headers).
+
+    >>> from pipeline.schema import dcgm
+    >>> [(k, h) for k, _, h in per_host_wire([dcgm(1764403200.0, "h1", 0)], "json")]
+    [(b'h1', None)]
+    """
+    if max_records is not None and max_records <= 0:
+        raise ValueError("max_records must be positive")
+    groups: dict[str, list[Any]] = {}
+    for rec in records:
+        groups.setdefault(_host(rec), []).append(rec)
+    for host, recs in groups.items():
+        key = host.encode("utf-8", "backslashreplace")
+        step = max_records or len(recs)
+        for i in range(0, len(recs), step):
+            yield encoded(key, recs[i : i + step], encoding)
+
+
 def sized_host_messages(
     records: Iterable[dict[str, Any] | msgspec.Struct], max_records: int, max_bytes: int
 ) -> tuple[list[tuple[bytes, list[bytes]]], list[dict[str, Any] | msgspec.Struct]]:
@@ -71,16 +113,26 @@ def sized_host_messages(
     bytes, so one host's long label cannot push a message past the broker's limit. A record too
     large on its own is returned, never sent: no broker would take it, and retrying it would
     hold every record behind it."""
+    groups, too_large = sized_host_groups(records, max_records, max_bytes)
+    return [(key, parts) for key, parts, _ in groups], too_large
+
+
+def sized_host_groups(
+    records: Iterable[dict[str, Any] | msgspec.Struct], max_records: int, max_bytes: int
+) -> tuple[list[tuple[bytes, list[bytes], list[Any]]], list[dict[str, Any] | msgspec.Struct]]:
+    """``sized_host_messages`` with each message's records beside their JSON parts: (key,
+    parts, records), for a sender that may encode them another way (``encoded``)."""
     if max_records <= 0 or max_bytes <= 2:
         raise ValueError("max_records and max_bytes must be positive")
     groups: dict[str, list[Any]] = {}
     for rec in records:
         groups.setdefault(_host(rec), []).append(rec)
-    out: list[tuple[bytes, list[bytes]]] = []
+    out: list[tuple[bytes, list[bytes], list[Any]]] = []
     too_large: list[Any] = []
     for host, recs in groups.items():
         key = host.encode("utf-8", "backslashreplace")
         parts: list[bytes] = []
+        held: list[Any] = []
         size = 2  # "[" and "]"
         for rec in recs:
             b = _enc.encode(rec)
@@ -88,12 +140,13 @@ def sized_host_messages(
                 too_large.append(rec)
                 continue
             if parts and (len(parts) >= max_records or size + 1 + len(b) > max_bytes):
-                out.append((key, parts))
-                parts, size = [], 2
+                out.append((key, parts, held))
+                parts, held, size = [], [], 2
             size += len(b) + (1 if parts else 0)
             parts.append(b)
+            held.append(rec)
         if parts:
-            out.append((key, parts))
+            out.append((key, parts, held))
     return out, too_large
 
 

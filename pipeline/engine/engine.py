@@ -23,6 +23,7 @@ from typing import Any, Sequence, cast
 
 import numpy as np
 
+from pipeline.colwire import Combined, DcgmColumns
 from pipeline.deadletters import ENTITY_LIMIT, INTERNAL, Origins, take_origins
 from pipeline.engine.arrays import from_dict, to_dict
 from pipeline.engine.alerts import alert_event, per_host
@@ -70,6 +71,13 @@ def _held(conds: Sequence[tuple[Any, np.ndarray]]) -> tuple[np.ndarray, list[boo
         return np.zeros((0, 0), dtype=bool), []
     held = np.stack([c for _, c in conds]) == 1
     return held, held.any(axis=1).tolist()
+
+
+def _take(records: Sequence[TelemetryRecord], idx: np.ndarray) -> Sequence[TelemetryRecord]:
+    """``records`` at the indices ``idx``: columns stay columns, a list stays a list."""
+    if isinstance(records, (DcgmColumns, Combined)):
+        return records.take(idx)
+    return [records[i] for i in idx.tolist()]
 
 
 class Engine:
@@ -218,6 +226,9 @@ class Engine:
 
         ``now``: the wall clock (monotonic seconds) of a live consumer; see ``idle_timeout``.
         Replay passes none, so its results depend on event time alone.
+
+        ``records`` may be a ``colwire.DcgmColumns`` (the decoder's columnar messages): its
+        arrays are read as they are, and a row is a record only where one is asked for.
         """
         out = EngineOutput()
         n = len(records)
@@ -228,8 +239,11 @@ class Engine:
                 # nothing about per-host messages, so no host counts as whole (HostClock.note_whole).
                 origins = Origins(Numbered("batch", n), np.arange(n), np.full(n, -1))
             # map() over C-level attribute getters: this runs once per record on the hot path.
-            ts = np.fromiter(map(_TS, records), np.float64, n)
-            hosts = self.entities.host_ids(list(map(_HOST, records)), limit=self.config.max_hosts)
+            if isinstance(records, (DcgmColumns, Combined)):
+                ts, names = records.ts, records.hosts
+            else:
+                ts, names = np.fromiter(map(_TS, records), np.float64, n), list(map(_HOST, records))
+            hosts = self.entities.host_ids(names, limit=self.config.max_hosts)
             if (hosts < 0).any():
                 records, origins, ts, hosts = self._refuse_new_hosts(records, origins, ts, hosts, out)
             nh = self.entities.n_hosts
@@ -253,7 +267,7 @@ class Engine:
                     if c := int((why == code).sum()):
                         self.stats["dead." + reason] += c
                 keep = np.flatnonzero(~bad)
-                records = [records[i] for i in keep.tolist()]
+                records = _take(records, keep)
                 origins = take_origins(origins, keep)
                 # A late record still says its host is there: a host first seen late (it joined
                 # behind the others) holds the watermark from now on instead of losing every
@@ -269,7 +283,14 @@ class Engine:
             clock.accepted(ts)
             if len(ts):
                 records, origins, ts, hosts = self._carry_nic(records, origins, ts, hosts)
-            if len(ts):
+            if len(ts) and isinstance(records, Combined):
+                # Columnar rows and JSON records: each part ingested as it is (one chunk each).
+                nc = len(records.cols)
+                for part, sl in ((records.cols, slice(0, nc)), (records.others, slice(nc, len(ts)))):
+                    if len(part):
+                        idx = np.arange(len(ts))[sl]
+                        self._chunks.append(self._ingest(part, take_origins(origins, idx), ts[sl], hosts[sl], out))
+            elif len(ts):
                 self._chunks.append(self._ingest(records, origins, ts, hosts, out))
                 if self.forwards:
                     out.forwarded.extend(records)
@@ -303,6 +324,8 @@ class Engine:
         works on arrays only. Fields dropped as bad data are dead-lettered here.
         """
         k = len(records)
+        if isinstance(records, DcgmColumns):
+            return self._ingest_dcgm(records, origins, ts, hosts, records.gpu, out)
         # By type, not isinstance(): a type's membership in a set is ~3x cheaper per record.
         types = list(map(type, records))
         # Subclasses too: the decoder's checked types are (pipeline/decode.py).
@@ -332,14 +355,9 @@ class Engine:
             nrecs = cast("list[NcclRecord]", list(compress(records, map(operator.not_, kinds))))
         cols = self._columnizer.columns
         if n:
-            gpu = self.entities.gpu_ids_of(dhost, np.fromiter(map(_GPU, drecs), np.int64, n))
-            self.entities.note_labels(gpu, drecs)  # the job on each GPU, for its alerts
-            for stage in self.stages:
-                stage.ingest(gpu, drecs)
-            values, dead = self._columnizer.compact(drecs, dorig)
-            for d in dead:
-                self.stats["dead." + d.reason] += 1
-            out.dead.extend(dead)
+            if n == k:
+                return self._ingest_dcgm(drecs, dorig, dts, dhost, np.fromiter(map(_GPU, drecs), np.int64, n), out)
+            gpu, values = self._dcgm_rows(drecs, dorig, dhost, np.fromiter(map(_GPU, drecs), np.int64, n), out)
         else:
             gpu, values = np.empty(0, np.int32), np.empty((0, len(cols)))
         nts = ts[~is_dcgm] if n < k else np.empty(0)
@@ -349,15 +367,55 @@ class Engine:
         nccl = self._nccl_frame(nrecs, hosts[~is_dcgm]) if nrecs and self._reads_nccl else None
         return Pending(dts, dhost, gpu, values, cols, nts, nccl, float(ts.min()), float(ts.max()))
 
+    def _dcgm_rows(
+        self,
+        drecs: Sequence[DcgmSample],
+        origins: Sequence[str],
+        hosts: np.ndarray,
+        index: np.ndarray,
+        out: EngineOutput,
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """DCGM samples (records or ``DcgmColumns``) -> their GPU ids and value matrix; the
+        stages and the GPUs' labels learn of them, dropped fields are dead-lettered."""
+        gpu = self.entities.gpu_ids_of(hosts, index)
+        self.entities.note_labels(gpu, drecs)  # the job on each GPU, for its alerts
+        for stage in self.stages:
+            stage.ingest(gpu, drecs)
+        values, dead = self._columnizer.compact(drecs, origins)
+        for d in dead:
+            self.stats["dead." + d.reason] += 1
+        out.dead.extend(dead)
+        return gpu, values
+
+    def _ingest_dcgm(
+        self,
+        drecs: Sequence[DcgmSample],
+        origins: Sequence[str],
+        ts: np.ndarray,
+        hosts: np.ndarray,
+        index: np.ndarray,
+        out: EngineOutput,
+    ) -> Pending:
+        """``_ingest`` of a batch of DCGM samples only (the usual one)."""
+        gpu, values = self._dcgm_rows(drecs, origins, hosts, index, out)
+        return Pending(
+            ts, hosts, gpu, values, self._columnizer.columns, np.empty(0), None, float(ts.min()), float(ts.max())
+        )
+
     def _carry_nic(
         self, records: Sequence[TelemetryRecord], origins: Sequence[str], ts: np.ndarray, hosts: np.ndarray
     ) -> tuple:
         """The batch without its NIC port records: counted (``records.nic``) once screened, so
         their hosts' clocks hear them, handed to the stages that read them (``reads_nic``, which
         hold them until ``_release``), and neither buffered as rows nor forwarded."""
-        if not any(issubclass(t, NicRecord) for t in set(map(type, records))):
+        if isinstance(records, DcgmColumns):
             return records, origins, ts, hosts
-        keep = np.fromiter((not isinstance(r, NicRecord) for r in records), bool, len(records))
+        rest = records.others if isinstance(records, Combined) else records
+        if not any(issubclass(t, NicRecord) for t in set(map(type, rest))):
+            return records, origins, ts, hosts
+        keep = np.concatenate(
+            [np.ones(len(records) - len(rest), bool), np.fromiter((not isinstance(r, NicRecord) for r in rest), bool)]
+        )
         self.stats["records.nic"] += int((~keep).sum())
         readers = [cast(NicReader, s) for s in self.stages if getattr(s, "reads_nic", False)]
         if readers:
@@ -365,7 +423,7 @@ class Engine:
             for stage in readers:
                 stage.nic_arrived(nic)
         idx = np.flatnonzero(keep)
-        return [records[i] for i in idx.tolist()], take_origins(origins, idx), ts[keep], hosts[keep]
+        return _take(records, idx), take_origins(origins, idx), ts[keep], hosts[keep]
 
     def _ingest_buffered(self, records: Sequence[TelemetryRecord], origins: list[str]) -> None:
         """Records a version-1 snapshot buffered, ingested as on arrival; their dropped-field
@@ -399,7 +457,7 @@ class Engine:
             )
         self.stats["dead." + ENTITY_LIMIT] += int((hosts < 0).sum())
         keep = np.flatnonzero(hosts >= 0)
-        return [records[i] for i in keep.tolist()], take_origins(origins, keep), ts[keep], hosts[keep]
+        return _take(records, keep), take_origins(origins, keep), ts[keep], hosts[keep]
 
     def _refused(self, code: int, r: TelemetryRecord, origin: str, judged: float) -> DeadLetter:
         return refused(code, r, origin, judged, self.clock, self.entities.host_id.get(r.host), self.released)

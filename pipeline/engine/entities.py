@@ -11,6 +11,7 @@ from typing import Any, Iterable, Sequence, TypeGuard
 
 import numpy as np
 
+from pipeline.colwire import DcgmColumns
 from pipeline.decode import bad_identifier
 from pipeline.numeric import grow as grow
 from pipeline.numeric import id_bound as id_bound
@@ -118,7 +119,8 @@ class Entities:
     def note_labels(self, gpu_ids: np.ndarray, records: Sequence[Any]) -> None:
         """Keep each GPU's latest record's labels (the hot path: one gather and one store in C;
         they are read only when an alert is made)."""
-        self._labels[gpu_ids] = np.fromiter(map(_LABELS, records), object, len(records))
+        labels = records.labels if isinstance(records, DcgmColumns) else map(_LABELS, records)
+        self._labels[gpu_ids] = np.fromiter(labels, object, len(records))
 
     def note_nccl(self, records: Sequence[Any]) -> None:
         """Keep the job of each host's latest NCCL record: one dict update in C. (By host, not by

@@ -18,9 +18,10 @@ import msgspec
 import numpy as np
 from msgspec.structs import astuple
 
+from pipeline.colwire import DcgmColumns
 from pipeline.catalog import BLANK_FP64, BLANK_INT64, FIELDS
 from pipeline.deadletters import BLANK_SENTINEL, NAN_FIELD, NEGATIVE_VALUE
-from pipeline.schema import FIELD_SLOT_COLUMNS, DcgmRecord, DeadLetter, NcclRecord, dcgm_fields_type
+from pipeline.schema import FIELD_SLOT_COLUMNS, DcgmRecord, DcgmSample, DeadLetter, NcclRecord, dcgm_fields_type
 
 N_FIELDS = len(FIELDS)
 _SLOT_NAMES = FIELDS.all_names
@@ -97,10 +98,12 @@ class Columnizer:
         self._first_idx = np.array([first[c] for c in self.columns], dtype=np.intp)
         self._identity = self._first_idx.tolist() == list(range(len(slots)))
 
-    def raw(self, records: list[DcgmRecord]) -> np.ndarray:
+    def raw(self, records: Sequence[DcgmSample]) -> np.ndarray:
         n, k = len(records), len(self.slots)
         if not records or not k:
             return np.empty((n, k))
+        if isinstance(records, DcgmColumns):
+            return self._from_columns(records)
         fields = list(map(_FIELDS, records))
         # Each row's tuple packed to doubles by struct in C and the bytes viewed as the matrix:
         # ~2x faster than np.fromiter over the flattened tuples, which converts value by value.
@@ -119,7 +122,19 @@ class Columnizer:
             m = np.array([[_double(getattr(f, nm, math.nan)) for nm in self._getter_names] for f in fields])
         return m.reshape(n, width)[:, :k]
 
-    def compact(self, records: list[DcgmRecord], origins: Sequence[str]) -> tuple[np.ndarray, list[DeadLetter]]:
+    def _from_columns(self, cols: DcgmColumns) -> np.ndarray:
+        """A columnar batch's matrix in this columnizer's slot order (the decoder laid it out
+        as ``names`` unless the rules changed in between)."""
+        if cols.names == self.names:
+            return cols.values
+        where = {n: j for j, n in enumerate(cols.names)}
+        out = np.full((len(cols), len(self.names)), np.nan)
+        for k, name in enumerate(self.names):
+            if name in where:
+                out[:, k] = cols.values[:, where[name]]
+        return out
+
+    def compact(self, records: Sequence[DcgmSample], origins: Sequence[str]) -> tuple[np.ndarray, list[DeadLetter]]:
         """The (n, len(columns)) matrix of the columns in use, and dead letters for dropped fields.
 
         Blank/NaN/negative cells become NaN; both DCGM spellings of a field land in one column.
