@@ -37,7 +37,11 @@ def _sender(args: argparse.Namespace, backpressure: bool = False) -> Any:
     if refused:
         raise BrokerUnavailableError(refused)
     sink = KafkaSink(
-        conn.bootstrap, Topics(args.prefix).telemetry, send_timeout_s=args.send_timeout, security=conn.options()
+        conn.bootstrap,
+        Topics(args.prefix).telemetry,
+        send_timeout_s=args.send_timeout,
+        security=conn.options(),
+        encoding=args.encoding,
     )
     return BoundedSender(sink, max_records=args.buffer, backpressure=backpressure)
 
@@ -297,6 +301,13 @@ def _common(p: argparse.ArgumentParser, interval: float) -> None:
         "waits for the sink instead, while it makes progress) (default %(default)s)",
     )
     p.add_argument("--send-timeout", type=float, default=5.0, help="seconds one send may wait (default %(default)s)")
+    p.add_argument(
+        "--encoding",
+        choices=("columnar", "json"),
+        default="columnar",
+        help="Kafka message encoding: columnar (DCGM-only messages, with its content-type header; "
+        "others JSON) or json (default %(default)s)",
+    )
     p.add_argument(
         "--metrics-port",
         type=int,

@@ -33,7 +33,8 @@ from typing import Any, Callable, Iterable, Protocol
 
 import msgspec
 
-from pipeline.bus.telemetry import array, sized_host_messages
+from pipeline.bus.telemetry import COLUMNAR, COLUMNAR_HEADERS, ENCODINGS, array, sized_host_groups
+from pipeline.colwire import encode_dcgm
 from pipeline.errors import BrokerUnavailableError, BusError
 from pipeline.schema import encode
 
@@ -91,7 +92,11 @@ class KafkaSink:
         max_records_per_message: int = 1000,
         max_message_bytes: int = MAX_MESSAGE_BYTES,
         make_client: Callable[[], Any] | None = None,
+        encoding: str = COLUMNAR,
     ) -> None:
+        if encoding not in ENCODINGS:
+            raise ValueError(f"encoding {encoding!r} (one of {', '.join(ENCODINGS)})")
+        self.encoding = encoding
         self.bootstrap = bootstrap
         self.max_records_per_message = max_records_per_message
         self.max_message_bytes = max_message_bytes
@@ -142,12 +147,19 @@ class KafkaSink:
             p = self._client()
             # A host's records go in one message per interval; after an outage the backlog of one
             # host is split so no message nears the 8 MiB request (and decoder) limit.
-            pending, big = sized_host_messages(records, self.max_records_per_message, self.max_message_bytes)
+            groups, big = sized_host_groups(records, self.max_records_per_message, self.max_message_bytes)
+            pending = [(key, parts) for key, parts, _ in groups]
             refused = len(big)
             for r in big:
                 self._too_large(r, f"larger than {self.max_message_bytes} bytes encoded")
-            for key, parts in pending:
-                p.send(self.topic, array(parts), key)
+            for key, parts, recs in groups:
+                # Columnar where the records allow it (docs/architecture.md §7): the consumer
+                # decodes it without a Python object per value; JSON otherwise.
+                cols = encode_dcgm(recs) if self.encoding == COLUMNAR else None
+                if cols is not None and len(cols) <= self.max_message_bytes:
+                    p.send(self.topic, cols, key, headers=COLUMNAR_HEADERS)
+                else:
+                    p.send(self.topic, array(parts), key)
             results = p.flush_results(timeout=self.send_timeout_s)
             failed = [e for e in results if e is not None and not is_too_large(e)]
             if failed:

@@ -36,7 +36,7 @@ def _cmd_sim(args: argparse.Namespace) -> int:
         ensure_topics(conn.bootstrap, Topics(args.prefix), security=conn.options(), timeout_s=15.0)
     source = SimSource(sim, speed=1.0 if args.realtime else None)
     if conn is not None:
-        n = _sim_to_kafka(source, conn, topic)
+        n = _sim_to_kafka(source, conn, topic, args.encoding)
     else:
         with FileSink(args.out, atomic=True) as sink:
             while not source.done:
@@ -58,7 +58,7 @@ def _cmd_sim(args: argparse.Namespace) -> int:
     return 0
 
 
-def _sim_to_kafka(source: Any, conn: Any, topic: str) -> int:
+def _sim_to_kafka(source: Any, conn: Any, topic: str, encoding: str = "columnar") -> int:
     """Publish the simulator through the producers' bounded sender and Kafka sink (one message
     per host per step); the number of records delivered, or an error if any were not."""
     from producers.common import BoundedSender, KafkaSink, run
@@ -68,7 +68,9 @@ def _sim_to_kafka(source: Any, conn: Any, topic: str) -> int:
     # A whole step per delivery, so each host's step is one message; kafka-python's own limits
     # (60 s) as the send timeout, as the simulator had before it shared the producers' sender.
     step = max(20_000, 4 * source.sim.n_gpus)
-    sink = KafkaSink(conn.bootstrap, topic, send_timeout_s=60.0, security=conn.options(), ensure=False)
+    sink = KafkaSink(
+        conn.bootstrap, topic, send_timeout_s=60.0, security=conn.options(), ensure=False, encoding=encoding
+    )
     sender = BoundedSender(sink, max_records=max(200_000, 10 * step), max_batch=step)
     res = run(source, sender, interval_s=0.0, drain_s=15.0)
     lost = res.records - res.sender.sent
@@ -90,4 +92,10 @@ def register(sub: Any) -> None:
     s.add_argument("--prefix", default="gpuwarden", help="topic prefix")
     s.add_argument("--labels-out", help="write the injected-fault labels (JSON) here")
     s.add_argument("--realtime", action="store_true", help="pace output to event time")
+    s.add_argument(
+        "--encoding",
+        choices=("columnar", "json"),
+        default="columnar",
+        help="with --kafka: message encoding, columnar (docs/architecture.md §7) or json (default %(default)s)",
+    )
     s.set_defaults(func=_cmd_sim)

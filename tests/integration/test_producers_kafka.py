@@ -18,6 +18,7 @@ import pytest
 
 from pipeline.bus import Topics
 from pipeline.bus.kafka import KafkaBusConsumer, ensure_topics
+from pipeline.colwire import is_columnar
 from pipeline.decode import Decoder
 from producers.common import BoundedSender, KafkaSink, run
 from producers.dcgm_exporter import parse_metrics
@@ -128,7 +129,8 @@ def _consume(bootstrap, topic, want, timeout_s=30.0):
         end = time.monotonic() + timeout_s
         while len(got) < want and time.monotonic() < end:
             for m in c.poll(timeout=1.0):
-                got.extend(dec.decode(m.value, m.origin).records)
+                # Columnar or JSON, as the message's header says (the sink's default is columnar).
+                got.extend(dec.decode_many([m.value], [m.origin], [is_columnar(m.headers)]).records)
     finally:
         c.close()
     return got

@@ -20,7 +20,7 @@ class SizeLimitedProducer:
         self.sent: list[tuple[bytes | None, bytes]] = []
         self._pending: list[bytes] = []
 
-    def send(self, topic: str, value: bytes, key: bytes | None = None) -> None:
+    def send(self, topic: str, value: bytes, key: bytes | None = None, headers: object = None) -> None:
         self._pending.append(value)
         if len(value) <= self.limit:
             self.sent.append((key, value))
@@ -56,7 +56,7 @@ def test_a_record_over_the_message_limit_is_dropped_and_the_rest_delivered():
     # Before: the 9 MB record failed the whole batch, which was retried forever as an outage;
     # nothing behind it was ever sent.
     p = SizeLimitedProducer(8 * 1024 * 1024)
-    sink = KafkaSink("unused:1", "gw.telemetry", ensure=False, make_client=lambda: p)
+    sink = KafkaSink("unused:1", "gw.telemetry", ensure=False, make_client=lambda: p, encoding="json")
     sender = BoundedSender(sink, backoff_s=0.0)
     sender.submit(_recs(10, label="x" * (9 * 1024 * 1024)))
     for _ in range(3):
@@ -68,7 +68,7 @@ def test_a_record_over_the_message_limit_is_dropped_and_the_rest_delivered():
 
 def test_a_topic_limit_below_ours_halves_messages_until_they_fit():
     p = SizeLimitedProducer(2000)
-    sink = KafkaSink("unused:1", "gw.telemetry", ensure=False, make_client=lambda: p)
+    sink = KafkaSink("unused:1", "gw.telemetry", ensure=False, make_client=lambda: p, encoding="json")
     recs = _recs(40, label="y" * 5000)
     assert sink.deliver(recs) == 1  # the 5 KB record alone cannot fit: refused, counted
     assert sum(v.count(b'"ts"') for _, v in p.sent) == 39 and all(len(v) <= 2000 for _, v in p.sent)

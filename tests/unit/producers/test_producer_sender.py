@@ -125,7 +125,7 @@ def test_kafka_sink_splits_a_hosts_backlog_into_bounded_messages():
     sent = []
 
     class P:
-        def send(self, topic, value, key):
+        def send(self, topic, value, key, headers=None):
             sent.append((topic, key, value))
 
         def flush(self, timeout=None):
@@ -134,7 +134,7 @@ def test_kafka_sink_splits_a_hosts_backlog_into_bounded_messages():
         def flush_results(self, timeout=None):
             return [None] * len(sent)
 
-    sink = KafkaSink("unused:1", "gw.telemetry", ensure=False, max_records_per_message=100)
+    sink = KafkaSink("unused:1", "gw.telemetry", ensure=False, max_records_per_message=100, encoding="json")
     sink._producer = P()
     sink.deliver(recs(0, 250) + recs(0, 30, host="other"))
     sizes = [len(json.loads(v)) for _, _, v in sent]

@@ -10,7 +10,9 @@ from typing import Any
 import pytest
 
 from pipeline.bus.publish import Pacer
-from pipeline.bus.telemetry import per_host_messages
+from pipeline.bus.telemetry import COLUMNAR_HEADERS, per_host_messages
+from pipeline.decode import Decoder
+from pipeline.schema import DcgmSample
 from producers.common import BoundedSender, KafkaSink, run
 from producers.sim import SimSource, Simulator
 
@@ -23,10 +25,12 @@ def _wire_before(sim: Simulator) -> list[tuple[bytes, bytes]]:
 class FakeProducer:
     def __init__(self, *_: Any, **__: Any) -> None:
         self.sent: list[tuple[str, bytes | None, bytes]] = []
+        self.headers: list[Any] = []
         self.fail = False
 
-    def send(self, topic: str, value: bytes, key: bytes | None = None) -> None:
+    def send(self, topic: str, value: bytes, key: bytes | None = None, headers: Any = None) -> None:
         self.sent.append((topic, key, value))
+        self.headers.append(headers)
 
     def flush(self, timeout: float | None = None) -> int:
         if self.fail:
@@ -56,11 +60,32 @@ def test_a_sim_source_polls_each_non_empty_step_then_is_done() -> None:
 
 def test_sim_through_the_producers_sender_sends_the_same_messages_as_before() -> None:
     sim = Simulator(hosts=70, duration=12, seed=3, scenario="mixed")   # > 1000 records a step
-    sink = KafkaSink("unused:1", "gw.telemetry", ensure=False)
+    sink = KafkaSink("unused:1", "gw.telemetry", ensure=False, encoding="json")
     sink._producer = p = FakeProducer()
     res = run(SimSource(sim), BoundedSender(sink, max_batch=100_000), interval_s=0.0)
     assert [(k, v) for _, k, v in p.sent] == _wire_before(sim)
     assert res.sender.sent == res.records == sum(len(b) for b in sim.batches())
+
+
+def test_sim_through_the_sender_goes_columnar_by_default_with_the_same_records() -> None:
+    sim = Simulator(hosts=5, duration=6, seed=3, scenario="mixed")
+    sink = KafkaSink("unused:1", "gw.telemetry", ensure=False)
+    sink._producer = p = FakeProducer()
+    run(SimSource(sim), BoundedSender(sink, max_batch=100_000), interval_s=0.0)
+    # DCGM-only messages go columnar; one holding NCCL records stays JSON.
+    assert set(map(str, p.headers)) == {str(COLUMNAR_HEADERS), "None"}
+    dec = Decoder()
+    got = [
+        list(dec.decode_many([v], [f"t@{i}"], [h is not None]).records)
+        for i, ((_, _, v), h) in enumerate(zip(p.sent, p.headers))
+    ]
+    json_dec = Decoder()
+    want = [json_dec.decode(v, f"t@{i}").records for i, (_, v) in enumerate(_wire_before(sim))]
+    def seen(r: Any) -> tuple:
+        temp = getattr(getattr(r, "fields", None), "DCGM_FI_DEV_GPU_TEMP", None)
+        return (isinstance(r, DcgmSample), r.ts, r.host, r.gpu, temp)
+
+    assert [list(map(seen, m)) for m in got] == [list(map(seen, m)) for m in want]
 
 
 def test_a_realtime_sim_source_releases_each_step_at_its_event_time() -> None:
@@ -92,7 +117,8 @@ def test_cli_sim_kafka_goes_through_the_sender_and_fails_when_records_are_lost(m
     monkeypatch.setattr(connection, "check", lambda conn, timeout_s=10.0: None)
     monkeypatch.setattr(kafka, "ensure_topics", lambda *a, **kw: [])
     monkeypatch.setattr(kafka, "KafkaBusProducer", producer)
-    args = ["sim", "--hosts", "3", "--duration", "8", "--seed", "2", "--scenario", "mixed", "--kafka", "127.0.0.1:1"]
+    args = ["sim", "--hosts", "3", "--duration", "8", "--seed", "2", "--scenario", "mixed", "--kafka", "127.0.0.1:1",
+            "--encoding", "json"]
     assert main(args) == 0
     sim = Simulator(hosts=3, duration=8, seed=2, scenario="mixed")
     assert [(k, v) for _, k, v in made[0].sent] == _wire_before(sim)

@@ -1,0 +1,48 @@
+"""Columnar telemetry messages (pipeline/colwire.py) through a real broker and `gpuwarden serve`:
+the alerts are exactly those of `gpuwarden replay` of the same records as JSON lines, the answer
+every JSON path through the service is held to (tests/faults/test_service_faults.py)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from pipeline.bus import Topics
+from pipeline.bus.kafka import KafkaBusProducer, ensure_topics
+from pipeline.bus.telemetry import COLUMNAR, per_host_wire
+from producers.sim import Simulator
+from tests.faults.factories import ServiceProc, alerts_on_topic, golden_alerts, wait_for, write_config
+
+pytestmark = pytest.mark.kafka
+
+
+def test_columnar_messages_through_serve_give_the_json_replays_alerts(kafka_bootstrap, topic_prefix, tmp_path):
+    sim = Simulator(hosts=4, duration=600, seed=8, scenario="mixed")
+    batches = [b for b in sim.batches() if b]
+    rec = tmp_path / "rec.jsonl"
+    rec.write_text("".join(json.dumps(r) + "\n" for b in batches for r in b))
+    golden = golden_alerts(rec, tmp_path)
+    assert golden, "the scenario injects faults: an empty answer would prove nothing"
+
+    topics = Topics(topic_prefix)
+    ensure_topics(kafka_bootstrap, topics, partitions=4)
+    p = KafkaBusProducer(kafka_bootstrap)
+    columnar = 0
+    for b in batches:
+        for key, value, headers in per_host_wire(b, COLUMNAR):
+            p.send(topics.telemetry, value, key, headers=headers)
+            columnar += headers is not None
+    p.flush()
+    p.close()
+    assert columnar >= 4 * len(batches) // 2  # the DCGM-only messages went columnar, NCCL ones JSON
+
+    svc = ServiceProc(write_config(tmp_path / "svc.json", kafka_bootstrap, topic_prefix), tmp_path / "s.log").start()
+    try:
+        wait_for(lambda: {(a["id"], a["state"]) for a in alerts_on_topic(kafka_bootstrap, topic_prefix)} >= golden,
+                 timeout=180, step=1, what="the replay's alerts from the columnar messages")
+        assert svc.term() == 0
+    finally:
+        if svc.alive():
+            svc.kill9()
+    assert {(a["id"], a["state"]) for a in alerts_on_topic(kafka_bootstrap, topic_prefix)} == golden
