@@ -237,3 +237,33 @@ def test_any_bytes_under_the_columnar_header_never_raise(junk: bytes, at: int, p
         assert all(d.reason in REASONS for d in out.dead)
         assert all(isinstance(msgspec.json.encode(d), bytes) for d in out.dead)
     eng.flush()
+
+
+def test_columnar_dcgm_beside_json_nic_nccl_and_progress_records_gives_the_json_answer() -> None:
+    from pipeline.schema import NcclRecord, NicRecord
+    from tests.factories import progress
+
+    def other(t: int) -> list:
+        return [
+            NicRecord(ts=T0 + t, host="n9", device="mlx5_0", port=1, state=1 if t > 20 else 4,
+                      state_name="DOWN" if t > 20 else "ACTIVE", counters={"link_downed": t // 20}),
+            NcclRecord(ts=T0 + t, host="n9", gpu=0, job="j1", comm="0x1", rank=0, nranks=8, coll="AllReduce",
+                       bytes=1 << 30, exec_time_us=900.0 + t, busbw_gbs=350.0),
+            progress(t, host="n9"),
+        ]
+
+    recs = fleet(range(40), hosts=2, gpus=4, overrides=lambda t, h, g: THROTTLED if (h, g) == ("n1", 1) else {})
+    batches = [[r for r in recs if r.ts == T0 + t] + other(t) for t in range(40)]
+    def run(encoding: str) -> EngineOutput:
+        p = Pipeline(Engine())
+        out = EngineOutput()
+        for msgs in _messages(batches, encoding):
+            out.extend(p.handle(msgs))
+        out.extend(p.flush())
+        return out
+
+    cols = _messages(batches, COLUMNAR)
+    assert {m.headers is None for msgs in cols for m in msgs} == {True, False}  # both encodings in each batch
+    a, b = run(JSON), run(COLUMNAR)
+    assert _alerts(a) and _alerts(a) == _alerts(b)
+    assert _dead(a) == _dead(b)
