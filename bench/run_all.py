@@ -23,7 +23,7 @@ back. Every figure is the median of ``--repeat`` runs (memory is deterministic: 
 * replicas: ``service_replicas.py``, 1, 2 and 4 identical `serve` replicas (both stages, the
   models) on a 64-host `llama3` recording: each replica's share of the model work and its CPU,
   and the 100,000-GPU projection from one process's rate;
-* wire: ``wire_format.py``, per-GPU vs per-host messages;
+* wire: ``wire_format.py``, per-GPU vs per-host messages, JSON vs columnar;
 * replay: ``replay_throughput.py``, a 48-GPU, 2-hour recording sampled every 5 s replayed as
   ``gpuwarden replay`` does (rules only, and with the default models), one core.
 
@@ -317,7 +317,7 @@ def bench_wire(plan: Plan) -> tuple[dict, list[dict]]:
                                                    str(plan.wire_seconds), "--repeat", str(plan.repeat)])
     figs = []
     for row in raw["layouts"]:
-        slug = "per_gpu" if row["layout"].startswith("per-GPU") else "per_host"
+        slug = {"per-GPU message": "per_gpu", "per-host columnar": "per_host_columnar"}.get(row["layout"], "per_host")
         figs.append(figure(f"wire.{slug}.decode", f"{row['layout']}: decode", "µs/GPU-sample",
                            [row["decode_us_per_sample"]], gpus=raw["gpus"]))
         if row["kafka_consume_us_per_sample"] is not None:
@@ -550,9 +550,13 @@ def render_markdown(result: dict, json_path: str | None = None) -> str:
         out += _table(["engine", "DCGM records/s", "all records/s"], rows) + [""]
     wire = [f for f in figs if f["id"].startswith("wire.")]
     if wire:
-        out += [f"### Wire format: per-GPU vs per-host messages ({wire[0]['gpus']:,} GPUs, one core)", ""]
+        out += [f"### Wire format: per-GPU vs per-host messages, JSON vs columnar ({wire[0]['gpus']:,} GPUs, one core)",
+                ""]
         rows = []
-        for slug, name in (("per_gpu", "per-GPU message"), ("per_host", "per-host message")):
+        for slug, name in (("per_gpu", "per-GPU message"), ("per_host", "per-host message"),
+                           ("per_host_columnar", "per-host columnar message")):
+            if get(f"wire.{slug}.decode") is None:
+                continue
             rows.append([name, _fmt((get(f"wire.{slug}.decode") or {}).get("median"), 2),
                          _fmt((get(f"wire.{slug}.kafka_consume") or {}).get("median"), 2)])
         out += _table(["layout", "decode (µs/GPU-sample)", "raw kafka-python consume (µs/GPU-sample)"], rows) + [""]

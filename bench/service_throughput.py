@@ -1,11 +1,13 @@
 """The service through the local broker: max-speed throughput next to the raw consume ceiling.
 
     .venv/bin/python bench/service_throughput.py --kafka 127.0.0.1:9092 [--gpus 2048] [--seconds 60]
-        [--repeat 1] [--models auto,none] [--json OUT] [--workdir bench/results]
+        [--repeat 1] [--models auto,none] [--json OUT] [--workdir bench/results] [--encoding json|columnar]
 
 Each repeat, on a fresh topic prefix:
 
-1. publishes a simulated recording (per-host messages) to ``<prefix>.telemetry``;
+1. publishes a simulated recording (per-host messages) to ``<prefix>.telemetry``: its JSON
+   lines as ``replay --to-kafka`` sends them, or with ``--encoding columnar`` each DCGM-only
+   message in the columnar encoding a producer sends by default (docs/architecture.md §7);
 2. measures the raw kafka-python consume rate of that topic (the ceiling of any consumer);
 3. for each of ``--models`` (``auto``: what ``serve`` runs by default, rules and models;
    ``none``: the rules alone, and the incident stage in the fleet stage; ``none-noinc``: the rules
@@ -51,6 +53,30 @@ from service_harness import Service, delete_topics  # noqa: E402
 from pipeline.bus import Topics  # noqa: E402
 from pipeline.bus.kafka import ensure_topics  # noqa: E402
 from pipeline.recording import publish  # noqa: E402
+
+
+def publish_columnar(rec: Path, bootstrap: str, topic: str) -> int:
+    """The recording's per-host messages as the producers send them by default: columnar where
+    the records allow it (with its header), else the JSON lines; how many were sent."""
+    from pipeline.bus.files import read_lines
+    from pipeline.bus.kafka import KafkaBusProducer
+    from pipeline.bus.telemetry import COLUMNAR_HEADERS, recorded_messages
+    from pipeline.colwire import encode_dcgm
+
+    p = KafkaBusProducer(bootstrap)
+    n = 0
+    for m in recorded_messages(read_lines(rec)):
+        cols = encode_dcgm(json.loads(m.value)) if m.key is not None else None
+        if cols is not None:
+            p.send(topic, cols, m.key, headers=COLUMNAR_HEADERS)
+        else:
+            p.send(topic, m.value, m.key)
+        n += 1
+        if n % 20_000 == 0:
+            p.flush()
+    p.flush()
+    p.close()
+    return n
 
 
 def raw_consume(bootstrap: str, topic: str, n_msgs: int, timeout_s: float = 600.0) -> float:
@@ -133,7 +159,7 @@ def recording(gpus: int, seconds: int, workdir: Path) -> Path:
 
 
 def run_once(bootstrap: str, rec: Path, n_records: int, workdir: Path,
-             models: list[str]) -> tuple[int, float, float, dict[str, tuple[float, dict]]]:
+             models: list[str], encoding: str = "json") -> tuple[int, float, float, dict[str, tuple[float, dict]]]:
     """(messages, publish s, raw consume s, {models: (service s, loop profile)}) on a fresh prefix.
 
     Each repeat publishes again: on the same prefix the service would resume from its checkpoint.
@@ -143,7 +169,10 @@ def run_once(bootstrap: str, rec: Path, n_records: int, workdir: Path,
     try:
         ensure_topics(bootstrap, topics, partitions=8)
         t = time.perf_counter()
-        n_msgs = publish([str(rec)], bootstrap, topics.telemetry)
+        if encoding == "columnar":
+            n_msgs = publish_columnar(rec, bootstrap, topics.telemetry)
+        else:
+            n_msgs = publish([str(rec)], bootstrap, topics.telemetry)
         pub_s = time.perf_counter() - t
         raw_s = raw_consume(bootstrap, topics.telemetry, n_msgs)
         out = {}
@@ -194,6 +223,8 @@ def main() -> None:
     ap.add_argument("--models", default=os.environ.get("BENCH_MODELS", "auto,none"),
                     help="comma-separated service.models values to run, each next to the same raw consume")
     ap.add_argument("--json", help="append the result as one JSON line to this file")
+    ap.add_argument("--encoding", choices=("json", "columnar"), default="json",
+                    help="the telemetry messages' encoding (docs/architecture.md §7)")
     args = ap.parse_args()
     rec = recording(args.gpus, args.seconds, args.workdir)
     n_dcgm = n_all = 0
@@ -206,14 +237,14 @@ def main() -> None:
     svc: dict[str, list[float]] = {m: [] for m in models}
     profiles: dict[str, list[dict]] = {m: [] for m in models}
     for _ in range(args.repeat):
-        n_msgs, pub_s, raw_s, out = run_once(args.kafka, rec, n_all, args.workdir, models)
+        n_msgs, pub_s, raw_s, out = run_once(args.kafka, rec, n_all, args.workdir, models, args.encoding)
         pub.append(round(pub_s, 2))
         raw.append(n_dcgm / raw_s)
         for m, (svc_s, prof) in out.items():
             svc[m].append(n_dcgm / svc_s)
             profiles[m].append(prof)
     raw_med = statistics.median(raw)
-    res = {"bench": "service_throughput", "gpus": args.gpus, "seconds": args.seconds, "messages": n_msgs,
+    res = {"bench": "service_throughput", "encoding": args.encoding, "gpus": args.gpus, "seconds": args.seconds, "messages": n_msgs,
            "gpu_samples": n_dcgm, "records": n_all, "repeat": args.repeat,
            "raw_consume_gpu_samples_per_s": round(raw_med), "raw_consume_runs": [round(r) for r in raw],
            "modes": {}, "publish_s": pub, "machine": f"{os.cpu_count()} cores; broker and service on the same machine"}

@@ -1,11 +1,14 @@
-"""Per-GPU vs per-host messages: what each costs the consumer, measured.
+"""Per-GPU vs per-host messages, JSON vs columnar: what each costs the consumer, measured.
 
     .venv/bin/python bench/wire_format.py [--kafka 127.0.0.1:9092] [--hosts 64] [--seconds 60] [--repeat 3]
         [--json OUT]
 
-Prints, per GPU-sample, the decode cost (our decoder, typed msgspec) and, with --kafka, the
-raw kafka-python consume cost (the ceiling of any consumer) for both layouts. Pinned to one core
-when the platform allows, median of --repeat runs.
+Prints, per GPU-sample, the decode cost (our decoder, batches of 256 messages as the service
+polls them: typed msgspec for JSON, arrays for the columnar encoding, pipeline/colwire.py) and,
+with --kafka, the raw kafka-python consume cost (the ceiling of any consumer) for each layout.
+Pinned to one core when the platform allows, median of --repeat runs. The columnar decode
+yields the engine's value matrix; JSON's records are still to be turned into one
+(bench/engine_throughput.py --encoding measures both end to end).
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ import statistics
 import time
 import uuid
 
-from pipeline.bus.telemetry import per_host_messages, per_record_messages
+from pipeline.bus.telemetry import COLUMNAR, per_host_messages, per_host_wire, per_record_messages
 from pipeline.decode import Decoder
 from producers.sim import Simulator
 
@@ -28,13 +31,17 @@ def _steps(hosts: int, seconds: int) -> list[list[dict]]:
     return [[r for r in b if r["kind"] == "dcgm"] for b in sim.batches()]
 
 
-def _decode_us(msgs: list[tuple[bytes, bytes]], n_samples: int, repeat: int) -> float:
+def _decode_us(msgs: list[tuple[bytes, bytes]], n_samples: int, repeat: int, columnar: bool) -> float:
     dec = Decoder()
+    values = [v for _, v in msgs]
+    origins = [f"t[0]@{i}" for i in range(len(values))]
+    flags = [True] * 256 if columnar else None
     runs = []
     for _ in range(repeat):
         t = time.perf_counter()
-        for _, v in msgs:
-            dec.decode(v, "t[0]@0")
+        for i in range(0, len(values), 256):
+            chunk = values[i:i + 256]
+            dec.decode_many(chunk, origins[i:i + 256], flags[:len(chunk)] if flags else None)
         runs.append((time.perf_counter() - t) / n_samples * 1e6)
     return statistics.median(runs)
 
@@ -81,13 +88,14 @@ def main() -> None:
     steps = _steps(args.hosts, args.seconds)
     recs = [r for step in steps for r in step]
     layouts = {"per-GPU message": [m for step in steps for m in per_record_messages(step)],
-               "per-host message": [m for step in steps for m in per_host_messages(step)]}
+               "per-host message": [m for step in steps for m in per_host_messages(step)],
+               "per-host columnar": [(k, v) for step in steps for k, v, _ in per_host_wire(step, COLUMNAR)]}
     print(f"{len(recs):,} GPU-samples ({args.hosts} hosts x 8 GPUs x {args.seconds}s), median of {args.repeat}")
     print(f"{'layout':<18} {'messages':>9} {'bytes/sample':>13} {'decode us/sample':>17} {'kafka consume us/sample':>24}")
     rows = []
     for name, msgs in layouts.items():
         size = sum(len(v) for _, v in msgs) / len(recs)
-        dec = _decode_us(msgs, len(recs), args.repeat)
+        dec = _decode_us(msgs, len(recs), args.repeat, columnar=name.endswith("columnar"))
         kafka_us = _kafka_us(args.kafka, msgs, len(recs), args.repeat) if args.kafka else None
         kc = f"{kafka_us:.2f}" if kafka_us is not None else "-"
         print(f"{name:<18} {len(msgs):>9,} {size:>13.0f} {dec:>17.2f} {kc:>24}")
