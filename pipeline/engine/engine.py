@@ -292,8 +292,8 @@ class Engine:
                         self._chunks.append(self._ingest(part, take_origins(origins, idx), ts[sl], hosts[sl], out))
             elif len(ts):
                 self._chunks.append(self._ingest(records, origins, ts, hosts, out))
-                if self.forwards:
-                    out.forwarded.extend(records)
+            if len(ts) and self.forwards:
+                out.forwarded.extend(records)
         if not self.screened:
             wm, complete = self._watermark(now)
             self._release(self._release_bound(wm), out, final=False)

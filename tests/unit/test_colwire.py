@@ -267,3 +267,18 @@ def test_columnar_dcgm_beside_json_nic_nccl_and_progress_records_gives_the_json_
     a, b = run(JSON), run(COLUMNAR)
     assert _alerts(a) and _alerts(a) == _alerts(b)
     assert _dead(a) == _dead(b)
+
+
+def test_a_forwarding_engine_forwards_every_row_of_a_batch_with_both_encodings() -> None:
+    # Before: a batch holding columns and JSON records was ingested but forwarded nothing, so
+    # the fleet stage's models never saw it (their alerts missing through `serve`).
+    from pipeline.schema import NcclRecord
+
+    recs = [sample(0, "n1", 0), sample(0, "n1", 1)]
+    nccl = NcclRecord(ts=T0, host="n2", gpu=0, comm="0x1", rank=0, nranks=8, coll="AllReduce", bytes=1 << 30,
+                      exec_time_us=900.0)
+    msgs = _messages([recs + [nccl]], COLUMNAR)[0]
+    assert sorted(m.headers is None for m in msgs) == [False, True]
+    p = Pipeline(Engine(forwards=True))
+    out = p.handle(msgs)
+    assert sorted((r.host, getattr(r, "gpu", None)) for r in out.forwarded) == [("n1", 0), ("n1", 1), ("n2", 0)]
