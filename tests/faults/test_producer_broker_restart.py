@@ -10,6 +10,7 @@ import pytest
 
 from pipeline.bus import Topics
 from pipeline.bus.kafka import KafkaBusConsumer, ensure_topics
+from pipeline.colwire import is_columnar
 from pipeline.decode import Decoder
 from producers.common import BoundedSender, KafkaSink, run
 from tests.integration.test_producers_kafka import ScrapeSource
@@ -47,7 +48,10 @@ def test_producer_rides_out_a_broker_restart_and_delivers_its_buffer(private_bro
     deadline = time.monotonic() + 60
     while len(got) < len(produced) and time.monotonic() < deadline:
         for m in c.poll(timeout=1.0):
-            got |= {(r.host, r.gpu, r.ts) for r in dec.decode(m.value, m.origin).records}
+            # The producer sends columnar messages by default: their header says so.
+            out = dec.decode_many([m.value], [m.origin], [is_columnar(m.headers)])
+            assert not out.dead, out.dead
+            got |= {(r.host, r.gpu, r.ts) for r in out.records}
     c.close()
     assert got == produced                                  # at least once: nothing lost
 
