@@ -141,6 +141,8 @@ class PortStage(StageBase):
         # ``port_lost`` at each poll of the port's host.
         self._host_check = next(((k, c) for k, c in self._checks if k == "active_ports"), None)
         self._lost_check = next(((k, c) for k, c in self._checks if k == "port_lost"), None)
+        # ``completion_errors`` speaks of events a log reports once: its alerts resolve by time.
+        self._expiring = next(((k, c) for k, c in self._checks if k == "completion_errors"), None)
         self._port_checks = [(k, c) for k, c in self._checks if k not in ("active_ports", "port_lost")]
         self._polls: dict[str, list[float]] = {}  # host -> [last poll, poll step, back from a silence]
         self._host_ports: dict[str, list[int]] = {}  # host -> its polled ports' ids
@@ -187,14 +189,12 @@ class PortStage(StageBase):
 
     def nic_release(self, upto: float) -> list[AlertEvent]:
         """Judge every held record older than ``upto`` (inf: all), in event time; their alerts."""
-        if not self._pending:
-            return []
         go = [r for r in self._pending if r.ts < upto]
         if not go:
-            return []
+            return self._expire(upto) if self._expiring is not None else []
         self._pending = [r for r in self._pending if not r.ts < upto]
         go.sort(key=_ORDER)
-        return self._judge(go)
+        return self._judge(go, upto)
 
     # -- the checks ----------------------------------------------------------------------------
 
@@ -207,7 +207,46 @@ class PortStage(StageBase):
             self._ports.append(_Port())
         return pid
 
-    def _judge(self, recs: list[NicRecord]) -> list[AlertEvent]:
+    def _expire(self, upto: float) -> list[AlertEvent]:
+        """Resolve the event checks' alerts whose ``keep_firing_for`` ran out before ``upto``,
+        with no record of their port since (a training log's errors come and nothing follows)."""
+        _, check = self._expiring  # type: ignore[misc]
+        trans = self._step_expiring(np.empty(0), np.empty(0, np.int32), np.empty(0, bool), upto)
+        return [self._alert(check, t, {"expired": True}) for t in trans]
+
+    def _step_expiring(self, ts: np.ndarray, ent: np.ndarray, cond: np.ndarray, upto: float) -> list[Transition]:
+        """Step ``completion_errors``' lifecycle over its rows in event time, with a false row at
+        each firing port's deadline (its last error plus ``keep_firing_for``) before ``upto``
+        put where it falls among the rows, so the alert resolves then whatever the batching.
+        A transition of a deadline row has ``row`` -1."""
+        life = self._life[self._expiring[0]]  # type: ignore[index]
+        n = len(self._keys)
+        out: list[Transition] = []
+        i = 0
+        while True:
+            life.reserve(n)
+            firing = np.flatnonzero(life.firing[:n])
+            due = life.last_true[firing] + life.keep_s
+            d = float(due.min()) if len(firing) else math.inf
+            # Up to the next deadline, and short of the first one an error in these rows sets.
+            hit = np.flatnonzero(cond[i:])
+            bound = min(d, float(ts[i + hit[0]]) + life.keep_s) if len(hit) else d
+            j = int(np.searchsorted(ts, bound, side="left"))
+            if j > i:  # the rows before the next deadline (an error among them moves it)
+                out += [Transition(t.state, t.entity, t.ts, t.started_at, t.row + i)
+                        for t in life.step(ts[i:j], ent[i:j], cond[i:j], n)]  # fmt: skip
+                i = j
+                continue
+            if not d < upto:
+                break
+            gone = firing[due == d]
+            out += [
+                Transition(t.state, t.entity, t.ts, t.started_at, -1)
+                for t in life.step(np.full(len(gone), d), gone.astype(np.int32), np.zeros(len(gone), bool), n)
+            ]
+        return out
+
+    def _judge(self, recs: list[NicRecord], upto: float = math.inf) -> list[AlertEvent]:
         n = len(recs)
         ent = np.empty(n, np.int32)
         ts = np.fromiter((r.ts for r in recs), np.float64, n)
@@ -230,11 +269,16 @@ class PortStage(StageBase):
         for key, c in self._port_checks:
             # A training log's record speaks of its NCCL errors only, not of the port's state or counters.
             idx = every if key == "completion_errors" else only_polled
-            if len(idx):
+            if key == "completion_errors":
+                out += [(t, key, idx) for t in self._step_expiring(ts[idx], ent[idx], conds[key][idx], upto)]
+            elif len(idx):
                 out += [
                     (t, key, idx) for t in self._life[key].step(ts[idx], ent[idx], conds[key][idx], len(self._keys))
                 ]
-        alerts = [(t, self._alert(self.config.checks[key], t, evidence[idx[t.row]])) for t, key, idx in out]
+        alerts = [
+            (t, self._alert(self.config.checks[key], t, evidence[idx[t.row]] if t.row >= 0 else {"expired": True}))
+            for t, key, idx in out
+        ]
         host_recs = recs if polled.all() else [r for r, p in zip(recs, polled) if p]
         if self._host_check is not None and host_recs:
             alerts += self._judge_hosts(host_recs, *self._host_check)

@@ -5,6 +5,8 @@ and active-port checks are judged by its polls alone."""
 
 from __future__ import annotations
 
+import pytest
+
 from pipeline.schema import NicRecord
 from tests.factories import T0
 from tests.unit.rules.factories import port_series, run_ports
@@ -22,7 +24,7 @@ def test_a_completion_error_names_host_hca_and_peer():
     recs = port_series(1800, gpus=[0, 1]) + [_log_record(605.5, 1), _log_record(606.5, 3)]
     alerts, _ = run_ports(recs)
     assert [(a.rule, a.state, a.ts - T0) for a in alerts] == [
-        ("network_ib_completion_errors", "firing", 605.5), ("network_ib_completion_errors", "resolved", 1210.0)]
+        ("network_ib_completion_errors", "firing", 605.5), ("network_ib_completion_errors", "resolved", 1206.5)]
     a = alerts[0]
     assert (a.severity, a.host, a.labels["device"], a.labels["nccl_peer"], a.labels["gpus"]) == (
         "warning", "n1", "mlx5_0", "10.0.35.1<49189>", "0,1")
@@ -57,29 +59,39 @@ def test_a_log_record_does_not_touch_the_ports_state_checks():
     assert {a.rule for a in run_ports(recs)[0]} == {"network_ib_completion_errors"}
 
 
-def test_a_training_logs_lines_through_the_producer_raise_the_alert():
-    # NVIDIA/nccl#1905's lines (NCCL 2.23+ layout, the HCA named), read by the torch-watchdog producer.
-    import time
+def _stage():
+    from pathlib import Path
 
-    from producers.nccl_ib import IbLog
+    from pipeline.rules.portconfig import load_port_config
+    from pipeline.rules.ports import PortStage
 
-    lines = [
-        "[2025-11-09 07:39:30] h100-28:238:1219 [0] transport/net_ib.cc:180 NCCL WARN NET/IB : mlx5_ib0:1 async fatal "
-        "event on QP (0x7f69f01519a8): local access violation work queue error",
-        "[2025-11-09 07:39:30] h100-28:238:1313 [0] transport/net_ib.cc:2451 NCCL WARN NET/IB: Got completion from peer "
-        "172.16.12.34<38081> with status=4 opcode=0 len=0 vendor err 83 (Send) hca mlx5_ib0",
-    ]
-    log = IbLog(host=None, default_ts=0.0)
-    for line in lines:
-        log.feed(line)
-    when = time.mktime(time.strptime("2025-11-09 07:39:30", "%Y-%m-%d %H:%M:%S"))
-    polls = port_series(1200, host="h100-28", device="mlx5_ib0")
-    for r in polls:
-        r.ts = r.ts - T0 + when - 600
-    alerts, _ = run_ports(polls + log.records())
-    (a,) = [a for a in alerts if a.state == "firing"]
-    assert (a.rule, a.host, a.labels["device"], a.labels["nccl_peer"]) == (
-        "network_ib_completion_errors", "h100-28", "mlx5_ib0", "172.16.12.34<38081>")
-    assert a.summary == (
-        "mlx5_ib0 port 1 on h100-28 got 1 InfiniBand completion error(s) (IBV_WC_LOC_PROT_ERR, vendor err 83, Send) "
-        "from peer 172.16.12.34<38081> and 1 fatal async event(s) (local access violation work queue error) in NCCL")
+    cfg, _ = load_port_config(Path(__file__).resolve().parents[3] / "rules" / "fabric" / "ports.yaml")
+    return PortStage(cfg)
+
+
+@pytest.mark.parametrize("releases", [[], [150], [350, 701, 1001], [50, 100.5, 400.5, 699, 700.5, 2499, 2501, 3099]])
+def test_a_log_only_error_resolves_once_keep_firing_for_runs_out(releases):
+    # No ib-sysfs on the host: nothing follows the log's records, yet the alert resolves 10
+    # minutes after the last error, at the same time whatever the watermark's steps; a later
+    # error on the same HCA fires again.
+    stage = _stage()
+    stage.nic_arrived([_log_record(100, 1), _log_record(400, 2), _log_record(2500, 3, peer="10.0.0.9<1>"),
+                       _log_record(100, 1, device="mlx5_3")])  # fmt: skip
+    alerts = [a for upto in releases + [float("inf")] for a in stage.nic_release(T0 + upto)]
+    got = [(a.state, a.labels["device"], a.ts - T0) for a in alerts]
+    assert sorted(got, key=lambda x: x[2]) == [
+        ("firing", "mlx5_0", 100.0), ("firing", "mlx5_3", 100.0), ("resolved", "mlx5_3", 700.0),
+        ("resolved", "mlx5_0", 1000.0), ("firing", "mlx5_0", 2500.0), ("resolved", "mlx5_0", 3100.0)]
+    resolved = [a for a in alerts if a.state == "resolved" and a.labels["device"] == "mlx5_0"]
+    assert "completion error(s)" in resolved[0].summary  # the firing event's summary, kept
+
+
+def test_an_error_expiry_waits_for_the_watermark_and_survives_a_restore():
+    stage = _stage()
+    stage.nic_arrived([_log_record(100, 1)])
+    assert [a.state for a in stage.nic_release(T0 + 200)] == ["firing"]
+    assert stage.nic_release(T0 + 700) == []  # the deadline (700 s) not passed yet
+    again = _stage()
+    again.load_state(stage.to_state())
+    assert [(a.state, a.ts - T0) for a in again.nic_release(T0 + 701)] == [("resolved", 700.0)]
+    assert again.nic_release(T0 + 2000) == []
