@@ -14,7 +14,6 @@ the alerts do not depend on how the stream was cut into batches.
 
 from __future__ import annotations
 
-import operator
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Sequence
@@ -26,13 +25,13 @@ from pipeline.engine.arrays import from_dict, to_dict
 from pipeline.engine.lifecycle import Lifecycle, Transition, alert_id
 from pipeline.engine.stage import StageBase
 from pipeline.errors import StateError
+from pipeline.rules.nichold import NicHold
 from pipeline.rules.portconfig import AER_CHECKS, PortCheck, PortConfig
 from pipeline.schema import AlertEvent, NicRecord
 
 MAX_PENDING = 100_000  # NIC records waiting for the watermark; past it the oldest go first
 STATE_VERSION = 1
-_ORDER = operator.attrgetter("ts", "host", "device")
-_records = msgspec.json.Decoder(list[NicRecord])
+_ORDER = ("ts", "host", "device")
 _PREFIX = "pcie_aer_"
 
 
@@ -81,12 +80,11 @@ class NicAerStage(StageBase):
         self.columns: set[int] = set()
         self._checks: list[tuple[str, PortCheck]] = [(k, c) for k, c in config.enabled() if k in AER_CHECKS]
         self._life = {key: Lifecycle(c.for_s, c.keep_firing_for_s) for key, c in self._checks}
-        self._pending: list[NicRecord] = []
+        self._hold = NicHold(MAX_PENDING, _ORDER)
         self._ids: dict[tuple[str, str], int] = {}
         self._keys: list[tuple[str, str]] = []
         self._nics: list[_Nic] = []
         self._summaries: dict[str, str] = {}
-        self.dropped = 0  # records past MAX_PENDING
 
     # -- the engine's hooks ------------------------------------------------------------------
 
@@ -94,28 +92,22 @@ class NicAerStage(StageBase):
         """No DCGM rows are judged here."""
         return []
 
+    @property
+    def dropped(self) -> int:
+        """Records the hold let go past its limit, the oldest first."""
+        return self._hold.dropped
+
     def nic_arrived(self, records: Sequence[NicRecord]) -> None:
         """The NIC records that carry AER counters, held until the watermark passes them (the
         port records of ``ib-sysfs`` carry none and cost nothing here)."""
         if not self._checks:
             return
-        self._pending.extend(r for r in records if any(k.startswith(_PREFIX) for k in r.counters))
-        over = len(self._pending) - MAX_PENDING
-        if over > 0:
-            self._pending.sort(key=_ORDER)
-            del self._pending[:over]
-            self.dropped += over
+        self._hold.arrive(r for r in records if any(k.startswith(_PREFIX) for k in r.counters))
 
     def nic_release(self, upto: float) -> list[AlertEvent]:
         """Judge every held record older than ``upto`` (inf: all), in event time; their alerts."""
-        if not self._pending:
-            return []
-        go = [r for r in self._pending if r.ts < upto]
-        if not go:
-            return []
-        self._pending = [r for r in self._pending if not r.ts < upto]
-        go.sort(key=_ORDER)
-        return self._judge(go)
+        go = self._hold.take(upto)
+        return self._judge(go) if go else []
 
     # -- the checks ----------------------------------------------------------------------------
 
@@ -220,7 +212,7 @@ class NicAerStage(StageBase):
             "nics": [list(k) for k in self._keys],
             "past": [p.to_state() for p in self._nics],
             "life": {k: {n: to_dict(a) for n, a in lc.to_state().items()} for k, lc in self._life.items()},
-            "pending": msgspec.json.encode(self._pending),
+            "pending": self._hold.to_state(),
             "summaries": dict(self._summaries),
         }
 
@@ -238,11 +230,12 @@ class NicAerStage(StageBase):
             for k, lc in self._life.items():
                 if k in state["life"]:
                     lc.load_state({n: from_dict(a) for n, a in state["life"][k].items()})
-            pending = _records.decode(state["pending"])
+            hold = NicHold(MAX_PENDING, _ORDER)
+            hold.load_state(state["pending"])
             summaries = {str(k): str(v) for k, v in state["summaries"].items()}
         except (KeyError, TypeError, ValueError, msgspec.DecodeError) as e:
             raise StateError(f"nic_aer stage state: {type(e).__name__}: {e}") from e
-        self._keys, self._nics, self._pending, self._summaries = keys, nics, pending, summaries
+        self._keys, self._nics, self._hold, self._summaries = keys, nics, hold, summaries
         self._ids = {k: i for i, k in enumerate(keys)}
 
 

@@ -17,7 +17,6 @@ the model learnt from the GPUs' DCGM records (``ingest``).
 from __future__ import annotations
 
 import math
-import operator
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Sequence
@@ -29,6 +28,7 @@ from pipeline.engine.arrays import from_dict, to_dict
 from pipeline.engine.lifecycle import Lifecycle, Transition, alert_id
 from pipeline.engine.stage import StageBase
 from pipeline.errors import StateError
+from pipeline.rules.nichold import NicHold
 from pipeline.rules.portconfig import AER_CHECKS, LOG_COUNTERS, RATE_CHECKS, WINDOW_CHECKS, PortCheck, PortConfig
 from pipeline.schema import AlertEvent, NicRecord
 
@@ -36,10 +36,9 @@ ACTIVE, DOWN, INIT, ARMED = 4, 1, 2, 3
 POLLING, DISABLED, LINK_ERROR_RECOVERY = 2, 3, 6
 MAX_PENDING = 1_000_000  # port records waiting for the watermark; past it the oldest go first
 STATE_VERSION = 1
-_ORDER = operator.attrgetter("ts", "host", "device", "port")
+_ORDER = ("ts", "host", "device", "port")
 # What a training log's record says of its NCCL errors (producers/nccl_ib.py), carried into the evidence.
 _NCCL_LABELS = ("peer", "peers", "status", "status_name", "opcode", "vendor_err", "direction", "event", "rank")
-_records = msgspec.json.Decoder(list[NicRecord])
 
 
 @dataclass
@@ -131,12 +130,11 @@ class PortStage(StageBase):
         self.columns: set[int] = set()
         self._checks: list[tuple[str, PortCheck]] = [(k, c) for k, c in config.enabled() if k not in AER_CHECKS]
         self._life = {key: Lifecycle(c.for_s, c.keep_firing_for_s) for key, c in self._checks}
-        self._pending: list[NicRecord] = []
+        self._hold = NicHold(MAX_PENDING, _ORDER)
         self._ids: dict[tuple[str, str, int], int] = {}
         self._keys: list[tuple[str, str, int]] = []
         self._ports: list[_Port] = []
         self._summaries: dict[str, str] = {}
-        self.dropped = 0  # records past MAX_PENDING
         # ``active_ports`` is judged per host (its own entity ids) against its GPUs' model;
         # ``port_lost`` at each poll of the port's host.
         self._host_check = next(((k, c) for k, c in self._checks if k == "active_ports"), None)
@@ -178,22 +176,20 @@ class PortStage(StageBase):
                 self._models.setdefault(r.host, model)
         self._n_gpus = top + 1
 
+    @property
+    def dropped(self) -> int:
+        """Records the hold let go past its limit, the oldest first."""
+        return self._hold.dropped
+
     def nic_arrived(self, records: Sequence[NicRecord]) -> None:
         """Port records the engine accepted, held until its watermark passes them."""
-        self._pending.extend(records)
-        over = len(self._pending) - MAX_PENDING
-        if over > 0:
-            self._pending.sort(key=_ORDER)
-            del self._pending[:over]
-            self.dropped += over
+        self._hold.arrive(records)
 
     def nic_release(self, upto: float) -> list[AlertEvent]:
         """Judge every held record older than ``upto`` (inf: all), in event time; their alerts."""
-        go = [r for r in self._pending if r.ts < upto]
+        go = self._hold.take(upto)
         if not go:
             return self._expire(upto) if self._expiring is not None else []
-        self._pending = [r for r in self._pending if not r.ts < upto]
-        go.sort(key=_ORDER)
         return self._judge(go, upto)
 
     # -- the checks ----------------------------------------------------------------------------
@@ -559,7 +555,7 @@ class PortStage(StageBase):
             "ports": [list(k) for k in self._keys],
             "past": [p.to_state() for p in self._ports],
             "life": {k: {n: to_dict(a) for n, a in lc.to_state().items()} for k, lc in self._life.items()},
-            "pending": msgspec.json.encode(self._pending),
+            "pending": self._hold.to_state(),
             "summaries": dict(self._summaries),
             "hosts": list(self._hosts),
             "models": dict(self._models),
@@ -581,7 +577,8 @@ class PortStage(StageBase):
             for k, lc in self._life.items():
                 if k in state["life"]:
                     lc.load_state({n: from_dict(a) for n, a in state["life"][k].items()})
-            pending = _records.decode(state["pending"])
+            hold = NicHold(MAX_PENDING, _ORDER)
+            hold.load_state(state["pending"])
             summaries = {str(k): str(v) for k, v in state["summaries"].items()}
             hosts = [str(h) for h in state["hosts"]]
             models = {str(k): str(v) for k, v in state["models"].items()}
@@ -589,7 +586,7 @@ class PortStage(StageBase):
             polls = {str(h): [_float(x) for x in p] for h, p in state.get("polls", {}).items()}
         except (KeyError, TypeError, ValueError, msgspec.DecodeError) as e:
             raise StateError(f"ports stage state: {type(e).__name__}: {e}") from e
-        self._keys, self._ports, self._pending, self._summaries = keys, ports, pending, summaries
+        self._keys, self._ports, self._hold, self._summaries = keys, ports, hold, summaries
         self._ids = {k: i for i, k in enumerate(keys)}
         self._hosts, self._models, self._n_gpus = hosts, models, n_gpus
         self._polls = polls
