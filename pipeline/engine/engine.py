@@ -503,6 +503,8 @@ class Engine:
         else:
             self._ticks_until(wm, out)
             self.released = max(self.released, wm)
+        for stage in self.stages:
+            stage.advanced(self.released)
         self._release_nic(math.inf if final else wm, out)
 
     def _release_nic(self, upto: float, out: EngineOutput) -> None:

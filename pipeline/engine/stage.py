@@ -86,6 +86,11 @@ class Stage(Protocol):
         """After the engine has built the tick's alerts (evidence is read before state moves on)."""
         ...
 
+    def advanced(self, upto: float) -> None:
+        """After a release: every row before ``upto`` has run (ticks without rows included), so
+        a stage that keeps state by spans of event time may close the spans before it."""
+        ...
+
     def to_state(self) -> Any: ...
 
     def load_state(self, state: Any) -> None: ...
@@ -136,6 +141,9 @@ class StageBase:
 
     def finish(self) -> None:
         """Nothing to do after a tick."""
+
+    def advanced(self, upto: float) -> None:
+        """Nothing kept by spans of event time."""
 
     def to_state(self) -> Any:
         """No state."""
