@@ -27,6 +27,7 @@ import numpy as np
 from pipeline.catalog import FIELDS
 from pipeline.engine.state import View
 from pipeline.gpu_models import lookup
+from pipeline.models.cohorts import EPOCH_S
 from pipeline.models.detectors._util import nan_to_num
 from pipeline.numeric import group_stat, grow
 
@@ -41,6 +42,10 @@ FLEET_SHARE = 0.6  # a cause is fleet-wide when at least this share of the recen
 MIN_GPUS = 8  # ... and at least this many GPUs were seen
 LIMIT_LOWERED = 0.97  # an enforced power limit under 97 % of the board's is a cap
 CLOCK_TOLERANCE = 0.92  # a capped GPU's clock within 8 % of its host's median is explained by the cap
+# The window in whole epochs (cohorts.py): a part counts GPUs by the epoch they were last seen /
+# capped in, and "seen within WINDOW_S of an epoch's end" is exactly "in one of its last SPAN".
+SPAN = round(WINDOW_S / EPOCH_S)
+assert SPAN * EPOCH_S == WINDOW_S, "the context's window must be whole epochs"
 
 
 class FleetContext:
@@ -62,8 +67,9 @@ class FleetContext:
             self.lim_max, self.clock = grow(self.lim_max, n, np.nan), grow(self.clock, n, np.nan)
             self.host = grow(self.host, n, -1)
 
-    def update(self, view: View, n_gpus: int, board_w: np.ndarray) -> None:
-        """Fold one tick's rows in. ``board_w``: per row, the GPU model's board power (NaN unknown)."""
+    def update(self, view: View, n_gpus: int, board_w: np.ndarray, now: float) -> None:
+        """Fold one tick's rows in. ``board_w``: per row, the GPU model's board power (NaN
+        unknown); ``now``: the tick's end (so every shard judges a GPU at the same time)."""
         self._ensure(n_gpus)
         fr = view.frame
         if not len(fr):
@@ -81,12 +87,31 @@ class FleetContext:
         self.cap_ts[ent] = np.where(capped, ts, self.cap_ts[ent])
         self.clock[ent] = view.filled[:, _CLOCK]
         self.host[ent] = fr.host
-        self.now = float(ts.max()) if np.isnan(self.now) else max(self.now, float(ts.max()))
-        n = len(self.seen)
-        recent = self.now - self.seen[:n] <= WINDOW_S
-        k = int(recent.sum())
-        self.n_recent = k
-        self.power_cap_share = float((recent & (self.now - self.cap_ts[:n] <= WINDOW_S)).sum()) / k if k else 0.0
+        self.now = now if np.isnan(self.now) else max(self.now, now)
+
+    def cohort_part(self, epoch: int) -> dict[str, Any]:
+        """How many of the shard's GPUs were last seen, and last capped, in each of the ``SPAN``
+        epochs up to ``epoch`` (oldest first): the fleet's share follows from every shard's."""
+        lo = epoch - SPAN + 1
+        with np.errstate(invalid="ignore"):
+            seen = np.floor(self.seen / EPOCH_S + 1e-9) - lo
+            cap = np.floor(self.cap_ts / EPOCH_S + 1e-9) - lo
+        seen = seen[(seen >= 0) & (seen < SPAN)].astype(np.int64)
+        cap = cap[(cap >= 0) & (cap < SPAN)].astype(np.int64)
+        return {"epoch": epoch, "seen": np.bincount(seen, minlength=SPAN), "capped": np.bincount(cap, minlength=SPAN)}
+
+    def apply_epoch(self, parts: Any, epoch: int) -> None:
+        """The fleet's GPUs seen and capped within ``WINDOW_S`` of ``epoch``'s end, from every
+        shard's part (a part of an earlier epoch: the shard had no rows since)."""
+        recent = capped = 0
+        for p in parts:
+            if not p:
+                continue
+            cut = epoch - p["epoch"]  # this part's buckets from ``cut`` on are within the window
+            recent += int(np.asarray(p["seen"])[cut:].sum())
+            capped += int(np.asarray(p["capped"])[cut:].sum())
+        self.n_recent = recent
+        self.power_cap_share = capped / recent if recent else 0.0
 
     @property
     def fleet_power_cap(self) -> bool:
@@ -115,6 +140,8 @@ class FleetContext:
 
     def to_state(self) -> dict[str, Any]:
         return {
+            "n_recent": self.n_recent,
+            "share": self.power_cap_share,
             "seen": self.seen,
             "cap_ts": self.cap_ts,
             "lim_max": self.lim_max,
@@ -127,6 +154,7 @@ class FleetContext:
         self.seen, self.cap_ts = np.array(st["seen"], float), np.array(st["cap_ts"], float)
         self.lim_max, self.clock = np.array(st["lim_max"], float), np.array(st["clock"], float)
         self.host, self.now = np.array(st["host"], np.int64), float(st["now"])
+        self.n_recent, self.power_cap_share = int(st.get("n_recent", 0)), float(st.get("share", 0.0))
 
 
 def board_power(cohort_names: list[str]) -> np.ndarray:

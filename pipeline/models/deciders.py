@@ -42,8 +42,18 @@ class ThresholdDecider:
         self.up[ent] = flagged
         return flagged
 
+    #: set by the model set: what ``observe`` learns waits for ``apply_epoch`` (cohorts.py)
+    deferred = False
+
     def observe(self, scores: np.ndarray) -> None:
         """Thresholds are fixed: nothing to learn."""
+
+    def cohort_part(self) -> dict[str, Any]:
+        """This shard's part of the epoch that ends: none, thresholds are fixed."""
+        return {}
+
+    def apply_epoch(self, parts: Any) -> None:
+        """Nothing to fold in: thresholds are fixed."""
 
     def to_state(self) -> dict[str, Any]:
         return {"up": self.up}
@@ -70,16 +80,35 @@ class QuantileDecider(ThresholdDecider):
         self.q, self.margin, self.off_ratio, self.floor = float(q), float(margin), float(off_ratio), float(floor)
         self.decay = 0.5 ** (1.0 / float(half_life))
         self.hist = np.zeros(len(self.EDGES))
+        self.acc = np.zeros(len(self.EDGES), dtype=np.int64)  # this epoch's counts, while deferred
         self.up = np.zeros(0, dtype=bool)
         self.on, self.off = np.inf, np.inf
 
     def observe(self, scores: np.ndarray) -> None:
-        """Fold scores into the running histogram (only those not flagged: see the model set)."""
+        """Fold scores into the running histogram (only those not flagged: see the model set);
+        deferred, into the epoch's counts."""
         s = scores[np.isfinite(scores)]
         if not len(s):
             return
-        self.hist *= self.decay ** len(s)
-        np.add.at(self.hist, np.searchsorted(self.EDGES, s, side="right") - 1, 1.0)
+        np.add.at(self.acc, np.searchsorted(self.EDGES, s, side="right") - 1, 1)
+        if not self.deferred:
+            self.apply_epoch([self.cohort_part()])
+
+    def cohort_part(self) -> dict[str, Any]:
+        part, self.acc = self.acc, np.zeros_like(self.acc)
+        return {"counts": part}
+
+    def apply_epoch(self, parts: Any) -> None:
+        """Every shard's counts of the epoch into the histogram, and the thresholds it sets."""
+        counts = np.zeros(len(self.EDGES), dtype=np.int64)
+        for p in parts:
+            if p:
+                counts += np.asarray(p["counts"], dtype=np.int64)
+        n = int(counts.sum())
+        if not n:
+            return
+        self.hist *= self.decay**n
+        self.hist += counts
         total = self.hist.sum()
         k = int(np.searchsorted(np.cumsum(self.hist), self.q * total))
         qv = self.EDGES[min(k + 1, len(self.EDGES) - 1)]
@@ -87,11 +116,13 @@ class QuantileDecider(ThresholdDecider):
         self.off = self.on * self.off_ratio
 
     def to_state(self) -> dict[str, Any]:
-        return {"up": self.up, "hist": self.hist, "on": self.on, "off": self.off}
+        return {"up": self.up, "hist": self.hist, "acc": self.acc, "on": self.on, "off": self.off}
 
     def load_state(self, st: dict[str, Any]) -> None:
         self.up = np.array(st["up"], dtype=bool)
         self.hist = np.array(st["hist"], dtype=float)
+        if "acc" in st:  # a snapshot before cohort epochs has none
+            self.acc = np.array(st["acc"], dtype=np.int64)
         self.on, self.off = float(st["on"]), float(st["off"])
 
 

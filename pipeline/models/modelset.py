@@ -17,6 +17,7 @@ from __future__ import annotations
 import functools
 import math
 import operator
+import zlib
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -31,6 +32,7 @@ from pipeline.engine.frame import NCCL_KEYS, NcclFrame
 from pipeline.engine.stage import MODEL_SCORES, StageBase
 from pipeline.engine.state import COUNTER_COLS, View
 from pipeline.errors import StateError
+from pipeline.models.cohorts import LAG_EPOCHS, CohortExchange, CohortPending, LocalExchange, epoch_of
 from pipeline.models.config import ModelSpec, load_model_specs
 from pipeline.models.context import COLUMNS as CONTEXT_COLUMNS
 from pipeline.models.context import FleetContext, board_power
@@ -40,8 +42,10 @@ from pipeline.models.registry import DCGM, REGISTRY, build
 from pipeline.numeric import grow
 
 # 2: arrays and river objects as msgpack extension types; 3: the fleet context; 4: no pickled
-# objects, only numbers (versions 2 and 3 are refused, never unpickled: docs/models.md#model-state).
-STATE_VERSION = 4
+# objects, only numbers (versions 2 and 3 are refused, never unpickled: docs/models.md#model-state);
+# 5: cohort state by epochs (cohorts.py; a version 4 snapshot is read, its epochs start afresh).
+STATE_VERSION = 5
+READS_VERSIONS = (4, 5)
 _MODEL = operator.attrgetter("model")
 # GPU models one engine keeps a cohort (a forest, priors) for. A fleet has a handful; a stream of
 # invented model strings (1,000 of them once made a 106 MB snapshot taking 5.6 s) shares the last.
@@ -106,11 +110,14 @@ def _counter_index(name: str) -> int:
 
 
 class Features:
-    """Per-tick feature arrays, computed once per tick whichever models ask."""
+    """Per-tick feature arrays, computed once per tick whichever models ask; ``phase``: each
+    row's GPU's turn (a hash of its host and index, the same in every shard)."""
 
-    def __init__(self, view: View) -> None:
+    def __init__(self, view: View, phase: np.ndarray | None = None) -> None:
         self.view = view
         self.memo: dict[str, np.ndarray] = {}
+        if phase is not None:
+            self.memo["phase"] = phase
         self._inv: tuple[np.ndarray, np.ndarray] | None = None
 
     def _host_inv(self) -> tuple[np.ndarray, np.ndarray]:
@@ -161,6 +168,7 @@ class _Model:
         self.proto = build(spec.detector, spec.params)
         self.dets: dict[str, Any] = {}
         self.decider = make_decider(spec.decider)
+        self.decider.deferred = True
         self.rows_ev: list[tuple[np.ndarray | None, dict, np.ndarray]] = []
         # NCCL models: per-entity findings carried onto DCGM rows.
         self.cur = np.zeros(0)
@@ -172,6 +180,8 @@ class _Model:
         d = self.dets.get(cohort)
         if d is None:
             d = self.dets[cohort] = self.proto.clone()
+            if self.info.source == DCGM:
+                d.deferred = True  # its cohort state changes by epochs (cohorts.py)
         return d
 
     def ensure(self, n: int) -> None:
@@ -208,6 +218,13 @@ class ModelSet(StageBase):
         # explained away by them (rows of ticks where a finding was suppressed).
         self.context = FleetContext()
         self.explained: dict[str, int] = {}
+        # Cohort state by epochs (cohorts.py): this shard's name, where the parts meet, the epoch
+        # being learnt and the last one applied; per GPU its turn (``Features``' phase).
+        self.shard = ""
+        self.exchange: CohortExchange = LocalExchange()
+        self.open_epoch: int | None = None
+        self.applied: int | None = None
+        self.phase = np.full(0, -1, dtype=np.int64)
         self._context_on = any(s.explained_by for s in self.specs)
         if self._context_on:
             self.columns |= CONTEXT_COLUMNS
@@ -287,14 +304,17 @@ class ModelSet(StageBase):
         n_gpus, n_hosts = entities.n_gpus, entities.n_hosts
         ent = view.frame.gpu
         ts = view.frame.ts
+        cur = epoch_of(view.ts0)
+        self.advance_epochs(cur)
+        self.apply_epochs(cur - LAG_EPOCHS)
         self._run_nccl(view.ts0 + self.tick, n_gpus, n_hosts)
-        feats = Features(view)
+        feats = Features(view, self._phases(ent, entities))
         if len(self.cohort_of) < n_gpus:
             self.cohort_of = grow(self.cohort_of, n_gpus, -1)
         coh = self.cohort_of[ent]
         groups = self._cohort_groups(coh)
         if self._context_on:
-            self.context.update(view, n_gpus, self._board_power()[coh])
+            self.context.update(view, n_gpus, self._board_power()[coh], view.ts0 + self.tick)
         out: list[tuple[ModelCheck, np.ndarray]] = []
         by_name = self._by_name
         for name, m in self.models.items():
@@ -307,7 +327,7 @@ class ModelSet(StageBase):
                     det = m.det(cname)
                     e = ent if rows is None else ent[rows]
                     t = ts if rows is None else ts[rows]
-                    F = feats.subset(det.features, rows)
+                    F = feats.subset(det.features + ("phase",), rows)
                     s = nan_to_num(det.score_many(e, t, F), nan=0.0, posinf=1e6, neginf=0.0)
                     w = det.warm(e)
                     if rows is None:
@@ -324,7 +344,7 @@ class ModelSet(StageBase):
                     det.learn_many(
                         ent if rows is None else ent[rows],
                         ts if rows is None else ts[rows],
-                        feats.subset(det.features, rows),
+                        feats.subset(det.features + ("phase",), rows),
                         mask,
                     )
                 self.scores[name] = np.where(warm, score, np.nan)
@@ -341,6 +361,97 @@ class ModelSet(StageBase):
             if chk is not None:
                 out.append((chk, cond))
         return out
+
+    # -- cohort state by epochs (cohorts.py) -------------------------------------------------------
+
+    def advanced(self, upto: float) -> None:
+        """The engine released every row before ``upto``: the epochs before it are complete."""
+        if math.isfinite(upto):
+            self.advance_epochs(epoch_of(upto))
+
+    def advance_epochs(self, cur: int) -> None:
+        """Close the epoch being learnt when ``cur`` is past it: publish this shard's part."""
+        if self.open_epoch is None:
+            # An empty part that opens the shard at ``cur``: the others know from when it counts.
+            self.exchange.publish(self.shard, {"epoch": cur, "until": cur})
+            self.open_epoch = cur
+        elif cur > self.open_epoch:
+            self.exchange.publish(self.shard, self._part(self.open_epoch, cur))
+            self.open_epoch = cur
+
+    def _part(self, epoch: int, until: int) -> dict[str, Any]:
+        counts = np.bincount(self.cohort_of[self.cohort_of >= 0], minlength=len(self.cohort_names))
+        n_gpus = {name: int(c) for name, c in zip(self.cohort_names, counts.tolist())}
+        n_gpus["fleet"] = int(counts.sum())
+        models: dict[str, Any] = {}
+        for name, m in self.models.items():
+            parts = {"_decider": m.decider.cohort_part()}
+            if m.info.source == DCGM:
+                parts.update({c: d.cohort_part() for c, d in m.dets.items()})
+            models[name] = parts
+        part: dict[str, Any] = {"epoch": epoch, "until": until, "n_gpus": n_gpus, "models": models}
+        if self._context_on:
+            part["context"] = self.context.cohort_part(epoch)
+        return part
+
+    def apply_epochs(self, target: int) -> None:
+        """Apply every epoch up to ``target`` not applied yet, in order, from every shard's parts
+        (``CohortPending`` while one is missing). Epochs no shard learnt in are skipped at once:
+        they change nothing."""
+        k = self.applied + 1 if self.applied is not None else None
+        while True:
+            if k is None:
+                first = self.exchange.first()
+                if first is None or first > target:
+                    return
+                k = first
+            if k > target:
+                return
+            parts = self.exchange.parts(k)
+            if parts is None:
+                raise CohortPending(k)
+            self._apply(k, parts)
+            self.applied = k
+            nxt = min((int(p["until"]) for p in parts), default=k + 1)
+            if nxt > k + 1:
+                # Epochs k+1 .. nxt-1: no shard learnt (every part covering k goes on), so only
+                # the state parts count, which are the same: apply the last of them alone.
+                self.applied = min(nxt - 1, target)
+                if self.applied > k:
+                    self._apply(self.applied, parts)
+            k = self.applied + 1
+            self.exchange.forget(k)
+
+    def _apply(self, k: int, parts: list[dict[str, Any]]) -> None:
+        # Sums only from the parts of epoch k itself; a part of an earlier epoch that covers k
+        # brings its state (rates, counts of GPUs), not its sums again.
+        own = [p for p in parts if int(p["epoch"]) == k]
+        n_gpus: dict[str, int] = {}
+        for p in parts:
+            for c, v in p.get("n_gpus", {}).items():
+                n_gpus[c] = n_gpus.get(c, 0) + int(v)
+        for name, m in self.models.items():
+            m.decider.apply_epoch([p.get("models", {}).get(name, {}).get("_decider", {}) for p in own])
+            if m.info.source != DCGM:
+                continue
+            cohorts = sorted({c for p in parts for c in p.get("models", {}).get(name, {}) if c != "_decider"})
+            for c in cohorts:
+                det = m.det(c)
+                state_parts = [p.get("models", {}).get(name, {}).get(c, {}) for p in parts]
+                sum_parts = [p.get("models", {}).get(name, {}).get(c, {}) for p in own]
+                det.apply_epoch(_epoch_parts(det, sum_parts, state_parts), n_gpus.get(c, 0))
+        if self._context_on:
+            self.context.apply_epoch([p.get("context", {}) for p in parts], k)
+
+    def _phases(self, ent: np.ndarray, entities: Entities) -> np.ndarray:
+        """Each row's GPU's turn: a hash of its host's name and its index (zlib's crc32, the
+        same in every process), computed once per GPU."""
+        n = entities.n_gpus
+        if len(self.phase) < n:
+            old = len(self.phase)
+            self.phase = grow(self.phase, n, -1)
+            self.phase[old:n] = [zlib.crc32(f"{h}/{i}".encode()) for h, i in entities.gpus[old:n]]
+        return self.phase[ent]
 
     def _board_power(self) -> np.ndarray:
         """Board power per cohort index, NaN last (cohort -1): looked up again only when the
@@ -476,6 +587,12 @@ class ModelSet(StageBase):
             "models": {},
             "context": self.context.to_state(),
             "explained": self.explained,
+            "epochs": {
+                "open": self.open_epoch,
+                "applied": self.applied,
+                # A shared exchange keeps its own parts; a shard alone keeps them here.
+                "published": list(self.exchange.published) if isinstance(self.exchange, LocalExchange) else [],
+            },
         }
         for name, m in self.models.items():
             data["models"][name] = {
@@ -493,9 +610,9 @@ class ModelSet(StageBase):
         """Continue where ``snapshot`` stopped; models whose definition changed start fresh."""
         try:
             data = _decode_state.decode(blob)
-            if not isinstance(data, dict) or data.get("version") != STATE_VERSION:
+            if not isinstance(data, dict) or data.get("version") not in READS_VERSIONS:
                 v = data.get("version") if isinstance(data, dict) else None
-                raise StateError(f"model state version {v} (this build reads {STATE_VERSION} only)")
+                raise StateError(f"model state version {v} (this build reads {READS_VERSIONS} only)")
             self.cohort_names = [str(c) for c in data["cohort_names"]]
             self.cohort_of = np.asarray(numeric(data["cohort_of"], "cohort_of"), dtype=np.int32).copy()
             if len(self.cohort_of) and not -1 <= int(self.cohort_of.min()) <= int(self.cohort_of.max()) < len(
@@ -505,6 +622,7 @@ class ModelSet(StageBase):
             self._nccl = [_nccl_frame(f) for f in data["nccl"]]
             self.context.load_state(data["context"])
             self.explained = {str(k): int(v) for k, v in data["explained"].items()}
+            self._restore_epochs(data.get("epochs"))
             for name, st in data["models"].items():
                 m = self.models.get(name)
                 if m is None or st["definition"] != repr(m.spec.definition()):
@@ -522,6 +640,23 @@ class ModelSet(StageBase):
             raise StateError(f"cannot restore model state: {e}") from e
         except StateError as e:
             raise StateError(f"cannot restore model state: {e.message}") from e
+
+    def _restore_epochs(self, ep: Any) -> None:
+        """The epochs of a snapshot (none in a version 4 one: they start afresh)."""
+        if ep is None:
+            self.open_epoch = self.applied = None
+            return
+        opened, applied, published = ep["open"], ep["applied"], ep["published"]
+        for v in (opened, applied):
+            if v is not None and type(v) is not int:
+                raise StateError("model state: an epoch that is not an integer")
+        if not isinstance(published, list) or not all(
+            isinstance(p, dict) and type(p.get("epoch")) is int and type(p.get("until")) is int for p in published
+        ):
+            raise StateError("model state: malformed cohort parts")
+        self.open_epoch, self.applied = opened, applied
+        if isinstance(self.exchange, LocalExchange):
+            self.exchange.published = published
 
     def nbytes_per_gpu(self, n_gpus: int) -> dict[str, float]:
         """Per-GPU state bytes of each model (entity arrays) plus its shared (cohort) bytes."""
@@ -577,6 +712,12 @@ def _ext(code: int, data: memoryview) -> Any:
 
 
 _decode_state = msgspec.msgpack.Decoder(ext_hook=_ext)
+
+
+def _epoch_parts(det: Any, sums: list[dict[str, Any]], states: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """What a detector folds in for an epoch: the sums of the shards that learnt in it and the
+    state (multisets) of every shard. A detector's part holds one kind or the other."""
+    return states if getattr(det, "epoch_state", False) else sums
 
 
 def _nccl_rows(frame: NcclFrame, rows: slice) -> NcclFrame:

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import copy
 import math
-from typing import Any, Mapping, Protocol, runtime_checkable
+from typing import Any, Mapping, Protocol, Sequence, runtime_checkable
 
 import numpy as np
 
@@ -58,6 +58,10 @@ class BatchDetector:
     fills: dict[str, float] = {}
     #: what the last ``score_many`` computed for ``learn_many`` (first item: its ``ts`` array)
     _pending: tuple[Any, ...] | None
+    #: set by the model set: what the cohort shares changes only through ``apply_epoch``, once
+    #: an epoch of every shard's learning is in (``pipeline/models/cohorts.py``); unset (river's
+    #: protocol, one detector alone) it changes with every sample learnt
+    deferred: bool = False
 
     def __init__(self, **params: Any) -> None:
         self.params = dict(params)
@@ -82,6 +86,15 @@ class BatchDetector:
 
     def warm(self, ent: np.ndarray) -> np.ndarray:  # pragma: no cover
         raise NotImplementedError
+
+    def cohort_part(self) -> dict[str, Any]:
+        """This shard's part of the epoch that ends (``cohorts.py``), and a fresh one begun.
+        Detectors without cohort state have none."""
+        return {}
+
+    def apply_epoch(self, parts: Sequence[dict[str, Any]], n_gpus: int) -> None:
+        """Fold one epoch's parts of every shard into the cohort state; ``n_gpus``: the
+        cohort's GPUs over all shards."""
 
     def _take_pending(self, ent: np.ndarray, ts: np.ndarray, F: Features) -> tuple:
         """What ``score_many`` left for this tick (scoring first if it has not run on ``ts``)."""

@@ -3,7 +3,8 @@
 Used for HBM single-bit errors and NVLink CRC/replay errors. Per GPU, three exponentially
 decayed counts of the counter's increases (a short window for bursts, a medium one for slow
 acceleration over hours, a long one for the GPU's own baseline rate); the cohort's baseline is
-the mean of its GPUs' long-run rates. The expected count in a window is
+the median of its GPUs' long-run rates (in the model set as of the last epoch applied,
+pipeline/models/cohorts.py). The expected count in a window is
 ``max(own rate, cohort rate, floor) x window``; the score is the Poisson surprise of the
 observed count, ``-log10 P(N >= observed)``, the larger of the two windows'. Resets (driver
 reloads) arrive as zero increases, so they are not errors. Flagged points do not feed the
@@ -12,11 +13,13 @@ baseline (the model set masks them), so a burst never becomes this GPU's normal.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numpy as np
 from scipy.special import gammainc
 
+from pipeline.models.cohorts import weighted_median
 from pipeline.models.detectors._util import decay, last_per_entity, nan_to_num
 from pipeline.models.protocol import BatchDetector, Features
 
@@ -47,7 +50,8 @@ def _median(x: np.ndarray) -> float:
 
 class CounterRateSurprise(BatchDetector):
     entity_arrays = ("c_short", "c_mid", "c_long", "t_long", "last_ts")
-    cohort_attrs = ()
+    cohort_attrs = ("cohort_rate",)
+    epoch_state = True  # its part is the shard's state (rates), not the epoch's sums
     fills = {"c_short": 0.0, "c_mid": 0.0, "c_long": 0.0, "t_long": 0.0}
     # entity_arrays, which BatchDetector.__init__ creates by name:
     c_short: np.ndarray
@@ -81,6 +85,7 @@ class CounterRateSurprise(BatchDetector):
         self.short_s, self.mid_s, self.long_s = short_s, mid_s, long_s
         self.floor = floor_per_h / 3600.0
         self.warmup = warmup
+        self.cohort_rate = 0.0  # the median GPU's rate as of the last epoch applied, while deferred
         self._pending: tuple | None = None
 
     def _inc(self, F: Features, n: int) -> np.ndarray:
@@ -101,8 +106,11 @@ class CounterRateSurprise(BatchDetector):
 
     def _rates(self, ent: np.ndarray) -> np.ndarray:
         # Cohort rate: the median GPU's, so one failing GPU does not raise everybody's normal.
-        seen = self.t_long > 0
-        cohort = max(_median(self.c_long[seen] / self.t_long[seen]) if seen.any() else 0.0, self.floor)
+        if self.deferred:
+            cohort = max(self.cohort_rate, self.floor)
+        else:
+            seen = self.t_long > 0
+            cohort = max(_median(self.c_long[seen] / self.t_long[seen]) if seen.any() else 0.0, self.floor)
         # Own rate: decayed count over decayed exposure, shrunk toward the cohort's with one
         # hour of prior exposure, so a few minutes of history cannot set a GPU's normal.
         prior = 3600.0
@@ -145,6 +153,19 @@ class CounterRateSurprise(BatchDetector):
         step = np.where(dt[sel] > 0, dt[sel], 1.0)
         self.c_long[es] = self.c_long[es] * w + inc[sel]
         self.t_long[es] = self.t_long[es] * w + step
+
+    def cohort_part(self) -> dict[str, Any]:
+        """The shard's GPUs' long-run rates as a multiset (distinct rates and how many GPUs have
+        each: most GPUs of a healthy fleet share a rate of 0)."""
+        seen = self.t_long > 0
+        values, counts = np.unique(self.c_long[seen] / self.t_long[seen], return_counts=True)
+        return {"rates": values, "counts": counts.astype(np.int64)}
+
+    def apply_epoch(self, parts: Any, n_gpus: int) -> None:
+        """The cohort rate: the median over every shard's GPUs."""
+        ps = [p for p in parts if p]
+        med = weighted_median([p["rates"] for p in ps], [p["counts"] for p in ps])
+        self.cohort_rate = 0.0 if math.isnan(med) else med
 
     def warm(self, ent: np.ndarray) -> np.ndarray:
         self._ensure(int(ent.max()) + 1 if len(ent) else 0)

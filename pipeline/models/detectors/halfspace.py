@@ -174,6 +174,44 @@ class HalfSpaceForest:
                 self.first_window = False
                 self.counter = 0
 
+    def masses(self, X: np.ndarray) -> np.ndarray:
+        """The mass every node would gain from learning ``X``'s rows (int64, ``l_mass``'s
+        shape), without learning them: a shard's part of a window (``add_window``)."""
+        out = np.zeros(self.l_mass.shape, dtype=np.int64)
+        n = len(X)
+        if n == 0:
+            return out
+        cols = np.arange(n)[None, :]
+        node = np.zeros((self.n_trees, n), dtype=np.intp)
+        path = [node + self._node0]
+        for _ in range(self.height):
+            node = self._descend(X, node, cols)
+            path.append(node + self._node0)
+        out += np.bincount(np.concatenate(path, axis=None), minlength=out.size).reshape(out.shape)
+        return out
+
+    def add_window(self, mass: np.ndarray, count: int) -> None:
+        """Count ``count`` learnt rows, whose masses are ``mass``, into the current window. A
+        window of ``window_size`` or more becomes the reference, scaled to ``window_size`` rows
+        (rows come an epoch at a time here, not one by one), so scores keep their scale.
+
+        >>> f = HalfSpaceForest(2, n_trees=1, height=2, window_size=4, seed=1)
+        >>> f.add_window(f.masses(np.full((6, 2), 0.5)), 6)
+        >>> int(f.r_mass[0, 0]), f.first_window
+        (4, False)
+        """
+        self._flush()
+        total = self.l_mass.astype(np.int64) + mass
+        self.counter += int(count)
+        if self.counter >= self.window_size:
+            self.r_mass = (total * self.window_size // self.counter).astype(np.int32)
+            self.l_mass = np.zeros_like(self.l_mass)
+            self._r_l = None
+            self.first_window = False
+            self.counter = 0
+        else:
+            self.l_mass = total.astype(np.int32)
+
     def _count(self, X: np.ndarray) -> None:
         """Add one to the mass of every node on each row's path (river's _walk_learn)."""
         n = len(X)

@@ -4,10 +4,12 @@ Features are per-GPU and normalised against the GPU's host peers (temperature ab
 mean, power and SM clock as a ratio of the host mean, utilisation difference, ...), so one
 model serves every GPU of a cohort whatever the load, the aisle or the afternoon. A forest is
 shared by the cohort (~62 KiB: docs/performance.md), so it is never one per GPU and it does not
-see every sample: each GPU is scored every ``period`` seconds (GPUs take turns,
-``gpu_id % period``), every ``learn_every``-th turn is learnt from (every turn on a small fleet,
-with 16 or fewer GPUs due in a tick), and in between a GPU keeps
-its last score. Per-GPU state: that score and its time (16 bytes).
+see every sample: each GPU is scored every ``period`` seconds (GPUs take turns: in the model
+set at a phase hashed from the GPU's host and index, alone by its id), every
+``learn_every``-th turn is learnt from (every turn on a small fleet, with 16 or fewer GPUs due in
+a tick), and in between a GPU keeps
+its last score. Per-GPU state: that score and its time (16 bytes). In the model set the forest
+learns by epochs (``apply_epoch``, pipeline/models/cohorts.py), so shards by host share one.
 
 The forest is river's HalfSpaceTrees, same seed, same scores (halfspace.py), kept in numpy
 arrays so that the engine snapshot holds plain numbers, never a pickled object
@@ -74,7 +76,7 @@ class CohortHalfSpaceTrees(BatchDetector):
         "hostmean:gpu_util",
     )
     entity_arrays = ("score", "score_ts")
-    cohort_attrs = ("n_learnt", "tick")
+    cohort_attrs = ("n_learnt", "tick", "cohort_gpus", "acc_n", "acc_mass")
     fills = {"score": 0.0}
     # entity_arrays, which BatchDetector.__init__ creates by name:
     score: np.ndarray
@@ -106,20 +108,32 @@ class CohortHalfSpaceTrees(BatchDetector):
         self.forest = HalfSpaceForest(len(KEYS), n_trees=n_trees, height=height, window_size=window_size, seed=seed)
         self.n_learnt = 0
         self.tick = 0
+        # While deferred (cohorts.py): the cohort's GPUs as of the last epoch applied, and this
+        # epoch's part (rows learnt, their masses).
+        self.cohort_gpus = 0
+        self.acc_n = 0
+        self.acc_mass = np.zeros(self.forest.l_mass.shape, dtype=np.int64)
         self._pending: tuple | None = None
 
-    def _due(self, ent: np.ndarray, ts: np.ndarray) -> np.ndarray:
+    def _phase(self, ent: np.ndarray, F: Features) -> np.ndarray:
+        """Each row's GPU's turn: deferred, a hash of its host and index (``phase``, the same
+        in every shard); alone, its id."""
+        if self.deferred and "phase" in F:
+            return np.asarray(F["phase"], dtype=np.int64)
+        return ent.astype(np.int64)
+
+    def _due(self, ent: np.ndarray, ts: np.ndarray, F: Features) -> np.ndarray:
         if self.period == 1:
             return np.ones(len(ent), dtype=bool)
         t = nan_to_num(ts, nan=0.0).astype(np.int64)
-        return (ent.astype(np.int64) + t) % self.period == 0
+        return (self._phase(ent, F) + t) % self.period == 0
 
     def score_many(self, ent: np.ndarray, ts: np.ndarray, F: Features) -> np.ndarray:
         n = len(ent)
         if n == 0:
             return np.empty(0)
         self._ensure(int(ent.max()) + 1)
-        due = self._due(ent, ts)
+        due = self._due(ent, ts, F)
         idx = np.flatnonzero(due)
         Z = _normalise({k: v[idx] for k, v in F.items()}, len(idx))
         keys = list(Z)
@@ -147,12 +161,32 @@ class CohortHalfSpaceTrees(BatchDetector):
         self.score[ent[idx]] = fresh
         self.score_ts[ent[idx]] = ts[idx]
         ok = mask[idx]
-        if self.learn_every > 1 and self.period > 1 and len(idx) > 16:
+        many = self.cohort_gpus > 16 * self.period if self.deferred else len(idx) > 16
+        if self.learn_every > 1 and self.period > 1 and many:
             # A shared model has data to spare: learn from every learn_every-th turn of a GPU.
             turn = nan_to_num(ts[idx], nan=0.0).astype(np.int64) // self.period
-            ok = ok & ((turn + ent[idx]) % self.learn_every == 0)
+            ok = ok & ((turn + self._phase(ent, F)[idx]) % self.learn_every == 0)
+        if self.deferred:
+            self.acc_mass += self.forest.masses(X[ok])
+            self.acc_n += int(ok.sum())
+            return
         self.forest.learn(X[ok])  # in row order, as river's learn_one one row at a time
         self.n_learnt += int(ok.sum())
+
+    def cohort_part(self) -> dict[str, Any]:
+        part = {"n": self.acc_n, "mass": self.acc_mass}
+        self.acc_n, self.acc_mass = 0, np.zeros_like(self.acc_mass)
+        return part
+
+    def apply_epoch(self, parts: Any, n_gpus: int) -> None:
+        """The epoch's learnt rows of every shard into the forest's window."""
+        ps = [p for p in parts if p]
+        n = sum(int(p["n"]) for p in ps)
+        self.cohort_gpus = int(n_gpus)
+        if n:
+            mass = np.sum([np.asarray(p["mass"], dtype=np.int64) for p in ps], axis=0)
+            self.forest.add_window(mass, n)
+            self.n_learnt += n
 
     def warm(self, ent: np.ndarray) -> np.ndarray:
         return np.full(len(ent), self.n_learnt >= self.warmup)

@@ -17,16 +17,20 @@ from typing import Any
 
 import numpy as np
 
+from pipeline.models.cohorts import FIXED, add, fixed
 from pipeline.models.detectors._util import decay, last_per_entity, nan_to_num
 from pipeline.models.protocol import BatchDetector, Features
 
 K = 2
+# An epoch's part (cohorts.py), fixed point: the learnt samples' X'X (K*K) and X'y (K) sums, the
+# count of samples, the warm GPUs' squared residuals' sum and their count.
+_PART = K * K + K + 3
 
 
 class ThermalResidual(BatchDetector):
     features = ("gpu_temp", "power", "hostmean:gpu_temp", "hostmean:power")
     entity_arrays = ("p_lag", "hp_lag", "last_ts", "xx", "xy", "nobs")
-    cohort_attrs = ("xx_c", "xy_c", "res_var", "res_n")
+    cohort_attrs = ("xx_c", "xy_c", "res_var", "res_n", "acc")
     fills = {"xx": 0.0, "xy": 0.0, "nobs": 0.0}
     # entity_arrays, which BatchDetector.__init__ creates by name:
     p_lag: np.ndarray
@@ -67,6 +71,7 @@ class ThermalResidual(BatchDetector):
         self.xy_c = np.zeros(K)
         self.res_var = 1.0
         self.res_n = 0.0
+        self.acc = [0] * _PART  # this epoch's part, while deferred
         self._pending: tuple | None = None
 
     def _x(self, ent: np.ndarray, ts: np.ndarray, F: Features) -> tuple[np.ndarray, ...]:
@@ -141,16 +146,33 @@ class ThermalResidual(BatchDetector):
         self.xx[es] = w[:, None] * self.xx[es] + outer
         self.xy[es] = w[:, None] * self.xy[es] + Xs * ys[:, None]
         self.nobs[es] += 1.0
-        lam = np.exp(-len(sel) / self.forget_s / max(1.0, len(self.nobs)))
-        self.xx_c = lam * self.xx_c + outer.sum(0) / max(1.0, len(self.nobs))
-        self.xy_c = lam * self.xy_c + (Xs * ys[:, None]).sum(0) / max(1.0, len(self.nobs))
         r = res[sel]
-        r = r[np.isfinite(r) & (self.nobs[es] >= self.warmup)]
-        if len(r):
-            # Cohort residual variance, a slow EW over warm GPUs' unflagged residuals.
-            a = min(1.0, len(r) / max(self.res_n + len(r), 1.0)) if self.res_n < 10_000 else len(r) / 10_000
-            self.res_var = (1 - a) * self.res_var + a * float(np.mean(r * r))
-            self.res_n += len(r)
+        warm_r = np.isfinite(r) & (self.nobs[es] >= self.warmup)
+        part = fixed(outer) + fixed(Xs * ys[:, None]) + [len(sel) * int(FIXED)] + fixed(r[warm_r] ** 2)
+        part.append(int(warm_r.sum()) * int(FIXED))
+        self.acc = add([self.acc, part], _PART)
+        if not self.deferred:
+            self.apply_epoch([self.cohort_part()], len(self.nobs))
+
+    def cohort_part(self) -> dict[str, Any]:
+        part, self.acc = self.acc, [0] * _PART
+        return {"sums": part}
+
+    def apply_epoch(self, parts: Any, n_gpus: int) -> None:
+        """The cohort's prior decays by the samples learnt (per GPU, as each GPU's own
+        statistics do) and takes their mean; the residual variance is a slow EW over the warm
+        GPUs' unflagged residuals."""
+        tot = [v / FIXED for v in add([p["sums"] for p in parts if p], _PART)]
+        n_sel, n = tot[K * K + K], max(1.0, float(n_gpus))
+        if n_sel:
+            lam = np.exp(-n_sel / self.forget_s / n)
+            self.xx_c = lam * self.xx_c + np.array(tot[: K * K]) / n
+            self.xy_c = lam * self.xy_c + np.array(tot[K * K : K * K + K]) / n
+        n_r = round(tot[-1])
+        if n_r:
+            a = min(1.0, n_r / max(self.res_n + n_r, 1.0)) if self.res_n < 10_000 else n_r / 10_000
+            self.res_var = (1 - a) * self.res_var + a * tot[-2] / n_r
+            self.res_n += n_r
 
     def warm(self, ent: np.ndarray) -> np.ndarray:
         self._ensure(int(ent.max()) + 1 if len(ent) else 0)

@@ -51,7 +51,7 @@ def _restore(data: dict) -> None:
 
 def test_snapshot_holds_no_pickle_and_restores(data):
     forest = _hst(data)
-    assert data["version"] == STATE_VERSION == 4
+    assert data["version"] == STATE_VERSION == 5
     assert forest["l_mass"].dtype == np.int32 and forest["threshold"].dtype == np.float64
     assert forest["r_mass"].sum() > 0
     blob = msgspec.msgpack.encode(_pack(data))
@@ -59,6 +59,22 @@ def test_snapshot_holds_no_pickle_and_restores(data):
     ms = load_models()
     ms.restore(blob)
     assert ms.shared_bytes() > 0
+
+
+def test_a_version_4_snapshot_is_read_and_its_epochs_start_afresh(data):
+    """Version 4 had no cohort epochs: its detectors' state is taken, the epochs begin anew."""
+    old = dict(data, version=4)
+    del old["epochs"]
+    ms = load_models()
+    ms.restore(msgspec.msgpack.encode(_pack(old)))
+    assert ms.open_epoch is None and ms.applied is None
+    assert ms.shared_bytes() > 0
+
+
+def test_malformed_epochs_are_a_state_error(data):
+    for bad in ({"open": 1.5, "applied": None, "published": []}, {"open": 1, "applied": 0, "published": [{"x": 1}]}):
+        with pytest.raises(StateError, match="epoch|cohort parts"):
+            _restore(dict(data, epochs=bad))
 
 
 def test_a_pickled_object_in_the_state_is_refused_not_unpickled(tmp_path, data):

@@ -1,0 +1,193 @@
+"""Cohort state, versioned by event time, so that the fleet's models can be split into shards.
+
+A model's per-GPU state lives with the GPU's rows. What compares across GPUs -- a cohort's
+thermal prior and residual spread, its median error rate, its Half-Space forest, a quantile
+decider's histogram, the share of the fleet under a power cap -- changes only once per *epoch*
+of event time (``EPOCH_S``): each shard (a ``ModelSet`` over some of the fleet's hosts) adds
+what its GPUs learnt in the epoch to the epoch's *part*, publishes the part once its ticks have
+passed the epoch, and every shard applies the epoch's parts of all shards at the start of the
+epoch ``LAG_EPOCHS`` later. Sums in a part are fixed-point integers (``fixed``), so any split of
+the fleet adds up to the same number, to the last bit; what is not a sum travels as a multiset
+(a cohort's error rates) or as counts per epoch (when GPUs were last seen and capped). So one
+process (replay) and any number of shards apply the same cohort state at the same second.
+
+A part is a dict of numbers, strings and numeric arrays (the model state's rules,
+docs/models.md#model-state):
+
+    {"epoch": k, "until": j,                 # covers epochs k..j-1 (no rows after k: unchanged)
+     "n_gpus": {cohort: count},              # the shard's GPUs per cohort
+     "models": {model: {cohort or "_decider": the detector's or decider's part}},
+     "context": {"seen": [...], "capped": [...]}}   # FleetContext's counts per epoch
+
+>>> ex = LocalExchange()
+>>> ex.publish("", {"epoch": 3, "until": 5})
+>>> [p["epoch"] for p in ex.parts(4)]
+[3]
+>>> ex.parts(5) is None
+True
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Protocol, Sequence
+
+import numpy as np
+
+EPOCH_S = 5.0  # event-time seconds between two changes of the cohort state
+LAG_EPOCHS = 2  # an epoch's parts apply from the start of the epoch this many later
+FIXED = float(2**20)  # fixed-point scale of the parts' sums (a millionth of a unit)
+_CLIP = float(2**20)  # one row's contribution is clipped to this, so a tick's sum fits an int64
+
+
+def epoch_of(t: float) -> int:
+    """The epoch event time ``t`` falls in.
+
+    >>> epoch_of(12.0), epoch_of(9.999)
+    (2, 1)
+    """
+    return math.floor(t / EPOCH_S + 1e-9)
+
+
+def fixed(x: np.ndarray) -> list[int]:
+    """Column sums of ``x`` (rows x columns, or one column) in fixed point: each row rounded
+    first, so that the sum of any split of the rows is the sum of all of them.
+
+    >>> fixed(np.array([[0.5, 1.0], [0.25, -1.0]]))
+    [786432, 0]
+    """
+    a = np.asarray(x, dtype=float)
+    if a.ndim == 1:
+        a = a[:, None]
+    if not len(a):
+        return [0] * a.shape[1]
+    q = np.rint(np.clip(np.nan_to_num(a, nan=0.0), -_CLIP, _CLIP) * FIXED).astype(np.int64)
+    return [int(v) for v in q.sum(axis=0)]
+
+
+def add(parts: Sequence[Sequence[int]], width: int) -> list[int]:
+    """Element-wise sum of fixed-point vectors (Python integers: exact, any order)."""
+    out = [0] * width
+    for p in parts:
+        for i, v in enumerate(p[:width]):
+            out[i] += int(v)
+    return out
+
+
+def weighted_median(values: Sequence[np.ndarray], counts: Sequence[np.ndarray]) -> float:
+    """The median of the multiset that ``values`` with ``counts`` make up (every shard's part
+    together), by ``np.median``'s arithmetic: the middle value, or the mean of the two middle
+    ones. NaN when empty.
+
+    >>> weighted_median([np.array([1.0, 3.0])], [np.array([1, 2])])
+    3.0
+    >>> weighted_median([np.array([1.0]), np.array([3.0])], [np.array([1]), np.array([1])])
+    2.0
+    """
+    v = np.concatenate([np.asarray(a, dtype=float) for a in values]) if values else np.empty(0)
+    c = np.concatenate([np.asarray(a, dtype=np.int64) for a in counts]) if counts else np.empty(0, np.int64)
+    n = int(c.sum()) if len(c) else 0
+    if n == 0:
+        return math.nan
+    order = np.argsort(v, kind="stable")
+    v, cum = v[order], np.cumsum(c[order])
+    h = n // 2
+
+    def at(i: int) -> float:  # the i-th smallest value of the multiset (0-based)
+        return float(v[int(np.searchsorted(cum, i, side="right"))])
+
+    return at(h) if n % 2 else float((at(h - 1) + at(h)) / 2.0)
+
+
+class CohortPending(Exception):
+    """An epoch's parts are not all in yet: the shard must wait before this tick."""
+
+    def __init__(self, epoch: int) -> None:
+        super().__init__(f"cohort state of epoch {epoch} not complete")
+        self.epoch = epoch
+
+
+class CohortExchange(Protocol):
+    """Where the shards' parts meet. Guarantees: ``parts(k)`` is every shard's part that
+    covers epoch ``k`` once all are in, the same list (in shard order) for every shard that
+    asks, and ``None`` until then."""
+
+    def publish(self, shard: str, part: dict[str, Any]) -> None: ...
+
+    def parts(self, epoch: int) -> list[dict[str, Any]] | None: ...
+
+    def first(self) -> int | None:
+        """The first epoch a part covers, once every shard has published; else ``None``."""
+        ...
+
+    def forget(self, before: int) -> None: ...
+
+
+class SharedExchange:
+    """The exchange of shards in one process (tests, and what a service's exchange must equal):
+    ``shards`` names every shard. A shard that has published nothing yet holds every epoch: a
+    driver releases a shard's rows only up to ``bound`` (every shard advances, rows or not)."""
+
+    def __init__(self, shards: Sequence[str]) -> None:
+        self.shards = list(shards)
+        self.published: dict[str, list[dict[str, Any]]] = {s: [] for s in self.shards}
+        self.opened: dict[str, int] = {}
+
+    def publish(self, shard: str, part: dict[str, Any]) -> None:
+        self.published[shard].append(part)
+        self.opened[shard] = int(part["until"])
+
+    def bound(self) -> int | None:
+        """The first epoch a shard may not evaluate yet: ``LAG_EPOCHS`` past the oldest epoch
+        some shard has not closed (None before every shard has closed one)."""
+        if len(self.opened) < len(self.shards):
+            return None
+        return min(self.opened.values()) + LAG_EPOCHS
+
+    def first(self) -> int | None:
+        firsts = [int(v[0]["epoch"]) for v in self.published.values() if v]
+        return min(firsts) if firsts else None
+
+    def parts(self, epoch: int) -> list[dict[str, Any]] | None:
+        out = []
+        for s in self.shards:
+            mine = self.published[s]
+            if not mine:
+                return None
+            if mine[0]["epoch"] > epoch:
+                # The shard opened after it: nothing of its own until its first epoch.
+                out.append({"epoch": epoch, "until": mine[0]["epoch"]})
+                continue
+            hit = [p for p in mine if p["epoch"] <= epoch < p["until"]]
+            if not hit:
+                return None
+            out.append(hit[0])
+        return out
+
+    def forget(self, before: int) -> None:
+        """Nothing: every shard applies at its own pace (a test keeps them all)."""
+
+
+class LocalExchange:
+    """One shard alone (replay, a single fleet stage): its own parts, kept until applied."""
+
+    def __init__(self) -> None:
+        self.published: list[dict[str, Any]] = []
+
+    def publish(self, shard: str, part: dict[str, Any]) -> None:
+        self.published.append(part)
+
+    def first(self) -> int | None:
+        return int(self.published[0]["epoch"]) if self.published else None
+
+    def parts(self, epoch: int) -> list[dict[str, Any]] | None:
+        for p in self.published:
+            if p["epoch"] <= epoch < p["until"]:
+                return [p]
+        if self.published and self.published[0]["epoch"] > epoch:
+            return []
+        return None
+
+    def forget(self, before: int) -> None:
+        """Drop the parts that end before epoch ``before`` (applied already)."""
+        self.published = [p for p in self.published if p["until"] > before]
