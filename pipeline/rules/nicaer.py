@@ -18,19 +18,15 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
-import msgspec
 import numpy as np
 
-from pipeline.engine.arrays import from_dict, to_dict
-from pipeline.engine.lifecycle import Lifecycle, Transition, alert_id
+from pipeline.engine.lifecycle import Transition
 from pipeline.engine.stage import StageBase
-from pipeline.errors import StateError
-from pipeline.rules.nichold import NicHold
+from pipeline.rules.nicalerts import NicAlerts, gpus_label, public
 from pipeline.rules.portconfig import AER_CHECKS, PortCheck, PortConfig
 from pipeline.schema import AlertEvent, NicRecord
 
 MAX_PENDING = 100_000  # NIC records waiting for the watermark; past it the oldest go first
-STATE_VERSION = 1
 _ORDER = ("ts", "host", "device")
 _PREFIX = "pcie_aer_"
 
@@ -79,12 +75,9 @@ class NicAerStage(StageBase):
         self.checks: list[Any] = []  # none of the engine's lifecycles: the stage keeps its own
         self.columns: set[int] = set()
         self._checks: list[tuple[str, PortCheck]] = [(k, c) for k, c in config.enabled() if k in AER_CHECKS]
-        self._life = {key: Lifecycle(c.for_s, c.keep_firing_for_s) for key, c in self._checks}
-        self._hold = NicHold(MAX_PENDING, _ORDER)
-        self._ids: dict[tuple[str, str], int] = {}
-        self._keys: list[tuple[str, str]] = []
-        self._nics: list[_Nic] = []
-        self._summaries: dict[str, str] = {}
+        self._book: NicAlerts[tuple[str, str], _Nic] = NicAlerts(
+            "nic_aer", "nics", "NICs", self._checks, _Nic, MAX_PENDING, _ORDER
+        )
 
     # -- the engine's hooks ------------------------------------------------------------------
 
@@ -95,30 +88,21 @@ class NicAerStage(StageBase):
     @property
     def dropped(self) -> int:
         """Records the hold let go past its limit, the oldest first."""
-        return self._hold.dropped
+        return self._book.hold.dropped
 
     def nic_arrived(self, records: Sequence[NicRecord]) -> None:
         """The NIC records that carry AER counters, held until the watermark passes them (the
         port records of ``ib-sysfs`` carry none and cost nothing here)."""
         if not self._checks:
             return
-        self._hold.arrive(r for r in records if any(k.startswith(_PREFIX) for k in r.counters))
+        self._book.hold.arrive(r for r in records if any(k.startswith(_PREFIX) for k in r.counters))
 
     def nic_release(self, upto: float) -> list[AlertEvent]:
         """Judge every held record older than ``upto`` (inf: all), in event time; their alerts."""
-        go = self._hold.take(upto)
+        go = self._book.hold.take(upto)
         return self._judge(go) if go else []
 
     # -- the checks ----------------------------------------------------------------------------
-
-    def _nic(self, r: NicRecord) -> int:
-        key = (r.host, r.device)
-        nid = self._ids.get(key)
-        if nid is None:
-            nid = self._ids[key] = len(self._keys)
-            self._keys.append(key)
-            self._nics.append(_Nic())
-        return nid
 
     def _judge(self, recs: list[NicRecord]) -> list[AlertEvent]:
         n = len(recs)
@@ -127,14 +111,14 @@ class NicAerStage(StageBase):
         conds = {key: np.zeros(n, bool) for key, _ in self._checks}
         evidence: list[dict[str, Any]] = []
         for i, r in enumerate(recs):
-            nid = ent[i] = self._nic(r)
-            ev = self._sample(self._nics[nid], r)
+            nid = ent[i] = self._book.entity((r.host, r.device))
+            ev = self._sample(self._book.pasts[nid], r)
             evidence.append(ev)
             for key, _ in self._checks:
                 conds[key][i] = ev["_cond"][key]
         out: list[tuple[Transition, AlertEvent]] = []
         for key, c in self._checks:
-            for t in self._life[key].step(ts, ent, conds[key], len(self._keys)):
+            for t in self._book.step(key, ts, ent, conds[key]):
                 out.append((t, self._alert(c, t, evidence[t.row])))
         out.sort(key=lambda ta: (ta[0].ts, ta[1].rule, ta[0].entity))
         return [a for _, a in out]
@@ -176,67 +160,34 @@ class NicAerStage(StageBase):
         }
 
     def _alert(self, check: PortCheck, t: Transition, ev: dict[str, Any]) -> AlertEvent:
-        host, device = self._keys[t.entity]
-        st = self._nics[t.entity]
-        aid = alert_id(check.name, f"{host}/{device}", t.started_at)
-        evidence = {k: v for k, v in ev.items() if not k.startswith("_")}
-        if t.state == "firing":
-            summary = self._summaries[aid] = _summary(check, host, device, evidence)
-        else:
-            summary = self._summaries.pop(aid, "") or _summary(check, host, device, evidence)
+        host, device = self._book.keys[t.entity]
+        st = self._book.pasts[t.entity]
+        evidence = public(ev)
         labels = {"device": device}
         if st.bus_id:
             labels["pci_bus_id"] = st.bus_id
         if st.gpus:
-            labels["gpus"] = ",".join(map(str, st.gpus))
-        return AlertEvent(
-            id=aid,
-            state=t.state,
-            fault=check.fault,
-            severity=check.severity,
-            rule=check.name,
-            host=host,
-            ts=t.ts,
-            started_at=t.started_at,
-            summary=summary,
-            evidence=evidence,
-            labels=labels,
-        )
+            labels["gpus"] = gpus_label(st.gpus)
+        return self._book.event(check, t, f"{host}/{device}", host, evidence, labels,
+                                lambda: _summary(check, host, device, evidence))  # fmt: skip
 
     # -- state ----------------------------------------------------------------------------------
 
     def to_state(self) -> dict[str, Any]:
         """Plain data: the NICs, their pasts, the lifecycles, the held records (as JSON)."""
-        return {
-            "version": STATE_VERSION,
-            "nics": [list(k) for k in self._keys],
-            "past": [p.to_state() for p in self._nics],
-            "life": {k: {n: to_dict(a) for n, a in lc.to_state().items()} for k, lc in self._life.items()},
-            "pending": self._hold.to_state(),
-            "summaries": dict(self._summaries),
-        }
+        return self._book.to_state(_Nic.to_state)
 
     def load_state(self, state: Any) -> None:
         """Take back ``to_state``'s data (None: a snapshot from an engine without this stage)."""
         if state is None:
             return
-        try:
-            if state["version"] != STATE_VERSION:
-                raise StateError(f"nic_aer stage state version {state['version']!r}")
-            keys = [(str(h), str(d)) for h, d in state["nics"]]
-            nics = [_Nic.from_state(d) for d in state["past"]]
-            if len(keys) != len(nics):
-                raise StateError("nic_aer stage state: NICs and their pasts differ in number")
-            for k, lc in self._life.items():
-                if k in state["life"]:
-                    lc.load_state({n: from_dict(a) for n, a in state["life"][k].items()})
-            hold = NicHold(MAX_PENDING, _ORDER)
-            hold.load_state(state["pending"])
-            summaries = {str(k): str(v) for k, v in state["summaries"].items()}
-        except (KeyError, TypeError, ValueError, msgspec.DecodeError) as e:
-            raise StateError(f"nic_aer stage state: {type(e).__name__}: {e}") from e
-        self._keys, self._nics, self._hold, self._summaries = keys, nics, hold, summaries
-        self._ids = {k: i for i, k in enumerate(keys)}
+        self._book.load_state(state, _key, _Nic.from_state, lambda _: None)
+
+
+def _key(k: Any) -> tuple[str, str]:
+    """A NIC's key from a snapshot: (host, device)."""
+    host, device = k
+    return str(host), str(device)
 
 
 def _summary(check: PortCheck, host: str, device: str, ev: dict[str, Any]) -> str:

@@ -21,21 +21,17 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
-import msgspec
 import numpy as np
 
-from pipeline.engine.arrays import from_dict, to_dict
-from pipeline.engine.lifecycle import Lifecycle, Transition, alert_id
+from pipeline.engine.lifecycle import Transition
 from pipeline.engine.stage import StageBase
-from pipeline.errors import StateError
-from pipeline.rules.nichold import NicHold
+from pipeline.rules.nicalerts import NicAlerts, gpus_label, public
 from pipeline.rules.portconfig import AER_CHECKS, LOG_COUNTERS, RATE_CHECKS, WINDOW_CHECKS, PortCheck, PortConfig
 from pipeline.schema import AlertEvent, NicRecord
 
 ACTIVE, DOWN, INIT, ARMED = 4, 1, 2, 3
 POLLING, DISABLED, LINK_ERROR_RECOVERY = 2, 3, 6
 MAX_PENDING = 1_000_000  # port records waiting for the watermark; past it the oldest go first
-STATE_VERSION = 1
 _ORDER = ("ts", "host", "device", "port")
 # What a training log's record says of its NCCL errors (producers/nccl_ib.py), carried into the evidence.
 _NCCL_LABELS = ("peer", "peers", "status", "status_name", "opcode", "vendor_err", "direction", "event", "rank")
@@ -129,12 +125,9 @@ class PortStage(StageBase):
         self.checks: list[Any] = []  # none of the engine's lifecycles: the stage keeps its own
         self.columns: set[int] = set()
         self._checks: list[tuple[str, PortCheck]] = [(k, c) for k, c in config.enabled() if k not in AER_CHECKS]
-        self._life = {key: Lifecycle(c.for_s, c.keep_firing_for_s) for key, c in self._checks}
-        self._hold = NicHold(MAX_PENDING, _ORDER)
-        self._ids: dict[tuple[str, str, int], int] = {}
-        self._keys: list[tuple[str, str, int]] = []
-        self._ports: list[_Port] = []
-        self._summaries: dict[str, str] = {}
+        self._book: NicAlerts[tuple[str, str, int], _Port] = NicAlerts(
+            "ports", "ports", "ports", self._checks, _Port, MAX_PENDING, _ORDER
+        )
         # ``active_ports`` is judged per host (its own entity ids) against its GPUs' model;
         # ``port_lost`` at each poll of the port's host.
         self._host_check = next(((k, c) for k, c in self._checks if k == "active_ports"), None)
@@ -179,29 +172,20 @@ class PortStage(StageBase):
     @property
     def dropped(self) -> int:
         """Records the hold let go past its limit, the oldest first."""
-        return self._hold.dropped
+        return self._book.hold.dropped
 
     def nic_arrived(self, records: Sequence[NicRecord]) -> None:
         """Port records the engine accepted, held until its watermark passes them."""
-        self._hold.arrive(records)
+        self._book.hold.arrive(records)
 
     def nic_release(self, upto: float) -> list[AlertEvent]:
         """Judge every held record older than ``upto`` (inf: all), in event time; their alerts."""
-        go = self._hold.take(upto)
+        go = self._book.hold.take(upto)
         if not go:
             return self._expire(upto) if self._expiring is not None else []
         return self._judge(go, upto)
 
     # -- the checks ----------------------------------------------------------------------------
-
-    def _port(self, r: NicRecord) -> int:
-        key = (r.host, r.device, r.port)
-        pid = self._ids.get(key)
-        if pid is None:
-            pid = self._ids[key] = len(self._keys)
-            self._keys.append(key)
-            self._ports.append(_Port())
-        return pid
 
     def _expire(self, upto: float) -> list[AlertEvent]:
         """Resolve the event checks' alerts whose ``keep_firing_for`` ran out before ``upto``,
@@ -215,8 +199,8 @@ class PortStage(StageBase):
         each firing port's deadline (its last error plus ``keep_firing_for``) before ``upto``
         put where it falls among the rows, so the alert resolves then whatever the batching.
         A transition of a deadline row has ``row`` -1."""
-        life = self._life[self._expiring[0]]  # type: ignore[index]
-        n = len(self._keys)
+        life = self._book.life[self._expiring[0]]  # type: ignore[index]
+        n = len(self._book.keys)
         out: list[Transition] = []
         i = 0
         while True:
@@ -251,9 +235,9 @@ class PortStage(StageBase):
         polled = np.ones(n, bool)
         evidence: list[dict[str, Any]] = []
         for i, r in enumerate(recs):
-            pid = ent[i] = self._port(r)
+            pid = ent[i] = self._book.entity((r.host, r.device, r.port))
             polled[i] = _polled(r)
-            ev = self._sample(self._ports[pid], r)
+            ev = self._sample(self._book.pasts[pid], r)
             evidence.append(ev)
             cond = ev["_cond"]
             for key, add in appends:
@@ -268,9 +252,7 @@ class PortStage(StageBase):
             if key == "completion_errors":
                 out += [(t, key, idx) for t in self._step_expiring(ts[idx], ent[idx], conds[key][idx], upto)]
             elif len(idx):
-                out += [
-                    (t, key, idx) for t in self._life[key].step(ts[idx], ent[idx], conds[key][idx], len(self._keys))
-                ]
+                out += [(t, key, idx) for t in self._book.step(key, ts[idx], ent[idx], conds[key][idx])]
         alerts = [
             (t, self._alert(self.config.checks[key], t, evidence[idx[t.row]] if t.row >= 0 else {"expired": True}))
             for t, key, idx in out
@@ -312,22 +294,15 @@ class PortStage(StageBase):
         ent = np.array([r[1] for r in rows], np.int32)
         cond = np.array([r[2]["active_ports"] < r[2]["expected_ports"] for r in rows])
         out = []
-        for t in self._life[key].step(ts, ent, cond, len(self._hosts)):
+        for t in self._book.life[key].step(ts, ent, cond, len(self._hosts)):  # the host's own entity ids
             ev = rows[t.row][2]
             host = self._hosts[t.entity]
-            aid = alert_id(check.name, host, t.started_at)
             summary = (
                 f"{host} has {ev['active_ports']} port(s) ACTIVE at {ev['expected_rate_gbps']:g} Gb/s or more; "
                 f"its {ev['model']} GPUs need {ev['expected_ports']}"
             )
-            if t.state == "firing":
-                self._summaries[aid] = summary
-            else:
-                summary = self._summaries.pop(aid, "") or summary
-            a = AlertEvent(id=aid, state=t.state, fault=check.fault, severity=check.severity, rule=check.name,
-                           host=host, ts=t.ts, started_at=t.started_at, summary=summary, evidence=ev,
-                           labels={"expected": f"{ev['expected_ports']} @ {ev['expected_rate_gbps']:g} Gb/s"})  # fmt: skip
-            out.append((t, a))
+            labels = {"expected": f"{ev['expected_ports']} @ {ev['expected_rate_gbps']:g} Gb/s"}
+            out.append((t, self._book.event(check, t, host, host, ev, labels, lambda: summary)))
         return out
 
     def _judge_lost(self, recs: list[NicRecord], key: str, check: PortCheck) -> list[tuple[Transition, AlertEvent]]:
@@ -345,7 +320,7 @@ class PortStage(StageBase):
             j = i
             here: set[int] = set()
             while j < n and recs[j].ts == when and recs[j].host == host:
-                here.add(self._ids[(recs[j].host, recs[j].device, recs[j].port)])
+                here.add(self._book.ids[(recs[j].host, recs[j].device, recs[j].port)])
                 j += 1
             poll = self._polls.get(host)
             if poll is None:
@@ -362,12 +337,12 @@ class PortStage(StageBase):
             after = max(check.window_s, 2.5 * poll[1]) if math.isfinite(poll[1]) else check.window_s
             ports = self._host_ports.setdefault(host, [])
             for pid in sorted(here):
-                st = self._ports[pid]
+                st = self._book.pasts[pid]
                 if math.isnan(st.last_polled):
                     ports.append(pid)
                 st.last_polled = max(when, st.last_polled) if not math.isnan(st.last_polled) else when
             for pid in ports:
-                st = self._ports[pid]
+                st = self._book.pasts[pid]
                 silent = when - st.last_polled
                 rows_ts.append(when)
                 rows_ent.append(pid)
@@ -376,13 +351,12 @@ class PortStage(StageBase):
             i = j
         if not rows_ts:
             return []
-        trans = self._life[key].step(np.array(rows_ts), np.array(rows_ent, np.int32), np.array(rows_cond),
-                                     len(self._keys))  # fmt: skip
+        trans = self._book.step(key, np.array(rows_ts), np.array(rows_ent, np.int32), np.array(rows_cond))
         out = []
         for t in trans:
             pid, last, n_here = rows_ev[t.row]
             ev = {"last_seen": last, "silent_s": round(t.ts - last, 3), "host_ports": n_here,
-                  "gpus": list(self._ports[pid].gpus)}  # fmt: skip
+                  "gpus": list(self._book.pasts[pid].gpus)}  # fmt: skip
             out.append((t, self._alert(check, t, ev)))
         return out
 
@@ -507,20 +481,15 @@ class PortStage(StageBase):
         return bool(st.rates[key][3])
 
     def _alert(self, check: PortCheck, t: Transition, ev: dict[str, Any]) -> AlertEvent:
-        host, device, port = self._keys[t.entity]
-        st = self._ports[t.entity]
-        aid = alert_id(check.name, f"{host}/{device}/{port}", t.started_at)
-        evidence = {k: v for k, v in ev.items() if not k.startswith("_")}
+        host, device, port = self._book.keys[t.entity]
+        st = self._book.pasts[t.entity]
+        evidence = public(ev)
         cfg = self.config.checks
         if "_windowed" in ev:
             evidence["in_window"] = {cfg[k].name: v for k, v in ev["_windowed"].items()}
         if "_rates" in ev:
             evidence["rates"] = {cfg[k].name: {"rate": round(v[4], 6), "increase": v[5], "over_s": round(v[6], 3)}
                                  for k, v in ev["_rates"].items() if k in cfg and math.isfinite(v[4])}  # fmt: skip
-        if t.state == "firing":
-            summary = self._summaries[aid] = _summary(check, host, device, port, evidence)
-        else:
-            summary = self._summaries.pop(aid, "") or _summary(check, host, device, port, evidence)
         labels = {"device": device, "port": str(port)}
         if ev.get("peer"):
             # The remote endpoint NCCL named (an IP and port), apart from the switch-side ``peer``.
@@ -530,33 +499,17 @@ class PortStage(StageBase):
         if st.link_layer:
             labels["link_layer"] = st.link_layer
         if st.gpus:
-            labels["gpus"] = ",".join(map(str, st.gpus))
+            labels["gpus"] = gpus_label(st.gpus)
         labels.update(st.peer)
-        return AlertEvent(
-            id=aid,
-            state=t.state,
-            fault=check.fault,
-            severity=check.severity,
-            rule=check.name,
-            host=host,
-            ts=t.ts,
-            started_at=t.started_at,
-            summary=summary,
-            evidence=evidence,
-            labels=labels,
-        )
+        return self._book.event(check, t, f"{host}/{device}/{port}", host, evidence, labels,
+                                lambda: _summary(check, host, device, port, evidence))  # fmt: skip
 
     # -- state ----------------------------------------------------------------------------------
 
     def to_state(self) -> dict[str, Any]:
         """Plain data: the ports, their pasts, the lifecycles, the held records (as JSON)."""
         return {
-            "version": STATE_VERSION,
-            "ports": [list(k) for k in self._keys],
-            "past": [p.to_state() for p in self._ports],
-            "life": {k: {n: to_dict(a) for n, a in lc.to_state().items()} for k, lc in self._life.items()},
-            "pending": self._hold.to_state(),
-            "summaries": dict(self._summaries),
+            **self._book.to_state(_Port.to_state),
             "hosts": list(self._hosts),
             "models": dict(self._models),
             "n_gpus": self._n_gpus,
@@ -567,34 +520,29 @@ class PortStage(StageBase):
         """Take back ``to_state``'s data (None: a snapshot from an engine without this stage)."""
         if state is None:
             return
-        try:
-            if state["version"] != STATE_VERSION:
-                raise StateError(f"ports stage state version {state['version']!r}")
-            keys = [(str(h), str(d), int(p)) for h, d, p in state["ports"]]
-            ports = [_Port.from_state(d) for d in state["past"]]
-            if len(keys) != len(ports):
-                raise StateError("ports stage state: ports and their pasts differ in number")
-            for k, lc in self._life.items():
-                if k in state["life"]:
-                    lc.load_state({n: from_dict(a) for n, a in state["life"][k].items()})
-            hold = NicHold(MAX_PENDING, _ORDER)
-            hold.load_state(state["pending"])
-            summaries = {str(k): str(v) for k, v in state["summaries"].items()}
-            hosts = [str(h) for h in state["hosts"]]
-            models = {str(k): str(v) for k, v in state["models"].items()}
-            n_gpus = int(state["n_gpus"])
-            polls = {str(h): [_float(x) for x in p] for h, p in state.get("polls", {}).items()}
-        except (KeyError, TypeError, ValueError, msgspec.DecodeError) as e:
-            raise StateError(f"ports stage state: {type(e).__name__}: {e}") from e
-        self._keys, self._ports, self._hold, self._summaries = keys, ports, hold, summaries
-        self._ids = {k: i for i, k in enumerate(keys)}
+        hosts, models, n_gpus, polls = self._book.load_state(state, _key, _Port.from_state, _hosts_state)
         self._hosts, self._models, self._n_gpus = hosts, models, n_gpus
         self._polls = polls
         self._host_ports = {}
-        for pid, (h, _, _) in enumerate(keys):
-            if not math.isnan(ports[pid].last_polled):
+        for pid, (h, _, _) in enumerate(self._book.keys):
+            if not math.isnan(self._book.pasts[pid].last_polled):
                 self._host_ports.setdefault(h, []).append(pid)
         self._host_ids = {h: i for i, h in enumerate(hosts)}
+
+
+def _key(k: Any) -> tuple[str, str, int]:
+    """A port's key from a snapshot: (host, device, port)."""
+    host, device, port = k
+    return str(host), str(device), int(port)
+
+
+def _hosts_state(state: Any) -> tuple[list[str], dict[str, str], int, dict[str, list[float]]]:
+    """The host checks' part of a snapshot: the hosts, their GPU models, the GPU ids seen, the polls."""
+    hosts = [str(h) for h in state["hosts"]]
+    models = {str(k): str(v) for k, v in state["models"].items()}
+    n_gpus = int(state["n_gpus"])
+    polls = {str(h): [_float(x) for x in p] for h, p in state.get("polls", {}).items()}
+    return hosts, models, n_gpus, polls
 
 
 def _peer_labels(r: NicRecord) -> dict[str, str]:
