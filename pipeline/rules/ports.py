@@ -25,6 +25,7 @@ import numpy as np
 
 from pipeline.engine.lifecycle import Transition
 from pipeline.engine.stage import StageBase
+from pipeline.rules import portrates
 from pipeline.rules.nicalerts import NicAlerts, gpus_label, public
 from pipeline.rules.portconfig import AER_CHECKS, LOG_COUNTERS, RATE_CHECKS, WINDOW_CHECKS, PortCheck, PortConfig
 from pipeline.schema import AlertEvent, NicRecord
@@ -54,8 +55,7 @@ class _Port:
     netdev: str | None = None
     link_layer: str | None = None
     peer: dict[str, str] = field(default_factory=dict)  # the link partner's labels (``peer``, ``peer_port``...)
-    # rate check -> [snapshot time, snapshot sum, counters summed, verdict, rate, increase, span]
-    rates: dict[str, list] = field(default_factory=dict)
+    rates: portrates.Rates = field(default_factory=dict)
     sums: dict[str, deque] = field(default_factory=dict)  # windowed check -> (event time, increase)
     last_polled: float = math.nan
     state: int | None = None
@@ -73,9 +73,7 @@ class _Port:
             "netdev": self.netdev,
             "ll": self.link_layer,
             "peer": self.peer,
-            "rates": {
-                k: [None if isinstance(x, float) and math.isnan(x) else x for x in v] for k, v in self.rates.items()
-            },
+            "rates": portrates.to_state(self.rates),
             "sums": {k: [list(e) for e in v] for k, v in self.sums.items()},
             "polled": None if math.isnan(self.last_polled) else self.last_polled,
             "st": [self.state, self.phys_state],
@@ -94,10 +92,7 @@ class _Port:
             d["netdev"],
             d["ll"],
             {str(k): str(v) for k, v in d.get("peer", {}).items()},  # absent in a snapshot from before peers
-            {
-                str(k): [float(v[0]), int(v[1]), int(v[2]), bool(v[3]), _float(v[4]), int(v[5]), float(v[6])]
-                for k, v in d.get("rates", {}).items()
-            },
+            portrates.from_state(d.get("rates", {})),
             {str(k): deque((float(t), int(n)) for t, n in v) for k, v in d.get("sums", {}).items()},
             math.nan if d.get("polled") is None else float(d["polled"]),
             *[None if x is None else int(x) for x in d.get("st", [None, None])],
@@ -406,7 +401,7 @@ class PortStage(StageBase):
             while q and q[0][0] <= t - c.window_s:
                 q.popleft()
             windowed[key] = sum(k for _, k in q) if q else 0
-        rated = {key: self._rate(st, key, c, r) for key, c in self._rates}
+        rated = {key: portrates.velocity(st.rates, key, c, r) for key, c in self._rates}
         sym = sum(increased.get(n, 0) for n in cfg["symbol_errors"].counters)
         if sym:
             st.errors.append((t, sym))
@@ -453,33 +448,6 @@ class PortStage(StageBase):
             ev.update({k: v for k, v in r.labels.items() if k in _NCCL_LABELS})
         return ev
 
-    def _rate(self, st: _Port, key: str, c: PortCheck, r: NicRecord) -> bool:
-        """NVSentinel's velocity: the increase of ``c.counters`` since a snapshot at least
-        ``c.window_s`` old, per ``c.window_s``, over ``c.threshold``; the verdict holds until the
-        next span closes. A counter that fell (a reset) restarts the span with no verdict."""
-        counters = r.counters
-        snap = st.rates.get(key)
-        if len(c.counters) == 1:
-            one = counters.get(c.counters[0])
-            if one is None:
-                return bool(snap and snap[3])
-            v, k = one, 1
-        else:
-            vals = [counters[n] for n in c.counters if n in counters]
-            if not vals:
-                return bool(snap and snap[3])
-            v, k = sum(vals), len(vals)
-        t = r.ts
-        if snap is None or k != snap[2] or v < snap[1]:
-            st.rates[key] = [t, v, k, False, math.nan, 0, 0.0]
-            return False
-        span = t - snap[0]
-        if span >= c.window_s - 1e-6:
-            inc = v - snap[1]
-            rate = inc / span * c.window_s
-            st.rates[key] = [t, v, k, rate > c.threshold, rate, inc, span]
-        return bool(st.rates[key][3])
-
     def _alert(self, check: PortCheck, t: Transition, ev: dict[str, Any]) -> AlertEvent:
         host, device, port = self._book.keys[t.entity]
         st = self._book.pasts[t.entity]
@@ -488,8 +456,7 @@ class PortStage(StageBase):
         if "_windowed" in ev:
             evidence["in_window"] = {cfg[k].name: v for k, v in ev["_windowed"].items()}
         if "_rates" in ev:
-            evidence["rates"] = {cfg[k].name: {"rate": round(v[4], 6), "increase": v[5], "over_s": round(v[6], 3)}
-                                 for k, v in ev["_rates"].items() if k in cfg and math.isfinite(v[4])}  # fmt: skip
+            evidence["rates"] = portrates.evidence(cfg, ev["_rates"])
         labels = {"device": device, "port": str(port)}
         if ev.get("peer"):
             # The remote endpoint NCCL named (an IP and port), apart from the switch-side ``peer``.
