@@ -504,7 +504,7 @@ class Engine:
             self._ticks_until(wm, out)
             self.released = max(self.released, wm)
         for stage in self.stages:
-            stage.advanced(self.released)
+            stage.advanced(self.released, self.entities)
         self._release_nic(math.inf if final else wm, out)
 
     def _release_nic(self, upto: float, out: EngineOutput) -> None:

@@ -86,7 +86,7 @@ class Stage(Protocol):
         """After the engine has built the tick's alerts (evidence is read before state moves on)."""
         ...
 
-    def advanced(self, upto: float) -> None:
+    def advanced(self, upto: float, entities: Entities) -> None:
         """After a release: every row before ``upto`` has run (ticks without rows included), so
         a stage that keeps state by spans of event time may close the spans before it."""
         ...
@@ -142,7 +142,7 @@ class StageBase:
     def finish(self) -> None:
         """Nothing to do after a tick."""
 
-    def advanced(self, upto: float) -> None:
+    def advanced(self, upto: float, entities: Entities) -> None:
         """Nothing kept by spans of event time."""
 
     def to_state(self) -> Any:

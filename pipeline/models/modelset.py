@@ -37,6 +37,7 @@ from pipeline.models.config import ModelSpec, load_model_specs
 from pipeline.models.context import COLUMNS as CONTEXT_COLUMNS
 from pipeline.models.context import FleetContext, board_power
 from pipeline.models.deciders import make_decider
+from pipeline.models.findings import Findings
 from pipeline.models.detectors._util import nan_to_num
 from pipeline.models.registry import DCGM, REGISTRY, build
 from pipeline.numeric import grow
@@ -175,6 +176,7 @@ class _Model:
         self.flag = np.zeros(0, dtype=bool)
         self.obs_ts = np.full(0, np.nan)
         self.ent_ev: dict[int, dict[str, Any]] = {}
+        self.nccl_warm = False  # NCCL models scored elsewhere: warm after the last findings
 
     def det(self, cohort: str) -> Any:
         d = self.dets.get(cohort)
@@ -225,6 +227,12 @@ class ModelSet(StageBase):
         self.open_epoch: int | None = None
         self.applied: int | None = None
         self.phase = np.full(0, -1, dtype=np.int64)
+        # Where the NCCL models score (findings.py): here (default); here and the findings also
+        # handed on by name (``findings_out``: a scorer for shards elsewhere); or elsewhere, the
+        # findings taken from ``findings_in`` (``nccl_remote``: a shard by host).
+        self.findings_out: list[Findings] | None = None
+        self.findings_in: list[Findings] = []
+        self.nccl_remote = False
         self._context_on = any(s.explained_by for s in self.specs)
         if self._context_on:
             self.columns |= CONTEXT_COLUMNS
@@ -307,7 +315,7 @@ class ModelSet(StageBase):
         cur = epoch_of(view.ts0)
         self.advance_epochs(cur)
         self.apply_epochs(cur - LAG_EPOCHS)
-        self._run_nccl(view.ts0 + self.tick, n_gpus, n_hosts)
+        self._run_nccl(view.ts0 + self.tick, entities)
         feats = Features(view, self._phases(ent, entities))
         if len(self.cohort_of) < n_gpus:
             self.cohort_of = grow(self.cohort_of, n_gpus, -1)
@@ -352,7 +360,7 @@ class ModelSet(StageBase):
                 idx = view.frame.gpu if m.info.level == GPU else view.frame.host
                 m.ensure(max(n_gpus, n_hosts))
                 fresh = (ts - m.obs_ts[idx]) <= NCCL_FRESH_S
-                warm_all = m.det("fleet").warm_count() >= m.spec.warmup
+                warm_all = m.nccl_warm if self.nccl_remote else m.det("fleet").warm_count() >= m.spec.warmup
                 cond = m.flag[idx] & fresh & warm_all
                 self.scores[name] = np.where(fresh & warm_all, m.cur[idx], np.nan if not warm_all else 0.0)
             if m.spec.explained_by and m.info.level == GPU and cond.any():
@@ -364,8 +372,11 @@ class ModelSet(StageBase):
 
     # -- cohort state by epochs (cohorts.py) -------------------------------------------------------
 
-    def advanced(self, upto: float) -> None:
-        """The engine released every row before ``upto``: the epochs before it are complete."""
+    def advanced(self, upto: float, entities: Entities) -> None:
+        """The engine released every row before ``upto``: the epochs before it are complete, and
+        a scorer for shards elsewhere scores the NCCL records before it."""
+        if self.findings_out is not None:
+            self._run_nccl(upto, entities)
         if math.isfinite(upto):
             self.advance_epochs(epoch_of(upto))
 
@@ -484,9 +495,35 @@ class ModelSet(StageBase):
             out.append((self.cohort_names[c] if c >= 0 else "unknown", np.flatnonzero(coh == c)))
         return out
 
-    def _run_nccl(self, upto: float, n_gpus: int, n_hosts: int) -> None:
-        if not self._nccl:
+    def _run_nccl(self, upto: float, entities: Entities) -> None:
+        """The NCCL records before ``upto``, a tick at a time (so what a tick finds does not
+        depend on which ticks had DCGM rows), into each NCCL model's per-entity findings."""
+        if self.nccl_remote:
+            self._take_findings(upto, entities)
             return
+        fr = self._take_nccl(upto)
+        if fr is None:
+            return
+        tick = np.floor(fr.ts / self.tick + 1e-9)
+        if tick[0] == tick[-1] and (tick == tick[0]).all():
+            parts: list[tuple[float, NcclFrame]] = [(float(tick[0]) * self.tick, fr)]
+        else:
+            u, inv = np.unique(tick, return_inverse=True)
+            parts = [(float(t) * self.tick, fr.take(np.flatnonzero(inv == i))) for i, t in enumerate(u.tolist())]
+        n = max(entities.n_gpus, entities.n_hosts)
+        for t0, sub in parts:
+            for m in self.models.values():
+                if m.info.source == DCGM:
+                    continue
+                f = self._score_nccl(m, sub, t0, n)
+                self._apply_findings(m, f)
+                if self.findings_out is not None:
+                    self.findings_out.append(f.named(entities.hosts, entities.gpus, m.info.level == GPU))
+
+    def _take_nccl(self, upto: float) -> NcclFrame | None:
+        """The queued NCCL records before ``upto`` (the rest stay queued)."""
+        if not self._nccl:
+            return None
         frame = NcclFrame.concat(self._nccl)
         ts = frame.ts
         if len(ts) > 1 and (ts[1:] >= ts[:-1]).all():
@@ -495,54 +532,78 @@ class ModelSet(StageBase):
             # rebuilt from what is left) that each of a batch's ~15 ticks paid otherwise.
             k = int(np.searchsorted(ts, upto, side="left"))
             if k == 0:
-                return
+                return None
             self._nccl = [_nccl_rows(frame, slice(k, None))] if k < len(ts) else []
-            fr = _nccl_rows(frame, slice(0, k))
-        else:
-            now = ts < upto
-            if not now.any():
-                return
-            rest = np.flatnonzero(~now)
-            self._nccl = [frame.take(rest)] if len(rest) else []
-            fr = frame.take(np.flatnonzero(now))
-        for name, m in self.models.items():
-            if m.info.source == DCGM:
+            return _nccl_rows(frame, slice(0, k))
+        now = ts < upto
+        if not now.any():
+            return None
+        rest = np.flatnonzero(~now)
+        self._nccl = [frame.take(rest)] if len(rest) else []
+        return frame.take(np.flatnonzero(now))
+
+    def _score_nccl(self, m: _Model, fr: NcclFrame, t0: float, n_ent: int) -> Findings:
+        """One tick of NCCL records through one model: the worst record per entity, decided,
+        learnt from (but not the flagged entities' records, once warm)."""
+        det = m.det("fleet")
+        scores = nan_to_num(det.score_frame(fr), nan=0.0)
+        ent = fr.gpu if m.info.level == GPU else fr.host
+        m.ensure(max(n_ent, int(ent.max()) + 1 if len(ent) else 0))
+        ok = ent >= 0
+        e, s = ent[ok], scores[ok]
+        rows = np.flatnonzero(ok)
+        # Worst record per entity in this tick.
+        order = np.lexsort((s, e))
+        last = np.ones(len(order), dtype=bool)
+        last[:-1] = e[order][1:] != e[order][:-1]
+        pick = order[last]
+        ue, us = e[pick], s[pick]
+        flagged = m.decider.decide(ue, us, len(m.cur))
+        warm = det.warm_count() >= m.spec.warmup
+        evidence: dict[int, dict[str, Any]] = {}
+        for j in np.flatnonzero(flagged).tolist():
+            r = int(rows[pick[j]])
+            evidence[j] = {
+                "score": _r(us[j]),
+                "threshold": _r(m.decider.threshold()),
+                "expected": _r(det.last["expected"][r]),
+                "observed": _r(det.last["observed"][r]),
+                "comm": fr.comm[r],
+                "rank": int(fr.rank[r]),
+                "drivers": {k: _r(v[r]) for k, v in det.last["drivers"].items()},
+            }
+        obs_ts = fr.ts[rows[pick]]
+        bad = np.zeros(len(fr), dtype=bool)
+        if warm:
+            bad[rows] = np.isin(e, ue[flagged])
+            m.decider.observe(us[~flagged])
+        det.learn_frame(fr, scores, ~bad)
+        return Findings(m.spec.name, t0, ue, us, flagged, obs_ts, evidence, det.warm_count() >= m.spec.warmup)
+
+    def _apply_findings(self, m: _Model, f: Findings) -> None:
+        """A tick's findings onto the model's per-entity arrays, which the DCGM rows read."""
+        if len(f.ent):
+            m.ensure(int(f.ent.max()) + 1)
+            m.cur[f.ent] = f.score
+            m.flag[f.ent] = f.flagged
+            m.obs_ts[f.ent] = f.obs_ts
+            for j, ev in f.evidence.items():
+                m.ent_ev[int(f.ent[j])] = ev
+        m.nccl_warm = f.warm
+
+    def _take_findings(self, upto: float, entities: Entities) -> None:
+        """The findings handed in for the ticks before ``upto``, in tick order, onto this
+        shard's GPUs and hosts."""
+        due = [f for f in self.findings_in if f.tick < upto]
+        if not due:
+            return
+        self.findings_in = [f for f in self.findings_in if f.tick >= upto]
+        due.sort(key=lambda f: f.tick)  # stable: a tick's models in the order they came
+        for f in due:
+            m = self.models.get(f.model)
+            if m is None or m.info.source == DCGM:
                 continue
-            det = m.det("fleet")
-            scores = nan_to_num(det.score_frame(fr), nan=0.0)
-            ent = fr.gpu if m.info.level == GPU else fr.host
-            m.ensure(max(n_gpus, n_hosts, int(ent.max()) + 1 if len(ent) else 0))
-            ok = ent >= 0
-            e, s = ent[ok], scores[ok]
-            rows = np.flatnonzero(ok)
-            # Worst record per entity in this tick.
-            order = np.lexsort((s, e))
-            last = np.ones(len(order), dtype=bool)
-            last[:-1] = e[order][1:] != e[order][:-1]
-            pick = order[last]
-            ue, us = e[pick], s[pick]
-            flagged = m.decider.decide(ue, us, len(m.cur))
-            warm = det.warm_count() >= m.spec.warmup
-            m.cur[ue] = us
-            m.flag[ue] = flagged
-            m.obs_ts[ue] = fr.ts[rows[pick]]
-            for j in np.flatnonzero(flagged).tolist():
-                r = int(rows[pick[j]])
-                m.ent_ev[int(ue[j])] = {
-                    "score": _r(us[j]),
-                    "threshold": _r(m.decider.threshold()),
-                    "expected": _r(det.last["expected"][r]),
-                    "observed": _r(det.last["observed"][r]),
-                    "comm": fr.comm[r],
-                    "rank": int(fr.rank[r]),
-                    "drivers": {k: _r(v[r]) for k, v in det.last["drivers"].items()},
-                }
-            bad = np.zeros(len(fr), dtype=bool)
-            if warm:
-                bad[rows] = np.isin(e, ue[flagged])
-            if warm:
-                m.decider.observe(us[~flagged])
-            det.learn_frame(fr, scores, ~bad)
+            self._apply_findings(m, f.located(entities.gpu_id, entities.host_id, m.info.level == GPU))
 
     def evidence(self, name: str, view: View, row: int) -> dict[str, Any]:
         ev = self._evidence(name, view, row)
@@ -603,6 +664,7 @@ class ModelSet(StageBase):
                 "flag": m.flag,
                 "obs_ts": m.obs_ts,
                 "ent_ev": {str(k): v for k, v in m.ent_ev.items()},
+                "nccl_warm": m.nccl_warm,
             }
         return msgspec.msgpack.encode(_pack(data))
 
@@ -636,6 +698,7 @@ class ModelSet(StageBase):
                     raise StateError(f"model state: {name}'s per-entity arrays differ in length")
                 m.cur, m.flag, m.obs_ts = cur.astype(float), flag.astype(bool), obs_ts.astype(float)
                 m.ent_ev = {int(k): v for k, v in st["ent_ev"].items()}
+                m.nccl_warm = bool(st.get("nccl_warm", False))
         except (msgspec.DecodeError, KeyError, TypeError, ValueError, AttributeError, IndexError) as e:
             raise StateError(f"cannot restore model state: {e}") from e
         except StateError as e:

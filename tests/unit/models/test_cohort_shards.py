@@ -2,9 +2,10 @@
 
 Each shard is a fleet engine with the default models over some of the hosts; the shards meet
 only through a ``SharedExchange`` of their epoch parts, and a driver releases each shard only
-as far as every shard's parts allow. The reference is one engine over every host, the way
-replay runs the fleet stage. NCCL records are left out: a communicator spans hosts, and the
-NCCL models are not split by host.
+as far as every shard's parts allow. The NCCL records go to one more engine, the scorer: a
+communicator spans hosts, so its models score where every rank is, and their findings go to
+the shards of the GPUs they name (pipeline/models/findings.py). The reference is one engine
+over everything, the way replay runs the fleet stage.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from pipeline.models.cohorts import EPOCH_S, LAG_EPOCHS, CohortExchange, LocalEx
 from pipeline.models.config import load_model_specs, spec_from_mapping
 from pipeline.models.modelset import ModelSet
 from pipeline.resources import default_models
-from pipeline.schema import DcgmRecord
+from pipeline.schema import DcgmRecord, NcclRecord
 
 
 # The default models and a Half-Space forest small enough to be warm within a short run (its
@@ -51,16 +52,27 @@ def _scores(ms: ModelSet, seen: dict) -> None:
     ms.evaluate = spy  # type: ignore[method-assign]
 
 
-def run_sharded(records: list[DcgmRecord], shard_of: dict[str, int], n: int) -> tuple[list, dict]:
-    """Alerts and per-row scores of ``n`` shards (``n == 1``: one engine, as replay runs it)."""
+def run_sharded(records: list, shard_of: dict[str, int], n: int) -> tuple[list, dict]:
+    """Alerts and per-row scores of ``n`` shards and an NCCL scorer (``n == 1``: one engine for
+    everything, as replay runs it)."""
     names = [str(i) for i in range(n)]
     exchange: CohortExchange = LocalExchange() if n == 1 else SharedExchange(names)
     shards = [_fleet_engine(exchange, s) for s in names]
     seen: dict = {}
     for eng, ms in shards:
         _scores(ms, seen)
-    for i, (eng, _) in enumerate(shards):
-        eng.process([r for r in records if shard_of[r.host] % n == i])
+    dcgm = [r for r in records if isinstance(r, DcgmRecord)]
+    nccl = [r for r in records if isinstance(r, NcclRecord)]
+    scorer: tuple[Engine, ModelSet] | None = None
+    if n == 1:
+        shards[0][0].process(records)
+    else:
+        scorer = _fleet_engine(LocalExchange(), "nccl")
+        scorer[1].findings_out = []
+        scorer[0].process(nccl)
+        for i, (eng, ms) in enumerate(shards):
+            ms.nccl_remote = True
+            eng.process([r for r in dcgm if shard_of[r.host] % n == i])
     start, end = epoch_of(min(r.ts for r in records)), max(r.ts for r in records) + 1
     alerts = []
     released = -math.inf
@@ -70,6 +82,9 @@ def run_sharded(records: list[DcgmRecord], shard_of: dict[str, int], n: int) -> 
         if n == 1:
             upto = end
         assert upto > released, "the shards' parts must let the release go on"
+        if scorer is not None:
+            alerts += scorer[0].advance_to(upto).alerts
+            _hand_over(scorer[1], [ms for _, ms in shards], shard_of)
         for eng, _ in shards:
             alerts += eng.advance_to(upto).alerts
         released = upto
@@ -78,10 +93,24 @@ def run_sharded(records: list[DcgmRecord], shard_of: dict[str, int], n: int) -> 
     return sorted(alerts, key=lambda a: (a.ts, a.id, a.state)), seen
 
 
-def _fleet(sim_streams, fault: str, duration: float, onset: float) -> list[DcgmRecord]:
+def _hand_over(scorer: ModelSet, shards: list[ModelSet], shard_of: dict[str, int]) -> None:
+    """Each finding's rows to the shard of their host (every shard gets every tick's, even with
+    no rows of its own: the model's warmth comes with them)."""
+    assert scorer.findings_out is not None
+    for f in scorer.findings_out:
+        level_gpu = isinstance(f.keys[0], tuple) if f.keys else True
+        hosts = f.hosts(level_gpu)
+        for i, ms in enumerate(shards):
+            ms.findings_in.append(f.take([j for j, h in enumerate(hosts) if shard_of[h] % len(shards) == i]))
+    scorer.findings_out.clear()
+
+
+def _fleet(sim_streams, fault: str, duration: float, onset: float) -> list:
     _, batches = sim_streams(fault, hosts=4, duration=duration, onset=onset, seed=5)
-    recs = [r for b in batches for r in b if isinstance(r, DcgmRecord)]
-    return sorted(recs, key=lambda r: (r.ts, r.host, r.gpu))
+    recs = [r for b in batches for r in b if isinstance(r, (DcgmRecord, NcclRecord))]
+    # The fleet stage's canonical order (topology.record_identity): DCGM rows, then NCCL records.
+    return sorted(recs, key=lambda r: (r.ts, r.host, isinstance(r, NcclRecord), r.gpu if r.gpu is not None else -1,
+                                       getattr(r, "comm", ""), getattr(r, "rank", 0)))
 
 
 @pytest.fixture(scope="module")
@@ -95,6 +124,7 @@ def straggler_fleet(sim_streams) -> list[DcgmRecord]:
         ("thermal_throttling", 1200.0, 700.0, 2, "thermal_hotter_than_load"),
         ("thermal_throttling", 1200.0, 700.0, 3, "thermal_hotter_than_load"),
         ("hbm_ecc_burst", 700.0, 400.0, 3, "hbm_sbe_rate"),
+        ("nccl_straggler", 900.0, 500.0, 2, "nccl_rank_straggler"),
     ],
 )
 def test_shards_give_one_process_alerts_and_scores(sim_streams, fault, duration, onset, n, model):
