@@ -19,6 +19,7 @@ from pipeline.rules.diagnostics import Diagnostic
 from pipeline.rules.portconfig import load_port_config
 from pipeline.rules.nicaer import NicAerStage
 from pipeline.rules.ports import PortStage
+from pipeline.shards import ShardedFleet
 from pipeline.topology import Topology
 
 
@@ -60,12 +61,21 @@ class Stages:
     # forwards it the progress records alone (docs/architecture.md §8).
     progress_only: bool = False
 
-    def detector(self, local_fleet: bool = True) -> Detector:
-        """The ``Engine``, or the ``Topology`` of both stages (``local_fleet``: see ``Topology``)."""
+    def detector(self, local_fleet: bool = True, shards: int = 1) -> Detector:
+        """The ``Engine``, or the ``Topology`` of both stages (``local_fleet``: see ``Topology``;
+        ``shards``: with the models, their work in that many shards by host, pipeline/shards.py)."""
         if self.fleet is None:
             return self.host
+        fleet = None
+        if shards > 1 and local_fleet and not self.progress_only:
+            fleet = ShardedFleet(self.fleet, shards, hang=self.hang() if self.hang is not None else None)
         return Topology(
-            self.host, self.fleet, local_fleet=local_fleet, make_hang=self.hang, progress_only=self.progress_only
+            self.host,
+            self.fleet,
+            local_fleet=local_fleet,
+            make_hang=self.hang,
+            progress_only=self.progress_only,
+            fleet=fleet,
         )
 
 
@@ -144,20 +154,24 @@ def _hang_factory(rules: list[str]) -> Callable[[], HangDetector] | None:
 
 
 def build_engine(
-    rules: list[str], models: str | None = "auto", config: EngineConfig | None = None, stages: str = "one"
+    rules: list[str],
+    models: str | None = "auto",
+    config: EngineConfig | None = None,
+    stages: str = "one",
+    shards: int = 1,
 ) -> tuple[Detector | None, list[Diagnostic]]:
     """An engine with the rules and models (``stages="one"``), or what the product's drivers
-    feed (``stages="two"``, ``build_detector``); None and the diagnostics when the rules do not
-    load (``build_stages``)."""
+    feed (``stages="two"``, ``build_detector``; ``shards``: ``Stages.detector``); None and the
+    diagnostics when the rules do not load (``build_stages``)."""
     built, diags = build_stages(rules, models, config, stages)
-    return (built.detector() if built is not None else None), diags
+    return (built.detector(shards=shards) if built is not None else None), diags
 
 
 def build_detector(
-    rules: list[str], models: str | None = "auto", config: EngineConfig | None = None
+    rules: list[str], models: str | None = "auto", config: EngineConfig | None = None, shards: int = 1
 ) -> tuple[Detector | None, list[Diagnostic]]:
     """What replay, the demo, the evaluation and the service run: ``build_engine(stages="two")``."""
-    return build_engine(rules, models, config, stages="two")
+    return build_engine(rules, models, config, stages="two", shards=shards)
 
 
 __all__ = ["ConfigError", "Stages", "build_detector", "build_engine", "build_stages", "hang_path", "models_path"]

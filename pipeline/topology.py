@@ -175,8 +175,7 @@ class FleetStage:
             return out
         if wm == math.inf:
             self._release(self._take(math.inf), out)
-            for eng in self.engines.values():
-                self._collect(eng.flush(), out)
+            self._flush_engines(out)
             if self.hang is not None:
                 out.alerts.extend(self.hang.advance(math.inf))
             # Everything fed went to the engines: a record sent again later (an upstream replay)
@@ -190,8 +189,7 @@ class FleetStage:
         if wm <= self.released:
             return out
         self._release(self._take(wm), out)
-        for eng in self.engines.values():
-            self._collect(eng.advance_to(wm), out)
+        self._advance_engines(wm, out)
         if self.hang is not None:
             # Every record before wm went to the detector: what settled by then fires.
             out.alerts.extend(self.hang.advance(wm))
@@ -248,6 +246,16 @@ class FleetStage:
             self._collect(self.engine(key).process(recs), out)
             if self.hang is not None:
                 out.alerts.extend(self.hang.observe(recs))
+
+    def _advance_engines(self, wm: float, out: EngineOutput) -> None:
+        """Every engine to ``wm`` (what the marks allow)."""
+        for eng in self.engines.values():
+            self._collect(eng.advance_to(wm), out)
+
+    def _flush_engines(self, out: EngineOutput) -> None:
+        """Every engine to its end: every upstream task is final."""
+        for eng in self.engines.values():
+            self._collect(eng.flush(), out)
 
     def _collect(self, got: EngineOutput, out: EngineOutput) -> None:
         out.alerts.extend(got.alerts)
@@ -531,14 +539,17 @@ class Topology:
         local_fleet: bool = True,
         make_hang: Callable[[], HangDetector] | None = None,
         progress_only: bool = False,
+        fleet: FleetStage | None = None,
     ) -> None:
         """``make_hang``: the fleet stage's hang detector; ``progress_only``: the fleet stage runs
-        it alone (rules only), so the host stage forwards only the progress records."""
+        it alone (rules only), so the host stage forwards only the progress records; ``fleet``: a
+        local fleet stage built by the caller (the models in shards, pipeline/shards.py)."""
         self.host = host
         self.progress_only = progress_only
         self.make_fleet_engine = make_fleet_engine
-        hang = make_hang() if make_hang is not None else None
-        self.fleet: FleetStage | None = FleetStage(make_fleet_engine, hang=hang) if local_fleet else None
+        if fleet is None and local_fleet:
+            fleet = FleetStage(make_fleet_engine, hang=make_hang() if make_hang is not None else None)
+        self.fleet: FleetStage | None = fleet if local_fleet else None
         self._template: Engine | None = None  # what the fleet stage reads, without a local one
         # The host stage returns what it accepted in its output (``EngineOutput.forwarded``).
         self.host.forwards = True

@@ -37,7 +37,9 @@ def _cmd_replay(args: argparse.Namespace) -> int:
         )
         return 0
     rules = args.rules or str(rules_dir())
-    engine, diags = build_detector([rules], args.models)
+    if args.fleet_shards < 1:
+        raise InputError(f"--fleet-shards must be at least 1, got {args.fleet_shards}")
+    engine, diags = build_detector([rules], args.models, shards=args.fleet_shards)
     for d in diags:
         console.print(str(d), highlight=False, markup=False)
     if engine is None:
@@ -79,6 +81,14 @@ def _cmd_replay(args: argparse.Namespace) -> int:
             )
         )
     console.print("dead letters by reason: " + (", ".join(f"{k}: {v}" for k, v in sorted(t.dead.items())) or "none"))
+    shares = getattr(getattr(engine, "fleet", None), "shard_records", None)
+    if shares is not None:
+        counts = shares()
+        total = sum(counts.values()) or 1
+        console.print(
+            "model work by shard (records scored): "
+            + ", ".join(f"{k}: {v:,} ({100 * v / total:.0f}%)" for k, v in sorted(counts.items()))
+        )
     return 0
 
 
@@ -105,6 +115,14 @@ def register(sub: Any) -> None:
         help="models.yaml for the online models; 'auto': the one beside the rules; 'none': rules only",
     )
     r.add_argument("--batch", type=int, default=2000, help="lines per engine batch")
+    r.add_argument(
+        "--fleet-shards",
+        type=int,
+        default=1,
+        metavar="N",
+        help="run the models' work in N shards by host plus an NCCL scorer, as a partitioned fleet stage "
+        "would (same alerts; prints each shard's share)",
+    )
     r.add_argument("--to-kafka", metavar="BOOTSTRAP", help="publish the recording to <prefix>.telemetry instead")
     r.add_argument("--speed", default="max", help="with --to-kafka: 'max' or a factor of event time (1 = real time)")
     r.add_argument("--prefix", default="gpuwarden", help="topic prefix for --to-kafka")

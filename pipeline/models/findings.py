@@ -47,7 +47,7 @@ class Findings:
     def located(self, gpu_id: dict[tuple[str, int], int], host_id: dict[str, int], level_gpu: bool) -> "Findings":
         """The rows whose entity this engine knows, with its ids (a GPU it has not seen yet has
         no rows here to carry a finding)."""
-        table: dict[Any, int] = gpu_id if level_gpu else host_id  # type: ignore[assignment]
+        table: dict[Any, int] = gpu_id if level_gpu else host_id
         ids = np.array([table.get(k, -1) for k in self.keys], dtype=np.int64)
         keep = np.flatnonzero(ids >= 0)
         ev = {int(j): self.evidence[int(i)] for j, i in enumerate(keep.tolist()) if int(i) in self.evidence}

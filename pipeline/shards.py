@@ -1,0 +1,127 @@
+"""The fleet stage's models in shards by host, in one process (docs/models.md#cohort-state-by-epochs).
+
+``ShardedFleet`` is a ``FleetStage`` whose released DCGM records go to ``n`` shard engines by
+host (``shard_of``: crc32 of the host's name) and whose NCCL and progress records go to one
+scorer engine. The shards meet only through a ``SharedExchange`` of their cohort parts and the
+scorer's NCCL findings (``pipeline/models/findings.py``), and each step of a release goes no
+further than every shard's parts allow. Its alerts are one ``FleetStage``'s for any ``n``
+(tests/unit/test_shards.py): the dataflow that lets the models' work spread over processes,
+run without a broker, and what ``replay --fleet-shards`` runs to measure each shard's share.
+
+>>> shard_of("gpu-node-000", 4), shard_of("gpu-node-001", 4)
+(3, 1)
+"""
+
+from __future__ import annotations
+
+import math
+import zlib
+from typing import Any, Callable
+
+from pipeline.engine import Engine, EngineOutput
+from pipeline.errors import StateError
+from pipeline.models.cohorts import EPOCH_S, LAG_EPOCHS, SharedExchange, epoch_of
+from pipeline.models.modelset import ModelSet
+from pipeline.schema import DcgmSample, TelemetryRecord
+from pipeline.topology import FLEET_KEY, FleetStage
+
+SCORER = "nccl"  # the key of the engine that scores the NCCL models and runs no DCGM rows
+
+
+def shard_of(host: str, n: int) -> int:
+    """The shard of a host's GPUs: the same in every process (zlib's crc32, not ``hash``)."""
+    return zlib.crc32(host.encode("utf-8", "surrogatepass")) % n
+
+
+class ShardedFleet(FleetStage):
+    """A fleet stage whose models run in ``shards`` engines by host plus an NCCL scorer."""
+
+    def __init__(self, make_engine: Callable[[], Engine], shards: int, **kw: Any) -> None:
+        super().__init__(make_engine, **kw)
+        if shards < 1:
+            raise ValueError("shards must be at least 1")
+        self.keys = [f"shard-{i}" for i in range(shards)]
+        self.exchange = SharedExchange(self.keys)
+        for key in self.keys:
+            ms = _models(self.engine(key))
+            ms.exchange, ms.shard, ms.nccl_remote = self.exchange, key, True
+        _models(self.engine(SCORER)).findings_out = []
+        self._first: int | None = None  # the epoch of the first record released
+
+    def engine(self, key: str = FLEET_KEY) -> Engine:
+        """An engine by key; the fleet key names the scorer (what drivers read of the stage's
+        engine: its fields and models are every engine's)."""
+        return super().engine(SCORER if key == FLEET_KEY else key)
+
+    def shard_records(self) -> dict[str, int]:
+        """DCGM records each shard's models scored (and the scorer's NCCL records)."""
+        return {k: int(e.stats["records.dcgm"] + e.stats["records.nccl"]) for k, e in self.engines.items()}
+
+    def _take(self, wm: float) -> dict[str, list[TelemetryRecord]]:
+        """The released records in canonical order, DCGM by the shard of their host, the rest
+        to the scorer."""
+        batches = super()._take(wm)
+        out: dict[str, list[TelemetryRecord]] = {}
+        n = len(self.keys)
+        for recs in batches.values():
+            for r in recs:
+                key = self.keys[shard_of(r.host, n)] if isinstance(r, DcgmSample) else SCORER
+                out.setdefault(key, []).append(r)
+            if recs and self._first is None:
+                self._first = epoch_of(min(r.ts for r in recs))
+        return out
+
+    def _advance_engines(self, wm: float, out: EngineOutput) -> None:
+        """Step the engines to ``wm``, each step only as far as every shard's parts allow: the
+        scorer first, its findings to the shards, then the shards."""
+        while True:
+            bound = self.exchange.bound()
+            if bound is None:
+                bound = self._first + LAG_EPOCHS if self._first is not None else None
+            upto = wm if bound is None else min(wm, bound * EPOCH_S)
+            self._step(upto, out, final=False)
+            if upto >= wm:
+                return
+
+    def _flush_engines(self, out: EngineOutput) -> None:
+        newest = max((e.clock.newest(e.entities.n_hosts) for e in self.engines.values()), default=-math.inf)
+        if math.isfinite(newest):
+            self._advance_engines(newest + self.engine().config.tick, out)
+        self._step(math.inf, out, final=True)
+
+    def _step(self, upto: float, out: EngineOutput, final: bool) -> None:
+        scorer = self.engine(SCORER)
+        self._collect(scorer.flush() if final else scorer.advance_to(upto), out)
+        self._hand_over()
+        for key in self.keys:
+            eng = self.engines[key]
+            self._collect(eng.flush() if final else eng.advance_to(upto), out)
+
+    def _hand_over(self) -> None:
+        """The scorer's findings, each to every shard with the rows of its hosts (a shard takes
+        every tick's findings, its own rows or none: the model's warmth comes with them)."""
+        scorer = _models(self.engine(SCORER))
+        found = scorer.findings_out or []
+        if not found:
+            return
+        shards = [_models(self.engines[k]) for k in self.keys]
+        n = len(shards)
+        level_gpu = {name: m.info.level == "gpu" for name, m in scorer.models.items()}
+        for f in found:
+            hosts = f.hosts(level_gpu[f.model])
+            where = [shard_of(h, n) for h in hosts]
+            for i, ms in enumerate(shards):
+                ms.findings_in.append(f.take([j for j, w in enumerate(where) if w == i]))
+        found.clear()
+
+    def snapshot(self, replayable: bool = False) -> bytes:
+        """Not kept: the shards' parts and findings in flight live in this process only (replay
+        and evaluation run to the end; the service checkpoints its own stages)."""
+        raise StateError("a sharded fleet stage is not checkpointed")
+
+
+def _models(engine: Engine) -> ModelSet:
+    ms = engine.models
+    if not isinstance(ms, ModelSet):
+        raise ValueError("a sharded fleet stage needs the models")
+    return ms

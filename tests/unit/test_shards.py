@@ -1,0 +1,57 @@
+"""The fleet stage's models in shards by host give one fleet stage's alerts (pipeline/shards.py)."""
+
+from __future__ import annotations
+
+import msgspec
+import pytest
+
+from pipeline.detection import build_detector
+from pipeline.errors import StateError
+from pipeline.resources import rules_dir
+from pipeline.schema import DcgmRecord, NcclRecord, NicRecord, ProgressRecord
+from pipeline.shards import SCORER, ShardedFleet, shard_of
+from producers.sim import Simulator
+
+_DEC = msgspec.json.Decoder(list[DcgmRecord | NcclRecord | NicRecord | ProgressRecord])
+
+
+@pytest.fixture(scope="module")
+def llama3() -> list[list]:
+    sim = Simulator(hosts=8, duration=900, seed=2, scenario="llama3")
+    return [_DEC.decode(msgspec.json.encode(b)) for b in sim.batches() if b]
+
+
+def _run(batches: list[list], shards: int, cut: int = 1) -> tuple[list, object]:
+    det, diags = build_detector([str(rules_dir())], "auto", shards=shards)
+    assert det is not None, diags
+    alerts = []
+    flat = [r for b in batches for r in b]
+    for i in range(0, len(flat), max(1, len(flat) // cut)):
+        alerts += det.process(flat[i : i + max(1, len(flat) // cut)]).alerts
+    alerts += det.flush().alerts
+    return sorted(alerts, key=lambda a: (a.ts, a.id, a.state)), det
+
+
+@pytest.mark.parametrize(("shards", "cut"), [(2, 7), (4, 1), (5, 40)])
+def test_shards_give_one_fleet_stages_alerts(llama3, shards, cut):
+    one, _ = _run(llama3, 1)
+    split, det = _run(llama3, shards, cut)
+    assert any(a.labels.get("source") == "model" and a.state == "firing" for a in one), "a model must alert"
+    assert [(a.id, a.state, a.ts, a.summary, a.evidence) for a in split] == [
+        (a.id, a.state, a.ts, a.summary, a.evidence) for a in one
+    ]
+    fleet = det.fleet
+    assert isinstance(fleet, ShardedFleet)
+    counts = fleet.shard_records()
+    assert set(counts) == {SCORER, *(f"shard-{i}" for i in range(shards))}
+    hosts = {r.host for b in llama3 for r in b}
+    busy = {shard_of(h, shards) for h in hosts}
+    # Every shard with hosts scored their DCGM records, and none scored another's.
+    for i in range(shards):
+        assert (counts[f"shard-{i}"] > 0) == (i in busy)
+
+
+def test_a_sharded_fleet_is_not_checkpointed(llama3):
+    _, det = _run(llama3[:50], 2)
+    with pytest.raises(StateError, match="not checkpointed"):
+        det.snapshot()
