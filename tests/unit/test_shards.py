@@ -51,6 +51,17 @@ def test_shards_give_one_fleet_stages_alerts(llama3, shards, cut):
         assert (counts[f"shard-{i}"] > 0) == (i in busy)
 
 
+@pytest.mark.parametrize(("interval", "duration"), [(5.0, 1200), (30.0, 3600)])
+def test_shards_at_sparse_sampling(interval, duration):
+    """Hosts sampled every 5 and 30 s (and the scenario's silent hosts and lost GPUs): a shard
+    has ticks without rows, epochs pass without a sample, and the answer is still one stage's."""
+    sim = Simulator(hosts=6, duration=duration, seed=4, scenario="llama3", interval=interval)
+    batches = [_DEC.decode(msgspec.json.encode(b)) for b in sim.batches() if b]
+    one, _ = _run(batches, 1)
+    split, _ = _run(batches, 3, cut=13)
+    assert one and [(a.id, a.state, a.ts, a.evidence) for a in split] == [(a.id, a.state, a.ts, a.evidence) for a in one]
+
+
 def test_a_sharded_fleet_is_not_checkpointed(llama3):
     _, det = _run(llama3[:50], 2)
     with pytest.raises(StateError, match="not checkpointed"):
