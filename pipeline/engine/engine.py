@@ -4,12 +4,13 @@
 The Kafka service, file replay, rule tests, the demo and the benchmarks all drive this same
 object; they differ only in where records come from and where the output goes.
 
-Records are screened on arrival (``screen.py``), buffered as columns until the watermark passes
-them (``pending.py``; the watermark comes from each host's clock, ``hostclock.py``,
-docs/architecture.md §4), then processed in event-time order, tick by tick, skipping ticks with
-nothing due (``ticks.py``); a tick's rows go through the stages (``stage.py``: the models, the
-built-in row checks, the rules, any of one's own) and their conditions through each check's
-lifecycle into alerts (``alerts.py``). The snapshot's layout is in ``snapshot.py``.
+Records are screened on arrival (``screen.py``), turned into columns (``ingest.py``) and
+buffered until the watermark passes them (``pending.py``; the watermark comes from each host's
+clock, ``hostclock.py``, docs/architecture.md §4), then processed in event-time order, tick by
+tick, skipping ticks with nothing due (``ticks.py``); a tick's rows go through the stages
+(``stage.py``: the models, the built-in row checks, the rules, any of one's own) and their
+conditions through each check's lifecycle into alerts (``alerts.py``). The snapshot's layout is
+in ``snapshot.py``.
 """
 
 from __future__ import annotations
@@ -18,7 +19,6 @@ import logging
 import math
 import operator
 from collections import Counter
-from itertools import compress
 from typing import Any, Sequence, cast
 
 import numpy as np
@@ -30,8 +30,9 @@ from pipeline.engine.alerts import alert_event, per_host
 from pipeline.engine.checks import GPU, RowCheck, TickCheck, absent_after, builtin_checks
 from pipeline.engine.config import EngineConfig
 from pipeline.engine.entities import Entities
-from pipeline.engine.frame import Columnizer, DcgmFrame, NcclFrame, nccl_frame
+from pipeline.engine.frame import Columnizer, DcgmFrame
 from pipeline.engine.hostclock import HostClock, latest_steps
+from pipeline.engine.ingest import Ingest, _take
 from pipeline.engine.lifecycle import Lifecycle, Transition
 from pipeline.engine.output import EngineOutput, Numbered
 from pipeline.engine import registry
@@ -41,22 +42,13 @@ from pipeline.engine.snapshot import decode_records, read_snapshot, write_snapsh
 from pipeline.engine.stage import CheckStage, NicReader, Stage, StageCheck
 from pipeline.engine.state import GpuState, advance
 from pipeline.engine.ticks import skip_ahead
-from pipeline.schema import (
-    AlertEvent,
-    DcgmRecord,
-    DcgmSample,
-    DeadLetter,
-    NcclRecord,
-    NicRecord,
-    ProgressRecord,
-    TelemetryRecord,
-)
+from pipeline.schema import AlertEvent, DeadLetter, TelemetryRecord
 
 log = logging.getLogger("gpuwarden.engine")
 
 __all__ = ["Engine", "EngineOutput"]
 
-_TS, _HOST, _GPU = operator.attrgetter("ts"), operator.attrgetter("host"), operator.attrgetter("gpu")
+_TS, _HOST = operator.attrgetter("ts"), operator.attrgetter("host")
 
 
 def _held(conds: Sequence[tuple[Any, np.ndarray]]) -> tuple[np.ndarray, list[bool]]:
@@ -71,13 +63,6 @@ def _held(conds: Sequence[tuple[Any, np.ndarray]]) -> tuple[np.ndarray, list[boo
         return np.zeros((0, 0), dtype=bool), []
     held = np.stack([c for _, c in conds]) == 1
     return held, held.any(axis=1).tolist()
-
-
-def _take(records: Sequence[TelemetryRecord], idx: np.ndarray) -> Sequence[TelemetryRecord]:
-    """``records`` at the indices ``idx``: columns stay columns, a list stays a list."""
-    if isinstance(records, (DcgmColumns, Combined)):
-        return records.take(idx)
-    return [records[i] for i in idx.tolist()]
 
 
 class Engine:
@@ -157,10 +142,6 @@ class Engine:
     def models(self) -> Any:
         """The model set (``pipeline.models.ModelSet``) this engine runs, or None."""
         return self.stage("models")
-
-    @property
-    def _reads_nccl(self) -> bool:
-        return any(s.reads_nccl for s in self.stages)
 
     @property
     def decode_fields(self) -> tuple[str, ...]:
@@ -282,18 +263,9 @@ class Engine:
             clock.note_whole(origins, hosts)
             clock.accepted(ts)
             if len(ts):
-                records, origins, ts, hosts = self._carry_nic(records, origins, ts, hosts)
-            if len(ts) and isinstance(records, Combined):
-                # Columnar rows and JSON records: each part ingested as it is (one chunk each).
-                nc = len(records.cols)
-                for part, sl in ((records.cols, slice(0, nc)), (records.others, slice(nc, len(ts)))):
-                    if len(part):
-                        idx = np.arange(len(ts))[sl]
-                        self._chunks.append(self._ingest(part, take_origins(origins, idx), ts[sl], hosts[sl], out))
-            elif len(ts):
-                self._chunks.append(self._ingest(records, origins, ts, hosts, out))
-            if len(ts) and self.forwards:
-                out.forwarded.extend(records)
+                records = self._ingest(out).batch(records, origins, ts, hosts, self._chunks)
+                if self.forwards:
+                    out.forwarded.extend(records)
         if not self.screened:
             wm, complete = self._watermark(now)
             self._release(self._release_bound(wm), out, final=False)
@@ -309,129 +281,10 @@ class Engine:
             self._release(self._release_bound(upto), out, final=False)
         return out
 
-    def _ingest(
-        self,
-        records: Sequence[TelemetryRecord],
-        origins: Sequence[str],
-        ts: np.ndarray,
-        hosts: np.ndarray,
-        out: EngineOutput,
-    ) -> Pending:
-        """Arriving records -> the columns the engine keeps until the watermark passes them.
-
-        Done on arrival, not on release: the record objects are freed at once (the start-up hold
-        buffers ~30 s of the fleet, and a checkpoint carries what is buffered), and a release
-        works on arrays only. Fields dropped as bad data are dead-lettered here.
-        """
-        k = len(records)
-        if isinstance(records, DcgmColumns):
-            return self._ingest_dcgm(records, origins, ts, hosts, records.gpu, out)
-        # By type, not isinstance(): a type's membership in a set is ~3x cheaper per record.
-        types = list(map(type, records))
-        # Subclasses too: the decoder's checked types are (pipeline/decode.py).
-        progress = {t for t in set(types) if issubclass(t, ProgressRecord)}
-        if progress:
-            # Collective progress is read by no stage of the engine: counted, and forwarded with
-            # the rest (docs/architecture.md §3); the GPU and NCCL rows go on as without it.
-            keep = np.array([t not in progress for t in types], dtype=bool)
-            self.stats["records.progress"] += k - int(keep.sum())
-            records = list(compress(records, keep.tolist()))
-            origins, ts, hosts = take_origins(origins, keep), ts[keep], hosts[keep]
-            types = list(map(type, records))
-            k = len(records)
-            if not k:
-                return Pending.empty(self._columnizer.columns)
-        dcgm_types = {t for t in set(types) if issubclass(t, DcgmSample)}
-        kinds = list(map(dcgm_types.__contains__, types))
-        is_dcgm = np.array(kinds, dtype=bool)
-        n = int(is_dcgm.sum())
-        # The casts say what the type test above found: compact() reads any DcgmSample's fields.
-        if n == k:
-            drecs, dorig, dts, dhost = cast("list[DcgmRecord]", records), origins, ts, hosts
-            nrecs: list[NcclRecord] = []
-        else:  # compress(): the split in C, not a Python loop over the batch
-            drecs, dorig = cast("list[DcgmRecord]", list(compress(records, kinds))), take_origins(origins, is_dcgm)
-            dts, dhost = ts[is_dcgm], hosts[is_dcgm]
-            nrecs = cast("list[NcclRecord]", list(compress(records, map(operator.not_, kinds))))
-        cols = self._columnizer.columns
-        if n:
-            if n == k:
-                return self._ingest_dcgm(drecs, dorig, dts, dhost, np.fromiter(map(_GPU, drecs), np.int64, n), out)
-            gpu, values = self._dcgm_rows(drecs, dorig, dhost, np.fromiter(map(_GPU, drecs), np.int64, n), out)
-        else:
-            gpu, values = np.empty(0, np.int32), np.empty((0, len(cols)))
-        nts = ts[~is_dcgm] if n < k else np.empty(0)
-        if nrecs:
-            self.entities.note_nccl(nrecs)
-        # The models' NCCL detectors need the records' columns; without such a stage they are counted.
-        nccl = self._nccl_frame(nrecs, hosts[~is_dcgm]) if nrecs and self._reads_nccl else None
-        return Pending(dts, dhost, gpu, values, cols, nts, nccl, float(ts.min()), float(ts.max()))
-
-    def _dcgm_rows(
-        self,
-        drecs: Sequence[DcgmSample],
-        origins: Sequence[str],
-        hosts: np.ndarray,
-        index: np.ndarray,
-        out: EngineOutput,
-    ) -> tuple[np.ndarray, np.ndarray]:
-        """DCGM samples (records or ``DcgmColumns``) -> their GPU ids and value matrix; the
-        stages and the GPUs' labels learn of them, dropped fields are dead-lettered."""
-        gpu = self.entities.gpu_ids_of(hosts, index)
-        self.entities.note_labels(gpu, drecs)  # the job on each GPU, for its alerts
-        for stage in self.stages:
-            stage.ingest(gpu, drecs)
-        values, dead = self._columnizer.compact(drecs, origins)
-        for d in dead:
-            self.stats["dead." + d.reason] += 1
-        out.dead.extend(dead)
-        return gpu, values
-
-    def _ingest_dcgm(
-        self,
-        drecs: Sequence[DcgmSample],
-        origins: Sequence[str],
-        ts: np.ndarray,
-        hosts: np.ndarray,
-        index: np.ndarray,
-        out: EngineOutput,
-    ) -> Pending:
-        """``_ingest`` of a batch of DCGM samples only (the usual one)."""
-        gpu, values = self._dcgm_rows(drecs, origins, hosts, index, out)
-        return Pending(
-            ts, hosts, gpu, values, self._columnizer.columns, np.empty(0), None, float(ts.min()), float(ts.max())
-        )
-
-    def _carry_nic(
-        self, records: Sequence[TelemetryRecord], origins: Sequence[str], ts: np.ndarray, hosts: np.ndarray
-    ) -> tuple:
-        """The batch without its NIC port records: counted (``records.nic``) once screened, so
-        their hosts' clocks hear them, handed to the stages that read them (``reads_nic``, which
-        hold them until ``_release``), and neither buffered as rows nor forwarded."""
-        if isinstance(records, DcgmColumns):
-            return records, origins, ts, hosts
-        rest = records.others if isinstance(records, Combined) else records
-        if not any(issubclass(t, NicRecord) for t in set(map(type, rest))):
-            return records, origins, ts, hosts
-        keep = np.concatenate(
-            [np.ones(len(records) - len(rest), bool), np.fromiter((not isinstance(r, NicRecord) for r in rest), bool)]
-        )
-        self.stats["records.nic"] += int((~keep).sum())
-        readers = [cast(NicReader, s) for s in self.stages if getattr(s, "reads_nic", False)]
-        if readers:
-            nic = [records[i] for i in np.flatnonzero(~keep).tolist()]
-            for stage in readers:
-                stage.nic_arrived(nic)
-        idx = np.flatnonzero(keep)
-        return _take(records, idx), take_origins(origins, idx), ts[keep], hosts[keep]
-
-    def _ingest_buffered(self, records: Sequence[TelemetryRecord], origins: list[str]) -> None:
-        """Records a version-1 snapshot buffered, ingested as on arrival; their dropped-field
-        dead letters were not written yet (they are counted in stats)."""
-        if records:
-            ts = np.array([r.ts for r in records], dtype=np.float64)
-            hosts = self.entities.host_ids([r.host for r in records])
-            self._chunks.append(self._ingest(records, origins, ts, hosts, EngineOutput()))
+    def _ingest(self, out: EngineOutput) -> Ingest:
+        """The ingest of a batch (``ingest.py``), with the parts as they are now and ``out``
+        for its dead letters."""
+        return Ingest(self.entities, self.stages, self._columnizer, self.stats, out)
 
     def _refuse_new_hosts(
         self,
@@ -608,17 +461,6 @@ class Engine:
                         break
                     self.next_tick = after
 
-    def _nccl_frame(self, nrecs: list[NcclRecord], hosts: np.ndarray) -> NcclFrame:
-        names = list(map(_HOST, nrecs))
-        idx = list(map(_GPU, nrecs))
-        if None not in idx:
-            gpus = self.entities.gpu_ids(names, idx)
-        else:
-            gpus = np.fromiter(
-                (-1 if g is None else self.entities.gpu(h, g) for h, g in zip(names, idx)), np.int32, len(nrecs)
-            )
-        return nccl_frame(nrecs, hosts, gpus)
-
     def _ticks_until(self, upto: float, out: EngineOutput) -> None:
         while not math.isnan(self.next_tick) and self.next_tick <= upto:
             self._skip_ahead(upto)
@@ -782,8 +624,9 @@ class Engine:
         if "pending_columns" in data:
             self._chunks = [Pending.from_state(c) for c in data["pending_columns"]]
         else:  # a version-1 snapshot: buffered records as JSON; ingest them as on arrival
-            self._chunks = []
-            self._ingest_buffered(decode_records(data["pending"]), list(data["pending_origin"]))
+            # Their dropped-field dead letters were not written yet (they are counted in stats).
+            records = decode_records(data["pending"])
+            self._chunks = self._ingest(EngineOutput()).buffered(records, list(data["pending_origin"]))
         self.stats = Counter(data["stats"])
         self._summaries = dict(data["summaries"])
 
