@@ -23,6 +23,9 @@ back. Every figure is the median of ``--repeat`` runs (memory is deterministic: 
 * replicas: ``service_replicas.py``, 1, 2 and 4 identical `serve` replicas (both stages, the
   models) on a 64-host `llama3` recording: each replica's share of the model work and its CPU,
   and the 100,000-GPU projection from one process's rate;
+* shards: ``fleet_shards.py``, the models' work in 1, 2 and 4 shards by host plus an NCCL
+  scorer, in one process (``replay --fleet-shards``): each engine's share of the records and of
+  the time, and that the alerts are one engine's;
 * wire: ``wire_format.py``, per-GPU vs per-host messages, JSON vs columnar;
 * replay: ``replay_throughput.py``, a 48-GPU, 2-hour recording sampled every 5 s replayed as
   ``gpuwarden replay`` does (rules only, and with the default models), one core.
@@ -55,7 +58,7 @@ from pathlib import Path
 BENCH = Path(__file__).resolve().parent
 ROOT = BENCH.parent
 BEGIN, END = "<!-- bench:begin -->", "<!-- bench:end -->"
-ALL = ("engine", "models", "memory", "service", "latency", "replicas", "wire", "replay")
+ALL = ("engine", "models", "memory", "service", "latency", "replicas", "shards", "wire", "replay")
 KAFKA_BENCHES = {"service", "latency", "replicas", "wire"}
 FULL_FLEETS = (1024, 4096, 16384)
 QUICK_FLEETS = (64, 256)
@@ -295,6 +298,21 @@ def bench_replicas(plan: Plan) -> tuple[dict, list[dict]]:
     return {"name": "replicas", "gpus": hosts * 8, "wall_s": wall, "raw": raw}, figs
 
 
+def bench_shards(plan: Plan) -> tuple[dict, list[dict]]:
+    hosts, seconds = (16, 120) if plan.engine_seconds < 60 else (64, 600)   # --quick: a smaller fleet
+    (raw,), wall = run_script("fleet_shards.py", ["--hosts", str(hosts), "--seconds", str(seconds),
+                                                    "--shards", "1,2,4"])
+    figs = []
+    for run in raw["runs"]:
+        n = run["shards"]
+        engines = run.get("engines", {})
+        figs.append(figure(f"shards.max_busy_share.{n}", f"busiest engine's share of the model time, {n} shard(s)",
+                           "fraction", [run["max_busy_share"]], shards=n, hosts=hosts,
+                           record_share=run["max_share"], same_alerts=run["same_alerts"],
+                           engines={k: [v["share"], v["busy_share"]] for k, v in engines.items()}))
+    return {"name": "shards", "gpus": hosts * 8, "wall_s": wall, "raw": raw}, figs
+
+
 def bench_replay(plan: Plan) -> tuple[dict, list[dict]]:
     seconds = 1800 if plan.engine_seconds < 60 else 7200   # --quick: a shorter recording
     figs, raws, wall = [], {}, 0.0
@@ -367,6 +385,8 @@ def run_suite(plan: Plan, log: Callable[[str], None] = print) -> dict:
             jobs.append((name, lambda: bench_wire(plan)))
         elif name == "replicas":
             jobs.append((name, lambda: bench_replicas(plan)))
+        elif name == "shards":
+            jobs.append((name, lambda: bench_shards(plan)))
         elif name == "replay":
             jobs.append((name, lambda: bench_replay(plan)))
         else:
@@ -536,6 +556,17 @@ def render_markdown(result: dict, json_path: str | None = None) -> str:
                     f"sample per 10 s if the model work spreads evenly; with the largest run's shares its busiest "
                     f"replica would carry {_fmt(p['busiest_load_1hz'], 1)}x one process's rate at 1 Hz and "
                     f"{_fmt(p['busiest_load_10s'], 1)}x at 10 s (above 1: it does not hold).", ""]
+    sh = [f for f in figs if f["id"].startswith("shards.max_busy_share.")]
+    if sh:
+        out += [f"### The models in shards by host, one process ({sh[0]['hosts']} hosts of `llama3` at 1 Hz)", "",
+                "`replay --fleet-shards N` (pipeline/shards.py): the DCGM records by host to N shard engines, the "
+                "NCCL and progress records to one scorer. Shares are of the records the engines' models scored and "
+                "of the time they spent (`ShardedFleet.busy`). Goal: with 4 shards no engine above 35 %.", ""]
+        rows = [[str(f["shards"]), " / ".join(f"{k} {100 * v[0]:.0f} %" for k, v in sorted(f["engines"].items())) or "-",
+                 " / ".join(f"{k} {100 * v[1]:.0f} %" for k, v in sorted(f["engines"].items())) or "-",
+                 f"{100 * f['median']:.0f} %", "yes" if f["same_alerts"] else "NO"] for f in sh]
+        out += _table(["shards", "records per engine", "time per engine", "busiest (time)", "alerts as one engine"],
+                      rows) + [""]
     rep = [f for f in figs if f["id"].startswith("replay.")]
     if rep:
         r0 = rep[0]

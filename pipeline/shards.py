@@ -15,6 +15,7 @@ run without a broker, and what ``replay --fleet-shards`` runs to measure each sh
 from __future__ import annotations
 
 import math
+import time
 import zlib
 from typing import Any, Callable
 
@@ -47,6 +48,9 @@ class ShardedFleet(FleetStage):
             ms.exchange, ms.shard, ms.nccl_remote = self.exchange, key, True
         _models(self.engine(SCORER)).findings_out = []
         self._first: int | None = None  # the epoch of the first record released
+        # Seconds each engine spent on its records and ticks (process, release), by key: what
+        # one process per shard would spend.
+        self.busy: dict[str, float] = dict.fromkeys([*self.keys, SCORER], 0.0)
 
     def engine(self, key: str = FLEET_KEY) -> Engine:
         """An engine by key; the fleet key names the scorer (what drivers read of the stage's
@@ -56,6 +60,12 @@ class ShardedFleet(FleetStage):
     def shard_records(self) -> dict[str, int]:
         """DCGM records each shard's models scored (and the scorer's NCCL records)."""
         return {k: int(e.stats["records.dcgm"] + e.stats["records.nccl"]) for k, e in self.engines.items()}
+
+    def _release(self, batches: dict[str, list[TelemetryRecord]], out: EngineOutput) -> None:
+        for key, recs in batches.items():
+            t0 = time.perf_counter()
+            super()._release({key: recs}, out)
+            self.busy[key] = self.busy.get(key, 0.0) + time.perf_counter() - t0
 
     def _take(self, wm: float) -> dict[str, list[TelemetryRecord]]:
         """The released records in canonical order, DCGM by the shard of their host, the rest
@@ -90,12 +100,13 @@ class ShardedFleet(FleetStage):
         self._step(math.inf, out, final=True)
 
     def _step(self, upto: float, out: EngineOutput, final: bool) -> None:
-        scorer = self.engine(SCORER)
-        self._collect(scorer.flush() if final else scorer.advance_to(upto), out)
-        self._hand_over()
-        for key in self.keys:
+        for key in (SCORER, *self.keys):
             eng = self.engines[key]
+            t0 = time.perf_counter()
             self._collect(eng.flush() if final else eng.advance_to(upto), out)
+            self.busy[key] += time.perf_counter() - t0
+            if key == SCORER:
+                self._hand_over()
 
     def _hand_over(self) -> None:
         """The scorer's findings, each to every shard with the rows of its hosts (a shard takes
