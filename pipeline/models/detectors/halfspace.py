@@ -177,18 +177,9 @@ class HalfSpaceForest:
     def masses(self, X: np.ndarray) -> np.ndarray:
         """The mass every node would gain from learning ``X``'s rows (int64, ``l_mass``'s
         shape), without learning them: a shard's part of a window (``add_window``)."""
-        out = np.zeros(self.l_mass.shape, dtype=np.int64)
-        n = len(X)
-        if n == 0:
-            return out
-        cols = np.arange(n)[None, :]
-        node = np.zeros((self.n_trees, n), dtype=np.intp)
-        path = [node + self._node0]
-        for _ in range(self.height):
-            node = self._descend(X, node, cols)
-            path.append(node + self._node0)
-        out += np.bincount(np.concatenate(path, axis=None), minlength=out.size).reshape(out.shape)
-        return out
+        if not len(X):
+            return np.zeros(self.l_mass.shape, dtype=np.int64)
+        return np.bincount(self._path_nodes(X), minlength=self.l_mass.size).reshape(self.l_mass.shape)
 
     def add_window(self, mass: np.ndarray, count: int) -> None:
         """Count ``count`` learnt rows, whose masses are ``mass``, into the current window. A
@@ -220,13 +211,17 @@ class HalfSpaceForest:
         if n <= SMALL:
             self._paths(X.tolist())
             return
-        cols = np.arange(n)[None, :]
-        node = np.zeros((self.n_trees, n), dtype=np.intp)
+        self._add(self._path_nodes(X))
+
+    def _path_nodes(self, X: np.ndarray) -> np.ndarray:
+        """The flat index of every node on each row's path in every tree, level by level."""
+        cols = np.arange(len(X))[None, :]
+        node = np.zeros((self.n_trees, len(X)), dtype=np.intp)
         path = [node + self._node0]
         for _ in range(self.height):
             node = self._descend(X, node, cols)
             path.append(node + self._node0)
-        self._add(np.concatenate(path, axis=None))
+        return np.concatenate(path, axis=None)
 
     def _add(self, idx: Any) -> None:
         self.l_mass += np.bincount(idx, minlength=self.l_mass.size).reshape(self.l_mass.shape).astype(np.int32)
