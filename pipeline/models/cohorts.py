@@ -120,7 +120,10 @@ class CohortExchange(Protocol):
         """The first epoch a part covers, once every shard has published; else ``None``."""
         ...
 
-    def forget(self, before: int) -> None: ...
+    def forget(self, shard: str, before: int) -> None:
+        """Shard ``shard`` has applied every epoch before ``before``: what no shard needs any
+        more may go."""
+        ...
 
 
 class SharedExchange:
@@ -132,6 +135,7 @@ class SharedExchange:
         self.shards = list(shards)
         self.published: dict[str, list[dict[str, Any]]] = {s: [] for s in self.shards}
         self.opened: dict[str, int] = {}
+        self.done: dict[str, int] = {}
 
     def publish(self, shard: str, part: dict[str, Any]) -> None:
         self.published[shard].append(part)
@@ -164,8 +168,16 @@ class SharedExchange:
             out.append(hit[0])
         return out
 
-    def forget(self, before: int) -> None:
-        """Nothing: every shard applies at its own pace (a test keeps them all)."""
+    def forget(self, shard: str, before: int) -> None:
+        """Drop the parts that end before every shard's ``before`` (each shard's latest part
+        stays: it may cover later epochs)."""
+        self.done[shard] = max(self.done.get(shard, before), before)
+        if len(self.done) < len(self.shards):
+            return
+        low = min(self.done.values())
+        for s, mine in self.published.items():
+            if len(mine) > 1:
+                self.published[s] = [p for p in mine[:-1] if p["until"] > low] + mine[-1:]
 
 
 class LocalExchange:
@@ -188,6 +200,6 @@ class LocalExchange:
             return []
         return None
 
-    def forget(self, before: int) -> None:
+    def forget(self, shard: str, before: int) -> None:
         """Drop the parts that end before epoch ``before`` (applied already)."""
         self.published = [p for p in self.published if p["until"] > before]

@@ -431,7 +431,7 @@ class ModelSet(StageBase):
                 if self.applied > k:
                     self._apply(self.applied, parts)
             k = self.applied + 1
-            self.exchange.forget(k)
+            self.exchange.forget(self.shard, k)
 
     def _apply(self, k: int, parts: list[dict[str, Any]]) -> None:
         # Sums only from the parts of epoch k itself; a part of an earlier epoch that covers k

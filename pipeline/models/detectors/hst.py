@@ -174,6 +174,8 @@ class CohortHalfSpaceTrees(BatchDetector):
         self.n_learnt += int(ok.sum())
 
     def cohort_part(self) -> dict[str, Any]:
+        if not self.acc_n:
+            return {"n": 0}  # no masses to carry: an epoch without learning costs a few bytes
         part = {"n": self.acc_n, "mass": self.acc_mass}
         self.acc_n, self.acc_mass = 0, np.zeros_like(self.acc_mass)
         return part
@@ -184,7 +186,7 @@ class CohortHalfSpaceTrees(BatchDetector):
         n = sum(int(p["n"]) for p in ps)
         self.cohort_gpus = int(n_gpus)
         if n:
-            mass = np.sum([np.asarray(p["mass"], dtype=np.int64) for p in ps], axis=0)
+            mass = np.sum([np.asarray(p["mass"], dtype=np.int64) for p in ps if int(p["n"])], axis=0)
             self.forest.add_window(mass, n)
             self.n_learnt += n
 

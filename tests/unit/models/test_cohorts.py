@@ -80,6 +80,10 @@ def test_shared_exchange_waits_for_every_shard():
     assert [p["epoch"] for p in ex.parts(11)] == [10, 11]
     assert ex.parts(12) is None  # b has not closed 12 yet
     assert ex.bound() == 12 + LAG_EPOCHS
+    ex.forget("a", 11)
+    assert len(ex.published["a"]) == 2  # b has not applied anything yet
+    ex.forget("b", 11)
+    assert [p["until"] for p in ex.published["a"]] == [13]  # the opening part ended before 11
 
 
 def test_local_exchange_forgets_what_was_applied():
@@ -88,7 +92,7 @@ def test_local_exchange_forgets_what_was_applied():
     ex.publish("", {"epoch": 3, "until": 4})
     ex.publish("", {"epoch": 4, "until": 9})
     assert ex.parts(2) == [] and ex.parts(9) is None
-    ex.forget(4)
+    ex.forget("", 4)
     assert ex.first() == 4 and [p["until"] for p in ex.parts(7)] == [9]
 
 
