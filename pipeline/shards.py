@@ -45,8 +45,8 @@ class ShardedFleet(FleetStage):
         self.exchange = SharedExchange(self.keys)
         for key in self.keys:
             ms = _models(self.engine(key))
-            ms.exchange, ms.shard, ms.nccl_remote = self.exchange, key, True
-        _models(self.engine(SCORER)).findings_out = []
+            ms.epochs.exchange, ms.epochs.shard, ms.nccl.remote = self.exchange, key, True
+        _models(self.engine(SCORER)).nccl.out = []
         self._first: int | None = None  # the epoch of the first record released
         # Seconds each engine spent on its records and ticks (process, release), by key: what
         # one process per shard would spend.
@@ -112,7 +112,7 @@ class ShardedFleet(FleetStage):
         """The scorer's findings, each to every shard with the rows of its hosts (a shard takes
         every tick's findings, its own rows or none: the model's warmth comes with them)."""
         scorer = _models(self.engine(SCORER))
-        found = scorer.findings_out or []
+        found = scorer.nccl.out or []
         if not found:
             return
         shards = [_models(self.engines[k]) for k in self.keys]
@@ -122,7 +122,7 @@ class ShardedFleet(FleetStage):
             hosts = f.hosts(level_gpu[f.model])
             where = [shard_of(h, n) for h in hosts]
             for i, ms in enumerate(shards):
-                ms.findings_in.append(f.take([j for j, w in enumerate(where) if w == i]))
+                ms.nccl.inbox.append(f.take([j for j, w in enumerate(where) if w == i]))
         found.clear()
 
     def snapshot(self, replayable: bool = False) -> bytes:

@@ -30,9 +30,11 @@ True
 from __future__ import annotations
 
 import math
-from typing import Any, Protocol, Sequence
+from typing import Any, Callable, Protocol, Sequence
 
 import numpy as np
+
+from pipeline.errors import StateError
 
 EPOCH_S = 5.0  # event-time seconds between two changes of the cohort state
 LAG_EPOCHS = 2  # an epoch's parts apply from the start of the epoch this many later
@@ -203,3 +205,88 @@ class LocalExchange:
     def forget(self, shard: str, before: int) -> None:
         """Drop the parts that end before epoch ``before`` (applied already)."""
         self.published = [p for p in self.published if p["until"] > before]
+
+
+class Epochs:
+    """One shard's clock of cohort state: which epoch it is learning (``open``), which it
+    applied last (``applied``), and where its parts go (``exchange``, under the name ``shard``).
+    ``part(epoch, until)`` makes the shard's part of an epoch it closes; ``apply(k, parts)``
+    folds epoch ``k`` of every shard's parts in.
+
+    >>> seen = []
+    >>> ep = Epochs(lambda k, until: {"epoch": k, "until": until}, lambda k, parts: seen.append(k))
+    >>> for cur in (10, 11, 12, 15):
+    ...     ep.advance(cur)
+    ...     ep.apply_through(cur - LAG_EPOCHS)
+    >>> seen, ep.applied
+    ([10, 11, 12, 13], 13)
+    """
+
+    def __init__(
+        self, part: Callable[[int, int], dict[str, Any]], apply: Callable[[int, list[dict[str, Any]]], None]
+    ) -> None:
+        self.part, self.apply = part, apply
+        self.shard = ""
+        self.exchange: CohortExchange = LocalExchange()
+        self.open: int | None = None
+        self.applied: int | None = None
+
+    def advance(self, cur: int) -> None:
+        """Close the epoch being learnt when ``cur`` is past it: publish this shard's part."""
+        if self.open is None:
+            # An empty part that opens the shard at ``cur``: the others know from when it counts.
+            self.exchange.publish(self.shard, {"epoch": cur, "until": cur})
+            self.open = cur
+        elif cur > self.open:
+            self.exchange.publish(self.shard, self.part(self.open, cur))
+            self.open = cur
+
+    def apply_through(self, target: int) -> None:
+        """Apply every epoch up to ``target`` not applied yet, in order, from every shard's parts
+        (``CohortPending`` while one is missing). Epochs no shard learnt in are skipped at once:
+        they change nothing."""
+        k = self.applied + 1 if self.applied is not None else None
+        while True:
+            if k is None:
+                first = self.exchange.first()
+                if first is None or first > target:
+                    return
+                k = first
+            if k > target:
+                return
+            parts = self.exchange.parts(k)
+            if parts is None:
+                raise CohortPending(k)
+            self.apply(k, parts)
+            self.applied = k
+            nxt = min((int(p["until"]) for p in parts), default=k + 1)
+            if nxt > k + 1:
+                # Epochs k+1 .. nxt-1: no shard learnt (every part covering k goes on), so only
+                # the state parts count, which are the same: apply the last of them alone.
+                self.applied = min(nxt - 1, target)
+                if self.applied > k:
+                    self.apply(self.applied, parts)
+            k = self.applied + 1
+            self.exchange.forget(self.shard, k)
+
+    def to_state(self) -> dict[str, Any]:
+        """The clock, and a shard alone its parts not yet applied (a shared exchange keeps its own)."""
+        local = self.exchange.published if isinstance(self.exchange, LocalExchange) else []
+        return {"open": self.open, "applied": self.applied, "published": list(local)}
+
+    def load_state(self, st: Any) -> None:
+        """Take back ``to_state``; None (a snapshot from before the epochs): start afresh."""
+        if st is None:
+            self.open = self.applied = None
+            return
+        opened, applied, published = st["open"], st["applied"], st["published"]
+        for v in (opened, applied):
+            if v is not None and type(v) is not int:
+                raise StateError("model state: an epoch that is not an integer")
+        if not isinstance(published, list) or not all(
+            isinstance(p, dict) and type(p.get("epoch")) is int and type(p.get("until")) is int for p in published
+        ):
+            raise StateError("model state: malformed cohort parts")
+        self.open, self.applied = opened, applied
+        if isinstance(self.exchange, LocalExchange):
+            self.exchange.published = published

@@ -1,5 +1,5 @@
-"""What the NCCL models found in one tick, per entity: the hand-over between where NCCL records
-are scored and where a GPU's alert lifecycle runs.
+"""What the NCCL models find in a tick, per entity, and the scoring that finds it: the hand-over
+between where NCCL records are scored and where a GPU's alert lifecycle runs.
 
 The NCCL models judge a communicator, whose ranks span hosts, so they score where every rank's
 records are; a model's alert on a GPU lives with the GPU's rows. One ``Findings`` is one model's
@@ -16,10 +16,17 @@ entities are the engine's ids (``ent``); between processes they travel by name (
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 import numpy as np
+
+from pipeline.engine.checks import GPU
+from pipeline.engine.entities import Entities
+from pipeline.engine.frame import NCCL_KEYS, NcclFrame
+from pipeline.models.detectors._util import nan_to_num
+from pipeline.models.registry import DCGM
 
 
 @dataclass
@@ -83,3 +90,155 @@ class Findings:
             self.warm,
             [self.keys[i] for i in r],
         )
+
+
+def rounded(x: Any) -> Any:
+    """A number for an alert's evidence: 4 decimals, None when not a finite number.
+
+    >>> rounded(1.234567), rounded(float("nan")), rounded("x")
+    (1.2346, None, None)
+    """
+    try:
+        f = float(x)
+    except (TypeError, ValueError):
+        return None
+    return round(f, 4) if math.isfinite(f) else None
+
+
+class NcclScoring:
+    """The NCCL models' side of a model set: the NCCL records released, scored a tick at a time
+    (so what a tick finds does not depend on which ticks had DCGM rows) into ``Findings`` that
+    land on each model's per-entity arrays (``cur``, ``flag``, ``obs_ts``, ``ent_ev``,
+    ``nccl_warm``), which the DCGM rows read. Here (the default); here and handed on by name to
+    shards elsewhere (``out``: a scorer); or not here at all, the findings taken from ``inbox``
+    (``remote``: a shard by host)."""
+
+    def __init__(self, tick: float = 1.0) -> None:
+        self.tick = tick
+        self.frames: list[NcclFrame] = []  # released, not yet scored
+        self.out: list[Findings] | None = None
+        self.inbox: list[Findings] = []
+        self.remote = False
+
+    def queue(self, frame: NcclFrame) -> None:
+        """NCCL records released with a batch; each is scored with the tick it belongs to."""
+        if len(frame):
+            self.frames.append(frame)
+
+    def run(self, upto: float, entities: Entities, models: Mapping[str, Any]) -> None:
+        """Every tick before ``upto``: score it (or take the findings handed in) and apply."""
+        if self.remote:
+            self._take_findings(upto, entities, models)
+            return
+        fr = self._take(upto)
+        if fr is None:
+            return
+        tick = np.floor(fr.ts / self.tick + 1e-9)
+        if tick[0] == tick[-1] and (tick == tick[0]).all():
+            parts: list[tuple[float, NcclFrame]] = [(float(tick[0]) * self.tick, fr)]
+        else:
+            u, inv = np.unique(tick, return_inverse=True)
+            parts = [(float(t) * self.tick, fr.take(np.flatnonzero(inv == i))) for i, t in enumerate(u.tolist())]
+        n = max(entities.n_gpus, entities.n_hosts)
+        for t0, sub in parts:
+            for m in models.values():
+                if m.info.source == DCGM:
+                    continue
+                f = _score(m, sub, t0, n)
+                apply_findings(m, f)
+                if self.out is not None:
+                    self.out.append(f.named(entities.hosts, entities.gpus, m.info.level == GPU))
+
+    def _take(self, upto: float) -> NcclFrame | None:
+        """The queued NCCL records before ``upto`` (the rest stay queued)."""
+        if not self.frames:
+            return None
+        frame = NcclFrame.concat(self.frames)
+        ts = frame.ts
+        if len(ts) > 1 and (ts[1:] >= ts[:-1]).all():
+            # In time order (as a recording or a fleet sampling in step sends them): this tick's
+            # records are a prefix, cut without the two gathers (and the communicator list
+            # rebuilt from what is left) that each of a batch's ~15 ticks paid otherwise.
+            k = int(np.searchsorted(ts, upto, side="left"))
+            if k == 0:
+                return None
+            self.frames = [_nccl_rows(frame, slice(k, None))] if k < len(ts) else []
+            return _nccl_rows(frame, slice(0, k))
+        now = ts < upto
+        if not now.any():
+            return None
+        rest = np.flatnonzero(~now)
+        self.frames = [frame.take(rest)] if len(rest) else []
+        return frame.take(np.flatnonzero(now))
+
+    def _take_findings(self, upto: float, entities: Entities, models: Mapping[str, Any]) -> None:
+        """The findings handed in for the ticks before ``upto``, in tick order, onto this
+        shard's GPUs and hosts."""
+        due = [f for f in self.inbox if f.tick < upto]
+        if not due:
+            return
+        self.inbox = [f for f in self.inbox if f.tick >= upto]
+        due.sort(key=lambda f: f.tick)  # stable: a tick's models in the order they came
+        for f in due:
+            m = models.get(f.model)
+            if m is None or m.info.source == DCGM:
+                continue
+            apply_findings(m, f.located(entities.gpu_id, entities.host_id, m.info.level == GPU))
+
+
+def _score(m: Any, fr: NcclFrame, t0: float, n_ent: int) -> Findings:
+    """One tick of NCCL records through one model: the worst record per entity, decided, learnt
+    from (but not the flagged entities' records, once warm)."""
+    det = m.det("fleet")
+    scores = nan_to_num(det.score_frame(fr), nan=0.0)
+    ent = fr.gpu if m.info.level == GPU else fr.host
+    m.ensure(max(n_ent, int(ent.max()) + 1 if len(ent) else 0))
+    ok = ent >= 0
+    e, s = ent[ok], scores[ok]
+    rows = np.flatnonzero(ok)
+    # Worst record per entity in this tick.
+    order = np.lexsort((s, e))
+    last = np.ones(len(order), dtype=bool)
+    last[:-1] = e[order][1:] != e[order][:-1]
+    pick = order[last]
+    ue, us = e[pick], s[pick]
+    flagged = m.decider.decide(ue, us, len(m.cur))
+    warm = det.warm_count() >= m.spec.warmup
+    evidence: dict[int, dict[str, Any]] = {}
+    for j in np.flatnonzero(flagged).tolist():
+        r = int(rows[pick[j]])
+        evidence[j] = {
+            "score": rounded(us[j]),
+            "threshold": rounded(m.decider.threshold()),
+            "expected": rounded(det.last["expected"][r]),
+            "observed": rounded(det.last["observed"][r]),
+            "comm": fr.comm[r],
+            "rank": int(fr.rank[r]),
+            "drivers": {k: rounded(v[r]) for k, v in det.last["drivers"].items()},
+        }
+    obs_ts = fr.ts[rows[pick]]
+    bad = np.zeros(len(fr), dtype=bool)
+    if warm:
+        bad[rows] = np.isin(e, ue[flagged])
+        m.decider.observe(us[~flagged])
+    det.learn_frame(fr, scores, ~bad)
+    return Findings(m.spec.name, t0, ue, us, flagged, obs_ts, evidence, det.warm_count() >= m.spec.warmup)
+
+
+def apply_findings(m: Any, f: Findings) -> None:
+    """A tick's findings onto the model's per-entity arrays, which the DCGM rows read."""
+    if len(f.ent):
+        m.ensure(int(f.ent.max()) + 1)
+        m.cur[f.ent] = f.score
+        m.flag[f.ent] = f.flagged
+        m.obs_ts[f.ent] = f.obs_ts
+        for j, ev in f.evidence.items():
+            m.ent_ev[int(f.ent[j])] = ev
+    m.nccl_warm = f.warm
+
+
+def _nccl_rows(frame: NcclFrame, rows: slice) -> NcclFrame:
+    """``frame.take`` of a run of rows, as copies (as ``take`` makes them): the rows of a queued
+    frame may still be in a snapshot's queue when the detectors keep this tick's columns."""
+    cols = {k: getattr(frame, k)[rows].copy() for k in NCCL_KEYS if k != "comm"}
+    return NcclFrame(comm=frame.comm[rows], **cols)

@@ -32,12 +32,12 @@ from pipeline.engine.frame import NCCL_KEYS, NcclFrame
 from pipeline.engine.stage import MODEL_SCORES, StageBase
 from pipeline.engine.state import COUNTER_COLS, View
 from pipeline.errors import StateError
-from pipeline.models.cohorts import LAG_EPOCHS, CohortExchange, CohortPending, LocalExchange, epoch_of
+from pipeline.models.cohorts import LAG_EPOCHS, Epochs, epoch_of
 from pipeline.models.config import ModelSpec, load_model_specs
 from pipeline.models.context import COLUMNS as CONTEXT_COLUMNS
 from pipeline.models.context import FleetContext, board_power
 from pipeline.models.deciders import make_decider
-from pipeline.models.findings import Findings
+from pipeline.models.findings import NcclScoring, rounded
 from pipeline.models.detectors._util import nan_to_num
 from pipeline.models.registry import DCGM, REGISTRY, build
 from pipeline.numeric import grow
@@ -53,14 +53,6 @@ _MODEL = operator.attrgetter("model")
 MAX_COHORTS = 32
 OVERFLOW_COHORT = "other"
 NCCL_FRESH_S = 15.0  # NCCL findings hold this long on the DCGM rows (3 reporting intervals)
-
-
-def _r(x: Any) -> Any:
-    try:
-        f = float(x)
-    except (TypeError, ValueError):
-        return None
-    return round(f, 4) if math.isfinite(f) else None
 
 
 class ModelCheck:
@@ -214,25 +206,16 @@ class ModelSet(StageBase):
                 self.columns |= feature_columns(m.proto.features)
         self.cohort_names: list[str] = []
         self.cohort_of = np.full(0, -1, dtype=np.int32)  # per GPU: index into cohort_names
-        self._nccl: list[NcclFrame] = []
         self.scores: dict[str, np.ndarray] = {}
         # Fleet-wide causes (docs/models.md#explain-away) and how many findings each model had
         # explained away by them (rows of ticks where a finding was suppressed).
         self.context = FleetContext()
         self.explained: dict[str, int] = {}
-        # Cohort state by epochs (cohorts.py): this shard's name, where the parts meet, the epoch
-        # being learnt and the last one applied; per GPU its turn (``Features``' phase).
-        self.shard = ""
-        self.exchange: CohortExchange = LocalExchange()
-        self.open_epoch: int | None = None
-        self.applied: int | None = None
+        # Cohort state by epochs (cohorts.py), and per GPU its turn (``Features``' phase).
+        self.epochs = Epochs(self._part, self._apply)
         self.phase = np.full(0, -1, dtype=np.int64)
-        # Where the NCCL models score (findings.py): here (default); here and the findings also
-        # handed on by name (``findings_out``: a scorer for shards elsewhere); or elsewhere, the
-        # findings taken from ``findings_in`` (``nccl_remote``: a shard by host).
-        self.findings_out: list[Findings] | None = None
-        self.findings_in: list[Findings] = []
-        self.nccl_remote = False
+        # The NCCL models' records, scored a tick at a time into findings (findings.py).
+        self.nccl = NcclScoring(tick)
         self._context_on = any(s.explained_by for s in self.specs)
         if self._context_on:
             self.columns |= CONTEXT_COLUMNS
@@ -300,8 +283,7 @@ class ModelSet(StageBase):
 
     def queue_nccl(self, frame: NcclFrame) -> None:
         """NCCL records released with this batch; each is scored with the tick it belongs to."""
-        if len(frame):
-            self._nccl.append(frame)
+        self.nccl.queue(frame)
 
     def evaluate(self, view: View, entities: Entities) -> list[tuple[ModelCheck, np.ndarray]]:
         """Score, decide and learn for one tick; returns (check, condition per row)."""
@@ -313,9 +295,9 @@ class ModelSet(StageBase):
         ent = view.frame.gpu
         ts = view.frame.ts
         cur = epoch_of(view.ts0)
-        self.advance_epochs(cur)
-        self.apply_epochs(cur - LAG_EPOCHS)
-        self._run_nccl(view.ts0 + self.tick, entities)
+        self.epochs.advance(cur)
+        self.epochs.apply_through(cur - LAG_EPOCHS)
+        self.nccl.run(view.ts0 + self.tick, entities, self.models)
         feats = Features(view, self._phases(ent, entities))
         if len(self.cohort_of) < n_gpus:
             self.cohort_of = grow(self.cohort_of, n_gpus, -1)
@@ -360,7 +342,7 @@ class ModelSet(StageBase):
                 idx = view.frame.gpu if m.info.level == GPU else view.frame.host
                 m.ensure(max(n_gpus, n_hosts))
                 fresh = (ts - m.obs_ts[idx]) <= NCCL_FRESH_S
-                warm_all = m.nccl_warm if self.nccl_remote else m.det("fleet").warm_count() >= m.spec.warmup
+                warm_all = m.nccl_warm if self.nccl.remote else m.det("fleet").warm_count() >= m.spec.warmup
                 cond = m.flag[idx] & fresh & warm_all
                 self.scores[name] = np.where(fresh & warm_all, m.cur[idx], np.nan if not warm_all else 0.0)
             if m.spec.explained_by and m.info.level == GPU and cond.any():
@@ -375,22 +357,14 @@ class ModelSet(StageBase):
     def advanced(self, upto: float, entities: Entities) -> None:
         """The engine released every row before ``upto``: the epochs before it are complete, and
         a scorer for shards elsewhere scores the NCCL records before it."""
-        if self.findings_out is not None:
-            self._run_nccl(upto, entities)
+        if self.nccl.out is not None:
+            self.nccl.run(upto, entities, self.models)
         if math.isfinite(upto):
-            self.advance_epochs(epoch_of(upto))
-
-    def advance_epochs(self, cur: int) -> None:
-        """Close the epoch being learnt when ``cur`` is past it: publish this shard's part."""
-        if self.open_epoch is None:
-            # An empty part that opens the shard at ``cur``: the others know from when it counts.
-            self.exchange.publish(self.shard, {"epoch": cur, "until": cur})
-            self.open_epoch = cur
-        elif cur > self.open_epoch:
-            self.exchange.publish(self.shard, self._part(self.open_epoch, cur))
-            self.open_epoch = cur
+            self.epochs.advance(epoch_of(upto))
 
     def _part(self, epoch: int, until: int) -> dict[str, Any]:
+        """This shard's part of ``epoch`` (``Epochs``): its GPUs per cohort, each model's and
+        decider's part, the fleet context's counts."""
         counts = np.bincount(self.cohort_of[self.cohort_of >= 0], minlength=len(self.cohort_names))
         n_gpus = {name: int(c) for name, c in zip(self.cohort_names, counts.tolist())}
         n_gpus["fleet"] = int(counts.sum())
@@ -405,37 +379,10 @@ class ModelSet(StageBase):
             part["context"] = self.context.cohort_part(epoch)
         return part
 
-    def apply_epochs(self, target: int) -> None:
-        """Apply every epoch up to ``target`` not applied yet, in order, from every shard's parts
-        (``CohortPending`` while one is missing). Epochs no shard learnt in are skipped at once:
-        they change nothing."""
-        k = self.applied + 1 if self.applied is not None else None
-        while True:
-            if k is None:
-                first = self.exchange.first()
-                if first is None or first > target:
-                    return
-                k = first
-            if k > target:
-                return
-            parts = self.exchange.parts(k)
-            if parts is None:
-                raise CohortPending(k)
-            self._apply(k, parts)
-            self.applied = k
-            nxt = min((int(p["until"]) for p in parts), default=k + 1)
-            if nxt > k + 1:
-                # Epochs k+1 .. nxt-1: no shard learnt (every part covering k goes on), so only
-                # the state parts count, which are the same: apply the last of them alone.
-                self.applied = min(nxt - 1, target)
-                if self.applied > k:
-                    self._apply(self.applied, parts)
-            k = self.applied + 1
-            self.exchange.forget(self.shard, k)
-
     def _apply(self, k: int, parts: list[dict[str, Any]]) -> None:
-        # Sums only from the parts of epoch k itself; a part of an earlier epoch that covers k
-        # brings its state (rates, counts of GPUs), not its sums again.
+        """Epoch ``k`` of every shard's ``parts`` into the models (``Epochs``): sums only from
+        the parts of epoch ``k`` itself; a part of an earlier epoch that covers ``k`` brings its
+        state (rates, counts of GPUs), not its sums again."""
         own = [p for p in parts if int(p["epoch"]) == k]
         n_gpus: dict[str, int] = {}
         for p in parts:
@@ -495,116 +442,6 @@ class ModelSet(StageBase):
             out.append((self.cohort_names[c] if c >= 0 else "unknown", np.flatnonzero(coh == c)))
         return out
 
-    def _run_nccl(self, upto: float, entities: Entities) -> None:
-        """The NCCL records before ``upto``, a tick at a time (so what a tick finds does not
-        depend on which ticks had DCGM rows), into each NCCL model's per-entity findings."""
-        if self.nccl_remote:
-            self._take_findings(upto, entities)
-            return
-        fr = self._take_nccl(upto)
-        if fr is None:
-            return
-        tick = np.floor(fr.ts / self.tick + 1e-9)
-        if tick[0] == tick[-1] and (tick == tick[0]).all():
-            parts: list[tuple[float, NcclFrame]] = [(float(tick[0]) * self.tick, fr)]
-        else:
-            u, inv = np.unique(tick, return_inverse=True)
-            parts = [(float(t) * self.tick, fr.take(np.flatnonzero(inv == i))) for i, t in enumerate(u.tolist())]
-        n = max(entities.n_gpus, entities.n_hosts)
-        for t0, sub in parts:
-            for m in self.models.values():
-                if m.info.source == DCGM:
-                    continue
-                f = self._score_nccl(m, sub, t0, n)
-                self._apply_findings(m, f)
-                if self.findings_out is not None:
-                    self.findings_out.append(f.named(entities.hosts, entities.gpus, m.info.level == GPU))
-
-    def _take_nccl(self, upto: float) -> NcclFrame | None:
-        """The queued NCCL records before ``upto`` (the rest stay queued)."""
-        if not self._nccl:
-            return None
-        frame = NcclFrame.concat(self._nccl)
-        ts = frame.ts
-        if len(ts) > 1 and (ts[1:] >= ts[:-1]).all():
-            # In time order (as a recording or a fleet sampling in step sends them): this tick's
-            # records are a prefix, cut without the two gathers (and the communicator list
-            # rebuilt from what is left) that each of a batch's ~15 ticks paid otherwise.
-            k = int(np.searchsorted(ts, upto, side="left"))
-            if k == 0:
-                return None
-            self._nccl = [_nccl_rows(frame, slice(k, None))] if k < len(ts) else []
-            return _nccl_rows(frame, slice(0, k))
-        now = ts < upto
-        if not now.any():
-            return None
-        rest = np.flatnonzero(~now)
-        self._nccl = [frame.take(rest)] if len(rest) else []
-        return frame.take(np.flatnonzero(now))
-
-    def _score_nccl(self, m: _Model, fr: NcclFrame, t0: float, n_ent: int) -> Findings:
-        """One tick of NCCL records through one model: the worst record per entity, decided,
-        learnt from (but not the flagged entities' records, once warm)."""
-        det = m.det("fleet")
-        scores = nan_to_num(det.score_frame(fr), nan=0.0)
-        ent = fr.gpu if m.info.level == GPU else fr.host
-        m.ensure(max(n_ent, int(ent.max()) + 1 if len(ent) else 0))
-        ok = ent >= 0
-        e, s = ent[ok], scores[ok]
-        rows = np.flatnonzero(ok)
-        # Worst record per entity in this tick.
-        order = np.lexsort((s, e))
-        last = np.ones(len(order), dtype=bool)
-        last[:-1] = e[order][1:] != e[order][:-1]
-        pick = order[last]
-        ue, us = e[pick], s[pick]
-        flagged = m.decider.decide(ue, us, len(m.cur))
-        warm = det.warm_count() >= m.spec.warmup
-        evidence: dict[int, dict[str, Any]] = {}
-        for j in np.flatnonzero(flagged).tolist():
-            r = int(rows[pick[j]])
-            evidence[j] = {
-                "score": _r(us[j]),
-                "threshold": _r(m.decider.threshold()),
-                "expected": _r(det.last["expected"][r]),
-                "observed": _r(det.last["observed"][r]),
-                "comm": fr.comm[r],
-                "rank": int(fr.rank[r]),
-                "drivers": {k: _r(v[r]) for k, v in det.last["drivers"].items()},
-            }
-        obs_ts = fr.ts[rows[pick]]
-        bad = np.zeros(len(fr), dtype=bool)
-        if warm:
-            bad[rows] = np.isin(e, ue[flagged])
-            m.decider.observe(us[~flagged])
-        det.learn_frame(fr, scores, ~bad)
-        return Findings(m.spec.name, t0, ue, us, flagged, obs_ts, evidence, det.warm_count() >= m.spec.warmup)
-
-    def _apply_findings(self, m: _Model, f: Findings) -> None:
-        """A tick's findings onto the model's per-entity arrays, which the DCGM rows read."""
-        if len(f.ent):
-            m.ensure(int(f.ent.max()) + 1)
-            m.cur[f.ent] = f.score
-            m.flag[f.ent] = f.flagged
-            m.obs_ts[f.ent] = f.obs_ts
-            for j, ev in f.evidence.items():
-                m.ent_ev[int(f.ent[j])] = ev
-        m.nccl_warm = f.warm
-
-    def _take_findings(self, upto: float, entities: Entities) -> None:
-        """The findings handed in for the ticks before ``upto``, in tick order, onto this
-        shard's GPUs and hosts."""
-        due = [f for f in self.findings_in if f.tick < upto]
-        if not due:
-            return
-        self.findings_in = [f for f in self.findings_in if f.tick >= upto]
-        due.sort(key=lambda f: f.tick)  # stable: a tick's models in the order they came
-        for f in due:
-            m = self.models.get(f.model)
-            if m is None or m.info.source == DCGM:
-                continue
-            self._apply_findings(m, f.located(entities.gpu_id, entities.host_id, m.info.level == GPU))
-
     def evidence(self, name: str, view: View, row: int) -> dict[str, Any]:
         ev = self._evidence(name, view, row)
         causes = self.context.in_force()
@@ -617,7 +454,7 @@ class ModelSet(StageBase):
         m = self.models[name]
         if m.info.source != DCGM:
             e = int(view.frame.gpu[row] if m.info.level == GPU else view.frame.host[row])
-            return dict(m.ent_ev.get(e, {"score": _r(m.cur[e]) if e < len(m.cur) else None}))
+            return dict(m.ent_ev.get(e, {"score": rounded(m.cur[e]) if e < len(m.cur) else None}))
         for rows, last, s in m.rows_ev:
             if rows is None:
                 j = row
@@ -626,12 +463,12 @@ class ModelSet(StageBase):
                 if not len(hit):
                     continue
                 j = int(hit[0])
-            drivers = {k: _r(v[j]) for k, v in last.get("drivers", {}).items()}
+            drivers = {k: rounded(v[j]) for k, v in last.get("drivers", {}).items()}
             return {
-                "score": _r(s[j]),
-                "threshold": _r(m.decider.threshold()),
-                "expected": _r(last.get("expected", [math.nan] * (j + 1))[j]),
-                "observed": _r(last.get("observed", [math.nan] * (j + 1))[j]),
+                "score": rounded(s[j]),
+                "threshold": rounded(m.decider.threshold()),
+                "expected": rounded(last.get("expected", [math.nan] * (j + 1))[j]),
+                "observed": rounded(last.get("observed", [math.nan] * (j + 1))[j]),
                 "drivers": drivers,
             }
         return {}
@@ -644,16 +481,11 @@ class ModelSet(StageBase):
             "version": STATE_VERSION,
             "cohort_names": self.cohort_names,
             "cohort_of": self.cohort_of,
-            "nccl": [f.to_state() for f in self._nccl],
+            "nccl": [f.to_state() for f in self.nccl.frames],
             "models": {},
             "context": self.context.to_state(),
             "explained": self.explained,
-            "epochs": {
-                "open": self.open_epoch,
-                "applied": self.applied,
-                # A shared exchange keeps its own parts; a shard alone keeps them here.
-                "published": list(self.exchange.published) if isinstance(self.exchange, LocalExchange) else [],
-            },
+            "epochs": self.epochs.to_state(),
         }
         for name, m in self.models.items():
             data["models"][name] = {
@@ -681,10 +513,10 @@ class ModelSet(StageBase):
                 self.cohort_names
             ):
                 raise StateError("model state: a GPU in a cohort that is not named")
-            self._nccl = [_nccl_frame(f) for f in data["nccl"]]
+            self.nccl.frames = [_nccl_frame(f) for f in data["nccl"]]
             self.context.load_state(data["context"])
             self.explained = {str(k): int(v) for k, v in data["explained"].items()}
-            self._restore_epochs(data.get("epochs"))
+            self.epochs.load_state(data.get("epochs"))
             for name, st in data["models"].items():
                 m = self.models.get(name)
                 if m is None or st["definition"] != repr(m.spec.definition()):
@@ -703,23 +535,6 @@ class ModelSet(StageBase):
             raise StateError(f"cannot restore model state: {e}") from e
         except StateError as e:
             raise StateError(f"cannot restore model state: {e.message}") from e
-
-    def _restore_epochs(self, ep: Any) -> None:
-        """The epochs of a snapshot (none in a version 4 one: they start afresh)."""
-        if ep is None:
-            self.open_epoch = self.applied = None
-            return
-        opened, applied, published = ep["open"], ep["applied"], ep["published"]
-        for v in (opened, applied):
-            if v is not None and type(v) is not int:
-                raise StateError("model state: an epoch that is not an integer")
-        if not isinstance(published, list) or not all(
-            isinstance(p, dict) and type(p.get("epoch")) is int and type(p.get("until")) is int for p in published
-        ):
-            raise StateError("model state: malformed cohort parts")
-        self.open_epoch, self.applied = opened, applied
-        if isinstance(self.exchange, LocalExchange):
-            self.exchange.published = published
 
     def nbytes_per_gpu(self, n_gpus: int) -> dict[str, float]:
         """Per-GPU state bytes of each model (entity arrays) plus its shared (cohort) bytes."""
@@ -781,13 +596,6 @@ def _epoch_parts(det: Any, sums: list[dict[str, Any]], states: list[dict[str, An
     """What a detector folds in for an epoch: the sums of the shards that learnt in it and the
     state (multisets) of every shard. A detector's part holds one kind or the other."""
     return states if getattr(det, "epoch_state", False) else sums
-
-
-def _nccl_rows(frame: NcclFrame, rows: slice) -> NcclFrame:
-    """``frame.take`` of a run of rows, as copies (as ``take`` makes them): the rows of a queued
-    frame may still be in a snapshot's queue when the detectors keep this tick's columns."""
-    cols = {k: getattr(frame, k)[rows].copy() for k in NCCL_KEYS if k != "comm"}
-    return NcclFrame(comm=frame.comm[rows], **cols)
 
 
 def _nccl_frame(d: dict[str, Any]) -> NcclFrame:

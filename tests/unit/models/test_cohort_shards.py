@@ -34,7 +34,7 @@ SMALL_HST = {
 
 def _fleet_engine(exchange: CohortExchange, shard: str) -> tuple[Engine, ModelSet]:
     ms = ModelSet([*load_model_specs(default_models()), spec_from_mapping(SMALL_HST, "models[6]")])
-    ms.exchange, ms.shard = exchange, shard
+    ms.epochs.exchange, ms.epochs.shard = exchange, shard
     return Engine(EngineConfig(), row_checks=[], tick_checks=[], models=ms, screened=True), ms
 
 
@@ -68,10 +68,10 @@ def run_sharded(records: list, shard_of: dict[str, int], n: int) -> tuple[list, 
         shards[0][0].process(records)
     else:
         scorer = _fleet_engine(LocalExchange(), "nccl")
-        scorer[1].findings_out = []
+        scorer[1].nccl.out = []
         scorer[0].process(nccl)
         for i, (eng, ms) in enumerate(shards):
-            ms.nccl_remote = True
+            ms.nccl.remote = True
             eng.process([r for r in dcgm if shard_of[r.host] % n == i])
     start, end = epoch_of(min(r.ts for r in records)), max(r.ts for r in records) + 1
     alerts = []
@@ -96,13 +96,13 @@ def run_sharded(records: list, shard_of: dict[str, int], n: int) -> tuple[list, 
 def _hand_over(scorer: ModelSet, shards: list[ModelSet], shard_of: dict[str, int]) -> None:
     """Each finding's rows to the shard of their host (every shard gets every tick's, even with
     no rows of its own: the model's warmth comes with them)."""
-    assert scorer.findings_out is not None
-    for f in scorer.findings_out:
+    assert scorer.nccl.out is not None
+    for f in scorer.nccl.out:
         level_gpu = isinstance(f.keys[0], tuple) if f.keys else True
         hosts = f.hosts(level_gpu)
         for i, ms in enumerate(shards):
-            ms.findings_in.append(f.take([j for j, h in enumerate(hosts) if shard_of[h] % len(shards) == i]))
-    scorer.findings_out.clear()
+            ms.nccl.inbox.append(f.take([j for j, h in enumerate(hosts) if shard_of[h] % len(shards) == i]))
+    scorer.nccl.out.clear()
 
 
 def _fleet(sim_streams, fault: str, duration: float, onset: float) -> list:

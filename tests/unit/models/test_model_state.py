@@ -67,7 +67,7 @@ def test_a_version_4_snapshot_is_read_and_its_epochs_start_afresh(data):
     del old["epochs"]
     ms = load_models()
     ms.restore(msgspec.msgpack.encode(_pack(old)))
-    assert ms.open_epoch is None and ms.applied is None
+    assert ms.epochs.open is None and ms.epochs.applied is None
     assert ms.shared_bytes() > 0
 
 
