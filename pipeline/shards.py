@@ -48,6 +48,7 @@ class ShardedFleet(FleetStage):
             ms.epochs.exchange, ms.epochs.shard, ms.nccl.remote = self.exchange, key, True
         _models(self.engine(SCORER)).nccl.out = []
         self._first: int | None = None  # the epoch of the first record released
+        self._where: dict[str, str] = {}  # each host's shard key, hashed once
         # Seconds each engine spent on its records and ticks (process, release), by key: what
         # one process per shard would spend.
         self.busy: dict[str, float] = dict.fromkeys([*self.keys, SCORER], 0.0)
@@ -72,10 +73,15 @@ class ShardedFleet(FleetStage):
         to the scorer."""
         batches = super()._take(wm)
         out: dict[str, list[TelemetryRecord]] = {}
-        n = len(self.keys)
+        n, where = len(self.keys), self._where
         for recs in batches.values():
             for r in recs:
-                key = self.keys[shard_of(r.host, n)] if isinstance(r, DcgmSample) else SCORER
+                if isinstance(r, DcgmSample):
+                    key = where.get(r.host)
+                    if key is None:
+                        key = where[r.host] = self.keys[shard_of(r.host, n)]
+                else:
+                    key = SCORER
                 out.setdefault(key, []).append(r)
             if recs and self._first is None:
                 self._first = epoch_of(min(r.ts for r in recs))
