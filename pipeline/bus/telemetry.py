@@ -54,18 +54,24 @@ def per_host_messages(
     most ``max_records`` each (a producer's backlog after an outage stays under the broker's and
     the decoder's 8 MiB message limit). None: one message per host.
     """
+    for key, recs in _host_chunks(records, max_records, "strict"):
+        yield key, _enc.encode(recs)
+
+
+def _host_chunks(records: Iterable[Any], max_records: int | None, errors: str) -> Iterator[tuple[bytes, list[Any]]]:
+    """Records grouped by host (hosts in order of first appearance, each host's in their order),
+    each group cut into runs of at most ``max_records`` (None: whole), with the host as the key
+    (encoded with ``errors``)."""
     if max_records is not None and max_records <= 0:
         raise ValueError("max_records must be positive")
     groups: dict[str, list[Any]] = {}
     for rec in records:
         groups.setdefault(_host(rec), []).append(rec)
     for host, recs in groups.items():
-        key = host.encode()
-        if max_records is None or len(recs) <= max_records:
-            yield key, _enc.encode(recs)
-            continue
-        for i in range(0, len(recs), max_records):
-            yield key, _enc.encode(recs[i : i + max_records])
+        key = host.encode("utf-8", errors)
+        step = max_records or len(recs)
+        for i in range(0, len(recs), step):
+            yield key, recs[i : i + step]
 
 
 def encoded(
@@ -91,16 +97,8 @@ def per_host_wire(
     >>> [(k, h) for k, _, h in per_host_wire([dcgm(1764403200.0, "h1", 0)], "json")]
     [(b'h1', None)]
     """
-    if max_records is not None and max_records <= 0:
-        raise ValueError("max_records must be positive")
-    groups: dict[str, list[Any]] = {}
-    for rec in records:
-        groups.setdefault(_host(rec), []).append(rec)
-    for host, recs in groups.items():
-        key = host.encode("utf-8", "backslashreplace")
-        step = max_records or len(recs)
-        for i in range(0, len(recs), step):
-            yield encoded(key, recs[i : i + step], encoding)
+    for key, recs in _host_chunks(records, max_records, "backslashreplace"):
+        yield encoded(key, recs, encoding)
 
 
 def sized_host_messages(
