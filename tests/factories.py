@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from pipeline.schema import DcgmRecord, ProgressRecord, dcgm
+from pipeline.topology import record_identity
 
 T0 = 1764403200.0  # 2025-11-29T08:00:00Z
 
@@ -73,3 +74,16 @@ class Clock:
 
     def __call__(self) -> float:
         return self.t
+
+
+def canonical_reference(records: list) -> list[int]:
+    """The fleet stage's canonical order record by record, the reference its vectorised sort is
+    checked against: indices sorted by ``topology.record_identity``, the first fed of a repeat kept."""
+    seen: set = set()
+    out = []
+    for i in sorted(range(len(records)), key=lambda i: record_identity(records[i])):
+        ident = record_identity(records[i])
+        if ident not in seen:
+            seen.add(ident)
+            out.append(i)
+    return out

@@ -8,8 +8,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pipeline.schema import NcclRecord, dcgm
-from pipeline.topology import canonical_order, record_identity
-from tests.factories import T0, fuzz_examples
+from pipeline.topology import canonical_order
+from tests.factories import T0, canonical_reference, fuzz_examples
 
 
 _dcgm = st.builds(
@@ -33,17 +33,6 @@ _nccl = st.builds(
 )
 
 
-def _reference(records: list) -> list[int]:
-    seen: set = set()
-    out = []
-    for i in sorted(range(len(records)), key=lambda i: record_identity(records[i])):
-        ident = record_identity(records[i])
-        if ident not in seen:
-            seen.add(ident)
-            out.append(i)
-    return out
-
-
 @settings(max_examples=fuzz_examples(300), deadline=None)
 @given(st.lists(_dcgm | _nccl, max_size=40), st.data())
 def test_canonical_order_is_the_identity_sort_without_repeats(records, data):
@@ -52,7 +41,7 @@ def test_canonical_order_is_the_identity_sort_without_repeats(records, data):
         records = records + data.draw(st.lists(st.sampled_from(records), max_size=10))
     ts = np.array([r.ts for r in records], dtype=np.float64)
     order, dropped = canonical_order(records, ts)
-    want = _reference(records)
+    want = canonical_reference(records)
     assert order == want
     assert dropped == len(records) - len(want)
 
@@ -68,4 +57,4 @@ def test_a_sequence_number_beyond_int64_sorts_without_error():
     big = [NcclRecord(ts=T0, host="n1", comm="c", rank=0, nranks=2, coll="AllReduce", seq=s, bytes=1,
                       exec_time_us=1.0) for s in (2**64 - 1, 3, 2**70, 3)]
     order, dropped = canonical_order(big, np.full(len(big), T0))
-    assert order == _reference(big) and dropped == 1
+    assert order == canonical_reference(big) and dropped == 1

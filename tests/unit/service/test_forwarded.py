@@ -14,8 +14,8 @@ from msgspec.structs import astuple
 
 from pipeline.schema import DcgmJobLabels, NcclRecord, ProgressRecord, dcgm, dcgm_record_type
 from pipeline.service.forwarded import Builder, Columns, Decoded, Encoder
-from pipeline.topology import FleetStage, SortColumns, canonical_order, record_identity, records_decoder
-from tests.factories import T0, fuzz_examples
+from pipeline.topology import FleetStage, SortColumns, canonical_order, records_decoder
+from tests.factories import T0, canonical_reference, fuzz_examples
 
 # What a fleet engine with models reads, both spellings (Engine.decode_fields).
 FIELDS = ("DCGM_FI_DEV_GPU_TEMP", "DCGM_FI_DEV_POWER_USAGE", "DCGM_FI_DEV_SM_CLOCK", "DCGM_FI_DEV_MEMORY_TEMP",
@@ -85,18 +85,6 @@ def test_the_columns_build_what_the_json_array_decoded(records):
     assert all(type(r) is dcgm_record_type(FIELDS) for r in got[: sum(1 for r in want if hasattr(r, "fields"))])
 
 
-def _reference(records: list) -> list[int]:
-    """The record-by-record canonical order: sorted by ``record_identity``, the first fed kept."""
-    seen: set = set()
-    out = []
-    for i in sorted(range(len(records)), key=lambda i: record_identity(records[i])):
-        ident = record_identity(records[i])
-        if ident not in seen:
-            seen.add(ident)
-            out.append(i)
-    return out
-
-
 @settings(max_examples=fuzz_examples(200), deadline=None)
 @given(_records, st.data())
 def test_the_sort_columns_of_the_wire_give_the_record_by_record_order(records, data):
@@ -104,7 +92,7 @@ def test_the_sort_columns_of_the_wire_give_the_record_by_record_order(records, d
         records = records + data.draw(st.lists(st.sampled_from(records), max_size=10))
     recs, ts, cols = _through_columns(records)
     order, dropped = canonical_order(recs, ts, cols)
-    want = _reference(recs)
+    want = canonical_reference(recs)
     assert order == want and dropped == len(recs) - len(want)
     assert canonical_order(recs, ts) == (order, dropped)
 
