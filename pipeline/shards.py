@@ -44,9 +44,8 @@ class ShardedFleet(FleetStage):
         self.keys = [f"shard-{i}" for i in range(shards)]
         self.exchange = SharedExchange(self.keys)
         for key in self.keys:
-            ms = _models(self.engine(key))
-            ms.epochs.exchange, ms.epochs.shard, ms.nccl.remote = self.exchange, key, True
-        _models(self.engine(SCORER)).nccl.out = []
+            _models(self.engine(key)).as_shard(self.exchange, key)
+        _models(self.engine(SCORER)).as_scorer()
         self._first: int | None = None  # the epoch of the first record released
         self._where: dict[str, str] = {}  # each host's shard key, hashed once
         # Seconds each engine spent on its records and ticks (process, release), by key: what

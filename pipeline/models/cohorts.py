@@ -40,6 +40,12 @@ EPOCH_S = 5.0  # event-time seconds between two changes of the cohort state
 LAG_EPOCHS = 2  # an epoch's parts apply from the start of the epoch this many later
 FIXED = float(2**20)  # fixed-point scale of the parts' sums (a millionth of a unit)
 _CLIP = float(2**20)  # one row's contribution is clipped to this, so a tick's sum fits an int64
+# The ``until`` of an open-ended part: a shard that flushed (every upstream task idle) learns
+# nothing more until its hosts send again, and says so for every epoch to come.
+OPEN_ENDED = 2**62
+# What one shard's part may hold, checked where parts cross a trust boundary (``check_part``).
+MAX_PART_COHORTS = 256
+MAX_PART_VALUES = 1 << 20
 
 
 def epoch_of(t: float) -> int:
@@ -99,6 +105,37 @@ def weighted_median(values: Sequence[np.ndarray], counts: Sequence[np.ndarray]) 
         return float(v[int(np.searchsorted(cum, i, side="right"))])
 
     return at(h) if n % 2 else float((at(h - 1) + at(h)) / 2.0)
+
+
+class PartError(ValueError):
+    """A cohort part that is not what a shard makes (``check_part``): refused, never applied."""
+
+
+def check_int_array(v: Any, what: str, length: int | None = None, shape: tuple[int, ...] | None = None) -> None:
+    """``PartError`` unless ``v`` is an integer array (of ``length`` or ``shape``), non-negative.
+
+    >>> check_int_array(np.array([1, 2]), "counts", length=2)
+    >>> check_int_array([1.5], "counts")
+    Traceback (most recent call last):
+    ...
+    pipeline.models.cohorts.PartError: counts: a list, expected an integer array
+    """
+    if not isinstance(v, np.ndarray) or v.dtype.kind not in "iu":
+        got = f"{v.dtype} array" if isinstance(v, np.ndarray) else f"a {type(v).__name__}"
+        raise PartError(f"{what}: {got}, expected an integer array")
+    if v.size > MAX_PART_VALUES or (length is not None and v.shape != (length,)) or (shape and v.shape != shape):
+        raise PartError(f"{what}: shape {list(v.shape)}, expected {list(shape or (length,))}")
+    if v.size and int(v.min()) < 0:
+        raise PartError(f"{what}: a negative count")
+
+
+def check_frame(part: Any) -> None:
+    """``PartError`` unless ``part`` is a map whose epochs are integers, ``epoch <= until``."""
+    if not isinstance(part, dict):
+        raise PartError(f"a part is a map, not a {type(part).__name__}")
+    e, u = part.get("epoch"), part.get("until")
+    if type(e) is not int or type(u) is not int or not -OPEN_ENDED < e <= u <= OPEN_ENDED:
+        raise PartError(f"epoch {e!r} and until {u!r}: integers, epoch <= until")
 
 
 class CohortPending(Exception):
@@ -207,6 +244,23 @@ class LocalExchange:
         self.published = [p for p in self.published if p["until"] > before]
 
 
+class NullExchange:
+    """Where a model set that applies no cohort state publishes (an NCCL scorer: no DCGM rows,
+    and its NCCL deciders read no epochs): nothing is kept, so nothing grows with time."""
+
+    def publish(self, shard: str, part: dict[str, Any]) -> None:
+        pass
+
+    def first(self) -> int | None:
+        return None
+
+    def parts(self, epoch: int) -> list[dict[str, Any]] | None:
+        return []
+
+    def forget(self, shard: str, before: int) -> None:
+        pass
+
+
 class Epochs:
     """One shard's clock of cohort state: which epoch it is learning (``open``), which it
     applied last (``applied``), and where its parts go (``exchange``, under the name ``shard``).
@@ -230,16 +284,35 @@ class Epochs:
         self.exchange: CohortExchange = LocalExchange()
         self.open: int | None = None
         self.applied: int | None = None
+        # The epoch of the open-ended part published at a flush (``close``), until rows come again.
+        self.closed: int | None = None
 
     def advance(self, cur: int) -> None:
         """Close the epoch being learnt when ``cur`` is past it: publish this shard's part."""
-        if self.open is None:
+        if self.open is None or self.closed is not None:
             # An empty part that opens the shard at ``cur``: the others know from when it counts.
+            # After an open-ended part, the epoch after it: what is learnt from here on counts
+            # from there (the open-ended part carried the sums of its own epoch).
+            if self.closed is not None:
+                cur = max(cur, self.closed + 1)
             self.exchange.publish(self.shard, {"epoch": cur, "until": cur})
-            self.open = cur
+            self.open, self.closed = cur, None
         elif cur > self.open:
             self.exchange.publish(self.shard, self.part(self.open, cur))
             self.open = cur
+
+    def close(self, first: int) -> None:
+        """Publish the part of the epoch being learnt as open-ended (``OPEN_ENDED``): this shard
+        learns nothing more until its hosts send again (then ``advance`` reopens it). A shard
+        never opened opens at ``first``, an epoch no later than any other shard's first."""
+        if self.closed is not None:
+            return
+        if self.open is None:
+            self.exchange.publish(self.shard, {"epoch": first, "until": OPEN_ENDED})
+            self.open = first
+        else:
+            self.exchange.publish(self.shard, self.part(self.open, OPEN_ENDED))
+        self.closed = self.open
 
     def apply_through(self, target: int) -> None:
         """Apply every epoch up to ``target`` not applied yet, in order, from every shard's parts
@@ -272,21 +345,21 @@ class Epochs:
     def to_state(self) -> dict[str, Any]:
         """The clock, and a shard alone its parts not yet applied (a shared exchange keeps its own)."""
         local = self.exchange.published if isinstance(self.exchange, LocalExchange) else []
-        return {"open": self.open, "applied": self.applied, "published": list(local)}
+        return {"open": self.open, "applied": self.applied, "published": list(local), "closed": self.closed}
 
     def load_state(self, st: Any) -> None:
         """Take back ``to_state``; None (a snapshot from before the epochs): start afresh."""
         if st is None:
             self.open = self.applied = None
             return
-        opened, applied, published = st["open"], st["applied"], st["published"]
-        for v in (opened, applied):
+        opened, applied, published, closed = st["open"], st["applied"], st["published"], st.get("closed")
+        for v in (opened, applied, closed):
             if v is not None and type(v) is not int:
                 raise StateError("model state: an epoch that is not an integer")
         if not isinstance(published, list) or not all(
             isinstance(p, dict) and type(p.get("epoch")) is int and type(p.get("until")) is int for p in published
         ):
             raise StateError("model state: malformed cohort parts")
-        self.open, self.applied = opened, applied
+        self.open, self.applied, self.closed = opened, applied, closed
         if isinstance(self.exchange, LocalExchange):
             self.exchange.published = published

@@ -27,7 +27,7 @@ import numpy as np
 from pipeline.catalog import FIELDS
 from pipeline.engine.state import View
 from pipeline.gpu_models import lookup
-from pipeline.models.cohorts import EPOCH_S
+from pipeline.models.cohorts import EPOCH_S, PartError, check_int_array
 from pipeline.models.detectors._util import nan_to_num
 from pipeline.numeric import group_stat, grow
 
@@ -99,6 +99,14 @@ class FleetContext:
         seen = seen[(seen >= 0) & (seen < SPAN)].astype(np.int64)
         cap = cap[(cap >= 0) & (cap < SPAN)].astype(np.int64)
         return {"epoch": epoch, "seen": np.bincount(seen, minlength=SPAN), "capped": np.bincount(cap, minlength=SPAN)}
+
+    @staticmethod
+    def check_part(part: dict[str, Any], epoch: int) -> None:
+        """``PartError`` unless ``part`` is what ``cohort_part(epoch)`` makes."""
+        if set(part) != {"epoch", "seen", "capped"} or part["epoch"] != epoch:
+            raise PartError(f"context part: {{'epoch': {epoch}, 'seen', 'capped'}} expected")
+        for k in ("seen", "capped"):
+            check_int_array(part[k], f"context {k}", length=SPAN)
 
     def apply_epoch(self, parts: Any, epoch: int) -> None:
         """The fleet's GPUs seen and capped within ``WINDOW_S`` of ``epoch``'s end, from every

@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from pipeline.errors import ConfigError
+from pipeline.models.cohorts import PartError, check_int_array
 from pipeline.numeric import grow
 
 
@@ -54,6 +55,11 @@ class ThresholdDecider:
 
     def apply_epoch(self, parts: Any) -> None:
         """Nothing to fold in: thresholds are fixed."""
+
+    def check_part(self, part: dict[str, Any]) -> None:
+        """``PartError`` unless ``part`` is what ``cohort_part`` makes: nothing."""
+        if part:
+            raise PartError("a fixed threshold's part is empty")
 
     def to_state(self) -> dict[str, Any]:
         return {"up": self.up}
@@ -97,6 +103,12 @@ class QuantileDecider(ThresholdDecider):
     def cohort_part(self) -> dict[str, Any]:
         part, self.acc = self.acc, np.zeros_like(self.acc)
         return {"counts": part}
+
+    def check_part(self, part: dict[str, Any]) -> None:
+        """``PartError`` unless ``part`` holds a count per histogram bin."""
+        if set(part) != {"counts"}:
+            raise PartError("a quantile decider's part is {'counts': ...}")
+        check_int_array(part["counts"], "decider counts", length=len(self.EDGES))
 
     def apply_epoch(self, parts: Any) -> None:
         """Every shard's counts of the epoch into the histogram, and the thresholds it sets."""

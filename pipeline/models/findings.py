@@ -92,6 +92,104 @@ class Findings:
         )
 
 
+# What one findings may hold where it crosses processes (``Findings.from_wire``).
+MAX_ROWS = 1 << 16
+MAX_NAME = 256
+MAX_EVIDENCE_ITEMS = 32
+
+
+class FindingsError(ValueError):
+    """Findings from another process that are not what a scorer makes: refused, never applied."""
+
+
+def to_wire(f: Findings) -> dict[str, Any]:
+    """Named findings as a map of numbers, strings and arrays (the model state's rules), for
+    the fleet topic; ``from_wire`` reads it back."""
+    return {
+        "model": f.model,
+        "tick": f.tick,
+        "keys": [list(k) if isinstance(k, tuple) else k for k in f.keys],
+        "score": np.asarray(f.score, dtype=np.float64),
+        "flagged": np.asarray(f.flagged, dtype=bool),
+        "obs_ts": np.asarray(f.obs_ts, dtype=np.float64),
+        "evidence": {str(j): ev for j, ev in f.evidence.items()},
+        "warm": bool(f.warm),
+    }
+
+
+def from_wire(d: Any, level_gpu: Mapping[str, bool]) -> Findings:
+    """The named findings ``to_wire`` made, checked field by field (``FindingsError``):
+    ``level_gpu`` names the NCCL models these findings may be of, and whether each judges GPUs
+    (keys ``[host, gpu]``) or hosts (keys ``host``).
+
+    >>> f = Findings("m", 10.0, np.array([0]), np.array([4.0]), np.array([True]), np.array([10.2]), {0: {"score": 4.0}}, True)
+    >>> back = from_wire(to_wire(f.named(["h1"], [("h1", 3)], level_gpu=True)), {"m": True})
+    >>> back.keys, back.evidence, back.ent.tolist()
+    ([('h1', 3)], {0: {'score': 4.0}}, [-1])
+    """
+    if not isinstance(d, dict) or set(d) != {"model", "tick", "keys", "score", "flagged", "obs_ts", "evidence", "warm"}:
+        raise FindingsError("findings: a map of model, tick, keys, score, flagged, obs_ts, evidence, warm expected")
+    model = d["model"]
+    if not isinstance(model, str) or model not in level_gpu:
+        raise FindingsError(f"findings of model {str(model)[:64]!r}, not an NCCL model of this service")
+    gpu = level_gpu[model]
+    tick = d["tick"]
+    if type(tick) is not float or not math.isfinite(tick):
+        raise FindingsError("findings: tick is not a finite number")
+    keys = d["keys"]
+    if not isinstance(keys, list) or len(keys) > MAX_ROWS:
+        raise FindingsError(f"findings: keys is not a list of at most {MAX_ROWS}")
+    n = len(keys)
+    named: list[Any] = []
+    for k in keys:
+        if gpu:
+            if not (isinstance(k, list) and len(k) == 2 and _name(k[0]) and type(k[1]) is int and 0 <= k[1] < 4096):
+                raise FindingsError("findings: a GPU's key is [host, index]")
+            named.append((k[0], k[1]))
+        else:
+            if not _name(k):
+                raise FindingsError("findings: a host's key is its name")
+            named.append(k)
+    cols = []
+    for name, kind in (("score", "f"), ("flagged", "b"), ("obs_ts", "f")):
+        a = d[name]
+        if not isinstance(a, np.ndarray) or a.dtype.kind != kind or a.shape != (n,):
+            raise FindingsError(f"findings: {name} is not {n} values of kind {kind!r}")
+        cols.append(a)
+    ev = d["evidence"]
+    if not isinstance(ev, dict) or len(ev) > n:
+        raise FindingsError("findings: evidence is not a map by row")
+    evidence: dict[int, dict[str, Any]] = {}
+    for j, e in ev.items():
+        if not (isinstance(j, str) and j.isdigit() and int(j) < n) or not _evidence(e):
+            raise FindingsError("findings: evidence is row -> a map of names to numbers and names")
+        evidence[int(j)] = e
+    if type(d["warm"]) is not bool:
+        raise FindingsError("findings: warm is not a boolean")
+    ent = np.full(n, -1, dtype=np.int64)
+    return Findings(model, tick, ent, cols[0], cols[1], cols[2], evidence, d["warm"], named)
+
+
+def _name(x: Any) -> bool:
+    return isinstance(x, str) and 0 < len(x) <= MAX_NAME
+
+
+def _evidence(e: Any, depth: int = 0) -> bool:
+    """Whether ``e`` is an alert's evidence as ``_score`` makes it: names to numbers, names,
+    None, or (once) such a map."""
+    if not isinstance(e, dict) or len(e) > MAX_EVIDENCE_ITEMS:
+        return False
+    for k, v in e.items():
+        if not isinstance(k, str) or len(k) > MAX_NAME:
+            return False
+        if isinstance(v, dict):
+            if depth or not _evidence(v, 1):
+                return False
+        elif not (v is None or isinstance(v, (int, float)) or (isinstance(v, str) and len(v) <= MAX_NAME)):
+            return False
+    return True
+
+
 def rounded(x: Any) -> Any:
     """A number for an alert's evidence: 4 decimals, None when not a finite number.
 

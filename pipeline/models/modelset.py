@@ -32,7 +32,16 @@ from pipeline.engine.frame import NCCL_KEYS, NcclFrame
 from pipeline.engine.stage import MODEL_SCORES, StageBase
 from pipeline.engine.state import COUNTER_COLS, View
 from pipeline.errors import StateError
-from pipeline.models.cohorts import LAG_EPOCHS, Epochs, epoch_of
+from pipeline.models.cohorts import (
+    LAG_EPOCHS,
+    MAX_PART_COHORTS,
+    CohortExchange,
+    Epochs,
+    NullExchange,
+    PartError,
+    check_frame,
+    epoch_of,
+)
 from pipeline.models.config import ModelSpec, load_model_specs
 from pipeline.models.context import COLUMNS as CONTEXT_COLUMNS
 from pipeline.models.context import FleetContext, board_power
@@ -353,6 +362,63 @@ class ModelSet(StageBase):
         return out
 
     # -- cohort state by epochs (cohorts.py) -------------------------------------------------------
+
+    def as_shard(self, exchange: CohortExchange, name: str) -> None:
+        """Run as shard ``name`` of a fleet split by host: cohort parts through ``exchange``, the
+        NCCL findings handed in (``nccl.inbox``) by a scorer elsewhere."""
+        self.epochs.exchange, self.epochs.shard, self.nccl.remote = exchange, name, True
+
+    def as_scorer(self) -> None:
+        """Run as the NCCL scorer of a fleet split by host: its findings go out (``nccl.out``);
+        it runs no DCGM rows, so its own cohort parts are dropped, not kept."""
+        self.nccl.out = []
+        self.epochs.exchange = NullExchange()
+
+    def check_part(self, part: Any) -> None:
+        """``PartError`` unless ``part`` is one another shard of these models makes (``_part``):
+        integer epochs, GPUs per cohort, each model's decider and detector parts in the shapes
+        this build's models make them, the context's counts. Where parts cross processes (the
+        fleet topic), this stands between them and ``_apply``.
+
+        >>> ms = load_models()
+        >>> ms.check_part({"epoch": 3, "until": 4})
+        >>> ms.check_part({"epoch": 3, "until": 4, "models": {"nope": {}}})
+        Traceback (most recent call last):
+        ...
+        pipeline.models.cohorts.PartError: a part for model 'nope', which these models do not have
+        """
+        check_frame(part)
+        extra = set(part) - {"epoch", "until", "n_gpus", "models", "context"}
+        if extra:
+            raise PartError(f"a part with unknown keys {sorted(extra)[:4]}")
+        n_gpus = part.get("n_gpus", {})
+        if not isinstance(n_gpus, dict) or len(n_gpus) > MAX_PART_COHORTS + 1:
+            raise PartError("n_gpus: a map of at most 257 cohorts")
+        for c, v in n_gpus.items():
+            if not isinstance(c, str) or len(c) > 256 or type(v) is not int or not 0 <= v < 2**31:
+                raise PartError("n_gpus: cohort names and counts of GPUs expected")
+        models = part.get("models", {})
+        if not isinstance(models, dict):
+            raise PartError("models: a map expected")
+        for name, parts in models.items():
+            m = self.models.get(name) if isinstance(name, str) else None
+            if m is None:
+                raise PartError(f"a part for model {str(name)[:64]!r}, which these models do not have")
+            if not isinstance(parts, dict) or len(parts) > MAX_PART_COHORTS + 1:
+                raise PartError(f"{name}: a map of at most 257 cohort parts expected")
+            for c, dp in parts.items():
+                if not isinstance(c, str) or len(c) > 256 or not isinstance(dp, dict):
+                    raise PartError(f"{name}: cohort names and maps expected")
+                if c == "_decider":
+                    m.decider.check_part(dp)
+                elif m.info.source != DCGM:
+                    raise PartError(f"{name}: an NCCL model has no cohort parts")
+                else:
+                    m.proto.check_part(dp)
+        if "context" in part:
+            if not self._context_on or not isinstance(part["context"], dict):
+                raise PartError("a context part, which these models do not keep")
+            self.context.check_part(part["context"], part["epoch"])
 
     def advanced(self, upto: float, entities: Entities) -> None:
         """The engine released every row before ``upto``: the epochs before it are complete, and

@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 from scipy.special import gammainc
 
-from pipeline.models.cohorts import weighted_median
+from pipeline.models.cohorts import PartError, check_int_array, weighted_median
 from pipeline.models.detectors._util import decay, last_per_entity, nan_to_num
 from pipeline.models.protocol import BatchDetector, Features
 
@@ -160,6 +160,15 @@ class CounterRateSurprise(BatchDetector):
         seen = self.t_long > 0
         values, counts = np.unique(self.c_long[seen] / self.t_long[seen], return_counts=True)
         return {"rates": values, "counts": counts.astype(np.int64)}
+
+    def check_part(self, part: dict[str, Any]) -> None:
+        """``PartError`` unless ``part`` is one ``cohort_part`` makes: finite rates and their counts."""
+        rates, counts = part.get("rates"), part.get("counts")
+        if set(part) != {"rates", "counts"} or not isinstance(rates, np.ndarray) or rates.dtype.kind != "f":
+            raise PartError("counter part: {'rates': float array, 'counts': integer array} expected")
+        if rates.ndim != 1 or not np.isfinite(rates).all():
+            raise PartError("counter part: rates not a 1-d array of finite numbers")
+        check_int_array(counts, "counter part counts", length=len(rates))
 
     def apply_epoch(self, parts: Any, n_gpus: int) -> None:
         """The cohort rate: the median over every shard's GPUs."""

@@ -24,6 +24,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from pipeline.errors import StateError
+from pipeline.models.cohorts import PartError, check_int_array
 from pipeline.models.detectors._util import nan_to_num
 from pipeline.models.detectors.halfspace import HalfSpaceForest
 from pipeline.models.protocol import BatchDetector, Features
@@ -179,6 +180,18 @@ class CohortHalfSpaceTrees(BatchDetector):
         part = {"n": self.acc_n, "mass": self.acc_mass}
         self.acc_n, self.acc_mass = 0, np.zeros_like(self.acc_mass)
         return part
+
+    def check_part(self, part: dict[str, Any]) -> None:
+        """``PartError`` unless ``part`` is one ``cohort_part`` makes: rows learnt, and their
+        masses in this forest's shape."""
+        n = part.get("n")
+        if type(n) is not int or not 0 <= n < 2**62:
+            raise PartError("half-space part: n is not a count")
+        if n == 0 and set(part) == {"n"}:
+            return
+        if set(part) != {"n", "mass"}:
+            raise PartError("half-space part: {'n', 'mass'} expected")
+        check_int_array(part["mass"], "half-space part mass", shape=self.acc_mass.shape)
 
     def apply_epoch(self, parts: Any, n_gpus: int) -> None:
         """The epoch's learnt rows of every shard into the forest's window."""

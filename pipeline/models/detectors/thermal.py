@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from pipeline.models.cohorts import FIXED, add, fixed
+from pipeline.models.cohorts import FIXED, PartError, add, fixed
 from pipeline.models.detectors._util import decay, last_per_entity, nan_to_num
 from pipeline.models.protocol import BatchDetector, Features
 
@@ -157,6 +157,14 @@ class ThermalResidual(BatchDetector):
     def cohort_part(self) -> dict[str, Any]:
         part, self.acc = self.acc, [0] * _PART
         return {"sums": part}
+
+    def check_part(self, part: dict[str, Any]) -> None:
+        """``PartError`` unless ``part`` is one ``cohort_part`` makes: ``_PART`` integer sums."""
+        sums = part.get("sums")
+        if set(part) != {"sums"} or not isinstance(sums, list) or len(sums) != _PART:
+            raise PartError(f"thermal part: {{'sums': {_PART} integers}} expected")
+        if not all(type(v) is int and abs(v) < 2**63 for v in sums):
+            raise PartError("thermal part: a sum that is not a 64-bit integer")
 
     def apply_epoch(self, parts: Any, n_gpus: int) -> None:
         """The cohort's prior decays by the samples learnt (per GPU, as each GPU's own

@@ -1,0 +1,322 @@
+"""One shard of the fleet stage's models, as one fleet partition of the service runs it
+(docs/operations.md, "Model shards"; the in-process reference is ``pipeline.shards.ShardedFleet``).
+
+Shard ``i`` of ``n`` gets the DCGM records of the hosts ``shard_of(host, n) == i`` and runs
+their models; shard 0 also scores the NCCL records (the scorer) and hands each shard the
+findings of its GPUs. The shards meet only through what they send each other, which the
+service carries over the fleet topic (``pipeline.service.fleet``):
+
+- their cohort parts (``PeerExchange``): every shard applies epoch ``k`` of every shard's parts
+  at the start of epoch ``k + LAG_EPOCHS``, so a shard evaluates no further than every shard's
+  parts allow (``bound``), as in one process;
+- the scorer's findings for a shard's GPUs, with how far they are complete (``scored``): a
+  shard evaluates a tick once its findings are in;
+- how far each shard's alerts are complete (``done``), for the incident stage on shard 0.
+
+What crosses is taken from ``outgoing()`` and fed in with ``accept_parts``, ``accept_findings``
+and ``accept_scored``; each stays correct when a message is read twice (a sender restarted
+from its checkpoint sends again what it sent after it): parts go by epoch, findings by tick.
+
+>>> st = ShardStage(lambda: None, shard=1, shards=4)
+>>> st.key, st.scorer, st.exchange.shards[:2]
+('shard-1', False, ['shard-0', 'shard-1'])
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Callable, Sequence
+
+import msgspec
+
+from pipeline.engine import Engine, EngineOutput
+from pipeline.errors import StateError
+from pipeline.models.cohorts import EPOCH_S, OPEN_ENDED, SharedExchange, epoch_of
+from pipeline.models.findings import Findings, FindingsError, from_wire, to_wire
+from pipeline.models.modelset import ModelSet, _decode_state, _pack
+from pipeline.models.registry import DCGM
+from pipeline.schema import DcgmSample, TelemetryRecord
+from pipeline.shards import SCORER, shard_of
+from pipeline.topology import FLEET_KEY, FleetStage
+
+SHARD_STATE_VERSION = 1
+
+
+class PeerExchange(SharedExchange):
+    """The cohort exchange as one shard of a service holds it: its own parts (``publish``, by
+    its model set) and the other shards' (``accept``, from the fleet topic). Its own new parts
+    wait in ``outgoing`` to be sent to the others."""
+
+    def __init__(self, shards: Sequence[str], own: str) -> None:
+        super().__init__(shards)
+        self.own = own
+        self.outgoing: list[dict[str, Any]] = []
+
+    def publish(self, shard: str, part: dict[str, Any]) -> None:
+        if self.accept(shard, part):
+            self.outgoing.append(part)
+
+    def accept(self, shard: str, part: dict[str, Any]) -> bool:
+        """Add ``shard``'s ``part`` unless it has it (a part read again); False then. Parts of a
+        shard follow each other (each starts where the last ended), but after an open-ended one
+        (the shard flushed): a part at or after that one's epoch reopens the shard there."""
+        mine = self.published[shard]
+        if mine:
+            last = mine[-1]
+            if part["epoch"] < last["until"]:
+                if last["until"] != OPEN_ENDED or part["epoch"] <= last["epoch"] or part["until"] == OPEN_ENDED:
+                    return False
+                mine[-1] = {**last, "until": part["epoch"]}
+        mine.append(part)
+        self.opened[shard] = int(part["until"])
+        return True
+
+    def forget(self, shard: str, before: int) -> None:
+        """Only this shard applies parts here: what ends before ``before`` goes (each shard's
+        latest part stays: it may cover later epochs)."""
+        if shard != self.own:
+            return
+        for s, mine in self.published.items():
+            if len(mine) > 1:
+                self.published[s] = [p for p in mine[:-1] if p["until"] > before] + mine[-1:]
+
+    def to_state(self) -> dict[str, Any]:
+        return {"published": self.published, "opened": self.opened}
+
+    def load_state(self, st: Any, check: Callable[[Any], None]) -> None:
+        """Take back ``to_state``, every part checked again (``check``: ``ModelSet.check_part``)."""
+        published, opened = st["published"], st["opened"]
+        if not isinstance(published, dict) or set(published) != set(self.shards) or not isinstance(opened, dict):
+            raise StateError("shard state: the exchange's shards differ from this service's")
+        for parts in published.values():
+            if not isinstance(parts, list):
+                raise StateError("shard state: malformed cohort parts")
+            for p in parts:
+                check(p)
+        if not set(opened) <= set(self.shards) or not all(type(v) is int for v in opened.values()):
+            raise StateError("shard state: malformed exchange bounds")
+        self.published, self.opened = published, opened
+
+
+class ShardStage(FleetStage):
+    """The fleet stage of one fleet partition when the models are split by host (``shard`` of
+    ``shards``): one shard engine, and on shard 0 the NCCL scorer."""
+
+    def __init__(self, make_engine: Callable[[], Engine], shard: int, shards: int, **kw: Any) -> None:
+        super().__init__(make_engine, **kw)
+        if not 0 <= shard < shards:
+            raise ValueError(f"shard {shard} of {shards}")
+        self.shard, self.shards = shard, shards
+        self.key = f"shard-{shard}"
+        self.scorer = shard == 0
+        self.exchange = PeerExchange([f"shard-{i}" for i in range(shards)], self.key)
+        # How far the scorer's findings for this shard are complete (shard 0: its own scorer's).
+        self.scored = -math.inf
+        # How far this shard's alerts are complete: every tick before it was evaluated.
+        self.done = -math.inf
+        self._first_ts = math.inf  # the oldest DCGM record this shard took: where it opens
+        self._last_tick: dict[str, float] = {}  # per NCCL model, the tick of its latest findings taken
+        self._findings_out: dict[int, list[Findings]] = {}
+        self.stats.update({"misrouted": 0, "findings_again": 0, "parts_again": 0})
+
+    def engine(self, key: str = FLEET_KEY) -> Engine:
+        """An engine by key, wired as a shard or the scorer when made; the fleet key names
+        this shard's (what drivers read of the stage's engine: its fields and models)."""
+        key = self.key if key == FLEET_KEY else key
+        eng = self.engines.get(key)
+        if eng is None:
+            eng = self.engines[key] = self.make_engine()
+            ms = _models(eng)
+            if key == SCORER:
+                ms.as_scorer()
+            else:
+                ms.as_shard(self.exchange, key)
+        return eng
+
+    @property
+    def models(self) -> ModelSet:
+        return _models(self.engine())
+
+    # -- what crosses between shards ---------------------------------------------------------
+
+    def accept_parts(self, sender: int, parts: Sequence[dict[str, Any]]) -> None:
+        """Cohort parts of shard ``sender`` (each checked by the caller: ``ModelSet.check_part``)."""
+        for p in parts:
+            if not self.exchange.accept(f"shard-{sender}", p):
+                self.stats["parts_again"] += 1
+
+    def accept_findings(self, found: Sequence[Findings], scored: float) -> None:
+        """The scorer's findings for this shard's GPUs, complete before ``scored`` (the scorer's
+        latest word: it falls again when the scorer goes on after a flush); a model's findings
+        of a tick it had already (a message read again) are dropped."""
+        inbox = self.models.nccl.inbox
+        for f in found:
+            if f.tick <= self._last_tick.get(f.model, -math.inf):
+                self.stats["findings_again"] += 1
+            else:
+                inbox.append(f)
+                self._last_tick[f.model] = f.tick
+        self.scored = scored
+
+    def outgoing(self) -> dict[str, Any]:
+        """What this shard has for the others since the last call: its new cohort parts (for
+        every shard), and on shard 0 each shard's findings (``findings``: by shard) and how far
+        they are complete (``scored``)."""
+        parts, self.exchange.outgoing = self.exchange.outgoing, []
+        found, self._findings_out = self._findings_out, {}
+        return {"parts": parts, "findings": found, "scored": self.scored if self.scorer else None}
+
+    # -- release -----------------------------------------------------------------------------
+
+    def advance(self) -> EngineOutput:
+        """Release what the marks allow to the engines, and step them as far as the other
+        shards' parts and the scorer's findings allow (which messages since may have moved)."""
+        wm = self.last_watermark = self.watermark()
+        out = EngineOutput()
+        if wm == -math.inf:
+            return out
+        if wm > self.released or wm == math.inf:
+            self._release(self._take(wm), out)
+            if self.hang is not None:
+                out.alerts.extend(self.hang.advance(wm))
+        if wm < math.inf:
+            self._advance_engines(wm, out)
+            self.released = max(self.released, wm)
+            return out
+        self._flush_engines(out)
+        # As one stage's flush: a record sent again later is late even within the last second.
+        if self._newest > -math.inf:
+            self.released = max(self.released, math.nextafter(self._newest, math.inf))
+        return out
+
+    def _take(self, wm: float) -> dict[str, list[TelemetryRecord]]:
+        """The released records, DCGM to this shard's engine, NCCL and progress to the scorer
+        (shard 0; anywhere else they were misrouted, and are counted and dropped)."""
+        out: dict[str, list[TelemetryRecord]] = {}
+        for recs in super()._take(wm).values():
+            for r in recs:
+                if isinstance(r, DcgmSample):
+                    out.setdefault(self.key, []).append(r)
+                    if r.ts < self._first_ts:
+                        self._first_ts = r.ts
+                elif self.scorer:
+                    out.setdefault(SCORER, []).append(r)
+                else:
+                    self.stats["misrouted"] += 1
+        return out
+
+    def _advance_engines(self, wm: float, out: EngineOutput) -> None:
+        if self.scorer:
+            self._collect(self.engine(SCORER).advance_to(wm), out)
+            self._hand_over()
+            self.scored = wm
+        self._step_shard(wm, out)
+
+    def _step_shard(self, wm: float, out: EngineOutput) -> None:
+        """This shard's engine towards ``wm``, each step only as far as every shard's parts and
+        the scorer's findings allow."""
+        eng = self.engine()
+        if self.models.epochs.open is None:
+            # Opens where its first record is, or at the marks: any later record is past them.
+            self.models.epochs.advance(epoch_of(min(wm, self._first_ts)))
+        while True:
+            bound = self.exchange.bound()
+            if bound is None:
+                break
+            upto = min(wm, self.scored, bound * EPOCH_S)
+            before = eng.released
+            if upto <= before:
+                break
+            self._collect(eng.advance_to(upto), out)
+            if eng.released <= before:
+                break  # not a whole tick further
+        self.done = eng.released
+
+    def _flush_engines(self, out: EngineOutput) -> None:
+        """Every upstream task is final: the scorer flushes; this shard evaluates what it holds
+        (as far as the others allow), then publishes an open-ended part and flushes."""
+        if self.scorer and self.scored < math.inf:
+            self._collect(self.engine(SCORER).flush(), out)
+            self._hand_over()
+            self.scored = math.inf
+        if self.done == math.inf:
+            return
+        eng = self.engine()
+        newest = eng.clock.newest(eng.entities.n_hosts)
+        if math.isfinite(newest):
+            end = newest + eng.config.tick
+            self._step_shard(end, out)
+            if eng.released < end:
+                return  # the others' parts, or the scorer's findings, are not in yet
+        self._collect(eng.flush(), out)
+        first = self.exchange.first()
+        self.models.epochs.close(first if first is not None else OPEN_ENDED - 1)
+        self.done = math.inf
+
+    def _hand_over(self) -> None:
+        """The scorer's findings: this shard's rows to its own inbox, each other shard's to send
+        (every shard takes every tick's findings, rows or none: the model's warmth comes with them)."""
+        scorer = _models(self.engine(SCORER))
+        found = scorer.nccl.out or []
+        if not found:
+            return
+        level_gpu = {name: m.info.level == "gpu" for name, m in scorer.models.items()}
+        inbox = self.models.nccl.inbox
+        for f in found:
+            where = [shard_of(h, self.shards) for h in f.hosts(level_gpu[f.model])]
+            for i in range(self.shards):
+                part = f.take([j for j, w in enumerate(where) if w == i])
+                if i == self.shard:
+                    inbox.append(part)
+                else:
+                    self._findings_out.setdefault(i, []).append(part)
+        found.clear()
+
+    # -- state -------------------------------------------------------------------------------
+
+    def snapshot(self, replayable: bool = False) -> bytes:
+        """The fleet stage's snapshot, with the exchange's parts, the findings not yet applied
+        and how far the scorer and this shard have come (a checkpoint is taken after a batch's
+        messages went out, so nothing waits in ``outgoing``)."""
+        return msgspec.msgpack.encode(
+            _pack(
+                {
+                    "shard_stage": SHARD_STATE_VERSION,
+                    "shard": self.shard,
+                    "shards": self.shards,
+                    "stage": super().snapshot(replayable),
+                    "exchange": self.exchange.to_state(),
+                    "inbox": [to_wire(f) for f in self.models.nccl.inbox],
+                    "scored": self.scored,
+                    "done": self.done,
+                    "first_ts": self._first_ts,
+                    "last_tick": self._last_tick,
+                }
+            )
+        )
+
+    def restore(self, blob: bytes, decode_records: Callable[[bytes], list[TelemetryRecord]]) -> None:
+        try:
+            d = _decode_state.decode(blob)
+            if not isinstance(d, dict) or d.get("shard_stage") != SHARD_STATE_VERSION:
+                raise StateError("not a model shard's state (a fleet stage of another topology?)")
+            if d["shard"] != self.shard or d["shards"] != self.shards:
+                raise StateError(f"state of shard {d['shard']} of {d['shards']}, not {self.shard} of {self.shards}")
+            super().restore(d["stage"], decode_records)
+            ms = self.models
+            self.exchange.load_state(d["exchange"], ms.check_part)
+            level_gpu = {n: m.info.level == "gpu" for n, m in ms.models.items() if m.info.source != DCGM}
+            ms.nccl.inbox = [from_wire(f, level_gpu) for f in d["inbox"]]
+            self.scored, self.done, self._first_ts = (float(d[k]) for k in ("scored", "done", "first_ts"))
+            self._last_tick = {str(k): float(v) for k, v in d["last_tick"].items()}
+        except StateError:
+            raise
+        except (msgspec.DecodeError, KeyError, TypeError, ValueError, FindingsError) as e:
+            raise StateError(f"cannot restore the model shard: {e}") from e
+
+
+def _models(engine: Engine) -> ModelSet:
+    ms = engine.models
+    if not isinstance(ms, ModelSet):
+        raise ValueError("a model shard needs the models")
+    return ms

@@ -1,0 +1,175 @@
+"""Model shards that meet only through what they send each other give one fleet stage's alerts
+(pipeline/shardstage.py): the service's dataflow between fleet partitions, run without a broker,
+with the messages delayed, cut and read twice at random."""
+
+from __future__ import annotations
+
+import math
+import random
+
+import msgspec
+import pytest
+
+from pipeline.detection import build_stages
+from pipeline.models.findings import from_wire, to_wire
+from pipeline.models.modelset import _decode_state, _pack
+from pipeline.resources import rules_dir
+from pipeline.schema import DcgmRecord, DcgmSample, NcclRecord, NicRecord, ProgressRecord
+from pipeline.shards import shard_of
+from pipeline.shardstage import ShardStage
+from pipeline.topology import FleetStage, Topology
+from producers.sim import Simulator
+
+_DEC = msgspec.json.Decoder(list[DcgmRecord | NcclRecord | NicRecord | ProgressRecord])
+
+
+def _wire(x):
+    """What crosses the fleet topic: packed and read back (arrays as arrays, maps by name)."""
+    return _decode_state.decode(msgspec.msgpack.encode(_pack(x)))
+
+
+class Peers:
+    """``n`` shard stages behind one ``FleetStage``-shaped front (what a ``Topology`` feeds):
+    records routed as the service's outbox routes them, marks to all, and each stage's outgoing
+    messages delivered to the others after a random delay, sometimes twice."""
+
+    def __init__(self, make, n: int, hang, seed: int, again: float = 0.1) -> None:
+        self.n = n
+        self.stages = [ShardStage(make, i, n, hang=hang() if hang is not None and i == 0 else None) for i in range(n)]
+        self.rng = random.Random(seed)
+        self.again = again
+        self.queue: list[list[tuple]] = [[] for _ in range(n)]
+        self.alerts: list = []
+
+    def engine(self, key=None):
+        return self.stages[0].engine()
+
+    def feed(self, records, **kw):
+        by: dict[int, list] = {}
+        for r in records:
+            p = shard_of(r.host, self.n) if isinstance(r, DcgmSample) else 0
+            by.setdefault(p, []).append(r)
+        for p, recs in by.items():
+            self.stages[p].feed(recs, upstream=0)
+
+    def mark(self, upstream, upto, final=False, n_upstream=None):
+        for s in self.stages:
+            s.mark(upstream, upto, final, n_upstream)
+
+    def _send(self, i: int) -> None:
+        got = self.stages[i].outgoing()
+        level = {n: m.info.level == "gpu" for n, m in self.stages[i].models.models.items() if m.info.source != "dcgm"}
+        for j in range(self.n):
+            if j == i:
+                continue
+            msg = ("parts", i, _wire(got["parts"])) if got["parts"] else None
+            if msg:
+                self.queue[j].append(msg)
+            if got["scored"] is not None and j != 0:
+                found = [from_wire(w, level) for w in _wire([to_wire(f) for f in got["findings"].get(j, [])])]
+                self.queue[j].append(("findings", found, got["scored"]))
+
+    def _deliver(self, j: int, everything: bool) -> bool:
+        q = self.queue[j]
+        k = len(q) if everything else self.rng.randint(0, len(q))
+        if not k:
+            return False
+        take, self.queue[j] = q[:k], q[k:]
+        for m in take:
+            for _ in range(2 if self.rng.random() < self.again else 1):
+                if m[0] == "parts":
+                    self.stages[j].accept_parts(m[1], m[2])
+                else:
+                    self.stages[j].accept_findings(m[1], m[2])
+        return True
+
+    def advance(self, everything: bool = False):
+        from pipeline.engine import EngineOutput
+
+        out = EngineOutput()
+        for _ in range(10_000):
+            for i, s in enumerate(self.stages):
+                out.extend(s.advance())
+                self._send(i)
+            moved = [self._deliver(j, everything) for j in range(self.n)]
+            if not any(moved) and (not everything or not any(self.queue)):
+                if not everything:
+                    return out
+                break
+        return out
+
+    def flush(self):
+        self.mark(0, math.inf, True)
+        return self.advance(everything=True)
+
+    @property
+    def pending(self) -> int:
+        return 0
+
+
+def _alerts(batches, make_fleet, cut: int) -> list:
+    built, diags = build_stages([str(rules_dir())], "auto")
+    assert built is not None, diags
+    fleet = make_fleet(built)
+    det = Topology(built.host, built.fleet, fleet=fleet)
+    out = []
+    flat = [r for b in batches for r in b]
+    step = max(1, len(flat) // cut)
+    for i in range(0, len(flat), step):
+        out += det.process(flat[i : i + step]).alerts
+    out += det.flush().alerts
+    return sorted((a.id, a.state, a.ts, a.summary, a.evidence, a.labels.get("detector")) for a in out)
+
+
+def _batches(scenario: str, seed: int, interval: float = 1.0, duration: int = 900) -> list[list]:
+    sim = Simulator(hosts=8, duration=duration, seed=seed, scenario=scenario, interval=interval)
+    return [_DEC.decode(msgspec.json.encode(b)) for b in sim.batches() if b]
+
+
+@pytest.fixture(scope="module")
+def mixed() -> list[list]:
+    # NCCL-model alerts (a straggler, a host's sagging bandwidth: findings cross from the scorer)
+    # and cohort-model ones (counter_rate: parts cross between every shard).
+    return _batches("mixed", 3)
+
+
+def _one(batches) -> list:
+    return _alerts(batches, lambda b: FleetStage(b.fleet, hang=b.hang() if b.hang else None), 1)
+
+
+@pytest.mark.parametrize(("n", "cut", "seed"), [(2, 9, 1), (4, 30, 2), (5, 3, 3)])
+def test_shards_meeting_by_messages_give_one_fleet_stages_alerts(mixed, n, cut, seed):
+    one = _one(mixed)
+    assert {"nccl_busbw", "nccl_straggler", "counter_rate"} <= {a[5] for a in one}
+    assert _alerts(mixed, lambda b: Peers(b.fleet, n, b.hang, seed), cut) == one
+
+
+@pytest.mark.slow
+def test_shards_by_messages_at_30s_sampling_with_silent_hosts():
+    batches = _batches("llama3", 4, interval=30.0, duration=3600)
+    one = _one(batches)
+    assert one
+    assert _alerts(batches, lambda b: Peers(b.fleet, 3, b.hang, 7), 11) == one
+
+
+def test_an_open_ended_part_lets_the_others_on_and_a_reopened_shard_counts_from_the_next_epoch():
+    from pipeline.models.cohorts import LAG_EPOCHS, OPEN_ENDED, Epochs
+    from pipeline.shardstage import PeerExchange
+
+    ex = PeerExchange(["a", "b"], "a")
+    made = []
+    ep = Epochs(lambda k, until: made.append(k) or {"epoch": k, "until": until, "sums": k}, lambda k, parts: None)
+    ep.exchange, ep.shard = ex, "b"
+    ep.advance(10)
+    ep.advance(12)
+    ex.accept("a", {"epoch": 10, "until": 20})
+    assert ex.bound() == 12 + LAG_EPOCHS
+    ep.close(first=10)                       # every upstream idle: b learns nothing more
+    assert ex.published["b"][-1] == {"epoch": 12, "until": OPEN_ENDED, "sums": 12}
+    assert ex.bound() == 20 + LAG_EPOCHS     # only a holds the others now
+    assert not ex.accept("b", {"epoch": 10, "until": 12, "sums": 10})   # read again: dropped
+    ep.advance(12)                           # b's hosts send again within the closed epoch
+    assert ex.published["b"][-2] == {"epoch": 12, "until": 13, "sums": 12}  # truncated, its sums kept
+    assert ex.published["b"][-1] == {"epoch": 13, "until": 13}
+    assert ex.bound() == 13 + LAG_EPOCHS
+    assert [p["epoch"] for p in ex.parts(12)] == [10, 12] and ex.parts(13) is None
