@@ -31,7 +31,7 @@ def envelope(
 ) -> bytes:
     """A fleet message from ``sender``, its MAC made under ``key`` for ``topic``/``group`` and for
     partition ``signed_as`` (default: the sender); ``key`` None: unsigned."""
-    tag = b"" if key is None else mac(key, topic, group, sender if signed_as is None else signed_as, body)
+    tag = b"" if key is None else mac(key, topic, group, sender if signed_as is None else signed_as, body, v)
     return msgspec.msgpack.encode(Envelope(v, sender, body, tag))
 
 

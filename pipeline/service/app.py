@@ -94,6 +94,7 @@ class Service(Membership, CommitProtocol, Upkeep):
         # As the cluster has them (the topic may predate this config): how many telemetry
         # partitions mark the fleet stage, which refuses a mark naming another count or partition.
         self.upstream = upstream or count(self.topics.telemetry) or cfg.kafka.partitions
+        self.n_fleet = count(self.topics.fleet) or cfg.kafka.partitions
         self.rule_paths = [str(Path(p)) for p in cfg.service.rules]
         self.clock = clock
         self.backoff = backoff or Backoff()
@@ -263,6 +264,8 @@ class Service(Membership, CommitProtocol, Upkeep):
             outputs.append(ps.pipe.handle_guarded(msgs))
             if ps.outbox is not None:
                 sends += ps.outbox.take()
+            if isinstance(ps.pipe, FleetTask):
+                sends += ps.pipe.take_sends()
             done = ps.pipe.totals.records - before
             n += len(msgs)
             n_records += done

@@ -88,6 +88,12 @@ class ServiceSection(msgspec.Struct, forbid_unknown_fields=True):
     # Incidents (docs/operations.md, "Incidents"): the fleet stage groups the alerts of both
     # stages into incident events on <prefix>.incidents (it runs for them also without models).
     incidents: bool = True
+    # Model shards (docs/operations.md, "Model shards"): the fleet stage's models run split by
+    # host, one shard per fleet partition, so the model work spreads over the fleet stage's
+    # replicas; the shards exchange cohort state and NCCL findings over <prefix>.fleet. Every
+    # replica of both stages must agree on it. Off: every model runs on fleet partition of the
+    # one fleet key.
+    shard_models: bool = False
     # The incidents YAML: "auto" (incidents.yaml beside the first rule directory, else the
     # shipped one) or a path.
     incidents_config: str = "auto"

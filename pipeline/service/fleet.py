@@ -37,7 +37,7 @@ import hmac
 import logging
 import math
 import operator
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 import msgspec
 import numpy as np
@@ -63,7 +63,11 @@ from pipeline.errors import StateError
 from pipeline.hang import HangDetector
 from pipeline.incidents import AlertFeed, IncidentEvent, IncidentStage
 from pipeline.runner import Totals
-from pipeline.schema import AlertEvent, DeadLetter, TelemetryRecord, encode
+from pipeline.schema import AlertEvent, DcgmSample, DeadLetter, TelemetryRecord, encode
+from pipeline.service import peers
+from pipeline.service.peers import PEER_ENVELOPE
+from pipeline.shards import shard_of
+from pipeline.shardstage import ShardStage
 from pipeline.service.forwarded import MAX_FORWARD, Builder, Columns, Decoded, Encoder, Malformed, check_other
 from pipeline.topology import FLEET_KEY, FleetStage, SortColumns, records_decoder
 
@@ -122,16 +126,23 @@ class Envelope(msgspec.Struct, array_like=True):
     mac: bytes = b""
 
 
-def signed(topic: str, group: str, sender: int, body: bytes) -> bytes:
+def signed(topic: str, group: str, sender: int, body: bytes, v: int = ENVELOPE_VERSION) -> bytes:
     """What a fleet message's MAC covers, in one fixed order (msgpack of a list is canonical):
-    bound to the topic, the group and the sender, so a message of one partition, group or
-    cluster's topic never verifies as another's."""
-    return msgspec.msgpack.encode([ENVELOPE_VERSION, topic, group, sender, body])
+    bound to the envelope version (which says whether the sender is a telemetry partition or,
+    ``PEER_ENVELOPE``, a fleet partition), the topic, the group and the sender, so a message of
+    one partition, group or cluster's topic never verifies as another's."""
+    return msgspec.msgpack.encode([v, topic, group, sender, body])
 
 
-def mac(key: bytes, topic: str, group: str, sender: int, body: bytes) -> bytes:
+def mac(key: bytes, topic: str, group: str, sender: int, body: bytes, v: int = ENVELOPE_VERSION) -> bytes:
     """The MAC of a fleet message (``signed``) under ``key``, the fleet key."""
-    return hmac.new(key, signed(topic, group, sender, body), hashlib.sha256).digest()
+    return hmac.new(key, signed(topic, group, sender, body, v), hashlib.sha256).digest()
+
+
+def wrap(key: bytes | None, topic: str, group: str, sender: int, body: bytes, v: int = ENVELOPE_VERSION) -> bytes:
+    """``body`` in its signed envelope (unsigned without a key: ``--insecure-state``)."""
+    tag = b"" if key is None else mac(key, topic, group, sender, body, v)
+    return msgspec.msgpack.encode(Envelope(v, sender, body, tag))
 
 
 Send = tuple[str, bytes | None, bytes, int | None]  # topic, key, value, partition
@@ -150,13 +161,19 @@ class Outbox:
         group: str = "",
         key: bytes | None = None,
         fields: Sequence[str] | None = None,
+        shards: int | None = None,
     ) -> None:
         """``partition``: the telemetry partition of the task (each message's sender). ``group``
         and ``key``: what each message's MAC binds it to and is made with (the fleet key,
         ``derived_key(state key, "fleet")``; None: unsigned, ``--insecure-state``). ``fields``:
-        the DCGM fields the fleet stage's engine reads (``Engine.decode_fields``; None: all)."""
+        the DCGM fields the fleet stage's engine reads (``Engine.decode_fields``; None: all).
+        ``shards``: the models run in that many shards, one per fleet partition
+        (``service.shard_models``): a host's DCGM records go to its shard's partition
+        (``shard_of``), the rest and the alerts to partition 0, each mark to every partition."""
         self.partition, self.n_upstream, self.topic = partition, n_upstream, topic
         self.group, self.key = group, key
+        self.shards = shards
+        self._where: dict[str, int] = {}  # each host's fleet partition, hashed once
         self._records: list[TelemetryRecord] = []
         self._alerts: list[AlertEvent] = []
         self._mark: tuple[float, bool] | None = None
@@ -187,24 +204,46 @@ class Outbox:
         alike, so the mark lands after what it covers on their partition)."""
         out: list[Send] = []
         recs, self._records = self._records, []
-        for i in range(0, len(recs), MAX_FORWARD):
-            out.append((self.topic, _KEY, self._wrap(self._columns.encode(recs[i : i + MAX_FORWARD])), None))
+        to = None if self.shards is None else 0  # the scorer's partition: NCCL, progress, alerts
+        for part, chunk in self._by_partition(recs):
+            for i in range(0, len(chunk), MAX_FORWARD):
+                out.append((self.topic, _KEY, self._wrap(self._columns.encode(chunk[i : i + MAX_FORWARD])), part))
         alerts, self._alerts = self._alerts, []
         for i in range(0, len(alerts), MAX_FORWARD_ALERTS):
             body = self._enc.encode(AlertBatch(alerts[i : i + MAX_FORWARD_ALERTS]))
-            out.append((self.topic, _KEY, self._wrap(body), None))
+            out.append((self.topic, _KEY, self._wrap(body), to))
         if self._mark is not None and self._mark != self._sent:
             upto, final = self._mark
-            body = self._enc.encode(
-                Mark(self.partition, None if math.isinf(upto) and upto < 0 else upto, final, self.n_upstream)
+            body = self._wrap(
+                self._enc.encode(
+                    Mark(self.partition, None if math.isinf(upto) and upto < 0 else upto, final, self.n_upstream)
+                )
             )
-            out.append((self.topic, _KEY, self._wrap(body), None))
+            if self.shards is None:
+                out.append((self.topic, _KEY, body, None))
+            else:
+                out += [(self.topic, _KEY, body, p) for p in range(self.shards)]
             self._sent = self._mark
         return out
 
+    def _by_partition(self, recs: list[TelemetryRecord]) -> list[tuple[int | None, list[TelemetryRecord]]]:
+        """The records by the fleet partition they go to (None: the key's), each in order."""
+        if self.shards is None or not recs:
+            return [(None, recs)] if recs else []
+        n, where = self.shards, self._where
+        by: dict[int, list[TelemetryRecord]] = {}
+        for r in recs:
+            if isinstance(r, DcgmSample):
+                p = where.get(r.host)
+                if p is None:
+                    p = where[r.host] = shard_of(r.host, n)
+            else:
+                p = 0
+            by.setdefault(p, []).append(r)
+        return sorted(by.items())
+
     def _wrap(self, body: bytes) -> bytes:
-        tag = b"" if self.key is None else mac(self.key, self.topic, self.group, self.partition, body)
-        return msgspec.msgpack.encode(Envelope(ENVELOPE_VERSION, self.partition, body, tag))
+        return wrap(self.key, self.topic, self.group, self.partition, body)
 
     def final_sent(self) -> bool:
         return self._sent is not None and self._sent[1]
@@ -237,14 +276,32 @@ class FleetTask:
         hang: HangDetector | None = None,
         incidents: IncidentStage | None = None,
         records: bool = True,
+        shard: tuple[int, int] | None = None,
+        forward_alerts: bool = False,
     ) -> None:
         """``n_upstream``: the telemetry topic's partition count, as the service knows it;
         ``topic``, ``group``, ``key``: what the host stage's ``Outbox`` signs with; ``hang``: the
         hung-collective detector (pipeline/hang.py); ``incidents``: the incident stage to feed
         (None: incidents off); ``records``: whether the host stage forwards every record it
         accepts (models on), which bounds its marks (rules only, with or without the progress
-        records, the decoder's time range does)."""
-        self.stage = FleetStage(make_engine, upstream=n_upstream, max_buffer=max_buffer, hang=hang)
+        records, the decoder's time range does). ``shard``: (this fleet partition, their count)
+        when the models run in shards by host (``service.shard_models``, pipeline/shardstage.py):
+        this task runs that shard and exchanges its parts, findings and progress with the
+        others over the fleet topic (``take_sends``); ``forward_alerts``: it sends its models'
+        alerts to partition 0's incident stage (incidents on, partition > 0)."""
+        self.shard = shard
+        self.forward_alerts = forward_alerts
+        if shard is None:
+            self.stage = FleetStage(make_engine, upstream=n_upstream, max_buffer=max_buffer, hang=hang)
+        else:
+            self.stage = ShardStage(
+                make_engine, shard[0], shard[1], upstream=n_upstream, max_buffer=max_buffer, hang=hang
+            )
+        # With shards: how far each other shard's alerts are complete (partition 0, incidents
+        # on), what waits to be sent to the other fleet partitions, and the progress last sent.
+        self.peer_done: dict[int, float] = {}
+        self._sends: list[Send] = []
+        self._sent: dict[tuple[int, str], float | None] = {}
         self.incidents = incidents
         self.feed = AlertFeed()
         self.records = records
@@ -257,6 +314,7 @@ class FleetTask:
         self._columns = msgspec.msgpack.Decoder(Columns)
         self._build = Builder(fields)
         self._mark = msgspec.json.Decoder(Mark)
+        self._enc = msgspec.json.Encoder()
         self._alert_batch = msgspec.json.Decoder(AlertBatch)
         self._envelope = msgspec.msgpack.Decoder(Envelope)
         self._taken: dict[str, int] = {}  # each stat as last taken
@@ -281,18 +339,58 @@ class FleetTask:
             self.totals.messages += 1
         out = self.stage.advance()
         self._to_incidents(out)
+        self._to_peers(out)
         out.dead.extend(dead)
         self.totals.add(out)
         return out
 
     def _to_incidents(self, out: EngineOutput) -> None:
         """The models' alerts into the feed, then what the feed releases into the incident stage:
-        every alert before the second this stage released (all once every upstream is final)."""
+        every alert before the second this stage released (all once every upstream is final);
+        with shards, and before the second every shard's alerts are complete."""
         if self.incidents is None:
             return
         self.feed.add(out.alerts)
         upto = max(self.stage.released, self.stage.last_watermark)
+        if isinstance(self.stage, ShardStage):
+            upto = min(upto, self.stage.done, *(self.peer_done.get(q, -math.inf) for q in range(1, self.stage.shards)))
         self._events += self.incidents.process(self.feed.release(upto))
+
+    def _to_peers(self, out: EngineOutput) -> None:
+        """What this shard has for the other fleet partitions, queued for ``take_sends``: its
+        new cohort parts to each; from partition 0 each one's findings and how far they are
+        complete; to partition 0 (``forward_alerts``) the models' alerts and how far they are."""
+        st = self.stage
+        if not isinstance(st, ShardStage):
+            return
+        got = st.outgoing()
+        me = st.shard
+        for q in range(st.shards):
+            if q == me:
+                continue
+            found = got["findings"].get(q, []) if me == 0 else []
+            scored = self._changed(q, "scored", got["scored"]) if me == 0 else None
+            alerts: list[AlertEvent] = out.alerts if self.forward_alerts and q == 0 else []
+            done = self._changed(q, "done", st.done) if self.forward_alerts and q == 0 else None
+            if not (got["parts"] or found or alerts) and scored is None and done is None:
+                continue
+            for body in peers.chunks(got["parts"], found, alerts, scored, done):
+                self._sends.append(
+                    (self.topic, _KEY, wrap(self.key, self.topic, self.group, me, body, PEER_ENVELOPE), q)
+                )
+
+    def _changed(self, q: int, what: str, t: float | None) -> float | None:
+        """``t`` when it is news for partition ``q`` (None: nothing to say)."""
+        if t is None or t == -math.inf or self._sent.get((q, what)) == t:
+            return None
+        self._sent[(q, what)] = t
+        return t
+
+    def take_sends(self) -> list[Send]:
+        """The messages for the other fleet partitions since the last call (the service sends
+        them with the batch, before its offsets are committed)."""
+        out, self._sends = self._sends, []
+        return out
 
     def take_incidents(self) -> list[IncidentEvent]:
         """The incident events made since the last call (the service sends them with the batch)."""
@@ -306,12 +404,19 @@ class FleetTask:
             env = self._envelope.decode(m.value)
         except (msgspec.DecodeError, msgspec.ValidationError) as e:
             return [_dead(BAD_ENVELOPE, f"not a fleet-topic envelope: {e}", m, m.value)]
-        if env.v != ENVELOPE_VERSION:
-            return [_dead(BAD_ENVELOPE, f"envelope version {env.v} (this build reads {ENVELOPE_VERSION})", m, env.body)]
+        if env.v not in (ENVELOPE_VERSION, PEER_ENVELOPE):
+            return [
+                _dead(
+                    BAD_ENVELOPE,
+                    f"envelope version {env.v} (this build reads {ENVELOPE_VERSION} and {PEER_ENVELOPE})",
+                    m,
+                    env.body,
+                )
+            ]
         if self.key is not None:
             if not env.mac:
                 return [_dead(UNSIGNED, "unsigned; this service requires signed fleet messages", m, env.body)]
-            want = mac(self.key, self.topic, self.group, env.sender, env.body)
+            want = mac(self.key, self.topic, self.group, env.sender, env.body, env.v)
             if not hmac.compare_digest(env.mac, want):
                 return [
                     _dead(
@@ -323,6 +428,8 @@ class FleetTask:
                     )
                 ]
         sender = env.sender
+        if env.v == PEER_ENVELOPE:
+            return self._apply_peer(env.body, sender, m)
         if not 0 <= sender < self.n_upstream:
             return [
                 _dead(
@@ -353,6 +460,33 @@ class FleetTask:
             return [_dead(MALFORMED_JSON, str(e), m, body)]
         return self._apply_columns(cols, sender, m)
 
+    def _apply_peer(self, body: bytes, sender: int, m: Message) -> list[DeadLetter]:
+        """A message from the shard of fleet partition ``sender``: its cohort parts, findings
+        and alerts, each checked before anything is applied (``peers.decode``)."""
+        st = self.stage
+        if not isinstance(st, ShardStage):
+            return [_dead(BAD_ENVELOPE, "a message between model shards; this service runs none", m, body)]
+        if not 0 <= sender < st.shards or sender == st.shard:
+            why = f"sender {sender} is not another fleet partition (0..{st.shards - 1}, not {st.shard})"
+            return [_dead(UNKNOWN_PARTITION, why, m, body)]
+        try:
+            msg = peers.decode(body, st.models, sender, st.shard)
+        except peers.PeerError as e:
+            return [_dead(TOO_LARGE if e.kind == "size" else WRONG_TYPE, str(e), m, body)]
+        dead: list[DeadLetter] = []
+        if msg.alerts:
+            try:
+                batch = self._alert_batch.decode(self._enc.encode({"alerts": msg.alerts}))
+            except (msgspec.ValidationError, msgspec.DecodeError) as e:
+                return [_dead(WRONG_TYPE, f"alerts: {e}", m, body)]
+            dead += self._apply_alerts(batch, m, body)
+        st.accept_parts(sender, msg.parts)
+        if msg.scored is not None:
+            st.accept_findings(msg.findings, msg.scored)
+        if msg.done is not None:
+            self.peer_done[sender] = msg.done
+        return dead
+
     def _apply_mark(self, mk: Mark, sender: int, m: Message, body: bytes) -> list[DeadLetter]:
         why = self._refuse_mark(mk, sender)
         if why is not None:
@@ -370,9 +504,11 @@ class FleetTask:
             return None
         if not math.isfinite(mk.upto):
             return BAD_MARK, f"mark upto {mk.upto} is not finite"
-        if not self.records:
+        if not self.records or self.shard is not None:
             # Rules only: no records to bound a mark by; the decoder's range bounds every time a
-            # host-stage engine releases to.
+            # host-stage engine releases to. With model shards, a fleet partition gets only its
+            # hosts' records, and none for long spells when they hash elsewhere or fall silent,
+            # so those cannot bound a telemetry partition's progress either: the MAC does.
             if not TS_MIN <= mk.upto <= TS_MAX:
                 return EARLY_MARK, f"mark upto {mk.upto} outside {TS_MIN:.0f}..{TS_MAX:.0f}"
             return None
@@ -483,16 +619,14 @@ class FleetTask:
         incidents, beside the incident stage's and its feed's (the alerts it buffers: few, so
         they ride in the checkpoint rather than being read again)."""
         stage = self.stage.snapshot(replayable=True)
-        if self.incidents is None:
+        if self.incidents is None and self.shard is None:
             return stage
-        return msgspec.msgpack.encode(
-            {
-                "fleet_task": TASK_STATE_VERSION,
-                "stage": stage,
-                "incidents": self.incidents.to_state(),
-                "feed": self.feed.to_state(),
-            }
-        )
+        d: dict[str, Any] = {"fleet_task": TASK_STATE_VERSION, "stage": stage}
+        if self.incidents is not None:
+            d.update(incidents=self.incidents.to_state(), feed=self.feed.to_state())
+        if self.shard is not None:
+            d["peer_done"] = {str(q): t for q, t in self.peer_done.items()}
+        return msgspec.msgpack.encode(d)
 
     def restore(self, blob: bytes) -> None:
         """Continue where ``snapshot`` left off; ``StateError`` when the blob is not one. A
@@ -502,9 +636,10 @@ class FleetTask:
             if isinstance(d, dict) and "fleet_task" in d:
                 if d["fleet_task"] != TASK_STATE_VERSION:
                     raise StateError(f"fleet task state version {d['fleet_task']!r} (this build reads 1)")
-                if self.incidents is not None:
+                if self.incidents is not None and "incidents" in d:
                     self.incidents.load_state(d["incidents"])
                     self.feed.load_state(d["feed"])
+                self.peer_done = {int(q): float(t) for q, t in d.get("peer_done", {}).items()}
                 blob = d["stage"]
             self.stage.restore(blob, self._decode)
         except StateError:

@@ -87,6 +87,7 @@ class Membership:
     stage: str
     topics: Topics
     upstream: int
+    n_fleet: int  # the fleet topic's partitions: with model shards, one shard each
     rule_paths: list[str]
     fleet_key: bytes | None
     incident_config: IncidentConfig | None  # None: incidents off (service.incidents)
@@ -105,6 +106,13 @@ class Membership:
         if built is None:  # checked at start-up; a file broken since then keeps the old set elsewhere
             raise StateError("; ".join(str(d) for d in diags if d.is_error))
         return built
+
+    def _shards(self, stages: Stages) -> bool:
+        """Whether the models run in shards, one per fleet partition (``service.shard_models``,
+        with models on and more than one fleet partition)."""
+        return (
+            self.cfg.service.shard_models and stages.fleet is not None and not stages.progress_only and self.n_fleet > 1
+        )
 
     def _new_engine(self, partition: int) -> Detector:
         """The host stage's detector of a partition: with models (or rules only with a hang
@@ -132,7 +140,11 @@ class Membership:
                 # Rules only: an engine that is never fed, so the stage's watermark works alike.
                 make = partial(Engine, self.cfg.engine_config(), row_checks=[], tick_checks=[], screened=True)
 
-            incidents = IncidentStage(self.incident_config) if self.incident_config is not None else None
+            shard = (partition, self.n_fleet) if self._shards(stages) else None
+            # With shards, partition 0 runs what reads every host: the NCCL scorer, the hang
+            # detector and the incident stage (the others send it their alerts).
+            alone = shard is None or partition == 0
+            incidents = IncidentStage(self.incident_config) if self.incident_config is not None and alone else None
             task = FleetTask(
                 make,
                 self.upstream,
@@ -140,9 +152,11 @@ class Membership:
                 topic=self.topics.fleet,
                 group=self.cfg.kafka.group,
                 key=self.fleet_key,
-                hang=stages.hang() if stages.hang is not None else None,
+                hang=stages.hang() if stages.hang is not None and alone else None,
                 incidents=incidents,
                 records=records,
+                shard=shard,
+                forward_alerts=self.incident_config is not None and not alone,
             )
             return PartitionState(partition, task, last_input=now)
         detector = self._new_engine(partition)
@@ -150,8 +164,16 @@ class Membership:
             return PartitionState(partition, Pipeline(detector, live_decoder()), detector, last_input=now)
         # The fleet stage's engine is built as the host stage's template is: the same fields.
         fields = detector.fleet_engine().decode_fields if isinstance(detector, Topology) else ()
+        sharded = isinstance(detector, Topology) and not detector.progress_only
+        shards = self.n_fleet if sharded and self.cfg.service.shard_models and self.n_fleet > 1 else None
         outbox = Outbox(
-            partition, self.upstream, self.topics.fleet, group=self.cfg.kafka.group, key=self.fleet_key, fields=fields
+            partition,
+            self.upstream,
+            self.topics.fleet,
+            group=self.cfg.kafka.group,
+            key=self.fleet_key,
+            fields=fields,
+            shards=shards,
         )
         pipe = ForwardingPipeline(detector, live_decoder(), outbox)
         return PartitionState(partition, pipe, detector, outbox, last_input=now)

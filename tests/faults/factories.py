@@ -23,12 +23,12 @@ ROOT = Path(__file__).resolve().parents[2]
 RULES = ROOT / "rules"
 
 
-def write_config(path: Path, bootstrap: str, prefix: str, **service: object) -> Path:
+def write_config(path: Path, bootstrap: str, prefix: str, partitions: int = 4, **service: object) -> Path:
     # Rules and models: the host stage per partition, the models in the fleet stage (the same
     # process by default), whose answer is a whole-fleet replay's (pipeline/topology.py).
     svc = {"flush_idle_s": 3, "rules": [str(RULES)], "models": "auto", **service}
     path.write_text(json.dumps({
-        "kafka": {"bootstrap": bootstrap, "prefix": prefix, "group": f"{prefix}-svc", "partitions": 4,
+        "kafka": {"bootstrap": bootstrap, "prefix": prefix, "group": f"{prefix}-svc", "partitions": partitions,
                   "max_poll_records": 200, "session_timeout_ms": 6000},
         "http": {"port": 0},
         "service": svc,

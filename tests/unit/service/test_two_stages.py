@@ -80,7 +80,7 @@ def reference_incidents(replayed) -> list[dict]:
 
 
 class Fleet:
-    def __init__(self, telemetry, max_poll_records: int = 16, models: str = "auto") -> None:
+    def __init__(self, telemetry, max_poll_records: int = 16, models: str = "auto", shard_models: bool = False) -> None:
         self.bus = MemoryBus(partitions=4)
         self.topics = Topics("t")
         p = self.bus.producer()
@@ -88,7 +88,8 @@ class Fleet:
             p.send(self.topics.telemetry, value, key)
         self.cfg = load_config_text(json.dumps({
             "kafka": {"prefix": "t", "max_poll_records": max_poll_records, "partitions": 4},
-            "service": {"rules": [RULES], "models": models, "flush_idle_s": 3, "checkpoint_interval_s": 5}}),
+            "service": {"rules": [RULES], "models": models, "flush_idle_s": 3, "checkpoint_interval_s": 5,
+                        "shard_models": shard_models}}),
             env={})
         self.clock = Clock()
 
@@ -204,6 +205,48 @@ def test_replicas_joining_and_crashing_mid_stream_change_nothing(telemetry, refe
     assert _ids(got) == _ids(reference)
     seen: dict[tuple[str, str], dict] = {}
     for a in got:   # alerts sent again after the crash are the same events
+        assert seen.setdefault((a["id"], a["state"]), a) == a
+    assert _events(f.incidents()) == _events(reference_incidents)
+
+
+@pytest.mark.parametrize(("hosts", "fleets"), [(1, 1), (3, 4)])
+def test_model_shards_on_every_fleet_partition_give_the_alerts_of_one_replay(telemetry, reference,
+                                                                             reference_incidents, hosts, fleets):
+    f = Fleet(telemetry, shard_models=True)
+    services = [f.service("host") for _ in range(hosts)] + [f.service("fleet") for _ in range(fleets)]
+    made: list = []
+    for s in services[hosts:]:
+        s._new_part = lambda p, now, new=s._new_part: made.append(new(p, now)) or made[-1]
+    _run(f, services)
+    got = f.alerts()
+    assert _ids(got) == _ids(reference)
+    assert len(got) == len(reference)      # no crash: each alert once
+    assert _events(f.incidents()) == _events(reference_incidents)
+    # Every fleet partition ran a shard of the models: its hosts' DCGM records, and shard 0 the
+    # NCCL ones; no record reached two shards.
+    released = {ps.partition: ps.pipe.stage.stats["released"] for ps in made}
+    assert sorted(released) == [0, 1, 2, 3] and all(n > 0 for n in released.values()), released
+    assert sum(released.values()) == sum(ps.pipe.stage.stats["fed"] for ps in made)
+    assert any(m.value and msgspec.msgpack.decode(m.value)[0] == 2 for m in f.bus.messages(f.topics.fleet))
+
+
+def test_model_shards_with_replicas_joining_and_crashing_mid_stream(telemetry, reference, reference_incidents):
+    f = Fleet(telemetry, shard_models=True)
+    services = [f.service("host"), f.service("fleet")]
+
+    def join(svcs: list[Service]) -> None:
+        svcs += [f.service("host"), f.service("fleet"), f.service("fleet")]
+
+    def crash(svcs: list[Service]) -> None:
+        for stage in ("host", "fleet"):
+            victim = next(s for s in svcs if s.stage == stage)
+            victim.consumer.crash()
+            svcs.remove(victim)
+    _run(f, services, events={40: join, 150: crash})
+    got = f.alerts()
+    assert _ids(got) == _ids(reference)
+    seen: dict[tuple[str, str], dict] = {}
+    for a in got:
         assert seen.setdefault((a["id"], a["state"]), a) == a
     assert _events(f.incidents()) == _events(reference_incidents)
 

@@ -1,0 +1,251 @@
+"""What model shards send each other over ``<prefix>.fleet`` is a trust boundary too
+(pipeline/service/peers.py): signed under the fleet key as a fleet partition's message (envelope
+version 2), and each part, finding, alert and time checked before anything is applied. A message
+that fails is a dead letter with its reason and origin, and costs only itself; the host stage's
+outbox routes each host's records to its shard."""
+
+from __future__ import annotations
+
+import math
+import os
+
+import msgspec
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from pipeline.deadletters import BAD_ALERT, BAD_ENVELOPE, BAD_SIGNATURE, TOO_LARGE, UNKNOWN_PARTITION, UNSIGNED, WRONG_TYPE
+from pipeline.detection import build_stages
+from pipeline.errors import StateError
+from pipeline.incidents import IncidentStage, default_config
+from pipeline.models.findings import Findings
+from pipeline.models.modelset import _pack
+from pipeline.resources import rules_dir
+from pipeline.schema import AlertEvent, NcclRecord, dcgm
+from pipeline.service import peers
+from pipeline.service.fleet import FleetTask, Outbox
+from pipeline.service.peers import PEER_ENVELOPE
+from pipeline.shards import shard_of
+from tests.factories import HEALTHY, T0
+from tests.fleet_factories import FLEET_KEY, GROUP, TOPIC, envelope, fleet_message
+
+SHARDS = 4
+EXAMPLES = int(os.environ.get("GPUWARDEN_FUZZ_EXAMPLES", "300")) // 3
+
+
+@pytest.fixture(scope="module")
+def make_engine():
+    built, diags = build_stages([str(rules_dir())], "auto")
+    assert built is not None and built.fleet is not None, diags
+    return built.fleet
+
+
+def _task(make_engine, shard: int, key: bytes | None = FLEET_KEY, incidents: bool = False) -> FleetTask:
+    stage = IncidentStage(default_config()) if incidents else None
+    return FleetTask(make_engine, 2, topic=TOPIC, group=GROUP, key=key, incidents=stage, shard=(shard, SHARDS),
+                     forward_alerts=incidents and shard != 0)
+
+
+def _peer(body: bytes, sender: int, offset: int = 0, to: int = 1, **kw) -> object:
+    return fleet_message(envelope(body, sender, v=PEER_ENVELOPE, **kw), offset, partition=to)
+
+
+def _part(task: FleetTask, epoch: int = 1_000, until: int = 1_001) -> dict:
+    """A part as a shard of these models makes it, with one cohort of each DCGM model's detector."""
+    ms = task.stage.models
+    models = {}
+    for name, m in ms.models.items():
+        parts = {"_decider": m.decider.cohort_part()}
+        if m.info.source == "dcgm":
+            parts["H100"] = m.proto.clone().cohort_part()
+        models[name] = parts
+    part = {"epoch": epoch, "until": until, "n_gpus": {"H100": 8, "fleet": 8}, "models": models}
+    if ms._context_on:
+        part["context"] = ms.context.cohort_part(epoch)
+    return msgspec.msgpack.decode(msgspec.msgpack.encode(_pack(part)), ext_hook=_ext)
+
+
+def _ext(code, data):
+    from pipeline.engine.arrays import from_ext
+
+    return from_ext(data)
+
+
+def _findings(model: str = "nccl_rank_straggler", host: str = "n1") -> Findings:
+    return Findings(model, T0, np.array([-1]), np.array([3.0]), np.array([False]), np.array([T0 + 0.2]), {}, True,
+                    [(host, 0)])
+
+
+def test_a_signed_part_from_another_shard_reaches_the_exchange(make_engine):
+    task = _task(make_engine, 1)
+    part = _part(task)
+    assert task.check(_peer(peers.encode({"parts": [part]}), 2)) == []
+    assert task.stage.exchange.published["shard-2"][-1]["epoch"] == 1_000
+    # Read again (its sender restarted from a checkpoint): the same part is not taken twice.
+    assert task.check(_peer(peers.encode({"parts": [part]}), 2, offset=1)) == []
+    assert len(task.stage.exchange.published["shard-2"]) == 1 and task.stage.stats["parts_again"] == 1
+
+
+@pytest.mark.parametrize(("how", "reason"), [
+    (dict(key=None), UNSIGNED),
+    (dict(key=b"another-key-0123456789abcdef0123"), BAD_SIGNATURE),
+    (dict(signed_as=3), BAD_SIGNATURE),          # shard 3's MAC on a message that names shard 2
+    (dict(group="other"), BAD_SIGNATURE),
+])
+def test_a_peer_message_that_does_not_verify_is_refused(make_engine, how, reason):
+    task = _task(make_engine, 1)
+    dead = task.check(_peer(peers.encode({"parts": [_part(task)]}), 2, **how))
+    assert [d.reason for d in dead] == [reason]
+    assert task.stage.exchange.published["shard-2"] == []
+
+
+def test_a_host_stage_message_cannot_be_replayed_as_a_shards():
+    # The same sender number, body and key, signed as a telemetry partition's (version 1): the
+    # MAC binds the version, so it does not verify as a fleet partition's.
+    from pipeline.service.fleet import mac
+
+    body = peers.encode({"parts": [{"epoch": 1, "until": 2}]})
+    v1 = mac(FLEET_KEY, TOPIC, GROUP, 2, body)
+    assert v1 != mac(FLEET_KEY, TOPIC, GROUP, 2, body, PEER_ENVELOPE)
+
+
+@pytest.mark.parametrize("sender", [-1, 1, SHARDS, 2**40])
+def test_a_peer_message_from_no_other_shard_is_refused(make_engine, sender):
+    task = _task(make_engine, 1)
+    dead = task.check(_peer(peers.encode({}), sender))
+    assert [d.reason for d in dead] == [UNKNOWN_PARTITION]
+
+
+def test_a_peer_message_to_a_service_without_shards_is_refused(make_engine):
+    task = FleetTask(make_engine, 2, topic=TOPIC, group=GROUP, key=FLEET_KEY)
+    dead = task.check(_peer(peers.encode({}), 1))
+    assert [d.reason for d in dead] == [BAD_ENVELOPE]
+
+
+def _bad_parts(task: FleetTask) -> list:
+    good = _part(task)
+    hst = next(n for n, m in task.stage.models.models.items() if m.spec.detector == "cohort_hst")
+    counters = next(n for n, m in task.stage.models.models.items() if m.spec.detector == "counter_rate")
+    thermal = next(n for n, m in task.stage.models.models.items() if m.spec.detector == "thermal_residual")
+    bad = []
+    for change in (
+        {"epoch": 5, "until": 4},
+        {"epoch": 1.5},
+        {"until": "x"},
+        {"secret": 1},
+        {"models": {"not-a-model": {}}},
+        {"n_gpus": {"H100": -3}},
+        {"n_gpus": {"H100": 1.5}},
+        {"context": {"epoch": 999, "seen": np.zeros(18, np.int64), "capped": np.zeros(18, np.int64)}},
+    ):
+        bad.append({**good, **change})
+    for name, cohort_part in (
+        (hst, {"n": 3, "mass": np.zeros(7, np.int64)}),                    # not this forest's shape
+        (hst, {"n": -1}),
+        (counters, {"rates": np.array([np.nan]), "counts": np.array([1])}),
+        (counters, {"rates": np.array([0.1]), "counts": np.array([-1])}),
+        (counters, {"rates": np.array([0.1]), "counts": np.array([0.5])}),  # counts as floats
+        (thermal, {"sums": [1] * 3}),
+        (thermal, {"sums": [2**63] * 9}),                                 # past an int64
+    ):
+        bad.append({**good, "models": {**good["models"], name: {"_decider": {}, "H100": cohort_part}}})
+    return bad
+
+
+def test_a_part_that_no_shard_makes_is_refused_whole(make_engine):
+    task = _task(make_engine, 1)
+    for i, part in enumerate(_bad_parts(task)):
+        dead = task.check(_peer(peers.encode({"parts": [part]}), 2, offset=i))
+        assert [d.reason for d in dead] == [WRONG_TYPE], part
+    assert task.stage.exchange.published["shard-2"] == []
+
+
+def test_too_many_parts_in_one_message_are_refused(make_engine):
+    task = _task(make_engine, 1)
+    parts = [{"epoch": e, "until": e + 1} for e in range(peers.MAX_PARTS + 1)]
+    dead = task.check(_peer(peers.encode({"parts": parts}), 2))
+    assert [d.reason for d in dead] == [TOO_LARGE]
+
+
+def test_findings_come_only_from_shard_0_and_only_well_formed(make_engine):
+    task = _task(make_engine, 1)
+    assert task.check(_peer(peers.encode({"findings": [_findings()], "scored": T0 + 1}), 0)) == []
+    assert task.stage.scored == T0 + 1 and len(task.stage.models.nccl.inbox) == 1
+    # Read again: the tick's findings are not taken twice.
+    assert task.check(_peer(peers.encode({"findings": [_findings()], "scored": T0 + 1}), 0, offset=1)) == []
+    assert len(task.stage.models.nccl.inbox) == 1
+    hostile = [
+        (peers.encode({"findings": [_findings()], "scored": T0 + 2}), 2),            # not the scorer
+        (peers.encode({"findings": [_findings("thermal_hotter_than_load")], "scored": T0 + 2}), 0),   # a DCGM model
+        (peers.encode({"findings": [_findings(host="")], "scored": T0 + 2}), 0),
+        (peers.encode({"scored": math.nan}), 0),
+        (peers.encode({"scored": 5.0}), 0),                                          # before the decoder's range
+        (peers.encode({"done": T0}), 0),                                             # alerts' progress, not to shard 1
+    ]
+    for i, (body, sender) in enumerate(hostile):
+        assert [d.reason for d in task.check(_peer(body, sender, offset=2 + i))] == [WRONG_TYPE]
+    assert task.stage.scored == T0 + 1
+
+
+def test_a_shards_alerts_reach_shard_0s_incident_stage_and_a_bad_one_costs_only_itself(make_engine):
+    task = _task(make_engine, 0, incidents=True)
+    good = AlertEvent(id="a1", state="firing", fault="f", severity="warning", rule="model:x", host="n1", ts=T0,
+                      started_at=T0)
+    bad = msgspec.structs.replace(good, id="a2", state="maybe")
+    dead = task.check(_peer(peers.encode({"alerts": [good, bad], "done": T0 + 5}), 3, to=0))
+    assert [d.reason for d in dead] == [BAD_ALERT]
+    assert len(task.feed) == 1 and task.peer_done == {3: T0 + 5}
+
+
+def test_a_peer_message_survives_a_checkpoint(make_engine):
+    task = _task(make_engine, 1)
+    part = _part(task)
+    task.check(_peer(peers.encode({"parts": [part]}), 2))
+    task.check(_peer(peers.encode({"findings": [_findings()], "scored": T0 + 1}), 0, offset=1))
+    again = _task(make_engine, 1)
+    again.restore(task.snapshot())
+    assert again.stage.exchange.published["shard-2"][-1]["epoch"] == 1_000
+    assert again.stage.scored == T0 + 1 and len(again.stage.models.nccl.inbox) == 1
+    with pytest.raises(StateError, match="shard 1 of 4"):
+        _task(make_engine, 2).restore(task.snapshot())
+
+
+def test_the_outbox_sends_each_hosts_records_to_its_shard_and_each_mark_to_every_shard():
+    box = Outbox(1, 2, TOPIC, group=GROUP, key=FLEET_KEY, shards=SHARDS)
+    hosts = [f"gpu-node-{i:03d}" for i in range(12)]
+    box.feed([dcgm(T0, h, 0, HEALTHY) for h in hosts])
+    box.feed([NcclRecord(ts=T0, host="gpu-node-000", comm="c", rank=0, nranks=2, coll="AllReduce", bytes=1,
+                         exec_time_us=1.0, busbw_gbs=1.0)])
+    box.mark(1, T0 + 1)
+    sends = box.take()
+    by_part: dict[int, list[bytes]] = {}
+    for topic, _key, value, partition in sends:
+        assert topic == TOPIC and partition is not None
+        by_part.setdefault(partition, []).append(msgspec.msgpack.decode(value)[2])
+    marks = [p for p, bodies in by_part.items() for b in bodies if b.startswith(b'{"mark"')]
+    assert sorted(marks) == list(range(SHARDS))
+    from pipeline.service.forwarded import Columns
+
+    for p, bodies in by_part.items():
+        for b in bodies:
+            if not b.startswith(b"{"):
+                cols = msgspec.msgpack.decode(b, type=Columns)
+                assert {shard_of(h, SHARDS) for h in cols.hosts} <= {p}
+                assert not cols.other or p == 0  # the NCCL record: to the scorer's partition
+
+
+@settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.recursive(st.none() | st.booleans() | st.integers(-(2**63), 2**64 - 1) | st.floats() | st.text(max_size=8) | st.binary(max_size=8),
+                    lambda c: st.lists(c, max_size=4) | st.dictionaries(st.text(max_size=8), c, max_size=4),
+                    max_leaves=20),
+       st.sampled_from(["parts", "findings", "alerts", "scored", "done"]),
+       st.integers(0, SHARDS - 1))
+def test_fuzz_any_signed_peer_body_is_applied_or_dead_lettered(make_engine, value, where, sender):
+    task = _task(make_engine, 0 if sender else 1, incidents=True)
+    body = {"parts": [], "findings": [], "scored": None, "alerts": [], "done": None}
+    body[where] = value
+    raw = msgspec.msgpack.encode(body)
+    dead = task.check(_peer(raw, sender, to=task.stage.shard))
+    assert all(d.reason in (WRONG_TYPE, TOO_LARGE, BAD_ALERT, UNKNOWN_PARTITION) for d in dead)
+    task.stage.advance()
