@@ -21,8 +21,9 @@ back. Every figure is the median of ``--repeat`` runs (memory is deterministic: 
   size (the 16,384-GPU row is the headline): every host sampling at the second's start, every
   host at its own phase, and one host silent (its partition-mates apart from the others);
 * replicas: ``service_replicas.py``, 1, 2 and 4 identical `serve` replicas (both stages, the
-  models) on a 64-host `llama3` recording: each replica's share of the model work and its CPU,
-  and the 100,000-GPU projection from one process's rate;
+  models in shards by host: ``service.shard_models``) on a 64-host `llama3` recording: each
+  replica's share of the model work and its CPU, and the 100,000-GPU projection from one
+  process's rate;
 * shards: ``fleet_shards.py``, the models' work in 1, 2 and 4 shards by host plus an NCCL
   scorer, in one process (``replay --fleet-shards``): each engine's share of the records and of
   the time, and that the alerts are one engine's;
@@ -288,6 +289,7 @@ def bench_replicas(plan: Plan) -> tuple[dict, list[dict]]:
         n = run["replicas"]
         figs.append(figure(f"replicas.max_share.{n}", f"busiest replica's share of the model work, {n} replica(s)",
                            "fraction", [run["max_fleet_share"]], replicas=n, hosts=hosts,
+                           shard_models=raw.get("shard_models", False),
                            shares=[r["fleet_share"] for r in run["per_replica"]],
                            cpu_s=[r["cpu_s"] for r in run["per_replica"]], wall_s=run["wall_s"]))
     p = raw.get("projection")

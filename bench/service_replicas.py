@@ -1,10 +1,11 @@
 """Identical `serve` replicas in one group: each one's share of the model work, and its CPU.
 
     .venv/bin/python bench/service_replicas.py --kafka 127.0.0.1:9092 [--hosts 64] [--seconds 120]
-        [--replicas 1,2,4] [--json OUT] [--workdir bench/results]
+        [--replicas 1,2,4] [--shard-models on|off] [--json OUT] [--workdir bench/results]
 
 Scale-out is meant to come from Kafka's partitions and consumer groups: more identical
-replicas of `serve` (both stages, the default models) should each take a part of the work.
+replicas of `serve` (both stages, the default models, in shards by host: ``service.shard_models``,
+``--shard-models off`` for every model on the one fleet key) should each take a part of the work.
 For each replica count, on a fresh topic prefix (8 telemetry and 8 fleet partitions):
 
 1. publishes a `llama3` recording of ``--hosts`` hosts (per-host messages);
@@ -80,13 +81,14 @@ def recording(hosts: int, seconds: int, workdir: Path) -> Path:
 
 
 def run(bootstrap: str, rec: Path, n_records: int, replicas: int, workdir: Path,
-        timeout_s: float = 1800.0) -> dict:
+        timeout_s: float = 1800.0, shard_models: bool = True) -> dict:
     """One run of ``replicas`` identical services on a fresh prefix: per-replica counts and CPU."""
     prefix = f"bench-rep-{uuid.uuid4().hex[:8]}"
     topics = Topics(prefix)
     group = f"{prefix}-g"
     config = {"kafka": {"bootstrap": bootstrap, "prefix": prefix, "group": group}, "http": {"port": 0},
-              "service": {"rules": [str(ROOT / "rules")], "flush_idle_s": 2, "models": "auto"},
+              "service": {"rules": [str(ROOT / "rules")], "flush_idle_s": 2, "models": "auto",
+                          "shard_models": shard_models},
               "engine": {"idle_timeout": 0.5}}
     svcs: list[Service] = []
     try:
@@ -148,6 +150,8 @@ def main() -> None:
     ap.add_argument("--hosts", type=int, default=64)
     ap.add_argument("--seconds", type=int, default=120)
     ap.add_argument("--replicas", default="1,2,4", help="comma-separated replica counts; the first should be 1")
+    ap.add_argument("--shard-models", choices=("on", "off"), default="on",
+                    help="the models in shards by host, one per fleet partition (service.shard_models)")
     ap.add_argument("--workdir", type=Path, default=ROOT / "bench" / "results",
                     help="where the recording, service configs and logs go")
     ap.add_argument("--json", help="append the result as one JSON line to this file")
@@ -159,8 +163,10 @@ def main() -> None:
             n_all += 1
             n_dcgm += '"kind":"dcgm"' in line
     counts = [int(x) for x in args.replicas.split(",") if x.strip()]
-    runs = [run(args.kafka, rec, n_all, r, args.workdir) for r in counts]
+    sharded = args.shard_models == "on"
+    runs = [run(args.kafka, rec, n_all, r, args.workdir, shard_models=sharded) for r in counts]
     res = {"bench": "service_replicas", "hosts": args.hosts, "seconds": args.seconds, "records": n_all,
+           "shard_models": sharded,
            "gpu_samples": n_dcgm, "runs": runs,
            "machine": f"{os.cpu_count()} cores; broker and replicas on the same machine"}
     if counts and counts[0] == 1:
