@@ -145,10 +145,11 @@ class ShardStage(FleetStage):
             if not self.exchange.accept(f"shard-{sender}", p):
                 self.stats["parts_again"] += 1
 
-    def accept_findings(self, found: Sequence[Findings], scored: float) -> None:
+    def accept_findings(self, found: Sequence[Findings], scored: float | None) -> None:
         """The scorer's findings for this shard's GPUs, complete before ``scored`` (the scorer's
-        latest word: it falls again when the scorer goes on after a flush); a model's findings
-        of a tick it had already (a message read again) are dropped."""
+        latest word: it falls again when the scorer goes on after a flush; None: no word in this
+        message, the findings run on in the next); a model's findings of a tick it had already
+        (a message read again) are dropped."""
         inbox = self.models.nccl.inbox
         for f in found:
             if f.tick <= self._last_tick.get(f.model, -math.inf):
@@ -156,7 +157,8 @@ class ShardStage(FleetStage):
             else:
                 inbox.append(f)
                 self._last_tick[f.model] = f.tick
-        self.scored = scored
+        if scored is not None:
+            self.scored = scored
 
     def outgoing(self) -> dict[str, Any]:
         """What this shard has for the others since the last call: its new cohort parts (for

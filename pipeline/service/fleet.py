@@ -314,7 +314,6 @@ class FleetTask:
         self._columns = msgspec.msgpack.Decoder(Columns)
         self._build = Builder(fields)
         self._mark = msgspec.json.Decoder(Mark)
-        self._enc = msgspec.json.Encoder()
         self._alert_batch = msgspec.json.Decoder(AlertBatch)
         self._envelope = msgspec.msgpack.Decoder(Envelope)
         self._taken: dict[str, int] = {}  # each stat as last taken
@@ -475,14 +474,9 @@ class FleetTask:
             return [_dead(TOO_LARGE if e.kind == "size" else WRONG_TYPE, str(e), m, body)]
         dead: list[DeadLetter] = []
         if msg.alerts:
-            try:
-                batch = self._alert_batch.decode(self._enc.encode({"alerts": msg.alerts}))
-            except (msgspec.ValidationError, msgspec.DecodeError) as e:
-                return [_dead(WRONG_TYPE, f"alerts: {e}", m, body)]
-            dead += self._apply_alerts(batch, m, body)
+            dead += self._apply_alerts(AlertBatch(msg.alerts), m, body)
         st.accept_parts(sender, msg.parts)
-        if msg.scored is not None:
-            st.accept_findings(msg.findings, msg.scored)
+        st.accept_findings(msg.findings, msg.scored)
         if msg.done is not None:
             self.peer_done[sender] = msg.done
         return dead

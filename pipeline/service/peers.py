@@ -14,8 +14,8 @@ Each is checked field by field before anything is applied (``decode``): a part a
 ``ModelSet.check_part`` says this build's models make one, findings as
 ``pipeline.models.findings.from_wire`` does, times finite and in the decoder's range (or +inf:
 flushed), sizes bounded, and each kind only on the way it travels (findings only from shard 0,
-alerts only to it). The alerts are returned as maps for the fleet task to check one by one, as
-it does the host stage's.
+alerts only to it). The alerts come back typed, for the fleet task to check one by one as it
+does the host stage's.
 
 >>> body = encode({"parts": [{"epoch": 5, "until": 6}], "scored": 1.7e9})
 >>> from pipeline.models import load_models
@@ -46,6 +46,7 @@ MAX_PARTS = 8
 MAX_FINDINGS = 256
 MAX_ALERTS = 500
 _KEYS = frozenset({"parts", "findings", "scored", "alerts", "done"})
+_ALERTS = msgspec.msgpack.Decoder(list[AlertEvent])
 
 
 class PeerError(ValueError):
@@ -62,7 +63,7 @@ class PeerMessage:
     parts: list[dict[str, Any]] = field(default_factory=list)
     findings: list[Findings] = field(default_factory=list)
     scored: float | None = None
-    alerts: list[Any] = field(default_factory=list)  # maps, checked by the fleet task
+    alerts: list[AlertEvent] = field(default_factory=list)  # each checked again by the fleet task
     done: float | None = None
 
 
@@ -131,7 +132,13 @@ def decode(body: bytes, models: ModelSet, sender: int, receiver: int) -> PeerMes
     if alerts or d["done"] is not None:
         if receiver != 0:
             raise PeerError("shape", f"alerts to shard {receiver}: only shard 0 runs the incident stage")
-    msg = PeerMessage(scored=_time_in(d["scored"], "scored"), done=_time_in(d["done"], "done"), alerts=alerts)
+    msg = PeerMessage(scored=_time_in(d["scored"], "scored"), done=_time_in(d["done"], "done"))
+    if alerts:
+        try:
+            # Typed again from plain msgpack: an array (the extension type) is no alert's field.
+            msg.alerts = _ALERTS.decode(msgspec.msgpack.encode(alerts))
+        except (TypeError, OverflowError, msgspec.ValidationError, msgspec.DecodeError) as e:
+            raise PeerError("shape", f"alerts: {e}") from None
     for p in parts:
         try:
             models.check_part(p)
