@@ -214,13 +214,14 @@ class ShardStage(FleetStage):
             self.scored = wm
         self._step_shard(wm, out)
 
-    def _step_shard(self, wm: float, out: EngineOutput) -> None:
+    def _step_shard(self, wm: float, out: EngineOutput) -> bool:
         """This shard's engine towards ``wm``, each step only as far as every shard's parts and
-        the scorer's findings allow."""
+        the scorer's findings allow; whether they allowed all the way."""
         eng = self.engine()
         if self.models.epochs.open is None:
             # Opens where its first record is, or at the marks: any later record is past them.
             self.models.epochs.advance(epoch_of(min(wm, self._first_ts)))
+        upto = -math.inf
         while True:
             bound = self.exchange.bound()
             if bound is None:
@@ -233,6 +234,7 @@ class ShardStage(FleetStage):
             if eng.released <= before:
                 break  # not a whole tick further
         self.done = eng.released
+        return upto >= wm
 
     def _flush_engines(self, out: EngineOutput) -> None:
         """Every upstream task is final: the scorer flushes; this shard evaluates what it holds
@@ -246,9 +248,7 @@ class ShardStage(FleetStage):
         eng = self.engine()
         newest = eng.clock.newest(eng.entities.n_hosts)
         if math.isfinite(newest):
-            end = newest + eng.config.tick
-            self._step_shard(end, out)
-            if eng.released < end:
+            if not self._step_shard(newest + eng.config.tick, out):
                 return  # the others' parts, or the scorer's findings, are not in yet
         self._collect(eng.flush(), out)
         first = self.exchange.first()

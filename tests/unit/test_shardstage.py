@@ -144,6 +144,21 @@ def test_shards_meeting_by_messages_give_one_fleet_stages_alerts(mixed, n, cut, 
     assert _alerts(mixed, lambda b: Peers(b.fleet, n, b.hang, seed), cut) == one
 
 
+def test_shards_by_messages_with_hosts_at_their_own_phase_of_the_second(mixed):
+    """Exporters sample at their own phase: no record on a tick's edge, and each shard's last
+    record ends mid-tick when every upstream goes final."""
+    phase = {}
+    batches = [
+        [msgspec.structs.replace(r, ts=r.ts + phase.setdefault(r.host, 0.05 + 0.1 * len(phase) % 0.9)) for r in b]
+        for b in mixed
+    ]
+    one = _one(batches)
+    made: list[Peers] = []
+    got = _alerts(batches, lambda b: made.append(Peers(b.fleet, 3, b.hang, 5)) or made[-1], 7)
+    assert got == one
+    assert all(s.done == math.inf for s in made[0].stages)  # every shard flushed
+
+
 @pytest.mark.slow
 def test_shards_by_messages_at_30s_sampling_with_silent_hosts():
     batches = _batches("llama3", 4, interval=30.0, duration=3600)
