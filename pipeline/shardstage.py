@@ -116,6 +116,7 @@ class ShardStage(FleetStage):
         self.done = -math.inf
         self._first_ts = math.inf  # the oldest DCGM record this shard took: where it opens
         self._last_tick: dict[str, float] = {}  # per NCCL model, the tick of its latest findings taken
+        self._nccl: bool | None = None  # whether the models include NCCL ones (``reads_findings``)
         self._findings_out: dict[int, list[Findings]] = {}
         self.stats.update({"misrouted": 0, "findings_again": 0, "parts_again": 0})
 
@@ -226,7 +227,7 @@ class ShardStage(FleetStage):
             bound = self.exchange.bound()
             if bound is None:
                 break
-            upto = min(wm, self.scored, bound * EPOCH_S)
+            upto = min(wm, self.scored if self.reads_findings() else math.inf, bound * EPOCH_S)
             before = eng.released
             if upto <= before:
                 break
@@ -235,6 +236,13 @@ class ShardStage(FleetStage):
                 break  # not a whole tick further
         self.done = eng.released
         return upto >= wm
+
+    def reads_findings(self) -> bool:
+        """Whether this shard's ticks wait for the scorer's findings: only with NCCL models (a
+        shard of DCGM models alone would wait a hop a tick for nothing)."""
+        if self._nccl is None:
+            self._nccl = any(m.info.source != DCGM for m in self.models.models.values())
+        return self._nccl
 
     def _flush_engines(self, out: EngineOutput) -> None:
         """Every upstream task is final: the scorer flushes; this shard evaluates what it holds

@@ -368,7 +368,7 @@ class FleetTask:
             if q == me:
                 continue
             found = got["findings"].get(q, []) if me == 0 else []
-            scored = self._changed(q, "scored", got["scored"]) if me == 0 else None
+            scored = self._changed(q, "scored", got["scored"]) if me == 0 and st.reads_findings() else None
             alerts: list[AlertEvent] = out.alerts if self.forward_alerts and q == 0 else []
             done = self._changed(q, "done", st.done) if self.forward_alerts and q == 0 else None
             if not (got["parts"] or found or alerts) and scored is None and done is None:
