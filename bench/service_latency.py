@@ -1,7 +1,8 @@
 """Produce-to-alert latency of the service at a paced fleet load (default 16,384 GPUs at 1 Hz).
 
     .venv/bin/python bench/service_latency.py --kafka 127.0.0.1:9092 [--gpus 16384] [--seconds 40]
-        [--phases same|spread] [--tick 1] [--silent-from S] [--repeat 1] [--json OUT] [--workdir bench/results]
+        [--phases same|spread] [--tick 1] [--silent-from S] [--shard-models] [--repeat 1] [--json OUT]
+        [--workdir bench/results]
 
 A publisher sends one message per host per second, paced in real time, each sample stamped
 with the current wall clock as its event time. Every second a few random GPUs report XID 79,
@@ -17,6 +18,10 @@ publisher share the machine. Percentiles are per run; reported: their median.
 ``--phases spread`` gives each host its own phase of the second (one of 20 slots of 50 ms), as
 independent exporters sample; by default every host samples at the start of the second, the
 best case of the release rule (docs/operations.md, "When an alert can fire").
+
+With ``--shard-models`` the service runs the models in shards by host, one per fleet partition
+(``service.shard_models``): the fleet alerts then also wait for every shard's cohort parts
+(docs/operations.md, Model shards).
 
 With ``--silent-from S`` the last host sends nothing from second S on (a dead node). Its own
 partition's hosts ("mates") are what its silence can hold back, so from S on one fault a second
@@ -181,7 +186,8 @@ def run_once(args: argparse.Namespace, seed: int) -> dict:
         probe.write_text(PROBE_MODELS)
         svc = Service({"kafka": {"bootstrap": args.kafka, "prefix": prefix, "group": prefix, "partitions": 8},
                        "engine": {"allowed_lateness": args.allowed_lateness, "tick": args.tick},
-                       "http": {"port": 0}, "service": {"rules": [str(ROOT / "rules")], "models": str(probe)}},
+                       "http": {"port": 0}, "service": {"rules": [str(ROOT / "rules")], "models": str(probe),
+                                                       "shard_models": args.shard_models}},
                       args.workdir, prefix)
         try:
             produced, behind, held = publish_paced(args.kafka, topics.telemetry, hosts, args.seconds, args.warmup,
@@ -234,6 +240,7 @@ def main() -> None:
                     help="engine.allowed_lateness: by event time, how long a silent host holds its "
                          "partition-mates back, plus its sampling step (default 10)")
     ap.add_argument("--workdir", type=Path, default=ROOT / "bench" / "results", help="service configs and logs")
+    ap.add_argument("--shard-models", action="store_true", help="the models in shards by host (service.shard_models)")
     ap.add_argument("--json", help="append the result as one JSON line to this file")
     args = ap.parse_args()
     if args.seconds <= args.warmup + args.cooldown:
@@ -245,7 +252,7 @@ def main() -> None:
 
     res = {"bench": "service_latency", "gpus": args.gpus, "seconds": args.seconds, "repeat": args.repeat,
            "silent_from": args.silent_from, "allowed_lateness": args.allowed_lateness, "phases": args.phases,
-           "tick": args.tick,
+           "tick": args.tick, "shard_models": args.shard_models,
            "faults": sum(r["faults"] for r in runs), "alerts_seen": sum(r["alerts_seen"] for r in runs),
            "p50_s": med("p50_s"), "p95_s": med("p95_s"), "p99_s": med("p99_s"), "max_s": med("max_s"),
            "fleet_alerts_seen": sum(r["fleet_alerts_seen"] for r in runs), "fleet_p50_s": med("fleet_p50_s"),
@@ -261,6 +268,7 @@ def main() -> None:
         if args.silent_from is not None else ""
     silent += ", hosts at spread phases" if args.phases == "spread" else ""
     silent += f", engine.tick {args.tick:g}s" if args.tick != 1.0 else ""
+    silent += ", the models in shards" if args.shard_models else ""
     print(f"{args.gpus:,} GPUs at 1 Hz for {args.seconds}s{silent}, median of {args.repeat}: {res['alerts_seen']}/"
           f"{res['faults']} alerts seen, produce-to-alert latency p50 {res['p50_s']}s, p95 {res['p95_s']}s, "
           f"p99 {res['p99_s']}s, max {res['max_s']}s; through the fleet stage: {res['fleet_alerts_seen']}/"
