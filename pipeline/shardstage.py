@@ -13,9 +13,10 @@ service carries over the fleet topic (``pipeline.service.fleet``):
   shard evaluates a tick once its findings are in;
 - how far each shard's alerts are complete (``done``), for the incident stage on shard 0.
 
-What crosses is taken from ``outgoing()`` and fed in with ``accept_parts``, ``accept_findings``
-and ``accept_scored``; each stays correct when a message is read twice (a sender restarted
-from its checkpoint sends again what it sent after it): parts go by epoch, findings by tick.
+What crosses is taken from ``outgoing()`` and fed in with ``accept_parts`` and
+``accept_findings`` (the findings with the scorer's progress); each stays correct when a message
+is read twice (a sender restarted from its checkpoint sends again what it sent after it): parts
+go by epoch, findings by model and tick. Without NCCL models a shard waits for no findings.
 
 >>> st = ShardStage(lambda: None, shard=1, shards=4)
 >>> st.key, st.scorer, st.exchange.shards[:2]

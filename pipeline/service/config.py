@@ -91,7 +91,7 @@ class ServiceSection(msgspec.Struct, forbid_unknown_fields=True):
     # Model shards (docs/operations.md, "Model shards"): the fleet stage's models run split by
     # host, one shard per fleet partition, so the model work spreads over the fleet stage's
     # replicas; the shards exchange cohort state and NCCL findings over <prefix>.fleet. Every
-    # replica of both stages must agree on it. Off: every model runs on fleet partition of the
+    # replica of both stages must agree on it. Off: every model runs on the partition of the
     # one fleet key.
     shard_models: bool = False
     # The incidents YAML: "auto" (incidents.yaml beside the first rule directory, else the
