@@ -17,11 +17,12 @@ from __future__ import annotations
 import math
 import time
 import zlib
-from typing import Any, Callable
+from typing import Any, Callable, Mapping, Sequence
 
 from pipeline.engine import Engine, EngineOutput
 from pipeline.errors import StateError
 from pipeline.models.cohorts import EPOCH_S, LAG_EPOCHS, SharedExchange, epoch_of
+from pipeline.models.findings import Findings
 from pipeline.models.modelset import ModelSet
 from pipeline.schema import DcgmSample, TelemetryRecord
 from pipeline.topology import FLEET_KEY, FleetStage
@@ -32,6 +33,18 @@ SCORER = "nccl"  # the key of the engine that scores the NCCL models and runs no
 def shard_of(host: str, n: int) -> int:
     """The shard of a host's GPUs: the same in every process (zlib's crc32, not ``hash``)."""
     return zlib.crc32(host.encode("utf-8", "surrogatepass")) % n
+
+
+def split_findings(found: Sequence[Findings], levels: Mapping[str, bool], n: int) -> list[list[Findings]]:
+    """Named findings by the shard of the hosts they name, for each of ``n`` shards: every
+    shard gets every tick's findings, its own rows or none (the model's warmth comes with
+    them). ``levels``: ``ModelSet.nccl_levels``."""
+    out: list[list[Findings]] = [[] for _ in range(n)]
+    for f in found:
+        where = [shard_of(h, n) for h in f.hosts(levels[f.model])]
+        for i in range(n):
+            out[i].append(f.take([j for j, w in enumerate(where) if w == i]))
+    return out
 
 
 class ShardedFleet(FleetStage):
@@ -120,14 +133,8 @@ class ShardedFleet(FleetStage):
         found = scorer.nccl.out or []
         if not found:
             return
-        shards = [_models(self.engines[k]) for k in self.keys]
-        n = len(shards)
-        level_gpu = {name: m.info.level == "gpu" for name, m in scorer.models.items()}
-        for f in found:
-            hosts = f.hosts(level_gpu[f.model])
-            where = [shard_of(h, n) for h in hosts]
-            for i, ms in enumerate(shards):
-                ms.nccl.inbox.append(f.take([j for j, w in enumerate(where) if w == i]))
+        for key, mine in zip(self.keys, split_findings(found, scorer.nccl_levels(), len(self.keys))):
+            _models(self.engines[key]).nccl.inbox.extend(mine)
         found.clear()
 
     def snapshot(self, replayable: bool = False) -> bytes:

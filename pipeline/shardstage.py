@@ -34,10 +34,9 @@ from pipeline.engine import Engine, EngineOutput
 from pipeline.errors import StateError
 from pipeline.models.cohorts import EPOCH_S, OPEN_ENDED, SharedExchange, epoch_of
 from pipeline.models.findings import Findings, FindingsError, from_wire, to_wire
-from pipeline.models.modelset import ModelSet, _decode_state, _pack
-from pipeline.models.registry import DCGM
+from pipeline.models.modelset import ModelSet, decode_state, encode_state
 from pipeline.schema import DcgmSample, TelemetryRecord
-from pipeline.shards import SCORER, shard_of
+from pipeline.shards import SCORER, split_findings
 from pipeline.topology import FLEET_KEY, FleetStage
 
 SHARD_STATE_VERSION = 1
@@ -201,12 +200,12 @@ class ShardStage(FleetStage):
             for r in recs:
                 if isinstance(r, DcgmSample):
                     out.setdefault(self.key, []).append(r)
-                    if r.ts < self._first_ts:
-                        self._first_ts = r.ts
                 elif self.scorer:
                     out.setdefault(SCORER, []).append(r)
                 else:
                     self.stats["misrouted"] += 1
+        if self.key in out and self.models.epochs.open is None:
+            self._first_ts = min(self._first_ts, min(r.ts for r in out[self.key]))
         return out
 
     def _advance_engines(self, wm: float, out: EngineOutput) -> None:
@@ -242,7 +241,7 @@ class ShardStage(FleetStage):
         """Whether this shard's ticks wait for the scorer's findings: only with NCCL models (a
         shard of DCGM models alone would wait a hop a tick for nothing)."""
         if self._nccl is None:
-            self._nccl = any(m.info.source != DCGM for m in self.models.models.values())
+            self._nccl = bool(self.models.nccl_levels())
         return self._nccl
 
     def _flush_engines(self, out: EngineOutput) -> None:
@@ -271,16 +270,11 @@ class ShardStage(FleetStage):
         found = scorer.nccl.out or []
         if not found:
             return
-        level_gpu = {name: m.info.level == "gpu" for name, m in scorer.models.items()}
-        inbox = self.models.nccl.inbox
-        for f in found:
-            where = [shard_of(h, self.shards) for h in f.hosts(level_gpu[f.model])]
-            for i in range(self.shards):
-                part = f.take([j for j, w in enumerate(where) if w == i])
-                if i == self.shard:
-                    inbox.append(part)
-                else:
-                    self._findings_out.setdefault(i, []).append(part)
+        for i, mine in enumerate(split_findings(found, scorer.nccl_levels(), self.shards)):
+            if i == self.shard:
+                self.models.nccl.inbox.extend(mine)
+            else:
+                self._findings_out.setdefault(i, []).extend(mine)
         found.clear()
 
     # -- state -------------------------------------------------------------------------------
@@ -289,26 +283,24 @@ class ShardStage(FleetStage):
         """The fleet stage's snapshot, with the exchange's parts, the findings not yet applied
         and how far the scorer and this shard have come (a checkpoint is taken after a batch's
         messages went out, so nothing waits in ``outgoing``)."""
-        return msgspec.msgpack.encode(
-            _pack(
-                {
-                    "shard_stage": SHARD_STATE_VERSION,
-                    "shard": self.shard,
-                    "shards": self.shards,
-                    "stage": super().snapshot(replayable),
-                    "exchange": self.exchange.to_state(),
-                    "inbox": [to_wire(f) for f in self.models.nccl.inbox],
-                    "scored": self.scored,
-                    "done": self.done,
-                    "first_ts": self._first_ts,
-                    "last_tick": self._last_tick,
-                }
-            )
+        return encode_state(
+            {
+                "shard_stage": SHARD_STATE_VERSION,
+                "shard": self.shard,
+                "shards": self.shards,
+                "stage": super().snapshot(replayable),
+                "exchange": self.exchange.to_state(),
+                "inbox": [to_wire(f) for f in self.models.nccl.inbox],
+                "scored": self.scored,
+                "done": self.done,
+                "first_ts": self._first_ts,
+                "last_tick": self._last_tick,
+            }
         )
 
     def restore(self, blob: bytes, decode_records: Callable[[bytes], list[TelemetryRecord]]) -> None:
         try:
-            d = _decode_state.decode(blob)
+            d = decode_state(blob)
             if not isinstance(d, dict) or d.get("shard_stage") != SHARD_STATE_VERSION:
                 raise StateError("not a model shard's state (a fleet stage of another topology?)")
             if d["shard"] != self.shard or d["shards"] != self.shards:
@@ -316,8 +308,7 @@ class ShardStage(FleetStage):
             super().restore(d["stage"], decode_records)
             ms = self.models
             self.exchange.load_state(d["exchange"], ms.check_part)
-            level_gpu = {n: m.info.level == "gpu" for n, m in ms.models.items() if m.info.source != DCGM}
-            ms.nccl.inbox = [from_wire(f, level_gpu) for f in d["inbox"]]
+            ms.nccl.inbox = [from_wire(f, ms.nccl_levels()) for f in d["inbox"]]
             self.scored, self.done, self._first_ts = (float(d[k]) for k in ("scored", "done", "first_ts"))
             self._last_tick = {str(k): float(v) for k, v in d["last_tick"].items()}
         except StateError:

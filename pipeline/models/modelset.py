@@ -374,6 +374,11 @@ class ModelSet(StageBase):
         self.nccl.out = []
         self.epochs.exchange = NullExchange()
 
+    def nccl_levels(self) -> dict[str, bool]:
+        """The NCCL models by name, each with whether it judges GPUs (else hosts): how their
+        findings name entities (``Findings.hosts``, ``findings.from_wire``)."""
+        return {n: m.info.level == GPU for n, m in self.models.items() if m.info.source != DCGM}
+
     def check_part(self, part: Any) -> None:
         """``PartError`` unless ``part`` is one another shard of these models makes (``_part``):
         integer epochs, GPUs per cohort, each model's decider and detector parts in the shapes
@@ -656,6 +661,17 @@ def _ext(code: int, data: memoryview) -> Any:
 
 
 _decode_state = msgspec.msgpack.Decoder(ext_hook=_ext)
+
+
+def encode_state(obj: Any) -> bytes:
+    """Numbers, strings, maps and numeric arrays as the model state writes them (msgpack, arrays
+    as extension type 1): what model shards send each other too (pipeline/service/peers.py)."""
+    return msgspec.msgpack.encode(_pack(obj))
+
+
+def decode_state(blob: bytes) -> Any:
+    """What ``encode_state`` wrote; an array's dtype and shape checked, nothing else run."""
+    return _decode_state.decode(blob)
 
 
 def _epoch_parts(det: Any, sums: list[dict[str, Any]], states: list[dict[str, Any]]) -> list[dict[str, Any]]:

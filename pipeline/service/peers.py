@@ -35,8 +35,7 @@ import msgspec
 from pipeline.decode import TS_MAX, TS_MIN
 from pipeline.models.cohorts import PartError
 from pipeline.models.findings import Findings, FindingsError, from_wire, to_wire
-from pipeline.models.modelset import ModelSet, _decode_state, _pack
-from pipeline.models.registry import DCGM
+from pipeline.models.modelset import ModelSet, decode_state, encode_state
 from pipeline.schema import AlertEvent
 
 PEER_ENVELOPE = 2  # the envelope version of a message between fleet partitions
@@ -77,7 +76,7 @@ def encode(body: dict[str, Any]) -> bytes:
         "alerts": [msgspec.to_builtins(a) for a in body.get("alerts", ())],
         "done": _time_out(body.get("done")),
     }
-    return msgspec.msgpack.encode(_pack(d))
+    return encode_state(d)
 
 
 def chunks(
@@ -116,7 +115,7 @@ def decode(body: bytes, models: ModelSet, sender: int, receiver: int) -> PeerMes
     """The message in ``body`` from fleet partition ``sender`` to ``receiver``, checked
     (``PeerError`` saying what is wrong)."""
     try:
-        d = _decode_state.decode(body)
+        d = decode_state(body)
     except (msgspec.DecodeError, ValueError) as e:
         raise PeerError("shape", f"not a peer body: {e}") from None
     if not isinstance(d, dict) or set(d) != _KEYS:
@@ -145,7 +144,7 @@ def decode(body: bytes, models: ModelSet, sender: int, receiver: int) -> PeerMes
         except PartError as e:
             raise PeerError("shape", f"cohort part: {e}") from None
         msg.parts.append(p)
-    level_gpu = {n: m.info.level == "gpu" for n, m in models.models.items() if m.info.source != DCGM}
+    level_gpu = models.nccl_levels()
     for f in found:
         try:
             msg.findings.append(from_wire(f, level_gpu))

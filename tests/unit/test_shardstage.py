@@ -12,7 +12,7 @@ import pytest
 
 from pipeline.detection import build_stages
 from pipeline.models.findings import from_wire, to_wire
-from pipeline.models.modelset import _decode_state, _pack
+from pipeline.models.modelset import decode_state, encode_state
 from pipeline.resources import rules_dir
 from pipeline.schema import DcgmRecord, DcgmSample, NcclRecord, NicRecord, ProgressRecord
 from pipeline.shards import shard_of
@@ -25,7 +25,7 @@ _DEC = msgspec.json.Decoder(list[DcgmRecord | NcclRecord | NicRecord | ProgressR
 
 def _wire(x):
     """What crosses the fleet topic: packed and read back (arrays as arrays, maps by name)."""
-    return _decode_state.decode(msgspec.msgpack.encode(_pack(x)))
+    return decode_state(encode_state(x))
 
 
 class Peers:
@@ -58,7 +58,7 @@ class Peers:
 
     def _send(self, i: int) -> None:
         got = self.stages[i].outgoing()
-        level = {n: m.info.level == "gpu" for n, m in self.stages[i].models.models.items() if m.info.source != "dcgm"}
+        level = self.stages[i].models.nccl_levels()
         for j in range(self.n):
             if j == i:
                 continue

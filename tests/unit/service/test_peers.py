@@ -21,7 +21,7 @@ from pipeline.detection import build_stages
 from pipeline.errors import StateError
 from pipeline.incidents import IncidentStage, default_config
 from pipeline.models.findings import Findings
-from pipeline.models.modelset import _pack
+from pipeline.models.modelset import decode_state, encode_state
 from pipeline.resources import rules_dir
 from pipeline.schema import AlertEvent, NcclRecord, dcgm
 from pipeline.service import peers
@@ -64,13 +64,7 @@ def _part(task: FleetTask, epoch: int = 1_000, until: int = 1_001) -> dict:
     part = {"epoch": epoch, "until": until, "n_gpus": {"H100": 8, "fleet": 8}, "models": models}
     if ms._context_on:
         part["context"] = ms.context.cohort_part(epoch)
-    return msgspec.msgpack.decode(msgspec.msgpack.encode(_pack(part)), ext_hook=_ext)
-
-
-def _ext(code, data):
-    from pipeline.engine.arrays import from_ext
-
-    return from_ext(data)
+    return decode_state(encode_state(part))
 
 
 def _findings(model: str = "nccl_rank_straggler", host: str = "n1") -> Findings:
@@ -209,8 +203,7 @@ def test_a_shards_alerts_reach_shard_0s_incident_stage_and_a_bad_one_costs_only_
     assert [d.reason for d in dead] == [BAD_ALERT]
     assert len(task.feed) == 1 and task.peer_done == {3: T0 + 5}
     # An array where an alert should be (msgpack's extension type): refused, not an internal error.
-    raw = msgspec.msgpack.encode(_pack({"parts": [], "findings": [], "scored": None, "alerts": [np.zeros(3)],
-                                        "done": None}))
+    raw = encode_state({"parts": [], "findings": [], "scored": None, "alerts": [np.zeros(3)], "done": None})
     assert [d.reason for d in task.check(_peer(raw, 3, offset=1, to=0))] == [WRONG_TYPE]
 
 
@@ -262,7 +255,7 @@ def test_fuzz_any_signed_peer_body_is_applied_or_dead_lettered(make_engine, valu
     task = _task(make_engine, 0 if sender else 1, incidents=True)
     body = {"parts": [], "findings": [], "scored": None, "alerts": [], "done": None}
     body[where] = value
-    raw = msgspec.msgpack.encode(_pack(body))
+    raw = encode_state(body)
     dead = task.check(_peer(raw, sender, to=task.stage.shard))
     assert all(d.reason in (WRONG_TYPE, TOO_LARGE, BAD_ALERT, UNKNOWN_PARTITION) for d in dead)
     task.stage.advance()
