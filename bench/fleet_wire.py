@@ -6,9 +6,10 @@ A simulated ``mixed`` recording goes through the host stage (default rules, the 
 fleet stage as the field set) as the service's host stage runs it; what it forwards is encoded
 in messages of ``MAX_FORWARD`` records inside the signed envelope, as a JSON array of records
 (the encoding of earlier builds, still read) and as columns (pipeline/service/forwarded.py).
-Prints per forwarded record: the bytes on the topic, the host stage's encode, and the fleet
-stage's decode (records ready for its engine) plus canonical order, in CPU time. Median of
---repeat runs.
+Prints per forwarded record: the bytes on the topic, the host stage's encode, the fleet stage's
+decode (rows ready for its engine) plus canonical order, and the whole fleet stage (decode,
+buffer, canonical order and its engine with the default models, start-up included), in CPU
+time. Median of --repeat runs.
 """
 
 from __future__ import annotations
@@ -27,11 +28,12 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from pipeline import rows  # noqa: E402
 from pipeline.decode import Decoder  # noqa: E402
 from pipeline.detection import build_detector  # noqa: E402
 from pipeline.service.fleet import ENVELOPE_VERSION, Envelope, mac  # noqa: E402
 from pipeline.service.forwarded import MAX_FORWARD, Builder, Columns, Decoded, Encoder  # noqa: E402
-from pipeline.topology import Topology, canonical_order, records_decoder  # noqa: E402
+from pipeline.topology import FleetStage, Topology, canonical_order, records_decoder  # noqa: E402
 from producers.sim import Simulator  # noqa: E402
 
 KEY = b"k" * 32
@@ -86,16 +88,48 @@ def measure(records: list[Any], fields: tuple[str, ...], repeat: int) -> dict:
         for v in msgs:
             d = Decoded(col_dec.decode(env.decode(v).body))
             recs, cols = build.build(d, np.ones(d.n, bool), np.ones(len(d.other), bool))
-            canonical_order(recs, np.array([r.ts for r in recs]), cols)
+            canonical_order(recs, recs.ts, cols)
+
+    def stage(decode: Callable[[bytes], tuple[Any, Any, Any]]) -> Callable[[list[bytes]], None]:
+        """The fleet stage over the messages: decoded, buffered, put in canonical order and
+        run through the fleet engine (the default models), a release every 20 messages."""
+
+        def run(msgs: list[bytes]) -> None:
+            det, _ = build_detector([str(ROOT / "rules")], "auto")
+            assert isinstance(det, Topology)
+            st = FleetStage(det.fleet_engine)
+            for k, v in enumerate(msgs):
+                recs, ts, cols = decode(env.decode(v).body)
+                st.feed(recs, at=k, upstream=0, ts=ts, cols=cols)
+                if k % 20 == 19:
+                    st.mark(0, float(ts.min()) - 5.0)
+                    st.advance()
+            st.flush()
+
+        return run
+
+    def json_rows(body: bytes) -> tuple[Any, Any, Any]:
+        recs = json_dec(body)
+        return recs, rows.times(recs), None
+
+    def col_rows(body: bytes) -> tuple[Any, Any, Any]:
+        d = Decoded(col_dec.decode(body))
+        recs, cols = build.build(d, np.ones(d.n, bool), np.ones(len(d.other), bool))
+        return recs, recs.ts, cols
 
     out: dict = {"records": n}
-    for name, enc, dec in (("json", json_enc.encode, json_in), ("columns", col_enc.encode, col_in)):
+    for name, enc, dec, whole in (
+        ("json", json_enc.encode, json_in, stage(json_rows)),
+        ("columns", col_enc.encode, col_in, stage(col_rows)),
+    ):
         t_enc, msgs = _timed(lambda enc=enc: [_wrap(enc(c)) for c in chunks], repeat)
         t_dec, _ = _timed(lambda dec=dec, msgs=msgs: dec(msgs), repeat)
+        t_stage, _ = _timed(lambda whole=whole, msgs=msgs: whole(msgs), repeat)
         out[name] = {
             "bytes_per_record": round(sum(map(len, msgs)) / n, 1),
             "encode_us": round(t_enc / n * 1e6, 3),
             "decode_and_order_us": round(t_dec / n * 1e6, 3),
+            "fleet_stage_us": round(t_stage / n * 1e6, 3),
         }
     return out
 

@@ -21,12 +21,13 @@ import functools
 import math
 import struct
 from dataclasses import dataclass
-from typing import Any, Iterable, Sequence, cast
+from typing import Any, Sequence, cast
 
 import msgspec
 import numpy as np
 
-from pipeline.schema import SCHEMA_VERSION, DcgmJobLabels, DcgmSample
+from pipeline.rows import NO_LINK
+from pipeline.schema import SCHEMA_VERSION, DcgmJobLabels
 
 CONTENT_TYPE = "content-type"
 #: The header value of a version-1 columnar message.
@@ -36,7 +37,6 @@ FORMAT_VERSION = 1
 MAX_ROWS = 1 << 16  # rows of one message: a host's GPUs and links times a backlog's intervals
 MAX_COLUMNS = 1024  # field names of one message: the catalog has ~140 spellings
 MAX_DISTINCT = 4096  # distinct models or label sets in one message
-NO_LINK = -(1 << 63)  # the link column's "no link": no real link index is negative
 _INT64 = (-(1 << 63), (1 << 63) - 1)
 _F8, _I8, _I4 = np.dtype("<f8"), np.dtype("<i8"), np.dtype("<i4")
 
@@ -348,127 +348,3 @@ def parse(payload: bytes, names: Sequence[str]) -> Columns:
         labels=w.labels,
         label=None if w.label is None else np.frombuffer(w.label, _I4),
     )
-
-
-class DcgmColumns(Sequence[DcgmSample]):
-    """DCGM samples of several columnar messages, concatenated, as the engine ingests them: the
-    arrays it reads, and a record built for a row only when one is asked for (a dead letter, a
-    GPU's first model). ``names``: the value matrix's columns (the decoder's fields)."""
-
-    def __init__(
-        self,
-        names: tuple[str, ...],
-        ts: np.ndarray,
-        hosts: list[str],
-        gpu: np.ndarray,
-        link: np.ndarray,
-        values: np.ndarray,
-        models: list[str | None],
-        labels: list[Any],
-        record_type: type,
-        fields_type: type,
-        v: np.ndarray,
-    ) -> None:
-        self.names, self.ts, self.hosts, self.gpu, self.link = names, ts, hosts, gpu, link
-        self.values, self.models, self.labels = values, models, labels
-        self.record_type, self.fields_type, self.v = record_type, fields_type, v
-
-    def __len__(self) -> int:
-        return len(self.ts)
-
-    def __getitem__(self, i: Any) -> Any:
-        if isinstance(i, slice):
-            return self.take(np.arange(len(self))[i])
-        i = int(i)
-        if i < 0:
-            i += len(self)
-        row = self.values[i]
-        have = np.flatnonzero(~np.isnan(row)).tolist()
-        # Only the values present: a NaN slot would be written out as null, not left out.
-        present = dict(zip([self.names[j] for j in have], row[have].tolist()))
-        lk = int(self.link[i])
-        return self.record_type(
-            v=int(self.v[i]),
-            ts=float(self.ts[i]),
-            host=self.hosts[i],
-            gpu=int(self.gpu[i]),
-            link=None if lk == NO_LINK else lk,
-            model=self.models[i],
-            fields=self.fields_type(**present),
-            labels=self.labels[i],
-        )
-
-    def __iter__(self) -> Any:
-        return (self[i] for i in range(len(self)))
-
-    def take(self, idx: np.ndarray) -> "DcgmColumns":
-        """The rows at ``idx`` (indices or a boolean mask), still columns."""
-        il = np.flatnonzero(idx).tolist() if idx.dtype == bool else idx.tolist()
-        return DcgmColumns(
-            self.names,
-            self.ts[idx],
-            [self.hosts[i] for i in il],
-            self.gpu[idx],
-            self.link[idx],
-            self.values[idx],
-            [self.models[i] for i in il],
-            [self.labels[i] for i in il],
-            self.record_type,
-            self.fields_type,
-            self.v[idx],
-        )
-
-    @staticmethod
-    def concat(parts: Iterable["DcgmColumns"]) -> "DcgmColumns":
-        ps = list(parts)
-        if len(ps) == 1:
-            return ps[0]
-        p0 = ps[0]
-        return DcgmColumns(
-            p0.names,
-            np.concatenate([p.ts for p in ps]),
-            [h for p in ps for h in p.hosts],
-            np.concatenate([p.gpu for p in ps]),
-            np.concatenate([p.link for p in ps]),
-            np.concatenate([p.values for p in ps]),
-            [m for p in ps for m in p.models],
-            [x for p in ps for x in p.labels],
-            p0.record_type,
-            p0.fields_type,
-            np.concatenate([p.v for p in ps]),
-        )
-
-
-class Combined(Sequence[Any]):
-    """A batch of columnar rows and JSON-decoded records together, the columns first (a batch
-    with both encodings, as a topic with columnar DCGM producers and JSON NCCL producers has):
-    the engine ingests each part as it is, neither turned into the other.
-
-    ``cols`` rows are indices ``0 .. len(cols)-1``, ``others`` follow."""
-
-    def __init__(self, cols: DcgmColumns, others: list[Any]) -> None:
-        self.cols, self.others = cols, others
-        n = len(others)
-        self.ts = np.concatenate([cols.ts, np.fromiter((r.ts for r in others), np.float64, n)])
-        self.hosts: list[str] = cols.hosts + [r.host for r in others]
-
-    def __len__(self) -> int:
-        return len(self.ts)
-
-    def __getitem__(self, i: Any) -> Any:
-        i = int(i)
-        if i < 0:
-            i += len(self)
-        nc = len(self.cols)
-        return self.cols[i] if i < nc else self.others[i - nc]
-
-    def __iter__(self) -> Any:
-        yield from self.cols
-        yield from self.others
-
-    def take(self, idx: np.ndarray) -> "Combined":
-        """The rows at ``idx`` (indices or a boolean mask), each part as it is."""
-        il = np.flatnonzero(idx) if idx.dtype == bool else np.asarray(idx, np.int64)
-        nc = len(self.cols)
-        head = il[il < nc]
-        return Combined(self.cols.take(head), [self.others[i - nc] for i in il[il >= nc].tolist()])

@@ -26,7 +26,7 @@ import numpy as np
 from pipeline.deadletters import ENTITY_LIMIT as ENTITY_LIMIT
 from pipeline.deadletters import LATE as LATE
 from pipeline.deadletters import REASONS as REASONS
-from pipeline import colwire
+from pipeline import colwire, rows
 from pipeline.catalog import FIELDS
 from pipeline.deadletters import (
     MALFORMED_COLUMNS,
@@ -131,7 +131,7 @@ def _raw(payload: bytes | str) -> str:
 
 @dataclass
 class Decoded:
-    # A list, or one ``colwire.DcgmColumns`` for a batch of columnar messages (decode_many).
+    # A list, or one ``rows.DcgmColumns`` for a batch of columnar messages (decode_many).
     records: Sequence[TelemetryRecord]
     origins: Sequence[str]  # a list from ``decode``, ``Origins`` from ``decode_many``
     dead: list[DeadLetter]
@@ -190,7 +190,7 @@ class Decoder:
 
         ``columnar``: per message, what its headers say of its encoding (``colwire.is_columnar``:
         True columnar, False JSON, None a columnar version this build does not read); None: all
-        JSON. A batch of columnar messages decodes to one ``colwire.DcgmColumns`` as ``records``.
+        JSON. A batch of columnar messages decodes to one ``rows.DcgmColumns`` as ``records``.
 
         The common case (every message well-formed and plausible) is the fast decoder mapped
         over the messages and one plausibility pass over the batch, without the per-message
@@ -274,19 +274,19 @@ class Decoder:
         if not json_at:
             return Decoded(cols, Origins(origins, msg, pos), dead, pos.tolist())
         # Beside JSON messages: the columns first, then the JSON messages' records in message
-        # order (colwire.Combined); the engine ingests each part as it is.
+        # order (rows.Combined); the engine ingests each part as it is.
         jd = self.decode_many([payloads[j] for j in json_at], [origins[j] for j in json_at])
         dead.extend(jd.dead)
         recs = list(jd.records)
         jo = cast(Origins, jd.origins)  # decode_many's origins: indices into the JSON messages
         all_msg = np.concatenate([msg, np.array(json_at, np.int64)[jo.msg]])
         all_pos = np.concatenate([pos, jo.pos])
-        records: Sequence[TelemetryRecord] = colwire.Combined(cols, recs) if len(cols) else recs
+        records: Sequence[TelemetryRecord] = rows.Combined(cols, recs) if len(cols) else recs
         return Decoded(records, Origins(origins, all_msg, all_pos), dead, all_pos.tolist())
 
     def _columns(
         self, parts: list[colwire.Part], part_msg: list[int], origins: Sequence[str], dead: list[DeadLetter]
-    ) -> tuple[colwire.DcgmColumns, np.ndarray, np.ndarray]:
+    ) -> tuple[rows.DcgmColumns, np.ndarray, np.ndarray]:
         """The parts' rows as columns, with each row's message and position; every check the
         JSON path makes, made on the arrays, and each row that fails one a dead letter with the
         reason and detail ``_check`` gives its record."""
@@ -298,7 +298,7 @@ class Decoder:
         msg = np.repeat(np.array(part_msg, np.int64), sizes)
         pos = np.arange(n, dtype=np.int64) - np.repeat(np.cumsum(sizes) - sizes, sizes) if n else np.empty(0, np.int64)
         if not n:
-            empty = colwire.DcgmColumns(
+            empty = rows.DcgmColumns(
                 names,
                 np.empty(0),
                 [],
@@ -327,7 +327,7 @@ class Decoder:
         gpu = colwire.column(parts, "gpu", np.dtype("<i8"))
         link = colwire.links(parts)
         v = np.repeat(np.array([p.wire.v for p in parts], np.int64), sizes)
-        cols = colwire.DcgmColumns(
+        cols = rows.DcgmColumns(
             names, ts, hosts, gpu, link, colwire.values_of(parts, names), models, labels, rtype, ftype, v
         )
         lo, hi = TS_MIN, TS_MAX
@@ -336,7 +336,7 @@ class Decoder:
             lo, hi = max(lo, now - self.max_age_s), min(hi, now + self.max_future_s)
         with np.errstate(invalid="ignore"):  # NaN compares False: a bad row
             ok = (ts >= lo) & (ts <= hi) & (gpu >= 0) & (gpu <= MAX_GPU_INDEX)
-            ok &= (link == colwire.NO_LINK) | ((link >= 0) & (link <= MAX_LINK_INDEX))
+            ok &= (link == rows.NO_LINK) | ((link >= 0) & (link <= MAX_LINK_INDEX))
         if not ok_msg.all():
             # A bad host or version fails every row; a bad model among the message's, only the
             # rows naming it (``_check`` accepts the others below).

@@ -19,12 +19,16 @@ import time
 import zlib
 from typing import Any, Callable, Mapping, Sequence
 
+import numpy as np
+
+from pipeline import rows
 from pipeline.engine import Engine, EngineOutput
 from pipeline.errors import StateError
 from pipeline.models.cohorts import EPOCH_S, LAG_EPOCHS, SharedExchange, epoch_of
 from pipeline.models.findings import Findings
 from pipeline.models.modelset import ModelSet
-from pipeline.schema import DcgmSample, TelemetryRecord
+from pipeline.rows import DcgmColumns
+from pipeline.schema import TelemetryRecord
 from pipeline.topology import FLEET_KEY, FleetStage
 
 SCORER = "nccl"  # the key of the engine that scores the NCCL models and runs no DCGM rows
@@ -74,29 +78,33 @@ class ShardedFleet(FleetStage):
         """DCGM records each shard's models scored (and the scorer's NCCL records)."""
         return {k: int(e.stats["records.dcgm"] + e.stats["records.nccl"]) for k, e in self.engines.items()}
 
-    def _release(self, batches: dict[str, list[TelemetryRecord]], out: EngineOutput) -> None:
+    def _release(self, batches: dict[str, Sequence[TelemetryRecord]], out: EngineOutput) -> None:
         for key, recs in batches.items():
             t0 = time.perf_counter()
             super()._release({key: recs}, out)
             self.busy[key] = self.busy.get(key, 0.0) + time.perf_counter() - t0
 
-    def _take(self, wm: float) -> dict[str, list[TelemetryRecord]]:
+    def _take(self, wm: float) -> dict[str, Sequence[TelemetryRecord]]:
         """The released records in canonical order, DCGM by the shard of their host, the rest
         to the scorer."""
         batches = super()._take(wm)
-        out: dict[str, list[TelemetryRecord]] = {}
+        out: dict[str, Sequence[TelemetryRecord]] = {}
         n, where = len(self.keys), self._where
         for recs in batches.values():
-            for r in recs:
-                if isinstance(r, DcgmSample):
-                    key = where.get(r.host)
-                    if key is None:
-                        key = where[r.host] = self.keys[shard_of(r.host, n)]
-                else:
-                    key = SCORER
-                out.setdefault(key, []).append(r)
-            if recs and self._first is None:
-                self._first = epoch_of(min(r.ts for r in recs))
+            dcgm, other = rows.split(recs)
+            hosts = dcgm.hosts if isinstance(dcgm, DcgmColumns) else [r.host for r in dcgm]
+            by_key: dict[str, list[int]] = {}
+            for i, h in enumerate(hosts):
+                key = where.get(h)
+                if key is None:
+                    key = where[h] = self.keys[shard_of(h, n)]
+                by_key.setdefault(key, []).append(i)
+            for key, ix in by_key.items():
+                out[key] = rows.take(dcgm, np.array(ix, np.int64))
+            if other:
+                out[SCORER] = other
+            if len(recs) and self._first is None:
+                self._first = epoch_of(float(rows.times(recs).min()))
         return out
 
     def _advance_engines(self, wm: float, out: EngineOutput) -> None:

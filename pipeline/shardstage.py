@@ -30,12 +30,13 @@ from typing import Any, Callable, Sequence
 
 import msgspec
 
+from pipeline import rows
 from pipeline.engine import Engine, EngineOutput
 from pipeline.errors import StateError
 from pipeline.models.cohorts import EPOCH_S, OPEN_ENDED, SharedExchange, epoch_of
 from pipeline.models.findings import Findings, FindingsError, from_wire, to_wire
 from pipeline.models.modelset import ModelSet, decode_state, encode_state
-from pipeline.schema import DcgmSample, TelemetryRecord
+from pipeline.schema import TelemetryRecord
 from pipeline.shards import SCORER, split_findings
 from pipeline.topology import FLEET_KEY, FleetStage
 
@@ -192,20 +193,26 @@ class ShardStage(FleetStage):
             self.released = max(self.released, math.nextafter(self._newest, math.inf))
         return out
 
-    def _take(self, wm: float) -> dict[str, list[TelemetryRecord]]:
+    def _take(self, wm: float) -> dict[str, Sequence[TelemetryRecord]]:
         """The released records, DCGM to this shard's engine, NCCL and progress to the scorer
         (shard 0; anywhere else they were misrouted, and are counted and dropped)."""
-        out: dict[str, list[TelemetryRecord]] = {}
+        dcgm: list[Sequence[TelemetryRecord]] = []
+        other: list[TelemetryRecord] = []
         for recs in super()._take(wm).values():
-            for r in recs:
-                if isinstance(r, DcgmSample):
-                    out.setdefault(self.key, []).append(r)
-                elif self.scorer:
-                    out.setdefault(SCORER, []).append(r)
-                else:
-                    self.stats["misrouted"] += 1
-        if self.key in out and self.models.epochs.open is None:
-            self._first_ts = min(self._first_ts, min(r.ts for r in out[self.key]))
+            d, o = rows.split(recs)
+            dcgm.append(d)
+            other += o
+        out: dict[str, Sequence[TelemetryRecord]] = {}
+        mine = rows.concat(dcgm)[0]  # one key's rows: already in canonical order
+        if len(mine):
+            out[self.key] = mine
+            if self.models.epochs.open is None:
+                self._first_ts = min(self._first_ts, float(rows.times(mine).min()))
+        if other:
+            if self.scorer:
+                out[SCORER] = other
+            else:
+                self.stats["misrouted"] += len(other)
         return out
 
     def _advance_engines(self, wm: float, out: EngineOutput) -> None:

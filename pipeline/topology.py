@@ -31,10 +31,12 @@ from typing import Any, Callable, Iterable, Sequence, Union, cast
 import msgspec
 import numpy as np
 
+from pipeline import rows
 from pipeline.engine import Engine, EngineConfig, EngineOutput
 from pipeline.engine.stage import Stage
 from pipeline.errors import StateError
 from pipeline.hang import HangDetector
+from pipeline.rows import Combined, DcgmColumns
 from pipeline.schema import DcgmSample, NcclRecord, ProgressRecord, TelemetryRecord, dcgm_record_type
 
 FLEET_KEY = "fleet"  # the fleet stage's one key: every model compares over the whole fleet
@@ -125,8 +127,8 @@ class FleetStage:
         restored stage reads again from before its snapshot's position were either released
         before (dropped, as ``replayed``) or buffered then (fed again).
         """
-        recs = records if isinstance(records, list) else list(records)
-        if not recs:
+        recs = records if isinstance(records, (list, DcgmColumns, Combined)) else list(records)
+        if not len(recs):
             return
         c = _Chunk(recs, None if keys is None else list(keys), ts, cols)
         if upstream is not None:
@@ -204,9 +206,9 @@ class FleetStage:
             self.final.add(p)
         return self.advance()
 
-    def _take(self, wm: float) -> dict[str, list[TelemetryRecord]]:
+    def _take(self, wm: float) -> dict[str, Sequence[TelemetryRecord]]:
         """The buffered records older than ``wm``, by key, each key's in canonical order and
-        without records forwarded twice."""
+        without records forwarded twice; columns stay columns (``pipeline.rows``)."""
         go: list[_Chunk] = []
         stay: list[_Chunk] = []
         for c in self._chunks:
@@ -218,14 +220,17 @@ class FleetStage:
                 before = c.ts < wm
                 go.append(c.take(before))
                 stay.append(c.take(~before))
-        recs = [r for c in go for r in c.records]
-        if not recs:
+        recs, where = rows.concat([c.records for c in go])
+        if not len(recs):
             self._chunks = stay
             return {}
         # None while every record has the one fleet key (the service's case).
         keys = None if all(c.keys is None for c in go) else [k for c in go for k in c.key_list()]
         tsa = np.concatenate([c.ts for c in go])
         cols = SortColumns.concat([c.sort_columns() for c in go])
+        if where is not None:  # the joined columns' rows are in another order than the chunks'
+            tsa, cols = tsa[where], cols.take(where)
+            keys = None if keys is None else [keys[i] for i in where.tolist()]
         order, dup = canonical_order(recs, tsa, cols)
         # Only now: should the sort raise, nothing has left the buffer.
         self._chunks = stay
@@ -234,18 +239,18 @@ class FleetStage:
         if dup:
             self.stats["duplicate"] += dup
         if keys is None:
-            return {FLEET_KEY: [recs[i] for i in order]}
-        by_key: dict[str, list[TelemetryRecord]] = {}
+            return {FLEET_KEY: rows.take(recs, np.array(order, np.int64))}
+        by_key: dict[str, list[int]] = {}
         for i in order:
-            by_key.setdefault(keys[i], []).append(recs[i])
-        return dict(sorted(by_key.items()))
+            by_key.setdefault(keys[i], []).append(i)
+        return {k: rows.take(recs, np.array(ix, np.int64)) for k, ix in sorted(by_key.items())}
 
-    def _release(self, batches: dict[str, list[TelemetryRecord]], out: EngineOutput) -> None:
+    def _release(self, batches: dict[str, Sequence[TelemetryRecord]], out: EngineOutput) -> None:
         for key, recs in batches.items():
             self.stats["released"] += len(recs)
             self._collect(self.engine(key).process(recs), out)
             if self.hang is not None:
-                out.alerts.extend(self.hang.observe(recs))
+                out.alerts.extend(self.hang.observe(rows.split(recs)[1]))
 
     def _advance_engines(self, wm: float, out: EngineOutput) -> None:
         """Every engine to ``wm`` (what the marks allow)."""
@@ -343,14 +348,14 @@ class _Chunk:
 
     def __init__(
         self,
-        records: list[TelemetryRecord],
+        records: Sequence[TelemetryRecord],
         keys: list[str] | None,
         ts: np.ndarray | None = None,
         cols: SortColumns | None = None,
     ) -> None:
         self.records, self.keys, self.cols = records, keys, cols
         self.at: int | None = None  # the input position it came from (FleetStage.feed)
-        self.ts = np.fromiter(map(_TS, records), np.float64, len(records)) if ts is None else ts
+        self.ts = rows.times(records) if ts is None else ts
         self.tmin, self.tmax = (float(self.ts.min()), float(self.ts.max())) if len(records) else (math.inf, -math.inf)
 
     def key_list(self) -> list[str]:
@@ -362,9 +367,7 @@ class _Chunk:
     def take(self, sel: np.ndarray) -> "_Chunk":
         idx = np.flatnonzero(sel).tolist()
         keys = None if self.keys is None else [self.keys[i] for i in idx]
-        c = _Chunk(
-            [self.records[i] for i in idx], keys, self.ts[sel], None if self.cols is None else self.cols.take(sel)
-        )
+        c = _Chunk(rows.take(self.records, sel), keys, self.ts[sel], None if self.cols is None else self.cols.take(sel))
         c.at = self.at
         return c
 
@@ -459,7 +462,7 @@ class SortColumns:
 
 
 def canonical_order(
-    records: list[TelemetryRecord], ts: np.ndarray, cols: SortColumns | None = None
+    records: Sequence[TelemetryRecord], ts: np.ndarray, cols: SortColumns | None = None
 ) -> tuple[list[int], int]:
     """The indices of ``records`` in ``record_identity`` order, each identity once (the first
     fed of records forwarded twice), and how many were dropped as such: the sort as arrays,

@@ -23,7 +23,7 @@ from typing import Any, Sequence, cast
 
 import numpy as np
 
-from pipeline.colwire import Combined, DcgmColumns
+from pipeline.rows import Combined, DcgmColumns, take
 from pipeline.deadletters import ENTITY_LIMIT, INTERNAL, Origins, take_origins
 from pipeline.engine.arrays import from_dict, to_dict
 from pipeline.engine.alerts import alert_event, per_host
@@ -32,7 +32,7 @@ from pipeline.engine.config import EngineConfig
 from pipeline.engine.entities import Entities
 from pipeline.engine.frame import Columnizer, DcgmFrame
 from pipeline.engine.hostclock import HostClock, latest_steps
-from pipeline.engine.ingest import Ingest, _take
+from pipeline.engine.ingest import Ingest
 from pipeline.engine.lifecycle import Lifecycle, Transition
 from pipeline.engine.output import EngineOutput, Numbered
 from pipeline.engine import registry
@@ -248,7 +248,7 @@ class Engine:
                     if c := int((why == code).sum()):
                         self.stats["dead." + reason] += c
                 keep = np.flatnonzero(~bad)
-                records = _take(records, keep)
+                records = take(records, keep)
                 origins = take_origins(origins, keep)
                 # A late record still says its host is there: a host first seen late (it joined
                 # behind the others) holds the watermark from now on instead of losing every
@@ -310,7 +310,7 @@ class Engine:
             )
         self.stats["dead." + ENTITY_LIMIT] += int((hosts < 0).sum())
         keep = np.flatnonzero(hosts >= 0)
-        return _take(records, keep), take_origins(origins, keep), ts[keep], hosts[keep]
+        return take(records, keep), take_origins(origins, keep), ts[keep], hosts[keep]
 
     def _refused(self, code: int, r: TelemetryRecord, origin: str, judged: float) -> DeadLetter:
         return refused(code, r, origin, judged, self.clock, self.entities.host_id.get(r.host), self.released)

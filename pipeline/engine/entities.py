@@ -11,7 +11,7 @@ from typing import Any, Iterable, Sequence, TypeGuard
 
 import numpy as np
 
-from pipeline.colwire import DcgmColumns
+from pipeline.rows import DcgmColumns
 from pipeline.decode import bad_identifier
 from pipeline.numeric import grow as grow
 from pipeline.numeric import id_bound as id_bound

@@ -18,7 +18,7 @@ import msgspec
 import numpy as np
 from msgspec.structs import astuple
 
-from pipeline.colwire import DcgmColumns
+from pipeline.rows import DcgmColumns
 from pipeline.catalog import BLANK_FP64, BLANK_INT64, FIELDS
 from pipeline.deadletters import BLANK_SENTINEL, NAN_FIELD, NEGATIVE_VALUE
 from pipeline.schema import FIELD_SLOT_COLUMNS, DcgmRecord, DcgmSample, DeadLetter, NcclRecord, dcgm_fields_type

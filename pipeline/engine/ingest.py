@@ -19,7 +19,7 @@ from typing import Sequence, cast
 
 import numpy as np
 
-from pipeline.colwire import Combined, DcgmColumns
+from pipeline.rows import Combined, DcgmColumns, take
 from pipeline.deadletters import take_origins
 from pipeline.engine.entities import Entities
 from pipeline.engine.frame import Columnizer, NcclFrame, nccl_frame
@@ -38,13 +38,6 @@ from pipeline.schema import (
 __all__ = ["Ingest"]
 
 _HOST, _GPU = operator.attrgetter("host"), operator.attrgetter("gpu")
-
-
-def _take(records: Sequence[TelemetryRecord], idx: np.ndarray) -> Sequence[TelemetryRecord]:
-    """``records`` at the indices ``idx``: columns stay columns, a list stays a list."""
-    if isinstance(records, (DcgmColumns, Combined)):
-        return records.take(idx)
-    return [records[i] for i in idx.tolist()]
 
 
 @dataclass(frozen=True, slots=True)
@@ -215,4 +208,4 @@ class Ingest:
             for stage in readers:
                 stage.nic_arrived(nic)
         idx = np.flatnonzero(keep)
-        return _take(records, idx), take_origins(origins, idx), ts[keep], hosts[keep]
+        return take(records, idx), take_origins(origins, idx), ts[keep], hosts[keep]

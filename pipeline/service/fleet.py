@@ -548,7 +548,7 @@ class FleetTask:
         for j in np.flatnonzero(~ogood).tolist():
             dead.append(self._out_of_range(m, n + j, d.other[j].ts, d.other[j].host))
         recs, cols = self._build.build(d, good, ogood)
-        if recs:
+        if len(recs):
             self._feed(recs, sender, m, np.concatenate([d.ts[good], ots[ogood]]), cols)
         return dead
 
@@ -565,7 +565,7 @@ class FleetTask:
         )
 
     def _feed(
-        self, recs: list[TelemetryRecord], sender: int, m: Message, ts: np.ndarray, cols: SortColumns | None = None
+        self, recs: Sequence[TelemetryRecord], sender: int, m: Message, ts: np.ndarray, cols: SortColumns | None = None
     ) -> None:
         self.stage.feed(recs, at=m.offset, upstream=sender, ts=ts, cols=cols)
         self.totals.records += len(recs)

@@ -6,8 +6,8 @@ fields the fleet stage's engine reads (``Engine.decode_fields``) and a column on
 of the message reports it, values as one float64 matrix (NaN: not reported); their hosts, GPU
 models and job labels as tables with an index per record; NCCL and progress records whole. The
 fleet stage reads the columns as arrays and sorts by them (``pipeline.topology.SortColumns``)
-without a Python step per value; only the records its engine is fed are built, one object per
-record and one per field value.
+without a Python step per value, and hands its engine the rows as columns (``pipeline.rows``):
+no object is made per DCGM row or value.
 
 Reading is bounded: every column's length is checked against the row count it declares, and
 that count against ``MAX_FORWARD``, before an array is made of it; arrays are made from the
@@ -19,7 +19,7 @@ from __future__ import annotations
 import math
 import operator
 import struct
-from itertools import compress, repeat, starmap
+from itertools import compress, starmap
 from typing import Any, Callable, Sequence, Union
 
 import msgspec
@@ -27,8 +27,10 @@ import numpy as np
 from msgspec.structs import astuple
 
 from pipeline.catalog import FIELDS
+from pipeline.rows import NO_LINK, Combined, DcgmColumns
 from pipeline.schema import (
     JOB_LABELS,
+    SCHEMA_VERSION,
     DcgmJobLabels,
     DcgmSample,
     NcclRecord,
@@ -307,50 +309,56 @@ def check_other(records: Sequence[Any]) -> None:
 
 
 class Builder:
-    """Checked columns -> the records the fleet engine reads (``fields``: its ``decode_fields``)
-    and their ``SortColumns``."""
+    """Checked columns -> the rows the fleet engine reads (``fields``: its ``decode_fields``),
+    as columns: a ``rows.Combined`` of the DCGM rows (``DcgmColumns``, its value matrix laid
+    out as ``fields``) and the NCCL and progress records as they came, with their
+    ``SortColumns``. No object is made per DCGM row or value; a record is built for a row only
+    where one is asked for (``DcgmColumns``)."""
 
     def __init__(self, fields: tuple[str, ...]) -> None:
+        self.names = tuple(fields)
         # Typed Any: made at run time with the fields' slots (and ``labels``), which mypy cannot see.
-        self.record_type: Any = dcgm_record_type(fields)
-        self.fields_type: Any = dcgm_fields_type(fields)
-        # Its slots are in catalog order (``dcgm_fields_type``).
-        self.slots = {n: i for i, n in enumerate(sorted(set(fields), key=_SLOT.__getitem__))}
+        self.record_type: Any = dcgm_record_type(self.names)
+        self.fields_type: Any = dcgm_fields_type(self.names)
+        self._where = {n: j for j, n in enumerate(self.names)}
+        self._layouts: dict[tuple[str, ...], tuple[list[int], list[int]]] = {}
 
-    def build(self, d: Decoded, keep: np.ndarray, keep_other: np.ndarray) -> tuple[list[Any], SortColumns]:
-        """The DCGM rows ``keep`` selects as records, then the other records ``keep_other``
+    def _layout(self, fields: tuple[str, ...]) -> tuple[list[int], list[int]]:
+        """Which of a body's value columns go to which of the engine's (a field the engine does
+        not read is skipped, as the JSON decoder skips it)."""
+        got = self._layouts.get(fields)
+        if got is None:
+            src = [j for j, f in enumerate(fields) if f in self._where]
+            got = self._layouts[fields] = (src, [self._where[fields[j]] for j in src])
+        return got
+
+    def build(self, d: Decoded, keep: np.ndarray, keep_other: np.ndarray) -> tuple[Combined, SortColumns]:
+        """The DCGM rows ``keep`` selects as columns, then the other records ``keep_other``
         selects; their sort columns."""
         rows = np.flatnonzero(keep)
         m = len(rows)
-        # One column per slot, in slot order: a list of the message's values, or one shared NaN
-        # for a field it does not carry (no float object made per absent value).
-        columns: list[Any] = [repeat(math.nan)] * len(self.slots)
-        for j, name in enumerate(d.fields):
-            s = self.slots.get(name)
-            if s is not None:  # a field this engine does not read is skipped, as the JSON decoder skips it
-                col = d.values[rows, j]
-                # A gap reads the shared NaN, the slot's default, which JSON leaves out (a
-                # snapshot's buffered records): another NaN object would be written as null.
-                columns[s] = [math.nan if x != x else x for x in col.tolist()] if np.isnan(col).any() else col.tolist()
-        if any(isinstance(c, list) for c in columns):
-            fields = list(map(self.fields_type, *columns))
-        else:  # nothing to read (and map over repeat() alone would never end)
-            fields = [self.fields_type() for _ in range(m)]
-        hosts = [d.hosts[i] for i in d.host[rows].tolist()]
-        models = [d.models[i] for i in d.model[rows].tolist()]
-        labels = [d.labels[i] for i in d.label[rows].tolist()]
-        link_a = d.link[rows]
-        links: list[int | None] = [None if x < 0 else x for x in link_a.tolist()] if (link_a >= 0).any() else [None] * m
-        make = self.record_type
-        recs: list[Any] = [
-            make(ts=t, host=h, gpu=g, link=lk, model=md, fields=f, labels=lb)
-            for t, h, g, lk, md, f, lb in zip(
-                d.ts[rows].tolist(), hosts, d.gpu[rows].tolist(), links, models, fields, labels
-            )
-        ]
+        src, dst = self._layout(tuple(d.fields))
+        values = np.full((m, len(self.names)), np.nan)
+        if src:
+            values[:, dst] = d.values[rows][:, src]
+        host_a = d.host[rows]
+        link_a = d.link[rows].astype(np.int64)
+        link = np.where(link_a < 0, NO_LINK, link_a)
+        dcgm = DcgmColumns(
+            self.names,
+            d.ts[rows].copy(),
+            [d.hosts[i] for i in host_a.tolist()],
+            d.gpu[rows].astype(np.int64),
+            link,
+            values,
+            [d.models[i] for i in d.model[rows].tolist()],
+            [d.labels[i] for i in d.label[rows].tolist()],
+            self.record_type,
+            self.fields_type,
+            np.full(m, SCHEMA_VERSION, np.int64),
+        )
         sel = np.flatnonzero(keep_other).tolist()
         other = [d.other[i] for i in sel] if len(sel) < len(d.other) else d.other
-        recs.extend(other)
         table = list(d.hosts)
         index = {h: i for i, h in enumerate(table)}
         for r in other:
@@ -362,7 +370,7 @@ class Builder:
         if o:
             progress = {t for t in set(map(type, other)) if issubclass(t, ProgressRecord)}
             kind[m:] = np.fromiter(map(progress.__contains__, map(type, other)), bool, o).astype(np.int64) + 1
-        host = np.concatenate([d.host[rows], np.fromiter((index[r.host] for r in other), np.int64, o)])
-        gpu = np.concatenate([d.gpu[rows].astype(np.int64), d.other_gpu[keep_other]])
-        link = np.concatenate([link_a.astype(np.int64), np.full(o, -1, np.int64)])
-        return recs, SortColumns(kind, host, table, gpu, link)
+        host = np.concatenate([host_a, np.fromiter((index[r.host] for r in other), np.int64, o)])
+        gpu = np.concatenate([dcgm.gpu, d.other_gpu[keep_other]])
+        sort_link = np.concatenate([link_a, np.full(o, -1, np.int64)])
+        return Combined(dcgm, other), SortColumns(kind, host, table, gpu, sort_link)

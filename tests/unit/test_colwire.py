@@ -16,7 +16,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from pipeline import colwire
+from pipeline import colwire, rows
 from pipeline.bus.base import Message
 from pipeline.bus.telemetry import COLUMNAR, JSON, per_host_wire
 from pipeline.catalog import BLANK_FP64, BLANK_INT64
@@ -146,7 +146,7 @@ def test_a_batch_mixing_json_and_columnar_messages_keeps_both_parts_as_they_are(
     col_msg = Message("t", 0, 1, b"n2", colwire.encode_dcgm([b]), None, HEADERS)
     d = Decoder().decode_many([json_msg.value, col_msg.value], ["t[0]@0", "t[0]@1"], [False, True])
     # The columns first, then the JSON records; each keeps its own message's origin.
-    assert isinstance(d.records, colwire.Combined) and len(d.records.cols) == 1
+    assert isinstance(d.records, rows.Combined) and len(d.records.cols) == 1
     assert [r.host for r in d.records] == ["n2", "n1"]
     assert list(d.origins) == ["t[0]@1#0", "t[0]@0#0"]
 
@@ -184,7 +184,7 @@ def test_columns_round_trip() -> None:
     names = ("DCGM_FI_DEV_SM_CLOCK", "DCGM_FI_DEV_GPU_TEMP", "DCGM_FI_DEV_POWER_USAGE")
     c = colwire.parse(colwire.encode_dcgm(recs), names)
     assert (c.host, c.ts.tolist(), c.gpu.tolist()) == ("n1", [T0, T0], [0, 0])
-    assert c.link is not None and c.link.tolist() == [colwire.NO_LINK, 5]
+    assert c.link is not None and c.link.tolist() == [rows.NO_LINK, 5]
     assert np.array_equal(c.values, [[1980, 71, np.nan], [np.nan, np.nan, np.nan]], equal_nan=True)
     assert c.models == ["H100"] and c.model is not None and c.model.tolist() == [0, -1]
     assert c.labels == [{"job": "j1"}]

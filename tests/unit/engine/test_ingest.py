@@ -13,7 +13,7 @@ from typing import Any
 import msgspec
 import numpy as np
 
-from pipeline import colwire
+from pipeline import colwire, rows
 from pipeline.catalog import FIELDS
 from pipeline.decode import Decoder
 from pipeline.engine.entities import Entities
@@ -55,7 +55,7 @@ def test_a_batch_of_both_encodings_gives_a_chunk_each_and_forwards_all_but_nic_r
     d = Decoder().decode_many(
         [msgspec.json.encode(json_part), colwire.encode_dcgm(col_part)], ["t[0]@0", "t[0]@1"], [False, True]
     )
-    assert isinstance(d.records, colwire.Combined)
+    assert isinstance(d.records, rows.Combined)
     stage = _NicStage()
     ing = _ingest(stage)
     chunks: list = []
@@ -65,7 +65,7 @@ def test_a_batch_of_both_encodings_gives_a_chunk_each_and_forwards_all_but_nic_r
 
     assert [(isinstance(r, DcgmSample), r.host) for r in kept] == [(True, "n2"), (True, "n1"), (False, "n1")]
     assert isinstance(kept[2], ProgressRecord)
-    assert isinstance(kept, colwire.Combined) and len(kept.cols) == 1  # the columns stay columns
+    assert isinstance(kept, rows.Combined) and len(kept.cols) == 1  # the columns stay columns
     assert [(c.host.tolist(), c.gpu.tolist()) for c in chunks] == [([0], [0]), ([1], [1])]  # the columns first
     util = chunks[0].cols.index(FIELDS.resolve("gpu_util").column)
     assert np.isnan(chunks[0].values[0, util]) and chunks[1].values[0, util] == 98.0
