@@ -225,7 +225,9 @@ def _runs(start: np.ndarray, length: np.ndarray) -> np.ndarray:
 
 
 def split(rows: Sequence[TelemetryRecord]) -> tuple[Sequence[TelemetryRecord], list[TelemetryRecord]]:
-    """The DCGM samples of ``rows`` (columns stay columns) and the other records, each in order.
+    """The DCGM samples of ``rows`` and the other records, each in order. Columns stay columns;
+    a ``Combined``'s DCGM records (a JSON message's, decoded beside columnar ones) stay beside
+    its columns, as the records of a ``Combined`` of DCGM samples only.
 
     >>> from pipeline.schema import dcgm, NcclRecord
     >>> n = NcclRecord(ts=1.0, host="a", comm="c", rank=0, nranks=2, coll="AllReduce", bytes=8, exec_time_us=1.0)
@@ -234,7 +236,11 @@ def split(rows: Sequence[TelemetryRecord]) -> tuple[Sequence[TelemetryRecord], l
     (1, True)
     """
     if isinstance(rows, Combined):
-        return rows.cols, rows.others
+        if not any(isinstance(r, DcgmSample) for r in rows.others):
+            return rows.cols, rows.others
+        # DCGM records of JSON messages beside columnar ones: they stay beside the columns.
+        d, o = split(rows.others)
+        return Combined(rows.cols, list(d)), o
     if isinstance(rows, DcgmColumns):
         return rows, []
     is_dcgm = [isinstance(r, DcgmSample) for r in rows]
@@ -248,3 +254,46 @@ def times(rows: Sequence[TelemetryRecord]) -> np.ndarray:
     if isinstance(rows, (DcgmColumns, Combined)):
         return rows.ts
     return np.fromiter((r.ts for r in rows), np.float64, len(rows))
+
+
+class Batches(Sequence[TelemetryRecord]):
+    """Rows of several batches one after another, each batch kept in its shape (what a host
+    stage forwards: ``EngineOutput.forwarded``), so columns handed on stay columns.
+
+    >>> from pipeline.schema import dcgm
+    >>> b = Batches()
+    >>> b.add([dcgm(1.0, "a", 0, {})]); b.add([]); b.add([dcgm(2.0, "b", 0, {})])
+    >>> len(b), [r.host for r in b], len(b.parts)
+    (2, ['a', 'b'], 2)
+    """
+
+    def __init__(self, parts: Iterable[Sequence[TelemetryRecord]] = ()) -> None:
+        self.parts: list[Sequence[TelemetryRecord]] = [p for p in parts if len(p)]
+
+    def add(self, rows: Sequence[TelemetryRecord]) -> None:
+        """One more batch's rows (an empty one is not kept)."""
+        if len(rows):
+            self.parts.append(rows)
+
+    def joined(self) -> Sequence[TelemetryRecord]:
+        """Every part's rows as one batch (``concat``: columns stay columns)."""
+        return concat(self.parts)[0]
+
+    def __len__(self) -> int:
+        return sum(len(p) for p in self.parts)
+
+    def __getitem__(self, i: Any) -> Any:
+        if isinstance(i, slice):
+            return list(self)[i]
+        i = int(i)
+        if i < 0:
+            i += len(self)
+        for p in self.parts:
+            if i < len(p):
+                return p[i]
+            i -= len(p)
+        raise IndexError("Batches index out of range")
+
+    def __iter__(self) -> Any:
+        for p in self.parts:
+            yield from p

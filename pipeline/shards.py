@@ -27,7 +27,7 @@ from pipeline.errors import StateError
 from pipeline.models.cohorts import EPOCH_S, LAG_EPOCHS, SharedExchange, epoch_of
 from pipeline.models.findings import Findings
 from pipeline.models.modelset import ModelSet
-from pipeline.rows import DcgmColumns
+from pipeline.rows import Combined, DcgmColumns
 from pipeline.schema import TelemetryRecord
 from pipeline.topology import FLEET_KEY, FleetStage
 
@@ -92,7 +92,7 @@ class ShardedFleet(FleetStage):
         n, where = len(self.keys), self._where
         for recs in batches.values():
             dcgm, other = rows.split(recs)
-            hosts = dcgm.hosts if isinstance(dcgm, DcgmColumns) else [r.host for r in dcgm]
+            hosts = dcgm.hosts if isinstance(dcgm, (DcgmColumns, Combined)) else [r.host for r in dcgm]
             by_key: dict[str, list[int]] = {}
             for i, h in enumerate(hosts):
                 key = where.get(h)

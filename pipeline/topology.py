@@ -605,10 +605,10 @@ class Topology:
         """The host stage's output for the batch with the records it forwarded (``forwarded``),
         and with a local fleet stage what that released after them."""
         out = self.host.process(records, origins, now)
-        if self.progress_only and out.forwarded:
-            out.forwarded = _progress(out.forwarded)
+        if self.progress_only and out.forwarded.parts:
+            out.forwarded = rows.Batches(_progress(rows.split(p)[1]) for p in out.forwarded.parts)
         if self.fleet is not None:
-            self.fleet.feed(out.forwarded)
+            self.fleet.feed(out.forwarded.joined())
             self.fleet.mark(0, self.host.released)
             out.extend(self.fleet.advance())
         return out
@@ -646,7 +646,7 @@ class Topology:
             self.fleet.restore(d["fleet"], records_decoder(self.fleet.engine().decode_fields))
 
 
-def _progress(records: list[TelemetryRecord]) -> list[TelemetryRecord]:
+def _progress(records: Sequence[TelemetryRecord]) -> Sequence[TelemetryRecord]:
     """The progress records of ``records`` (the decoder's subclasses too), in their order.
 
     >>> from pipeline.schema import dcgm

@@ -265,7 +265,7 @@ class Engine:
             if len(ts):
                 records = self._ingest(out).batch(records, origins, ts, hosts, self._chunks)
                 if self.forwards:
-                    out.forwarded.extend(records)
+                    out.forwarded.add(records)
         if not self.screened:
             wm, complete = self._watermark(now)
             self._release(self._release_bound(wm), out, final=False)

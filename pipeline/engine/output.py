@@ -5,24 +5,25 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Sequence, overload
 
-from pipeline.schema import AlertEvent, DeadLetter, TelemetryRecord
+from pipeline.rows import Batches
+from pipeline.schema import AlertEvent, DeadLetter
 
 
 @dataclass
 class EngineOutput:
     """The alert state changes and dead letters a batch (or a flush) caused, in order, and the
-    records a host stage accepted for its fleet side (``forwarded``; empty unless the engine
-    ``forwards``)."""
+    records a host stage accepted for its fleet side (``forwarded``, each batch's in the shape
+    it came in, columns or records; empty unless the engine ``forwards``)."""
 
     alerts: list[AlertEvent] = field(default_factory=list)
     dead: list[DeadLetter] = field(default_factory=list)
-    forwarded: list[TelemetryRecord] = field(default_factory=list)
+    forwarded: Batches = field(default_factory=Batches)
 
     def extend(self, other: "EngineOutput") -> None:
         """Append ``other``'s alerts, dead letters and forwarded records to these."""
         self.alerts.extend(other.alerts)
         self.dead.extend(other.dead)
-        self.forwarded.extend(other.forwarded)
+        self.forwarded.parts.extend(other.forwarded.parts)
 
 
 class Numbered(Sequence[str]):

@@ -42,6 +42,7 @@ from typing import Any, Callable, Sequence
 import msgspec
 import numpy as np
 
+from pipeline import rows
 from pipeline.bus.base import Message
 from pipeline.deadletters import (
     BAD_ALERT,
@@ -62,8 +63,9 @@ from pipeline.engine import Engine, EngineOutput
 from pipeline.errors import StateError
 from pipeline.hang import HangDetector
 from pipeline.incidents import AlertFeed, IncidentEvent, IncidentStage
+from pipeline.rows import Batches, Combined, DcgmColumns
 from pipeline.runner import Totals
-from pipeline.schema import AlertEvent, DcgmSample, DeadLetter, TelemetryRecord, encode
+from pipeline.schema import AlertEvent, DeadLetter, TelemetryRecord, encode
 from pipeline.service import peers
 from pipeline.service.peers import PEER_ENVELOPE
 from pipeline.shards import shard_of
@@ -174,7 +176,7 @@ class Outbox:
         self.group, self.key = group, key
         self.shards = shards
         self._where: dict[str, int] = {}  # each host's fleet partition, hashed once
-        self._records: list[TelemetryRecord] = []
+        self._records = Batches()
         self._alerts: list[AlertEvent] = []
         self._mark: tuple[float, bool] | None = None
         self._sent: tuple[float, bool] | None = None
@@ -182,8 +184,11 @@ class Outbox:
         self._columns = Encoder(fields)
 
     def feed(self, records: Sequence[TelemetryRecord]) -> None:
-        """Queue records the host stage accepted."""
-        self._records.extend(records)
+        """Queue records the host stage accepted (a ``Batches``' parts each in its shape)."""
+        if isinstance(records, Batches):
+            self._records.parts.extend(records.parts)
+        else:
+            self._records.add(records)
 
     def alerts(self, events: Sequence[AlertEvent]) -> None:
         """Queue the host stage's alerts for the fleet stage's incident stage."""
@@ -203,7 +208,7 @@ class Outbox:
         """The messages to send now: the records, the alerts, then a mark when it moved (all keyed
         alike, so the mark lands after what it covers on their partition)."""
         out: list[Send] = []
-        recs, self._records = self._records, []
+        recs, self._records = self._records.joined(), Batches()
         to = None if self.shards is None else 0  # the scorer's partition: NCCL, progress, alerts
         for part, chunk in self._by_partition(recs):
             for i in range(0, len(chunk), MAX_FORWARD):
@@ -226,21 +231,25 @@ class Outbox:
             self._sent = self._mark
         return out
 
-    def _by_partition(self, recs: list[TelemetryRecord]) -> list[tuple[int | None, list[TelemetryRecord]]]:
-        """The records by the fleet partition they go to (None: the key's), each in order."""
-        if self.shards is None or not recs:
-            return [(None, recs)] if recs else []
+    def _by_partition(self, recs: Sequence[TelemetryRecord]) -> list[tuple[int | None, Sequence[TelemetryRecord]]]:
+        """The records by the fleet partition they go to (None: the key's), each in order;
+        columns stay columns."""
+        if self.shards is None or not len(recs):
+            return [(None, recs)] if len(recs) else []
         n, where = self.shards, self._where
-        by: dict[int, list[TelemetryRecord]] = {}
-        for r in recs:
-            if isinstance(r, DcgmSample):
-                p = where.get(r.host)
-                if p is None:
-                    p = where[r.host] = shard_of(r.host, n)
-            else:
-                p = 0
-            by.setdefault(p, []).append(r)
-        return sorted(by.items())
+        dcgm, other = rows.split(recs)
+        hosts = dcgm.hosts if isinstance(dcgm, (DcgmColumns, Combined)) else [r.host for r in dcgm]
+        by: dict[int, list[int]] = {}
+        for i, h in enumerate(hosts):
+            p = where.get(h)
+            if p is None:
+                p = where[h] = shard_of(h, n)
+            by.setdefault(p, []).append(i)
+        out: dict[int, Sequence[TelemetryRecord]] = {p: rows.take(dcgm, np.array(ix, np.int64)) for p, ix in by.items()}
+        if other:
+            # The NCCL and progress records go to the scorer's partition, after its DCGM rows.
+            out[0] = rows.concat([out.get(0, []), other])[0]
+        return sorted(out.items())
 
     def _wrap(self, body: bytes) -> bytes:
         return wrap(self.key, self.topic, self.group, self.partition, body)

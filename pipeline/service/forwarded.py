@@ -20,12 +20,13 @@ import math
 import operator
 import struct
 from itertools import compress, starmap
-from typing import Any, Callable, Sequence, Union
+from typing import Any, Callable, NamedTuple, Sequence, Union, cast
 
 import msgspec
 import numpy as np
 from msgspec.structs import astuple
 
+from pipeline import rows
 from pipeline.catalog import FIELDS
 from pipeline.rows import NO_LINK, Combined, DcgmColumns
 from pipeline.schema import (
@@ -139,49 +140,86 @@ class Encoder:
         self._layouts: dict[type, tuple[Callable[..., bytes], np.ndarray]] = {}
 
     def encode(self, records: Sequence[TelemetryRecord]) -> bytes:
-        """One message's body for ``records`` (at most ``MAX_FORWARD`` of them)."""
-        # By type, not isinstance(): a set lookup per record, and the split in C (compress).
-        types = list(map(type, records))
-        kinds = set(types)
-        dcgm_types = {t for t in kinds if issubclass(t, DcgmSample)}
-        if len(dcgm_types) == len(kinds):
-            dcgm, other = list(records), []
+        """One message's body for ``records`` (at most ``MAX_FORWARD`` of them): a list of
+        records, or rows as columns (``pipeline.rows``), read as arrays."""
+        if isinstance(records, (DcgmColumns, Combined)):
+            cols, other = rows.split(records)
+            if isinstance(cols, Combined):  # DCGM records of JSON messages beside the columns
+                dcgm = _join(self._of_columns(cols.cols), self._of_records(list(cols.others)))
+            else:
+                dcgm = self._of_columns(cast(DcgmColumns, cols))
         else:
-            is_dcgm = list(map(dcgm_types.__contains__, types))
-            dcgm = list(compress(records, is_dcgm))
-            other = list(compress(records, map(operator.not_, is_dcgm)))
-        n = len(dcgm)
-        hosts, host = _table(list(map(_HOST, dcgm)))
-        models, model = _table(list(map(_MODEL, dcgm)))
-        labs = list(map(_LABELS, dcgm))
+            # By type, not isinstance(): a set lookup per record, and the split in C (compress).
+            types = list(map(type, records))
+            kinds = set(types)
+            dcgm_types = {t for t in kinds if issubclass(t, DcgmSample)}
+            if len(dcgm_types) == len(kinds):
+                recs, other = list(records), []
+            else:
+                is_dcgm = list(map(dcgm_types.__contains__, types))
+                recs = list(compress(records, is_dcgm))
+                other = list(compress(records, map(operator.not_, is_dcgm)))
+            dcgm = self._of_records(recs)
+        n = len(dcgm.ts)
+        hosts, host = _table(dcgm.hosts)
+        models, model = _table(dcgm.models)
+        labs = dcgm.labels
         # The decoder's job labels (the service's case) turn into tuples in C.
         keys = list(map(astuple, labs)) if set(map(type, labs)) <= {DcgmJobLabels} else list(map(_label_key, labs))
         label_keys, label = _table(keys)
         labels = [None if k is None else DcgmJobLabels(**dict(zip(JOB_LABELS, k))) for k in label_keys]
+        with np.errstate(invalid="ignore"):
+            seen: list[bool] = np.logical_not(np.isnan(dcgm.values).all(axis=0)).tolist()
+        body = Columns(
+            cols=COLUMNS_VERSION,
+            n=n,
+            ts=dcgm.ts.astype(_F64, copy=False).tobytes(),
+            host=host.tobytes(),
+            hosts=hosts,
+            gpu=dcgm.gpu.tobytes(),
+            link=dcgm.link.tobytes(),
+            model=model.tobytes(),
+            models=models,
+            label=label.tobytes(),
+            labels=labels,
+            fields=[nm for nm, s in zip(self.names, seen) if s],
+            values=np.ascontiguousarray(dcgm.values[:, seen]).tobytes(),
+            other=other,  # type: ignore[arg-type]  # NCCL and progress records, by the split above
+        )
+        return self._enc.encode(body)
+
+    def _of_records(self, dcgm: list[Any]) -> "_Dcgm":
+        """The columns of DCGM records, read record by record (in C where it can)."""
+        n = len(dcgm)
         links = list(map(_LINK, dcgm))
         link = (
             np.full(n, -1, _I32)
             if links.count(None) == n
             else np.fromiter((-1 if x is None else x for x in links), _I32, n)
         )
-        values, names = self._values(dcgm)
-        body = Columns(
-            cols=COLUMNS_VERSION,
-            n=n,
-            ts=np.fromiter(map(_TS, dcgm), _F64, n).tobytes(),
-            host=host.tobytes(),
-            hosts=hosts,
-            gpu=np.fromiter(map(_GPU, dcgm), _I32, n).tobytes(),
-            link=link.tobytes(),
-            model=model.tobytes(),
-            models=models,
-            label=label.tobytes(),
-            labels=labels,
-            fields=names,
-            values=values.tobytes(),
-            other=other,  # type: ignore[arg-type]  # NCCL and progress records, by the split above
+        return _Dcgm(
+            np.fromiter(map(_TS, dcgm), _F64, n),
+            list(map(_HOST, dcgm)),
+            list(map(_MODEL, dcgm)),
+            list(map(_LABELS, dcgm)),
+            np.fromiter(map(_GPU, dcgm), _I32, n),
+            link,
+            self._values(dcgm),
         )
-        return self._enc.encode(body)
+
+    def _of_columns(self, cols: DcgmColumns) -> "_Dcgm":
+        """The columns of DCGM rows that are columns already (a columnar telemetry message's):
+        arrays as they are, the value matrix laid out as ``names``."""
+        n = len(cols)
+        where = {nm: j for j, nm in enumerate(cols.names)}
+        values = np.full((n, len(self.names)), np.nan)
+        for k, nm in enumerate(self.names):
+            j = where.get(nm)
+            if j is not None:
+                values[:, k] = cols.values[:, j]
+        # The decoder bounds GPU and link indices far inside an int32 (MAX_GPU_INDEX, MAX_LINK_INDEX).
+        link = np.where(cols.link == NO_LINK, -1, cols.link).astype(_I32)
+        return _Dcgm(cols.ts, cols.hosts, cols.models, cols.labels, cols.gpu.astype(_I32), link, values)
 
     def _layout(self, fields_type: type) -> tuple[Callable[..., bytes], np.ndarray]:
         """For records whose ``fields`` are ``fields_type``: a packer of all its slots, and the
@@ -194,11 +232,11 @@ class Encoder:
             self._layouts[fields_type] = got
         return got
 
-    def _values(self, dcgm: list[Any]) -> tuple[np.ndarray, list[str]]:
-        """The value matrix of the fields any of ``dcgm`` reports, and their names."""
+    def _values(self, dcgm: list[Any]) -> np.ndarray:
+        """The value matrix of ``dcgm``, a column per name (NaN: not reported)."""
         n, k = len(dcgm), len(self.names)
         if not n or not k or self._get is None or self._pack is None:
-            return np.empty((n, 0), _F64), []
+            return np.full((n, k), np.nan)
         fields = list(map(_FIELDS, dcgm))
         types = set(map(type, fields))
         try:
@@ -213,9 +251,32 @@ class Encoder:
             # A record decoded for another field set, or an integer past a double: field by field.
             m = np.array([[_double(getattr(f, nm, math.nan)) for nm in self.names] for f in fields], _F64)
             m = m.reshape(n, k)
-        with np.errstate(invalid="ignore"):
-            seen: list[bool] = np.logical_not(np.isnan(m).all(axis=0)).tolist()
-        return np.ascontiguousarray(m[:, seen]), [nm for nm, s in zip(self.names, seen) if s]
+        return m
+
+
+class _Dcgm(NamedTuple):
+    """A message's DCGM rows as the body's columns, before the tables are made."""
+
+    ts: np.ndarray
+    hosts: list[str]
+    models: list[Any]
+    labels: list[Any]
+    gpu: np.ndarray  # int32
+    link: np.ndarray  # int32, -1: none
+    values: np.ndarray  # a column per ``Encoder.names``
+
+
+def _join(a: _Dcgm, b: _Dcgm) -> _Dcgm:
+    """``a``'s rows, then ``b``'s."""
+    return _Dcgm(
+        np.concatenate([a.ts, b.ts]),
+        a.hosts + b.hosts,
+        a.models + b.models,
+        a.labels + b.labels,
+        np.concatenate([a.gpu, b.gpu]),
+        np.concatenate([a.link, b.link]),
+        np.concatenate([a.values, b.values]),
+    )
 
 
 class Decoded:
@@ -335,24 +396,24 @@ class Builder:
     def build(self, d: Decoded, keep: np.ndarray, keep_other: np.ndarray) -> tuple[Combined, SortColumns]:
         """The DCGM rows ``keep`` selects as columns, then the other records ``keep_other``
         selects; their sort columns."""
-        rows = np.flatnonzero(keep)
-        m = len(rows)
+        at = np.flatnonzero(keep)
+        m = len(at)
         src, dst = self._layout(tuple(d.fields))
         values = np.full((m, len(self.names)), np.nan)
         if src:
-            values[:, dst] = d.values[rows][:, src]
-        host_a = d.host[rows]
-        link_a = d.link[rows].astype(np.int64)
+            values[:, dst] = d.values[at][:, src]
+        host_a = d.host[at]
+        link_a = d.link[at].astype(np.int64)
         link = np.where(link_a < 0, NO_LINK, link_a)
         dcgm = DcgmColumns(
             self.names,
-            d.ts[rows].copy(),
+            d.ts[at].copy(),
             [d.hosts[i] for i in host_a.tolist()],
-            d.gpu[rows].astype(np.int64),
+            d.gpu[at].astype(np.int64),
             link,
             values,
-            [d.models[i] for i in d.model[rows].tolist()],
-            [d.labels[i] for i in d.label[rows].tolist()],
+            [d.models[i] for i in d.model[at].tolist()],
+            [d.labels[i] for i in d.label[at].tolist()],
             self.record_type,
             self.fields_type,
             np.full(m, SCHEMA_VERSION, np.int64),

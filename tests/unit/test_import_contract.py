@@ -18,7 +18,7 @@ ROOT = Path(__file__).resolve().parents[2]
 FOUNDATION = {"pipeline.catalog", "pipeline.errors", "pipeline.schema", "pipeline.gpu_models", "pipeline.resources",
               "pipeline.yamlsafe", "pipeline.decode", "pipeline.scoring", "pipeline.progress", "pipeline.numeric",
               "pipeline.durations", "pipeline.typedconfig", "pipeline.deadletters", "pipeline.httpendpoint",
-              "pipeline.colwire"}
+              "pipeline.colwire", "pipeline.rows"}
 
 # package -> the packages it must never import (at run time)
 FORBIDDEN = {

@@ -46,12 +46,12 @@ def test_process_returns_what_the_host_stage_forwarded():
     recs = [sample(t, "n1", g, gpu_temp=50) for t in range(5) for g in range(2)]
     local = Topology(Engine(), _fleet_engine)
     out = local.process(recs)
-    assert isinstance(out, EngineOutput) and out.forwarded == recs
+    assert isinstance(out, EngineOutput) and list(out.forwarded) == recs
     assert local.fleet is not None and local.fleet.stats["fed"] == len(recs)
-    assert local.process([]).forwarded == []                  # nothing is forwarded twice
+    assert list(local.process([]).forwarded) == []            # nothing is forwarded twice
     remote = Topology(Engine(), _fleet_engine, local_fleet=False)
     out = remote.process(recs)
-    assert out.forwarded == recs and remote.fleet is None and remote.pending == remote.host.pending
+    assert list(out.forwarded) == recs and remote.fleet is None and remote.pending == remote.host.pending
     # The decoder reads what either stage reads.
     assert set(_fleet_engine().decode_fields) <= set(remote.decode_fields)
 

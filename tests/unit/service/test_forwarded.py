@@ -8,7 +8,7 @@ import math
 
 import msgspec
 import numpy as np
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 from msgspec.structs import astuple
 
@@ -180,3 +180,36 @@ def test_records_built_with_gaps_encode_as_the_json_decoder_built_them():
     again = FleetStage(lambda: _Recorder([]))
     again.restore(stage.snapshot(), records_decoder(FIELDS))
     assert again.pending == 2
+
+
+@settings(max_examples=fuzz_examples(150), deadline=None)
+@given(st.lists(_dcgm, min_size=1, max_size=20), st.lists(_nccl, max_size=4), st.data())
+def test_columnar_telemetry_forwards_the_body_its_records_would(dcgm_recs, nccl_recs, data):
+    # A columnar producer's rows reach the host stage as columns (pipeline/rows.py) and are
+    # forwarded as they are: the same DCGM rows, in the same order, as the records the JSON
+    # decoder makes of them. Some hosts' messages stay JSON, as one holding NCCL records does.
+    from pipeline import colwire
+    from pipeline.decode import Decoder
+
+    by_host: dict[str, list] = {}
+    for r in dcgm_recs:
+        by_host.setdefault(r.host, []).append(r)
+    groups = list(by_host.values())
+    col_msgs = [colwire.encode_dcgm(rs) for rs in groups]
+    assume(all(m is not None for m in col_msgs))
+    as_json = data.draw(st.lists(st.booleans(), min_size=len(groups), max_size=len(groups)))
+    json_msgs = [msgspec.json.encode(rs) for rs in groups]
+    tail = [msgspec.json.encode(nccl_recs)] if nccl_recs else []
+
+    def forwarded(payloads: list, columnar: list) -> Columns:
+        dec = Decoder()
+        dec.set_fields(FIELDS)
+        got = dec.decode_many(payloads, [f"m{i}" for i in range(len(payloads))], columnar)
+        return msgspec.msgpack.decode(Encoder(FIELDS).encode(got.records), type=Columns)
+
+    # The decoder puts a batch's columnar rows before its JSON messages' records.
+    order = [i for i, j in enumerate(as_json) if not j] + [i for i, j in enumerate(as_json) if j]
+    mixed = [json_msgs[i] if as_json[i] else col_msgs[i] for i in order]
+    cols = forwarded(mixed + tail, [not as_json[i] for i in order] + [False] * len(tail))
+    recs = forwarded([json_msgs[i] for i in order] + tail, [False] * (len(order) + len(tail)))
+    assert msgspec.structs.asdict(cols) == msgspec.structs.asdict(recs)
