@@ -6,7 +6,8 @@ A simulated ``mixed`` recording goes through the host stage (default rules, the 
 fleet stage as the field set) as the service's host stage runs it; what it forwards is encoded
 in messages of ``MAX_FORWARD`` records inside the signed envelope, as a JSON array of records
 (the encoding of earlier builds, still read) and as columns (pipeline/service/forwarded.py).
-Prints per forwarded record: the bytes on the topic, the host stage's encode, the fleet stage's
+Prints per forwarded record: the bytes on the topic, the host stage's encode (from records, and
+from the rows of the same recording sent as columnar telemetry), the fleet stage's
 decode (rows ready for its engine) plus canonical order, and the whole fleet stage (decode,
 buffer, canonical order and its engine with the default models, start-up included), in CPU
 time. Median of --repeat runs.
@@ -29,6 +30,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from pipeline import rows  # noqa: E402
+from pipeline.bus.telemetry import COLUMNAR, per_host_wire  # noqa: E402
 from pipeline.decode import Decoder  # noqa: E402
 from pipeline.detection import build_detector  # noqa: E402
 from pipeline.service.fleet import ENVELOPE_VERSION, Envelope, mac  # noqa: E402
@@ -55,6 +57,25 @@ def forwarded(hosts: int, seconds: int) -> tuple[list[Any], tuple[str, ...]]:
     return out, fields
 
 
+def forwarded_columns(hosts: int, seconds: int) -> list[Any]:
+    """What the host stage forwards of the same recording sent as the producers send it (the DCGM
+    producer's per-host messages columnar, the NCCL producer's JSON): each batch's rows in their
+    shape (``rows.Batches``' parts)."""
+    det, _ = build_detector([str(ROOT / "rules")], "auto")
+    assert isinstance(det, Topology)
+    dec = Decoder()
+    dec.set_fields(det.decode_fields)
+    parts: list[Any] = []
+    sim = Simulator(hosts=hosts, duration=seconds, seed=5, scenario="mixed")
+    for batch in sim.batches():
+        dcgm = [r for r in batch if r.get("kind", "dcgm") == "dcgm"]
+        wire = list(per_host_wire(dcgm, COLUMNAR)) + list(per_host_wire([r for r in batch if r not in dcgm], "json"))
+        got = dec.decode_many([v for _, v, _ in wire], ["sim"] * len(wire), [h is not None for _, _, h in wire])
+        parts += det.host.process(got.records).forwarded.parts
+    parts += det.host.flush().forwarded.parts
+    return parts
+
+
 def _wrap(body: bytes) -> bytes:
     return msgspec.msgpack.encode(Envelope(ENVELOPE_VERSION, 0, body, mac(KEY, "t.fleet", "g", 0, body)))
 
@@ -69,7 +90,7 @@ def _timed(fn: Callable[[], Any], repeat: int) -> tuple[float, Any]:
     return statistics.median(runs), got
 
 
-def measure(records: list[Any], fields: tuple[str, ...], repeat: int) -> dict:
+def measure(records: list[Any], fields: tuple[str, ...], repeat: int, parts: list[Any] | None = None) -> dict:
     chunks = [records[i : i + MAX_FORWARD] for i in range(0, len(records), MAX_FORWARD)]
     n = len(records)
     json_enc = msgspec.json.Encoder()
@@ -118,6 +139,14 @@ def measure(records: list[Any], fields: tuple[str, ...], repeat: int) -> dict:
         return recs, recs.ts, cols
 
     out: dict = {"records": n}
+    if parts is not None:
+        # The host stage's encode of what it forwards from columnar telemetry: from the arrays.
+        joined = rows.concat(parts)[0]
+        m = len(joined)
+        t_cols, _ = _timed(
+            lambda: [col_enc.encode(joined[i : i + MAX_FORWARD]) for i in range(0, m, MAX_FORWARD)], repeat
+        )
+        out["encode_from_columnar_telemetry_us"] = round(t_cols / m * 1e6, 3)
     for name, enc, dec, whole in (
         ("json", json_enc.encode, json_in, stage(json_rows)),
         ("columns", col_enc.encode, col_in, stage(col_rows)),
@@ -142,7 +171,8 @@ def main() -> None:
     ap.add_argument("--json", help="append the result as one JSON line to this file")
     a = ap.parse_args()
     records, fields = forwarded(a.hosts, a.seconds)
-    res = {"bench": "fleet_wire", "hosts": a.hosts, "seconds": a.seconds, **measure(records, fields, a.repeat)}
+    parts = forwarded_columns(a.hosts, a.seconds)
+    res = {"bench": "fleet_wire", "hosts": a.hosts, "seconds": a.seconds, **measure(records, fields, a.repeat, parts)}
     print(json.dumps(res, indent=2))
     if a.json:
         with open(a.json, "a") as f:
