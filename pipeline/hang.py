@@ -419,18 +419,23 @@ class HangDetector:
             "communicators": a.members[:MAX_LISTED],
             "communicators_total": len(a.members),
         }
+        return self._event(a, "firing", at, evidence, labels)
+
+    def _event(self, a: _Alert, state: str, at: float, evidence: dict[str, Any], labels: dict[str, str]) -> AlertEvent:
+        """``a``'s event at ``at``: its id, job, suspect, start and summary are the alert's (a
+        resolved event says what the firing one was about)."""
         return AlertEvent(
             id=a.id,
-            state="firing",
+            state=state,
             fault=FAULT,
             severity=self.config.severity,
             rule=RULE,
             host=a.host,
             gpu=a.gpu,
-            job=c.job,
+            job=a.job,
             ts=at,
-            started_at=c.evidence_at,
-            summary=summary,
+            started_at=a.started_at,
+            summary=a.summary,
             evidence=evidence,
             labels=labels,
         )
@@ -455,25 +460,8 @@ class HangDetector:
                 c.firing, c.evidence_at = None, None
         del self.alerts[a.id]
         self.stats["resolved"] += 1
-        return AlertEvent(
-            id=a.id,
-            state="resolved",
-            fault=FAULT,
-            severity=self.config.severity,
-            rule=RULE,
-            host=a.host,
-            gpu=a.gpu,
-            job=a.job,
-            ts=at,
-            started_at=a.started_at,
-            summary=a.summary,
-            evidence={
-                "resolved_by": why,
-                "communicators": a.members[:MAX_LISTED],
-                "communicators_total": len(a.members),
-            },  # fmt: skip
-            labels=self._labels(a),
-        )
+        evidence = {"resolved_by": why, "communicators": a.members[:MAX_LISTED], "communicators_total": len(a.members)}
+        return self._event(a, "resolved", at, evidence, self._labels(a))
 
     # -- state -------------------------------------------------------------------------------
 

@@ -30,7 +30,8 @@ import msgspec
 import numpy as np
 
 from pipeline.engine.arrays import from_dict, to_dict
-from pipeline.engine.lifecycle import Lifecycle, Transition, alert_id
+from pipeline.engine.alerts import transition_event
+from pipeline.engine.lifecycle import Lifecycle, Transition
 from pipeline.errors import StateError
 from pipeline.rules.nichold import NicHold
 from pipeline.rules.portconfig import PortCheck
@@ -96,23 +97,17 @@ class NicAlerts(Generic[K, P]):
         """The alert of ``check``'s transition ``t`` on entity ``where`` (its id's key). A firing
         one keeps ``summary()`` under its id; a resolved one says what its firing one said
         (``summary()`` when none was kept)."""
-        aid = alert_id(check.name, where, t.started_at)
-        if t.state == "firing":
-            text = self.summaries[aid] = summary()
-        else:
-            text = self.summaries.pop(aid, "") or summary()
-        return AlertEvent(
-            id=aid,
-            state=t.state,
+        return transition_event(
+            t,
+            rule=check.name,
             fault=check.fault,
             severity=check.severity,
-            rule=check.name,
+            key=where,
             host=host,
-            ts=t.ts,
-            started_at=t.started_at,
-            summary=text,
             evidence=evidence,
             labels=labels,
+            summary=summary,
+            summaries=self.summaries,
         )
 
     # -- state ----------------------------------------------------------------------------------
