@@ -1,7 +1,8 @@
 """Produce-to-alert latency of the service at a paced fleet load (default 16,384 GPUs at 1 Hz).
 
     .venv/bin/python bench/service_latency.py --kafka 127.0.0.1:9092 [--gpus 16384] [--seconds 40]
-        [--phases same|spread] [--tick 1] [--silent-from S] [--shard-models] [--repeat 1] [--json OUT]
+        [--phases same|spread] [--tick 1] [--silent-from S] [--shard-models] [--encoding json|columnar]
+        [--repeat 1] [--json OUT]
         [--workdir bench/results]
 
 A publisher sends one message per host per second, paced in real time, each sample stamped
@@ -54,7 +55,7 @@ from service_harness import Service, delete_topics  # noqa: E402
 from pipeline.bus import Topics  # noqa: E402
 from pipeline.bus.kafka import KafkaBusProducer, ensure_topics  # noqa: E402
 from pipeline.bus.publish import Pacer  # noqa: E402
-from pipeline.bus.telemetry import per_host_messages  # noqa: E402
+from pipeline.bus.telemetry import per_host_wire  # noqa: E402
 
 
 def partition_of(host: str, partitions: int) -> int:
@@ -65,7 +66,7 @@ def partition_of(host: str, partitions: int) -> int:
 
 def publish_paced(bootstrap: str, topic: str, hosts: list[str], seconds: int, warmup: int, cooldown: int,
                   faults_per_s: int, rng: random.Random, silent_from: int | None = None,
-                  mates: list[str] | None = None, spread: bool = False
+                  mates: list[str] | None = None, spread: bool = False, encoding: str = "json"
                   ) -> tuple[dict[tuple[str, int, int], float], float, set[tuple]]:
     """Send one message per host per second in real time; return (host, gpu, second) -> produce time
     of each injected XID 79, and how far behind its schedule the publisher fell at worst (a
@@ -79,6 +80,7 @@ def publish_paced(bootstrap: str, topic: str, hosts: list[str], seconds: int, wa
     The silent host's partition-mates (``mates``) get one fault a second from ``silent_from`` on.
     ``spread``: each host samples at its own phase of the second (one of 20 slots of 50 ms, drawn
     once per host), as independent exporters do, instead of all hosts at the second's start.
+    ``encoding``: the messages' (pipeline/bus/telemetry.py: ``columnar`` is the producers' default).
     """
     produced: dict[tuple[str, int, int], float] = {}
     held: set[tuple[str, int, int]] = set()
@@ -99,14 +101,14 @@ def publish_paced(bootstrap: str, topic: str, hosts: list[str], seconds: int, wa
                             "DCGM_FI_DEV_ECC_SBE_VOL_TOTAL": 1000 if (h, g) in lost else 0,
                             "DCGM_FI_DEV_XID_ERRORS": 79 if (h, g) in lost else 0}}
                 for g in range(8)]
-        ((key, value),) = per_host_messages(recs)
+        ((key, value, headers),) = per_host_wire(recs, encoding)
         now = time.time()
         for g in range(8):
             if (h, g) in faulty:
                 produced[(h, g, int(ts))] = now
                 if silenced and mates and h in mates:
                     held.add((h, g, int(ts)))
-        p.send(topic, value, key)
+        p.send(topic, value, key, headers=headers)
 
     for s in range(seconds):
         silenced = silent_from is not None and s >= silent_from and len(hosts) > 1
@@ -192,7 +194,7 @@ def run_once(args: argparse.Namespace, seed: int) -> dict:
         try:
             produced, behind, held = publish_paced(args.kafka, topics.telemetry, hosts, args.seconds, args.warmup,
                                              args.cooldown, args.faults_per_s, random.Random(seed),
-                                             args.silent_from, mates, args.phases == "spread")
+                                             args.silent_from, mates, args.phases == "spread", args.encoding)
             by_stage = collect(args.kafka, topics.alerts, produced, args.drain_s)
         finally:
             svc.stop()
@@ -241,6 +243,8 @@ def main() -> None:
                          "partition-mates back, plus its sampling step (default 10)")
     ap.add_argument("--workdir", type=Path, default=ROOT / "bench" / "results", help="service configs and logs")
     ap.add_argument("--shard-models", action="store_true", help="the models in shards by host (service.shard_models)")
+    ap.add_argument("--encoding", choices=("json", "columnar"), default="json",
+                    help="the telemetry messages' encoding (columnar: what the producers send by default)")
     ap.add_argument("--json", help="append the result as one JSON line to this file")
     args = ap.parse_args()
     if args.seconds <= args.warmup + args.cooldown:
@@ -252,7 +256,7 @@ def main() -> None:
 
     res = {"bench": "service_latency", "gpus": args.gpus, "seconds": args.seconds, "repeat": args.repeat,
            "silent_from": args.silent_from, "allowed_lateness": args.allowed_lateness, "phases": args.phases,
-           "tick": args.tick, "shard_models": args.shard_models,
+           "tick": args.tick, "shard_models": args.shard_models, "encoding": args.encoding,
            "faults": sum(r["faults"] for r in runs), "alerts_seen": sum(r["alerts_seen"] for r in runs),
            "p50_s": med("p50_s"), "p95_s": med("p95_s"), "p99_s": med("p99_s"), "max_s": med("max_s"),
            "fleet_alerts_seen": sum(r["fleet_alerts_seen"] for r in runs), "fleet_p50_s": med("fleet_p50_s"),
@@ -269,6 +273,7 @@ def main() -> None:
     silent += ", hosts at spread phases" if args.phases == "spread" else ""
     silent += f", engine.tick {args.tick:g}s" if args.tick != 1.0 else ""
     silent += ", the models in shards" if args.shard_models else ""
+    silent += ", columnar messages" if args.encoding == "columnar" else ""
     print(f"{args.gpus:,} GPUs at 1 Hz for {args.seconds}s{silent}, median of {args.repeat}: {res['alerts_seen']}/"
           f"{res['faults']} alerts seen, produce-to-alert latency p50 {res['p50_s']}s, p95 {res['p95_s']}s, "
           f"p99 {res['p99_s']}s, max {res['max_s']}s; through the fleet stage: {res['fleet_alerts_seen']}/"
