@@ -26,7 +26,7 @@ from typing import Any, Sequence, cast
 import msgspec
 import numpy as np
 
-from pipeline.rows import NO_LINK
+from pipeline.rows import NO_LINK, relayout
 from pipeline.schema import SCHEMA_VERSION, DcgmJobLabels
 
 CONTENT_TYPE = "content-type"
@@ -295,39 +295,19 @@ def links(parts: Sequence[Part]) -> np.ndarray:
     return column(parts, "link", _I8, _NO_LINK_CELL)
 
 
-@functools.lru_cache(maxsize=256)
-def _layout(fields: tuple[str, ...], names: tuple[str, ...]) -> tuple[list[int], list[int]]:
-    """Which of a message's columns (``fields``) go to which of the reader's (``names``)."""
-    where = {name: j for j, name in enumerate(names)}
-    src = [i for i, f in enumerate(fields) if f in where]
-    return src, [where[fields[i]] for i in src]
-
-
 def values_of(parts: Sequence[Part], names: tuple[str, ...]) -> np.ndarray:
-    """The parts' value matrices stacked and laid out as ``names``: a name a message lacks is
-    NaN, one of the message's that ``names`` lacks is skipped (as the JSON decoder skips fields
-    nobody reads). A new, writable array."""
+    """The parts' value matrices stacked and laid out as ``names`` (``rows.relayout``). A new,
+    writable array."""
     n = sum(p.n for p in parts)
     layouts = {p.fields for p in parts}
     if len(layouts) == 1:  # the usual batch: one producer's layout, one view of the joined bytes
         (f,) = layouts
-        src, dst = _layout(f, names)
-        raw = b"".join(p.wire.values for p in parts)
-        given = np.frombuffer(raw, _F8).reshape(n, len(f))
-        if src == dst and len(dst) == len(names):
-            return given.copy()
-        out = np.full((n, len(names)), np.nan)
-        if src:
-            out[:, dst] = given[:, src]
-        return out
-    out = np.full((n, len(names)), np.nan)
-    row = 0
-    for p in parts:
-        src, dst = _layout(p.fields, names)
-        if src:
-            out[row : row + p.n, dst] = np.frombuffer(p.wire.values, _F8).reshape(p.n, len(p.fields))[:, src]
-        row += p.n
-    return out
+        given = np.frombuffer(b"".join(p.wire.values for p in parts), _F8).reshape(n, len(f))
+        out = relayout(given, f, names)
+        return out.copy() if out is given else out
+    # Producers of several layouts: each part laid out alone, then stacked (a new array).
+    each = [relayout(np.frombuffer(p.wire.values, _F8).reshape(p.n, len(p.fields)), p.fields, names) for p in parts]
+    return np.concatenate(each)
 
 
 def parse(payload: bytes, names: Sequence[str]) -> Columns:

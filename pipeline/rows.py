@@ -16,14 +16,45 @@ then costs no Python object per DCGM row.
 
 from __future__ import annotations
 
+import functools
 from itertools import compress
-from typing import Any, Iterable, Sequence
+from typing import Any, Hashable, Iterable, Sequence
 
 import numpy as np
 
 from pipeline.schema import DcgmSample, TelemetryRecord
 
 NO_LINK = -(1 << 63)  # the link column's "no link": no real link index is negative
+
+
+@functools.lru_cache(maxsize=256)
+def layout(given: tuple[Hashable, ...], wanted: tuple[Hashable, ...]) -> tuple[list[int], list[int]]:
+    """Which columns of a value matrix laid out as ``given`` go to which of one laid out as
+    ``wanted`` (cached: a producer sends the same layout in every message).
+
+    >>> layout(("a", "b", "c"), ("c", "a", "d"))
+    ([0, 2], [1, 0])
+    """
+    where = {name: j for j, name in enumerate(wanted)}
+    src = [i for i, f in enumerate(given) if f in where]
+    return src, [where[given[i]] for i in src]
+
+
+def relayout(values: np.ndarray, given: tuple[Hashable, ...], wanted: tuple[Hashable, ...]) -> np.ndarray:
+    """``values`` (a column per ``given``) with a column per ``wanted``: one that ``given`` lacks
+    is NaN (not reported), one that ``wanted`` lacks is left out (as the JSON decoder skips the
+    fields nobody reads). ``values`` itself when the layouts are the same, else a new array.
+
+    >>> relayout(np.array([[1.0, 2.0]]), ("a", "b"), ("b", "x")).tolist()
+    [[2.0, nan]]
+    """
+    if given == wanted:
+        return values
+    src, dst = layout(given, wanted)
+    out = np.full((len(values), len(wanted)), np.nan)
+    if src:
+        out[:, dst] = values[:, src]
+    return out
 
 
 class DcgmColumns(Sequence[DcgmSample]):

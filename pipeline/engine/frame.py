@@ -18,7 +18,7 @@ import msgspec
 import numpy as np
 from msgspec.structs import astuple
 
-from pipeline.rows import DcgmColumns
+from pipeline.rows import DcgmColumns, relayout
 from pipeline.catalog import BLANK_FP64, BLANK_INT64, FIELDS
 from pipeline.deadletters import BLANK_SENTINEL, NAN_FIELD, NEGATIVE_VALUE
 from pipeline.schema import FIELD_SLOT_COLUMNS, DcgmRecord, DcgmSample, DeadLetter, NcclRecord, dcgm_fields_type
@@ -125,14 +125,7 @@ class Columnizer:
     def _from_columns(self, cols: DcgmColumns) -> np.ndarray:
         """A columnar batch's matrix in this columnizer's slot order (the decoder laid it out
         as ``names`` unless the rules changed in between)."""
-        if cols.names == self.names:
-            return cols.values
-        where = {n: j for j, n in enumerate(cols.names)}
-        out = np.full((len(cols), len(self.names)), np.nan)
-        for k, name in enumerate(self.names):
-            if name in where:
-                out[:, k] = cols.values[:, where[name]]
-        return out
+        return relayout(cols.values, cols.names, self.names)
 
     def compact(self, records: Sequence[DcgmSample], origins: Sequence[str]) -> tuple[np.ndarray, list[DeadLetter]]:
         """The (n, len(columns)) matrix of the columns in use, and dead letters for dropped fields.

@@ -14,6 +14,7 @@ import numpy as np
 
 from pipeline.engine.arrays import from_dict, to_dict
 from pipeline.engine.frame import NcclFrame
+from pipeline.rows import relayout
 
 
 def in_time_order(ts: np.ndarray, gpu: np.ndarray) -> bool:
@@ -97,11 +98,7 @@ class Pending:
 
     def remap(self, cols: tuple[int, ...]) -> "Pending":
         """The same rows in another column layout: a column this one lacks reads as not reported."""
-        pos = {c: j for j, c in enumerate(self.cols)}
-        values = np.full((len(self.ts), len(cols)), np.nan)
-        for j, c in enumerate(cols):
-            if c in pos:
-                values[:, j] = self.values[:, pos[c]]
+        values = relayout(self.values, self.cols, cols)
         return Pending(self.ts, self.host, self.gpu, values, cols, self.nccl_ts, self.nccl, self.tmin, self.tmax)
 
     def to_state(self) -> dict[str, Any]:

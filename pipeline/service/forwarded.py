@@ -28,7 +28,7 @@ from msgspec.structs import astuple
 
 from pipeline import rows
 from pipeline.catalog import FIELDS
-from pipeline.rows import NO_LINK, Combined, DcgmColumns
+from pipeline.rows import NO_LINK, Combined, DcgmColumns, relayout
 from pipeline.schema import (
     JOB_LABELS,
     SCHEMA_VERSION,
@@ -132,7 +132,7 @@ class Encoder:
 
     def __init__(self, fields: Sequence[str] | None = None) -> None:
         names = FIELDS.all_names if fields is None else fields
-        self.names = sorted((n for n in set(names) if n in _SLOT), key=_SLOT.__getitem__)
+        self.names = tuple(sorted((n for n in set(names) if n in _SLOT), key=_SLOT.__getitem__))
         getter_names = self.names if len(self.names) > 1 else [*self.names, *self.names]
         self._get = operator.attrgetter(*getter_names) if self.names else None
         self._pack = struct.Struct(f"<{len(getter_names)}d").pack if self.names else None
@@ -210,13 +210,7 @@ class Encoder:
     def _of_columns(self, cols: DcgmColumns) -> "_Dcgm":
         """The columns of DCGM rows that are columns already (a columnar telemetry message's):
         arrays as they are, the value matrix laid out as ``names``."""
-        n = len(cols)
-        where = {nm: j for j, nm in enumerate(cols.names)}
-        values = np.full((n, len(self.names)), np.nan)
-        for k, nm in enumerate(self.names):
-            j = where.get(nm)
-            if j is not None:
-                values[:, k] = cols.values[:, j]
+        values = relayout(cols.values, cols.names, self.names)
         # The decoder bounds GPU and link indices far inside an int32 (MAX_GPU_INDEX, MAX_LINK_INDEX).
         link = np.where(cols.link == NO_LINK, -1, cols.link).astype(_I32)
         return _Dcgm(cols.ts, cols.hosts, cols.models, cols.labels, cols.gpu.astype(_I32), link, values)
@@ -381,27 +375,14 @@ class Builder:
         # Typed Any: made at run time with the fields' slots (and ``labels``), which mypy cannot see.
         self.record_type: Any = dcgm_record_type(self.names)
         self.fields_type: Any = dcgm_fields_type(self.names)
-        self._where = {n: j for j, n in enumerate(self.names)}
-        self._layouts: dict[tuple[str, ...], tuple[list[int], list[int]]] = {}
-
-    def _layout(self, fields: tuple[str, ...]) -> tuple[list[int], list[int]]:
-        """Which of a body's value columns go to which of the engine's (a field the engine does
-        not read is skipped, as the JSON decoder skips it)."""
-        got = self._layouts.get(fields)
-        if got is None:
-            src = [j for j, f in enumerate(fields) if f in self._where]
-            got = self._layouts[fields] = (src, [self._where[fields[j]] for j in src])
-        return got
 
     def build(self, d: Decoded, keep: np.ndarray, keep_other: np.ndarray) -> tuple[Combined, SortColumns]:
         """The DCGM rows ``keep`` selects as columns, then the other records ``keep_other``
         selects; their sort columns."""
         at = np.flatnonzero(keep)
         m = len(at)
-        src, dst = self._layout(tuple(d.fields))
-        values = np.full((m, len(self.names)), np.nan)
-        if src:
-            values[:, dst] = d.values[at][:, src]
+        # A field the engine does not read is left out, as the JSON decoder skips it.
+        values = relayout(d.values[at], tuple(d.fields), self.names)
         host_a = d.host[at]
         link_a = d.link[at].astype(np.int64)
         link = np.where(link_a < 0, NO_LINK, link_a)
