@@ -37,7 +37,16 @@ from pipeline.engine.lifecycle import Lifecycle, Transition
 from pipeline.engine.output import EngineOutput, Numbered
 from pipeline.engine import registry
 from pipeline.engine.pending import Pending, in_time_order
-from pipeline.engine.screen import AHEAD, REASONS, refused, screen_done, screen_fleet, screen_late
+from pipeline.engine.screen import (
+    AHEAD,
+    REASONS,
+    in_row_order,
+    refused,
+    screen_done,
+    screen_fleet,
+    screen_late,
+    stream_order,
+)
 from pipeline.engine.snapshot import decode_records, read_snapshot, write_snapshot
 from pipeline.engine.stage import CheckStage, NicReader, Stage, StageCheck
 from pipeline.engine.state import GpuState, advance
@@ -232,13 +241,17 @@ class Engine:
             # Live, a consumer may drain a backlog partition by partition, hours apart in event
             # time: there the decoder bounds time against the wall clock and aliveness is by
             # arrival, so one host ahead cannot carry the watermark; only replay screens here.
+            # Screening and the host marks read the records in stream order, which a batch of
+            # both encodings keeps only in its origins (the decoder puts its columns first).
+            seq = stream_order(records, origins)
+            s_ts, s_hosts = (ts, hosts) if seq is None else (ts[seq], hosts[seq])
             if now is None and not self.screened:
-                verdict = screen_fleet(clock, nh, ts, hosts, self.released)
+                verdict = in_row_order(screen_fleet(clock, nh, s_ts, s_hosts, self.released), seq)
             else:
                 verdict = screen_late(ts, self.released)
             if self.release_hosts:
                 verdict = screen_done(clock, ts, hosts, records, verdict, self.released)
-            heard_ts, heard_hosts = ts, hosts
+            heard_ts, heard_hosts = s_ts, s_hosts
             if verdict is not None:
                 why, ref = verdict
                 bad = why != 0
@@ -253,8 +266,8 @@ class Engine:
                 # A late record still says its host is there: a host first seen late (it joined
                 # behind the others) holds the watermark from now on instead of losing every
                 # record to lateness. Records refused as ahead say nothing of the kind.
-                heard = why != AHEAD
-                heard_ts, heard_hosts = ts[heard], hosts[heard]
+                heard = why != AHEAD if seq is None else why[seq] != AHEAD
+                heard_ts, heard_hosts = s_ts[heard], s_hosts[heard]
                 ts, hosts = ts[keep], hosts[keep]
             if len(heard_ts):
                 clock.hear(heard_ts, heard_hosts, nh)

@@ -17,8 +17,9 @@ import msgspec
 import numpy as np
 
 from pipeline.deadletters import LATE as LATE_REASON
-from pipeline.deadletters import TS_OUT_OF_RANGE
+from pipeline.deadletters import TS_OUT_OF_RANGE, Origins
 from pipeline.engine.hostclock import HostClock
+from pipeline.rows import Combined
 from pipeline.schema import DcgmSample, DeadLetter, TelemetryRecord
 
 LATE, AHEAD = 1, 2  # why a record is refused
@@ -53,6 +54,37 @@ def screen_fleet(clock: HostClock, n: int, ts: np.ndarray, hosts: np.ndarray, re
     if not behind.any():
         return None
     return np.where(behind, LATE, 0).astype(np.int8), progress
+
+
+def stream_order(records: Sequence[TelemetryRecord], origins: Sequence[str]) -> np.ndarray | None:
+    """The rows of a batch in the order their messages came (message, then place in it), or
+    None when that is the order they are in: a ``rows.Combined`` holds its columnar messages'
+    rows first, whatever came between them.
+
+    >>> from pipeline.deadletters import Origins
+    >>> stream_order([], Origins(["a", "b"], np.array([1, 0]), np.array([0, 0]))) is None  # records: as they came
+    True
+    """
+    if not isinstance(records, Combined) or not isinstance(origins, Origins):
+        return None
+    if not len(records.cols) or not len(records.others):
+        return None
+    seq = np.lexsort((origins.pos, origins.msg))
+    return None if (seq[1:] > seq[:-1]).all() else seq
+
+
+def in_row_order(verdict: Verdict, seq: np.ndarray | None) -> Verdict:
+    """A verdict on the rows taken in ``seq``'s order, put back in the rows' own.
+
+    >>> why, ref = in_row_order((np.array([2, 0]), np.array([5.0, 6.0])), np.array([1, 0]))
+    >>> why.tolist(), ref.tolist()
+    ([0, 2], [6.0, 5.0])
+    """
+    if verdict is None or seq is None:
+        return verdict
+    why, ref = np.empty_like(verdict[0]), np.empty_like(verdict[1])
+    why[seq], ref[seq] = verdict
+    return why, ref
 
 
 def present(claimed: np.ndarray, alive: np.ndarray) -> float:

@@ -117,6 +117,24 @@ def test_json_and_columnar_give_equal_alerts_and_dead_letters(batches: list[list
     assert _dead(a) == _dead(b)
 
 
+@pytest.mark.parametrize("far_host", ["n0", "n1"])
+def test_a_batch_of_both_encodings_is_screened_in_message_order(far_host: str) -> None:
+    # n0's message mixes schema versions, so it goes as JSON; n1's goes columnar after it. The
+    # decoder puts the columns first, and screening (record by record in stream order once a
+    # record is far ahead) must still read them in the order the messages came.
+    far = T0 + 2.2e9
+    n0 = [{"kind": "dcgm", "ts": T0, "host": "n0", "gpu": 0, **({"v": 2} if i == 4 else {})} for i in range(5)]
+    n0.append({"kind": "dcgm", "ts": T0 + 1, "host": "n0", "gpu": 0})
+    if far_host == "n0":
+        n0.append({"kind": "dcgm", "ts": far, "host": "n0", "gpu": 0})
+    batch = [*n0, {"kind": "dcgm", "ts": far, "host": "n1", "gpu": 0}]
+    assert [h is not None for _, _, h in per_host_wire(batch, COLUMNAR)] == [False, True]
+    a, b = _run([batch], JSON), _run([batch], COLUMNAR)
+    assert any(d.reason == "ts_out_of_range" for d in a.dead)
+    assert _alerts(a) == _alerts(b)
+    assert _dead(a) == _dead(b)
+
+
 def test_a_throttled_gpu_fires_the_same_alert_from_either_encoding() -> None:
     recs = fleet(range(40), hosts=3, gpus=4, overrides=lambda t, h, g: THROTTLED if (h, g) == ("n1", 2) else {})
     batches = [[r for r in recs if r.ts == T0 + t] for t in range(40)]
