@@ -235,8 +235,9 @@ class Decoder:
     def _decode_with_columns(
         self, payloads: Sequence[bytes], origins: Sequence[str], columnar: Sequence[bool | None]
     ) -> Decoded:
-        """A batch holding columnar messages: their rows stay columns when every message with
-        records is columnar; beside JSON ones, each row becomes a record, in message order."""
+        """A batch holding columnar messages: their rows stay columns; beside JSON messages, the
+        columns come first and then the JSON records (``rows.Combined``), and the origins keep
+        each row's message and place, the order the engine screens them in."""
         parts: list[colwire.Part] = []
         part_msg: list[int] = []
         dead: list[DeadLetter] = []
