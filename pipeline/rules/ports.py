@@ -19,7 +19,7 @@ from __future__ import annotations
 import math
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any, Iterable, Sequence
 
 import numpy as np
 
@@ -28,6 +28,7 @@ from pipeline.engine.stage import StageBase
 from pipeline.rules import portrates
 from pipeline.rules.nicalerts import NicAlerts, gpus_label, public
 from pipeline.rules.portconfig import AER_CHECKS, LOG_COUNTERS, RATE_CHECKS, WINDOW_CHECKS, PortCheck, PortConfig
+from pipeline.rows import DcgmColumns
 from pipeline.schema import AlertEvent, NicRecord
 
 ACTIVE, DOWN, INIT, ARMED = 4, 1, 2, 3
@@ -157,11 +158,16 @@ class PortStage(StageBase):
         top = int(gpu.max())
         if top < self._n_gpus:
             return
-        for i in np.flatnonzero(gpu >= self._n_gpus).tolist():
-            r = records[i]
-            model = getattr(r, "model", None)
-            if model:
-                self._models.setdefault(r.host, model)
+        new = np.flatnonzero(gpu >= self._n_gpus).tolist()
+        # Columns are read as columns: a record built per row cost more than the rest of a
+        # start-up batch's ingest.
+        if isinstance(records, DcgmColumns):
+            pairs: Iterable[tuple[str, Any]] = ((records.hosts[i], records.models[i]) for i in new)
+        else:
+            pairs = ((r.host, getattr(r, "model", None)) for r in map(records.__getitem__, new))
+        for host, model in pairs:
+            if model and host not in self._models:
+                self._models[host] = model
         self._n_gpus = top + 1
 
     @property

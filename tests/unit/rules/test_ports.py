@@ -278,3 +278,22 @@ def test_disabled_checks_do_not_run():
 def test_ports_records_without_state_or_counters_raise_nothing():
     recs = [NicRecord(ts=T0 + t, host="n1", device="mlx5_0", port=1) for t in range(0, 600, 10)]
     assert run_ports(recs)[0] == []
+
+
+def test_the_model_is_learnt_from_columnar_samples_as_from_records():
+    from pipeline import colwire, rows
+    from pipeline.decode import Decoder
+
+    recs = sorted(_node(HOUR, ports=7), key=lambda r: r.ts)
+    # The GPUs' first samples (the ones their model is learnt from) as one columnar message.
+    first = [r for r in recs if r.ts == T0 and not isinstance(r, NicRecord)]
+    cols = Decoder().decode_many([colwire.encode_dcgm(first)], ["t[0]@0"], [True]).records
+    assert isinstance(cols, rows.DcgmColumns) and len(cols) == len(first) == 2
+    got = []
+    for batch in (cols, first):
+        cfg, _ = parse_port_config("")
+        engine = Engine(EngineConfig(), row_checks=[], tick_checks=[], stages=[PortStage(cfg)])
+        engine.process(batch)
+        alerts, _ = run_ports([r for r in recs if r not in first], engine=engine)
+        got.append([(a.rule, a.state, a.ts, a.summary) for a in alerts if a.rule == "network_active_ports_low"])
+    assert got[0] == got[1] and [a[1] for a in got[0]] == ["firing"]
