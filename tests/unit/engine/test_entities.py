@@ -1,6 +1,11 @@
+from __future__ import annotations
+
 import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from pipeline.engine.entities import Entities
+from tests.factories import fuzz_examples
 
 
 def test_ids_by_host_id_match_ids_by_name_in_first_seen_order():
@@ -29,3 +34,25 @@ def test_host_ids_assign_new_hosts_in_order_of_first_appearance():
     np.testing.assert_array_equal(ent.host_ids(["a", "c", "b", "d", "c"]), [1, 2, 0, 3, 2])
     assert ent.hosts == ["b", "a", "c", "d"]
     assert ent.host_ids([]).dtype == np.int32 and len(ent.host_ids([])) == 0
+
+
+def _one_at_a_time(ent: Entities, names: list[str], limit: int | None) -> list[int]:
+    """The reference: each name in turn, a new one taken while fewer than ``limit`` are known."""
+    return [ent.host(n) if limit is None or n in ent.host_id or ent.n_hosts < limit else -1 for n in names]
+
+
+@settings(max_examples=fuzz_examples(200), deadline=None)
+@given(
+    st.lists(st.lists(st.sampled_from("abcdefgh"), max_size=30), max_size=6),
+    st.one_of(st.none(), st.integers(0, 6)),
+)
+def test_host_and_gpu_ids_match_taking_one_record_at_a_time(batches: list[list[str]], limit: int | None) -> None:
+    ent, ref = Entities(), Entities()
+    for names in batches:
+        got = ent.host_ids(names, limit=limit)
+        assert got.dtype == np.int32
+        assert got.tolist() == _one_at_a_time(ref, names, limit)
+        known = [n for n in names if n in ent.host_id]
+        idx = [ord(n) % 3 for n in known]
+        assert ent.gpu_ids(known, idx).tolist() == [ref.gpu(n, i) for n, i in zip(known, idx)]
+    assert ent.hosts == ref.hosts and ent.gpus == ref.gpus
