@@ -233,18 +233,23 @@ class Engine:
                 ts, names = records.ts, records.hosts
             else:
                 ts, names = np.fromiter(map(_TS, records), np.float64, n), list(map(_HOST, records))
-            hosts = self.entities.host_ids(names, limit=self.config.max_hosts)
+            # New hosts, screening and the host marks take the records in stream order, which a
+            # batch of both encodings keeps only in its origins (the decoder puts its columns first).
+            seq = stream_order(records, origins)
+            if seq is None:
+                hosts = self.entities.host_ids(names, limit=self.config.max_hosts)
+            else:
+                hosts = np.empty(n, np.int32)
+                hosts[seq] = self.entities.host_ids([names[i] for i in seq.tolist()], limit=self.config.max_hosts)
             if (hosts < 0).any():
                 records, origins, ts, hosts = self._refuse_new_hosts(records, origins, ts, hosts, out)
+                seq = stream_order(records, origins)
             nh = self.entities.n_hosts
             clock.grow(nh)
+            s_ts, s_hosts = (ts, hosts) if seq is None else (ts[seq], hosts[seq])
             # Live, a consumer may drain a backlog partition by partition, hours apart in event
             # time: there the decoder bounds time against the wall clock and aliveness is by
             # arrival, so one host ahead cannot carry the watermark; only replay screens here.
-            # Screening and the host marks read the records in stream order, which a batch of
-            # both encodings keeps only in its origins (the decoder puts its columns first).
-            seq = stream_order(records, origins)
-            s_ts, s_hosts = (ts, hosts) if seq is None else (ts[seq], hosts[seq])
             if now is None and not self.screened:
                 verdict = in_row_order(screen_fleet(clock, nh, s_ts, s_hosts, self.released), seq)
             else:

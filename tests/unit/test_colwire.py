@@ -9,6 +9,7 @@ origin, action, fields) through the decoder and the engine.
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import msgspec
 import numpy as np
@@ -21,7 +22,7 @@ from pipeline.bus.base import Message
 from pipeline.bus.telemetry import COLUMNAR, JSON, per_host_wire
 from pipeline.catalog import BLANK_FP64, BLANK_INT64
 from pipeline.decode import REASONS, Decoder
-from pipeline.engine import Engine, EngineOutput
+from pipeline.engine import Engine, EngineConfig, EngineOutput
 from pipeline.runner import Pipeline
 from pipeline.schema import dcgm
 from tests.factories import HEALTHY, T0, THROTTLED, fleet, fuzz_examples, sample
@@ -46,9 +47,9 @@ def _messages(batches: list[list], encoding: str) -> list[list[Message]]:
     return out
 
 
-def _run(batches: list[list], encoding: str, wall_clock: float | None = None) -> EngineOutput:
+def _run(batches: list[list], encoding: str, wall_clock: float | None = None, **config: Any) -> EngineOutput:
     dec = Decoder(wall_clock=(lambda: wall_clock) if wall_clock is not None else None)
-    p = Pipeline(Engine(), dec)
+    p = Pipeline(Engine(EngineConfig(**config)), dec)
     out = EngineOutput()
     for msgs in _messages(batches, encoding):
         out.extend(p.handle(msgs))
@@ -132,6 +133,16 @@ def test_a_batch_of_both_encodings_is_screened_in_message_order(far_host: str) -
     a, b = _run([batch], JSON), _run([batch], COLUMNAR)
     assert any(d.reason == "ts_out_of_range" for d in a.dead)
     assert _alerts(a) == _alerts(b)
+    assert _dead(a) == _dead(b)
+
+
+def test_a_batch_of_both_encodings_admits_new_hosts_in_message_order() -> None:
+    # At the engine's host limit the first host to come is kept: n0 (JSON: its message mixes
+    # schema versions) came before n1 (columnar), though the decoder puts the columns first.
+    n0 = [{"kind": "dcgm", "ts": T0, "host": "n0", "gpu": 0, "v": v} for v in (1, 2)]
+    batch = [*n0, {"kind": "dcgm", "ts": T0, "host": "n1", "gpu": 0}]
+    a, b = _run([batch], JSON, max_hosts=1), _run([batch], COLUMNAR, max_hosts=1)
+    assert [(d.reason, d.host) for d in a.dead if d.reason == "entity_limit"] == [("entity_limit", "n1")]
     assert _dead(a) == _dead(b)
 
 
