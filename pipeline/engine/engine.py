@@ -236,11 +236,7 @@ class Engine:
             # New hosts, screening and the host marks take the records in stream order, which a
             # batch of both encodings keeps only in its origins (the decoder puts its columns first).
             seq = stream_order(records, origins)
-            if seq is None:
-                hosts = self.entities.host_ids(names, limit=self.config.max_hosts)
-            else:
-                hosts = np.empty(n, np.int32)
-                hosts[seq] = self.entities.host_ids([names[i] for i in seq.tolist()], limit=self.config.max_hosts)
+            hosts = self.entities.host_ids(names, limit=self.config.max_hosts, order=seq)
             if (hosts < 0).any():
                 records, origins, ts, hosts = self._refuse_new_hosts(records, origins, ts, hosts, out)
                 seq = stream_order(records, origins)

@@ -82,19 +82,25 @@ class Entities:
                 self._table[hid, index] = gid
         return gid
 
-    def host_ids(self, names: Sequence[str], limit: int | None = None) -> np.ndarray:
-        """Ids of many host names at once (new ones assigned in order; -1 for a new one once
-        ``limit`` hosts are known).
+    def host_ids(self, names: Sequence[str], limit: int | None = None, order: np.ndarray | None = None) -> np.ndarray:
+        """Ids of many host names at once (new ones assigned in order, or in the order of the
+        indices ``order`` where given; -1 for a new one once ``limit`` hosts are known).
 
         ``dict.get`` mapped in C: this runs for every record on the hot path.
+
+        >>> Entities().host_ids(["b", "a", "b"], order=np.array([1, 0, 2])).tolist()
+        [1, 0, 1]
         """
         try:
             return np.fromiter(map(self.host_id.get, names), np.int32, len(names))
         except TypeError:  # a host not seen before (get() gave None)
-            return np.array(
-                [self.host(n) if limit is None or n in self.host_id or len(self.hosts) < limit else -1 for n in names],
-                dtype=np.int32,
-            )
+            pass
+        ids = [-1] * len(names)
+        for i in range(len(names)) if order is None else order.tolist():
+            n = names[i]
+            if limit is None or n in self.host_id or len(self.hosts) < limit:
+                ids[i] = self.host(n)
+        return np.array(ids, dtype=np.int32)
 
     def gpu_ids(self, hosts: Iterable[str], indices: Iterable[int]) -> np.ndarray:
         """Ids of many (host, gpu index) pairs at once (new ones assigned in order)."""

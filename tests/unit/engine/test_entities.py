@@ -56,3 +56,13 @@ def test_host_and_gpu_ids_match_taking_one_record_at_a_time(batches: list[list[s
         idx = [ord(n) % 3 for n in known]
         assert ent.gpu_ids(known, idx).tolist() == [ref.gpu(n, i) for n, i in zip(known, idx)]
     assert ent.hosts == ref.hosts and ent.gpus == ref.gpus
+
+
+@settings(max_examples=fuzz_examples(200), deadline=None)
+@given(st.lists(st.sampled_from("abcdefgh"), max_size=30), st.one_of(st.none(), st.integers(0, 6)), st.randoms())
+def test_host_ids_in_a_given_order_match_taking_the_records_in_that_order(names, limit, rnd) -> None:
+    order = list(range(len(names)))
+    rnd.shuffle(order)
+    want = dict(zip(order, _one_at_a_time(Entities(), [names[i] for i in order], limit)))
+    got = Entities().host_ids(names, limit=limit, order=np.array(order, np.int64))
+    assert got.tolist() == [want[i] for i in range(len(names))]
