@@ -287,6 +287,13 @@ def times(rows: Sequence[TelemetryRecord]) -> np.ndarray:
     return np.fromiter((r.ts for r in rows), np.float64, len(rows))
 
 
+def hosts(rows: Sequence[TelemetryRecord]) -> list[str]:
+    """Every row's host."""
+    if isinstance(rows, (DcgmColumns, Combined)):
+        return rows.hosts
+    return [r.host for r in rows]
+
+
 class Batches(Sequence[TelemetryRecord]):
     """Rows of several batches one after another, each batch kept in its shape (what a host
     stage forwards: ``EngineOutput.forwarded``), so columns handed on stay columns.

@@ -27,7 +27,6 @@ from pipeline.errors import StateError
 from pipeline.models.cohorts import EPOCH_S, LAG_EPOCHS, SharedExchange, epoch_of
 from pipeline.models.findings import Findings
 from pipeline.models.modelset import ModelSet
-from pipeline.rows import Combined, DcgmColumns
 from pipeline.schema import TelemetryRecord
 from pipeline.topology import FLEET_KEY, FleetStage
 
@@ -37,6 +36,24 @@ SCORER = "nccl"  # the key of the engine that scores the NCCL models and runs no
 def shard_of(host: str, n: int) -> int:
     """The shard of a host's GPUs: the same in every process (zlib's crc32, not ``hash``)."""
     return zlib.crc32(host.encode("utf-8", "surrogatepass")) % n
+
+
+def by_shard(dcgm: Sequence[TelemetryRecord], n: int, memo: dict[str, int]) -> dict[int, Sequence[TelemetryRecord]]:
+    """DCGM rows by the shard of their host (``shard_of``), each shard's in their order;
+    columns stay columns. ``memo``: each host's shard, hashed once.
+
+    >>> from pipeline.schema import dcgm
+    >>> got = by_shard([dcgm(0.0, h, 0, {}) for h in ("gpu-node-001", "gpu-node-000", "gpu-node-001")], 4, {})
+    >>> {s: [r.host for r in part] for s, part in got.items()}
+    {1: ['gpu-node-001', 'gpu-node-001'], 3: ['gpu-node-000']}
+    """
+    by: dict[int, list[int]] = {}
+    for i, h in enumerate(rows.hosts(dcgm)):
+        s = memo.get(h)
+        if s is None:
+            s = memo[h] = shard_of(h, n)
+        by.setdefault(s, []).append(i)
+    return {s: rows.take(dcgm, np.array(ix, np.int64)) for s, ix in by.items()}
 
 
 def split_findings(found: Sequence[Findings], levels: Mapping[str, bool], n: int) -> list[list[Findings]]:
@@ -64,7 +81,7 @@ class ShardedFleet(FleetStage):
             _models(self.engine(key)).as_shard(self.exchange, key)
         _models(self.engine(SCORER)).as_scorer()
         self._first: int | None = None  # the epoch of the first record released
-        self._where: dict[str, str] = {}  # each host's shard key, hashed once
+        self._where: dict[str, int] = {}  # each host's shard, hashed once
         # Seconds each engine spent on its records and ticks (process, release), by key: what
         # one process per shard would spend.
         self.busy: dict[str, float] = dict.fromkeys([*self.keys, SCORER], 0.0)
@@ -89,18 +106,10 @@ class ShardedFleet(FleetStage):
         to the scorer."""
         batches = super()._take(wm)
         out: dict[str, Sequence[TelemetryRecord]] = {}
-        n, where = len(self.keys), self._where
         for recs in batches.values():
             dcgm, other = rows.split(recs)
-            hosts = dcgm.hosts if isinstance(dcgm, (DcgmColumns, Combined)) else [r.host for r in dcgm]
-            by_key: dict[str, list[int]] = {}
-            for i, h in enumerate(hosts):
-                key = where.get(h)
-                if key is None:
-                    key = where[h] = self.keys[shard_of(h, n)]
-                by_key.setdefault(key, []).append(i)
-            for key, ix in by_key.items():
-                out[key] = rows.take(dcgm, np.array(ix, np.int64))
+            for s, part in by_shard(dcgm, len(self.keys), self._where).items():
+                out[self.keys[s]] = part
             if other:
                 out[SCORER] = other
             if len(recs) and self._first is None:

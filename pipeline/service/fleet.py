@@ -63,12 +63,12 @@ from pipeline.engine import Engine, EngineOutput
 from pipeline.errors import StateError
 from pipeline.hang import HangDetector
 from pipeline.incidents import AlertFeed, IncidentEvent, IncidentStage
-from pipeline.rows import Batches, Combined, DcgmColumns
+from pipeline.rows import Batches
 from pipeline.runner import Totals
 from pipeline.schema import AlertEvent, DeadLetter, TelemetryRecord, encode
 from pipeline.service import peers
 from pipeline.service.peers import PEER_ENVELOPE
-from pipeline.shards import shard_of
+from pipeline.shards import by_shard
 from pipeline.shardstage import ShardStage
 from pipeline.service.forwarded import MAX_FORWARD, Builder, Columns, Decoded, Encoder, Malformed, check_other
 from pipeline.topology import FLEET_KEY, FleetStage, SortColumns, records_decoder
@@ -236,16 +236,8 @@ class Outbox:
         columns stay columns."""
         if self.shards is None or not len(recs):
             return [(None, recs)] if len(recs) else []
-        n, where = self.shards, self._where
         dcgm, other = rows.split(recs)
-        hosts = dcgm.hosts if isinstance(dcgm, (DcgmColumns, Combined)) else [r.host for r in dcgm]
-        by: dict[int, list[int]] = {}
-        for i, h in enumerate(hosts):
-            p = where.get(h)
-            if p is None:
-                p = where[h] = shard_of(h, n)
-            by.setdefault(p, []).append(i)
-        out: dict[int, Sequence[TelemetryRecord]] = {p: rows.take(dcgm, np.array(ix, np.int64)) for p, ix in by.items()}
+        out: dict[int, Sequence[TelemetryRecord]] = dict(by_shard(dcgm, self.shards, self._where))
         if other:
             # The NCCL and progress records go to the scorer's partition, after its DCGM rows.
             out[0] = rows.concat([out.get(0, []), other])[0]
