@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import functools
 from itertools import compress
-from typing import Any, Hashable, Iterable, Sequence
+from typing import Any, Hashable, Iterable, Sequence, TypeVar
 
 import numpy as np
 
@@ -57,7 +57,33 @@ def relayout(values: np.ndarray, given: tuple[Hashable, ...], wanted: tuple[Hash
     return out
 
 
-class DcgmColumns(Sequence[DcgmSample]):
+_T = TypeVar("_T", covariant=True)
+
+
+class _Rows(Sequence[_T]):
+    """A batch's rows as a sequence: a slice goes to ``take``, one row is built by ``_row``."""
+
+    ts: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.ts)
+
+    def __getitem__(self, i: Any) -> Any:
+        if isinstance(i, slice):
+            return self.take(np.arange(len(self))[i])
+        n, i = len(self), int(i)
+        if not -n <= i < n:
+            raise IndexError(f"row {i} of {n}")
+        return self._row(i + n if i < 0 else i)
+
+    def take(self, idx: np.ndarray) -> Any:  # pragma: no cover - each kind of rows has its own
+        raise NotImplementedError
+
+    def _row(self, i: int) -> _T:  # pragma: no cover - each kind of rows has its own
+        raise NotImplementedError
+
+
+class DcgmColumns(_Rows[DcgmSample]):
     """DCGM samples of several columnar messages (or forwarded bodies), concatenated, as the
     engine ingests them: the arrays it reads, and a record built for a row only when one is
     asked for (a dead letter, a GPU's first model). ``names``: the value matrix's columns (the
@@ -81,15 +107,7 @@ class DcgmColumns(Sequence[DcgmSample]):
         self.values, self.models, self.labels = values, models, labels
         self.record_type, self.fields_type, self.v = record_type, fields_type, v
 
-    def __len__(self) -> int:
-        return len(self.ts)
-
-    def __getitem__(self, i: Any) -> Any:
-        if isinstance(i, slice):
-            return self.take(np.arange(len(self))[i])
-        i = int(i)
-        if i < 0:
-            i += len(self)
+    def _row(self, i: int) -> DcgmSample:
         row = self.values[i]
         have = np.flatnonzero(~np.isnan(row)).tolist()
         # Only the values present: a NaN slot would be written out as null, not left out.
@@ -147,7 +165,7 @@ class DcgmColumns(Sequence[DcgmSample]):
         )
 
 
-class Combined(Sequence[Any]):
+class Combined(_Rows[Any]):
     """A batch of columnar rows and JSON-decoded records together, the columns first (a batch
     with both encodings, as a topic with columnar DCGM producers and JSON NCCL producers has):
     the engine ingests each part as it is, neither turned into the other.
@@ -160,15 +178,7 @@ class Combined(Sequence[Any]):
         self.ts = np.concatenate([cols.ts, np.fromiter((r.ts for r in others), np.float64, n)])
         self.hosts: list[str] = cols.hosts + [r.host for r in others]
 
-    def __len__(self) -> int:
-        return len(self.ts)
-
-    def __getitem__(self, i: Any) -> Any:
-        if isinstance(i, slice):
-            return self.take(np.arange(len(self))[i])
-        i = int(i)
-        if i < 0:
-            i += len(self)
+    def _row(self, i: int) -> Any:
         nc = len(self.cols)
         return self.cols[i] if i < nc else self.others[i - nc]
 
