@@ -72,10 +72,11 @@ class Compiler:
         self.models = models or set()
         self.evidence: dict[str, Fn] = {}
         self.columns: set[int] = set()
+        self.models_read: set[str] = set()
 
     def compile(self, node: E.Node) -> Compiled:
         c = self.node(node)
-        return Compiled(c[0], c[1], self.src, self.evidence, self.columns)
+        return Compiled(c[0], c[1], self.src, self.evidence, self.columns, self.models_read)
 
     def _field(self, node: E.Node, what: str) -> Field:
         if not isinstance(node, E.Name):
@@ -224,6 +225,7 @@ class Compiler:
         if model is None or model not in self.models:
             known = ", ".join(sorted(self.models)) or "none are configured"
             raise CompileError(f"unknown model {model!r} (models: {known})", n.pos, D.UNKNOWN_MODEL)
+        self.models_read.add(model)
         return model
 
     def _arg(self, n: E.Call, arg: Arg, node: E.Node) -> ArgValue:

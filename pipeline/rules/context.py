@@ -67,6 +67,7 @@ class Compiled:
     text: str
     evidence: dict[str, Callable[[Chunk], np.ndarray]] = field(default_factory=dict)
     columns: set[int] = field(default_factory=set)  # catalog columns the expression reads
+    models: set[str] = field(default_factory=set)  # models whose scores it reads (score())
 
     def __call__(self, chunk: Chunk) -> np.ndarray:
         return self.fn(chunk)

@@ -111,6 +111,12 @@ class RuleSet(StageBase):
             for v in r.values.values():
                 self.columns |= v.columns
             self.columns |= r.extra_columns
+        # Rules over fields the fleet has never reported (a PCIe AER or kernel-log counter with
+        # no producer for it): ``_unread`` below. Per rule the columns its condition reads, or
+        # None where it reads a model's score too (the models publish one for every row).
+        self._reads = [None if r.condition.models else frozenset(r.condition.columns) for r in rules]
+        self._read_cols = np.array(sorted(set().union(*(c for c in self._reads if c))), dtype=np.intp)
+        self._unread_value: dict[str, float | None] = {}
 
     def __len__(self) -> int:
         return len(self.rules)
@@ -130,10 +136,45 @@ class RuleSet(StageBase):
             return []
         self.windows.update(view, view.ts0, n_gpus)
         chunk = Chunk(view, self.windows, view.ts0)
-        out = [(r, r.evaluate(chunk)) for r in self.rules]
+        reported = self._reported(view)
+        out = []
+        for r, cols in zip(self.rules, self._reads):
+            if not cols or not cols.isdisjoint(reported):
+                out.append((r, r.evaluate(chunk)))
+            else:
+                out.append((r, self._unread(r, chunk)))
         # Evidence for alerts that fire on this tick is read before the baselines move on.
         self._pending_baseline = (view, n_gpus)
         return out
+
+    def _reported(self, view: View) -> set[int]:
+        """The columns rule conditions read that some row of ``view`` has a value of, now or
+        before (``filled``: a GPU's last known value)."""
+        cols = self._read_cols
+        if not len(cols):
+            return set()
+        have = (~np.isnan(view.filled[:, cols])).any(axis=0)
+        return set(cols[have].tolist())
+
+    def _unread(self, rule: Rule, chunk: Chunk) -> np.ndarray:
+        """``rule``'s condition on rows whose GPUs never reported anything it reads: one value
+        for every such row and tick, found by evaluating it the first time and not again. Every
+        input is then unknown -- the fields, and the GPU's own windows and baselines of them,
+        which only its values fill (ids are never reused) -- and every function of unknowns
+        answers the same on any row: NaN, or 0 as ``changed()`` does. A rule that answers
+        otherwise (not one value) is evaluated each tick."""
+        name = rule.meta.name
+        if name not in self._unread_value:
+            got = rule.evaluate(chunk)
+            first = got[:1]
+            uniform = len(got) and np.array_equal(got, np.broadcast_to(first, got.shape), equal_nan=True)
+            self._unread_value[name] = float(first[0]) if uniform else None
+            return got
+        value = self._unread_value[name]
+        if value is None:
+            return rule.evaluate(chunk)
+        rule._chunk = chunk  # as evaluate() leaves it, for the evidence of an alert
+        return np.full(len(chunk.ent), value)
 
     def run(self, view: View, entities: Entities, outputs: dict[str, Any]) -> list[tuple[Rule, np.ndarray]]:
         """The stage's tick: ``evaluate`` with the scores the models published for these rows."""

@@ -49,3 +49,31 @@ def run_ports(records, batch=None, config_text=None, engine=None, flush=True):
     for i in range(0, len(recs), step):
         out += engine.process(recs[i:i + step]).alerts
     return (out + engine.flush().alerts) if flush else out, engine
+
+
+def fields_in_spells(seed: int, seconds: int):
+    """A fleet whose PCIe counters (AER from ``produce pcie-aer``, DCGM's replays) come and go:
+    each GPU reports them only in spells (a producer started late, stopped, back), counting up
+    now and then, so windows over them go from never held to held, quiet and back."""
+    import numpy as np
+
+    from tests.factories import fleet
+
+    rng = np.random.default_rng(seed)
+    hosts, gpus = 3, 2
+    spells = {(f"n{h}", g): sorted(rng.choice(seconds, size=4, replace=False).tolist())
+              for h in range(hosts) for g in range(gpus)}
+    totals = {k: {"pcie_aer_fatal": 0, "pcie_aer_correctable": 0, "pcie_replays": 0} for k in spells}
+
+    def overrides(t, host, gpu):
+        a, b, c, d = spells[(host, gpu)]
+        if not (a <= t < b or c <= t < d):
+            return {}
+        tot = totals[(host, gpu)]
+        if rng.random() < 0.02:
+            tot["pcie_aer_fatal"] += 1
+        tot["pcie_aer_correctable"] += int(rng.integers(0, 40)) if rng.random() < 0.2 else 0
+        tot["pcie_replays"] += int(rng.integers(0, 30)) if rng.random() < 0.3 else 0
+        return dict(tot)
+
+    return fleet(range(0, seconds, int(rng.choice([1, 5, 10]))), hosts=hosts, gpus=gpus, overrides=overrides)

@@ -192,32 +192,6 @@ def test_peer_median_fast_path_equals_the_general_one(layout):
     np.testing.assert_array_equal(got, want)
 
 
-def _fields_in_spells(seed: int, seconds: int):
-    """A fleet whose PCIe counters (AER from ``produce pcie-aer``, DCGM's replays) come and go:
-    each GPU reports them only in spells (a producer started late, stopped, back), counting up
-    now and then, so windows over them go from never held to held, quiet and back."""
-    from tests.factories import fleet
-
-    rng = np.random.default_rng(seed)
-    hosts, gpus = 3, 2
-    spells = {(f"n{h}", g): sorted(rng.choice(seconds, size=4, replace=False).tolist())
-              for h in range(hosts) for g in range(gpus)}
-    totals = {k: {"pcie_aer_fatal": 0, "pcie_aer_correctable": 0, "pcie_replays": 0} for k in spells}
-
-    def overrides(t, host, gpu):
-        a, b, c, d = spells[(host, gpu)]
-        if not (a <= t < b or c <= t < d):
-            return {}
-        tot = totals[(host, gpu)]
-        if rng.random() < 0.02:
-            tot["pcie_aer_fatal"] += 1
-        tot["pcie_aer_correctable"] += int(rng.integers(0, 40)) if rng.random() < 0.2 else 0
-        tot["pcie_replays"] += int(rng.integers(0, 30)) if rng.random() < 0.3 else 0
-        return dict(tot)
-
-    return fleet(range(0, seconds, int(rng.choice([1, 5, 10]))), hosts=hosts, gpus=gpus, overrides=overrides)
-
-
 @pytest.mark.parametrize("seed", range(2))
 def test_windows_of_fields_no_row_has_are_left_alone_with_the_same_alerts(seed, monkeypatch):
     # WindowStore.update skips a window whose column no row of the tick has; folding every
@@ -226,9 +200,9 @@ def test_windows_of_fields_no_row_has_are_left_alone_with_the_same_alerts(seed, 
 
     from pipeline.rules import load_rules
     from pipeline.rules.windows import WindowStore
-    from tests.unit.rules.factories import run_rules
+    from tests.unit.rules.factories import fields_in_spells, run_rules
 
-    records = _fields_in_spells(seed, 1800)
+    records = fields_in_spells(seed, 1800)
     rules_dir = Path(__file__).resolve().parents[3] / "rules"
 
     def run():
