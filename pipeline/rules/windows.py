@@ -487,8 +487,9 @@ class WindowStore:
         """Per pane window (in ``panes`` order), whether any row of ``view`` has its column."""
         cols = self._update_cols
         if cols is None:
-            raw = [c if s != "inc" else -1 for c, s in self._pane_sources.values()]
-            inc = [_INC_POS[c] if s == "inc" else -1 for c, s in self._pane_sources.values()]
+            src = [self._pane_sources[key] for key in self.panes]
+            raw = [c if s != "inc" else -1 for c, s in src]
+            inc = [_INC_POS[c] if s == "inc" else -1 for c, s in src]
             cols = self._update_cols = (
                 np.array(sorted({c for c in raw if c >= 0}), dtype=np.intp),
                 np.array(sorted({c for c in inc if c >= 0}), dtype=np.intp),
