@@ -143,3 +143,40 @@ def test_the_live_wall_clock_bounds_port_records_too():
     d = Decoder(wall_clock=lambda: T0 + 10 * 86400)
     out = d.decode(json.dumps(nic()).encode(), "x")
     assert [x.reason for x in out.dead] == ["ts_out_of_range"]
+
+
+
+
+@pytest.mark.parametrize("kind, change", [
+    (None, {}),
+    ("nic", {"device": "mlx5 0"}),
+    ("nic", {"netdev": "ib\x00"}),
+    ("nic", {"peer": "leaf\x1b[2J"}),
+    ("nic", {"peer_lid": -1}),
+    ("nccl", {"comm": "c\x1b[2J"}),
+    ("progress", {"job": "j\x1b[2J"}),
+])
+def test_records_of_every_kind_in_a_batch_decode_as_alone(kind, change):
+    # decode_many's batch path checks the names of every kind in one pass: a batch of DCGM,
+    # NCCL, progress and port records, one of them bad or none, comes out as decode() answers
+    # each message.
+    def spoilt(k, rec):
+        return {**rec, **change} if k == kind else rec
+
+    dcgm = {"v": 1, "kind": "dcgm", "ts": T0, "host": "n1", "gpu": 0, "model": "NVIDIA H100 80GB HBM3", "fields": {}}
+    # As the simulator writes them (docs/architecture.md §3).
+    nccl = {"v": 1, "kind": "nccl", "ts": T0, "host": "n1", "gpu": 0, "job": "pretrain", "comm": "0x481383d0ff65dd",
+            "comm_name": "dp0", "rank": 0, "nranks": 64, "nnodes": 64, "coll": "ReduceScatter", "seq": 4171,
+            "bytes": 67108864, "exec_time_us": 99028.0, "algbw_gbs": 43.371, "busbw_gbs": 42.693}
+    prog = {"v": 1, "kind": "progress", "ts": T0, "host": "n1", "job": "pretrain", "rank": 0, "gpu": 0,
+            "comm": "0x46360f16256fcf", "nranks": 8, "last_enqueued": 22534, "source": "ras", "state": "progress"}
+    messages = [[dcgm], [spoilt("nccl", nccl)], [spoilt("progress", prog), prog]]
+    if kind in (None, "nic"):
+        messages.append([spoilt("nic", nic()), nic(port=2)])
+    payloads = [json.dumps(m).encode() for m in messages]
+    origins = [f"t[0]@{i}" for i in range(len(payloads))]
+    batch = Decoder().decode_many(payloads, origins)
+    alone = [Decoder().decode(p, o) for p, o in zip(payloads, origins)]
+    assert [d.reason for d in batch.dead] == [d.reason for a in alone for d in a.dead]
+    assert batch.records == [r for a in alone for r in a.records]
+    assert len(batch.records) == (6 if kind is None else 3 if kind != "nic" else 5)
