@@ -3,6 +3,19 @@
 from pipeline.engine import Engine, EngineConfig
 
 
+def one_rule(condition, **extra):
+    """The YAML of one rule ``r`` with ``condition`` (and ``extra`` keys such as ``for``)."""
+    lines = "\n".join(f"    {k}: {v}" for k, v in extra.items())
+    return f"""
+rules:
+  - name: r
+    fault: gpu_test
+    severity: warning
+    condition: "{condition}"
+{lines}
+"""
+
+
 def run_rules(ruleset, records, batch=None):
     eng = Engine(EngineConfig(), row_checks=[], tick_checks=[], rules=ruleset)
     out = []

@@ -3,19 +3,7 @@ import random
 import numpy as np
 
 from tests.factories import T0, fleet, sample
-from tests.unit.rules.factories import run_rules
-
-
-def one_rule(condition, **extra):
-    lines = "\n".join(f"    {k}: {v}" for k, v in extra.items())
-    return f"""
-rules:
-  - name: r
-    fault: gpu_test
-    severity: warning
-    condition: "{condition}"
-{lines}
-"""
+from tests.unit.rules.factories import one_rule, run_rules
 
 
 def fired(alerts, state="firing"):

@@ -9,7 +9,7 @@ from pipeline.engine import Engine, EngineConfig
 from pipeline.rules import load_rules
 from pipeline.rules.ruleset import RuleSet
 from tests.factories import fleet
-from tests.unit.rules.factories import fields_in_spells, run_rules
+from tests.unit.rules.factories import fields_in_spells, one_rule, run_rules
 
 RULES = Path(__file__).resolve().parents[3] / "rules"
 
@@ -17,6 +17,15 @@ RULES = Path(__file__).resolve().parents[3] / "rules"
 def _evaluate_every_rule(monkeypatch):
     """The reference: every rule evaluated every tick, as before unread rules were answered."""
     monkeypatch.setattr(RuleSet, "_unread", lambda self, rule, chunk: rule.evaluate(chunk))
+
+
+def _answered_and_evaluated(make_rules, monkeypatch, text, records, batch):
+    """The alerts of ``text``'s rules over ``records``, answered as RuleSet does, then with
+    every rule evaluated every tick."""
+    answered, _ = run_rules(make_rules(text), records, batch=batch)
+    _evaluate_every_rule(monkeypatch)
+    evaluated, _ = run_rules(make_rules(text), records, batch=batch)
+    return answered, evaluated
 
 
 def _default_packs():
@@ -55,13 +64,7 @@ def test_rules_over_fields_that_come_and_go_alert_as_if_evaluated_every_tick(see
 def test_a_rule_true_where_its_field_was_never_reported_fires_and_resolves_as_evaluated(make_rules, monkeypatch):
     # 'not changed(x)' is 1 where x was never reported (changed() answers 0, not unknown): the
     # rule fires on every GPU, and resolves on the one whose x changes once it reports x.
-    text = """
-rules:
-  - name: r
-    fault: gpu_test
-    severity: warning
-    condition: "not changed(pcie_aer_fatal)"
-"""
+    text = one_rule("not changed(pcie_aer_fatal)")
 
     def overrides(t, host, gpu):
         if host == "n1" and gpu == 1 and t >= 30:
@@ -69,22 +72,14 @@ rules:
         return {}
 
     records = fleet(range(60), hosts=2, gpus=2, overrides=overrides)
-    answered, _ = run_rules(make_rules(text), records, batch=13)
-    _evaluate_every_rule(monkeypatch)
-    evaluated, _ = run_rules(make_rules(text), records, batch=13)
+    answered, evaluated = _answered_and_evaluated(make_rules, monkeypatch, text, records, batch=13)
     assert answered == evaluated
     assert {(a.host, a.gpu) for a in answered if a.state == "firing"} == {("n0", 0), ("n0", 1), ("n1", 0), ("n1", 1)}
     assert [(a.host, a.gpu) for a in answered if a.state == "resolved"][:1] == [("n1", 1)]
 
 
 def test_a_rule_over_an_unreported_field_is_evaluated_once_not_each_tick(make_rules):
-    text = """
-rules:
-  - name: r
-    fault: gpu_test
-    severity: warning
-    condition: "increase(pcie_aer_fatal, 5m) > 0"
-"""
+    text = one_rule("increase(pcie_aer_fatal, 5m) > 0")
     rs = make_rules(text)
     calls = []
     rule = rs.rules[0]
@@ -98,22 +93,14 @@ def test_a_field_every_gpu_stopped_reporting_is_still_read_from_its_windows(make
     # Reported once is reported: the windows still hold the spell's increase after the last
     # value (a producer stopped), so the rule is evaluated and resolves when the window says,
     # though no row of those ticks has the field and the rule was answered unread before.
-    text = """
-rules:
-  - name: r
-    fault: gpu_test
-    severity: warning
-    condition: "increase(pcie_replays, 2m) > 10"
-"""
+    text = one_rule("increase(pcie_replays, 2m) > 10")
 
     def overrides(t, host, gpu):  # none at first, then two spells further apart than the window
         spell = 30 <= t < 90 or 300 <= t < 360
         return {"pcie_replays": 5 * t} if (host, gpu) == ("n0", 1) and spell else {}
 
     records = fleet(range(600), hosts=2, gpus=2, overrides=overrides)
-    answered, _ = run_rules(make_rules(text), records, batch=31)
-    _evaluate_every_rule(monkeypatch)
-    evaluated, _ = run_rules(make_rules(text), records, batch=31)
+    answered, evaluated = _answered_and_evaluated(make_rules, monkeypatch, text, records, batch=31)
     assert answered == evaluated
     resolved = [a.ts - records[0].ts for a in evaluated if a.state == "resolved"]
     assert len(resolved) == 2 and resolved[0] > 150, "the alert resolved with the last value, not with the window"
