@@ -1,14 +1,20 @@
-"""PaneWindow against a brute-force reference: every aggregate, gaps, repeats, NaN, jumps, restore."""
+"""PaneWindow against a brute-force reference: every aggregate, gaps, repeats, NaN, jumps, restore;
+WindowStore leaving alone the windows no row of a tick feeds, against folding every one."""
 
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
 
-from pipeline.rules.windows import PaneWindow
+from pipeline.rules import load_rules
+from pipeline.rules.windows import PaneWindow, WindowStore
 from tests.factories import T0
+from tests.unit.rules.factories import fields_in_spells, run_rules
+
+RULES = Path(__file__).resolve().parents[3] / "rules"
 
 AGGS = ("count", "first", "max", "min", "sum")
 
@@ -196,22 +202,14 @@ def test_peer_median_fast_path_equals_the_general_one(layout):
 def test_windows_of_fields_no_row_has_are_left_alone_with_the_same_alerts(seed, monkeypatch):
     # WindowStore.update skips a window whose column no row of the tick has; folding every
     # window every tick (the reference) must give the same alerts and the same answers.
-    from pathlib import Path
-
-    from pipeline.rules import load_rules
-    from pipeline.rules.windows import WindowStore
-    from tests.unit.rules.factories import fields_in_spells, run_rules
-
     records = fields_in_spells(seed, 1800)
-    rules_dir = Path(__file__).resolve().parents[3] / "rules"
 
     def run():
-        rs, diags = load_rules([rules_dir])
+        rs, diags = load_rules([RULES])
         assert rs is not None, diags
-        alerts, eng = run_rules(rs, records, batch=97)
-        store = rs.windows
+        alerts, _ = run_rules(rs, records, batch=97)
         answers = {k: [w.query(a, np.arange(6, dtype=np.int32), records[-1].ts).tolist() for a in ("sum", "first")
-                       if a in w.aggs or (a == "sum" and "count" in w.aggs)] for k, w in store.panes.items()}
+                       if a in w.aggs] for k, w in rs.windows.panes.items()}
         return alerts, answers
 
     skipped = run()
