@@ -437,9 +437,9 @@ class WindowStore:
         self._pane_sources: dict[tuple, tuple[int, str]] = {}
         self._base_sources: dict[tuple, int] = {}
         self._expr_keys: dict[E.Node, str] = {}
-        # The columns the pane windows read, found once (``_held``): raw and increase columns,
-        # then each window's of either kind (-1: the other kind).
-        self._update_cols: tuple[np.ndarray, np.ndarray, list[int], list[int]] | None = None
+        # The raw and increase columns the pane windows read, and each window's place among
+        # them, found once (``_held``).
+        self._update_cols: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
 
     def key_of(self, node: E.Node) -> str:
         """A short memo key per distinct expression structure (nodes compare without positions)."""
@@ -485,22 +485,22 @@ class WindowStore:
 
     def _held(self, view: View) -> np.ndarray:
         """Per pane window (in ``panes`` order), whether any row of ``view`` has its column."""
-        cols = self._update_cols
-        if cols is None:
+        if self._update_cols is None:
             src = [self._pane_sources[key] for key in self.panes]
-            raw = [c if s != "inc" else -1 for c, s in src]
-            inc = [_INC_POS[c] if s == "inc" else -1 for c, s in src]
-            cols = self._update_cols = (
-                np.array(sorted({c for c in raw if c >= 0}), dtype=np.intp),
-                np.array(sorted({c for c in inc if c >= 0}), dtype=np.intp),
-                raw,
-                inc,
-            )
-        raw_cols, inc_cols, raw, inc = cols
-        # Which columns have a value on some row: one reduction over the columns windows read.
-        have_raw = dict(zip(raw_cols.tolist(), (~np.isnan(view.frame.values[:, raw_cols])).any(axis=0).tolist()))
-        have_inc = dict(zip(inc_cols.tolist(), (~np.isnan(view.increase[:, inc_cols])).any(axis=0).tolist()))
-        return np.array([have_raw[r] if r >= 0 else have_inc[c] for r, c in zip(raw, inc)], dtype=bool)
+            raw = sorted({c for c, s in src if s != "inc"})
+            inc = sorted({_INC_POS[c] for c, s in src if s == "inc"})
+            # Each window's place in [raw columns..., increase columns...].
+            place = [inc.index(_INC_POS[c]) + len(raw) if s == "inc" else raw.index(c) for c, s in src]
+            self._update_cols = (np.array(raw, np.intp), np.array(inc, np.intp), np.array(place, np.intp))
+        raw_cols, inc_cols, at = self._update_cols
+        # Which columns have a value on some row: one reduction over each kind's columns.
+        have = np.concatenate(
+            [
+                (~np.isnan(view.frame.values[:, raw_cols])).any(axis=0),
+                (~np.isnan(view.increase[:, inc_cols])).any(axis=0),
+            ]
+        )
+        return have[at]
 
     def adopt(self, old: "WindowStore") -> None:
         """Take over the state of windows an older store already had (hot reload)."""
