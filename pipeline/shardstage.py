@@ -115,6 +115,8 @@ class ShardStage(FleetStage):
         self.scored = -math.inf
         # How far this shard's alerts are complete: every tick before it was evaluated.
         self.done = -math.inf
+        # A flush begun at a lull (``advance``) that waits for the others' parts.
+        self.flushing = False
         self._first_ts = math.inf  # the oldest DCGM record this shard took: where it opens
         self._last_tick: dict[str, float] = {}  # per NCCL model, the tick of its latest findings taken
         self._nccl: bool | None = None  # whether the models include NCCL ones (``reads_findings``)
@@ -174,23 +176,30 @@ class ShardStage(FleetStage):
 
     def advance(self) -> EngineOutput:
         """Release what the marks allow to the engines, and step them as far as the other
-        shards' parts and the scorer's findings allow (which messages since may have moved)."""
+        shards' parts and the scorer's findings allow (which messages since may have moved).
+        Every upstream task final (a lull, or the end): everything goes, and the shard flushes
+        as soon as the others' parts allow, while the stage waits for the tasks to resume."""
         wm = self.last_watermark = self.watermark()
         out = EngineOutput()
-        if wm == -math.inf:
-            return out
-        if wm > self.released or wm == math.inf:
+        if wm == math.inf or (wm > self.released and wm > -math.inf):
             self._release(self._take(wm), out)
             if self.hang is not None:
                 out.alerts.extend(self.hang.advance(wm))
-        if wm < math.inf:
+        if wm == math.inf:
+            self._lulled()
+            self.flushing = True
+        if self.flushing:
+            self._flush_engines(out)
+            if self.done < math.inf:
+                return out  # the others' parts, or the scorer's findings, are not in yet
+            self.flushing = False
+            # As one stage's flush: a record sent again later is late even within the last second.
+            if self._newest > -math.inf:
+                self.released = max(self.released, math.nextafter(self._newest, math.inf))
+            return out
+        if wm > -math.inf:
             self._advance_engines(wm, out)
             self.released = max(self.released, wm)
-            return out
-        self._flush_engines(out)
-        # As one stage's flush: a record sent again later is late even within the last second.
-        if self._newest > -math.inf:
-            self.released = max(self.released, math.nextafter(self._newest, math.inf))
         return out
 
     def _take(self, wm: float) -> dict[str, Sequence[TelemetryRecord]]:
@@ -300,6 +309,7 @@ class ShardStage(FleetStage):
                 "inbox": [to_wire(f) for f in self.models.nccl.inbox],
                 "scored": self.scored,
                 "done": self.done,
+                "flushing": self.flushing,
                 "first_ts": self._first_ts,
                 "last_tick": self._last_tick,
             }
@@ -317,6 +327,7 @@ class ShardStage(FleetStage):
             self.exchange.load_state(d["exchange"], ms.check_part)
             ms.nccl.inbox = [from_wire(f, ms.nccl_levels()) for f in d["inbox"]]
             self.scored, self.done, self._first_ts = (float(d[k]) for k in ("scored", "done", "first_ts"))
+            self.flushing = bool(d.get("flushing", False))
             self._last_tick = {str(k): float(v) for k, v in d["last_tick"].items()}
         except StateError:
             raise

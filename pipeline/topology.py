@@ -10,7 +10,8 @@ so it is built on two rules:
 - **Its watermark comes from upstream.** Every host-stage task reports how far it has released
   (``mark``: every record it will ever forward older than that has been forwarded; ``final``
   after an idle flush, when it holds nothing back). The fleet stage releases a second only once
-  every upstream task has passed it.
+  every upstream task has passed it; after a lull (every task final at once) it waits for
+  those that were forwarding to resume, whichever resumes first (``FleetStage.resuming``).
 - **Its input order is canonical.** Released records are sorted by (ts, host, kind, GPU, link,
   communicator, rank) before its engine sees them, so GPU ids, tick rows and every model's
   learning order are the same whichever task forwarded what first. A record forwarded twice
@@ -41,6 +42,10 @@ from pipeline.schema import DcgmSample, NcclRecord, ProgressRecord, TelemetryRec
 
 FLEET_KEY = "fleet"  # the fleet stage's one key: every model compares over the whole fleet
 STATE_VERSION = 1
+# After a lull, how long (event time) the fleet stage waits for a task that forwarded records
+# before it: many times the sampling step (at most 30 s), and the skew between telemetry
+# partitions while the host stage catches up on the backlog of an outage of minutes.
+RESUME_WAIT_S = 600.0
 
 
 def record_identity(r: Any) -> tuple:
@@ -66,18 +71,29 @@ class FleetStage:
         upstream: int = 1,
         max_buffer: int = 2_000_000,
         hang: HangDetector | None = None,
+        resume_wait: float = RESUME_WAIT_S,
     ) -> None:
         """``max_buffer``: the most records held for an upstream task that does not mark (down,
         or cut off): past it, the stage follows the most advanced task instead, and what the
         others send later for seconds already released is dropped (``stats["forced"]``).
-        ``hang``: the hung-collective detector, fed the progress records released (pipeline/hang.py)."""
+        ``hang``: the hung-collective detector, fed the progress records released (pipeline/hang.py).
+        ``resume_wait``: after a lull, how far (event time) the stage waits for a task that
+        forwarded records before it to resume (``resuming``)."""
         self.make_engine = make_engine
         self.hang = hang
         self.n_upstream = upstream
         self.max_buffer = max_buffer
+        self.resume_wait = resume_wait
         self.engines: dict[str, Engine] = {}
         self.marks: dict[int, float] = {}
         self.final: set[int] = set()
+        # A lull is every upstream task final at once (the whole input paused): the stage then
+        # releases everything it holds. The tasks that forwarded records shortly before it may
+        # send more, of any event time past their marks, whichever resumes first: each is waited
+        # for at its mark, not passed as an idle task is, until it marks past it (or another
+        # runs ``resume_wait`` seconds past the lull). Each task's mark at the lull, and the lull.
+        self.resuming: dict[int, float] = {}
+        self.lull = -math.inf
         # The newest event time each upstream task has forwarded (fed with ``upstream``): how far
         # its marks may go (pipeline/service/fleet.py, FleetTask.lead).
         self.forwarded: dict[int, float] = {}
@@ -97,6 +113,7 @@ class FleetStage:
         self.replay_until = -1
         self.stats: dict[str, int] = {
             "fed": 0, "duplicate": 0, "late": 0, "replayed": 0, "forced": 0, "released": 0, "dead_again": 0,
+            "unresumed": 0,
         }  # fmt: skip
 
     def engine(self, key: str = FLEET_KEY) -> Engine:
@@ -154,12 +171,26 @@ class FleetStage:
             self.final.add(upstream)
         else:
             self.final.discard(upstream)
+        at = self.resuming.get(upstream)
+        if at is not None and (not final or self.marks[upstream] > at):
+            del self.resuming[upstream]  # it resumed: an active (or idle) task again
+        if self.resuming and not final and self.marks[upstream] > self.lull + self.resume_wait:
+            # Those not back by now may never be (their hosts gone): pass them as idle tasks.
+            self.stats["unresumed"] += len(self.resuming)
+            self.resuming.clear()
+
+    def idle(self) -> bool:
+        """Every upstream task final and none awaited (``resuming``): a lull, or the end of the
+        stream. Its ``advance`` releases everything, so a reader advances where it comes in the
+        input (``FleetTask``), not where the input's batch happens to end."""
+        return len(self.marks) >= self.n_upstream and self.final.issuperset(self.marks) and not self.resuming
 
     def watermark(self) -> float:
-        """How far every upstream task has come (-inf until each has said so)."""
+        """How far every upstream task has come (-inf until each has said so): an idle task
+        (final) holds nothing back, unless it is one the stage waits for after a lull."""
         wm = -math.inf
         if len(self.marks) >= self.n_upstream:
-            wm = min(math.inf if p in self.final else m for p, m in self.marks.items())
+            wm = min(math.inf if p in self.final and p not in self.resuming else m for p, m in self.marks.items())
         if self._n_buf > self.max_buffer:
             ahead = max((m for p, m in self.marks.items() if p not in self.final), default=math.inf)
             if ahead > wm:
@@ -187,6 +218,7 @@ class FleetStage:
             if self._newest > -math.inf:
                 hwm.append(math.nextafter(self._newest, math.inf))
             self.released = max([self.released, *hwm])
+            self._lulled()
             return out
         if wm <= self.released:
             return out
@@ -197,6 +229,18 @@ class FleetStage:
             out.alerts.extend(self.hang.advance(wm))
         self.released = wm
         return out
+
+    def _lulled(self) -> None:
+        """Every upstream task was final and everything went to the engines: wait for those that
+        forwarded records within ``resume_wait`` seconds of the newest before the lull, each at
+        its mark (``resuming``; none at the end of the stream, where every mark is inf)."""
+        newest = max(self.forwarded.values(), default=-math.inf)
+        self.lull = max(self.released, newest)
+        self.resuming = {
+            p: m
+            for p, m in self.marks.items()
+            if math.isfinite(m) and self.forwarded.get(p, -math.inf) >= newest - self.resume_wait
+        }
 
     def flush(self) -> EngineOutput:
         """End of stream: every upstream task is done."""
@@ -296,6 +340,8 @@ class FleetStage:
             "marks": {str(k): v for k, v in self.marks.items()},
             "final": sorted(self.final),
             "forwarded": {str(k): v for k, v in self.forwarded.items()},
+            "resuming": {str(k): v for k, v in self.resuming.items()},
+            "lull": self.lull,
         }
         # Records fed without a position (in process, or restored from a snapshot that carried
         # them) cannot be read again: those ride in the snapshot either way.
@@ -322,6 +368,8 @@ class FleetStage:
             # (A snapshot from before ``forwarded`` was kept: each mark was as far as it went.)
             forwarded = d["forwarded"] if "forwarded" in d else d["marks"]
             self.forwarded = {int(k): float(v) for k, v in forwarded.items()}
+            self.resuming = {int(k): float(v) for k, v in d.get("resuming", {}).items()}
+            self.lull = float(d.get("lull", -math.inf))
             # A replayable snapshot's reader reads the records fed with a position again.
             buf = decode_records(d["buffer"])
             keys = [str(k) for k in d["keys"]]

@@ -1,5 +1,6 @@
-"""The fleet stage (pipeline/topology.py): its watermark is its upstream tasks' marks, its input
-order is canonical, a record forwarded twice counts once, and its state survives a restore."""
+"""The fleet stage (pipeline/topology.py): its watermark is its upstream tasks' marks (after a
+lull, whichever task resumes first waits for the others), its input order is canonical, a
+record forwarded twice counts once, and its state survives a restore."""
 
 from __future__ import annotations
 
@@ -112,6 +113,91 @@ def test_an_upstream_task_that_never_marks_holds_only_up_to_max_buffer():
     assert st.stats["forced"] >= 1 and st.engine().stats["records.dcgm"] == 25
 
 
+def _plain_stage(upstream: int, **kw) -> FleetStage:
+    return FleetStage(lambda: Engine(row_checks=[], tick_checks=[], screened=True), upstream=upstream, **kw)
+
+
+def _lull(st: FleetStage, hosts: list[str], upto: int = 10) -> None:
+    """Each task ``i`` forwards host ``hosts[i]``'s seconds before ``upto`` and goes idle (its
+    final mark): a lull, in which the stage releases everything."""
+    for i, host in enumerate(hosts):
+        st.feed([sample(t, host) for t in range(upto)], upstream=i)
+    for i in range(len(hosts)):
+        st.mark(i, T0 + upto - 1, final=True)
+    st.advance()
+    assert st.engine().stats["records.dcgm"] == upto * len(hosts)
+
+
+def test_after_a_lull_the_task_that_resumes_first_waits_for_the_others():
+    # The whole input paused (every task final), then task 0 sends its backlog and marks far
+    # ahead before task 1 sends anything: task 1 was forwarding just before the lull, so its
+    # backlog is waited for, not passed as an idle task's (whose records would all be late).
+    st = _plain_stage(2)
+    _lull(st, ["n1", "n2"])
+    assert not st.idle() and set(st.resuming) == {0, 1}
+    st.feed([sample(t, "n1") for t in range(10, 40)], upstream=0)
+    st.mark(0, T0 + 39)
+    st.advance()
+    assert st.engine().stats["records.dcgm"] == 20, "nothing past the lull before task 1 resumes"
+    st.feed([sample(t, "n2") for t in range(10, 40)], upstream=1)
+    st.mark(1, T0 + 39)
+    st.advance()
+    assert st.engine().stats["records.dcgm"] == 20 + 2 * 29 and st.stats["late"] == 0 and not st.resuming
+
+
+def test_a_task_that_resumes_and_idles_again_is_no_longer_waited_for():
+    st = _plain_stage(2)
+    _lull(st, ["n1", "n2"])
+    st.feed([sample(t, "n2") for t in range(10, 15)], upstream=1)
+    st.mark(1, T0 + 14, final=True)            # back, and idle again before its next mark
+    st.feed([sample(t, "n1") for t in range(10, 40)], upstream=0)
+    st.mark(0, T0 + 39)
+    st.advance()
+    assert st.resuming == {} and st.engine().stats["records.dcgm"] == 20 + 5 + 29
+
+
+def test_a_task_not_back_within_resume_wait_of_the_lull_is_passed_as_idle():
+    # Its hosts may be gone: once another task runs resume_wait seconds past the lull the stage
+    # stops waiting, and what it sends later for released seconds is late.
+    st = _plain_stage(2, resume_wait=20)
+    _lull(st, ["n1", "n2"])
+    st.feed([sample(t, "n1") for t in range(10, 40)], upstream=0)
+    st.mark(0, T0 + 25)
+    st.advance()
+    assert st.resuming and st.engine().stats["records.dcgm"] == 20
+    st.mark(0, T0 + 35)                       # 26 s past the lull at T0 + 9
+    st.advance()
+    assert st.stats["unresumed"] == 1 and not st.resuming
+    assert st.engine().stats["records.dcgm"] == 20 + 25
+
+
+def test_after_a_lull_tasks_idle_long_before_it_or_without_records_are_not_waited_for():
+    st = _plain_stage(3, resume_wait=60)
+    st.feed([sample(t, "n2") for t in range(5)], upstream=1)      # idle since T0 + 4
+    st.feed([sample(t, "n1") for t in range(200)], upstream=0)
+    st.mark(1, T0 + 4, final=True)
+    st.mark(2, -math.inf, final=True)                              # no hosts at all
+    st.mark(0, T0 + 199, final=True)
+    st.advance()
+    assert set(st.resuming) == {0}
+    st.feed([sample(t, "n1") for t in range(200, 230)], upstream=0)
+    st.mark(0, T0 + 229)
+    st.advance()
+    assert st.engine().stats["records.dcgm"] == 205 + 29
+
+
+def test_a_restored_stage_still_waits_for_the_tasks_of_its_lull():
+    st = _plain_stage(2)
+    _lull(st, ["n1", "n2"])
+    again = _plain_stage(2)
+    again.restore(st.snapshot(replayable=True), records_decoder(again.engine().decode_fields))
+    assert again.resuming == st.resuming and again.lull == st.lull
+    again.feed([sample(t, "n1") for t in range(10, 40)], upstream=0)
+    again.mark(0, T0 + 39)
+    again.advance()
+    assert again.released == st.released and again.pending == 30
+
+
 def test_canonical_order_is_by_time_first_so_released_slices_concatenate():
     # The fleet stage sorts each released slice on its own: that equals sorting everything at
     # once only if the order is by event time first, whichever host, GPU or kind comes first.
@@ -183,6 +269,38 @@ def _read(st: FleetStage, log: list[tuple], start: int, stop: int) -> list:
         st.position = offset + 1
         alerts += st.advance().alerts
     return alerts
+
+
+def _lull_log(records: list, upstream: int, lead: int, step: int = 300) -> list[tuple]:
+    """The fleet log of a lull: every task forwards the first half of the recording's time and
+    goes idle (final); then task ``lead`` forwards all the rest of its records, and marks,
+    before any other resumes (as after a broker outage, when one partition's backlog is
+    fetched first)."""
+    parts = _split(records, upstream)
+    mid = (min(r.ts for r in records) + max(r.ts for r in records)) // 2
+    log: list[tuple] = []
+
+    def forward(i: int, recs: list) -> None:
+        for k in range(0, len(recs), step):
+            log.append(("records", recs[k:k + step]))
+            newest = max(r.ts for r in recs[:k + step])
+            last = k + step >= len(recs)
+            log.append(("mark", i, newest if last else math.floor(newest - 30), last))
+    for i, p in enumerate(parts):
+        forward(i, [r for r in p if r.ts < mid])
+    for i in [lead] + [k for k in range(upstream) if k != lead]:
+        forward(i, [r for r in parts[i] if r.ts >= mid])
+    return log
+
+
+@pytest.mark.parametrize("lead", [0, 2])
+def test_a_lull_with_one_task_resuming_first_gives_the_answer_of_no_lull(records, lead):
+    whole, _ = _through(records, 1, 500, 0)
+    st = FleetStage(_fleet_engine, upstream=3)
+    log = _lull_log(records, 3, lead)
+    alerts = _read(st, log, 0, len(log)) + st.flush().alerts
+    assert _keys(alerts) == whole
+    assert st.stats["late"] == 0 and st.stats["released"] == len(records)
 
 
 @pytest.mark.parametrize("crash_at", [0.2, 0.5, 0.8])
