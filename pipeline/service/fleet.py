@@ -318,6 +318,7 @@ class FleetTask:
         self._alert_batch = msgspec.json.Decoder(AlertBatch)
         self._envelope = msgspec.msgpack.Decoder(Envelope)
         self._taken: dict[str, int] = {}  # each stat as last taken
+        self._lulls = EngineOutput()  # what the stage released at lulls within the batch
         cfg = self.stage.engine().config
         # How far a mark may run ahead of the newest record its sender forwarded. A host-stage
         # engine forwards every record it accepts as it arrives, and its watermark stays within a
@@ -329,6 +330,7 @@ class FleetTask:
         """Check and apply each message (a bad one is a dead letter), then release what the
         marks allow."""
         dead: list[DeadLetter] = []
+        out = self._lulls = EngineOutput()
         for m in messages:
             try:
                 dead.extend(self.check(m))
@@ -337,7 +339,7 @@ class FleetTask:
                 dead.append(_dead(INTERNAL, f"{type(e).__name__}: {e}", m, m.value))
             self.stage.position = m.offset + 1
             self.totals.messages += 1
-        out = self.stage.advance()
+        out.extend(self.stage.advance())
         self._to_incidents(out)
         self._to_peers(out)
         out.dead.extend(dead)
@@ -487,6 +489,10 @@ class FleetTask:
         if why is not None:
             return [_dead(why[0], why[1], m, body)]
         self.stage.mark(mk.mark, -math.inf if mk.upto is None else mk.upto, mk.final, mk.n)
+        if self.stage.idle():
+            # A lull (every telemetry partition idle): what the stage holds goes now, before any
+            # record a task sends on resuming, wherever the batch of messages ends.
+            self._lulls.extend(self.stage.advance())
         return []
 
     def _refuse_mark(self, mk: Mark, sender: int) -> tuple[str, str] | None:

@@ -10,6 +10,8 @@ real broker and real processes: tests/faults/test_service_stages.py.
 from __future__ import annotations
 
 import json
+import random
+import zlib
 from pathlib import Path
 
 import msgspec
@@ -210,6 +212,68 @@ def test_replicas_joining_and_crashing_mid_stream_change_nothing(telemetry, refe
     for a in got:   # alerts sent again after the crash are the same events
         assert seen.setdefault((a["id"], a["state"]), a) == a
     assert _events(f.incidents()) == _events(reference_incidents)
+
+
+def _partition(f: Fleet, key: bytes) -> int:
+    return zlib.crc32(key) % f.bus.partitions  # the memory bus's keyed partitioner
+
+
+def _lull_then_one_partition_first(f: Fleet, telemetry, services: list[Service]) -> None:
+    """The first half of ``telemetry`` (already on the bus) until every host-stage task idles
+    and marks final (a lull: the fleet stage releases everything); then one telemetry
+    partition's whole second half, run until its task idles again, before any other's (as
+    when a poll after a broker outage fetches one partition's backlog first); then the rest."""
+    for _ in range(4000):
+        f.step(*services)
+        if f.idle(services):
+            break
+    else:
+        raise AssertionError("the first half did not drain")
+    for _ in range(8):
+        f.step(*services)  # the fleet stage reads the final marks
+    rest = telemetry[len(telemetry) // 2:]
+    lead = _partition(f, rest[0][0])
+    p = f.bus.producer()
+    for key, value in rest:
+        if _partition(f, key) == lead:
+            p.send(f.topics.telemetry, value, key)
+    for _ in range(200):
+        f.step(*services)
+    for key, value in rest:
+        if _partition(f, key) != lead:
+            p.send(f.topics.telemetry, value, key)
+
+
+@pytest.mark.parametrize("shard_models", [False, True])
+def test_after_a_lull_the_partition_that_resumes_first_does_not_run_ahead(telemetry, reference, shard_models):
+    # The fleet stage waits for the telemetry partitions that were sending before the lull
+    # rather than passing them as idle: none of their records is late to the models.
+    f = Fleet(telemetry[:len(telemetry) // 2], shard_models=shard_models)
+    services = [f.service("host"), f.service("fleet")]
+    _lull_then_one_partition_first(f, telemetry, services)
+    _run(f, services)
+    assert _ids(f.alerts()) == _ids(reference)
+
+
+def test_the_fleet_stage_answers_alike_wherever_its_polls_end(telemetry, reference):
+    # The fleet topic of a lull and one partition resuming first, read by a fleet task a
+    # message at a time, all at once, and in random batches: one answer, the replay's. (A
+    # batch holding both the lull's final marks and a resumed partition's records once
+    # released those with the lull, ahead of the others': a real-broker test caught it.)
+    f = Fleet(telemetry[:len(telemetry) // 2])
+    host = f.service("host")
+    _lull_then_one_partition_first(f, telemetry, [host])
+    _run(f, [host])
+    log = f.bus.messages(f.topics.fleet)
+    models = _ids([a for a in reference if a["labels"].get("source") == "model"])  # the fleet stage's
+    rng = random.Random(4)
+    cuts = [list(range(1, len(log))), []] + [sorted(rng.sample(range(1, len(log)), 40)) for _ in range(3)]
+    for cut in cuts:
+        task = f.service("fleet")._new_part(0, 0.0).pipe
+        alerts = []
+        for a, b in zip([0, *cut], [*cut, len(log)]):
+            alerts += task.handle_guarded(log[a:b]).alerts
+        assert _ids([msgspec.to_builtins(x) for x in alerts]) == models, len(cut)
 
 
 @pytest.mark.parametrize(("hosts", "fleets"), [(1, 1), (3, 4)])
