@@ -488,11 +488,26 @@ class FleetTask:
         why = self._refuse_mark(mk, sender)
         if why is not None:
             return [_dead(why[0], why[1], m, body)]
-        self.stage.mark(mk.mark, -math.inf if mk.upto is None else mk.upto, mk.final, mk.n)
-        if self.stage.idle():
+        st = self.stage
+        passed = st.stats["unresumed"]
+        st.mark(mk.mark, -math.inf if mk.upto is None else mk.upto, mk.final, mk.n)
+        if st.stats["unresumed"] > passed:
+            log.warning(
+                "fleet: %d telemetry partition(s) not back %.0fs (event time) past the lull are passed "
+                "as idle; what they send for released seconds is late to the models",
+                st.stats["unresumed"] - passed,
+                st.resume_wait,
+            )
+        if st.idle():
             # A lull (every telemetry partition idle): what the stage holds goes now, before any
             # record a task sends on resuming, wherever the batch of messages ends.
-            self._lulls.extend(self.stage.advance())
+            self._lulls.extend(st.advance())
+            if st.resuming:
+                log.info(
+                    "fleet: every telemetry partition idle; released everything, waiting for partitions %s to resume",
+                    sorted(st.resuming),
+                    extra={"partitions": sorted(st.resuming)},
+                )
         return []
 
     def _refuse_mark(self, mk: Mark, sender: int) -> tuple[str, str] | None:

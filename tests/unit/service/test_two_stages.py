@@ -10,6 +10,7 @@ real broker and real processes: tests/faults/test_service_stages.py.
 from __future__ import annotations
 
 import json
+import logging
 import random
 import zlib
 from pathlib import Path
@@ -245,14 +246,19 @@ def _lull_then_one_partition_first(f: Fleet, telemetry, services: list[Service])
 
 
 @pytest.mark.parametrize("shard_models", [False, True])
-def test_after_a_lull_the_partition_that_resumes_first_does_not_run_ahead(telemetry, reference, shard_models):
+def test_after_a_lull_the_partition_that_resumes_first_does_not_run_ahead(telemetry, reference, reference_incidents,
+                                                                        shard_models, caplog):
     # The fleet stage waits for the telemetry partitions that were sending before the lull
-    # rather than passing them as idle: none of their records is late to the models.
+    # rather than passing them as idle: none of their records is late to the models, nor any
+    # of their alerts to the incident stage.
+    caplog.set_level(logging.INFO, logger="gpuwarden.service")
     f = Fleet(telemetry[:len(telemetry) // 2], shard_models=shard_models)
     services = [f.service("host"), f.service("fleet")]
     _lull_then_one_partition_first(f, telemetry, services)
     _run(f, services)
     assert _ids(f.alerts()) == _ids(reference)
+    assert _events(f.incidents()) == _events(reference_incidents)
+    assert any(r.getMessage().startswith("fleet: every telemetry partition idle") for r in caplog.records)
 
 
 def test_the_fleet_stage_answers_alike_wherever_its_polls_end(telemetry, reference):
