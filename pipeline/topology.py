@@ -174,7 +174,7 @@ class FleetStage:
         at = self.resuming.get(upstream)
         if at is not None and (not final or self.marks[upstream] > at):
             del self.resuming[upstream]  # it resumed: an active (or idle) task again
-        if self.resuming and not final and self.marks[upstream] > self.lull + self.resume_wait:
+        if self.resuming and self.marks[upstream] > self.lull + self.resume_wait:
             # Those not back by now may never be (their hosts gone): pass them as idle tasks.
             self.stats["unresumed"] += len(self.resuming)
             self.resuming.clear()

@@ -169,6 +169,13 @@ def test_a_task_not_back_within_resume_wait_of_the_lull_is_passed_as_idle():
     st.advance()
     assert st.stats["unresumed"] == 1 and not st.resuming
     assert st.engine().stats["records.dcgm"] == 20 + 25
+    # Also when that task's backlog ends in an idle flush (a final mark is all it sends).
+    st = _plain_stage(2, resume_wait=20)
+    _lull(st, ["n1", "n2"])
+    st.feed([sample(t, "n1") for t in range(10, 40)], upstream=0)
+    st.mark(0, T0 + 39, final=True)
+    st.advance()
+    assert st.stats["unresumed"] == 1 and st.engine().stats["records.dcgm"] == 20 + 30
 
 
 def test_after_a_lull_tasks_idle_long_before_it_or_without_records_are_not_waited_for():
