@@ -178,14 +178,13 @@ class ShardStage(FleetStage):
         """Release what the marks allow to the engines, and step them as far as the other
         shards' parts and the scorer's findings allow (which messages since may have moved).
         Every upstream task final (a lull, or the end): everything goes, and the shard flushes
-        as soon as the others' parts allow, while the stage waits for the tasks to resume."""
+        as soon as the others' parts allow; nothing more is released until it has."""
         wm = self.last_watermark = self.watermark()
         out = EngineOutput()
-        if wm == math.inf or (wm > self.released and wm > -math.inf):
+        if wm == math.inf:
             self._release(self._take(wm), out)
             if self.hang is not None:
                 out.alerts.extend(self.hang.advance(wm))
-        if wm == math.inf:
             self._lulled()
             self.flushing = True
         if self.flushing:
@@ -196,7 +195,12 @@ class ShardStage(FleetStage):
             # As one stage's flush: a record sent again later is late even within the last second.
             if self._newest > -math.inf:
                 self.released = max(self.released, math.nextafter(self._newest, math.inf))
-            return out
+            if wm == math.inf:
+                return out
+        if wm > self.released and wm > -math.inf:
+            self._release(self._take(wm), out)
+            if self.hang is not None:
+                out.alerts.extend(self.hang.advance(wm))
         if wm > -math.inf:
             self._advance_engines(wm, out)
             self.released = max(self.released, wm)
