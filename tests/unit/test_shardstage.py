@@ -188,3 +188,24 @@ def test_an_open_ended_part_lets_the_others_on_and_a_reopened_shard_counts_from_
     assert ex.published["b"][-1] == {"epoch": 13, "until": 13}
     assert ex.bound() == 13 + LAG_EPOCHS
     assert [p["epoch"] for p in ex.parts(12)] == [10, 12] and ex.parts(13) is None
+
+
+def test_a_shards_lull_flush_waiting_for_the_others_parts_releases_nothing_new():
+    # Every task final (a lull): shard 1 flushes once shard 0's parts allow. Should the tasks
+    # resume meanwhile, marking past the lull, their records wait: released into the engine
+    # before its flush, they would be taken for the end of their seconds.
+    from tests.factories import T0, sample
+
+    built, diags = build_stages([str(rules_dir())], "auto")
+    assert built is not None, diags
+    host = next(h for h in (f"n{i}" for i in range(50)) if shard_of(h, 2) == 1)
+    st = ShardStage(built.fleet, 1, 2, upstream=1)
+    st.feed([sample(t, host) for t in range(120)], upstream=0)
+    st.mark(0, T0 + 119, final=True)
+    st.advance()
+    assert st.flushing and st.done < math.inf, "shard 0's parts are not in"
+    released = st.stats["released"]
+    st.feed([sample(t, host) for t in range(120, 180)], upstream=0)
+    st.mark(0, T0 + 179)
+    st.advance()
+    assert st.flushing and st.stats["released"] == released and st.pending >= 60
