@@ -171,13 +171,15 @@ def committed(bootstrap: str, group: str, topic: str) -> int:
     return sum(o.offset for tp, o in offsets.items() if tp.topic == topic)
 
 
-def wait_for(pred, timeout: float, step: float = 0.5, what: str = "condition") -> None:
+def wait_for(pred, timeout: float, step: float = 0.5, what: str = "condition", explain=None) -> None:
+    """Until ``pred()``; on timeout an ``AssertionError`` naming ``what``, and what ``explain()``
+    says of the state then (what is missing)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if pred():
             return
         time.sleep(step)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}" + (f": {explain()}" if explain else ""))
 
 
 class PrivateBroker:
