@@ -239,11 +239,12 @@ class FleetStage:
         self.resuming = {
             p: m
             for p, m in self.marks.items()
-            if math.isfinite(m) and self.forwarded.get(p, -math.inf) >= newest - self.resume_wait
+            if math.isfinite(m) and p in self.forwarded and self.forwarded[p] >= newest - self.resume_wait
         }
 
     def flush(self) -> EngineOutput:
         """End of stream: every upstream task is done."""
+        self.resuming.clear()  # none is coming back
         for p in range(self.n_upstream):
             self.mark(p, math.inf, final=True)
         for p in list(self.marks):

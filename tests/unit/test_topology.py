@@ -248,7 +248,7 @@ def test_a_restored_fleet_stage_goes_on_exactly_as_one_that_ran_through(records)
 
 def _fleet_log(records: list, upstream: int, step: int, seed: int) -> list[tuple]:
     """What ``upstream`` host-stage tasks write to one fleet partition, in log order: record
-    messages and the marks after them (as ``_through`` feeds them)."""
+    messages (with their sender) and the marks after them (as ``_through`` feeds them)."""
     rng = random.Random(seed)
     parts = _split(records, upstream)
     pos = [0] * upstream
@@ -257,7 +257,7 @@ def _fleet_log(records: list, upstream: int, step: int, seed: int) -> list[tuple
         i = rng.choice([k for k in range(upstream) if pos[k] < len(parts[k])])
         chunk = parts[i][pos[i]:pos[i] + step]
         pos[i] += len(chunk)
-        log.append(("records", chunk))
+        log.append(("records", chunk, i))
         done = pos[i] == len(parts[i])
         newest = max(r.ts for r in parts[i][:pos[i]])
         log.append(("mark", i, newest + 1 if done else math.floor(newest - 30), done))
@@ -270,7 +270,7 @@ def _read(st: FleetStage, log: list[tuple], start: int, stop: int) -> list:
     for offset in range(start, stop):
         m = log[offset]
         if m[0] == "records":
-            st.feed(m[1], at=offset)
+            st.feed(m[1], at=offset, upstream=m[2])
         else:
             st.mark(m[1], m[2], final=m[3])
         st.position = offset + 1
@@ -289,7 +289,7 @@ def _lull_log(records: list, upstream: int, lead: int, step: int = 300) -> list[
 
     def forward(i: int, recs: list) -> None:
         for k in range(0, len(recs), step):
-            log.append(("records", recs[k:k + step]))
+            log.append(("records", recs[k:k + step], i))
             newest = max(r.ts for r in recs[:k + step])
             last = k + step >= len(recs)
             log.append(("mark", i, newest if last else math.floor(newest - 30), last))
