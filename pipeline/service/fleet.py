@@ -339,21 +339,23 @@ class FleetTask:
                 dead.append(_dead(INTERNAL, f"{type(e).__name__}: {e}", m, m.value))
             self.stage.position = m.offset + 1
             self.totals.messages += 1
-        out.extend(self.stage.advance())
-        self._to_incidents(out)
+        last = self.stage.advance()
+        self._to_incidents(last)
+        out.extend(last)
         self._to_peers(out)
         out.dead.extend(dead)
         self.totals.add(out)
         return out
 
-    def _to_incidents(self, out: EngineOutput) -> None:
+    def _to_incidents(self, out: EngineOutput, lull: bool = False) -> None:
         """The models' alerts into the feed, then what the feed releases into the incident stage:
-        every alert before the second this stage released (all once every upstream is final);
-        with shards, and before the second every shard's alerts are complete."""
+        every alert before the second this stage released (all at a lull, ``lull``, or once
+        every upstream is final); with shards, and before the second every shard's alerts are
+        complete."""
         if self.incidents is None:
             return
         self.feed.add(out.alerts)
-        upto = max(self.stage.released, self.stage.last_watermark)
+        upto = math.inf if lull else max(self.stage.released, self.stage.last_watermark)
         if isinstance(self.stage, ShardStage):
             upto = min(upto, self.stage.done, *(self.peer_done.get(q, -math.inf) for q in range(1, self.stage.shards)))
         self._events += self.incidents.process(self.feed.release(upto))
@@ -489,6 +491,10 @@ class FleetTask:
         if why is not None:
             return [_dead(why[0], why[1], m, body)]
         st = self.stage
+        if m.offset < st.replay_until:
+            # Read again after a restore: the snapshot holds its effect, and its final flag
+            # (which a mark read again would turn back) as it was then.
+            return []
         passed = st.stats["unresumed"]
         st.mark(mk.mark, -math.inf if mk.upto is None else mk.upto, mk.final, mk.n)
         if st.stats["unresumed"] > passed:
@@ -500,8 +506,11 @@ class FleetTask:
             )
         if st.idle():
             # A lull (every telemetry partition idle): what the stage holds goes now, before any
-            # record a task sends on resuming, wherever the batch of messages ends.
-            self._lulls.extend(st.advance())
+            # record a task sends on resuming, wherever the batch of messages ends, and every
+            # alert so far to the incident stage.
+            got = st.advance()
+            self._to_incidents(got, lull=True)
+            self._lulls.extend(got)
             if st.resuming:
                 log.info(
                     "fleet: every telemetry partition idle; released everything, waiting for partitions %s to resume",
