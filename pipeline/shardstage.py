@@ -179,24 +179,26 @@ class ShardStage(FleetStage):
         shards' parts and the scorer's findings allow (which messages since may have moved).
         Every upstream task final (a lull, or the end): everything goes, and the shard flushes
         as soon as the others' parts allow; nothing more is released until it has."""
-        wm = self.last_watermark = self.watermark()
         out = EngineOutput()
+        flushed = False
+        while True:
+            wm = self.last_watermark = self.watermark()
+            if self.flushing:
+                self._flush_engines(out)
+                if self.done < math.inf:
+                    return out  # the others' parts, or the scorer's findings, are not in yet
+                self.flushing = False
+                # As one stage's flush: a record sent again later is late even within the last second.
+                if self._newest > -math.inf:
+                    self.released = max(self.released, math.nextafter(self._newest, math.inf))
+            elif wm == math.inf and (not flushed or self._n_buf):
+                # Every task final (again, should records have come while a flush waited).
+                flushed = True
+                self._begin_flush(out)
+            else:
+                break
         if wm == math.inf:
-            self._release(self._take(wm), out)
-            if self.hang is not None:
-                out.alerts.extend(self.hang.advance(wm))
-            self._lulled()
-            self.flushing = True
-        if self.flushing:
-            self._flush_engines(out)
-            if self.done < math.inf:
-                return out  # the others' parts, or the scorer's findings, are not in yet
-            self.flushing = False
-            # As one stage's flush: a record sent again later is late even within the last second.
-            if self._newest > -math.inf:
-                self.released = max(self.released, math.nextafter(self._newest, math.inf))
-            if wm == math.inf:
-                return out
+            return out
         if wm > self.released and wm > -math.inf:
             self._release(self._take(wm), out)
             if self.hang is not None:
@@ -205,6 +207,20 @@ class ShardStage(FleetStage):
             self._advance_engines(wm, out)
             self.released = max(self.released, wm)
         return out
+
+    def _begin_flush(self, out: EngineOutput) -> None:
+        """Everything buffered to the engines, and a flush to follow (``flushing``): records
+        taken since the last one make it run again (its scorer and shard were done)."""
+        taken = self._take(math.inf)
+        if taken:
+            self.done = min(self.done, self.engine().released)
+            if self.scorer:
+                self.scored = min(self.scored, self.engine(SCORER).released)
+        self._release(taken, out)
+        if self.hang is not None:
+            out.alerts.extend(self.hang.advance(math.inf))
+        self._lulled()
+        self.flushing = True
 
     def _take(self, wm: float) -> dict[str, Sequence[TelemetryRecord]]:
         """The released records, DCGM to this shard's engine, NCCL and progress to the scorer

@@ -209,3 +209,30 @@ def test_a_shards_lull_flush_waiting_for_the_others_parts_releases_nothing_new()
     st.mark(0, T0 + 179)
     st.advance()
     assert st.flushing and st.stats["released"] == released and st.pending >= 60
+
+
+def test_two_lulls_in_one_poll_flush_as_two_polls_do():
+    # The fleet task advances at each lull (pipeline/service/fleet.py): a task back from one
+    # and idle again in the same poll makes a second, whose records the shard flushes too.
+    from tests.factories import T0, sample
+
+    built, diags = build_stages([str(rules_dir())], "auto")
+    assert built is not None, diags
+
+    def run(poll_between: bool) -> tuple:
+        st = ShardStage(built.fleet, 0, 1, upstream=1)
+        st.feed([sample(t, "n1") for t in range(120)], upstream=0)
+        st.mark(0, T0 + 119, final=True)
+        st.advance()
+        if poll_between:
+            st.advance()
+        st.feed([sample(t, "n1") for t in range(120, 240)], upstream=0)
+        st.mark(0, T0 + 235)
+        st.mark(0, T0 + 239, final=True)
+        assert st.idle()
+        st.advance()
+        eng = st.engine()
+        return eng.pending, eng.released, eng.stats["records.dcgm"], st.released
+
+    assert run(False) == run(True)
+    assert run(False)[0] == 0 and run(False)[2] == 240
