@@ -219,6 +219,9 @@ class ShardStage(FleetStage):
         self._release(taken, out)
         if self.hang is not None:
             out.alerts.extend(self.hang.advance(math.inf))
+        # As one stage's lull: everything went, so a record sent again meanwhile is late.
+        if self._newest > -math.inf:
+            self.released = max(self.released, math.nextafter(self._newest, math.inf))
         self._lulled()
         self.flushing = True
 
@@ -245,6 +248,14 @@ class ShardStage(FleetStage):
         return out
 
     def _advance_engines(self, wm: float, out: EngineOutput) -> None:
+        if self.done == math.inf and wm <= self.lull:
+            # Flushed at a lull, the marks not past it (the tasks not back yet): nothing to step
+            # to. The scorer has done everything up to the lull: said lower, the other shards'
+            # flushes would wait for it; said inf, they would run past its findings once the
+            # tasks are back.
+            if self.scorer and self.scored == math.inf:
+                self.scored = self.lull + self.engine(SCORER).config.tick
+            return
         if self.scorer:
             self._collect(self.engine(SCORER).advance_to(wm), out)
             self._hand_over()

@@ -235,7 +235,7 @@ class FleetStage:
         forwarded records within ``resume_wait`` seconds of the newest before the lull, each at
         its mark (``resuming``; none at the end of the stream, where every mark is inf)."""
         newest = max(self.forwarded.values(), default=-math.inf)
-        self.lull = max(self.released, newest)
+        self.lull = max([self.released, newest, *(m for m in self.marks.values() if math.isfinite(m))])
         self.resuming = {
             p: m
             for p, m in self.marks.items()

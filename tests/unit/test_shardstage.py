@@ -205,6 +205,8 @@ def test_a_shards_lull_flush_waiting_for_the_others_parts_releases_nothing_new()
     st.advance()
     assert st.flushing and st.done < math.inf, "shard 0's parts are not in"
     released = st.stats["released"]
+    st.feed([sample(t, host) for t in range(100, 120)], upstream=0)  # sent again: gone already
+    assert st.stats["late"] == 20
     st.feed([sample(t, host) for t in range(120, 180)], upstream=0)
     st.mark(0, T0 + 179)
     st.advance()
@@ -236,3 +238,36 @@ def test_two_lulls_in_one_poll_flush_as_two_polls_do():
 
     assert run(False) == run(True)
     assert run(False)[0] == 0 and run(False)[2] == 240
+
+
+def test_after_a_lull_every_shard_finishes_its_flush_while_the_tasks_are_awaited():
+    # Shard 0's hosts end sooner than shard 1's. Flushed at the lull and waiting for the task
+    # to resume, the scorer must say it has done everything up to the lull: stepped to the
+    # task's mark it said less, and shard 1's flush, which waits for the scorer, never ended.
+    from tests.factories import T0, sample
+
+    built, diags = build_stages([str(rules_dir())], "auto")
+    assert built is not None, diags
+    hosts = [next(h for h in (f"n{i}" for i in range(50)) if shard_of(h, 2) == k) for k in range(2)]
+    s = [ShardStage(built.fleet, k, 2, upstream=1) for k in range(2)]
+    s[0].feed([sample(t, hosts[0]) for t in range(90)], upstream=0)
+    s[1].feed([sample(t, hosts[1]) for t in range(120)], upstream=0)
+
+    def rounds(n: int) -> None:
+        for _ in range(n):
+            for x in s:
+                x.advance()
+            sent = [x.outgoing() for x in s]
+            for k in range(2):
+                s[1 - k].accept_parts(k, sent[k]["parts"])
+            if sent[0]["scored"] is not None:
+                s[1].accept_findings(sent[0]["findings"].get(1, []), sent[0]["scored"])
+    for x in s:
+        x.mark(0, T0 + 60)
+    rounds(2)
+    for x in s:
+        x.mark(0, T0 + 119, final=True)
+    rounds(20)
+    assert all(x.resuming == {0: T0 + 119} for x in s)
+    assert [(x.flushing, x.done) for x in s] == [(False, math.inf)] * 2
+    assert s[0].scored == s[1].scored == T0 + 120    # the lull's tick: no further until they are back
