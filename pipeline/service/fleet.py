@@ -491,9 +491,10 @@ class FleetTask:
         if why is not None:
             return [_dead(why[0], why[1], m, body)]
         st = self.stage
-        if m.offset < st.replay_until:
+        if m.offset < st.replay_until and (mk.upto is None or mk.upto <= st.marks.get(mk.mark, -math.inf)):
             # Read again after a restore: the snapshot holds its effect, and its final flag
-            # (which a mark read again would turn back) as it was then.
+            # (which a mark read again would turn back) as it was then. (One past the snapshot's
+            # mark is new, on a fleet topic made again since: it counts.)
             return []
         passed = st.stats["unresumed"]
         st.mark(mk.mark, -math.inf if mk.upto is None else mk.upto, mk.final, mk.n)

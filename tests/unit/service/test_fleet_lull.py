@@ -72,3 +72,16 @@ def test_marks_read_again_after_a_restore_do_not_make_a_lull_that_never_was():
     _read(again, log[resume:], resume, poll=len(log))
     assert again.stage.released == first.stage.released and again.stage.pending == first.stage.pending
     assert again.stage.stats["late"] == 0
+
+
+def test_a_mark_past_the_snapshots_is_new_even_at_an_offset_read_before():
+    # The fleet topic made again (its offsets from 0) under a checkpoint of the old one: a mark
+    # there at an offset before the snapshot's position, past its marks, is no mark read again.
+    first = _task()
+    _read(first, [_records(0, "d", range(0, 20)), _mark(0, T0 + 10), _records(1, "e", range(0, 20)),
+                  _mark(1, T0 + 10)])
+    again = _task()
+    again.restore(first.snapshot())
+    _read(again, [_records(0, "d", range(20, 40)), _mark(0, T0 + 30), _records(1, "e", range(20, 40)),
+                  _mark(1, T0 + 30)])
+    assert again.stage.released == T0 + 30
