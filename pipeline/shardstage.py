@@ -212,10 +212,10 @@ class ShardStage(FleetStage):
         """Everything buffered to the engines, and a flush to follow (``flushing``): records
         taken since the last one make it run again (its scorer and shard were done)."""
         taken = self._take(math.inf)
-        if taken:
+        if self.key in taken:
             self.done = min(self.done, self.engine().released)
-            if self.scorer:
-                self.scored = min(self.scored, self.engine(SCORER).released)
+        if SCORER in taken:
+            self.scored = min(self.scored, self.engine(SCORER).released)
         self._release(taken, out)
         if self.hang is not None:
             out.alerts.extend(self.hang.advance(math.inf))
