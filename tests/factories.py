@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from pipeline.schema import DcgmRecord, ProgressRecord, dcgm
-from pipeline.topology import record_identity
+from pipeline.canonical import record_identity
 
 T0 = 1764403200.0  # 2025-11-29T08:00:00Z
 
@@ -78,7 +78,7 @@ class Clock:
 
 def canonical_reference(records: list) -> list[int]:
     """The fleet stage's canonical order record by record, the reference its vectorised sort is
-    checked against: indices sorted by ``topology.record_identity``, the first fed of a repeat kept."""
+    checked against: indices sorted by ``canonical.record_identity``, the first fed of a repeat kept."""
     seen: set = set()
     out = []
     for i in sorted(range(len(records)), key=lambda i: record_identity(records[i])):

@@ -71,7 +71,8 @@ from pipeline.service.peers import PEER_ENVELOPE
 from pipeline.shards import by_shard
 from pipeline.shardstage import ShardStage
 from pipeline.service.forwarded import MAX_FORWARD, Builder, Columns, Decoded, Encoder, Malformed, check_other
-from pipeline.topology import FLEET_KEY, FleetStage, SortColumns, records_decoder
+from pipeline.canonical import SortColumns
+from pipeline.topology import FLEET_KEY, FleetStage, records_decoder
 
 log = logging.getLogger("gpuwarden.service")
 _TS = operator.attrgetter("ts")

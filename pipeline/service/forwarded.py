@@ -5,7 +5,7 @@ A records message's body is a msgpack map (``Columns``): the DCGM records as col
 fields the fleet stage's engine reads (``Engine.decode_fields``) and a column only when a record
 of the message reports it, values as one float64 matrix (NaN: not reported); their hosts, GPU
 models and job labels as tables with an index per record; NCCL and progress records whole. The
-fleet stage reads the columns as arrays and sorts by them (``pipeline.topology.SortColumns``)
+fleet stage reads the columns as arrays and sorts by them (``pipeline.canonical.SortColumns``)
 without a Python step per value, and hands its engine the rows as columns (``pipeline.rows``):
 no object is made per DCGM row or value.
 
@@ -40,7 +40,7 @@ from pipeline.schema import (
     dcgm_fields_type,
     dcgm_record_type,
 )
-from pipeline.topology import SortColumns
+from pipeline.canonical import SortColumns
 
 COLUMNS_VERSION = 1
 # Records per message on the fleet topic: a DCGM record is ~8 bytes a field it reports plus ~30,

@@ -16,7 +16,8 @@ from pipeline.decode import Decoder
 from pipeline.detection import build_detector
 from pipeline.engine import Engine
 from pipeline.schema import NcclRecord
-from pipeline.topology import FleetStage, Topology, canonical_order, records_decoder
+from pipeline.canonical import canonical_order
+from pipeline.topology import FleetStage, Topology, records_decoder
 from producers.sim.simulator import Simulator
 from tests.factories import T0, sample
 

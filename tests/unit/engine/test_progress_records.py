@@ -11,7 +11,8 @@ import numpy as np
 from pipeline.decode import Decoder
 from pipeline.detection import build_detector
 from pipeline.engine import Engine
-from pipeline.topology import Topology, canonical_order, records_decoder
+from pipeline.canonical import canonical_order
+from pipeline.topology import Topology, records_decoder
 from pipeline.schema import encode
 from tests.factories import THROTTLED, fleet, progress, run_batched
 

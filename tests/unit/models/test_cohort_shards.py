@@ -108,7 +108,7 @@ def _hand_over(scorer: ModelSet, shards: list[ModelSet], shard_of: dict[str, int
 def _fleet(sim_streams, fault: str, duration: float, onset: float) -> list:
     _, batches = sim_streams(fault, hosts=4, duration=duration, onset=onset, seed=5)
     recs = [r for b in batches for r in b if isinstance(r, (DcgmRecord, NcclRecord))]
-    # The fleet stage's canonical order (topology.record_identity): DCGM rows, then NCCL records.
+    # The fleet stage's canonical order (canonical.record_identity): DCGM rows, then NCCL records.
     return sorted(recs, key=lambda r: (r.ts, r.host, isinstance(r, NcclRecord), r.gpu if r.gpu is not None else -1,
                                        getattr(r, "comm", ""), getattr(r, "rank", 0)))
 

@@ -1,6 +1,6 @@
 """The forwarded records' columns (pipeline/service/forwarded.py): what the fleet stage builds from
 them is what it decoded from the JSON array of earlier builds, field for field, and their sort
-columns give the canonical order of ``record_identity`` (pipeline/topology.py)."""
+columns give the canonical order of ``record_identity`` (pipeline/canonical.py)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,8 @@ from msgspec.structs import astuple
 
 from pipeline.schema import DcgmJobLabels, NcclRecord, ProgressRecord, dcgm, dcgm_record_type
 from pipeline.service.forwarded import Builder, Columns, Decoded, Encoder
-from pipeline.topology import FleetStage, SortColumns, canonical_order, records_decoder
+from pipeline.canonical import SortColumns, canonical_order
+from pipeline.topology import FleetStage, records_decoder
 from tests.factories import T0, canonical_reference, fuzz_examples
 
 # What a fleet engine with models reads, both spellings (Engine.decode_fields).

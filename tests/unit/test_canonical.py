@@ -1,4 +1,4 @@
-"""The fleet stage's canonical order as arrays (pipeline/topology.py ``canonical_order``) against
+"""The fleet stage's canonical order as arrays (pipeline/canonical.py ``canonical_order``) against
 its definition: the records sorted by ``record_identity``, the first fed of each identity kept."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pipeline.schema import NcclRecord, dcgm
-from pipeline.topology import canonical_order
+from pipeline.canonical import canonical_order
 from tests.factories import T0, canonical_reference, fuzz_examples
 
 
