@@ -19,6 +19,7 @@ from typing import Any, Sequence, cast
 
 import numpy as np
 
+from pipeline import rows
 from pipeline.schema import DcgmSample, NcclRecord, ProgressRecord, TelemetryRecord
 
 
@@ -33,6 +34,7 @@ def record_identity(r: Any) -> tuple:
 
 
 _HOST = operator.attrgetter("host")
+_COMM, _COLL, _RANK, _SEQ = map(operator.attrgetter, ("comm", "coll", "rank", "seq"))
 
 
 def _codes(values: list[Any]) -> np.ndarray:
@@ -149,20 +151,28 @@ def canonical_order(
     nccl_idx = np.flatnonzero(kind > 0)
     if len(nccl_idx):
         # NCCL and progress records: a progress record's state stands where a collective is.
-        nr = cast("list[NcclRecord]", [records[i] for i in nccl_idx.tolist()])
+        nr = cast("list[NcclRecord]", rows.records_at(records, nccl_idx))
+        if all(issubclass(t, NcclRecord) for t in set(map(type, nr))):
+            # NCCL records only (progress records come a few at a time): read in C.
+            comms, colls = list(map(_COMM, nr)), list(map(_COLL, nr))
+        else:
+            comms, colls = [_comm_key(r) for r in nr], [_coll_or_state(r) for r in nr]
         # A DCGM record's communicator and collective are "" (record_identity): code 0 of any
         # set of names that holds "", below every other name.
-        comm[nccl_idx] = _codes([""] + [_comm_key(r) for r in nr])[1:]
-        coll[nccl_idx] = _codes([""] + [_coll_or_state(r) for r in nr])[1:]
-        rank[nccl_idx] = np.fromiter((r.rank for r in nr), np.int64, len(nr))
-        seqs = [r.seq or 0 for r in nr]
+        comm[nccl_idx] = _codes([""] + comms)[1:]
+        coll[nccl_idx] = _codes([""] + colls)[1:]
+        rank[nccl_idx] = np.fromiter(map(_RANK, nr), np.int64, len(nr))
+        seqs = list(map(_SEQ, nr))
+        if None in seqs:
+            seqs = [s or 0 for s in seqs]
         try:
             seq[nccl_idx] = np.fromiter(seqs, np.int64, len(nr))
         except OverflowError:
             # Beyond an int64 (the decoder refuses such a record; one built in process may
             # still carry it): its rank among the batch's sorts the same.
             seq[nccl_idx] = _codes(seqs)
-    keys = (seq, coll, rank, comm, link, gpu, kind, host, ts)
+    # Without NCCL or progress records their four columns are all 0: no key of the sort.
+    keys = (seq, coll, rank, comm, link, gpu, kind, host, ts) if len(nccl_idx) else (link, gpu, host, ts)
     order = np.lexsort(keys)  # stable: of records forwarded twice, the first fed comes first
     if n > 1:
         same = np.ones(n - 1, bool)

@@ -213,6 +213,24 @@ def take(rows: Sequence[TelemetryRecord], idx: np.ndarray) -> Sequence[Telemetry
     return [rows[i] for i in il]
 
 
+def records_at(rows: Sequence[TelemetryRecord], idx: np.ndarray) -> list[TelemetryRecord]:
+    """The rows at ``idx`` (indices) as a list of records, in ``idx``'s order: a ``Combined``'s
+    records straight from its list, without a step per row through ``__getitem__`` (a columnar
+    row is built, as ``rows[i]`` builds it).
+
+    >>> from pipeline.schema import dcgm
+    >>> [r.host for r in records_at([dcgm(1.0, "a", 0, {}), dcgm(1.0, "b", 0, {})], np.array([1]))]
+    ['b']
+    """
+    il = np.asarray(idx, np.int64).tolist()
+    if isinstance(rows, Combined) and il and min(il) >= len(rows.cols):
+        nc, others = len(rows.cols), rows.others
+        if len(il) == len(others) and il[0] == nc and il[-1] == nc + len(il) - 1 and (np.diff(idx) == 1).all():
+            return list(others)  # every record, in order: the fleet stage's NCCL records
+        return [others[i - nc] for i in il]
+    return [rows[i] for i in il]
+
+
 def concat(parts: Sequence[Sequence[TelemetryRecord]]) -> tuple[Sequence[TelemetryRecord], np.ndarray | None]:
     """The parts one after another, and where each row of the result sits among the parts laid
     end to end (None: in the same place).

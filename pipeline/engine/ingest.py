@@ -177,11 +177,12 @@ class Ingest:
         )
 
     def _nccl_frame(self, nrecs: list[NcclRecord], hosts: np.ndarray) -> NcclFrame:
-        names = list(map(_HOST, nrecs))
         idx = list(map(_GPU, nrecs))
-        if None not in idx:
-            gpus = self.entities.gpu_ids(names, idx)
+        if None not in idx and -(1 << 63) <= min(idx) and max(idx) < 1 << 63:
+            # By host id: a table lookup, where (host name, index) pairs cost a tuple and a hash each.
+            gpus = self.entities.gpu_ids_of(hosts, np.array(idx, np.int64))
         else:
+            names = list(map(_HOST, nrecs))
             gpus = np.fromiter(
                 (-1 if g is None else self.entities.gpu(h, g) for h, g in zip(names, idx)), np.int32, len(nrecs)
             )

@@ -74,6 +74,13 @@ def test_rows_answer_as_the_list_of_their_records(samples: list, nccl: list, dat
     assert rows.times(batch).tolist() == [r.ts for r in ref] and rows.hosts(batch) == [r.host for r in ref]
     d, o = rows.split(batch)
     assert [_key(r) for r in d] == [_key(r) for r in samples] and o == nccl
+    # records_at: the rows at any indices as records, in their order (a Combined's records and
+    # all of them, as the canonical order reads the NCCL ones, included).
+    picks = [np.flatnonzero(mask), np.arange(len(samples), n), np.array(data.draw(st.lists(st.integers(0, n - 1))))]
+    if nccl:  # some of the records only, in any order
+        picks.append(np.array(data.draw(st.lists(st.integers(len(samples), n - 1), min_size=1)), np.int64))
+    for at in picks:
+        assert [_key(r) for r in rows.records_at(batch, at)] == [_key(ref[i]) for i in at.tolist()]
 
 
 @settings(max_examples=fuzz_examples(60), deadline=None)
