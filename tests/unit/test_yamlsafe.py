@@ -52,3 +52,53 @@ def test_expanded_nodes_count_what_aliases_stand_for():
 
 def test_the_base_loader_can_be_chosen():
     assert yamlsafe.load("x: 0x10", base=yaml.BaseLoader) == {"x": "0x10"}
+
+
+def test_a_text_read_again_is_not_scanned_again(monkeypatch):
+    text = "rules:\n  - name: a\n    severity: warning\n"
+    tree, doc = yamlsafe.compose(text), yamlsafe.load(text)
+    monkeypatch.setattr(yamlsafe, "_loader", lambda *a: pytest.fail("scanned again"))
+    assert yamlsafe.compose(text) is tree                   # the one tree, which callers only read
+    assert yamlsafe.load(text) == doc == yaml.safe_load(text)
+
+
+def test_a_document_read_again_is_a_copy_the_caller_may_change():
+    text = "base: &b {team: ml}\nrules: [{labels: *b}, {labels: *b}]\n"
+    a = yamlsafe.load(text)
+    a["rules"][0]["labels"]["team"] = "changed"
+    b = yamlsafe.load(text)
+    assert b == yaml.safe_load(text)
+    assert b["rules"][0]["labels"] is b["rules"][1]["labels"]   # an alias still shares, as in safe_load
+
+
+def test_other_limits_or_loaders_read_a_text_anew():
+    text = "x: 0x10\n"
+    assert yamlsafe.load(text) == {"x": 16} and yamlsafe.load(text, base=yaml.BaseLoader) == {"x": "0x10"}
+    small = yamlsafe.Limits(max_nodes=2)
+    yamlsafe.compose(text)
+    with pytest.raises(yamlsafe.YamlLimitError):            # kept under the default limits, not these
+        yamlsafe.compose(text, small)
+
+
+def test_what_failed_is_not_kept_and_fails_again():
+    for _ in range(2):
+        with pytest.raises(yaml.YAMLError):
+            yamlsafe.compose("a: [1, 2")
+        with pytest.raises(yamlsafe.YamlLimitError):
+            yamlsafe.load("a: &a [*a]\n")
+
+
+def test_what_is_kept_stays_within_its_node_budget(monkeypatch):
+    monkeypatch.setattr(yamlsafe, "CACHE_NODES", 100)
+    monkeypatch.setattr(yamlsafe, "_cache", type(yamlsafe._cache)())
+    monkeypatch.setattr(yamlsafe, "_cached_nodes", 0)
+    texts = [f"k{i}: [{', '.join(str(j) for j in range(20))}]\n" for i in range(10)]   # 24 nodes each
+    for t in texts:
+        yamlsafe.compose(t)
+        assert yamlsafe._cached_nodes == sum(n for _, n in yamlsafe._cache.values()) <= 100
+    kept = [t for t in texts if yamlsafe._cached("tree", t, yamlsafe.DEFAULT, yaml.SafeLoader)[1]]
+    assert kept == texts[-4:]                                # the most recently read
+    big = "[" + ", ".join(["1"] * 200) + "]"
+    yamlsafe.compose(big)                                    # over the whole budget: never kept
+    assert not yamlsafe._cached("tree", big, yamlsafe.DEFAULT, yaml.SafeLoader)[1]
+    assert yamlsafe._cached("tree", texts[-1], yamlsafe.DEFAULT, yaml.SafeLoader)[1]
