@@ -28,6 +28,7 @@ And(left=Has(...), right=Compare(...))
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 from dataclasses import dataclass, field
@@ -412,6 +413,13 @@ class _Parser:
         return Call(name.pos, name.text, tuple(args), tuple(kwargs))
 
 
+@functools.lru_cache(maxsize=1024)
 def parse(src: str) -> Node:
-    """Parse an expression; raises ``ExprSyntaxError`` with the offending offset."""
+    """Parse an expression; raises ``ExprSyntaxError`` with the offending offset. The tree is
+    immutable, so an expression parsed before gives the same one (every partition's engine
+    compiles the same rules).
+
+    >>> parse("gpu_temp > 85") is parse("gpu_temp > 85")
+    True
+    """
     return _Parser(src).parse()

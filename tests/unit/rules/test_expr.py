@@ -71,3 +71,15 @@ def test_durations():
     for bad in ("10 minutes", "", "5x", True):
         with pytest.raises(ValueError):
             parse_duration(bad)
+
+
+def test_an_expression_parsed_again_is_the_same_tree_and_compiles_apart():
+    src = "rate(nvlink_crc_flit_errors, 1m) >= 100 and gpu_temp > 80"
+    assert E.parse(src) is E.parse(src)
+    a, b = WindowStore(1.0), WindowStore(1.0)
+    compile_expr(src, a), compile_expr(src, b)     # one rule set per engine: windows of its own
+    assert a.panes and a.panes.keys() == b.panes.keys()
+    assert all(a.panes[k] is not b.panes[k] for k in a.panes)
+    for _ in range(2):                             # a mistake is not kept: it is reported each time
+        with pytest.raises(E.ExprSyntaxError):
+            E.parse("gpu_temp >")
