@@ -22,6 +22,7 @@ an absent feature (follow the heavier child) is not needed.
 
 from __future__ import annotations
 
+import functools
 import random
 from typing import Any
 
@@ -57,6 +58,24 @@ def _draw_tree(rng: random.Random, n_features: int, height: int, feature: np.nda
     node(0, height)
 
 
+def _draw_forest(seed: int | None, n_features: int, n_trees: int, height: int) -> tuple[np.ndarray, np.ndarray]:
+    """The splits of ``n_trees`` trees drawn from ``random.Random(seed)``, one after the other:
+    (feature, threshold), a row per tree."""
+    rng = random.Random(seed)
+    n_internal = 2**height - 1
+    feature = np.zeros((n_trees, n_internal), dtype=np.int8)
+    threshold = np.zeros((n_trees, n_internal), dtype=np.float64)
+    for t in range(n_trees):
+        _draw_tree(rng, n_features, height, feature[t], threshold[t])
+    return feature, threshold
+
+
+# Every partition's engine draws the same seeded forests (~18 ms each, in Python): once a process,
+# for forests of up to CACHED_SPLITS splits (the default models' have 2,550).
+CACHED_SPLITS = 1 << 16
+_seeded_forest = functools.lru_cache(maxsize=64)(_draw_forest)
+
+
 class HalfSpaceForest:
     """``n_trees`` half-space trees of ``height`` over ``n_features`` features in [0, 1]."""
 
@@ -71,11 +90,11 @@ class HalfSpaceForest:
         self.n_nodes = 2 ** (self.height + 1) - 1
         self.size_limit = 0.1 * self.window_size  # the paper's magic constant, as river
         self.max_score = self.n_trees * self.window_size * self.n_nodes
-        rng = random.Random(seed)
-        self.feature = np.zeros((self.n_trees, self.n_internal), dtype=np.int8)
-        self.threshold = np.zeros((self.n_trees, self.n_internal), dtype=np.float64)
-        for t in range(self.n_trees):
-            _draw_tree(rng, self.n_features, self.height, self.feature[t], self.threshold[t])
+        if seed is None or self.n_trees * self.n_internal > CACHED_SPLITS:
+            self.feature, self.threshold = _draw_forest(seed, self.n_features, self.n_trees, self.height)
+        else:  # a seeded forest is the same every time: drawn once a process, copied
+            feature, threshold = _seeded_forest(int(seed), self.n_features, self.n_trees, self.height)
+            self.feature, self.threshold = feature.copy(), threshold.copy()
         self.l_mass = np.zeros((self.n_trees, self.n_nodes), dtype=np.int32)
         self.r_mass = np.zeros((self.n_trees, self.n_nodes), dtype=np.int32)
         self.counter = 0

@@ -196,6 +196,20 @@ def test_half_space_forest_draws_rivers_trees():
             node, i = node.children[0], 2 * i + 1
 
 
+def test_a_seeded_forest_drawn_again_is_rivers_and_its_own(monkeypatch):
+    """Forests of one seed are drawn once a process: each later one is a copy of the same splits
+    (river's still), which learning or a restore in one forest does not change in another."""
+    first, second = HalfSpaceForest(len(KEYS), seed=11), HalfSpaceForest(len(KEYS), seed=11)
+    np.testing.assert_array_equal(first.feature, second.feature)
+    np.testing.assert_array_equal(first.threshold, second.threshold)
+    assert first.feature is not second.feature and first.threshold is not second.threshold
+    first.threshold[:] = 0.0
+    np.testing.assert_array_equal(HalfSpaceForest(len(KEYS), seed=11).threshold, second.threshold)
+    monkeypatch.setattr("pipeline.models.detectors.halfspace.CACHED_SPLITS", 0)   # drawn anew
+    np.testing.assert_array_equal(HalfSpaceForest(len(KEYS), seed=11).threshold, second.threshold)
+    assert not np.array_equal(HalfSpaceForest(len(KEYS), seed=12).threshold, second.threshold)
+
+
 def test_cohort_hst_scores_as_rivers_half_space_trees_on_a_stream():
     """The detector (features normalised against the host, then the forest) gives river's scores."""
     det = CohortHalfSpaceTrees(period=1, window_size=50, warmup=0)
