@@ -132,16 +132,19 @@ def _cached(what: str, text: str, limits: Limits, base: type) -> tuple[Any, bool
         return hit[0], True
 
 
-def _keep(what: str, text: str, limits: Limits, base: type, value: Any, size: int) -> None:
+def _keep(what: str, text: str, limits: Limits, base: type, value: Any, size: int) -> bool:
+    """Keep ``value`` (of ``size`` nodes), the least recently used going past the budget;
+    False when it is not kept (over the whole budget, or another thread kept it first)."""
     global _cached_nodes
     key = (what, text, limits, base)
     with _lock:
         if size > CACHE_NODES or key in _cache:
-            return
+            return False
         _cache[key] = (value, size)
         _cached_nodes += size
         while _cached_nodes > CACHE_NODES:
             _cached_nodes -= _cache.popitem(last=False)[1][1]
+        return True
 
 
 def compose(text: str, limits: Limits = DEFAULT, *, base: type = yaml.SafeLoader) -> Any:
@@ -195,11 +198,12 @@ def load(text: str, limits: Limits = DEFAULT, *, base: type = yaml.SafeLoader) -
     {'a': [1, 2]}
     """
     doc, hit = _cached("document", text, limits, base)
-    if not hit:
-        loader = _loader(text, limits, base)
-        try:
-            doc = loader.get_single_data()
-            _keep("document", text, limits, base, doc, loader._nodes)
-        finally:
-            loader.dispose()
-    return copy.deepcopy(doc)
+    if hit:
+        return copy.deepcopy(doc)
+    loader = _loader(text, limits, base)
+    try:
+        doc = loader.get_single_data()
+        # What is kept stays as it was read: the caller gets a copy of it.
+        return copy.deepcopy(doc) if _keep("document", text, limits, base, doc, loader._nodes) else doc
+    finally:
+        loader.dispose()
