@@ -154,8 +154,9 @@ def compose(text: str, limits: Limits = DEFAULT, *, base: type = yaml.SafeLoader
     ``yaml.YAMLError`` for a syntax error.
 
     A text composed before gives the same tree again, not a new one: the service compiles the
-    same rule files for every partition's engine, and scanning them was most of a partition's
-    set-up (~0.3 s each). Callers read the tree and never change it.
+    same rule files for every partition's engine, and scanning them again was most of a
+    partition's set-up (~0.1 s each, docs/operations.md#scale). Callers read the tree and never
+    change it.
 
     >>> compose("a: [1, 2]") is compose("a: [1, 2]")
     True
