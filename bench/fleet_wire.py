@@ -33,7 +33,7 @@ from pipeline import rows  # noqa: E402
 from pipeline.bus.telemetry import COLUMNAR, per_host_wire  # noqa: E402
 from pipeline.decode import Decoder  # noqa: E402
 from pipeline.detection import build_detector  # noqa: E402
-from pipeline.service.fleet import ENVELOPE_VERSION, Envelope, mac  # noqa: E402
+from pipeline.service.fleetwire import ENVELOPE_VERSION, Envelope, mac  # noqa: E402
 from pipeline.service.forwarded import MAX_FORWARD, Builder, Columns, Decoded, Encoder  # noqa: E402
 from pipeline.canonical import canonical_order  # noqa: E402
 from pipeline.topology import FleetStage, Topology, records_decoder  # noqa: E402

@@ -10,7 +10,7 @@ from typing import Any, Iterator
 import msgspec
 
 from pipeline.bus.base import Message
-from pipeline.service.fleet import ENVELOPE_VERSION, Envelope, mac
+from pipeline.service.fleetwire import ENVELOPE_VERSION, Envelope, mac
 from pipeline.service.state import derived_key
 
 STATE_KEY = b"unit-test-state-key-0123456789ab"
@@ -63,7 +63,7 @@ def columns_body(records: list, **change: Any) -> bytes:
 
 def alerts_body(alerts: list) -> bytes:
     """An alerts message's JSON, as the host stage's ``Outbox`` writes it."""
-    from pipeline.service.fleet import AlertBatch
+    from pipeline.service.fleetwire import AlertBatch
 
     return msgspec.json.encode(AlertBatch(alerts))
 

@@ -36,7 +36,8 @@ from pipeline.rules.reload import RuleReloader
 from pipeline.service import wiring
 from pipeline.service.commit import CommitProtocol
 from pipeline.service.config import Config
-from pipeline.service.fleet import DROPPED, FORCED, FleetTask, Send, incident_sends
+from pipeline.service.fleet import DROPPED, FORCED, FleetTask, incident_sends
+from pipeline.service.fleetwire import Send
 from pipeline.service.liveview import LoopQuery
 from pipeline.service.metrics import Metrics
 from pipeline.service.partitions import Membership, PartitionState

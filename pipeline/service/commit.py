@@ -27,7 +27,7 @@ from pipeline.bus.sinks import OutputSink
 from pipeline.engine import EngineOutput
 from pipeline.errors import BusError, DeliveryError
 from pipeline.service.config import Config
-from pipeline.service.fleet import Send
+from pipeline.service.fleetwire import Send
 from pipeline.service.metrics import Metrics
 from pipeline.service.partitions import PartitionState
 from pipeline.service.state import Checkpoint, StateStore

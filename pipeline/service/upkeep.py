@@ -12,7 +12,7 @@ from pipeline.errors import BusError
 from pipeline.protocols import Detector
 from pipeline.rules.reload import RuleReloader
 from pipeline.service.config import Config
-from pipeline.service.fleet import Send
+from pipeline.service.fleetwire import Send
 from pipeline.service.metrics import Metrics
 from pipeline.service.partitions import PartitionState
 

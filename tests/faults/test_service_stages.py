@@ -169,7 +169,7 @@ def test_a_forged_fleet_mark_and_batch_are_dead_lettered(kafka_bootstrap, topic_
 
     from pipeline.recording import record
     from pipeline.schema import dcgm
-    from pipeline.service.fleet import Envelope
+    from pipeline.service.fleetwire import Envelope
 
     rec, golden, golden_inc = cross_host
     topics = Topics(topic_prefix)

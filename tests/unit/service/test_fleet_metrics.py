@@ -9,7 +9,8 @@ import msgspec
 from pathlib import Path
 
 from pipeline.detection import build_detector
-from pipeline.service.fleet import DROPPED, FORCED, Envelope, FleetTask
+from pipeline.service.fleet import DROPPED, FORCED, FleetTask
+from pipeline.service.fleetwire import Envelope
 from pipeline.service.forwarded import Columns
 from pipeline.service.metrics import Metrics
 from pipeline.topology import Topology

@@ -238,7 +238,7 @@ def test_a_message_of_one_partition_cannot_be_replayed_as_anothers():
     # partition 1's (and the body's mark too), verifies as neither.
     import msgspec as m
 
-    from pipeline.service.fleet import Envelope
+    from pipeline.service.fleetwire import Envelope
 
     f = Feeder(_task())
     f.records(1, [T0], host="n2")

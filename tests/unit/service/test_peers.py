@@ -98,7 +98,7 @@ def test_a_peer_message_that_does_not_verify_is_refused(make_engine, how, reason
 def test_a_host_stage_message_cannot_be_replayed_as_a_shards():
     # The same sender number, body and key, signed as a telemetry partition's (version 1): the
     # MAC binds the version, so it does not verify as a fleet partition's.
-    from pipeline.service.fleet import mac
+    from pipeline.service.fleetwire import mac
 
     body = peers.encode({"parts": [{"epoch": 1, "until": 2}]})
     v1 = mac(FLEET_KEY, TOPIC, GROUP, 2, body)
