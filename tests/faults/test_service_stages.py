@@ -19,6 +19,8 @@ from tests.faults.factories import (
     alerts_on_topic,
     golden_alerts,
     golden_incidents,
+    group_settled,
+    group_view,
     incident_events,
     incidents_on_topic,
     wait_for,
@@ -113,9 +115,10 @@ def test_four_replicas_with_model_shards_split_the_model_work(kafka_bootstrap, t
     ensure_topics(kafka_bootstrap, Topics(topic_prefix), partitions=8)
     cfg = write_config(tmp_path / "svc.json", kafka_bootstrap, topic_prefix, partitions=8, shard_models=True)
     procs = [ServiceProc(cfg, tmp_path / f"r{i}.log").start() for i in range(4)]
-    wait_for(lambda: all(any("fleet partition" in x.get("message", "") for x in p.lines()) for p in procs), 120,
-             step=1, what="every replica to get fleet partitions")
-    time.sleep(8)  # the group settles (session 6 s) before the records come
+    # Both groups settle before the records come: each replica holds telemetry and fleet partitions.
+    for group in (f"{topic_prefix}-svc", f"{topic_prefix}-svc.fleet"):
+        wait_for(lambda group=group: group_settled(kafka_bootstrap, group, 4), 180, step=1,
+                 what=f"group {group} to settle with 4 members", explain=lambda group=group: group_view(kafka_bootstrap, group))
     pub = published_in_background(rec, kafka_bootstrap, topic_prefix, speed=None)
     pub.join(300)
 
