@@ -129,8 +129,8 @@ def canonical_order(
     fed of records forwarded twice), and how many were dropped as such: the sort as arrays,
     not as Python tuples compared one by one (the fleet stage's cost per record). ``cols``: the
     records' ``SortColumns`` when the caller has them (read off the records otherwise); only
-    NCCL and progress records are then read one by one, for their communicator, rank,
-    collective and sequence number.
+    the NCCL and progress records are then read, for their communicator, rank, collective and
+    sequence number: an attribute at a time over the list of them (``rows.records_at``).
 
     >>> from pipeline.schema import dcgm
     >>> recs = [dcgm(2.0, "b", 0, {}), dcgm(1.0, "b", 1, {}), dcgm(1.0, "a", 3, {}), dcgm(2.0, "b", 0, {})]
