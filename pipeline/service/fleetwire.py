@@ -60,9 +60,10 @@ COLUMNS_MAP = frozenset([*(bytes([b]) for b in range(0x80, 0x90)), b"\xde", b"\x
 class Envelope(msgspec.Struct, array_like=True):
     """What every message on the fleet topic is: ``[v, sender, body, mac]`` in msgpack.
 
-    ``sender``: the telemetry partition of the host-stage task that wrote it; ``body``: the
-    records' JSON array or the mark's JSON object; ``mac``: HMAC-SHA256 of ``signed(...)``
-    (empty when the service runs without a state key, ``--insecure-state``)."""
+    ``sender``: the telemetry partition of the host-stage task that wrote it (a fleet partition
+    in a ``PEER_ENVELOPE``); ``body``: the records' columns (or, from earlier builds, their JSON
+    array), or the JSON of a mark or of alerts; ``mac``: HMAC-SHA256 of ``signed(...)`` (empty
+    when the service runs without a state key, ``--insecure-state``)."""
 
     v: int
     sender: int
