@@ -188,9 +188,7 @@ class ShardStage(FleetStage):
                 if self.done < math.inf:
                     return out  # the others' parts, or the scorer's findings, are not in yet
                 self.flushing = False
-                # As one stage's flush: a record sent again later is late even within the last second.
-                if self._newest > -math.inf:
-                    self.released = max(self.released, math.nextafter(self._newest, math.inf))
+                self._all_fed()  # as one stage's flush
             elif wm == math.inf and (not flushed or self._n_buf):
                 # Every task final (again, should records have come while a flush waited).
                 flushed = True
@@ -219,9 +217,7 @@ class ShardStage(FleetStage):
         self._release(taken, out)
         if self.hang is not None:
             out.alerts.extend(self.hang.advance(math.inf))
-        # As one stage's lull: everything went, so a record sent again meanwhile is late.
-        if self._newest > -math.inf:
-            self.released = max(self.released, math.nextafter(self._newest, math.inf))
+        self._all_fed()  # as one stage's lull: a record sent again meanwhile is late
         self._lulled()
         self.flushing = True
 

@@ -201,13 +201,8 @@ class FleetStage:
             self._flush_engines(out)
             if self.hang is not None:
                 out.alerts.extend(self.hang.advance(math.inf))
-            # Everything fed went to the engines: a record sent again later (an upstream replay)
-            # is late even within the last second, which an engine's released (a tick's start)
-            # does not cover; it would reach the models twice.
-            hwm = [eng.released for eng in self.engines.values()]
-            if self._newest > -math.inf:
-                hwm.append(math.nextafter(self._newest, math.inf))
-            self.released = max([self.released, *hwm])
+            self.released = max([self.released, *(eng.released for eng in self.engines.values())])
+            self._all_fed()
             self._lulled()
             return out
         if wm <= self.released:
@@ -219,6 +214,13 @@ class FleetStage:
             out.alerts.extend(self.hang.advance(wm))
         self.released = wm
         return out
+
+    def _all_fed(self) -> None:
+        """Everything fed went to the engines: a record sent again later (an upstream replay) is
+        late even within the last second, which an engine's released (a tick's start) does not
+        cover; it would reach the models twice."""
+        if self._newest > -math.inf:
+            self.released = max(self.released, math.nextafter(self._newest, math.inf))
 
     def _lulled(self) -> None:
         """Every upstream task was final and everything went to the engines: wait for those that
