@@ -9,6 +9,12 @@ a flagged one, and whether the model was warm after learning from the tick. In o
 entities are the engine's ids (``ent``); between processes they travel by name (``named``,
 ``located``), since every engine numbers its GPUs in its own order.
 
+The records are scored in lanes by communicator size (``lane_of``): each lane has its own
+detector state (its noise, its communicators' history) and decider, and everything the models
+compare across communicators (the kind's peers, a host's median gap per kind) lies within one
+lane. A lane can therefore be scored anywhere, and a GPU's findings of one tick from several
+lanes are ``merge``-d into one the same way wherever they meet (docs/models.md#nccl-lanes).
+
 >>> f = Findings("m", 10.0, np.array([0]), np.array([4.0]), np.array([True]), np.array([10.2]), {0: {"score": 4.0}}, True)
 >>> f.named(["h1"], [("h1", 3)], level_gpu=True).keys
 [('h1', 3)]
@@ -17,7 +23,8 @@ entities are the engine's ids (``ent``); between processes they travel by name (
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+import zlib
+from dataclasses import dataclass, field, replace
 from typing import Any, Mapping, Sequence
 
 import numpy as np
@@ -42,14 +49,13 @@ class Findings:
     evidence: dict[int, dict[str, Any]]  # row -> evidence, for flagged rows
     warm: bool
     keys: list[Any] = field(default_factory=list)  # per row: (host, gpu) or host, once named
+    lane: int = -1  # the lane scored (``lane_of``); -1: findings merged over lanes
 
     def named(self, hosts: Sequence[str], gpus: Sequence[tuple[str, int]], level_gpu: bool) -> "Findings":
         """The same findings with each entity's name (``keys``), for another engine."""
         ids = self.ent.tolist()
         keys = [gpus[i] for i in ids] if level_gpu else [hosts[i] for i in ids]
-        return Findings(
-            self.model, self.tick, self.ent, self.score, self.flagged, self.obs_ts, self.evidence, self.warm, keys
-        )
+        return replace(self, keys=keys)
 
     def located(self, gpu_id: dict[tuple[str, int], int], host_id: dict[str, int], level_gpu: bool) -> "Findings":
         """The rows whose entity this engine knows, with its ids (a GPU it has not seen yet has
@@ -57,18 +63,7 @@ class Findings:
         table: dict[Any, int] = gpu_id if level_gpu else host_id
         ids = np.array([table.get(k, -1) for k in self.keys], dtype=np.int64)
         keep = np.flatnonzero(ids >= 0)
-        ev = {int(j): self.evidence[int(i)] for j, i in enumerate(keep.tolist()) if int(i) in self.evidence}
-        return Findings(
-            self.model,
-            self.tick,
-            ids[keep],
-            self.score[keep],
-            self.flagged[keep],
-            self.obs_ts[keep],
-            ev,
-            self.warm,
-            [self.keys[i] for i in keep.tolist()],
-        )
+        return replace(self.take(keep.tolist()), ent=ids[keep])
 
     def hosts(self, level_gpu: bool) -> list[str]:
         """Each row's host (named findings)."""
@@ -79,17 +74,84 @@ class Findings:
         r = list(rows)
         ev = {j: self.evidence[i] for j, i in enumerate(r) if i in self.evidence}
         idx = np.array(r, dtype=np.int64)
-        return Findings(
-            self.model,
-            self.tick,
-            self.ent[idx],
-            self.score[idx],
-            self.flagged[idx],
-            self.obs_ts[idx],
-            ev,
-            self.warm,
-            [self.keys[i] for i in r],
+        keys = [self.keys[i] for i in r] if self.keys else []
+        return replace(
+            self,
+            ent=self.ent[idx],
+            score=self.score[idx],
+            flagged=self.flagged[idx],
+            obs_ts=self.obs_ts[idx],
+            evidence=ev,
+            keys=keys,
         )
+
+
+# Lanes of NCCL records: communicator sizes hashed into this many, so that a stream of invented
+# sizes keeps at most this many detector states and deciders per model.
+LANES = 64
+
+
+def lane_of(nranks: int) -> int:
+    """The lane of a communicator of ``nranks`` ranks: the same in every process (crc32).
+
+    >>> lane_of(8), lane_of(64), lane_of(8) == lane_of(8)
+    (19, 63, True)
+    """
+    return zlib.crc32(b"%d" % nranks) % LANES
+
+
+def lanes(nranks: np.ndarray) -> np.ndarray:
+    """``lane_of`` of every row (each distinct size hashed once)."""
+    if not len(nranks):
+        return np.zeros(0, dtype=np.int64)
+    u, inv = np.unique(nranks, return_inverse=True)
+    return np.array([lane_of(int(x)) for x in u.tolist()], dtype=np.int64)[inv]
+
+
+def merge(found: Sequence[Findings]) -> Findings:
+    """One model's findings of one tick from several lanes as one: warm when a lane is (and then
+    only the warm lanes speak: a lane still learning says nothing beside one that knows); per
+    entity the row of the lane that flagged it, else its worst score (ties: the lower lane).
+    The result depends only on the set of findings, not on their order: wherever the lanes were
+    scored, the entity's finding is the same.
+
+    >>> a = Findings("m", 0.0, np.array([0, 1]), np.array([2.0, 9.0]), np.array([False, True]), np.array([0.1, 0.1]), {1: {"score": 9.0}}, True, lane=3)
+    >>> b = Findings("m", 0.0, np.array([0]), np.array([5.0]), np.array([False]), np.array([0.2]), {}, True, lane=7)
+    >>> m = merge([b, a])
+    >>> m.ent.tolist(), m.score.tolist(), m.flagged.tolist(), m.evidence, m.lane
+    ([0, 1], [5.0, 9.0], [False, True], {1: {'score': 9.0}}, -1)
+    """
+    if len(found) == 1:
+        return found[0]
+    warm = any(f.warm for f in found)
+    use = sorted((f for f in found if f.warm or not warm), key=lambda f: f.lane)
+    ent = np.concatenate([f.ent for f in use])
+    score = np.concatenate([f.score for f in use])
+    flagged = np.concatenate([f.flagged for f in use])
+    src = np.concatenate([np.full(len(f.ent), i) for i, f in enumerate(use)])
+    row = np.concatenate([np.arange(len(f.ent)) for f in use])
+    # Last of each entity's run: flagged first, then the worst score, then the lowest lane.
+    order = np.lexsort((-src, score, flagged, ent))
+    last = np.ones(len(order), dtype=bool)
+    last[:-1] = ent[order][1:] != ent[order][:-1]
+    pick = order[last]
+    evidence: dict[int, dict[str, Any]] = {}
+    for j, p in enumerate(pick.tolist()):
+        ev = use[int(src[p])].evidence.get(int(row[p]))
+        if ev is not None:
+            evidence[j] = ev
+    keyed = all(len(f.keys) == len(f.ent) for f in use)
+    return Findings(
+        found[0].model,
+        found[0].tick,
+        ent[pick],
+        score[pick],
+        flagged[pick],
+        np.concatenate([f.obs_ts for f in use])[pick],
+        evidence,
+        warm,
+        [use[int(src[p])].keys[int(row[p])] for p in pick.tolist()] if keyed else [],
+    )
 
 
 # What one findings may hold where it crosses processes (``Findings.from_wire``).
@@ -114,6 +176,7 @@ def to_wire(f: Findings) -> dict[str, Any]:
         "obs_ts": np.asarray(f.obs_ts, dtype=np.float64),
         "evidence": {str(j): ev for j, ev in f.evidence.items()},
         "warm": bool(f.warm),
+        "lane": int(f.lane),
     }
 
 
@@ -127,8 +190,23 @@ def from_wire(d: Any, level_gpu: Mapping[str, bool]) -> Findings:
     >>> back.keys, back.evidence, back.ent.tolist()
     ([('h1', 3)], {0: {'score': 4.0}}, [-1])
     """
-    if not isinstance(d, dict) or set(d) != {"model", "tick", "keys", "score", "flagged", "obs_ts", "evidence", "warm"}:
-        raise FindingsError("findings: a map of model, tick, keys, score, flagged, obs_ts, evidence, warm expected")
+    # Without a lane: a sender from before lanes, whose findings were merged over every size.
+    if not isinstance(d, dict) or set(d) - {"lane"} != {
+        "model",
+        "tick",
+        "keys",
+        "score",
+        "flagged",
+        "obs_ts",
+        "evidence",
+        "warm",
+    }:
+        raise FindingsError(
+            "findings: a map of model, tick, keys, score, flagged, obs_ts, evidence, warm, lane expected"
+        )
+    lane = d.get("lane", -1)
+    if type(lane) is not int or not -1 <= lane < LANES:
+        raise FindingsError(f"findings: lane is not an integer in [-1, {LANES})")
     model = d["model"]
     if not isinstance(model, str) or model not in level_gpu:
         raise FindingsError(f"findings of model {str(model)[:64]!r}, not an NCCL model of this service")
@@ -167,7 +245,7 @@ def from_wire(d: Any, level_gpu: Mapping[str, bool]) -> Findings:
     if type(d["warm"]) is not bool:
         raise FindingsError("findings: warm is not a boolean")
     ent = np.full(n, -1, dtype=np.int64)
-    return Findings(model, tick, ent, cols[0], cols[1], cols[2], evidence, d["warm"], named)
+    return Findings(model, tick, ent, cols[0], cols[1], cols[2], evidence, d["warm"], named, lane)
 
 
 def _name(x: Any) -> bool:
@@ -239,13 +317,15 @@ class NcclScoring:
             parts = [(float(t) * self.tick, fr.take(np.flatnonzero(inv == i))) for i, t in enumerate(u.tolist())]
         n = max(entities.n_gpus, entities.n_hosts)
         for t0, sub in parts:
+            by_lane = _by_lane(sub)
             for m in models.values():
                 if m.info.source == DCGM:
                     continue
-                f = _score(m, sub, t0, n)
-                apply_findings(m, f)
+                found = [_score(m, lane, part, t0, n) for lane, part in by_lane]
+                apply_findings(m, merge(found))
                 if self.out is not None:
-                    self.out.append(f.named(entities.hosts, entities.gpus, m.info.level == GPU))
+                    level_gpu = m.info.level == GPU
+                    self.out.extend(f.named(entities.hosts, entities.gpus, level_gpu) for f in found)
 
     def _take(self, upto: float) -> NcclFrame | None:
         """The queued NCCL records before ``upto`` (the rest stay queued)."""
@@ -276,18 +356,33 @@ class NcclScoring:
         if not due:
             return
         self.inbox = [f for f in self.inbox if f.tick >= upto]
-        due.sort(key=lambda f: f.tick)  # stable: a tick's models in the order they came
-        for f in due:
-            m = models.get(f.model)
+        # A model's findings of one tick, from every lane, in tick order (stable: a tick's
+        # models in the order they came).
+        ticks: dict[tuple[float, str], list[Findings]] = {}
+        for f in sorted(due, key=lambda f: f.tick):
+            ticks.setdefault((f.tick, f.model), []).append(f)
+        for (_, name), found in ticks.items():
+            m = models.get(name)
             if m is None or m.info.source == DCGM:
                 continue
-            apply_findings(m, f.located(entities.gpu_id, entities.host_id, m.info.level == GPU))
+            level_gpu = m.info.level == GPU
+            apply_findings(m, merge([f.located(entities.gpu_id, entities.host_id, level_gpu) for f in found]))
 
 
-def _score(m: Any, fr: NcclFrame, t0: float, n_ent: int) -> Findings:
-    """One tick of NCCL records through one model: the worst record per entity, decided, learnt
-    from (but not the flagged entities' records, once warm)."""
-    det = m.det("fleet")
+def _by_lane(fr: NcclFrame) -> list[tuple[int, NcclFrame]]:
+    """A tick's records by lane (``lane_of``), in lane order."""
+    lane = lanes(fr.nranks)
+    first = int(lane[0]) if len(lane) else 0
+    if (lane == first).all():
+        return [(first, fr)]
+    return [(int(k), fr.take(np.flatnonzero(lane == k))) for k in np.unique(lane).tolist()]
+
+
+def _score(m: Any, lane: int, fr: NcclFrame, t0: float, n_ent: int) -> Findings:
+    """One tick of one lane's NCCL records through one model (the lane's detector and decider):
+    the worst record per entity, decided, learnt from (but not the flagged entities' records,
+    once warm)."""
+    det, decider = m.lane(lane)
     scores = nan_to_num(det.score_frame(fr), nan=0.0)
     ent = fr.gpu if m.info.level == GPU else fr.host
     m.ensure(max(n_ent, int(ent.max()) + 1 if len(ent) else 0))
@@ -300,14 +395,14 @@ def _score(m: Any, fr: NcclFrame, t0: float, n_ent: int) -> Findings:
     last[:-1] = e[order][1:] != e[order][:-1]
     pick = order[last]
     ue, us = e[pick], s[pick]
-    flagged = m.decider.decide(ue, us, len(m.cur))
+    flagged = decider.decide(ue, us, len(m.cur))
     warm = det.warm_count() >= m.spec.warmup
     evidence: dict[int, dict[str, Any]] = {}
     for j in np.flatnonzero(flagged).tolist():
         r = int(rows[pick[j]])
         evidence[j] = {
             "score": rounded(us[j]),
-            "threshold": rounded(m.decider.threshold()),
+            "threshold": rounded(decider.threshold()),
             "expected": rounded(det.last["expected"][r]),
             "observed": rounded(det.last["observed"][r]),
             "comm": fr.comm[r],
@@ -318,9 +413,10 @@ def _score(m: Any, fr: NcclFrame, t0: float, n_ent: int) -> Findings:
     bad = np.zeros(len(fr), dtype=bool)
     if warm:
         bad[rows] = np.isin(e, ue[flagged])
-        m.decider.observe(us[~flagged])
+        decider.observe(us[~flagged])
     det.learn_frame(fr, scores, ~bad)
-    return Findings(m.spec.name, t0, ue, us, flagged, obs_ts, evidence, det.warm_count() >= m.spec.warmup)
+    warm_after = det.warm_count() >= m.spec.warmup
+    return Findings(m.spec.name, t0, ue, us, flagged, obs_ts, evidence, warm_after, lane=lane)
 
 
 def apply_findings(m: Any, f: Findings) -> None:

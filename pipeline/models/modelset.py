@@ -46,22 +46,28 @@ from pipeline.models.config import ModelSpec, load_model_specs
 from pipeline.models.context import COLUMNS as CONTEXT_COLUMNS
 from pipeline.models.context import FleetContext, board_power
 from pipeline.models.deciders import make_decider
-from pipeline.models.findings import NcclScoring, rounded
+from pipeline.models.findings import LANES, NcclScoring, rounded
 from pipeline.models.detectors._util import nan_to_num
 from pipeline.models.registry import DCGM, REGISTRY, build
 from pipeline.numeric import grow
 
 # 2: arrays and river objects as msgpack extension types; 3: the fleet context; 4: no pickled
 # objects, only numbers (versions 2 and 3 are refused, never unpickled: docs/models.md#model-state);
-# 5: cohort state by epochs (cohorts.py; a version 4 snapshot is read, its epochs start afresh).
-STATE_VERSION = 5
-READS_VERSIONS = (4, 5)
+# 5: cohort state by epochs (cohorts.py; a version 4 snapshot is read, its epochs start afresh);
+# 6: NCCL lanes (findings.py; in a version 4 or 5 snapshot the NCCL detectors start afresh).
+STATE_VERSION = 6
+READS_VERSIONS = (4, 5, 6)
 _MODEL = operator.attrgetter("model")
 # GPU models one engine keeps a cohort (a forest, priors) for. A fleet has a handful; a stream of
 # invented model strings (1,000 of them once made a 106 MB snapshot taking 5.6 s) shares the last.
 MAX_COHORTS = 32
 OVERFLOW_COHORT = "other"
 NCCL_FRESH_S = 15.0  # NCCL findings hold this long on the DCGM rows (3 reporting intervals)
+
+
+def lane_name(lane: int) -> str:
+    """The key of an NCCL lane's detector among a model's ``dets``."""
+    return f"lane-{lane}"
 
 
 class ModelCheck:
@@ -177,7 +183,9 @@ class _Model:
         self.flag = np.zeros(0, dtype=bool)
         self.obs_ts = np.full(0, np.nan)
         self.ent_ev: dict[int, dict[str, Any]] = {}
-        self.nccl_warm = False  # NCCL models scored elsewhere: warm after the last findings
+        self.nccl_warm = False  # NCCL models: warm after the last findings applied
+        # NCCL models: each lane's decider (findings.lane_of); its detector is ``det(lane_name)``.
+        self.lane_deciders: dict[int, Any] = {}
 
     def det(self, cohort: str) -> Any:
         d = self.dets.get(cohort)
@@ -186,6 +194,14 @@ class _Model:
             if self.info.source == DCGM:
                 d.deferred = True  # its cohort state changes by epochs (cohorts.py)
         return d
+
+    def lane(self, lane: int) -> tuple[Any, Any]:
+        """An NCCL model's detector and decider for one lane (``findings.lane_of``), made when
+        first scored. Its decider learns at once: a lane is scored in one place only."""
+        d = self.lane_deciders.get(lane)
+        if d is None:
+            d = self.lane_deciders[lane] = make_decider(self.spec.decider)
+        return self.det(lane_name(lane)), d
 
     def ensure(self, n: int) -> None:
         if len(self.cur) < n:
@@ -351,7 +367,7 @@ class ModelSet(StageBase):
                 idx = view.frame.gpu if m.info.level == GPU else view.frame.host
                 m.ensure(max(n_gpus, n_hosts))
                 fresh = (ts - m.obs_ts[idx]) <= NCCL_FRESH_S
-                warm_all = m.nccl_warm if self.nccl.remote else m.det("fleet").warm_count() >= m.spec.warmup
+                warm_all = m.nccl_warm
                 cond = m.flag[idx] & fresh & warm_all
                 self.scores[name] = np.where(fresh & warm_all, m.cur[idx], np.nan if not warm_all else 0.0)
             if m.spec.explained_by and m.info.level == GPU and cond.any():
@@ -563,6 +579,7 @@ class ModelSet(StageBase):
                 "definition": repr(m.spec.definition()),
                 "dets": {c: d.to_state() for c, d in m.dets.items()},
                 "decider": m.decider.to_state(),
+                "lanes": {str(k): d.to_state() for k, d in m.lane_deciders.items()},
                 "cur": m.cur,
                 "flag": m.flag,
                 "obs_ts": m.obs_ts,
@@ -592,10 +609,17 @@ class ModelSet(StageBase):
                 m = self.models.get(name)
                 if m is None or st["definition"] != repr(m.spec.definition()):
                     continue
-                m.dets = {}
+                m.dets, m.lane_deciders = {}, {}
+                lane_names = {lane_name(k) for k in range(LANES)}
                 for c, ds in st["dets"].items():
+                    if m.info.source != DCGM and c not in lane_names:
+                        continue  # a version 5 snapshot's one NCCL detector: the lanes start afresh
                     m.det(c).load_state(ds)
                 m.decider.load_state(st["decider"])
+                for k, ds in st.get("lanes", {}).items():
+                    if not (k.isdigit() and int(k) < LANES):
+                        raise StateError(f"model state: {name} has a lane {k[:16]!r}")
+                    m.lane(int(k))[1].load_state(ds)
                 cur, flag, obs_ts = (numeric(st[k], f"{name}.{k}") for k in ("cur", "flag", "obs_ts"))
                 if not len(cur) == len(flag) == len(obs_ts):
                     raise StateError(f"model state: {name}'s per-entity arrays differ in length")
@@ -612,6 +636,7 @@ class ModelSet(StageBase):
         out: dict[str, float] = {}
         for name, m in self.models.items():
             per = sum(d.nbytes_per_entity() for d in m.dets.values())
+            per += sum(d.up.itemsize for d in m.lane_deciders.values())
             per += m.decider.up.itemsize + (
                 m.cur.itemsize + m.flag.itemsize + m.obs_ts.itemsize if m.info.source != DCGM else 0
             )

@@ -10,6 +10,7 @@ import pytest
 from pipeline.engine import Engine
 from pipeline.errors import StateError
 from pipeline.models import load_models
+from pipeline.models.findings import lane_of
 from pipeline.rules import load_rules
 from tests.unit.models.factories import one_model, run_scores
 
@@ -42,6 +43,16 @@ def test_snapshot_restore_gives_identical_scores_and_alerts(sim_streams):
     firing_a = [(a.rule, a.host, a.gpu, a.started_at) for a in alerts_a if a.state == "firing"
                 and a.ts >= batches[half][0].ts]
     assert firing_c == firing_a and any(r == "nccl_rank_straggler" for r, *_ in firing_c)
+    # Each NCCL lane's decider comes back (4 hosts: lanes of 4 and 8 ranks), with the straggler's
+    # hysteresis bit up: it decides the next ticks.
+    ms_d = load_models()
+    ms_d.restore(ms_a.snapshot())
+    for name in ("nccl_rank_straggler", "nccl_comm_busbw"):
+        a, d = ms_a.models[name].lane_deciders, ms_d.models[name].lane_deciders
+        assert sorted(d) == sorted(a) and len(a) == 2
+        for k in a:
+            np.testing.assert_array_equal(d[k].up, a[k].up)
+    assert any(d.up.any() for d in ms_d.models["nccl_rank_straggler"].lane_deciders.values())
 
 
 def test_restore_rejects_garbage_model_state():
@@ -201,13 +212,13 @@ def test_state_keyed_by_telemetry_strings_restores_whatever_they_are(comm):
     # the snapshot's own type markers must restore as the plain key it is (and never be read as
     # a pickle or an array).
     ms = load_models()
-    det = ms.models["nccl_rank_straggler"].det("fleet")
+    det = ms.models["nccl_rank_straggler"].lane(lane_of(8))[0]
     det.latest = {comm: {3: (1.0, 2.0, 4)}}
     det.codes = {comm: 0}
     blob = ms.snapshot()
     back = load_models()
     back.restore(blob)
-    got = back.models["nccl_rank_straggler"].det("fleet")
+    got = back.models["nccl_rank_straggler"].lane(lane_of(8))[0]
     assert got.latest == {comm: {3: (1.0, 2.0, 4)}} and got.codes == {comm: 0}
 
 

@@ -51,7 +51,7 @@ def _restore(data: dict) -> None:
 
 def test_snapshot_holds_no_pickle_and_restores(data):
     forest = _hst(data)
-    assert data["version"] == STATE_VERSION == 5
+    assert data["version"] == STATE_VERSION == 6
     assert forest["l_mass"].dtype == np.int32 and forest["threshold"].dtype == np.float64
     assert forest["r_mass"].sum() > 0
     blob = msgspec.msgpack.encode(_pack(data))
@@ -69,6 +69,32 @@ def test_a_version_4_snapshot_is_read_and_its_epochs_start_afresh(data):
     ms.restore(msgspec.msgpack.encode(_pack(old)))
     assert ms.epochs.open is None and ms.epochs.applied is None
     assert ms.shared_bytes() > 0
+
+
+def test_a_version_5_snapshots_nccl_detector_is_left_and_the_lanes_start_afresh(data):
+    """Version 5 kept one detector and decider per NCCL model for every communicator size; its
+    detector is not any lane's, so the lanes begin anew (the rest of the state is taken)."""
+    old = dict(data, version=5)
+    models = {}
+    for name, st in data["models"].items():
+        st = dict(st)
+        if name.startswith("nccl_"):
+            (lane_state, *_) = st["dets"].values()
+            st["dets"] = {"fleet": lane_state}
+            del st["lanes"]
+        models[name] = st
+    old["models"] = models
+    ms = load_models()
+    ms.restore(msgspec.msgpack.encode(_pack(old)))
+    nccl = ms.models["nccl_rank_straggler"]
+    assert nccl.dets == {} and nccl.lane_deciders == {}
+    assert ms.models["gpu_multivariate"].dets and ms.shared_bytes() > 0
+
+
+def test_a_lane_outside_the_lanes_is_a_state_error(data):
+    bad = dict(data, models={**data["models"], "nccl_comm_busbw": {**data["models"]["nccl_comm_busbw"], "lanes": {"64": {}}}})
+    with pytest.raises(StateError, match="lane"):
+        _restore(bad)
 
 
 def test_malformed_epochs_are_a_state_error(data):
