@@ -7,6 +7,7 @@ import pytest
 
 from pipeline.detection import build_detector
 from pipeline.errors import StateError
+from pipeline.models.findings import lane_of
 from pipeline.resources import rules_dir
 from pipeline.schema import DcgmRecord, NcclRecord, NicRecord, ProgressRecord
 from pipeline.shards import SCORER, ShardedFleet, shard_of
@@ -17,7 +18,9 @@ _DEC = msgspec.json.Decoder(list[DcgmRecord | NcclRecord | NicRecord | ProgressR
 
 @pytest.fixture(scope="module")
 def llama3() -> list[list]:
-    sim = Simulator(hosts=8, duration=900, seed=2, scenario="llama3")
+    # 16 hosts: communicators of 8 ranks (a host's GPUs) and of 16 (one GPU of every host), two
+    # NCCL lanes that 2 and 4 scorers score apart.
+    sim = Simulator(hosts=16, duration=600, seed=2, scenario="llama3")
     return [_DEC.decode(msgspec.json.encode(b)) for b in sim.batches() if b]
 
 
@@ -43,7 +46,13 @@ def test_shards_give_one_fleet_stages_alerts(llama3, shards, cut):
     fleet = det.fleet
     assert isinstance(fleet, ShardedFleet)
     counts = fleet.shard_records()
-    assert set(counts) == {SCORER, *(f"shard-{i}" for i in range(shards))}
+    assert set(counts) == {*(f"{SCORER}-{i}" for i in range(shards)), *(f"shard-{i}" for i in range(shards))}
+    # Every scorer with a lane scored its NCCL records, and none scored another's.
+    sizes = {r.nranks for b in llama3 for r in b if isinstance(r, NcclRecord)}
+    assert sizes == {8, 16}
+    scoring = {lane_of(k) % shards for k in sizes}
+    for i in range(shards):
+        assert (counts[f"{SCORER}-{i}"] > 0) == (i in scoring)
     hosts = {r.host for b in llama3 for r in b}
     busy = {shard_of(h, shards) for h in hosts}
     # Every shard with hosts scored their DCGM records, and none scored another's.
@@ -59,7 +68,9 @@ def test_shards_at_sparse_sampling(interval, duration):
     batches = [_DEC.decode(msgspec.json.encode(b)) for b in sim.batches() if b]
     one, _ = _run(batches, 1)
     split, _ = _run(batches, 3, cut=13)
-    assert one and [(a.id, a.state, a.ts, a.evidence) for a in split] == [(a.id, a.state, a.ts, a.evidence) for a in one]
+    assert one and [(a.id, a.state, a.ts, a.evidence) for a in split] == [
+        (a.id, a.state, a.ts, a.evidence) for a in one
+    ]
 
 
 def test_a_sharded_fleet_is_not_checkpointed(llama3):
