@@ -8,12 +8,15 @@ input offsets for output that was lost.
 from __future__ import annotations
 
 import logging
+import time
 from typing import Any
 
 from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer
 from kafka.errors import (
+    CoordinatorNotAvailableError,
     KafkaError,
     MessageSizeTooLargeError,
+    NotCoordinatorError,
     RecordListTooLargeError,
     TopicAlreadyExistsError,
 )
@@ -252,3 +255,33 @@ def ensure_topics(
         return created
     finally:
         admin.close()
+
+
+def group_view(bootstrap: str, group: str) -> tuple[str, dict[str, tuple]]:
+    """What the broker says of ``group``: its state and each member's partitions ("Unknown"
+    while no coordinator answers: a new broker makes its offsets topic at the first group).
+    For drivers that wait for a group of replicas: the real-broker tests and benchmarks."""
+    admin = KafkaAdminClient(bootstrap_servers=bootstrap, **connection.CLIENT_DEFAULTS)
+    try:
+        g = admin.describe_groups([group]).get(group) or {}
+    except (CoordinatorNotAvailableError, NotCoordinatorError):
+        return "Unknown", {}
+    finally:
+        admin.close()
+    held: dict[str, tuple] = {}
+    for m in g.get("members") or []:
+        a = m.get("member_assignment")
+        tps = a.get("assigned_partitions", []) if isinstance(a, dict) else []
+        held[m["member_id"]] = tuple(sorted((t["topic"], p) for t in tps for p in t["partitions"]))
+    return str(g.get("group_state")), held
+
+
+def group_settled(bootstrap: str, group: str, members: int, hold_s: float = 5.0) -> bool:
+    """``group`` is Stable with ``members`` members, each holding partitions, and stays so,
+    unchanged, for ``hold_s``: a group that keeps rebalancing (a member re-joining after every
+    assignment, as a loaded machine has shown for ~15 s) is not settled yet."""
+    state, held = group_view(bootstrap, group)
+    if state != "Stable" or len(held) != members or not all(held.values()):
+        return False
+    time.sleep(hold_s)
+    return group_view(bootstrap, group) == (state, held)

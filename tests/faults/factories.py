@@ -18,6 +18,7 @@ from pathlib import Path
 from kafka import KafkaAdminClient, KafkaConsumer, TopicPartition
 
 from pipeline.bus import Topics
+from pipeline.bus.kafka import group_settled, group_view  # noqa: F401 - the tests' helpers too
 
 ROOT = Path(__file__).resolve().parents[2]
 RULES = ROOT / "rules"
@@ -169,32 +170,6 @@ def committed(bootstrap: str, group: str, topic: str) -> int:
     finally:
         admin.close()
     return sum(o.offset for tp, o in offsets.items() if tp.topic == topic)
-
-
-def group_view(bootstrap: str, group: str) -> tuple[str, dict[str, tuple]]:
-    """What the broker says of ``group``: its state and each member's partitions."""
-    admin = KafkaAdminClient(bootstrap_servers=bootstrap)
-    try:
-        g = admin.describe_groups([group]).get(group) or {}
-    finally:
-        admin.close()
-    held = {}
-    for m in g.get("members") or []:
-        a = m.get("member_assignment")
-        tps = a.get("assigned_partitions", []) if isinstance(a, dict) else []
-        held[m["member_id"]] = tuple(sorted((t["topic"], p) for t in tps for p in t["partitions"]))
-    return str(g.get("group_state")), held
-
-
-def group_settled(bootstrap: str, group: str, members: int, hold_s: float = 5.0) -> bool:
-    """``group`` is Stable with ``members`` members, each holding partitions, and stays so,
-    unchanged, for ``hold_s``: a group that keeps rebalancing (a member re-joining after every
-    assignment, as a loaded machine has shown for ~15 s) is not settled yet."""
-    state, held = group_view(bootstrap, group)
-    if state != "Stable" or len(held) != members or not all(held.values()):
-        return False
-    time.sleep(hold_s)
-    return group_view(bootstrap, group) == (state, held)
 
 
 def wait_for(pred, timeout: float, step: float = 0.5, what: str = "condition", explain=None) -> None:
