@@ -2,25 +2,28 @@
 (docs/operations.md, "Model shards"; the in-process reference is ``pipeline.shards.ShardedFleet``).
 
 Shard ``i`` of ``n`` gets the DCGM records of the hosts ``shard_of(host, n) == i`` and runs
-their models; shard 0 also scores the NCCL records (the scorer) and hands each shard the
-findings of its GPUs. The shards meet only through what they send each other, which the
-service carries over the fleet topic (``pipeline.service.fleet``):
+their models; it also scores the NCCL records of its lanes (``scorer_of``: a communicator size's
+lane modulo ``n``; shard 0 also takes the progress records) in its scorer engine, and hands
+each shard the findings of its GPUs. The shards meet only through what they send each other,
+which the service carries over the fleet topic (``pipeline.service.fleet``):
 
 - their cohort parts (``PeerExchange``): every shard applies epoch ``k`` of every shard's parts
   at the start of epoch ``k + LAG_EPOCHS``, so a shard evaluates no further than every shard's
   parts allow (``bound``), as in one process;
-- the scorer's findings for a shard's GPUs, with how far they are complete (``scored``): a
-  shard evaluates a tick once its findings are in;
+- each scorer's findings for a shard's GPUs, with how far they are complete (``scored_by``): a
+  shard evaluates a tick once every scorer's findings of it are in, and merges a GPU's findings
+  from several lanes (``findings.merge``) as one process does;
 - how far each shard's alerts are complete (``done``), for the incident stage on shard 0.
 
 What crosses is taken from ``outgoing()`` and fed in with ``accept_parts`` and
-``accept_findings`` (the findings with the scorer's progress); each stays correct when a message
-is read twice (a sender restarted from its checkpoint sends again what it sent after it): parts
-go by epoch, findings by model and tick. Without NCCL models a shard waits for no findings.
+``accept_findings`` (the findings with their scorer's progress); each stays correct when a
+message is read twice (a sender restarted from its checkpoint sends again what it sent after
+it): parts go by epoch, findings by model, lane and tick. Without NCCL models a shard waits for
+no findings.
 
 >>> st = ShardStage(lambda: None, shard=1, shards=4)
->>> st.key, st.scorer, st.exchange.shards[:2]
-('shard-1', False, ['shard-0', 'shard-1'])
+>>> st.key, st.exchange.shards[:2], st.scored
+('shard-1', ['shard-0', 'shard-1'], -inf)
 """
 
 from __future__ import annotations
@@ -37,10 +40,12 @@ from pipeline.models.cohorts import EPOCH_S, OPEN_ENDED, SharedExchange, epoch_o
 from pipeline.models.findings import Findings, FindingsError, from_wire, to_wire
 from pipeline.models.modelset import ModelSet, decode_state, encode_state
 from pipeline.schema import TelemetryRecord
-from pipeline.shards import SCORER, split_findings
+from pipeline.shards import SCORER, scorer_of, split_findings
 from pipeline.topology import FLEET_KEY, FleetStage
 
-SHARD_STATE_VERSION = 1
+# 2: a scorer on every shard (``scored_by``); a version 1 state (shard 0 scored) is read.
+SHARD_STATE_VERSION = 2
+READS_SHARD_STATES = (1, 2)
 
 
 class PeerExchange(SharedExchange):
@@ -101,7 +106,7 @@ class PeerExchange(SharedExchange):
 
 class ShardStage(FleetStage):
     """The fleet stage of one fleet partition when the models are split by host (``shard`` of
-    ``shards``): one shard engine, and on shard 0 the NCCL scorer."""
+    ``shards``): one shard engine, and the scorer of its NCCL lanes."""
 
     def __init__(self, make_engine: Callable[[], Engine], shard: int, shards: int, **kw: Any) -> None:
         super().__init__(make_engine, **kw)
@@ -109,16 +114,16 @@ class ShardStage(FleetStage):
             raise ValueError(f"shard {shard} of {shards}")
         self.shard, self.shards = shard, shards
         self.key = f"shard-{shard}"
-        self.scorer = shard == 0
         self.exchange = PeerExchange([f"shard-{i}" for i in range(shards)], self.key)
-        # How far the scorer's findings for this shard are complete (shard 0: its own scorer's).
-        self.scored = -math.inf
+        # How far each shard's scorer's findings for this shard are complete (its own included).
+        self.scored_by = [-math.inf] * shards
         # How far this shard's alerts are complete: every tick before it was evaluated.
         self.done = -math.inf
         # A flush begun at a lull (``advance``) that waits for the others' parts.
         self.flushing = False
         self._first_ts = math.inf  # the oldest DCGM record this shard took: where it opens
-        self._last_tick: dict[str, float] = {}  # per NCCL model, the tick of its latest findings taken
+        # Per NCCL model and lane, the tick of its latest findings taken.
+        self._last_tick: dict[tuple[str, int], float] = {}
         self._nccl: bool | None = None  # whether the models include NCCL ones (``reads_findings``)
         self._findings_out: dict[int, list[Findings]] = {}
         self.stats.update({"misrouted": 0, "findings_again": 0, "parts_again": 0})
@@ -141,6 +146,20 @@ class ShardStage(FleetStage):
     def models(self) -> ModelSet:
         return _models(self.engine())
 
+    @property
+    def scored(self) -> float:
+        """How far every scorer's findings for this shard are complete."""
+        return min(self.scored_by)
+
+    @property
+    def own_scored(self) -> float:
+        """How far this shard's scorer has scored (what it tells the others)."""
+        return self.scored_by[self.shard]
+
+    @own_scored.setter
+    def own_scored(self, t: float) -> None:
+        self.scored_by[self.shard] = t
+
     # -- what crosses between shards ---------------------------------------------------------
 
     def accept_parts(self, sender: int, parts: Sequence[dict[str, Any]]) -> None:
@@ -149,28 +168,29 @@ class ShardStage(FleetStage):
             if not self.exchange.accept(f"shard-{sender}", p):
                 self.stats["parts_again"] += 1
 
-    def accept_findings(self, found: Sequence[Findings], scored: float | None) -> None:
-        """The scorer's findings for this shard's GPUs, complete before ``scored`` (the scorer's
-        latest word: it falls again when the scorer goes on after a flush; None: no word in this
-        message, the findings run on in the next); a model's findings of a tick it had already
-        (a message read again) are dropped."""
+    def accept_findings(self, sender: int, found: Sequence[Findings], scored: float | None) -> None:
+        """Shard ``sender``'s scorer's findings for this shard's GPUs, complete before ``scored``
+        (that scorer's latest word: it falls again when the scorer goes on after a flush; None:
+        no word in this message, the findings run on in the next); a model's findings of a lane
+        and tick it had already (a message read again) are dropped."""
         inbox = self.models.nccl.inbox
         for f in found:
-            if f.tick <= self._last_tick.get(f.model, -math.inf):
+            key = (f.model, f.lane)
+            if f.tick <= self._last_tick.get(key, -math.inf):
                 self.stats["findings_again"] += 1
             else:
                 inbox.append(f)
-                self._last_tick[f.model] = f.tick
+                self._last_tick[key] = f.tick
         if scored is not None:
-            self.scored = scored
+            self.scored_by[sender] = scored
 
     def outgoing(self) -> dict[str, Any]:
         """What this shard has for the others since the last call: its new cohort parts (for
-        every shard), and on shard 0 each shard's findings (``findings``: by shard) and how far
+        every shard), its scorer's findings for each shard (``findings``: by shard) and how far
         they are complete (``scored``)."""
         parts, self.exchange.outgoing = self.exchange.outgoing, []
         found, self._findings_out = self._findings_out, {}
-        return {"parts": parts, "findings": found, "scored": self.scored if self.scorer else None}
+        return {"parts": parts, "findings": found, "scored": self.own_scored}
 
     # -- release -----------------------------------------------------------------------------
 
@@ -213,7 +233,7 @@ class ShardStage(FleetStage):
         if self.key in taken:
             self.done = min(self.done, self.engine().released)
         if SCORER in taken:
-            self.scored = min(self.scored, self.engine(SCORER).released)
+            self.own_scored = min(self.own_scored, self.engine(SCORER).released)
         self._release(taken, out)
         if self.hang is not None:
             out.alerts.extend(self.hang.advance(math.inf))
@@ -222,8 +242,8 @@ class ShardStage(FleetStage):
         self.flushing = True
 
     def _take(self, wm: float) -> dict[str, Sequence[TelemetryRecord]]:
-        """The released records, DCGM to this shard's engine, NCCL and progress to the scorer
-        (shard 0; anywhere else they were misrouted, and are counted and dropped)."""
+        """The released records, DCGM to this shard's engine, NCCL of its lanes and (shard 0)
+        progress to its scorer (others were misrouted, and are counted and dropped)."""
         dcgm: list[Sequence[TelemetryRecord]] = []
         other: list[TelemetryRecord] = []
         for recs in super()._take(wm).values():
@@ -237,10 +257,11 @@ class ShardStage(FleetStage):
             if self.models.epochs.open is None:
                 self._first_ts = min(self._first_ts, float(rows.times(mine).min()))
         if other:
-            if self.scorer:
-                out[SCORER] = other
-            else:
-                self.stats["misrouted"] += len(other)
+            n = self.shards
+            mine_too = [r for r in other if scorer_of(r, n) == self.shard]
+            self.stats["misrouted"] += len(other) - len(mine_too)
+            if mine_too:
+                out[SCORER] = mine_too
         return out
 
     def _advance_engines(self, wm: float, out: EngineOutput) -> None:
@@ -249,13 +270,12 @@ class ShardStage(FleetStage):
             # to. The scorer has done everything up to the lull: said lower, the other shards'
             # flushes would wait for it; said inf, they would run past its findings once the
             # tasks are back.
-            if self.scorer and self.scored == math.inf:
-                self.scored = self.lull + self.engine(SCORER).config.tick
+            if self.own_scored == math.inf:
+                self.own_scored = self.lull + self.engine(SCORER).config.tick
             return
-        if self.scorer:
-            self._collect(self.engine(SCORER).advance_to(wm), out)
-            self._hand_over()
-            self.scored = wm
+        self._collect(self.engine(SCORER).advance_to(wm), out)
+        self._hand_over()
+        self.own_scored = wm
         self._step_shard(wm, out)
 
     def _step_shard(self, wm: float, out: EngineOutput) -> bool:
@@ -281,7 +301,7 @@ class ShardStage(FleetStage):
         return upto >= wm
 
     def reads_findings(self) -> bool:
-        """Whether this shard's ticks wait for the scorer's findings: only with NCCL models (a
+        """Whether this shard's ticks wait for the scorers' findings: only with NCCL models (a
         shard of DCGM models alone would wait a hop a tick for nothing)."""
         if self._nccl is None:
             self._nccl = bool(self.models.nccl_levels())
@@ -290,25 +310,26 @@ class ShardStage(FleetStage):
     def _flush_engines(self, out: EngineOutput) -> None:
         """Every upstream task is final: the scorer flushes; this shard evaluates what it holds
         (as far as the others allow), then publishes an open-ended part and flushes."""
-        if self.scorer and self.scored < math.inf:
+        if self.own_scored < math.inf:
             self._collect(self.engine(SCORER).flush(), out)
             self._hand_over()
-            self.scored = math.inf
+            self.own_scored = math.inf
         if self.done == math.inf:
             return
         eng = self.engine()
         newest = eng.clock.newest(eng.entities.n_hosts)
         if math.isfinite(newest):
             if not self._step_shard(newest + eng.config.tick, out):
-                return  # the others' parts, or the scorer's findings, are not in yet
+                return  # the others' parts, or the scorers' findings, are not in yet
         self._collect(eng.flush(), out)
         first = self.exchange.first()
         self.models.epochs.close(first if first is not None else OPEN_ENDED - 1)
         self.done = math.inf
 
     def _hand_over(self) -> None:
-        """The scorer's findings: this shard's rows to its own inbox, each other shard's to send
-        (every shard takes every tick's findings, rows or none: the model's warmth comes with them)."""
+        """This shard's scorer's findings: this shard's rows to its own inbox, each other shard's
+        to send (every shard takes every tick's findings, rows or none: the model's warmth comes
+        with them)."""
         scorer = _models(self.engine(SCORER))
         found = scorer.nccl.out or []
         if not found:
@@ -334,18 +355,18 @@ class ShardStage(FleetStage):
                 "stage": super().snapshot(replayable),
                 "exchange": self.exchange.to_state(),
                 "inbox": [to_wire(f) for f in self.models.nccl.inbox],
-                "scored": self.scored,
+                "scored_by": self.scored_by,
                 "done": self.done,
                 "flushing": self.flushing,
                 "first_ts": self._first_ts,
-                "last_tick": self._last_tick,
+                "last_tick": [[m, lane, t] for (m, lane), t in self._last_tick.items()],
             }
         )
 
     def restore(self, blob: bytes, decode_records: Callable[[bytes], list[TelemetryRecord]]) -> None:
         try:
             d = decode_state(blob)
-            if not isinstance(d, dict) or d.get("shard_stage") != SHARD_STATE_VERSION:
+            if not isinstance(d, dict) or d.get("shard_stage") not in READS_SHARD_STATES:
                 raise StateError("not a model shard's state (a fleet stage of another topology?)")
             if d["shard"] != self.shard or d["shards"] != self.shards:
                 raise StateError(f"state of shard {d['shard']} of {d['shards']}, not {self.shard} of {self.shards}")
@@ -353,9 +374,18 @@ class ShardStage(FleetStage):
             ms = self.models
             self.exchange.load_state(d["exchange"], ms.check_part)
             ms.nccl.inbox = [from_wire(f, ms.nccl_levels()) for f in d["inbox"]]
-            self.scored, self.done, self._first_ts = (float(d[k]) for k in ("scored", "done", "first_ts"))
+            self.done, self._first_ts = (float(d[k]) for k in ("done", "first_ts"))
             self.flushing = bool(d.get("flushing", False))
-            self._last_tick = {str(k): float(v) for k, v in d["last_tick"].items()}
+            if d["shard_stage"] == 1:
+                # Shard 0 scored every lane then, its findings merged over them (lane -1).
+                self.scored_by = [float(d["scored"])] + [-math.inf] * (self.shards - 1)
+                self._last_tick = {(str(k), -1): float(v) for k, v in d["last_tick"].items()}
+            else:
+                scored_by = [float(t) for t in d["scored_by"]]
+                if len(scored_by) != self.shards:
+                    raise StateError(f"{len(scored_by)} scorers' progress for {self.shards} shards")
+                self.scored_by = scored_by
+                self._last_tick = {(str(m), int(lane)): float(t) for m, lane, t in d["last_tick"]}
         except StateError:
             raise
         except (msgspec.DecodeError, KeyError, TypeError, ValueError, FindingsError) as e:

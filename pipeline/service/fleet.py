@@ -47,7 +47,7 @@ from pipeline.runner import Totals
 from pipeline.schema import AlertEvent, DeadLetter, TelemetryRecord, encode
 from pipeline.service import peers
 from pipeline.service.peers import PEER_ENVELOPE
-from pipeline.shards import by_shard
+from pipeline.shards import by_shard, scorer_of
 from pipeline.shardstage import ShardStage
 from pipeline.service.fleetwire import (
     ALERTS_PREFIX,
@@ -142,7 +142,7 @@ class Outbox:
         alike, so the mark lands after what it covers on their partition)."""
         out: list[Send] = []
         recs, self._records = self._records.joined(), Batches()
-        to = None if self.shards is None else 0  # the scorer's partition: NCCL, progress, alerts
+        to = None if self.shards is None else 0  # the incident stage's partition: alerts
         for part, chunk in self._by_partition(recs):
             for i in range(0, len(chunk), MAX_FORWARD):
                 out.append((self.topic, _KEY, self._wrap(self._columns.encode(chunk[i : i + MAX_FORWARD])), part))
@@ -171,9 +171,12 @@ class Outbox:
             return [(None, recs)] if len(recs) else []
         dcgm, other = rows.split(recs)
         out: dict[int, Sequence[TelemetryRecord]] = dict(by_shard(dcgm, self.shards, self._where))
-        if other:
-            # The NCCL and progress records go to the scorer's partition, after its DCGM rows.
-            out[0] = rows.concat([out.get(0, []), other])[0]
+        by: dict[int, list[TelemetryRecord]] = {}
+        for r in other:
+            by.setdefault(scorer_of(r, self.shards), []).append(r)
+        for p, mine in by.items():
+            # An NCCL record goes to its lane's scorer, progress to partition 0, after the DCGM rows.
+            out[p] = rows.concat([out.get(p, []), mine])[0]
         return sorted(out.items())
 
     def _wrap(self, body: bytes) -> bytes:
@@ -295,8 +298,8 @@ class FleetTask:
 
     def _to_peers(self, out: EngineOutput) -> None:
         """What this shard has for the other fleet partitions, queued for ``take_sends``: its
-        new cohort parts to each; from partition 0 each one's findings and how far they are
-        complete; to partition 0 (``forward_alerts``) the models' alerts and how far they are."""
+        new cohort parts to each; its scorer's findings for each and how far they are complete;
+        to partition 0 (``forward_alerts``) the models' alerts and how far they are."""
         st = self.stage
         if not isinstance(st, ShardStage):
             return
@@ -305,8 +308,8 @@ class FleetTask:
         for q in range(st.shards):
             if q == me:
                 continue
-            found = got["findings"].get(q, []) if me == 0 else []
-            scored = self._changed(q, "scored", got["scored"]) if me == 0 and st.reads_findings() else None
+            found = got["findings"].get(q, [])
+            scored = self._changed(q, "scored", got["scored"]) if st.reads_findings() else None
             alerts: list[AlertEvent] = out.alerts if self.forward_alerts and q == 0 else []
             done = self._changed(q, "done", st.done) if self.forward_alerts and q == 0 else None
             if not (got["parts"] or found or alerts) and scored is None and done is None:
@@ -407,14 +410,14 @@ class FleetTask:
             why = f"sender {sender} is not another fleet partition (0..{st.shards - 1}, not {st.shard})"
             return [_dead(UNKNOWN_PARTITION, why, m, body)]
         try:
-            msg = peers.decode(body, st.models, sender, st.shard)
+            msg = peers.decode(body, st.models, sender, st.shard, st.shards)
         except peers.PeerError as e:
             return [_dead(TOO_LARGE if e.kind == "size" else WRONG_TYPE, str(e), m, body)]
         dead: list[DeadLetter] = []
         if msg.alerts:
             dead += self._apply_alerts(AlertBatch(msg.alerts), m, body)
         st.accept_parts(sender, msg.parts)
-        st.accept_findings(msg.findings, msg.scored)
+        st.accept_findings(sender, msg.findings, msg.scored)
         if msg.done is not None:
             self.peer_done[sender] = msg.done
         return dead

@@ -5,7 +5,7 @@
 A body is msgpack (arrays as the model state's extension type, ``pipeline.engine.arrays``) of::
 
     {"parts": [<cohort part>, ...],     # the sender's new cohort parts, in order (to every shard)
-     "findings": [<findings>, ...],     # shard 0 to shard q: the NCCL findings of q's GPUs
+     "findings": [<findings>, ...],     # the sender's scorer to shard q: its lanes' findings of q's GPUs
      "scored": <ts> | None,             # ... complete for every tick before it
      "alerts": [<alert event>, ...],    # shard q to shard 0 (incidents on): its models' alerts
      "done": <ts> | None}               # ... complete before it
@@ -13,13 +13,13 @@ A body is msgpack (arrays as the model state's extension type, ``pipeline.engine
 Each is checked field by field before anything is applied (``decode``): a part as
 ``ModelSet.check_part`` says this build's models make one, findings as
 ``pipeline.models.findings.from_wire`` does, times finite and in the decoder's range (or +inf:
-flushed), sizes bounded, and each kind only on the way it travels (findings only from shard 0,
-alerts only to it). The alerts come back typed, for the fleet task to check one by one as it
+flushed), sizes bounded, and each kind only on the way it travels (findings only of the
+sender's own lanes, ``shards.scorer_of``; alerts only to shard 0). The alerts come back typed, for the fleet task to check one by one as it
 does the host stage's.
 
 >>> body = encode({"parts": [{"epoch": 5, "until": 6}], "scored": 1.7e9})
 >>> from pipeline.models import load_models
->>> msg = decode(body, load_models(), sender=0, receiver=1)
+>>> msg = decode(body, load_models(), sender=0, receiver=1, shards=4)
 >>> msg.parts, msg.scored, msg.done
 ([{'epoch': 5, 'until': 6}], 1700000000.0, None)
 """
@@ -111,9 +111,9 @@ def chunks(
     return out
 
 
-def decode(body: bytes, models: ModelSet, sender: int, receiver: int) -> PeerMessage:
-    """The message in ``body`` from fleet partition ``sender`` to ``receiver``, checked
-    (``PeerError`` saying what is wrong)."""
+def decode(body: bytes, models: ModelSet, sender: int, receiver: int, shards: int) -> PeerMessage:
+    """The message in ``body`` from fleet partition ``sender`` to ``receiver`` (of ``shards``),
+    checked (``PeerError`` saying what is wrong)."""
     try:
         d = decode_state(body)
     except (msgspec.DecodeError, ValueError) as e:
@@ -125,9 +125,6 @@ def decode(body: bytes, models: ModelSet, sender: int, receiver: int) -> PeerMes
         raise PeerError("shape", "parts, findings and alerts are lists")
     if len(parts) > MAX_PARTS or len(found) > MAX_FINDINGS or len(alerts) > MAX_ALERTS:
         raise PeerError("size", f"at most {MAX_PARTS} parts, {MAX_FINDINGS} findings and {MAX_ALERTS} alerts")
-    if found or d["scored"] is not None:
-        if sender != 0 or receiver == 0:
-            raise PeerError("shape", f"findings from shard {sender} to shard {receiver}: only shard 0 scores")
     if alerts or d["done"] is not None:
         if receiver != 0:
             raise PeerError("shape", f"alerts to shard {receiver}: only shard 0 runs the incident stage")
@@ -147,9 +144,14 @@ def decode(body: bytes, models: ModelSet, sender: int, receiver: int) -> PeerMes
     level_gpu = models.nccl_levels()
     for f in found:
         try:
-            msg.findings.append(from_wire(f, level_gpu))
+            got = from_wire(f, level_gpu)
         except FindingsError as e:
             raise PeerError("shape", str(e)) from None
+        # A shard scores its own lanes only (a build before lanes: shard 0 scored them all).
+        owner = 0 if got.lane < 0 else got.lane % shards
+        if owner != sender:
+            raise PeerError("shape", f"findings of lane {got.lane} from shard {sender}: shard {owner} scores it")
+        msg.findings.append(got)
     return msg
 
 

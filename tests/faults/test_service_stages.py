@@ -135,9 +135,10 @@ def test_four_replicas_with_model_shards_split_the_model_work(kafka_bootstrap, t
     assert ids(got) == golden
     no_conflicting_duplicates(got)
     shares = [n / sum(scored) for n in scored]
-    # Every replica's models took a part; the largest is the replica with fleet partition 0, which
-    # also scores every NCCL record (~29 % of the records here; docs/operations.md, Model shards).
-    assert min(shares) > 0.08 and max(shares) < 0.5, shares
+    # Every replica's models took a part, none more than 35 %: the NCCL records (~27 % here) are
+    # scored in two lanes, communicators of 8 and of 64 ranks, on two partitions that kafka's
+    # range assignor gives two replicas (docs/operations.md, Model shards).
+    assert min(shares) > 0.08 and max(shares) <= 0.35, shares
 
 
 def test_separate_stage_processes_and_a_killed_fleet_replica(kafka_bootstrap, topic_prefix, tmp_path, cross_host):

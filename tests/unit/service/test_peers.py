@@ -20,7 +20,7 @@ from pipeline.deadletters import BAD_ALERT, BAD_ENVELOPE, BAD_SIGNATURE, TOO_LAR
 from pipeline.detection import build_stages
 from pipeline.errors import StateError
 from pipeline.incidents import IncidentStage, default_config
-from pipeline.models.findings import Findings
+from pipeline.models.findings import LANES, Findings, lane_of
 from pipeline.models.modelset import decode_state, encode_state
 from pipeline.resources import rules_dir
 from pipeline.schema import AlertEvent, NcclRecord, dcgm
@@ -67,9 +67,13 @@ def _part(task: FleetTask, epoch: int = 1_000, until: int = 1_001) -> dict:
     return decode_state(encode_state(part))
 
 
-def _findings(model: str = "nccl_rank_straggler", host: str = "n1") -> Findings:
+def _findings(model: str = "nccl_rank_straggler", host: str = "n1", lane: int = -1) -> Findings:
+    """Findings of one GPU; lane -1: a build's before lanes, whose shard 0 scored them all."""
     return Findings(model, T0, np.array([-1]), np.array([3.0]), np.array([False]), np.array([T0 + 0.2]), {}, True,
-                    [(host, 0)])
+                    [(host, 0)], lane)
+
+
+LANE_OF_2 = next(k for k in range(LANES) if k % SHARDS == 2)  # a lane shard 2 scores
 
 
 def test_a_signed_part_from_another_shard_reaches_the_exchange(make_engine):
@@ -163,15 +167,21 @@ def test_too_many_parts_in_one_message_are_refused(make_engine):
     assert [d.reason for d in dead] == [TOO_LARGE]
 
 
-def test_findings_come_only_from_shard_0_and_only_well_formed(make_engine):
+def test_findings_come_only_from_their_lanes_scorer_and_only_well_formed(make_engine):
     task = _task(make_engine, 1)
-    assert task.check(_peer(peers.encode({"findings": [_findings()], "scored": T0 + 1}), 0)) == []
-    assert task.stage.scored == T0 + 1 and len(task.stage.models.nccl.inbox) == 1
-    # Read again: the tick's findings are not taken twice.
-    assert task.check(_peer(peers.encode({"findings": [_findings()], "scored": T0 + 1}), 0, offset=1)) == []
+    mine = _findings(lane=LANE_OF_2)
+    assert task.check(_peer(peers.encode({"findings": [mine], "scored": T0 + 1}), 2)) == []
+    assert task.stage.scored_by[2] == T0 + 1 and len(task.stage.models.nccl.inbox) == 1
+    assert task.stage.scored == -math.inf  # the other scorers have said nothing yet
+    # Read again: the lane's tick is not taken twice; another lane's of the same tick is.
+    assert task.check(_peer(peers.encode({"findings": [mine], "scored": T0 + 1}), 2, offset=1)) == []
     assert len(task.stage.models.nccl.inbox) == 1
+    other = _findings(lane=LANE_OF_2 + SHARDS)
+    assert task.check(_peer(peers.encode({"findings": [other], "scored": T0 + 1}), 2, offset=2)) == []
+    assert len(task.stage.models.nccl.inbox) == 2
     hostile = [
-        (peers.encode({"findings": [_findings()], "scored": T0 + 2}), 2),            # not the scorer
+        (peers.encode({"findings": [mine], "scored": T0 + 2}), 3),                   # not its lane's scorer
+        (peers.encode({"findings": [_findings()], "scored": T0 + 2}), 2),            # all lanes: only shard 0's
         (peers.encode({"findings": [_findings("thermal_hotter_than_load")], "scored": T0 + 2}), 0),   # a DCGM model
         (peers.encode({"findings": [_findings(host="")], "scored": T0 + 2}), 0),
         (peers.encode({"scored": math.nan}), 0),
@@ -179,8 +189,8 @@ def test_findings_come_only_from_shard_0_and_only_well_formed(make_engine):
         (peers.encode({"done": T0}), 0),                                             # alerts' progress, not to shard 1
     ]
     for i, (body, sender) in enumerate(hostile):
-        assert [d.reason for d in task.check(_peer(body, sender, offset=2 + i))] == [WRONG_TYPE]
-    assert task.stage.scored == T0 + 1
+        assert [d.reason for d in task.check(_peer(body, sender, offset=3 + i))] == [WRONG_TYPE]
+    assert task.stage.scored_by == [-math.inf, -math.inf, T0 + 1, -math.inf]
 
 
 def test_findings_over_several_messages_all_arrive_and_the_progress_comes_last(make_engine):
@@ -190,7 +200,7 @@ def test_findings_over_several_messages_all_arrive_and_the_progress_comes_last(m
     assert len(bodies) == 2
     for i, body in enumerate(bodies):
         assert task.check(_peer(body, 0, offset=i)) == []
-        assert task.stage.scored == (-math.inf if i == 0 else T0 + len(found))
+        assert task.stage.scored_by[0] == (-math.inf if i == 0 else T0 + len(found))
     assert [f.tick for f in task.stage.models.nccl.inbox] == [f.tick for f in found]
 
 
@@ -215,7 +225,8 @@ def test_a_peer_message_survives_a_checkpoint(make_engine):
     again = _task(make_engine, 1)
     again.restore(task.snapshot())
     assert again.stage.exchange.published["shard-2"][-1]["epoch"] == 1_000
-    assert again.stage.scored == T0 + 1 and len(again.stage.models.nccl.inbox) == 1
+    assert again.stage.scored_by == [T0 + 1, -math.inf, -math.inf, -math.inf]
+    assert len(again.stage.models.nccl.inbox) == 1
     with pytest.raises(StateError, match="shard 1 of 4"):
         _task(make_engine, 2).restore(task.snapshot())
 
@@ -236,12 +247,14 @@ def test_the_outbox_sends_each_hosts_records_to_its_shard_and_each_mark_to_every
     assert sorted(marks) == list(range(SHARDS))
     from pipeline.service.forwarded import Columns
 
+    nccl_to = []
     for p, bodies in by_part.items():
         for b in bodies:
             if not b.startswith(b"{"):
                 cols = msgspec.msgpack.decode(b, type=Columns)
                 assert {shard_of(h, SHARDS) for h in cols.hosts} <= {p}
-                assert not cols.other or p == 0  # the NCCL record: to the scorer's partition
+                nccl_to += [p] * len(cols.other)
+    assert nccl_to == [lane_of(2) % SHARDS] != [0]  # the NCCL record: to its lane's scorer
 
 
 @settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.too_slow])
