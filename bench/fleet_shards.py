@@ -4,12 +4,13 @@
 
 Replays a ``llama3`` recording of ``--hosts`` hosts at 1 Hz the way ``gpuwarden replay
 --fleet-shards N`` does (pipeline/shards.py: the DCGM records by host to N shard engines, the
-NCCL and progress records to one scorer, cohort parts and NCCL findings between them) and
-reports, for each N, every engine's share of the records its models scored and of the time the
-fleet stage's engines spent (``ShardedFleet.busy``), the busiest engine's share, and that the
-alerts equal the one-engine run's. From the busiest share it projects what one process per
-shard would need to score for a 100,000-GPU fleet at 1 Hz, given the one-engine rate here. The
-goal (docs/performance.md): no engine above 35 % with 4 shards. Not a test: a benchmark.
+NCCL records by lane to N scorers, cohort parts and NCCL findings between them) and reports,
+for each N, every engine's share of the records its models scored and of the time the fleet
+stage's engines spent (``ShardedFleet.busy``), each shard's (shard i and scorer i: what one
+process per fleet partition runs), the busiest shard's share, and that the alerts equal the
+one-engine run's. From the busiest share it projects what one process per shard would need to
+score for a 100,000-GPU fleet at 1 Hz, given the one-engine rate here. The goal
+(docs/performance.md): no shard above 35 % with 4 shards. Not a test: a benchmark.
 """
 
 from __future__ import annotations
@@ -55,8 +56,11 @@ def run(data: list[list], shards: int) -> dict:
         n, t = sum(recs.values()) or 1, sum(busy.values()) or 1.0
         out["engines"] = {k: {"records": recs[k], "share": recs[k] / n, "busy_s": busy[k], "busy_share": busy[k] / t}
                           for k in sorted(recs)}
-        out["max_share"] = max(v["share"] for v in out["engines"].values())
-        out["max_busy_share"] = max(v["busy_share"] for v in out["engines"].values())
+        # One process per fleet partition runs shard i and scorer i.
+        out["processes"] = {k: {"share": (recs[k] + recs[c]) / n, "busy_share": (busy[k] + busy[c]) / t}
+                            for k, c in zip(fleet.keys, fleet.scorers)}
+        out["max_share"] = max(v["share"] for v in out["processes"].values())
+        out["max_busy_share"] = max(v["busy_share"] for v in out["processes"].values())
     else:
         out["max_share"] = out["max_busy_share"] = 1.0
     return out
@@ -94,11 +98,12 @@ def main() -> int:
           f"{rate:,.0f} GPU-samples/s, the fleet stage's engines {fleet_rate:,.0f} per second of their time")
     for r in runs:
         print(f"  {r['shards']} shard(s): {r['n_alerts']} alert events, same as one engine: {r['same_alerts']}; "
-              f"busiest engine {100 * r['max_share']:.0f} % of the records, {100 * r['max_busy_share']:.0f} % of the time")
+              f"busiest shard (and its scorer) {100 * r['max_share']:.0f} % of the records, "
+              f"{100 * r['max_busy_share']:.0f} % of the time")
         for k, v in r.get("engines", {}).items():
             print(f"    {k:8s} {v['records']:>9,} records ({100 * v['share']:.0f} %), {v['busy_s']:.2f} s "
                   f"({100 * v['busy_share']:.0f} %)")
-    print(f"  100,000 GPUs at 1 Hz with {biggest['shards']} shards: the busiest engine's work is "
+    print(f"  100,000 GPUs at 1 Hz with {biggest['shards']} shards: the busiest shard's work is "
           f"{need:,.0f} GPU-samples/s, {projection['busiest_vs_one_engine']:.1f}x what one engine scores; "
           f"about {projection['shards_for_1hz']:.0f} shards (one core each) hold the fleet if the work spreads evenly")
     if args.json:

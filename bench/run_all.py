@@ -307,11 +307,12 @@ def bench_shards(plan: Plan) -> tuple[dict, list[dict]]:
     figs = []
     for run in raw["runs"]:
         n = run["shards"]
-        engines = run.get("engines", {})
-        figs.append(figure(f"shards.max_busy_share.{n}", f"busiest engine's share of the model time, {n} shard(s)",
+        shards = run.get("processes", {})
+        figs.append(figure(f"shards.max_busy_share.{n}",
+                           f"busiest shard's (and its scorer's) share of the model time, {n} shard(s)",
                            "fraction", [run["max_busy_share"]], shards=n, hosts=hosts,
                            record_share=run["max_share"], same_alerts=run["same_alerts"],
-                           engines={k: [v["share"], v["busy_share"]] for k, v in engines.items()}))
+                           engines={k: [v["share"], v["busy_share"]] for k, v in shards.items()}))
     return {"name": "shards", "gpus": hosts * 8, "wall_s": wall, "raw": raw}, figs
 
 
@@ -562,12 +563,13 @@ def render_markdown(result: dict, json_path: str | None = None) -> str:
     if sh:
         out += [f"### The models in shards by host, one process ({sh[0]['hosts']} hosts of `llama3` at 1 Hz)", "",
                 "`replay --fleet-shards N` (pipeline/shards.py): the DCGM records by host to N shard engines, the "
-                "NCCL and progress records to one scorer. Shares are of the records the engines' models scored and "
-                "of the time they spent (`ShardedFleet.busy`). Goal: with 4 shards no engine above 35 %.", ""]
+                "NCCL records by lane to N scorers; shard i and scorer i are what one process per fleet partition "
+                "runs. Shares are of the records their models scored and of the time they spent "
+                "(`ShardedFleet.busy`). Goal: with 4 shards no shard above 35 %.", ""]
         rows = [[str(f["shards"]), " / ".join(f"{k} {100 * v[0]:.0f} %" for k, v in sorted(f["engines"].items())) or "-",
                  " / ".join(f"{k} {100 * v[1]:.0f} %" for k, v in sorted(f["engines"].items())) or "-",
                  f"{100 * f['median']:.0f} %", "yes" if f["same_alerts"] else "NO"] for f in sh]
-        out += _table(["shards", "records per engine", "time per engine", "busiest (time)", "alerts as one engine"],
+        out += _table(["shards", "records per shard", "time per shard", "busiest (time)", "alerts as one engine"],
                       rows) + [""]
     rep = [f for f in figs if f["id"].startswith("replay.")]
     if rep:

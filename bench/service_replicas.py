@@ -8,18 +8,20 @@ replicas of `serve` (both stages, the default models, in shards by host: ``servi
 ``--shard-models off`` for every model on the one fleet key) should each take a part of the work.
 For each replica count, on a fresh topic prefix (8 telemetry and 8 fleet partitions):
 
-1. publishes a `llama3` recording of ``--hosts`` hosts (per-host messages);
-2. starts that many identical `gpuwarden serve` processes in one consumer group, from the
-   beginning of the topics, and waits until their host stages took every record and the
-   records their fleet stages released (``gpuwarden_fleet_records_total`` on each /metrics:
-   the records its models scored) stop moving;
+1. starts that many identical `gpuwarden serve` processes in one consumer group and waits until
+   both of its groups (telemetry and fleet) are Stable with every replica holding partitions
+   (a replica that joins after the records came would find them taken);
+2. publishes a `llama3` recording of ``--hosts`` hosts (per-host messages) and waits until
+   their host stages took every record and the records their fleet stages released
+   (``gpuwarden_fleet_records_total`` on each /metrics: the records its models scored) stop
+   moving;
 3. reports for each replica its host-stage records (``gpuwarden_records_total``), its
    fleet-stage records and their share of all, and its CPU seconds (``/proc/<pid>/stat``);
 4. deletes the prefix's topics.
 
 From the one-replica run it projects a 100,000-GPU fleet: the single process's rate with the
-models (GPU-samples per CPU second it spent from its start-up on, so one process per core; the
-wall time includes the group's start and is reported beside it), the
+models (GPU-samples per CPU second it spent from the publish on, so one process per core; the
+wall time, from the publish on, is reported beside it), the
 processes a fleet needs at 1 Hz and at one sample per 10 s if the model work spread evenly, and
 what the busiest replica of the largest run would have to score at those rates, as a multiple of
 one process's rate. The goal (docs/performance.md): no replica's models score more than 35 % of
@@ -48,7 +50,7 @@ from service_harness import Service, delete_topics  # noqa: E402
 from service_throughput import metrics_text  # noqa: E402
 
 from pipeline.bus import Topics  # noqa: E402
-from pipeline.bus.kafka import ensure_topics  # noqa: E402
+from pipeline.bus.kafka import ensure_topics, group_settled  # noqa: E402
 from pipeline.recording import publish  # noqa: E402
 
 FLEET_GPUS = 100_000
@@ -93,11 +95,16 @@ def run(bootstrap: str, rec: Path, n_records: int, replicas: int, workdir: Path,
     svcs: list[Service] = []
     try:
         ensure_topics(bootstrap, topics, partitions=8, fleet_partitions=8)
-        publish([str(rec)], bootstrap, topics.telemetry)
         svcs = [Service(config, workdir, f"{group}-{i}") for i in range(replicas)]
+        deadline = time.monotonic() + timeout_s
+        for g in (group, f"{group}.fleet"):
+            while not group_settled(bootstrap, g, replicas, hold_s=3.0):
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"group {g} did not settle with {replicas} members in {timeout_s:.0f}s")
+                time.sleep(1.0)
         cpu0 = [cpu_seconds(s.proc.pid) for s in svcs]
         t0, last, last_change = time.perf_counter(), -1.0, time.perf_counter()
-        deadline = time.monotonic() + timeout_s
+        publish([str(rec)], bootstrap, topics.telemetry)
         while True:
             if time.monotonic() > deadline:
                 raise RuntimeError(f"{replicas} replicas did not score {n_records} records in {timeout_s:.0f}s")
