@@ -86,7 +86,7 @@ def _cmd_replay(args: argparse.Namespace) -> int:
         counts = shares()
         total = sum(counts.values()) or 1
         console.print(
-            "model work by shard (records scored): "
+            "model work by engine (records scored): "
             + ", ".join(f"{k}: {v:,} ({100 * v / total:.0f}%)" for k, v in sorted(counts.items()))
         )
     return 0
@@ -120,8 +120,8 @@ def register(sub: Any) -> None:
         type=int,
         default=1,
         metavar="N",
-        help="run the models' work in N shards by host plus an NCCL scorer, as a partitioned fleet stage "
-        "would (same alerts; prints each shard's share)",
+        help="run the models' work in N shards by host, each with a scorer of NCCL lanes, as a partitioned "
+        "fleet stage would (same alerts; prints each engine's share)",
     )
     r.add_argument("--to-kafka", metavar="BOOTSTRAP", help="publish the recording to <prefix>.telemetry instead")
     r.add_argument("--speed", default="max", help="with --to-kafka: 'max' or a factor of event time (1 = real time)")

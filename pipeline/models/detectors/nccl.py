@@ -5,8 +5,9 @@ Both read per-rank NCCL records (one per rank per communicator per reporting int
 ``RankStraggler``: in a synchronous collective a slow rank arrives last, so the *other* ranks'
 kernels start early and spin: their execution time grows by the wait while the slow rank's does
 not. Per communicator and interval, each rank's gap below the communicator's median,
-``(median - own) / median``, in units of the cohort's typical gap, is its score; a GPU's score
-is its worst over its communicators. A job-wide slowdown moves every rank together: the gaps
+``(median - own) / median``, in units of the typical gap of communicators of its size (one
+detector per size: the lanes of pipeline/models/findings.py), is its score; a GPU's score is its
+worst over its communicators. A job-wide slowdown moves every rank together: the gaps
 stay small and no rank is named; likewise a whole host behind in all its communicators of one
 kind (facility power capping) is a host-wide condition and names none of its GPUs.
 
