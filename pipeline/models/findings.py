@@ -420,7 +420,11 @@ def _score(m: Any, lane: int, fr: NcclFrame, t0: float, n_ent: int) -> Findings:
 
 
 def apply_findings(m: Any, f: Findings) -> None:
-    """A tick's findings onto the model's per-entity arrays, which the DCGM rows read."""
+    """A tick's findings onto the model's per-entity arrays, which the DCGM rows read. The model
+    is warm once a lane was; after that a lane still in its warm-up says nothing (its findings
+    alone in a tick, as a new communicator size's are, leave the arrays as they were)."""
+    if not f.warm and m.nccl_warm:
+        return
     if len(f.ent):
         m.ensure(int(f.ent.max()) + 1)
         m.cur[f.ent] = f.score

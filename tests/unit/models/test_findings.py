@@ -7,7 +7,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pipeline.models.findings import LANES, Findings, from_wire, lane_of, lanes, merge, to_wire
+from pipeline.models.findings import LANES, Findings, apply_findings, from_wire, lane_of, lanes, merge, to_wire
 from tests.factories import fuzz_examples
 
 
@@ -83,3 +83,15 @@ def test_a_findings_lane_crosses_the_wire_and_an_old_senders_means_all_lanes():
     old = to_wire(f)
     del old["lane"]
     assert from_wire(old, {"m": True}).lane == -1
+
+
+def test_once_a_lane_is_warm_a_lane_still_learning_alone_in_a_tick_changes_nothing():
+    from pipeline.models import load_models
+
+    m = load_models().models["nccl_rank_straggler"]
+    apply_findings(m, _lane(3, [(0, 1.0, False)], warm=False))
+    assert not m.nccl_warm and m.cur[0] == 1.0  # before any lane is warm: applied, scores hidden
+    apply_findings(m, _lane(3, [(0, 2.0, False)], warm=True))
+    assert m.nccl_warm and m.cur[0] == 2.0
+    apply_findings(m, _lane(5, [(0, 50.0, True), (1, 50.0, True)], warm=False))  # a new size
+    assert m.nccl_warm and m.cur[0] == 2.0 and not m.flag.any()

@@ -231,6 +231,22 @@ def test_a_peer_message_survives_a_checkpoint(make_engine):
         _task(make_engine, 2).restore(task.snapshot())
 
 
+def test_a_shards_checkpoint_from_before_lanes_is_read(make_engine):
+    """Shard state version 1: shard 0 scored every lane, so its progress word was the only one."""
+    task = _task(make_engine, 1)
+    task.check(_peer(peers.encode({"findings": [_findings()], "scored": T0 + 1}), 0))
+    outer = msgspec.msgpack.decode(task.snapshot())
+    st = decode_state(outer["stage"])
+    st.update(shard_stage=1, scored=st.pop("scored_by")[0], last_tick={"nccl_rank_straggler": T0})
+    outer["stage"] = encode_state(st)
+    again = _task(make_engine, 1)
+    again.restore(msgspec.msgpack.encode(outer))
+    assert again.stage.scored_by == [T0 + 1, -math.inf, -math.inf, -math.inf]
+    # Shard 0's findings of that tick, read again after the upgrade: not taken twice.
+    assert again.check(_peer(peers.encode({"findings": [_findings()], "scored": T0 + 1}), 0, offset=1)) == []
+    assert len(again.stage.models.nccl.inbox) == 1 and again.stage.stats["findings_again"] == 1
+
+
 def test_the_outbox_sends_each_hosts_records_to_its_shard_and_each_mark_to_every_shard():
     box = Outbox(1, 2, TOPIC, group=GROUP, key=FLEET_KEY, shards=SHARDS)
     hosts = [f"gpu-node-{i:03d}" for i in range(12)]
