@@ -11,8 +11,9 @@ which the service carries over the fleet topic (``pipeline.service.fleet``):
   at the start of epoch ``k + LAG_EPOCHS``, so a shard evaluates no further than every shard's
   parts allow (``bound``), as in one process;
 - each scorer's findings for a shard's GPUs, with how far they are complete (``scored_by``): a
-  shard evaluates a tick once every scorer's findings of it are in, and merges a GPU's findings
-  from several lanes (``findings.merge``) as one process does;
+  shard evaluates a tick once the findings of it are in from every scorer that the marks say
+  was sent NCCL records (``nccl_sent``; a scorer without any says nothing and is not waited
+  for), and merges a GPU's findings from several lanes (``findings.merge``) as one process does;
 - how far each shard's alerts are complete (``done``), for the incident stage on shard 0.
 
 What crosses is taken from ``outgoing()`` and fed in with ``accept_parts`` and
@@ -117,6 +118,9 @@ class ShardStage(FleetStage):
         self.exchange = PeerExchange([f"shard-{i}" for i in range(shards)], self.key)
         # How far each shard's scorer's findings for this shard are complete (its own included).
         self.scored_by = [-math.inf] * shards
+        # The scorers any telemetry partition has sent NCCL records to, as their marks say (it
+        # only grows); None: a mark did not say, so every scorer is waited for.
+        self.waits_on: set[int] | None = set()
         # How far this shard's alerts are complete: every tick before it was evaluated.
         self.done = -math.inf
         # A flush begun at a lull (``advance``) that waits for the others' parts.
@@ -148,8 +152,24 @@ class ShardStage(FleetStage):
 
     @property
     def scored(self) -> float:
-        """How far every scorer's findings for this shard are complete."""
-        return min(self.scored_by)
+        """How far the findings for this shard are complete: every scorer's that has NCCL
+        records to score (``waits_on``), and its own."""
+        if self.waits_on is None:
+            return min(self.scored_by)
+        return min([self.own_scored, *(self.scored_by[q] for q in self.waits_on)])
+
+    def nccl_sent(self, partitions: Sequence[int] | None) -> None:
+        """A mark's word on which fleet partitions its task has sent NCCL records to (None: it
+        did not say). A mark covers the records before it, so a scorer is waited for from the
+        first tick it can have findings of."""
+        if partitions is None:
+            self.waits_on = None
+        elif self.waits_on is not None:
+            self.waits_on.update(partitions)
+
+    def tells_progress(self) -> bool:
+        """Whether this shard's scorer is one the others wait for (it was sent NCCL records)."""
+        return self.waits_on is None or self.shard in self.waits_on
 
     @property
     def own_scored(self) -> float:
@@ -190,7 +210,7 @@ class ShardStage(FleetStage):
         they are complete (``scored``)."""
         parts, self.exchange.outgoing = self.exchange.outgoing, []
         found, self._findings_out = self._findings_out, {}
-        return {"parts": parts, "findings": found, "scored": self.own_scored}
+        return {"parts": parts, "findings": found, "scored": self.own_scored if self.tells_progress() else None}
 
     # -- release -----------------------------------------------------------------------------
 
@@ -271,10 +291,11 @@ class ShardStage(FleetStage):
             # flushes would wait for it; said inf, they would run past its findings once the
             # tasks are back.
             if self.own_scored == math.inf:
-                self.own_scored = self.lull + self.engine(SCORER).config.tick
+                self.own_scored = self.lull + self.engine().config.tick
             return
-        self._collect(self.engine(SCORER).advance_to(wm), out)
-        self._hand_over()
+        if SCORER in self.engines:  # made when its first NCCL records come: none, nothing to score
+            self._collect(self.engines[SCORER].advance_to(wm), out)
+            self._hand_over()
         self.own_scored = wm
         self._step_shard(wm, out)
 
@@ -311,8 +332,9 @@ class ShardStage(FleetStage):
         """Every upstream task is final: the scorer flushes; this shard evaluates what it holds
         (as far as the others allow), then publishes an open-ended part and flushes."""
         if self.own_scored < math.inf:
-            self._collect(self.engine(SCORER).flush(), out)
-            self._hand_over()
+            if SCORER in self.engines:
+                self._collect(self.engines[SCORER].flush(), out)
+                self._hand_over()
             self.own_scored = math.inf
         if self.done == math.inf:
             return
@@ -356,6 +378,7 @@ class ShardStage(FleetStage):
                 "exchange": self.exchange.to_state(),
                 "inbox": [to_wire(f) for f in self.models.nccl.inbox],
                 "scored_by": self.scored_by,
+                "waits_on": None if self.waits_on is None else sorted(self.waits_on),
                 "done": self.done,
                 "flushing": self.flushing,
                 "first_ts": self._first_ts,
@@ -386,6 +409,10 @@ class ShardStage(FleetStage):
                     raise StateError(f"{len(scored_by)} scorers' progress for {self.shards} shards")
                 self.scored_by = scored_by
                 self._last_tick = {(str(m), int(lane)): float(t) for m, lane, t in d["last_tick"]}
+            waits = d.get("waits_on")
+            if waits is not None and not all(type(q) is int and 0 <= q < self.shards for q in waits):
+                raise StateError("shard state: scorers waited for outside the shards")
+            self.waits_on = None if waits is None else set(waits)
         except StateError:
             raise
         except (msgspec.DecodeError, KeyError, TypeError, ValueError, FindingsError) as e:

@@ -44,7 +44,7 @@ from pipeline.hang import HangDetector
 from pipeline.incidents import AlertFeed, IncidentEvent, IncidentStage
 from pipeline.rows import Batches
 from pipeline.runner import Totals
-from pipeline.schema import AlertEvent, DeadLetter, TelemetryRecord, encode
+from pipeline.schema import AlertEvent, DeadLetter, NcclRecord, TelemetryRecord, encode
 from pipeline.service import peers
 from pipeline.service.peers import PEER_ENVELOPE
 from pipeline.shards import by_shard, scorer_of
@@ -104,11 +104,14 @@ class Outbox:
         the DCGM fields the fleet stage's engine reads (``Engine.decode_fields``; None: all).
         ``shards``: the models run in that many shards, one per fleet partition
         (``service.shard_models``): a host's DCGM records go to its shard's partition
-        (``shard_of``), the rest and the alerts to partition 0, each mark to every partition."""
+        (``shard_of``), an NCCL record to its lane's scorer's (``scorer_of``), the rest and the
+        alerts to partition 0, each mark to every partition, naming the partitions it has sent
+        NCCL records to (``Mark.nccl``)."""
         self.partition, self.n_upstream, self.topic = partition, n_upstream, topic
         self.group, self.key = group, key
         self.shards = shards
         self._where: dict[str, int] = {}  # each host's fleet partition, hashed once
+        self._nccl_to: set[int] = set()  # the fleet partitions sent NCCL records
         self._records = Batches()
         self._alerts: list[AlertEvent] = []
         self._mark: tuple[float, bool] | None = None
@@ -154,7 +157,13 @@ class Outbox:
             upto, final = self._mark
             body = self._wrap(
                 self._enc.encode(
-                    Mark(self.partition, None if math.isinf(upto) and upto < 0 else upto, final, self.n_upstream)
+                    Mark(
+                        self.partition,
+                        None if math.isinf(upto) and upto < 0 else upto,
+                        final,
+                        self.n_upstream,
+                        None if self.shards is None else sorted(self._nccl_to),
+                    )
                 )
             )
             if self.shards is None:
@@ -173,7 +182,10 @@ class Outbox:
         out: dict[int, Sequence[TelemetryRecord]] = dict(by_shard(dcgm, self.shards, self._where))
         by: dict[int, list[TelemetryRecord]] = {}
         for r in other:
-            by.setdefault(scorer_of(r, self.shards), []).append(r)
+            p = scorer_of(r, self.shards)
+            by.setdefault(p, []).append(r)
+            if isinstance(r, NcclRecord):
+                self._nccl_to.add(p)
         for p, mine in by.items():
             # An NCCL record goes to its lane's scorer, progress to partition 0, after the DCGM rows.
             out[p] = rows.concat([out.get(p, []), mine])[0]
@@ -433,6 +445,8 @@ class FleetTask:
             # mark is new, on a fleet topic made again since: it counts.)
             return []
         passed = st.stats["unresumed"]
+        if isinstance(st, ShardStage):
+            st.nccl_sent(mk.nccl)
         st.mark(mk.mark, -math.inf if mk.upto is None else mk.upto, mk.final, mk.n)
         if st.stats["unresumed"] > passed:
             log.warning(
@@ -462,6 +476,10 @@ class FleetTask:
             return BAD_MARK, f"mark for partition {_num(mk.mark)} sent by partition {sender}"
         if mk.n != self.n_upstream:
             return BAD_MARK, f"mark says {_num(mk.n)} telemetry partitions; this service has {self.n_upstream}"
+        if mk.nccl is not None:
+            shards = self.shard[1] if self.shard is not None else 0
+            if len(mk.nccl) > shards or not all(type(q) is int and 0 <= q < shards for q in mk.nccl):
+                return BAD_MARK, f"mark names NCCL partitions {mk.nccl[:8]} outside this service's {shards} shards"
         if mk.upto is None:
             return None
         if not math.isfinite(mk.upto):

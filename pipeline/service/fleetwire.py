@@ -42,6 +42,9 @@ class Mark(msgspec.Struct):
     upto: float | None  # None: -inf (nothing released yet)
     final: bool = False
     n: int = 1
+    # With model shards: the fleet partitions this task has sent NCCL records to (whose scorers
+    # have findings to wait for); None: not said (every scorer is waited for).
+    nccl: list[int] | None = None
 
 
 class AlertBatch(msgspec.Struct):

@@ -11,7 +11,7 @@ import msgspec
 import pytest
 
 from pipeline.detection import build_stages
-from pipeline.models.findings import from_wire, to_wire
+from pipeline.models.findings import from_wire, lane_of, to_wire
 from pipeline.models.modelset import decode_state, encode_state
 from pipeline.resources import rules_dir
 from pipeline.schema import DcgmRecord, DcgmSample, NcclRecord, NicRecord, ProgressRecord
@@ -40,6 +40,7 @@ class Peers:
         self.again = again
         self.queue: list[list[tuple]] = [[] for _ in range(n)]
         self.alerts: list = []
+        self.nccl_to: set[int] = set()  # what the service's outbox names in its marks
 
     def engine(self, key=None):
         return self.stages[0].engine()
@@ -49,11 +50,14 @@ class Peers:
         for r in records:
             p = shard_of(r.host, self.n) if isinstance(r, DcgmSample) else scorer_of(r, self.n)
             by.setdefault(p, []).append(r)
+            if isinstance(r, NcclRecord):
+                self.nccl_to.add(p)
         for p, recs in by.items():
             self.stages[p].feed(recs, upstream=0)
 
     def mark(self, upstream, upto, final=False, n_upstream=None):
         for s in self.stages:
+            s.nccl_sent(sorted(self.nccl_to))
             s.mark(upstream, upto, final, n_upstream)
 
     def _send(self, i: int) -> None:
@@ -264,6 +268,7 @@ def test_after_a_lull_every_shard_finishes_its_flush_while_the_tasks_are_awaited
                 s[1 - k].accept_parts(k, sent[k]["parts"])
                 s[1 - k].accept_findings(k, sent[k]["findings"].get(1 - k, []), sent[k]["scored"])
     for x in s:
+        x.nccl_sent([0])  # the marks say NCCL records went to shard 0's scorer: shard 1 waits for it
         x.mark(0, T0 + 60)
     rounds(2)
     for x in s:
@@ -272,3 +277,27 @@ def test_after_a_lull_every_shard_finishes_its_flush_while_the_tasks_are_awaited
     assert all(x.resuming == {0: T0 + 119} for x in s)
     assert [(x.flushing, x.done) for x in s] == [(False, math.inf)] * 2
     assert s[0].scored == s[1].scored == T0 + 120    # the lull's tick: no further until they are back
+
+
+def test_a_shard_sent_no_nccl_records_keeps_no_scorer_and_its_progress_runs_with_the_marks():
+    # Each shard scores its own NCCL lanes; one that is sent none holds no scorer engine (eight
+    # idle scorers in one process cost the fleet stage's alerts ~0.3 s at p99 in
+    # bench/service_latency.py), and what it would say of its progress is the marks'.
+    from pipeline.shards import SCORER
+    from tests.factories import T0, sample
+
+    built, diags = build_stages([str(rules_dir())], "auto")
+    assert built is not None, diags
+    host = next(h for h in (f"n{i}" for i in range(50)) if shard_of(h, 2) == 1)
+    st = ShardStage(built.fleet, 1, 2, upstream=1)
+    st.feed([sample(t, host) for t in range(60)], upstream=0)
+    st.mark(0, T0 + 59)
+    st.advance()
+    assert SCORER not in st.engines and st.own_scored == st.last_watermark == T0 + 59
+    size = next(k for k in range(2, 99) if lane_of(k) % 2 == 1)  # a communicator size shard 1 scores
+    nccl = NcclRecord(ts=T0 + 60.0, host=host, comm="c", rank=0, nranks=size, coll="AllReduce", bytes=8,
+                      exec_time_us=5.0)
+    st.feed([nccl], upstream=0)
+    st.mark(0, T0 + 61)
+    st.advance()
+    assert SCORER in st.engines and st.engines[SCORER].stats["records.nccl"] == 1

@@ -16,7 +16,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from pipeline.deadletters import BAD_ALERT, BAD_ENVELOPE, BAD_SIGNATURE, TOO_LARGE, UNKNOWN_PARTITION, UNSIGNED, WRONG_TYPE
+from pipeline.deadletters import BAD_ALERT, BAD_ENVELOPE, BAD_MARK, BAD_SIGNATURE, TOO_LARGE, UNKNOWN_PARTITION, UNSIGNED, WRONG_TYPE
 from pipeline.detection import build_stages
 from pipeline.errors import StateError
 from pipeline.incidents import IncidentStage, default_config
@@ -231,6 +231,37 @@ def test_a_peer_message_survives_a_checkpoint(make_engine):
         _task(make_engine, 2).restore(task.snapshot())
 
 
+def _mark(upto: float, nccl) -> bytes:
+    body = {"mark": 0, "upto": upto, "final": False, "n": 2}
+    if nccl != "absent":
+        body["nccl"] = nccl
+    return envelope(msgspec.json.encode(body), 0)
+
+
+def test_a_shard_waits_for_the_scorers_the_marks_name_and_tells_its_progress_if_named(make_engine):
+    task = _task(make_engine, 1)
+    assert task.stage.waits_on == set() and not task.stage.tells_progress()
+    assert task.check(fleet_message(_mark(T0, [2]), 0, partition=1)) == []
+    assert task.check(fleet_message(_mark(T0 + 1, [1]), 1, partition=1)) == []
+    assert task.stage.waits_on == {1, 2} and task.stage.tells_progress()
+    task.stage.scored_by = [T0 + 9, T0 + 5, T0 + 3, -math.inf]
+    assert task.stage.scored == T0 + 3  # scorers 1 and 2 only: 0 and 3 have nothing to score
+    again = _task(make_engine, 1)
+    again.restore(task.snapshot())
+    assert again.stage.waits_on == {1, 2}
+    # A mark that does not say (a host stage of an earlier build): every scorer, from then on.
+    assert task.check(fleet_message(_mark(T0 + 2, "absent"), 2, partition=1)) == []
+    assert task.stage.waits_on is None and task.stage.scored == -math.inf
+
+
+@pytest.mark.parametrize("nccl", [[SHARDS], [-1], [0] * (SHARDS + 1), ["1"]])
+def test_a_mark_naming_partitions_that_are_not_scorers_is_refused(make_engine, nccl):
+    task = _task(make_engine, 1)
+    dead = task.check(fleet_message(_mark(T0, nccl), 0, partition=1))
+    assert [d.reason for d in dead] == [BAD_MARK if nccl != ["1"] else WRONG_TYPE]
+    assert task.stage.waits_on == set()
+
+
 def test_a_shards_checkpoint_from_before_lanes_is_read(make_engine):
     """Shard state version 1: shard 0 scored every lane, so its progress word was the only one."""
     task = _task(make_engine, 1)
@@ -259,8 +290,10 @@ def test_the_outbox_sends_each_hosts_records_to_its_shard_and_each_mark_to_every
     for topic, _key, value, partition in sends:
         assert topic == TOPIC and partition is not None
         by_part.setdefault(partition, []).append(msgspec.msgpack.decode(value)[2])
-    marks = [p for p, bodies in by_part.items() for b in bodies if b.startswith(b'{"mark"')]
-    assert sorted(marks) == list(range(SHARDS))
+    marks = [(p, b) for p, bodies in by_part.items() for b in bodies if b.startswith(b'{"mark"')]
+    assert sorted(p for p, _ in marks) == list(range(SHARDS))
+    # Each mark names the partitions the task has sent NCCL records to: whose scorers to wait for.
+    assert {msgspec.json.decode(b)["nccl"] == [lane_of(2) % SHARDS] for _, b in marks} == {True}
     from pipeline.service.forwarded import Columns
 
     nccl_to = []
