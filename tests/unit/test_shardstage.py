@@ -196,17 +196,25 @@ def test_an_open_ended_part_lets_the_others_on_and_a_reopened_shard_counts_from_
     assert [p["epoch"] for p in ex.parts(12)] == [10, 12] and ex.parts(13) is None
 
 
+def _second_of_two(seconds: int) -> tuple[ShardStage, str]:
+    """Shard 1 of 2, fed ``seconds`` of one of its hosts' samples (one upstream task)."""
+    from tests.factories import sample
+
+    built, diags = build_stages([str(rules_dir())], "auto")
+    assert built is not None, diags
+    host = next(h for h in (f"n{i}" for i in range(50)) if shard_of(h, 2) == 1)
+    st = ShardStage(built.fleet, 1, 2, upstream=1)
+    st.feed([sample(t, host) for t in range(seconds)], upstream=0)
+    return st, host
+
+
 def test_a_shards_lull_flush_waiting_for_the_others_parts_releases_nothing_new():
     # Every task final (a lull): shard 1 flushes once shard 0's parts allow. Should the tasks
     # resume meanwhile, marking past the lull, their records wait: released into the engine
     # before its flush, they would be taken for the end of their seconds.
     from tests.factories import T0, sample
 
-    built, diags = build_stages([str(rules_dir())], "auto")
-    assert built is not None, diags
-    host = next(h for h in (f"n{i}" for i in range(50)) if shard_of(h, 2) == 1)
-    st = ShardStage(built.fleet, 1, 2, upstream=1)
-    st.feed([sample(t, host) for t in range(120)], upstream=0)
+    st, host = _second_of_two(120)
     st.mark(0, T0 + 119, final=True)
     st.advance()
     assert st.flushing and st.done < math.inf, "shard 0's parts are not in"
@@ -284,13 +292,9 @@ def test_a_shard_sent_no_nccl_records_keeps_no_scorer_and_its_progress_runs_with
     # idle scorers in one process cost the fleet stage's alerts ~0.3 s at p99 in
     # bench/service_latency.py), and what it would say of its progress is the marks'.
     from pipeline.shards import SCORER
-    from tests.factories import T0, sample
+    from tests.factories import T0
 
-    built, diags = build_stages([str(rules_dir())], "auto")
-    assert built is not None, diags
-    host = next(h for h in (f"n{i}" for i in range(50)) if shard_of(h, 2) == 1)
-    st = ShardStage(built.fleet, 1, 2, upstream=1)
-    st.feed([sample(t, host) for t in range(60)], upstream=0)
+    st, host = _second_of_two(60)
     st.mark(0, T0 + 59)
     st.advance()
     assert SCORER not in st.engines and st.own_scored == st.last_watermark == T0 + 59
