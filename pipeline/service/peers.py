@@ -14,8 +14,8 @@ Each is checked field by field before anything is applied (``decode``): a part a
 ``ModelSet.check_part`` says this build's models make one, findings as
 ``pipeline.models.findings.from_wire`` does, times finite and in the decoder's range (or +inf:
 flushed), sizes bounded, and each kind only on the way it travels (findings only of the
-sender's own lanes, ``shards.scorer_of``; alerts only to shard 0). The alerts come back typed, for the fleet task to check one by one as it
-does the host stage's.
+sender's own lanes, ``shards.scorer_of``; alerts only to shard 0). The alerts come back typed,
+for the fleet task to check one by one as it does the host stage's.
 
 >>> body = encode({"parts": [{"epoch": 5, "until": 6}], "scored": 1.7e9})
 >>> from pipeline.models import load_models
