@@ -39,7 +39,8 @@ from pipeline.engine import Engine, EngineOutput
 from pipeline.errors import StateError
 from pipeline.models.cohorts import EPOCH_S, OPEN_ENDED, SharedExchange, epoch_of
 from pipeline.models.findings import Findings, FindingsError, from_wire, to_wire
-from pipeline.models.modelset import ModelSet, decode_state, encode_state
+from pipeline.models.modelset import ModelSet
+from pipeline.models.statecodec import decode_state, encode_state
 from pipeline.schema import TelemetryRecord
 from pipeline.shards import SCORER, scorer_of, split_findings
 from pipeline.topology import FLEET_KEY, FleetStage

@@ -25,7 +25,7 @@ import msgspec
 import numpy as np
 
 from pipeline.catalog import FIELDS
-from pipeline.engine.arrays import EXT_NDARRAY, from_ext, numeric, to_ext
+from pipeline.engine.arrays import numeric
 from pipeline.engine.checks import GPU, CheckMeta
 from pipeline.engine.entities import Entities
 from pipeline.engine.frame import NCCL_KEYS, NcclFrame
@@ -49,6 +49,7 @@ from pipeline.models.deciders import make_decider
 from pipeline.models.findings import LANES, NcclScoring, rounded
 from pipeline.models.detectors._util import nan_to_num
 from pipeline.models.registry import DCGM, REGISTRY, build
+from pipeline.models.statecodec import decode_state, encode_state
 from pipeline.numeric import grow
 
 # 2: arrays and river objects as msgpack extension types; 3: the fleet context; 4: no pickled
@@ -586,12 +587,12 @@ class ModelSet(StageBase):
                 "ent_ev": {str(k): v for k, v in m.ent_ev.items()},
                 "nccl_warm": m.nccl_warm,
             }
-        return msgspec.msgpack.encode(_pack(data))
+        return encode_state(data)
 
     def restore(self, blob: bytes) -> None:
         """Continue where ``snapshot`` stopped; models whose definition changed start fresh."""
         try:
-            data = _decode_state.decode(blob)
+            data = decode_state(blob)
             if not isinstance(data, dict) or data.get("version") not in READS_VERSIONS:
                 v = data.get("version") if isinstance(data, dict) else None
                 raise StateError(f"model state version {v} (this build reads {READS_VERSIONS} only)")
@@ -650,53 +651,8 @@ class ModelSet(StageBase):
         for m in self.models.values():
             for d in m.dets.values():
                 st = d.to_state()
-                total += len(msgspec.msgpack.encode(_pack({k: v for k, v in st.items() if k != "arrays"})))
+                total += len(encode_state({k: v for k, v in st.items() if k != "arrays"}))
         return total
-
-
-# Arrays travel as a msgpack extension value (``pipeline.engine.arrays.to_ext``), never as a
-# marked dict: dict keys in the state come from telemetry (NCCL communicator ids) and must never
-# be read as a type marker. There is no other extension: state is numbers, strings and arrays of
-# numbers, so restoring it runs nothing. Type 2 was a pickled object (model state versions 2 and
-# 3); it is refused, never unpickled.
-_EXT_NDARRAY, _EXT_PICKLE_REFUSED = EXT_NDARRAY, 2
-
-
-def _pack(o: Any) -> Any:
-    if isinstance(o, np.ndarray):
-        return to_ext(o)
-    if isinstance(o, dict):
-        return {str(k): _pack(v) for k, v in o.items()}
-    if isinstance(o, (list, tuple)):
-        return [_pack(v) for v in o]
-    if isinstance(o, (np.floating, np.integer, np.bool_)):
-        return o.item()
-    if o is None or isinstance(o, (str, int, float, bool, bytes)):
-        return o
-    # A detector whose state is an object: a bug here, not something to smuggle into the snapshot.
-    raise TypeError(f"model state holds a {type(o).__name__}; a detector's state is numbers and arrays")
-
-
-def _ext(code: int, data: memoryview) -> Any:
-    if code == _EXT_NDARRAY:
-        return from_ext(data)
-    if code == _EXT_PICKLE_REFUSED:
-        raise StateError("model state holds a pickled object (state version 3 or older); it is not read")
-    raise StateError(f"unknown extension type {code} in model state")
-
-
-_decode_state = msgspec.msgpack.Decoder(ext_hook=_ext)
-
-
-def encode_state(obj: Any) -> bytes:
-    """Numbers, strings, maps and numeric arrays as the model state writes them (msgpack, arrays
-    as extension type 1): what model shards send each other too (pipeline/service/peers.py)."""
-    return msgspec.msgpack.encode(_pack(obj))
-
-
-def decode_state(blob: bytes) -> Any:
-    """What ``encode_state`` wrote; an array's dtype and shape checked, nothing else run."""
-    return _decode_state.decode(blob)
 
 
 def _epoch_parts(det: Any, sums: list[dict[str, Any]], states: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -35,7 +35,8 @@ import msgspec
 from pipeline.decode import TS_MAX, TS_MIN
 from pipeline.models.cohorts import PartError
 from pipeline.models.findings import Findings, FindingsError, from_wire, to_wire
-from pipeline.models.modelset import ModelSet, decode_state, encode_state
+from pipeline.models.modelset import ModelSet
+from pipeline.models.statecodec import decode_state, encode_state
 from pipeline.schema import AlertEvent
 
 PEER_ENVELOPE = 2  # the envelope version of a message between fleet partitions

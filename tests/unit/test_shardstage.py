@@ -12,7 +12,7 @@ import pytest
 
 from pipeline.detection import build_stages
 from pipeline.models.findings import from_wire, lane_of, to_wire
-from pipeline.models.modelset import decode_state, encode_state
+from pipeline.models.statecodec import decode_state, encode_state
 from pipeline.resources import rules_dir
 from pipeline.schema import DcgmRecord, DcgmSample, NcclRecord, NicRecord, ProgressRecord
 from pipeline.shards import scorer_of, shard_of

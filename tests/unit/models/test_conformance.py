@@ -11,7 +11,7 @@ from river import anomaly
 
 from pipeline.models.detectors.halfspace import SMALL, HalfSpaceForest
 from pipeline.models.detectors.hst import KEYS, CohortHalfSpaceTrees, _normalise
-from pipeline.models.modelset import _decode_state, _pack
+from pipeline.models.statecodec import decode_state, pack
 from pipeline.models.protocol import Detector
 from pipeline.models.registry import REGISTRY, build
 from tests.unit.models.factories import HOSTS, TARGETS, auc, one_model, run_scores
@@ -78,7 +78,7 @@ def test_state_round_trip_through_the_snapshot_format_scores_identically(name):
     for x in xs[:80]:
         det.learn_one(x)
     copy = fresh(name)
-    copy.load_state(_decode_state.decode(msgspec.msgpack.encode(_pack(det.to_state()))))
+    copy.load_state(decode_state(msgspec.msgpack.encode(pack(det.to_state()))))
     for x in xs[80:]:
         assert copy.score_one(x) == det.score_one(x)
         copy.learn_one(x)

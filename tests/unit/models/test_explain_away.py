@@ -57,11 +57,11 @@ def test_model_state_from_before_the_fleet_context_is_refused():
 
     from pipeline.errors import StateError
     from pipeline.models import load_models
-    from pipeline.models.modelset import _decode_state, _pack
+    from pipeline.models.statecodec import decode_state, pack
 
     ms = load_models()
-    data = _decode_state.decode(ms.snapshot())
+    data = decode_state(ms.snapshot())
     old = {k: v for k, v in data.items() if k not in ("context", "explained")}
     old["version"] = 2
     with pytest.raises(StateError, match="version 2"):
-        load_models().restore(msgspec.msgpack.encode(_pack(old)))
+        load_models().restore(msgspec.msgpack.encode(pack(old)))

@@ -12,7 +12,8 @@ import pytest
 from pipeline.engine import Engine
 from pipeline.errors import StateError
 from pipeline.models import load_models
-from pipeline.models.modelset import STATE_VERSION, _decode_state, _pack
+from pipeline.models.modelset import STATE_VERSION
+from pipeline.models.statecodec import decode_state, pack
 from tests.unit.models.factories import run_scores
 
 
@@ -37,7 +38,7 @@ def warm_blob(sim_streams) -> bytes:
 
 @pytest.fixture
 def data(warm_blob) -> dict:
-    return _decode_state.decode(warm_blob)
+    return decode_state(warm_blob)
 
 
 def _hst(data: dict) -> dict:
@@ -46,7 +47,7 @@ def _hst(data: dict) -> dict:
 
 
 def _restore(data: dict) -> None:
-    load_models().restore(msgspec.msgpack.encode(_pack(data)))
+    load_models().restore(msgspec.msgpack.encode(pack(data)))
 
 
 def test_snapshot_holds_no_pickle_and_restores(data):
@@ -54,7 +55,7 @@ def test_snapshot_holds_no_pickle_and_restores(data):
     assert data["version"] == STATE_VERSION == 6
     assert forest["l_mass"].dtype == np.int32 and forest["threshold"].dtype == np.float64
     assert forest["r_mass"].sum() > 0
-    blob = msgspec.msgpack.encode(_pack(data))
+    blob = msgspec.msgpack.encode(pack(data))
     assert b"\x80\x04\x95" not in blob            # no pickle protocol-4 frame anywhere
     ms = load_models()
     ms.restore(blob)
@@ -66,7 +67,7 @@ def test_a_version_4_snapshot_is_read_and_its_epochs_start_afresh(data):
     old = dict(data, version=4)
     del old["epochs"]
     ms = load_models()
-    ms.restore(msgspec.msgpack.encode(_pack(old)))
+    ms.restore(msgspec.msgpack.encode(pack(old)))
     assert ms.epochs.open is None and ms.epochs.applied is None
     assert ms.shared_bytes() > 0
 
@@ -85,7 +86,7 @@ def test_a_version_5_snapshots_nccl_detector_is_left_and_the_lanes_start_afresh(
         models[name] = st
     old["models"] = models
     ms = load_models()
-    ms.restore(msgspec.msgpack.encode(_pack(old)))
+    ms.restore(msgspec.msgpack.encode(pack(old)))
     nccl = ms.models["nccl_rank_straggler"]
     assert nccl.dets == {} and nccl.lane_deciders == {}
     assert ms.models["gpu_multivariate"].dets and ms.shared_bytes() > 0
@@ -106,7 +107,7 @@ def test_malformed_epochs_are_a_state_error(data):
 def test_a_pickled_object_in_the_state_is_refused_not_unpickled(tmp_path, data):
     marker = tmp_path / "pwned"
     evil = msgspec.msgpack.Ext(2, pickle.dumps(_Marker(str(marker))))   # what versions 2-3 held
-    packed = _pack(data)
+    packed = pack(data)
     (st,) = packed["models"]["gpu_multivariate"]["dets"].values()
     st["cohort"]["hst"] = evil
     with pytest.raises(StateError, match="pickled object"):
@@ -145,7 +146,7 @@ def test_unknown_extension_types_are_refused(code):
     ["<f8", [2]],                               # malformed
 ])
 def test_arrays_that_are_not_plain_numbers_are_refused(data, parts):
-    packed = _pack(data)
+    packed = pack(data)
     packed["cohort_of"] = msgspec.msgpack.Ext(1, msgspec.msgpack.encode(parts))
     with pytest.raises(StateError):
         load_models().restore(msgspec.msgpack.encode(packed))
@@ -181,7 +182,7 @@ def test_per_entity_arrays_must_agree(data):
 
 def test_pack_refuses_objects_instead_of_pickling_them():
     with pytest.raises(TypeError, match="numbers and arrays"):
-        _pack({"x": object()})
+        pack({"x": object()})
 
 
 def test_queued_nccl_records_must_be_columns_of_one_length(data):

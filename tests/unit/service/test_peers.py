@@ -21,7 +21,7 @@ from pipeline.detection import build_stages
 from pipeline.errors import StateError
 from pipeline.incidents import IncidentStage, default_config
 from pipeline.models.findings import LANES, Findings, lane_of
-from pipeline.models.modelset import decode_state, encode_state
+from pipeline.models.statecodec import decode_state, encode_state
 from pipeline.resources import rules_dir
 from pipeline.schema import AlertEvent, NcclRecord, dcgm
 from pipeline.service import peers
