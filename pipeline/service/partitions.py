@@ -141,8 +141,8 @@ class Membership:
                 make = partial(Engine, self.cfg.engine_config(), row_checks=[], tick_checks=[], screened=True)
 
             shard = (partition, self.n_fleet) if self._shards(stages) else None
-            # With shards, partition 0 runs what reads every host: the NCCL scorer, the hang
-            # detector and the incident stage (the others send it their alerts).
+            # With shards, partition 0 runs what reads every host: the hang detector and the
+            # incident stage (the others send it their alerts).
             alone = shard is None or partition == 0
             incidents = IncidentStage(self.incident_config) if self.incident_config is not None and alone else None
             task = FleetTask(
