@@ -69,6 +69,20 @@ def scorer_of(rec: TelemetryRecord, n: int) -> int:
     return lane_of(rec.nranks) % n if isinstance(rec, NcclRecord) else 0
 
 
+def by_scorer(other: Sequence[TelemetryRecord], n: int) -> dict[int, list[TelemetryRecord]]:
+    """Records that are not DCGM samples by their scorer (``scorer_of``), each in order.
+
+    >>> from pipeline.schema import NcclRecord, ProgressRecord
+    >>> nccl = NcclRecord(ts=1.0, host="a", comm="c", rank=0, nranks=8, coll="AllReduce", bytes=8, exec_time_us=1.0)
+    >>> {s: len(recs) for s, recs in by_scorer([nccl, nccl], 8).items()}
+    {3: 2}
+    """
+    out: dict[int, list[TelemetryRecord]] = {}
+    for r in other:
+        out.setdefault(scorer_of(r, n), []).append(r)
+    return out
+
+
 def split_findings(found: Sequence[Findings], levels: Mapping[str, bool], n: int) -> list[list[Findings]]:
     """Named findings by the shard of the hosts they name, for each of ``n`` shards: every
     shard gets every tick's findings, its own rows or none (the model's warmth comes with
@@ -127,9 +141,7 @@ class ShardedFleet(FleetStage):
             dcgm, other = rows.split(recs)
             for s, part in by_shard(dcgm, n, self._where).items():
                 out[self.keys[s]] = part
-            by: dict[int, list[TelemetryRecord]] = {}
-            for r in other:
-                by.setdefault(scorer_of(r, n), []).append(r)
+            by = by_scorer(other, n)
             for i in sorted(by):
                 out[self.scorers[i]] = by[i]
             if len(recs) and self._first is None:

@@ -42,7 +42,7 @@ from pipeline.models.findings import Findings, FindingsError, from_wire, to_wire
 from pipeline.models.modelset import ModelSet
 from pipeline.models.statecodec import decode_state, encode_state
 from pipeline.schema import TelemetryRecord
-from pipeline.shards import SCORER, scorer_of, split_findings
+from pipeline.shards import SCORER, by_scorer, split_findings
 from pipeline.topology import FLEET_KEY, FleetStage
 
 # 2: a scorer on every shard (``scored_by``); a version 1 state (shard 0 scored) is read.
@@ -278,8 +278,7 @@ class ShardStage(FleetStage):
             if self.models.epochs.open is None:
                 self._first_ts = min(self._first_ts, float(rows.times(mine).min()))
         if other:
-            n = self.shards
-            mine_too = [r for r in other if scorer_of(r, n) == self.shard]
+            mine_too = by_scorer(other, self.shards).get(self.shard, [])
             self.stats["misrouted"] += len(other) - len(mine_too)
             if mine_too:
                 out[SCORER] = mine_too

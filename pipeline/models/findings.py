@@ -22,6 +22,7 @@ lanes are ``merge``-d into one the same way wherever they meet (docs/models.md#n
 
 from __future__ import annotations
 
+import functools
 import math
 import zlib
 from dataclasses import dataclass, field, replace
@@ -91,6 +92,7 @@ class Findings:
 LANES = 64
 
 
+@functools.lru_cache(maxsize=4096)  # a fleet has a handful of sizes; every NCCL record asks
 def lane_of(nranks: int) -> int:
     """The lane of a communicator of ``nranks`` ranks: the same in every process (crc32).
 

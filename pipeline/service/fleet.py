@@ -47,7 +47,7 @@ from pipeline.runner import Totals
 from pipeline.schema import AlertEvent, DeadLetter, NcclRecord, TelemetryRecord, encode
 from pipeline.service import peers
 from pipeline.service.peers import PEER_ENVELOPE
-from pipeline.shards import by_shard, scorer_of
+from pipeline.shards import by_scorer, by_shard
 from pipeline.shardstage import ShardStage
 from pipeline.service.fleetwire import (
     ALERTS_PREFIX,
@@ -180,13 +180,9 @@ class Outbox:
             return [(None, recs)] if len(recs) else []
         dcgm, other = rows.split(recs)
         out: dict[int, Sequence[TelemetryRecord]] = dict(by_shard(dcgm, self.shards, self._where))
-        by: dict[int, list[TelemetryRecord]] = {}
-        for r in other:
-            p = scorer_of(r, self.shards)
-            by.setdefault(p, []).append(r)
-            if isinstance(r, NcclRecord):
+        for p, mine in by_scorer(other, self.shards).items():
+            if p not in self._nccl_to and any(isinstance(r, NcclRecord) for r in mine):
                 self._nccl_to.add(p)
-        for p, mine in by.items():
             # An NCCL record goes to its lane's scorer, progress to partition 0, after the DCGM rows.
             out[p] = rows.concat([out.get(p, []), mine])[0]
         return sorted(out.items())
