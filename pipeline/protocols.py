@@ -16,7 +16,7 @@ mypy (assignments to these types).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Protocol, Sequence, runtime_checkable
+from typing import TYPE_CHECKING, Mapping, Protocol, Sequence, runtime_checkable
 
 from pipeline.engine import EngineOutput
 from pipeline.schema import TelemetryRecord
@@ -52,6 +52,8 @@ class Detector(Protocol):
     @property
     def released(self) -> float: ...
 
+    def hosts_ahead(self) -> dict[str, float]: ...
+
     @property
     def decode_fields(self) -> tuple[str, ...]: ...
 
@@ -75,11 +77,15 @@ class Detector(Protocol):
 class FleetSide(Protocol):
     """What a host stage forwards to: its accepted records (``feed``) and how far it has released
     (``mark``: every record it forwards later is at or after ``upto``; ``final``: it holds nothing
-    back). The ``FleetStage`` in process, the service's ``Outbox`` to the fleet topic."""
+    back; ``hosts``: hosts it has released further on their own, each with how far: it forwards
+    no more of that host's DCGM samples before it). The ``FleetStage`` in process, the service's
+    ``Outbox`` to the fleet topic."""
 
     def feed(self, records: Sequence[TelemetryRecord]) -> None: ...
 
-    def mark(self, upstream: int, upto: float, final: bool = False) -> None: ...
+    def mark(
+        self, upstream: int, upto: float, final: bool = False, *, hosts: Mapping[str, float] | None = None
+    ) -> None: ...
 
 
 @runtime_checkable

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from typing import Any, Callable, Iterable, Sequence, Union
+from typing import Any, Callable, Iterable, Mapping, Sequence, Union
 
 import msgspec
 import numpy as np
@@ -87,6 +87,9 @@ class FleetStage:
         # The newest event time each upstream task has forwarded (fed with ``upstream``): how far
         # its marks may go (pipeline/service/fleet.py, FleetTask.lead).
         self.forwarded: dict[int, float] = {}
+        # How far each host's rows went early upstream (its task's ``Engine.hosts_ahead``, sent
+        # with its marks): the hosts whose rows of the next tick may run before the whole tick.
+        self.hosts_ahead: dict[str, float] = {}
         self.released = -math.inf  # every record older than this went to an engine
         # The watermark of the last ``advance`` (inf once every upstream task was final): how far
         # what runs after the stage may release (the incident stage's AlertFeed).
@@ -103,7 +106,7 @@ class FleetStage:
         self.replay_until = -1
         self.stats: dict[str, int] = {
             "fed": 0, "duplicate": 0, "late": 0, "replayed": 0, "forced": 0, "released": 0, "dead_again": 0,
-            "unresumed": 0,
+            "unresumed": 0, "early": 0,
         }  # fmt: skip
 
     def engine(self, key: str = FLEET_KEY) -> Engine:
@@ -138,9 +141,12 @@ class FleetStage:
         if not len(recs):
             return
         c = _Chunk(recs, None if keys is None else list(keys), ts, cols)
+        c.src = upstream
         if upstream is not None:
             self.forwarded[upstream] = max(self.forwarded.get(upstream, -math.inf), c.tmax)
         late = c.ts < self.released
+        if c.keys is None:
+            late |= self._went_early(c)
         if late.any():
             self.stats["replayed" if at is not None and at < self.replay_until else "late"] += int(late.sum())
             if late.all():
@@ -151,9 +157,24 @@ class FleetStage:
         self._n_buf += len(c.records)
         self.stats["fed"] += len(c.records)
 
-    def mark(self, upstream: int, upto: float, final: bool = False, n_upstream: int | None = None) -> None:
+    def mark(
+        self,
+        upstream: int,
+        upto: float,
+        final: bool = False,
+        n_upstream: int | None = None,
+        *,
+        hosts: Mapping[str, float] | None = None,
+    ) -> None:
         """Upstream task ``upstream`` has forwarded every record older than ``upto``; ``final``:
-        it holds nothing back (flushed while idle) until it next marks without it."""
+        it holds nothing back (flushed while idle) until it next marks without it. ``hosts``:
+        its hosts whose rows it ran ahead of ``upto`` on their own, and how far (each has
+        forwarded every DCGM sample older than that)."""
+        if hosts:
+            ahead = self.hosts_ahead
+            for h, t in hosts.items():
+                if t > ahead.get(h, -math.inf):
+                    ahead[h] = t
         if n_upstream is not None:
             self.n_upstream = max(self.n_upstream, n_upstream)
         self.marks[upstream] = max(self.marks.get(upstream, -math.inf), upto)
@@ -205,15 +226,81 @@ class FleetStage:
             self._all_fed()
             self._lulled()
             return out
-        if wm <= self.released:
-            return out
-        self._release(self._take(wm), out)
-        self._advance_engines(wm, out)
-        if self.hang is not None:
-            # Every record before wm went to the detector: what settled by then fires.
-            out.alerts.extend(self.hang.advance(wm))
-        self.released = wm
+        if wm > self.released:
+            self._release(self._take(wm), out)
+            self._advance_engines(wm, out)
+            if self.hang is not None:
+                # Every record before wm went to the detector: what settled by then fires.
+                out.alerts.extend(self.hang.advance(wm))
+            self.released = wm
+        self._release_early(out)
         return out
+
+    def _release_early(self, out: EngineOutput) -> None:
+        """The DCGM rows of the tick after the engine's ``released`` of every host complete for
+        it, before the tick is: a host its task ran ahead (``hosts_ahead``), or any host of a
+        task that has marked past the tick. With host-local stages (the models without NCCL
+        ones, ``ModelSet.host_local``) they score and alert alike run before the other hosts'
+        rows or with them (``Engine.release_early``); the tick's boundary and the rest wait
+        for the marks. With hosts at their own phases of the second, a host's alert through
+        the models then waits for its own sample, not for the latest host's (up to a second)."""
+        if self.hosts_ahead:
+            # Only a host ahead of what the marks released can go early: the rest are forgotten.
+            self.hosts_ahead = {h: t for h, t in self.hosts_ahead.items() if t > self.released}
+        eng = self.engines.get(FLEET_KEY)
+        if eng is None or not math.isfinite(eng.released) or not eng.host_local:
+            return
+        tick = eng.config.tick
+        end = eng.released + tick
+        if abs(eng.next_tick - end) > 1e-6 * tick:
+            return
+        past = {p for p, m in self.marks.items() if m >= end}
+        ahead = {h for h, t in self.hosts_ahead.items() if t >= end}
+        if not past and not ahead:
+            return
+        go: list[_Chunk] = []
+        stay: list[_Chunk] = []
+        for c in self._chunks:
+            if c.tmin >= end or c.keys is not None:
+                stay.append(c)
+                continue
+            cols = c.sort_columns()
+            if c.src in past:
+                ready = np.ones(len(cols.hosts), bool)
+            else:
+                ready = np.fromiter(map(ahead.__contains__, cols.hosts), bool, len(cols.hosts))
+            sel = (c.ts < end) & (cols.kind == 0) & ready[cols.host] if len(cols.hosts) else None
+            if sel is None or not sel.any():
+                stay.append(c)
+                continue
+            go.append(c.take(sel))
+            if not sel.all():
+                stay.append(c.take(~sel))
+        if not go:
+            return
+        batch = self._take_chunks(go, stay)
+        if not batch:
+            return
+        recs = batch[FLEET_KEY]
+        hosts = dict.fromkeys(rows.hosts(recs), end)
+        self.stats["early"] += len(recs)
+        self._release(batch, out)
+        self._collect(eng.release_early(hosts), out)
+
+    def _went_early(self, c: "_Chunk") -> np.ndarray:
+        """Which of a fed chunk's records are DCGM samples of a tick whose rows of their host
+        already ran early (``_release_early``): sent again (an upstream replay), dropped as late."""
+        eng = self.engines.get(FLEET_KEY)
+        no = np.zeros(len(c.ts), bool)
+        if eng is None or not len(c.ts) or c.tmin >= eng.next_tick:
+            return no
+        done = eng.host_done[: eng.entities.n_hosts]
+        if not (done > eng.released).any():
+            return no
+        cols = c.sort_columns()
+        ids = eng.entities.host_id
+        bound = np.array([done[ids[h]] if h in ids else -math.inf for h in cols.hosts], np.float64)
+        return (cols.kind == 0) & (c.ts < bound[cols.host]) if len(cols.hosts) else no
 
     def _all_fed(self) -> None:
         """Everything fed went to the engines: a record sent again later (an upstream replay) is
@@ -257,6 +344,11 @@ class FleetStage:
                 before = c.ts < wm
                 go.append(c.take(before))
                 stay.append(c.take(~before))
+        return self._take_chunks(go, stay)
+
+    def _take_chunks(self, go: list["_Chunk"], stay: list["_Chunk"]) -> dict[str, Sequence[TelemetryRecord]]:
+        """The records of ``go``, by key, each key's in canonical order and without records
+        forwarded twice; ``stay`` stays buffered."""
         recs, where = rows.concat([c.records for c in go])
         if not len(recs):
             self._chunks = stay
@@ -385,7 +477,7 @@ class _Chunk:
     """One feed's records, their keys (None: all the one fleet key), event times and sort columns
     (None: read off the records when they are released)."""
 
-    __slots__ = ("records", "keys", "ts", "tmin", "tmax", "at", "cols")
+    __slots__ = ("records", "keys", "ts", "tmin", "tmax", "at", "cols", "src")
 
     def __init__(
         self,
@@ -396,6 +488,7 @@ class _Chunk:
     ) -> None:
         self.records, self.keys, self.cols = records, keys, cols
         self.at: int | None = None  # the input position it came from (FleetStage.feed)
+        self.src: int | None = None  # the upstream task that forwarded it (FleetStage.feed)
         self.ts = rows.times(records) if ts is None else ts
         self.tmin, self.tmax = (float(self.ts.min()), float(self.ts.max())) if len(records) else (math.inf, -math.inf)
 
@@ -409,7 +502,7 @@ class _Chunk:
         idx = np.flatnonzero(sel).tolist()
         keys = None if self.keys is None else [self.keys[i] for i in idx]
         c = _Chunk(rows.take(self.records, sel), keys, self.ts[sel], None if self.cols is None else self.cols.take(sel))
-        c.at = self.at
+        c.at, c.src = self.at, self.src
         return c
 
 
@@ -482,6 +575,10 @@ class Topology:
     @property
     def released(self) -> float:
         return self.host.released
+
+    def hosts_ahead(self) -> dict[str, float]:
+        """The host stage's hosts whose rows went ahead of ``released`` (``Engine.hosts_ahead``)."""
+        return self.host.hosts_ahead()
 
     @property
     def decode_fields(self) -> tuple[str, ...]:

@@ -87,3 +87,15 @@ def canonical_reference(records: list) -> list[int]:
             seen.add(ident)
             out.append(i)
     return out
+
+
+def dcgm_models_file(directory: Path, rules: str | os.PathLike) -> str:
+    """The default ``models.yaml`` beside ``rules`` without its NCCL models, written into
+    ``directory``: a model set whose every model reads DCGM rows (``ModelSet.host_local``)."""
+    import yaml
+
+    doc = yaml.safe_load(Path(rules, "models.yaml").read_text())
+    doc["models"] = [m for m in doc["models"] if not str(m["detector"]).startswith("nccl")]
+    path = Path(directory) / "models.yaml"
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    return str(path)

@@ -35,9 +35,11 @@ def envelope(
     return msgspec.msgpack.encode(Envelope(v, sender, body, tag))
 
 
-def mark_body(mark: Any, upto: Any, final: bool = False, n: Any = 2) -> bytes:
-    """A mark's JSON (any values, for hostile ones: an int past 2^64 is written as is)."""
-    return f'{{"mark": {mark}, "upto": {"null" if upto is None else upto}, "final": {str(final).lower()}, "n": {n}}}'.encode()
+def mark_body(mark: Any, upto: Any, final: bool = False, n: Any = 2, hosts: str | None = None) -> bytes:
+    """A mark's JSON (any values, for hostile ones: an int past 2^64 is written as is);
+    ``hosts``: the JSON of its hosts released ahead (``Mark.hosts``), as given."""
+    more = "" if hosts is None else f', "hosts": {hosts}'
+    return f'{{"mark": {mark}, "upto": {"null" if upto is None else upto}, "final": {str(final).lower()}, "n": {n}{more}}}'.encode()
 
 
 def records_body(records: list, fields: tuple[str, ...] | None = None) -> bytes:

@@ -19,7 +19,7 @@ import logging
 import math
 import operator
 from collections import Counter
-from typing import Any, Sequence, cast
+from typing import Any, Mapping, Sequence, cast
 
 import numpy as np
 
@@ -395,6 +395,38 @@ class Engine:
         """Whether every stage judges a GPU by its own host's rows alone (``Stage.host_local``):
         then a host's rows of a tick need not wait for the other hosts' (``_release_hosts``)."""
         return all(getattr(s, "host_local", False) for s in self.stages)
+
+    def hosts_ahead(self) -> dict[str, float]:
+        """Each host whose rows went early (``release_hosts``), with how far: what a later stage
+        fed by this one may run of that host before the whole tick (``release_early``).
+
+        >>> Engine().hosts_ahead()
+        {}
+        """
+        done = self.clock.done[: self.entities.n_hosts]
+        ahead = np.flatnonzero(done > self.released)
+        return {self.entities.hosts[i]: float(done[i]) for i in ahead.tolist()}
+
+    def release_early(self, hosts: Mapping[str, float]) -> EngineOutput:
+        """For an engine fed by an earlier stage (``screened``): run the rows of the tick after
+        ``released`` of each host that stage released so far on its own (``hosts``: name → how
+        far, its ``hosts_ahead``), as ``_release_hosts`` does with the hosts complete by this
+        engine's own clock. Nothing when a stage is not host-local, or for a host not seen.
+
+        >>> Engine(screened=True).release_early({"node-1": 10.0}).alerts
+        []
+        """
+        out = EngineOutput()
+        if not hosts or not self.host_local:
+            return out
+        n = self.entities.n_hosts
+        complete = np.full(n, -math.inf)
+        for name, upto in hosts.items():
+            hid = self.entities.host_id.get(name)
+            if hid is not None and hid < n:
+                complete[hid] = upto
+        self._release_hosts(complete, out)
+        return out
 
     def _release_hosts(self, complete: np.ndarray, out: EngineOutput) -> None:
         """With ``release_hosts``: run the rows of the tick after ``released`` of each host

@@ -223,6 +223,12 @@ class ModelSet(StageBase):
         self.tick = tick
         self.source = source
         self.models = {s.name: _Model(s) for s in self.specs}
+        # Whether a GPU's scores read only its own rows and state (``Stage.host_local``): while
+        # every model reads DCGM rows. Their cohort state changes only by epochs, from data
+        # seconds old (cohorts.py), so a host's rows of a tick score alike run before the other
+        # hosts' or with them; an NCCL model's finding for a GPU comes from its communicator's
+        # ranks on other hosts, scored with the whole tick's records.
+        self.host_local = all(m.info.source == DCGM for m in self.models.values())
         self.checks = [ModelCheck(s, self) for s in self.specs if s.alert]
         self._by_name = {c.spec.name: c for c in self.checks}
         self._board: tuple[tuple[str, ...], np.ndarray] | None = None  # _board_power's

@@ -286,6 +286,7 @@ class Service(Membership, CommitProtocol, Upkeep):
         for ps in self.parts.values():
             if isinstance(ps.pipe, FleetTask):  # the fleet stage's own counters
                 self.metrics.fleet_records.inc(ps.pipe.take("released"))
+                self.metrics.fleet_early.inc(ps.pipe.take("early"))
                 self.metrics.fleet_forced.inc(ps.pipe.take(FORCED))
                 for why in DROPPED:
                     self.metrics.fleet_dropped.labels(why).inc(ps.pipe.take(why))

@@ -16,7 +16,7 @@ import hmac
 import logging
 import math
 import operator
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import msgspec
 import numpy as np
@@ -97,6 +97,7 @@ class Outbox:
         key: bytes | None = None,
         fields: Sequence[str] | None = None,
         shards: int | None = None,
+        hosts_ahead: bool = True,
     ) -> None:
         """``partition``: the telemetry partition of the task (each message's sender). ``group``
         and ``key``: what each message's MAC binds it to and is made with (the fleet key,
@@ -106,16 +107,19 @@ class Outbox:
         (``service.shard_models``): a host's DCGM records go to its shard's partition
         (``shard_of``), an NCCL record to its lane's scorer's (``scorer_of``), the rest and the
         alerts to partition 0, each mark to every partition, naming the partitions it has sent
-        NCCL records to (``Mark.nccl``)."""
+        NCCL records to (``Mark.nccl``). ``hosts_ahead``: each mark names the hosts released
+        ahead of it (``Mark.hosts``), for a fleet stage whose models are host-local (never with
+        shards, whose stages wait for whole ticks)."""
         self.partition, self.n_upstream, self.topic = partition, n_upstream, topic
+        self.hosts_ahead = hosts_ahead and shards is None
         self.group, self.key = group, key
         self.shards = shards
         self._where: dict[str, int] = {}  # each host's fleet partition, hashed once
         self._nccl_to: set[int] = set()  # the fleet partitions sent NCCL records
         self._records = Batches()
         self._alerts: list[AlertEvent] = []
-        self._mark: tuple[float, bool] | None = None
-        self._sent: tuple[float, bool] | None = None
+        self._mark: tuple[float, bool, dict[str, float] | None] | None = None
+        self._sent: tuple[float, bool, dict[str, float] | None] | None = None
         self._enc = msgspec.json.Encoder()
         self._columns = Encoder(fields)
 
@@ -130,10 +134,14 @@ class Outbox:
         """Queue the host stage's alerts for the fleet stage's incident stage."""
         self._alerts.extend(events)
 
-    def mark(self, upstream: int, upto: float, final: bool = False) -> None:
+    def mark(
+        self, upstream: int, upto: float, final: bool = False, *, hosts: Mapping[str, float] | None = None
+    ) -> None:
         """Queue this task's progress (``upstream``: its partition, which every message names
-        as its sender anyway); only the latest is sent."""
-        self._mark = (upto, final)
+        as its sender anyway) and its hosts released ahead of it (``hosts``, sent with
+        ``hosts_ahead``); only the latest is sent."""
+        ahead = dict(hosts) if hosts and self.hosts_ahead else None
+        self._mark = (upto, final, ahead)
 
     @property
     def upto(self) -> float:
@@ -154,7 +162,7 @@ class Outbox:
             body = self._enc.encode(AlertBatch(alerts[i : i + MAX_FORWARD_ALERTS]))
             out.append((self.topic, _KEY, self._wrap(body), to))
         if self._mark is not None and self._mark != self._sent:
-            upto, final = self._mark
+            upto, final, ahead = self._mark
             body = self._wrap(
                 self._enc.encode(
                     Mark(
@@ -163,6 +171,7 @@ class Outbox:
                         final,
                         self.n_upstream,
                         None if self.shards is None else sorted(self._nccl_to),
+                        ahead,
                     )
                 )
             )
@@ -269,6 +278,7 @@ class FleetTask:
         # tick of the newest of them (pipeline/engine/engine.py, _whole_bound); the allowed
         # lateness on top is margin, never needed by a mark the host stage wrote.
         self.lead = cfg.allowed_lateness + cfg.tick
+        self.max_hosts = cfg.max_hosts
 
     def handle_guarded(self, messages: Sequence[Message]) -> EngineOutput:
         """Check and apply each message (a bad one is a dead letter), then release what the
@@ -443,7 +453,7 @@ class FleetTask:
         passed = st.stats["unresumed"]
         if isinstance(st, ShardStage):
             st.nccl_sent(mk.nccl)
-        st.mark(mk.mark, -math.inf if mk.upto is None else mk.upto, mk.final, mk.n)
+        st.mark(mk.mark, -math.inf if mk.upto is None else mk.upto, mk.final, mk.n, hosts=mk.hosts)
         if st.stats["unresumed"] > passed:
             log.warning(
                 "fleet: %d telemetry partition(s) not back %.0fs (event time) past the lull are passed "
@@ -476,25 +486,43 @@ class FleetTask:
             shards = self.shard[1] if self.shard is not None else 0
             if len(mk.nccl) > shards or not all(type(q) is int and 0 <= q < shards for q in mk.nccl):
                 return BAD_MARK, f"mark names NCCL partitions {mk.nccl[:8]} outside this service's {shards} shards"
-        if mk.upto is None:
-            return None
-        if not math.isfinite(mk.upto):
-            return BAD_MARK, f"mark upto {mk.upto} is not finite"
+        if mk.hosts is not None:
+            why = self._refuse_hosts(mk.hosts, sender)
+            if why is not None:
+                return why
+        return None if mk.upto is None else self._refuse_time(mk.upto, sender, "mark upto")
+
+    def _refuse_hosts(self, hosts: dict[str, float], sender: int) -> tuple[str, str] | None:
+        """Why a mark's hosts released ahead (``Mark.hosts``) are refused, or None: at most a
+        partition's hosts (``engine.max_hosts``), names as long as an alert's, times as a mark's."""
+        if len(hosts) > self.max_hosts:
+            return BAD_MARK, f"mark names {len(hosts)} hosts ahead; at most {self.max_hosts} (engine.max_hosts)"
+        for h, t in hosts.items():
+            if not 0 < len(h) <= MAX_ALERT_TEXT:
+                return BAD_MARK, f"mark names a host ahead of {len(h)} characters; 1..{MAX_ALERT_TEXT}"
+            if not math.isfinite(t):
+                return BAD_MARK, f"mark says host {h[:64]!r} is ahead to {t}, not finite"
+        return self._refuse_time(max(hosts.values()), sender, "mark's host ahead to") if hosts else None
+
+    def _refuse_time(self, t: float, sender: int, what: str) -> tuple[str, str] | None:
+        """Why a time a mark says its sender released to is refused, or None."""
+        if not math.isfinite(t):
+            return BAD_MARK, f"{what} {t} is not finite"
         if not self.records or self.shard is not None:
             # Rules only: no records to bound a mark by; the decoder's range bounds every time a
             # host-stage engine releases to. With model shards, a fleet partition gets only its
             # hosts' records, and none for long spells when they hash elsewhere or fall silent,
             # so those cannot bound a telemetry partition's progress either: the MAC does.
-            if not TS_MIN <= mk.upto <= TS_MAX:
-                return EARLY_MARK, f"mark upto {mk.upto} outside {TS_MIN:.0f}..{TS_MAX:.0f}"
+            if not TS_MIN <= t <= TS_MAX:
+                return EARLY_MARK, f"{what} {t} outside {TS_MIN:.0f}..{TS_MAX:.0f}"
             return None
         newest = self.stage.forwarded.get(sender, -math.inf)
         if newest == -math.inf:
-            return EARLY_MARK, f"mark upto {mk.upto} from partition {sender}, which has forwarded no record"
-        if mk.upto > newest + self.lead:
+            return EARLY_MARK, f"{what} {t} from partition {sender}, which has forwarded no record"
+        if t > newest + self.lead:
             return (
                 EARLY_MARK,
-                f"mark upto {mk.upto} runs {mk.upto - newest:.3f}s past the newest record partition {sender} "
+                f"{what} {t} runs {t - newest:.3f}s past the newest record partition {sender} "
                 f"forwarded; at most {self.lead}s (engine.allowed_lateness + engine.tick)",
             )
         return None

@@ -12,7 +12,9 @@ On ``<prefix>.fleet`` there are three kinds of message:
   progress records: ``pipeline.topology.Topology``'s ``progress_only``). A JSON array of records (the encoding of earlier builds) is still read;
 - **alerts**: ``{"alerts": [<alert event>, ...]}``, the alerts of a host-stage task, for the
   incident stage the fleet stage runs (``service.incidents``), with the same key;
-- **marks**: ``{"mark": <telemetry partition>, "upto": <ts>, "final": <bool>, "n": <partitions>}``,
+- **marks**: ``{"mark": <telemetry partition>, "upto": <ts>, "final": <bool>, "n": <partitions>}``
+  (and, with model shards, ``"nccl"``: the fleet partitions sent NCCL records; without,
+  ``"hosts"``: ``{<host>: <ts>}``, the hosts released further on their own),
   sent by each host-stage task after the records and alerts they cover, with their key and on
   the same producer, so on their partition a mark follows everything it covers. The other
   fleet partitions get neither: they hold nothing to release.
@@ -45,6 +47,10 @@ class Mark(msgspec.Struct):
     # With model shards: the fleet partitions this task has sent NCCL records to (whose scorers
     # have findings to wait for); None: not said (every scorer is waited for).
     nccl: list[int] | None = None
+    # The sender's hosts whose rows it released ahead of ``upto`` on their own, each with how
+    # far (``Engine.hosts_ahead``): the fleet stage may run their rows of the next tick early
+    # (``FleetStage.mark``). None: none said.
+    hosts: dict[str, float] | None = None
 
 
 class AlertBatch(msgspec.Struct):

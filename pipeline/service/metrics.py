@@ -18,6 +18,12 @@ class Metrics:
             "Records the fleet stage released to its models (docs/operations.md#topology)",
             registry=r,
         )
+        self.fleet_early = Counter(
+            "gpuwarden_fleet_early_records",
+            "Of gpuwarden_fleet_records, those released a host at a time before their second was "
+            "(host-local models, docs/architecture.md#8-the-service-and-its-two-stages)",
+            registry=r,
+        )
         self.fleet_dropped = Counter(
             "gpuwarden_fleet_dropped_records",
             "Records the fleet stage did not give its models, by why: duplicate (forwarded twice by "

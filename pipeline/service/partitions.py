@@ -66,7 +66,7 @@ class ForwardingPipeline(Pipeline):
         out = super().handle_guarded(messages)
         self.outbox.feed(out.forwarded)
         self.outbox.alerts(out.alerts)
-        self.outbox.mark(self.outbox.partition, self.engine.released)
+        self.outbox.mark(self.outbox.partition, self.engine.released, hosts=self.engine.hosts_ahead())
         return out
 
     def flush(self) -> EngineOutput:
@@ -174,6 +174,8 @@ class Membership:
             key=self.fleet_key,
             fields=fields,
             shards=shards,
+            # Hosts released ahead serve only a fleet engine that can run them early.
+            hosts_ahead=isinstance(detector, Topology) and detector.fleet_engine().host_local,
         )
         pipe = ForwardingPipeline(detector, live_decoder(), outbox)
         return PartitionState(partition, pipe, detector, outbox, last_input=now)

@@ -73,6 +73,38 @@ def test_a_forwarding_pipeline_queues_what_it_forwarded_then_its_mark():
     assert len(outbox.take()) == 1 and outbox.final_sent()  # a final mark, the bound unchanged
 
 
+def test_a_forwarding_pipeline_marks_the_hosts_its_engine_released_ahead():
+    from pipeline.bus.base import Message
+    import msgspec
+
+    def marks(box: Outbox) -> list[dict]:
+        bodies = [msgspec.msgpack.decode(v)[2] for _, _, v, _ in box.take()]
+        return [msgspec.json.decode(b) for b in bodies if b.startswith(b'{"mark"')]
+
+    host = Engine()
+    host.release_hosts = True  # as the service's host stage
+    outbox = Outbox(0, 1, "t.fleet")
+    pipe = ForwardingPipeline(Topology(host, _fleet_engine, local_fleet=False), Decoder(), outbox)
+    # n1 samples at .1 of each second, n2 at .8: n1's sample of the last second makes it complete
+    # for it while n2 has not sent it yet.
+    recs = [sample(s + phase, h, 0, gpu_temp=50) for s in range(40) for h, phase in (("n1", 0.1), ("n2", 0.8))]
+    recs.append(sample(40.1, "n1", 0, gpu_temp=50))
+    pipe.handle_guarded([Message("t", 0, i, None, msgspec.json.encode(r)) for i, r in enumerate(recs)])
+    released = pipe.engine.released
+    (mark,) = marks(outbox)
+    assert mark["upto"] == released and mark["hosts"] == {"n1": released + 1}
+    # With model shards the stages wait for whole ticks, and a fleet stage whose models are not
+    # host-local (NCCL models on) runs none early: no hosts go.
+    for box in (Outbox(0, 1, "t.fleet", shards=2), Outbox(0, 1, "t.fleet", hosts_ahead=False)):
+        box.mark(0, released, hosts={"n1": released + 1})
+        assert {m["hosts"] for m in marks(box)} == {None}
+    # A host released further moves the mark though its bound does not.
+    outbox.mark(0, released, hosts={"n1": released + 1})
+    assert marks(outbox) == []
+    outbox.mark(0, released, hosts={"n1": released + 1, "n2": released + 1})
+    assert [m["hosts"] for m in marks(outbox)] == [{"n1": released + 1, "n2": released + 1}]
+
+
 def test_stages_build_one_engine_or_two_stages():
     assert isinstance(Stages(Engine()).detector(), Engine)
     two = Stages(Engine(), _fleet_engine).detector(local_fleet=False)

@@ -19,7 +19,7 @@ from pipeline.schema import NcclRecord
 from pipeline.canonical import canonical_order
 from pipeline.topology import FleetStage, Topology, records_decoder
 from producers.sim.simulator import Simulator
-from tests.factories import T0, sample
+from tests.factories import T0, dcgm_models_file, sample
 
 RULES = str(Path(__file__).resolve().parents[2] / "rules")
 
@@ -399,3 +399,131 @@ def test_rules_only_a_host_stage_forwards_progress_records_alone_and_takes_back_
     assert remote.host.released == old.host.released
     with pytest.raises(StateError):
         Topology(Engine(), _fleet_engine, local_fleet=False).restore(old.host.snapshot())
+
+
+# -- a host's rows through host-local models before the rest of the tick ----------------------
+
+
+@pytest.fixture(scope="module")
+def dcgm_models(tmp_path_factory) -> str:
+    return dcgm_models_file(tmp_path_factory.mktemp("models"), RULES)
+
+
+@pytest.fixture(scope="module")
+def phased() -> list:
+    # Hosts at their own phases of the second, with jitter, a skewed, a late and a joining host
+    # and a fleet-wide power cap (the explain-away's cohort state): the release rule's worst case.
+    sim = Simulator(hosts=6, duration=420, seed=5, scenario="mixed_fleet")
+    values = [v for batch in sim.batches() if batch for _, v in per_host_messages(batch)]
+    return list(Decoder().decode_many(values, [f"m{i}" for i in range(len(values))]).records)
+
+
+def _stage_engine(models: str):
+    det, diags = build_detector([RULES], models)
+    assert isinstance(det, Topology), diags
+    return det.make_fleet_engine
+
+
+def _host_stage_log(records: list, models: str, upstream: int, step: int, seed: int) -> list[tuple]:
+    """What ``upstream`` host-stage tasks, as the service runs them (a host's rows released as
+    soon as it is complete for a tick), write to the fleet partition in a random interleaving:
+    their forwarded records, then a mark with their hosts released ahead (``hosts_ahead``)."""
+    rng = random.Random(seed)
+    tasks = []
+    for _ in range(upstream):
+        det, _ = build_detector([RULES], models)
+        assert isinstance(det, Topology)
+        remote = Topology(det.host, det.make_fleet_engine, local_fleet=False)
+        remote.host.release_hosts = True
+        tasks.append(remote)
+    parts = _split(records, upstream)
+    pos = [0] * upstream
+    log: list[tuple] = []
+    while any(pos[i] < len(parts[i]) for i in range(upstream)):
+        i = rng.choice([k for k in range(upstream) if pos[k] < len(parts[k])])
+        chunk = parts[i][pos[i]:pos[i] + step]
+        pos[i] += len(chunk)
+        log.append(("records", tasks[i].process(chunk).forwarded.joined(), i))
+        log.append(("mark", i, tasks[i].released, False, tasks[i].hosts_ahead()))
+    for i, t in enumerate(tasks):
+        t.flush()
+        log.append(("mark", i, t.released, True, {}))
+    return log
+
+
+def _read_early(st: FleetStage, log: list[tuple], start: int, stop: int, hosts: bool = True) -> tuple[list, int]:
+    """``_read`` with each mark's hosts ahead (none: ``hosts`` false); also how many alerts
+    came out before the marks had released their second (an alert's time at or past the
+    stage's ``released`` when it came)."""
+    alerts, early = [], 0
+    for offset in range(start, stop):
+        m = log[offset]
+        if m[0] == "records":
+            st.feed(m[1], at=offset, upstream=m[2])
+        else:
+            st.mark(m[1], m[2], final=m[3], hosts=m[4] if hosts else None)
+        st.position = offset + 1
+        got = st.advance().alerts
+        early += sum(a.ts >= st.released for a in got)
+        alerts += got
+    return alerts, early
+
+
+def _whole(log: list[tuple], make) -> tuple[list, FleetStage]:
+    """The fleet stage's answer to the log's records released at once, tick by tick."""
+    whole = FleetStage(make, upstream=3)
+    for m in log:
+        if m[0] == "records":
+            whole.feed(m[1], upstream=m[2])
+    return whole.flush().alerts, whole
+
+
+@pytest.mark.parametrize("hosts", [True, False])
+def test_host_local_models_score_a_hosts_rows_before_the_rest_of_the_tick_with_the_same_alerts(phased, dcgm_models,
+                                                                                               hosts):
+    # With the marks' hosts ahead, and without (a task marked past the tick: its hosts' rows go).
+    log = _host_stage_log(phased, dcgm_models, 3, 211, 11)
+    make = _stage_engine(dcgm_models)
+    ref, whole = _whole(log, make)
+    assert any(a.labels.get("source") == "model" for a in ref), "the recording makes model alerts"
+    st = FleetStage(make, upstream=3)
+    assert st.engine().host_local
+    got, early = _read_early(st, log, 0, len(log), hosts=hosts)
+    got += st.flush().alerts
+    assert _keys(got) == _keys(ref)
+    assert st.stats["early"] > 1000 and whole.stats["early"] == 0
+    assert early > 0, "some alert came out before every task had marked past its second"
+    # Every DCGM row reached the models once, early or with its tick.
+    assert st.engine().stats["records.dcgm"] == whole.engine().stats["records.dcgm"]
+
+
+def test_models_with_nccl_ones_wait_for_the_whole_tick(phased):
+    # An NCCL model's finding for a GPU comes from its communicator's ranks on other hosts, scored
+    # with the tick's records: the default models are not host-local, whatever the marks say.
+    log = _host_stage_log(phased[: len(phased) // 3], "auto", 2, 307, 12)
+    st = FleetStage(_stage_engine("auto"), upstream=2)
+    assert any(m[0] == "mark" and m[4] for m in log), "the host stage released hosts ahead"
+    _read_early(st, log, 0, len(log))
+    st.flush()
+    assert not st.engine().host_local and st.stats["early"] == 0
+
+
+@pytest.mark.parametrize("crash_at", [0.3, 0.7])
+def test_a_restored_stage_drops_the_rows_it_ran_early_when_they_are_read_again(phased, dcgm_models, crash_at):
+    log = _host_stage_log(phased, dcgm_models, 3, 173, 13)
+    make = _stage_engine(dcgm_models)
+    ref, whole = _whole(log, make)
+    st = FleetStage(make, upstream=3)
+    cut = int(len(log) * crash_at)
+    alerts, _ = _read_early(st, log, 0, cut)
+    assert st.stats["early"] > 0
+    blob, resume = st.snapshot(replayable=True), st.resume_at()
+    again = FleetStage(make, upstream=3)
+    again.restore(blob, records_decoder(again.engine().decode_fields))
+    more, _ = _read_early(again, log, resume, len(log))
+    alerts += more + again.flush().alerts
+    assert _keys(alerts) == _keys(ref)
+    # What ran early before the checkpoint and was read again reached the models once (the
+    # engine's counts ride in its snapshot).
+    assert again.engine().stats["records.dcgm"] == whole.engine().stats["records.dcgm"]
+    assert again.stats["late"] + again.stats["replayed"] > 0

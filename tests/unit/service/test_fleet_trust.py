@@ -140,6 +140,35 @@ def test_a_mark_with_nothing_forwarded_may_only_say_nothing_released():
     assert _reasons(dead) == ["early_mark"] and "forwarded no record" in dead[0].detail
 
 
+@pytest.mark.parametrize(
+    ("hosts", "reason", "says"),
+    [
+        ('{"n1": 1e17}', "early_mark", "host ahead"),              # far past what partition 0 forwarded
+        (f'{{"n1": {T0 + 40}}}', "early_mark", "host ahead"),     # past its newest record + the lead
+        ('{"n1": "soon"}', "wrong_type", ""),
+        ('["n1"]', "wrong_type", ""),
+        ('{"": %s}' % (T0 + 1), "bad_mark", "characters"),
+        ('{"%s": %s}' % ("n" * 300, T0 + 1), "bad_mark", "characters"),
+    ],
+)
+def test_a_mark_with_hosts_ahead_it_cannot_have_released_is_refused(hosts, reason, says):
+    f = Feeder(_task())
+    f.records(0, [T0, T0 + 1])
+    dead = f.send(envelope(mark_body(0, T0, False, N, hosts), 0))
+    assert _reasons(dead) == [reason] and says in dead[0].detail
+    assert f.task.stage.hosts_ahead == {} and 0 not in f.task.stage.marks
+
+
+def test_a_mark_naming_more_hosts_ahead_than_an_engine_keeps_is_refused():
+    f = Feeder(_task())
+    f.records(0, [T0, T0 + 1])
+    f.task.max_hosts = 3
+    many = "{" + ", ".join(f'"n{i}": {T0 + 1}' for i in range(4)) + "}"
+    assert _reasons(f.send(envelope(mark_body(0, T0, False, N, many), 0))) == ["bad_mark"]
+    assert f.send(envelope(mark_body(0, T0, False, N, '{"n1": %s}' % (T0 + 1)), 0)) == []
+    assert f.task.stage.hosts_ahead == {"n1": T0 + 1}
+
+
 @pytest.mark.parametrize("n", [2**64, 2**64 + 1, 10**400, 1000, 3, 1, 0, -1])
 def test_a_mark_naming_another_partition_count_is_refused(n):
     # Row 2: n of 2^64 or more raised OverflowError in every checkpoint (msgpack): serve died on
@@ -466,12 +495,20 @@ _num = st.one_of(
     st.floats(allow_nan=False, allow_infinity=False),
     st.sampled_from([T0, T0 + 1, 1e17, 1e300, -1e300, 2**64]),
 )
+_hosts_ahead = st.one_of(
+    st.none(),
+    st.dictionaries(st.sampled_from(["a", "b", "", "x" * 300]), _num, max_size=3).map(
+        lambda d: "{" + ", ".join(f'"{k}": {v}' for k, v in d.items()) + "}"
+    ),
+    st.sampled_from(["[]", '{"a": "x"}', '{"a": null}', "7"]),
+)
 _mark = st.builds(
-    lambda mark, upto, final, n: mark_body(mark, upto, final, n),
+    lambda mark, upto, final, n, hosts: mark_body(mark, upto, final, n, hosts),
     st.one_of(st.integers(-6, 3), st.integers(min_value=-(2**70), max_value=2**70)),
     st.one_of(st.none(), _num),
     st.booleans(),
     st.one_of(st.just(N), _num),
+    _hosts_ahead,
 )
 _record_lists = st.lists(
     st.builds(lambda t, h: _rec(t, h), st.one_of(st.floats(T0 - 100, T0 + 100), _num.filter(lambda x: isinstance(x, float))), st.sampled_from(["a", "b", "c"])),

@@ -31,7 +31,7 @@ from pipeline.service.config import load_config_text
 from pipeline.service.forwarded import Columns
 from pipeline.service.state import MemoryStateStore
 from producers.sim.simulator import Simulator
-from tests.factories import Clock
+from tests.factories import Clock, dcgm_models_file
 
 RULES = str(Path(__file__).resolve().parents[3] / "rules")
 KEY = b"unit-test-state-key-0123456789ab"
@@ -171,6 +171,9 @@ def test_any_number_of_replicas_give_the_alerts_of_one_replay(telemetry, referen
     assert any(a["labels"].get("source") == "model" for a in got)
     # Records and marks go to the one fleet key's partition: the others hold nothing to release.
     assert len({m.partition for m in f.bus.messages(f.topics.fleet)}) == 1
+    # The default models include NCCL ones, so the fleet stage waits for whole ticks and the
+    # marks name no hosts released ahead.
+    assert not any(b'"hosts":{"' in m.value for m in f.bus.messages(f.topics.fleet))
 
 
 @pytest.mark.slow
@@ -187,6 +190,36 @@ def test_the_host_stage_runs_a_hosts_rows_before_the_rest_of_the_tick_with_the_s
     assert _ids(f.alerts()) == _ids(reference)
     assert made and all(e.host.release_hosts and e.host.host_local for e in made)
     assert sum(e.host.stats["early_releases"] for e in made) > 100
+
+
+@pytest.mark.slow
+def test_host_local_models_run_a_hosts_rows_early_in_the_fleet_stage_with_the_replays_alerts(tmp_path, telemetry):
+    # Models that all read DCGM rows: the fleet stage runs a host's rows of a tick once the marks
+    # say its task released them (Mark.hosts), through a crash of the fleet replica.
+    models = dcgm_models_file(tmp_path, RULES)
+    reference, reference_incidents = _replay(telemetry, models)
+    assert any(a["labels"].get("source") == "model" for a in reference)
+    f = Fleet(telemetry, max_poll_records=3, models=models)
+    services = [f.service("host"), f.service("fleet")]
+    made: list = []
+    fleet = services[1]
+    fleet._new_part = lambda p, now, new=fleet._new_part: made.append(new(p, now)) or made[-1]
+
+    def crash(svcs: list[Service]) -> None:
+        victim = next(s for s in svcs if s.stage == "fleet")
+        victim.consumer.crash()
+        svcs.remove(victim)
+        again = f.service("fleet")
+        again._new_part = lambda p, now, new=again._new_part: made.append(new(p, now)) or made[-1]
+        svcs.append(again)
+    _run(f, services, steps=20000, events={400: crash})
+    got = f.alerts()
+    assert _ids(got) == _ids(reference)
+    assert _events(f.incidents()) == _events(reference_incidents)
+    assert len(made) >= 2 and all(ps.pipe.stage.engine().host_local for ps in made)
+    assert sum(ps.pipe.stage.stats["early"] for ps in made) > 1000
+    assert services[-1].metrics.fleet_early._value.get() > 0
+    assert any(b'"hosts":{"' in m.value for m in f.bus.messages(f.topics.fleet))
 
 
 # With model shards a third fleet replica joins, so the crash leaves two holding the four shards.
