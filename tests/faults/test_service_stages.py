@@ -3,7 +3,8 @@ faults -- a straggler on a data-parallel communicator spanning every host, a hos
 bandwidth sags, cohort-model alerts -- replayed through Kafka into 1 and 4 replicas joining
 mid-stream (rebalances of both stages), and into separate host- and fleet-stage processes with
 one killed, gives exactly the alert set of `gpuwarden replay` of the file, models on, and exactly
-its incident events (`--incidents-out`) on <prefix>.incidents."""
+its incident events (`--incidents-out`) on <prefix>.incidents; so do host-local models run a
+host's rows early in the fleet stage."""
 
 from __future__ import annotations
 
@@ -88,15 +89,47 @@ def test_replicas_joining_mid_stream_give_the_alerts_of_one_replay(kafka_bootstr
         assert any("state restored" in x.get("message", "") for p in procs[1:] for x in p.lines())
 
 
-def _fleet_records(proc: ServiceProc) -> float:
-    """``gpuwarden_fleet_records_total`` on a replica's /metrics: the records its models scored."""
+def _fleet_records(proc: ServiceProc, metric: str = "gpuwarden_fleet_records_total") -> float:
+    """``gpuwarden_fleet_records_total`` (or ``metric``) on a replica's /metrics: the records its
+    models scored."""
     import re
     import urllib.request
 
     port = next(x["http_port"] for x in proc.lines() if "http_port" in x)
     text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
-    m = re.search(r"^gpuwarden_fleet_records_total (\S+)", text, re.M)
+    m = re.search(rf"^{metric} (\S+)", text, re.M)
     return float(m.group(1)) if m else 0.0
+
+
+def test_host_local_models_run_a_hosts_rows_early_with_the_alerts_of_one_replay(kafka_bootstrap, topic_prefix,
+                                                                                tmp_path):
+    """Models that all read DCGM rows: the fleet stage runs a host's rows of a second once the
+    host stage's marks say it released them (architecture.md §8), through Kafka with the marks
+    signed, and the alerts are still `gpuwarden replay`'s."""
+    import subprocess
+    import sys
+
+    from tests.factories import dcgm_models_file
+    from tests.faults.factories import ROOT, RULES
+    rec = tmp_path / "rec.jsonl"
+    subprocess.run([sys.executable, "-m", "pipeline", "sim", "--hosts", "6", "--duration", "300", "--seed", "5",
+                    "--scenario", "mixed_fleet", "--out", str(rec)], check=True, cwd=ROOT, capture_output=True)
+    models = dcgm_models_file(tmp_path, RULES)
+    golden = golden_alerts(rec, tmp_path, models)
+    assert any(json.loads(x)["labels"].get("source") == "model"
+               for x in (tmp_path / "golden.jsonl").read_text().splitlines())
+    ensure_topics(kafka_bootstrap, Topics(topic_prefix), partitions=4)
+    cfg = write_config(tmp_path / "svc.json", kafka_bootstrap, topic_prefix, models=models)
+    proc = ServiceProc(cfg, tmp_path / "r0.log").start()
+    pub = published_in_background(rec, kafka_bootstrap, topic_prefix, speed=30)
+    pub.join(120)
+    wait_for(lambda: ids(alerts_on_topic(kafka_bootstrap, topic_prefix)) >= golden, timeout=240, step=2,
+             what="every golden alert on the alerts topic")
+    early = _fleet_records(proc, "gpuwarden_fleet_early_records_total")
+    got = _drain([proc], kafka_bootstrap, topic_prefix, tmp_path, golden)
+    assert ids(got) == golden
+    no_conflicting_duplicates(got)
+    assert early > 1000, early
 
 
 def test_four_replicas_with_model_shards_split_the_model_work(kafka_bootstrap, topic_prefix, tmp_path):
