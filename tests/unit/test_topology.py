@@ -478,6 +478,16 @@ def _whole(log: list[tuple], make) -> tuple[list, FleetStage]:
     return whole.flush().alerts, whole
 
 
+def _sampled(interval: float) -> list:
+    """``phased``'s fleet sampled every ``interval`` seconds, as long in samples, a host going
+    silent for good two thirds of the way."""
+    sim = Simulator(hosts=6, duration=420 * interval, interval=interval, seed=5, scenario="mixed_fleet")
+    values = [v for batch in sim.batches() if batch for _, v in per_host_messages(batch)]
+    recs = list(Decoder().decode_many(values, [f"m{i}" for i in range(len(values))]).records)
+    gone = min(r.ts for r in recs) + 280 * interval
+    return [r for r in recs if not (r.host == "gpu-node-003" and r.ts >= gone)]
+
+
 @pytest.mark.parametrize("hosts", [True, False])
 def test_host_local_models_score_a_hosts_rows_before_the_rest_of_the_tick_with_the_same_alerts(phased, dcgm_models,
                                                                                                hosts):
@@ -494,6 +504,20 @@ def test_host_local_models_score_a_hosts_rows_before_the_rest_of_the_tick_with_t
     assert st.stats["early"] > 1000 and whole.stats["early"] == 0
     assert early > 0, "some alert came out before every task had marked past its second"
     # Every DCGM row reached the models once, early or with its tick.
+    assert st.engine().stats["records.dcgm"] == whole.engine().stats["records.dcgm"]
+
+
+@pytest.mark.parametrize("interval", [5.0, 10.0, 30.0])
+def test_early_rows_give_the_same_alerts_at_every_sampling_step(dcgm_models, interval):
+    log = _host_stage_log(_sampled(interval), dcgm_models, 3, 97, int(interval))
+    make = _stage_engine(dcgm_models)
+    ref, whole = _whole(log, make)
+    assert any(a.labels.get("source") == "model" for a in ref), "the recording makes model alerts"
+    st = FleetStage(make, upstream=3)
+    got, _ = _read_early(st, log, 0, len(log))
+    got += st.flush().alerts
+    assert _keys(got) == _keys(ref)
+    assert st.stats["early"] > 0
     assert st.engine().stats["records.dcgm"] == whole.engine().stats["records.dcgm"]
 
 
