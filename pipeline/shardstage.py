@@ -245,7 +245,17 @@ class ShardStage(FleetStage):
         if wm > -math.inf:
             self._advance_engines(wm, out)
             self.released = max(self.released, wm)
+            self._release_early(out)
         return out
+
+    def _rows_engine(self) -> Engine | None:
+        return self.engines.get(self.key)
+
+    def _may_run(self, end: float) -> bool:
+        """A tick's rows run once every shard's parts of the epochs it applies are in, and with
+        NCCL models its findings (those models are not host-local, so none go early anyway)."""
+        bound = self.exchange.bound()
+        return bound is not None and bound * EPOCH_S >= end and not self.reads_findings() and self.done < math.inf
 
     def _begin_flush(self, out: EngineOutput) -> None:
         """Everything buffered to the engines, and a flush to follow (``flushing``): records

@@ -247,12 +247,12 @@ class FleetStage:
         if self.hosts_ahead:
             # Only a host ahead of what the marks released can go early: the rest are forgotten.
             self.hosts_ahead = {h: t for h, t in self.hosts_ahead.items() if t > self.released}
-        eng = self.engines.get(FLEET_KEY)
+        eng = self._rows_engine()
         if eng is None or not math.isfinite(eng.released) or not eng.host_local:
             return
         tick = eng.config.tick
         end = eng.released + tick
-        if abs(eng.next_tick - end) > 1e-6 * tick:
+        if abs(eng.next_tick - end) > 1e-6 * tick or not self._may_run(end):
             return
         past = {p for p, m in self.marks.items() if m >= end}
         ahead = {h for h, t in self.hosts_ahead.items() if t >= end}
@@ -287,10 +287,18 @@ class FleetStage:
         self._release(batch, out)
         self._collect(eng.release_early(hosts), out)
 
+    def _rows_engine(self) -> Engine | None:
+        """The engine that runs the DCGM rows (None: not made yet)."""
+        return self.engines.get(FLEET_KEY)
+
+    def _may_run(self, end: float) -> bool:
+        """Whether the engine may run rows of the tick before ``end`` now, what the marks aside."""
+        return True
+
     def _went_early(self, c: "_Chunk") -> np.ndarray:
         """Which of a fed chunk's records are DCGM samples of a tick whose rows of their host
         already ran early (``_release_early``): sent again (an upstream replay), dropped as late."""
-        eng = self.engines.get(FLEET_KEY)
+        eng = self._rows_engine()
         no = np.zeros(len(c.ts), bool)
         if eng is None or not len(c.ts) or c.tmin >= eng.next_tick:
             return no

@@ -47,7 +47,7 @@ from pipeline.runner import Totals
 from pipeline.schema import AlertEvent, DeadLetter, NcclRecord, TelemetryRecord, encode
 from pipeline.service import peers
 from pipeline.service.peers import PEER_ENVELOPE
-from pipeline.shards import by_scorer, by_shard
+from pipeline.shards import by_scorer, by_shard, shard_of
 from pipeline.shardstage import ShardStage
 from pipeline.service.fleetwire import (
     ALERTS_PREFIX,
@@ -108,10 +108,10 @@ class Outbox:
         (``shard_of``), an NCCL record to its lane's scorer's (``scorer_of``), the rest and the
         alerts to partition 0, each mark to every partition, naming the partitions it has sent
         NCCL records to (``Mark.nccl``). ``hosts_ahead``: each mark names the hosts released
-        ahead of it (``Mark.hosts``), for a fleet stage whose models are host-local (never with
-        shards, whose stages wait for whole ticks)."""
+        ahead of it (``Mark.hosts``; with shards, each partition's mark its own hosts), for a
+        fleet stage whose models are host-local."""
         self.partition, self.n_upstream, self.topic = partition, n_upstream, topic
-        self.hosts_ahead = hosts_ahead and shards is None
+        self.hosts_ahead = hosts_ahead
         self.group, self.key = group, key
         self.shards = shards
         self._where: dict[str, int] = {}  # each host's fleet partition, hashed once
@@ -163,24 +163,35 @@ class Outbox:
             out.append((self.topic, _KEY, self._wrap(body), to))
         if self._mark is not None and self._mark != self._sent:
             upto, final, ahead = self._mark
-            body = self._wrap(
-                self._enc.encode(
-                    Mark(
-                        self.partition,
-                        None if math.isinf(upto) and upto < 0 else upto,
-                        final,
-                        self.n_upstream,
-                        None if self.shards is None else sorted(self._nccl_to),
-                        ahead,
-                    )
-                )
-            )
             if self.shards is None:
-                out.append((self.topic, _KEY, body, None))
+                out.append((self.topic, _KEY, self._mark_body(upto, final, ahead), None))
             else:
-                out += [(self.topic, _KEY, body, p) for p in range(self.shards)]
+                nccl = sorted(self._nccl_to)
+                mine: list[dict[str, float]] = [{} for _ in range(self.shards)]
+                for h, t in (ahead or {}).items():
+                    mine[self._shard(h)][h] = t
+                for p in range(self.shards):
+                    out.append((self.topic, _KEY, self._mark_body(upto, final, mine[p] or None, nccl), p))
             self._sent = self._mark
         return out
+
+    def _mark_body(
+        self, upto: float, final: bool, ahead: dict[str, float] | None, nccl: list[int] | None = None
+    ) -> bytes:
+        return self._wrap(
+            self._enc.encode(
+                Mark(
+                    self.partition, None if math.isinf(upto) and upto < 0 else upto, final, self.n_upstream, nccl, ahead
+                )
+            )
+        )
+
+    def _shard(self, host: str) -> int:
+        """The fleet partition of a host's DCGM records (``shard_of``, hashed once)."""
+        p = self._where.get(host)
+        if p is None:
+            p = self._where[host] = shard_of(host, self.shards or 1)
+        return p
 
     def _by_partition(self, recs: Sequence[TelemetryRecord]) -> list[tuple[int | None, Sequence[TelemetryRecord]]]:
         """The records by the fleet partition they go to (None: the key's), each in order;

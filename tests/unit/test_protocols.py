@@ -14,6 +14,7 @@ from pipeline.service.partitions import ForwardingPipeline
 from pipeline.topology import FleetStage, Topology
 from pipeline.decode import Decoder
 from pipeline.resources import rules_dir
+from pipeline.shards import shard_of
 from tests.factories import sample
 
 
@@ -93,11 +94,21 @@ def test_a_forwarding_pipeline_marks_the_hosts_its_engine_released_ahead():
     released = pipe.engine.released
     (mark,) = marks(outbox)
     assert mark["upto"] == released and mark["hosts"] == {"n1": released + 1}
-    # With model shards the stages wait for whole ticks, and a fleet stage whose models are not
-    # host-local (NCCL models on) runs none early: no hosts go.
-    for box in (Outbox(0, 1, "t.fleet", shards=2), Outbox(0, 1, "t.fleet", hosts_ahead=False)):
-        box.mark(0, released, hosts={"n1": released + 1})
-        assert {m["hosts"] for m in marks(box)} == {None}
+    # A fleet stage whose models are not host-local (NCCL models on) runs none early: no hosts go.
+    box = Outbox(0, 1, "t.fleet", hosts_ahead=False)
+    box.mark(0, released, hosts={"n1": released + 1})
+    assert [m["hosts"] for m in marks(box)] == [None]
+    # With model shards each fleet partition's mark names the hosts of its shard.
+    box = Outbox(0, 1, "t.fleet", shards=4)
+    hosts = {f"n{i}": released + 1 for i in range(12)}
+    box.mark(0, released, hosts=hosts)
+    got: dict[str, int] = {}
+    for _, _, value, partition in box.take():
+        body = msgspec.msgpack.decode(value)[2]
+        if body.startswith(b'{"mark"'):
+            for h in msgspec.json.decode(body)["hosts"] or {}:
+                got[h] = partition
+    assert got == {h: shard_of(h, 4) for h in hosts} and len(set(got.values())) > 1
     # A host released further moves the mark though its bound does not.
     outbox.mark(0, released, hosts={"n1": released + 1})
     assert marks(outbox) == []

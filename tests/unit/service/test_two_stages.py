@@ -192,31 +192,46 @@ def test_the_host_stage_runs_a_hosts_rows_before_the_rest_of_the_tick_with_the_s
     assert sum(e.host.stats["early_releases"] for e in made) > 100
 
 
-@pytest.mark.slow
-def test_host_local_models_run_a_hosts_rows_early_in_the_fleet_stage_with_the_replays_alerts(tmp_path, telemetry):
-    # Models that all read DCGM rows: the fleet stage runs a host's rows of a tick once the marks
-    # say its task released them (Mark.hosts), through a crash of the fleet replica.
-    models = dcgm_models_file(tmp_path, RULES)
-    reference, reference_incidents = _replay(telemetry, models)
-    assert any(a["labels"].get("source") == "model" for a in reference)
-    f = Fleet(telemetry, max_poll_records=3, models=models)
-    services = [f.service("host"), f.service("fleet")]
-    made: list = []
-    fleet = services[1]
-    fleet._new_part = lambda p, now, new=fleet._new_part: made.append(new(p, now)) or made[-1]
+@pytest.fixture(scope="module")
+def phased() -> list[tuple[bytes, bytes]]:
+    # Hosts at their own phases of the second, with jitter, a skewed, a late and a joining host
+    # and a fleet-wide power cap: each host's message sent on its own, as exporters do.
+    sim = Simulator(hosts=8, duration=300, seed=5, scenario="mixed_fleet")
+    return [m for batch in sim.batches() if batch for m in per_host_messages(batch)]
 
-    def crash(svcs: list[Service]) -> None:
-        victim = next(s for s in svcs if s.stage == "fleet")
-        victim.consumer.crash()
-        svcs.remove(victim)
-        again = f.service("fleet")
-        again._new_part = lambda p, now, new=again._new_part: made.append(new(p, now)) or made[-1]
-        svcs.append(again)
-    _run(f, services, steps=20000, events={400: crash})
+
+@pytest.mark.slow
+@pytest.mark.parametrize("shard_models", [False, True])
+def test_host_local_models_run_a_hosts_rows_early_in_the_fleet_stage_with_the_replays_alerts(tmp_path, phased,
+                                                                                            shard_models):
+    # Models that all read DCGM rows: the fleet stage (or each shard) runs a host's rows of a
+    # tick once the marks say its task released them (Mark.hosts). Each host's message is read
+    # on its own, a step of the loop apart, as a paced fleet sends them; the fleet replica
+    # crashes mid-stream and another takes its partitions from their checkpoints.
+    models = dcgm_models_file(tmp_path, RULES)
+    reference, reference_incidents = _replay(phased, models)
+    assert any(a["labels"].get("source") == "model" for a in reference)
+    f = Fleet([], models=models, shard_models=shard_models)
+    made: list = []
+
+    def fleet_replica() -> Service:
+        s = f.service("fleet")
+        s._new_part = lambda p, now, new=s._new_part: made.append(new(p, now)) or made[-1]
+        return s
+    services = [f.service("host"), fleet_replica()]
+    producer = f.bus.producer()
+    for i, (key, value) in enumerate(phased):
+        producer.send(f.topics.telemetry, value, key)
+        f.step(*services)
+        if i == len(phased) // 2:
+            victim = services.pop()
+            victim.consumer.crash()
+            services.append(fleet_replica())
+    _run(f, services, steps=4000)
     got = f.alerts()
     assert _ids(got) == _ids(reference)
     assert _events(f.incidents()) == _events(reference_incidents)
-    assert len(made) >= 2 and all(ps.pipe.stage.engine().host_local for ps in made)
+    assert len(made) >= (8 if shard_models else 2) and all(ps.pipe.stage.engine().host_local for ps in made)
     assert sum(ps.pipe.stage.stats["early"] for ps in made) > 1000
     assert services[-1].metrics.fleet_early._value.get() > 0
     assert any(b'"hosts":{"' in m.value for m in f.bus.messages(f.topics.fleet))
