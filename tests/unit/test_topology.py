@@ -247,20 +247,25 @@ def test_a_restored_fleet_stage_goes_on_exactly_as_one_that_ran_through(records)
     assert _keys(alerts) == whole
 
 
-def _fleet_log(records: list, upstream: int, step: int, seed: int) -> list[tuple]:
-    """What ``upstream`` host-stage tasks write to one fleet partition, in log order: record
-    messages (with their sender) and the marks after them (as ``_through`` feeds them)."""
+def _interleaved(records: list, upstream: int, step: int, seed: int):
+    """The records as ``upstream`` tasks forward them (``_split``), ``step`` at a time from a
+    task drawn at random: (task, chunk, the task's newest record so far, whether it is done)."""
     rng = random.Random(seed)
     parts = _split(records, upstream)
     pos = [0] * upstream
-    log: list[tuple] = []
     while any(pos[i] < len(parts[i]) for i in range(upstream)):
         i = rng.choice([k for k in range(upstream) if pos[k] < len(parts[k])])
         chunk = parts[i][pos[i]:pos[i] + step]
         pos[i] += len(chunk)
+        yield i, chunk, max(r.ts for r in parts[i][:pos[i]]), pos[i] == len(parts[i])
+
+
+def _fleet_log(records: list, upstream: int, step: int, seed: int) -> list[tuple]:
+    """What ``upstream`` host-stage tasks write to one fleet partition, in log order: record
+    messages (with their sender) and the marks after them (as ``_through`` feeds them)."""
+    log: list[tuple] = []
+    for i, chunk, newest, done in _interleaved(records, upstream, step, seed):
         log.append(("records", chunk, i))
-        done = pos[i] == len(parts[i])
-        newest = max(r.ts for r in parts[i][:pos[i]])
         log.append(("mark", i, newest + 1 if done else math.floor(newest - 30), done))
     return log
 
@@ -428,7 +433,6 @@ def _host_stage_log(records: list, models: str, upstream: int, step: int, seed: 
     """What ``upstream`` host-stage tasks, as the service runs them (a host's rows released as
     soon as it is complete for a tick), write to the fleet partition in a random interleaving:
     their forwarded records, then a mark with their hosts released ahead (``hosts_ahead``)."""
-    rng = random.Random(seed)
     tasks = []
     for _ in range(upstream):
         det, _ = build_detector([RULES], models)
@@ -436,13 +440,8 @@ def _host_stage_log(records: list, models: str, upstream: int, step: int, seed: 
         remote = Topology(det.host, det.make_fleet_engine, local_fleet=False)
         remote.host.release_hosts = True
         tasks.append(remote)
-    parts = _split(records, upstream)
-    pos = [0] * upstream
     log: list[tuple] = []
-    while any(pos[i] < len(parts[i]) for i in range(upstream)):
-        i = rng.choice([k for k in range(upstream) if pos[k] < len(parts[k])])
-        chunk = parts[i][pos[i]:pos[i] + step]
-        pos[i] += len(chunk)
+    for i, chunk, _, _ in _interleaved(records, upstream, step, seed):
         log.append(("records", tasks[i].process(chunk).forwarded.joined(), i))
         log.append(("mark", i, tasks[i].released, False, tasks[i].hosts_ahead()))
     for i, t in enumerate(tasks):
