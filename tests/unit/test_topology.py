@@ -10,6 +10,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as hs
 
 from pipeline.bus.telemetry import per_host_messages
 from pipeline.decode import Decoder
@@ -19,7 +21,7 @@ from pipeline.schema import NcclRecord
 from pipeline.canonical import canonical_order
 from pipeline.topology import FleetStage, Topology, records_decoder
 from producers.sim.simulator import Simulator
-from tests.factories import T0, dcgm_models_file, sample
+from tests.factories import T0, dcgm_models_file, fuzz_examples, sample
 
 RULES = str(Path(__file__).resolve().parents[2] / "rules")
 
@@ -550,3 +552,57 @@ def test_a_restored_stage_drops_the_rows_it_ran_early_when_they_are_read_again(p
     # engine's counts ride in its snapshot).
     assert again.engine().stats["records.dcgm"] == whole.engine().stats["records.dcgm"]
     assert again.stats["late"] + again.stats["replayed"] > 0
+
+
+PROBE_MODELS = """models:
+  - name: probe_sbe_burst
+    detector: counter_rate
+    fault: hbm_sbe_rate_anomaly
+    severity: info
+    cohort: gpu_model
+    features: [ecc_sbe_volatile]
+    params: {warmup: 5}
+    decider: {kind: threshold, threshold: 8, clear: 4}
+    warmup: 5
+    keep_firing_for: 5s
+"""
+
+
+@pytest.fixture(scope="module")
+def probe_models(tmp_path_factory) -> str:
+    path = tmp_path_factory.mktemp("probe") / "models.yaml"
+    path.write_text(PROBE_MODELS)
+    return str(path)
+
+
+@settings(max_examples=fuzz_examples(10), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    slots=hs.lists(hs.integers(0, 19), min_size=4, max_size=4),
+    upstream=hs.integers(1, 3),
+    step=hs.integers(1, 40),
+    seed=hs.integers(0, 2**16),
+    bursts=hs.lists(hs.tuples(hs.integers(0, 3), hs.integers(0, 1), hs.integers(8, 60)), max_size=5),
+    gone=hs.one_of(hs.none(), hs.integers(15, 60)),
+)
+def test_property_rows_run_early_give_the_alerts_of_whole_ticks(probe_models, slots, upstream, step, seed, bursts,
+                                                                gone):
+    # Four hosts of two GPUs sampling at their own phases (one of 20 slots of the second), single-
+    # bit ECC bursts the probe model alerts on, host 3 going silent; any number of upstream
+    # tasks, any batching: the fleet stage's early rows change no alert.
+    hit = {(h, g, t) for h, g, t in bursts}
+    records = []
+    for t in range(70):
+        for h in range(4):
+            if gone is not None and h == 3 and t >= gone:
+                continue
+            for g in range(2):
+                count = sum(1000 for (bh, bg, bt) in hit if bh == h and bg == g and bt <= t)
+                records.append(sample(t + slots[h] / 20, f"h{h}", g, ecc_sbe_volatile=count))
+    log = _host_stage_log(records, probe_models, upstream, step, seed)
+    make = _stage_engine(probe_models)
+    ref, whole = _whole(log, make)
+    stage = FleetStage(make, upstream=upstream)
+    got, _ = _read_early(stage, log, 0, len(log))
+    got += stage.flush().alerts
+    assert _keys(got) == _keys(ref)
+    assert stage.engine().stats["records.dcgm"] == whole.engine().stats["records.dcgm"]
