@@ -39,6 +39,19 @@ def shard_of(host: str, n: int) -> int:
     return zlib.crc32(host.encode("utf-8", "surrogatepass")) % n
 
 
+def shard_memo(host: str, n: int, memo: dict[str, int]) -> int:
+    """``shard_of``, each host hashed once (``memo``: host -> shard, kept by the caller).
+
+    >>> memo: dict[str, int] = {}
+    >>> shard_memo("gpu-node-001", 4, memo) == shard_of("gpu-node-001", 4), memo
+    (True, {'gpu-node-001': 1})
+    """
+    s = memo.get(host)
+    if s is None:
+        s = memo[host] = shard_of(host, n)
+    return s
+
+
 def by_shard(dcgm: Sequence[TelemetryRecord], n: int, memo: dict[str, int]) -> dict[int, Sequence[TelemetryRecord]]:
     """DCGM rows by the shard of their host (``shard_of``), each shard's in their order;
     columns stay columns. ``memo``: each host's shard, hashed once.
@@ -50,10 +63,7 @@ def by_shard(dcgm: Sequence[TelemetryRecord], n: int, memo: dict[str, int]) -> d
     """
     by: dict[int, list[int]] = {}
     for i, h in enumerate(rows.hosts(dcgm)):
-        s = memo.get(h)
-        if s is None:
-            s = memo[h] = shard_of(h, n)
-        by.setdefault(s, []).append(i)
+        by.setdefault(shard_memo(h, n, memo), []).append(i)
     return {s: rows.take(dcgm, np.array(ix, np.int64)) for s, ix in by.items()}
 
 

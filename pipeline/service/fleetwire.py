@@ -1,6 +1,6 @@
 """The messages on ``<prefix>.fleet`` (docs/operations.md, "Topology"): what they hold, their
-envelope and its signature. ``pipeline.service.fleet`` sends them (``Outbox``) and reads them
-(``FleetTask``).
+envelope and its signature. ``pipeline.service.outbox`` sends them (``Outbox``) and
+``pipeline.service.fleet`` reads them (``FleetTask``).
 
 On ``<prefix>.fleet`` there are three kinds of message:
 
@@ -37,6 +37,9 @@ import msgspec
 from pipeline.schema import AlertEvent
 
 ENVELOPE_VERSION = 1
+# Alerts per message on the fleet topic (each well under 2 KiB): a message over it is refused
+# (``too_large``), so a forged one costs bounded work.
+MAX_FORWARD_ALERTS = 500
 
 
 class Mark(msgspec.Struct):

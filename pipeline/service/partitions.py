@@ -21,7 +21,8 @@ from pipeline.incidents import IncidentConfig, IncidentStage
 from pipeline.protocols import Detector, PartitionTask
 from pipeline.runner import Pipeline
 from pipeline.service.config import Config
-from pipeline.service.fleet import FleetTask, Outbox
+from pipeline.service.fleet import FleetTask
+from pipeline.service.outbox import Outbox
 from pipeline.service.metrics import Metrics
 from pipeline.service.state import StateStore
 from pipeline.topology import Topology
@@ -66,7 +67,8 @@ class ForwardingPipeline(Pipeline):
         out = super().handle_guarded(messages)
         self.outbox.feed(out.forwarded)
         self.outbox.alerts(out.alerts)
-        self.outbox.mark(self.outbox.partition, self.engine.released, hosts=self.engine.hosts_ahead())
+        ahead = self.engine.hosts_ahead() if self.outbox.hosts_ahead else None
+        self.outbox.mark(self.outbox.partition, self.engine.released, hosts=ahead)
         return out
 
     def flush(self) -> EngineOutput:

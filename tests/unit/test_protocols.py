@@ -9,7 +9,8 @@ from pipeline.detection import Stages, build_detector
 from pipeline.engine import Engine, EngineOutput
 from pipeline.protocols import Detector, FleetSide, PartitionTask
 from pipeline.runner import Pipeline
-from pipeline.service.fleet import FleetTask, Outbox
+from pipeline.service.fleet import FleetTask
+from pipeline.service.outbox import Outbox
 from pipeline.service.partitions import ForwardingPipeline
 from pipeline.topology import FleetStage, Topology
 from pipeline.decode import Decoder

@@ -25,7 +25,8 @@ from pipeline.models.statecodec import decode_state, encode_state
 from pipeline.resources import rules_dir
 from pipeline.schema import AlertEvent, NcclRecord, dcgm
 from pipeline.service import peers
-from pipeline.service.fleet import FleetTask, Outbox
+from pipeline.service.fleet import FleetTask
+from pipeline.service.outbox import Outbox
 from pipeline.service.peers import PEER_ENVELOPE
 from pipeline.shards import shard_of
 from tests.factories import HEALTHY, T0
