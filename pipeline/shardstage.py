@@ -252,10 +252,11 @@ class ShardStage(FleetStage):
         return self.engines.get(self.key)
 
     def _may_run(self, end: float) -> bool:
-        """A tick's rows run once every shard's parts of the epochs it applies are in, and with
-        NCCL models its findings (those models are not host-local, so none go early anyway)."""
+        """A host's rows of a tick run early once every shard's parts of the epochs it applies
+        are in. The NCCL models' findings of the tick need not be: they judge those rows when
+        the tick is whole (``ModelSet.run_deferred``), which waits for the findings."""
         bound = self.exchange.bound()
-        return bound is not None and bound * EPOCH_S >= end and not self.reads_findings() and self.done < math.inf
+        return bound is not None and bound * EPOCH_S >= end and self.done < math.inf
 
     def _begin_flush(self, out: EngineOutput) -> None:
         """Everything buffered to the engines, and a flush to follow (``flushing``): records

@@ -25,7 +25,7 @@ import numpy as np
 
 from pipeline.rows import Combined, DcgmColumns, take
 from pipeline.deadletters import ENTITY_LIMIT, INTERNAL, Origins, take_origins
-from pipeline.engine.arrays import from_dict, to_dict
+from pipeline.engine.arrays import from_dict, numeric, to_dict
 from pipeline.engine.alerts import alert_event, per_host
 from pipeline.engine.checks import GPU, RowCheck, TickCheck, absent_after, builtin_checks
 from pipeline.engine.config import EngineConfig
@@ -48,9 +48,10 @@ from pipeline.engine.screen import (
     stream_order,
 )
 from pipeline.engine.snapshot import decode_records, read_snapshot, write_snapshot
-from pipeline.engine.stage import CheckStage, NicReader, Stage, StageCheck
-from pipeline.engine.state import GpuState, advance
+from pipeline.engine.stage import CheckStage, Deferring, NicReader, Stage, StageCheck
+from pipeline.engine.state import GpuState, View, advance
 from pipeline.engine.ticks import skip_ahead
+from pipeline.errors import StateError
 from pipeline.schema import AlertEvent, DeadLetter, TelemetryRecord
 
 log = logging.getLogger("gpuwarden.engine")
@@ -132,6 +133,9 @@ class Engine:
         # takes whole chunks the watermark has passed and splits at most the chunks it cuts, so
         # its cost does not grow with what stays pending (the start-up hold can be 30 s of data).
         self._chunks: list[Pending] = []
+        # Rows of the tick before ``next_tick`` that ran early (_release_hosts), as (ts, GPU,
+        # host), while a stage's ``deferred`` checks have yet to judge them (_close_early).
+        self._early: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
         self.stats: Counter[str] = Counter()
         self._summaries: dict[str, str] = {}  # alert id -> summary, while firing
 
@@ -366,6 +370,7 @@ class Engine:
         if final:
             upto = self.clock.newest(self.entities.n_hosts)
             self._ticks_until(upto, out)
+            self._close_early(out)  # the last tick's rows have all run: it is whole
             self.released = max(self.released, upto)
         else:
             self._ticks_until(wm, out)
@@ -392,9 +397,14 @@ class Engine:
 
     @property
     def host_local(self) -> bool:
-        """Whether every stage judges a GPU by its own host's rows alone (``Stage.host_local``):
+        """Whether every stage judges a GPU by its own host's rows alone (``Stage.host_local``),
+        but for ``deferred`` checks, judged once the tick is whole, whose scores no stage reads:
         then a host's rows of a tick need not wait for the other hosts' (``_release_hosts``)."""
-        return all(getattr(s, "host_local", False) for s in self.stages)
+        stages = self.stages
+        if not all(getattr(s, "host_local", False) for s in stages):
+            return False
+        late = frozenset().union(*(getattr(s, "deferred", ()) for s in stages))
+        return not late or not any(late & getattr(s, "reads_scores", frozenset()) for s in stages)
 
     def hosts_ahead(self) -> dict[str, float]:
         """Each host whose rows went early (``release_hosts``), with how far: what a later stage
@@ -464,10 +474,36 @@ class Engine:
         self.clock.done[:n][ready] = end
         if go:
             self.stats["early_releases"] += 1
-            self._process_released(Pending.concat(go, self._columnizer.columns), out)
+            self._process_released(Pending.concat(go, self._columnizer.columns), out, early=True)
 
-    def _process_released(self, go: Pending, out: EngineOutput) -> None:
-        """Released rows (arrival order), sorted into event time and run tick by tick."""
+    def _close_early(self, out: EngineOutput) -> None:
+        """The tick of the rows that ran early is whole (every host's rows of it have run, or
+        the engine is past it): the stages' ``deferred`` checks judge those rows now, after the
+        rest of the tick's rows and before its boundary, as they would have with them."""
+        if not self._early:
+            return
+        parts, self._early = self._early, []
+        ts, gpu, host = (np.concatenate([p[k] for p in parts]) for k in range(3))
+        order = np.argsort(gpu, kind="stable")  # by GPU, as _rows orders a chunk
+        ts, gpu, host = ts[order], gpu[order], host[order]
+        # Their tick is the one before ``next_tick``: the grid moves only after this.
+        view = View.rows_only(ts, gpu, host, self.entities, self.next_tick - self.config.tick)
+        late = [cast(Deferring, s) for s in self.stages if getattr(s, "deferred", None)]
+        conds: list[tuple[StageCheck, np.ndarray]] = []
+        try:
+            for judge in late:
+                conds += judge.run_deferred(view, self.entities)
+        except Exception as e:  # noqa: BLE001 - as in _rows: a stage's bug costs these rows only
+            self._failed_rows(view.frame, e, out)
+            return
+        self.stats["rows.deferred"] += len(ts)
+        self._step(conds, view.frame, view, out)
+        for stage in self.stages:
+            stage.finish()
+
+    def _process_released(self, go: Pending, out: EngineOutput, early: bool = False) -> None:
+        """Released rows (arrival order), sorted into event time and run tick by tick; ``early``:
+        some hosts' rows of the next tick, before the others' (``_release_hosts``)."""
         self.stats["records.nccl"] += len(go.nccl_ts)
         if go.nccl is not None and len(go.nccl):
             # The models' NCCL detectors score each record with the tick it belongs to (see _rows).
@@ -493,9 +529,10 @@ class Engine:
         while start < n:
             cut = int(np.searchsorted(frame.ts, self.next_tick, side="left"))
             if cut > start:
-                self._rows(frame.take(slice(start, cut)), out, self.next_tick - self.config.tick)
+                self._rows(frame.take(slice(start, cut)), out, self.next_tick - self.config.tick, early)
                 start = cut
             if start < n:
+                self._close_early(out)  # rows past the tick: it is whole
                 # Ticks up to the next row's time all see the state the rows before left.
                 self._skip_ahead(float(frame.ts[start]))
                 if self.next_tick <= frame.ts[start]:
@@ -509,6 +546,7 @@ class Engine:
 
     def _ticks_until(self, upto: float, out: EngineOutput) -> None:
         while not math.isnan(self.next_tick) and self.next_tick <= upto:
+            self._close_early(out)  # before the grid moves past the tick of rows that ran early
             self._skip_ahead(upto)
             if self.next_tick <= upto:
                 self._tick(self.next_tick, out)
@@ -533,7 +571,7 @@ class Engine:
             self.clock.step,
         )
 
-    def _rows(self, frame: DcgmFrame, out: EngineOutput, ts0: float) -> None:
+    def _rows(self, frame: DcgmFrame, out: EngineOutput, ts0: float, early: bool = False) -> None:
         gpu = frame.gpu
         chunk = frame if (gpu[1:] >= gpu[:-1]).all() else frame.take(np.argsort(gpu, kind="stable"))
         self._note_returns(chunk)
@@ -543,6 +581,7 @@ class Engine:
         # next sample had arrived yet (tests/unit/engine/test_engine_properties.py).
         latest_steps(self.state.host_step, frame.ts, frame.host, self.state.host_last_ts, self.config.max_lag)
         view = advance(self.state, chunk, self.entities, ts0, self._columnizer.column_array)
+        view.early = early
         outputs: dict[str, Any] = {}  # what each stage publishes for the later ones
         conds: list[tuple[StageCheck, np.ndarray]] = []
         try:
@@ -551,6 +590,17 @@ class Engine:
         except Exception as e:  # noqa: BLE001 - a stage's bug costs this tick's rows, not the stream
             self._failed_rows(chunk, e, out)
             return
+        if early and any(getattr(s, "deferred", None) for s in self.stages):
+            self._early.append((chunk.ts, chunk.gpu, chunk.host))
+        self._step(conds, chunk, view, out)
+        for stage in self.stages:
+            stage.finish()
+
+    def _step(
+        self, conds: list[tuple[StageCheck, np.ndarray]], chunk: DcgmFrame, view: View, out: EngineOutput
+    ) -> None:
+        """The checks' conditions on ``chunk``'s rows through their alert lifecycles, and the
+        alerts of what changed, in (time, check, entity) order."""
         transitions: list[tuple[StageCheck, Transition]] = []
         lifecycles = self.lifecycles
         n_gpus, n_hosts = self.entities.n_gpus, self.entities.n_hosts
@@ -580,8 +630,6 @@ class Engine:
         for check, t in transitions:
             ev = check.evidence(view, t.row)
             out.alerts.append(self._alert(check, t, ev))
-        for stage in self.stages:
-            stage.finish()
 
     def _failed_rows(self, chunk: DcgmFrame, e: Exception, out: EngineOutput) -> None:
         """A stage raised on ``chunk``: its rows are not evaluated, one ``internal`` dead letter per
@@ -649,8 +697,10 @@ class Engine:
 
     def _own_state(self) -> dict[str, Any]:
         """The engine's own part of a snapshot: entities, where processing is, the lifecycles,
-        the buffered rows, the counters and the firing alerts' summaries."""
-        return {
+        the buffered rows, the counters and the firing alerts' summaries; while rows that ran
+        early wait for their ``deferred`` checks, those rows (``early``: a key only then, so a
+        replay's snapshots keep their bytes)."""
+        own = {
             "config": self.config.to_dict(),
             "entities": self.entities.to_state(),
             "released": self.released,
@@ -660,6 +710,9 @@ class Engine:
             "stats": dict(self.stats),
             "summaries": self._summaries,
         }
+        if self._early:
+            own["early"] = [[to_dict(a) for a in part] for part in self._early]
+        return own
 
     def _load_own(self, data: dict[str, Any]) -> None:
         self.entities = Entities.from_state(data["entities"])
@@ -673,9 +726,32 @@ class Engine:
             # Their dropped-field dead letters were not written yet (they are counted in stats).
             records = decode_records(data["pending"])
             self._chunks = self._ingest(EngineOutput()).buffered(records, list(data["pending_origin"]))
+        self._early = [_early_part(p, self.entities) for p in data.get("early", [])]
         self.stats = Counter(data["stats"])
         self._summaries = dict(data["summaries"])
 
     @property
     def pending(self) -> int:
         return sum(len(c) for c in self._chunks)
+
+    @property
+    def awaiting_deferred(self) -> int:
+        """How many rows that ran early wait for the stages' ``deferred`` checks (their tick is
+        not whole yet).
+
+        >>> Engine().awaiting_deferred
+        0
+        """
+        return sum(len(p[0]) for p in self._early)
+
+
+def _early_part(part: Any, entities: Entities) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """One part of a snapshot's ``early`` rows (ts, GPU, host), or ``StateError``."""
+    if not isinstance(part, list) or len(part) != 3:
+        raise StateError("snapshot: early rows are not [ts, gpu, host]")
+    ts, gpu, host = (numeric(from_dict(a), f"early {k}") for a, k in zip(part, ("ts", "gpu", "host")))
+    if not len(ts) or not len(ts) == len(gpu) == len(host):
+        raise StateError("snapshot: early rows of unequal or no length")
+    if not ((0 <= gpu) & (gpu < entities.n_gpus)).all() or not ((0 <= host) & (host < entities.n_hosts)).all():
+        raise StateError("snapshot: early rows of GPUs or hosts it does not know")
+    return ts.astype(np.float64), gpu.astype(np.int32), host.astype(np.int32)

@@ -110,6 +110,16 @@ class NicReader(Protocol):
     def nic_release(self, upto: float) -> list[Any]: ...
 
 
+class Deferring(Protocol):
+    """What a ``host_local`` stage with ``deferred`` checks adds to ``Stage``: their conditions
+    on rows that ran before the other hosts' rows of their tick, judged once those have run."""
+
+    @property
+    def deferred(self) -> frozenset[str]: ...
+
+    def run_deferred(self, view: View, entities: Entities) -> Sequence[tuple[StageCheck, np.ndarray]]: ...
+
+
 class StageBase:
     """Defaults for a stage: reads no NCCL records, keeps no state, has no hooks; on a reload
     the checks whose lifecycle settings did not change keep their alert state."""
@@ -123,6 +133,16 @@ class StageBase:
     # a row reads only that GPU's own rows and state and its own host's rows of the tick: then
     # a live engine may run a host's rows of a tick before the other hosts' (Engine._release_hosts).
     host_local = False
+    # Optional in the protocol (absent: none). The checks of a ``host_local`` stage whose
+    # conditions read other hosts' records of the tick all the same (the NCCL models: a rank's
+    # finding comes from its communicator's other ranks), by name, which is also the name of the
+    # score the stage publishes for them: on rows that ran early (``View.early``) they are
+    # neither judged nor published, and ``run_deferred`` judges them once the tick is whole.
+    deferred: frozenset[str] = frozenset()
+    # Optional in the protocol (absent: none). The published scores (``MODEL_SCORES``) its
+    # conditions read: a stage that reads a ``deferred`` one keeps every host's rows of a tick
+    # together (``Engine.host_local``).
+    reads_scores: frozenset[str] = frozenset()
     state_key: str | None = None
 
     def ingest(self, gpu: np.ndarray, records: Sequence[Any]) -> None:
@@ -137,6 +157,12 @@ class StageBase:
     def nic_release(self, upto: float) -> list[Any]:
         """No alerts from NIC port records: what the records before ``upto`` (inf: all) raise
         or resolve, as ``AlertEvent`` s, for a stage that ``reads_nic``."""
+        return []
+
+    def run_deferred(self, view: View, entities: Entities) -> Sequence[tuple[StageCheck, np.ndarray]]:
+        """No ``deferred`` checks: nothing to judge late. A stage with some returns (check,
+        condition per row) for each of them on ``view``: rows that ran early, the rest of their
+        tick run since (``Engine._close_early``)."""
         return []
 
     def finish(self) -> None:

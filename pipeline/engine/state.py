@@ -131,7 +131,9 @@ class View:
     - ``seen``: when each field was last reported, as of that sample;
     - ``increase``: per counter field, the increase since the GPU's previous sample (0 at a
       reset, NaN when unknown, e.g. the first sample ever);
-    - ``ts0``: start of the tick the chunk belongs to (every row of a chunk shares one tick).
+    - ``ts0``: start of the tick the chunk belongs to (every row of a chunk shares one tick);
+    - ``early``: the rows are some hosts' of the tick, run before the other hosts' rows of it
+      (``Engine._release_hosts``): a stage's ``deferred`` checks are judged later.
     """
 
     frame: DcgmFrame  # its ``values`` a ``Columns``, as are the next three
@@ -144,6 +146,20 @@ class View:
     ts0: float = float("nan")
     model_scores: dict[str, np.ndarray] = field(default_factory=dict)  # per-row, set by the models
     index: np.ndarray | slice | None = None  # see ``ids``
+    early: bool = False
+
+    @classmethod
+    def rows_only(cls, ts: np.ndarray, gpu: np.ndarray, host: np.ndarray, entities: Entities, ts0: float) -> "View":
+        """Rows whose samples were folded in already, as who and when alone: what a stage's
+        ``deferred`` checks read of rows that ran early (``Stage.run_deferred``).
+
+        >>> v = View.rows_only(np.array([3.5]), np.array([0], np.int32), np.array([0], np.int32), Entities(), 3.0)
+        >>> len(v.frame), v.filled.shape, v.early
+        (1, (1, 0), True)
+        """
+        none = np.empty((len(ts), 0))
+        frame = DcgmFrame(ts, gpu, host, none)
+        return cls(frame, none, none, none, none, none.astype(bool), entities, ts0, early=True)
 
     @property
     def ids(self) -> np.ndarray | slice:

@@ -223,12 +223,14 @@ class ModelSet(StageBase):
         self.tick = tick
         self.source = source
         self.models = {s.name: _Model(s) for s in self.specs}
-        # Whether a GPU's scores read only its own rows and state (``Stage.host_local``): while
-        # every model reads DCGM rows. Their cohort state changes only by epochs, from data
-        # seconds old (cohorts.py), so a host's rows of a tick score alike run before the other
-        # hosts' or with them; an NCCL model's finding for a GPU comes from its communicator's
-        # ranks on other hosts, scored with the whole tick's records.
-        self.host_local = all(m.info.source == DCGM for m in self.models.values())
+        # A GPU's DCGM-model scores read only its own rows and state (``Stage.host_local``):
+        # cohort state changes only by epochs, from data seconds old (cohorts.py), so a host's
+        # rows of a tick score alike run before the other hosts' or with them. An NCCL model's
+        # finding for a GPU comes from its communicator's ranks on other hosts, scored with the
+        # whole tick's records: on rows that ran early it is judged once the tick is whole
+        # (``deferred``, ``run_deferred``).
+        self.host_local = True
+        self.deferred = frozenset(n for n, m in self.models.items() if m.info.source != DCGM)
         self.checks = [ModelCheck(s, self) for s in self.specs if s.alert]
         self._by_name = {c.spec.name: c for c in self.checks}
         self._board: tuple[tuple[str, ...], np.ndarray] | None = None  # _board_power's
@@ -323,13 +325,14 @@ class ModelSet(StageBase):
         self.scores = {}
         if n == 0:
             return []
-        n_gpus, n_hosts = entities.n_gpus, entities.n_hosts
+        n_gpus = entities.n_gpus
         ent = view.frame.gpu
         ts = view.frame.ts
         cur = epoch_of(view.ts0)
         self.epochs.advance(cur)
         self.epochs.apply_through(cur - LAG_EPOCHS)
-        self.nccl.run(view.ts0 + self.tick, entities, self.models)
+        if not view.early:  # the tick's NCCL records come with its last rows
+            self.nccl.run(view.ts0 + self.tick, entities, self.models)
         feats = Features(view, self._phases(ent, entities))
         if len(self.cohort_of) < n_gpus:
             self.cohort_of = grow(self.cohort_of, n_gpus, -1)
@@ -370,19 +373,44 @@ class ModelSet(StageBase):
                         mask,
                     )
                 self.scores[name] = np.where(warm, score, np.nan)
+            elif view.early:
+                continue  # judged once the tick is whole (run_deferred)
             else:
-                idx = view.frame.gpu if m.info.level == GPU else view.frame.host
-                m.ensure(max(n_gpus, n_hosts))
-                fresh = (ts - m.obs_ts[idx]) <= NCCL_FRESH_S
-                warm_all = m.nccl_warm
-                cond = m.flag[idx] & fresh & warm_all
-                self.scores[name] = np.where(fresh & warm_all, m.cur[idx], np.nan if not warm_all else 0.0)
+                cond, self.scores[name] = self._nccl_condition(m, view, entities)
             if m.spec.explained_by and m.info.level == GPU and cond.any():
                 cond = self._explain_away(m.spec, cond, ent)
             chk = by_name.get(name)
             if chk is not None:
                 out.append((chk, cond))
         return out
+
+    def run_deferred(self, view: View, entities: Entities) -> list[tuple[ModelCheck, np.ndarray]]:
+        """The NCCL models' conditions on rows that ran early (``View.early``), now that every
+        host's rows of their tick have run: the tick's findings applied first, as the tick's
+        last rows apply them (``Stage.run_deferred``)."""
+        self.nccl.run(view.ts0 + self.tick, entities, self.models)
+        out: list[tuple[ModelCheck, np.ndarray]] = []
+        for name in self.models:
+            chk = self._by_name.get(name)
+            if name not in self.deferred or chk is None:
+                continue
+            m = self.models[name]
+            cond, _ = self._nccl_condition(m, view, entities)
+            if m.spec.explained_by and m.info.level == GPU and cond.any():
+                cond = self._explain_away(m.spec, cond, view.frame.gpu)
+            out.append((chk, cond))
+        return out
+
+    @staticmethod
+    def _nccl_condition(m: _Model, view: View, entities: Entities) -> tuple[np.ndarray, np.ndarray]:
+        """An NCCL model's finding carried onto the rows' GPUs (or hosts), while fresh and warm,
+        and its score per row (what the rules' ``score()`` reads)."""
+        idx = view.frame.gpu if m.info.level == GPU else view.frame.host
+        m.ensure(max(entities.n_gpus, entities.n_hosts))
+        fresh = (view.frame.ts - m.obs_ts[idx]) <= NCCL_FRESH_S
+        warm_all = m.nccl_warm
+        score = np.where(fresh & warm_all, m.cur[idx], np.nan if not warm_all else 0.0)
+        return m.flag[idx] & fresh & warm_all, score
 
     # -- cohort state by epochs (cohorts.py) -------------------------------------------------------
 

@@ -115,6 +115,10 @@ class RuleSet(StageBase):
         # no producer for it): ``_unread`` below. Per rule the columns its condition reads, or
         # None where it reads a model's score too (the models publish one for every row).
         self._reads = [None if r.condition.models else frozenset(r.condition.columns) for r in rules]
+        # The models' scores the rules read (``Stage.reads_scores``), in conditions or evidence.
+        self.reads_scores = frozenset().union(
+            *(r.condition.models for r in rules), *(v.models for r in rules for v in r.values.values())
+        )
         self._read_cols = np.array(sorted(set().union(*(c for c in self._reads if c))), dtype=np.intp)
         self._unread_value: dict[str, float | None] = {}
 

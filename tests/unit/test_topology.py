@@ -522,15 +522,40 @@ def test_early_rows_give_the_same_alerts_at_every_sampling_step(dcgm_models, int
     assert st.engine().stats["records.dcgm"] == whole.engine().stats["records.dcgm"]
 
 
-def test_models_with_nccl_ones_wait_for_the_whole_tick(phased):
+def test_nccl_models_judge_rows_that_ran_early_once_the_tick_is_whole(phased):
     # An NCCL model's finding for a GPU comes from its communicator's ranks on other hosts, scored
-    # with the tick's records: the default models are not host-local, whatever the marks say.
-    log = _host_stage_log(phased[: len(phased) // 3], "auto", 2, 307, 12)
-    st = FleetStage(_stage_engine("auto"), upstream=2)
-    assert any(m[0] == "mark" and m[4] for m in log), "the host stage released hosts ahead"
-    _read_early(st, log, 0, len(log))
-    st.flush()
-    assert not st.engine().host_local and st.stats["early"] == 0
+    # with the tick's records: with the default models a host's rows still go early (the DCGM
+    # models score them), and the NCCL models judge them when the tick's last rows have run.
+    log = _host_stage_log(phased, "auto", 3, 211, 11)
+    make = _stage_engine("auto")
+    ref, whole = _whole(log, make)
+    nccl = {"nccl_rank_straggler", "nccl_comm_busbw"}
+    assert any(a.rule in nccl for a in ref), "the recording makes NCCL model alerts"
+    st = FleetStage(make, upstream=3)
+    assert st.engine().host_local
+    got, early = _read_early(st, log, 0, len(log))
+    got += st.flush().alerts
+    assert _keys(got) == _keys(ref)
+    assert st.stats["early"] > 1000 and early > 0
+    assert st.engine().stats["records.dcgm"] == whole.engine().stats["records.dcgm"]
+
+
+def test_a_rule_reading_an_nccl_models_score_keeps_the_tick_together(tmp_path):
+    # A rule's score() of an NCCL model reads what the whole tick's records found: with one, no
+    # host's rows go before the others'.
+    rule = tmp_path / "straggling.yaml"
+    rule.write_text(
+        "rules:\n  - name: straggling\n    fault: nccl_straggling\n    severity: info\n"
+        "    condition: score(nccl_rank_straggler) > 50\n"
+    )
+    det, diags = build_detector([RULES, str(rule)], "auto")
+    assert det is not None and not [d for d in diags if d.severity == "error"], diags
+    # (Rules that read a model's score run in the models' engine: one stage.)
+    engine = det.make_fleet_engine() if isinstance(det, Topology) else det
+    assert isinstance(engine, Engine) and engine.models is not None
+    assert not engine.host_local
+    plain, _ = build_detector([RULES], "auto")
+    assert isinstance(plain, Topology) and plain.make_fleet_engine().host_local
 
 
 @pytest.mark.parametrize("crash_at", [0.3, 0.7])
@@ -565,6 +590,14 @@ PROBE_MODELS = """models:
     decider: {kind: threshold, threshold: 8, clear: 4}
     warmup: 5
     keep_firing_for: 5s
+  - name: probe_straggler
+    detector: nccl_straggler
+    fault: nccl_straggler
+    severity: info
+    cohort: fleet
+    decider: {kind: threshold, threshold: 10, clear: 5}
+    warmup: 20
+    keep_firing_for: 3s
 """
 
 
@@ -575,22 +608,13 @@ def probe_models(tmp_path_factory) -> str:
     return str(path)
 
 
-@settings(max_examples=fuzz_examples(10), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(
-    slots=hs.lists(hs.integers(0, 19), min_size=4, max_size=4),
-    upstream=hs.integers(1, 3),
-    step=hs.integers(1, 40),
-    seed=hs.integers(0, 2**16),
-    bursts=hs.lists(hs.tuples(hs.integers(0, 3), hs.integers(0, 1), hs.integers(8, 60)), max_size=5),
-    gone=hs.one_of(hs.none(), hs.integers(15, 60)),
-)
-def test_property_rows_run_early_give_the_alerts_of_whole_ticks(probe_models, slots, upstream, step, seed, bursts,
-                                                                gone):
-    # Four hosts of two GPUs sampling at their own phases (one of 20 slots of the second), single-
-    # bit ECC bursts the probe model alerts on, host 3 going silent; any number of upstream
-    # tasks, any batching: the fleet stage's early rows change no alert.
+def _probe_fleet(slots: list[int], bursts: list[tuple], slow: list[tuple], gone: int | None) -> list:
+    """70 s of four hosts of two GPUs, each host at its slot (of 20) of the second: single-bit ECC
+    bursts (host, GPU, from) and spells of a rank finishing its collectives early (host, GPU,
+    from, seconds) in one communicator of every GPU, reported by each rank with the interval's
+    time; host 3 silent from ``gone`` on."""
     hit = {(h, g, t) for h, g, t in bursts}
-    records = []
+    records: list = []
     for t in range(70):
         for h in range(4):
             if gone is not None and h == 3 and t >= gone:
@@ -598,6 +622,56 @@ def test_property_rows_run_early_give_the_alerts_of_whole_ticks(probe_models, sl
             for g in range(2):
                 count = sum(1000 for (bh, bg, bt) in hit if bh == h and bg == g and bt <= t)
                 records.append(sample(t + slots[h] / 20, f"h{h}", g, ecc_sbe_volatile=count))
+                slowed = any(sh == h and sg == g and st <= t < st + n for sh, sg, st, n in slow)
+                records.append(
+                    NcclRecord(ts=T0 + t + 0.5, host=f"h{h}", gpu=g, comm="c1", rank=2 * h + g, nranks=8,
+                               coll="AllReduce", bytes=1 << 24,
+                               exec_time_us=400.0 if slowed else 1000.0 + 10 * ((3 * h + g + t) % 4))
+                )
+    return records
+
+
+def test_rows_awaiting_the_nccl_models_survive_a_restore(probe_models):
+    # A checkpoint taken while rows that ran early still wait for the NCCL models' judgement
+    # carries them: the restored stage judges them when their tick is whole.
+    log = _host_stage_log(_probe_fleet([0, 7, 12, 18], [], [(0, 0, 21, 8), (2, 1, 40, 6)], None), probe_models, 2, 5, 3)
+    make = _stage_engine(probe_models)
+    ref, _ = _whole(log, make)
+    assert {a.rule for a in ref} == {"probe_straggler"}
+    crashes = 0
+    for cut in range(len(log) // 4, len(log) * 3 // 4, 3):
+        st = FleetStage(make, upstream=2)
+        alerts, _ = _read_early(st, log, 0, cut)
+        if not st.engine().awaiting_deferred:
+            continue
+        crashes += 1
+        blob, resume = st.snapshot(replayable=True), st.resume_at()
+        again = FleetStage(make, upstream=2)
+        again.restore(blob, records_decoder(again.engine().decode_fields))
+        more, _ = _read_early(again, log, resume, len(log))
+        alerts += more + again.flush().alerts
+        assert _keys(alerts) == _keys(ref), cut
+    assert crashes > 5
+
+
+@settings(max_examples=fuzz_examples(10), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    slots=hs.lists(hs.integers(0, 19), min_size=4, max_size=4),
+    upstream=hs.integers(1, 3),
+    step=hs.integers(1, 40),
+    seed=hs.integers(0, 2**16),
+    bursts=hs.lists(hs.tuples(hs.integers(0, 3), hs.integers(0, 1), hs.integers(8, 60)), max_size=5),
+    slow=hs.lists(hs.tuples(hs.integers(0, 3), hs.integers(0, 1), hs.integers(5, 60), hs.integers(1, 8)), max_size=3),
+    gone=hs.one_of(hs.none(), hs.integers(15, 60)),
+)
+def test_property_rows_run_early_give_the_alerts_of_whole_ticks(probe_models, slots, upstream, step, seed, bursts,
+                                                                slow, gone):
+    # Four hosts of two GPUs sampling at their own phases (one of 20 slots of the second), single-
+    # bit ECC bursts the DCGM probe model alerts on, spells of a rank finishing its collectives
+    # early (the others wait for it) the NCCL one alerts on, judged with the whole tick's ranks;
+    # host 3 going silent; any number of upstream tasks, any batching: the fleet stage's early
+    # rows change no alert.
+    records = _probe_fleet(slots, bursts, slow, gone)
     log = _host_stage_log(records, probe_models, upstream, step, seed)
     make = _stage_engine(probe_models)
     ref, whole = _whole(log, make)

@@ -86,6 +86,58 @@ def test_a_stage_that_is_not_host_local_keeps_the_tick_together() -> None:
     assert eng.stats["early_releases"] == 0
 
 
+class _Tally(StageBase):
+    """A host-local stage with one deferred check: what each call saw, ("run" or "late", the
+    hosts of its rows), and whether the view said early."""
+
+    kind, checks, columns, host_local = "tally", [], set(), True
+    deferred = frozenset({"tally"})
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, float, list[str], bool]] = []
+
+    def run(self, view, entities, outputs):
+        self.calls.append(("run", view.ts0, sorted({entities.hosts[h] for h in view.frame.host}), view.early))
+        return []
+
+    def run_deferred(self, view, entities):
+        self.calls.append(("late", view.ts0, sorted({entities.hosts[h] for h in view.frame.host}), view.early))
+        return []
+
+
+def test_deferred_checks_judge_the_rows_that_ran_early_once_the_tick_is_whole() -> None:
+    # a (at .1) and b (at .3) run early each second; c at .8 completes it: only then are a's and
+    # b's rows of that second judged late, before the second after it runs.
+    tally = _Tally()
+    eng = _engine(early=True, stages=(tally,))
+    assert eng.host_local
+    for h, m in _phased(40, {"a": 0.1, "b": 0.3, "c": 0.8}, fault=None):
+        _feed(eng, [(h, m)])
+        if h == "b" and m[0].ts == T0 + 35.3:
+            assert eng.awaiting_deferred == 8  # a's and b's GPUs of second 35, c's still to come
+    at = tally.calls.index(("run", T0 + 35, ["a"], True))
+    assert tally.calls[at:at + 5] == [
+        ("run", T0 + 35, ["a"], True),
+        ("run", T0 + 35, ["b"], True),
+        ("run", T0 + 35, ["c"], False),
+        ("late", T0 + 35, ["a", "b"], True),
+        ("run", T0 + 36, ["a"], True),
+    ]
+    eng.flush()
+    assert tally.calls[-1][0] == "late" and eng.awaiting_deferred == 0
+
+
+def test_a_stage_reading_a_deferred_score_keeps_the_tick_together() -> None:
+    class Reader(StageBase):
+        kind, checks, columns, host_local = "reader", [], set(), True
+        reads_scores = frozenset({"tally"})
+
+        def run(self, view, entities, outputs):
+            return []
+
+    assert not _engine(early=True, stages=(_Tally(), Reader())).host_local
+
+
 def _late_after_early_release(eng: Engine) -> tuple[list, list]:
     """a at .1, b at .8: a's second 40 goes early; then a sends another sample in that second,
     and an NCCL record of it. The dead letters of each."""

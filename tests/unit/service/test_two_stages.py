@@ -31,7 +31,7 @@ from pipeline.service.config import load_config_text
 from pipeline.service.forwarded import Columns
 from pipeline.service.state import MemoryStateStore
 from producers.sim.simulator import Simulator
-from tests.factories import Clock, dcgm_models_file
+from tests.factories import Clock
 
 RULES = str(Path(__file__).resolve().parents[3] / "rules")
 KEY = b"unit-test-state-key-0123456789ab"
@@ -171,9 +171,9 @@ def test_any_number_of_replicas_give_the_alerts_of_one_replay(telemetry, referen
     assert any(a["labels"].get("source") == "model" for a in got)
     # Records and marks go to the one fleet key's partition: the others hold nothing to release.
     assert len({m.partition for m in f.bus.messages(f.topics.fleet)}) == 1
-    # The default models include NCCL ones, so the fleet stage waits for whole ticks and the
-    # marks name no hosts released ahead.
-    assert not any(b'"hosts":{"' in m.value for m in f.bus.messages(f.topics.fleet))
+    # The default models' DCGM ones score a host's rows early (its NCCL ones judge them when the
+    # tick is whole): the marks name the hosts released ahead.
+    assert any(b'"hosts":{"' in m.value for m in f.bus.messages(f.topics.fleet))
 
 
 @pytest.mark.slow
@@ -202,15 +202,16 @@ def phased() -> list[tuple[bytes, bytes]]:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("shard_models", [False, True])
-def test_host_local_models_run_a_hosts_rows_early_in_the_fleet_stage_with_the_replays_alerts(tmp_path, phased,
-                                                                                            shard_models):
-    # Models that all read DCGM rows: the fleet stage (or each shard) runs a host's rows of a
-    # tick once the marks say its task released them (Mark.hosts). Each host's message is read
-    # on its own, a step of the loop apart, as a paced fleet sends them; the fleet replica
-    # crashes mid-stream and another takes its partitions from their checkpoints.
-    models = dcgm_models_file(tmp_path, RULES)
+def test_the_fleet_stage_runs_a_hosts_rows_early_with_the_replays_alerts(phased, shard_models):
+    # The default models: the fleet stage (or each shard) runs a host's rows of a tick through
+    # the DCGM models once the marks say its task released them (Mark.hosts); the NCCL models
+    # judge them once the tick is whole. Each host's message is read on its own, a step of the
+    # loop apart, as a paced fleet sends them; the fleet replica crashes mid-stream and another
+    # takes its partitions from their checkpoints.
+    models = "auto"
     reference, reference_incidents = _replay(phased, models)
-    assert any(a["labels"].get("source") == "model" for a in reference)
+    sources = {a["labels"].get("detector") for a in reference if a["labels"].get("source") == "model"}
+    assert "nccl_straggler" in sources and "counter_rate" in sources
     f = Fleet([], models=models, shard_models=shard_models)
     made: list = []
 
@@ -233,6 +234,8 @@ def test_host_local_models_run_a_hosts_rows_early_in_the_fleet_stage_with_the_re
     assert _events(f.incidents()) == _events(reference_incidents)
     assert len(made) >= (8 if shard_models else 2) and all(ps.pipe.stage.engine().host_local for ps in made)
     assert sum(ps.pipe.stage.stats["early"] for ps in made) > 1000
+    # ... and the NCCL models judged such rows when their tick was whole.
+    assert sum(e.stats["rows.deferred"] for ps in made for e in ps.pipe.stage.engines.values()) > 1000
     assert services[-1].metrics.fleet_early._value.get() > 0
     assert any(b'"hosts":{"' in m.value for m in f.bus.messages(f.topics.fleet))
 
