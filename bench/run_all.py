@@ -253,8 +253,9 @@ def bench_latency(plan: Plan, gpus: int) -> tuple[dict, list[dict]]:
     # The same load with one (never faulty) host going silent halfway through the faults.
     silent_from = plan.latency_warmup + (plan.latency_seconds - plan.latency_warmup) // 3
     (quiet,), wall2 = run_script("service_latency.py", argv + ["--silent-from", str(silent_from)])
-    # Every host at its own phase of the second, as independent exporters sample.
-    (spread,), wall3 = run_script("service_latency.py", argv + ["--phases", "spread"])
+    # Every host at its own phase of the second, as independent exporters sample, through the
+    # default models (their NCCL ones judge each second once it is whole) beside the probe.
+    (spread,), wall3 = run_script("service_latency.py", argv + ["--phases", "spread", "--models", "default"])
     figs = []
     for prefix, label, r in (("latency", "", raw), ("latency_silent", ", one host silent mid-run", quiet),
                              ("latency_spread", ", hosts at spread phases", spread)):

@@ -2,6 +2,7 @@
 
     .venv/bin/python bench/service_latency.py --kafka 127.0.0.1:9092 [--gpus 16384] [--seconds 40]
         [--phases same|spread] [--tick 1] [--silent-from S] [--shard-models] [--encoding json|columnar]
+        [--models probe|default]
         [--repeat 1] [--json OUT]
         [--workdir bench/results]
 
@@ -19,6 +20,11 @@ publisher share the machine. Percentiles are per run; reported: their median.
 ``--phases spread`` gives each host its own phase of the second (one of 20 slots of 50 ms), as
 independent exporters sample; by default every host samples at the start of the second, the
 best case of the release rule (docs/operations.md, "When an alert can fire").
+
+With ``--models default`` the probe runs beside the default ``rules/models.yaml`` (its DCGM and
+NCCL models; the load carries no NCCL records, so the NCCL ones find nothing, but every row still
+waits for their judgement as it would in a fleet): the fleet stage's work and release rule as
+shipped, not the probe's alone.
 
 With ``--shard-models`` the service runs the models in shards by host, one per fleet partition
 (``service.shard_models``): the fleet alerts then also wait for every shard's cohort parts
@@ -43,6 +49,7 @@ import uuid
 from pathlib import Path
 
 import numpy as np
+import yaml
 from kafka import KafkaConsumer
 from kafka.partitioner.default import murmur2
 
@@ -156,6 +163,15 @@ PROBE_MODELS = f"""models:
 STAGE_OF = {"gpu_fallen_off_bus": "host", PROBE: "fleet"}
 
 
+def models_yaml(which: str) -> str:
+    """The service's models: the probe alone, or the probe after the default ``models.yaml``'s."""
+    if which == "probe":
+        return PROBE_MODELS
+    doc = yaml.safe_load((ROOT / "rules" / "models.yaml").read_text())
+    doc["models"] += yaml.safe_load(PROBE_MODELS)["models"]
+    return yaml.safe_dump(doc, sort_keys=False)
+
+
 def collect(bootstrap: str, topic: str, produced: dict, drain_s: float) -> dict[str, dict[tuple, float]]:
     """Latencies (alert's Kafka timestamp - produce time) of the injected faults' alerts, per
     stage, waiting up to ``drain_s`` for the last ones."""
@@ -185,7 +201,7 @@ def run_once(args: argparse.Namespace, seed: int) -> dict:
         ensure_topics(args.kafka, topics, partitions=8)
         args.workdir.mkdir(parents=True, exist_ok=True)
         probe = args.workdir / f"{prefix}-models.yaml"
-        probe.write_text(PROBE_MODELS)
+        probe.write_text(models_yaml(args.models))
         svc = Service({"kafka": {"bootstrap": args.kafka, "prefix": prefix, "group": prefix, "partitions": 8},
                        "engine": {"allowed_lateness": args.allowed_lateness, "tick": args.tick},
                        "http": {"port": 0}, "service": {"rules": [str(ROOT / "rules")], "models": str(probe),
@@ -243,6 +259,8 @@ def main() -> None:
                          "partition-mates back, plus its sampling step (default 10)")
     ap.add_argument("--workdir", type=Path, default=ROOT / "bench" / "results", help="service configs and logs")
     ap.add_argument("--shard-models", action="store_true", help="the models in shards by host (service.shard_models)")
+    ap.add_argument("--models", choices=("probe", "default"), default="probe",
+                    help="the probe model alone, or beside the default models.yaml")
     ap.add_argument("--encoding", choices=("json", "columnar"), default="json",
                     help="the telemetry messages' encoding (columnar: what the producers send by default)")
     ap.add_argument("--json", help="append the result as one JSON line to this file")
@@ -256,7 +274,7 @@ def main() -> None:
 
     res = {"bench": "service_latency", "gpus": args.gpus, "seconds": args.seconds, "repeat": args.repeat,
            "silent_from": args.silent_from, "allowed_lateness": args.allowed_lateness, "phases": args.phases,
-           "tick": args.tick, "shard_models": args.shard_models, "encoding": args.encoding,
+           "tick": args.tick, "shard_models": args.shard_models, "encoding": args.encoding, "models": args.models,
            "faults": sum(r["faults"] for r in runs), "alerts_seen": sum(r["alerts_seen"] for r in runs),
            "p50_s": med("p50_s"), "p95_s": med("p95_s"), "p99_s": med("p99_s"), "max_s": med("max_s"),
            "fleet_alerts_seen": sum(r["fleet_alerts_seen"] for r in runs), "fleet_p50_s": med("fleet_p50_s"),
@@ -273,6 +291,7 @@ def main() -> None:
     silent += ", hosts at spread phases" if args.phases == "spread" else ""
     silent += f", engine.tick {args.tick:g}s" if args.tick != 1.0 else ""
     silent += ", the models in shards" if args.shard_models else ""
+    silent += ", the probe beside the default models" if args.models == "default" else ""
     silent += ", columnar messages" if args.encoding == "columnar" else ""
     print(f"{args.gpus:,} GPUs at 1 Hz for {args.seconds}s{silent}, median of {args.repeat}: {res['alerts_seen']}/"
           f"{res['faults']} alerts seen, produce-to-alert latency p50 {res['p50_s']}s, p95 {res['p95_s']}s, "
