@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 from pipeline.deadletters import Origins
 from pipeline.engine import Engine, EngineConfig
 from pipeline.engine.stage import StageBase
+from pipeline.errors import StateError
 from pipeline.schema import DcgmRecord, NcclRecord
 from tests.factories import T0, fuzz_examples, sample
 
@@ -125,6 +126,38 @@ def test_deferred_checks_judge_the_rows_that_ran_early_once_the_tick_is_whole() 
     ]
     eng.flush()
     assert tally.calls[-1][0] == "late" and eng.awaiting_deferred == 0
+
+
+def test_a_deferred_judgement_that_raises_costs_those_rows_only() -> None:
+    class Broken(_Tally):
+        def run_deferred(self, view, entities):
+            raise RuntimeError("boom")
+
+    eng = _engine(early=True, stages=(Broken(),))
+    dead = []
+    for h, m in _phased(40, {"a": 0.1, "b": 0.3, "c": 0.8}, fault=None):
+        dead += _feed(eng, [(h, m)]).dead
+    # Each closed second: one internal dead letter for a's rows and one for b's, none for c's.
+    assert dead and {d.reason for d in dead} == {"internal"}
+    hosts = [d.origin.split("@")[0] for d in dead]
+    assert set(hosts) == {"a", "b"} and hosts.count("a") == hosts.count("b") >= 5 and "boom" in dead[0].detail
+    # The engine went on: every second closed, nothing left waiting.
+    assert eng.awaiting_deferred == 0 and eng.stats["rows.deferred"] == 0 and eng.released == T0 + 40
+
+
+def test_a_snapshot_with_rows_awaiting_judgement_is_checked() -> None:
+    eng = _engine(early=True, stages=(_Tally(),))
+    for h, m in _phased(40, {"a": 0.1, "b": 0.3, "c": 0.8}, fault=None)[:-1]:   # all but c's 39.8
+        _feed(eng, [(h, m)])
+    assert eng.awaiting_deferred == 8
+    again = _engine(early=True, stages=(_Tally(),))
+    again.restore(eng.snapshot())
+    assert again.awaiting_deferred == 8
+    data = msgspec.msgpack.decode(eng.snapshot())
+    for bad in ([["x"]], [[data["early"][0][0], data["early"][0][1]]],
+                [[data["early"][0][0], data["early"][0][0], data["early"][0][2]]]):
+        with pytest.raises(StateError):
+            _engine(early=True, stages=(_Tally(),)).restore(msgspec.msgpack.encode({**data, "early": bad}))
 
 
 def test_a_stage_reading_a_deferred_score_keeps_the_tick_together() -> None:
