@@ -48,7 +48,7 @@ class Outbox:
         alerts to partition 0, each mark to every partition, naming the partitions it has sent
         NCCL records to (``Mark.nccl``). ``hosts_ahead``: each mark names the hosts released
         ahead of it (``Mark.hosts``; with shards, each partition's mark its own hosts), for a
-        fleet stage whose models are host-local."""
+        fleet stage whose engine is host-local (``Engine.host_local``)."""
         self.partition, self.n_upstream, self.topic = partition, n_upstream, topic
         self.hosts_ahead = hosts_ahead
         self.group, self.key = group, key
