@@ -242,8 +242,9 @@ class FleetStage:
         task that has marked past the tick. With host-local stages (``Engine.host_local``: the
         DCGM models; the NCCL ones judge these rows once the tick is whole) they score and
         alert alike run before the other hosts' rows or with them (``Engine.release_early``);
-        the tick's boundary and the rest wait for the marks. With hosts at their own phases of the second, a host's alert through
-        the models then waits for its own sample, not for the latest host's (up to a second)."""
+        the tick's boundary and the rest wait for the marks. With hosts at their own phases of
+        the second, a host's alert through the models then waits for its own sample, not for
+        the latest host's (up to a second)."""
         if self.hosts_ahead:
             # Only a host ahead of what the marks released can go early: the rest are forgotten.
             self.hosts_ahead = {h: t for h, t in self.hosts_ahead.items() if t > self.released}

@@ -25,10 +25,11 @@ import numpy as np
 
 from pipeline.rows import Combined, DcgmColumns, take
 from pipeline.deadletters import ENTITY_LIMIT, INTERNAL, Origins, take_origins
-from pipeline.engine.arrays import from_dict, numeric, to_dict
-from pipeline.engine.alerts import alert_event, per_host
+from pipeline.engine.arrays import from_dict, to_dict
+from pipeline.engine.alerts import alert_event, stepped
 from pipeline.engine.checks import GPU, RowCheck, TickCheck, absent_after, builtin_checks
 from pipeline.engine.config import EngineConfig
+from pipeline.engine.early import EarlyRows
 from pipeline.engine.entities import Entities
 from pipeline.engine.frame import Columnizer, DcgmFrame
 from pipeline.engine.hostclock import HostClock, latest_steps
@@ -51,7 +52,6 @@ from pipeline.engine.snapshot import decode_records, read_snapshot, write_snapsh
 from pipeline.engine.stage import CheckStage, Deferring, NicReader, Stage, StageCheck
 from pipeline.engine.state import GpuState, View, advance
 from pipeline.engine.ticks import skip_ahead
-from pipeline.errors import StateError
 from pipeline.schema import AlertEvent, DeadLetter, TelemetryRecord
 
 log = logging.getLogger("gpuwarden.engine")
@@ -59,20 +59,6 @@ log = logging.getLogger("gpuwarden.engine")
 __all__ = ["Engine", "EngineOutput"]
 
 _TS, _HOST = operator.attrgetter("ts"), operator.attrgetter("host")
-
-
-def _held(conds: Sequence[tuple[Any, np.ndarray]]) -> tuple[np.ndarray, list[bool]]:
-    """The stages' conditions of one tick's rows as one bool matrix (a row per check: true where
-    the condition is exactly 1), and whether each holds on any row.
-
-    >>> held, holds = _held([(None, np.array([1.0, np.nan])), (None, np.array([False, False]))])
-    >>> held.tolist(), holds
-    ([[True, False], [False, False]], [True, False])
-    """
-    if not conds:
-        return np.zeros((0, 0), dtype=bool), []
-    held = np.stack([c for _, c in conds]) == 1
-    return held, held.any(axis=1).tolist()
 
 
 class Engine:
@@ -133,9 +119,9 @@ class Engine:
         # takes whole chunks the watermark has passed and splits at most the chunks it cuts, so
         # its cost does not grow with what stays pending (the start-up hold can be 30 s of data).
         self._chunks: list[Pending] = []
-        # Rows of the tick before ``next_tick`` that ran early (_release_hosts), as (ts, GPU,
-        # host), while a stage's ``deferred`` checks have yet to judge them (_close_early).
-        self._early: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
+        # Rows of the tick before ``next_tick`` that ran early (_release_hosts), while a stage's
+        # ``deferred`` checks have yet to judge them (_close_early).
+        self._early = EarlyRows()
         self.stats: Counter[str] = Counter()
         self._summaries: dict[str, str] = {}  # alert id -> summary, while firing
 
@@ -480,14 +466,10 @@ class Engine:
         """The tick of the rows that ran early is whole (every host's rows of it have run, or
         the engine is past it): the stages' ``deferred`` checks judge those rows now, after the
         rest of the tick's rows and before its boundary, as they would have with them."""
-        if not self._early:
-            return
-        parts, self._early = self._early, []
-        ts, gpu, host = (np.concatenate([p[k] for p in parts]) for k in range(3))
-        order = np.argsort(gpu, kind="stable")  # by GPU, as _rows orders a chunk
-        ts, gpu, host = ts[order], gpu[order], host[order]
         # Their tick is the one before ``next_tick``: the grid moves only after this.
-        view = View.rows_only(ts, gpu, host, self.entities, self.next_tick - self.config.tick)
+        view = self._early.take(self.entities, self.next_tick - self.config.tick)
+        if view is None:
+            return
         late = [cast(Deferring, s) for s in self.stages if getattr(s, "deferred", None)]
         conds: list[tuple[StageCheck, np.ndarray]] = []
         try:
@@ -496,7 +478,7 @@ class Engine:
         except Exception as e:  # noqa: BLE001 - as in _rows: a stage's bug costs these rows only
             self._failed_rows(view.frame, e, out)
             return
-        self.stats["rows.deferred"] += len(ts)
+        self.stats["rows.deferred"] += len(view.frame)
         self._step(conds, view.frame, view, out)
         for stage in self.stages:
             stage.finish()
@@ -591,7 +573,7 @@ class Engine:
             self._failed_rows(chunk, e, out)
             return
         if early and any(getattr(s, "deferred", None) for s in self.stages):
-            self._early.append((chunk.ts, chunk.gpu, chunk.host))
+            self._early.add(chunk)
         self._step(conds, chunk, view, out)
         for stage in self.stages:
             stage.finish()
@@ -601,33 +583,7 @@ class Engine:
     ) -> None:
         """The checks' conditions on ``chunk``'s rows through their alert lifecycles, and the
         alerts of what changed, in (time, check, entity) order."""
-        transitions: list[tuple[StageCheck, Transition]] = []
-        lifecycles = self.lifecycles
-        n_gpus, n_hosts = self.entities.n_gpus, self.entities.n_hosts
-        # Every condition as bool in one call, and which hold anywhere: a check whose condition
-        # holds nowhere while its alerts are idle would step nothing, so the ~25 checks of a
-        # healthy tick are skipped without numpy calls of their own (and host-level ones
-        # without per_host's grouping, ~60 us a check).
-        held, holds = _held(conds)
-        for i, (check, _) in enumerate(conds):
-            lc = lifecycles[check.meta.name]
-            level_gpu = check.meta.level == GPU
-            n_ent = n_gpus if level_gpu else n_hosts
-            if not holds[i] and lc.idle:
-                lc.reserve(n_ent)  # as step would: the arrays (and snapshots) keep their length
-                continue
-            cond = held[i]
-            if level_gpu:
-                ts, ent, rows = chunk.ts, chunk.gpu, None
-            else:
-                # Host level: true for the host when true on any of its GPUs in this tick.
-                ts, ent, cond, rows = per_host(chunk, cond)
-            for t in lc.step(ts, ent, cond, n_ent):
-                if rows is not None:
-                    t = Transition(t.state, t.entity, t.ts, t.started_at, int(rows[t.row]))
-                transitions.append((check, t))
-        transitions.sort(key=lambda ct: (ct[1].ts, ct[0].meta.name, ct[1].entity))
-        for check, t in transitions:
+        for check, t in stepped(conds, chunk, self.lifecycles, self.entities):
             ev = check.evidence(view, t.row)
             out.alerts.append(self._alert(check, t, ev))
 
@@ -711,7 +667,7 @@ class Engine:
             "summaries": self._summaries,
         }
         if self._early:
-            own["early"] = [[to_dict(a) for a in part] for part in self._early]
+            own["early"] = self._early.to_state()
         return own
 
     def _load_own(self, data: dict[str, Any]) -> None:
@@ -726,7 +682,7 @@ class Engine:
             # Their dropped-field dead letters were not written yet (they are counted in stats).
             records = decode_records(data["pending"])
             self._chunks = self._ingest(EngineOutput()).buffered(records, list(data["pending_origin"]))
-        self._early = [_early_part(p, self.entities) for p in data.get("early", [])]
+        self._early = EarlyRows.from_state(data.get("early", []), self.entities)
         self.stats = Counter(data["stats"])
         self._summaries = dict(data["summaries"])
 
@@ -742,16 +698,4 @@ class Engine:
         >>> Engine().awaiting_deferred
         0
         """
-        return sum(len(p[0]) for p in self._early)
-
-
-def _early_part(part: Any, entities: Entities) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """One part of a snapshot's ``early`` rows (ts, GPU, host), or ``StateError``."""
-    if not isinstance(part, list) or len(part) != 3:
-        raise StateError("snapshot: early rows are not [ts, gpu, host]")
-    ts, gpu, host = (numeric(from_dict(a), f"early {k}") for a, k in zip(part, ("ts", "gpu", "host")))
-    if not len(ts) or not len(ts) == len(gpu) == len(host):
-        raise StateError("snapshot: early rows of unequal or no length")
-    if not ((0 <= gpu) & (gpu < entities.n_gpus)).all() or not ((0 <= host) & (host < entities.n_hosts)).all():
-        raise StateError("snapshot: early rows of GPUs or hosts it does not know")
-    return ts.astype(np.float64), gpu.astype(np.int32), host.astype(np.int32)
+        return len(self._early)

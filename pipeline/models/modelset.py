@@ -14,7 +14,6 @@ warm-up). No model alerts before its warm-up.
 
 from __future__ import annotations
 
-import functools
 import math
 import operator
 import zlib
@@ -24,13 +23,12 @@ from typing import Any, Sequence
 import msgspec
 import numpy as np
 
-from pipeline.catalog import FIELDS
 from pipeline.engine.arrays import numeric
 from pipeline.engine.checks import GPU, CheckMeta
 from pipeline.engine.entities import Entities
 from pipeline.engine.frame import NCCL_KEYS, NcclFrame
 from pipeline.engine.stage import MODEL_SCORES, StageBase
-from pipeline.engine.state import COUNTER_COLS, View
+from pipeline.engine.state import View
 from pipeline.errors import StateError
 from pipeline.models.cohorts import (
     LAG_EPOCHS,
@@ -46,6 +44,7 @@ from pipeline.models.config import ModelSpec, load_model_specs
 from pipeline.models.context import COLUMNS as CONTEXT_COLUMNS
 from pipeline.models.context import FleetContext, board_power
 from pipeline.models.deciders import make_decider
+from pipeline.models.features import Features, feature_columns
 from pipeline.models.findings import LANES, NcclScoring, rounded
 from pipeline.models.detectors._util import nan_to_num
 from pipeline.models.registry import DCGM, REGISTRY, build
@@ -104,68 +103,6 @@ class ModelCheck:
             f"{where}: model {self.spec.name} score {ev.get('score')} (threshold {ev.get('threshold')}); "
             f"expected {ev.get('expected')}, observed {ev.get('observed')}"
         )
-
-
-@functools.lru_cache(maxsize=None)
-def _column(name: str) -> int:
-    """The catalog column of a feature's field (looked up once per name, not once a tick)."""
-    return FIELDS.require(name).column
-
-
-@functools.lru_cache(maxsize=None)
-def _counter_index(name: str) -> int:
-    """The column of ``View.increase`` that holds counter ``name``'s increase."""
-    return int(np.searchsorted(COUNTER_COLS, _column(name)))
-
-
-class Features:
-    """Per-tick feature arrays, computed once per tick whichever models ask; ``phase``: each
-    row's GPU's turn (a hash of its host and index, the same in every shard)."""
-
-    def __init__(self, view: View, phase: np.ndarray | None = None) -> None:
-        self.view = view
-        self.memo: dict[str, np.ndarray] = {}
-        if phase is not None:
-            self.memo["phase"] = phase
-        self._inv: tuple[np.ndarray, np.ndarray] | None = None
-
-    def _host_inv(self) -> tuple[np.ndarray, np.ndarray]:
-        if self._inv is None:
-            uniq, inv = np.unique(self.view.frame.host, return_inverse=True)
-            self._inv = (uniq, inv)
-        return self._inv
-
-    def get(self, name: str) -> np.ndarray:
-        hit = self.memo.get(name)
-        if hit is not None:
-            return hit
-        if name.startswith("inc:"):
-            v = self.view.increase[:, _counter_index(name[4:])]
-        elif name.startswith("hostmean:"):
-            x = self.get(name[9:])
-            uniq, inv = self._host_inv()
-            ok = ~np.isnan(x)
-            s = np.bincount(inv, weights=np.where(ok, x, 0.0), minlength=len(uniq))
-            c = np.bincount(inv, weights=ok.astype(float), minlength=len(uniq))
-            with np.errstate(invalid="ignore", divide="ignore"):
-                v = np.where(c > 0, s / c, np.nan)[inv]
-        else:
-            v = self.view.filled[:, _column(name)]
-        self.memo[name] = v
-        return v
-
-    def subset(self, names: Sequence[str], rows: np.ndarray | None) -> dict[str, np.ndarray]:
-        if rows is None:
-            return {n: self.get(n) for n in names}
-        return {n: self.get(n)[rows] for n in names}
-
-
-def feature_columns(names: Sequence[str]) -> set[int]:
-    cols = set()
-    for n in names:
-        base = n.split(":", 1)[1] if ":" in n else n
-        cols.add(FIELDS.require(base).column)
-    return cols
 
 
 class _Model:

@@ -131,9 +131,9 @@ def test_quiet_says_true_only_when_a_step_would_do_nothing(seed):
 )
 def test_skipping_quiet_steps_as_the_engine_does_changes_nothing(ticks, hold):
     # The engine steps a check's lifecycle only where its condition holds somewhere or an alert
-    # of it is pending or firing (engine._held); the rest only reserve room. That must leave
+    # of it is pending or firing (alerts.held); the rest only reserve room. That must leave
     # the same transitions and the same state as stepping every tick.
-    from pipeline.engine.engine import _held
+    from pipeline.engine.alerts import held as _held
 
     for_s, keep_s = hold
     every, skipping = Lifecycle(for_s, keep_s), Lifecycle(for_s, keep_s)
