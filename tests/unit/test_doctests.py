@@ -1,4 +1,5 @@
-"""The examples in docstrings run (and stay true): every module of the package and producers."""
+"""The examples in docstrings run (and stay true): every module of the package, the producers
+and the benchmarks."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 MODULES = sorted(".".join(p.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__")
-                 for top in ("pipeline", "producers") for p in (ROOT / top).rglob("*.py")
+                 for top in ("pipeline", "producers", "bench") for p in (ROOT / top).rglob("*.py")
                  if p.name != "__main__.py")
 
 
