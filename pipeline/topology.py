@@ -18,8 +18,9 @@ so it is built on two rules:
   (an upstream task replaying after a crash) is dropped.
 
 ``Topology`` runs both stages in one process, fed like an ``Engine`` (replay, the demo, the
-evaluation, each service partition). Dead letters come from the host stage only: the fleet
-stage sees records that stage already screened.
+evaluation, each service partition). Dead letters come from the host stage, which screened
+the records the fleet stage sees, and from the fleet stage only for what it alone can cause: a
+host past its engine's ``max_hosts``, rows a model raised on.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ import numpy as np
 
 from pipeline import rows
 from pipeline.canonical import SortColumns, canonical_order
+from pipeline.deadletters import ENTITY_LIMIT, INTERNAL
 from pipeline.engine import Engine, EngineConfig, EngineOutput
 from pipeline.engine.stage import Stage
 from pipeline.errors import StateError
@@ -42,6 +44,8 @@ from pipeline.schema import NcclRecord, ProgressRecord, TelemetryRecord, dcgm_re
 
 FLEET_KEY = "fleet"  # the fleet stage's one key: every model compares over the whole fleet
 STATE_VERSION = 1
+# Dead letters only a fleet stage's engine writes (``FleetStage._collect``).
+_FLEET_OWN = frozenset({ENTITY_LIMIT, INTERNAL})
 # After a lull, how long (event time) the fleet stage waits for a task that forwarded records
 # before it: many times the sampling step (at most 30 s), and the skew between telemetry
 # partitions while the host stage catches up on the backlog of an outage of minutes.
@@ -402,9 +406,14 @@ class FleetStage:
 
     def _collect(self, got: EngineOutput, out: EngineOutput) -> None:
         out.alerts.extend(got.alerts)
-        # The host stage wrote every dead letter these records could cause (their dropped fields
-        # again): counted, never written twice.
-        self.stats["dead_again"] += len(got.dead)
+        # What only this engine can cause goes out: a host past its max_hosts (it keeps every
+        # host of its fleet, a host-stage engine one partition's) and rows a model failed on.
+        # Anything else the host stage wrote for these records already: counted, not repeated.
+        for d in got.dead:
+            if d.reason in _FLEET_OWN:
+                out.dead.append(d)
+            else:
+                self.stats["dead_again"] += 1
 
     @property
     def pending(self) -> int:

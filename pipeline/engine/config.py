@@ -36,7 +36,8 @@ class EngineConfig:
       of the hosts' newest event times) is ``ts_out_of_range``: one bad clock must not carry
       the watermark (and every other host's data) with it. A jump the fleet makes together is
       followed after its first record from each of half the hosts.
-    - ``max_hosts``: hosts one engine keeps state for (a service engine sees one partition's);
+    - ``max_hosts``: hosts one engine keeps state for (a host stage's engine sees one
+      telemetry partition's, a fleet stage's every host of its fleet partition or model shards);
       records of further new hosts are ``entity_limit`` dead letters, so junk host names cannot
       grow its memory without bound.
     """

@@ -16,7 +16,8 @@ from hypothesis import strategies as hs
 from pipeline.bus.telemetry import per_host_messages
 from pipeline.decode import Decoder
 from pipeline.detection import build_detector
-from pipeline.engine import Engine
+from pipeline.engine import Engine, EngineConfig
+from pipeline.engine.stage import StageBase
 from pipeline.schema import NcclRecord
 from pipeline.canonical import canonical_order
 from pipeline.topology import FleetStage, Topology, records_decoder
@@ -115,6 +116,32 @@ def test_an_upstream_task_that_never_marks_holds_only_up_to_max_buffer():
     st.advance()
     assert st.stats["forced"] >= 1 and st.engine().stats["records.dcgm"] == 25
 
+
+
+class _Raising(StageBase):
+    """A model stage that raises on every row."""
+
+    kind, checks, columns = "raising", [], set()
+
+    def run(self, view, entities, outputs):
+        raise RuntimeError("boom")
+
+
+def test_what_only_the_fleet_engine_refuses_or_fails_on_is_a_dead_letter():
+    # The fleet engine keeps every host of its fleet, where a host-stage engine keeps its
+    # partition's: a limit sized for a partition refuses hosts here that no host stage refused,
+    # and a model that raises fails rows no host stage ran. Both reach the dead letters.
+    st = FleetStage(lambda: Engine(EngineConfig(max_hosts=2), row_checks=[], tick_checks=[], stages=[_Raising()],
+                                   screened=True))
+    st.feed([sample(t, h) for t in range(10) for h in ("n1", "n2", "n3")])
+    st.mark(0, T0 + 10, final=True)
+    dead = st.advance().dead + st.flush().dead
+    refused = [d for d in dead if d.reason == "entity_limit"]
+    failed = [d for d in dead if d.reason == "internal"]
+    assert len(refused) == 10 and {d.host for d in refused} == {"n3"} and "engine.max_hosts" in refused[0].detail
+    assert len(failed) == 20 and {d.origin.split("@")[0] for d in failed} == {"n1", "n2"}
+    assert "boom" in failed[0].detail
+    assert st.stats["dead_again"] == 0
 
 def _plain_stage(upstream: int, **kw) -> FleetStage:
     return FleetStage(lambda: Engine(row_checks=[], tick_checks=[], screened=True), upstream=upstream, **kw)
