@@ -37,9 +37,10 @@ class EngineConfig:
       the watermark (and every other host's data) with it. A jump the fleet makes together is
       followed after its first record from each of half the hosts.
     - ``max_hosts``: hosts one engine keeps state for (a host stage's engine sees one
-      telemetry partition's, a fleet stage's every host of its fleet partition or model shards);
-      records of further new hosts are ``entity_limit`` dead letters, so junk host names cannot
-      grow its memory without bound.
+      telemetry partition's; ``serve`` gives a fleet stage's engine, which sees every host the
+      host stages let through, this times the telemetry partitions); records of further new
+      hosts are ``entity_limit`` dead letters, so junk host names cannot grow its memory
+      without bound.
     """
 
     allowed_lateness: float = 30.0

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import logging
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 from typing import Callable, Sequence
 
@@ -104,7 +104,12 @@ class Membership:
     # -- set-up --------------------------------------------------------------------------------
 
     def _stages(self) -> Stages:
-        built, diags = build_stages(self.rule_paths, self.cfg.service.models, self.cfg.engine_config())
+        config = self.cfg.engine_config()
+        if self.stage == "fleet":
+            # A host stage's engine keeps one telemetry partition's hosts, up to max_hosts; the
+            # fleet stage's keeps every host those engines let through, from every partition.
+            config = replace(config, max_hosts=config.max_hosts * max(1, self.upstream))
+        built, diags = build_stages(self.rule_paths, self.cfg.service.models, config)
         if built is None:  # checked at start-up; a file broken since then keeps the old set elsewhere
             raise StateError("; ".join(str(d) for d in diags if d.is_error))
         return built

@@ -83,7 +83,8 @@ def reference_incidents(replayed) -> list[dict]:
 
 
 class Fleet:
-    def __init__(self, telemetry, max_poll_records: int = 16, models: str = "auto", shard_models: bool = False) -> None:
+    def __init__(self, telemetry, max_poll_records: int = 16, models: str = "auto", shard_models: bool = False,
+                 engine: dict | None = None) -> None:
         self.bus = MemoryBus(partitions=4)
         self.topics = Topics("t")
         p = self.bus.producer()
@@ -92,7 +93,8 @@ class Fleet:
         self.cfg = load_config_text(json.dumps({
             "kafka": {"prefix": "t", "max_poll_records": max_poll_records, "partitions": 4},
             "service": {"rules": [RULES], "models": models, "flush_idle_s": 3, "checkpoint_interval_s": 5,
-                        "shard_models": shard_models}}),
+                        "shard_models": shard_models},
+            "engine": engine or {}}),
             env={})
         self.clock = Clock()
 
@@ -175,6 +177,22 @@ def test_any_number_of_replicas_give_the_alerts_of_one_replay(telemetry, referen
     # tick is whole): the marks name the hosts released ahead.
     assert any(b'"hosts":{"' in m.value for m in f.bus.messages(f.topics.fleet))
 
+
+
+def test_a_host_limit_sized_for_a_partition_holds_the_fleet_stage_too(telemetry, reference):
+    # engine.max_hosts bounds each host stage's engine to one telemetry partition's hosts; the
+    # fleet stage's engine keeps every host of the fleet, so its bound is that times the
+    # partitions, and it refuses no host a host stage let through.
+    f = Fleet(telemetry)
+    per_partition: dict[int, set] = {}
+    for m in f.bus.messages(f.topics.telemetry):
+        per_partition.setdefault(m.partition, set()).add(m.key)
+    limit = max(len(h) for h in per_partition.values())
+    assert sum(len(h) for h in per_partition.values()) > limit
+    f = Fleet(telemetry, engine={"max_hosts": limit})
+    _run(f, [f.service("host"), f.service("fleet")])
+    assert _ids(f.alerts()) == _ids(reference)
+    assert not [m for m in f.bus.messages(f.topics.dlq) if b'"reason":"entity_limit"' in m.value]
 
 @pytest.mark.slow
 def test_the_host_stage_runs_a_hosts_rows_before_the_rest_of_the_tick_with_the_same_alerts(telemetry, reference):
