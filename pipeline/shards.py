@@ -18,6 +18,7 @@ from __future__ import annotations
 import math
 import time
 import zlib
+from functools import partial
 from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
@@ -180,7 +181,7 @@ class ShardedFleet(FleetStage):
         for key in (*self.scorers, *self.keys):
             eng = self.engines[key]
             t0 = time.perf_counter()
-            self._collect(eng.flush() if final else eng.advance_to(upto), out)
+            self._collect(eng.flush if final else partial(eng.advance_to, upto), out)
             self.busy[key] += time.perf_counter() - t0
             if key.startswith(SCORER):
                 self._hand_over(key)

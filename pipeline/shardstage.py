@@ -305,7 +305,7 @@ class ShardStage(FleetStage):
                 self.own_scored = self.lull + self.engine().config.tick
             return
         if SCORER in self.engines:  # made when its first NCCL records come: none, nothing to score
-            self._collect(self.engines[SCORER].advance_to(wm), out)
+            self._collect(lambda: self.engines[SCORER].advance_to(wm), out)
             self._hand_over()
         self.own_scored = wm
         self._step_shard(wm, out)
@@ -326,7 +326,7 @@ class ShardStage(FleetStage):
             before = eng.released
             if upto <= before:
                 break
-            self._collect(eng.advance_to(upto), out)
+            self._collect(lambda: eng.advance_to(upto), out)
             if eng.released <= before:
                 break  # not a whole tick further
         self.done = eng.released
@@ -344,7 +344,7 @@ class ShardStage(FleetStage):
         (as far as the others allow), then publishes an open-ended part and flushes."""
         if self.own_scored < math.inf:
             if SCORER in self.engines:
-                self._collect(self.engines[SCORER].flush(), out)
+                self._collect(self.engines[SCORER].flush, out)
                 self._hand_over()
             self.own_scored = math.inf
         if self.done == math.inf:
@@ -354,7 +354,7 @@ class ShardStage(FleetStage):
         if math.isfinite(newest):
             if not self._step_shard(newest + eng.config.tick, out):
                 return  # the others' parts, or the scorers' findings, are not in yet
-        self._collect(eng.flush(), out)
+        self._collect(eng.flush, out)
         first = self.exchange.first()
         self.models.epochs.close(first if first is not None else OPEN_ENDED - 1)
         self.done = math.inf

@@ -25,6 +25,7 @@ host past its engine's ``max_hosts``, rows a model raised on.
 
 from __future__ import annotations
 
+import logging
 import math
 from collections import Counter
 from typing import Any, Callable, Iterable, Mapping, Sequence, Union
@@ -40,8 +41,9 @@ from pipeline.engine.stage import Stage
 from pipeline.errors import StateError
 from pipeline.hang import HangDetector
 from pipeline.rows import Combined, DcgmColumns
-from pipeline.schema import NcclRecord, ProgressRecord, TelemetryRecord, dcgm_record_type
+from pipeline.schema import DeadLetter, NcclRecord, ProgressRecord, TelemetryRecord, dcgm_record_type
 
+log = logging.getLogger("gpuwarden.topology")
 FLEET_KEY = "fleet"  # the fleet stage's one key: every model compares over the whole fleet
 STATE_VERSION = 1
 # Dead letters only a fleet stage's engine writes (``FleetStage._collect``).
@@ -290,7 +292,7 @@ class FleetStage:
         hosts = dict.fromkeys(rows.hosts(recs), end)
         self.stats["early"] += len(recs)
         self._release(batch, out)
-        self._collect(eng.release_early(hosts), out)
+        self._collect(lambda: eng.release_early(hosts), out)
 
     def _rows_engine(self) -> Engine | None:
         """The engine that runs the DCGM rows (None: not made yet)."""
@@ -390,21 +392,35 @@ class FleetStage:
     def _release(self, batches: dict[str, Sequence[TelemetryRecord]], out: EngineOutput) -> None:
         for key, recs in batches.items():
             self.stats["released"] += len(recs)
-            self._collect(self.engine(key).process(recs), out)
+            self._collect(lambda: self.engine(key).process(recs), out)
             if self.hang is not None:
-                out.alerts.extend(self.hang.observe(rows.split(recs)[1]))
+                hang = self.hang
+                self._collect(lambda: EngineOutput(alerts=hang.observe(rows.split(recs)[1])), out)
 
     def _advance_engines(self, wm: float, out: EngineOutput) -> None:
         """Every engine to ``wm`` (what the marks allow)."""
         for eng in self.engines.values():
-            self._collect(eng.advance_to(wm), out)
+            self._collect(lambda: eng.advance_to(wm), out)
 
     def _flush_engines(self, out: EngineOutput) -> None:
         """Every engine to its end: every upstream task is final."""
         for eng in self.engines.values():
-            self._collect(eng.flush(), out)
+            self._collect(eng.flush, out)
 
-    def _collect(self, got: EngineOutput, out: EngineOutput) -> None:
+    def _collect(self, run: Callable[[], EngineOutput], out: EngineOutput) -> None:
+        """What ``run`` (an engine's or the hang detector's call) gives, into ``out``. Should it
+        raise where no guard of the engine's is (a model's ingest, NCCL, advance or finish
+        hook: ``Engine._rows`` guards a tick's rows), what it held is not evaluated, the error is
+        logged with one ``internal`` dead letter, and the stage goes on: its records have left
+        the buffer and none is fed twice, and a service that stopped here would meet the same
+        error at every restart."""
+        try:
+            got = run()
+        except Exception as e:  # noqa: BLE001 - a model's bug costs what this call held
+            log.exception("the fleet stage's models raised; what the call held is not evaluated")
+            detail = f"the fleet stage's models raised; what this call held is not evaluated: {type(e).__name__}: {e}"
+            out.dead.append(DeadLetter(reason=INTERNAL, detail=detail[:300], origin=f"fleet stage@{self.released}"))
+            return
         out.alerts.extend(got.alerts)
         # What only this engine can cause goes out: a host past its max_hosts (it keeps every
         # host of its fleet, a host-stage engine one partition's) and rows a model failed on.

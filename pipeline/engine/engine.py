@@ -362,7 +362,10 @@ class Engine:
             self._ticks_until(wm, out)
             self.released = max(self.released, wm)
         for stage in self.stages:
-            stage.advanced(self.released, self.entities)
+            try:
+                stage.advanced(self.released, self.entities)
+            except Exception as e:  # noqa: BLE001 - as in _rows: the ticks ran, their alerts stand
+                out.dead.append(self._raised_after(stage.kind, e))
         self._release_nic(math.inf if final else wm, out)
 
     def _release_nic(self, upto: float, out: EngineOutput) -> None:
@@ -607,6 +610,14 @@ class Engine:
             )
         for stage in self.stages:
             stage.finish()
+
+    def _raised_after(self, kind: str, e: Exception) -> DeadLetter:
+        """Stage ``kind`` raised after a release (``Stage.advanced``): logged, and one ``internal``
+        dead letter; the ticks before it ran and their alerts stand."""
+        log.exception("stage %s raised after the release to %.3f", kind, self.released)
+        self.stats["dead." + INTERNAL] += 1
+        detail = f"stage {kind} raised after the release: {type(e).__name__}: {e}"[:300]
+        return DeadLetter(reason=INTERNAL, detail=detail, origin=f"{kind}@{self.released}")
 
     def _note_returns(self, chunk: DcgmFrame) -> None:
         """Hosts reporting after more than ``gpu_absent_after`` of silence (scaled with a slow

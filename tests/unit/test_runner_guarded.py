@@ -63,3 +63,31 @@ def test_an_engine_that_raises_mid_batch_costs_that_ticks_rows_once_and_nothing_
     assert [(d.reason, d.origin) for d in out.dead] == [("internal", f"n1@{T0 + 3:.3f}")]
     assert "ZeroDivisionError: a bug" in out.dead[0].detail and "2 sample(s)" in out.dead[0].detail
     assert pipe.engine.stats["dead.internal"] == 2
+
+
+class _Late(_Picky):
+    """A stage whose hook after a release (``Stage.advanced``) has a bug, the first time only."""
+
+    kind = "late"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls = 0
+
+    def advanced(self, upto, entities):
+        self.calls += 1
+        if self.calls == 1:
+            raise ZeroDivisionError("a bug")
+
+
+def test_a_stage_that_raises_after_a_release_costs_no_row_twice() -> None:
+    # The ticks ran before the hook raised: the exception left the engine, and handle_guarded's
+    # retry fed every record of the batch a second time.
+    recs = [sample(t, "n1", g) for t in range(8) for g in range(2)]
+    stage = _Late()
+    pipe = Pipeline(Engine(EngineConfig(), row_checks=[], tick_checks=[], stages=[stage]))
+    out = pipe.handle_guarded(as_consumed(per_host_messages(recs), "t", 0))
+    out.extend(pipe.flush())
+    assert max(stage.seen.values()) == 1 and len(stage.seen) == len(recs)
+    assert [d.reason for d in out.dead] == ["internal"] and out.dead[0].origin.startswith("late@")
+    assert "ZeroDivisionError: a bug" in out.dead[0].detail and stage.calls >= 2

@@ -143,6 +143,40 @@ def test_what_only_the_fleet_engine_refuses_or_fails_on_is_a_dead_letter():
     assert "boom" in failed[0].detail
     assert st.stats["dead_again"] == 0
 
+
+class _FinishRaises(StageBase):
+    """A model stage whose end-of-tick hook (``Stage.finish``, outside the engine's guard of a
+    tick's rows) raises at ticks 3 and 4, counting the ticks it ran."""
+
+    kind, checks, columns = "finishing", [], set()
+
+    def __init__(self) -> None:
+        self.ticks: list[float] = []
+
+    def run(self, view, entities, outputs):
+        self.ticks.append(view.ts0)
+        return []
+
+    def finish(self):
+        if self.ticks and self.ticks[-1] in (T0 + 3, T0 + 4):
+            raise RuntimeError("boom")
+
+
+def test_a_model_that_raises_outside_a_ticks_rows_costs_that_release_not_the_stage():
+    # It left FleetStage.advance, and a service's fleet task with it: the service stopped, and
+    # met the same error again at every restart from its checkpoint.
+    stage = _FinishRaises()
+    st = FleetStage(lambda: Engine(row_checks=[], tick_checks=[], stages=[stage], screened=True))
+    dead = []
+    for t in range(10):
+        st.feed([sample(t, "n1")])
+        st.mark(0, T0 + t + 1)
+        dead += st.advance().dead
+    dead += st.flush().dead
+    assert [d.reason for d in dead] == ["internal", "internal"] and "boom" in dead[0].detail
+    assert dead[0].origin.startswith("fleet stage@")
+    assert stage.ticks == [T0 + t for t in range(10)]  # the stage went on with the later ticks
+
 def _plain_stage(upstream: int, **kw) -> FleetStage:
     return FleetStage(lambda: Engine(row_checks=[], tick_checks=[], screened=True), upstream=upstream, **kw)
 
