@@ -68,6 +68,10 @@ _TS = operator.attrgetter("ts")
 # The fleet stage's counters of records its models did not get (FleetStage.stats), and of its
 # forced releases (events, not records).
 DROPPED = ("duplicate", "late")
+# What the alert feed before the incident stage drops, and the prefix of the incident stage's
+# own drops (FleetTask.take_incident_drops).
+FEED_DROPPED = ("late", "duplicate", "bad_ts")
+_STAGE_DROPPED = "incidents.dropped."
 FORCED = "forced"
 _KEY = FLEET_KEY.encode()
 # What one forwarded alert may hold (and, in fleetwire, how many a message): an alert over it is
@@ -480,6 +484,26 @@ class FleetTask:
         n = self.stage.stats[stat] - self._taken.get(stat, 0)
         self._taken[stat] = self.stage.stats[stat]
         return n
+
+    def take_incident_drops(self) -> dict[str, int]:
+        """How many alerts the incident side dropped since the last call, by why: before the
+        incident stage (``AlertFeed``: late, for a second it released; duplicate; bad_ts) and in
+        it (``IncidentStage``: too_many_open, too_many_firing, bad_alert, bad_state). Empty
+        with incidents off.
+
+        >>> from pipeline.engine import Engine
+        >>> FleetTask(lambda: Engine(screened=True), 1).take_incident_drops()  # incidents off
+        {}
+        """
+        if self.incidents is None:
+            return {}
+        now = {why: self.feed.stats[why] for why in FEED_DROPPED}
+        for key, n in self.incidents.stats.items():
+            if key.startswith(_STAGE_DROPPED):
+                now[key.removeprefix(_STAGE_DROPPED)] = n
+        out = {why: n - self._taken.get("incidents." + why, 0) for why, n in now.items()}
+        self._taken.update({"incidents." + why: n for why, n in now.items()})
+        return {why: n for why, n in out.items() if n}
 
     def flush(self) -> EngineOutput:
         # Idle is no reason to release here: only the marks say when every host has been heard.

@@ -31,6 +31,13 @@ class Metrics:
             ["why"],
             registry=r,
         )
+        self.incident_dropped = Counter(
+            "gpuwarden_incident_alerts_dropped",
+            "Alerts the incident stage did not group, by why: late (for a second it had released), "
+            "duplicate, bad_ts, too_many_open, too_many_firing, bad_alert, bad_state",
+            ["why"],
+            registry=r,
+        )
         self.fleet_forced = Counter(
             "gpuwarden_fleet_forced_releases",
             "Times the fleet stage followed the most advanced telemetry partition past "

@@ -129,3 +129,32 @@ def _records_in(body: bytes) -> int:
     """How many records a records message's body (pipeline/service/forwarded.py) holds."""
     cols = msgspec.msgpack.decode(body, type=Columns)
     return cols.n + len(cols.other)
+
+
+def test_alerts_the_incident_side_drops_are_counted_by_why():
+    # An alert past the incident stage's max_open, and one for a second the feed had released
+    # (a host stage's partition back from an idle flush): both were counted only in stats that
+    # nothing read, and left <prefix>.incidents without a word.
+    from pipeline.engine import Engine
+    from pipeline.incidents import IncidentStage, default_config
+    from pipeline.schema import AlertEvent
+    from tests.fleet_factories import alerts_body, envelope, fleet_message, mark_body
+
+    def alert(host: str, t: float) -> AlertEvent:
+        return AlertEvent(id=f"a-{host}", state="firing", fault="gpu_fallen_off_bus", severity="critical",
+                          rule="gpu_fallen_off_bus", host=host, gpu=0, ts=T0 + t, started_at=T0 + t)
+
+    stage = IncidentStage(default_config(), max_open=1)
+    task = FleetTask(lambda: Engine(row_checks=[], tick_checks=[], screened=True), 1, topic="t.fleet",
+                     group="svc", key=None, incidents=stage, records=False)
+    msgs = [envelope(alerts_body([alert("n1", 1), alert("n2", 2)]), 0, key=None),
+            envelope(mark_body(0, T0 + 10, n=1), 0, key=None)]
+    task.handle_guarded([fleet_message(m, i) for i, m in enumerate(msgs)])
+    task.handle_guarded([fleet_message(envelope(alerts_body([alert("n3", 5)]), 0, key=None), 2)])
+    assert [e.host for e in task.take_incidents()] == ["n1"]
+    assert task.take_incident_drops() == {"too_many_open": 1, "late": 1}
+    assert task.take_incident_drops() == {}   # counted once
+    m = Metrics()
+    m.incident_dropped.labels("late").inc(1)
+    text = "\n".join(f"{s.name}{s.labels} {s.value}" for mt in m.registry.collect() for s in mt.samples)
+    assert "gpuwarden_incident_alerts_dropped_total{'why': 'late'} 1.0" in text
