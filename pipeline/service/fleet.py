@@ -390,11 +390,14 @@ class FleetTask:
         """Why a time a mark says its sender released to is refused, or None."""
         if not math.isfinite(t):
             return BAD_MARK, f"{what} {t} is not finite"
-        if not self.records or self.shard is not None:
+        if not self.records or self.shard is not None or self.key is not None:
             # Rules only: no records to bound a mark by; the decoder's range bounds every time a
             # host-stage engine releases to. With model shards, a fleet partition gets only its
             # hosts' records, and none for long spells when they hash elsewhere or fall silent,
-            # so those cannot bound a telemetry partition's progress either: the MAC does.
+            # so those cannot bound a telemetry partition's progress either: the MAC does. And
+            # signed, a mark is the host stage's own: a partition whose records stopped while
+            # others went on (its NIC port records, which are not forwarded) releases truly
+            # past its newest forwarded record, and refused, its marks held the whole fleet.
             if not TS_MIN <= t <= TS_MAX:
                 return EARLY_MARK, f"{what} {t} outside {TS_MIN:.0f}..{TS_MAX:.0f}"
             return None

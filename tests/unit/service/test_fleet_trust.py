@@ -110,7 +110,8 @@ def test_signed_records_and_marks_from_every_partition_release():
 def test_a_mark_far_ahead_of_what_its_partition_forwarded_is_refused(upto, buffered):
     # Row 1: upto ~1e17 made _ticks_until spin for ever (float spacing above a second), and with
     # nothing buffered released jumped to it, was checkpointed, and every later record was late.
-    f = Feeder(_task())
+    # Unsigned (--insecure-state): nothing but the records it forwarded vouches for a mark.
+    f = Feeder(_task(key=None))
     if buffered:
         f.records(0, [T0, T0 + 1])
         f.records(1, [T0, T0 + 1], host="n2")
@@ -126,7 +127,7 @@ def test_a_mark_far_ahead_of_what_its_partition_forwarded_is_refused(upto, buffe
 
 
 def test_a_mark_within_the_lateness_of_its_partitions_newest_record_is_taken():
-    f = Feeder(_task())
+    f = Feeder(_task(key=None))
     f.records(0, [T0])
     assert f.mark(0, T0 + 31.0) == []          # allowed_lateness 30 s + tick 1 s
     assert _reasons(f.mark(0, T0 + 31.5)) == ["early_mark"]
@@ -134,7 +135,7 @@ def test_a_mark_within_the_lateness_of_its_partitions_newest_record_is_taken():
 
 
 def test_a_mark_with_nothing_forwarded_may_only_say_nothing_released():
-    f = Feeder(_task())
+    f = Feeder(_task(key=None))
     assert f.mark(0, None) == [] and f.mark(1, None, final=True) == []
     dead = f.mark(0, T0)
     assert _reasons(dead) == ["early_mark"] and "forwarded no record" in dead[0].detail
@@ -152,12 +153,37 @@ def test_a_mark_with_nothing_forwarded_may_only_say_nothing_released():
     ],
 )
 def test_a_mark_with_hosts_ahead_it_cannot_have_released_is_refused(hosts, reason, says):
-    f = Feeder(_task())
+    f = Feeder(_task(key=None))
     f.records(0, [T0, T0 + 1])
     dead = f.send(envelope(mark_body(0, T0, False, N, hosts), 0))
     assert _reasons(dead) == [reason] and says in dead[0].detail
     assert f.task.stage.hosts_ahead == {} and 0 not in f.task.stage.marks
 
+
+
+@pytest.mark.parametrize("upto", [1e17, 1e300, -1e300])
+def test_a_signed_mark_is_bounded_by_the_decoders_range_only(upto):
+    # Signed, a mark is the host stage's own: one past what its partition forwarded is taken (a
+    # partition whose records stopped while its NIC port records, never forwarded, went on), and
+    # only a time no record could have is refused.
+    f = Feeder(_task())
+    assert _reasons(f.mark(0, upto)) == ["early_mark"] and "outside" in f.dead[0].detail
+    assert f.mark(0, T0) == []   # nothing forwarded yet
+
+
+def test_a_partition_that_stops_forwarding_does_not_hold_the_others():
+    # Its DCGM records stop at T0+29 while its host stage goes on releasing (its NIC port
+    # records move it): its signed marks run past what it forwarded. Refused as early_mark, they
+    # held every other partition's records until service.fleet_max_buffer forced them out.
+    f = Feeder(_task())
+    for t in range(0, 150, 10):
+        if t < 30:
+            f.records(0, [T0 + t + k for k in range(10)])
+        f.records(1, [T0 + t + k for k in range(10)], host="n2")
+        f.mark(0, T0 + t + 10)
+        f.mark(1, T0 + t + 10)
+    assert f.dead == []
+    assert f.task.stage.released == T0 + 150 and f.task.stage.stats["released"] == 180
 
 def test_a_mark_naming_more_hosts_ahead_than_an_engine_keeps_is_refused():
     f = Feeder(_task())
@@ -381,9 +407,9 @@ def test_a_columns_body_that_does_not_hold_what_it_declares_is_refused_whole(cha
 
 
 def test_what_a_partition_forwarded_survives_a_checkpoint():
-    f = Feeder(_task())
+    f = Feeder(_task(key=None))
     f.records(0, [T0, T0 + 3])
-    again = _task()
+    again = _task(key=None)
     again.restore(f.task.snapshot())
     assert again.stage.forwarded == {0: T0 + 3}
     g = Feeder(again)
