@@ -4,8 +4,13 @@ Layouts (from nccl-tests' ``src/common.cu`` / ``src/util.cu`` across its release
 docs/producers.md for the table):
 
 - Text tables are read by their header row, not by position. Before 2.13 there is no ``root``
-  column (some builds) and the error column is ``error`` (``0e+00``); 2.13+ prints ``#wrong``,
-  a ``root`` column, optional per-iteration columns (``i_min``...) and a timestamp.
+  column (some builds) and the check column is ``error``: the largest deviation from the
+  expected values (``maxDelta``, ``%5.0le``: ``0e+00``, or ``2e-07`` of float rounding in a healthy
+  run), not a count, so it is kept as ``max_error`` and the ``# Out of bounds values`` line is
+  the verdict; 2.13+ prints ``#wrong`` (wrong elements), a ``root`` column, optional
+  per-iteration columns (``i_min``...) and a timestamp.
+- Lines tagged by the launcher (``mpirun --tag-output``: ``[1,0]<stdout>:``; ``srun -l``:
+  ``0: ``) are read without the tag.
 - Tests without a reduction (alltoall, broadcast, gather...) printed an *empty* ``redop`` cell
   before NCCL 2.13's resync (``"none"`` since): such a row has one token fewer than its header,
   and the missing one is the ``redop`` cell.
@@ -66,6 +71,8 @@ _RANK = re.compile(r"#\s*Rank\s+(\S+)(?:\s+Group\s+(\S+))?(?:\s+Pid\s+(\S+))?\s+
 _PERF = re.compile(r"\b([a-z_]+?)_perf(?:_mpi)?\b", re.ASCII)
 _NTHREAD = re.compile(r"nThread\s+(\S+)\s+nGpus\s+(\S+)")
 _OOB = re.compile(r"Out of bounds values\s*:\s*(\S+)\s*(\w*)")
+# A launcher's tag before each line: mpirun --tag-output's [job,rank]<stdout>:, srun -l's "rank: ".
+_TAG = re.compile(r"^\s*(?:\[\d{1,9},\d{1,9}\]<(?:stdout|stderr)>:|\d{1,9}:(?=\s))")
 RANK_DIGITS = 9  # ranks, devices, thread and GPU counts: far beyond any job
 
 
@@ -180,7 +187,7 @@ def _records(
         for k in ("type", "redop", "root"):
             if row.get(k) not in (None, ""):
                 labels[k] = str(row[k])
-        for k in ("in_time_us", "in_algbw_gbs", "in_busbw_gbs", "wrong", "in_wrong"):
+        for k in ("in_time_us", "in_algbw_gbs", "in_busbw_gbs", "wrong", "in_wrong", "max_error", "in_max_error"):
             if row.get(k) is not None:
                 labels[k] = f"{row[k]:g}"
         out.append(
@@ -236,8 +243,10 @@ def _row(header: list[str], time_scale: float, toks: list[str]) -> dict[str, Any
             row["time" if groups == 1 else "in_time_us"] = None if x is None else x * time_scale
         elif name in ("algbw", "busbw"):
             row[name if groups == 1 else f"in_{name}_gbs"] = _float(tok)
-        elif name in ("#wrong", "error", "wrong"):
+        elif name in ("#wrong", "wrong"):
             row["wrong" if groups == 1 else "in_wrong"] = _float(tok)
+        elif name == "error":  # pre-2.13: the largest deviation (maxDelta), not a count
+            row["max_error" if groups == 1 else "in_max_error"] = _float(tok)
     return row if "size" in row else None
 
 
@@ -290,7 +299,7 @@ def parse_text(
         cur = _Run()
 
     for line in text.splitlines():
-        s = line.strip()
+        s = _TAG.sub("", line, count=1).strip()
         if not s:
             continue
         if not s.startswith("#"):

@@ -126,6 +126,33 @@ def test_wrong_results_are_a_critical_finding(caplog):
     assert st.findings == []
 
 
+
+def test_the_old_error_column_is_a_deviation_not_wrong_elements():
+    # Before 2.13 the column is maxDelta (printf "%5.0le"): a healthy float run prints 2e-07
+    # and the like (V100, NCCL 2.8.3, in public logs). Read as a count of wrong elements, every
+    # row made a critical "silent data corruption" finding; the verdict is the footer's.
+    text = old_run(NODE8, ROWS).replace("0e+00", "2e-07")
+    st = ParseStats()
+    recs = parse_text(text, ts=T, coll="AllReduce", stats=st)
+    assert st.findings == [] and len(recs) == 2
+    assert all("wrong_results" not in r.labels and "wrong" not in r.labels for r in recs)
+    assert recs[0].labels["max_error"] == "2e-07" and recs[0].labels["in_max_error"] == "2e-07"
+    st = ParseStats()
+    parse_text(old_run(NODE8, ROWS, oob=1).replace("0e+00", "3e+02"), ts=T, coll="AllReduce", stats=st)
+    assert [f.out_of_bounds for f in st.findings] == [1]
+
+
+def test_lines_tagged_by_the_launcher_read_as_untagged():
+    # mpirun --tag-output prefixes every line with [job,rank]<stdout>:, srun -l with "rank: ":
+    # each rule above missed its line, and the log gave no record and no drop.
+    text = new_run("all_reduce_perf", NODE8, ROWS, wrong=1, oob=2)
+    plain = parse_text(text, ts=T)
+    assert len(plain) == 2
+    for tag in ("[1,0]<stdout>:", "0: "):
+        st = ParseStats()
+        got = parse_text("\n".join(tag + line for line in text.splitlines()), ts=T, stats=st)
+        assert got == plain and [f.out_of_bounds for f in st.findings] == [2], tag
+
 def test_rows_that_do_not_fit_are_counted_not_silent():
     lines = new_run("all_reduce_perf", NODE8, ROWS).splitlines()
     i = next(i for i, l in enumerate(lines) if l.split()[:1] == ["1024"])
