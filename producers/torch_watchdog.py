@@ -70,6 +70,13 @@ _FAILURE = re.compile(
     r"failure detected by watchdog at work sequence id: (?P<seq>\S+) PG status: last enqueued work: (?P<enq>-?\S+?),"
     r" last completed work: (?P<done>-?[^\s.,]+)"
 )
+# "Exception (either an error or timeout) detected by watchdog at work: 1580, last enqueued NCCL
+# work: 1582, last completed NCCL work: 1579." (PyTorch 2.4-2.6; "NCCL error is detected ..." since):
+# on a rank whose work failed, often its only line.
+_DETECTED = re.compile(
+    r"detected by watchdog at work: (?P<seq>[^\s,]+), last enqueued NCCL work: (?P<enq>-?[^\s,]+), "
+    r"last completed NCCL work: (?P<done>-?[^\s.,]+)"
+)
 _TIMEOUT_AT = re.compile(
     r"Timeout at NCCL work: (?P<seq>\S+?), last enqueued NCCL work: (?P<enq>-?\S+?), last completed NCCL work: "
     r"(?P<done>-?[^\s.,]+)"
@@ -81,7 +88,8 @@ _DUMP = re.compile(
 _FAILED = "Some NCCL operations have failed or timed out"
 # Words a watchdog line holds: a line with one that fits no layout is counted, never guessed at.
 _MARKERS = ("Watchdog caught collective operation timeout", "failure detected by watchdog",
-            "Timeout at NCCL work", "Received a dump signal due to a collective timeout", _FAILED)  # fmt: skip
+            "detected by watchdog at work", "Timeout at NCCL work",
+            "Received a dump signal due to a collective timeout", _FAILED)  # fmt: skip
 _KV = re.compile(r"(\w+(?:\(ms\))?)=([^,]*)")
 
 
@@ -255,7 +263,7 @@ def parse_line(line: str, *, year: int, default_ts: float, stats: WatchdogStats)
             if rep.seq is None:
                 stats.unparsable += 1
                 return None
-        elif (f := _FAILURE.search(msg) or _TIMEOUT_AT.search(msg)) is not None:
+        elif (f := _FAILURE.search(msg) or _TIMEOUT_AT.search(msg) or _DETECTED.search(msg)) is not None:
             rep.seq = _num(f.group("seq"))
             rep.last_enqueued = _num(f.group("enq"), True)
             rep.last_completed = _num(f.group("done"), True)

@@ -71,6 +71,16 @@ DUMP = ("[default5]:[rank5]:[E1218 20:27:22.000000000 ProcessGroupNCCL.cpp:1390]
         "info. Last enqueued NCCL work: 547, last completed NCCL work: 546.This is most likely caused by incorrect "
         "usages of collectives")
 
+# PyTorch 2.4-2.6 print this on the rank whose work failed (ProcessGroupNCCL.cpp, LOG(ERROR) <<
+# "Exception (either an error or timeout) detected by watchdog at work: "), often its only line;
+# later releases say "NCCL error is detected by watchdog at work: ".
+PT25_DETECTED = ("[rank3]:[E321 02:07:08.465224069 ProcessGroupNCCL.cpp:1664] [PG 1 Rank 3] Exception (either an "
+                 "error or timeout) detected by watchdog at work: 1580, last enqueued NCCL work: 1582, last completed "
+                 "NCCL work: 1579.")
+PT26_DETECTED = ("[rank1]:[E1109 16:13:20.222705810 ProcessGroupNCCL.cpp:1785] [PG ID 0 PG GUID 0(default_pg) Rank 1] "
+                 "NCCL error is detected by watchdog at work: 811, last enqueued NCCL work: 812, last completed NCCL "
+                 "work: 810.")
+
 DEC_2025 = 1767139200.0  # 2025-12-31: the logs' year
 
 
@@ -120,6 +130,15 @@ def test_ray_and_torchrun_prefixes_and_the_dump_signal_of_a_waiting_rank():
     assert (dump.gpu, dump.last_enqueued, dump.last_completed, dump.comm) == (5, 547, 546, "1")
     assert dump.labels["dump_from"] == "rank 0" and dump.labels["local_rank"] == "5"
 
+
+
+def test_the_detected_by_watchdog_line_is_a_ranks_report_with_its_progress():
+    # It matched no layout and no marker: the rank it alone named was missing, and the others
+    # had no last enqueued / completed work, without a drop counted.
+    recs, stats = _parse("\n".join([PT25_DETECTED, PT26_DETECTED]))
+    got = {r.rank: (r.seq, r.last_enqueued, r.last_completed, r.comm, r.state) for r in recs}
+    assert got == {3: (1580, 1582, 1579, "1", "timeout"), 1: (811, 812, 810, "0", "timeout")}
+    assert stats.summary()["dropped.unparsable_line"] == 0 and stats.watchdog_lines == 2
 
 def test_gpus_per_node_maps_ranks_to_gpus():
     recs, _ = _parse(PT24_STATUS_1.replace("Rank 1", "Rank 13").replace("rank1", "rank13"), gpus_per_node=8)
