@@ -8,6 +8,8 @@ Most XIDs reach operators through the kernel log, whether or not DCGM runs. The 
     NVRM: Xid (PCI:%04x:%02x:%02x[ GPU-I:%02u[ GPU-CI:%02u]]): %d, pid=%s, name=%s, <message>
     NVRM: Xid (PCI:%04x:%02x:%02x): %d, <message>                 (no process to blame)
     nvidia-<switch>: SXid (PCI:%04x:%02x:%02x.%x): %05d, <Fatal|Non-fatal>, <message>
+    nvidia-<switch>: SXid (PCI:...): %05d, Severity %d Engine instance %02d Sub-engine instance %02d
+    nvidia-<switch>: SXid (PCI:...): %05d, Data {0x%08x, ...}         (the same event's detail)
 
 and drivers before R4xx wrote ``NVRM: Xid (0000:03:00): 14, ...`` without ``PCI:``. The
 producer reads those lines from ``/dev/kmsg``, ``journalctl -k -f -o json`` or a saved file
@@ -69,6 +71,9 @@ _SXID = re.compile(
     r"\.(?P<fn>[0-9a-fA-F])\): (?P<code>\d+)(?:, ?(?P<rest>.*))?$",
     re.ASCII,
 )
+# An SXid event is three lines: "<code>, Non-fatal|Fatal, <message>", then "<code>, Severity N
+# Engine instance .. Sub-engine instance .." and "<code>, Data {0x.., ...}" (the same event's detail).
+_SXID_DETAIL = ("Severity ", "Data {")
 CODE_DIGITS = 9  # XID codes are below 200 and SXids five digits; longer is not a code
 # Unmapped PCI ids each logged once, up to this many: hostile lines must not grow the set for ever.
 MAX_WARNED_PCI = 1024
@@ -132,10 +137,15 @@ class KernelLog:
             if m is None or code is None:
                 self.stats.unparsable_xid += 1
                 return []
+            rest = m["rest"] or ""
+            if rest.startswith(_SXID_DETAIL):
+                # The driver's 2nd and 3rd line of the event above (error_nvswitch.c,
+                # _nvswitch_dump_error_entry): its severity and raw data, not another SXid.
+                self.stats.sxid_detail_lines += 1
+                return []
             self.stats.sxid_lines += 1
             base = self._baseline(host, ts) if emit else []
             st = self._state(host)
-            rest = m["rest"] or ""
             if rest.startswith("Fatal"):
                 st.fatal_sxid = code
                 st.fatal_sxids += emit  # a follower's backlog is the state, not news: not counted

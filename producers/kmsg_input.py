@@ -39,6 +39,14 @@ _ISO = re.compile(
     r"^(?P<date>\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:[.,]\d+)?(?:Z|[+-]\d\d:?\d\d)?) (?P<host>\S+) "
     r"kernel: (?:\[\s*\d+\.\d+\] )?(?P<msg>.*)$"
 )  # short-iso
+_DMESG_ISO = re.compile(
+    r"^(?P<date>\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:[.,]\d+)?(?:Z|[+-]\d\d:?\d\d)) (?P<msg>.*)$"
+)  # dmesg --time-format=iso
+# dmesg -x (--decode): "kern  :err   : " before the time.
+_FACILITY = re.compile(
+    r"^(?:kern|user|mail|daemon|auth|syslog|lpr|news|uucp|cron|authpriv|ftp|local[0-7])\s*:"
+    r"(?:emerg|alert|crit|err|warn|notice|info|debug)\s*: "
+)
 _SYSLOG = re.compile(
     r"^(?P<date>[A-Z][a-z]{2} [ \d]\d \d\d:\d\d:\d\d) (?P<host>\S+) kernel: (?:\[\s*\d+\.\d+\] )?"
     r"(?P<msg>.*)$"
@@ -116,6 +124,7 @@ def parse_line(text: str, *, year: int | None = None) -> Line | None:
         usec = ascii_int(m["usec"], 19)
         boot = _boot(usec / 1e6) if usec is not None else None
         return Line(m["msg"], boot=boot) if boot is not None else _bad_time(m["msg"])
+    text = _FACILITY.sub("", text, count=1)
     m = _DMESG.match(text)
     if m:
         boot = _boot(ascii_float(m["secs"], 32))
@@ -128,6 +137,10 @@ def parse_line(text: str, *, year: int | None = None) -> Line | None:
     if m:
         ts = _iso(m["date"])
         return Line(m["msg"], ts=ts, host=m["host"]) if ts is not None else _bad_time(m["msg"])
+    m = _DMESG_ISO.match(text)
+    if m:
+        ts = _iso(m["date"])
+        return Line(m["msg"], ts=ts) if ts is not None else _bad_time(m["msg"])
     m = _SYSLOG.match(text)
     if m:
         yr = year or time.localtime().tm_year
@@ -204,6 +217,7 @@ class KmsgStats:
     lines: int = 0
     xid_lines: int = 0
     sxid_lines: int = 0
+    sxid_detail_lines: int = 0  # an SXid event's Severity and Data lines: read, not another event
     records: int = 0
     backlog_events: int = 0  # events from before the follower started: folded into the state
     unmapped_pci: int = 0  # an XID for a bus id the PCI map does not have
@@ -223,6 +237,7 @@ class KmsgStats:
             "lines": self.lines,
             "xid_lines": self.xid_lines,
             "sxid_lines": self.sxid_lines,
+            "sxid_detail_lines": self.sxid_detail_lines,
             "fabric_lines": self.fabric_lines,
             "records": self.records,
             "backlog_events": self.backlog_events,

@@ -125,6 +125,18 @@ def test_every_line_layout_gives_the_message_and_its_time():
     assert parse_line(msg).msg == msg and parse_line(msg).ts is None                       # dmesg -t: no time
 
 
+
+def test_dmesg_iso_times_and_decoded_facility_prefixes_keep_their_time():
+    # dmesg --time-format=iso, and dmesg -x's "kern  :err   : " (leptonai/gpud#338): no layout
+    # matched, and the event took the file's time instead of its own.
+    msg = "nvidia-nvswitch1: SXid (PCI:0000:06:00.0): 12028, Non-fatal, Link 32 egress non-posted PRIV error"
+    for pfx in ("", "kern  :err   : "):
+        ln = parse_line(f"{pfx}2025-01-25T10:34:54,859532+00:00 {msg}")
+        assert (ln.msg, ln.ts, ln.error) == (msg, 1737801294.859532, None), pfx
+    ln = parse_line(f"kern  :warn  : [ 1234.567890] {XID_79}")
+    assert (ln.msg, ln.boot) == (XID_79, 1234.56789)
+    assert parse_line(f"2025-02-30T10:34:54+00:00 {msg}").error is not None   # a date that does not exist
+
 def test_a_dmesg_file_gives_each_gpus_last_xid_sxids_on_the_host_and_counts_what_it_drops(tmp_path):
     p = write(tmp_path, "dmesg.txt", dmesg(EVENTS))
     src = KmsgFileSource(str(p), parse_pci_map(PCI_MAP), host="n1", boot_time=1_800_000_000.0, interval_s=10)
@@ -152,6 +164,25 @@ def test_a_dmesg_file_gives_each_gpus_last_xid_sxids_on_the_host_and_counts_what
     assert s["xid_lines"] == 6 and s["sxid_lines"] == 2 and s["dropped.unmapped_pci"] == 1
     assert s["records"] == len(recs) and s["lines"] == len(EVENTS) + 3
 
+
+
+def test_an_sxids_severity_and_data_lines_are_its_detail_not_more_events(tmp_path):
+    # The driver prints each SXid as three lines (NVIDIA's Fabric Manager guide; a dmesg in
+    # NVIDIA/nvtrust#124): each was counted as an SXid of its own, non-fatal whatever the event.
+    pfx = "nvidia-nvswitch1: SXid (PCI:0000:07:00.0): 20034, "
+    three = [SXID_FATAL, pfx + "Severity 1 Engine instance 30 Sub-engine instance 00",
+             pfx + "Data {0x00000000, 0x00000004, 0x00000000, 0x00000000, 0x00000000, 0x00000000, 0x00000000, 0x00000000}"]
+    src = KmsgFileSource(str(write(tmp_path, "dmesg.txt", dmesg([SXID_NONFATAL] + three))), parse_pci_map(PCI_MAP),
+                         host="n1", boot_time=1_800_000_000.0, interval_s=10)
+    recs = src.poll()
+    last = max(recs, key=lambda r: r.ts)
+    n_nonfatal = FIELDS.by_alias("nvswitch_nonfatal_sxids")
+    n_fatal = FIELDS.by_alias("nvswitch_fatal_sxids")
+    assert (val(last, FATAL), val(last, NONFATAL)) == (20034, 12028)     # the fatal one stays fatal
+    assert (val(last, n_fatal), val(last, n_nonfatal)) == (1, 1)
+    s = src.summary()
+    assert s["sxid_lines"] == 2 and s["sxid_detail_lines"] == 2 and len({r.ts for r in recs
+                                                                          if "sxid.message" in r.labels}) == 2
 
 def test_every_known_gpu_is_sampled_between_events_so_none_looks_lost(tmp_path):
     p = write(tmp_path, "dmesg.txt", dmesg([XID_79, XID_13], step=60.0))
