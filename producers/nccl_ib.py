@@ -272,25 +272,20 @@ class IbLog:
         agg.counters = dict(totals)
 
     def _time(self, line: str, m: re.Match) -> float:
-        """NCCL's own time (local, 2.23+), else a log shipper's ISO time at the line's start,
-        else the log's default."""
+        """A log shipper's ISO time at the line's start when it names its zone (an absolute
+        time), else NCCL's own (2.23+; the node's local time, which names none: read in this
+        host's zone, wrong by hours when the node's differs, NVIDIA/nccl#1905 shows both apart),
+        else the shipper's without a zone, else the log's default."""
+        iso = _ISO.match(line)
+        if iso is not None and iso.group(8) is not None and (t := _iso_time(iso)) is not None:
+            return t
         if m.group("ts"):
             try:
                 return time.mktime(time.strptime(m.group("ts"), "%Y-%m-%d %H:%M:%S"))
             except (ValueError, OverflowError):
                 pass
-        iso = _ISO.match(line)
-        if iso is not None:
-            y, mo, d, hh, mm, ss, frac, tz = iso.groups()
-            try:
-                tm = time.strptime(f"{y}-{mo}-{d} {hh}:{mm}:{ss}", "%Y-%m-%d %H:%M:%S")
-                frac_s = float(frac) if frac else 0.0
-                if tz is None:
-                    return time.mktime(tm) + frac_s
-                off = 0 if tz == "Z" else (1 if tz[0] == "+" else -1) * (int(tz[1:3]) * 3600 + int(tz[-2:]) * 60)
-                return calendar.timegm(tm) - off + frac_s
-            except (ValueError, OverflowError):
-                pass
+        if iso is not None and (t := _iso_time(iso)) is not None:
+            return t
         self.stats.no_timestamp += 1
         return self.default_ts
 
@@ -309,3 +304,17 @@ class IbLog:
 
 
 __all__ = ["FATAL_EVENTS", "UNKNOWN_HCA", "WC_STATUS", "IbLog", "IbStats"]
+
+
+def _iso_time(iso: re.Match) -> float | None:
+    """Epoch seconds of an ``_ISO`` match (local time when it names no zone), or None."""
+    y, mo, d, hh, mm, ss, frac, tz = iso.groups()
+    try:
+        tm = time.strptime(f"{y}-{mo}-{d} {hh}:{mm}:{ss}", "%Y-%m-%d %H:%M:%S")
+        frac_s = float(frac) if frac else 0.0
+        if tz is None:
+            return time.mktime(tm) + frac_s
+        off = 0 if tz == "Z" else (1 if tz[0] == "+" else -1) * (int(tz[1:3]) * 3600 + int(tz[-2:]) * 60)
+        return calendar.timegm(tm) - off + frac_s
+    except (ValueError, OverflowError):
+        return None

@@ -140,10 +140,16 @@ def test_the_using_line_names_the_hca_of_a_single_rail_process():
     assert (r.device, r.port) == ("mlx5_3", 2)
 
 
-def test_times_come_from_nccl_then_the_shippers_prefix_then_the_default():
-    # The event and the completion: one HCA in one second, one record counting both.
+def test_times_come_from_a_zoned_prefix_then_nccl_then_an_unzoned_prefix_then_the_default():
+    # The event and the completion: one HCA in one second, one record counting both. The
+    # shipper's time names its zone (+08:00); NCCL's [07:39:30] is the node's local time (UTC
+    # there), which names none and read in another zone would be hours off.
     (r,), _ = _log(ISSUE_1905)
+    assert r.ts == 1762673971.043  # 2025-11-09T07:39:31.043Z
+    (r,), _ = _log([x.replace("2025-11-09 15:39:31.043 +08:00 ", "") for x in ISSUE_1905])
     assert r.ts == time.mktime(time.strptime("2025-11-09 07:39:30", "%Y-%m-%d %H:%M:%S"))
+    (r,), _ = _log([x.replace("15:39:31.043 +08:00 [2025-11-09 07:39:30]", "07:39:31.043") for x in ISSUE_1905])
+    assert r.ts == time.mktime(time.strptime("2025-11-09 07:39:31", "%Y-%m-%d %H:%M:%S")) + 0.043
     assert r.counters == {"nccl_ib_async_fatal_events": 1, "nccl_ib_completion_errors": 1}
     assert (r.labels["event"], r.labels["peer"]) == ("local access violation work queue error", "172.16.12.34<38081>")
     (r,), _ = _log([ISSUE_230])
