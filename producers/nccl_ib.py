@@ -303,9 +303,6 @@ class IbLog:
         return out
 
 
-__all__ = ["FATAL_EVENTS", "UNKNOWN_HCA", "WC_STATUS", "IbLog", "IbStats"]
-
-
 def _iso_time(iso: re.Match) -> float | None:
     """Epoch seconds of an ``_ISO`` match (local time when it names no zone), or None."""
     y, mo, d, hh, mm, ss, frac, tz = iso.groups()
@@ -318,3 +315,6 @@ def _iso_time(iso: re.Match) -> float | None:
         return calendar.timegm(tm) - off + frac_s
     except (ValueError, OverflowError):
         return None
+
+
+__all__ = ["FATAL_EVENTS", "UNKNOWN_HCA", "WC_STATUS", "IbLog", "IbStats"]

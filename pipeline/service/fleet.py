@@ -484,8 +484,12 @@ class FleetTask:
     def take(self, stat: str) -> int:
         """How much the fleet stage's counter ``stat`` (``FleetStage.stats``) grew since the last
         call: the service's metrics are counters fed these increments."""
-        n = self.stage.stats[stat] - self._taken.get(stat, 0)
-        self._taken[stat] = self.stage.stats[stat]
+        return self._since(stat, self.stage.stats[stat])
+
+    def _since(self, key: str, now: int) -> int:
+        """How much the counter ``key``, now ``now``, grew since it was last taken."""
+        n = now - self._taken.get(key, 0)
+        self._taken[key] = now
         return n
 
     def take_incident_drops(self) -> dict[str, int]:
@@ -504,8 +508,7 @@ class FleetTask:
         for key, n in self.incidents.stats.items():
             if key.startswith(_STAGE_DROPPED):
                 now[key.removeprefix(_STAGE_DROPPED)] = n
-        out = {why: n - self._taken.get("incidents." + why, 0) for why, n in now.items()}
-        self._taken.update({"incidents." + why: n for why, n in now.items()})
+        out = {why: self._since("incidents." + why, n) for why, n in now.items()}
         return {why: n for why, n in out.items() if n}
 
     def flush(self) -> EngineOutput:
