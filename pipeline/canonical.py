@@ -1,7 +1,10 @@
 """The fleet stage's canonical input order (docs/architecture.md §8): released records sorted by
 ``record_identity`` -- event time, host, kind, GPU, link, communicator, rank, collective,
 sequence number -- so that GPU ids, tick rows and every model's learning order are the same
-whichever host-stage task forwarded what first, and a record forwarded twice is dropped.
+whichever host-stage task forwarded what first, and a record forwarded twice is dropped. Two
+DCGM samples of one identity with different values (one GPU's second from two producers: its
+DCGM exporter and its kernel-log reader) are two records, both kept in the order fed, as a
+host-stage engine keeps them (``sample_values``).
 
 ``canonical_order`` computes that order as arrays (``SortColumns``: what the fleet topic's
 columnar body carries), not as Python tuples compared one by one.
@@ -17,10 +20,22 @@ from __future__ import annotations
 import operator
 from typing import Any, Sequence, cast
 
+import msgspec
 import numpy as np
 
 from pipeline import rows
 from pipeline.schema import DcgmSample, NcclRecord, ProgressRecord, TelemetryRecord
+
+
+def sample_values(r: DcgmSample) -> tuple:
+    """A DCGM sample's values present, by name: with ``record_identity``, what makes a repeat
+    (NaN and unset are both absent, as a columnar row leaves them out).
+
+    >>> from pipeline.schema import dcgm
+    >>> sample_values(dcgm(1.0, "a", 0, {"gpu_temp": 50, "power_usage": float("nan")}))
+    (('DCGM_FI_DEV_GPU_TEMP', 50.0),)
+    """
+    return tuple(sorted((k, v) for k, v in msgspec.structs.asdict(r.fields).items() if v is not None and v == v))
 
 
 def record_identity(r: Any) -> tuple:
@@ -126,7 +141,8 @@ def canonical_order(
     records: Sequence[TelemetryRecord], ts: np.ndarray, cols: SortColumns | None = None
 ) -> tuple[list[int], int]:
     """The indices of ``records`` in ``record_identity`` order, each identity once (the first
-    fed of records forwarded twice), and how many were dropped as such: the sort as arrays,
+    fed of records forwarded twice; a DCGM sample once per identity and ``sample_values``), and
+    how many were dropped as such: the sort as arrays,
     not as Python tuples compared one by one (the fleet stage's cost per record). ``cols``: the
     records' ``SortColumns`` when the caller has them (read off the records otherwise); only
     the NCCL and progress records are then read, for their communicator, rank, collective and
@@ -180,7 +196,30 @@ def canonical_order(
             sc = col[order]
             same &= sc[1:] == sc[:-1]
         if same.any():
+            _samples_apart(records, order, same, kind)
             keep = np.ones(n, bool)
             keep[1:] = ~same
             return order[keep].tolist(), int(same.sum())
     return order.tolist(), 0
+
+
+def _samples_apart(records: Sequence[TelemetryRecord], order: np.ndarray, same: np.ndarray, kind: np.ndarray) -> None:
+    """Clear ``same[i]`` (sorted record ``i + 1`` repeats ``i``'s identity) where a DCGM sample's
+    values differ from every earlier one's of its identity: a second source, not a repeat. A
+    Python step per record of a shared identity only, which a repeat or a second source is."""
+    idx = np.flatnonzero(same & (kind[order][1:] == 0))
+    if not len(idx):
+        return
+    pos = np.unique(np.concatenate([idx, idx + 1]))
+    samples = cast("list[DcgmSample]", rows.records_at(records, order[pos]))
+    values = dict(zip(pos.tolist(), map(sample_values, samples)))
+    seen: set[tuple] = set()
+    prev = -2
+    for i in idx.tolist():
+        if i != prev + 1:  # a run of one identity starts at sorted record i
+            seen = {values[i]}
+        v = values[i + 1]
+        if v not in seen:
+            same[i] = False
+            seen.add(v)
+        prev = i

@@ -13,11 +13,13 @@ from tests.factories import T0, canonical_reference, fuzz_examples
 
 
 _dcgm = st.builds(
-    lambda t, h, g, link: dcgm(T0 + t, h, g, {"gpu_temp": 50}, link=link),
+    lambda t, h, g, link, fields: dcgm(T0 + t, h, g, fields, link=link),
     st.sampled_from([0.0, 0.5, 1.0, 7.25]),
     st.sampled_from(["n1", "n10", "n2", "a"]),
     st.integers(0, 3),
     st.none() | st.integers(0, 2),
+    # Two sources of one GPU's second: its DCGM exporter's values and its kernel log's.
+    st.sampled_from([{"gpu_temp": 50}, {"gpu_temp": 50, "xid": float("nan")}, {"xid": 79}]),
 )
 _nccl = st.builds(
     lambda t, h, g, comm, rank, coll, seq: NcclRecord(
@@ -47,10 +49,20 @@ def test_canonical_order_is_the_identity_sort_without_repeats(records, data):
 
 
 def test_a_repeat_keeps_the_first_fed():
-    a = dcgm(T0, "n1", 0, {"gpu_temp": 50})
-    b = dcgm(T0, "n1", 0, {"gpu_temp": 99})         # same identity, fed later
+    a = dcgm(T0, "n1", 0, {"gpu_temp": 50}, labels={"from": "first"})
+    b = dcgm(T0, "n1", 0, {"gpu_temp": 50}, labels={"from": "again"})  # same sample, fed later
     order, dropped = canonical_order([a, b], np.array([T0, T0]))
     assert order == [0] and dropped == 1
+
+
+def test_two_sources_of_one_gpu_second_are_both_kept_in_the_order_fed():
+    # The exporter's sample and the kernel log's XID for one GPU at one second, the exporter's
+    # forwarded again after them (an upstream replay): two records, one repeat.
+    exporter = dcgm(T0, "n1", 0, {"gpu_temp": 50, "power_usage": 300})
+    xid = dcgm(T0, "n1", 0, {"xid": 79})
+    recs = [xid, exporter, dcgm(T0, "n1", 0, {"gpu_temp": 50, "power_usage": 300})]
+    order, dropped = canonical_order(recs, np.full(3, T0))
+    assert order == [0, 1] and dropped == 1
 
 
 def test_a_sequence_number_beyond_int64_sorts_without_error():

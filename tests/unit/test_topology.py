@@ -18,7 +18,7 @@ from pipeline.decode import Decoder
 from pipeline.detection import build_detector
 from pipeline.engine import Engine, EngineConfig
 from pipeline.engine.stage import StageBase
-from pipeline.schema import NcclRecord
+from pipeline.schema import NcclRecord, dcgm
 from pipeline.canonical import canonical_order
 from pipeline.topology import FleetStage, Topology, records_decoder
 from producers.sim.simulator import Simulator
@@ -107,6 +107,21 @@ def test_a_record_forwarded_twice_counts_once():
     st.flush()
     assert st.engine().stats["records.dcgm"] == 10
     assert st.stats["late"] == 4 and st.stats["duplicate"] == 2
+
+
+def test_two_sources_of_a_gpus_second_both_reach_the_models_as_in_one_engine():
+    # A host's DCGM exporter and its kernel-log reader each send GPU 0's second: two records
+    # of one identity, not one forwarded twice; the fleet engine reads both, as one engine does.
+    recs = [r for t in range(10) for r in (sample(t, "n1"), dcgm(T0 + t, "n1", 0, {"xid": 79}))]
+    st = FleetStage(lambda: Engine(row_checks=[], tick_checks=[], screened=True))
+    st.feed(recs)
+    st.feed(recs[:4])          # an upstream replay of the first two seconds: repeats, dropped
+    st.flush()
+    one = Engine(row_checks=[], tick_checks=[])
+    one.process(recs)
+    one.flush()
+    assert st.engine().stats["records.dcgm"] == one.stats["records.dcgm"] == 20
+    assert st.stats["duplicate"] == 4
 
 
 def test_an_upstream_task_that_never_marks_holds_only_up_to_max_buffer():
