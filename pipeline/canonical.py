@@ -2,9 +2,9 @@
 ``record_identity`` -- event time, host, kind, GPU, link, communicator, rank, collective,
 sequence number -- so that GPU ids, tick rows and every model's learning order are the same
 whichever host-stage task forwarded what first, and a record forwarded twice is dropped. Two
-DCGM samples of one identity with different values (one GPU's second from two producers: its
-DCGM exporter and its kernel-log reader) are two records, both kept in the order fed, as a
-host-stage engine keeps them (``sample_values``).
+records of one identity that differ otherwise (one GPU's second from two producers, its DCGM
+exporter and its kernel-log reader; an NCCL Prometheus file's size buckets of one collective)
+are two records, both kept in the order fed, as a host-stage engine keeps them (``repeat_key``).
 
 ``canonical_order`` computes that order as arrays (``SortColumns``: what the fleet topic's
 columnar body carries), not as Python tuples compared one by one.
@@ -35,7 +35,16 @@ def sample_values(r: DcgmSample) -> tuple:
     >>> sample_values(dcgm(1.0, "a", 0, {"gpu_temp": 50, "power_usage": float("nan")}))
     (('DCGM_FI_DEV_GPU_TEMP', 50.0),)
     """
-    return tuple(sorted((k, v) for k, v in msgspec.structs.asdict(r.fields).items() if v is not None and v == v))
+    # to_builtins leaves the unset fields out (the struct omits defaults), in C.
+    return tuple(sorted((k, v) for k, v in msgspec.to_builtins(r.fields).items() if v is not None and v == v))
+
+
+def repeat_key(r: Any) -> Any:
+    """What a record of a shared ``record_identity`` must also share to be a repeat of another:
+    a DCGM sample's values (``sample_values``), any other record's whole content."""
+    if isinstance(r, DcgmSample):
+        return sample_values(r)
+    return msgspec.json.encode(r)
 
 
 def record_identity(r: Any) -> tuple:
@@ -141,8 +150,8 @@ def canonical_order(
     records: Sequence[TelemetryRecord], ts: np.ndarray, cols: SortColumns | None = None
 ) -> tuple[list[int], int]:
     """The indices of ``records`` in ``record_identity`` order, each identity once (the first
-    fed of records forwarded twice; a DCGM sample once per identity and ``sample_values``), and
-    how many were dropped as such: the sort as arrays,
+    fed of records forwarded twice: one identity and ``repeat_key``), and how many were dropped
+    as such: the sort as arrays,
     not as Python tuples compared one by one (the fleet stage's cost per record). ``cols``: the
     records' ``SortColumns`` when the caller has them (read off the records otherwise); only
     the NCCL and progress records are then read, for their communicator, rank, collective and
@@ -196,24 +205,21 @@ def canonical_order(
             sc = col[order]
             same &= sc[1:] == sc[:-1]
         if same.any():
-            _samples_apart(records, order, same, kind)
+            _apart(records, order, same)
             keep = np.ones(n, bool)
             keep[1:] = ~same
             return order[keep].tolist(), int(same.sum())
     return order.tolist(), 0
 
 
-def _samples_apart(records: Sequence[TelemetryRecord], order: np.ndarray, same: np.ndarray, kind: np.ndarray) -> None:
-    """Clear ``same[i]`` (sorted record ``i + 1`` repeats ``i``'s identity) where a DCGM sample's
-    values differ from every earlier one's of its identity: a second source, not a repeat. A
-    Python step per record of a shared identity only, which a repeat or a second source is."""
-    idx = np.flatnonzero(same & (kind[order][1:] == 0))
-    if not len(idx):
-        return
+def _apart(records: Sequence[TelemetryRecord], order: np.ndarray, same: np.ndarray) -> None:
+    """Clear ``same[i]`` (sorted record ``i + 1`` has ``i``'s identity) where its ``repeat_key``
+    differs from every earlier one's of that identity: a second source, not a repeat. A Python
+    step per record of a shared identity only, which a repeat or a second source is."""
+    idx = np.flatnonzero(same)
     pos = np.unique(np.concatenate([idx, idx + 1]))
-    samples = cast("list[DcgmSample]", rows.records_at(records, order[pos]))
-    values = dict(zip(pos.tolist(), map(sample_values, samples)))
-    seen: set[tuple] = set()
+    values = dict(zip(pos.tolist(), map(repeat_key, rows.records_at(records, order[pos]))))
+    seen: set[Any] = set()
     prev = -2
     for i in idx.tolist():
         if i != prev + 1:  # a run of one identity starts at sorted record i

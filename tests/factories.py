@@ -6,8 +6,8 @@ import os
 from pathlib import Path
 from typing import Any, Iterable
 
-from pipeline.schema import DcgmRecord, DcgmSample, ProgressRecord, dcgm
-from pipeline.canonical import record_identity, sample_values
+from pipeline.schema import DcgmRecord, ProgressRecord, dcgm
+from pipeline.canonical import record_identity, repeat_key
 
 T0 = 1764403200.0  # 2025-11-29T08:00:00Z
 
@@ -79,12 +79,12 @@ class Clock:
 def canonical_reference(records: list) -> list[int]:
     """The fleet stage's canonical order record by record, the reference its vectorised sort is
     checked against: indices sorted by ``canonical.record_identity``, the first fed of a repeat
-    kept; a DCGM sample repeats one only with its values (``canonical.sample_values``)."""
+    kept; a repeat shares its identity and ``canonical.repeat_key`` (a DCGM sample's values)."""
     seen: set = set()
     out = []
     for i in sorted(range(len(records)), key=lambda i: record_identity(records[i])):
         r = records[i]
-        ident = (record_identity(r), sample_values(r) if isinstance(r, DcgmSample) else ())
+        ident = (record_identity(r), repeat_key(r))
         if ident not in seen:
             seen.add(ident)
             out.append(i)

@@ -22,8 +22,8 @@ _dcgm = st.builds(
     st.sampled_from([{"gpu_temp": 50}, {"gpu_temp": 50, "xid": float("nan")}, {"xid": 79}]),
 )
 _nccl = st.builds(
-    lambda t, h, g, comm, rank, coll, seq: NcclRecord(
-        ts=T0 + t, host=h, gpu=g, comm=comm, rank=rank, nranks=8, coll=coll, seq=seq, bytes=1 << 20,
+    lambda t, h, g, comm, rank, coll, seq, size: NcclRecord(
+        ts=T0 + t, host=h, gpu=g, comm=comm, rank=rank, nranks=8, coll=coll, seq=seq, bytes=size,
         exec_time_us=100.0),
     st.sampled_from([0.0, 1.0, 7.25]),
     st.sampled_from(["n1", "n2", "a"]),
@@ -32,6 +32,8 @@ _nccl = st.builds(
     st.integers(0, 7),
     st.sampled_from(["AllReduce", "AllGather", ""]),
     st.none() | st.integers(0, 3),
+    # Size buckets of one collective without sequence numbers (the Inspector's Prometheus mode).
+    st.sampled_from([1 << 20, 1 << 30]),
 )
 
 
@@ -61,6 +63,15 @@ def test_two_sources_of_one_gpu_second_are_both_kept_in_the_order_fed():
     exporter = dcgm(T0, "n1", 0, {"gpu_temp": 50, "power_usage": 300})
     xid = dcgm(T0, "n1", 0, {"xid": 79})
     recs = [xid, exporter, dcgm(T0, "n1", 0, {"gpu_temp": 50, "power_usage": 300})]
+    order, dropped = canonical_order(recs, np.full(3, T0))
+    assert order == [0, 1] and dropped == 1
+
+
+def test_an_nccl_collectives_size_buckets_without_sequence_numbers_are_each_kept():
+    def bucket(size: int) -> NcclRecord:
+        return NcclRecord(ts=T0, host="n1", gpu=0, comm="tp", rank=0, nranks=8, coll="AllReduce", bytes=size,
+                          exec_time_us=size / 1e4)
+    recs = [bucket(1 << 20), bucket(1 << 30), bucket(1 << 20)]   # the last: the first sent again
     order, dropped = canonical_order(recs, np.full(3, T0))
     assert order == [0, 1] and dropped == 1
 
