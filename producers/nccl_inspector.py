@@ -1,17 +1,25 @@
 """NCCL Inspector plugin output -> ``NcclRecord``s, aggregated per communicator and interval.
 
-JSON mode: the plugin writes ``<dump_dir>/<hostname>-pid<pid>.log``, one object a line, one per
-completed operation per communicator. ``InspectorFollower`` follows every such file in a
-directory like ``tail -F``: new files, appended lines, a partial last line (kept until its
-newline arrives), truncation and rotation (a new inode under the same name starts over).
-Versions differ (v4.0-v4.3 seen): ``comm_name`` may be missing, numbers may be the string
-``"nan"``, verbose mode adds event traces; records are selected by ``coll_perf``/``p2p_perf``.
-v4.1 adds a ``dump_stats`` record per communicator dump, whose ``*_dropped_since_last_dump``
-say how many operations the plugin's own ring buffer overwrote: counted as
-``dropped.inspector_ring_overwritten`` and warned about. v4.2 adds ``coll_algo``/``coll_proto``
-(kept in ``labels`` as ``algo``, ``proto`` and, as the Prometheus mode spells it, ``algo_proto``).
-v4.3 writes ``header``/``metadata`` once, on the ``dump_stats`` marker, and the operation lines
-after it carry neither: the marker's context is applied to them.
+JSON mode (NVIDIA/nccl ``plugins/profiler/inspector/inspector_json.cc`` from 2.30; before,
+``inspector.cc``, under ``ext-profiler/`` up to 2.29.3): the plugin writes
+``<dump_dir>/<hostname>-pid<pid>.log``, one object a line: ``header`` (``id``: the comm hash as
+``"0x…"`` text, ``comm_name`` from 2.30 on, ``"unknown"`` when the application named none, ``rank``,
+``n_ranks``, ``nnodes``), ``metadata`` (``inspector_output_format_version``, always ``"v4.0"`` so
+far; ``git_rev``, ``rec_mechanism``, ``dump_timestamp_us``, ``hostname``, ``pid``) and ``coll_perf``
+or, from 2.30 on, ``p2p_perf`` (``p2p_peer`` beside the ``p2p_*`` twins of the ``coll_*`` fields);
+bandwidths are ``%lf`` numbers or the string ``"nan"``; verbose mode adds
+``event_trace_sn``/``event_trace_ts`` inside the perf object. From 2.30 on there is one line per
+completed operation (a per-communicator ring of 1,024 by default, overwritten silently when full);
+up to 2.29 one line per communicator per dump, its latest operation only. ``InspectorFollower``
+follows every such file in a directory like ``tail -F``: new files, appended lines, a partial last
+line (kept until its newline arrives), truncation and rotation (a new inode under the same name
+starts over). Records are selected by ``coll_perf``/``p2p_perf``. Also tolerated, though NVIDIA's
+plugin writes none of them: a ``dump_stats`` record
+(``*_dropped_since_last_dump``/``*_dropped_total``, counted as
+``dropped.inspector_ring_overwritten`` and warned about), ``coll_algo``/``coll_proto`` (kept in
+``labels`` as ``algo``, ``proto`` and ``algo_proto``), operation lines without
+``header``/``metadata`` (the last ``dump_stats`` marker's are applied) and ``proxy_trace`` records
+(counted, not sent).
 
 A 16,384-rank job emits far too many operations to ship raw, so ``Aggregator`` folds each
 interval's operations per (host, communicator, rank, collective, message size) into one record:
@@ -21,8 +29,8 @@ Ranks map to GPUs only where that is knowable: with ``gpus_per_node`` given and 
 that spans whole nodes (``n_ranks == nnodes * gpus_per_node``), ``gpu = rank % gpus_per_node``
 (NCCL's usual node-major rank order); otherwise ``gpu`` stays empty rather than guessed.
 
-Prometheus mode (``--prom FILE``): the plugin rewrites a file with ``nccl_bus_bandwidth_gbs`` and
-``nccl_collective_exec_time_microseconds`` (and their p2p twins) per GPU; see ``parse_prom``.
+Prometheus mode (``--prom FILE``): the plugin writes ``<dump_dir>/nccl_inspector_metrics_<GPU
+UUID>.prom`` per GPU, rewritten every dump interval; see ``parse_prom`` for its two layouts.
 """
 
 from __future__ import annotations
@@ -47,6 +55,12 @@ log = logging.getLogger(__name__)
 _PATTERNS = ("*.log", "*.jsonl", "*.json")
 LINE_MAX = 4 * 1024 * 1024  # an operation line is a few hundred bytes, a verbose one a few KiB
 RING_KEYS_MAX = 65_536  # (file, communicator, kind) totals remembered for *_dropped_total growth
+
+
+def _name(v: Any) -> str | None:
+    """A communicator name, or None for none: ``"unknown"`` is the plugin's placeholder for a
+    communicator the application did not name (``inspector_json.cc``, ``inspector_prom.cc``)."""
+    return v if isinstance(v, str) and v and v != "unknown" else None
 
 
 def _num(v: Any) -> float | None:
@@ -150,7 +164,7 @@ def parse_operation(
         gpu=gpu,
         job=job,
         comm=str(hdr.get("id", "unknown")),
-        comm_name=hdr.get("comm_name") if isinstance(hdr.get("comm_name"), str) and hdr.get("comm_name") else None,
+        comm_name=_name(hdr.get("comm_name")),
         rank=rank,
         nranks=nranks,
         nnodes=nnodes,
@@ -412,20 +426,30 @@ _UNITS = {"B": 1, "KB": 1 << 10, "MB": 1 << 20, "GB": 1 << 30, "TB": 1 << 40}
 
 
 def bucket_bytes(bucket: str) -> int | None:
-    """Lower bound of a Prometheus-mode size bucket: ``"4-5GB"`` -> 4 GiB, ``"512-513MB"`` -> 512 MiB."""
-    m = re.fullmatch(r"\s*(\d{1,12})(?:-\d{1,12})?\s*([KMGT]?B)\s*", bucket or "", re.ASCII)
+    """Lower bound of a Prometheus-mode size bucket: ``"4-5GB"`` -> 4 GiB, ``"512-513MB"`` -> 512 MiB;
+    the 2.29 layout's size to two decimals of its unit: ``"2.00GB"`` -> 2 GiB, ``"512B"``."""
+    m = re.fullmatch(r"\s*(\d{1,12})(?:\.(\d{1,2})|-\d{1,12})?\s*([KMGT]?B)\s*", bucket or "", re.ASCII)
     if not m:
         return None
-    return int(m.group(1)) * _UNITS[m.group(2)]
+    return round((int(m.group(1)) + int(m.group(2) or 0) / 10 ** len(m.group(2) or "")) * _UNITS[m.group(3)])
 
 
 def parse_prom(
     text: str, *, ts: float, host: str | None = None, counts: dict[str, int] | None = None
 ) -> list[NcclRecord]:
-    """Prometheus-mode output -> one record per (node, GPU, communicator, op, size bucket).
+    """Prometheus-mode output -> one record per series (``inspector_prom.cc``).
 
-    This mode carries no rank: ``rank`` is the GPU's local index when that is below ``nranks``
+    From 2.30 (``version="v5.1"``): per GPU, one series per (communicator name, ``n_nodes``,
+    ``nranks``, op, size bucket, ``algo_proto``) with ``nccl_bus_bandwidth_gbs`` (a geometric mean)
+    and ``nccl_collective_exec_time_microseconds`` (+ ``nccl_p2p_*`` with ``p2p_operation``), labels
+    ``node, gpu="GPU<n>", comm_name`` (``"unknown"`` when unnamed), ``message_size="4-5GB"``. This
+    layout carries no rank: ``rank`` is the GPU's local index when that is below ``nranks``
     (labelled ``rank_source=gpu_index``), else 0 (``rank_source=unknown``).
+
+    2.29.3-2.29.7: one series per communicator's latest collective, ``nccl_algorithm_bandwidth_gbs``
+    beside the other two, labels ``comm_id, hostname, rank, slurm_job, slurm_job_id, nranks, n_nodes,
+    gpu_device_id="GPU<n>", collective, coll_sn, timestamp, message_size="2.00GB"``: the rank is
+    read from its label (``rank_source=label``).
     """
     rows: dict[tuple, dict[str, Any]] = {}
     for fam in text_string_to_metric_families(text):
@@ -433,6 +457,8 @@ def parse_prom(
             name = s.name
             if name.endswith("bus_bandwidth_gbs"):
                 what = "busbw"
+            elif name.endswith("algorithm_bandwidth_gbs"):
+                what = "algbw"
             elif name.endswith("exec_time_microseconds"):
                 what = "time"
             else:
@@ -440,20 +466,12 @@ def parse_prom(
                     counts["dropped.unknown_metric"] = counts.get("dropped.unknown_metric", 0) + 1
                 continue
             lab = s.labels
-            op = lab.get("collective") or lab.get("p2p_operation") or "unknown"
-            key = (
-                lab.get("node"),
-                lab.get("gpu"),
-                lab.get("comm_name"),
-                op,
-                lab.get("message_size"),
-                lab.get("algo_proto"),
-                lab.get("slurm_job_id"),
-            )
-            row = rows.setdefault(key, {"labels": lab})
+            # The plugin writes every metric of a series with the same labels, and two series
+            # differ in one label or more (nranks, n_nodes of two "unknown" communicators; coll_sn).
+            row = rows.setdefault(tuple(sorted(lab.items())), {"labels": lab})
             row[what] = float(s.value)
     out = []
-    for key, row in rows.items():
+    for row in rows.values():
         lab = row["labels"]
         t = _num(row.get("time"))
         nranks = ascii_int(lab.get("nranks", "0"), 9) or 0  # "٣" or 5,000 digits: this row's bad_rank
@@ -462,30 +480,38 @@ def parse_prom(
                 reason = "dropped.no_time" if t is None else "dropped.bad_rank"
                 counts[reason] = counts.get(reason, 0) + 1
             continue
-        g = re.fullmatch(r"GPU(\d{1,6})", lab.get("gpu", ""), re.ASCII)  # "GPU٣" is not GPU 3
+        # "GPU٣" is not GPU 3; 2.29 names the label gpu_device_id
+        g = re.fullmatch(r"GPU(\d{1,6})", lab.get("gpu") or lab.get("gpu_device_id") or "", re.ASCII)
         gpu = int(g.group(1)) if g else None
-        rank, src = (gpu, "gpu_index") if gpu is not None and gpu < nranks else (0, "unknown")
+        named = ascii_int(lab.get("rank"), 9)
+        if named is not None and named < nranks:
+            rank, src = named, "label"
+        else:
+            rank, src = (gpu, "gpu_index") if gpu is not None and gpu < nranks else (0, "unknown")
         labels = {"source": "nccl_inspector_prom", "rank_source": src}
         for k in ("message_size", "algo_proto", "version"):
             if lab.get(k):
                 labels[k] = lab[k]
         job = lab.get("slurm_job_id")
         nn = lab.get("n_nodes", "")
-        busbw = _num(row.get("busbw"))
+        busbw, algbw = _num(row.get("busbw")), _num(row.get("algbw"))
+        comm_id = lab.get("comm_id") or None  # 2.29: the comm hash; 2.30 writes only the name
         out.append(
             NcclRecord(
                 ts=ts,
-                host=host or lab.get("node") or socket.gethostname(),
+                host=host or lab.get("node") or lab.get("hostname") or socket.gethostname(),
                 gpu=gpu,
                 job=None if job in (None, "", "unknown") else job,
-                comm=lab.get("comm_name") or "unknown",
-                comm_name=lab.get("comm_name") or None,
+                comm=comm_id or lab.get("comm_name") or "unknown",
+                comm_name=_name(lab.get("comm_name")),
                 rank=rank,
                 nranks=nranks,
                 nnodes=ascii_int(nn, 9),
-                coll=key[3],
+                coll=lab.get("collective") or lab.get("p2p_operation") or "unknown",
+                seq=ascii_int(lab.get("coll_sn")),
                 bytes=bucket_bytes(lab.get("message_size", "")) or 0,
                 exec_time_us=t,
+                algbw_gbs=algbw if algbw is None or algbw >= 0 else None,
                 busbw_gbs=busbw if busbw is None or busbw >= 0 else None,
                 labels=labels,
             )

@@ -1,7 +1,8 @@
-"""NCCL Inspector JSON v4.1-v4.3 (issue 21 item 7), built from the plugin's README
-(NVIDIA/nccl ``plugins/profiler/inspector/README.md``): v4.1's per-dump ``dump_stats`` record
-(the plugin's own ring-buffer losses), v4.2's ``coll_algo``/``coll_proto``, and v4.3's dump
-marker that carries ``header``/``metadata`` once for the operation lines after it."""
+"""NCCL Inspector JSON "v4.1-v4.3" (issue 21 item 7): a per-dump ``dump_stats`` record (ring-buffer
+losses), ``coll_algo``/``coll_proto``, and a dump marker that carries ``header``/``metadata`` once
+for the operation lines after it. NVIDIA's plugin writes none of these (its README and C code,
+through v2.30.7-1, only ever say ``"v4.0"``; see test_producer_nccl_inspector_real.py): they are
+layouts the parser tolerates, not ones it has been seen to receive."""
 
 from __future__ import annotations
 
