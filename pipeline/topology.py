@@ -19,7 +19,8 @@ so it is built on two rules:
 
 ``Topology`` runs both stages in one process, fed like an ``Engine`` (replay, the demo, the
 evaluation, each service partition). Dead letters come from the host stage, which screened
-the records the fleet stage sees, and from the fleet stage only for what it alone can cause: a
+the records the fleet stage sees (the values of either stage's fields: ``Engine.screen_for``),
+and from the fleet stage only for what it alone can cause: a
 host past its engine's ``max_hosts``, rows a model raised on.
 """
 
@@ -577,8 +578,11 @@ class Topology:
             fleet = FleetStage(make_fleet_engine, hang=make_hang() if make_hang is not None else None)
         self.fleet: FleetStage | None = fleet if local_fleet else None
         self._template: Engine | None = None  # what the fleet stage reads, without a local one
-        # The host stage returns what it accepted in its output (``EngineOutput.forwarded``).
+        # The host stage returns what it accepted in its output (``EngineOutput.forwarded``),
+        # its values screened as the fleet stage reads them: a bad one is dead-lettered there.
         self.host.forwards = True
+        if not progress_only:
+            self.host.screen_for(self.fleet_engine().columns)
         self._fields: tuple[str, ...] | None = None
 
     def fleet_engine(self) -> Engine:

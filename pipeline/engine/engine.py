@@ -115,6 +115,10 @@ class Engine:
         self.next_tick = math.nan
         self.lifecycles = {n: self._new_lifecycle(n) for n in names}
         self._columnizer = Columnizer(registry.columns(self.stages))
+        # The columns a later stage reads that this engine's stages do not (``screen_for``), and
+        # their screen.
+        self._screen_cols: tuple[int, ...] = ()
+        self._screen: Columnizer | None = None
         # Records waiting for the watermark: one chunk per batch, in arrival order. A release
         # takes whole chunks the watermark has passed and splits at most the chunks it cuts, so
         # its cost does not grow with what stays pending (the start-up hold can be 30 s of data).
@@ -147,6 +151,30 @@ class Engine:
         """The DCGM field names (both spellings) this engine reads: what a decoder must keep."""
         return self._columnizer.names
 
+    @property
+    def columns(self) -> tuple[int, ...]:
+        """The catalog columns this engine's stages read."""
+        return self._columnizer.columns
+
+    def screen_for(self, columns: tuple[int, ...]) -> None:
+        """Also screen the values of ``columns`` on arrival: a later stage reads them (the fleet
+        stage's models, fed what this engine forwards), and a bad value there is dead-lettered
+        here, once and with its record's origin, where that stage would drop it unsaid.
+
+        >>> from pipeline.catalog import FIELDS
+        >>> from pipeline.schema import dcgm
+        >>> eng = Engine(row_checks=[], tick_checks=[], forwards=True)
+        >>> eng.screen_for((FIELDS.resolve("ecc_sbe_volatile").column,))
+        >>> [d.origin for d in eng.process([dcgm(10.0, "n1", 0, {"ecc_sbe_volatile": -1})], ["m@0"]).dead]
+        ['m@0']
+        """
+        self._screen_cols = tuple(columns)
+        self._rescreen()
+
+    def _rescreen(self) -> None:
+        extra = set(self._screen_cols) - set(self._columnizer.columns)
+        self._screen = Columnizer(sorted(extra)) if extra else None
+
     def _all_checks(self) -> list[StageCheck | TickCheck]:
         return [*self.tick_checks, *(c for s in self.stages for c in s.checks)]
 
@@ -172,6 +200,7 @@ class Engine:
             if c.meta.name not in kept:
                 self.lifecycles[c.meta.name] = self._new_lifecycle(c.meta.name)
         self._columnizer = Columnizer(registry.columns(self.stages))
+        self._rescreen()
         live = {c.meta.name for c in self._all_checks()}
         for name in list(self.lifecycles):
             if name not in live:
@@ -288,7 +317,7 @@ class Engine:
     def _ingest(self, out: EngineOutput) -> Ingest:
         """The ingest of a batch (``ingest.py``), with the parts as they are now and ``out``
         for its dead letters."""
-        return Ingest(self.entities, self.stages, self._columnizer, self.stats, out)
+        return Ingest(self.entities, self.stages, self._columnizer, self.stats, out, self._screen)
 
     def _refuse_new_hosts(
         self,

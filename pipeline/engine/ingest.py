@@ -62,6 +62,8 @@ class Ingest:
     columnizer: Columnizer
     stats: Counter[str]
     out: EngineOutput
+    # Columns only a later stage reads, screened for their dead letters (``Engine.screen_for``).
+    screen: Columnizer | None = None
 
     def batch(
         self,
@@ -162,6 +164,8 @@ class Ingest:
         for stage in self.stages:
             stage.ingest(gpu, drecs)
         values, dead = self.columnizer.compact(drecs, origins)
+        if self.screen is not None:
+            dead += self.screen.compact(drecs, origins)[1]
         for d in dead:
             self.stats["dead." + d.reason] += 1
         self.out.dead.extend(dead)

@@ -124,6 +124,26 @@ def test_two_sources_of_a_gpus_second_both_reach_the_models_as_in_one_engine():
     assert st.stats["duplicate"] == 4
 
 
+def test_a_bad_value_only_the_models_read_is_dead_lettered_once_by_the_host_stage(tmp_path):
+    # A rule author's own pack: one rule (on the temperature) beside the default models, whose
+    # SBE-rate model reads a field no rule does. Its negative value is the host stage's to refuse,
+    # with the record's origin, not the fleet engine's to drop unsaid.
+    (tmp_path / "models.yaml").write_text(Path(RULES, "models.yaml").read_text())
+    (tmp_path / "hot.yaml").write_text(
+        "rules:\n  - name: hot\n    fault: thermal_hot\n    severity: warning\n    condition: gpu_temp > 90\n"
+        "    summary: hot\n"
+    )
+    det, _ = build_detector([str(tmp_path)], "auto")
+    assert isinstance(det, Topology)
+    recs = [sample(t, "n1", ecc_sbe_volatile=-1 if t == 3 else 0) for t in range(6)]
+    out = det.process(recs, [f"telemetry:0@{t}" for t in range(6)])
+    out.extend(det.flush())
+    assert [(d.reason, d.origin, d.fields) for d in out.dead] == [
+        ("negative_value", "telemetry:0@3", ["DCGM_FI_DEV_ECC_SBE_VOL_TOTAL"])
+    ]
+    assert det.fleet.stats["dead_again"] == 1        # the fleet engine met it too: not repeated
+
+
 def test_an_upstream_task_that_never_marks_holds_only_up_to_max_buffer():
     st = FleetStage(lambda: Engine(row_checks=[], tick_checks=[], screened=True), upstream=2, max_buffer=20)
     st.feed([sample(t, "n1") for t in range(30)])
