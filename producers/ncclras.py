@@ -14,18 +14,23 @@ unnamed majority:
   operation N -- GPU ...``. A named rank's ``last_enqueued`` is its count; it is ``lagging``
   when another group of the same operation has launched more, else ``progress``.
 - ``#G-C (HASH) INCOMPLETE`` / ``Missing communicator data from K rank(s)``: the ranks named
-  (``Rank R -- GPU ...``, or 2.24's ``The missing rank: 21``) are ``missing``; ``dead`` when a
-  ``DEAD`` section names the process on the same node and GPU.
+  (``Rank R -- GPU ...``, or 2.24-2.25's ``The missing ranks: 21,22``, a list RAS cuts at 1023
+  characters, so its last number is then dropped, counted) are ``missing``; ``dead`` when a
+  ``DEAD`` section names the process (``Process P on node H managing GPUs 0,1 (NVML 4,5)``) on the
+  same node and GPU, NVML index when RAS prints one.
 - ``#G-C (HASH) ERROR``: ranks named under ``Initialization error`` / ``Asynchronous error`` are
   ``error``, the NCCL error in ``labels["ras.error"]``.
 - ``MISMATCH`` on status (``K ranks have status S``): ranks in ``ABORT`` are ``error``; the
-  others (``INIT``, ``FINALIZE``, ``NOCOMM``...) are transitions RAS itself calls harmless, counted.
+  others (``INIT``, ``FINALIZE``, ``NOCOMM``...) are transitions RAS itself calls harmless, counted;
+  so are 2.24-2.25's ``UNKNOWN`` ones (``The unknown ranks: 30,31``, ``Rank 31 has status UNKNOWN``).
 
 ``nranks`` is the "Ranks per comm" of the communicator's group in the Communicators table. The
 text has no time: records get the file's modification time (stdin: now). ``-f json`` output
 (2.28.7+) is read as well: every rank, its operation counts summed (``lagging`` below the
-communicator's highest), ``missing_ranks`` ``missing`` or ``dead`` (``considered_dead``), and an
-``async_error`` or ``init_state`` other than success/in-progress, or ``abort_flag``, ``error``.
+communicator's highest), ``missing_ranks`` ``missing`` or ``dead`` (``considered_dead``; one not
+``unresponsive`` is the text's NOCOMM, counted), and an ``async_error`` or ``init_state`` other
+than success/in-progress, or ``abort_flag``, ``error``. Its ``hash`` (``0x%lx``) is zero-padded to
+the text's 16 digits; 2.28.7-2.28.9's missing comma after a missing rank's ``nvml_dev`` is mended.
 """
 
 from __future__ import annotations
@@ -59,8 +64,14 @@ _RANK = re.compile(
     r"| has status (?P<status>\w+)| reported (?P<err>.+?))? -- (?:GPU (?P<gpu>\S+)(?: \(NVML (?P<nvml>\S+?)\))? "
     r"managed by process (?P<pid>\S+) on node (?P<node>\S+)|\[process information not found\])$"
 )
-_MISSING_LIST = re.compile(r"The missing ranks?: (.+)$")
+# 2.24-2.25: the missing ranks of an INCOMPLETE block; the UNKNOWN ones of a status mismatch
+_RANK_LIST = re.compile(r"The (missing|unknown) ranks?: (.+)$")
+LIST_MAX = 1023  # RAS formats a rank list in a 1024-byte buffer: one this long may end in a cut number
+_RANK_BARE_STATUS = re.compile(r"Rank (\S+) has status (\w+)$")  # 2.24-2.25: a lone UNKNOWN rank
+# GPUs "0,1", or "0,1 (NVML 4,5)" when the CUDA indices differ from NVML's
 _PROCESS = re.compile(r"Process (\S+) on node (\S+) managing GPUs? (.+)$")
+# 2.28.7-2.28.9 print no comma after a missing rank's "nvml_dev" (fixed in 2.29.2)
+_JSON_NO_COMMA = re.compile(r'("nvml_dev": -?\d+)(\s*"status")')
 _TABLE_ROW = re.compile(r"(\d+)\s+(\d+)\s+(\d+)\s+(\S+)\s+(\d+)\s+(\d+)\s+(\w+)\s+([\w,]+)$")
 _SECTIONS = ("Errors", "Warnings", "Job summary", "Communicators")
 
@@ -71,11 +82,11 @@ class RasStats:
     communicators: int = 0  # communicator blocks (MISMATCH, INCOMPLETE, ERROR) read
     records: int = 0
     dead_processes: int = 0
-    transitional: int = 0  # ranks in a harmless status mismatch (INIT, FINALIZE, NOCOMM): not records
+    transitional: int = 0  # ranks in a harmless status mismatch (INIT, FINALIZE, NOCOMM, UNKNOWN): not records
     unranked: int = 0  # dead processes that no missing rank matches: named in the log, no record
     unparsable: int = 0  # a line inside a communicator block that fits no layout
     orphan: int = 0  # lines of a block whose header's number is not one: whose they are is unknown
-    bad_number: int = 0  # a rank, count or GPU that is not a number in range
+    bad_number: int = 0  # a rank, count or GPU that is not a number in range, or the last of a cut rank list
     oversize: int = 0
     truncated: int = 0
     bad_json_values: int = 0
@@ -177,7 +188,10 @@ def parse_text(text: str, *, ts: float, job: str | None = None, stats: RasStats 
         if in_dead:
             if m := _PROCESS.match(line):
                 stats.dead_processes += 1
-                for g_text in re.split(r"[,\s]+", m.group(3)):
+                gpus = m.group(3)
+                if "(NVML " in gpus:  # the NVML indices, as a rank's "GPU c (NVML n)" is read
+                    gpus = gpus.split("(NVML ", 1)[1].rstrip(")")
+                for g_text in re.split(r"[,\s]+", gpus):
                     gpu = _int(g_text, 4095)
                     if gpu is not None:
                         dead.add((m.group(2), gpu))
@@ -254,13 +268,28 @@ def _block_line(b: _Block, line: str, stats: RasStats) -> None:
     if m := _GROUP_REPORTED.match(line):
         b.error = m.group(2)
         return
-    if m := _MISSING_LIST.match(line):
-        for tok in re.split(r"[,\s]+", m.group(1).strip()):
+    if m := _RANK_LIST.match(line):
+        toks = re.split(r"[,\s]+", m.group(2).strip())
+        if len(m.group(2)) >= LIST_MAX:
+            stats.bad_number += 1
+            toks.pop()
+        for tok in toks:
             r = _int(tok, MAX_RANKS - 1)
             if r is None:
                 stats.bad_number += 1
-                continue
-            b.named.append(_Named(r, "missing"))
+            elif m.group(1) == "unknown":
+                stats.transitional += 1
+            else:
+                b.named.append(_Named(r, "missing"))
+        return
+    if m := _RANK_BARE_STATUS.match(line):
+        r = _int(m.group(1), MAX_RANKS - 1)
+        if r is None:
+            stats.bad_number += 1
+        elif m.group(2) == "ABORT":
+            b.named.append(_Named(r, "error", error="ABORT"))
+        else:
+            stats.transitional += 1
         return
     m = _RANK.match(line)
     if m is None:
@@ -321,6 +350,8 @@ def parse_json(
             continue
         stats.communicators += 1
         chash = c["hash"].lower().removeprefix("0x")[:64] or "unknown"
+        if re.fullmatch(r"[0-9a-f]{1,15}", chash):  # "0x%lx": the text's "%016lx" has the leading zeros
+            chash = chash.zfill(16)
         size = _count(c.get("size"), MAX_RANKS)
         named: list[tuple[dict, str, int | None, str | None]] = []
         totals: list[int] = []
@@ -347,6 +378,9 @@ def parse_json(
                 stats.bad_json_values += 1
                 continue
             st = _dict(r.get("status"))
+            if st.get("considered_dead") is not True and st.get("unresponsive") is False:
+                stats.transitional += 1  # reachable but no longer a member: the text's NOCOMM
+                continue
             named.append((r, "dead" if st.get("considered_dead") is True else "missing", None, None))
         top = max(totals, default=0)
         for r, state, total, err in named:
@@ -408,7 +442,10 @@ def parse(text: str, *, ts: float, job: str | None = None, stats: RasStats | Non
         try:
             doc, deep = jsonsafe.loads_pruned(text)
         except ValueError:
-            doc, deep = None, 0
+            try:
+                doc, deep = jsonsafe.loads_pruned(_JSON_NO_COMMA.sub(r"\1,\2", text))
+            except ValueError:
+                doc, deep = None, 0
         stats.bad_json_values += deep
         if doc is not None:
             return parse_json(doc, ts=ts, job=job, stats=stats)
