@@ -2,10 +2,14 @@
 
 Fabric Manager (``nv-fabricmanager``, on every NVSwitch system) writes its log to
 ``LOG_FILE_NAME`` in ``fabricmanager.cfg`` (default ``/var/log/fabricmanager.log``), one message
-per line, continuation lines of a multi-line message without the prefix::
+per line (``[%b %d %Y %H:%M:%S] [LEVEL] [tid N] message``, the level one of ``CRITICAL``,
+``ERROR``, ``WARNING``, ``INFO``: ``LOG_LEVEL`` in ``fabricmanager.cfg``), continuation lines of
+a multi-line message without the prefix; a message logged before its thread is known has no
+``[tid N]`` (GPUd's topology-mismatch example)::
 
     [Jul 13 2023 06:39:42] [ERROR] [tid 1259] detected NVSwitch fatal error 12028 on fid 0 on NVSwitch pci bus id 00000000:86:00.0 physical id 3 port 45
     [Feb 25 2025 13:59:45] [INFO] [tid 1803] multicast group 0 is freed.
+    [Sep 08 2025 23:21:50] [ERROR] detected number of NVSwitches don't match with any supported system topology, aborting fabric manager
 
 ``gpuwarden produce fabric-manager`` reads such a file once (``--file``) or follows it as it
 grows (``--follow``, rotation and truncation included) and counts, per host since the producer
@@ -16,9 +20,9 @@ started, the errors GPUd's fabric-manager component and NVIDIA's Fabric Manager 
 - ``detected NVSwitch non-fatal error <SXid>`` -> ``fm_nvswitch_nonfatal_errors``;
 - NVLink failures: ``failed to find the GPU handle N in the multicast team ...`` (GPUd's "NVSwitch
   NVLink failure"), ``Fabric Manager detected GPU NVL [Non ]Fatal error``, ``Trunk port failure
-  detected``, and any ``[ERROR]``/``[WARNING]`` line about NVLink training or a link that failed
-  or went down -> ``fm_nvlink_errors``;
-- every other ``[ERROR]`` or ``[FATAL]`` line (topology mismatch, NVSwitch driver queries that
+  detected``, ``Detected a trunk link failure event``, and any ``[CRITICAL]``/``[ERROR]``/
+  ``[WARNING]`` line about NVLink training or a link that failed or went down -> ``fm_nvlink_errors``;
+- every other ``[CRITICAL]`` or ``[ERROR]`` line (topology mismatch, NVSwitch driver queries that
   failed, configuration errors) -> ``fm_errors``.
 
 The records are the kernel-log producer's (``producers/kmsg.py``: the same sampling around the
@@ -48,10 +52,10 @@ READ_MAX = 4 * 1024 * 1024  # bytes a follower reads per poll: a burst is read o
 
 _PREFIX = re.compile(
     r"^\[(?P<date>[A-Z][a-z]{2} [ \d]?\d \d{4} \d\d:\d\d:\d\d)\] \[(?P<level>[A-Z]{1,16})\] "
-    r"\[tid (?P<tid>\d{1,12})\] ?(?P<msg>.*)$",
+    r"(?:\[tid (?P<tid>\d{1,12})\] ?|(?!\[tid ))(?P<msg>.*)$",  # [tid N] absent on some startup errors
     re.ASCII,
 )
-_LOOSE_PREFIX = re.compile(r"^\[[^\]]{0,64}\] \[[A-Za-z]{1,16}\] \[tid [^\]]{0,32}\]")
+_LOOSE_PREFIX = re.compile(r"^\[[^\]]{0,64}\] \[[A-Za-z]{1,16}\](?: \[tid [^\]]{0,32}\])?")
 _SWITCH = re.compile(
     r"detected NVSwitch (?P<kind>fatal|non-fatal) error (?P<code>\d+)"
     r"(?:.*?pci bus id (?P<pci>[0-9a-fA-F:.]{1,20}))?(?:.*?physical id (?P<phys>\d{1,4}))?(?:.*?port (?P<port>\d{1,4}))?",
@@ -59,6 +63,7 @@ _SWITCH = re.compile(
 )
 _NVLINK = re.compile(
     r"failed to find the GPU handle \d+ in the multicast team|GPU NVL (?:Non )?Fatal error|Trunk port failure"
+    r"|trunk link failure"
     r"|(?i:nvlink.{0,80}(?:train\w*|fail\w*|down|error)|(?:train\w*|fail\w*).{0,80}nvlink)",
     re.ASCII,
 )
@@ -103,9 +108,9 @@ def classify(msg: str) -> tuple[str, dict[str, str]] | None:
             if s[key] is not None:
                 labels[f"fm.nvswitch_{key}"] = s[key]
         return ("fm_nvswitch_fatal_errors" if s["kind"] == "fatal" else "fm_nvswitch_nonfatal_errors"), labels
-    if level in ("ERROR", "FATAL", "WARNING", "WARN") and _NVLINK.search(body) is not None:
+    if level in ("CRITICAL", "ERROR", "FATAL", "WARNING", "WARN") and _NVLINK.search(body) is not None:
         return "fm_nvlink_errors", labels
-    if level in ("ERROR", "FATAL"):
+    if level in ("CRITICAL", "ERROR", "FATAL"):  # CRITICAL: FM's most severe level (LOG_LEVEL=1)
         return "fm_errors", labels
     return None
 
@@ -139,7 +144,8 @@ class FabricManagerLog(KernelLog):
         self.counters: dict[str, dict[str, int]] = {}
 
     def wants(self, msg: str) -> bool:
-        return msg.startswith(("[ERROR]", "[FATAL]", "[WARNING]", "[WARN]")) or "detected NVSwitch" in msg
+        levels = ("[CRITICAL]", "[ERROR]", "[FATAL]", "[WARNING]", "[WARN]")
+        return msg.startswith(levels) or "detected NVSwitch" in msg
 
     def apply(self, line: Line, ts: float, *, emit: bool = True) -> list[DcgmRecord]:
         got = classify(line.msg) if self.wants(line.msg) else None
