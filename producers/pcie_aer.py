@@ -1,19 +1,30 @@
 """PCIe Advanced Error Reporting counters from sysfs: one record per GPU and poll.
 
 The kernel counts, per PCIe device, the AER errors that device has seen, by severity
-(Documentation/ABI/testing/sysfs-bus-pci-devices-aer_stats, Linux 4.19 and later)::
+(Documentation/ABI/testing/sysfs-bus-pci-devices-aer_stats, ``-aer`` from 6.16; Linux 4.19 and
+later)::
 
     /sys/bus/pci/devices/<BDF>/aer_dev_correctable   RxErr 0 / BadTLP 0 / ... / TOTAL_ERR_COR 2
     /sys/bus/pci/devices/<BDF>/aer_dev_nonfatal      Undefined 0 / DLP 0 / ... / TOTAL_ERR_NONFATAL 0
     /sys/bus/pci/devices/<BDF>/aer_dev_fatal         Undefined 0 / DLP 0 / ... / TOTAL_ERR_FATAL 0
 
-one ``<name> <count>`` line per error bit (the names vary by kernel: ``RxErr`` in drivers/pci/
-pcie/aer.c, ``Receiver Error`` in the ABI document's example, ``<severity> bit[<n>]`` for a bit
-with no name) and a ``TOTAL_ERR_*`` line. The counters are the reliable source: the kernel
-rate-limits its ``AER: ... severity=...`` log lines, and an endpoint's errors are often seen by
-its link partner, a bridge or the root port, not the endpoint itself (the ABI document's note).
+drivers/pci/pcie/aer.c prints one ``"%s %llu\n"`` line per named error bit, zero or not (the
+short names of aer_correctable_error_string / aer_uncorrectable_error_string: 8 correctable;
+17 uncorrectable in 4.19, 18 with ``PoisonTLPBlocked`` (2019), 23 with the PCIe r6.0 bits
+(2025)), ``dev_cor_errs_bit[<n>] <count>`` (``dev_fatal_errs_``, ``dev_nonfatal_errs_``) for a bit
+with no name only when it is not zero, then ``TOTAL_ERR_COR`` / ``_FATAL`` / ``_NONFATAL``, the
+number of error messages (not the sum of the bits). The ABI document's sample spells the names
+with spaces (``Receiver Error 2``), which aer.c has not used since these files exist; they read
+the same. The files exist on every function with an AER capability (mode 0444), also under
+``pci=noaer`` or firmware-first handling, where they may stay at 0. A root port's
+``aer_rootport_total_err_*`` (a bare ``"%llu\n"``: the messages it received) is not read: the
+``aer_dev_*`` of each bridge are. The counters are the reliable source: the kernel's ``AER: ...
+severity=...`` log lines merge errors (``Multiple ... error received``) and from 6.16 are
+rate-limited (10 per 5 s a device), and an endpoint's errors are often seen by its link partner,
+a bridge or the root port, not the endpoint itself (the ABI document's note).
 
-So for each NVIDIA GPU (vendor 0x10de, class 0x0300xx or 0x0302xx) the producer reads its own
+So for each NVIDIA GPU (vendor 0x10de, class 0x0300xx or 0x0302xx; not an SR-IOV virtual
+function, which has a ``physfn`` link and which nvidia-smi does not list) the producer reads its own
 three totals and the sum of those of every bridge between it and its root complex (the PCI
 path of the resolved ``/sys/bus/pci/devices/<BDF>`` link), and publishes them as the catalogue's
 ``pcie_aer_*`` and ``pcie_aer_upstream_*`` counters (pipeline/data/host_fields.csv). A bridge
@@ -79,10 +90,11 @@ class AerTotals:
 
 
 def parse_aer_file(text: str, total_key: str) -> int | None:
-    """The total of one ``aer_dev_*`` file: its ``TOTAL_ERR_*`` line, else the sum of its bit
-    lines; None when a line is not ``<name> <count>`` (the file is not this format).
+    """The total of one ``aer_dev_*`` file: its ``TOTAL_ERR_*`` line (the kernel always prints
+    it), else the sum of its bit lines; None when a line is not ``<name> <count>`` (the file is
+    not this format). A name may hold spaces (the ABI document's sample).
 
-    >>> parse_aer_file("RxErr 2\\nBadTLP 0\\nTOTAL_ERR_COR 2\\n", "TOTAL_ERR_COR")
+    >>> parse_aer_file("RxErr 2\\nBadTLP 0\\ndev_cor_errs_bit[9] 1\\nTOTAL_ERR_COR 2\\n", "TOTAL_ERR_COR")
     2
     >>> parse_aer_file("Receiver Error 3\\nBad TLP 1\\n", "TOTAL_ERR_COR")
     4
@@ -205,7 +217,8 @@ class AerSource:
         return AerTotals(**out)
 
     def gpus(self) -> list[tuple[str, Path]]:
-        """(bus id, resolved device directory) of each NVIDIA GPU, in PCI bus order."""
+        """(bus id, resolved device directory) of each NVIDIA GPU, in PCI bus order; the virtual
+        functions of an SR-IOV GPU (``physfn`` link, drivers/pci/iov.c) are left out."""
         devices = self.root / "sys" / "bus" / "pci" / "devices"
         try:
             names = sorted(e.name for e in os.scandir(devices) if _BDF.match(e.name))
@@ -222,6 +235,8 @@ class AerSource:
             vendor, cls = self._read(real / "vendor"), self._read(real / "class")
             if vendor is None or cls is None or vendor.strip().lower() != NVIDIA:
                 continue
+            if os.path.lexists(real / "physfn"):
+                continue  # an SR-IOV VF (vGPU host): same class as its GPU, not a GPU nvidia-smi lists
             if cls.strip().lower().startswith(GPU_CLASSES):
                 out.append((bdf.lower(), real))
         return out

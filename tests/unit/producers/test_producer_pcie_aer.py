@@ -69,10 +69,10 @@ def test_gpu_indices_follow_the_pci_map_and_an_unmapped_gpu_is_counted(tmp_path:
     "text,expected",
     [
         ("RxErr 2\nBadTLP 0\nBadDLLP 0\nRollover 0\nTimeout 0\nNonFatalErr 0\nCorrIntErr 0\nHeaderOF 0\nTOTAL_ERR_COR 2\n", 2),
-        # The ABI document's spelling: names with spaces.
+        # The ABI document's sample spelling (names with spaces; aer.c prints the short names).
         ("Receiver Error 2\nBad TLP 0\nBad DLLP 0\nRELAY_NUM Rollover 0\nReplay Timer Timeout 0\nTOTAL_ERR_COR 2\n", 2),
-        # A bit with no name (aer.c prints "<severity> bit[<n>]") and no total line: the sum.
-        ("RxErr 1\nCorrectable bit[9] 4\n", 5),
+        # A bit with no name (aer.c prints "dev_cor_errs_bit[<n>]") and no total line (never printed): the sum.
+        ("RxErr 1\ndev_cor_errs_bit[9] 4\n", 5),
         ("TOTAL_ERR_COR 18446744073709551615\n", 18446744073709551615),
     ],
 )
