@@ -5,9 +5,15 @@ the kernel's ABI is ``Documentation/ABI/stable/sysfs-class-infiniband``, docs/pr
 
 - ``sys/class/infiniband/<device>/ports/<port>/{state,phys_state,rate,link_layer}``:
   ``4: ACTIVE``, ``5: LinkUp``, ``400 Gb/sec (4X NDR)``, ``InfiniBand`` or ``Ethernet`` (RoCE);
-- ``.../counters/*`` (the IBTA port counters) and ``.../hw_counters/*`` (the driver's), each a
-  decimal integer, by file name; a directory that is absent (``hw_counters`` on older drivers,
-  ``counters`` on some RoCE functions) is no drop, a file that does not read (EINVAL) is;
+- ``.../counters/*`` (the IBTA port counters), ``.../counters_ext/*`` (the 64-bit ones,
+  ``port_xmit_data_64``..., where older kernels and MLNX_OFED drivers put them) and
+  ``.../hw_counters/*`` (the driver's), each a decimal integer, by file name, as the kernel
+  prints it: the IBTA counters are 4 to 64 bits wide and stop at their maximum (``link_downed``
+  255, ``excessive_buffer_overrun_errors`` 15; ``port_xmit_data`` 2^32-1 without the extended
+  counters), ``port_xmit_data``/``port_rcv_data`` count 4-byte words. ``hw_counters/lifespan``
+  is left out: it is the counters' cache period in ms (a setting), not a counter. A directory
+  that is absent (``hw_counters`` on older drivers, ``counters`` on some RoCE functions) is no
+  drop; a file that does not read (EINVAL; ``N/A (no PMA)`` on older kernels) is ``unreadable``;
 - the port's netdev from ``<device>/device/net/<if>`` (the one there, else the one whose
   ``dev_port`` is the port less one), and its ``carrier_changes`` from
   ``sys/class/net/<if>/carrier_changes`` (``statistics/carrier_changes`` where only that exists);
@@ -52,7 +58,8 @@ MAX_FILE_BYTES = 4096  # a sysfs attribute is at most a page
 MAX_DEVICES = 256  # an 8-GPU node has ~10 RDMA devices
 MAX_PORTS = 64  # a switch's device exposes its ports; a HCA one or two
 MAX_NETDEVS = 16
-COUNTER_DIRS = ("counters", "hw_counters")
+COUNTER_DIRS = ("counters", "counters_ext", "hw_counters")
+NOT_COUNTERS = {"lifespan"}  # hw_counters/lifespan: the cache period in ms, written by the admin
 _OPEN_FLAGS = os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
 
 
@@ -151,6 +158,9 @@ class SysfsTree:
         """A decimal counter (``0``, ``2489603687``), else None (``bad_value``)."""
         text = self.read(path)
         if text is None:
+            return None
+        if text == "N/A (no PMA)":  # older kernels' answer where newer ones fail the read (EINVAL)
+            self.stats.unreadable += 1
             return None
         n = ascii_int(text, 20)
         if n is None or n > MAX_COUNTER:
@@ -301,6 +311,8 @@ class IbSysfsSource:
                     self.stats.bad_name += 1
                     continue
                 if cname in counters:  # the IBTA name wins over a driver's of the same name
+                    continue
+                if cname in NOT_COUNTERS:
                     continue
                 if len(counters) >= MAX_NIC_COUNTERS:
                     self.stats.too_many += 1

@@ -58,8 +58,9 @@ def coded_state(text: str) -> tuple[int, str] | None:
 
 
 def rate_gbps(text: str) -> float | None:
-    """A port's rate in Gb/s from sysfs (``400 Gb/sec (4X NDR)``, ``2.5 Gb/sec (1X SDR)``) or
-    ibstat (``400``, ``2.5``, ``40 (FDR10)``); None when the first token is not a plausible number.
+    """A port's rate in Gb/s from sysfs (``400 Gb/sec (4X NDR)``, ``2.5 Gb/sec (1X SDR)``, which
+    older kernels print ``2.5 Gb/sec (1X)``) or ibstat (``400``, ``2.5``, ``40 (FDR10)``); None
+    when the first token is not a plausible number.
 
     >>> rate_gbps("400 Gb/sec (4X NDR)"), rate_gbps("2.5"), rate_gbps("40 (FDR10)"), rate_gbps("1e999")
     (400.0, 2.5, 40.0, None)

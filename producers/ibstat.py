@@ -9,10 +9,14 @@ Layouts (rdma-core ``infiniband-diags/ibstat.c`` and ``scripts/ibstatus``; docs/
   Tabs as the tool writes them, spaces where a terminal copy turned them into spaces; the names
   are ``port_state_str`` (``Down``, ``Initializing``, ``Armed``, ``Active``, ``???``) and
   ``port_phy_state_str`` (``Sleep``, ``Polling``, ``Disabled``, ``LinkUp``, ``LinkErrorRecovery``...).
-  ``ibstat CA PORT`` prints one port with neither the CA line nor the indentation: its ports
-  have no device (``--device`` names it, else they are counted as ``dropped.no_device``).
+  ``ibstat CA PORT`` prints one port as ``CA: 'mlx5_0'`` (a colon, ``ca_stat``) then the port
+  block without indentation. A port with no CA line before it (a cut copy) has no device
+  (``--device`` names it, else it is counted as ``dropped.no_device``).
 - ``ibstat`` failing on a device prints ``ibpanic: [pid] main: stat of IB device 'mlx5_8' failed:
-  ...``: counted as ``dropped.tool_error`` (that device's ports are missing from the records).
+  ...`` and stops (before rdma-core v54), or ``ibwarn: [pid] main: stat of IB device 'mlx5_8'
+  failed`` and goes on to the next (v54 on); ``ibwarn: [pid] ca_stat: CA: 'mlx5_0' has no port
+  number 2 - max (1)`` for a port that is not there; ``ibstatus`` prints ``Fatal error:  ...``
+  and stops. Each is counted as ``dropped.tool_error`` (those ports are missing from the records).
 - ``Port GUID: 0x...`` (ibstat) and ``default gid: fe80:...`` (ibstatus) find the port's link
   partner in ``--peers`` (``producers/ibpeers.py``), else the CA's ``<host> <CA>`` node
   description does; it fills the record's ``peer*`` fields.
@@ -50,11 +54,14 @@ from producers.textinput import read_capped
 
 log = logging.getLogger(__name__)
 
-_CA = re.compile(r"^(CA|Switch|Router|iWARP RNIC|\?\?\?) '(.*)'\s*$")
+_CA = re.compile(r"^(CA|Switch|Router|iWARP RNIC|\?\?\?):? '(.*)'\s*$")  # "CA: '...'" for one port
 _PORT = re.compile(r"^\s*Port (\S+):\s*$")
 _IBSTATUS = re.compile(r"^Infiniband device '(.*)' port (\S+) status:\s*$")
 _KV = re.compile(r"^\s*([A-Za-z_ ]+?):\s*(.*?)\s*$")
-_PANIC = re.compile(r"^ibpanic:")
+# ibstat's IBPANIC, its IBWARN that a device or port failed (rdma-core v54 on), ibstatus's fatal().
+_PANIC = re.compile(
+    r"^(ibpanic:|ibwarn: \[\d+\] \w+: (stat of IB device '.*' failed|.* has no port number )|Fatal error: )"
+)
 MAX_PORT_DIGITS = 5  # MAX_NIC_PORT is 65535
 MAX_TEXT_CHARS = 16 * 1024 * 1024  # ibstat of 64 CAs is ~40 KB; this bounds what one poll holds
 
@@ -66,7 +73,7 @@ class IbstatStats:
     unparsable_values: int = 0  # a State/Rate/... whose value does not read: left out of its port
     unparsable_lines: int = 0  # a CA or Port header whose name or number is not one: its ports left out
     no_device: int = 0  # a port printed without its CA (``ibstat CA PORT``) and no --device
-    tool_errors: int = 0  # ibpanic lines: a device ibstat could not read
+    tool_errors: int = 0  # ibpanic/ibwarn/Fatal error lines: a device or port the tool could not read
     truncated: int = 0
 
 

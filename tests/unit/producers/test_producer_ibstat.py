@@ -187,6 +187,7 @@ def test_layouts_from_ibstat_c():
 
 
 def test_one_port_alone_needs_its_device():
+    # A copy cut below its "CA: 'name'" line (ibstat prints one: test_producer_ibstat_real.py).
     alone = "Port 1:\nState: Active\nPhysical state: LinkUp\nRate: 400\nLink layer: InfiniBand\n"
     got, stats, _ = ports(alone)
     assert got == [] and stats.no_device == 1
