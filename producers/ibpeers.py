@@ -5,26 +5,31 @@ infiniband-diags print every link of the fabric (``infiniband-diags/iblinkinfo.c
 ``ibnetdiscover.c``; docs/producers.md#peers), in four layouts this module reads:
 
 - ``iblinkinfo``: a ``CA: <node description>:`` or ``Switch: 0x<guid> <node description>:``
-  header, then one line a port: ``[0x<port guid>] <lid> <port>[<ext>] ==(<width> <speed>
-  <state>/<phys>)==>  <peer lid> <peer port>[<ext>] "<peer description>" (<notes>)``; a port
-  with no link ends ``[  ] "" ( )`` or ``"Port not available"``;
+  header (``Switch 0x<guid> <node description>:`` before 2011), then one line a port:
+  ``[0x<port guid>] <lid> <port>[<ext>] ==(<width> <speed> <state>/<phys>)==>  <peer lid>
+  <peer port>[<ext>] "<peer description>" (<notes>)``; a port with no link ends ``[  ] "" ( )``
+  or ``"Port not available"``; descriptions are printed as they are, quotes unescaped;
 - ``iblinkinfo -l``: one line a port, the node on it: ``0x<port guid> "<description>" <lid>
   <port>[<ext>] ==(...)==>  0x<peer port guid> <peer lid> <peer port>[<ext>] "<peer description>" (...)``;
 - ``ibnetdiscover``: a node block (``switchguid=0x<guid>(<port guid>)`` then ``Switch <n>
-  "S-<guid>" # "<description>" base port 0 lid <lid> lmc <lmc>``, or ``caguid=...`` then
+  "S-<guid>" # "<description>" <base|enhanced> port 0 lid <lid> lmc <lmc>``, or ``caguid=...`` then
   ``Ca <n> "H-<guid>" # "<description>"``), then one line a linked port: a switch's ``[<port>]
   "<H|S|R>-<peer guid>"[<peer port>](<peer port guid>) # "<peer description>" lid <peer lid>
   <speed>``, a CA's ``[<port>](<port guid>) "S-<peer guid>"[<peer port>] # lid <lid> lmc <lmc>
   "<peer description>" lid <peer lid> <speed>``;
 - ``ibnetdiscover -p``: ``CA <lid> <port> 0x<port guid> <width> <speed> - SW <peer lid>
-  <peer port> 0x<peer port guid> ( '<description>' - '<peer description>' )``.
+  <peer port> 0x<peer port guid> ( '<description>' - '<peer description>' )``, a port with no link
+  ``SW <lid> <port> 0x<port guid> <width> <speed>`` then 36 spaces and ``'<description>'``.
 
 Every link is kept both ways, so a CA's port is found from its own line or from the switch's.
 A local port is looked up by its port GUID and number, else by its node description
-(``<host> <device>``, rdma-ndd's default) and number. A line that starts like a port line and does
-not read is ``dropped.peers_unparsable_line``; a description over ``MAX_DESC`` characters or not
-printable is ``dropped.peers_bad_value``; past ``MAX_LINKS`` links the rest are
-``dropped.peers_too_many``; a file over ``MAX_TEXT_CHARS`` is read that far
+(``<host> <device>``, rdma-ndd's default) and number. Descriptions repeat in real fabrics (every
+SHARP Aggregation Node is ``Mellanox Technologies Aggregation Node``, a CA without rdma-ndd keeps
+its firmware's): a line without a GUID is tied to one with it by description, port and LID, and a
+description and port that two nodes' links share answers no lookup by name. A line that starts
+like a port line and does not read is ``dropped.peers_unparsable_line``; a description over
+``MAX_DESC`` characters or not printable is ``dropped.peers_bad_value``; past ``MAX_LINKS`` links
+the rest are ``dropped.peers_too_many``; a file over ``MAX_TEXT_CHARS`` is read that far
 (``dropped.peers_truncated``).
 """
 
@@ -34,12 +39,13 @@ import logging
 import os
 import re
 from dataclasses import dataclass, field
-from typing import Any, Iterable
+from typing import Any, Iterable, TypeVar
 
 from pipeline.numeric import ascii_int
 from producers.textinput import read_capped
 
 log = logging.getLogger(__name__)
+_K = TypeVar("_K")
 
 MAX_DESC = 64  # an IBTA NodeDescription is 64 bytes
 MAX_LID = 0xFFFF  # a LID is 16 bits
@@ -51,12 +57,12 @@ MAX_LINE = 4096  # a real line is under 300 characters
 _HEX = r"[0-9a-fA-F]{1,16}"
 # iblinkinfo headers and port lines (iblinkinfo.c print_node_header / print_port).
 _LI_CA = re.compile(r"^(CA|Router|\?\?): (.*):\s*$")
-_LI_SW = re.compile(rf"^Switch: 0x({_HEX}) (.*):\s*$")
+_LI_SW = re.compile(rf"^Switch:? 0x({_HEX}) (.*):\s*$")  # "Switch 0x<guid>" before 2011 (no colon)
 _LINK = re.compile(r"==\(.*\)==>")
 _LI_PORT = re.compile(
-    rf'^\s*(?:0x(?P<guid>{_HEX})\s+)?(?:"(?P<desc>[^"]*)"\s+)?(?P<lid>\d+)\s+(?P<port>\d+)\[[^\]]*\]\s+'
-    rf'==\(.*?\)==>\s+(?:0x(?P<rguid>{_HEX})\s+)?(?P<rlid>\d+)\s+(?P<rport>\d+)\[[^\]]*\]\s+"(?P<rdesc>[^"]*)"'
-)
+    rf'^\s*(?:0x(?P<guid>{_HEX})\s+)?(?:"(?P<desc>.*?)"\s+)?(?P<lid>\d+)\s+(?P<port>\d+)\[[^\]]*\]\s+'
+    rf'==\(.*?\)==>\s+(?:0x(?P<rguid>{_HEX})\s+)?(?P<rlid>\d+)\s+(?P<rport>\d+)\[[^\]]*\]\s+"(?P<rdesc>.*)"\s+\('
+)  # a description is printed as it is, quotes and all: the last '" (' ends the partner's
 _LI_NOLINK = re.compile(r'==>\s+(?:\[\s*\]\s+""|"Port not available")')
 # ibnetdiscover topology (out_switch_detail / out_ca_detail / out_switch_port / out_ca_port).
 _ND_SW = re.compile(rf'^Switch\s+\d+\s+"S-({_HEX})"\s+#\s+"(.*)"\s+\S+\s+port 0 lid (\d+)\s+lmc \d+')
@@ -69,12 +75,13 @@ _ND_PORT_CA = re.compile(
     rf'^\[(\d+)\]\(({_HEX})\)\s+"([HSR?])-({_HEX})"\[(\d+)\](?:\[ext \d+\])?\s*(?:\(({_HEX})\))?\s*'
     rf'#\s+lid (\d+) lmc \d+ "(.*)"\s+lid (\d+)\b'
 )
-# ibnetdiscover -p (list_ports).
+# ibnetdiscover -p (dump_ports_report).
 _ND_P = re.compile(
     rf"^\s*(CA|SW|RT|\?\?)\s+(\d+)\s+(\d+)\s+0x({_HEX})\s+.*?\s+-\s+(CA|SW|RT|\?\?)\s+(\d+)\s+(\d+)\s+0x({_HEX})"
     r"\s+\( '(.*)' - '(.*)' \)\s*$"
 )
 _ND_P_START = re.compile(r"^\s*(CA|SW|RT|\?\?)\s+\d+\s+\d+\s+0x")
+_ND_P_NOLINK = re.compile(rf"^\s*(CA|SW|RT|\?\?)\s+\d+\s+\d+\s+0x{_HEX}\s+\S+\s+\S+\s+'.*'\s*$")  # "%36s'%s'"
 
 
 @dataclass(frozen=True)
@@ -104,7 +111,11 @@ class PeerMap:
     by_guid: dict[tuple[str, int], End] = field(default_factory=dict)
     by_name: dict[tuple[str, int], End] = field(default_factory=dict)
     stats: PeerStats = field(default_factory=PeerStats)
-    _guids: dict[tuple[str, int], str] = field(default_factory=dict, repr=False)  # (desc, port) -> port GUID
+    # (desc, port, LID) -> port GUID, None where two ports print the same three (SHARP Aggregation
+    # Nodes, CAs left at their firmware's description): a line without a GUID is then tied to neither.
+    _guids: dict[tuple[str, int, int | None], str | None] = field(default_factory=dict, repr=False)
+    _ends: dict[tuple[str, int, int | None], End] = field(default_factory=dict, repr=False)
+    _ambiguous: set[tuple[str, int]] = field(default_factory=set, repr=False)  # names with different peers
 
     def add(self, a: End, b: End) -> None:
         if self.stats.links >= MAX_LINKS:
@@ -112,14 +123,29 @@ class PeerMap:
             return
         self.stats.links += 1
         for x, y in ((a, b), (b, a)):
-            name = (x.desc, x.port)
-            _put(self.by_name, name, y)
-            best = self.by_name[name]
-            if x.guid is not None and not x.switch:  # a switch's ports share its GUID: the name keys them
-                self._guids[name] = x.guid
-            guid = self._guids.get(name)
-            if guid is not None:  # a port seen by GUID once is found by it with what its name learns since
-                _put(self.by_guid, (guid, x.port), best)
+            self._name((x.desc, x.port), y)
+            key = (x.desc, x.port, x.lid)
+            own = x.guid if not x.switch else None  # a switch's ports share its GUID: the name keys them
+            if own is not None and self._guids.setdefault(key, own) != own:
+                self._guids[key] = None
+            _put(self._ends, key, y)
+            guid = self._guids.get(key)
+            if guid is not None:  # a port seen by GUID once is found by it with what its other lines learn
+                _put(self.by_guid, (guid, x.port), self._ends[key])
+            elif own is not None:
+                _put(self.by_guid, (own, x.port), y)
+
+    def _name(self, name: tuple[str, int], end: End) -> None:
+        """Index ``end`` by name unless another node of that description and port has another peer
+        (one such name answers no lookup: it would label a port with a stranger's switch port)."""
+        if name in self._ambiguous:
+            return
+        old = self.by_name.get(name)
+        if old is not None and not _same(old, end):
+            del self.by_name[name]
+            self._ambiguous.add(name)
+            return
+        _put(self.by_name, name, end)
 
     def peer(self, port: int, guid: str | None = None, names: Iterable[str] = ()) -> End | None:
         """The partner of local ``port``, found by its port GUID, else by a node description.
@@ -153,7 +179,12 @@ class PeerMap:
         return out
 
 
-def _put(index: dict[tuple[str, int], End], key: tuple[str, int], end: End) -> None:
+def _same(a: End, b: End) -> bool:
+    """Whether two ends name the same port (a LID printed on one side only does not tell them apart)."""
+    return a.desc == b.desc and a.port == b.port and (a.lid is None or b.lid is None or a.lid == b.lid)
+
+
+def _put(index: dict[_K, End], key: _K, end: End) -> None:
     """Index ``end``; a link seen from both sides keeps the side that printed the GUID
     (iblinkinfo prints a CA's partner without one, the switch's block with it)."""
     old = index.get(key)
@@ -323,7 +354,8 @@ def _ports_line(m: PeerMap, line: str) -> None:
     st = m.stats
     p = _ND_P.match(line)
     if p is None:
-        st.unparsable_lines += 1
+        if not _ND_P_NOLINK.match(line):  # a port with no link: nothing to learn
+            st.unparsable_lines += 1
         return
     kind, lid, port, guid, rkind, rlid, rport, rguid, desc, rdesc = p.groups()
     a = _end(_desc(desc, st), guid, port, lid, st, kind == "SW")

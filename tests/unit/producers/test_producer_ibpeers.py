@@ -11,7 +11,7 @@ Fixtures (public outputs, cut to a few nodes, spacing as printed):
 - ``LINKINFO_LINE``: ``iblinkinfo --switches-only -l`` on an ibsim fabric, from a public GitHub
   lab write-up (the search index's file 70424127924);
 - ``PORTS``: ``ibnetdiscover -p`` has no public capture here: written from the format string of
-  rdma-core ``infiniband-diags/ibnetdiscover.c`` ``list_ports`` @ 691953d8 with the values of
+  rdma-core ``infiniband-diags/ibnetdiscover.c`` ``dump_ports_report`` @ 691953d8 with the values of
   ``TOPOLOGY``.
 """
 
