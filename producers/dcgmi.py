@@ -1,11 +1,14 @@
 """``dcgmi dmon`` -> ``DcgmRecord``s, for hosts that run DCGM but no exporter.
 
-``dcgmi dmon -e <ids> -d <ms>`` prints two header lines (``#Entity`` or ``# Entity`` + short
-names, ``ID`` or ``Id`` + units), repeated every 14 rounds, then one row per entity per round
-(``GPU 0``, ``GPU-I 9``, ``GPU-CI 9``, ``GPU 0 LINK 3``, ``Switch 0``...). Column widths differ
-between DCGM versions, so rows are split on whitespace and matched to the latest header (or,
-when a cell is empty, cut at the header's column offsets); ``N/A`` is "no value". Short names map to fields
-through ``FIELDS.by_dmon``. One unsupported field makes the whole command exit 250, so each
+``dcgmi dmon -e <ids> -d <ms>`` prints two header lines (``#Entity`` + short names, ``ID`` +
+units since DCGM 2.4; ``# Entity``, ``Id``, right-aligned, before), repeated after round 15 and
+then every 14 rounds, then one row per entity per round (``GPU 0``, ``GPU-I 9``, ``GPU-CI 9``,
+``Switch 0``...; an NVLink is ``GPU 0 LINK 3`` since DCGM 4.6, ``LINK 769``, the packed
+``dcgm_link_t`` id, in 3.0 - 4.5). Column widths differ between DCGM versions, so rows are split
+on whitespace and matched to the latest header (or, when a cell is empty, cut at the header's
+column offsets); ``N/A`` is "no value". A capture stopped with Ctrl-C ends with ``dmon was
+stopped due to receiving a signal``. Short names map to fields through ``FIELDS.by_dmon``.
+One unsupported field makes the whole command exit 250, so each
 field is probed alone first (``dcgmi dmon -e ID -c 1``) and only the supported ones are streamed.
 
 The command runs as an argv list (no shell), read by a thread so a silent ``dcgmi`` never blocks
@@ -89,12 +92,19 @@ class DmonStats:
 
 
 # Entity cells as DeviceMonitor.cpp prints them: "GPU 0", "GPU 0 LINK 3", "SW 1 LINK 3", "GPU-I 9",
-# "GPU-CI 9", "Switch 0", "CPU 0", "CPU Core 5", "vGPU 1", "CX 0". Longest names first.
-# Ids are ASCII digits of bounded length: "\d" would read "٣" as GPU 3, and int() of 5,000 digits raises.
+# "GPU-CI 9", "Switch 0", "CPU 0", "CPU Core 5", "vGPU 1", "CX 0", "LINK 769" (DCGM 3.0 - 4.5: the raw
+# dcgm_link_t), "UNKNOWN 0" (DCGM_FE_NONE, 2.4 - 4.5). Longest names first.
+# Ids are ASCII digits of bounded length: "\d" would read "٣" as GPU 3, and int() of 5,000 digits raises;
+# 10 digits hold a raw link id (up to 2**32 - 1).
 _ENTITY = re.compile(
-    r"^\s*(GPU-CI|GPU-I|GPU|SW|Switch|NvSwitch|CPU Core|CPU|vGPU|CX)\s+([0-9]{1,9})(?:\s+LINK\s+([0-9]{1,9}))?(?=\s|$)",
+    r"^\s*(GPU-CI|GPU-I|GPU|SW|Switch|NvSwitch|CPU Core|CPU|vGPU|CX|LINK|UNKNOWN)\s+([0-9]{1,10})"
+    r"(?:\s+LINK\s+([0-9]{1,9}))?(?=\s|$)",
     re.ASCII,
 )
+# The ctrl-C trailer, "dmon was stopped due to receiving a signal" ("." at the end before DCGM 2.4).
+_STOPPED = "dmon was stopped due to receiving a signal"
+# dcgm_link_t (dcgm_structs.h): entity group in bits 0-7, port index in 8-23, GPU/switch id in 24-31.
+_LINK_OWNER = {1: "GPU", 3: "SW"}  # DCGM_FE_GPU, DCGM_FE_SWITCH
 # A value as dmon prints it: a plain decimal number (float() would also take "٣", "1_0" or "inf").
 _NUMBER = re.compile(r"[-+]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][-+]?[0-9]{1,3})?", re.ASCII)
 MAX_CELL = 40
@@ -105,12 +115,18 @@ def _entity(line: str) -> tuple[str, int, int | None, int] | None:
     m = _ENTITY.match(line)
     if m is None:
         return None
-    return m.group(1), int(m.group(2)), int(m.group(3)) if m.group(3) else None, m.end()
+    etype, eid, link = m.group(1), int(m.group(2)), int(m.group(3)) if m.group(3) else None
+    if etype == "LINK" and link is None and eid < 1 << 32:
+        # "LINK 257" (DCGM 3.0 - 4.5) is GPU 0's link 1: the same NVLink as 4.6's "GPU 0 LINK 1".
+        owner = _LINK_OWNER.get(eid & 0xFF)
+        if owner is not None:
+            etype, eid, link = owner, eid >> 24, (eid >> 8) & 0xFFFF
+    return etype, eid, link, m.end()
 
 
 def _is_header(tokens: list[str]) -> int:
-    """Number of tokens the entity heading takes: ``#Entity`` (DCGM 2.x+ source) is one,
-    ``# Entity`` (the DCGM User Guide's examples) two; 0 when this is no header."""
+    """Number of tokens the entity heading takes: ``#Entity`` (DCGM 2.4+) is one, ``# Entity``
+    (DCGM 2.1 - 2.3, and the DCGM User Guide's examples) two; 0 when this is no header."""
     if tokens and tokens[0].lower() == "#entity":
         return 1
     if len(tokens) >= 2 and tokens[0] == "#" and tokens[1].lower() == "entity":
@@ -121,10 +137,11 @@ def _is_header(tokens: list[str]) -> int:
 class DmonParser:
     """Feeds on ``dcgmi dmon`` lines; a round's rows share one timestamp (taken when it starts).
 
-    Values are split on whitespace when a row has one per column; a row with fewer (dmon prints
-    an empty cell for a field the entity has no value of, e.g. GPU fields on a LINK row) is cut
-    at the header's column offsets, since DeviceMonitor.cpp left-aligns each value under its
-    column name.
+    Values are split on whitespace when a row has one per column; a row with fewer (DCGM 4.0+
+    prints an empty cell for a field the entity has no value of, e.g. GPU fields on a LINK row) is
+    cut at the header's column offsets, since DeviceMonitor.cpp left-aligns each value under its
+    column name. Before 4.0 dmon left such a value out and packed the rest to the left, so a short
+    row there is read as if its last cells were empty.
     """
 
     def __init__(self, host: str, clock=time.time) -> None:
@@ -175,7 +192,9 @@ class DmonParser:
             self._header(line, skip)
             return None
         if tokens[0] in ("ID", "Id", "id") or tokens[0].startswith("#"):
-            return None  # the units row ("ID" since DCGM 2.x, "Id" in the User Guide), comments
+            return None  # the units row ("ID" since DCGM 2.4, "Id" before), comments
+        if line.strip().rstrip(".") == _STOPPED:
+            return None  # the end of a capture stopped with ctrl-C, not a row
         self.stats.rows += 1
         ent = _entity(line)
         if ent is None or self.columns is None:
