@@ -2,8 +2,15 @@
 
 Reads the fields our rules use straight from the driver: temperatures, clocks, clock-event
 reasons, power, energy, utilisation, ECC counters, remapped rows, PCIe replays, violation
-times, per-NVLink error counters (one record per active link, plus the GPU's totals) and XID
-events. A query the GPU does not support leaves that field absent (NaN), never zero.
+times, per-NVLink error counters (one record per link NVML reports, down ones included, plus the
+GPU's totals) and XID events. A query the GPU does not support leaves that field absent (NaN),
+never zero.
+
+A GPU that does not answer is not sent that poll, so ``gpu_lost`` fires: no handle at start,
+``GPU_IS_LOST`` or ``RESET_REQUIRED`` from any query, or no query answered at all (``Unknown
+Error`` on every call). Any other error costs only its field (counted ``unsupported_queries``).
+Deprecated calls are tried newest first and fall back when the driver lacks them (clock-event
+reasons before r535, ``nvmlDeviceGetTemperature`` once CUDA 14 drivers remove it).
 
 XIDs come from an NVML event set; like dcgm-exporter's ``DCGM_FI_DEV_XID_ERRORS`` the value is
 the most recent XID (0 until one arrives), sticky until the producer restarts.
@@ -23,13 +30,19 @@ from pipeline.schema import DcgmFields, DcgmRecord
 
 log = logging.getLogger(__name__)
 
+# The GPU itself is not answering: fallen off the bus, or it needs a reset (gpud's IsGPULostError /
+# IsGPURequiresReset, leptonai/gpud pkg/nvidia/errors/error.go).
+_GPU_GONE = ("NVML_ERROR_GPU_IS_LOST", "NVML_ERROR_RESET_REQUIRED")
+# The driver lacks the function (older than the bindings) or has removed it (CUDA 14 removals return DEPRECATED).
+_NO_FUNCTION = ("NVML_ERROR_FUNCTION_NOT_FOUND", "NVML_ERROR_DEPRECATED")
+
 
 def _text(v: Any) -> str:
     return v.decode() if isinstance(v, bytes) else str(v)
 
 
 class NvmlSource:
-    """Polls every GPU NVML sees; ``poll`` returns one record per GPU and per active NVLink."""
+    """Polls every GPU NVML sees; ``poll`` returns one record per GPU and per NVLink it reports."""
 
     def __init__(
         self, *, nvml: Any = None, host: str | None = None, clock: Callable[[], float] = time.time, links: bool = True
@@ -52,15 +65,29 @@ class NvmlSource:
             "dropped.gpu_unreadable": 0,
             "dropped.xid_event_error": 0,
         }
+        self._gone = {getattr(nvml, k) for k in _GPU_GONE if hasattr(nvml, k)}
+        self._missing = {getattr(nvml, k) for k in _NO_FUNCTION if hasattr(nvml, k)}
         nvml.nvmlInit()
-        self.handles = [nvml.nvmlDeviceGetHandleByIndex(i) for i in range(nvml.nvmlDeviceGetCount())]
-        self.uuid = [self._try(lambda: _text(nvml.nvmlDeviceGetUUID(h))) for h in self.handles]
-        self.model = [self._try(lambda: _text(nvml.nvmlDeviceGetName(h))) for h in self.handles]
+        self.handles: list[Any] = []
+        for i in range(nvml.nvmlDeviceGetCount()):
+            try:
+                self.handles.append(nvml.nvmlDeviceGetHandleByIndex(i))
+            except nvml.NVMLError as e:  # off the bus ("Unknown Error", "GPU is lost"): the others are still read
+                log.warning("GPU %d: no NVML handle (%s); not sent", i, e)
+                self.handles.append(None)
+        self.uuid = [
+            None if h is None else _ident(nvml, lambda: _text(nvml.nvmlDeviceGetUUID(h))) for h in self.handles
+        ]
+        self.model = [
+            None if h is None else _ident(nvml, lambda: _text(nvml.nvmlDeviceGetName(h))) for h in self.handles
+        ]
         self.xid: list[float] = [float("nan")] * len(self.handles)
         self._events = None
         try:
             es = nvml.nvmlEventSetCreate()
             for i, h in enumerate(self.handles):
+                if h is None:
+                    continue
                 try:
                     nvml.nvmlDeviceRegisterEvents(h, nvml.nvmlEventTypeXidCriticalError, es)
                     self.xid[i] = 0.0
@@ -72,15 +99,39 @@ class NvmlSource:
 
     def _try(self, fn: Callable[[], Any]) -> Any:
         """The query's value, or None when this GPU cannot answer it (unsupported, no permission).
-        A GPU that is gone raises on: its record must disappear so ``gpu_lost`` fires. ``fn`` runs
-        here and now, so the callers' lambdas may read their loop variables without binding them."""
+        A GPU that is gone (``_GPU_GONE``) raises on: its record must disappear so ``gpu_lost`` fires.
+        ``fn`` runs here and now, so the callers' lambdas may read their loop variables without
+        binding them."""
         try:
             return fn()
         except self.n.NVMLError as e:
-            if getattr(e, "value", None) == getattr(self.n, "NVML_ERROR_GPU_IS_LOST", object()):
+            if getattr(e, "value", None) in self._gone:
                 raise
             self.counts["unsupported_queries"] += 1
             return None
+
+    def _newest(self, names: tuple[str, ...], *args: Any) -> Any:
+        """Call the first of ``names`` (newest NVML API first) that both the bindings and the driver
+        have: a driver older than the API, or one that removed the old one, answers ``_NO_FUNCTION``."""
+        fns = [getattr(self.n, k) for k in names if hasattr(self.n, k)]
+        for fn in fns[:-1]:
+            try:
+                return fn(*args)
+            except self.n.NVMLError as e:
+                if getattr(e, "value", None) not in self._missing:
+                    raise
+        return fns[-1](*args)
+
+    def _field(self, fv: Any) -> Any:
+        """An ``nvmlFieldValue_t`` itself, or None: each value carries its own ``nvmlReturn``, which
+        ``nvmlDeviceGetFieldValues``' return does not cover (pynvml checks only the call's)."""
+        ret = getattr(fv, "nvmlReturn", 0)
+        if ret in self._gone:
+            raise self.n.NVMLError(ret)
+        if ret != 0:
+            self.counts["unsupported_queries"] += 1
+            return None
+        return fv
 
     def _drain_xids(self) -> None:
         if self._events is None:
@@ -102,19 +153,22 @@ class NvmlSource:
                         self.xid[i] = float(ev.eventData)
                         log.warning("GPU %d: XID %d", i, ev.eventData)
 
-    def _gpu_fields(self, i: int, h: Any) -> dict[str, float]:
+    def _gpu_fields(self, i: int, h: Any) -> dict[str, float] | None:
         n, t = self.n, self._try
         f: dict[str, float | None] = {}
-        f["DCGM_FI_DEV_GPU_TEMP"] = t(lambda: n.nvmlDeviceGetTemperature(h, n.NVML_TEMPERATURE_GPU))
-        mt = t(lambda: n.nvmlDeviceGetFieldValues(h, [n.NVML_FI_DEV_MEMORY_TEMP])[0])
-        if mt is not None and getattr(mt, "nvmlReturn", 0) == 0:
-            f["DCGM_FI_DEV_MEMORY_TEMP"] = _field_value(mt)
+        temp = ("nvmlDeviceGetTemperatureV", "nvmlDeviceGetTemperature")  # the latter removed in CUDA 14
+        f["DCGM_FI_DEV_GPU_TEMP"] = t(lambda: self._newest(temp, h, n.NVML_TEMPERATURE_GPU))
+        ids = [n.NVML_FI_DEV_MEMORY_TEMP, n.NVML_FI_DEV_PERF_POLICY_POWER, n.NVML_FI_DEV_PERF_POLICY_THERMAL]
+        fvs = t(lambda: n.nvmlDeviceGetFieldValues(h, ids)) or [None] * len(ids)
+        mt, pviol, tviol = (None if fv is None else self._field(fv) for fv in fvs)
+        # Memory temperature is the uiVal whatever valueType says: r545 drivers label it double
+        # (DCGM's workaround, NVIDIA/DCGM dcgmlib/src/DcgmCacheManager.cpp, nvbugs/4300930).
+        if mt is not None and getattr(mt.value, "uiVal", 201) <= 200:
+            f["DCGM_FI_DEV_MEMORY_TEMP"] = mt.value.uiVal
         f["DCGM_FI_DEV_SM_CLOCK"] = t(lambda: n.nvmlDeviceGetClockInfo(h, n.NVML_CLOCK_SM))
         f["DCGM_FI_DEV_MEM_CLOCK"] = t(lambda: n.nvmlDeviceGetClockInfo(h, n.NVML_CLOCK_MEM))
-        reasons = (
-            getattr(n, "nvmlDeviceGetCurrentClocksEventReasons", None) or n.nvmlDeviceGetCurrentClocksThrottleReasons
-        )
-        f["DCGM_FI_DEV_CLOCK_THROTTLE_REASONS"] = t(lambda: reasons(h))
+        reasons = ("nvmlDeviceGetCurrentClocksEventReasons", "nvmlDeviceGetCurrentClocksThrottleReasons")  # r535 rename
+        f["DCGM_FI_DEV_CLOCK_THROTTLE_REASONS"] = t(lambda: self._newest(reasons, h))
         mw = t(lambda: n.nvmlDeviceGetPowerUsage(h))
         f["DCGM_FI_DEV_POWER_USAGE"] = None if mw is None else mw / 1000.0
         lim = t(lambda: n.nvmlDeviceGetEnforcedPowerLimit(h))
@@ -139,12 +193,12 @@ class NvmlSource:
             f["DCGM_FI_DEV_ROW_REMAP_PENDING"] = 1.0 if pending else 0.0
             f["DCGM_FI_DEV_ROW_REMAP_FAILURE"] = 1.0 if failed else 0.0
         f["DCGM_FI_DEV_PCIE_REPLAY_COUNTER"] = t(lambda: n.nvmlDeviceGetPcieReplayCounter(h))
-        for name, policy in (
-            ("DCGM_FI_DEV_POWER_VIOLATION", n.NVML_PERF_POLICY_POWER),
-            ("DCGM_FI_DEV_THERMAL_VIOLATION", n.NVML_PERF_POLICY_THERMAL),
-        ):
-            v = t(lambda: n.nvmlDeviceGetViolationStatus(h, policy))
-            f[name] = None if v is None else v.violationTime
+        # Violation time (ns) from field values, as DCGM maps 240/241 (dcgmlib/src/dcgm_fields.cpp):
+        # nvmlDeviceGetViolationStatus is deprecated in CUDA 13 and removed in 14.
+        f["DCGM_FI_DEV_POWER_VIOLATION"] = None if pviol is None else _field_value(pviol)
+        f["DCGM_FI_DEV_THERMAL_VIOLATION"] = None if tviol is None else _field_value(tviol)
+        if all(v is None for v in f.values()):
+            return None  # not one query answered ("Unknown Error" on every call): the GPU is not answering
         f["DCGM_FI_DEV_XID_ERRORS"] = self.xid[i]
         return {k: float(v) for k, v in f.items() if v is not None}
 
@@ -164,11 +218,12 @@ class NvmlSource:
             except n.NVMLError:
                 continue  # no such link on this GPU (or NVLink unsupported): nothing to report
             vals: dict[str, float] = {"DCGM_FI_DEV_NVLINK_GET_STATE": 1.0 if state == n.NVML_FEATURE_ENABLED else 0.0}
-            if state == n.NVML_FEATURE_ENABLED:
-                for name, const in self._LINK_COUNTERS:
-                    v = self._try(lambda: n.nvmlDeviceGetNvLinkErrorCounter(h, link, getattr(n, const)))
-                    if v is not None:
-                        vals[name] = float(v)
+            # Counters of a link that is down too (as DCGM and gpud read them): else the GPU's totals
+            # would drop while it is down and jump back when it returns.
+            for name, const in self._LINK_COUNTERS:
+                v = self._try(lambda: n.nvmlDeviceGetNvLinkErrorCounter(h, link, getattr(n, const)))
+                if v is not None:
+                    vals[name] = float(v)
             out[link] = vals
         return out
 
@@ -177,14 +232,19 @@ class NvmlSource:
         ts = self.clock()
         out = []
         for i, h in enumerate(self.handles):
+            fields, links, why = None, {}, "no handle"
             try:
-                fields = self._gpu_fields(i, h)
+                if h is not None:
+                    why = "no query answered"
+                    fields = self._gpu_fields(i, h)
+                    links = self._links(h) if self.links and fields is not None else {}
             except self.n.NVMLError as e:  # the GPU itself is gone (XID 79): skip, gpu_lost fires
+                fields, why = None, str(e)
+            if fields is None:
                 self.errors += 1
                 self.counts["dropped.gpu_unreadable"] += 1
-                log.warning("GPU %d unreadable: %s", i, e)
+                log.warning("GPU %d unreadable: %s", i, why)
                 continue
-            links = self._links(h) if self.links else {}
             for name, _ in self._LINK_COUNTERS:
                 per = [v[name] for v in links.values() if name in v]
                 if per:
@@ -223,6 +283,14 @@ class NvmlSource:
             pass
 
 
+def _ident(nvml: Any, fn: Callable[[], str]) -> str | None:
+    """A GPU's UUID or name, or None when it does not answer (its records are then not sent)."""
+    try:
+        return fn()
+    except nvml.NVMLError:
+        return None
+
+
 def _same_device(a: Any, b: Any) -> bool:
     """Whether two NVML device handles name one GPU. Real handles are ctypes pointers, which
     compare by object identity, not address: an event's ``device`` is a new object each time."""
@@ -240,5 +308,5 @@ def _field_value(fv: Any) -> float | None:
     """The number inside an ``nvmlFieldValue_t`` (its union member depends on ``valueType``)."""
     vt = getattr(fv, "valueType", 0)
     val = fv.value
-    member = {0: "dVal", 1: "uiVal", 2: "ulVal", 3: "ullVal", 4: "sllVal", 5: "siVal"}.get(vt, "uiVal")
+    member = {0: "dVal", 1: "uiVal", 2: "ulVal", 3: "ullVal", 4: "sllVal", 5: "siVal", 6: "usVal"}.get(vt, "uiVal")
     return float(getattr(val, member, val if isinstance(val, (int, float)) else 0))

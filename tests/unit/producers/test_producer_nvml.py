@@ -13,6 +13,15 @@ from pipeline.schema import encode
 from producers.nvml import NvmlSource
 
 
+def fv(value_type, ret=0, **value):
+    """One ``nvmlFieldValue_t`` as pynvml returns it: a ctypes struct whose ``value`` is a union."""
+    out = pynvml.c_nvmlFieldValue_t()
+    out.valueType, out.nvmlReturn = value_type, ret
+    for k, v in value.items():
+        setattr(out.value, k, v)
+    return out
+
+
 class FakeNvml(types.SimpleNamespace):
     """The slice of pynvml the producer uses; constants and error classes are pynvml's own."""
 
@@ -24,11 +33,14 @@ class FakeNvml(types.SimpleNamespace):
         self.gpus, self.links, self.unsupported = gpus, links, set(unsupported)
         self.events: list = []
         self.gone: set[int] = set()
+        self.broken: dict[int, int] = {}          # handle -> the NVML error every query of it raises
         self.shutdown = False
 
     def _chk(self, name, h):
         if h in self.gone:
             raise pynvml.NVMLError(pynvml.NVML_ERROR_GPU_IS_LOST)
+        if h in self.broken:
+            raise pynvml.NVMLError(self.broken[h])
         if name in self.unsupported:
             raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
 
@@ -50,7 +62,10 @@ class FakeNvml(types.SimpleNamespace):
     def nvmlDeviceGetTemperature(self, h, s): self._chk("temp", h); return 60 + h
     def nvmlDeviceGetFieldValues(self, h, ids):
         self._chk("fieldvalues", h)
-        return [types.SimpleNamespace(nvmlReturn=0, valueType=1, value=types.SimpleNamespace(uiVal=70 + h))]
+        vals = {pynvml.NVML_FI_DEV_MEMORY_TEMP: fv(1, uiVal=70 + h),
+                pynvml.NVML_FI_DEV_PERF_POLICY_POWER: fv(3, ullVal=1000),
+                pynvml.NVML_FI_DEV_PERF_POLICY_THERMAL: fv(3, ullVal=2000)}
+        return [vals[i] for i in ids]
     def nvmlDeviceGetClockInfo(self, h, c): self._chk("clock", h); return 1980 if c == pynvml.NVML_CLOCK_SM else 2619
     def nvmlDeviceGetCurrentClocksEventReasons(self, h): self._chk("reasons", h); return 0x60 if h == 1 else 0
     def nvmlDeviceGetPowerUsage(self, h): self._chk("power", h); return 650_500
@@ -156,3 +171,139 @@ def test_xid_matches_real_ctypes_handles_by_address():
     fake.events = [types.SimpleNamespace(eventType=pynvml.nvmlEventTypeXidCriticalError, device=event_handle,
                                          eventData=79)]
     assert [r.fields.DCGM_FI_DEV_XID_ERRORS for r in src.poll()] == [0, 79]
+
+
+# NVML's own semantics, each with its source.
+
+def test_memory_temp_is_uival_even_when_labelled_double():
+    # r545 drivers label NVML_FI_DEV_MEMORY_TEMP a double but fill uiVal; DCGM reads uiVal regardless
+    # (NVIDIA/DCGM 72fa3feaa67d716a75323a8f47c34ff3ee73f824 dcgmlib/src/DcgmCacheManager.cpp, nvbugs/4300930).
+    class R545(FakeNvml):
+        def nvmlDeviceGetFieldValues(self, h, ids):
+            return [fv(pynvml.NVML_VALUE_TYPE_DOUBLE, uiVal=71) if i == pynvml.NVML_FI_DEV_MEMORY_TEMP
+                    else fv(3, ullVal=5) for i in ids]
+
+    [r] = NvmlSource(nvml=R545(gpus=1, links=()), host="n1").poll()
+    assert r.fields.DCGM_FI_DEV_MEMORY_TEMP == 71
+
+
+def test_field_value_status_is_checked_per_value():
+    # nvmlDeviceGetFieldValues returns SUCCESS while each nvmlFieldValue_t carries its own nvmlReturn
+    # (pynvml.py nvmlDeviceGetFieldValues checks only the call's): an unsupported one is absent and counted.
+    class NoHbmTemp(FakeNvml):
+        def nvmlDeviceGetFieldValues(self, h, ids):
+            vals = super().nvmlDeviceGetFieldValues(h, ids)
+            vals[0] = fv(1, ret=pynvml.NVML_ERROR_NOT_SUPPORTED, uiVal=0)
+            return vals
+
+    src = NvmlSource(nvml=NoHbmTemp(gpus=1, links=()), host="n1")
+    [r] = src.poll()
+    assert math.isnan(r.fields.DCGM_FI_DEV_MEMORY_TEMP) and r.fields.DCGM_FI_DEV_POWER_VIOLATION == 1000
+    assert src.summary()["unsupported_queries"] == 1
+
+
+def test_clock_event_reasons_fall_back_on_drivers_before_r535():
+    # nvmlDeviceGetCurrentClocksEventReasons exists from r535 only ("undefined symbol" before, gpud
+    # components/accelerator/nvidia/hw-slowdown/clock_events.go); pynvml raises FUNCTION_NOT_FOUND.
+    class R525(FakeNvml):
+        def nvmlDeviceGetCurrentClocksEventReasons(self, h):
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_FUNCTION_NOT_FOUND)
+
+        def nvmlDeviceGetCurrentClocksThrottleReasons(self, h):
+            return 0x40
+
+    [r] = NvmlSource(nvml=R525(gpus=1, links=()), host="n1").poll()
+    assert r.fields.DCGM_FI_DEV_CLOCK_THROTTLE_REASONS == 0x40
+
+
+def test_temperature_survives_removal_of_deprecated_call():
+    # nvmlDeviceGetTemperature is deprecated in CUDA 13 and removed in 14, returning NVML_ERROR_DEPRECATED;
+    # nvmlDeviceGetTemperatureV replaces it (https://docs.nvidia.com/deploy/nvml-api/Deprecations.html).
+    class Cuda14(FakeNvml):
+        def nvmlDeviceGetTemperature(self, h, s):
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_DEPRECATED)
+
+        def nvmlDeviceGetTemperatureV(self, h, s):
+            return 61
+
+    class Old(FakeNvml):  # a driver older than nvmlDeviceGetTemperatureV
+        def nvmlDeviceGetTemperatureV(self, h, s):
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_FUNCTION_NOT_FOUND)
+
+    assert NvmlSource(nvml=Cuda14(gpus=1, links=()), host="n1").poll()[0].fields.DCGM_FI_DEV_GPU_TEMP == 61
+    assert NvmlSource(nvml=Old(gpus=1, links=()), host="n1").poll()[0].fields.DCGM_FI_DEV_GPU_TEMP == 60
+
+
+def test_violation_times_come_from_field_values_as_dcgm_maps_them():
+    # DCGM fills 240/241 from NVML_FI_DEV_PERF_POLICY_POWER/THERMAL (NVIDIA/DCGM dcgmlib/src/dcgm_fields.cpp);
+    # nvmlDeviceGetViolationStatus is removed in CUDA 14 (https://docs.nvidia.com/deploy/nvml-api/Deprecations.html).
+    class Cuda14(FakeNvml):
+        def nvmlDeviceGetViolationStatus(self, h, p):
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_DEPRECATED)
+
+    [r] = NvmlSource(nvml=Cuda14(gpus=1, links=()), host="n1").poll()
+    assert (r.fields.DCGM_FI_DEV_POWER_VIOLATION, r.fields.DCGM_FI_DEV_THERMAL_VIOLATION) == (1000, 2000)
+
+
+def test_gpu_requiring_reset_is_not_sent():
+    # NVML_ERROR_RESET_REQUIRED ("GPU requires restart") is a GPU-level failure like GPU_IS_LOST
+    # (leptonai/gpud 4a8de33a3f02e207f39e9023d67125592d599731 pkg/nvidia/errors/error.go).
+    fake = FakeNvml(gpus=2, links=())
+    src = NvmlSource(nvml=fake, host="n1")
+    fake.broken[1] = pynvml.NVML_ERROR_RESET_REQUIRED
+    assert [r.gpu for r in src.poll()] == [0] and src.summary()["dropped.gpu_unreadable"] == 1
+
+
+def test_gpu_answering_nothing_is_not_sent_but_one_unknown_costs_one_field():
+    # NVML_ERROR_UNKNOWN is "any unexpected error" per call (NVML API reference, nvmlReturn_t): one costs its
+    # field; a GPU for which every query fails is not answering, so it is not sent and gpu_lost fires.
+    fake = FakeNvml(gpus=2, links=())
+    src = NvmlSource(nvml=fake, host="n1")
+    fake.broken[1] = pynvml.NVML_ERROR_UNKNOWN
+    assert [r.gpu for r in src.poll()] == [0] and src.summary()["dropped.gpu_unreadable"] == 1
+
+    class FlakyPower(FakeNvml):
+        def nvmlDeviceGetPowerUsage(self, h):
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_UNKNOWN)
+
+    [r] = NvmlSource(nvml=FlakyPower(gpus=1, links=()), host="n1").poll()
+    assert math.isnan(r.fields.DCGM_FI_DEV_POWER_USAGE) and r.fields.DCGM_FI_DEV_GPU_TEMP == 60
+
+
+def test_gpu_without_handle_at_start_costs_only_itself():
+    # nvmlDeviceGetHandleByIndex fails for a GPU that fell off the bus (NVML_ERROR_GPU_IS_LOST / UNKNOWN,
+    # NVML API reference, nvmlDeviceGetHandleByIndex_v2): the other GPUs must still be read.
+    class OffBus(FakeNvml):
+        def nvmlDeviceGetHandleByIndex(self, i):
+            if i == 1:
+                raise pynvml.NVMLError(pynvml.NVML_ERROR_UNKNOWN)
+            return i
+
+    src = NvmlSource(nvml=OffBus(gpus=3, links=()), host="n1")
+    assert [r.gpu for r in src.poll()] == [0, 2] and src.summary()["dropped.gpu_unreadable"] == 1
+
+
+def test_gpu_lost_during_link_reads_costs_only_that_gpu():
+    # GPU_IS_LOST can come from any call (NVML API reference): one GPU lost mid-poll must not cost the others.
+    class LostOnLinks(FakeNvml):
+        def nvmlDeviceGetNvLinkErrorCounter(self, h, link, c):
+            if h == 0:
+                raise pynvml.NVMLError(pynvml.NVML_ERROR_GPU_IS_LOST)
+            return 0
+
+    src = NvmlSource(nvml=LostOnLinks(gpus=2, links=(0,)), host="n1")
+    assert [(r.gpu, r.link) for r in src.poll()] == [(1, None), (1, 0)]
+    assert src.summary()["dropped.gpu_unreadable"] == 1
+
+
+def test_counters_of_a_link_that_is_down_are_still_read():
+    # DCGM (dcgmlib/src/DcgmCacheManager.cpp ReadAndCacheNvLinkData) and gpud (components/accelerator/nvidia/
+    # nvlink/nvlink.go) read every link's error counters whatever its state; DCGM's *_TOTAL is all links.
+    class Link1Down(FakeNvml):
+        def nvmlDeviceGetNvLinkState(self, h, link):
+            return pynvml.NVML_FEATURE_DISABLED if link == 1 else super().nvmlDeviceGetNvLinkState(h, link)
+
+    recs = NvmlSource(nvml=Link1Down(gpus=1, links=(0, 1)), host="n1").poll()
+    assert recs[2].link == 1 and recs[2].fields.DCGM_FI_DEV_NVLINK_GET_STATE == 0
+    assert recs[2].fields.DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL == 12
+    assert recs[0].fields.DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL == 2 + 12
