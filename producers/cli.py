@@ -153,7 +153,7 @@ def _cmd_nccl_inspector(args: argparse.Namespace) -> int:
     from producers.nccl_inspector import InspectorFollower, PromFileSource
 
     if bool(args.dir) == bool(args.prom):
-        raise SystemExit("gpuwarden produce nccl-inspector: give a DIR or --prom FILE")
+        raise SystemExit("gpuwarden produce nccl-inspector: give a DIR or --prom PATH")
     return _run(
         args,
         lambda: (
@@ -349,7 +349,11 @@ def register(sub: Any) -> None:
 
     i = psub.add_parser("nccl-inspector", help="follow the NCCL Inspector plugin's dump directory")
     i.add_argument("dir", nargs="?", help="the plugin's dump directory (JSON mode)")
-    i.add_argument("--prom", metavar="FILE", help="read its Prometheus-mode output file instead")
+    i.add_argument(
+        "--prom",
+        metavar="PATH",
+        help="read its Prometheus-mode output instead: a file, or the dump directory (one file per GPU)",
+    )
     i.add_argument("--gpus-per-node", type=int, help="map ranks of whole-node communicators to local GPUs")
     i.add_argument("--job", help="job id to stamp on the records")
     _common(i, 5.0)

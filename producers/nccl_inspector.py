@@ -29,8 +29,9 @@ Ranks map to GPUs only where that is knowable: with ``gpus_per_node`` given and 
 that spans whole nodes (``n_ranks == nnodes * gpus_per_node``), ``gpu = rank % gpus_per_node``
 (NCCL's usual node-major rank order); otherwise ``gpu`` stays empty rather than guessed.
 
-Prometheus mode (``--prom FILE``): the plugin writes ``<dump_dir>/nccl_inspector_metrics_<GPU
-UUID>.prom`` per GPU, rewritten every dump interval; see ``parse_prom`` for its two layouts.
+Prometheus mode (``--prom PATH``: a file, or the dump directory): the plugin writes
+``<dump_dir>/nccl_inspector_metrics_<GPU UUID>.prom`` per GPU, rewritten every dump interval;
+see ``parse_prom`` for its two layouts and ``PromFileSource`` for the files.
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
 
+import msgspec
 from prometheus_client.parser import text_string_to_metric_families
 
 from pipeline.numeric import ascii_int, finite
@@ -519,15 +521,31 @@ def parse_prom(
     return out
 
 
+PROM_FILES_MAX = 1024  # a dump directory's files: one per GPU, 8-72 on a real host
+# The plugin's file name carries its GPU's UUID (inspector_prom.cc): the one sure name of the GPU.
+_PROM_FILE = re.compile(r"nccl_inspector_metrics_([A-Za-z0-9-]{1,96})\.prom")
+
+
 class PromFileSource:
-    """Re-reads the Prometheus-mode file whenever the plugin rewrites it (mtime change)."""
+    """Re-reads the plugin's Prometheus-mode output whenever it is rewritten (mtime change):
+    one file, or every ``*.prom`` file of its dump directory, each on its own change (the plugin
+    writes one per GPU, ``nccl_inspector_metrics_<GPU UUID>.prom``).
+
+    A file named so lends its UUID to its records (``labels["gpu_uuid"]``). Its ``gpu`` label is
+    the process's CUDA device number, not the GPU's: with one GPU visible to each process (a
+    Slurm task per GPU) every file says ``GPU0``. Where two files of one directory claim one
+    (host, GPU index), the index names no GPU: their records carry no ``gpu`` and, where the rank
+    was that index, rank 0 (``rank_source=unknown``).
+    """
 
     def __init__(self, path: str | Path, *, host: str | None = None, once: bool = False) -> None:
         self.path = Path(path)
         self.host = host
         self.once = once
         self.done = False
-        self._mtime: float | None = None
+        self._mtimes: dict[Path, float] = {}
+        # (host, GPU index) -> the UUID of the file that claimed it; None once two files did.
+        self._claims: dict[tuple[str, int], str | None] = {}
         self.counts: dict[str, int] = {
             "reads": 0,
             "records": 0,
@@ -535,34 +553,82 @@ class PromFileSource:
             "dropped.unknown_metric": 0,
             "dropped.no_time": 0,
             "dropped.bad_rank": 0,
+            "dropped.too_many_files": 0,
         }
+
+    def _files(self) -> list[Path]:
+        """The file, or the directory's ``*.prom`` files in name order (at most ``PROM_FILES_MAX``)."""
+        if not self.path.is_dir():
+            return [self.path]
+        try:
+            files = sorted(p for p in self.path.glob("*.prom") if p.is_file())
+        except OSError as e:
+            log.warning("%s: %s", self.path, e)
+            return []
+        if len(files) > PROM_FILES_MAX:
+            self.counts["dropped.too_many_files"] += len(files) - PROM_FILES_MAX
+            files = files[:PROM_FILES_MAX]
+        return files
 
     def poll(self) -> list[NcclRecord]:
         if self.once:
             self.done = True
+        files = self._files()
+        # A file the plugin removed (its process ended) is read anew should it come back.
+        present = set(files)
+        self._mtimes = {p: m for p, m in self._mtimes.items() if p in present}
+        read: list[tuple[NcclRecord, str | None]] = []
+        for p in files:
+            read += self._read(p)
+        out = [self._located(r, uuid) for r, uuid in read]
+        self.counts["records"] += len(out)
+        return out
+
+    def _read(self, path: Path) -> list[tuple[NcclRecord, str | None]]:
+        """The records of ``path`` if it changed, each with its file's GPU UUID (None: not named so);
+        the GPU indices they claim noted (``_claims``)."""
         try:
-            st = os.stat(self.path)
+            st = os.stat(path)
         except OSError as e:
-            log.warning("%s: %s", self.path, e)
+            log.warning("%s: %s", path, e)
             return []
-        if st.st_mtime == self._mtime:
+        if st.st_mtime == self._mtimes.get(path):
             return []
-        self._mtime = st.st_mtime
+        self._mtimes[path] = st.st_mtime
         self.counts["reads"] += 1
         try:
             recs = parse_prom(
-                self.path.read_text(encoding="utf-8", errors="replace"),
+                path.read_text(encoding="utf-8", errors="replace"),
                 ts=time.time(),
                 host=self.host,
                 counts=self.counts,
             )
         except ValueError as e:  # a half-rewritten file: try again at the next change
-            self._mtime = None
+            del self._mtimes[path]
             self.counts["dropped.unparsable_file"] += 1
-            log.warning("%s: not parseable yet (%s)", self.path, e)
+            log.warning("%s: not parseable yet (%s)", path, e)
             return []
-        self.counts["records"] += len(recs)
-        return recs
+        m = _PROM_FILE.fullmatch(path.name)
+        if m is None:
+            return [(r, None) for r in recs]
+        uuid = m.group(1)
+        for r in recs:
+            if r.gpu is not None and self._claims.setdefault((r.host, r.gpu), uuid) != uuid:
+                self._claims[(r.host, r.gpu)] = None  # two GPUs' files claim it: it names neither
+        return [(r, uuid) for r in recs]
+
+    def _located(self, r: NcclRecord, uuid: str | None) -> NcclRecord:
+        """``r`` of the file of GPU ``uuid``: labelled with it, and without its GPU index (and the
+        rank read from it) where two files of its host claim that index."""
+        if uuid is None:
+            return r
+        labels = {**r.labels, "gpu_uuid": uuid}
+        if r.gpu is None or self._claims.get((r.host, r.gpu), uuid) is not None:
+            return msgspec.structs.replace(r, labels=labels)
+        if labels.get("rank_source") != "gpu_index":  # 2.29's rank label holds
+            return msgspec.structs.replace(r, gpu=None, labels=labels)
+        labels["rank_source"] = "unknown"
+        return msgspec.structs.replace(r, gpu=None, rank=0, labels=labels)
 
     def summary(self) -> dict[str, int]:
         """Reads, records, and what was dropped, by reason."""

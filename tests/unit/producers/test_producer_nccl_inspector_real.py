@@ -5,8 +5,9 @@ which file and tag): JSON lines of ``inspector_json.cc``/``inspector.cc`` and bo
 from __future__ import annotations
 
 import json
+import os
 
-from producers.nccl_inspector import InspectorFollower, bucket_bytes, parse_prom, parse_record
+from producers.nccl_inspector import InspectorFollower, PromFileSource, bucket_bytes, parse_prom, parse_record
 
 # plugins/profiler/inspector/inspector_json.cc at v2.30.7-1 (73cf1122): jsonKey order, %lf doubles.
 META = (
@@ -123,3 +124,35 @@ def test_bucket_bytes_reads_the_229_exact_sizes():
     # inspector_prom.cc at v2.29.7-1 (b91894bd) prints "%zuB" below 1 KiB, else "%.2f<unit>".
     assert (bucket_bytes("512B"), bucket_bytes("1.50KB"), bucket_bytes("2.00GB")) == (512, 1536, 2 << 30)
     assert (bucket_bytes("0B"), bucket_bytes("4-5GB")) == (0, 4 << 30)
+
+
+def _prom_230(gpu: str, bus: float) -> str:
+    return (
+        f'nccl_bus_bandwidth_gbs{{version="v5.1",slurm_job_id="7",node="node-a",gpu="{gpu}",comm_name="DP",'
+        f'n_nodes="2",nranks="16",collective="AllReduce",message_size="1-2MB",algo_proto="Ring_Simple"}} {bus}\n'
+        f'nccl_collective_exec_time_microseconds{{version="v5.1",slurm_job_id="7",node="node-a",gpu="{gpu}",'
+        f'comm_name="DP",n_nodes="2",nranks="16",collective="AllReduce",message_size="1-2MB",'
+        f'algo_proto="Ring_Simple"}} 95\n'
+    )
+
+
+def test_a_dump_directory_is_read_file_by_file_as_each_is_rewritten(tmp_path):
+    # inspector_prom.cc writes nccl_inspector_metrics_<GPU UUID>.prom per GPU into the dump directory.
+    uuids = ["GPU-0b5a1f2c-1111-2222-3333-444455556666", "GPU-9e8d7c6b-aaaa-bbbb-cccc-ddddeeeeffff"]
+    for k, u in enumerate(uuids):
+        (tmp_path / f"nccl_inspector_metrics_{u}.prom").write_text(_prom_230(f"GPU{k}", 100 + k))
+    src = PromFileSource(tmp_path)
+    recs = sorted(src.poll(), key=lambda r: r.gpu)
+    assert [(r.gpu, r.rank, r.busbw_gbs, r.labels["gpu_uuid"]) for r in recs] == [(0, 0, 100, uuids[0]), (1, 1, 101, uuids[1])]
+    assert src.poll() == []
+    os.utime(tmp_path / f"nccl_inspector_metrics_{uuids[1]}.prom", (1, 1))
+    assert [r.labels["gpu_uuid"] for r in src.poll()] == [uuids[1]]
+
+
+def test_files_of_processes_that_each_see_one_gpu_name_no_gpu_index(tmp_path):
+    # A Slurm task per GPU: each process's only device is its CUDA device 0, so every file says GPU0.
+    for u in ("GPU-aaaa", "GPU-bbbb"):
+        (tmp_path / f"nccl_inspector_metrics_{u}.prom").write_text(_prom_230("GPU0", 50))
+    recs = PromFileSource(tmp_path).poll()
+    assert sorted(r.labels["gpu_uuid"] for r in recs) == ["GPU-aaaa", "GPU-bbbb"]
+    assert all((r.gpu, r.rank, r.labels["rank_source"]) == (None, 0, "unknown") for r in recs)
