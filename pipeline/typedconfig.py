@@ -96,13 +96,21 @@ def parse_yaml(
     text: str, limits: yamlsafe.Limits = yamlsafe.DEFAULT, *, source: str = "<config>", key: str = "(yaml)"
 ) -> Any:
     """One YAML document through ``pipeline.yamlsafe``; every problem a ``ConfigError`` under
-    ``key`` naming ``source`` (and the line and column of a limit crossed)."""
+    ``key`` naming ``source`` and the line and column (a limit crossed, a syntax error, a value
+    its tag cannot build: ``!!bool maybe``).
+
+    >>> parse_yaml("a: !!bool maybe", source="c.yaml")
+    Traceback (most recent call last):
+    ...
+    pipeline.errors.ConfigError: config key '(yaml)': c.yaml:1:4: not valid YAML: cannot read a value: 'maybe' is not a YAML bool [GW100]
+    """
     try:
         return yamlsafe.load(text, limits)
     except yamlsafe.YamlLimitError as e:
         raise ConfigError(key, f"{source}:{e.line}:{e.col}: {e.message}") from None
     except yaml.YAMLError as e:
-        raise ConfigError(key, f"{source}: not valid YAML: {e}") from None
+        problem, line, col = yamlsafe.syntax_error(e)
+        raise ConfigError(key, f"{source}:{line}:{col}: not valid YAML: {problem}") from None
     except (ValueError, OverflowError) as e:  # a scalar PyYAML cannot build: an int of 5000 digits
         raise ConfigError(key, f"{source}: cannot read a value ({str(e).split(':')[0]})") from None
 

@@ -11,6 +11,12 @@ and route files use for them are listed in docs/rules.md and docs/remediation.md
 
 Aliases stay allowed (sharing a block of labels is a fair use), but each one counts the full
 size of what it expands to, so what the caller later walks or converts is bounded.
+
+Two more things a document may hold that PyYAML passes on are refused as YAML errors with their
+line and column: a scalar its own constructor cannot build (for ``!!bool maybe`` PyYAML raises
+KeyError, for ``!!int ""`` IndexError, for an int of 5000 digits ValueError: none a ``YAMLError``),
+and a string with a lone surrogate (``"\\ud800"``), which no UTF-8 writer (a log, Kafka, an argv)
+can encode.
 """
 
 from __future__ import annotations
@@ -37,6 +43,10 @@ DEFAULT = Limits()
 
 # What crossed a limit, for callers that map it onto their own diagnostic codes.
 SIZE, DEPTH, ALIAS, STRING = "size", "depth", "alias", "string"
+
+# What PyYAML's safe constructors raise for a scalar they cannot build (``!!bool maybe``: KeyError,
+# ``!!float ""``: IndexError, ``!!timestamp x``: AttributeError, 5000 digits: ValueError).
+BAD_SCALAR = (ValueError, OverflowError, LookupError, AttributeError, TypeError)
 
 
 class YamlLimitError(yaml.YAMLError):
@@ -87,6 +97,8 @@ def _bounded(base: type) -> type:
             if isinstance(node, yaml.ScalarNode):
                 if len(node.value) > lim.max_string:
                     self._fail(STRING, f"a string longer than {lim.max_string} characters", node.start_mark)
+                if not node.value.isascii():
+                    _unicode(node)
                 size = 1
             elif isinstance(node, yaml.SequenceNode):
                 size = 1 + sum(self._size[id(c)] for c in node.value)
@@ -98,7 +110,39 @@ def _bounded(base: type) -> type:
                 self._fail(SIZE, f"more than {lim.max_nodes} YAML nodes", node.start_mark)
             return node
 
+        def construct_object(self, node: Any, deep: bool = False) -> Any:
+            try:
+                return super().construct_object(node, deep)
+            except BAD_SCALAR as e:
+                # Not a YAMLError, so callers that report bad YAML would crash on it instead.
+                raise yaml.constructor.ConstructorError(None, None, unbuilt(node, e), node.start_mark) from None
+
     return Bounded
+
+
+def unbuilt(node: Any, e: Exception) -> str:
+    """What is wrong with a scalar PyYAML could not build, for a ``ConstructorError``.
+
+    >>> unbuilt(yaml.ScalarNode("tag:yaml.org,2002:bool", "maybe"), KeyError("maybe"))
+    "cannot read a value: 'maybe' is not a YAML bool"
+    """
+    value = str(node.value)
+    shown = repr(value if len(value) <= 40 else value[:40] + "...")
+    why = f" ({str(e).split(':')[0]})" if isinstance(e, (ValueError, OverflowError)) and str(e) else ""
+    return f"cannot read a value: {shown} is not a YAML {node.tag.rsplit(':', 1)[-1]}{why}"
+
+
+def _unicode(node: Any) -> None:
+    """Refuse a scalar holding a lone surrogate (a ``\\ud800`` escape): every UTF-8 encoder fails on it."""
+    try:
+        node.value.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise yaml.MarkedYAMLError(
+            None,
+            None,
+            f"a string with a lone surrogate (U+{ord(node.value[e.start]):04X}), not Unicode text",
+            node.start_mark,
+        ) from None
 
 
 _LOADERS: dict[type, type] = {}

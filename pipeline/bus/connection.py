@@ -29,9 +29,8 @@ from pathlib import Path
 from typing import Any, Iterator, Mapping
 
 import msgspec
-import yaml
 
-from pipeline import yamlsafe
+from pipeline import typedconfig
 from pipeline.errors import BrokerUnavailableError, ConfigError
 
 # Settings every Kafka client of the product gets. kafka-python backs off reconnecting to a
@@ -121,14 +120,10 @@ def _key_of(err: msgspec.ValidationError, prefix: str) -> tuple[str, str]:
 
 def load_file(path: str | Path) -> _File:
     """A connection file (YAML: ``bootstrap``, ``security``); ``ConfigError`` names the bad key."""
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except OSError as e:
-        raise ConfigError("--kafka-config", f"cannot read {path}: {e.strerror or e}") from e
-    try:
-        data = yamlsafe.load(text) or {}
-    except yaml.YAMLError as e:
-        raise ConfigError("--kafka-config", f"{path} is not valid YAML: {e}") from e
+    # Bounded and UTF-8 checked (typedconfig): a Latin-1 file is a ConfigError, not a
+    # UnicodeDecodeError, and --kafka-config /dev/zero is not read without end.
+    text = typedconfig.read_text(path, key="--kafka-config", yaml_key="--kafka-config")
+    data = typedconfig.parse_yaml(text, source=str(path), key="--kafka-config") or {}
     if not isinstance(data, dict):
         raise ConfigError("--kafka-config", f"{path}: a mapping with bootstrap and security")
     try:

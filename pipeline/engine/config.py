@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
@@ -57,8 +58,9 @@ class EngineConfig:
     def __post_init__(self) -> None:
         for f in fields(self):
             val = getattr(self, f.name)
-            if not isinstance(val, (int, float)) or isinstance(val, bool) or val < 0:
-                raise ConfigError(f"engine.{f.name}", f"must be a non-negative number of seconds, got {val!r}")
+            # NaN passes ``val < 0`` and crashes the engine (a NaN tick, a NaN max_hosts).
+            if not isinstance(val, (int, float)) or isinstance(val, bool) or not 0 <= val < math.inf:
+                raise ConfigError(f"engine.{f.name}", f"must be a finite non-negative number, got {val!r}")
         if self.tick <= 0:
             raise ConfigError("engine.tick", "must be > 0")
 

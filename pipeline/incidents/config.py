@@ -189,8 +189,8 @@ class _Reader:
             return node
         try:
             return self._ctor.construct_object(node, deep=True)
-        except (ValueError, OverflowError) as e:
-            self.err(node, f"cannot read this value ({str(e).split(':')[0]})", BAD_VALUE)
+        except yamlsafe.BAD_SCALAR as e:  # ``!!bool maybe`` raises KeyError, ``!!int ""`` IndexError
+            self.err(node, yamlsafe.unbuilt(node, e), BAD_VALUE)
             return None
 
     def tags_ok(self, root: Any) -> bool:

@@ -22,6 +22,7 @@ place (``models[2].decider.on``), unknown keys included. Format::
 from __future__ import annotations
 
 import inspect
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -29,7 +30,7 @@ from typing import Any
 from pipeline import typedconfig
 from pipeline.durations import duration
 from pipeline.errors import ConfigError
-from pipeline.models.registry import REGISTRY
+from pipeline.models.registry import REGISTRY, build
 from pipeline.schema import FAMILIES
 
 _dur = duration  # the name the models' tests know
@@ -93,18 +94,26 @@ class ModelSpec:
 
 
 def _num(v: Any, key: str, lo: float | None = None) -> float:
+    """A finite number at ``key``: ``.inf`` and an int past a float's range (``warmup``, a
+    parameter) raise OverflowError where they are used."""
     if isinstance(v, bool) or not isinstance(v, (int, float)) or v != v:
         raise ConfigError(key, f"expected a number, got {v!r}")
-    if lo is not None and v < lo:
+    try:
+        f = float(v)
+    except OverflowError:
+        f = math.inf
+    if not math.isfinite(f):
+        raise ConfigError(key, f"expected a finite number, got {str(v)[:40]}")
+    if lo is not None and f < lo:
         raise ConfigError(key, f"must be >= {lo}, got {v!r}")
-    return float(v)
+    return f
 
 
 def _decider(d: Any, key: str) -> dict[str, Any]:
     if not isinstance(d, dict):
         raise ConfigError(key, f"expected a mapping, got {type(d).__name__}")
     kind = d.get("kind", "threshold")
-    if kind not in DECIDER_KEYS:
+    if not isinstance(kind, str) or kind not in DECIDER_KEYS:  # a list is unhashable
         raise ConfigError(f"{key}.kind", f"unknown decider {kind!r} (known: {', '.join(DECIDER_KEYS)})")
     for k in d:
         if k not in DECIDER_KEYS[kind]:
@@ -179,6 +188,10 @@ def spec_from_mapping(d: Any, key: str) -> ModelSpec:
     warmup = int(_num(d.get("warmup", 600), f"{key}.warmup", 0))
     if "warmup" in accepted:
         params["warmup"] = warmup
+    try:  # the detector's own checks (a forest's height in 1..20) as a ConfigError, not at start-up
+        build(det, params)
+    except (ValueError, TypeError, OverflowError, MemoryError) as e:
+        raise ConfigError(f"{key}.params", f"{det}: {str(e)[:200]}") from None
     alert = d.get("alert", True)
     if not isinstance(alert, bool):
         raise ConfigError(f"{key}.alert", f"expected true/false, got {alert!r}")

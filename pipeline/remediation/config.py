@@ -146,7 +146,7 @@ def parse_config(data: Any, *, base_dir: Path = Path("."), source: str = "<confi
             raise ConfigError(key, "must be a mapping with a `type`")
         if "type" not in spec:
             raise ConfigError(f"{key}.type", f"missing; one of {', '.join(sorted(_TYPES))}")
-        if spec["type"] not in _TYPES:
+        if not isinstance(spec["type"], str) or spec["type"] not in _TYPES:  # a list is unhashable
             raise ConfigError(
                 f"{key}.type", f"unknown action type {spec['type']!r}; one of {', '.join(sorted(_TYPES))}"
             )

@@ -22,6 +22,7 @@ import msgspec
 
 from pipeline import typedconfig
 from pipeline.bus import connection
+from pipeline.durations import MAX_SECONDS
 from pipeline.engine import EngineConfig
 from pipeline.errors import ConfigError
 from pipeline.resources import rules_dir
@@ -29,6 +30,7 @@ from pipeline.resources import rules_dir
 
 # TLS and SASL options: the one definition every Kafka client shares (pipeline/bus/connection.py).
 Security = connection.Security
+INT32_MAX = (1 << 31) - 1
 
 
 class KafkaSection(msgspec.Struct, forbid_unknown_fields=True):
@@ -140,11 +142,18 @@ def _validate(cfg: Config) -> None:
         "max_poll_interval_ms",
         "session_timeout_ms",
     ):
-        if getattr(cfg.kafka, key) <= 0:
-            raise ConfigError(f"kafka.{key}", "must be > 0")
+        # Kafka's protocol carries each as an int32: a larger one fails at the first request.
+        if not 0 < getattr(cfg.kafka, key) <= INT32_MAX:
+            raise ConfigError(f"kafka.{key}", f"{getattr(cfg.kafka, key)}: must be > 0 and at most {INT32_MAX}")
     if not 0 <= cfg.http.port <= 65535:
         raise ConfigError("http.port", f"{cfg.http.port} is not a port")
     cfg.engine_config()  # raises ConfigError naming engine.<key>
+    # NaN never compares true (no idle flush, no reload check); 0 or less flushes every turn, and
+    # infinity never sends the final mark a fleet stage waits for.
+    for key in ("flush_idle_s", "reload_check_s"):
+        val = getattr(cfg.service, key)
+        if not (math.isfinite(val) and 0 < val <= MAX_SECONDS):
+            raise ConfigError(f"service.{key}", f"{val}: seconds, above 0 and at most {MAX_SECONDS:.0f}")
     if not (math.isfinite(cfg.service.checkpoint_interval_s) and 0 < cfg.service.checkpoint_interval_s <= 3600):
         raise ConfigError(
             "service.checkpoint_interval_s", f"{cfg.service.checkpoint_interval_s}: seconds, above 0 and at most 3600"

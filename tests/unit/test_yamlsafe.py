@@ -102,3 +102,25 @@ def test_what_is_kept_stays_within_its_node_budget(monkeypatch):
     yamlsafe.compose(big)                                    # over the whole budget: never kept
     assert not yamlsafe._cached("tree", big, yamlsafe.DEFAULT, yaml.SafeLoader)[1]
     assert yamlsafe._cached("tree", texts[-1], yamlsafe.DEFAULT, yaml.SafeLoader)[1]
+
+
+@pytest.mark.parametrize("text, line, col, words", [
+    ("a: !!bool maybe\n", 1, 4, "'maybe' is not a YAML bool"),          # was KeyError
+    ("a: [1, !!int '']\n", 1, 8, "'' is not a YAML int"),                # was IndexError
+    ("a: !!float ''\n", 1, 4, "is not a YAML float"),                    # was IndexError
+    ("a: !!timestamp soon\n", 1, 4, "is not a YAML timestamp"),          # was AttributeError
+    ("a:\n  b: " + "9" * 5000 + "\n", 2, 6, "4300 digits"),                # was ValueError
+])
+def test_a_scalar_its_tag_cannot_build_is_a_yaml_error_with_its_position(text, line, col, words):
+    with pytest.raises(yaml.YAMLError) as e:
+        yamlsafe.load(text)
+    assert words in str(e.value) and yamlsafe.syntax_error(e.value)[1:] == (line, col), str(e.value)
+
+
+@pytest.mark.parametrize("text, line, col", [('a: "x\\ud800"\n', 1, 4), ('["ok", {"\\udfff": 1}]\n', 1, 9)])
+def test_a_lone_surrogate_is_a_yaml_error_not_a_string_no_writer_can_encode(text, line, col):
+    for read in (yamlsafe.load, yamlsafe.compose):
+        with pytest.raises(yaml.YAMLError, match="lone surrogate") as e:
+            read(text)
+        assert yamlsafe.syntax_error(e.value)[1:] == (line, col)
+    assert yamlsafe.load('a: "\\U0001F600 é"\n') == {"a": "\U0001F600 é"}

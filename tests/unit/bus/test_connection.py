@@ -70,6 +70,19 @@ def test_an_unreadable_file_is_a_config_error(tmp_path):
         resolve(config_file=str(tmp_path / "missing.yaml"), env={})
 
 
+@pytest.mark.parametrize("content, words", [
+    (b"bootstrap: k\xe9:9092\n", "not UTF-8"),                        # was UnicodeDecodeError
+    (b"bootstrap: !!bool maybe\n", ":1:12: not valid YAML"),            # was KeyError
+    (b"# pad\n" * 200_000, "the limit is"),                              # was read whole
+])
+def test_a_file_that_is_not_a_config_is_a_config_error_naming_the_option(tmp_path, content, words):
+    p = tmp_path / "kafka.yaml"
+    p.write_bytes(content)
+    with pytest.raises(ConfigError) as e:
+        resolve(config_file=str(p), env={})
+    assert e.value.key == "--kafka-config" and words in str(e.value) and str(p) in str(e.value), str(e.value)
+
+
 def test_secrets_are_never_in_repr_or_describe(tmp_path):
     c = resolve(env={"GPUWARDEN_KAFKA_SECURITY_PROTOCOL": "SASL_PLAINTEXT", "GPUWARDEN_KAFKA_SASL_MECHANISM": "PLAIN",
                      "GPUWARDEN_KAFKA_USERNAME": "svc", "GPUWARDEN_KAFKA_PASSWORD": "hunter2-secret"})

@@ -67,6 +67,11 @@ def test_a_broken_config_beside_the_rules_is_an_error_naming_the_problem(tmp_pat
         ("x:\n" + "".join("  " * i + "- \n" for i in range(1, 40)), "[I012]"),
         ("description: " + "x" * 300_000 + "\n", "[I010]"),
         ("- just a list\n", "1:1: the incidents file must be a mapping [I003]"),
+        # Plain tags whose constructors raised KeyError and IndexError: a crash, not a diagnostic.
+        ("quiet: !!bool maybe\n", "1:8: cannot read a value: 'maybe' is not a YAML bool [I006]"),
+        ("policies:\n  - {name: p, count: xid, xids: [!!int ''], per: gpu, threshold: 2, window: 1h, action: watch}\n",
+         "2:34: cannot read a value: '' is not a YAML int [I006]"),
+        ('description: "\\ud800"\n', "1:14: YAML syntax: a string with a lone surrogate (U+D800)"),
     ],
 )
 def test_a_bad_config_is_refused_with_a_positioned_diagnostic(text: str, expected: str) -> None:

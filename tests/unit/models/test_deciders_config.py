@@ -96,6 +96,14 @@ def test_minimal_file(tmp_path):
      "models[0].params.shortt_s"),
     (("features: [ecc_sbe_volatile]", "features: [ecc_sbe_volatile]\n    for: soon"), "models[0].for"),
     (("features: [ecc_sbe_volatile]", "features: [ecc_sbe_volatile]\n    cohort: rack"), "models[0].cohort"),
+    # Each of these crashed the loader (TypeError, OverflowError) or the model set's build (ValueError).
+    (("kind: threshold", "kind: [threshold]"), "models[0].decider.kind"),
+    (("features: [ecc_sbe_volatile]", "features: [ecc_sbe_volatile]\n    warmup: .inf"), "models[0].warmup"),
+    (("features: [ecc_sbe_volatile]", "features: [ecc_sbe_volatile]\n    params: {short_s: 1" + "0" * 400 + "}"),
+     "models[0].params.short_s"),
+    (("threshold: 8, clear: 4", "threshold: .inf, clear: 4"), "models[0].decider.threshold"),
+    (("detector: counter_rate\n    fault: hbm_sbe_rate_anomaly\n    features: [ecc_sbe_volatile]",
+      "detector: cohort_hst\n    fault: gpu_x\n    params: {height: 40}"), "models[0].params"),
 ])
 def test_config_errors_name_the_key(tmp_path, change, key):
     text = MINIMAL.replace(*change)

@@ -30,6 +30,8 @@ def base(**over):
     (base(actions={"d": {"type": "slurm_drain", "reson": "x"}}), "actions.d.reson"),
     (base(actions={"d": {"type": "slurm_dran"}}), "actions.d.type"),
     (base(actions={"d": {"reason": "x"}}), "actions.d.type"),
+    (base(actions={"d": {"type": ["log"]}}), "actions.d.type"),          # was TypeError: unhashable
+    (base(actions={"d": {"type": {"log": 1}}}), "actions.d.type"),
     (base(route={"receiver": "r", "routes": [{"matchers": ['a="b"'], "recv": "r"}]}), "route.routes[0].recv"),
     (base(route={"receiver": "nope"}), "route.receiver"),
     (base(route={"receiver": "r", "routes": [{"matchers": ['a=~"("']}]}), "route.routes[0].matchers[0]"),

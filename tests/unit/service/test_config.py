@@ -31,6 +31,21 @@ def test_defaults_and_overrides_from_the_environment():
     ("sevice: {}", "sevice"),
     ("- 1", "(top level)"),
     ("kafka: [", "(file)"),
+    # Accepted before, and then the engine crashed (a NaN tick or max_hosts, a NaN lateness) ...
+    ("engine: {tick: .nan}", "engine.tick"),
+    ("engine: {max_hosts: .nan}", "engine.max_hosts"),
+    ("engine: {allowed_lateness: .inf}", "engine.allowed_lateness"),
+    # ... or the service never flushed or reloaded (NaN), flushed every turn (<= 0), ...
+    ("service: {flush_idle_s: .nan}", "service.flush_idle_s"),
+    ("service: {flush_idle_s: -1}", "service.flush_idle_s"),
+    ("service: {flush_idle_s: .inf}", "service.flush_idle_s"),
+    ("service: {reload_check_s: .nan}", "service.reload_check_s"),
+    ("service: {reload_check_s: 0}", "service.reload_check_s"),
+    # ... or the first Kafka request failed (an int32 in the protocol) ...
+    ("kafka: {fetch_max_bytes: 4294967296}", "kafka.fetch_max_bytes"),
+    ("kafka: {partitions: 99999999999999999999}", "kafka.partitions"),
+    # ... or the loader itself crashed (KeyError from PyYAML's bool constructor).
+    ("kafka: {partitions: !!bool maybe}", "(file)"),
 ])
 def test_bad_config_names_the_key(text, key):
     with pytest.raises(ConfigError) as err:
