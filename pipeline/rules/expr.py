@@ -132,11 +132,13 @@ class Or(Node):
     right: Node
 
 
+# Digits are ASCII only: Python reads every script's digits as numbers, and some look like
+# others (Bengali '৪' is a 4 that reads as an 8), so "gpu_temp > ৪5" would compare with 45.
 _TOKEN = re.compile(
     r"""
     (?P<ws>\s+)
-  | (?P<dur>\d+(?:\.\d+)?(?:ms|s|m|h|d)(?:\d+(?:\.\d+)?(?:ms|s|m|h|d))*(?![A-Za-z0-9_]))
-  | (?P<num>0[xX][0-9a-fA-F]+|\d+(?:\.\d*)?(?:[eE][-+]?\d+)?|\.\d+(?:[eE][-+]?\d+)?)
+  | (?P<dur>[0-9]+(?:\.[0-9]+)?(?:ms|s|m|h|d)(?:[0-9]+(?:\.[0-9]+)?(?:ms|s|m|h|d))*(?![A-Za-z0-9_]))
+  | (?P<num>0[xX][0-9a-fA-F]+|[0-9]+(?:\.[0-9]*)?(?:[eE][-+]?[0-9]+)?|\.[0-9]+(?:[eE][-+]?[0-9]+)?)
   | (?P<name>[A-Za-z_][A-Za-z0-9_]*)
   | (?P<op>==|!=|<=|>=|[<>+\-*/(),|=])
 """,

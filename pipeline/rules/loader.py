@@ -23,9 +23,10 @@ from pipeline import yamlsafe
 from pipeline.catalog import FIELDS
 from pipeline.rules import diagnostics as D
 from pipeline.rules.compile import CompileError, compile_expr
+from pipeline.rules.context import BOOL
 from pipeline.rules.windows import WindowStore
 from pipeline.rules.diagnostics import Diagnostic
-from pipeline.durations import parse_duration
+from pipeline.rules.durations import parse_duration
 from pipeline.rules.expr import ExprSyntaxError
 from pipeline.rules.ruleset import Rule, RuleSet, RuleSpec
 from pipeline.rules.template import TemplateError, parse_template
@@ -118,8 +119,8 @@ class _FileLoader:
             return [self.value(v) for v in node.value]
         try:
             return self._ctor.construct_object(node, deep=True)
-        except (ValueError, OverflowError) as e:  # e.g. an integer of 5000 digits
-            self.err(node, f"cannot read this value ({str(e).split(':')[0]})", D.BAD_VALUE)
+        except yamlsafe.BAD_SCALAR as e:  # an integer of 5000 digits, ``!!bool maybe``
+            self.err(node, yamlsafe.unbuilt(node, e), D.BAD_VALUE)
             self.bad.add(id(node))
             return None
 
@@ -136,11 +137,18 @@ class _FileLoader:
                 self.bad.add(id(n))
                 continue
             if isinstance(n, yaml.MappingNode):
+                keys: set[tuple[str, str]] = set()
                 for k, v in n.value:
                     if not isinstance(k, yaml.ScalarNode):
                         # A list or mapping as a key (``? [a, b]``) cannot be a dict key.
                         self.err(k, "a mapping key must be a plain name or value", D.SHAPE)
                         self.bad.add(id(n))
+                    elif (k.tag, k.value) in keys:
+                        # YAML keeps the last one silently: a second 'condition:' or 'rules:'
+                        # would replace the one a reviewer read.
+                        self.err(k, f"key {k.value!r} given twice in this mapping", D.DUPLICATE)
+                    else:
+                        keys.add((k.tag, k.value))
                     stack += [k, v]
             elif isinstance(n, yaml.SequenceNode):
                 stack += list(n.value)
@@ -163,6 +171,13 @@ class _FileLoader:
             root = yamlsafe.compose(self.text, LIMITS)
         except yamlsafe.YamlLimitError as e:
             self.err(None, f"YAML: {e.message}", _LIMIT_CODES[e.kind], line=e.line, col=e.col)
+            return
+        except yaml.reader.ReaderError as e:
+            # A character YAML refuses (NUL, a control character): the error holds only its
+            # offset, and a message of several lines.
+            line, col = _line_col(self.text, e.position)
+            what = f"U+{e.character:04X}" if isinstance(e.character, int) else repr(e.character)
+            self.err(None, f"YAML syntax: character {what} is not allowed", D.YAML_SYNTAX, line=line, col=col)
             return
         except yaml.YAMLError as e:
             problem, line, col = yamlsafe.syntax_error(e)
@@ -271,6 +286,10 @@ class _FileLoader:
                 val[key] = {}
         # The condition and named values: our own parser, errors pointed at the character.
         cond = self.expr(keys["condition"][1], val["condition"], name) if "condition" in keys else None
+        if cond is not None and cond.type != BOOL:
+            # A number as the condition is never true (a rule fires where it is 1): say so now.
+            self.err(keys["condition"][1], f"a condition must be true or false, not a {cond.type}", D.TYPE, name)
+            cond = None
         values = {}
         if val.get("values"):
             vnodes = {self.value(k): v for k, v in keys["values"][1].value}
@@ -418,7 +437,13 @@ def read_rules(paths: Sequence[str | Path]) -> RuleSources:
             texts.append((str(f), _read(f)))
         except yamlsafe.YamlLimitError as e:
             diags.append(Diagnostic(str(f), 1, 1, None, f"YAML: {e.message}", D.TOO_LARGE))
-        except (OSError, UnicodeDecodeError) as e:
+        except UnicodeDecodeError as e:
+            good = e.object[: e.start].decode("utf-8")  # what precedes the first bad byte is text
+            line, col = _line_col(good, len(good))
+            diags.append(
+                Diagnostic(str(f), line, col, None, f"not UTF-8: byte 0x{e.object[e.start]:02x}", D.YAML_SYNTAX)
+            )
+        except OSError as e:
             diags.append(Diagnostic(str(f), 1, 1, None, f"cannot read: {e}", D.YAML_SYNTAX))
     return RuleSources([str(f) for f in files], texts, diags)
 
@@ -445,6 +470,15 @@ def _internal(paths: Sequence[str | Path], e: Exception) -> Diagnostic:
         f"cannot load rules ({type(e).__name__}: {str(e)[:200]}); this is a gpuwarden bug, please report it",
         D.INTERNAL,
     )
+
+
+def _line_col(text: str, offset: int) -> tuple[int, int]:
+    """1-based line and column of character ``offset`` of ``text``.
+
+    >>> _line_col("ab\\ncd", 4)
+    (2, 2)
+    """
+    return text.count("\n", 0, offset) + 1, offset - (text.rfind("\n", 0, offset) + 1) + 1
 
 
 def _read(f: Path) -> str:

@@ -203,8 +203,8 @@ class _Reader:
             return node
         try:
             return self._ctor.construct_object(node, deep=True)
-        except (ValueError, OverflowError) as e:
-            self.err(node, f"cannot read this value ({str(e).split(':')[0]})", D.BAD_VALUE)
+        except yamlsafe.BAD_SCALAR as e:  # an integer of 5000 digits, ``!!bool maybe``
+            self.err(node, yamlsafe.unbuilt(node, e), D.BAD_VALUE)
             return None
 
     def tags_ok(self, root: Any) -> bool:

@@ -22,6 +22,10 @@ promtool-like::
 
 Series notation: ``v`` one value, ``vxN`` N+1 copies, ``a+bxN`` / ``a-bxN`` N+1 values stepping
 by b, ``_`` / ``_xN`` missing samples.
+
+A test file is input like a rule file: a key the format does not have, a value of the wrong
+type, an unreadable file are failures of that test or file, never an exception, and one test
+holds at most ``MAX_SAMPLES`` samples (each a record in memory).
 """
 
 from __future__ import annotations
@@ -36,22 +40,30 @@ import yaml
 from pipeline import yamlsafe
 from pipeline.catalog import FIELDS
 from pipeline.engine import Engine, EngineConfig
+from pipeline.recordchecks import MAX_GPU_INDEX
 from pipeline.rules.durations import parse_duration
 from pipeline.rules.loader import load_rules
 from pipeline.schema import AlertEvent, dcgm
 
 T0 = 1764403200.0
 TEST_LIMITS = yamlsafe.Limits(max_bytes=4 << 20)  # series make test files longer than rule files
-MAX_SAMPLES = 1_000_000  # per series: "1x99999999999" must be an error, not all the memory
-_TERM = re.compile(r"^(_|-?\d+(?:\.\d+)?(?:[eE][-+]?\d+)?)(?:([+-]\d+(?:\.\d+)?))?(?:x(\d+))?$")
+MAX_SAMPLES = 1_000_000  # per test, all series: "1x99999999999" must be an error, not all the memory
+# ASCII digits only: Python reads any script's digits, and some look like others.
+_TERM = re.compile(r"^(_|-?[0-9]+(?:\.[0-9]+)?(?:[eE][-+]?[0-9]+)?)(?:([+-][0-9]+(?:\.[0-9]+)?))?(?:x([0-9]+))?$")
+FILE_KEYS = ("tests",)
+TEST_KEYS = ("name", "interval", "rule_files", "series", "alerts", "never")
+SERIES_KEYS = ("host", "gpu", "values")
+CHECK_KEYS = ("at", "firing")
+ALERT_KEYS = ("rule", "host", "gpu")
 
 
 class SeriesError(ValueError):
     pass
 
 
-def expand_series(text: str | int | float) -> list[float | None]:
-    """``'60+1x3 90x1 _'`` -> ``[60, 61, 62, 63, 90, 90, None]``.
+def expand_series(text: str | int | float, limit: int = MAX_SAMPLES) -> list[float | None]:
+    """``'60+1x3 90x1 _'`` -> ``[60, 61, 62, 63, 90, 90, None]``; more than ``limit`` samples
+    is a ``SeriesError``.
 
     >>> expand_series("1+2x2 _x1 5")
     [1.0, 3.0, 5.0, None, None, 5.0]
@@ -59,11 +71,11 @@ def expand_series(text: str | int | float) -> list[float | None]:
     out: list[float | None] = []
     for term in str(text).split():
         m = _TERM.match(term)
-        if not m:
-            raise SeriesError(f"bad series term {term!r} (use v, vxN, a+bxN or _)")
+        if not m or len(m.group(3) or "") > 9:  # 9 digits: already past any limit
+            raise SeriesError(f"bad series term {term[:40]!r} (use v, vxN, a+bxN or _)")
         start, step, times = m.group(1), m.group(2), int(m.group(3) or 0)
-        if len(out) + times + 1 > MAX_SAMPLES:
-            raise SeriesError(f"series term {term[:40]!r}: more than {MAX_SAMPLES} samples in one series")
+        if len(out) + times + 1 > limit:
+            raise SeriesError(f"series term {term[:40]!r}: more than {MAX_SAMPLES} samples in one test")
         if start == "_":
             if step:
                 raise SeriesError(f"bad series term {term!r}: '_' takes no step")
@@ -102,55 +114,119 @@ def _fmt(keys: set[tuple]) -> str:
     return ", ".join(f"{r}@{h}/{g}" if g is not None else f"{r}@{h}" for r, h, g in sorted(keys, key=str)) or "none"
 
 
-def run_test(test: dict[str, Any], path: Path, rules_dir: Path) -> TestResult:
-    name = str(test.get("name", "?"))
-    res = TestResult(str(path), name)
-    files = [(path.parent / f).resolve() for f in test.get("rule_files", [])] or [rules_dir]
-    ruleset, diags = load_rules(files)
+def _shown(v: Any) -> str:
+    text = repr(v)
+    return text if len(text) <= 40 else text[:40] + "..."
+
+
+def _mapping(v: Any, what: str, keys: tuple[str, ...]) -> dict:
+    """``v`` if it is a mapping with only ``keys``, else a ``SeriesError``: a misspelt key
+    (``sereis:``) would otherwise make a test that checks nothing and passes."""
+    if not isinstance(v, dict):
+        raise SeriesError(f"{what} must be a mapping, not {_shown(v)}")
+    for k in v:
+        if k not in keys:
+            raise SeriesError(f"{what}: unknown key {_shown(k)} (expected: {', '.join(keys)})")
+    return v
+
+
+def _items(v: Any, what: str) -> list:
+    """``v`` if it is a list; an empty value (``firing:``) is an empty one."""
+    if v is None or v == "":
+        return []
+    if not isinstance(v, list):
+        raise SeriesError(f"{what} must be a list, not {_shown(v)}")
+    return v
+
+
+def _text(v: Any, what: str) -> str:
+    if not isinstance(v, str) or not v or "\x00" in v:
+        raise SeriesError(f"{what} must be a non-empty string, not {_shown(v)}")
+    return v
+
+
+def _gpu(v: Any, what: str) -> int:
+    """A GPU index as the decoder takes them: ASCII digits, 0..MAX_GPU_INDEX."""
+    if not (isinstance(v, str) and v.isascii() and v.isdigit() and len(v) <= 6 and int(v) <= MAX_GPU_INDEX):
+        raise SeriesError(f"{what}: gpu must be an index 0..{MAX_GPU_INDEX}, not {_shown(v)}")
+    return int(v)
+
+
+def run_test(test: Any, path: Path, rules_dir: Path) -> TestResult:
+    """Run one test of a test file; any problem with it is a failure of the test, not an exception."""
+    name = str(test.get("name", "?")) if isinstance(test, dict) else "?"
+    res = TestResult(str(path), name[:200])
+    try:
+        _run(test, path, rules_dir, res)
+    except SeriesError as e:
+        res.failures.append(f"bad test input: {e}")
+    except Exception as e:  # noqa: BLE001 - the trust boundary, as the rule loader's (R013)
+        res.failures.append(f"cannot run this test ({type(e).__name__}: {str(e)[:200]}); this is a gpuwarden bug")
+    return res
+
+
+def _run(test: Any, path: Path, rules_dir: Path, res: TestResult) -> None:
+    test = _mapping(test, "a test", TEST_KEYS)
+    _text(test.get("name", "?"), "name")
+    files = [(path.parent / _text(f, "rule_files")).resolve() for f in _items(test.get("rule_files"), "rule_files")]
+    series = [_mapping(s, "series", SERIES_KEYS) for s in _items(test.get("series"), "series")]
+    checks = [_mapping(c, "alerts", CHECK_KEYS) for c in _items(test.get("alerts"), "alerts")]
+    never = [_text(r, "never") for r in _items(test.get("never"), "never")]
+    ruleset, diags = load_rules(files or [rules_dir])
     if ruleset is None:
         res.failures += ["rule files do not load:"] + [f"  {d}" for d in diags if d.is_error]
-        return res
+        return
     try:
         interval = parse_duration(test.get("interval", "1s"))
-        records = []
-        for s in test.get("series") or []:
-            host, gpu = str(s["host"]), int(s.get("gpu", 0))
-            columns = {}
-            for fname, text in (s.get("values") or {}).items():
-                if FIELDS.resolve(str(fname)) is None:
-                    raise SeriesError(f"unknown field {fname!r} in series {host}/{gpu}")
-                columns[str(fname)] = expand_series(text)
-            n = max((len(v) for v in columns.values()), default=0)
-            for i in range(n):
-                vals = {f: x for f, v in columns.items() if i < len(v) and (x := v[i]) is not None}
-                if vals:
-                    records.append(dcgm(T0 + i * interval, host, gpu, vals))
-        records.sort(key=lambda r: (r.ts, r.host, r.gpu))
-    except (SeriesError, KeyError, TypeError, ValueError) as e:
-        res.failures.append(f"bad test input: {e}")
-        return res
+    except ValueError as e:
+        raise SeriesError(f"interval: {e}") from None
+    if interval <= 0:
+        raise SeriesError("interval must be positive")
+    records = []
+    left = MAX_SAMPLES
+    for s in series:
+        host, gpu = _text(s.get("host"), "series: host"), _gpu(s.get("gpu", "0"), "series")
+        columns = {}
+        values = s.get("values") or {}
+        if not isinstance(values, dict):
+            raise SeriesError(f"series {host}/{gpu}: values must map field names to series, not {_shown(values)}")
+        for fname, text in values.items():
+            if FIELDS.resolve(str(fname)) is None:
+                raise SeriesError(f"unknown field {fname!r} in series {host}/{gpu}")
+            columns[str(fname)] = expand_series(_text(text, f"series {host}/{gpu}: {fname}"), left)
+            left -= len(columns[str(fname)])
+        n = max((len(v) for v in columns.values()), default=0)
+        for i in range(n):
+            vals = {f: x for f, v in columns.items() if i < len(v) and (x := v[i]) is not None}
+            if vals:
+                records.append(dcgm(T0 + i * interval, host, gpu, vals))
+    records.sort(key=lambda r: (r.ts, r.host, r.gpu))
     engine = Engine(EngineConfig(), row_checks=[], tick_checks=[], rules=ruleset)
     alerts = engine.process(records).alerts + engine.flush().alerts
     known = {r.meta.name for r in ruleset.rules}
-    for exp in test.get("alerts") or []:
+    for exp in checks:
         try:
-            t = parse_duration(exp["at"])
-        except (KeyError, TypeError, ValueError) as e:
+            t = parse_duration(_text(exp.get("at"), "the time"))
+        except (SeriesError, ValueError) as e:
             res.failures.append(f"bad test input: at: {e}")
             continue
         want = set()
-        for a in exp.get("firing") or []:
-            if a["rule"] not in known:
-                res.failures.append(f"at {exp['at']}: expects unknown rule {a['rule']!r}")
-            gpu = a.get("gpu")
-            want.add((a["rule"], str(a.get("host")), None if gpu in (None, "", "null") else int(gpu)))
+        for a in _items(exp.get("firing"), "firing"):
+            a = _mapping(a, f"at {exp['at']}: firing", ALERT_KEYS)
+            rule = _text(a.get("rule"), f"at {exp['at']}: firing: rule")
+            if rule not in known:
+                res.failures.append(f"at {exp['at']}: expects unknown rule {rule!r}")
+            on_gpu, on_host = a.get("gpu"), a.get("host")
+            on_host = None if on_host is None else _text(on_host, f"at {exp['at']}: firing: host")
+            on_gpu = None if on_gpu in (None, "", "null") else _gpu(on_gpu, f"at {exp['at']}")
+            want.add((rule, str(on_host), on_gpu))
         got = firing_at(alerts, T0 + t)
         if got != want:
             res.failures.append(
                 f"at {exp['at']}: firing {_fmt(got)}; expected {_fmt(want)}\n"
                 f"      missing:    {_fmt(want - got)}\n      unexpected: {_fmt(got - want)}"
             )
-    for rule in test.get("never") or []:
+    for rule in never:
         if rule not in known:
             res.failures.append(f"never: unknown rule {rule!r}")
             continue
@@ -160,15 +236,37 @@ def run_test(test: dict[str, Any], path: Path, rules_dir: Path) -> TestResult:
             res.failures.append(
                 f"{rule} must never fire, but fired at {a.ts - T0:.0f}s on {a.host}/{a.gpu}: {a.summary}"
             )
-    return res
 
 
-def _load(path: Path) -> dict:
+class TestFileError(ValueError):
+    """A test file that cannot be read, or is not a mapping with a ``tests:`` list."""
+
+
+def _load(path: Path) -> list:
+    """The tests of a test file; raises ``TestFileError`` saying why there are none to run."""
     # BaseLoader: every scalar stays the text that was written. With the usual resolvers a
     # series such as ``0x120`` would silently become the hex number 288. Bounded like rule
     # files (an alias bomb is a YAMLError here, reported as a file that cannot be read).
-    doc = yamlsafe.load(path.read_text(encoding="utf-8"), TEST_LIMITS, base=yaml.BaseLoader) or {}
-    return doc if isinstance(doc, dict) else {}
+    text = ""
+    try:
+        text = path.read_text(encoding="utf-8")
+        doc = yamlsafe.load(text, TEST_LIMITS, base=yaml.BaseLoader) or {}
+    except yamlsafe.YamlLimitError as e:
+        raise TestFileError(str(e)) from None
+    except yaml.reader.ReaderError as e:  # NUL, a control character: only an offset, several lines
+        line, col = text.count("\n", 0, e.position) + 1, e.position - text.rfind("\n", 0, e.position)
+        raise TestFileError(f"line {line}, column {col}: a character YAML does not allow") from None
+    except yaml.YAMLError as e:
+        problem, line, col = yamlsafe.syntax_error(e)
+        raise TestFileError(f"line {line}, column {col}: {' '.join(str(problem).split())}") from None
+    except UnicodeDecodeError as e:
+        raise TestFileError(f"not UTF-8: byte 0x{e.object[e.start]:02x} at offset {e.start}") from None
+    except OSError as e:
+        raise TestFileError(str(e)) from None
+    try:
+        return _items(_mapping(doc, "a test file", FILE_KEYS).get("tests"), "tests")
+    except SeriesError as e:
+        raise TestFileError(str(e)) from None
 
 
 def test_files(paths: Sequence[str | Path]) -> list[Path]:
@@ -184,12 +282,12 @@ def run_tests(paths: Sequence[str | Path], on_test: Callable[[int, int], None] |
     todo = []
     for path in test_files(paths):
         try:
-            doc = _load(path)
-        except (OSError, yaml.YAMLError) as e:
+            tests = _load(path)
+        except TestFileError as e:
             results.append(TestResult(str(path), "(file)", [f"cannot read: {e}"]))
             continue
         rules_dir = path.parent.parent if path.parent.name == "tests" else path.parent
-        todo += [(test, path, rules_dir) for test in doc.get("tests") or []]
+        todo += [(test, path, rules_dir) for test in tests]
     for i, (test, path, rules_dir) in enumerate(todo):
         if on_test:
             on_test(i, len(todo))
@@ -202,11 +300,16 @@ def tested_rules(paths: Sequence[str | Path]) -> set[str]:
     names: set[str] = set()
     for path in test_files(paths):
         try:
-            doc = _load(path)
-        except (OSError, yaml.YAMLError):
+            tests = _load(path)
+        except TestFileError:
             continue
-        for test in doc.get("tests") or []:
-            names.update(test.get("never") or [])
-            for exp in test.get("alerts") or []:
-                names.update(a["rule"] for a in exp.get("firing") or [] if isinstance(a, dict) and "rule" in a)
+        for test in tests:
+            try:  # a malformed test covers nothing (``rules test`` says what is wrong with it)
+                test = _mapping(test, "a test", TEST_KEYS)
+                names.update(_text(r, "never") for r in _items(test.get("never"), "never"))
+                for exp in _items(test.get("alerts"), "alerts"):
+                    for a in _items(_mapping(exp, "alerts", CHECK_KEYS).get("firing"), "firing"):
+                        names.add(_text(_mapping(a, "firing", ALERT_KEYS).get("rule"), "rule"))
+            except SeriesError:
+                continue
     return names

@@ -67,6 +67,21 @@ HOSTILE = {
     "big_file": ("# padding\n" * 120_000, D.TOO_LARGE, 1, 1),
     "list_as_key": (rule(extra="labels: {? [a, b]: c}"), D.SHAPE, 7, 16),
     "name_with_newline": (rule(name='"hot\\n"'), D.BAD_VALUE, 2, 11),
+    # YAML keeps the last of two equal keys silently: the condition a reviewer read was not the one run.
+    "condition_twice": (rule(extra="condition: 'gpu_temp > 0'"), D.DUPLICATE, 7, 5),
+    "rules_twice": (rule() + "rules: []\n", D.DUPLICATE, 7, 1),
+    "label_twice": (rule(extra="labels: {team: hw, team: sw}"), D.DUPLICATE, 7, 24),
+    # Python reads any script's digits: Bengali 4 looks like an 8.
+    "bengali_digit": (rule("gpu_temp > \u09ea5"), D.EXPR_SYNTAX, 6, 17 + 11),
+    "arabic_digit_window": (rule("avg_over(gpu_temp, \u0661m) > 1"), D.EXPR_SYNTAX, 6, 17 + 19),
+    "arabic_digit_for": (rule(extra="for: \u0663m"), D.BAD_DURATION, 7, 10),
+    # A number as the condition is never true: the rule would never fire.
+    "condition_a_number": (rule("gpu_temp * 2"), D.TYPE, 6, 16),
+    # PyYAML's constructors raise KeyError / IndexError for these, which read as a gpuwarden bug.
+    "bool_maybe": (rule(extra="for: !!bool maybe"), D.BAD_VALUE, 7, 10),
+    "empty_int": (rule(extra="keep_firing_for: !!int ''"), D.BAD_VALUE, 7, 22),
+    # PyYAML's reader error holds only an offset: the position was 1:1, the message three lines.
+    "nul_character": (rule(extra="description: a\x00"), D.YAML_SYNTAX, 7, 19),
 }
 
 
@@ -84,6 +99,13 @@ def test_hostile_rule_files_are_coded_diagnostics_at_their_position(tmp_path, na
     assert hit[0].line == line and (col is None or hit[0].col == col), str(hit[0])
     assert str(hit[0]).startswith(f"{path}:{hit[0].line}:{hit[0].col}: ") and str(hit[0]).endswith(f"[{code}]")
     assert not any(d.code == D.INTERNAL for d in diags), [str(d) for d in diags]
+
+
+def test_a_file_that_is_not_utf8_points_at_the_bad_byte(tmp_path):
+    path = tmp_path / "r.yaml"
+    path.write_bytes(rule(extra="description: caf\xe9").encode("latin-1"))
+    rs, diags = load_rules([path])
+    assert rs is None and [(d.line, d.col, d.code) for d in diags] == [(7, 21, D.YAML_SYNTAX)], diags
 
 
 def test_long_and_chains_within_the_limits_load_and_evaluate(make_rules):

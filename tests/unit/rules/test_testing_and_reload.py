@@ -1,8 +1,11 @@
 import textwrap
 
+import pytest
+
 from pipeline.cli import main
 from pipeline.engine import Engine, EngineConfig
 from pipeline.rules import load_rules
+from pipeline.rules import testing
 from pipeline.rules.reload import RuleReloader
 from pipeline.rules.testing import expand_series, run_tests
 from tests.factories import sample
@@ -136,3 +139,52 @@ def test_pipeline_decodes_the_fields_of_reloaded_rules():
     out.extend(pipe.flush())
     assert "DCGM_FI_DEV_SM_CLOCK" in pipe.decoder.fields
     assert [(a.state, a.rule) for a in out.alerts][:1] == [("firing", "hot")]
+
+
+SERIES = "    series: [{host: n1, gpu: 0, values: {gpu_temp: 90x10}}]\n"
+HOSTILE_TESTS = {
+    # name: (test file text, the start of the one failure it must give)
+    "tests_not_a_list": ("tests: abc\n", "cannot read: tests must be a list"),
+    "root_a_list": ("- a\n", "cannot read: a test file must be a mapping"),
+    "misspelt_top_key": ("tset: []\n", "cannot read: a test file: unknown key 'tset'"),
+    "test_not_a_mapping": ("tests: [abc]\n", "bad test input: a test must be a mapping"),
+    "misspelt_series": ("tests:\n  - name: t\n    sereis: []\n", "bad test input: a test: unknown key 'sereis'"),
+    "values_not_a_mapping": ("tests:\n  - name: t\n    series: [{host: n1, values: abc}]\n", "bad test input"),
+    "gpu_too_big": ("tests:\n  - name: t\n    series: [{host: n1, gpu: 99999999999999999999999, "
+                    "values: {gpu_temp: 1}}]\n", "bad test input"),
+    "firing_not_a_list": ("tests:\n  - name: t\n" + SERIES + "    alerts: [{at: 5s, firing: hot}]\n",
+                          "bad test input: firing must be a list"),
+    "firing_without_rule": ("tests:\n  - name: t\n" + SERIES + "    alerts: [{at: 5s, firing: [{host: n1}]}]\n",
+                            "bad test input"),
+    "firing_rule_a_list": ("tests:\n  - name: t\n" + SERIES + "    alerts: [{at: 5s, firing: [{rule: [hot]}]}]\n",
+                           "bad test input"),
+    "firing_gpu_not_a_number": ("tests:\n  - name: t\n" + SERIES
+                                + "    alerts: [{at: 5s, firing: [{rule: hot, host: n1, gpu: x}]}]\n", "bad test input"),
+    "never_a_string": ("tests:\n  - name: t\n" + SERIES + "    never: hot\n", "bad test input: never must be a list"),
+    "never_of_lists": ("tests:\n  - name: t\n" + SERIES + "    never: [[hot]]\n", "bad test input"),
+    "rule_files_of_lists": ("tests:\n  - name: t\n    rule_files: [[a]]\n" + SERIES, "bad test input"),
+    "interval_zero": ("tests:\n  - name: t\n    interval: 0s\n" + SERIES, "bad test input: interval must be positive"),
+    "arabic_digits": ("tests:\n  - name: t\n    series: [{host: n1, values: {gpu_temp: \u0669\u0660x5}}]\n",
+                      "bad test input: bad series term"),
+    "four_million_samples": ("tests:\n  - name: t\n    series: [{host: n1, values: {gpu_temp: 1x999998, "
+                             "gpu_util: 1x999998, sm_clock: 1x999998, power_usage: 1x999998}}]\n",
+                             "bad test input: series term '1x999998': more than 1000000 samples in one test"),
+    "nul_character": ("tests: [a\x00]\n", "cannot read: line 1, column 10"),
+}
+
+
+@pytest.mark.parametrize("name", list(HOSTILE_TESTS))
+def test_hostile_rule_test_files_fail_with_a_reason_never_raise(tmp_path, name):
+    text, failure = HOSTILE_TESTS[name]
+    rules = layout(tmp_path, test=text)
+    results = run_tests([rules / "tests"])
+    assert len(results) == 1 and results[0].failures[0].startswith(failure), results
+    testing.tested_rules([rules / "tests"])  # the W201 lint reads the same file: no exception either
+
+
+def test_a_test_file_that_is_not_utf8_is_a_failure(tmp_path):
+    rules = layout(tmp_path)
+    (rules / "tests" / "t.yaml").write_bytes(b"tests:\n  - name: caf\xe9\n")
+    (r,) = run_tests([rules / "tests"])
+    assert r.failures == ["cannot read: not UTF-8: byte 0xe9 at offset 20"]
+    assert testing.tested_rules([rules / "tests"]) == set()
