@@ -26,8 +26,8 @@ import socketserver
 import sys
 import threading
 import time
-from typing import TYPE_CHECKING, Callable, Mapping
-from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
+from typing import IO, TYPE_CHECKING, Callable, Mapping, cast
+from wsgiref.simple_server import ServerHandler, WSGIRequestHandler, WSGIServer, make_server
 
 from prometheus_client import CollectorRegistry, make_wsgi_app
 
@@ -37,7 +37,10 @@ if TYPE_CHECKING:
 log = logging.getLogger("gpuwarden.http")
 
 Page = tuple[str, bytes]  # what a page's provider returns: content type, body
-MAX_PAGE_REQUESTS = 4  # page requests answered at once, all pages together; more are 503 at once
+# Page requests answered at once, all pages together; more are 503 at once. One: a page is
+# rendered in Python holding the GIL, and two renders back to back under a flood of page requests
+# starve the accept loop and the service loop (probes time out; docs/operations.md, Security).
+MAX_PAGE_REQUESTS = 1
 # Added to every page's answer: a page shows data from telemetry, so even if its escaping failed
 # the browser runs no script and loads nothing (inline styles only), and never sniffs a type.
 PAGE_HEADERS = [
@@ -88,8 +91,37 @@ class _Writer(io.BufferedIOBase):
         return self.sock.fileno()
 
 
+class _ServerHandler(ServerHandler):
+    """wsgiref's handler, its failures logged rather than printed to stderr: a client that stops
+    reading its answer is a debug line, not a traceback a flood of them writes to stderr."""
+
+    request_handler: WSGIRequestHandler  # for its log line, as wsgiref sets it
+
+    def log_exception(self, exc_info) -> None:
+        if isinstance(exc_info[1], OSError):  # timeouts, resets: the client's problem
+            log.debug("http client: %s", exc_info[1])
+            return
+        log.error("http request failed", exc_info=exc_info)
+
+
 class _Handler(WSGIRequestHandler):
     timeout = 5.0  # set per endpoint
+
+    def handle(self) -> None:
+        """``WSGIRequestHandler.handle`` with ``_ServerHandler``: one request, then close."""
+        self.raw_requestline = self.rfile.readline(65537)
+        if len(self.raw_requestline) > 65536:
+            self.requestline = self.request_version = self.command = ""
+            self.send_error(414)
+            return
+        if not self.parse_request():  # an error was answered
+            return
+        wfile = cast(IO[bytes], self.wfile)
+        handler = _ServerHandler(self.rfile, wfile, self.get_stderr(), self.get_environ(), multithread=False)
+        handler.request_handler = self
+        app = cast(WSGIServer, self.server).get_app()
+        assert app is not None  # set by make_server
+        handler.run(app)
 
     def setup(self) -> None:
         super().setup()  # socket timeout for every read and write
@@ -229,18 +261,33 @@ class HttpEndpoint:
                 raise ValueError(f"page path {path!r}: must start with / and not be /healthz or /metrics")
 
         def app(environ, start_response):
+            method = environ.get("REQUEST_METHOD", "GET")
+            # Every route is read-only; answered here, not by prometheus_client, whose 405 echoes
+            # the method (any token a client sends) in a body without a content type.
+            if method not in ("GET", "HEAD"):
+                return _answer(
+                    start_response,
+                    "405 Method Not Allowed",
+                    "text/plain",
+                    b"read-only: GET\n",
+                    extra=[("Allow", "GET, HEAD"), ("X-Content-Type-Options", "nosniff")],
+                )
             provider = routes.get(environ.get("PATH_INFO", ""))
             if provider is not None:
                 return _page(provider, page_slots, environ, start_response)
             if environ.get("PATH_INFO") == "/healthz":
                 ok, detail = health()
                 body = json.dumps({"status": "ok" if ok else "unhealthy", **detail}).encode()
-                start_response(
-                    "200 OK" if ok else "503 Service Unavailable",
-                    [("Content-Type", "application/json"), ("Content-Length", str(len(body)))],
-                )
-                return [body]
-            return metrics_app(environ, start_response)
+                status = "200 OK" if ok else "503 Service Unavailable"
+                return _answer(start_response, status, "application/json", body, head=method == "HEAD")
+            # HEAD: the GET's headers, its length included, without its body (wsgiref sends
+            # whatever body an app returns, and counts what it sends).
+            got: list[tuple[str, list[tuple[str, str]]]] = []
+            answer = metrics_app({**environ, "REQUEST_METHOD": "GET"}, lambda s, h, *_: got.append((s, h)))
+            body = b"".join(answer)
+            status, headers = got[0]
+            start_response(status, [*headers, ("Content-Length", str(len(body)))])
+            return [] if method == "HEAD" else [body]
 
         handler = type("_TimedHandler", (_Handler,), {"timeout": timeout})
         self.server: WSGIServer = make_server(host, port, app, server_class=_ThreadingServer, handler_class=handler)

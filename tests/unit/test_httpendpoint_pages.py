@@ -121,7 +121,7 @@ def test_page_requests_past_the_limit_are_busy_at_once_and_probes_still_answer()
     try:
         results: list[int] = []
         held = [threading.Thread(target=lambda p=p: results.append(request(ep, p, timeout=30)[0]))
-                for p in ("/a", "/b") * (MAX_PAGE_REQUESTS // 2)]
+                for p in [("/a", "/b")[i % 2] for i in range(MAX_PAGE_REQUESTS)]]
         for t in held:
             t.start()
         for _ in held:
@@ -138,6 +138,92 @@ def test_page_requests_past_the_limit_are_busy_at_once_and_probes_still_answer()
     finally:
         release.set()
         ep.stop()
+
+
+def test_a_page_request_while_another_renders_is_busy_at_once_and_probes_answer():
+    # Renders hold the GIL: a flood of page requests rendering side by side starved the accept
+    # loop until probes timed out, so one renders at a time.
+    release = threading.Event()
+    entered = threading.Event()
+
+    def slow() -> tuple[str, bytes]:
+        entered.set()
+        release.wait(20)
+        return "text/plain", b"done"
+
+    ep = HttpEndpoint("127.0.0.1", 0, Metrics().registry, lambda: (True, {}), timeout=5.0,
+                      pages={"/a": slow, "/b": slow}).start()
+    timer = threading.Timer(3.0, release.set)   # before the fix the second request waited for this
+    try:
+        held: list[int] = []
+        first = threading.Thread(target=lambda: held.append(request(ep, "/a", timeout=30)[0]))
+        first.start()
+        assert entered.wait(10)
+        timer.start()
+        status, headers, _ = request(ep, "/b", timeout=10)
+        assert status == 503 and headers["Retry-After"] == "1"
+        assert request(ep, "/healthz")[0] == 200
+        release.set()
+        first.join(15)
+        assert held == [200]
+    finally:
+        release.set()
+        timer.cancel()
+        ep.stop()
+
+
+def raw(ep: HttpEndpoint, data: bytes) -> tuple[bytes, bytes]:
+    """The status line with headers, and the body, of the answer to ``data`` sent as it is."""
+    with socket.create_connection(("127.0.0.1", ep.port), timeout=5) as s:
+        s.sendall(data, NOSIGNAL)
+        out = b""
+        while chunk := s.recv(65536):
+            out += chunk
+    head, _, body = out.partition(b"\r\n\r\n")
+    return head, body
+
+
+def test_every_route_is_read_only_and_a_405_never_echoes_the_method(served):
+    ep, page = served
+    for path in (b"/metrics", b"/healthz", b"/incidents", b"/anything"):
+        head, body = raw(ep, b"<script>alert(1)</script> " + path + b" HTTP/1.0\r\n\r\n")
+        assert head.startswith(b"HTTP/1.0 405 ") and b"script" not in head + body, path
+        assert b"Content-Type: text/plain" in head and b"Allow: GET, HEAD" in head
+        head, _ = raw(ep, b"POST " + path + b" HTTP/1.0\r\nContent-Length: 0\r\n\r\n")
+        assert head.startswith(b"HTTP/1.0 405 "), path
+    assert page.calls == 0
+
+
+def test_head_answers_the_get_headers_without_a_body(served):
+    ep, _ = served
+    for path in (b"/metrics", b"/healthz", b"/incidents"):
+        head, body = raw(ep, b"HEAD " + path + b" HTTP/1.0\r\n\r\n")
+        assert head.startswith(b"HTTP/1.0 200 ") and body == b"", (path, body[:80])
+        assert int(head.split(b"Content-Length: ")[1].split(b"\r\n")[0]) > 0
+
+
+def test_a_client_that_never_reads_its_answer_is_dropped_without_a_traceback(caplog, capfd):
+    big = b"x" * (32 << 20)   # more than the socket buffers hold: the write blocks until its timeout
+    ep = HttpEndpoint("127.0.0.1", 0, Metrics().registry, lambda: (True, {}), timeout=0.5,
+                      pages={"/big": lambda: ("text/plain", big)}).start()
+    s = socket.socket()
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    try:
+        s.connect(("127.0.0.1", ep.port))
+        s.sendall(b"GET /big HTTP/1.0\r\n\r\n", NOSIGNAL)
+        slots = ep.server._slots  # type: ignore[attr-defined]
+        deadline = time.monotonic() + 10
+        while slots._value == 64 and time.monotonic() < deadline:    # its answer is being written
+            time.sleep(0.02)
+        while slots._value < 64 and time.monotonic() < deadline:     # until the write timed out
+            time.sleep(0.1)
+        assert slots._value == 64 and request(ep, "/healthz")[0] == 200
+    finally:
+        s.close()
+        ep.stop()
+    err = capfd.readouterr().err
+    assert "Traceback" not in err and "TimeoutError" not in err, err[-2000:]
+    assert not [r for r in caplog.records if r.levelno >= 30]
 
 
 def test_many_page_requests_at_once_are_each_answered(served):
