@@ -61,6 +61,18 @@ def numeric(a: Any, what: str, ndim: int | None = 1) -> np.ndarray:
     return a
 
 
+def like(a: np.ndarray, what: str, want: np.ndarray) -> np.ndarray:
+    """``a`` if it has ``want``'s dtype and number of dimensions, else ``StateError``: an array of
+    another kind would restore and fail a later tick, far from the snapshot behind it.
+
+    >>> like(np.zeros(3), "host_hwm", np.zeros(0)).shape
+    (3,)
+    """
+    if a.dtype != want.dtype or a.ndim != want.ndim:
+        raise StateError(f"snapshot: {what} is {a.dtype}{list(a.shape)}, expected {want.ndim}-d {want.dtype}")
+    return a
+
+
 # One codec, two framings, both kept byte for byte: the engine's snapshot holds an array as a
 # map (``to_dict``), the model state as msgpack extension type 1 (``to_ext``), where dict keys
 # come from telemetry (NCCL communicators) and must never be read as an array marker.

@@ -13,8 +13,10 @@ import numpy as np
 
 from pipeline.rows import DcgmColumns
 from pipeline.decode import bad_identifier
+from pipeline.errors import StateError
 from pipeline.numeric import grow as grow
 from pipeline.numeric import id_bound as id_bound
+from pipeline.recordchecks import MAX_GPU_INDEX
 from pipeline.schema import JOB_LABELS, DcgmJobLabels
 
 _LABELS = operator.attrgetter("labels")
@@ -176,15 +178,26 @@ class Entities:
         """From ``to_state``; snapshots written before jobs were kept have none (every job unknown)."""
         ent = cls()
         for h in data["hosts"]:
-            ent.host(h)
+            ent.host(_state_host(h))
         for h, g in data["gpus"]:
-            ent.gpu(h, int(g))
+            # A record's bounds: an index past them (or not an integer) fails a later tick or
+            # the next snapshot, far from the snapshot behind it.
+            if type(g) is not int or not 0 <= g <= MAX_GPU_INDEX:
+                raise StateError(f"snapshot: GPU index {g!r} (0..{MAX_GPU_INDEX})")
+            ent.gpu(_state_host(h), g)
         for i, lab in enumerate(data.get("labels") or []):
             if lab and i < ent.n_gpus:
                 ent._labels[i] = DcgmJobLabels(**{k: str(v) for k, v in zip(JOB_LABELS, lab) if v is not None})
         for h, j in data.get("nccl_jobs") or []:
             ent.nccl_jobs[str(h)] = None if j is None else str(j)
         return ent
+
+
+def _state_host(h: Any) -> str:
+    """A host name read from a snapshot, or ``StateError``."""
+    if not isinstance(h, str):
+        raise StateError(f"snapshot: host name {h!r} is not a string")
+    return h
 
 
 def _usable(value: Any) -> TypeGuard[str]:

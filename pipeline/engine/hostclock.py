@@ -15,7 +15,7 @@ from typing import Any, Mapping, Sequence, overload
 import numpy as np
 
 from pipeline.deadletters import Origins
-from pipeline.engine.arrays import from_dict, to_dict
+from pipeline.engine.arrays import from_dict, like, to_dict
 from pipeline.engine.config import EngineConfig
 from pipeline.numeric import grow
 
@@ -279,7 +279,7 @@ class HostClock:
             if a.key is None:
                 continue  # not kept: as it is
             if a.key in data:
-                setattr(self, a.name, from_dict(data[a.key]))
+                setattr(self, a.name, like(from_dict(data[a.key]), a.key, a.new()))
             elif a.absent_as is not None:  # declared after the array it stands in for
                 setattr(self, a.name, getattr(self, a.absent_as).copy())
             else:

@@ -83,8 +83,19 @@ def read_snapshot(blob: bytes, loads: Iterable[Callable[[dict[str, Any]], None]]
         for stage in stages:
             if stage.state_key is not None:
                 stage.load_state(data.get(stage.state_key))
-    # AttributeError: a list or a number where a map belongs (``lifecycles``).
-    except (msgspec.DecodeError, msgspec.ValidationError, AttributeError, KeyError, TypeError, ValueError) as e:
+    # AttributeError: a list or a number where a map belongs (``lifecycles``); RecursionError:
+    # nesting past msgspec's depth; IndexError, OverflowError: a number out of any index's range.
+    except (
+        msgspec.DecodeError,
+        msgspec.ValidationError,
+        AttributeError,
+        KeyError,
+        TypeError,
+        ValueError,
+        RecursionError,
+        IndexError,
+        OverflowError,
+    ) as e:
         raise StateError(f"cannot restore engine snapshot: {e}") from e
 
 

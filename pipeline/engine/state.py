@@ -15,7 +15,7 @@ import numpy.typing as npt
 
 from pipeline.catalog import FIELDS
 from pipeline.errors import StateError
-from pipeline.engine.arrays import from_dict, to_dict
+from pipeline.engine.arrays import from_dict, like, to_dict
 from pipeline.engine.entities import Entities
 from pipeline.engine.frame import N_FIELDS, DcgmFrame
 from pipeline.numeric import grow
@@ -105,14 +105,22 @@ class GpuState:
     def load_state(self, data: Mapping[str, Any], arrival_step: np.ndarray) -> None:
         """Where ``to_state`` left off. ``arrival_step``: each host's step on arrival, which
         stands in for ``host_step`` in a snapshot from before released steps were kept."""
-        self.last, self.last_ts = _catalog_wide(from_dict(data["last"])), from_dict(data["last_ts"])
-        self.host_last_ts = from_dict(data["host_last_ts"])
+        one, two = np.zeros(0), np.zeros((0, 0))  # what each array must be: floats, 1-d or 2-d
+        self.last = _catalog_wide(like(from_dict(data["last"]), "last", two))
+        self.last_ts = like(from_dict(data["last_ts"]), "last_ts", one)
+        self.host_last_ts = like(from_dict(data["host_last_ts"]), "host_last_ts", one)
         # Before host returns were kept: every host counts as back long ago.
         n = len(self.host_last_ts)
-        self.host_back = from_dict(data["host_back"]) if "host_back" in data else np.full(n, -np.inf)
+        self.host_back = (
+            like(from_dict(data["host_back"]), "host_back", one) if "host_back" in data else np.full(n, -np.inf)
+        )
         # Before absence took its step from released samples: the step on arrival, as it was.
-        self.host_step = from_dict(data["released_step"]) if "released_step" in data else arrival_step.copy()
-        self.seen = _catalog_wide(from_dict(data["seen"]))
+        self.host_step = (
+            like(from_dict(data["released_step"]), "released_step", one)
+            if "released_step" in data
+            else arrival_step.copy()
+        )
+        self.seen = _catalog_wide(like(from_dict(data["seen"]), "seen", two))
 
     def nbytes_per_gpu(self) -> float:
         n = max(1, len(self.last_ts))

@@ -297,7 +297,9 @@ def _decode(value: bytes, key: bytes | None, want: tuple[str, str, int], max_byt
     group, topic, partition = want
     try:
         env = msgspec.msgpack.decode(value)
-    except msgspec.DecodeError as e:
+    # RecursionError: nesting past msgspec's depth, which any writer to the topic can send before
+    # a MAC is checked; it must cost this checkpoint, not every partition's load.
+    except (msgspec.DecodeError, RecursionError) as e:
         raise StateError(f"corrupt checkpoint for partition {partition}: {e}", reason="corrupt") from e
     if not isinstance(env, dict):
         raise StateError(f"corrupt checkpoint for partition {partition}: not an envelope", reason="corrupt")

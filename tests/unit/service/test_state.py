@@ -253,3 +253,15 @@ def test_a_writer_that_could_not_read_the_topic_is_never_outranked_by_a_stale_ch
     fresh = written(cut_off, Checkpoint(0, 900, b"fresh"))
     got = consider_all(store(), [(0, stale), (0, fresh)])
     assert got[0].engine == b"fresh"
+
+
+def test_a_checkpoint_nested_past_the_decoders_depth_costs_itself_only():
+    # Before: RecursionError out of load(), so every partition of the load started fresh.
+    w = store()
+    good = written(w, Checkpoint(1, 50, b"good1"))
+    deep = b"\x91" * 5000 + b"\xc0"       # unsigned: anyone who can write the topic can send it
+    r = store()
+    got = consider_all(r, [(0, deep), (1, good)], partitions=(0, 1))
+    assert got[1].engine == b"good1" and 0 not in got and r.rejected == {"corrupt": 1}
+    with pytest.raises(StateError, match="corrupt checkpoint"):
+        r.decode(0, deep)
