@@ -40,6 +40,10 @@ def parse_duration(text: str | int | float) -> float:
 
     >>> parse_duration("1m30s"), parse_duration("500ms"), parse_duration(15), parse_duration(" 10 m ")
     (90.0, 0.5, 15.0, 600.0)
+    >>> parse_duration("\u09ea" + "m")
+    Traceback (most recent call last):
+    ...
+    ValueError: '৪m' is not a duration (use ASCII digits, e.g. 30s, 5m, 1h30m)
     """
     if isinstance(text, bool):
         raise ValueError(f"{text!r} is not a duration")
@@ -49,6 +53,10 @@ def parse_duration(text: str | int | float) -> float:
         except OverflowError:  # an int too big for a float
             raise ValueError("the number is longer than the limit of 366d") from None
     s = str(text)
+    if not s.isascii():
+        # Python reads every script's digits as numbers, and some look like others (Bengali
+        # '৪' is a 4 that reads as an 8): a hold-off would be other than the one reviewed.
+        raise ValueError(f"{s[:40]!r} is not a duration (use ASCII digits, e.g. 30s, 5m, 1h30m)")
     shown = text if len(s.strip()) <= 40 else s.strip()[:40] + "..."
     if m := _SECONDS.fullmatch(s):
         return _bounded(float(m.group(1)), shown)
