@@ -4,7 +4,7 @@
 units since DCGM 2.4; ``# Entity``, ``Id``, right-aligned, before), repeated after round 15 and
 then every 14 rounds, then one row per entity per round (``GPU 0``, ``GPU-I 9``, ``GPU-CI 9``,
 ``Switch 0``...; an NVLink is ``GPU 0 LINK 3`` since DCGM 4.6, ``LINK 769``, the packed
-``dcgm_link_t`` id, in 3.0 - 4.5). Column widths differ between DCGM versions, so rows are split
+``dcgm_link_t`` id, in 3.0 - 4.5: counted, not read, see ``_entity``). Column widths differ between DCGM versions, so rows are split
 on whitespace and matched to the latest header (or, when a cell is empty, cut at the header's
 column offsets); ``N/A`` is "no value". A capture stopped with Ctrl-C ends with ``dmon was
 stopped due to receiving a signal``. Short names map to fields through ``FIELDS.by_dmon``.
@@ -103,25 +103,23 @@ _ENTITY = re.compile(
 )
 # The ctrl-C trailer, "dmon was stopped due to receiving a signal" ("." at the end before DCGM 2.4).
 _STOPPED = "dmon was stopped due to receiving a signal"
-# dcgm_link_t (dcgm_structs.h): entity group in bits 0-7, port index in 8-23, GPU/switch id in 24-31.
-_LINK_OWNER = {1: "GPU", 3: "SW"}  # DCGM_FE_GPU, DCGM_FE_SWITCH
 # A value as dmon prints it: a plain decimal number (float() would also take "٣", "1_0" or "inf").
 _NUMBER = re.compile(r"[-+]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][-+]?[0-9]{1,3})?", re.ASCII)
 MAX_CELL = 40
 
 
 def _entity(line: str) -> tuple[str, int, int | None, int] | None:
-    """(entity type, id, link, end offset of the entity cell) of a dmon row, or None."""
+    """(entity type, id, link, end offset of the entity cell) of a dmon row, or None.
+
+    A ``LINK <raw>`` row (DCGM 3.0 - 4.5) stays a ``LINK`` entity, counted and not read: the raw
+    ``dcgm_link_t`` names its GPU differently in each release (dcgm_structs.h: bits 16-31 in 3.x,
+    bits 24-31 from 4.3.1, not at all in 4.0 - 4.3.0, whose 32 bits hold only the group and the
+    port), and a row does not say which release printed it. The GPU rows' NVLink totals are read.
+    """
     m = _ENTITY.match(line)
     if m is None:
         return None
-    etype, eid, link = m.group(1), int(m.group(2)), int(m.group(3)) if m.group(3) else None
-    if etype == "LINK" and link is None and eid < 1 << 32:
-        # "LINK 257" (DCGM 3.0 - 4.5) is GPU 0's link 1: the same NVLink as 4.6's "GPU 0 LINK 1".
-        owner = _LINK_OWNER.get(eid & 0xFF)
-        if owner is not None:
-            etype, eid, link = owner, eid >> 24, (eid >> 8) & 0xFFFF
-    return etype, eid, link, m.end()
+    return m.group(1), int(m.group(2)), int(m.group(3)) if m.group(3) else None, m.end()
 
 
 def _is_header(tokens: list[str]) -> int:

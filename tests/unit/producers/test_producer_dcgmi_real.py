@@ -25,21 +25,17 @@ def _parse(text: str) -> tuple[list, DmonParser]:
     return list(p.parse(text.splitlines())), p
 
 
-def test_raw_link_ids_of_dcgm_3_to_4_5_name_the_gpu_and_port():
-    # Before: "LINK 257" matched no entity: the row was dropped as unparsable (exit 3) and the
-    # GPU's NVLink counters were lost. Rows as testing/python3/tests/test_dcgmi.py @ v4.6.0
-    # (test_dcgmi_dmon_gpu_link_per_link) quotes the pre-4.6 output, 4.5's 14 + 2 entity cell.
-    rows = [
-        ("LINK 1", ["9943475587"]),
-        ("LINK 257", ["9944687209"]),
-        ("LINK 1281", ["9947415957"]),
-        ("LINK 16778497", ["N/A"]),  # GPU 1, port 5: (1 << 24) | (5 << 8) | DCGM_FE_GPU
-        ("LINK 771", ["7"]),  # switch 0, port 3: DCGM_FE_SWITCH = 3
-    ]
+def test_raw_link_rows_of_dcgm_3_to_4_5_are_counted_entities_not_lost_rows():
+    # Before: "LINK 257" matched no entity: the row was dropped as unparsable (exit 3). Rows as
+    # testing/python3/tests/test_dcgmi.py @ v4.6.0 (test_dcgmi_dmon_gpu_link_per_link) quotes the
+    # pre-4.6 output. The raw dcgm_link_t names its GPU in bits 16-31 (3.x: 66817 is GPU 1, port 5),
+    # bits 24-31 (4.3.1+: 16778497), or not at all (4.0 - 4.3.0): no row can be read as a GPU's link.
+    rows = [("LINK 1", ["9943475587"]), ("LINK 257", ["9944687209"]), ("LINK 66817", ["N/A"]),
+            ("LINK 16778497", ["N/A"]), ("LINK 771", ["7"]), ("GPU 0", ["9947415957"])]
     recs, p = _parse(dmon(16, [("NFELT", "", NFELT)], rows))
-    assert [(r.gpu, r.link) for r in recs] == [(0, 0), (0, 1), (0, 5), (1, 5)]
-    assert recs[2].fields.DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL == 9947415957
-    assert p.stats.skipped_rows == 0 and p.stats.na == 1 and p.stats.skipped_entities == {"SW LINK": 1}
+    assert [(r.gpu, r.link) for r in recs] == [(0, None)]
+    assert recs[0].fields.DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL == 9947415957
+    assert p.stats.skipped_rows == 0 and p.stats.skipped_entities == {"LINK": 5}
 
 
 def test_ctrl_c_trailer_is_not_a_lost_row(tmp_path):
