@@ -4,7 +4,7 @@ sequence number -- so that GPU ids, tick rows and every model's learning order a
 whichever host-stage task forwarded what first, and a record forwarded twice is dropped. Two
 records of one identity that differ otherwise (one GPU's second from two producers, its DCGM
 exporter and its kernel-log reader; an NCCL Prometheus file's size buckets of one collective)
-are two records, both kept in the order fed, as a host-stage engine keeps them (``repeat_key``).
+are two records, both kept, as a host-stage engine keeps them, in ``repeat_key`` order.
 
 ``canonical_order`` computes that order as arrays (``SortColumns``: what the fleet topic's
 columnar body carries), not as Python tuples compared one by one.
@@ -213,19 +213,30 @@ def canonical_order(
 
 
 def _apart(records: Sequence[TelemetryRecord], order: np.ndarray, same: np.ndarray) -> None:
-    """Clear ``same[i]`` (sorted record ``i + 1`` has ``i``'s identity) where its ``repeat_key``
-    differs from every earlier one's of that identity: a second source, not a repeat. A Python
-    step per record of a shared identity only, which a repeat or a second source is."""
+    """Within each run of one identity (``same[i]``: sorted record ``i + 1`` has ``i``'s), keep
+    one record per ``repeat_key`` -- the first fed; the others are repeats -- and put the kept
+    ones in ``repeat_key`` order, so that two sources of one second reach the models in one
+    order whichever was forwarded first: ``order`` and ``same`` are rewritten to say so. A
+    Python step per record of a shared identity only, which a repeat or a second source is."""
     idx = np.flatnonzero(same)
     pos = np.unique(np.concatenate([idx, idx + 1]))
     values = dict(zip(pos.tolist(), map(repeat_key, rows.records_at(records, order[pos]))))
-    seen: set[Any] = set()
-    prev = -2
+    runs: list[list[int]] = []
     for i in idx.tolist():
-        if i != prev + 1:  # a run of one identity starts at sorted record i
-            seen = {values[i]}
-        v = values[i + 1]
-        if v not in seen:
-            same[i] = False
-            seen.add(v)
-        prev = i
+        if runs and runs[-1][-1] == i:
+            runs[-1].append(i + 1)
+        else:
+            runs.append([i, i + 1])
+    for run in runs:
+        first: dict[Any, int] = {}
+        again: list[int] = []
+        for p in run:
+            if values[p] in first:
+                again.append(p)
+            else:
+                first[values[p]] = p
+        kept = [first[k] for k in sorted(first)]
+        s, e = run[0], run[-1]
+        order[s : e + 1] = order[kept + again]
+        same[s:e] = True
+        same[s : s + len(kept) - 1] = False

@@ -78,13 +78,12 @@ class Clock:
 
 def canonical_reference(records: list) -> list[int]:
     """The fleet stage's canonical order record by record, the reference its vectorised sort is
-    checked against: indices sorted by ``canonical.record_identity``, the first fed of a repeat
-    kept; a repeat shares its identity and ``canonical.repeat_key`` (a DCGM sample's values)."""
+    checked against: indices sorted by ``canonical.record_identity``, then ``canonical.repeat_key``
+    (a DCGM sample's values), the first fed of a repeat kept."""
     seen: set = set()
     out = []
-    for i in sorted(range(len(records)), key=lambda i: record_identity(records[i])):
-        r = records[i]
-        ident = (record_identity(r), repeat_key(r))
+    for i in sorted(range(len(records)), key=lambda i: (record_identity(records[i]), repeat_key(records[i]))):
+        ident = (record_identity(records[i]), repeat_key(records[i]))
         if ident not in seen:
             seen.add(ident)
             out.append(i)

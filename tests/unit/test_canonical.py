@@ -57,14 +57,20 @@ def test_a_repeat_keeps_the_first_fed():
     assert order == [0] and dropped == 1
 
 
-def test_two_sources_of_one_gpu_second_are_both_kept_in_the_order_fed():
-    # The exporter's sample and the kernel log's XID for one GPU at one second, the exporter's
-    # forwarded again after them (an upstream replay): two records, one repeat.
-    exporter = dcgm(T0, "n1", 0, {"gpu_temp": 50, "power_usage": 300})
-    xid = dcgm(T0, "n1", 0, {"xid": 79})
-    recs = [xid, exporter, dcgm(T0, "n1", 0, {"gpu_temp": 50, "power_usage": 300})]
-    order, dropped = canonical_order(recs, np.full(3, T0))
-    assert order == [0, 1] and dropped == 1
+def test_two_sources_of_one_gpu_second_are_both_kept_in_one_order_whichever_came_first():
+    # The exporter's sample and the kernel log's XID for one GPU at one second, one of them
+    # forwarded again after them (an upstream replay): two records, one repeat, and the order
+    # the models see is the records', not the order they were forwarded in.
+    def exporter():
+        return dcgm(T0, "n1", 0, {"gpu_temp": 50, "power_usage": 300})
+
+    def xid():
+        return dcgm(T0, "n1", 0, {"xid": 79})
+
+    for recs in ([xid(), exporter(), exporter()], [exporter(), xid(), xid()]):
+        order, dropped = canonical_order(recs, np.full(3, T0))
+        assert [recs[i].fields.DCGM_FI_DEV_XID_ERRORS == 79 for i in order] == [False, True] and dropped == 1
+        assert order[0] in (0, 1) and order[1] in (0, 1)   # the first fed of each, not its repeat
 
 
 def test_an_nccl_collectives_size_buckets_without_sequence_numbers_are_each_kept():
