@@ -40,6 +40,7 @@ import logging
 import os
 import re
 import socket
+import stat
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -51,6 +52,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from pipeline.numeric import ascii_int, finite
 from pipeline.schema import NcclRecord
 from producers import jsonsafe
+from producers.textinput import read_capped
 
 log = logging.getLogger(__name__)
 
@@ -510,7 +512,7 @@ def parse_prom(
                 nranks=nranks,
                 nnodes=ascii_int(nn, 9),
                 coll=lab.get("collective") or lab.get("p2p_operation") or "unknown",
-                seq=ascii_int(lab.get("coll_sn")),
+                seq=ascii_int(lab.get("coll_sn"), 18),  # within an int64, as the decoder wants
                 bytes=bucket_bytes(lab.get("message_size", "")) or 0,
                 exec_time_us=t,
                 algbw_gbs=algbw if algbw is None or algbw >= 0 else None,
@@ -522,20 +524,30 @@ def parse_prom(
 
 
 PROM_FILES_MAX = 1024  # a dump directory's files: one per GPU, 8-72 on a real host
+PROM_CHARS_MAX = 16 * 1024 * 1024  # a file's series: a few hundred lines per GPU, ~100 KB
 # The plugin's file name carries its GPU's UUID (inspector_prom.cc): the one sure name of the GPU.
 _PROM_FILE = re.compile(r"nccl_inspector_metrics_([A-Za-z0-9-]{1,96})\.prom")
 
 
+def _plain(path: Path) -> bool:
+    """Whether ``path`` is a regular file itself, not a link to one."""
+    try:
+        return stat.S_ISREG(os.lstat(path).st_mode)
+    except OSError:
+        return False
+
+
 class PromFileSource:
     """Re-reads the plugin's Prometheus-mode output whenever it is rewritten (mtime change):
-    one file, or every ``*.prom`` file of its dump directory, each on its own change (the plugin
-    writes one per GPU, ``nccl_inspector_metrics_<GPU UUID>.prom``).
+    one file, or the dump directory's ``nccl_inspector_metrics_<GPU UUID>.prom`` files (the
+    plugin writes one per GPU), each on its own change; a link or another name in the directory
+    is not read, and a file is read up to ``PROM_CHARS_MAX`` characters.
 
     A file named so lends its UUID to its records (``labels["gpu_uuid"]``). Its ``gpu`` label is
     the process's CUDA device number, not the GPU's: with one GPU visible to each process (a
-    Slurm task per GPU) every file says ``GPU0``. Where two files of one directory claim one
+    Slurm task per GPU) every file says ``GPU0``. Where two files of the directory claim one
     (host, GPU index), the index names no GPU: their records carry no ``gpu`` and, where the rank
-    was that index, rank 0 (``rank_source=unknown``).
+    was that index, rank 0 (``rank_source=unknown``), for as long as both files are there.
     """
 
     def __init__(self, path: str | Path, *, host: str | None = None, once: bool = False) -> None:
@@ -544,8 +556,8 @@ class PromFileSource:
         self.once = once
         self.done = False
         self._mtimes: dict[Path, float] = {}
-        # (host, GPU index) -> the UUID of the file that claimed it; None once two files did.
-        self._claims: dict[tuple[str, int], str | None] = {}
+        # Each file's GPU UUID and the (host, GPU index) pairs its last read claimed.
+        self._claimed: dict[Path, tuple[str, set[tuple[str, int]]]] = {}
         self.counts: dict[str, int] = {
             "reads": 0,
             "records": 0,
@@ -553,20 +565,23 @@ class PromFileSource:
             "dropped.unknown_metric": 0,
             "dropped.no_time": 0,
             "dropped.bad_rank": 0,
-            "dropped.too_many_files": 0,
+            "dropped.oversize": 0,
+            "dropped.too_many_files": 0,  # the most left out of one poll
         }
 
     def _files(self) -> list[Path]:
-        """The file, or the directory's ``*.prom`` files in name order (at most ``PROM_FILES_MAX``)."""
+        """The file, or the directory's plugin files in name order (at most ``PROM_FILES_MAX``)."""
         if not self.path.is_dir():
             return [self.path]
         try:
-            files = sorted(p for p in self.path.glob("*.prom") if p.is_file())
+            # Not a link: the dump directory is the job's to write, and a link could name any file.
+            files = sorted(p for p in self.path.iterdir() if _PROM_FILE.fullmatch(p.name) and _plain(p))
         except OSError as e:
             log.warning("%s: %s", self.path, e)
             return []
         if len(files) > PROM_FILES_MAX:
-            self.counts["dropped.too_many_files"] += len(files) - PROM_FILES_MAX
+            over = len(files) - PROM_FILES_MAX
+            self.counts["dropped.too_many_files"] = max(self.counts["dropped.too_many_files"], over)
             files = files[:PROM_FILES_MAX]
         return files
 
@@ -574,19 +589,25 @@ class PromFileSource:
         if self.once:
             self.done = True
         files = self._files()
-        # A file the plugin removed (its process ended) is read anew should it come back.
         present = set(files)
+        # A file the plugin removed (its process ended) is read anew should it come back, and
+        # claims no GPU index meanwhile.
         self._mtimes = {p: m for p, m in self._mtimes.items() if p in present}
+        self._claimed = {p: c for p, c in self._claimed.items() if p in present}
         read: list[tuple[NcclRecord, str | None]] = []
         for p in files:
             read += self._read(p)
-        out = [self._located(r, uuid) for r, uuid in read]
+        owners: dict[tuple[str, int], set[str]] = {}
+        for uuid, keys in self._claimed.values():
+            for k in keys:
+                owners.setdefault(k, set()).add(uuid)
+        out = [self._located(r, uuid, owners) for r, uuid in read]
         self.counts["records"] += len(out)
         return out
 
     def _read(self, path: Path) -> list[tuple[NcclRecord, str | None]]:
-        """The records of ``path`` if it changed, each with its file's GPU UUID (None: not named so);
-        the GPU indices they claim noted (``_claims``)."""
+        """The records of ``path`` if it changed, each with its file's GPU UUID (None: not named
+        so); the GPU indices they claim noted (``_claimed``)."""
         try:
             st = os.stat(path)
         except OSError as e:
@@ -597,12 +618,16 @@ class PromFileSource:
         self._mtimes[path] = st.st_mtime
         self.counts["reads"] += 1
         try:
-            recs = parse_prom(
-                path.read_text(encoding="utf-8", errors="replace"),
-                ts=time.time(),
-                host=self.host,
-                counts=self.counts,
-            )
+            text, more = read_capped(str(path), PROM_CHARS_MAX)
+        except OSError as e:
+            log.warning("%s: %s", path, e)
+            return []
+        if more:
+            self.counts["dropped.oversize"] += 1
+            log.warning("%s: more than %d characters; not read", path, PROM_CHARS_MAX)
+            return []
+        try:
+            recs = parse_prom(text, ts=time.time(), host=self.host, counts=self.counts)
         except ValueError as e:  # a half-rewritten file: try again at the next change
             del self._mtimes[path]
             self.counts["dropped.unparsable_file"] += 1
@@ -611,19 +636,16 @@ class PromFileSource:
         m = _PROM_FILE.fullmatch(path.name)
         if m is None:
             return [(r, None) for r in recs]
-        uuid = m.group(1)
-        for r in recs:
-            if r.gpu is not None and self._claims.setdefault((r.host, r.gpu), uuid) != uuid:
-                self._claims[(r.host, r.gpu)] = None  # two GPUs' files claim it: it names neither
-        return [(r, uuid) for r in recs]
+        self._claimed[path] = (m.group(1), {(r.host, r.gpu) for r in recs if r.gpu is not None})
+        return [(r, m.group(1)) for r in recs]
 
-    def _located(self, r: NcclRecord, uuid: str | None) -> NcclRecord:
+    def _located(self, r: NcclRecord, uuid: str | None, owners: dict[tuple[str, int], set[str]]) -> NcclRecord:
         """``r`` of the file of GPU ``uuid``: labelled with it, and without its GPU index (and the
-        rank read from it) where two files of its host claim that index."""
+        rank read from it) where files of two GPUs claim that index on its host (``owners``)."""
         if uuid is None:
             return r
         labels = {**r.labels, "gpu_uuid": uuid}
-        if r.gpu is None or self._claims.get((r.host, r.gpu), uuid) is not None:
+        if r.gpu is None or len(owners.get((r.host, r.gpu), ())) < 2:
             return msgspec.structs.replace(r, labels=labels)
         if labels.get("rank_source") != "gpu_index":  # 2.29's rank label holds
             return msgspec.structs.replace(r, gpu=None, labels=labels)

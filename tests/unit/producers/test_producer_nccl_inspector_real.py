@@ -156,3 +156,25 @@ def test_files_of_processes_that_each_see_one_gpu_name_no_gpu_index(tmp_path):
     recs = PromFileSource(tmp_path).poll()
     assert sorted(r.labels["gpu_uuid"] for r in recs) == ["GPU-aaaa", "GPU-bbbb"]
     assert all((r.gpu, r.rank, r.labels["rank_source"]) == (None, 0, "unknown") for r in recs)
+
+
+def test_a_dump_directory_reads_the_plugins_files_only_never_a_link(tmp_path):
+    # The dump directory is the job's to write: a link (to a log of gigabytes) or another name is
+    # not the plugin's, and is not read.
+    (tmp_path / "nccl_inspector_metrics_GPU-aaaa.prom").write_text(_prom_230("GPU0", 10))
+    (tmp_path / "other.prom").write_text(_prom_230("GPU1", 20))
+    (tmp_path / "elsewhere.txt").write_text(_prom_230("GPU2", 30))
+    (tmp_path / "nccl_inspector_metrics_GPU-bbbb.prom").symlink_to(tmp_path / "elsewhere.txt")
+    assert [r.busbw_gbs for r in PromFileSource(tmp_path).poll()] == [10]
+
+
+def test_a_gpu_index_is_ambiguous_only_while_two_gpus_files_claim_it(tmp_path):
+    # A job of a process per GPU ends (its files go); the next job's one process names GPU0 rightly.
+    a, b = tmp_path / "nccl_inspector_metrics_GPU-aaaa.prom", tmp_path / "nccl_inspector_metrics_GPU-bbbb.prom"
+    a.write_text(_prom_230("GPU0", 10))
+    b.write_text(_prom_230("GPU0", 20))
+    src = PromFileSource(tmp_path)
+    assert {r.gpu for r in src.poll()} == {None}
+    b.unlink()
+    os.utime(a, (5, 5))
+    assert [(r.gpu, r.rank) for r in src.poll()] == [(0, 0)]
