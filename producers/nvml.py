@@ -34,7 +34,9 @@ log = logging.getLogger(__name__)
 # IsGPURequiresReset, leptonai/gpud pkg/nvidia/errors/error.go).
 _GPU_GONE = ("NVML_ERROR_GPU_IS_LOST", "NVML_ERROR_RESET_REQUIRED")
 # The driver lacks the function (older than the bindings) or has removed it (CUDA 14 removals return DEPRECATED).
-_NO_FUNCTION = ("NVML_ERROR_FUNCTION_NOT_FOUND", "NVML_ERROR_DEPRECATED")
+# A driver that has the function but not the struct version the bindings ask for answers
+# ARGUMENT_VERSION_MISMATCH: the older call still works there.
+_NO_FUNCTION = ("NVML_ERROR_FUNCTION_NOT_FOUND", "NVML_ERROR_DEPRECATED", "NVML_ERROR_ARGUMENT_VERSION_MISMATCH")
 
 
 def _text(v: Any) -> str:
@@ -284,7 +286,7 @@ class NvmlSource:
 
 
 def _ident(nvml: Any, fn: Callable[[], str]) -> str | None:
-    """A GPU's UUID or name, or None when it does not answer (its records are then not sent)."""
+    """A GPU's UUID or name, or None when it does not answer (its records carry none)."""
     try:
         return fn()
     except nvml.NVMLError:

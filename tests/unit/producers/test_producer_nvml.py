@@ -230,8 +230,13 @@ def test_temperature_survives_removal_of_deprecated_call():
         def nvmlDeviceGetTemperatureV(self, h, s):
             raise pynvml.NVMLError(pynvml.NVML_ERROR_FUNCTION_NOT_FOUND)
 
+    class Mismatch(FakeNvml):  # a driver with the call but not the struct version the bindings send
+        def nvmlDeviceGetTemperatureV(self, h, s):
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_ARGUMENT_VERSION_MISMATCH)
+
     assert NvmlSource(nvml=Cuda14(gpus=1, links=()), host="n1").poll()[0].fields.DCGM_FI_DEV_GPU_TEMP == 61
     assert NvmlSource(nvml=Old(gpus=1, links=()), host="n1").poll()[0].fields.DCGM_FI_DEV_GPU_TEMP == 60
+    assert NvmlSource(nvml=Mismatch(gpus=1, links=()), host="n1").poll()[0].fields.DCGM_FI_DEV_GPU_TEMP == 60
 
 
 def test_violation_times_come_from_field_values_as_dcgm_maps_them():
