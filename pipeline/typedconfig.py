@@ -109,7 +109,7 @@ def parse_yaml(
     except yamlsafe.YamlLimitError as e:
         raise ConfigError(key, f"{source}:{e.line}:{e.col}: {e.message}") from None
     except yaml.YAMLError as e:
-        problem, line, col = yamlsafe.syntax_error(e)
+        problem, line, col = yamlsafe.syntax_error(e, text)
         raise ConfigError(key, f"{source}:{line}:{col}: not valid YAML: {problem}") from None
     except (ValueError, OverflowError) as e:  # a scalar PyYAML cannot build: an int of 5000 digits
         raise ConfigError(key, f"{source}: cannot read a value ({str(e).split(':')[0]})") from None

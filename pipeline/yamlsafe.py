@@ -217,15 +217,26 @@ def compose(text: str, limits: Limits = DEFAULT, *, base: type = yaml.SafeLoader
         loader.dispose()
 
 
-def syntax_error(e: yaml.YAMLError) -> tuple[str, int, int]:
+def syntax_error(e: yaml.YAMLError, text: str = "") -> tuple[str, int, int]:
     """A YAML syntax error as (problem, line, column), 1-based, for a ``file:line:col`` diagnostic.
+    ``text``: the document, for a character YAML refuses (NUL, a control character), whose
+    error holds only its offset and a message of several lines.
 
     >>> try:
     ...     compose("a: [1, 2")
     ... except yaml.YAMLError as e:
     ...     syntax_error(e)[1:]
     (1, 9)
+    >>> try:
+    ...     compose("a: 1\\nb: x\\x00")
+    ... except yaml.YAMLError as e:
+    ...     syntax_error(e, "a: 1\\nb: x\\x00")
+    ('character U+0000 is not allowed', 2, 5)
     """
+    if isinstance(e, yaml.reader.ReaderError):
+        at = min(e.position, len(text))
+        what = f"U+{e.character:04X}" if isinstance(e.character, int) else repr(e.character)
+        return f"character {what} is not allowed", text.count("\n", 0, at) + 1, at - text.rfind("\n", 0, at)
     mark = getattr(e, "problem_mark", None) or getattr(e, "context_mark", None)
     problem = getattr(e, "problem", None) or str(e)
     return problem, (mark.line + 1 if mark else 1), (mark.column + 1 if mark else 1)

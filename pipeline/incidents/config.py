@@ -471,7 +471,7 @@ def parse_config(text: str, path: str = "<incidents>") -> tuple[IncidentConfig |
         r.err(None, f"YAML: {e.message}", _LIMIT_CODES[e.kind], line=e.line, col=e.col)
         return None, r.diags
     except yaml.YAMLError as e:
-        problem, line, col = yamlsafe.syntax_error(e)
+        problem, line, col = yamlsafe.syntax_error(e, text)
         r.err(None, f"YAML syntax: {problem}", YAML_SYNTAX, line=line, col=col)
         return None, r.diags
     if root is None:

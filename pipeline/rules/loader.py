@@ -172,15 +172,8 @@ class _FileLoader:
         except yamlsafe.YamlLimitError as e:
             self.err(None, f"YAML: {e.message}", _LIMIT_CODES[e.kind], line=e.line, col=e.col)
             return
-        except yaml.reader.ReaderError as e:
-            # A character YAML refuses (NUL, a control character): the error holds only its
-            # offset, and a message of several lines.
-            line, col = _line_col(self.text, e.position)
-            what = f"U+{e.character:04X}" if isinstance(e.character, int) else repr(e.character)
-            self.err(None, f"YAML syntax: character {what} is not allowed", D.YAML_SYNTAX, line=line, col=col)
-            return
         except yaml.YAMLError as e:
-            problem, line, col = yamlsafe.syntax_error(e)
+            problem, line, col = yamlsafe.syntax_error(e, self.text)
             self.err(None, f"YAML syntax: {problem}", D.YAML_SYNTAX, line=line, col=col)
             return
         if root is None:

@@ -330,7 +330,7 @@ def parse_port_config(text: str, path: str = "<ports.yaml>") -> tuple[PortConfig
     except yamlsafe.YamlLimitError as e:
         return None, [Diagnostic(path, e.line, e.col, None, e.message, _LIMIT_CODES.get(e.kind, D.TOO_LARGE))]
     except yaml.YAMLError as e:
-        problem, line, col = yamlsafe.syntax_error(e)
+        problem, line, col = yamlsafe.syntax_error(e, text)
         return None, [Diagnostic(path, line, col, None, f"not valid YAML: {problem}", D.YAML_SYNTAX)]
     if root is None:
         return PortConfig(source=path), []

@@ -253,11 +253,8 @@ def _load(path: Path) -> list:
         doc = yamlsafe.load(text, TEST_LIMITS, base=yaml.BaseLoader) or {}
     except yamlsafe.YamlLimitError as e:
         raise TestFileError(str(e)) from None
-    except yaml.reader.ReaderError as e:  # NUL, a control character: only an offset, several lines
-        line, col = text.count("\n", 0, e.position) + 1, e.position - text.rfind("\n", 0, e.position)
-        raise TestFileError(f"line {line}, column {col}: a character YAML does not allow") from None
     except yaml.YAMLError as e:
-        problem, line, col = yamlsafe.syntax_error(e)
+        problem, line, col = yamlsafe.syntax_error(e, text)
         raise TestFileError(f"line {line}, column {col}: {' '.join(str(problem).split())}") from None
     except UnicodeDecodeError as e:
         raise TestFileError(f"not UTF-8: byte 0x{e.object[e.start]:02x} at offset {e.start}") from None
