@@ -16,7 +16,7 @@ Two more things a document may hold that PyYAML passes on are refused as YAML er
 line and column: a scalar its own constructor cannot build (for ``!!bool maybe`` PyYAML raises
 KeyError, for ``!!int ""`` IndexError, for an int of 5000 digits ValueError: none a ``YAMLError``),
 and a string with a lone surrogate (``"\\ud800"``), which no UTF-8 writer (a log, Kafka, an argv)
-can encode.
+can encode (an escaped pair, ``"\\ud83d\\ude00"``, is the one character it spells, as in JSON).
 """
 
 from __future__ import annotations
@@ -133,16 +133,23 @@ def unbuilt(node: Any, e: Exception) -> str:
 
 
 def _unicode(node: Any) -> None:
-    """Refuse a scalar holding a lone surrogate (a ``\\ud800`` escape): every UTF-8 encoder fails on it."""
+    """Join a scalar's escaped surrogate pairs into the characters they spell; refuse one holding
+    a lone surrogate (a ``\\ud800`` escape): every UTF-8 encoder fails on it."""
     try:
         node.value.encode("utf-8")
-    except UnicodeEncodeError as e:
-        raise yaml.MarkedYAMLError(
-            None,
-            None,
-            f"a string with a lone surrogate (U+{ord(node.value[e.start]):04X}), not Unicode text",
-            node.start_mark,
-        ) from None
+        return
+    except UnicodeEncodeError:
+        pass
+    # JSON, which YAML 1.2 reads, spells a character past U+FFFF in escapes only as a UTF-16 pair.
+    try:
+        node.value = node.value.encode("utf-16-le", "surrogatepass").decode("utf-16-le")
+        return
+    except UnicodeDecodeError as e:
+        # The bytes before the error are whole UTF-16 units of the text before the lone one.
+        lone = node.value.encode("utf-16-le", "surrogatepass")[e.start : e.start + 2].decode("utf-16-le", "surrogatepass")
+    raise yaml.MarkedYAMLError(
+        None, None, f"a string with a lone surrogate (U+{ord(lone):04X}), not Unicode text", node.start_mark
+    )
 
 
 _LOADERS: dict[type, type] = {}

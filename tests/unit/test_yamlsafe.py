@@ -124,3 +124,18 @@ def test_a_lone_surrogate_is_a_yaml_error_not_a_string_no_writer_can_encode(text
             read(text)
         assert yamlsafe.syntax_error(e.value)[1:] == (line, col)
     assert yamlsafe.load('a: "\\U0001F600 é"\n') == {"a": "\U0001F600 é"}
+
+
+@pytest.mark.parametrize("read", [yamlsafe.load, lambda t: yamlsafe.compose(t).value[0][1].value])
+def test_an_escaped_surrogate_pair_is_the_one_character_it_spells(read):
+    # YAML 1.2 reads JSON, whose only spelling of a character past U+FFFF in \\u escapes is a
+    # UTF-16 surrogate pair: "\\ud83d\\ude00" is U+1F600, not two lone surrogates.
+    got = read('a: "x \\ud83d\\ude00 y"\n')
+    assert (got["a"] if isinstance(got, dict) else got) == "x \U0001F600 y"
+    assert yamlsafe.load('{"\\ud83d\\ude00": 1}\n') == {"\U0001F600": 1}
+
+
+@pytest.mark.parametrize("text", ['a: "\\ude00\\ud83d"\n', 'a: "\\ud83d x \\ude00"\n', 'a: "\\ud83d\\ud83d"\n'])
+def test_surrogates_that_do_not_pair_stay_refused(text):
+    with pytest.raises(yaml.YAMLError, match="lone surrogate"):
+        yamlsafe.load(text)
