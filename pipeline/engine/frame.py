@@ -157,7 +157,7 @@ class Columnizer:
                         dead.append(
                             DeadLetter(
                                 reason=reason,
-                                detail=f"dropped {', '.join(names)}; rest of the record kept",
+                                detail=_dropped(names),
                                 origin=origins[i],
                                 action="fields_dropped",
                                 fields=names,
@@ -181,6 +181,32 @@ class Columnizer:
         values = np.full((len(records), N_FIELDS), np.nan)
         values[:, self.column_array] = c
         return values, dead
+
+
+def _dropped(names: list[str]) -> str:
+    return f"dropped {', '.join(names)}; rest of the record kept"
+
+
+def joined(first: list[DeadLetter], more: list[DeadLetter]) -> list[DeadLetter]:
+    """``first`` and ``more`` (two columnizers' letters on one batch), a record's fields dropped
+    for one reason in one letter, as one columnizer over both sets of columns would write it.
+
+    >>> a = DeadLetter(reason="negative_value", detail=_dropped(["x"]), origin="m@1", fields=["x"])
+    >>> [(d.origin, d.fields, d.detail) for d in joined([a], [msgspec.structs.replace(a, fields=["y"])])]
+    [('m@1', ['x', 'y'], 'dropped x, y; rest of the record kept')]
+    """
+    if not first or not more:
+        return first + more
+    out = list(first)
+    at = {(d.origin, d.reason, d.ts, d.host): i for i, d in enumerate(out)}
+    for d in more:
+        i = at.get((d.origin, d.reason, d.ts, d.host))
+        if i is None:
+            out.append(d)
+        else:
+            names = out[i].fields + d.fields
+            out[i] = msgspec.structs.replace(out[i], fields=names, detail=_dropped(names))
+    return out
 
 
 @dataclass

@@ -22,7 +22,7 @@ import numpy as np
 from pipeline.rows import Combined, DcgmColumns, take
 from pipeline.deadletters import take_origins
 from pipeline.engine.entities import Entities
-from pipeline.engine.frame import Columnizer, NcclFrame, nccl_frame
+from pipeline.engine.frame import Columnizer, NcclFrame, joined, nccl_frame
 from pipeline.engine.output import EngineOutput
 from pipeline.engine.pending import Pending
 from pipeline.engine.stage import NicReader, Stage
@@ -165,7 +165,7 @@ class Ingest:
             stage.ingest(gpu, drecs)
         values, dead = self.columnizer.compact(drecs, origins)
         if self.screen is not None:
-            dead += self.screen.compact(drecs, origins)[1]
+            dead = joined(dead, self.screen.compact(drecs, origins)[1])
         for d in dead:
             self.stats["dead." + d.reason] += 1
         self.out.dead.extend(dead)

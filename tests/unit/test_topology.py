@@ -144,6 +144,27 @@ def test_a_bad_value_only_the_models_read_is_dead_lettered_once_by_the_host_stag
     assert det.fleet.stats["dead_again"] == 1        # the fleet engine met it too: not repeated
 
 
+def test_a_record_with_bad_values_for_both_stages_gets_one_dead_letter_a_reason(tmp_path):
+    # The same pack: a temperature below the floor (the rule's) and a negative SBE count (the model's)
+    # in one record are one record's fields dropped for one reason, as one engine would say it.
+    (tmp_path / "models.yaml").write_text(Path(RULES, "models.yaml").read_text())
+    (tmp_path / "hot.yaml").write_text(
+        "rules:\n  - name: hot\n    fault: thermal_hot\n    severity: warning\n    condition: gpu_temp > 90\n"
+        "    summary: hot\n"
+    )
+    det, _ = build_detector([str(tmp_path)], "auto")
+    recs = [sample(t, "n1", gpu_temp=-100 if t == 3 else 60, ecc_sbe_volatile=-1 if t in (3, 4) else 0)
+            for t in range(6)]
+    out = det.process(recs, [f"telemetry:0@{t}" for t in range(6)])
+    out.extend(det.flush())
+    got = [(d.reason, d.origin, d.action, sorted(d.fields)) for d in out.dead]
+    assert got == [
+        ("negative_value", "telemetry:0@3", "fields_dropped", ["DCGM_FI_DEV_ECC_SBE_VOL_TOTAL", "DCGM_FI_DEV_GPU_TEMP"]),
+        ("negative_value", "telemetry:0@4", "fields_dropped", ["DCGM_FI_DEV_ECC_SBE_VOL_TOTAL"]),
+    ]
+    assert "DCGM_FI_DEV_GPU_TEMP" in out.dead[0].detail and "DCGM_FI_DEV_ECC_SBE_VOL_TOTAL" in out.dead[0].detail
+
+
 def test_an_upstream_task_that_never_marks_holds_only_up_to_max_buffer():
     st = FleetStage(lambda: Engine(row_checks=[], tick_checks=[], screened=True), upstream=2, max_buffer=20)
     st.feed([sample(t, "n1") for t in range(30)])
