@@ -21,14 +21,16 @@ table of layouts and versions). Read here:
 Around the message: the glog/c10 header (``[E1218 20:27:21.426415540 ProcessGroupNCCL.cpp:629]``
 since 2.4, ``[E ProcessGroupNCCL.cpp:828]`` without a time before, glog's own ``E1218
 20:27:21.426415 12345 ProcessGroupNCCL.cpp:629]``), the rank prefix (``[rank3]:``, 2.2+), the
-log prefix (``[Rank 1]``, ``[PG 0 Rank 2]``, ``[PG ID 0 PG GUID 0(default_pg) Rank 1]``),
-torchrun's ``--tee`` prefix (``[default0]:``, the local rank) and Ray's (``(WorkerDict pid=..)``).
+log prefix (``[Rank 1]``, ``[PG 0 Rank 2]``, 2.4's ``[PG 0 (default_pg) Rank 2]``, ``[PG ID 0 PG GUID
+0(default_pg) Rank 1]``), torchrun's ``--tee`` prefix (``[default0]:``, the local rank) and Ray's
+(``(WorkerDict pid=..)``), and whatever stands before them (a progress bar without its newline).
 A multi-rank log interleaves all of them; lines of one rank about the same work (the timeout,
 the PG status, the exception that repeats it) become one record.
 """
 
 from __future__ import annotations
 
+import io
 import logging
 import re
 import socket
@@ -37,7 +39,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Iterator, TextIO
 
-from pipeline.decode import MAX_RANKS, MAX_SEQ
+from pipeline.decode import MAX_ID_LEN, MAX_RANKS, MAX_SEQ
 from pipeline.numeric import ascii_int
 from pipeline.schema import NicRecord, ProgressRecord
 from producers.nccl_ib import IbLog, IbStats
@@ -50,7 +52,8 @@ SEQ_DIGITS = 19  # an int64
 
 # Prefixes, each optional, in the order they stack: Ray's worker tag, torchrun's local rank, the
 # rank prefix, the c10/glog header.
-_RAY = re.compile(r"\(\w+ pid=\d+(?:, ip=[^)]*)?\)\s*")
+# Ray's tag names the actor, which may hold brackets: "(MegatronPolicyWorker[rank=8] pid=3098870)".
+_RAY = re.compile(r"\([^()]*?\bpid=\d+(?:, ip=[^)]*)?\)\s*")
 _TORCHRUN = re.compile(r"\[default(\S+?)\]:")
 _RANKPFX = re.compile(r"\[rank(\S+?)\]:")
 # [E1218 20:27:21.426415540 ProcessGroupNCCL.cpp:629] | [E ProcessGroupNCCL.cpp:828] | glog's own. The
@@ -58,9 +61,15 @@ _RANKPFX = re.compile(r"\[rank(\S+?)\]:")
 _HEADER = re.compile(
     r"\[?[EWIF](?:(\d{1,2})(\d\d) (\d\d):(\d\d):(\d\d)(?:\.\d+)?(?: +\d+)?)? *([\w.]+\.(?:cpp|hpp|cc|h)):\d+\] ?"
 )
-# The log prefix: [Rank 1], [PG 0 Rank 2], [PG ID 0 PG GUID 0(default_pg) Rank 1].
+# Where those prefixes start when something else came first on the line: output that lacked its
+# newline (a progress bar, a traceback's carets), a log shipper's or launcher's tag.
+_EMBEDDED = re.compile(
+    r"(?:\[default[^\]\s]*\]:)?\[rank[0-9]+\]:\[[EWIF]|\[[EWIF][0-9]{3,4} [0-9]{2}:[0-9]{2}:[0-9]{2}"
+)
+# The log prefix: [Rank 1], [PG 0 Rank 2], [PG 0 (default_pg) Rank 2], [PG ID 0 PG GUID 0(default_pg) Rank 1].
 _LOGPFX = re.compile(
-    r"\[(?:PG ID (?P<pgid>\S+) PG GUID (?P<guid>[^\s(\]]+)(?:\((?P<name>[^)\]]*)\))? |PG (?P<pg>\S+) )?Rank (?P<rank>\S+?)\]"
+    r"\[(?:PG ID (?P<pgid>\S+) PG GUID (?P<guid>[^\s(\]]+)(?:\((?P<name>[^)\]]*)\))? "
+    r"|PG (?P<pg>\S+) (?:\((?P<desc>[^)\]]*)\) )?)?Rank (?P<rank>\S+?)\]"
 )
 _TIMEOUT = re.compile(
     r"Watchdog caught collective operation timeout: WorkNCCL\((?P<args>[^)]*(?:\)[^)]*)?)\) ran for (?P<ran>\S+) "
@@ -104,6 +113,7 @@ class WatchdogStats:
     bad_number: int = 0  # a line of a known layout whose number is not one (Unicode digits, 20+ digits)
     no_rank: int = 0  # a watchdog line that names no rank anywhere
     implausible_seq: int = 0  # last completed past last enqueued (garbage): that field left out
+    bad_name: int = 0  # a PG id, PG name or op not printable or past MAX_ID_LEN: that field left out
     too_many: int = 0  # reports past MAX_RECORDS
 
     def summary(self) -> dict[str, int]:
@@ -117,6 +127,7 @@ class WatchdogStats:
             "dropped.bad_number": self.bad_number,
             "dropped.no_rank": self.no_rank,
             "implausible_seq_cleared": self.implausible_seq,
+            "bad_name_cleared": self.bad_name,
             "dropped.too_many_records": self.too_many,
         }
 
@@ -129,6 +140,17 @@ def _seq(text: str | None, minus_one: bool = False) -> int | None:
         return -1
     n = ascii_int(text, SEQ_DIGITS)
     return n if n is not None and n <= MAX_SEQ else None
+
+
+def _name(text: str | None, stats: WatchdogStats) -> str | None:
+    """A PG id, PG name or op as a record may carry it (docs/architecture.md §3), else None
+    (counted): the decoder would dead-letter the whole record for it."""
+    if not text:
+        return None
+    if len(text) <= MAX_ID_LEN and text.isprintable():
+        return text
+    stats.bad_name += 1
+    return None
 
 
 class _Bad(Exception):
@@ -166,6 +188,8 @@ def strip_prefixes(line: str, year: int) -> Prefix:
     m = _RAY.match(s)
     if m:
         s = s[m.end() :]
+    if not (_TORCHRUN.match(s) or _RANKPFX.match(s) or _HEADER.match(s)) and (m := _EMBEDDED.search(s)):
+        s = s[m.start() :]
     m = _TORCHRUN.match(s)
     if m:
         p.local_rank = ascii_int(m.group(1), 6)
@@ -203,6 +227,7 @@ class _Report:
     rank: int
     state: str
     local_rank: int | None = None
+    global_rank: int | None = None  # "[rankN]:", the default PG's rank, where ``rank`` is a subgroup's
     comm: str | None = None
     comm_name: str | None = None
     seq: int | None = None
@@ -216,7 +241,7 @@ class _Report:
     def merge(self, o: "_Report") -> None:
         self.ts = min(self.ts, o.ts)
         for k in ("comm", "comm_name", "seq", "op", "timeout_ms", "ran_ms", "last_enqueued", "last_completed",
-                  "local_rank", "dump_from"):  # fmt: skip
+                  "local_rank", "global_rank", "dump_from"):  # fmt: skip
             if getattr(self, k) is None:
                 setattr(self, k, getattr(o, k))
 
@@ -248,16 +273,17 @@ def parse_line(line: str, *, year: int, default_ts: float, stats: WatchdogStats)
         rank = r
         pg = m.group("guid") or m.group("pg") or m.group("pgid")
         if pg is not None:
-            comm, name = pg, m.group("name") or name
+            comm, name = pg, m.group("name") or m.group("desc") or name
     if rank is None or rank >= MAX_RANKS:
         stats.no_rank += 1
         return None
-    rep = _Report(ts=ts, rank=rank, state="timeout", local_rank=p.local_rank, comm=comm, comm_name=name or None)
+    rep = _Report(ts=ts, rank=rank, state="timeout", local_rank=p.local_rank, global_rank=p.rank,
+                  comm=_name(comm, stats), comm_name=_name(name, stats))  # fmt: skip
     try:
         if (t := _TIMEOUT.search(msg)) is not None:
             kv = dict(_KV.findall(t.group("args")))
             rep.seq = _num(kv.get("SeqNum"))
-            rep.op = kv.get("OpType") or None
+            rep.op = _name(kv.get("OpType"), stats)
             rep.timeout_ms = _num(kv.get("Timeout(ms)"))
             rep.ran_ms = _num(t.group("ran"))
             if rep.seq is None:
@@ -333,8 +359,8 @@ def parse(
     """Records from a training log: one per (rank, communicator, work) the watchdog reported on.
 
     ``year``: the year of glog's ``MMDD`` times (default: ``default_ts``'s); ``default_ts``: the
-    time of lines without one (default: now). ``gpus_per_node``: a rank's GPU is ``rank %
-    gpus_per_node``; without it, torchrun's local rank (``[default3]:``) is taken as the GPU
+    time of lines without one (default: now). ``gpus_per_node``: a rank's GPU is its global rank
+    (``[rank14]:``, else the PG's rank) ``% gpus_per_node``; without it, torchrun's local rank (``[default3]:``) is taken as the GPU
     (the ``LOCAL_RANK`` a job passes to ``torch.cuda.set_device``), else none. ``ib``: where
     NCCL's InfiniBand error lines go (``producers/nccl_ib.py``); without it they are skipped.
     """
@@ -373,10 +399,14 @@ def parse(
             latest[rep.rank] = key
     out = []
     for r in reports.values():
-        gpu = r.rank % gpus_per_node if gpus_per_node else r.local_rank
+        # A subgroup's rank is not its process's: the GPU follows the global rank where the line gave it.
+        grank = r.global_rank if r.global_rank is not None else r.rank
+        gpu = grank % gpus_per_node if gpus_per_node else r.local_rank
         labels = {"source": "torch_watchdog"}
         if r.local_rank is not None:
             labels["local_rank"] = str(r.local_rank)
+        if grank != r.rank:
+            labels["global_rank"] = str(grank)
         if r.dump_from:
             labels["dump_from"] = r.dump_from
         out.append(
@@ -391,7 +421,7 @@ def parse(
                 last_enqueued=r.last_enqueued,
                 last_completed=r.last_completed,
                 seq=r.seq,
-                op=r.op[:256] if r.op else None,
+                op=r.op,
                 timeout_ms=r.timeout_ms,
                 ran_ms=r.ran_ms,
                 source="watchdog",
@@ -426,6 +456,8 @@ class WatchdogLogSource:
             return []
         self.done = True
         fh = open(self.path, encoding="utf-8", errors="replace") if self.path != "-" else None
+        if fh is None and isinstance(sys.stdin, io.TextIOWrapper):
+            sys.stdin.reconfigure(errors="replace")  # a byte that is not UTF-8 costs itself, as in a file
         ib = IbLog(host=self.host, default_ts=self.mtime, stats=self.ib_stats, fallback_host=socket.gethostname())
         try:
             recs: list[ProgressRecord | NicRecord] = []
