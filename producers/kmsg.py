@@ -43,6 +43,7 @@ from typing import Any, Callable
 from pipeline.numeric import ascii_int
 from pipeline.schema import DcgmRecord, dcgm
 from producers.kmsg_fabric import FabricEvents
+from producers.textinput import stdin
 from producers.kmsg_input import (
     LINE_MAX,
     DevKmsgReader,
@@ -322,9 +323,7 @@ class KmsgFileSource:
         whether a line had no time."""
         year = time.localtime(self.mtime).tm_year
         fh = open(self.path, encoding="utf-8", errors="replace") if self.path != "-" else None
-        import sys
-
-        src = fh if fh is not None else sys.stdin
+        src = fh if fh is not None else stdin()
         events: list[Line] = []
         last_ts: float | None = None
         last_boot: float | None = None

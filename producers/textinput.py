@@ -2,7 +2,21 @@
 
 from __future__ import annotations
 
+import io
 import sys
+from typing import TextIO
+
+
+def stdin() -> TextIO:
+    """Standard input with bytes that are not UTF-8 replaced, as a file's are when a producer
+    reads one: a strict stdin would raise at the first such byte and lose the whole input.
+
+    >>> stdin() is sys.stdin
+    True
+    """
+    if isinstance(sys.stdin, io.TextIOWrapper) and sys.stdin.errors == "strict":
+        sys.stdin.reconfigure(errors="replace")
+    return sys.stdin
 
 
 def read_capped(path: str, max_chars: int) -> tuple[str, bool]:
@@ -17,7 +31,7 @@ def read_capped(path: str, max_chars: int) -> tuple[str, bool]:
     >>> os.unlink(fh.name)
     """
     if path == "-":
-        text = sys.stdin.read(max_chars + 1)
+        text = stdin().read(max_chars + 1)
     else:
         with open(path, encoding="utf-8", errors="replace") as fh:
             text = fh.read(max_chars + 1)

@@ -30,11 +30,9 @@ the PG status, the exception that repeats it) become one record.
 
 from __future__ import annotations
 
-import io
 import logging
 import re
 import socket
-import sys
 import time
 from dataclasses import dataclass
 from typing import Any, Iterator, TextIO
@@ -43,6 +41,7 @@ from pipeline.decode import MAX_ID_LEN, MAX_RANKS, MAX_SEQ
 from pipeline.numeric import ascii_int
 from pipeline.schema import NicRecord, ProgressRecord
 from producers.nccl_ib import IbLog, IbStats
+from producers.textinput import stdin
 
 log = logging.getLogger(__name__)
 
@@ -456,13 +455,11 @@ class WatchdogLogSource:
             return []
         self.done = True
         fh = open(self.path, encoding="utf-8", errors="replace") if self.path != "-" else None
-        if fh is None and isinstance(sys.stdin, io.TextIOWrapper):
-            sys.stdin.reconfigure(errors="replace")  # a byte that is not UTF-8 costs itself, as in a file
         ib = IbLog(host=self.host, default_ts=self.mtime, stats=self.ib_stats, fallback_host=socket.gethostname())
         try:
             recs: list[ProgressRecord | NicRecord] = []
             recs += parse(
-                fh if fh is not None else sys.stdin,
+                fh if fh is not None else stdin(),
                 job=self.job,
                 host=self.host,
                 default_ts=self.mtime,
