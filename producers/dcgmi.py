@@ -5,8 +5,8 @@ units since DCGM 2.4; ``# Entity``, ``Id``, right-aligned, before), repeated aft
 then every 14 rounds, then one row per entity per round (``GPU 0``, ``GPU-I 9``, ``GPU-CI 9``,
 ``Switch 0``...; an NVLink is ``GPU 0 LINK 3`` since DCGM 4.6, ``LINK 769``, the packed
 ``dcgm_link_t`` id, in 3.0 - 4.5: counted, not read, see ``_entity``). Column widths differ between DCGM versions, so rows are split
-on whitespace and matched to the latest header (or, when a cell is empty, cut at the header's
-column offsets); ``N/A`` is "no value". A capture stopped with Ctrl-C ends with ``dmon was
+on whitespace and matched to the latest header (or, when a row has fewer values, read as
+``DmonParser`` says); ``N/A`` is "no value". A capture stopped with Ctrl-C ends with ``dmon was
 stopped due to receiving a signal``. Short names map to fields through ``FIELDS.by_dmon``.
 One unsupported field makes the whole command exit 250, so each
 field is probed alone first (``dcgmi dmon -e ID -c 1``) and only the supported ones are streamed.
@@ -67,6 +67,7 @@ class DmonStats:
     na: int = 0
     blank: int = 0
     skipped_rows: int = 0  # rows before any header, or whose cells fit neither the header's count nor its positions
+    packed_rows: int = 0  # short rows of a pre-4.0 layout: values packed left, so their columns are unknown
     unknown_columns: int = 0
     restarts: int = 0
     bad_values: int = 0  # a cell with digits that is no plain ASCII number ("٣", "1_0", 400 digits)
@@ -81,6 +82,7 @@ class DmonStats:
             "dropped.na_value": self.na,
             "dropped.blank_sentinel": self.blank,
             "dropped.unparsable_row": self.skipped_rows,
+            "dropped.packed_row": self.packed_rows,
             "dropped.unknown_column": self.unknown_columns,
             "dropped.bad_value": self.bad_values,
             "dropped.queue_full": self.queue_full,
@@ -101,11 +103,18 @@ _ENTITY = re.compile(
     r"(?:\s+LINK\s+([0-9]{1,9}))?(?=\s|$)",
     re.ASCII,
 )
-# The ctrl-C trailer, "dmon was stopped due to receiving a signal" ("." at the end before DCGM 2.4).
-_STOPPED = "dmon was stopped due to receiving a signal"
+# The ctrl-C trailer ("." at the end before DCGM 2.4; 2.4 - 3.3 spell it "do to", DeviceMonitor.cpp).
+_STOPPED = frozenset({"dmon was stopped due to receiving a signal", "dmon was stopped do to receiving a signal"})
 # A value as dmon prints it: a plain decimal number (float() would also take "٣", "1_0" or "inf").
 _NUMBER = re.compile(r"[-+]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][-+]?[0-9]{1,3})?", re.ASCII)
 MAX_CELL = 40
+# The DCGM_FS_GLOBAL fields (dcgm_fields.cpp, the same nine in 2.1 - 3.1): before 3.2
+# GetLatestSample (DcgmCacheManager.cpp) files their values under DCGM_FE_NONE, so dmon prints them
+# on their own row (``UNKNOWN n``; a bare ``n`` in 2.1 - 2.3) and leaves them out of the GPU row.
+_GLOBAL_COLUMNS = frozenset({"DRVER", "NVVER", "PRNAM", "CDVER", "DVCNT", "SYBST", "STVCI", "STNVL", "SYSAF"})
+# "#Entity" is padded to 10 before DCGM 4.0 (11 in 4.0 - 4.4, 16 since 4.5): the first column's offset
+# tells a layout that packs a row's values from one that prints empty cells.
+_PACKING_ENTITY_WIDTH = 10
 
 
 def _entity(line: str) -> tuple[str, int, int | None, int] | None:
@@ -135,11 +144,13 @@ def _is_header(tokens: list[str]) -> int:
 class DmonParser:
     """Feeds on ``dcgmi dmon`` lines; a round's rows share one timestamp (taken when it starts).
 
-    Values are split on whitespace when a row has one per column; a row with fewer (DCGM 4.0+
-    prints an empty cell for a field the entity has no value of, e.g. GPU fields on a LINK row) is
-    cut at the header's column offsets, since DeviceMonitor.cpp left-aligns each value under its
-    column name. Before 4.0 dmon left such a value out and packed the rest to the left, so a short
-    row there is read as if its last cells were empty.
+    Values are split on whitespace when a row has one per column. A row with fewer is read by
+    layout: DCGM 4.0+ prints an empty cell for a field the entity has no value of (e.g. GPU fields
+    on a LINK row), so the row is cut at the header's column offsets, since DeviceMonitor.cpp
+    left-aligns each value under its column name; before 4.0 a row prints only the values it got,
+    packed to the left, so it is read only when the header's global columns are exactly what it
+    lacks (``_GLOBAL_COLUMNS``), and otherwise dropped as ``packed_row``, since any reading would
+    guess.
     """
 
     def __init__(self, host: str, clock=time.time) -> None:
@@ -147,6 +158,8 @@ class DmonParser:
         self.clock = clock
         self.columns: list[Field | None] | None = None
         self.offsets: list[int] = []
+        self.packs = False  # the header is of a layout that packs a row's values to the left (before 4.0)
+        self.local: list[int] = []  # the columns a packed GPU row holds: all but the global ones
         self.stats = DmonStats()
         self._round: set[tuple[str, int, int | None]] = set()
         self._round_ts = 0.0
@@ -161,6 +174,9 @@ class DmonParser:
         self.stats.unknown_columns += len(unknown)
         self.columns = cols
         self.offsets = [o for o, _ in spans]
+        # "# Entity" is printed by 2.1 - 2.3 only, which pack like every release before 4.0.
+        self.packs = skip == 2 or (bool(spans) and spans[0][0] <= _PACKING_ENTITY_WIDTH)
+        self.local = [i for i, t in enumerate(names) if t not in _GLOBAL_COLUMNS]
 
     def _values(self, line: str, end: int) -> list[str] | None:
         assert self.columns is not None
@@ -170,6 +186,13 @@ class DmonParser:
             return vals
         if len(vals) > n or not self.offsets:
             return None
+        if self.packs:
+            if len(vals) != len(self.local):
+                return None
+            cells = [""] * n
+            for i, v in zip(self.local, vals):
+                cells[i] = v
+            return cells
         cells = []
         for i, off in enumerate(self.offsets):
             nxt = self.offsets[i + 1] if i + 1 < n else len(line)
@@ -191,7 +214,7 @@ class DmonParser:
             return None
         if tokens[0] in ("ID", "Id", "id") or tokens[0].startswith("#"):
             return None  # the units row ("ID" since DCGM 2.4, "Id" before), comments
-        if line.strip().rstrip(".") == _STOPPED:
+        if line.strip().rstrip(".") in _STOPPED:
             return None  # the end of a capture stopped with ctrl-C, not a row
         self.stats.rows += 1
         ent = _entity(line)
@@ -207,8 +230,12 @@ class DmonParser:
             return None
         vals = self._values(line, end)
         if vals is None:
-            self.stats.skipped_rows += 1
-            log.debug("dmon row that fits no header (%d columns): %r", len(self.columns), line)
+            if self.packs and len(line[end:].split()) < len(self.columns):
+                self.stats.packed_rows += 1
+                log.debug("dmon row with values left out, packed left (%d columns): %r", len(self.columns), line)
+            else:
+                self.stats.skipped_rows += 1
+                log.debug("dmon row that fits no header (%d columns): %r", len(self.columns), line)
             return None
         key = (etype, eid, link)
         if key in self._round or not self._round:

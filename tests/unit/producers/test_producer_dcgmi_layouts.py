@@ -21,7 +21,9 @@ def layout(rows: list[tuple[str, list[str]]], *, guide: bool = False, width: int
     return "\n".join([head.rstrip(), units.rstrip(), *[b.rstrip() for b in body]]) + "\n"
 
 
-GPU_ROWS = [("GPU 0", ["41", "250.5", "0", ""]), ("GPU 1", ["43", "251.0", "79", ""])]
+# A GPU row has a value in every column: a "# Entity" header is DCGM 2.1 - 2.3's, which packs a
+# short row's values to the left instead of printing empty cells (see DmonParser).
+GPU_ROWS = [("GPU 0", ["41", "250.5", "0", "0"]), ("GPU 1", ["43", "251.0", "79", "0"])]
 
 
 def _parse(text: str) -> tuple[list, DmonParser]:
