@@ -1,28 +1,33 @@
 """NCCL's InfiniBand errors in a training log -> ``NicRecord``s that count them per HCA.
 
 When a work request fails on an InfiniBand/RoCE queue pair, NCCL's IB transport
-(``src/transport/net_ib.cc``, ``net_ib/p2p.cc`` since 2.28) prints the completion's status and,
-since 2.12, the peer it was talking to; since 2.23 the HCA too. Its async-event thread prints
+(``src/transport/net_ib.cc``, ``net_ib/p2p.cc`` since 2.29) prints the completion's status and,
+since 2.10, the peer it was talking to; since 2.22 the HCA too. Its async-event thread prints
 the events the HCA raised. Read here, in every layout those files have printed
 (docs/producers.md#nccl-infiniband-errors-in-a-training-log has the table):
 
-- ``NET/IB : Got completion with error 12, opcode 1, len 0, vendor err 129`` (up to 2.11);
+- ``NET/IB : Got completion with error 12, opcode 1, len 0, vendor err 129`` (up to 2.9);
 - ``NET/IB : Got completion from peer 10.0.35.1<49189> with error 4, opcode 5327, len 5327,
-  vendor err 81 (Send)[ localGid .. remoteGid ..]`` (2.12-2.20);
+  vendor err 81`` (2.10-2.17), then with `` (Send)[ localGid .. remoteGid ..]`` (2.18, 2.19);
 - ``NET/IB : Got completion from peer P with status=12 opcode=0 len=0 vendor err 129 (Recv)``
-  (2.21, 2.22), the same with `` hca mlx5_0`` at the end (2.23 and later, ``NET/IB:``);
+  (2.20, 2.21), the same with `` hca mlx5_0`` at the end (2.22-2.28.3, ``NET/IB:``; still so
+  for ``NET/IB/GIN:``, GPU-initiated networking, 2.28.7 and later);
 - ``NET/IB: Got completion from peer P with status=IBV_WC_RETRY_EXC_ERR(12) opcode=..(0)
-  vendor_err=129 .. hca mlx5_0`` (2.28 and later; ``NET/IB/GIN:`` for GPU-initiated networking);
-- ``NET/IB : Got async event : local catastrophic error`` (up to 2.20),
-  ``NET/IB : mlx5_0:1 Got async event : ..`` (2.21, 2.22), ``NET/IB : mlx5_0:1 async fatal
-  event[ on QP (0x..)]: ..`` (2.23 and later); the non-fatal events (``Got async error event``,
-  ``Got non-fatal async event``) are counted, not sent;
-- ``NET/IB : Using [0]mlx5_0:1/IB [1]mlx5_1:1/RoCE ..``: the HCAs and ports a process uses,
-  which name the HCA of a line that does not (before 2.23) when the process uses one.
+  reqSize=0 vendor_err=129 req_type=Send .. hca mlx5_0`` (2.28.7-2.28.9), without ``reqSize``
+  and ``req_type`` (2.29 and later);
+- ``NET/IB : Got async event : local catastrophic error`` (up to 2.19),
+  ``NET/IB : mlx5_0:1 Got async event : ..`` (2.20-2.22), ``NET/IB : mlx5_0:1 async fatal
+  event[ on QP (0x..)[ qpn=..]]: ..`` (2.23 and later); the non-fatal events (``Got async error
+  event``, ``Got non-fatal async event``) are counted, not sent;
+- ``NET/IB : Using [0]mlx5_0:1/IB [1]={[1] mlx5_1:1/IB, [2] mlx5_2:1/IB} ..``: the HCAs and
+  ports a process uses (merged NICs in braces, 2.20-2.22), which name the HCA of a line that
+  does not (before 2.22) when the process uses one.
 
 Around the message: NCCL's own prefix (``[2025-11-09 07:39:30] host:pid:tid [cudaDev]
-file.cc:line (func) NCCL WARN``, the time since 2.23), and anything before it (PyTorch's
+file.cc:line (func) NCCL WARN``, the time since 2.26), and anything before it (PyTorch's
 ``[rank3]:``, torchrun's ``[default3]:``, mpirun's ``[1,12]<stdout>:``, a log shipper's ISO time).
+A warning's message again without the prefix, after one read with it, is PyTorch repeating
+NCCL's last error in its exception (``Last error:``): counted ``ib_echoed_warnings``, not again.
 
 Each HCA's errors become one ``nic`` record per second in which there were any, its counters
 ``nccl_ib_completion_errors`` and ``nccl_ib_async_fatal_events`` counting from 0 at the start of
@@ -44,6 +49,7 @@ from pipeline.schema import NicRecord
 MAX_RECORDS = 100_000  # (host, HCA, second) records one log may make; the rest counted
 MAX_LABEL = 128  # a peer ``ip<port>`` is ~50 characters; longer is cut
 MAX_PORTS = 64  # HCAs a host's "Using" lines may name
+MAX_SEEN = 4096  # NCCL warnings kept to know an echo of one (each under NCCL's 1024-byte line)
 
 # NCCL's prefix: [time] host:pid:tid [cudaDev] file:line (func) NCCL WARN
 _NCCL = re.compile(
@@ -62,7 +68,8 @@ _COMPLETION = re.compile(
     r"NET/IB\w*(?:/\w+)? ?: ?Got completion (?:from peer (?P<peer>\S+) )?with "
     rf"(?:error {_NUM}, opcode {_NUM}, len ?{_NUM}, vendor err {_NUM}"
     rf"|status={_NUM} opcode={_NUM} len={_NUM} vendor err {_NUM}"
-    rf"|status=(?P<sname>\w+)\({_NUM}\) opcode=\w+\({_NUM}\) vendor_err={_NUM})"
+    rf"|status=(?P<sname>\w+)\({_NUM}\) opcode=\w+\({_NUM}\)(?: reqSize=-?\d{{1,20}})? vendor_err={_NUM}"
+    r"(?: req_type=(?P<rtype>[A-Za-z]+))?)"  # reqSize and req_type: 2.28.7-2.28.9 only
     r"(?: \((?P<dir>[A-Za-z]+)\))?",
     re.ASCII,
 )
@@ -73,8 +80,9 @@ _ASYNC = re.compile(
     r"|Got (?:async error|non-fatal async) event: (?P<minor>.+))",
     re.ASCII,
 )
-_USING = re.compile(r"NET/IB ?: Using((?: \[\d+\][\w.-]+:\d+[^ ]*)+)", re.ASCII)
-_USING_DEV = re.compile(r"\[\d+\]([A-Za-z0-9][\w.-]{0,63}):(\d{1,3})", re.ASCII)
+# Each device `` [0]mlx5_0:1/IB``, or NICs merged into one (2.20-2.22: `` [1]={[1] mlx5_1:1/IB, [2] ..}``).
+_USING = re.compile(r"NET/IB ?: Using((?: \[\d+\](?:=\{[^}]*\}?|[\w.-]+:\d+[^ ]*))+)", re.ASCII)
+_USING_DEV = re.compile(r"\[\d+\] ?([A-Za-z0-9][\w.-]{0,63}):(\d{1,3})", re.ASCII)
 # What ``ibv_event_type_str`` calls the events NCCL treats as fatal (2.23's async thread:
 # DEVICE_FATAL, CQ_ERR, QP_FATAL, QP_REQ_ERR, QP_ACCESS_ERR); the older layout names them only.
 FATAL_EVENTS = frozenset({"local catastrophic error", "CQ error", "local work queue catastrophic error",
@@ -101,6 +109,7 @@ class IbStats:
     unparsable: int = 0  # an NCCL IB error line that fits no layout
     bad_number: int = 0  # a number that is not one (past 2^32, Unicode digits)
     success: int = 0  # a completion "with status 0": no error
+    echoes: int = 0  # a warning repeated without NCCL's prefix (PyTorch's "Last error:"): not counted again
     too_many: int = 0
 
     def summary(self) -> dict[str, int]:
@@ -111,6 +120,7 @@ class IbStats:
             "ib_records": self.records,
             "ib_errors_without_hca": self.no_hca,
             "ib_lines_without_time": self.no_timestamp,
+            "ib_echoed_warnings": self.echoes,
             "dropped.ib_unparsable_line": self.unparsable,
             "dropped.ib_bad_number": self.bad_number,
             "dropped.ib_success_status": self.success,
@@ -168,6 +178,7 @@ class IbLog:
         self._ports: dict[tuple[str, str], int] = {}  # (host, HCA) -> port, from any process's "Using"
         self._totals: dict[tuple[str, str, int], dict[str, int]] = {}
         self._aggs: dict[tuple[str, str, int, int], _Agg] = {}
+        self._seen: set[str] = set()  # messages of the warnings read with NCCL's prefix
 
     def feed(self, line: str) -> bool:
         """Take one log line; True when it was an NCCL IB line this reads (an error, an event,
@@ -180,6 +191,13 @@ class IbLog:
             m = _BARE.search(line)
             if m is None:
                 return False
+            # PyTorch's exception repeats NCCL's last warning after "Last error:" (NCCLUtils'
+            # getNcclErrorDetailStr): the error already read, without the host it happened on.
+            if m.group("msg").rstrip() in self._seen:
+                self.stats.echoes += 1
+                return True
+        elif m.group("level") == "WARN" and len(self._seen) < MAX_SEEN and len(m.group("msg")) < 1024:
+            self._seen.add(m.group("msg").rstrip())
         msg, pid = m.group("msg"), m.group("pid") or ""
         host = self.host or m.group("host") or self.fallback_host
         if (u := _USING.search(msg)) is not None:
@@ -219,8 +237,8 @@ class IbLog:
             labels["status_name"] = name[:64]
         if (peer := _label(c.group("peer"))) is not None:
             labels["peer"] = peer
-        if c.group("dir"):
-            labels["direction"] = c.group("dir")[:16]
+        if way := c.group("dir") or c.group("rtype"):
+            labels["direction"] = way[:16]
         self.stats.completion_errors += 1
         self._count(line, m, host, pid, hm.group(1) if hm else None, None, "nccl_ib_completion_errors", labels)
         return True
@@ -255,7 +273,12 @@ class IbLog:
         if m.group("dev"):
             labels["cuda_dev"] = m.group("dev")
         labels["source"] = "nccl_log"
-        totals = self._totals.setdefault((host, hca, port), {})
+        totals = self._totals.get((host, hca, port))
+        if totals is None:
+            if len(self._totals) >= MAX_RECORDS:  # hosts and HCAs come from the log: bounded as records are
+                self.stats.too_many += 1
+                return
+            totals = self._totals[(host, hca, port)] = {}
         totals[counter] = totals.get(counter, 0) + 1
         key = (host, hca, port, int(ts))
         agg = self._aggs.get(key)
