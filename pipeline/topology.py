@@ -29,7 +29,7 @@ from __future__ import annotations
 import logging
 import math
 from collections import Counter
-from typing import Any, Callable, Iterable, Mapping, Sequence, Union
+from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence, Union
 
 import msgspec
 import numpy as np
@@ -105,6 +105,7 @@ class FleetStage:
         # it has passed and splits only those it cuts, so its cost does not grow with what
         # stays buffered (as the engine's pending rows, pipeline/engine/pending.py).
         self._chunks: list[_Chunk] = []
+        self._went: list[_Chunk] = []  # the chunks of the latest release, for its dead letters' origins
         self._n_buf = 0
         self._newest = -math.inf  # the newest record released (taken) so far
         # Where the input stands (the next offset of the fleet topic partition, set by its
@@ -132,11 +133,15 @@ class FleetStage:
         upstream: int | None = None,
         ts: np.ndarray | None = None,
         cols: SortColumns | None = None,
+        origin: str | None = None,
+        pos: np.ndarray | None = None,
     ) -> None:
         """Forwarded records (any order), each with its key (default: the one fleet key);
         ``at``: the position in the input they came from (an offset), for ``snapshot(replayable=True)``;
         ``upstream``: the task that forwarded them (``forwarded``); ``ts`` and ``cols``: their
-        event times and sort columns, when the caller has them already.
+        event times and sort columns, when the caller has them already; ``origin``: the message
+        they came in, ``pos`` each one's place in it (default: in order), which a record the
+        stage's engines refuse is dead-lettered with (``<origin>#<pos>``).
 
         A record sent again after its second was released (an upstream replay: a task never
         forwards what it released before) is dropped here, as ``late``; one sent again while
@@ -149,6 +154,8 @@ class FleetStage:
             return
         c = _Chunk(recs, None if keys is None else list(keys), ts, cols)
         c.src = upstream
+        if origin is not None:
+            c.origin, c.pos = origin, np.arange(len(recs)) if pos is None else pos
         if upstream is not None:
             self.forwarded[upstream] = max(self.forwarded.get(upstream, -math.inf), c.tmax)
         late = c.ts < self.released
@@ -366,6 +373,7 @@ class FleetStage:
         """The records of ``go``, by key, each key's in canonical order and without records
         forwarded twice; ``stay`` stays buffered."""
         recs, where = rows.concat([c.records for c in go])
+        self._went = go
         if not len(recs):
             self._chunks = stay
             return {}
@@ -426,11 +434,31 @@ class FleetStage:
         # What only this engine can cause goes out: a host past its max_hosts (it keeps every
         # host of its fleet, a host-stage engine one partition's) and rows a model failed on.
         # Anything else the host stage wrote for these records already: counted, not repeated.
+        placed: dict[tuple[str | None, float | None], Iterator[str]] = {}
         for d in got.dead:
+            if d.reason == ENTITY_LIMIT:
+                key = (d.host, d.ts)
+                if key not in placed:
+                    placed[key] = self._origins_of(d.host, d.ts)
+                d = msgspec.structs.replace(d, origin=next(placed[key], d.origin))
             if d.reason in _FLEET_OWN:
                 out.dead.append(d)
             else:
                 self.stats["dead_again"] += 1
+
+    def _origins_of(self, host: str | None, ts: float | None) -> Iterator[str]:
+        """Where the records of ``host`` at ``ts`` the engines were just given came from, in
+        order: an engine names a record by its place in what it was handed, which only this
+        stage can trace to a message (a host refused only here: past ``max_hosts``, rare)."""
+        for c in self._went:
+            if c.origin is None or c.pos is None:
+                continue
+            cols = c.sort_columns()
+            if host not in cols.hosts:
+                continue
+            rows_at = np.flatnonzero((cols.host == cols.hosts.index(host)) & (c.ts == ts))
+            for i in rows_at.tolist():
+                yield f"{c.origin}#{int(c.pos[i])}"
 
     @property
     def pending(self) -> int:
@@ -512,7 +540,7 @@ class _Chunk:
     """One feed's records, their keys (None: all the one fleet key), event times and sort columns
     (None: read off the records when they are released)."""
 
-    __slots__ = ("records", "keys", "ts", "tmin", "tmax", "at", "cols", "src")
+    __slots__ = ("records", "keys", "ts", "tmin", "tmax", "at", "cols", "src", "origin", "pos")
 
     def __init__(
         self,
@@ -524,6 +552,8 @@ class _Chunk:
         self.records, self.keys, self.cols = records, keys, cols
         self.at: int | None = None  # the input position it came from (FleetStage.feed)
         self.src: int | None = None  # the upstream task that forwarded it (FleetStage.feed)
+        self.origin: str | None = None  # the message it came in, and each record's place there
+        self.pos: np.ndarray | None = None
         self.ts = rows.times(records) if ts is None else ts
         self.tmin, self.tmax = (float(self.ts.min()), float(self.ts.max())) if len(records) else (math.inf, -math.inf)
 
@@ -537,7 +567,8 @@ class _Chunk:
         idx = np.flatnonzero(sel).tolist()
         keys = None if self.keys is None else [self.keys[i] for i in idx]
         c = _Chunk(rows.take(self.records, sel), keys, self.ts[sel], None if self.cols is None else self.cols.take(sel))
-        c.at, c.src = self.at, self.src
+        c.at, c.src, c.origin = self.at, self.src, self.origin
+        c.pos = None if self.pos is None else self.pos[sel]
         return c
 
 

@@ -444,7 +444,8 @@ class FleetTask:
             dead.append(self._out_of_range(m, n + j, d.other[j].ts, d.other[j].host))
         recs, cols = self._build.build(d, good, ogood)
         if len(recs):
-            self._feed(recs, sender, m, np.concatenate([d.ts[good], ots[ogood]]), cols)
+            pos = np.concatenate([np.flatnonzero(good), n + np.flatnonzero(ogood)])
+            self._feed(recs, sender, m, np.concatenate([d.ts[good], ots[ogood]]), cols, pos)
         return dead
 
     @staticmethod
@@ -460,14 +461,21 @@ class FleetTask:
         )
 
     def _feed(
-        self, recs: Sequence[TelemetryRecord], sender: int, m: Message, ts: np.ndarray, cols: SortColumns | None = None
+        self,
+        recs: Sequence[TelemetryRecord],
+        sender: int,
+        m: Message,
+        ts: np.ndarray,
+        cols: SortColumns | None = None,
+        pos: np.ndarray | None = None,
     ) -> None:
-        self.stage.feed(recs, at=m.offset, upstream=sender, ts=ts, cols=cols)
+        self.stage.feed(recs, at=m.offset, upstream=sender, ts=ts, cols=cols, origin=m.origin, pos=pos)
         self.totals.records += len(recs)
 
     def _apply_records(self, recs: list[TelemetryRecord], sender: int, m: Message) -> list[DeadLetter]:
         dead: list[DeadLetter] = []
         ts = np.fromiter(map(_TS, recs), np.float64, len(recs))
+        pos = None
         if len(ts):
             # The host stage's decoder keeps event time in these bounds (pipeline/decode.py): a
             # record outside them was not forwarded by it, and would carry the marks' bound (and
@@ -477,8 +485,8 @@ class FleetTask:
                 for i in np.flatnonzero(bad).tolist():
                     dead.append(self._out_of_range(m, i, recs[i].ts, recs[i].host))
                 recs = [r for r, b in zip(recs, bad.tolist()) if not b]
-                ts = ts[~bad]
-        self._feed(recs, sender, m, ts)
+                ts, pos = ts[~bad], np.flatnonzero(~bad)
+        self._feed(recs, sender, m, ts, pos=pos)
         return dead
 
     def take(self, stat: str) -> int:

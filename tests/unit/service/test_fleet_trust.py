@@ -268,6 +268,24 @@ def test_forged_records_cannot_fill_the_fleet_engines_hosts():
     assert f.task.totals.dead == {"unsigned": 41}
 
 
+@pytest.mark.parametrize("body", [records_body, json_records_body])
+def test_a_host_past_the_fleet_engines_limit_is_refused_with_its_fleet_messages_origin(body):
+    # Unsigned, forged records can fill the fleet engine's hosts; the records it then refuses must
+    # say which fleet message and place they came in, as every dead letter does, not "batch#N".
+    f = Feeder(FleetTask(lambda: Engine(EngineConfig(max_hosts=2), row_checks=[], tick_checks=[], screened=True),
+                         N, topic=TOPIC, group=GROUP, key=None))
+    f.records(0, [T0, T0 + 1], host="forged-0")
+    f.records(0, [T0, T0 + 1], host="forged-1")
+    f.send(envelope(body([_rec(T0, "real"), _rec(T0 + 1, "real")]), 1, key=None))
+    at = f.offset - 1
+    f.mark(0, T0 + 2, final=True)
+    f.mark(1, T0 + 2, final=True)
+    refused = [d for d in f.dead if d.reason == "entity_limit"]
+    assert [(d.host, d.ts, d.origin) for d in refused] == [
+        ("real", T0, f"{TOPIC}[0]@{at}#0"), ("real", T0 + 1, f"{TOPIC}[0]@{at}#1")
+    ]
+
+
 @pytest.mark.parametrize(
     "how, forge",
     [
