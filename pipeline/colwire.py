@@ -12,7 +12,7 @@ and one schema version, numbers that a float64 or int64 holds, string labels); a
 JSON (``encode_dcgm`` returns None), so a record decodes to the same alerts and dead letters
 whichever encoding carried it. The parser trusts nothing: every declared length is checked
 against the bytes before an array is viewed, arrays come from raw bytes with an explicit dtype
-and shape, and the sizes are bounded (``MAX_ROWS``, ``MAX_COLUMNS``).
+and shape, and the sizes are bounded (``MAX_ROWS``, ``MAX_COLUMNS``, ``MAX_NAME``).
 """
 
 from __future__ import annotations
@@ -37,6 +37,7 @@ FORMAT_VERSION = 1
 MAX_ROWS = 1 << 16  # rows of one message: a host's GPUs and links times a backlog's intervals
 MAX_COLUMNS = 1024  # field names of one message: the catalog has ~140 spellings
 MAX_DISTINCT = 4096  # distinct models or label sets in one message
+MAX_NAME = 128  # characters of a field name: a DCGM name has under 64, and the layouts are cached
 _INT64 = (-(1 << 63), (1 << 63) - 1)
 _F8, _I8, _I4 = np.dtype("<f8"), np.dtype("<i8"), np.dtype("<i4")
 
@@ -86,7 +87,8 @@ def is_columnar(headers: Sequence[tuple[str, bytes]] | None) -> bool | None:
         if name.lower() == CONTENT_TYPE:
             if value == COLUMNAR_V1:
                 return True
-            if bytes(value).startswith(_PREFIX):
+            # A Kafka header's value is nullable: None says nothing of the encoding.
+            if isinstance(value, (bytes, bytearray, memoryview)) and bytes(value).startswith(_PREFIX):
                 return None
     return False
 
@@ -160,6 +162,9 @@ def encode_dcgm(records: Sequence[dict[str, Any] | msgspec.Struct]) -> bytes | N
                 return None
             label[i] = labelsets.setdefault(tuple(lab.items()), len(labelsets))
     if len(names) > MAX_COLUMNS or len(models) > MAX_DISTINCT or len(labelsets) > MAX_DISTINCT:
+        return None
+    # A name the reader refuses (not text, or long) goes as JSON, which skips a name nobody reads.
+    if not all(isinstance(name, str) and len(name) <= MAX_NAME for name in names):
         return None
     values = np.full((n, len(names)), np.nan, _F8)
     if cells:
@@ -258,11 +263,16 @@ def read(payload: bytes) -> Part:
         raise ColumnsError(f"not a columnar message: {e}"[:200]) from None
     if w.cv != FORMAT_VERSION:
         raise ColumnsError(f"encoding version {w.cv} (this build reads {FORMAT_VERSION})")
+    if not _finite_int(w.v):  # the rows' version column is int64; the encoder writes no other
+        raise ColumnsError(f"schema version {w.v} outside int64")
     n, k = w.n, len(w.fields)
     if not 0 <= n <= MAX_ROWS:
         raise ColumnsError(f"{n} rows (0..{MAX_ROWS})")
     if k > MAX_COLUMNS or len(w.models) > MAX_DISTINCT or len(w.labels) > MAX_DISTINCT:
         raise ColumnsError(f"more than {MAX_COLUMNS} fields or {MAX_DISTINCT} models or label sets")
+    # Before the cached checks: a cached layout keeps its names alive, so their size is bounded.
+    if any(len(name) > MAX_NAME for name in w.fields):
+        raise ColumnsError(f"a field name over {MAX_NAME} characters")
     fields = tuple(w.fields)
     if not _distinct(fields):
         raise ColumnsError("a field named twice")

@@ -16,7 +16,7 @@ import json
 import math
 import operator
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional, Sequence, Union, cast
+from typing import Any, Callable, Iterable, Optional, Sequence, Union, cast
 
 import msgspec
 import numpy as np
@@ -121,6 +121,8 @@ def _fast_for(fields: tuple[str, ...] | None) -> msgspec.json.Decoder:
 
 
 _TS = operator.attrgetter("ts")
+# Valid host and other names a decoder remembers between batches (a few MB): a real fleet's all.
+MAX_KNOWN_NAMES = 100_000
 _KINDS = {"dcgm": DcgmRecord, "nccl": NcclRecord, "nic": NicRecord, "progress": ProgressRecord}
 
 
@@ -368,15 +370,23 @@ class Decoder:
             return True
         if bad_host(host) is not None:
             return False
-        self._ok_hosts.add(host)
+        self._remember((), (host,))
         return True
 
     def _models_ok(self, models: Sequence[str]) -> bool:
         new = [m for m in models if m not in self._ok_names]
         if any(bad_identifier(m) is not None for m in new):
             return False
-        self._ok_names.update(new)
+        self._remember(new, ())
         return True
+
+    def _remember(self, names: Iterable[str | None], hosts: Iterable[str]) -> None:
+        """Identifiers found valid, kept to skip checking them again; forgotten all at once past
+        ``MAX_KNOWN_NAMES``, so a stream of ever-new names cannot grow the decoder's memory."""
+        if len(self._ok_names) + len(self._ok_hosts) > MAX_KNOWN_NAMES:
+            self._ok_names, self._ok_hosts = {None}, set()
+        self._ok_names.update(names)
+        self._ok_hosts.update(hosts)
 
     def _all_plausible_many(self, recs: list[TelemetryRecord]) -> bool:
         """What the checked types cannot know: the live service's wall-clock range."""
@@ -410,10 +420,7 @@ class Decoder:
             return True
         if any(map(bad_host, hosts)) or any(bad_identifier(n) is not None for n in names if n is not None):
             return False
-        if len(self._ok_names) + len(self._ok_hosts) > 100_000:  # bounded, for a stream of ever-new names
-            self._ok_names, self._ok_hosts = {None}, set()
-        self._ok_names |= names
-        self._ok_hosts |= hosts
+        self._remember(names, hosts)
         return True
 
     def decode(self, payload: bytes, origin: str) -> Decoded:
