@@ -13,8 +13,9 @@ Most XIDs reach operators through the kernel log, whether or not DCGM runs. The 
 
 and drivers before R4xx wrote ``NVRM: Xid (0000:03:00): 14, ...`` without ``PCI:``. The
 producer reads those lines from ``/dev/kmsg``, ``journalctl -k -f -o json`` or a saved file
-(``dmesg`` with or without timestamps, ``dmesg -T``, ``journalctl`` short/short-iso/json output,
-a copy of ``/dev/kmsg``), maps each PCI bus id to a GPU index (nvidia-smi or a saved
+(``dmesg`` with or without timestamps, ``-T``, ``-r``, ``-d``, ``-x``, ``--time-format=iso``;
+``journalctl`` short, short-precise, short-iso(-precise), short-monotonic, short-delta, short-unix
+and json output; syslog files; a copy of ``/dev/kmsg``), maps each PCI bus id to a GPU index (nvidia-smi or a saved
 ``--query-gpu=index,pci.bus_id`` mapping) and publishes DCGM records with the XID gauge's meaning:
 ``xid`` is the GPU's last XID, ``nvswitch_fatal_sxid`` / ``nvswitch_nonfatal_sxid`` the host's
 last SXid of each kind, and the host's SXid, NIC and AER line counts since the producer started
@@ -60,16 +61,17 @@ from producers.kmsg_input import (
 
 log = logging.getLogger(__name__)
 
-# ASCII digits only (re.ASCII): "٣" is no XID code. Codes are read by ascii_int, bounded.
+# ASCII digits only (re.ASCII): "٣" is no XID code. Codes are read by ascii_int, bounded. The
+# driver always writes ", " after the code, so a line cut after "7" of "79" is not XID 7.
 _XID = re.compile(
     r"NVRM: Xid \((?:PCI:)?(?P<dom>[0-9a-fA-F]{4,8}):(?P<bus>[0-9a-fA-F]{2}):(?P<dev>[0-9a-fA-F]{2})"
-    r"(?:\.[0-9a-fA-F])?(?: GPU-I:(?P<gi>\d+))?(?: GPU-CI:(?P<ci>\d+))?\): (?P<code>\d+)(?:, ?(?P<rest>.*))?$",
+    r"(?:\.[0-9a-fA-F])?(?: GPU-I:(?P<gi>\d+))?(?: GPU-CI:(?P<ci>\d+))?\): (?P<code>\d+),(?: ?(?P<rest>.*))?$",
     re.ASCII,
 )
 _PID = re.compile(r"^pid=(?P<pid>'[^']*'|[^,]*)(?:, name=(?P<name>.*?))?, (?P<msg>.*)$")
 _SXID = re.compile(
     r"nvidia-(?P<sw>[^:\s]+): SXid \(PCI:(?P<dom>[0-9a-fA-F]{4,8}):(?P<bus>[0-9a-fA-F]{2}):(?P<dev>[0-9a-fA-F]{2})"
-    r"\.(?P<fn>[0-9a-fA-F])\): (?P<code>\d+)(?:, ?(?P<rest>.*))?$",
+    r"\.(?P<fn>[0-9a-fA-F])\): (?P<code>\d+),(?: ?(?P<rest>.*))?$",
     re.ASCII,
 )
 # An SXid event is three lines: "<code>, Non-fatal|Fatal, <message>", then "<code>, Severity N
@@ -89,6 +91,10 @@ QUIET_S = 240.0
 # times the gap before it (its absence bound), so the host is never judged silent on the way.
 QUIET_RAMP = (48.0, 96.0, 192.0)
 MAX_SAMPLE_RECORDS = 200_000  # sample records one saved file may make (~200 MB of records)
+# A syslog time (no year) this far past the file's mtime is last year's: the slack covers a log
+# written in another time zone than the one reading it.
+YEAR_SLACK_S = 86400.0
+YEAR_S = 366 * 86400.0  # a year-less time is within this of the mtime: an older Feb 29 is no date
 
 
 @dataclass
@@ -280,7 +286,8 @@ class KmsgFileSource:
 
     Times: ``dmesg`` and ``/dev/kmsg`` count seconds from boot, placed at ``boot_time`` (epoch
     seconds) or else so that the last line falls at the file's modification time; lines with no
-    time at all get the modification time; syslog lines without a year get the mtime's year."""
+    time at all get the modification time; syslog lines without a year get the mtime's year, or
+    the year before when that would put them after the mtime (``YEAR_SLACK_S``)."""
 
     def __init__(
         self,
@@ -342,6 +349,12 @@ class KmsgFileSource:
                 ln = self.parse(text, year=year)
                 if ln is None:
                     continue
+                if ln.yearless and (ln.error is not None or (ln.ts is not None and ln.ts > self.mtime + YEAR_SLACK_S)):
+                    # After the file was written (December's lines in January's file), or Feb 29
+                    # of a common year: the year before's, if that is within a year of the mtime.
+                    before = self.parse(text, year=year - 1)
+                    if before is not None and before.ts is not None and before.ts > self.mtime - YEAR_S:
+                        ln = before
                 if ln.error is not None:
                     self.stats.bad_timestamp += 1
                     continue

@@ -33,24 +33,34 @@ PciKey = tuple[int, int, int]  # (domain, bus, device): the GPU, whatever its fu
 # line of a known layout whose time is not one ("²", "٣", 400 digits, Feb 29 of 2025) is that
 # line's counted drop (``Line.error``) rather than an untimed message.
 _KMSG = re.compile(r"^(?P<prio>\d+),(?P<seq>\d+),(?P<usec>\d+),[^;]*;(?P<msg>.*)$")  # /dev/kmsg
-_DMESG = re.compile(r"^\[\s*(?P<secs>\d+\.\d+)\]\s?(?P<msg>.*)$")  # dmesg
-_DMESG_T = re.compile(r"^\[(?P<date>[A-Z][a-z]{2} [A-Z][a-z]{2} [ \d]\d \d\d:\d\d:\d\d \d{4})\]\s?(?P<msg>.*)$")
+# dmesg's "[secs] ", with -r the priority "<N>" before it, with -d the delta after the time, and
+# a caller id "[T123] " after it (CONFIG_PRINTK_CALLER): util-linux sys-utils/dmesg.c print_record.
+_DELTA = r"(?: <\s*-?\d+\.\d+>)?"
+_CALLER = r"(?:\[\s*[TC]\d+\] )?"
+_DMESG = re.compile(r"^(?:<\d{1,4}>)?\[\s*(?P<secs>\d+\.\d+)" + _DELTA + r"\]\s?" + _CALLER + r"(?P<msg>.*)$")
+_CTIME = r"(?P<date>[A-Z][a-z]{2} [A-Z][a-z]{2} [ \d]\d \d\d:\d\d:\d\d \d{4})"
+_DMESG_T = re.compile(r"^\[" + _CTIME + _DELTA + r"\]\s?" + _CALLER + r"(?P<msg>.*)$")
+# journalctl -o short-monotonic / short-delta ("[secs <delta>] host kernel: ", the delta's mark " "
+# or "*"): the host and "kernel:" before the message, which dmesg's layout would keep in it.
+_JOURNAL_MONO = re.compile(
+    r"^\[\s*(?P<secs>\d+\.\d+)(?: <\s*\d+\.\d+[ *]>)?\] (?:(?P<host>\S*[^\s:]) )?kernel: (?P<msg>.*)$"
+)
+# The host and the program ("kernel", or another's "name[pid]" in /var/log/syslog and messages)
+# of a syslog or journal line; "kernel:" alone with journalctl --no-hostname.
+_TAG = r"(?:(?P<host>\S*[^\s:]) (?P<tag>[^\s:\[]+(?:\[\d+\])?)|kernel): (?:\[\s*\d+\.\d+\] )?(?P<msg>.*)$"
 _ISO = re.compile(
-    r"^(?P<date>\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:[.,]\d+)?(?:Z|[+-]\d\d:?\d\d)?) (?P<host>\S+) "
-    r"kernel: (?:\[\s*\d+\.\d+\] )?(?P<msg>.*)$"
-)  # short-iso
+    r"^(?P<date>\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:[.,]\d+)?(?:Z|[+-]\d\d:?\d\d)?) " + _TAG
+)  # short-iso, short-iso-precise, rsyslog's RFC 3339 files
 _DMESG_ISO = re.compile(
     r"^(?P<date>\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:[.,]\d+)?(?:Z|[+-]\d\d:?\d\d)) (?P<msg>.*)$"
 )  # dmesg --time-format=iso
+_UNIX = re.compile(r"^(?P<secs>\d{1,12}\.\d{6}) (?P<host>\S+) kernel: (?P<msg>.*)$")  # journalctl -o short-unix
 # dmesg -x (--decode): "kern  :err   : " before the time.
 _FACILITY = re.compile(
     r"^(?:kern|user|mail|daemon|auth|syslog|lpr|news|uucp|cron|authpriv|ftp|local[0-7])\s*:"
     r"(?:emerg|alert|crit|err|warn|notice|info|debug)\s*: "
 )
-_SYSLOG = re.compile(
-    r"^(?P<date>[A-Z][a-z]{2} [ \d]\d \d\d:\d\d:\d\d) (?P<host>\S+) kernel: (?:\[\s*\d+\.\d+\] )?"
-    r"(?P<msg>.*)$"
-)  # short / syslog
+_SYSLOG = re.compile(r"^(?P<date>[A-Z][a-z]{2} [ \d]\d \d\d:\d\d:\d\d)(?P<frac>\.\d{1,9})? " + _TAG)  # short(-precise)
 
 LINE_MAX = 64 * 1024  # a kernel message is at most ~1 KiB (kmsg's LOG_LINE_MAX); longer is not a log line
 EPOCH_MAX = 253402300800.0  # 10000-01-01: times past it (or before 1970) are not a log's
@@ -67,6 +77,7 @@ class Line:
     boot: float | None = None
     host: str | None = None
     error: str | None = None  # a line of a known layout whose time is not one: the reason
+    yearless: bool = False  # a syslog time, which has no year: read in the one parse_line was given
 
 
 def _bad_time(msg: str) -> Line:
@@ -99,7 +110,7 @@ def local_time(date: str, fmt: str) -> float | None:
 def parse_line(text: str, *, year: int | None = None) -> Line | None:
     """A line in any layout the producer reads; ``None`` for ``/dev/kmsg`` continuation lines
     (`` KEY=value`` metadata of the record before)."""
-    text = text.rstrip("\r\n")
+    text = text.rstrip("\r\n").lstrip("\0")  # NULs: a crash's unwritten blocks before the next line
     if text.startswith(" ") and "=" in text:
         return None
     if text.startswith("{"):
@@ -125,6 +136,10 @@ def parse_line(text: str, *, year: int | None = None) -> Line | None:
         boot = _boot(usec / 1e6) if usec is not None else None
         return Line(m["msg"], boot=boot) if boot is not None else _bad_time(m["msg"])
     text = _FACILITY.sub("", text, count=1)
+    m = _JOURNAL_MONO.match(text)
+    if m:
+        boot = _boot(ascii_float(m["secs"], 32))
+        return Line(m["msg"], boot=boot, host=m["host"]) if boot is not None else _bad_time(m["msg"])
     m = _DMESG.match(text)
     if m:
         boot = _boot(ascii_float(m["secs"], 32))
@@ -134,18 +149,30 @@ def parse_line(text: str, *, year: int | None = None) -> Line | None:
         ts = local_time(m["date"], "%a %b %d %H:%M:%S %Y")
         return Line(m["msg"], ts=ts) if ts is not None else _bad_time(m["msg"])
     m = _ISO.match(text)
-    if m:
+    if m and (m["tag"] in (None, "kernel") or "," not in m["date"]):  # dmesg's iso time has a comma, no host
         ts = _iso(m["date"])
+        if m["tag"] not in (None, "kernel"):
+            return Line("", ts=ts, host=m["host"])  # a program's line, which may quote the kernel's
         return Line(m["msg"], ts=ts, host=m["host"]) if ts is not None else _bad_time(m["msg"])
     m = _DMESG_ISO.match(text)
     if m:
         ts = _iso(m["date"])
         return Line(m["msg"], ts=ts) if ts is not None else _bad_time(m["msg"])
+    m = _UNIX.match(text)
+    if m:
+        ts = _epoch(ascii_float(m["secs"], 32))
+        return Line(m["msg"], ts=ts, host=m["host"]) if ts is not None else _bad_time(m["msg"])
     m = _SYSLOG.match(text)
     if m:
         yr = year or time.localtime().tm_year
         ts = local_time(f"{yr} {m['date']}", "%Y %b %d %H:%M:%S")
-        return Line(m["msg"], ts=ts, host=m["host"]) if ts is not None else _bad_time(m["msg"])
+        frac = ascii_float(m["frac"], 10) if m["frac"] else 0.0
+        ts = ts + frac if ts is not None and frac is not None else None
+        if m["tag"] not in (None, "kernel"):
+            return Line("", ts=ts, host=m["host"], yearless=True)  # a program's line, which may quote the kernel's
+        if ts is None:
+            return Line(m["msg"], error="bad_timestamp", yearless=True)
+        return Line(m["msg"], ts=ts, host=m["host"], yearless=True)
     return Line(text)
 
 
