@@ -3,13 +3,15 @@
 Parsed with ``prometheus_client.parser`` (the maintained parser), one record per GPU and one
 per NVLink (``nvlink`` label). What real exporters vary on, and how it is handled:
 
-- host label ``Hostname`` (released) or ``hostname`` (master, per-link metrics); UUID label
+- host label ``Hostname`` or ``hostname`` (per-link metrics since 4.4.1-4.6.0, every metric after
+  4.5.3-4.8.2); UUID label
   ``UUID``, ``uuid`` (``--use-old-namespace``) or ``gpu_uuid``; model ``modelName`` or
   ``model_name``; ``pci_bus_id`` may be missing. Every other non-empty label (Kubernetes
   ``pod``/``namespace``/``container``, HPC ``hpc_job``, label-type fields such as the driver
   version) is carried in the record's ``labels``.
-- both DCGM spellings (pre-4.6 and 4.6) resolve through the catalog; old-namespace metric
-  names (``dcgm_sm_clock``) are tried as ``DCGM_FI_DEV_*``.
+- both DCGM spellings (pre-4.6 and 4.6) resolve through the catalog; the 1.x names of
+  ``etc/1.x-compatibility-metrics.csv`` (``dcgm_gpu_utilization``, ``dcgm_nvlink_bandwidth_total``)
+  through go-dcgm's table of them, other ``dcgm_*`` names tried as ``DCGM_FI_DEV_*``.
 - DCGM blank sentinels (``pipeline.catalog`` thresholds) and non-finite values are dropped.
 - ``DCGM_FI_DEV_XID_ERRORS`` is the most recent XID (a sticky gauge), passed through as such.
   ``DCGM_EXP_XID_ERRORS_COUNT{xid="N",window_size_in_ms="W"}`` (one series per XID code seen in
@@ -18,11 +20,16 @@ per NVLink (``nvlink`` label). What real exporters vary on, and how it is handle
 - MIG: a GPU instance's series (``GPU_I_ID``, ``GPU_I_PROFILE``, its own pod labels) and the
   whole GPU's become one record of the physical GPU, never overwriting each other
   (docs/architecture.md §3): physical fields from the whole GPU's series, else the instances'
-  (an XID's non-zero wins); per-instance fields and labels under ``mig.<GPU_I_ID>.``.
+  (an XID's non-zero wins); per-instance fields and labels under ``mig.<GPU_I_ID>.``; an
+  instance's attribution (``pod``..., ``pod_name``..., ``pod_uid``, ``vgpu``, ``dra_*``) never
+  becomes the whole GPU's.
 - What is left out is counted by reason (``summary()``): unknown metric, blank sentinel, series
   without a GPU label, an identity label (``gpu``, ``nvlink``, ``GPU_I_ID``, ``xid``) that is not
-  a number of ASCII digits (``bad_label``), a second series for the same metric and entity
-  (``duplicate_series``, the first one kept), unparsable line. Lines longer than
+  a number of ASCII digits or a host or model label the decoder refuses (``bad_label``), a sample
+  timestamp outside the decoder's range (``bad_timestamp``), a second series for the same metric
+  and entity (``duplicate_series``, the first one kept), unparsable line (also a value or
+  timestamp that is not ASCII, or more words after the labels than a value and a timestamp:
+  ``int()`` reads "٣" as 3). Lines longer than
   ``MAX_LINE_CHARS`` or with more than ``MAX_LABELS`` labels are dropped (counted) before the
   parser sees them: ``prometheus_client``'s label parsing is quadratic in a line's label count.
 
@@ -45,6 +52,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from pipeline import numeric
 from pipeline.catalog import BLANK_INT32, COUNTER, FIELDS, Field
+from pipeline.recordchecks import TS_MAX, TS_MIN, bad_host, bad_identifier
 from pipeline.schema import MIG_INSTANCE_FIELD_IDS, MIG_INSTANCE_LABEL, MIG_PROFILE_LABEL, DcgmFields, DcgmRecord
 from producers import httpget
 
@@ -72,6 +80,53 @@ MAX_LINE_CHARS = 64 * 1024
 MAX_LABELS = 128
 # GPU, NVLink, GPU instance and XID numbers: ASCII digits only (int() would also read "٣" as 3).
 MAX_ID_DIGITS = 9
+# The 1.x metric names dcgm-exporter accepts in its field list (etc/1.x-compatibility-metrics.csv,
+# shipped 2.x - 4.x) and their DCGM field ids, from go-dcgm's table it resolves them with
+# (pkg/dcgm/const_fields.go legacyDCGMFields, OLD_DCGM_FI before): many are not "dcgm_" + a DCGM
+# name (dcgm_gpu_utilization is DCGM_FI_DEV_GPU_UTIL).
+_OLD_NAMES = {
+    "dcgm_sm_clock": 100,
+    "dcgm_memory_clock": 101,
+    "dcgm_memory_temp": 140,
+    "dcgm_gpu_temp": 150,
+    "dcgm_power_usage": 155,
+    "dcgm_total_energy_consumption": 156,
+    "dcgm_pcie_tx_throughput": 200,
+    "dcgm_pcie_rx_throughput": 201,
+    "dcgm_pcie_replay_counter": 202,
+    "dcgm_gpu_utilization": 203,
+    "dcgm_mem_copy_utilization": 204,
+    "dcgm_enc_utilization": 206,
+    "dcgm_dec_utilization": 207,
+    "dcgm_xid_errors": 230,
+    "dcgm_power_violation": 240,
+    "dcgm_thermal_violation": 241,
+    "dcgm_sync_boost_violation": 242,
+    "dcgm_board_limit_violation": 243,
+    "dcgm_low_util_violation": 244,
+    "dcgm_reliability_violation": 245,
+    "dcgm_fb_free": 251,
+    "dcgm_fb_used": 252,
+    "dcgm_ecc_sbe_volatile_total": 310,
+    "dcgm_ecc_dbe_volatile_total": 311,
+    "dcgm_ecc_sbe_aggregate_total": 312,
+    "dcgm_ecc_dbe_aggregate_total": 313,
+    "dcgm_retired_pages_sbe": 390,
+    "dcgm_retired_pages_dbe": 391,
+    "dcgm_retired_pages_pending": 392,
+    "dcgm_nvlink_flit_crc_error_count_total": 409,
+    "dcgm_nvlink_data_crc_error_count_total": 419,
+    "dcgm_nvlink_replay_error_count_total": 429,
+    "dcgm_nvlink_recovery_error_count_total": 439,
+    "dcgm_nvlink_bandwidth_total": 449,
+    "dcgm_fi_prof_gr_engine_active": 1001,
+    "dcgm_fi_prof_sm_active": 1002,
+    "dcgm_fi_prof_sm_occupancy": 1003,
+    "dcgm_fi_prof_pipe_tensor_active": 1004,
+    "dcgm_fi_prof_dram_active": 1005,
+    "dcgm_fi_prof_pcie_tx_bytes": 1009,
+    "dcgm_fi_prof_pcie_rx_bytes": 1010,
+}
 
 
 @dataclass
@@ -84,7 +139,8 @@ class ParseStats:
     unknown_metric: int = 0
     no_gpu_label: int = 0
     bad_lines: int = 0
-    bad_label: int = 0  # gpu, nvlink, GPU_I_ID or xid present but not a number of ASCII digits
+    bad_label: int = 0  # gpu, nvlink, GPU_I_ID or xid not ASCII digits; a host or model the pipeline refuses
+    bad_timestamp: int = 0  # a sample timestamp that is not finite or not a time the pipeline accepts
     duplicate_series: int = 0  # the same metric for the same entity again (the first is kept)
     line_too_long: int = 0
     too_many_labels: int = 0
@@ -105,6 +161,8 @@ def is_blank(f: Field, value: float) -> bool:
 
 def _field(name: str) -> Field | None:
     f = FIELDS.by_name(name)
+    if f is None and name in _OLD_NAMES:
+        f = FIELDS.by_id(_OLD_NAMES[name])
     if f is None and name.startswith("dcgm_"):
         rest = name[5:].upper()
         f = FIELDS.by_name("DCGM_FI_DEV_" + rest) or FIELDS.by_name("DCGM_FI_PROF_" + rest)
@@ -123,8 +181,21 @@ def _screen(text: str, stats: ParseStats) -> list[str]:
         if not line.startswith("#") and line.count('="') > MAX_LABELS:
             stats.too_many_labels += 1
             continue
+        if not line.startswith("#") and not _value_text_ok(line):
+            stats.bad_lines += 1
+            continue
         kept.append(line)
     return kept
+
+
+def _value_text_ok(line: str) -> bool:
+    """Whether a sample line's value and timestamp are what the format allows: ASCII, and one value
+    with at most one timestamp, since the parser reads "٣" as 3 (``int()``) and takes the last of
+    any number of words after the value as the timestamp."""
+    labelled = "{" in line
+    # No value or timestamp holds "}", so the last one closes the labels.
+    tail = line[line.rfind("}") + 1 :] if labelled else line
+    return tail.isascii() and len(tail.split()) <= (2 if labelled else 3)
 
 
 def _families(text: str, stats: ParseStats) -> list[Metric]:
@@ -156,7 +227,26 @@ def _families(text: str, stats: ParseStats) -> list[Metric]:
 XID_COUNT = "DCGM_EXP_XID_ERRORS_COUNT"
 _XID_FIELDS = {FIELDS.by_alias("xid"), FIELDS.by_alias("xid_count")}
 # Labels that say who uses a slice of the GPU: never lifted from an instance onto the whole GPU.
-_ATTRIBUTION = ("pod", "namespace", "container", "hpc_job")
+# The old-namespace spellings (--use-old-namespace), pod_uid, vgpu and the DRA claim labels are
+# attribution too (internal/pkg/transformation/const.go).
+_ATTRIBUTION = (
+    "pod",
+    "namespace",
+    "container",
+    "hpc_job",
+    "pod_name",
+    "pod_namespace",
+    "container_name",
+    "pod_uid",
+    "vgpu",
+    "dra_claim_name",
+    "dra_claim_namespace",
+    "dra_driver_name",
+    "dra_pool_name",
+    "dra_device_name",
+    "dra_mig_profile",
+    "dra_mig_device_uuid",
+)
 _MIG_LABELS = {MIG_INSTANCE_LABEL, MIG_PROFILE_LABEL}
 
 
@@ -298,9 +388,13 @@ def parse_metrics(
         for s in fam.samples:
             stats.samples += 1
             # prometheus_client names a counter's sample "<family>_total" even when the exposition
-            # line had no suffix (dcgm-exporter writes none): the metric is the family's name.
-            mname = fam.name if fam.type == "counter" and s.name == fam.name + "_total" else s.name
+            # line had no suffix (dcgm-exporter writes none): the metric is the family's name, unless
+            # the sample's own name is known (a "_total" the line had is stripped from the family's).
+            mname = s.name
             f = _field(mname)
+            if f is None and fam.type == "counter" and s.name == fam.name + "_total":
+                mname = fam.name
+                f = _field(mname)
             if f is None:
                 stats.unknown_metric += 1
                 if mname not in stats.unknown_names and len(stats.unknown_names) < 1000:
@@ -325,6 +419,18 @@ def parse_metrics(
             gpu = ascii_int(gpu_s)
             link = ascii_int(lab.get("nvlink"))
             h = host or next((lab[k] for k in HOST_LABELS if lab.get(k)), None) or default_host or "unknown"
+            model = next((lab[k] for k in MODEL_LABELS if lab.get(k)), None)
+            # A host or model the decoder refuses would cost the GPU's whole record downstream, uncounted.
+            why = bad_host(h) or (bad_identifier(model) if model else None)
+            if why is not None:
+                stats.bad_label += 1
+                stats.dropped.append((mname, f"host/model: {why}", "bad_label"))
+                continue
+            if s.timestamp is not None and not TS_MIN <= float(s.timestamp) <= TS_MAX:
+                # The record takes its time from it: NaN, 1e20 or a negative time would cost all its fields.
+                stats.bad_timestamp += 1
+                stats.dropped.append((mname, f"{h}/gpu{gpu_s}", "bad_timestamp"))
+                continue
             assert gpu is not None
             key = (h, gpu, link)
             inst = lab.get(MIG_INSTANCE_LABEL) or None
@@ -336,7 +442,10 @@ def parse_metrics(
                 stats.dropped.append((mname, f"{h}/gpu{gpu}", "duplicate_series"))
                 continue
             seen.add(ident)
-            value = float(s.value)
+            try:
+                value = float(s.value)
+            except OverflowError:  # an integer of over 308 digits: as infinite as float("1e400")
+                value = math.inf
             origins = series.setdefault(key, {})
             ser = origins.get(inst)
             if ser is None:
@@ -367,7 +476,6 @@ def parse_metrics(
             else:
                 ser.values[name] = value
             uuid = next((lab[k] for k in UUID_LABELS if lab.get(k)), None)
-            model = next((lab[k] for k in MODEL_LABELS if lab.get(k)), None)
             if uuid:
                 m["uuid"] = uuid
             if model:
@@ -450,6 +558,7 @@ class ExporterStats:
     no_gpu_label: int = 0
     bad_lines: int = 0
     bad_label: int = 0
+    bad_timestamp: int = 0
     duplicate_series: int = 0
     line_too_long: int = 0
     too_many_labels: int = 0
@@ -472,6 +581,7 @@ class ExporterStats:
             "dropped.blank_sentinel": self.blank,
             "dropped.no_gpu_label": self.no_gpu_label,
             "dropped.bad_label": self.bad_label,
+            "dropped.bad_timestamp": self.bad_timestamp,
             "dropped.duplicate_series": self.duplicate_series,
             "dropped.line_too_long": self.line_too_long,
             "dropped.too_many_labels": self.too_many_labels,
@@ -548,6 +658,7 @@ class ExporterSource:
         st.no_gpu_label += ps.no_gpu_label
         st.bad_lines += ps.bad_lines
         st.bad_label += ps.bad_label
+        st.bad_timestamp += ps.bad_timestamp
         st.duplicate_series += ps.duplicate_series
         st.line_too_long += ps.line_too_long
         st.too_many_labels += ps.too_many_labels
@@ -557,6 +668,7 @@ class ExporterSource:
             log.warning("dcgm-exporter: %d unparseable line(s) skipped (truncated scrape?)", ps.bad_lines)
         odd = {
             "bad_label": ps.bad_label,
+            "bad_timestamp": ps.bad_timestamp,
             "duplicate_series": ps.duplicate_series,
             "line_too_long": ps.line_too_long,
             "too_many_labels": ps.too_many_labels,
