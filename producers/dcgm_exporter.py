@@ -537,7 +537,7 @@ def read_saved(path: str) -> str:
         raise ScrapeError("unreadable", f"{path}: {e}") from e
     if len(data) > MAX_BODY_BYTES:
         raise ScrapeError("too_large", f"{path}: larger than {MAX_BODY_BYTES} bytes")
-    return data.decode("utf-8", "replace")
+    return data.decode("utf-8-sig", "replace")  # a BOM (an editor's save) is no part of the first name
 
 
 MAX_KNOWN_GPUS = 65536  # (host, gpu) pairs remembered for missing-GPU reports: a fleet's worth

@@ -21,7 +21,7 @@ def stdin() -> TextIO:
 
 def read_capped(path: str, max_chars: int) -> tuple[str, bool]:
     """The first ``max_chars`` characters of ``path`` (``-``: standard input), undecodable bytes
-    replaced, and whether there was more (the rest is not read, so a huge input costs no memory).
+    replaced and a leading byte-order mark (an editor's save) left out, and whether there was more (the rest is not read, so a huge input costs no memory).
 
     >>> import tempfile, os
     >>> with tempfile.NamedTemporaryFile("w", suffix=".txt", delete=False) as fh:
@@ -33,6 +33,6 @@ def read_capped(path: str, max_chars: int) -> tuple[str, bool]:
     if path == "-":
         text = stdin().read(max_chars + 1)
     else:
-        with open(path, encoding="utf-8", errors="replace") as fh:
+        with open(path, encoding="utf-8-sig", errors="replace") as fh:
             text = fh.read(max_chars + 1)
     return (text[:max_chars], True) if len(text) > max_chars else (text, False)

@@ -16,7 +16,7 @@ import pytest
 from pipeline.catalog import FIELDS
 from pipeline.decode import Decoder
 from pipeline.schema import encode
-from producers.dcgm_exporter import ExporterSource, parse_metrics
+from producers.dcgm_exporter import ExporterSource, parse_metrics, read_saved
 
 TS = 1764403200.0
 
@@ -265,3 +265,12 @@ def test_hostile_bytes_never_raise_and_every_record_decodes(text):
     recs, st = parse_metrics(GOOD + text.decode("utf-8", "replace"), ts=TS)
     recs = _decoded(recs)
     assert (1, 30) in [(r.gpu, r.fields.DCGM_FI_DEV_GPU_TEMP) for r in recs]
+
+
+def test_a_saved_scrape_with_a_byte_order_mark_keeps_its_first_series(tmp_path):
+    # A scrape saved by a Windows editor or PowerShell's Out-File starts with U+FEFF: before, the
+    # first line's metric name carried it and that series was an unknown metric.
+    f = tmp_path / "scrape.txt"
+    line = 'DCGM_FI_DEV_GPU_TEMP{gpu="0",UUID="GPU-1",Hostname="n1"} 41\n'
+    f.write_bytes(b"\xef\xbb\xbf" + line.encode())
+    assert read_saved(str(f)) == line

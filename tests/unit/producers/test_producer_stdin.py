@@ -28,3 +28,11 @@ def test_the_kernel_log_from_stdin_keeps_its_lines_past_a_byte_that_is_not_utf8(
     recs = src.poll()
     assert src.stats.summary()["lines"] == 2
     assert [(r.gpu, r.fields.DCGM_FI_DEV_XID_ERRORS) for r in recs] == [(2, 79.0)]
+
+
+def test_a_saved_file_with_a_byte_order_mark_reads_without_it(tmp_path):
+    # An output saved through a Windows editor or PowerShell starts with U+FEFF, which would
+    # stand before the first line's first word (ibstat's "CA '...'", a RAS header) and hide it.
+    f = tmp_path / "ibstat.txt"
+    f.write_bytes("\ufeffCA 'mlx5_0'\n".encode())
+    assert read_capped(str(f), 100) == ("CA 'mlx5_0'\n", False)
