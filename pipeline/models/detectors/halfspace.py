@@ -34,6 +34,8 @@ PADDING = 0.15  # river's make_padded_tree: no split within 15% of a node's rang
 # Up to this many rows a call walks the trees in Python (as river does, over flat lists); more
 # rows are walked level by level in numpy, whose fixed cost per call then pays off.
 SMALL = 8
+# Nodes of a whole forest (trees x nodes a tree): river's default, 10 trees of height 8, has 5,110.
+MAX_NODES = 1 << 20
 
 
 def _draw_tree(rng: random.Random, n_features: int, height: int, feature: np.ndarray, threshold: np.ndarray) -> None:
@@ -86,6 +88,9 @@ class HalfSpaceForest:
         self.window_size = int(window_size)
         if not (0 < self.n_features <= 127 and self.n_trees > 0 and 0 < self.height <= 20 and self.window_size > 0):
             raise ValueError("HalfSpaceForest: n_features in 1..127, n_trees > 0, height in 1..20, window_size > 0")
+        # Each node is drawn in Python and held per window: bounded, so a config cannot stall start-up.
+        if self.n_trees * (2 ** (self.height + 1) - 1) > MAX_NODES:
+            raise ValueError(f"HalfSpaceForest: n_trees x (2^(height+1) - 1) nodes at most {MAX_NODES}")
         self.n_internal = 2**self.height - 1
         self.n_nodes = 2 ** (self.height + 1) - 1
         self.size_limit = 0.1 * self.window_size  # the paper's magic constant, as river

@@ -104,6 +104,12 @@ def test_minimal_file(tmp_path):
     (("threshold: 8, clear: 4", "threshold: .inf, clear: 4"), "models[0].decider.threshold"),
     (("detector: counter_rate\n    fault: hbm_sbe_rate_anomaly\n    features: [ecc_sbe_volatile]",
       "detector: cohort_hst\n    fault: gpu_x\n    params: {height: 40}"), "models[0].params"),
+    # A forest's memory and start-up are its trees times their nodes: 10^9 trees would take the
+    # host down, 2,000 of height 12 (16 M nodes drawn in Python) hold its start for many seconds.
+    (("detector: counter_rate\n    fault: hbm_sbe_rate_anomaly\n    features: [ecc_sbe_volatile]",
+      "detector: cohort_hst\n    fault: gpu_x\n    params: {n_trees: 1000000000}"), "models[0].params"),
+    (("detector: counter_rate\n    fault: hbm_sbe_rate_anomaly\n    features: [ecc_sbe_volatile]",
+      "detector: cohort_hst\n    fault: gpu_x\n    params: {n_trees: 2000, height: 12}"), "models[0].params"),
 ])
 def test_config_errors_name_the_key(tmp_path, change, key):
     text = MINIMAL.replace(*change)
