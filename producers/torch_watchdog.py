@@ -293,8 +293,11 @@ def parse_line(line: str, *, year: int, default_ts: float, stats: WatchdogStats)
             rep.last_enqueued = _num(f.group("enq"), True)
             rep.last_completed = _num(f.group("done"), True)
         elif (d := _DUMP.search(msg)) is not None:
-            rep.state = "progress"
             rep.dump_from = d.group("from").strip()[:200] or None
+            # "from this local rank": this rank's own watchdog found the timeout (its shouldDump_),
+            # so the line is that timeout, known early; from another rank it is this one's progress.
+            if rep.dump_from != "this local rank":
+                rep.state = "progress"
             rep.last_enqueued = _num(d.group("enq"), True)
             rep.last_completed = _num(d.group("done"), True)
         elif _FAILED in msg:

@@ -154,3 +154,27 @@ def test_stdin_that_is_not_utf8_is_read_with_replacement(monkeypatch, tmp_path):
     recs = src.poll()
     assert [(r.rank, r.last_enqueued) for r in recs] == [(1, 547)]
     assert src.summary()["lines"] == 2
+
+
+# PyTorch 2.7's heartbeat monitor on a rank whose own watchdog found the timeout (shouldDump_:
+# "from this local rank"), a minute before that watchdog's exception line, from a public DDP log.
+SELF_DUMP = (
+    "[rank3]:[E606 09:09:08.172519935 ProcessGroupNCCL.cpp:1987] [PG ID 0 PG GUID 0(default_pg) Rank 3] "
+    "Received a dump signal due to a collective timeout from this local rank and we will try our best to "
+    "dump the debug info. Last enqueued NCCL work: 1, last completed NCCL work: -1.This is most likely "
+    "caused by incorrect usages of collectives"
+)
+SELF_TIMEOUT = (
+    "[rank3]:[E606 09:10:08.365403032 ProcessGroupNCCL.cpp:2197] [PG ID 0 PG GUID 0(default_pg) Rank 3] "
+    "Process group watchdog thread terminated with exception: [Rank 3] Watchdog caught collective "
+    "operation timeout: WorkNCCL(SeqNum=1, OpType=ALLGATHER, NumelIn=1, NumelOut=4, Timeout(ms)=600000) "
+    "ran for 600004 milliseconds before timing out."
+)
+
+
+def test_a_dump_signal_from_the_ranks_own_timeout_is_that_timeout_not_progress():
+    # Before: a progress record beside the rank's timeout, as if a peer had asked it to dump.
+    recs, _ = _parse(SELF_DUMP + "\n" + SELF_TIMEOUT + "\n")
+    assert [(r.rank, r.state, r.seq, r.last_enqueued, r.op) for r in recs] == [(3, "timeout", 1, 1, "ALLGATHER")]
+    assert _local(recs[0].ts) == (6, 6, 9, 9, 8)            # known at the dump signal, a minute before
+    assert recs[0].labels["dump_from"] == "this local rank"
