@@ -100,3 +100,14 @@ def dcgm_models_file(directory: Path, rules: str | os.PathLike) -> str:
     path = Path(directory) / "models.yaml"
     path.write_text(yaml.safe_dump(doc, sort_keys=False))
     return str(path)
+
+
+def alert_rows(out: Any) -> list[tuple]:
+    """An output's alerts as sorted rows: two paths that meet GPUs in another order (a batch of
+    both encodings has its columns first) compare equal when they say the same."""
+    return sorted((a.state, a.fault, a.host or "", a.gpu or -1, a.link or -1, a.ts, a.started_at) for a in out.alerts)
+
+
+def dead_rows(out: Any) -> list[tuple]:
+    """An output's dead letters as sorted rows (reason, origin, action, fields, detail)."""
+    return sorted((d.reason, d.origin, d.action, tuple(d.fields), d.detail) for d in out.dead)

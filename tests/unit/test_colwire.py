@@ -25,7 +25,7 @@ from pipeline.decode import REASONS, Decoder
 from pipeline.engine import Engine, EngineConfig, EngineOutput
 from pipeline.runner import Pipeline
 from pipeline.schema import dcgm
-from tests.factories import HEALTHY, T0, THROTTLED, fleet, fuzz_examples, sample
+from tests.factories import HEALTHY, T0, THROTTLED, alert_rows, dead_rows, fleet, fuzz_examples, sample
 
 PROP = settings(
     max_examples=fuzz_examples(60),
@@ -57,14 +57,6 @@ def _run(batches: list[list], encoding: str, wall_clock: float | None = None, **
     return out
 
 
-def _alerts(out: EngineOutput) -> list:
-    # Sorted: within a tick, alerts come in entity order, and the two paths may meet GPUs in
-    # another order (a batch of both encodings has its columns first).
-    return sorted((a.state, a.fault, a.host or "", a.gpu or -1, a.link or -1, a.ts, a.started_at) for a in out.alerts)
-
-
-def _dead(out: EngineOutput) -> list:
-    return sorted((d.reason, d.origin, d.action, tuple(d.fields), d.detail) for d in out.dead)
 
 
 # -- the same records, either encoding --------------------------------------------------------
@@ -114,8 +106,8 @@ RECORD = st.fixed_dictionaries(
 def test_json_and_columnar_give_equal_alerts_and_dead_letters(batches: list[list], live: bool) -> None:
     wall = T0 + 20 if live else None
     a, b = _run(batches, JSON, wall), _run(batches, COLUMNAR, wall)
-    assert _alerts(a) == _alerts(b)
-    assert _dead(a) == _dead(b)
+    assert alert_rows(a) == alert_rows(b)
+    assert dead_rows(a) == dead_rows(b)
 
 
 @pytest.mark.parametrize("far_host", ["n0", "n1"])
@@ -132,8 +124,8 @@ def test_a_batch_of_both_encodings_is_screened_in_message_order(far_host: str) -
     assert [h is not None for _, _, h in per_host_wire(batch, COLUMNAR)] == [False, True]
     a, b = _run([batch], JSON), _run([batch], COLUMNAR)
     assert any(d.reason == "ts_out_of_range" for d in a.dead)
-    assert _alerts(a) == _alerts(b)
-    assert _dead(a) == _dead(b)
+    assert alert_rows(a) == alert_rows(b)
+    assert dead_rows(a) == dead_rows(b)
 
 
 def test_a_batch_of_both_encodings_admits_new_hosts_in_message_order() -> None:
@@ -143,7 +135,7 @@ def test_a_batch_of_both_encodings_admits_new_hosts_in_message_order() -> None:
     batch = [*n0, {"kind": "dcgm", "ts": T0, "host": "n1", "gpu": 0}]
     a, b = _run([batch], JSON, max_hosts=1), _run([batch], COLUMNAR, max_hosts=1)
     assert [(d.reason, d.host) for d in a.dead if d.reason == "entity_limit"] == [("entity_limit", "n1")]
-    assert _dead(a) == _dead(b)
+    assert dead_rows(a) == dead_rows(b)
 
 
 def test_a_throttled_gpu_fires_the_same_alert_from_either_encoding() -> None:
@@ -152,8 +144,8 @@ def test_a_throttled_gpu_fires_the_same_alert_from_either_encoding() -> None:
     col = _messages(batches, COLUMNAR)
     assert all(m.headers == HEADERS for msgs in col for m in msgs)  # every message went columnar
     a, b = _run(batches, JSON), _run(batches, COLUMNAR)
-    assert [x[:4] for x in _alerts(b)] == [("firing", "thermal_throttling", "n1", 2)]
-    assert _alerts(a) == _alerts(b) and _dead(a) == _dead(b) == []
+    assert [x[:4] for x in alert_rows(b)] == [("firing", "thermal_throttling", "n1", 2)]
+    assert alert_rows(a) == alert_rows(b) and dead_rows(a) == dead_rows(b) == []
 
 
 def test_bad_rows_cost_only_themselves_with_the_json_paths_origins() -> None:
@@ -294,8 +286,8 @@ def test_columnar_dcgm_beside_json_nic_nccl_and_progress_records_gives_the_json_
     cols = _messages(batches, COLUMNAR)
     assert {m.headers is None for msgs in cols for m in msgs} == {True, False}  # both encodings in each batch
     a, b = run(JSON), run(COLUMNAR)
-    assert _alerts(a) and _alerts(a) == _alerts(b)
-    assert _dead(a) == _dead(b)
+    assert alert_rows(a) and alert_rows(a) == alert_rows(b)
+    assert dead_rows(a) == dead_rows(b)
 
 
 def test_a_forwarding_engine_forwards_every_row_of_a_batch_with_both_encodings() -> None:

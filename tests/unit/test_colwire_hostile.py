@@ -29,7 +29,7 @@ from pipeline.decode import REASONS, Decoder
 from pipeline.engine import Engine, EngineOutput
 from pipeline.runner import Pipeline
 from pipeline.schema import dcgm
-from tests.factories import HEALTHY, T0, fuzz_examples, sample
+from tests.factories import HEALTHY, T0, alert_rows, dead_rows, fuzz_examples, sample
 
 PROP = settings(
     max_examples=fuzz_examples(100),
@@ -134,12 +134,6 @@ def _run(batches: list[list[dict]], cols: list[list[bool]], wall_clock: float | 
     return out
 
 
-def _alerts(out: EngineOutput) -> list:
-    return sorted((a.state, a.fault, a.host or "", a.gpu or -1, a.link or -1, a.ts, a.started_at) for a in out.alerts)
-
-
-def _dead(out: EngineOutput) -> list:
-    return sorted((d.reason, d.origin, d.action, tuple(d.fields), d.detail) for d in out.dead)
 
 
 @PROP
@@ -152,8 +146,8 @@ def test_hand_built_columns_give_what_the_same_json_records_give(
     mixed = rnd.random() < 0.5
     a = _run(batches, [[False] * len(b) for b in batches], wall)
     b = _run(batches, [[not mixed or rnd.random() < 0.5 for _ in b] for b in batches], wall)
-    assert _alerts(a) == _alerts(b)
-    assert _dead(a) == _dead(b)
+    assert alert_rows(a) == alert_rows(b)
+    assert dead_rows(a) == dead_rows(b)
 
 
 @pytest.mark.parametrize("value", [math.inf, -math.inf])
@@ -163,8 +157,8 @@ def test_inf_in_a_field_is_dropped_as_json_drops_it(name: str, value: float) -> 
     other = {**row, "gpu": 1, "fields": {name: 50.0}}
     batches = [[{"host": "n1", "v": 1, "rows": [row, other]}]]
     a, b = _run(batches, [[False]], None), _run(batches, [[True]], None)
-    assert [d[0] for d in _dead(a)] == ["nan_field"]
-    assert _dead(a) == _dead(b)
+    assert [d[0] for d in dead_rows(a)] == ["nan_field"]
+    assert dead_rows(a) == dead_rows(b)
 
 
 # -- one message, one dead letter -------------------------------------------------------------

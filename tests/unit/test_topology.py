@@ -124,17 +124,24 @@ def test_two_sources_of_a_gpus_second_both_reach_the_models_as_in_one_engine():
     assert st.stats["duplicate"] == 4
 
 
+def _own_pack_beside_the_models(directory: Path) -> Topology:
+    """Both stages of a rule author's own pack (one rule, on the temperature) beside the default
+    models, whose SBE-rate model reads a field no rule does."""
+    (directory / "models.yaml").write_text(Path(RULES, "models.yaml").read_text())
+    (directory / "hot.yaml").write_text(
+        "rules:\n  - name: hot\n    fault: thermal_hot\n    severity: warning\n    condition: gpu_temp > 90\n"
+        "    summary: hot\n"
+    )
+    det, _ = build_detector([str(directory)], "auto")
+    assert isinstance(det, Topology)
+    return det
+
+
 def test_a_bad_value_only_the_models_read_is_dead_lettered_once_by_the_host_stage(tmp_path):
     # A rule author's own pack: one rule (on the temperature) beside the default models, whose
     # SBE-rate model reads a field no rule does. Its negative value is the host stage's to refuse,
     # with the record's origin, not the fleet engine's to drop unsaid.
-    (tmp_path / "models.yaml").write_text(Path(RULES, "models.yaml").read_text())
-    (tmp_path / "hot.yaml").write_text(
-        "rules:\n  - name: hot\n    fault: thermal_hot\n    severity: warning\n    condition: gpu_temp > 90\n"
-        "    summary: hot\n"
-    )
-    det, _ = build_detector([str(tmp_path)], "auto")
-    assert isinstance(det, Topology)
+    det = _own_pack_beside_the_models(tmp_path)
     recs = [sample(t, "n1", ecc_sbe_volatile=-1 if t == 3 else 0) for t in range(6)]
     out = det.process(recs, [f"telemetry:0@{t}" for t in range(6)])
     out.extend(det.flush())
@@ -147,12 +154,7 @@ def test_a_bad_value_only_the_models_read_is_dead_lettered_once_by_the_host_stag
 def test_a_record_with_bad_values_for_both_stages_gets_one_dead_letter_a_reason(tmp_path):
     # The same pack: a temperature below the floor (the rule's) and a negative SBE count (the model's)
     # in one record are one record's fields dropped for one reason, as one engine would say it.
-    (tmp_path / "models.yaml").write_text(Path(RULES, "models.yaml").read_text())
-    (tmp_path / "hot.yaml").write_text(
-        "rules:\n  - name: hot\n    fault: thermal_hot\n    severity: warning\n    condition: gpu_temp > 90\n"
-        "    summary: hot\n"
-    )
-    det, _ = build_detector([str(tmp_path)], "auto")
+    det = _own_pack_beside_the_models(tmp_path)
     recs = [sample(t, "n1", gpu_temp=-100 if t == 3 else 60, ecc_sbe_volatile=-1 if t in (3, 4) else 0)
             for t in range(6)]
     out = det.process(recs, [f"telemetry:0@{t}" for t in range(6)])

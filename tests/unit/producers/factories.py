@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 SOURCES = {
     "sysfs": "leptonai/gpud components/accelerator/nvidia/infiniband/class/testdata/sys-class-infiniband-h100.0 @ 4a8de33a",
@@ -128,3 +129,16 @@ def h100_node(root: Path) -> None:
                  carrier_changes={"mlx5_0": 2, "mlx5_1": 9}.get(name), newline=i % 2 == 0)
     port_dir(root, "mlx5_bond_0", rate="200 Gb/sec (2X NDR)", link_layer="Ethernet",
              pci=("0000:a0:01.0", "0000:a1:00.0"), netdev="bond0", carrier_changes=4)
+
+
+def ib_log(lines: list[str], host: str | None = None, default_ts: float | None = None) -> tuple[list, Any]:
+    """NCCL log ``lines`` through an ``IbLog`` (fallback host ``here``, untimed lines at
+    ``default_ts``, T0 by default): its records and its ``IbStats``."""
+    from producers.nccl_ib import IbLog, IbStats
+    from tests.factories import T0
+
+    stats = IbStats()
+    log = IbLog(host=host, default_ts=T0 if default_ts is None else default_ts, stats=stats, fallback_host="here")
+    for line in lines:
+        log.feed(line)
+    return log.records(), stats

@@ -15,9 +15,9 @@ from hypothesis import strategies as st
 
 from pipeline.decode import Decoder
 from pipeline.schema import NicRecord, ProgressRecord, encode
-from producers.nccl_ib import IbLog, IbStats
 from producers.torch_watchdog import WatchdogLogSource, parse
 from tests.factories import T0
+from tests.unit.producers.factories import ib_log
 
 FUZZ = int(os.environ.get("GPUWARDEN_FUZZ_EXAMPLES", "200"))
 
@@ -80,13 +80,6 @@ def _decode(recs):
     return Decoder().decode(b"[" + b",".join(encode(r) for r in recs) + b"]", "f:1")
 
 
-def _log(lines, host=None, default_ts=T0):
-    stats = IbStats()
-    log = IbLog(host=host, default_ts=default_ts, stats=stats, fallback_host="here")
-    for line in lines:
-        log.feed(line)
-    return log.records(), stats
-
 
 def test_each_completion_layout_gives_status_peer_and_hca():
     cases = [
@@ -102,18 +95,18 @@ def test_each_completion_layout_gives_status_peer_and_hca():
         (TORCHRUN, "gpu-3", "mlx5_3", 1, "5", "IBV_WC_WR_FLUSH_ERR", "10.0.0.7<1234>", "Recv"),
     ]  # fmt: skip
     for line, host, hca, port, status, name, peer, way in cases:
-        (r,), stats = _log([line])
+        (r,), stats = ib_log([line])
         assert (r.host, r.device, r.port, r.counters) == (host, hca, port, {"nccl_ib_completion_errors": 1}), line
         assert (r.labels["status"], r.labels["status_name"], r.labels.get("peer"), r.labels.get("direction")) == (
             status, name, peer, way), line
         assert r.labels["source"] == "nccl_log" and r.state is None
         assert stats.completion_errors == 1 and stats.unparsable == 0
-    (r,), _ = _log([TORCHRUN])
+    (r,), _ = ib_log([TORCHRUN])
     assert (r.labels["rank"], r.labels["cuda_dev"]) == ("11", "3")
 
 
 def test_fatal_async_events_count_and_non_fatal_ones_do_not():
-    recs, stats = _log([ISSUE_1905[1], ISSUE_1710[0], ISSUE_1919, ISSUE_230,
+    recs, stats = ib_log([ISSUE_1905[1], ISSUE_1710[0], ISSUE_1919, ISSUE_230,
                         "n9:1:2 [0] transport/net_ib.cc:171 NCCL WARN NET/IB : mlx5_2:1 Got async error event: port error",
                         "n9:1:2 [0] net_ib/common.cc:179 NCCL WARN NET/IB : mlx5_2:1 Got non-fatal async event: "
                         "LID change(9)",
@@ -130,13 +123,13 @@ def test_fatal_async_events_count_and_non_fatal_ones_do_not():
 
 def test_the_using_line_names_the_hca_of_a_single_rail_process():
     single = "n5:900:900 [0] NCCL INFO NET/IB : Using [0]mlx5_2:1/IB ; OOB ib0:10.0.0.5<0>"
-    (r,), _ = _log([single, ISSUE_902.replace("n1:3000:3100", "n5:900:901")])
+    (r,), _ = ib_log([single, ISSUE_902.replace("n1:3000:3100", "n5:900:901")])
     assert (r.host, r.device, r.port) == ("n5", "mlx5_2", 1)
     # Three HCAs (pytorch#81628): the line cannot say which; sent as device "unknown", port 0.
-    (r,), stats = _log(TORCH_81628)
+    (r,), stats = ib_log(TORCH_81628)
     assert (r.device, r.port, r.labels["peer"]) == ("unknown", 0, "192.168.17.147<38560>") and stats.no_hca == 1
     # A later HCA-naming line takes its port from the host's Using line ([0]mlx5_3:2).
-    (r,), _ = _log(["gpu-3:1:1 [0] NCCL INFO NET/IB : Using [0]mlx5_3:2/IB [1]mlx5_4:1/IB ; OOB x", TORCHRUN])
+    (r,), _ = ib_log(["gpu-3:1:1 [0] NCCL INFO NET/IB : Using [0]mlx5_3:2/IB [1]mlx5_4:1/IB ; OOB x", TORCHRUN])
     assert (r.device, r.port) == ("mlx5_3", 2)
 
 
@@ -144,30 +137,30 @@ def test_times_come_from_a_zoned_prefix_then_nccl_then_an_unzoned_prefix_then_th
     # The event and the completion: one HCA in one second, one record counting both. The
     # shipper's time names its zone (+08:00); NCCL's [07:39:30] is the node's local time (UTC
     # there), which names none and read in another zone would be hours off.
-    (r,), _ = _log(ISSUE_1905)
+    (r,), _ = ib_log(ISSUE_1905)
     assert r.ts == 1762673971.043  # 2025-11-09T07:39:31.043Z
-    (r,), _ = _log([x.replace("2025-11-09 15:39:31.043 +08:00 ", "") for x in ISSUE_1905])
+    (r,), _ = ib_log([x.replace("2025-11-09 15:39:31.043 +08:00 ", "") for x in ISSUE_1905])
     assert r.ts == time.mktime(time.strptime("2025-11-09 07:39:30", "%Y-%m-%d %H:%M:%S"))
-    (r,), _ = _log([x.replace("15:39:31.043 +08:00 [2025-11-09 07:39:30]", "07:39:31.043") for x in ISSUE_1905])
+    (r,), _ = ib_log([x.replace("15:39:31.043 +08:00 [2025-11-09 07:39:30]", "07:39:31.043") for x in ISSUE_1905])
     assert r.ts == time.mktime(time.strptime("2025-11-09 07:39:31", "%Y-%m-%d %H:%M:%S")) + 0.043
     assert r.counters == {"nccl_ib_async_fatal_events": 1, "nccl_ib_completion_errors": 1}
     assert (r.labels["event"], r.labels["peer"]) == ("local access violation work queue error", "172.16.12.34<38081>")
-    (r,), _ = _log([ISSUE_230])
+    (r,), _ = ib_log([ISSUE_230])
     assert r.ts == 1559492024.884  # 2019-06-02T16:13:44.884Z
-    (r,), stats = _log([TESTS_252], default_ts=T0 + 5)
+    (r,), stats = ib_log([TESTS_252], default_ts=T0 + 5)
     assert r.ts == T0 + 5 and stats.no_timestamp == 1
 
 
 def test_errors_of_one_hca_in_one_second_are_one_record_and_counts_accumulate():
     lines = [TORCHRUN, TORCHRUN.replace("10.0.0.7<1234>", "10.0.0.8<99>"),
              "[2026-01-05 10:00:01] " + TORCHRUN.split("]:", 2)[2], MASTER, MASTER.replace("10:00:01", "10:00:09")]
-    recs, _ = _log(lines, default_ts=time.mktime(time.strptime("2026-01-05 10:00:01", "%Y-%m-%d %H:%M:%S")))
+    recs, _ = ib_log(lines, default_ts=time.mktime(time.strptime("2026-01-05 10:00:01", "%Y-%m-%d %H:%M:%S")))
     by = [(r.device, r.counters["nccl_ib_completion_errors"], r.labels.get("peers")) for r in recs]
     assert by == [("mlx5_3", 3, "10.0.0.7<1234>,10.0.0.8<99>"), ("mlx5_4", 1, None), ("mlx5_4", 2, None)]
 
 
 def test_an_explicit_host_wins_over_ncclS_hostname():
-    (r,), _ = _log([ISSUE_1905[2]], host="h100-28.cluster")
+    (r,), _ = ib_log([ISSUE_1905[2]], host="h100-28.cluster")
     assert r.host == "h100-28.cluster"
 
 
@@ -205,15 +198,15 @@ def test_parse_without_an_ib_log_skips_the_lines_as_before():
     ("h:1:1 [0] NCCL WARN NET/IB : mlx5_0:1 async fatal event on QP (0x1)", "unparsable"),
 ])  # fmt: skip
 def test_bad_lines_are_counted_by_reason(line, reason):
-    recs, stats = _log([line])
+    recs, stats = ib_log([line])
     assert recs == [] and getattr(stats, reason) == 1
 
 
 def test_a_hostile_peer_or_event_does_not_reach_a_label():
     line = ISSUE_1905[2].replace("172.16.12.34<38081>", "x" * 5000)
-    (r,), _ = _log([line])
+    (r,), _ = ib_log([line])
     assert len(r.labels["peer"]) == 128
-    (r,), _ = _log([ISSUE_1919.replace("invalid request", "invalid\x07request")])
+    (r,), _ = ib_log([ISSUE_1919.replace("invalid request", "invalid\x07request")])
     assert r.labels["event"] == "?"
 
 
@@ -226,7 +219,7 @@ _ALPHABET = st.sampled_from(["NET/IB", " : ", "Got completion", " from peer ", "
 @settings(max_examples=FUZZ, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.lists(st.lists(_ALPHABET, max_size=24).map("".join), max_size=12))
 def test_any_line_is_read_or_counted_and_every_record_decodes(lines):
-    recs, stats = _log(lines)
+    recs, stats = ib_log(lines)
     assert stats.records == len(recs)
     if recs:
         out = _decode(recs)

@@ -11,6 +11,7 @@ from pipeline.schema import encode
 from producers import nccl_ib
 from producers.nccl_ib import IbLog, IbStats
 from tests.factories import T0
+from tests.unit.producers.factories import ib_log
 
 # v2.28.9-1 src/transport/net_ib.cc:2543 (the same in v2.28.7-1):
 #   "NET/IB: Got completion from peer %s with status=%s(%d) opcode=%s(%d) reqSize=%d vendor_err=%u
@@ -45,13 +46,6 @@ V2_23 = (
 )
 
 
-def _log(lines, host=None):
-    stats = IbStats()
-    log = IbLog(host=host, default_ts=T0, stats=stats, fallback_host="here")
-    for line in lines:
-        log.feed(line)
-    return log.records(), stats
-
 
 def test_the_2_28_7_to_2_28_9_layout_with_reqsize_and_req_type_is_a_completion_error():
     # Before: "reqSize=" between opcode and vendor_err fit no layout: counted unparsable, no record.
@@ -59,7 +53,7 @@ def test_the_2_28_7_to_2_28_9_layout_with_reqsize_and_req_type_is_a_completion_e
         (V2_28_9_IB, "gpu-7", "mlx5_4", "12", "IBV_WC_RETRY_EXC_ERR", "0", "129", "Send", "10.0.0.2<43210>"),
         (V2_28_9_ROCE, "gpu-8", "mlx5_1", "10", "IBV_WC_REM_ACCESS_ERR", "129", "136", "Recv", "10.0.0.3<43211>"),
     ]:  # fmt: skip
-        (r,), stats = _log([line])
+        (r,), stats = ib_log([line])
         assert (r.host, r.device, r.port, r.counters) == (host, hca, 1, {"nccl_ib_completion_errors": 1}), line
         got = tuple(r.labels.get(k) for k in ("status", "status_name", "opcode", "vendor_err", "direction", "peer"))
         assert got == (status, name, opcode, vendor, way, peer)
@@ -69,16 +63,16 @@ def test_the_2_28_7_to_2_28_9_layout_with_reqsize_and_req_type_is_a_completion_e
 def test_a_using_line_with_merged_nics_names_every_hca_of_the_process():
     # Before: the device list stopped at the braces, so the process seemed to use mlx5_0 alone and
     # an error naming no HCA was put on mlx5_0, one of three it may have come from.
-    (r,), stats = _log([USING_MIXED, V2_20_NO_HCA])
+    (r,), stats = ib_log([USING_MIXED, V2_20_NO_HCA])
     assert (r.host, r.device, r.port) == ("n1", "unknown", 0) and stats.no_hca == 1
     # Merged NICs alone: two HCAs, so the same.
     merged = USING_MIXED.replace("[0]mlx5_0:1/IB [1]={[1] mlx5_1:1/IB, [2] mlx5_2:1/IB}",
                                  "[0]={[0] mlx5_0:1/IB, [1] mlx5_1:1/IB}")  # fmt: skip
-    (r,), _ = _log([merged, V2_20_NO_HCA])
+    (r,), _ = ib_log([merged, V2_20_NO_HCA])
     assert (r.device, r.port) == ("unknown", 0)
     # One plain device is still that process's HCA.
     single = USING_MIXED.replace("[0]mlx5_0:1/IB [1]={[1] mlx5_1:1/IB, [2] mlx5_2:1/IB}", "[0]mlx5_2:1/IB")
-    (r,), _ = _log([single, V2_20_NO_HCA])
+    (r,), _ = ib_log([single, V2_20_NO_HCA])
     assert (r.device, r.port) == ("mlx5_2", 1)
 
 
@@ -96,14 +90,14 @@ ECHO = ["[rank3]: torch.distributed.DistBackendError: NCCL error in: ../torch/cs
 
 def test_pytorchs_echo_of_ncclS_last_warning_is_not_a_second_error_on_another_host():
     # Before: the echo, prefix-less, was a second error, on the reading host: "here"/mlx5_3.
-    recs, stats = _log([V2_23, *ECHO, ECHO[3].replace("[rank3]: ", "") + "\r"])
+    recs, stats = ib_log([V2_23, *ECHO, ECHO[3].replace("[rank3]: ", "") + "\r"])
     assert [(r.host, r.device, r.counters) for r in recs] == [("node7", "mlx5_3", {"nccl_ib_completion_errors": 1})]
     assert stats.completion_errors == 1 and stats.echoes == 2
     # Without NCCL_DEBUG there is no WARN line: the echo is all there is, read as before.
-    (r,), stats = _log(ECHO)
+    (r,), stats = ib_log(ECHO)
     assert (r.host, r.device, r.labels["rank"]) == ("here", "mlx5_3", "3") and stats.echoes == 0
     # A second, prefixed warning with the same text is a second error.
-    (r,), stats = _log([V2_23, V2_23.replace(":1300 ", ":1301 ")])
+    (r,), stats = ib_log([V2_23, V2_23.replace(":1300 ", ":1301 ")])
     assert r.counters == {"nccl_ib_completion_errors": 2} and stats.echoes == 0
 
 
@@ -132,7 +126,7 @@ def test_cut_or_corrupted_real_lines_are_read_or_counted_and_every_record_decode
         for i in range(len(line) + 1):
             for bad in (line[:i], line[:i] + "\x00" + line[i:], line[:i] + "\ufffd" + line[i + 1 :],
                         line[:i] + "\r\n" + line[i:], line[:i] + "٣" + line[i + 1 :], line[:i] + "9" * 40 + line[i:]):  # fmt: skip
-                got, stats = _log([bad])
+                got, stats = ib_log([bad])
                 recs += got
                 assert stats.records == len(got) <= 1
     out = Decoder().decode(b"[" + b",".join(encode(r) for r in recs) + b"]", "f:1")
