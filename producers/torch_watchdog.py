@@ -41,7 +41,7 @@ from pipeline.decode import MAX_ID_LEN, MAX_RANKS, MAX_SEQ
 from pipeline.numeric import ascii_int
 from pipeline.schema import NicRecord, ProgressRecord
 from producers.nccl_ib import IbLog, IbStats
-from producers.textinput import stdin
+from producers.textinput import open_text, stdin
 
 log = logging.getLogger(__name__)
 
@@ -62,13 +62,14 @@ _HEADER = re.compile(
 )
 # Where those prefixes start when something else came first on the line: output that lacked its
 # newline (a progress bar, a traceback's carets), a log shipper's or launcher's tag.
+# Every repeat is bounded: tried at each "[" of a 64 KiB line, an open one costs the square of it.
 _EMBEDDED = re.compile(
-    r"(?:\[default[^\]\s]*\]:)?\[rank[0-9]+\]:\[[EWIF]|\[[EWIF][0-9]{3,4} [0-9]{2}:[0-9]{2}:[0-9]{2}"
+    r"(?:\[default[^\]\s\[]{0,16}\]:)?\[rank[0-9]{1,10}\]:\[[EWIF]|\[[EWIF][0-9]{3,4} [0-9]{2}:[0-9]{2}:[0-9]{2}"
 )
 # The log prefix: [Rank 1], [PG 0 Rank 2], [PG 0 (default_pg) Rank 2], [PG ID 0 PG GUID 0(default_pg) Rank 1].
 _LOGPFX = re.compile(
-    r"\[(?:PG ID (?P<pgid>\S+) PG GUID (?P<guid>[^\s(\]]+)(?:\((?P<name>[^)\]]*)\))? "
-    r"|PG (?P<pg>\S+) (?:\((?P<desc>[^)\]]*)\) )?)?Rank (?P<rank>\S+?)\]"
+    r"\[(?:PG ID (?P<pgid>\S{1,1024}) PG GUID (?P<guid>[^\s(\]]{1,1024})(?:\((?P<name>[^)\]]{0,1024})\))? "
+    r"|PG (?P<pg>\S{1,1024}) (?:\((?P<desc>[^)\]]{0,1024})\) )?)?Rank (?P<rank>\S{1,32}?)\]"
 )
 _TIMEOUT = re.compile(
     r"Watchdog caught collective operation timeout: WorkNCCL\((?P<args>[^)]*(?:\)[^)]*)?)\) ran for (?P<ran>\S+) "
@@ -457,7 +458,7 @@ class WatchdogLogSource:
         if self.done:
             return []
         self.done = True
-        fh = open(self.path, encoding="utf-8", errors="replace") if self.path != "-" else None
+        fh = open_text(self.path) if self.path != "-" else None
         ib = IbLog(host=self.host, default_ts=self.mtime, stats=self.ib_stats, fallback_host=socket.gethostname())
         try:
             recs: list[ProgressRecord | NicRecord] = []

@@ -29,6 +29,7 @@ import pytest
 from pipeline.decode import Decoder
 from pipeline.schema import encode
 from producers.torch_watchdog import WatchdogLogSource, WatchdogStats, parse
+from tests.fleet_factories import no_hang
 
 PT241 = [
     "                      ^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^[rank1]:[E1003 18:37:01.832146912 "
@@ -178,3 +179,14 @@ def test_a_dump_signal_from_the_ranks_own_timeout_is_that_timeout_not_progress()
     assert [(r.rank, r.state, r.seq, r.last_enqueued, r.op) for r in recs] == [(3, "timeout", 1, 1, "ALLGATHER")]
     assert _local(recs[0].ts) == (6, 6, 9, 9, 8)            # known at the dump signal, a minute before
     assert recs[0].labels["dump_from"] == "this local rank"
+
+
+@pytest.mark.parametrize("tail", ["[PG 0 (", "[PG ID 0 PG GUID 0(", "[default", "[Rank "])
+def test_a_line_of_open_prefixes_costs_linear_time(tail):
+    # Before: each "[" of a 64 KiB line started an unbounded repeat of the log prefix's or the
+    # embedded prefix's pattern: 2-4 s for one line (a few ms now).
+    head = "[rank1]:[E1218 20:27:21.426415540 ProcessGroupNCCL.cpp:629] Watchdog caught collective operation timeout "
+    line = (head + tail * (64_000 // len(tail)))[:64_000]
+    with no_hang(1.5):
+        recs, stats = _parse(line + "\n")
+    assert recs == [] and stats.summary()["dropped.unparsable_line"] == 1
