@@ -219,14 +219,13 @@ def _cmd_fabric_manager(args: argparse.Namespace) -> int:
 
 
 def _cmd_pcie_aer(args: argparse.Namespace) -> int:
-    from producers.kmsg import parse_pci_map
+    from producers.kmsg import load_pci_map
     from producers.pcie_aer import AerSource
 
     def make() -> object:
         pci = None
         if args.pci_map:
-            with open(args.pci_map, encoding="utf-8") as fh:
-                pci = parse_pci_map(fh.read())
+            pci = load_pci_map(args.pci_map)
         return AerSource(args.root, host=args.host, pci_map=pci)
 
     return _run(args, make)
@@ -235,13 +234,12 @@ def _cmd_pcie_aer(args: argparse.Namespace) -> int:
 def _cmd_ib_sysfs(args: argparse.Namespace) -> int:
     from producers.ib_sysfs import IbSysfsSource, bus_ids
     from producers.ibpeers import PeerFile
-    from producers.kmsg import parse_pci_map
+    from producers.kmsg import load_pci_map
 
     def make() -> object:
         gpus = None
         if args.pci_map:
-            with open(args.pci_map, encoding="utf-8") as fh:
-                gpus = bus_ids(parse_pci_map(fh.read(1 << 20)))
+            gpus = bus_ids(load_pci_map(args.pci_map))
         peers = PeerFile(args.peers) if args.peers else None
         return IbSysfsSource(args.root, host=args.host, gpu_bus_ids=gpus, peers=peers)
 

@@ -30,6 +30,7 @@ from typing import Iterable, Iterator
 from pipeline.catalog import FIELDS, Field
 from pipeline.schema import DcgmFields, DcgmRecord
 from producers.dcgm_exporter import is_blank
+from producers.textinput import open_text
 
 log = logging.getLogger(__name__)
 
@@ -298,7 +299,7 @@ class DmonFileSource:
         self.done = True
         rounds = iter(range(1 << 62))
         self.parser.clock = lambda: float(next(rounds))
-        with open(self.path, encoding="utf-8", errors="replace") as fh:
+        with open_text(self.path) as fh:
             recs = list(self.parser.parse(fh))
         if not recs:
             log.warning("%s: no dcgmi dmon GPU rows (%d rows read)", self.path, self.parser.stats.rows)

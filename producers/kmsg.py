@@ -44,7 +44,7 @@ from typing import Any, Callable
 from pipeline.numeric import ascii_int
 from pipeline.schema import DcgmRecord, dcgm
 from producers.kmsg_fabric import FabricEvents
-from producers.textinput import stdin
+from producers.textinput import open_text, stdin
 from producers.kmsg_input import (
     LINE_MAX,
     DevKmsgReader,
@@ -329,7 +329,7 @@ class KmsgFileSource:
         """The event lines (XID/SXid), the latest absolute time and boot time of any line, and
         whether a line had no time."""
         year = time.localtime(self.mtime).tm_year
-        fh = open(self.path, encoding="utf-8", errors="replace") if self.path != "-" else None
+        fh = open_text(self.path) if self.path != "-" else None
         src = fh if fh is not None else stdin()
         events: list[Line] = []
         last_ts: float | None = None

@@ -21,10 +21,10 @@ import threading
 import time
 from dataclasses import dataclass
 from datetime import datetime
-from pathlib import Path
 
 from pipeline.numeric import ascii_float, ascii_int
 from producers import jsonsafe
+from producers.textinput import read_capped
 
 PciKey = tuple[int, int, int]  # (domain, bus, device): the GPU, whatever its function
 
@@ -62,6 +62,7 @@ _FACILITY = re.compile(
 )
 _SYSLOG = re.compile(r"^(?P<date>[A-Z][a-z]{2} [ \d]\d \d\d:\d\d:\d\d)(?P<frac>\.\d{1,9})? " + _TAG)  # short(-precise)
 
+MAX_PCI_MAP_CHARS = 1 << 20  # a saved map is ~40 characters a GPU
 LINE_MAX = 64 * 1024  # a kernel message is at most ~1 KiB (kmsg's LOG_LINE_MAX); longer is not a log line
 EPOCH_MAX = 253402300800.0  # 10000-01-01: times past it (or before 1970) are not a log's
 BOOT_MAX = 1e10  # seconds since boot: three centuries of uptime
@@ -361,7 +362,10 @@ def load_pci_map(path: str | None, nvidia_smi: str = "nvidia-smi") -> dict[PciKe
     """``--pci-map FILE`` if given, else this host's ``nvidia-smi``; ``ValueError``/``OSError``
     with the reason when neither works."""
     if path:
-        return parse_pci_map(Path(path).read_text(encoding="utf-8"))
+        text, more = read_capped(path, MAX_PCI_MAP_CHARS)
+        if more:
+            raise ValueError(f"PCI map {path} is over {MAX_PCI_MAP_CHARS} characters: not a saved nvidia-smi map")
+        return parse_pci_map(text)
     try:
         return nvidia_smi_pci_map(nvidia_smi)
     except (OSError, subprocess.SubprocessError) as e:
