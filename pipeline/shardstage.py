@@ -215,7 +215,7 @@ class ShardStage(FleetStage):
 
     # -- release -----------------------------------------------------------------------------
 
-    def advance(self) -> EngineOutput:
+    def _advance(self) -> EngineOutput:
         """Release what the marks allow to the engines, and step them as far as the other
         shards' parts and the scorer's findings allow (which messages since may have moved).
         Every upstream task final (a lull, or the end): everything goes, and the shard flushes

@@ -105,7 +105,7 @@ class FleetStage:
         # it has passed and splits only those it cuts, so its cost does not grow with what
         # stays buffered (as the engine's pending rows, pipeline/engine/pending.py).
         self._chunks: list[_Chunk] = []
-        self._went: list[_Chunk] = []  # the chunks of the latest release, for its dead letters' origins
+        self._went: list[_Chunk] = []  # the chunks an advance releases, for its dead letters' origins
         self._n_buf = 0
         self._newest = -math.inf  # the newest record released (taken) so far
         # Where the input stands (the next offset of the fleet topic partition, set by its
@@ -227,6 +227,12 @@ class FleetStage:
 
     def advance(self) -> EngineOutput:
         """Release what every upstream task has passed; all of it when all are final."""
+        try:
+            return self._advance()
+        finally:
+            self._went = []  # the release's dead letters have their origins by now
+
+    def _advance(self) -> EngineOutput:
         wm = self.last_watermark = self.watermark()
         out = EngineOutput()
         if wm == -math.inf:
@@ -434,31 +440,33 @@ class FleetStage:
         # What only this engine can cause goes out: a host past its max_hosts (it keeps every
         # host of its fleet, a host-stage engine one partition's) and rows a model failed on.
         # Anything else the host stage wrote for these records already: counted, not repeated.
-        placed: dict[tuple[str | None, float | None], Iterator[str]] = {}
+        placed: dict[tuple[str | None, float | None], Iterator[str | None]] = {}
         for d in got.dead:
             if d.reason == ENTITY_LIMIT:
                 key = (d.host, d.ts)
                 if key not in placed:
                     placed[key] = self._origins_of(d.host, d.ts)
-                d = msgspec.structs.replace(d, origin=next(placed[key], d.origin))
+                d = msgspec.structs.replace(d, origin=next(placed[key], None) or d.origin)
             if d.reason in _FLEET_OWN:
                 out.dead.append(d)
             else:
                 self.stats["dead_again"] += 1
 
-    def _origins_of(self, host: str | None, ts: float | None) -> Iterator[str]:
-        """Where the records of ``host`` at ``ts`` the engines were just given came from, in
-        order: an engine names a record by its place in what it was handed, which only this
-        stage can trace to a message (a host refused only here: past ``max_hosts``, rare)."""
+    def _origins_of(self, host: str | None, ts: float | None) -> Iterator[str | None]:
+        """Where the records of ``host`` at ``ts`` the engines were just given came from, in the
+        canonical order they were handed in (kind, GPU, link; None: fed without an origin): an
+        engine names a record by its place in what it was handed, which only this stage can
+        trace to a message (a host refused only here: past ``max_hosts``, rare)."""
+        found: list[tuple[int, int, int, str | None]] = []
         for c in self._went:
-            if c.origin is None or c.pos is None:
-                continue
             cols = c.sort_columns()
             if host not in cols.hosts:
                 continue
-            rows_at = np.flatnonzero((cols.host == cols.hosts.index(host)) & (c.ts == ts))
-            for i in rows_at.tolist():
-                yield f"{c.origin}#{int(c.pos[i])}"
+            for i in np.flatnonzero((cols.host == cols.hosts.index(host)) & (c.ts == ts)).tolist():
+                where = None if c.origin is None or c.pos is None else f"{c.origin}#{int(c.pos[i])}"
+                found.append((int(cols.kind[i]), int(cols.gpu[i]), int(cols.link[i]), where))
+        found.sort(key=lambda f: f[:3])
+        return iter([f[3] for f in found])
 
     @property
     def pending(self) -> int:

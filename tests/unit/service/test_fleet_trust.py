@@ -276,14 +276,17 @@ def test_a_host_past_the_fleet_engines_limit_is_refused_with_its_fleet_messages_
                          N, topic=TOPIC, group=GROUP, key=None))
     f.records(0, [T0, T0 + 1], host="forged-0")
     f.records(0, [T0, T0 + 1], host="forged-1")
-    f.send(envelope(body([_rec(T0, "real"), _rec(T0 + 1, "real")]), 1, key=None))
+    # GPU 1 before GPU 0 in the message: the engine refuses them in canonical order (GPU 0 first).
+    real = [dcgm(T0, "real", 1, HEALTHY), dcgm(T0, "real", 0, HEALTHY), dcgm(T0 + 1, "real", 0, HEALTHY)]
+    f.send(envelope(body(real), 1, key=None))
     at = f.offset - 1
     f.mark(0, T0 + 2, final=True)
     f.mark(1, T0 + 2, final=True)
     refused = [d for d in f.dead if d.reason == "entity_limit"]
     assert [(d.host, d.ts, d.origin) for d in refused] == [
-        ("real", T0, f"{TOPIC}[0]@{at}#0"), ("real", T0 + 1, f"{TOPIC}[0]@{at}#1")
+        ("real", T0, f"{TOPIC}[0]@{at}#1"), ("real", T0, f"{TOPIC}[0]@{at}#0"), ("real", T0 + 1, f"{TOPIC}[0]@{at}#2")
     ]
+    assert f.task.stage._went == []      # what a release held is not kept past it
 
 
 @pytest.mark.parametrize(
