@@ -146,7 +146,9 @@ def _unicode(node: Any) -> None:
         return
     except UnicodeDecodeError as e:
         # The bytes before the error are whole UTF-16 units of the text before the lone one.
-        lone = node.value.encode("utf-16-le", "surrogatepass")[e.start : e.start + 2].decode("utf-16-le", "surrogatepass")
+        lone = node.value.encode("utf-16-le", "surrogatepass")[e.start : e.start + 2].decode(
+            "utf-16-le", "surrogatepass"
+        )
     raise yaml.MarkedYAMLError(
         None, None, f"a string with a lone surrogate (U+{ord(lone):04X}), not Unicode text", node.start_mark
     )
