@@ -131,6 +131,8 @@ class Service(Membership, CommitProtocol, Upkeep):
         self._idle_asked = -math.inf  # when _flush_idle last asked the broker for end offsets
         self._last_reload_check = now
         self._last_lag = 0.0
+        self._last_routing = now
+        self._warned_split: set[str] = set()
         self.http: HttpEndpoint | None = None
         self.batches = 0
         self.totals: Counter[str] = Counter()
@@ -249,6 +251,7 @@ class Service(Membership, CommitProtocol, Upkeep):
         self._checkpoint_due()
         self._maybe_reload()
         self._update_lag()
+        self._check_routing()
         return 0
 
     def _process(self, batch: dict[int, list[Message]]) -> None:

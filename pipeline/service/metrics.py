@@ -79,6 +79,12 @@ class Metrics:
             "gpuwarden_event_time_lag_seconds", "Wall clock minus the newest event time processed", registry=r
         )
         self.partitions = Gauge("gpuwarden_assigned_partitions", "Telemetry partitions assigned", registry=r)
+        self.split_hosts = Gauge(
+            "gpuwarden_hosts_on_several_partitions",
+            "Hosts whose recent records came on more than one of this process's telemetry partitions "
+            "(their producer does not key messages by host)",
+            registry=r,
+        )
         self.rules = Gauge("gpuwarden_rules_loaded", "Rules in the working set", registry=r)
         self.reload_failures = Counter(
             "gpuwarden_rule_reload_failures", "Rule reloads refused (broken files)", registry=r

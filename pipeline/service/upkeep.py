@@ -1,10 +1,12 @@
 """What a ``Service`` does between batches when it is due: flush a partition that went idle,
-reload the rules, report the consumer lag."""
+reload the rules, report the consumer lag, and say which hosts come on several partitions."""
 
 from __future__ import annotations
 
 import logging
 from typing import Callable
+
+from pipeline.engine import Engine
 
 from pipeline.bus.group import GroupConsumer
 from pipeline.engine import EngineOutput
@@ -15,8 +17,13 @@ from pipeline.service.config import Config
 from pipeline.service.fleetwire import Send
 from pipeline.service.metrics import Metrics
 from pipeline.service.partitions import PartitionState
+from pipeline.service.routing import split_hosts
+from pipeline.topology import Topology
 
 log = logging.getLogger("gpuwarden.service")
+
+ROUTING_CHECK_S = 60.0  # how often (service clock) the host stage looks for hosts split between partitions
+MAX_WARNED_HOSTS = 10_000  # hosts warned of once each: bounded, a fleet of unkeyed producers is one warning
 
 
 class Upkeep:
@@ -34,6 +41,8 @@ class Upkeep:
     _last_reload_check: float
     _idle_asked: float
     _last_lag: float
+    _last_routing: float
+    _warned_split: set[str]
     _deliver: Callable[[list[EngineOutput], list[Send] | None], None]
     _checkpoint: Callable[..., bool]
 
@@ -112,3 +121,33 @@ class Upkeep:
                 self.metrics.lag.labels(str(p) if self.stage == "host" else f"fleet/{p}").set(
                     max(0, e - ps.next_offset)
                 )
+
+    def _check_routing(self) -> None:
+        """Every ``ROUTING_CHECK_S``: the hosts this process's host-stage partitions all heard from
+        lately (``routing.split_hosts``), as a gauge and, for hosts not named before, a warning."""
+        now = self.clock()
+        if self.stage != "host" or now - self._last_routing < ROUTING_CHECK_S:
+            return
+        self._last_routing = now
+        engines: dict[int, Engine] = {}
+        for p, ps in self.parts.items():
+            det = ps.detector.host if isinstance(ps.detector, Topology) else ps.detector
+            if isinstance(det, Engine):
+                engines[p] = det
+        split = split_hosts(engines, self.cfg.engine_config().allowed_lateness)
+        self.metrics.split_hosts.set(len(split))
+        new = [h for h in split if h not in self._warned_split]
+        if not new:
+            return
+        if len(self._warned_split) < MAX_WARNED_HOSTS:
+            self._warned_split.update(new[: MAX_WARNED_HOSTS - len(self._warned_split)])
+        shown = ", ".join(f"{h[:64]!r} on {split[h]}" for h in new[:5])
+        log.warning(
+            "%d host(s) came on more than one telemetry partition (%s%s): their producer does not key "
+            "its messages by host, so each host's state is split between engines and its alerts may be "
+            "missed or doubled; key every message by its host name (docs/operations.md, Scale)",
+            len(new),
+            shown,
+            ", ..." if len(new) > 5 else "",
+            extra={"hosts": new[:100]},
+        )
