@@ -6,10 +6,8 @@ from __future__ import annotations
 import logging
 from typing import Callable
 
-from pipeline.engine import Engine
-
 from pipeline.bus.group import GroupConsumer
-from pipeline.engine import EngineOutput
+from pipeline.engine import Engine, EngineOutput
 from pipeline.errors import BusError
 from pipeline.protocols import Detector
 from pipeline.rules.reload import RuleReloader
@@ -27,7 +25,7 @@ MAX_WARNED_HOSTS = 10_000  # hosts warned of once each: bounded, a fleet of unke
 
 
 class Upkeep:
-    """Idle flush, rule reload and lag for a ``Service``'s partitions."""
+    """Idle flush, rule reload, lag and hosts split between partitions for a ``Service``'s partitions."""
 
     cfg: Config
     stage: str
