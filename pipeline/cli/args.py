@@ -19,6 +19,37 @@ def scenario(name: str) -> str:
     return name
 
 
+def positive_int(text: str) -> int:
+    """An argparse type: an integer of at least 1 (``--hosts 0`` is a usage error, not a run of
+    nothing or an internal error).
+
+    >>> positive_int("3")
+    3
+    """
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}") from None
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {n}")
+    return n
+
+
+def positive_float(text: str) -> float:
+    """An argparse type: a finite number above 0 (seconds of a duration or an interval).
+
+    >>> positive_float("0.5")
+    0.5
+    """
+    try:
+        x = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number > 0, got {text!r}") from None
+    if not (x > 0 and x != float("inf")):
+        raise argparse.ArgumentTypeError(f"expected a finite number > 0, got {text}")
+    return x
+
+
 def existing(paths: list[str], option: str) -> list[str]:
     """``paths`` when each is ``-`` (stdin) or a file; else an input error naming the first that is not."""
     for p in paths:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from pipeline.cli.args import scenario
+from pipeline.cli.args import positive_float, positive_int, scenario
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
@@ -24,8 +24,8 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 def register(sub: Any) -> None:
     """Add ``gpuwarden demo`` to the subcommands ``sub``."""
     d = sub.add_parser("demo", help="simulated fleet -> in-process bus -> engine -> alerts -> incidents")
-    d.add_argument("--hosts", type=int, default=8)
-    d.add_argument("--duration", type=float, default=1500.0)
+    d.add_argument("--hosts", type=positive_int, default=8)
+    d.add_argument("--duration", type=positive_float, default=1500.0)
     d.add_argument("--seed", type=int, default=7)
     d.add_argument("--scenario", default="mixed")
     d.add_argument("--rules", default=None, help="rule directory (default: the shipped packs)")

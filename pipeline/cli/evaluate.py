@@ -8,7 +8,7 @@ import sys
 from typing import Any, Callable
 
 from pipeline import progress
-from pipeline.cli.args import scenario
+from pipeline.cli.args import positive_float, positive_int, scenario
 from pipeline.errors import UsageError
 
 
@@ -94,12 +94,12 @@ def register(sub: Any) -> None:
     """Add ``gpuwarden eval`` to the subcommands ``sub``."""
     ev = sub.add_parser("eval", help="score detectors (ours and two baselines) on labelled scenarios")
     ev.add_argument("--scenario", default="llama3", help="built-in scenario name or a YAML file")
-    ev.add_argument("--seeds", type=int, default=5, help="runs with seeds 1..N (default: %(default)s)")
-    ev.add_argument("--hosts", type=int, default=8)
-    ev.add_argument("--duration", type=float, default=3600.0)
+    ev.add_argument("--seeds", type=positive_int, default=5, help="runs with seeds 1..N (default: %(default)s)")
+    ev.add_argument("--hosts", type=positive_int, default=8)
+    ev.add_argument("--duration", type=positive_float, default=3600.0)
     ev.add_argument(
         "--interval",
-        type=float,
+        type=positive_float,
         nargs="+",
         default=[1.0],
         metavar="S",

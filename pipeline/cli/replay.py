@@ -7,7 +7,7 @@ import time
 from typing import Any
 
 from pipeline import progress
-from pipeline.cli.args import existing
+from pipeline.cli.args import existing, positive_int
 from pipeline.errors import InputError
 from pipeline.resources import rules_dir
 
@@ -114,7 +114,7 @@ def register(sub: Any) -> None:
         default="auto",
         help="models.yaml for the online models; 'auto': the one beside the rules; 'none': rules only",
     )
-    r.add_argument("--batch", type=int, default=2000, help="lines per engine batch")
+    r.add_argument("--batch", type=positive_int, default=2000, help="lines per engine batch")
     r.add_argument(
         "--fleet-shards",
         type=int,

@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from pipeline.cli.args import kafka_options, scenario
+from pipeline.cli.args import kafka_options, positive_float, positive_int, scenario
 from pipeline.errors import UsageError
 
 
@@ -82,9 +82,9 @@ def _sim_to_kafka(source: Any, conn: Any, topic: str, encoding: str = "columnar"
 def register(sub: Any) -> None:
     """Add ``gpuwarden sim`` to the subcommands ``sub``."""
     s = sub.add_parser("sim", help="simulate a GPU fleet (with labelled fault injection)")
-    s.add_argument("--hosts", type=int, default=4)
-    s.add_argument("--duration", type=float, default=600.0, help="seconds of event time")
-    s.add_argument("--interval", type=float, default=1.0, help="seconds between samples")
+    s.add_argument("--hosts", type=positive_int, default=4)
+    s.add_argument("--duration", type=positive_float, default=600.0, help="seconds of event time")
+    s.add_argument("--interval", type=positive_float, default=1.0, help="seconds between samples")
     s.add_argument("--seed", type=int, default=0)
     s.add_argument("--scenario", default="healthy", help="built-in scenario name or a YAML file")
     s.add_argument("--out", help="JSONL file to write (.gz to compress)")

@@ -27,7 +27,15 @@ def _one_line(err: str) -> str:
 
 @pytest.mark.parametrize("argv, status, says", [
     (["sim", "--scenario", "nope", "--out", "x.jsonl"], EXIT_USAGE, "unknown scenario 'nope'"),
-    (["sim", "--hosts", "lots", "--out", "x.jsonl"], EXIT_USAGE, "invalid int value: 'lots'"),
+    (["sim", "--hosts", "lots", "--out", "x.jsonl"], EXIT_USAGE, "--hosts: expected an integer >= 1, got 'lots'"),
+    # A count or a span of zero is a mistake too: before, a run of nothing (exit 0) or exit 70.
+    (["sim", "--hosts", "0", "--out", "x.jsonl"], EXIT_USAGE, "--hosts: expected an integer >= 1, got 0"),
+    (["sim", "--interval", "0", "--out", "x.jsonl"], EXIT_USAGE, "--interval: expected a finite number > 0"),
+    (["sim", "--duration", "-5", "--out", "x.jsonl"], EXIT_USAGE, "--duration: expected a finite number > 0"),
+    (["replay", "x.jsonl", "--batch", "0"], EXIT_USAGE, "--batch: expected an integer >= 1, got 0"),
+    (["replay", "x.jsonl", "--batch", "-1"], EXIT_USAGE, "--batch: expected an integer >= 1, got -1"),
+    (["eval", "--seeds", "0"], EXIT_USAGE, "--seeds: expected an integer >= 1, got 0"),
+    (["demo", "--hosts", "0"], EXIT_USAGE, "--hosts: expected an integer >= 1, got 0"),
     (["sim", "--out", "x.jsonl", "--no-such-flag"], EXIT_USAGE, "unrecognized arguments: --no-such-flag"),
     (["eval", "--scenario", "nope"], EXIT_USAGE, "unknown scenario 'nope'"),
     (["replay", "missing.jsonl"], EXIT_INPUT, "missing.jsonl: no such file"),
