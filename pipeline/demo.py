@@ -64,7 +64,7 @@ def run_demo(
     from pipeline.detection import build_detector
 
     # Piped output (CI logs, tee) gets a log-friendly width instead of rich's 80 columns.
-    console = console or Console(width=None if sys.stdout.isatty() else 140)
+    console = console or Console(width=None if sys.stdout.isatty() else 140, soft_wrap=True)
     sim = Simulator(hosts=hosts, duration=duration, seed=seed, scenario=scenario)
     topics = Topics()
     bus = MemoryBus(partitions=4)

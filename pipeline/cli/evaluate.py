@@ -30,8 +30,8 @@ def _cmd_eval(args: argparse.Namespace) -> int:
         verdicts,
     )
 
-    console = Console(width=None if sys.stdout.isatty() else 160)
-    err = Console(stderr=True)
+    console = Console(width=None if sys.stdout.isatty() else 160, soft_wrap=True)
+    err = Console(stderr=True, soft_wrap=True)
     if any(i <= 0 for i in args.interval):
         raise UsageError("--interval must be positive")
     by_interval = {}

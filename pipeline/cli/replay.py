@@ -18,7 +18,9 @@ def _cmd_replay(args: argparse.Namespace) -> int:
     from pipeline.detection import build_detector
     from pipeline.replay import replay
 
-    console = Console(stderr=True)
+    # soft_wrap: a line is never cut at rich's 80 columns in a pipe (a file:line:col error, a
+    # summary someone greps); a terminal wraps what is too long for it by itself.
+    console = Console(stderr=True, soft_wrap=True)
     existing(args.files, "")
     if args.to_kafka:
         from pipeline.bus import Topics, connection
@@ -54,7 +56,7 @@ def _cmd_replay(args: argparse.Namespace) -> int:
             stage = IncidentStage(cfg)
         except IncidentConfigError as e:
             for problem in e.diagnostics:
-                console.print(str(problem), highlight=False, markup=False, soft_wrap=True)
+                console.print(str(problem), highlight=False, markup=False)
             raise InputError("the incidents config does not load; nothing replayed") from None
     with progress.bar("replaying") as advance:
         res = replay(

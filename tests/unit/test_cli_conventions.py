@@ -133,3 +133,16 @@ def test_progress_on_a_terminal_only_and_not_in_ci(tmp_path):
     for quiet_env, args in (({"CI": "true"}, argv), ({}, argv + ["-q"])):
         shown = _in_a_terminal(args, env | quiet_env)
         assert "rule tests" not in shown and "1 passed, 0 failed" in shown
+
+
+def test_a_long_diagnostic_is_one_line_in_a_pipe(tmp_path, monkeypatch, capsys):
+    # Before: rich cut it at 80 columns, so "file:line:col ... [E102]" could not be grepped.
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "rules").mkdir()
+    (tmp_path / "rules" / "x.yaml").write_text(
+        "rules:\n  - name: hot_gpu_with_a_rather_long_name_for_wrapping\n    fault: thermal_hot\n"
+        "    severity: warning\n    condition: gpu_temperature_which_does_not_exist_at_all > 90\n    summary: hot\n")
+    (tmp_path / "r.jsonl").write_text("")
+    assert main(["replay", "r.jsonl", "--rules", "rules"]) == EXIT_INPUT
+    lines = capsys.readouterr().err.splitlines()
+    assert any(ln.startswith("rules/x.yaml:5:16:") and ln.endswith("[E102]") for ln in lines), lines
