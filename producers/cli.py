@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 import threading
 from typing import Any
@@ -60,6 +61,13 @@ def _run(args: argparse.Namespace, make_source: Any, *, from_file: bool = False)
         source_counts,
     )
 
+    # A named input that is not there is the user's mistake, said once before anything starts:
+    # file sources open it at their first poll, which would log a traceback and exit 3.
+    given = getattr(args, "file", None)
+    for path in given if isinstance(given, list) else [given] if isinstance(given, str) else []:
+        if path != "-" and not os.path.isfile(path):
+            why = "not a file" if os.path.exists(path) else "no such file"
+            raise SystemExit(f"gpuwarden produce {args.source}: cannot start: {path}: {why}")
     sender = _sender(args, backpressure=from_file)
     try:
         source = make_source()

@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 import threading
 
+import pytest
+
 from pipeline.errors import BrokerUnavailableError
 from pipeline.schema import dcgm
 from producers.common import BoundedSender, run
@@ -90,13 +92,39 @@ def test_cli_dcgmi_file_through_a_small_buffer_loses_nothing(tmp_path, capsys):
     assert sum(1 for _ in out.open()) == n
 
 
-def test_cli_file_producer_whose_poll_raised_exits_3_and_says_so(tmp_path, capsys):
-    # Before: "0 records read, 0 delivered, 0 dropped" and exit 0.
+def test_cli_file_producer_whose_poll_raised_exits_3_and_says_so(tmp_path, capsys, monkeypatch):
+    # Before: "0 records read, 0 delivered, 0 dropped" and exit 0. (A disk error mid-read: the file
+    # was there when the producer started.)
     from pipeline.cli import main
+    from producers.dcgmi import DmonFileSource
 
-    rc = main(["produce", "dcgmi", "--file", str(tmp_path), "--out", str(tmp_path / "o.jsonl")])  # a directory
+    def fails(self):
+        self.done = True  # read once, as the real poll is
+        raise OSError(5, "Input/output error")
+
+    monkeypatch.setattr(DmonFileSource, "poll", fails)
+    log = tmp_path / "dmon.log"
+    log.write_text("#Entity   TMPTR\nID        C\nGPU 0     41\n")
+    rc = main(["produce", "dcgmi", "--file", str(log), "--out", str(tmp_path / "o.jsonl")])
     err = capsys.readouterr().err
     assert rc == 3 and "LOST input: poll_errors 1" in err.splitlines()[-1]
+
+
+@pytest.mark.parametrize("argv", [
+    ["dcgmi", "--file"], ["ibstat", "--file"], ["nccl-tests"], ["dcgm-exporter", "--file"],
+    ["torch-watchdog", "--job", "j", "--file"], ["ncclras", "--job", "j", "--file"],
+])
+@pytest.mark.parametrize("what", ["missing", "a directory"])
+def test_cli_file_producer_given_no_file_says_so_in_one_line_and_exits_2(tmp_path, capsys, argv, what):
+    # Before: dcgmi, ibstat and nccl-tests logged a traceback from their first poll and exited 3,
+    # dcgm-exporter exited 3, the others 2: one answer for one mistake.
+    from pipeline.cli import main
+
+    path = tmp_path / "nope.txt" if what == "missing" else tmp_path
+    rc = main(["produce", *argv, str(path), "--out", str(tmp_path / "o.jsonl")])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err) == 1 and "Traceback" not in err[0]
+    assert err[0].endswith(f"cannot start: {path}: " + ("no such file" if what == "missing" else "not a file"))
 
 
 def test_cli_file_producer_with_counted_drops_exits_3(tmp_path, capsys):
