@@ -17,7 +17,18 @@ log = logging.getLogger(__name__)
 FINDINGS_EXIT = 3
 
 
-def _sender(args: argparse.Namespace, backpressure: bool = False) -> Any:
+def _input_is_there(args: argparse.Namespace) -> None:
+    """A named input that is not there is the user's mistake, said once before anything starts
+    (an --out file is made, a broker asked): file sources open it at their first poll, which
+    would log a traceback and exit 3."""
+    given = getattr(args, "file", None)
+    for path in given if isinstance(given, list) else [given] if isinstance(given, str) else []:
+        if path != "-" and not os.path.isfile(path):
+            why = "not a file" if os.path.exists(path) else "no such file"
+            raise SystemExit(f"gpuwarden produce {args.source}: cannot start: {path}: {why}")
+
+
+def _sender(args: argparse.Namespace, backpressure: bool = False, check: Any = None) -> Any:
     from pipeline.bus import Topics, connection
     from pipeline.errors import BrokerUnavailableError
     from producers.common import BoundedSender, JsonlSink, KafkaSink
@@ -29,6 +40,8 @@ def _sender(args: argparse.Namespace, backpressure: bool = False) -> Any:
         )
     if args.buffer <= 0:
         raise SystemExit("gpuwarden produce: --buffer must be a positive number of records")
+    if check is not None:
+        check(args)
     if args.out:
         return BoundedSender(JsonlSink(args.out), max_records=args.buffer, backpressure=backpressure)
     conn = connection.from_args(args)
@@ -61,14 +74,7 @@ def _run(args: argparse.Namespace, make_source: Any, *, from_file: bool = False)
         source_counts,
     )
 
-    # A named input that is not there is the user's mistake, said once before anything starts:
-    # file sources open it at their first poll, which would log a traceback and exit 3.
-    given = getattr(args, "file", None)
-    for path in given if isinstance(given, list) else [given] if isinstance(given, str) else []:
-        if path != "-" and not os.path.isfile(path):
-            why = "not a file" if os.path.exists(path) else "no such file"
-            raise SystemExit(f"gpuwarden produce {args.source}: cannot start: {path}: {why}")
-    sender = _sender(args, backpressure=from_file)
+    sender = _sender(args, backpressure=from_file, check=_input_is_there)
     try:
         source = make_source()
     except Exception as e:  # noqa: BLE001 - no NVML, no dcgmi, unreadable input: one clear line

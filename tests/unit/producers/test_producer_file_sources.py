@@ -125,6 +125,7 @@ def test_cli_file_producer_given_no_file_says_so_in_one_line_and_exits_2(tmp_pat
     err = capsys.readouterr().err.strip().splitlines()
     assert rc == 2 and len(err) == 1 and "Traceback" not in err[0]
     assert err[0].endswith(f"cannot start: {path}: " + ("no such file" if what == "missing" else "not a file"))
+    assert not (tmp_path / "o.jsonl").exists()              # said before anything was made
 
 
 def test_cli_file_producer_with_counted_drops_exits_3(tmp_path, capsys):
