@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import IO, Iterable, Iterator, cast
 
 from pipeline.bus.base import FILE_PARTITION, Message
-from pipeline.errors import BusError
+from pipeline.errors import InputError
 
 
 def _open(path: str | Path, mode: str, gz: bool | None = None) -> IO[bytes]:
@@ -47,7 +47,7 @@ def read_lines(path: str | Path, max_line_bytes: int = MAX_LINE_BYTES) -> Iterat
             except EOFError:
                 break  # truncated gzip: keep what was complete
             except gzip.BadGzipFile as e:
-                raise BusError(f"{name}: not a gzip file ({e})") from e
+                raise InputError(f"{name}: not a gzip file, though named .gz") from e
             if not line:
                 break
             lineno += 1

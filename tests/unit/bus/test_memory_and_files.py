@@ -78,8 +78,10 @@ def test_blank_lines_are_skipped_but_counted(tmp_path):
 def test_a_gz_name_on_a_plain_file_is_a_clear_error(tmp_path):
     import pytest
 
-    from pipeline.errors import BusError
+    from pipeline.errors import EXIT_INPUT, InputError
     path = tmp_path / "plain.jsonl.gz"
     path.write_text('{"a":1}\n')
-    with pytest.raises(BusError, match="not a gzip file"):
+    # The user's file is not what its name says: an input error (exit 3), not a bus outage (4).
+    with pytest.raises(InputError, match="not a gzip file") as e:
         list(read_lines(path))
+    assert e.value.exit_code == EXIT_INPUT and str(e.value).count("gzip") == 1
