@@ -9,7 +9,7 @@ from typing import Any
 
 from pipeline import progress
 from pipeline.cli.args import existing
-from pipeline.errors import UsageError
+from pipeline.errors import EXIT_INPUT, UsageError
 from pipeline.resources import rules_dir
 
 
@@ -26,6 +26,8 @@ def _cmd_report(args: argparse.Namespace) -> int:
             else f"--max-{'alerts' if args.max_alerts < 0 else 'incidents'} must not be negative"
         )
     t0 = time.monotonic()
+    notes: list[str] = []
+    unread: list[str] = []
     with progress.status("report") as update:
         html = incident_page(
             args.telemetry,
@@ -38,9 +40,19 @@ def _cmd_report(args: argparse.Namespace) -> int:
             progress=lambda s: update(f"report: {s}"),
             incident_events=args.incidents or (),
             max_incidents=args.max_incidents,
+            notes_out=notes,
+            unread_out=unread,
         )
     out = write_page(html, args.out)
     print(f"gpuwarden report: wrote {out} ({len(html) / 1e6:.1f} MB) in {time.monotonic() - t0:.1f}s", file=sys.stderr)
+    for note in notes:  # what the page says of its inputs, where the user looks
+        print(f"gpuwarden report: {note}", file=sys.stderr)
+    if unread:
+        # A page made of the wrong file (two swapped) is written, but is no success.
+        names = {"alerts": args.alerts, "telemetry": args.telemetry, "incidents": args.incidents or []}
+        for what in unread:
+            print(f"gpuwarden report: --{what} {' '.join(names[what])}: not one line could be read", file=sys.stderr)
+        return EXIT_INPUT
     return 0
 
 

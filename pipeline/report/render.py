@@ -140,6 +140,8 @@ def incident_page(
     progress: Callable[[str], None] | None = None,
     incident_events: Sequence[str | Path] = (),
     max_incidents: int = 60,
+    notes_out: list[str] | None = None,
+    unread_out: list[str] | None = None,
 ) -> str:
     """One self-contained HTML page about the alerts in ``alerts`` and the telemetry around them.
 
@@ -148,7 +150,10 @@ def incident_page(
     of an alert. ``max_alerts``: alerts given a section of their own (the rest are listed only).
     ``incident_events``: incident-event files (``replay --incidents-out``), shown as a timeline of
     incidents (``max_incidents`` rows, the most severe) and a table with their member alerts.
-    ``progress(text)``: told what it is doing (the CLI's spinner).
+    ``progress(text)``: told what it is doing (the CLI's spinner). ``notes_out``: given the
+    page's notes on its inputs (lines skipped, events not shown); ``unread_out``: given the inputs
+    (``alerts``, ``telemetry``, ``incidents``) of which not one line could be read, a page made of
+    the wrong file (the CLI's exit status).
     """
     step = progress or (lambda _: None)
     step("reading alerts")
@@ -194,6 +199,18 @@ def incident_page(
         notes.append(f"{inc_log.bad_lines} incident event line(s) could not be read and were skipped.")
     if inc_log is not None and inc_log.orphans:
         notes.append(f"{inc_log.orphans} incident event(s) of incidents not opened in the file: not shown.")
+    if notes_out is not None:
+        notes_out.extend(notes)
+    if unread_out is not None:
+        unread_out.extend(
+            what
+            for what, lines, bad in (
+                ("alerts", log.lines, log.bad_lines),
+                ("incidents", inc_log.lines if inc_log else 0, inc_log.bad_lines if inc_log else 0),
+                ("telemetry", tel.lines, tel.lines if tel.dead and not tel.records else 0),
+            )
+            if lines and bad >= lines
+        )
 
     sections = []
     for n, (inc, sigs, info) in enumerate(plans, 1):

@@ -115,3 +115,17 @@ def test_cli_writes_the_report_and_refuses_missing_inputs(tmp_path, incident_fil
     assert out.read_text().startswith("<!DOCTYPE html>") and "wrote" in capsys.readouterr().err
     assert main(["report", "--telemetry", str(tmp_path / "nope"), "--alerts", str(alerts), "--out", str(out)]) == 3
     assert "no such file" in capsys.readouterr().err
+
+
+def test_the_cli_says_what_it_skipped_and_a_page_of_swapped_files_is_no_success(incident_files, tmp_path, capsys):
+    # Before: "wrote r.html" and exit 0 for the two files swapped; the skipped lines were told
+    # only inside the page ("No alert fired", 1970-01-01).
+    tel, alerts = incident_files
+    assert main(["report", "--telemetry", str(tel), "--alerts", str(alerts), "--out", str(tmp_path / "ok.html")]) == 0
+    assert "skipped" not in capsys.readouterr().err
+    rc = main(["report", "--telemetry", str(alerts), "--alerts", str(tel), "--out", str(tmp_path / "r.html")])
+    err = capsys.readouterr().err.splitlines()
+    assert rc == 3 and (tmp_path / "r.html").exists()
+    assert "gpuwarden report: 720 alert line(s) could not be read and were skipped." in err
+    assert f"gpuwarden report: --alerts {tel}: not one line could be read" in err
+    assert f"gpuwarden report: --telemetry {alerts}: not one line could be read" in err
