@@ -148,3 +148,8 @@ def test_cli_file_producer_whose_drops_are_no_value_exits_0(tmp_path, capsys):
     err = capsys.readouterr().err
     assert rc == 0 and "dropped.unknown_metric 4" in err and "LOST" not in err
     assert len([json.loads(line) for line in out.open()]) == 2
+    # The summary says what happened: before, a dozen reasons at 0 ("dropped.bad_label 0") beside
+    # the one that was not, and "0 dropped" read as contradicting "dropped.unknown_metric 4".
+    last = err.strip().splitlines()[-1]
+    assert last == "gpuwarden produce dcgm-exporter: scrapes 1, samples 21, records 2, dropped.unknown_metric 4"
+    assert "2 records read, 2 delivered, 0 dropped unsent" in err
