@@ -181,6 +181,10 @@ def _cmd_nccl_inspector(args: argparse.Namespace) -> int:
 def _cmd_nccl_tests(args: argparse.Namespace) -> int:
     from producers.nccl_tests import NcclTestsSource
 
+    # The output file as the other file producers take it (--file), or as a positional.
+    if bool(args.file) == bool(args.file_opt):
+        raise SystemExit("gpuwarden produce nccl-tests: give the output file once: FILE or --file FILE (- for stdin)")
+    args.file = args.file or args.file_opt
     return _run(args, lambda: NcclTestsSource(args.file, coll=args.coll, host=args.host, job=args.job), from_file=True)
 
 
@@ -372,7 +376,8 @@ def register(sub: Any) -> None:
     i.set_defaults(func=_cmd_nccl_inspector)
 
     t = psub.add_parser("nccl-tests", help="parse nccl-tests output (text tables or -J JSON)")
-    t.add_argument("file", help="output file, or - for stdin")
+    t.add_argument("file", nargs="?", help="output file, or - for stdin (or --file)")
+    t.add_argument("--file", dest="file_opt", metavar="FILE", help="the same, as the other file producers take it")
     t.add_argument("--coll", help="collective name if the output does not say (AllReduce, ...)")
     t.add_argument("--job", help="job id to stamp on the records")
     _common(t, 1.0)

@@ -153,3 +153,17 @@ def test_cli_file_producer_whose_drops_are_no_value_exits_0(tmp_path, capsys):
     last = err.strip().splitlines()[-1]
     assert last == "gpuwarden produce dcgm-exporter: scrapes 1, samples 21, records 2, dropped.unknown_metric 4"
     assert "2 records read, 2 delivered, 0 dropped unsent" in err
+
+
+def test_nccl_tests_takes_its_file_as_the_other_file_producers_do(tmp_path, capsys):
+    # Before: "--file X" was "unrecognized arguments: --file" (it took a positional only).
+    from pipeline.cli import main
+
+    src = str(DATA / "nccl_tests_all_reduce_perf_2x8_h100.txt")
+    a, b = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
+    assert main(["produce", "nccl-tests", "--file", src, "--out", str(a)]) == 0
+    assert main(["produce", "nccl-tests", src, "--out", str(b)]) == 0
+    assert a.read_text() and a.read_text().count("\n") == b.read_text().count("\n")
+    capsys.readouterr()
+    assert main(["produce", "nccl-tests", src, "--file", src, "--out", str(tmp_path / "c.jsonl")]) == 2
+    assert "give the output file once" in capsys.readouterr().err
