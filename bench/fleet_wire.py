@@ -36,7 +36,8 @@ from pipeline.detection import build_detector  # noqa: E402
 from pipeline.service.fleetwire import ENVELOPE_VERSION, Envelope, mac  # noqa: E402
 from pipeline.service.forwarded import MAX_FORWARD, Builder, Columns, Decoded, Encoder  # noqa: E402
 from pipeline.canonical import canonical_order  # noqa: E402
-from pipeline.topology import FleetStage, Topology, records_decoder  # noqa: E402
+from pipeline.fleetstage import FleetStage, records_decoder  # noqa: E402
+from pipeline.topology import Topology  # noqa: E402
 from producers.sim import Simulator  # noqa: E402
 
 KEY = b"k" * 32

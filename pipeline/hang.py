@@ -2,7 +2,7 @@
 (docs/rules.md#hung-collectives).
 
 A communicator's ranks span hosts, so this runs where every host's records meet: the fleet stage
-(``pipeline/topology.py``), fed the progress records it releases, in canonical order, and told
+(``pipeline/fleetstage.py``), fed the progress records it releases, in canonical order, and told
 how far event time has come. A communicator (``job``, ``comm``) is hung when a rank reports a
 watchdog timeout, RAS names a rank missing, dead or in error, or a rank behind its peers makes
 no progress for ``stuck_after``. The communicator waits ``settle`` after that first evidence, so

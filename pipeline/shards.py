@@ -30,7 +30,7 @@ from pipeline.models.cohorts import EPOCH_S, LAG_EPOCHS, SharedExchange, epoch_o
 from pipeline.models.findings import Findings, lane_of
 from pipeline.models.modelset import ModelSet
 from pipeline.schema import NcclRecord, TelemetryRecord
-from pipeline.topology import FLEET_KEY, FleetStage
+from pipeline.fleetstage import FLEET_KEY, FleetStage
 
 SCORER = "nccl"  # the key of an engine that scores NCCL lanes and runs no DCGM rows
 

@@ -43,7 +43,7 @@ from pipeline.models.modelset import ModelSet
 from pipeline.models.statecodec import decode_state, encode_state
 from pipeline.schema import TelemetryRecord
 from pipeline.shards import SCORER, by_scorer, split_findings
-from pipeline.topology import FLEET_KEY, FleetStage
+from pipeline.fleetstage import FLEET_KEY, FleetStage
 
 # 2: a scorer on every shard (``scored_by``); a version 1 state (shard 0 scored) is read.
 SHARD_STATE_VERSION = 2

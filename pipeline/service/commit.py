@@ -60,7 +60,7 @@ class CommitProtocol:
         t0 = time.perf_counter()
 
         def send_and_flush() -> None:
-            # Sent again whole on a retry: the fleet stage drops records it has (pipeline/topology.py)
+            # Sent again whole on a retry: the fleet stage drops records it has (pipeline/fleetstage.py)
             # and a mark says the same the second time.
             for topic, key, value, partition in sends or ():
                 self.producer.send(topic, value, key, partition)

@@ -5,7 +5,7 @@ The messages, their envelope and signature: ``pipeline.service.fleetwire``; the 
 side, which queues and sends them: ``pipeline.service.outbox``.
 
 A fleet-stage partition releases a second once every telemetry partition's task has marked past
-it (``pipeline.topology.FleetStage``), so its alerts do not depend on how many replicas run
+it (``pipeline.fleetstage.FleetStage``), so its alerts do not depend on how many replicas run
 either stage or on how the partitions are spread among them. With incidents on, the alerts of
 both stages before that second then go to its incident stage through an ``AlertFeed``, in the
 canonical order the replay feeds it (``pipeline.replay.incident_watermark``).
@@ -61,7 +61,7 @@ from pipeline.service.fleetwire import (
 )
 from pipeline.service.forwarded import Builder, Columns, Decoded, Malformed, check_other
 from pipeline.canonical import SortColumns
-from pipeline.topology import FLEET_KEY, FleetStage, records_decoder
+from pipeline.fleetstage import FLEET_KEY, FleetStage, records_decoder
 
 log = logging.getLogger("gpuwarden.service")
 _TS = operator.attrgetter("ts")

@@ -7,7 +7,7 @@ On ``<prefix>.fleet`` there are three kinds of message:
 - **records**: the records one host-stage task accepted, as columns of what the fleet stage's
   engine reads (``pipeline.service.forwarded``: msgpack, the DCGM fields as a float64 matrix,
   NCCL and progress records whole), keyed by the fleet stage's key
-  (``pipeline.topology.FLEET_KEY``), so every record of one key lands on one partition; sent
+  (``pipeline.fleetstage.FLEET_KEY``), so every record of one key lands on one partition; sent
   when the fleet stage runs models (every record) or, rules only, the hang detector (the
   progress records: ``pipeline.topology.Topology``'s ``progress_only``). A JSON array of records (the encoding of earlier builds) is still read;
 - **alerts**: ``{"alerts": [<alert event>, ...]}``, the alerts of a host-stage task, for the

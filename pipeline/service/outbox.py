@@ -17,7 +17,7 @@ from pipeline.schema import AlertEvent, NcclRecord, TelemetryRecord
 from pipeline.service.fleetwire import MAX_FORWARD_ALERTS, AlertBatch, Mark, Send, wrap
 from pipeline.service.forwarded import MAX_FORWARD, Encoder
 from pipeline.shards import by_scorer, by_shard, shard_memo
-from pipeline.topology import FLEET_KEY
+from pipeline.fleetstage import FLEET_KEY
 
 _KEY = FLEET_KEY.encode()
 

@@ -148,7 +148,7 @@ def test_broker_restart_during_load_service_recovers_by_itself(tmp_path, sim_rec
             return f"missing {sorted(golden - got)}, not in the replay {sorted(got - golden)}"
         # Had the service drained the first half before the outage, its partitions idled (a
         # lull) and one partition's backlog may come back first: the fleet stage waits for the
-        # others (pipeline/topology.py, FleetStage.resuming). A ceiling, not a speed check: the
+        # others (pipeline/fleetstage.py, FleetStage.resuming). A ceiling, not a speed check: the
         # wait ends when the last alert lands (the whole test takes ~60 s alone; a loaded 2-core
         # machine has taken over 150 s for this wait).
         wait_for(lambda: ids(alerts_on_topic(bootstrap, prefix)) >= golden,

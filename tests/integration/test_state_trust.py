@@ -110,7 +110,7 @@ def test_forged_and_misplaced_checkpoints_are_not_used(kafka_bootstrap, topic_pr
             assert any("INSECURE STATE" in m for m in msgs), msgs
             # Refused before any model state is read: with models the service's host stage writes
             # two-stage checkpoints (the fleet stage's model state is refused the same way:
-            # tests/unit/test_topology.py).
+            # tests/unit/test_fleetstage.py).
             assert any("checkpoint unusable" in m and ("pickled object" in m or "two-stage" in m) for m in msgs), msgs
     finally:
         if svc.alive():

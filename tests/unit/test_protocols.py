@@ -12,7 +12,8 @@ from pipeline.runner import Pipeline
 from pipeline.service.fleet import FleetTask
 from pipeline.service.outbox import Outbox
 from pipeline.service.partitions import ForwardingPipeline
-from pipeline.topology import FleetStage, Topology
+from pipeline.fleetstage import FleetStage
+from pipeline.topology import Topology
 from pipeline.decode import Decoder
 from pipeline.resources import rules_dir
 from pipeline.shards import shard_of

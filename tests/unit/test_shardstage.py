@@ -17,7 +17,8 @@ from pipeline.resources import rules_dir
 from pipeline.schema import DcgmRecord, DcgmSample, NcclRecord, NicRecord, ProgressRecord
 from pipeline.shards import scorer_of, shard_of
 from pipeline.shardstage import ShardStage
-from pipeline.topology import FleetStage, Topology
+from pipeline.fleetstage import FleetStage
+from pipeline.topology import Topology
 from producers.sim import Simulator
 
 _DEC = msgspec.json.Decoder(list[DcgmRecord | NcclRecord | NicRecord | ProgressRecord])

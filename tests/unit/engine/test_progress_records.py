@@ -12,7 +12,8 @@ from pipeline.decode import Decoder
 from pipeline.detection import build_detector
 from pipeline.engine import Engine
 from pipeline.canonical import canonical_order
-from pipeline.topology import Topology, records_decoder
+from pipeline.fleetstage import records_decoder
+from pipeline.topology import Topology
 from pipeline.schema import encode
 from tests.factories import THROTTLED, fleet, progress, run_batched
 

@@ -1,4 +1,4 @@
-"""A lull on ``<prefix>.fleet`` (pipeline/service/fleet.py, pipeline/topology.py): every
+"""A lull on ``<prefix>.fleet`` (pipeline/service/fleet.py, pipeline/fleetstage.py): every
 telemetry partition's task final at once. The fleet task releases it at the mark where it comes
 (not where its poll ends), every alert so far goes to the incident stage, and marks read again
 after a restore leave the stage as its snapshot left it."""

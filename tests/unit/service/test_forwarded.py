@@ -15,7 +15,7 @@ from msgspec.structs import astuple
 from pipeline.schema import DcgmJobLabels, NcclRecord, ProgressRecord, dcgm, dcgm_record_type
 from pipeline.service.forwarded import Builder, Columns, Decoded, Encoder
 from pipeline.canonical import SortColumns, canonical_order
-from pipeline.topology import FleetStage, records_decoder
+from pipeline.fleetstage import FleetStage, records_decoder
 from tests.factories import T0, canonical_reference, fuzz_examples
 
 # What a fleet engine with models reads, both spellings (Engine.decode_fields).

@@ -502,7 +502,7 @@ def test_a_reload_bringing_a_rule_that_reads_a_score_is_refused_by_the_host_stag
 
 
 def test_a_fleet_checkpoint_resumes_at_the_records_it_holds_back(telemetry):
-    # The fleet stage's snapshot leaves its buffered records out (pipeline/topology.py,
+    # The fleet stage's snapshot leaves its buffered records out (pipeline/fleetstage.py,
     # FleetStage.snapshot): its checkpoint and commit sit at the oldest message it still holds
     # records of, so a new owner reads them again instead of a checkpoint carrying them all.
     f = Fleet(telemetry)
