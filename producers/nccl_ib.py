@@ -19,6 +19,9 @@ the events the HCA raised. Read here, in every layout those files have printed
   ``NET/IB : mlx5_0:1 Got async event : ..`` (2.20-2.22), ``NET/IB : mlx5_0:1 async fatal
   event[ on QP (0x..)[ qpn=..]]: ..`` (2.23 and later); the non-fatal events (``Got async error
   event``, ``Got non-fatal async event``) are counted, not sent;
+- ``Call to ibv_poll_cq() returned -2`` (every 2.x release from 2.3.5, ``include/ibvwrap.h``'s
+  ``wrap_ibv_poll_cq``): polling the completion queue itself failed, the HCA in error; a
+  completion error with ``status`` the value returned and ``status_name`` ``ibv_poll_cq_failed``;
 - ``NET/IB : Using [0]mlx5_0:1/IB [1]={[1] mlx5_1:1/IB, [2] mlx5_2:1/IB} ..``: the HCAs and
   ports a process uses (merged NICs in braces, 2.20-2.22), which name the HCA of a line that
   does not (before 2.22) when the process uses one.
@@ -59,7 +62,8 @@ _NCCL = re.compile(
 )
 # The message without its prefix (cut by a log shipper); empty groups so both read alike.
 _BARE = re.compile(
-    r"(?P<ts>)?(?P<host>)?(?P<pid>)?(?P<dev>)?(?:NCCL (?P<level>WARN|INFO) )?(?P<msg>NET/IB.*)", re.ASCII
+    r"(?P<ts>)?(?P<host>)?(?P<pid>)?(?P<dev>)?(?:NCCL (?P<level>WARN|INFO) )?(?P<msg>(?:NET/IB|Call to ibv_poll_cq).*)",
+    re.ASCII,
 )
 _ISO = re.compile(r"\s*(\d{4})-(\d\d)-(\d\d)[T ](\d\d):(\d\d):(\d\d)(\.\d+)?\s*(Z|[+-]\d\d:?\d\d)?", re.ASCII)
 _RANK = re.compile(r"\[rank(\d{1,7})\]:", re.ASCII)
@@ -73,6 +77,10 @@ _COMPLETION = re.compile(
     r"(?: \((?P<dir>[A-Za-z]+)\))?",
     re.ASCII,
 )
+# include/ibvwrap.h: WARN("Call to ibv_poll_cq() returned %d", done), done < 0 (a C int).
+_POLL_TEXT = "Call to ibv_poll_cq"
+_POLL = re.compile(r"Call to ibv_poll_cq\(\) returned (-?)(\d{1,20})(?!\w)", re.ASCII)
+POLL_CQ_FAILED = "ibv_poll_cq_failed"  # the status_name of a failed poll: no ibv_wc_status, since no completion
 _HCA = re.compile(r" hca ([A-Za-z0-9][\w.-]{0,63})\s*$", re.ASCII)
 _DEVPORT = r"(?:(?P<hca>[A-Za-z0-9][\w.-]{0,63}):(?P<port>\d{1,3}) )?"
 _ASYNC = re.compile(
@@ -108,7 +116,8 @@ class IbStats:
     no_timestamp: int = 0
     unparsable: int = 0  # an NCCL IB error line that fits no layout
     bad_number: int = 0  # a number that is not one (past 2^32, Unicode digits)
-    success: int = 0  # a completion "with status 0": no error
+    success: int = 0  # a completion "with status 0", a poll that returned no error: no error
+    poll_cq_failures: int = 0  # "Call to ibv_poll_cq() returned -N": sent as completion errors
     echoes: int = 0  # a warning repeated without NCCL's prefix (PyTorch's "Last error:"): not counted again
     too_many: int = 0
 
@@ -117,6 +126,7 @@ class IbStats:
             "ib_completion_errors": self.completion_errors,
             "ib_async_fatal_events": self.async_fatal,
             "ib_async_other_events": self.async_other,
+            "ib_poll_cq_failures": self.poll_cq_failures,
             "ib_records": self.records,
             "ib_errors_without_hca": self.no_hca,
             "ib_lines_without_time": self.no_timestamp,
@@ -181,9 +191,17 @@ class IbLog:
         self._seen: set[str] = set()  # messages of the warnings read with NCCL's prefix
 
     def feed(self, line: str) -> bool:
-        """Take one log line; True when it was an NCCL IB line this reads (an error, an event,
-        the HCAs a process uses), whether it made a count or was dropped (counted)."""
-        if "NET/IB" not in line:
+        """Take one log line; True when it was an NCCL IB line this reads (an error, an event, a
+        failed poll of a completion queue, the HCAs a process uses), whether it made a count or
+        was dropped (counted).
+
+        >>> log = IbLog(host=None, default_ts=0.0)
+        >>> log.feed("n1:4000:4071 [0] include/ibvwrap.h:60 NCCL WARN Call to ibv_poll_cq() returned -2")
+        True
+        >>> (log.stats.poll_cq_failures, log.records()[0].labels["status_name"])
+        (1, 'ibv_poll_cq_failed')
+        """
+        if "NET/IB" not in line and _POLL_TEXT not in line:
             return False
         m = _NCCL.search(line)
         if m is None:
@@ -214,6 +232,8 @@ class IbLog:
             return self._completion(line, m, c, host, pid)
         if (a := _ASYNC.search(msg)) is not None:
             return self._async(line, m, a, host, pid)
+        if _POLL_TEXT in msg:
+            return self._poll(line, m, _POLL.search(msg), host, pid)
         if "Got completion" in msg or "async" in msg:
             self.stats.unparsable += 1
             return True
@@ -241,6 +261,23 @@ class IbLog:
             labels["direction"] = way[:16]
         self.stats.completion_errors += 1
         self._count(line, m, host, pid, hm.group(1) if hm else None, None, "nccl_ib_completion_errors", labels)
+        return True
+
+    def _poll(self, line: str, m: re.Match, p: re.Match | None, host: str, pid: str) -> bool:
+        if p is None:
+            self.stats.unparsable += 1
+            return True
+        n = ascii_int(p.group(2), 20)
+        if n is None or n > 1 << 31:  # NCCL prints a C int: past INT_MIN is not what it printed
+            self.stats.bad_number += 1
+            return True
+        if not p.group(1) or n == 0:  # NCCL warns only below 0: a count of completions is a good poll
+            self.stats.success += 1
+            return True
+        # A completion error for the rules: the CQ is the HCA's, and a poll fails when the HCA is in error.
+        labels = {"status": f"-{n}", "status_name": POLL_CQ_FAILED}
+        self.stats.poll_cq_failures += 1
+        self._count(line, m, host, pid, None, None, "nccl_ib_completion_errors", labels)
         return True
 
     def _async(self, line: str, m: re.Match, a: re.Match, host: str, pid: str) -> bool:
@@ -340,4 +377,4 @@ def _iso_time(iso: re.Match) -> float | None:
         return None
 
 
-__all__ = ["FATAL_EVENTS", "UNKNOWN_HCA", "WC_STATUS", "IbLog", "IbStats"]
+__all__ = ["FATAL_EVENTS", "POLL_CQ_FAILED", "UNKNOWN_HCA", "WC_STATUS", "IbLog", "IbStats"]

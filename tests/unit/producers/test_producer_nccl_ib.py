@@ -22,9 +22,11 @@ from tests.unit.producers.factories import ib_log
 FUZZ = int(os.environ.get("GPUWARDEN_FUZZ_EXAMPLES", "200"))
 
 # NVIDIA/nccl#1405 (a 2.19-era net plugin, ib_plugin.c): status=, no HCA, RoCE GIDs.
-ISSUE_1405 = ("kp-ddp-worker-0:3468:3905 [4] ib_plugin.c:1615 NCCL WARN NET/IB : Got completion from peer "
-              "10.216.210.236<54862> with status=12 opcode=0 len=0 vendor err 129 (Recv) localGid "
-              "fd00:1148:9000:5000:4:200:3:ff22 remoteGidsfd00:1148:9000:5000:4:200:3:ff1f")
+ISSUE_1405 = (
+    "kp-ddp-worker-0:3468:3905 [4] ib_plugin.c:1615 NCCL WARN NET/IB : Got completion from peer "
+    "10.216.210.236<54862> with status=12 opcode=0 len=0 vendor err 129 (Recv) localGid "
+    "fd00:1148:9000:5000:4:200:3:ff22 remoteGidsfd00:1148:9000:5000:4:200:3:ff1f"
+)
 # NVIDIA/nccl#1905: a log shipper's time, NCCL's own [time] (2.23+), the HCA, and the QP's fatal event.
 ISSUE_1905 = [
     "2025-11-09 15:39:31.043 +08:00 [2025-11-09 07:39:30] h100-28:238:1313 [0] transport/net_ib.cc:139 NCCL WARN "
@@ -36,11 +38,15 @@ ISSUE_1905 = [
     "mlx5_ib0",
 ]
 # NVIDIA/nccl-tests#252 (2.12-2.20 layout, "with error N, opcode .."): a peer, no HCA.
-TESTS_252 = ("kolyoz2:25146:25854 [0] ib_plugin.c:1105 NCCL WARN NET/IB : Got completion from peer "
-             "10.0.35.1<49189> with error 4, opcode 5327, len 5327, vendor err 81 (Send)")
+TESTS_252 = (
+    "kolyoz2:25146:25854 [0] ib_plugin.c:1105 NCCL WARN NET/IB : Got completion from peer "
+    "10.0.35.1<49189> with error 4, opcode 5327, len 5327, vendor err 81 (Send)"
+)
 # NVIDIA/nccl#928: an IPv6 link-local peer with its interface.
-ISSUE_928 = ("H100-2:19989:20082 [1] transport/net_ib.cc:1295 NCCL WARN NET/IB : Got completion from peer "
-             "fe80::966d:ae03:8b:df78%ib0<53249> with error 4, opcode 32564, len 32564, vendor err 81 (Send)")
+ISSUE_928 = (
+    "H100-2:19989:20082 [1] transport/net_ib.cc:1295 NCCL WARN NET/IB : Got completion from peer "
+    "fe80::966d:ae03:8b:df78%ib0<53249> with error 4, opcode 32564, len 32564, vendor err 81 (Send)"
+)
 # pytorch/pytorch#81628: the process's "Using" line (three HCAs), then a completion error naming none.
 TORCH_81628 = [
     "tf144:143468:143468 [1] NCCL INFO NET/IB : Using [0]mlx5_0:1/RoCE [1]mlx5_1:1/RoCE [2]i40iw0:1/RoCE ; "
@@ -50,11 +56,15 @@ TORCH_81628 = [
 ]
 # NVIDIA/nccl#902 and #214: the oldest layout (no peer), with the prefix NCCL's debug.cc prints.
 ISSUE_902 = "n1:3000:3100 [0] transport/net_ib.cc:839 NCCL WARN NET/IB : Got completion with error 12, opcode 0, len 0, vendor err 129"
-ISSUE_214 = ("node-8x-v100-nvlink-1:4242:4300 [0] transport/net_ib.cu:788 NCCL WARN NET/IB : Got completion with "
-             "error 4, opcode 1, len 21938, vendor err 81")
+ISSUE_214 = (
+    "node-8x-v100-nvlink-1:4242:4300 [0] transport/net_ib.cu:788 NCCL WARN NET/IB : Got completion with "
+    "error 4, opcode 1, len 21938, vendor err 81"
+)
 # NVIDIA/nccl#230: mpirun's time and rank prefix, NCCL 2.4's async event naming no HCA.
-ISSUE_230 = ("2019-06-02T16:13:44.884Z: [1,12]<stdout>:container-e275-1553839402050-12124-01-000057:815:864 [0] "
-             "transport/net_ib.cu:80 NCCL WARN NET/IB : Got async event : local catastrophic error")
+ISSUE_230 = (
+    "2019-06-02T16:13:44.884Z: [1,12]<stdout>:container-e275-1553839402050-12124-01-000057:815:864 [0] "
+    "transport/net_ib.cu:80 NCCL WARN NET/IB : Got async event : local catastrophic error"
+)
 # NVIDIA/nccl#1710 (2.21): the HCA:port on the async event; a completion with RoCE GIDs.
 ISSUE_1710 = [
     "node201:127799:127863 [0] transport/net_ib.cc:101 NCCL WARN NET/IB : mlx5_0:1 Got async event : local access "
@@ -63,22 +73,29 @@ ISSUE_1710 = [
     "with status=9 opcode=0 len=0 vendor err 138 (Send) localGid ::ffff:10.206.1.23 remoteGids::ffff:10.206.1.11",
 ]
 # NVIDIA/nccl#1919 (2.25.1): the fatal QP event layout.
-ISSUE_1919 = ("node-0:139577:139678 [0] transport/net_ib.cc:154 NCCL WARN NET/IB : mlx5_1:1 async fatal event on QP "
-              "(0x7309dc3bb338): invalid request local work queue error")
+ISSUE_1919 = (
+    "node-0:139577:139678 [0] transport/net_ib.cc:154 NCCL WARN NET/IB : mlx5_1:1 async fatal event on QP "
+    "(0x7309dc3bb338): invalid request local work queue error"
+)
 # NVIDIA/nccl#1664: a plugin's "NET/IBP:" as the issue quotes it, the prefix cut.
-ISSUE_1664 = "NET/IBP:Got completion from peer 7.6.13.83<36315> with status=12 opcode=32698 len=32696 vendor err 129 (Send)"
+ISSUE_1664 = (
+    "NET/IBP:Got completion from peer 7.6.13.83<36315> with status=12 opcode=32698 len=32696 vendor err 129 (Send)"
+)
 # NVIDIA/nccl master, net_ib/p2p.cc's format string (2.28+): names for status and opcode.
-MASTER = ("[2026-01-05 10:00:01] gpu-7:5150:5190 [3] transport/net_ib/p2p.cc:688 (ncclIbLogCompletionWithError) "
-          "NCCL WARN NET/IB: Got completion from peer 10.0.0.2<43210> with status=IBV_WC_RETRY_EXC_ERR(12) "
-          "opcode=IBV_WC_RDMA_WRITE(1) vendor_err=129  hca mlx5_4")
+MASTER = (
+    "[2026-01-05 10:00:01] gpu-7:5150:5190 [3] transport/net_ib/p2p.cc:688 (ncclIbLogCompletionWithError) "
+    "NCCL WARN NET/IB: Got completion from peer 10.0.0.2<43210> with status=IBV_WC_RETRY_EXC_ERR(12) "
+    "opcode=IBV_WC_RDMA_WRITE(1) vendor_err=129  hca mlx5_4"
+)
 # PyTorch's rank prefix and torchrun's tee prefix around an NCCL line (their formats: the watchdog fixtures).
-TORCHRUN = ("[default3]:[rank11]:gpu-3:700:760 [3] transport/net_ib.cc:2358 NCCL WARN NET/IB: Got completion from "
-            "peer 10.0.0.7<1234> with status=5 opcode=0 len=0 vendor err 249 (Recv) hca mlx5_3")
+TORCHRUN = (
+    "[default3]:[rank11]:gpu-3:700:760 [3] transport/net_ib.cc:2358 NCCL WARN NET/IB: Got completion from "
+    "peer 10.0.0.7<1234> with status=5 opcode=0 len=0 vendor err 249 (Recv) hca mlx5_3"
+)
 
 
 def _decode(recs):
     return Decoder().decode(b"[" + b",".join(encode(r) for r in recs) + b"]", "f:1")
-
 
 
 def test_each_completion_layout_gives_status_peer_and_hca():
@@ -98,7 +115,11 @@ def test_each_completion_layout_gives_status_peer_and_hca():
         (r,), stats = ib_log([line])
         assert (r.host, r.device, r.port, r.counters) == (host, hca, port, {"nccl_ib_completion_errors": 1}), line
         assert (r.labels["status"], r.labels["status_name"], r.labels.get("peer"), r.labels.get("direction")) == (
-            status, name, peer, way), line
+            status,
+            name,
+            peer,
+            way,
+        ), line
         assert r.labels["source"] == "nccl_log" and r.state is None
         assert stats.completion_errors == 1 and stats.unparsable == 0
     (r,), _ = ib_log([TORCHRUN])
@@ -152,8 +173,13 @@ def test_times_come_from_a_zoned_prefix_then_nccl_then_an_unzoned_prefix_then_th
 
 
 def test_errors_of_one_hca_in_one_second_are_one_record_and_counts_accumulate():
-    lines = [TORCHRUN, TORCHRUN.replace("10.0.0.7<1234>", "10.0.0.8<99>"),
-             "[2026-01-05 10:00:01] " + TORCHRUN.split("]:", 2)[2], MASTER, MASTER.replace("10:00:01", "10:00:09")]
+    lines = [
+        TORCHRUN,
+        TORCHRUN.replace("10.0.0.7<1234>", "10.0.0.8<99>"),
+        "[2026-01-05 10:00:01] " + TORCHRUN.split("]:", 2)[2],
+        MASTER,
+        MASTER.replace("10:00:01", "10:00:09"),
+    ]
     recs, _ = ib_log(lines, default_ts=time.mktime(time.strptime("2026-01-05 10:00:01", "%Y-%m-%d %H:%M:%S")))
     by = [(r.device, r.counters["nccl_ib_completion_errors"], r.labels.get("peers")) for r in recs]
     assert by == [("mlx5_3", 3, "10.0.0.7<1234>,10.0.0.8<99>"), ("mlx5_4", 1, None), ("mlx5_4", 2, None)]
@@ -213,7 +239,8 @@ def test_a_hostile_peer_or_event_does_not_reach_a_label():
 _ALPHABET = st.sampled_from(["NET/IB", " : ", "Got completion", " from peer ", "with ", "status=", "error ", "12",
                              "-1", "opcode=", ", ", "vendor err ", "(Send)", " hca ", "mlx5_0", "async fatal event",
                              ": ", "h:1:2 [0] ", "NCCL WARN ", "Using [0]mlx5_1:1/IB", "\x00", "９", "[rank3]:",
-                             "[2025-13-40 99:99:99] ", "Got async event : ", "local catastrophic error", "é", " "])  # fmt: skip
+                             "[2025-13-40 99:99:99] ", "Got async event : ", "local catastrophic error", "é", " ",
+                             "include/ibvwrap.h:60 ", "Call to ibv_poll_cq() returned ", "-2", "(wrap_ibv_poll_cq) "])  # fmt: skip
 
 
 @settings(max_examples=FUZZ, deadline=None, suppress_health_check=[HealthCheck.too_slow])

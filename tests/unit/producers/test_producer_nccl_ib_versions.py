@@ -4,6 +4,7 @@ only itself: counted by reason, never a crash, never unbounded memory."""
 
 from __future__ import annotations
 
+import time
 import tracemalloc
 
 from pipeline.decode import Decoder
@@ -11,6 +12,7 @@ from pipeline.schema import encode
 from producers import nccl_ib
 from producers.nccl_ib import IbLog, IbStats
 from tests.factories import T0
+from tests.fleet_factories import no_hang
 from tests.unit.producers.factories import ib_log
 
 # v2.28.9-1 src/transport/net_ib.cc:2543 (the same in v2.28.7-1):
@@ -44,7 +46,6 @@ V2_23 = (
     "node7:1234:1300 [3] transport/net_ib.cc:2121 NCCL WARN NET/IB: Got completion from peer 10.0.0.8<5000> "
     "with status=12 opcode=0 len=0 vendor err 129 (Send) hca mlx5_3"
 )
-
 
 
 def test_the_2_28_7_to_2_28_9_layout_with_reqsize_and_req_type_is_a_completion_error():
@@ -122,7 +123,7 @@ def test_hosts_and_hcas_past_the_record_bound_cost_no_memory(monkeypatch):
 
 def test_cut_or_corrupted_real_lines_are_read_or_counted_and_every_record_decodes():
     recs = []
-    for line in (V2_28_9_IB, V2_28_9_ROCE, USING_MIXED, V2_20_NO_HCA):
+    for line in (V2_28_9_IB, V2_28_9_ROCE, USING_MIXED, V2_20_NO_HCA, POLL_2_30):
         for i in range(len(line) + 1):
             for bad in (line[:i], line[:i] + "\x00" + line[i:], line[:i] + "\ufffd" + line[i + 1 :],
                         line[:i] + "\r\n" + line[i:], line[:i] + "٣" + line[i + 1 :], line[:i] + "9" * 40 + line[i:]):  # fmt: skip
@@ -131,3 +132,74 @@ def test_cut_or_corrupted_real_lines_are_read_or_counted_and_every_record_decode
                 assert stats.records == len(got) <= 1
     out = Decoder().decode(b"[" + b",".join(encode(r) for r in recs) + b"]", "f:1")
     assert len(out.records) == len(recs) and not out.dead, out.dead
+
+
+# include/ibvwrap.h's wrap_ibv_poll_cq (inline, so __FILE__ is the header as src/Makefile's
+# -Iinclude finds it): WARN("Call to ibv_poll_cq() returned %d", done) when the provider's
+# poll_cq returns < 0, the same text from v2.3.5-5 (line 1076) to v2.30.7-1 (line 63); line 60
+# in 2.18-2.23, 62 in 2.24-2.29.3, 58 in 2.29.7-2.30.4; "(func)" in the prefix from 2.30.7
+# (src/debug.cc).
+POLL_2_18 = "n1:4000:4071 [0] include/ibvwrap.h:60 NCCL WARN Call to ibv_poll_cq() returned -2"
+POLL_2_26 = "[2026-01-05 10:00:01] gpu-7:5150:5190 [3] include/ibvwrap.h:62 NCCL WARN Call to ibv_poll_cq() returned -2"
+POLL_2_30 = ("[default3]:[rank11]:gpu-7:5150:5190 [3] include/ibvwrap.h:63 (wrap_ibv_poll_cq) NCCL WARN "
+             "Call to ibv_poll_cq() returned -22")  # fmt: skip
+SINGLE = "n1:4000:4000 [0] NCCL INFO NET/IB : Using [0]mlx5_2:1/IB [RO]; OOB ib0:10.0.0.1<0>"
+
+
+def test_a_failed_poll_of_the_completion_queue_is_a_completion_error_of_the_process_hca():
+    # Before: no "NET/IB" on the line, so it was not read at all: the HCA in error made no record.
+    (r,), stats = ib_log([SINGLE, POLL_2_18])
+    assert (r.host, r.device, r.port, r.counters) == ("n1", "mlx5_2", 1, {"nccl_ib_completion_errors": 1})
+    assert (r.labels["status"], r.labels["status_name"], r.labels["cuda_dev"]) == ("-2", "ibv_poll_cq_failed", "0")
+    assert "opcode" not in r.labels and "peer" not in r.labels and r.labels["source"] == "nccl_log"
+    assert (stats.poll_cq_failures, stats.completion_errors, stats.unparsable) == (1, 0, 0)
+    assert stats.summary()["ib_poll_cq_failures"] == 1
+    # NCCL's own time (2.26+), and the (func) of 2.30.7 behind torchrun's and PyTorch's prefixes.
+    (r,), _ = ib_log([POLL_2_26])
+    assert r.ts == time.mktime(time.strptime("2026-01-05 10:00:01", "%Y-%m-%d %H:%M:%S"))
+    (r,), stats = ib_log([POLL_2_30])
+    assert (r.host, r.labels["status"], r.labels["rank"], r.labels["cuda_dev"]) == ("gpu-7", "-22", "11", "3")
+    # The line names no HCA: a process using several gives device "unknown", as a completion would.
+    assert (r.device, r.port) == ("unknown", 0) and stats.no_hca == 1
+    # The oldest layout (2.3.5-2.17, the header's line 1076-1081).
+    (r,), _ = ib_log([POLL_2_18.replace("ibvwrap.h:60", "ibvwrap.h:1076")])
+    assert r.counters == {"nccl_ib_completion_errors": 1}
+
+
+def test_a_failed_poll_counts_with_the_hca_s_completion_errors_and_its_echo_does_not():
+    completion = V2_20_NO_HCA.replace("4071", "4072")
+    lines = [SINGLE, completion, POLL_2_18, "[rank0]: Last error:", "[rank0]: Call to ibv_poll_cq() returned -2"]
+    (r,), stats = ib_log(lines)
+    assert (r.device, r.counters, r.labels["status"]) == ("mlx5_2", {"nccl_ib_completion_errors": 2}, "12")
+    assert stats.echoes == 1 and stats.poll_cq_failures == 1
+    # Without NCCL_DEBUG only PyTorch's echo is there: read, on the reading host.
+    (r,), stats = ib_log(lines[3:])
+    assert (r.host, r.device, r.labels["status"], r.labels["rank"]) == ("here", "unknown", "-2", "0")
+
+
+def test_a_cut_or_altered_failed_poll_line_is_counted_not_sent():
+    for tail, reason in [("-99999999999", "bad_number"), ("-2147483649", "bad_number"), ("－２", "unparsable"),
+                         ("", "unparsable"), ("-", "unparsable"), ("-2x", "unparsable"), ("-" + "9" * 30, "unparsable"),
+                         ("0", "success"), ("7", "success")]:  # fmt: skip
+        recs, stats = ib_log([POLL_2_18.replace("returned -2", "returned " + tail)])
+        assert recs == [] and getattr(stats, reason) == 1 and stats.poll_cq_failures == 0, tail
+    (r,), _ = ib_log([POLL_2_18.replace("-2", "-2147483648")])
+    assert r.labels["status"] == "-2147483648"
+    # Other mentions of the call (a stack frame, NCCL's INFO trace) are not this warning.
+    for line in ["n1:1:2 [0] NCCL INFO include/ibvwrap.h:60 -> 2 in wrap_ibv_poll_cq",
+                 "n1:1:2 [0] NCCL INFO Call to ibv_poll_cq() returned -2"]:  # fmt: skip
+        recs, stats = ib_log([line])
+        assert recs == [] and stats.unparsable == 0
+
+
+def test_a_64_kib_line_of_failed_poll_fragments_is_counted_in_bounded_time():
+    frag = "h:1:2 [0] include/ibvwrap.h:60 NCCL WARN Call to ibv_poll_cq() returned -"
+    for line in [
+        (frag * (65_536 // len(frag)))[:65_536],
+        frag + "9" * 65_536,
+        "Call to ibv_poll_cq() " * 3000,
+        "a" * 65_536 + " Call to ibv_poll_cq",
+    ]:
+        with no_hang(5.0):
+            recs, stats = ib_log([line])
+        assert recs == [] and stats.unparsable == 1
