@@ -219,6 +219,11 @@ def _glog_time(year: int, mon: str, day: str, hh: str, mm: str, ss: str) -> floa
         return None
 
 
+# A process in a log: ("rank", its global rank) or ("local", torchrun's local rank); None where
+# its lines name neither.
+_Process = tuple[str, int] | None
+
+
 @dataclass
 class _Report:
     """One rank's report about one piece of work, gathered from its lines."""
@@ -237,6 +242,7 @@ class _Report:
     last_enqueued: int | None = None
     last_completed: int | None = None
     dump_from: str | None = None
+    process: _Process = None  # which process's report (_Reports.process), set where it is kept
 
     def merge(self, o: "_Report") -> None:
         self.ts = min(self.ts, o.ts)
@@ -316,6 +322,134 @@ def parse_line(line: str, *, year: int, default_ts: float, stats: WatchdogStats)
     return rep
 
 
+@dataclass
+class _Work:
+    """One process's reports about one piece of work, by communicator (None: not named yet)."""
+
+    by_comm: dict[str | None, _Report]
+    latest: _Report
+
+
+class _Reports:
+    """A log's reports, one per process, communicator, PG rank and piece of work.
+
+    The PG rank alone does not tell processes apart: ``Rank 0`` of every tensor-parallel group
+    reports its own group's seq, so a combined log holds the same (PG rank, seq) from many
+    processes. A process is the global rank its lines print (``[rankN]:``), else torchrun's
+    local rank (``[defaultN]:``, tied to the global rank by the last line that printed both); a
+    line that names neither (the ``what():`` repeat, the oldest layout without torchrun) joins
+    the process that last reported the same work, on the same PG where the line names one.
+    Within a process, a line without a PG (the ``[Rank N] Watchdog caught`` line) joins the
+    latest report of that work, and two PGs named apart stay apart.
+
+    >>> stats = WatchdogStats()
+    >>> reps = _Reports(stats)
+    >>> line = "[rank{}]:[PG {} Rank 0] Timeout at NCCL work: 5, last enqueued NCCL work: {}, last completed NCCL work: 4."
+    >>> for g in (0, 2):
+    ...     reps.add(parse_line(line.format(g, g // 2 + 1, 5 + g), year=2025, default_ts=0.0, stats=stats))
+    >>> sorted((r.global_rank, r.comm, r.last_enqueued) for r in reps.out.values())
+    [(0, '1', 5), (2, '2', 7)]
+    """
+
+    def __init__(self, stats: WatchdogStats) -> None:
+        self.stats = stats
+        self.out: dict[int, _Report] = {}  # by id(): a bare report gives its place to its numbers
+        self.works: dict[tuple[Any, ...], _Work] = {}  # (work, process) -> that process's reports
+        # (work, PG) -> who last reported that work on that PG, (work, None) -> on any PG.
+        self.last_process: dict[tuple[Any, ...], _Process] = {}
+        # (process, PG rank) -> its latest timeout, (None, PG rank) -> any process's: where a
+        # timeout without a seq ("Some NCCL operations have failed") joins.
+        self.latest: dict[tuple[_Process, int], _Report] = {}
+        self.bare: dict[tuple[_Process, int], _Report] = {}  # timeouts without a seq, awaiting their numbers
+        self.global_of_local: dict[int, int] = {}
+
+    def process(self, rep: _Report) -> _Process:
+        """The process that printed ``rep``'s line, as far as the line tells."""
+        if rep.global_rank is not None:
+            if rep.local_rank is not None and (
+                rep.local_rank in self.global_of_local or len(self.global_of_local) < MAX_RECORDS
+            ):  # bounded as the reports are: a hostile log may name a new pair on every line
+                self.global_of_local[rep.local_rank] = rep.global_rank
+            return ("rank", rep.global_rank)
+        if rep.local_rank is not None:
+            g = self.global_of_local.get(rep.local_rank)
+            return ("rank", g) if g is not None else ("local", rep.local_rank)
+        return None
+
+    def _keep(self, rep: _Report, proc: _Process) -> bool:
+        if len(self.out) >= MAX_RECORDS:
+            self.stats.too_many += 1
+            return False
+        rep.process = proc
+        self.out[id(rep)] = rep
+        return True
+
+    def add(self, rep: _Report) -> None:
+        """Join ``rep`` to the report of its process, communicator and work, or keep it as a new one."""
+        proc = self.process(rep)
+        if rep.state == "timeout" and rep.seq is None:
+            self._add_bare(rep, proc)
+            return
+        if rep.state == "progress":
+            work: tuple[Any, ...] = (rep.rank, "progress", rep.last_enqueued, rep.last_completed)
+        else:
+            work = (rep.rank, "timeout", rep.seq)
+        if proc is None:
+            proc = self.last_process.get((work, rep.comm)) or self.last_process.get((work, None))
+            if proc is None and rep.state == "timeout" and (prev := self.latest.get((None, rep.rank))) is not None:
+                proc = prev.process  # the process whose bare line or earlier work this most likely follows
+        w = self.works.get((work, proc))
+        if w is None and proc is not None:
+            # Lines that named no process, or only its local rank, came first: they were this one's.
+            w = self.works.pop((work, None), None)
+            if w is None and proc[0] == "rank" and rep.local_rank is not None:
+                w = self.works.pop((work, ("local", rep.local_rank)), None)
+            if w is not None:
+                self.works[(work, proc)] = w
+                for r in w.by_comm.values():
+                    r.process = proc
+        if rep.state == "timeout":
+            bare = self.bare.pop((proc, rep.rank), None)
+            if bare is None and proc is not None:
+                bare = self.bare.pop((None, rep.rank), None)
+            if bare is not None:  # the process's bare failure line came before its numbers
+                rep.merge(bare)
+                del self.out[id(bare)]
+        if w is None:
+            if not self._keep(rep, proc):
+                return
+            target = rep
+            w = self.works[(work, proc)] = _Work({rep.comm: rep}, rep)
+        elif rep.comm is None:
+            target = w.latest
+            target.merge(rep)
+        elif (have := w.by_comm.get(rep.comm) or w.by_comm.pop(None, None)) is not None:
+            target = w.by_comm[rep.comm] = have  # a report without a PG yet was this PG's
+            target.merge(rep)
+        elif self._keep(rep, proc):
+            target = w.by_comm[rep.comm] = rep
+        else:
+            return
+        w.latest = target
+        self.last_process[(work, None)] = proc
+        if target.comm is not None:
+            self.last_process[(work, target.comm)] = proc
+        if rep.state == "timeout":
+            self.latest[(proc, rep.rank)] = self.latest[(None, rep.rank)] = target
+
+    def _add_bare(self, rep: _Report, proc: _Process) -> None:
+        """A timeout without a seq: joins its process's latest timeout, else waits for its numbers."""
+        key = (proc, rep.rank)
+        target = self.latest.get(key)
+        if target is not None:
+            target.merge(rep)
+        elif self._keep(rep, proc):
+            target = self.bare[key] = rep
+        else:
+            return
+        self.latest[key] = self.latest[(None, rep.rank)] = target
+
+
 def read_lines(src: TextIO, stats: WatchdogStats) -> Iterator[str]:
     """``src``'s lines, each at most ``LINE_MAX`` characters (longer ones skipped whole, counted);
     a watchdog timeout line that a wrapped copy cut inside ``WorkNCCL(...)`` is joined with its
@@ -359,7 +493,7 @@ def parse(
     stats: WatchdogStats | None = None,
     ib: IbLog | None = None,
 ) -> list[ProgressRecord]:
-    """Records from a training log: one per (rank, communicator, work) the watchdog reported on.
+    """Records from a training log: one per (process, communicator, rank, work) the watchdog reported on.
 
     ``year``: the year of glog's ``MMDD`` times (default: ``default_ts``'s); ``default_ts``: the
     time of lines without one (default: now). ``gpus_per_node``: a rank's GPU is its global rank
@@ -371,37 +505,15 @@ def parse(
     now = time.time() if default_ts is None else default_ts
     yr = year or time.localtime(now).tm_year
     hostname = host or socket.gethostname()
-    reports: dict[tuple[Any, ...], _Report] = {}
-    # Each rank's latest timeout report: where a bare "Some NCCL operations have failed" joins.
-    latest: dict[int, tuple[Any, ...]] = {}
+    reports = _Reports(stats)
     for line in read_lines(src, stats):
         if ib is not None and ib.feed(line):
             continue
         rep = parse_line(line, year=yr, default_ts=now, stats=stats)
-        if rep is None:
-            continue
-        if rep.state == "progress":
-            key: tuple[Any, ...] = (rep.rank, "progress", rep.comm, rep.last_enqueued, rep.last_completed)
-        elif rep.seq is None:
-            key = latest.get(rep.rank, (rep.rank, "timeout", None))
-        else:
-            key = (rep.rank, "timeout", rep.seq)
-            bare = reports.pop((rep.rank, "timeout", None), None)
-            if bare is not None:  # the rank's bare failure line came before its numbers
-                rep.merge(bare)
-                reports.setdefault(key, rep)
-        have = reports.get(key)
-        if have is not None:
-            have.merge(rep)
-        elif len(reports) >= MAX_RECORDS:
-            stats.too_many += 1
-            continue
-        else:
-            reports[key] = rep
-        if rep.state == "timeout":
-            latest[rep.rank] = key
+        if rep is not None:
+            reports.add(rep)
     out = []
-    for r in reports.values():
+    for r in reports.out.values():
         # A subgroup's rank is not its process's: the GPU follows the global rank where the line gave it.
         grank = r.global_rank if r.global_rank is not None else r.rank
         gpu = grank % gpus_per_node if gpus_per_node else r.local_rank

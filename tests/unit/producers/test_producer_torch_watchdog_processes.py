@@ -1,0 +1,159 @@
+"""``torch-watchdog`` on logs that hold several processes: a job's combined log, or torchrun's
+``--tee`` output of the ranks on one host. Ranks of different subgroups hold the same PG rank
+(``Rank 0`` of every tensor-parallel group) and count their own sequence numbers, so two
+processes can report the same PG rank and seq; each process's report stays its own.
+
+The lines follow PyTorch's layouts as the first tests hold them (``ProcessGroupNCCL.cpp``:
+``WorkNCCL::checkTimeout``'s ``[Rank N] Watchdog caught ...``, whose ``[Rank N]`` is the PG's
+rank; ``createLogPrefix``'s ``[PG 1 (mesh_tp) Rank 0]`` in 2.4 and ``[PG ID 1 PG GUID 1(mesh_tp)
+Rank 0]`` since 2.5; the ``what():`` repeat that std::terminate prints without the ``[rankN]:``
+prefix), arranged as ``init_device_mesh`` would make them (tensor-parallel groups of two, named
+``mesh_tp``, one PG per group); the numbers are made up.
+"""
+
+from __future__ import annotations
+
+import io
+
+from producers.torch_watchdog import WatchdogStats, parse
+
+DEC_2025 = 1767139200.0  # 2025-12-31: the logs' year
+
+
+def _parse(text: str, **kw):
+    stats = WatchdogStats()
+    recs = parse(io.StringIO(text), job="pretrain", host="node7", year=2025, default_ts=DEC_2025, stats=stats, **kw)
+    return recs, stats
+
+
+def _timeout(local: int, glob: int, ran: int) -> str:
+    """PyTorch 2.4's timeout line of global rank ``glob``, ``Rank 0`` of its TP group, at seq 6463."""
+    return (
+        f"[default{local}]:[rank{glob}]:[E1003 18:37:01.83214{glob}912 ProcessGroupNCCL.cpp:607] [Rank 0] Watchdog "
+        "caught collective operation timeout: WorkNCCL(SeqNum=6463, OpType=ALLREDUCE, NumelIn=1, NumelOut=1, "
+        f"Timeout(ms)=1800000) ran for {ran} milliseconds before timing out."
+    )
+
+
+def _status(local: int, glob: int, pg: int, enq: int, done: int) -> str:
+    """PyTorch 2.4's ``Timeout at NCCL work`` line of the same rank and work."""
+    return (
+        f"[default{local}]:[rank{glob}]:[E1003 18:37:01.83362{glob}509 ProcessGroupNCCL.cpp:1709] [PG {pg} (mesh_tp) "
+        f"Rank 0] Timeout at NCCL work: 6463, last enqueued NCCL work: {enq}, last completed NCCL work: {done}."
+    )
+
+
+def _what(local: int, pg: int) -> str:
+    """std::terminate's repeat of the exception: torchrun's prefix, no ``[rankN]:``."""
+    return (
+        f"[default{local}]:  what():  [PG {pg} (mesh_tp) Rank 0] Process group watchdog thread terminated with "
+        "exception: [Rank 0] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=6463, OpType=ALLREDUCE, "
+        "NumelIn=1, NumelOut=1, Timeout(ms)=1800000) ran for 1800017 milliseconds before timing out."
+    )
+
+
+def _summary(recs):
+    """Each record by its process: torchrun's local rank (global rank 0 gets no global_rank label)."""
+    return {r.labels["local_rank"]: (r.rank, r.comm, r.seq, r.ran_ms, r.last_enqueued, r.last_completed) for r in recs}
+
+
+def test_two_ranks_whose_subgroups_share_a_pg_rank_and_seq_stay_apart():
+    # Global ranks 0 and 2 are each Rank 0 of their TP group (PGs 1 and 2) and both time out at
+    # their groups' seq 6463. Before: one record (global rank 0's), rank 2's timeout and its
+    # progress (6464 enqueued, 6461 completed: the laggard) folded into it and lost.
+    log = [
+        _timeout(0, 0, 1800017),
+        _timeout(2, 2, 1800085),
+        _status(0, 0, 1, 6463, 6462),
+        _status(2, 2, 2, 6464, 6461),
+    ]
+    recs, stats = _parse("\n".join(log), gpus_per_node=8)
+    assert _summary(recs) == {
+        "0": (0, "1", 6463, 1800017, 6463, 6462),
+        "2": (0, "2", 6463, 1800085, 6464, 6461),
+    }
+    assert sorted(r.gpu for r in recs) == [0, 2] and stats.records == 2
+
+
+def test_a_process_is_told_by_torchruns_local_rank_where_no_global_rank_is_printed():
+    # Before 2.2 there is no "[rankN]:"; torchrun's "[defaultN]:" still names the process.
+    # Before: one record, the second process's ran_ms lost.
+    log = [
+        "[default0]:[E ProcessGroupNCCL.cpp:828] [Rank 0] Watchdog caught collective operation timeout: "
+        "WorkNCCL(SeqNum=15173, OpType=ALLREDUCE, Timeout(ms)=1800000) ran for 1802710 milliseconds before timing out.",
+        "[default2]:[E ProcessGroupNCCL.cpp:828] [Rank 0] Watchdog caught collective operation timeout: "
+        "WorkNCCL(SeqNum=15173, OpType=ALLREDUCE, Timeout(ms)=1800000) ran for 1800310 milliseconds before timing out.",
+    ]
+    recs, _ = _parse("\n".join(log))
+    assert sorted((r.labels["local_rank"], r.ran_ms) for r in recs) == [("0", 1802710), ("2", 1800310)]
+
+
+def test_one_processs_lines_still_join_among_anothers():
+    # The what() repeat names no global rank: torchrun's local rank ties it to the process that
+    # printed "[default2]:[rank2]:"; a line with no prefix at all joins the process that last
+    # reported the same work. One record per process, as when each log was read alone.
+    log = [
+        _timeout(0, 0, 1800017),
+        _timeout(2, 2, 1800085),
+        _status(2, 2, 2, 6464, 6461),
+        _status(0, 0, 1, 6463, 6462),
+        _what(2, 2),
+        _what(0, 1).removeprefix("[default0]:"),
+    ]
+    recs, _ = _parse("\n".join(log))
+    assert _summary(recs) == {
+        "0": (0, "1", 6463, 1800017, 6463, 6462),
+        "2": (0, "2", 6463, 1800085, 6464, 6461),
+    }
+    alone = {}
+    for glob, local in ((0, 0), (2, 2)):
+        lines = [ln for ln in log if f"[rank{glob}]:" in ln or ln.startswith(f"[default{local}]:  what()")]
+        (alone[str(local)],) = _parse("\n".join(lines))[0]
+    assert {lr: (r.ts, r.ran_ms, r.last_enqueued) for lr, r in alone.items()} == {
+        r.labels["local_rank"]: (r.ts, r.ran_ms, r.last_enqueued) for r in recs
+    }
+
+
+def test_a_bare_failure_line_joins_its_own_process():
+    # "Some NCCL operations have failed" carries no seq: it joins its process's latest timeout,
+    # or waits for that process's numbers; another process's numbers never take it.
+    failed = (
+        "[default{0}]:[rank{0}]:[E1003 18:36:59.833637681 ProcessGroupNCCL.cpp:621] [Rank 0] Some NCCL "
+        "operations have failed or timed out. Due to the asynchronous nature of CUDA kernels, subsequent GPU "
+        "operations might run on corrupted/incomplete data."
+    )
+    log = [failed.format(2), _status(0, 0, 1, 6463, 6462), _status(2, 2, 2, 6464, 6461)]
+    recs, _ = _parse("\n".join(log))
+    assert _summary(recs) == {
+        "0": (0, "1", 6463, None, 6463, 6462),
+        "2": (0, "2", 6463, None, 6464, 6461),
+    }
+    ts = {r.labels["local_rank"]: r.ts for r in recs}
+    assert ts["0"] - ts["2"] == 2  # rank 2's record kept its bare line's earlier time
+
+
+def test_one_process_in_two_communicators_at_the_same_seq_makes_two_records():
+    # Global rank 0 is Rank 0 of the default PG and of its TP group; both time out at seq 1.
+    # Before: one record, the TP group's progress lost.
+    status = (
+        "[rank0]:[E1218 20:27:21.48490{0}450 ProcessGroupNCCL.cpp:2168] [PG ID {1} PG GUID {1}({2}) Rank 0]  failure "
+        "detected by watchdog at work sequence id: 1 PG status: last enqueued work: {3}, last completed work: {4}"
+    )
+    log = [status.format(1, 0, "default_pg", 547, 546), status.format(2, 1, "mesh_tp", 12, 0)]
+    recs, _ = _parse("\n".join(log))
+    assert sorted((r.comm, r.comm_name, r.last_enqueued, r.last_completed) for r in recs) == [
+        ("0", "default_pg", 547, 546),
+        ("1", "mesh_tp", 12, 0),
+    ]
+
+
+def test_many_processes_with_the_same_pg_rank_and_seq_each_keep_their_own_report():
+    # 64 TP groups of two: global ranks 2, 4, .., 128 are each Rank 0, all at seq 6463. The
+    # timeouts come first, the statuses after in reverse, as a combined log may order them.
+    lines = [_timeout(g % 8, g, 1800000 + g) for g in range(2, 130, 2)]
+    lines += [_status(g % 8, g, g // 2, 6463, 6462 if g != 34 else 6400) for g in reversed(range(2, 130, 2))]
+    recs, _ = _parse("\n".join(lines))
+    assert len(recs) == 64
+    assert all(r.ran_ms == 1800000 + int(r.labels["global_rank"]) for r in recs)
+    assert all(r.comm == str(int(r.labels["global_rank"]) // 2) for r in recs)
+    assert [r.labels["global_rank"] for r in recs if r.last_completed == 6400] == ["34"]
