@@ -122,7 +122,17 @@ def _run(args: argparse.Namespace, make_source: Any, *, from_file: bool = False)
             file=sys.stderr,
             flush=True,
         )
-    return FINDINGS_EXIT if findings or lost else 0
+    # A file with text but not one line of the tool's output (the wrong file, an error page) is
+    # no success either; an empty one, or a report that all is well, is (docs/producers.md).
+    unread = from_file and getattr(source, "unrecognised", False) is True
+    if unread:
+        print(
+            f"gpuwarden produce {args.source}: {getattr(source, 'path', args.file)}: not one line could be read "
+            f"as {args.source} output (exit {FINDINGS_EXIT})",
+            file=sys.stderr,
+            flush=True,
+        )
+    return FINDINGS_EXIT if findings or lost or unread else 0
 
 
 def _cmd_dcgm_exporter(args: argparse.Namespace) -> int:

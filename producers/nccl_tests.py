@@ -74,6 +74,8 @@ _OOB = re.compile(r"Out of bounds values\s*:\s*(\S+)\s*(\w*)")
 # A launcher's tag before each line: mpirun --tag-output's [job,rank]<stdout>:, srun -l's "rank: ".
 _TAG = re.compile(r"^\s*(?:\[\d{1,9},\d{1,9}\]<(?:stdout|stderr)>:|\d{1,9}:(?=\s))")
 RANK_DIGITS = 9  # ranks, devices, thread and GPU counts: far beyond any job
+_BANNERS = ("nccl-tests version", "Using devices", "Avg bus bandwidth")  # comment lines of its own
+_JSON_KEYS = {"config", "results", "out_of_bounds"}
 
 
 def collective_name(text: str | None) -> str | None:
@@ -129,6 +131,9 @@ class ParseStats:
     bad_json_values: int = 0  # a -J value of the wrong type, or nested too deep: left out
     no_time: int = 0  # a row without a usable out-of-place time
     coll_from_file_name: int = 0
+    # Lines of nccl-tests' own layout (banner, rank, nThread, header, result, out-of-bounds) or a
+    # -J document: none in a non-blank input means it is not nccl-tests output.
+    recognised: int = 0
     findings: list[Finding] = field(default_factory=list)
 
 
@@ -311,8 +316,11 @@ def parse_text(
                 continue
         if s.startswith("#"):
             body = s.lstrip("#").strip()
+            if body.startswith(_BANNERS):
+                stats.recognised += 1
             m = _RANK.match(s)
             if m:
+                stats.recognised += 1
                 if cur.rows:
                     close()
                 r, dev = ascii_int(m.group(1), RANK_DIGITS), ascii_int(m.group(5), RANK_DIGITS)
@@ -323,15 +331,18 @@ def parse_text(
                 cur.devices[r] = Device(r, m.group(4), dev, pid)
                 continue
             if body.startswith("Collective test starting:"):
+                stats.recognised += 1
                 close()
                 cur.started = body.split(":", 1)[1].strip()
                 continue
             if body.startswith("Collective test concluded"):
+                stats.recognised += 1
                 cur.concluded = True
                 close()
                 continue
             m = _NTHREAD.search(body)
             if m:
+                stats.recognised += 1
                 if cur.rows or cur.nranks_header is not None:
                     close()
                 nthread, ngpus = ascii_int(m.group(1), RANK_DIGITS), ascii_int(m.group(2), RANK_DIGITS)
@@ -343,6 +354,7 @@ def parse_text(
                 continue
             m = _OOB.search(body)
             if m:
+                stats.recognised += 1
                 n = ascii_int(m.group(1))
                 failed = m.group(2).upper() == "FAILED"
                 if n is None:
@@ -353,6 +365,7 @@ def parse_text(
                 continue
             toks = body.split()
             if "size" in toks and "count" in toks:
+                stats.recognised += 1
                 if cur.rows:
                     close()
                 cur.header, cur.time_scale = toks, 1.0
@@ -364,6 +377,7 @@ def parse_text(
         toks = s.split()
         if not toks[0].isdigit():
             continue
+        stats.recognised += 1
         stats.rows += 1
         row = _row(cur.header, cur.time_scale, toks)
         if row is None:
@@ -430,6 +444,8 @@ def parse_json(
         return v if isinstance(v, str) else (str(v) if isinstance(v, int) and not isinstance(v, bool) else None)
 
     doc = obj(doc)
+    if _JSON_KEYS & doc.keys():
+        stats.recognised += 1
     for d in seq(obj(doc.get("config")).get("devices")):
         r = count(d.get("rank")) if isinstance(d, dict) else None
         if r is None:
@@ -520,6 +536,7 @@ class NcclTestsSource:
         self.done = False
         self.stats = ParseStats()
         self.truncated = 0
+        self.unrecognised = False  # text, but not one line of nccl-tests output (the CLI exits 3)
 
     def poll(self) -> list[NcclRecord]:
 
@@ -531,6 +548,7 @@ class NcclTestsSource:
                 "%s: longer than %d characters; the rest is not read (dropped.truncated_log)", self.path, self.max_chars
             )
         recs = parse(text, name_hint=None if self.path == "-" else self.path, stats=self.stats, **self.kw)
+        self.unrecognised = bool(text.strip()) and not self.stats.recognised
         if not recs:
             log.warning("%s: no nccl-tests result rows found", self.path)
         return recs

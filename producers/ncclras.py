@@ -74,6 +74,8 @@ _PROCESS = re.compile(r"Process (\S+) on node (\S+) managing GPUs? (.+)$")
 _JSON_NO_COMMA = re.compile(r'("nvml_dev": -?\d+)(\s*"status")')
 _TABLE_ROW = re.compile(r"(\d+)\s+(\d+)\s+(\d+)\s+(\S+)\s+(\d+)\s+(\d+)\s+(\w+)\s+([\w,]+)$")
 _SECTIONS = ("Errors", "Warnings", "Job summary", "Communicators")
+_PREAMBLE = ("NCCL version ", "CUDA runtime version ")  # the first lines of every text status
+_JSON_KEYS = {"nccl_version", "communicators", "ras"}
 
 
 @dataclass
@@ -90,6 +92,9 @@ class RasStats:
     oversize: int = 0
     truncated: int = 0
     bad_json_values: int = 0
+    # Lines of RAS's own layout (version, section heads, communicator blocks, the table) or a
+    # JSON document of its keys: none in a non-blank input means it is not ncclras output.
+    recognised: int = 0
 
     def summary(self) -> dict[str, int]:
         return {
@@ -160,15 +165,21 @@ def parse_text(text: str, *, ts: float, job: str | None = None, stats: RasStats 
         if not line or set(line) == {"="}:
             continue
         head = line.split("...")[0].strip()
+        if line.startswith(_PREAMBLE) and raw == raw.lstrip():
+            stats.recognised += 1
+            continue
         if head in _SECTIONS and raw == raw.lstrip():
+            stats.recognised += 1
             section, cur, in_dead, orphaned = head, None, False, False
             continue
         if section == "Communicators" and (m := _TABLE_ROW.match(line)):
+            stats.recognised += 1
             g, size = _int(m.group(1)), _int(m.group(5), MAX_RANKS)
             if g is not None and size is not None:
                 ranks_per_comm[g] = size
             continue
         if m := _COMM.match(line):
+            stats.recognised += 1
             g = _int(m.group(1))
             if g is None:
                 stats.bad_number += 1
@@ -180,6 +191,7 @@ def parse_text(text: str, *, ts: float, job: str | None = None, stats: RasStats 
             in_dead = orphaned = False
             continue
         if raw == raw.lstrip() and line in ("DEAD", "INCOMPLETE", "TIMEOUT"):
+            stats.recognised += 1
             cur, in_dead, orphaned = None, line == "DEAD", False
             continue
         if orphaned:
@@ -336,6 +348,8 @@ def parse_json(
     if not isinstance(doc, dict):
         stats.bad_json_values += 1
         return []
+    if _JSON_KEYS & doc.keys():
+        stats.recognised += 1
     when = doc.get("timestamp")
     t = ts if ts is not None else time.time()
     if isinstance(when, str) and when.isascii():
@@ -462,6 +476,7 @@ class RasStatusSource:
         self.mtime = os.stat(path).st_mtime if path != "-" else time.time()
         self.done = False
         self.stats = RasStats()
+        self.unrecognised = False  # text, but not one line of ncclras output (the CLI exits 3)
 
     def poll(self) -> list[ProgressRecord]:
         if self.done:
@@ -470,7 +485,9 @@ class RasStatusSource:
         text, cut = read_capped(self.path, self.max_chars)
         if cut:
             self.stats.truncated = 1
-        return parse(text, ts=self.mtime, job=self.job, stats=self.stats)
+        recs = parse(text, ts=self.mtime, job=self.job, stats=self.stats)
+        self.unrecognised = bool(text.strip()) and not self.stats.recognised
+        return recs
 
     def summary(self) -> dict[str, int]:
         """Counts for the exit summary (what was read and what was left out, by reason)."""
