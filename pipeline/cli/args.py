@@ -58,6 +58,18 @@ def existing(paths: list[str], option: str) -> list[str]:
     return paths
 
 
+def models_file(value: str | None) -> str | None:
+    """``--models``: ``auto``, ``none`` or a file that is there; else an input error naming the
+    file, said before any rule is loaded.
+
+    >>> models_file("auto"), models_file("none")
+    ('auto', 'none')
+    """
+    if value and value not in ("auto", "none"):
+        existing([value], "--models ")
+    return value
+
+
 def existing_paths(paths: list[str]) -> list[str]:
     for p in paths:
         if not Path(p).exists():

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from pipeline.cli.args import positive_float, positive_int, scenario
+from pipeline.cli.args import models_file, positive_float, positive_int, scenario
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
@@ -17,7 +17,7 @@ def _cmd_demo(args: argparse.Namespace) -> int:
         seed=args.seed,
         scenario=scenario(args.scenario),
         rules=args.rules,
-        models=args.models,
+        models=models_file(args.models),
     )
 
 

@@ -7,7 +7,7 @@ import time
 from typing import Any
 
 from pipeline import progress
-from pipeline.cli.args import existing, positive_int
+from pipeline.cli.args import existing, models_file, positive_int
 from pipeline.errors import InputError
 from pipeline.resources import rules_dir
 
@@ -41,7 +41,7 @@ def _cmd_replay(args: argparse.Namespace) -> int:
     rules = args.rules or str(rules_dir())
     if args.fleet_shards < 1:
         raise InputError(f"--fleet-shards must be at least 1, got {args.fleet_shards}")
-    engine, diags = build_detector([rules], args.models, shards=args.fleet_shards)
+    engine, diags = build_detector([rules], models_file(args.models), shards=args.fleet_shards)
     for d in diags:
         console.print(str(d), highlight=False, markup=False)
     if engine is None:

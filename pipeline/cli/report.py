@@ -8,7 +8,7 @@ import time
 from typing import Any
 
 from pipeline import progress
-from pipeline.cli.args import existing
+from pipeline.cli.args import existing, models_file
 from pipeline.errors import EXIT_INPUT, UsageError
 from pipeline.resources import rules_dir
 
@@ -19,6 +19,7 @@ def _cmd_report(args: argparse.Namespace) -> int:
     existing(args.telemetry, "--telemetry ")
     existing(args.alerts, "--alerts ")
     existing(args.incidents or [], "--incidents ")
+    models_file(args.models)
     if args.window <= 0 or args.max_alerts < 0 or args.max_incidents < 0:
         raise UsageError(
             "--window must be positive"
