@@ -37,7 +37,7 @@ from typing import Any, Callable, Sequence
 
 import yaml
 
-from pipeline import yamlsafe
+from pipeline import resources, yamlsafe
 from pipeline.catalog import FIELDS
 from pipeline.engine import Engine, EngineConfig
 from pipeline.recordchecks import MAX_GPU_INDEX
@@ -273,22 +273,41 @@ def test_files(paths: Sequence[str | Path]) -> list[Path]:
     return out
 
 
-def run_tests(paths: Sequence[str | Path], on_test: Callable[[int, int], None] | None = None) -> list[TestResult]:
-    """Run every test in the given test files/directories; ``on_test(i, n)`` before test ``i`` of ``n``."""
+def run_tests(
+    paths: Sequence[str | Path],
+    on_test: Callable[[int, int], None] | None = None,
+    default_rules: Path | None = None,
+) -> list[TestResult]:
+    """Run every test in the given test files/directories; ``on_test(i, n)`` before test ``i`` of ``n``.
+
+    A test without ``rule_files:`` runs on the rule files beside its ``tests/`` directory, or,
+    when its file is in no ``tests/`` directory, on ``default_rules`` (default: the shipped
+    packs): the file's own directory holds test files, not rules (docs/rules.md#testing-a-rule).
+
+    >>> run_tests([])
+    []
+    """
     results = []
     todo = []
+    shipped = default_rules if default_rules is not None else resources.rules_dir()
     for path in test_files(paths):
         try:
             tests = _load(path)
         except TestFileError as e:
             results.append(TestResult(str(path), "(file)", [f"cannot read: {e}"]))
             continue
-        rules_dir = path.parent.parent if path.parent.name == "tests" else path.parent
-        todo += [(test, path, rules_dir) for test in tests]
+        beside = path.parent.name == "tests"
+        todo += [(test, path, path.parent.parent if beside else None) for test in tests]
     for i, (test, path, rules_dir) in enumerate(todo):
         if on_test:
             on_test(i, len(todo))
-        results.append(run_test(test, path, rules_dir))
+        res = run_test(test, path, rules_dir if rules_dir is not None else shipped)
+        if res.failures and rules_dir is None and not (isinstance(test, dict) and test.get("rule_files")):
+            res.failures.append(
+                f"(ran on the rules in {shipped}: this file is not in a tests/ directory; name the rules to test "
+                "with rule_files:, relative to this file)"
+            )
+        results.append(res)
     return results
 
 
