@@ -14,7 +14,7 @@ from pathlib import Path
 import msgspec
 
 from pipeline.bus import connection
-from pipeline.errors import ConfigError, InputError
+from pipeline.errors import ConfigError, InputError, UsageError
 from pipeline.remediation.audit import AuditLog
 from pipeline.remediation.config import load_config, parse_duration
 from pipeline.remediation.guardrails import StateStore
@@ -23,7 +23,7 @@ from pipeline.remediation.remediator import Remediator
 from pipeline.remediation.routes import RouteTree, alert_from_args
 from pipeline.remediation.service import RemediationService
 from pipeline.resources import default_routes
-from pipeline.schema import AlertEvent
+from pipeline.schema import FAMILIES, AlertEvent
 
 DEFAULT_ROUTES = str(default_routes())  # the shipped example routes, installed or in a checkout
 
@@ -133,9 +133,34 @@ def _cmd_act(args: argparse.Namespace) -> int:
     return 1 if any(r.decision in ("failed", "blocked") for r in recs) else 0
 
 
+# What an alert can say (pipeline/schema.py's families; the rule loader's severities): a value
+# outside them matches no route that names one, so a typo would test nothing and look like a pass.
+_SEVERITIES = ("critical", "warning", "info")
+_STATES = ("firing", "resolved")
+
+
+def _known_alert(alert: AlertEvent) -> AlertEvent:
+    """``alert`` when its fault's family, severity and state are ones an alert can have; else a
+    usage error naming the value and the known ones.
+
+    >>> _known_alert(alert_from_args(["fault=hbm_dbe", "severity=critical"])).family
+    'hbm'
+    """
+    if alert.family not in FAMILIES:
+        raise UsageError(
+            f"fault={alert.fault}: unknown fault family {alert.family!r} "
+            f"(a fault is FAMILY_NAME, FAMILY one of {', '.join(FAMILIES)}; e.g. fault=hbm_ecc_burst)"
+        )
+    if alert.severity and alert.severity not in _SEVERITIES:
+        raise UsageError(f"severity={alert.severity}: unknown severity (one of {', '.join(_SEVERITIES)})")
+    if alert.state not in _STATES:
+        raise UsageError(f"state={alert.state}: unknown state (one of {', '.join(_STATES)})")
+    return alert
+
+
 def _cmd_routes_test(args: argparse.Namespace) -> int:
+    alert = _known_alert(alert_from_args(args.pairs))
     cfg = load_config(args.config)
-    alert = alert_from_args(args.pairs)
     matches = RouteTree.build(cfg.raw.route).match(alert)
     for m in matches:
         r = cfg.receivers[m.receiver]
