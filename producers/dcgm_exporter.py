@@ -23,14 +23,25 @@ per NVLink (``nvlink`` label). What real exporters vary on, and how it is handle
   (an XID's non-zero wins); per-instance fields and labels under ``mig.<GPU_I_ID>.``; an
   instance's attribution (``pod``..., ``pod_name``..., ``pod_uid``, ``vgpu``, ``dra_*``) never
   becomes the whole GPU's.
+- NVSwitch SXids: ``DCGM_FI_DEV_NVSWITCH_FATAL_ERRORS`` / ``..._NON_FATAL_ERRORS`` (DCGM 856/857,
+  the switch's last SXid) come per switch, labelled ``nvswitch`` and the host, never ``gpu``
+  (``switchMetricsFormat``: ``nvswitch="3"`` 3.1.3-3.1.2 to 4.4.1-4.5.2, ``nvswitch="nvswitch0"``
+  after). A switch serves every GPU of its baseboard, so each kind goes on every GPU record of
+  the host in the same scrape, as the kernel-log producer does (docs/architecture.md §3): the
+  lowest switch's non-zero SXid (0 if all say 0), every non-zero one in
+  ``labels["sxid.fatal_sources"]`` / ``["sxid.nonfatal_sources"]`` (``"nvswitch0:12028"``).
+- Metrics the exporter's own field lists enable that no detector reads (``_NOT_USED``: encoder and
+  decoder load, vGPU licence, reserved framebuffer, the deprecated NVML PCIe throughput) are
+  skipped without a warning and counted as ``samples_not_used``: the stock exporter's output is
+  not a fault of the operator's.
 - What is left out is counted by reason (``summary()``): unknown metric, blank sentinel, series
-  without a GPU label, an identity label (``gpu``, ``nvlink``, ``GPU_I_ID``, ``xid``) that is not
-  a number of ASCII digits or a host or model label the decoder refuses (``bad_label``), a sample
-  timestamp outside the decoder's range (``bad_timestamp``), a second series for the same metric
-  and entity (``duplicate_series``, the first one kept), unparsable line (also a value or
-  timestamp that is not ASCII, or more words after the labels than a value and a timestamp:
-  ``int()`` reads "٣" as 3). Lines longer than
-  ``MAX_LINE_CHARS`` or with more than ``MAX_LABELS`` labels are dropped (counted) before the
+  without a GPU label (a switch SXid too, when its host has no GPU in the scrape), an identity
+  label (``gpu``, ``nvlink``, ``GPU_I_ID``, ``xid``) that is not a number of ASCII digits or a
+  host or model label the decoder refuses (``bad_label``), a sample timestamp outside the
+  decoder's range (``bad_timestamp``), a second series for the same metric and entity
+  (``duplicate_series``, the first one kept), unparsable line (also a value or timestamp that is
+  not ASCII, or more words after the labels than a value and a timestamp: ``int()`` reads "٣" as
+  3). Lines longer than ``MAX_LINE_CHARS`` or with more than ``MAX_LABELS`` labels are dropped (counted) before the
   parser sees them: ``prometheus_client``'s label parsing is quadratic in a line's label count.
 
 A scrape that fails, times out, comes back empty, or lacks GPUs an earlier scrape had sends
@@ -128,6 +139,25 @@ _OLD_NAMES = {
     "dcgm_fi_prof_pcie_rx_bytes": 1010,
 }
 
+# Metrics that dcgm-exporter's shipped field lists enable (etc/default-counters.csv and
+# dcp-metrics-included.csv, 2.2.9-2.4.1 to HEAD; the 1.x names of etc/1.x-compatibility-metrics.csv)
+# and the catalog has no field for, with their DCGM ids (dcgm_fields.h). No detector reads encoder or
+# decoder load, the vGPU licence or the reserved framebuffer, and DCGM deprecates the PCIe throughput
+# (200/201, in the default list until 3.3.6-3.4.2) for DCGM_FI_PROF_PCIE_*_BYTES, which the catalog
+# maps; so they are skipped, never warned about. The catalog is asked first: a field it gains is read.
+_NOT_USED = {
+    "DCGM_FI_DEV_PCIE_TX_THROUGHPUT": 200,
+    "DCGM_FI_DEV_PCIE_RX_THROUGHPUT": 201,
+    "DCGM_FI_DEV_ENC_UTIL": 206,
+    "DCGM_FI_DEV_DEC_UTIL": 207,
+    "DCGM_FI_DEV_FB_RESERVED": 253,
+    "DCGM_FI_DEV_VGPU_LICENSE_STATUS": 526,
+    "dcgm_pcie_tx_throughput": 200,
+    "dcgm_pcie_rx_throughput": 201,
+    "dcgm_enc_utilization": 206,
+    "dcgm_dec_utilization": 207,
+}
+
 
 @dataclass
 class ParseStats:
@@ -137,6 +167,7 @@ class ParseStats:
     used: int = 0
     blank: int = 0  # DCGM blank sentinel or non-finite value
     unknown_metric: int = 0
+    not_used: int = 0  # samples of the stock field lists' metrics no detector reads (_NOT_USED)
     no_gpu_label: int = 0
     bad_lines: int = 0
     bad_label: int = 0  # gpu, nvlink, GPU_I_ID or xid not ASCII digits; a host or model the pipeline refuses
@@ -248,10 +279,55 @@ _ATTRIBUTION = (
     "dra_mig_device_uuid",
 )
 _MIG_LABELS = {MIG_INSTANCE_LABEL, MIG_PROFILE_LABEL}
+# NVSwitch SXids: DCGM keeps them per switch (entity level DCGM_FE_SWITCH), so the exporter renders
+# them with ``nvswitch`` and no ``gpu`` (render_metrics.go switchMetricsFormat); the contract has no
+# switch entity, so they ride on the host's GPU records (docs/architecture.md §3).
+SWITCH_LABEL = "nvswitch"
+_SXID_KIND = {FIELDS.require("nvswitch_fatal_sxid"): "fatal", FIELDS.require("nvswitch_nonfatal_sxid"): "nonfatal"}
+MAX_SWITCH_SOURCES = 64  # switches one sxid.*_sources label names; an HGX baseboard has 2 to 12
 
 
 def _num_text(v: float) -> str:
     return str(int(v)) if v.is_integer() and abs(v) < 2**63 else repr(v)
+
+
+def _host_of(lab: dict[str, str], host: str | None, default_host: str | None) -> str:
+    return host or next((lab[k] for k in HOST_LABELS if lab.get(k)), None) or default_host or "unknown"
+
+
+def _switch_order(item: tuple[str, float]) -> tuple[int, int, str, float]:
+    sw, v = item
+    n = ascii_int(sw.removeprefix("nvswitch"))
+    return (0, n, sw, v) if n is not None else (1, 0, sw, v)
+
+
+def host_sxids(seen: dict[Field, list[tuple[str, float]]]) -> tuple[dict[str, float], dict[str, str]]:
+    """The fields and labels a host's NVSwitch SXid series (``nvswitch`` label, value) give each of
+    its GPU records: per kind, the lowest switch's non-zero SXid, else 0; the non-zero ones by switch
+    in ``sxid.<kind>_sources``. Order-free, since 4.4.1-4.6.0 labels every switch ``nvswitch0``.
+
+    >>> fatal = FIELDS.require("nvswitch_fatal_sxid")
+    >>> host_sxids({fatal: [("nvswitch2", 12028.0), ("nvswitch0", 0.0)]})
+    ({'DCGM_FI_DEV_NVSWITCH_FATAL_ERRORS': 12028.0}, {'sxid.fatal_sources': 'nvswitch2:12028'})
+    """
+    values: dict[str, float] = {}
+    labels: dict[str, str] = {}
+    for f, series in seen.items():
+        ordered = sorted(series, key=_switch_order)
+        raised = [(sw, v) for sw, v in ordered if v != 0]
+        values[f.names[0]] = raised[0][1] if raised else ordered[0][1]
+        if raised:
+            labels[f"sxid.{_SXID_KIND[f]}_sources"] = ",".join(
+                f"{sw}:{_num_text(v)}" for sw, v in raised[:MAX_SWITCH_SOURCES]
+            )
+    return values, labels
+
+
+def _float(value: float) -> float:
+    try:
+        return float(value)
+    except OverflowError:  # an integer of over 308 digits: as infinite as float("1e400")
+        return math.inf
 
 
 @dataclass
@@ -379,11 +455,22 @@ def parse_metrics(
     ``host`` overrides the exporter's host label; ``default_host`` is used when it has none.
     With MIG, the series of a GPU's instances (``GPU_I_ID``) and of the whole GPU become one
     record of the physical GPU, per the contract in docs/architecture.md §3: nothing overwrites.
+    An NVSwitch's SXid series goes on every GPU record of its host (``host_sxids``).
+
+    >>> recs, st = parse_metrics(
+    ...     'DCGM_FI_DEV_GPU_TEMP{gpu="0",Hostname="n1"} 41\\n'
+    ...     'DCGM_FI_DEV_ENC_UTIL{gpu="0",Hostname="n1"} 0\\n'
+    ...     'DCGM_FI_DEV_NVSWITCH_FATAL_ERRORS{nvswitch="nvswitch0",hostname="n1"} 12028\\n',
+    ...     ts=1764403200.0,
+    ... )
+    >>> recs[0].fields.DCGM_FI_DEV_GPU_TEMP, recs[0].fields.DCGM_FI_DEV_NVSWITCH_FATAL_ERRORS, st.not_used
+    (41.0, 12028.0, 1)
     """
     stats = ParseStats()
     series: dict[tuple[str, int, int | None], dict[str | None, _Series]] = {}
     meta: dict[tuple[str, int, int | None], dict[str, object]] = {}
     seen: set[tuple[object, ...]] = set()  # (entity, origin, metric, xid code) of the series kept
+    switch_sxids: dict[str, dict[Field, list[tuple[str, float]]]] = {}  # host -> field -> (switch, SXid)
     for fam in _families(text, stats):
         for s in fam.samples:
             stats.samples += 1
@@ -396,12 +483,30 @@ def parse_metrics(
                 mname = fam.name
                 f = _field(mname)
             if f is None:
+                if mname in _NOT_USED:
+                    stats.not_used += 1
+                    continue
                 stats.unknown_metric += 1
                 if mname not in stats.unknown_names and len(stats.unknown_names) < 1000:
                     stats.unknown_names.append(mname)
                 continue
             lab = s.labels
             gpu_s = lab.get("gpu", "")
+            if not gpu_s and f in _SXID_KIND and lab.get(SWITCH_LABEL):
+                # A switch's last SXid: the host's, put on its GPU records once they are assembled.
+                h = _host_of(lab, host, default_host)
+                sw = lab[SWITCH_LABEL]
+                why = bad_host(h)
+                value = _float(s.value)
+                if why is not None:
+                    stats.bad_label += 1
+                    stats.dropped.append((mname, f"host: {why}", "bad_label"))
+                elif is_blank(f, value):
+                    stats.blank += 1
+                    stats.dropped.append((mname, f"{h}/{sw[:40]}", "blank_sentinel"))
+                else:
+                    switch_sxids.setdefault(h, {}).setdefault(f, []).append((sw, value))
+                continue
             if not gpu_s:
                 stats.no_gpu_label += 1
                 stats.dropped.append((mname, repr(gpu_s), "no_gpu_label"))
@@ -418,7 +523,7 @@ def parse_metrics(
                 continue
             gpu = ascii_int(gpu_s)
             link = ascii_int(lab.get("nvlink"))
-            h = host or next((lab[k] for k in HOST_LABELS if lab.get(k)), None) or default_host or "unknown"
+            h = _host_of(lab, host, default_host)
             model = next((lab[k] for k in MODEL_LABELS if lab.get(k)), None)
             # A host or model the decoder refuses would cost the GPU's whole record downstream, uncounted.
             why = bad_host(h) or (bad_identifier(model) if model else None)
@@ -442,10 +547,7 @@ def parse_metrics(
                 stats.dropped.append((mname, f"{h}/gpu{gpu}", "duplicate_series"))
                 continue
             seen.add(ident)
-            try:
-                value = float(s.value)
-            except OverflowError:  # an integer of over 308 digits: as infinite as float("1e400")
-                value = math.inf
+            value = _float(s.value)
             origins = series.setdefault(key, {})
             ser = origins.get(inst)
             if ser is None:
@@ -488,10 +590,17 @@ def parse_metrics(
     # Entities whose every sample was blank still exist: send them with no fields, so the engine
     # sees the GPU report (a blank is "no data", not "GPU gone").
     records = []
+    carried: set[str] = set()  # hosts whose switch SXids found a GPU record
     for key in sorted(series, key=lambda k: (k[0], k[1], -1 if k[2] is None else k[2])):
         h, gpu, link = key
         m = meta.get(key, {})
         values, labels = _assemble(key, series[key], stats)
+        if link is None and h in switch_sxids:
+            sx_values, sx_labels = host_sxids(switch_sxids[h])
+            for name, sxid in sx_values.items():
+                values.setdefault(name, sxid)  # a GPU's own series of the field is never overwritten
+            labels.update(sx_labels)
+            carried.add(h)
         if any(i is not None for i in series[key]):
             stats.mig_entities += 1
         records.append(
@@ -505,6 +614,15 @@ def parse_metrics(
                 labels=labels,
                 fields=DcgmFields(**values),
             )
+        )
+    for h, by_field in switch_sxids.items():
+        n = sum(len(v) for v in by_field.values())
+        if h in carried:
+            stats.used += n
+            continue
+        stats.no_gpu_label += n  # a host without a GPU in the scrape: nothing to carry them
+        stats.dropped.extend(
+            (f.names[0], f"{h}/{sw[:40]}", "no_gpu_label") for f, seen_sw in by_field.items() for sw, _ in seen_sw
         )
     return records, stats
 
@@ -555,6 +673,7 @@ class ExporterStats:
     records: int = 0
     blank: int = 0
     unknown_metric: int = 0
+    not_used: int = 0
     no_gpu_label: int = 0
     bad_lines: int = 0
     bad_label: int = 0
@@ -572,6 +691,8 @@ class ExporterStats:
             "scrapes": self.scrapes,
             "samples": self.samples,
             "records": self.records,
+            # Not a dropped.* key: a stock exporter's own metrics are no input lost and no warning.
+            "samples_not_used": self.not_used,
             "mig_records": self.mig_records,
             "mig_conflicts": self.mig_conflicts,
             "scrape_failures": self.failures,
@@ -655,6 +776,7 @@ class ExporterSource:
         st.records += len(records)
         st.blank += ps.blank
         st.unknown_metric += ps.unknown_metric
+        st.not_used += ps.not_used
         st.no_gpu_label += ps.no_gpu_label
         st.bad_lines += ps.bad_lines
         st.bad_label += ps.bad_label

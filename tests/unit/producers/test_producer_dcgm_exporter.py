@@ -73,8 +73,9 @@ def test_t4_sample_two_hosts_both_layouts():
     assert b.fields.DCGM_FI_DEV_SLOWDOWN_TEMP == 93 and b.fields.DCGM_FI_DEV_PSTATE == 8
     assert b.fields.DCGM_FI_DEV_POWER_MGMT_LIMIT == 70 and b.fields.DCGM_FI_DEV_FB_TOTAL == 15109
     assert b.labels["DCGM_FI_DEV_SERIAL"] == "1565220008176"
-    # ENC/DEC util, vGPU licence and device count are not in the catalog: ignored, counted.
-    assert st.unknown_metric == 4
+    # ENC/DEC util and vGPU licence are in the exporter's default list: skipped, counted, not warned
+    # about; the device count (DCGM_FI_DEV_COUNT) is in no stock list: unknown.
+    assert st.not_used == 3 and st.unknown_metric == 1
 
 
 SYNTH = """\

@@ -64,8 +64,10 @@ OLD_NAMES = [
     ("dcgm_fi_prof_pcie_tx_bytes", "counter", 1009),
     ("dcgm_fi_prof_pcie_rx_bytes", "counter", 1010),
 ]
-# In the CSV but not in the catalog (PCIe throughput, ENC/DEC, SM occupancy): counted unknown.
-OLD_UNKNOWN = [("dcgm_pcie_tx_throughput", "counter"), ("dcgm_enc_utilization", "gauge"), ("dcgm_fi_prof_sm_occupancy", "gauge")]
+# In the CSV but not in the catalog: PCIe throughput and ENC/DEC are enabled in the shipped file
+# (skipped as not used), SM occupancy is commented out there (unknown).
+OLD_NOT_USED = [("dcgm_pcie_tx_throughput", "counter"), ("dcgm_enc_utilization", "gauge")]
+OLD_UNKNOWN = [("dcgm_fi_prof_sm_occupancy", "gauge")]
 OLD_LABELS = 'gpu="0",uuid="GPU-8f640a3c-7e9a-608d-02a3-f4372d72b323",device="nvidia0",modelName="Tesla V100-SXM2-16GB",Hostname="dgx-3"'
 
 
@@ -80,13 +82,14 @@ def test_every_1x_compatibility_name_reaches_its_field():
     # Before: dcgm_gpu_utilization, dcgm_memory_clock, the ECC, retired-page, NVLink CRC and
     # dcgm_fi_prof_* names were guessed as DCGM_FI_DEV_<NAME> and lost as unknown, and a counter
     # whose name ends in _total (dcgm_nvlink_bandwidth_total) lost the suffix to prometheus_client.
-    (rec,), st = parse_metrics(_old_scrape(OLD_NAMES + OLD_UNKNOWN), ts=TS)
+    (rec,), st = parse_metrics(_old_scrape(OLD_NAMES + OLD_NOT_USED + OLD_UNKNOWN), ts=TS)
     (rec,) = _decoded([rec])
     values = {n: getattr(rec.fields, n) for n in rec.fields.__struct_fields__}
     got = {FIELDS.by_name(n).field_id: v for n, v in values.items() if isinstance(v, float) and not math.isnan(v)}
     assert got == {fid: float(i + 1) for i, (_, _, fid) in enumerate(OLD_NAMES)}
     assert rec.uuid == "GPU-8f640a3c-7e9a-608d-02a3-f4372d72b323" and rec.host == "dgx-3"
     assert st.unknown_metric == len(OLD_UNKNOWN) and st.used == len(OLD_NAMES)
+    assert st.not_used == len(OLD_NOT_USED)
 
 
 def test_1x_counter_without_type_line_reads_the_same():
@@ -162,7 +165,10 @@ def test_switch_link_and_cpu_entities_are_never_gpu_rows():
     assert [(r.host, r.gpu, r.link) for r in recs] == [("n1", 0, None), ("n1", 0, 2)]
     assert recs[0].fields.DCGM_FI_DEV_GPU_TEMP == 33 and recs[1].fields.DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL == 7
     assert recs[1].uuid == "GPU-a" and recs[1].model == "NVIDIA H100 80GB HBM3"
-    assert st.no_gpu_label == 5
+    # The switch's SXid (0: none) is the host's, on its GPU record; the link and CPU rows are dropped.
+    assert recs[0].fields.DCGM_FI_DEV_NVSWITCH_FATAL_ERRORS == 0 and "sxid.fatal_sources" not in recs[0].labels
+    assert math.isnan(recs[1].fields.DCGM_FI_DEV_NVSWITCH_FATAL_ERRORS)  # an NVLink row is no GPU record
+    assert st.no_gpu_label == 4
 
 
 # --- hostile values -----------------------------------------------------------------------------

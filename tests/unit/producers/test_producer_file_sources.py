@@ -140,18 +140,21 @@ def test_cli_file_producer_with_counted_drops_exits_3(tmp_path, capsys):
 
 
 def test_cli_file_producer_whose_drops_are_no_value_exits_0(tmp_path, capsys):
-    # The real T4 scrape has metrics the catalog does not know: left out by design, not lost.
+    # The real T4 scrape has metrics the catalog does not know: left out by design, not lost; the
+    # stock exporter's own (encoder, decoder, vGPU licence) are not even "unknown".
     from pipeline.cli import main
 
     out = tmp_path / "o.jsonl"
     rc = main(["produce", "dcgm-exporter", "--file", str(DATA / "dcgm_exporter_t4_full_format.prom"), "--out", str(out)])
     err = capsys.readouterr().err
-    assert rc == 0 and "dropped.unknown_metric 4" in err and "LOST" not in err
+    assert rc == 0 and "dropped.unknown_metric 1" in err and "LOST" not in err
     assert len([json.loads(line) for line in out.open()]) == 2
     # The summary says what happened: before, a dozen reasons at 0 ("dropped.bad_label 0") beside
     # the one that was not, and "0 dropped" read as contradicting "dropped.unknown_metric 4".
     last = err.strip().splitlines()[-1]
-    assert last == "gpuwarden produce dcgm-exporter: scrapes 1, samples 21, records 2, dropped.unknown_metric 4"
+    assert last == (
+        "gpuwarden produce dcgm-exporter: scrapes 1, samples 21, records 2, samples_not_used 3, dropped.unknown_metric 1"
+    )
     assert "2 records read, 2 delivered, 0 dropped unsent" in err
 
 
