@@ -35,15 +35,20 @@ counters as host fields; the log's times are local time, as Fabric Manager write
 
 from __future__ import annotations
 
+import logging
 import os
 import re
+import stat
 from dataclasses import dataclass
 from typing import Any
 
 from pipeline.numeric import ascii_int
+from pipeline.recordchecks import TS_MAX, TS_MIN
 from pipeline.schema import DcgmRecord
 from producers.kmsg import KernelLog
 from producers.kmsg_input import LINE_MAX, KmsgStats, Line, PciKey, local_time
+
+log = logging.getLogger(__name__)
 
 FIELDS = ("fm_nvswitch_fatal_errors", "fm_nvswitch_nonfatal_errors", "fm_nvlink_errors", "fm_errors")
 LABEL_MAX = 200
@@ -58,13 +63,16 @@ _PREFIX = re.compile(
 _LOOSE_PREFIX = re.compile(r"^\[[^\]]{0,64}\] \[[A-Za-z]{1,16}\](?: \[tid [^\]]{0,32}\])?")
 _SWITCH = re.compile(
     r"detected NVSwitch (?P<kind>fatal|non-fatal) error (?P<code>\d+)"
-    r"(?:.*?pci bus id (?P<pci>[0-9a-fA-F:.]{1,20}))?(?:.*?physical id (?P<phys>\d{1,4}))?(?:.*?port (?P<port>\d{1,4}))?",
+    # Each id whole or not at all: a longer one is no label ("31337" is not "3133").
+    r"(?:.*?pci bus id (?P<pci>[0-9a-fA-F:.]{1,20})(?![0-9a-fA-F:.]))?"
+    r"(?:.*?physical id (?P<phys>\d{1,4})(?!\d))?(?:.*?port (?P<port>\d{1,4})(?!\d))?",
     re.ASCII,
 )
 _NVLINK = re.compile(
     r"failed to find the GPU handle \d+ in the multicast team|GPU NVL (?:Non )?Fatal error|Trunk port failure"
     r"|trunk link failure"
-    r"|(?i:nvlink.{0,80}(?:train\w*|fail\w*|down|error)|(?:train\w*|fail\w*).{0,80}nvlink)",
+    # No "\w*" before ".{0,N}": it backtracks over every letter of a word, quadratic on a long line.
+    r"|(?i:nvlink.{0,80}(?:train\w*|fail\w*|down|error)|(?:train|fail).{0,88}nvlink)",
     re.ASCII,
 )
 
@@ -79,13 +87,15 @@ def parse_fm_line(text: str, *, year: int | None = None) -> Line | None:
     >>> parse_fm_line("[Feb 30 2025 13:59:45] [INFO] [tid 1803] x").error
     'bad_timestamp'
     """
-    text = text.rstrip("\r\n")
+    text = text.rstrip("\r\n").lstrip("\0")  # NULs: a crash's unwritten blocks before the next line
     m = _PREFIX.match(text)
     if m is None:
         if _LOOSE_PREFIX.match(text):  # the prefix with a time or thread that is not one
             return Line(text, error="bad_timestamp")
         return None
     ts = local_time(m["date"], "%b %d %Y %H:%M:%S")
+    if ts is not None and not TS_MIN <= ts <= TS_MAX:  # a year no record can carry (the decoder's range)
+        ts = None
     msg = f"[{m['level']}] {m['msg']}"
     return Line(msg, ts=ts) if ts is not None else Line(msg, error="bad_timestamp")
 
@@ -185,6 +195,7 @@ class FileFollower:
         self._ino: int | None = None
         self._buf = b""
         self._skipping = False  # inside an oversize line: drop up to its newline
+        self._warned = False  # that the path is not a regular file
 
     def _open(self) -> bool:
         try:
@@ -196,10 +207,19 @@ class FileFollower:
             self._fh, self._buf, self._skipping = None, b"", False
         if self._fh is None:
             try:
-                self._fh = open(self.path, "rb")
+                # Non-blocking: a FIFO under the name would block the open (and each read) for ever.
+                fd = os.open(self.path, os.O_RDONLY | os.O_NONBLOCK)
             except OSError:
                 return False
-            self._ino = os.fstat(self._fh.fileno()).st_ino
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
+                os.close(fd)
+                if not self._warned:
+                    log.warning("%s is not a regular file: not read until it is one", self.path)
+                    self._warned = True
+                return False
+            self._fh = os.fdopen(fd, "rb")
+            self._ino = st.st_ino
         return True
 
     def read(self) -> list[str]:

@@ -57,6 +57,7 @@ from pathlib import Path
 from typing import Callable
 
 from pipeline.numeric import ascii_int
+from pipeline.recordchecks import MAX_COUNTER, MAX_NIC_PORT
 from pipeline.schema import DcgmRecord, NicRecord, dcgm
 from producers.ib_sysfs import gpus_behind
 from producers.ibports import name_ok
@@ -77,7 +78,7 @@ MAX_DEVICES = 4096  # PCI functions scanned a poll; a host has a few hundred
 MAX_DEPTH = 16  # bridges between a GPU and its root complex; real trees have 2-6
 MAX_NICS = 256  # RDMA devices a poll; an 8-GPU node has ~10
 MAX_PORT_NAME = 5  # a port number is at most 65535
-_BDF = re.compile(r"^[0-9a-fA-F]{4,8}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7]$", re.ASCII)
+_BDF = re.compile(r"^[0-9a-fA-F]{4,8}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7]\Z", re.ASCII)  # \Z: no "\n" after
 
 
 @dataclass(frozen=True)
@@ -91,8 +92,9 @@ class AerTotals:
 
 def parse_aer_file(text: str, total_key: str) -> int | None:
     """The total of one ``aer_dev_*`` file: its ``TOTAL_ERR_*`` line (the kernel always prints
-    it), else the sum of its bit lines; None when a line is not ``<name> <count>`` (the file is
-    not this format). A name may hold spaces (the ABI document's sample).
+    it), else the sum of its bit lines; None when a line is not ``<name> <count>``, a name comes
+    twice or a number is past a u64 (the file is not this format: aer.c prints each name once,
+    ``%llu``). A name may hold spaces (the ABI document's sample).
 
     >>> parse_aer_file("RxErr 2\\nBadTLP 0\\ndev_cor_errs_bit[9] 1\\nTOTAL_ERR_COR 2\\n", "TOTAL_ERR_COR")
     2
@@ -106,16 +108,20 @@ def parse_aer_file(text: str, total_key: str) -> int | None:
         return None
     total: int | None = None
     bits = 0
+    names: set[str] = set()
     for ln in lines:
         name, _, count = ln.strip().rpartition(" ")
+        name = name.strip()
         n = ascii_int(count, COUNT_DIGITS)
-        if not name.strip() or n is None or n < 0:
+        if not name or n is None or n > MAX_COUNTER or name in names:
             return None
-        if name.strip() == total_key:
+        names.add(name)
+        if name == total_key:
             total = n
         else:
             bits += n
-    return total if total is not None else bits
+    out = total if total is not None else bits
+    return out if out <= MAX_COUNTER else None
 
 
 class AerSource:
@@ -153,6 +159,8 @@ class AerSource:
             "dropped.oversize_file": 0,
             "dropped.unparsable_file": 0,
             "dropped.too_many_devices": 0,
+            "dropped.alias_link": 0,
+            "dropped.counter_overflow": 0,
             "nics": 0,
             "dropped.bad_nic_name": 0,
         }
@@ -232,6 +240,9 @@ class AerSource:
             real = self._inside(devices / bdf)
             if real is None:
                 continue
+            if real.name != bdf:  # the kernel names each link after its device: another name is no device
+                self.counts["dropped.alias_link"] += 1
+                continue
             vendor, cls = self._read(real / "vendor"), self._read(real / "class")
             if vendor is None or cls is None or vendor.strip().lower() != NVIDIA:
                 continue
@@ -271,11 +282,26 @@ class AerSource:
             if real is None or not _BDF.match(real.name):
                 continue
             try:
-                ports = sorted(n for p in os.scandir(base / name / "ports") if (n := ascii_int(p.name, MAX_PORT_NAME)))
+                ports = sorted(
+                    n
+                    for p in os.scandir(base / name / "ports")
+                    if (n := ascii_int(p.name, MAX_PORT_NAME)) and n <= MAX_NIC_PORT  # a port a record can carry
+                )
             except OSError:
                 ports = []
             out.append((name, real, ports[0] if ports else 1))
         return out
+
+    def _upstream_sum(self, totals: list[int]) -> int | None:
+        """The bridges' totals summed; None when there are none or the sum is past a u64, which no
+        record can carry (counted)."""
+        if not totals:
+            return None
+        n = sum(totals)
+        if n > MAX_COUNTER:
+            self.counts["dropped.counter_overflow"] += 1
+            return None
+        return n
 
     def _nic_records(self, ts: float, gpu_paths: dict[int, Path]) -> list[NicRecord]:
         """One record a NIC: its own AER totals and its bridges', and the GPUs behind it."""
@@ -295,9 +321,9 @@ class AerSource:
                 mine = getattr(own, sev)
                 if mine is not None:
                     counters[f"pcie_aer_{sev}"] = mine
-                theirs = [getattr(t, sev) for t in up if getattr(t, sev) is not None]
-                if theirs:
-                    counters[f"pcie_aer_upstream_{sev}"] = sum(theirs)
+                theirs = self._upstream_sum([getattr(t, sev) for t in up if getattr(t, sev) is not None])
+                if theirs is not None:
+                    counters[f"pcie_aer_upstream_{sev}"] = theirs
             if counters:
                 out.append(NicRecord(ts=ts, host=self.host, device=name, port=port, counters=counters,
                                      gpus=behind.get(name, []), labels={"pci_bus_id": real.name.lower()}))  # fmt: skip
@@ -331,9 +357,9 @@ class AerSource:
                 mine = getattr(own, sev)
                 if mine is not None:
                     fields[f"pcie_aer_{sev}"] = mine
-                theirs = [getattr(t, sev) for t in up if getattr(t, sev) is not None]
-                if theirs:
-                    fields[f"pcie_aer_upstream_{sev}"] = sum(theirs)
+                theirs = self._upstream_sum([getattr(t, sev) for t in up if getattr(t, sev) is not None])
+                if theirs is not None:
+                    fields[f"pcie_aer_upstream_{sev}"] = theirs
             if fields:
                 out.append(dcgm(ts, self.host, idx, fields, labels={"pci_bus_id": bdf}))
         out += self._nic_records(ts, gpu_paths)
