@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from pipeline.numeric import ascii_float, ascii_int
+from pipeline.recordchecks import MAX_GPU_INDEX
 from producers import jsonsafe
 from producers.textinput import read_capped
 
@@ -217,6 +218,8 @@ def parse_pci_map(text: str) -> dict[PciKey, int]:
         bid = next((bus_id.match(c) for c in cells if bus_id.match(c)), None)
         if idx is None or bid is None:
             raise ValueError(f"PCI map line {n}: expected 'index, pci.bus_id', got {','.join(row)!r}")
+        if idx > MAX_GPU_INDEX:  # every record of that GPU would be refused downstream
+            raise ValueError(f"PCI map line {n}: GPU index {idx} is past {MAX_GPU_INDEX}")
         key = pci_key(*bid.groups())
         for what, seen in ((f"bus id {bid.group(0)}", key), (f"GPU index {idx}", ("gpu", idx))):
             if seen in line_of:

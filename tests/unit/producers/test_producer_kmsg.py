@@ -92,6 +92,8 @@ def test_a_pci_map_naming_a_bus_id_or_an_index_twice_is_refused():
         parse_pci_map("0, 0000:3b:00.0\n0, 0000:5e:00.0\n")
     with pytest.raises(ValueError, match="line 1"):
         parse_pci_map("\u0663, 0000:3b:00.0\n")  # an Arabic-Indic 3 is no GPU index
+    with pytest.raises(ValueError, match="line 2: GPU index 9999 is past 4095"):
+        parse_pci_map("0, 0000:3b:00.0\n9999, 0000:5e:00.0\n")  # the decoder refuses its every record
 
 
 def test_unmapped_pci_ids_are_each_counted_but_remembered_only_up_to_a_bound():
