@@ -7,7 +7,8 @@ PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml | sha1sum | cut -c1-12)
-PYTEST_ARGS ?=
+# The slowest tests end every run: what to look at when the suite nears its budget (CONTRIBUTING.md).
+PYTEST_ARGS ?= --durations=25
 BENCH_ARGS  ?=
 
 # Debian packages the integration tests run: Prometheus and Alertmanager on loopback, kubectl
