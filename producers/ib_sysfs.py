@@ -28,9 +28,9 @@ Hostile trees: every path is resolved and must stay under ``--root`` (a link out
 ``dropped.outside_root``), a link loop or a file that does not read is ``dropped.unreadable``, a
 file is read with ``O_NOFOLLOW``/``O_NONBLOCK`` and at most ``MAX_FILE_BYTES`` (more is
 ``dropped.oversized_file``, a FIFO or link is ``dropped.not_a_file``), a value that is not ASCII
-digits is ``dropped.bad_value``, a name no record could carry is ``dropped.bad_name``, and at most
-``MAX_DEVICES`` devices, ``MAX_PORTS`` ports each and ``MAX_NIC_COUNTERS`` counters a port are
-read (more is ``dropped.too_many``).
+digits is ``dropped.bad_value``, a name no record could carry (or a port not named as the kernel
+names it: ``01``) is ``dropped.bad_name``, and at most ``MAX_DEVICES`` devices, ``MAX_PORTS``
+ports each and ``MAX_NIC_COUNTERS`` counters a port are read (more is ``dropped.too_many``).
 """
 
 from __future__ import annotations
@@ -260,7 +260,7 @@ class IbSysfsSource:
                 continue
             for pname in t.listdir(ports_dir, MAX_PORTS):
                 port = ascii_int(pname, 5)
-                if port is None or port > 65535:
+                if port is None or port > 65535 or pname != str(port):  # "01" would be port 1 twice
                     self.stats.bad_name += 1
                     continue
                 pdir = t.resolve(os.path.join(ports_dir, pname))
@@ -268,7 +268,8 @@ class IbSysfsSource:
                     continue
                 rec = self._port(ts, name, port, pdir, netdevs)
                 if peer_map is not None:
-                    gid = t.read(os.path.join(pdir, "gids", "0"))
+                    gids = t.resolve(os.path.join(pdir, "gids"))  # a link in the path stays under the root too
+                    gid = t.read(os.path.join(gids, "0")) if gids is not None else None
                     found = peer_map.labels(port, gid_port_guid(gid) if gid else None, descs)
                     if found:
                         rec = msgspec.structs.replace(rec, **found)
@@ -340,7 +341,8 @@ class IbSysfsSource:
             return {None: names[0]}
         out: dict[int | None, str] = {}
         for n in names:
-            dp = t.read(os.path.join(ndir, n, "dev_port"))
+            ndev = t.resolve(os.path.join(ndir, n))
+            dp = t.read(os.path.join(ndev, "dev_port")) if ndev is not None else None
             k = ascii_int(dp or "", 5)
             if k is not None:
                 out.setdefault(k + 1, n)
@@ -351,9 +353,11 @@ class IbSysfsSource:
         ndir = t.resolve(t.path("sys", "class", "net", netdev))
         if ndir is None:
             return None
-        for rel in ("carrier_changes", os.path.join("statistics", "carrier_changes")):
-            if os.path.exists(os.path.join(ndir, rel)):
-                return t.read_int(os.path.join(ndir, rel))
+        if os.path.exists(os.path.join(ndir, "carrier_changes")):
+            return t.read_int(os.path.join(ndir, "carrier_changes"))
+        sdir = t.resolve(os.path.join(ndir, "statistics"))  # a link in the path stays under the root too
+        if sdir is not None and os.path.exists(os.path.join(sdir, "carrier_changes")):
+            return t.read_int(os.path.join(sdir, "carrier_changes"))
         return None
 
     def _map_gpus(self, devices: list[tuple[str, str]]) -> dict[str, list[int]]:

@@ -38,10 +38,12 @@ from __future__ import annotations
 import logging
 import os
 import re
+import stat
 from dataclasses import dataclass, field
 from typing import Any, Iterable, TypeVar
 
 from pipeline.numeric import ascii_int
+from producers.ibports import lines
 from producers.textinput import read_capped
 
 log = logging.getLogger(__name__)
@@ -58,10 +60,12 @@ _HEX = r"[0-9a-fA-F]{1,16}"
 # iblinkinfo headers and port lines (iblinkinfo.c print_node_header / print_port).
 _LI_CA = re.compile(r"^(CA|Router|\?\?): (.*):\s*$")
 _LI_SW = re.compile(rf"^Switch:? 0x({_HEX}) (.*):\s*$")  # "Switch 0x<guid>" before 2011 (no colon)
-_LINK = re.compile(r"==\(.*\)==>")
+# The part up to the link is atomic and the brackets and link bounded (print_port: "[%2s]", a
+# 256-byte link_str), so a hostile line costs one pass, not one per quote it holds.
 _LI_PORT = re.compile(
-    rf'^\s*(?:0x(?P<guid>{_HEX})\s+)?(?:"(?P<desc>.*?)"\s+)?(?P<lid>\d+)\s+(?P<port>\d+)\[[^\]]*\]\s+'
-    rf'==\(.*?\)==>\s+(?:0x(?P<rguid>{_HEX})\s+)?(?P<rlid>\d+)\s+(?P<rport>\d+)\[[^\]]*\]\s+"(?P<rdesc>.*)"\s+\('
+    rf'^(?>\s*(?:0x(?P<guid>{_HEX})\s+)?(?:"(?P<desc>.*?)"\s+)?(?P<lid>\d+)\s+(?P<port>\d+)\[[^\]]{{0,8}}\]\s+'
+    rf"==\(.{{0,256}}?\)==>)\s+(?:0x(?P<rguid>{_HEX})\s+)?(?P<rlid>\d+)\s+(?P<rport>\d+)\[[^\]]{{0,8}}\]\s+"
+    rf'"(?P<rdesc>.*)"\s+\('
 )  # a description is printed as it is, quotes and all: the last '" (' ends the partner's
 _LI_NOLINK = re.compile(r'==>\s+(?:\[\s*\]\s+""|"Port not available")')
 # ibnetdiscover topology (out_switch_detail / out_ca_detail / out_switch_port / out_ca_port).
@@ -76,9 +80,9 @@ _ND_PORT_CA = re.compile(
     rf'#\s+lid (\d+) lmc \d+ "(.*)"\s+lid (\d+)\b'
 )
 # ibnetdiscover -p (dump_ports_report).
-_ND_P = re.compile(
-    rf"^\s*(CA|SW|RT|\?\?)\s+(\d+)\s+(\d+)\s+0x({_HEX})\s+.*?\s+-\s+(CA|SW|RT|\?\?)\s+(\d+)\s+(\d+)\s+0x({_HEX})"
-    r"\s+\( '(.*)' - '(.*)' \)\s*$"
+_ND_P = re.compile(  # atomic up to the descriptions, their end checked once: one pass a line (as _LI_PORT)
+    rf"^(?>\s*(CA|SW|RT|\?\?)\s+(\d+)\s+(\d+)\s+0x({_HEX})\s+.*?\s+-\s+(CA|SW|RT|\?\?)\s+(\d+)\s+(\d+)\s+0x({_HEX})"
+    r"\s+\( ')(?=.*' \)\s*$)(.*)' - '(.*)' \)\s*$"
 )
 _ND_P_START = re.compile(r"^\s*(CA|SW|RT|\?\?)\s+\d+\s+\d+\s+0x")
 _ND_P_NOLINK = re.compile(rf"^\s*(CA|SW|RT|\?\?)\s+\d+\s+\d+\s+0x{_HEX}\s+\S+\s+\S+\s+'.*'\s*$")  # "%36s'%s'"
@@ -268,7 +272,7 @@ def parse(text: str, stats: PeerStats | None = None) -> PeerMap:
     m = PeerMap(stats=stats if stats is not None else PeerStats())
     st = m.stats
     node: End | None = None  # the node whose block the lines are in (desc, guid, lid; port 0)
-    for raw in text.splitlines():
+    for raw in lines(text):
         line = raw.rstrip()
         if not line.strip() or line.lstrip().startswith("#"):
             continue
@@ -291,13 +295,19 @@ def parse(text: str, stats: PeerStats | None = None) -> PeerMap:
             d = _desc(h.group(2), st)
             node = None if d is None else End(d, None, 0, None, False)
             continue
-        if _LINK.search(line):
+        if _has_link(line):
             _iblinkinfo_port(m, node, line)
         elif line.startswith("["):
             _ibnetdiscover_port(m, node, line)
         elif _ND_P_START.match(line):
             _ports_line(m, line)
     return m
+
+
+def _has_link(line: str) -> bool:
+    """Whether ``line`` holds iblinkinfo's ``==(...)==>`` (a search, not a regex: one pass)."""
+    i = line.find("==(")
+    return i >= 0 and line.find(")==>", i + 3) >= 0
 
 
 def _iblinkinfo_port(m: PeerMap, node: End | None, line: str) -> None:
@@ -378,7 +388,8 @@ class PeerFile:
     def current(self) -> PeerMap:
         """The map of the file as it is now (the last one read when it has not changed or cannot be read)."""
         try:
-            mtime = os.stat(self.path).st_mtime_ns
+            st = os.stat(self.path)
+            mtime = st.st_mtime_ns
         except OSError as e:
             if self._mtime is None:
                 log.warning("--peers %s: %s; no port is given a peer", self.path, e)
@@ -386,8 +397,17 @@ class PeerFile:
             return self.map
         if mtime == self._mtime:
             return self.map
-        self._mtime = mtime
-        text, cut = read_capped(self.path, self.max_chars)
+        again, self._mtime = self._mtime is not None, mtime
+        if again and not stat.S_ISREG(st.st_mode):  # a FIFO would block every poll from here on
+            log.warning("--peers %s: no longer a regular file; the links read before are kept", self.path)
+            return self.map
+        try:
+            text, cut = read_capped(self.path, self.max_chars)
+        except OSError as e:
+            if not again:
+                raise  # at start: the producer says it cannot start, and why
+            log.warning("--peers %s: %s; the links read before are kept", self.path, e)
+            return self.map
         stats = PeerStats(truncated=int(cut))
         self.map = parse(text, stats)
         self.stats = stats

@@ -25,7 +25,8 @@ Layouts (rdma-core ``infiniband-diags/ibstat.c`` and ``scripts/ibstatus``; docs/
   ``link_layer: InfiniBand``), ``unknown`` for a file it could not read.
 
 A value that does not read (``Rate: ²``, ``State: 9: ZAP``) is counted as
-``dropped.unparsable_value`` and left out of its record; the rest of the port is kept.
+``dropped.unparsable_value`` and left out of its record; the rest of the port is kept. Ports past
+``MAX_PORTS`` are ``dropped.too_many``.
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ from producers.ibports import (
     PHYS_STATE_NAMES,
     STATE_NAMES,
     coded_state,
+    lines,
     name_ok,
     rate_gbps,
 )
@@ -57,13 +59,16 @@ log = logging.getLogger(__name__)
 _CA = re.compile(r"^(CA|Switch|Router|iWARP RNIC|\?\?\?):? '(.*)'\s*$")  # "CA: '...'" for one port
 _PORT = re.compile(r"^\s*Port (\S+):\s*$")
 _IBSTATUS = re.compile(r"^Infiniband device '(.*)' port (\S+) status:\s*$")
-_KV = re.compile(r"^\s*([A-Za-z_ ]+?):\s*(.*?)\s*$")
+# A key starts with a letter and its value is stripped after the match: a run of spaces then has
+# one way to be split between the parts, so a long line costs one pass.
+_KV = re.compile(r"^\s*([A-Za-z_][A-Za-z_ ]*?):(.*)$")
 # ibstat's IBPANIC, its IBWARN that a device or port failed (rdma-core v54 on), ibstatus's fatal().
 _PANIC = re.compile(
     r"^(ibpanic:|ibwarn: \[\d+\] \w+: (stat of IB device '.*' failed|.* has no port number )|Fatal error: )"
 )
 MAX_PORT_DIGITS = 5  # MAX_NIC_PORT is 65535
 MAX_TEXT_CHARS = 16 * 1024 * 1024  # ibstat of 64 CAs is ~40 KB; this bounds what one poll holds
+MAX_PORTS = 16_384  # ib-sysfs's 256 devices of 64 ports; 16 Mi characters of "Port 1:" would be 2 Mi records
 
 
 @dataclass
@@ -75,6 +80,7 @@ class IbstatStats:
     no_device: int = 0  # a port printed without its CA (``ibstat CA PORT``) and no --device
     tool_errors: int = 0  # ibpanic/ibwarn/Fatal error lines: a device or port the tool could not read
     truncated: int = 0
+    too_many: int = 0  # ports past MAX_PORTS: left out
 
 
 def _port_num(text: str) -> int | None:
@@ -149,7 +155,7 @@ def parse(
     ca: str | None = device
     ca_bad = False  # the CA line's name was no name: its ports are that line's one drop
     cur: _Port | None = None
-    for line in text.splitlines():
+    for line in lines(text):
         if not line.strip():
             continue
         if _PANIC.match(line):
@@ -171,6 +177,9 @@ def parse(
             if not name_ok(name) or num is None:
                 stats.unparsable_lines += 1
                 continue
+            if len(ports) >= MAX_PORTS:
+                stats.too_many += 1
+                continue
             cur = _Port(name, num)
             ports.append(cur)
             continue
@@ -183,12 +192,15 @@ def parse(
             if num is None:
                 stats.unparsable_lines += 1
                 continue
+            if len(ports) >= MAX_PORTS:
+                stats.too_many += 1
+                continue
             cur = _Port(ca, num)
             ports.append(cur)
             continue
         kv = _KV.match(line)
         if kv is not None and cur is not None:
-            _set_state(cur, kv.group(1), kv.group(2), stats)
+            _set_state(cur, kv.group(1), kv.group(2).strip(), stats)
     out = []
     for p in ports:
         stats.ports += 1
@@ -245,6 +257,7 @@ class IbstatSource:
             "dropped.no_device": s.no_device,
             "dropped.tool_error": s.tool_errors,
             "dropped.truncated": s.truncated,
+            "dropped.too_many": s.too_many,
             **(self.peers.summary() if self.peers is not None else {}),
         }
 
