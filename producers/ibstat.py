@@ -58,6 +58,7 @@ log = logging.getLogger(__name__)
 
 _CA = re.compile(r"^(CA|Switch|Router|iWARP RNIC|\?\?\?):? '(.*)'\s*$")  # "CA: '...'" for one port
 _PORT = re.compile(r"^\s*Port (\S+):\s*$")
+_PORT_CUT = re.compile(r"^\s*Port \S{1,32}\s*$")  # a header that lost its colon (a damaged copy)
 _IBSTATUS = re.compile(r"^Infiniband device '(.*)' port (\S+) status:\s*$")
 # A key starts with a letter and its value is stripped after the match: a run of spaces then has
 # one way to be split between the parts, so a long line costs one pass.
@@ -93,10 +94,11 @@ class _Port:
         self.device, self.port = device, port
         self.fields: dict[str, Any] = {}
         self.guid: str | None = None  # its port GUID, for --peers
+        self.keys: set[str] = set()  # the keys its block gave a value: each once in either tool
 
 
-def _set_state(p: _Port, key: str, value: str, stats: IbstatStats) -> None:
-    """One ``Key: value`` line of a port block, in either tool's spelling."""
+def _set_state(p: _Port, key: str, value: str, stats: IbstatStats) -> bool:
+    """One ``Key: value`` line of a port block, in either tool's spelling; whether it gave a value."""
     k = key.strip().lower()
     if k == "state":
         coded = coded_state(value) if ":" in value else None
@@ -104,7 +106,7 @@ def _set_state(p: _Port, key: str, value: str, stats: IbstatStats) -> None:
         if num is None:
             if value not in ("???", "unknown"):
                 stats.unparsable_values += 1
-            return
+            return False
         p.fields["state"], p.fields["state_name"] = num, STATE_NAMES.get(num, coded[1] if coded else value)
     elif k in ("physical state", "phys state"):
         coded = coded_state(value) if value[:1].isdigit() else None
@@ -112,7 +114,7 @@ def _set_state(p: _Port, key: str, value: str, stats: IbstatStats) -> None:
         if num is None:
             if value not in ("???", "unknown"):
                 stats.unparsable_values += 1
-            return
+            return False
         p.fields["phys_state"] = num
         p.fields["phys_state_name"] = PHYS_STATE_NAMES.get(num, coded[1] if coded else value)
     elif k == "rate":
@@ -120,7 +122,7 @@ def _set_state(p: _Port, key: str, value: str, stats: IbstatStats) -> None:
         if r is None:
             if value != "unknown":
                 stats.unparsable_values += 1
-            return
+            return False
         p.fields["rate_gbps"] = r
     elif k == "port guid":
         p.guid = norm_guid(value)
@@ -131,6 +133,8 @@ def _set_state(p: _Port, key: str, value: str, stats: IbstatStats) -> None:
             p.fields["link_layer"] = value
         else:
             stats.unparsable_values += 1
+            return False
+    return True
 
 
 def parse(
@@ -198,9 +202,18 @@ def parse(
             cur = _Port(ca, num)
             ports.append(cur)
             continue
+        if _PORT_CUT.match(line):
+            stats.unparsable_lines += 1  # the next port's values are not this one's
+            cur = None
+            continue
         kv = _KV.match(line)
         if kv is not None and cur is not None:
-            _set_state(cur, kv.group(1), kv.group(2).strip(), stats)
+            key = kv.group(1).strip().lower()
+            if key in cur.keys:  # a key again: garbage, or the next port's values after its header was lost
+                stats.unparsable_values += 1
+                continue
+            if _set_state(cur, key, kv.group(2).strip(), stats):
+                cur.keys.add(key)
     out = []
     for p in ports:
         stats.ports += 1

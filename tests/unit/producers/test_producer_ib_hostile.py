@@ -267,3 +267,18 @@ def test_sysfs_dev_zero_and_a_directory_as_counters_are_not_read(tmp_path):
     recs, d = sysfs(tmp_path)
     assert len(recs[("mlx5_0", 1)].counters) == len(IB_COUNTERS) - 2
     assert d == {"dropped.not_a_file": 2}
+
+
+def test_a_port_header_lost_or_cut_never_gives_its_values_to_the_port_before():
+    # A damaged copy: "Port 2" without its colon, or no header at all. Port 2's Down must not
+    # overwrite Port 1's Active; the lost port is counted, not guessed.
+    from producers.ibstat import IbstatStats, parse
+
+    block = "\tPort {n}\n\t\tState: {state}\n\t\tPhysical state: {phys}\n\t\tRate: 400\n"
+    good = "CA 'mlx5_0'\n\tPort 1:\n\t\tState: Active\n\t\tPhysical state: LinkUp\n\t\tRate: 400\n"
+    for lost in (block.format(n="2", state="Down", phys="Disabled"),
+                 block.format(n="2", state="Down", phys="Disabled").split("\n", 1)[1]):  # fmt: skip
+        st = IbstatStats()
+        recs = parse(good + lost, ts=0.0, host="n1", stats=st)
+        assert [(r.port, r.state_name, r.phys_state_name) for r in recs] == [(1, "ACTIVE", "LinkUp")]
+        assert (st.unparsable_lines, st.unparsable_values) in ((1, 0), (0, 3))  # the cut header, or each value again
