@@ -35,7 +35,7 @@ import re
 import socket
 import time
 from dataclasses import dataclass
-from typing import Any, Iterator, TextIO
+from typing import Any, Iterable, Iterator, TextIO
 
 from pipeline.decode import MAX_ID_LEN, MAX_RANKS, MAX_SEQ
 from pipeline.numeric import ascii_int
@@ -242,7 +242,6 @@ class _Report:
     last_enqueued: int | None = None
     last_completed: int | None = None
     dump_from: str | None = None
-    process: _Process = None  # which process's report (_Reports.process), set where it is kept
 
     def merge(self, o: "_Report") -> None:
         self.ts = min(self.ts, o.ts)
@@ -322,132 +321,190 @@ def parse_line(line: str, *, year: int, default_ts: float, stats: WatchdogStats)
     return rep
 
 
-@dataclass
-class _Work:
-    """One process's reports about one piece of work, by communicator (None: not named yet)."""
+_Work = tuple[Any, ...]  # (PG rank, "timeout", seq) or (PG rank, "progress", last enqueued, last completed)
 
-    by_comm: dict[str | None, _Report]
-    latest: _Report
+
+def _work(rep: _Report) -> _Work:
+    if rep.state == "progress":
+        return (rep.rank, "progress", rep.last_enqueued, rep.last_completed)
+    return (rep.rank, "timeout", rep.seq)
+
+
+def _first(reps: Iterable[_Report]) -> _Report:
+    """The earliest report (by time, then PG): where a line without a PG joins, whatever the order."""
+    return min(reps, key=lambda r: (r.ts, r.comm or ""))
 
 
 class _Reports:
-    """A log's reports, one per process, communicator, PG rank and piece of work.
+    """A log's reports, one per process, communicator, PG rank and piece of work, the same for
+    any order of the log's lines.
 
     The PG rank alone does not tell processes apart: ``Rank 0`` of every tensor-parallel group
     reports its own group's seq, so a combined log holds the same (PG rank, seq) from many
     processes. A process is the global rank its lines print (``[rankN]:``), else torchrun's
-    local rank (``[defaultN]:``, tied to the global rank by the last line that printed both); a
-    line that names neither (the ``what():`` repeat, the oldest layout without torchrun) joins
-    the process that last reported the same work, on the same PG where the line names one.
-    Within a process, a line without a PG (the ``[Rank N] Watchdog caught`` line) joins the
-    latest report of that work, and two PGs named apart stay apart.
+    local rank (``[defaultN]:``), which is that global rank's when the log ties the local rank to
+    exactly one (a line printing both). Within a process, a line without a PG (the ``[Rank N]
+    Watchdog caught`` line) joins the report of that work on its PG, and two PGs named apart
+    stay apart. A line that names no process (the ``what():`` repeat, the oldest layout without
+    torchrun) joins the one process that reported that work (on the line's PG, else on none yet),
+    and stays a report of its own when none or several could be its. A timeout without a seq
+    ("Some NCCL operations have failed") joins its process's (or, naming none, the one
+    process's) latest timeout of that PG rank.
 
     >>> stats = WatchdogStats()
     >>> reps = _Reports(stats)
     >>> line = "[rank{}]:[PG {} Rank 0] Timeout at NCCL work: 5, last enqueued NCCL work: {}, last completed NCCL work: 4."
     >>> for g in (0, 2):
     ...     reps.add(parse_line(line.format(g, g // 2 + 1, 5 + g), year=2025, default_ts=0.0, stats=stats))
-    >>> sorted((r.global_rank, r.comm, r.last_enqueued) for r in reps.out.values())
+    >>> sorted((r.global_rank, r.comm, r.last_enqueued) for r in reps.finish())
     [(0, '1', 5), (2, '2', 7)]
     """
 
     def __init__(self, stats: WatchdogStats) -> None:
         self.stats = stats
-        self.out: dict[int, _Report] = {}  # by id(): a bare report gives its place to its numbers
-        self.works: dict[tuple[Any, ...], _Work] = {}  # (work, process) -> that process's reports
-        # (work, PG) -> who last reported that work on that PG, (work, None) -> on any PG.
-        self.last_process: dict[tuple[Any, ...], _Process] = {}
-        # (process, PG rank) -> its latest timeout, (None, PG rank) -> any process's: where a
-        # timeout without a seq ("Some NCCL operations have failed") joins.
-        self.latest: dict[tuple[_Process, int], _Report] = {}
-        self.bare: dict[tuple[_Process, int], _Report] = {}  # timeouts without a seq, awaiting their numbers
-        self.global_of_local: dict[int, int] = {}
+        self.kept = 0  # reports kept, at most MAX_RECORDS
+        # (work, process) -> that process's reports of it by PG (None: not named yet).
+        self.works: dict[tuple[_Work, _Process], dict[str | None, _Report]] = {}
+        self.unnamed: dict[tuple[_Work, str | None], _Report] = {}  # lines naming no process, by work and PG
+        self.bare: dict[tuple[_Process, int, str | None], _Report] = {}  # timeouts without a seq
+        self.globals_of_local: dict[int, set[int]] = {}
+        self._pairs = 0  # (local, global) pairs held: bounded as the reports are
 
-    def process(self, rep: _Report) -> _Process:
-        """The process that printed ``rep``'s line, as far as the line tells."""
-        if rep.global_rank is not None:
-            if rep.local_rank is not None and (
-                rep.local_rank in self.global_of_local or len(self.global_of_local) < MAX_RECORDS
-            ):  # bounded as the reports are: a hostile log may name a new pair on every line
-                self.global_of_local[rep.local_rank] = rep.global_rank
-            return ("rank", rep.global_rank)
-        if rep.local_rank is not None:
-            g = self.global_of_local.get(rep.local_rank)
-            return ("rank", g) if g is not None else ("local", rep.local_rank)
-        return None
-
-    def _keep(self, rep: _Report, proc: _Process) -> bool:
-        if len(self.out) >= MAX_RECORDS:
+    def _keep(self) -> bool:
+        if self.kept >= MAX_RECORDS:
             self.stats.too_many += 1
             return False
-        rep.process = proc
-        self.out[id(rep)] = rep
+        self.kept += 1
         return True
 
     def add(self, rep: _Report) -> None:
-        """Join ``rep`` to the report of its process, communicator and work, or keep it as a new one."""
-        proc = self.process(rep)
+        """Take one line's report: merged with what its process said of the same work, or kept."""
+        proc: _Process = None
+        if rep.global_rank is not None:
+            proc = ("rank", rep.global_rank)
+            if rep.local_rank is not None:
+                gs = self.globals_of_local.setdefault(rep.local_rank, set())
+                if rep.global_rank not in gs and self._pairs < MAX_RECORDS:
+                    gs.add(rep.global_rank)
+                    self._pairs += 1
+        elif rep.local_rank is not None:
+            proc = ("local", rep.local_rank)
         if rep.state == "timeout" and rep.seq is None:
-            self._add_bare(rep, proc)
+            key = (proc, rep.rank, rep.comm)
+            if key in self.bare:
+                self.bare[key].merge(rep)
+            elif self._keep():
+                self.bare[key] = rep
             return
-        if rep.state == "progress":
-            work: tuple[Any, ...] = (rep.rank, "progress", rep.last_enqueued, rep.last_completed)
-        else:
-            work = (rep.rank, "timeout", rep.seq)
+        work = _work(rep)
         if proc is None:
-            proc = self.last_process.get((work, rep.comm)) or self.last_process.get((work, None))
-            if proc is None and rep.state == "timeout" and (prev := self.latest.get((None, rep.rank))) is not None:
-                proc = prev.process  # the process whose bare line or earlier work this most likely follows
-        w = self.works.get((work, proc))
-        if w is None and proc is not None:
-            # Lines that named no process, or only its local rank, came first: they were this one's.
-            w = self.works.pop((work, None), None)
-            if w is None and proc[0] == "rank" and rep.local_rank is not None:
-                w = self.works.pop((work, ("local", rep.local_rank)), None)
-            if w is not None:
-                self.works[(work, proc)] = w
-                for r in w.by_comm.values():
-                    r.process = proc
-        if rep.state == "timeout":
-            bare = self.bare.pop((proc, rep.rank), None)
-            if bare is None and proc is not None:
-                bare = self.bare.pop((None, rep.rank), None)
-            if bare is not None:  # the process's bare failure line came before its numbers
-                rep.merge(bare)
-                del self.out[id(bare)]
-        if w is None:
-            if not self._keep(rep, proc):
-                return
-            target = rep
-            w = self.works[(work, proc)] = _Work({rep.comm: rep}, rep)
-        elif rep.comm is None:
-            target = w.latest
-            target.merge(rep)
-        elif (have := w.by_comm.get(rep.comm) or w.by_comm.pop(None, None)) is not None:
-            target = w.by_comm[rep.comm] = have  # a report without a PG yet was this PG's
-            target.merge(rep)
-        elif self._keep(rep, proc):
-            target = w.by_comm[rep.comm] = rep
-        else:
+            have = self.unnamed.get((work, rep.comm))
+            if have is not None:
+                have.merge(rep)
+            elif self._keep():
+                self.unnamed[(work, rep.comm)] = rep
             return
-        w.latest = target
-        self.last_process[(work, None)] = proc
-        if target.comm is not None:
-            self.last_process[(work, target.comm)] = proc
-        if rep.state == "timeout":
-            self.latest[(proc, rep.rank)] = self.latest[(None, rep.rank)] = target
+        by_comm = self.works.get((work, proc))
+        if by_comm is None:
+            if self._keep():
+                self.works[(work, proc)] = {rep.comm: rep}
+        elif not _join(by_comm, rep, proc) and self._keep():
+            by_comm[rep.comm] = rep
 
-    def _add_bare(self, rep: _Report, proc: _Process) -> None:
-        """A timeout without a seq: joins its process's latest timeout, else waits for its numbers."""
-        key = (proc, rep.rank)
-        target = self.latest.get(key)
-        if target is not None:
-            target.merge(rep)
-        elif self._keep(rep, proc):
-            target = self.bare[key] = rep
-        else:
-            return
-        self.latest[key] = self.latest[(None, rep.rank)] = target
+    def finish(self) -> list[_Report]:
+        """Every report, the lines that named no process (or a local rank of several) placed."""
+        own: list[_Report] = []
+        for (work, proc), by_comm in list(self.works.items()):
+            if proc is None or proc[0] != "local":
+                continue
+            gs = sorted(self.globals_of_local.get(proc[1], set()))
+            del self.works[(work, proc)]
+            for r in sorted(by_comm.values(), key=lambda r: (r.ts, r.comm or "")):
+                if len(gs) == 1:
+                    self._place(r, [(("rank", gs[0]), self.works.setdefault((work, ("rank", gs[0])), {}))])
+                elif not self._place(r, [(("rank", g), b) for g in gs if (b := self.works.get((work, ("rank", g))))]):
+                    self.works.setdefault((work, proc), {})[r.comm] = r  # its local rank is all the log tells
+        procs: dict[_Work, list[_Process]] = {}
+        for work, proc in self.works:
+            procs.setdefault(work, []).append(proc)
+        for (work, _), rep in self.unnamed.items():
+            if not self._place(rep, [(p, self.works[(work, p)]) for p in procs.get(work, [])]):
+                own.append(rep)  # no process, or several, could have printed it
+        placed = [(p, r) for (_, p), by_comm in self.works.items() for r in by_comm.values()] + [(None, r) for r in own]
+        out = [r for _, r in placed]
+        for (proc, rank, comm), rep in self.bare.items():
+            if proc is not None and proc[0] == "local" and len(lg := self.globals_of_local.get(proc[1], set())) == 1:
+                proc = ("rank", next(iter(lg)))
+            pool = [
+                (p, r)
+                for p, r in placed
+                if r.state == "timeout" and r.rank == rank and (comm is None or r.comm in (None, comm))
+                and (proc is None or p == proc)
+            ]  # fmt: skip
+            if pool and len({p for p, _ in pool}) == 1:
+                max((r for _, r in pool), key=lambda r: (r.ts, r.seq or 0, r.comm or "")).merge(rep)
+            else:
+                out.append(rep)
+        return out
+
+    @staticmethod
+    def _place(rep: _Report, cands: list[tuple[_Process, dict[str | None, _Report]]]) -> bool:
+        """Join ``rep`` to the one candidate process that can have printed it: on its PG, else on
+        a report without a PG yet, and saying nothing the report it joins contradicts (the
+        ``ran for`` of a ``what():`` repeat is its own process's); False when none or several can."""
+        if rep.comm is not None:
+            if same := [c for c in cands if rep.comm in c[1]]:
+                cands = same
+            elif open_ := [c for c in cands if None in c[1]]:
+                cands = open_
+        if len(cands) > 1:
+            cands = [c for c in cands if (t := _target(c[1], rep)) is None or _agrees(t, rep)]
+        if len(cands) != 1:
+            return False
+        proc, by_comm = cands[0]
+        if not _join(by_comm, rep, proc):
+            by_comm[rep.comm] = rep
+        _identify(rep, proc)
+        return True
+
+
+_DETAIL = ("op", "timeout_ms", "ran_ms", "last_enqueued", "last_completed")
+
+
+def _agrees(a: _Report, b: _Report) -> bool:
+    """Whether two reports of one work say nothing apart (each detail one of them lacks, or equal)."""
+    return all(getattr(a, k) is None or getattr(b, k) is None or getattr(a, k) == getattr(b, k) for k in _DETAIL)
+
+
+def _target(by_comm: dict[str | None, _Report], rep: _Report) -> _Report | None:
+    """The report ``rep`` would join in ``by_comm`` (``_join``); None: it would be a PG of its own."""
+    if rep.comm in by_comm:
+        return by_comm[rep.comm]
+    if rep.comm is None:
+        return _first(by_comm.values()) if by_comm else None
+    return by_comm.get(None)
+
+
+def _identify(rep: _Report, proc: _Process) -> None:
+    """``rep`` is ``proc``'s: its global rank where the process is one."""
+    if proc is not None and proc[0] == "rank" and rep.global_rank is None:
+        rep.global_rank = proc[1]
+
+
+def _join(by_comm: dict[str | None, _Report], rep: _Report, proc: _Process) -> bool:
+    """Merge ``rep`` into the process's report of its work on its PG (a line without a PG: the
+    earliest; a report without a PG yet: this PG's); False when it is a PG of its own."""
+    if rep.comm in by_comm:
+        by_comm[rep.comm].merge(rep)
+    elif rep.comm is None and by_comm:
+        _first(by_comm.values()).merge(rep)
+    elif None in by_comm:
+        have = by_comm.pop(None)
+        have.merge(rep)
+        by_comm[rep.comm] = have
+    else:
+        return False
+    return True
 
 
 def read_lines(src: TextIO, stats: WatchdogStats) -> Iterator[str]:
@@ -513,7 +570,7 @@ def parse(
         if rep is not None:
             reports.add(rep)
     out = []
-    for r in reports.out.values():
+    for r in reports.finish():
         # A subgroup's rank is not its process's: the GPU follows the global rank where the line gave it.
         grank = r.global_rank if r.global_rank is not None else r.rank
         gpu = grank % gpus_per_node if gpus_per_node else r.local_rank

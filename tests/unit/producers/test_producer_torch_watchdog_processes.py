@@ -15,7 +15,11 @@ from __future__ import annotations
 
 import io
 
+from hypothesis import given, settings
+from hypothesis import strategies as hs
+
 from producers.torch_watchdog import WatchdogStats, parse
+from tests.factories import fuzz_examples
 
 DEC_2025 = 1767139200.0  # 2025-12-31: the logs' year
 
@@ -157,3 +161,73 @@ def test_many_processes_with_the_same_pg_rank_and_seq_each_keep_their_own_report
     assert all(r.ran_ms == 1800000 + int(r.labels["global_rank"]) for r in recs)
     assert all(r.comm == str(int(r.labels["global_rank"]) // 2) for r in recs)
     assert [r.labels["global_rank"] for r in recs if r.last_completed == 6400] == ["34"]
+
+
+# -- any order of the lines: the same records -------------------------------------------------
+
+
+def _line(kind: str, local: int | None, glob: int | None, pg: int, ran: int, enq: int, done: int) -> str:
+    """One of a rank's lines (the 2.4 layouts above) with the prefixes a log may have kept: both,
+    torchrun's local rank only (a multi-node --tee log's what() repeat), or none (a grep)."""
+    pfx = (f"[default{local}]:" if local is not None else "") + (f"[rank{glob}]:" if glob is not None else "")
+    if kind == "timeout":
+        return (f"{pfx}[E1003 18:37:01.832146 ProcessGroupNCCL.cpp:607] [Rank 0] Watchdog caught collective operation "
+                f"timeout: WorkNCCL(SeqNum=6463, OpType=ALLREDUCE, NumelIn=1, NumelOut=1, Timeout(ms)=1800000) ran for "
+                f"{ran} milliseconds before timing out.")  # fmt: skip
+    if kind == "status":
+        return (f"{pfx}[E1003 18:37:02.833629 ProcessGroupNCCL.cpp:1709] [PG {pg} (mesh_tp) Rank 0] Timeout at NCCL "
+                f"work: 6463, last enqueued NCCL work: {enq}, last completed NCCL work: {done}.")  # fmt: skip
+    if kind == "failed":
+        return (f"{pfx}[E1003 18:36:50.833637 ProcessGroupNCCL.cpp:621] [Rank 0] Some NCCL operations have failed or "
+                "timed out. Due to the asynchronous nature of CUDA kernels, subsequent GPU operations might run on "
+                "corrupted/incomplete data.")  # fmt: skip
+    return (f"{pfx}  what():  [PG {pg} (mesh_tp) Rank 0] Process group watchdog thread terminated with exception: "
+            "[Rank 0] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=6463, OpType=ALLREDUCE, NumelIn=1, "
+            f"NumelOut=1, Timeout(ms)=1800000) ran for {ran} milliseconds before timing out.")  # fmt: skip
+
+
+def _records(lines: list[str]) -> list[tuple]:
+    recs, _ = _parse("\n".join(lines) + "\n", gpus_per_node=8)
+    return sorted(
+        (
+            (r.rank, r.comm, r.gpu, r.labels.get("global_rank"), r.seq, r.ran_ms, r.last_enqueued, r.last_completed, r.ts)
+        for r in recs
+        ),
+        key=repr,
+    )
+
+
+# Two processes, Rank 0 of TP groups 1 and 2 (global ranks 0 and 2, or 0 and 8 on a second node
+# with the same local rank 0), each with its timeout, status, bare failure and what() lines.
+def _job(second: int, what_prefix: str, failed_prefix: str) -> list[str]:
+    out = []
+    for glob, pg, ran, enq, done in ((0, 1, 1800017, 6463, 6462), (second, 2, 1800085, 6464, 6461)):
+        local = glob % 8
+        out.append(_line("timeout", local, glob, pg, ran, enq, done))
+        out.append(_line("status", local, glob, pg, ran, enq, done))
+        out.append(_line("what", local if what_prefix == "local" else None, None, pg, ran, enq, done))
+        out.append(_line("failed", local if failed_prefix != "none" else None,
+                         glob if failed_prefix == "both" else None, pg, ran, enq, done))  # fmt: skip
+    return out
+
+
+@settings(max_examples=fuzz_examples(40), deadline=None)
+@given(
+    second=hs.sampled_from([2, 8]),
+    what_prefix=hs.sampled_from(["local", "none"]),
+    failed_prefix=hs.sampled_from(["both", "local", "none"]),
+    data=hs.data(),
+)
+def test_property_any_order_of_the_lines_gives_the_records_of_the_log_as_written(second, what_prefix, failed_prefix,
+                                                                                 data):  # fmt: skip
+    # A log merged from several ranks' files, grepped or sorted, holds a process's lines in any
+    # order among the others': a line naming no process (or only a local rank two nodes share)
+    # must join its own process's report by what it says, not by which line came last.
+    lines = _job(second, what_prefix, failed_prefix)
+    written = _records(lines)
+    assert data.draw(hs.permutations(lines).map(_records)) == written
+    # Each process's report whole: its PG, its own numbers and its global rank's GPU.
+    assert {(r[1], r[2], r[5], r[6], r[7]) for r in written} >= {
+        ("1", 0, 1800017, 6463, 6462),
+        ("2", second % 8, 1800085, 6464, 6461),
+    }
