@@ -82,6 +82,7 @@ class IbstatStats:
     tool_errors: int = 0  # ibpanic/ibwarn/Fatal error lines: a device or port the tool could not read
     truncated: int = 0
     too_many: int = 0  # ports past MAX_PORTS: left out
+    duplicate_ports: int = 0  # a port printed again later in the input: the earlier block left out
 
 
 def _port_num(text: str) -> int | None:
@@ -215,10 +216,16 @@ def parse(
             if _set_state(cur, key, kv.group(2).strip(), stats):
                 cur.keys.add(key)
     out = []
-    for p in ports:
+    # A port printed twice (captures appended to one file): the last is the latest state, and one
+    # read makes one record a port, as each record of a second is the port's whole state.
+    last = {(p.device, p.port): i for i, p in enumerate(ports)}
+    for i, p in enumerate(ports):
         stats.ports += 1
         if p.device is None:
             stats.no_device += 1
+            continue
+        if last[(p.device, p.port)] != i:
+            stats.duplicate_ports += 1
             continue
         found = peers.labels(p.port, p.guid, local_names(host, p.device)) if peers is not None else {}
         out.append(NicRecord(ts=ts, host=host, device=p.device, port=p.port, **p.fields, **found))
@@ -271,6 +278,7 @@ class IbstatSource:
             "dropped.tool_error": s.tool_errors,
             "dropped.truncated": s.truncated,
             "dropped.too_many": s.too_many,
+            "ports_superseded": s.duplicate_ports,  # not lost: a later block of the port was read
             **(self.peers.summary() if self.peers is not None else {}),
         }
 

@@ -282,3 +282,15 @@ def test_a_port_header_lost_or_cut_never_gives_its_values_to_the_port_before():
         recs = parse(good + lost, ts=0.0, host="n1", stats=st)
         assert [(r.port, r.state_name, r.phys_state_name) for r in recs] == [(1, "ACTIVE", "LinkUp")]
         assert (st.unparsable_lines, st.unparsable_values) in ((1, 0), (0, 3))  # the cut header, or each value again
+
+
+def test_a_port_printed_twice_is_one_record_with_the_later_state():
+    # Two captures appended to one file (a cron job's "ibstat >> f"): one read, one record a port,
+    # the latest state; the earlier block is counted, not sent as a second state of that second.
+    from producers.ibstat import IbstatStats, parse
+
+    cap = "CA 'mlx5_0'\n\tPort 1:\n\t\tState: {}\n\t\tPhysical state: {}\n\t\tRate: 400\n"
+    st = IbstatStats()
+    recs = parse(cap.format("Active", "LinkUp") + cap.format("Down", "Disabled"), ts=0.0, host="n1", stats=st)
+    assert [(r.device, r.port, r.state_name) for r in recs] == [("mlx5_0", 1, "DOWN")]
+    assert st.duplicate_ports == 1 and st.ports == 2
