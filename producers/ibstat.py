@@ -251,6 +251,7 @@ class IbstatSource:
         self.max_chars, self.clock = max_chars, clock
         self.done = False
         self.stats = IbstatStats()
+        self.unrecognised = False  # text, but not one line of ibstat or ibstatus output (the CLI exits 3)
 
     def poll(self) -> list[NicRecord]:
         self.done = True
@@ -262,6 +263,8 @@ class IbstatSource:
             )
         peer_map = self.peers.current() if self.peers is not None else None
         recs = parse(text, ts=self.clock(), host=self.host, device=self.device, stats=self.stats, peers=peer_map)
+        st = self.stats
+        self.unrecognised = bool(text.strip()) and not (st.cas or st.ports or st.tool_errors or st.unparsable_lines)
         if not recs:
             log.warning("%s: no ibstat or ibstatus port found", self.path)
         return recs

@@ -294,3 +294,17 @@ def test_a_port_printed_twice_is_one_record_with_the_later_state():
     recs = parse(cap.format("Active", "LinkUp") + cap.format("Down", "Disabled"), ts=0.0, host="n1", stats=st)
     assert [(r.device, r.port, r.state_name) for r in recs] == [("mlx5_0", 1, "DOWN")]
     assert st.duplicate_ports == 1 and st.ports == 2
+
+
+@pytest.mark.parametrize("text, rc", [("hello\nnot ibstat at all\n", 3), ("", 0),
+                                      ("CA 'mlx5_0'\n\tNumber of ports: 1\n", 0)])  # fmt: skip
+def test_ibstat_on_a_file_that_is_not_its_output_exits_3_as_the_other_file_producers(tmp_path, capsys, text, rc):
+    # Before: 0 records and exit 0, as if every port were fine. A CA with no port block read is
+    # the tool's output (exit 0: nothing lost); an empty file is no error either.
+    from pipeline.cli import main
+
+    f = tmp_path / "ibstat.txt"
+    f.write_text(text)
+    assert main(["produce", "ibstat", "--file", str(f), "--host", "n1", "--out", str(tmp_path / "o.jsonl")]) == rc
+    err = capsys.readouterr().err.strip().splitlines()
+    assert (err[-1].endswith("ibstat.txt: not one line could be read as ibstat output (exit 3)")) == (rc == 3)
