@@ -16,8 +16,8 @@ unnamed majority:
 - ``#G-C (HASH) INCOMPLETE`` / ``Missing communicator data from K rank(s)``: the ranks named
   (``Rank R -- GPU ...``, or 2.24-2.25's ``The missing ranks: 21,22``, a list RAS cuts at 1023
   characters, so its last number is then dropped, counted) are ``missing``; ``dead`` when a
-  ``DEAD`` section names the process (``Process P on node H managing GPUs 0,1 (NVML 4,5)``) on the
-  same node and GPU, NVML index when RAS prints one.
+  ``DEAD`` section names its process (``Process P on node H managing GPUs 0,1``): the same pid on
+  the same node, in every communicator the process had a rank in.
 - ``#G-C (HASH) ERROR``: ranks named under ``Initialization error`` / ``Asynchronous error`` are
   ``error``, the NCCL error in ``labels["ras.error"]``.
 - ``MISMATCH`` on status (``K ranks have status S``): ranks in ``ABORT`` are ``error``; the
@@ -30,7 +30,9 @@ text has no time: records get the file's modification time (stdin: now). ``-f js
 communicator's highest), ``missing_ranks`` ``missing`` or ``dead`` (``considered_dead``; one not
 ``unresponsive`` is the text's NOCOMM, counted), and an ``async_error`` or ``init_state`` other
 than success/in-progress, or ``abort_flag``, ``error``. Its ``hash`` (``0x%lx``) is zero-padded to
-the text's 16 digits; 2.28.7-2.28.9's missing comma after a missing rank's ``nvml_dev`` is mended.
+the text's 16 digits; 2.28.7-2.28.9's missing comma after a missing rank's ``nvml_dev`` is mended,
+and lines before the document are read as text (the client's own stderr, kept by ``2>&1``, makes
+no record). An input names at most ``MAX_RECORDS`` ranks; the rest are counted.
 """
 
 from __future__ import annotations
@@ -51,6 +53,7 @@ log = logging.getLogger(__name__)
 
 MAX_CHARS = 64 * 1024 * 1024  # a status of 100k ranks is a few MB; the rest is counted, not read
 LINE_MAX = 64 * 1024
+MAX_RECORDS = 1_000_000  # ranks one input may name: a list costs a few characters a rank; the rest counted
 _COMM = re.compile(r"#(\d+)-(\d+) \(([0-9a-fA-Fx]+)\) (MISMATCH|INCOMPLETE|ERROR)\s*$")
 _COUNTS = re.compile(r"Communicator ranks have different (?:(\w+) )?operation counts")
 _GROUP_LAUNCHED = re.compile(r"(\S+) ranks have launched up to operation (\S+)$")
@@ -70,6 +73,8 @@ LIST_MAX = 1023  # RAS formats a rank list in a 1024-byte buffer: one this long 
 _RANK_BARE_STATUS = re.compile(r"Rank (\S+) has status (\w+)$")  # 2.24-2.25: a lone UNKNOWN rank
 # GPUs "0,1", or "0,1 (NVML 4,5)" when the CUDA indices differ from NVML's
 _PROCESS = re.compile(r"Process (\S+) on node (\S+) managing GPUs? (.+)$")
+# where -f json's document starts after the client's own messages ("Connection timed out; retrying...")
+_JSON_START = re.compile(r"^\{[ \t\r]*$", re.MULTILINE)
 # 2.28.7-2.28.9 print no comma after a missing rank's "nvml_dev" (fixed in 2.29.2)
 _JSON_NO_COMMA = re.compile(r'("nvml_dev": -?\d+)(\s*"status")')
 _TABLE_ROW = re.compile(r"(\d+)\s+(\d+)\s+(\d+)\s+(\S+)\s+(\d+)\s+(\d+)\s+(\w+)\s+([\w,]+)$")
@@ -92,6 +97,8 @@ class RasStats:
     oversize: int = 0
     truncated: int = 0
     bad_json_values: int = 0
+    too_many: int = 0  # ranks named past MAX_RECORDS
+    named: int = 0  # ranks named so far, kept or not (what MAX_RECORDS bounds)
     # Lines of RAS's own layout (version, section heads, communicator blocks, the table) or a
     # JSON document of its keys: none in a non-blank input means it is not ncclras output.
     recognised: int = 0
@@ -110,6 +117,7 @@ class RasStats:
             "dropped.oversize_line": self.oversize,
             "dropped.truncated_log": self.truncated,
             "dropped.bad_json_value": self.bad_json_values,
+            "dropped.too_many_records": self.too_many,
         }
 
 
@@ -121,6 +129,7 @@ class _Named:
     state: str
     node: str | None = None
     gpu: int | None = None
+    pid: int | None = None
     ops: int | None = None
     op: str | None = None
     error: str | None = None
@@ -151,7 +160,7 @@ def parse_text(text: str, *, ts: float, job: str | None = None, stats: RasStats 
     stats = stats if stats is not None else RasStats()
     ranks_per_comm: dict[int, int] = {}
     blocks: list[_Block] = []
-    dead: set[tuple[str, int]] = set()
+    dead: set[tuple[str, int]] = set()  # (node, pid) of the processes DEAD names
     cur: _Block | None = None
     section = ""
     in_dead = False
@@ -200,24 +209,25 @@ def parse_text(text: str, *, ts: float, job: str | None = None, stats: RasStats 
         if in_dead:
             if m := _PROCESS.match(line):
                 stats.dead_processes += 1
-                gpus = m.group(3)
-                if "(NVML " in gpus:  # the NVML indices, as a rank's "GPU c (NVML n)" is read
-                    gpus = gpus.split("(NVML ", 1)[1].rstrip(")")
-                for g_text in re.split(r"[,\s]+", gpus):
-                    gpu = _int(g_text, 4095)
-                    if gpu is not None:
-                        dead.add((m.group(2), gpu))
+                pid = _int(m.group(1))
+                if pid is None:
+                    stats.bad_number += 1
+                else:
+                    dead.add((m.group(2), pid))
             continue
         if cur is None:
             continue
         _block_line(cur, line, stats)
     out = []
+    ranked: set[tuple[str, int]] = set()  # the dead processes a missing rank was found on
     for b in blocks:
         for nm in b.named:
             state = nm.state
-            if state == "missing" and nm.node is not None and nm.gpu is not None and (nm.node, nm.gpu) in dead:
+            # A dead process is missing from every communicator it had a rank in; its pid, not its
+            # GPU, names it (two processes may drive one GPU).
+            if state == "missing" and nm.node is not None and nm.pid is not None and (nm.node, nm.pid) in dead:
                 state = "dead"
-                dead.discard((nm.node, nm.gpu))
+                ranked.add((nm.node, nm.pid))
             if state == "counted":
                 top = b.max_ops.get(nm.op, 0)
                 state = "lagging" if nm.ops is not None and nm.ops < top else "progress"
@@ -244,7 +254,7 @@ def parse_text(text: str, *, ts: float, job: str | None = None, stats: RasStats 
                     labels=labels,
                 )
             )
-    stats.unranked += len(dead)
+    stats.unranked += len(dead - ranked)
     stats.records += len(out)
     return out
 
@@ -292,14 +302,14 @@ def _block_line(b: _Block, line: str, stats: RasStats) -> None:
             elif m.group(1) == "unknown":
                 stats.transitional += 1
             else:
-                b.named.append(_Named(r, "missing"))
+                _name(b, _Named(r, "missing"), stats)
         return
     if m := _RANK_BARE_STATUS.match(line):
         r = _int(m.group(1), MAX_RANKS - 1)
         if r is None:
             stats.bad_number += 1
         elif m.group(2) == "ABORT":
-            b.named.append(_Named(r, "error", error="ABORT"))
+            _name(b, _Named(r, "error", error="ABORT"), stats)
         else:
             stats.transitional += 1
         return
@@ -320,14 +330,15 @@ def _block_line(b: _Block, line: str, stats: RasStats) -> None:
         stats.bad_number += 1
         return
     node = m.group("node")
+    pid = _int(m.group("pid")) if m.group("pid") is not None else None
     if b.kind == "INCOMPLETE":
-        b.named.append(_Named(rank, "missing", node, gpu))
+        _name(b, _Named(rank, "missing", node, gpu, pid), stats)
     elif b.kind == "ERROR":
-        b.named.append(_Named(rank, "error", node, gpu, error=m.group("err") or b.error))
+        _name(b, _Named(rank, "error", node, gpu, pid, error=m.group("err") or b.error), stats)
     elif b.status is not None:
         status = m.group("status") or b.status
         if status == "ABORT":
-            b.named.append(_Named(rank, "error", node, gpu, error="ABORT"))
+            _name(b, _Named(rank, "error", node, gpu, pid, error="ABORT"), stats)
         else:
             stats.transitional += 1
     else:
@@ -335,7 +346,16 @@ def _block_line(b: _Block, line: str, stats: RasStats) -> None:
             ops = 0
         if ops is not None:
             b.max_ops[b.op] = max(b.max_ops.get(b.op, 0), ops)
-        b.named.append(_Named(rank, "counted", node, gpu, ops=ops if ops is not None else b.value, op=b.op))
+        _name(b, _Named(rank, "counted", node, gpu, pid, ops=ops if ops is not None else b.value, op=b.op), stats)
+
+
+def _name(b: _Block, nm: _Named, stats: RasStats) -> None:
+    """Keep a rank ``b`` names, up to ``MAX_RECORDS`` an input; past that, count it."""
+    stats.named += 1
+    if stats.named > MAX_RECORDS:
+        stats.too_many += 1
+    else:
+        b.named.append(nm)
 
 
 def parse_json(
@@ -386,6 +406,10 @@ def parse_json(
             bad = [k for k in ("init_state", "async_error") if _count(st.get(k)) not in (None, 0, 7)]
             if st.get("abort_flag") is True:
                 bad.append("abort_flag")
+            stats.named += 1
+            if stats.named > MAX_RECORDS:
+                stats.too_many += 1
+                continue
             named.append((r, "error" if bad else "counted", total, ",".join(bad) or None))
         for r in _list(c.get("missing_ranks")):
             if not isinstance(r, dict):
@@ -394,6 +418,10 @@ def parse_json(
             st = _dict(r.get("status"))
             if st.get("considered_dead") is not True and st.get("unresponsive") is False:
                 stats.transitional += 1  # reachable but no longer a member: the text's NOCOMM
+                continue
+            stats.named += 1
+            if stats.named > MAX_RECORDS:
+                stats.too_many += 1
                 continue
             named.append((r, "dead" if st.get("considered_dead") is True else "missing", None, None))
         top = max(totals, default=0)
@@ -452,17 +480,22 @@ def _count(v: Any, limit: int = MAX_SEQ) -> int | None:
 def parse(text: str, *, ts: float, job: str | None = None, stats: RasStats | None = None) -> list[ProgressRecord]:
     """Text or ``-f json``, whichever ``text`` is."""
     stats = stats if stats is not None else RasStats()
-    if text.lstrip().startswith("{"):
+    body = text if text.lstrip().startswith("{") else None
+    if body is None and (start := _JSON_START.search(text)):
+        body = text[start.start() :]  # the client's stderr (`2>&1`) before the document, if it is one
+    if body is not None:
         try:
-            doc, deep = jsonsafe.loads_pruned(text)
+            doc, deep = jsonsafe.loads_pruned(body)
         except ValueError:
             try:
-                doc, deep = jsonsafe.loads_pruned(_JSON_NO_COMMA.sub(r"\1,\2", text))
+                doc, deep = jsonsafe.loads_pruned(_JSON_NO_COMMA.sub(r"\1,\2", body))
             except ValueError:
                 doc, deep = None, 0
         stats.bad_json_values += deep
         if doc is not None:
-            return parse_json(doc, ts=ts, job=job, stats=stats)
+            # What came before the document is read as text: the client's stderr makes no record.
+            head = parse_text(text[: len(text) - len(body)], ts=ts, job=job, stats=stats) if body is not text else []
+            return head + parse_json(doc, ts=ts, job=job, stats=stats)
     return parse_text(text, ts=ts, job=job, stats=stats)
 
 
@@ -485,6 +518,7 @@ class RasStatusSource:
         text, cut = read_capped(self.path, self.max_chars)
         if cut:
             self.stats.truncated = 1
+            text = text[: text.rfind("\n") + 1]  # the last line is cut short: not read as a whole one
         recs = parse(text, ts=self.mtime, job=self.job, stats=self.stats)
         self.unrecognised = bool(text.strip()) and not self.stats.recognised
         return recs

@@ -57,7 +57,7 @@ def test_224_unknown_ranks_are_transitional_not_unparsable():
         "  Process 3487984 on node 172.16.64.213 managing GPUs 0,1 (NVML 4,5)\n",
     ],
 )
-def test_a_dead_process_is_matched_by_its_nvml_gpus(processes):
+def test_a_dead_processs_ranks_with_nvml_gpus_are_dead(processes):
     text = (
         "Errors\n======\n\nDEAD\n" + processes + "\n"
         "#0-0 (cf264af53edbe986) INCOMPLETE\n"
