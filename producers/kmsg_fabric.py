@@ -14,14 +14,17 @@ since the producer started (catalogue fields 9512-9517, docs/producers.md#kernel
   detail line that ``print_health_info()`` prints after them is the same event, not counted;
 - link down: mlx5e's ``<ifname>: Link down`` (``en_main.c``), other drivers' ``NIC Link is
   Down`` / ``Link is Down``, IPoIB and network managers' ``lost carrier`` -> ``nic_link_down_events``
-  (PCIe hot-plug's ``pciehp: Slot(N): Link Down`` is a slot, not a NIC, and is not counted);
+  (PCIe hot-plug's ``pciehp: Slot(N): Link Down`` is a slot and libata's ``ataN: SATA link down``
+  a disk port, not NICs, and are not counted);
 - AER (``drivers/pci/pcie/aer.c``): the root port's ``AER: [Multiple ]<severity> error
   received: <bdf>`` and each reporting device's ``PCIe Bus Error: severity=<severity>, type=...,
   (<agent> ID)`` -> ``pcie_aer_log_{correctable,nonfatal,fatal}``. One error is one "received"
-  line followed by a "PCIe Bus Error" line of the same severity; the pair counts once, a "PCIe
-  Bus Error" line with no pending "received" line (DPC, a second device of a ``Multiple``
-  report) counts on its own, and the ``device [vvvv:dddd] error status/mask=``, ``[nn] <name>``
-  and ``TLP Header`` detail lines count nothing.
+  line and, as the next AER line, a "PCIe Bus Error" line of the same severity; the pair counts
+  once. Any other AER line between them (``can't find device of ID``, ``found no error details
+  for``, recovery) ends the wait, as does a "received" line ending in ``(no details found)``
+  (6.16): a "PCIe Bus Error" line with no "received" line just before it (DPC, a second device
+  of a ``Multiple`` report) counts on its own, and the ``device [vvvv:dddd] error status/mask=``,
+  ``[nn] <name>`` and ``TLP Header`` detail lines count nothing.
 
 >>> ev = FabricEvents()
 >>> ev.apply("n1", "mlx5_core 0000:3b:00.0 ens1f0np0: Link down")
@@ -67,7 +70,7 @@ _HEALTH = re.compile(
 _LINK_DOWN = re.compile(r"(?:^|\s)(?:NIC )?Link (?:is )?down\b|\blost carrier\b", re.ASCII | re.IGNORECASE)
 # A superset of what classify() reads, tested first: most kernel lines are none of these.
 _WANT = re.compile(
-    r"AER|PCIe Bus Error|Port module event|health compromised|Fatal error|Will cause a leak|"
+    r"AER|PCIe Bus Error|can't find device of ID|Port module event|health compromised|Fatal error|Will cause a leak|"
     r"(?i:link (?:is )?down|lost carrier)",
     re.ASCII,
 )
@@ -75,12 +78,19 @@ _SEV = r"(?P<sev>Correct(?:ed|able)|Uncorrect(?:ed|able) \((?:Non-Fatal|Fatal)\)
 _AER_RECEIVED = re.compile(
     r"(?:AER: )?(?P<multi>Multiple )?"
     + _SEV
-    + r" error (?:message )?received(?: from)?:? (?:id=)?(?P<src>[0-9a-fA-F:.]{4,16})",
+    + r" error (?:message )?received(?: from)?:? (?:id=)?(?P<src>[0-9a-fA-F:.]{4,16})"
+    + r"(?P<none> \(no details found\))?",
     re.ASCII,
 )
 _AER_BUS_ERROR = re.compile(
     r"(?:AER: )?PCIe Bus Error: severity=" + _SEV + r"(?:, type=(?P<type>[^,]{1,40}))?", re.ASCII
 )
+# Any other AER line: the "AER: " of aer.c's dev_fmt (5.2+), and 4.19's find_source_device() word
+# that no detail follows, without it. The kernel prints a report's detail right after its
+# "received" line, so one of these in between means that report has none.
+_AER_OTHER = re.compile(r"^AER: |^can't find device of ID", re.ASCII)
+# libata's link prefix ("ata%u: ", "ata%u.%02u: " behind a port multiplier): a disk port, not a NIC.
+_ATA_LINK = re.compile(r"ata\d{1,4}(?:\.\d{1,2})?", re.ASCII)
 
 
 def _severity(text: str) -> str:
@@ -92,7 +102,7 @@ def _severity(text: str) -> str:
 @dataclass
 class _Host:
     counts: dict[str, int] = field(default_factory=lambda: dict.fromkeys(FIELDS, 0))
-    pending: set[str] = field(default_factory=set)  # AER severities announced by a "received" line
+    pending: str | None = None  # the AER severity a "received" line announced, until the next AER line
 
 
 class FabricEvents:
@@ -151,12 +161,14 @@ class FabricEvents:
         if (r := _AER_RECEIVED.search(text)) is not None:
             what = _severity(r["sev"])
             st = st or self.hosts.setdefault(host, _Host())
-            st.pending.add(what)
+            st.pending = None if r["none"] else what  # 6.16 says on the line itself that no detail follows
             labels = {"aer.severity": r["sev"], "aer.source": r["src"]}
         elif (b := _AER_BUS_ERROR.search(text)) is not None:
             what = _severity(b["sev"])
-            if st is not None and what in st.pending:  # the detail of the error its root port announced
-                st.pending.discard(what)
+            pending = st.pending if st is not None else None
+            if st is not None:
+                st.pending = None
+            if pending == what:  # the detail of the error its root port announced
                 return None
             labels = {"aer.severity": b["sev"], "aer.type": (b["type"] or "").strip()}
         elif (mo := _MODULE.search(text)) is not None:
@@ -165,9 +177,16 @@ class FabricEvents:
             what, labels = "nic_module_errors", {"nic.module": mo["mod"]}
         elif _HEALTH.search(text) is not None and (m["drv"] or "").startswith("mlx5"):
             what, labels = "nic_health_errors", {}
-        elif _LINK_DOWN.search(text) is not None and "pciehp" not in text and "Slot(" not in text:
+        elif (
+            _LINK_DOWN.search(text) is not None
+            and "pciehp" not in text
+            and "Slot(" not in text
+            and _ATA_LINK.fullmatch(m["netdev"] or "") is None
+        ):
             what, labels = "nic_link_down_events", {}  # pciehp's "Slot(N): Link Down" is a slot, not a NIC
         else:
+            if st is not None and _AER_OTHER.search(text) is not None:
+                st.pending = None  # the report the last "received" line announced has no detail
             return None
         kind = "aer" if what.startswith("pcie") else "nic"
         if m["bdf"] is not None:
