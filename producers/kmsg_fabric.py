@@ -56,6 +56,8 @@ _DEV = re.compile(
     r"(?: (?P<ifname>[^\s:]{1,32}))?|(?P<netdev>[\w.@-]{1,32})): (?P<text>.*)$",
     re.ASCII,
 )
+# An interface's name after a driver's prefix ("mlx4_en: ens1: Link Down", en_netdev.c's en_info).
+_INNER = re.compile(r"([\w.@-]{1,32}): ", re.ASCII)
 # mlx5_core_* prints "<func>:<line>:(pid N): " before the text on older kernels.
 _FUNC = re.compile(r"^[\w]{1,64}:\d{1,6}:\(pid \d{1,10}\): ", re.ASCII)
 _MODULE = re.compile(
@@ -191,8 +193,11 @@ class FabricEvents:
         kind = "aer" if what.startswith("pcie") else "nic"
         if m["bdf"] is not None:
             labels[f"{kind}.device"] = m["bdf"]
-        if kind == "nic" and (m["ifname"] or m["netdev"]):
-            labels["nic.netdev"] = m["ifname"] or m["netdev"]
+        netdev = m["ifname"] or m["netdev"]
+        if m["netdev"] and (inner := _INNER.match(text)) is not None:
+            netdev = inner[1]  # "mlx4_en: ens1: Link Down": a driver's pr_info before the interface's name
+        if kind == "nic" and netdev:
+            labels["nic.netdev"] = netdev
         labels[f"{kind}.message"] = text[:LABEL_MAX]
         return what, labels
 

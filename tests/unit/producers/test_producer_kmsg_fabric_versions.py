@@ -134,3 +134,13 @@ def test_libata_sata_link_down_is_a_disk_port_not_a_nic():
     assert counted(
         "ata4: SATA link down (SStatus 0 SControl 300)", "mlx5_core 0000:c1:00.0 enp193s0f0np0: Link down"
     ) == {"nic_link_down_events": 1}
+
+
+def test_a_drivers_prefix_before_the_interface_names_the_interface():
+    # mlx4_en's en_info(): "mlx4_en: <ifname>: Link Down" (drivers/net/ethernet/mellanox/mlx4/en_netdev.c).
+    from producers.kmsg_fabric import FabricEvents
+
+    got = FabricEvents().classify("n1", "mlx4_en: ens1: Link Down")
+    assert got is not None and got[0] == "nic_link_down_events" and got[1]["nic.netdev"] == "ens1"
+    got = FabricEvents().classify("n1", "ib0: Lost carrier")
+    assert got is not None and got[1]["nic.netdev"] == "ib0"
