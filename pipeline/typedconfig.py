@@ -92,12 +92,32 @@ def read_text(
         raise ConfigError(yaml_key, f"{p}: not UTF-8 text ({e.reason} at byte {e.start})") from None
 
 
+class _UniqueKeys(yaml.SafeLoader):
+    """The safe loader, refusing a key given twice in one mapping: PyYAML keeps the last, so the
+    value a reviewer read first would silently not be the one used. Keys a merge (``<<: *base``)
+    brings in may still be overridden."""
+
+    def construct_mapping(self, node: Any, deep: bool = False) -> Any:
+        if isinstance(node, yaml.MappingNode):
+            seen: set[Any] = set()
+            for k, _ in node.value:
+                if not isinstance(k, yaml.ScalarNode) or k.tag == "tag:yaml.org,2002:merge":
+                    continue
+                key = self.construct_object(k)
+                if key in seen:
+                    raise yaml.constructor.ConstructorError(
+                        None, None, f"key {str(key)[:60]!r} given twice in one mapping", k.start_mark
+                    )
+                seen.add(key)
+        return super().construct_mapping(node, deep)
+
+
 def parse_yaml(
     text: str, limits: yamlsafe.Limits = yamlsafe.DEFAULT, *, source: str = "<config>", key: str = "(yaml)"
 ) -> Any:
     """One YAML document through ``pipeline.yamlsafe``; every problem a ``ConfigError`` under
     ``key`` naming ``source`` and the line and column (a limit crossed, a syntax error, a value
-    its tag cannot build: ``!!bool maybe``).
+    its tag cannot build: ``!!bool maybe``, a key given twice).
 
     >>> parse_yaml("a: !!bool maybe", source="c.yaml")
     Traceback (most recent call last):
@@ -105,7 +125,7 @@ def parse_yaml(
     pipeline.errors.ConfigError: config key '(yaml)': c.yaml:1:4: not valid YAML: cannot read a value: 'maybe' is not a YAML bool [GW100]
     """
     try:
-        return yamlsafe.load(text, limits)
+        return yamlsafe.load(text, limits, base=_UniqueKeys)
     except yamlsafe.YamlLimitError as e:
         raise ConfigError(key, f"{source}:{e.line}:{e.col}: {e.message}") from None
     except yaml.YAMLError as e:

@@ -132,6 +132,21 @@ def unbuilt(node: Any, e: Exception) -> str:
     return f"cannot read a value: {shown} is not a YAML {node.tag.rsplit(':', 1)[-1]}{why}"
 
 
+class Shape:
+    """A list or mapping node where a plain value belongs, as a message shows it: "a list", not
+    PyYAML's repr of every node in it (~3 bytes of message a byte of file).
+
+    >>> Shape(yaml.compose("[1, 2]")), Shape(yaml.compose("a: 1"))
+    (a list, a mapping)
+    """
+
+    def __init__(self, node: Any) -> None:
+        self.what = "a list" if isinstance(node, yaml.SequenceNode) else "a mapping"
+
+    def __repr__(self) -> str:
+        return self.what
+
+
 def _unicode(node: Any) -> None:
     """Join a scalar's escaped surrogate pairs into the characters they spell; refuse one holding
     a lone surrogate (a ``\\ud800`` escape): every UTF-8 encoder fails on it."""

@@ -186,7 +186,7 @@ class _Reader:
 
     def scalar(self, node: Any) -> Any:
         if not isinstance(node, yaml.ScalarNode):
-            return node
+            return yamlsafe.Shape(node)
         try:
             return self._ctor.construct_object(node, deep=True)
         except yamlsafe.BAD_SCALAR as e:  # ``!!bool maybe`` raises KeyError, ``!!int ""`` IndexError
@@ -229,11 +229,15 @@ class _Reader:
                 out[key] = (k, v)
         return out
 
-    def duration(self, node: Any, what: str) -> float | None:
+    def duration(self, node: Any, what: str, positive: bool = False) -> float | None:
+        """Seconds; ``positive``: above 0 (a count within 0 s never reaches 2)."""
         value = self.scalar(node)
         try:
             if isinstance(value, (str, int, float)) and not isinstance(value, bool):
-                return parse_duration(value)
+                secs = parse_duration(value)
+                if positive and secs <= 0:
+                    raise ValueError("must be longer than 0s")
+                return secs
             raise ValueError(f"{value!r} is not a duration")
         except ValueError as e:
             self.err(node, f"{what}: {e}", BAD_DURATION)
@@ -348,7 +352,7 @@ def _policy(r: _Reader, node: Any, i: int, ladder: tuple[str, ...]) -> Policy | 
     count = r.choice(got["count"][1], f"{what}: count", COUNTS)
     per = r.choice(got["per"][1], f"{what}: per", PERS)
     threshold = r.count(got["threshold"][1], f"{what}: threshold", 2)
-    window = r.duration(got["window"][1], f"{what}: window")
+    window = r.duration(got["window"][1], f"{what}: window", positive=True)
     action = _action(r, got["action"][1], f"{what}: action", ladder)
     xids = r.xids(got["xids"][1], f"{what}: xids") if "xids" in got else frozenset()
     rules = r.patterns(got["rules"][1], f"{what}: rules") if "rules" in got else ()
@@ -378,7 +382,8 @@ def _application(r: _Reader, node: Any) -> ApplicationXids | None:
         return None
     rules = r.patterns(got["rules"][1], "application_xids: rules")
     repeat = r.count(got["repeat"][1], "application_xids: repeat", 1)
-    window = r.duration(got["window"][1], "application_xids: window")
+    # A window of 0 suppressed these XIDs' incidents for good: no repeat falls within it.
+    window = r.duration(got["window"][1], "application_xids: window", positive=True)
     xids: set[int] = set()
     if "buckets" in got:
         known = buckets()
@@ -427,6 +432,9 @@ def _build(r: _Reader, root: Any) -> IncidentConfig | None:
                 pat = r.scalar(k)
                 if not isinstance(pat, str) or not _PATTERN.fullmatch(pat):
                     r.err(k, f"rule_actions: {pat!r} is not a rule name or pattern", BAD_VALUE)
+                    continue
+                if any(pat == p for p, _ in rule_actions):  # the first would win, silently
+                    r.err(k, f"rule_actions: {pat!r} is given twice", DUPLICATE)
                     continue
                 a = _action(r, v, f"rule_actions.{pat}", ladder)
                 if a is not None:
@@ -490,7 +498,13 @@ def load_config(path: str | Path) -> tuple[IncidentConfig | None, list[Diagnosti
     """Read and check an incidents file (see ``parse_config``); an unreadable file is a diagnostic."""
     p = Path(path)
     try:
-        text = p.read_text(encoding="utf-8")
+        with p.open("rb") as fh:  # no more than the limit allows: /dev/zero, or a log named by mistake
+            raw = fh.read(LIMITS.max_bytes + 1)
+        if len(raw) > LIMITS.max_bytes:
+            return None, [
+                Diagnostic(str(p), 1, 1, f"YAML: the file is over the limit of {LIMITS.max_bytes} bytes", TOO_LARGE)
+            ]
+        text = raw.decode("utf-8")
     except (OSError, UnicodeDecodeError) as e:
         return None, [Diagnostic(str(p), 1, 1, f"cannot read the file ({type(e).__name__})", UNREADABLE)]
     return parse_config(text, str(p))

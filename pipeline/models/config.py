@@ -23,6 +23,8 @@ from __future__ import annotations
 
 import inspect
 import math
+import re
+import string
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -57,6 +59,17 @@ DECIDER_KEYS = {
     "threshold": {"kind", "threshold", "clear"},
     "quantile": {"kind", "q", "margin", "clear_ratio", "floor", "half_life"},
 }
+# Detector parameters that count (trees, samples, ranks): whole numbers, at most an int32, so the
+# detectors' int64 arithmetic cannot overflow (a period of 2**63 raised on every tick).
+WHOLE = {"n_trees", "height", "window_size", "seed", "period", "learn_every", "min_ranks", "min_peers"}
+MAX_WHOLE = (1 << 31) - 1
+# Parameters that divide or regularise: 0 raised on every batch (a division by zero, a singular
+# matrix), which the engine dead-letters, so the model never scored.
+POSITIVE = {"forget_s", "ridge"}
+# A summary's format spec: no nested field, no width or precision past 3 digits (``{score:>99999999999}``
+# asked str.format for 100 GB at every alert).
+_SPEC = re.compile(r"[^{}]*")
+_WIDE = re.compile(r"\d{4,}")
 SEVERITIES = ("info", "warning", "critical")
 CAUSES = ("fleet_power_cap",)  # pipeline/models/context.py
 COHORTS = ("gpu_model", "fleet")
@@ -109,6 +122,38 @@ def _num(v: Any, key: str, lo: float | None = None) -> float:
     return f
 
 
+def _whole(v: Any, key: str) -> int:
+    """A whole number from 0 to ``MAX_WHOLE`` at ``key`` (``600.0`` is 600; ``2.5`` is refused,
+    not cut to 2)."""
+    f = _num(v, key, 0)
+    if f != int(f) or f > MAX_WHOLE:
+        raise ConfigError(key, f"expected a whole number from 0 to {MAX_WHOLE}, got {str(v)[:40]}")
+    return int(f)
+
+
+def _summary(tmpl: Any, key: str) -> str:
+    """A summary template: ``{name}`` fields, with a conversion and a short format spec at most.
+
+    >>> _summary("{host}: {score:.1f}", "models[0].summary")
+    '{host}: {score:.1f}'
+    """
+    if not isinstance(tmpl, str):
+        raise ConfigError(key, f"expected a string, got {tmpl!r}")
+    try:
+        fields = [(f, spec, conv) for _, f, spec, conv in string.Formatter().parse(tmpl) if f is not None]
+    except ValueError as e:  # an unmatched brace
+        raise ConfigError(key, f"not a template ({e}); write {{{{ and }}}} for literal braces") from None
+    for f, spec, conv in fields:
+        spec = spec or ""
+        if not (f.isascii() and f.isidentifier()) or conv not in (None, "r", "s", "a"):
+            raise ConfigError(key, f"{{{f[:40]}}}: a field is a plain name such as {{host}} or {{score}}")
+        if not _SPEC.fullmatch(spec) or _WIDE.search(spec):
+            raise ConfigError(
+                key, f"{{{f}:{spec[:40]}}}: a format spec such as .1f, with no nested field or width past 999"
+            )
+    return tmpl
+
+
 def _decider(d: Any, key: str) -> dict[str, Any]:
     if not isinstance(d, dict):
         raise ConfigError(key, f"expected a mapping, got {type(d).__name__}")
@@ -127,11 +172,28 @@ def _decider(d: Any, key: str) -> dict[str, Any]:
     if kind == "threshold":
         if "threshold" not in out:
             raise ConfigError(f"{key}.threshold", "missing")
+        if out["threshold"] <= 0:  # the default clear level (60% of it) must lie below it
+            raise ConfigError(f"{key}.threshold", f"must be above 0, got {out['threshold']}")
         if "clear" in out and out["clear"] >= out["threshold"]:
             raise ConfigError(f"{key}.clear", f"must be below threshold ({out['threshold']}), got {out['clear']}")
+    # The quantile decider's own bounds, checked here so the error names the model: a half-life
+    # of 0 divides by zero, a clear level at or above the raising one drops a flag on its next row.
     if kind == "quantile" and "q" in out and not 0.5 <= out["q"] < 1:
         raise ConfigError(f"{key}.q", f"must be within [0.5, 1), got {out['q']}")
+    if kind == "quantile" and out.get("margin", 1.0) < 1:
+        raise ConfigError(f"{key}.margin", f"must be >= 1, got {out['margin']}")
+    if kind == "quantile" and out.get("clear_ratio", 0.0) >= 1:
+        raise ConfigError(f"{key}.clear_ratio", f"must be below 1, got {out['clear_ratio']}")
+    if kind == "quantile" and out.get("half_life", 1.0) <= 0:
+        raise ConfigError(f"{key}.half_life", f"must be above 0, got {out['half_life']}")
     return out
+
+
+def _given(d: dict[str, Any], k: str, empty: Any) -> Any:
+    """``d[k]``, ``empty`` when absent or null: a wrong type (``models: {}``, ``params: []``) is
+    the caller's to refuse, not taken for nothing."""
+    v = d.get(k)
+    return empty if v is None else v
 
 
 def spec_from_mapping(d: Any, key: str) -> ModelSpec:
@@ -160,16 +222,20 @@ def spec_from_mapping(d: Any, key: str) -> ModelSpec:
     cohort = d.get("cohort", "gpu_model")
     if cohort not in COHORTS:
         raise ConfigError(f"{key}.cohort", f"expected one of {', '.join(COHORTS)}, got {cohort!r}")
-    params = d.get("params") or {}
+    params = _given(d, "params", {})
     if not isinstance(params, dict):
         raise ConfigError(f"{key}.params", f"expected a mapping, got {type(params).__name__}")
     accepted = set(inspect.signature(info.factory.__init__).parameters) - {"self", "params"}
+    params = dict(params)
     for k, v in params.items():
         if k not in accepted:
             raise ConfigError(f"{key}.params.{k}", f"unknown parameter of {det} (known: {', '.join(sorted(accepted))})")
-        if k != info.feature_param:
-            _num(v, f"{key}.params.{k}", 0.0)
-    params = dict(params)
+        if k == info.feature_param:  # else the catalogue check of `features` is skipped
+            raise ConfigError(f"{key}.params.{k}", "set the features with 'features', not params")
+        if k in WHOLE:
+            params[k] = _whole(v, f"{key}.params.{k}")
+        elif _num(v, f"{key}.params.{k}", 0.0) == 0 and k in POSITIVE:
+            raise ConfigError(f"{key}.params.{k}", "must be above 0")
     if "features" in d:
         feats = d["features"]
         if info.feature_param is None:
@@ -185,7 +251,7 @@ def spec_from_mapping(d: Any, key: str) -> ModelSpec:
                 raise ConfigError(f"{key}.features[{j}]", f"{f!r} is not a counter field of the catalog")
             aliases.append(fld.alias)
         params[info.feature_param] = aliases
-    warmup = int(_num(d.get("warmup", 600), f"{key}.warmup", 0))
+    warmup = _whole(d.get("warmup", 600), f"{key}.warmup")
     if "warmup" in accepted:
         params["warmup"] = warmup
     try:  # the detector's own checks (a forest's height in 1..20) as a ConfigError, not at start-up
@@ -195,18 +261,18 @@ def spec_from_mapping(d: Any, key: str) -> ModelSpec:
     alert = d.get("alert", True)
     if not isinstance(alert, bool):
         raise ConfigError(f"{key}.alert", f"expected true/false, got {alert!r}")
-    labels = d.get("labels") or {}
+    labels = _given(d, "labels", {})
     if not isinstance(labels, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in labels.items()):
         raise ConfigError(f"{key}.labels", "expected a mapping of strings")
-    explained = d.get("explained_by") or []
+    explained = _given(d, "explained_by", [])
     if not isinstance(explained, list) or not all(isinstance(c, str) for c in explained):
         raise ConfigError(f"{key}.explained_by", f"expected a list of causes, got {explained!r}")
     for j, c in enumerate(explained):
         if c not in CAUSES:
             raise ConfigError(f"{key}.explained_by[{j}]", f"unknown cause {c!r} (known: {', '.join(CAUSES)})")
-    for k in ("summary", "description"):
-        if k in d and not isinstance(d[k], str):
-            raise ConfigError(f"{key}.{k}", f"expected a string, got {d[k]!r}")
+    if "description" in d and not isinstance(d["description"], str):
+        raise ConfigError(f"{key}.description", f"expected a string, got {d['description']!r}")
+    summary = _summary(d["summary"], f"{key}.summary") if "summary" in d else ""
     return ModelSpec(
         name=name,
         detector=det,
@@ -219,7 +285,7 @@ def spec_from_mapping(d: Any, key: str) -> ModelSpec:
         for_s=duration(d.get("for", 0), f"{key}.for"),
         keep_firing_for_s=duration(d.get("keep_firing_for", 60), f"{key}.keep_firing_for"),
         alert=alert,
-        summary=d.get("summary", ""),
+        summary=summary,
         description=d.get("description", ""),
         labels=dict(labels),
         explained_by=tuple(explained),
@@ -238,7 +304,7 @@ def specs_from_data(data: Any) -> list[ModelSpec]:
     for k in data:
         if k != "models":
             raise ConfigError(str(k), "unknown key (known: models)")
-    items = data.get("models") or []
+    items = _given(data, "models", [])
     if not isinstance(items, list):
         raise ConfigError("models", f"expected a list, got {type(items).__name__}")
     specs = [spec_from_mapping(d, f"models[{j}]") for j, d in enumerate(items)]

@@ -53,6 +53,11 @@ def check_settings(s: Any, key: str = "inventory") -> None:
         raise ConfigError(f"{key}.source", f"{s.source!r}: one of {', '.join(SOURCES)}")
     if s.source == "file" and not s.path:
         raise ConfigError(f"{key}.path", "source file needs the path of the host list")
+    # Written for another source they would be ignored: `source: slurm` with `hosts` trusts all of Slurm.
+    if s.hosts and s.source != "list":
+        raise ConfigError(f"{key}.hosts", f"for source list only (the source is {s.source or 'not set'})")
+    if s.path and s.source != "file":
+        raise ConfigError(f"{key}.path", f"for source file only (the source is {s.source or 'not set'})")
     if s.source == "list":
         if not s.hosts:
             raise ConfigError(f"{key}.hosts", "source list needs the hosts")
@@ -61,6 +66,8 @@ def check_settings(s: Any, key: str = "inventory") -> None:
             raise ConfigError(f"{key}.hosts", f"not RFC 1123 host names: {', '.join(map(repr, bad[:5]))}")
     if s.argv is not None and (s.source not in DEFAULT_ARGV or not s.argv):
         raise ConfigError(f"{key}.argv", "a non-empty command, for source slurm or kubernetes only")
+    if s.argv and (not s.argv[0] or any("\0" in a for a in s.argv)):  # no exec can run it: no list ever
+        raise ConfigError(f"{key}.argv", "a program name, and no NUL character in any argument")
     if parse_duration(s.refresh, f"{key}.refresh") < 1:
         raise ConfigError(f"{key}.refresh", "at least 1s")
     if parse_duration(s.timeout, f"{key}.timeout") <= 0:
@@ -76,10 +83,15 @@ def parse_hosts(text: str, source: str) -> tuple[set[str], list[str]]:
     if source == "file":
         try:
             # Bounded: an inventory is a file others write (often generated from a CMDB).
-            doc = yamlsafe.load(text, LIMITS)
+            doc = yamlsafe.compose(text, LIMITS)
         except yaml.YAMLError:  # YamlLimitError included
             doc = None
-        entries = doc if isinstance(doc, list) else _lines(text)
+        # A list's entries as written: YAML 1.1 reads `- 010` as 8 and `- 1:30` as 90, names
+        # nobody listed. A list or mapping in it is no host name.
+        if isinstance(doc, yaml.SequenceNode):
+            entries = [n.value if isinstance(n, yaml.ScalarNode) else None for n in doc.value]
+        else:
+            entries = _lines(text)
     else:
         entries = _lines(text)
     hosts, bad = set(), []
@@ -203,9 +215,13 @@ def build_inventory(
 
         def load() -> str:
             try:
-                return path.read_text(encoding="utf-8", errors="replace")
+                with path.open("rb") as fh:
+                    raw = fh.read(LIST_LIMIT + 1)
             except OSError as e:
                 raise InventoryError(f"cannot read {path}: {e.strerror or e}") from None
+            if len(raw) > LIST_LIMIT:  # cut off, its last line could name a host nobody wrote
+                raise InventoryError(f"{path} is over the limit of {LIST_LIMIT} bytes")
+            return raw.decode("utf-8-sig", errors="replace")  # a BOM is no part of the first host
 
         if not path.is_file():
             # A typo in the path is the operator's error, not a transient one: say so at start.
@@ -223,6 +239,8 @@ def build_inventory(
                 raise InventoryError(f"{argv!r}: {res.error}")
             if res.returncode != 0:
                 raise InventoryError(f"{argv!r}: exit {res.returncode}: {res.stderr.strip()[:300]}")
+            if len(res.stdout) >= LIST_LIMIT:  # cut off at the limit: its last line may be half a name
+                raise InventoryError(f"{argv!r}: its output reached the limit of {LIST_LIMIT} characters")
             return res.stdout
 
         inv = Inventory(s.source, load, refresh, clock)

@@ -160,6 +160,8 @@ DEFAULTS: dict[str, PortCheck] = {
 #: Checks judged by rate (NVSentinel's velocity): the increase over a span of at least ``window``.
 RATE_CHECKS = ("rcv_errors", "link_error_recovery", "symbol_error_rate", "ack_timeouts", "roce_slow_restart",
                "xmit_discards")  # fmt: skip
+#: Checks whose threshold is a count reached at ``>=`` (``len(flaps) >= threshold``).
+WHOLE_THRESHOLDS = ("flapping",)
 #: Checks judged by the increase within the trailing ``window``.
 WINDOW_CHECKS = ("symbol_errors", "carrier_changes")
 #: Counters a training log's NCCL lines count from 0 (``gpuwarden produce torch-watchdog``).
@@ -200,7 +202,7 @@ class _Reader:
 
     def scalar(self, node: Any) -> Any:
         if not isinstance(node, yaml.ScalarNode):
-            return node
+            return yamlsafe.Shape(node)
         try:
             return self._ctor.construct_object(node, deep=True)
         except yamlsafe.BAD_SCALAR as e:  # an integer of 5000 digits, ``!!bool maybe``
@@ -268,6 +270,9 @@ def _check(r: _Reader, key: str, node: Any, base: PortCheck) -> PortCheck:
         elif k == "threshold":
             if isinstance(val, bool) or not isinstance(val, (int, float)) or not 0 <= val <= 1e12:
                 r.err(v, f"{key}.threshold: {val!r} is not a number from 0 to 1e12", D.BAD_VALUE, key)
+            elif key in WHOLE_THRESHOLDS and (val < 1 or val != int(val)):
+                # A count of flaps that is reached with none: every port would be flapping.
+                r.err(v, f"{key}.threshold: {val!r} is not a whole number from 1 to 1e12", D.BAD_VALUE, key)
             else:
                 changes["threshold"] = float(val)
         elif k == "counters":
@@ -295,11 +300,14 @@ def _models(r: _Reader, key: str, node: Any) -> tuple[tuple[str, int, float], ..
     if not isinstance(node, yaml.MappingNode) or not 0 < len(node.value) <= MAX_MODELS:
         r.err(node, f"{key}.models: a mapping of 1 to {MAX_MODELS} GPU models", D.SHAPE, key)
         return None
-    out = []
+    out: list[tuple[str, int, float]] = []
     for k, v in node.value:
         name = r.scalar(k)
         if not isinstance(name, str) or not _COUNTER.fullmatch(name):
             r.err(k, f"{key}.models: {name!r} is not a GPU model name (h100, b200, ...)", D.BAD_VALUE, key)
+            continue
+        if any(name.lower() == seen for seen, _, _ in out):  # matched case folded: the first would win
+            r.err(k, f"{key}.models: {name!r} is given twice", D.DUPLICATE, key)
             continue
         m = r.mapping(v, {"ports", "rate_gbps"}, f"{key}.models.{name}", key)
         ports, rate = (r.scalar(m[x]) if x in m else None for x in ("ports", "rate_gbps"))
@@ -351,7 +359,12 @@ def parse_port_config(text: str, path: str = "<ports.yaml>") -> tuple[PortConfig
 def load_port_config(path: str | Path) -> tuple[PortConfig | None, list[Diagnostic]]:
     """``parse_port_config`` of a file; an unreadable file is one diagnostic (R013)."""
     try:
-        text = Path(path).read_text(encoding="utf-8")
+        with Path(path).open("rb") as fh:  # no more than the limit allows: /dev/zero never ends
+            raw = fh.read(LIMITS.max_bytes + 1)
+        if len(raw) > LIMITS.max_bytes:
+            return None, [Diagnostic(str(path), 1, 1, None, f"the file is over the limit of {LIMITS.max_bytes} bytes",
+                                     D.TOO_LARGE)]  # fmt: skip
+        text = raw.decode("utf-8")
     except (OSError, UnicodeDecodeError) as e:
         return None, [Diagnostic(str(path), 1, 1, None, f"cannot read the file: {e}", D.INTERNAL)]
     return parse_port_config(text, str(path))
