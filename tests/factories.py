@@ -66,6 +66,26 @@ def run_batched(records: list, batch: int, engine: Any = None) -> Any:
     return out
 
 
+class ListSink:
+    """A producer's sink that keeps what it is given (``got``); ``down``: each delivery raises
+    ``BrokerUnavailableError``, as a broker that is down does."""
+
+    def __init__(self) -> None:
+        self.got: list = []
+        self.down = False
+
+    def deliver(self, records: Any) -> int:
+        from pipeline.errors import BrokerUnavailableError
+
+        if self.down:
+            raise BrokerUnavailableError("down")
+        self.got.extend(records)
+        return 0
+
+    def close(self) -> None:
+        pass
+
+
 class Clock:
     """A service's test clock: monotonic seconds that move only when a test says so."""
 

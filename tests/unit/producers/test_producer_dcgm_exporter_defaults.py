@@ -24,7 +24,7 @@ from pipeline.schema import encode
 from producers.common import BoundedSender, RunResult, lost_input, run
 from producers.dcgm_exporter import ExporterSource, parse_metrics
 
-from tests.factories import SHARED_DATA as DATA  # noqa: E402
+from tests.factories import ListSink, SHARED_DATA as DATA  # noqa: E402
 
 DEFAULT = DATA / "dcgm_exporter_default-counters.csv"
 DCP = DATA / "dcgm_exporter_dcp-metrics-included.csv"
@@ -146,17 +146,6 @@ def test_the_current_default_list_enables_exactly_these_unused_metrics():
         "DCGM_FI_DEV_FB_RESERVED",
     }
     assert names & NOT_USED == {n for n in names if FIELDS.by_name(n) is None}
-
-
-class ListSink:
-    def __init__(self) -> None:
-        self.got: list = []
-
-    def deliver(self, records) -> None:
-        self.got.extend(records)
-
-    def close(self) -> None:
-        pass
 
 
 def test_a_stock_exporter_gives_its_operator_no_warning(tmp_path, caplog):

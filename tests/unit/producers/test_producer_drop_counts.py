@@ -10,23 +10,13 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from producers.common import BoundedSender, ProducerMetrics, RunResult, run, serve_metrics
 from producers.dcgm_exporter import ExporterSource
+from tests.factories import ListSink
 
 SCRAPE = ('# TYPE DCGM_FI_DEV_GPU_TEMP gauge\n'
           'DCGM_FI_DEV_GPU_TEMP{gpu="0",UUID="GPU-a",Hostname="n1"} 60\n'
           'DCGM_FI_DEV_GPU_TEMP{gpu="",Hostname="n1"} 60\n'
           '# TYPE DCGM_EXP_GPU_HEALTH_STATUS gauge\n'
           'DCGM_EXP_GPU_HEALTH_STATUS{gpu="0",Hostname="n1"} 0\n')
-
-
-class ListSink:
-    def __init__(self) -> None:
-        self.got: list = []
-
-    def deliver(self, records) -> None:
-        self.got.extend(records)
-
-    def close(self) -> None:
-        pass
 
 
 def _source(tmp_path, n=1) -> ExporterSource:

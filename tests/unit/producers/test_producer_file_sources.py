@@ -8,28 +8,12 @@ import threading
 
 import pytest
 
-from pipeline.errors import BrokerUnavailableError
 from pipeline.schema import dcgm
 from producers.common import BoundedSender, run
 
-from tests.factories import T0, SHARED_DATA as DATA  # noqa: E402
+from tests.factories import T0, ListSink, SHARED_DATA as DATA  # noqa: E402
 
 HEADER = "#Entity   TMPTR  POWER   XIDER\nID        C      W\n"
-
-
-class ListSink:
-    def __init__(self) -> None:
-        self.got: list = []
-        self.down = False
-
-    def deliver(self, records):
-        if self.down:
-            raise BrokerUnavailableError("down")
-        self.got.extend(records)
-        return 0
-
-    def close(self):
-        pass
 
 
 class OnePoll:
