@@ -412,9 +412,11 @@ class _Reports:
             by_comm[rep.comm] = rep
 
     def finish(self) -> list[_Report]:
-        """Every report, the lines that named no process (or a local rank of several) placed."""
+        """Every report, the lines that named no process (or a local rank of several) placed.
+        Placed in the order of their keys, not of the lines, and by index: a log of a million
+        reports is placed in one pass, not a million times a million."""
         own: list[_Report] = []
-        for (work, proc), by_comm in list(self.works.items()):
+        for (work, proc), by_comm in sorted(self.works.items(), key=lambda kv: repr(kv[0])):
             if proc is None or proc[0] != "local":
                 continue
             gs = sorted(self.globals_of_local.get(proc[1], set()))
@@ -422,27 +424,48 @@ class _Reports:
             for r in sorted(by_comm.values(), key=lambda r: (r.ts, r.comm or "")):
                 if len(gs) == 1:
                     self._place(r, [(("rank", gs[0]), self.works.setdefault((work, ("rank", gs[0])), {}))])
-                elif not self._place(r, [(("rank", g), b) for g in gs if (b := self.works.get((work, ("rank", g))))]):
+                elif len(gs) > MAX_CANDIDATES or not self._place(
+                    r, [(("rank", g), b) for g in gs if (b := self.works.get((work, ("rank", g))))]
+                ):
                     self.works.setdefault((work, proc), {})[r.comm] = r  # its local rank is all the log tells
         procs: dict[_Work, list[_Process]] = {}
         for work, proc in self.works:
             procs.setdefault(work, []).append(proc)
-        for (work, _), rep in self.unnamed.items():
-            if not self._place(rep, [(p, self.works[(work, p)]) for p in procs.get(work, [])]):
+        for (work, _), rep in sorted(self.unnamed.items(), key=lambda kv: (repr(kv[0][0]), kv[0][1] or "")):
+            cands = procs.get(work, [])
+            if len(cands) > MAX_CANDIDATES or not self._place(rep, [(p, self.works[(work, p)]) for p in cands]):
                 own.append(rep)  # no process, or several, could have printed it
         placed = [(p, r) for (_, p), by_comm in self.works.items() for r in by_comm.values()] + [(None, r) for r in own]
         out = [r for _, r in placed]
-        for (proc, rank, comm), rep in self.bare.items():
-            if proc is not None and proc[0] == "local" and len(lg := self.globals_of_local.get(proc[1], set())) == 1:
-                proc = ("rank", next(iter(lg)))
-            pool = [
-                (p, r)
-                for p, r in placed
-                if r.state == "timeout" and r.rank == rank and (comm is None or r.comm in (None, comm))
-                and (proc is None or p == proc)
-            ]  # fmt: skip
-            if pool and len({p for p, _ in pool}) == 1:
-                max((r for _, r in pool), key=lambda r: (r.ts, r.seq or 0, r.comm or "")).merge(rep)
+        # Each PG rank's latest timeout by process (and PG), and which process (or several) has one.
+        latest: dict[tuple[Any, ...], _Report] = {}
+        who: dict[tuple[Any, ...], Any] = {}  # (rank[, PG]) -> the one process with a timeout there, or _SEVERAL
+        for p, r in placed:
+            if r.state != "timeout":
+                continue
+            for k in ((r.rank, p), (r.rank, p, r.comm)):
+                if k not in latest or _later(r, latest[k]):
+                    latest[k] = r
+            for w in ((r.rank,), (r.rank, r.comm)):
+                who[w] = p if who.get(w, p) == p else _SEVERAL
+        for (proc, rank, comm), rep in sorted(self.bare.items(), key=lambda kv: repr(kv[0])):
+            owner: Any = proc
+            if owner is not None and owner[0] == "local":
+                lg = self.globals_of_local.get(owner[1], set())
+                owner = ("rank", next(iter(lg))) if len(lg) == 1 else owner
+            elif owner is None:  # naming no process: the one process (or none, own records) that has one
+                keys: list[tuple[Any, ...]] = [(rank,)] if comm is None else [(rank, comm), (rank, None)]
+                found = {who[k] for k in keys if k in who}
+                owner = next(iter(found)) if len(found) == 1 else _SEVERAL
+            target: _Report | None = None
+            if owner is not _SEVERAL:
+                if comm is None:
+                    target = latest.get((rank, owner))
+                else:
+                    got = [t for k in ((rank, owner, comm), (rank, owner, None)) if (t := latest.get(k)) is not None]
+                    target = max(got, key=_order) if got else None
+            if target is not None:
+                target.merge(rep)
             else:
                 out.append(rep)
         return out
@@ -483,6 +506,18 @@ def _target(by_comm: dict[str | None, _Report], rep: _Report) -> _Report | None:
     if rep.comm is None:
         return _first(by_comm.values()) if by_comm else None
     return by_comm.get(None)
+
+
+MAX_CANDIDATES = 64  # processes a line naming none is weighed against; more is "several"
+_SEVERAL = ("several",)  # more than one process has a timeout of that PG rank
+
+
+def _order(r: _Report) -> tuple[float, int, str]:
+    return (r.ts, r.seq or 0, r.comm or "")
+
+
+def _later(a: _Report, b: _Report) -> bool:
+    return _order(a) > _order(b)
 
 
 def _identify(rep: _Report, proc: _Process) -> None:

@@ -231,3 +231,19 @@ def test_property_any_order_of_the_lines_gives_the_records_of_the_log_as_written
         ("1", 0, 1800017, 6463, 6462),
         ("2", second % 8, 1800085, 6464, 6461),
     }
+
+
+def test_many_processes_and_lines_naming_none_are_placed_in_one_pass():
+    # 5,000 processes report the same PG rank and seq, and 5,000 what() repeats and bare failure
+    # lines name no process: each weighed against every process took minutes (quadratic); the
+    # placing is by index. A ceiling, not a speed check: the quadratic version took over 30 s.
+    import time
+
+    lines = [_line("timeout", None, g, 0, 1_800_000 + g, 0, 0) for g in range(5000)]
+    for g in range(5000):
+        lines.append(_line("what", None, None, g, 1_800_000 + g, 0, 0))
+        lines.append(_line("failed", None, None, g, 0, 0, 0).replace("[Rank 0]", f"[PG {g} (mesh_tp) Rank 0]"))
+    t = time.monotonic()
+    recs, stats = _parse("\n".join(lines) + "\n")
+    assert time.monotonic() - t < 10
+    assert stats.too_many == 0 and len(recs) == 15_000  # several could have printed each: their own records
