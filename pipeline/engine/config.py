@@ -61,6 +61,10 @@ class EngineConfig:
             # NaN passes ``val < 0`` and crashes the engine (a NaN tick, a NaN max_hosts).
             if not isinstance(val, (int, float)) or isinstance(val, bool) or not 0 <= val < math.inf:
                 raise ConfigError(f"engine.{f.name}", f"must be a finite non-negative number, got {val!r}")
+            if f.type in ("int", int):  # a count: 1.5 hosts would be cut, or crash an array's size
+                if val != int(val):
+                    raise ConfigError(f"engine.{f.name}", f"must be a whole number, got {val!r}")
+                object.__setattr__(self, f.name, int(val))
         if self.tick <= 0:
             raise ConfigError("engine.tick", "must be > 0")
 

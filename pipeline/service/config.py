@@ -158,10 +158,14 @@ def _validate(cfg: Config) -> None:
         raise ConfigError(
             "service.checkpoint_interval_s", f"{cfg.service.checkpoint_interval_s}: seconds, above 0 and at most 3600"
         )
-    if cfg.service.checkpoint_records <= 0:
-        raise ConfigError("service.checkpoint_records", "must be > 0")
-    if cfg.service.fleet_max_buffer <= 0:
-        raise ConfigError("service.fleet_max_buffer", "must be > 0")
+    # An empty list (or path) of rules ran a service that detects nothing, silently.
+    if not cfg.service.rules or not all(isinstance(r, str) and r.strip() for r in cfg.service.rules):
+        raise ConfigError("service.rules", f"{cfg.service.rules!r}: one or more rule files or directories")
+    if not cfg.service.models.strip():
+        raise ConfigError("service.models", "empty: 'auto', 'none' or the path of a models.yaml")
+    for key in ("checkpoint_records", "fleet_max_buffer"):
+        if not 0 < getattr(cfg.service, key) <= INT32_MAX:
+            raise ConfigError(f"service.{key}", f"{getattr(cfg.service, key)}: must be > 0 and at most {INT32_MAX}")
     if not 0 < cfg.service.state_max_mib <= 16384:
         raise ConfigError("service.state_max_mib", f"{cfg.service.state_max_mib}: between 1 and 16384")
     if cfg.service.log_level.upper() not in ("DEBUG", "INFO", "WARNING", "ERROR"):

@@ -46,6 +46,13 @@ def test_defaults_and_overrides_from_the_environment():
     ("kafka: {partitions: 99999999999999999999}", "kafka.partitions"),
     # ... or the loader itself crashed (KeyError from PyYAML's bool constructor).
     ("kafka: {partitions: !!bool maybe}", "(file)"),
+    # ... or the service ran detecting nothing (no rules), or a count was cut (1.5 hosts).
+    ("service: {rules: []}", "service.rules"),
+    ("service: {rules: ['']}", "service.rules"),
+    ("service: {models: ''}", "service.models"),
+    ("service: {checkpoint_records: 99999999999999}", "service.checkpoint_records"),
+    ("engine: {max_hosts: 1.5}", "engine.max_hosts"),
+    ("engine: {max_pending: 0.5}", "engine.max_pending"),
 ])
 def test_bad_config_names_the_key(text, key):
     with pytest.raises(ConfigError) as err:
@@ -76,3 +83,9 @@ def test_an_incidents_config_that_does_not_load_names_the_key_and_its_problems(t
     assert any(str(bad) in r.getMessage() for r in caplog.records)      # file:line:col problems logged
     assert incident_config(load_config_text("service: {incidents: false}", env={})) is None
     assert incident_config(load_config_text("", env={})) is not None      # on, with the shipped config
+
+
+def test_a_whole_count_given_as_a_float_is_an_int():
+    # A float that is a whole number (10000.0) is that count; the engine sizes arrays with it.
+    cfg = load_config_text("engine: {max_hosts: 10000.0}", env={})
+    assert cfg.engine_config().max_hosts == 10_000 and type(cfg.engine_config().max_hosts) is int
