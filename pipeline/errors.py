@@ -53,7 +53,7 @@ class ConfigError(GpuwardenError):
 
     def __init__(self, key: str, message: str) -> None:
         super().__init__(f"config key {key!r}: {message}", key=key)
-        self.key = key
+        self.key, self.reason = key, message
 
 
 class BusError(GpuwardenError):

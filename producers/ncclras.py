@@ -350,12 +350,18 @@ def _block_line(b: _Block, line: str, stats: RasStats) -> None:
 
 
 def _name(b: _Block, nm: _Named, stats: RasStats) -> None:
-    """Keep a rank ``b`` names, up to ``MAX_RECORDS`` an input; past that, count it."""
+    """Keep a rank ``b`` names, up to ``MAX_RECORDS`` an input (``_room``)."""
+    if _room(stats):
+        b.named.append(nm)
+
+
+def _room(stats: RasStats) -> bool:
+    """Whether one more named rank fits the input's ``MAX_RECORDS``; past it, counted."""
     stats.named += 1
     if stats.named > MAX_RECORDS:
         stats.too_many += 1
-    else:
-        b.named.append(nm)
+        return False
+    return True
 
 
 def parse_json(
@@ -406,9 +412,7 @@ def parse_json(
             bad = [k for k in ("init_state", "async_error") if _count(st.get(k)) not in (None, 0, 7)]
             if st.get("abort_flag") is True:
                 bad.append("abort_flag")
-            stats.named += 1
-            if stats.named > MAX_RECORDS:
-                stats.too_many += 1
+            if not _room(stats):
                 continue
             named.append((r, "error" if bad else "counted", total, ",".join(bad) or None))
         for r in _list(c.get("missing_ranks")):
@@ -419,9 +423,7 @@ def parse_json(
             if st.get("considered_dead") is not True and st.get("unresponsive") is False:
                 stats.transitional += 1  # reachable but no longer a member: the text's NOCOMM
                 continue
-            stats.named += 1
-            if stats.named > MAX_RECORDS:
-                stats.too_many += 1
+            if not _room(stats):
                 continue
             named.append((r, "dead" if st.get("considered_dead") is True else "missing", None, None))
         top = max(totals, default=0)

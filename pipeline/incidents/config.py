@@ -17,8 +17,9 @@ from typing import Any, Callable
 
 import yaml
 
-from pipeline import yamlsafe
+from pipeline import typedconfig, yamlsafe
 from pipeline.durations import parse_duration
+from pipeline.errors import ConfigError
 from pipeline.incidents.xidbuckets import buckets
 
 # Stable codes (docs/rules.md#incidents).
@@ -497,16 +498,10 @@ def parse_config(text: str, path: str = "<incidents>") -> tuple[IncidentConfig |
 def load_config(path: str | Path) -> tuple[IncidentConfig | None, list[Diagnostic]]:
     """Read and check an incidents file (see ``parse_config``); an unreadable file is a diagnostic."""
     p = Path(path)
-    try:
-        with p.open("rb") as fh:  # no more than the limit allows: /dev/zero, or a log named by mistake
-            raw = fh.read(LIMITS.max_bytes + 1)
-        if len(raw) > LIMITS.max_bytes:
-            return None, [
-                Diagnostic(str(p), 1, 1, f"YAML: the file is over the limit of {LIMITS.max_bytes} bytes", TOO_LARGE)
-            ]
-        text = raw.decode("utf-8")
-    except (OSError, UnicodeDecodeError) as e:
-        return None, [Diagnostic(str(p), 1, 1, f"cannot read the file ({type(e).__name__})", UNREADABLE)]
+    try:  # no more than the limit allows into memory (/dev/zero): the parser then says it is too large
+        text = typedconfig.read_text(p, LIMITS)
+    except ConfigError as e:
+        return None, [Diagnostic(str(p), 1, 1, f"cannot read the file: {e.reason}", UNREADABLE)]
     return parse_config(text, str(p))
 
 

@@ -17,8 +17,9 @@ from typing import Any
 
 import yaml
 
-from pipeline import yamlsafe
+from pipeline import typedconfig, yamlsafe
 from pipeline.durations import parse_duration
+from pipeline.errors import ConfigError
 from pipeline.rules import diagnostics as D
 from pipeline.rules.diagnostics import Diagnostic
 
@@ -358,15 +359,10 @@ def parse_port_config(text: str, path: str = "<ports.yaml>") -> tuple[PortConfig
 
 def load_port_config(path: str | Path) -> tuple[PortConfig | None, list[Diagnostic]]:
     """``parse_port_config`` of a file; an unreadable file is one diagnostic (R013)."""
-    try:
-        with Path(path).open("rb") as fh:  # no more than the limit allows: /dev/zero never ends
-            raw = fh.read(LIMITS.max_bytes + 1)
-        if len(raw) > LIMITS.max_bytes:
-            return None, [Diagnostic(str(path), 1, 1, None, f"the file is over the limit of {LIMITS.max_bytes} bytes",
-                                     D.TOO_LARGE)]  # fmt: skip
-        text = raw.decode("utf-8")
-    except (OSError, UnicodeDecodeError) as e:
-        return None, [Diagnostic(str(path), 1, 1, None, f"cannot read the file: {e}", D.INTERNAL)]
+    try:  # no more than the limit allows into memory (/dev/zero): the parser then says it is too large
+        text = typedconfig.read_text(path, LIMITS)
+    except ConfigError as e:
+        return None, [Diagnostic(str(path), 1, 1, None, f"cannot read the file: {e.reason}", D.INTERNAL)]
     return parse_port_config(text, str(path))
 
 

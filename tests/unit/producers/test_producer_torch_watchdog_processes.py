@@ -94,8 +94,8 @@ def test_a_process_is_told_by_torchruns_local_rank_where_no_global_rank_is_print
 
 def test_one_processs_lines_still_join_among_anothers():
     # The what() repeat names no global rank: torchrun's local rank ties it to the process that
-    # printed "[default2]:[rank2]:"; a line with no prefix at all joins the process that last
-    # reported the same work. One record per process, as when each log was read alone.
+    # printed "[default2]:[rank2]:"; a line with no prefix at all joins the one process that can
+    # have printed it (its PG, its "ran for"). One record per process, as when each log was read alone.
     log = [
         _timeout(0, 0, 1800017),
         _timeout(2, 2, 1800085),
