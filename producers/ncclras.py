@@ -79,6 +79,8 @@ _JSON_START = re.compile(r"^\{[ \t\r]*$", re.MULTILINE)
 _JSON_NO_COMMA = re.compile(r'("nvml_dev": -?\d+)(\s*"status")')
 _TABLE_ROW = re.compile(r"(\d+)\s+(\d+)\s+(\d+)\s+(\S+)\s+(\d+)\s+(\d+)\s+(\w+)\s+([\w,]+)$")
 _SECTIONS = ("Errors", "Warnings", "Job summary", "Communicators")
+_TABLE_HEAD = ("Group     Comms", "#  in group")  # the communicators table's two header lines
+_NO_COMMS = "No communicator data collected!"  # the table's place when the job has no communicator
 _PREAMBLE = ("NCCL version ", "CUDA runtime version ")  # the first lines of every text status
 _JSON_KEYS = {"nccl_version", "communicators", "ras"}
 
@@ -98,6 +100,11 @@ class RasStats:
     truncated: int = 0
     bad_json_values: int = 0
     too_many: int = 0  # ranks named past MAX_RECORDS
+    # A text status that began (version lines, job summary or "Communicators...") but ended before
+    # the communicators table: the client timed out or lost the daemon, so what it says of the
+    # job is not known (healthy is what an end there would otherwise read as).
+    cut_status: int = 0
+    empty: int = 0  # nothing at all: ncclras prints a status whenever it reaches the daemon
     named: int = 0  # ranks named so far, kept or not (what MAX_RECORDS bounds)
     # Lines of RAS's own layout (version, section heads, communicator blocks, the table) or a
     # JSON document of its keys: none in a non-blank input means it is not ncclras output.
@@ -118,6 +125,8 @@ class RasStats:
             "dropped.truncated_log": self.truncated,
             "dropped.bad_json_value": self.bad_json_values,
             "dropped.too_many_records": self.too_many,
+            "dropped.cut_status": self.cut_status,
+            "dropped.empty_status": self.empty,
         }
 
 
@@ -165,6 +174,7 @@ def parse_text(text: str, *, ts: float, job: str | None = None, stats: RasStats 
     section = ""
     in_dead = False
     orphaned = False  # inside a block whose header could not be read
+    began = tabled = False  # a status's first lines seen; its communicators table (or "no data") seen
     for raw in text.splitlines():
         stats.lines += 1
         if len(raw) > LINE_MAX:
@@ -176,13 +186,23 @@ def parse_text(text: str, *, ts: float, job: str | None = None, stats: RasStats 
         head = line.split("...")[0].strip()
         if line.startswith(_PREAMBLE) and raw == raw.lstrip():
             stats.recognised += 1
+            if line.startswith(_PREAMBLE[0]):  # a new status begins (captures appended to one file)
+                stats.cut_status += began and not tabled
+                began, tabled = True, False
             continue
         if head in _SECTIONS and raw == raw.lstrip():
             stats.recognised += 1
             section, cur, in_dead, orphaned = head, None, False, False
+            began = began or head in ("Job summary", "Communicators")
+            tabled = tabled or head in ("Errors", "Warnings")
+            continue
+        if section == "Communicators" and (line.startswith(_TABLE_HEAD) or line == _NO_COMMS):
+            stats.recognised += 1
+            tabled = True
             continue
         if section == "Communicators" and (m := _TABLE_ROW.match(line)):
             stats.recognised += 1
+            tabled = True
             g, size = _int(m.group(1)), _int(m.group(5), MAX_RANKS)
             if g is not None and size is not None:
                 ranks_per_comm[g] = size
@@ -218,6 +238,8 @@ def parse_text(text: str, *, ts: float, job: str | None = None, stats: RasStats 
         if cur is None:
             continue
         _block_line(cur, line, stats)
+    if began and not tabled:
+        stats.cut_status += 1
     out = []
     ranked: set[tuple[str, int]] = set()  # the dead processes a missing rank was found on
     for b in blocks:
@@ -521,8 +543,11 @@ class RasStatusSource:
         if cut:
             self.stats.truncated = 1
             text = text[: text.rfind("\n") + 1]  # the last line is cut short: not read as a whole one
+        if not text.strip():
+            self.stats.empty = 1  # the client printed nothing: it could not reach the daemon, or asked in vain
+            return []
         recs = parse(text, ts=self.mtime, job=self.job, stats=self.stats)
-        self.unrecognised = bool(text.strip()) and not self.stats.recognised
+        self.unrecognised = not self.stats.recognised
         return recs
 
     def summary(self) -> dict[str, int]:

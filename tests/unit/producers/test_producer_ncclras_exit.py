@@ -1,6 +1,7 @@
 """``gpuwarden produce ncclras --file F``: a file with not one line of RAS output (the wrong file,
 an error page) exits 3 and says so on its last stderr line, as the other file producers and
-``gpuwarden report`` do; an empty file, or a status saying all is well, still exits 0."""
+``gpuwarden report`` do; so do an empty input (the client never reached the daemon) and a status
+cut before its communicators table (the client timed out); a status saying all is well exits 0."""
 
 from __future__ import annotations
 
@@ -41,14 +42,42 @@ def test_a_file_with_no_ras_line_exits_3_and_says_so(tmp_path, capsys, garbage):
     assert sum("not one line" in ln for ln in err) == 1 and "Traceback" not in "\n".join(err[:-1])
 
 
+@pytest.mark.parametrize("text", ["", "\n\n   \n"])
+def test_an_empty_input_exits_3_as_no_status(tmp_path, capsys, text):
+    # Before: exit 0, "0 records read", as if the job were healthy; ncclras prints a status
+    # whenever it reaches the daemon, so nothing at all means it did not.
+    rc, err = _produce(tmp_path, capsys, text)
+    assert rc == 3
+    assert err[-1] == "gpuwarden produce ncclras: LOST input: dropped.empty_status 1 (exit 3)"
+
+
+HEALTHY_FULL = PREAMBLE + DOC_HEALTHY + "\nErrors\n======\n\nWarnings\n========\n\n"
+
+
 @pytest.mark.parametrize(
     "text",
     [
-        "",
-        "\n\n   \n",
+        PREAMBLE,  # the client's first lines only: the job summary never came
+        PREAMBLE + DOC_HEALTHY.split("Communicators")[0],  # the job summary, then nothing
+        PREAMBLE + DOC_HEALTHY.split("Communicators")[0] + "Communicators...",  # the client timed out here
+        HEALTHY_FULL + PREAMBLE + "Job summary\n===========\n",  # captures appended: the last one cut
+    ],
+)
+def test_a_status_cut_before_its_communicators_exits_3(tmp_path, capsys, text):
+    # Before: exit 0, read as a healthy job, though RAS never said what its communicators were doing.
+    rc, err = _produce(tmp_path, capsys, text)
+    assert rc == 3, err
+    assert err[-1] == "gpuwarden produce ncclras: LOST input: dropped.cut_status 1 (exit 3)"
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
         DOC_HEALTHY,  # all is well: recognised, nothing to report
         PREAMBLE + DOC_HEALTHY,
-        PREAMBLE,  # the client's first lines only (the job summary never came): still RAS's
+        HEALTHY_FULL,  # as the client prints it: the Errors and Warnings heads even when empty
+        HEALTHY_FULL + HEALTHY_FULL,  # captures appended
+        PREAMBLE + DOC_HEALTHY.split("Group")[0] + "No communicator data collected!\n",
         DOC_STATUS,  # a block with no section head above it, ranks in transition only
         json.dumps({"nccl_version": "2.29.1", "timestamp": "2025-12-19 13:06:53", "communicators": []}),
     ],
