@@ -19,6 +19,14 @@ Origins of the lines below:
 - The 5.4 sequence ``AER: Multiple Corrected error received: 0000:00:1c.4`` / ``AER: can't find
   device of ID00e4`` is a public capture (Thomas-Krenn wiki, "AER Multiple Corrected error
   received"); ``AER: device recovery failed`` is from Red Hat's solution 7128107 (RHEL 9).
+- ``aer.c`` again: ``aer_print_error()`` prints each device's detail on that device, in
+  ``find_source_device()``'s walk order (the root port, then its hierarchy); ``is_error_source()``
+  searches the status registers when the source is on bus 0 or the report is ``Multiple``; each
+  root port has its own threaded IRQ (``aer_probe()``, ``aer_isr()``), so ports' lines interleave.
+- mlx5, ``drivers/net/ethernet/mellanox/mlx5/core/events.c``: ``port_module()`` prints
+  ``Port module event: module %u, %s`` with ``mlx5_pme_status_to_string()``'s ``Cable plugged``,
+  ``Cable unplugged``, ``Cable disabled`` or ``Unknown status`` (``Port module event[error]: ...``
+  for ``Cable error``).
 - libata, ``drivers/ata/libata-core.c`` ``sata_print_link_status()``: ``ata%u: SATA link down
   (SStatus %X SControl %X)`` (``ata%u.%02u:`` behind a port multiplier), every boot for each empty
   port; the lines are Red Hat solution 38805's capture.
@@ -144,3 +152,123 @@ def test_a_drivers_prefix_before_the_interface_names_the_interface():
     assert got is not None and got[0] == "nic_link_down_events" and got[1]["nic.netdev"] == "ens1"
     got = FabricEvents().classify("n1", "ib0: Lost carrier")
     assert got is not None and got[1]["nic.netdev"] == "ib0"
+
+
+# aer.c's aer_print_error() prints each device's detail on that device (pci_printk(level, dev, ...),
+# "AER: " from dev_fmt since 5.2), in find_source_device()'s walk order: the root port, then its
+# hierarchy depth first; the "Multiple" report's source is only the first ERR_* message's sender.
+GPU_NONFATAL = [
+    "nvidia 0000:3b:00.0: AER: PCIe Bus Error: severity=Uncorrectable (Non-Fatal), type=Transaction Layer, "
+    "(Requester ID)",
+    "nvidia 0000:3b:00.0: AER:   device [10de:2330] error status/mask=00004000/00000000",
+    "nvidia 0000:3b:00.0: AER:    [14] CmpltTO                (First)",
+]
+NIC_NONFATAL = [
+    "mlx5_core 0000:3c:00.0: AER: PCIe Bus Error: severity=Uncorrectable (Non-Fatal), type=Transaction Layer, "
+    "(Requester ID)",
+    "mlx5_core 0000:3c:00.0: AER:   device [15b3:1021] error status/mask=00004000/00000000",
+    "mlx5_core 0000:3c:00.0: AER:    [14] CmpltTO                (First)",
+    "mlx5_core 0000:3c:00.0: AER:   Error of this Agent is reported first",
+]
+
+
+def aer_records(tmp_path, lines):
+    p = write(tmp_path, "dmesg.txt", dmesg(lines))
+    src = KmsgFileSource(str(p), parse_pci_map(PCI_MAP), host="n1", boot_time=0.0, sample=False)
+    recs = src.poll()
+    events = [r for r in recs if r.gpu == 0 and "aer.message" in r.labels]
+    last = max(recs, key=lambda r: r.ts)
+    return events, getattr(last.fields, FIELDS.by_alias("pcie_aer_log_nonfatal").names[0])
+
+
+def test_a_multiple_reports_gpu_detail_names_the_gpu_when_the_source_is_another_device(tmp_path):
+    # 6.8-6.15 layout ("%s%s error message received from %04x:%02x:%02x.%d"): the GPU (PCI map's
+    # GPU 0, 0000:3b:00.0) and the NIC behind the same root port both logged an error; the NIC's
+    # message came first, so it is the source, but the walk reaches the GPU first. The GPU's line
+    # is an error of its own and names the GPU; the NIC's is the report's detail.
+    lines = [
+        "pcieport 0000:3a:00.0: AER: Multiple Uncorrectable (Non-Fatal) error message received from 0000:3c:00.0",
+        *GPU_NONFATAL,
+        *NIC_NONFATAL,
+    ]
+    assert counted(*lines) == {"pcie_aer_log_nonfatal": 2}
+    events, total = aer_records(tmp_path, lines)
+    assert total == 2
+    assert [(r.labels.get("aer.device"), r.labels.get("aer.gpu")) for r in events] == [
+        ("0000:3a:00.0", None),
+        ("0000:3b:00.0", "0"),
+    ]
+
+
+def test_a_source_the_kernel_does_not_trust_counts_through_the_devices_lines(tmp_path):
+    # is_error_source(): a source on bus 0 "might be a bad id reported by root port" (and VMD
+    # ports set PCI_BUS_FLAGS_NO_AERSID), so the kernel finds the device by its status register.
+    # The GPU's detail counts the error and names the GPU; the "received" line counts nothing.
+    lines = [
+        "pcieport 0000:3a:00.0: AER: Uncorrected (Non-Fatal) error received: 0000:00:00.0",
+        *GPU_NONFATAL,
+    ]
+    assert counted(*lines) == {"pcie_aer_log_nonfatal": 1}
+    events, total = aer_records(tmp_path, lines)
+    assert total == 1 and [r.labels.get("aer.gpu") for r in events] == ["0"]
+    # When the search finds nothing, the port's own line says so and counts the report: 6.8-6.15's
+    # "found no error details for %04x:%02x:%02x.%d", 5.2-6.7's "can't find device of ID%04x".
+    no_details = [
+        "pcieport 0000:3a:00.0: AER: Uncorrectable (Non-Fatal) error message received from 0000:00:00.0",
+        "pcieport 0000:3a:00.0: AER: found no error details for 0000:00:00.0",
+    ]
+    assert counted(*no_details) == {"pcie_aer_log_nonfatal": 1}
+    assert FabricEvents().apply("n1", no_details[0]) is None
+    ev = FabricEvents()
+    ev.apply("n1", "pcieport 0000:3a:00.0: AER: Uncorrected (Non-Fatal) error received: 0000:00:00.0")
+    got = ev.apply("n1", "pcieport 0000:3a:00.0: AER: can't find device of ID0000")
+    assert got is not None and got["aer.source"] == "0000:00:00.0" and got["aer.device"] == "0000:3a:00.0"
+    # 6.16 says it on the "received" line itself (" (no details found)"): counted at once.
+    assert counted(
+        "pcieport 0000:3a:00.0: AER: Uncorrectable (Non-Fatal) error message received from 0000:00:00.0"
+        " (no details found)"
+    ) == {"pcie_aer_log_nonfatal": 1}
+    # The root port's own source on bus 0 is trusted: its detail is the report's (Thomas-Krenn's 5.4 capture).
+    assert counted(
+        "pcieport 0000:00:1c.4: AER: Corrected error received: 0000:00:1c.4",
+        "pcieport 0000:00:1c.4: AER: PCIe Bus Error: severity=Corrected, type=Physical Layer, (Receiver ID)",
+    ) == {"pcie_aer_log_correctable": 1}
+
+
+def test_two_root_ports_reports_printed_interleaved_pair_each_with_its_own():
+    # Each root port's AER service has its own threaded IRQ (aer_probe's devm_request_threaded_irq,
+    # aer_isr), so two ports' lines can interleave. 6.8+ layout; 0000:3a:00.0 and 0000:5d:00.0
+    # are the ports of GPUs 0000:3b:00.0 and 0000:5e:00.0.
+    a = "pcieport 0000:3a:00.0: AER: Correctable error message received from 0000:3b:00.0"
+    b = "pcieport 0000:5d:00.0: AER: Correctable error message received from 0000:5e:00.0"
+    a_bus = "nvidia 0000:3b:00.0: AER: PCIe Bus Error: severity=Correctable, type=Physical Layer, (Receiver ID)"
+    b_bus = "nvidia 0000:5e:00.0: AER: PCIe Bus Error: severity=Correctable, type=Physical Layer, (Receiver ID)"
+    bits = "nvidia 0000:3b:00.0: AER:    [ 0] RxErr                  (First)"
+    assert counted(a, b, a_bus, bits, b_bus) == {"pcie_aer_log_correctable": 2}
+    assert counted(a, b, b_bus, a_bus) == {"pcie_aer_log_correctable": 2}
+    # Severities apart: a correctable report and a non-fatal one, each detail after both.
+    b_nf = "pcieport 0000:5d:00.0: AER: Uncorrectable (Non-Fatal) error message received from 0000:5e:00.0"
+    b_nf_bus = (
+        "nvidia 0000:5e:00.0: AER: PCIe Bus Error: severity=Uncorrectable (Non-Fatal), type=Transaction Layer, "
+        "(Requester ID)"
+    )
+    assert counted(a, b_nf, a_bus, b_nf_bus) == {"pcie_aer_log_correctable": 1, "pcie_aer_log_nonfatal": 1}
+    # 4.19-5.x layout ("%s%s error received: %04x:%02x:%02x.%d", "Uncorrected"), the same.
+    old_a = "pcieport 0000:3a:00.0: AER: Corrected error received: 0000:3b:00.0"
+    old_b = "pcieport 0000:5d:00.0: AER: Corrected error received: 0000:5e:00.0"
+    old_bus = "nvidia 0000:{}:00.0: PCIe Bus Error: severity=Corrected, type=Physical Layer, (Receiver ID)"
+    assert counted(old_a, old_b, old_bus.format("3b"), old_bus.format("5e")) == {"pcie_aer_log_correctable": 2}
+
+
+def test_an_mlx5_module_disabled_is_a_module_error():
+    # events.c mlx5_pme_status_to_string(): MLX5_MODULE_STATUS_DISABLED is "Cable disabled",
+    # printed by port_module() as "Port module event: module %u, %s" (a module plugged but shut
+    # off: the port is down as with a cable pulled). "Unknown status" is no status at all.
+    disabled = "mlx5_core 0000:3c:00.0: Port module event: module 0, Cable disabled"
+    unknown = "mlx5_core 0000:3c:00.0: Port module event: module 0, Unknown status"
+    assert counted(disabled, unknown) == {"nic_module_errors": 1}
+    assert FabricEvents().apply("n1", disabled) == {
+        "nic.module": "0",
+        "nic.device": "0000:3c:00.0",
+        "nic.message": "Port module event: module 0, Cable disabled",
+    }
