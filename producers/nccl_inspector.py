@@ -50,6 +50,7 @@ import msgspec
 from prometheus_client.parser import text_string_to_metric_families
 
 from pipeline.numeric import ascii_int, finite
+from pipeline.recordchecks import MAX_GPU_INDEX, MAX_HOST_LEN, MAX_ID_LEN, MAX_RANKS, MAX_SEQ, TS_MAX, TS_MIN
 from pipeline.schema import NcclRecord
 from producers import jsonsafe
 from producers.textinput import read_capped
@@ -67,6 +68,16 @@ def _name(v: Any) -> str | None:
     return v if isinstance(v, str) and v and v != "unknown" else None
 
 
+def _int(v: Any, lo: int, hi: int) -> int | None:
+    """A JSON integer (not a bool) from ``lo`` to ``hi``, else None."""
+    return v if isinstance(v, int) and not isinstance(v, bool) and lo <= v <= hi else None
+
+
+def _text(v: Any, limit: int = MAX_ID_LEN) -> str | None:
+    """A printable string of 1 to ``limit`` characters (the decoder's bound), else None."""
+    return v if isinstance(v, str) and 0 < len(v) <= limit and v.isprintable() else None
+
+
 def _num(v: Any) -> float | None:
     """A finite number below 2**63 from an Inspector value (which may be ``"nan"`` or a numeric
     string; ASCII only), else None."""
@@ -82,6 +93,9 @@ class InspectorStats:
     rotations: int = 0
     dump_stats: int = 0  # v4.1+ per-dump stats records read
     ring_overwritten: int = 0  # operations the Inspector itself dropped (its ring buffer was full)
+    # A field the decoder would refuse (a seq past int64, nnodes 0, a year-3000 timestamp, a name
+    # past 256 characters): left out, so the operation's timing is kept.
+    bad_values: int = 0
     skipped_by: dict[str, int] = field(default_factory=dict)  # reason -> records
 
     def skip(self, reason: str) -> None:
@@ -97,6 +111,7 @@ class InspectorStats:
             "rotations": self.rotations,
             "dropped.bad_json": self.bad_json,
             "dropped.inspector_ring_overwritten": self.ring_overwritten,
+            "dropped.bad_value": self.bad_values,
         }
         for reason, n in sorted(self.skipped_by.items()):
             out[f"dropped.{reason}"] = n
@@ -118,10 +133,12 @@ def parse_operation(
     file_host: str | None = None,
     job: str | None = None,
     context: dict[str, Any] | None = None,
+    stats: InspectorStats | None = None,
 ) -> NcclRecord | str:
     """One Inspector JSON object -> an ``NcclRecord``, or the reason it holds none (``not_an_object``,
     ``no_operation``, ``bad_rank``, ``no_time``). ``context``: the v4.3 marker's ``header`` and
-    ``metadata``, for operation lines that carry neither."""
+    ``metadata``, for operation lines that carry neither. A field outside the decoder's range is
+    left out and counted in ``stats.bad_values``."""
     if not isinstance(obj, dict):
         return "not_an_object"
     hdr = obj.get("header") or (context or {}).get("header") or {}
@@ -131,17 +148,25 @@ def parse_operation(
         return "no_operation"
     if not isinstance(hdr, dict) or not isinstance(meta, dict):
         return "bad_rank"
-    rank, nranks = hdr.get("rank"), hdr.get("n_ranks", hdr.get("nranks"))
-    if not isinstance(rank, int) or not isinstance(nranks, int) or not 0 <= rank < nranks:
+    # The decoder's bounds: a communicator past MAX_RANKS would be dead-lettered downstream.
+    rank = _int(hdr.get("rank"), 0, MAX_RANKS - 1)
+    nranks = _int(hdr.get("n_ranks", hdr.get("nranks")), 1, MAX_RANKS)
+    if rank is None or nranks is None or rank >= nranks:
         return "bad_rank"
+    bad = 0
     nbytes = _num(perf.get(f"{kind}_msg_size_bytes"))
     exec_us = _num(perf.get(f"{kind}_exec_time_us"))
     if nbytes is None or exec_us is None or exec_us < 0 or nbytes < 0:
         return "no_time"
     ts_us = _num(meta.get("dump_timestamp_us"))
     ts = ts_us / 1e6 if ts_us else time.time()
-    host = meta.get("hostname") or file_host or "unknown"
-    nnodes = hdr.get("nnodes") if isinstance(hdr.get("nnodes"), int) else None
+    if not TS_MIN <= ts <= TS_MAX:  # a year the decoder refuses: the read time, as for none
+        bad, ts = bad + 1, time.time()
+    host = _text(meta.get("hostname"), MAX_HOST_LEN)
+    bad += meta.get("hostname") not in (None, "") and host is None
+    host = host or file_host or "unknown"
+    nnodes = _int(hdr.get("nnodes"), 1, MAX_RANKS)
+    bad += hdr.get("nnodes") is not None and nnodes is None
     gpu = None
     if gpus_per_node and nnodes and nranks == nnodes * gpus_per_node:
         gpu = rank % gpus_per_node
@@ -161,19 +186,29 @@ def parse_operation(
     if kind == "p2p" and perf.get("p2p_peer") is not None:
         labels["peer"] = str(perf["p2p_peer"])
     algbw, busbw = _num(perf.get(f"{kind}_algobw_gbs")), _num(perf.get(f"{kind}_busbw_gbs"))
-    seq = perf.get(f"{kind}_sn")
+    seq = _int(perf.get(f"{kind}_sn"), 0, MAX_SEQ)  # jsonUint64: up to 2**64-1, the decoder's is int64
+    bad += perf.get(f"{kind}_sn") is not None and seq is None
+    comm_name = _name(hdr.get("comm_name"))
+    if comm_name is not None and _text(comm_name) is None:  # the plugin keeps up to 2,047 bytes
+        bad, comm_name = bad + 1, None
+    comm = _text(str(hdr.get("id", "unknown")))
+    coll = _text(str(perf.get(kind) or kind))
+    if comm is None or coll is None:
+        return "bad_id"  # no communicator or collective the decoder would take
+    if bad and stats is not None:
+        stats.bad_values += bad
     return NcclRecord(
         ts=ts,
-        host=str(host),
+        host=host,
         gpu=gpu,
         job=job,
-        comm=str(hdr.get("id", "unknown")),
-        comm_name=_name(hdr.get("comm_name")),
+        comm=comm,
+        comm_name=comm_name,
         rank=rank,
         nranks=nranks,
         nnodes=nnodes,
-        coll=str(perf.get(kind) or kind),
-        seq=seq if isinstance(seq, int) else None,
+        coll=coll,
+        seq=seq,
         bytes=int(nbytes),
         exec_time_us=exec_us,
         algbw_gbs=algbw if algbw is None or algbw >= 0 else None,
@@ -360,6 +395,7 @@ class InspectorFollower:
                     file_host=file_host,
                     job=self.job,
                     context=self._context.get(path),
+                    stats=self.stats,
                 )
                 if isinstance(r, str):
                     self.stats.skip(r)
@@ -479,7 +515,7 @@ def parse_prom(
         lab = row["labels"]
         t = _num(row.get("time"))
         nranks = ascii_int(lab.get("nranks", "0"), 9) or 0  # "٣" or 5,000 digits: this row's bad_rank
-        if t is None or nranks <= 0:
+        if t is None or not 0 < nranks <= MAX_RANKS:
             if counts is not None:
                 reason = "dropped.no_time" if t is None else "dropped.bad_rank"
                 counts[reason] = counts.get(reason, 0) + 1
@@ -487,6 +523,9 @@ def parse_prom(
         # "GPU٣" is not GPU 3; 2.29 names the label gpu_device_id
         g = re.fullmatch(r"GPU(\d{1,6})", lab.get("gpu") or lab.get("gpu_device_id") or "", re.ASCII)
         gpu = int(g.group(1)) if g else None
+        bad = 0
+        if gpu is not None and gpu > MAX_GPU_INDEX:  # a GPU index the decoder refuses: no GPU
+            bad, gpu = bad + 1, None
         named = ascii_int(lab.get("rank"), 9)
         if named is not None and named < nranks:
             rank, src = named, "label"
@@ -497,21 +536,37 @@ def parse_prom(
             if lab.get(k):
                 labels[k] = lab[k]
         job = lab.get("slurm_job_id")
-        nn = lab.get("n_nodes", "")
+        nnodes = ascii_int(lab.get("n_nodes", ""), 9)
+        if nnodes is not None and not 0 < nnodes <= MAX_RANKS:  # the decoder's range: left out
+            bad, nnodes = bad + 1, None
         busbw, algbw = _num(row.get("busbw")), _num(row.get("algbw"))
         comm_id = lab.get("comm_id") or None  # 2.29: the comm hash; 2.30 writes only the name
+        comm_name = _name(lab.get("comm_name"))
+        if comm_name is not None and _text(comm_name) is None:
+            bad, comm_name = bad + 1, None
+        comm = _text(comm_id or lab.get("comm_name") or "unknown")
+        coll = _text(lab.get("collective") or lab.get("p2p_operation") or "unknown")
+        lhost = host or _text(lab.get("node") or lab.get("hostname") or "", MAX_HOST_LEN)
+        if (lab.get("node") or lab.get("hostname")) and lhost is None:
+            bad += 1
+        if comm is None or coll is None:
+            if counts is not None:
+                counts["dropped.bad_id"] = counts.get("dropped.bad_id", 0) + 1
+            continue
+        if bad and counts is not None:
+            counts["dropped.bad_value"] = counts.get("dropped.bad_value", 0) + bad
         out.append(
             NcclRecord(
                 ts=ts,
-                host=host or lab.get("node") or lab.get("hostname") or socket.gethostname(),
+                host=lhost or socket.gethostname(),
                 gpu=gpu,
                 job=None if job in (None, "", "unknown") else job,
-                comm=comm_id or lab.get("comm_name") or "unknown",
-                comm_name=_name(lab.get("comm_name")),
+                comm=comm,
+                comm_name=comm_name,
                 rank=rank,
                 nranks=nranks,
-                nnodes=ascii_int(nn, 9),
-                coll=lab.get("collective") or lab.get("p2p_operation") or "unknown",
+                nnodes=nnodes,
+                coll=coll,
                 seq=ascii_int(lab.get("coll_sn"), 18),  # within an int64, as the decoder wants
                 bytes=bucket_bytes(lab.get("message_size", "")) or 0,
                 exec_time_us=t,
@@ -565,6 +620,8 @@ class PromFileSource:
             "dropped.unknown_metric": 0,
             "dropped.no_time": 0,
             "dropped.bad_rank": 0,
+            "dropped.bad_id": 0,
+            "dropped.bad_value": 0,
             "dropped.oversize": 0,
             "dropped.too_many_files": 0,  # the most left out of one poll
         }
