@@ -10,7 +10,8 @@ docs/producers.md for the table):
   the verdict; 2.13+ prints ``#wrong`` (wrong elements), a ``root`` column, optional
   per-iteration columns (``i_min``...) and a timestamp.
 - Lines tagged by the launcher (``mpirun --tag-output``: ``[1,0]<stdout>:``; ``srun -l``:
-  ``0: ``) are read without the tag.
+  ``0: ``) are read without the tag, each tag's lines as a stream of their own: processes that
+  each print a whole run (a build without MPI launched as N processes) interleave their lines.
 - Tests without a reduction (alltoall, broadcast, gather...) printed an *empty* ``redop`` cell
   before NCCL 2.13's resync (``"none"`` since): such a row has one token fewer than its header,
   and the missing one is the ``redop`` cell.
@@ -19,7 +20,7 @@ docs/producers.md for the table):
   releases. A multi-node log may list only some ranks, so ``nranks`` is the highest listed
   rank + 1 (never the count of lines).
 - The collective comes from the log itself: ``# Collective test starting: all_gather_perf``
-  (2.14+), else a ``*_perf`` command line echoed into the log, else ``--coll``; a file name is
+  (2.16.7+), else a ``*_perf`` command line echoed into the log, else ``--coll``; a file name is
   the last resort and says so in ``labels["coll_source"]``.
 - One log may hold several runs (a script running each test in turn): a run starts at
   ``# Collective test starting`` or a ``# nThread`` header once the previous run had results, and
@@ -72,10 +73,13 @@ _PERF = re.compile(r"\b([a-z_]+?)_perf(?:_mpi)?\b", re.ASCII)
 _NTHREAD = re.compile(r"nThread\s+(\S+)\s+nGpus\s+(\S+)")
 _OOB = re.compile(r"Out of bounds values\s*:\s*(\S+)\s*(\w*)")
 # A launcher's tag before each line: mpirun --tag-output's [job,rank]<stdout>:, srun -l's "rank: ".
-_TAG = re.compile(r"^\s*(?:\[\d{1,9},\d{1,9}\]<(?:stdout|stderr)>:|\d{1,9}:(?=\s))")
+_TAG = re.compile(r"^\s*(?:\[(\d{1,9},\d{1,9})\]<(?:stdout|stderr)>:|(\d{1,9}):(?=\s))")
 RANK_DIGITS = 9  # ranks, devices, thread and GPU counts: far beyond any job
 _BANNERS = ("nccl-tests version", "Using devices", "Avg bus bandwidth")  # comment lines of its own
 _JSON_KEYS = {"config", "results", "out_of_bounds"}
+# util.cu's jsonDouble quotes NaN but prints infinities with printf("%lf"): a bare inf or -inf,
+# which is not JSON. Strings are matched first so that text inside them is left alone.
+_STR_OR_INF = re.compile(r'"(?:[^"\\]|\\.)*"|(?<![\w.])-?inf(?:inity)?(?![\w.])', re.ASCII | re.IGNORECASE)
 
 
 def collective_name(text: str | None) -> str | None:
@@ -86,6 +90,15 @@ def collective_name(text: str | None) -> str | None:
     for key in sorted(_COLL, key=len, reverse=True):
         if key in low:
             return _COLL[key]
+    return None
+
+
+def _program(line: str) -> str | None:
+    """The ``X_perf`` program an echoed command line runs: a match that names a collective and is
+    not a directory (``/opt/my_perf/build/all_gather_perf`` -> ``all_gather_perf``)."""
+    for m in _PERF.finditer(line):
+        if not line.startswith("/", m.end()) and collective_name(m.group(0)):
+            return m.group(0)
     return None
 
 
@@ -150,6 +163,14 @@ class _Run:
 
     def empty(self) -> bool:
         return not self.rows and self.header is None and self.started is None
+
+
+@dataclass
+class _Stream:
+    """One launcher tag's lines: its current run and the command line echoed before it."""
+
+    cur: _Run = field(default_factory=_Run)
+    perf_hint: str | None = None
 
 
 def _float(tok: Any) -> float | None:
@@ -266,7 +287,8 @@ def _coll_of(
     c = collective_name(perf_hint)
     if c:
         return c, "log"
-    c = collective_name(name_hint)
+    # The file's own name first: a directory named for another collective must not win.
+    c = collective_name(name_hint.rsplit("/", 1)[-1] if name_hint else None) or collective_name(name_hint)
     if c:
         stats.coll_from_file_name += 1
         log.warning(
@@ -294,25 +316,34 @@ def parse_text(
     """Records from an nccl-tests text log (any layout; several runs in one log are split)."""
     stats = stats if stats is not None else ParseStats()
     runs: list[tuple[_Run, str | None]] = []
-    cur = _Run()
-    perf_hint: str | None = None
+    # One stream per launcher tag (untagged lines: ""): each process's run is read apart.
+    streams: dict[str, _Stream] = {}
 
-    def close() -> None:
-        nonlocal cur
-        if not cur.empty():
-            runs.append((cur, perf_hint))
-        cur = _Run()
+    def close(st_: _Stream) -> None:
+        if not st_.cur.empty():
+            runs.append((st_.cur, st_.perf_hint))
+        st_.cur = _Run()
 
     for line in text.splitlines():
-        s = _TAG.sub("", line, count=1).strip()
+        tag = _TAG.match(line)
+        key = (tag.group(1) or tag.group(2)) if tag else ""
+        s = (line[tag.end() :] if tag else line).strip()
         if not s:
             continue
+        stream = streams.get(key)
+        if stream is None:
+            # A tagged process's run takes the untagged command line echoed before it.
+            base = streams.get("")
+            stream = streams[key] = _Stream(perf_hint=base.perf_hint if base else None)
         if not s.startswith("#"):
             m = _PERF.search(s)
             if m and not s[0].isdigit():
-                if cur.rows:
-                    close()
-                perf_hint = m.group(0)  # an echoed command line: mpirun ... all_gather_perf -b 8
+                prog = _program(s) or m.group(0)  # an echoed command line: mpirun ... all_gather_perf -b 8
+                # An untagged command line (a script's echo) starts the next run of every process.
+                for other in streams.values() if key == "" else (stream,):
+                    if other.cur.rows:
+                        close(other)
+                    other.perf_hint = prog
                 continue
         if s.startswith("#"):
             body = s.lstrip("#").strip()
@@ -321,36 +352,36 @@ def parse_text(
             m = _RANK.match(s)
             if m:
                 stats.recognised += 1
-                if cur.rows:
-                    close()
+                if stream.cur.rows:
+                    close(stream)
                 r, dev = ascii_int(m.group(1), RANK_DIGITS), ascii_int(m.group(5), RANK_DIGITS)
                 pid = ascii_int(m.group(3), RANK_DIGITS) if m.group(3) else None
                 if r is None or dev is None or (m.group(3) and pid is None):
                     _bad_line(stats, s)
                     continue
-                cur.devices[r] = Device(r, m.group(4), dev, pid)
+                stream.cur.devices[r] = Device(r, m.group(4), dev, pid)
                 continue
             if body.startswith("Collective test starting:"):
                 stats.recognised += 1
-                close()
-                cur.started = body.split(":", 1)[1].strip()
+                close(stream)
+                stream.cur.started = body.split(":", 1)[1].strip()
                 continue
             if body.startswith("Collective test concluded"):
                 stats.recognised += 1
-                cur.concluded = True
-                close()
+                stream.cur.concluded = True
+                close(stream)
                 continue
             m = _NTHREAD.search(body)
             if m:
                 stats.recognised += 1
-                if cur.rows or cur.nranks_header is not None:
-                    close()
+                if stream.cur.rows or stream.cur.nranks_header is not None:
+                    close(stream)
                 nthread, ngpus = ascii_int(m.group(1), RANK_DIGITS), ascii_int(m.group(2), RANK_DIGITS)
                 if nthread is None or ngpus is None:
                     _bad_line(stats, s)
                     continue
                 # One process's ranks: a lower bound for nranks (MPI runs multiply it by processes).
-                cur.nranks_header = nthread * ngpus
+                stream.cur.nranks_header = nthread * ngpus
                 continue
             m = _OOB.search(body)
             if m:
@@ -361,36 +392,37 @@ def parse_text(
                     _bad_line(stats, s)
                     n = 1 if failed else None  # the verdict still stands when its count is unreadable
                 if n is not None:
-                    cur.oob = n if (n or failed) else 0
+                    stream.cur.oob = n if (n or failed) else 0
                 continue
             toks = body.split()
             if "size" in toks and "count" in toks:
                 stats.recognised += 1
-                if cur.rows:
-                    close()
-                cur.header, cur.time_scale = toks, 1.0
-            elif cur.header is not None and toks and toks[0] == "(B)" and "(ms)" in toks:
-                cur.time_scale = 1000.0
+                if stream.cur.rows:
+                    close(stream)
+                stream.cur.header, stream.cur.time_scale = toks, 1.0
+            elif stream.cur.header is not None and toks and toks[0] == "(B)" and "(ms)" in toks:
+                stream.cur.time_scale = 1000.0
             continue
-        if cur.header is None:
+        if stream.cur.header is None:
             continue
         toks = s.split()
         if not toks[0].isdigit():
             continue
         stats.recognised += 1
         stats.rows += 1
-        row = _row(cur.header, cur.time_scale, toks)
+        row = _row(stream.cur.header, stream.cur.time_scale, toks)
         if row is None:
             stats.unparsable_rows += 1
             log.warning(
                 "nccl-tests row does not fit its header (%d cells for %d columns): %r",
                 len(toks),
-                len(cur.header),
+                len(stream.cur.header),
                 s[:200],
             )
             continue
-        cur.rows.append(row)
-    close()
+        stream.cur.rows.append(row)
+    for stream in streams.values():
+        close(stream)
     t = time.time() if ts is None else ts
     hdefault = host or socket.gethostname()
     out: list[NcclRecord] = []
@@ -486,7 +518,9 @@ def parse_json(
         if n is None and oob.get("count") is not None:
             stats.bad_json_values += 1
         # okay=false is the verdict even when the count is missing or unreadable.
-        run.oob = n or (1 if oob.get("okay") is False else (0 if n is not None else None))
+        # util.cu's jsonBool writes a string: "okay": "false".
+        failed = oob.get("okay") in (False, "false")
+        run.oob = n or (1 if failed else (0 if n is not None else None))
     stats.runs += 1
     arg0 = args[0] if args and isinstance(args[0], str) else None
     c, src = (coll, "flag") if coll else (collective_name(arg0), "log")
@@ -511,6 +545,12 @@ def parse(text: str, **kw: Any) -> list[NcclRecord]:
             doc, deep = jsonsafe.loads_pruned(text)
         except ValueError:
             doc, deep = None, 0
+            fixed = _STR_OR_INF.sub(lambda m: m.group(0) if m.group(0)[0] == '"' else "null", text)
+            if fixed != text:
+                try:
+                    doc, deep = jsonsafe.loads_pruned(fixed)  # each infinity reads as missing, as NaN does
+                except ValueError:
+                    pass
         if isinstance(doc, dict):
             kw.pop("name_hint", None)
             stats = kw.get("stats")
