@@ -62,14 +62,15 @@ systools:
 	fi
 
 # The broker is started unless KAFKA_BOOTSTRAP points at one already; it is stopped whatever
-# the tests did, and the tests' exit status is kept.
+# the tests did, and the tests' exit status is kept. scripts/pytest-suite runs the unit tests in
+# parallel (PYTEST_WORKERS, default one a core), then the broker-backed ones one at a time.
 test: venv browser systools
 	@if [ -n "$$KAFKA_BOOTSTRAP" ]; then \
-		$(BIN)/python -m pytest $(PYTEST_ARGS); \
+		PYTHON=$(BIN)/python scripts/pytest-suite $(PYTEST_ARGS); \
 	else \
 		PYTHON=$(BIN)/python scripts/kafka start || exit 1; \
 		status=0; \
-		KAFKA_BOOTSTRAP=127.0.0.1:$${KAFKA_PORT:-9092} $(BIN)/python -m pytest $(PYTEST_ARGS) || status=$$?; \
+		KAFKA_BOOTSTRAP=127.0.0.1:$${KAFKA_PORT:-9092} PYTHON=$(BIN)/python scripts/pytest-suite $(PYTEST_ARGS) || status=$$?; \
 		scripts/kafka stop; \
 		exit $$status; \
 	fi
@@ -89,7 +90,7 @@ bench: venv
 
 # The unit tests without the slow ones (pyproject.toml's markers): the quick loop while editing.
 test-unit: venv
-	$(BIN)/python -m pytest tests/unit -m "not slow" $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -n $${PYTEST_WORKERS:-auto} tests/unit -m "not slow" $(PYTEST_ARGS)
 
 kafka-start: venv
 	PYTHON=$(BIN)/python scripts/kafka start
