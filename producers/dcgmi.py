@@ -17,6 +17,8 @@ the poll loop; if it exits it is restarted with back-off.
 
 from __future__ import annotations
 
+import bisect
+import itertools
 import logging
 import queue
 import socket
@@ -73,6 +75,7 @@ class DmonStats:
     restarts: int = 0
     bad_values: int = 0  # a cell with digits that is no plain ASCII number ("٣", "1_0", 400 digits)
     queue_full: int = 0  # records the reader thread could not hand over (the poll loop fell behind)
+    bad_headers: int = 0  # heading lines no dmon prints (over 128 columns, "#Entity" mid-line): rows wait for the next
     skipped_entities: dict[str, int] = field(default_factory=dict)  # entity type -> rows (Switch, CPU...)
 
     def counts(self) -> dict[str, int]:
@@ -87,6 +90,7 @@ class DmonStats:
             "dropped.unknown_column": self.unknown_columns,
             "dropped.bad_value": self.bad_values,
             "dropped.queue_full": self.queue_full,
+            "dropped.bad_header": self.bad_headers,
             "restarts": self.restarts,
         }
         for ent, n in sorted(self.skipped_entities.items()):
@@ -96,7 +100,7 @@ class DmonStats:
 
 # Entity cells as DeviceMonitor.cpp prints them: "GPU 0", "GPU 0 LINK 3", "SW 1 LINK 3", "GPU-I 9",
 # "GPU-CI 9", "Switch 0", "CPU 0", "CPU Core 5", "vGPU 1", "CX 0", "LINK 769" (DCGM 3.0 - 4.5: the raw
-# dcgm_link_t), "UNKNOWN 0" (DCGM_FE_NONE, 2.4 - 4.5). Longest names first.
+# dcgm_link_t), "UNKNOWN 0" (DCGM_FE_NONE, 2.4 - 4.5), a bare "0" (DCGM_FE_NONE, 2.1 - 2.3). Longest names first.
 # Ids are ASCII digits of bounded length: "\d" would read "٣" as GPU 3, and int() of 5,000 digits raises;
 # 10 digits hold a raw link id (up to 2**32 - 1).
 _ENTITY = re.compile(
@@ -104,6 +108,22 @@ _ENTITY = re.compile(
     r"(?:\s+LINK\s+([0-9]{1,9}))?(?=\s|$)",
     re.ASCII,
 )
+# A non-GPU entity whose id runs into its first value: before 4.5 the entity cell is printed 10 (11 from 4.0)
+# wide with no padding after it (PrintMetricsRow, DeviceMonitor.cpp @ v3.3.9 and v4.4.2), so "LINK 65537"
+# (3.x: GPU 1, port 0) or "CPU Core 10" touches the value after it. Such a row is only counted, so its
+# type is enough; a GPU row cannot run over ("GPU 31" is 6 wide).
+_RUN_ON_ENTITY = re.compile(
+    r"^\s*(GPU-CI|GPU-I|SW|Switch|NvSwitch|CPU Core|CPU|vGPU|CX|LINK|UNKNOWN)\s+[0-9]", re.ASCII
+)
+# The DCGM_FE_NONE row of DCGM 2.1 - 2.3: HelperGetGroupIdPrefix (DeviceMonitor.cpp @ v2.1.4, v2.3.4)
+# names that group "", so the row starts with its bare id.
+_BARE_ID = re.compile(r"^\s*[0-9]{1,10}(?=\s|$)", re.ASCII)
+# A heading dmon prints: a line holding one anywhere else (NUL padding is stripped first) is a damaged one.
+_HEADING = re.compile(r"#\s?entity", re.IGNORECASE)
+_TOKEN = re.compile(r"\S+")
+# A field group holds at most DCGM_MAX_FIELD_IDS_PER_FIELD_GROUP (128, dcgm_structs.h in 2.1 - 4.6) fields,
+# so no dmon heading has more columns; the bound also caps each row's cost at the header's size.
+MAX_COLUMNS = 128
 # The ctrl-C trailer ("." at the end before DCGM 2.4; 2.4 - 3.3 spell it "do to", DeviceMonitor.cpp).
 _STOPPED = frozenset({"dmon was stopped due to receiving a signal", "dmon was stopped do to receiving a signal"})
 # A value as dmon prints it: a plain decimal number (float() would also take "٣", "1_0" or "inf").
@@ -151,7 +171,14 @@ class DmonParser:
     left-aligns each value under its column name; before 4.0 a row prints only the values it got,
     packed to the left, so it is read only when the header's global columns are exactly what it
     lacks (``_GLOBAL_COLUMNS``), and otherwise dropped as ``packed_row``, since any reading would
-    guess.
+    guess. A row whose values start at the header's column offsets (2.4+ print them so) is cut
+    there first, so a string value's spaces (``DVNAM`` is ``NVIDIA H100 80GB HBM3``) stay in its
+    cell instead of shifting the values after it.
+
+    >>> p = DmonParser("h", clock=lambda: 0.0)
+    >>> p.feed("#Entity        DVNAM                       TMPTR")
+    >>> p.feed("GPU 0          NVIDIA H100 80GB HBM3       45").fields.DCGM_FI_DEV_GPU_TEMP
+    45.0
     """
 
     def __init__(self, host: str, clock=time.time) -> None:
@@ -160,13 +187,27 @@ class DmonParser:
         self.columns: list[Field | None] | None = None
         self.offsets: list[int] = []
         self.packs = False  # the header is of a layout that packs a row's values to the left (before 4.0)
+        self.right_aligned = False  # "# Entity" (2.1 - 2.3): cells end, not start, under their names
         self.local: list[int] = []  # the columns a packed GPU row holds: all but the global ones
         self.stats = DmonStats()
         self._round: set[tuple[str, int, int | None]] = set()
         self._round_ts = 0.0
 
+    def _bad_header(self) -> None:
+        # Rows until the next heading are dropped, not read against an earlier heading whose
+        # fields may differ.
+        self.stats.bad_headers += 1
+        self.columns = None
+        self.offsets = []
+
     def _header(self, line: str, skip: int) -> None:
-        spans = [(m.start(), m.group(0)) for m in re.finditer(r"\S+", line)][skip:]
+        # At most one token past the bound is looked at, so a 1 MB heading costs no more than a small one.
+        spans = [(m.start(), m.group(0)) for m in itertools.islice(_TOKEN.finditer(line), skip + MAX_COLUMNS + 1)]
+        spans = spans[skip:]
+        if len(spans) > MAX_COLUMNS:
+            log.debug("dmon heading with over %d columns (no field group holds more): %.200r", MAX_COLUMNS, line)
+            self._bad_header()
+            return
         names = [t for _, t in spans]
         cols = [FIELDS.by_dmon(t) for t in names]
         unknown = [t for t, c in zip(names, cols) if c is None]
@@ -177,41 +218,73 @@ class DmonParser:
         self.offsets = [o for o, _ in spans]
         # "# Entity" is printed by 2.1 - 2.3 only, which pack like every release before 4.0.
         self.packs = skip == 2 or (bool(spans) and spans[0][0] <= _PACKING_ENTITY_WIDTH)
+        self.right_aligned = skip == 2
         self.local = [i for i, t in enumerate(names) if t not in _GLOBAL_COLUMNS]
 
     def _values(self, line: str, end: int) -> list[str] | None:
         assert self.columns is not None
         vals = line[end:].split()
         n = len(self.columns)
-        if len(vals) == n:
-            return vals
-        if len(vals) > n or not self.offsets:
-            return None
-        if self.packs:
-            if len(vals) != len(self.local):
-                return None
+        cut, aligned = self._cut(line, end) if self.offsets and not self.right_aligned else (None, False)
+        if cut is not None and aligned:
+            # As dmon prints it: a string value's spaces ("NVIDIA H100 80GB HBM3") stay in its cell,
+            # where splitting on whitespace would shift every value after it.
+            if not self.packs:
+                return cut
+            k = next((i for i, c in enumerate(cut) if not c), n)
+            if k == n:
+                return cut
+            if any(cut[k:]):
+                return None  # a packing layout leaves no empty cell between two values
+            vals = cut[:k]  # a packed row's values in order, read as one below
+        elif len(vals) == n:
+            return vals  # one value a column, not under the names (a log whose spacing was collapsed)
+        elif cut is not None and not self.packs and len(vals) < n:
+            # Values under their columns, not at their starts: one token a cell, or it does not fit.
+            return cut if sum(1 for c in cut if c) == len(vals) else None
+        if self.packs and len(vals) < n and len(vals) == len(self.local):
             cells = [""] * n
             for i, v in zip(self.local, vals):
                 cells[i] = v
             return cells
-        cells = []
-        for i, off in enumerate(self.offsets):
-            nxt = self.offsets[i + 1] if i + 1 < n else len(line)
-            cell = line[max(off, end) : nxt].split() if nxt > end else []
-            if len(cell) > 1:
-                return None
-            cells.append(cell[0] if cell else "")
-        # Every value must start under a column: otherwise the row does not fit this header.
-        return cells if sum(1 for c in cells if c) == len(vals) else None
+        return None
+
+    def _cut(self, line: str, end: int) -> tuple[list[str] | None, bool]:
+        """The row's cells cut at the header's column offsets, a cell's tokens joined by one space,
+        and whether each cell's value starts at its column's offset; None when a token starts
+        before the first column or runs into the next one (the row does not fit this header).
+
+        DeviceMonitor.cpp (2.4 - 4.6) left-aligns each value under its column's name and cuts it to
+        the column's width with two spaces after it (FixedSizeString), so a value starts at its
+        column's offset and never crosses into the next cell.
+        """
+        offsets = self.offsets
+        n = len(offsets)
+        cells: list[list[str]] = [[] for _ in range(n)]
+        aligned = True
+        for m in _TOKEN.finditer(line, end):
+            col = bisect.bisect_right(offsets, m.start()) - 1
+            if col < 0 or (col + 1 < n and m.end() > offsets[col + 1]):
+                return None, False
+            if not cells[col] and m.start() != offsets[col]:
+                aligned = False
+            cells[col].append(m.group())
+        return [" ".join(c) for c in cells], aligned
 
     def feed(self, line: str) -> DcgmRecord | None:
-        line = line.rstrip("\r\n")
+        # Leading NULs are the hole a crash leaves in a log that dmon then appends to: what follows is
+        # whole, and a heading after them must not be missed (rows would be read against the old one).
+        line = line.rstrip("\r\n").lstrip("\x00")
         tokens = line.split()
         if not tokens:
             return None
         skip = _is_header(tokens)
         if skip:
             self._header(line, skip)
+            return None
+        if _HEADING.search(line):
+            log.debug("dmon heading that does not start its line: %.200r", line)
+            self._bad_header()
             return None
         if tokens[0] in ("ID", "Id", "id") or tokens[0].startswith("#"):
             return None  # the units row ("ID" since DCGM 2.4, "Id" before), comments
@@ -220,7 +293,11 @@ class DmonParser:
         self.stats.rows += 1
         ent = _entity(line)
         if ent is None or self.columns is None:
-            self.stats.skipped_rows += 1
+            unread = self._unread_entity(line) if self.columns is not None else None
+            if unread is not None:
+                self.stats.skipped_entities[unread] = self.stats.skipped_entities.get(unread, 0) + 1
+            else:
+                self.stats.skipped_rows += 1
             return None
         etype, eid, link, end = ent
         if etype != "GPU":
@@ -246,6 +323,16 @@ class DmonParser:
         named = self._named(vals)
         self.stats.records += 1
         return DcgmRecord(ts=self._round_ts, host=self.host, gpu=eid, link=link, fields=DcgmFields(**named))
+
+    def _unread_entity(self, line: str) -> str | None:
+        """The type of a non-GPU row ``_entity`` cannot take apart (its id runs into its first value,
+        or it is 2.1 - 2.3's bare-id global row), or None."""
+        m = _RUN_ON_ENTITY.match(line)
+        if m is not None:
+            return m.group(1)
+        if self.right_aligned and _BARE_ID.match(line):
+            return "UNKNOWN"
+        return None
 
     def _named(self, vals: list[str]) -> dict[str, float]:
         assert self.columns is not None
