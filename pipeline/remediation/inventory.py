@@ -70,9 +70,18 @@ def check_settings(s: Any, key: str = "inventory") -> None:
         raise ConfigError(f"{key}.argv", "a program name, and no NUL character in any argument")
     if parse_duration(s.refresh, f"{key}.refresh") < 1:
         raise ConfigError(f"{key}.refresh", "at least 1s")
-    if parse_duration(s.timeout, f"{key}.timeout") <= 0:
+    timeout = parse_duration(s.timeout, f"{key}.timeout")
+    if timeout <= 0:
         raise ConfigError(f"{key}.timeout", "must be more than 0")
+    if timeout > MAX_TIMEOUT_S:
+        raise ConfigError(
+            f"{key}.timeout", f"at most {MAX_TIMEOUT_S:.0f}s: the remediator's loop waits for the listing"
+        )
 
+
+# A listing runs in the remediator's tick, so while it runs no group is dispatched and no firing
+# alert re-posted: a hung `sinfo` may hold them this long, not the 366 days a duration allows.
+MAX_TIMEOUT_S = 300.0
 
 LIMITS = yamlsafe.Limits(max_bytes=16 << 20, max_depth=8, max_aliases=0, max_nodes=1_000_000, max_string=1024)
 

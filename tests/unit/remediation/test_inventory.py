@@ -168,6 +168,8 @@ def test_until_a_first_list_loads_no_host_is_known(tmp_path, fakes, harness):
     ({"source": "file", "path": "h.txt", "argv": ["cat"]}, "inventory.argv"),
     ({"source": "slurm", "refresh": "soon"}, "inventory.refresh"),
     ({"source": "slurm", "timeout": 0}, "inventory.timeout"),
+    # A listing runs in the remediator's loop: 366d (what a duration allows) held every action that long.
+    ({"source": "slurm", "timeout": "6m"}, "inventory.timeout"),
     ({"sorce": "slurm"}, "inventory.sorce"),
 ])
 def test_bad_inventory_config_names_the_key(tmp_path, inv, key):
