@@ -65,6 +65,8 @@ class EngineConfig:
                 if val != int(val):
                     raise ConfigError(f"engine.{f.name}", f"must be a whole number, got {val!r}")
                 object.__setattr__(self, f.name, int(val))
+            else:  # seconds: 2 from YAML is 2.0, as it was when the section was read as floats
+                object.__setattr__(self, f.name, float(val))
         if self.tick <= 0:
             raise ConfigError("engine.tick", "must be > 0")
 

@@ -16,7 +16,7 @@ import math
 import os
 import re
 from pathlib import Path
-from typing import Literal, Mapping
+from typing import Any, Literal, Mapping
 
 import msgspec
 
@@ -105,7 +105,8 @@ class Config(msgspec.Struct, forbid_unknown_fields=True):
     kafka: KafkaSection = msgspec.field(default_factory=KafkaSection)
     http: HttpSection = msgspec.field(default_factory=HttpSection)
     # EngineConfig's own fields (pipeline/engine/config.py), validated by it: one definition.
-    engine: dict[str, float] = {}
+    # Any value: its type is checked there, so an error names engine.<key>, not the section.
+    engine: dict[str, Any] = {}
     service: ServiceSection = msgspec.field(default_factory=ServiceSection)
 
     def engine_config(self) -> EngineConfig:

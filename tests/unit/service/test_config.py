@@ -16,6 +16,12 @@ def test_defaults_and_overrides_from_the_environment():
     assert cfg.engine_config().allowed_lateness == 30.0
 
 
+def test_engine_seconds_given_as_whole_numbers_are_floats():
+    eng = load_config_text("engine: {tick: 2, allowed_lateness: 10, max_hosts: 64}", env={}).engine_config()
+    assert (eng.tick, eng.allowed_lateness, eng.max_hosts) == (2.0, 10.0, 64)
+    assert isinstance(eng.tick, float) and isinstance(eng.max_hosts, int)
+
+
 @pytest.mark.parametrize("text, key", [
     ("kafka: {bootstrp: x}", "kafka.bootstrp"),
     ("kafka: {security: {sasl_password: x}}", "kafka.security.sasl_password"),
@@ -53,6 +59,10 @@ def test_defaults_and_overrides_from_the_environment():
     ("service: {checkpoint_records: 99999999999999}", "service.checkpoint_records"),
     ("engine: {max_hosts: 1.5}", "engine.max_hosts"),
     ("engine: {max_pending: 0.5}", "engine.max_pending"),
+    # A value of the wrong type named only the section: "config key 'engine': Expected `float`".
+    ("engine: {tick: fast}", "engine.tick"),
+    ("engine: {max_hosts: [1]}", "engine.max_hosts"),
+    ("engine: {allowed_lateness: true}", "engine.allowed_lateness"),
 ])
 def test_bad_config_names_the_key(text, key):
     with pytest.raises(ConfigError) as err:
