@@ -43,10 +43,11 @@ from pipeline.errors import StateError
 from pipeline.hang import HangDetector
 from pipeline.incidents import AlertFeed, IncidentEvent, IncidentStage
 from pipeline.runner import Totals
-from pipeline.schema import AlertEvent, DeadLetter, TelemetryRecord, encode
+from pipeline.schema import AlertEvent, DeadLetter, NcclRecord, ProgressRecord, TelemetryRecord, encode
 from pipeline.service import peers
 from pipeline.service.peers import PEER_ENVELOPE
 from pipeline.shardstage import ShardStage
+from pipeline.service.routing import SenderLog
 from pipeline.service.fleetwire import (
     ALERTS_PREFIX,
     COLUMNS_MAP,
@@ -161,6 +162,9 @@ class FleetTask:
         # lateness on top is margin, never needed by a mark the host stage wrote.
         self.lead = cfg.allowed_lateness + cfg.tick
         self.max_hosts = cfg.max_hosts
+        # The partitions each host's records came from: a host split between them (a producer
+        # that does not key by host) shows here across replicas (service/upkeep.py).
+        self.senders = SenderLog()
 
     def handle_guarded(self, messages: Sequence[Message]) -> EngineOutput:
         """Check and apply each message (a bad one is a dead letter), then release what the
@@ -442,6 +446,9 @@ class FleetTask:
         ogood = (ots >= TS_MIN) & (ots <= TS_MAX)
         for j in np.flatnonzero(~ogood).tolist():
             dead.append(self._out_of_range(m, n + j, d.other[j].ts, d.other[j].host))
+        if good.any():
+            used = np.unique(d.host[good])
+            self.senders.note([d.hosts[i] for i in used.tolist()], sender, float(d.ts[good].max()))
         recs, cols = self._build.build(d, good, ogood)
         if len(recs):
             pos = np.concatenate([np.flatnonzero(good), n + np.flatnonzero(ogood)])
@@ -486,6 +493,10 @@ class FleetTask:
                     dead.append(self._out_of_range(m, i, recs[i].ts, recs[i].host))
                 recs = [r for r, b in zip(recs, bad.tolist()) if not b]
                 ts, pos = ts[~bad], np.flatnonzero(~bad)
+            # DCGM records of the engine's own type (records_decoder): all but NCCL and progress.
+            dcgm_hosts = {r.host for r in recs if not isinstance(r, (NcclRecord, ProgressRecord))}
+            if dcgm_hosts:
+                self.senders.note(dcgm_hosts, sender, float(ts.max()))
         self._feed(recs, sender, m, ts, pos=pos)
         return dead
 

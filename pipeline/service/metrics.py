@@ -85,6 +85,12 @@ class Metrics:
             "(their producer does not key messages by host)",
             registry=r,
         )
+        self.fleet_split_hosts = Gauge(
+            "gpuwarden_fleet_hosts_on_several_partitions",
+            "Hosts whose recent DCGM records reached this process's fleet partitions from more than one "
+            "telemetry partition's host stage, any replica's (models on)",
+            registry=r,
+        )
         self.rules = Gauge("gpuwarden_rules_loaded", "Rules in the working set", registry=r)
         self.reload_failures = Counter(
             "gpuwarden_rule_reload_failures", "Rule reloads refused (broken files)", registry=r

@@ -12,6 +12,7 @@ from pipeline.errors import BusError
 from pipeline.protocols import Detector
 from pipeline.rules.reload import RuleReloader
 from pipeline.service.config import Config
+from pipeline.service.fleet import FleetTask
 from pipeline.service.fleetwire import Send
 from pipeline.service.metrics import Metrics
 from pipeline.service.partitions import PartitionState
@@ -20,7 +21,7 @@ from pipeline.topology import Topology
 
 log = logging.getLogger("gpuwarden.service")
 
-ROUTING_CHECK_S = 60.0  # how often (service clock) the host stage looks for hosts split between partitions
+ROUTING_CHECK_S = 60.0  # how often (service clock) a stage looks for hosts split between partitions
 MAX_WARNED_HOSTS = 10_000  # hosts warned of once each: bounded, a fleet of unkeyed producers is one warning
 
 
@@ -121,19 +122,33 @@ class Upkeep:
                 )
 
     def _check_routing(self) -> None:
-        """Every ``ROUTING_CHECK_S``: the hosts this process's host-stage partitions all heard from
-        lately (``routing.split_hosts``), as a gauge and, for hosts not named before, a warning."""
+        """Every ``ROUTING_CHECK_S``: the hosts that came lately on more than one telemetry
+        partition, as a gauge and, for hosts not named before, a warning. The host stage looks
+        across this process's partitions' engines (``routing.split_hosts``); the fleet stage
+        across the host stages that forward to its partitions (``routing.SenderLog``, models on),
+        which sees a host split between replicas."""
         now = self.clock()
-        if self.stage != "host" or now - self._last_routing < ROUTING_CHECK_S:
+        if now - self._last_routing < ROUTING_CHECK_S:
             return
         self._last_routing = now
-        engines: dict[int, Engine] = {}
-        for p, ps in self.parts.items():
-            det = ps.detector.host if isinstance(ps.detector, Topology) else ps.detector
-            if isinstance(det, Engine):
-                engines[p] = det
-        split = split_hosts(engines, self.cfg.engine_config().allowed_lateness)
-        self.metrics.split_hosts.set(len(split))
+        horizon = self.cfg.engine_config().allowed_lateness
+        if self.stage == "host":
+            engines: dict[int, Engine] = {}
+            for p, ps in self.parts.items():
+                det = ps.detector.host if isinstance(ps.detector, Topology) else ps.detector
+                if isinstance(det, Engine):
+                    engines[p] = det
+            split = split_hosts(engines, horizon)
+            self.metrics.split_hosts.set(len(split))
+            where = "telemetry partition"
+        else:
+            split = {}
+            for ps in self.parts.values():
+                if isinstance(ps.pipe, FleetTask):
+                    for h, senders in ps.pipe.senders.split(horizon).items():
+                        split[h] = sorted(set(split.get(h, [])) | set(senders))
+            self.metrics.fleet_split_hosts.set(len(split))
+            where = "telemetry partition (their host stages all forwarded it to the fleet stage)"
         new = [h for h in split if h not in self._warned_split]
         if not new:
             return
@@ -141,10 +156,11 @@ class Upkeep:
             self._warned_split.update(new[: MAX_WARNED_HOSTS - len(self._warned_split)])
         shown = ", ".join(f"{h[:64]!r} on {split[h]}" for h in new[:5])
         log.warning(
-            "%d host(s) came on more than one telemetry partition (%s%s): their producer does not key "
+            "%d host(s) came on more than one %s (%s%s): their producer does not key "
             "its messages by host, so each host's state is split between engines and its alerts may be "
             "missed or doubled; key every message by its host name (docs/operations.md, Scale)",
             len(new),
+            where,
             shown,
             ", ..." if len(new) > 5 else "",
             extra={"hosts": new[:100]},
