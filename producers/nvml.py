@@ -6,9 +6,12 @@ times, per-NVLink error counters (one record per link NVML reports, down ones in
 GPU's totals) and XID events. A query the GPU does not support leaves that field absent (NaN),
 never zero.
 
-A GPU that does not answer is not sent that poll, so ``gpu_lost`` fires: no handle at start,
-``GPU_IS_LOST`` or ``RESET_REQUIRED`` from any query, or no query answered at all (``Unknown
-Error`` on every call). Any other error costs only its field (counted ``unsupported_queries``).
+A GPU that does not answer is not sent that poll, so ``gpu_lost`` fires: no handle yet (asked
+for again each poll, so a GPU that answers later is read from then on), ``GPU_IS_LOST`` or
+``RESET_REQUIRED`` from any query (its NVLink state queries included), or no query answered at all
+(``Unknown Error`` on every call). Any other error, an exception that is not ``NVMLError``, or a
+value that is not a finite number costs only its field (counted ``unsupported_queries``). A link
+whose counter read fails keeps its last count in the GPU's total, so the total never dips.
 Deprecated calls are tried newest first and fall back when the driver lacks them (clock-event
 reasons before r535, ``nvmlDeviceGetTemperature`` once CUDA 14 drivers remove it).
 
@@ -22,6 +25,7 @@ The module is injected (``nvml=``) so CI runs against a fake; by default ``pynvm
 from __future__ import annotations
 
 import logging
+import math
 import socket
 import time
 from typing import Any, Callable
@@ -70,34 +74,51 @@ class NvmlSource:
         self._gone = {getattr(nvml, k) for k in _GPU_GONE if hasattr(nvml, k)}
         self._missing = {getattr(nvml, k) for k in _NO_FUNCTION if hasattr(nvml, k)}
         nvml.nvmlInit()
-        self.handles: list[Any] = []
-        for i in range(nvml.nvmlDeviceGetCount()):
-            try:
-                self.handles.append(nvml.nvmlDeviceGetHandleByIndex(i))
-            except nvml.NVMLError as e:  # off the bus ("Unknown Error", "GPU is lost"): the others are still read
-                log.warning("GPU %d: no NVML handle (%s); not sent", i, e)
-                self.handles.append(None)
-        self.uuid = [
-            None if h is None else _ident(nvml, lambda: _text(nvml.nvmlDeviceGetUUID(h))) for h in self.handles
-        ]
-        self.model = [
-            None if h is None else _ident(nvml, lambda: _text(nvml.nvmlDeviceGetName(h))) for h in self.handles
-        ]
-        self.xid: list[float] = [float("nan")] * len(self.handles)
+        count = nvml.nvmlDeviceGetCount()
+        self.handles: list[Any] = [None] * count
+        self.uuid: list[str | None] = [None] * count
+        self.model: list[str | None] = [None] * count
+        self.xid: list[float] = [float("nan")] * count
+        # Per GPU, the last value each (link, counter) gave: a link that misses one read keeps its
+        # last count in the GPU's total, so the total never dips and jumps back (a false increase).
+        self._link_last: list[dict[tuple[int, str], float]] = [{} for _ in range(count)]
+        self._warned: set[str] = set()
         self._events = None
         try:
-            es = nvml.nvmlEventSetCreate()
-            for i, h in enumerate(self.handles):
-                if h is None:
-                    continue
-                try:
-                    nvml.nvmlDeviceRegisterEvents(h, nvml.nvmlEventTypeXidCriticalError, es)
-                    self.xid[i] = 0.0
-                except nvml.NVMLError as e:
-                    log.warning("GPU %d: XID events unavailable (%s)", i, e)
-            self._events = es
+            self._events = nvml.nvmlEventSetCreate()
         except nvml.NVMLError as e:
             log.warning("NVML event sets unavailable, no XIDs: %s", e)
+        for i in range(count):
+            if not self._attach(i):
+                log.warning("GPU %d: no NVML handle yet; not sent until it answers", i)
+
+    def _attach(self, i: int) -> bool:
+        """Get GPU ``i``'s handle, name and UUID and register it for XID events; False while it has
+        no handle (off the bus, "Unknown Error"): tried again each poll, the others are still read."""
+        nvml = self.n
+        try:
+            h = nvml.nvmlDeviceGetHandleByIndex(i)
+        except Exception as e:  # noqa: BLE001 - any failure leaves this GPU unread, never the others
+            log.debug("GPU %d: no NVML handle (%s)", i, e)
+            return False
+        self.handles[i] = h
+        self.uuid[i] = _ident(nvml, lambda: _text(nvml.nvmlDeviceGetUUID(h)))
+        self.model[i] = _ident(nvml, lambda: _text(nvml.nvmlDeviceGetName(h)))
+        if self._events is not None:
+            try:
+                nvml.nvmlDeviceRegisterEvents(h, nvml.nvmlEventTypeXidCriticalError, self._events)
+                self.xid[i] = 0.0
+            except nvml.NVMLError as e:
+                log.warning("GPU %d: XID events unavailable (%s)", i, e)
+        return True
+
+    def _unexpected(self, e: Exception) -> None:
+        """Count and log (once per kind) a query that raised something other than ``NVMLError``."""
+        self.counts["unsupported_queries"] += 1
+        kind = type(e).__name__
+        if kind not in self._warned:
+            self._warned.add(kind)
+            log.warning("NVML query raised %s (%s): its field is absent", kind, e)
 
     def _try(self, fn: Callable[[], Any]) -> Any:
         """The query's value, or None when this GPU cannot answer it (unsupported, no permission).
@@ -105,11 +126,17 @@ class NvmlSource:
         ``fn`` runs here and now, so the callers' lambdas may read their loop variables without
         binding them."""
         try:
-            return fn()
+            v = fn()
+            if v is None:
+                raise TypeError("the binding returned None")
+            return v
         except self.n.NVMLError as e:
             if getattr(e, "value", None) in self._gone:
                 raise
             self.counts["unsupported_queries"] += 1
+            return None
+        except Exception as e:  # noqa: BLE001 - a wrapper's ctypes or type error costs its field, not the poll
+            self._unexpected(e)
             return None
 
     def _newest(self, names: tuple[str, ...], *args: Any) -> Any:
@@ -142,44 +169,45 @@ class NvmlSource:
         for _ in range(1024):  # bounded: a storm of events cannot hold a poll forever
             try:
                 ev = n.nvmlEventSetWait(self._events, 0)
+                if not ev.eventType & n.nvmlEventTypeXidCriticalError:
+                    continue
+                xid = float(ev.eventData)
+                gpus = [i for i, h in enumerate(self.handles) if h is not None and _same_device(ev.device, h)]
             except n.NVMLError_Timeout:
                 return
-            except n.NVMLError as e:
+            except Exception as e:  # noqa: BLE001 - NVML's errors and a malformed event alike cost the wait, not the poll
                 self.counts["dropped.xid_event_error"] += 1
                 log.warning("NVML event wait failed: %s", e)
                 return
-            if ev.eventType & n.nvmlEventTypeXidCriticalError:
-                for i, h in enumerate(self.handles):
-                    if _same_device(ev.device, h):
-                        self.counts["xid_events"] += 1
-                        self.xid[i] = float(ev.eventData)
-                        log.warning("GPU %d: XID %d", i, ev.eventData)
+            for i in gpus:
+                self.counts["xid_events"] += 1
+                self.xid[i] = xid
+                log.warning("GPU %d: XID %d", i, xid)
 
     def _gpu_fields(self, i: int, h: Any) -> dict[str, float] | None:
         n, t = self.n, self._try
-        f: dict[str, float | None] = {}
+        f: dict[str, Any] = {}
         temp = ("nvmlDeviceGetTemperatureV", "nvmlDeviceGetTemperature")  # the latter removed in CUDA 14
         f["DCGM_FI_DEV_GPU_TEMP"] = t(lambda: self._newest(temp, h, n.NVML_TEMPERATURE_GPU))
         ids = [n.NVML_FI_DEV_MEMORY_TEMP, n.NVML_FI_DEV_PERF_POLICY_POWER, n.NVML_FI_DEV_PERF_POLICY_THERMAL]
-        fvs = t(lambda: n.nvmlDeviceGetFieldValues(h, ids)) or [None] * len(ids)
+        fvs = t(lambda: _exactly(n.nvmlDeviceGetFieldValues(h, ids), len(ids))) or [None] * len(ids)
         mt, pviol, tviol = (None if fv is None else self._field(fv) for fv in fvs)
         # Memory temperature is the uiVal whatever valueType says: r545 drivers label it double
         # (DCGM's workaround, NVIDIA/DCGM dcgmlib/src/DcgmCacheManager.cpp, nvbugs/4300930).
-        if mt is not None and getattr(mt.value, "uiVal", 201) <= 200:
-            f["DCGM_FI_DEV_MEMORY_TEMP"] = mt.value.uiVal
+        if mt is not None:
+            f["DCGM_FI_DEV_MEMORY_TEMP"] = t(lambda: _hbm_temp(mt))
         f["DCGM_FI_DEV_SM_CLOCK"] = t(lambda: n.nvmlDeviceGetClockInfo(h, n.NVML_CLOCK_SM))
         f["DCGM_FI_DEV_MEM_CLOCK"] = t(lambda: n.nvmlDeviceGetClockInfo(h, n.NVML_CLOCK_MEM))
         reasons = ("nvmlDeviceGetCurrentClocksEventReasons", "nvmlDeviceGetCurrentClocksThrottleReasons")  # r535 rename
         f["DCGM_FI_DEV_CLOCK_THROTTLE_REASONS"] = t(lambda: self._newest(reasons, h))
-        mw = t(lambda: n.nvmlDeviceGetPowerUsage(h))
-        f["DCGM_FI_DEV_POWER_USAGE"] = None if mw is None else mw / 1000.0
-        lim = t(lambda: n.nvmlDeviceGetEnforcedPowerLimit(h))
-        f["DCGM_FI_DEV_ENFORCED_POWER_LIMIT"] = None if lim is None else lim / 1000.0
+        # mW -> W (nvmlDeviceGetPowerUsage, nvmlDeviceGetEnforcedPowerLimit)
+        f["DCGM_FI_DEV_POWER_USAGE"] = t(lambda: n.nvmlDeviceGetPowerUsage(h) / 1000.0)
+        f["DCGM_FI_DEV_ENFORCED_POWER_LIMIT"] = t(lambda: n.nvmlDeviceGetEnforcedPowerLimit(h) / 1000.0)
         f["DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION"] = t(lambda: n.nvmlDeviceGetTotalEnergyConsumption(h))
         util = t(lambda: n.nvmlDeviceGetUtilizationRates(h))
         if util is not None:
-            f["DCGM_FI_DEV_GPU_UTIL"] = util.gpu
-            f["DCGM_FI_DEV_MEM_COPY_UTIL"] = util.memory
+            f["DCGM_FI_DEV_GPU_UTIL"] = t(lambda: util.gpu)
+            f["DCGM_FI_DEV_MEM_COPY_UTIL"] = t(lambda: util.memory)
         for name, err, cnt in (
             ("DCGM_FI_DEV_ECC_SBE_VOL_TOTAL", n.NVML_MEMORY_ERROR_TYPE_CORRECTED, n.NVML_VOLATILE_ECC),
             ("DCGM_FI_DEV_ECC_DBE_VOL_TOTAL", n.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, n.NVML_VOLATILE_ECC),
@@ -187,7 +215,7 @@ class NvmlSource:
             ("DCGM_FI_DEV_ECC_DBE_AGG_TOTAL", n.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, n.NVML_AGGREGATE_ECC),
         ):
             f[name] = t(lambda: n.nvmlDeviceGetTotalEccErrors(h, err, cnt))
-        rows = t(lambda: n.nvmlDeviceGetRemappedRows(h))
+        rows = t(lambda: _exactly(n.nvmlDeviceGetRemappedRows(h), 4))  # corr, unc, isPending, failureOccurred
         if rows is not None:
             corr, unc, pending, failed = rows
             f["DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS"] = corr
@@ -197,12 +225,26 @@ class NvmlSource:
         f["DCGM_FI_DEV_PCIE_REPLAY_COUNTER"] = t(lambda: n.nvmlDeviceGetPcieReplayCounter(h))
         # Violation time (ns) from field values, as DCGM maps 240/241 (dcgmlib/src/dcgm_fields.cpp):
         # nvmlDeviceGetViolationStatus is deprecated in CUDA 13 and removed in 14.
-        f["DCGM_FI_DEV_POWER_VIOLATION"] = None if pviol is None else _field_value(pviol)
-        f["DCGM_FI_DEV_THERMAL_VIOLATION"] = None if tviol is None else _field_value(tviol)
-        if all(v is None for v in f.values()):
+        f["DCGM_FI_DEV_POWER_VIOLATION"] = None if pviol is None else t(lambda: _field_value(pviol))
+        f["DCGM_FI_DEV_THERMAL_VIOLATION"] = None if tviol is None else t(lambda: _field_value(tviol))
+        out = {k: self._num(v) for k, v in f.items() if v is not None}
+        if all(v is None for v in out.values()):
             return None  # not one query answered ("Unknown Error" on every call): the GPU is not answering
-        f["DCGM_FI_DEV_XID_ERRORS"] = self.xid[i]
-        return {k: float(v) for k, v in f.items() if v is not None}
+        out["DCGM_FI_DEV_XID_ERRORS"] = self.xid[i]
+        return {k: v for k, v in out.items() if v is not None}
+
+    def _num(self, v: Any) -> float | None:
+        """``v`` as a finite float, or None (counted) for what no record can carry: a binding that
+        hands back a non-number, or a double field value that is NaN or infinite."""
+        try:
+            x = float(v)
+        except (TypeError, ValueError, OverflowError) as e:
+            self._unexpected(e)
+            return None
+        if not math.isfinite(x):
+            self._unexpected(ValueError(f"not a finite number: {x}"))
+            return None
+        return x
 
     _LINK_COUNTERS = (
         ("DCGM_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL", "NVML_NVLINK_ERROR_DL_REPLAY"),
@@ -217,19 +259,28 @@ class NvmlSource:
         for link in range(n.NVML_NVLINK_MAX_LINKS):
             try:
                 state = n.nvmlDeviceGetNvLinkState(h, link)
-            except n.NVMLError:
+            except n.NVMLError as e:
+                if getattr(e, "value", None) in self._gone:
+                    raise  # the GPU itself is gone, as from any other query: not sent, gpu_lost fires
                 continue  # no such link on this GPU (or NVLink unsupported): nothing to report
+            except Exception as e:  # noqa: BLE001 - as in _try: costs this link's read, not the poll
+                self._unexpected(e)
+                continue
             vals: dict[str, float] = {"DCGM_FI_DEV_NVLINK_GET_STATE": 1.0 if state == n.NVML_FEATURE_ENABLED else 0.0}
             # Counters of a link that is down too (as DCGM and gpud read them): else the GPU's totals
             # would drop while it is down and jump back when it returns.
             for name, const in self._LINK_COUNTERS:
                 v = self._try(lambda: n.nvmlDeviceGetNvLinkErrorCounter(h, link, getattr(n, const)))
+                v = None if v is None else self._num(v)
                 if v is not None:
-                    vals[name] = float(v)
+                    vals[name] = v
             out[link] = vals
         return out
 
     def poll(self) -> list[DcgmRecord]:
+        for i, h in enumerate(self.handles):
+            if h is None and self._attach(i):
+                log.warning("GPU %d: NVML handle acquired; read from this poll on", i)
         self._drain_xids()
         ts = self.clock()
         out = []
@@ -242,13 +293,20 @@ class NvmlSource:
                     links = self._links(h) if self.links and fields is not None else {}
             except self.n.NVMLError as e:  # the GPU itself is gone (XID 79): skip, gpu_lost fires
                 fields, why = None, str(e)
+            except Exception as e:  # noqa: BLE001 - what the queries' own guards missed costs this GPU, not all
+                fields, why = None, repr(e)
             if fields is None:
                 self.errors += 1
                 self.counts["dropped.gpu_unreadable"] += 1
                 log.warning("GPU %d unreadable: %s", i, why)
                 continue
+            last = self._link_last[i]
+            for link, vals in links.items():
+                for name, _ in self._LINK_COUNTERS:
+                    if name in vals:
+                        last[link, name] = vals[name]
             for name, _ in self._LINK_COUNTERS:
-                per = [v[name] for v in links.values() if name in v]
+                per = [v for (_link, k), v in last.items() if k == name]
                 if per:
                     fields[name] = float(sum(per))
             out.append(
@@ -289,7 +347,7 @@ def _ident(nvml: Any, fn: Callable[[], str]) -> str | None:
     """A GPU's UUID or name, or None when it does not answer (its records carry none)."""
     try:
         return fn()
-    except nvml.NVMLError:
+    except Exception:  # noqa: BLE001 - a GPU without a name or UUID is still read
         return None
 
 
@@ -312,3 +370,20 @@ def _field_value(fv: Any) -> float | None:
     val = fv.value
     member = {0: "dVal", 1: "uiVal", 2: "ulVal", 3: "ullVal", 4: "sllVal", 5: "siVal", 6: "usVal"}.get(vt, "uiVal")
     return float(getattr(val, member, val if isinstance(val, (int, float)) else 0))
+
+
+def _exactly(values: Any, n: int) -> list[Any]:
+    """``values`` as a list of ``n`` values (one per field id asked for, or a tuple's members), else
+    ValueError."""
+    out = list(values)
+    if len(out) != n:
+        raise ValueError(f"{len(out)} values where NVML gives {n}")
+    return out
+
+
+def _hbm_temp(fv: Any) -> int:
+    """NVML_FI_DEV_MEMORY_TEMP's uiVal; ValueError above 200 C, which DCGM refuses as no reading."""
+    v: int = fv.value.uiVal
+    if v > 200:
+        raise ValueError(f"memory temperature {v} C")
+    return v
