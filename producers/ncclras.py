@@ -17,16 +17,21 @@ unnamed majority:
   (``Rank R -- GPU ...``, or 2.24-2.25's ``The missing ranks: 21,22``, a list RAS cuts at 1023
   characters, so its last number is then dropped, counted) are ``missing``; ``dead`` when a
   ``DEAD`` section names its process (``Process P on node H managing GPUs 0,1``): the same pid on
-  the same node, in every communicator the process had a rank in.
+  the same node, in every communicator the process had a rank in. The job-level ``INCOMPLETE`` /
+  ``Missing communicator data from K job process(es)`` lists the processes that did not answer
+  (not dead) the same way: they name no rank, so they make no record of their own (their ranks
+  that the blocks name are the ``missing`` ones); they are counted, and those whose ranks no
+  block names too.
 - ``#G-C (HASH) ERROR``: ranks named under ``Initialization error`` / ``Asynchronous error`` are
   ``error``, the NCCL error in ``labels["ras.error"]``.
 - ``MISMATCH`` on status (``K ranks have status S``): ranks in ``ABORT`` are ``error``; the
   others (``INIT``, ``FINALIZE``, ``NOCOMM``...) are transitions RAS itself calls harmless, counted;
   so are 2.24-2.25's ``UNKNOWN`` ones (``The unknown ranks: 30,31``, ``Rank 31 has status UNKNOWN``).
 
-``nranks`` is the "Ranks per comm" of the communicator's group in the Communicators table. The
-text has no time: records get the file's modification time (stdin: now). ``-f json`` output
-(2.28.7+) is read as well: every rank, its operation counts summed (``lagging`` below the
+``nranks`` is the "Ranks per comm" of the communicator's group in the Communicators table. Group
+numbers and process lists are a status's own: captures appended to one file are matched each
+within itself. The text has no time: records get the file's modification time (stdin: now).
+``-f json`` output (2.28.7+) is read as well: every rank, its operation counts summed (``lagging`` below the
 communicator's highest), ``missing_ranks`` ``missing`` or ``dead`` (``considered_dead``; one not
 ``unresponsive`` is the text's NOCOMM, counted), and an ``async_error`` or ``init_state`` other
 than success/in-progress, or ``abort_flag``, ``error``. Its ``hash`` (``0x%lx``) is zero-padded to
@@ -73,6 +78,9 @@ LIST_MAX = 1023  # RAS formats a rank list in a 1024-byte buffer: one this long 
 _RANK_BARE_STATUS = re.compile(r"Rank (\S+) has status (\w+)$")  # 2.24-2.25: a lone UNKNOWN rank
 # GPUs "0,1", or "0,1 (NVML 4,5)" when the CUDA indices differ from NVML's
 _PROCESS = re.compile(r"Process (\S+) on node (\S+) managing GPUs? (.+)$")
+# The Errors section's job-level lists of processes ("Process P on node H managing GPU g"): the
+# ones RAS holds dead, and the ones that did not answer this time (INCOMPLETE); TIMEOUT lists none.
+_PROCESS_LISTS = {"DEAD": "dead", "INCOMPLETE": "missing", "TIMEOUT": None}
 # where -f json's document starts after the client's own messages ("Connection timed out; retrying...")
 _JSON_START = re.compile(r"^\{[ \t\r]*$", re.MULTILINE)
 # 2.28.7-2.28.9 print no comma after a missing rank's "nvml_dev" (fixed in 2.29.2)
@@ -91,8 +99,10 @@ class RasStats:
     communicators: int = 0  # communicator blocks (MISMATCH, INCOMPLETE, ERROR) read
     records: int = 0
     dead_processes: int = 0
+    missing_processes: int = 0  # processes the job-level INCOMPLETE names: they did not answer
     transitional: int = 0  # ranks in a harmless status mismatch (INIT, FINALIZE, NOCOMM, UNKNOWN): not records
     unranked: int = 0  # dead processes that no missing rank matches: named in the log, no record
+    unranked_missing: int = 0  # job-level INCOMPLETE processes that no missing rank matches: no record
     unparsable: int = 0  # a line inside a communicator block that fits no layout
     orphan: int = 0  # lines of a block whose header's number is not one: whose they are is unknown
     bad_number: int = 0  # a rank, count or GPU that is not a number in range, or the last of a cut rank list
@@ -116,8 +126,10 @@ class RasStats:
             "communicators": self.communicators,
             "records": self.records,
             "dead_processes": self.dead_processes,
+            "missing_processes": self.missing_processes,
             "transitional_ranks": self.transitional,
             "unranked_dead_processes": self.unranked,
+            "unranked_missing_processes": self.unranked_missing,
             "dropped.unparsable_line": self.unparsable,
             "dropped.bad_number": self.bad_number,
             "dropped.orphan_line": self.orphan,
@@ -167,12 +179,11 @@ def _int(text: str | None, limit: int = MAX_SEQ) -> int | None:
 def parse_text(text: str, *, ts: float, job: str | None = None, stats: RasStats | None = None) -> list[ProgressRecord]:
     """Records from ``ncclras`` text output (any release since 2.24)."""
     stats = stats if stats is not None else RasStats()
-    ranks_per_comm: dict[int, int] = {}
-    blocks: list[_Block] = []
-    dead: set[tuple[str, int]] = set()  # (node, pid) of the processes DEAD names
+    out: list[ProgressRecord] = []
+    st = _Status()
     cur: _Block | None = None
     section = ""
-    in_dead = False
+    plist: str | None = None  # inside a job-level process list: "dead" (DEAD) or "missing" (INCOMPLETE)
     orphaned = False  # inside a block whose header could not be read
     began = tabled = False  # a status's first lines seen; its communicators table (or "no data") seen
     for raw in text.splitlines():
@@ -189,10 +200,13 @@ def parse_text(text: str, *, ts: float, job: str | None = None, stats: RasStats 
             if line.startswith(_PREAMBLE[0]):  # a new status begins (captures appended to one file)
                 stats.cut_status += began and not tabled
                 began, tabled = True, False
+                # Its group numbers and process lists are its own, not the earlier status's.
+                out += _records(st, ts, job, stats)
+                st, cur, section, plist, orphaned = _Status(), None, "", None, False
             continue
         if head in _SECTIONS and raw == raw.lstrip():
             stats.recognised += 1
-            section, cur, in_dead, orphaned = head, None, False, False
+            section, cur, plist, orphaned = head, None, None, False
             began = began or head in ("Job summary", "Communicators")
             tabled = tabled or head in ("Errors", "Warnings")
             continue
@@ -205,7 +219,7 @@ def parse_text(text: str, *, ts: float, job: str | None = None, stats: RasStats 
             tabled = True
             g, size = _int(m.group(1)), _int(m.group(5), MAX_RANKS)
             if g is not None and size is not None:
-                ranks_per_comm[g] = size
+                st.ranks_per_comm[g] = size
             continue
         if m := _COMM.match(line):
             stats.recognised += 1
@@ -215,41 +229,65 @@ def parse_text(text: str, *, ts: float, job: str | None = None, stats: RasStats 
                 cur, orphaned = None, True
                 continue
             cur = _Block(g, m.group(3).lower().removeprefix("0x"), m.group(4))
-            blocks.append(cur)
+            st.blocks.append(cur)
             stats.communicators += 1
-            in_dead = orphaned = False
+            plist, orphaned = None, False
             continue
-        if raw == raw.lstrip() and line in ("DEAD", "INCOMPLETE", "TIMEOUT"):
+        if raw == raw.lstrip() and line in _PROCESS_LISTS:
             stats.recognised += 1
-            cur, in_dead, orphaned = None, line == "DEAD", False
+            cur, plist, orphaned = None, _PROCESS_LISTS[line], False
             continue
         if orphaned:
             stats.orphan += 1
             continue
-        if in_dead:
+        if plist is not None:
             if m := _PROCESS.match(line):
-                stats.dead_processes += 1
+                if plist == "dead":
+                    stats.dead_processes += 1
+                else:
+                    stats.missing_processes += 1
                 pid = _int(m.group(1))
                 if pid is None:
                     stats.bad_number += 1
                 else:
-                    dead.add((m.group(2), pid))
+                    (st.dead if plist == "dead" else st.absent).add((m.group(2), pid))
             continue
         if cur is None:
             continue
         _block_line(cur, line, stats)
     if began and not tabled:
         stats.cut_status += 1
+    out += _records(st, ts, job, stats)
+    stats.records += len(out)
+    return out
+
+
+@dataclass
+class _Status:
+    """What one status says: its table's group sizes, its blocks, its job-level process lists."""
+
+    ranks_per_comm: dict[int, int] = field(default_factory=dict)
+    blocks: list[_Block] = field(default_factory=list)
+    dead: set[tuple[str, int]] = field(default_factory=set)  # (node, pid) of the processes DEAD names
+    absent: set[tuple[str, int]] = field(default_factory=set)  # those the job-level INCOMPLETE names
+
+
+def _records(st: _Status, ts: float, job: str | None, stats: RasStats) -> list[ProgressRecord]:
+    """The records of one status's named ranks; its listed processes no rank matches counted."""
     out = []
-    ranked: set[tuple[str, int]] = set()  # the dead processes a missing rank was found on
-    for b in blocks:
+    ranked: set[tuple[str, int]] = set()  # the listed processes a missing rank was found on
+    for b in st.blocks:
         for nm in b.named:
             state = nm.state
             # A dead process is missing from every communicator it had a rank in; its pid, not its
             # GPU, names it (two processes may drive one GPU).
-            if state == "missing" and nm.node is not None and nm.pid is not None and (nm.node, nm.pid) in dead:
-                state = "dead"
-                ranked.add((nm.node, nm.pid))
+            if state == "missing" and nm.node is not None and nm.pid is not None:
+                proc = (nm.node, nm.pid)
+                if proc in st.dead:
+                    state = "dead"
+                    ranked.add(proc)
+                elif proc in st.absent:
+                    ranked.add(proc)
             if state == "counted":
                 top = b.max_ops.get(nm.op, 0)
                 state = "lagging" if nm.ops is not None and nm.ops < top else "progress"
@@ -260,7 +298,7 @@ def parse_text(text: str, *, ts: float, job: str | None = None, stats: RasStats 
                 labels["ras.error"] = nm.error[:200]
             if nm.op is not None or state in ("lagging", "progress"):
                 labels["ras.max_ops"] = str(b.max_ops.get(nm.op, 0))
-            nranks = ranks_per_comm.get(b.group)
+            nranks = st.ranks_per_comm.get(b.group)
             out.append(
                 ProgressRecord(
                     ts=ts,
@@ -276,8 +314,8 @@ def parse_text(text: str, *, ts: float, job: str | None = None, stats: RasStats 
                     labels=labels,
                 )
             )
-    stats.unranked += len(dead - ranked)
-    stats.records += len(out)
+    stats.unranked += len(st.dead - ranked)
+    stats.unranked_missing += len(st.absent - ranked)
     return out
 
 
