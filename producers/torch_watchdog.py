@@ -23,7 +23,10 @@ since 2.4, ``[E ProcessGroupNCCL.cpp:828]`` without a time before, glog's own ``
 20:27:21.426415 12345 ProcessGroupNCCL.cpp:629]``), the rank prefix (``[rank3]:``, 2.2+), the
 log prefix (``[Rank 1]``, ``[PG 0 Rank 2]``, 2.4's ``[PG 0 (default_pg) Rank 2]``, ``[PG ID 0 PG GUID
 0(default_pg) Rank 1]``), torchrun's ``--tee`` prefix (``[default0]:``, the local rank) and Ray's
-(``(WorkerDict pid=..)``), and whatever stands before them (a progress bar without its newline).
+(``(WorkerDict pid=..)``, ``(pid=.., ip=..)`` for a worker on another node, colored or not, one
+within another where a worker's output passes through another's), and whatever stands before them
+(a progress bar without its newline). Ray's pid (with its ip) names the worker process a line came
+from: a process where the line prints no rank prefix.
 A multi-rank log interleaves all of them; lines of one rank about the same work (the timeout,
 the PG status, the exception that repeats it) become one record.
 """
@@ -51,8 +54,15 @@ SEQ_DIGITS = 19  # an int64
 
 # Prefixes, each optional, in the order they stack: Ray's worker tag, torchrun's local rank, the
 # rank prefix, the c10/glog header.
-# Ray's tag names the actor, which may hold brackets: "(MegatronPolicyWorker[rank=8] pid=3098870)".
-_RAY = re.compile(r"\([^()]*?\bpid=\d+(?:, ip=[^)]*)?\)\s*")
+# Ray's tag names the actor, which may hold brackets: "(MegatronPolicyWorker[rank=8] pid=3098870)";
+# "(pid=.., ip=..)" for a worker on another node than the driver's (ray/_private/worker.py,
+# print_worker_logs: "{DIM}{color}({name} pid={pid}[, ip={ip}]){RESET} {line}").
+_SGR = r"(?:\x1b\[[0-9;]{0,16}m){0,4}"
+_RAY = re.compile(_SGR + r"\([^()]*?\bpid=([0-9]{1,10})(?:, ip=([0-9A-Za-z.:%_-]{1,255}))?\)" + _SGR + r"\s*")
+MAX_RAY_TAGS = 8  # Ray tags read off one line (a worker's output passed through others'); the rest are text
+# Ray's log deduplication (ray/_private/ray_logging.py, DedupState.formatted): the last of N alike
+# lines of other workers, printed with " [repeated Nx across cluster]"; the N - 1 before it are gone.
+_RAY_REPEATED = re.compile(r" \[repeated ([0-9]{1,9})x across cluster\]")
 _TORCHRUN = re.compile(r"\[default(\S+?)\]:")
 _RANKPFX = re.compile(r"\[rank(\S+?)\]:")
 # [E1218 20:27:21.426415540 ProcessGroupNCCL.cpp:629] | [E ProcessGroupNCCL.cpp:828] | glog's own. The
@@ -114,6 +124,7 @@ class WatchdogStats:
     no_rank: int = 0  # a watchdog line that names no rank anywhere
     implausible_seq: int = 0  # last completed past last enqueued (garbage): that field left out
     bad_name: int = 0  # a PG id, PG name or op not printable or past MAX_ID_LEN: that field left out
+    ray_deduplicated: int = 0  # watchdog lines Ray's log deduplication left out before the log was written
     too_many: int = 0  # reports past MAX_RECORDS
 
     def summary(self) -> dict[str, int]:
@@ -128,6 +139,7 @@ class WatchdogStats:
             "dropped.no_rank": self.no_rank,
             "implausible_seq_cleared": self.implausible_seq,
             "bad_name_cleared": self.bad_name,
+            "ray_deduplicated_lines": self.ray_deduplicated,
             "dropped.too_many_records": self.too_many,
         }
 
@@ -174,6 +186,9 @@ class Prefix:
     rank: int | None = None
     ts: float | None = None
     rest: str = ""
+    ray: str | None = None  # Ray's worker: "pid[@ip]", outermost first, "/" between tags within tags
+    ray_pid: int | None = None  # the innermost tag's: the process that printed the line
+    ray_ip: str | None = None  # the node it ran on: the innermost tag's ip, else the nearest outer one's
 
 
 def strip_prefixes(line: str, year: int) -> Prefix:
@@ -182,12 +197,19 @@ def strip_prefixes(line: str, year: int) -> Prefix:
     >>> p = strip_prefixes("[default3]:[rank11]:[E709 17:05:38.162 ProcessGroupNCCL.cpp:632] [Rank 11] x", 2025)
     >>> (p.local_rank, p.rank, p.rest)
     (3, 11, '[Rank 11] x')
+    >>> p = strip_prefixes("(WorkerDict pid=3490362, ip=10.0.0.5) [rank1]:[Rank 1] x", 2025)
+    >>> (p.ray, p.ray_pid, p.ray_ip, p.rank)
+    ('3490362@10.0.0.5', 3490362, '10.0.0.5', 1)
     """
     p = Prefix()
     s = line.strip()
-    m = _RAY.match(s)
-    if m:
+    tags: list[str] = []
+    while len(tags) < MAX_RAY_TAGS and (m := _RAY.match(s)):
+        p.ray_pid = int(m.group(1))
+        p.ray_ip = m.group(2) or p.ray_ip  # a tag without an ip: the node of the worker that printed it
+        tags.append(m.group(1) + ("@" + m.group(2) if m.group(2) else ""))
         s = s[m.end() :]
+    p.ray = "/".join(tags) or None
     if not (_TORCHRUN.match(s) or _RANKPFX.match(s) or _HEADER.match(s)) and (m := _EMBEDDED.search(s)):
         s = s[m.start() :]
     m = _TORCHRUN.match(s)
@@ -219,9 +241,18 @@ def _glog_time(year: int, mon: str, day: str, hh: str, mm: str, ss: str) -> floa
         return None
 
 
-# A process in a log: ("rank", its global rank) or ("local", torchrun's local rank); None where
-# its lines name neither.
-_Process = tuple[str, int] | None
+# A process in a log: ("rank", its global rank) or ("local", its tag: torchrun's local rank, Ray's
+# worker, or both, ``_tag``); None where its lines name none of them.
+_Process = tuple[str, Any] | None
+
+
+def _tag(rep: "_Report") -> Any:
+    """What names ``rep``'s process where no global rank does: torchrun's local rank, Ray's worker
+    (its pid on its node: a worker's children that share its output share it too, as torchrun's
+    ranks of several hosts share a local rank), or both (torchrun under a Ray worker); None."""
+    if rep.ray is None:
+        return rep.local_rank
+    return (rep.ray, rep.local_rank)
 
 
 @dataclass
@@ -242,11 +273,14 @@ class _Report:
     last_enqueued: int | None = None
     last_completed: int | None = None
     dump_from: str | None = None
+    ray: str | None = None  # Ray's worker tag (``Prefix.ray``)
+    ray_pid: int | None = None
+    ray_ip: str | None = None
 
     def merge(self, o: "_Report") -> None:
         self.ts = min(self.ts, o.ts)
         for k in ("comm", "comm_name", "seq", "op", "timeout_ms", "ran_ms", "last_enqueued", "last_completed",
-                  "local_rank", "global_rank", "dump_from"):  # fmt: skip
+                  "local_rank", "global_rank", "dump_from", "ray", "ray_pid", "ray_ip"):  # fmt: skip
             if getattr(self, k) is None:
                 setattr(self, k, getattr(o, k))
 
@@ -283,7 +317,10 @@ def parse_line(line: str, *, year: int, default_ts: float, stats: WatchdogStats)
         stats.no_rank += 1
         return None
     rep = _Report(ts=ts, rank=rank, state="timeout", local_rank=p.local_rank, global_rank=p.rank,
-                  comm=_name(comm, stats), comm_name=_name(name, stats))  # fmt: skip
+                  comm=_name(comm, stats), comm_name=_name(name, stats), ray=p.ray, ray_pid=p.ray_pid,
+                  ray_ip=p.ray_ip)  # fmt: skip
+    if p.ray is not None and (rr := _RAY_REPEATED.search(msg)) is not None:
+        stats.ray_deduplicated += max(int(rr.group(1)) - 1, 0)
     try:
         if (t := _TIMEOUT.search(msg)) is not None:
             kv = dict(_KV.findall(t.group("args")))
@@ -341,9 +378,10 @@ class _Reports:
 
     The PG rank alone does not tell processes apart: ``Rank 0`` of every tensor-parallel group
     reports its own group's seq, so a combined log holds the same (PG rank, seq) from many
-    processes. A process is the global rank its lines print (``[rankN]:``), else torchrun's
-    local rank (``[defaultN]:``), which is that global rank's when the log ties the local rank to
-    exactly one (a line printing both). Within a process, a line without a PG (the ``[Rank N]
+    processes. A process is the global rank its lines print (``[rankN]:``), else its tag:
+    torchrun's local rank (``[defaultN]:``), Ray's worker (``(WorkerDict pid=P[, ip=A])``: a pid
+    on its node), or both, which is that global rank's when the log ties the tag to exactly one (a
+    line printing both). Within a process, a line without a PG (the ``[Rank N]
     Watchdog caught`` line) joins the report of that work on its PG, and two PGs named apart
     stay apart. A line that names no process (the ``what():`` repeat, the oldest layout without
     torchrun) joins the one process that reported that work (on the line's PG, else on none yet),
@@ -367,7 +405,7 @@ class _Reports:
         self.works: dict[tuple[_Work, _Process], dict[str | None, _Report]] = {}
         self.unnamed: dict[tuple[_Work, str | None], _Report] = {}  # lines naming no process, by work and PG
         self.bare: dict[tuple[_Process, int, str | None], _Report] = {}  # timeouts without a seq
-        self.globals_of_local: dict[int, set[int]] = {}
+        self.globals_of_local: dict[Any, set[int]] = {}  # a process tag (``_tag``) -> the global ranks it printed
         self._pairs = 0  # (local, global) pairs held: bounded as the reports are
 
     def _keep(self) -> bool:
@@ -380,15 +418,16 @@ class _Reports:
     def add(self, rep: _Report) -> None:
         """Take one line's report: merged with what its process said of the same work, or kept."""
         proc: _Process = None
+        tag = _tag(rep)
         if rep.global_rank is not None:
             proc = ("rank", rep.global_rank)
-            if rep.local_rank is not None:
-                gs = self.globals_of_local.setdefault(rep.local_rank, set())
-                if rep.global_rank not in gs and self._pairs < MAX_RECORDS:
+            if tag is not None and self._pairs < MAX_RECORDS:  # a tag per line (Ray's pids): bounded too
+                gs = self.globals_of_local.setdefault(tag, set())
+                if rep.global_rank not in gs:
                     gs.add(rep.global_rank)
                     self._pairs += 1
-        elif rep.local_rank is not None:
-            proc = ("local", rep.local_rank)
+        elif tag is not None:
+            proc = ("local", tag)
         if rep.state == "timeout" and rep.seq is None:
             key = (proc, rep.rank, rep.comm)
             if key in self.bare:
@@ -616,6 +655,10 @@ def parse(
             labels["global_rank"] = str(grank)
         if r.dump_from:
             labels["dump_from"] = r.dump_from
+        if r.ray_pid is not None:
+            labels["ray_pid"] = str(r.ray_pid)
+        if r.ray_ip is not None:
+            labels["ray_ip"] = r.ray_ip
         out.append(
             ProgressRecord(
                 ts=r.ts,
