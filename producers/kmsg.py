@@ -95,6 +95,18 @@ MAX_SAMPLE_RECORDS = 200_000  # sample records one saved file may make (~200 MB 
 # written in another time zone than the one reading it.
 YEAR_SLACK_S = 86400.0
 YEAR_S = 366 * 86400.0  # a year-less time is within this of the mtime: an older Feb 29 is no date
+# What KernelLog.apply counts once per line read (not per record sent): a record's copies in a
+# saved file are counted in these as the record was.
+_PER_LINE = (
+    "xid_lines",
+    "sxid_lines",
+    "sxid_detail_lines",
+    "fabric_lines",
+    "unmapped_pci",
+    "unparsable_xid",
+    "sxid_no_gpu",
+    "fabric_no_gpu",
+)
 
 
 @dataclass
@@ -332,6 +344,7 @@ class KmsgFileSource:
         fh = open_text(self.path) if self.path != "-" else None
         src = fh if fh is not None else stdin()
         events: list[Line] = []
+        seen: dict[object, Line] = {}  # each event line's identities (KmsgFileSource._again)
         last_ts: float | None = None
         last_boot: float | None = None
         untimed = False
@@ -364,11 +377,52 @@ class KmsgFileSource:
                     last_boot = ln.boot if last_boot is None else max(last_boot, ln.boot)
                 else:
                     untimed = True
-                if self.log.wants(ln.msg):  # XID, SXid, NIC and AER lines: all that KernelLog.apply reads
-                    events.append(ln)
+                if self.log.wants(ln.msg) and not self._again(ln, seen):
+                    events.append(ln)  # XID, SXid, NIC and AER lines: all that KernelLog.apply reads
         finally:
             if fh is not None:
                 fh.close()
+
+    def _again(self, ln: Line, seen: dict[object, Line]) -> bool:
+        """Whether ``ln`` is a record already kept: the same message at the same kernel time (or
+        journal time) to the microsecond, as a dmesg capture and a journal export of the same boot
+        in one file both print it (docs/producers.md#kernel-log). A genuine repeat of an XID is
+        another record at another microsecond, so it stays. The kept line takes the copy's
+        wall-clock time and host where it had none: a boot-relative time is only placed.
+
+        ``seen`` maps a microsecond (``Line.mono_us``, or ``-1 - Line.wall_us``) to the first line
+        kept at it, and ``(microsecond, message)`` to any other: one entry or two per event line,
+        the time's int shared with the line, so memory follows the events."""
+        keys = [us for us in (ln.mono_us, None if ln.wall_us is None else -1 - ln.wall_us) if us is not None]
+        kept = next((k for us in keys for k in (seen.get(us), seen.get((us, ln.msg))) if self._same(k, ln)), None)
+        if kept is None:
+            for us in keys:
+                first = seen.setdefault(us, ln)
+                if first is not ln:  # another message (or host) at the same microsecond
+                    seen.setdefault((us, ln.msg), ln)
+            return False
+        if kept.ts is None and ln.ts is not None:
+            kept.ts, kept.boot, kept.yearless = ln.ts, ln.boot, ln.yearless
+        kept.host = kept.host or ln.host
+        kept.copies += 1
+        for us in keys:  # the copy's other time now names the kept line too
+            if seen.setdefault(us, kept) is not kept and not self._same(seen[us], ln):
+                seen.setdefault((us, ln.msg), kept)
+        self.stats.duplicates += 1
+        return True
+
+    @staticmethod
+    def _same(kept: Line | None, ln: Line) -> bool:
+        """Whether ``kept`` is ``ln``'s record: the same message, and no other host named."""
+        return kept is not None and kept.msg == ln.msg and (ln.host is None or kept.host in (None, ln.host))
+
+    def _count_copies(self, before: dict[str, int], copies: int) -> None:
+        """Count a record's copies where ``KernelLog.apply`` counted the record (``xid_lines``, or
+        the reason it was dropped), so every event line of the file is accounted for."""
+        for name in _PER_LINE:
+            got = getattr(self.stats, name) - before[name]
+            if got:
+                setattr(self.stats, name, getattr(self.stats, name) + got * copies)
 
     def poll(self) -> list[DcgmRecord]:
         if self.done:
@@ -402,7 +456,10 @@ class KmsgFileSource:
                     if quiet is None:  # the window closed: its last samples, then a quiet stretch
                         quiet = self._close(out, cursor, window_end, ts)
                     quiet = self._samples(out, quiet, ts, qv, "quiet", inclusive=False)
+            before = {name: getattr(self.stats, name) for name in _PER_LINE} if ln.copies else None
             recs = self.log.apply(ln, ts)
+            if before is not None:
+                self._count_copies(before, ln.copies)
             if not recs:
                 continue
             if recs[0].ts < ts:  # a host's baseline (KernelLog._baseline) goes before its window

@@ -48,7 +48,7 @@ _JOURNAL_MONO = re.compile(
 )
 # The host and the program ("kernel", or another's "name[pid]" in /var/log/syslog and messages)
 # of a syslog or journal line; "kernel:" alone with journalctl --no-hostname.
-_TAG = r"(?:(?P<host>\S*[^\s:]) (?P<tag>[^\s:\[]+(?:\[\d+\])?)|kernel): (?:\[\s*\d+\.\d+\] )?(?P<msg>.*)$"
+_TAG = r"(?:(?P<host>\S*[^\s:]) (?P<tag>[^\s:\[]+(?:\[\d+\])?)|kernel): (?:\[\s*(?P<ksecs>\d+\.\d+)\] )?(?P<msg>.*)$"
 _ISO = re.compile(
     r"^(?P<date>\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:[.,]\d+)?(?:Z|[+-]\d\d:?\d\d)?) " + _TAG
 )  # short-iso, short-iso-precise, rsyslog's RFC 3339 files
@@ -63,13 +63,15 @@ _FACILITY = re.compile(
 )
 _SYSLOG = re.compile(r"^(?P<date>[A-Z][a-z]{2} [ \d]\d \d\d:\d\d:\d\d)(?P<frac>\.\d{1,9})? " + _TAG)  # short(-precise)
 
+_USEC = re.compile(r"\s*(\d{1,12})\.(\d{6})$", re.ASCII)  # the kernel's "%5lu.%06lu": "²" is no digit
+
 MAX_PCI_MAP_CHARS = 1 << 20  # a saved map is ~40 characters a GPU
 LINE_MAX = 64 * 1024  # a kernel message is at most ~1 KiB (kmsg's LOG_LINE_MAX); longer is not a log line
 EPOCH_MAX = 253402300800.0  # 10000-01-01: times past it (or before 1970) are not a log's
 BOOT_MAX = 1e10  # seconds since boot: three centuries of uptime
 
 
-@dataclass
+@dataclass(slots=True)  # a saved file holds every event line: no per-line __dict__
 class Line:
     """One kernel-log message: its time (epoch seconds, ``None`` when the layout has none, or
     ``boot`` seconds when it counts from boot), the host the line names, and the message."""
@@ -80,10 +82,30 @@ class Line:
     host: str | None = None
     error: str | None = None  # a line of a known layout whose time is not one: the reason
     yearless: bool = False  # a syslog time, which has no year: read in the one parse_line was given
+    # The record's identity in a log that holds two copies of it (docs/producers.md#kernel-log):
+    # the kernel's own time of the record in microseconds since boot, as dmesg, /dev/kmsg,
+    # journalctl -o short-monotonic and json (_SOURCE_MONOTONIC_TIMESTAMP) and rsyslog's
+    # "kernel: [secs]" all write it, and a wall time written to the microsecond (the journal's
+    # entry time in short-precise, short-iso-precise, short-unix and json).
+    mono_us: int | None = None
+    wall_us: int | None = None
+    copies: int = 0  # the same record's other lines in a saved file: counted as this one is, not sent
 
 
 def _bad_time(msg: str) -> Line:
     return Line(msg, error="bad_timestamp")
+
+
+def _usec(secs: str | None) -> int | None:
+    """Microseconds of ``"1234.567890"`` as the tools print the kernel's time (``%5lu.%06lu``),
+    or None for any other shape: fewer or more digits are not the record's exact time."""
+    m = _USEC.match(secs) if secs is not None else None
+    return int(m[1]) * 1_000_000 + int(m[2]) if m is not None else None
+
+
+def _wall_us(ts: float | None, frac: str | None) -> int | None:
+    """A wall time's microseconds when it was written with six fraction digits, else None."""
+    return round(ts * 1e6) if ts is not None and frac is not None and len(frac) == 7 else None
 
 
 def _epoch(x: float | None) -> float | None:
@@ -127,25 +149,35 @@ def parse_line(text: str, *, year: int | None = None) -> Line | None:
             msg = bytes(b & 0xFF for b in msg if isinstance(b, int)).decode("utf-8", "replace")
         host = obj.get("_HOSTNAME") if isinstance(obj.get("_HOSTNAME"), str) else None
         raw = obj.get("__REALTIME_TIMESTAMP")
+        usec = _json_int(raw)
+        ts = _epoch(usec / 1e6) if usec is not None else None
+        transport = obj.get("_TRANSPORT")
+        if transport is not None and transport != "kernel":
+            # Another program's entry (journald-kmsg.c sets _TRANSPORT=kernel on the kernel's):
+            # health monitors re-log the kernel's XID lines, so its message is not the kernel's.
+            return Line("", ts=ts, host=host)
         if raw is None:
             return Line(str(msg), host=host)
-        usec = ascii_int(str(raw) if isinstance(raw, int) and not isinstance(raw, bool) else raw, 19)
-        ts = _epoch(usec / 1e6) if usec is not None else None
-        return Line(str(msg), ts=ts, host=host) if ts is not None else _bad_time(str(msg))
+        if ts is None:
+            return _bad_time(str(msg))
+        mono = _json_int(obj.get("_SOURCE_MONOTONIC_TIMESTAMP"))
+        return Line(str(msg), ts=ts, host=host, mono_us=mono, wall_us=usec)
     m = _KMSG.match(text)
     if m:
         usec = ascii_int(m["usec"], 19)
         boot = _boot(usec / 1e6) if usec is not None else None
-        return Line(m["msg"], boot=boot) if boot is not None else _bad_time(m["msg"])
+        return Line(m["msg"], boot=boot, mono_us=usec) if boot is not None else _bad_time(m["msg"])
     text = _FACILITY.sub("", text, count=1)
     m = _JOURNAL_MONO.match(text)
     if m:
         boot = _boot(ascii_float(m["secs"], 32))
-        return Line(m["msg"], boot=boot, host=m["host"]) if boot is not None else _bad_time(m["msg"])
+        if boot is None:
+            return _bad_time(m["msg"])
+        return Line(m["msg"], boot=boot, host=m["host"], mono_us=_usec(m["secs"]))
     m = _DMESG.match(text)
     if m:
         boot = _boot(ascii_float(m["secs"], 32))
-        return Line(m["msg"], boot=boot) if boot is not None else _bad_time(m["msg"])
+        return Line(m["msg"], boot=boot, mono_us=_usec(m["secs"])) if boot is not None else _bad_time(m["msg"])
     m = _DMESG_T.match(text)
     if m:
         ts = local_time(m["date"], "%a %b %d %H:%M:%S %Y")
@@ -155,15 +187,20 @@ def parse_line(text: str, *, year: int | None = None) -> Line | None:
         ts = _iso(m["date"])
         if m["tag"] not in (None, "kernel"):
             return Line("", ts=ts, host=m["host"])  # a program's line, which may quote the kernel's
-        return Line(m["msg"], ts=ts, host=m["host"]) if ts is not None else _bad_time(m["msg"])
+        if ts is None:
+            return _bad_time(m["msg"])
+        wall = _wall_us(ts, _frac(m["date"]))
+        return Line(m["msg"], ts=ts, host=m["host"], mono_us=_usec(m["ksecs"]), wall_us=wall)
     m = _DMESG_ISO.match(text)
     if m:
         ts = _iso(m["date"])
-        return Line(m["msg"], ts=ts) if ts is not None else _bad_time(m["msg"])
+        return Line(m["msg"], ts=ts, wall_us=_wall_us(ts, _frac(m["date"]))) if ts is not None else _bad_time(m["msg"])
     m = _UNIX.match(text)
     if m:
         ts = _epoch(ascii_float(m["secs"], 32))
-        return Line(m["msg"], ts=ts, host=m["host"]) if ts is not None else _bad_time(m["msg"])
+        if ts is None:
+            return _bad_time(m["msg"])
+        return Line(m["msg"], ts=ts, host=m["host"], wall_us=_wall_us(ts, m["secs"][-7:]))
     m = _SYSLOG.match(text)
     if m:
         yr = year or time.localtime().tm_year
@@ -174,8 +211,22 @@ def parse_line(text: str, *, year: int | None = None) -> Line | None:
             return Line("", ts=ts, host=m["host"], yearless=True)  # a program's line, which may quote the kernel's
         if ts is None:
             return Line(m["msg"], error="bad_timestamp", yearless=True)
-        return Line(m["msg"], ts=ts, host=m["host"], yearless=True)
+        wall = _wall_us(ts, m["frac"])
+        return Line(m["msg"], ts=ts, host=m["host"], yearless=True, mono_us=_usec(m["ksecs"]), wall_us=wall)
     return Line(text)
+
+
+def _json_int(raw: object) -> int | None:
+    """A journal export's microsecond field (a string of digits, or a number in hand-made exports)."""
+    if raw is None or isinstance(raw, bool):
+        return None
+    return ascii_int(str(raw) if isinstance(raw, int) else raw, 19)
+
+
+def _frac(date: str) -> str | None:
+    """The ``.123456`` (or dmesg's ``,123456``) of an ISO time, or None."""
+    m = re.search(r"[.,]\d+", date)
+    return m.group(0) if m else None
 
 
 def _iso(date: str) -> float | None:
@@ -262,6 +313,7 @@ class KmsgStats:
     fabric_no_gpu: int = 0  # a NIC or AER line on a host with no GPU in the PCI map to carry it
     bad_timestamp: int = 0  # a line of a known layout whose time is not a number or a date that exists
     samples_capped: int = 0  # sample records a saved file did not get: past max_sample_records
+    duplicates: int = 0  # an event line a saved file holds twice (dmesg and the journal): read once
 
     def summary(self) -> dict[str, int]:
         return {
@@ -282,6 +334,7 @@ class KmsgStats:
             "dropped.event_without_gpu": self.fabric_no_gpu,
             "dropped.bad_timestamp": self.bad_timestamp,
             "samples_capped": self.samples_capped,
+            "duplicate_lines": self.duplicates,  # not lost: the same kernel record, counted once
         }
 
 
