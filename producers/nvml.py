@@ -27,6 +27,7 @@ from __future__ import annotations
 import logging
 import math
 import socket
+import threading
 import time
 from typing import Any, Callable
 
@@ -43,6 +44,11 @@ _GPU_GONE = ("NVML_ERROR_GPU_IS_LOST", "NVML_ERROR_RESET_REQUIRED")
 _NO_FUNCTION = ("NVML_ERROR_FUNCTION_NOT_FOUND", "NVML_ERROR_DEPRECATED", "NVML_ERROR_ARGUMENT_VERSION_MISMATCH")
 
 
+# A healthy poll of 8 GPUs and their links is ~1,000 NVML calls, well under a second; NVML's own
+# slowest answers (a power reading's first call) take ~1 s.
+POLL_DEADLINE_S = 30.0
+
+
 def _text(v: Any) -> str:
     return v.decode() if isinstance(v, bytes) else str(v)
 
@@ -51,8 +57,15 @@ class NvmlSource:
     """Polls every GPU NVML sees; ``poll`` returns one record per GPU and per NVLink it reports."""
 
     def __init__(
-        self, *, nvml: Any = None, host: str | None = None, clock: Callable[[], float] = time.time, links: bool = True
+        self,
+        *,
+        nvml: Any = None,
+        host: str | None = None,
+        clock: Callable[[], float] = time.time,
+        links: bool = True,
+        deadline_s: float = POLL_DEADLINE_S,
     ) -> None:
+        """``deadline_s``: how long a poll waits for NVML before it counts the driver hung."""
         if nvml is None:
             import pynvml  # nvidia-ml-py
 
@@ -70,7 +83,10 @@ class NvmlSource:
             "unsupported_queries": 0,
             "dropped.gpu_unreadable": 0,
             "dropped.xid_event_error": 0,
+            "dropped.poll_hung": 0,
         }
+        self.deadline_s = deadline_s
+        self._stuck: threading.Thread | None = None  # the poll whose NVML call has not returned
         self._gone = {getattr(nvml, k) for k in _GPU_GONE if hasattr(nvml, k)}
         self._missing = {getattr(nvml, k) for k in _NO_FUNCTION if hasattr(nvml, k)}
         nvml.nvmlInit()
@@ -278,6 +294,44 @@ class NvmlSource:
         return out
 
     def poll(self) -> list[DcgmRecord]:
+        """One record per GPU and per NVLink, read in a worker thread: a driver call that never
+        returns (a GPU going bad can hang NVML) costs the polls until it does, counted
+        ``dropped.poll_hung``, never the producer's loop, which stays free to stop on SIGTERM."""
+        if self._stuck is not None:
+            if self._stuck.is_alive():
+                self.counts["dropped.poll_hung"] += 1
+                return []
+            self._stuck = None
+            log.warning("NVML answers again: polling resumes")
+        box: list[Any] = []
+        done = threading.Event()
+
+        def work() -> None:
+            try:
+                box.append(self._poll())
+            except BaseException as e:  # noqa: BLE001 - raised again in the caller's thread
+                box.append(e)
+            finally:
+                done.set()
+
+        worker = threading.Thread(target=work, name="nvml-poll", daemon=True)
+        worker.start()
+        if not done.wait(self.deadline_s):
+            # The stuck call's answer, whenever it comes, is stale: dropped with its thread.
+            self._stuck = worker
+            self.counts["dropped.poll_hung"] += 1
+            log.critical(
+                "an NVML call has not returned in %.0fs: the driver is hung (a GPU going bad?); "
+                "no record is sent until it returns",
+                self.deadline_s,
+            )
+            return []
+        if isinstance(box[0], BaseException):
+            raise box[0]
+        recs: list[DcgmRecord] = box[0]
+        return recs
+
+    def _poll(self) -> list[DcgmRecord]:
         for i, h in enumerate(self.handles):
             if h is None and self._attach(i):
                 log.warning("GPU %d: NVML handle acquired; read from this poll on", i)
@@ -335,6 +389,9 @@ class NvmlSource:
         return dict(self.counts)
 
     def close(self) -> None:
+        if self._stuck is not None and self._stuck.is_alive():
+            log.warning("NVML still hung at exit: not shut down (the call would wait on it too)")
+            return
         try:
             if self._events is not None:
                 self.n.nvmlEventSetFree(self._events)

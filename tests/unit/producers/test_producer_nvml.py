@@ -11,15 +11,7 @@ import pynvml
 from pipeline.decode import Decoder
 from pipeline.schema import encode
 from producers.nvml import NvmlSource
-
-
-def fv(value_type, ret=0, **value):
-    """One ``nvmlFieldValue_t`` as pynvml returns it: a ctypes struct whose ``value`` is a union."""
-    out = pynvml.c_nvmlFieldValue_t()
-    out.valueType, out.nvmlReturn = value_type, ret
-    for k, v in value.items():
-        setattr(out.value, k, v)
-    return out
+from tests.unit.producers.nvml_factories import fv
 
 
 class FakeNvml(types.SimpleNamespace):

@@ -1,142 +1,19 @@
 """NVML producer against hostile and flaky fakes: a GPU lost during its link reads, a link read
 that fails once, a GPU that gets its handle late, a binding that raises or returns what no record
-can carry. No GPU in CI; the fake's constants and error classes are pynvml's own."""
+can carry, a driver call that never returns. No GPU in CI; the fakes are in nvml_factories.py."""
 
 from __future__ import annotations
 
 import ctypes
 import math
+import threading
+import time
 import types
 
 import pynvml
 
-from pipeline.decode import Decoder
-from pipeline.schema import encode
 from producers.nvml import NvmlSource
-
-XID = pynvml.nvmlEventTypeXidCriticalError
-CRC_FLIT = "DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL"
-REPLAY = "DCGM_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL"
-
-
-def fv(value_type, ret=0, **value):
-    """One ``nvmlFieldValue_t`` as pynvml returns it: a ctypes struct whose ``value`` is a union."""
-    out = pynvml.c_nvmlFieldValue_t()
-    out.valueType, out.nvmlReturn = value_type, ret
-    for k, v in value.items():
-        setattr(out.value, k, v)
-    return out
-
-
-def err(code):
-    return pynvml.NVMLError(code)
-
-
-class Fake(types.SimpleNamespace):
-    """The slice of pynvml the producer calls. ``counters[(gpu, link, counter)]`` overrides a
-    link counter: an int is its value, an NVML error code (negated) is raised instead."""
-
-    def __init__(self, gpus=2, links=(0, 1)):
-        super().__init__()
-        for k in dir(pynvml):
-            if k.startswith(("NVML_", "nvmlEventType", "NVMLError")):
-                setattr(self, k, getattr(pynvml, k))
-        self.gpus, self.links = gpus, links
-        self.events: list = []
-        self.counters: dict = {}
-        self.state_errors: dict = {}  # (gpu, link) -> NVML error code nvmlDeviceGetNvLinkState raises
-        self.no_handle: set[int] = set()
-        self.registered: list = []
-
-    def nvmlInit(self):
-        pass
-
-    def nvmlShutdown(self):
-        pass
-
-    def nvmlDeviceGetCount(self):
-        return self.gpus
-
-    def nvmlDeviceGetHandleByIndex(self, i):
-        if i in self.no_handle:
-            raise err(pynvml.NVML_ERROR_UNKNOWN)
-        return i
-
-    def nvmlDeviceGetUUID(self, h):
-        return f"GPU-fake-{h}"
-
-    def nvmlDeviceGetName(self, h):
-        return "NVIDIA H100 80GB HBM3"
-
-    def nvmlEventSetCreate(self):
-        return "es"
-
-    def nvmlEventSetFree(self, es):
-        pass
-
-    def nvmlDeviceRegisterEvents(self, h, mask, es):
-        self.registered.append(h)
-
-    def nvmlEventSetWait(self, es, timeout_ms):
-        if not self.events:
-            raise err(pynvml.NVML_ERROR_TIMEOUT)
-        return self.events.pop(0)
-
-    def nvmlDeviceGetTemperature(self, h, s):
-        return 60
-
-    def nvmlDeviceGetFieldValues(self, h, ids):
-        vals = {
-            pynvml.NVML_FI_DEV_MEMORY_TEMP: fv(1, uiVal=70),
-            pynvml.NVML_FI_DEV_PERF_POLICY_POWER: fv(3, ullVal=1000),
-            pynvml.NVML_FI_DEV_PERF_POLICY_THERMAL: fv(3, ullVal=2000),
-        }
-        return [vals[i] for i in ids]
-
-    def nvmlDeviceGetClockInfo(self, h, c):
-        return 1980
-
-    def nvmlDeviceGetCurrentClocksEventReasons(self, h):
-        return 0
-
-    def nvmlDeviceGetPowerUsage(self, h):
-        return 650_500
-
-    def nvmlDeviceGetEnforcedPowerLimit(self, h):
-        return 700_000
-
-    def nvmlDeviceGetTotalEnergyConsumption(self, h):
-        return 123_456_789
-
-    def nvmlDeviceGetUtilizationRates(self, h):
-        return types.SimpleNamespace(gpu=98, memory=40)
-
-    def nvmlDeviceGetTotalEccErrors(self, h, e, c):
-        return 0
-
-    def nvmlDeviceGetRemappedRows(self, h):
-        return (0, 0, 0, 0)
-
-    def nvmlDeviceGetPcieReplayCounter(self, h):
-        return 3
-
-    def nvmlDeviceGetNvLinkState(self, h, link):
-        if link not in self.links:
-            raise err(pynvml.NVML_ERROR_INVALID_ARGUMENT)
-        if (h, link) in self.state_errors:
-            raise err(self.state_errors[h, link])
-        return pynvml.NVML_FEATURE_ENABLED
-
-    def nvmlDeviceGetNvLinkErrorCounter(self, h, link, c):
-        v = self.counters.get((h, link, c), 10 * link + c)
-        if v < 0:
-            raise err(-v)
-        return v
-
-
-def decodes_clean(recs):
-    out = Decoder().decode(b"[" + b",".join(encode(r) for r in recs) + b"]", "t")
-    return out.dead == [] and len(out.records) == len(recs)
+from tests.unit.producers.nvml_factories import XID, Fake, decodes_clean, fv
 
 
 def test_gpu_lost_during_its_nvlink_state_query_is_not_sent():
@@ -238,3 +115,42 @@ def test_malformed_xid_event_costs_the_wait_not_the_poll():
     recs = src.poll()
     assert [r.gpu for r in recs] == [0, 1]
     assert src.summary()["dropped.xid_event_error"] == 1
+
+
+class HangingFake(Fake):
+    """A driver whose power reading of GPU 1 blocks until ``release`` is set: NVML hangs so when a
+    GPU goes bad, and no signal reaches a thread inside a C call."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.release = threading.Event()
+        self.shut = False
+
+    def nvmlDeviceGetPowerUsage(self, h):
+        if h == 1:
+            self.release.wait()
+        return super().nvmlDeviceGetPowerUsage(h)
+
+    def nvmlShutdown(self):
+        self.shut = True
+
+
+def test_a_hung_nvml_call_costs_the_polls_until_it_returns_not_the_loop():
+    # Before, poll() blocked with the driver: no record and no stop on SIGTERM, for ever.
+    nv = HangingFake()
+    src = NvmlSource(nvml=nv, host="n1", clock=lambda: 1.7e9, deadline_s=0.2)
+    t0 = time.monotonic()
+    assert src.poll() == []  # the deadline, not the driver, ends the poll
+    assert src.poll() == []  # still hung: no second thread piles up behind it
+    assert time.monotonic() - t0 < 5 and src.summary()["dropped.poll_hung"] == 2
+    src.close()
+    assert not nv.shut  # shutting NVML down would wait on the hung call too
+    nv.release.set()
+    for _ in range(100):
+        if not src._stuck.is_alive():
+            break
+        time.sleep(0.01)
+    recs = src.poll()
+    assert sorted({r.gpu for r in recs}) == [0, 1] and decodes_clean(recs)
+    src.close()
+    assert nv.shut
