@@ -6,25 +6,13 @@ from __future__ import annotations
 
 import math
 
-from producers.dcgmi import DmonFileSource, DmonParser
+from producers.dcgmi import DmonFileSource
+from tests.unit.producers.dcgmi_factories import dmon, parse_dmon
 
 # NFELT: DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_TOTAL, DCGM_FIELD_WIDTH_20 (dcgmlib/src/dcgm_fields.cpp @ v4.6.0)
 # -> a 28-wide cell; TMPTR (width 5) -> 13.
 NFELT = 20 + 6 + 2
 TMPTR = 5 + 6 + 2
-
-
-def dmon(entity_width: int, cols: list[tuple[str, str, int]], rows: list[tuple[str, list[str]]]) -> str:
-    """Header, units row and ``rows`` as DeviceMonitor.cpp pads them (trailing padding kept)."""
-    head = "#Entity".ljust(entity_width) + "".join(n.ljust(w) for n, _, w in cols)
-    units = "ID".ljust(entity_width) + "".join(u.ljust(w) for _, u, w in cols)
-    body = [e.ljust(entity_width) + "".join(v.ljust(w) for v, (_, _, w) in zip(vals, cols)) for e, vals in rows]
-    return "\n".join([head, units, *body]) + "\n"
-
-
-def _parse(text: str) -> tuple[list, DmonParser]:
-    p = DmonParser("h", clock=lambda: 1.0e9)
-    return list(p.parse(text.splitlines())), p
 
 
 def test_raw_link_rows_of_dcgm_3_to_4_5_are_counted_entities_not_lost_rows():
@@ -34,7 +22,7 @@ def test_raw_link_rows_of_dcgm_3_to_4_5_are_counted_entities_not_lost_rows():
     # bits 24-31 (4.3.1+: 16778497), or not at all (4.0 - 4.3.0): no row can be read as a GPU's link.
     rows = [("LINK 1", ["9943475587"]), ("LINK 257", ["9944687209"]), ("LINK 66817", ["N/A"]),
             ("LINK 16778497", ["N/A"]), ("LINK 771", ["7"]), ("GPU 0", ["9947415957"])]
-    recs, p = _parse(dmon(16, [("NFELT", "", NFELT)], rows))
+    recs, p = parse_dmon(dmon(16, [("NFELT", "", NFELT)], rows))
     assert [(r.gpu, r.link) for r in recs] == [(0, None)]
     assert recs[0].fields.DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL == 9947415957
     assert p.stats.skipped_rows == 0 and p.stats.skipped_entities == {"LINK": 5}
@@ -58,7 +46,7 @@ def test_ctrl_c_trailer_is_not_a_lost_row(tmp_path):
 def test_unknown_entity_rows_are_skipped_entities_not_lost_rows():
     # Before: "UNKNOWN 0" (DCGM_FE_NONE, global data; the formatter<dcgm_field_entity_group_t>
     # of dcgmi/DeviceMonitor.cpp @ v3.3.9, 10-wide entity cell) was an unparsable row (exit 3).
-    recs, p = _parse(dmon(10, [("TMPTR", " C", TMPTR)], [("GPU 0", ["41"]), ("UNKNOWN 0", ["N/A"])]))
+    recs, p = parse_dmon(dmon(10, [("TMPTR", " C", TMPTR)], [("GPU 0", ["41"]), ("UNKNOWN 0", ["N/A"])]))
     assert [r.gpu for r in recs] == [0]
     assert p.stats.skipped_rows == 0 and p.stats.skipped_entities == {"UNKNOWN": 1}
 
@@ -84,7 +72,7 @@ def test_dcgm_3_1_gpu_row_without_its_global_value_is_read_by_column():
     cols = [("TMPTR", "C", TMPTR), ("DRVER", "#", DRVER), ("POWER", "W", POWER), ("GPUTL", "", GPUTL)]
     rows = [("GPU 0", ["45", "57.430", "12"]), ("UNKNOWN 0", ["535.104.05"]),
             ("GPU 1", ["47", "60.035", "0"]), ("UNKNOWN 1", ["535.104.05"])]
-    recs, p = _parse(dmon(10, cols, rows))
+    recs, p = parse_dmon(dmon(10, cols, rows))
     assert _gpus(recs) == [(0, 45, 57.43), (1, 47, 60.035)]
     assert [r.fields.DCGM_FI_DEV_GPU_UTIL for r in recs] == [12, 0]
     assert p.stats.skipped_rows == 0 and p.stats.skipped_entities == {"UNKNOWN": 2}
@@ -99,7 +87,7 @@ def test_dcgm_2_3_right_aligned_gpu_row_without_its_global_value_is_read_by_colu
     units = "Id".rjust(8) + "#".rjust(9) + "C".rjust(7) + "W".rjust(12)
     gpu = "GPU".rjust(8) + " 0" + "45".rjust(9) + "57.430".rjust(7)
     glob = "".rjust(8) + " 0" + " " + "535.104.05".rjust(9)
-    recs, p = _parse("\n".join([head, units, gpu, glob]) + "\n")
+    recs, p = parse_dmon("\n".join([head, units, gpu, glob]) + "\n")
     assert _gpus(recs) == [(0, 45, 57.43)]
     assert p.stats.counts()["dropped.packed_row"] == 0
 
@@ -110,7 +98,7 @@ def test_short_row_of_a_pre_4_0_layout_is_dropped_not_guessed():
     # left-out DCGM_FS_GLOBAL values, does not say whose values it holds (here: a line cut short).
     cols = [("TMPTR", "C", TMPTR), ("POWER", "W", POWER), ("GPUTL", "", GPUTL), ("XIDER", "", XIDER)]
     rows = [("GPU 0", ["45", "57.430", "12", "0"]), ("GPU 1", ["47", "60.035"]), ("GPU 2", ["46", "62.356", "3", "0"])]
-    recs, p = _parse(dmon(10, cols, rows))
+    recs, p = parse_dmon(dmon(10, cols, rows))
     assert _gpus(recs) == [(0, 45, 57.43), (2, 46, 62.356)]
     assert p.stats.counts()["dropped.packed_row"] == 1 and p.stats.skipped_rows == 0
 
@@ -119,7 +107,7 @@ def test_dcgm_4_0_empty_cells_are_read_by_column():
     # From v4.0.0 PrintMetricsRow (DeviceMonitor.cpp 384-426) prints an empty cell for a field the
     # entity got no value of, and SetHeaderForOutput pads "#Entity" to 11 (745-754).
     cols = [("TMPTR", "C", TMPTR), ("POWER", "W", POWER), ("GPUTL", "", GPUTL)]
-    recs, p = _parse(dmon(11, cols, [("GPU 0", ["45", "57.430", ""]), ("GPU 1", ["47", "", "3"])]))
+    recs, p = parse_dmon(dmon(11, cols, [("GPU 0", ["45", "57.430", ""]), ("GPU 1", ["47", "", "3"])]))
     assert _gpus(recs)[0] == (0, 45, 57.43) and math.isnan(recs[0].fields.DCGM_FI_DEV_GPU_UTIL)
     assert (recs[1].fields.DCGM_FI_DEV_GPU_TEMP, recs[1].fields.DCGM_FI_DEV_GPU_UTIL) == (47, 3)
     assert math.isnan(recs[1].fields.DCGM_FI_DEV_POWER_USAGE) and p.stats.skipped_rows == 0

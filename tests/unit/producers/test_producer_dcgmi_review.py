@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import math
 
-from producers.dcgmi import MAX_COLUMNS, DmonFileSource, DmonParser
+from producers.dcgmi import MAX_COLUMNS, DmonFileSource
+from tests.unit.producers.dcgmi_factories import dmon, parse_dmon
 
 # Cell widths: DCGM_FIELD_WIDTH_n + 6 + 2 (SetHeaderForOutput, DeviceMonitor.cpp 2.4 - 4.6); DVNAM
 # and NFELT are DCGM_FIELD_WIDTH_20, TMPTR _5, POWER _10 (dcgm_fields.cpp @ v3.3.9 and v4.6.0).
@@ -15,20 +16,6 @@ DVNAM = 20 + 6 + 2
 NFELT = 20 + 6 + 2
 TMPTR = 5 + 6 + 2
 POWER = 10 + 6 + 2
-
-
-def dmon(entity_width: int, cols: list[tuple[str, str, int]], rows: list[tuple[str, list[str]]]) -> str:
-    """Heading, units row and ``rows`` left-aligned as DeviceMonitor.cpp prints them: the entity
-    cell padded to ``entity_width`` (and not cut, so a longer one touches the next cell)."""
-    head = "#Entity".ljust(entity_width) + "".join(n.ljust(w) for n, _, w in cols)
-    units = "ID".ljust(entity_width) + "".join(u.ljust(w) for _, u, w in cols)
-    body = [e.ljust(entity_width) + "".join(v.ljust(w) for v, (_, _, w) in zip(vals, cols)) for e, vals in rows]
-    return "\n".join([head, units, *body]) + "\n"
-
-
-def _parse(text: str) -> tuple[list, DmonParser]:
-    p = DmonParser("h", clock=lambda: 1.0e9)
-    return list(p.parse(text.splitlines())), p
 
 
 def _temps(recs: list) -> list[tuple]:
@@ -44,7 +31,7 @@ def test_a_gpu_name_with_spaces_keeps_the_gpu_row():
     # prints a DCGM_FT_STRING value as it is (DeviceMonitor.cpp @ v4.6.0), left-aligned in its
     # 28-wide cell; 4.5+ pads "#Entity" to 16.
     rows = [("GPU 0", ["NVIDIA H100 80GB HBM3", "45", "57.430"]), ("GPU 1", ["NVIDIA H100 80GB HBM3", "47", ""])]
-    recs, p = _parse(dmon(16, NAME_COLS, rows))
+    recs, p = parse_dmon(dmon(16, NAME_COLS, rows))
     assert _temps(recs)[0] == (0, 45, 57.43)
     assert recs[1].gpu == 1 and recs[1].fields.DCGM_FI_DEV_GPU_TEMP == 47
     assert math.isnan(recs[1].fields.DCGM_FI_DEV_POWER_USAGE)
@@ -56,7 +43,7 @@ def test_a_gpu_name_with_spaces_in_a_packing_layout_is_read_only_when_the_row_is
     # 10-wide "#Entity"): a row with every value fills every cell and is read by offset; one that
     # also lacks a value ("GPU 1": its values sit under the wrong names) is dropped, not misread.
     rows = [("GPU 0", ["NVIDIA A100-SXM4-80GB", "45", "57.430"]), ("GPU 1", ["NVIDIA A100-SXM4-80GB", "47"])]
-    recs, p = _parse(dmon(10, NAME_COLS, rows))
+    recs, p = parse_dmon(dmon(10, NAME_COLS, rows))
     assert _temps(recs) == [(0, 45, 57.43)]
     assert p.stats.rows == 2 and p.stats.skipped_rows + p.stats.packed_rows == 1
 
@@ -74,7 +61,7 @@ def test_non_gpu_entities_whose_id_runs_into_the_first_value_are_skipped_entitie
     )
     assert "LINK 655379943475587" in v3 and "CPU Core 1012" in v4
     for text, skipped in ((v3, {"LINK": 1}), (v4, {"LINK": 1, "CPU Core": 1})):
-        recs, p = _parse(text)
+        recs, p = parse_dmon(text)
         assert [(r.gpu, r.fields.DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL) for r in recs] == [(1, 9947415957)]
         assert p.stats.skipped_rows == 0 and p.stats.skipped_entities == skipped
 
@@ -116,7 +103,7 @@ def test_a_heading_that_does_not_start_its_line_stops_the_old_one():
     text = dmon(16, cols, [("GPU 0", ["45", "57.430"])])
     text += "GPU 1           4" + dmon(16, swapped, [("GPU 0", ["300.500", "52"])])
     text += dmon(16, swapped, [("GPU 0", ["301.000", "53"])])
-    recs, p = _parse(text)
+    recs, p = parse_dmon(text)
     assert _temps(recs) == [(0, 45, 57.43), (0, 53, 301.0)]
     assert p.stats.counts()["dropped.bad_header"] == 1 and p.stats.skipped_rows == 1
 
@@ -127,10 +114,10 @@ def test_a_heading_wider_than_any_field_group_is_rejected():
     # DCGM_MAX_FIELD_IDS_PER_FIELD_GROUP = 128 fields (dcgm_structs.h @ v2.1.4 - v4.6.0), so no
     # dmon heading is wider; rows after a wider one are not read against it (nor against the last).
     widest = dmon(16, [("TMPTR", "C", TMPTR)] * MAX_COLUMNS, [("GPU 0", ["45"] * MAX_COLUMNS)])
-    recs, p = _parse(widest)
+    recs, p = parse_dmon(widest)
     assert _temps(recs)[0][:2] == (0, 45) and p.stats.counts().get("dropped.bad_header", 0) == 0
     wide = "#Entity".ljust(16) + "TMPTR".ljust(TMPTR) * (MAX_COLUMNS + 1) + "\nGPU 0           45\n"
-    recs, p = _parse(dmon(16, [("TMPTR", "C", TMPTR)], [("GPU 0", ["41"])]) + wide * 3)
+    recs, p = parse_dmon(dmon(16, [("TMPTR", "C", TMPTR)], [("GPU 0", ["41"])]) + wide * 3)
     assert [(r.gpu, r.fields.DCGM_FI_DEV_GPU_TEMP) for r in recs] == [(0, 41)]
     c = p.stats.counts()
     assert c["dropped.bad_header"] == 3 and c["dropped.unparsable_row"] == 3

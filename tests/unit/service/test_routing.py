@@ -42,19 +42,26 @@ def test_a_host_heard_lately_on_two_partitions_is_split_and_one_that_moved_is_no
     assert split_hosts({0: a}, 30.0) == {} and split_hosts({}, 30.0) == {}
 
 
-def test_the_host_stage_names_a_host_whose_messages_are_not_keyed_by_it(caplog):
+def _two_hosts(seconds: int) -> tuple[MemoryBus, Topics]:
+    """A 4-partition bus holding ``seconds`` of two hosts' telemetry: ``keyed``'s messages keyed by
+    its host, ``unkeyed``'s one a GPU keyed by the GPU, as a third-party producer might."""
     bus = MemoryBus(partitions=4)
     topics = Topics("t")
     p = bus.producer()
-    for t in range(40):
+    for t in range(seconds):
         for h in ("keyed", "unkeyed"):
             recs = [dcgm(T0 + t, h, g, HEALTHY) for g in range(8)]
             for key, value in per_host_messages(recs):
                 if h == "keyed":
                     p.send(topics.telemetry, value, key)
-                else:  # one message per GPU, keyed by GPU as a third-party producer might
-                    for g, r in enumerate(recs):
+                else:
+                    for g in range(8):
                         p.send(topics.telemetry, json.dumps([json.loads(value)[g]]).encode(), f"{h}/GPU-{g}".encode())
+    return bus, topics
+
+
+def test_the_host_stage_names_a_host_whose_messages_are_not_keyed_by_it(caplog):
+    bus, topics = _two_hosts(seconds=40)
     cfg = load_config_text(
         json.dumps({"kafka": {"prefix": "t"}, "service": {"rules": [RULES], "models": "none"}}), env={}
     )
@@ -113,18 +120,7 @@ def test_a_fleet_partition_notes_the_partitions_of_each_hosts_dcgm_records():
 def test_the_fleet_stage_names_a_host_split_between_host_stage_replicas(caplog):
     # Two host-stage replicas, two partitions each: no one process need see both halves of the
     # host whose messages are keyed by GPU; the fleet stage, which both forward to, does.
-    bus = MemoryBus(partitions=4)
-    topics = Topics("t")
-    p = bus.producer()
-    for t in range(90):
-        for h in ("keyed", "unkeyed"):
-            recs = [dcgm(T0 + t, h, g, HEALTHY) for g in range(8)]
-            for key, value in per_host_messages(recs):
-                if h == "keyed":
-                    p.send(topics.telemetry, value, key)
-                else:
-                    for g in range(8):
-                        p.send(topics.telemetry, json.dumps([json.loads(value)[g]]).encode(), f"{h}/GPU-{g}".encode())
+    bus, topics = _two_hosts(seconds=90)
     cfg = load_config_text(
         json.dumps({"kafka": {"prefix": "t", "partitions": 4}, "service": {"rules": [RULES], "models": "auto"}}), env={}
     )
