@@ -79,7 +79,10 @@ _BANNERS = ("nccl-tests version", "Using devices", "Avg bus bandwidth")  # comme
 _JSON_KEYS = {"config", "results", "out_of_bounds"}
 # util.cu's jsonDouble quotes NaN but prints infinities with printf("%lf"): a bare inf or -inf,
 # which is not JSON. Strings are matched first so that text inside them is left alone.
-_STR_OR_INF = re.compile(r'"(?:[^"\\]|\\.)*"|(?<![\w.])-?inf(?:inity)?(?![\w.])', re.ASCII | re.IGNORECASE)
+# An unterminated string runs to the end (its closing quote optional): a failed match is never
+# tried again at every later quote, which made a file of stray quotes quadratic.
+_STR_OR_INF = re.compile(r'"(?:[^"\\]|\\.)*"?|(?<![\w.])-?inf(?:inity)?(?![\w.])', re.ASCII | re.IGNORECASE)
+MAX_STREAMS = 16_384  # launcher tags read apart in one log: a job's processes; lines of further tags are counted
 
 
 def collective_name(text: str | None) -> str | None:
@@ -144,6 +147,7 @@ class ParseStats:
     bad_json_values: int = 0  # a -J value of the wrong type, or nested too deep: left out
     no_time: int = 0  # a row without a usable out-of-place time
     coll_from_file_name: int = 0
+    too_many_streams: int = 0  # lines of launcher tags past MAX_STREAMS: not read
     # Lines of nccl-tests' own layout (banner, rank, nThread, header, result, out-of-bounds) or a
     # -J document: none in a non-blank input means it is not nccl-tests output.
     recognised: int = 0
@@ -167,10 +171,13 @@ class _Run:
 
 @dataclass
 class _Stream:
-    """One launcher tag's lines: its current run and the command line echoed before it."""
+    """One launcher tag's lines: its current run and the command line echoed before it
+    (``perf_hint``, as of the ``epoch``-th untagged command line: later ones apply when read)."""
 
     cur: _Run = field(default_factory=_Run)
     perf_hint: str | None = None
+    order: int = 0  # the stream's place among the log's streams: runs close in this order
+    epoch: int = 0
 
 
 def _float(tok: Any) -> float | None:
@@ -318,11 +325,22 @@ def parse_text(
     runs: list[tuple[_Run, str | None]] = []
     # One stream per launcher tag (untagged lines: ""): each process's run is read apart.
     streams: dict[str, _Stream] = {}
+    with_rows: dict[int, _Stream] = {}  # the streams whose run has rows, by ``order``
+    # The untagged command lines so far and the latest one's program: each stream takes it when
+    # it next closes a run or reads a line (``hint``), so a command line costs the runs it closes,
+    # not one step for every stream of the log.
+    epoch, base_hint = 0, None
+
+    def hint(st_: _Stream) -> str | None:
+        if st_.epoch < epoch:
+            st_.perf_hint, st_.epoch = base_hint, epoch
+        return st_.perf_hint
 
     def close(st_: _Stream) -> None:
         if not st_.cur.empty():
-            runs.append((st_.cur, st_.perf_hint))
+            runs.append((st_.cur, hint(st_)))
         st_.cur = _Run()
+        with_rows.pop(st_.order, None)
 
     for line in text.splitlines():
         tag = _TAG.match(line)
@@ -332,18 +350,23 @@ def parse_text(
             continue
         stream = streams.get(key)
         if stream is None:
+            if len(streams) >= MAX_STREAMS:
+                stats.too_many_streams += 1
+                continue
             # A tagged process's run takes the untagged command line echoed before it.
-            base = streams.get("")
-            stream = streams[key] = _Stream(perf_hint=base.perf_hint if base else None)
+            stream = streams[key] = _Stream(perf_hint=base_hint, order=len(streams), epoch=epoch)
         if not s.startswith("#"):
             m = _PERF.search(s)
             if m and not s[0].isdigit():
                 prog = _program(s) or m.group(0)  # an echoed command line: mpirun ... all_gather_perf -b 8
-                # An untagged command line (a script's echo) starts the next run of every process.
-                for other in streams.values() if key == "" else (stream,):
-                    if other.cur.rows:
+                if key == "":
+                    # An untagged command line (a script's echo) starts the next run of every process.
+                    for _, other in sorted(with_rows.items()):
                         close(other)
-                    other.perf_hint = prog
+                    epoch, base_hint = epoch + 1, prog
+                elif stream.cur.rows:
+                    close(stream)
+                stream.perf_hint, stream.epoch = prog, epoch
                 continue
         if s.startswith("#"):
             body = s.lstrip("#").strip()
@@ -421,6 +444,7 @@ def parse_text(
             )
             continue
         stream.cur.rows.append(row)
+        with_rows[stream.order] = stream
     for stream in streams.values():
         close(stream)
     t = time.time() if ts is None else ts
@@ -428,12 +452,12 @@ def parse_text(
     out: list[NcclRecord] = []
     multi = sum(1 for r, _ in runs if r.rows or r.oob) > 1
     n = 0
-    for run, hint in runs:
+    for run, run_hint in runs:
         if not run.rows and not run.oob:
             continue
         n += 1
         stats.runs += 1
-        c, src = _coll_of(run, coll, hint, name_hint, stats)
+        c, src = _coll_of(run, coll, run_hint, name_hint, stats)
         run_id = f"run{n}" if multi else "run1"
         out.extend(_records(run, c, t, hdefault, job, "text", run_id, stats, src))
     return out
@@ -604,6 +628,7 @@ class NcclTestsSource:
             "dropped.bad_json_value": s.bad_json_values,
             "dropped.no_time": s.no_time,
             "dropped.truncated_log": self.truncated,
+            "dropped.too_many_streams": s.too_many_streams,
             "wrong_result_runs": len(s.findings),
         }
 

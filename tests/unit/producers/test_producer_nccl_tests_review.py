@@ -7,7 +7,9 @@ from __future__ import annotations
 import itertools
 import json
 
+from producers import nccl_tests
 from producers.nccl_tests import ParseStats, parse, parse_text
+from tests.fleet_factories import no_hang
 from tests.unit.producers.test_producer_nccl_tests_hostile import json_doc
 from tests.unit.producers.test_producer_nccl_tests_layouts import NODE8, ROWS, T, new_run, old_run
 
@@ -77,3 +79,26 @@ def test_json_okay_false_is_a_string_and_still_the_verdict():
     st = ParseStats()
     parse(json.dumps(doc), ts=T, coll="AllReduce", stats=st)
     assert st.findings == []
+
+
+def test_a_file_of_stray_quotes_is_read_in_linear_time():
+    # Found in review: the -J fallback's string pattern, failing on an unterminated string, was
+    # tried again at every later quote: 40 KB took 6.5 s, 400 KB would take ten minutes.
+    with no_hang(30):
+        assert parse("{" + '"\\' * 200_000, stats=ParseStats()) == []
+
+
+def test_command_lines_cost_the_runs_they_close_not_every_stream(monkeypatch):
+    # Found in review: each untagged command line stepped through every stream of the log, so
+    # 40,000 tags and 40,000 command lines were ~1.6 billion steps; and every distinct tag held a
+    # stream (~500 bytes for a 9-byte line): at most MAX_STREAMS are read, the rest counted.
+    lines = [f"{i}: # nThread 1 nGpus 1" for i in range(40_000)] + ["mpirun all_reduce_perf -b 8"] * 40_000
+    with no_hang(30):
+        parse_text("\n".join(lines), stats=ParseStats())
+    monkeypatch.setattr(nccl_tests, "MAX_STREAMS", 2)
+    stats = ParseStats()
+    a = new_run("all_reduce_perf", [(0, "nodeA", 0)], ROWS, pid=1).splitlines()
+    b = new_run("all_reduce_perf", [(0, "nodeB", 0)], ROWS, pid=2).splitlines()
+    text = "\n".join([f"0: {x}" for x in a] + [f"1: {x}" for x in b] + ["7: # nThread 1 nGpus 1"])
+    recs = parse_text(text, ts=T, stats=stats)
+    assert stats.too_many_streams == 1 and sorted({r.host for r in recs}) == ["nodeA", "nodeB"]
