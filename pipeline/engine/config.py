@@ -58,9 +58,15 @@ class EngineConfig:
     def __post_init__(self) -> None:
         for f in fields(self):
             val = getattr(self, f.name)
-            # NaN passes ``val < 0`` and crashes the engine (a NaN tick, a NaN max_hosts).
-            if not isinstance(val, (int, float)) or isinstance(val, bool) or not 0 <= val < math.inf:
-                raise ConfigError(f"engine.{f.name}", f"must be a finite non-negative number, got {val!r}")
+            # NaN passes ``val < 0`` and crashes the engine (a NaN tick, a NaN max_hosts); an int
+            # past a float's range (400 digits) is no finite number either.
+            try:
+                ok = not isinstance(val, bool) and isinstance(val, (int, float)) and 0 <= float(val) < math.inf
+            except OverflowError:
+                ok = False
+            if not ok:
+                shown = repr(val) if len(repr(val)) <= 40 else repr(val)[:40] + "..."
+                raise ConfigError(f"engine.{f.name}", f"must be a finite non-negative number, got {shown}")
             if f.type in ("int", int):  # a count: 1.5 hosts would be cut, or crash an array's size
                 if val != int(val):
                     raise ConfigError(f"engine.{f.name}", f"must be a whole number, got {val!r}")

@@ -63,6 +63,9 @@ def test_engine_seconds_given_as_whole_numbers_are_floats():
     ("engine: {tick: fast}", "engine.tick"),
     ("engine: {max_hosts: [1]}", "engine.max_hosts"),
     ("engine: {allowed_lateness: true}", "engine.allowed_lateness"),
+    # Found in review: past a float's range, an int raised OverflowError out of the loader (exit 70).
+    ("engine: {tick: " + "9" * 400 + "}", "engine.tick"),
+    ("engine: {max_hosts: " + "9" * 400 + "}", "engine.max_hosts"),
 ])
 def test_bad_config_names_the_key(text, key):
     with pytest.raises(ConfigError) as err:
