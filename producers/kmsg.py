@@ -283,6 +283,13 @@ class KernelLog:
         return out
 
 
+def _root(ln: Line) -> Line:
+    """The kept line ``ln`` was merged into (``Line.into``, followed to its end), else ``ln``."""
+    while ln.into is not None:
+        ln = ln.into
+    return ln
+
+
 class KmsgFileSource:
     """A saved kernel log, read once: each XID / SXid line a record at its time, and every known
     GPU sampled around them: a snapshot at an event that opens a window, samples every
@@ -392,23 +399,33 @@ class KmsgFileSource:
 
         ``seen`` maps a microsecond (``Line.mono_us``, or ``-1 - Line.wall_us``) to the first line
         kept at it, and ``(microsecond, message)`` to any other: one entry or two per event line,
-        the time's int shared with the line, so memory follows the events."""
+        the time's int shared with the line, so memory follows the events. A line that carries both
+        times may show two kept lines to be one record (a dmesg copy keyed by the kernel's time, a
+        ``short-precise`` one by the journal's, then the json copy with both): they become one
+        (``Line.into``), so the answer does not depend on the order of the copies."""
         keys = [us for us in (ln.mono_us, None if ln.wall_us is None else -1 - ln.wall_us) if us is not None]
-        kept = next((k for us in keys for k in (seen.get(us), seen.get((us, ln.msg))) if self._same(k, ln)), None)
-        if kept is None:
+        found: list[Line] = []
+        for us in keys:
+            for k in (seen.get(us), seen.get((us, ln.msg))):
+                if k is not None and self._same(k := _root(k), ln) and k not in found:
+                    found.append(k)
+        if not found:
             for us in keys:
                 first = seen.setdefault(us, ln)
                 if first is not ln:  # another message (or host) at the same microsecond
                     seen.setdefault((us, ln.msg), ln)
             return False
-        if kept.ts is None and ln.ts is not None:
-            kept.ts, kept.boot, kept.yearless = ln.ts, ln.boot, ln.yearless
-        kept.host = kept.host or ln.host
-        kept.copies += 1
+        kept = found[0]
+        for other in (*found[1:], ln):
+            if kept.ts is None and other.ts is not None:
+                kept.ts, kept.boot, kept.yearless = other.ts, other.boot, other.yearless
+            kept.host = kept.host or other.host
+            kept.copies += other.copies + 1
+            other.into = kept  # a kept line merged here is skipped when the events are read
+            self.stats.duplicates += 1
         for us in keys:  # the copy's other time now names the kept line too
-            if seen.setdefault(us, kept) is not kept and not self._same(seen[us], ln):
+            if _root(seen.setdefault(us, kept)) is not kept and not self._same(_root(seen[us]), ln):
                 seen.setdefault((us, ln.msg), kept)
-        self.stats.duplicates += 1
         return True
 
     @staticmethod
@@ -434,6 +451,8 @@ class KmsgFileSource:
         end = max(ends + ([self.mtime] if untimed else []), default=self.mtime)
         stamped: list[tuple[float, Line]] = []
         for ln in events:
+            if ln.into is not None:
+                continue  # merged into another copy of its record (_again)
             if ln.ts is not None:
                 ts = ln.ts
             elif ln.boot is not None:

@@ -90,6 +90,7 @@ class Line:
     mono_us: int | None = None
     wall_us: int | None = None
     copies: int = 0  # the same record's other lines in a saved file: counted as this one is, not sent
+    into: Line | None = None  # the copy of the same record kept instead of this one (a saved file)
 
 
 def _bad_time(msg: str) -> Line:

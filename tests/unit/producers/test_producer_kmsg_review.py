@@ -133,3 +133,26 @@ def test_a_journal_exports_program_entry_quoting_an_xid_is_not_the_kernels(tmp_p
     assert [(h, g, x) for _, h, g, x in events(src.poll())] == [("n1", 0, 79)]
     s = src.summary()
     assert (s["xid_lines"], s["lines_without_time"]) == (1, 0)
+
+
+def test_three_copies_make_one_record_in_any_order(tmp_path):
+    # Found in review: a dmesg copy (kernel time only) and a short-iso-precise one (journal time
+    # only) before the json copy (both) stayed two records; four of the six orders gave one.
+    import datetime
+    import itertools
+
+    out = []
+    for us, m in BOOT_LOG:
+        at = datetime.datetime.fromtimestamp(BOOT, datetime.timezone.utc) + datetime.timedelta(microseconds=us + LAG_US)
+        out.append({
+            "dmesg": f"[{us // 1_000_000:5d}.{us % 1_000_000:06d}] {m}",
+            "precise": at.strftime("%Y-%m-%dT%H:%M:%S.%f+00:00") + f" gpu-7 kernel: {m}",
+            "json": journal_json(us, m),
+        })  # fmt: skip
+    for order in itertools.permutations(["dmesg", "precise", "json"]):
+        p = write(tmp_path, "k.log", "\n".join(rec[name] for name in order for rec in out) + "\n")
+        src = KmsgFileSource(str(p), parse_pci_map(PCI_MAP), boot_time=BOOT, sample=False)
+        got = events(src.poll())
+        assert [(g, x) for _, _, g, x in got] == [(2, 13), (2, 13), (0, 79)], order
+        s = src.summary()
+        assert (s["xid_lines"], s["duplicate_lines"], s["records"]) == (9, 6, 3), order
