@@ -50,6 +50,9 @@ STYLE = {
     "axes.spines.right": False,
     "axes.grid": True,
     "grid.alpha": 0.3,
+    # Host names, faults, communicators and evidence keys are drawn as they are: a ``$`` in one
+    # is text, not mathtext, which a host named ``n$\foo$`` would make fail the whole report.
+    "text.parse_math": False,
 }
 
 
