@@ -41,11 +41,14 @@ Page = tuple[str, bytes]  # what a page's provider returns: content type, body
 # rendered in Python holding the GIL, and two renders back to back under a flood of page requests
 # starve the accept loop and the service loop (probes time out; docs/operations.md, Security).
 MAX_PAGE_REQUESTS = 1
+# On every answer, not only the pages': a browser sent to /metrics, /healthz or an error reads
+# text/plain and application/json as what they say and never sniffs one into HTML.
+NOSNIFF = ("X-Content-Type-Options", "nosniff")
 # Added to every page's answer: a page shows data from telemetry, so even if its escaping failed
 # the browser runs no script and loads nothing (inline styles only), and never sniffs a type.
 PAGE_HEADERS = [
     ("Cache-Control", "no-store"),
-    ("X-Content-Type-Options", "nosniff"),
+    NOSNIFF,
     ("Content-Security-Policy", "default-src 'none'; style-src 'unsafe-inline'; base-uri 'none'; form-action 'none'"),
 ]
 
@@ -211,7 +214,8 @@ class _ThreadingServer(socketserver.ThreadingMixIn, WSGIServer):
 
 
 def _answer(start_response, status: str, ctype: str, body: bytes, head: bool = False, extra=()) -> list[bytes]:
-    start_response(status, [("Content-Type", ctype), ("Content-Length", str(len(body))), *extra])
+    headers = [("Content-Type", ctype), ("Content-Length", str(len(body))), *extra]
+    start_response(status, headers if NOSNIFF in headers else [*headers, NOSNIFF])
     return [] if head else [body]
 
 
@@ -270,7 +274,7 @@ class HttpEndpoint:
                     "405 Method Not Allowed",
                     "text/plain",
                     b"read-only: GET\n",
-                    extra=[("Allow", "GET, HEAD"), ("X-Content-Type-Options", "nosniff")],
+                    extra=[("Allow", "GET, HEAD")],
                 )
             provider = routes.get(environ.get("PATH_INFO", ""))
             if provider is not None:
@@ -286,7 +290,7 @@ class HttpEndpoint:
             answer = metrics_app({**environ, "REQUEST_METHOD": "GET"}, lambda s, h, *_: got.append((s, h)))
             body = b"".join(answer)
             status, headers = got[0]
-            start_response(status, [*headers, ("Content-Length", str(len(body)))])
+            start_response(status, [*headers, ("Content-Length", str(len(body))), NOSNIFF])
             return [] if method == "HEAD" else [body]
 
         handler = type("_TimedHandler", (_Handler,), {"timeout": timeout})

@@ -11,6 +11,7 @@ import urllib.error
 import urllib.request
 
 import pytest
+from prometheus_client import CollectorRegistry
 
 from pipeline.httpendpoint import MAX_PAGE_REQUESTS, HttpEndpoint
 from pipeline.service.metrics import Metrics
@@ -242,3 +243,44 @@ def test_a_page_may_not_shadow_metrics_or_healthz():
     for path in ("/metrics", "/healthz", "incidents"):
         with pytest.raises(ValueError, match="page path"):
             HttpEndpoint("127.0.0.1", 0, Metrics().registry, lambda: (True, {}), pages={path: Provider()})
+
+
+HOSTILE_TEXT = "<script>alert(1)</script>"  # a failing page provider's message, from telemetry
+
+
+@pytest.fixture
+def nosniff_endpoint():
+    def failing():
+        raise RuntimeError(HOSTILE_TEXT)
+
+    pages = {"/page.json": lambda: ("application/json", b'{"host": "<script>"}'), "/broken": failing}
+    ep = HttpEndpoint("127.0.0.1", 0, CollectorRegistry(), lambda: (True, {}), pages=pages).start()
+    yield f"http://127.0.0.1:{ep.port}"
+    ep.stop()
+
+
+def _get_any(url: str, method: str = "GET"):
+    try:
+        with urllib.request.urlopen(urllib.request.Request(url, method=method), timeout=10) as r:
+            return r.status, dict(r.headers), r.read()
+    except urllib.error.HTTPError as e:
+        return e.code, dict(e.headers), e.read()
+
+
+@pytest.mark.parametrize(
+    "path,method,status,ctype",
+    [
+        ("/metrics", "GET", 200, "text/plain"),
+        ("/healthz", "GET", 200, "application/json"),
+        ("/page.json", "GET", 200, "application/json"),
+        ("/broken", "GET", 500, "text/plain"),
+        ("/metrics", "POST", 405, "text/plain"),
+    ],
+)
+def test_every_answer_says_its_type_and_forbids_sniffing(nosniff_endpoint, path, method, status, ctype):
+    # /metrics, /healthz and the errors lacked nosniff: only the pages and the 405 had it.
+    got, headers, body = _get_any(nosniff_endpoint + path, method)
+    assert got == status and headers["Content-Type"].startswith(ctype)
+    assert headers["X-Content-Type-Options"] == "nosniff"
+    assert list(headers).count("X-Content-Type-Options") == 1
+    assert HOSTILE_TEXT.encode() not in body
