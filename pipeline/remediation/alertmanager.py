@@ -261,7 +261,10 @@ class AlertmanagerAction:
             while len(self.firing) > MAX_FIRING:
                 old = next(iter(self.firing))
                 log.warning(
-                    "alertmanager %s: more than %d alerts firing; no longer re-posting %s", self.name, MAX_FIRING, old
+                    "alertmanager %s: more than %d alerts firing; no longer re-posting %s",
+                    self.name,
+                    MAX_FIRING,
+                    printable(old),  # an id from the alerts topic: no line breaks into the log
                 )
                 self.firing.pop(old)
                 if self._store is not None:

@@ -153,3 +153,21 @@ def test_a_failed_firing_post_is_re_posted_later_and_a_failed_resolve_is_not_re_
     ok[0] = False
     assert not act.execute(act.plan(alert("n1", 0, id="f1", state="resolved")), Context()).ok
     assert act.firing == {} and act.tick(T0 + 5, Context()) is None   # never re-posted as firing
+
+
+def test_an_alert_id_dropped_past_the_firing_bound_is_logged_on_one_line(monkeypatch, caplog):
+    # Found in review: the one alert value logged without printable(): an id from the alerts topic
+    # with a line break forged a second log line.
+    import logging
+
+    from pipeline.remediation import alertmanager
+    from pipeline.remediation.actions import Context, Outcome
+
+    monkeypatch.setattr(alertmanager, "MAX_FIRING", 1)
+    act = AlertmanagerAction("am", "http://127.0.0.1:9")
+    act._post = lambda body, ctx: Outcome(True, "x")             # type: ignore[method-assign]
+    with caplog.at_level(logging.WARNING):
+        act.execute(act.plan(alert("n1", 0, id="a\nCRITICAL forged line")), Context())
+        act.execute(act.plan(alert("n1", 1, id="b")), Context())
+    msgs = [r.getMessage() for r in caplog.records if "no longer re-posting" in r.getMessage()]
+    assert msgs == ["alertmanager am: more than 1 alerts firing; no longer re-posting a\\nCRITICAL forged line"]
