@@ -80,6 +80,8 @@ _RANK_BARE_STATUS = re.compile(r"Rank (\S+) has status (\w+)$")  # 2.24-2.25: a 
 _PROCESS = re.compile(r"Process (\S+) on node (\S+) managing GPUs? (.+)$")
 # The Errors section's job-level lists of processes ("Process P on node H managing GPU g"): the
 # ones RAS holds dead, and the ones that did not answer this time (INCOMPLETE); TIMEOUT lists none.
+# A list's processes RAS knows nothing of (no pid, no node): counted, nothing to match them by.
+_UNIDENTIFIED = re.compile(r"\[could not find information on (\S+) process(?:es)?\]$")
 _PROCESS_LISTS = {"DEAD": "dead", "INCOMPLETE": "missing", "TIMEOUT": None}
 # where -f json's document starts after the client's own messages ("Connection timed out; retrying...")
 _JSON_START = re.compile(r"^\{[ \t\r]*$", re.MULTILINE)
@@ -103,6 +105,7 @@ class RasStats:
     transitional: int = 0  # ranks in a harmless status mismatch (INIT, FINALIZE, NOCOMM, UNKNOWN): not records
     unranked: int = 0  # dead processes that no missing rank matches: named in the log, no record
     unranked_missing: int = 0  # job-level INCOMPLETE processes that no missing rank matches: no record
+    unidentified: int = 0  # processes a DEAD or INCOMPLETE list could not name ("could not find information")
     unparsable: int = 0  # a line inside a communicator block that fits no layout
     orphan: int = 0  # lines of a block whose header's number is not one: whose they are is unknown
     bad_number: int = 0  # a rank, count or GPU that is not a number in range, or the last of a cut rank list
@@ -130,6 +133,7 @@ class RasStats:
             "transitional_ranks": self.transitional,
             "unranked_dead_processes": self.unranked,
             "unranked_missing_processes": self.unranked_missing,
+            "unidentified_processes": self.unidentified,
             "dropped.unparsable_line": self.unparsable,
             "dropped.bad_number": self.bad_number,
             "dropped.orphan_line": self.orphan,
@@ -251,6 +255,12 @@ def parse_text(text: str, *, ts: float, job: str | None = None, stats: RasStats 
                     stats.bad_number += 1
                 else:
                     (st.dead if plist == "dead" else st.absent).add((m.group(2), pid))
+            elif m := _UNIDENTIFIED.match(line):
+                n = _int(m.group(1), MAX_RANKS)
+                if n is None:
+                    stats.bad_number += 1
+                else:
+                    stats.unidentified += n
             continue
         if cur is None:
             continue

@@ -133,3 +133,14 @@ def test_appended_captures_are_each_matched_within_themselves():
     assert summary["missing_processes"] == 1 and summary["unranked_missing_processes"] == 0
     assert summary["dead_processes"] == 1 and summary["unranked_dead_processes"] == 0
     assert summary["dropped.cut_status"] == 0
+
+
+def test_processes_ras_could_not_name_are_counted():
+    # client_support.cc (v2.26.2-1 to HEAD) ends a DEAD or INCOMPLETE list with "  [could not find
+    # information on %d process%s]" for processes it has no pid or node of; they were passed over.
+    text = V226_JOB_INCOMPLETE.replace(
+        "managing GPUs 0,1,2,3,4,5,6,7\n", "managing GPUs 0,1,2,3,4,5,6,7\n  [could not find information on 3 processes]\n"
+    )
+    recs, stats = _parse(text)
+    assert len(recs) == 1 and stats.summary()["unidentified_processes"] == 3
+    assert stats.summary()["dropped.unparsable_line"] == 0
