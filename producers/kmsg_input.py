@@ -62,6 +62,19 @@ _FACILITY = re.compile(
     r"(?:emerg|alert|crit|err|warn|notice|info|debug)\s*: "
 )
 _SYSLOG = re.compile(r"^(?P<date>[A-Z][a-z]{2} [ \d]\d \d\d:\d\d:\d\d)(?P<frac>\.\d{1,9})? " + _TAG)  # short(-precise)
+# journalctl -o short-full (and -o with-unit, whose kernel lines name no unit): systemd
+# src/shared/logs-show.c output_timestamp_realtime prints src/basic/time-util.c
+# format_timestamp_style's TIMESTAMP_PRETTY, or TIMESTAMP_UTC with --utc: "Www YYYY-MM-DD HH:MM:SS"
+# and the zone ("UTC" with --utc, else the local abbreviation, "CET" or tzdata's numeric "+04"),
+# never microseconds (those are TIMESTAMP_US). Older systemd wrote strftime's "%a ... %Z", so the
+# weekday may be the locale's ("Fr", "ven.") and --utc's zone "GMT"; the weekday is not checked.
+# The program may stand alone (--no-hostname): a host never ends in ":", so "gpud[88]: " is a tag.
+_FULL_TAG = r"(?:(?P<host>\S*[^\s:]) )?(?P<tag>[^\s:\[]+(?:\[\d+\])?): (?:\[\s*(?P<ksecs>\d+\.\d+)\] )?(?P<msg>.*)$"
+_FULL = re.compile(
+    r"^[^\W\d_]{1,12}\.? (?P<date>\d{4}-\d\d-\d\d \d\d:\d\d:\d\d) (?P<zone>[A-Za-z]{1,10}|[+-]\d\d(?:\d\d)?) "
+    + _FULL_TAG
+)
+_UTC_ZONES = frozenset({"UTC", "GMT"})
 
 _USEC = re.compile(r"\s*(\d{1,12})\.(\d{6})$", re.ASCII)  # the kernel's "%5lu.%06lu": "²" is no digit
 
@@ -202,6 +215,17 @@ def parse_line(text: str, *, year: int | None = None) -> Line | None:
         if ts is None:
             return _bad_time(m["msg"])
         return Line(m["msg"], ts=ts, host=m["host"], wall_us=_wall_us(ts, m["secs"][-7:]))
+    m = _FULL.match(text)
+    if m:
+        # A zone that says UTC is read as such; any other abbreviation as local time, as the
+        # zone-less layouts are: an abbreviation names no offset reliably ("IST", "CST" are several).
+        utc = m["zone"] in _UTC_ZONES
+        ts = _iso(m["date"] + "+00:00") if utc else local_time(m["date"], "%Y-%m-%d %H:%M:%S")
+        if m["tag"] != "kernel":
+            return Line("", ts=ts, host=m["host"])  # a program's line, which may quote the kernel's
+        if ts is None:
+            return _bad_time(m["msg"])
+        return Line(m["msg"], ts=ts, host=m["host"], mono_us=_usec(m["ksecs"]))  # seconds only: no wall_us
     m = _SYSLOG.match(text)
     if m:
         yr = year or time.localtime().tm_year
