@@ -48,7 +48,12 @@ _JOURNAL_MONO = re.compile(
 )
 # The host and the program ("kernel", or another's "name[pid]" in /var/log/syslog and messages)
 # of a syslog or journal line; "kernel:" alone with journalctl --no-hostname.
-_TAG = r"(?:(?P<host>\S*[^\s:]) (?P<tag>[^\s:\[]+(?:\[\d+\])?)|kernel): (?:\[\s*(?P<ksecs>\d+\.\d+)\] )?(?P<msg>.*)$"
+# With --no-hostname a program's line has its tag alone: "gpud[88]: " (with its pid: a kernel
+# line never has one, and "NVRM: Xid" with no host must stay the kernel's).
+_TAG = (
+    r"(?:(?P<host>\S*[^\s:]) (?P<tag>[^\s:\[]+(?:\[\d+\])?)|(?P<ptag>[^\s:\[]+\[\d+\])|kernel): "
+    r"(?:\[\s*(?P<ksecs>\d+\.\d+)\] )?(?P<msg>.*)$"
+)
 _ISO = re.compile(
     r"^(?P<date>\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:[.,]\d+)?(?:Z|[+-]\d\d:?\d\d)?) " + _TAG
 )  # short-iso, short-iso-precise, rsyslog's RFC 3339 files
@@ -199,7 +204,7 @@ def parse_line(text: str, *, year: int | None = None) -> Line | None:
     m = _ISO.match(text)
     if m and (m["tag"] in (None, "kernel") or "," not in m["date"]):  # dmesg's iso time has a comma, no host
         ts = _iso(m["date"])
-        if m["tag"] not in (None, "kernel"):
+        if m["tag"] not in (None, "kernel") or m["ptag"] is not None:
             return Line("", ts=ts, host=m["host"])  # a program's line, which may quote the kernel's
         if ts is None:
             return _bad_time(m["msg"])
@@ -232,7 +237,7 @@ def parse_line(text: str, *, year: int | None = None) -> Line | None:
         ts = local_time(f"{yr} {m['date']}", "%Y %b %d %H:%M:%S")
         frac = ascii_float(m["frac"], 10) if m["frac"] else 0.0
         ts = ts + frac if ts is not None and frac is not None else None
-        if m["tag"] not in (None, "kernel"):
+        if m["tag"] not in (None, "kernel") or m["ptag"] is not None:
             return Line("", ts=ts, host=m["host"], yearless=True)  # a program's line, which may quote the kernel's
         if ts is None:
             return Line(m["msg"], error="bad_timestamp", yearless=True)

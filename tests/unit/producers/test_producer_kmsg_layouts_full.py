@@ -141,3 +141,20 @@ def test_a_60_kb_short_full_line_is_read_whole_and_a_near_miss_is_not_the_layout
     src = KmsgFileSource(str(p), parse_pci_map(PCI_MAP), sample=False)
     assert [(r.ts, r.host, val(r, XID)) for r in src.poll()] == [(UTC_0, "node7", 79)]
     assert src.summary()["dropped.oversize_line"] == 0
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        f"Mar 03 10:00:00 gpud[88]: {XID_79}",  # journalctl -o short --no-hostname
+        f"2025-03-03T10:00:00+0000 gpud[88]: {XID_79}",  # -o short-iso --no-hostname
+    ],
+)
+def test_another_programs_line_without_a_host_is_not_the_kernels(line):
+    # Found in review: with --no-hostname a health monitor's line quoting an XID was read as a
+    # kernel XID (short: at the file's time; short-iso: through dmesg's iso layout, at its time).
+    ln = parse_line(line, year=2025)
+    assert ln is not None and ln.msg == "" and ln.ts is not None
+    # The kernel's own lines in the same layouts, and one with no host or tag at all, still are.
+    for kernel in (f"Mar 03 10:00:00 kernel: {XID_79}", f"2025-03-03T10:00:00+0000 kernel: {XID_79}"):
+        assert parse_line(kernel, year=2025).msg == XID_79
