@@ -4,7 +4,7 @@ alerts through the incident stage when one is given (docs/architecture.md, "Inci
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from itertools import islice
 from pathlib import Path
 from typing import Callable, Iterable, Iterator
@@ -13,6 +13,7 @@ from pipeline.bus.base import Message
 from pipeline.bus.files import FileSink, read_lines
 from pipeline.bus.sinks import FileOutput, OutputSink
 from pipeline.engine import EngineOutput
+from pipeline.errors import InputError
 from pipeline.incidents import IncidentStage
 from pipeline.incidents.feed import AlertFeed
 from pipeline.protocols import Detector
@@ -28,6 +29,10 @@ class ReplayResult:
     alerts: int
     incidents: int = 0  # incidents opened
     incident_events: int = 0
+    # What kept part of a file from being read, one line each, naming the file: it was skipped
+    # (not gzip, unreadable) or ended early (a truncated or damaged gzip); the others were replayed.
+    problems: list[str] = field(default_factory=list)
+    late_by_file: dict[str, int] = field(default_factory=dict)  # `late` dead letters by file
 
     @property
     def records_per_s(self) -> float:
@@ -49,6 +54,17 @@ def _batches(messages: Iterable[Message], size: int) -> Iterator[list[Message]]:
         yield batch
 
 
+def _lines_of(path: str | Path, problems: list[str]) -> Iterator[Message]:
+    """``read_lines(path)``, but a file that cannot be read (or stops being readable) is one line
+    in ``problems`` instead of the end of the replay: the other files are still replayed."""
+    try:
+        yield from read_lines(path, on_problem=problems.append)
+    except InputError as e:
+        problems.append(e.message)
+    except OSError as e:
+        problems.append(f"{path}: {e.strerror or e}; the rest of the file is not read")
+
+
 def replay(
     paths: list[str | Path],
     *,
@@ -64,13 +80,16 @@ def replay(
     """Run every line of ``paths`` through a pipeline; write alerts and dead letters as JSONL
     (``alerts_out``, ``dlq_out``), or through ``sink`` when given (closed at the end either way).
     With ``incidents``, the alerts go through that stage too and its incident events are written
-    to ``incidents_out`` (JSONL, ``.gz`` compressed, ``-`` standard output) when given."""
+    to ``incidents_out`` (JSONL, ``.gz`` compressed, ``-`` standard output) when given. A file that
+    cannot be read, or is cut short, is named in the result's ``problems``; the rest are replayed."""
     pipe = Pipeline(engine)
     out_sink: OutputSink = sink if sink is not None else FileOutput(alerts_out, dlq_out)
     inc_sink = FileSink(incidents_out, atomic=True) if incidents is not None and incidents_out else None
     # The alerts reach the incident stage in canonical order, as in the service (AlertFeed).
     feed = AlertFeed()
     n_alerts = n_opened = n_events = 0
+    problems: list[str] = []
+    late: dict[str, int] = {}
     t0 = time.perf_counter()
 
     def emit(out: EngineOutput, n_msgs: int, final: bool = False) -> None:
@@ -78,6 +97,10 @@ def replay(
         n_alerts += len(out.alerts)
         out_sink.alerts(out.alerts)
         out_sink.dead(out.dead)
+        for d in out.dead:
+            if d.reason == "late":
+                f = d.origin.rsplit(":", 1)[0]
+                late[f] = late.get(f, 0) + 1
         if incidents is not None:
             feed.add(out.alerts)
             events = incidents.process(feed.flush() if final else feed.release(incident_watermark(pipe.engine)))
@@ -90,7 +113,7 @@ def replay(
 
     try:
         for path in paths:
-            for batch in _batches(read_lines(path), batch_size):
+            for batch in _batches(_lines_of(path, problems), batch_size):
                 emit(pipe.handle_guarded(batch), len(batch))
         emit(pipe.flush(), 0, final=True)
     finally:
@@ -99,4 +122,4 @@ def replay(
         finally:
             if inc_sink is not None:
                 inc_sink.close()
-    return ReplayResult(pipe.totals, time.perf_counter() - t0, n_alerts, n_opened, n_events)
+    return ReplayResult(pipe.totals, time.perf_counter() - t0, n_alerts, n_opened, n_events, problems, late)

@@ -3,13 +3,18 @@
 from __future__ import annotations
 
 import gzip
+import logging
 import os
 import sys
+import zlib
+from itertools import chain
 from pathlib import Path
-from typing import IO, Iterable, Iterator, cast
+from typing import IO, Callable, Iterable, Iterator, cast
 
 from pipeline.bus.base import FILE_PARTITION, Message
 from pipeline.errors import InputError
+
+log = logging.getLogger(__name__)
 
 
 def _open(path: str | Path, mode: str, gz: bool | None = None) -> IO[bytes]:
@@ -23,35 +28,118 @@ def _open(path: str | Path, mode: str, gz: bool | None = None) -> IO[bytes]:
 
 
 MAX_LINE_BYTES = 8 * 1024 * 1024  # the decoder's message limit (Decoder.max_message_bytes)
+GZIP_MAGIC = b"\x1f\x8b"
+_CHUNK = 1 << 16  # bytes read (and decompressed) at a time: what bounds memory, whatever a line's length
 
 
-def read_lines(path: str | Path, max_line_bytes: int = MAX_LINE_BYTES) -> Iterator[Message]:
-    """Every non-empty line of a JSONL file as a message whose origin is ``file:line``.
+def _warn(problem: str) -> None:
+    log.warning("%s", problem)
 
-    A truncated gzip stream ends the file quietly after its last complete line: a recording cut
-    short by a crash is still worth replaying. A line longer than ``max_line_bytes`` is never
-    held whole (a 3 GiB line in a ``.gz`` once took 6 GB of memory): its first
-    ``max_line_bytes + 1`` bytes stand for it, which the decoder turns into a ``too_large`` dead
-    letter, and the rest is skipped in bounded reads.
-    """
-    name = str(path)
-    fh = _open(path, "r")
-    try:
-        lineno = 0
+
+def _raw_chunks(fh: IO[bytes]) -> Iterator[bytes]:
+    read = getattr(fh, "read1", fh.read)  # read1: what a pipe has now, never waiting for a whole chunk
+    while chunk := read(_CHUNK):
+        yield chunk
+
+
+def _gunzip(chunks: Iterator[bytes], name: str, lines_done: Callable[[], int]) -> Iterator[bytes]:
+    """The decompressed bytes of the gzip members in ``chunks``, at most ``_CHUNK`` at a time (a
+    small file that inflates to gigabytes is never held whole). Raises ``_StreamEnd`` with what
+    went wrong when the stream is cut short, damaged, or followed by bytes that are not gzip."""
+    d = zlib.decompressobj(wbits=31)  # 16 + MAX_WBITS: a gzip header and trailer
+    fed = False  # whether the current member has had any input
+    for data in chunks:
         while True:
             try:
-                line = fh.readline(max_line_bytes + 1)
-                if len(line) > max_line_bytes and not line.endswith(b"\n"):
-                    while (rest := fh.readline(1 << 20)) and not rest.endswith(b"\n"):
-                        pass
-            except EOFError:
-                break  # truncated gzip: keep what was complete
-            except gzip.BadGzipFile as e:
-                raise InputError(f"{name}: not a gzip file, though named .gz") from e
-            if not line:
+                out = d.decompress(data, _CHUNK)
+            except zlib.error as e:
+                what = "bytes that are not gzip" if not fed else "a damaged gzip stream"
+                raise _StreamEnd(f"{name}: after line {lines_done()}: {what} ({e}); the rest of the file is not read")
+            fed = fed or bool(data)
+            if out:
+                yield out
+            if d.eof:  # a member ended; another may follow (concatenated gzip files are one gzip file)
+                data, d, fed = d.unused_data, zlib.decompressobj(wbits=31), False
+                if not data:
+                    break
+                continue
+            data = d.unconsumed_tail
+            if not data and len(out) < _CHUNK:
                 break
+    if fed:
+        raise _StreamEnd(
+            f"{name}: the gzip stream ends early after line {lines_done()} (a truncated file); "
+            "its complete lines were read"
+        )
+
+
+class _StreamEnd(Exception):
+    """The end of a file's readable bytes, and why (a truncated or damaged gzip stream)."""
+
+
+def read_lines(
+    path: str | Path, max_line_bytes: int = MAX_LINE_BYTES, on_problem: Callable[[str], None] | None = None
+) -> Iterator[Message]:
+    r"""Every non-empty line of a JSONL file as a message whose origin is ``file:line``.
+
+    A file (or standard input) whose bytes start with gzip's magic number is gunzipped, whatever
+    its name, its members one after another; a file named ``.gz`` that is not gzip is an
+    ``InputError``. A gzip stream cut short (a recording of a crashed writer) or followed by bytes
+    that are not gzip ends the file after its last line, the incomplete line included (the decoder
+    makes it a dead letter), and ``on_problem`` (default: a logged warning) is told which file and
+    line. A line longer than ``max_line_bytes`` is never held whole (a 3 GiB line in a ``.gz`` once
+    took 6 GB of memory): its first ``max_line_bytes + 1`` bytes stand for it, which the decoder
+    turns into a ``too_large`` dead letter, and the rest is skipped in bounded reads.
+
+    >>> import tempfile, os
+    >>> with tempfile.NamedTemporaryFile("wb", suffix=".jsonl", delete=False) as f:
+    ...     _ = f.write(b'{"a":1}\r\n\n{"a":2}')
+    >>> [(m.value, m.origin.rsplit(":", 1)[1]) for m in read_lines(f.name)]
+    [(b'{"a":1}', '1'), (b'{"a":2}', '3')]
+    >>> os.unlink(f.name)
+    """
+    name = str(path)
+    tell = on_problem or _warn
+    fh = _open(path, "r", gz=False)
+    lineno = 0
+    try:
+        chunks = _raw_chunks(fh)
+        head = b""
+        for chunk in chunks:  # the first two bytes, which a pipe may hand over one at a time
+            head += chunk
+            if len(head) >= 2:
+                break
+        if head[:2] == GZIP_MAGIC:
+            data = _gunzip(chain([head], chunks), name, lambda: lineno)
+        elif head and name.endswith(".gz"):
+            raise InputError(f"{name}: not a gzip file, though named .gz")
+        else:
+            data = chain([head], chunks)
+        parts: list[bytes] = []  # the current line's pieces, at most max_line_bytes + 1 bytes
+        size = 0
+        cut = False  # the current line passed max_line_bytes: the rest of it is skipped
+        try:
+            for chunk in data:
+                pieces = chunk.split(b"\n")
+                for i, piece in enumerate(pieces):
+                    if not cut and piece:
+                        if size + len(piece) > max_line_bytes:
+                            piece, cut = piece[: max_line_bytes + 1 - size], True
+                        parts.append(piece)
+                        size += len(piece)
+                    if i == len(pieces) - 1:
+                        break  # the line goes on in the next chunk
+                    lineno += 1
+                    # A cut line is not stripped: what stands for it must stay over the limit.
+                    line = b"".join(parts) if cut else b"".join(parts).strip()
+                    parts, size, cut = [], 0, False
+                    if line:
+                        yield Message(name, FILE_PARTITION, lineno, None, line)
+        except _StreamEnd as e:
+            tell(str(e))
+        if parts:  # the last line, without its newline
             lineno += 1
-            line = line.strip()
+            line = b"".join(parts) if cut else b"".join(parts).strip()
             if line:
                 yield Message(name, FILE_PARTITION, lineno, None, line)
     finally:

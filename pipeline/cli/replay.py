@@ -3,13 +3,41 @@
 from __future__ import annotations
 
 import argparse
+import os
+import stat
 import time
 from typing import Any
 
 from pipeline import progress
-from pipeline.cli.args import existing, models_file, positive_int
-from pipeline.errors import InputError
+from pipeline.cli.args import models_file, positive_int
+from pipeline.errors import EXIT_INPUT, InputError
 from pipeline.resources import rules_dir
+
+
+def readable(paths: list[str]) -> list[str]:
+    """``paths`` when each is ``-`` (stdin) or something to read lines from: a file, a FIFO or a
+    process substitution (``<(zcat a.gz)``), a device; else an input error naming the first that
+    is not, said before anything is replayed.
+
+    >>> readable(["-"])
+    ['-']
+    """
+    for p in paths:
+        if p == "-":
+            continue
+        try:
+            mode = os.stat(p).st_mode
+        except FileNotFoundError:
+            raise InputError(f"{p}: no such file") from None
+        except OSError as e:
+            raise InputError(f"{p}: {e.strerror or e}") from None
+        if stat.S_ISDIR(mode):
+            raise InputError(f"{p}: a directory, not a recording (name its files)")
+        if not (stat.S_ISREG(mode) or stat.S_ISFIFO(mode) or stat.S_ISCHR(mode)):
+            raise InputError(f"{p}: not a file")
+        if not os.access(p, os.R_OK):
+            raise InputError(f"{p}: permission denied")
+    return paths
 
 
 def _cmd_replay(args: argparse.Namespace) -> int:
@@ -21,7 +49,7 @@ def _cmd_replay(args: argparse.Namespace) -> int:
     # soft_wrap: a line is never cut at rich's 80 columns in a pipe (a file:line:col error, a
     # summary someone greps); a terminal wraps what is too long for it by itself.
     console = Console(stderr=True, soft_wrap=True)
-    existing(args.files, "")
+    readable(args.files)
     if args.to_kafka:
         from pipeline.bus import Topics, connection
         from pipeline.bus.kafka import ensure_topics
@@ -91,7 +119,23 @@ def _cmd_replay(args: argparse.Namespace) -> int:
             "model work by engine (records scored): "
             + ", ".join(f"{k}: {v:,} ({100 * v / total:.0f}%)" for k, v in sorted(counts.items()))
         )
-    return 0
+    later = {f: n for f, n in res.late_by_file.items() if f != args.files[0] and f in args.files}
+    if later:
+        # Files are read one after another, so one that overlaps an earlier one in time arrives
+        # behind it (docs/architecture.md, "Time": max_lag).
+        console.print(
+            "note: the files are replayed one after another, in the order given; records of "
+            + ", ".join(f"{f} ({n:,})" for f, n in sorted(later.items()))
+            + " were late, older than what earlier files had moved the engine to: recordings that "
+            "overlap in time need to be merged into one file in time order first",
+            highlight=False,
+            markup=False,
+        )
+    # Files that could not be read whole: each its own line, after the summary of what was read,
+    # and the input status (README, "Exit status") so a script sees it.
+    for unread in res.problems:
+        console.print(f"{getattr(args, '_prog', 'gpuwarden replay')}: {unread}", highlight=False, markup=False)
+    return EXIT_INPUT if res.problems else 0
 
 
 def register(sub: Any) -> None:
