@@ -632,6 +632,9 @@ class Decoder:
         if not isinstance(item, dict):
             return dead(WRONG_TYPE, f"a record is a JSON object, got {type(item).__name__}")
         kind = item.get("kind")
+        if not isinstance(kind, str) and kind is not None:  # a list or object is no kind ("in" would raise)
+            what = {list: "array", dict: "object", bool: "boolean"}.get(type(kind), "number")
+            return dead(WRONG_TYPE, f"kind is a JSON {what}, not a string")
         if kind not in _KINDS:
             return dead(
                 UNKNOWN_KIND if kind is not None else MISSING_KEY,

@@ -45,6 +45,10 @@ def test_good_records_single_and_batched():
     (json.dumps(rec(gpu="three")), "wrong_type"),
     (json.dumps({k: v for k, v in rec().items() if k != "host"}), "missing_key"),
     (json.dumps(rec(kind="smart")), "unknown_kind"),
+    # A kind that is a JSON array or object raised TypeError in the decoder (an `internal` dead letter).
+    (json.dumps(rec(kind=[])), "wrong_type"),
+    (json.dumps(rec(kind={"a": 1})), "wrong_type"),
+    (json.dumps([rec(kind=["dcgm"])]), "wrong_type"),
     ('{"v":1,"kind":"dcgm","ts":NaN,"host":"n1","gpu":0}', "nan_value"),
     (json.dumps(rec(ts=TS * 1000)), "ts_out_of_range"),
     (json.dumps(rec(ts=12.0)), "ts_out_of_range"),
