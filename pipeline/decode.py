@@ -502,6 +502,7 @@ class Decoder:
                 0 <= r.rank < r.nranks
                 and (r.seq is None or 0 <= r.seq <= MAX_SEQ)
                 and r.exec_time_us >= 0
+                and 0 <= r.bytes <= MAX_SEQ
                 and (r.busbw_gbs is None or 0 <= r.busbw_gbs < math.inf)
                 and (r.algbw_gbs is None or 0 <= r.algbw_gbs < math.inf)
                 and r.exec_time_us < math.inf
@@ -587,6 +588,10 @@ class Decoder:
                     return NAN_VALUE, f"{name} is {val}"
                 if val is not None and val < 0:
                     return NEGATIVE_VALUE, f"{name} is {val}"
+            if rec.bytes < 0:
+                return NEGATIVE_VALUE, f"bytes is {rec.bytes}"
+            if rec.bytes > MAX_SEQ:
+                return OUT_OF_RANGE, f"bytes {rec.bytes} (0..{MAX_SEQ})"
         return None
 
     # -- slow path: say precisely what is wrong ---------------------------------------------

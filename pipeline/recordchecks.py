@@ -152,6 +152,7 @@ NcclChecked = msgspec.defstruct(
         ("rank", _RANK),
         ("nranks", _NRANKS),
         ("exec_time_us", _NONNEG),
+        ("bytes", _SEQ_OK),  # a message size: never negative, an int64 as the wire carries it
         ("gpu", Optional[GPU_OK], None),
         ("nnodes", Optional[_NRANKS], None),
         ("seq", Optional[_SEQ_OK], None),

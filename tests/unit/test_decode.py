@@ -217,3 +217,11 @@ def test_origins_of_the_fast_path_are_spelled_only_when_read_and_name_the_right_
     assert list(_Origins(msgs)) == ["t[0]@7", "t[0]@8", "t[0]@9"] and _Origins(msgs)[1:] == ["t[0]@8", "t[0]@9"]
     out = Pipeline(Engine()).handle(msgs)
     assert [(x.reason, x.origin, x.action) for x in out.dead] == [("blank_sentinel", "t[0]@8#2", "fields_dropped")]
+
+
+@pytest.mark.parametrize("size, reason", [(-5, "negative_value"), (2**63, "out_of_range")])
+def test_an_nccl_message_size_is_a_non_negative_int64(size, reason):
+    # bytes was not checked: -5 was a record, and 2**63 one no int64 column carries.
+    for payload in (json.dumps(nccl(bytes=size)), json.dumps([nccl(bytes=size), nccl()])):
+        out = dec(payload)
+        assert [d.reason for d in out.dead] == [reason] and len(out.records) == payload.count("{") - 1
