@@ -65,7 +65,9 @@ class EngineConfig:
             except OverflowError:
                 ok = False
             if not ok:
-                shown = repr(val) if len(repr(val)) <= 40 else repr(val)[:40] + "..."
+                # A huge int is not turned into text: past 4,300 digits repr() itself raises.
+                big = isinstance(val, int) and val.bit_length() > 64
+                shown = f"an integer of {val.bit_length()} bits" if big else repr(val)[:40]
                 raise ConfigError(f"engine.{f.name}", f"must be a finite non-negative number, got {shown}")
             if f.type in ("int", int):  # a count: 1.5 hosts would be cut, or crash an array's size
                 if val != int(val):

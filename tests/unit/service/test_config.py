@@ -66,6 +66,8 @@ def test_engine_seconds_given_as_whole_numbers_are_floats():
     # Found in review: past a float's range, an int raised OverflowError out of the loader (exit 70).
     ("engine: {tick: " + "9" * 400 + "}", "engine.tick"),
     ("engine: {max_hosts: " + "9" * 400 + "}", "engine.max_hosts"),
+    # ... and one past 4,300 digits (YAML's hex ints have no digit limit) raised again in repr().
+    ("engine: {tick: 0x" + "f" * 5000 + "}", "engine.tick"),
 ])
 def test_bad_config_names_the_key(text, key):
     with pytest.raises(ConfigError) as err:
