@@ -284,10 +284,15 @@ class KernelLog:
 
 
 def _root(ln: Line) -> Line:
-    """The kept line ``ln`` was merged into (``Line.into``, followed to its end), else ``ln``."""
-    while ln.into is not None:
-        ln = ln.into
-    return ln
+    """The kept line ``ln`` was merged into (``Line.into``, followed to its end), else ``ln``;
+    every line passed on the way is pointed at it, so chains stay short (union-find's path
+    compression: merges that chain one record's copies would otherwise cost quadratic time)."""
+    root = ln
+    while root.into is not None:
+        root = root.into
+    while ln.into is not None and ln.into is not root:
+        ln.into, ln = root, ln.into
+    return root
 
 
 class KmsgFileSource:
