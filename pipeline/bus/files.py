@@ -50,6 +50,12 @@ def _gunzip(chunks: Iterator[bytes], name: str, lines_done: Callable[[], int]) -
     fed = False  # whether the current member has had any input
     for data in chunks:
         while True:
+            if not fed:
+                # Zeros between or after members are padding (tape blocks, preallocated files), as
+                # gzip(1) and Python's gzip module read them, not bytes that are not gzip.
+                data = data.lstrip(b"\x00")
+                if not data:
+                    break
             try:
                 out = d.decompress(data, _CHUNK)
             except zlib.error as e:
@@ -118,28 +124,42 @@ def read_lines(
         parts: list[bytes] = []  # the current line's pieces, at most max_line_bytes + 1 bytes
         size = 0
         cut = False  # the current line passed max_line_bytes: the rest of it is skipped
+        over = False  # a skipped byte was not blank: the line is too large, whatever strip() leaves
+
+        def whole() -> bytes:
+            # A line over the limit is not stripped: what stands for it must stay over it. One
+            # whose bytes past the limit are blanks (a "\r" before the newline) is only as long
+            # as what is left once stripped, which the decoder measures.
+            line = b"".join(parts)
+            return line if over else line.strip()
+
         try:
             for chunk in data:
                 pieces = chunk.split(b"\n")
                 for i, piece in enumerate(pieces):
-                    if not cut and piece:
+                    if not parts:
+                        piece = piece.lstrip()  # blanks before a line's first byte count for nothing
+                    if piece and cut:
+                        over = over or not piece.isspace()
+                    elif piece:
                         if size + len(piece) > max_line_bytes:
+                            rest = piece[max_line_bytes + 1 - size :]
+                            over = bool(rest) and not rest.isspace()
                             piece, cut = piece[: max_line_bytes + 1 - size], True
                         parts.append(piece)
                         size += len(piece)
                     if i == len(pieces) - 1:
                         break  # the line goes on in the next chunk
                     lineno += 1
-                    # A cut line is not stripped: what stands for it must stay over the limit.
-                    line = b"".join(parts) if cut else b"".join(parts).strip()
-                    parts, size, cut = [], 0, False
+                    line = whole()
+                    parts, size, cut, over = [], 0, False, False
                     if line:
                         yield Message(name, FILE_PARTITION, lineno, None, line)
         except _StreamEnd as e:
             tell(str(e))
         if parts:  # the last line, without its newline
             lineno += 1
-            line = b"".join(parts) if cut else b"".join(parts).strip()
+            line = whole()
             if line:
                 yield Message(name, FILE_PARTITION, lineno, None, line)
     finally:

@@ -264,12 +264,23 @@ def test_files_overlapping_in_time_get_a_note_saying_why_their_records_are_late(
     assert "late" in err and f"records of {b} (" in err and "replayed one after another" in err
 
 
-def test_a_cut_line_stays_too_large_even_when_its_kept_bytes_end_in_blanks(tmp_path):
+def test_the_line_limit_is_measured_on_what_is_left_once_blanks_are_stripped(tmp_path):
+    # Blanks around a line are not part of its record (the decoder strips them too): a record of
+    # exactly the limit ended by "\r\n", or blanks before a short record, are read; a line whose
+    # record itself runs past the limit is too_large whatever blanks surround it. Before: the kept
+    # bytes were stripped (content past the limit cut off silently: "\t b\r}" read as "b").
     path = tmp_path / "x.jsonl"
-    path.write_bytes(b"{}" + b" " * 50 + b"\n" + b" " * 50 + b"\n{}\n")
-    # Was b"{}" (stripped: under the limit, accepted) and the all-blank line silently gone.
-    got = [(m.value, m.offset) for m in read_lines(path, max_line_bytes=10)]
-    assert [len(v) for v, _ in got] == [11, 11, 2] and [o for _, o in got] == [1, 2, 3]
+    path.write_bytes(
+        b"{}" + b" " * 50 + b"\n"  # 1: a record, then blanks past the limit
+        + b" " * 50 + b"\n"  # 2: blanks only
+        + b"[" + b"1" * 8 + b"]\r\n"  # 3: exactly the limit, then "\r"
+        + b" " * 30 + b"[1]\n"  # 4: blanks past the limit before a short record
+        + b"\t b\r}\r\t \t\n"  # 5: blanks inside the record count
+        + b"[" + b"1" * 20 + b"]   \n"  # 6: past the limit
+    )
+    got = [(m.offset, m.value) for m in read_lines(path, max_line_bytes=10)]
+    assert [(o, v) for o, v in got if len(v) <= 10] == [(1, b"{}"), (3, b"[11111111]"), (4, b"[1]"), (5, b"b\r}")]
+    assert [o for o, v in got if len(v) > 10] == [6]
 
 
 def test_a_long_gzipped_line_without_a_newline_is_read_in_bounded_memory(tmp_path):
@@ -285,3 +296,13 @@ def test_a_long_gzipped_line_without_a_newline_is_read_in_bounded_memory(tmp_pat
         tracemalloc.stop()
     assert got == [(1 << 20) + 1]
     assert peak < 8 << 20
+
+
+def test_zeros_after_and_between_gzip_members_are_padding(tmp_path):
+    # Found in review: a .gz followed by zeros (tape blocks, a preallocated file), which gzip -t and
+    # Python's gzip module accept, was named "bytes that are not gzip" and exited 3.
+    path = tmp_path / "padded.jsonl.gz"
+    path.write_bytes(gzip.compress(b'{"a":1}\n') + b"\0" * 512 + gzip.compress(b'{"a":2}\n') + b"\0" * 70_000)
+    problems: list[str] = []
+    assert [m.value for m in read_lines(path, on_problem=problems.append)] == [b'{"a":1}', b'{"a":2}']
+    assert problems == []
