@@ -126,6 +126,18 @@ class _Handler(WSGIRequestHandler):
         assert app is not None  # set by make_server
         handler.run(app)
 
+    def send_error(self, code: int, message: str | None = None, explain: str | None = None) -> None:
+        """``BaseHTTPRequestHandler.send_error`` (a request too long or not HTTP: an HTML page
+        that echoes it, escaped), with ``nosniff`` as every other answer has."""
+        self._nosniff = True
+        super().send_error(code, message, explain)
+
+    def end_headers(self) -> None:
+        if getattr(self, "_nosniff", False):
+            self._nosniff = False
+            self.send_header(*NOSNIFF)
+        super().end_headers()
+
     def setup(self) -> None:
         super().setup()  # socket timeout for every read and write
         plain_r, plain_w = self.rfile, self.wfile
