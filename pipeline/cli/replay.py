@@ -123,11 +123,14 @@ def _cmd_replay(args: argparse.Namespace) -> int:
     if later:
         # Files are read one after another, so one that overlaps an earlier one in time arrives
         # behind it (docs/architecture.md, "Time": max_lag).
+        # The cause is not known here (a file may also go back in time by itself): the note says
+        # what is true and what to do if the files overlap.
         console.print(
-            "note: the files are replayed one after another, in the order given; records of "
+            "note: records of "
             + ", ".join(f"{f} ({n:,})" for f, n in sorted(later.items()))
-            + " were late, older than what earlier files had moved the engine to: recordings that "
-            "overlap in time need to be merged into one file in time order first",
+            + " were late (older than the time the engine had reached); the files are replayed one "
+            "after another, in the order given, so recordings that overlap in time need to be merged "
+            "into one file in time order first",
             highlight=False,
             markup=False,
         )
