@@ -471,7 +471,8 @@ def bucket_bytes(bucket: str) -> int | None:
     m = re.fullmatch(r"\s*(\d{1,12})(?:\.(\d{1,2})|-\d{1,12})?\s*([KMGT]?B)\s*", bucket or "", re.ASCII)
     if not m:
         return None
-    return round((int(m.group(1)) + int(m.group(2) or 0) / 10 ** len(m.group(2) or "")) * _UNITS[m.group(3)])
+    n = round((int(m.group(1)) + int(m.group(2) or 0) / 10 ** len(m.group(2) or "")) * _UNITS[m.group(3)])
+    return n if n <= MAX_SEQ else None  # the decoder's int64: "999999999999TB" is no message size
 
 
 def parse_prom(
@@ -553,6 +554,9 @@ def parse_prom(
             if counts is not None:
                 counts["dropped.bad_id"] = counts.get("dropped.bad_id", 0) + 1
             continue
+        nbytes = bucket_bytes(lab.get("message_size", ""))
+        if nbytes is None and lab.get("message_size"):
+            bad += 1  # a bucket past an int64 or of no known layout: the size is left at 0
         if bad and counts is not None:
             counts["dropped.bad_value"] = counts.get("dropped.bad_value", 0) + bad
         out.append(
@@ -568,7 +572,7 @@ def parse_prom(
                 nnodes=nnodes,
                 coll=coll,
                 seq=ascii_int(lab.get("coll_sn"), 18),  # within an int64, as the decoder wants
-                bytes=bucket_bytes(lab.get("message_size", "")) or 0,
+                bytes=nbytes or 0,
                 exec_time_us=t,
                 algbw_gbs=algbw if algbw is None or algbw >= 0 else None,
                 busbw_gbs=busbw if busbw is None or busbw >= 0 else None,

@@ -45,6 +45,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pipeline.numeric import ascii_int, finite
+from pipeline.recordchecks import MAX_SEQ
 from pipeline.schema import NcclRecord
 from producers import jsonsafe
 from producers.textinput import read_capped
@@ -265,7 +266,7 @@ def _row(header: list[str], time_scale: float, toks: list[str]) -> dict[str, Any
     for name, tok in zip(header, toks):
         if name == "size":
             size = ascii_int(tok)
-            if size is None:
+            if size is None or size > MAX_SEQ:  # the decoder's int64: 19 nines is no message size
                 return None
             row["size"] = size
         elif name in ("type", "redop", "root"):

@@ -87,7 +87,7 @@ def test_prometheus_mode_reads_ascii_numbers_only():
     recs = parse_prom(text, ts=1.0, counts=counts)
     # Before: int("9" * 5000) and int("²") raised (the whole file lost), "GPU٣" was GPU 3.
     assert sorted(((r.gpu, r.nnodes, r.bytes) for r in recs), key=str) == [(2, 1, 0), (None, None, 4 << 30)]
-    assert counts == {"dropped.bad_rank": 1}
+    assert counts == {"dropped.bad_rank": 1, "dropped.bad_value": 1}  # the size bucket "²-5GB" left at 0
 
 
 JSON_ANY = st.recursive(

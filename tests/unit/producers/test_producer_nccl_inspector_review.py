@@ -88,3 +88,19 @@ def test_prometheus_values_the_decoder_refuses_are_left_out():
     big = text.replace('nranks="4"', 'nranks="99999999"')
     counts = {}
     assert parse_prom(big, ts=T, counts=counts) == [] and counts["dropped.bad_rank"] == 1
+
+
+def test_a_size_bucket_past_an_int64_is_left_out_and_counted():
+    # Found in review: "999999999999TB" became bytes of ~1.1e24, which the decoder refuses
+    # (out_of_range): the whole series was dead-lettered downstream.
+    from producers.nccl_inspector import bucket_bytes, parse_prom
+
+    assert bucket_bytes("999999999999TB") is None and bucket_bytes("4-5GB") == 4 << 30
+    text = (
+        "# TYPE nccl_collective_exec_time_microseconds gauge\n"
+        'nccl_collective_exec_time_microseconds{node="n1",gpu="GPU0",comm_name="c",nranks="8",n_nodes="1",'
+        'collective="AllReduce",message_size="999999999999TB"} 10\n'
+    )
+    counts: dict[str, int] = {}
+    recs = parse_prom(text, ts=1.0e9, counts=counts)
+    assert [r.bytes for r in recs] == [0] and counts == {"dropped.bad_value": 1}

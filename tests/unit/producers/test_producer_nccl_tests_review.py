@@ -102,3 +102,11 @@ def test_command_lines_cost_the_runs_they_close_not_every_stream(monkeypatch):
     text = "\n".join([f"0: {x}" for x in a] + [f"1: {x}" for x in b] + ["7: # nThread 1 nGpus 1"])
     recs = parse_text(text, ts=T, stats=stats)
     assert stats.too_many_streams == 1 and sorted({r.host for r in recs}) == ["nodeA", "nodeB"]
+
+
+def test_a_row_size_past_an_int64_is_an_unparsable_row():
+    # Found in review: 19 nines passed the 19-digit bound and became bytes the decoder refuses.
+    rows = new_run("all_reduce_perf", [(0, "nodeA", 0)], ROWS).replace(f"{1024:12d}  {1024 // 4:12d}", f"{'9' * 19}  {256:12d}")
+    st = ParseStats()
+    recs = parse_text(rows, ts=T, stats=st)
+    assert [r.bytes for r in recs] == [8] and st.unparsable_rows == 1
