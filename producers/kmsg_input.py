@@ -224,8 +224,13 @@ def parse_line(text: str, *, year: int | None = None) -> Line | None:
     if m:
         # A zone that says UTC is read as such; any other abbreviation as local time, as the
         # zone-less layouts are: an abbreviation names no offset reliably ("IST", "CST" are several).
-        utc = m["zone"] in _UTC_ZONES
-        ts = _iso(m["date"] + "+00:00") if utc else local_time(m["date"], "%Y-%m-%d %H:%M:%S")
+        zone = m["zone"]
+        if zone in _UTC_ZONES:
+            ts = _iso(m["date"] + "+00:00")
+        elif zone[0] in "+-":  # tzdata's numeric abbreviation ("+04", "-0330") is the offset itself
+            ts = _iso(f"{m['date']}{zone[:3]}:{zone[3:5] or '00'}")
+        else:
+            ts = local_time(m["date"], "%Y-%m-%d %H:%M:%S")
         if m["tag"] != "kernel":
             return Line("", ts=ts, host=m["host"])  # a program's line, which may quote the kernel's
         if ts is None:
