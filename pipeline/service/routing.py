@@ -52,7 +52,7 @@ class SenderLog:
     newest event time from each: what ``split`` reads. Only DCGM records count: a collective's
     records (NCCL, RAS) name the ranks' hosts from wherever their tool ran, so one host's come
     from another's partition by design. At most ``max_hosts`` hosts are kept (``untracked``
-    counts the records of further ones' messages).
+    counts the notes of further hosts, one per host a message names).
 
     >>> log = SenderLog()
     >>> log.note(["n1", "n2"], 0, 100.0)
