@@ -8,11 +8,12 @@ is still a report.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable
 
 
+from pipeline.recordchecks import TS_MAX, TS_MIN
 from pipeline.report.eventfiles import read_events
 from pipeline.schema import AlertEvent
 
@@ -56,15 +57,36 @@ class AlertLog:
     lines: int = 0
     bad_lines: int = 0
     orphan_resolutions: int = 0  # resolved events whose firing event is not in the file
+    read: int = 0  # events read (firing and resolved)
+    conflicts: int = 0  # ids whose firing events name different alerts (rule, fault, host, GPU)
+    problems: list[str] = field(default_factory=list)  # ``file:line: why`` of the first lines skipped
 
 
-def group_events(events: Iterable[AlertEvent]) -> tuple[list[Incident], int]:
-    """Pair firing and resolved events by id; returns (incidents by onset, resolutions without a firing)."""
+def check_times(ts: float, since: float) -> str | None:
+    """Why an event with these times cannot be drawn (None: it can): a time outside the
+    recordings' range (TS_MIN..TS_MAX) is a broken writer, not an alert of year 2200."""
+    for what, t in (("ts", ts), ("start", since)):
+        if not TS_MIN <= t <= TS_MAX:
+            return f"{what} {t!r} outside {TS_MIN:.0f}..{TS_MAX:.0f}"
+    return None
+
+
+def _identity(ev: AlertEvent) -> tuple[object, ...]:
+    return (ev.rule, ev.fault, ev.host, ev.gpu, ev.link)
+
+
+def group_events(events: Iterable[AlertEvent], conflicts: list[str] | None = None) -> tuple[list[Incident], int]:
+    """Pair firing and resolved events by id; returns (incidents by onset, resolutions without a
+    firing). ``conflicts``: given each id whose firing events name different alerts (rule, fault,
+    host or GPU), of which only the earliest is shown."""
     by_id: dict[str, Incident] = {}
     resolved: dict[str, float] = {}
+    clash: dict[str, None] = {}
     for ev in events:
         if ev.state == "firing":
             cur = by_id.get(ev.id)
+            if cur is not None and _identity(cur.event) != _identity(ev):
+                clash[ev.id] = None
             if cur is None or ev.ts < cur.event.ts:
                 by_id[ev.id] = Incident(ev.id, ev)
         elif ev.state == "resolved":
@@ -77,14 +99,20 @@ def group_events(events: Iterable[AlertEvent]) -> tuple[list[Incident], int]:
         else:
             inc.resolved_at = ts
     incidents = sorted(by_id.values(), key=lambda i: (i.started_at, i.fired_at, i.id))
+    if conflicts is not None:
+        conflicts.extend(clash)
     return incidents, orphans
 
 
 def load_alerts(paths: Iterable[str | Path]) -> AlertLog:
     """Read alert JSONL files (optionally .gz); a line may hold one event or an array of them."""
-    events, lines, bad = read_events(paths, AlertEvent)
-    incidents, orphans = group_events(events)
-    return AlertLog(incidents, lines, bad, orphans)
+    problems: list[str] = []
+    events, lines, bad = read_events(
+        paths, AlertEvent, check=lambda e: check_times(e.ts, e.started_at), problems=problems
+    )
+    clash: list[str] = []
+    incidents, orphans = group_events(events, clash)
+    return AlertLog(incidents, lines, bad, orphans, len(events), len(clash), problems)
 
 
 def most_important(incidents: list[Incident], limit: int) -> list[Incident]:

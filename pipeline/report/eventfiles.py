@@ -4,7 +4,7 @@ array a line, ``.gz`` or plain; a line that is not one of them is counted, not f
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Iterable, TypeVar
+from typing import Callable, Iterable, TypeVar
 
 import msgspec
 
@@ -12,10 +12,20 @@ from pipeline.bus.files import read_lines
 
 T = TypeVar("T")
 
+MAX_PROBLEMS = 3  # problems described by origin in the notes; the rest are only counted
 
-def read_events(paths: Iterable[str | Path], kind: type[T]) -> tuple[list[T], int, int]:
+
+def read_events(
+    paths: Iterable[str | Path],
+    kind: type[T],
+    *,
+    check: Callable[[T], str | None] | None = None,
+    problems: list[str] | None = None,
+) -> tuple[list[T], int, int]:
     """The events of type ``kind`` in ``paths``, with how many lines were read and how many
-    lines or array items were not such an event.
+    lines or array items were not such an event. ``check(event)``: a reason to skip an event that
+    decodes but cannot be used (None: keep it). ``problems``: given ``file:line: why`` for the first
+    few skipped.
 
     >>> import tempfile, os
     >>> from pipeline.schema import AlertEvent
@@ -29,17 +39,36 @@ def read_events(paths: Iterable[str | Path], kind: type[T]) -> tuple[list[T], in
     """
     events: list[T] = []
     lines = bad = 0
+
+    def skip(origin: str, why: str) -> None:
+        nonlocal bad
+        bad += 1
+        if problems is not None and len(problems) < MAX_PROBLEMS:
+            problems.append(f"{origin}: {why[:200]}")
+
     for path in paths:
         for msg in read_lines(path):
             lines += 1
             try:
                 obj = msgspec.json.decode(msg.value)
-            except msgspec.DecodeError:
-                bad += 1
+            except msgspec.DecodeError as e:
+                skip(msg.origin, f"not JSON ({e})")
+                continue
+            except RecursionError:  # nested deeper than the decoder follows
+                skip(msg.origin, "nested too deep")
                 continue
             for item in obj if isinstance(obj, list) else [obj]:
                 try:
-                    events.append(msgspec.convert(item, kind))
-                except msgspec.ValidationError:
-                    bad += 1
+                    ev = msgspec.convert(item, kind)
+                except msgspec.ValidationError as e:
+                    skip(msg.origin, f"not {'an' if kind.__name__[0] in 'AEIOU' else 'a'} {kind.__name__} ({e})")
+                    continue
+                except RecursionError:
+                    skip(msg.origin, "nested too deep")
+                    continue
+                why = check(ev) if check is not None else None
+                if why is not None:
+                    skip(msg.origin, why)
+                else:
+                    events.append(ev)
     return events, lines, bad

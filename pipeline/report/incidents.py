@@ -14,7 +14,7 @@ from typing import Iterable
 
 from pipeline.report.eventfiles import read_events
 from pipeline.incidents.events import ESCALATED, OPENED, RESOLVED, IncidentEvent, IncidentRoot
-from pipeline.report.alerts import SEVERITY_RANK
+from pipeline.report.alerts import SEVERITY_RANK, check_times
 
 
 @dataclass
@@ -68,6 +68,8 @@ class IncidentLog:
     lines: int = 0
     bad_lines: int = 0
     orphans: int = 0  # events of an incident whose ``opened`` event is not in the files
+    read: int = 0  # events read
+    problems: list[str] = field(default_factory=list)  # ``file:line: why`` of the first lines skipped
 
 
 def group_incident_events(events: Iterable[IncidentEvent]) -> tuple[list[IncidentSpan], int]:
@@ -118,9 +120,12 @@ def group_incident_events(events: Iterable[IncidentEvent]) -> tuple[list[Inciden
 
 def load_incidents(paths: Iterable[str | Path]) -> IncidentLog:
     """Read incident-event JSONL files (optionally .gz); a line may hold one event or an array."""
-    events, lines, bad = read_events(paths, IncidentEvent)
+    problems: list[str] = []
+    events, lines, bad = read_events(
+        paths, IncidentEvent, check=lambda e: check_times(e.ts, e.opened_at), problems=problems
+    )
     spans, orphans = group_incident_events(events)
-    return IncidentLog(spans, lines, bad, orphans)
+    return IncidentLog(spans, lines, bad, orphans, len(events), problems)
 
 
 def most_severe(spans: list[IncidentSpan], limit: int) -> list[IncidentSpan]:

@@ -34,6 +34,14 @@ def _utc(ts: float | None, date: bool = True) -> str:
     return t.strftime("%Y-%m-%d %H:%M:%SZ" if date else "%H:%M:%S")
 
 
+def _first(what: str, problems: list[str], count: int) -> list[str]:
+    """The note naming the first lines skipped (an item of an array line counts as one)."""
+    if not problems:
+        return []
+    more = f"; {count - len(problems):,} more" if count > len(problems) else ""
+    return [f"Skipped {what} lines: {'; '.join(problems)}{more}."]
+
+
 def _dur(s: float | None) -> str:
     if s is None or s != s:
         return "—"
@@ -193,10 +201,17 @@ def incident_page(
         notes.append(f"{tel.dead:,} telemetry record(s) or line(s) could not be decoded and were skipped.")
     if log.bad_lines:
         notes.append(f"{log.bad_lines} alert line(s) could not be read and were skipped.")
+        notes.extend(_first("alert", log.problems, log.bad_lines))
     if log.orphan_resolutions:
         notes.append(f"{log.orphan_resolutions} alert(s) resolved without their firing event in the file: not shown.")
+    if log.conflicts:
+        notes.append(
+            f"{log.conflicts:,} alert id(s) have firing events naming different alerts (rule, fault, host or GPU):"
+            " only the earliest of each is shown."
+        )
     if inc_log is not None and inc_log.bad_lines:
         notes.append(f"{inc_log.bad_lines} incident event line(s) could not be read and were skipped.")
+        notes.extend(_first("incident event", inc_log.problems, inc_log.bad_lines))
     if inc_log is not None and inc_log.orphans:
         notes.append(f"{inc_log.orphans} incident event(s) of incidents not opened in the file: not shown.")
     if notes_out is not None:
@@ -204,12 +219,12 @@ def incident_page(
     if unread_out is not None:
         unread_out.extend(
             what
-            for what, lines, bad in (
-                ("alerts", log.lines, log.bad_lines),
-                ("incidents", inc_log.lines if inc_log else 0, inc_log.bad_lines if inc_log else 0),
-                ("telemetry", tel.lines, tel.lines if tel.dead and not tel.records else 0),
+            for what, lines, read in (
+                ("alerts", log.lines, log.read),
+                ("incidents", inc_log.lines if inc_log else 0, inc_log.read if inc_log else 0),
+                ("telemetry", tel.lines, tel.records or not tel.dead),
             )
-            if lines and bad >= lines
+            if lines and not read
         )
 
     sections = []
