@@ -65,11 +65,11 @@ from pipeline.recordchecks import (
     LINK_OK,
     MAX_GPU_INDEX,
     MAX_LINK_INDEX,
-    MAX_RANKS,
     MAX_SEQ,
     MODEL_OF,
     NCCL_NAMES,
     NcclChecked,
+    nccl_problem,
     nic_problem,
     NicChecked,
     PROGRESS_NAMES,
@@ -81,6 +81,7 @@ from pipeline.recordchecks import (
     TS_MIN,
 )
 from pipeline.recordchecks import MAX_COUNTER as MAX_COUNTER
+from pipeline.recordchecks import MAX_RANKS as MAX_RANKS
 from pipeline.recordchecks import MAX_NIC_COUNTERS as MAX_NIC_COUNTERS
 from pipeline.recordchecks import MAX_NIC_NAME as MAX_NIC_NAME
 from pipeline.recordchecks import MAX_PORT_STATE as MAX_PORT_STATE
@@ -566,32 +567,7 @@ class Decoder:
         elif isinstance(rec, ProgressRecord):
             return progress_problem(rec)
         else:
-            if (
-                rec.nranks > MAX_RANKS
-                or rec.rank >= MAX_RANKS
-                or (rec.nnodes is not None and not 0 <= rec.nnodes <= MAX_RANKS)
-            ):
-                return OUT_OF_RANGE, f"rank {rec.rank} of {rec.nranks} (at most {MAX_RANKS} ranks)"
-            if rec.rank < 0 or rec.nranks <= 0 or rec.rank >= rec.nranks:
-                return WRONG_TYPE, f"rank {rec.rank} of {rec.nranks}"
-            if rec.gpu is not None and not 0 <= rec.gpu <= MAX_GPU_INDEX:
-                return OUT_OF_RANGE, f"gpu index {rec.gpu} (0..{MAX_GPU_INDEX})"
-            if rec.seq is not None and not 0 <= rec.seq <= MAX_SEQ:
-                return OUT_OF_RANGE, f"seq {rec.seq} (0..{MAX_SEQ})"
-            for name in ("comm", "coll", "job", "comm_name"):
-                val = getattr(rec, name)
-                if val is not None and (why := bad_identifier(val)) is not None:
-                    return BAD_IDENTIFIER, f"{name} {shown(val)}: {why}"
-            for name in ("exec_time_us", "algbw_gbs", "busbw_gbs"):
-                val = getattr(rec, name)
-                if val is not None and not math.isfinite(val):
-                    return NAN_VALUE, f"{name} is {val}"
-                if val is not None and val < 0:
-                    return NEGATIVE_VALUE, f"{name} is {val}"
-            if rec.bytes < 0:
-                return NEGATIVE_VALUE, f"bytes is {rec.bytes}"
-            if rec.bytes > MAX_SEQ:
-                return OUT_OF_RANGE, f"bytes {rec.bytes} (0..{MAX_SEQ})"
+            return nccl_problem(rec)
         return None
 
     # -- slow path: say precisely what is wrong ---------------------------------------------

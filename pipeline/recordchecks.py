@@ -316,6 +316,40 @@ ProgressChecked = msgspec.defstruct(
 )
 
 
+def nccl_problem(rec: NcclRecord) -> tuple[str, str] | None:
+    """What is wrong with an NCCL record's own fields (its ts and host are checked before), or
+    None: the ranks, GPU, sequence number, names, times, bandwidths and message size.
+
+    >>> r = NcclRecord(ts=1764403200.0, host="h", comm="c", rank=0, nranks=2, coll="AllReduce", bytes=-5,
+    ...                exec_time_us=1.0)
+    >>> nccl_problem(r)
+    ('negative_value', 'bytes is -5')
+    """
+    if rec.nranks > MAX_RANKS or rec.rank >= MAX_RANKS or (rec.nnodes is not None and not 0 <= rec.nnodes <= MAX_RANKS):
+        return OUT_OF_RANGE, f"rank {rec.rank} of {rec.nranks} (at most {MAX_RANKS} ranks)"
+    if rec.rank < 0 or rec.nranks <= 0 or rec.rank >= rec.nranks:
+        return WRONG_TYPE, f"rank {rec.rank} of {rec.nranks}"
+    if rec.gpu is not None and not 0 <= rec.gpu <= MAX_GPU_INDEX:
+        return OUT_OF_RANGE, f"gpu index {rec.gpu} (0..{MAX_GPU_INDEX})"
+    if rec.seq is not None and not 0 <= rec.seq <= MAX_SEQ:
+        return OUT_OF_RANGE, f"seq {rec.seq} (0..{MAX_SEQ})"
+    for name in ("comm", "coll", "job", "comm_name"):
+        val = getattr(rec, name)
+        if val is not None and (why := bad_identifier(val)) is not None:
+            return BAD_IDENTIFIER, f"{name} {shown(val)}: {why}"
+    for name in ("exec_time_us", "algbw_gbs", "busbw_gbs"):
+        val = getattr(rec, name)
+        if val is not None and not math.isfinite(val):
+            return NAN_VALUE, f"{name} is {val}"
+        if val is not None and val < 0:
+            return NEGATIVE_VALUE, f"{name} is {val}"
+    if rec.bytes < 0:
+        return NEGATIVE_VALUE, f"bytes is {rec.bytes}"
+    if rec.bytes > MAX_SEQ:
+        return OUT_OF_RANGE, f"bytes {rec.bytes} (0..{MAX_SEQ})"
+    return None
+
+
 def progress_problem(rec: ProgressRecord) -> tuple[str, str] | None:
     """What is wrong with a progress record's own fields (its ts and host are checked
     before), or None: the ranges of its integers and its names (docs/architecture.md §3).
