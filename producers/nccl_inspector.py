@@ -50,7 +50,7 @@ import msgspec
 from prometheus_client.parser import text_string_to_metric_families
 
 from pipeline.numeric import ascii_int, finite
-from pipeline.recordchecks import MAX_GPU_INDEX, MAX_HOST_LEN, MAX_ID_LEN, MAX_RANKS, MAX_SEQ, TS_MAX, TS_MIN
+from pipeline.recordchecks import MAX_GPU_INDEX, MAX_RANKS, MAX_SEQ, TS_MAX, TS_MIN, bad_host, bad_identifier
 from pipeline.schema import NcclRecord
 from producers import jsonsafe
 from producers.textinput import read_capped
@@ -73,9 +73,10 @@ def _int(v: Any, lo: int, hi: int) -> int | None:
     return v if isinstance(v, int) and not isinstance(v, bool) and lo <= v <= hi else None
 
 
-def _text(v: Any, limit: int = MAX_ID_LEN) -> str | None:
-    """A printable string of 1 to ``limit`` characters (the decoder's bound), else None."""
-    return v if isinstance(v, str) and 0 < len(v) <= limit and v.isprintable() else None
+def _text(v: Any, host: bool = False) -> str | None:
+    """``v`` when the decoder takes it as a name (a host name: ``host``, which holds no space),
+    else None: ``recordchecks.bad_identifier`` decides, so the two never disagree."""
+    return v if (bad_host(v) if host else bad_identifier(v)) is None else None
 
 
 def _num(v: Any) -> float | None:
@@ -162,7 +163,7 @@ def parse_operation(
     ts = ts_us / 1e6 if ts_us else time.time()
     if not TS_MIN <= ts <= TS_MAX:  # a year the decoder refuses: the read time, as for none
         bad, ts = bad + 1, time.time()
-    host = _text(meta.get("hostname"), MAX_HOST_LEN)
+    host = _text(meta.get("hostname"), host=True)
     bad += meta.get("hostname") not in (None, "") and host is None
     host = host or file_host or "unknown"
     nnodes = _int(hdr.get("nnodes"), 1, MAX_RANKS)
@@ -547,7 +548,7 @@ def parse_prom(
             bad, comm_name = bad + 1, None
         comm = _text(comm_id or lab.get("comm_name") or "unknown")
         coll = _text(lab.get("collective") or lab.get("p2p_operation") or "unknown")
-        lhost = host or _text(lab.get("node") or lab.get("hostname") or "", MAX_HOST_LEN)
+        lhost = host or _text(lab.get("node") or lab.get("hostname") or "", host=True)
         if (lab.get("node") or lab.get("hostname")) and lhost is None:
             bad += 1
         if comm is None or coll is None:

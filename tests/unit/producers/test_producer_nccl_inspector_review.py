@@ -42,6 +42,7 @@ def decodes(rec) -> bool:
         ("header", "comm_name", "tab\there"),
         ("metadata", "hostname", "h" * 300),
         ("metadata", "hostname", ["n1"]),
+        ("metadata", "hostname", "node 7"),  # a host name holds no space (recordchecks.bad_host)
     ],
 )
 def test_a_field_the_decoder_refuses_is_left_out_and_the_operation_kept(where, key, value):
