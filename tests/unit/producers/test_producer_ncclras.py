@@ -20,8 +20,9 @@ from hypothesis import strategies as st
 
 from pipeline.decode import Decoder
 from pipeline.schema import encode
-from producers.ncclras import RasStats, RasStatusSource, parse
-from tests.factories import T0, fuzz_examples
+from producers.ncclras import RasStatusSource
+from tests.factories import fuzz_examples
+from tests.unit.producers.ras_factories import parse_ras
 
 DOC_HEALTHY = textwrap.dedent("""\
     Job summary
@@ -150,18 +151,13 @@ DOC_JSON = json.dumps({
 }, indent=2)  # fmt: skip
 
 
-def _parse(text):
-    stats = RasStats()
-    return parse(text, ts=T0, job="pretrain", stats=stats), stats
-
-
 def test_a_healthy_job_names_no_rank():
-    recs, stats = _parse(DOC_HEALTHY)
+    recs, stats = parse_ras(DOC_HEALTHY)
     assert recs == [] and stats.summary()["dropped.unparsable_line"] == 0
 
 
 def test_a_count_mismatch_names_the_ranks_behind_as_lagging():
-    recs, stats = _parse(DOC_MISMATCH)
+    recs, stats = parse_ras(DOC_MISMATCH)
     assert [r.rank for r in recs] == [0, 2, 3, 4, 5, 7]
     assert {r.state for r in recs} == {"lagging"}
     r = recs[0]
@@ -172,34 +168,34 @@ def test_a_count_mismatch_names_the_ranks_behind_as_lagging():
 
 
 def test_per_operation_counts_judge_each_operation_apart():
-    recs, _ = _parse(NEW_PER_OP)
+    recs, _ = parse_ras(NEW_PER_OP)
     got = {r.rank: (r.state, r.last_enqueued, r.labels["ras.op"]) for r in recs}
     # Rank 6 is one AllReduce behind; rank 2 one Broadcast ahead (the others wait for it).
     assert got == {6: ("lagging", 119, "AllReduce"), 2: ("progress", 5, "Broadcast")}
 
 
 def test_a_status_mismatch_in_transition_makes_no_record():
-    recs, stats = _parse(DOC_STATUS)
+    recs, stats = parse_ras(DOC_STATUS)
     assert recs == [] and stats.transitional == 6
-    aborted, _ = _parse(DOC_STATUS.replace("Rank 20 -- GPU 4", "Rank 20 has status ABORT -- GPU 4"))
+    aborted, _ = parse_ras(DOC_STATUS.replace("Rank 20 -- GPU 4", "Rank 20 has status ABORT -- GPU 4"))
     assert [(r.rank, r.state, r.labels["ras.error"]) for r in aborted] == [(20, "error", "ABORT")]
 
 
 def test_the_24_missing_rank_line_is_missing_without_a_node():
-    recs, stats = _parse(DOC_DEAD)
+    recs, stats = parse_ras(DOC_DEAD)
     assert [(r.rank, r.state, r.host, r.nranks) for r in recs] == [(21, "missing", "unknown", 32)]
     assert stats.dead_processes == 1 and stats.unranked == 1
 
 
 def test_a_missing_rank_on_a_dead_process_is_dead_and_async_errors_are_errors():
-    recs, _ = _parse(NEW_INCOMPLETE)
+    recs, _ = parse_ras(NEW_INCOMPLETE)
     got = {r.rank: (r.state, r.host, r.gpu) for r in recs}
     assert got == {21: ("dead", "172.16.64.213", 5), 13: ("error", "172.16.64.212", 6)}  # NVML index
     assert next(r for r in recs if r.rank == 13).labels["ras.error"] == "Remote process error"
 
 
 def test_json_names_every_rank_and_the_missing_one():
-    recs, stats = _parse(DOC_JSON)
+    recs, stats = parse_ras(DOC_JSON)
     got = {r.rank: (r.state, r.host, r.gpu, r.nranks, r.last_enqueued) for r in recs}
     assert got == {0: ("progress", "172.16.64.245", 0, 2, 0), 1: ("missing", "172.16.64.245", 1, 2, None)}
     import time
@@ -213,12 +209,12 @@ def test_json_counts_behind_the_highest_are_lagging_and_flags_are_errors():
     c["ranks"] = [dict(r0, collective_counts={"AllReduce": 10}), dict(r0, rank=1, collective_counts={"AllReduce": 9}),
                   dict(r0, rank=2, status={"async_error": 6}, collective_counts={"AllReduce": 10})]
     c["size"], c["missing_ranks"] = 4, [dict(c["missing_ranks"][0], rank=3, status={"considered_dead": True})]
-    recs, _ = _parse(json.dumps(doc))
+    recs, _ = parse_ras(json.dumps(doc))
     assert {r.rank: r.state for r in recs} == {0: "progress", 1: "lagging", 2: "error", 3: "dead"}
 
 
 def test_every_record_passes_the_decoder():
-    recs = [r for t in (DOC_MISMATCH, DOC_DEAD, NEW_INCOMPLETE, NEW_PER_OP, DOC_JSON) for r in _parse(t)[0]]
+    recs = [r for t in (DOC_MISMATCH, DOC_DEAD, NEW_INCOMPLETE, NEW_PER_OP, DOC_JSON) for r in parse_ras(t)[0]]
     out = Decoder().decode(b"[" + b",".join(encode(r) for r in recs) + b"]", "f:1")
     assert len(out.records) == len(recs) == 13 and not out.dead
 
@@ -245,24 +241,24 @@ def test_the_source_reads_a_file_once(tmp_path):
     ],
 )
 def test_a_hostile_rank_line_is_counted_and_costs_only_itself(change, reason):
-    recs, stats = _parse(DOC_MISMATCH.replace(*change))
+    recs, stats = parse_ras(DOC_MISMATCH.replace(*change))
     assert [r.rank for r in recs] == [0, 2, 4, 5, 7]
     assert stats.summary()[reason] == 1
 
 
 def test_a_block_header_whose_number_is_not_one_drops_its_lines_counted():
-    recs, stats = _parse(DOC_MISMATCH.replace("#0-0 (27a0", "#٣-0 (27a0") + NEW_PER_OP.split("========\n", 1)[1])
+    recs, stats = parse_ras(DOC_MISMATCH.replace("#0-0 (27a0", "#٣-0 (27a0") + NEW_PER_OP.split("========\n", 1)[1])
     assert [r.rank for r in recs] == [6, 2]  # the next block is read
     assert stats.bad_number == 1 and stats.orphan == 9
 
 
 def test_a_garbage_group_count_is_counted_and_its_ranks_carry_no_count():
-    recs, stats = _parse(DOC_MISMATCH.replace("up to operation 6649", "up to operation 66٤9"))
+    recs, stats = parse_ras(DOC_MISMATCH.replace("up to operation 6649", "up to operation 66٤9"))
     assert stats.bad_number == 1 and all(r.last_enqueued is None for r in recs)
 
 
 def test_huge_lines_and_hostile_json_cost_only_themselves():
-    recs, stats = _parse(DOC_MISMATCH.replace("Rank 4 --", "x" * 70_000 + "\nRank 4 --"))
+    recs, stats = parse_ras(DOC_MISMATCH.replace("Rank 4 --", "x" * 70_000 + "\nRank 4 --"))
     assert len(recs) == 6 and stats.oversize == 1
     doc = json.loads(DOC_JSON)
     c = doc["communicators"][0]
@@ -272,9 +268,9 @@ def test_huge_lines_and_hostile_json_cost_only_themselves():
     c["ranks"].append([1, 2])
     doc["communicators"].append({"hash": 5})
     deep = json.dumps(doc)[:-1] + ', "x": ' + "[" * 5000 + "]" * 5000 + "}"
-    recs, stats = _parse(deep)
+    recs, stats = parse_ras(deep)
     assert sorted(r.rank for r in recs) == [0, 1] and stats.bad_json_values >= 5
-    assert _parse("{not json")[0] == []
+    assert parse_ras("{not json")[0] == []
 
 
 NUM = st.sampled_from(["0", "12", "²", "٣", "9" * 400, "1e400", "-1", "", "１", "0x10"])
@@ -296,7 +292,7 @@ def test_fuzz_hostile_lines_inside_a_block_cost_only_themselves(lines):
     assume(not any(re.match(r"#\d+-\d+ \(", h.strip()) for h in lines))  # \d: Unicode digits too
     head, tail = DOC_MISMATCH.split("  Rank 0 --", 1)
     text = head + "".join(h.replace("\n", " ").replace("\r", " ") + "\n" for h in lines) + "  Rank 0 --" + tail
-    recs, _ = _parse(text)
+    recs, _ = parse_ras(text)
     assert {0, 2, 3, 4, 5, 7} <= {r.rank for r in recs if r.comm == "27a079b828ff1a75" and r.host == "172.16.64.210"}
     out = Decoder().decode(b"[" + b",".join(encode(r) for r in recs) + b"]", "f:1")
     assert len(out.records) == len(recs) and not out.dead

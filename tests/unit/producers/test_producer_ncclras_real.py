@@ -10,13 +10,7 @@ import textwrap
 
 import pytest
 
-from producers.ncclras import RasStats, parse
-from tests.factories import T0
-
-
-def _parse(text):
-    stats = RasStats()
-    return parse(text, ts=T0, job="pretrain", stats=stats), stats
+from tests.unit.producers.ras_factories import parse_ras
 
 
 # v2.24.3-1 (and v2.25.1-1): ranks that report no data on a communicator are UNKNOWN, listed by
@@ -39,7 +33,7 @@ V224_UNKNOWN = textwrap.dedent("""\
 
 
 def test_224_unknown_ranks_are_transitional_not_unparsable():
-    recs, stats = _parse(V224_UNKNOWN)
+    recs, stats = parse_ras(V224_UNKNOWN)
     assert recs == [] and stats.unparsable == 0
     assert stats.transitional == 5  # FINALIZE 4 and 20, UNKNOWN 30, 31 and 29
 
@@ -66,7 +60,7 @@ def test_a_dead_processs_ranks_with_nvml_gpus_are_dead(processes):
         f"  Rank 21 -- GPU {0 if 'GPU 0 (NVML 5)' in processes else 1} (NVML 5) managed by process "
         f"{3487985 if 'GPU 0 (NVML 5)' in processes else 3487984} on node 172.16.64.213\n\n"
     )
-    recs, stats = _parse(text)
+    recs, stats = parse_ras(text)
     assert {r.rank: (r.state, r.gpu) for r in recs} == {20: ("dead", 4), 21: ("dead", 5)}
     assert stats.unranked == 0
 
@@ -81,7 +75,7 @@ def test_a_cut_224_missing_rank_list_drops_its_last_number():
         "  Missing communicator data from 300 ranks\n"
         f"  The missing ranks: {listed}\n\n"
     )
-    recs, stats = _parse(text)
+    recs, stats = parse_ras(text)
     assert [r.rank for r in recs] == list(range(1000, 1204))
     assert stats.bad_number == 1
 
@@ -121,7 +115,7 @@ def test_the_2287_json_without_a_comma_after_a_missing_ranks_nvml_dev_is_read():
                     comma=False)  # fmt: skip
     with pytest.raises(json.JSONDecodeError):
         json.loads(doc)  # as 2.28.7 prints it
-    recs, _ = _parse(doc)
+    recs, _ = parse_ras(doc)
     assert {r.rank: (r.state, r.last_enqueued) for r in recs} == {0: ("progress", 120), 1: ("missing", None)}
 
 
@@ -133,7 +127,7 @@ def test_a_json_hash_is_the_texts_16_digits():
     )
     doc = _ras_json(0x00C3A1E5B7D90F12, [(0, "10.0.0.5", 4242, 7)], [(1, "10.0.0.5", 4243, True, False)])
     assert '"hash": "0xc3a1e5b7d90f12"' in doc
-    assert {r.comm for r in _parse(text)[0]} == {r.comm for r in _parse(doc)[0]} == {"00c3a1e5b7d90f12"}
+    assert {r.comm for r in parse_ras(text)[0]} == {r.comm for r in parse_ras(doc)[0]} == {"00c3a1e5b7d90f12"}
 
 
 def test_a_json_missing_rank_that_answered_is_the_texts_nocomm_not_missing():
@@ -141,7 +135,7 @@ def test_a_json_missing_rank_that_answered_is_the_texts_nocomm_not_missing():
     # (the text prints it as NOCOMM in a status MISMATCH); a dead one stays dead.
     doc = _ras_json(0xAE94423CFBB2EF4A, [(0, "10.0.0.5", 4242, 7)],
                     [(1, "10.0.0.5", 4243, False, False), (2, "10.0.0.6", 4300, True, True)])  # fmt: skip
-    recs, stats = _parse(doc)
+    recs, stats = parse_ras(doc)
     assert {r.rank: r.state for r in recs} == {0: "progress", 2: "dead"}
     assert stats.transitional == 1
 
@@ -183,7 +177,7 @@ V226_AHEAD = textwrap.dedent("""\
 
 
 def test_named_ranks_ahead_of_the_unnamed_majority_are_progress():
-    recs, stats = _parse(V226_AHEAD)
+    recs, stats = parse_ras(V226_AHEAD)
     assert {r.rank: (r.state, r.last_enqueued, r.nranks) for r in recs} == {
         9: ("progress", 513, 32), 10: ("progress", 513, 32)}  # fmt: skip
     assert stats.unparsable == 0

@@ -8,13 +8,7 @@ from __future__ import annotations
 
 import textwrap
 
-from producers.ncclras import RasStats, parse
-from tests.factories import T0
-
-
-def _parse(text):
-    stats = RasStats()
-    return parse(text, ts=T0, job="pretrain", stats=stats), stats
+from tests.unit.producers.ras_factories import parse_ras
 
 
 # v2.26.2-1 (the same through v2.29.7-1 and HEAD): the Errors section opens with "INCOMPLETE\n  Missing
@@ -59,7 +53,7 @@ def test_the_job_level_incomplete_processes_are_read_and_those_without_a_named_r
     # Before: the list was passed over unread; nothing said RAS named a process whose ranks no
     # record carries (3488001). Its processes name no rank, so they make no record of their own:
     # rank 21 is missing (not dead) either way.
-    recs, stats = _parse(V226_JOB_INCOMPLETE)
+    recs, stats = parse_ras(V226_JOB_INCOMPLETE)
     assert [(r.comm, r.rank, r.state, r.host, r.gpu, r.nranks) for r in recs] == [
         ("cf264af53edbe986", 21, "missing", "172.16.64.213", 5, 32)]  # fmt: skip
     summary = stats.summary()
@@ -126,7 +120,7 @@ V226_TWO_CAPTURES = textwrap.dedent("""\
 def test_appended_captures_are_each_matched_within_themselves():
     # Before: the second capture's DEAD made the first capture's rank 21 dead, and its table (group
     # 0: 4 ranks) gave rank 21 of the 32-rank communicator no size.
-    recs, stats = _parse(V226_TWO_CAPTURES)
+    recs, stats = parse_ras(V226_TWO_CAPTURES)
     assert [(r.comm, r.rank, r.state, r.nranks) for r in recs] == [
         ("cf264af53edbe986", 21, "missing", 32), ("5a1b2c3d4e5f6071", 2, "dead", 4)]  # fmt: skip
     summary = stats.summary()
@@ -141,6 +135,6 @@ def test_processes_ras_could_not_name_are_counted():
     text = V226_JOB_INCOMPLETE.replace(
         "managing GPUs 0,1,2,3,4,5,6,7\n", "managing GPUs 0,1,2,3,4,5,6,7\n  [could not find information on 3 processes]\n"
     )
-    recs, stats = _parse(text)
+    recs, stats = parse_ras(text)
     assert len(recs) == 1 and stats.summary()["unidentified_processes"] == 3
     assert stats.summary()["dropped.unparsable_line"] == 0

@@ -9,14 +9,9 @@ from __future__ import annotations
 import textwrap
 
 from producers import ncclras
-from producers.ncclras import RasStats, RasStatusSource, parse
-from tests.factories import T0
+from producers.ncclras import RasStatusSource
 from tests.unit.producers.test_producer_ncclras_real import _ras_json
-
-
-def _parse(text):
-    stats = RasStats()
-    return parse(text, ts=T0, job="pretrain", stats=stats), stats
+from tests.unit.producers.ras_factories import parse_ras
 
 
 # v2.26.2-1 (the same through v2.30.7-1): a dead process is missing from every communicator it
@@ -68,7 +63,7 @@ V226_DEAD_IN_TWO_COMMS = textwrap.dedent("""\
 
 def test_a_dead_process_makes_its_rank_dead_in_every_communicator():
     # Before: only the first block's rank 21 was dead; rank 2 of #2-0, the same process, "missing".
-    recs, stats = _parse(V226_DEAD_IN_TWO_COMMS)
+    recs, stats = parse_ras(V226_DEAD_IN_TWO_COMMS)
     assert {(r.comm, r.rank): (r.state, r.nranks) for r in recs} == {
         ("cf264af53edbe986", 21): ("dead", 32), ("5a1b2c3d4e5f6071", 2): ("dead", 4)}  # fmt: skip
     assert stats.dead_processes == 1 and stats.unranked == 0
@@ -102,7 +97,7 @@ V226_SHARED_GPU = textwrap.dedent("""\
 
 def test_a_dead_process_is_matched_by_its_pid_not_by_a_gpu_another_process_shares():
     # Before: rank 21 (the live process) was dead and rank 1 (the dead one) only missing.
-    recs, stats = _parse(V226_SHARED_GPU)
+    recs, stats = parse_ras(V226_SHARED_GPU)
     assert {r.rank: (r.state, r.host, r.gpu) for r in recs} == {
         21: ("missing", "172.16.64.213", 5), 1: ("dead", "172.16.64.213", 5)}  # fmt: skip
     assert stats.unranked == 0
@@ -124,10 +119,10 @@ def test_the_ranks_one_input_names_are_bounded_and_the_rest_counted(monkeypatch)
     # Before: every name was a record (1 MiB of such lists: 480,000 records, 251 MiB, 18 s).
     monkeypatch.setattr(ncclras, "MAX_RECORDS", 1000, raising=False)
     text, named = _list_blocks(10)
-    recs, stats = _parse(text)
+    recs, stats = parse_ras(text)
     assert len(recs) == 1000 and stats.summary()["dropped.too_many_records"] == named - 1000
     ranks = [(r, "10.0.0.5", 4242, 7) for r in range(1500)]
-    recs, stats = _parse(_ras_json(0xAE94423CFBB2EF4A, ranks, []))  # v2.28.7-1: every rank a record
+    recs, stats = parse_ras(_ras_json(0xAE94423CFBB2EF4A, ranks, []))  # v2.28.7-1: every rank a record
     assert len(recs) == 1000 and stats.summary()["dropped.too_many_records"] == 500
 
 
@@ -162,6 +157,6 @@ def test_a_line_cut_by_the_read_limit_is_not_read_as_whole(tmp_path):
 def test_json_after_the_clients_own_messages_is_read():
     doc = _ras_json(0x3F0C1B2D4E5A6978, [(0, "10.0.0.5", 4242, 120), (1, "10.0.0.6", 4243, 119)], [])
     for before in ("Connection timed out; retrying...\n", "Connecting to ::1:28028: Connection refused\n"):
-        recs, stats = _parse(before + doc)
+        recs, stats = parse_ras(before + doc)
         # Before: read as text, no line of it RAS's: no record, and the CLI's "not one line" exit 3.
         assert {r.rank: r.state for r in recs} == {0: "progress", 1: "lagging"} and stats.recognised
