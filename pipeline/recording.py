@@ -8,17 +8,19 @@ record; a message that is not valid JSON is kept verbatim, so poison survives a 
 
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass
 from typing import Callable
 
 import msgspec
 
-from pipeline.bus.files import FileSink, read_lines
+from pipeline.bus.files import FileSink, read_files
 from pipeline.bus.kafka import KafkaBusConsumer, KafkaBusProducer
 from pipeline.bus.publish import Pacer, send_paced
 from pipeline.bus.telemetry import recorded_messages
 
+log = logging.getLogger(__name__)
 _enc = msgspec.json.Encoder()
 
 
@@ -70,11 +72,24 @@ def record(
 
 
 def publish(
-    paths: list[str], bootstrap: str, topic: str, *, speed: float | None = None, security: dict | None = None
+    paths: list[str],
+    bootstrap: str,
+    topic: str,
+    *,
+    speed: float | None = None,
+    security: dict | None = None,
+    problems: list[str] | None = None,
 ) -> int:
-    """Send a recording to ``topic``; returns the number of messages sent."""
+    """Send a recording to ``topic``; returns the number of messages sent. A file that cannot be
+    read whole is named in ``problems`` (default: logged) and the others are still sent, as
+    ``gpuwarden replay`` replays them."""
+    told: list[str] = [] if problems is None else problems
     producer = KafkaBusProducer(bootstrap, security=security)
-    lines = (m for path in paths for m in read_lines(path))
-    sent = send_paced(producer, topic, recorded_messages(lines), pacer=Pacer(speed))
-    producer.close()
+    try:
+        sent = send_paced(producer, topic, recorded_messages(read_files(paths, told)), pacer=Pacer(speed))
+    finally:
+        producer.close()
+    if problems is None:
+        for p in told:
+            log.warning("%s", p)
     return sent

@@ -10,10 +10,9 @@ from pathlib import Path
 from typing import Callable, Iterable, Iterator
 
 from pipeline.bus.base import Message
-from pipeline.bus.files import FileSink, read_lines
+from pipeline.bus.files import FileSink, read_files
 from pipeline.bus.sinks import FileOutput, OutputSink
 from pipeline.engine import EngineOutput
-from pipeline.errors import InputError
 from pipeline.incidents import IncidentStage
 from pipeline.incidents.feed import AlertFeed
 from pipeline.protocols import Detector
@@ -52,17 +51,6 @@ def _batches(messages: Iterable[Message], size: int) -> Iterator[list[Message]]:
     it = iter(messages)
     while batch := list(islice(it, size)):
         yield batch
-
-
-def _lines_of(path: str | Path, problems: list[str]) -> Iterator[Message]:
-    """``read_lines(path)``, but a file that cannot be read (or stops being readable) is one line
-    in ``problems`` instead of the end of the replay: the other files are still replayed."""
-    try:
-        yield from read_lines(path, on_problem=problems.append)
-    except InputError as e:
-        problems.append(e.message)
-    except OSError as e:
-        problems.append(f"{path}: {e.strerror or e}; the rest of the file is not read")
 
 
 def replay(
@@ -113,7 +101,7 @@ def replay(
 
     try:
         for path in paths:
-            for batch in _batches(_lines_of(path, problems), batch_size):
+            for batch in _batches(read_files([path], problems), batch_size):
                 emit(pipe.handle_guarded(batch), len(batch))
         emit(pipe.flush(), 0, final=True)
     finally:

@@ -167,6 +167,24 @@ def read_lines(
             fh.close()
 
 
+def read_files(paths: Iterable[str | Path], problems: list[str]) -> Iterator[Message]:
+    """``read_lines`` of each of ``paths`` in turn, where a file that cannot be read, stops being
+    readable or is cut short is one line in ``problems`` naming it instead of the end of the
+    input: the other files are still read (``gpuwarden replay``, also ``--to-kafka``).
+
+    >>> problems: list[str] = []
+    >>> list(read_files(["/nonexistent/a.jsonl"], problems)), problems[0].startswith("/nonexistent/a.jsonl: ")
+    ([], True)
+    """
+    for path in paths:
+        try:
+            yield from read_lines(path, on_problem=problems.append)
+        except InputError as e:
+            problems.append(e.message)
+        except OSError as e:
+            problems.append(f"{path}: {e.strerror or e}; the rest of the file is not read")
+
+
 class FileSink:
     """Writes one JSON document per line; ``.gz`` paths are gzipped. Atomic on ``close`` when asked."""
 

@@ -60,12 +60,20 @@ def _cmd_replay(args: argparse.Namespace) -> int:
         connection.check(conn)
         ensure_topics(conn.bootstrap, Topics(args.prefix), security=conn.options(), timeout_s=15.0)
         t0 = time.monotonic()
-        n = publish(args.files, conn.bootstrap, Topics(args.prefix).telemetry, speed=speed, security=conn.options())
+        unread: list[str] = []
+        n = publish(
+            args.files,
+            conn.bootstrap,
+            Topics(args.prefix).telemetry,
+            speed=speed,
+            security=conn.options(),
+            problems=unread,
+        )
         console.print(
             f"published {n} messages to {Topics(args.prefix).telemetry} on {conn.bootstrap} "
             f"in {time.monotonic() - t0:.1f}s"
         )
-        return 0
+        return _name_unread(args, console, unread)
     rules = args.rules or str(rules_dir())
     if args.fleet_shards < 1:
         raise InputError(f"--fleet-shards must be at least 1, got {args.fleet_shards}")
@@ -134,11 +142,15 @@ def _cmd_replay(args: argparse.Namespace) -> int:
             highlight=False,
             markup=False,
         )
-    # Files that could not be read whole: each its own line, after the summary of what was read,
-    # and the input status (README, "Exit status") so a script sees it.
-    for unread in res.problems:
+    return _name_unread(args, console, res.problems)
+
+
+def _name_unread(args: argparse.Namespace, console: Any, problems: list[str]) -> int:
+    """Files that could not be read whole: each its own line, after the summary of what was read,
+    and the input status (README, "Exit status") so a script sees it."""
+    for unread in problems:
         console.print(f"{getattr(args, '_prog', 'gpuwarden replay')}: {unread}", highlight=False, markup=False)
-    return EXIT_INPUT if res.problems else 0
+    return EXIT_INPUT if problems else 0
 
 
 def register(sub: Any) -> None:

@@ -150,3 +150,26 @@ def test_every_send_is_checked(kafka_bootstrap, topic_prefix):
     with pytest.raises(DeliveryError):
         p.flush(timeout=30)
     p.close()
+
+
+def test_replay_to_kafka_names_a_bad_file_and_still_publishes_the_others(kafka_bootstrap, topic_prefix, tmp_path,
+                                                                         capsys):
+    """``replay --to-kafka`` reads its files as ``replay`` does: one it cannot read whole is named
+    (exit 3) and the files after it are still published (it stopped at the bad file)."""
+    from pipeline.cli import main
+    from pipeline.errors import EXIT_INPUT
+    from pipeline.recording import record
+
+    sim = Simulator(hosts=2, duration=20, seed=3, scenario="mixed")
+    lines = [encode(r) for r in sim.records()]
+    good1, bad, good2 = tmp_path / "a.jsonl", tmp_path / "b.jsonl.gz", tmp_path / "c.jsonl"
+    good1.write_bytes(b"".join(x + b"\n" for x in lines[: len(lines) // 2]))
+    bad.write_bytes(b'{"not": "gzip"}\n')
+    good2.write_bytes(b"".join(x + b"\n" for x in lines[len(lines) // 2:]))
+    rc = main(["replay", str(good1), str(bad), str(good2), "--to-kafka", kafka_bootstrap, "--prefix", topic_prefix])
+    err = capsys.readouterr().err
+    assert rc == EXIT_INPUT, err
+    assert f"{bad}: not a gzip file, though named .gz" in err
+    back = tmp_path / "back.jsonl"
+    record(kafka_bootstrap, Topics(topic_prefix).telemetry, str(back), idle_timeout=2.0)
+    assert sorted(back.read_bytes().splitlines()) == sorted(lines)
