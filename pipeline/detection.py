@@ -115,8 +115,9 @@ def build_stages(
     ports: list[PortStage | NicAerStage] = []
     if (ppath := ports_path(rules)) is not None:
         pconfig, pdiags = load_port_config(ppath)
+        diags = diags + pdiags  # its warnings said as the rule files' are
         if pconfig is None:
-            return None, diags + pdiags
+            return None, diags
         ports += [PortStage(pconfig), NicAerStage(pconfig)]  # the NIC's AER checks share the file
     hang = _hang_factory(rules) if stages == "two" else None
     if modelset is None:

@@ -40,6 +40,7 @@ BAD_NUMBER = "E112"  # a literal that is not finite or is out of range
 LINT_NO_TEST = "W201"  # a rule no test exercises
 LINT_NO_FOR = "W202"  # a rule on a noisy gauge with no for:
 LINT_COUNTER_AS_GAUGE = "W203"  # a counter compared as a raw value (almost always wants increase/rate)
+LINT_UNKNOWN_COUNTER = "W204"  # a NIC port counter name one or two letters from a known one
 
 
 @functools.total_ordering

@@ -10,6 +10,7 @@ it off.
 
 from __future__ import annotations
 
+import difflib
 import re
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -30,6 +31,29 @@ _SAFE_TAGS = {f"tag:yaml.org,2002:{t}" for t in ("str", "int", "float", "bool", 
 _COUNTER = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 SEVERITIES = ("info", "warning", "critical")
 MAX_COUNTERS = 64
+# Counter names a record is known to carry: the kernel's IBTA port counters (``counters/``,
+# ``counters_ext/``; drivers/infiniband/core/sysfs.c), mlx5's ``hw_counters``, the netdev's
+# ``carrier_changes`` and what gpuwarden's own producers add. Other drivers write other names, so
+# a name outside the set is fine; one a letter or two from a name in it is likely a typo (W204).
+KNOWN_COUNTERS = frozenset(
+    "excessive_buffer_overrun_errors link_downed link_error_recovery local_link_integrity_errors "
+    "multicast_rcv_packets multicast_xmit_packets port_rcv_constraint_errors port_rcv_data "
+    "port_rcv_errors port_rcv_packets port_rcv_remote_physical_errors port_rcv_switch_relay_errors "
+    "port_xmit_constraint_errors port_xmit_data port_xmit_discards port_xmit_packets port_xmit_wait "
+    "symbol_error unicast_rcv_packets unicast_xmit_packets VL15_dropped "
+    "port_xmit_data_64 port_rcv_data_64 port_xmit_packets_64 port_rcv_packets_64 port_unicast_xmit_packets "
+    "port_unicast_rcv_packets port_multicast_xmit_packets port_multicast_rcv_packets "
+    "rx_write_requests rx_read_requests rx_atomic_requests rx_dct_connect out_of_buffer out_of_sequence "
+    "duplicate_request rnr_nak_retry_err packet_seq_err implied_nak_seq_err local_ack_timeout_err "
+    "resp_local_length_error resp_cqe_error req_cqe_error req_remote_invalid_request "
+    "req_remote_access_errors resp_remote_access_errors resp_cqe_flush_error req_cqe_flush_error "
+    "req_transport_retries_exceeded req_rnr_retries_exceeded roce_adp_retrans roce_adp_retrans_to "
+    "roce_slow_restart roce_slow_restart_cnps roce_slow_restart_trans rp_cnp_ignored rp_cnp_handled "
+    "np_ecn_marked_roce_packets np_cnp_sent rx_icrc_encapsulated "
+    "carrier_changes pcie_aer_fatal pcie_aer_nonfatal pcie_aer_correctable pcie_aer_upstream_fatal "
+    "pcie_aer_upstream_nonfatal pcie_aer_upstream_correctable nccl_ib_completion_errors "
+    "nccl_ib_async_fatal_events".split()
+)
 
 
 @dataclass(frozen=True)
@@ -196,10 +220,10 @@ class _Reader:
         self.diags: list[Diagnostic] = []
         self._ctor = yaml.SafeLoader("")
 
-    def err(self, node: Any, message: str, code: str, check: str | None = None) -> None:
+    def err(self, node: Any, message: str, code: str, check: str | None = None, severity: str = "error") -> None:
         mark = getattr(node, "start_mark", None)
         line, col = (mark.line + 1, mark.column + 1) if mark else (1, 1)
-        self.diags.append(Diagnostic(self.path, line, col, check, message, code))
+        self.diags.append(Diagnostic(self.path, line, col, check, message, code, severity))
 
     def scalar(self, node: Any) -> Any:
         if not isinstance(node, yaml.ScalarNode):
@@ -284,6 +308,18 @@ def _check(r: _Reader, key: str, node: Any, base: PortCheck) -> PortCheck:
                 r.err(v, f"{key}.counters: {names!r} holds a name that is no counter file name", D.BAD_VALUE, key)
             else:
                 changes["counters"] = tuple(names)
+                for name, item in zip(names, v.value):
+                    if name not in KNOWN_COUNTERS and (
+                        near := difflib.get_close_matches(name, KNOWN_COUNTERS, 1, 0.85)
+                    ):
+                        r.err(
+                            item,
+                            f"{key}.counters: {name!r} is no counter the kernel, mlx5 or gpuwarden's producers "
+                            f"write (did you mean {near[0]!r}?); a port without it is never judged by it",
+                            D.LINT_UNKNOWN_COUNTER,
+                            key,
+                            "warning",
+                        )
         elif k == "models":
             models = _models(r, key, v)
             if models is not None:
@@ -325,7 +361,7 @@ def _models(r: _Reader, key: str, node: Any) -> tuple[tuple[str, int, float], ..
 
 
 def parse_port_config(text: str, path: str = "<ports.yaml>") -> tuple[PortConfig | None, list[Diagnostic]]:
-    """The config in ``text``, or None and every problem found.
+    """The config in ``text`` and its warnings, or None and every problem found.
 
     >>> cfg, diags = parse_port_config("symbol_errors: {threshold: 60, window: 30m}\\nflapping: {enabled: false}")
     >>> (cfg.checks["symbol_errors"].threshold, cfg.checks["symbol_errors"].window_s, cfg.checks["flapping"].enabled)
@@ -352,9 +388,9 @@ def parse_port_config(text: str, path: str = "<ports.yaml>") -> tuple[PortConfig
         if key == "description":
             continue
         checks[key] = _check(r, key, node, DEFAULTS[key])
-    if r.diags:
+    if any(d.is_error for d in r.diags):
         return None, r.diags
-    return PortConfig(checks, path), []
+    return PortConfig(checks, path), r.diags
 
 
 def load_port_config(path: str | Path) -> tuple[PortConfig | None, list[Diagnostic]]:
@@ -368,6 +404,7 @@ def load_port_config(path: str | Path) -> tuple[PortConfig | None, list[Diagnost
 
 __all__ = [
     "DEFAULTS",
+    "KNOWN_COUNTERS",
     "LOG_COUNTERS",
     "RATE_CHECKS",
     "WINDOW_CHECKS",

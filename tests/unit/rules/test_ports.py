@@ -244,6 +244,32 @@ def test_rules_check_reads_the_ports_file_beside_the_rules(tmp_path, capsys):
     assert "fabric/ports.yaml:2:13: rule \"port_down\": port_down.severity: 'fatal'" in out and "[R006]" in out
 
 
+def test_a_counter_name_a_letter_from_a_known_one_is_a_warning_naming_it(tmp_path, capsys):
+    """A typo in ``counters`` made a check that never fires (no port writes ``symbol_eror``) and
+    nothing said so: a name a letter or two from a known counter is a W204 warning with the name
+    meant, fatal under ``--strict``; a driver's own name (bnxt_re, mana) is no warning."""
+    import shutil
+    from pathlib import Path
+
+    from pipeline.cli import main
+
+    cfg, diags = parse_port_config("symbol_errors:\n  counters: [symbol_eror]\n"
+                                   "link_errors:\n  counters: [link_downed, requester_timeout, rx_roce_drops]\n",
+                                   "p.yaml")
+    assert cfg is not None and cfg.checks["symbol_errors"].counters == ("symbol_eror",)
+    assert [(d.line, d.col, d.code, d.severity) for d in diags] == [(2, 14, "W204", "warning")]
+    assert "'symbol_eror'" in diags[0].message and "did you mean 'symbol_error'?" in diags[0].message
+    rules = tmp_path / "rules"
+    shutil.copytree(Path(__file__).resolve().parents[3] / "rules", rules)
+    (rules / "fabric" / "ports.yaml").write_text("link_errors:\n  counters: [link_downed, lnk_error_recovery]\n")
+    capsys.readouterr()
+    assert main(["rules", "check", str(rules)]) == 0
+    assert main(["rules", "check", "--strict", str(rules)]) == 1
+    assert "fabric/ports.yaml:2:27: warning: rule \"link_errors\"" in capsys.readouterr().out
+    built, said = build_stages([str(rules)], "none")
+    assert built is not None and [d.code for d in said if d.file.endswith("ports.yaml")] == ["W204"]
+
+
 def test_network_is_a_fault_family():
     assert "network" in FAMILIES and fault_family("network_port_down") == "network"
 
