@@ -5,7 +5,8 @@ Fabric Manager (``nv-fabricmanager``, on every NVSwitch system) writes its log t
 per line (``[%b %d %Y %H:%M:%S] [LEVEL] [tid N] message``, the level one of ``CRITICAL``,
 ``ERROR``, ``WARNING``, ``INFO``: ``LOG_LEVEL`` in ``fabricmanager.cfg``), continuation lines of
 a multi-line message without the prefix; a message logged before its thread is known has no
-``[tid N]`` (GPUd's topology-mismatch example)::
+``[tid N]`` (GPUd's topology-mismatch example); a journal's or syslog's copy of these lines
+(``<time> <host> nv-fabricmanager[pid]: [...] [ERROR] ...``) reads the same, charged to its host::
 
     [Jul 13 2023 06:39:42] [ERROR] [tid 1259] detected NVSwitch fatal error 12028 on fid 0 on NVSwitch pci bus id 00000000:86:00.0 physical id 3 port 45
     [Feb 25 2025 13:59:45] [INFO] [tid 1803] multicast group 0 is freed.
@@ -60,6 +61,16 @@ _PREFIX = re.compile(
     r"(?:\[tid (?P<tid>\d{1,12})\] ?|(?!\[tid ))(?P<msg>.*)$",  # [tid N] absent on some startup errors
     re.ASCII,
 )
+# A journal's or syslog's copy (``journalctl -u nvidia-fabricmanager``, ``LOG_USE_SYSLOG=1``): its
+# time, host and Fabric Manager's tag (``nv-fabricmanager[pid]``, the start script's, or the 15
+# characters of a process name) before Fabric Manager's own prefix, whose time has the year. Only
+# Fabric Manager's tag: nvidia-imex and others print the same prefix.
+_JOURNAL = re.compile(
+    r"^(?:[A-Z][a-z]{2} [ \d]\d \d\d:\d\d:\d\d(?:\.\d{1,9})?|\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:[.,]\d{1,9})?"
+    r"(?:Z|[+-]\d\d:?\d\d)?) (?:(?P<host>[^\s:]{1,255}) )?(?:nv-fabricmanage|nvidia-fabricmanager)[\w.-]{0,32}"
+    r"(?:\[\d{1,12}\])?: (?=\[)",
+    re.ASCII,
+)
 _LOOSE_PREFIX = re.compile(r"^\[[^\]]{0,64}\] \[[A-Za-z]{1,16}\](?: \[tid [^\]]{0,32}\])?")
 _SWITCH = re.compile(
     r"detected NVSwitch (?P<kind>fatal|non-fatal) error (?P<code>\d+)"
@@ -80,7 +91,9 @@ _NVLINK = re.compile(
 def parse_fm_line(text: str, *, year: int | None = None) -> Line | None:
     """A Fabric Manager log line as a ``Line`` (``msg`` is ``[LEVEL] message``, ``ts`` local
     time); ``None`` for a continuation line of a multi-line message; a line with the prefix whose
-    date does not exist has ``error="bad_timestamp"``. ``year`` is unused: the log writes it.
+    date does not exist has ``error="bad_timestamp"``. A journal's or syslog's time, host and
+    Fabric Manager's tag before the prefix are read past (``host`` the journal's). ``year`` is
+    unused: the log writes it.
 
     >>> parse_fm_line("Message payload details:Team release request") is None
     True
@@ -88,6 +101,10 @@ def parse_fm_line(text: str, *, year: int | None = None) -> Line | None:
     'bad_timestamp'
     """
     text = text.rstrip("\r\n").lstrip("\0")  # NULs: a crash's unwritten blocks before the next line
+    host = None
+    j = _JOURNAL.match(text)
+    if j is not None:  # the journal's time has no year (or is the journal's): Fabric Manager's is read
+        text, host = text[j.end() :], j["host"]
     m = _PREFIX.match(text)
     if m is None:
         if _LOOSE_PREFIX.match(text):  # the prefix with a time or thread that is not one
@@ -97,7 +114,7 @@ def parse_fm_line(text: str, *, year: int | None = None) -> Line | None:
     if ts is not None and not TS_MIN <= ts <= TS_MAX:  # a year no record can carry (the decoder's range)
         ts = None
     msg = f"[{m['level']}] {m['msg']}"
-    return Line(msg, ts=ts) if ts is not None else Line(msg, error="bad_timestamp")
+    return Line(msg, ts=ts, host=host) if ts is not None else Line(msg, error="bad_timestamp")
 
 
 def classify(msg: str) -> tuple[str, dict[str, str]] | None:
@@ -184,7 +201,8 @@ class FabricManagerLog(KernelLog):
 class FileFollower:
     """A growing text file read line by line, from its start: what was there before the producer
     started is the backlog (folded, not counted, like the kernel ring buffer); a file replaced
-    (rotation: another inode) or truncated is read again from its start. A line longer than
+    (rotation: another inode, or none yet) is read to its end, then the new one from its start; a
+    file truncated is read again from its start. A line longer than
     ``LINE_MAX`` is skipped whole (``dropped.oversize_line``)."""
 
     def __init__(self, path: str, stats: KmsgStats | None = None, read_max: int = READ_MAX) -> None:
@@ -195,37 +213,58 @@ class FileFollower:
         self._ino: int | None = None
         self._buf = b""
         self._skipping = False  # inside an oversize line: drop up to its newline
+        self._moved = False  # the name is another file now (rotation): this one's rest, then that one
         self._warned = False  # that the path is not a regular file
 
     def _open(self) -> bool:
         try:
-            st = os.stat(self.path)
+            st: os.stat_result | None = os.stat(self.path)
+        except FileNotFoundError:
+            st = None  # not there yet (Fabric Manager not started), or between a rotation's rename and its new file
         except OSError:
-            return False  # not there yet (Fabric Manager not started): nothing to read
-        if self._fh is not None and (st.st_ino != self._ino or st.st_size < self._fh.tell()):
-            self._fh.close()
-            self._fh, self._buf, self._skipping = None, b"", False
-        if self._fh is None:
-            try:
-                # Non-blocking: a FIFO under the name would block the open (and each read) for ever.
-                fd = os.open(self.path, os.O_RDONLY | os.O_NONBLOCK)
-            except OSError:
-                return False
-            st = os.fstat(fd)
-            if not stat.S_ISREG(st.st_mode):
-                os.close(fd)
-                if not self._warned:
-                    log.warning("%s is not a regular file: not read until it is one", self.path)
-                    self._warned = True
-                return False
-            self._fh = os.fdopen(fd, "rb")
-            self._ino = st.st_ino
+            return False  # not readable now: the file we hold is kept (read again from its start, it would count twice)
+        if self._fh is not None:
+            if st is not None and st.st_ino == self._ino and st.st_size < self._fh.tell():
+                self._reset()  # truncated (copytruncate): read again from its start
+            else:
+                # Another file under the name, or none: the old one's rest is read first (what was
+                # written before the rotation), then the new one (read).
+                self._moved = st is None or st.st_ino != self._ino
+                return True
+        if st is None:
+            return False
+        try:
+            # Non-blocking: a FIFO under the name would block the open (and each read) for ever.
+            fd = os.open(self.path, os.O_RDONLY | os.O_NONBLOCK)
+        except OSError:
+            return False
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            os.close(fd)
+            if not self._warned:
+                log.warning("%s is not a regular file: not read until it is one", self.path)
+                self._warned = True
+            return False
+        self._fh = os.fdopen(fd, "rb")
+        self._ino = st.st_ino
         return True
+
+    def _reset(self) -> None:
+        self.close()
+        self._buf, self._skipping, self._moved = b"", False, False
 
     def read(self) -> list[str]:
         if not self._open():
             return []
         chunk = self._fh.read(self.read_max)
+        if self._moved and len(chunk) < self.read_max:  # the old file's end: on to the new one
+            out = self._lines(chunk)
+            self._reset()
+            return out + (self._lines(self._fh.read(self.read_max)) if self._open() else [])
+        return self._lines(chunk)
+
+    def _lines(self, chunk: bytes) -> list[str]:
+        """The whole lines ``chunk`` completes; a partial last line waits for its newline."""
         if not chunk:
             return []
         data = self._buf + chunk

@@ -38,10 +38,12 @@ the GPUs that share their nearest bridge with it, as ``produce ib-sysfs`` pairs 
 port checks judge them (docs/rules.md#nic-ports), so an alert names the NIC and its GPUs.
 
 GPU indices follow ``--pci-map`` (``nvidia-smi --query-gpu=index,pci.bus_id --format=csv``), else
-the PCI bus order, which is how nvidia-smi numbers GPUs. ``--root`` reads a copy of the tree (a
-container's mount, a test's fixture); no link is followed out of it. A file that is missing is
-a field left out (no AER capability, an older kernel); one that cannot be read, is oversize or
-is not this format costs only its field and is counted by reason.
+the PCI bus order at the first poll that sees them, which is how nvidia-smi numbers GPUs; a GPU
+keeps its index while it is gone from the tree, and one that appears later takes the next.
+``--root`` reads a copy of the tree (a container's mount, a test's fixture); no link is followed
+out of it. A file that is missing is a field left out (no AER capability, an older kernel); one
+that cannot be read, is oversize or is not this format costs only its field and is counted by
+reason.
 """
 
 from __future__ import annotations
@@ -57,7 +59,7 @@ from pathlib import Path
 from typing import Callable
 
 from pipeline.numeric import ascii_int
-from pipeline.recordchecks import MAX_COUNTER, MAX_NIC_PORT
+from pipeline.recordchecks import MAX_COUNTER, MAX_GPU_INDEX, MAX_NIC_PORT
 from pipeline.schema import DcgmRecord, NicRecord, dcgm
 from producers.ib_sysfs import gpus_behind
 from producers.ibports import name_ok
@@ -149,6 +151,9 @@ class AerSource:
         self.pci_map = pci_map
         self.clock = clock
         self.done = False
+        # Without --pci-map, the index each GPU got when first seen: one that leaves the tree (a
+        # surprise down, a removal) must not hand its index, and its counters' history, to the next.
+        self._order: dict[str, int] = {}
         self.counts: dict[str, int] = {
             "polls": 0,
             "gpus": 0,
@@ -229,7 +234,7 @@ class AerSource:
         functions of an SR-IOV GPU (``physfn`` link, drivers/pci/iov.c) are left out."""
         devices = self.root / "sys" / "bus" / "pci" / "devices"
         try:
-            names = sorted(e.name for e in os.scandir(devices) if _BDF.match(e.name))
+            names = sorted((e.name for e in os.scandir(devices) if _BDF.match(e.name)), key=_bus_order)
         except OSError:
             return []
         if len(names) > MAX_DEVICES:
@@ -331,9 +336,11 @@ class AerSource:
 
     # -- one poll ----------------------------------------------------------------------------
 
-    def _index(self, bdf: str, order: int) -> int | None:
+    def _index(self, bdf: str) -> int | None:
         if self.pci_map is None:
-            return order
+            if bdf not in self._order and len(self._order) > MAX_GPU_INDEX:
+                return None  # more GPUs than a record can number (a tree renamed each poll)
+            return self._order.setdefault(bdf, len(self._order))
         dom, bus, rest = bdf.split(":")
         return self.pci_map.get((int(dom, 16), int(bus, 16), int(rest.split(".")[0], 16)))
 
@@ -344,8 +351,8 @@ class AerSource:
         self.counts["gpus"] = len(gpus)
         out: list[DcgmRecord | NicRecord] = []
         gpu_paths: dict[int, Path] = {}
-        for order, (bdf, real) in enumerate(gpus):
-            idx = self._index(bdf, order)
+        for bdf, real in gpus:
+            idx = self._index(bdf)
             if idx is None:
                 self.counts["dropped.unmapped_gpu"] += 1
                 continue
@@ -365,6 +372,12 @@ class AerSource:
         out += self._nic_records(ts, gpu_paths)
         self.counts["records"] += len(out)
         return out
+
+
+def _bus_order(bdf: str) -> tuple[int, ...]:
+    """A bus id's domain, bus, device and function as numbers: nvidia-smi's order, which a string
+    sort is not where domains differ in width (``10000:`` under VMD before ``a000:``)."""
+    return tuple(int(p, 16) for p in bdf.replace(".", ":").split(":"))
 
 
 def _chain(real: Path) -> list[str]:
