@@ -27,10 +27,11 @@ the kernel's ABI is ``Documentation/ABI/stable/sysfs-class-infiniband``, docs/pr
 Hostile trees: every path is resolved and must stay under ``--root`` (a link out of it is
 ``dropped.outside_root``), a link loop or a file that does not read is ``dropped.unreadable``, a
 file is read with ``O_NOFOLLOW``/``O_NONBLOCK`` and at most ``MAX_FILE_BYTES`` (more is
-``dropped.oversized_file``, a FIFO or link is ``dropped.not_a_file``), a value that is not ASCII
-digits is ``dropped.bad_value``, a name no record could carry (or a port not named as the kernel
-names it: ``01``) is ``dropped.bad_name``, and at most ``MAX_DEVICES`` devices, ``MAX_PORTS``
-ports each and ``MAX_NIC_COUNTERS`` counters a port are read (more is ``dropped.too_many``).
+``dropped.oversized_file``, a FIFO or link is ``dropped.not_a_file``, as is a file where a
+directory belongs), a value that is not ASCII digits is ``dropped.bad_value``, a name no record
+could carry (or a port not named as the kernel names it: ``01``) is ``dropped.bad_name``, and at
+most ``MAX_DEVICES`` devices, ``MAX_PORTS`` ports each and ``MAX_NIC_COUNTERS`` counters a port
+are read (more is ``dropped.too_many``).
 """
 
 from __future__ import annotations
@@ -90,7 +91,13 @@ class SysfsTree:
     def resolve(self, path: str) -> str | None:
         """``path`` with its links resolved, if it stays under the root and exists; else None
         (counted, except a path that is simply absent)."""
-        real = os.path.realpath(path)
+        try:
+            real = os.path.realpath(path)
+        except FileNotFoundError:  # a link removed while it was walked: a device going away
+            return None
+        except (OSError, RecursionError):  # a chain of links deeper than the stack (the kernel stops at 40)
+            self.stats.unreadable += 1
+            return None
         if self.root != os.sep and not (real == self.root or real.startswith(self.root + os.sep)):
             self.stats.outside_root += 1
             return None
@@ -114,7 +121,10 @@ class SysfsTree:
                         self.stats.too_many += 1
                         break
                     names.append(entry.name)
-        except (FileNotFoundError, NotADirectoryError):
+        except FileNotFoundError:
+            return []
+        except NotADirectoryError:  # a file where the kernel has a directory
+            self.stats.not_a_file += 1
             return []
         except OSError:
             self.stats.unreadable += 1
@@ -231,7 +241,7 @@ class IbSysfsSource:
         self.clock = clock
         self.done = False
         self._gpus: dict[str, list[int]] | None = None
-        self._mapped_for: tuple[str, ...] | None = None
+        self._mapped_for: tuple[tuple[str, str], ...] | None = None
 
     def poll(self) -> list[NicRecord]:
         self.stats.polls += 1
@@ -247,9 +257,9 @@ class IbSysfsSource:
             if real is not None:
                 devices.append((name, real))
         self.stats.devices += len(devices)
-        names = tuple(name for name, _ in devices)
-        if self.gpu_bus_ids and names != self._mapped_for:  # at start, and when a device comes or goes
-            self._gpus, self._mapped_for = self._map_gpus(devices), names
+        seen = tuple(devices)  # names and paths: a driver reload can give the names out in another order
+        if self.gpu_bus_ids and seen != self._mapped_for:  # at start, and when a device comes, goes or moves
+            self._gpus, self._mapped_for = self._map_gpus(devices), seen
         out: list[NicRecord] = []
         peer_map = self.peers.current() if self.peers is not None else None
         for name, real in devices:
@@ -327,6 +337,8 @@ class IbSysfsSource:
             cc = self._carrier_changes(netdev)
             if cc is not None and len(counters) < MAX_NIC_COUNTERS:
                 counters["carrier_changes"] = cc
+            elif cc is not None:  # no room left in the record
+                self.stats.too_many += 1
         gpus = (self._gpus or {}).get(device)
         return NicRecord(ts=ts, host=self.host, device=device, port=port, counters=counters, gpus=gpus or [], **kw)
 
@@ -336,7 +348,9 @@ class IbSysfsSource:
         ndir = t.resolve(os.path.join(dev_real, "device", "net"))
         if ndir is None:
             return {}
-        names = [n for n in t.listdir(ndir, MAX_NETDEVS) if name_ok(n)]
+        listed = t.listdir(ndir, MAX_NETDEVS)
+        names = [n for n in listed if name_ok(n)]
+        self.stats.bad_name += len(listed) - len(names)
         if len(names) == 1:
             return {None: names[0]}
         out: dict[int | None, str] = {}
@@ -346,6 +360,8 @@ class IbSysfsSource:
             k = ascii_int(dp or "", 5)
             if k is not None:
                 out.setdefault(k + 1, n)
+            elif dp is not None:  # not a number (one absent, before Linux 3.15, is no drop)
+                self.stats.bad_value += 1
         return out
 
     def _carrier_changes(self, netdev: str) -> int | None:

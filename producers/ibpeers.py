@@ -375,29 +375,30 @@ def _ports_line(m: PeerMap, line: str) -> None:
 
 
 class PeerFile:
-    """A ``--peers`` file, read at start and again whenever its modification time changes (a
-    cron job that refreshes it is picked up on the next poll); counts go to ``stats``."""
+    """A ``--peers`` file, read at start and again whenever its modification time, size or inode
+    changes (a cron job that refreshes it is picked up on the next poll); counts go to ``stats``."""
 
     def __init__(self, path: str, max_chars: int = MAX_TEXT_CHARS) -> None:
         self.path, self.max_chars = path, max_chars
         self.stats = PeerStats()
         self.map = PeerMap(stats=self.stats)
-        self._mtime: int | None = None
+        self._version: tuple[int, ...] | None = None
         self.current()
 
     def current(self) -> PeerMap:
         """The map of the file as it is now (the last one read when it has not changed or cannot be read)."""
         try:
             st = os.stat(self.path)
-            mtime = st.st_mtime_ns
         except OSError as e:
-            if self._mtime is None:
+            if self._version is None:
                 log.warning("--peers %s: %s; no port is given a peer", self.path, e)
-                self._mtime = -1
+                self._version = ()
             return self.map
-        if mtime == self._mtime:
+        # The size and inode too: a write within one tick of a coarse clock (ext4's, xfs's) keeps the mtime.
+        version = (st.st_mtime_ns, st.st_size, st.st_ino)
+        if version == self._version:
             return self.map
-        again, self._mtime = self._mtime is not None, mtime
+        again, self._version = self._version is not None, version
         if again and not stat.S_ISREG(st.st_mode):  # a FIFO would block every poll from here on
             log.warning("--peers %s: no longer a regular file; the links read before are kept", self.path)
             return self.map
