@@ -11,7 +11,7 @@ import base64
 import io
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Sequence, overload
+from typing import TYPE_CHECKING, Any, Sequence, overload
 
 import matplotlib
 import numpy as np
@@ -134,6 +134,26 @@ def _lanes(spans: list[tuple[float, float]], gap: float, max_lanes: int) -> list
     return out
 
 
+def _bars(ax, bars: list[tuple[float, float, float, str]], *, height: float = 0.8, **style: Any) -> None:
+    """Horizontal bars (left, width in seconds, bottom, colour) as one collection on ``ax``: what
+    ``barh`` draws, without a patch object each."""
+    if not bars:
+        return
+    from matplotlib.collections import PolyCollection
+
+    left = _x(np.array([b[0] for b in bars], dtype=float))
+    right = left + _x(np.array([b[1] for b in bars], dtype=float))
+    bottom = np.array([b[2] for b in bars], dtype=float)
+    verts = np.stack(
+        [
+            np.column_stack(p)
+            for p in ((left, bottom), (left, bottom + height), (right, bottom + height), (right, bottom))
+        ],
+        axis=1,
+    )
+    ax.add_collection(PolyCollection(list(verts), facecolors=[b[3] for b in bars], **style))
+
+
 @styled
 def timeline(
     incidents: list[Incident], t_start: float, t_end: float, *, max_hosts: int = 40, max_lanes: int = 16
@@ -171,6 +191,10 @@ def timeline(
     ax.grid(axis="y", visible=False)
     y = 0.0
     ticks, labels = [], []
+    # (left, width, bottom, colour) of each bar: drawn as two collections, since a patch a bar
+    # cost ~2 ms each (100,000 alerts took 46 s to plot).
+    pending: list[tuple[float, float, float, str]] = []
+    fired: list[tuple[float, float, float, str]] = []
     for k, h in enumerate(hosts):
         n = max(lanes[h], default=0) + 1
         top = y + n + 0.6
@@ -181,17 +205,8 @@ def timeline(
             col = severity_colour(inc.severity)
             pend = max(inc.fired_at - inc.started_at, 0.0)
             if pend > 0:
-                ax.barh(yy + 0.4, _x(pend), left=_x(inc.started_at), height=0.8, color=col, alpha=0.35, lw=0)
-            # A white edge keeps back-to-back alerts of one severity apart.
-            ax.barh(
-                yy + 0.4,
-                _x(max(inc.end(t_end) - inc.fired_at, span / 400)),
-                left=_x(inc.fired_at),
-                height=0.8,
-                color=col,
-                edgecolor="white",
-                lw=0.6,
-            )
+                pending.append((inc.started_at, pend, yy, col))
+            fired.append((inc.fired_at, max(inc.end(t_end) - inc.fired_at, span / 400), yy, col))
             if inc.number:
                 what = _label(inc)
                 inside = inc.end(t_end) - inc.started_at > char * (len(what) + 2)
@@ -210,6 +225,8 @@ def timeline(
         ticks.append(y + (n + 0.6) / 2)
         labels.append(h)
         y = top
+    _bars(ax, pending, alpha=0.35, lw=0)
+    _bars(ax, fired, edgecolor="white", lw=0.6)  # a white edge keeps back-to-back alerts of one severity apart
     ax.set_yticks(ticks, labels)
     ax.set_ylim(y, 0)
     ax.set_xlim(_x(t_start), _x(t_end))

@@ -3,6 +3,7 @@ import io
 import math
 import re
 
+import numpy as np
 from markupsafe import escape
 from PIL import Image
 
@@ -10,9 +11,10 @@ from pipeline.cli import main
 from pipeline.evaluation.score import Score
 from pipeline.report import eval_page, flatten_evidence, incident_page
 from pipeline.report.alerts import group_events
-from pipeline.report.plots import ALERTED, alert_figure, bit_names
+from pipeline.report.plots import ALERTED, SEVERITY_COLOURS, alert_figure, bit_names, timeline
 from pipeline.report.signals import Signal
 from pipeline.report.telemetry import load_telemetry
+from tests.factories import T0
 from tests.unit.report.factories import alert, colour_pixels, images, write_jsonl
 
 
@@ -129,3 +131,29 @@ def test_the_cli_says_what_it_skipped_and_a_page_of_swapped_files_is_no_success(
     assert "gpuwarden report: 720 alert line(s) could not be read and were skipped." in err
     assert f"gpuwarden report: --alerts {tel}: not one line could be read" in err
     assert f"gpuwarden report: --telemetry {alerts}: not one line could be read" in err
+
+
+def _columns(img: Image.Image, hex_colour: str, tol: int = 10) -> np.ndarray:
+    """The x of every pixel column holding ``hex_colour`` below the legend (the top fifth)."""
+    rgb = np.asarray(img.convert("RGB")).astype(int)
+    rgb = rgb[rgb.shape[0] // 5:]
+    target = np.array([int(hex_colour[i:i + 2], 16) for i in (1, 3, 5)])
+    return np.flatnonzero((np.abs(rgb - target).max(axis=2) <= tol).any(axis=0))
+
+
+def test_the_timeline_draws_each_alert_from_firing_to_resolution_and_its_pending_part_pale():
+    """Bars where the alerts are: a critical alert firing 100-200 s, a warning one 400-600 s on
+    the same host (their lengths 1:2, in that order), the critical one pending from 0 s, pale."""
+    events = [alert(100, id="c", started=0), alert(200, id="c", state="resolved"),
+              alert(400, id="w", severity="warning", rule="gpu_x", host="n0"),
+              alert(600, id="w", severity="warning", state="resolved", rule="gpu_x", host="n0")]
+    incidents = group_events(events)[0]
+    tl = timeline(incidents, T0, T0 + 600)
+    img = Image.open(io.BytesIO(base64.b64decode(tl.uri.split(",", 1)[1])))
+    crit, warn = _columns(img, SEVERITY_COLOURS["critical"]), _columns(img, SEVERITY_COLOURS["warning"])
+    pale = np.array([int(SEVERITY_COLOURS["critical"][i:i + 2], 16) * 0.35 + 255 * 0.65 for i in (1, 3, 5)])
+    pending = _columns(img, "#%02x%02x%02x" % tuple(int(round(v)) for v in pale), tol=12)
+    assert len(crit) and len(warn) and len(pending)
+    assert pending.max() <= crit.min() + 2 and crit.max() < warn.min()
+    assert 1.8 < (warn.max() - warn.min()) / (crit.max() - crit.min()) < 2.2
+    assert 0.8 < (pending.max() - pending.min()) / (crit.max() - crit.min()) < 1.2
