@@ -10,11 +10,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterable
+from typing import Iterable, Iterator
 
 
 from pipeline.recordchecks import TS_MAX, TS_MIN
-from pipeline.report.eventfiles import read_events
+from pipeline.report.eventfiles import Counts, iter_events
 from pipeline.schema import AlertEvent
 
 SEVERITY_RANK = {"critical": 0, "error": 1, "warning": 2, "info": 3}
@@ -107,12 +107,19 @@ def group_events(events: Iterable[AlertEvent], conflicts: list[str] | None = Non
 def load_alerts(paths: Iterable[str | Path]) -> AlertLog:
     """Read alert JSONL files (optionally .gz); a line may hold one event or an array of them."""
     problems: list[str] = []
-    events, lines, bad = read_events(
-        paths, AlertEvent, check=lambda e: check_times(e.ts, e.started_at), problems=problems
-    )
+    counts = Counts()
+    read = 0
+
+    def counted(events: Iterator[AlertEvent]) -> Iterator[AlertEvent]:
+        nonlocal read
+        for ev in events:
+            read += 1
+            yield ev
+
+    events = iter_events(paths, AlertEvent, counts, check=lambda e: check_times(e.ts, e.started_at), problems=problems)
     clash: list[str] = []
-    incidents, orphans = group_events(events, clash)
-    return AlertLog(incidents, lines, bad, orphans, len(events), len(clash), problems)
+    incidents, orphans = group_events(counted(events), clash)
+    return AlertLog(incidents, counts.lines, counts.bad, orphans, read, len(clash), problems)
 
 
 def most_important(incidents: list[Incident], limit: int) -> list[Incident]:
