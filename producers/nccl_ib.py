@@ -47,12 +47,13 @@ import time
 from dataclasses import dataclass, field
 
 from pipeline.numeric import ascii_int
+from pipeline.recordchecks import TS_MAX, TS_MIN
 from pipeline.schema import NicRecord
 
 MAX_RECORDS = 100_000  # (host, HCA, second) records one log may make; the rest counted
 MAX_LABEL = 128  # a peer ``ip<port>`` is ~50 characters; longer is cut
 MAX_PORTS = 64  # HCAs a host's "Using" lines may name
-MAX_SEEN = 4096  # NCCL warnings kept to know an echo of one (each under NCCL's 1024-byte line)
+MAX_SEEN = 4096  # NCCL warnings kept (the newest) to know an echo of one (each under NCCL's 1024-byte line)
 
 # NCCL's prefix: [time] host:pid:tid [cudaDev] file:line (func) NCCL WARN
 _NCCL = re.compile(
@@ -68,8 +69,9 @@ _BARE = re.compile(
 _ISO = re.compile(r"\s*(\d{4})-(\d\d)-(\d\d)[T ](\d\d):(\d\d):(\d\d)(\.\d+)?\s*(Z|[+-]\d\d:?\d\d)?", re.ASCII)
 _RANK = re.compile(r"\[rank(\d{1,7})\]:", re.ASCII)
 _NUM = r"(-?\d{1,20})"
+# ``peer`` may be empty: ncclSocketToString() prints "" for an address it cannot name ("from peer  with").
 _COMPLETION = re.compile(
-    r"NET/IB\w*(?:/\w+)? ?: ?Got completion (?:from peer (?P<peer>\S+) )?with "
+    r"NET/IB\w*(?:/\w+)? ?: ?Got completion (?:from peer (?P<peer>\S*) )?with "
     rf"(?:error {_NUM}, opcode {_NUM}, len ?{_NUM}, vendor err {_NUM}"
     rf"|status={_NUM} opcode={_NUM} len={_NUM} vendor err {_NUM}"
     rf"|status=(?P<sname>\w+)\({_NUM}\) opcode=\w+\({_NUM}\)(?: reqSize=-?\d{{1,20}})? vendor_err={_NUM}"
@@ -83,8 +85,9 @@ _POLL = re.compile(r"Call to ibv_poll_cq\(\) returned (-?)(\d{1,20})(?!\w)", re.
 POLL_CQ_FAILED = "ibv_poll_cq_failed"  # the status_name of a failed poll: no ibv_wc_status, since no completion
 _HCA = re.compile(r" hca ([A-Za-z0-9][\w.-]{0,63})\s*$", re.ASCII)
 _DEVPORT = r"(?:(?P<hca>[A-Za-z0-9][\w.-]{0,63}):(?P<port>\d{1,3}) )?"
+# "on \w[^:]*", not "on \w+[^:]*": two runs that both take a word backtrack quadratically on a long one.
 _ASYNC = re.compile(
-    rf"NET/IB ?: {_DEVPORT}(?:Got async event : (?P<old>.+)|async fatal event(?: on \w+[^:]*)?: (?P<fatal>.+)"
+    rf"NET/IB ?: {_DEVPORT}(?:Got async event : (?P<old>.+)|async fatal event(?: on \w[^:]*)?: (?P<fatal>.+)"
     r"|Got (?:async error|non-fatal async) event: (?P<minor>.+))",
     re.ASCII,
 )
@@ -114,7 +117,7 @@ class IbStats:
     records: int = 0
     no_hca: int = 0  # errors whose HCA no line names: sent as device "unknown", port 0
     no_timestamp: int = 0
-    unparsable: int = 0  # an NCCL IB error line that fits no layout
+    unparsable: int = 0  # an NCCL IB error line that fits no layout, or two processes' lines run together
     bad_number: int = 0  # a number that is not one (past 2^32, Unicode digits)
     success: int = 0  # a completion "with status 0", a poll that returned no error: no error
     poll_cq_failures: int = 0  # "Call to ibv_poll_cq() returned -N": sent as completion errors
@@ -164,7 +167,7 @@ class _Agg:
     ts: float
     labels: dict[str, str]
     peers: list[str] = field(default_factory=list)
-    counters: dict[str, int] = field(default_factory=dict)
+    counters: dict[str, int] = field(default_factory=dict)  # this second's errors; records() sums them
 
 
 class IbLog:
@@ -186,9 +189,9 @@ class IbLog:
         self.stats = stats if stats is not None else IbStats()
         self._using: dict[tuple[str, str], dict[str, int]] = {}  # (host, pid) -> HCA -> port
         self._ports: dict[tuple[str, str], int] = {}  # (host, HCA) -> port, from any process's "Using"
-        self._totals: dict[tuple[str, str, int], dict[str, int]] = {}
+        self._hcas: set[tuple[str, str, int]] = set()  # (host, HCA, port) with errors
         self._aggs: dict[tuple[str, str, int, int], _Agg] = {}
-        self._seen: set[str] = set()  # messages of the warnings read with NCCL's prefix
+        self._seen: dict[str, None] = {}  # messages of the warnings read with NCCL's prefix, oldest first
 
     def feed(self, line: str) -> bool:
         """Take one log line; True when it was an NCCL IB line this reads (an error, an event, a
@@ -204,6 +207,13 @@ class IbLog:
         if "NET/IB" not in line and _POLL_TEXT not in line:
             return False
         m = _NCCL.search(line)
+        if m is not None and _NCCL.search(line, m.start("msg")) is not None:
+            # Two processes' output run together (ranks sharing one pipe or file, their writes
+            # cutting each other's lines; NCCL starts each warning on a line of its own): the
+            # first is cut, and where the second's host name begins is not known (the cut text's
+            # last word runs into it). Either host would be a guess: counted, not read.
+            self.stats.unparsable += 1
+            return True
         if m is None:
             # A line whose NCCL prefix a log shipper cut: the message alone, on the log's host.
             m = _BARE.search(line)
@@ -214,8 +224,14 @@ class IbLog:
             if m.group("msg").rstrip() in self._seen:
                 self.stats.echoes += 1
                 return True
-        elif m.group("level") == "WARN" and len(self._seen) < MAX_SEEN and len(m.group("msg")) < 1024:
-            self._seen.add(m.group("msg").rstrip())
+        elif m.group("level") == "WARN" and len(m.group("msg")) < 1024:
+            # The newest kept, the oldest let go: an echo follows its warning, so a full set that
+            # took no more would miss every echo after MAX_SEEN distinct warnings.
+            seen = m.group("msg").rstrip()
+            self._seen.pop(seen, None)
+            self._seen[seen] = None
+            if len(self._seen) > MAX_SEEN:
+                del self._seen[next(iter(self._seen))]
         msg, pid = m.group("msg"), m.group("pid") or ""
         host = self.host or m.group("host") or self.fallback_host
         if (u := _USING.search(msg)) is not None:
@@ -310,13 +326,11 @@ class IbLog:
         if m.group("dev"):
             labels["cuda_dev"] = m.group("dev")
         labels["source"] = "nccl_log"
-        totals = self._totals.get((host, hca, port))
-        if totals is None:
-            if len(self._totals) >= MAX_RECORDS:  # hosts and HCAs come from the log: bounded as records are
+        if (host, hca, port) not in self._hcas:
+            if len(self._hcas) >= MAX_RECORDS:  # hosts and HCAs come from the log: bounded as records are
                 self.stats.too_many += 1
                 return
-            totals = self._totals[(host, hca, port)] = {}
-        totals[counter] = totals.get(counter, 0) + 1
+            self._hcas.add((host, hca, port))
         key = (host, hca, port, int(ts))
         agg = self._aggs.get(key)
         if agg is None:
@@ -329,50 +343,66 @@ class IbLog:
                 agg.labels.setdefault(k, v)
         if "peer" in labels and labels["peer"] not in agg.peers and len(agg.peers) < 8:
             agg.peers.append(labels["peer"])
-        agg.counters = dict(totals)
+        agg.counters[counter] = agg.counters.get(counter, 0) + 1
 
     def _time(self, line: str, m: re.Match) -> float:
         """A log shipper's ISO time at the line's start when it names its zone (an absolute
         time), else NCCL's own (2.23+; the node's local time, which names none: read in this
         host's zone, wrong by hours when the node's differs, NVIDIA/nccl#1905 shows both apart),
-        else the shipper's without a zone, else the log's default."""
+        else the shipper's without a zone, else the log's default; a time no record can carry
+        (a clock never set, year 1970) is none."""
         iso = _ISO.match(line)
         if iso is not None and iso.group(8) is not None and (t := _iso_time(iso)) is not None:
             return t
         if m.group("ts"):
             try:
-                return time.mktime(time.strptime(m.group("ts"), "%Y-%m-%d %H:%M:%S"))
+                t = _in_range(time.mktime(time.strptime(m.group("ts"), "%Y-%m-%d %H:%M:%S")))
             except (ValueError, OverflowError):
-                pass
+                t = None
+            if t is not None:
+                return t
         if iso is not None and (t := _iso_time(iso)) is not None:
             return t
         self.stats.no_timestamp += 1
         return self.default_ts
 
     def records(self) -> list[NicRecord]:
-        """One record per (host, HCA, port, second) with errors, in time order."""
+        """One record per (host, HCA, port, second) with errors, in time order, its counters the
+        HCA's errors up to the end of that second: summed in time order, not the log's, since
+        processes' lines (flushed out of order) can go back in time, and a counter must not."""
         out = []
-        for (host, hca, port, _), agg in self._aggs.items():
+        running: dict[tuple[str, str, int], dict[str, int]] = {}
+        for (host, hca, port, _), agg in sorted(self._aggs.items(), key=lambda kv: kv[0][3]):
+            totals = running.setdefault((host, hca, port), {})
+            for k, n in agg.counters.items():
+                totals[k] = totals.get(k, 0) + n
             labels = dict(agg.labels)
             if len(agg.peers) > 1:
                 labels["peers"] = ",".join(agg.peers)[:512]
             out.append(NicRecord(ts=agg.ts, host=host or self.fallback_host, device=hca, port=port,
-                                 counters=dict(agg.counters), labels=labels))  # fmt: skip
+                                 counters=dict(sorted(totals.items())), labels=labels))  # fmt: skip
         out.sort(key=lambda r: (r.ts, r.host, r.device, r.port))
         self.stats.records += len(out)
         return out
 
 
+def _in_range(t: float) -> float | None:
+    """``t`` when a record can carry it (the decoder's range), else None: a node whose clock was
+    never set prints 1970, and a record of that time would be dead-lettered downstream."""
+    return t if TS_MIN <= t <= TS_MAX else None
+
+
 def _iso_time(iso: re.Match) -> float | None:
-    """Epoch seconds of an ``_ISO`` match (local time when it names no zone), or None."""
+    """Epoch seconds of an ``_ISO`` match (local time when it names no zone), or None (also
+    for a time no record can carry)."""
     y, mo, d, hh, mm, ss, frac, tz = iso.groups()
     try:
         tm = time.strptime(f"{y}-{mo}-{d} {hh}:{mm}:{ss}", "%Y-%m-%d %H:%M:%S")
         frac_s = float(frac) if frac else 0.0
         if tz is None:
-            return time.mktime(tm) + frac_s
+            return _in_range(time.mktime(tm) + frac_s)
         off = 0 if tz == "Z" else (1 if tz[0] == "+" else -1) * (int(tz[1:3]) * 3600 + int(tz[-2:]) * 60)
-        return calendar.timegm(tm) - off + frac_s
+        return _in_range(calendar.timegm(tm) - off + frac_s)
     except (ValueError, OverflowError):
         return None
 
