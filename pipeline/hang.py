@@ -8,7 +8,10 @@ watchdog timeout, RAS names a rank missing, dead or in error, or a rank behind i
 no progress for ``stuck_after``. The communicator waits ``settle`` after that first evidence, so
 the other ranks' reports of the same hang are in, then names its suspects: the ranks RAS names,
 the ranks whose last completed work (RAS: launched operations) lags the highest their peers
-report, else the ranks that enqueued less, and ranks of a known size that never reported.
+report, else the ranks that enqueued less, and ranks of a known size that never reported (not
+RAS's: it names the ranks it misses, and the others only when they are outliers). A rank whose
+last completed work goes back is in a new communicator under the same key (a restarted job numbers
+its process groups as before): the old one leaves its alert, the new one is judged afresh.
 
 One hang is seen by several communicators (a rank's TP and DP groups) and by both sources (the
 watchdog keys a communicator by its process group's id, RAS by its hash), so the alert is per
@@ -16,7 +19,7 @@ job and suspects (their hosts and GPUs, the one identity a rank has in every com
 communicator whose suspects are all among those of a firing alert of its job joins that alert,
 and any other opens one. The alert resolves when a communicator that joined it sees the
 suspects (or, without suspects, any rank) report progress past what their peers had reached,
-or once every one of them went ``forget_after`` without a report.
+or once every one of them went ``forget_after`` without a report or restarted.
 
 The outcome depends on the records and their event times only: a communicator settles at its
 deadline (evidence + ``settle``) with the records before it, whichever batches brought them, and
@@ -27,6 +30,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from itertools import islice
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -178,6 +182,7 @@ class HangDetector:
         self.config = config or Settings()
         self.comms: dict[tuple[str, str], _Comm] = {}
         self.alerts: dict[str, _Alert] = {}  # firing, in the order they fired
+        self._by_job: dict[str, dict[str, _Alert]] = {}  # the same, each job's apart: a settle reads its job's only
         self.now = -math.inf
         self._next = math.inf  # the earliest time anything is due (``_due``), or sooner
         self.stats: dict[str, int] = {"records": 0, "fired": 0, "joined": 0, "resolved": 0,
@@ -207,11 +212,18 @@ class HangDetector:
             return out
         forget = math.isfinite(upto)
         due: list[tuple[float, int, tuple[str, str]]] = []
+        # Each job's communicators with evidence not yet part of an alert, in key order: those a
+        # firing can join at once (no record comes in between, so none gains evidence).
+        pending: dict[str, list[tuple[str, str]]] = {}
         for key, c in self.comms.items():
-            if c.firing is None and c.evidence_at is not None and c.evidence_at + self.config.settle_s <= upto:
-                due.append((c.evidence_at + self.config.settle_s, 0, key))
+            if c.firing is None and c.evidence_at is not None:
+                pending.setdefault(key[0], []).append(key)
+                if c.evidence_at + self.config.settle_s <= upto:
+                    due.append((c.evidence_at + self.config.settle_s, 0, key))
             if forget and c.last_ts + self.config.forget_after_s <= upto:
                 due.append((c.last_ts + self.config.forget_after_s, 1, key))
+        for keys in pending.values():
+            keys.sort()
         # In event-time order, a deadline before a silence at the same time: one communicator's
         # outcome decides another's (which alert it joins), whatever span one call covers.
         for at, kind, key in sorted(due):
@@ -220,7 +232,7 @@ class HangDetector:
                 continue
             if kind == 0:
                 if cur.firing is None and cur.evidence_at is not None:  # not joined at another's firing
-                    fired = self._settle(cur, at)
+                    fired = self._settle(cur, at, pending.get(key[0], []))
                     if fired is not None:
                         out.append(fired)
                 continue
@@ -246,6 +258,18 @@ class HangDetector:
             if len(self.comms) >= self.config.max_communicators:
                 self.stats["dropped.communicators"] += 1
                 return
+            c = self.comms[key] = _Comm(r.job, r.comm)
+        old = c.ranks.get(r.rank)
+        if (
+            old is not None
+            and old.progress is not None
+            and r.last_completed is not None
+            and r.last_completed < old.progress
+        ):
+            # A rank's completed work never goes back in one communicator: this is a new one under
+            # the same key (a restarted job numbers its process groups as before), judged afresh.
+            if c.firing is not None and (gone := self._leave(c, r.ts, "communicator restarted")) is not None:
+                out.append(gone)
             c = self.comms[key] = _Comm(r.job, r.comm)
         c.last_ts = max(c.last_ts, r.ts)
         c.sources.add(r.source)
@@ -314,7 +338,10 @@ class HangDetector:
         """Ranks of a communicator of known size that never reported (at most ``MAX_LISTED``)."""
         if c.nranks is None or len(c.ranks) >= c.nranks or not any(k.state != "timeout" for k in c.ranks.values()):
             return []
-        return [i for i in range(c.nranks) if i not in c.ranks][:MAX_LISTED]
+        if "ras" in c.sources:  # RAS names the ranks it misses; one it left out is of the many at the common count
+            return []
+        # Lazily: nranks may be 2^24, the ranks that reported few.
+        return list(islice((i for i in range(c.nranks) if i not in c.ranks), MAX_LISTED))
 
     def _caught_up(self, c: _Comm, rank: int, k: _Rank) -> bool:
         """Whether the firing hang is over, now that ``rank`` reported: every suspect has reported
@@ -331,17 +358,18 @@ class HangDetector:
 
     # -- alerts ------------------------------------------------------------------------------
 
-    def _settle(self, c: _Comm, at: float) -> AlertEvent | None:
+    def _settle(self, c: _Comm, at: float, pending: list[tuple[str, str]]) -> AlertEvent | None:
         """Communicator ``c`` at its deadline: it joins the firing alert of its job that names
-        all its suspects (the first that fired), or fires one of its own."""
+        all its suspects (the first that fired), or fires one of its own, which the job's
+        ``pending`` communicators naming no other suspect join at once."""
         sus = self.suspects(c)
         who: list[Suspect] = [(k.host, k.gpu) for _, k, _ in sus]
-        for a in self.alerts.values():
+        for a in self._by_job.get(c.job or "", {}).values():
             if a.covers(c.job, who):
                 self._join(a, c, sus)
                 self.stats["joined"] += 1
                 return None
-        return self._fire(c, at, sus)
+        return self._fire(c, at, sus, pending)
 
     def _join(self, a: _Alert, c: _Comm, sus: list[tuple[int, _Rank, str]]) -> None:
         known = [k.progress for k in c.ranks.values() if k.progress is not None]
@@ -352,7 +380,9 @@ class HangDetector:
                           "nranks": c.nranks})  # fmt: skip
         a.live.add(c.comm or "")
 
-    def _fire(self, c: _Comm, at: float, sus: list[tuple[int, _Rank, str]]) -> AlertEvent:
+    def _fire(
+        self, c: _Comm, at: float, sus: list[tuple[int, _Rank, str]], pending: list[tuple[str, str]]
+    ) -> AlertEvent:
         assert c.evidence_at is not None
         silent = self._silent(c)
         known = [k.progress for k in c.ranks.values() if k.progress is not None]
@@ -371,12 +401,13 @@ class HangDetector:
                    first.host if first else None, first.gpu if first else None, [], set())  # fmt: skip
         self._join(a, c, sus)
         self.alerts[a.id] = a
+        self._by_job.setdefault(c.job or "", {})[a.id] = a
         self.stats["fired"] += 1
         # The job's other communicators settling now that saw the same suspects join at once, so
         # the alert lists them; any that settle later join it then.
-        job = c.job or ""
-        for key, o in sorted(self.comms.items()):
-            if o is c or o.firing is not None or o.evidence_at is None or key[0] != job:
+        for key in pending:
+            o = self.comms.get(key)
+            if o is None or o is c or o.firing is not None or o.evidence_at is None:
                 continue
             osus = self.suspects(o)
             # Only one that already names suspects: one that names none yet may name others by
@@ -457,8 +488,13 @@ class HangDetector:
         for comm in a.live:
             c = self.comms.get((a.job or "", comm))
             if c is not None and c.firing is not None and c.firing["alert"] == a.id:
-                c.firing, c.evidence_at = None, None
+                # The next hang here names its own collective, not this one's.
+                c.firing, c.evidence_at, c.seq, c.op, c.timeout_ms = None, None, None, None, None
         del self.alerts[a.id]
+        job = self._by_job[a.job or ""]
+        del job[a.id]
+        if not job:  # a job's entry goes with its last alert, so jobs long gone hold no memory
+            del self._by_job[a.job or ""]
         self.stats["resolved"] += 1
         evidence = {"resolved_by": why, "communicators": a.members[:MAX_LISTED], "communicators_total": len(a.members)}
         return self._event(a, "resolved", at, evidence, self._labels(a))
@@ -539,6 +575,9 @@ class HangDetector:
         except (KeyError, TypeError, ValueError, AttributeError) as e:
             raise StateError(f"hang detector state: {e}") from e
         self.comms, self.alerts, self.now = comms, alerts, now
+        self._by_job = {}
+        for a in alerts.values():
+            self._by_job.setdefault(a.job or "", {})[a.id] = a
         self.stats.update(stats)
         self._next = min((self._due(c) for c in comms.values()), default=math.inf)
 
