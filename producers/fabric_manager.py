@@ -40,6 +40,7 @@ import logging
 import os
 import re
 import stat
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -47,12 +48,13 @@ from pipeline.numeric import ascii_int
 from pipeline.recordchecks import TS_MAX, TS_MIN
 from pipeline.schema import DcgmRecord
 from producers.kmsg import KernelLog
-from producers.kmsg_input import LINE_MAX, KmsgStats, Line, PciKey, local_time
+from producers.kmsg_input import LINE_MAX, KmsgStats, Line, PciKey, iso_time, local_time
 
 log = logging.getLogger(__name__)
 
 FIELDS = ("fm_nvswitch_fatal_errors", "fm_nvswitch_nonfatal_errors", "fm_nvlink_errors", "fm_errors")
 LABEL_MAX = 200
+SYSLOG_LEVEL = "UNKNOWN"  # the level of a line Fabric Manager sent to syslog, which prints none
 DEFAULT_PATH = "/var/log/fabricmanager.log"
 READ_MAX = 4 * 1024 * 1024  # bytes a follower reads per poll: a burst is read over several polls
 
@@ -66,9 +68,9 @@ _PREFIX = re.compile(
 # characters of a process name) before Fabric Manager's own prefix, whose time has the year. Only
 # Fabric Manager's tag: nvidia-imex and others print the same prefix.
 _JOURNAL = re.compile(
-    r"^(?:[A-Z][a-z]{2} [ \d]\d \d\d:\d\d:\d\d(?:\.\d{1,9})?|\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:[.,]\d{1,9})?"
-    r"(?:Z|[+-]\d\d:?\d\d)?) (?:(?P<host>[^\s:]{1,255}) )?(?:nv-fabricmanage|nvidia-fabricmanager)[\w.-]{0,32}"
-    r"(?:\[\d{1,12}\])?: (?=\[)",
+    r"^(?:(?P<syslog>[A-Z][a-z]{2} [ \d]\d \d\d:\d\d:\d\d)(?P<frac>\.\d{1,9})?"
+    r"|(?P<iso>\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:[.,]\d{1,9})?(?:Z|[+-]\d\d:?\d\d)?)) "
+    r"(?:(?P<host>[^\s:]{1,255}) )?(?:nv-fabricmanage|nvidia-fabricmanager)[\w.-]{0,32}(?:\[\d{1,12}\])?: ",
     re.ASCII,
 )
 _LOOSE_PREFIX = re.compile(r"^\[[^\]]{0,64}\] \[[A-Za-z]{1,16}\](?: \[tid [^\]]{0,32}\])?")
@@ -103,8 +105,10 @@ def parse_fm_line(text: str, *, year: int | None = None) -> Line | None:
     text = text.rstrip("\r\n").lstrip("\0")  # NULs: a crash's unwritten blocks before the next line
     host = None
     j = _JOURNAL.match(text)
-    if j is not None:  # the journal's time has no year (or is the journal's): Fabric Manager's is read
+    if j is not None and text.startswith("[", j.end()):  # the journal's time has no year: Fabric Manager's is read
         text, host = text[j.end() :], j["host"]
+    elif j is not None:
+        return _syslog_line(j, text[j.end() :], year)
     m = _PREFIX.match(text)
     if m is None:
         if _LOOSE_PREFIX.match(text):  # the prefix with a time or thread that is not one
@@ -115,6 +119,20 @@ def parse_fm_line(text: str, *, year: int | None = None) -> Line | None:
         ts = None
     msg = f"[{m['level']}] {m['msg']}"
     return Line(msg, ts=ts, host=host) if ts is not None else Line(msg, error="bad_timestamp")
+
+
+def _syslog_line(j: re.Match[str], msg: str, year: int | None) -> Line:
+    """Fabric Manager's own output to syslog (``LOG_USE_SYSLOG=1``): the message without its
+    prefix, at the syslog's time (without a year: ``year``'s, else this one's) and of no known
+    level, so only what says its severity itself (an NVSwitch SXid) counts."""
+    if j["iso"] is not None:
+        ts, yearless = iso_time(j["iso"]), False
+    else:
+        ts = local_time(f"{year or time.localtime().tm_year} {j['syslog']}", "%Y %b %d %H:%M:%S")
+        ts, yearless = (ts + float(j["frac"] or 0) if ts is not None else None), True
+    if ts is None or not TS_MIN <= ts <= TS_MAX:
+        return Line(f"[{SYSLOG_LEVEL}] {msg}", error="bad_timestamp", yearless=yearless)
+    return Line(f"[{SYSLOG_LEVEL}] {msg}", ts=ts, host=j["host"], yearless=yearless)
 
 
 def classify(msg: str) -> tuple[str, dict[str, str]] | None:

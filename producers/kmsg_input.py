@@ -203,7 +203,7 @@ def parse_line(text: str, *, year: int | None = None) -> Line | None:
         return Line(m["msg"], ts=ts) if ts is not None else _bad_time(m["msg"])
     m = _ISO.match(text)
     if m and (m["tag"] in (None, "kernel") or "," not in m["date"]):  # dmesg's iso time has a comma, no host
-        ts = _iso(m["date"])
+        ts = iso_time(m["date"])
         if m["tag"] not in (None, "kernel") or m["ptag"] is not None:
             return Line("", ts=ts, host=m["host"])  # a program's line, which may quote the kernel's
         if ts is None:
@@ -212,7 +212,7 @@ def parse_line(text: str, *, year: int | None = None) -> Line | None:
         return Line(m["msg"], ts=ts, host=m["host"], mono_us=_usec(m["ksecs"]), wall_us=wall)
     m = _DMESG_ISO.match(text)
     if m:
-        ts = _iso(m["date"])
+        ts = iso_time(m["date"])
         return Line(m["msg"], ts=ts, wall_us=_wall_us(ts, _frac(m["date"]))) if ts is not None else _bad_time(m["msg"])
     m = _UNIX.match(text)
     if m:
@@ -226,9 +226,9 @@ def parse_line(text: str, *, year: int | None = None) -> Line | None:
         # zone-less layouts are: an abbreviation names no offset reliably ("IST", "CST" are several).
         zone = m["zone"]
         if zone in _UTC_ZONES:
-            ts = _iso(m["date"] + "+00:00")
+            ts = iso_time(m["date"] + "+00:00")
         elif zone[0] in "+-":  # tzdata's numeric abbreviation ("+04", "-0330") is the offset itself
-            ts = _iso(f"{m['date']}{zone[:3]}:{zone[3:5] or '00'}")
+            ts = iso_time(f"{m['date']}{zone[:3]}:{zone[3:5] or '00'}")
         else:
             ts = local_time(m["date"], "%Y-%m-%d %H:%M:%S")
         if m["tag"] != "kernel":
@@ -264,7 +264,7 @@ def _frac(date: str) -> str | None:
     return m.group(0) if m else None
 
 
-def _iso(date: str) -> float | None:
+def iso_time(date: str) -> float | None:
     """Epoch seconds of a short-iso time, or None for one that does not exist or is not ASCII."""
     if not date.isascii():
         return None

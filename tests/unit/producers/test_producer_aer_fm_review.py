@@ -93,9 +93,10 @@ def test_a_journal_copy_of_the_log_is_read_as_the_log() -> None:
         assert ln is not None and ln.error is None, prefix
         assert ln.ts == parse_fm_line(FATAL).ts and ln.host == HOST  # Fabric Manager's own time, with its year
         assert classify(ln.msg)[0] == "fm_nvswitch_fatal_errors"
-        # The continuation of a multi-line message is still one, and a line of the journal's own
-        # (the unit's start, a startup message without Fabric Manager's prefix) is no message.
-        assert parse_fm_line(prefix + "Message payload details:Team setup response") is None
+        # The continuation of a multi-line message, like a startup message without Fabric
+        # Manager's prefix, is a line of no known level: it counts nothing.
+        cont = parse_fm_line(prefix + "Message payload details:Team setup response", year=2025)
+        assert cont is not None and classify(cont.msg) is None
     assert parse_fm_line(f"May 16 15:10:22 {HOST} systemd[1]: Starting NVIDIA fabric manager service...") is None
     # nvidia-imex logs with the same prefix: its errors are not Fabric Manager's.
     assert parse_fm_line(f"May 16 15:10:22 {HOST} nvidia-imex[812]: " + FATAL) is None
@@ -113,6 +114,34 @@ def test_a_saved_journal_counts_its_errors(tmp_path: Path) -> None:
     assert (val(last, "fm_nvswitch_fatal_errors"), val(last, "fm_nvswitch_nonfatal_errors")) == (1, 1)
     assert src.summary()["error_lines"] == 2
 
+
+def test_fabric_managers_own_syslog_lines_count_their_nvswitch_errors(tmp_path: Path) -> None:
+    """``LOG_USE_SYSLOG=1``: Fabric Manager's messages reach syslog without its own prefix (a
+    real one: ``nv-fabricmanager[5183]: detected NVSwitch non-fatal error 22013 on NodeId 0 ...``).
+    They were read as continuation lines (nothing counted); the SXid lines count now, at the
+    syslog's time in the file's year, and a line of unknown level about anything else does not."""
+    pre = f"Mar 03 18:39:57 {HOST} nv-fabricmanager[5183]: "
+    lines = [
+        pre + "detected NVSwitch non-fatal error 22013 on NodeId 0 on NVSwitch pci bus id 00000000:08:00.0 "
+              "physical id 3 port 60",
+        pre + "Fabric Manager version 535.104.05 is running",
+        "2025-03-03T18:40:01.250000+00:00 node7 nv-fabricmanager[5183]: detected NVSwitch fatal error 12028 on fid 0 "
+        "on NVSwitch pci bus id 00000000:86:00.0 physical id 3 port 45",
+    ]
+    line = parse_fm_line(lines[0], year=2025)
+    assert line is not None and line.host == HOST and line.yearless and line.error is None
+    assert classify(line.msg)[1]["fm.sxid"] == "22013"
+    iso = parse_fm_line(lines[2])
+    assert iso is not None and iso.ts == 1741027201.25 and not iso.yearless and iso.host == "node7"
+    p = write(tmp_path, "syslog", "\n".join(lines) + "\n")
+    pci = parse_pci_map(PCI_MAP)
+    src = KmsgFileSource(
+        str(p), pci, host="n1", sample=False, log=FabricManagerLog(pci, host="n1"), parse=parse_fm_line
+    )
+    recs = src.poll()
+    last = max(recs, key=lambda r: r.ts)
+    assert (val(last, "fm_nvswitch_fatal_errors"), val(last, "fm_nvswitch_nonfatal_errors")) == (1, 1)
+    assert src.summary()["error_lines"] == 2
 
 # -- PCIe AER: a GPU's index is its own -----------------------------------------------------------
 
