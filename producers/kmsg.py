@@ -598,7 +598,9 @@ class KmsgFollower:
                 self.stats.bad_timestamp += 1
                 continue
             ts = ln.ts if ln.ts is not None else (self.boot + ln.boot if ln.boot is not None else now)
-            backlog = ts < self.started
+            # The start's whole second is the present: a log that stamps whole seconds (Fabric
+            # Manager's, syslog's) writes what came just after the start as before it.
+            backlog = ts < math.floor(self.started)
             if backlog and "Xid" in ln.msg:
                 self.stats.backlog_events += 1
             out += self.log.apply(ln, min(ts, now), emit=not backlog)

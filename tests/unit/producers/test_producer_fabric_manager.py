@@ -228,3 +228,24 @@ def test_the_follower_returns_the_same_lines_however_the_writes_are_cut(tmp_path
         got += rd.read()
     rd.close()
     assert got == lines
+
+
+def test_an_error_stamped_in_the_second_the_follower_started_is_news(tmp_path):
+    """Fabric Manager stamps whole seconds: an error written just after the producer started,
+    in the same second, carries a time before the start's (10:00:05 < 10:00:05.7) and was folded
+    into the backlog as old, never counted."""
+    path = tmp_path / "fabricmanager.log"
+    path.write_text("")
+    pci = parse_pci_map(PCI_MAP)
+    start = float(int(time.time()) - 60) + 0.7
+    now = [start]
+    f = KmsgFollower(FileFollower(str(path)), pci, host="n1", clock=lambda: now[0], log=FabricManagerLog(pci, host="n1"),
+                     parse=parse_fm_line)
+    f.poll()
+    now[0] += 0.2
+    stamp = time.strftime("%b %d %Y %H:%M:%S", time.localtime(start))
+    with path.open("a") as fh:
+        fh.write(FATAL.replace("Jul 23 2024 07:53:55", stamp) + "\n")
+    recs = f.poll()
+    assert {val(r, "fm_nvswitch_fatal_errors") for r in recs} == {1} and f.summary()["backlog_events"] == 0
+    f.close()
