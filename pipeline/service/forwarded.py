@@ -28,6 +28,7 @@ from msgspec.structs import astuple
 
 from pipeline import rows
 from pipeline.catalog import FIELDS
+from pipeline.recordchecks import MAX_GPU_INDEX, MAX_LINK_INDEX
 from pipeline.rows import NO_LINK, Combined, DcgmColumns, relayout
 from pipeline.schema import (
     JOB_LABELS,
@@ -321,6 +322,12 @@ class Decoded:
         self.gpu = np.frombuffer(c.gpu, _I32)
         self.link = np.frombuffer(c.link, _I32)
         self.values = np.frombuffer(c.values, _F64).reshape(n, k)
+        # The host stage's decoder passes no other GPU or link index, and one past them would
+        # go into the fleet engine and make each later snapshot of the partition unrestorable.
+        if n and not (0 <= int(self.gpu.min()) and int(self.gpu.max()) <= MAX_GPU_INDEX):
+            raise Malformed("shape", f"a GPU index outside 0..{MAX_GPU_INDEX}")
+        if n and not (-1 <= int(self.link.min()) and int(self.link.max()) <= MAX_LINK_INDEX):
+            raise Malformed("shape", f"a link index outside 0..{MAX_LINK_INDEX} (-1: none)")
         self.host, self.hosts = self._index("host", c.host, c.hosts)
         self.model, self.models = self._index("model", c.model, c.models)
         self.label, self.labels = self._index("label", c.label, c.labels)

@@ -42,6 +42,7 @@ MIN_KEY_BYTES = 16
 # The largest snapshot a checkpoint may expand to. A real one is a few KiB per GPU
 # (docs/performance.md): 512 MiB is far above any partition's and far below what hurts.
 DEFAULT_MAX_BYTES = 512 << 20
+_INT64_MAX = (1 << 63) - 1
 
 
 @dataclass
@@ -330,7 +331,15 @@ def _decode(value: bytes, key: bytes | None, want: tuple[str, str, int], max_byt
             reason="misplaced",
         )
     offset, epoch, size, engine = env["offset"], env["epoch"], env["size"], env["engine"]
-    if type(offset) is not int or type(epoch) is not int or offset < 0 or epoch < 0 or not isinstance(engine, bytes):
+    # Within an int64: a Kafka offset is one, and the next owner writes epoch + 1, which must
+    # still encode (msgpack stops at 2**64 - 1) and load again.
+    if (
+        type(offset) is not int
+        or type(epoch) is not int
+        or not 0 <= offset <= _INT64_MAX
+        or not 0 <= epoch < _INT64_MAX
+        or not isinstance(engine, bytes)
+    ):
         raise StateError(
             f"corrupt checkpoint for partition {partition}: offset, epoch or snapshot malformed", reason="corrupt"
         )
