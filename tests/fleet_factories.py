@@ -28,10 +28,12 @@ def envelope(
     group: str = GROUP,
     signed_as: int | None = None,
     v: int = ENVELOPE_VERSION,
+    to: int | None = None,
 ) -> bytes:
     """A fleet message from ``sender``, its MAC made under ``key`` for ``topic``/``group`` and for
-    partition ``signed_as`` (default: the sender); ``key`` None: unsigned."""
-    tag = b"" if key is None else mac(key, topic, group, sender if signed_as is None else signed_as, body, v)
+    partition ``signed_as`` (default: the sender), and a shard's for fleet partition ``to``;
+    ``key`` None: unsigned."""
+    tag = b"" if key is None else mac(key, topic, group, sender if signed_as is None else signed_as, body, v, to)
     return msgspec.msgpack.encode(Envelope(v, sender, body, tag))
 
 

@@ -220,7 +220,7 @@ class FleetTask:
                 continue
             for body in peers.chunks(got["parts"], found, alerts, scored, done):
                 self._sends.append(
-                    (self.topic, _KEY, wrap(self.key, self.topic, self.group, me, body, PEER_ENVELOPE), q)
+                    (self.topic, _KEY, wrap(self.key, self.topic, self.group, me, body, PEER_ENVELOPE, to=q), q)
                 )
 
     def _changed(self, q: int, what: str, t: float | None) -> float | None:
@@ -260,7 +260,14 @@ class FleetTask:
         if self.key is not None:
             if not env.mac:
                 return [_dead(UNSIGNED, "unsigned; this service requires signed fleet messages", m, env.body)]
-            want = mac(self.key, self.topic, self.group, env.sender, env.body, env.v)
+            # A shard's message names the partition it is for: a copy on another does not verify
+            # (one shard's findings for lane L would otherwise shadow the receiver's own).
+            to = (
+                (self.stage.shard if isinstance(self.stage, ShardStage) else m.partition)
+                if env.v == PEER_ENVELOPE
+                else None
+            )
+            want = mac(self.key, self.topic, self.group, env.sender, env.body, env.v, to)
             if not hmac.compare_digest(env.mac, want):
                 return [
                     _dead(

@@ -83,22 +83,33 @@ class Envelope(msgspec.Struct, array_like=True):
     mac: bytes = b""
 
 
-def signed(topic: str, group: str, sender: int, body: bytes, v: int = ENVELOPE_VERSION) -> bytes:
+def signed(topic: str, group: str, sender: int, body: bytes, v: int = ENVELOPE_VERSION, to: int | None = None) -> bytes:
     """What a fleet message's MAC covers, in one fixed order (msgpack of a list is canonical):
     bound to the envelope version (which says whether the sender is a telemetry partition or,
     ``PEER_ENVELOPE``, a fleet partition), the topic, the group and the sender, so a message of
-    one partition, group or cluster's topic never verifies as another's."""
-    return msgspec.msgpack.encode([v, topic, group, sender, body])
+    one partition, group or cluster's topic never verifies as another's; and ``to``, the fleet
+    partition a shard's message is for, so a copy put on another partition does not verify."""
+    return msgspec.msgpack.encode([v, topic, group, sender, body] + ([] if to is None else [to]))
 
 
-def mac(key: bytes, topic: str, group: str, sender: int, body: bytes, v: int = ENVELOPE_VERSION) -> bytes:
+def mac(
+    key: bytes, topic: str, group: str, sender: int, body: bytes, v: int = ENVELOPE_VERSION, to: int | None = None
+) -> bytes:
     """The MAC of a fleet message (``signed``) under ``key``, the fleet key."""
-    return hmac.new(key, signed(topic, group, sender, body, v), hashlib.sha256).digest()
+    return hmac.new(key, signed(topic, group, sender, body, v, to), hashlib.sha256).digest()
 
 
-def wrap(key: bytes | None, topic: str, group: str, sender: int, body: bytes, v: int = ENVELOPE_VERSION) -> bytes:
+def wrap(
+    key: bytes | None,
+    topic: str,
+    group: str,
+    sender: int,
+    body: bytes,
+    v: int = ENVELOPE_VERSION,
+    to: int | None = None,
+) -> bytes:
     """``body`` in its signed envelope (unsigned without a key: ``--insecure-state``)."""
-    tag = b"" if key is None else mac(key, topic, group, sender, body, v)
+    tag = b"" if key is None else mac(key, topic, group, sender, body, v, to)
     return msgspec.msgpack.encode(Envelope(v, sender, body, tag))
 
 

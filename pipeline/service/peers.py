@@ -39,7 +39,9 @@ from pipeline.models.modelset import ModelSet
 from pipeline.models.statecodec import decode_state, encode_state
 from pipeline.schema import AlertEvent
 
-PEER_ENVELOPE = 2  # the envelope version of a message between fleet partitions
+# The envelope version of a message between fleet partitions (3: its MAC names the partition it
+# is for; a 2 of earlier builds, which did not, is refused as another version).
+PEER_ENVELOPE = 3
 # What one message may carry (a forged one costs bounded work): a part is ~1-100 KiB (a
 # Half-Space forest's masses), findings ~40 bytes a GPU.
 MAX_PARTS = 8

@@ -339,8 +339,9 @@ def test_without_a_key_messages_are_unsigned_and_still_validated():
         (b"", "bad_envelope"),
         (b"[1,2,3]", "bad_envelope"),
         (b'{"mark": 0, "upto": 1e17, "final": true, "n": 2}', "bad_envelope"),   # the old format
-        (msgspec.msgpack.encode([3, 0, b"[]", b""]), "bad_envelope"),
-        (msgspec.msgpack.encode([2, 0, b"[]", b""]), "unsigned"),                   # a model shard's, unsigned
+        (msgspec.msgpack.encode([4, 0, b"[]", b""]), "bad_envelope"),
+        (msgspec.msgpack.encode([2, 0, b"[]", b""]), "bad_envelope"),               # an earlier build's shard's
+        (msgspec.msgpack.encode([3, 0, b"[]", b""]), "unsigned"),                   # a model shard's, unsigned
         (envelope(b"not json", 0), "malformed_json"),
         (envelope(b'{"mark": "0", "upto": null}', 0), "wrong_type"),
         (envelope(b'{"mark": 0, "upto": 1e999, "n": 2}', 0), "wrong_type"),

@@ -49,8 +49,10 @@ def _task(make_engine, shard: int, key: bytes | None = FLEET_KEY, incidents: boo
                      forward_alerts=incidents and shard != 0)
 
 
-def _peer(body: bytes, sender: int, offset: int = 0, to: int = 1, **kw) -> object:
-    return fleet_message(envelope(body, sender, v=PEER_ENVELOPE, **kw), offset, partition=to)
+def _peer(body: bytes, sender: int, offset: int = 0, to: int = 1, signed_for: int | None = None, **kw) -> object:
+    """A shard's message on fleet partition ``to``, signed for partition ``signed_for`` (default ``to``)."""
+    env = envelope(body, sender, v=PEER_ENVELOPE, to=to if signed_for is None else signed_for, **kw)
+    return fleet_message(env, offset, partition=to)
 
 
 def _part(task: FleetTask, epoch: int = 1_000, until: int = 1_001) -> dict:
@@ -92,6 +94,7 @@ def test_a_signed_part_from_another_shard_reaches_the_exchange(make_engine):
     (dict(key=b"another-key-0123456789abcdef0123"), BAD_SIGNATURE),
     (dict(signed_as=3), BAD_SIGNATURE),          # shard 3's MAC on a message that names shard 2
     (dict(group="other"), BAD_SIGNATURE),
+    (dict(signed_for=3), BAD_SIGNATURE),         # shard 2's message for partition 3, copied onto 1
 ])
 def test_a_peer_message_that_does_not_verify_is_refused(make_engine, how, reason):
     task = _task(make_engine, 1)

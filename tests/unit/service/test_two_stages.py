@@ -30,6 +30,7 @@ from pipeline.service.app import Service
 from pipeline.service.config import load_config_text
 from pipeline.service.forwarded import Columns
 from pipeline.service.state import MemoryStateStore
+from pipeline.service.peers import PEER_ENVELOPE
 from producers.sim.simulator import Simulator
 from tests.factories import Clock
 
@@ -371,7 +372,7 @@ def test_model_shards_on_every_fleet_partition_give_the_alerts_of_one_replay(tel
     released = {ps.partition: ps.pipe.stage.stats["released"] for ps in made}
     assert sorted(released) == [0, 1, 2, 3] and all(n > 0 for n in released.values()), released
     assert sum(released.values()) == sum(ps.pipe.stage.stats["fed"] for ps in made)
-    assert any(m.value and msgspec.msgpack.decode(m.value)[0] == 2 for m in f.bus.messages(f.topics.fleet))
+    assert any(m.value and msgspec.msgpack.decode(m.value)[0] == PEER_ENVELOPE for m in f.bus.messages(f.topics.fleet))
 
 
 @pytest.mark.parametrize("shard_models", [False, True])
