@@ -237,13 +237,24 @@ def run_command(
         return CommandResult(None, "", "", error=f"cannot run {argv[0]!r}: {e.strerror or e}")
     try:
         out, err = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
+    except subprocess.TimeoutExpired as e:
+        if proc.poll() is not None:
+            # It exited; a descendant that left its process group (setsid, a daemon) holds the
+            # pipes, and waiting for their end could take forever.
+            _close_pipes(proc)
+            return CommandResult(proc.returncode, _text(e.output, limit), _text(e.stderr, limit))
         _kill_group(proc, signal.SIGTERM)
         try:
             out, err = proc.communicate(timeout=kill_grace)
         except subprocess.TimeoutExpired:
             _kill_group(proc, signal.SIGKILL)
-            out, err = proc.communicate()
+            try:
+                out, err = proc.communicate(timeout=kill_grace)
+            except subprocess.TimeoutExpired as e:
+                # Killed, but a descendant outside its group holds the pipes: stop reading.
+                out, err = e.output or b"", e.stderr or b""
+                _close_pipes(proc)
+                proc.wait()
         return CommandResult(
             proc.returncode,
             _text(out, limit),
@@ -252,6 +263,12 @@ def run_command(
             error=f"timed out after {timeout:g}s; process group killed",
         )
     return CommandResult(proc.returncode, _text(out, limit), _text(err, limit))
+
+
+def _close_pipes(proc: subprocess.Popen[bytes]) -> None:
+    for f in (proc.stdout, proc.stderr):
+        if f is not None:
+            f.close()
 
 
 def _kill_group(proc: subprocess.Popen[bytes], sig: int) -> None:

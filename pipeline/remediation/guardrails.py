@@ -11,7 +11,8 @@
 - **Cooldown and attempt cap** per entity and action: a node drained an hour ago is not drained
   again; a reset that keeps failing is not retried forever (NVSentinel's reset loops).
 - **Ownership**: nodes gpuwarden itself took out are recorded, so an undo (uncordon, resume)
-  only ever touches those.
+  only ever touches those; a firing alert whose route takes a node out holds it, so one alert's
+  undo leaves the node out while another still fires.
 """
 
 from __future__ import annotations
@@ -37,6 +38,10 @@ CREATE TABLE IF NOT EXISTS breaker (id INTEGER PRIMARY KEY CHECK (id = 1), open 
     opened_at REAL, reason TEXT, reset_at REAL, reset_by TEXT, reset_note TEXT);
 CREATE TABLE IF NOT EXISTS groups (group_key TEXT PRIMARY KEY, route TEXT NOT NULL, opened_at REAL NOT NULL,
     due REAL NOT NULL, dispatched_at REAL, alert BLOB);
+CREATE TABLE IF NOT EXISTS group_members (group_key TEXT NOT NULL, alert_id TEXT NOT NULL, alert BLOB NOT NULL,
+    PRIMARY KEY (group_key, alert_id));
+CREATE TABLE IF NOT EXISTS resolved (alert_id TEXT PRIMARY KEY, ts REAL NOT NULL);
+CREATE TABLE IF NOT EXISTS holds (host TEXT NOT NULL, alert_id TEXT NOT NULL, PRIMARY KEY (host, alert_id));
 CREATE TABLE IF NOT EXISTS kv (ns TEXT NOT NULL, key TEXT NOT NULL, value BLOB NOT NULL, PRIMARY KEY (ns, key));
 INSERT OR IGNORE INTO breaker (id, open) VALUES (1, 0);
 """
@@ -160,6 +165,36 @@ class StateStore:
     def release(self, host: str) -> None:
         self.db.execute("DELETE FROM owned WHERE host=?", (host,))
 
+    def hold(self, host: str, alert_id: str) -> None:
+        """``alert_id`` fires and wants ``host`` out: an undo for another alert leaves it out."""
+        self.db.execute("INSERT OR IGNORE INTO holds (host, alert_id) VALUES (?, ?)", (host, alert_id))
+
+    def holders(self, host: str, but: str) -> list[str]:
+        """The alerts other than ``but`` that still hold ``host`` (see ``hold``)."""
+        return [
+            a
+            for (a,) in self.db.execute(
+                "SELECT alert_id FROM holds WHERE host=? AND alert_id<>? ORDER BY alert_id", (host, but)
+            )
+        ]
+
+    # -- resolutions -----------------------------------------------------------------------------
+
+    def record_resolved(self, alert_id: str, now: float) -> None:
+        """``alert_id`` resolved: its holds end, and a firing of it that comes later is stale."""
+        self.db.execute("BEGIN IMMEDIATE")
+        try:
+            self.db.execute("INSERT OR IGNORE INTO resolved (alert_id, ts) VALUES (?, ?)", (alert_id, now))
+            self.db.execute("DELETE FROM holds WHERE alert_id=?", (alert_id,))
+            self.db.execute("COMMIT")
+        except BaseException:
+            self.db.execute("ROLLBACK")
+            raise
+
+    def resolved_at(self, alert_id: str) -> float | None:
+        row = self.db.execute("SELECT ts FROM resolved WHERE alert_id=?", (alert_id,)).fetchone()
+        return None if row is None else row[0]
+
     # -- circuit breaker ------------------------------------------------------------------------
 
     def breaker(self, window: float, now: float | None = None) -> BreakerState:
@@ -167,7 +202,8 @@ class StateStore:
         row = self.db.execute(
             "SELECT open, opened_at, reason, reset_at, reset_by, reset_note FROM breaker WHERE id=1"
         ).fetchone()
-        since = max(now - window, row[3] or 0.0)
+        # Not from reset_at: the reset deleted the counts before it (reset_breaker says why).
+        since = now - window
         hosts = [
             h for (h,) in self.db.execute("SELECT DISTINCT host FROM node_actions WHERE ts>=? ORDER BY host", (since,))
         ]
@@ -218,8 +254,19 @@ class StateStore:
         Returns whether it was open.
         """
         now = time.time() if now is None else now
-        was_open, _ = self.breaker_is_open()
-        self.db.execute("UPDATE breaker SET open=0, reset_at=?, reset_by=?, reset_note=? WHERE id=1", (now, by, note))
+        self.db.execute("BEGIN IMMEDIATE")
+        try:
+            was_open, _ = self.breaker_is_open()
+            self.db.execute(
+                "UPDATE breaker SET open=0, reset_at=?, reset_by=?, reset_note=? WHERE id=1", (now, by, note)
+            )
+            # Deleted, not filtered by the reset's time: a clock stepped back after the reset would
+            # hide the nodes acted on since, and one acted on in the reset's instant would count.
+            self.db.execute("DELETE FROM node_actions")
+            self.db.execute("COMMIT")
+        except BaseException:
+            self.db.execute("ROLLBACK")
+            raise
         return was_open
 
     def prune(self, before: float) -> int:
@@ -253,6 +300,17 @@ class StateStore:
 
     def mark_dispatched(self, key: str, now: float) -> None:
         self.db.execute("UPDATE groups SET dispatched_at=?, alert=NULL WHERE group_key=?", (now, key))
+        self.db.execute("DELETE FROM group_members WHERE group_key=?", (key,))
+
+    def add_member(self, key: str, alert_id: str, alert: bytes) -> None:
+        """An alert that joined a waiting group: the group acts on it if the first one resolves."""
+        self.db.execute(
+            "INSERT OR IGNORE INTO group_members (group_key, alert_id, alert) VALUES (?, ?, ?)", (key, alert_id, alert)
+        )
+
+    def members(self, key: str) -> list[bytes]:
+        rows = self.db.execute("SELECT alert FROM group_members WHERE group_key=? ORDER BY rowid", (key,))
+        return [bytes(a) for (a,) in rows]
 
     # -- small keyed state of actions (the alerts firing in Alertmanager) ------------------------
 

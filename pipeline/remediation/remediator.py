@@ -6,13 +6,17 @@ The checks run cheapest and safest first::
 
     claim (once per alert id) -> group (group_wait, repeat_interval) -> plan (argv/URL; unsafe
     values refused) -> host in the inventory? -> breaker open? -> dry-run? -> host silenced in
-    Alertmanager (a maintenance window)? -> undo of a node we did not take out? -> cooldown ->
-    attempt cap -> query (already drained by someone else?) -> breaker admits the node? -> execute
+    Alertmanager (a maintenance window)? -> undo of a node we did not take out, or that another
+    firing alert holds? -> cooldown -> attempt cap -> query (already drained by someone else?) ->
+    breaker admits the node? -> execute
+
+A firing alert whose resolution came first is not acted on, and a group whose first alert
+resolved while it waited acts on one of its alerts still firing, or on none.
 
 An action that raises (a bug, an HTTP client error) is a ``failed`` record for that action; the
 actions after it still each get theirs.
 
-``force`` (a human's ``gpuwarden remediate act --force``) skips the claim, grouping, cooldown and
+``force`` (a human's ``gpuwarden remediate act --force``) skips the claim (and a resolution that came first), grouping, cooldown and
 attempt cap — never the breaker, dry-run or the query.
 """
 
@@ -168,6 +172,11 @@ class Remediator:
                 reason=f"unknown alert state {alert.state!r} (firing or resolved)",
             )
             return
+        resolved_at = None
+        if alert.state == "resolved":
+            self.store.record_resolved(alert.id, now)
+        else:
+            resolved_at = self.store.resolved_at(alert.id)
         for m in self.tree.match(alert):
             base = self._base(alert, m, origin, forced=force)
             receiver = self.config.receivers[m.receiver]
@@ -180,6 +189,17 @@ class Remediator:
                 )
                 self.audit.record("skipped", **base, reason=why)
                 continue
+            if resolved_at is not None and not force:
+                # Delivered late (a retried produce, a replay): the fault it reports is over.
+                self.audit.record(
+                    "skipped",
+                    **base,
+                    reason=f"resolved: alert {alert.id} resolved at {iso_time(resolved_at)} "
+                    "before this firing arrived; not acted on",
+                )
+                continue
+            if alert.state == "firing" and resolved_at is None:
+                self._hold(alert.host, alert.id, chain)
             if not self.store.claim(alert.id, alert.state, m.route.path, now) and not force:
                 at, outcome = self.store.claimed(alert.id, alert.state, m.route.path) or (now, None)
                 self.audit.record(
@@ -267,19 +287,30 @@ class Remediator:
                 act.tick(now, self.ctx)  # firing alerts re-posted, or Alertmanager resolves them
         n = 0
         for key, route_path, blob in self.store.due_groups(now):
+            members = self.store.members(key)
             self.store.mark_dispatched(key, now)
             try:
                 alert, origin = _unpack(blob)
+                if self.store.resolved_at(alert.id) is not None:
+                    # It resolved while the group waited: the group acts on one of its alerts still firing.
+                    firing = [p for p in map(_unpack, members) if self.store.resolved_at(p[0].id) is None]
+                    alert, origin = firing[0] if firing else (alert, origin)
             except (msgspec.DecodeError, msgspec.ValidationError, TypeError) as e:
                 self.audit.record("failed", route=route_path, error=f"stored group {key} unreadable: {e}")
                 continue
             match = next((m for m in self.tree.match(alert) if m.route.path == route_path), None)
             base = self._base(alert, match, origin)
+            if self.store.resolved_at(alert.id) is not None:
+                self.audit.record(
+                    "skipped",
+                    **{**base, "route": base["route"] or route_path},
+                    reason=f"resolved: every alert of group {key} resolved before its group_wait ended; not acted on",
+                )
+                continue
             if match is None:
                 self.audit.record(
                     "skipped",
-                    **base,
-                    route=route_path,
+                    **{**base, "route": route_path},
                     reason="the route no longer matches this alert (config changed while it waited)",
                 )
                 continue
@@ -314,6 +345,7 @@ class Remediator:
         if g is not None:
             opened_at, due, dispatched_at, blob = g
             if dispatched_at is None:
+                self.store.add_member(key, alert.id, _pack(alert, origin))
                 first = _unpack(blob)[0].id if blob else "?"
                 self.audit.record(
                     "skipped", **base, reason=f"grouped: group {key} acts once, on alert {first}, at {iso_time(due)}"
@@ -338,6 +370,11 @@ class Remediator:
         self.store.open_group(key, route.path, now, now, b"")
         self.store.mark_dispatched(key, now)
         return True
+
+    def _hold(self, host: str | None, alert_id: str, chain: list[str]) -> None:
+        """Hold ``host`` for ``alert_id`` when ``chain`` takes it out (an undo waits for its resolution)."""
+        if host is not None and any(getattr(self.actions[n], "breaker", False) for n in chain):
+            self.store.hold(host, alert_id)
 
     def _dry(self, name: str) -> bool:
         own = self.action_dry_run.get(name)
@@ -449,6 +486,12 @@ class Remediator:
             a.record("skipped", **rec, reason=f"missing_value: {e}")
             return "skipped"
         rec = {**rec, "argv": plan.argv, "url": _shown_url(plan.url)}
+        if plan.breaker and plan.host is None:
+            # The breaker counts nodes: an action it would count has to name one.
+            a.record(
+                "skipped", **rec, reason="missing_value: alert has no host (the breaker counts this action per node)"
+            )
+            return "skipped"
         if (
             plan.targets_host
             and plan.host is not None
@@ -492,6 +535,13 @@ class Remediator:
                 return "skipped"
         if plan.undo and (plan.host is None or not self.store.owns(plan.host)):
             a.record("skipped", **rec, reason=f"undo: gpuwarden did not take {plan.host} out; left as it is")
+            return "skipped"
+        if plan.undo and plan.host is not None and (others := self.store.holders(plan.host, alert.id)):
+            a.record(
+                "skipped",
+                **rec,
+                reason=f"undo: {plan.host} stays out while alert(s) {', '.join(others[:5])} that take it out still fire",
+            )
             return "skipped"
         ent = plan.entity
         if ent is not None and not force:
