@@ -178,6 +178,10 @@ class StateStore:
             )
         ]
 
+    def unhold(self, alert_id: str) -> None:
+        """``alert_id`` (an incident's id in incident mode) no longer holds any node."""
+        self.db.execute("DELETE FROM holds WHERE alert_id=?", (alert_id,))
+
     # -- resolutions -----------------------------------------------------------------------------
 
     def record_resolved(self, alert_id: str, now: float) -> None:

@@ -248,10 +248,17 @@ class Remediator:
             self.audit.record("skipped", **self._base(alert, None, origin, forced=force), **fields, reason=why)
             return
         claim = claim_state(ev)
+        if verdict != ACT:
+            # Its holds end: another incident's undo may bring the node back now.
+            self.store.unhold(alert.id)
         for m in self.tree.match(alert):
             base = {**self._base(alert, m, origin, forced=force), **fields}
             receiver = self.config.receivers[m.receiver]
             chain = receiver.actions if verdict == ACT else receiver.on_resolved
+            if verdict == ACT:
+                # As an alert does (handle): an open incident that would take its node out, covered
+                # or acted on, keeps another incident's undo from bringing the node back.
+                self._hold(alert.host, alert.id, list(receiver.actions))
             if not chain:
                 why = (
                     "resolved: no undo configured (on_resolved is empty)"

@@ -185,14 +185,22 @@ def test_an_undo_of_gpuwardens_drain_ends_the_cover(fakes, harness, tmp_path):
     other = stage.process([alert("nvlink_xid74", 10, "n1", 1, xid=74)])
     assert [r.reason.split(" was ")[0] for r in h.handle_incident(other[0])] == ["covered: host n1"]
     assert len(fakes.calls("scontrol")) == 2                     # the first drain's query and update
-    # The first incident resolves; its on_resolved resumes the node gpuwarden drained.
+    # The first incident resolves while the covered one is still open: the node stays out (it
+    # was resumed with GPU 1's fault open).
     done = stage.process([resolved(link, 20), alert("pcie_replay_rate", 1000, "n9", 0)])
     gone = [e for e in done if e.state == "resolved" and e.incident == opened[0].incident]
+    (kept,) = h.handle_incident(gone[0])
+    assert kept.decision == "skipped" and kept.reason.startswith(f"undo: n1 stays out while alert(s) {other[0].incident}")
+    assert [c[1:] for c in fakes.updates()] == [["nodename=n1", "state=drain", fakes.updates()[0][3]]]
+    # The covered incident resolves: the last that held the node, its on_resolved resumes it.
+    done = stage.process([resolved(alert("nvlink_xid74", 10, "n1", 1, xid=74), 1050),
+                          alert("pcie_replay_rate", 2050, "n9", 1)])
+    gone = [e for e in done if e.state == "resolved" and e.incident == other[0].incident]
     assert [r.decision for r in h.handle_incident(gone[0])] == ["acted"]
     assert fakes.updates()[-1][1:] == ["nodename=n1", "state=resume"]
     (fakes.dir / "drained").unlink()                              # Slurm: the node is back in service
     # The next fault on n1 drains it again: the cover ended with the resume.
-    again = stage.process([alert("nvlink_xid74", 1100, "n1", 3, xid=74)])
+    again = stage.process([alert("nvlink_xid74", 2100, "n1", 3, xid=74)])
     assert [r.decision for r in h.handle_incident(again[0])] == ["acted"]
     assert [c[1] for c in fakes.updates()].count("nodename=n1") == 3
 
