@@ -23,14 +23,17 @@ promtool-like::
 Series notation: ``v`` one value, ``vxN`` N+1 copies, ``a+bxN`` / ``a-bxN`` N+1 values stepping
 by b, ``_`` / ``_xN`` missing samples.
 
-A test file is input like a rule file: a key the format does not have, a value of the wrong
-type, an unreadable file are failures of that test or file, never an exception, and one test
-holds at most ``MAX_SAMPLES`` samples (each a record in memory).
+A test file is input like a rule file: a key the format does not have or gives twice, a YAML
+tag, a value of the wrong type, an unreadable file are failures of that test or file, never an
+exception; a file holds at most ``MAX_TESTS`` tests and ``MAX_SAMPLES`` samples in all (each a
+record in memory and a tick of engine time).
 """
 
 from __future__ import annotations
 
+import math
 import re
+import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -47,7 +50,8 @@ from pipeline.schema import AlertEvent, dcgm
 
 T0 = 1764403200.0
 TEST_LIMITS = yamlsafe.Limits(max_bytes=4 << 20)  # series make test files longer than rule files
-MAX_SAMPLES = 1_000_000  # per test, all series: "1x99999999999" must be an error, not all the memory
+MAX_SAMPLES = 1_000_000  # per file, all tests: "1x99999999999" must be an error, not all the memory
+MAX_TESTS = 1000  # per file, as rules: each test loads its rules and runs an engine
 # ASCII digits only: Python reads any script's digits, and some look like others.
 _TERM = re.compile(r"^(_|-?[0-9]+(?:\.[0-9]+)?(?:[eE][-+]?[0-9]+)?)(?:([+-][0-9]+(?:\.[0-9]+)?))?(?:x([0-9]+))?$")
 FILE_KEYS = ("tests",)
@@ -55,6 +59,7 @@ TEST_KEYS = ("name", "interval", "rule_files", "series", "alerts", "never")
 SERIES_KEYS = ("host", "gpu", "values")
 CHECK_KEYS = ("at", "firing")
 ALERT_KEYS = ("rule", "host", "gpu")
+_SAFE_TAGS = {f"tag:yaml.org,2002:{t}" for t in ("str", "int", "float", "bool", "null", "map", "seq")}
 
 
 class SeriesError(ValueError):
@@ -75,13 +80,16 @@ def expand_series(text: str | int | float, limit: int = MAX_SAMPLES) -> list[flo
             raise SeriesError(f"bad series term {term[:40]!r} (use v, vxN, a+bxN or _)")
         start, step, times = m.group(1), m.group(2), int(m.group(3) or 0)
         if len(out) + times + 1 > limit:
-            raise SeriesError(f"series term {term[:40]!r}: more than {MAX_SAMPLES} samples in one test")
+            raise SeriesError(f"series term {term[:40]!r}: more than {MAX_SAMPLES} samples in one test file")
         if start == "_":
             if step:
                 raise SeriesError(f"bad series term {term!r}: '_' takes no step")
             out += [None] * (times + 1)
         else:
             a, b = float(start), float(step or 0)
+            # The decoder drops a value past a double (NAN_FIELD): the engine never sees one.
+            if not (math.isfinite(a) and math.isfinite(b) and math.isfinite(a + b * times)):
+                raise SeriesError(f"bad series term {term[:40]!r}: not a finite number")
             out += [a + b * i for i in range(times + 1)]
     return out
 
@@ -91,6 +99,7 @@ class TestResult:
     file: str
     name: str
     failures: list[str] = field(default_factory=list)
+    samples: int = 0  # of its series, counted against its file's MAX_SAMPLES
 
     @property
     def ok(self) -> bool:
@@ -152,12 +161,13 @@ def _gpu(v: Any, what: str) -> int:
     return int(v)
 
 
-def run_test(test: Any, path: Path, rules_dir: Path) -> TestResult:
-    """Run one test of a test file; any problem with it is a failure of the test, not an exception."""
+def run_test(test: Any, path: Path, rules_dir: Path, limit: int = MAX_SAMPLES) -> TestResult:
+    """Run one test of a test file, with at most ``limit`` samples; any problem with it is a
+    failure of the test, not an exception."""
     name = str(test.get("name", "?")) if isinstance(test, dict) else "?"
     res = TestResult(str(path), name[:200])
     try:
-        _run(test, path, rules_dir, res)
+        _run(test, path, rules_dir, res, limit)
     except SeriesError as e:
         res.failures.append(f"bad test input: {e}")
     except Exception as e:  # noqa: BLE001 - the trust boundary, as the rule loader's (R013)
@@ -165,7 +175,7 @@ def run_test(test: Any, path: Path, rules_dir: Path) -> TestResult:
     return res
 
 
-def _run(test: Any, path: Path, rules_dir: Path, res: TestResult) -> None:
+def _run(test: Any, path: Path, rules_dir: Path, res: TestResult, limit: int) -> None:
     test = _mapping(test, "a test", TEST_KEYS)
     _text(test.get("name", "?"), "name")
     files = [(path.parent / _text(f, "rule_files")).resolve() for f in _items(test.get("rule_files"), "rule_files")]
@@ -183,7 +193,6 @@ def _run(test: Any, path: Path, rules_dir: Path, res: TestResult) -> None:
     if interval <= 0:
         raise SeriesError("interval must be positive")
     records = []
-    left = MAX_SAMPLES
     for s in series:
         host, gpu = _text(s.get("host"), "series: host"), _gpu(s.get("gpu", "0"), "series")
         columns = {}
@@ -193,8 +202,8 @@ def _run(test: Any, path: Path, rules_dir: Path, res: TestResult) -> None:
         for fname, text in values.items():
             if FIELDS.resolve(str(fname)) is None:
                 raise SeriesError(f"unknown field {fname!r} in series {host}/{gpu}")
-            columns[str(fname)] = expand_series(_text(text, f"series {host}/{gpu}: {fname}"), left)
-            left -= len(columns[str(fname)])
+            columns[str(fname)] = expand_series(_text(text, f"series {host}/{gpu}: {fname}"), limit - res.samples)
+            res.samples += len(columns[str(fname)])
         n = max((len(v) for v in columns.values()), default=0)
         for i in range(n):
             vals = {f: x for f, v in columns.items() if i < len(v) and (x := v[i]) is not None}
@@ -236,10 +245,38 @@ def _run(test: Any, path: Path, rules_dir: Path, res: TestResult) -> None:
             res.failures.append(
                 f"{rule} must never fire, but fired at {a.ts - T0:.0f}s on {a.host}/{a.gpu}: {a.summary}"
             )
+    if not checks and not never:  # it would pass whatever the rules do
+        res.failures.append("checks nothing: give it alerts: or never:")
 
 
 class TestFileError(ValueError):
     """A test file that cannot be read, or is not a mapping with a ``tests:`` list."""
+
+
+class _PlainLoader(yaml.BaseLoader):
+    """``BaseLoader`` refusing a tag outside plain YAML (which it would read as the text beside
+    it) and a key given twice in one mapping (PyYAML keeps the last: a list of checks dropped)."""
+
+    def construct_object(self, node: Any, deep: bool = False) -> Any:
+        if node.tag not in _SAFE_TAGS:
+            raise yaml.constructor.ConstructorError(
+                None,
+                None,
+                f"YAML tag {node.tag[:60]!r} is not allowed in test files (plain data only)",
+                node.start_mark,
+            )
+        return super().construct_object(node, deep)
+
+    def construct_mapping(self, node: Any, deep: bool = False) -> Any:
+        seen: set[str] = set()
+        for k, _ in node.value:
+            if isinstance(k, yaml.ScalarNode):
+                if k.value in seen:
+                    raise yaml.constructor.ConstructorError(
+                        None, None, f"key {k.value[:60]!r} given twice in one mapping", k.start_mark
+                    )
+                seen.add(k.value)
+        return super().construct_mapping(node, deep)
 
 
 def _load(path: Path) -> list:
@@ -249,8 +286,14 @@ def _load(path: Path) -> list:
     # files (an alias bomb is a YAMLError here, reported as a file that cannot be read).
     text = ""
     try:
-        text = path.read_text(encoding="utf-8")
-        doc = yamlsafe.load(text, TEST_LIMITS, base=yaml.BaseLoader) or {}
+        if not stat.S_ISREG(path.stat().st_mode):  # a FIFO blocks open(), /dev/zero never ends
+            raise TestFileError("not a regular file")
+        with path.open("rb") as fh:
+            raw = fh.read(TEST_LIMITS.max_bytes + 1)  # not the whole of a file of any size
+        if len(raw) > TEST_LIMITS.max_bytes:
+            raise TestFileError(f"the file is over the limit of {TEST_LIMITS.max_bytes} bytes")
+        text = raw.decode("utf-8")
+        doc = yamlsafe.load(text, TEST_LIMITS, base=_PlainLoader) or {}
     except yamlsafe.YamlLimitError as e:
         raise TestFileError(str(e)) from None
     except yaml.YAMLError as e:
@@ -261,9 +304,12 @@ def _load(path: Path) -> list:
     except OSError as e:
         raise TestFileError(str(e)) from None
     try:
-        return _items(_mapping(doc, "a test file", FILE_KEYS).get("tests"), "tests")
+        tests = _items(_mapping(doc, "a test file", FILE_KEYS).get("tests"), "tests")
     except SeriesError as e:
         raise TestFileError(str(e)) from None
+    if len(tests) > MAX_TESTS:
+        raise TestFileError(f"more than {MAX_TESTS} tests in one file")
+    return tests
 
 
 def test_files(paths: Sequence[str | Path]) -> list[Path]:
@@ -298,10 +344,12 @@ def run_tests(
             continue
         beside = path.parent.name == "tests"
         todo += [(test, path, path.parent.parent if beside else None) for test in tests]
+    left: dict[Path, int] = {}  # samples each file has left
     for i, (test, path, rules_dir) in enumerate(todo):
         if on_test:
             on_test(i, len(todo))
-        res = run_test(test, path, rules_dir if rules_dir is not None else shipped)
+        res = run_test(test, path, rules_dir if rules_dir is not None else shipped, left.get(path, MAX_SAMPLES))
+        left[path] = left.get(path, MAX_SAMPLES) - res.samples
         if res.failures and rules_dir is None and not (isinstance(test, dict) and test.get("rule_files")):
             res.failures.append(
                 f"(ran on the rules in {shipped}: this file is not in a tests/ directory; name the rules to test "
