@@ -32,6 +32,7 @@ from typing import Any
 from pipeline import typedconfig
 from pipeline.durations import duration
 from pipeline.errors import ConfigError
+from pipeline.models.detectors.halfspace import MAX_NODES
 from pipeline.models.registry import REGISTRY, build
 from pipeline.schema import FAMILIES
 
@@ -64,8 +65,10 @@ DECIDER_KEYS = {
 WHOLE = {"n_trees", "height", "window_size", "seed", "period", "learn_every", "min_ranks", "min_peers"}
 MAX_WHOLE = (1 << 31) - 1
 # Parameters that divide or regularise: 0 raised on every batch (a division by zero, a singular
-# matrix), which the engine dead-letters, so the model never scored.
-POSITIVE = {"forget_s", "ridge"}
+# matrix), which the engine dead-letters, so the model never scored; a counter window of 0 never
+# warmed up (long_s) or expected no error at all, so any one scored the maximum (short_s, mid_s).
+POSITIVE = {"forget_s", "ridge", "short_s", "mid_s", "long_s"}
+MAX_MODELS = 100  # in one file: each is built to be checked, then runs on every tick
 # A summary's format spec: no nested field, no width or precision past 3 digits (``{score:>99999999999}``
 # asked str.format for 100 GB at every alert).
 _SPEC = re.compile(r"[^{}]*")
@@ -207,7 +210,7 @@ def spec_from_mapping(d: Any, key: str) -> ModelSpec:
         if not isinstance(d.get(k), str) or not d.get(k):
             raise ConfigError(f"{key}.{k}", "missing" if k not in d else f"expected a non-empty string, got {d[k]!r}")
     name = d["name"]
-    if not name.isidentifier():
+    if not (name.isascii() and name.isidentifier()):  # score(name) reads ASCII names only
         raise ConfigError(f"{key}.name", f"must be an identifier (letters, digits, _), got {name!r}")
     det = d["detector"]
     if det not in REGISTRY:
@@ -292,9 +295,25 @@ def spec_from_mapping(d: Any, key: str) -> ModelSpec:
     )
 
 
+def _forest_nodes(spec: ModelSpec) -> int:
+    """The nodes of a model's Half-Space forest; 0 for a detector without one.
+
+    >>> _forest_nodes(ModelSpec("m", "cohort_hst", "gpu_x", params={"n_trees": 2, "height": 3}))
+    30
+    """
+    sig = inspect.signature(REGISTRY[spec.detector].factory.__init__).parameters
+    if "n_trees" not in sig or "height" not in sig:
+        return 0
+    n_trees = spec.params.get("n_trees", sig["n_trees"].default)
+    height = spec.params.get("height", sig["height"].default)
+    return int(n_trees) * (2 ** (int(height) + 1) - 1)
+
+
 def load_model_specs(path: str | Path) -> list[ModelSpec]:
     """Read and validate a models file; raises ``ConfigError`` naming the key on any mistake."""
     p = Path(path)
+    if p.exists() and not p.is_file():  # a FIFO would block open() until someone writes to it
+        raise ConfigError(str(p), f"cannot read {p}: not a regular file")
     return specs_from_data(typedconfig.load_yaml(p, key=str(p), yaml_key=str(p)))
 
 
@@ -307,7 +326,19 @@ def specs_from_data(data: Any) -> list[ModelSpec]:
     items = _given(data, "models", [])
     if not isinstance(items, list):
         raise ConfigError("models", f"expected a list, got {type(items).__name__}")
-    specs = [spec_from_mapping(d, f"models[{j}]") for j, d in enumerate(items)]
+    if len(items) > MAX_MODELS:
+        raise ConfigError("models", f"more than {MAX_MODELS} models in one file")
+    specs, nodes = [], 0
+    for j, d in enumerate(items):
+        specs.append(spec_from_mapping(d, f"models[{j}]"))
+        # Each forest is bounded alone; together they are too, or a file of them holds ~120 MB
+        # and takes ~3 s to start per forest.
+        nodes += _forest_nodes(specs[-1])
+        if nodes > MAX_NODES:
+            raise ConfigError(
+                f"models[{j}].params",
+                f"the forests of this file hold n_trees x (2^(height+1) - 1) nodes each, at most {MAX_NODES} together",
+            )
     seen: set[str] = set()
     for j, s in enumerate(specs):
         if s.name in seen:

@@ -1,0 +1,70 @@
+"""Hostile ``models.yaml`` files: a ``ConfigError`` naming the key, never a hang, a model that
+silently never scores, or start-up time and memory that grow without bound."""
+
+from __future__ import annotations
+
+import os
+import threading
+
+import pytest
+
+from pipeline.errors import ConfigError
+from pipeline.models import config
+from pipeline.models.config import load_model_specs, specs_from_data
+
+
+def counter_model(i: int = 0, **params) -> dict:
+    return {"name": f"m{i}", "detector": "counter_rate", "fault": "hbm_sbe_test", "features": ["ecc_sbe_volatile"],
+            "params": params}
+
+
+@pytest.mark.parametrize("param", ["short_s", "mid_s", "long_s"])
+def test_a_counter_window_of_zero_is_refused(param):
+    # long_s 0: the exposure never reached the warm-up, so the model never scored; short_s or
+    # mid_s 0: an expected count of 0, so every single error scored the maximum.
+    with pytest.raises(ConfigError, match=rf"models\[0\]\.params\.{param}': must be above 0"):
+        specs_from_data({"models": [counter_model(**{param: 0})]})
+
+
+@pytest.mark.parametrize("name", ["m\u09ea", "\u1e43", "caf\u00e9"])
+def test_a_model_name_is_ascii(name):
+    # score(name) reads ASCII names only: a model named so could never be scored by a rule.
+    with pytest.raises(ConfigError, match=r"models\[0\]\.name'"):
+        specs_from_data({"models": [{**counter_model(), "name": name}]})
+
+
+def test_at_most_max_models_in_a_file():
+    n = config.MAX_MODELS
+    assert len(specs_from_data({"models": [counter_model(i) for i in range(n)]})) == n
+    with pytest.raises(ConfigError, match=rf"'models': more than {n} models"):
+        specs_from_data({"models": [counter_model(i) for i in range(n + 1)]})
+
+
+def test_the_forests_of_a_file_together_are_bounded():
+    # Each forest was bounded alone, so 100 of them at the bound took ~3 s and ~120 MB each to start.
+    hst = {"detector": "cohort_hst", "fault": "gpu_multivariate_test", "params": {"n_trees": 64, "height": 12}}
+    big = [{**hst, "name": f"h{i}"} for i in range(3)]  # 64 x 8191 = 524,224 nodes each
+    assert len(specs_from_data({"models": big[:2]})) == 2
+    with pytest.raises(ConfigError, match=r"models\[2\]\.params': .*forests of this file .* at most 1048576"):
+        specs_from_data({"models": big})
+
+
+def test_a_fifo_is_refused_not_waited_on(tmp_path):
+    fifo = tmp_path / "models.yaml"
+    os.mkfifo(fifo)
+    got: list = []
+
+    def load():
+        try:
+            load_model_specs(fifo)
+        except ConfigError as e:
+            got.append(e)
+
+    t = threading.Thread(target=load, daemon=True)
+    t.start()
+    t.join(10)
+    finished = not t.is_alive()
+    if not finished:  # open a writer so the blocked open() of the reader returns
+        os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
+        t.join(10)
+    assert finished and "not a regular file" in str(got[0])
