@@ -98,7 +98,15 @@ class Cause:
 
     def links(self, root_rules: Any, rule: str) -> bool:
         """Whether an incident holding ``root_rules`` explains an alert of ``rule``."""
-        return _matches(self.explains, rule) and any(_matches(self.cause, r) for r in root_rules)
+        return self.explains_rule(rule) and self.caused_by(root_rules)
+
+    def explains_rule(self, rule: str) -> bool:
+        """Whether this entry explains an alert of ``rule`` (given an incident that causes it)."""
+        return _matches(self.explains, rule)
+
+    def caused_by(self, rules: Any) -> bool:
+        """Whether an incident holding ``rules`` is a cause of this entry."""
+        return any(_matches(self.cause, r) for r in rules)
 
 
 @dataclass(frozen=True)

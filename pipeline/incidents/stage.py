@@ -42,6 +42,8 @@ MAX_COMMS = 64  # communicator ids an incident remembers for ``reach: comm``
 MAX_TEXT = 256  # characters of an id, host, rule or label an alert may carry here
 MAX_OPEN = 10_000  # open incidents; an alert that would open one more is dropped and counted
 MAX_FIRING = 100_000  # firing member alerts tracked for their resolution, all incidents together
+MAX_RULES = 10_000  # rules (and fault families) an incident remembers; an alert of another still joins
+MAX_GPU = 1 << 16  # GPU indexes an alert may carry here
 
 
 @dataclass
@@ -59,6 +61,9 @@ class _Incident:
     rules: set[str] = field(default_factory=set)
     families: set[str] = field(default_factory=set)
     comms: set[str] = field(default_factory=set)
+    # The ``causality`` entries its rules are a cause of (derived from ``rules``, not kept in the
+    # state): under these alone it is indexed for the alerts it may explain.
+    causes: set[str] = field(default_factory=set)
     last_join: float = 0.0
     quiet_due: float | None = None
     job: str | None = None
@@ -113,9 +118,14 @@ class IncidentStage:
         self.stats: Counter[str] = Counter()
         self._open: dict[str, _Incident] = {}
         self._by_alert: dict[str, str] = {}  # firing member alert id -> its incident's id
-        # Where to look for the incident an alert joins: by host, and by the communicators named.
-        self._by_host: dict[str | None, dict[str, _Incident]] = {}
-        self._by_comm: dict[str, set[str]] = {}
+        # Where to look for the incident an alert joins: by (host, GPU); by (host, entry) and
+        # (communicator, ``reach: comm`` entry) for the incidents that cause a ``causality`` entry.
+        # An alert walks only those that may take it, never every incident of its host or
+        # communicator (many bandwidth alerts, each its own incident, on one host or one job).
+        self._by_gpu: dict[tuple[str | None, int | None], dict[str, _Incident]] = {}
+        self._by_cause: dict[tuple[str | None, str], dict[str, _Incident]] = {}
+        self._by_comm: dict[tuple[str, str], dict[str, _Incident]] = {}
+        self._comm_reach = {c.name for c in config.causality if c.reach == "comm"}
         # (quiet_due, incident id) of incidents whose alerts all resolved; an entry whose incident
         # took an alert since (its quiet_due changed) is skipped when it comes up.
         self._due: list[tuple[float, str]] = []
@@ -197,7 +207,11 @@ class IncidentStage:
         if not math.isfinite(a.ts) or not a.id or len(a.id) > MAX_TEXT or len(a.rule) > MAX_TEXT:
             self.stats["incidents.dropped.bad_alert"] += 1
             return False
-        if a.host is not None and len(a.host) > MAX_TEXT:
+        # What an incident keeps of an alert must load back from its checkpoint (stagestate.py).
+        if (a.host is not None and len(a.host) > MAX_TEXT) or len(a.fault) > MAX_TEXT or len(a.severity) > MAX_TEXT:
+            self.stats["incidents.dropped.bad_alert"] += 1
+            return False
+        if a.gpu is not None and not 0 <= a.gpu < MAX_GPU:
             self.stats["incidents.dropped.bad_alert"] += 1
             return False
         return True
@@ -249,20 +263,24 @@ class IncidentStage:
         firing or recent."""
         fam = fault_family(a.fault)
         window = self.config.join_window
-        on_host = self._by_host.get(a.host, {})
         same = [
             inc
-            for inc in on_host.values()
-            if a.gpu is not None
-            and inc.gpu == a.gpu
-            and (fam in inc.families or a.ts - inc.last_join <= window or self._explains(inc, a, None))
+            for inc in (self._by_gpu.get((a.host, a.gpu), {}) if a.gpu is not None else {}).values()
+            if fam in inc.families or a.ts - inc.last_join <= window or self._explains(inc, a, None)
         ]
         if same:
             return max(same, key=lambda inc: (inc.opened_at, inc.id))
         comm = _comm(a)
-        near = dict(on_host)
-        for iid in self._by_comm.get(comm, ()) if comm is not None else ():
-            near[iid] = self._open[iid]
+        near: dict[str, _Incident] = {}
+        for c in self.config.causality:
+            if not c.explains_rule(a.rule):
+                continue
+            if c.reach == "host" or (c.reach == "comm" and a.gpu is None):
+                near.update(self._by_cause.get((a.host, c.name), {}))
+            else:  # what such an entry reaches on the host is on the alert's GPU
+                near.update(self._by_gpu.get((a.host, a.gpu), {}))
+            if comm is not None and c.reach == "comm":
+                near.update(self._by_comm.get((comm, c.name), {}))
         best: _Incident | None = None
         for inc in near.values():
             if not inc.firing and a.ts - inc.last_join > window:
@@ -288,11 +306,17 @@ class IncidentStage:
         return False
 
     def _new(self, a: AlertEvent, reason: str, out: list[IncidentEvent]) -> _Incident | None:
+        iid = incident_id(a.id)
+        if iid in self._open:
+            # Its root's firing event again (delivered twice, after its resolution): a second
+            # incident of the same id would replace the open one, which then never resolves.
+            self.stats["incidents.ignored.repeated_alert"] += 1
+            return None
         if len(self._open) >= self.max_open:
             self.stats["incidents.dropped.too_many_open"] += 1
             return None
         inc = _Incident(
-            id=incident_id(a.id),
+            id=iid,
             root=IncidentRoot(alert=a.id, rule=a.rule, fault=a.fault),
             host=a.host,
             gpu=a.gpu,
@@ -301,7 +325,7 @@ class IncidentStage:
             action=self.config.action_for(a.rule, a.severity),
         )
         self._open[inc.id] = inc
-        self._by_host.setdefault(inc.host, {})[inc.id] = inc
+        self._by_gpu.setdefault((inc.host, inc.gpu), {})[inc.id] = inc
         self._add(inc, a)
         self._say(out, inc, OPENED, a.ts, reason=reason)
         for p in self._incident_policies:
@@ -327,12 +351,18 @@ class IncidentStage:
             inc.more += 1
         inc.firing.add(a.id)
         self._by_alert[a.id] = inc.id
-        inc.rules.add(a.rule)
-        inc.families.add(fault_family(a.fault))
+        # Rules and families are bounded as the state bounds them (stagestate.py).
+        if a.rule not in inc.rules and len(inc.rules) < MAX_RULES:
+            inc.rules.add(a.rule)
+            causes = {c.name for c in self.config.causality if c.name not in inc.causes and c.caused_by((a.rule,))}
+            inc.causes |= causes
+            self._index(inc, inc.comms, causes)
+        if len(inc.families) < MAX_RULES:
+            inc.families.add(fault_family(a.fault))
         comm = _comm(a)
         if comm is not None and comm not in inc.comms and len(inc.comms) < MAX_COMMS:
             inc.comms.add(comm)
-            self._by_comm.setdefault(comm, set()).add(inc.id)
+            self._index(inc, {comm}, inc.causes)
         inc.last_join = max(inc.last_join, a.ts)
         inc.quiet_due = None
         inc.job = inc.job or (a.job[:MAX_TEXT] if a.job else None)
@@ -340,6 +370,15 @@ class IncidentStage:
         inc.namespace = inc.namespace or _label(a, "namespace")
         inc.mig_instance = inc.mig_instance or _label(a, MIG_INSTANCE_LABEL)
         inc.mig_profile = inc.mig_profile or _label(a, MIG_PROFILE_LABEL)
+
+    def _index(self, inc: _Incident, comms: set[str], causes: set[str]) -> None:
+        """Index ``inc`` under each entry of ``causes``: on its host, and under each of ``comms``
+        for a ``reach: comm`` entry."""
+        for name in causes:
+            self._by_cause.setdefault((inc.host, name), {})[inc.id] = inc
+            if name in self._comm_reach:
+                for comm in comms:
+                    self._by_comm.setdefault((comm, name), {})[inc.id] = inc
 
     # -- repeat offenders --------------------------------------------------------------------
 
@@ -377,15 +416,11 @@ class IncidentStage:
             if inc is None or inc.quiet_due != when:
                 continue  # resolved already, or an alert joined it since
             del self._open[iid]
-            host = self._by_host[inc.host]
-            del host[iid]
-            if not host:
-                del self._by_host[inc.host]
-            for c in inc.comms:
-                ids = self._by_comm[c]
-                ids.discard(iid)
-                if not ids:
-                    del self._by_comm[c]
+            _drop(self._by_gpu, (inc.host, inc.gpu), iid)
+            for name in inc.causes:
+                _drop(self._by_cause, (inc.host, name), iid)
+                for c in inc.comms if name in self._comm_reach else ():
+                    _drop(self._by_comm, (c, name), iid)
             self._say(out, inc, RESOLVED, when)
 
     def _say(
@@ -436,6 +471,14 @@ class IncidentStage:
             mig_instance=inc.mig_instance,
             mig_profile=inc.mig_profile,
         )
+
+
+def _drop(index: dict[Any, dict[str, _Incident]], key: Any, iid: str) -> None:
+    """Take incident ``iid`` out of ``index[key]``, and the key with its last incident."""
+    ids = index[key]
+    del ids[iid]
+    if not ids:
+        del index[key]
 
 
 def _span(seconds: float) -> str:

@@ -75,7 +75,7 @@ def load(stage: "IncidentStage", state: Any) -> None:
     """Replace ``stage``'s state with ``state``; ``StateError`` naming what is wrong (a forged or
     damaged state) leaves the stage as it was."""
     from pipeline.incidents.events import CHANGES, OPENED, UPDATED
-    from pipeline.incidents.stage import MAX_COMMS, MAX_FIRING, MAX_MEMBERS, MAX_TEXT, _Incident
+    from pipeline.incidents.stage import MAX_COMMS, MAX_FIRING, MAX_GPU, MAX_MEMBERS, MAX_RULES, MAX_TEXT, _Incident
 
     if not isinstance(state, dict) or state.get("v") != STATE_VERSION or not isinstance(state.get("open"), list):
         raise StateError(f"incident stage state: not a version {STATE_VERSION} state")
@@ -113,7 +113,7 @@ def load(stage: "IncidentStage", state: Any) -> None:
         if not isinstance(root, (list, tuple)) or len(root) != 3 or not all(isinstance(x, str) for x in root):
             raise StateError(f"incident stage state: incident {i}: root is not [alert, rule, fault]")
         gpu = f["gpu"]
-        if gpu is not None and (isinstance(gpu, bool) or not isinstance(gpu, int) or not 0 <= gpu < 1 << 16):
+        if gpu is not None and (isinstance(gpu, bool) or not isinstance(gpu, int) or not 0 <= gpu < MAX_GPU):
             raise StateError(f"incident stage state: incident {i}: gpu {gpu!r} is not an index")
         more = f["more"]
         if isinstance(more, bool) or not isinstance(more, int) or more < 0:
@@ -133,8 +133,8 @@ def load(stage: "IncidentStage", state: Any) -> None:
             members=texts("members", MAX_MEMBERS),
             more=more,
             firing=set(firing),
-            rules=set(texts("rules", 10_000)),
-            families=set(texts("families", 10_000)),
+            rules=set(texts("rules", MAX_RULES)),
+            families=set(texts("families", MAX_RULES)),
             comms=set(texts("comms", MAX_COMMS)),
             last_join=_num(f["last_join"], f"incident {i}: last_join"),
             quiet_due=None if f["quiet_due"] is None else _num(f["quiet_due"], f"incident {i}: quiet_due"),
@@ -168,13 +168,14 @@ def load(stage: "IncidentStage", state: Any) -> None:
     # Every check passed: only now does the stage change.
     stage._open = incidents
     stage._by_alert = by_alert
-    stage._by_host = {}
+    stage._by_gpu = {}
+    stage._by_cause = {}
     stage._by_comm = {}
     stage._due = []
     for inc in incidents.values():
-        stage._by_host.setdefault(inc.host, {})[inc.id] = inc
-        for c in inc.comms:
-            stage._by_comm.setdefault(c, set()).add(inc.id)
+        stage._by_gpu.setdefault((inc.host, inc.gpu), {})[inc.id] = inc
+        inc.causes = {c.name for c in stage.config.causality if c.caused_by(inc.rules)}
+        stage._index(inc, inc.comms, inc.causes)
         if inc.quiet_due is not None:
             stage._due.append((inc.quiet_due, inc.id))
     heapq.heapify(stage._due)
