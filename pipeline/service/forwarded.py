@@ -364,10 +364,17 @@ def other_columns(records: Sequence[Any]) -> tuple[np.ndarray, np.ndarray]:
 
 
 def check_other(records: Sequence[Any]) -> None:
-    """``other_columns`` of the NCCL and progress records among ``records`` (a JSON array's)."""
+    """``other_columns`` of the NCCL and progress records among ``records`` (a JSON array's),
+    and its DCGM records' GPU and link indices, bounded as a columns body's are (``Decoded``)."""
     types = {t for t in set(map(type, records)) if issubclass(t, (NcclRecord, ProgressRecord))}
     if types:
         other_columns([r for r in records if type(r) in types])
+    for r in records:
+        if type(r) not in types:
+            if not 0 <= r.gpu <= MAX_GPU_INDEX:
+                raise Malformed("shape", f"a GPU index outside 0..{MAX_GPU_INDEX}")
+            if r.link is not None and not 0 <= r.link <= MAX_LINK_INDEX:
+                raise Malformed("shape", f"a link index outside 0..{MAX_LINK_INDEX}")
 
 
 class Builder:

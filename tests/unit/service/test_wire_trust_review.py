@@ -13,7 +13,7 @@ import pytest
 from pipeline.engine import Engine, EngineConfig
 from pipeline.errors import StateError
 from pipeline.recordchecks import MAX_GPU_INDEX, MAX_LINK_INDEX
-from pipeline.schema import dcgm
+from pipeline.schema import dcgm, encode
 from pipeline.service import state as st
 from pipeline.service.fleet import FleetTask
 from pipeline.service.state import Checkpoint, KafkaStateStore
@@ -112,3 +112,24 @@ def test_forwarded_rows_at_the_decoders_bounds_are_taken():
     )
     out = task.handle_guarded([fleet_message(envelope(body, 0, key=None), 0)])
     assert out.dead == [] and task.totals.records == 2
+
+
+@pytest.mark.parametrize(("gpu", "link"), [(MAX_GPU_INDEX + 1, None), (-1, None), (0, MAX_LINK_INDEX + 1), (0, -1)])
+def test_a_json_array_of_records_is_bounded_as_a_columns_body_is(gpu, link):
+    # The JSON records array (what earlier builds forwarded, still read) skipped the index check
+    # a columns body has: unsigned, a DCGM record of GPU 5000 went into the fleet engine and the
+    # partition's next snapshot failed to restore.
+    task = FleetTask(_engine, 1, topic=TOPIC, group=GROUP, key=None)
+    recs = [msgspec.json.decode(encode(dcgm(T0 + i, "n1", 0, HEALTHY))) for i in range(3)]
+    for r in recs:
+        r["gpu"] = gpu
+        if link is not None:
+            r["link"] = link
+    out = task.handle_guarded([fleet_message(envelope(msgspec.json.encode(recs), 0, key=None), 0)])
+    assert [d.reason for d in out.dead] == ["wrong_type"] and task.totals.records == 0
+    FleetTask(_engine, 1, topic=TOPIC, group=GROUP, key=None).restore(task.snapshot())
+    # At the bounds, taken.
+    for r in recs:
+        r["gpu"], r["link"] = MAX_GPU_INDEX, MAX_LINK_INDEX
+    out = task.handle_guarded([fleet_message(envelope(msgspec.json.encode(recs), 0, key=None), 1)])
+    assert out.dead == [] and task.totals.records == 3
