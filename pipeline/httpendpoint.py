@@ -21,6 +21,7 @@ from __future__ import annotations
 import io
 import json
 import logging
+import re
 import socket
 import socketserver
 import sys
@@ -44,6 +45,15 @@ MAX_PAGE_REQUESTS = 1
 # On every answer, not only the pages': a browser sent to /metrics, /healthz or an error reads
 # text/plain and application/json as what they say and never sniffs one into HTML.
 NOSNIFF = ("X-Content-Type-Options", "nosniff")
+# A request line and its headers, all together; past it a 431, the rest unread: http.server takes
+# 100 header lines of 64 KiB each, which its parser holds as ~12 MB a connection (64 slots: ~800 MB).
+MAX_REQUEST_BYTES = 96 * 1024
+# An Accept header's media range that prometheus_client may read: it copies a ``version`` into the
+# answer's Content-Type and compares it as numbers, so any other one is a 500 (a TypeError) or the
+# client's text, control characters and folded lines included, in the answer's headers.
+_MEDIA_RANGE = re.compile(
+    r"\s*[\w.+*/-]+(\s*;\s*(version=\d{1,9}(\.\d{1,9}){0,3}|(?!version=)[\w.+-]+=[\w.+-]+))*\s*", re.ASCII
+)
 # Added to every page's answer: a page shows data from telemetry, so even if its escaping failed
 # the browser runs no script and loads nothing (inline styles only), and never sniffs a type.
 PAGE_HEADERS = [
@@ -53,12 +63,16 @@ PAGE_HEADERS = [
 ]
 
 
-class _DeadlineReader(io.RawIOBase):
-    """Socket reads that all share one deadline: a per-read timeout alone lets a client sending a
-    byte a second hold its thread forever."""
+class _TooLarge(Exception):
+    """The request went past ``MAX_REQUEST_BYTES``."""
 
-    def __init__(self, sock: socket.socket, deadline: float) -> None:
-        self.sock, self.deadline = sock, deadline
+
+class _DeadlineReader(io.RawIOBase):
+    """Socket reads that all share one deadline and one budget of bytes: a per-read timeout alone
+    lets a client sending a byte a second hold its thread forever."""
+
+    def __init__(self, sock: socket.socket, deadline: float, budget: int = MAX_REQUEST_BYTES) -> None:
+        self.sock, self.deadline, self.budget = sock, deadline, budget
 
     def readable(self) -> bool:
         return True
@@ -67,8 +81,13 @@ class _DeadlineReader(io.RawIOBase):
         left = self.deadline - time.monotonic()
         if left <= 0:
             raise TimeoutError("request not received in time")
+        if self.budget <= 0:
+            raise _TooLarge
         self.sock.settimeout(left)
-        return self.sock.recv_into(b)
+        with memoryview(b) as view:
+            n = self.sock.recv_into(view, min(view.nbytes, self.budget))
+        self.budget -= n
+        return n
 
 
 _NOSIGNAL = getattr(socket, "MSG_NOSIGNAL", 0)
@@ -99,6 +118,7 @@ class _ServerHandler(ServerHandler):
     reading its answer is a debug line, not a traceback a flood of them writes to stderr."""
 
     request_handler: WSGIRequestHandler  # for its log line, as wsgiref sets it
+    error_headers = [("Content-Type", "text/plain"), NOSNIFF]  # its 500, when an application raised
 
     def log_exception(self, exc_info) -> None:
         if isinstance(exc_info[1], OSError):  # timeouts, resets: the client's problem
@@ -117,7 +137,15 @@ class _Handler(WSGIRequestHandler):
             self.requestline = self.request_version = self.command = ""
             self.send_error(414)
             return
-        if not self.parse_request():  # an error was answered
+        try:
+            if not self.parse_request():  # an error was answered
+                return
+        except _TooLarge:
+            self.send_error(431)
+            return
+        # Evicted while sending it: the end of its input ended its headers, and the request it
+        # half sent, a page that waits on the service loop say, must not hold the slot it freed.
+        if isinstance(self.server, _ThreadingServer) and not self.server.request_read(self.connection):
             return
         wfile = cast(IO[bytes], self.wfile)
         handler = _ServerHandler(self.rfile, wfile, self.get_stderr(), self.get_environ(), multithread=False)
@@ -147,10 +175,8 @@ class _Handler(WSGIRequestHandler):
         plain_w.close()
 
     def get_environ(self):
-        # The request is read: no longer a candidate for eviction, and the answer gets the full
+        # The request is read (and no longer evictable, ``handle``): the answer gets the full
         # timeout, not what is left of it.
-        if isinstance(self.server, _ThreadingServer):
-            self.server.request_read(self.connection)
         self.connection.settimeout(self.timeout)
         return super().get_environ()
 
@@ -199,10 +225,11 @@ class _ThreadingServer(socketserver.ThreadingMixIn, WSGIServer):
             self.request_read(request)
             self._slots.release()
 
-    def request_read(self, request: socket.socket) -> None:
-        """``request`` has sent its whole request (or is gone): it is no longer evictable."""
+    def request_read(self, request: socket.socket) -> bool:
+        """``request`` has sent its whole request (or is gone): it is no longer evictable. False
+        where it was evicted before."""
         with self._lock:
-            self._reading.pop(request, None)
+            return self._reading.pop(request, None) is not None
 
     def _evict_slowest(self) -> None:
         """Cut the connection that has spent longest sending its request; its thread sees the end
@@ -299,7 +326,9 @@ class HttpEndpoint:
             # HEAD: the GET's headers, its length included, without its body (wsgiref sends
             # whatever body an app returns, and counts what it sends).
             got: list[tuple[str, list[tuple[str, str]]]] = []
-            answer = metrics_app({**environ, "REQUEST_METHOD": "GET"}, lambda s, h, *_: got.append((s, h)))
+            accept = ",".join(r for r in environ.get("HTTP_ACCEPT", "").split(",") if _MEDIA_RANGE.fullmatch(r))
+            scrape = {**environ, "REQUEST_METHOD": "GET", "HTTP_ACCEPT": accept}
+            answer = metrics_app(scrape, lambda s, h, *_: got.append((s, h)))
             body = b"".join(answer)
             status, headers = got[0]
             start_response(status, [*headers, ("Content-Length", str(len(body))), NOSNIFF])
