@@ -182,7 +182,7 @@ class Service(Membership, CommitProtocol, Upkeep):
         quiet_wait = POLL_TIMEOUT_S if len(services) == 1 else SHARED_POLL_TIMEOUT_S
         self.metrics.rules.set(self._n_rules)
         # The /incidents page is computed by this loop between turns (pipeline/service/liveview.py).
-        live = LoopQuery(lambda: open_incidents(services))
+        live = LoopQuery(lambda: open_incidents(services), fresh_for=1.0)
         self.http = HttpEndpoint(
             self.cfg.http.host,
             self.cfg.http.port,

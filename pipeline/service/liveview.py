@@ -10,6 +10,7 @@ turn)."""
 from __future__ import annotations
 
 import threading
+import time
 from typing import Callable, Generic, TypeVar, cast
 
 T = TypeVar("T")
@@ -32,13 +33,20 @@ class LoopQuery(Generic[T]):
     [42]
     """
 
-    def __init__(self, compute: Callable[[], T]) -> None:
+    def __init__(
+        self, compute: Callable[[], T], fresh_for: float = 0.0, clock: Callable[[], float] = time.monotonic
+    ) -> None:
         self._compute = compute
         self._cond = threading.Condition()
         self._asked = 0  # requests made so far
         self._answered = 0  # requests covered by the latest answer
         self._value: T | None = None
         self._error: BaseException | None = None
+        # An answer younger than ``fresh_for`` seconds is given again without asking the loop: a
+        # client asking in a loop costs the loop one computation a ``fresh_for`` (a page of 10,000
+        # incidents is ~18 ms of it), not one a turn.
+        self.fresh_for, self._clock = fresh_for, clock
+        self._at: float | None = None  # when the latest answer was computed
 
     def pending(self) -> bool:
         """Whether a request waits for the loop."""
@@ -49,6 +57,8 @@ class LoopQuery(Generic[T]):
         does not get there within ``timeout`` seconds (busy, stuck in a back-off, or stopped). An
         exception ``compute`` raised is raised here, in the asking thread."""
         with self._cond:
+            if self._at is not None and self._error is None and self._clock() - self._at < self.fresh_for:
+                return cast(T, self._value)
             self._asked += 1
             ticket = self._asked
             if not self._cond.wait_for(lambda: self._answered >= ticket, timeout):
@@ -70,5 +80,5 @@ class LoopQuery(Generic[T]):
         except Exception as e:  # noqa: BLE001 - a page's failure is its request's, never the loop's
             error = e
         with self._cond:
-            self._value, self._error, self._answered = value, error, upto
+            self._value, self._error, self._answered, self._at = value, error, upto, self._clock()
             self._cond.notify_all()

@@ -71,6 +71,22 @@ def test_the_loop_computes_only_when_asked_and_once_for_all_waiting() -> None:
     assert got == [2]
 
 
+def test_an_answer_fresher_than_fresh_for_is_given_again_without_the_loop() -> None:
+    """A client asking in a loop cost the loop one page computation a turn; within ``fresh_for``
+    of the last the answer is given again, and after it the loop computes anew."""
+    calls, now = [], [100.0]
+    q = LoopQuery(lambda: calls.append(1) or len(calls), fresh_for=1.0, clock=lambda: now[0])
+    t, got = ask_in_thread(q)
+    q.answer()
+    t.join(5)
+    now[0] += 0.5
+    assert [q.ask(0.01) for _ in range(50)] == [1] * 50 and calls == [1] and not q.pending()
+    now[0] += 0.6
+    t, got = ask_in_thread(q)
+    q.answer()
+    t.join(5)
+    assert got == [2] and calls == [1, 1]
+
 def test_no_answer_in_time_is_a_timeout_and_a_failure_reaches_the_asker_not_the_loop() -> None:
     q: LoopQuery[int] = LoopQuery(lambda: 1 // 0)
     with pytest.raises(TimeoutError):
