@@ -104,15 +104,18 @@ def test_a_journal_copy_of_the_log_is_read_as_the_log() -> None:
 
 def test_a_saved_journal_counts_its_errors(tmp_path: Path) -> None:
     j = f"May 16 15:10:22 {HOST} nv-fabricmanager[29850]: "
-    p = write(tmp_path, "fm-journal.log", "\n".join(j + ln for ln in (INFO, FATAL, NONFATAL)) + "\n")
+    assert _fm_counts(tmp_path, "fm-journal.log", [j + ln for ln in (INFO, FATAL, NONFATAL)]) == (1, 1, 2)
+
+
+def _fm_counts(tmp_path: Path, name: str, lines: list[str]) -> tuple[float, float, int]:
+    """(fatal, non-fatal NVSwitch errors at the newest record, error lines) of a saved log."""
+    p = write(tmp_path, name, "\n".join(lines) + "\n")
     pci = parse_pci_map(PCI_MAP)
     src = KmsgFileSource(
         str(p), pci, host="n1", sample=False, log=FabricManagerLog(pci, host="n1"), parse=parse_fm_line
     )
-    recs = src.poll()
-    last = max(recs, key=lambda r: r.ts)
-    assert (val(last, "fm_nvswitch_fatal_errors"), val(last, "fm_nvswitch_nonfatal_errors")) == (1, 1)
-    assert src.summary()["error_lines"] == 2
+    last = max(src.poll(), key=lambda r: r.ts)
+    return val(last, "fm_nvswitch_fatal_errors"), val(last, "fm_nvswitch_nonfatal_errors"), src.summary()["error_lines"]
 
 
 def test_fabric_managers_own_syslog_lines_count_their_nvswitch_errors(tmp_path: Path) -> None:
@@ -133,15 +136,8 @@ def test_fabric_managers_own_syslog_lines_count_their_nvswitch_errors(tmp_path: 
     assert classify(line.msg)[1]["fm.sxid"] == "22013"
     iso = parse_fm_line(lines[2])
     assert iso is not None and iso.ts == 1741027201.25 and not iso.yearless and iso.host == "node7"
-    p = write(tmp_path, "syslog", "\n".join(lines) + "\n")
-    pci = parse_pci_map(PCI_MAP)
-    src = KmsgFileSource(
-        str(p), pci, host="n1", sample=False, log=FabricManagerLog(pci, host="n1"), parse=parse_fm_line
-    )
-    recs = src.poll()
-    last = max(recs, key=lambda r: r.ts)
-    assert (val(last, "fm_nvswitch_fatal_errors"), val(last, "fm_nvswitch_nonfatal_errors")) == (1, 1)
-    assert src.summary()["error_lines"] == 2
+    assert _fm_counts(tmp_path, "syslog", lines) == (1, 1, 2)
+
 
 # -- PCIe AER: a GPU's index is its own -----------------------------------------------------------
 

@@ -15,7 +15,7 @@ from pathlib import Path
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from pipeline.remediation.actions import run_command
+from pipeline.remediation.actions import CommandResult, run_command
 from tests.factories import fuzz_examples
 from tests.unit.remediation.factories import Harness, alert, config
 
@@ -190,17 +190,22 @@ print("drained")
 """
 
 
-def test_a_hook_that_exits_leaving_a_descendant_with_its_output_is_not_waited_for(tmp_path):
-    # The descendant left the hook's process group (setsid, a daemon): it keeps the pipes open.
+def _run_escaping_hook(tmp_path, then: str = "") -> tuple[CommandResult, float]:
+    """``_ESCAPING_HOOK`` (then ``then``) run with a 1 s timeout: its result and the seconds it took."""
     script, pidfile = tmp_path / "hook.py", tmp_path / "child.pid"
-    script.write_text(_ESCAPING_HOOK)
+    script.write_text(_ESCAPING_HOOK + then)
     t0 = time.monotonic()
     try:
         res = run_command([sys.executable, str(script), str(pidfile)], timeout=1.0, kill_grace=0.5)
-        took = time.monotonic() - t0
+        return res, time.monotonic() - t0
     finally:
         if pidfile.exists():
             os.kill(int(pidfile.read_text()), signal.SIGKILL)
+
+
+def test_a_hook_that_exits_leaving_a_descendant_with_its_output_is_not_waited_for(tmp_path):
+    # The descendant left the hook's process group (setsid, a daemon): it keeps the pipes open.
+    res, took = _run_escaping_hook(tmp_path)
     assert took < 10
     assert res.returncode == 0 and not res.timed_out and res.error is None
     assert res.stdout == "drained\n"
@@ -235,15 +240,7 @@ def test_a_waiting_group_whose_route_no_longer_matches_is_audited_not_raised(tmp
 
 
 def test_a_hook_that_hangs_with_such_a_descendant_times_out_within_its_grace(tmp_path):
-    script, pidfile = tmp_path / "hook.py", tmp_path / "child.pid"
-    script.write_text(_ESCAPING_HOOK + "import time; time.sleep(60)\n")
-    t0 = time.monotonic()
-    try:
-        res = run_command([sys.executable, str(script), str(pidfile)], timeout=1.0, kill_grace=0.5)
-        took = time.monotonic() - t0
-    finally:
-        if pidfile.exists():
-            os.kill(int(pidfile.read_text()), signal.SIGKILL)
+    res, took = _run_escaping_hook(tmp_path, "import time; time.sleep(60)\n")
     assert took < 10
     assert res.timed_out and "timed out after 1s" in (res.error or "")
     assert res.stdout == "drained\n"
