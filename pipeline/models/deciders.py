@@ -20,6 +20,7 @@ import numpy as np
 
 from pipeline.errors import ConfigError
 from pipeline.models.cohorts import PartError, check_int_array
+from pipeline.models.detectors._util import repeats
 from pipeline.numeric import grow
 
 
@@ -38,6 +39,12 @@ class ThresholdDecider:
         """Per row: flagged? Rows of one entity are applied in order (the last one sets the bit)."""
         if len(self.up) < n_ent:
             self.up = grow(self.up, n_ent, False)
+        rep = repeats(ent)
+        if rep is not None:  # an entity's rows one after another: each sees the bit the one before set
+            flagged = np.zeros(len(ent), dtype=bool)
+            for r in rep[1]:
+                flagged[r] = self.decide(ent[r], scores[r], n_ent)
+            return flagged
         was = self.up[ent]
         flagged = np.where(was, scores >= self.off, scores >= self.on)
         self.up[ent] = flagged

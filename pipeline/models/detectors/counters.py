@@ -7,7 +7,9 @@ the median of its GPUs' long-run rates (in the model set as of the last epoch ap
 pipeline/models/cohorts.py). The expected count in a window is
 ``max(own rate, cohort rate, floor) x window``; the score is the Poisson surprise of the
 observed count, ``-log10 P(N >= observed)``, the larger of the two windows'. Resets (driver
-reloads) arrive as zero increases, so they are not errors. Flagged points do not feed the
+reloads) arrive as zero increases, so they are not errors; an increase counted over a gap
+longer than a window (telemetry or the field cut for hours) adds only the window's share of it.
+A GPU's rows in one call (its per-link records beside it) fold in one after another. Flagged points do not feed the
 baseline (the model set masks them), so a burst never becomes this GPU's normal.
 """
 
@@ -20,7 +22,7 @@ import numpy as np
 from scipy.special import gammainc
 
 from pipeline.models.cohorts import PartError, check_int_array, weighted_median
-from pipeline.models.detectors._util import decay, last_per_entity, nan_to_num
+from pipeline.models.detectors._util import decay, last_per_entity, nan_to_num, repeats
 from pipeline.models.protocol import BatchDetector, Features
 
 
@@ -49,7 +51,7 @@ def _median(x: np.ndarray) -> float:
 
 
 class CounterRateSurprise(BatchDetector):
-    entity_arrays = ("c_short", "c_mid", "c_long", "t_long", "last_ts")
+    entity_arrays = ("c_short", "c_mid", "c_long", "t_long", "last_ts", "inc_ts")
     cohort_attrs = ("cohort_rate",)
     epoch_state = True  # its part is the shard's state (rates), not the epoch's sums
     fills = {"c_short": 0.0, "c_mid": 0.0, "c_long": 0.0, "t_long": 0.0}
@@ -59,6 +61,7 @@ class CounterRateSurprise(BatchDetector):
     c_long: np.ndarray
     t_long: np.ndarray
     last_ts: np.ndarray
+    inc_ts: np.ndarray  # when the counters' increase was last known (a field can stop alone)
 
     def __init__(
         self,
@@ -88,21 +91,48 @@ class CounterRateSurprise(BatchDetector):
         self.cohort_rate = 0.0  # the median GPU's rate as of the last epoch applied, while deferred
         self._pending: tuple | None = None
 
-    def _inc(self, F: Features, n: int) -> np.ndarray:
+    def _inc(self, F: Features, n: int) -> tuple[np.ndarray, np.ndarray]:
+        """The rows' increase over the counters, and whether any of them was known."""
         tot = np.zeros(n)
+        known = np.zeros(n, dtype=bool)
         for f in self.features:
             v = F.get(f)
             if v is not None:
                 tot += nan_to_num(v, nan=0.0)
-        return tot
+                known |= ~np.isnan(v)
+        return tot, known
 
-    def _fold(self, ent: np.ndarray, ts: np.ndarray, inc: np.ndarray) -> tuple[np.ndarray, ...]:
+    def _step(
+        self, ts: np.ndarray, inc: np.ndarray, t0: np.ndarray, s0: np.ndarray, m0: np.ndarray, since: np.ndarray
+    ) -> tuple[np.ndarray, ...]:
+        """Windows after rows at ``ts`` from windows ``s0``/``m0`` as of ``t0``; ``since``: when
+        the counters' increase was last known. Returns them and the gap (NaN: no row before)."""
+        gap = ts - t0
+        dt = np.where(np.isnan(gap), 0.0, np.maximum(gap, 0.0))
+        # An increase over a gap longer than a window (telemetry or the field cut for hours)
+        # counts only the window's share of it, spread evenly, so hours of errors are no burst.
+        span = np.maximum(nan_to_num(ts - since, nan=0.0), 0.0)  # never negative: a share is at most all
+        with np.errstate(divide="ignore"):
+            cs = s0 * decay(dt, self.short_s) + inc * np.minimum(1.0, self.short_s / span)
+            cm = m0 * decay(dt, self.mid_s) + inc * np.minimum(1.0, self.mid_s / span)
+        return cs, cm, gap
+
+    def _fold(self, ent: np.ndarray, ts: np.ndarray, inc: np.ndarray, known: np.ndarray) -> tuple[np.ndarray, ...]:
         self._ensure(int(ent.max()) + 1)
-        dt = ts - self.last_ts[ent]
-        dt = np.where(np.isnan(dt), 0.0, np.maximum(dt, 0.0))
-        cs = self.c_short[ent] * decay(dt, self.short_s) + inc
-        cm = self.c_mid[ent] * decay(dt, self.mid_s) + inc
-        return cs, cm, dt
+        t0, s0, m0, since = self.last_ts[ent], self.c_short[ent], self.c_mid[ent], self.inc_ts[ent]
+        rep = repeats(ent)
+        if rep is None:
+            return self._step(ts, inc, t0, s0, m0, since)
+        # Several rows of a GPU: each from the one before it, as one call a row would.
+        prev, by_place = rep
+        cs, cm, gap = np.empty(len(ent)), np.empty(len(ent)), np.empty(len(ent))
+        for r in by_place:
+            p = prev[r]
+            if p[0] >= 0:  # a later layer: every row has one before it
+                t0[r], s0[r], m0[r] = ts[p], cs[p], cm[p]
+                since[r] = np.where(known[p], ts[p], since[p])
+            cs[r], cm[r], gap[r] = self._step(ts[r], inc[r], t0[r], s0[r], m0[r], since[r])
+        return cs, cm, gap
 
     def _rates(self, ent: np.ndarray) -> np.ndarray:
         # Cohort rate: the median GPU's, so one failing GPU does not raise everybody's normal.
@@ -121,13 +151,13 @@ class CounterRateSurprise(BatchDetector):
         n = len(ent)
         if n == 0:
             return np.empty(0)
-        inc = self._inc(F, n)
-        cs, cm, dt = self._fold(ent, ts, inc)
+        inc, known = self._inc(F, n)
+        cs, cm, gap = self._fold(ent, ts, inc, known)
         rate = self._rates(ent)
         # Expected decayed count at steady rate r is r * tau.
         exp_s, exp_m = rate * self.short_s, rate * self.mid_s
         s = np.maximum(poisson_surprise(cs, exp_s), poisson_surprise(cm, exp_m))
-        self._pending = (ts, inc, cs, cm, dt)
+        self._pending = (ts, inc, known, cs, cm, gap)
         self.last = {
             "expected": exp_s,
             "observed": cs,
@@ -139,20 +169,26 @@ class CounterRateSurprise(BatchDetector):
         if len(ent) == 0:
             return
         pend = self._take_pending(ent, ts, F)
-        _, inc, cs, cm, dt = pend
+        _, inc, known, cs, cm, gap = pend
         last = last_per_entity(ent)
         e = ent[last]
         # Windows always advance: they describe what happened, flagged or not.
         self.c_short[e], self.c_mid[e] = cs[last], cm[last]
         ok_ts = ~np.isnan(ts[last])
         self.last_ts[e[ok_ts]] = ts[last][ok_ts]
-        # The baseline learns only from unflagged time.
-        sel = last[mask[last]]
-        es = ent[sel]
-        w = decay(dt[sel], self.long_s)
-        step = np.where(dt[sel] > 0, dt[sel], 1.0)
-        self.c_long[es] = self.c_long[es] * w + inc[sel]
-        self.t_long[es] = self.t_long[es] * w + step
+        kn = np.flatnonzero(known & ~np.isnan(ts))
+        kl = kn[last_per_entity(ent[kn])]
+        self.inc_ts[ent[kl]] = ts[kl]
+        # The baseline learns only from unflagged time: each row in turn (``repeats``).
+        rep = repeats(ent)
+        for rows in [np.arange(len(ent))] if rep is None else rep[1]:
+            sel = rows[mask[rows]]
+            es = ent[sel]
+            dt = np.where(np.isnan(gap[sel]), 0.0, np.maximum(gap[sel], 0.0))
+            w = decay(dt, self.long_s)
+            step = np.where(np.isnan(gap[sel]), 1.0, dt)  # a GPU's first row: one second
+            self.c_long[es] = self.c_long[es] * w + inc[sel]
+            self.t_long[es] = self.t_long[es] * w + step
 
     def cohort_part(self) -> dict[str, Any]:
         """The shard's GPUs' long-run rates as a multiset (distinct rates and how many GPUs have

@@ -25,7 +25,7 @@ import numpy as np
 
 from pipeline.errors import StateError
 from pipeline.models.cohorts import PartError, check_int_array
-from pipeline.models.detectors._util import nan_to_num
+from pipeline.models.detectors._util import nan_to_num, repeats
 from pipeline.models.detectors.halfspace import HalfSpaceForest
 from pipeline.models.protocol import BatchDetector, Features
 
@@ -123,18 +123,31 @@ class CohortHalfSpaceTrees(BatchDetector):
             return np.asarray(F["phase"], dtype=np.int64)
         return ent.astype(np.int64)
 
-    def _due(self, ent: np.ndarray, ts: np.ndarray, F: Features) -> np.ndarray:
+    def _due(
+        self, ent: np.ndarray, ts: np.ndarray, F: Features, rep: tuple[np.ndarray, list[np.ndarray]] | None
+    ) -> np.ndarray:
+        """Whether a GPU's turn came since its row before (its last scored one, or the row before
+        it in this call): its first sample at or after its turn, so that every GPU is scored
+        whatever the sampling interval (only a sample exactly at the turn would come to 1 GPU in
+        10 at 10 s); a GPU never scored is due at once."""
         if self.period == 1:
             return np.ones(len(ent), dtype=bool)
-        t = nan_to_num(ts, nan=0.0).astype(np.int64)
-        return (self._phase(ent, F) + t) % self.period == 0
+        phase = self._phase(ent, F)
+        turn = (phase + nan_to_num(ts, nan=0.0).astype(np.int64)) // self.period
+        before = self.score_ts[ent]
+        if rep is not None:
+            prev = rep[0]
+            before = np.where(prev >= 0, ts[prev], before)
+        was = (phase + nan_to_num(before, nan=0.0).astype(np.int64)) // self.period
+        return np.isnan(before) | (turn > was)
 
     def score_many(self, ent: np.ndarray, ts: np.ndarray, F: Features) -> np.ndarray:
         n = len(ent)
         if n == 0:
             return np.empty(0)
         self._ensure(int(ent.max()) + 1)
-        due = self._due(ent, ts, F)
+        rep = repeats(ent)
+        due = self._due(ent, ts, F, rep)
         idx = np.flatnonzero(due)
         Z = _normalise({k: v[idx] for k, v in F.items()}, len(idx))
         keys = list(Z)
@@ -144,6 +157,11 @@ class CohortHalfSpaceTrees(BatchDetector):
         score[idx] = fresh
         stale = ~due & (nan_to_num(ts - self.score_ts[ent], nan=np.inf) > 3 * self.period)
         score[stale] = 0.0
+        if rep is not None:  # a GPU's later rows in its turn carry the score it just got
+            prev, by_place = rep
+            for r in by_place[1:]:
+                r = r[~due[r]]
+                score[r] = score[prev[r]]
         self._pending = (ts, idx, X, keys, fresh)
         self.last = {
             "expected": np.full(n, np.nan),

@@ -1,0 +1,141 @@
+"""Edge cases of the online models: sparse sampling, gaps, and several rows of a GPU in one tick."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from pipeline.models.deciders import ThresholdDecider
+from pipeline.models.detectors.counters import CounterRateSurprise
+from pipeline.models.detectors.hst import CohortHalfSpaceTrees
+from pipeline.schema import dcgm
+from tests.unit.models.factories import one_model, run_scores
+
+EXAMPLES = int(os.environ.get("GPUWARDEN_FUZZ_EXAMPLES", "60"))
+H100 = "NVIDIA H100 80GB HBM3"
+
+
+def _hst_tick(det: CohortHalfSpaceTrees, ent: np.ndarray, t: float) -> None:
+    n = len(ent)
+    F = {k: np.full(n, 1.0) for k in det.features}
+    ts = np.full(n, t)
+    det.score_many(ent, ts, F)
+    det.learn_many(ent, ts, F, np.ones(n, dtype=bool))
+
+
+def test_every_gpu_takes_its_turn_whatever_the_sampling_interval():
+    # At 10 s sampling a GPU whose phase never meets its sample times was never scored (28 of
+    # 32 GPUs at 10 s, 31 at 30 s): its turn must come with the first sample at or after it.
+    for interval in (1, 5, 10, 30):
+        det = CohortHalfSpaceTrees(period=60, learn_every=1, window_size=50, warmup=10)
+        ent = np.arange(32, dtype=np.int32)
+        turns = np.zeros(32, dtype=int)
+        for t in np.arange(1000.0, 1000.0 + 1200.0, interval):
+            before = det.score_ts[ent].copy() if len(det.score_ts) else np.full(32, np.nan)
+            _hst_tick(det, ent, float(t))
+            after = det.score_ts[ent]
+            turns += ~((after == before) | (np.isnan(after) & np.isnan(before)))
+        assert turns.min() >= 19 and turns.max() <= 21, (interval, turns.min(), turns.max())
+
+
+def test_rows_of_a_gpu_at_one_time_take_one_turn():
+    # A GPU record and its per-link records share a time: one turn, not one per record.
+    det = CohortHalfSpaceTrees(period=60, learn_every=1, window_size=50, warmup=10)
+    ent = np.array([0, 0, 0, 1, 1, 1], dtype=np.int32)
+    for t in range(1000, 1120):
+        _hst_tick(det, ent, float(t))
+    # Each GPU: on first sight, then at its turn in each of the two minutes (3 rows a turn before).
+    assert det.forest.counter + (0 if det.forest.first_window else det.forest.window_size) == 6
+
+
+def _feed(det: CounterRateSurprise, rows: list[tuple[float, float]]) -> list[float]:
+    out = []
+    ent = np.array([0], dtype=np.int32)
+    for t, inc in rows:
+        F = {"inc:ecc_sbe_volatile": np.array([inc])}
+        ts = np.array([t])
+        out.append(float(det.score_many(ent, ts, F)[0]))
+        det.learn_many(ent, ts, F, np.array([True]))
+    return out
+
+
+def test_errors_counted_over_a_gap_are_not_a_burst():
+    # Telemetry cut for 6 h while the GPU keeps its usual 1 SBE an hour: the 6 errors come back
+    # as one increase. They happened over the gap, not in the last minute: scored 13.5 before.
+    det = CounterRateSurprise(counters=["ecc_sbe_volatile"], warmup=120)
+    _feed(det, [(float(t), 0.0) for t in range(3600)])
+    assert _feed(det, [(3600.0 + 6 * 3600, 6.0)])[0] < 4.0
+    assert _feed(det, [(3600.0 + 6 * 3600 + 3 * 86400, 72.0)])[0] < 4.0
+    # A real burst after a gap still stands out.
+    assert _feed(det, [(3600.0 + 7 * 3600 + 3 * 86400, 500.0)])[0] > 8.0
+
+
+def test_errors_counted_over_a_field_gap_are_not_a_burst():
+    # The GPU keeps reporting, the SBE field stops for 6 h (its increase unknown), then comes back.
+    det = CounterRateSurprise(counters=["ecc_sbe_volatile"], warmup=120)
+    _feed(det, [(float(t), 0.0) for t in range(3600)])
+    _feed(det, [(float(t), np.nan) for t in range(3600, 3600 + 6 * 3600, 10)])
+    assert _feed(det, [(3600.0 + 6 * 3600, 6.0)])[0] < 4.0
+
+
+@settings(max_examples=EXAMPLES, deadline=None)
+@given(
+    steps=st.lists(
+        st.tuples(st.sampled_from([0.0, 0.5, 1.0, 5.0, 30.0, 4000.0]), st.sampled_from([0.0, 0.0, 1.0, 3.0, 50.0])),
+        min_size=2,
+        max_size=30,
+    ),
+    cut=st.lists(st.booleans(), min_size=30, max_size=30),
+)
+def test_counter_state_is_the_same_whatever_the_rows_per_call(steps, cut):
+    # Reference: one row per call. Rows of one GPU in one call (a GPU record and its link
+    # records, two samples in one tick) must leave the same windows: they kept the last row's.
+    ts = 1000.0 + np.cumsum([d for d, _ in steps])
+    inc = np.array([i for _, i in steps])
+    ref = CounterRateSurprise(counters=["ecc_sbe_volatile"], warmup=10)
+    _feed(ref, list(zip(ts.tolist(), inc.tolist())))
+    det = CounterRateSurprise(counters=["ecc_sbe_volatile"], warmup=10)
+    bounds = [0] + [i for i in range(1, len(ts)) if cut[i]] + [len(ts)]
+    for a, b in zip(bounds, bounds[1:]):
+        ent = np.zeros(b - a, dtype=np.int32)
+        F = {"inc:ecc_sbe_volatile": inc[a:b]}
+        det.score_many(ent, ts[a:b], F)
+        det.learn_many(ent, ts[a:b], F, np.ones(b - a, dtype=bool))
+    for name in CounterRateSurprise.entity_arrays:
+        np.testing.assert_allclose(getattr(det, name), getattr(ref, name), rtol=1e-9, atol=1e-12, err_msg=name)
+
+
+def test_an_sbe_burst_is_seen_beside_per_link_records():
+    # NVML and dcgm-exporter's link metrics send one record per NVLink beside the GPU's, at
+    # its time: three rows of the GPU each tick. Only the last row's increase was kept, so a
+    # burst of 2 SBE/s scored 3.9 and never alerted.
+    ms = one_model("counter_rate", features=["ecc_sbe_volatile"], warmup=5)
+    batches, sbe = [], 0
+    for t in range(1000, 1400):
+        sbe += 2 if t >= 1300 else 0
+        recs = [dcgm(t + 0.1, "h1", 0, {"ecc_sbe_volatile": sbe, "gpu_temp": 50}, model=H100)]
+        recs += [dcgm(t + 0.1, "h1", 0, {"nvlink_crc_flit_errors": 0}, model=H100, link=k) for k in range(2)]
+        batches.append(recs)
+    _, seen, alerts = run_scores(ms, batches)
+    assert max(float(np.max(s)) for *_, s in seen[-100:]) > 50.0
+    assert [a.state for a in alerts][:1] == ["firing"]
+
+
+@settings(max_examples=EXAMPLES, deadline=None)
+@given(
+    scores=st.lists(st.sampled_from([0.0, 2.0, 3.0, 4.0, 6.0, 7.0]), min_size=1, max_size=12),
+    cut=st.lists(st.booleans(), min_size=12, max_size=12),
+)
+def test_hysteresis_applies_rows_of_an_entity_in_order(scores, cut):
+    ref = ThresholdDecider(6.0, 3.0)
+    want = [bool(ref.decide(np.array([0]), np.array([s]), 1)[0]) for s in scores]
+    d = ThresholdDecider(6.0, 3.0)
+    got: list[bool] = []
+    bounds = [0] + [i for i in range(1, len(scores)) if cut[i]] + [len(scores)]
+    for a, b in zip(bounds, bounds[1:]):
+        got += d.decide(np.zeros(b - a, dtype=np.int32), np.array(scores[a:b]), 1).tolist()
+    assert got == want
+    assert bool(d.up[0]) == bool(ref.up[0])
