@@ -261,7 +261,8 @@ class HangDetector:
             c = self.comms[key] = _Comm(r.job, r.comm)
         old = c.ranks.get(r.rank)
         if (
-            old is not None
+            r.comm is not None  # lines that name no process group mix several under one key
+            and old is not None
             and old.progress is not None
             and r.last_completed is not None
             and r.last_completed < old.progress

@@ -165,3 +165,23 @@ def test_random_records_give_the_same_events_whatever_the_batching_advancing_and
     recs = _random_records(seed)
     cuts = [c for c in cuts if c < len(recs)]
     assert _run(recs, cuts, restores, steps) == _run(recs, [], set(), [0.0])
+
+
+def test_process_groups_a_watchdog_line_does_not_name_are_no_restart():
+    # Lines without a process group (comm None) of two groups share one key: a rank's completed
+    # work goes 500, 40, 501, 41 ... as the groups' lines interleave, which is no restart. Taken
+    # as one, each line reset the communicator and the hang's evidence went with it.
+    recs = []
+    for t in range(0, 600, 10):
+        for r in range(4):
+            recs.append(progress(t + 0.3, f"n{r}", r, gpu=r, comm=None, last_enqueued=500 + t, last_completed=499 + t))
+            recs.append(progress(t + 0.4, f"n{r}", r, gpu=r, comm=None, last_enqueued=40 + t // 10,
+                                 last_completed=39 + t // 10))
+    recs += [progress(700.0 + 0.1 * r, f"n{r}", r, gpu=r, comm=None, state="timeout", seq=1100, op="ALLREDUCE",
+                      timeout_ms=600000, last_enqueued=1100, last_completed=1000 if r == 1 else 1099)
+             for r in range(4)]  # fmt: skip
+    recs += [progress(700.5 + 0.1 * r, f"n{r}", r, gpu=r, comm=None, last_enqueued=101, last_completed=100)
+             for r in range(4)]  # fmt: skip
+    got = _settled(recs)
+    # Fired (which rank is behind stays unclear where two groups' counts mix) and never reset.
+    assert [a.state for a in got] == ["firing"]
