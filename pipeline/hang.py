@@ -10,8 +10,9 @@ the other ranks' reports of the same hang are in, then names its suspects: the r
 the ranks whose last completed work (RAS: launched operations) lags the highest their peers
 report, else the ranks that enqueued less, and ranks of a known size that never reported (not
 RAS's: it names the ranks it misses, and the others only when they are outliers). A rank whose
-last completed work goes back is in a new communicator under the same key (a restarted job numbers
-its process groups as before): the old one leaves its alert, the new one is judged afresh.
+last completed work goes back, in a named process group and on the same host and GPU, is in a new
+communicator under the same key (a restarted job numbers its process groups as before): the old
+one leaves its alert, the new one is judged afresh.
 
 One hang is seen by several communicators (a rank's TP and DP groups) and by both sources (the
 watchdog keys a communicator by its process group's id, RAS by its hash), so the alert is per
@@ -266,6 +267,10 @@ class HangDetector:
             and old.progress is not None
             and r.last_completed is not None
             and r.last_completed < old.progress
+            # The same rank's own report: groups split from one (DeviceMesh's split_group) can
+            # share a group id, and another group's rank of that number is not a restart.
+            and old.host == r.host
+            and (old.gpu is None or r.gpu is None or old.gpu == r.gpu)
         ):
             # A rank's completed work never goes back in one communicator: this is a new one under
             # the same key (a restarted job numbers its process groups as before), judged afresh.

@@ -185,3 +185,16 @@ def test_process_groups_a_watchdog_line_does_not_name_are_no_restart():
     got = _settled(recs)
     # Fired (which rank is behind stays unclear where two groups' counts mix) and never reset.
     assert [a.state for a in got] == ["firing"]
+
+
+def test_another_groups_rank_under_a_shared_group_id_is_no_restart():
+    # Groups split from one (DeviceMesh's split_group) can share a group id: rank 0 of group B
+    # (host b0) reporting less than rank 0 of group A (a0) under the same key read as a restart,
+    # which resolved group A's firing hang and fired a second, hostless, alert for it.
+    recs = [progress(1000.0 + 0.1 * r, f"a{r}", r, gpu=0, comm="5", state="timeout", seq=101, op="ALLREDUCE",
+                     timeout_ms=600000, last_enqueued=101, last_completed=100 if r == 0 else 99)
+            for r in range(2)]  # fmt: skip
+    recs += [progress(1060.0 + 0.1 * r, f"b{r}", r, gpu=0, comm="5", state="timeout", seq=100, op="ALLREDUCE",
+                      timeout_ms=600000, last_enqueued=100, last_completed=99) for r in range(2)]  # fmt: skip
+    got = _settled(recs, Settings(settle_s=30))
+    assert [(a.state, a.host) for a in got] == [("firing", "a1")]
