@@ -8,7 +8,7 @@ pipeline/models/cohorts.py). The expected count in a window is
 ``max(own rate, cohort rate, floor) x window``; the score is the Poisson surprise of the
 observed count, ``-log10 P(N >= observed)``, the larger of the two windows'. Resets (driver
 reloads) arrive as zero increases, so they are not errors; an increase counted over a gap
-longer than a window (telemetry or the field cut for hours) adds only the window's share of it.
+longer than the longer window (telemetry or the field cut for hours) adds only each window's share of it.
 A GPU's rows in one call (its per-link records beside it) fold in one after another. Flagged points do not feed the
 baseline (the model set masks them), so a burst never becomes this GPU's normal.
 """
@@ -109,12 +109,15 @@ class CounterRateSurprise(BatchDetector):
         the counters' increase was last known. Returns them and the gap (NaN: no row before)."""
         gap = ts - t0
         dt = np.where(np.isnan(gap), 0.0, np.maximum(gap, 0.0))
-        # An increase over a gap longer than a window (telemetry or the field cut for hours)
-        # counts only the window's share of it, spread evenly, so hours of errors are no burst.
-        span = np.maximum(nan_to_num(ts - since, nan=0.0), 0.0)  # never negative: a share is at most all
-        with np.errstate(divide="ignore"):
-            cs = s0 * decay(dt, self.short_s) + inc * np.minimum(1.0, self.short_s / span)
-            cm = m0 * decay(dt, self.mid_s) + inc * np.minimum(1.0, self.mid_s / span)
+        # An increase over a gap longer than the longer window (telemetry or the field cut for
+        # hours) counts only each window's share of it, spread evenly, so hours of errors are no
+        # burst. Not over a shorter one: at sparse sampling (every 2 or 5 min) that is every
+        # sample, and a burst must still count whole.
+        span = nan_to_num(ts - since, nan=0.0)
+        long_gap = span > self.mid_s
+        with np.errstate(divide="ignore", invalid="ignore"):
+            cs = s0 * decay(dt, self.short_s) + inc * np.where(long_gap, self.short_s / span, 1.0)
+            cm = m0 * decay(dt, self.mid_s) + inc * np.where(long_gap, self.mid_s / span, 1.0)
         return cs, cm, gap
 
     def _fold(self, ent: np.ndarray, ts: np.ndarray, inc: np.ndarray, known: np.ndarray) -> tuple[np.ndarray, ...]:

@@ -73,6 +73,13 @@ def test_errors_counted_over_a_gap_are_not_a_burst():
     assert _feed(det, [(3600.0 + 7 * 3600 + 3 * 86400, 500.0)])[0] > 8.0
 
 
+def test_a_burst_at_sparse_sampling_counts_whole():
+    # Sampled every 5 min (shorter than the 30 min window, longer than the 1 min one): the share
+    # applied to every sample, so a burst of 10 SBEs counted a fifth in the short window.
+    det = CounterRateSurprise(counters=["ecc_sbe_volatile"], warmup=120)
+    _feed(det, [(float(t), 0.0) for t in range(0, 7200, 300)])
+    assert _feed(det, [(7200.0, 10.0)])[0] > 15.0
+
 def test_errors_counted_over_a_field_gap_are_not_a_burst():
     # The GPU keeps reporting, the SBE field stops for 6 h (its increase unknown), then comes back.
     det = CounterRateSurprise(counters=["ecc_sbe_volatile"], warmup=120)
