@@ -598,9 +598,10 @@ class KmsgFollower:
                 self.stats.bad_timestamp += 1
                 continue
             ts = ln.ts if ln.ts is not None else (self.boot + ln.boot if ln.boot is not None else now)
-            # The start's whole second is the present: a log that stamps whole seconds (Fabric
-            # Manager's, syslog's) writes what came just after the start as before it.
-            backlog = ts < math.floor(self.started)
+            # A line stamped in whole seconds (Fabric Manager's, syslog's) of the start's second is
+            # the present: what came just after the start carries a time before it. A finer time
+            # (/dev/kmsg's microseconds) says on which side it is.
+            backlog = ts < (math.floor(self.started) if ts == math.floor(ts) else self.started)
             if backlog and "Xid" in ln.msg:
                 self.stats.backlog_events += 1
             out += self.log.apply(ln, min(ts, now), emit=not backlog)

@@ -18,6 +18,7 @@ Public lines and their origins:
 from __future__ import annotations
 
 import json
+import math
 import os
 import time
 
@@ -249,3 +250,31 @@ def test_an_error_stamped_in_the_second_the_follower_started_is_news(tmp_path):
     recs = f.poll()
     assert {val(r, "fm_nvswitch_fatal_errors") for r in recs} == {1} and f.summary()["backlog_events"] == 0
     f.close()
+
+
+def test_a_finer_time_just_before_the_start_is_still_backlog():
+    """Only a whole-second stamp of the start's second is taken as news: a kernel line stamped to
+    the microsecond 0.3 s before the start was sent before (a quick restart would send it again)."""
+    from producers.kmsg_input import Line
+
+    pci = parse_pci_map(PCI_MAP)
+    start = float(int(time.time()) - 60) + 0.7
+
+    class Lines:
+        stats = None
+
+        def __init__(self, ts):
+            self.ts = ts
+
+        def read(self):
+            out, self.ts = ([] if self.ts is None else ["x"]), None
+            return out
+
+        def close(self):
+            pass
+
+    for ts, backlog in ((start - 0.3, 1), (math.floor(start), 0)):
+        xid = "NVRM: Xid (PCI:0000:3b:00): 79, pid=1, GPU has fallen off the bus."
+        f = KmsgFollower(Lines(ts), pci, host="n1", clock=lambda: start, parse=lambda _t, ts=ts: Line(xid, ts=ts))
+        f.poll()
+        assert f.summary()["backlog_events"] == backlog, ts
