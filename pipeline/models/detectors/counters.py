@@ -74,6 +74,10 @@ class CounterRateSurprise(BatchDetector):
         **params: Any,
     ) -> None:
         counters = tuple(counters)
+        if not warmup < long_s:
+            # The warm-up counts seconds of exposure in the decayed long window, which levels off
+            # near long_s: a warm-up at or past it is never reached, and the model never scores.
+            raise ValueError(f"warmup ({warmup} s of exposure) must be below long_s ({long_s:g} s)")
         super().__init__(
             counters=counters,
             short_s=short_s,

@@ -68,3 +68,13 @@ def test_a_fifo_is_refused_not_waited_on(tmp_path):
         os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
         t.join(10)
     assert finished and "not a regular file" in str(got[0])
+
+
+def test_a_counter_warmup_the_long_window_never_reaches_is_refused():
+    # t_long, the exposure the warm-up counts, levels off near long_s: warmup 30000 with the
+    # default long_s (21600) loaded, and the model never scored.
+    model = {"name": "m", "detector": "counter_rate", "fault": "hbm_x", "features": ["ecc_sbe_volatile"]}
+    with pytest.raises(ConfigError) as e:
+        specs_from_data({"models": [{**model, "warmup": 30000}]})
+    assert e.value.key == "models[0].params" and "warmup" in str(e.value) and "long_s" in str(e.value)
+    assert specs_from_data({"models": [{**model, "warmup": 600}]})[0].warmup == 600
