@@ -176,7 +176,9 @@ class RankStraggler(NcclDetector):
         if n == 0:
             self.last = {"gap": np.empty(0)}
             return np.empty(0)
-        key = _group_keys(frame, self.codes)
+        # Codes of this frame alone: its groups are all it compares, and codes kept across frames
+        # would grow with every communicator ever seen (jobs come and go).
+        key = _group_keys(frame, {})
         ex = frame.exec_time_us
         groups = np.unique(key, return_inverse=True)  # grouped once for every statistic below
         med = group_stat(key, ex, "median", groups)
@@ -211,23 +213,64 @@ class RankStraggler(NcclDetector):
 class CommBusbw(NcclDetector):
     level = "host"
 
-    def __init__(self, noise_floor: float = 0.01, own_tau_s: float = 3600.0, min_peers: int = 3, **params: Any) -> None:
-        super().__init__(noise_floor=noise_floor, own_tau_s=own_tau_s, min_peers=min_peers, **params)
-        self.noise_floor, self.own_tau, self.min_peers = noise_floor, own_tau_s, min_peers
+    _PER_COMM = ("own_m", "own_w", "own_t", "multi", "seen_t")
+
+    def __init__(
+        self,
+        noise_floor: float = 0.01,
+        own_tau_s: float = 3600.0,
+        min_peers: int = 3,
+        forget_s: float = 86400.0,
+        **params: Any,
+    ) -> None:
+        if not forget_s > 0:
+            raise ValueError(f"forget_s must be above 0, got {forget_s!r}")
+        super().__init__(noise_floor=noise_floor, own_tau_s=own_tau_s, min_peers=min_peers, forget_s=forget_s, **params)
+        self.noise_floor, self.own_tau, self.min_peers, self.forget_s = noise_floor, own_tau_s, min_peers, forget_s
         # Per communicator code: EW mean of its ratio to peers, its weight, when last updated,
-        # and whether it was ever seen spanning hosts (then it has no single host to blame).
+        # whether it was ever seen spanning hosts (then it has no single host to blame), and
+        # when it was last seen: one unseen for ``forget_s`` is forgotten (jobs come and go).
         self.own_m = np.full(0, 1.0)
         self.own_w = np.zeros(0)
         self.own_t = np.full(0, np.nan)
         self.multi = np.zeros(0, dtype=bool)
+        self.seen_t = np.full(0, np.nan)
+        self._compact_at = 1024  # communicators known before the forgotten ones are dropped
         self._keyed: tuple[NcclFrame, np.ndarray] | None = None  # the last scored frame and its group keys
 
     def _extra_state(self) -> dict[str, Any]:
-        return {"own_m": self.own_m, "own_w": self.own_w, "own_t": self.own_t, "multi": self.multi}
+        return {k: getattr(self, k) for k in self._PER_COMM}
 
     def _load_extra(self, st: dict[str, Any]) -> None:
         self.own_m, self.own_w = np.array(st["own_m"], float), np.array(st["own_w"], float)
         self.own_t, self.multi = np.array(st["own_t"], float), np.array(st["multi"], bool)
+        # A state of a build before seen_t: last seen when last learnt from (never: forgettable).
+        seen = st.get("seen_t")
+        self.seen_t = np.array(seen, float) if seen is not None else np.where(np.isnan(self.own_t), -np.inf, self.own_t)
+
+    def _refresh(self, code: np.ndarray, ts: np.ndarray) -> bool:
+        """Communicators of ``code`` seen at ``ts``: one unseen for ``forget_s`` starts afresh
+        (what it learnt is of a job long gone), whenever the memory is compacted, so the answer
+        does not depend on which other communicators this scorer sees. True when it compacted."""
+        stale = self.seen_t[code] < ts - self.forget_s
+        if stale.any():
+            c = code[stale]
+            self.own_m[c], self.own_w[c], self.own_t[c], self.multi[c] = 1.0, 0.0, np.nan, False
+        np.fmax.at(self.seen_t, code, ts)
+        if len(self.codes) <= self._compact_at:
+            return False
+        self._compact(float(ts.max()))
+        return True
+
+    def _compact(self, now: float) -> None:
+        """Drop the communicators unseen for ``forget_s`` (their codes, their rows)."""
+        used = np.array(sorted(self.codes.values()), dtype=np.int64)
+        keep = used[~(self.seen_t[used] < now - self.forget_s)]
+        at = {int(c): i for i, c in enumerate(keep)}
+        self.codes = {comm: at[c] for comm, c in self.codes.items() if c in at}
+        for name in self._PER_COMM:
+            setattr(self, name, getattr(self, name)[keep])
+        self._compact_at = max(1024, 2 * len(self.codes))
 
     def score_frame(self, frame: NcclFrame) -> np.ndarray:
         n = len(frame)
@@ -240,6 +283,11 @@ class CommBusbw(NcclDetector):
         if len(self.own_m) < m:
             self.own_m, self.own_w = grow(self.own_m, m, 1.0), grow(self.own_w, m, 0.0)
             self.own_t, self.multi = grow(self.own_t, m, np.nan), grow(self.multi, m, False)
+        if len(self.seen_t) < m:
+            self.seen_t = grow(self.seen_t, m, np.nan)
+        if self._refresh(code, frame.ts):  # compacted: the codes are renumbered
+            key = _group_keys(frame, self.codes)
+            code = key >> 32
         uniq, first, inv = np.unique(key, return_index=True, return_inverse=True)
         groups = (uniq, inv)  # grouped once for every statistic of the communicators below
         bw = group_stat(key, frame.busbw_gbs, "median", groups)

@@ -146,3 +146,80 @@ def test_hysteresis_applies_rows_of_an_entity_in_order(scores, cut):
         got += d.decide(np.zeros(b - a, dtype=np.int32), np.array(scores[a:b]), 1).tolist()
     assert got == want
     assert bool(d.up[0]) == bool(ref.up[0])
+
+
+# -- NCCL models forget communicators of jobs long gone ------------------------------------------
+
+
+def _bus_frame(t: float, comms: list[str], slow: str | None = None) -> "NcclFrame":
+    """One interval of 4-rank, one-host communicators, each on its own host, all at 40 GB/s but
+    ``slow`` at 20."""
+    from pipeline.engine.frame import NcclFrame
+
+    rows = [(c, h, r) for h, c in enumerate(comms) for r in range(4)]
+    n = len(rows)
+    return NcclFrame(ts=np.full(n, t), host=np.array([h for _, h, _ in rows], np.int32),
+                     gpu=np.array([r for _, _, r in rows], np.int32), comm=[c for c, _, _ in rows],
+                     rank=np.array([r for _, _, r in rows], np.int32), nranks=np.full(n, 4, np.int32),
+                     bytes=np.full(n, 64.0 * 2**20), exec_time_us=np.full(n, 1000.0),
+                     busbw_gbs=np.array([20.0 if c == slow else 40.0 for c, _, _ in rows]))  # fmt: skip
+
+
+def _learn(det, frame) -> np.ndarray:
+    s = det.score_frame(frame)
+    det.learn_frame(frame, s, np.ones(len(frame), dtype=bool))
+    return s
+
+
+def test_nccl_models_hold_no_state_for_communicators_long_gone():
+    # Every communicator ever seen kept a code and, for the bus-bandwidth model, four values: a
+    # fleet whose jobs come and go grew its memory and its snapshots for ever.
+    from pipeline.models.detectors.nccl import CommBusbw, RankStraggler
+
+    bus, rank = CommBusbw(), RankStraggler()
+    for day in range(12):
+        comms = [f"job{day}-c{i}" for i in range(400)]  # 400 communicators of the day's jobs
+        for k in range(3):
+            f = _bus_frame(day * 86400.0 + k * 60, comms)
+            _learn(bus, f)
+            _learn(rank, f)
+    assert rank.codes == {}
+    assert len(bus.codes) <= 2 * 1024 and len(bus.own_m) <= 4 * 1024
+    assert all(c.startswith(("job10-", "job11-")) or len(bus.codes) <= 2048 for c in bus.codes)
+
+
+def test_a_communicator_seen_again_after_forget_s_starts_afresh_whatever_else_was_seen():
+    # Forgetting is by the communicator's own silence, so the answer does not depend on whether
+    # the memory was compacted (which depends on the other communicators a scorer sees).
+    from pipeline.models.detectors.nccl import CommBusbw
+
+    peers = [f"p{i}" for i in range(5)]
+    scores = []
+    for extra in (0, 3000):  # few other communicators, or enough to compact
+        det = CommBusbw(forget_s=3600.0)
+        for k in range(10):  # 'x' learns it runs at half its peers' bandwidth: its normal
+            _learn(det, _bus_frame(k * 60.0, ["x", *peers], slow="x"))
+        if extra:  # scored only: what they would teach (the noise) is not the question here
+            det.score_frame(_bus_frame(5000.0, [f"o{i}" for i in range(extra)]))
+            assert "x" not in det.codes  # compacted: 'x' and its peers had gone quiet
+        scores.append(det.score_frame(_bus_frame(10_000.0, ["x", *peers], slow="x")))
+    assert np.array_equal(scores[0], scores[1])
+    assert scores[0].max() > 0  # afresh: half its peers' bandwidth is news again
+    fresh = CommBusbw(forget_s=3600.0)
+    for k in range(10):
+        _learn(fresh, _bus_frame(k * 60.0, ["x", *peers], slow="x"))
+    assert fresh.score_frame(_bus_frame(11 * 60.0, ["x", *peers], slow="x")).max() == 0  # learnt: no news
+
+
+def test_a_bus_model_state_of_a_build_before_seen_t_loads():
+    from pipeline.models.detectors.nccl import CommBusbw
+
+    det = CommBusbw()
+    for k in range(3):
+        _learn(det, _bus_frame(k * 60.0, ["a", "b", "c", "d"]))
+    st = det.to_state()
+    del st["seen_t"]
+    again = CommBusbw()
+    again.load_state(st)
+    assert np.array_equal(again.score_frame(_bus_frame(240.0, ["a", "b", "c", "d"])),
+                          det.score_frame(_bus_frame(240.0, ["a", "b", "c", "d"])))
