@@ -8,6 +8,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from pipeline.engine.frame import NcclFrame
 from pipeline.models.deciders import ThresholdDecider
 from pipeline.models.detectors.counters import CounterRateSurprise
 from pipeline.models.detectors.hst import CohortHalfSpaceTrees
@@ -151,11 +152,9 @@ def test_hysteresis_applies_rows_of_an_entity_in_order(scores, cut):
 # -- NCCL models forget communicators of jobs long gone ------------------------------------------
 
 
-def _bus_frame(t: float, comms: list[str], slow: str | None = None) -> "NcclFrame":
+def _bus_frame(t: float, comms: list[str], slow: str | None = None) -> NcclFrame:
     """One interval of 4-rank, one-host communicators, each on its own host, all at 40 GB/s but
     ``slow`` at 20."""
-    from pipeline.engine.frame import NcclFrame
-
     rows = [(c, h, r) for h, c in enumerate(comms) for r in range(4)]
     n = len(rows)
     return NcclFrame(ts=np.full(n, t), host=np.array([h for _, h, _ in rows], np.int32),
