@@ -184,7 +184,7 @@ def test_nccl_models_hold_no_state_for_communicators_long_gone():
             _learn(rank, f)
     assert rank.codes == {}
     assert len(bus.codes) <= 2 * 1024 and len(bus.own_m) <= 4 * 1024
-    assert all(c.startswith(("job10-", "job11-")) or len(bus.codes) <= 2048 for c in bus.codes)
+    assert {c.split("-")[0] for c in bus.codes} <= {"job10", "job11"}  # only the last days' jobs
 
 
 def test_a_communicator_seen_again_after_forget_s_starts_afresh_whatever_else_was_seen():
