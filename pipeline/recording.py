@@ -15,7 +15,7 @@ from typing import Callable
 
 import msgspec
 
-from pipeline.bus.files import FileSink, read_files
+from pipeline.bus.files import FileSink, read_merged
 from pipeline.bus.kafka import KafkaBusConsumer, KafkaBusProducer
 from pipeline.bus.publish import Pacer, send_paced
 from pipeline.bus.telemetry import recorded_messages
@@ -82,11 +82,11 @@ def publish(
 ) -> int:
     """Send a recording to ``topic``; returns the number of messages sent. A file that cannot be
     read whole is named in ``problems`` (default: logged) and the others are still sent, as
-    ``gpuwarden replay`` replays them."""
+    ``gpuwarden replay`` replays them; several files are merged in event time, as replay reads them."""
     told: list[str] = [] if problems is None else problems
     producer = KafkaBusProducer(bootstrap, security=security)
     try:
-        sent = send_paced(producer, topic, recorded_messages(read_files(paths, told)), pacer=Pacer(speed))
+        sent = send_paced(producer, topic, recorded_messages(read_merged(paths, told)), pacer=Pacer(speed))
     finally:
         producer.close()
     if problems is None:

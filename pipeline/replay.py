@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Callable, Iterable, Iterator
 
 from pipeline.bus.base import Message
-from pipeline.bus.files import FileSink, read_files
+from pipeline.bus.files import FileSink, read_merged
 from pipeline.bus.sinks import FileOutput, OutputSink
 from pipeline.engine import EngineOutput
 from pipeline.incidents import IncidentStage
@@ -68,7 +68,8 @@ def replay(
     """Run every line of ``paths`` through a pipeline; write alerts and dead letters as JSONL
     (``alerts_out``, ``dlq_out``), or through ``sink`` when given (closed at the end either way).
     With ``incidents``, the alerts go through that stage too and its incident events are written
-    to ``incidents_out`` (JSONL, ``.gz`` compressed, ``-`` standard output) when given. A file that
+    to ``incidents_out`` (JSONL, ``.gz`` compressed, ``-`` standard output) when given. Several
+    files are merged in event time (``read_merged``). A file that
     cannot be read, or is cut short, is named in the result's ``problems``; the rest are replayed."""
     pipe = Pipeline(engine)
     out_sink: OutputSink = sink if sink is not None else FileOutput(alerts_out, dlq_out)
@@ -100,9 +101,9 @@ def replay(
             on_batch(n_msgs, out)
 
     try:
-        for path in paths:
-            for batch in _batches(read_files([path], problems), batch_size):
-                emit(pipe.handle_guarded(batch), len(batch))
+        # Merged in event time: several hosts' recordings of the same hours interleave.
+        for batch in _batches(read_merged(paths, problems), batch_size):
+            emit(pipe.handle_guarded(batch), len(batch))
         emit(pipe.flush(), 0, final=True)
     finally:
         try:

@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import gzip
+import heapq
 import logging
+import math
 import os
+import re
+import resource
 import sys
 import zlib
 from itertools import chain
@@ -183,6 +187,104 @@ def read_files(paths: Iterable[str | Path], problems: list[str]) -> Iterator[Mes
             problems.append(e.message)
         except OSError as e:
             problems.append(f"{path}: {e.strerror or e}; the rest of the file is not read")
+
+
+# A record's event time as our producers and the schema write it: a number under a "ts" key
+# (docs/architecture.md §3). Only a sort key: the decoder still reads the record whole.
+_TS_KEY = re.compile(rb'"ts"\s*:\s*(-?[0-9]+(?:\.[0-9]*)?(?:[eE][-+]?[0-9]+)?)')
+#: How far a line's time may jump from its neighbours' before it is taken for a stray (a clock
+#: set wrong for one sample) rather than where the file now is: see ``_keyed``.
+MERGE_JUMP_S = 600.0
+_SPARE_FDS = 64  # descriptors left for everything else the process opens (outputs, sockets)
+
+
+def _line_ts(line: bytes) -> float | None:
+    m = _TS_KEY.search(line)
+    if m is None:
+        return None
+    ts = float(m.group(1))
+    return ts if math.isfinite(ts) else None
+
+
+def _keyed(messages: Iterator[Message]) -> Iterator[tuple[float, Message]]:
+    """Each message of one file with a sort key that never goes back: its time; for a line
+    without one or behind the file's time, the time the file had reached; for a stray, a time
+    more than ``MERGE_JUMP_S`` from both the line before and the line after it while those two
+    agree (a clock set wrong for one sample), also the time the file had reached. A stray keyed at
+    its own time would hold back the rest of its file until every other file had passed it (a
+    year-2100 stamp would make the file's every later record late). A jump the next line goes
+    along with is where the file now is (a host back after an outage; kernel-log events hours
+    apart). The first line keys at the earlier of its time and the next line's, for the same
+    reason."""
+    prev: float | None = None
+    nxt = next(messages, None)
+    nts = None if nxt is None else _line_ts(nxt.value)
+    while nxt is not None:
+        msg, ts = nxt, nts
+        nxt = next(messages, None)
+        nts = None if nxt is None else _line_ts(nxt.value)
+        if ts is not None and nts is not None:
+            if prev is None:
+                ts = min(ts, nts)
+            elif abs(nts - prev) <= MERGE_JUMP_S < min(abs(ts - prev), abs(ts - nts)):
+                ts = prev
+        if ts is not None and prev is not None and ts < prev:
+            ts = prev
+        key = prev if ts is None else ts
+        prev = key
+        yield (-math.inf if key is None else key), msg
+
+
+def _open_files_allowed() -> int:
+    """How many files may be open at once: the soft limit, raised to the hard one if it can be."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != resource.RLIM_INFINITY and (hard == resource.RLIM_INFINITY or hard > soft):
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+            soft = hard
+        except (ValueError, OSError):
+            pass
+    return 1 << 20 if soft == resource.RLIM_INFINITY else max(1, soft - _SPARE_FDS)
+
+
+def read_merged(paths: Iterable[str | Path], problems: list[str]) -> Iterator[Message]:
+    r"""``read_files`` of ``paths`` merged into one stream in event time: recordings of several
+    hosts over the same hours (one file per host) interleave as the hosts sampled them, where
+    reading them one after another would make every file's records after the first ``late``.
+
+    Each file's own order is kept (a file that goes back in time by itself is not re-sorted);
+    records of the same time come in the order the files were given. What problems stop a file
+    are told as ``read_files`` tells them. Every file is open at once; past the process's limit
+    on open files (raised to its hard limit first) the files are merged in groups, one group after
+    another, with a warning naming how many.
+
+    >>> import json, os, shutil, tempfile
+    >>> d = tempfile.mkdtemp()
+    >>> for name, times in (("a", (0, 10, 20)), ("b", (5, 15))):
+    ...     with open(os.path.join(d, name + ".jsonl"), "w") as f:
+    ...         _ = f.write("".join('{"kind":"dcgm","ts":%d}\n' % t for t in times))
+    >>> msgs = read_merged([os.path.join(d, "a.jsonl"), os.path.join(d, "b.jsonl")], [])
+    >>> [(json.loads(m.value)["ts"], os.path.basename(m.origin)) for m in msgs]
+    [(0, 'a.jsonl:1'), (5, 'b.jsonl:1'), (10, 'a.jsonl:2'), (15, 'b.jsonl:2'), (20, 'a.jsonl:3')]
+    >>> shutil.rmtree(d)
+    """
+    paths = list(paths)
+    if len(paths) <= 1:
+        yield from read_files(paths, problems)
+        return
+    group = _open_files_allowed()
+    if len(paths) > group:
+        log.warning(
+            "%d recordings, more than the %d this process may open at once: merged in groups of %d, "
+            "one group after another (records of a later group that overlap an earlier one are late)",
+            len(paths),
+            group,
+            group,
+        )
+    for start in range(0, len(paths), group):
+        streams = [_keyed(read_files([p], problems)) for p in paths[start : start + group]]
+        for _, msg in heapq.merge(*streams, key=lambda km: km[0]):
+            yield msg
 
 
 class FileSink:

@@ -127,18 +127,15 @@ def _cmd_replay(args: argparse.Namespace) -> int:
             "model work by engine (records scored): "
             + ", ".join(f"{k}: {v:,} ({100 * v / total:.0f}%)" for k, v in sorted(counts.items()))
         )
-    later = {f: n for f, n in res.late_by_file.items() if f != args.files[0] and f in args.files}
+    later = {f: n for f, n in res.late_by_file.items() if f in args.files} if len(args.files) > 1 else {}
     if later:
-        # Files are read one after another, so one that overlaps an earlier one in time arrives
-        # behind it (docs/architecture.md, "Time": max_lag).
-        # The cause is not known here (a file may also go back in time by itself): the note says
-        # what is true and what to do if the files overlap.
+        # The files are merged by their records' times (bus.files.read_merged), so what is late
+        # went back in time within its own file (docs/architecture.md, "Time").
         console.print(
             "note: records of "
             + ", ".join(f"{f} ({n:,})" for f, n in sorted(later.items()))
-            + " were late (older than the time the engine had reached); the files are replayed one "
-            "after another, in the order given, so recordings that overlap in time need to be merged "
-            "into one file in time order first",
+            + " were late (older than the time the engine had reached); the files are merged by "
+            "their records' times, so these go back in time within their own file",
             highlight=False,
             markup=False,
         )
