@@ -48,6 +48,9 @@ FAULT = "hang_collective"
 STATE_VERSION = 2
 MAX_LISTED = 16  # suspects named in a summary and evidence; the rest counted
 _RAS_SUSPECT = ("missing", "dead", "error")
+# The host ncclras gives a rank RAS names without its node (2.24-2.25 list missing ranks by
+# number): no host at all, so never an alert's host, nor the grounds to join alerts by host.
+RAS_NO_HOST = "unknown"
 
 
 class HangConfig(msgspec.Struct, forbid_unknown_fields=True):
@@ -107,6 +110,15 @@ def load_settings(path: str | Path) -> Settings:
     """``hang.yaml`` (safe YAML through ``typedconfig``), every mistake a ``ConfigError`` naming
     the key and the file."""
     return settings(typedconfig.load(path, _File).hang, str(path))
+
+
+def _hostless(r: ProgressRecord) -> bool:
+    """Whether ``r`` names its rank without a host (RAS_NO_HOST)."""
+    return r.source == "ras" and r.host == RAS_NO_HOST
+
+
+def _where(host: str) -> str:
+    return "an unknown host" if host == RAS_NO_HOST else host
 
 
 @dataclass
@@ -292,7 +304,9 @@ class HangDetector:
         else:
             if prog is not None and prog != rk.progress:
                 rk.progress, rk.since = prog, r.ts
-            rk.host, rk.gpu = r.host, r.gpu if r.gpu is not None else rk.gpu
+            if not _hostless(r):  # a RAS line without the node leaves the host another report named
+                rk.host = r.host
+            rk.gpu = r.gpu if r.gpu is not None else rk.gpu
             rk.state, rk.ts = r.state, r.ts
             rk.enqueued = r.last_enqueued if r.last_enqueued is not None else rk.enqueued
         if prog is not None and (c.top is None or prog > c.top):
@@ -397,7 +411,9 @@ class HangDetector:
              "last_completed": k.progress, "last_enqueued": k.enqueued}
             for i, k, why in sus[:MAX_LISTED]
         ]  # fmt: skip
-        first = sus[0][1] if sus else None
+        # The alert's host and GPU: the first suspect whose host is known (a RAS rank named by
+        # number only has none; see RAS_NO_HOST).
+        first = next((k for _, k, _ in sus if k.host != RAS_NO_HOST), None)
         # The engine's id scheme: the same hang found again in a replay or after a restore has the
         # same id; the job and suspects are what the alert is about, the first communicator and
         # its evidence's time which finding of them.
@@ -428,7 +444,7 @@ class HangDetector:
         head = f"Collective hang in job {c.job or '?'} ({where}{', ' + what if what else ''})"
         if sus:
             names = "; ".join(
-                f"rank {i} on {k.host}{f' GPU {k.gpu}' if k.gpu is not None else ''} ({why})"
+                f"rank {i} on {_where(k.host)}{f' GPU {k.gpu}' if k.gpu is not None else ''} ({why})"
                 for i, k, why in sus[:MAX_LISTED]
             )
             more = f" and {len(sus) - MAX_LISTED} more" if len(sus) > MAX_LISTED else ""
@@ -442,7 +458,9 @@ class HangDetector:
         if c.name:
             labels["comm_name"] = c.name
         if sus:
-            labels["suspect_hosts"] = ",".join(dict.fromkeys(k.host for _, k, _ in sus[:MAX_LISTED]))
+            hosts = dict.fromkeys(k.host for _, k, _ in sus[:MAX_LISTED] if k.host != RAS_NO_HOST)
+            if hosts:
+                labels["suspect_hosts"] = ",".join(hosts)
         evidence = {
             "suspects": listed,
             "suspects_total": len(sus),
