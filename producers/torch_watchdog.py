@@ -42,6 +42,7 @@ from typing import Any, Iterable, Iterator, TextIO
 
 from pipeline.decode import MAX_ID_LEN, MAX_RANKS, MAX_SEQ
 from pipeline.numeric import ascii_int
+from pipeline.recordchecks import bad_host
 from pipeline.schema import NicRecord, ProgressRecord
 from producers.nccl_ib import IbLog, IbStats
 from producers.textinput import open_text, stdin
@@ -58,6 +59,7 @@ SEQ_DIGITS = 19  # an int64
 # "(pid=.., ip=..)" for a worker on another node than the driver's (ray/_private/worker.py,
 # print_worker_logs: "{DIM}{color}({name} pid={pid}[, ip={ip}]){RESET} {line}").
 _SGR = r"(?:\x1b\[[0-9;]{0,16}m){0,4}"
+_SGR_ANY = re.compile(r"\x1b\[[0-9;]{0,16}m")
 _RAY = re.compile(_SGR + r"\([^()]*?\bpid=([0-9]{1,10})(?:, ip=([0-9A-Za-z.:%_-]{1,255}))?\)" + _SGR + r"\s*")
 MAX_RAY_TAGS = 8  # Ray tags read off one line (a worker's output passed through others'); the rest are text
 # Ray's log deduplication (ray/_private/ray_logging.py, DedupState.formatted): the last of N alike
@@ -72,14 +74,19 @@ _HEADER = re.compile(
 )
 # Where those prefixes start when something else came first on the line: output that lacked its
 # newline (a progress bar, a traceback's carets), a log shipper's or launcher's tag.
-# Every repeat is bounded: tried at each "[" of a 64 KiB line, an open one costs the square of it.
+# Every repeat is bounded: tried at each place of a 64 KiB line, an open one costs the square of it.
+# torchrun's "[default3]:" without "[rankN]:" after it (before 2.2, or a "what():" repeat) and glog's
+# own header count too: after "srun --label"'s "0: " or a log shipper's time, they may be all that
+# names the process and the time.
 _EMBEDDED = re.compile(
     r"(?:\[default[^\]\s\[]{0,16}\]:)?\[rank[0-9]{1,10}\]:\[[EWIF]|\[[EWIF][0-9]{3,4} [0-9]{2}:[0-9]{2}:[0-9]{2}"
+    r"|\[default[0-9]{1,6}\]:|(?<![\w.:])[EWIF][0-9]{3,4} [0-9]{2}:[0-9]{2}:[0-9]{2}\.[0-9]{1,9} {1,16}[0-9]{1,10} "
 )
 # The log prefix: [Rank 1], [PG 0 Rank 2], [PG 0 (default_pg) Rank 2], [PG ID 0 PG GUID 0(default_pg) Rank 1].
+# The name is the job's own (new_group's group_desc): it may hold brackets and parentheses.
 _LOGPFX = re.compile(
-    r"\[(?:PG ID (?P<pgid>\S{1,1024}) PG GUID (?P<guid>[^\s(\]]{1,1024})(?:\((?P<name>[^)\]]{0,1024})\))? "
-    r"|PG (?P<pg>\S{1,1024}) (?:\((?P<desc>[^)\]]{0,1024})\) )?)?Rank (?P<rank>\S{1,32}?)\]"
+    r"\[(?:PG ID (?P<pgid>\S{1,1024}) PG GUID (?P<guid>[^\s(\]]{1,1024})(?:\((?P<name>.{0,1024}?)\))? "
+    r"|PG (?P<pg>\S{1,1024}) (?:\((?P<desc>.{0,1024}?)\) )?)?Rank (?P<rank>\S{1,32}?)\]"
 )
 _TIMEOUT = re.compile(
     r"Watchdog caught collective operation timeout: WorkNCCL\((?P<args>[^)]*(?:\)[^)]*)?)\) ran for (?P<ran>\S+) "
@@ -291,6 +298,10 @@ def parse_line(line: str, *, year: int, default_ts: float, stats: WatchdogStats)
     if not any(w in line for w in _MARKERS):
         return None
     stats.watchdog_lines += 1
+    if "\x1b" in line:
+        # Colors a wrapper or log viewer put around the line ("... last completed work: 4\x1b[0m")
+        # would run into its last number.
+        line = _SGR_ANY.sub("", line)
     p = strip_prefixes(line, year)
     if p.ts is not None and p.ts > default_ts + 86400:
         # glog prints no year: a date past the log's own end is last year's (a December
@@ -626,8 +637,9 @@ def parse(
 ) -> list[ProgressRecord]:
     """Records from a training log: one per (process, communicator, rank, work) the watchdog reported on.
 
-    ``year``: the year of glog's ``MMDD`` times (default: ``default_ts``'s); ``default_ts``: the
-    time of lines without one (default: now). ``gpus_per_node``: a rank's GPU is its global rank
+    ``host``: every record's host (default: the ip in Ray's tag of a worker on another node than
+    the driver's, else this host). ``year``: the year of glog's ``MMDD`` times (default:
+    ``default_ts``'s); ``default_ts``: the time of lines without one (default: now). ``gpus_per_node``: a rank's GPU is its global rank
     (``[rank14]:``, else the PG's rank) ``% gpus_per_node``; without it, torchrun's local rank (``[default3]:``) is taken as the GPU
     (the ``LOCAL_RANK`` a job passes to ``torch.cuda.set_device``), else none. ``ib``: where
     NCCL's InfiniBand error lines go (``producers/nccl_ib.py``); without it they are skipped.
@@ -645,6 +657,9 @@ def parse(
             reports.add(rep)
     out = []
     for r in reports.finish():
+        # Ray's ip is the node of a worker on another node than the driver's (a worker on the
+        # driver's node prints none): the log's word on the host, as a line's host is in nccl_ib.
+        at = host or (r.ray_ip if r.ray_ip is not None and bad_host(r.ray_ip) is None else None) or hostname
         # A subgroup's rank is not its process's: the GPU follows the global rank where the line gave it.
         grank = r.global_rank if r.global_rank is not None else r.rank
         gpu = grank % gpus_per_node if gpus_per_node else r.local_rank
@@ -662,7 +677,7 @@ def parse(
         out.append(
             ProgressRecord(
                 ts=r.ts,
-                host=hostname,
+                host=at,
                 job=job,
                 rank=r.rank,
                 gpu=gpu if gpu is not None and 0 <= gpu <= 4095 else None,
