@@ -171,6 +171,7 @@ def load(stage: "IncidentStage", state: Any) -> None:
     stage._by_gpu = {}
     stage._by_cause = {}
     stage._by_comm = {}
+    stage._comm_heaps = {}
     stage._due = []
     for inc in incidents.values():
         stage._by_gpu.setdefault((inc.host, inc.gpu), {})[inc.id] = inc
