@@ -143,6 +143,12 @@ class _Handler(WSGIRequestHandler):
         except _TooLarge:
             self.send_error(431)
             return
+        if self.request_version == "HTTP/0.9":
+            # A one-line request: its answer would be a body without a status or headers (no
+            # content type, no nosniff). Refused with both, which no HTTP/1 client ever needs.
+            self.request_version = "HTTP/1.0"
+            self.send_error(400, "HTTP/0.9 requests are not served")
+            return
         # Evicted while sending it: the end of its input ended its headers, and the request it
         # half sent, a page that waits on the service loop say, must not hold the slot it freed.
         if isinstance(self.server, _ThreadingServer) and not self.server.request_read(self.connection):

@@ -161,3 +161,13 @@ def test_a_connection_evicted_mid_request_is_not_answered_and_frees_its_slot_at_
         for s in held:
             s.close()
         ep.stop()
+
+
+@pytest.mark.parametrize("path", [b"/healthz", b"/metrics"])
+def test_a_one_line_http_0_9_request_is_refused_with_a_status_and_headers(endpoint, path):
+    # "GET /healthz" with no version is HTTP/0.9, whose answer was the body alone: no status, no content
+    # type, no nosniff.
+    head, body = raw(endpoint, b"GET " + path + b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.0 400 "), head
+    assert b"\r\nX-Content-Type-Options: nosniff" in head and b"\r\nContent-Type: text/html" in head, head
+    assert b"HTTP/0.9" in body
