@@ -22,6 +22,7 @@ import numpy as np
 
 from pipeline.engine.lifecycle import Transition
 from pipeline.engine.stage import StageBase
+from pipeline.recordchecks import MAX_COUNTER
 from pipeline.rules.nicalerts import NicAlerts, gpus_label, public
 from pipeline.rules.portconfig import AER_CHECKS, PortCheck, PortConfig
 from pipeline.schema import AlertEvent, NicRecord
@@ -141,7 +142,9 @@ class NicAerStage(StageBase):
         in_window = 0
         if "pcie_aer_correctable" in cfg:
             c = cfg["pcie_aer_correctable"]
-            cor = sum(increased.get(name, 0) for name in c.counters)
+            # The NIC's and its bridges' totals summed stop at 2^64-1, as each one does: a
+            # snapshot holds no more (both may be read at 2^64-1: the decoder accepts it).
+            cor = min(sum(increased.get(name, 0) for name in c.counters), MAX_COUNTER)
             if cor:
                 st.corrected.append((r.ts, cor))
             while st.corrected and st.corrected[0][0] <= r.ts - c.window_s:

@@ -22,6 +22,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from pipeline.recordchecks import MAX_COUNTER
 from pipeline.rules.portconfig import PortCheck
 from pipeline.schema import NicRecord
 
@@ -43,7 +44,9 @@ def velocity(rates: Rates, key: str, c: PortCheck, r: NicRecord) -> bool:
         vals = [counters[n] for n in c.counters if n in counters]
         if not vals:
             return bool(snap and snap[3])
-        v, k = sum(vals), len(vals)
+        # A sum of counters is a counter too, and stops at 2^64-1 as each one does: past it no
+        # snapshot (msgpack's integers) could hold it.
+        v, k = min(sum(vals), MAX_COUNTER), len(vals)
     t = r.ts
     if snap is None or k != snap[2] or v < snap[1]:
         rates[key] = [t, v, k, False, math.nan, 0, 0.0]

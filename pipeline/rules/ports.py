@@ -25,6 +25,7 @@ import numpy as np
 
 from pipeline.engine.lifecycle import Transition
 from pipeline.engine.stage import StageBase
+from pipeline.recordchecks import MAX_COUNTER
 from pipeline.rules import portrates
 from pipeline.rules.nicalerts import NicAlerts, gpus_label, public
 from pipeline.rules.portconfig import AER_CHECKS, LOG_COUNTERS, RATE_CHECKS, WINDOW_CHECKS, PortCheck, PortConfig
@@ -35,6 +36,7 @@ ACTIVE, DOWN, INIT, ARMED = 4, 1, 2, 3
 POLLING, DISABLED, LINK_ERROR_RECOVERY = 2, 3, 6
 MAX_PENDING = 1_000_000  # port records waiting for the watermark; past it the oldest go first
 _ORDER = ("ts", "host", "device", "port")
+_STATE_CHECKS = ("port_down", "port_degraded")  # judged on the records that say the port's state
 # What a training log's record says of its NCCL errors (producers/nccl_ib.py), carried into the evidence.
 _NCCL_LABELS = ("peer", "peers", "status", "status_name", "opcode", "vendor_err", "direction", "event", "rank")
 
@@ -234,10 +236,12 @@ class PortStage(StageBase):
         lists: dict[str, list[bool]] = {key: [] for key, _ in self._port_checks}
         appends = [(key, lists[key].append) for key, _ in self._port_checks]
         polled = np.ones(n, bool)
+        stated = np.ones(n, bool)
         evidence: list[dict[str, Any]] = []
         for i, r in enumerate(recs):
             pid = ent[i] = self._book.entity((r.host, r.device, r.port))
             polled[i] = _polled(r)
+            stated[i] = r.state is not None or r.phys_state is not None
             ev = self._sample(self._book.pasts[pid], r)
             evidence.append(ev)
             cond = ev["_cond"]
@@ -247,9 +251,12 @@ class PortStage(StageBase):
         out: list[tuple[Transition, str, np.ndarray]] = []
         every = np.arange(n)
         only_polled = every if polled.all() else np.flatnonzero(polled)
+        only_stated = every if stated.all() else np.flatnonzero(stated)
         for key, c in self._port_checks:
-            # A training log's record speaks of its NCCL errors only, not of the port's state or counters.
-            idx = every if key == "completion_errors" else only_polled
+            # A training log's record speaks of its NCCL errors only, not of the port's state or
+            # counters; one that says no state (a state file that did not read) is not a port
+            # that is up: it neither resolves a down port nor restarts a degraded one's ``for:``.
+            idx = every if key == "completion_errors" else only_stated if key in _STATE_CHECKS else only_polled
             if key == "completion_errors":
                 out += [(t, key, idx) for t in self._step_expiring(ts[idx], ent[idx], conds[key][idx], upto)]
             elif len(idx):
@@ -281,10 +288,12 @@ class PortStage(StageBase):
             if hid is None:
                 hid = self._host_ids[host] = len(self._hosts)
                 self._hosts.append(host)
-            up = sorted(
-                f"{p.device}:{p.port}"
-                for p in ports
-                if p.state == ACTIVE and p.rate_gbps is not None and p.rate_gbps >= need[1]
+            up = sorted(  # each port once: a poll delivered twice (sent at least once) is one poll
+                {
+                    f"{p.device}:{p.port}"
+                    for p in ports
+                    if p.state == ACTIVE and p.rate_gbps is not None and p.rate_gbps >= need[1]
+                }
             )
             ev = {"model": self._models.get(host), "expected_ports": need[0], "expected_rate_gbps": need[1],
                   "active_ports": len(up), "active": up}  # fmt: skip
@@ -329,9 +338,14 @@ class PortStage(StageBase):
             else:
                 gap = when - poll[0]
                 if gap > 0 and not math.isfinite(poll[1]):
-                    poll[1] = gap  # the host's first step, however long: its sampling
+                    poll[1] = gap  # the host's first step (or first after a silence), however long: its sampling
                 elif gap > max(check.window_s, 2.5 * poll[1]):
-                    poll[2] = when  # back from a silence: its ports come up one by one
+                    # Back from a silence: its ports come up one by one. The gap says nothing of
+                    # its sampling, and a step learnt from a short gap (a restarted producer polls
+                    # at once) would make every later poll look like a return: the next gap is
+                    # taken as the step, whatever its length, as the first one is.
+                    poll[2] = when
+                    poll[1] = math.nan
                 elif gap > 0:
                     poll[1] = gap
                 poll[0] = max(poll[0], when)
@@ -401,14 +415,15 @@ class PortStage(StageBase):
             q = st.sums.get(key)
             if q is None:
                 q = st.sums[key] = deque()
-            inc = sum(increased.get(n, 0) for n in c.counters) if increased else 0
+            # Summed counters stop at 2^64-1, as each one does: a snapshot holds no more.
+            inc = min(sum(increased.get(n, 0) for n in c.counters), MAX_COUNTER) if increased else 0
             if inc:
                 q.append((t, inc))
             while q and q[0][0] <= t - c.window_s:
                 q.popleft()
             windowed[key] = sum(k for _, k in q) if q else 0
         rated = {key: portrates.velocity(st.rates, key, c, r) for key, c in self._rates}
-        sym = sum(increased.get(n, 0) for n in cfg["symbol_errors"].counters)
+        sym = min(sum(increased.get(n, 0) for n in cfg["symbol_errors"].counters), MAX_COUNTER)
         if sym:
             st.errors.append((t, sym))
         sym_window = cfg["symbol_errors"].window_s
