@@ -44,6 +44,16 @@ per NVLink (``nvlink`` label). What real exporters vary on, and how it is handle
   3). Lines longer than ``MAX_LINE_CHARS`` or with more than ``MAX_LABELS`` labels are dropped (counted) before the
   parser sees them: ``prometheus_client``'s label parsing is quadratic in a line's label count.
 
+What would make a record the decoder refuses or a message too large is left out and counted too:
+a ``gpu`` index past 4095 or an ``nvlink`` past 1023 (``bad_label``), GPU instances past
+``MAX_MIG_INSTANCES`` on one GPU (``bad_label``), XID codes past ``MAX_XID_CODES`` in ``xid_counts``
+(still in the total), labels past ``MAX_ENTITY_LABEL_CHARS`` on one entity (``labels_dropped``).
+A host label that names the loopback (``localhost``, ``127.0.0.1``, ``::1``: what 4.0.0 and later
+print with ``-r localhost:5555``, on every node alike) is taken as absent (``loopback_host_labels``).
+The labels of ``DCGM_EXP_*`` series (one map shared by every GPU without events in the window,
+expcollector.go) stand in only for an entity without DCGM series. A gzip body (a proxy's, a saved
+``.prom.gz``) is read, up to ``MAX_BODY_BYTES`` unpacked.
+
 A scrape that fails, times out, comes back empty, or lacks GPUs an earlier scrape had sends
 nothing for what is missing -- so the engine's absence checks (``telemetry_gap`` for a silent
 host, ``gpu_lost`` for a GPU missing while its host reports) fire -- and logs and counts it.
@@ -51,11 +61,14 @@ host, ``gpu_lost`` for a GPU missing while its host reports) fire -- and logs an
 
 from __future__ import annotations
 
+import functools
+import ipaddress
 import logging
 import math
 import socket
 import threading
 import time
+import zlib
 from dataclasses import dataclass, field
 
 from prometheus_client.metrics_core import Metric
@@ -63,7 +76,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from pipeline import numeric
 from pipeline.catalog import BLANK_INT32, COUNTER, FIELDS, Field
-from pipeline.recordchecks import TS_MAX, TS_MIN, bad_host, bad_identifier
+from pipeline.recordchecks import MAX_GPU_INDEX, MAX_LINK_INDEX, TS_MAX, TS_MIN, bad_host, bad_identifier
 from pipeline.schema import MIG_INSTANCE_FIELD_IDS, MIG_INSTANCE_LABEL, MIG_PROFILE_LABEL, DcgmFields, DcgmRecord
 from producers import httpget
 
@@ -91,6 +104,23 @@ MAX_LINE_CHARS = 64 * 1024
 MAX_LABELS = 128
 # GPU, NVLink, GPU instance and XID numbers: ASCII digits only (int() would also read "٣" as 3).
 MAX_ID_DIGITS = 9
+# What one entity (GPU or NVLink) may gather from a scrape, so that no record outgrows a message
+# (producers.common.MAX_MESSAGE_BYTES) and memory stays a small multiple of the body: GPU
+# instances (an A100/H100/B200 has at most 7), XID codes listed in ``xid_counts`` (NVIDIA's XIDs
+# are below 200), and characters of carried labels (a real record holds a few hundred; MIG with
+# Kubernetes pod labels a few thousand). The excess is counted (``bad_label``, ``labels_dropped``).
+MAX_MIG_INSTANCES = 64
+MAX_XID_CODES = 64
+MAX_ENTITY_LABEL_CHARS = 64 * 1024
+MAX_UNKNOWN_NAME = 200  # characters of an unknown metric's name kept for the warning
+# Host labels that name no host: dcgm-exporter 4.0.0 and later label every series with the host
+# of its ``-r``/``DCGM_REMOTE_HOSTENGINE_INFO`` hostengine (hostname.go parseRemoteHostname), so
+# ``-r localhost:5555`` (nv-hostengine as a host service) makes every node "localhost". Such a
+# label is taken as absent: the records are this host's (``default_host``) unless ``host`` says.
+_LOOPBACK_NAMES = frozenset(
+    {"localhost", "localhost.localdomain", "localhost4", "localhost4.localdomain4", "localhost6",
+     "localhost6.localdomain6", "ip6-localhost", "ip6-loopback"}
+)  # fmt: skip
 # The 1.x metric names dcgm-exporter accepts in its field list (etc/1.x-compatibility-metrics.csv,
 # shipped 2.x - 4.x) and their DCGM field ids, from go-dcgm's table it resolves them with
 # (pkg/dcgm/const_fields.go legacyDCGMFields, OLD_DCGM_FI before): many are not "dcgm_" + a DCGM
@@ -175,6 +205,8 @@ class ParseStats:
     duplicate_series: int = 0  # the same metric for the same entity again (the first is kept)
     line_too_long: int = 0
     too_many_labels: int = 0
+    labels_dropped: int = 0  # labels past an entity's MAX_ENTITY_LABEL_CHARS (the series itself kept)
+    loopback_host: int = 0  # series whose host label named a loopback ("localhost", "::1"): not a host
     mig_entities: int = 0  # records assembled from GPU-instance series (MIG)
     mig_conflicts: int = 0  # physical fields whose series disagreed (the chosen origin is labelled)
     unknown_names: list[str] = field(default_factory=list)
@@ -291,8 +323,35 @@ def _num_text(v: float) -> str:
     return str(int(v)) if v.is_integer() and abs(v) < 2**63 else repr(v)
 
 
-def _host_of(lab: dict[str, str], host: str | None, default_host: str | None) -> str:
-    return host or next((lab[k] for k in HOST_LABELS if lab.get(k)), None) or default_host or "unknown"
+@functools.lru_cache(maxsize=1024)  # asked once a sample, of the few host names a scrape has
+def is_loopback(name: str) -> bool:
+    """Whether a host label names the loopback (or no address) rather than a host.
+
+    >>> [is_loopback(n) for n in ("localhost", "127.0.0.1", "::1", "[::1]", "0.0.0.0", "gpu-node-1", "10.0.0.7")]
+    [True, True, True, True, True, False, False]
+    """
+    n = name.lower().rstrip(".")
+    if n in _LOOPBACK_NAMES:
+        return True
+    if len(n) > 64 or not n.strip("[]"):
+        return False
+    try:
+        ip = ipaddress.ip_address(n.strip("[]"))
+    except ValueError:
+        return False
+    return ip.is_loopback or ip.is_unspecified
+
+
+def _host_of(lab: dict[str, str], host: str | None, default_host: str | None, stats: ParseStats | None = None) -> str:
+    if host:
+        return host
+    named = next((lab[k] for k in HOST_LABELS if lab.get(k)), None)
+    if named is not None and is_loopback(named):
+        # "localhost" from -r localhost:5555 is every node's label: never a host of its own.
+        if stats is not None:
+            stats.loopback_host += 1
+        named = None
+    return named or default_host or "unknown"
 
 
 def _switch_order(item: tuple[str, float]) -> tuple[int, int, str, float]:
@@ -339,6 +398,8 @@ class _Series:
     labels: dict[str, str] = field(default_factory=dict)
     xid_counts: dict[int, float] = field(default_factory=dict)
     profile: str | None = None
+    regular: bool = False  # a DCGM series (not a DCGM_EXP_ one) gave a value
+    exp_labels: dict[str, str] = field(default_factory=dict)  # the DCGM_EXP_ series' labels
 
 
 def _origin_name(inst: str | None) -> str:
@@ -387,6 +448,10 @@ def _assemble(
     """Fields and labels of one entity's record from its series (docs/architecture.md §3, MIG)."""
     values: dict[str, float] = {}
     labels: dict[str, str] = {}
+    for ser in origins.values():
+        if not ser.regular:  # only DCGM_EXP_ series: their labels are all there is
+            for lk, lv in ser.exp_labels.items():
+                ser.labels.setdefault(lk, lv)
     whole = origins.get(None)
     instances = sorted((i for i in origins if i is not None), key=_inst_order)
     names = sorted({n for ser in origins.values() for n in ser.values}, key=_SLOT.__getitem__)
@@ -470,6 +535,7 @@ def parse_metrics(
     series: dict[tuple[str, int, int | None], dict[str | None, _Series]] = {}
     meta: dict[tuple[str, int, int | None], dict[str, object]] = {}
     seen: set[tuple[object, ...]] = set()  # (entity, origin, metric, xid code) of the series kept
+    label_chars: dict[tuple[str, int, int | None], int] = {}  # characters of labels each entity carries
     switch_sxids: dict[str, dict[Field, list[tuple[str, float]]]] = {}  # host -> field -> (switch, SXid)
     for fam in _families(text, stats):
         for s in fam.samples:
@@ -487,14 +553,15 @@ def parse_metrics(
                     stats.not_used += 1
                     continue
                 stats.unknown_metric += 1
-                if mname not in stats.unknown_names and len(stats.unknown_names) < 1000:
-                    stats.unknown_names.append(mname)
+                shown = mname[:MAX_UNKNOWN_NAME]
+                if len(stats.unknown_names) < 1000 and shown not in stats.unknown_names:
+                    stats.unknown_names.append(shown)
                 continue
             lab = s.labels
             gpu_s = lab.get("gpu", "")
             if not gpu_s and f in _SXID_KIND and lab.get(SWITCH_LABEL):
                 # A switch's last SXid: the host's, put on its GPU records once they are assembled.
-                h = _host_of(lab, host, default_host)
+                h = _host_of(lab, host, default_host, stats)
                 sw = lab[SWITCH_LABEL]
                 why = bad_host(h)
                 value = _float(s.value)
@@ -523,7 +590,14 @@ def parse_metrics(
                 continue
             gpu = ascii_int(gpu_s)
             link = ascii_int(lab.get("nvlink"))
-            h = _host_of(lab, host, default_host)
+            assert gpu is not None
+            if gpu > MAX_GPU_INDEX or (link is not None and link > MAX_LINK_INDEX):
+                # The decoder refuses the record whole (out_of_range), uncounted here; and every
+                # index up to 10^9 would be an entity of its own.
+                stats.bad_label += 1
+                stats.dropped.append((mname, f"gpu={gpu_s[:40]!r} nvlink={lab.get('nvlink', '')[:40]!r}", "bad_label"))
+                continue
+            h = _host_of(lab, host, default_host, stats)
             model = next((lab[k] for k in MODEL_LABELS if lab.get(k)), None)
             # A host or model the decoder refuses would cost the GPU's whole record downstream, uncounted.
             why = bad_host(h) or (bad_identifier(model) if model else None)
@@ -536,9 +610,14 @@ def parse_metrics(
                 stats.bad_timestamp += 1
                 stats.dropped.append((mname, f"{h}/gpu{gpu_s}", "bad_timestamp"))
                 continue
-            assert gpu is not None
             key = (h, gpu, link)
             inst = lab.get(MIG_INSTANCE_LABEL) or None
+            origins = series.get(key)
+            if inst is not None and origins is not None and inst not in origins:
+                if sum(i is not None for i in origins) >= MAX_MIG_INSTANCES:
+                    stats.bad_label += 1
+                    stats.dropped.append((mname, f"{MIG_INSTANCE_LABEL}={inst}: past {MAX_MIG_INSTANCES}", "bad_label"))
+                    continue
             ident = (key, inst, mname, lab.get("xid") or None)
             if ident in seen:
                 # The exposition format allows one series per label set; a second one for the same
@@ -571,7 +650,7 @@ def parse_metrics(
                 # One series per XID code: the record's field is the window's total, the codes go in labels.
                 code = ascii_int(lab.get("xid"))
                 ser.values[name] = ser.values.get(name, 0.0) + value
-                if code is not None and value:
+                if code is not None and value and (code in ser.xid_counts or len(ser.xid_counts) < MAX_XID_CODES):
                     ser.xid_counts[code] = ser.xid_counts.get(code, 0.0) + value
                 if lab.get("window_size_in_ms"):
                     ser.labels["xid_count_window_ms"] = lab["window_size_in_ms"]
@@ -584,9 +663,25 @@ def parse_metrics(
                 m["model"] = model
             if s.timestamp is not None:
                 m["ts"] = float(s.timestamp)
+            # dcgm-exporter's own collectors (expcollector.go) render a GPU without events in the
+            # window with one label map shared by every such GPU, holding the last GPU's label-type
+            # fields (serial, ...) and, with --kubernetes-enable-pod-labels, other GPUs' pod labels:
+            # their labels only stand in where the entity has no DCGM series of its own.
+            exp = name.startswith("DCGM_EXP_")
+            if not exp:
+                ser.regular = True
+            into = ser.exp_labels if exp else ser.labels
             for k, v in lab.items():
                 if v and k not in _NOT_CARRIED and k not in _MIG_LABELS:
-                    ser.labels[k] = v
+                    old = into.get(k)
+                    if old == v:
+                        continue
+                    grow = len(v) - len(old) if old is not None else len(k) + len(v)
+                    if label_chars.get(key, 0) + grow > MAX_ENTITY_LABEL_CHARS:
+                        stats.labels_dropped += 1
+                        continue
+                    label_chars[key] = label_chars.get(key, 0) + grow
+                    into[k] = v
     # Entities whose every sample was blank still exist: send them with no fields, so the engine
     # sees the GPU report (a blank is "no data", not "GPU gone").
     records = []
@@ -643,7 +738,38 @@ def fetch(url: str, timeout_s: float, cancel: threading.Event | None = None) -> 
         body = httpget.get(url, timeout_s=timeout_s, max_bytes=MAX_BODY_BYTES, cancel=cancel)
     except httpget.FetchError as e:
         raise ScrapeError(e.reason, str(e)) from e
-    return body.decode("utf-8", "replace")
+    return _gunzipped(body, url, "protocol").decode("utf-8", "replace")
+
+
+GZIP_MAGIC = b"\x1f\x8b"  # no Prometheus text starts with it (0x1f is a control character)
+
+
+def _gunzipped(data: bytes, where: str, reason: str) -> bytes:
+    """``data`` itself, or its content if it is gzip (a proxy that compresses although the request
+    asked for no encoding, a saved ``.prom.gz``), at most ``MAX_BODY_BYTES`` of it: parsed as text,
+    gzip would be an empty scrape whose cause no counter names. A cut gzip gives what it holds
+    (the cut last line is dropped as in any cut scrape); a damaged or empty one is a ``ScrapeError``."""
+    if not data.startswith(GZIP_MAGIC):
+        return data
+    out: list[bytes] = []
+    size = 0
+    rest = data
+    try:
+        while rest.startswith(GZIP_MAGIC):  # concatenated members are one stream (RFC 1952)
+            d = zlib.decompressobj(16 + zlib.MAX_WBITS)
+            chunk = d.decompress(rest, MAX_BODY_BYTES + 1 - size)
+            out.append(chunk)
+            size += len(chunk)
+            if size > MAX_BODY_BYTES or d.unconsumed_tail:
+                raise ScrapeError("too_large", f"{where}: gzip body larger than {MAX_BODY_BYTES} bytes")
+            if not d.eof:
+                break
+            rest = d.unused_data
+    except zlib.error as e:
+        raise ScrapeError(reason, f"{where}: damaged gzip body: {e}") from e
+    if not size:
+        raise ScrapeError(reason, f"{where}: gzip body with nothing in it")
+    return b"".join(out)
 
 
 def read_saved(path: str) -> str:
@@ -655,7 +781,8 @@ def read_saved(path: str) -> str:
         raise ScrapeError("unreadable", f"{path}: {e}") from e
     if len(data) > MAX_BODY_BYTES:
         raise ScrapeError("too_large", f"{path}: larger than {MAX_BODY_BYTES} bytes")
-    return data.decode("utf-8-sig", "replace")  # a BOM (an editor's save) is no part of the first name
+    # A BOM (an editor's save) is no part of the first name.
+    return _gunzipped(data, path, "unreadable").decode("utf-8-sig", "replace")
 
 
 MAX_KNOWN_GPUS = 65536  # (host, gpu) pairs remembered for missing-GPU reports: a fleet's worth
@@ -681,6 +808,8 @@ class ExporterStats:
     duplicate_series: int = 0
     line_too_long: int = 0
     too_many_labels: int = 0
+    labels_dropped: int = 0
+    loopback_host: int = 0
     mig_records: int = 0
     mig_conflicts: int = 0
     unknown_names: set[str] = field(default_factory=set)
@@ -694,6 +823,9 @@ class ExporterStats:
             # Not a dropped.* key: a stock exporter's own metrics are no input lost and no warning.
             "samples_not_used": self.not_used,
             "mig_records": self.mig_records,
+            # Labels past an entity's bound (its series kept); series whose host label was "localhost".
+            "labels_dropped": self.labels_dropped,
+            "loopback_host_labels": self.loopback_host,
             "mig_conflicts": self.mig_conflicts,
             "scrape_failures": self.failures,
             "empty_scrapes": self.empty,
@@ -784,6 +916,15 @@ class ExporterSource:
         st.duplicate_series += ps.duplicate_series
         st.line_too_long += ps.line_too_long
         st.too_many_labels += ps.too_many_labels
+        st.labels_dropped += ps.labels_dropped
+        if ps.loopback_host and not st.loopback_host:
+            log.warning(
+                "dcgm-exporter labels its series with a loopback host (localhost, 127.0.0.1, ::1: the "
+                "address of its -r hostengine, the same on every node): they are charged to %s; "
+                "pass --host to name this host",
+                self.default_host,
+            )
+        st.loopback_host += ps.loopback_host
         st.mig_records += ps.mig_entities
         st.mig_conflicts += ps.mig_conflicts
         if ps.bad_lines:
@@ -794,6 +935,7 @@ class ExporterSource:
             "duplicate_series": ps.duplicate_series,
             "line_too_long": ps.line_too_long,
             "too_many_labels": ps.too_many_labels,
+            "labels_dropped": ps.labels_dropped,
         }
         if any(odd.values()):
             log.warning(
