@@ -41,17 +41,20 @@ class _Nic:
     corrected: deque = field(default_factory=deque)  # (event time, corrected errors since the sample before)
     gpus: list[int] = field(default_factory=list)
     bus_id: str | None = None
+    corrected_sum: int = 0  # sum of ``corrected``' errors
 
     def to_state(self) -> dict[str, Any]:
         return {"prev": self.prev, "cor": [list(c) for c in self.corrected], "gpus": self.gpus, "bus": self.bus_id}
 
     @classmethod
     def from_state(cls, d: dict[str, Any]) -> "_Nic":
+        corrected = deque((float(t), int(n)) for t, n in d["cor"])
         return cls(
             {str(k): int(v) for k, v in d["prev"].items()},
-            deque((float(t), int(n)) for t, n in d["cor"]),
+            corrected,
             [int(g) for g in d["gpus"]],
             None if d["bus"] is None else str(d["bus"]),
+            sum(n for _, n in corrected),
         )
 
 
@@ -147,9 +150,10 @@ class NicAerStage(StageBase):
             cor = min(sum(increased.get(name, 0) for name in c.counters), MAX_COUNTER)
             if cor:
                 st.corrected.append((r.ts, cor))
+                st.corrected_sum += cor
             while st.corrected and st.corrected[0][0] <= r.ts - c.window_s:
-                st.corrected.popleft()
-            in_window = sum(k for _, k in st.corrected)
+                st.corrected_sum -= st.corrected.popleft()[1]
+            in_window = st.corrected_sum
             cond["pcie_aer_correctable"] = in_window > c.threshold
         if r.gpus:
             st.gpus = list(r.gpus)

@@ -56,6 +56,29 @@ KNOWN_COUNTERS = frozenset(
 )
 
 
+# The IBTA PortCounters' widths in bits, as the kernel reads them (drivers/infiniband/core/sysfs.c,
+# ``PORT_PMA_ATTR``): these counters stop at their maximum, ``2**width - 1`` (they saturate), and
+# count again only once cleared (``perfquery -R``, a driver reload). Only the error counters: the
+# data and packet counters are 32 or 64 bits as the device has extended counters, and the vendors'
+# ``hw_counters`` are 64 bits.
+PMA_WIDTHS: dict[str, int] = {
+    "symbol_error": 16,
+    "link_error_recovery": 8,
+    "link_downed": 8,
+    "port_rcv_errors": 16,
+    "port_rcv_remote_physical_errors": 16,
+    "port_rcv_switch_relay_errors": 16,
+    "port_xmit_discards": 16,
+    "port_xmit_constraint_errors": 8,
+    "port_rcv_constraint_errors": 8,
+    "local_link_integrity_errors": 4,
+    "excessive_buffer_overrun_errors": 4,
+    "VL15_dropped": 16,
+}
+# Counter name -> the value it saturates at.
+SATURATES_AT: dict[str, int] = {name: (1 << bits) - 1 for name, bits in PMA_WIDTHS.items()}
+
+
 @dataclass(frozen=True)
 class PortCheck:
     """One check's settings: its alerts' rule name and fault, severity, ``for:``,
@@ -406,7 +429,9 @@ __all__ = [
     "DEFAULTS",
     "KNOWN_COUNTERS",
     "LOG_COUNTERS",
+    "PMA_WIDTHS",
     "RATE_CHECKS",
+    "SATURATES_AT",
     "WINDOW_CHECKS",
     "PortCheck",
     "PortConfig",

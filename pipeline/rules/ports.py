@@ -28,7 +28,15 @@ from pipeline.engine.stage import StageBase
 from pipeline.recordchecks import MAX_COUNTER
 from pipeline.rules import portrates
 from pipeline.rules.nicalerts import NicAlerts, gpus_label, public
-from pipeline.rules.portconfig import AER_CHECKS, LOG_COUNTERS, RATE_CHECKS, WINDOW_CHECKS, PortCheck, PortConfig
+from pipeline.rules.portconfig import (
+    AER_CHECKS,
+    LOG_COUNTERS,
+    RATE_CHECKS,
+    SATURATES_AT,
+    WINDOW_CHECKS,
+    PortCheck,
+    PortConfig,
+)
 from pipeline.rows import DcgmColumns
 from pipeline.schema import AlertEvent, NicRecord
 
@@ -46,7 +54,8 @@ class _Port:
     """What one port's past says: seen ACTIVE, ACTIVE at its last sample, gone down since,
     its returns to ACTIVE and symbol errors within their windows, its counters' last values;
     the rate checks' snapshots and verdicts, the windowed checks' increases, when it was last
-    polled and its last state."""
+    polled and its last state; the checks' conditions at its last record (a check that reads a
+    counter stuck at its width's maximum holds its own), and the windows' running sums."""
 
     seen_active: bool = False
     up: bool | None = None
@@ -63,6 +72,10 @@ class _Port:
     last_polled: float = math.nan
     state: int | None = None
     phys_state: int | None = None
+    cond: dict[str, bool] = field(default_factory=dict)  # check -> its condition at the last record
+    saturated: list[str] = field(default_factory=list)  # counters at their width's maximum, as last read
+    errors_sum: int = 0  # sum of ``errors``' increases
+    sums_total: dict[str, int] = field(default_factory=dict)  # windowed check -> sum of its ``sums``
 
     def to_state(self) -> dict[str, Any]:
         return {
@@ -80,11 +93,14 @@ class _Port:
             "sums": {k: [list(e) for e in v] for k, v in self.sums.items()},
             "polled": None if math.isnan(self.last_polled) else self.last_polled,
             "st": [self.state, self.phys_state],
+            "held": [k for k, v in self.cond.items() if v],
+            "sat": list(self.saturated),
         }
 
     @classmethod
     def from_state(cls, d: dict[str, Any]) -> "_Port":
-        return cls(
+        state, phys_state = (None if x is None else int(x) for x in d.get("st", [None, None]))
+        port = cls(
             bool(d["seen"]),
             None if d["up"] == -1 else bool(d["up"]),
             bool(d["down"]),
@@ -98,8 +114,15 @@ class _Port:
             portrates.from_state(d.get("rates", {})),
             {str(k): deque((float(t), int(n)) for t, n in v) for k, v in d.get("sums", {}).items()},
             math.nan if d.get("polled") is None else float(d["polled"]),
-            *[None if x is None else int(x) for x in d.get("st", [None, None])],
+            state,
+            phys_state,
+            # Both absent in a snapshot from before saturation: nothing held.
+            cond={str(k): True for k in d.get("held", [])},
+            saturated=[str(n) for n in d.get("sat", [])],
         )
+        port.errors_sum = sum(n for _, n in port.errors)
+        port.sums_total = {k: sum(n for _, n in q) for k, q in port.sums.items()}
+        return port
 
 
 class PortStage(StageBase):
@@ -141,6 +164,16 @@ class PortStage(StageBase):
         )
         self._rates = [(k, cfg[k]) for k in RATE_CHECKS if cfg[k].enabled]
         self._windows = [(k, cfg[k]) for k in WINDOW_CHECKS if k != "symbol_errors" and cfg[k].enabled]
+        # The IBTA counters the checks read that stop at their width's maximum (portconfig.SATURATES_AT),
+        # and for each check that reads any, those it reads: at the maximum a counter no longer
+        # shows what happens, so such a check's verdict holds until the counter leaves it.
+        counted = ("link_errors", "symbol_errors", *(k for k, _ in self._windows), *(k for k, _ in self._rates))
+        self._capped = [
+            (k, frozenset(n for n in cfg[k].counters if n in SATURATES_AT))
+            for k in counted
+            if cfg[k].enabled and any(n in SATURATES_AT for n in cfg[k].counters)
+        ]
+        self._tops = sorted({(n, SATURATES_AT[n]) for _, names in self._capped for n in names})
         self._host_ids: dict[str, int] = {}
         self._hosts: list[str] = []
         self._models: dict[str, str] = {}  # host -> its GPUs' model, from their DCGM records
@@ -378,6 +411,11 @@ class PortStage(StageBase):
     def _sample(self, st: _Port, r: NicRecord) -> dict[str, Any]:
         """Fold one record into its port's past; the checks' conditions and the evidence."""
         cfg = self.config.checks
+        counters = r.counters
+        # A counter a record does not carry (a file that did not read, a record of the NIC's AER
+        # or of a training log) is where the last record left it.
+        pinned = st.saturated
+        saturated = [n for n, top in self._tops if (v := counters.get(n)) == top or (v is None and n in pinned)]
         t = r.ts
         if r.state is not None or r.phys_state is not None:
             st.state, st.phys_state = r.state, r.phys_state
@@ -417,19 +455,22 @@ class PortStage(StageBase):
                 q = st.sums[key] = deque()
             # Summed counters stop at 2^64-1, as each one does: a snapshot holds no more.
             inc = min(sum(increased.get(n, 0) for n in c.counters), MAX_COUNTER) if increased else 0
+            total = st.sums_total.get(key, 0)
             if inc:
                 q.append((t, inc))
+                total += inc
             while q and q[0][0] <= t - c.window_s:
-                q.popleft()
-            windowed[key] = sum(k for _, k in q) if q else 0
+                total -= q.popleft()[1]
+            st.sums_total[key] = windowed[key] = total
         rated = {key: portrates.velocity(st.rates, key, c, r) for key, c in self._rates}
         sym = min(sum(increased.get(n, 0) for n in cfg["symbol_errors"].counters), MAX_COUNTER)
         if sym:
             st.errors.append((t, sym))
+            st.errors_sum += sym
         sym_window = cfg["symbol_errors"].window_s
         while st.errors and st.errors[0][0] <= t - sym_window:
-            st.errors.popleft()
-        in_window = sum(n for _, n in st.errors)
+            st.errors_sum -= st.errors.popleft()[1]
+        in_window = st.errors_sum
         if r.gpus:
             st.gpus = list(r.gpus)
         st.netdev = r.netdev or st.netdev
@@ -450,6 +491,16 @@ class PortStage(StageBase):
             cond[key] = windowed[key] > c.threshold
         for key, _ in self._rates:
             cond[key] = rated[key]
+        if saturated:
+            # A counter at its width's maximum counts nothing more: a check that reads it keeps
+            # its verdict of the last record (firing stays firing, quiet stays quiet) until a reset
+            # takes it off the maximum; a rise to the maximum in this sample still counts.
+            last = st.cond
+            for key, names in self._capped:
+                if not cond[key] and last.get(key, False) and not names.isdisjoint(saturated):
+                    cond[key] = True
+        st.cond = cond  # never changed after this sample: ``_judge`` only reads it
+        st.saturated = saturated
         ev: dict[str, Any] = {
             "_cond": cond,
             "state": r.state_name,
@@ -462,6 +513,8 @@ class PortStage(StageBase):
         }
         if windowed:
             ev["_windowed"] = windowed
+        if saturated:
+            ev["saturated"] = saturated
         if self._rates:
             ev["_rates"] = dict(st.rates)  # each entry is replaced, never changed: this row's snapshot
         if nccl:
