@@ -103,7 +103,7 @@ def _run(args: argparse.Namespace, make_source: Any, *, from_file: bool = False)
     s = res.sender
     print(
         f"gpuwarden produce {args.source}: {res.records} records read, {s.sent} delivered, "
-        f"{s.dropped + s.too_large} dropped unsent, {s.failures} failed sends, {res.poll_errors} failed polls",
+        f"{s.dropped + s.too_large + s.unencodable} dropped unsent, {s.failures} failed sends, {res.poll_errors} failed polls",
         file=sys.stderr,
         flush=True,
     )

@@ -10,7 +10,8 @@ blocks its source hides exactly the incident it should report.
 Delivery is at least once: a batch is removed from the buffer only after the broker
 acknowledged all of it, so a partly acknowledged batch is sent again after an outage. A record
 that no broker would take (larger than the message limit on its own) is dropped and counted
-(``record_too_large``), never retried: it would hold every record behind it for good.
+(``record_too_large``), never retried: it would hold every record behind it for good. So is
+a record no encoder can write (``unencodable``: a lone surrogate, a value JSON has not).
 
 A file source (``--file``, nccl-tests) has all of its input at hand, so its sender applies
 back-pressure (``backpressure=True``): the loop waits for the sink to take the records instead
@@ -25,10 +26,14 @@ from __future__ import annotations
 
 import logging
 import signal
+import struct
+import sys
 import threading
 import time
+import zlib
 from collections import deque
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Callable, Iterable, Protocol
 
 import msgspec
@@ -56,20 +61,88 @@ class Sink(Protocol):
 
 
 class JsonlSink:
-    """One record a line into a JSONL file (``.gz`` compressed), as ``gpuwarden sim --out`` writes."""
+    """One record a line into a JSONL file (``.gz`` compressed), as ``gpuwarden sim --out`` writes.
+
+    Each delivery is written whole or not at all: its lines are encoded before anything is
+    written (a record no encoder can write fails the delivery before a byte of it is out), and a
+    write that fails part-way (a full disk) is cut back off the file, so a retry writes the
+    delivery once and whole. A ``.gz`` output is one gzip stream, flushed at each delivery (a
+    follower such as ``zcat`` sees each interval's records at once); its compressor moves on only
+    once a delivery's bytes are all written, so a failed write leaves no hole in the stream (it
+    did: every record after it was unreadable). The stream's end (its CRC and size) is written
+    at ``close``. A pipe or stdout cannot be cut back: there a failed write may leave part of a
+    delivery, and a retry writes it again.
+    """
 
     def __init__(self, path: str) -> None:
-        from pipeline.bus import FileSink
-
-        self._sink = FileSink(path)
+        self.path = path
+        if path == "-":
+            self._fh: Any = None  # sys.stdout's, looked up at each write (a caller may swap it)
+        else:
+            Path(path).parent.mkdir(parents=True, exist_ok=True)
+            self._fh = open(path, "wb", buffering=0)  # noqa: SIM115 - held open for the producer's life
+        self._good = 0  # bytes of whole deliveries in the file
+        # .gz: raw deflate inside a gzip header and trailer of our own, so that a delivery is
+        # compressed on a copy of the compressor, kept only once its bytes are written.
+        self._z = zlib.compressobj(5, zlib.DEFLATED, -zlib.MAX_WBITS) if path.endswith(".gz") else None
+        self._crc = 0
+        self._size = 0
 
     def deliver(self, records: list[Record]) -> int:
-        self._sink.write_many(encode(r) for r in records)
-        self._sink.flush()  # a follower (tail -f, replay) sees each interval's records at once
+        data = b"".join(encode(r) + b"\n" for r in records)
+        if self._z is None:
+            self._write(data)
+            return 0
+        z = self._z.copy()
+        out = z.compress(data) + z.flush(zlib.Z_SYNC_FLUSH)
+        self._write(_GZIP_HEADER + out if self._good == 0 else out)
+        self._z, self._crc, self._size = z, zlib.crc32(data, self._crc), self._size + len(data)
         return 0
 
+    def _write(self, data: bytes) -> None:
+        if self._fh is None:
+            out = sys.stdout.buffer
+            out.write(data)
+            out.flush()  # a follower (a pipe's reader) sees each interval's records at once
+            return
+        view = memoryview(data)
+        try:
+            while view:
+                n = self._fh.write(view)
+                if not n:
+                    raise OSError(f"{self.path}: a write took nothing")
+                view = view[n:]
+        except BaseException:
+            self._cut_back()
+            raise
+        self._good += len(data)
+
+    def _cut_back(self) -> None:
+        """Take the part of a failed delivery that was written back off the file (not possible
+        on a FIFO or a device, where it stays)."""
+        try:
+            if self._fh.seekable():
+                self._fh.truncate(self._good)
+                self._fh.seek(self._good)
+        except OSError as e:
+            log.warning("%s: could not cut a failed write back off the file: %s", self.path, e)
+
     def close(self) -> None:
-        self._sink.close()
+        try:
+            if self._z is not None:
+                tail = self._z.flush(zlib.Z_FINISH) + struct.pack("<II", self._crc, self._size & 0xFFFFFFFF)
+                self._z = None
+                self._write(_GZIP_HEADER + tail if self._good == 0 else tail)
+        finally:
+            if self._fh is None:
+                sys.stdout.buffer.flush()
+            else:
+                self._fh.close()
+
+
+# A gzip member's header: deflate, no name, no time (a stream written over hours has none that
+# is right), no extra flags, "unknown" OS; as ``gzip.compress(..., mtime=0)`` writes, less the OS.
+_GZIP_HEADER = b"\x1f\x8b\x08\x00\x00\x00\x00\x00\x00\xff"
 
 
 class KafkaSink:
@@ -152,14 +225,23 @@ class KafkaSink:
             refused = len(big)
             for r in big:
                 self._too_large(r, f"larger than {self.max_message_bytes} bytes encoded")
-            for key, parts, recs in groups:
+            for i, (key, parts, recs) in enumerate(groups):
                 # Columnar where the records allow it (docs/architecture.md §7): the consumer
                 # decodes it without a Python object per value; JSON otherwise.
                 cols = encode_dcgm(recs) if self.encoding == COLUMNAR else None
+                t = time.monotonic()
                 if cols is not None and len(cols) <= self.max_message_bytes:
                     p.send(self.topic, cols, key, headers=COLUMNAR_HEADERS)
                 else:
                     p.send(self.topic, array(parts), key)
+                if time.monotonic() - t >= self.send_timeout_s:
+                    # kafka-python waited max_block_ms (topic metadata, buffer space) and failed the
+                    # send; each of the rest would wait as long, one after the other.
+                    raise BrokerUnavailableError(
+                        f"a send to {self.bootstrap} waited the whole {self.send_timeout_s:g} s "
+                        f"(no metadata for {self.topic}, or no buffer space); {len(groups) - i - 1} "
+                        f"of {len(groups)} messages not tried"
+                    )
             results = p.flush_results(timeout=self.send_timeout_s)
             failed = [e for e in results if e is not None and not is_too_large(e)]
             if failed:
@@ -230,6 +312,7 @@ class SenderStats:
     failures: int = 0
     batches: int = 0
     too_large: int = 0  # records no broker would take, dropped (never retried)
+    unencodable: int = 0  # records no encoder can write (a lone surrogate, an object JSON has not), dropped
     undelivered: int = 0  # records still buffered when the producer stopped
 
 
@@ -275,6 +358,7 @@ class BoundedSender:
         self._next_try = 0.0
         self._delay = backoff_s
         self._last_drop_log = -1e9
+        self.stop: threading.Event | None = None  # run's stop, which bounds ``drain``
 
     def __len__(self) -> int:
         return len(self._buf)
@@ -305,17 +389,27 @@ class BoundedSender:
                     self.stats.dropped,
                 )
 
-    def pump(self, *, force: bool = False) -> int:
-        """Send what the back-off allows; return how many records were delivered. Never raises."""
+    def pump(self, *, force: bool = False, stop: threading.Event | None = None, until: float | None = None) -> int:
+        """Send what the back-off allows; return how many records were delivered. Never raises.
+
+        ``force``: one attempt whatever the back-off. Between batches it also ends once ``stop``
+        is set or the clock reaches ``until``: a backlog (a whole file, a long outage's buffer)
+        is not all sent before a stop is heard."""
         delivered = 0
         while self._buf:
-            if not force and self.clock() < self._next_try:
+            if not force and (
+                self.clock() < self._next_try
+                or (stop is not None and stop.is_set())
+                or (until is not None and self.clock() >= until)
+            ):
                 break
             n = min(len(self._buf), self.max_batch if self._healthy else self.probe_records)
             batch = [self._buf[i] for i in range(n)]
             try:
                 refused = self.sink.deliver(batch) or 0
             except Exception as e:  # noqa: BLE001 - any failure is retried later; none may stop the source
+                if self._drop_unencodable(n):
+                    continue  # the sink's failure was the record's: the rest at once, no back-off
                 self.stats.failures += 1
                 if self._healthy:
                     log.warning("delivery failed, buffering (%d records held): %s", len(self._buf), e)
@@ -338,6 +432,28 @@ class BoundedSender:
                 force = False  # one forced attempt; the rest follows the normal rules
         return delivered
 
+    def _drop_unencodable(self, n: int) -> int:
+        """Drop (counted, logged) the records among the first ``n`` that no encoder can write:
+        they would fail every delivery, as an outage that never ends, and hold every record
+        behind them. Return how many; 0 when the failure was the sink's."""
+        keep: list[Record] = []
+        bad = 0
+        first: Exception | None = None
+        for _ in range(n):
+            r = self._buf.popleft()
+            try:
+                encode(r)
+            except Exception as e:  # noqa: BLE001 - whatever the encoder raises, the record cannot go
+                bad += 1
+                first = first or e
+                continue
+            keep.append(r)
+        self._buf.extendleft(reversed(keep))
+        if bad:
+            self.stats.unencodable += bad
+            log.warning("dropped %d record(s) no encoder can write (unencodable): %s", bad, first)
+        return bad
+
     def wait_for_room(self, stop: threading.Event) -> None:
         """Back-pressure: send until the buffer is within ``max_records`` again, while the sink
         makes progress; after ``stall_s`` without any, drop the excess (counted) and go on. A stop
@@ -345,7 +461,7 @@ class BoundedSender:
         last = self.clock()
         while len(self._buf) > self.max_records and not stop.is_set():
             before = len(self._buf)
-            self.pump()
+            self.pump(stop=stop)
             now = self.clock()
             if len(self._buf) < before:
                 last = now
@@ -358,15 +474,24 @@ class BoundedSender:
             else:
                 stop.wait(min(0.2, max(0.01, self._next_try - now)))
 
-    def drain(self, deadline_s: float) -> None:
+    def drain(self, deadline_s: float, stop: threading.Event | None = None) -> None:
         """Try to empty the buffer for up to ``deadline_s`` seconds (used at shutdown); with
-        back-pressure, for as long as the sink keeps taking records (``stall_s`` without any ends it).
+        back-pressure, for as long as the sink keeps taking records (``stall_s`` without any ends
+        it), unless ``stop`` (default: the ``stop`` that ``run`` gave the sender) is set: then for
+        ``deadline_s`` from the stop at most.
         What is left is counted as ``undelivered``."""
+        stop = stop if stop is not None else self.stop
         end = self.clock() + deadline_s
+        stopped = stop is not None and stop.is_set()
         while self._buf and self.clock() < end:
-            if self.pump(force=True) == 0:
+            before = len(self._buf)
+            self.pump(force=True, until=end, stop=None if stopped else stop)
+            if not stopped and stop is not None and stop.is_set():
+                stopped = True
+                end = min(end, self.clock() + deadline_s)
+            if len(self._buf) == before:
                 time.sleep(min(0.2, max(0.0, end - self.clock())))
-            elif self.backpressure:
+            elif self.backpressure and not stopped:
                 end = max(end, self.clock() + self.stall_s)
         if self._buf:
             self.stats.undelivered = len(self._buf)
@@ -420,6 +545,7 @@ def lost_input(source: Any, result: "RunResult") -> dict[str, int]:
         "poll_errors": result.poll_errors,
         "dropped.send_buffer_full": s.dropped,
         "dropped.record_too_large": s.too_large,
+        "dropped.unencodable": s.unencodable,
         "undelivered": s.undelivered,
     }
     for k, v in source_counts(source).items():
@@ -449,7 +575,7 @@ class RunResult:
 class ProducerMetrics:
     """A long-running producer's counters for Prometheus, read at scrape time (nothing to keep in
     step): records produced, sent, dropped by reason (the source's ``dropped.*`` counts and
-    ``send_buffer_full`` and ``record_too_large`` for the sender's own drops), failed sends,
+    ``send_buffer_full``, ``record_too_large`` and ``unencodable`` for the sender's own drops), failed sends,
     queue depth, polls.
 
     Served by the hardened endpoint the service uses too (``pipeline.httpendpoint.HttpEndpoint``).
@@ -485,6 +611,7 @@ class ProducerMetrics:
         )
         dropped.add_metric([self.name, "send_buffer_full"], s.dropped)
         dropped.add_metric([self.name, "record_too_large"], s.too_large)
+        dropped.add_metric([self.name, "unencodable"], s.unencodable)
         read = CounterMetricFamily(
             "gpuwarden_producer_read", "What the source read, by unit (rows, lines, ...)", labels=["producer", "what"]
         )
@@ -538,14 +665,16 @@ def _log_counts(source: Any, res: RunResult, sender: BoundedSender, what: str) -
     counts = source_counts(source)
     drops = {k: v for k, v in counts.items() if k.startswith(DROPPED) and v}
     log.log(
-        logging.WARNING if drops or s.dropped or s.too_large or res.poll_errors else logging.INFO,
-        "producer %s: %d polls, %d records, %d sent, %d send-buffer drops, %d too large, %d failed sends, %d queued; %s",
+        logging.WARNING if drops or s.dropped or s.too_large or s.unencodable or res.poll_errors else logging.INFO,
+        "producer %s: %d polls, %d records, %d sent, %d send-buffer drops, %d too large, %d unencodable, "
+        "%d failed sends, %d queued; %s",
         what,
         res.polls,
         res.records,
         s.sent,
         s.dropped,
         s.too_large,
+        s.unencodable,
         s.failures,
         len(sender),
         format_counts(counts),
@@ -564,7 +693,9 @@ def run(
     result: RunResult | None = None,
 ) -> RunResult:
     """Poll ``source`` every ``interval_s`` and ship what it gives until ``stop``, ``max_polls`` or
-    the source is done; then drain the buffer for up to ``drain_s`` and close both.
+    the source is done; then drain the buffer for up to ``drain_s`` and close both (a file
+    source that read to its end drains while the sink takes records; after a ``stop``, a
+    backlog is never sent past ``drain_s``: what is left is counted as ``undelivered``).
 
     Every ``log_every_s`` (and at the end) one line gives the counts, drops by reason included
     (a warning when anything was dropped). ``result`` lets a caller (the ``/metrics`` endpoint)
@@ -572,6 +703,7 @@ def run(
     stop = stop or threading.Event()
     res = result if result is not None else RunResult()
     res.sender = sender.stats
+    sender.stop = stop
     next_log = time.monotonic() + log_every_s
     try:
         while not stop.is_set():
@@ -586,7 +718,7 @@ def run(
             res.records += len(recs)
             if recs:
                 sender.submit(recs)
-            sender.pump()
+            sender.pump(stop=stop)
             if sender.backpressure:
                 sender.wait_for_room(stop)
             if time.monotonic() >= next_log:
