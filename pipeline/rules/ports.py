@@ -321,15 +321,23 @@ class PortStage(StageBase):
             if hid is None:
                 hid = self._host_ids[host] = len(self._hosts)
                 self._hosts.append(host)
+            # Where the producer names the GPUs behind enough ports to make up the count, those are
+            # the compute fabric's and the others storage or management NICs: counted among all,
+            # a DGX's two 400 Gb/s storage ports hid a compute port down or retrained at 200.
+            compute = {(p.device, p.port) for p in ports if p.gpus}
+            gpu_ports = len(compute) >= need[0]
             up = sorted(  # each port once: a poll delivered twice (sent at least once) is one poll
                 {
                     f"{p.device}:{p.port}"
                     for p in ports
-                    if p.state == ACTIVE and p.rate_gbps is not None and p.rate_gbps >= need[1]
+                    if p.state == ACTIVE
+                    and p.rate_gbps is not None
+                    and p.rate_gbps >= need[1]
+                    and (not gpu_ports or (p.device, p.port) in compute)
                 }
             )
             ev = {"model": self._models.get(host), "expected_ports": need[0], "expected_rate_gbps": need[1],
-                  "active_ports": len(up), "active": up}  # fmt: skip
+                  "active_ports": len(up), "active": up, "counted": "ports with GPUs" if gpu_ports else "all ports"}  # fmt: skip
             rows.append((when, hid, ev))
         if not rows:
             return []

@@ -210,6 +210,35 @@ def test_fewer_active_ports_than_the_gpu_model_needs():
     assert [(a.rule, a.state) for a in seven] == [("network_active_ports_low", "firing")]
 
 
+def _dgx(states=None, rate=400.0, mapped=8):
+    """``_node``'s eight compute ports (the first ``mapped`` with their GPU named) and two storage
+    ports at 400 Gb/s with no GPU behind them (a DGX H100's two dual-port storage NICs)."""
+    recs = _node(HOUR, states=states, rate=rate)
+    for r in recs:
+        if isinstance(r, NicRecord) and int(r.device.removeprefix("mlx5_")) >= mapped:
+            r.gpus = []
+    for d in ("mlx5_8", "mlx5_9"):
+        recs += port_series(HOUR, device=d)
+    return recs
+
+
+def test_storage_ports_do_not_hide_a_compute_port_down_or_slow():
+    # Counted among all ten, nine ports at 400 Gb/s met the eight an H100 needs: a compute port
+    # down, or retrained at 200 Gb/s, raised no host alert.
+    assert run_ports(_dgx())[0] == []
+    down = _dgx(states=lambda t, p: (1, 3) if p == 3 and 600 <= t < 1200 else (4, 5))
+    low = [a for a in run_ports(down)[0] if a.rule == "network_active_ports_low"]
+    assert [(a.state, a.ts - T0) for a in low] == [("firing", 840.0), ("resolved", 1200.0)]
+    assert low[0].evidence["active_ports"] == 7 and low[0].evidence["counted"] == "ports with GPUs"
+    assert "mlx5_8:1" not in low[0].evidence["active"]
+    slow = [a for a in run_ports(_dgx(rate=200.0))[0] if a.rule == "network_active_ports_low"]
+    assert [a.state for a in slow] == ["firing"]
+    # Fewer ports with their GPUs named than the model needs (a producer without --pci-map for
+    # some): every port counts, as before.
+    partial = [a for a in run_ports(_dgx(rate=200.0, mapped=4))[0] if a.rule == "network_active_ports_low"]
+    assert partial == []
+
+
 def test_a_model_not_listed_or_unknown_is_not_judged_for_its_port_count():
     assert run_ports(_node(HOUR, ports=2, model="Tesla T4"))[0] == []
     assert run_ports([r for r in _node(HOUR, ports=2) if isinstance(r, NicRecord)])[0] == []
