@@ -172,6 +172,11 @@ class ProgressRecord(msgspec.Struct, tag="progress", tag_field="kind", kw_only=T
 # A DcgmRecord is a DcgmSample.
 TelemetryRecord = Union[DcgmSample, NcclRecord, NicRecord, ProgressRecord]
 
+#: A ``NicRecord`` whose labels hold this key (value ``"1"``) says its producer polled the host and
+#: the port it saw before was not there (``produce ib-sysfs``: a driver unloaded, a NIC fallen off
+#: the bus): the host's poll, without that port (docs/rules.md, NIC ports: ``port_lost``).
+NIC_ABSENT_LABEL = "absent"
+
 # MIG (docs/architecture.md §3). dcgm-exporter labels a GPU instance's series with these
 # (rendermetrics/render_metrics.go: GPU_I_PROFILE="3g.40gb", GPU_I_ID = NVML's GPU instance id).
 MIG_INSTANCE_LABEL = "GPU_I_ID"

@@ -49,7 +49,7 @@ import msgspec
 
 from pipeline.decode import MAX_COUNTER, MAX_NIC_COUNTERS
 from pipeline.numeric import ascii_int
-from pipeline.schema import NicRecord
+from pipeline.schema import NIC_ABSENT_LABEL, NicRecord
 from producers.ibpeers import PeerFile, gid_port_guid, local_names
 from producers.ibports import coded_state, name_ok, rate_gbps
 
@@ -76,6 +76,7 @@ class SysfsStats:
     bad_name: int = 0
     outside_root: int = 0
     too_many: int = 0
+    absent: int = 0  # records of ports seen before and not found (NIC_ABSENT_LABEL), one a poll each
 
 
 class SysfsTree:
@@ -242,6 +243,11 @@ class IbSysfsSource:
         self.done = False
         self._gpus: dict[str, list[int]] | None = None
         self._mapped_for: tuple[tuple[str, str], ...] | None = None
+        # Every port read since start, with the GPUs behind it: one not found in a later poll is
+        # sent as absent (a driver unloaded, a NIC off the bus), since sending nothing for it
+        # looks the same as a host whose producer stopped, and with every port gone the port
+        # checks would hear nothing at all.
+        self._known: dict[tuple[str, int], list[int]] = {}
 
     def poll(self) -> list[NicRecord]:
         self.stats.polls += 1
@@ -284,7 +290,21 @@ class IbSysfsSource:
                     if found:
                         rec = msgspec.structs.replace(rec, **found)
                 out.append(rec)
-        return out
+        return out + self._absent(ts, out)
+
+    def _absent(self, ts: float, found: list[NicRecord]) -> list[NicRecord]:
+        """A record for each port seen before and not in ``found``, labelled ``NIC_ABSENT_LABEL``."""
+        here = {(r.device, r.port) for r in found}
+        for r in found:
+            if (r.device, r.port) in self._known or len(self._known) < MAX_DEVICES * MAX_PORTS:
+                self._known[(r.device, r.port)] = list(r.gpus)
+        gone = [
+            NicRecord(ts=ts, host=self.host, device=d, port=p, gpus=g, labels={NIC_ABSENT_LABEL: "1"})
+            for (d, p), g in sorted(self._known.items())
+            if (d, p) not in here
+        ]
+        self.stats.absent += len(gone)
+        return gone
 
     def _port(self, ts: float, device: str, port: int, pdir: str, netdevs: dict[int | None, str]) -> NicRecord:
         t = self.tree
@@ -406,6 +426,7 @@ class IbSysfsSource:
             "dropped.bad_name": s.bad_name,
             "dropped.outside_root": s.outside_root,
             "dropped.too_many": s.too_many,
+            "absent_ports": s.absent,
             **(self.peers.summary() if self.peers is not None else {}),
         }
 

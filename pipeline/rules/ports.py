@@ -38,7 +38,7 @@ from pipeline.rules.portconfig import (
     PortConfig,
 )
 from pipeline.rows import DcgmColumns
-from pipeline.schema import AlertEvent, NicRecord
+from pipeline.schema import NIC_ABSENT_LABEL, AlertEvent, NicRecord
 
 ACTIVE, DOWN, INIT, ARMED = 4, 1, 2, 3
 POLLING, DISABLED, LINK_ERROR_RECOVERY = 2, 3, 6
@@ -298,7 +298,8 @@ class PortStage(StageBase):
             (t, self._alert(self.config.checks[key], t, evidence[idx[t.row]] if t.row >= 0 else {"expired": True}))
             for t, key, idx in out
         ]
-        host_recs = recs if polled.all() else [r for r, p in zip(recs, polled) if p]
+        # The host's polls: its ports' own records, and the ones its producer says are gone.
+        host_recs = recs if polled.all() else [r for r, p in zip(recs, polled) if p or _absent(r)]
         if self._host_check is not None and host_recs:
             alerts += self._judge_hosts(host_recs, *self._host_check)
         if self._lost_check is not None and host_recs:
@@ -315,7 +316,7 @@ class PortStage(StageBase):
             group.setdefault((r.ts, r.host), []).append(r)
         for (when, host), ports in group.items():
             need = check.expected(self._models.get(host))
-            if need is None or all(p.state is None for p in ports):  # a poll that says no port's state
+            if need is None or all(p.state is None and not _absent(p) for p in ports):  # says no port's state
                 continue
             hid = self._host_ids.get(host)
             if hid is None:
@@ -370,8 +371,9 @@ class PortStage(StageBase):
             when, host = recs[i].ts, recs[i].host
             j = i
             here: set[int] = set()
+            gone: set[int] = set()  # ports the producer says it saw before and did not find
             while j < n and recs[j].ts == when and recs[j].host == host:
-                here.add(self._book.ids[(recs[j].host, recs[j].device, recs[j].port)])
+                (gone if _absent(recs[j]) else here).add(self._book.ids[(recs[j].host, recs[j].device, recs[j].port)])
                 j += 1
             poll = self._polls.get(host)
             if poll is None:
@@ -397,6 +399,11 @@ class PortStage(StageBase):
                 if math.isnan(st.last_polled):
                     ports.append(pid)
                 st.last_polled = max(when, st.last_polled) if not math.isnan(st.last_polled) else when
+            for pid in sorted(gone - here):
+                st = self._book.pasts[pid]
+                if math.isnan(st.last_polled):  # one its producer saw before this stage did: silent from now
+                    ports.append(pid)
+                    st.last_polled = when
             for pid in ports:
                 st = self._book.pasts[pid]
                 silent = when - st.last_polled
@@ -611,6 +618,11 @@ def _peer_labels(r: NicRecord) -> dict[str, str]:
 def _float(x: Any) -> float:
     """A number from a snapshot; None is NaN (JSON has none)."""
     return math.nan if x is None else float(x)
+
+
+def _absent(r: NicRecord) -> bool:
+    """A record saying its port was not there when its producer polled the host (``NIC_ABSENT_LABEL``)."""
+    return r.labels.get(NIC_ABSENT_LABEL) == "1"
 
 
 def _polled(r: NicRecord) -> bool:

@@ -352,3 +352,19 @@ def test_the_model_is_learnt_from_columnar_samples_as_from_records():
         alerts, _ = run_ports([r for r in recs if r not in first], engine=engine)
         got.append([(a.rule, a.state, a.ts, a.summary) for a in alerts if a.rule == "network_active_ports_low"])
     assert got[0] == got[1] and [a[1] for a in got[0]] == ["firing"]
+
+
+def test_a_port_its_producer_says_is_gone_is_lost_even_if_this_stage_never_saw_it():
+    # After a restart without state, the stage first hears of mlx5_3 as absent (the producer saw
+    # it before): silent from then on, lost after the window; its absent records are no poll of
+    # it, so they neither resolve nor fire its other checks.
+    from pipeline.schema import NIC_ABSENT_LABEL
+
+    recs = [r for r in _node(HOUR) if not (isinstance(r, NicRecord) and r.device == "mlx5_3")]
+    recs += [NicRecord(ts=T0 + t, host="n1", device="mlx5_3", port=1, gpus=[3], labels={NIC_ABSENT_LABEL: "1"})
+             for t in range(0, 600, 10)]  # fmt: skip
+    alerts, _ = run_ports(sorted(recs, key=lambda r: r.ts))
+    lost = [a for a in alerts if a.rule == "network_port_lost"]
+    assert [(a.state, a.ts - T0) for a in lost] == [("firing", 40.0)]
+    assert lost[0].evidence["gpus"] == [3]
+    assert {a.rule for a in alerts} == {"network_port_lost", "network_active_ports_low"}
