@@ -38,7 +38,7 @@ from pipeline.remediation.exchange import exchange, new_client
 from pipeline.remediation.incidents import INCIDENT_LABEL, VOLATILE_LABELS
 from pipeline.remediation.payloads import iso8601
 from pipeline.remediation.regexes import Anchored, RegexError, forget_compiled
-from pipeline.remediation.safety import alert_values
+from pipeline.remediation.safety import UnsafeValue, alert_values
 from pipeline.remediation.targets import AllowList, UrlTemplate
 from pipeline.schema import AlertEvent, encode
 
@@ -178,7 +178,8 @@ class AlertmanagerAction:
         for _, blob in store.kv_all(f"am:{self.name}"):
             try:
                 a = msgspec.json.decode(blob, type=_Firing)
-            except (msgspec.DecodeError, msgspec.ValidationError):
+                iso8601(a.alert.started_at)  # one kept from before times were checked would fail every re-post
+            except (msgspec.DecodeError, msgspec.ValidationError, UnsafeValue):
                 continue
             self.firing[a.alert.id] = (a.alert, a.labels)
 

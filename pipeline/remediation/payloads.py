@@ -12,7 +12,7 @@ import os
 import time
 from typing import Any, Callable
 
-from pipeline.remediation.safety import MissingValue
+from pipeline.remediation.safety import MissingValue, UnsafeValue
 from pipeline.schema import AlertEvent, encode
 
 PAGERDUTY_URL = "https://events.pagerduty.com/v2/enqueue"
@@ -21,8 +21,16 @@ SLACK_TEXT_LIMIT = 3000  # a section block's text
 PD_SUMMARY_LIMIT = 1024  # PagerDuty truncates payload.summary there
 
 
+# Years 1970..9999: RFC 3339 has four year digits, and strftime wrote 1e12 as year 33658, which
+# Alertmanager cannot parse, failing the whole re-post of every firing alert with it.
+MAX_TS = 253402300800.0  # 10000-01-01T00:00:00Z
+
+
 def iso8601(ts: float) -> str:
-    """``2025-11-29T08:00:00.000Z``: the timestamp form Alertmanager and PagerDuty read."""
+    """``2025-11-29T08:00:00.000Z``: the timestamp form Alertmanager and PagerDuty read;
+    ``UnsafeValue`` for a time outside years 1970..9999 (an alert's times are its producer's)."""
+    if not 0.0 <= ts < MAX_TS:
+        raise UnsafeValue(f"timestamp {ts!r} is outside the years 1970..9999")
     return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(ts)) + f".{int(round((ts % 1) * 1000)) % 1000:03d}Z"
 
 

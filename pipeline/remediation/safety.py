@@ -58,6 +58,9 @@ def check_value(name: str, value: Any) -> str:
     if name == "host":
         if not valid_hostname(s):
             raise UnsafeValue(f"host {s!r} is not an RFC 1123 hostname")
+        if s.lower() == "all":
+            # Slurm reads a node name ALL (any case) as every node: one alert would drain the fleet.
+            raise UnsafeValue(f"host {s!r} means every node to Slurm (scontrol, sinfo); not a node name")
         return s
     if name == "job":
         ok = _JOB.fullmatch(s)

@@ -46,8 +46,11 @@ IpAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 IpNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
 
 # Never the target of a templated URL: this machine and its link (cloud metadata at 169.254.169.254).
+# fd00:ec2::254: the cloud metadata service's IPv6 address (AWS), outside link-local unlike its IPv4 one.
+_METADATA6 = ipaddress.ip_address("fd00:ec2::254")
 REFUSED = tuple(
-    ipaddress.ip_network(n) for n in ("127.0.0.0/8", "::1/128", "169.254.0.0/16", "fe80::/10", "0.0.0.0/8", "::/128")
+    ipaddress.ip_network(n)
+    for n in ("127.0.0.0/8", "::1/128", "169.254.0.0/16", "fe80::/10", "0.0.0.0/8", "::/128", f"{_METADATA6}/128")
 )
 
 _URL = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*)://([^/?#]*)(.*)", re.DOTALL)
@@ -69,7 +72,15 @@ def refused(addr: IpAddress) -> str | None:
             addr = ipaddress.IPv4Address(int(addr) & 0xFFFFFFFF)
     for net in REFUSED:
         if addr.version == net.version and addr in net:
-            kind = "loopback" if addr.is_loopback else "link-local" if addr.is_link_local else "unspecified"
+            kind = (
+                "loopback"
+                if addr.is_loopback
+                else "link-local"
+                if addr.is_link_local
+                else "cloud metadata"
+                if addr == _METADATA6
+                else "unspecified"
+            )
             return f"{addr} is a {kind} address"
     return None
 
