@@ -21,6 +21,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
 from pipeline.catalog import BITMASK, CODE, COUNTER, FIELDS, STATE
+from pipeline.recordchecks import MAX_ID_LEN
 from pipeline.report.alerts import SEVERITY_RANK, Incident
 from pipeline.report.incidents import IncidentSpan
 from pipeline.report.signals import DCGM, NCCL, PRESENCE, Signal
@@ -54,6 +55,24 @@ STYLE = {
     # is text, not mathtext, which a host named ``n$\foo$`` would make fail the whole report.
     "text.parse_math": False,
 }
+
+
+# Characters of a string from the data drawn in a figure: a figure grows with its labels, and a
+# 1.2-million-character host or severity made an image too wide for Agg (the whole report failed).
+MAX_DRAWN = MAX_ID_LEN
+
+
+def as_drawn(text: str, width: int = MAX_DRAWN) -> str:
+    """``text`` as a figure shows it: on one line (a control character is drawn as U+FFFD, since a
+    label of 100,000 newlines is as tall as one of 100,000 characters is wide), cut to ``width``.
+
+    >>> as_drawn("n0\\nn1"), as_drawn("x" * 10, 5)
+    ('n0�n1', 'xxxx…')
+    """
+    text = text[: width + 1]
+    if not text.isprintable():
+        text = "".join(c if c.isprintable() else "\ufffd" for c in text)
+    return text if len(text) <= width else text[: width - 1] + "…"
 
 
 def styled(fn):
@@ -97,6 +116,20 @@ def severity_colour(sev: str) -> str:
     return SEVERITY_COLOURS.get(sev, OTHER_SEVERITY)
 
 
+def severity_legend(severities: Sequence[str]) -> list[tuple[str, str]]:
+    """(colour, label) of each severity in a legend, the unknown ones as one entry (they share
+    its colour): a legend entry each made 20,000 invented severities one figure too wide to draw.
+
+    >>> severity_legend(["critical", "x", "y"])
+    [('#c0392b', 'critical'), ('#7f8c8d', 'x, y')]
+    """
+    known = [(severity_colour(s), s) for s in severities if s in SEVERITY_COLOURS]
+    other = [s for s in severities if s not in SEVERITY_COLOURS]
+    if other:
+        known.append((OTHER_SEVERITY, as_drawn(", ".join(other[:4]), 64) + (" …" if len(other) > 4 else "")))
+    return known
+
+
 # -- the timeline --------------------------------------------------------------------------------
 
 
@@ -109,7 +142,7 @@ class Timeline:
 
 def _label(inc: Incident) -> str:
     gpu = f"GPU {inc.event.gpu} " if inc.event.gpu is not None else ""
-    return f"#{inc.number} {gpu}{inc.event.fault}" if inc.number else ""
+    return f"#{inc.number} {gpu}{as_drawn(inc.event.fault, 64)}" if inc.number else ""
 
 
 def _lanes(spans: list[tuple[float, float]], gap: float, max_lanes: int) -> list[int]:
@@ -223,7 +256,7 @@ def timeline(
                     clip_on=True,
                 )
         ticks.append(y + (n + 0.6) / 2)
-        labels.append(h)
+        labels.append(as_drawn(h))
         y = top
     _bars(ax, pending, alpha=0.35, lw=0)
     _bars(ax, fired, edgecolor="white", lw=0.6)  # a white edge keeps back-to-back alerts of one severity apart
@@ -235,7 +268,7 @@ def timeline(
     sev_seen = sorted({i.severity for h in hosts for i in by_host[h]}, key=lambda s: SEVERITY_RANK.get(s, 9))
     from matplotlib.patches import Patch
 
-    handles = [Patch(color=severity_colour(s), label=s) for s in sev_seen]
+    handles = [Patch(color=c, label=text) for c, text in severity_legend(sev_seen)]
     handles.append(Patch(color=OTHER_SEVERITY, alpha=0.35, label="pending (onset → fired)"))
     ax.legend(handles=handles, loc="lower left", bbox_to_anchor=(0, 1.0), ncol=len(handles), frameon=False, fontsize=8)
     return Timeline(to_data_uri(fig), len(hosts), left_out)
@@ -253,8 +286,7 @@ class IncidentTimeline:
 
 def _incident_label(s: IncidentSpan, width: int = 46) -> str:
     where = (s.host or "(no host)") + (f" GPU {s.gpu}" if s.gpu is not None else "")
-    text = f"{where} · {s.root.fault}"
-    return text if len(text) <= width else text[: width - 1] + "…"
+    return as_drawn(f"{where} · {s.root.fault}", width)
 
 
 @styled
@@ -270,6 +302,9 @@ def incident_timeline(
     fig = Figure(figsize=(11.5, 1.0 + 0.32 * n))
     ax = fig.add_subplot()
     ax.grid(axis="y", visible=False)
+    # (left, width, bottom, colour) of each severity's stretch: one collection, since a bar and a
+    # marker an event cost ~2 ms each (an incident of 100,000 updates took minutes to plot).
+    bars: list[tuple[float, float, float, str]] = []
     for row, s in enumerate(spans):
         y = row + 0.5
         if row % 2 == 0:
@@ -278,12 +313,22 @@ def incident_timeline(
         cuts = [*s.severities[1:], (end, "")]
         for (t0, sev), (t1, _) in zip(s.severities, cuts):
             t0, t1 = max(t0, s.opened_at), max(t1, t0)
-            ax.barh(y, _x(max(t1 - t0, span / 600)), left=_x(t0), height=0.62, color=severity_colour(sev), lw=0)
-        for e in s.escalations:
-            ax.plot(_x(e.ts), y - 0.42, marker="v", ms=7, color=ESCALATION, mec="white", mew=0.6, zorder=4)
+            bars.append((t0, max(t1 - t0, span / 600), y - 0.31, severity_colour(sev)))
+        if s.escalations:
+            ax.plot(
+                _x(np.array([e.ts for e in s.escalations], dtype=float)),
+                np.full(len(s.escalations), y - 0.42),
+                ls="",
+                marker="v",
+                ms=7,
+                color=ESCALATION,
+                mec="white",
+                mew=0.6,
+                zorder=4,
+            )
         if s.resolved_at is None:
             ax.plot(_x(end), y, marker=">", ms=6, color=FIRED, zorder=4, clip_on=False)
-        what = f"{s.id[:12]} · {s.n_members} alert{'s' if s.n_members != 1 else ''}"
+        what = f"{as_drawn(s.id[:12])} · {s.n_members} alert{'s' if s.n_members != 1 else ''}"
         inside = end - s.opened_at > 0.0048 * span * (len(what) + 2)
         ax.text(
             _x(s.opened_at + span / 300),
@@ -296,6 +341,7 @@ def incident_timeline(
             fontweight="bold" if inside else "normal",
             clip_on=True,
         )
+    _bars(ax, bars, height=0.62, lw=0)
     ax.set_yticks([r + 0.5 for r in range(len(spans))], [_incident_label(s) for s in spans], fontsize=8)
     ax.set_ylim(n, 0)
     ax.set_xlim(_x(t_start), _x(t_end))
@@ -305,7 +351,7 @@ def incident_timeline(
     from matplotlib.patches import Patch
 
     sev_seen = sorted({sev for s in spans for _, sev in s.severities}, key=lambda v: SEVERITY_RANK.get(v, 9))
-    handles: list = [Patch(color=severity_colour(v), label=v) for v in sev_seen]
+    handles: list = [Patch(color=c, label=text) for c, text in severity_legend(sev_seen)]
     if any(s.escalations for s in spans):
         handles.append(Line2D([], [], ls="", marker="v", color=ESCALATION, label="action escalated"))
     if any(s.resolved_at is None for s in spans):
@@ -472,7 +518,9 @@ def alert_figure(inc: Incident, signals: Sequence[Signal], tel: Telemetry, windo
     where = f"GPU {gpu} (alerted)" if gpu is not None else "host-level alert: each GPU of the host"
     handles = [Line2D([], [], color=ALERTED if gpu is not None else HOST_LEVEL, lw=1.8, label=where)]
     if gpu is not None and len(gpus) > 1 and any(s.source != NCCL for s in signals):
-        handles.append(Line2D([], [], color=PEERS, lw=0.9, label=f"other GPUs of {host} ({len(gpus) - 1})"))
+        handles.append(
+            Line2D([], [], color=PEERS, lw=0.9, label=f"other GPUs of {as_drawn(host or '')} ({len(gpus) - 1})")
+        )
     if len(ranks - {(host, gpu)}):
         handles.append(
             Line2D([], [], color=PEERS, lw=0.9, label=f"other ranks of the communicator ({len(ranks - {(host, gpu)})})")
