@@ -158,6 +158,9 @@ class PortStage(StageBase):
         self._port_checks = [(k, c) for k, c in self._checks if k not in ("active_ports", "port_lost")]
         self._polls: dict[str, list[float]] = {}  # host -> [last poll, poll step, back from a silence]
         self._host_ports: dict[str, list[int]] = {}  # host -> its polled ports' ids
+        # host -> its ports ever named with GPUs behind them (the compute fabric's, for
+        # ``active_ports``): remembered, so a compute port whose records stop still counts as one.
+        self._gpu_ports: dict[str, set[int]] = {}
         cfg = config.checks
         self._watched = sorted(
             {n for k in ("link_errors", "completion_errors", *WINDOW_CHECKS) for n in cfg[k].counters}
@@ -322,11 +325,13 @@ class PortStage(StageBase):
             if hid is None:
                 hid = self._host_ids[host] = len(self._hosts)
                 self._hosts.append(host)
-            # Where the producer names the GPUs behind enough ports to make up the count, those are
-            # the compute fabric's and the others storage or management NICs: counted among all,
-            # a DGX's two 400 Gb/s storage ports hid a compute port down or retrained at 200.
-            compute = {(p.device, p.port) for p in ports if p.gpus}
+            # Where the producer named the GPUs behind enough of the host's ports to make up the
+            # count, those are the compute fabric's and the others storage or management NICs:
+            # counted among all, a DGX's two 400 Gb/s storage ports hid a compute port down,
+            # retrained at 200 or gone. Remembered, not per poll: one gone names no GPUs.
+            compute = self._gpu_ports.get(host, set())
             gpu_ports = len(compute) >= need[0]
+            ids = self._book.ids
             up = sorted(  # each port once: a poll delivered twice (sent at least once) is one poll
                 {
                     f"{p.device}:{p.port}"
@@ -334,7 +339,7 @@ class PortStage(StageBase):
                     if p.state == ACTIVE
                     and p.rate_gbps is not None
                     and p.rate_gbps >= need[1]
-                    and (not gpu_ports or (p.device, p.port) in compute)
+                    and (not gpu_ports or ids[(host, p.device, p.port)] in compute)
                 }
             )
             ev = {"model": self._models.get(host), "expected_ports": need[0], "expected_rate_gbps": need[1],
@@ -487,6 +492,8 @@ class PortStage(StageBase):
             st.errors_sum -= st.errors.popleft()[1]
         in_window = st.errors_sum
         if r.gpus:
+            if not st.gpus:
+                self._gpu_ports.setdefault(r.host, set()).add(self._book.ids[(r.host, r.device, r.port)])
             st.gpus = list(r.gpus)
         st.netdev = r.netdev or st.netdev
         st.link_layer = r.link_layer or st.link_layer
@@ -580,9 +587,12 @@ class PortStage(StageBase):
         self._hosts, self._models, self._n_gpus = hosts, models, n_gpus
         self._polls = polls
         self._host_ports = {}
+        self._gpu_ports = {}
         for pid, (h, _, _) in enumerate(self._book.keys):
             if not math.isnan(self._book.pasts[pid].last_polled):
                 self._host_ports.setdefault(h, []).append(pid)
+            if self._book.pasts[pid].gpus:
+                self._gpu_ports.setdefault(h, set()).add(pid)
         self._host_ids = {h: i for i, h in enumerate(hosts)}
 
 

@@ -233,6 +233,11 @@ def test_storage_ports_do_not_hide_a_compute_port_down_or_slow():
     assert "mlx5_8:1" not in low[0].evidence["active"]
     slow = [a for a in run_ports(_dgx(rate=200.0))[0] if a.rule == "network_active_ports_low"]
     assert [a.state for a in slow] == ["firing"]
+    # A compute port whose records stop (a NIC gone, polled by a producer that sends nothing for
+    # it) still counts as one: decided poll by poll, seven named ports fell back to all ten.
+    gone = [r for r in _dgx() if not (isinstance(r, NicRecord) and r.device == "mlx5_3" and r.ts >= T0 + 600)]
+    low = [a for a in run_ports(gone)[0] if a.rule == "network_active_ports_low"]
+    assert [(a.state, a.ts - T0) for a in low] == [("firing", 840.0)] and low[0].evidence["active_ports"] == 7
     # Fewer ports with their GPUs named than the model needs (a producer without --pci-map for
     # some): every port counts, as before.
     partial = [a for a in run_ports(_dgx(rate=200.0, mapped=4))[0] if a.rule == "network_active_ports_low"]
