@@ -9,8 +9,10 @@ import math
 import os
 import re
 import resource
+import stat
 import sys
 import zlib
+from collections import deque
 from itertools import chain
 from pathlib import Path
 from typing import IO, Callable, Iterable, Iterator, cast
@@ -192,10 +194,13 @@ def read_files(paths: Iterable[str | Path], problems: list[str]) -> Iterator[Mes
 # A record's event time as our producers and the schema write it: a number under a "ts" key
 # (docs/architecture.md §3). Only a sort key: the decoder still reads the record whole.
 _TS_KEY = re.compile(rb'"ts"\s*:\s*(-?[0-9]+(?:\.[0-9]*)?(?:[eE][-+]?[0-9]+)?)')
-#: How far a line's time may jump from its neighbours' before it is taken for a stray (a clock
-#: set wrong for one sample) rather than where the file now is: see ``_keyed``.
+#: How far a sample's time may jump from the file's before it is taken for a stray (a clock set
+#: wrong for a while) rather than where the file now is: see ``_keyed``.
 MERGE_JUMP_S = 600.0
+_LOOKAHEAD_RUNS = 8  # samples read ahead of the one keyed, to see whether the file comes back
+_LOOKAHEAD_LINES = 4096  # and at most this many lines: a whole fleet's second is one sample
 _SPARE_FDS = 64  # descriptors left for everything else the process opens (outputs, sockets)
+MAX_MERGED_FILES = 1024  # files open at once: each holds its read buffers (~150 KB)
 
 
 def _line_ts(line: bytes) -> float | None:
@@ -206,37 +211,67 @@ def _line_ts(line: bytes) -> float | None:
     return ts if math.isfinite(ts) else None
 
 
+def _runs(messages: Iterator[Message]) -> Iterator[tuple[float | None, list[Message]]]:
+    """Consecutive lines of one time as one sample (a host's GPUs one record a line); a line
+    without a time belongs with the one before it (None: lines before any time)."""
+    ts_run: float | None = None
+    run: list[Message] = []
+    for m in messages:
+        ts = _line_ts(m.value)
+        if ts is not None and ts != ts_run:
+            if run:
+                yield ts_run, run
+            ts_run, run = ts, []
+        run.append(m)
+    if run:
+        yield ts_run, run
+
+
 def _keyed(messages: Iterator[Message]) -> Iterator[tuple[float, Message]]:
-    """Each message of one file with a sort key that never goes back: its time; for a line
-    without one or behind the file's time, the time the file had reached; for a stray, a time
-    more than ``MERGE_JUMP_S`` from both the line before and the line after it while those two
-    agree (a clock set wrong for one sample), also the time the file had reached. A stray keyed at
-    its own time would hold back the rest of its file until every other file had passed it (a
-    year-2100 stamp would make the file's every later record late). A jump the next line goes
-    along with is where the file now is (a host back after an outage; kernel-log events hours
-    apart). The first line keys at the earlier of its time and the next line's, for the same
-    reason."""
+    """Each message of one file with a sort key that never goes back: its sample's time, or, for a
+    sample behind the file's time or a stray, the time the file had reached. A stray is a sample
+    more than ``MERGE_JUMP_S`` from the file's time that one of the next few samples comes back
+    from (a clock set wrong for a while): keyed at its own time it would hold back the rest of
+    its file until every other file had passed it (a year-2100 stamp made the file's every later
+    record late). A jump the following samples go along with is where the file now is (a host
+    back after an outage; kernel-log events hours apart). The first sample is a stray when the
+    two after it agree with each other and not with it."""
+    runs = _runs(messages)
+    ahead: deque[tuple[float | None, list[Message]]] = deque()
+    held = 0  # lines in ``ahead``
     prev: float | None = None
-    nxt = next(messages, None)
-    nts = None if nxt is None else _line_ts(nxt.value)
-    while nxt is not None:
-        msg, ts = nxt, nts
-        nxt = next(messages, None)
-        nts = None if nxt is None else _line_ts(nxt.value)
-        if ts is not None and nts is not None:
+    while True:
+        while len(ahead) <= _LOOKAHEAD_RUNS and held < _LOOKAHEAD_LINES:
+            run = next(runs, None)
+            if run is None:
+                break
+            ahead.append(run)
+            held += len(run[1])
+        if not ahead:
+            return
+        ts, msgs = ahead.popleft()
+        held -= len(msgs)
+        key = ts
+        if ts is not None:
+            nexts = [t for t, _ in ahead if t is not None]
             if prev is None:
-                ts = min(ts, nts)
-            elif abs(nts - prev) <= MERGE_JUMP_S < min(abs(ts - prev), abs(ts - nts)):
-                ts = prev
-        if ts is not None and prev is not None and ts < prev:
-            ts = prev
-        key = prev if ts is None else ts
+                if len(nexts) >= 2 and abs(nexts[0] - nexts[1]) <= MERGE_JUMP_S < abs(ts - nexts[0]):
+                    key = min(ts, nexts[0])
+            elif abs(ts - prev) > MERGE_JUMP_S and any(abs(t - prev) <= MERGE_JUMP_S for t in nexts):
+                key = prev
+            if prev is not None and key is not None and key < prev:
+                key = prev
+        else:
+            key = prev
         prev = key
-        yield (-math.inf if key is None else key), msg
+        k = -math.inf if key is None else key
+        for m in msgs:
+            yield k, m
 
 
-def _open_files_allowed() -> int:
-    """How many files may be open at once: the soft limit, raised to the hard one if it can be."""
+def merge_group_size() -> int:
+    """How many files ``read_merged`` merges at once: the open-file limit (its soft limit raised to
+    the hard one if it can be), less what the process needs beside, at most ``MAX_MERGED_FILES``."""
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft != resource.RLIM_INFINITY and (hard == resource.RLIM_INFINITY or hard > soft):
         try:
@@ -244,7 +279,34 @@ def _open_files_allowed() -> int:
             soft = hard
         except (ValueError, OSError):
             pass
-    return 1 << 20 if soft == resource.RLIM_INFINITY else max(1, soft - _SPARE_FDS)
+    allowed = MAX_MERGED_FILES if soft == resource.RLIM_INFINITY else soft - _SPARE_FDS
+    return max(1, min(MAX_MERGED_FILES, allowed))
+
+
+def _once(paths: list[str | Path]) -> list[str | Path]:
+    """``paths`` less a second naming of standard input or of one pipe (FIFO, process
+    substitution): its bytes would be shared out between two readers, each getting lines cut in
+    two. Named twice, it is read once (a warning says so); a regular file named twice is read twice."""
+    seen: set[object] = set()
+    out: list[str | Path] = []
+    for p in paths:
+        ident: object = None
+        if str(p) == "-":
+            ident = "-"
+        else:
+            try:
+                st = os.stat(p)
+            except OSError:
+                st = None  # read_files names what is wrong with it
+            if st is not None and not stat.S_ISREG(st.st_mode):
+                ident = (st.st_dev, st.st_ino)
+        if ident is not None and ident in seen:
+            log.warning("%s: named twice; a pipe can be read only once, so it is read once", p)
+            continue
+        if ident is not None:
+            seen.add(ident)
+        out.append(p)
+    return out
 
 
 def read_merged(paths: Iterable[str | Path], problems: list[str]) -> Iterator[Message]:
@@ -254,9 +316,9 @@ def read_merged(paths: Iterable[str | Path], problems: list[str]) -> Iterator[Me
 
     Each file's own order is kept (a file that goes back in time by itself is not re-sorted);
     records of the same time come in the order the files were given. What problems stop a file
-    are told as ``read_files`` tells them. Every file is open at once; past the process's limit
-    on open files (raised to its hard limit first) the files are merged in groups, one group after
-    another, with a warning naming how many.
+    are told as ``read_files`` tells them; standard input or a pipe named twice is read once.
+    The files of a group are open at once; past ``merge_group_size()`` files (the open-file limit,
+    at most ``MAX_MERGED_FILES``) the groups are merged one after another, with a warning.
 
     >>> import json, os, shutil, tempfile
     >>> d = tempfile.mkdtemp()
@@ -268,15 +330,15 @@ def read_merged(paths: Iterable[str | Path], problems: list[str]) -> Iterator[Me
     [(0, 'a.jsonl:1'), (5, 'b.jsonl:1'), (10, 'a.jsonl:2'), (15, 'b.jsonl:2'), (20, 'a.jsonl:3')]
     >>> shutil.rmtree(d)
     """
-    paths = list(paths)
+    paths = _once(list(paths))
     if len(paths) <= 1:
         yield from read_files(paths, problems)
         return
-    group = _open_files_allowed()
+    group = merge_group_size()
     if len(paths) > group:
         log.warning(
-            "%d recordings, more than the %d this process may open at once: merged in groups of %d, "
-            "one group after another (records of a later group that overlap an earlier one are late)",
+            "%d recordings, more than the %d merged at once: merged in groups of %d, one group after "
+            "another (records of a later group that overlap an earlier one are late)",
             len(paths),
             group,
             group,

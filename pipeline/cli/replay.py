@@ -9,6 +9,7 @@ import time
 from typing import Any
 
 from pipeline import progress
+from pipeline.bus.files import merge_group_size
 from pipeline.cli.args import models_file, positive_int
 from pipeline.errors import EXIT_INPUT, InputError
 from pipeline.resources import rules_dir
@@ -130,12 +131,19 @@ def _cmd_replay(args: argparse.Namespace) -> int:
     later = {f: n for f, n in res.late_by_file.items() if f in args.files} if len(args.files) > 1 else {}
     if later:
         # The files are merged by their records' times (bus.files.read_merged), so what is late
-        # went back in time within its own file (docs/architecture.md, "Time").
+        # went back in time within its own file (docs/architecture.md, "Time"), or, past the
+        # files merged at once, its group came after one it overlaps.
+        group = merge_group_size()
+        why = (
+            f"the files are merged by their records' times in groups of {group}, one group after "
+            "another, so these overlap an earlier group or go back in time within their own file"
+            if len(args.files) > group
+            else "the files are merged by their records' times, so these go back in time within their own file"
+        )
         console.print(
             "note: records of "
             + ", ".join(f"{f} ({n:,})" for f, n in sorted(later.items()))
-            + " were late (older than the time the engine had reached); the files are merged by "
-            "their records' times, so these go back in time within their own file",
+            + f" were late (older than the time the engine had reached); {why}",
             highlight=False,
             markup=False,
         )

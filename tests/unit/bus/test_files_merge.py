@@ -90,12 +90,13 @@ def test_lines_without_a_time_stay_beside_their_neighbours(tmp_path):
 
 
 def test_past_the_open_file_limit_files_merge_in_groups_and_lose_nothing(tmp_path, monkeypatch, caplog):
-    monkeypatch.setattr(files, "_open_files_allowed", lambda: 2)
+    monkeypatch.setattr(files, "merge_group_size", lambda: 2)
     paths = [_write(tmp_path / f"f{k}.jsonl", [float(k), float(k + 10)], str(k)) for k in range(3)]
     with caplog.at_level(logging.WARNING, logger="pipeline.bus.files"):
         out = _read(paths)
     assert out == [("0", 0), ("1", 0), ("0", 1), ("1", 1), ("2", 0), ("2", 1)]
     assert "merged in groups of 2" in caplog.text
+    assert files.MAX_MERGED_FILES <= 1024  # each open file holds its read buffers
 
 
 def test_an_unreadable_file_is_named_and_the_others_still_merge(tmp_path):
@@ -129,3 +130,71 @@ def test_per_host_recordings_of_the_same_hours_replay_as_one_recording(tmp_path)
     assert merged == alerts([whole], "whole")[0] and n == len(recs)
     assert any(a[1] == "n1" and a[2] == 1 and a[3] == "firing" for a in merged)
     assert not (tmp_path / "merged.dlq").read_text()
+
+
+def test_a_stray_sample_of_many_lines_does_not_hold_back_its_file(tmp_path):
+    # One record a line: a host's 8 GPUs at one stray time agree with each other, so lines
+    # compared one by one took the sample for where the file now was (a reviewer's find).
+    a_times: list[float | None] = []
+    for t in range(0, 100, 10):
+        a_times += [4102444800.0 if t == 30 else float(t)] * 8
+    a = _write(tmp_path / "a.jsonl", a_times, "a")
+    b = _write(tmp_path / "b.jsonl", [float(t) for t in range(5, 100, 10)], "b")
+    out = _read([a, b])
+    assert out.index(("a", 32)) < out.index(("b", 4)), out  # a's t=40 before b's t=45
+    assert out[-1] == ("b", 9)
+
+
+def test_a_clock_wrong_for_a_few_samples_does_not_hold_back_its_file(tmp_path):
+    a_times = [float(t) for t in range(0, 200, 10)]
+    a_times[5:8] = [4102444800.0, 4102444810.0, 4102444820.0]  # three samples, then back
+    a = _write(tmp_path / "a.jsonl", a_times, "a")
+    b = _write(tmp_path / "b.jsonl", [float(t) for t in range(5, 200, 10)], "b")
+    out = _read([a, b])
+    assert out.index(("a", 10)) < out.index(("b", 10)), out  # a's t=100 before b's t=105
+
+
+def test_a_first_sample_followed_by_a_stray_is_keyed_at_its_own_time(tmp_path):
+    # A clock reset at boot: the second line says 1970. Keyed at the earlier of the first two,
+    # the first line came before every other file's records (300 of them late in replay).
+    a = _write(tmp_path / "a.jsonl", [600.0, 0.0, 601.0, 602.0], "a")
+    b = _write(tmp_path / "b.jsonl", [float(t) for t in range(0, 1200, 100)], "b")
+    out = _read([a, b])
+    assert out.index(("b", 5)) < out.index(("a", 0)) < out.index(("b", 7)), out  # at 600, not at 0
+
+
+def test_a_stray_first_sample_is_keyed_where_the_file_goes_on(tmp_path):
+    a = _write(tmp_path / "a.jsonl", [4102444800.0, 100.0, 110.0, 120.0], "a")
+    b = _write(tmp_path / "b.jsonl", [float(t) for t in range(0, 200, 50)], "b")
+    assert _read([a, b]) == [("b", 0), ("b", 1), ("a", 0), ("a", 1), ("b", 2), ("a", 2), ("a", 3), ("b", 3)]
+
+
+def test_standard_input_named_twice_is_read_once(tmp_path, monkeypatch, caplog):
+    # Two readers of one pipe each got part of it, lines cut in two (52 malformed_json).
+    import io
+    import sys
+
+    data = "".join(json.dumps({"kind": "dcgm", "ts": float(t), "tag": "s", "i": t}) + "\n" for t in range(2000))
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(data.encode())))
+    other = _write(tmp_path / "a.jsonl", [0.5, 1000.5], "a")
+    with caplog.at_level(logging.WARNING, logger="pipeline.bus.files"):
+        out = _read(["-", other, "-"])
+    assert [i for tag, i in out if tag == "s"] == list(range(2000))
+    assert "named twice" in caplog.text
+
+
+def test_the_late_note_says_when_files_were_merged_in_groups(tmp_path, monkeypatch, capsys):
+    from pipeline.cli import main
+
+    monkeypatch.setattr(files, "merge_group_size", lambda: 2)
+    monkeypatch.setattr("pipeline.cli.replay.merge_group_size", lambda: 2)
+    recs = fleet(range(600), hosts=3, gpus=1)
+    hosts = sorted({r.host for r in recs})
+    paths = []
+    for h in hosts:
+        p = tmp_path / f"{h}.jsonl"
+        p.write_bytes(b"".join(encode(r) + b"\n" for r in recs if r.host == h))
+        paths.append(str(p))
+    assert main(["replay", *paths, "--models", "none"]) == 0
+    err = capsys.readouterr().err
+    assert f"records of {paths[2]} (" in err and "in groups of 2" in err
