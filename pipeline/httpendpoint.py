@@ -144,9 +144,7 @@ class _Handler(WSGIRequestHandler):
             self.send_error(431)
             return
         if self.request_version == "HTTP/0.9":
-            # A one-line request: its answer would be a body without a status or headers (no
-            # content type, no nosniff). Refused with both, which no HTTP/1 client ever needs.
-            self.request_version = "HTTP/1.0"
+            # A request line without a version: refused (send_error answers with headers).
             self.send_error(400, "HTTP/0.9 requests are not served")
             return
         # Evicted while sending it: the end of its input ended its headers, and the request it
@@ -164,6 +162,10 @@ class _Handler(WSGIRequestHandler):
         """``BaseHTTPRequestHandler.send_error`` (a request too long or not HTTP: an HTML page
         that echoes it, escaped), with ``nosniff`` as every other answer has."""
         self._nosniff = True
+        if getattr(self, "request_version", None) == "HTTP/0.9":
+            # http.server answers HTTP/0.9 with the body alone: no status, content type or nosniff
+            # (a HEAD or POST without a version, one past the header budget, took that path).
+            self.request_version = "HTTP/1.0"
         super().send_error(code, message, explain)
 
     def end_headers(self) -> None:

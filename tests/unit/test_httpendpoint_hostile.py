@@ -163,11 +163,17 @@ def test_a_connection_evicted_mid_request_is_not_answered_and_frees_its_slot_at_
         ep.stop()
 
 
-@pytest.mark.parametrize("path", [b"/healthz", b"/metrics"])
-def test_a_one_line_http_0_9_request_is_refused_with_a_status_and_headers(endpoint, path):
+@pytest.mark.parametrize("request_line", [b"GET /healthz", b"GET /metrics", b"HEAD /healthz", b"POST /x"])
+def test_a_one_line_http_0_9_request_is_refused_with_a_status_and_headers(endpoint, request_line):
     # "GET /healthz" with no version is HTTP/0.9, whose answer was the body alone: no status, no content
-    # type, no nosniff.
-    head, body = raw(endpoint, b"GET " + path + b"\r\n\r\n")
+    # type, no nosniff (for any method: http.server's own refusal of a HEAD took that path too).
+    head, body = raw(endpoint, request_line + b"\r\n\r\n")
     assert head.startswith(b"HTTP/1.0 400 "), head
     assert b"\r\nX-Content-Type-Options: nosniff" in head and b"\r\nContent-Type: text/html" in head, head
     assert b"HTTP/0.9" in body
+
+
+def test_an_http_0_9_request_past_the_header_budget_is_refused_with_headers(endpoint):
+    big = b"".join(b"X-Pad-%d: " % i + b"a" * 60_000 + b"\r\n" for i in range(2))
+    head, _ = raw(endpoint, b"GET /healthz\r\n" + big + b"\r\n")
+    assert head == b"" or (head.startswith(b"HTTP/1.0 4") and b"nosniff" in head), head
