@@ -17,6 +17,7 @@ import numpy as np
 from pipeline.deadletters import Origins
 from pipeline.engine.arrays import from_dict, like, to_dict
 from pipeline.engine.config import EngineConfig
+from pipeline.errors import StateError
 from pipeline.numeric import grow
 
 
@@ -71,13 +72,17 @@ class HostClock:
     # Each host's sampling interval (its latest step forward in event time): a host sampled
     # every 30 s is not gone 30 s after its last sample.
     step = PerHost(math.nan, "host_step")
-    # The shortest step a host has sampled at, forgotten by STEP_RECOVERY a step: how far it
-    # is trusted not to sample again (whole_bound), so that missed samples do not stretch
-    # the promise and a host that samples more slowly for good is trusted so in time.
+    # The shortest step a host has sampled at, forgotten by STEP_RECOVERY a step: a longer
+    # step takes its place once it has grown past that one, so that missed samples do not
+    # stretch the promise and a host that samples more slowly for good is trusted so in time.
     min_step = PerHost(math.nan, "host_min_step", absent_as="step")
-    # How far a host's steps stray from whole multiples of its shortest step (a running
-    # maximum that fades by JITTER_FADE a step), and over how many steps it was measured:
-    # the margin the release rule gives a host for jitter (whole_bound).
+    # The step that set ``min_step`` last, as the host sampled it, not grown: how far it is
+    # trusted not to sample again (whole_bound), and what its jitter is measured from. After
+    # a missed sample ``min_step`` has grown by 1 %, more than a steady clock's 0.5 % margin.
+    trusted_step = PerHost(math.nan, "host_trusted_step", absent_as="min_step")
+    # How far a host's steps stray from whole multiples of the shortest step it sampled at
+    # (``trusted_step``; a running maximum that fades by JITTER_FADE a step), and over how many
+    # steps it was measured: the margin the release rule gives a host for jitter (whole_bound).
     jitter = PerHost(math.nan, "host_jitter")
     jitter_n = PerHost(0.0, "host_jitter_n")
     # How far each host's rows have been processed so, ahead of ``released`` (-inf: not);
@@ -110,15 +115,22 @@ class HostClock:
     def hear(self, ts: np.ndarray, hosts: np.ndarray, n: int) -> None:
         """Records heard from ``hosts`` at ``ts`` (late ones included): marks, stream progress,
         sampling steps and jitter move."""
+        if np.isnan(ts).any():
+            # A time that is no number says nothing: the running max below carried it to every
+            # record after it in the batch, whose hosts then went unheard.
+            keep = ~np.isnan(ts)
+            ts, hosts = ts[keep], hosts[keep]
         # Stream progress at each record (a running max): the same whatever the batching.
         prior = self.hwm[:n]
         start = float(np.nanmax(prior)) if n and not np.isnan(prior).all() else -math.inf
         np.fmax.at(self.seen, hosts, np.maximum(np.maximum.accumulate(ts), start))
         # Before latest_steps moves the shortest step its deviations are measured from.
-        step_jitter(self.jitter, self.jitter_n, ts, hosts, self.hwm, self.min_step)
+        step_jitter(self.jitter, self.jitter_n, ts, hosts, self.hwm, self.trusted_step)
         # The step the release rule waits by (docs/architecture.md §4); absence scales with the
         # step of released samples instead (GpuState.host_step, see Engine._rows).
-        latest_steps(self.step, ts, hosts, self.hwm, self.config.max_lag, shortest=self.min_step)
+        latest_steps(
+            self.step, ts, hosts, self.hwm, self.config.max_lag, shortest=self.min_step, sampled=self.trusted_step
+        )
         np.fmax.at(self.hwm, hosts, ts)
         # ``jump`` is kept by screening record by record (its fast path runs only when no host
         # claims a jump): clearing it here for every host heard would make a claim depend on
@@ -232,8 +244,9 @@ class HostClock:
 
     def whole_bound(self, hwm: np.ndarray, active: np.ndarray, newest: float) -> np.ndarray:
         """How far each host is complete: its newest sample, or, for a host sending per-host
-        messages, every tick before its next sample is due (``hwm + min_step`` less
-        ``jitter_margin``), up to the tick of the fleet's newest sample (docs/architecture.md §4).
+        messages, every tick before its next sample is due (``hwm`` plus the shortest step it
+        sampled at, ``trusted_step`` where known, less ``jitter_margin``), up to the tick of the
+        fleet's newest sample (docs/architecture.md §4).
 
         >>> c = HostClock(EngineConfig(tick=1.0))
         >>> c.grow(1); c.whole[0] = True; c.min_step[0] = 1.0
@@ -245,12 +258,14 @@ class HostClock:
         if not whole.any():
             return hwm
         tick = self.config.tick
-        step = grow(self.min_step, n, np.nan)[:n]
+        # (fmin: never longer than min_step, which a clock built by hand may set alone.)
+        step = np.fmin(grow(self.min_step, n, np.nan)[:n], grow(self.trusted_step, n, np.nan)[:n])
         end = (np.floor(hwm / tick) + 1) * tick
         with np.errstate(invalid="ignore"):
             upto = np.floor((hwm + step - self.jitter_margin(step, n)) / tick) * tick
             whole &= upto >= end
-        ahead = np.maximum(end, np.minimum(upto, math.floor(newest / tick) * tick))
+        # (np.floor: a newest time of infinity is no integer, and math.floor raised on it.)
+        ahead = np.maximum(end, np.minimum(upto, np.floor(newest / tick) * tick))
         return np.where(whole, ahead, hwm)
 
     def jitter_margin(self, step: np.ndarray, n: int) -> np.ndarray:
@@ -284,7 +299,10 @@ class HostClock:
                 setattr(self, a.name, getattr(self, a.absent_as).copy())
             else:
                 setattr(self, a.name, a.new(n))
-        self.first_ts = data["first_ts"]
+        first = data["first_ts"]
+        if type(first) not in (int, float):  # (a bool is no time; None or text failed the next batch)
+            raise StateError(f"snapshot: first_ts is {type(first).__name__}, expected a number")
+        self.first_ts = float(first)
 
 
 STEP_RECOVERY = 1.01  # how fast a host's shortest step is forgotten, per step (HostClock.min_step)
@@ -300,11 +318,21 @@ def latest_steps(
     before: np.ndarray,
     cap: float,
     shortest: np.ndarray | None = None,
+    sampled: np.ndarray | None = None,
 ) -> None:
     """Each host's latest step forward in event time, record to record in its own order, into
     ``step`` (per host, in place); ``before``: each host's time before these records. Steps
     longer than ``cap`` count as ``cap``. ``shortest``: each host's shortest step, kept as a
-    running minimum that grows by ``STEP_RECOVERY`` a step (see ``HostClock.min_step``)."""
+    running minimum that grows by ``STEP_RECOVERY`` a step (see ``HostClock.min_step``);
+    ``sampled`` (with ``shortest``): the step that set it last, as the host sampled it, not
+    grown (``HostClock.trusted_step``).
+
+    >>> step, shortest, sampled = (np.full(1, np.nan) for _ in range(3))
+    >>> latest_steps(step, np.array([0.0, 30.0, 90.0]), np.zeros(3, np.int64), np.full(1, np.nan), 300.0,
+    ...              shortest=shortest, sampled=sampled)  # a missed sample: one step of 60 s
+    >>> float(step[0]), round(float(shortest[0]), 2), float(sampled[0])
+    (60.0, 30.3, 30.0)
+    """
     if not len(ts):
         return
     h, gap = _host_gaps(ts, hosts, before)
@@ -320,9 +348,15 @@ def latest_steps(
         # m_k = min(g_k, m_(k-1) * r) over a host's steps of the batch, in closed form: the
         # minimum over its steps j of g_j * r^(steps after j), and of the old m * r^(its steps).
         grown = g * STEP_RECOVERY ** np.minimum(after, _FORGOTTEN)
-        shortest[hs] = np.fmin(
-            shortest[hs] * STEP_RECOVERY ** np.minimum(count, _FORGOTTEN), np.minimum.reduceat(grown, starts)
-        )
+        old = shortest[hs] * STEP_RECOVERY ** np.minimum(count, _FORGOTTEN)
+        new = np.minimum.reduceat(grown, starts)
+        if sampled is not None:
+            # The step of the batch the new minimum came from (of equal ones, the shortest).
+            came = np.minimum.reduceat(np.where(grown == np.repeat(new, count), g, np.inf), starts)
+            with np.errstate(invalid="ignore"):
+                won = (new < old) | np.isnan(old)
+                sampled[hs] = np.where(won, came, np.where(new == old, np.fmin(sampled[hs], came), sampled[hs]))
+        shortest[hs] = np.fmin(old, new)
 
 
 def _host_gaps(ts: np.ndarray, hosts: np.ndarray, before: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -364,9 +398,9 @@ def step_jitter(
 ) -> None:
     """Each host's jitter into ``jitter`` and ``count`` (per host, in place): how far each of its
     steps forward in these records, in its own order, lies from the nearest whole multiple (one
-    to three) of ``ref``, its shortest step before them (a missed sample is two steps, not
-    jitter); a running maximum faded by ``JITTER_FADE`` a step. ``before``: each host's time
-    before these records. Hosts without a shortest step yet are not measured."""
+    to three) of ``ref``, the shortest step it sampled at before them (a missed sample is two
+    steps, not jitter); a running maximum faded by ``JITTER_FADE`` a step. ``before``: each
+    host's time before these records. Hosts without a shortest step yet are not measured."""
     if not len(ts):
         return
     h, gap = _host_gaps(ts, hosts, before)

@@ -12,8 +12,9 @@ from typing import Any
 
 import numpy as np
 
-from pipeline.engine.arrays import from_dict, to_dict
-from pipeline.engine.frame import NcclFrame
+from pipeline.engine.arrays import from_dict, like, numeric, to_dict
+from pipeline.engine.frame import NCCL_KEYS, NcclFrame
+from pipeline.errors import StateError
 from pipeline.rows import relayout
 
 
@@ -117,20 +118,43 @@ class Pending:
 
     @staticmethod
     def from_state(d: dict[str, Any]) -> "Pending":
-        """Rows of a snapshot (``to_state``); a bad array is a ``StateError``."""
-        ts, nts = from_dict(d["ts"]), from_dict(d["nccl_ts"])
+        """Rows of a snapshot (``to_state``); a bad array, or rows that do not line up (columns
+        of unequal length or width, ids that are no whole numbers), is a ``StateError`` here
+        rather than a crash at a later release.
+
+        >>> rows = Pending.from_state(Pending.empty((0, 4)).to_state())
+        >>> len(rows), rows.cols
+        (0, (0, 4))
+        >>> bad = Pending.empty((0, 4)).to_state() | {"host": to_dict(np.zeros(1, np.int32))}
+        >>> try:
+        ...     Pending.from_state(bad)
+        ... except StateError as e:
+        ...     print(e.message)
+        snapshot: pending rows of unequal length or width
+        """
+        one, two = np.zeros(0), np.zeros((0, 0))  # what the times and values must be
+        ts, nts = like(from_dict(d["ts"]), "pending ts", one), like(from_dict(d["nccl_ts"]), "pending nccl_ts", one)
+        host, gpu = _ids(from_dict(d["host"]), "pending host"), _ids(from_dict(d["gpu"]), "pending gpu")
+        values, cols = like(from_dict(d["values"]), "pending values", two), tuple(d["cols"])
+        if not all(type(c) is int for c in cols):
+            raise StateError("snapshot: pending columns are not catalog column numbers")
+        if not len(ts) == len(host) == len(gpu) == len(values) or values.shape[1] != len(cols):
+            raise StateError("snapshot: pending rows of unequal length or width")
         nccl = (
             None
             if d["nccl"] is None
             else NcclFrame.from_state({k: (v if k == "comm" else from_dict(v)) for k, v in d["nccl"].items()})
         )
-        return Pending(
-            ts,
-            from_dict(d["host"]),
-            from_dict(d["gpu"]),
-            from_dict(d["values"]),
-            tuple(d["cols"]),
-            nts,
-            nccl,
-            *span(ts, nts),
-        )
+        if nccl is not None and not all(
+            (len(v) == len(nts) if k == "comm" else np.ndim(v) == 1 and len(v) == len(nts))
+            for k, v in ((k, getattr(nccl, k)) for k in NCCL_KEYS)
+        ):
+            raise StateError("snapshot: pending NCCL columns of another length than their times")
+        return Pending(ts, host, gpu, values, cols, nts, nccl, *span(ts, nts))
+
+
+def _ids(a: np.ndarray, what: str) -> np.ndarray:
+    """``a`` if it holds ids: a 1-d array of whole numbers, none negative; else ``StateError``."""
+    if numeric(a, what).dtype.kind not in "iu" or (len(a) and a.min() < 0):
+        raise StateError(f"snapshot: {what} is {a.dtype}{list(a.shape)}, expected ids (whole numbers, none negative)")
+    return a
