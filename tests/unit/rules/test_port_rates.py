@@ -14,7 +14,7 @@ from pipeline.rules.ports import PortStage
 from tests.factories import T0
 from tests.unit.rules.factories import port_series, run_ports
 
-STEPS = [1.0, 10.0, 30.0]
+STEPS = [1.0, 5.0, 10.0, 30.0]
 
 
 def fired(alerts, rule):

@@ -269,25 +269,6 @@ def test_a_port_flapping_three_times_fires_once_at_any_sampling(step):
     assert len(_fired(alerts, "network_port_down")) == 3
 
 
-@pytest.mark.parametrize("step", [5.0])
-@pytest.mark.parametrize("counter, rule, over, under", [
-    ("port_rcv_errors", "network_rcv_errors", 25.0, 4.0),
-    ("link_error_recovery", "network_link_error_recovery", 12 / 60, 3 / 60),
-    ("symbol_error", "network_symbol_error_rate", 25.0, 4.0),
-    ("local_ack_timeout_err", "network_ack_timeouts", 3.0, 0.5),
-    ("roce_slow_restart", "network_roce_slow_restart", 25.0, 4.0),
-])  # fmt: skip
-def test_the_rates_at_5s_sampling(step, counter, rule, over, under):
-    # test_port_rates.py covers 1, 10 and 30 s; 5 s (a window of 1 s closed by each sample, one
-    # of 1 m by every twelfth) reads the same rate.
-    def climb(per_s):
-        return lambda t: {counter: 14 + int(per_s * (min(max(t, 600.0), 1200.0) - 600.0))}
-
-    got = _fired(run_ports(port_series(2400, step=step, counters=climb(over)))[0], rule)
-    assert len(got) == 1 and 600.0 <= got[0].ts - T0 <= 600.0 + 2 * max(step, 60.0 if "recovery" in rule else 1.0)
-    assert _fired(run_ports(port_series(2400, step=step, counters=climb(under)))[0], rule) == []
-
-
 def test_irregular_gaps_read_the_rate_over_the_span_they_cover():
     # Samples at uneven gaps (1 to 47 s, a 10-minute hole): 8 port_rcv_errors a second all along
     # is under the bound of 10 however the spans fall; 20 a second is over it.
