@@ -25,33 +25,47 @@ GROUP_BY = ["host", "gpu"]
 
 
 def glob_regex(patterns: tuple[str, ...] | list[str]) -> str:
-    """Shell-style rule patterns as one RE2 alternation (Alertmanager anchors it).
+    """Shell-style rule patterns as one RE2 alternation (Alertmanager anchors it), matching what
+    ``fnmatch`` matches: a ``[`` with no set after it is itself (``[]`` and ``[!]`` too, as a
+    ``]`` right after ``[`` or ``[!`` is in the set), and every other character is literal (a ``-``
+    too: the loader allows none, so no range).
 
-    >>> glob_regex(["nvlink_*", "gpu_lost", "hbm_?x"])
-    'nvlink_.*|gpu_lost|hbm_.x'
+    >>> glob_regex(["nvlink_*", "gpu_lost", "hbm_?x", "[]a]"])
+    'nvlink_.*|gpu_lost|hbm_.x|[\\\\]a]'
     """
-    out = []
-    for p in patterns:
-        re_ = []
-        i = 0
-        while i < len(p):
-            c = p[i]
-            if c == "*":
-                re_.append(".*")
-            elif c == "?":
-                re_.append(".")
-            elif c == "[" and "]" in p[i + 1 :]:
-                end = p.index("]", i + 1)
-                body = p[i + 1 : end]
-                re_.append("[" + ("^" + body[1:] if body.startswith("!") else body) + "]")
-                i = end
-            elif c.isalnum() or c == "_":
-                re_.append(c)
-            else:
-                re_.append("\\" + c)
-            i += 1
-        out.append("".join(re_))
-    return "|".join(out)
+    return "|".join(_one_glob(p) for p in patterns)
+
+
+def _literal(c: str) -> str:
+    # Go's regexp takes a backslash before ASCII punctuation only (``\a`` is a bell, ``\é`` an error).
+    return "\\" + c if c.isascii() and not (c.isalnum() or c == "_") else c
+
+
+def _one_glob(p: str) -> str:
+    re_: list[str] = []
+    i, n = 0, len(p)
+    while i < n:
+        c = p[i]
+        i += 1
+        if c == "*":
+            re_.append(".*")
+        elif c == "?":
+            re_.append(".")
+        elif c == "[":
+            j = i + 1 if i < n and p[i] == "!" else i
+            j = j + 1 if j < n and p[j] == "]" else j
+            while j < n and p[j] != "]":
+                j += 1
+            if j >= n:  # no set: a literal "["
+                re_.append("\\[")
+                continue
+            body = p[i:j]
+            neg = body.startswith("!")
+            re_.append("[" + ("^" if neg else "") + "".join(map(_literal, body[neg:])) + "]")
+            i = j + 1
+        else:
+            re_.append(_literal(c))
+    return "".join(re_)
 
 
 def _quoted(name: str, op: str, value: str) -> str:

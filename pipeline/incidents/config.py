@@ -47,7 +47,10 @@ MAX_ENTRIES = 200  # causality entries, policies, patterns in one list
 _SAFE_TAGS = {f"tag:yaml.org,2002:{t}" for t in ("str", "int", "float", "bool", "null", "map", "seq")}
 _NAME = re.compile(r"[a-z][a-z0-9_]{0,63}")
 _PATTERN = re.compile(r"[a-z0-9_*?\[\]]{1,64}")
+# A number YAML reads other than as decimal digits: octal 010, sexagesimal 1:30, 0x10, 1_000.
+_NOT_DECIMAL = re.compile(r"[:_xXoObB]|^[-+]?0[0-9]")
 
+_POLICY_NARROWS = {"xid": ("xids", "rules"), "alerts": ("rules",), "incidents": ()}  # what each count reads
 SEVERITIES = ("info", "warning", "critical")
 REACHES = ("gpu", "host", "comm")
 COUNTS = ("xid", "alerts", "incidents")
@@ -87,6 +90,30 @@ def _matches(patterns: tuple[str, ...], rule: str) -> bool:
     return any(fnmatch.fnmatchcase(rule, p) for p in patterns)
 
 
+_GLOB_CACHE = 4096  # rule names one matcher remembers (a deployment has a few hundred rules)
+
+
+class _Globs:
+    """Shell-style patterns as one regex, with what each rule name asked of it remembered: the
+    stage asks every causality entry about every rule of an incident near an alert, for every
+    alert, and a file may hold 200 entries of a hundred patterns each."""
+
+    __slots__ = ("_rx", "_seen")
+
+    def __init__(self, patterns: tuple[str, ...]) -> None:
+        self._rx = re.compile("|".join(map(fnmatch.translate, patterns))) if patterns else None
+        self._seen: dict[str, bool] = {}
+
+    def __call__(self, rule: str) -> bool:
+        hit = self._seen.get(rule)
+        if hit is None:
+            hit = self._rx is not None and self._rx.match(rule) is not None
+            if len(self._seen) >= _GLOB_CACHE:
+                self._seen.clear()
+            self._seen[rule] = hit
+        return hit
+
+
 @dataclass(frozen=True)
 class Cause:
     """Alerts of the ``cause`` rules explain alerts of the ``explains`` rules within ``reach``."""
@@ -95,6 +122,12 @@ class Cause:
     cause: tuple[str, ...]
     explains: tuple[str, ...]
     reach: str  # gpu: the same GPU; host: its host; comm: its host and communicators its alerts name
+    _cause_m: _Globs = field(init=False, repr=False, compare=False, hash=False)
+    _explains_m: _Globs = field(init=False, repr=False, compare=False, hash=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_cause_m", _Globs(self.cause))
+        object.__setattr__(self, "_explains_m", _Globs(self.explains))
 
     def links(self, root_rules: Any, rule: str) -> bool:
         """Whether an incident holding ``root_rules`` explains an alert of ``rule``."""
@@ -102,11 +135,11 @@ class Cause:
 
     def explains_rule(self, rule: str) -> bool:
         """Whether this entry explains an alert of ``rule`` (given an incident that causes it)."""
-        return _matches(self.explains, rule)
+        return self._explains_m(rule)
 
     def caused_by(self, rules: Any) -> bool:
         """Whether an incident holding ``rules`` is a cause of this entry."""
-        return any(_matches(self.cause, r) for r in rules)
+        return any(map(self._cause_m, rules))
 
 
 @dataclass(frozen=True)
@@ -242,6 +275,9 @@ class _Reader:
         """Seconds; ``positive``: above 0 (a count within 0 s never reaches 2)."""
         value = self.scalar(node)
         try:
+            if isinstance(value, (int, float)) and not isinstance(value, bool) and _NOT_DECIMAL.search(node.value):
+                # YAML 1.1 reads 010 as 8, 1:30 as 90 (is it 1h30m?), 0x10 as 16: not what a reviewer reads
+                raise ValueError(f"{node.value!r} is not a duration (use e.g. 90s, 1m30s, 1h30m)")
             if isinstance(value, (str, int, float)) and not isinstance(value, bool):
                 secs = parse_duration(value)
                 if positive and secs <= 0:
@@ -346,6 +382,11 @@ def _cause(r: _Reader, node: Any, i: int) -> Cause | None:
     cause = r.patterns(got["cause"][1], f"{what}: cause")
     explains = r.patterns(got["explains"][1], f"{what}: explains")
     reach = r.choice(got["reach"][1], f"{what}: reach", REACHES) if "reach" in got else "host"
+    empty = [k for k, pats in (("cause", cause), ("explains", explains)) if pats == ()]
+    for key in empty:  # an entry that can never link anything, nor inhibit anything in Alertmanager
+        r.err(got[key][1], f"{what}: {key} needs at least one rule or pattern", BAD_VALUE)
+    if empty:
+        return None
     if name is None or cause is None or explains is None or reach is None:
         return None
     return Cause(name, cause, explains, reach)
@@ -366,11 +407,16 @@ def _policy(r: _Reader, node: Any, i: int, ladder: tuple[str, ...]) -> Policy | 
     xids = r.xids(got["xids"][1], f"{what}: xids") if "xids" in got else frozenset()
     rules = r.patterns(got["rules"][1], f"{what}: rules") if "rules" in got else ()
     reason = r.scalar(got["reason"][1]) if "reason" in got else ""
-    if count == "xid" and not xids:
+    if count == "xid" and xids == frozenset():  # None: a bad list, already reported
         r.err(node, f"{what}: count xid needs the xids it counts", MISSING_KEY)
         return None
-    if count == "alerts" and not rules:
+    if count == "alerts" and rules == ():
         r.err(node, f"{what}: count alerts needs the rules it counts", MISSING_KEY)
+        return None
+    unused = [k for k in ("xids", "rules") if k in got and count is not None and k not in _POLICY_NARROWS[count]]
+    for k in unused:  # it would be read as narrowing what is counted, and narrow nothing
+        r.err(got[k][0], f"{what}: count {count} does not use {k}", BAD_VALUE)
+    if unused:
         return None
     if count == "xid" and per == "host" or count == "incidents" and per == "gpu":
         r.err(got["per"][1], f"{what}: {count} are counted per {'gpu' if count == 'xid' else 'host'}", BAD_VALUE)
@@ -506,6 +552,10 @@ def parse_config(text: str, path: str = "<incidents>") -> tuple[IncidentConfig |
 def load_config(path: str | Path) -> tuple[IncidentConfig | None, list[Diagnostic]]:
     """Read and check an incidents file (see ``parse_config``); an unreadable file is a diagnostic."""
     p = Path(path)
+    if p.is_fifo() or p.is_socket():  # opening a FIFO waits for a writer: the driver would hang
+        return None, [
+            Diagnostic(str(p), 1, 1, "cannot read the file: not a regular file (a FIFO or socket)", UNREADABLE)
+        ]
     try:  # no more than the limit allows into memory (/dev/zero): the parser then says it is too large
         text = typedconfig.read_text(p, LIMITS)
     except ConfigError as e:
