@@ -443,7 +443,8 @@ class IncidentStage:
         n = self.history.note(key, ts, what, keep=p.threshold, window=p.window)
         if n < p.threshold or not self.history.escalate(key, ts, p.window):
             return
-        counted = {"xid": f"XID {xid}", "alerts": "link flaps", "incidents": "incidents"}[p.count]
+        # What was counted, by name: "link flaps" said of every rule's alerts misnamed all but NVLink's.
+        counted = {"xid": f"XID {xid}", "alerts": f"{'/'.join(p.rules)} alerts", "incidents": "incidents"}[p.count]
         where = "this GPU" if p.per == "gpu" else "this host"
         reason = f"policy {p.name}: {counted} {n} times in {_span(p.window)} on {where}"
         if p.reason:

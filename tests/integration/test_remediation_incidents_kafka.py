@@ -98,7 +98,7 @@ def test_incidents_from_kafka_drain_once_and_the_audit_names_them(kafka_bootstra
     acted = [r for r in recs if r["decision"] == "acted"]
     assert [(r["incident"], r["action"], r["incident_state"]) for r in acted] == [
         (first, "drain", "opened"), (first, "inspect", "updated")]
-    assert acted[1]["policy"] == "nvlink_flaps" and "link flaps 3 times" in acted[1]["escalation"]
+    assert acted[1]["policy"] == "nvlink_flaps" and "nvlink_recoveries alerts 3 times" in acted[1]["escalation"]
     reasons = sorted(r["reason"].partition(":")[0] for r in recs if r["decision"] == "skipped")
     assert reasons == ["covered", "covered", "duplicate", "incident_update", "incident_update", "incident_update",
                        "incident_update", "incident_update", "incident_update", "malformed_incident"]

@@ -108,7 +108,22 @@ def test_a_lemon_host_escalates_at_its_fifth_incident_in_seven_days() -> None:
 def test_link_flaps_escalate_at_the_third_recovery_in_an_hour() -> None:
     seq = [alert("nvlink_recoveries", t, gpu=1, id=f"r{t}") for t in (0, 900, 1800)]
     esc = [e for e in run(seq) if e.policy]
-    assert [e.policy for e in esc] == ["nvlink_flaps"] and "link flaps 3 times in 1h" in esc[0].reason
+    assert [e.policy for e in esc] == ["nvlink_flaps"] and "nvlink_recoveries alerts 3 times in 1h" in esc[0].reason
+
+
+def test_an_alerts_policy_names_the_rules_it_counted() -> None:
+    # Every count: alerts policy's reason said "link flaps", whatever rules it counted.
+    from pipeline.incidents.config import parse_config
+
+    cfg, diags = parse_config(
+        "policies:\n  - {name: sbe_again, count: alerts, rules: [hbm_sbe_burst], per: gpu, threshold: 2,"
+        " window: 1h, action: drain_node}\n"
+    )
+    assert cfg is not None, diags
+    seq = [alert("hbm_sbe_burst", t, gpu=2, id=f"s{t}") for t in (0, 600)]
+    esc = [e for e in run(seq, stage=IncidentStage(cfg)) if e.policy]
+    assert [e.policy for e in esc] == ["sbe_again"] and "hbm_sbe_burst alerts 2 times in 1h" in esc[0].reason
+    assert "link flaps" not in esc[0].reason
 
 
 def test_history_state_is_plain_data_and_round_trips() -> None:

@@ -64,7 +64,7 @@ def test_an_incident_of_five_alerts_drains_once_and_its_escalation_asks_for_insp
     assert _paths(srv) == ["/drain/n1", "/inspect/n1"]
     recs = [r for r in h.all if r.policy == "nvlink_flaps"]
     assert {r.action: r.decision for r in recs} == {"drain": "skipped", "inspect": "acted"}
-    assert all(r.incident == inc and "link flaps 3 times in 1h" in r.escalation for r in recs)
+    assert all(r.incident == inc and "nvlink_recoveries alerts 3 times in 1h" in r.escalation for r in recs)
     drain = next(r for r in recs if r.action == "drain")
     assert drain.reason.startswith(f"covered: host n1 was taken out by drain for incident {inc}")
 
