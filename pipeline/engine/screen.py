@@ -144,43 +144,107 @@ def screen_in_order(
     Each record is judged on the state the engine would have left had the records before it
     come one batch each: marks, stream progress and sampling steps are kept up to date here as
     ``HostClock.hear`` keeps them, on copies (the engine reads the state before the batch).
-    Only ``clock.jump`` is kept in place."""
+    Only ``clock.jump`` is kept in place.
+
+    The present is worked out only for a record that could be ahead of it: one past
+    ``in_order_floor`` (the lowest it can fall to while the stream's progress stays within the
+    bound that comes with it) by more than ``max_ahead``. A record nearer is kept or late
+    whatever the present is, and its reference time, when kept, is that floor: so a few hosts
+    claiming jumps cost their own records, not every record the fleet's size (a kept record's
+    reference time is read by nothing)."""
     cfg = clock.config
+    lateness, max_ahead, max_lag = cfg.allowed_lateness, cfg.max_ahead, cfg.max_lag
+    newest = clock.newest(n)
+    floor, bound = in_order_floor(clock, n, ts, hosts, claimed, first, newest)
     claimed = claimed.copy()
     hwm, seen, jump = clock.hwm[:n].copy(), clock.seen[:n].copy(), clock.jump
     step = clock.step[:n].copy()
-    wait = clock.wait(n)
+    # Python lists mirror the arrays for the record-by-record reads (a numpy scalar read costs
+    # several times a list's); the arrays are what the present is worked out from.
+    c_l, hwm_l, seen_l, jump_l = claimed.tolist(), hwm.tolist(), seen.tolist(), jump[:n].tolist()
+    wait: np.ndarray | None = clock.wait(n)
     why = np.zeros(len(ts), np.int8)
     ref = np.empty(len(ts))
-    newest = clock.newest(n)
     for i, (t, h) in enumerate(zip(ts.tolist(), hosts.tolist())):
-        # Aliveness as HostClock.alive has it (a host that went silent in the middle of this
-        # batch stops counting for the present); the sending host counts only if it did already.
-        with np.errstate(invalid="ignore"):
-            alive = (hwm >= newest - cfg.allowed_lateness) | (newest - seen <= wait)
-        now = present(claimed, alive)
-        start = math.isnan(now)  # no host yet: the batch's median judges what is ahead
-        ref[i] = now = first if start else now
-        if t > now + cfg.max_ahead:
+        if newest > bound or not t <= floor + max_ahead:
+            # Aliveness as HostClock.alive has it (a host that went silent in the middle of this
+            # batch stops counting for the present); the sending host counts only if it did already.
+            if wait is None:
+                wait = clock.wait(n, step)
+            with np.errstate(invalid="ignore"):
+                alive = (hwm >= newest - lateness) | (newest - seen <= wait)
+            now = present(claimed, alive)
+            start = math.isnan(now)  # no host yet: the batch's median judges what is ahead
+            ref[i] = now = first if start else now
+        else:
+            ref[i] = now = floor  # ahead of no present it can have: kept or late
+        if t > now + max_ahead:
             why[i] = AHEAD
-            jump[h] = t
-            claimed[h] = t if math.isnan(claimed[h]) else max(t, claimed[h])
+            jump[h] = jump_l[h] = t
+            c_l[h] = claimed[h] = t if math.isnan(c_l[h]) else max(t, c_l[h])
             continue  # a record refused as ahead says nothing of its host (see Engine.process)
-        if t < released or t < newest - cfg.max_lag:
+        if t < released or t < newest - max_lag:
             why[i] = LATE
             ref[i] = newest
         else:
-            jump[h] = np.nan
+            jump[h] = jump_l[h] = math.nan
         # Heard, late or not: as HostClock.hear has it, the host's mark, step and progress move.
-        if math.isnan(hwm[h]) or t > hwm[h]:
-            if not math.isnan(hwm[h]):
-                step[h] = min(t - hwm[h], cfg.max_lag)
-                wait = clock.wait(n, step)
-            hwm[h] = t
-        claimed[h] = hwm[h] if math.isnan(jump[h]) else max(hwm[h], jump[h])
+        m = hwm_l[h]
+        if math.isnan(m) or t > m:
+            if not math.isnan(m):
+                step[h] = min(t - m, max_lag)
+                wait = None  # worked out again when next needed
+            hwm[h] = hwm_l[h] = m = t
+        j = jump_l[h]
+        c_l[h] = claimed[h] = m if math.isnan(j) else max(m, j)
         newest = max(newest, t)
-        seen[h] = newest if math.isnan(seen[h]) else max(seen[h], newest)
+        s = seen_l[h]
+        seen[h] = seen_l[h] = newest if math.isnan(s) else max(s, newest)
     return why, ref
+
+
+def in_order_floor(
+    clock: HostClock, n: int, ts: np.ndarray, hosts: np.ndarray, claimed: np.ndarray, first: float, newest: float
+) -> tuple[float, float]:
+    """The lowest the present can fall to while ``screen_in_order`` judges this batch, and the
+    stream progress up to which that holds (-inf, -inf: no floor known).
+
+    The bound is the batch's newest time within ``max_ahead`` of the present now (a record
+    refused as ahead moves no progress). Up to it, a host alive now whose mark or progress is
+    within ``allowed_lateness`` of it stays alive (its wait is no shorter) and keeps a claim;
+    the others may come to count or stop, as in ``lowest_present``. No host's claim falls
+    below its mark, or, without one, below its jump or first time in the batch (a claim of a
+    jump is withdrawn by the host's next good record, which leaves its mark)."""
+    cfg = clock.config
+    alive = clock.alive(n)
+    now = present(claimed, alive)
+    with np.errstate(invalid="ignore"):
+        within = ts <= (first if math.isnan(now) else now) + cfg.max_ahead
+    bound = max(newest, float(ts[within].max())) if within.any() else newest
+    hwm, seen, jump = clock.hwm[:n], clock.seen[:n], clock.jump[:n]
+    sending = np.zeros(n, bool)
+    sending[hosts] = True
+    firsts = np.full(n, np.inf)
+    np.fmin.at(firsts, hosts, ts)
+    low = np.where(
+        np.isnan(jump),
+        np.where(np.isnan(claimed), firsts, claimed),
+        np.where(np.isnan(hwm), np.fmin(jump, firsts), hwm),
+    )
+    with np.errstate(invalid="ignore"):
+        sure = alive & ~np.isnan(hwm) & ((hwm >= bound - cfg.allowed_lateness) | (bound - seen <= cfg.allowed_lateness))
+    may = (alive | sending | np.isnan(clock.step[:n])) & ~sure & (low < np.inf)  # (-inf: no floor)
+    counted = np.sort(low[sure]).tolist()
+    for c in np.sort(low[may]).tolist():
+        if counted and c > counted[(len(counted) - 1) // 2]:
+            break  # this one and every one after it would only raise the median
+        bisect.insort(counted, c)
+    floor = counted[(len(counted) - 1) // 2] if counted else math.nan
+    if not sure.any():  # the fleet may fall silent: the batch's median judges then
+        floor = first if math.isnan(floor) else min(floor, first)
+    if not math.isfinite(floor):
+        return -math.inf, -math.inf
+    return floor, bound
 
 
 def screen_late(ts: np.ndarray, released: float) -> Verdict:
