@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from dataclasses import dataclass, field
 from typing import Any, Iterable, Sequence
 
 import numpy as np
@@ -28,6 +27,7 @@ from pipeline.engine.stage import StageBase
 from pipeline.recordchecks import MAX_COUNTER
 from pipeline.rules import portrates
 from pipeline.rules.nicalerts import NicAlerts, gpus_label, public
+from pipeline.rules.portstate import PortPast
 from pipeline.rules.portconfig import (
     AER_CHECKS,
     LOG_COUNTERS,
@@ -47,82 +47,6 @@ _ORDER = ("ts", "host", "device", "port")
 _STATE_CHECKS = ("port_down", "port_degraded")  # judged on the records that say the port's state
 # What a training log's record says of its NCCL errors (producers/nccl_ib.py), carried into the evidence.
 _NCCL_LABELS = ("peer", "peers", "status", "status_name", "opcode", "vendor_err", "direction", "event", "rank")
-
-
-@dataclass
-class _Port:
-    """What one port's past says: seen ACTIVE, ACTIVE at its last sample, gone down since,
-    its returns to ACTIVE and symbol errors within their windows, its counters' last values;
-    the rate checks' snapshots and verdicts, the windowed checks' increases, when it was last
-    polled and its last state; the checks' conditions at its last record (a check that reads a
-    counter stuck at its width's maximum holds its own), and the windows' running sums."""
-
-    seen_active: bool = False
-    up: bool | None = None
-    went_down: bool = False
-    flaps: deque = field(default_factory=deque)  # event times of returns to ACTIVE
-    errors: deque = field(default_factory=deque)  # (event time, symbol errors since the sample before)
-    prev: dict[str, int] = field(default_factory=dict)
-    gpus: list[int] = field(default_factory=list)
-    netdev: str | None = None
-    link_layer: str | None = None
-    peer: dict[str, str] = field(default_factory=dict)  # the link partner's labels (``peer``, ``peer_port``...)
-    rates: portrates.Rates = field(default_factory=dict)
-    sums: dict[str, deque] = field(default_factory=dict)  # windowed check -> (event time, increase)
-    last_polled: float = math.nan
-    state: int | None = None
-    phys_state: int | None = None
-    cond: dict[str, bool] = field(default_factory=dict)  # check -> its condition at the last record
-    saturated: list[str] = field(default_factory=list)  # counters at their width's maximum, as last read
-    errors_sum: int = 0  # sum of ``errors``' increases
-    sums_total: dict[str, int] = field(default_factory=dict)  # windowed check -> sum of its ``sums``
-
-    def to_state(self) -> dict[str, Any]:
-        return {
-            "seen": self.seen_active,
-            "up": -1 if self.up is None else int(self.up),
-            "down": self.went_down,
-            "flaps": list(self.flaps),
-            "errors": [list(e) for e in self.errors],
-            "prev": self.prev,
-            "gpus": self.gpus,
-            "netdev": self.netdev,
-            "ll": self.link_layer,
-            "peer": self.peer,
-            "rates": portrates.to_state(self.rates),
-            "sums": {k: [list(e) for e in v] for k, v in self.sums.items()},
-            "polled": None if math.isnan(self.last_polled) else self.last_polled,
-            "st": [self.state, self.phys_state],
-            "held": [k for k, v in self.cond.items() if v],
-            "sat": list(self.saturated),
-        }
-
-    @classmethod
-    def from_state(cls, d: dict[str, Any]) -> "_Port":
-        state, phys_state = (None if x is None else int(x) for x in d.get("st", [None, None]))
-        port = cls(
-            bool(d["seen"]),
-            None if d["up"] == -1 else bool(d["up"]),
-            bool(d["down"]),
-            deque(float(t) for t in d["flaps"]),
-            deque((float(t), int(n)) for t, n in d["errors"]),
-            {str(k): int(v) for k, v in d["prev"].items()},
-            [int(g) for g in d["gpus"]],
-            d["netdev"],
-            d["ll"],
-            {str(k): str(v) for k, v in d.get("peer", {}).items()},  # absent in a snapshot from before peers
-            portrates.from_state(d.get("rates", {})),
-            {str(k): deque((float(t), int(n)) for t, n in v) for k, v in d.get("sums", {}).items()},
-            math.nan if d.get("polled") is None else float(d["polled"]),
-            state,
-            phys_state,
-            # Both absent in a snapshot from before saturation: nothing held.
-            cond={str(k): True for k in d.get("held", [])},
-            saturated=[str(n) for n in d.get("sat", [])],
-        )
-        port.errors_sum = sum(n for _, n in port.errors)
-        port.sums_total = {k: sum(n for _, n in q) for k, q in port.sums.items()}
-        return port
 
 
 class PortStage(StageBase):
@@ -146,8 +70,8 @@ class PortStage(StageBase):
         self.checks: list[Any] = []  # none of the engine's lifecycles: the stage keeps its own
         self.columns: set[int] = set()
         self._checks: list[tuple[str, PortCheck]] = [(k, c) for k, c in config.enabled() if k not in AER_CHECKS]
-        self._book: NicAlerts[tuple[str, str, int], _Port] = NicAlerts(
-            "ports", "ports", "ports", self._checks, _Port, MAX_PENDING, _ORDER
+        self._book: NicAlerts[tuple[str, str, int], PortPast] = NicAlerts(
+            "ports", "ports", "ports", self._checks, PortPast, MAX_PENDING, _ORDER
         )
         # ``active_ports`` is judged per host (its own entity ids) against its GPUs' model;
         # ``port_lost`` at each poll of the port's host.
@@ -428,7 +352,7 @@ class PortStage(StageBase):
             out.append((t, self._alert(check, t, ev)))
         return out
 
-    def _sample(self, st: _Port, r: NicRecord) -> dict[str, Any]:
+    def _sample(self, st: PortPast, r: NicRecord) -> dict[str, Any]:
         """Fold one record into its port's past; the checks' conditions and the evidence."""
         cfg = self.config.checks
         counters = r.counters
@@ -572,7 +496,7 @@ class PortStage(StageBase):
     def to_state(self) -> dict[str, Any]:
         """Plain data: the ports, their pasts, the lifecycles, the held records (as JSON)."""
         return {
-            **self._book.to_state(_Port.to_state),
+            **self._book.to_state(PortPast.to_state),
             "hosts": list(self._hosts),
             "models": dict(self._models),
             "n_gpus": self._n_gpus,
@@ -583,7 +507,7 @@ class PortStage(StageBase):
         """Take back ``to_state``'s data (None: a snapshot from an engine without this stage)."""
         if state is None:
             return
-        hosts, models, n_gpus, polls = self._book.load_state(state, _key, _Port.from_state, _hosts_state)
+        hosts, models, n_gpus, polls = self._book.load_state(state, _key, PortPast.from_state, _hosts_state)
         self._hosts, self._models, self._n_gpus = hosts, models, n_gpus
         self._polls = polls
         self._host_ports = {}
