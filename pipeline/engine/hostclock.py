@@ -85,6 +85,10 @@ class HostClock:
     # steps it was measured: the margin the release rule gives a host for jitter (whole_bound).
     jitter = PerHost(math.nan, "host_jitter")
     jitter_n = PerHost(0.0, "host_jitter_n")
+    # How far a host's clock once leapt ahead of the stream's progress (at most max_ahead; 0:
+    # never): its times count that much less for the fleet's front (``front``), so that one
+    # clock stepping minutes ahead does not make every other host count as gone.
+    lead = PerHost(0.0, "host_lead")
     # How far each host's rows have been processed so, ahead of ``released`` (-inf: not);
     # see Engine._release_hosts.
     done = PerHost(-math.inf, "host_done")
@@ -123,7 +127,10 @@ class HostClock:
         # Stream progress at each record (a running max): the same whatever the batching.
         prior = self.hwm[:n]
         start = float(np.nanmax(prior)) if n and not np.isnan(prior).all() else -math.inf
-        np.fmax.at(self.seen, hosts, np.maximum(np.maximum.accumulate(ts), start))
+        progress = np.maximum(np.maximum.accumulate(ts), start)
+        np.fmax.at(self.seen, hosts, progress)
+        # Before latest_steps moves the steps a leap is measured against.
+        self._leaps(ts, hosts, progress, start)
         # Before latest_steps moves the shortest step its deviations are measured from.
         step_jitter(self.jitter, self.jitter_n, ts, hosts, self.hwm, self.trusted_step)
         # The step the release rule waits by (docs/architecture.md §4); absence scales with the
@@ -135,6 +142,45 @@ class HostClock:
         # ``jump`` is kept by screening record by record (its fast path runs only when no host
         # claims a jump): clearing it here for every host heard would make a claim depend on
         # whether its next record came in the same batch.
+
+    def _leaps(self, ts: np.ndarray, hosts: np.ndarray, progress: np.ndarray, start: float) -> None:
+        """Records that leapt ahead: further than ``allowed_lateness`` past the stream's progress
+        before them, in a step forward of their own host longer than ``allowed_lateness`` plus
+        its step before (a host's first record: any step). A host sampling slowly, or alone at
+        the front, walks its own steps and never leaps; a clock set minutes ahead does."""
+        before = np.empty_like(progress)
+        before[:1] = start
+        before[1:] = progress[:-1]
+        lateness = self.config.allowed_lateness
+        with np.errstate(invalid="ignore"):
+            cand = np.isfinite(before) & (ts - before > lateness)
+        if not cand.any():
+            return  # (the common case: no record is far ahead of the stream)
+        o = np.argsort(hosts, kind="stable")
+        h, t = hosts[o], ts[o]
+        first = np.ones(len(h), bool)
+        first[1:] = h[1:] != h[:-1]
+        prev = np.empty_like(t)
+        prev[1:] = t[:-1]
+        prev[first] = self.hwm[h[first]]
+        gap = t - prev
+        # Each record's host's latest step forward before it (as latest_steps keeps it).
+        with np.errstate(invalid="ignore"):
+            forward = gap > 0
+        idx = np.where(forward, np.arange(len(h)), -1)
+        last = np.maximum.accumulate(idx)  # latest forward step at or before each record
+        group = np.maximum.accumulate(np.where(first, np.arange(len(h)), 0))
+        upto = np.empty_like(last)
+        upto[0] = -1
+        upto[1:] = last[:-1]
+        upto[first] = -1
+        upto[upto < group] = -1
+        step_before = np.where(upto >= 0, np.minimum(gap[np.maximum(upto, 0)], self.config.max_lag), self.step[h])
+        with np.errstate(invalid="ignore"):
+            leapt = cand[o] & (np.isnan(gap) | (gap > lateness + np.nan_to_num(step_before)))
+        if leapt.any():
+            ahead = np.minimum((ts - before)[o][leapt], self.config.max_ahead)
+            np.fmax.at(self.lead, h[leapt], ahead)
 
     def arrived(self, now: float, hosts: np.ndarray) -> None:
         """Records of ``hosts`` arrived at wall clock ``now`` (a live consumer)."""
@@ -210,12 +256,13 @@ class HostClock:
         ):
             return released, None  # live start-up: let every partition deliver first
         newest, lateness = float(hwm[known].max()), cfg.allowed_lateness
+        front = self.front(n)
         seen = grow(self.seen, n, np.nan)[:n]
         wait = self.wait(n)
         with np.errstate(invalid="ignore"):
             # Near the front, or still sending (however far behind, up to max_lag).
-            active = known & ((hwm >= newest - lateness) | (newest - seen <= wait))
-            active &= hwm >= newest - cfg.max_lag
+            active = known & ((hwm >= front - lateness) | (front - seen <= wait))
+            active &= hwm >= front - cfg.max_lag
         if now is not None:
             arrival = grow(self.arrival, n, np.nan)[:n]
             heard = ~np.isnan(arrival)
@@ -241,6 +288,22 @@ class HostClock:
             # watermark, so wait out the allowed lateness before trusting the per-host marks.
             return max(released, min(wm, newest - hold)), None
         return max(released, wm), complete
+
+    def front(self, n: int) -> float:
+        """Where the fleet is, for judging which hosts are still sending: the newest time claimed,
+        each host's less how far its clock once leapt ahead (``lead``). Measured from the time
+        of one clock stepped minutes ahead (within ``max_ahead``, or its records are refused),
+        every other host would count as gone at once and their samples of those minutes would
+        be ``late``.
+
+        >>> c = HostClock(EngineConfig())
+        >>> c.grow(3)
+        >>> c.hear(np.array([100.0, 100.5, 101.0, 190.0]), np.array([0, 1, 2, 2]), 3)
+        >>> float(c.newest(3)), float(c.lead[2]), c.front(3)  # host 2's clock leapt 89 s
+        (190.0, 89.0, 101.0)
+        """
+        claims = self.hwm[:n] - self.lead[:n]
+        return float(np.nanmax(claims)) if n and not np.isnan(claims).all() else -math.inf
 
     def whole_bound(self, hwm: np.ndarray, active: np.ndarray, newest: float) -> np.ndarray:
         """How far each host is complete: its newest sample, or, for a host sending per-host

@@ -48,6 +48,7 @@ class RefHost:
     min_step: float = math.nan
     trusted: float = math.nan
     whole: bool = False
+    lead: float = 0.0
 
 
 @dataclass
@@ -65,6 +66,14 @@ class RefClock:
         if math.isnan(t):
             return  # a time that is no number says nothing
         host = self.hosts.setdefault(h, RefHost())
+        cfg = self.config
+        # A leap: further than allowed_lateness past the stream's progress, in a step of its
+        # own longer than allowed_lateness plus its step before (a first record: any step).
+        ahead, own = t - self.progress, t - host.hwm
+        before = 0.0 if math.isnan(host.step) else host.step
+        leapt = math.isnan(own) or own > cfg.allowed_lateness + before
+        if math.isfinite(self.progress) and ahead > cfg.allowed_lateness and leapt:
+            host.lead = max(host.lead, min(ahead, cfg.max_ahead))
         self.progress = max(self.progress, t)
         host.seen = self.progress if math.isnan(host.seen) else max(host.seen, self.progress)
         if not math.isnan(host.hwm) and t > host.hwm:
@@ -94,6 +103,9 @@ class RefClock:
         if not known:
             return released, None
         newest = max(x.hwm for x in known.values())
+        # Who is still sending is judged from the fleet's front: each host's newest time less
+        # how far its clock once leapt ahead of the stream.
+        front = max(x.hwm - x.lead for x in known.values())
         steps = [x.step for x in self.hosts.values() if not math.isnan(x.step)]
         fleet_step = max(steps) if steps else 0.0
 
@@ -103,9 +115,9 @@ class RefClock:
 
         complete = {}
         for h, x in known.items():
-            near = x.hwm >= newest - cfg.allowed_lateness
-            sending = newest - x.seen <= wait(x)
-            if not ((near or sending) and x.hwm >= newest - cfg.max_lag):
+            near = x.hwm >= front - cfg.allowed_lateness
+            sending = front - x.seen <= wait(x)
+            if not ((near or sending) and x.hwm >= front - cfg.max_lag):
                 continue
             done = x.hwm
             if x.whole and not math.isnan(x.trusted):
@@ -211,7 +223,8 @@ def test_the_marks_and_the_watermark_are_the_references_whatever_the_batching(ca
         for t, h in batch:
             ref.hear(t, h)
             ref.accept(t)
-        for name, got in (("hwm", clock.hwm), ("seen", clock.seen), ("step", clock.step)):
+        marks = (("hwm", clock.hwm), ("seen", clock.seen), ("step", clock.step), ("lead", clock.lead))
+        for name, got in marks:
             want = [getattr(ref.hosts[h], name) for h in range(n)]
             assert np.allclose(got[:n], want, rtol=1e-12, atol=0, equal_nan=True), name
         for name, got in (("min_step", clock.min_step), ("trusted", clock.trusted_step)):
@@ -376,13 +389,16 @@ class Host:
     skew: float  # how far its clock is off
     join: float
     vanish: float | None
+    leap: float = 0.0  # how far its clock steps ahead at ``leap_at`` (within max_ahead)
+    leap_at: float = math.inf
 
 
 @st.composite
 def fleets(draw):
     """A few hosts, each sampled every 1, 5, 10 or 30 s at a phase anywhere in the second (the
     first and last half percent included), from a steady or a jittery clock (up to 2 %), with
-    its own delay and skew, some joining mid-run, some vanishing; a tenth of the samples missed
+    its own delay and skew, some joining mid-run, some vanishing, some whose clock steps
+    45 or 150 s ahead; a tenth of the samples missed
     once the host has shown its step (a host's second sample missed as it joins is a question
     for the report, not this test). In arrival order; and a batching."""
     rnd = random.Random(draw(st.integers(0, 2**32 - 1)))
@@ -397,6 +413,7 @@ def fleets(draw):
             skew=draw(st.sampled_from([0.0, 0.0, -12.0, 7.0])),
             join=0.0 if k == 0 or rnd.random() < 0.6 else rnd.uniform(60, 300),
             vanish=None if k == 0 or rnd.random() < 0.7 else rnd.uniform(350, 450),
+            leap=draw(st.sampled_from([0.0, 0.0, 0.0, 45.0, 150.0])), leap_at=rnd.uniform(100, 500),
         ))
     end = 700.0
     sent = []
@@ -407,7 +424,7 @@ def fleets(draw):
                 missed = True
             else:
                 ts = t + rnd.uniform(-h.jitter, h.jitter) * h.step
-                sent.append((ts + h.lag, h.name, ts + h.skew))
+                sent.append((ts + h.lag, h.name, ts + h.skew + (h.leap if t >= h.leap_at else 0.0)))
                 missed = False
             i, t = i + 1, t + h.step
     sent.sort()
@@ -487,6 +504,34 @@ def test_one_clock_that_steps_costs_only_its_own_records_and_holds_the_others_a_
     worst = max(s - r for s, r in enumerate(released) if s > 60)
     assert worst <= stall
     assert released[-1] >= 899 - stall
+
+
+@pytest.mark.parametrize("ahead", [35.0, 45.0, 100.0, 299.0])
+@pytest.mark.parametrize("bad", ["h0", "h3"])
+def test_a_clock_stepping_minutes_ahead_costs_the_others_nothing(ahead, bad) -> None:
+    # One host's clock steps ahead by more than the others' wait and less than max_ahead, so
+    # its records are taken. Measured from its time the others used to count as gone at once,
+    # the release jumped to it and their samples of those seconds were late (4 hosts, 299 s:
+    # 1,794 records). Whether it comes first or last in each batch, nothing is lost now and
+    # the release keeps pace with the others.
+    eng, dead, released = _fleet_with(bad, lambda t: ahead if t >= 400 else 0.0)
+    assert dead == []
+    assert max(s - r for s, r in enumerate(released) if s > 60) <= 1.0
+    assert eng.clock.lead[eng.entities.host_id[bad]] == pytest.approx(ahead, abs=1.0)
+
+
+def test_the_last_host_sending_holds_the_release_no_longer_than_its_wait() -> None:
+    # The mirror image of a clock ahead: three of four hosts stop and one goes on alone at the
+    # front, walking its own steps. It leaps nowhere, so the others count as gone after their
+    # wait as before, and the release follows it.
+    eng = _engine()
+    released = []
+    for s in range(900):
+        names = ["h0"] if s >= 400 else ["h0", "h1", "h2", "h3"]
+        _feed(eng, [(h, _message(T0 + s + 0.1 * k, h)) for k, h in enumerate(names)])
+        released.append(eng.released - T0)
+    assert max(s - r for s, r in enumerate(released) if s > 60) <= 31.0
+    assert not eng.clock.lead.any()
 
 
 def test_a_clock_years_off_from_the_start_moves_nothing() -> None:
