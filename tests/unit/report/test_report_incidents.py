@@ -5,6 +5,7 @@ with their member alerts."""
 from __future__ import annotations
 
 import gzip
+import re
 
 from pipeline.cli import main
 from pipeline.report import incident_page
@@ -56,7 +57,7 @@ def test_the_page_draws_and_lists_the_incidents_with_their_alerts(tmp_path):
     assert len(figures) == 2                                     # the alert timeline, the incident timeline
     assert 'alt="Timeline of incidents"' in page and '<h2 id="incidents">' in page
     for s in load_incidents([inc_path]).incidents:
-        assert f'id="{s.id}"' in page
+        assert f'id="incident-{s.id}"' in page
     assert "<b>6</b><span>incidents</span>" in page
     # Member alerts by their rule; the escalation with its time, action and reason.
     assert "pcie_replay_rate" in page and "hbm_sbe_burst" in page
@@ -98,3 +99,17 @@ def test_cli_takes_incident_files(tmp_path, capsys):
     assert main(["report", "--telemetry", str(tel), "--alerts", str(alerts), "--max-incidents", "-1",
                  "--out", str(out)]) == 2
     assert "--max-incidents must not be negative" in capsys.readouterr().err
+
+
+def test_an_incident_named_like_a_section_does_not_take_its_anchor(tmp_path):
+    # An incident's row is its own anchor (incident-<id>): an incident id "alert-1" or
+    # "timeline" used to be a second element with the id the alert links and the contents
+    # jump to, so "#1" went to the incident's row instead of the alert's section.
+    tel, alerts, inc_path, events = incident_event_files(tmp_path)
+    first, second = list(dict.fromkeys(e.incident for e in events))[:2]
+    inc_path.write_bytes(inc_path.read_bytes().replace(first.encode(), b"alert-1").replace(second.encode(), b"timeline"))
+    page = incident_page([tel], [alerts], incident_events=[inc_path])
+    ids = re.findall(r'\sid="([^"]*)"', page)
+    assert len(ids) == len(set(ids)), sorted(i for i in ids if ids.count(i) > 1)
+    assert 'id="incident-alert-1"' in page and 'id="incident-timeline"' in page
+    assert re.search(r'<section class="alert" id="alert-1">', page)
