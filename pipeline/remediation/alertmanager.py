@@ -49,6 +49,8 @@ SILENCES_PATH = "/api/v2/silences"
 _LABEL_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 EVIDENCE_LIMIT = 4096  # characters of the evidence annotation
 MAX_FIRING = 10_000  # alerts re-posted; beyond, the oldest is forgotten (a flood of forged alerts)
+MAX_FIRING_BYTES = 64 * 1024 * 1024  # bytes the firing alerts may hold, as kept; the same beyond
+MAX_POST_BYTES = 4 * 1024 * 1024  # bytes of one re-post request: more firing alerts, more requests
 MAX_BODY = 8 * 1024 * 1024  # bytes of a silences answer read
 MAX_REGEXES = 1000  # distinct regular expressions compiled from one silences answer
 MAX_PROGRAM = 4_000_000  # RE2 instructions all of them may hold (about 8 bytes each)
@@ -164,6 +166,7 @@ class AlertmanagerAction:
         if runbook_url:
             UrlTemplate.parse(runbook_url)  # ValueError: the action's config error
         self.firing: dict[str, tuple[AlertEvent, dict[str, str]]] = {}  # id -> (alert, labels it fired with)
+        self._size: dict[str, int] = {}  # id -> bytes it holds as kept (MAX_FIRING_BYTES)
         self._sent_at = -1e18
         self._store: Any = None
         self._client: httpx.Client | None = None
@@ -182,6 +185,8 @@ class AlertmanagerAction:
             except (msgspec.DecodeError, msgspec.ValidationError, UnsafeValue):
                 continue
             self.firing[a.alert.id] = (a.alert, a.labels)
+            self._size[a.alert.id] = len(blob)
+        self._bound(f"am:{self.name}")
 
     def delay(self, attempt: int, rng: Any) -> float:
         d = min(self.max_backoff, self.backoff * (2**attempt))
@@ -252,37 +257,68 @@ class AlertmanagerAction:
             # Forgotten even when the post failed: re-posting a resolved alert as firing would keep
             # it open for good; unposted, Alertmanager resolves it at its last endsAt.
             self.firing.pop(a.id, None)
+            self._size.pop(a.id, None)
             if self._store is not None:
                 self._store.kv_delete(ns, a.id)
         else:
             # Kept even when the post failed: the next re-post delivers it once Alertmanager answers.
+            blob = encode(_Firing(alert=a, labels=plan.extra["labels"]))
             self.firing[a.id] = (a, plan.extra["labels"])
+            self._size[a.id] = len(blob)
             if self._store is not None:
-                self._store.kv_put(ns, a.id, encode(_Firing(alert=a, labels=plan.extra["labels"])))
-            while len(self.firing) > MAX_FIRING:
-                old = next(iter(self.firing))
-                log.warning(
-                    "alertmanager %s: more than %d alerts firing; no longer re-posting %s",
-                    self.name,
-                    MAX_FIRING,
-                    printable(old),  # an id from the alerts topic: no line breaks into the log
-                )
-                self.firing.pop(old)
-                if self._store is not None:
-                    self._store.kv_delete(ns, old)
+                self._store.kv_put(ns, a.id, blob)
+            self._bound(ns)
         return out
+
+    def _bound(self, ns: str) -> None:
+        """Forget the oldest firing alerts past ``MAX_FIRING`` of them or ``MAX_FIRING_BYTES``: a
+        flood of forged alerts, or a few huge ones, must not grow memory and every re-post."""
+        held = sum(self._size.get(k, 0) for k in self.firing)
+        while self.firing and (len(self.firing) > MAX_FIRING or held > MAX_FIRING_BYTES):
+            old = next(iter(self.firing))
+            log.warning(
+                "alertmanager %s: more than %d alerts or %d MiB firing; no longer re-posting %s",
+                self.name,
+                MAX_FIRING,
+                MAX_FIRING_BYTES // 2**20,
+                printable(old),  # an id from the alerts topic: no line breaks into the log
+            )
+            self.firing.pop(old)
+            held -= self._size.pop(old, 0)
+            if self._store is not None:
+                self._store.kv_delete(ns, old)
 
     def tick(self, now: float, ctx: Context) -> Outcome | None:
         """Re-post every firing alert once per ``resend_interval`` (one request for all)."""
         if not self.firing or now - self._sent_at < self.resend_interval:
             return None
         self._sent_at = now
-        out = self._post(self._body([(a, lab) for a, lab in self.firing.values()], now), ctx)
-        if not out.ok:
-            log.warning(
-                "alertmanager %s: re-posting %d firing alert(s) failed: %s", self.name, len(self.firing), out.error
-            )
+        out: Outcome | None = None
+        for body in self._bodies(now):
+            out = self._post(body, ctx)
+            if not out.ok:  # (Alertmanager down: the rest would fail the same way)
+                log.warning(
+                    "alertmanager %s: re-posting %d firing alert(s) failed: %s", self.name, len(self.firing), out.error
+                )
+                break
         return out
+
+    def _bodies(self, now: float) -> list[bytes]:
+        """The firing alerts as re-post requests of at most ``MAX_POST_BYTES`` each (one alert
+        larger than that alone), every alert in one of them, oldest first."""
+        bodies: list[bytes] = []
+        parts: list[bytes] = []
+        size = 2
+        for a, lab in self.firing.values():
+            part = self._body([(a, lab)], now)[1:-1]  # (one alert's JSON object, without the brackets)
+            if parts and size + 1 + len(part) > MAX_POST_BYTES:
+                bodies.append(b"[" + b",".join(parts) + b"]")
+                parts, size = [], 2
+            parts.append(part)
+            size += len(part) + (1 if len(parts) > 1 else 0)
+        if parts:
+            bodies.append(b"[" + b",".join(parts) + b"]")
+        return bodies
 
     def close(self) -> None:
         if self._client is not None:

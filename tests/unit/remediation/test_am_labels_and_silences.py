@@ -170,4 +170,51 @@ def test_an_alert_id_dropped_past_the_firing_bound_is_logged_on_one_line(monkeyp
         act.execute(act.plan(alert("n1", 0, id="a\nCRITICAL forged line")), Context())
         act.execute(act.plan(alert("n1", 1, id="b")), Context())
     msgs = [r.getMessage() for r in caplog.records if "no longer re-posting" in r.getMessage()]
-    assert msgs == ["alertmanager am: more than 1 alerts firing; no longer re-posting a\\nCRITICAL forged line"]
+    assert msgs == ["alertmanager am: more than 1 alerts or 64 MiB firing; no longer re-posting a\\nCRITICAL forged line"]
+
+
+def test_the_firing_set_is_bounded_in_bytes_and_the_oldest_forgotten(monkeypatch):
+    # Found in review: the firing set was bounded in count only, so 10,000 alerts of a megabyte
+    # each (a forged flood on the alerts topic) were 10 GB held and re-posted every minute.
+    from pipeline.remediation import alertmanager
+    from pipeline.remediation.actions import Context, Outcome
+
+    act = AlertmanagerAction("am", "http://127.0.0.1:9")
+    act._post = lambda body, ctx: Outcome(True, "x")             # type: ignore[method-assign]
+    big = [_said(alert("n1", g, id=f"a{g}"), "x" * 10_000) for g in range(5)]
+    one = len(alertmanager.encode(alertmanager._Firing(alert=big[0], labels=am_labels(big[0]))))
+    monkeypatch.setattr(alertmanager, "MAX_FIRING_BYTES", 3 * one + one // 2)
+    for a in big:
+        act.execute(act.plan(a), Context())
+    assert list(act.firing) == ["a2", "a3", "a4"]
+    act.execute(act.plan(alert("n1", 3, id="a3", state="resolved")), Context())
+    act.execute(act.plan(alert("n1", 7, id="small")), Context())   # room again: nothing forgotten
+    assert list(act.firing) == ["a2", "a4", "small"]
+
+
+def test_a_large_firing_set_is_re_posted_in_bounded_requests(monkeypatch):
+    from pipeline.remediation import alertmanager
+    from pipeline.remediation.actions import Context, Outcome
+
+    posts: list[bytes] = []
+    act = AlertmanagerAction("am", "http://127.0.0.1:9")
+    act._post = lambda body, ctx: (posts.append(body), Outcome(True, "x"))[1]  # type: ignore[method-assign]
+    for g in range(40):
+        act.execute(act.plan(_said(alert("n1", g % 8, id=f"a{g}"), "y" * (50 * g))), Context())
+    posts.clear()
+    monkeypatch.setattr(alertmanager, "MAX_POST_BYTES", 8_000)
+    assert act.tick(T0 + 1e6, Context()).ok
+    assert len(posts) > 3 and all(len(p) <= 8_000 for p in posts)
+    sent = [x["annotations"]["alert_id"] for p in posts for x in json.loads(p)]
+    assert sent == [f"a{g}" for g in range(40)]                    # each once, oldest first
+    # One alert larger than a request goes alone; Alertmanager down stops the round.
+    act.execute(act.plan(_said(alert("n1", 0, id="huge"), "z" * 20_000)), Context())
+    posts.clear()
+    assert act.tick(T0 + 2e6, Context()).ok and len(json.loads(posts[-1])) == 1
+    act._post = lambda body, ctx: (posts.append(body), Outcome(False, "down"))[1]  # type: ignore[method-assign]
+    posts.clear()
+    assert not act.tick(T0 + 3e6, Context()).ok and len(posts) == 1
+
+
+def _said(a, summary: str):
+    return msgspec.structs.replace(a, summary=summary)
