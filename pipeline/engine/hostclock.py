@@ -146,7 +146,7 @@ class HostClock:
     def _leaps(self, ts: np.ndarray, hosts: np.ndarray, progress: np.ndarray, start: float) -> None:
         """Records that leapt ahead: further than ``allowed_lateness`` past the stream's progress
         before them, in a step forward of their own host longer than ``allowed_lateness`` plus
-        its step before (a host's first record: any step). A host sampling slowly, or alone at
+        its step before (a host's first record: any step; its second, none). A host sampling slowly, or alone at
         the front, walks its own steps and never leaps; a clock set minutes ahead does."""
         before = np.empty_like(progress)
         before[:1] = start
@@ -164,6 +164,15 @@ class HostClock:
         prev[1:] = t[:-1]
         prev[first] = self.hwm[h[first]]
         gap = t - prev
+        with np.errstate(invalid="ignore"):
+            back = (gap < 0).any()
+        if back:
+            # A clock that stepped back: a step is measured from the host's newest time before
+            # the record (its mark, as ``hwm`` has it across batches), not from the record
+            # before it, or a leap would depend on whether the step back came in its batch.
+            prev[~first] = _group_running_max(t, first)[:-1][~first[1:]]
+            prev = np.fmax(prev, self.hwm[h])
+            gap = t - prev
         # Each record's host's latest step forward before it (as latest_steps keeps it).
         with np.errstate(invalid="ignore"):
             forward = gap > 0
@@ -177,7 +186,9 @@ class HostClock:
         upto[upto < group] = -1
         step_before = np.where(upto >= 0, np.minimum(gap[np.maximum(upto, 0)], self.config.max_lag), self.step[h])
         with np.errstate(invalid="ignore"):
-            leapt = cand[o] & (np.isnan(gap) | (gap > lateness + np.nan_to_num(step_before)))
+            # (A host's second record, with no step before it to measure by, does not leap: at
+            # 60 s sampling its first step would be one.)
+            leapt = cand[o] & (np.isnan(gap) | (gap > lateness + step_before))
         if leapt.any():
             ahead = np.minimum((ts - before)[o][leapt], self.config.max_ahead)
             np.fmax.at(self.lead, h[leapt], ahead)
@@ -298,9 +309,9 @@ class HostClock:
 
         >>> c = HostClock(EngineConfig())
         >>> c.grow(3)
-        >>> c.hear(np.array([100.0, 100.5, 101.0, 190.0]), np.array([0, 1, 2, 2]), 3)
+        >>> c.hear(np.array([100.0, 100.5, 101.0, 101.0, 102.0, 191.0]), np.array([0, 1, 2, 0, 2, 2]), 3)
         >>> float(c.newest(3)), float(c.lead[2]), c.front(3)  # host 2's clock leapt 89 s
-        (190.0, 89.0, 101.0)
+        (191.0, 89.0, 102.0)
         """
         claims = self.hwm[:n] - self.lead[:n]
         return float(np.nanmax(claims)) if n and not np.isnan(claims).all() else -math.inf
@@ -434,6 +445,25 @@ def _host_gaps(ts: np.ndarray, hosts: np.ndarray, before: np.ndarray) -> tuple[n
     first[1:] = h[1:] != h[:-1]
     prev[first] = before[h[first]]
     return h, t - prev
+
+
+def _group_running_max(t: np.ndarray, first: np.ndarray) -> np.ndarray:
+    """The running maximum of ``t`` within each run that ``first`` starts (``_host_gaps``'s
+    grouping), in linear-logarithmic time: values are ranked, and each run's ranks are offset
+    past every earlier run's, so one running maximum over the whole array restarts at each run.
+    No NaN in ``t`` (``HostClock.hear`` drops them); infinities rank as any value.
+
+    >>> _group_running_max(np.array([3.0, 1.0, 5.0, 2.0, 1.0]), np.array([True, False, False, True, False])).tolist()
+    [3.0, 3.0, 5.0, 2.0, 2.0]
+    """
+    if not len(t):
+        return t.copy()
+    order = np.argsort(t, kind="stable")
+    rank = np.empty(len(t), np.int64)
+    rank[order] = np.arange(len(t))
+    run = np.cumsum(first) - 1
+    key = np.maximum.accumulate(run * len(t) + rank)
+    return t[order[key - run * len(t)]]
 
 
 def _runs(h: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:

@@ -70,8 +70,7 @@ class RefClock:
         # A leap: further than allowed_lateness past the stream's progress, in a step of its
         # own longer than allowed_lateness plus its step before (a first record: any step).
         ahead, own = t - self.progress, t - host.hwm
-        before = 0.0 if math.isnan(host.step) else host.step
-        leapt = math.isnan(own) or own > cfg.allowed_lateness + before
+        leapt = math.isnan(own) or own > cfg.allowed_lateness + host.step  # (no step yet: no leap)
         if math.isfinite(self.progress) and ahead > cfg.allowed_lateness and leapt:
             host.lead = max(host.lead, min(ahead, cfg.max_ahead))
         self.progress = max(self.progress, t)
