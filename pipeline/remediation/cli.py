@@ -4,25 +4,29 @@
 from __future__ import annotations
 
 import argparse
+import difflib
+import functools
 import getpass
 import json
+import re
 import signal
 import sys
 import threading
 from pathlib import Path
 
 import msgspec
+import yaml
 
 from pipeline.bus import connection
 from pipeline.errors import ConfigError, InputError, UsageError
 from pipeline.remediation.audit import AuditLog
 from pipeline.remediation.config import load_config, parse_duration
-from pipeline.remediation.guardrails import StateStore
+from pipeline.remediation.guardrails import BreakerState, StateStore
 from pipeline.remediation.incidents import SOURCES, decode_incident
 from pipeline.remediation.remediator import Remediator
 from pipeline.remediation.routes import RouteTree, alert_from_args
 from pipeline.remediation.service import RemediationService
-from pipeline.resources import default_routes
+from pipeline.resources import default_routes, rules_dir
 from pipeline.schema import FAMILIES, AlertEvent
 
 DEFAULT_ROUTES = str(default_routes())  # the shipped example routes, installed or in a checkout
@@ -81,18 +85,28 @@ def _cmd_remediate(args: argparse.Namespace) -> int:
 
 def _cmd_breaker(args: argparse.Namespace) -> int:
     cfg = _load(args)
-    store = StateStore(cfg.state_file)
+    window = parse_duration(cfg.guardrails.breaker.window, "guardrails.breaker.window")
+    exists = cfg.state_file.exists()
+    # ``status`` only reads: a state file that is not there yet is the default state (closed,
+    # nothing recorded), and is not created here (``reset`` and the deciding commands create it).
+    store = StateStore(cfg.state_file) if exists or args.breaker_command == "reset" else None
     try:
-        window = parse_duration(cfg.guardrails.breaker.window, "guardrails.breaker.window")
-        if args.breaker_command == "reset":
+        if store is not None and args.breaker_command == "reset":
             was_open = store.reset_breaker(args.by or getpass.getuser(), args.note or "")
             print("breaker closed" if was_open else "breaker was not open; reset recorded anyway")
-        st = store.breaker(window)
+        st = store.breaker(window) if store is not None else BreakerState(False, None, None, None, None, None, [])
         b = cfg.guardrails.breaker
         if args.json:
-            print(json.dumps(st.to_dict(), indent=2))
+            print(
+                json.dumps({**st.to_dict(), "state_file": str(cfg.state_file), "state_file_exists": exists}, indent=2)
+            )
         else:
             print(f"breaker: {'OPEN' if st.open else 'closed'}")
+            if store is None:
+                print(
+                    f"  state file {cfg.state_file} does not exist yet: nothing recorded "
+                    "(remediate, remediate act or breaker reset creates it)"
+                )
             if st.open:
                 print(f"  opened: {st.opened_at} ({st.reason})")
             if st.reset_at:
@@ -103,7 +117,8 @@ def _cmd_breaker(args: argparse.Namespace) -> int:
             )
         return 1 if (args.breaker_command == "status" and st.open and args.exit_code) else 0
     finally:
-        store.close()
+        if store is not None:
+            store.close()
 
 
 def _cmd_act(args: argparse.Namespace) -> int:
@@ -120,7 +135,8 @@ def _cmd_act(args: argparse.Namespace) -> int:
     rem = Remediator(cfg, store, audit)
     try:
         if alert is not None:
-            rem.handle(alert, origin=f"cli:{path}", force=args.force)
+            # one_shot: nothing runs after this command to act on a group once its group_wait is over.
+            rem.handle(alert, origin=f"cli:{path}", force=args.force, one_shot=True)
         elif incident is not None:
             rem.handle_incident(incident, origin=f"cli:{path}", force=args.force)
         recs = list(audit.records)
@@ -128,6 +144,8 @@ def _cmd_act(args: argparse.Namespace) -> int:
     finally:
         rem.close()
         store.close()
+    for note in rem.notes:
+        print(f"remediate act: {note}", file=sys.stderr)
     for r in recs:
         print(msgspec.json.encode(r).decode())
     return 1 if any(r.decision in ("failed", "blocked") for r in recs) else 0
@@ -158,10 +176,80 @@ def _known_alert(alert: AlertEvent) -> AlertEvent:
     return alert
 
 
+@functools.cache
+def shipped_faults() -> frozenset[str]:
+    """Every fault gpuwarden's shipped detectors raise: the ``fault:`` values of the default packs
+    (rules, models, kernel-log signatures; not their tests), the NIC/PCIe port checks', the
+    engine's absence checks' and the hang detector's. A broken pack file is passed over."""
+    from pipeline.engine.checks import builtin_checks
+    from pipeline.hang import FAULT as HANG_FAULT
+    from pipeline.rules.portconfig import DEFAULTS as PORT_CHECKS
+
+    found: set[str] = {HANG_FAULT, *(c.fault for c in PORT_CHECKS.values())}
+    rows, ticks = builtin_checks()
+    found |= {c.meta.fault for c in rows} | {c.meta.fault for c in ticks}
+
+    def walk(node: object) -> None:
+        if isinstance(node, dict):
+            for k, v in node.items():
+                if k == "fault" and isinstance(v, str):
+                    found.add(v)
+                else:
+                    walk(v)
+        elif isinstance(node, list):
+            for v in node:
+                walk(v)
+
+    packs = rules_dir()
+    for f in sorted(packs.rglob("*.yaml")):
+        if "tests" in f.relative_to(packs).parts:
+            continue
+        try:
+            walk(yaml.safe_load(f.read_text(encoding="utf-8")))
+        except (OSError, UnicodeDecodeError, yaml.YAMLError):
+            continue
+    return frozenset(found)
+
+
+_FAULT_NAMES = re.compile(r"[a-z0-9_]+(?:\|[a-z0-9_]+)*")
+
+
+def _route_faults(tree: RouteTree) -> set[str]:
+    """The faults the routes name literally: ``fault="x"``, ``fault!="x"``, ``fault=~"x|y"``."""
+    out: set[str] = set()
+    todo = [tree.root]
+    while todo:
+        r = todo.pop()
+        todo += r.children
+        for m in r.matchers:
+            if m.name == "fault" and (m.op in ("=", "!=") or _FAULT_NAMES.fullmatch(m.value)):
+                out.update(m.value.split("|") if m.op in ("=~", "!~") else [m.value])
+    return out
+
+
+def _warn_unknown_fault(alert: AlertEvent, tree: RouteTree) -> None:
+    """A warning on stderr when ``alert.fault`` is raised by no shipped detector and named by no
+    route: most likely a typo, which would silently test a route other than the one meant. Not an
+    error: a rule pack of one's own may raise any family-prefixed fault (docs/rules.md)."""
+    known = shipped_faults() | _route_faults(tree)
+    if alert.fault in known:
+        return
+    close = difflib.get_close_matches(alert.fault, sorted(known), n=3, cutoff=0.6)
+    hint = f"did you mean {' or '.join(close)}? " if close else ""
+    print(
+        f"routes test: warning: fault={alert.fault} is not a fault of the shipped rule packs, nor one "
+        f"this config's routes name; {hint}(a fault of your own rule pack is fine; otherwise the "
+        "route below is not the one that fault would take)",
+        file=sys.stderr,
+    )
+
+
 def _cmd_routes_test(args: argparse.Namespace) -> int:
     alert = _known_alert(alert_from_args(args.pairs))
     cfg = load_config(args.config)
-    matches = RouteTree.build(cfg.raw.route).match(alert)
+    tree = RouteTree.build(cfg.raw.route)
+    _warn_unknown_fault(alert, tree)
+    matches = tree.match(alert)
     for m in matches:
         r = cfg.receivers[m.receiver]
         chain = r.actions if alert.state == "firing" else r.on_resolved

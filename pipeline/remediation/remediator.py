@@ -18,6 +18,11 @@ actions after it still each get theirs.
 
 ``force`` (a human's ``gpuwarden remediate act --force``) skips the claim (and a resolution that came first), grouping, cooldown and
 attempt cap — never the breaker, dry-run or the query.
+
+``one_shot`` (``gpuwarden remediate act``, without ``--force``) decides now: nobody would dispatch
+a group after its ``group_wait``, so a group it opens acts at once (and counts for
+``repeat_interval``); every other guardrail, the inventory's included, applies as usual. What it
+did not wait for is in ``notes``.
 """
 
 from __future__ import annotations
@@ -92,6 +97,7 @@ class Remediator:
         )
         self.covered_for = parse_duration(config.raw.incidents.covered_for, "incidents.covered_for")
         self._pruned_at = 0.0
+        self.notes: list[str] = []  # what a one-shot decision did differently (``handle(one_shot=True)``)
 
     def _check_trust(self) -> None:
         """Refuse to start what would act on hosts nobody vouched for (docs/remediation.md#host-inventory)."""
@@ -164,8 +170,11 @@ class Remediator:
             log.exception("remediation of alert %s from %s failed", printable(alert.id), printable(msg.origin))
             self.audit.record("failed", **self._base(alert, None, msg.origin), error=f"internal error: {e!r}")
 
-    def handle(self, alert: AlertEvent, *, origin: str | None = None, force: bool = False) -> None:
-        """Route one alert and decide every action of every matched receiver."""
+    def handle(
+        self, alert: AlertEvent, *, origin: str | None = None, force: bool = False, one_shot: bool = False
+    ) -> None:
+        """Route one alert and decide every action of every matched receiver. ``one_shot``: a group
+        with ``group_wait`` acts now instead of being queued for a ``tick`` that never comes."""
         now = self.clock()
         if alert.state not in ("firing", "resolved"):
             self.audit.record(
@@ -211,7 +220,11 @@ class Remediator:
                     f"already decided on this route at {iso_time(at)} ({outcome or 'outcome unknown'})",
                 )
                 continue
-            if alert.state == "firing" and not force and not self._group_admits(alert, m, base, now, origin):
+            if (
+                alert.state == "firing"
+                and not force
+                and not self._group_admits(alert, m, base, now, origin, one_shot=one_shot)
+            ):
                 continue
             self._run_chain(alert, m, chain, base, now, force)
 
@@ -347,7 +360,14 @@ class Remediator:
         }
 
     def _group_admits(
-        self, alert: AlertEvent, m: RouteMatch, base: dict[str, Any], now: float, origin: str | None
+        self,
+        alert: AlertEvent,
+        m: RouteMatch,
+        base: dict[str, Any],
+        now: float,
+        origin: str | None,
+        *,
+        one_shot: bool = False,
     ) -> bool:
         route = m.route
         key = route.group_key(alert)
@@ -371,12 +391,21 @@ class Remediator:
                 )
                 self.store.finish(alert.id, alert.state, route.path, "repeat_interval")
                 return False
-        if route.group_wait > 0:
+        if route.group_wait > 0 and not one_shot:
             self.store.open_group(key, route.path, now, now + route.group_wait, _pack(alert, origin))
             self.audit.record(
                 "queued", **base, reason=f"group_wait: group {key} acts at {iso_time(now + route.group_wait)}"
             )
+            # A duplicate of it says what became of it, not "outcome unknown".
+            self.store.finish(alert.id, alert.state, route.path, f"queued until {iso_time(now + route.group_wait)}")
             return False
+        if route.group_wait > 0:
+            # One-shot: nobody would dispatch the group later (``tick``), so it acts now.
+            self.notes.append(
+                f"route {m.describe()}: group_wait {route.group_wait:g}s not waited (a one-shot act decides "
+                f"now); group {key} is dispatched, so its later alerts are skipped (repeat_interval) "
+                f"for {route.repeat_interval:g}s"
+            )
         self.store.open_group(key, route.path, now, now, b"")
         self.store.mark_dispatched(key, now)
         return True
