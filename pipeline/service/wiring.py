@@ -9,11 +9,12 @@ import os
 import time
 from pathlib import Path
 
+from pipeline.bus import connection
 from pipeline.bus.base import Producer, Topics
 from pipeline.bus.group import GroupConsumer, KafkaGroupConsumer
 from pipeline.bus.kafka import KafkaBusProducer, ensure_topics
 from pipeline.decode import Decoder
-from pipeline.errors import ConfigError, InputError
+from pipeline.errors import BrokerUnavailableError, ConfigError, InputError
 from pipeline.incidents import IncidentConfig
 from pipeline.rules import load_rules
 from pipeline.service.config import Config
@@ -72,6 +73,11 @@ def kafka_parts(cfg: Config, stage: str = "host") -> tuple[GroupConsumer, Produc
             extra={"insecure_state": True},
         )
     n_rules = check_rules_load([str(Path(p)) for p in cfg.service.rules])
+    # Nobody listening: one line and exit 4 now, not kafka-python's connection errors logged
+    # for its 30 s bootstrap timeout (TLS and SASL were checked by ``serve`` already).
+    problem = connection.transport_problem(k.bootstrap, security, 5.0)
+    if problem:
+        raise BrokerUnavailableError(problem)
     ensure_topics(k.bootstrap, topics, partitions=k.partitions, security=security)
     producer = KafkaBusProducer(
         k.bootstrap, security=security, client_id="gpuwarden-service", max_request_size=STATE_MAX_BYTES

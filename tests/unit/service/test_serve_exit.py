@@ -23,3 +23,31 @@ def test_serve_with_rules_that_do_not_load_exits_3_in_one_line(tmp_path, monkeyp
     assert code == EXIT_INPUT == 3
     last = capsys.readouterr().err.strip().splitlines()[-1]
     assert last.startswith("gpuwarden serve: rules in ") and "do not load" in last and "[GW002]" in last
+
+
+def test_serve_with_no_broker_exits_4_in_one_line_at_once(tmp_path, monkeypatch, capsys):
+    # Found by an audit: a plain broker that is not there gave kafka-python's connection errors,
+    # 35 ERROR lines over its 30 s bootstrap timeout, before the one line (docs/operations.md:
+    # one line after at most 10 s).
+    import socket
+    import time
+
+    from pipeline.errors import EXIT_UNAVAILABLE
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    monkeypatch.delenv("GPUWARDEN_STATE_KEY", raising=False)
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level
+    start = time.monotonic()
+    try:
+        code = main(["serve", "--kafka", f"127.0.0.1:{port}", "--insecure-state", "--http-port", "0"])
+    finally:
+        root.handlers[:], root.level = handlers, level
+    took = time.monotonic() - start
+    err = capsys.readouterr().err
+    assert code == EXIT_UNAVAILABLE == 4 and took < 10
+    assert "kafka" not in err.lower().replace("kafka broker", "")  # (no kafka-python lines)
+    last = err.strip().splitlines()[-1]
+    assert last.startswith("gpuwarden serve: no Kafka broker answered at 127.0.0.1:") and "[GW301]" in last

@@ -219,6 +219,7 @@ def test_insecure_state_starts_with_a_loud_warning(monkeypatch, caplog):
         raise Stop
     monkeypatch.delenv("GPUWARDEN_STATE_KEY", raising=False)
     monkeypatch.setattr(wiring, "ensure_topics", no_broker)
+    monkeypatch.setattr(wiring.connection, "transport_problem", lambda *a, **k: None)  # (as if one listened)
     cfg = load_config_text("service: {insecure_state: true}", env={})
     with pytest.raises(Stop):
         app.Service(cfg)
