@@ -13,6 +13,7 @@ import sys
 import time
 
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
@@ -22,6 +23,7 @@ from pipeline.bus.telemetry import per_host_messages
 from pipeline.incidents import IncidentEvent, IncidentStage, default_config
 from pipeline.incidents.config import IncidentConfigError
 from pipeline.incidents.scoring import match_incidents
+from pipeline.rules.loader import describe_loaded
 from pipeline.runner import Pipeline
 from pipeline.schema import AlertEvent, DeadLetter
 from pipeline.scoring import knock_on, match_faults
@@ -91,8 +93,8 @@ def run_demo(
     t0 = None
     console.print(
         f"[bold]gpuwarden demo[/]: {hosts} hosts x 8 GPUs, {duration:.0f}s of event time, "
-        f"scenario [cyan]{scenario}[/], seed {seed}, in-process bus, {len(engine.rules.checks) if engine.rules else 0} rules from {rules_dir}"
-        f"{', ' + str(len(engine.models.checks)) + ' online models' if engine.models else ''}"
+        f"scenario [cyan]{scenario}[/], seed {seed}, in-process bus, "
+        + escape(describe_loaded(engine.rules, engine.models, str(rules_dir)))
     )
 
     # Every alert goes to the alerts topic and is printed as it fires; dead letters to the DLQ.

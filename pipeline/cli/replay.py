@@ -46,6 +46,7 @@ def _cmd_replay(args: argparse.Namespace) -> int:
 
     from pipeline.detection import build_detector
     from pipeline.replay import replay
+    from pipeline.rules.loader import describe_loaded, without_rule_files
 
     # soft_wrap: a line is never cut at rich's 80 columns in a pipe (a file:line:col error, a
     # summary someone greps); a terminal wraps what is too long for it by itself.
@@ -78,11 +79,14 @@ def _cmd_replay(args: argparse.Namespace) -> int:
     rules = args.rules or str(rules_dir())
     if args.fleet_shards < 1:
         raise InputError(f"--fleet-shards must be at least 1, got {args.fleet_shards}")
+    if without_rule_files([rules]):  # a wrong --rules would replay through the built-in checks alone
+        raise InputError(f"--rules {rules}: no rule files (*.yaml, *.yml) in this directory; nothing replayed")
     engine, diags = build_detector([rules], models_file(args.models), shards=args.fleet_shards)
     for d in diags:
         console.print(str(d), highlight=False, markup=False)
     if engine is None:
         raise InputError(f"rules in {rules} do not load; nothing replayed")
+    console.print("loaded " + describe_loaded(engine.rules, engine.models, rules), highlight=False, markup=False)
     stage = None
     if args.incidents_out:
         from pipeline.incidents import IncidentStage, default_config

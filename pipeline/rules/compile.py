@@ -22,7 +22,25 @@ from pipeline.rules.functions import BUILDERS
 from pipeline.rules.signatures import ALL_FUNCS, DURATION, EXPR, FIELD, FUNCTIONS, Arg, ArgValue, Bound, Function
 from pipeline.rules.windows import WindowStore
 
-__all__ = ["CompileError", "Compiler", "compile_expr"]
+__all__ = ["CompileError", "CompileErrors", "Compiler", "compile_expr"]
+
+# The type of a sub-expression that did not compile (its error is recorded): accepted wherever
+# a number or a condition is, so one mistake is not reported again by every operator above it.
+_FAILED = "failed"
+
+
+def _failed(c: Chunk) -> np.ndarray:  # never evaluated: an expression with an error is refused
+    raise AssertionError("an expression that did not compile was evaluated")
+
+
+class CompileErrors(CompileError):
+    """Every problem of one expression (``errors``, in the order of the text's traversal); as a
+    ``CompileError`` it is the first of them, so a caller that wants one still gets it."""
+
+    def __init__(self, errors: list[CompileError]) -> None:
+        first = errors[0]
+        super().__init__(first.message, first.pos, first.code)
+        self.errors = errors
 
 
 # Three-valued results are float arrays over {0, 1, NaN}. A boolean mask store is used below
@@ -73,10 +91,25 @@ class Compiler:
         self.evidence: dict[str, Fn] = {}
         self.columns: set[int] = set()
         self.models_read: set[str] = set()
+        self.errors: list[CompileError] = []  # every problem found so far, reported at once
 
     def compile(self, node: E.Node) -> Compiled:
-        c = self.node(node)
+        c = self.sub(node)
+        if len(self.errors) == 1:
+            raise self.errors[0]
+        if self.errors:
+            raise CompileErrors(self.errors)
         return Compiled(c[0], c[1], self.src, self.evidence, self.columns, self.models_read)
+
+    def sub(self, node: E.Node) -> tuple[str, Fn]:
+        """``node`` compiled, or, when it has an error, the error recorded and a placeholder of
+        type ``_FAILED`` so the rest of the expression is still checked (docs/rules.md,
+        "Errors": every problem at once)."""
+        try:
+            return self.node(node)
+        except CompileError as e:
+            self.errors.append(e)
+            return _FAILED, _failed
 
     def _field(self, node: E.Node, what: str) -> Field:
         if not isinstance(node, E.Name):
@@ -99,9 +132,10 @@ class Compiler:
         raise CompileError(f"unknown metric {node.name!r}{more}", node.pos, D.UNKNOWN_METRIC)
 
     def expect(self, node: E.Node, typ: str, ctx: str) -> Fn:
-        t, fn = self.node(node)
-        if t != typ:
-            raise CompileError(f"{ctx} needs a {typ}, got a {t}", node.pos, D.TYPE)
+        t, fn = self.sub(node)
+        if t != typ and t != _FAILED:
+            self.errors.append(CompileError(f"{ctx} needs a {typ}, got a {t}", node.pos, D.TYPE))
+            return _failed
         return fn
 
     def node(self, n: E.Node) -> tuple[str, Callable[[Chunk], np.ndarray]]:
@@ -137,8 +171,10 @@ class Compiler:
 
             return NUM, shared(self.store.key_of(n), arith)
         if isinstance(n, E.Compare):
-            lt, a = self.node(n.left)
-            rt, b = self.node(n.right)
+            lt, a = self.sub(n.left)
+            rt, b = self.sub(n.right)
+            if _FAILED in (lt, rt):
+                return BOOL, _failed
             if lt != rt:
                 raise CompileError(f"cannot compare a {lt} with a {rt}", n.pos, D.TYPE)
             op = _CMP[n.op]
@@ -267,11 +303,29 @@ class Compiler:
             raise CompileError(
                 f"{n.func}() takes {count} argument{'s' * (hi != 1)} ({spec.sig}), got {len(n.args)}", n.pos, D.ARITY
             )
-        kwargs = self._kwargs(n, spec) if spec.kwargs_checked == "first" else {}
-        values = tuple(self._arg(n, arg, node) for arg, node in zip(spec.args, n.args))
+        # Each argument is checked even when one before it is wrong (every problem at once); the
+        # call's type is its signature's whatever its arguments, so the checks above it go on.
+        errors = len(self.errors)
+        kwargs = self._kwargs_or_none(n, spec) if spec.kwargs_checked == "first" else {}
+        values: list[ArgValue] = []
+        for arg, node in zip(spec.args, n.args):
+            try:
+                values.append(self._arg(n, arg, node))
+            except CompileError as e:
+                self.errors.append(e)
         if spec.kwargs_checked == "last":
-            kwargs = self._kwargs(n, spec)
-        return spec.result, BUILDERS[spec.name](self, Bound(n, label, values, kwargs))
+            kwargs = self._kwargs_or_none(n, spec)
+        if len(self.errors) > errors or kwargs is None:
+            return spec.result, _failed
+        return spec.result, BUILDERS[spec.name](self, Bound(n, label, tuple(values), kwargs))
+
+    def _kwargs_or_none(self, n: E.Call, spec: Function) -> dict[str, str] | None:
+        """``_kwargs``, or None with its error recorded."""
+        try:
+            return self._kwargs(n, spec)
+        except CompileError as e:
+            self.errors.append(e)
+            return None
 
     def _unknown_function(self, n: E.Call) -> NoReturn:
         import difflib

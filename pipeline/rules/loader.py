@@ -81,6 +81,32 @@ def rule_files(paths: Sequence[str | Path]) -> list[Path]:
     return out
 
 
+def without_rule_files(paths: Sequence[str | Path]) -> list[str]:
+    """The directories among ``paths`` that hold no rule file (``rule_files``): a wrong path, a
+    pack not written yet. Loading them gives no rule and no error, so a driver or ``rules check``
+    pointed at one would run the built-in checks alone, saying nothing; they refuse it instead.
+
+    >>> import tempfile
+    >>> with tempfile.TemporaryDirectory() as empty:
+    ...     without_rule_files([empty]) == [empty]
+    True
+    """
+    return [str(p) for p in paths if Path(p).is_dir() and not rule_files([p])]
+
+
+def describe_loaded(rules: Any, models: Any, where: str) -> str:
+    """What a driver loaded, in one line: ``12 rules (7 files) from rules/, 4 online models``
+    (``rules`` and ``models`` are a detector's stages, or None).
+
+    >>> describe_loaded(None, None, "rules/")
+    '0 rules (0 files) from rules/'
+    """
+    n_files = len(getattr(rules, "sources", None) or [])
+    return f"{len(rules.checks) if rules else 0} rules ({n_files} file{'s' * (n_files != 1)}) from {where}" + (
+        f", {len(models.checks)} online models" if models else ""
+    )
+
+
 class _FileLoader:
     def __init__(self, path: str, text: str, store: WindowStore, models: set[str]) -> None:
         self.path, self.text, self.store, self.models = path, text, store, models
@@ -270,6 +296,11 @@ class _FileLoader:
                     durs[key] = parse_duration(val[key])
                 except ValueError as e:
                     self.err(keys[key][1], f"{key}: {e}", D.BAD_DURATION, name)
+        # The names the values give, for the summary's check below (None: 'values:' is not a
+        # mapping, so which names it meant is not known).
+        value_names = (
+            set(map(str, val["values"])) if isinstance(val.get("values"), dict) else None if "values" in val else set()
+        )
         for key in ("labels", "values"):
             if key in val and (
                 not isinstance(val[key], dict)
@@ -301,13 +332,20 @@ class _FileLoader:
             ln, cl = self.position(keys["summary"][1], e.pos)
             self.err(None, f"summary: {e.message}", D.TEMPLATE, name, line=ln, col=cl)
         else:
-            known = {"host", "gpu", *values, *(cond.evidence if cond else {})}
+            # The names are judged against what the rule declares, whether or not its condition
+            # and values compiled (their errors are reported already): a summary is not wrong
+            # because the condition beside it is.
+            known = {"host", "gpu", *(value_names or ()), *(cond.evidence if cond else {})}
             if cond is not None and FIELDS.require("xid").column in cond.columns:
                 known |= set(XID_TEXT_NAMES)  # the XID catalogue's text (docs/rules.md#xids)
+            # For a condition that did not compile, whether it reads xid is not known: its
+            # text's names are not refused.
+            unjudged = set(XID_TEXT_NAMES) if cond is None else set()
             for part in template:
-                if isinstance(part, tuple) and part[0] not in known:
-                    f = FIELDS.resolve(part[0])
-                    if f is not None and cond is not None:
+                if value_names is None:
+                    break  # 'values:' is not a mapping (reported above)
+                if isinstance(part, tuple) and part[0] not in known and part[0] not in unjudged:
+                    if FIELDS.resolve(part[0]) is not None:
                         continue  # any catalog field may be shown; it is read at alert time
                     import difflib
 
@@ -361,8 +399,9 @@ class _FileLoader:
             ln, cl = self.position(node, e.pos)
             self.err(None, e.message, e.code, rule, line=ln, col=cl)
         except CompileError as e:
-            ln, cl = self.position(node, e.pos)
-            self.err(None, e.message, e.code, rule, line=ln, col=cl)
+            for one in getattr(e, "errors", [e]):  # every problem of the expression (CompileErrors)
+                ln, cl = self.position(node, one.pos)
+                self.err(None, one.message, one.code, rule, line=ln, col=cl)
         return None
 
     def position(self, node: Any, offset: int) -> tuple[int, int]:

@@ -63,7 +63,9 @@ def test_a_bug_is_one_line_and_70_and_its_traceback_with_v_after_the_subcommand(
     rec = tmp_path / "r.jsonl"
     rec.write_text("")
     assert main(["replay", str(rec)]) == EXIT_INTERNAL
-    err = _one_line(capsys.readouterr().err)
+    said, err = capsys.readouterr().err.split("\n", 1)  # replay says what it loaded first
+    assert said.startswith("loaded ")
+    err = _one_line(err)
     assert "internal error: ZeroDivisionError: a bug" in err and "-v" in err
     for argv in (["replay", str(rec), "-v"], ["-v", "replay", str(rec)]):
         assert main(argv) == EXIT_INTERNAL
