@@ -6,6 +6,7 @@ default packs ship ``rules/models.yaml``); ``None`` or ``"none"`` runs rules onl
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -176,3 +177,41 @@ def build_detector(
 
 
 __all__ = ["ConfigError", "Stages", "build_detector", "build_engine", "build_stages", "hang_path", "models_path"]
+
+
+@functools.cache
+def shipped_faults() -> frozenset[str]:
+    """Every fault gpuwarden's shipped detectors raise: the ``fault:`` values of the default packs
+    (rules, models, kernel-log signatures; not their tests), the NIC/PCIe port checks', the
+    engine's absence checks' and the hang detector's. A broken pack file is passed over."""
+    import yaml
+
+    from pipeline.engine.checks import builtin_checks
+    from pipeline.hang import FAULT as HANG_FAULT
+    from pipeline.resources import rules_dir
+    from pipeline.rules.portconfig import DEFAULTS as PORT_CHECKS
+
+    found: set[str] = {HANG_FAULT, *(c.fault for c in PORT_CHECKS.values())}
+    rows, ticks = builtin_checks()
+    found |= {c.meta.fault for c in rows} | {c.meta.fault for c in ticks}
+
+    def walk(node: object) -> None:
+        if isinstance(node, dict):
+            for k, v in node.items():
+                if k == "fault" and isinstance(v, str):
+                    found.add(v)
+                else:
+                    walk(v)
+        elif isinstance(node, list):
+            for v in node:
+                walk(v)
+
+    packs = rules_dir()
+    for f in sorted(packs.rglob("*.yaml")):
+        if "tests" in f.relative_to(packs).parts:
+            continue
+        try:
+            walk(yaml.safe_load(f.read_text(encoding="utf-8")))
+        except (OSError, UnicodeDecodeError, yaml.YAMLError):
+            continue
+    return frozenset(found)

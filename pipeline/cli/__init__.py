@@ -86,7 +86,7 @@ def build_parser() -> argparse.ArgumentParser:
     register_produce(sub)
     from pipeline.remediation.cli import register as register_remediation
 
-    register_remediation(sub)
+    register_remediation(sub, known_faults=_shipped_faults)
     topics.register(sub)
     return p
 
@@ -150,3 +150,11 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     raise SystemExit(main())
+
+
+def _shipped_faults() -> frozenset[str]:
+    """The shipped detectors' faults, for ``routes test`` (imported only when it runs: the
+    detectors are slow to import for every other command)."""
+    from pipeline.detection import shipped_faults
+
+    return shipped_faults()

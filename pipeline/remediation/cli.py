@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import argparse
 import difflib
-import functools
 import getpass
 import json
 import re
@@ -13,9 +12,9 @@ import signal
 import sys
 import threading
 from pathlib import Path
+from typing import Callable
 
 import msgspec
-import yaml
 
 from pipeline.bus import connection
 from pipeline.errors import ConfigError, InputError, UsageError
@@ -26,7 +25,7 @@ from pipeline.remediation.incidents import SOURCES, decode_incident
 from pipeline.remediation.remediator import Remediator
 from pipeline.remediation.routes import RouteTree, alert_from_args
 from pipeline.remediation.service import RemediationService
-from pipeline.resources import default_routes, rules_dir
+from pipeline.resources import default_routes
 from pipeline.schema import FAMILIES, AlertEvent
 
 DEFAULT_ROUTES = str(default_routes())  # the shipped example routes, installed or in a checkout
@@ -176,41 +175,6 @@ def _known_alert(alert: AlertEvent) -> AlertEvent:
     return alert
 
 
-@functools.cache
-def shipped_faults() -> frozenset[str]:
-    """Every fault gpuwarden's shipped detectors raise: the ``fault:`` values of the default packs
-    (rules, models, kernel-log signatures; not their tests), the NIC/PCIe port checks', the
-    engine's absence checks' and the hang detector's. A broken pack file is passed over."""
-    from pipeline.engine.checks import builtin_checks
-    from pipeline.hang import FAULT as HANG_FAULT
-    from pipeline.rules.portconfig import DEFAULTS as PORT_CHECKS
-
-    found: set[str] = {HANG_FAULT, *(c.fault for c in PORT_CHECKS.values())}
-    rows, ticks = builtin_checks()
-    found |= {c.meta.fault for c in rows} | {c.meta.fault for c in ticks}
-
-    def walk(node: object) -> None:
-        if isinstance(node, dict):
-            for k, v in node.items():
-                if k == "fault" and isinstance(v, str):
-                    found.add(v)
-                else:
-                    walk(v)
-        elif isinstance(node, list):
-            for v in node:
-                walk(v)
-
-    packs = rules_dir()
-    for f in sorted(packs.rglob("*.yaml")):
-        if "tests" in f.relative_to(packs).parts:
-            continue
-        try:
-            walk(yaml.safe_load(f.read_text(encoding="utf-8")))
-        except (OSError, UnicodeDecodeError, yaml.YAMLError):
-            continue
-    return frozenset(found)
-
-
 _FAULT_NAMES = re.compile(r"[a-z0-9_]+(?:\|[a-z0-9_]+)*")
 
 
@@ -227,11 +191,13 @@ def _route_faults(tree: RouteTree) -> set[str]:
     return out
 
 
-def _warn_unknown_fault(alert: AlertEvent, tree: RouteTree) -> None:
+def _warn_unknown_fault(alert: AlertEvent, tree: RouteTree, shipped: frozenset[str] | None) -> None:
     """A warning on stderr when ``alert.fault`` is raised by no shipped detector and named by no
     route: most likely a typo, which would silently test a route other than the one meant. Not an
     error: a rule pack of one's own may raise any family-prefixed fault (docs/rules.md)."""
-    known = shipped_faults() | _route_faults(tree)
+    if shipped is None:
+        return  # (no list of the shipped detectors' faults given to ``register``)
+    known = shipped | _route_faults(tree)
     if alert.fault in known:
         return
     close = difflib.get_close_matches(alert.fault, sorted(known), n=3, cutoff=0.6)
@@ -248,7 +214,7 @@ def _cmd_routes_test(args: argparse.Namespace) -> int:
     alert = _known_alert(alert_from_args(args.pairs))
     cfg = load_config(args.config)
     tree = RouteTree.build(cfg.raw.route)
-    _warn_unknown_fault(alert, tree)
+    _warn_unknown_fault(alert, tree, args.known_faults() if args.known_faults else None)
     matches = tree.match(alert)
     for m in matches:
         r = cfg.receivers[m.receiver]
@@ -268,8 +234,10 @@ def _cmd_routes_test(args: argparse.Namespace) -> int:
     return 0
 
 
-def register(sub) -> None:
-    """Add ``remediate`` and ``routes`` to the ``gpuwarden`` CLI's subparsers."""
+def register(sub, known_faults: Callable[[], frozenset[str]] | None = None) -> None:
+    """Add ``remediate`` and ``routes`` to the ``gpuwarden`` CLI's subparsers. ``known_faults``:
+    the faults the shipped detectors raise (``pipeline.detection.shipped_faults``; remediation
+    reads alerts and does not import the detectors), for ``routes test``'s typo warning."""
     rm = sub.add_parser("remediate", help="run remediation on the alerts topic (routes, actions, guardrails)")
     _config_arg(rm)
     connection.add_arguments(rm, bootstrap_help="broker (default: the config's kafka.bootstrap)")
@@ -323,4 +291,4 @@ def register(sub) -> None:
     )
     rt.add_argument("--expect", nargs="+", metavar="RECEIVER", help="exit 1 unless exactly these receivers match")
     _config_arg(rt, default=DEFAULT_ROUTES)
-    rt.set_defaults(func=_cmd_routes_test)
+    rt.set_defaults(func=_cmd_routes_test, known_faults=known_faults)
