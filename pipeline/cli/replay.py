@@ -11,7 +11,7 @@ from typing import Any
 from pipeline import progress
 from pipeline.bus.files import merge_group_size
 from pipeline.cli.args import models_file, positive_int
-from pipeline.errors import EXIT_INPUT, InputError
+from pipeline.errors import EXIT_INPUT, InputError, UsageError
 from pipeline.resources import rules_dir
 
 
@@ -51,13 +51,14 @@ def _cmd_replay(args: argparse.Namespace) -> int:
     # soft_wrap: a line is never cut at rich's 80 columns in a pipe (a file:line:col error, a
     # summary someone greps); a terminal wraps what is too long for it by itself.
     console = Console(stderr=True, soft_wrap=True)
+    _options_apply(args)
     readable(args.files)
     if args.to_kafka:
         from pipeline.bus import Topics, connection
         from pipeline.bus.kafka import ensure_topics
         from pipeline.recording import publish
 
-        speed = None if args.speed == "max" else float(args.speed)
+        speed = None if args.speed in (None, "max") else float(args.speed)
         conn = connection.resolve(bootstrap=args.to_kafka, config_file=args.kafka_config)
         connection.check(conn)
         ensure_topics(conn.bootstrap, Topics(args.prefix), security=conn.options(), timeout_s=15.0)
@@ -77,8 +78,6 @@ def _cmd_replay(args: argparse.Namespace) -> int:
         )
         return _name_unread(args, console, unread)
     rules = args.rules or str(rules_dir())
-    if args.fleet_shards < 1:
-        raise InputError(f"--fleet-shards must be at least 1, got {args.fleet_shards}")
     if without_rule_files([rules]):  # a wrong --rules would replay through the built-in checks alone
         raise InputError(f"--rules {rules}: no rule files (*.yaml, *.yml) in this directory; nothing replayed")
     engine, diags = build_detector([rules], models_file(args.models), shards=args.fleet_shards)
@@ -162,6 +161,33 @@ def _name_unread(args: argparse.Namespace, console: Any, problems: list[str]) ->
     return EXIT_INPUT if problems else 0
 
 
+# Options that mean something only with --to-kafka (publishing), and only without it (detecting).
+_KAFKA_ONLY = ("speed", "kafka_config")
+_LOCAL_ONLY = ("alerts_out", "dlq_out", "incidents_out", "incidents_config", "rules")
+
+
+def _options_apply(args: argparse.Namespace) -> None:
+    """A usage error (exit 2) for an option the run would ignore: ``--speed 10`` without
+    ``--to-kafka`` replays at full speed and writes nothing to Kafka, ``--alerts-out`` with it
+    writes nothing, ``--incidents-config`` without ``--incidents-out`` groups nothing."""
+    mode, unused = (
+        ("with --to-kafka", [n for n in _LOCAL_ONLY if getattr(args, n) is not None])
+        if args.to_kafka
+        else ("without --to-kafka", [n for n in _KAFKA_ONLY if getattr(args, n) is not None])
+    )
+    if unused:
+        raise UsageError(f"{', '.join('--' + n.replace('_', '-') for n in unused)}: not used {mode}")
+    if args.incidents_config is not None and args.incidents_out is None:
+        raise UsageError("--incidents-config: not used without --incidents-out")
+    if args.speed not in (None, "max"):
+        try:
+            ok = float(args.speed) > 0
+        except ValueError:
+            ok = False
+        if not ok:
+            raise UsageError(f"--speed: 'max' or a positive factor of event time, got {args.speed!r}")
+
+
 def register(sub: Any) -> None:
     """Add ``gpuwarden replay`` to the subcommands ``sub``."""
     r = sub.add_parser("replay", help="run recorded telemetry through the engine")
@@ -187,14 +213,16 @@ def register(sub: Any) -> None:
     r.add_argument("--batch", type=positive_int, default=2000, help="lines per engine batch")
     r.add_argument(
         "--fleet-shards",
-        type=int,
+        type=positive_int,
         default=1,
         metavar="N",
         help="run the models' work in N shards by host, each with a scorer of NCCL lanes, as a partitioned "
         "fleet stage would (same alerts; prints each engine's share)",
     )
     r.add_argument("--to-kafka", metavar="BOOTSTRAP", help="publish the recording to <prefix>.telemetry instead")
-    r.add_argument("--speed", default="max", help="with --to-kafka: 'max' or a factor of event time (1 = real time)")
+    r.add_argument(
+        "--speed", default=None, help="with --to-kafka: 'max' (the default) or a factor of event time (1 = real time)"
+    )
     r.add_argument("--prefix", default="gpuwarden", help="topic prefix for --to-kafka")
     r.add_argument(
         "--kafka-config",
