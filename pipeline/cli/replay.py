@@ -111,7 +111,7 @@ def _cmd_replay(args: argparse.Namespace) -> int:
         )
     t = res.totals
     console.print(f"replayed {t.records:,} records in {res.seconds:.2f}s ({res.records_per_s:,.0f} records/s)")
-    console.print("alerts by family: " + (", ".join(f"{k}: {v}" for k, v in sorted(t.alerts.items())) or "none"))
+    console.print("firing alerts by family: " + (", ".join(f"{k}: {v}" for k, v in sorted(t.alerts.items())) or "none"))
     if stage is not None:
         console.print(
             f"incidents: {res.incidents} opened, {stage.open_count} still open at the end "
