@@ -16,16 +16,28 @@ pipeline.errors.ConfigError: config key 'http.ports[1]': svc.yaml: Expected `int
 >>> convert({"prts": []}, Http, "http")
 Traceback (most recent call last):
 ...
-pipeline.errors.ConfigError: config key 'http.prts': unknown key [GW100]
+pipeline.errors.ConfigError: config key 'http.prts': unknown key; did you mean 'ports'? [GW100]
+
+``located`` adds the line and column in the file of the key or value an error is about:
+
+>>> text = "ports: [9108]\\nprts: []\\n"
+>>> try:
+...     convert(yaml.safe_load(text), Http)
+... except ConfigError as e:
+...     print(located(e, text, "svc.yaml"))
+config key 'prts': svc.yaml:2:1: unknown key; did you mean 'ports'? [GW100]
 """
 
 from __future__ import annotations
 
+import difflib
 import re
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, TypeVar, overload
 
 import msgspec
+import msgspec.inspect as mi
 import yaml
 
 from pipeline import yamlsafe
@@ -36,6 +48,7 @@ T = TypeVar("T")
 TOP = "(top level)"  # the key of a mistake in the document as a whole
 _UNKNOWN = re.compile(r"Object contains unknown field `([^`]*)`")
 _AT = re.compile(r" - at `\$(.*)`$")
+UNKNOWN_KEY = "unknown key"  # how every typed config's message about an unknown key begins
 
 
 def key_of(err: msgspec.ValidationError, prefix: str = "") -> tuple[str, str]:
@@ -50,7 +63,7 @@ def key_of(err: msgspec.ValidationError, prefix: str = "") -> tuple[str, str]:
     what = msg[: at.start()] if at else msg
     unknown = _UNKNOWN.fullmatch(what)
     if unknown:
-        path, what = f"{path}.{unknown.group(1)}", "unknown key"
+        path, what = f"{path}.{unknown.group(1)}", UNKNOWN_KEY
     path = path.lstrip(".")
     if prefix and path and not path.startswith("["):
         path = f"{prefix}.{path}"
@@ -72,7 +85,155 @@ def convert(data: Any, typ: Any, prefix: str = "", *, source: str | None = None)
         return msgspec.convert(data, typ)
     except msgspec.ValidationError as e:
         key, what = key_of(e, prefix)
+        if what == UNKNOWN_KEY:
+            what += _hint(e, typ, data)
         raise ConfigError(key, f"{source}: {what}" if source else what) from None
+
+
+def closest(name: str, known: Iterable[str]) -> str:
+    """``"; did you mean 'x'?"`` for the known key nearest ``name``, else the known keys.
+
+    >>> closest("bootstrp", ["bootstrap", "prefix"]), closest("zzz", ["b", "a"])
+    ("; did you mean 'bootstrap'?", ' (known: a, b)')
+    """
+    names = sorted(set(known))
+    hint = difflib.get_close_matches(name, names, n=1)
+    if hint:
+        return f"; did you mean {hint[0]!r}?"
+    return f" (known: {', '.join(names)})" if names else ""
+
+
+_RAW_STEP = re.compile(r"\.([^.\[\]]+)|\[(\d+|\.\.\.)\]")
+
+
+def _hint(err: msgspec.ValidationError, typ: Any, data: Any) -> str:
+    """What follows "unknown key" in ``err``'s message: the nearest key the mapping it is in may
+    hold (``typ`` walked along msgspec's path; ``data``, to tell a tagged union's members apart)."""
+    msg = str(err)
+    at = _AT.search(msg)
+    unknown = _UNKNOWN.fullmatch(msg[: at.start()] if at else msg)
+    if unknown is None:
+        return ""
+    try:
+        types = _members(mi.type_info(typ))
+        for m in _RAW_STEP.finditer(at.group(1) if at else ""):
+            name, index = m.groups()
+            nxt: list[Any] = []
+            for t in _struct_of(types, data):
+                if name is not None and isinstance(t, mi.StructType):
+                    nxt += [f.type for f in t.fields if f.encode_name == name]
+                elif index == "..." and isinstance(t, mi.DictType):
+                    nxt.append(t.value_type)
+                elif index is not None and index != "..." and isinstance(t, (mi.ListType, mi.VarTupleType)):
+                    nxt.append(t.item_type)
+            types = [u for t in nxt for u in _members(t)]
+            if name is not None:
+                data = data.get(name) if isinstance(data, dict) else None
+            elif index != "..." and isinstance(data, list) and int(index) < len(data):
+                data = data[int(index)]
+            else:
+                data = None
+        known = [
+            n
+            for t in _struct_of(types, data)
+            if isinstance(t, mi.StructType)
+            for n in [f.encode_name for f in t.fields] + ([t.tag_field] if t.tag_field else [])
+        ]
+    except Exception:  # noqa: BLE001 - a hint is a nicety: never a crash instead of the error
+        return ""
+    return closest(unknown.group(1), known) if known else ""
+
+
+def _members(t: Any) -> list[Any]:
+    """A type's alternatives: the members of a union, the type inside ``Annotated``."""
+    if isinstance(t, mi.UnionType):
+        return [u for m in t.types for u in _members(m)]
+    if isinstance(t, mi.Metadata):
+        return _members(t.type)
+    return [t]
+
+
+def _struct_of(types: list[Any], data: Any) -> list[Any]:
+    """``types`` less the tagged structs whose tag is not the one ``data`` gives."""
+    if not isinstance(data, dict):
+        return types
+    picked = [t for t in types if not (isinstance(t, mi.StructType) and t.tag_field and data.get(t.tag_field) != t.tag)]
+    return picked or types
+
+
+_STEP = re.compile(r"\.?([^.\[\]]+)|\[(\d+)\]")
+
+
+def node_at(text: str, key: str, limits: yamlsafe.Limits = yamlsafe.DEFAULT) -> tuple[Any, Any] | None:
+    """(the key node, the value node) of the YAML document ``text`` at a config ``key``
+    (``route.routes[0].matchers[1]``; the key node is None for a list item), or None when the
+    document does not hold that key."""
+    try:
+        node = yamlsafe.compose(text, limits)
+    except yaml.YAMLError:
+        return None
+    key_node: Any = None
+    pos = 0
+    while node is not None and pos < len(key):
+        m = _STEP.match(key, pos)
+        if m is None:
+            return None
+        pos = m.end()
+        if m.group(2) is not None:
+            i = int(m.group(2))
+            key_node = None
+            node = node.value[i] if isinstance(node, yaml.SequenceNode) and i < len(node.value) else None
+        elif isinstance(node, yaml.MappingNode):
+            key_node, node = next(
+                ((k, v) for k, v in node.value if isinstance(k, yaml.ScalarNode) and k.value == m.group(1)),
+                (None, None),
+            )
+        else:
+            node = None
+    return None if node is None else (key_node, node)
+
+
+def locate(
+    text: str, key: str, limits: yamlsafe.Limits = yamlsafe.DEFAULT, *, key_only: bool = False
+) -> tuple[int, int] | None:
+    """(line, column), from 1, of the YAML value at ``key`` (with ``key_only``: of the key itself,
+    where the document gives one), or None when the document does not hold that key.
+
+    >>> locate("kafka:\\n  port: x\\n", "kafka.port"), locate("kafka:\\n  port: x\\n", "kafka.port", key_only=True)
+    ((2, 9), (2, 3))
+    """
+    found = node_at(text, key, limits)
+    if found is None:
+        return None
+    node = found[0] if key_only and found[0] is not None else found[1]
+    return node.start_mark.line + 1, node.start_mark.column + 1
+
+
+def located(
+    err: ConfigError,
+    text: str,
+    source: str,
+    limits: yamlsafe.Limits = yamlsafe.DEFAULT,
+    *,
+    key_only: bool | None = None,
+) -> ConfigError:
+    """``err`` with ``source:line:col`` of the value its key names (of the key itself for an
+    unknown key, or with ``key_only``), when the file holds that key and the message does not
+    already give a place in the file. ``err`` itself otherwise."""
+    message = getattr(err, "reason", None)
+    if not isinstance(message, str):
+        prefix = f"config key {err.key!r}: "
+        message = err.message[len(prefix) :] if err.message.startswith(prefix) else err.message
+    if message.startswith(f"{source}: "):  # the file, but not where in it (``convert``'s ``source``)
+        message = message[len(source) + 2 :]
+    elif message.startswith(source):
+        return err
+    if key_only is None:
+        key_only = message.startswith(UNKNOWN_KEY)
+    where = locate(text, err.key, limits, key_only=key_only)
+    if where is None:
+        return err
+    return ConfigError(err.key, f"{source}:{where[0]}:{where[1]}: {message}")
 
 
 def read_text(

@@ -22,12 +22,10 @@ nesting, aliases); docs/remediation.md ("Limits") lists them.
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 from typing import Any
 
 import msgspec
-import yaml
 
 from pipeline import typedconfig, yamlsafe
 from pipeline.durations import MAX_SECONDS as MAX_SECONDS
@@ -201,14 +199,15 @@ def parse_config(data: Any, *, base_dir: Path = Path("."), source: str = "<confi
 def load_config(path: str | Path) -> Config:
     """Read a YAML config file safely (bounded; no tags that build objects) and check it.
 
-    A ConfigError about a key the file holds names the file, line and column of its value."""
+    A ConfigError about a key the file holds names the file, line and column of its value (of
+    the key, for an unknown key: ``typedconfig.located``)."""
     p = Path(path)
     text = typedconfig.read_text(p, LIMITS)
     data = typedconfig.parse_yaml(text, LIMITS, source=str(p))
     try:
         return parse_config(data, base_dir=p.resolve().parent, source=str(p))
     except ConfigError as e:
-        raise _located(e, text, str(p)) from None
+        raise typedconfig.located(e, text, str(p), LIMITS) from None
     except Exception as e:  # noqa: BLE001 - the trust boundary: a bad file is an error, never a crash
         raise ConfigError(
             "(top level)",
@@ -216,41 +215,6 @@ def load_config(path: str | Path) -> Config:
         ) from None
 
 
-_STEP = re.compile(r"\.?([^.\[\]]+)|\[(\d+)\]")
-
-
-def _located(err: ConfigError, text: str, source: str) -> ConfigError:
-    """``err`` with ``source:line:col`` of the value its key names, when the file holds that key
-    and the message does not already name the file."""
-    prefix = f"config key {err.key!r}: "
-    message = err.message[len(prefix) :] if err.message.startswith(prefix) else err.message
-    if message.startswith(source):
-        return err
-    where = locate(text, err.key)
-    if where is None:
-        return err
-    return ConfigError(err.key, f"{source}:{where[0]}:{where[1]}: {message}")
-
-
 def locate(text: str, key: str) -> tuple[int, int] | None:
     """(line, column), from 1, of the YAML value at ``key`` (``route.routes[0].matchers[1]``), or None."""
-    try:
-        node = yamlsafe.compose(text, LIMITS)
-    except yaml.YAMLError:
-        return None
-    pos = 0
-    while node is not None and pos < len(key):
-        m = _STEP.match(key, pos)
-        if m is None:
-            return None
-        pos = m.end()
-        if m.group(2) is not None:
-            i = int(m.group(2))
-            node = node.value[i] if isinstance(node, yaml.SequenceNode) and i < len(node.value) else None
-        elif isinstance(node, yaml.MappingNode):
-            node = next((v for k, v in node.value if isinstance(k, yaml.ScalarNode) and k.value == m.group(1)), None)
-        else:
-            node = None
-    if node is None:
-        return None
-    return node.start_mark.line + 1, node.start_mark.column + 1
+    return typedconfig.locate(text, key, LIMITS)

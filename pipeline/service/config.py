@@ -16,7 +16,7 @@ import math
 import os
 import re
 from pathlib import Path
-from typing import Any, Literal, Mapping
+from typing import Any, Literal, Mapping, Sequence
 
 import msgspec
 
@@ -101,7 +101,9 @@ class ServiceSection(msgspec.Struct, forbid_unknown_fields=True):
     incidents_config: str = "auto"
 
 
-class Config(msgspec.Struct, forbid_unknown_fields=True):
+# dict=True: a loaded config remembers its file (``_origin``), for errors found after loading
+# (``check_rule_paths``); an attribute outside the fields, so never a key of the file.
+class Config(msgspec.Struct, forbid_unknown_fields=True, dict=True):
     kafka: KafkaSection = msgspec.field(default_factory=KafkaSection)
     http: HttpSection = msgspec.field(default_factory=HttpSection)
     # EngineConfig's own fields (pipeline/engine/config.py), validated by it: one definition.
@@ -114,9 +116,26 @@ class Config(msgspec.Struct, forbid_unknown_fields=True):
 
 
 def load_config_text(text: str, env: Mapping[str, str] | None = None, *, source: str = "<config>") -> Config:
-    """Parse and validate; raise ``ConfigError`` naming the offending key (and ``source``, the file)."""
+    """Parse and validate; raise ``ConfigError`` naming the offending key and ``source`` (the
+    file), with the line and column of the key's value (of the key, for an unknown one) where
+    the file holds it.
+
+    >>> load_config_text("kafka:\\n  bootstrp: x\\n", env={}, source="serve.yaml")
+    Traceback (most recent call last):
+    ...
+    pipeline.errors.ConfigError: config key 'kafka.bootstrp': serve.yaml:2:3: unknown key; did you mean 'bootstrap'? [GW100]
+    """
     env = os.environ if env is None else env
     data = typedconfig.parse_yaml(text, source=source, key="(file)") or {}
+    try:
+        cfg = _checked(data, env, source)
+    except ConfigError as e:
+        raise typedconfig.located(e, text, source) from None
+    cfg.__dict__["_origin"] = (source, text)
+    return cfg
+
+
+def _checked(data: Any, env: Mapping[str, str], source: str) -> Config:
     if not isinstance(data, dict):
         raise ConfigError(typedconfig.TOP, "the config is a mapping of sections (kafka, http, engine, service)")
     cfg = typedconfig.convert(data, Config, source=source)
@@ -180,3 +199,37 @@ def load_config(path: str | Path | None, env: Mapping[str, str] | None = None) -
         return load_config_text("", env)
     text = typedconfig.read_text(path, key="(file)", yaml_key="(file)")
     return load_config_text(text, env, source=str(path))
+
+
+def check_rule_paths(paths: Sequence[str], cfg: Config | None = None) -> None:
+    """``ConfigError`` naming ``service.rules`` for a rule path that does not exist: the path as
+    given, the directory a relative one was resolved against (the current directory, as every
+    path of this config), and, when ``cfg`` was loaded from a file that gives the path, its
+    ``file:line:col``. Not part of loading: a config is checked on machines without its rules."""
+    for p in paths:
+        path = Path(p)
+        if path.exists():
+            continue
+        what = "rules file" if path.suffix in (".yaml", ".yml") else "rules directory"
+        rel = ""
+        if not path.is_absolute():
+            try:
+                rel = f" (relative to the current directory {Path.cwd()})"
+            except OSError:
+                rel = " (relative to the current directory, which no longer exists)"
+        raise ConfigError("service.rules", f"{_where(cfg, p)}{what} {p!r} does not exist{rel}")
+
+
+def _where(cfg: Config | None, path: str) -> str:
+    """``file:line:col: `` of the ``service.rules`` item that gives ``path`` in the file ``cfg``
+    was loaded from; "" when none does (the defaults, ``--rules``)."""
+    origin = getattr(cfg, "_origin", None)
+    if cfg is None or origin is None:
+        return ""
+    source, text = origin
+    for i, given in enumerate(cfg.service.rules):
+        found = typedconfig.node_at(text, f"service.rules[{i}]") if given == path else None
+        if found is not None and getattr(found[1], "value", None) == path:
+            mark = found[1].start_mark
+            return f"{source}:{mark.line + 1}:{mark.column + 1}: "
+    return ""

@@ -17,7 +17,7 @@ from pipeline.decode import Decoder
 from pipeline.errors import BrokerUnavailableError, ConfigError, InputError
 from pipeline.incidents import IncidentConfig
 from pipeline.rules import load_rules
-from pipeline.service.config import Config
+from pipeline.service.config import Config, check_rule_paths
 from pipeline.service.state import KafkaStateStore, StateStore, state_key
 
 log = logging.getLogger("gpuwarden.service")
@@ -72,6 +72,7 @@ def kafka_parts(cfg: Config, stage: str = "host") -> tuple[GroupConsumer, Produc
             topics.state,
             extra={"insecure_state": True},
         )
+    check_rule_paths(cfg.service.rules, cfg)  # as given, and where the config file gives them
     n_rules = check_rules_load([str(Path(p)) for p in cfg.service.rules])
     # Nobody listening: one line and exit 4 now, not kafka-python's connection errors logged
     # for its 30 s bootstrap timeout (TLS and SASL were checked by ``serve`` already).
@@ -128,7 +129,9 @@ def incident_config(cfg: Config) -> IncidentConfig | None:
 
 
 def check_rules_load(paths: list[str]) -> int:
-    """The number of rules; ``InputError`` (exit 3) naming the files when they do not load."""
+    """The number of rules; ``InputError`` (exit 3) naming the files when they do not load,
+    ``ConfigError`` naming ``service.rules`` when one of ``paths`` does not exist."""
+    check_rule_paths(paths)
     ruleset, diags = load_rules(paths)
     for d in diags:
         (log.error if d.is_error else log.warning)("rules: %s", d)

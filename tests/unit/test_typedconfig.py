@@ -22,9 +22,9 @@ class Doc(msgspec.Struct, forbid_unknown_fields=True):
 
 @pytest.mark.parametrize("data, prefix, key, what", [
     ({"b": [{}, {}, {"port": "x"}]}, "", "b[2].port", "Expected `int`, got `str`"),
-    ({"b": [{"prt": 1}]}, "", "b[0].prt", "unknown key"),
+    ({"b": [{"prt": 1}]}, "", "b[0].prt", "unknown key; did you mean 'port'?"),
     ({"a": {"k": {"port": []}}}, "", "a.port", "Expected `int`, got `array`"),
-    ({"nme": 1}, "", "nme", "unknown key"),
+    ({"nme": 1}, "", "nme", "unknown key; did you mean 'name'?"),
     ({"name": 1}, "svc", "svc.name", "Expected `str`, got `int`"),
     ([1], "", TOP, "Expected `object`, got `array`"),
     ([1], "actions.x", "actions.x", "Expected `object`, got `array`"),
