@@ -183,9 +183,14 @@ __all__ = ["ConfigError", "Stages", "build_detector", "build_engine", "build_sta
 def shipped_faults() -> frozenset[str]:
     """Every fault gpuwarden's shipped detectors raise: the ``fault:`` values of the default packs
     (rules, models, kernel-log signatures; not their tests), the NIC/PCIe port checks', the
-    engine's absence checks' and the hang detector's. A broken pack file is passed over."""
+    engine's absence checks' and the hang detector's. A broken pack file is passed over.
+
+    >>> {"gpu_lost", "hang_collective", "hbm_uncorrectable_error"} <= shipped_faults()
+    True
+    """
     import yaml
 
+    from pipeline import yamlsafe
     from pipeline.engine.checks import builtin_checks
     from pipeline.hang import FAULT as HANG_FAULT
     from pipeline.resources import rules_dir
@@ -211,7 +216,7 @@ def shipped_faults() -> frozenset[str]:
         if "tests" in f.relative_to(packs).parts:
             continue
         try:
-            walk(yaml.safe_load(f.read_text(encoding="utf-8")))
-        except (OSError, UnicodeDecodeError, yaml.YAMLError):
+            walk(yamlsafe.load(f.read_text(encoding="utf-8")))
+        except (OSError, UnicodeDecodeError, yaml.YAMLError, ValueError):
             continue
     return frozenset(found)

@@ -148,13 +148,13 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_INTERNAL
 
 
-if __name__ == "__main__":
-    raise SystemExit(main())
-
-
 def _shipped_faults() -> frozenset[str]:
     """The shipped detectors' faults, for ``routes test`` (imported only when it runs: the
     detectors are slow to import for every other command)."""
     from pipeline.detection import shipped_faults
 
     return shipped_faults()
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

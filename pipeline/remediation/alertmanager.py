@@ -167,6 +167,7 @@ class AlertmanagerAction:
             UrlTemplate.parse(runbook_url)  # ValueError: the action's config error
         self.firing: dict[str, tuple[AlertEvent, dict[str, str]]] = {}  # id -> (alert, labels it fired with)
         self._size: dict[str, int] = {}  # id -> bytes it holds as kept (MAX_FIRING_BYTES)
+        self._held = 0  # their sum
         self._sent_at = -1e18
         self._store: Any = None
         self._client: httpx.Client | None = None
@@ -178,14 +179,18 @@ class AlertmanagerAction:
     def bind_store(self, store: Any) -> None:
         """Keep the firing set in the remediation state file, so a restart goes on re-posting."""
         self._store = store
+        kept: list[tuple[_Firing, int]] = []
         for _, blob in store.kv_all(f"am:{self.name}"):
             try:
                 a = msgspec.json.decode(blob, type=_Firing)
                 iso8601(a.alert.started_at)  # one kept from before times were checked would fail every re-post
             except (msgspec.DecodeError, msgspec.ValidationError, UnsafeValue):
                 continue
+            kept.append((a, len(blob)))
+        # Oldest first, as they fired (the store gives them by id): what a bound forgets first.
+        for a, size in sorted(kept, key=lambda k: (k[0].alert.started_at, k[0].alert.id)):
             self.firing[a.alert.id] = (a.alert, a.labels)
-            self._size[a.alert.id] = len(blob)
+            self._remember(a.alert.id, size)
         self._bound(f"am:{self.name}")
 
     def delay(self, attempt: int, rng: Any) -> float:
@@ -257,24 +262,29 @@ class AlertmanagerAction:
             # Forgotten even when the post failed: re-posting a resolved alert as firing would keep
             # it open for good; unposted, Alertmanager resolves it at its last endsAt.
             self.firing.pop(a.id, None)
-            self._size.pop(a.id, None)
+            self._remember(a.id, 0)
             if self._store is not None:
                 self._store.kv_delete(ns, a.id)
         else:
             # Kept even when the post failed: the next re-post delivers it once Alertmanager answers.
             blob = encode(_Firing(alert=a, labels=plan.extra["labels"]))
             self.firing[a.id] = (a, plan.extra["labels"])
-            self._size[a.id] = len(blob)
+            self._remember(a.id, len(blob))
             if self._store is not None:
                 self._store.kv_put(ns, a.id, blob)
             self._bound(ns)
         return out
 
+    def _remember(self, alert_id: str, size: int) -> None:
+        """``alert_id`` now holds ``size`` bytes as kept (0: forgotten); the running sum follows."""
+        self._held += size - self._size.pop(alert_id, 0)
+        if size:
+            self._size[alert_id] = size
+
     def _bound(self, ns: str) -> None:
         """Forget the oldest firing alerts past ``MAX_FIRING`` of them or ``MAX_FIRING_BYTES``: a
         flood of forged alerts, or a few huge ones, must not grow memory and every re-post."""
-        held = sum(self._size.get(k, 0) for k in self.firing)
-        while self.firing and (len(self.firing) > MAX_FIRING or held > MAX_FIRING_BYTES):
+        while self.firing and (len(self.firing) > MAX_FIRING or self._held > MAX_FIRING_BYTES):
             old = next(iter(self.firing))
             log.warning(
                 "alertmanager %s: more than %d alerts or %d MiB firing; no longer re-posting %s",
@@ -284,24 +294,31 @@ class AlertmanagerAction:
                 printable(old),  # an id from the alerts topic: no line breaks into the log
             )
             self.firing.pop(old)
-            held -= self._size.pop(old, 0)
+            self._remember(old, 0)
             if self._store is not None:
                 self._store.kv_delete(ns, old)
 
     def tick(self, now: float, ctx: Context) -> Outcome | None:
-        """Re-post every firing alert once per ``resend_interval`` (one request for all)."""
+        """Re-post every firing alert once per ``resend_interval``, in requests of at most
+        ``MAX_POST_BYTES``; the first failure is the outcome."""
         if not self.firing or now - self._sent_at < self.resend_interval:
             return None
         self._sent_at = now
         out: Outcome | None = None
+        failed: Outcome | None = None
+        posted = False
         for body in self._bodies(now):
             out = self._post(body, ctx)
-            if not out.ok:  # (Alertmanager down: the rest would fail the same way)
+            posted = posted or out.ok
+            if not out.ok:
+                failed = failed or out
                 log.warning(
                     "alertmanager %s: re-posting %d firing alert(s) failed: %s", self.name, len(self.firing), out.error
                 )
-                break
-        return out
+                if not posted:
+                    break  # Alertmanager down: the rest would fail the same way, each after its retries
+                # Up, but this request refused (one bad alert, a proxy's body limit): the others still go.
+        return failed or out
 
     def _bodies(self, now: float) -> list[bytes]:
         """The firing alerts as re-post requests of at most ``MAX_POST_BYTES`` each (one alert

@@ -82,8 +82,8 @@ def rule_files(paths: Sequence[str | Path]) -> list[Path]:
 
 
 def without_rule_files(paths: Sequence[str | Path]) -> list[str]:
-    """The directories among ``paths`` that hold no rule file (``rule_files``): a wrong path, a
-    pack not written yet. Loading them gives no rule and no error, so a driver or ``rules check``
+    """The directories among ``paths`` that hold no YAML file at all (no rule file, no
+    ``models.yaml``): a wrong path, a pack not written yet. Loading them gives no rule and no error, so a driver or ``rules check``
     pointed at one would run the built-in checks alone, saying nothing; they refuse it instead.
 
     >>> import tempfile
@@ -91,7 +91,13 @@ def without_rule_files(paths: Sequence[str | Path]) -> list[str]:
     ...     without_rule_files([empty]) == [empty]
     True
     """
-    return [str(p) for p in paths if Path(p).is_dir() and not rule_files([p])]
+    return [str(p) for p in paths if Path(p).is_dir() and not _any_yaml(Path(p))]
+
+
+def _any_yaml(d: Path) -> bool:
+    """Whether ``d`` holds a YAML file a driver reads: rules, or only ``models.yaml`` or
+    ``hang.yaml`` (a pack of models alone is a pack)."""
+    return any(x.suffix in (".yaml", ".yml") and x.is_file() for x in d.iterdir())
 
 
 def describe_loaded(rules: Any, models: Any, where: str) -> str:

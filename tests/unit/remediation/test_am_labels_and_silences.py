@@ -218,3 +218,49 @@ def test_a_large_firing_set_is_re_posted_in_bounded_requests(monkeypatch):
 
 def _said(a, summary: str):
     return msgspec.structs.replace(a, summary=summary)
+
+
+def test_a_refused_request_does_not_keep_the_others_from_alertmanager(monkeypatch):
+    # Found in review: the round stopped at any failed request, so one alert Alertmanager refuses
+    # (or a proxy's smaller body limit) kept every later request's alerts from being re-posted,
+    # and Alertmanager resolved them although it was up.
+    from pipeline.remediation import alertmanager
+    from pipeline.remediation.actions import Context, Outcome
+
+    posts: list[list[str]] = []
+
+    def post(body, ctx):
+        ids = [x["annotations"]["alert_id"] for x in json.loads(body)]
+        posts.append(ids)
+        return Outcome("a3" not in ids, "x", error=None if "a3" not in ids else "400 Bad Request")
+
+    act = AlertmanagerAction("am", "http://127.0.0.1:9")
+    act._post = lambda body, ctx: Outcome(True, "x")             # type: ignore[method-assign]
+    for g in range(8):
+        act.execute(act.plan(_said(alert("n1", g, id=f"a{g}"), "s" * 2000)), Context())
+    act._post = post                                              # type: ignore[method-assign]
+    monkeypatch.setattr(alertmanager, "MAX_POST_BYTES", 6_000)
+    out = act.tick(T0 + 1e6, Context())
+    assert not out.ok and "400" in out.error
+    assert sorted(i for p in posts for i in p) == [f"a{g}" for g in range(8)]   # every request went
+
+
+def test_after_a_restart_the_oldest_firing_alert_is_still_the_first_forgotten(tmp_path, monkeypatch):
+    # Found in review: the kept set came back in the store's order (by alert id, a hash), so the
+    # bound forgot alerts at random after a restart, not the oldest.
+    from pipeline.remediation import alertmanager
+    from pipeline.remediation.actions import Context, Outcome
+    from pipeline.remediation.guardrails import StateStore
+
+    store = StateStore(tmp_path / "s.sqlite")
+    act = AlertmanagerAction("am", "http://127.0.0.1:9")
+    act.bind_store(store)
+    act._post = lambda body, ctx: Outcome(True, "x")             # type: ignore[method-assign]
+    for k, name in enumerate(["z-old", "m-mid", "a-new"]):       # ids against their age order
+        act.execute(act.plan(alert("n1", k, id=name, ts=T0 + 100 * k)), Context())
+    monkeypatch.setattr(alertmanager, "MAX_FIRING", 2)
+    again = AlertmanagerAction("am", "http://127.0.0.1:9")
+    again.bind_store(store)
+    assert list(again.firing) == ["m-mid", "a-new"]
+    assert sorted(k for k, _ in store.kv_all("am:am")) == ["a-new", "m-mid"]
+    store.close()

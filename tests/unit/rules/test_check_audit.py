@@ -7,6 +7,7 @@ import textwrap
 import pytest
 
 from pipeline.cli import main
+from pipeline.resources import rules_dir
 from pipeline.errors import EXIT_INPUT
 from pipeline.rules import load_rules
 
@@ -123,7 +124,7 @@ def test_the_first_problem_is_still_the_one_compile_expr_raises():
 def test_a_folder_without_rule_files_is_an_input_error_for_check(tmp_path, capsys):
     empty = tmp_path / "empty"
     empty.mkdir()
-    (empty / "models.yaml").write_text("models: []\n")  # not a rule file
+    (empty / "README.md").write_text("rules go here\n")  # not a YAML file
     for strict in ([], ["--strict"]):
         assert main(["rules", "check", *strict, str(empty)]) == EXIT_INPUT
         err = capsys.readouterr().err
@@ -143,6 +144,11 @@ def test_replay_refuses_a_rules_folder_without_rule_files(tmp_path, recording, c
     assert main(["replay", str(recording), "--rules", str(empty)]) == EXIT_INPUT
     err = capsys.readouterr().err
     assert f"--rules {empty}: no rule files" in err and "replayed" not in err.split("nothing replayed")[0]
+    # A pack of models alone is a pack: its models run.
+    (empty / "models.yaml").write_text((rules_dir() / "models.yaml").read_text())
+    assert main(["replay", str(recording), "--rules", str(empty)]) == 0
+    said = capsys.readouterr().err
+    assert f"loaded 0 rules (0 files) from {empty}, " in said and " online models" in said
 
 
 def test_replay_says_what_it_loaded(tmp_path, recording, capsys):
