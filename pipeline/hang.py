@@ -128,7 +128,7 @@ class _Rank:
     state: str
     progress: int | None  # last completed work (RAS: operations launched)
     enqueued: int | None
-    since: float  # when ``progress`` last changed
+    since: float  # its last report level with its peers, or that moved ``progress``
     ts: float
 
 
@@ -140,6 +140,9 @@ class _Comm:
     nranks: int | None = None
     ranks: dict[int, _Rank] = field(default_factory=dict)
     evidence_at: float | None = None  # the first report that the communicator is hung
+    # Whether a rank reported the hang itself (a watchdog timeout; RAS: missing, dead, error) since
+    # then, not only a rank stuck behind (which may catch up before the deadline: no hang then).
+    reported: bool = False
     seq: int | None = None
     op: str | None = None
     timeout_ms: int | None = None
@@ -311,6 +314,11 @@ class HangDetector:
             rk.enqueued = r.last_enqueued if r.last_enqueued is not None else rk.enqueued
         if prog is not None and (c.top is None or prog > c.top):
             c.top = prog
+        if not self._behind(c, rk):
+            # Level with its peers now: a rank is stuck for how long it has been behind as its
+            # reports show, not since its work last moved (a slow job's rank one behind for an
+            # instant has not moved for minutes, and is not stuck).
+            rk.since = r.ts
         if r.state == "timeout":
             c.seq = c.seq if c.seq is not None else r.seq
             c.op = c.op or r.op
@@ -319,7 +327,11 @@ class HangDetector:
             if self._caught_up(c, r.rank, rk):
                 out.append(self._resolve(self.alerts[c.firing["alert"]], r.ts, "progress resumed"))
             return
-        if c.evidence_at is None and (r.state == "timeout" or r.state in _RAS_SUSPECT or self._stuck(c, rk, r.ts)):
+        if r.state == "timeout" or r.state in _RAS_SUSPECT:
+            c.reported = True
+            if c.evidence_at is None:
+                c.evidence_at = r.ts
+        elif c.evidence_at is None and self._stuck(c, rk, r.ts):
             c.evidence_at = r.ts
         self._next = min(self._next, self._due(c))
 
@@ -328,8 +340,13 @@ class HangDetector:
     def _stuck(self, c: _Comm, k: _Rank, now: float) -> bool:
         """Whether rank ``k``, reporting now, is behind its peers and has not moved for
         ``stuck_after`` (judged as each rank reports: O(1) a record, whatever the job's size)."""
-        behind = k.state == "lagging" or (c.top is not None and k.progress is not None and k.progress < c.top)
-        return behind and now - k.since >= self.config.stuck_after_s
+        return self._behind(c, k) and now - k.since >= self.config.stuck_after_s
+
+    @staticmethod
+    def _behind(c: _Comm, k: _Rank) -> bool:
+        """Whether rank ``k`` is behind its peers: RAS calls it lagging, or its last completed
+        work is below the highest any rank reported."""
+        return k.state == "lagging" or (c.top is not None and k.progress is not None and k.progress < c.top)
 
     def suspects(self, c: _Comm) -> list[tuple[int, _Rank, str]]:
         """The ranks a hang is blamed on, with why, lowest rank first."""
@@ -383,6 +400,11 @@ class HangDetector:
         all its suspects (the first that fired), or fires one of its own, which the job's
         ``pending`` communicators naming no other suspect join at once."""
         sus = self.suspects(c)
+        if not c.reported and not any(self._stuck(c, k, at) for k in c.ranks.values()):
+            # The evidence was a rank stuck behind, and it caught up before the deadline: no hang
+            # (a moving job's ranks, reporting at their own instants, differ by a little: not one).
+            c.evidence_at = None
+            return None
         who: list[Suspect] = [(k.host, k.gpu) for _, k, _ in sus]
         for a in self._by_job.get(c.job or "", {}).values():
             if a.covers(c.job, who):
@@ -514,6 +536,7 @@ class HangDetector:
             if c is not None and c.firing is not None and c.firing["alert"] == a.id:
                 # The next hang here names its own collective, not this one's.
                 c.firing, c.evidence_at, c.seq, c.op, c.timeout_ms = None, None, None, None, None
+                c.reported = False
         del self.alerts[a.id]
         job = self._by_job[a.job or ""]
         del job[a.id]
@@ -533,6 +556,7 @@ class HangDetector:
             "comms": [
                 {
                     "job": c.job, "comm": c.comm, "name": c.name, "nranks": c.nranks, "evidence_at": c.evidence_at,
+                    "reported": c.reported,
                     "seq": c.seq, "op": c.op, "timeout_ms": c.timeout_ms, "last_ts": c.last_ts, "top": c.top,
                     "firing": None if c.firing is None else {**c.firing, "waiting": sorted(c.firing["waiting"])},
                     "untracked": c.untracked, "sources": sorted(c.sources),
@@ -561,6 +585,9 @@ class HangDetector:
             for d in state["comms"][: self.config.max_communicators]:
                 c = _Comm(_opt_str(d["job"]), _opt_str(d["comm"]), _opt_str(d["name"]), _opt_int(d["nranks"]))
                 c.evidence_at = _opt_float(d["evidence_at"])
+                # A state written before the flag: as before it, the evidence stands.
+                rep = d.get("reported")
+                c.reported = rep if isinstance(rep, bool) else c.evidence_at is not None
                 c.seq, c.op, c.timeout_ms = _opt_int(d["seq"]), _opt_str(d["op"]), _opt_int(d["timeout_ms"])
                 c.last_ts, c.untracked, c.top = float(d["last_ts"]), int(d["untracked"]), _opt_int(d["top"])
                 c.sources = set() if v1 else {_str(s) for s in d["sources"]}
