@@ -243,6 +243,11 @@ class IncidentStage:
         xid = _xid(a)
         app = self.config.application_xids
         inc = self._target(a)
+        if inc is not None and a.id in inc.members:
+            # A member's firing event again after its resolution (at-least-once delivery): it
+            # would fire in the incident for good, which then never resolves.
+            self.stats["incidents.ignored.repeated_alert"] += 1
+            return
         reason = ""
         if app.applies(a.rule, xid):
             n = self.history.note(
@@ -258,7 +263,9 @@ class IncidentStage:
                 return
         else:
             self._join(inc, a, out)
-        for p in self._alert_policies:
+        # A repeat offender is a GPU or host: alerts without a host (fleet-wide ones) are none,
+        # and counted under one empty host they would make a lemon of every hostless incident.
+        for p in self._alert_policies if a.host is not None else ():
             if p.counts(a.rule, xid):
                 self._count(p, inc, a.host or "", a.gpu if p.per == "gpu" else None, a.ts, a.id, out, xid)
 
@@ -282,7 +289,9 @@ class IncidentStage:
         for c in self.config.causality:
             if not c.explains_rule(a.rule):
                 continue
-            if c.reach == "host" or (c.reach == "comm" and a.gpu is None):
+            if c.reach == "host" or a.gpu is None:
+                # A host-level alert: of its host's host-level incidents (every one of them, a
+                # flood of telemetry gaps each its own), only those causing the entry may explain it.
                 near.update(self._by_cause.get((a.host, c.name), {}))
             else:  # what such an entry reaches on the host is on the alert's GPU
                 near.update(self._by_gpu.get((a.host, a.gpu), {}))
@@ -372,7 +381,7 @@ class IncidentStage:
         self._by_gpu.setdefault((inc.host, inc.gpu), {})[inc.id] = inc
         self._add(inc, a)
         self._say(out, inc, OPENED, a.ts, reason=reason)
-        for p in self._incident_policies:
+        for p in self._incident_policies if a.host is not None else ():
             self._count(p, inc, a.host or "", None, a.ts, inc.id, out, None)
         return inc
 
