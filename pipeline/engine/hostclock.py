@@ -85,14 +85,10 @@ class HostClock:
     # steps it was measured: the margin the release rule gives a host for jitter (whole_bound).
     jitter = PerHost(math.nan, "host_jitter")
     jitter_n = PerHost(0.0, "host_jitter_n")
-    # How far a host's clock leapt ahead of the stream's progress (at most max_ahead; 0: none,
-    # or the others caught up): its times count that much less for the fleet's front
-    # (``front``), so that one clock stepping minutes ahead does not make every other host
-    # count as gone.
+    # How far a host's clock once leapt ahead of the stream's progress (at most max_ahead; 0:
+    # never): its times count that much less for the fleet's front (``front``), so that one
+    # clock stepping minutes ahead does not make every other host count as gone.
     lead = PerHost(0.0, "host_lead")
-    # The time a host's clock leapt to (NaN: no lead): once another host gets there, the fleet
-    # caught up (a paused recording, a missed sample at the front) and the lead ends.
-    leapt_to = PerHost(math.nan, "host_leapt_to")
     # How far each host's rows have been processed so, ahead of ``released`` (-inf: not);
     # see Engine._release_hosts.
     done = PerHost(-math.inf, "host_done")
@@ -143,7 +139,6 @@ class HostClock:
             self.step, ts, hosts, self.hwm, self.config.max_lag, shortest=self.min_step, sampled=self.trusted_step
         )
         np.fmax.at(self.hwm, hosts, ts)
-        self._caught_up(n)
         # ``jump`` is kept by screening record by record (its fast path runs only when no host
         # claims a jump): clearing it here for every host heard would make a claim depend on
         # whether its next record came in the same batch.
@@ -197,25 +192,6 @@ class HostClock:
         if leapt.any():
             ahead = np.minimum((ts - before)[o][leapt], self.config.max_ahead)
             np.fmax.at(self.lead, h[leapt], ahead)
-            np.fmax.at(self.leapt_to, h[leapt], t[leapt])
-
-    def _caught_up(self, n: int) -> None:
-        """Leads end where another host's time (less its own lead) reached the time the host
-        leapt to: the others got there, so it was the stream that jumped (a paused recording,
-        a sample missed by the host at the front), not its clock. Judged after each batch."""
-        lead = self.lead[:n]
-        if not n or not (lead > 0).any():
-            return  # (the common case)
-        claims = np.nan_to_num(self.hwm[:n] - lead, nan=-math.inf)
-        first = int(np.argmax(claims))
-        top = claims[first]
-        claims[first] = -math.inf
-        others = np.full(n, top)
-        others[first] = claims.max()  # (each host's: the best claim of any other)
-        with np.errstate(invalid="ignore"):
-            caught = (lead > 0) & (others >= self.leapt_to[:n])
-        lead[caught] = 0.0
-        self.leapt_to[:n][caught] = math.nan
 
     def arrived(self, now: float, hosts: np.ndarray) -> None:
         """Records of ``hosts`` arrived at wall clock ``now`` (a live consumer)."""
@@ -326,10 +302,10 @@ class HostClock:
 
     def front(self, n: int) -> float:
         """Where the fleet is, for judging which hosts are still sending: the newest time claimed,
-        each host's less how far its clock leapt ahead (``lead``, until the others catch up).
-        Measured from the time of one clock stepped minutes ahead (within ``max_ahead``, or its
-        records are refused), every other host would count as gone at once and their samples of
-        those minutes would be ``late``.
+        each host's less how far its clock once leapt ahead (``lead``). Measured from the time
+        of one clock stepped minutes ahead (within ``max_ahead``, or its records are refused),
+        every other host would count as gone at once and their samples of those minutes would
+        be ``late``.
 
         >>> c = HostClock(EngineConfig())
         >>> c.grow(3)

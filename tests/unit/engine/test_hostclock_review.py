@@ -49,7 +49,6 @@ class RefHost:
     trusted: float = math.nan
     whole: bool = False
     lead: float = 0.0
-    leapt_to: float = math.nan
 
 
 @dataclass
@@ -74,7 +73,6 @@ class RefClock:
         leapt = math.isnan(own) or own > cfg.allowed_lateness + host.step  # (no step yet: no leap)
         if math.isfinite(self.progress) and ahead > cfg.allowed_lateness and leapt:
             host.lead = max(host.lead, min(ahead, cfg.max_ahead))
-            host.leapt_to = t if math.isnan(host.leapt_to) else max(host.leapt_to, t)
         self.progress = max(self.progress, t)
         host.seen = self.progress if math.isnan(host.seen) else max(host.seen, self.progress)
         if not math.isnan(host.hwm) and t > host.hwm:
@@ -91,15 +89,6 @@ class RefClock:
                 else:
                     host.min_step = grown
         host.hwm = t if math.isnan(host.hwm) else max(host.hwm, t)
-
-    def settle(self) -> None:
-        """After a batch: a lead ends once another host's newest time less its own lead reached
-        the time the host leapt to (the others got there: the stream jumped, not its clock)."""
-        known = {h: x for h, x in self.hosts.items() if not math.isnan(x.hwm)}
-        for h, x in known.items():
-            others = [y.hwm - y.lead for g, y in known.items() if g != h]
-            if x.lead > 0 and others and max(others) >= x.leapt_to:
-                x.lead, x.leapt_to = 0.0, math.nan
 
     def accept(self, t: float) -> None:
         if not math.isnan(t):
@@ -233,9 +222,7 @@ def test_the_marks_and_the_watermark_are_the_references_whatever_the_batching(ca
         for t, h in batch:
             ref.hear(t, h)
             ref.accept(t)
-        ref.settle()
-        marks = (("hwm", clock.hwm), ("seen", clock.seen), ("step", clock.step), ("lead", clock.lead),
-                 ("leapt_to", clock.leapt_to))
+        marks = (("hwm", clock.hwm), ("seen", clock.seen), ("step", clock.step), ("lead", clock.lead))
         for name, got in marks:
             want = [getattr(ref.hosts[h], name) for h in range(n)]
             assert np.allclose(got[:n], want, rtol=1e-12, atol=0, equal_nan=True), name
@@ -529,7 +516,7 @@ def test_a_clock_stepping_minutes_ahead_costs_the_others_nothing(ahead, bad) -> 
     eng, dead, released = _fleet_with(bad, lambda t: ahead if t >= 400 else 0.0)
     assert dead == []
     assert max(s - r for s, r in enumerate(released) if s > 60) <= 1.0
-    assert eng.clock.lead[eng.entities.host_id[bad]] == 0.0  # (the others got to its leap by 900 s)
+    assert eng.clock.lead[eng.entities.host_id[bad]] == pytest.approx(ahead, abs=1.0)
 
 
 def test_the_last_host_sending_holds_the_release_no_longer_than_its_wait() -> None:
