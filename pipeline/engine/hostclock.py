@@ -130,7 +130,7 @@ class HostClock:
         progress = np.maximum(np.maximum.accumulate(ts), start)
         np.fmax.at(self.seen, hosts, progress)
         # Before latest_steps moves the steps a leap is measured against.
-        self._leaps(ts, hosts, progress, start)
+        self._leaps(ts, hosts, progress, start, n)
         # Before latest_steps moves the shortest step its deviations are measured from.
         step_jitter(self.jitter, self.jitter_n, ts, hosts, self.hwm, self.trusted_step)
         # The step the release rule waits by (docs/architecture.md §4); absence scales with the
@@ -143,10 +143,10 @@ class HostClock:
         # claims a jump): clearing it here for every host heard would make a claim depend on
         # whether its next record came in the same batch.
 
-    def _leaps(self, ts: np.ndarray, hosts: np.ndarray, progress: np.ndarray, start: float) -> None:
+    def _leaps(self, ts: np.ndarray, hosts: np.ndarray, progress: np.ndarray, start: float, n: int) -> None:
         """Records that leapt ahead: further than ``allowed_lateness`` past the stream's progress
         before them, in a step forward of their own host longer than ``allowed_lateness`` plus
-        its step before (a host's first record: any step; its second, none). A host sampling slowly, or alone at
+        its step before (a host's first record: any step; its second: the fleet's longest). A host sampling slowly, or alone at
         the front, walks its own steps and never leaps; a clock set minutes ahead does."""
         before = np.empty_like(progress)
         before[:1] = start
@@ -185,10 +185,14 @@ class HostClock:
         upto[first] = -1
         upto[upto < group] = -1
         step_before = np.where(upto >= 0, np.minimum(gap[np.maximum(upto, 0)], self.config.max_lag), self.step[h])
+        # A host's second record has no step of its own before it: the fleet's longest step (as
+        # the batch found it) stands in, as ``wait`` has it for a host seen once; with none known
+        # anywhere, it does not leap. Not never: a clock set ahead between a host's first samples
+        # would be the front unchecked. Not 0: at 60 s sampling a first step would be a leap.
+        known = self.step[:n][~np.isnan(self.step[:n])] if n else self.step[:0]
+        fleet = float(known.max()) if len(known) else math.nan  # (no step anywhere yet: no judging)
         with np.errstate(invalid="ignore"):
-            # (A host's second record, with no step before it to measure by, does not leap: at
-            # 60 s sampling its first step would be one.)
-            leapt = cand[o] & (np.isnan(gap) | (gap > lateness + step_before))
+            leapt = cand[o] & (np.isnan(gap) | (gap > lateness + np.where(np.isnan(step_before), fleet, step_before)))
         if leapt.any():
             ahead = np.minimum((ts - before)[o][leapt], self.config.max_ahead)
             np.fmax.at(self.lead, h[leapt], ahead)

@@ -204,6 +204,7 @@ def _leads(batches: list[list[tuple[float, int]]], n: int) -> tuple[list[float],
         ts, hs = np.array([t for t, _ in b]), np.array([h for _, h in b], np.int64)
         clock.hear(ts, hs, n)
         clock.accepted(ts)
+        ref.batch()
         for t, h in b:
             ref.hear(t, h)
     return clock.lead[:n].tolist(), [ref.hosts.get(h, RefHost()).lead for h in range(n)]
@@ -316,6 +317,22 @@ def test_the_last_host_sending_missing_samples_leaps_nowhere() -> None:
     eng, dead, lag = _run(times)
     assert _lead(eng, "h0") == 0.0
     assert max(lag[600:]) <= 45.0
+
+
+def test_a_clock_leaping_at_a_joining_hosts_second_sample_costs_the_others_nothing() -> None:
+    # Found by the property test at a larger budget: h3 joins at 150 s sampling every 10 s, and
+    # its clock steps 45 s ahead before its second sample. With no step of its own yet, that
+    # sample did not count as a leap, became the front, and h0-h2 (1 Hz) lost their samples of
+    # the next seconds as late. Measured by the fleet's longest step (1 s), it leaps.
+    eng = _engine()
+    dead = []
+    for s in range(300):
+        msgs = [(f"h{k}", _message(T0 + s + 0.1 * k, f"h{k}")) for k in range(3)]
+        if s >= 150 and s % 10 == 0:
+            msgs.append(("h3", _message(T0 + s + 0.3 + (45.0 if s > 150 else 0.0), "h3")))
+        dead += _feed(eng, msgs).dead
+    assert dead == []
+    assert _lead(eng, "h3") == pytest.approx(45.0, abs=1.0)
 
 
 def test_leads_are_kept_in_a_hostclock_built_by_hand() -> None:
