@@ -97,7 +97,7 @@ def test_the_incident_timeline_renders_in_headless_chromium(incident):
     assert '<h2 id="incidents">Incidents</h2>' in dom and 'alt="Timeline of incidents"' in dom
     alert_ids = {i.id for i in log.incidents}
     for s in spans:
-        assert f'id="{s.id}"' in dom                   # one row per incident ...
+        assert f'id="incident-{s.id}"' in dom          # one row per incident ...
         assert set(s.members) <= alert_ids             # ... whose members are alerts of the report
     for i in log.incidents:
         if i.number:                                   # a member with a section links to it
