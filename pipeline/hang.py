@@ -338,8 +338,8 @@ class HangDetector:
     # -- judging -----------------------------------------------------------------------------
 
     def _stuck(self, c: _Comm, k: _Rank, now: float) -> bool:
-        """Whether rank ``k``, reporting now, is behind its peers and has not moved for
-        ``stuck_after`` (judged as each rank reports: O(1) a record, whatever the job's size)."""
+        """Whether rank ``k``, reporting now, has been behind its peers for ``stuck_after`` by
+        its reports (judged as each rank reports: O(1) a record, whatever the job's size)."""
         return self._behind(c, k) and now - k.since >= self.config.stuck_after_s
 
     @staticmethod

@@ -146,8 +146,9 @@ class HostClock:
     def _leaps(self, ts: np.ndarray, hosts: np.ndarray, progress: np.ndarray, start: float, n: int) -> None:
         """Records that leapt ahead: further than ``allowed_lateness`` past the stream's progress
         before them, in a step forward of their own host longer than ``allowed_lateness`` plus
-        its step before (a host's first record: any step; its second: the fleet's longest). A host sampling slowly, or alone at
-        the front, walks its own steps and never leaps; a clock set minutes ahead does."""
+        its step before (a host's first record: any step; its second: the fleet's longest). A
+        host sampling slowly, or alone at the front, walks its own steps and never leaps; a
+        clock set minutes ahead does."""
         before = np.empty_like(progress)
         before[:1] = start
         before[1:] = progress[:-1]
@@ -156,20 +157,15 @@ class HostClock:
             cand = np.isfinite(before) & (ts - before > lateness)
         if not cand.any():
             return  # (the common case: no record is far ahead of the stream)
-        o = np.argsort(hosts, kind="stable")
-        h, t = hosts[o], ts[o]
-        first = np.ones(len(h), bool)
-        first[1:] = h[1:] != h[:-1]
-        prev = np.empty_like(t)
-        prev[1:] = t[:-1]
-        prev[first] = self.hwm[h[first]]
-        gap = t - prev
+        o, h, t, first, gap = _host_order(ts, hosts, self.hwm)
         with np.errstate(invalid="ignore"):
             back = (gap < 0).any()
         if back:
             # A clock that stepped back: a step is measured from the host's newest time before
             # the record (its mark, as ``hwm`` has it across batches), not from the record
             # before it, or a leap would depend on whether the step back came in its batch.
+            prev = np.empty_like(t)
+            prev[first] = self.hwm[h[first]]
             prev[~first] = _group_running_max(t, first)[:-1][~first[1:]]
             prev = np.fmax(prev, self.hwm[h])
             gap = t - prev
@@ -189,8 +185,8 @@ class HostClock:
         # the batch found it) stands in, as ``wait`` has it for a host seen once; with none known
         # anywhere, it does not leap. Not never: a clock set ahead between a host's first samples
         # would be the front unchecked. Not 0: at 60 s sampling a first step would be a leap.
-        known = self.step[:n][~np.isnan(self.step[:n])] if n else self.step[:0]
-        fleet = float(known.max()) if len(known) else math.nan  # (no step anywhere yet: no judging)
+        steps = self.step[:n]
+        fleet = float(np.nanmax(steps)) if n and not np.isnan(steps).all() else math.nan  # (none: no judging)
         with np.errstate(invalid="ignore"):
             leapt = cand[o] & (np.isnan(gap) | (gap > lateness + np.where(np.isnan(step_before), fleet, step_before)))
         if leapt.any():
@@ -441,6 +437,15 @@ def _host_gaps(ts: np.ndarray, hosts: np.ndarray, before: np.ndarray) -> tuple[n
     """Records grouped by host (stable: each host's in its own order): their hosts, and each
     one's step from the record before it of its host (``before``: each host's time before
     these records; NaN where unknown, negative where a record went back in time)."""
+    _, h, _, _, gap = _host_order(ts, hosts, before)
+    return h, gap
+
+
+def _host_order(
+    ts: np.ndarray, hosts: np.ndarray, before: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """``_host_gaps`` with what it is built from: the order that groups the records by host,
+    their hosts and times in it, where each host's run starts, and the steps."""
     o = np.argsort(hosts, kind="stable")
     h, t = hosts[o], ts[o]
     prev = np.empty_like(t)
@@ -448,7 +453,7 @@ def _host_gaps(ts: np.ndarray, hosts: np.ndarray, before: np.ndarray) -> tuple[n
     first = np.ones(len(h), bool)
     first[1:] = h[1:] != h[:-1]
     prev[first] = before[h[first]]
-    return h, t - prev
+    return o, h, t, first, t - prev
 
 
 def _group_running_max(t: np.ndarray, first: np.ndarray) -> np.ndarray:
