@@ -5,7 +5,8 @@ A communicator's ranks span hosts, so this runs where every host's records meet:
 (``pipeline/fleetstage.py``), fed the progress records it releases, in canonical order, and told
 how far event time has come. A communicator (``job``, ``comm``) is hung when a rank reports a
 watchdog timeout, RAS names a rank missing, dead or in error, or a rank behind its peers makes
-no progress for ``stuck_after``. The communicator waits ``settle`` after that first evidence, so
+no progress for ``stuck_after`` (one that stopped reporting: while its peers, reporting still,
+stayed where they were). The communicator waits ``settle`` after that first evidence, so
 the other ranks' reports of the same hang are in, then names its suspects: the ranks RAS names,
 the ranks whose last completed work (RAS: launched operations) lags the highest their peers
 report, else the ranks that enqueued less, and ranks of a known size that never reported (not
@@ -148,6 +149,10 @@ class _Comm:
     timeout_ms: int | None = None
     last_ts: float = -math.inf
     top: int | None = None  # the highest progress any rank reported
+    top_since: float = -math.inf  # when ``top`` last rose
+    # The earliest report at which a rank that stopped reporting may have been behind a stalled
+    # communicator for ``stuck_after`` (its own reports never come to be judged): infinite if none.
+    watch: float = math.inf
     # While it is part of a firing alert: the alert's id, its suspects here, those not yet caught
     # up, and the highest progress when it joined.
     firing: dict[str, Any] | None = None
@@ -313,7 +318,8 @@ class HangDetector:
             rk.state, rk.ts = r.state, r.ts
             rk.enqueued = r.last_enqueued if r.last_enqueued is not None else rk.enqueued
         if prog is not None and (c.top is None or prog > c.top):
-            c.top = prog
+            c.top, c.top_since = prog, r.ts
+            c.watch = r.ts + self.config.stuck_after_s
         if not self._behind(c, rk):
             # Level with its peers now: a rank is stuck for how long it has been behind as its
             # reports show, not since its work last moved (a slow job's rank one behind for an
@@ -331,7 +337,7 @@ class HangDetector:
             c.reported = True
             if c.evidence_at is None:
                 c.evidence_at = r.ts
-        elif c.evidence_at is None and self._stuck(c, rk, r.ts):
+        elif c.evidence_at is None and (self._stuck(c, rk, r.ts) or (r.ts >= c.watch and self._stuck_silent(c, r.ts))):
             c.evidence_at = r.ts
         self._next = min(self._next, self._due(c))
 
@@ -341,6 +347,27 @@ class HangDetector:
         """Whether rank ``k``, reporting now, has been behind its peers for ``stuck_after`` by
         its reports (judged as each rank reports: O(1) a record, whatever the job's size)."""
         return self._behind(c, k) and now - k.since >= self.config.stuck_after_s
+
+    def _held(self, c: _Comm, k: _Rank, at: float) -> bool:
+        """Whether rank ``k`` is still stuck at ``at``: by its reports, and if it stopped
+        reporting, with its peers where they were for ``stuck_after``."""
+        stall = self.config.stuck_after_s
+        return self._stuck(c, k, at) and (at - k.ts < stall or at - c.top_since >= stall)
+
+    def _stuck_silent(self, c: _Comm, now: float) -> bool:
+        """Whether a rank that stopped reporting has been behind for ``stuck_after`` while its
+        peers, reporting still, stayed where they were (a peer moving on shows the rank did too:
+        its reporter died, not its work). Sets ``c.watch`` to the next report worth the walk."""
+        c.watch = math.inf
+        if now - c.top_since < self.config.stuck_after_s:
+            c.watch = c.top_since + self.config.stuck_after_s
+            return False
+        for k in c.ranks.values():
+            if self._behind(c, k):
+                if now - k.since >= self.config.stuck_after_s:
+                    return True
+                c.watch = min(c.watch, k.since + self.config.stuck_after_s)
+        return False
 
     @staticmethod
     def _behind(c: _Comm, k: _Rank) -> bool:
@@ -359,7 +386,9 @@ class HangDetector:
         if top is not None and min(known) < top:
             for i, k in c.ranks.items():
                 if k.progress is not None and k.progress < top:
-                    out.setdefault(i, (k, f"last completed {k.progress}, peers {top}"))
+                    quiet = c.last_ts - k.ts
+                    tail = f", silent {quiet:.0f}s" if quiet >= self.config.stuck_after_s else ""
+                    out.setdefault(i, (k, f"last completed {k.progress}, peers {top}{tail}"))
         elif not out:
             enq = [k.enqueued for k in c.ranks.values() if k.enqueued is not None]
             if enq and min(enq) < max(enq):
@@ -400,9 +429,10 @@ class HangDetector:
         all its suspects (the first that fired), or fires one of its own, which the job's
         ``pending`` communicators naming no other suspect join at once."""
         sus = self.suspects(c)
-        if not c.reported and not any(self._stuck(c, k, at) for k in c.ranks.values()):
-            # The evidence was a rank stuck behind, and it caught up before the deadline: no hang
-            # (a moving job's ranks, reporting at their own instants, differ by a little: not one).
+        if not c.reported and not any(self._held(c, k, at) for k in c.ranks.values()):
+            # The evidence was a rank stuck behind, and it caught up before the deadline (or its
+            # peers moved on, so a silent one did too): no hang (a moving job's ranks, reporting
+            # at their own instants, differ by a little: not one).
             c.evidence_at = None
             return None
         who: list[Suspect] = [(k.host, k.gpu) for _, k, _ in sus]
@@ -558,6 +588,8 @@ class HangDetector:
                     "job": c.job, "comm": c.comm, "name": c.name, "nranks": c.nranks, "evidence_at": c.evidence_at,
                     "reported": c.reported,
                     "seq": c.seq, "op": c.op, "timeout_ms": c.timeout_ms, "last_ts": c.last_ts, "top": c.top,
+                    "top_since": c.top_since if c.top is not None else None,
+                    "watch": c.watch if math.isfinite(c.watch) else None,
                     "firing": None if c.firing is None else {**c.firing, "waiting": sorted(c.firing["waiting"])},
                     "untracked": c.untracked, "sources": sorted(c.sources),
                     "ranks": [[i, k.host, k.gpu, k.state, k.progress, k.enqueued, k.since, k.ts]
@@ -591,6 +623,12 @@ class HangDetector:
                 c.seq, c.op, c.timeout_ms = _opt_int(d["seq"]), _opt_str(d["op"]), _opt_int(d["timeout_ms"])
                 c.last_ts, c.untracked, c.top = float(d["last_ts"]), int(d["untracked"]), _opt_int(d["top"])
                 c.sources = set() if v1 else {_str(s) for s in d["sources"]}
+                if c.top is not None:
+                    # A state written before these: the top taken as rising at the last report.
+                    since = _opt_float(d.get("top_since"))
+                    c.top_since = since if since is not None else c.last_ts
+                    watch = _opt_float(d.get("watch")) if "watch" in d else c.top_since + self.config.stuck_after_s
+                    c.watch = watch if watch is not None else math.inf
                 for i, host, gpu, st, prog, enq, since, ts in d["ranks"][: self.config.max_ranks]:
                     c.ranks[int(i)] = _Rank(
                         str(host), _opt_int(gpu), str(st), _opt_int(prog), _opt_int(enq), float(since), float(ts)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import time
 
-import pytest
+import msgspec
 
 from pipeline.hang import HangDetector, Settings
 from tests.factories import T0, progress
@@ -79,12 +79,87 @@ def test_a_restore_mid_stall_keeps_the_outcome():
     assert [(a.state, a.ts) for a in out] == [(a.state, a.ts) for a in whole]
 
 
-@pytest.mark.xfail(strict=True, reason="not fixed: a rank behind that goes silent is never judged stuck")
 def test_a_rank_behind_that_goes_silent_is_reported():
     # Rank 1 (progress records only, no watchdog) stops at 199 and its reporter dies with it; its
-    # peers sit at 200 forever. Only rank 1's own report is ever checked for being stuck.
+    # peers sit at 200 forever: its own reports never come to be judged stuck, its peers' do.
     recs = [progress(float(t), "n0", 0, gpu=0, nranks=2, last_enqueued=201, last_completed=200)
             for t in range(0, 900, 5)]  # fmt: skip
     recs.append(progress(0.1, "n1", 1, gpu=1, nranks=2, last_enqueued=200, last_completed=199))
     _, out = _run(recs)
     assert [(a.state, a.host) for a in out] == [("firing", "n1")]
+    # Evidence at the first peer report once rank 1 was behind for stuck_after (120 s after its
+    # report at 0.1: the report at 125), then settle (30 s).
+    assert out[0].ts == T0 + 155
+    assert "last completed 199, peers 200, silent 150s" in out[0].summary
+
+
+def _silent_rank_1(peer_done):
+    """Rank 0 reports every 5 s for 900 s, completing ``peer_done(t)``; rank 1 reports once, at
+    0.1 s, one behind rank 0's first report, and never again."""
+    recs = [progress(float(t), "n0", 0, gpu=0, nranks=2, last_enqueued=peer_done(t) + 1, last_completed=peer_done(t))
+            for t in range(0, 900, 5)]  # fmt: skip
+    recs.append(progress(0.1, "n1", 1, gpu=1, nranks=2, last_enqueued=200, last_completed=199))
+    return recs
+
+
+def test_a_silent_rank_whose_peers_move_on_is_a_dead_reporter_not_a_hang():
+    # The collectives complete, so rank 1 took part: only its reporter stopped.
+    _, out = _run(_silent_rank_1(lambda t: 200 + t // 5))
+    assert out == []
+
+
+def test_a_silent_rank_whose_peers_move_on_before_the_deadline_does_not_fire():
+    # The peers sit still for 125 s (evidence), then move on within settle.
+    _, out = _run(_silent_rank_1(lambda t: 200 if t < 140 else 200 + t))
+    assert out == []
+
+
+def test_a_job_that_ends_with_one_rank_a_report_behind_stays_quiet():
+    # Every rank stops reporting at the end; rank 1's last report came just before its last
+    # completion. Nobody is left reporting a stall, so nothing shows a hang.
+    recs = [progress(float(t) + 0.1 * r, f"n{r}", r, gpu=r, nranks=2, last_enqueued=t + 1,
+                     last_completed=t - (1 if r == 1 and t == 295 else 0))
+            for t in range(0, 300, 5) for r in range(2)]  # fmt: skip
+    _, out = _run(recs, upto=T0 + 3000)
+    assert out == []
+
+
+def test_a_silent_rank_in_a_restored_detector_is_still_reported():
+    recs = sorted(_silent_rank_1(lambda t: 200), key=lambda r: r.ts)
+    _, whole = _run(recs)
+    for cut in (1, 10, 24, 25, 26, 40):  # before, at and after the evidence (the report at 125)
+        det = HangDetector(Settings())
+        out = det.observe(recs[:cut])
+        again = HangDetector(Settings())
+        again.load_state(msgspec.json.decode(msgspec.json.encode(det.to_state())))
+        out += again.observe(recs[cut:]) + again.advance(recs[-1].ts + 1)
+        assert [(a.state, a.ts, a.summary) for a in out] == [(a.state, a.ts, a.summary) for a in whole], cut
+
+
+def test_a_state_written_before_the_silence_watch_still_reports_a_silent_rank():
+    recs = sorted(_silent_rank_1(lambda t: 200), key=lambda r: r.ts)
+    det = HangDetector(Settings())
+    det.observe(recs[:10])
+    state = det.to_state()
+    for c in state["comms"]:
+        del c["top_since"], c["watch"]
+    again = HangDetector(Settings())
+    again.load_state(state)
+    out = again.observe(recs[10:]) + again.advance(recs[-1].ts + 1)
+    assert [(a.state, a.host) for a in out] == [("firing", "n1")]
+
+
+def test_a_large_stalled_communicator_is_walked_rarely():
+    # 20,000 ranks, one silent behind, the rest reporting level every 5 s: the walk over ranks
+    # runs at a few reports, not at each one.
+    n = 20_000
+    det = HangDetector(Settings())
+    recs = [progress(0.0, "h1", 1, nranks=n, last_enqueued=200, last_completed=199)]
+    recs += [progress(float(t), f"h{r}", r, nranks=n, last_enqueued=201, last_completed=200)
+             for t in range(0, 200, 5) for r in range(n) if r != 1]  # fmt: skip
+    walks = []
+    walk = det._stuck_silent
+    det._stuck_silent = lambda c, now: walks.append(now) or walk(c, now)  # type: ignore[method-assign]
+    out = det.observe(recs) + det.advance(recs[-1].ts + 1)
+    assert [(a.state, a.host) for a in out] == [("firing", "h1")]
+    assert len(walks) == 1
