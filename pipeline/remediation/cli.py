@@ -20,7 +20,7 @@ from pipeline.bus import connection
 from pipeline.errors import ConfigError, InputError, UsageError
 from pipeline.remediation.audit import AuditLog
 from pipeline.remediation.config import load_config, parse_duration
-from pipeline.remediation.guardrails import BreakerState, StateStore
+from pipeline.remediation.guardrails import BreakerState, StateStore, read_breaker
 from pipeline.remediation.incidents import SOURCES, decode_incident
 from pipeline.remediation.remediator import Remediator
 from pipeline.remediation.routes import RouteTree, alert_from_args
@@ -86,38 +86,41 @@ def _cmd_breaker(args: argparse.Namespace) -> int:
     cfg = _load(args)
     window = parse_duration(cfg.guardrails.breaker.window, "guardrails.breaker.window")
     exists = cfg.state_file.exists()
-    # ``status`` only reads: a state file that is not there yet is the default state (closed,
-    # nothing recorded), and is not created here (``reset`` and the deciding commands create it).
-    store = StateStore(cfg.state_file) if exists or args.breaker_command == "reset" else None
-    try:
-        if store is not None and args.breaker_command == "reset":
+    missing = not exists and args.breaker_command == "status"
+    if args.breaker_command == "reset":
+        store = StateStore(cfg.state_file)
+        try:
             was_open = store.reset_breaker(args.by or getpass.getuser(), args.note or "")
             print("breaker closed" if was_open else "breaker was not open; reset recorded anyway")
-        st = store.breaker(window) if store is not None else BreakerState(False, None, None, None, None, None, [])
-        b = cfg.guardrails.breaker
-        if args.json:
-            print(
-                json.dumps({**st.to_dict(), "state_file": str(cfg.state_file), "state_file_exists": exists}, indent=2)
-            )
-        else:
-            print(f"breaker: {'OPEN' if st.open else 'closed'}")
-            if store is None:
-                print(
-                    f"  state file {cfg.state_file} does not exist yet: nothing recorded "
-                    "(remediate, remediate act or breaker reset creates it)"
-                )
-            if st.open:
-                print(f"  opened: {st.opened_at} ({st.reason})")
-            if st.reset_at:
-                print(f"  last reset: {st.reset_at} by {st.reset_by} {st.reset_note or ''}".rstrip())
-            print(
-                f"  nodes acted on in the last {window:g}s: {len(st.hosts_in_window)} "
-                f"(limit {b.max_nodes}" + (f", {b.max_percent:g}% of {b.fleet_size}" if b.fleet_size else "") + ")"
-            )
-        return 1 if (args.breaker_command == "status" and st.open and args.exit_code) else 0
-    finally:
-        if store is not None:
+            st = store.breaker(window)
+        finally:
             store.close()
+    elif exists:
+        # ``status`` only reads, so it works on a read-only state file and changes nothing in it.
+        st = read_breaker(cfg.state_file, window)
+    else:
+        # Not created here: a state file that is not there yet is the default state (closed,
+        # nothing recorded); ``reset`` and the deciding commands create it.
+        st = BreakerState(False, None, None, None, None, None, [])
+    b = cfg.guardrails.breaker
+    if args.json:
+        print(json.dumps({**st.to_dict(), "state_file": str(cfg.state_file), "state_file_exists": exists}, indent=2))
+    else:
+        print(f"breaker: {'OPEN' if st.open else 'closed'}")
+        if missing:
+            print(
+                f"  state file {cfg.state_file} does not exist yet: nothing recorded "
+                "(remediate, remediate act or breaker reset creates it)"
+            )
+        if st.open:
+            print(f"  opened: {st.opened_at} ({st.reason})")
+        if st.reset_at:
+            print(f"  last reset: {st.reset_at} by {st.reset_by} {st.reset_note or ''}".rstrip())
+        print(
+            f"  nodes acted on in the last {window:g}s: {len(st.hosts_in_window)} "
+            f"(limit {b.max_nodes}" + (f", {b.max_percent:g}% of {b.fleet_size}" if b.fleet_size else "") + ")"
+        )
+    return 1 if (args.breaker_command == "status" and st.open and args.exit_code) else 0
 
 
 def _cmd_act(args: argparse.Namespace) -> int:

@@ -83,8 +83,18 @@ class Limits:
 class StateStore:
     """The guardrails' memory. Every method is one short transaction, so a crash leaves it consistent."""
 
-    def __init__(self, path: str | Path) -> None:
+    def __init__(self, path: str | Path, *, read_only: bool = False) -> None:
+        """Open (creating it, unless ``read_only``) the state file at ``path``.
+
+        ``read_only``: the file must exist, and nothing is written to it or created beside it (no
+        schema, no WAL switch, no -wal/-shm/-journal of its own), so it opens on a read-only file
+        in a read-only directory; only the reading methods may be called (``read_breaker``).
+        """
         self.path = Path(path)
+        self._lock_fd: int | None = None
+        if read_only:
+            self.db = _connect_read_only(self.path)
+            return
         self.path.parent.mkdir(parents=True, exist_ok=True)
         try:
             # One thread at a time uses it, but not always the one that built it (the service is
@@ -95,7 +105,6 @@ class StateStore:
             self.db.executescript(SCHEMA)
         except sqlite3.DatabaseError as e:
             raise StateError(f"remediation state {self.path} is unusable: {e}") from e
-        self._lock_fd: int | None = None
 
     # -- one active instance -----------------------------------------------------------------
 
@@ -274,10 +283,29 @@ class StateStore:
         return was_open
 
     def prune(self, before: float) -> int:
-        """Forget attempts and breaker counts older than ``before`` (claims are kept: they are
-        what recognises an old alert delivered again). Returns the rows removed."""
+        """Forget attempts and breaker counts older than ``before``. Returns the rows removed.
+
+        Claims, resolutions and holds are kept: a decision reads them at any age (a claim or a
+        resolution recognises an old alert delivered again; a hold lasts until its alert resolves).
+        """
         n = self.db.execute("DELETE FROM attempts WHERE ts<?", (before,)).rowcount
         return n + self.db.execute("DELETE FROM node_actions WHERE ts<?", (before,)).rowcount
+
+    def prune_groups(self, before: float) -> int:
+        """Forget groups dispatched before ``before`` (give the longest ``repeat_interval`` ago: an
+        older one decides as no group would). Groups still waiting are kept. Returns the rows removed."""
+        # Members go at dispatch (mark_dispatched), so only those a crash left behind remain to drop.
+        self.db.execute("BEGIN IMMEDIATE")
+        try:
+            gone = self.db.execute(
+                "DELETE FROM groups WHERE dispatched_at IS NOT NULL AND dispatched_at<?", (before,)
+            ).rowcount
+            self.db.execute("DELETE FROM group_members WHERE group_key NOT IN (SELECT group_key FROM groups)")
+            self.db.execute("COMMIT")
+        except BaseException:
+            self.db.execute("ROLLBACK")
+            raise
+        return gone
 
     # -- groups (group_wait, repeat_interval) ----------------------------------------------------
 
@@ -330,6 +358,45 @@ class StateStore:
 
     def kv_all(self, ns: str) -> list[tuple[str, bytes]]:
         return [(k, bytes(v)) for k, v in self.db.execute("SELECT key, value FROM kv WHERE ns=? ORDER BY key", (ns,))]
+
+
+def _connect_read_only(path: Path) -> sqlite3.Connection:
+    """A connection to ``path`` that never writes to it nor creates a file beside it."""
+    if not path.is_file():
+        raise StateError(f"remediation state {path} does not exist")
+    # A -wal (the service running, or stopped uncleanly) holds commits the main file lacks yet: read
+    # through it and its -shm; without one the main file is all of it, and ``immutable`` makes
+    # SQLite open no -shm (it could not create one in a read-only directory) and take no lock.
+    live = any(Path(str(path) + s).exists() for s in ("-wal", "-journal"))
+    uri = path.absolute().as_uri() + ("?mode=ro" if live else "?mode=ro&immutable=1")
+    try:
+        return sqlite3.connect(uri, uri=True, isolation_level=None, timeout=30.0, check_same_thread=False)
+    except sqlite3.DatabaseError as e:
+        raise StateError(f"remediation state {path} is unreadable: {e}") from e
+
+
+def _stamp(path: Path) -> tuple[int, int, int]:
+    st = path.stat()
+    return st.st_ino, st.st_size, st.st_mtime_ns
+
+
+def read_breaker(path: str | Path, window: float, now: float | None = None) -> BreakerState:
+    """The breaker's state (``StateStore.breaker``) in the existing state file at ``path``, read
+    without writing: it works on a read-only file or mount and leaves the file as it was."""
+    path = Path(path)
+    for _ in range(5):
+        stamp = _stamp(path)
+        store = StateStore(path, read_only=True)
+        try:
+            st = store.breaker(window, now)
+        except sqlite3.DatabaseError as e:
+            raise StateError(f"remediation state {path} is unreadable: {e}") from e
+        finally:
+            store.close()
+        # A checkpoint rewriting the file under an ``immutable`` read could tear it: read again.
+        if _stamp(path) == stamp:
+            return st
+    raise StateError(f"remediation state {path} kept changing while it was read; try again")
 
 
 def iso_time(ts: float | None) -> str:

@@ -54,7 +54,7 @@ from pipeline.remediation.incidents import (
 )
 from pipeline.remediation.inventory import Inventory, build_inventory
 from pipeline.remediation.presets import build_action
-from pipeline.remediation.routes import RouteMatch, RouteTree
+from pipeline.remediation.routes import Route, RouteMatch, RouteTree
 from pipeline.remediation.safety import MissingValue, UnsafeValue
 from pipeline.remediation.targets import AllowList
 from pipeline.schema import AlertEvent, encode
@@ -96,6 +96,8 @@ class Remediator:
             attempt_window=parse_duration(g.attempt_window, "guardrails.attempt_window"),
         )
         self.covered_for = parse_duration(config.raw.incidents.covered_for, "incidents.covered_for")
+        # A dispatched group older than every route's repeat_interval decides as no group would.
+        self.group_horizon = max(r.repeat_interval for r in _routes(self.tree.root))
         self._pruned_at = 0.0
         self.notes: list[str] = []  # what a one-shot decision did differently (``handle(one_shot=True)``)
 
@@ -303,6 +305,7 @@ class Remediator:
             # Older than every window that reads them: they can no longer change a decision.
             keep = max(self.limits.cooldown, self.limits.attempt_window, self.limits.window)
             self.store.prune(now - keep)
+            self.store.prune_groups(now - self.group_horizon)
             self._forget_covers(now)
             self._pruned_at = now
         for act in self.actions.values():
@@ -685,3 +688,13 @@ class _Packed(msgspec.Struct):
 def _unpack(blob: bytes) -> tuple[AlertEvent, str | None]:
     p = msgspec.json.decode(blob, type=_Packed)
     return p.alert, p.origin
+
+
+def _routes(root: Route) -> list[Route]:
+    """``root`` and every route below it."""
+    out, todo = [], [root]
+    while todo:
+        r = todo.pop()
+        out.append(r)
+        todo += r.children
+    return out
