@@ -1,79 +1,127 @@
-"""``gpuwarden demo``: simulated fleet -> in-process bus -> engine -> alerts -> incidents, in
-under a minute.
+"""The demo driver: a simulated fleet through the in-process bus, the engine and the incident
+stage (``gpuwarden demo``, ``make demo``).
 
-The same pieces as production, with the in-process bus standing in for Kafka: the simulator
-publishes one message per host per second to ``gpuwarden.telemetry``, a consumer feeds the
-engine, alerts go to ``gpuwarden.alerts`` and are printed as they fire, and the incident stage
-groups them: one incident per root cause, printed as it opens, escalates and resolves.
+What it prints, an operator's view of one run:
+
+- a header: the fleet, the event time simulated, the rules and models loaded;
+- one timeline of alert and incident events in event-time order (ties in the order they were
+  emitted), its times in seconds after the simulation's start, which the timeline names in the
+  wall-clock format alert summaries use (``2025-11-29 08:16:59Z``);
+- every alert and incident named by its ``fault``, as replay counts alerts ("firing alerts by
+  family") and as the alert events carry it: a rule or model name appears nowhere, so one fault
+  never reads as two things;
+- the injected faults against the alerts, and the incidents, each with counts that add up.
 """
 
 from __future__ import annotations
 
 import sys
 import time
+from typing import TYPE_CHECKING, Any
 
-from rich.console import Console
-from rich.markup import escape
-from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
-from rich.table import Table
+if TYPE_CHECKING:
+    from rich.console import Console
+    from rich.table import Table
 
-from pipeline.bus import MemoryBus, Topics, send_all
-from pipeline.bus.sinks import BusOutput
-from pipeline.bus.telemetry import per_host_messages
-from pipeline.incidents import IncidentEvent, IncidentStage, default_config
-from pipeline.incidents.config import IncidentConfigError
-from pipeline.incidents.scoring import match_incidents
-from pipeline.rules.loader import describe_loaded
-from pipeline.runner import Pipeline
-from pipeline.schema import AlertEvent, DeadLetter
-from pipeline.scoring import knock_on, match_faults
+    from pipeline.incidents import IncidentEvent
+    from pipeline.schema import AlertEvent
 
 _STYLE = {"critical": "bold red", "warning": "yellow", "info": "cyan"}
+FAULT_WIDTH = 29  # the longest shipped fault name, so alert lines keep their columns
+DEFAULT_HOSTS, DEFAULT_DURATION, DEFAULT_SEED, DEFAULT_SCENARIO = 8, 1500.0, 7, "mixed"
 
 
-def alert_line(a: AlertEvent, t0: float) -> str:
-    """One readable line per alert state change."""
-    where = a.host or "-"
-    if a.gpu is not None:
-        where += f"/GPU{a.gpu}"
+def _where(host: str | None, gpu: int | None) -> str:
+    return (host or "-") + (f"/GPU{gpu}" if gpu is not None else "")
+
+
+def _wall(ts: float) -> str:
+    """``ts`` as the alert summaries write wall-clock times (``pipeline/engine/checks.py``)."""
+    return time.strftime("%Y-%m-%d %H:%M:%SZ", time.gmtime(ts))
+
+
+def alert_line(a: AlertEvent, t0: float, width: int = FAULT_WIDTH) -> str:
+    """One line per alert state change: time after ``t0``, state, severity, fault, where."""
+    where = _where(a.host, a.gpu)
     if a.state == "firing":
-        return f"+{a.ts - t0:5.0f}s FIRING   {a.severity:<8} {a.fault:<22} {where:<18} {a.summary}"
-    return f"+{a.ts - t0:5.0f}s resolved {a.severity:<8} {a.fault:<22} {where:<18} after {a.ts - a.started_at:.0f}s"
+        return f"+{a.ts - t0:5.0f}s FIRING   {a.severity:<8} {a.fault:<{width}} {where:<18} {a.summary}"
+    return (
+        f"+{a.ts - t0:5.0f}s resolved {a.severity:<8} {a.fault:<{width}} {where:<18} after {a.ts - a.started_at:.0f}s"
+    )
+
+
+def shown(e: IncidentEvent) -> bool:
+    """Whether the timeline shows incident event ``e``: it opened, resolved or changed more than
+    an alert joining (severity, action, a policy), since each alert already has its own line."""
+    return e.state != "updated" or bool(e.policy) or any(c != "alert_joined" for c in e.changes)
 
 
 def incident_line(e: IncidentEvent, t0: float) -> str:
-    """One readable line per incident opened, escalated or resolved."""
-    where = (e.host or "-") + (f"/GPU{e.gpu}" if e.gpu is not None else "")
-    head = f"+{e.ts - t0:5.0f}s INCIDENT {e.state:<8} {e.incident} {where:<18}"
+    """One line per incident opened, escalated (or otherwise changed) or resolved."""
+    label = "escalated" if e.state == "updated" and "action_escalated" in e.changes else e.state
+    head = f"+{e.ts - t0:5.0f}s INCIDENT {label:<9} {e.incident} {_where(e.host, e.gpu):<18}"
     if e.state == "opened":
-        return f"{head} root {e.root.rule}; action {e.action}" + (f" ({e.reason})" if e.reason else "")
+        return f"{head} root {e.root.fault}; {e.severity}, action {e.action}" + (f" ({e.reason})" if e.reason else "")
     if e.state == "resolved":
         return f"{head} {len(e.members) + e.more_members} alert(s), {e.severity}, action {e.action}"
-    return f"{head} action {e.action}: {e.reason or ', '.join(e.changes)}"
+    # The joining alert has its own line; what is news here is what else changed.
+    changes = ", ".join(c for c in e.changes if c != "alert_joined")
+    return f"{head} {e.severity}, action {e.action}: {e.reason or changes}"
+
+
+class Timeline:
+    """Events kept by event time, printed in that order: the incident stage emits a resolution
+    only when a later alert moves its clock, so the order events arrive in is not event time."""
+
+    def __init__(self) -> None:
+        self._items: list[tuple[float, int, Any]] = []
+
+    def add(self, ts: float, item: Any) -> None:
+        """Keep ``item`` at event time ``ts``."""
+        self._items.append((ts, len(self._items), item))
+
+    def lines(self) -> list[Any]:
+        """The items by event time; ties keep the order they were added in."""
+        return [item for _, _, item in sorted(self._items, key=lambda x: (x[0], x[1]))]
 
 
 def run_demo(
-    hosts: int = 8,
-    duration: float = 1200.0,
-    seed: int = 7,
-    scenario: str = "mixed",
+    hosts: int = DEFAULT_HOSTS,
+    duration: float = DEFAULT_DURATION,
+    seed: int = DEFAULT_SEED,
+    scenario: str = DEFAULT_SCENARIO,
     console: Console | None = None,
     rules: str | None = None,
     models: str | None = "auto",
 ) -> int:
+    """Run the demo and print its timeline and summaries; 0, or 1 where the rules or the
+    incidents config do not load (their diagnostics printed)."""
+    from rich.console import Console
+    from rich.markup import escape
+
+    from pipeline import progress
+    from pipeline.bus import MemoryBus, Topics, send_all
+    from pipeline.bus.sinks import BusOutput
+    from pipeline.bus.telemetry import per_host_messages
+    from pipeline.detection import build_detector
+    from pipeline.incidents import IncidentStage, default_config
+    from pipeline.incidents.config import IncidentConfigError
+    from pipeline.incidents.scoring import match_incidents
+    from pipeline.resources import rules_dir as default_rules
+    from pipeline.rules.loader import describe_loaded
+    from pipeline.runner import Pipeline
+    from pipeline.schema import DeadLetter
+    from pipeline.scoring import knock_on, match_faults
     from producers.sim import Simulator
 
-    from pipeline.detection import build_detector
-
-    # Piped output (CI logs, tee) gets a log-friendly width instead of rich's 80 columns.
-    console = console or Console(width=None if sys.stdout.isatty() else 140, soft_wrap=True)
+    # Piped output (CI logs, tee) gets a log-friendly width instead of rich's 80 columns, wide
+    # enough that the incident table's longest fault names are not cut.
+    console = console or Console(width=None if sys.stdout.isatty() else 160, soft_wrap=True)
     sim = Simulator(hosts=hosts, duration=duration, seed=seed, scenario=scenario)
     topics = Topics()
     bus = MemoryBus(partitions=4)
     producer = bus.producer()
     consumer = bus.consumer(topics.telemetry, group="gpuwarden-demo")
-    from pipeline.resources import rules_dir as default_rules
-
     rules_dir = rules or str(default_rules())
     engine, diags = build_detector([rules_dir], models)
     if engine is None:
@@ -89,120 +137,146 @@ def run_demo(
     pipe = Pipeline(engine)
     alerts: list[AlertEvent] = []
     incidents: list[IncidentEvent] = []
+    timeline = Timeline()
     t_start = time.perf_counter()
-    t0 = None
+    t0 = sim.start_ts
     console.print(
-        f"[bold]gpuwarden demo[/]: {hosts} hosts x 8 GPUs, {duration:.0f}s of event time, "
-        f"scenario [cyan]{scenario}[/], seed {seed}, in-process bus, "
+        f"[bold]gpuwarden demo[/]: {len(sim.hosts)} hosts x {sim.gpus_per_host} GPUs, {duration:.0f}s of event time, "
+        f"scenario [cyan]{escape(scenario)}[/], seed {seed}, in-process bus, "
         + escape(describe_loaded(engine.rules, engine.models, str(rules_dir)))
     )
 
-    # Every alert goes to the alerts topic and is printed as it fires; dead letters to the DLQ.
+    # Every alert goes to the alerts topic, dead letters to the DLQ, incidents to the stage.
     sink = BusOutput(producer, topics)
 
     def publish(out_alerts: list[AlertEvent], dead: list[DeadLetter]) -> None:
         sink.alerts(out_alerts)
         sink.dead(dead)
         sink.flush()
-        for a in out_alerts:
-            style = _STYLE.get(a.severity, "") if a.state == "firing" else "green"
-            progress.console.print(
-                f"[{style}]{alert_line(a, t0 or a.ts)}[/]", highlight=False, soft_wrap=True, markup=True
-            )
         alerts.extend(out_alerts)
-        # Opened, escalated and resolved incidents are printed; an alert joining is in its own line.
-        for e in stage.process(out_alerts):
-            incidents.append(e)
-            if e.state != "updated" or e.policy:
-                progress.console.print(
-                    f"[bold magenta]{incident_line(e, t0 or e.ts)}[/]", highlight=False, soft_wrap=True, markup=True
-                )
+        events = stage.process(out_alerts)
+        incidents.extend(events)
+        # In the order emitted, so that a tie keeps an alert before the incident event it caused.
+        for a in out_alerts:
+            timeline.add(a.ts, a)
+        for e in events:
+            if shown(e):
+                timeline.add(e.ts, e)
 
-    with Progress(
-        TextColumn("[progress.description]{task.description}"),
-        BarColumn(),
-        TextColumn("{task.completed:.0f}/{task.total:.0f}s event time"),
-        TextColumn("{task.fields[rate]}"),
-        TimeElapsedColumn(),
-        console=console,
-        transient=True,
-    ) as progress:
-        task = progress.add_task("replaying fleet", total=duration, rate="")
+    # Drawn on stderr and only on a terminal, as every command's progress (-q, CI: none).
+    with progress.bar("replaying fleet: seconds of event time", total=duration) as advance:
+        done = 0.0
         for batch in sim.batches():
             if not batch:
                 continue
-            if t0 is None:
-                t0 = batch[0]["ts"]
             send_all(producer, topics.telemetry, per_host_messages(batch))
             out = pipe.handle(consumer.poll(max_records=100_000))
             consumer.commit()
             publish(out.alerts, out.dead)
-            elapsed = time.perf_counter() - t_start
-            progress.update(
-                task, completed=batch[0]["ts"] - t0, rate=f"{pipe.totals.records / max(elapsed, 1e-9):,.0f} records/s"
-            )
+            now = batch[0]["ts"] - t0
+            advance(max(0.0, now - done))
+            done = max(done, now)
         out = pipe.flush()
         publish(out.alerts, out.dead)
     sink.close()
 
+    print_timeline(console, timeline, t0)
     elapsed = time.perf_counter() - t_start
     totals = pipe.totals
+    n_dead = len(bus.messages(topics.dlq))
     console.print(
         f"\n{totals.records:,} records ({totals.messages:,} messages) in {elapsed:.1f}s; "
-        f"{len(bus.messages(topics.alerts))} alert events on {topics.alerts}, "
-        f"{len(bus.messages(topics.dlq))} dead letters on {topics.dlq} "
-        f"({', '.join(f'{k}: {v}' for k, v in sorted(totals.dead.items())) or 'none'})"
+        f"{len(bus.messages(topics.alerts))} alert event(s) on {topics.alerts}, "
+        f"{n_dead} dead letter(s) on {topics.dlq} "
+        f"({', '.join(f'{k}: {v}' for k, v in sorted(totals.dead.items())) or 'none'})",
+        highlight=False,
     )
-    matches, unmatched = match_faults(sim.labels(), alerts)
-    table = Table(title="Injected faults vs alerts", min_width=60)
-    for col in ("injected fault", "culprit", "onset", "found after", "right GPU", "by"):
-        table.add_column(col, no_wrap=True)
-    for m in matches:
-        lab = m.label
-        culprit = str(lab.get("host")) + (f"/GPU{lab['gpu']}" if lab.get("gpu") is not None else "")
-        table.add_row(
-            lab["fault"],
-            culprit,
-            f"+{float(lab['onset']) - (t0 or 0):.0f}s",
-            f"[green]{m.latency:.0f}s[/]" if m.latency is not None else "[red]missed[/]",
-            {True: "yes", False: "[red]no[/]", None: "-"}[m.right_gpu],
-            m.alert.rule if m.alert else "-",
-        )
-    console.print(table)
     labels = sim.labels()
+    matches, unmatched = match_faults(labels, alerts)
+    console.print(fault_table(matches, t0))
+    firing = sum(a.state == "firing" for a in alerts)
     knock = [a for a in unmatched if knock_on(a, labels)]
+    # Every firing alert is counted once: on an injected fault (its family, host and time),
+    # a knock-on of one, or none, so the three add up to the firing alerts.
     console.print(
-        f"{sum(m.detected for m in matches)}/{len(matches)} injected faults detected; "
+        f"{sum(m.detected for m in matches)}/{len(matches)} injected faults detected by "
+        f"{firing - len(unmatched)} firing alert(s); "
         f"{len(knock)} more alert(s) are knock-on effects on a faulty GPU or host (e.g. a throttled GPU "
-        f"is also an NCCL straggler); {len(unmatched) - len(knock)} firing alert(s) matched no injected fault."
+        f"is also an NCCL straggler); {len(unmatched) - len(knock)} firing alert(s) matched no injected fault.",
+        highlight=False,
     )
     console.print(incident_table(incidents, labels))
     im = match_incidents(labels, incidents)
-    firing = sum(a.state == "firing" for a in alerts)
     console.print(
         f"{len(im.incidents)} incident(s) for {len(im.faults)} injected fault(s) from {firing} firing alert(s); "
         f"{im.found}/{len(im.faults)} faults in an incident on their host; "
         f"{len(im.stray)} incident(s) matched no injected fault.",
         soft_wrap=True,
+        highlight=False,
     )
     return 0
 
 
+def print_timeline(console: Console, timeline: Timeline, t0: float) -> None:
+    """Print the timeline's alert and incident events in event-time order, times after ``t0``."""
+    from rich.markup import escape
+
+    from pipeline.schema import AlertEvent
+
+    events = timeline.lines()
+    width = max([FAULT_WIDTH, *(len(x.fault) for x in events if isinstance(x, AlertEvent))])
+    console.print(f"timeline: times are seconds after {_wall(t0)} (the simulation's start)", highlight=False)
+    if not events:
+        console.print("  no alerts", highlight=False)
+    for x in events:
+        if isinstance(x, AlertEvent):
+            style = _STYLE.get(x.severity, "") if x.state == "firing" else "green"
+            text = f"[{style}]{escape(alert_line(x, t0, width))}[/]"
+        else:
+            text = f"[bold magenta]{escape(incident_line(x, t0))}[/]"
+        console.print(text, highlight=False, soft_wrap=True, markup=True)
+
+
+def fault_table(matches: list[Any], t0: float) -> Table:
+    """One row per injected fault: where, when, how soon an alert found it and that alert's fault."""
+    from rich.table import Table
+
+    table = Table(title="Injected faults vs alerts", min_width=60)
+    for col in ("injected fault", "culprit", "onset", "found after", "right GPU", "by"):
+        # A name too long for a narrow terminal folds onto a second line rather than losing its end.
+        table.add_column(col, overflow="fold")
+    for m in matches:
+        lab = m.label
+        table.add_row(
+            lab["fault"],
+            _where(str(lab.get("host")), lab.get("gpu")),
+            f"+{float(lab['onset']) - t0:.0f}s",
+            f"[green]{m.latency:.0f}s[/]" if m.latency is not None else "[red]missed[/]",
+            {True: "yes", False: "[red]no[/]", None: "-"}[m.right_gpu],
+            m.alert.fault if m.alert else "-",
+        )
+    return table
+
+
 def incident_table(events: list[IncidentEvent], labels: list[dict]) -> Table:
     """One row per incident, as its last event left it, with the injected fault it covers."""
+    from rich.table import Table
+
+    from pipeline.incidents.scoring import match_incidents
+
     last: dict[str, IncidentEvent] = {}
     for e in events:
         last[e.incident] = e
     table = Table(title="Incidents: one per root cause", min_width=60)
     for col in ("incident", "where", "root", "alerts", "severity", "action", "state", "injected fault"):
-        table.add_column(col, no_wrap=col in ("incident", "alerts"))
+        table.add_column(col, no_wrap=col in ("incident", "alerts"), overflow="fold")
     for e in last.values():
         m = match_incidents(labels, [x for x in events if x.incident == e.incident])
         fault = ", ".join(lab["fault"] for lab, hit in zip(m.faults, m.covered) if hit) or "[red]none[/]"
         table.add_row(
             e.incident,
-            (e.host or "-") + (f"/GPU{e.gpu}" if e.gpu is not None else ""),
-            e.root.rule,
+            _where(e.host, e.gpu),
+            e.root.fault,
             str(len(e.members) + e.more_members),
             e.severity,
             e.action,

@@ -1,4 +1,5 @@
-"""``gpuwarden demo``: a simulated fleet through the in-process bus and the engine."""
+"""``gpuwarden demo``: a simulated fleet through the in-process bus and the engine
+(the driver: ``pipeline/demo.py``)."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import argparse
 from typing import Any
 
 from pipeline.cli.args import models_file, positive_float, positive_int, scenario
+from pipeline.demo import DEFAULT_DURATION, DEFAULT_HOSTS, DEFAULT_SCENARIO, DEFAULT_SEED
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
@@ -24,10 +26,21 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 def register(sub: Any) -> None:
     """Add ``gpuwarden demo`` to the subcommands ``sub``."""
     d = sub.add_parser("demo", help="simulated fleet -> in-process bus -> engine -> alerts -> incidents")
-    d.add_argument("--hosts", type=positive_int, default=8)
-    d.add_argument("--duration", type=positive_float, default=1500.0)
-    d.add_argument("--seed", type=int, default=7)
-    d.add_argument("--scenario", default="mixed")
+    d.add_argument(
+        "--hosts", type=positive_int, default=DEFAULT_HOSTS, help=f"hosts to simulate (default {DEFAULT_HOSTS})"
+    )
+    d.add_argument(
+        "--duration",
+        type=positive_float,
+        default=DEFAULT_DURATION,
+        help=f"seconds of event time (default {DEFAULT_DURATION:.0f})",
+    )
+    d.add_argument("--seed", type=int, default=DEFAULT_SEED, help=f"simulator seed (default {DEFAULT_SEED})")
+    d.add_argument(
+        "--scenario",
+        default=DEFAULT_SCENARIO,
+        help=f"built-in scenario name or a YAML file (default {DEFAULT_SCENARIO})",
+    )
     d.add_argument("--rules", default=None, help="rule directory (default: the shipped packs)")
     d.add_argument("--models", default="auto", help="models.yaml, 'auto' (beside the rules) or 'none'")
     d.set_defaults(func=_cmd_demo)

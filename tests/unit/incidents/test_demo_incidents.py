@@ -25,7 +25,7 @@ def test_the_short_demo_prints_one_incident_per_injected_fault() -> None:
 
 @pytest.mark.slow
 def test_the_default_demo_prints_one_incident_per_injected_fault() -> None:
-    # `make demo`: 8 hosts, 1200 s, seed 7 -- about 30 firing alerts for 8 faults.
+    # `make demo`: 8 hosts, 1500 s, seed 7 -- about 30 firing alerts for 8 faults.
     out = _demo()
     assert "8 incident(s) for 8 injected fault(s) from " in out
     assert "0 incident(s) matched no injected fault" in out
