@@ -17,6 +17,7 @@ from . import llama3
 from .faults import NVLINK_TYPES, NVLINKS_PER_GPU, TYPES, Event
 from .rng import substream
 from .scenarios import (
+    ScenarioError,
     LLAMA3_DEFAULTS,
     RANDOM_DEFAULTS,
     FaultSpec,
@@ -107,20 +108,20 @@ def make_plan(
         kind = TYPES[spec.type]
         t0 = resolve_time(spec.onset, D)
         if t0 >= D:
-            raise ValueError(f"{where}.onset: {t0:g} s is not inside the run (duration {D:g} s)")
+            raise ScenarioError(f"{where}.onset: {t0:g} s is not inside the run (duration {D:g} s)")
         dur = resolve_time(spec.duration, D)
         t1 = t0 if kind.instant else (D if dur is None else min(t0 + dur, D))
         host = spec.host
         if isinstance(host, str):
             if host not in name_to_idx:
-                raise ValueError(
+                raise ScenarioError(
                     f"{where}.host: no host named {host!r} (hosts are {host_names[0]} .. {host_names[-1]})"
                 )
             host = name_to_idx[host]
         elif isinstance(host, int) and host >= H:
-            raise ValueError(f"{where}.host: host index {host} out of range (the fleet has {H} hosts)")
+            raise ScenarioError(f"{where}.host: host index {host} out of range (the fleet has {H} hosts)")
         if spec.gpu is not None and spec.gpu >= G:
-            raise ValueError(f"{where}.gpu: GPU index {spec.gpu} out of range ({G} GPUs per host)")
+            raise ScenarioError(f"{where}.gpu: GPU index {spec.gpu} out of range ({G} GPUs per host)")
         resolved.append({"where": where, "spec": spec, "how": how, "t0": t0, "t1": t1, "host": host})
 
     # Spread scenario faults without a host over distinct hosts, hosts nobody named first.

@@ -48,6 +48,8 @@ from typing import Any, Literal, cast, overload
 
 import yaml
 
+from pipeline.errors import UsageError
+
 from .faults import FAULT_TYPES, NVLINK_TYPES, SCHEDULABLE_CONDITIONS, TYPES
 from .faults import NVLINKS_PER_GPU
 from .fields import SOURCES
@@ -113,6 +115,11 @@ TOP_KEYS = {f.name for f in dataclasses.fields(Scenario)}
 # --------------------------------------------------------------------------------------------
 # validation helpers
 # --------------------------------------------------------------------------------------------
+
+
+class ScenarioError(UsageError, ValueError):
+    """A scenario that does not fit the fleet or the run asked for (a host index past ``--hosts``,
+    an onset past ``--duration``): the user's options, told as a usage error, not a bug."""
 
 
 def _err(where: str, msg: str) -> ValueError:

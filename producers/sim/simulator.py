@@ -30,7 +30,7 @@ from .plan import make_plan
 from .progress import ProgressModel
 from .records import DcgmBuilder, add_noise
 from .rng import gpu_uuid, substream
-from .scenarios import DATA_QUALITY_DEFAULTS, Scenario, load_scenario, resolve_time
+from .scenarios import DATA_QUALITY_DEFAULTS, Scenario, ScenarioError, load_scenario, resolve_time
 
 
 NIC_INTERVAL_S = 10.0  # ``gpuwarden produce ib-sysfs``'s default poll
@@ -117,11 +117,11 @@ class Simulator:
     def _host_index(self, h: Any, where: str) -> int:  # a YAML key: a name, an index or junk
         if isinstance(h, str) and not h.isdigit():
             if h not in self.hosts:
-                raise ValueError(f"{where}: no host named {h!r}")
+                raise ScenarioError(f"{where}: no host named {h!r}")
             return self.hosts.index(h)
         i = int(h)
         if not 0 <= i < len(self.hosts):
-            raise ValueError(f"{where}: host index {i} out of range (the fleet has {len(self.hosts)} hosts)")
+            raise ScenarioError(f"{where}: host index {i} out of range (the fleet has {len(self.hosts)} hosts)")
         return i
 
     def _delivery(self) -> dict:

@@ -148,3 +148,14 @@ def test_routes_test_refuses_a_value_no_alert_has(pairs, says, capsys):
 )
 def test_routes_test_takes_every_value_an_alert_can_have(pairs, capsys):
     assert main(ROUTES + pairs) == 0, capsys.readouterr().err
+
+
+@pytest.mark.parametrize("command", ["sim", "demo"])
+def test_a_scenario_that_needs_more_hosts_is_a_usage_error(command, tmp_path, capsys):
+    # mixed_fleet delays host 4's delivery: with 4 hosts that host does not exist.
+    from pipeline.cli import main
+
+    extra = ["--out", str(tmp_path / "x.jsonl")] if command == "sim" else []
+    assert main([command, "--scenario", "mixed_fleet", "--hosts", "4", "--duration", "60", *extra]) == 2
+    err = capsys.readouterr().err
+    assert "host index 4 out of range (the fleet has 4 hosts)" in err and "internal error" not in err
