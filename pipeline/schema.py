@@ -108,7 +108,8 @@ class NicRecord(msgspec.Struct, tag="nic", tag_field="kind", kw_only=True, gc=Fa
     kernel's name beside it; ``counters`` the port's ``counters/*``, ``hw_counters/*`` and its
     netdev's ``carrier_changes``, by file name; ``gpus`` the GPU indices behind this NIC (the
     nearest common PCIe bridge) when the producer knows them; ``peer*`` the switch port (or other
-    node) at the far end of the cable, when the producer was given the fabric's links.
+    node) at the far end of the cable, when the producer was given the fabric's links;
+    ``port_guid`` the port's own GUID, which a driver reload that renames the device keeps.
 
     >>> r = NicRecord(ts=1764403200.0, host="h1", device="mlx5_0", port=1, state=4, state_name="ACTIVE")
     >>> (r.device, r.port, r.state_name, r.counters)
@@ -136,6 +137,10 @@ class NicRecord(msgspec.Struct, tag="nic", tag_field="kind", kw_only=True, gc=Fa
     peer_guid: str | None = None
     peer_port: int | None = None
     peer_lid: int | None = None
+    # The port's own GUID (``0x`` and 16 lower-case hex digits): the low 64 bits of its GID 0
+    # (``…/ports/<port>/gids/0``, ibstat's ``Port GUID``; RoCE's from the MAC), the same after a
+    # driver reload renames ``mlx5_0`` to ``mlx5_4`` (docs/producers.md); None where not known.
+    port_guid: str | None = None
 
 
 #: Who reported a ``ProgressRecord``: PyTorch's ProcessGroupNCCL watchdog, or NCCL's RAS.

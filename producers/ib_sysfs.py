@@ -20,6 +20,11 @@ the kernel's ABI is ``Documentation/ABI/stable/sysfs-class-infiniband``, docs/pr
 - with ``--pci-map`` (``nvidia-smi --query-gpu=index,pci.bus_id --format=csv``), the GPUs behind
   each NIC: for each GPU (``sys/bus/pci/devices/<bus id>``), the NICs that share its deepest PCIe
   bridge (the nearest common one), as NVIDIA's resiliency extension pairs them;
+- ``.../gids/0``, the port's GID 0 (``fe80:0000:0000:0000:0002:c903:0029:3e1f``): its low 64
+  bits are the port GUID (RoCE's made from the MAC), the record's ``port_guid``, which a driver
+  reload that renames the device keeps; all zero (no GID) or absent is none, other text
+  ``dropped.bad_value``. A port not found whose GUID another port now has was renamed: it is not
+  sent as absent;
 - with ``--peers`` (a saved ``iblinkinfo`` or ``ibnetdiscover``, ``producers/ibpeers.py``), each
   port's link partner: found by the port GUID of ``ports/<port>/gids/0``, else by the device's
   ``node_desc`` (or ``<host> <device>``) and port, it fills the record's ``peer*`` fields.
@@ -50,7 +55,7 @@ import msgspec
 from pipeline.decode import MAX_COUNTER, MAX_NIC_COUNTERS
 from pipeline.numeric import ascii_int
 from pipeline.schema import NIC_ABSENT_LABEL, NicRecord
-from producers.ibpeers import PeerFile, gid_port_guid, local_names
+from producers.ibpeers import PeerFile, gid_port_guid, local_names, norm_guid
 from producers.ibports import coded_state, name_ok, rate_gbps
 
 log = logging.getLogger(__name__)
@@ -61,6 +66,7 @@ MAX_PORTS = 64  # a switch's device exposes its ports; a HCA one or two
 MAX_NETDEVS = 16
 COUNTER_DIRS = ("counters", "counters_ext", "hw_counters")
 NOT_COUNTERS = {"lifespan"}  # hw_counters/lifespan: the cache period in ms, written by the admin
+NO_GUID = norm_guid("0")  # an unset GID (a RoCE port without its link-local address): no identity
 _OPEN_FLAGS = os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
 
 
@@ -246,8 +252,8 @@ class IbSysfsSource:
         # Every port read since start, with the GPUs behind it: one not found in a later poll is
         # sent as absent (a driver unloaded, a NIC off the bus), since sending nothing for it
         # looks the same as a host whose producer stopped, and with every port gone the port
-        # checks would hear nothing at all.
-        self._known: dict[tuple[str, int], list[int]] = {}
+        # checks would hear nothing at all. Each with its port GUID, to tell a port renamed.
+        self._known: dict[tuple[str, int], tuple[list[int], str | None]] = {}
 
     def poll(self) -> list[NicRecord]:
         self.stats.polls += 1
@@ -282,10 +288,10 @@ class IbSysfsSource:
                 pdir = t.resolve(os.path.join(ports_dir, pname))
                 if pdir is None:
                     continue
-                rec = self._port(ts, name, port, pdir, netdevs)
+                gids = t.resolve(os.path.join(pdir, "gids"))  # a link in the path stays under the root too
+                gid = t.read(os.path.join(gids, "0")) if gids is not None else None
+                rec = self._port(ts, name, port, pdir, netdevs, self._guid(gid))
                 if peer_map is not None:
-                    gids = t.resolve(os.path.join(pdir, "gids"))  # a link in the path stays under the root too
-                    gid = t.read(os.path.join(gids, "0")) if gids is not None else None
                     found = peer_map.labels(port, gid_port_guid(gid) if gid else None, descs)
                     if found:
                         rec = msgspec.structs.replace(rec, **found)
@@ -293,23 +299,40 @@ class IbSysfsSource:
         return out + self._absent(ts, out)
 
     def _absent(self, ts: float, found: list[NicRecord]) -> list[NicRecord]:
-        """A record for each port seen before and not in ``found``, labelled ``NIC_ABSENT_LABEL``."""
+        """A record for each port seen before and not in ``found``, labelled ``NIC_ABSENT_LABEL``;
+        one whose GUID a port in ``found`` has is that port renamed, and forgotten."""
         here = {(r.device, r.port) for r in found}
         for r in found:
             if (r.device, r.port) in self._known or len(self._known) < MAX_DEVICES * MAX_PORTS:
-                self._known[(r.device, r.port)] = list(r.gpus)
-        gone = [
-            NicRecord(ts=ts, host=self.host, device=d, port=p, gpus=g, labels={NIC_ABSENT_LABEL: "1"})
-            for (d, p), g in sorted(self._known.items())
-            if (d, p) not in here
-        ]
+                self._known[(r.device, r.port)] = (list(r.gpus), r.port_guid)
+        guids = {r.port_guid for r in found if r.port_guid is not None}
+        gone = []
+        for (d, p), (g, guid) in sorted(self._known.items()):
+            if (d, p) in here:
+                continue
+            if guid is not None and guid in guids:
+                del self._known[(d, p)]  # a driver reload renamed it: here under its new name
+                continue
+            gone.append(NicRecord(ts=ts, host=self.host, device=d, port=p, gpus=g, labels={NIC_ABSENT_LABEL: "1"}))
         self.stats.absent += len(gone)
         return gone
 
-    def _port(self, ts: float, device: str, port: int, pdir: str, netdevs: dict[int | None, str]) -> NicRecord:
+    def _guid(self, gid: str | None) -> str | None:
+        """The port GUID of a GID 0's text (its low 64 bits, normalised); None when there is no
+        text or the GID is all zero (no identity), and text that is no GID is ``bad_value``."""
+        if not gid:
+            return None
+        guid = gid_port_guid(gid)
+        if guid is None:
+            self.stats.bad_value += 1
+        return None if guid == NO_GUID else guid
+
+    def _port(
+        self, ts: float, device: str, port: int, pdir: str, netdevs: dict[int | None, str], guid: str | None = None
+    ) -> NicRecord:
         t = self.tree
         self.stats.ports += 1
-        kw: dict = {}
+        kw: dict = {} if guid is None else {"port_guid": guid}
         for key in ("state", "phys_state"):
             text = t.read(os.path.join(pdir, key))
             if text is None:

@@ -17,9 +17,11 @@ Layouts (rdma-core ``infiniband-diags/ibstat.c`` and ``scripts/ibstatus``; docs/
   failed`` and goes on to the next (v54 on); ``ibwarn: [pid] ca_stat: CA: 'mlx5_0' has no port
   number 2 - max (1)`` for a port that is not there; ``ibstatus`` prints ``Fatal error:  ...``
   and stops. Each is counted as ``dropped.tool_error`` (those ports are missing from the records).
-- ``Port GUID: 0x...`` (ibstat) and ``default gid: fe80:...`` (ibstatus) find the port's link
-  partner in ``--peers`` (``producers/ibpeers.py``), else the CA's ``<host> <CA>`` node
-  description does; it fills the record's ``peer*`` fields.
+- ``Port GUID: 0x...`` (ibstat) and ``default gid: fe80:...`` (ibstatus, its low 64 bits) are the
+  record's ``port_guid`` (``0x`` and 16 lower-case hex digits; all zero or not a GUID: none), which
+  a driver reload that renames the CA keeps; they find the port's link partner in ``--peers``
+  (``producers/ibpeers.py``), else the CA's ``<host> <CA>`` node description does; it fills the
+  record's ``peer*`` fields.
 - ``ibstatus``: ``Infiniband device 'mlx5_0' port 1 status:`` then the sysfs files as they are
   (``state: 4: ACTIVE``, ``phys state: 5: LinkUp``, ``rate: 200 Gb/sec (4X HDR)``,
   ``link_layer: InfiniBand``), ``unknown`` for a file it could not read.
@@ -67,6 +69,7 @@ _KV = re.compile(r"^\s*([A-Za-z_][A-Za-z_ ]*?):(.*)$")
 _PANIC = re.compile(
     r"^(ibpanic:|ibwarn: \[\d+\] \w+: (stat of IB device '.*' failed|.* has no port number )|Fatal error: )"
 )
+_NO_GUID = norm_guid("0")  # ``Port GUID: 0x0000000000000000``: a port with no GUID set
 MAX_PORT_DIGITS = 5  # MAX_NIC_PORT is 65535
 MAX_TEXT_CHARS = 16 * 1024 * 1024  # ibstat of 64 CAs is ~40 KB; this bounds what one poll holds
 MAX_PORTS = 16_384  # ib-sysfs's 256 devices of 64 ports; 16 Mi characters of "Port 1:" would be 2 Mi records
@@ -228,6 +231,8 @@ def parse(
             stats.duplicate_ports += 1
             continue
         found = peers.labels(p.port, p.guid, local_names(host, p.device)) if peers is not None else {}
+        if p.guid is not None and p.guid != _NO_GUID:
+            found = {**found, "port_guid": p.guid}
         out.append(NicRecord(ts=ts, host=host, device=p.device, port=p.port, **p.fields, **found))
     return out
 

@@ -12,11 +12,17 @@ device, port, netdev, the GPUs behind the NIC and the link partner (``peer*``, f
 ``--peers``) in ``labels``, and the rest in ``evidence``. One check is a
 host's: ``active_ports`` counts the ports of each poll against what the host's GPU model needs,
 the model learnt from the GPUs' DCGM records (``ingest``).
+
+A port's name is the kernel's, and a driver reload (or a PCI rescan) may give the same HCA
+another (``mlx5_0`` -> ``mlx5_4``); its GUID (``port_guid``) stays. A name seen for the first
+time with the GUID of a port of its host that is silent is that port renamed: the old name's
+``port_lost`` resolves (``resolved_by: renamed``) and the old name is judged no more.
 """
 
 from __future__ import annotations
 
 import math
+import re
 from collections import deque
 from typing import Any, Iterable, Sequence
 
@@ -47,6 +53,8 @@ _ORDER = ("ts", "host", "device", "port")
 _STATE_CHECKS = ("port_down", "port_degraded")  # judged on the records that say the port's state
 # What a training log's record says of its NCCL errors (producers/nccl_ib.py), carried into the evidence.
 _NCCL_LABELS = ("peer", "peers", "status", "status_name", "opcode", "vendor_err", "direction", "event", "rank")
+_GUID = re.compile(r"0x[0-9a-f]{16}")  # a normalised port GUID, as the shipped producers write it
+_NO_GUID = "0x" + "0" * 16  # an unset GID 0: every such port would be one
 
 
 class PortStage(StageBase):
@@ -105,6 +113,12 @@ class PortStage(StageBase):
         self._hosts: list[str] = []
         self._models: dict[str, str] = {}  # host -> its GPUs' model, from their DCGM records
         self._n_gpus = 0  # GPU ids seen: the engine's are dense, so a new one is >= this
+        # Ports' GUIDs, to follow a port its driver renamed: port id -> its last GUID; (host, GUID)
+        # -> the port id that last reported it; a retired old name -> (when, its new name's id).
+        self._guid_of: dict[int, str] = {}
+        self._by_guid: dict[tuple[str, str], int] = {}
+        self._renamed: dict[int, tuple[float, int]] = {}
+        self._back: dict[int, float] = {}  # retired names polled again in the batch judged: since when
 
     # -- the engine's hooks ------------------------------------------------------------------
 
@@ -190,6 +204,31 @@ class PortStage(StageBase):
         return out
 
     def _judge(self, recs: list[NicRecord], upto: float = math.inf) -> list[AlertEvent]:
+        if not self._renamed and all(r.port_guid is None for r in recs):
+            return self._judge_named(recs, upto, {})
+        renames = self._renames(recs)
+        if self._renamed:
+            # A retired name's absent records (its producer still remembers it) say nothing more.
+            ids = self._book.ids
+            recs = [r for r in recs if not (_absent(r) and self._retired(ids[(r.host, r.device, r.port)], r.ts))]
+        try:
+            if not recs:
+                return self._expire(upto) if self._expiring is not None else []
+            return self._judge_named(recs, upto, renames)
+        finally:
+            for pid in self._back:
+                del self._renamed[pid]
+            self._back.clear()
+
+    def _retired(self, pid: int, t: float) -> bool:
+        """Whether port ``pid``'s name was retired at ``t`` (renamed before, not polled again yet)."""
+        got = self._renamed.get(pid)
+        return got is not None and got[0] <= t < self._back.get(pid, math.inf)
+
+    def _judge_named(
+        self, recs: list[NicRecord], upto: float, renames: dict[tuple[float, str], list[tuple[int, int, str]]]
+    ) -> list[AlertEvent]:
+        """The checks over ``recs`` (in event time), ``renames`` found in them (``_renames``)."""
         n = len(recs)
         ent = np.empty(n, np.int32)
         ts = np.fromiter((r.ts for r in recs), np.float64, n)
@@ -207,6 +246,15 @@ class PortStage(StageBase):
             cond = ev["_cond"]
             for key, add in appends:
                 add(cond[key])
+        if renames or self._back:
+            # A renamed port is counted once among its host's compute ports: by its new name.
+            moves = [(when, 0, old) for (when, _), got in renames.items() for old, _, _ in got]
+            moves += [(when, 1, pid) for pid, when in self._back.items()]
+            for _, back, pid in sorted(moves):
+                if not back:
+                    self._gpu_ports.get(self._book.keys[pid][0], set()).discard(pid)
+                elif self._book.pasts[pid].gpus:
+                    self._gpu_ports.setdefault(self._book.keys[pid][0], set()).add(pid)
         conds = {key: np.array(v, bool) for key, v in lists.items()}
         out: list[tuple[Transition, str, np.ndarray]] = []
         every = np.arange(n)
@@ -230,9 +278,46 @@ class PortStage(StageBase):
         if self._host_check is not None and host_recs:
             alerts += self._judge_hosts(host_recs, *self._host_check)
         if self._lost_check is not None and host_recs:
-            alerts += self._judge_lost(host_recs, *self._lost_check)
+            alerts += self._judge_lost(host_recs, *self._lost_check, renames)
         alerts.sort(key=lambda ta: (ta[0].ts, ta[1].rule, ta[1].host or "", ta[0].entity))
         return [a for _, a in alerts]
+
+    def _renames(self, recs: list[NicRecord]) -> dict[tuple[float, str], list[tuple[int, int, str]]]:
+        """Learn the ports' GUIDs from ``recs`` (in event time) and find the renamed ports: a name
+        polled for the first time whose GUID a port of its host reported last, that port not in the
+        same poll. Each such old name is retired (``_renamed``); a retired name polled again is a
+        port of its own from then on. By poll (time, host): (old id, new id, GUID)."""
+        out: dict[tuple[float, str], list[tuple[int, int, str]]] = {}
+        book, pasts = self._book, self._book.pasts
+        i, n = 0, len(recs)
+        while i < n:
+            when, host = recs[i].ts, recs[i].host
+            j = i
+            while j < n and recs[j].ts == when and recs[j].host == host:
+                j += 1
+            # Entities made in record order, as ``_judge`` makes them: the ids stay what they were.
+            pids = [book.entity((r.host, r.device, r.port)) for r in recs[i:j]]
+            polled = [(r, pid) for r, pid in zip(recs[i:j], pids) if not _absent(r) and _polled(r)]
+            here = {pid for _, pid in polled}
+            for r, pid in polled:
+                if pid in self._renamed and pid not in self._back and self._renamed[pid][0] < when:
+                    self._back[pid] = when  # the name back: a port of its own (``_judge`` forgets the rename)
+                g = _guid(r.port_guid)
+                known = self._guid_of.get(pid)
+                if g is None or known == g:
+                    continue
+                old = self._by_guid.get((host, g))
+                if known is None and old is not None and old not in here and math.isnan(pasts[pid].last_polled):
+                    out.setdefault((when, host), []).append((old, pid, g))
+                    self._renamed[old] = (when, pid)
+                    self._back.pop(old, None)
+                    del self._guid_of[old]
+                elif known is not None and self._by_guid.get((host, known)) == pid:
+                    del self._by_guid[(host, known)]
+                self._guid_of[pid] = g
+                self._by_guid[(host, g)] = pid
+            i = j
+        return out
 
     def _judge_hosts(self, recs: list[NicRecord], key: str, check: PortCheck) -> list[tuple[Transition, AlertEvent]]:
         """``active_ports``: each host's ports sent at one time (one poll), against the ports and
@@ -286,15 +371,26 @@ class PortStage(StageBase):
             out.append((t, self._book.event(check, t, host, host, ev, labels, lambda: summary)))
         return out
 
-    def _judge_lost(self, recs: list[NicRecord], key: str, check: PortCheck) -> list[tuple[Transition, AlertEvent]]:
+    def _judge_lost(
+        self,
+        recs: list[NicRecord],
+        key: str,
+        check: PortCheck,
+        renames: dict[tuple[float, str], list[tuple[int, int, str]]] | None = None,
+    ) -> list[tuple[Transition, AlertEvent]]:
         """``port_lost``: at each poll of a host (its records sent at one time), each port the host
         reported before and left out of this poll, silent past ``window`` or two and a half of the
         host's poll steps; a host back from a silence (telemetry_gap's case) gets that long for
-        its ports to come back."""
+        its ports to come back. A port renamed at a poll (``renames``: by (time, host), the old
+        id, the new id and their GUID) resolves there, ``keep_firing_for`` or not, and is no
+        longer judged."""
         rows_ts: list[float] = []
         rows_ent: list[int] = []
         rows_cond: list[bool] = []
-        rows_ev: list[tuple[int, float, int]] = []  # (port, last seen, ports in the poll): evidence, if it fires
+        # (port, last seen, ports in the poll, (new id, GUID) if renamed): evidence, if it changes
+        rows_ev: list[tuple[int, float, int, tuple[int, str] | None]] = []
+        trans: list[Transition] = []
+        stepped = 0  # rows stepped through the lifecycle: a rename's rows are stepped on their own
         i, n = 0, len(recs)
         while i < n:
             when, host = recs[i].ts, recs[i].host
@@ -323,6 +419,21 @@ class PortStage(StageBase):
                 poll[0] = max(poll[0], when)
             after = max(check.window_s, 2.5 * poll[1]) if math.isfinite(poll[1]) else check.window_s
             ports = self._host_ports.setdefault(host, [])
+            renamed = renames.get((when, host)) if renames else None
+            if renamed:
+                trans += self._step_lost(key, rows_ts, rows_ent, rows_cond, stepped, True)
+                stepped = len(rows_ts)
+                for old, new, guid in renamed:
+                    st = self._book.pasts[old]
+                    if old in ports:
+                        ports.remove(old)
+                    rows_ts.append(when)
+                    rows_ent.append(old)
+                    rows_cond.append(False)
+                    rows_ev.append((old, st.last_polled, len(here), (new, guid)))
+                    st.last_polled = math.nan  # not the host's port any more: judged again only if polled
+                trans += self._step_lost(key, rows_ts, rows_ent, rows_cond, stepped, False)
+                stepped = len(rows_ts)
             for pid in sorted(here):
                 st = self._book.pasts[pid]
                 if math.isnan(st.last_polled):
@@ -330,6 +441,8 @@ class PortStage(StageBase):
                 st.last_polled = max(when, st.last_polled) if not math.isnan(st.last_polled) else when
             for pid in sorted(gone - here):
                 st = self._book.pasts[pid]
+                if self._renamed and self._retired(pid, when):  # an old name its producer still sends as absent
+                    continue
                 if math.isnan(st.last_polled):  # one its producer saw before this stage did: silent from now
                     ports.append(pid)
                     st.last_polled = when
@@ -339,18 +452,38 @@ class PortStage(StageBase):
                 rows_ts.append(when)
                 rows_ent.append(pid)
                 rows_cond.append(pid not in here and silent > after and when - poll[2] > after)
-                rows_ev.append((pid, st.last_polled, len(here)))
+                rows_ev.append((pid, st.last_polled, len(here), None))
             i = j
-        if not rows_ts:
-            return []
-        trans = self._book.step(key, np.array(rows_ts), np.array(rows_ent, np.int32), np.array(rows_cond))
+        trans += self._step_lost(key, rows_ts, rows_ent, rows_cond, stepped, True)
         out = []
         for t in trans:
-            pid, last, n_here = rows_ev[t.row]
+            pid, last, n_here, renamed_to = rows_ev[t.row]
             ev = {"last_seen": last, "silent_s": round(t.ts - last, 3), "host_ports": n_here,
                   "gpus": list(self._book.pasts[pid].gpus)}  # fmt: skip
+            if renamed_to is not None:
+                _, device, port = self._book.keys[renamed_to[0]]
+                ev.update(resolved_by="renamed", renamed_to={"device": device, "port": port}, port_guid=renamed_to[1])
             out.append((t, self._alert(check, t, ev)))
         return out
+
+    def _step_lost(
+        self, key: str, ts: list[float], ent: list[int], cond: list[bool], start: int, keep: bool
+    ) -> list[Transition]:
+        """Step ``port_lost``'s lifecycle over the rows from ``start``; ``keep`` False: a false
+        row resolves at once (a renamed port is not lost, whatever ``keep_firing_for`` says)."""
+        if start >= len(ts):
+            return []
+        life = self._book.life[key]
+        kept = life.keep_s
+        if not keep:
+            life.keep_s = 0.0
+        try:
+            got = self._book.step(
+                key, np.array(ts[start:]), np.array(ent[start:], np.int32), np.array(cond[start:], bool)
+            )
+        finally:
+            life.keep_s = kept
+        return [Transition(t.state, t.entity, t.ts, t.started_at, t.row + start) for t in got]
 
     def _sample(self, st: PortPast, r: NicRecord) -> dict[str, Any]:
         """Fold one record into its port's past; the checks' conditions and the evidence."""
@@ -494,28 +627,37 @@ class PortStage(StageBase):
     # -- state ----------------------------------------------------------------------------------
 
     def to_state(self) -> dict[str, Any]:
-        """Plain data: the ports, their pasts, the lifecycles, the held records (as JSON)."""
-        return {
+        """Plain data: the ports, their pasts, the lifecycles, the held records (as JSON); the
+        ports' GUIDs and retired names only where there are any (the layout of before GUIDs)."""
+        state = {
             **self._book.to_state(PortPast.to_state),
             "hosts": list(self._hosts),
             "models": dict(self._models),
             "n_gpus": self._n_gpus,
             "polls": {h: [None if math.isnan(x) else x for x in p] for h, p in self._polls.items()},
         }
+        if self._guid_of or self._renamed:
+            state["guids"] = [[pid, g] for pid, g in sorted(self._guid_of.items())]
+            state["renamed"] = [[old, when, new] for old, (when, new) in sorted(self._renamed.items())]
+        return state
 
     def load_state(self, state: Any) -> None:
         """Take back ``to_state``'s data (None: a snapshot from an engine without this stage)."""
         if state is None:
             return
-        hosts, models, n_gpus, polls = self._book.load_state(state, _key, PortPast.from_state, _hosts_state)
+        (hosts, models, n_gpus, polls), (guids, renamed) = self._book.load_state(
+            state, _key, PortPast.from_state, lambda s: (_hosts_state(s), _guids_state(s))
+        )
         self._hosts, self._models, self._n_gpus = hosts, models, n_gpus
         self._polls = polls
+        self._guid_of, self._renamed = guids, renamed
+        self._by_guid = {(self._book.keys[pid][0], g): pid for pid, g in guids.items()}
         self._host_ports = {}
         self._gpu_ports = {}
         for pid, (h, _, _) in enumerate(self._book.keys):
             if not math.isnan(self._book.pasts[pid].last_polled):
                 self._host_ports.setdefault(h, []).append(pid)
-            if self._book.pasts[pid].gpus:
+            if self._book.pasts[pid].gpus and pid not in renamed:
                 self._gpu_ports.setdefault(h, set()).add(pid)
         self._host_ids = {h: i for i, h in enumerate(hosts)}
 
@@ -533,6 +675,28 @@ def _hosts_state(state: Any) -> tuple[list[str], dict[str, str], int, dict[str, 
     n_gpus = int(state["n_gpus"])
     polls = {str(h): [_float(x) for x in p] for h, p in state.get("polls", {}).items()}
     return hosts, models, n_gpus, polls
+
+
+def _guids_state(state: Any) -> tuple[dict[int, str], dict[int, tuple[float, int]]]:
+    """The ports' GUIDs and retired names of a snapshot (both absent in one from before GUIDs)."""
+    n = len(state["ports"])
+    guids = {int(pid): str(g) for pid, g in state.get("guids", [])}
+    renamed = {int(old): (float(when), int(new)) for old, when, new in state.get("renamed", [])}
+    if any(not 0 <= p < n for p in (*guids, *renamed, *(new for _, new in renamed.values()))):
+        raise ValueError("a port GUID or rename of a port not in the snapshot")
+    return guids, renamed
+
+
+def _guid(text: str | None) -> str | None:
+    """A record's ``port_guid`` when it is one (``0x`` and 16 lower-case hex digits, not all
+    zero); else None: a third-party producer's other spelling identifies nothing.
+
+    >>> _guid("0x0c42a10300a1b2c0"), _guid("0x0000000000000000"), _guid("0X0C42A10300A1B2C0")
+    ('0x0c42a10300a1b2c0', None, None)
+    """
+    if not isinstance(text, str) or text == _NO_GUID or _GUID.fullmatch(text) is None:
+        return None
+    return text
 
 
 def _peer_labels(r: NicRecord) -> dict[str, str]:
