@@ -11,13 +11,19 @@ policy counts enough on its GPU or host.
 Output depends on the alerts and their order only, never on how they were batched: time moves
 with the alerts (the latest ``ts`` seen), timers are checked before and after each alert, and ids
 hash the root alert's id.
+
+Delivery is at least once: the same firing (alert id and ``started_at``) again is ignored, also
+after its incident resolved, and a resolve that comes before its firing is held for it, which it
+then resolves at once (not before its incident's last alert); both memories are bounded
+(an hour of event time, ``SEEN_FOR``, and ``max_seen``, the oldest forgotten first) and kept in
+the state.
 """
 
 from __future__ import annotations
 
 import heapq
 import math
-from collections import Counter
+from collections import Counter, OrderedDict
 from dataclasses import dataclass, field
 from typing import Any, Iterable
 
@@ -44,6 +50,12 @@ MAX_OPEN = 10_000  # open incidents; an alert that would open one more is droppe
 MAX_FIRING = 100_000  # firing member alerts tracked for their resolution, all incidents together
 MAX_RULES = 10_000  # rules (and fault families) an incident remembers; an alert of another still joins
 MAX_GPU = 1 << 16  # GPU indexes an alert may carry here
+# Past firings remembered (a redelivery is recognised) and resolves held for a firing not yet seen,
+# each: as many as the firing alerts tracked, the oldest forgotten first.
+MAX_SEEN = MAX_FIRING
+# And for how long (event time since last touched): a redelivery comes after a restart, within the
+# span not committed yet (minutes), and the drivers' alert feed drops older ones as late anyway.
+SEEN_FOR = 3600.0
 
 
 @dataclass
@@ -111,13 +123,27 @@ class IncidentStage:
     [('opened', ['a1'])]
     """
 
-    def __init__(self, config: IncidentConfig, history: RepeatHistory | None = None, *, max_open: int = MAX_OPEN):
+    def __init__(
+        self,
+        config: IncidentConfig,
+        history: RepeatHistory | None = None,
+        *,
+        max_open: int = MAX_OPEN,
+        max_seen: int = MAX_SEEN,
+    ):
         self.config = config
         self.history = history if history is not None else RepeatHistory()
         self.max_open = max_open
+        self.max_seen = max_seen
         self.stats: Counter[str] = Counter()
         self._open: dict[str, _Incident] = {}
         self._by_alert: dict[str, str] = {}  # firing member alert id -> its incident's id
+        # At-least-once delivery straight into the stage. The firings taken (alert id ->
+        # started_at, the one touched last at the end): the same firing again, after it resolved
+        # and its incident too, is a redelivery, never a new incident. And resolves that came
+        # before their firing (alert id -> (started_at, ts)): the firing, when it comes, ends at once.
+        self._seen: OrderedDict[str, tuple[float, float]] = OrderedDict()
+        self._early: OrderedDict[str, tuple[float, float]] = OrderedDict()
         # Where to look for the incident an alert joins: by (host, GPU); by (host, entry) and
         # (communicator, ``reach: comm`` entry) for the incidents that cause a ``causality`` entry.
         # An alert walks only those that may take it, never every incident of its host or
@@ -223,20 +249,54 @@ class IncidentStage:
         return True
 
     def _resolved(self, a: AlertEvent) -> None:
-        iid = self._by_alert.pop(a.id, None)
+        if self._end(a.id, a.ts):
+            self._remember(self._seen, a, (a.started_at, a.ts), "seen")
+            return
+        self.stats["incidents.ignored.resolved_not_member"] += 1
+        if self._seen.get(a.id, (None,))[0] != a.started_at:
+            # Its firing not seen yet (clock skew, out-of-order delivery): held for it, or the
+            # firing would open an incident that never resolves.
+            self._remember(self._early, a, (a.started_at, a.ts), "early_resolve")
+
+    def _end(self, alert_id: str, ts: float) -> bool:
+        """Resolve firing member ``alert_id`` at ``ts``; False if it is none."""
+        iid = self._by_alert.pop(alert_id, None)
         inc = self._open.get(iid) if iid else None
         if inc is None:
-            self.stats["incidents.ignored.resolved_not_member"] += 1
-            return
-        inc.firing.discard(a.id)
+            return False
+        inc.firing.discard(alert_id)
         if not inc.firing:
-            inc.quiet_due = max(a.ts, inc.last_join) + self.config.quiet
+            # Not before its last alert joined: a resolve dated before its firing still resolves it.
+            inc.quiet_due = max(ts, inc.last_join) + self.config.quiet
             heapq.heappush(self._due, (inc.quiet_due, inc.id))
+        return True
+
+    def _remember(self, memory: OrderedDict[str, Any], a: AlertEvent, value: Any, what: str) -> None:
+        """Put ``a``'s id last in ``memory`` with ``value`` ((started_at, ts)), forgetting the oldest
+        past ``max_seen`` and those not touched for ``SEEN_FOR``."""
+        if not math.isfinite(a.started_at):
+            return  # what the state keeps must load back from its checkpoint (stagestate.py)
+        memory[a.id] = value
+        memory.move_to_end(a.id)
+        while memory and (len(memory) > self.max_seen or next(iter(memory.values()))[1] < self._clock - SEEN_FOR):
+            memory.popitem(last=False)
+            self.stats[f"incidents.forgot.{what}"] += 1
 
     def _firing(self, a: AlertEvent, out: list[IncidentEvent]) -> None:
-        if a.id in self._by_alert:
+        if a.id in self._by_alert or self._seen.get(a.id, (None,))[0] == a.started_at:
+            # The same firing again (same id and started_at): at-least-once delivery.
             self.stats["incidents.ignored.repeated_alert"] += 1
             return
+        self._remember(self._seen, a, (a.started_at, a.ts), "seen")
+        self._take(a, out)
+        held = self._early.get(a.id)
+        if held is not None and held[0] == a.started_at:
+            del self._early[a.id]
+            self.stats["incidents.resolved_before_firing"] += 1
+            self._end(a.id, held[1])
+
+    def _take(self, a: AlertEvent, out: list[IncidentEvent]) -> None:
+        """Open an incident for firing alert ``a``, or join it to one, and count it for the policies."""
         if len(self._by_alert) >= MAX_FIRING:
             self.stats["incidents.dropped.too_many_firing"] += 1
             return

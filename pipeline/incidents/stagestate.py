@@ -1,7 +1,9 @@
 """The incident stage's state as plain data, and its checked way back (``IncidentStage.to_state``
-and ``load_state``): its open incidents, its clock and its repeat-offender history, lists of
-strings and numbers, msgpack- and JSON-able, no pickle, so a service can checkpoint it beside
-its other state (docs/architecture.md, "Incidents").
+and ``load_state``): its open incidents, its clock, its repeat-offender history, the firings it
+remembers (``seen``) and the resolves it holds for their firing (``early``), lists of strings and
+numbers, msgpack- and JSON-able, no pickle, so a service can checkpoint it beside its other state
+(docs/architecture.md, "Incidents"). A state without ``seen`` or ``early`` (written before they
+were kept) loads with them empty.
 
 Only what cannot be derived is kept: the indexes (by alert, host, communicator) and the timer
 heap are rebuilt from the incidents on load.
@@ -11,6 +13,7 @@ from __future__ import annotations
 
 import heapq
 import math
+from collections import OrderedDict
 from typing import TYPE_CHECKING, Any
 
 from pipeline.errors import StateError
@@ -68,6 +71,9 @@ def dump(stage: "IncidentStage") -> dict[str, Any]:
         "clock": None if math.isinf(stage._clock) else stage._clock,
         "open": rows,
         "history": stage.history.to_state(),
+        # Oldest first, as the stage forgets them.
+        "seen": [[i, started, ts] for i, (started, ts) in stage._seen.items()],
+        "early": [[i, started, ts] for i, (started, ts) in stage._early.items()],
     }
 
 
@@ -165,6 +171,8 @@ def load(stage: "IncidentStage", state: Any) -> None:
             if a in by_alert:
                 raise StateError(f"incident stage state: alert {a!r} fires in two incidents")
             by_alert[a] = inc.id
+    seen = {r[0]: (r[1], r[2]) for r in _rows(state.get("seen"), 3, "seen", stage.max_seen)}
+    early = {r[0]: (r[1], r[2]) for r in _rows(state.get("early"), 3, "early", stage.max_seen)}
     # Every check passed: only now does the stage change.
     stage._open = incidents
     stage._by_alert = by_alert
@@ -182,6 +190,29 @@ def load(stage: "IncidentStage", state: Any) -> None:
     heapq.heapify(stage._due)
     stage._clock = clock
     stage.history = history
+    stage._seen = OrderedDict(seen)
+    stage._early = OrderedDict(early)
+
+
+def _rows(v: Any, width: int, what: str, limit: int) -> list[list[Any]]:
+    """Checked ``[alert id, number, ...]`` rows of ``seen`` or ``early``, each id once; None: none."""
+    from pipeline.incidents.stage import MAX_TEXT
+
+    if v is None:
+        return []
+    if not isinstance(v, (list, tuple)) or len(v) > limit:
+        raise StateError(f"incident stage state: {what} is not a list of at most {limit}")
+    rows, ids = [], set()
+    for i, row in enumerate(v):
+        if not isinstance(row, (list, tuple)) or len(row) != width:
+            raise StateError(f"incident stage state: {what} {i} is not a row of {width} fields")
+        if not isinstance(row[0], str) or not row[0] or len(row[0]) > MAX_TEXT:
+            raise StateError(f"incident stage state: {what} {i}: alert id is not text of at most {MAX_TEXT}")
+        if row[0] in ids:
+            raise StateError(f"incident stage state: {what}: alert {row[0]!r} twice")
+        ids.add(row[0])
+        rows.append([row[0], *(_num(x, f"{what} {i}: time") for x in row[1:])])
+    return rows
 
 
 def _num(v: Any, what: str) -> float:
