@@ -131,7 +131,7 @@ def _cmd_replay(args: argparse.Namespace) -> int:
             "model work by engine (records scored): "
             + ", ".join(f"{k}: {v:,} ({100 * v / total:.0f}%)" for k, v in sorted(counts.items()))
         )
-    later = {f: n for f, n in res.late_by_file.items() if f in args.files} if len(args.files) > 1 else {}
+    later = {f: n for f, n in res.late_by_file.items() if f in args.files}
     if later:
         # The files are merged by their records' times (bus.files.read_merged), so what is late
         # went back in time within its own file (docs/architecture.md, "Time"), or, past the
@@ -142,6 +142,8 @@ def _cmd_replay(args: argparse.Namespace) -> int:
             "another, so these overlap an earlier group or go back in time within their own file"
             if len(args.files) > group
             else "the files are merged by their records' times, so these go back in time within their own file"
+            if len(args.files) > 1
+            else "these go back in time within the file (files concatenated out of order, say)"
         )
         console.print(
             "note: records of "

@@ -310,3 +310,14 @@ def test_zeros_after_and_between_gzip_members_are_padding(tmp_path):
     problems: list[str] = []
     assert [m.value for m in read_lines(path, on_problem=problems.append)] == [b'{"a":1}', b'{"a":2}']
     assert problems == []
+
+
+def test_a_single_file_going_back_in_time_gets_the_note_too(tmp_path, capsys):
+    # README: records of a file that goes back in time by itself are late, and replay says so.
+    b = tmp_path / "b.jsonl"
+    recs = list(fleet(range(0, 900), hosts=2))
+    back = [r for r in recs if r.ts >= T0 + 450] + [r for r in recs if r.ts < T0 + 450]
+    b.write_bytes(b"".join(_enc.encode(r) + b"\n" for r in back))
+    assert main(["replay", str(b), "--models", "none"]) == 0
+    err = capsys.readouterr().err
+    assert f"records of {b} (" in err and "go back in time within the file" in err
