@@ -182,6 +182,18 @@ TelemetryRecord = Union[DcgmSample, NcclRecord, NicRecord, ProgressRecord]
 #: the bus): the host's poll, without that port (docs/rules.md, NIC ports: ``port_lost``).
 NIC_ABSENT_LABEL = "absent"
 
+#: A GPU shared by several pods (dcgm-exporter ``--kubernetes-virtual-gpus``: time-slicing, MPS)
+#: keeps its first pod in ``pod``/``namespace``/``container`` and lists every pod in ``pods``:
+#: ``namespace/pod`` entries, sorted, comma-separated, at most ``MAX_SHARED_PODS`` of them; the
+#: number of distinct pods in ``pod_count``. Absent on a GPU with one pod or none.
+PODS_LABEL = "pods"
+POD_COUNT_LABEL = "pod_count"
+MAX_SHARED_PODS = 64
+# Kubernetes' own bounds: a pod name is a DNS subdomain (253), a namespace a DNS label (63).
+MAX_POD_NAME = 253
+MAX_NAMESPACE_NAME = 63
+MAX_PODS_CHARS = MAX_SHARED_PODS * (MAX_NAMESPACE_NAME + 1 + MAX_POD_NAME + 1)
+
 # MIG (docs/architecture.md §3). dcgm-exporter labels a GPU instance's series with these
 # (rendermetrics/render_metrics.go: GPU_I_PROFILE="3g.40gb", GPU_I_ID = NVML's GPU instance id).
 MIG_INSTANCE_LABEL = "GPU_I_ID"
@@ -221,7 +233,8 @@ def dcgm_fields_type(names: tuple[str, ...]) -> type:
 
 class DcgmJobLabels(msgspec.Struct, kw_only=True, gc=False):
     """The few ``labels`` of a DCGM record that say whose work runs on the GPU: dcgm-exporter's
-    Kubernetes pod mapping (``pod``, ``namespace``, ``container``), its HPC job mapping
+    Kubernetes pod mapping (``pod``, ``namespace``, ``container``; ``pods`` and ``pod_count`` on a
+    GPU shared by pods), its HPC job mapping
     (``hpc_job``), and a ``job`` label (the simulator's, or one a producer adds). Every other
     label is skipped while decoding, allocating nothing (docs/architecture.md §3). An integer
     (a Slurm job id written as a number) is kept as it is; it is text by the time an alert has it."""
@@ -231,6 +244,10 @@ class DcgmJobLabels(msgspec.Struct, kw_only=True, gc=False):
     pod: str | None = None
     namespace: str | None = None
     container: str | None = None
+    # A shared GPU's every pod (``PODS_LABEL``, ``POD_COUNT_LABEL``); new fields go last, as
+    # snapshots list these in this order.
+    pods: str | None = None
+    pod_count: str | int | None = None
 
 
 JOB_LABELS = tuple(DcgmJobLabels.__struct_fields__)

@@ -39,7 +39,7 @@ per NVLink (``nvlink`` label). What real exporters vary on, and how it is handle
   label (``gpu``, ``nvlink``, ``GPU_I_ID``, ``xid``) that is not a number of ASCII digits or a
   host or model label the decoder refuses (``bad_label``), a sample timestamp outside the
   decoder's range (``bad_timestamp``), a second series for the same metric and entity
-  (``duplicate_series``, the first one kept), unparsable line (also a value or timestamp that is
+  (``duplicate_series``, the first one kept; but see shared GPUs below), unparsable line (also a value or timestamp that is
   not ASCII, or more words after the labels than a value and a timestamp: ``int()`` reads "٣" as
   3). Lines longer than ``MAX_LINE_CHARS`` or with more than ``MAX_LABELS`` labels are dropped (counted) before the
   parser sees them: ``prometheus_client``'s label parsing is quadratic in a line's label count.
@@ -48,6 +48,14 @@ What would make a record the decoder refuses or a message too large is left out 
 a ``gpu`` index past 4095 or an ``nvlink`` past 1023 (``bad_label``), GPU instances past
 ``MAX_MIG_INSTANCES`` on one GPU (``bad_label``), XID codes past ``MAX_XID_CODES`` in ``xid_counts``
 (still in the total), labels past ``MAX_ENTITY_LABEL_CHARS`` on one entity (``labels_dropped``).
+A GPU shared by pods (``--kubernetes-virtual-gpus``: time-slicing, MPS) comes as one copy of each
+series per pod, differing only in attribution labels (``pod``, ``namespace``, ``container``,
+``pod_uid``, ``vgpu``...; kubernetes.go ``Process``): copies of the kept series' value are merged,
+not dropped; the record keeps the first pod in ``pod``/``namespace``/``container`` and lists every
+pod in ``labels["pods"]`` (``namespace/pod``, sorted, at most ``MAX_SHARED_PODS``) with
+``labels["pod_count"]``; a GPU instance's under ``mig.<GPU_I_ID>.``. A copy with another value (the
+per-process ``GPU_UTIL``/``FB_USED`` copies) still counts ``duplicate_series``, its pod listed; a
+pod or namespace no Kubernetes name can be is counted (``labels_dropped``), never listed.
 A host label that names the loopback (``localhost``, ``127.0.0.1``, ``::1``: what 4.0.0 and later
 print with ``-r localhost:5555``, on every node alike) is taken as absent (``loopback_host_labels``).
 The labels of ``DCGM_EXP_*`` series (one map shared by every GPU without events in the window,
@@ -77,7 +85,18 @@ from prometheus_client.parser import text_string_to_metric_families
 from pipeline import numeric
 from pipeline.catalog import BLANK_INT32, COUNTER, FIELDS, Field
 from pipeline.recordchecks import MAX_GPU_INDEX, MAX_LINK_INDEX, TS_MAX, TS_MIN, bad_host, bad_identifier
-from pipeline.schema import MIG_INSTANCE_FIELD_IDS, MIG_INSTANCE_LABEL, MIG_PROFILE_LABEL, DcgmFields, DcgmRecord
+from pipeline.schema import (
+    MAX_NAMESPACE_NAME,
+    MAX_POD_NAME,
+    MAX_SHARED_PODS,
+    MIG_INSTANCE_FIELD_IDS,
+    MIG_INSTANCE_LABEL,
+    MIG_PROFILE_LABEL,
+    POD_COUNT_LABEL,
+    PODS_LABEL,
+    DcgmFields,
+    DcgmRecord,
+)
 from producers import httpget
 
 log = logging.getLogger(__name__)
@@ -93,6 +112,9 @@ _NOT_CARRIED = {
     "err_msg",
     "xid",
     "window_size_in_ms",
+    # The shared GPU's pod list is the producer's own: an exporter label of that name is not it.
+    PODS_LABEL,
+    POD_COUNT_LABEL,
     *HOST_LABELS,
     *UUID_LABELS,
     *MODEL_LABELS,
@@ -202,7 +224,9 @@ class ParseStats:
     bad_lines: int = 0
     bad_label: int = 0  # gpu, nvlink, GPU_I_ID or xid not ASCII digits; a host or model the pipeline refuses
     bad_timestamp: int = 0  # a sample timestamp that is not finite or not a time the pipeline accepts
-    duplicate_series: int = 0  # the same metric for the same entity again (the first is kept)
+    duplicate_series: int = (
+        0  # the same metric for the same entity again (the first is kept; a pod's same-value copy merges)
+    )
     line_too_long: int = 0
     too_many_labels: int = 0
     labels_dropped: int = 0  # labels past an entity's MAX_ENTITY_LABEL_CHARS (the series itself kept)
@@ -309,7 +333,13 @@ _ATTRIBUTION = (
     "dra_device_name",
     "dra_mig_profile",
     "dra_mig_device_uuid",
+    PODS_LABEL,
+    POD_COUNT_LABEL,
 )
+_ATTRIBUTION_KEYS = frozenset(_ATTRIBUTION)
+# A series' pod (current spelling, then --use-old-namespace's), for a shared GPU's pod list.
+_POD_KEYS = ("pod", "pod_name")
+_NAMESPACE_KEYS = ("namespace", "pod_namespace")
 _MIG_LABELS = {MIG_INSTANCE_LABEL, MIG_PROFILE_LABEL}
 # NVSwitch SXids: DCGM keeps them per switch (entity level DCGM_FE_SWITCH), so the exporter renders
 # them with ``nvswitch`` and no ``gpu`` (render_metrics.go switchMetricsFormat); the contract has no
@@ -400,6 +430,48 @@ class _Series:
     profile: str | None = None
     regular: bool = False  # a DCGM series (not a DCGM_EXP_ one) gave a value
     exp_labels: dict[str, str] = field(default_factory=dict)  # the DCGM_EXP_ series' labels
+    pods: set[str] = field(default_factory=set)  # "namespace/pod" of every pod its DCGM series named
+    bad_pods: set[tuple[str, str]] = field(default_factory=set)  # (namespace, pod) no Kubernetes name can be
+
+
+def _pod_name_ok(name: str, limit: int) -> bool:
+    # Kubernetes names are short DNS names: a comma, slash or space would break the list apart.
+    # isprintable() is False for every white space but " ".
+    return 0 < len(name) <= limit and name.isprintable() and not any(c in ",/ " for c in name)
+
+
+def pod_entry(lab: dict[str, str]) -> str | None:
+    """A series' pod as its entry in a shared GPU's ``pods`` list: ``namespace/pod`` (``pod``
+    alone without a namespace), ``""`` for a pod or namespace no Kubernetes name can be (too
+    long, unprintable, a comma, slash or space), ``None`` for a series that names no pod.
+
+    >>> pod_entry({"pod": "trainer-0", "namespace": "research"}), pod_entry({"gpu": "0"}), pod_entry({"pod": "a,b"})
+    ('research/trainer-0', None, '')
+    """
+    pod = next((lab[k] for k in _POD_KEYS if lab.get(k)), None)
+    if pod is None:
+        return None
+    ns = next((lab[k] for k in _NAMESPACE_KEYS if lab.get(k)), None)
+    if not _pod_name_ok(pod, MAX_POD_NAME) or (ns is not None and not _pod_name_ok(ns, MAX_NAMESPACE_NAME)):
+        return ""
+    return pod if ns is None else f"{ns}/{pod}"
+
+
+def _pod_copy(lab: dict[str, str], kept: dict[str, str]) -> bool:
+    """Whether a series is another pod's copy of ``kept``: labels that differ, in attribution only."""
+    differ = [k for k in lab.keys() | kept.keys() if (lab.get(k) or None) != (kept.get(k) or None)]
+    return bool(differ) and all(k in _ATTRIBUTION_KEYS for k in differ)
+
+
+def _note_pod(ser: _Series, lab: dict[str, str]) -> None:
+    # Both sets are bounded by the body: every distinct pod came from a line of it.
+    entry = pod_entry(lab)
+    if entry == "":
+        ser.bad_pods.add(
+            (next((lab[k] for k in _NAMESPACE_KEYS if lab.get(k)), ""), next(lab[k] for k in _POD_KEYS if lab.get(k)))
+        )
+    elif entry is not None:
+        ser.pods.add(entry)
 
 
 def _origin_name(inst: str | None) -> str:
@@ -452,6 +524,12 @@ def _assemble(
         if not ser.regular:  # only DCGM_EXP_ series: their labels are all there is
             for lk, lv in ser.exp_labels.items():
                 ser.labels.setdefault(lk, lv)
+        n_pods = len(ser.pods) + len(ser.bad_pods)
+        if n_pods > 1:  # a GPU (or instance) shared by pods: every one of them, bounded
+            if ser.pods:
+                ser.labels[PODS_LABEL] = ",".join(sorted(ser.pods)[:MAX_SHARED_PODS])
+            ser.labels[POD_COUNT_LABEL] = str(n_pods)
+            stats.labels_dropped += len(ser.bad_pods)  # counted, never listed: they would break the list apart
     whole = origins.get(None)
     instances = sorted((i for i in origins if i is not None), key=_inst_order)
     names = sorted({n for ser in origins.values() for n in ser.values}, key=_SLOT.__getitem__)
@@ -534,7 +612,8 @@ def parse_metrics(
     stats = ParseStats()
     series: dict[tuple[str, int, int | None], dict[str | None, _Series]] = {}
     meta: dict[tuple[str, int, int | None], dict[str, object]] = {}
-    seen: set[tuple[object, ...]] = set()  # (entity, origin, metric, xid code) of the series kept
+    # (entity, origin, metric, xid code) -> the value and labels of the series kept
+    seen: dict[tuple[object, ...], tuple[float, dict[str, str]]] = {}
     label_chars: dict[tuple[str, int, int | None], int] = {}  # characters of labels each entity carries
     switch_sxids: dict[str, dict[Field, list[tuple[str, float]]]] = {}  # host -> field -> (switch, SXid)
     for fam in _families(text, stats):
@@ -619,14 +698,27 @@ def parse_metrics(
                     stats.dropped.append((mname, f"{MIG_INSTANCE_LABEL}={inst}: past {MAX_MIG_INSTANCES}", "bad_label"))
                     continue
             ident = (key, inst, mname, lab.get("xid") or None)
+            value = _float(s.value)
             if ident in seen:
-                # The exposition format allows one series per label set; a second one for the same
-                # entity (say, differing only in a pod label) would overwrite the first silently.
+                kept, kept_lab = seen[ident]
+                # A GPU shared by pods (--kubernetes-virtual-gpus) has one copy per pod, differing
+                # only in the attribution labels: all are its pods.
+                pod_copy = _pod_copy(lab, kept_lab)
+                if pod_copy and not mname.startswith("DCGM_EXP_") and not is_blank(f, value):
+                    _note_pod(series[key][inst], lab)
+                if pod_copy and (value == kept or (math.isnan(value) and math.isnan(kept))):
+                    # The same value again (another pod's copy): merged, a blank one left out as blank.
+                    if is_blank(f, value):
+                        stats.blank += 1
+                    else:
+                        stats.used += 1
+                    continue
+                # A second value for the same entity, or the same label set again (the format allows
+                # one series per label set), would overwrite the first silently: the first is kept.
                 stats.duplicate_series += 1
                 stats.dropped.append((mname, f"{h}/gpu{gpu}", "duplicate_series"))
                 continue
-            seen.add(ident)
-            value = _float(s.value)
+            seen[ident] = (value, lab)
             origins = series.setdefault(key, {})
             ser = origins.get(inst)
             if ser is None:
@@ -670,6 +762,7 @@ def parse_metrics(
             exp = name.startswith("DCGM_EXP_")
             if not exp:
                 ser.regular = True
+                _note_pod(ser, lab)
             into = ser.exp_labels if exp else ser.labels
             for k, v in lab.items():
                 if v and k not in _NOT_CARRIED and k not in _MIG_LABELS:

@@ -17,7 +17,7 @@ from pipeline.errors import StateError
 from pipeline.numeric import grow as grow
 from pipeline.numeric import id_bound as id_bound
 from pipeline.recordchecks import MAX_GPU_INDEX
-from pipeline.schema import JOB_LABELS, DcgmJobLabels
+from pipeline.schema import JOB_LABELS, MAX_PODS_CHARS, POD_COUNT_LABEL, PODS_LABEL, DcgmJobLabels
 
 _LABELS = operator.attrgetter("labels")
 _HOST = operator.attrgetter("host")
@@ -138,7 +138,8 @@ class Entities:
 
     def job_labels(self, gpu_id: int) -> dict[str, str]:
         """``job``, ``pod``, ``namespace``, ``container`` of a GPU, where known (``job``: the
-        ``job`` label, else dcgm-exporter's ``hpc_job``, else the host's NCCL job)."""
+        ``job`` label, else dcgm-exporter's ``hpc_job``, else the host's NCCL job); on a GPU
+        shared by pods also ``pods`` (every pod, ``namespace/pod``) and ``pod_count``."""
         out = _job_fields(self._labels[gpu_id] if gpu_id < len(self._labels) else None)
         if "job" not in out:
             job = self.nccl_jobs.get(self.gpus[gpu_id][0])
@@ -222,7 +223,16 @@ def _job_fields(lab: Any) -> dict[str, str]:
     for key in ("pod", "namespace", "container"):
         if _usable(v := get(key)):
             out[key] = v
+    if _usable_pods(pods := get(PODS_LABEL)):
+        out[PODS_LABEL] = pods
+    if isinstance(count := get(POD_COUNT_LABEL), str) and count.isascii() and count.isdigit() and len(count) <= 9:
+        out[POD_COUNT_LABEL] = count
     return out
+
+
+def _usable_pods(value: Any) -> TypeGuard[str]:
+    # A list of pod names, longer than one identifier: printable, no space, bounded as the producer bounds it.
+    return isinstance(value, str) and 0 < len(value) <= MAX_PODS_CHARS and value.isprintable() and " " not in value
 
 
 def _label_state(lab: Any) -> list[str | None] | None:
