@@ -289,6 +289,43 @@ def read(payload: bytes) -> Part:
     return Part(w, n, fields, models, labels)
 
 
+def records(payload: bytes) -> list[dict[str, Any]]:
+    """A columnar message's rows as the JSON records ``encode_dcgm`` took (what ``gpuwarden
+    record`` writes of one): a value a float64 holds as a whole number is written as an integer,
+    as producers write them. Raises ``ColumnsError`` for anything but a well-formed message.
+
+    >>> from pipeline.schema import dcgm
+    >>> records(encode_dcgm([dcgm(1764403200.0, "h1", 0, {"gpu_temp": 71})]))[0]["fields"]
+    {'DCGM_FI_DEV_GPU_TEMP': 71}
+    """
+    p = read(payload)
+    w = p.wire
+    ts = np.frombuffer(w.ts, _F8).tolist()
+    gpu = np.frombuffer(w.gpu, _I8).tolist()
+    link = None if w.link is None else np.frombuffer(w.link, _I8).tolist()
+    values = np.frombuffer(w.values, _F8).reshape(p.n, len(p.fields))
+    models = _rows_of(w.model, p.n, w.models, None, "model")
+    labels = _rows_of(w.label, p.n, w.labels, None, "label")
+    out: list[dict[str, Any]] = []
+    for i in range(p.n):
+        rec: dict[str, Any] = {"kind": "dcgm", "v": w.v, "ts": ts[i], "host": w.host, "gpu": gpu[i]}
+        if link is not None and link[i] != NO_LINK:
+            rec["link"] = link[i]
+        if models[i] is not None:
+            rec["model"] = models[i]
+        if w.uuids is not None and w.uuids[i] is not None:
+            rec["uuid"] = w.uuids[i]
+        row = values[i]
+        rec["fields"] = {
+            p.fields[j]: int(x) if x.is_integer() and abs(x) <= 2**53 else x
+            for j, x in zip(np.flatnonzero(~np.isnan(row)).tolist(), row[~np.isnan(row)].tolist())
+        }
+        if labels[i] is not None:
+            rec["labels"] = dict(labels[i])
+        out.append(rec)
+    return out
+
+
 def column(parts: Sequence[Part], name: str, dtype: np.dtype, fill: bytes | None = None) -> np.ndarray:
     """One array of the parts (``ts``, ``gpu``, ``link``) joined: one view of the joined bytes.
     ``fill``: an 8-byte cell for a part without that array."""

@@ -202,6 +202,23 @@ class KafkaBusConsumer:
     def commit(self) -> None:
         self._c.commit()
 
+    def partitions(self) -> list[int]:
+        """The partitions assigned to this consumer now (none before its first poll)."""
+        return sorted(tp.partition for tp in self._c.assignment())
+
+    def pending(self, partition: int) -> bool:
+        """Whether ``partition`` holds messages that ``poll`` has not returned yet: its high
+        watermark (from the last fetch) past this consumer's position; unknown (not fetched
+        yet): True."""
+        tp = next((t for t in self._c.assignment() if t.partition == partition), None)
+        if tp is None:
+            return False
+        hw = self._c.highwater(tp)
+        if hw is None:
+            return True
+        pos = self._c.position(tp, timeout_ms=1000)
+        return pos is None or pos < hw
+
     def close(self) -> None:
         self._c.close(autocommit=False)
 
