@@ -19,6 +19,21 @@ def scenario(name: str) -> str:
     return name
 
 
+def port(text: str) -> int:
+    """An argparse type: a TCP port, 0..65535 (0: any free one).
+
+    >>> port("9108")
+    9108
+    """
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a port 0..65535, got {text!r}") from None
+    if not 0 <= n <= 65535:
+        raise argparse.ArgumentTypeError(f"expected a port 0..65535, got {n}")
+    return n
+
+
 def positive_int(text: str) -> int:
     """An argparse type: an integer of at least 1 (``--hosts 0`` is a usage error, not a run of
     nothing or an internal error).

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from pipeline.cli.args import kafka_options
+from pipeline.cli.args import kafka_options, port
 
 
 def _cmd_serve(args: argparse.Namespace) -> int:
@@ -64,7 +64,7 @@ def register(sub: Any) -> None:
     kafka_options(sv, "override kafka.bootstrap")
     sv.add_argument("--prefix", help="override kafka.prefix")
     sv.add_argument("--group", help="override kafka.group")
-    sv.add_argument("--http-port", type=int, help="override http.port (0: any free port)")
+    sv.add_argument("--http-port", type=port, help="override http.port (0: any free port)")
     sv.add_argument("--rules", help="override service.rules with one directory")
     sv.add_argument(
         "--insecure-state",

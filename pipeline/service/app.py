@@ -27,7 +27,7 @@ from pipeline.bus.group import GroupConsumer
 from pipeline.bus.retry import Backoff
 from pipeline.bus.sinks import BusOutput, OutputSink
 from pipeline.engine import EngineOutput
-from pipeline.errors import BusError
+from pipeline.errors import BusError, ConfigError
 from pipeline.httpendpoint import HttpEndpoint
 from pipeline.incidents import IncidentEvent, IncidentStage
 from pipeline.incidents.live import live_pages
@@ -183,13 +183,19 @@ class Service(Membership, CommitProtocol, Upkeep):
         self.metrics.rules.set(self._n_rules)
         # The /incidents page is computed by this loop between turns (pipeline/service/liveview.py).
         live = LoopQuery(lambda: open_incidents(services), fresh_for=1.0)
-        self.http = HttpEndpoint(
-            self.cfg.http.host,
-            self.cfg.http.port,
-            self.metrics.registry,
-            self.health,
-            pages=live_pages(lambda: live.ask(LIVE_WAIT_S)),
-        ).start()
+        try:
+            endpoint = HttpEndpoint(
+                self.cfg.http.host,
+                self.cfg.http.port,
+                self.metrics.registry,
+                self.health,
+                pages=live_pages(lambda: live.ask(LIVE_WAIT_S)),
+            )
+        except OSError as e:  # another serve on the port, an address not on this machine
+            for s in services:
+                s._close()
+            raise ConfigError("http.port", f"{self.cfg.http.host}:{self.cfg.http.port}: {e.strerror or e}") from None
+        self.http = endpoint.start()
         log.info(
             "serving: %s -> %s, %s; http on %s:%d; stages %s",
             self.topics.telemetry,

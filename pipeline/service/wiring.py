@@ -17,6 +17,7 @@ from pipeline.decode import Decoder
 from pipeline.errors import BrokerUnavailableError, ConfigError, InputError
 from pipeline.incidents import IncidentConfig
 from pipeline.rules import load_rules
+from pipeline.rules.loader import without_rule_files
 from pipeline.service.config import Config, check_rule_paths
 from pipeline.service.state import KafkaStateStore, StateStore, state_key
 
@@ -79,7 +80,10 @@ def kafka_parts(cfg: Config, stage: str = "host") -> tuple[GroupConsumer, Produc
     problem = connection.transport_problem(k.bootstrap, security, 5.0)
     if problem:
         raise BrokerUnavailableError(problem)
-    ensure_topics(k.bootstrap, topics, partitions=k.partitions, security=security)
+    created = ensure_topics(k.bootstrap, topics, partitions=k.partitions, security=security)
+    if created:
+        # Said, since a mistyped prefix makes a whole new topic set that nobody writes to.
+        log.warning("created topics %s (they did not exist under prefix %r)", ", ".join(created), topics.prefix)
     producer = KafkaBusProducer(
         k.bootstrap, security=security, client_id="gpuwarden-service", max_request_size=STATE_MAX_BYTES
     )
@@ -132,6 +136,9 @@ def check_rules_load(paths: list[str]) -> int:
     """The number of rules; ``InputError`` (exit 3) naming the files when they do not load,
     ``ConfigError`` naming ``service.rules`` when one of ``paths`` does not exist."""
     check_rule_paths(paths)
+    empty = without_rule_files(paths)
+    if empty:  # the built-in checks alone, saying nothing: a wrong path, a pack not written yet
+        raise InputError(f"service.rules: {', '.join(empty)}: no rule files (*.yaml, *.yml) in this directory")
     ruleset, diags = load_rules(paths)
     for d in diags:
         (log.error if d.is_error else log.warning)("rules: %s", d)
