@@ -227,6 +227,27 @@ class KafkaBusConsumer:
         return self._c
 
 
+def topic_exists(
+    bootstrap: str, topic: str, *, security: dict[str, Any] | None = None, timeout_s: float = 30.0
+) -> bool:
+    """Whether the cluster has ``topic``, asked of its admin API (a consumer's metadata request
+    would have a broker that auto-creates topics make it)."""
+    try:
+        admin = KafkaAdminClient(
+            bootstrap_servers=bootstrap,
+            request_timeout_ms=int(timeout_s * 1000),
+            bootstrap_timeout_ms=int(timeout_s * 1000),
+            **_security(security),
+            **connection.CLIENT_DEFAULTS,
+        )
+    except KafkaError as e:
+        raise _unavailable(bootstrap, e, security) from e
+    try:
+        return topic in set(admin.list_topics())
+    finally:
+        admin.close()
+
+
 def ensure_topics(
     bootstrap: str,
     topics: Topics,

@@ -13,6 +13,8 @@ def _cmd_record(args: argparse.Namespace) -> int:
     import signal as _signal
 
     from pipeline.bus import Topics, connection
+    from pipeline.bus.kafka import topic_exists
+    from pipeline.errors import InputError
     from pipeline.recording import record
 
     conn = connection.from_args(args)
@@ -22,6 +24,9 @@ def _cmd_record(args: argparse.Namespace) -> int:
     stop = {"now": False}
     _signal.signal(_signal.SIGTERM, lambda *_: stop.update(now=True))
     topic = args.topic or Topics(args.prefix).telemetry
+    if not topic_exists(conn.bootstrap, topic, security=conn.options()):
+        # Not an empty recording: a mistyped prefix or topic, and a consumer would create it.
+        raise InputError(f"topic {topic} does not exist on {conn.bootstrap}; nothing recorded")
     res = record(
         conn.bootstrap,
         topic,

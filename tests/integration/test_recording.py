@@ -68,3 +68,24 @@ def test_columnar_messages_are_recorded_as_the_records_they_carry(kafka_bootstra
     want = [msgspec.convert(r, DcgmRecord) for r in dcgm]
     key = lambda r: (r.ts, r.host, r.gpu, r.link if r.link is not None else -1)  # noqa: E731
     assert sorted(got, key=key) == sorted(want, key=key)
+
+
+def test_recording_a_topic_that_does_not_exist_is_refused_and_creates_nothing(kafka_bootstrap, topic_prefix, tmp_path,
+                                                                              capsys):
+    # Found by an audit: a mistyped prefix gave kafka-python's ERROR line, "recorded 0 messages",
+    # exit 0, and a topic the broker auto-created.
+    from kafka import KafkaAdminClient
+
+    from pipeline.cli import main
+    from pipeline.errors import EXIT_INPUT
+
+    out = tmp_path / "r.jsonl"
+    assert main(["record", "--kafka", kafka_bootstrap, "--prefix", topic_prefix, "--out", str(out)]) == EXIT_INPUT
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and f"topic {topic_prefix}.telemetry does not exist" in err[0]
+    assert not out.exists()
+    admin = KafkaAdminClient(bootstrap_servers=kafka_bootstrap)
+    try:
+        assert not [t for t in admin.list_topics() if t.startswith(topic_prefix)]
+    finally:
+        admin.close()
