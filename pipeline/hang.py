@@ -6,7 +6,8 @@ A communicator's ranks span hosts, so this runs where every host's records meet:
 how far event time has come. A communicator (``job``, ``comm``) is hung when a rank reports a
 watchdog timeout, RAS names a rank missing, dead or in error, or a rank behind its peers makes
 no progress for ``stuck_after`` (one that stopped reporting: while its peers, reporting still,
-stayed where they were). The communicator waits ``settle`` after that first evidence, so
+stayed where they were with work outstanding; and behind the highest work a rank reports at the
+deadline). The communicator waits ``settle`` after that first evidence, so
 the other ranks' reports of the same hang are in, then names its suspects: the ranks RAS names,
 the ranks whose last completed work (RAS: launched operations) lags the highest their peers
 report, else the ranks that enqueued less, and ranks of a known size that never reported (not
@@ -20,8 +21,9 @@ watchdog keys a communicator by its process group's id, RAS by its hash), so the
 job and suspects (their hosts and GPUs, the one identity a rank has in every communicator): a
 communicator whose suspects are all among those of a firing alert of its job joins that alert,
 and any other opens one. The alert resolves when a communicator that joined it sees the
-suspects (or, without suspects, any rank) report progress past what their peers had reached,
-or once every one of them went ``forget_after`` without a report or restarted.
+suspects (or, without suspects, any rank) report progress past what their peers had reached
+(a suspect silent by then: once any rank completes work past it, which needed every rank), or
+once every one of them went ``forget_after`` without a report or restarted.
 
 The outcome depends on the records and their event times only: a communicator settles at its
 deadline (evidence + ``settle``) with the records before it, whichever batches brought them, and
@@ -30,6 +32,7 @@ deadlines and silences are taken in event-time order.
 
 from __future__ import annotations
 
+import heapq
 import math
 from dataclasses import dataclass, field
 from itertools import islice
@@ -176,15 +179,33 @@ class _Alert:
     gpu: int | None
     members: list[dict[str, Any]]  # each communicator that joined: comm, name, sources, suspects, nranks
     live: set[str]  # the members (``comm or ""``) not forgotten since
+    # The suspects as sets, made once: an alert is asked whether it covers many communicators.
+    exact: set[Suspect] = field(init=False, repr=False)
+    hosts: dict[str, None] = field(init=False, repr=False)  # in the suspects' order
+
+    def __post_init__(self) -> None:
+        self.exact = set(self.suspects)
+        self.hosts = dict.fromkeys(h for h, _ in self.suspects)
 
     def covers(self, job: str | None, who: list[Suspect]) -> bool:
         """Whether a communicator of ``job`` naming ``who`` saw this hang: the same job, and each
         of its suspects one of these (a GPU left unsaid matches any GPU of the host)."""
         if (job or "") != (self.job or ""):
             return False
-        exact = set(self.suspects)
-        hosts = {h for h, _ in self.suspects}
+        exact, hosts = self.exact, self.hosts
         return all((h, g) in exact or (h, None) in exact or (g is None and h in hosts) for h, g in who)
+
+
+@dataclass
+class _Pending:
+    """One job's communicators with evidence not yet part of an alert, during one ``advance``
+    (no record comes in between, so their suspects stay as judged): in key order, each one's
+    suspects judged once, and found by its first suspect's host, so that a firing reads only
+    those it may cover, not every other one of a job of thousands of communicators."""
+
+    keys: list[tuple[str, str]]
+    judged: dict[tuple[str, str], list[tuple[int, _Rank, str]]] = field(default_factory=dict)
+    by_host: dict[str, list[int]] | None = None  # a suspect's host -> indices into ``keys``
 
 
 class HangDetector:
@@ -204,8 +225,17 @@ class HangDetector:
         self.comms: dict[tuple[str, str], _Comm] = {}
         self.alerts: dict[str, _Alert] = {}  # firing, in the order they fired
         self._by_job: dict[str, dict[str, _Alert]] = {}  # the same, each job's apart: a settle reads its job's only
+        # The same by job and suspect host: a communicator naming suspects reads only the alerts
+        # naming its first one's host, not each of its job's (one per TP group in a fabric fault).
+        self._by_host: dict[tuple[str, str], dict[str, _Alert]] = {}
         self.now = -math.inf
-        self._next = math.inf  # the earliest time anything is due (``_due``), or sooner
+        self._next = math.inf  # the earliest time anything is due, or sooner
+        # What falls due, (time, 0: a settle / 1: a silence, key), earliest first: an entry a later
+        # report made stale is dropped (a settle) or put back at its new time (a silence, one a
+        # communicator), so that a call reads what is due, not every communicator.
+        self._heap: list[tuple[float, int, tuple[str, str]]] = []
+        # Each job's communicators with evidence not yet part of an alert: those a firing can join.
+        self._evidenced: dict[str, set[tuple[str, str]]] = {}
         self.stats: dict[str, int] = {"records": 0, "fired": 0, "joined": 0, "resolved": 0,
                                       "dropped.communicators": 0, "dropped.ranks": 0}  # fmt: skip
 
@@ -232,45 +262,65 @@ class HangDetector:
         if upto < self._next:  # nothing is due: one comparison a record, not a walk of every communicator
             return out
         forget = math.isfinite(upto)
-        due: list[tuple[float, int, tuple[str, str]]] = []
-        # Each job's communicators with evidence not yet part of an alert, in key order: those a
-        # firing can join at once (no record comes in between, so none gains evidence).
-        pending: dict[str, list[tuple[str, str]]] = {}
-        for key, c in self.comms.items():
-            if c.firing is None and c.evidence_at is not None:
-                pending.setdefault(key[0], []).append(key)
-                if c.evidence_at + self.config.settle_s <= upto:
-                    due.append((c.evidence_at + self.config.settle_s, 0, key))
-            if forget and c.last_ts + self.config.forget_after_s <= upto:
-                due.append((c.last_ts + self.config.forget_after_s, 1, key))
-        for keys in pending.values():
-            keys.sort()
+        kept: list[tuple[float, int, tuple[str, str]]] = []  # silences the end of a stream leaves
+        # The job's communicators with evidence not yet part of an alert, in key order, as its
+        # first settle in this call found them: those a firing can join at once (no record comes
+        # in between, so none gains evidence).
+        settling: dict[str, _Pending] = {}
         # In event-time order, a deadline before a silence at the same time: one communicator's
         # outcome decides another's (which alert it joins), whatever span one call covers.
-        for at, kind, key in sorted(due):
+        while self._heap and self._heap[0][0] <= upto:
+            entry = heapq.heappop(self._heap)
+            at, kind, key = entry
             cur = self.comms.get(key)
             if cur is None:
                 continue
             if kind == 0:
-                if cur.firing is None and cur.evidence_at is not None:  # not joined at another's firing
-                    fired = self._settle(cur, at, pending.get(key[0], []))
+                # Not joined at another's firing, nor a settle of evidence since dropped.
+                if cur.firing is None and cur.evidence_at is not None and cur.evidence_at + self.config.settle_s == at:
+                    p = settling.get(key[0])
+                    if p is None:
+                        p = settling[key[0]] = _Pending(sorted(self._evidenced.get(key[0], ())))
+                    fired = self._settle(cur, at, p)
                     if fired is not None:
                         out.append(fired)
+                continue
+            due = cur.last_ts + self.config.forget_after_s
+            if due > at:  # it reported since: its silence is due later
+                heapq.heappush(self._heap, (due, 1, key))
+                continue
+            if not forget:
+                kept.append(entry)
                 continue
             if cur.firing is not None:
                 gone = self._leave(cur, at, f"no progress report for {self.config.forget_after_s:g}s")
                 if gone is not None:
                     out.append(gone)
+            self._unmark(key)
             del self.comms[key]
-        self._next = min((self._due(c) for c in self.comms.values()), default=math.inf)
+        for entry in kept:
+            heapq.heappush(self._heap, entry)
+        self._next = self._heap[0][0] if self._heap else math.inf
         return out
 
-    def _due(self, c: _Comm) -> float:
-        """The earliest event time at which ``advance`` has something to do for ``c``."""
-        due = c.last_ts + self.config.forget_after_s
-        if c.firing is None and c.evidence_at is not None:
-            due = min(due, c.evidence_at + self.config.settle_s)
-        return due
+    def _mark(self, c: _Comm, at: float) -> None:
+        """``c`` has its first evidence at ``at``: due to settle ``settle`` later."""
+        c.evidence_at = at
+        key = (c.job or "", c.comm or "")
+        self._evidenced.setdefault(key[0], set()).add(key)
+        self._push((at + self.config.settle_s, 0, key))
+
+    def _unmark(self, key: tuple[str, str]) -> None:
+        """The communicator under ``key`` has no evidence pending any more (or is gone)."""
+        keys = self._evidenced.get(key[0])
+        if keys is not None:
+            keys.discard(key)
+            if not keys:  # a job's entry goes with its last such communicator
+                del self._evidenced[key[0]]
+
+    def _push(self, entry: tuple[float, int, tuple[str, str]]) -> None:
+        heapq.heappush(self._heap, entry)
+        self._next = min(self._next, entry[0])
 
     def _apply(self, r: ProgressRecord, out: list[AlertEvent]) -> None:
         key = (r.job or "", r.comm or "")
@@ -280,6 +330,7 @@ class HangDetector:
                 self.stats["dropped.communicators"] += 1
                 return
             c = self.comms[key] = _Comm(r.job, r.comm)
+            self._push((r.ts + self.config.forget_after_s, 1, key))  # its silence: one entry, moved on as it reports
         old = c.ranks.get(r.rank)
         if (
             r.comm is not None  # lines that name no process group mix several under one key
@@ -296,6 +347,7 @@ class HangDetector:
             # the same key (a restarted job numbers its process groups as before), judged afresh.
             if c.firing is not None and (gone := self._leave(c, r.ts, "communicator restarted")) is not None:
                 out.append(gone)
+            self._unmark(key)
             c = self.comms[key] = _Comm(r.job, r.comm)
         c.last_ts = max(c.last_ts, r.ts)
         c.sources.add(r.source)
@@ -325,6 +377,11 @@ class HangDetector:
             # reports show, not since its work last moved (a slow job's rank one behind for an
             # instant has not moved for minutes, and is not stuck).
             rk.since = r.ts
+        elif rk.progress is not None and c.top is not None and rk.progress < c.top:
+            # Behind without the top rising (its first report, or its first number): a walk that
+            # found nobody behind must not leave it unwatched if it falls silent (RAS's word alone,
+            # lagging, is no such rank: RAS leaves out a rank that caught up).
+            c.watch = min(c.watch, rk.since + self.config.stuck_after_s)
         if r.state == "timeout":
             c.seq = c.seq if c.seq is not None else r.seq
             c.op = c.op or r.op
@@ -336,10 +393,9 @@ class HangDetector:
         if r.state == "timeout" or r.state in _RAS_SUSPECT:
             c.reported = True
             if c.evidence_at is None:
-                c.evidence_at = r.ts
+                self._mark(c, r.ts)
         elif c.evidence_at is None and (self._stuck(c, rk, r.ts) or (r.ts >= c.watch and self._stuck_silent(c, r.ts))):
-            c.evidence_at = r.ts
-        self._next = min(self._next, self._due(c))
+            self._mark(c, r.ts)
 
     # -- judging -----------------------------------------------------------------------------
 
@@ -348,11 +404,23 @@ class HangDetector:
         its reports (judged as each rank reports: O(1) a record, whatever the job's size)."""
         return self._behind(c, k) and now - k.since >= self.config.stuck_after_s
 
-    def _held(self, c: _Comm, k: _Rank, at: float) -> bool:
-        """Whether rank ``k`` is still stuck at ``at``: by its reports, and if it stopped
-        reporting, with its peers where they were for ``stuck_after``."""
+    def _held(self, c: _Comm, k: _Rank, at: float, peak: int | None, waiting: bool) -> bool:
+        """Whether rank ``k`` is still stuck at ``at``: by its reports, behind the highest work a
+        rank reports now (``peak``), and if it stopped reporting, with its peers where they were
+        for ``stuck_after`` and ``waiting`` on work."""
         stall = self.config.stuck_after_s
-        return self._stuck(c, k, at) and (at - k.ts < stall or at - c.top_since >= stall)
+        # A top no rank holds any more (every rank's work fell: a job requeued onto other hosts,
+        # no restart seen) shows nobody behind: ranks level with each other are not stuck.
+        lags = k.state == "lagging" or (peak is not None and k.progress is not None and k.progress < peak)
+        return lags and self._stuck(c, k, at) and (at - k.ts < stall or (waiting and at - c.top_since >= stall))
+
+    @staticmethod
+    def _waiting(c: _Comm, peak: int | None) -> bool:
+        """Whether a rank at ``peak`` has work outstanding (or does not say): peers that completed
+        all they enqueued wait on nobody (a job ending rank by rank, its last one reporting on)."""
+        if "ras" in c.sources or peak is None:  # RAS counts operations launched: nothing says what is outstanding
+            return True
+        return any(k.progress == peak and (k.enqueued is None or k.enqueued > k.progress) for k in c.ranks.values())
 
     def _stuck_silent(self, c: _Comm, now: float) -> bool:
         """Whether a rank that stopped reporting has been behind for ``stuck_after`` while its
@@ -420,23 +488,45 @@ class HangDetector:
             return moved and k.progress > peak
         if moved and k.progress >= peak and rank in f["waiting"]:
             f["waiting"].discard(rank)
+        if moved and k.progress > peak and f["silent"]:
+            # Work completed past the stall needed every rank: the silent suspects took part
+            # (their reporter stopped, not their work), as when the hang was judged.
+            f["waiting"].difference_update(f["silent"])
+            f["silent"] = []
         return not f["waiting"]
 
     # -- alerts ------------------------------------------------------------------------------
 
-    def _settle(self, c: _Comm, at: float, pending: list[tuple[str, str]]) -> AlertEvent | None:
+    def _judged(self, p: _Pending, key: tuple[str, str], c: _Comm) -> list[tuple[int, _Rank, str]]:
+        """``suspects(c)``, once an ``advance``."""
+        sus = p.judged.get(key)
+        if sus is None:
+            sus = p.judged[key] = self.suspects(c)
+        return sus
+
+    def _settle(self, c: _Comm, at: float, pending: _Pending) -> AlertEvent | None:
         """Communicator ``c`` at its deadline: it joins the firing alert of its job that names
         all its suspects (the first that fired), or fires one of its own, which the job's
         ``pending`` communicators naming no other suspect join at once."""
-        sus = self.suspects(c)
-        if not c.reported and not any(self._held(c, k, at) for k in c.ranks.values()):
-            # The evidence was a rank stuck behind, and it caught up before the deadline (or its
-            # peers moved on, so a silent one did too): no hang (a moving job's ranks, reporting
-            # at their own instants, differ by a little: not one).
-            c.evidence_at = None
-            return None
+        sus = self._judged(pending, (c.job or "", c.comm or ""), c)
+        if not c.reported:
+            peak = max((k.progress for k in c.ranks.values() if k.progress is not None), default=None)
+            waiting = self._waiting(c, peak)
+            if not any(self._held(c, k, at, peak, waiting) for k in c.ranks.values()):
+                # The evidence was a rank stuck behind, and it caught up before the deadline (or its
+                # peers moved on, so a silent one did too): no hang (a moving job's ranks, reporting
+                # at their own instants, differ by a little: not one).
+                c.evidence_at = None
+                self._unmark((c.job or "", c.comm or ""))
+                # The walk that found the evidence stopped at it: the next report walks again.
+                c.watch = min(c.watch, at)
+                return None
         who: list[Suspect] = [(k.host, k.gpu) for _, k, _ in sus]
-        for a in self._by_job.get(c.job or "", {}).values():
+        # Only an alert naming the first suspect's host can cover them all (without suspects:
+        # any of the job's), the first that fired first.
+        job = c.job or ""
+        alerts = self._by_host.get((job, who[0][0]), {}) if who else self._by_job.get(job, {})
+        for a in alerts.values():
             if a.covers(c.job, who):
                 self._join(a, c, sus)
                 self.stats["joined"] += 1
@@ -446,15 +536,21 @@ class HangDetector:
     def _join(self, a: _Alert, c: _Comm, sus: list[tuple[int, _Rank, str]]) -> None:
         known = [k.progress for k in c.ranks.values() if k.progress is not None]
         ranks = [i for i, _, _ in sus]
-        c.firing = {"alert": a.id, "ranks": ranks, "waiting": set(ranks), "peak": max(known, default=None)}
+        # The suspects silent by then (see ``suspects``' why): none of RAS's, whose counts are of
+        # operations launched, which a rank's peers may go on with while it hangs, nor where lines
+        # that name no process group mix several groups' counts.
+        stall = self.config.stuck_after_s
+        mixed = "ras" in c.sources or c.comm is None
+        silent = [] if mixed else [i for i, k, _ in sus if c.last_ts - k.ts >= stall]
+        self._unmark((c.job or "", c.comm or ""))
+        c.firing = {"alert": a.id, "ranks": ranks, "waiting": set(ranks), "peak": max(known, default=None),
+                    "silent": silent}  # fmt: skip
         src = sorted(c.sources)
         a.members.append({"comm": c.comm, "name": c.name, "sources": src, "suspects": ranks[:MAX_LISTED],
                           "nranks": c.nranks})  # fmt: skip
         a.live.add(c.comm or "")
 
-    def _fire(
-        self, c: _Comm, at: float, sus: list[tuple[int, _Rank, str]], pending: list[tuple[str, str]]
-    ) -> AlertEvent:
+    def _fire(self, c: _Comm, at: float, sus: list[tuple[int, _Rank, str]], pending: _Pending) -> AlertEvent:
         assert c.evidence_at is not None
         silent = self._silent(c)
         known = [k.progress for k in c.ranks.values() if k.progress is not None]
@@ -475,15 +571,22 @@ class HangDetector:
                    first.host if first else None, first.gpu if first else None, [], set())  # fmt: skip
         self._join(a, c, sus)
         self.alerts[a.id] = a
-        self._by_job.setdefault(c.job or "", {})[a.id] = a
+        self._index(a)
         self.stats["fired"] += 1
         # The job's other communicators settling now that saw the same suspects join at once, so
         # the alert lists them; any that settle later join it then.
-        for key in pending:
+        if pending.by_host is None:
+            pending.by_host = {}
+            for i, key in enumerate(pending.keys):
+                o = self.comms.get(key)
+                if o is not None and (osus := self._judged(pending, key, o)):
+                    pending.by_host.setdefault(osus[0][1].host, []).append(i)
+        near = sorted({i for h in a.hosts for i in pending.by_host.get(h, ())})
+        for key in (pending.keys[i] for i in near):
             o = self.comms.get(key)
             if o is None or o is c or o.firing is not None or o.evidence_at is None:
                 continue
-            osus = self.suspects(o)
+            osus = self._judged(pending, key, o)
             # Only one that already names suspects: one that names none yet may name others by
             # its own deadline (another hang), and joins then if it does not.
             if osus and a.covers(o.job, [(k.host, k.gpu) for _, k, _ in osus]):
@@ -527,6 +630,12 @@ class HangDetector:
             "communicators_total": len(a.members),
         }
         return self._event(a, "firing", at, evidence, labels)
+
+    def _index(self, a: _Alert) -> None:
+        """File firing alert ``a`` under its job and under its job and each suspect's host."""
+        self._by_job.setdefault(a.job or "", {})[a.id] = a
+        for h in a.hosts:
+            self._by_host.setdefault((a.job or "", h), {})[a.id] = a
 
     def _event(self, a: _Alert, state: str, at: float, evidence: dict[str, Any], labels: dict[str, str]) -> AlertEvent:
         """``a``'s event at ``at``: its id, job, suspect, start and summary are the alert's (a
@@ -572,6 +681,11 @@ class HangDetector:
         del job[a.id]
         if not job:  # a job's entry goes with its last alert, so jobs long gone hold no memory
             del self._by_job[a.job or ""]
+        for h in a.hosts:
+            at_host = self._by_host[(a.job or "", h)]
+            del at_host[a.id]
+            if not at_host:
+                del self._by_host[(a.job or "", h)]
         self.stats["resolved"] += 1
         evidence = {"resolved_by": why, "communicators": a.members[:MAX_LISTED], "communicators_total": len(a.members)}
         return self._event(a, "resolved", at, evidence, self._labels(a))
@@ -627,6 +741,8 @@ class HangDetector:
                     # A state written before these: the top taken as rising at the last report.
                     since = _opt_float(d.get("top_since"))
                     c.top_since = since if since is not None else c.last_ts
+                # A watch set before any rank reported a number (a settle that found no hang) too.
+                if "watch" in d or c.top is not None:
                     watch = _opt_float(d.get("watch")) if "watch" in d else c.top_since + self.config.stuck_after_s
                     c.watch = watch if watch is not None else math.inf
                 for i, host, gpu, st, prog, enq, since, ts in d["ranks"][: self.config.max_ranks]:
@@ -638,6 +754,7 @@ class HangDetector:
                     c.firing = {
                         "alert": _str(f["id"] if v1 else f["alert"]), "ranks": [int(i) for i in f["ranks"]],
                         "waiting": {int(i) for i in f["waiting"]}, "peak": _opt_int(f["peak"]),
+                        "silent": [int(i) for i in f.get("silent", [])],  # none in a state written before it
                     }  # fmt: skip
                     if v1:  # each firing communicator was an alert of its own
                         who = [(c.ranks[i].host, c.ranks[i].gpu) for i in c.firing["ranks"] if i in c.ranks]
@@ -664,11 +781,16 @@ class HangDetector:
         except (KeyError, TypeError, ValueError, AttributeError) as e:
             raise StateError(f"hang detector state: {e}") from e
         self.comms, self.alerts, self.now = comms, alerts, now
-        self._by_job = {}
+        self._by_job, self._by_host = {}, {}
         for a in alerts.values():
-            self._by_job.setdefault(a.job or "", {})[a.id] = a
+            self._index(a)
         self.stats.update(stats)
-        self._next = min((self._due(c) for c in comms.values()), default=math.inf)
+        self._heap, self._evidenced, self._next = [], {}, math.inf
+        for key, c in comms.items():
+            self._push((c.last_ts + self.config.forget_after_s, 1, key))
+            if c.firing is None and c.evidence_at is not None:
+                self._evidenced.setdefault(key[0], set()).add(key)
+                self._push((c.evidence_at + self.config.settle_s, 0, key))
 
 
 def _member(m: Any) -> dict[str, Any]:
