@@ -151,3 +151,20 @@ def test_the_example_sends_fabric_faults_to_the_fabric_team(fault, severity, rec
     out = capsys.readouterr().out
     if receiver == "fabric":
         assert "drain (slurm_drain)" in out and "notify-fabric (webhook)" in out and "group_by=['host']" in out
+
+
+def test_the_example_pages_once_for_an_uncorrectable_error_and_its_xid(capsys):
+    # Found by an audit: the counter's alert drained and paged, XID 48 of the same error paged
+    # again through page-critical; in node-fatal's host group they are one dispatch.
+    for fault in ("hbm_uncorrectable_error", "hbm_ecc_xid"):
+        args = ["routes", "test", f"fault={fault}", "severity=critical", "host=gpu-node-004", "gpu=4",
+                "--config", str(EXAMPLE), "--expect", "drain-node"]
+        assert main(args) == 0, capsys.readouterr().err
+        assert "root > node-fatal" in capsys.readouterr().out
+
+
+def test_the_example_only_logs_a_staging_hosts_critical_alert(capsys):
+    # The staging route came last, so a staging host's critical alert drained it.
+    args = ["routes", "test", "fault=hbm_uncorrectable_error", "severity=critical", "host=staging-4",
+            "--config", str(EXAMPLE), "--expect", "log-only"]
+    assert main(args) == 0, capsys.readouterr().err
