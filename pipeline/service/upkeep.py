@@ -116,10 +116,11 @@ class Upkeep:
             return
         for p, e in end.items():
             ps = self.parts.get(p)
-            if ps is not None and ps.next_offset is not None:
-                self.metrics.lag.labels(str(p) if self.stage == "host" else f"fleet/{p}").set(
-                    max(0, e - ps.next_offset)
-                )
+            if ps is not None:
+                # Nothing read yet and no checkpoint: behind by what the partition holds (an empty
+                # one, 0: every assigned partition has its series, not only those with data).
+                at = ps.next_offset if ps.next_offset is not None else 0
+                self.metrics.lag.labels(str(p) if self.stage == "host" else f"fleet/{p}").set(max(0, e - at))
 
     def _check_routing(self) -> None:
         """Every ``ROUTING_CHECK_S``: the hosts that came lately on more than one telemetry

@@ -158,3 +158,26 @@ def test_alerts_the_incident_side_drops_are_counted_by_why():
     m.incident_dropped.labels("late").inc(1)
     text = "\n".join(f"{s.name}{s.labels} {s.value}" for mt in m.registry.collect() for s in mt.samples)
     assert "gpuwarden_incident_alerts_dropped_total{'why': 'late'} 1.0" in text
+
+
+def test_every_assigned_partition_has_a_lag_series_also_one_without_data():
+    # Found by an audit: gpuwarden_consumer_lag had series only for partitions that had sent
+    # something, though docs/operations.md promises one for each assigned partition.
+    from pipeline.bus.telemetry import per_host_messages
+    from tests.factories import Clock
+    from tests.unit.service.test_loop import _services
+
+    one_host = [sample(t, "n1") for t in range(20)]
+    telemetry = list(per_host_messages(one_host))
+    clock = Clock()
+    bus, host, fleet = _services(telemetry, clock)
+    for _ in range(30):
+        host.step()
+        fleet.step()
+        clock.t += 0.5
+    assigned = sorted(host.parts)
+    assert len(assigned) == 2  # one holds n1's telemetry, the other nothing
+    series = {s.labels["partition"]: s.value for mt in host.metrics.registry.collect()
+              for s in mt.samples if s.name == "gpuwarden_consumer_lag"}  # fmt: skip
+    assert set(series) == {str(p) for p in assigned}
+    assert all(v == 0 for v in series.values())
