@@ -227,13 +227,10 @@ class KafkaBusConsumer:
         return self._c
 
 
-def topic_exists(
-    bootstrap: str, topic: str, *, security: dict[str, Any] | None = None, timeout_s: float = 30.0
-) -> bool:
-    """Whether the cluster has ``topic``, asked of its admin API (a consumer's metadata request
-    would have a broker that auto-creates topics make it)."""
+def _admin(bootstrap: str, security: dict[str, Any] | None, timeout_s: float) -> KafkaAdminClient:
+    """An admin client of the cluster; ``BrokerUnavailableError`` when none answers."""
     try:
-        admin = KafkaAdminClient(
+        return KafkaAdminClient(
             bootstrap_servers=bootstrap,
             request_timeout_ms=int(timeout_s * 1000),
             bootstrap_timeout_ms=int(timeout_s * 1000),
@@ -242,6 +239,14 @@ def topic_exists(
         )
     except KafkaError as e:
         raise _unavailable(bootstrap, e, security) from e
+
+
+def topic_exists(
+    bootstrap: str, topic: str, *, security: dict[str, Any] | None = None, timeout_s: float = 30.0
+) -> bool:
+    """Whether the cluster has ``topic``, asked of its admin API (a consumer's metadata request
+    would have a broker that auto-creates topics make it)."""
+    admin = _admin(bootstrap, security, timeout_s)
     try:
         return topic in set(admin.list_topics())
     finally:
@@ -260,16 +265,7 @@ def ensure_topics(
 ) -> list[str]:
     """Create the project's topics if missing (the state topic compacted); return those created.
     ``fleet_partitions``: of the fleet stage's topic (default ``partitions``)."""
-    try:
-        admin = KafkaAdminClient(
-            bootstrap_servers=bootstrap,
-            request_timeout_ms=int(timeout_s * 1000),
-            bootstrap_timeout_ms=int(timeout_s * 1000),
-            **_security(security),
-            **connection.CLIENT_DEFAULTS,
-        )
-    except KafkaError as e:
-        raise _unavailable(bootstrap, e, security) from e
+    admin = _admin(bootstrap, security, timeout_s)
     try:
         existing = set(admin.list_topics())
         created = []

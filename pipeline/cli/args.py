@@ -25,13 +25,7 @@ def port(text: str) -> int:
     >>> port("9108")
     9108
     """
-    try:
-        n = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a port 0..65535, got {text!r}") from None
-    if not 0 <= n <= 65535:
-        raise argparse.ArgumentTypeError(f"expected a port 0..65535, got {n}")
-    return n
+    return _int_in(text, 0, 65535, "a port 0..65535")
 
 
 def positive_int(text: str) -> int:
@@ -41,12 +35,17 @@ def positive_int(text: str) -> int:
     >>> positive_int("3")
     3
     """
+    return _int_in(text, 1, None, "an integer >= 1")
+
+
+def _int_in(text: str, lo: int, hi: int | None, what: str) -> int:
+    """``text`` as an integer in ``lo..hi`` (None: no bound), else an argparse error expecting ``what``."""
     try:
         n = int(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}") from None
-    if n < 1:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {n}")
+        raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}") from None
+    if n < lo or (hi is not None and n > hi):
+        raise argparse.ArgumentTypeError(f"expected {what}, got {n}")
     return n
 
 
