@@ -62,6 +62,9 @@ class GroupConsumer(Protocol):
     def end_offsets(self, partitions: Iterable[int]) -> dict[int, int]:
         """The offset the next message produced to each partition will get."""
 
+    def beginning_offsets(self, partitions: Iterable[int]) -> dict[int, int]:
+        """The offset of the first message each partition still holds (retention deletes older)."""
+
     def close(self) -> None:
         """Leave the group (revocation callbacks run first) without committing anything."""
 
@@ -185,6 +188,13 @@ class KafkaGroupConsumer:
             return {tp.partition: o for tp, o in self._c.end_offsets(tps).items()}
         except self._KafkaError as e:
             raise _bus_error(f"end offsets of {self.topic}: {e}", e) from e
+
+    def beginning_offsets(self, partitions: Iterable[int]) -> dict[int, int]:
+        tps = [self._tp(p) for p in partitions]
+        try:
+            return {tp.partition: o for tp, o in self._c.beginning_offsets(tps).items()}
+        except self._KafkaError as e:
+            raise _bus_error(f"beginning offsets of {self.topic}: {e}", e) from e
 
     def close(self) -> None:
         try:

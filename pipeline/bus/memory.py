@@ -245,6 +245,9 @@ class MemoryGroupConsumer:
             parts = self.bus._topic(self.topic)
             return {p: len(parts[p]) for p in partitions}
 
+    def beginning_offsets(self, partitions) -> dict[int, int]:  # noqa: ANN001
+        return {p: 0 for p in partitions}  # the in-process bus deletes nothing
+
     def _leave(self, callback: bool) -> None:
         if self.closed:
             return

@@ -110,16 +110,18 @@ class Upkeep:
         if now - self._last_lag < 5.0 or not self.parts:
             return
         self._last_lag = now
+        unread = [p for p, ps in self.parts.items() if ps.next_offset is None]
         try:
             end = self.consumer.end_offsets(list(self.parts))
+            # Nothing read yet and no checkpoint: behind by what the partition still holds (an
+            # empty one, or one retention emptied, 0), so every assigned partition has its series.
+            begin = self.consumer.beginning_offsets(unread) if unread else {}
         except BusError:
             return
         for p, e in end.items():
             ps = self.parts.get(p)
             if ps is not None:
-                # Nothing read yet and no checkpoint: behind by what the partition holds (an empty
-                # one, 0: every assigned partition has its series, not only those with data).
-                at = ps.next_offset if ps.next_offset is not None else 0
+                at = ps.next_offset if ps.next_offset is not None else begin.get(p, e)
                 self.metrics.lag.labels(str(p) if self.stage == "host" else f"fleet/{p}").set(max(0, e - at))
 
     def _check_routing(self) -> None:

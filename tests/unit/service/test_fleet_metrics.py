@@ -181,3 +181,11 @@ def test_every_assigned_partition_has_a_lag_series_also_one_without_data():
               for s in mt.samples if s.name == "gpuwarden_consumer_lag"}  # fmt: skip
     assert set(series) == {str(p) for p in assigned}
     assert all(v == 0 for v in series.values())
+    # Retention emptied the partition nothing was read from: its end is 5, its first offset 5.
+    (idle,) = [p for p in assigned if host.parts[p].next_offset is None]
+    ends, begins = host.consumer.end_offsets, host.consumer.beginning_offsets
+    host.consumer.end_offsets = lambda ps: {**ends(ps), **({idle: 5} if idle in ps else {})}
+    host.consumer.beginning_offsets = lambda ps: {**begins(ps), **({idle: 5} if idle in ps else {})}
+    clock.t += 10
+    host.step()
+    assert host.metrics.lag.labels(str(idle))._value.get() == 0
