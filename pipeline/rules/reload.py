@@ -20,7 +20,7 @@ from typing import Any, Callable, Protocol, Sequence
 from pipeline.engine import Engine
 from pipeline.rules import diagnostics as D
 from pipeline.rules.diagnostics import Diagnostic
-from pipeline.rules.loader import compile_rules, read_rules, rule_files
+from pipeline.rules.loader import compile_rules, read_rules, rule_files, without_rule_files
 
 log = logging.getLogger(__name__)
 
@@ -118,7 +118,13 @@ class RuleReloader:
 
     def reload(self) -> ReloadResult:
         """Read the files once and install a fresh set in every engine, or in none: a set that
-        does not load, for any engine, is refused and each keeps the rules it had."""
+        does not load, for any engine, is refused and each keeps the rules it had; so is a folder
+        left without a YAML file (a deploy half done), which start-up refuses too."""
+        empty = without_rule_files(self.paths)
+        if empty:
+            diag = Diagnostic(empty[0], 1, 1, None, "no rule files (*.yaml, *.yml) in this directory", D.SHAPE)
+            log.error("rules: reload refused, %s; still running the previous %d rule(s)", diag, self.rules)
+            return ReloadResult(False, [diag], self.rules)
         try:
             src = read_rules(self.paths)
             ruleset, diags = compile_rules(src, tick=self.tick, models=self.models)

@@ -62,5 +62,19 @@ def test_a_broken_file_reaches_no_engine(tmp_path):
     reloader.rules = 2
     (rules / "thermal.yaml").write_text("rules: [[[")
     res = reloader.poll()
-    assert res is not None and not res.applied and res.rules == 2
+    assert res is not None and not res.applied
     assert [eng.rules for eng in engines] == before
+
+
+def test_a_folder_emptied_under_a_running_service_is_refused_and_the_rules_kept(tmp_path):
+    # Found by a review: start-up refuses a rules folder without YAML, but a reload installed its
+    # zero rules (a deploy half done, an rm), and the service went on with the built-in checks.
+    rules = _rules(tmp_path)
+    engines = [_engine(rules) for _ in range(2)]
+    rl = RuleReloader([str(rules)], lambda: engines, tick=1.0)
+    for f in rules.iterdir():
+        f.unlink()
+    res = rl.poll()
+    assert res is not None and not res.applied
+    assert "no rule files" in res.diagnostics[0].message
+    assert all(len(e.rules or []) == 2 for e in engines)
