@@ -283,12 +283,19 @@ class IncidentStage:
             self.stats[f"incidents.forgot.{what}"] += 1
 
     def _firing(self, a: AlertEvent, out: list[IncidentEvent]) -> None:
-        if a.id in self._by_alert or self._seen.get(a.id, (None,))[0] == a.started_at:
-            # The same firing again (same id and started_at): at-least-once delivery.
+        seen = self._seen.get(a.id, (None,))[0] == a.started_at
+        if a.id in self._by_alert or seen:
+            # The same firing again (same id and started_at): at-least-once delivery. Seen now:
+            # the hour it is remembered for runs from here.
             self.stats["incidents.ignored.repeated_alert"] += 1
+            if seen:
+                self._remember(self._seen, a, (a.started_at, self._clock), "seen")
             return
-        self._remember(self._seen, a, (a.started_at, a.ts), "seen")
+        bounded = self.stats["incidents.dropped.too_many_firing"] + self.stats["incidents.dropped.too_many_open"]
         self._take(a, out)
+        # Not dropped at a bound (a redelivery, once there is room, is taken then): it was seen.
+        if self.stats["incidents.dropped.too_many_firing"] + self.stats["incidents.dropped.too_many_open"] == bounded:
+            self._remember(self._seen, a, (a.started_at, a.ts), "seen")
         held = self._early.get(a.id)
         if held is not None and held[0] == a.started_at:
             del self._early[a.id]

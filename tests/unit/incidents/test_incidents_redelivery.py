@@ -290,3 +290,14 @@ def test_redeliveries_and_early_resolves_give_the_same_events_restored_or_batche
     first = IncidentStage(default_config())
     before = first.process(dirty[:cut])
     assert wire(before + _restored(first).process(dirty[cut:])) == whole
+
+
+def test_a_firing_delivered_again_and_again_stays_remembered_from_its_last_delivery() -> None:
+    # Found by a review: the hour ran from when the firing was taken, so a third delivery 3,710 s
+    # on reopened the resolved incident under the same id.
+    a = alert("hbm_sbe_burst", 0, id="a")
+    st_ = IncidentStage(default_config())
+    first = st_.process([a, resolved(a, 60)])
+    st_.process([_later(3000), a])
+    again = st_.process([_later(3710), a, _later(3800)])
+    assert [e.state for e in first + again if e.incident == first[0].incident].count("opened") == 1
