@@ -524,11 +524,29 @@ def _assemble(
         if not ser.regular:  # only DCGM_EXP_ series: their labels are all there is
             for lk, lv in ser.exp_labels.items():
                 ser.labels.setdefault(lk, lv)
+
+    # The pod lists share the entity's label budget (every instance's with the GPU's), as any label.
+    def prefix(inst: str | None) -> int:  # an instance's labels go out as ``mig.<id>.<key>``
+        return 0 if inst is None else len(f"mig.{inst}.")
+
+    room = MAX_ENTITY_LABEL_CHARS - sum(
+        prefix(i) + len(k) + len(v) for i, ser in origins.items() for k, v in ser.labels.items()
+    )
+    for inst, ser in origins.items():
         n_pods = len(ser.pods) + len(ser.bad_pods)
         if n_pods > 1:  # a GPU (or instance) shared by pods: every one of them, bounded
-            if ser.pods:
-                ser.labels[PODS_LABEL] = ",".join(sorted(ser.pods)[:MAX_SHARED_PODS])
+            listed: list[str] = []
+            size = 2 * prefix(inst) + len(PODS_LABEL) + len(POD_COUNT_LABEL) + len(str(n_pods))
+            for pod in sorted(ser.pods)[:MAX_SHARED_PODS]:
+                if size + len(pod) + 1 > room:
+                    stats.labels_dropped += 1  # the list cut short here; pod_count still says how many
+                    break
+                listed.append(pod)
+                size += len(pod) + 1
+            if listed:
+                ser.labels[PODS_LABEL] = ",".join(listed)
             ser.labels[POD_COUNT_LABEL] = str(n_pods)
+            room -= size
             stats.labels_dropped += len(ser.bad_pods)  # counted, never listed: they would break the list apart
     whole = origins.get(None)
     instances = sorted((i for i in origins if i is not None), key=_inst_order)

@@ -211,3 +211,21 @@ def test_a_hostile_pods_label_on_a_record_does_not_reach_the_alert():
         res = eng.process(out.records, out.origins)
         res.extend(eng.flush())
         assert [a.labels for a in res.alerts] == [{"pod": "a"}], labels
+
+
+def test_the_pod_lists_keep_to_the_gpus_label_budget():
+    # Found by a review: the lists were added after the 64 KiB budget was applied, so seven
+    # shared GPU instances of 64 long-named pods put 184,494 label characters on one record.
+    from producers.dcgm_exporter import MAX_ENTITY_LABEL_CHARS, parse_metrics
+
+    lines = []
+    for mig in range(7):
+        for p in range(64):
+            pod, ns = f"p{p:02d}-" + "x" * 240, "n" * 63
+            lines.append(f'DCGM_FI_DEV_GPU_TEMP{{gpu="0",Hostname="n1",GPU_I_ID="{mig}",GPU_I_PROFILE="1g.10gb",'
+                         f'pod="{pod}",namespace="{ns}",container="c"}} 41')  # fmt: skip
+    recs, st = parse_metrics("\n".join(lines) + "\n", ts=T0)
+    total = sum(len(k) + len(v) for k, v in recs[0].labels.items())
+    assert total <= MAX_ENTITY_LABEL_CHARS
+    assert st.labels_dropped > 0
+    assert all(recs[0].labels[f"mig.{i}.pod_count"] == "64" for i in range(7))  # how many, still said
