@@ -40,13 +40,14 @@ class RecordResult:
 #: Messages a merge holds at most while waiting for a partition that has not caught up: past it,
 #: the earliest waiting goes (a partition far behind costs order, not memory).
 MERGE_LIMIT = 100_000
+MERGE_LIMIT_BYTES = 256 * 1024 * 1024  # and bytes: a message may be up to the broker's 8 MiB
 
 
 class PartitionMerge:
     """A topic's messages in one order across its partitions: by Kafka timestamp (the producer's
     send time, or the broker's append time), each partition's in offset order, ties by partition
     and offset. A message goes once no partition that may still hold an earlier one is waiting to
-    be fetched (``pending``), or once more than ``limit`` messages wait.
+    be fetched (``pending``), or once more than ``limit`` messages (or ``limit_bytes``) wait.
 
     >>> m = PartitionMerge()
     >>> m.add([Message("t", 1, 0, None, b"b", 2000), Message("t", 0, 0, None, b"a", 1000)])
@@ -59,8 +60,9 @@ class PartitionMerge:
     [b'c']
     """
 
-    def __init__(self, limit: int = MERGE_LIMIT) -> None:
-        self.limit = limit
+    def __init__(self, limit: int = MERGE_LIMIT, limit_bytes: int = MERGE_LIMIT_BYTES) -> None:
+        self.limit, self.limit_bytes = limit, limit_bytes
+        self._bytes = 0
         self._q: dict[int, deque[Message]] = {}
         self._heap: list[tuple[int, int, int]] = []  # (timestamp, partition, offset) of each queue's head
         self._n = 0
@@ -80,12 +82,13 @@ class PartitionMerge:
                 heapq.heappush(self._heap, self._key(m))
             q.append(m)
             self._n += 1
+            self._bytes += len(m.value)
 
     def ready(self, partitions: Iterable[int], pending: Callable[[int], bool]) -> Iterator[Message]:
         """The messages that can go now, in order: while every partition of ``partitions``
         without a message waiting has nothing left to fetch (``pending`` False)."""
         blocked = {p for p in partitions if not self._q.get(p) and pending(p)}
-        while self._heap and (not blocked or self._n > self.limit):
+        while self._heap and (not blocked or self._n > self.limit or self._bytes > self.limit_bytes):
             m = self._pop()
             if not self._q[m.partition] and pending(m.partition):
                 blocked.add(m.partition)
@@ -101,6 +104,7 @@ class PartitionMerge:
         q = self._q[p]
         m = q.popleft()
         self._n -= 1
+        self._bytes -= len(m.value)
         if q:
             heapq.heappush(self._heap, self._key(q[0]))
         return m

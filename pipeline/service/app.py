@@ -14,6 +14,7 @@ tests of the protocol (tests/unit/service/).
 
 from __future__ import annotations
 
+import errno
 import logging
 import math
 import signal
@@ -194,7 +195,8 @@ class Service(Membership, CommitProtocol, Upkeep):
         except OSError as e:  # another serve on the port, an address not on this machine
             for s in services:
                 s._close()
-            raise ConfigError("http.port", f"{self.cfg.http.host}:{self.cfg.http.port}: {e.strerror or e}") from None
+            key = "http.host" if e.errno in (errno.EADDRNOTAVAIL, errno.EAFNOSUPPORT) else "http.port"
+            raise ConfigError(key, f"{self.cfg.http.host}:{self.cfg.http.port}: {e.strerror or e}") from None
         self.http = endpoint.start()
         log.info(
             "serving: %s -> %s, %s; http on %s:%d; stages %s",

@@ -84,3 +84,11 @@ def test_a_columnar_message_is_recorded_as_its_records():
 def test_a_columnar_message_that_does_not_parse_is_kept_verbatim_on_one_line():
     m = Message("t", 0, 0, b"h1", b"\x81\xa2cv\n\x01", 1, tuple(COLUMNAR_HEADERS))
     assert _lines(m) == [b"\x81\xa2cv \x01"]
+
+
+def test_the_merge_holds_at_most_its_bytes_too():
+    # Found by a review: 100,000 messages of a few KB each is hundreds of MB held.
+    merge = PartitionMerge(limit_bytes=10_000)
+    merge.add([Message("t", 1, i, None, b"x" * 1000, 10 + i) for i in range(30)])
+    out = list(merge.ready([0, 1], pending=lambda p: p == 0))
+    assert len(out) == 20 and len(merge) == 10
