@@ -9,12 +9,70 @@ import sys
 import threading
 from typing import Any
 
+from pipeline.argtypes import int_in, non_negative_float, port, positive_float, positive_int
+
 log = logging.getLogger(__name__)
 
 # Exit status: 0 done; 3 the input holds a critical finding (nccl-tests wrong results) or a file
 # producer lost input (a poll raised, a counted drop that is not "no value", records not
-# delivered); 4 the broker refused the login; 2 bad arguments or a source that cannot start.
+# delivered) or was given a gzip file it reads as text; 4 the broker refused the login; 2 bad arguments or a source that cannot start.
 FINDINGS_EXIT = 3
+GZIP_MAGIC = b"\x1f\x8b"
+
+
+def _gpus_per_node(text: str) -> int:
+    """GPUs of one node, 1..4096 (the decoder's GPU indices stop at 4095).
+
+    >>> _gpus_per_node("8")
+    8
+    """
+    return int_in(text, 1, 4096, "an integer 1..4096")
+
+
+def _http_url(text: str) -> str:
+    """An http(s)://host[:port]/... URL, the only kind a scrape can fetch.
+
+    >>> _http_url("http://127.0.0.1:9400/metrics")
+    'http://127.0.0.1:9400/metrics'
+    """
+    from producers.httpget import FetchError, _origin
+
+    try:
+        _origin(text)
+    except FetchError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    return text
+
+
+def _interval_paces(args: argparse.Namespace, from_file: bool) -> None:
+    """``--interval 0`` polls without a pause: a usage error where nothing ends the run (a live
+    source without ``--count``), which would otherwise spin a CPU and hammer the source."""
+    if args.interval == 0 and args.count is None and not from_file:
+        raise SystemExit(
+            f"gpuwarden produce {args.source}: --interval 0 would poll without pause forever: "
+            "give seconds > 0 (or --count N)"
+        )
+
+
+def _not_gzip(args: argparse.Namespace) -> None:
+    """A gzip file given to a producer that reads text is an input error (exit 3) said before
+    anything starts: read as text it would be garbage lines, and its findings silently lost."""
+    from pipeline.errors import InputError
+
+    given = getattr(args, "file", None)
+    for path in given if isinstance(given, list) else [given] if isinstance(given, str) else []:
+        if path == "-" or not os.path.isfile(path):  # not a FIFO: reading its head would eat input
+            continue
+        try:
+            with open(path, "rb") as fh:
+                head = fh.read(2)
+        except OSError:
+            continue  # _input_is_there, or the source's own open, says why
+        if head == GZIP_MAGIC:
+            raise InputError(
+                f"{path}: a gzip file; {args.source} reads text: give it decompressed "
+                f"(zcat {path} | gpuwarden produce {args.source} --file - ...)"
+            )
 
 
 def _input_is_there(args: argparse.Namespace) -> None:
@@ -74,6 +132,9 @@ def _run(args: argparse.Namespace, make_source: Any, *, from_file: bool = False)
         source_counts,
     )
 
+    _interval_paces(args, from_file)
+    if from_file and args.source != "dcgm-exporter":  # the exporter reads gzip scrapes itself
+        _not_gzip(args)
     sender = _sender(args, backpressure=from_file, check=_input_is_there)
     try:
         source = make_source()
@@ -151,15 +212,17 @@ def _cmd_dcgmi(args: argparse.Namespace) -> int:
     from producers.dcgmi import DEFAULT_FIELD_IDS, DmonFileSource, DmonSource
 
     if args.file:
+        if args.interval == 0:  # a saved log's rounds are --interval apart: 0 stamps them all at one time
+            raise SystemExit("gpuwarden produce dcgmi: --file: --interval must be the -d the log was taken with (> 0)")
         return _run(args, lambda: DmonFileSource(args.file, interval_s=args.interval, host=args.host), from_file=True)
 
     ids: tuple[int, ...] = DEFAULT_FIELD_IDS
     if args.fields:
         try:
-            ids = tuple(int(x) for x in args.fields.split(","))
-        except ValueError:
+            ids = tuple(int_in(x, 1, 65535, "") for x in args.fields.split(","))  # DCGM's ids are unsigned short
+        except argparse.ArgumentTypeError:
             raise SystemExit(
-                f"gpuwarden produce dcgmi: --fields must be comma-separated field ids, got {args.fields!r}"
+                f"gpuwarden produce dcgmi: --fields must be comma-separated field ids 1..65535, got {args.fields!r}"
             )
     return _run(
         args,
@@ -181,9 +244,9 @@ def _cmd_nccl_inspector(args: argparse.Namespace) -> int:
     return _run(
         args,
         lambda: (
-            PromFileSource(args.prom, host=args.host)
+            PromFileSource(args.prom, host=args.host, job=args.job, gpus_per_node=args.gpus_per_node)
             if args.prom
-            else InspectorFollower(args.dir, gpus_per_node=args.gpus_per_node, job=args.job)
+            else InspectorFollower(args.dir, gpus_per_node=args.gpus_per_node, job=args.job, host=args.host)
         ),
     )
 
@@ -317,8 +380,10 @@ def _common(p: argparse.ArgumentParser, interval: float) -> None:
     p.add_argument("--out", metavar="FILE", help="write JSONL here instead (.gz to compress, - for stdout)")
     p.add_argument("--prefix", default="gpuwarden", help="topic prefix")
     p.add_argument("--host", help="host name for the records (default: what the source says, else this host)")
-    p.add_argument("--interval", type=float, default=interval, help="seconds between polls (default %(default)s)")
-    p.add_argument("--count", type=int, default=None, help="stop after this many polls")
+    p.add_argument(
+        "--interval", type=non_negative_float, default=interval, help="seconds between polls (default %(default)s)"
+    )
+    p.add_argument("--count", type=positive_int, default=None, help="stop after this many polls")
     p.add_argument(
         "--buffer",
         type=int,
@@ -326,7 +391,9 @@ def _common(p: argparse.ArgumentParser, interval: float) -> None:
         help="records held while the broker is away; the oldest are dropped beyond it (a file "
         "waits for the sink instead, while it makes progress) (default %(default)s)",
     )
-    p.add_argument("--send-timeout", type=float, default=5.0, help="seconds one send may wait (default %(default)s)")
+    p.add_argument(
+        "--send-timeout", type=positive_float, default=5.0, help="seconds one send may wait (default %(default)s)"
+    )
     p.add_argument(
         "--encoding",
         choices=("columnar", "json"),
@@ -336,7 +403,7 @@ def _common(p: argparse.ArgumentParser, interval: float) -> None:
     )
     p.add_argument(
         "--metrics-port",
-        type=int,
+        type=port,
         default=None,
         help="serve the producer's counters (records, "
         "drops by reason, failed sends, queue depth) on http://HOST:PORT/metrics (0: any free port)",
@@ -350,9 +417,9 @@ def register(sub: Any) -> None:
     psub = pr.add_subparsers(dest="source", required=True)
 
     d = psub.add_parser("dcgm-exporter", help="scrape dcgm-exporter's /metrics (or read saved scrapes)")
-    d.add_argument("--url", help="e.g. http://127.0.0.1:9400/metrics")
+    d.add_argument("--url", type=_http_url, help="e.g. http://127.0.0.1:9400/metrics")
     d.add_argument("--file", nargs="+", help="saved scrape(s), one per poll")
-    d.add_argument("--timeout", type=float, default=5.0, help="scrape timeout in seconds")
+    d.add_argument("--timeout", type=positive_float, default=5.0, help="scrape timeout in seconds")
     _common(d, 10.0)
     d.set_defaults(func=_cmd_dcgm_exporter)
 
@@ -380,7 +447,7 @@ def register(sub: Any) -> None:
         metavar="PATH",
         help="read its Prometheus-mode output instead: a file, or the dump directory (one file per GPU)",
     )
-    i.add_argument("--gpus-per-node", type=int, help="map ranks of whole-node communicators to local GPUs")
+    i.add_argument("--gpus-per-node", type=_gpus_per_node, help="map ranks of whole-node communicators to local GPUs")
     i.add_argument("--job", help="job id to stamp on the records")
     _common(i, 5.0)
     i.set_defaults(func=_cmd_nccl_inspector)
@@ -415,7 +482,7 @@ def register(sub: Any) -> None:
     k.add_argument("--nvidia-smi", default="nvidia-smi", help="path of the nvidia-smi binary")
     k.add_argument(
         "--boot-time",
-        type=float,
+        type=non_negative_float,
         help="--file: epoch seconds of the boot that dmesg/kmsg times count "
         "from (default: the last line falls at the file's modification time)",
     )
@@ -508,7 +575,7 @@ def register(sub: Any) -> None:
     w.add_argument("--job", required=True, help="job id to stamp on the records")
     w.add_argument(
         "--gpus-per-node",
-        type=int,
+        type=_gpus_per_node,
         help="a rank's GPU is rank %% N (default: torchrun's [defaultN]: local rank when the log has it)",
     )
     _common(w, 1.0)

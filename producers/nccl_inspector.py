@@ -283,6 +283,7 @@ class InspectorFollower:
         *,
         gpus_per_node: int | None = None,
         job: str | None = None,
+        host: str | None = None,
         from_start: bool = True,
         max_read_bytes: int = 64 * 1024 * 1024,
         aggregate_ops: bool = True,
@@ -291,6 +292,7 @@ class InspectorFollower:
         self.dir = Path(directory)
         self.gpus_per_node = gpus_per_node
         self.job = job
+        self.host = host  # --host: overrides the host name the files give
         self.from_start = from_start
         self.max_read_bytes = max_read_bytes
         self.max_line_bytes = max_line_bytes
@@ -401,6 +403,8 @@ class InspectorFollower:
                 if isinstance(r, str):
                     self.stats.skip(r)
                     continue
+                if self.host:
+                    r = msgspec.structs.replace(r, host=self.host)
                 self.stats.records += 1
                 recs.append(r)
         for gone in set(self._tails) - live:
@@ -477,7 +481,12 @@ def bucket_bytes(bucket: str) -> int | None:
 
 
 def parse_prom(
-    text: str, *, ts: float, host: str | None = None, counts: dict[str, int] | None = None
+    text: str,
+    *,
+    ts: float,
+    host: str | None = None,
+    counts: dict[str, int] | None = None,
+    job: str | None = None,
 ) -> list[NcclRecord]:
     """Prometheus-mode output -> one record per series (``inspector_prom.cc``).
 
@@ -492,6 +501,8 @@ def parse_prom(
     beside the other two, labels ``comm_id, hostname, rank, slurm_job, slurm_job_id, nranks, n_nodes,
     gpu_device_id="GPU<n>", collective, coll_sn, timestamp, message_size="2.00GB"``: the rank is
     read from its label (``rank_source=label``).
+
+    ``host`` and ``job``, where given, stand in for the labels' (``--host``, ``--job``).
     """
     rows: dict[tuple, dict[str, Any]] = {}
     for fam in text_string_to_metric_families(text):
@@ -537,7 +548,7 @@ def parse_prom(
         for k in ("message_size", "algo_proto", "version"):
             if lab.get(k):
                 labels[k] = lab[k]
-        job = lab.get("slurm_job_id")
+        row_job = job or lab.get("slurm_job_id")
         nnodes = ascii_int(lab.get("n_nodes", ""), 9)
         if nnodes is not None and not 0 < nnodes <= MAX_RANKS:  # the decoder's range: left out
             bad, nnodes = bad + 1, None
@@ -565,7 +576,7 @@ def parse_prom(
                 ts=ts,
                 host=lhost or socket.gethostname(),
                 gpu=gpu,
-                job=None if job in (None, "", "unknown") else job,
+                job=None if row_job in (None, "", "unknown") else row_job,
                 comm=comm,
                 comm_name=comm_name,
                 rank=rank,
@@ -610,9 +621,19 @@ class PromFileSource:
     was that index, rank 0 (``rank_source=unknown``), for as long as both files are there.
     """
 
-    def __init__(self, path: str | Path, *, host: str | None = None, once: bool = False) -> None:
+    def __init__(
+        self,
+        path: str | Path,
+        *,
+        host: str | None = None,
+        once: bool = False,
+        job: str | None = None,
+        gpus_per_node: int | None = None,
+    ) -> None:
         self.path = Path(path)
         self.host = host
+        self.job = job
+        self.gpus_per_node = gpus_per_node
         self.once = once
         self.done = False
         self._mtimes: dict[Path, float] = {}
@@ -663,7 +684,7 @@ class PromFileSource:
         for uuid, keys in self._claimed.values():
             for k in keys:
                 owners.setdefault(k, set()).add(uuid)
-        out = [self._located(r, uuid, owners) for r, uuid in read]
+        out = [self._by_rank(self._located(r, uuid, owners)) for r, uuid in read]
         self.counts["records"] += len(out)
         return out
 
@@ -689,7 +710,7 @@ class PromFileSource:
             log.warning("%s: more than %d characters; not read", path, PROM_CHARS_MAX)
             return []
         try:
-            recs = parse_prom(text, ts=time.time(), host=self.host, counts=self.counts)
+            recs = parse_prom(text, ts=time.time(), host=self.host, counts=self.counts, job=self.job)
         except ValueError as e:  # a half-rewritten file: try again at the next change
             del self._mtimes[path]
             self.counts["dropped.unparsable_file"] += 1
@@ -713,6 +734,16 @@ class PromFileSource:
             return msgspec.structs.replace(r, gpu=None, labels=labels)
         labels["rank_source"] = "unknown"
         return msgspec.structs.replace(r, gpu=None, rank=0, labels=labels)
+
+    def _by_rank(self, r: NcclRecord) -> NcclRecord:
+        """``r`` with ``gpu = rank % gpus_per_node`` where it has no GPU but a rank from its label and
+        its communicator spans whole nodes (``--gpus-per-node``, as in JSON mode)."""
+        n = self.gpus_per_node
+        if not n or r.gpu is not None or r.labels.get("rank_source") != "label":
+            return r
+        if not r.nnodes or r.nranks != r.nnodes * n:
+            return r
+        return msgspec.structs.replace(r, gpu=r.rank % n)
 
     def summary(self) -> dict[str, int]:
         """Reads, records, and what was dropped, by reason."""

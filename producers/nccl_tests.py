@@ -148,6 +148,7 @@ class ParseStats:
     bad_json_values: int = 0  # a -J value of the wrong type, or nested too deep: left out
     no_time: int = 0  # a row without a usable out-of-place time
     coll_from_file_name: int = 0
+    coll_unknown: int = 0  # runs whose collective nothing names: their records say "unknown"
     too_many_streams: int = 0  # lines of launcher tags past MAX_STREAMS: not read
     # Lines of nccl-tests' own layout (banner, rank, nThread, header, result, out-of-bounds) or a
     # -J document: none in a non-blank input means it is not nccl-tests output.
@@ -303,6 +304,7 @@ def _coll_of(
             "nccl-tests log does not name its collective; took %s from the file name %s (use --coll)", c, name_hint
         )
         return c, "file_name"
+    stats.coll_unknown += 1
     return "unknown", "unknown"
 
 
@@ -549,6 +551,8 @@ def parse_json(
     stats.runs += 1
     arg0 = args[0] if args and isinstance(args[0], str) else None
     c, src = (coll, "flag") if coll else (collective_name(arg0), "log")
+    if not c:
+        stats.coll_unknown += 1
     return _records(
         run,
         c or "unknown",
@@ -616,6 +620,14 @@ class NcclTestsSource:
         self.unrecognised = bool(text.strip()) and not self.stats.recognised
         if not recs:
             log.warning("%s: no nccl-tests result rows found", self.path)
+        elif self.stats.coll_unknown:
+            # Records of collective "unknown" match no per-collective baseline: say so once.
+            log.warning(
+                "%s: %d run(s) name no collective (no start line, *_perf command or file name): "
+                'their records say coll "unknown" (use --coll)',
+                self.path,
+                self.stats.coll_unknown,
+            )
         return recs
 
     def summary(self) -> dict[str, int]:
@@ -631,6 +643,7 @@ class NcclTestsSource:
             "dropped.truncated_log": self.truncated,
             "dropped.too_many_streams": s.too_many_streams,
             "wrong_result_runs": len(s.findings),
+            "coll_unknown_runs": s.coll_unknown,
         }
 
     def close(self) -> None:

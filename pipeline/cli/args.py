@@ -5,6 +5,10 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+# Re-exported: the subcommands take them from here.
+from pipeline.argtypes import port as port
+from pipeline.argtypes import positive_float as positive_float
+from pipeline.argtypes import positive_int as positive_int
 from pipeline.errors import InputError, UsageError
 
 
@@ -17,51 +21,6 @@ def scenario(name: str) -> str:
     except ValueError as e:
         raise UsageError(f"--scenario: {e}") from None
     return name
-
-
-def port(text: str) -> int:
-    """An argparse type: a TCP port, 0..65535 (0: any free one).
-
-    >>> port("9108")
-    9108
-    """
-    return _int_in(text, 0, 65535, "a port 0..65535")
-
-
-def positive_int(text: str) -> int:
-    """An argparse type: an integer of at least 1 (``--hosts 0`` is a usage error, not a run of
-    nothing or an internal error).
-
-    >>> positive_int("3")
-    3
-    """
-    return _int_in(text, 1, None, "an integer >= 1")
-
-
-def _int_in(text: str, lo: int, hi: int | None, what: str) -> int:
-    """``text`` as an integer in ``lo..hi`` (None: no bound), else an argparse error expecting ``what``."""
-    try:
-        n = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}") from None
-    if n < lo or (hi is not None and n > hi):
-        raise argparse.ArgumentTypeError(f"expected {what}, got {n}")
-    return n
-
-
-def positive_float(text: str) -> float:
-    """An argparse type: a finite number above 0 (seconds of a duration or an interval).
-
-    >>> positive_float("0.5")
-    0.5
-    """
-    try:
-        x = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number > 0, got {text!r}") from None
-    if not (x > 0 and x != float("inf")):
-        raise argparse.ArgumentTypeError(f"expected a finite number > 0, got {text}")
-    return x
 
 
 def existing(paths: list[str], option: str) -> list[str]:
