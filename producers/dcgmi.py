@@ -32,7 +32,7 @@ from typing import Iterable, Iterator
 from pipeline.catalog import FIELDS, Field
 from pipeline.schema import DcgmFields, DcgmRecord
 from producers.dcgm_exporter import is_blank
-from producers.textinput import open_text
+from producers.textinput import CUT_LAST_LINE, open_text, warn_cut_line
 
 log = logging.getLogger(__name__)
 
@@ -76,6 +76,7 @@ class DmonStats:
     bad_values: int = 0  # a cell with digits that is no plain ASCII number ("٣", "1_0", 400 digits)
     queue_full: int = 0  # records the reader thread could not hand over (the poll loop fell behind)
     bad_headers: int = 0  # heading lines no dmon prints (over 128 columns, "#Entity" mid-line): rows wait for the next
+    cut_last_line: int = 0  # a saved log's last line without its newline ("81" of 81234): not read
     skipped_entities: dict[str, int] = field(default_factory=dict)  # entity type -> rows (Switch, CPU...)
 
     def counts(self) -> dict[str, int]:
@@ -91,6 +92,7 @@ class DmonStats:
             "dropped.bad_value": self.bad_values,
             "dropped.queue_full": self.queue_full,
             "dropped.bad_header": self.bad_headers,
+            CUT_LAST_LINE: self.cut_last_line,
             "restarts": self.restarts,
         }
         for ent, n in sorted(self.skipped_entities.items()):
@@ -387,7 +389,7 @@ class DmonFileSource:
         rounds = iter(range(1 << 62))
         self.parser.clock = lambda: float(next(rounds))
         with open_text(self.path) as fh:
-            recs = list(self.parser.parse(fh))
+            recs = list(self.parser.parse(self._whole_lines(fh)))
         if not recs:
             log.warning("%s: no dcgmi dmon GPU rows (%d rows read)", self.path, self.parser.stats.rows)
             return []
@@ -396,6 +398,17 @@ class DmonFileSource:
         for r in recs:
             r.ts = end - (last - r.ts) * self.interval_s
         return recs
+
+    def _whole_lines(self, lines: Iterable[str]) -> Iterator[str]:
+        """``lines`` but a last one without its newline: dmon ends every line with one, so such a
+        line is a log still being written or cut, and its last cell may be a part of a value. A
+        blank one, or the ctrl-C trailer, holds no value and is read."""
+        for line in lines:
+            if not line.endswith("\n") and line.strip() and line.strip().rstrip(".") not in _STOPPED:
+                self.parser.stats.cut_last_line += 1
+                warn_cut_line(self.path, line)
+                return
+            yield line
 
     def summary(self) -> dict[str, int]:
         return self.parser.stats.counts()

@@ -54,7 +54,7 @@ from producers.ibports import (
     rate_gbps,
 )
 from producers.ibpeers import PeerFile, PeerMap, gid_port_guid, local_names, norm_guid
-from producers.textinput import read_capped
+from producers.textinput import CUT_LAST_LINE, read_capped, split_cut_line, warn_cut_line
 
 log = logging.getLogger(__name__)
 
@@ -86,6 +86,7 @@ class IbstatStats:
     truncated: int = 0
     too_many: int = 0  # ports past MAX_PORTS: left out
     duplicate_ports: int = 0  # a port printed again later in the input: the earlier block left out
+    cut_last_line: int = 0  # a last line without its newline ("Rate: 40" of 400): not read
 
 
 def _port_num(text: str) -> int | None:
@@ -261,11 +262,16 @@ class IbstatSource:
     def poll(self) -> list[NicRecord]:
         self.done = True
         text, cut = read_capped(self.path, self.max_chars)
+        text, tail = split_cut_line(text)
         if cut:
-            self.stats.truncated = 1
+            self.stats.truncated = 1  # the line the cap cut is part of what it counts
             log.warning(
                 "%s: longer than %d characters; the rest is not read (dropped.truncated)", self.path, self.max_chars
             )
+        elif tail.strip():
+            # Both tools end every line with a newline: one without may end inside a value.
+            self.stats.cut_last_line = 1
+            warn_cut_line(self.path, tail)
         peer_map = self.peers.current() if self.peers is not None else None
         recs = parse(text, ts=self.clock(), host=self.host, device=self.device, stats=self.stats, peers=peer_map)
         st = self.stats
@@ -286,6 +292,7 @@ class IbstatSource:
             "dropped.tool_error": s.tool_errors,
             "dropped.truncated": s.truncated,
             "dropped.too_many": s.too_many,
+            CUT_LAST_LINE: s.cut_last_line,
             "ports_superseded": s.duplicate_ports,  # not lost: a later block of the port was read
             **(self.peers.summary() if self.peers is not None else {}),
         }

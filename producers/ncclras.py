@@ -52,7 +52,7 @@ from pipeline.decode import MAX_RANKS, MAX_SEQ
 from pipeline.numeric import ascii_int, finite
 from pipeline.schema import ProgressRecord
 from producers import jsonsafe
-from producers.textinput import read_capped
+from producers.textinput import CUT_LAST_LINE, read_capped, split_cut_line, warn_cut_line
 
 log = logging.getLogger(__name__)
 
@@ -93,6 +93,16 @@ _TABLE_HEAD = ("Group     Comms", "#  in group")  # the communicators table's tw
 _NO_COMMS = "No communicator data collected!"  # the table's place when the job has no communicator
 _PREAMBLE = ("NCCL version ", "CUDA runtime version ")  # the first lines of every text status
 _JSON_KEYS = {"nccl_version", "communicators", "ras"}
+_BLOCK_KINDS = {"MISMATCH", "INCOMPLETE", "ERROR"}  # a table row's Errors that each print a #G-C block
+# The heads that say how many ranks or processes the lines after them list (client_support.cc):
+_MISSING_RANKS = re.compile(r"Missing communicator data from (\S+) ranks?$")
+_RANK_ERRORS = re.compile(r"(?:Initialization|Asynchronous) errors? on (\S+) ranks?$")
+_PROCESS_COUNT = re.compile(
+    r"(?:Missing communicator data from (\S+) job process(?:es)?|(\S+) job process(?:es)? (?:is|are) considered dead)"
+)
+# rasCountIsOutlier: RAS lists a group's ranks when it has at most 10 and at most a quarter of the
+# communicator's (under half with --verbose): such a group is listed in either mode.
+DETAIL_THRESHOLD = 10
 
 
 @dataclass
@@ -117,6 +127,7 @@ class RasStats:
     # the communicators table: the client timed out or lost the daemon, so what it says of the
     # job is not known (healthy is what an end there would otherwise read as).
     cut_status: int = 0
+    cut_last_line: int = 0  # the input's last text line without its newline: not read
     empty: int = 0  # nothing at all: ncclras prints a status whenever it reaches the daemon
     named: int = 0  # ranks named so far, kept or not (what MAX_RECORDS bounds)
     # Lines of RAS's own layout (version, section heads, communicator blocks, the table) or a
@@ -142,6 +153,7 @@ class RasStats:
             "dropped.bad_json_value": self.bad_json_values,
             "dropped.too_many_records": self.too_many,
             "dropped.cut_status": self.cut_status,
+            CUT_LAST_LINE: self.cut_last_line,
             "dropped.empty_status": self.empty,
         }
 
@@ -202,7 +214,7 @@ def parse_text(text: str, *, ts: float, job: str | None = None, stats: RasStats 
         if line.startswith(_PREAMBLE) and raw == raw.lstrip():
             stats.recognised += 1
             if line.startswith(_PREAMBLE[0]):  # a new status begins (captures appended to one file)
-                stats.cut_status += began and not tabled
+                stats.cut_status += (began and not tabled) or st.owes()
                 began, tabled = True, False
                 # Its group numbers and process lists are its own, not the earlier status's.
                 out += _records(st, ts, job, stats)
@@ -211,12 +223,14 @@ def parse_text(text: str, *, ts: float, job: str | None = None, stats: RasStats 
         if head in _SECTIONS and raw == raw.lstrip():
             stats.recognised += 1
             section, cur, plist, orphaned = head, None, None, False
+            st.owed = st.groups = 0
             began = began or head in ("Job summary", "Communicators")
             tabled = tabled or head in ("Errors", "Warnings")
             continue
         if section == "Communicators" and (line.startswith(_TABLE_HEAD) or line == _NO_COMMS):
             stats.recognised += 1
-            tabled = True
+            # RAS prints the heads only with a row under them: heads alone are a table cut short.
+            tabled = tabled or line == _NO_COMMS
             continue
         if section == "Communicators" and (m := _TABLE_ROW.match(line)):
             stats.recognised += 1
@@ -224,6 +238,9 @@ def parse_text(text: str, *, ts: float, job: str | None = None, stats: RasStats 
             g, size = _int(m.group(1)), _int(m.group(5), MAX_RANKS)
             if g is not None and size is not None:
                 st.ranks_per_comm[g] = size
+            comms, kinds = _int(m.group(2)), _BLOCK_KINDS.intersection(m.group(8).split(","))
+            if g is not None and comms is not None and kinds:
+                st.flagged[g] = (comms, kinds)
             continue
         if m := _COMM.match(line):
             stats.recognised += 1
@@ -231,20 +248,31 @@ def parse_text(text: str, *, ts: float, job: str | None = None, stats: RasStats 
             if g is None:
                 stats.bad_number += 1
                 cur, orphaned = None, True
+                st.owed = st.groups = 0  # its lines are counted as orphans, not owed
                 continue
+            st.owed, st.groups = 1, 0  # a block has at least one paragraph
             cur = _Block(g, m.group(3).lower().removeprefix("0x"), m.group(4))
             st.blocks.append(cur)
+            c = _int(m.group(2))
+            if c is not None:
+                st.seen.setdefault((g, cur.kind), set()).add(c)
             stats.communicators += 1
             plist, orphaned = None, False
             continue
         if raw == raw.lstrip() and line in _PROCESS_LISTS:
             stats.recognised += 1
             cur, plist, orphaned = None, _PROCESS_LISTS[line], False
+            st.owed, st.groups = 1, 0  # its count line (TIMEOUT's: how many)
             continue
         if orphaned:
             stats.orphan += 1
             continue
         if plist is not None:
+            if m := _PROCESS_COUNT.match(line):
+                n = _int(m.group(1) or m.group(2), MAX_RANKS)
+                st.owed = n if n is not None and n <= DETAIL_THRESHOLD else 0
+                continue
+            st.owed = max(0, st.owed - 1)
             if m := _PROCESS.match(line):
                 if plist == "dead":
                     stats.dead_processes += 1
@@ -261,11 +289,13 @@ def parse_text(text: str, *, ts: float, job: str | None = None, stats: RasStats 
                     stats.bad_number += 1
                 else:
                     stats.unidentified += n
+                    st.owed = max(0, st.owed - n + 1)
             continue
         if cur is None:
+            st.owed = max(0, st.owed - 1)  # TIMEOUT's count line
             continue
-        _block_line(cur, line, stats)
-    if began and not tabled:
+        _block_line(cur, line, stats, st)
+    if (began and not tabled) or st.owes():
         stats.cut_status += 1
     out += _records(st, ts, job, stats)
     stats.records += len(out)
@@ -280,6 +310,26 @@ class _Status:
     blocks: list[_Block] = field(default_factory=list)
     dead: set[tuple[str, int]] = field(default_factory=set)  # (node, pid) of the processes DEAD names
     absent: set[tuple[str, int]] = field(default_factory=set)  # those the job-level INCOMPLETE names
+    # What a status cut short lacks (``owes``): the groups a table row flags (its comms' number and
+    # the block kinds each of them prints), the blocks seen ((group, kind) -> their comm numbers),
+    # and what the last head read still owes: rank or process lines it lists, and groups a
+    # paragraph of different counts or status has (at least two: it is printed because they differ).
+    flagged: dict[int, tuple[int, set[str]]] = field(default_factory=dict)
+    seen: dict[tuple[int, str], set[int]] = field(default_factory=dict)
+    owed: int = 0
+    groups: int = 0
+    total: int = 0  # ranks the groups of the current paragraph hold so far
+
+    def owes(self) -> bool:
+        """Whether the status ended before what RAS prints in full: a flagged row's blocks, or the
+        lines the last head announced (the client lost the daemon, or the file is a part)."""
+        if self.owed > 0 or self.groups > 0:
+            return True
+        for g, (comms, kinds) in self.flagged.items():
+            for kind in kinds:
+                if sum(1 for c in self.seen.get((g, kind), ()) if c < comms) < comms:
+                    return True
+        return False
 
 
 def _records(st: _Status, ts: float, job: str | None, stats: RasStats) -> list[ProgressRecord]:
@@ -329,20 +379,40 @@ def _records(st: _Status, ts: float, job: str | None, stats: RasStats) -> list[P
     return out
 
 
-def _block_line(b: _Block, line: str, stats: RasStats) -> None:
+def _group(st: _Status, b: _Block, k: str) -> None:
+    """A group head of ``k`` ranks: one of its paragraph's groups; its ranks are owed when RAS lists
+    them in either mode (at most 10, and at most a quarter of the communicator: the table's size,
+    or at least the ranks of this paragraph's groups, printed largest first)."""
+    st.groups = max(0, st.groups - 1)
+    n = _int(k, MAX_RANKS)
+    if n is None:
+        st.owed = 0
+        return
+    st.total += n
+    size = max(st.ranks_per_comm.get(b.group, 0), st.total)
+    st.owed = n if n <= DETAIL_THRESHOLD and 4 * n <= size else 0
+
+
+def _block_line(b: _Block, line: str, stats: RasStats, st: _Status) -> None:
     """One line inside a communicator block: a paragraph's head, a group's head or a rank."""
     if m := _COUNTS.match(line):
         # Before 2.26 one paragraph for every operation: "different collective operation counts".
         op = m.group(1) if m.group(1) != "collective" else None
         b.op, b.status, b.error, b.value = op, None, None, None
+        st.owed, st.groups, st.total = 0, 2, 0
         return
     if line.startswith("Communicator ranks have different status"):
         b.op, b.status, b.error, b.value = None, "", None, None
+        st.owed, st.groups, st.total = 0, 2, 0
         return
     if line.startswith(("Missing communicator data", "Initialization error", "Asynchronous error")):
         b.error = None
+        m = _MISSING_RANKS.match(line) or _RANK_ERRORS.match(line)
+        n = _int(m.group(1), MAX_RANKS) if m else None
+        st.owed, st.groups = (n if n is not None and n <= DETAIL_THRESHOLD else 0), 0
         return
     if m := _GROUP_LAUNCHED.match(line):
+        _group(st, b, m.group(1))
         k, v = _int(m.group(1), MAX_RANKS), _int(m.group(2))
         if k is None or v is None:
             stats.bad_number += 1
@@ -351,16 +421,22 @@ def _block_line(b: _Block, line: str, stats: RasStats) -> None:
         b.value = v
         b.max_ops[b.op] = max(b.max_ops.get(b.op, 0), v)
         return
-    if _GROUP_NONE.match(line):
+    if m := _GROUP_NONE.match(line):
+        _group(st, b, m.group(1))
         b.value = 0
         return
     if m := _GROUP_STATUS.match(line):
+        _group(st, b, m.group(1))
         b.status = m.group(2)
         return
     if m := _GROUP_REPORTED.match(line):
+        n = _int(m.group(1), MAX_RANKS)
+        if st.owed == 0 and n is not None and n <= DETAIL_THRESHOLD:
+            st.owed = n  # one kind of error of more than 10 ranks: this kind's are listed
         b.error = m.group(2)
         return
     if m := _RANK_LIST.match(line):
+        st.owed = 0  # 2.24-2.25 list a group's ranks on one line
         toks = re.split(r"[,\s]+", m.group(2).strip())
         if len(m.group(2)) >= LIST_MAX:
             stats.bad_number += 1
@@ -375,6 +451,7 @@ def _block_line(b: _Block, line: str, stats: RasStats) -> None:
                 _name(b, _Named(r, "missing"), stats)
         return
     if m := _RANK_BARE_STATUS.match(line):
+        st.groups, st.owed = max(0, st.groups - 1), 0  # a group of one
         r = _int(m.group(1), MAX_RANKS - 1)
         if r is None:
             stats.bad_number += 1
@@ -387,6 +464,10 @@ def _block_line(b: _Block, line: str, stats: RasStats) -> None:
     if m is None:
         stats.unparsable += 1
         return
+    if m.group("ops") is not None or m.group("status") is not None or "has not launched any operations" in line:
+        st.groups, st.owed = max(0, st.groups - 1), 0  # a group of one, its rank on its head's line
+    else:
+        st.owed = max(0, st.owed - 1)
     rank = _int(m.group("rank"), MAX_RANKS - 1)
     gpu_text = m.group("nvml") or m.group("gpu")
     gpu = _int(gpu_text, 4095) if gpu_text is not None else None
@@ -549,12 +630,18 @@ def _count(v: Any, limit: int = MAX_SEQ) -> int | None:
     return n if 0 <= n <= limit else None
 
 
+def _json_body(text: str) -> str | None:
+    """Where a ``-f json`` document starts in ``text`` (after the client's stderr, ``2>&1``), else None."""
+    if text.lstrip().startswith("{"):
+        return text
+    start = _JSON_START.search(text)
+    return text[start.start() :] if start else None
+
+
 def parse(text: str, *, ts: float, job: str | None = None, stats: RasStats | None = None) -> list[ProgressRecord]:
     """Text or ``-f json``, whichever ``text`` is."""
     stats = stats if stats is not None else RasStats()
-    body = text if text.lstrip().startswith("{") else None
-    if body is None and (start := _JSON_START.search(text)):
-        body = text[start.start() :]  # the client's stderr (`2>&1`) before the document, if it is one
+    body = _json_body(text)
     if body is not None:
         try:
             doc, deep = jsonsafe.loads_pruned(body)
@@ -588,9 +675,21 @@ class RasStatusSource:
             return []
         self.done = True
         text, cut = read_capped(self.path, self.max_chars)
+        whole, tail = split_cut_line(text)
         if cut:
             self.stats.truncated = 1
-            text = text[: text.rfind("\n") + 1]  # the last line is cut short: not read as a whole one
+            text = whole  # the last line is cut short: not read as a whole one
+        elif (
+            tail.strip()
+            # A -f json document: parsing it tells whether it is whole.
+            and not (tail.rstrip().endswith("}") and _json_body(text) is not None)
+            # RAS's wait line ("Communicators...") is printed before its time: a cut there is a cut_status.
+            and not tail.rstrip().endswith("...")
+        ):
+            # RAS ends every other text line with a newline: one without may end inside a host or a number.
+            self.stats.cut_last_line = 1
+            warn_cut_line(self.path, tail)
+            text = whole
         if not text.strip():
             self.stats.empty = 1  # the client printed nothing: it could not reach the daemon, or asked in vain
             return []

@@ -3,8 +3,14 @@
 from __future__ import annotations
 
 import io
+import logging
 import sys
 from typing import TextIO
+
+log = logging.getLogger(__name__)
+
+# The count a producer gives a last line without its newline that it did not read (exit 3).
+CUT_LAST_LINE = "dropped.cut_last_line"
 
 
 def stdin() -> TextIO:
@@ -55,3 +61,24 @@ def read_capped(path: str, max_chars: int) -> tuple[str, bool]:
         with open_text(path) as fh:
             text = fh.read(max_chars + 1)
     return (text[:max_chars], True) if len(text) > max_chars else (text, False)
+
+
+def split_cut_line(text: str) -> tuple[str, str]:
+    """``text`` up to and with its last newline, and the last line after it that has none (a file
+    still being written, or cut: its last value may be a part of one), ``""`` when there is none.
+
+    >>> split_cut_line("a\\nb: 40"), split_cut_line("a\\nb: 400\\n")
+    (('a\\n', 'b: 40'), ('a\\nb: 400\\n', ''))
+    """
+    i = text.rfind("\n") + 1
+    return text[:i], text[i:]
+
+
+def warn_cut_line(path: str, line: str) -> None:
+    """The one warning for a last line left unread because it has no newline."""
+    log.warning(
+        "%s: the last line has no newline (the file may still be being written, or was cut); not read (%s): %.80r",
+        "stdin" if path == "-" else path,
+        CUT_LAST_LINE,
+        line,
+    )

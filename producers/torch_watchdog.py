@@ -45,7 +45,7 @@ from pipeline.numeric import ascii_int
 from pipeline.recordchecks import bad_host
 from pipeline.schema import NicRecord, ProgressRecord
 from producers.nccl_ib import IbLog, IbStats
-from producers.textinput import open_text, stdin
+from producers.textinput import CUT_LAST_LINE, open_text, stdin, warn_cut_line
 
 log = logging.getLogger(__name__)
 
@@ -117,6 +117,12 @@ _MARKERS = ("Watchdog caught collective operation timeout", "failure detected by
             "detected by watchdog at work", "Timeout at NCCL work",
             "Received a dump signal due to a collective timeout", _FAILED)  # fmt: skip
 _KV = re.compile(r"(\w+(?:\(ms\))?)=([^,]*)")
+# A log's last line without its newline that could be a watchdog or NCCL line cut short: a word of
+# one, or the start of a c10/glog error or warning line before them. A crashed job's log often ends
+# mid-line (a progress bar, block-buffered stdout): a line that is none of these loses us nothing.
+_MAYBE_OURS = re.compile(
+    r"NCCL|[Ww]atchdog|NET/IB|ibv_|\[rank[0-9]{1,10}\]:\[[EW]|(?<![\w.:])\[?[EW][0-9]{3,4} [0-9]{2}:[0-9]{2}"
+)
 
 
 @dataclass
@@ -133,6 +139,8 @@ class WatchdogStats:
     bad_name: int = 0  # a PG id, PG name or op not printable or past MAX_ID_LEN: that field left out
     ray_deduplicated: int = 0  # watchdog lines Ray's log deduplication left out before the log was written
     too_many: int = 0  # reports past MAX_RECORDS
+    cut_last_line: int = 0  # a last line without its newline that could be ours (``_MAYBE_OURS``): not read
+    cut_text: str = ""  # that line, for the warning (not a count)
 
     def summary(self) -> dict[str, int]:
         return {
@@ -148,6 +156,7 @@ class WatchdogStats:
             "bad_name_cleared": self.bad_name,
             "ray_deduplicated_lines": self.ray_deduplicated,
             "dropped.too_many_records": self.too_many,
+            CUT_LAST_LINE: self.cut_last_line,
         }
 
 
@@ -592,10 +601,11 @@ def _join(by_comm: dict[str | None, _Report], rep: _Report, proc: _Process) -> b
     return True
 
 
-def read_lines(src: TextIO, stats: WatchdogStats) -> Iterator[str]:
+def read_lines(src: TextIO, stats: WatchdogStats, *, saved: bool = False) -> Iterator[str]:
     """``src``'s lines, each at most ``LINE_MAX`` characters (longer ones skipped whole, counted);
     a watchdog timeout line that a wrapped copy cut inside ``WorkNCCL(...)`` is joined with its
-    next line, unless that one starts a log line of its own."""
+    next line, unless that one starts a log line of its own. ``saved``: ``src`` is a whole saved
+    log, whose last line without its newline is cut (``_MAYBE_OURS``: counted, not read)."""
     held = ""
     while True:
         text = src.readline(LINE_MAX)
@@ -608,6 +618,12 @@ def read_lines(src: TextIO, stats: WatchdogStats) -> Iterator[str]:
             stats.oversize += 1
             while text and not text.endswith("\n"):  # the rest of it, a bounded piece at a time
                 text = src.readline(LINE_MAX)
+            continue
+        if saved and not text.endswith("\n") and (held or _MAYBE_OURS.search(text)):
+            # The last line, without its newline (a log still being written, or cut): its last number
+            # may be part of one ("last completed work: 51" of 5122), or the rest of a held line.
+            stats.cut_last_line += 1
+            stats.cut_text = text
             continue
         text = text.rstrip("\r\n")
         if held:
@@ -634,6 +650,7 @@ def parse(
     gpus_per_node: int | None = None,
     stats: WatchdogStats | None = None,
     ib: IbLog | None = None,
+    saved: bool = False,
 ) -> list[ProgressRecord]:
     """Records from a training log: one per (process, communicator, rank, work) the watchdog reported on.
 
@@ -643,13 +660,14 @@ def parse(
     (``[rank14]:``, else the PG's rank) ``% gpus_per_node``; without it, torchrun's local rank (``[default3]:``) is taken as the GPU
     (the ``LOCAL_RANK`` a job passes to ``torch.cuda.set_device``), else none. ``ib``: where
     NCCL's InfiniBand error lines go (``producers/nccl_ib.py``); without it they are skipped.
+    ``saved``: ``src`` is a whole saved log or stdin at its end (``read_lines``).
     """
     stats = stats if stats is not None else WatchdogStats()
     now = time.time() if default_ts is None else default_ts
     yr = year or time.localtime(now).tm_year
     hostname = host or socket.gethostname()
     reports = _Reports(stats)
-    for line in read_lines(src, stats):
+    for line in read_lines(src, stats, saved=saved):
         if ib is not None and ib.feed(line):
             continue
         rep = parse_line(line, year=yr, default_ts=now, stats=stats)
@@ -732,11 +750,14 @@ class WatchdogLogSource:
                 gpus_per_node=self.gpus_per_node,
                 stats=self.stats,
                 ib=ib,
+                saved=True,
             )
         finally:
             if fh is not None:
                 fh.close()
         recs += ib.records()
+        if self.stats.cut_last_line:
+            warn_cut_line(self.path, self.stats.cut_text)
         if not recs:
             log.warning("%s: no PyTorch NCCL watchdog or NCCL InfiniBand error lines found", self.path)
         return recs
