@@ -133,6 +133,10 @@ def _run(args: argparse.Namespace, make_source: Any, *, from_file: bool = False)
     )
 
     _interval_paces(args, from_file)
+    if not getattr(args, "verbose", False):
+        # The sender says when delivery fails and when it recovers; kafka-python's own connection
+        # errors repeat at each retry (87 lines in 13 s with the broker down). -v shows them.
+        logging.getLogger("kafka").setLevel(logging.CRITICAL)
     if from_file and args.source != "dcgm-exporter":  # the exporter reads gzip scrapes itself
         _not_gzip(args)
     sender = _sender(args, backpressure=from_file, check=_input_is_there)

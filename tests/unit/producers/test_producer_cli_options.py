@@ -206,3 +206,23 @@ def test_nccl_tests_named_collective_gives_no_such_warning(tmp_path, capsys, cap
     assert main(["produce", "nccl-tests", str(log), "--coll", "AllReduce", "--out", str(out)]) == 0
     assert "coll_unknown_runs" not in capsys.readouterr().err
     assert not any('coll "unknown"' in r.getMessage() for r in caplog.records)
+
+
+def test_a_broker_that_is_down_costs_the_sender_s_lines_not_kafka_python_s(tmp_path):
+    # Found by an audit: 87 kafka-python ERROR/WARNING lines in 13 s before the one-line verdict
+    # (README: every error is one line). The sender's own warnings say what happens. A process
+    # of its own: the logging set-up is the command's, as an operator sees it.
+    import socket
+    import subprocess
+    import sys
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        free = s.getsockname()[1]
+    f = tmp_path / "dmon.txt"
+    f.write_text("#Entity   GPUTL  TMPTR\nID\nGPU 0     10     45\n")
+    cmd = [sys.executable, "-m", "pipeline", "produce", "dcgmi", "--file", str(f), "--kafka", f"127.0.0.1:{free}",
+           "--send-timeout", "1"]  # fmt: skip
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 3 and "LOST input: undelivered 1 (exit 3)" in done.stderr
+    assert " kafka." not in done.stderr, done.stderr
