@@ -69,10 +69,13 @@ def _not_gzip(args: argparse.Namespace) -> None:
         except OSError:
             continue  # _input_is_there, or the source's own open, says why
         if head == GZIP_MAGIC:
-            raise InputError(
-                f"{path}: a gzip file; {args.source} reads text: give it decompressed "
-                f"(zcat {path} | gpuwarden produce {args.source} --file - ...)"
+            # dcgmi's --file is a path (its rounds end at the file's time), not standard input.
+            how = (
+                f"zcat {path} > F.txt; ... --file F.txt"
+                if args.source == "dcgmi"
+                else f"zcat {path} | gpuwarden produce {args.source} --file - ..."
             )
+            raise InputError(f"{path}: a gzip file; {args.source} reads text: give it decompressed ({how})")
 
 
 def _input_is_there(args: argparse.Namespace) -> None:

@@ -124,8 +124,9 @@ class RasStats:
     bad_json_values: int = 0
     too_many: int = 0  # ranks named past MAX_RECORDS
     # A text status that began (version lines, job summary or "Communicators...") but ended before
-    # the communicators table: the client timed out or lost the daemon, so what it says of the
-    # job is not known (healthy is what an end there would otherwise read as).
+    # the communicators table's rows, a flagged comm's block, or what a block's head announces:
+    # the client timed out or lost the daemon, so what it says of the job is not known (healthy is
+    # what an end there would otherwise read as).
     cut_status: int = 0
     cut_last_line: int = 0  # the input's last text line without its newline: not read
     empty: int = 0  # nothing at all: ncclras prints a status whenever it reaches the daemon

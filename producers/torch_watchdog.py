@@ -123,6 +123,8 @@ _KV = re.compile(r"(\w+(?:\(ms\))?)=([^,]*)")
 _MAYBE_OURS = re.compile(
     r"NCCL|[Ww]atchdog|NET/IB|ibv_|\[rank[0-9]{1,10}\]:\[[EW]|(?<![\w.:])\[?[EW][0-9]{3,4} [0-9]{2}:[0-9]{2}"
 )
+# NCCL's debug lines (NCCL_DEBUG=INFO), which no layout reads: a cut one loses us nothing.
+_NCCL_INFO = re.compile(r"\bNCCL INFO\b")
 
 
 @dataclass
@@ -619,7 +621,7 @@ def read_lines(src: TextIO, stats: WatchdogStats, *, saved: bool = False) -> Ite
             while text and not text.endswith("\n"):  # the rest of it, a bounded piece at a time
                 text = src.readline(LINE_MAX)
             continue
-        if saved and not text.endswith("\n") and (held or _MAYBE_OURS.search(text)):
+        if saved and not text.endswith("\n") and (held or (_MAYBE_OURS.search(text) and not _NCCL_INFO.search(text))):
             # The last line, without its newline (a log still being written, or cut): its last number
             # may be part of one ("last completed work: 51" of 5122), or the rest of a held line.
             stats.cut_last_line += 1

@@ -79,6 +79,26 @@ def test_a_log_ending_in_a_progress_bar_without_its_newline_is_whole(caplog, tmp
     assert [r["last_completed"] for r in recs] == [5122] and not _warned(caplog)
 
 
+def test_a_log_ending_in_a_cut_nccl_info_line_is_whole(caplog, tmp_path, capsys):
+    # Found by a review: NCCL_DEBUG=INFO lines, which no layout reads, end a crashed job's log at
+    # a buffer boundary as often as a progress bar does.
+    info = "node1:2231:2290 [0] NCCL INFO comm 0x55d1c0 rank 0 nranks 16 cudaDev 0 busId 18000 - Destroy COMPLE"
+    rc, recs, err = _produce(tmp_path, capsys, "torch-watchdog", WATCHDOG + info, "--job", "j")
+    assert rc == 0, err
+    assert [r["last_completed"] for r in recs] == [5122] and not _warned(caplog)
+
+
+def test_a_gzip_dmon_log_is_told_how_to_give_it_as_a_file(tmp_path, capsys):
+    # dcgmi --file reads a path (its rounds end at the file's time), not "-": the hint says so.
+    import gzip
+
+    f = tmp_path / "d.txt.gz"
+    f.write_bytes(gzip.compress(DMON.encode()))
+    assert main(["produce", "dcgmi", "--file", str(f), "--out", str(tmp_path / "o.jsonl")]) == 3
+    err = capsys.readouterr().err
+    assert "a gzip file" in err and "--file -" not in err and "> F.txt" in err
+
+
 def test_a_watchdog_line_cut_short_on_stdin_is_counted(monkeypatch):
     monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(WATCHDOG[:-3].encode()), encoding="utf-8"))
     src = WatchdogLogSource("-", job="j", host="n1")
