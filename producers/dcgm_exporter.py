@@ -53,8 +53,9 @@ series per pod, differing only in attribution labels (``pod``, ``namespace``, ``
 ``pod_uid``, ``vgpu``...; kubernetes.go ``Process``): copies of the kept series' value are merged,
 not dropped; the record keeps the first pod in ``pod``/``namespace``/``container`` and lists every
 pod in ``labels["pods"]`` (``namespace/pod``, sorted, at most ``MAX_SHARED_PODS``) with
-``labels["pod_count"]``; a GPU instance's under ``mig.<GPU_I_ID>.``. A copy with another value (the
-per-process ``GPU_UTIL``/``FB_USED`` copies) still counts ``duplicate_series``, its pod listed; a
+``labels["pod_count"]``; a GPU instance's under ``mig.<GPU_I_ID>.``. The per-process
+``GPU_UTIL``/``FB_USED`` copies, each pod's share, count ``pod_share_series`` (the GPU's value kept);
+a copy of another metric with another value still counts ``duplicate_series``, its pod listed; a
 pod or namespace no Kubernetes name can be is counted (``labels_dropped``), never listed.
 A host label that names the loopback (``localhost``, ``127.0.0.1``, ``::1``: what 4.0.0 and later
 print with ``-r localhost:5555``, on every node alike) is taken as absent (``loopback_host_labels``).
@@ -227,6 +228,7 @@ class ParseStats:
     duplicate_series: int = (
         0  # the same metric for the same entity again (the first is kept; a pod's same-value copy merges)
     )
+    pod_shares: int = 0  # a shared GPU's per-pod GPU_UTIL/FB_USED copies: each pod's share, the GPU's kept
     line_too_long: int = 0
     too_many_labels: int = 0
     labels_dropped: int = 0  # labels past an entity's MAX_ENTITY_LABEL_CHARS (the series itself kept)
@@ -455,6 +457,11 @@ def pod_entry(lab: dict[str, str]) -> str | None:
     if not _pod_name_ok(pod, MAX_POD_NAME) or (ns is not None and not _pod_name_ok(ns, MAX_NAMESPACE_NAME)):
         return ""
     return pod if ns is None else f"{ns}/{pod}"
+
+
+# What dcgm-exporter attributes to each process, so to each pod of a shared GPU (pod mapper:
+# utilisation and framebuffer used): a pod's copy of these holds its own share, not the GPU's.
+_PER_PROCESS = frozenset({"DCGM_FI_DEV_GPU_UTIL", "DCGM_FI_DEV_FB_USED"})
 
 
 def _pod_copy(lab: dict[str, str], kept: dict[str, str]) -> bool:
@@ -731,6 +738,11 @@ def parse_metrics(
                     else:
                         stats.used += 1
                     continue
+                if pod_copy and mname in _PER_PROCESS:
+                    # The exporter prints the GPU's value, then each pod's own share of it: the
+                    # GPU's is kept, and nothing is lost.
+                    stats.pod_shares += 1
+                    continue
                 # A second value for the same entity, or the same label set again (the format allows
                 # one series per label set), would overwrite the first silently: the first is kept.
                 stats.duplicate_series += 1
@@ -917,6 +929,7 @@ class ExporterStats:
     bad_label: int = 0
     bad_timestamp: int = 0
     duplicate_series: int = 0
+    pod_shares: int = 0
     line_too_long: int = 0
     too_many_labels: int = 0
     labels_dropped: int = 0
@@ -947,6 +960,7 @@ class ExporterStats:
             "dropped.bad_label": self.bad_label,
             "dropped.bad_timestamp": self.bad_timestamp,
             "dropped.duplicate_series": self.duplicate_series,
+            "pod_share_series": self.pod_shares,
             "dropped.line_too_long": self.line_too_long,
             "dropped.too_many_labels": self.too_many_labels,
             "dropped.unparsable_line": self.bad_lines,
@@ -1025,6 +1039,7 @@ class ExporterSource:
         st.bad_label += ps.bad_label
         st.bad_timestamp += ps.bad_timestamp
         st.duplicate_series += ps.duplicate_series
+        st.pod_shares += ps.pod_shares
         st.line_too_long += ps.line_too_long
         st.too_many_labels += ps.too_many_labels
         st.labels_dropped += ps.labels_dropped

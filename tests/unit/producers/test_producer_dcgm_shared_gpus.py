@@ -96,13 +96,20 @@ def test_a_gpu_with_one_pod_is_unchanged():
     assert st.duplicate_series == 0
 
 
-def test_copies_that_disagree_are_still_counted_the_first_kept():
-    # The mapper's per-process GPU_UTIL/FB_USED copies carry each pod's share: the first (the device's) is kept.
+def test_per_pod_shares_are_counted_apart_the_gpus_value_kept():
+    # The mapper's per-process GPU_UTIL/FB_USED copies carry each pod's share: the first (the
+    # device's) is kept, and nothing is lost (a review found a complete scrape exiting 3 for them).
     text = _scrape(SHARING, per_pod={"DCGM_FI_DEV_GPU_UTIL": [40, 10, 10, 25]})
     recs, st = _by_gpu(text)
     assert recs[0].fields.DCGM_FI_DEV_GPU_UTIL == 40
-    assert st.duplicate_series == 3  # 10, 10 and 25: each differs from the 40 kept
+    assert st.pod_shares == 3 and st.duplicate_series == 0  # 10, 10 and 25: each pod's share
     assert recs[0].labels[PODS_LABEL] == ALL_PODS
+
+
+def test_pod_copies_of_another_metric_that_disagree_are_still_duplicates():
+    text = _scrape(SHARING, per_pod={"DCGM_FI_DEV_GPU_TEMP": [60, 61, 61, 61]})
+    recs, st = _by_gpu(text)
+    assert recs[0].fields.DCGM_FI_DEV_GPU_TEMP == 60 and st.duplicate_series == 3
 
 
 def test_hostile_pod_labels_are_left_out_of_the_list_and_counted():
