@@ -34,7 +34,8 @@ def test_watchdog_logs_of_two_nodes_replay_into_one_alert_naming_the_rank_behind
     outs = []
     for node in range(2):
         log = tmp_path / f"node{node}.log"
-        log.write_text("\n".join(LINE.format(r=r, done=500 if r == 6 else 546) for r in range(node * 4, node * 4 + 4)))
+        # A log as the job wrote it, its last line ended (one without its newline is cut).
+        log.write_text("".join(LINE.format(r=r, done=500 if r == 6 else 546) + "\n" for r in range(node * 4, node * 4 + 4)))
         os.utime(log, (T_LOG + node, T_LOG + node))
         out = tmp_path / f"p{node}.jsonl"
         assert main(["produce", "torch-watchdog", "--file", str(log), "--job", "4242", "--host", f"node{node}",
