@@ -210,7 +210,9 @@ def test_every_container_runs_a_real_gpuwarden_command(rendered):
     checked = set()
     for d, spec in pod_specs(docs):
         for c in spec["containers"]:
-            _parse_cli([re.sub(r"\$\((\w+)\)", "x", a) for a in c["args"]])
+            # $(VAR) as Kubernetes expands it: the container's env value, else a stand-in (a Secret's).
+            env = {e["name"]: e["value"] for e in c.get("env", []) if "value" in e}
+            _parse_cli([re.sub(r"\$\((\w+)\)", lambda m: env.get(m.group(1), "x"), a) for a in c["args"]])
             checked.add(d["metadata"]["name"])
     # Every workload was looked at: a render that lost them would otherwise check nothing.
     assert checked >= {"gpuwarden-serve", "gpuwarden-remediate", "gpuwarden-producers"}, checked
