@@ -89,6 +89,10 @@ class IbstatStats:
     cut_last_line: int = 0  # a last line without its newline ("Rate: 40" of 400): not read
 
 
+# A last line without its newline that is whole all the same: a link layer, a word no cut makes.
+_WHOLE_LAST = re.compile(r"[ \t]*(?:Link layer|link_layer):[ \t]*(?:InfiniBand|Ethernet)[ \t\r]*")
+
+
 def _port_num(text: str) -> int | None:
     n = ascii_int(text, MAX_PORT_DIGITS)
     return n if n is not None and n <= MAX_NIC_PORT else None
@@ -263,6 +267,10 @@ class IbstatSource:
         self.done = True
         text, cut = read_capped(self.path, self.max_chars)
         text, tail = split_cut_line(text)
+        if _WHOLE_LAST.fullmatch(tail):
+            # The link layer ends every port block and cannot be cut into another word: a capture
+            # that dropped the final newline ($(ibstat), a strip()) is whole.
+            text, tail = text + tail + "\n", ""
         if cut:
             self.stats.truncated = 1  # the line the cap cut is part of what it counts
             log.warning(

@@ -274,3 +274,13 @@ def test_a_block_whose_number_is_not_one_is_no_cut_status():
     # Its lines are counted as orphans: not owed to a block that was never read.
     _, stats = parse_ras("#99999999999999999999-0 (5d0e3c1b2a497f68) MISMATCH\n  junk\n")
     assert stats.cut_status == 0 and stats.orphan == 1
+
+
+def test_an_ibstat_capture_that_lost_only_its_final_newline_is_whole(caplog, tmp_path, capsys):
+    # $(ibstat) or a strip() drops the final newline; the link layer, which ends every port block,
+    # cannot be cut into another word (found by a review).
+    rc, recs, err = _produce(tmp_path, capsys, "ibstat", IBSTAT.rstrip("\n"), "--host", "n1")
+    assert rc == 0, err
+    assert [(r["rate_gbps"], r["link_layer"]) for r in recs] == [(400.0, "InfiniBand")] and not _warned(caplog)
+    rc, _, _ = _produce(tmp_path, capsys, "ibstat", IBSTAT.rstrip("\n")[:-4], "--host", "n1")  # "InfiniB"
+    assert rc == 3
