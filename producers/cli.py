@@ -9,6 +9,7 @@ import sys
 import threading
 from typing import Any
 
+from pipeline.bus.files import GZIP_MAGIC
 from pipeline.argtypes import int_in, non_negative_float, port, positive_float, positive_int
 
 log = logging.getLogger(__name__)
@@ -17,7 +18,6 @@ log = logging.getLogger(__name__)
 # producer lost input (a poll raised, a counted drop that is not "no value", records not
 # delivered) or was given a gzip file it reads as text; 4 the broker refused the login; 2 bad arguments or a source that cannot start.
 FINDINGS_EXIT = 3
-GZIP_MAGIC = b"\x1f\x8b"
 
 
 def _gpus_per_node(text: str) -> int:
