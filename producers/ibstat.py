@@ -28,7 +28,19 @@ Layouts (rdma-core ``infiniband-diags/ibstat.c`` and ``scripts/ibstatus``; docs/
 
 A value that does not read (``Rate: ²``, ``State: 9: ZAP``) is counted as
 ``dropped.unparsable_value`` and left out of its record; the rest of the port is kept. Ports past
-``MAX_PORTS`` are ``dropped.too_many``.
+``MAX_PORTS`` are ``dropped.too_many``. A ``Port GUID:`` line without a value is a port without a
+GUID (no ``port_guid``), not a port header.
+
+Both tools end every port block with its link layer line (``ibstat.c``'s ``port_dump`` prints a
+block whole; ``ibstatus`` prints ``link_layer:`` last, ``unknown`` or nothing after it when it
+could not read the file, which still ends the block). The input's last port block without one is a
+capture cut at a line's end (a file still being written, or truncated): that port is not sent (its
+values are any part of the port's), it is counted as ``dropped.cut_port`` with a warning naming it,
+and the CLI exits 3; the ports before it are kept, and where the same port was printed whole
+earlier (captures appended to one file) that block is its record. A tool error or a CA line after
+the last block ends it, so neither is a cut, nor is a CA with no port block. Where the last line
+has no newline (``dropped.cut_last_line``) or the text was cut at ``max_chars``
+(``dropped.truncated``), that is the cut counted, and its port keeps the values read whole.
 """
 
 from __future__ import annotations
@@ -59,8 +71,10 @@ from producers.textinput import CUT_LAST_LINE, read_capped, split_cut_line, warn
 log = logging.getLogger(__name__)
 
 _CA = re.compile(r"^(CA|Switch|Router|iWARP RNIC|\?\?\?):? '(.*)'\s*$")  # "CA: '...'" for one port
-_PORT = re.compile(r"^\s*Port (\S+):\s*$")
-_PORT_CUT = re.compile(r"^\s*Port \S{1,32}\s*$")  # a header that lost its colon (a damaged copy)
+# Neither is ``Port GUID:``, the key of a port's GUID line: without a value (``\t\tPort GUID: ``) it
+# is a port without a GUID, not a header with no number nor a header cut.
+_PORT = re.compile(r"^\s*Port (?!GUID:)(\S+):\s*$")
+_PORT_CUT = re.compile(r"^\s*Port (?!GUID:)\S{1,32}\s*$")  # a header that lost its colon (a damaged copy)
 _IBSTATUS = re.compile(r"^Infiniband device '(.*)' port (\S+) status:\s*$")
 # A key starts with a letter and its value is stripped after the match: a run of spaces then has
 # one way to be split between the parts, so a long line costs one pass.
@@ -71,6 +85,8 @@ _PANIC = re.compile(
 )
 _NO_GUID = norm_guid("0")  # ``Port GUID: 0x0000000000000000``: a port with no GUID set
 MAX_PORT_DIGITS = 5  # MAX_NIC_PORT is 65535
+# The count of a last port block cut before its link layer line (exit 3, as a cut last line).
+CUT_PORT = "dropped.cut_port"
 MAX_TEXT_CHARS = 16 * 1024 * 1024  # ibstat of 64 CAs is ~40 KB; this bounds what one poll holds
 MAX_PORTS = 16_384  # ib-sysfs's 256 devices of 64 ports; 16 Mi characters of "Port 1:" would be 2 Mi records
 
@@ -87,10 +103,17 @@ class IbstatStats:
     too_many: int = 0  # ports past MAX_PORTS: left out
     duplicate_ports: int = 0  # a port printed again later in the input: the earlier block left out
     cut_last_line: int = 0  # a last line without its newline ("Rate: 40" of 400): not read
+    # The last port block ending before its link layer line, which ends every block either tool
+    # prints: a capture cut at a line's end (still being written, or truncated); the port not sent.
+    cut_ports: int = 0
+    cut_port: str = ""  # that port, as "mlx5_0 port 1", for the warning
 
 
 # A last line without its newline that is whole all the same: a link layer, a word no cut makes.
 _WHOLE_LAST = re.compile(r"[ \t]*(?:Link layer|link_layer):[ \t]*(?:InfiniBand|Ethernet)[ \t\r]*")
+
+
+_LINK_LAYER = ("link layer", "link_layer")  # the key of the line that ends a port block, in ibstat and ibstatus
 
 
 def _port_num(text: str) -> int | None:
@@ -104,6 +127,7 @@ class _Port:
         self.fields: dict[str, Any] = {}
         self.guid: str | None = None  # its port GUID, for --peers
         self.keys: set[str] = set()  # the keys its block gave a value: each once in either tool
+        self.ended = False  # its link layer line was read (whatever its value): the block is whole
 
 
 def _set_state(p: _Port, key: str, value: str, stats: IbstatStats) -> bool:
@@ -137,7 +161,7 @@ def _set_state(p: _Port, key: str, value: str, stats: IbstatStats) -> bool:
         p.guid = norm_guid(value)
     elif k == "default gid":
         p.guid = gid_port_guid(value)
-    elif k in ("link layer", "link_layer"):
+    elif k in _LINK_LAYER:
         if name_ok(value):
             p.fields["link_layer"] = value
         else:
@@ -154,8 +178,14 @@ def parse(
     device: str | None = None,
     stats: IbstatStats | None = None,
     peers: PeerMap | None = None,
+    end_counted: bool = False,
 ) -> list[NicRecord]:
     """Every port ``ibstat`` or ``ibstatus`` printed in ``text``, as records at ``ts`` on ``host``.
+
+    Both tools end every port block with its link layer line: a last block without one is a
+    capture cut at a line's end, counted as ``cut_ports`` and not sent (its other values may be
+    any part of the port's). Not where ``end_counted``: the text stops where a cut already counted
+    stopped it (a last line without its newline, the cap), and that port keeps what was read whole.
 
     >>> out = parse("CA 'mlx5_0'\\n\\tCA type: MT4129\\n\\tPort 1:\\n\\t\\tState: Down\\n"
     ...             "\\t\\tPhysical state: Disabled\\n\\t\\tRate: 40\\n\\t\\tLink layer: Ethernet\\n",
@@ -218,11 +248,19 @@ def parse(
         kv = _KV.match(line)
         if kv is not None and cur is not None:
             key = kv.group(1).strip().lower()
+            cur.ended = cur.ended or key in _LINK_LAYER
             if key in cur.keys:  # a key again: garbage, or the next port's values after its header was lost
                 stats.unparsable_values += 1
                 continue
             if _set_state(cur, key, kv.group(2).strip(), stats):
                 cur.keys.add(key)
+    if cur is not None and not cur.ended and not end_counted:
+        # The text ends inside the last port block: a tool error, a CA line or a damaged header
+        # after it would have ended the block (cur None), and only a port header sets cur.
+        ports.pop()
+        stats.ports += 1
+        stats.cut_ports += 1
+        stats.cut_port = f"{cur.device or '(no CA)'} port {cur.port}"
     out = []
     # A port printed twice (captures appended to one file): the last is the latest state, and one
     # read makes one record a port, as each record of a second is the port's whole state.
@@ -281,7 +319,24 @@ class IbstatSource:
             self.stats.cut_last_line = 1
             warn_cut_line(self.path, tail)
         peer_map = self.peers.current() if self.peers is not None else None
-        recs = parse(text, ts=self.clock(), host=self.host, device=self.device, stats=self.stats, peers=peer_map)
+        recs = parse(
+            text,
+            ts=self.clock(),
+            host=self.host,
+            device=self.device,
+            stats=self.stats,
+            peers=peer_map,
+            end_counted=bool(cut or tail.strip()),
+        )
+        if self.stats.cut_ports:
+            log.warning(
+                "%s: the last port block (%s) ends before its link layer line, which ends every block "
+                "ibstat and ibstatus print: the capture was cut (still being written, or truncated); "
+                "that port is not sent (%s)",
+                "stdin" if self.path == "-" else self.path,
+                self.stats.cut_port,
+                CUT_PORT,
+            )
         st = self.stats
         self.unrecognised = bool(text.strip()) and not (st.cas or st.ports or st.tool_errors or st.unparsable_lines)
         if not recs:
@@ -301,6 +356,7 @@ class IbstatSource:
             "dropped.truncated": s.truncated,
             "dropped.too_many": s.too_many,
             CUT_LAST_LINE: s.cut_last_line,
+            CUT_PORT: s.cut_ports,
             "ports_superseded": s.duplicate_ports,  # not lost: a later block of the port was read
             **(self.peers.summary() if self.peers is not None else {}),
         }

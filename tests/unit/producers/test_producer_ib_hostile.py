@@ -275,7 +275,8 @@ def test_a_port_header_lost_or_cut_never_gives_its_values_to_the_port_before():
     from producers.ibstat import IbstatStats, parse
 
     block = "\tPort {n}\n\t\tState: {state}\n\t\tPhysical state: {phys}\n\t\tRate: 400\n"
-    good = "CA 'mlx5_0'\n\tPort 1:\n\t\tState: Active\n\t\tPhysical state: LinkUp\n\t\tRate: 400\n"
+    good = ("CA 'mlx5_0'\n\tPort 1:\n\t\tState: Active\n\t\tPhysical state: LinkUp\n\t\tRate: 400\n"
+            "\t\tLink layer: InfiniBand\n")  # fmt: skip
     for lost in (block.format(n="2", state="Down", phys="Disabled"),
                  block.format(n="2", state="Down", phys="Disabled").split("\n", 1)[1]):  # fmt: skip
         st = IbstatStats()
@@ -289,7 +290,7 @@ def test_a_port_printed_twice_is_one_record_with_the_later_state():
     # the latest state; the earlier block is counted, not sent as a second state of that second.
     from producers.ibstat import IbstatStats, parse
 
-    cap = "CA 'mlx5_0'\n\tPort 1:\n\t\tState: {}\n\t\tPhysical state: {}\n\t\tRate: 400\n"
+    cap = "CA 'mlx5_0'\n\tPort 1:\n\t\tState: {}\n\t\tPhysical state: {}\n\t\tRate: 400\n\t\tLink layer: InfiniBand\n"
     st = IbstatStats()
     recs = parse(cap.format("Active", "LinkUp") + cap.format("Down", "Disabled"), ts=0.0, host="n1", stats=st)
     assert [(r.device, r.port, r.state_name) for r in recs] == [("mlx5_0", 1, "DOWN")]
