@@ -183,7 +183,7 @@ __all__ = ["ConfigError", "Stages", "build_detector", "build_engine", "build_sta
 def shipped_faults() -> frozenset[str]:
     """Every fault gpuwarden's shipped detectors raise: the ``fault:`` values of the default packs
     (rules, models, kernel-log signatures; not their tests), the NIC/PCIe port checks', the
-    engine's absence checks' and the hang detector's. A broken pack file is passed over.
+    engine's built-in checks' (absence, NCCL wrong results) and the hang detector's. A broken pack file is passed over.
 
     >>> {"gpu_lost", "hang_collective", "hbm_uncorrectable_error"} <= shipped_faults()
     True
@@ -192,11 +192,12 @@ def shipped_faults() -> frozenset[str]:
 
     from pipeline import yamlsafe
     from pipeline.engine.checks import builtin_checks
+    from pipeline.engine.wrongresults import FAULT as WRONG_RESULTS
     from pipeline.hang import FAULT as HANG_FAULT
     from pipeline.resources import rules_dir
     from pipeline.rules.portconfig import DEFAULTS as PORT_CHECKS
 
-    found: set[str] = {HANG_FAULT, *(c.fault for c in PORT_CHECKS.values())}
+    found: set[str] = {HANG_FAULT, WRONG_RESULTS, *(c.fault for c in PORT_CHECKS.values())}
     rows, ticks = builtin_checks()
     found |= {c.meta.fault for c in rows} | {c.meta.fault for c in ticks}
 

@@ -250,6 +250,8 @@ def _records(
         log.critical("%s: silent data corruption, take this node out of service", f.describe())
         for r in out:
             r.labels["wrong_results"] = "true"
+            if run.oob:  # the pre-2.13 layout's verdict: no row says which size was wrong
+                r.labels["out_of_bounds"] = str(run.oob)
     stats.records += len(out)
     return out
 

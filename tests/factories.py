@@ -131,3 +131,24 @@ def alert_rows(out: Any) -> list[tuple]:
 def dead_rows(out: Any) -> list[tuple]:
     """An output's dead letters as sorted rows (reason, origin, action, fields, detail)."""
     return sorted((d.reason, d.origin, d.action, tuple(d.fields), d.detail) for d in out.dead)
+
+
+def nccl_tests_log(host: str = "n1", *, wrong: int = 0, oob: int = 0, nodes: int = 1) -> str:
+    """A 2.13+ nccl-tests all_reduce_perf log (src/common.cu's formats), 8 GPUs a node."""
+    ranks = [(n * 8 + d, host if n == 0 else f"{host}-peer{n}", d) for n in range(nodes) for d in range(8)]
+    out = ["# nccl-tests version 2.17.6 nccl-headers=22803 nccl-library=22803",
+           "# Collective test starting: all_reduce_perf",
+           "# nThread 1 nGpus 1 minBytes 8 maxBytes 1024 step: 2(factor) warmup iters: 5 iters: 20 agg iters: 1 "
+           "validation: 1 graph: 0", "#", "# Using devices"]
+    out += [f"#  Rank {r:2d} Group  0 Pid   4242 on {h:>10s} device {d:2d} [0000:1b:00] NVIDIA H100 80GB HBM3"
+            for r, h, d in ranks]
+    out += ["#",
+            "#       size         count      type   redop    root     time   algbw   busbw  #wrong     time   algbw   busbw  #wrong",
+            "#        (B)    (elements)                               (us)  (GB/s)  (GB/s)             (us)  (GB/s)  (GB/s)"]
+    for size, t in ((8, 30.0), (1024, 31.5), (1048576, 60.0)):
+        w = wrong if size >= 1024 else 0
+        out.append(f"{size:12d}  {size // 4:12d}     float     sum      -1  {t:7.2f}   1.00   1.00  {w:6d}"
+                   f"  {t:7.2f}   1.00   1.00  {0:6d}")
+    out += [f"# Out of bounds values : {oob} {'FAILED' if oob else 'OK'}", "# Avg bus bandwidth    : 1.0 ", "#",
+            "# Collective test concluded: all_reduce_perf", ""]
+    return "\n".join(out)  # fmt: skip

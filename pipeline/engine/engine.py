@@ -49,9 +49,10 @@ from pipeline.engine.screen import (
     stream_order,
 )
 from pipeline.engine.snapshot import decode_records, read_snapshot, write_snapshot
-from pipeline.engine.stage import CheckStage, Deferring, NicReader, Stage, StageCheck
+from pipeline.engine.stage import CheckStage, Deferring, NcclReader, NicReader, Stage, StageCheck
 from pipeline.engine.state import GpuState, View, advance
 from pipeline.engine.ticks import skip_ahead
+from pipeline.engine.wrongresults import WrongResults
 from pipeline.schema import AlertEvent, DeadLetter, TelemetryRecord
 
 log = logging.getLogger("gpuwarden.engine")
@@ -101,6 +102,9 @@ class Engine:
         default_rows, default_ticks = builtin_checks()
         if row_checks is None and tick_checks is None:
             row_checks, tick_checks = ([] if rules is not None else default_rows), default_ticks
+            # The built-in check on NCCL records (wrong results) runs with the absence checks:
+            # where records arrive by host, never in a later stage fed what this one forwards.
+            stages = [*stages, WrongResults()]
         self.tick_checks = list(tick_checks or [])
         self.stages = registry.arrange(models, CheckStage(row_checks or []), rules, stages)
         names = registry.check_names(self.stages, self.tick_checks)
@@ -395,15 +399,20 @@ class Engine:
                 stage.advanced(self.released, self.entities)
             except Exception as e:  # noqa: BLE001 - as in _rows: the ticks ran, their alerts stand
                 out.dead.append(self._raised_after(stage.kind, e))
-        self._release_nic(math.inf if final else wm, out)
+        self._release_held(math.inf if final else wm, out)
 
-    def _release_nic(self, upto: float, out: EngineOutput) -> None:
-        """The alerts of NIC port records older than ``upto`` (``Stage.nic_release``)."""
+    def _release_held(self, upto: float, out: EngineOutput) -> None:
+        """The alerts of the records stages hold until the watermark, older than ``upto``: NIC
+        port records (``NicReader.nic_release``) and NCCL records (``NcclReader.nccl_release``)."""
         for stage in self.stages:
+            alerts: list[Any] = []
             if getattr(stage, "reads_nic", False):
-                for a in cast(NicReader, stage).nic_release(upto):
-                    self.stats[f"alerts.{a.state}.{a.fault}"] += 1
-                    out.alerts.append(a)
+                alerts += cast(NicReader, stage).nic_release(upto)
+            if getattr(stage, "reads_nccl_records", False):
+                alerts += cast(NcclReader, stage).nccl_release(upto)
+            for a in alerts:
+                self.stats[f"alerts.{a.state}.{a.fault}"] += 1
+                out.alerts.append(a)
 
     def _release_bound(self, wm: float) -> float:
         # Whole ticks only: a tick's samples are always processed together, so windows and

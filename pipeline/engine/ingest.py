@@ -25,7 +25,7 @@ from pipeline.engine.entities import Entities
 from pipeline.engine.frame import Columnizer, NcclFrame, joined, nccl_frame
 from pipeline.engine.output import EngineOutput
 from pipeline.engine.pending import Pending
-from pipeline.engine.stage import NicReader, Stage
+from pipeline.engine.stage import NcclReader, NicReader, Stage
 from pipeline.schema import (
     DcgmRecord,
     DcgmSample,
@@ -150,6 +150,9 @@ class Ingest:
         nts = ts[~is_dcgm] if n < k else np.empty(0)
         if nrecs:
             self.entities.note_nccl(nrecs)
+            for stage in self.stages:
+                if getattr(stage, "reads_nccl_records", False):
+                    cast(NcclReader, stage).nccl_arrived(nrecs)
         # The models' NCCL detectors need the records' columns; without such a stage they are counted.
         nccl = self._nccl_frame(nrecs, hosts[~is_dcgm]) if nrecs and self._reads_nccl else None
         return Pending(dts, dhost, gpu, values, cols, nts, nccl, float(ts.min()), float(ts.max()))

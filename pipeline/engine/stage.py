@@ -110,6 +110,16 @@ class NicReader(Protocol):
     def nic_release(self, upto: float) -> list[Any]: ...
 
 
+class NcclReader(Protocol):
+    """What a stage that ``reads_nccl_records`` adds to ``Stage``: NCCL records handed over as
+    they arrive (they go on to the other stages and the next stage of the topology as well),
+    judged when the watermark passes them (``Engine._release_held``)."""
+
+    def nccl_arrived(self, records: Sequence[Any]) -> None: ...
+
+    def nccl_release(self, upto: float) -> list[Any]: ...
+
+
 class Deferring(Protocol):
     """What a ``host_local`` stage with ``deferred`` checks adds to ``Stage``: their conditions
     on rows that ran before the other hosts' rows of their tick, judged once those have run."""
@@ -129,6 +139,9 @@ class StageBase:
     # Optional in the protocol (absent: False). True for a stage that judges NIC port records
     # (``nic_arrived``, ``nic_release``): the engine hands it those instead of only counting them.
     reads_nic = False
+    # Optional in the protocol (absent: False). True for a stage that judges NCCL records as
+    # records (``nccl_arrived``, ``nccl_release``, ``NcclReader``), not as ``released``'s columns.
+    reads_nccl_records = False
     # Optional in the protocol (absent: False). True when every condition a stage computes for
     # a row reads only that GPU's own rows and state and its own host's rows of the tick: then
     # a live engine may run a host's rows of a tick before the other hosts' (Engine._release_hosts).

@@ -175,14 +175,15 @@ def test_rules_and_models_are_stages_models_first() -> None:
 
     eng, diags = build_engine([str(rules_dir())], "auto")
     assert eng is not None, diags
-    # The shipped packs' NIC port checks and the NICs' AER checks (rules/fabric/ports.yaml) are stages of their own.
-    assert [s.kind for s in eng.stages] == ["models", "checks", "rules", "ports", "nic_aer"]
+    # The shipped packs' NIC port checks and the NICs' AER checks (rules/fabric/ports.yaml) are stages of their own,
+    # as is the built-in check on NCCL records (wrong results).
+    assert [s.kind for s in eng.stages] == ["models", "checks", "rules", "ports", "nic_aer", "nccl_results"]
     assert isinstance(eng.rules, RuleSet) and isinstance(eng.models, ModelSet)
     stage: Stage = eng.rules   # RuleSet and ModelSet are stages to the type checker too
     assert stage.state_key == "windows" and eng.models.state_key == "models"
     echo = EchoStage()
     eng.set_stage(echo)            # a new kind goes after the row checks: it sees the models' scores
-    assert [s.kind for s in eng.stages] == ["models", "checks", "echo", "rules", "ports", "nic_aer"]
+    assert [s.kind for s in eng.stages] == ["models", "checks", "echo", "rules", "ports", "nic_aer", "nccl_results"]
     _run(eng, fleet(range(5), hosts=1, gpus=2))
     assert echo.seen and all(MODEL_SCORES in s for s in echo.seen) and all(echo.scores_ok)
 

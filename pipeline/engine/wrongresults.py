@@ -1,0 +1,243 @@
+"""A built-in check on NCCL records: a collective that returned wrong results (silent data
+corruption), as ``gpuwarden produce nccl-tests`` reports a burn-in run whose ``#wrong`` count or
+``Out of bounds values`` check failed (``labels.wrong_results``, docs/producers.md#nccl-tests).
+
+Wrong results are the worst a burn-in finds: the node computes, and its numbers are wrong. The
+producer says so at CRITICAL and exits 3; this stage makes it an alert, ``nccl_wrong_results``
+(critical), one per host: it fires at the event time of the first wrong record and keeps firing
+until ``KEEP_FIRING_FOR`` after the last one (a clean run after it proves nothing: wrong results
+in one collective and none in the next is the same faulty node). A run across several nodes is
+logged on one of them (rank 0's): the alert is on that host, and says that any of the run's
+nodes may be the one at fault.
+
+Only the records that carry ``wrong_results`` are kept, until the engine's watermark passes
+them (``nccl_release``), so the alerts are the same however the stream was cut into batches.
+
+>>> from pipeline.schema import NcclRecord
+>>> st = WrongResults()
+>>> bad = dict(host="n1", comm="nccl-tests:n1:7:run1", rank=0, nranks=8, nnodes=1, coll="AllReduce",
+...            exec_time_us=90.0, job="j1")
+>>> st.nccl_arrived([NcclRecord(ts=100.0, bytes=2**20, labels={"wrong_results": "true", "wrong": "12"}, **bad),
+...                  NcclRecord(ts=100.0, bytes=2**21, labels={}, **bad)])
+>>> [(a.state, a.fault, a.host, a.job, a.evidence["wrong_elements"]) for a in st.nccl_release(101.0)]
+[('firing', 'nccl_wrong_results', 'n1', 'j1', 12.0)]
+>>> [(a.state, a.ts) for a in st.nccl_release(100.0 + 3601.0)]
+[('resolved', 3700.0)]
+"""
+
+from __future__ import annotations
+
+import math
+import operator
+from typing import Any, Sequence
+
+import msgspec
+
+from pipeline.engine.alerts import transition_event
+from pipeline.engine.lifecycle import Transition
+from pipeline.engine.stage import StageBase
+from pipeline.errors import StateError
+from pipeline.numeric import finite
+from pipeline.schema import AlertEvent, NcclRecord
+
+RULE, FAULT, SEVERITY = "builtin_nccl_wrong_results", "nccl_wrong_results", "critical"
+KEEP_FIRING_FOR = 3600.0  # seconds after the last wrong record: long enough to page and drain
+MAX_HELD = 100_000  # wrong records waiting for the watermark; past it the oldest go
+MAX_FIRING = 100_000  # hosts firing at once; past it the one that fired first resolves early
+STATE_VERSION = 1
+_ORDER = operator.attrgetter("ts", "host", "comm", "bytes")
+
+
+class _Firing(msgspec.Struct, array_like=True):
+    """One host's alert while it fires: its id's start, its last wrong record's event time, and
+    what its firing event said (its resolved event says the same)."""
+
+    started: float
+    last: float
+    job: str | None
+    summary: str
+    evidence: dict[str, Any]
+    labels: dict[str, str]
+
+
+class _State(msgspec.Struct):
+    version: int
+    held: list[NcclRecord]
+    firing: dict[str, _Firing]
+    dropped: int = 0
+
+
+_decode_state = msgspec.msgpack.Decoder(_State)
+
+
+def wrong(r: NcclRecord) -> bool:
+    """Whether ``r`` reports wrong results (``labels.wrong_results`` true).
+
+    >>> wrong(NcclRecord(ts=1.0, host="n1", comm="c", rank=0, nranks=2, coll="AllReduce", bytes=8,
+    ...                  exec_time_us=1.0, labels={"wrong_results": "true"}))
+    True
+    """
+    return r.labels.get("wrong_results", "").strip().lower() in ("true", "1", "yes")
+
+
+class WrongResults(StageBase):
+    """The ``nccl_wrong_results`` check (module docstring): a stage of the engine's built-ins,
+    fed NCCL records as they arrive and judged when the watermark passes them."""
+
+    kind = "nccl_results"
+    host_local = True  # a host's alert reads its own records alone
+    reads_nccl_records = True
+    state_key = "nccl_results"
+
+    def __init__(self, keep_firing_for: float = KEEP_FIRING_FOR) -> None:
+        self.keep = keep_firing_for
+        self.checks: list[Any] = []  # none of the engine's lifecycles: the stage keeps its own
+        self.columns: set[int] = set()
+        self.held: list[NcclRecord] = []
+        self.firing: dict[str, _Firing] = {}
+        self.dropped = 0  # wrong records past MAX_HELD
+        self._summaries: dict[str, str] = {}
+
+    def run(self, view: Any, entities: Any, outputs: dict[str, Any]) -> Sequence[tuple[Any, Any]]:
+        """No condition on DCGM rows: the alerts come from ``nccl_release``."""
+        return ()
+
+    def nccl_arrived(self, records: Sequence[NcclRecord]) -> None:
+        """Keep the records that report wrong results until the watermark passes them."""
+        bad = [r for r in records if r.labels and wrong(r)]
+        if not bad:
+            return
+        self.held.extend(bad)
+        over = len(self.held) - MAX_HELD
+        if over > 0:
+            self.held.sort(key=_ORDER)
+            del self.held[:over]
+            self.dropped += over
+
+    def nccl_release(self, upto: float) -> list[AlertEvent]:
+        """The alerts the held records before ``upto`` (inf: all) fire, and those whose
+        ``keep_firing_for`` ran out before ``upto``, in event time."""
+        go = [r for r in self.held if r.ts < upto]
+        if go:
+            self.held = [r for r in self.held if not r.ts < upto]
+            go.sort(key=_ORDER)
+        out: list[AlertEvent] = []
+        i = 0
+        while i < len(go):
+            ts = go[i].ts
+            j = i
+            while j < len(go) and go[j].ts == ts:
+                j += 1
+            out += self._expire(ts)  # a deadline at ``ts`` resolves before a record at it fires
+            out += self._fire(go[i:j])
+            i = j
+        if not math.isinf(upto):
+            out += self._expire(upto)
+        return out
+
+    def _expire(self, before: float) -> list[AlertEvent]:
+        due = sorted((f.last + self.keep, h) for h, f in self.firing.items() if f.last + self.keep < before)
+        return [self._event("resolved", h, self.firing.pop(h), t) for t, h in due]
+
+    def _fire(self, recs: list[NcclRecord]) -> list[AlertEvent]:
+        """One event time's wrong records: a host not firing fires, a firing one keeps firing."""
+        by_host: dict[str, list[NcclRecord]] = {}
+        for r in recs:
+            by_host.setdefault(r.host, []).append(r)
+        out = []
+        for host, rs in by_host.items():
+            f = self.firing.get(host)
+            if f is not None:
+                f.last = rs[0].ts
+                continue
+            if len(self.firing) >= MAX_FIRING:
+                first = min(self.firing, key=lambda h: self.firing[h].started)
+                out.append(self._event("resolved", first, self.firing.pop(first), rs[0].ts))
+            f = _firing(rs)
+            self.firing[host] = f
+            out.append(self._event("firing", host, f, f.started))
+        return out
+
+    def _event(self, state: str, host: str, f: _Firing, ts: float) -> AlertEvent:
+        return transition_event(
+            Transition(state, 0, ts, f.started, -1),
+            rule=RULE,
+            fault=FAULT,
+            severity=SEVERITY,
+            key=host,
+            host=host,
+            job=f.job,
+            evidence=f.evidence,
+            labels=f.labels,
+            summary=lambda: f.summary,
+            summaries=self._summaries,
+        )
+
+    def to_state(self) -> bytes:
+        """The held records and the firing alerts (msgpack)."""
+        return msgspec.msgpack.encode(_State(STATE_VERSION, self.held, self.firing, self.dropped))
+
+    def load_state(self, state: Any) -> None:
+        """Take back ``to_state``'s data (None: a snapshot from before this stage: nothing)."""
+        if state is None:
+            return
+        try:
+            s = _decode_state.decode(state)
+        except (TypeError, msgspec.DecodeError, msgspec.ValidationError) as e:
+            raise StateError(f"nccl_results state: {e}") from None
+        if s.version != STATE_VERSION:
+            raise StateError(f"nccl_results state: version {s.version}, this build reads {STATE_VERSION}")
+        self.held, self.firing, self.dropped = s.held, s.firing, s.dropped
+        # A resolved event says what its firing one said: the summaries are the firing alerts'.
+        self._summaries = {}
+
+    def adopt(self, old: Any) -> set[str]:
+        """Keep the old stage's held records and firing alerts (it has no engine lifecycles)."""
+        if isinstance(old, WrongResults):
+            self.held, self.firing, self.dropped, self._summaries = old.held, old.firing, old.dropped, old._summaries
+        return set()
+
+
+def _firing(rs: list[NcclRecord]) -> _Firing:
+    """What one host's wrong records of one event time say, as its alert's firing event."""
+    r0 = rs[0]
+    wrong_sizes = sorted({r.bytes for r in rs if _num(r.labels.get("wrong")) or _num(r.labels.get("in_wrong"))})
+    elements = sum((_num(r.labels.get("wrong")) or 0.0) + (_num(r.labels.get("in_wrong")) or 0.0) for r in rs)
+    oob = max((_num(r.labels.get("out_of_bounds")) or 0.0 for r in rs), default=0.0)
+    colls = sorted({r.coll for r in rs})
+    runs = sorted({r.labels.get("run") or r.comm for r in rs})
+    evidence: dict[str, Any] = {
+        "wrong_elements": elements,
+        "wrong_sizes": wrong_sizes[:16],
+        "colls": colls[:8],
+        "runs": runs[:8],
+        "nranks": r0.nranks,
+    }
+    if oob:
+        evidence["out_of_bounds"] = oob
+    labels = {"coll": ",".join(colls[:4]), "comm": r0.comm}
+    if r0.nnodes:
+        labels["nnodes"] = str(r0.nnodes)
+    what = []
+    if elements:
+        what.append(f"{elements:g} wrong element(s) at {len(wrong_sizes)} message size(s)")
+    if oob:
+        what.append(f"{oob:g} out-of-bounds value(s)")
+    found = f"returned wrong results ({'; '.join(what) or 'wrong_results'})"
+    if (r0.nnodes or 1) > 1:
+        summary = (
+            f"nccl-tests {', '.join(colls[:4])}, a {r0.nnodes}-node run logged on {r0.host}, {found}: silent data "
+            "corruption on any of its nodes; action: take them out of service and test each alone"
+        )
+    else:
+        summary = (
+            f"nccl-tests {', '.join(colls[:4])} on {r0.host} {found}: silent data corruption; action: take the "
+            "node out of service and run its diagnostics"
+        )
+    return _Firing(r0.ts, r0.ts, r0.job, summary, evidence, labels)
+
+
+def _num(text: str | None) -> float | None:
+    """A label's count (``"12"``, ``"1e+03"``), or None: not a finite number, or below zero."""
+    x = finite(text)
+    return x if x is not None and x >= 0 else None
