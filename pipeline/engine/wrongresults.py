@@ -97,6 +97,9 @@ class WrongResults(StageBase):
         self.firing: dict[str, _Firing] = {}
         self.dropped = 0  # wrong records past MAX_HELD
         self._summaries: dict[str, str] = {}
+        # How far the engine's rows ran (``advanced``): at the end of a stream (``nccl_release``
+        # of inf) the deadlines before it have passed, as the rows' alerts' have.
+        self._ran = -math.inf
 
     def run(self, view: Any, entities: Any, outputs: dict[str, Any]) -> Sequence[tuple[Any, Any]]:
         """No condition on DCGM rows: the alerts come from ``nccl_release``."""
@@ -104,7 +107,8 @@ class WrongResults(StageBase):
 
     def nccl_arrived(self, records: Sequence[NcclRecord]) -> None:
         """Keep the records that report wrong results until the watermark passes them."""
-        bad = [r for r in records if r.labels and wrong(r)]
+        # The key first: most NCCL records carry labels (``run``, ``source``), few this one.
+        bad = [r for r in records if r.labels and "wrong_results" in r.labels and wrong(r)]
         if not bad:
             return
         self.held.extend(bad)
@@ -114,9 +118,14 @@ class WrongResults(StageBase):
             del self.held[:over]
             self.dropped += over
 
+    def advanced(self, upto: float, entities: Any) -> None:
+        """Note how far the engine's rows ran (the end of a stream: its newest record)."""
+        self._ran = max(self._ran, upto)
+
     def nccl_release(self, upto: float) -> list[AlertEvent]:
         """The alerts the held records before ``upto`` (inf: all) fire, and those whose
-        ``keep_firing_for`` ran out before ``upto``, in event time."""
+        ``keep_firing_for`` ran out before ``upto`` (inf: before the rows ran, ``advanced``),
+        in event time."""
         go = [r for r in self.held if r.ts < upto]
         if go:
             self.held = [r for r in self.held if not r.ts < upto]
@@ -128,11 +137,10 @@ class WrongResults(StageBase):
             j = i
             while j < len(go) and go[j].ts == ts:
                 j += 1
-            out += self._expire(ts)  # a deadline at ``ts`` resolves before a record at it fires
+            out += self._expire(ts)  # a deadline before ``ts`` resolves; a record at it keeps firing
             out += self._fire(go[i:j])
             i = j
-        if not math.isinf(upto):
-            out += self._expire(upto)
+        out += self._expire(self._ran if math.isinf(upto) else upto)
         return out
 
     def _expire(self, before: float) -> list[AlertEvent]:
@@ -224,7 +232,12 @@ def _firing(rs: list[NcclRecord]) -> _Firing:
     if oob:
         what.append(f"{oob:g} out-of-bounds value(s)")
     found = f"returned wrong results ({'; '.join(what) or 'wrong_results'})"
-    if (r0.nnodes or 1) > 1:
+    if r0.nnodes is None:  # a log without its rank lines: how many nodes ran it is unknown
+        summary = (
+            f"nccl-tests {', '.join(colls[:4])}, a run logged on {r0.host} that names none of its nodes, {found}: "
+            "silent data corruption on one of its nodes; action: take them out of service and test each alone"
+        )
+    elif r0.nnodes > 1:
         summary = (
             f"nccl-tests {', '.join(colls[:4])}, a {r0.nnodes}-node run logged on {r0.host}, {found}: silent data "
             "corruption on any of its nodes; action: take them out of service and test each alone"

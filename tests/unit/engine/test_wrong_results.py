@@ -125,7 +125,7 @@ def test_hostile_counts_still_alert_and_never_raise(wrong):
 
 def _release(st: WrongResults, recs: list[NcclRecord]):
     st.nccl_arrived(recs)
-    return st.nccl_release(T + 1)
+    return st.nccl_release(max(r.ts for r in recs) + 1)
 
 
 def test_replay_of_a_burn_in_log_alerts(tmp_path, capsys):
@@ -145,3 +145,19 @@ def test_the_shipped_routes_drain_a_one_node_burn_in_and_page_for_a_wider_run(nn
     args = ["routes", "test", "fault=nccl_wrong_results", "severity=critical", "host=gpu-node-007",
             f"nnodes={nnodes}", "--config", f"{RULES}/routes.yaml", "--expect", receiver]
     assert main(args) == 0, capsys.readouterr().err
+
+
+def test_a_log_without_rank_lines_does_not_blame_one_node():
+    recs = burn_in(T + 5, wrong=1)
+    for r in recs:
+        r.nnodes = None  # nccl-tests printed no "Using devices" ranks: the nodes are unknown
+    (fired,) = _release(WrongResults(), recs)
+    assert "names none of its nodes" in fired.summary and "nnodes" not in fired.labels
+
+
+def test_the_incident_of_a_wrong_result_recommends_drain_and_inspect():
+    from pipeline.incidents.config import load_config
+
+    cfg, diags = load_config(f"{RULES}/incidents.yaml")
+    assert cfg is not None, diags
+    assert cfg.action_for("builtin_nccl_wrong_results", "critical") == "drain_and_inspect"
