@@ -372,6 +372,7 @@ class Engine:
     # -- processing in event time ---------------------------------------------------------------
 
     def _release(self, wm: float, out: EngineOutput, final: bool) -> None:
+        first = len(out.alerts)
         go: list[Pending] = []
         stay: list[Pending] = []
         for c in self._chunks:
@@ -400,6 +401,12 @@ class Engine:
             except Exception as e:  # noqa: BLE001 - as in _rows: the ticks ran, their alerts stand
                 out.dead.append(self._raised_after(stage.kind, e))
         self._release_held(math.inf if final else wm, out)
+        # The held records' alerts among the ticks', in event time (a stable sort: each part is
+        # already in order): otherwise a release that spans an hour puts a NIC port's or a
+        # burn-in's alert after every tick's, and the order, which the incident stage reads,
+        # would depend on how the stream was cut into batches.
+        if len(out.alerts) > first + 1:
+            out.alerts[first:] = sorted(out.alerts[first:], key=_TS)
 
     def _release_held(self, upto: float, out: EngineOutput) -> None:
         """The alerts of the records stages hold until the watermark, older than ``upto``: NIC

@@ -161,3 +161,13 @@ def test_the_incident_of_a_wrong_result_recommends_drain_and_inspect():
     cfg, diags = load_config(f"{RULES}/incidents.yaml")
     assert cfg is not None, diags
     assert cfg.action_for("builtin_nccl_wrong_results", "critical") == "drain_and_inspect"
+
+
+def test_the_alerts_come_out_in_event_time_whatever_the_batching():
+    # One release spanning the stream put the burn-in's alert (held until the watermark) after
+    # every tick's alert; the incident stage reads them in order.
+    silent = fleet(range(0, 400, 10), hosts=2, gpus=1, overrides=lambda t, h, g: None if h == "n1" and t > 200 else {})
+    recs = sorted(silent + burn_in(T + 100, "n0", wrong=1), key=lambda r: r.ts)
+    orders = [[(a.state, a.fault, a.host, a.ts) for a in run_batched(recs, b, Engine()).alerts] for b in (1, 100_000)]
+    assert orders[0] == orders[1]
+    assert [f for _, f, _, _ in orders[0]] == ["nccl_wrong_results", "telemetry_gap"]
