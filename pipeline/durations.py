@@ -1,5 +1,6 @@
 """Durations, one dialect for rules, models and configs: ``500ms``, ``30s``, ``5m``, ``2h``, ``1d``,
-``1m30s``, or a number of seconds (``90``, ``"90"``, ``1.5``).
+``1m30s`` (each unit once, largest first, as Prometheus: not ``5m1m`` or ``5s5s``), or a number of
+seconds (``90``, ``"90"``, ``1.5``).
 
 Every duration is finite, not negative and at most ``MAX_SECONDS``: ``for: .nan`` would make a
 rule that can never fire (no time is ever >= NaN), a cooldown of NaN never holds (every
@@ -40,6 +41,10 @@ def parse_duration(text: str | int | float) -> float:
 
     >>> parse_duration("1m30s"), parse_duration("500ms"), parse_duration(15), parse_duration(" 10 m ")
     (90.0, 0.5, 15.0, 600.0)
+    >>> parse_duration("5m1m")
+    Traceback (most recent call last):
+    ...
+    ValueError: '5m1m' is not a duration: each unit once, largest first (e.g. 1h30m, 1m30s)
     >>> parse_duration("\u09ea" + "m")
     Traceback (most recent call last):
     ...
@@ -60,11 +65,17 @@ def parse_duration(text: str | int | float) -> float:
     shown = text if len(s.strip()) <= 40 else s.strip()[:40] + "..."
     if m := _SECONDS.fullmatch(s):
         return _bounded(float(m.group(1)), shown)
-    pos, total = 0, 0.0
+    pos, total, last = 0, 0.0, math.inf
     for m in _PART.finditer(s):
         if m.start() != pos:
             break
-        total += float(m.group(1)) * _UNITS[m.group(2)]
+        unit = _UNITS[m.group(2)]
+        if unit >= last:
+            # As Prometheus: each unit once, largest first. ``5m1m`` (6m) or ``30s1m`` is a typo
+            # more often than a sum, and ``5s5s`` reads as 5s at a glance.
+            raise ValueError(f"{shown!r} is not a duration: each unit once, largest first (e.g. 1h30m, 1m30s)")
+        last = unit
+        total += float(m.group(1)) * unit
         pos = m.end()
     if s[pos:].strip() or not s.strip():
         raise ValueError(f"{text!r} is not a duration (use e.g. 30s, 5m, 1h30m)")

@@ -24,7 +24,7 @@ def _cmd_rules_check(args: argparse.Namespace) -> int:
     from pipeline.errors import InputError
     from pipeline.rules import diagnostics as D
     from pipeline.rules.diagnostics import Diagnostic
-    from pipeline.rules.loader import load_rules, rule_files, without_rule_files
+    from pipeline.rules.loader import NO_RULES, NO_RULES_HERE, load_rules, rule_files, without_rule_files
     from pipeline.rules.testing import tested_rules
 
     from pipeline.detection import ports_path
@@ -34,9 +34,16 @@ def _cmd_rules_check(args: argparse.Namespace) -> int:
     if empty := without_rule_files(existing_paths(args.paths)):
         raise InputError(f"{empty[0]}: no rule files (*.yaml, *.yml) in this directory; nothing checked")
     ruleset, diags = load_rules(args.paths)
+    if unfilled := [d for d in diags if d.message == NO_RULES_HERE]:  # as a directory without rule files
+        raise InputError(f"{unfilled[0].file}: {NO_RULES_HERE}; nothing checked")
     if (ports := ports_path(args.paths)) is not None:  # the NIC port checks' settings beside the rules
         diags += load_port_config(ports)[1]
     if ruleset is not None:
+        # A rule file without a rule (empty, ``rules: []``) checks nothing: say so.
+        with_rules = {r.spec.source.rpartition(":")[0] for r in ruleset.rules}
+        for f in ruleset.sources:
+            if f not in with_rules:
+                diags.append(Diagnostic(f, 1, 1, None, "this file holds no rules", NO_RULES, "warning"))
         # Sigma's rule: no stable rule without a test. With --strict a pack without tests has
         # every rule untested; without it, the lint runs where there are tests to read.
         tests = sorted({t for t in map(_tests_of, args.paths) if t.is_dir()})

@@ -298,6 +298,10 @@ class Compiler:
         end = self._end(n)
         label = self.src[n.pos : end] if end else n.func
         lo, hi = spec.arity
+        allowed = {k.name for k in spec.kwargs}
+        for k, _, pos in n.kwargs:
+            if k not in allowed:  # ``increase(x, w=1m)``: the keyword is the mistake, not the count
+                raise CompileError(f"{n.func}() has no argument {k}= ({n.func}({spec.sig}))", pos, D.ARITY)
         if not lo <= len(n.args) <= hi:
             count = f"{lo}" if lo == hi else f"{lo} to {hi}"
             raise CompileError(

@@ -24,6 +24,7 @@ TOO_LARGE = "R010"  # file bytes, YAML nodes, string length, rules in one file
 YAML_ALIAS = "R011"  # too many aliases, aliases that expand too far, an alias inside itself
 YAML_DEPTH = "R012"  # YAML nested too deep
 INTERNAL = "R013"  # an unexpected failure while loading: the file is refused, not the process
+UNREADABLE = "R014"  # a rule file that cannot be read: missing, no regular file (a FIFO), a symlink loop
 EXPR_SYNTAX = "E101"
 UNKNOWN_METRIC = "E102"  # with "did you mean"
 UNKNOWN_FUNCTION = "E103"
@@ -41,6 +42,7 @@ LINT_NO_TEST = "W201"  # a rule no test exercises
 LINT_NO_FOR = "W202"  # a rule on a noisy gauge with no for:
 LINT_COUNTER_AS_GAUGE = "W203"  # a counter compared as a raw value (almost always wants increase/rate)
 LINT_UNKNOWN_COUNTER = "W204"  # a NIC port counter name one or two letters from a known one
+NO_RULES = "W205"  # a rule file that holds no rule (empty, ``rules: []``)
 
 
 @functools.total_ordering

@@ -402,7 +402,10 @@ class _Parser:
                 if self.tok.kind == "name" and self.toks[self.i + 1].kind == "op" and self.toks[self.i + 1].text == "=":
                     key = self.take()
                     self.take()
-                    val = self.expect("name", what=f"a value for {key.text}=")
+                    # A number or duration is taken as the value too: the compiler then names
+                    # an unknown keyword (``w=1m``) instead of this saying the value is wrong.
+                    val = self.take() if self.tok.kind in ("num", "dur") else None
+                    val = val or self.expect("name", what=f"a value for {key.text}=")
                     kwargs.append((key.text, val.text, key.pos))
                 else:
                     if kwargs:

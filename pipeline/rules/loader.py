@@ -12,8 +12,10 @@ a kind nobody foresaw, becomes a diagnostic that refuses the file instead of an 
 
 from __future__ import annotations
 
+import os
 import re
-from dataclasses import dataclass
+import stat
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -56,6 +58,14 @@ _SAFE_TAGS = {f"tag:yaml.org,2002:{t}" for t in ("str", "int", "float", "bool", 
 # The shipped packs use a few KB and no aliases; these leave room for generated files.
 LIMITS = yamlsafe.Limits(max_bytes=1 << 20, max_depth=32, max_aliases=100, max_nodes=100_000, max_string=16 << 10)
 MAX_RULES = 1000  # rules in one file
+UNREADABLE, NO_RULES = D.UNREADABLE, D.NO_RULES  # the names drivers import from here
+# A directory named whose rule files hold no rule (empty, ``rules: []``) and no other YAML file.
+NO_RULES_HERE = "no rules in the rule files of this directory (each is empty or has rules: [])"
+# A number YAML 1.1 reads other than as the decimal digits written: octal 010 (8 s), sexagesimal
+# 1:30 (90 s), 0x10, 0b10, 1_000 (as pipeline/incidents/config.py refuses them, I007).
+_NOT_DECIMAL = re.compile(r"[:_xXoObB]|^[-+]?0[0-9]")
+# A name in ``values:``: what a summary placeholder can name (pipeline/rules/template.py).
+_VALUE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _LIMIT_CODES = {
     yamlsafe.SIZE: D.TOO_LARGE,
     yamlsafe.STRING: D.TOO_LARGE,
@@ -65,11 +75,16 @@ _LIMIT_CODES = {
 
 
 def rule_files(paths: Sequence[str | Path]) -> list[Path]:
-    """The rule files named by ``paths`` (files, or directories' ``*.yaml``/``*.yml``, not tests/)."""
+    """The rule files named by ``paths`` (files, or directories' ``*.yaml``/``*.yml``, not tests/),
+    each once, in the order first named: ``rules check my my`` or ``my/mine.yaml my`` would load
+    every rule twice and report each as a duplicate of itself. A path named explicitly is kept
+    whatever it is (a FIFO, a missing file): reading it says why it is no rule file.
+    """
     out: list[Path] = []
+    seen: set[str] = set()
     for p in map(Path, paths):
         if p.is_dir():
-            out += sorted(
+            found = sorted(
                 x
                 for x in p.iterdir()
                 if x.suffix in (".yaml", ".yml")
@@ -77,7 +92,12 @@ def rule_files(paths: Sequence[str | Path]) -> list[Path]:
                 and x.name not in ("models.yaml", "routes.yaml", "incidents.yaml", "hang.yaml")
             )
         else:
-            out.append(p)
+            found = [p]
+        for x in found:
+            real = os.path.realpath(x)
+            if real not in seen:
+                seen.add(real)
+                out.append(x)
     return out
 
 
@@ -85,6 +105,7 @@ def without_rule_files(paths: Sequence[str | Path]) -> list[str]:
     """The directories among ``paths`` that hold no YAML file at all (no rule file, no
     ``models.yaml``): a wrong path, a pack not written yet. Loading them gives no rule and no error, so a driver or ``rules check``
     pointed at one would run the built-in checks alone, saying nothing; they refuse it instead.
+    (A directory whose rule files hold no rule is refused by loading it: ``NO_RULES_HERE``.)
 
     >>> import tempfile
     >>> with tempfile.TemporaryDirectory() as empty:
@@ -98,6 +119,15 @@ def _any_yaml(d: Path) -> bool:
     """Whether ``d`` holds a YAML file a driver reads: rules, or only ``models.yaml`` or
     ``hang.yaml`` (a pack of models alone is a pack)."""
     return any(x.suffix in (".yaml", ".yml") and x.is_file() for x in d.iterdir())
+
+
+def _rules_only(d: Path) -> list[str]:
+    """The rule files of directory ``d`` when they are its only YAML files (no ``models.yaml``,
+    ``hang.yaml``, ...: a pack of those alone is a pack); else none."""
+    rules = rule_files([d])
+    if any(x.suffix in (".yaml", ".yml") and x.is_file() and x not in rules for x in d.iterdir()):
+        return []
+    return [str(f) for f in rules]
 
 
 def describe_loaded(rules: Any, models: Any, where: str) -> str:
@@ -224,7 +254,7 @@ class _FileLoader:
             elif key == "rules":
                 rules_node = v
         if rules_node is None:
-            self.err(root, "missing 'rules:' list", D.MISSING_KEY)
+            self.err(root, "missing 'rules:' list", D.SHAPE)  # docs/rules.md: R003, no `rules:` list
             return
         if not isinstance(rules_node, yaml.SequenceNode):
             self.err(rules_node, "'rules:' must be a list of rules", D.SHAPE)
@@ -298,7 +328,20 @@ class _FileLoader:
         durs = {}
         for key in ("for", "keep_firing_for"):
             if key in val and id(keys[key][1]) not in self.bad:
+                dnode = keys[key][1]
                 try:
+                    if (
+                        isinstance(val[key], (int, float))
+                        and not isinstance(val[key], bool)
+                        and _NOT_DECIMAL.search(dnode.value)
+                    ):
+                        # YAML 1.1 reads 010 as 8, 1:30 as 90 (or was it 1h30m?), 0x10 as 16,
+                        # 1_000 as 1000: not the duration a reviewer reads (docs/rules.md: digits
+                        # 0-9 only, in durations too).
+                        raise ValueError(
+                            f"{dnode.value!r} is not a duration: YAML reads it as {val[key]!r} "
+                            "(write decimal seconds or a unit, e.g. 90s, 1m30s, 1h30m)"
+                        )
                     durs[key] = parse_duration(val[key])
                 except ValueError as e:
                     self.err(keys[key][1], f"{key}: {e}", D.BAD_DURATION, name)
@@ -314,6 +357,8 @@ class _FileLoader:
             ):
                 self.err(keys[key][1], f"{key}: must map names to strings", D.SHAPE, name)
                 val[key] = {}
+        if isinstance(val.get("values"), dict) and val["values"]:
+            self.value_names(keys["values"][1], name)
         # The condition and named values: our own parser, errors pointed at the character.
         cond = self.expr(keys["condition"][1], val["condition"], name) if "condition" in keys else None
         if cond is not None and cond.type != BOOL:
@@ -395,6 +440,28 @@ class _FileLoader:
         rule.extra_columns = extra
         self.rules.append((rule, node))
 
+    def value_names(self, node: Any, rule: str | None) -> None:
+        """Refuse a ``values:`` name a summary could not name or that shadows one it already
+        has: ``{host}``, ``{gpu}``, a catalog field (read at alert time), the XID text. Shadowed,
+        ``{host}`` would print the number, and ``gpu_util: gpu_temp * 2`` would show (and put in
+        the evidence) a "gpu_util" that is no GPU utilisation."""
+        for k, _ in node.value:
+            key = self.value(k)
+            if not isinstance(key, str):
+                continue  # reported: 'values: must map names to strings'
+            if not _VALUE_NAME.fullmatch(key):
+                why = "is not a name a summary can use (letters, digits and _, not starting with a digit)"
+            elif key in ("host", "gpu"):
+                why = f"is the alert's {key}; name the value otherwise"
+            elif key in XID_TEXT_NAMES:
+                why = "is a name of the XID catalogue's text; name the value otherwise"
+            elif (fld := FIELDS.resolve(key)) is not None:
+                what = "a catalog field" if fld.alias == key else f"a name of the catalog field {fld.alias!r}"
+                why = f"is {what}: a summary's {{{key}}} would not show the field; name the value otherwise"
+            else:
+                continue
+            self.err(k, f"values: {key!r} {why}", D.BAD_VALUE, rule)
+
     def expr(self, node: Any, src: Any, rule: str | None):
         if not isinstance(src, str):
             self.err(node, "an expression must be a string", D.EXPR_SYNTAX, rule)
@@ -459,6 +526,9 @@ class RuleSources:
     texts: list[tuple[str, str]]
     diags: list[Diagnostic]
     listed: bool = True  # False: the paths could not be listed (``diags`` says why)
+    # Each directory named whose only YAML files are rule files, with those files: one where
+    # none holds a rule is refused as a directory without rule files is (``NO_RULES_HERE``).
+    packs: list[tuple[str, tuple[str, ...]]] = field(default_factory=list)
 
 
 def read_rules(paths: Sequence[str | Path]) -> RuleSources:
@@ -467,7 +537,7 @@ def read_rules(paths: Sequence[str | Path]) -> RuleSources:
         files = rule_files(paths)
     except OSError as e:
         where = str(getattr(e, "filename", None) or paths[0])
-        return RuleSources([], [], [Diagnostic(where, 1, 1, None, f"cannot read: {e}", D.YAML_SYNTAX)], listed=False)
+        return RuleSources([], [], [Diagnostic(where, 1, 1, None, f"cannot read: {_why(e)}", UNREADABLE)], listed=False)
     texts: list[tuple[str, str]] = []
     diags: list[Diagnostic] = []
     for f in files:
@@ -482,8 +552,19 @@ def read_rules(paths: Sequence[str | Path]) -> RuleSources:
                 Diagnostic(str(f), line, col, None, f"not UTF-8: byte 0x{e.object[e.start]:02x}", D.YAML_SYNTAX)
             )
         except OSError as e:
-            diags.append(Diagnostic(str(f), 1, 1, None, f"cannot read: {e}", D.YAML_SYNTAX))
-    return RuleSources([str(f) for f in files], texts, diags)
+            diags.append(Diagnostic(str(f), 1, 1, None, f"cannot read: {_why(e)}", UNREADABLE))
+    packs = list(dict.fromkeys((str(p), tuple(fs)) for p in map(Path, paths) if p.is_dir() and (fs := _rules_only(p))))
+    return RuleSources([str(f) for f in files], texts, diags, packs=packs)
+
+
+def _why(e: OSError) -> str:
+    """What the system says of ``e``, without the errno and the path the diagnostic shows already
+    (``Too many levels of symbolic links``, not ``[Errno 40] ...: 'r.yaml'``).
+
+    >>> _why(FileNotFoundError(2, "No such file or directory", "r.yaml"))
+    'No such file or directory'
+    """
+    return str(e.strerror or e)
 
 
 def compile_rules(
@@ -519,9 +600,32 @@ def _line_col(text: str, offset: int) -> tuple[int, int]:
     return text.count("\n", 0, offset) + 1, offset - (text.rfind("\n", 0, offset) + 1) + 1
 
 
+class NotRegularFile(OSError):
+    """A rule path that is no regular file (a FIFO, a socket, a device): opening a FIFO waits for
+    a writer, so ``rules check``, ``replay`` and a hot reload would hang on it."""
+
+
+def _open_regular(f: Path) -> int:
+    """A descriptor of ``f`` opened for reading, or ``NotRegularFile``. ``O_NONBLOCK``: opening a
+    FIFO returns at once instead of waiting for a writer; the check is on the opened file, so a
+    file swapped between a check and the open is caught too."""
+    fd = os.open(f, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
+    try:
+        mode = os.fstat(fd).st_mode
+    except OSError:
+        os.close(fd)
+        raise
+    if not stat.S_ISREG(mode):
+        os.close(fd)
+        kind = "a FIFO" if stat.S_ISFIFO(mode) else "a directory" if stat.S_ISDIR(mode) else "a device or socket"
+        raise NotRegularFile(0, f"not a regular file ({kind})", str(f))
+    return fd
+
+
 def _read(f: Path) -> str:
-    """The file's text, refusing one over the size limit before reading it all."""
-    with f.open("rb") as fh:
+    """The file's text, refusing one that is no regular file (``NotRegularFile``) and one over the
+    size limit before reading it all."""
+    with os.fdopen(_open_regular(f), "rb") as fh:
         data = fh.read(LIMITS.max_bytes + 1)
     if len(data) > LIMITS.max_bytes:
         raise yamlsafe.YamlLimitError(yamlsafe.SIZE, f"the file is over {LIMITS.max_bytes} bytes")
@@ -533,6 +637,7 @@ def _compile(src: RuleSources, tick: float, models: set[str] | None) -> tuple[Ru
     diags: list[Diagnostic] = list(src.diags)
     rules: list[Rule] = []
     names: list[tuple[str, Any, str]] = []
+    empty: set[str] = set()  # files read whole that hold no rule and no problem
     for f, text in src.texts:
         fl = _FileLoader(f, text, store, models or set())
         try:
@@ -545,9 +650,14 @@ def _compile(src: RuleSources, tick: float, models: set[str] | None) -> tuple[Ru
                 D.INTERNAL,
             )
             fl.rules = []
+        if not fl.rules and not fl.names and not fl.diags:
+            empty.add(os.path.realpath(f))
         diags += fl.diags
         rules += [r for r, _ in fl.rules]
         names += [(n, node, f) for n, node in fl.names]
+    for d, fs in src.packs:
+        if all(os.path.realpath(f) in empty for f in fs):  # as a directory with no rule file
+            diags.append(Diagnostic(d, 1, 1, None, NO_RULES_HERE, D.SHAPE))
     seen: dict[str, str] = {}
     for name, node, file in names:
         where = f"{file}:{node.start_mark.line + 1}"
