@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 from pathlib import Path
 
 # Re-exported: the subcommands take them from here.
@@ -44,9 +45,13 @@ def models_file(value: str | None) -> str | None:
 
 
 def existing_paths(paths: list[str]) -> list[str]:
+    """``paths``, or an ``InputError`` naming the first that is not there, with the system's
+    reason: a symlink loop is not "no such file"."""
     for p in paths:
-        if not Path(p).exists():
-            raise InputError(f"{p}: no such file or directory")
+        try:
+            os.stat(p)
+        except OSError as e:
+            raise InputError(f"{p}: {(e.strerror or 'cannot be read').lower()}") from None
     return paths
 
 

@@ -74,19 +74,31 @@ def _cmd_rules_check(args: argparse.Namespace) -> int:
 
 
 def _cmd_rules_test(args: argparse.Namespace) -> int:
-    from pipeline.rules.testing import run_tests
+    from pipeline.errors import InputError
+    from pipeline.rules.testing import T_NO_TESTS, run_tests, test_files
 
     args.paths = args.paths or [str(rules_dir() / "tests")]
+    paths = existing_paths(args.paths)
+    # As `rules check` for a directory without rule files: nothing to run is an input error
+    # (exit 3) saying so, not "0 passed, 0 failed" and a bare exit 1.
+    for p in paths:
+        if Path(p).is_dir() and not test_files([p]):
+            raise InputError(f"{p}: no test files (*.yaml, *.yml) in this directory; nothing tested")
+    empty: list[Path] = []
     with progress.status("rule tests") as update:
-        results = run_tests(existing_paths(args.paths), on_test=lambda i, n: update(f"rule tests: {i + 1}/{n}"))
+        results = run_tests(paths, on_test=lambda i, n: update(f"rule tests: {i + 1}/{n}"), on_empty=empty.append)
+    if not results:  # every file read holds no test (a file that cannot be read is a result)
+        raise InputError(f"no tests in {', '.join(map(str, empty))} (empty, or tests: []); nothing tested")
+    for f in empty:
+        print(f"{f}:1:1: warning: no tests in this file (empty, or tests: []) [{T_NO_TESTS}]", file=sys.stderr)
     failed = [r for r in results if not r.ok]
     for r in results:
         mark = "ok  " if r.ok else "FAIL"
         print(f"{mark} {r.file}: {r.name}")
-        for f in r.failures:
-            print(f"     {f}")
+        for line in r.report():
+            print(f"     {line}")
     print(f"{len(results) - len(failed)} passed, {len(failed)} failed")
-    return 1 if failed or not results else 0
+    return 1 if failed else 0
 
 
 def _cmd_rules_alertmanager_config(args: argparse.Namespace) -> int:
