@@ -75,6 +75,7 @@ _NTHREAD = re.compile(r"nThread\s+(\S+)\s+nGpus\s+(\S+)")
 _OOB = re.compile(r"Out of bounds values\s*:\s*(\S+)\s*(\w*)")
 # A launcher's tag before each line: mpirun --tag-output's [job,rank]<stdout>:, srun -l's "rank: ".
 _TAG = re.compile(r"^\s*(?:\[(\d{1,9},\d{1,9})\]<(?:stdout|stderr)>:|(\d{1,9}):(?=\s))")
+MAX_RUN_HOSTS = 16  # a wrong run's hosts named on its records (``labels.run_hosts``); more are counted
 RANK_DIGITS = 9  # ranks, devices, thread and GPU counts: far beyond any job
 _BANNERS = ("nccl-tests version", "Using devices", "Avg bus bandwidth")  # comment lines of its own
 _JSON_KEYS = {"config", "results", "out_of_bounds"}
@@ -245,6 +246,11 @@ def _records(
             )
         )
     if wrong_sizes or run.oob:
+        hosts = sorted({d.host for d in devs})
+        run_hosts = ",".join(hosts[:MAX_RUN_HOSTS]) + (
+            f",+{len(hosts) - MAX_RUN_HOSTS}" if len(hosts) > MAX_RUN_HOSTS else ""
+        )
+        run_hosts = run_hosts if len(hosts) > 1 else ""
         f = Finding(run_id, coll, host, wrong_sizes, wrong_total, run.oob)
         stats.findings.append(f)
         log.critical("%s: silent data corruption, take this node out of service", f.describe())
@@ -252,6 +258,8 @@ def _records(
             r.labels["wrong_results"] = "true"
             if run.oob:  # the pre-2.13 layout's verdict: no row says which size was wrong
                 r.labels["out_of_bounds"] = str(run.oob)
+            if run_hosts:  # any of the run's nodes may be the one at fault: name them
+                r.labels["run_hosts"] = run_hosts
     stats.records += len(out)
     return out
 

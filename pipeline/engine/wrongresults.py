@@ -223,6 +223,9 @@ def _firing(rs: list[NcclRecord]) -> _Firing:
     }
     if oob:
         evidence["out_of_bounds"] = oob
+    run_hosts = r0.labels.get("run_hosts", "")[:512]
+    if run_hosts:
+        evidence["run_hosts"] = run_hosts.split(",")
     labels = {"coll": ",".join(colls[:4]), "comm": r0.comm}
     if r0.nnodes:
         labels["nnodes"] = str(r0.nnodes)
@@ -232,6 +235,7 @@ def _firing(rs: list[NcclRecord]) -> _Firing:
     if oob:
         what.append(f"{oob:g} out-of-bounds value(s)")
     found = f"returned wrong results ({'; '.join(what) or 'wrong_results'})"
+    named = " (" + run_hosts.replace(",", ", ") + ")" if run_hosts else ""
     if r0.nnodes is None:  # a log without its rank lines: how many nodes ran it is unknown
         summary = (
             f"nccl-tests {', '.join(colls[:4])}, a run logged on {r0.host} that names none of its nodes, {found}: "
@@ -239,7 +243,7 @@ def _firing(rs: list[NcclRecord]) -> _Firing:
         )
     elif r0.nnodes > 1:
         summary = (
-            f"nccl-tests {', '.join(colls[:4])}, a {r0.nnodes}-node run logged on {r0.host}, {found}: silent data "
+            f"nccl-tests {', '.join(colls[:4])}, a {r0.nnodes}-node run logged on {r0.host}{named}, {found}: silent data "
             "corruption on any of its nodes; action: take them out of service and test each alone"
         )
     else:

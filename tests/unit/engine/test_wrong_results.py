@@ -54,7 +54,8 @@ def test_out_of_bounds_alone_is_wrong_results_and_a_multi_node_run_says_so():
     out = run_batched(fleet(range(0, 60, 10), hosts=1, gpus=1) + recs, 1000, Engine())
     (fired,) = [a for a in out.alerts if a.fault == "nccl_wrong_results"]
     assert fired.evidence["out_of_bounds"] == 6 and fired.labels["nnodes"] == "2"
-    assert "2-node run logged on n1" in fired.summary
+    assert "2-node run logged on n1 (n1, n1-peer1)" in fired.summary
+    assert fired.evidence["run_hosts"] == ["n1", "n1-peer1"]
 
 
 def test_wrong_records_while_firing_keep_it_firing():
