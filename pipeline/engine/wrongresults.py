@@ -10,8 +10,8 @@ in one collective and none in the next is the same faulty node). A run across se
 logged on one of them (rank 0's): the alert is on that host, and says that any of the run's
 nodes may be the one at fault.
 
-Only the records that carry ``wrong_results`` are kept, until the engine's watermark passes
-them (``nccl_release``), so the alerts are the same however the stream was cut into batches.
+Only the records that carry ``wrong_results`` are kept (``hold.Hold``), until the engine's
+watermark passes them (``nccl_release``), so the alerts are the same however the stream was cut into batches.
 
 >>> from pipeline.schema import NcclRecord
 >>> st = WrongResults()
@@ -27,13 +27,15 @@ them (``nccl_release``), so the alerts are the same however the stream was cut i
 
 from __future__ import annotations
 
+import heapq
+import logging
 import math
-import operator
 from typing import Any, Sequence
 
 import msgspec
 
 from pipeline.engine.alerts import transition_event
+from pipeline.engine.hold import Hold
 from pipeline.engine.lifecycle import Transition
 from pipeline.engine.stage import StageBase
 from pipeline.errors import StateError
@@ -41,11 +43,15 @@ from pipeline.numeric import finite
 from pipeline.schema import AlertEvent, NcclRecord
 
 RULE, FAULT, SEVERITY = "builtin_nccl_wrong_results", "nccl_wrong_results", "critical"
+# The rule of a run across several nodes, or of a log that names none: which node is at fault is
+# unknown, so incidents.yaml recommends no action on the host it was logged on (routes.yaml pages).
+RULE_NODES = "builtin_nccl_wrong_results_nodes"
 KEEP_FIRING_FOR = 3600.0  # seconds after the last wrong record: long enough to page and drain
 MAX_HELD = 100_000  # wrong records waiting for the watermark; past it the oldest go
 MAX_FIRING = 100_000  # hosts firing at once; past it the one that fired first resolves early
 STATE_VERSION = 1
-_ORDER = operator.attrgetter("ts", "host", "comm", "bytes")
+log = logging.getLogger(__name__)
+_ORDER_KEYS = ("ts", "host", "comm", "bytes")
 
 
 class _Firing(msgspec.Struct, array_like=True):
@@ -58,6 +64,7 @@ class _Firing(msgspec.Struct, array_like=True):
     summary: str
     evidence: dict[str, Any]
     labels: dict[str, str]
+    rule: str = RULE
 
 
 class _State(msgspec.Struct):
@@ -93,10 +100,10 @@ class WrongResults(StageBase):
         self.keep = keep_firing_for
         self.checks: list[Any] = []  # none of the engine's lifecycles: the stage keeps its own
         self.columns: set[int] = set()
-        self.held: list[NcclRecord] = []
+        self._hold: Hold[NcclRecord] = Hold(NcclRecord, MAX_HELD, _ORDER_KEYS)
         self.firing: dict[str, _Firing] = {}
-        self.dropped = 0  # wrong records past MAX_HELD
         self._summaries: dict[str, str] = {}
+        self._due: list[tuple[float, str]] = []  # (deadline, host) of the firing alerts, a heap
         # How far the engine's rows ran (``advanced``): at the end of a stream (``nccl_release``
         # of inf) the deadlines before it have passed, as the rows' alerts' have.
         self._ran = -math.inf
@@ -109,14 +116,8 @@ class WrongResults(StageBase):
         """Keep the records that report wrong results until the watermark passes them."""
         # The key first: most NCCL records carry labels (``run``, ``source``), few this one.
         bad = [r for r in records if r.labels and "wrong_results" in r.labels and wrong(r)]
-        if not bad:
-            return
-        self.held.extend(bad)
-        over = len(self.held) - MAX_HELD
-        if over > 0:
-            self.held.sort(key=_ORDER)
-            del self.held[:over]
-            self.dropped += over
+        if bad and (over := self._hold.arrive(bad)):
+            log.warning("%d wrong-results NCCL records dropped: more than %d wait for the watermark", over, MAX_HELD)
 
     def advanced(self, upto: float, entities: Any) -> None:
         """Note how far the engine's rows ran (the end of a stream: its newest record)."""
@@ -126,10 +127,7 @@ class WrongResults(StageBase):
         """The alerts the held records before ``upto`` (inf: all) fire, and those whose
         ``keep_firing_for`` ran out before ``upto`` (inf: before the rows ran, ``advanced``),
         in event time."""
-        go = [r for r in self.held if r.ts < upto]
-        if go:
-            self.held = [r for r in self.held if not r.ts < upto]
-            go.sort(key=_ORDER)
+        go = self._hold.take(upto)
         out: list[AlertEvent] = []
         i = 0
         while i < len(go):
@@ -144,8 +142,16 @@ class WrongResults(StageBase):
         return out
 
     def _expire(self, before: float) -> list[AlertEvent]:
-        due = sorted((f.last + self.keep, h) for h, f in self.firing.items() if f.last + self.keep < before)
-        return [self._event("resolved", h, self.firing.pop(h), t) for t, h in due]
+        """Resolve the alerts whose deadline is before ``before``, in deadline order: a heap of
+        (deadline, host), an entry stale once its host's deadline moved on or it resolved, so a
+        release costs the deadlines it passes, not the hosts firing."""
+        out = []
+        while self._due and self._due[0][0] < before:
+            t, h = heapq.heappop(self._due)
+            f = self.firing.get(h)
+            if f is not None and f.last + self.keep == t:
+                out.append(self._event("resolved", h, self.firing.pop(h), t))
+        return out
 
     def _fire(self, recs: list[NcclRecord]) -> list[AlertEvent]:
         """One event time's wrong records: a host not firing fires, a firing one keeps firing."""
@@ -156,20 +162,22 @@ class WrongResults(StageBase):
         for host, rs in by_host.items():
             f = self.firing.get(host)
             if f is not None:
-                f.last = rs[0].ts
+                f.last = max(f.last, rs[0].ts)  # never earlier: a record out of order moves nothing back
+                heapq.heappush(self._due, (f.last + self.keep, host))
                 continue
             if len(self.firing) >= MAX_FIRING:
                 first = min(self.firing, key=lambda h: self.firing[h].started)
                 out.append(self._event("resolved", first, self.firing.pop(first), rs[0].ts))
             f = _firing(rs)
             self.firing[host] = f
+            heapq.heappush(self._due, (f.last + self.keep, host))
             out.append(self._event("firing", host, f, f.started))
         return out
 
     def _event(self, state: str, host: str, f: _Firing, ts: float) -> AlertEvent:
         return transition_event(
             Transition(state, 0, ts, f.started, -1),
-            rule=RULE,
+            rule=f.rule,
             fault=FAULT,
             severity=SEVERITY,
             key=host,
@@ -183,7 +191,7 @@ class WrongResults(StageBase):
 
     def to_state(self) -> bytes:
         """The held records and the firing alerts (msgpack)."""
-        return msgspec.msgpack.encode(_State(STATE_VERSION, self.held, self.firing, self.dropped))
+        return msgspec.msgpack.encode(_State(STATE_VERSION, self._hold.records, self.firing, self._hold.dropped))
 
     def load_state(self, state: Any) -> None:
         """Take back ``to_state``'s data (None: a snapshot from before this stage: nothing)."""
@@ -195,14 +203,18 @@ class WrongResults(StageBase):
             raise StateError(f"nccl_results state: {e}") from None
         if s.version != STATE_VERSION:
             raise StateError(f"nccl_results state: version {s.version}, this build reads {STATE_VERSION}")
-        self.held, self.firing, self.dropped = s.held, s.firing, s.dropped
+        self._hold.records, self.firing, self._hold.dropped = s.held, s.firing, s.dropped
+        self._due = [(f.last + self.keep, h) for h, f in self.firing.items()]
+        heapq.heapify(self._due)
         # A resolved event says what its firing one said: the summaries are the firing alerts'.
         self._summaries = {}
 
     def adopt(self, old: Any) -> set[str]:
         """Keep the old stage's held records and firing alerts (it has no engine lifecycles)."""
         if isinstance(old, WrongResults):
-            self.held, self.firing, self.dropped, self._summaries = old.held, old.firing, old.dropped, old._summaries
+            self._hold, self.firing, self._summaries = old._hold, old.firing, old._summaries
+            self._due = [(f.last + self.keep, h) for h, f in self.firing.items()]
+            heapq.heapify(self._due)
         return set()
 
 
@@ -251,7 +263,7 @@ def _firing(rs: list[NcclRecord]) -> _Firing:
             f"nccl-tests {', '.join(colls[:4])} on {r0.host} {found}: silent data corruption; action: take the "
             "node out of service and run its diagnostics"
         )
-    return _Firing(r0.ts, r0.ts, r0.job, summary, evidence, labels)
+    return _Firing(r0.ts, r0.ts, r0.job, summary, evidence, labels, RULE if r0.nnodes == 1 else RULE_NODES)
 
 
 def _num(text: str | None) -> float | None:

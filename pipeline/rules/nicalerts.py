@@ -1,7 +1,7 @@
 """What a NIC stage keeps to make its alerts: the bookkeeping the port checks (``ports.PortStage``)
 and the NICs' AER checks (``nicaer.NicAerStage``) share, each stage keeping only its judging.
 
-``NicAlerts`` holds a stage's records until the watermark passes them (``nichold.NicHold``),
+``NicAlerts`` holds a stage's records until the watermark passes them (``engine.hold.Hold``),
 its entities (a port ``host/device/port``, a NIC ``host/device``: dense ids, each with its past),
 one lifecycle per check, and the summary of each firing alert, kept by alert id so that its
 resolved event says what the firing one said. ``event`` builds an ``AlertEvent`` from a
@@ -33,9 +33,9 @@ from pipeline.engine.arrays import from_dict, to_dict
 from pipeline.engine.alerts import transition_event
 from pipeline.engine.lifecycle import Lifecycle, Transition
 from pipeline.errors import StateError
-from pipeline.rules.nichold import NicHold
+from pipeline.engine.hold import Hold
 from pipeline.rules.portconfig import PortCheck
-from pipeline.schema import AlertEvent
+from pipeline.schema import AlertEvent, NicRecord
 
 K = TypeVar("K", bound=tuple)  # an entity's key: (host, device, port) or (host, device)
 P = TypeVar("P")  # an entity's past, the stage's own
@@ -65,7 +65,7 @@ class NicAlerts(Generic[K, P]):
         self.stage, self.entities, self.noun = stage, entities, noun
         self.life = {key: Lifecycle(c.for_s, c.keep_firing_for_s) for key, c in checks}
         self._past, self._limit, self._order = past, limit, order
-        self.hold = NicHold(limit, order)
+        self.hold: Hold[NicRecord] = Hold(NicRecord, limit, order)
         self.ids: dict[K, int] = {}
         self.keys: list[K] = []
         self.pasts: list[P] = []
@@ -138,7 +138,7 @@ class NicAlerts(Generic[K, P]):
             for k, lc in self.life.items():
                 if k in state["life"]:
                     lc.load_state({n: from_dict(a) for n, a in state["life"][k].items()})
-            hold = NicHold(self._limit, self._order)
+            hold: Hold[NicRecord] = Hold(NicRecord, self._limit, self._order)
             hold.load_state(state["pending"])
             summaries = {str(k): str(v) for k, v in state["summaries"].items()}
             own = more(state)

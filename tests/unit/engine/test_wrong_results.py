@@ -111,7 +111,7 @@ def test_a_bad_state_is_a_state_error():
         with pytest.raises(StateError):
             st.load_state(bad)
     st.load_state(None)  # a snapshot from before the stage: nothing to take back
-    assert st.firing == {} and st.held == []
+    assert st.firing == {} and len(st._hold) == 0
 
 
 @pytest.mark.parametrize("wrong", ["nan", "-5", "1e400", "²", "", "0x10"])
@@ -162,6 +162,22 @@ def test_the_incident_of_a_wrong_result_recommends_drain_and_inspect():
     cfg, diags = load_config(f"{RULES}/incidents.yaml")
     assert cfg is not None, diags
     assert cfg.action_for("builtin_nccl_wrong_results", "critical") == "drain_and_inspect"
+    # A run across nodes is logged on one of them, which may be healthy: nothing is done to it.
+    assert cfg.action_for("builtin_nccl_wrong_results_nodes", "critical") == "watch"
+    (multi,) = _release(WrongResults(), burn_in(T, wrong=1, nodes=2))
+    (one,) = _release(WrongResults(), burn_in(T, wrong=1))
+    assert (multi.rule, one.rule) == ("builtin_nccl_wrong_results_nodes", "builtin_nccl_wrong_results")
+
+
+def test_a_record_out_of_order_never_moves_the_deadline_back():
+    st = WrongResults()
+    st.nccl_arrived(burn_in(T + 1000, wrong=1))
+    assert [a.state for a in st.nccl_release(T + 1001)] == ["firing"]
+    st.nccl_arrived(burn_in(T + 500, wrong=1))
+    assert st.nccl_release(T + 500 + KEEP_FIRING_FOR + 10) == []
+    assert [(a.state, a.ts) for a in st.nccl_release(T + 1000 + KEEP_FIRING_FOR + 1)] == [
+        ("resolved", T + 1000 + KEEP_FIRING_FOR)
+    ]
 
 
 def test_the_alerts_come_out_in_event_time_whatever_the_batching():
