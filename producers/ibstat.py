@@ -254,7 +254,10 @@ def parse(
                 continue
             if _set_state(cur, key, kv.group(2).strip(), stats):
                 cur.keys.add(key)
-    if cur is not None and not cur.ended and not end_counted:
+    # An infiniband-diags build without link-layer support (before rdma-core, its
+    # HAVE_UMAD_PORT_LINK_LAYER guard) prints no block's link layer: then none ending is no cut.
+    old_build = len(ports) > 1 and not any(p.ended for p in ports)
+    if cur is not None and not cur.ended and not end_counted and not old_build:
         # The text ends inside the last port block: a tool error, a CA line or a damaged header
         # after it would have ended the block (cur None), and only a port header sets cur.
         ports.pop()

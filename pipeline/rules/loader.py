@@ -455,9 +455,10 @@ class _FileLoader:
                 why = f"is the alert's {key}; name the value otherwise"
             elif key in XID_TEXT_NAMES:
                 why = "is a name of the XID catalogue's text; name the value otherwise"
-            elif (fld := FIELDS.resolve(key)) is not None:
-                what = "a catalog field" if fld.alias == key else f"a name of the catalog field {fld.alias!r}"
-                why = f"is {what}: a summary's {{{key}}} would not show the field; name the value otherwise"
+            elif (fld := FIELDS.resolve(key)) is not None and fld.alias == key:
+                # Only the field's own name, its evidence key: another spelling (``temp``) is a
+                # name of its own in the summary and the evidence, as packs have long used it.
+                why = "is a catalog field: a summary's {" + key + "} would not show the field; name the value otherwise"
             else:
                 continue
             self.err(k, f"values: {key!r} {why}", D.BAD_VALUE, rule)

@@ -264,10 +264,10 @@ def run_test(test: Any, path: Path, rules_dir: Path, limit: int = MAX_SAMPLES) -
 def _run(test: Any, path: Path, rules_dir: Path, res: TestResult, limit: int) -> None:
     test = _mapping(test, "a test", TEST_KEYS)
     _text(test.get("name", "?"), "name")
-    # ``absolute``, not ``resolve``: a symlink loop is the loader's to report (R014), not a
-    # RuntimeError here.
+    # ``realpath``, not ``resolve``: the same file, but a symlink loop is the loader's to report
+    # (R014), not a RuntimeError here.
     files = [
-        Path(os.path.abspath(path.parent / _text(f, "rule_files")))
+        Path(os.path.realpath(path.parent / _text(f, "rule_files")))
         for f in _items(test.get("rule_files"), "rule_files")
     ]
     series = [_mapping(s, "series", SERIES_KEYS) for s in _items(test.get("series"), "series")]
@@ -464,9 +464,15 @@ def _twice(tests: list, path: Path) -> dict[int, Failure]:
 
 
 def test_files(paths: Sequence[str | Path]) -> list[Path]:
-    out = []
+    """The test files ``paths`` name (files, or directories' ``*.yaml``/``*.yml``), each once in
+    the order first named: ``rules test tests tests/xid.yaml`` runs the XID tests once."""
+    out: list[Path] = []
+    seen: set[str] = set()
     for p in map(Path, paths):
-        out += sorted(p.glob("*.yaml")) + sorted(p.glob("*.yml")) if p.is_dir() else [p]
+        for f in sorted(p.glob("*.yaml")) + sorted(p.glob("*.yml")) if p.is_dir() else [p]:
+            if (real := os.path.realpath(f)) not in seen:
+                seen.add(real)
+                out.append(f)
     return out
 
 

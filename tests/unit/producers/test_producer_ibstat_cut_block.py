@@ -190,3 +190,15 @@ def test_the_cli_reads_an_empty_port_guid_with_exit_0(tmp_path, capsys):
         ("mlx5_2", "0x966daefffec2b691", "Ethernet"),
         ("mlx5_3", None, "InfiniBand"),
     ]
+
+
+def test_a_build_that_prints_no_link_layer_at_all_is_not_cut():
+    # infiniband-diags before rdma-core printed "Link layer:" only where built with
+    # HAVE_UMAD_PORT_LINK_LAYER: a capture of several ports none of which has one is whole.
+    old = "".join(
+        f"CA 'mlx5_{i}'\n\tCA type: MT4123\n\tPort 1:\n\t\tState: Active\n\t\tPhysical state: LinkUp\n\t\tRate: 200\n"
+        for i in range(2)
+    )
+    st = IbstatStats()
+    recs = parse(old, ts=1764403200.0, host="n1", stats=st)
+    assert [r.device for r in recs] == ["mlx5_0", "mlx5_1"] and st.cut_ports == 0

@@ -111,7 +111,6 @@ def test_units_in_order_still_parse():
         ("host", "is the alert's host"),
         ("gpu", "is the alert's gpu"),
         ("gpu_util", "is a catalog field"),
-        ("DCGM_FI_DEV_GPU_TEMP", "is a name of the catalog field 'gpu_temp'"),
         ("xid_meaning", "is a name of the XID catalogue's text"),
         ("Bad-Name", "is not a name a summary can use"),
         ("'1st'", "is not a name a summary can use"),
@@ -132,6 +131,14 @@ def test_the_summary_no_longer_reads_a_shadowing_value(tmp_path):
 def test_values_with_their_own_names_still_load(tmp_path):
     rs, diags = load(tmp_path, rule("values: {peak_temp: gpu_temp, _x2: gpu_temp * 2}\n", summary="{peak_temp}"))
     assert diags == [] and set(rs.rules[0].values) == {"peak_temp", "_x2"}
+
+
+@pytest.mark.parametrize("key", ["temp", "util", "DCGM_FI_DEV_GPU_TEMP"])
+def test_another_spelling_of_a_field_is_a_name_of_its_own(tmp_path, key):
+    # Found by a review: refusing every spelling the catalogue resolves broke packs whose values
+    # say ``temp``; only the field's own name (its evidence key) shadows it.
+    rs, diags = load(tmp_path, rule(f"values: {{{key}: gpu_temp + 1}}\n", summary=f"{{{key}:.0f}}"))
+    assert diags == [] and set(rs.rules[0].values) == {key}
 
 
 # -- 4. files with no rules, and a missing 'rules:' list -------------------------------------

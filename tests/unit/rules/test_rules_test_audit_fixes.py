@@ -191,3 +191,9 @@ def test_rules_check_of_a_symlink_loop_says_so(tmp_path, capsys):
     (tmp_path / "loop.yaml").symlink_to(tmp_path / "loop.yaml")
     assert main(["rules", "check", str(tmp_path / "loop.yaml")]) == EXIT_INPUT
     assert "loop.yaml: too many levels of symbolic links" in capsys.readouterr().err
+
+
+def test_a_test_file_named_twice_runs_once(tmp_path, capsys):
+    pack(tmp_path, **{"a.yaml": GOOD})
+    assert main(["rules", "test", str(tmp_path / "tests"), str(tmp_path / "tests" / "a.yaml")]) == 0
+    assert "1 passed, 0 failed" in capsys.readouterr().out
