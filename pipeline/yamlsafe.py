@@ -22,6 +22,8 @@ can encode (an escaped pair, ``"\\ud83d\\ude00"``, is the one character it spell
 from __future__ import annotations
 
 import copy
+import os
+import stat
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -287,3 +289,26 @@ def load(text: str, limits: Limits = DEFAULT, *, base: type = yaml.SafeLoader) -
         return copy.deepcopy(doc) if _keep("document", text, limits, base, doc, loader._nodes) else doc
     finally:
         loader.dispose()
+
+
+class NotRegularFile(OSError):
+    """A YAML file's path that is no regular file (a FIFO, a socket, a device): opening a FIFO
+    waits for a writer, so ``rules check``, ``rules test``, ``replay`` and a hot reload would
+    hang on it."""
+
+
+def open_regular(f: str | os.PathLike[str]) -> int:
+    """A descriptor of ``f`` opened for reading, or ``NotRegularFile``. ``O_NONBLOCK``: opening a
+    FIFO returns at once instead of waiting for a writer; the check is on the opened file, so a
+    file swapped between a check and the open is caught too."""
+    fd = os.open(f, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
+    try:
+        mode = os.fstat(fd).st_mode
+    except OSError:
+        os.close(fd)
+        raise
+    if not stat.S_ISREG(mode):
+        os.close(fd)
+        kind = "a FIFO" if stat.S_ISFIFO(mode) else "a directory" if stat.S_ISDIR(mode) else "a device or socket"
+        raise NotRegularFile(0, f"not a regular file ({kind})", str(f))
+    return fd

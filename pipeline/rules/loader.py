@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import os
 import re
-import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
@@ -601,32 +600,10 @@ def _line_col(text: str, offset: int) -> tuple[int, int]:
     return text.count("\n", 0, offset) + 1, offset - (text.rfind("\n", 0, offset) + 1) + 1
 
 
-class NotRegularFile(OSError):
-    """A rule path that is no regular file (a FIFO, a socket, a device): opening a FIFO waits for
-    a writer, so ``rules check``, ``replay`` and a hot reload would hang on it."""
-
-
-def _open_regular(f: Path) -> int:
-    """A descriptor of ``f`` opened for reading, or ``NotRegularFile``. ``O_NONBLOCK``: opening a
-    FIFO returns at once instead of waiting for a writer; the check is on the opened file, so a
-    file swapped between a check and the open is caught too."""
-    fd = os.open(f, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
-    try:
-        mode = os.fstat(fd).st_mode
-    except OSError:
-        os.close(fd)
-        raise
-    if not stat.S_ISREG(mode):
-        os.close(fd)
-        kind = "a FIFO" if stat.S_ISFIFO(mode) else "a directory" if stat.S_ISDIR(mode) else "a device or socket"
-        raise NotRegularFile(0, f"not a regular file ({kind})", str(f))
-    return fd
-
-
 def _read(f: Path) -> str:
-    """The file's text, refusing one that is no regular file (``NotRegularFile``) and one over the
+    """The file's text, refusing one that is no regular file (``yamlsafe.NotRegularFile``) and one over the
     size limit before reading it all."""
-    with os.fdopen(_open_regular(f), "rb") as fh:
+    with os.fdopen(yamlsafe.open_regular(f), "rb") as fh:
         data = fh.read(LIMITS.max_bytes + 1)
     if len(data) > LIMITS.max_bytes:
         raise yamlsafe.YamlLimitError(yamlsafe.SIZE, f"the file is over {LIMITS.max_bytes} bytes")

@@ -37,7 +37,6 @@ import os
 
 import math
 import re
-import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -417,9 +416,8 @@ def _load(path: Path) -> list:
     # files (an alias bomb is a YAMLError here, reported as a file that cannot be read).
     text = ""
     try:
-        if not stat.S_ISREG(path.stat().st_mode):  # a FIFO blocks open(), /dev/zero never ends
-            raise TestFileError("not a regular file")
-        with path.open("rb") as fh:
+        # Opened without waiting on a FIFO and checked as a regular file (/dev/zero never ends).
+        with os.fdopen(yamlsafe.open_regular(path), "rb") as fh:
             raw = fh.read(TEST_LIMITS.max_bytes + 1)  # not the whole of a file of any size
         if len(raw) > TEST_LIMITS.max_bytes:
             raise TestFileError(f"the file is over the limit of {TEST_LIMITS.max_bytes} bytes")
@@ -432,6 +430,8 @@ def _load(path: Path) -> list:
         raise TestFileError(f"line {line}, column {col}: {' '.join(str(problem).split())}", (line, col)) from None
     except UnicodeDecodeError as e:
         raise TestFileError(f"not UTF-8: byte 0x{e.object[e.start]:02x} at offset {e.start}") from None
+    except yamlsafe.NotRegularFile:
+        raise TestFileError("not a regular file") from None
     except OSError as e:
         raise TestFileError(str(e)) from None
     try:
