@@ -138,12 +138,18 @@ def _prom_229(rank: int) -> str:
     )
 
 
-def test_inspector_prom_mode_takes_job_host_and_gpus_per_node(tmp_path, capsys):
-    # A Slurm task per GPU: every file says GPU0, so only --gpus-per-node can name each rank's GPU.
+def _prom_dir(tmp_path):
+    """A --prom folder of two ranks' files (ranks 9 and 2), each naming its GPU GPU0."""
     d = tmp_path / "prom"
     d.mkdir()
     (d / "nccl_inspector_metrics_GPU-aaaa.prom").write_text(_prom_229(9))
     (d / "nccl_inspector_metrics_GPU-bbbb.prom").write_text(_prom_229(2))
+    return d
+
+
+def test_inspector_prom_mode_takes_job_host_and_gpus_per_node(tmp_path, capsys):
+    # A Slurm task per GPU: every file says GPU0, so only --gpus-per-node can name each rank's GPU.
+    d = _prom_dir(tmp_path)
     out = tmp_path / "o.jsonl"
     rc = main(["produce", "nccl-inspector", "--prom", str(d), "--job", "j1", "--host", "node-x",
                "--gpus-per-node", "8", "--count", "1", "--out", str(out)])
@@ -153,10 +159,7 @@ def test_inspector_prom_mode_takes_job_host_and_gpus_per_node(tmp_path, capsys):
 
 
 def test_inspector_prom_mode_without_gpus_per_node_still_names_no_gpu(tmp_path, capsys):
-    d = tmp_path / "prom"
-    d.mkdir()
-    (d / "nccl_inspector_metrics_GPU-aaaa.prom").write_text(_prom_229(9))
-    (d / "nccl_inspector_metrics_GPU-bbbb.prom").write_text(_prom_229(2))
+    d = _prom_dir(tmp_path)
     out = tmp_path / "o.jsonl"
     assert main(["produce", "nccl-inspector", "--prom", str(d), "--count", "1", "--out", str(out)]) == 0
     assert {(r["gpu"], r["job"], r["host"]) for r in _records(out)} == {(None, None, "node-b")}
