@@ -45,6 +45,10 @@ def parse_duration(text: str | int | float) -> float:
     Traceback (most recent call last):
     ...
     ValueError: '5m1m' is not a duration: each unit once, largest first (e.g. 1h30m, 1m30s)
+    >>> parse_duration("1:30")
+    Traceback (most recent call last):
+    ...
+    ValueError: '1:30' is not a duration: write minutes and seconds as 1m30s, hours as 1h30m
     >>> parse_duration("\u09ea" + "m")
     Traceback (most recent call last):
     ...
@@ -77,6 +81,8 @@ def parse_duration(text: str | int | float) -> float:
         last = unit
         total += float(m.group(1)) * unit
         pos = m.end()
+    if ":" in s:  # 1:30 in quotes: minutes and seconds, or hours and minutes?
+        raise ValueError(f"{shown!r} is not a duration: write minutes and seconds as 1m30s, hours as 1h30m")
     if s[pos:].strip() or not s.strip():
         raise ValueError(f"{text!r} is not a duration (use e.g. 30s, 5m, 1h30m)")
     return _bounded(total, shown)

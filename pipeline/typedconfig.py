@@ -31,6 +31,7 @@ config key 'prts': svc.yaml:2:1: unknown key; did you mean 'ports'? [GW100]
 from __future__ import annotations
 
 import difflib
+import os
 import re
 from collections.abc import Iterable
 from pathlib import Path
@@ -243,7 +244,9 @@ def read_text(
     under ``key`` when it cannot be read, under ``yaml_key`` when it is not UTF-8."""
     p = Path(path)
     try:
-        with p.open("rb") as fh:
+        # Opened without blocking and checked for a regular file: open() of a FIFO waits for a
+        # writer, so ``serve --config FIFO`` would hang before saying anything.
+        with os.fdopen(yamlsafe.open_regular(p), "rb") as fh:
             raw = fh.read(limits.max_bytes + 1)  # one byte over: yamlsafe then says it is too big
     except OSError as e:
         raise ConfigError(key, f"cannot read {p}: {e.strerror or e}") from None
@@ -253,15 +256,50 @@ def read_text(
         raise ConfigError(yaml_key, f"{p}: not UTF-8 text ({e.reason} at byte {e.start})") from None
 
 
+# Numbers YAML 1.1 reads other than a reviewer does: octal ``010`` (8), sexagesimal ``1:30`` (90,
+# or was it 1h30m?). A typed config refuses them where they stand, so ``group_wait: 1:30`` is not
+# 90 s without a word and ``job: 0123`` is not job 83; quoted, they are the text written.
+_NOT_AS_READ = re.compile(r"[-+]?0[0-9_]+|[^:]*:.*")
+_NUMBER_TAGS = ("tag:yaml.org,2002:int", "tag:yaml.org,2002:float")
+
+
+class _NotAsRead(yaml.constructor.ConstructorError):
+    """An octal or sexagesimal number; ``key``: the mapping key it is the value of, if any."""
+
+    def __init__(self, node: Any, read: Any, key: str | None) -> None:
+        self.key = key
+        self.reason = (
+            f"YAML 1.1 reads {node.value[:40]} as {read!r}: write the number meant, a duration with its"
+            " units (1m30s, 1h30m), or quote it as text"
+        )
+        super().__init__(None, None, self.reason, node.start_mark)
+
+
 class _UniqueKeys(yaml.SafeLoader):
-    """The safe loader, refusing a key given twice in one mapping: PyYAML keeps the last, so the
-    value a reviewer read first would silently not be the one used. Keys a merge (``<<: *base``)
-    brings in may still be overridden."""
+    """The safe loader, refusing a key given twice in one mapping (PyYAML keeps the last, so the
+    value a reviewer read first would silently not be the one used) and an octal or sexagesimal
+    number (``_NOT_AS_READ``). Keys a merge (``<<: *base``) brings in may still be overridden."""
+
+    def _number(self, node: Any, key: str | None = None) -> Any:
+        build = super().construct_yaml_int if node.tag == _NUMBER_TAGS[0] else super().construct_yaml_float
+        value = build(node)
+        if _NOT_AS_READ.fullmatch(node.value):
+            raise _NotAsRead(node, value, key)
+        return value
+
+    construct_yaml_int = construct_yaml_float = _number
 
     def construct_mapping(self, node: Any, deep: bool = False) -> Any:
         if isinstance(node, yaml.MappingNode):
             seen: set[Any] = set()
-            for k, _ in node.value:
+            for k, v in node.value:
+                if (
+                    isinstance(v, yaml.ScalarNode)
+                    and v.tag in _NUMBER_TAGS
+                    and isinstance(k, yaml.ScalarNode)
+                    and _NOT_AS_READ.fullmatch(v.value)
+                ):
+                    self._number(v, str(k.value)[:60])  # refused naming its key, as a value's mistakes are
                 if not isinstance(k, yaml.ScalarNode) or k.tag == "tag:yaml.org,2002:merge":
                     continue
                 key = self.construct_object(k)
@@ -273,22 +311,33 @@ class _UniqueKeys(yaml.SafeLoader):
         return super().construct_mapping(node, deep)
 
 
+_UniqueKeys.add_constructor("tag:yaml.org,2002:int", _UniqueKeys.construct_yaml_int)
+_UniqueKeys.add_constructor("tag:yaml.org,2002:float", _UniqueKeys.construct_yaml_float)
+
+
 def parse_yaml(
     text: str, limits: yamlsafe.Limits = yamlsafe.DEFAULT, *, source: str = "<config>", key: str = "(yaml)"
 ) -> Any:
     """One YAML document through ``pipeline.yamlsafe``; every problem a ``ConfigError`` under
     ``key`` naming ``source`` and the line and column (a limit crossed, a syntax error, a value
-    its tag cannot build: ``!!bool maybe``, a key given twice).
+    its tag cannot build: ``!!bool maybe``, a key given twice, an octal or sexagesimal number).
 
     >>> parse_yaml("a: !!bool maybe", source="c.yaml")
     Traceback (most recent call last):
     ...
     pipeline.errors.ConfigError: config key '(yaml)': c.yaml:1:4: not valid YAML: cannot read a value: 'maybe' is not a YAML bool [GW100]
+    >>> parse_yaml("wait: 1:30", source="c.yaml")
+    Traceback (most recent call last):
+    ...
+    pipeline.errors.ConfigError: config key 'wait': c.yaml:1:7: YAML 1.1 reads 1:30 as 90: write the number meant, a duration with its units (1m30s, 1h30m), or quote it as text [GW100]
     """
     try:
         return yamlsafe.load(text, limits, base=_UniqueKeys)
     except yamlsafe.YamlLimitError as e:
         raise ConfigError(key, f"{source}:{e.line}:{e.col}: {e.message}") from None
+    except _NotAsRead as e:
+        _, line, col = yamlsafe.syntax_error(e, text)
+        raise ConfigError(e.key or key, f"{source}:{line}:{col}: {e.reason}") from None
     except yaml.YAMLError as e:
         problem, line, col = yamlsafe.syntax_error(e, text)
         raise ConfigError(key, f"{source}:{line}:{col}: not valid YAML: {problem}") from None

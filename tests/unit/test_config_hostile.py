@@ -7,19 +7,25 @@ turns detection off."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import textwrap
+import threading
 from pathlib import Path
 
 import pytest
 
+from pipeline.bus.connection import load_file
 from pipeline.errors import ConfigError
+from pipeline.incidents.config import load_config as load_incidents
 from pipeline.incidents.config import parse_config
 from pipeline.models import load_models
 from pipeline.remediation import inventory
 from pipeline.remediation.config import InventorySettings
-from pipeline.rules.portconfig import parse_port_config
+from pipeline.remediation.config import load_config as load_remediation
+from pipeline.rules.portconfig import load_port_config, parse_port_config
+from pipeline.service.config import load_config as load_service
 from pipeline.service.config import load_config_text
 from pipeline.typedconfig import load_yaml
 from tests.unit.remediation.factories import config as remediation_config
@@ -183,20 +189,29 @@ def test_a_healthy_port_does_not_flap_with_the_smallest_threshold_allowed():
     assert alerts == []
 
 
-def test_incidents_and_ports_files_are_read_bounded():
-    # Both read the whole file before their size limit: /dev/zero (or a log given by mistake)
+def test_incidents_and_ports_files_are_read_bounded(tmp_path):
+    # Both read the whole file before their size limit: a 3 GiB file (a log given by mistake)
     # filled the memory. Run apart, under a memory limit, so a regression cannot take the host.
+    big = tmp_path / "big.yaml"
+    with big.open("wb") as fh:
+        fh.truncate(3 << 30)  # sparse: no disk, every byte reads as 0
     code = textwrap.dedent(
-        """
+        f"""
         import resource
         resource.setrlimit(resource.RLIMIT_AS, (1 << 31, 1 << 31))
         from pipeline.incidents.config import load_config
         from pipeline.rules.portconfig import load_port_config
-        print(load_config("/dev/zero")[1][0].code, load_port_config("/dev/zero")[1][0].code)
+        print(load_config({str(big)!r})[1][0].code, load_port_config({str(big)!r})[1][0].code)
         """
     )
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert out.returncode == 0 and out.stdout.split() == ["I010", "R010"], out.stderr[-500:]
+
+
+def test_a_device_given_as_a_config_is_refused():
+    # /dev/zero never ends and /dev/stdin waits: neither is a config file.
+    cfg, diags = load_incidents("/dev/zero")
+    assert cfg is None and [d.code for d in diags] == ["I013"] and "not a regular file" in diags[0].message
 
 
 def test_inventory_yaml_list_keeps_host_names_as_written():
@@ -285,3 +300,118 @@ def test_the_cli_exits_cleanly_on_a_hostile_file(tmp_path, args, files):
         out.returncode,
         out.stderr[-800:],
     )
+
+
+def _fifo_readers() -> list:
+    def diagnostics(load):
+        def run(p):
+            cfg, diags = load(p)
+            assert cfg is None
+            raise ConfigError("(diagnostic)", "; ".join(d.message for d in diags))
+
+        return run
+
+    return [
+        pytest.param(load_service, id="serve --config"),
+        pytest.param(load_file, id="serve --kafka-config"),
+        pytest.param(load_remediation, id="remediation config"),
+        pytest.param(load_yaml, id="models.yaml"),
+        pytest.param(diagnostics(load_incidents), id="incidents.yaml"),
+        pytest.param(diagnostics(load_port_config), id="ports file"),
+    ]
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="no FIFOs here")
+@pytest.mark.parametrize("load", _fifo_readers())
+def test_a_config_that_is_a_fifo_is_refused_not_waited_on(tmp_path, load):
+    # open() of a FIFO waits for a writer: `serve --config FIFO` hung before saying anything.
+    fifo = tmp_path / "c.yaml"
+    os.mkfifo(fifo)
+    got: list = []
+
+    def read():
+        try:
+            load(fifo)
+        except ConfigError as e:
+            got.append(e)
+
+    t = threading.Thread(target=read, daemon=True)
+    t.start()
+    t.join(10)
+    finished = not t.is_alive()
+    if not finished:  # a writer lets the blocked open() return
+        os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
+        t.join(10)
+    assert finished, "the reader waited on the FIFO"
+    assert got and "not a regular file (a FIFO)" in str(got[0])
+
+
+REMEDIATION = """\
+state_file: {d}/state.sqlite
+audit: {{kafka: false, file: {d}/audit.jsonl}}
+inventory: {{source: any}}
+guardrails:
+  cooldown: {cooldown}
+actions: {{drain: {{type: slurm_drain}}}}
+receivers: [{{name: drain, actions: [drain]}}]
+route:
+  receiver: drain
+  group_wait: {wait}
+"""
+
+
+@pytest.mark.parametrize(
+    ("cooldown", "wait", "key", "where", "read"),
+    [
+        ("1:30", "30s", "cooldown", "5:13", "90"),  # 90 s, or was it 1h30m?
+        ("1h", "010", "group_wait", "10:15", "8"),
+        ("1h", "-010", "group_wait", "10:15", "-8"),
+        ("1:30.5", "30s", "cooldown", "5:13", "90.5"),
+    ],
+)
+def test_a_remediation_duration_yaml_reads_as_another_number_is_refused(tmp_path, cooldown, wait, key, where, read):
+    # The remediation config's durations took YAML 1.1's reading silently: a 1:30 cooldown held
+    # 90 s and a group_wait of 010 waited 8 s.
+    p = tmp_path / "remediation.yaml"
+    p.write_text(REMEDIATION.format(d=tmp_path, cooldown=cooldown, wait=wait))
+    with pytest.raises(ConfigError) as e:
+        load_remediation(p)
+    assert e.value.key == key and f"{p}:{where}: YAML 1.1 reads" in e.value.reason and f" as {read}:" in e.value.reason
+
+
+def test_the_same_durations_quoted_or_in_units_load(tmp_path):
+    p = tmp_path / "remediation.yaml"
+    p.write_text(REMEDIATION.format(d=tmp_path, cooldown="1m30s", wait="'010'"))
+    cfg = load_remediation(p)
+    assert cfg.raw.guardrails.cooldown == "1m30s" and cfg.raw.route.group_wait == "010"
+    p.write_text(REMEDIATION.format(d=tmp_path, cooldown="'1:30'", wait="10"))
+    with pytest.raises(ConfigError, match=r"'1:30' is not a duration: write minutes and seconds as 1m30s"):
+        load_remediation(p)
+
+
+@pytest.mark.parametrize(
+    ("text", "key"),
+    [
+        ("[1, 010]", "(file)"),  # an entry of a list has no key of its own: its line says where
+        ("{a: {b: 0_17}}", "b"),
+        ("{x: 12:30:00}", "x"),
+    ],
+)
+def test_typed_configs_refuse_octal_and_sexagesimal_numbers_anywhere(text, key):
+    with pytest.raises(ConfigError) as e:
+        load_config_text(f"service:\n  anything: {text}\n", "svc.yaml")
+    assert e.value.key == key and "YAML 1.1 reads" in e.value.reason
+
+
+def test_other_number_spellings_still_load(tmp_path):
+    p = tmp_path / "c.yaml"
+    p.write_text("a: 1_000\nb: 0x10\nc: 0\nd: 0.5\ne: 012.5\nf: '010'\ng: 08\nh: '1:30'\n")
+    assert load_yaml(p) == {"a": 1000, "b": 16, "c": 0, "d": 0.5, "e": 12.5, "f": "010", "g": "08", "h": "1:30"}
+
+
+def test_a_model_param_with_a_leading_zero_is_refused(tmp_path):
+    p = tmp_path / "models.yaml"
+    p.write_text("models:\n  - name: m1\n    detector: counter_rate\n    fault: hbm_x\n    params: {warmup: 030}\n")
+    with pytest.raises(ConfigError) as e:
+        load_models(p)
+    assert e.value.key == "warmup" and ":5:22: YAML 1.1 reads 030 as 24" in e.value.reason
