@@ -46,7 +46,8 @@ def _cmd_replay(args: argparse.Namespace) -> int:
 
     from pipeline.detection import build_detector
     from pipeline.replay import replay
-    from pipeline.rules.loader import describe_loaded, without_rule_files
+    from pipeline.rules.loader import describe_loaded, no_rules_warnings, without_rule_files
+    from pipeline.rules.ruleset import RuleSet
 
     # soft_wrap: a line is never cut at rich's 80 columns in a pipe (a file:line:col error, a
     # summary someone greps); a terminal wraps what is too long for it by itself.
@@ -81,6 +82,8 @@ def _cmd_replay(args: argparse.Namespace) -> int:
     if without_rule_files([rules]):  # a wrong --rules would replay through the built-in checks alone
         raise InputError(f"--rules {rules}: no rule files (*.yaml, *.yml) in this directory; nothing replayed")
     engine, diags = build_detector([rules], models_file(args.models), shards=args.fleet_shards)
+    if engine is not None and isinstance(engine.rules, RuleSet):  # an empty rule file, as `rules check` warns
+        diags = [*diags, *no_rules_warnings(engine.rules)]
     for d in diags:
         console.print(str(d), highlight=False, markup=False)
     if engine is None:

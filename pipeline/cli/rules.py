@@ -24,7 +24,7 @@ def _cmd_rules_check(args: argparse.Namespace) -> int:
     from pipeline.errors import InputError
     from pipeline.rules import diagnostics as D
     from pipeline.rules.diagnostics import Diagnostic
-    from pipeline.rules.loader import NO_RULES, NO_RULES_HERE, load_rules, rule_files, without_rule_files
+    from pipeline.rules.loader import NO_RULES_HERE, load_rules, no_rules_warnings, rule_files, without_rule_files
     from pipeline.rules.testing import tested_rules
 
     from pipeline.detection import ports_path
@@ -40,10 +40,7 @@ def _cmd_rules_check(args: argparse.Namespace) -> int:
         diags += load_port_config(ports)[1]
     if ruleset is not None:
         # A rule file without a rule (empty, ``rules: []``) checks nothing: say so.
-        with_rules = {r.spec.source.rpartition(":")[0] for r in ruleset.rules}
-        for f in ruleset.sources:
-            if f not in with_rules:
-                diags.append(Diagnostic(f, 1, 1, None, "this file holds no rules", NO_RULES, "warning"))
+        diags += no_rules_warnings(ruleset)
         # Sigma's rule: no stable rule without a test. With --strict a pack without tests has
         # every rule untested; without it, the lint runs where there are tests to read.
         tests = sorted({t for t in map(_tests_of, args.paths) if t.is_dir()})

@@ -142,6 +142,22 @@ def describe_loaded(rules: Any, models: Any, where: str) -> str:
     )
 
 
+def no_rules_warnings(ruleset: RuleSet) -> list[Diagnostic]:
+    """A ``NO_RULES`` (W205) warning for each file of a loaded ``ruleset`` that holds no rule
+    (empty, ``rules: []``): ``rules check`` prints them, ``replay`` and ``serve`` (start-up and
+    each hot reload) say them with the diagnostics of the load.
+
+    >>> [str(d) for d in no_rules_warnings(RuleSet([], WindowStore(1.0), ["r.yaml"]))]
+    ['r.yaml:1:1: warning: this file holds no rules [W205]']
+    """
+    with_rules = {r.spec.source.rpartition(":")[0] for r in ruleset.rules}
+    return [
+        Diagnostic(f, 1, 1, None, "this file holds no rules", NO_RULES, "warning")
+        for f in ruleset.sources
+        if f not in with_rules
+    ]
+
+
 class _FileLoader:
     def __init__(self, path: str, text: str, store: WindowStore, models: set[str]) -> None:
         self.path, self.text, self.store, self.models = path, text, store, models

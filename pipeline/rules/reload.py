@@ -20,7 +20,7 @@ from typing import Any, Callable, Protocol, Sequence
 from pipeline.engine import Engine
 from pipeline.rules import diagnostics as D
 from pipeline.rules.diagnostics import Diagnostic
-from pipeline.rules.loader import compile_rules, read_rules, rule_files, without_rule_files
+from pipeline.rules.loader import compile_rules, no_rules_warnings, read_rules, rule_files, without_rule_files
 
 log = logging.getLogger(__name__)
 
@@ -128,6 +128,8 @@ class RuleReloader:
         try:
             src = read_rules(self.paths)
             ruleset, diags = compile_rules(src, tick=self.tick, models=self.models)
+            if ruleset is not None:  # an empty rule file, said at each reload as at start-up
+                diags = [*diags, *no_rules_warnings(ruleset)]
             for d in diags:
                 (log.error if d.is_error else log.warning)("rules: %s", d)
             if ruleset is not None:

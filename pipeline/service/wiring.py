@@ -17,7 +17,7 @@ from pipeline.decode import Decoder
 from pipeline.errors import BrokerUnavailableError, ConfigError, InputError
 from pipeline.incidents import IncidentConfig
 from pipeline.rules import load_rules
-from pipeline.rules.loader import without_rule_files
+from pipeline.rules.loader import no_rules_warnings, without_rule_files
 from pipeline.service.config import Config, check_rule_paths
 from pipeline.service.state import KafkaStateStore, StateStore, state_key
 
@@ -140,6 +140,8 @@ def check_rules_load(paths: list[str]) -> int:
     if empty:  # the built-in checks alone, saying nothing: a wrong path, a pack not written yet
         raise InputError(f"service.rules: {', '.join(empty)}: no rule files (*.yaml, *.yml) in this directory")
     ruleset, diags = load_rules(paths)
+    if ruleset is not None:  # an empty rule file, as `rules check` warns; a hot reload says it again
+        diags = [*diags, *no_rules_warnings(ruleset)]
     for d in diags:
         (log.error if d.is_error else log.warning)("rules: %s", d)
     if ruleset is None:
