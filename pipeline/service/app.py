@@ -301,8 +301,8 @@ class Service(Membership, CommitProtocol, Upkeep):
                 self.metrics.fleet_forced.inc(ps.pipe.take(FORCED))
                 for why in DROPPED:
                     self.metrics.fleet_dropped.labels(why).inc(ps.pipe.take(why))
-                for why, n in ps.pipe.take_incident_drops().items():
-                    self.metrics.incident_dropped.labels(why).inc(n)
+                for why, k in ps.pipe.take_incident_drops().items():
+                    self.metrics.incident_dropped.labels(why).inc(k)
         if self.stage == "host":  # telemetry records; the fleet stage's are the same ones again
             self.metrics.batch_seconds.observe(dt)
             self.metrics.records.inc(n_records)

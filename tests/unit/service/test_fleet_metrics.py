@@ -189,3 +189,26 @@ def test_every_assigned_partition_has_a_lag_series_also_one_without_data():
     clock.t += 10
     host.step()
     assert host.metrics.lag.labels(str(idle))._value.get() == 0
+
+
+def test_the_fleet_service_counts_the_messages_it_read():
+    # The incident drops' loop reused the name of the batch's message count: a batch in which
+    # the incident side dropped an alert counted that many messages read, not the batch's.
+    from pipeline.bus.telemetry import per_host_messages
+    from producers.sim.simulator import Simulator
+    from tests.factories import Clock
+    from tests.unit.service.test_loop import _services
+
+    sim = Simulator(hosts=2, duration=60, seed=5, scenario="mixed")
+    telemetry = [m for batch in sim.batches() if batch for m in per_host_messages(batch)]
+    clock = Clock()
+    bus, host, fleet = _services(telemetry, clock)
+    for _ in range(60):
+        host.step()
+        fleet.step()
+        for ps in fleet.parts.values():  # an alert dropped in every batch (a late one, say)
+            if isinstance(ps.pipe, FleetTask):
+                ps.pipe.take_incident_drops = lambda: {"late": 1}
+        clock.t += 0.5
+    assert fleet.totals["messages"] == len(bus.messages(host.topics.fleet)) > 0
+    assert fleet.metrics.incident_dropped.labels("late")._value.get() > 0
