@@ -55,6 +55,9 @@ class Detector(Protocol):
     def hosts_ahead(self) -> dict[str, float]: ...
 
     @property
+    def held_dropped(self) -> dict[str, int]: ...
+
+    @property
     def decode_fields(self) -> tuple[str, ...]: ...
 
     @property

@@ -67,6 +67,9 @@ class Pipeline:
         self.decoder = decoder or Decoder()
         self.clock = clock
         self.totals = Totals()
+        # The detector's held-record drops as last taken (``take_held_drops``): its counts run
+        # from the stage's start or snapshot, the service's counter from this process's start.
+        self._held_seen: dict[str, int] = {}
 
     def handle(self, messages: Sequence[Message]) -> EngineOutput:
         """The batch's alerts and dead letters, and what the detector forwarded (``forwarded``)."""
@@ -141,3 +144,19 @@ class Pipeline:
     def restore(self, blob: bytes) -> None:
         """Continue where the detector's ``snapshot`` left off."""
         self.engine.restore(blob)
+        # A restored count was dropped by an earlier process: not this one's to count again.
+        self._held_seen = dict(self.engine.held_dropped)
+
+    def take_held_drops(self) -> dict[str, int]:
+        """How many records each stage that holds them until the watermark let go past its bound
+        since the last call (or the restore), by stage (``Detector.held_dropped``): the service's
+        counter is fed these. Every such stage is named, zero included, so its series starts at 0.
+
+        >>> Pipeline().take_held_drops()
+        {'nccl_results': 0}
+        """
+        now = self.engine.held_dropped
+        # A count below the last one is a stage built anew (a reload): all of it is new.
+        out = {k: n - seen if n >= (seen := self._held_seen.get(k, 0)) else n for k, n in now.items()}
+        self._held_seen = now
+        return out

@@ -108,6 +108,12 @@ class Topology:
         return self.host.hosts_ahead()
 
     @property
+    def held_dropped(self) -> dict[str, int]:
+        """The host stage's held records let go past their bound (``Engine.held_dropped``): the
+        fleet stage's engines hold none."""
+        return self.host.held_dropped
+
+    @property
     def decode_fields(self) -> tuple[str, ...]:
         """Both stages' fields, as one tuple object while neither changes (the runner compares
         by identity to know when to tell its decoder)."""

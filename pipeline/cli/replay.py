@@ -126,6 +126,12 @@ def _cmd_replay(args: argparse.Namespace) -> int:
             )
         )
     console.print("dead letters by reason: " + (", ".join(f"{k}: {v}" for k, v in sorted(t.dead.items())) or "none"))
+    if held := {k: n for k, n in sorted(engine.held_dropped.items()) if n}:
+        # Only when some went: these records were never judged, and no dead letter names them.
+        console.print(
+            "records dropped waiting for the watermark (hold full), by stage: "
+            + ", ".join(f"{k}: {n:,}" for k, n in held.items())
+        )
     shares = getattr(getattr(engine, "fleet", None), "shard_records", None)
     if shares is not None:
         counts = shares()

@@ -49,7 +49,7 @@ from pipeline.engine.screen import (
     stream_order,
 )
 from pipeline.engine.snapshot import decode_records, read_snapshot, write_snapshot
-from pipeline.engine.stage import CheckStage, Deferring, NcclReader, NicReader, Stage, StageCheck
+from pipeline.engine.stage import CheckStage, Deferring, Holding, NcclReader, NicReader, Stage, StageCheck
 from pipeline.engine.state import GpuState, View, advance
 from pipeline.engine.ticks import skip_ahead
 from pipeline.engine.wrongresults import WrongResults
@@ -755,3 +755,18 @@ class Engine:
         0
         """
         return len(self._early)
+
+    @property
+    def held_dropped(self) -> dict[str, int]:
+        """How many records each stage that holds them until the watermark (``Holding``) let go
+        past its bound, by the stage's kind: counts since the stage was built or restored, which
+        a driver reads once a batch (the service's ``gpuwarden_held_dropped_records``).
+
+        >>> Engine().held_dropped
+        {'nccl_results': 0}
+        """
+        return {
+            s.kind: cast(Holding, s).dropped
+            for s in self.stages
+            if (getattr(s, "reads_nic", False) or getattr(s, "reads_nccl_records", False)) and hasattr(s, "dropped")
+        }

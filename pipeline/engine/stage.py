@@ -120,6 +120,15 @@ class NcclReader(Protocol):
     def nccl_release(self, upto: float) -> list[Any]: ...
 
 
+class Holding(Protocol):
+    """What a ``NicReader`` or ``NcclReader`` with a bounded hold (``hold.Hold``) adds to
+    ``Stage``: how many records it let go past its bound, the oldest first, since it was built
+    or restored (``Engine.held_dropped`` reads it once a batch; absent: none counted)."""
+
+    @property
+    def dropped(self) -> int: ...
+
+
 class Deferring(Protocol):
     """What a ``host_local`` stage with ``deferred`` checks adds to ``Stage``: their conditions
     on rows that ran before the other hosts' rows of their tick, judged once those have run."""

@@ -112,6 +112,12 @@ class WrongResults(StageBase):
         """No condition on DCGM rows: the alerts come from ``nccl_release``."""
         return ()
 
+    @property
+    def dropped(self) -> int:
+        """Wrong-results records the hold let go past ``MAX_HELD``, the oldest first (a snapshot
+        keeps the count)."""
+        return self._hold.dropped
+
     def nccl_arrived(self, records: Sequence[NcclRecord]) -> None:
         """Keep the records that report wrong results until the watermark passes them."""
         # The key first: most NCCL records carry labels (``run``, ``source``), few this one.

@@ -34,6 +34,7 @@ from pipeline.incidents import IncidentEvent, IncidentStage
 from pipeline.incidents.live import live_pages
 from pipeline.protocols import IncidentSource
 from pipeline.rules.reload import RuleReloader
+from pipeline.runner import Pipeline
 from pipeline.service import wiring
 from pipeline.service.commit import CommitProtocol
 from pipeline.service.config import Config
@@ -303,6 +304,9 @@ class Service(Membership, CommitProtocol, Upkeep):
                     self.metrics.fleet_dropped.labels(why).inc(ps.pipe.take(why))
                 for why, k in ps.pipe.take_incident_drops().items():
                     self.metrics.incident_dropped.labels(why).inc(k)
+            elif isinstance(ps.pipe, Pipeline):  # the host stage's held records let go
+                for kind, dropped in ps.pipe.take_held_drops().items():
+                    self.metrics.held_dropped.labels(kind).inc(dropped)
         if self.stage == "host":  # telemetry records; the fleet stage's are the same ones again
             self.metrics.batch_seconds.observe(dt)
             self.metrics.records.inc(n_records)

@@ -38,6 +38,13 @@ class Metrics:
             ["why"],
             registry=r,
         )
+        self.held_dropped = Counter(
+            "gpuwarden_held_dropped_records",
+            "Records held for the watermark and let go unjudged past the hold's bound, the oldest "
+            "first, by the host-stage stage that held them (ports, nic_aer, nccl_results)",
+            ["stage"],
+            registry=r,
+        )
         self.fleet_forced = Counter(
             "gpuwarden_fleet_forced_releases",
             "Times the fleet stage followed the most advanced telemetry partition past "
