@@ -75,7 +75,7 @@ def replay(
     out_sink: OutputSink = sink if sink is not None else FileOutput(alerts_out, dlq_out)
     inc_sink = FileSink(incidents_out, atomic=True) if incidents is not None and incidents_out else None
     # The alerts reach the incident stage in canonical order, as in the service (AlertFeed).
-    feed = AlertFeed()
+    feed = incidents.feed() if incidents is not None else AlertFeed()
     n_alerts = n_opened = n_events = 0
     problems: list[str] = []
     late: dict[str, int] = {}

@@ -6,7 +6,8 @@ The incident stage's output depends on the order of the alerts it is fed, so eve
 it through an ``AlertFeed``: the replay with its detector's released watermark, the service's
 fleet stage with the second every host-stage partition has marked past. An alert is buffered
 until a watermark ``upto`` passes its ``ts``; the alerts a release takes go out sorted by
-``(ts, host, gpu, rule, id, state)``, each ``(id, state)`` once. ``upto`` is an engine's
+``(ts, host, gpu, rule, id, state)``, each ``(id, state)`` once (with a ``rank``, the alerts of
+one GPU at one time by it before the rule: the incident stage's ``rootness``). ``upto`` is an engine's
 ``released`` (every record before it processed, and the tick at it): an alert at ``upto`` itself
 may still come from the rows at that time, so a release takes ``ts < upto`` only. An alert
 before what the feed already released (an upstream replay after a restore, or one arriving
@@ -18,7 +19,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 import msgspec
 
@@ -58,8 +59,15 @@ class AlertFeed:
     (['a2', 'a3'], 1)
     """
 
-    def __init__(self, max_buffer: int = MAX_BUFFER) -> None:
+    def __init__(
+        self, max_buffer: int = MAX_BUFFER, rank: Callable[[AlertEvent], tuple[int, ...]] | None = None
+    ) -> None:
         self.max_buffer = max_buffer
+        # The order of a release: ``order_key``, with the alerts of one GPU at one time by ``rank``
+        # first (the incident stage's ``rootness``: the one that opens an incident names its root).
+        self._key: Callable[[AlertEvent], tuple[Any, ...]] = order_key
+        if rank is not None:
+            self._key = lambda a: (a.ts, a.host or "", -1 if a.gpu is None else a.gpu, *rank(a), a.rule, a.id, a.state)
         self.released = -math.inf  # every alert with ts < released went out (or was dropped)
         self.stats: Counter[str] = Counter()
         self._buf: dict[tuple[str, str], AlertEvent] = {}
@@ -105,7 +113,7 @@ class AlertFeed:
         go = [a for a in self._buf.values() if a.ts < upto]
         for a in go:
             del self._buf[(a.id, a.state)]
-        go.sort(key=order_key)
+        go.sort(key=self._key)
         self.stats["released"] += len(go)
         if math.isinf(upto) and upto > 0:
             if go:

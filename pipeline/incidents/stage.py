@@ -39,6 +39,7 @@ from pipeline.incidents.events import (
     IncidentRoot,
     incident_id,
 )
+from pipeline.incidents.feed import MAX_BUFFER, AlertFeed
 from pipeline.incidents.history import RepeatHistory
 from pipeline.schema import MIG_INSTANCE_LABEL, MIG_PROFILE_LABEL, AlertEvent, fault_family
 
@@ -162,6 +163,7 @@ class IncidentStage:
         # took an alert since (its quiet_due changed) is skipped when it comes up.
         self._due: list[tuple[float, str]] = []
         self._clock = -math.inf
+        self._rungs: dict[tuple[str, str], int] = {}  # (rule, severity) -> its action's rung
         self._incident_policies = [p for p in config.policies if p.count == "incidents"]
         self._alert_policies = [p for p in config.policies if p.count != "incidents"]
 
@@ -215,7 +217,8 @@ class IncidentStage:
         stagestate.load(self, state)
 
     def process(self, alerts: Iterable[AlertEvent]) -> list[IncidentEvent]:
-        """Incident events for ``alerts`` (in the order given: event time, as the engine emits)."""
+        """Incident events for ``alerts`` (in the order given: event time, as ``AlertFeed``
+        releases them, the alerts of one GPU at one time by ``rootness``)."""
         out: list[IncidentEvent] = []
         for a in alerts:
             if not self._valid(a):
@@ -232,6 +235,33 @@ class IncidentStage:
         for e in out:
             self.stats[f"incidents.{e.state}"] += 1
         return out
+
+    def feed(self, max_buffer: int = MAX_BUFFER) -> AlertFeed:
+        """The ``AlertFeed`` that puts this stage's input in its order (``rootness`` within a
+        GPU's second): every driver feeds the stage through one, so replay and serve agree."""
+        return AlertFeed(max_buffer, rank=self.rootness)
+
+    def rootness(self, a: AlertEvent) -> tuple[int, int]:
+        """How ``a`` ranks to open an incident among the alerts of its GPU at its time, first
+        first: the alert calling for the highest action, then the most severe. A link going down
+        raises its warnings and its XID 74 at one time: the XID names the root, which routes act
+        on. ``AlertFeed`` orders each released second by it (``rank``).
+
+        >>> from pipeline.incidents.config import IncidentConfig
+        >>> st = IncidentStage(IncidentConfig(rule_actions=(("hbm_dbe", "drain_node"),)))
+        >>> def alert(rule, severity):
+        ...     return AlertEvent(id=rule, state="firing", fault="f", severity=severity, rule=rule, host="n1",
+        ...                       gpu=0, ts=10.0, started_at=10.0)
+        >>> st.rootness(alert("hbm_dbe", "warning")), st.rootness(alert("x", "critical")), st.rootness(alert("y", "info"))
+        ((-1, -1), (0, -2), (0, 0))
+        """
+        key = (a.rule, a.severity)
+        rung = self._rungs.get(key)
+        if rung is None:
+            rung = self._rungs[key] = self.config.rank(self.config.action_for(a.rule, a.severity))
+            if len(self._rungs) > MAX_RULES:  # rules are few; hostile names must not grow it for good
+                self._rungs.clear()
+        return (-rung, -SEVERITY_RANK.get(a.severity, -1))
 
     # -- alerts ------------------------------------------------------------------------------
 

@@ -140,7 +140,7 @@ class FleetTask:
         self._sends: list[Send] = []
         self._sent: dict[tuple[int, str], float | None] = {}
         self.incidents = incidents
-        self.feed = AlertFeed()
+        self.feed = incidents.feed() if incidents is not None else AlertFeed()
         self.records = records
         self._events: list[IncidentEvent] = []
         self.n_upstream = n_upstream

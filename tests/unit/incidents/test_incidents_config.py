@@ -20,7 +20,12 @@ def test_the_shipped_file_loads_with_its_policies() -> None:
     assert {p.name for p in cfg.policies} == {"xid79_repeat", "lemon_host", "nvlink_flaps"}
     assert {13, 31, 43, 45} <= cfg.application_xids.xids and 79 not in cfg.application_xids.xids
     assert cfg.action_for("hbm_dbe", "critical") == "drain_node"
-    assert cfg.action_for("anything_else", "critical") == "watch"
+    # No catch-all pattern hides default_action: a critical rule the file does not name (a pack
+    # of one's own, the critical NVLink rate rules) calls for a drain, a warning for a watch.
+    assert cfg.action_for("anything_else", "critical") == "drain_node"
+    assert cfg.action_for("nvlink_crc_error_rate_high", "critical") == "drain_node"
+    assert cfg.action_for("anything_else", "warning") == "watch"
+    assert cfg.action_for("nvlink_recoveries", "critical") == "watch"  # nvlink_flaps escalates it
 
 
 def test_the_rule_loader_leaves_incidents_yaml_to_the_incident_stage() -> None:

@@ -23,7 +23,7 @@ from pipeline.bus.base import Message
 from pipeline.bus.retry import Backoff
 from pipeline.bus.telemetry import COLUMNAR, per_host_messages, per_host_wire
 from pipeline.detection import build_detector
-from pipeline.incidents import AlertFeed, IncidentStage, default_config
+from pipeline.incidents import IncidentStage, default_config
 from pipeline.replay import incident_watermark
 from pipeline.runner import Pipeline
 from pipeline.service.app import Service
@@ -53,7 +53,8 @@ def _replay(telemetry, models: str) -> tuple[list[dict], list[dict]]:
     det, diags = build_detector([RULES], models)
     assert det is not None, diags
     pipe = Pipeline(det)
-    feed, stage = AlertFeed(), IncidentStage(default_config(RULES))
+    stage = IncidentStage(default_config(RULES))
+    feed = stage.feed()
     out, incidents = [], []
     for i in range(0, len(telemetry), 64):
         msgs = [Message("rec", -1, j, k, v) for j, (k, v) in enumerate(telemetry[i:i + 64], start=i)]
