@@ -168,3 +168,27 @@ def test_the_example_only_logs_a_staging_hosts_critical_alert(capsys):
     args = ["routes", "test", "fault=hbm_uncorrectable_error", "severity=critical", "host=staging-4",
             "--config", str(EXAMPLE), "--expect", "log-only"]
     assert main(args) == 0, capsys.readouterr().err
+
+
+def test_the_example_pages_once_for_a_gpu_off_the_bus_and_lost_from_telemetry(capsys):
+    # Found by an audit of one fault at a time: XID 79 drained and paged through node-fatal, the
+    # GPU's silence (builtin_gpu_lost, fault gpu_lost) paged again through page-critical.
+    for fault in ("gpu_fallen_off_bus", "gpu_lost", "nvlink_xid74", "nvlink_crc_error_rate"):
+        args = ["routes", "test", f"fault={fault}", "severity=critical", "host=gpu-node-004", "gpu=4",
+                "--config", str(EXAMPLE), "--expect", "drain-node"]
+        assert main(args) == 0, capsys.readouterr().err
+        assert "root > node-fatal" in capsys.readouterr().out
+
+
+def test_the_example_pages_a_gpu_once_for_its_critical_alerts():
+    # The same audit: a throttling alert that resolved in a checkpoint's dip and fired again
+    # (a new alert id) paged again, as did a second critical alert of the same GPU.
+    routes = RouteTree.build(load_config(EXAMPLE).raw.route)
+    first = alert("gpu-node-002", 2, fault="thermal_throttling", id="a1")
+    again = alert("gpu-node-002", 2, fault="thermal_throttling", id="a2")
+    other = alert("gpu-node-002", 2, fault="nvlink_recovery_errors", id="a3")
+    elsewhere = alert("gpu-node-002", 5, fault="thermal_throttling", id="a4")
+    (m,) = routes.match(first)
+    assert m.receiver == "page"
+    key = m.route.group_key
+    assert key(first) == key(again) == key(other) != key(elsewhere)
