@@ -159,6 +159,23 @@ class RouteTree:
 
         return cls(make(spec, "route", None))
 
+    def matched_labels(self) -> set[str]:
+        """The names every matcher of the tree reads (``incident mode`` asks whether any route
+        reads an incident's own labels).
+
+        >>> from pipeline.remediation.specs import RouteSpec
+        >>> tree = RouteTree.build(RouteSpec(receiver="r", routes=[RouteSpec(matchers=['action="drain_node"'])]))
+        >>> sorted(tree.matched_labels())
+        ['action']
+        """
+        out: set[str] = set()
+        todo = [self.root]
+        while todo:
+            r = todo.pop()
+            out.update(m.name for m in r.matchers)
+            todo += r.children
+        return out
+
     def match(self, alert: AlertEvent) -> list[RouteMatch]:
         """Every route the alert ends at, in tree order (more than one only through ``continue``)."""
         fields = alert_fields(alert)

@@ -28,6 +28,8 @@ from pipeline.remediation.remediator import Remediator
 
 log = logging.getLogger("gpuwarden.remediation.service")
 
+INCIDENT_LABELS = frozenset({"action", "incident", "policy"})  # what only an incident event carries
+
 
 @dataclass
 class ServiceStats:
@@ -91,6 +93,14 @@ class RemediationService:
         if ctx.producer is None:
             ctx.producer = producer
         self.remediator = Remediator(config, self.store, self.audit, ctx=ctx, clock=clock)
+        if self.source == "incidents" and not INCIDENT_LABELS & self.remediator.tree.matched_labels():
+            # An alert-mode tree (the shipped routes.yaml) routes an incident by its root alert's
+            # fault and severity: its recommended drain or reset would never run.
+            log.warning(
+                "source: incidents, but no route matches on %s: each incident is routed by its root "
+                "alert's fault and severity, not by the action it recommends (docs/remediation.md#incident-mode)",
+                ", ".join(sorted(INCIDENT_LABELS)),
+            )
         self._handle = (
             self.remediator.handle_incident_message if self.source == "incidents" else self.remediator.handle_message
         )

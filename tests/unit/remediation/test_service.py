@@ -102,3 +102,22 @@ def test_run_stops_when_idle_and_handles_group_wait(tmp_path, fakes):
     decisions = [json.loads(m.value)["decision"] for m in bus.messages(t.audit)]
     assert sorted(decisions) == ["acted", "queued", "skipped", "skipped", "skipped"]
     assert len(fakes.updates()) == 1
+
+
+def test_incident_mode_with_routes_that_read_no_incident_label_says_so(tmp_path, caplog):
+    # The audit of one fault at a time: `--source incidents` with the shipped alert-mode routes
+    # routed each incident by its root alert's fault, and its recommended drain never ran,
+    # without a word.
+    bus = MemoryBus(partitions=1)
+    with caplog.at_level("WARNING", logger="gpuwarden.remediation.service"):
+        RemediationService(config(tmp_path), prefix="t", source="incidents", consumer=bus.consumer("t.incidents", "r"),
+                           producer=bus.producer())
+    assert "no route matches on action, incident, policy" in caplog.text
+    caplog.clear()
+    by_action = {"receiver": "drain", "routes": [{"matchers": ['action="drain_node"'], "receiver": "drain"}]}
+    with caplog.at_level("WARNING", logger="gpuwarden.remediation.service"):
+        RemediationService(config(tmp_path, route=by_action), prefix="t", source="incidents",
+                           consumer=bus.consumer("t.incidents", "r"), producer=bus.producer())
+        RemediationService(config(tmp_path), prefix="t", source="alerts", consumer=bus.consumer("t.alerts", "r"),
+                           producer=bus.producer())
+    assert "no route matches" not in caplog.text
