@@ -9,14 +9,13 @@ import sys
 import threading
 from typing import Any
 
-from pipeline.bus.files import GZIP_MAGIC
 from pipeline.argtypes import int_in, non_negative_float, port, positive_float, positive_int
 
 log = logging.getLogger(__name__)
 
 # Exit status: 0 done; 3 the input holds a critical finding (nccl-tests wrong results) or a file
 # producer lost input (a poll raised, a counted drop that is not "no value", records not
-# delivered) or was given a gzip file it reads as text; 4 the broker refused the login; 2 bad arguments or a source that cannot start.
+# delivered, a gzip input cut or damaged); 4 the broker refused the login; 2 bad arguments or a source that cannot start.
 FINDINGS_EXIT = 3
 
 
@@ -54,28 +53,18 @@ def _interval_paces(args: argparse.Namespace, from_file: bool) -> None:
         )
 
 
-def _not_gzip(args: argparse.Namespace) -> None:
-    """A gzip file given to a producer that reads text is an input error (exit 3) said before
-    anything starts: read as text it would be garbage lines, and its findings silently lost."""
-    from pipeline.errors import InputError
+def _gzip_file(path: str) -> bool:
+    """Whether ``path`` is a regular file that starts with gzip's magic (a FIFO is not looked at:
+    reading its head would eat input)."""
+    from producers.textinput import GZIP_MAGIC
 
-    given = getattr(args, "file", None)
-    for path in given if isinstance(given, list) else [given] if isinstance(given, str) else []:
-        if path == "-" or not os.path.isfile(path):  # not a FIFO: reading its head would eat input
-            continue
-        try:
-            with open(path, "rb") as fh:
-                head = fh.read(2)
-        except OSError:
-            continue  # _input_is_there, or the source's own open, says why
-        if head == GZIP_MAGIC:
-            # dcgmi's --file is a path (its rounds end at the file's time), not standard input.
-            how = (
-                f"zcat {path} > F.txt; ... --file F.txt"
-                if args.source == "dcgmi"
-                else f"zcat {path} | gpuwarden produce {args.source} --file - ..."
-            )
-            raise InputError(f"{path}: a gzip file; {args.source} reads text: give it decompressed ({how})")
+    if not os.path.isfile(path):
+        return False
+    try:
+        with open(path, "rb") as fh:
+            return fh.read(2) == GZIP_MAGIC
+    except OSError:
+        return False  # the source's own open says why
 
 
 def _input_is_there(args: argparse.Namespace) -> None:
@@ -140,8 +129,6 @@ def _run(args: argparse.Namespace, make_source: Any, *, from_file: bool = False)
         # The sender says when delivery fails and when it recovers; kafka-python's own connection
         # errors repeat at each retry (87 lines in 13 s with the broker down). -v shows them.
         logging.getLogger("kafka").setLevel(logging.CRITICAL)
-    if from_file and args.source != "dcgm-exporter":  # the exporter reads gzip scrapes itself
-        _not_gzip(args)
     sender = _sender(args, backpressure=from_file, check=_input_is_there)
     try:
         source = make_source()
@@ -313,6 +300,10 @@ def _cmd_fabric_manager(args: argparse.Namespace) -> int:
 
     if bool(args.file) == bool(args.follow):
         raise SystemExit("gpuwarden produce fabric-manager: give exactly one of --file FILE or --follow [FILE]")
+    if args.follow and _gzip_file(args.follow):
+        # A compressed log is a rotated one, which grows no more: read once, whole, as --file reads it.
+        log.warning("%s is gzip, a rotated log: read once, whole, not followed", args.follow)
+        args.file, args.follow = args.follow, None
     return _run(args, make, from_file=bool(args.file))
 
 

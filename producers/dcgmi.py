@@ -27,12 +27,20 @@ import threading
 import time
 import re
 from dataclasses import dataclass, field
-from typing import Iterable, Iterator
+from typing import Iterable, Iterator, TextIO
 
 from pipeline.catalog import FIELDS, Field
 from pipeline.schema import DcgmFields, DcgmRecord
 from producers.dcgm_exporter import is_blank
-from producers.textinput import CUT_LAST_LINE, open_text, warn_cut_line
+from producers.textinput import (
+    CUT_LAST_LINE,
+    GzipDamage,
+    damage_counts,
+    gzip_damage,
+    open_text,
+    warn_cut_line,
+    warn_damage,
+)
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +69,10 @@ DEFAULT_FIELD_IDS = (
     449,
 )
 UNSUPPORTED_EXIT = 250
+# A dmon line of 128 fields is a few KB; a longer one is no row (skipped whole, counted), so a
+# saved log's one huge line (a gzip bomb's) costs this much memory, not its length.
+LINE_MAX = 64 * 1024
+_NULS = "\x00" * LINE_MAX
 
 
 @dataclass
@@ -377,6 +389,7 @@ class DmonFileSource:
         self.interval_s = interval_s
         self.parser = DmonParser(host or socket.gethostname())
         self.done = False
+        self.damage: GzipDamage | None = None  # what ended a gzip input early (lost input, exit 3)
 
     @property
     def stats(self) -> DmonStats:
@@ -389,7 +402,9 @@ class DmonFileSource:
         rounds = iter(range(1 << 62))
         self.parser.clock = lambda: float(next(rounds))
         with open_text(self.path) as fh:
-            recs = list(self.parser.parse(self._whole_lines(fh)))
+            recs = list(self.parser.parse(self._whole_lines(self._bounded_lines(fh))))
+            self.damage = gzip_damage(fh)
+        warn_damage(self.path, self.damage)
         if not recs:
             log.warning("%s: no dcgmi dmon GPU rows (%d rows read)", self.path, self.parser.stats.rows)
             return []
@@ -398,6 +413,34 @@ class DmonFileSource:
         for r in recs:
             r.ts = end - (last - r.ts) * self.interval_s
         return recs
+
+    def _bounded_lines(self, fh: TextIO) -> Iterator[str]:
+        """``fh``'s lines, each read a bounded piece at a time: NULs before a long line (the hole a
+        crash leaves, which ``DmonParser.feed`` drops) are dropped as they come, and a line still
+        longer than ``LINE_MAX`` is skipped to its end (an unparsable row)."""
+        held = ""  # a long line's start, without its leading NULs
+        while True:
+            piece = fh.readline(LINE_MAX)
+            if not held and (len(piece) < LINE_MAX or piece.endswith("\n")):
+                if not piece:
+                    return
+                yield piece  # a line of a usual length, or the last one
+                continue
+            if not piece:
+                yield held  # the last line, without its newline
+                return
+            # A comparison with NULs runs at memory speed; lstrip tests each character.
+            held = "" if not held and piece == _NULS[: len(piece)] else (held + piece).lstrip("\x00")
+            if held.endswith("\n"):
+                yield held
+                held = ""
+            elif len(held) >= LINE_MAX:
+                self.parser.stats.rows += 1
+                self.parser.stats.skipped_rows += 1
+                log.debug("dmon line longer than %d characters, skipped: %.200r", LINE_MAX, held)
+                while piece and not piece.endswith("\n"):  # the rest of it, a bounded piece at a time
+                    piece = fh.readline(LINE_MAX)
+                held = ""
 
     def _whole_lines(self, lines: Iterable[str]) -> Iterator[str]:
         """``lines`` but a last one without its newline: dmon ends every line with one, so such a
@@ -411,7 +454,7 @@ class DmonFileSource:
             yield line
 
     def summary(self) -> dict[str, int]:
-        return self.parser.stats.counts()
+        return self.parser.stats.counts() | damage_counts(self.damage)
 
     def close(self) -> None:
         pass

@@ -66,7 +66,15 @@ from producers.ibports import (
     rate_gbps,
 )
 from producers.ibpeers import PeerFile, PeerMap, gid_port_guid, local_names, norm_guid
-from producers.textinput import CUT_LAST_LINE, read_capped, split_cut_line, warn_cut_line
+from producers.textinput import (
+    CUT_LAST_LINE,
+    GzipDamage,
+    damage_counts,
+    read_input,
+    split_cut_line,
+    warn_cut_line,
+    warn_damage,
+)
 
 log = logging.getLogger(__name__)
 
@@ -302,11 +310,13 @@ class IbstatSource:
         self.max_chars, self.clock = max_chars, clock
         self.done = False
         self.stats = IbstatStats()
+        self.damage: GzipDamage | None = None  # what ended a gzip input early (lost input, exit 3)
         self.unrecognised = False  # text, but not one line of ibstat or ibstatus output (the CLI exits 3)
 
     def poll(self) -> list[NicRecord]:
         self.done = True
-        text, cut = read_capped(self.path, self.max_chars)
+        text, cut, self.damage = read_input(self.path, self.max_chars)
+        warn_damage(self.path, self.damage)
         text, tail = split_cut_line(text)
         if _WHOLE_LAST.fullmatch(tail):
             # The link layer ends every port block and cannot be cut into another word: a capture
@@ -361,6 +371,7 @@ class IbstatSource:
             CUT_LAST_LINE: s.cut_last_line,
             CUT_PORT: s.cut_ports,
             "ports_superseded": s.duplicate_ports,  # not lost: a later block of the port was read
+            **damage_counts(self.damage),
             **(self.peers.summary() if self.peers is not None else {}),
         }
 

@@ -44,7 +44,7 @@ from typing import Any, Callable
 from pipeline.numeric import ascii_int
 from pipeline.schema import DcgmRecord, dcgm
 from producers.kmsg_fabric import FabricEvents
-from producers.textinput import open_text, stdin
+from producers.textinput import GzipDamage, damage_counts, gzip_damage, open_text, stdin, warn_damage
 from producers.kmsg_input import (
     LINE_MAX,
     DevKmsgReader,
@@ -343,6 +343,7 @@ class KmsgFileSource:
         self.max_sample_records = max_sample_records
         self._made = {"window": 0, "quiet": 0}  # sample records made so far, by kind
         self.done = False
+        self.damage: GzipDamage | None = None  # what ended a gzip input early (lost input, exit 3)
         self.mtime = os.stat(path).st_mtime if path != "-" else time.time()
 
     @property
@@ -364,6 +365,8 @@ class KmsgFileSource:
             while True:
                 text = src.readline(LINE_MAX)
                 if not text:
+                    self.damage = gzip_damage(src)
+                    warn_damage(self.path, self.damage)
                     return events, last_ts, last_boot, untimed
                 self.stats.lines += 1
                 if len(text) >= LINE_MAX and not text.endswith("\n"):
@@ -547,7 +550,7 @@ class KmsgFileSource:
         return start + n * step
 
     def summary(self) -> dict[str, int]:
-        return self.stats.summary()
+        return self.stats.summary() | damage_counts(self.damage)
 
     def close(self) -> None:
         pass

@@ -48,7 +48,7 @@ from pipeline.numeric import ascii_int, finite
 from pipeline.recordchecks import MAX_SEQ
 from pipeline.schema import NcclRecord
 from producers import jsonsafe
-from producers.textinput import read_capped
+from producers.textinput import GzipDamage, damage_counts, read_input, warn_damage
 
 log = logging.getLogger(__name__)
 
@@ -615,12 +615,14 @@ class NcclTestsSource:
         self.done = False
         self.stats = ParseStats()
         self.truncated = 0
+        self.damage: GzipDamage | None = None  # what ended a gzip input early (lost input, exit 3)
         self.unrecognised = False  # text, but not one line of nccl-tests output (the CLI exits 3)
 
     def poll(self) -> list[NcclRecord]:
 
         self.done = True
-        text, cut = read_capped(self.path, self.max_chars)
+        text, cut, self.damage = read_input(self.path, self.max_chars)
+        warn_damage(self.path, self.damage)
         if cut:
             self.truncated = 1
             log.warning(
@@ -654,7 +656,7 @@ class NcclTestsSource:
             "dropped.too_many_streams": s.too_many_streams,
             "wrong_result_runs": len(s.findings),
             "coll_unknown_runs": s.coll_unknown,
-        }
+        } | damage_counts(self.damage)
 
     def close(self) -> None:
         pass

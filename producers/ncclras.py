@@ -52,7 +52,15 @@ from pipeline.decode import MAX_RANKS, MAX_SEQ
 from pipeline.numeric import ascii_int, finite
 from pipeline.schema import ProgressRecord
 from producers import jsonsafe
-from producers.textinput import CUT_LAST_LINE, read_capped, split_cut_line, warn_cut_line
+from producers.textinput import (
+    CUT_LAST_LINE,
+    GzipDamage,
+    damage_counts,
+    read_input,
+    split_cut_line,
+    warn_cut_line,
+    warn_damage,
+)
 
 log = logging.getLogger(__name__)
 
@@ -669,13 +677,15 @@ class RasStatusSource:
         self.mtime = os.stat(path).st_mtime if path != "-" else time.time()
         self.done = False
         self.stats = RasStats()
+        self.damage: GzipDamage | None = None  # what ended a gzip input early (lost input, exit 3)
         self.unrecognised = False  # text, but not one line of ncclras output (the CLI exits 3)
 
     def poll(self) -> list[ProgressRecord]:
         if self.done:
             return []
         self.done = True
-        text, cut = read_capped(self.path, self.max_chars)
+        text, cut, self.damage = read_input(self.path, self.max_chars)
+        warn_damage(self.path, self.damage)
         whole, tail = split_cut_line(text)
         if cut:
             self.stats.truncated = 1
@@ -700,7 +710,7 @@ class RasStatusSource:
 
     def summary(self) -> dict[str, int]:
         """Counts for the exit summary (what was read and what was left out, by reason)."""
-        return self.stats.summary()
+        return self.stats.summary() | damage_counts(self.damage)
 
     def close(self) -> None:
         pass

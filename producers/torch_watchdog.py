@@ -45,7 +45,16 @@ from pipeline.numeric import ascii_int
 from pipeline.recordchecks import bad_host
 from pipeline.schema import NicRecord, ProgressRecord
 from producers.nccl_ib import IbLog, IbStats
-from producers.textinput import CUT_LAST_LINE, open_text, stdin, warn_cut_line
+from producers.textinput import (
+    CUT_LAST_LINE,
+    GzipDamage,
+    damage_counts,
+    gzip_damage,
+    open_text,
+    stdin,
+    warn_cut_line,
+    warn_damage,
+)
 
 log = logging.getLogger(__name__)
 
@@ -735,17 +744,19 @@ class WatchdogLogSource:
         self.done = False
         self.stats = WatchdogStats()
         self.ib_stats = IbStats()
+        self.damage: GzipDamage | None = None  # what ended a gzip input early (lost input, exit 3)
 
     def poll(self) -> list[ProgressRecord | NicRecord]:
         if self.done:
             return []
         self.done = True
         fh = open_text(self.path) if self.path != "-" else None
+        src = fh if fh is not None else stdin()
         ib = IbLog(host=self.host, default_ts=self.mtime, stats=self.ib_stats, fallback_host=socket.gethostname())
         try:
             recs: list[ProgressRecord | NicRecord] = []
             recs += parse(
-                fh if fh is not None else stdin(),
+                src,
                 job=self.job,
                 host=self.host,
                 default_ts=self.mtime,
@@ -754,9 +765,11 @@ class WatchdogLogSource:
                 ib=ib,
                 saved=True,
             )
+            self.damage = gzip_damage(src)
         finally:
             if fh is not None:
                 fh.close()
+        warn_damage(self.path, self.damage)
         recs += ib.records()
         if self.stats.cut_last_line:
             warn_cut_line(self.path, self.stats.cut_text)
@@ -766,7 +779,7 @@ class WatchdogLogSource:
 
     def summary(self) -> dict[str, int]:
         """Counts for the exit summary (what was read and what was left out, by reason)."""
-        return self.stats.summary() | self.ib_stats.summary()
+        return self.stats.summary() | self.ib_stats.summary() | damage_counts(self.damage)
 
     def close(self) -> None:
         pass

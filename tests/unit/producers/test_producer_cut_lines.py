@@ -88,17 +88,6 @@ def test_a_log_ending_in_a_cut_nccl_info_line_is_whole(caplog, tmp_path, capsys)
     assert [r["last_completed"] for r in recs] == [5122] and not _warned(caplog)
 
 
-def test_a_gzip_dmon_log_is_told_how_to_give_it_as_a_file(tmp_path, capsys):
-    # dcgmi --file reads a path (its rounds end at the file's time), not "-": the hint says so.
-    import gzip
-
-    f = tmp_path / "d.txt.gz"
-    f.write_bytes(gzip.compress(DMON.encode()))
-    assert main(["produce", "dcgmi", "--file", str(f), "--out", str(tmp_path / "o.jsonl")]) == 3
-    err = capsys.readouterr().err
-    assert "a gzip file" in err and "--file -" not in err and "> F.txt" in err
-
-
 def test_a_watchdog_line_cut_short_on_stdin_is_counted(monkeypatch):
     monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(WATCHDOG[:-3].encode()), encoding="utf-8"))
     src = WatchdogLogSource("-", job="j", host="n1")
