@@ -39,6 +39,25 @@ class GzipDamage:
     after: int
 
 
+# Compressed bytes handed to zlib a step: a damaged block raises in the step that reaches it and
+# loses what that step unpacked, so a small step keeps all but the last few lines before it.
+SIP = 64
+
+
+class _Sips:
+    """``raw`` read at most ``SIP`` bytes a call (``GzipFile`` asks for 8 KiB and decompresses
+    it in one step)."""
+
+    def __init__(self, raw: BinaryIO) -> None:
+        self._raw = raw
+
+    def read(self, n: int = -1, /) -> bytes:
+        return self._raw.read(SIP if n < 0 else min(n, SIP))
+
+    def seek(self, n: int, /) -> object:  # GzipFile's rewind, never called on a read
+        return self._raw.seek(n)
+
+
 class _Gunzip(io.RawIOBase):
     """The text bytes of the gzip stream ``raw``, at most the caller's buffer a read (a bomb
     costs its reader's buffer, not its size). Damage ends the stream: the reads before it keep
@@ -49,7 +68,7 @@ class _Gunzip(io.RawIOBase):
         super().__init__()
         self._raw, self._owned = raw, owned
         self._holder = holder  # the text reader over raw (stdin's): collected, it would close raw
-        self._gz = gzip.GzipFile(fileobj=raw, mode="rb")
+        self._gz = gzip.GzipFile(fileobj=_Sips(raw), mode="rb")
         self.damage: GzipDamage | None = None
         self._given = 0
 
