@@ -23,12 +23,12 @@ from pipeline.remediation.actions import Context
 from pipeline.remediation.audit import AuditLog
 from pipeline.remediation.config import Config
 from pipeline.remediation.guardrails import StateStore
-from pipeline.remediation.incidents import SOURCES, incidents_topic
+from pipeline.remediation.incidents import ACTION_LABEL, INCIDENT_LABEL, POLICY_LABEL, SOURCES, incidents_topic
 from pipeline.remediation.remediator import Remediator
 
 log = logging.getLogger("gpuwarden.remediation.service")
 
-INCIDENT_LABELS = frozenset({"action", "incident", "policy"})  # what only an incident event carries
+INCIDENT_LABELS = frozenset({ACTION_LABEL, INCIDENT_LABEL, POLICY_LABEL})  # what only an incident event carries
 
 
 @dataclass
