@@ -109,6 +109,7 @@ def run_demo(
     from pipeline.incidents.scoring import match_incidents
     from pipeline.resources import rules_dir as default_rules
     from pipeline.rules.loader import describe_loaded
+    from pipeline.replay import incident_watermark
     from pipeline.runner import Pipeline
     from pipeline.schema import DeadLetter
     from pipeline.scoring import knock_on, match_faults
@@ -149,12 +150,15 @@ def run_demo(
     # Every alert goes to the alerts topic, dead letters to the DLQ, incidents to the stage.
     sink = BusOutput(producer, topics)
 
-    def publish(out_alerts: list[AlertEvent], dead: list[DeadLetter]) -> None:
+    feed = stage.feed()  # the stage's input in replay's and serve's order
+
+    def publish(out_alerts: list[AlertEvent], dead: list[DeadLetter], final: bool = False) -> None:
         sink.alerts(out_alerts)
         sink.dead(dead)
         sink.flush()
         alerts.extend(out_alerts)
-        events = stage.process(out_alerts)
+        feed.add(out_alerts)
+        events = stage.process(feed.flush() if final else feed.release(incident_watermark(engine)))
         incidents.extend(events)
         # In the order emitted, so that a tie keeps an alert before the incident event it caused.
         for a in out_alerts:
@@ -177,7 +181,7 @@ def run_demo(
             advance(max(0.0, now - done))
             done = max(done, now)
         out = pipe.flush()
-        publish(out.alerts, out.dead)
+        publish(out.alerts, out.dead, final=True)
     sink.close()
 
     print_timeline(console, timeline, t0)

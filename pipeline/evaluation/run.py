@@ -9,6 +9,7 @@ from pipeline.bus.telemetry import as_consumed, per_host_messages
 from pipeline.evaluation.detectors import Detector, detectors
 from pipeline.evaluation.score import Score, score_incidents, score_run
 from pipeline.incidents import IncidentConfig, IncidentEvent, IncidentStage, default_config
+from pipeline.replay import incident_watermark
 from pipeline.runner import Pipeline
 from pipeline.schema import AlertEvent
 
@@ -20,13 +21,16 @@ class _Feed:
     def __init__(self, engine, incidents: IncidentConfig | None = None) -> None:
         self.pipe = Pipeline(engine)
         self.stage = IncidentStage(incidents or default_config())
+        self.feed = self.stage.feed()  # the stage's input in replay's and serve's order
         self.alerts: list[AlertEvent] = []
         self.incidents: list[IncidentEvent] = []
         self.offset = 0
 
-    def _take(self, alerts: list[AlertEvent]) -> None:
+    def _take(self, alerts: list[AlertEvent], final: bool = False) -> None:
         self.alerts += alerts
-        self.incidents += self.stage.process(alerts)
+        self.feed.add(alerts)
+        ready = self.feed.flush() if final else self.feed.release(incident_watermark(self.pipe.engine))
+        self.incidents += self.stage.process(ready)
 
     def send(self, batch: list[dict]) -> None:
         msgs = as_consumed(per_host_messages(batch), "eval", self.offset)
@@ -34,7 +38,7 @@ class _Feed:
         self._take(self.pipe.handle(msgs).alerts)
 
     def close(self) -> list[AlertEvent]:
-        self._take(self.pipe.flush().alerts)
+        self._take(self.pipe.flush().alerts, final=True)
         return self.alerts
 
 

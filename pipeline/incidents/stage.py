@@ -238,7 +238,12 @@ class IncidentStage:
 
     def feed(self, max_buffer: int = MAX_BUFFER) -> AlertFeed:
         """The ``AlertFeed`` that puts this stage's input in its order (``rootness`` within a
-        GPU's second): every driver feeds the stage through one, so replay and serve agree."""
+        GPU's second): replay and serve feed the stage through one, so they agree.
+
+        >>> from pipeline.incidents.config import IncidentConfig
+        >>> IncidentStage(IncidentConfig()).feed().max_buffer
+        200000
+        """
         return AlertFeed(max_buffer, rank=self.rootness)
 
     def rootness(self, a: AlertEvent) -> tuple[int, int]:
@@ -255,6 +260,8 @@ class IncidentStage:
         >>> st.rootness(alert("hbm_dbe", "warning")), st.rootness(alert("x", "critical")), st.rootness(alert("y", "info"))
         ((-1, -1), (0, -2), (0, 0))
         """
+        if len(a.rule) > MAX_TEXT:  # the stage drops it (bad_alert): not worth a cache entry
+            return (0, 0)
         key = (a.rule, a.severity)
         rung = self._rungs.get(key)
         if rung is None:

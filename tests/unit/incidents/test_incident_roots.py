@@ -82,3 +82,13 @@ def test_replay_of_a_link_going_down_names_the_xid_and_drains(tmp_path):
                    cwd=ROOT, check=True, capture_output=True, timeout=300)
     opened = [e for e in map(json.loads, inc.read_text().splitlines()) if e["state"] == "opened"]
     assert [(e["root"]["rule"], e["severity"], e["action"]) for e in opened] == [("nvlink_xid74", "critical", "drain_node")]
+
+
+def test_hostile_rule_names_are_ranked_without_being_kept():
+    # Found by review: the rank of each (rule, severity) was cached before the stage dropped an
+    # alert with a rule name past its limit: 2,000 of 100 KB held 200 MB.
+    stage = IncidentStage(default_config())
+    feed = stage.feed()
+    feed.add([_alert("r" * 100_000 + str(i), "critical", ts=T0 + i) for i in range(200)])
+    stage.process(feed.flush())
+    assert stage.stats["incidents.dropped.bad_alert"] == 200 and len(stage._rungs) == 0
