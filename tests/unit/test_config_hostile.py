@@ -21,6 +21,7 @@ from pipeline.errors import ConfigError
 from pipeline.incidents.config import load_config as load_incidents
 from pipeline.incidents.config import parse_config
 from pipeline.models import load_models
+from pipeline.models.config import load_model_specs
 from pipeline.remediation import inventory
 from pipeline.remediation.config import InventorySettings
 from pipeline.remediation.config import load_config as load_remediation
@@ -315,7 +316,7 @@ def _fifo_readers() -> list:
         pytest.param(load_service, id="serve --config"),
         pytest.param(load_file, id="serve --kafka-config"),
         pytest.param(load_remediation, id="remediation config"),
-        pytest.param(load_yaml, id="models.yaml"),
+        pytest.param(load_model_specs, id="models.yaml"),
         pytest.param(diagnostics(load_incidents), id="incidents.yaml"),
         pytest.param(diagnostics(load_port_config), id="ports file"),
     ]

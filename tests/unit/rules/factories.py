@@ -3,6 +3,16 @@
 from pipeline.engine import Engine, EngineConfig
 
 
+# A rule file holding one rule that loads: the rest of a test says what it adds.
+GOOD = """\
+rules:
+  - name: hot
+    fault: thermal_hot
+    severity: warning
+    condition: gpu_temp > 85
+"""
+
+
 def one_rule(condition, **extra):
     """The YAML of one rule ``r`` with ``condition`` (and ``extra`` keys such as ``for``)."""
     lines = "\n".join(f"    {k}: {v}" for k, v in extra.items())

@@ -16,14 +16,8 @@ from pipeline.errors import EXIT_INPUT
 from pipeline.rules import diagnostics as D
 from pipeline.rules import load_rules
 from pipeline.rules.loader import NO_RULES, NO_RULES_HERE, UNREADABLE, rule_files
+from tests.unit.rules.factories import GOOD
 
-GOOD = """\
-rules:
-  - name: hot
-    fault: thermal_hot
-    severity: warning
-    condition: gpu_temp > 85
-"""
 ROOT = Path(__file__).resolve().parents[3]
 
 

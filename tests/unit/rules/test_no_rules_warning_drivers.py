@@ -16,14 +16,8 @@ from pipeline.rules.reload import RuleReloader
 from pipeline.schema import dcgm, encode
 from pipeline.service.wiring import check_rules_load
 from tests.factories import T0
+from tests.unit.rules.factories import GOOD
 
-GOOD = """\
-rules:
-  - name: hot
-    fault: thermal_hot
-    severity: warning
-    condition: gpu_temp > 85
-"""
 
 
 def _pack(tmp_path, empty_text: str):
