@@ -78,6 +78,24 @@ _SXID = re.compile(
 # Engine instance .. Sub-engine instance .." and "<code>, Data {0x.., ...}" (the same event's detail).
 _SXID_DETAIL = ("Severity ", "Data {")
 CODE_DIGITS = 9  # XID codes are below 200 and SXids five digits; longer is not a code
+# A GPU whose registers read all ones when the driver sets it up is off the bus without an XID
+# (open-gpu-kernel-modules, ``src/nvidia/arch/nvalloc/unix/src/osinit.c``)::
+#
+#     NVRM: The NVIDIA GPU %04x:%02x:%02x.%x
+#     NVRM: (PCI ID: %04x:%04x) installed in this system has
+#     NVRM: fallen off the bus and is not responding to commands.
+#
+# One kernel record of three lines (other releases break them elsewhere): /dev/kmsg escapes its
+# newlines (``\x0a``), the journal keeps them, rsyslog may write ``#012``, dmesg and journalctl's
+# short layouts print the later lines indented under the first, and the kernel's syslog interface
+# gives each its own prefix (KmsgFileSource joins those). The same fault as XID 79, read as one.
+_LOST = re.compile(
+    r"NVRM: The NVIDIA GPU (?P<dom>[0-9a-fA-F]{4,8}):(?P<bus>[0-9a-fA-F]{2}):(?P<dev>[0-9a-fA-F]{2})\.[0-7]\b",
+    re.ASCII,
+)
+LOST_TEXT = "fallen off the bus"
+LOST_XID = 79
+LOST_LINES = 2  # lines that may follow the first line of the driver's message
 # Unmapped PCI ids each logged once, up to this many: hostile lines must not grow the set for ever.
 MAX_WARNED_PCI = 1024
 
@@ -99,6 +117,7 @@ YEAR_S = 366 * 86400.0  # a year-less time is within this of the mtime: an older
 # saved file are counted in these as the record was.
 _PER_LINE = (
     "xid_lines",
+    "gpu_lost_lines",
     "sxid_lines",
     "sxid_detail_lines",
     "fabric_lines",
@@ -138,7 +157,7 @@ class KernelLog:
 
     def wants(self, msg: str) -> bool:
         """Whether ``apply`` may make something of ``msg`` (a saved file keeps only those lines)."""
-        return "Xid" in msg or self.fabric.wants(msg)
+        return "Xid" in msg or (LOST_TEXT in msg and "NVRM: The NVIDIA GPU" in msg) or self.fabric.wants(msg)
 
     def _state(self, host: str) -> _HostState:
         st = self.hosts.get(host)
@@ -180,6 +199,8 @@ class KernelLog:
                 self.stats.sxid_no_gpu += 1
             return base + self.snapshot(ts, host, labels=labels) if emit else []
         if "NVRM: Xid" not in msg:
+            if LOST_TEXT in msg and (lost := _LOST.search(msg)) is not None:
+                return self._lost(lost, msg, host, ts, emit)
             return self._fabric(msg, host, ts, emit)
         m = _XID.search(msg)
         code = ascii_int(m["code"], CODE_DIGITS) if m is not None else None
@@ -190,16 +211,8 @@ class KernelLog:
             return []
         self.stats.xid_lines += 1
         key = pci_key(m["dom"], m["bus"], m["dev"])
-        gpu = self.pci_map.get(key)
+        gpu = self._mapped(key, f"XID {m['code']}")
         if gpu is None:
-            self.stats.unmapped_pci += 1
-            if key not in self._warned and len(self._warned) < MAX_WARNED_PCI:
-                self._warned.add(key)
-                log.warning(
-                    "XID %s for PCI %04x:%02x:%02x, which the PCI map does not have: not sent (dropped.unmapped_pci)",
-                    m["code"],
-                    *key,
-                )
             return []
         st = self._state(host)
         st.xid[gpu] = code
@@ -219,6 +232,38 @@ class KernelLog:
             labels["mig.xid_sources"] = f"GPU_I_ID={gi}:{code}"
             if ci is not None:
                 labels["mig.xid_compute_instance"] = str(ci)
+        return [self._record(ts, host, gpu, st, labels)]
+
+    def _mapped(self, key: PciKey, what: str) -> int | None:
+        """The GPU index of ``key``; else ``None``, counted and (once per bus id) logged."""
+        gpu = self.pci_map.get(key)
+        if gpu is None:
+            self.stats.unmapped_pci += 1
+            if key not in self._warned and len(self._warned) < MAX_WARNED_PCI:
+                self._warned.add(key)
+                log.warning(
+                    "%s for PCI %04x:%02x:%02x, which the PCI map does not have: not sent (dropped.unmapped_pci)",
+                    what,
+                    *key,
+                )
+        return gpu
+
+    def _lost(self, m: re.Match[str], msg: str, host: str, ts: float, emit: bool) -> list[DcgmRecord]:
+        """The driver's "fallen off the bus and is not responding" message (``_LOST``): the GPU's
+        last XID becomes 79, as the driver's XID for the same fault would make it."""
+        self.stats.gpu_lost_lines += 1
+        key = pci_key(m["dom"], m["bus"], m["dev"])
+        gpu = self._mapped(key, "A GPU off the bus")
+        if gpu is None:
+            return []
+        st = self._state(host)
+        st.xid[gpu] = LOST_XID
+        if not emit:
+            self.stats.backlog_events += 1
+            return []
+        # One line of the driver's words: "The NVIDIA GPU ... has fallen off the bus and ...".
+        words = " ".join(p.strip().removeprefix("NVRM:").strip() for p in re.split(r"\n|#012", msg[m.start() :]))
+        labels = {"xid.message": words[:LABEL_MAX], "xid.pci": "%04x:%02x:%02x" % key}
         return [self._record(ts, host, gpu, st, labels)]
 
     def _record(self, ts: float, host: str, gpu: int, st: _HostState, labels: dict[str, str]) -> DcgmRecord:
@@ -361,12 +406,18 @@ class KmsgFileSource:
         last_ts: float | None = None
         last_boot: float | None = None
         untimed = False
+        # The first line of the driver's message for a GPU off the bus (``_LOST``), printed as
+        # lines of their own, and how many of its lines have followed it.
+        pending: Line | None = None
+        follow = 0
         try:
             while True:
                 text = src.readline(LINE_MAX)
                 if not text:
                     self.damage = gzip_damage(src)
                     warn_damage(self.path, self.damage)
+                    if pending is not None:
+                        self._keep(pending, events, seen)
                     return events, last_ts, last_boot, untimed
                 self.stats.lines += 1
                 if len(text) >= LINE_MAX and not text.endswith("\n"):
@@ -386,17 +437,38 @@ class KmsgFileSource:
                 if ln.error is not None:
                     self.stats.bad_timestamp += 1
                     continue
+                if pending is not None:
+                    more = ln.msg.strip()
+                    if more.startswith("NVRM:") and "Xid" not in more and _LOST.search(more) is None:
+                        # The next line of the record before (dmesg and journalctl indent it and
+                        # give it no time; the kernel's syslog interface gives it the record's).
+                        pending.msg += "\n" + more
+                        follow += 1
+                        if LOST_TEXT in more or follow == LOST_LINES:
+                            self._keep(pending, events, seen)
+                            pending = None
+                        continue
+                    self._keep(pending, events, seen)
+                    pending = None
                 if ln.ts is not None:
                     last_ts = ln.ts if last_ts is None else max(last_ts, ln.ts)
                 elif ln.boot is not None:
                     last_boot = ln.boot if last_boot is None else max(last_boot, ln.boot)
                 else:
                     untimed = True
-                if self.log.wants(ln.msg) and not self._again(ln, seen):
-                    events.append(ln)  # XID, SXid, NIC and AER lines: all that KernelLog.apply reads
+                if LOST_TEXT not in ln.msg and _LOST.search(ln.msg) is not None:
+                    pending, follow = ln, 0  # its other lines follow (``_LOST``)
+                    continue
+                self._keep(ln, events, seen)
         finally:
             if fh is not None:
                 fh.close()
+
+    def _keep(self, ln: Line, events: list[Line], seen: dict[object, Line]) -> None:
+        """Keep ``ln`` if ``KernelLog.apply`` reads it (XID, SXid, a GPU off the bus, NIC and AER
+        lines) and it is no copy of a line kept already."""
+        if self.log.wants(ln.msg) and not self._again(ln, seen):
+            events.append(ln)
 
     def _again(self, ln: Line, seen: dict[object, Line]) -> bool:
         """Whether ``ln`` is a record already kept: the same message at the same kernel time (or
@@ -605,7 +677,7 @@ class KmsgFollower:
             # the present: what came just after the start carries a time before it. A finer time
             # (/dev/kmsg's microseconds) says on which side it is.
             backlog = ts < (math.floor(self.started) if ts == math.floor(ts) else self.started)
-            if backlog and "Xid" in ln.msg:
+            if backlog and "Xid" in ln.msg:  # (a GPU off the bus is counted by KernelLog._lost)
                 self.stats.backlog_events += 1
             out += self.log.apply(ln, min(ts, now), emit=not backlog)
         if self.sample or self._first:

@@ -185,7 +185,9 @@ def parse_line(text: str, *, year: int | None = None) -> Line | None:
     if m:
         usec = ascii_int(m["usec"], 19)
         boot = _boot(usec / 1e6) if usec is not None else None
-        return Line(m["msg"], boot=boot, mono_us=usec) if boot is not None else _bad_time(m["msg"])
+        # /dev/kmsg escapes a record's newlines (devkmsg_read: "\x0a"): one record of several lines.
+        msg = m["msg"].replace("\\x0a", "\n")
+        return Line(msg, boot=boot, mono_us=usec) if boot is not None else _bad_time(msg)
     text = _FACILITY.sub("", text, count=1)
     m = _JOURNAL_MONO.match(text)
     if m:
@@ -333,6 +335,7 @@ class KmsgStats:
 
     lines: int = 0
     xid_lines: int = 0
+    gpu_lost_lines: int = 0  # the driver's "fallen off the bus and is not responding" message: XID 79
     sxid_lines: int = 0
     sxid_detail_lines: int = 0  # an SXid event's Severity and Data lines: read, not another event
     records: int = 0
@@ -354,6 +357,7 @@ class KmsgStats:
         return {
             "lines": self.lines,
             "xid_lines": self.xid_lines,
+            "gpu_lost_lines": self.gpu_lost_lines,
             "sxid_lines": self.sxid_lines,
             "sxid_detail_lines": self.sxid_detail_lines,
             "fabric_lines": self.fabric_lines,
