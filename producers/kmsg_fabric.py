@@ -31,7 +31,23 @@ since the producer started (catalogue fields 9512-9517, docs/producers.md#kernel
   the devices' status registers, ``is_error_source()``): that "received" line counts nothing,
   the detail lines count, or else the port's ``can't find device`` / ``found no error details``
   line counts the report. The ``device [vvvv:dddd] error status/mask=``, ``[nn] <name>``,
-  ``TLP Header`` and ``Error of this Agent is reported first`` lines count nothing.
+  ``TLP Header`` and ``Error of this Agent is reported first`` lines count nothing;
+- firmware-first AER (APEI GHES): the firmware's CPER record, printed by ``ghes.c``'s
+  ``__ghes_print_estatus()`` and ``cper.c``'s ``cper_estatus_print()`` as a block of
+  ``{N}[Hardware Error]: `` lines (``event severity: <sev>``, `` Error <n>, type: <sev>``,
+  ``  section_type: PCIe error``, ``  device_id: ssss:bb:dd.f``), and the AER driver's
+  ``pci_print_aer()`` (``cper_print_aer()`` before 5.x, ``aer.c``) of the same report on the
+  device's own lines (``aer_status: 0x%08x, aer_mask: 0x%08x``, ``   [nn] <bit>``,
+  ``aer_layer=<layer>, aer_agent=<agent>``, ``aer_uncor_severity: 0x%08x`` when uncorrectable)
+  -> the same three counters. A PCIe section counts at its ``device_id`` line by the section's
+  severity as ``cper_severity_to_aer()`` maps it (corrected and info: correctable, recoverable:
+  non-fatal, fatal: fatal); the AER driver's print counts at its ``aer_layer`` line when
+  correctable, at its ``aer_uncor_severity`` line when not (fatal when an unmasked status bit is
+  in the severity register). Each rate-limits on its own (GHES: 2 records in 5 s and a repeat
+  within 10 s not at all; ``pci_print_aer()`` per device from 6.16), so either may be missing:
+  a printing pairs with an unpaired printing of the other kind for the same device and class
+  (correctable or not), which counted the report, and else counts it. Sections of other types
+  (memory, processor) count nothing, nor does a block whose section's type or severity was cut off.
 
 >>> ev = FabricEvents()
 >>> ev.apply("n1", "mlx5_core 0000:3b:00.0 ens1f0np0: Link down")
@@ -44,6 +60,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 LABEL_MAX = 200  # characters of the kernel's message kept on the record
 
@@ -81,6 +98,7 @@ _LINK_DOWN = re.compile(r"(?:^|\s)(?:NIC )?Link (?:is )?down\b|\blost carrier\b"
 # A superset of what classify() reads, tested first: most kernel lines are none of these.
 _WANT = re.compile(
     r"AER|PCIe Bus Error|can't find device of ID|Port module event|health compromised|Fatal error|Will cause a leak|"
+    r"Hardware Error|aer_|pci_dev for|\[\s?\d{1,2}\] |"
     r"(?i:link (?:is )?down|lost carrier)",
     re.ASCII,
 )
@@ -108,6 +126,54 @@ _BDF = re.compile(r"[0-9a-f]{4,8}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]", re.ASCII)
 MAX_REPORTS = 32  # AER reports awaiting their detail per host: one per root port, oldest dropped
 # libata's link prefix ("ata%u: ", "ata%u.%02u: " behind a port multiplier): a disk port, not a NIC.
 _ATA_LINK = re.compile(r"ata\d{1,4}(?:\.\d{1,2})?", re.ASCII)
+
+# Firmware-first AER (docs/producers.md#kernel-log): ghes.c prefixes every line of a record with
+# "{<seq>}[Hardware Error]: " (the "{<seq>}" read as optional), cper.c indents sections by one space
+# and their fields by two, which is not relied on (mail clients strip it).
+_HW = re.compile(r"^\s*(?:\{(?P<seq>\d{1,10})\})?\[Hardware Error\]: ?(?P<text>.*)$", re.ASCII)
+_CPER_SEV = r"(?P<sev>corrected|recoverable|fatal|info|unknown)"
+_CPER_HEADER = re.compile(r"Hardware error from APEI Generic Hardware Error Source: \d{1,10}$", re.ASCII)
+_CPER_EVENT = re.compile(r"event severity: " + _CPER_SEV + r"$", re.ASCII)
+_CPER_SECTION = re.compile(r"Error \d{1,5}, type: " + _CPER_SEV + r"$", re.ASCII)
+_CPER_TYPE = re.compile(r"section[_ ]type: (?P<type>.{0,80})$", re.ASCII)
+_CPER_DEVICE = re.compile(r"device_id: (?P<bdf>[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7])$", re.ASCII)
+# cper_severity_to_aer(): what the AER driver makes of a section's severity.
+_CPER_WHAT = {
+    "corrected": "pcie_aer_log_correctable",
+    "info": "pcie_aer_log_correctable",
+    "unknown": "pcie_aer_log_correctable",
+    "recoverable": "pcie_aer_log_nonfatal",
+    "fatal": "pcie_aer_log_fatal",
+}
+# pci_print_aer() / cper_print_aer() on the device's lines, after dev_fmt's "AER: " (5.2+).
+_FF_STATUS = re.compile(r"aer_status: 0x(?P<status>[0-9a-f]{8}), aer_mask: 0x(?P<mask>[0-9a-f]{8})$", re.ASCII)
+_FF_BIT = re.compile(r"\s{1,8}\[\s?(?P<bit>\d{1,2})\] (?P<name>[A-Za-z][\w /-]{0,40}?)\s*(?:\(First\))?\s*$", re.ASCII)
+_FF_LAYER = re.compile(
+    r"aer_layer=(?P<layer>Physical Layer|Data Link Layer|Transaction Layer), "
+    r"aer_agent=(?P<agent>Receiver ID|Requester ID|Completer ID|Transmitter ID)$",
+    re.ASCII,
+)
+_FF_UNCOR = re.compile(r"aer_uncor_severity: 0x(?P<sev>[0-9a-f]{8})$", re.ASCII)
+# aer_recover_work_func() finds no device (5.x+ "no pci_dev for", 4.x "AER recover: Can not find
+# pci_dev for") or aer_recover_queue()'s ring is full: that report has no print of its own.
+_FF_GONE = re.compile(
+    r"(?:no pci_dev for|Can not find pci_dev for|Buffer overflow when recovering AER for) "
+    r"(?P<dom>[0-9a-f]{4}):(?P<bus>[0-9a-f]{2}):(?P<dev>[0-9a-f]{1,2})[.:](?P<fn>[0-7])$",
+    re.ASCII,
+)
+# The AER status registers' bits (PCIe r6.0 7.8.4.2-7.8.4.5): the correctable register has only these.
+_COR_BITS = 0x0000F1C1
+# aer.c's AER_GET_LAYER_ERROR / AER_GET_AGENT masks, by class.
+_COR_DLL, _COR_TRANSMITTER = 0x000011C0, 0x00001100
+_UNC_DLL, _UNC_REQUESTER, _UNC_COMPLETER = 0x00000010, 0x00104000, 0x00008000
+# Bit 13 alone reads the same layer and agent either way: its name says which register it is.
+_COR_NAMES = frozenset({"NonFatalErr", "Advisory Non-Fatal"})
+_UNC_NAMES = frozenset({"FCP", "Flow Control Protocol"})
+MAX_CPER = 32  # GHES records, AER prints and unpaired printings kept per host, oldest dropped
+MAX_UNPAIRED = 16  # printings of one device and class awaiting the other kind (AER_RECOVER_RING_SIZE)
+
+_K = TypeVar("_K")
+_V = TypeVar("_V")
 
 
 def _severity(text: str) -> str:
@@ -143,11 +209,99 @@ class _Report:
     counted: bool  # False: a source the kernel does not trust, counted by its detail or "no device" line
 
 
+def _layer_agent(cls: str, status: int) -> tuple[str, str]:
+    """The layer and agent ``pci_print_aer()`` prints for ``status`` read as ``cls`` ("cor" or
+    "unc"), as aer.c's ``AER_GET_LAYER_ERROR`` and ``AER_GET_AGENT`` compute them.
+
+    >>> _layer_agent("cor", 0x1000)
+    ('Data Link Layer', 'Transmitter ID')
+    """
+    if cls == "cor":
+        layer = "Physical Layer" if status & 1 else "Data Link Layer" if status & _COR_DLL else "Transaction Layer"
+        return layer, "Transmitter ID" if status & _COR_TRANSMITTER else "Receiver ID"
+    layer = "Data Link Layer" if status & _UNC_DLL else "Transaction Layer"
+    agent = "Completer ID" if status & _UNC_COMPLETER else "Requester ID" if status & _UNC_REQUESTER else "Receiver ID"
+    return layer, agent
+
+
+def _aer_class(status: int | None, layer: str, agent: str, names: set[str]) -> str | None:
+    """Whether a ``pci_print_aer()`` report was correctable ("cor") or not ("unc"), from what it
+    printed; ``None`` when both read alike (bit 13 alone without its name, or a cut print)."""
+
+    def fits(c: str) -> bool:
+        if status is None:  # a print cut before its status line: only the words can tell
+            if c == "cor":
+                return agent not in ("Requester ID", "Completer ID")
+            return layer != "Physical Layer" and agent != "Transmitter ID"
+        if c == "cor" and status & ~_COR_BITS:
+            return False
+        return _layer_agent(c, status) == (layer, agent)
+
+    classes = [c for c in ("cor", "unc") if fits(c)]
+    cor_named, unc_named = bool(names & _COR_NAMES), bool(names & _UNC_NAMES)
+    if len(classes) == 2 and cor_named != unc_named:
+        classes = ["cor"] if cor_named else ["unc"]
+    return classes[0] if len(classes) == 1 else None
+
+
+@dataclass
+class _Block:
+    """The GHES record being printed under one ``{seq}``: its severities and current section."""
+
+    event: str | None = None
+    section: str | None = None
+    pcie: bool = False
+    counted: bool = False
+
+
+@dataclass
+class _Print:
+    """A device's ``pci_print_aer()`` lines so far."""
+
+    status: int | None
+    mask: int
+    names: set[str] = field(default_factory=set)
+    cls: str | None = None  # "unc": its aer_uncor_severity line decides; "done": the rest counts nothing
+    labels: dict[str, str] = field(default_factory=dict)
+
+
 @dataclass
 class _Host:
     counts: dict[str, int] = field(default_factory=lambda: dict.fromkeys(FIELDS, 0))
     # The reports awaiting their detail, by root port (None: a line without a bus id), oldest first.
     reports: dict[str | None, _Report] = field(default_factory=dict)
+    blocks: dict[str | None, _Block] = field(default_factory=dict)  # GHES records by {seq}
+    prints: dict[str, _Print] = field(default_factory=dict)  # pci_print_aer() in progress, by device
+    # Printings of a report that counted it, by (device, class): > 0 GHES sections awaiting their
+    # AER print, < 0 AER prints awaiting their GHES section.
+    unpaired: dict[tuple[str, str], int] = field(default_factory=dict)
+
+    def pair(self, key: tuple[str, str], kind: int) -> bool:
+        """Whether a printing of ``kind`` (1: GHES section, -1: AER print) is the other half of an
+        unpaired one (then it counts nothing); else it is kept unpaired itself.
+
+        >>> h = _Host()
+        >>> h.pair(("0000:3b:00.0", "cor"), 1), h.pair(("0000:3b:00.0", "cor"), -1)
+        (False, True)
+        """
+        n = self.unpaired.pop(key, 0)
+        if n * kind < 0:
+            if n + kind:
+                self.unpaired[key] = n + kind
+            return True
+        if len(self.unpaired) >= MAX_CPER:
+            del self.unpaired[next(iter(self.unpaired))]
+        self.unpaired[key] = max(-MAX_UNPAIRED, min(MAX_UNPAIRED, n + kind))
+        return False
+
+    @staticmethod
+    def keep(table: dict[_K, _V], key: _K, value: _V) -> _V:
+        """``value`` under ``key`` as the newest of at most ``MAX_CPER`` entries."""
+        table.pop(key, None)
+        if len(table) >= MAX_CPER:
+            del table[next(iter(table))]
+        table[key] = value
+        return value
 
     def report(self, port: str | None, rep: _Report) -> None:
         self.reports.pop(port, None)  # a port reports one error at a time (aer_isr() drains its fifo in order)
@@ -222,6 +376,17 @@ class FabricEvents:
         'pcie_aer_log_correctable'
         >>> ev.classify("n1", "nvidia 0000:01:00.0: PCIe Bus Error: severity=Corrected, type=Physical Layer, (Receiver ID)")
         """
+        if (hw := _HW.match(msg)) is not None:
+            return self._ghes(host, hw["seq"], hw["text"].strip())
+        if (gone := _FF_GONE.search(msg)) is not None:
+            st = self.hosts.get(host)
+            if st is not None:  # the report's section stays the one printing that counted it
+                dev = f"{gone['dom']}:{gone['bus']}:{int(gone['dev'], 16):02x}.{gone['fn']}"
+                for cls in ("cor", "unc"):
+                    if st.unpaired.get((dev, cls), 0) > 0:
+                        st.pair((dev, cls), -1)
+                        break
+            return None
         m = _DEV.match(msg)
         if m is None:
             return None
@@ -229,6 +394,9 @@ class FabricEvents:
         st = self.hosts.get(host)
         bdf = m["bdf"].lower() if m["bdf"] is not None else None
         labels: dict[str, str]
+        if bdf is not None and (ff := text[5:] if text.startswith("AER: ") else text).startswith(("aer_", " ")):
+            if ff.startswith("aer_") or (st is not None and bdf in st.prints):
+                return self._aer_print(host, bdf, ff)
         if (r := _AER_RECEIVED.search(text)) is not None:
             what = _severity(r["sev"])
             st = st or self.hosts.setdefault(host, _Host())
@@ -269,6 +437,76 @@ class FabricEvents:
             got = st.other(bdf, _AER_NO_DEVICE.match(text) is not None)
             return (got[0], dict(got[1])) if got is not None else None
         return what, self._labels(m, text, "aer" if what.startswith("pcie") else "nic", labels)
+
+    def _ghes(self, host: str, seq: str | None, text: str) -> tuple[str, dict[str, str]] | None:
+        """A line of a GHES record (``{seq}[Hardware Error]: <text>``): a PCIe section's counter
+        and labels at its ``device_id`` line, unless its device's AER print counted it."""
+        st = self.hosts.setdefault(host, _Host())
+        if _CPER_HEADER.match(text):
+            st.keep(st.blocks, seq, _Block())
+            return None
+        block = st.blocks.get(seq) or st.keep(st.blocks, seq, _Block())  # a record cut before its header
+        if (e := _CPER_EVENT.match(text)) is not None:
+            block.event = e["sev"]
+        elif (sec := _CPER_SECTION.match(text)) is not None:
+            block.section, block.pcie, block.counted = sec["sev"], False, False
+        elif (t := _CPER_TYPE.match(text)) is not None:
+            block.pcie = t["type"] == "PCIe error"
+        elif (d := _CPER_DEVICE.match(text)) is not None and block.pcie and not block.counted:
+            sev = block.section or block.event
+            if sev is None:  # a record cut before its severities
+                return None
+            block.counted = True
+            what = _CPER_WHAT[sev]
+            cls = "cor" if what == "pcie_aer_log_correctable" else "unc"
+            # A fatal record panics the kernel (__ghes_panic()) before any AER print.
+            if block.event != "fatal" and st.pair((d["bdf"], cls), 1):
+                return None
+            return what, {"aer.severity": sev, "aer.device": d["bdf"], "aer.message": text[:LABEL_MAX]}
+        return None
+
+    def _aer_print(self, host: str, bdf: str, text: str) -> tuple[str, dict[str, str]] | None:
+        """A line of ``pci_print_aer()`` for device ``bdf`` (its "AER: " left out): the report's
+        counter and labels at the line that decides its class, unless its GHES section counted it."""
+        st = self.hosts.setdefault(host, _Host())
+        if (s := _FF_STATUS.match(text)) is not None:
+            st.other(bdf, False)  # like any other AER line of the device: its native report has ended
+            st.keep(st.prints, bdf, _Print(int(s["status"], 16), int(s["mask"], 16)))
+            return None
+        pr = st.prints.get(bdf)
+        if (b := _FF_BIT.match(text)) is not None:
+            if pr is not None and len(pr.names) < 32:
+                pr.names.add(b["name"])
+            return None
+        if (la := _FF_LAYER.match(text)) is not None:
+            if pr is None or pr.cls is not None:  # a print cut before its status line
+                pr = _Print(None, 0)
+            labels = {"aer.device": bdf, "aer.type": la["layer"], "aer.message": text[:LABEL_MAX]}
+            cls = _aer_class(pr.status, la["layer"], la["agent"], pr.names)
+            if cls == "unc":
+                pr.cls, pr.labels = "unc", labels
+                st.keep(st.prints, bdf, pr)
+                return None
+            st.prints.pop(bdf, None)
+            if cls is None and st.unpaired.get((bdf, "unc"), 0) > 0 >= st.unpaired.get((bdf, "cor"), 0):
+                pr.cls = "done"  # the GHES section of an uncorrectable report: its severity line follows
+                st.keep(st.prints, bdf, pr)
+                st.pair((bdf, "unc"), -1)
+                return None
+            if cls is None:
+                pr.cls = "done"  # read as correctable, the common case: a severity line after it counts nothing
+                st.keep(st.prints, bdf, pr)
+            if st.pair((bdf, "cor"), -1):
+                return None
+            return "pcie_aer_log_correctable", {"aer.severity": "Corrected", **labels}
+        if (u := _FF_UNCOR.match(text)) is not None and pr is not None and pr.cls is not None:
+            del st.prints[bdf]
+            if pr.cls == "done" or st.pair((bdf, "unc"), -1):
+                return None
+            fatal = pr.status is not None and pr.status & ~pr.mask & int(u["sev"], 16)
+            what = "pcie_aer_log_fatal" if fatal else "pcie_aer_log_nonfatal"
+            return what, {"aer.severity": "Uncorrected (Fatal)" if fatal else "Uncorrected (Non-Fatal)", **pr.labels}
+        return None
 
     @staticmethod
     def _labels(m: re.Match[str], text: str, kind: str, labels: dict[str, str]) -> dict[str, str]:
