@@ -11,6 +11,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 import types
 from pathlib import Path
@@ -19,6 +20,7 @@ from kafka import KafkaAdminClient, KafkaConsumer, TopicPartition
 
 from pipeline.bus import Topics
 from pipeline.bus.kafka import group_settled, group_view  # noqa: F401 - the tests' helpers too
+from pipeline.recording import publish
 
 ROOT = Path(__file__).resolve().parents[2]
 RULES = ROOT / "rules"
@@ -209,3 +211,29 @@ class PrivateBroker:
 
     def stop(self) -> None:
         self._run("stop")
+
+
+def ids(alerts: list[dict], skip_host: str | None = None) -> set[tuple[str, str]]:
+    return {(a["id"], a["state"]) for a in alerts if a.get("host") != skip_host}
+
+
+def no_conflicting_duplicates(alerts: list[dict]) -> None:
+    seen: dict[tuple[str, str], dict] = {}
+    for a in alerts:
+        k = (a["id"], a["state"])
+        if k in seen:
+            assert seen[k] == a, f"same id and state, different content: {a} vs {seen[k]}"
+        seen[k] = a
+
+
+def wait_for_incidents(bootstrap: str, prefix: str, golden: set[str], timeout: float = 120) -> None:
+    """Until every golden incident event is on ``<prefix>.incidents``."""
+    wait_for(lambda: incident_events(incidents_on_topic(bootstrap, prefix)) >= golden, timeout=timeout, step=1,
+             what="every golden incident event on the incidents topic")
+
+
+def published_in_background(path, bootstrap, prefix, speed):
+    t = threading.Thread(target=publish, args=([str(path)], bootstrap, Topics(prefix).telemetry),
+                         kwargs={"speed": speed}, daemon=True)
+    t.start()
+    return t

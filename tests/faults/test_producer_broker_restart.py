@@ -13,7 +13,7 @@ from pipeline.bus.kafka import KafkaBusConsumer, ensure_topics
 from pipeline.colwire import is_columnar
 from pipeline.decode import Decoder
 from producers.common import BoundedSender, KafkaSink, run
-from tests.integration.test_producers_kafka import ScrapeSource
+from tests.integration.scrape_factories import ScrapeSource
 
 pytestmark = pytest.mark.kafka
 
@@ -58,7 +58,7 @@ def test_producer_rides_out_a_broker_restart_and_delivers_its_buffer(private_bro
 
 def _records_of(src: ScrapeSource):
     from producers.dcgm_exporter import parse_metrics
-    from tests.integration.test_producers_kafka import T0
+    from tests.factories import T0
     out = []
     for i in range(src.polls):
         recs, _ = parse_metrics(src.text, ts=T0 + i)

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import random
-import threading
 import time
 
 import pytest
@@ -21,38 +20,16 @@ from tests.faults.factories import (
     golden_alerts,
     golden_incidents,
     incident_events,
+    ids,
     incidents_on_topic,
+    no_conflicting_duplicates,
+    published_in_background,
     wait_for,
+    wait_for_incidents,
     write_config,
 )
 
 pytestmark = pytest.mark.kafka
-
-
-def ids(alerts: list[dict], skip_host: str | None = None) -> set[tuple[str, str]]:
-    return {(a["id"], a["state"]) for a in alerts if a.get("host") != skip_host}
-
-
-def no_conflicting_duplicates(alerts: list[dict]) -> None:
-    seen: dict[tuple[str, str], dict] = {}
-    for a in alerts:
-        k = (a["id"], a["state"])
-        if k in seen:
-            assert seen[k] == a, f"same id and state, different content: {a} vs {seen[k]}"
-        seen[k] = a
-
-
-def wait_for_incidents(bootstrap: str, prefix: str, golden: set[str], timeout: float = 120) -> None:
-    """Until every golden incident event is on ``<prefix>.incidents``."""
-    wait_for(lambda: incident_events(incidents_on_topic(bootstrap, prefix)) >= golden, timeout=timeout, step=1,
-             what="every golden incident event on the incidents topic")
-
-
-def published_in_background(path, bootstrap, prefix, speed):
-    t = threading.Thread(target=publish, args=([str(path)], bootstrap, Topics(prefix).telemetry),
-                         kwargs={"speed": speed}, daemon=True)
-    t.start()
-    return t
 
 
 def test_kill9_at_random_points_and_restart_loses_no_alert(kafka_bootstrap, topic_prefix, tmp_path, sim_recording):

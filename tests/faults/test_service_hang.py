@@ -17,8 +17,15 @@ from pipeline.bus.kafka import ensure_topics
 from pipeline.schema import encode
 from producers.torch_watchdog import parse
 from tests.factories import T0, fleet
-from tests.faults.factories import ServiceProc, alerts_on_topic, golden_alerts, wait_for, write_config
-from tests.faults.test_service_faults import ids, published_in_background
+from tests.faults.factories import (
+    ServiceProc,
+    alerts_on_topic,
+    golden_alerts,
+    ids,
+    published_in_background,
+    wait_for,
+    write_config,
+)
 
 pytestmark = pytest.mark.kafka
 

@@ -11,8 +11,7 @@ from kafka import KafkaAdminClient
 from pipeline.bus import Topics
 from pipeline.bus.kafka import ensure_topics
 from pipeline.recording import publish, record
-from tests.faults.factories import ServiceProc, alerts_on_topic, golden_alerts, wait_for, write_config
-from tests.faults.test_service_faults import ids
+from tests.faults.factories import ServiceProc, alerts_on_topic, golden_alerts, ids, wait_for, write_config
 
 HOST = "gpu-node-001"   # a real host of the recording: the hostile records speak for it
 

@@ -15,8 +15,17 @@ import pytest
 from pipeline.bus import Topics
 from pipeline.bus.kafka import ensure_topics
 from pipeline.schema import NicRecord, encode
-from tests.faults.factories import ServiceProc, alerts_on_topic, golden_alerts, on_topic, wait_for, write_config
-from tests.faults.test_service_faults import ids, no_conflicting_duplicates, published_in_background
+from tests.faults.factories import (
+    ServiceProc,
+    alerts_on_topic,
+    golden_alerts,
+    ids,
+    no_conflicting_duplicates,
+    on_topic,
+    published_in_background,
+    wait_for,
+    write_config,
+)
 
 pytestmark = pytest.mark.kafka
 

@@ -22,16 +22,14 @@ from tests.faults.factories import (
     golden_incidents,
     group_settled,
     group_view,
+    ids,
     incident_events,
     incidents_on_topic,
-    wait_for,
-    write_config,
-)
-from tests.faults.test_service_faults import (
-    ids,
     no_conflicting_duplicates,
     published_in_background,
+    wait_for,
     wait_for_incidents,
+    write_config,
 )
 
 pytestmark = pytest.mark.kafka

@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import shutil
 import signal
-import urllib.request
 
 import pytest
 
@@ -14,24 +13,9 @@ from pipeline.bus import Topics
 from pipeline.bus.kafka import KafkaBusProducer, ensure_topics
 from tests.factories import T0
 from tests.faults.factories import RULES, ServiceProc, wait_for, write_config
+from tests.integration.http_factories import get, metric
 
 pytestmark = pytest.mark.kafka
-
-
-def get(url: str) -> tuple[int, str]:
-    try:
-        with urllib.request.urlopen(url, timeout=5) as r:
-            return r.status, r.read().decode()
-    except urllib.error.HTTPError as e:
-        return e.code, e.read().decode()
-
-
-def metric(text: str, name: str) -> float:
-    total = 0.0
-    for line in text.splitlines():
-        if line.startswith(name) and not line.startswith("#"):
-            total += float(line.rsplit(" ", 1)[1])
-    return total
 
 
 def test_health_metrics_and_sighup_reload(kafka_bootstrap, topic_prefix, tmp_path):

@@ -24,7 +24,7 @@ from pipeline.models.modelset import STATE_VERSION
 from pipeline.service.state import Checkpoint, KafkaStateStore
 from tests.factories import T0
 from tests.faults.factories import RULES, ServiceProc, wait_for, write_config
-from tests.integration.test_service_ops import get, metric
+from tests.integration.http_factories import get, metric
 
 pytestmark = pytest.mark.kafka
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import shutil
 import subprocess
 import sys
@@ -33,3 +34,26 @@ def test_no_two_test_modules_share_a_name() -> None:
     root = Path(__file__).resolve().parents[2] / "tests"
     names = [p.name for p in root.rglob("test_*.py")]
     assert sorted({n for n in names if names.count(n) > 1}) == []
+
+
+def _test_module_imports(root: Path) -> list[str]:
+    """``file:line`` of each import, in a module under ``root``, of a test module (``test_*``)."""
+    found = []
+    for path in sorted(root.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Import):
+                modules = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module:
+                modules = [node.module, *(f"{node.module}.{a.name}" for a in node.names)]
+            else:
+                continue
+            if any(part.startswith("test_") for m in modules for part in m.split(".")):
+                found.append(f"{path.relative_to(root.parent)}:{node.lineno}")
+    return found
+
+
+def test_no_module_under_tests_imports_a_test_module() -> None:
+    # House style: a helper or constant two test modules share lives in a factories module beside
+    # them (tests/**/*factories.py), never imported from a test module or a conftest.
+    found = _test_module_imports(ROOT / "tests")
+    assert found == [], "move what these take from a test module into a factories module:\n" + "\n".join(found)

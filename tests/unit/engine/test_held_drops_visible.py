@@ -85,10 +85,10 @@ def test_the_drops_are_taken_once_and_a_restored_count_is_not_taken_again(small_
 
 
 def test_the_service_counts_held_drops_by_stage_on_metrics(small_holds):
-    from tests.unit.service.test_loop import _services
+    from tests.unit.service.service_factories import services
 
     clock = Clock()
-    _, host, _ = _services(list(per_host_messages([*wrong(5), *port_records(4)])), clock)
+    _, host, _ = services(list(per_host_messages([*wrong(5), *port_records(4)])), clock)
     for _ in range(5):
         host.step()
         clock.t += 0.5

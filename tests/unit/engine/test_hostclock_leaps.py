@@ -20,8 +20,7 @@ from pipeline.engine import EngineConfig
 from pipeline.engine.hostclock import HostClock
 from tests.factories import T0, fuzz_examples
 from tests.fleet_factories import no_hang
-from tests.unit.engine.test_hostclock_review import CONFIG, RefClock, RefHost, _batches, _clock, _engine, _feed
-from tests.unit.engine.test_hostclock_review import _message
+from tests.unit.engine.hostclock_factories import CONFIG, RefClock, RefHost, batches, engine, feed, host_clock, message
 
 Shift = dict[int, float | None]
 
@@ -31,20 +30,20 @@ def _run(times, seconds: int = 900, hosts: int = 4, step: int = 1, snapshot_at: 
     one batch a second; ``times(s, k)``: host k's time at second s, None: nothing sent.
     ``snapshot_at``: the engine is snapshot and restored into a new one before that second.
     What was dead-lettered, and how far the release lagged each second."""
-    eng = _engine()
+    eng = engine()
     dead, lag = [], []
     for s in range(seconds):
         if s == snapshot_at:
-            back = _engine()
+            back = engine()
             back.restore(eng.snapshot())
             eng = back
         msgs = []
         for k in range(hosts):
             t = times(s, k) if s % step == 0 else None
             if t is not None:
-                msgs.append((f"h{k}", _message(T0 + t, f"h{k}")))
+                msgs.append((f"h{k}", message(T0 + t, f"h{k}")))
         if msgs:
-            dead += _feed(eng, msgs).dead
+            dead += feed(eng, msgs).dead
         lag.append(s - (eng.released - T0))
     return eng, dead, lag
 
@@ -166,7 +165,7 @@ def test_a_leap_then_a_step_back_holds_the_release_at_most_the_lead_more() -> No
 
 
 def test_non_finite_times_with_leaps_raise_nothing_and_leads_stay_within_max_ahead() -> None:
-    clock = _clock(CONFIG, 4, [True] * 4)
+    clock = host_clock(CONFIG, 4, [True] * 4)
     ts = np.array([T0, T0 + 0.1, T0 + 100.0, math.inf, -math.inf, math.nan, T0 + 200.0, math.inf])
     hosts = np.array([0, 1, 2, 3, 0, 1, 2, 3])
     with np.errstate(invalid="ignore"):
@@ -184,7 +183,7 @@ def test_a_million_hosts_every_record_leaping_are_heard_in_linear_time() -> None
     # million hosts leaping, and clocks stepping back in the batch: seconds, not hours.
     n = 1_000_000
     rng = np.random.default_rng(1)
-    clock = _clock(CONFIG, n, [True] * n)
+    clock = host_clock(CONFIG, n, [True] * n)
     with no_hang(60):
         clock.hear(T0 + rng.random(n), rng.permutation(n), n)
         clock.hear(T0 + 1.0 + rng.random(n), rng.permutation(n), n)  # (a step to measure a leap by)
@@ -199,7 +198,7 @@ def test_a_million_hosts_every_record_leaping_are_heard_in_linear_time() -> None
 
 
 def _leads(batches: list[list[tuple[float, int]]], n: int) -> tuple[list[float], list[float]]:
-    clock, ref = _clock(CONFIG, n, [True] * n), RefClock(CONFIG)
+    clock, ref = host_clock(CONFIG, n, [True] * n), RefClock(CONFIG)
     for b in batches:
         ts, hs = np.array([t for t, _ in b]), np.array([h for _, h in b], np.int64)
         clock.hear(ts, hs, n)
@@ -252,7 +251,7 @@ def stepping(draw):
 @given(stepping())
 def test_leads_are_the_references_whatever_the_batching_when_clocks_step_back(case) -> None:
     heard, n, cuts = case
-    got, want = _leads(_batches(heard, cuts), n)
+    got, want = _leads(batches(heard, cuts), n)
     assert np.allclose(got, want, rtol=1e-12, atol=0)
 
 
@@ -324,13 +323,13 @@ def test_a_clock_leaping_at_a_joining_hosts_second_sample_costs_the_others_nothi
     # its clock steps 45 s ahead before its second sample. With no step of its own yet, that
     # sample did not count as a leap, became the front, and h0-h2 (1 Hz) lost their samples of
     # the next seconds as late. Measured by the fleet's longest step (1 s), it leaps.
-    eng = _engine()
+    eng = engine()
     dead = []
     for s in range(300):
-        msgs = [(f"h{k}", _message(T0 + s + 0.1 * k, f"h{k}")) for k in range(3)]
+        msgs = [(f"h{k}", message(T0 + s + 0.1 * k, f"h{k}")) for k in range(3)]
         if s >= 150 and s % 10 == 0:
-            msgs.append(("h3", _message(T0 + s + 0.3 + (45.0 if s > 150 else 0.0), "h3")))
-        dead += _feed(eng, msgs).dead
+            msgs.append(("h3", message(T0 + s + 0.3 + (45.0 if s > 150 else 0.0), "h3")))
+        dead += feed(eng, msgs).dead
     assert dead == []
     assert _lead(eng, "h3") == pytest.approx(45.0, abs=1.0)
 

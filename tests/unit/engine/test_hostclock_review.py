@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 import random
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import msgspec
 import numpy as np
@@ -18,13 +18,11 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from pipeline.deadletters import Origins
 from pipeline.engine import Engine, EngineConfig
 from pipeline.engine.arrays import from_dict, to_dict
 from pipeline.engine.hostclock import (
     JITTER_FADE,
     JITTER_TRUSTED_AFTER,
-    STEP_RECOVERY,
     HostClock,
     latest_steps,
 )
@@ -32,112 +30,13 @@ from pipeline.errors import StateError
 from pipeline.schema import DcgmRecord, dcgm
 from tests.factories import T0, fuzz_examples
 from tests.fleet_factories import no_hang
+from tests.unit.engine.hostclock_factories import CONFIG, RefClock, RefHost, batches, engine, feed, host_clock, message
 
 STEPS = (1.0, 5.0, 10.0, 30.0)
 YEARS = 10 * 365 * 86400.0
 
 
 # -- the reference: docs/architecture.md §4, one record at a time, in plain Python ------------
-
-
-@dataclass
-class RefHost:
-    hwm: float = math.nan
-    seen: float = math.nan
-    step: float = math.nan
-    min_step: float = math.nan
-    trusted: float = math.nan
-    whole: bool = False
-    lead: float = 0.0
-
-
-@dataclass
-class RefClock:
-    """Each host's newest time, the stream's progress when its latest record came, its latest
-    step forward, its shortest step (grown by 1 % a step; a longer step takes its place once it
-    has grown past it) and the step that set that, the one it is trusted with."""
-
-    config: EngineConfig
-    hosts: dict[int, RefHost] = field(default_factory=dict)
-    progress: float = -math.inf
-    first_ts: float = math.inf
-    fleet_step: float = math.nan  # the longest step of any host before the batch (``batch``)
-
-    def batch(self) -> None:
-        """A batch begins: a leap measures a host's second record by the fleet's steps then."""
-        steps = [x.step for x in self.hosts.values() if not math.isnan(x.step)]
-        self.fleet_step = max(steps) if steps else math.nan
-
-    def hear(self, t: float, h: int) -> None:
-        if math.isnan(t):
-            return  # a time that is no number says nothing
-        host = self.hosts.setdefault(h, RefHost())
-        cfg = self.config
-        # A leap: further than allowed_lateness past the stream's progress, in a step of its
-        # own longer than allowed_lateness plus its step before (a first record: any step).
-        ahead, own = t - self.progress, t - host.hwm
-        # (No step of its own yet: the fleet's longest as the batch found it, ``fleet_step``.)
-        before = self.fleet_step if math.isnan(host.step) else host.step
-        leapt = math.isnan(own) or own > cfg.allowed_lateness + before
-        if math.isfinite(self.progress) and ahead > cfg.allowed_lateness and leapt:
-            host.lead = max(host.lead, min(ahead, cfg.max_ahead))
-        self.progress = max(self.progress, t)
-        host.seen = self.progress if math.isnan(host.seen) else max(host.seen, self.progress)
-        if not math.isnan(host.hwm) and t > host.hwm:
-            g = min(t - host.hwm, self.config.max_lag)
-            host.step = g
-            if math.isnan(host.min_step):
-                host.min_step = host.trusted = g
-            else:
-                grown = host.min_step * STEP_RECOVERY
-                if g < grown:
-                    host.min_step, host.trusted = g, g
-                elif g == grown:
-                    host.min_step, host.trusted = g, min(host.trusted, g)
-                else:
-                    host.min_step = grown
-        host.hwm = t if math.isnan(host.hwm) else max(host.hwm, t)
-
-    def accept(self, t: float) -> None:
-        if not math.isnan(t):
-            self.first_ts = min(self.first_ts, t)
-
-    def watermark(self, released: float, margin: dict[int, float]) -> tuple[float, dict[int, float] | None]:
-        """The watermark and how far each active host is complete (replay: no wall clock).
-        ``margin``: each host's jitter margin (how it is measured is tested apart)."""
-        cfg, tick = self.config, self.config.tick
-        known = {h: x for h, x in self.hosts.items() if not math.isnan(x.hwm)}
-        if not known:
-            return released, None
-        newest = max(x.hwm for x in known.values())
-        # Who is still sending is judged from the fleet's front: each host's newest time less
-        # how far its clock once leapt ahead of the stream.
-        front = max(x.hwm - x.lead for x in known.values())
-        steps = [x.step for x in self.hosts.values() if not math.isnan(x.step)]
-        fleet_step = max(steps) if steps else 0.0
-
-        def wait(x: RefHost) -> float:
-            s = fleet_step if math.isnan(x.step) else x.step
-            return max(cfg.allowed_lateness + s, 2.5 * s)
-
-        complete = {}
-        for h, x in known.items():
-            near = x.hwm >= front - cfg.allowed_lateness
-            sending = front - x.seen <= wait(x)
-            if not ((near or sending) and x.hwm >= front - cfg.max_lag):
-                continue
-            done = x.hwm
-            if x.whole and not math.isnan(x.trusted):
-                end = (math.floor(x.hwm / tick) + 1) * tick
-                upto = math.floor((x.hwm + x.trusted - margin[h]) / tick) * tick
-                if upto >= end:
-                    done = max(end, min(upto, math.floor(newest / tick) * tick))
-            complete[h] = done - cfg.host_disorder
-        wm = min(complete.values())
-        hold = cfg.allowed_lateness + (fleet_step if steps else 0.0)
-        if newest - self.first_ts < hold:
-            return max(released, min(wm, newest - hold)), None
-        return max(released, wm), complete
 
 
 def ref_margin(clock: HostClock, h: int, trusted: float) -> float:
@@ -190,26 +89,11 @@ def heard(draw, backwards: bool = False) -> tuple[list[tuple[float, int]], list[
     return recs, whole, cuts
 
 
-def _batches(recs: list, cuts: list[int]) -> list[list]:
-    bounds = [0, *[c for c in cuts if 0 < c < len(recs)], len(recs)]
-    return [recs[i:j] for i, j in zip(bounds, bounds[1:]) if i < j]
-
-
-def _clock(config: EngineConfig, n: int, whole: list[bool]) -> HostClock:
-    clock = HostClock(config)
-    clock.grow(n)
-    clock.whole[:n] = whole
-    return clock
-
-
 def _hear(clock: HostClock, batch: list[tuple[float, int]], n: int) -> None:
     ts = np.array([t for t, _ in batch])
     hosts = np.array([h for _, h in batch], np.int64)
     clock.hear(ts, hosts, n)
     clock.accepted(ts[~np.isnan(ts)])
-
-
-CONFIG = EngineConfig()
 
 
 @settings(max_examples=fuzz_examples(150), deadline=None)
@@ -223,9 +107,9 @@ def test_the_marks_and_the_watermark_are_the_references_whatever_the_batching(ca
     ref = RefClock(CONFIG)
     for h in range(n):
         ref.hosts[h] = RefHost(whole=whole[h])
-    clock = _clock(CONFIG, n, whole)
+    clock = host_clock(CONFIG, n, whole)
     released = -math.inf
-    for batch in _batches(recs, cuts):
+    for batch in batches(recs, cuts):
         _hear(clock, batch, n)
         ref.batch()
         for t, h in batch:
@@ -262,9 +146,9 @@ def test_clocks_that_step_back_keep_the_marks_and_progress_whatever_the_batching
     recs, whole, cuts = case
     n = len(whole)
     ref = RefClock(CONFIG)
-    clock = _clock(CONFIG, n, whole)
+    clock = host_clock(CONFIG, n, whole)
     released = -math.inf
-    for batch in _batches(recs, cuts):
+    for batch in batches(recs, cuts):
         _hear(clock, batch, n)
         for t, h in batch:
             ref.hear(t, h)
@@ -281,7 +165,7 @@ def test_jitter_is_the_largest_deviation_from_whole_multiples_of_the_trusted_ste
     # Heard one record at a time: each step forward's deviation from the nearest whole multiple
     # (one to three) of the step the host is trusted with, a running maximum fading by 1 % a
     # measured step; steps past three multiples say nothing.
-    clock = _clock(CONFIG, hosts, [True] * hosts)
+    clock = host_clock(CONFIG, hosts, [True] * hosts)
     jitter, count = [math.nan] * hosts, [0] * hosts
     trusted, hwm = [math.nan] * hosts, [math.nan] * hosts
     ref = RefClock(CONFIG)
@@ -315,13 +199,13 @@ def test_any_times_at_all_raise_nothing_and_a_nan_says_nothing(times, hosts) -> 
     ts = np.array(times)
     hs = np.array(hosts[: len(ts)], np.int64)
     with np.errstate(invalid="ignore"):  # (inf - inf on the way: a warning, as numpy has it)
-        clock = _clock(CONFIG, 4, [True, False, True, False])
+        clock = host_clock(CONFIG, 4, [True, False, True, False])
         clock.hear(ts, hs, 4)
         clock.accepted(ts[~np.isnan(ts)])
         wm, _ = clock.watermark(4, -math.inf, None, 0)
         assert not math.isnan(wm)
         clock.watermark(4, -math.inf, 100.0, 0)
-        without = _clock(CONFIG, 4, [True, False, True, False])
+        without = host_clock(CONFIG, 4, [True, False, True, False])
         ok = ~np.isnan(ts)
         without.hear(ts[ok], hs[ok], 4)
     for a in ("hwm", "seen", "step", "min_step", "trusted_step", "jitter", "jitter_n"):
@@ -329,20 +213,6 @@ def test_any_times_at_all_raise_nothing_and_a_nan_says_nothing(times, hosts) -> 
 
 
 # -- the engine: no sample lost, no second held for ever, bounded buffers ---------------------
-
-
-def _message(ts: float, host: str, gpus: int = 2) -> list[DcgmRecord]:
-    return [dcgm(ts, host, g, {"gpu_temp": 60}) for g in range(gpus)]
-
-
-def _feed(eng: Engine, msgs: list[tuple[str, list[DcgmRecord]]], whole: bool = True):
-    recs = [r for _, m in msgs for r in m]
-    sizes = [len(m) for _, m in msgs] if whole else [-1] * len(recs)
-    return eng.process(recs, Origins.of_messages([f"t@{i}" for i in range(len(sizes))], sizes))
-
-
-def _engine(config: EngineConfig | None = None) -> Engine:
-    return Engine(config or EngineConfig(), row_checks=[], tick_checks=[])
 
 
 def _steady(step: float, phase: float, missed: set[int], lag: float, end: float,
@@ -353,7 +223,7 @@ def _steady(step: float, phase: float, missed: set[int], lag: float, end: float,
     sent = [(t, t, h) for h in ("a", "b") for t in np.arange(others, end, 1.0).tolist()]
     sent += [(phase + k * step + lag, phase + k * step, "c") for k in range(int(end / step)) if k not in missed]
     sent.sort()
-    return [(h, _message(T0 + ts, h)) for _, ts, h in sent]
+    return [(h, message(T0 + ts, h)) for _, ts, h in sent]
 
 
 @pytest.mark.parametrize("step,phase", [(1.0, 0.997), (5.0, 0.98), (10.0, 0.96), (30.0, 0.9)])
@@ -366,22 +236,22 @@ def test_a_steady_host_that_misses_a_sample_loses_none_of_the_samples_after(step
     trusted = 40 if step == 1.0 else 20
     msgs = _steady(step, phase, missed={trusted}, lag=0.5, end=step * (trusted + 10))
     for size in (1, 7):
-        eng = _engine()
+        eng = engine()
         lost = []
         for i in range(0, len(msgs), size):
-            lost += [(d.host, d.ts - T0) for d in _feed(eng, msgs[i:i + size]).dead]
+            lost += [(d.host, d.ts - T0) for d in feed(eng, msgs[i:i + size]).dead]
         assert lost == []
         assert eng.clock.trusted_step[eng.entities.host_id["c"]] == pytest.approx(step)
 
 
 def test_a_snapshot_from_before_the_trusted_step_restores_with_the_shortest_step() -> None:
-    eng = _engine()
+    eng = engine()
     for h, m in _steady(5.0, 0.5, set(), 0.0, 200.0):
-        _feed(eng, [(h, m)])
+        feed(eng, [(h, m)])
     data = msgspec.msgpack.decode(eng.snapshot())
     assert "host_trusted_step" in data
     del data["host_trusted_step"]
-    back = _engine()
+    back = engine()
     back.restore(msgspec.msgpack.encode(data))
     assert np.array_equal(back.clock.trusted_step, eng.host_min_step, equal_nan=True)
     assert back.clock.trusted_step is not back.host_min_step
@@ -439,7 +309,7 @@ def fleets(draw):
                 missed = False
             i, t = i + 1, t + h.step
     sent.sort()
-    msgs = [(name, _message(T0 + ts, name)) for _, name, ts in sent]
+    msgs = [(name, message(T0 + ts, name)) for _, name, ts in sent]
     if draw(st.booleans()):
         cuts = list(range(1, len(msgs)))
     else:
@@ -457,14 +327,14 @@ def test_no_sample_is_lost_no_second_is_held_and_the_buffer_stays_bounded(case, 
     # max_lag plus the start-up hold.
     hosts, msgs, cuts = case
     config = EngineConfig(tick=tick)
-    eng = _engine(config)
+    eng = engine(config)
     heard_at: dict[str, float] = {}
     lost = []
     newest = -math.inf
     bounds = [0, *cuts, len(msgs)]
     bound = config.max_lag + config.allowed_lateness + max(STEPS) + tick
     for i, j in zip(bounds, bounds[1:]):
-        out = _feed(eng, msgs[i:j])
+        out = feed(eng, msgs[i:j])
         for name, m in msgs[i:j]:
             heard_at.setdefault(name, eng.released)
             newest = max(newest, m[0].ts)
@@ -486,15 +356,15 @@ def _fleet_with(bad: str, shift, seconds: int = 900, hosts: int = 4) -> tuple[En
     """``hosts`` hosts at 1 Hz, per-host messages, one batch a second; host ``bad``'s times
     moved by ``shift(t)``. What the engine dead-lettered, and how far it had released after each
     second."""
-    eng = _engine()
+    eng = engine()
     dead, released = [], []
     for s in range(seconds):
         msgs = []
         for k in range(hosts):
             name = f"h{k}"
             t = s + 0.1 * k
-            msgs.append((name, _message(T0 + t + (shift(t) if name == bad else 0.0), name)))
-        dead += _feed(eng, msgs).dead
+            msgs.append((name, message(T0 + t + (shift(t) if name == bad else 0.0), name)))
+        dead += feed(eng, msgs).dead
         released.append(eng.released - T0)
     return eng, dead, released
 
@@ -535,11 +405,11 @@ def test_the_last_host_sending_holds_the_release_no_longer_than_its_wait() -> No
     # The mirror image of a clock ahead: three of four hosts stop and one goes on alone at the
     # front, walking its own steps. It leaps nowhere, so the others count as gone after their
     # wait as before, and the release follows it.
-    eng = _engine()
+    eng = engine()
     released = []
     for s in range(900):
         names = ["h0"] if s >= 400 else ["h0", "h1", "h2", "h3"]
-        _feed(eng, [(h, _message(T0 + s + 0.1 * k, h)) for k, h in enumerate(names)])
+        feed(eng, [(h, message(T0 + s + 0.1 * k, h)) for k, h in enumerate(names)])
         released.append(eng.released - T0)
     assert max(s - r for s, r in enumerate(released) if s > 60) <= 31.0
     assert not eng.clock.lead.any()
@@ -559,7 +429,7 @@ def test_a_batch_of_a_million_hosts_is_heard_and_released_in_linear_time() -> No
     # Quadratic in hosts this is 10^12 steps: hours. Linear, about a second.
     n = 1_000_000
     rng = np.random.default_rng(0)
-    clock = _clock(CONFIG, n, [True] * n)
+    clock = host_clock(CONFIG, n, [True] * n)
     with no_hang(120):
         for k in range(3):
             ts = T0 + k + rng.random(n)
@@ -585,7 +455,7 @@ def test_a_hundred_thousand_hosts_through_the_engine_in_linear_time() -> None:
     # hundred thousand hosts in each batch. Quadratic in hosts that is 10^10 steps a batch
     # (an n-by-n array would not even fit in memory); linear, seconds in all.
     n = 100_000
-    eng = _engine(EngineConfig(max_hosts=n))
+    eng = engine(EngineConfig(max_hosts=n))
     names = [f"n{i}" for i in range(n)]
     with no_hang(120):
         for s in range(6):

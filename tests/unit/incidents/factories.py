@@ -5,9 +5,12 @@ from __future__ import annotations
 
 from typing import Any, Iterable
 
+from hypothesis import strategies as st
+
 from pipeline.incidents import IncidentStage, default_config
 from pipeline.incidents.events import IncidentEvent
-from pipeline.schema import AlertEvent, encode
+from pipeline.incidents.stage import _comm, _Incident
+from pipeline.schema import AlertEvent, encode, fault_family
 
 T0 = 1764403200.0
 
@@ -109,3 +112,51 @@ def two_open_incidents(host: str = "n1", other: str = "n2") -> list[AlertEvent]:
         alert("pcie_replay_rate", t + 90, other, 3, id="pcie-1"),
     ]
     return out
+
+
+HOSTS = ("n1", "n2")
+RULE_NAMES = sorted(RULES)
+
+
+@st.composite
+def alert_streams(draw):
+    """Alerts of any rule on two hosts' GPUs, some resolved later, a few out of order, with XIDs."""
+    out = []
+    t = 0.0
+    for i in range(draw(st.integers(1, 40))):
+        t += draw(st.sampled_from([0.0, 5.0, 30.0, 200.0, 400.0, 4000.0]))
+        rule = draw(st.sampled_from(RULE_NAMES))
+        gpu = None if rule in ("nccl_comm_busbw", "builtin_telemetry_gap") else draw(st.integers(0, 2))
+        ev = {"xid": draw(st.sampled_from([13, 79, 92]))} if "xid" in rule or rule == "gpu_fallen_off_bus" else {}
+        if rule.startswith("nccl"):
+            ev["comm"] = draw(st.sampled_from(["c1", "c2"]))
+        late = draw(st.sampled_from([0.0, 0.0, 0.0, 20.0]))  # a model alert's ts is behind
+        a = alert(rule, t - late, draw(st.sampled_from(HOSTS)), gpu, id=f"a{i}", **ev)
+        out.append(a)
+        if draw(st.booleans()):
+            out.append(resolved(a, t + draw(st.sampled_from([10.0, 300.0, 900.0]))))
+    # Resolutions go where their time puts them, as the engine emits them.
+    return sorted(out, key=lambda a: a.ts)
+
+
+class EveryIncident(IncidentStage):
+    """The reference: the incident an alert joins, found by walking every open incident with the
+    rule of docs/rules.md ("Incidents"), no index."""
+
+    def _target(self, a: AlertEvent) -> _Incident | None:
+        fam, window = fault_family(a.fault), self.config.join_window
+        same = [
+            inc
+            for inc in self._open.values()
+            if a.gpu is not None
+            and (inc.host, inc.gpu) == (a.host, a.gpu)
+            and (fam in inc.families or a.ts - inc.last_join <= window or self._explains(inc, a, None))
+        ]
+        if same:
+            return max(same, key=lambda inc: (inc.opened_at, inc.id))
+        live = [
+            inc
+            for inc in self._open.values()
+            if (inc.firing or a.ts - inc.last_join <= window) and self._explains(inc, a, _comm(a))
+        ]
+        return max(live, key=lambda inc: (inc.last_join, inc.id), default=None)

@@ -19,9 +19,7 @@ from pipeline.incidents import AlertFeed, IncidentStage, default_config
 from pipeline.incidents.events import IncidentEvent
 from pipeline.schema import AlertEvent
 from tests.factories import fuzz_examples
-from tests.unit.incidents.factories import HOUR, T0, alert, resolved, run, wire
-from tests.unit.incidents.test_batching import alert_streams
-from tests.unit.incidents.test_stage_review import _EveryIncident
+from tests.unit.incidents.factories import HOUR, T0, EveryIncident, alert, alert_streams, resolved, run, wire
 
 QUIET = default_config().quiet
 
@@ -271,7 +269,7 @@ def test_redeliveries_and_early_resolves_say_what_the_clean_stream_says(streams)
     end = [_later(1000 * HOUR)]
     want = run(clean + end)
     assert wire(run(dirty + end)) == wire(want)
-    assert wire(run(dirty + end, stage=_EveryIncident(default_config()))) == wire(want)
+    assert wire(run(dirty + end, stage=EveryIncident(default_config()))) == wire(want)
     # Every incident opened once and, once its alerts all resolved and time moved on, resolved.
     opened = [e.incident for e in want if e.state == "opened"]
     assert len(opened) == len(set(opened))

@@ -11,10 +11,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pipeline.incidents import IncidentStage, default_config
-from pipeline.incidents.stage import _comm, _Incident
-from pipeline.schema import AlertEvent, fault_family
+from pipeline.schema import AlertEvent
 from tests.factories import fuzz_examples
-from tests.unit.incidents.factories import RULES, T0, alert, resolved, run, wire
+from tests.unit.incidents.factories import RULES, T0, EveryIncident, alert, resolved, run, wire
 
 
 def _restored(stage: IncidentStage) -> IncidentStage:
@@ -123,29 +122,6 @@ def test_an_alert_firing_again_after_it_resolved_never_replaces_its_open_inciden
     assert [(e.incident, e.state) for e in later if e.state == "resolved"] == [(ev[0].incident, "resolved")]
 
 
-class _EveryIncident(IncidentStage):
-    """The reference: the incident an alert joins, found by walking every open incident with the
-    rule of docs/rules.md ("Incidents"), no index."""
-
-    def _target(self, a: AlertEvent) -> _Incident | None:
-        fam, window = fault_family(a.fault), self.config.join_window
-        same = [
-            inc
-            for inc in self._open.values()
-            if a.gpu is not None
-            and (inc.host, inc.gpu) == (a.host, a.gpu)
-            and (fam in inc.families or a.ts - inc.last_join <= window or self._explains(inc, a, None))
-        ]
-        if same:
-            return max(same, key=lambda inc: (inc.opened_at, inc.id))
-        live = [
-            inc
-            for inc in self._open.values()
-            if (inc.firing or a.ts - inc.last_join <= window) and self._explains(inc, a, _comm(a))
-        ]
-        return max(live, key=lambda inc: (inc.last_join, inc.id), default=None)
-
-
 # Beside the factories' rules, causes and explained alerts of the host-reach entries.
 MORE = {
     "pcie_aer_fatal": "pcie_aer_fatal",
@@ -186,7 +162,7 @@ def _streams(draw):
 @settings(max_examples=fuzz_examples(100), deadline=None)
 @given(_streams(), st.integers(0, 80))
 def test_the_indexes_choose_what_a_walk_over_every_incident_chooses(alerts, cut) -> None:
-    want = wire(run(alerts, stage=_EveryIncident(default_config())))
+    want = wire(run(alerts, stage=EveryIncident(default_config())))
     first = IncidentStage(default_config())
     before = first.process(alerts[:cut])
     assert wire(before + _restored(first).process(alerts[cut:])) == want
@@ -199,7 +175,7 @@ def test_a_communicators_bandwidth_alerts_do_not_walk_its_many_straggler_inciden
     n = 300
     flood = [alert("nccl_rank_straggler", i * 0.01, f"h{i // 8}", i % 8, id=f"st{i}", comm="c1") for i in range(n)]
     flood += [alert("nccl_comm_busbw", 10 + i * 0.01, f"x{i}", None, id=f"bw{i}", comm="c1") for i in range(n)]
-    want = wire(run(flood, stage=_EveryIncident(default_config())))
+    want = wire(run(flood, stage=EveryIncident(default_config())))
     calls = _counting_explains(monkeypatch)
     assert wire(run(flood)) == want
     assert calls[0] <= 2 * n
@@ -212,7 +188,7 @@ def test_alerts_out_of_time_order_join_what_a_walk_chooses(alerts, rnd) -> None:
     # the stage's clock still finds what a walk over every incident finds.
     alerts = list(alerts)
     rnd.shuffle(alerts)
-    assert wire(run(alerts)) == wire(run(alerts, stage=_EveryIncident(default_config())))
+    assert wire(run(alerts)) == wire(run(alerts, stage=EveryIncident(default_config())))
 
 
 def test_an_alert_behind_the_clock_joins_an_incident_recent_for_it_though_not_for_the_clock() -> None:
@@ -223,7 +199,7 @@ def test_an_alert_behind_the_clock_joins_an_incident_recent_for_it_though_not_fo
     later = alert("nccl_comm_busbw", 400, "h2", None, id="bw400", comm="c1")
     behind = alert("nccl_comm_busbw", 250, "h3", None, id="bw250", comm="c1")
     alerts = [st0, resolved(st0, 200), later, behind]
-    want = wire(run(alerts, stage=_EveryIncident(default_config())))
+    want = wire(run(alerts, stage=EveryIncident(default_config())))
     got = run(alerts)
     assert wire(got) == want
     assert got[-1].incident == got[0].incident and got[-1].members == ["st", "bw250"]

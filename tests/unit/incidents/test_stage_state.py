@@ -13,8 +13,7 @@ from hypothesis import strategies as st
 from pipeline.errors import StateError
 from pipeline.incidents import IncidentStage, default_config
 from tests.factories import fuzz_examples
-from tests.unit.incidents.factories import alert, resolved, run, wire
-from tests.unit.incidents.test_batching import alert_streams
+from tests.unit.incidents.factories import alert, alert_streams, resolved, run, wire
 
 
 def _through_msgpack(stage: IncidentStage) -> IncidentStage:

@@ -3,7 +3,14 @@
 
 from __future__ import annotations
 
+import os
+import stat
+import sys
+
+import pytest
+
 from producers.dcgmi import DmonParser
+from tests.factories import SHARED_DATA as DATA
 
 
 def dmon(entity_width: int, cols: list[tuple[str, str, int]], rows: list[tuple[str, list[str]]]) -> str:
@@ -20,3 +27,37 @@ def parse_dmon(text: str) -> tuple[list, DmonParser]:
     """The records of ``text`` read by one parser (host ``h``), and the parser for its counts."""
     p = DmonParser("h", clock=lambda: 1.0e9)
     return list(p.parse(text.splitlines())), p
+
+
+# The real sample the fake dcgmi prints (test_producer_dcgmi.py reads it too).
+SAMPLE = DATA / "dcgmi_dmon_a100_dcgm3_sample.txt"
+
+
+@pytest.fixture
+def fake_dcgmi(tmp_path, monkeypatch):
+    """A ``dcgmi`` on PATH: probes (-c 1) exit 250 for ids in FAKE_DCGMI_UNSUPPORTED; the stream
+    prints the real sample, then waits, and records its argv."""
+    exe = tmp_path / "bin" / "dcgmi"
+    exe.parent.mkdir()
+    exe.write_text(f"""#!{sys.executable}
+import os, sys, time
+args = sys.argv[1:]
+with open(os.environ["FAKE_DCGMI_LOG"], "a") as fh:
+    fh.write(" ".join(args) + "\\n")
+ids = args[args.index("-e") + 1].split(",")
+bad = set(filter(None, os.environ.get("FAKE_DCGMI_UNSUPPORTED", "").split(",")))
+if bad & set(ids):
+    print("Error: field not supported", file=sys.stderr)
+    sys.exit(250)
+if "-c" in args:
+    sys.exit(0)
+sys.stdout.write(open({str(SAMPLE)!r}).read())
+sys.stdout.flush()
+time.sleep(30)
+""")
+    exe.chmod(exe.stat().st_mode | stat.S_IXUSR)
+    log = tmp_path / "argv.log"
+    monkeypatch.setenv("PATH", f"{exe.parent}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setenv("FAKE_DCGMI_LOG", str(log))
+    monkeypatch.setenv("FAKE_DCGMI_UNSUPPORTED", "155,999")
+    return log

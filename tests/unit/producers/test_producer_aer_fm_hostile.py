@@ -19,7 +19,7 @@ from producers.kmsg import KmsgFileSource, parse_pci_map
 from producers.pcie_aer import AerSource, parse_aer_file
 from tests.factories import T0
 from tests.unit.producers.pcie_factories import dgx_like, ib_class
-from tests.unit.producers.test_producer_kmsg import PCI_MAP
+from tests.unit.producers.kmsg_factories import PCI_MAP
 
 U64 = (1 << 64) - 1
 FATAL = (

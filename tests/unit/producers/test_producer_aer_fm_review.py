@@ -26,7 +26,7 @@ from producers.kmsg import KmsgFileSource, parse_pci_map
 from producers.pcie_aer import AerSource
 from tests.factories import T0
 from tests.unit.producers.pcie_factories import dgx_like, ib_class, pci_device
-from tests.unit.producers.test_producer_kmsg import PCI_MAP, write
+from tests.unit.producers.kmsg_factories import PCI_MAP, write
 
 FATAL = (
     "[Jul 23 2024 07:53:55] [ERROR] [tid 841] detected NVSwitch fatal error 20034 on fid 0 on NVSwitch pci bus "

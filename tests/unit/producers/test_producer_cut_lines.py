@@ -20,9 +20,14 @@ from producers.ibstat import IbstatSource
 from producers.ncclras import RasStatusSource
 from producers.torch_watchdog import WatchdogLogSource
 from tests.factories import SHARED_DATA, ListSink
-from tests.unit.producers.ras_factories import parse_ras
-from tests.unit.producers.test_producer_ncclras import DOC_HEALTHY, DOC_JSON, DOC_MISMATCH, NEW_INCOMPLETE
-from tests.unit.producers.test_producer_ncclras_real import V226_AHEAD
+from tests.unit.producers.ras_factories import (
+    DOC_HEALTHY,
+    DOC_JSON,
+    DOC_MISMATCH,
+    NEW_INCOMPLETE,
+    V226_AHEAD,
+    parse_ras,
+)
 
 LOST_CUT = "LOST input: dropped.cut_last_line 1 (exit 3)"
 

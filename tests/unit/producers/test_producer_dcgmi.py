@@ -4,9 +4,6 @@ executable on PATH (real subprocess, argv list, exit 250 for an unsupported fiel
 from __future__ import annotations
 
 import math
-import os
-import stat
-import sys
 import time
 
 import pytest
@@ -14,8 +11,9 @@ import pytest
 from pipeline.decode import Decoder
 from pipeline.schema import encode
 from producers.dcgmi import DmonParser, DmonSource, supported_fields
+from tests.factories import SHARED_DATA as DATA
+from tests.unit.producers.dcgmi_factories import fake_dcgmi  # noqa: F401 - the fixture
 
-from tests.factories import SHARED_DATA as DATA  # noqa: E402
 SAMPLE = DATA / "dcgmi_dmon_a100_dcgm3_sample.txt"
 
 
@@ -62,36 +60,6 @@ GPU 0     52     310     0      N/A
     assert recs[3].fields.DCGM_FI_DEV_GPU_TEMP == 52
     assert p.stats.skipped_rows == 0 and p.stats.counts()["dropped.packed_row"] == 1
     assert p.stats.blank == 1 and p.stats.skipped_entities == {"GPU-I": 1}
-
-
-@pytest.fixture
-def fake_dcgmi(tmp_path, monkeypatch):
-    """A ``dcgmi`` on PATH: probes (-c 1) exit 250 for ids in FAKE_DCGMI_UNSUPPORTED; the stream
-    prints the real sample, then waits, and records its argv."""
-    exe = tmp_path / "bin" / "dcgmi"
-    exe.parent.mkdir()
-    exe.write_text(f"""#!{sys.executable}
-import os, sys, time
-args = sys.argv[1:]
-with open(os.environ["FAKE_DCGMI_LOG"], "a") as fh:
-    fh.write(" ".join(args) + "\\n")
-ids = args[args.index("-e") + 1].split(",")
-bad = set(filter(None, os.environ.get("FAKE_DCGMI_UNSUPPORTED", "").split(",")))
-if bad & set(ids):
-    print("Error: field not supported", file=sys.stderr)
-    sys.exit(250)
-if "-c" in args:
-    sys.exit(0)
-sys.stdout.write(open({str(SAMPLE)!r}).read())
-sys.stdout.flush()
-time.sleep(30)
-""")
-    exe.chmod(exe.stat().st_mode | stat.S_IXUSR)
-    log = tmp_path / "argv.log"
-    monkeypatch.setenv("PATH", f"{exe.parent}{os.pathsep}{os.environ['PATH']}")
-    monkeypatch.setenv("FAKE_DCGMI_LOG", str(log))
-    monkeypatch.setenv("FAKE_DCGMI_UNSUPPORTED", "155,999")
-    return log
 
 
 def test_probe_leaves_out_unsupported_fields(fake_dcgmi):

@@ -8,7 +8,7 @@ import time
 
 from producers.dcgmi import DmonFileSource, DmonParser, DmonSource
 
-from tests.unit.producers.test_producer_dcgmi import fake_dcgmi  # noqa: F401 - the fixture
+from tests.unit.producers.dcgmi_factories import fake_dcgmi  # noqa: F401 - the fixture
 
 HEADER = "#Entity   TMPTR  POWER   XIDER\nID        C      W\n"
 

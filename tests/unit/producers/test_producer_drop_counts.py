@@ -75,7 +75,7 @@ def test_cli_has_metrics_port_and_prints_drops_in_the_exit_summary(tmp_path, cap
 
 
 def test_nvml_counts_an_unreadable_gpu_as_dropped():
-    from tests.unit.producers.test_producer_nvml import FakeNvml
+    from tests.unit.producers.nvml_factories import FakeNvml
     from producers.nvml import NvmlSource
 
     fake = FakeNvml(gpus=2, links=())

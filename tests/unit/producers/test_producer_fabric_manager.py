@@ -30,7 +30,7 @@ from producers.fabric_manager import FIELDS as COUNTERS
 from producers.fabric_manager import FabricManagerLog, FileFollower, classify, parse_fm_line
 from producers.kmsg import LINE_MAX, KmsgFileSource, KmsgFollower, parse_pci_map
 from tests.factories import fuzz_examples
-from tests.unit.producers.test_producer_kmsg import PCI_MAP, write
+from tests.unit.producers.kmsg_factories import PCI_MAP, write
 
 FUZZ = settings(max_examples=fuzz_examples(300), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 

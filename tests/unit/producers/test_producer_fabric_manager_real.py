@@ -20,17 +20,8 @@ from __future__ import annotations
 from pipeline.catalog import FIELDS
 from producers.fabric_manager import FabricManagerLog, classify, parse_fm_line
 from producers.kmsg import KmsgFileSource, parse_pci_map
-from tests.unit.producers.test_producer_kmsg import PCI_MAP, write
-
-# gpud log_matcher_test.go @ 4a8de33a, "from log file": no [tid N] between the level and the message.
-NO_TID = ("[Sep 08 2025 23:21:50] [ERROR] detected number of NVSwitches don't match with any supported system "
-          "topology, aborting fabric manager")
-# The prefix as Fabric Manager prints it, at the level LOG_LEVEL=1 names (Edit-GFM-Variables.md @ ba64370c);
-# the message is illustrative.
-CRITICAL = ("[Sep 08 2025 23:21:49] [CRITICAL] [tid 812] failed to open NVSwitch driver device handle, "
-            "aborting fabric manager")
-# The NMX-C analyser's trunk-link-failure regex: [WARNING] [tid N] Detected a trunk link failure event ...
-TRUNK_LINK = "[Jul 19 2025 18:34:57] [WARNING] [tid 134] Detected a trunk link failure event for partition Id 32766."
+from tests.unit.producers.kmsg_factories import PCI_MAP, write
+from tests.unit.producers.fabric_manager_factories import CRITICAL, NO_TID, TRUNK_LINK
 
 
 def val(rec, alias):

@@ -24,11 +24,11 @@ import pytest
 from pipeline.cli import main
 from producers.textinput import gzip_damage, open_text, read_input
 from tests.factories import SHARED_DATA
-from tests.unit.producers.test_producer_fabric_manager_real import CRITICAL, NO_TID, TRUNK_LINK
-from tests.unit.producers.test_producer_ibstat_real import ONE_PORT
-from tests.unit.producers.test_producer_kmsg import EVENTS, PCI_MAP
-from tests.unit.producers.test_producer_ncclras_real import V226_AHEAD
-from tests.unit.producers.test_producer_torch_watchdog import (
+from tests.unit.producers.fabric_manager_factories import CRITICAL, NO_TID, TRUNK_LINK
+from tests.unit.producers.ibstat_factories import ONE_PORT
+from tests.unit.producers.kmsg_factories import EVENTS, PCI_MAP
+from tests.unit.producers.ras_factories import V226_AHEAD
+from tests.unit.producers.torch_watchdog_factories import (
     PT24_NOISE,
     PT24_STATUS_0,
     PT24_STATUS_1,

@@ -21,8 +21,7 @@ import pytest
 from pipeline.cli import main
 from producers.ibstat import IbstatSource, IbstatStats, parse
 from tests.factories import T0
-from tests.unit.producers.test_producer_ibstat import A100_IBPANIC, H100_SOME_DOWN, IBSTATUS, ROCE_POLLING
-from tests.unit.producers.test_producer_ibstat_real import ONE_PORT
+from tests.unit.producers.ibstat_factories import A100_IBPANIC, H100_SOME_DOWN, IBSTATUS, ONE_PORT, ROCE_POLLING
 
 CUT_PORT = "dropped.cut_port"  # spelled out: the name the exit summary and the LOST line print
 IBPANIC = A100_IBPANIC.splitlines(keepends=True)[-1]

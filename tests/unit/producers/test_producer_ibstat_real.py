@@ -7,29 +7,13 @@ from __future__ import annotations
 
 from producers.ibstat import IbstatStats, parse
 from tests.factories import T0
-from tests.unit.producers.test_producer_ibstat import H100_SOME_DOWN
+from tests.unit.producers.ibstat_factories import H100_SOME_DOWN, ONE_PORT
 
 
 def ports(text: str, **kw):
     stats = IbstatStats()
     recs = parse(text, ts=T0, host="n1", stats=stats, **kw)
     return [(r.device, r.port, r.state_name, r.phys_state_name, r.rate_gbps, r.link_layer) for r in recs], stats
-
-
-# `ibstat mlx5_3 1`: ca_stat prints "%s: '%s'" then port_dump(..., alone=1), no indentation
-# (rdma-core infiniband-diags/ibstat.c @ 691953d8); the values are mlx5_3's of H100_SOME_DOWN.
-ONE_PORT = """CA: 'mlx5_3'
-Port 1:
-State: Active
-Physical state: LinkUp
-Rate: 400
-Base lid: 143
-LMC: 0
-SM lid: 334
-Capability mask: 0xa751e848
-Port GUID: 0x946dae0300cde728
-Link layer: InfiniBand
-"""
 
 
 def test_ibstat_of_one_port_names_its_ca():

@@ -16,7 +16,6 @@ Documentation/ABI/testing/dev-kmsg).
 from __future__ import annotations
 
 import json
-import os
 import stat
 import time
 
@@ -24,56 +23,24 @@ import pytest
 
 from pipeline.catalog import FIELDS
 from producers.kmsg import KmsgFileSource, KmsgFollower, parse_line, parse_pci_map
+from tests.unit.producers.kmsg_factories import (
+    EVENTS,
+    PCI_MAP,
+    SXID_FATAL,
+    SXID_NONFATAL,
+    XID,
+    XID_119,
+    XID_13,
+    XID_79,
+    XID_79_R4XX,
+    FakeReader,
+    dmesg,
+    val,
+    write,
+)
 
-# nvidia-smi --query-gpu=index,pci.bus_id --format=csv, as nvidia-smi prints it.
-PCI_MAP = """index, pci.bus_id
-0, 00000000:3B:00.0
-1, 00000000:5E:00.0
-2, 00000000:86:00.0
-3, 00000000:AF:00.0
-4, 00000000:D8:00.0
-"""
-
-XID_79 = "NVRM: Xid (PCI:0000:3b:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus."
-XID_119 = ("NVRM: Xid (PCI:0000:5e:00): 119, pid=2103, name=python3, Timeout after 6s of waiting for RPC "
-           "response from GPU1 GSP! Expected function 76 (GSP_RM_CONTROL) (0x20801348 0x4).")
-XID_13 = ("NVRM: Xid (PCI:0000:86:00): 13, pid=5012, name=train.py, Graphics Exception: ESR 0x504648=0x102000e "
-          "0x504650=0x0 0x504644=0xd3eff2 0x50464c=0x17f")
-XID_94_MIG = ("NVRM: Xid (PCI:0000:af:00 GPU-I:05): 94, pid=7194, name=python, Contained: CE User Channel (0x9). "
-              "RST: No, D-RST: No")
-XID_31_OLD = "NVRM: Xid (0000:d8:00): 31, Ch 00000008, intr 00000000. MMU Fault: ENGINE GRAPHICS faulted"
-XID_79_R4XX = "NVRM: Xid (PCI:0000:10:00): 79, pid=0, GPU has fallen off the bus."   # pid, no name
-XID_UNMAPPED = "NVRM: Xid (PCI:0000:99:00): 48, pid=88, name=x, An uncorrectable double bit error (DBE) has been detected"
-SXID_NONFATAL = "nvidia-nvswitch2: SXid (PCI:0000:c1:00.0): 12028, Non-fatal, Link 44 egress non-posted PRIV error (First)"
-SXID_FATAL = "nvidia-nvswitch1: SXid (PCI:0000:07:00.0): 20034, Fatal, Link 30 LTSSM Fault Up"
-
-EVENTS = [XID_79, XID_119, XID_13, XID_94_MIG, XID_31_OLD, XID_UNMAPPED, SXID_NONFATAL, SXID_FATAL]
-
-
-def dmesg(events, start=1000.0, step=2.0):
-    """A dmesg log: boot noise, then the events ``step`` seconds apart."""
-    lines = ["[    0.000000] Linux version 6.8.0-49-generic (buildd@lcy02-amd64-103) #49-Ubuntu SMP",
-             "[   12.345678] nvidia: loading out-of-tree module taints kernel.",
-             f"[{start - 1:12.6f}] NVRM: GPU at PCI:0000:3b:00: GPU-5c6ff2f3-8c5e-2f5b-3b67-6d0a3b1f2c11"]
-    lines += [f"[{start + i * step:12.6f}] {e}" for i, e in enumerate(events)]
-    return "\n".join(lines) + "\n"
-
-
-def write(tmp_path, name, text, mtime=None):
-    p = tmp_path / name
-    p.write_text(text)
-    if mtime is not None:
-        os.utime(p, (mtime, mtime))
-    return p
-
-
-XID = FIELDS.by_alias("xid")
 FATAL = FIELDS.by_alias("nvswitch_fatal_sxid")
 NONFATAL = FIELDS.by_alias("nvswitch_nonfatal_sxid")
-
-
-def val(rec, f):
-    return getattr(rec.fields, f.names[0])
 
 
 def test_pci_map_reads_nvidia_smi_csv_with_or_without_header_and_refuses_anything_else():
@@ -127,7 +94,6 @@ def test_every_line_layout_gives_the_message_and_its_time():
     assert parse_line(msg).msg == msg and parse_line(msg).ts is None                       # dmesg -t: no time
 
 
-
 def test_dmesg_iso_times_and_decoded_facility_prefixes_keep_their_time():
     # dmesg --time-format=iso, and dmesg -x's "kern  :err   : " (leptonai/gpud#338): no layout
     # matched, and the event took the file's time instead of its own.
@@ -165,7 +131,6 @@ def test_a_dmesg_file_gives_each_gpus_last_xid_sxids_on_the_host_and_counts_what
     s = src.summary()
     assert s["xid_lines"] == 6 and s["sxid_lines"] == 2 and s["dropped.unmapped_pci"] == 1
     assert s["records"] == len(recs) and s["lines"] == len(EVENTS) + 3
-
 
 
 def test_an_sxids_severity_and_data_lines_are_its_detail_not_more_events(tmp_path):
@@ -215,17 +180,6 @@ def test_a_journal_export_names_its_host(tmp_path):
     recs = KmsgFileSource(str(p), parse_pci_map(PCI_MAP), sample=False).poll()
     assert {r.host for r in recs} == {"gpu-7"}
     assert [(r.ts, r.gpu, val(r, XID)) for r in recs if "xid.message" in r.labels] == [(1_800_000_000.0, 1, 119)]
-
-
-class FakeReader:
-    def __init__(self):
-        self.batches = []
-
-    def read(self):
-        return self.batches.pop(0) if self.batches else []
-
-    def close(self):
-        pass
 
 
 def test_a_follower_folds_the_backlog_into_its_first_sample_then_sends_each_new_xid():

@@ -34,7 +34,7 @@ from producers.kmsg import KmsgFileSource, KmsgFollower, parse_pci_map
 from producers.kmsg_fabric import FIELDS as COUNTERS
 from producers.kmsg_fabric import FabricEvents
 from tests.factories import fuzz_examples
-from tests.unit.producers.test_producer_kmsg import PCI_MAP, SXID_NONFATAL, XID_79, FakeReader, dmesg, write
+from tests.unit.producers.kmsg_factories import PCI_MAP, SXID_NONFATAL, XID_79, FakeReader, dmesg, write
 
 FUZZ = settings(max_examples=fuzz_examples(300), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 

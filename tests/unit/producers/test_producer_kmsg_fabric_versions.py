@@ -37,7 +37,7 @@ from __future__ import annotations
 from pipeline.catalog import FIELDS
 from producers.kmsg import KmsgFileSource, parse_pci_map
 from producers.kmsg_fabric import FabricEvents
-from tests.unit.producers.test_producer_kmsg import PCI_MAP, dmesg, write
+from tests.unit.producers.kmsg_factories import PCI_MAP, dmesg, write
 
 # A DPC containment's own report (dpc.c -> aer_print_error, 6.x severity spelling).
 DPC_NONFATAL = (

@@ -16,9 +16,7 @@ from hypothesis import strategies as st
 
 from producers.kmsg import QUIET_S, KmsgFileSource, KmsgFollower, parse_pci_map
 from tests.factories import fuzz_examples
-from tests.unit.producers.test_producer_kmsg import (
-    PCI_MAP, XID, XID_13, XID_79, XID_119, FakeReader, dmesg, val, write,
-)
+from tests.unit.producers.kmsg_factories import PCI_MAP, XID, XID_119, XID_13, XID_79, FakeReader, dmesg, val, write
 
 FUZZ = settings(max_examples=fuzz_examples(300), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 MID_2025 = 1_748_779_200.0  # 2025-06-01: syslog lines take this year, which has no Feb 29

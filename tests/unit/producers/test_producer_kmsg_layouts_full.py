@@ -18,7 +18,7 @@ import time
 import pytest
 
 from producers.kmsg import KernelLog, KmsgFileSource, parse_line, parse_pci_map
-from tests.unit.producers.test_producer_kmsg import PCI_MAP, XID, XID_13, XID_79, val, write
+from tests.unit.producers.kmsg_factories import PCI_MAP, XID, XID_13, XID_79, val, write
 
 NIC_DOWN = "mlx5_core 0000:3b:00.0 ens1f0np0: Link down"  # mlx5e en_main.c, as test_producer_kmsg_fabric.py
 AER = "pcieport 0000:00:1c.5: AER: Corrected error received: 0000:00:1c.5"  # as test_producer_kmsg_fabric.py

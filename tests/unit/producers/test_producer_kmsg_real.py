@@ -24,7 +24,7 @@ from __future__ import annotations
 import time
 
 from producers.kmsg import KernelLog, KmsgFileSource, parse_line, parse_pci_map
-from tests.unit.producers.test_producer_kmsg import PCI_MAP, XID, XID_13, XID_79, val, write
+from tests.unit.producers.kmsg_factories import PCI_MAP, XID, XID_13, XID_79, val, write
 
 NIC_DOWN = "mlx5_core 0000:3b:00.0 ens1f0np0: Link down"  # mlx5e en_main.c, as test_producer_kmsg_fabric.py
 SXID = "nvidia-nvswitch0: SXid (PCI:0000:05:00.0): 12028, Non-fatal, Link 32 egress non-posted PRIV error (First)"

@@ -22,7 +22,7 @@ from __future__ import annotations
 import json
 
 from producers.kmsg import KmsgFileSource, parse_line, parse_pci_map
-from tests.unit.producers.test_producer_kmsg import PCI_MAP, XID, XID_13, XID_79, val, write
+from tests.unit.producers.kmsg_factories import PCI_MAP, XID, XID_13, XID_79, val, write
 
 BOOT = 1_800_000_000.0  # the boot's epoch (--boot-time)
 LAG_US = 3_000  # journald receives a kernel record a few milliseconds after the kernel stamps it

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from producers.nccl_inspector import InspectorFollower, parse_prom
 from tests.factories import fuzz_examples
-from tests.unit.producers.test_producer_nccl_inspector_versions import HDR, coll, dump_stats, meta
+from tests.unit.producers.nccl_inspector_factories import HDR, coll, dump_stats, meta
 
 FUZZ = settings(max_examples=fuzz_examples(300), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 

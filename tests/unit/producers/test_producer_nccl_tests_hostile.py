@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from producers.nccl_tests import NcclTestsSource, ParseStats, parse, parse_text
 from tests.factories import fuzz_examples
-from tests.unit.producers.test_producer_nccl_tests_layouts import NODE8, ROWS, T, new_run
+from tests.unit.producers.nccl_tests_factories import NODE8, ROWS, T, json_doc, new_run
 
 FUZZ = settings(max_examples=fuzz_examples(300), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -47,17 +47,6 @@ def test_rank_nthread_and_out_of_bounds_lines_with_bad_numbers_are_counted():
     assert len(recs) == 2 and st_.unparsable_lines == 3
     assert recs[0].nranks == 7  # rank 7's line is the one lost
     assert [f.out_of_bounds for f in st_.findings] == [1]  # FAILED stands without its count
-
-
-def json_doc(**over):
-    doc = {"args": ["all_reduce_perf"],
-           "config": {"devices": [{"rank": 0, "pid": 5, "hostname": "n1", "device": 3}]},
-           "results": [{"size": s, "type": "float", "redop": "sum", "root": -1,
-                        "out_of_place": {"time": 30.0, "alg_bw": 1.0, "bus_bw": 1.0, "nwrong": 2},
-                        "in_place": {"time": 30.0, "nwrong": 0}} for s in (8, 1024, 4096)],
-           "out_of_bounds": {"count": 0, "okay": True}}
-    doc.update(over)
-    return doc
 
 
 def test_json_values_of_the_wrong_type_huge_or_deep_cost_only_themselves():

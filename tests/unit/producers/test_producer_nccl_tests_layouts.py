@@ -9,56 +9,7 @@ from __future__ import annotations
 import logging
 
 from producers.nccl_tests import ParseStats, collective_name, parse_text
-
-T = 1764403200.0
-
-
-def rank_line(rank: int, host: str, dev: int, pid: int = 4242, *, group: bool = True) -> str:
-    if group:   # "#  Rank %2d Group %2d Pid %6d on %10s device %2d [%04x:%02x:%02x] %s"
-        return f"#  Rank {rank:2d} Group  0 Pid {pid:6d} on {host:>10s} device {dev:2d} [0000:1b:00] NVIDIA H100 80GB HBM3"
-    return f"#   Rank {rank:2d} Pid {pid:6d} on {host:>10s} device {dev:2d} [0x1b] Tesla V100-SXM2-32GB"
-
-
-def new_run(prog: str, ranks: list[tuple[int, str, int]], rows: list[tuple], *, redop: str = "sum",
-            wrong: int = 0, oob: int = 0, pid: int = 4242) -> str:
-    """2.13+ layout: 'Collective test starting', Group in rank lines, #wrong columns."""
-    out = ["# nccl-tests version 2.17.6 nccl-headers=22803 nccl-library=22803",
-           f"# Collective test starting: {prog}",
-           "# nThread 1 nGpus 1 minBytes 8 maxBytes 1024 step: 2(factor) warmup iters: 5 iters: 20 agg iters: 1 "
-           "validation: 1 graph: 0",
-           "#", "# Using devices"]
-    out += [rank_line(r, h, d, pid) for r, h, d in ranks]
-    out += ["#",
-            "#                                                              out-of-place                       in-place",
-            "#       size         count      type   redop    root     time   algbw   busbw  #wrong     time   algbw   busbw  #wrong",
-            "#        (B)    (elements)                               (us)  (GB/s)  (GB/s)             (us)  (GB/s)  (GB/s)"]
-    for size, t, bw in rows:
-        out.append(f"{size:12d}  {size // 4:12d}     float  {redop:>6s}      -1  {t:7.2f}  {bw:6.2f}  {bw:6.2f}  {wrong:6d}"
-                   f"  {t:7.2f}  {bw:6.2f}  {bw:6.2f}  {0:6d}")
-    out += [f"# Out of bounds values : {oob} {'FAILED' if oob else 'OK'}", "# Avg bus bandwidth    : 1.5 ", "#",
-            f"# Collective test concluded: {prog}", ""]
-    return "\n".join(out)
-
-
-def old_run(ranks: list[tuple[int, str, int]], rows: list[tuple], *, redop: str = "sum", oob: int = 0) -> str:
-    """Pre-2.13 layout: no 'Collective test starting', rank lines without Group, 'error' column
-    kept with a root column; tests without a reduction print an empty redop cell."""
-    out = ["# nThread 1 nGpus 8 minBytes 8 maxBytes 1024 step: 2(factor) warmup iters: 5 iters: 20 validation: 1",
-           "#", "# Using devices"]
-    out += [rank_line(r, h, d, group=False) for r, h, d in ranks]
-    out += ["#",
-            "#                                                     out-of-place                       in-place",
-            "#       size         count    type   redop    root     time   algbw   busbw  error     time   algbw   busbw  error",
-            "#        (B)    (elements)                             (us)  (GB/s)  (GB/s)            (us)  (GB/s)  (GB/s)"]
-    for size, t, bw in rows:
-        out.append(f"{size:12d}  {size // 4:12d}   float  {redop:>6s}      -1  {t:7.2f}  {bw:6.2f}  {bw:6.2f}  0e+00"
-                   f"  {t:7.2f}  {bw:6.2f}  {bw:6.2f}  0e+00")
-    out += [f"# Out of bounds values : {oob} {'FAILED' if oob else 'OK'}", "# Avg bus bandwidth    : 1.5 ", "#", ""]
-    return "\n".join(out)
-
-
-ROWS = [(8, 30.0, 0.0), (1024, 31.5, 0.03)]
-NODE8 = [(r, "dgx01", r) for r in range(8)]
+from tests.unit.producers.nccl_tests_factories import NODE8, ROWS, T, new_run, old_run
 
 
 def test_old_layout_blank_redop_alltoall_keeps_every_row():
@@ -124,7 +75,6 @@ def test_wrong_results_are_a_critical_finding(caplog):
     st = ParseStats()
     parse_text(new_run("all_reduce_perf", NODE8, ROWS), ts=T, stats=st)
     assert st.findings == []
-
 
 
 def test_the_old_error_column_is_a_deviation_not_wrong_elements():

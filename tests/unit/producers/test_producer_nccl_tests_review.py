@@ -10,8 +10,7 @@ import json
 from producers import nccl_tests
 from producers.nccl_tests import ParseStats, parse, parse_text
 from tests.fleet_factories import no_hang
-from tests.unit.producers.test_producer_nccl_tests_hostile import json_doc
-from tests.unit.producers.test_producer_nccl_tests_layouts import NODE8, ROWS, T, new_run, old_run
+from tests.unit.producers.nccl_tests_factories import NODE8, ROWS, T, json_doc, new_run, old_run
 
 
 def interleave(*streams: list[str]) -> str:

@@ -22,60 +22,15 @@ from pipeline.decode import Decoder
 from pipeline.schema import encode
 from producers.ncclras import RasStatusSource
 from tests.factories import fuzz_examples
-from tests.unit.producers.ras_factories import parse_ras
+from tests.unit.producers.ras_factories import (
+    DOC_HEALTHY,
+    DOC_JSON,
+    DOC_MISMATCH,
+    DOC_STATUS,
+    NEW_INCOMPLETE,
+    parse_ras,
+)
 
-DOC_HEALTHY = textwrap.dedent("""\
-    Job summary
-    ===========
-
-      Nodes  Processes         GPUs  Processes     GPUs
-    (total)   per node  per process    (total)  (total)
-          4          8            1         32       32
-
-    Communicators... (0.00s)
-    =============
-
-    Group     Comms     Nodes     Ranks     Ranks     Ranks    Status  Errors
-        #  in group  per comm  per node  per comm  in group
-        0         8         4         1         4        32   RUNNING      OK
-""")
-
-DOC_MISMATCH = textwrap.dedent("""\
-    Communicators... (0.00s)
-    =============
-
-    Group     Comms     Nodes     Ranks     Ranks     Ranks    Status  Errors
-        #  in group  per comm  per node  per comm  in group
-        0         1         4         8        32        32   RUNNING  MISMATCH
-
-    Warnings
-    ========
-
-    #0-0 (27a079b828ff1a75) MISMATCH
-      Communicator ranks have different collective operation counts
-      26 ranks have launched up to operation 6650
-      6 ranks have launched up to operation 6649
-      Rank 0 -- GPU 0 managed by process 483072 on node 172.16.64.210
-      Rank 2 -- GPU 2 managed by process 483074 on node 172.16.64.210
-      Rank 3 -- GPU 3 managed by process 483075 on node 172.16.64.210
-      Rank 4 -- GPU 4 managed by process 483076 on node 172.16.64.210
-      Rank 5 -- GPU 5 managed by process 483077 on node 172.16.64.210
-      Rank 7 -- GPU 7 managed by process 483079 on node 172.16.64.210
-""")
-
-DOC_STATUS = textwrap.dedent("""\
-    #0-0 (9e17999afaa87dbb) MISMATCH
-      Communicator ranks have different status
-      26 ranks have status UNKNOWN
-      4 ranks have status RUNNING
-      Rank 0 -- GPU 0 managed by process 507285 on node 172.16.64.210
-      Rank 8 -- GPU 0 managed by process 1598388 on node 172.16.64.212
-      Rank 16 -- GPU 0 managed by process 3500071 on node 172.16.64.213
-      Rank 24 -- GPU 0 managed by process 2405067 on node 172.16.64.222
-      2 ranks have status FINALIZE
-      Rank 4 -- GPU 4 managed by process 507289 on node 172.16.64.210
-      Rank 20 -- GPU 4 managed by process 3500075 on node 172.16.64.213
-""")
 
 DOC_DEAD = textwrap.dedent("""\
     Communicators... (2.05s)
@@ -103,22 +58,6 @@ DOC_DEAD = textwrap.dedent("""\
       Encountered 2 communication timeouts while gathering communicator data
 """)
 
-NEW_INCOMPLETE = textwrap.dedent("""\
-    Errors
-    ======
-
-    DEAD
-      1 job process is considered dead (unreachable via the RAS network)
-      Process 3487984 on node 172.16.64.213 managing GPU 5
-
-    #0-0 (cf264af53edbe986) INCOMPLETE
-      Missing communicator data from 1 rank
-      Rank 21 -- GPU 5 managed by process 3487984 on node 172.16.64.213
-
-    #0-0 (cf264af53edbe986) ERROR
-      Asynchronous error on 1 rank
-      Rank 13 reported Remote process error -- GPU 5 (NVML 6) managed by process 3487976 on node 172.16.64.212
-""")
 
 NEW_PER_OP = textwrap.dedent("""\
     Warnings
@@ -132,23 +71,6 @@ NEW_PER_OP = textwrap.dedent("""\
       7 ranks have launched up to operation 4
       Rank 2 has launched up to operation 5 -- GPU 2 managed by process 1196 on node gpu-node-3
 """)
-
-DOC_JSON = json.dumps({
-    "nccl_version": "2.29.1", "cuda_runtime_version": 13000, "cuda_driver_version": 13000,
-    "timestamp": "2025-12-19 13:06:53", "communicators_count": 1,
-    "communicators": [{
-        "hash": "0xae94423cfbb2ef4a", "secondary_hash": "0xb7e7187447156001:0xb8242ed28a71381e", "size": 2,
-        "ranks_count": 1, "missing_ranks_count": 1,
-        "ranks": [{"rank": 0, "host": "172.16.64.245", "pid": 1524344, "cuda_dev": 0, "nvml_dev": 0,
-                   "status": {"init_state": 0, "async_error": 0, "finalize_called": False, "destroy_flag": False,
-                              "abort_flag": False},
-                   "collective_counts": {"Broadcast": 0, "Reduce": 0, "AllGather": 0, "ReduceScatter": 0,
-                                         "AllReduce": 0}}],
-        "missing_ranks": [{"rank": 1, "host": "172.16.64.245", "pid": 1524345, "cuda_dev": 1, "nvml_dev": 1,
-                           "status": {"unresponsive": True, "considered_dead": False}}],
-    }],
-    "ras": {"collection_time_sec": 0.000, "timeouts_count": 0},
-}, indent=2)  # fmt: skip
 
 
 def test_a_healthy_job_names_no_rank():

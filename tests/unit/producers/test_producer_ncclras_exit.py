@@ -10,7 +10,7 @@ import json
 import pytest
 
 from pipeline.cli import main
-from tests.unit.producers.test_producer_ncclras import DOC_HEALTHY, DOC_JSON, DOC_MISMATCH, DOC_STATUS
+from tests.unit.producers.ras_factories import DOC_HEALTHY, DOC_JSON, DOC_MISMATCH, DOC_STATUS
 
 # What `ncclras` prints before the job summary (src/ras/client_support.cc, rasClientRunInit).
 PREAMBLE = "NCCL version 2.26.2+cuda12.8 compiled with CUDA 12.8\nCUDA runtime version 12080, driver version 12080\n\n"

@@ -10,7 +10,7 @@ import textwrap
 
 import pytest
 
-from tests.unit.producers.ras_factories import parse_ras
+from tests.unit.producers.ras_factories import V226_AHEAD, parse_ras, ras_json
 
 
 # v2.24.3-1 (and v2.25.1-1): ranks that report no data on a communicator are UNKNOWN, listed by
@@ -80,38 +80,8 @@ def test_a_cut_224_missing_rank_list_drops_its_last_number():
     assert stats.bad_number == 1
 
 
-def _ras_json(comm_hash, ranks, missing, *, comma=True):
-    """A ``ncclras -f json`` document as jsonWriteHeader ... jsonWriteFooter print it (v2.28.7-1;
-    ``comma=False``: 2.28.7-2.28.9's missing rank, no comma after ``nvml_dev``, fixed in v2.29.2-1)."""
-    out = ['{\n  "nccl_version": "2.28.7",\n  "cuda_runtime_version": 12090,\n  "cuda_driver_version": 12090,\n'
-           '  "timestamp": "2025-11-29 09:00:00",\n  "communicators_count": 1,\n  "communicators": [\n',
-           f'    {{\n      "hash": "0x{comm_hash:x}",\n      "secondary_hash": "0x1f:0x2e",\n'
-           f'      "size": {len(ranks) + len(missing)},\n      "ranks_count": {len(ranks)},\n'
-           f'      "missing_ranks_count": {len(missing)},\n      "ranks": [\n']  # fmt: skip
-    for i, (rank, host, pid, ops) in enumerate(ranks):
-        out.append(",\n" if i else "")
-        out.append(f'        {{\n          "rank": {rank},\n          "host": "{host}",\n          "pid": {pid},\n'
-                   f'          "cuda_dev": {rank % 8},\n          "nvml_dev": {rank % 8},\n'
-                   '          "status": {\n            "init_state": 0,\n            "async_error": 0,\n'
-                   '            "finalize_called": false,\n            "destroy_flag": false,\n'
-                   '            "abort_flag": false\n          },\n          "collective_counts": {\n'
-                   '            "Broadcast": 0,\n            "Reduce": 0,\n            "AllGather": 0,\n'
-                   f'            "ReduceScatter": 0,\n            "AllReduce": {ops}\n          }}\n        }}')  # fmt: skip
-    out.append('\n      ],\n      "missing_ranks": [\n')
-    for i, (rank, host, pid, unresponsive, dead) in enumerate(missing):
-        out.append(",\n" if i else "")
-        out.append(f'        {{\n          "rank": {rank},\n          "host": "{host}",\n          "pid": {pid},\n'
-                   f'          "cuda_dev": {rank % 8},\n          "nvml_dev": {rank % 8}{"," if comma else ""}\n'
-                   f'          "status": {{\n            "unresponsive": {json.dumps(unresponsive)},\n'
-                   f'            "considered_dead": {json.dumps(dead)}\n          }}\n        }}')  # fmt: skip
-    out.append(
-        '\n      ]\n    }\n  ],\n  "ras": {\n    "collection_time_sec": 0.002,\n    "timeouts_count": 0\n  }\n}\n'
-    )
-    return "".join(out)
-
-
 def test_the_2287_json_without_a_comma_after_a_missing_ranks_nvml_dev_is_read():
-    doc = _ras_json(0x3F0C1B2D4E5A6978, [(0, "10.0.0.5", 4242, 120)], [(1, "10.0.0.5", 4243, True, False)],
+    doc = ras_json(0x3F0C1B2D4E5A6978, [(0, "10.0.0.5", 4242, 120)], [(1, "10.0.0.5", 4243, True, False)],
                     comma=False)  # fmt: skip
     with pytest.raises(json.JSONDecodeError):
         json.loads(doc)  # as 2.28.7 prints it
@@ -125,7 +95,7 @@ def test_a_json_hash_is_the_texts_16_digits():
         "#0-0 (00c3a1e5b7d90f12) INCOMPLETE\n  Missing communicator data from 1 rank\n"
         "  Rank 1 -- GPU 1 managed by process 4243 on node 10.0.0.5\n\n"
     )
-    doc = _ras_json(0x00C3A1E5B7D90F12, [(0, "10.0.0.5", 4242, 7)], [(1, "10.0.0.5", 4243, True, False)])
+    doc = ras_json(0x00C3A1E5B7D90F12, [(0, "10.0.0.5", 4242, 7)], [(1, "10.0.0.5", 4243, True, False)])
     assert '"hash": "0xc3a1e5b7d90f12"' in doc
     assert {r.comm for r in parse_ras(text)[0]} == {r.comm for r in parse_ras(doc)[0]} == {"00c3a1e5b7d90f12"}
 
@@ -133,47 +103,11 @@ def test_a_json_hash_is_the_texts_16_digits():
 def test_a_json_missing_rank_that_answered_is_the_texts_nocomm_not_missing():
     # v2.29.2-1: "unresponsive" false is a rank whose process answered but is no longer a member
     # (the text prints it as NOCOMM in a status MISMATCH); a dead one stays dead.
-    doc = _ras_json(0xAE94423CFBB2EF4A, [(0, "10.0.0.5", 4242, 7)],
+    doc = ras_json(0xAE94423CFBB2EF4A, [(0, "10.0.0.5", 4242, 7)],
                     [(1, "10.0.0.5", 4243, False, False), (2, "10.0.0.6", 4300, True, True)])  # fmt: skip
     recs, stats = parse_ras(doc)
     assert {r.rank: r.state for r in recs} == {0: "progress", 2: "dead"}
     assert stats.transitional == 1
-
-
-# v2.26.2-1: the layout NVIDIA/nccl#1911 shows from a 2.26.2 job: per-operation counts, the two
-# ranks named are ahead of the 30 others (which RAS does not name).
-V226_AHEAD = textwrap.dedent("""\
-    NCCL version 2.26.2+cuda12.6 compiled with CUDA 12.6
-    CUDA runtime version 12060, driver version 12060
-
-    Job summary
-    ===========
-
-      Nodes  Processes         GPUs  Processes     GPUs
-    (total)   per node  per process    (total)  (total)
-          4          8            1         32       32
-
-    Communicators... (0.00s)
-    =============
-
-    Group     Comms     Nodes     Ranks     Ranks     Ranks    Status  Errors
-        #  in group  per comm  per node  per comm  in group
-        0         1         4         8        32        32   RUNNING  MISMATCH
-
-    Errors
-    ======
-
-    Warnings
-    ========
-
-    #0-0 (5d0e3c1b2a497f68) MISMATCH
-      Communicator ranks have different AllGather operation counts
-      30 ranks have launched up to operation 512
-      2 ranks have launched up to operation 513
-      Rank 9 -- GPU 1 managed by process 20011 on node 10.0.1.12
-      Rank 10 -- GPU 2 managed by process 20012 on node 10.0.1.12
-
-""")
 
 
 def test_named_ranks_ahead_of_the_unnamed_majority_are_progress():

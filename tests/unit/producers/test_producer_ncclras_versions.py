@@ -10,8 +10,7 @@ import textwrap
 
 from producers import ncclras
 from producers.ncclras import RasStatusSource
-from tests.unit.producers.test_producer_ncclras_real import _ras_json
-from tests.unit.producers.ras_factories import parse_ras
+from tests.unit.producers.ras_factories import parse_ras, ras_json
 
 
 # v2.26.2-1 (the same through v2.30.7-1): a dead process is missing from every communicator it
@@ -122,7 +121,7 @@ def test_the_ranks_one_input_names_are_bounded_and_the_rest_counted(monkeypatch)
     recs, stats = parse_ras(text)
     assert len(recs) == 1000 and stats.summary()["dropped.too_many_records"] == named - 1000
     ranks = [(r, "10.0.0.5", 4242, 7) for r in range(1500)]
-    recs, stats = parse_ras(_ras_json(0xAE94423CFBB2EF4A, ranks, []))  # v2.28.7-1: every rank a record
+    recs, stats = parse_ras(ras_json(0xAE94423CFBB2EF4A, ranks, []))  # v2.28.7-1: every rank a record
     assert len(recs) == 1000 and stats.summary()["dropped.too_many_records"] == 500
 
 
@@ -155,7 +154,7 @@ def test_a_line_cut_by_the_read_limit_is_not_read_as_whole(tmp_path):
 # when the 1 s handshake timed out and it connected again ("Connection timed out; retrying...") or
 # when getaddrinfo's first address refused ("Connecting to %s:%s: %s"); `2>&1` keeps them.
 def test_json_after_the_clients_own_messages_is_read():
-    doc = _ras_json(0x3F0C1B2D4E5A6978, [(0, "10.0.0.5", 4242, 120), (1, "10.0.0.6", 4243, 119)], [])
+    doc = ras_json(0x3F0C1B2D4E5A6978, [(0, "10.0.0.5", 4242, 120), (1, "10.0.0.6", 4243, 119)], [])
     for before in ("Connection timed out; retrying...\n", "Connecting to ::1:28028: Connection refused\n"):
         recs, stats = parse_ras(before + doc)
         # Before: read as text, no line of it RAS's: no record, and the CLI's "not one line" exit 3.

@@ -11,72 +11,7 @@ import pynvml
 from pipeline.decode import Decoder
 from pipeline.schema import encode
 from producers.nvml import NvmlSource
-from tests.unit.producers.nvml_factories import fv
-
-
-class FakeNvml(types.SimpleNamespace):
-    """The slice of pynvml the producer uses; constants and error classes are pynvml's own."""
-
-    def __init__(self, gpus=2, links=(0, 1), unsupported=()):
-        super().__init__()
-        for k in dir(pynvml):
-            if k.startswith(("NVML_", "nvmlEventType", "NVMLError")):
-                setattr(self, k, getattr(pynvml, k))
-        self.gpus, self.links, self.unsupported = gpus, links, set(unsupported)
-        self.events: list = []
-        self.gone: set[int] = set()
-        self.broken: dict[int, int] = {}          # handle -> the NVML error every query of it raises
-        self.shutdown = False
-
-    def _chk(self, name, h):
-        if h in self.gone:
-            raise pynvml.NVMLError(pynvml.NVML_ERROR_GPU_IS_LOST)
-        if h in self.broken:
-            raise pynvml.NVMLError(self.broken[h])
-        if name in self.unsupported:
-            raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
-
-    def nvmlInit(self): pass
-    def nvmlShutdown(self): self.shutdown = True
-    def nvmlDeviceGetCount(self): return self.gpus
-    def nvmlDeviceGetHandleByIndex(self, i): return i
-    def nvmlDeviceGetUUID(self, h): return f"GPU-fake-{h}"
-    def nvmlDeviceGetName(self, h): return b"NVIDIA H100 80GB HBM3"
-    def nvmlEventSetCreate(self): return "es"
-    def nvmlEventSetFree(self, es): pass
-    def nvmlDeviceRegisterEvents(self, h, mask, es): pass
-
-    def nvmlEventSetWait(self, es, timeout_ms):
-        if not self.events:
-            raise pynvml.NVMLError(pynvml.NVML_ERROR_TIMEOUT)
-        return self.events.pop(0)
-
-    def nvmlDeviceGetTemperature(self, h, s): self._chk("temp", h); return 60 + h
-    def nvmlDeviceGetFieldValues(self, h, ids):
-        self._chk("fieldvalues", h)
-        vals = {pynvml.NVML_FI_DEV_MEMORY_TEMP: fv(1, uiVal=70 + h),
-                pynvml.NVML_FI_DEV_PERF_POLICY_POWER: fv(3, ullVal=1000),
-                pynvml.NVML_FI_DEV_PERF_POLICY_THERMAL: fv(3, ullVal=2000)}
-        return [vals[i] for i in ids]
-    def nvmlDeviceGetClockInfo(self, h, c): self._chk("clock", h); return 1980 if c == pynvml.NVML_CLOCK_SM else 2619
-    def nvmlDeviceGetCurrentClocksEventReasons(self, h): self._chk("reasons", h); return 0x60 if h == 1 else 0
-    def nvmlDeviceGetPowerUsage(self, h): self._chk("power", h); return 650_500
-    def nvmlDeviceGetEnforcedPowerLimit(self, h): self._chk("limit", h); return 700_000
-    def nvmlDeviceGetTotalEnergyConsumption(self, h): self._chk("energy", h); return 123_456_789
-    def nvmlDeviceGetUtilizationRates(self, h): self._chk("util", h); return types.SimpleNamespace(gpu=98, memory=40)
-    def nvmlDeviceGetTotalEccErrors(self, h, err, cnt):
-        self._chk("ecc", h)
-        return {(0, 0): 5, (1, 0): 0, (0, 1): 50, (1, 1): 1}[(err, cnt)]
-    def nvmlDeviceGetRemappedRows(self, h): self._chk("rows", h); return (2, 1, True, False)
-    def nvmlDeviceGetPcieReplayCounter(self, h): self._chk("pcie", h); return 3
-    def nvmlDeviceGetViolationStatus(self, h, p):
-        self._chk("viol", h)
-        return types.SimpleNamespace(violationTime=1000 if p == pynvml.NVML_PERF_POLICY_POWER else 2000)
-    def nvmlDeviceGetNvLinkState(self, h, link):
-        if link not in self.links:
-            raise pynvml.NVMLError(pynvml.NVML_ERROR_INVALID_ARGUMENT)
-        return pynvml.NVML_FEATURE_ENABLED
-    def nvmlDeviceGetNvLinkErrorCounter(self, h, link, c): self._chk("nvlink", h); return 10 * link + c
+from tests.unit.producers.nvml_factories import FakeNvml, fv
 
 
 def test_reads_every_field_with_units():

@@ -20,7 +20,7 @@ from producers.ib_sysfs import IbSysfsSource
 from producers.ibstat import IbstatStats, parse
 from tests.factories import T0
 from tests.unit.producers.factories import port_dir, write
-from tests.unit.producers.test_producer_ibstat import H100_SOME_DOWN, IBSTATUS
+from tests.unit.producers.ibstat_factories import H100_SOME_DOWN, IBSTATUS
 
 # GID 0 as the kernel prints it: an IB port's (subnet prefix, then the port GUID) and a RoCE
 # port's (link-local, its interface id made from the MAC 0c:42:a1:5b:2c:1e).

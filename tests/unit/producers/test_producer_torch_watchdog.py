@@ -34,22 +34,14 @@ from pipeline.decode import Decoder
 from pipeline.schema import encode
 from producers.torch_watchdog import LINE_MAX, WatchdogLogSource, WatchdogStats, parse
 from tests.factories import T0, fuzz_examples
+from tests.unit.producers.torch_watchdog_factories import (
+    PT24_NOISE,
+    PT24_STATUS_0,
+    PT24_STATUS_1,
+    PT24_TIMEOUT_0,
+    PT24_TIMEOUT_1,
+)
 
-PT24_TIMEOUT_0 = ("[rank0]:[E1218 20:27:21.426415540 ProcessGroupNCCL.cpp:629] [Rank 0] Watchdog caught collective "
-                  "operation timeout: WorkNCCL(SeqNum=1, OpType=BROADCAST, NumelIn=131072000, NumelOut=131072000, "
-                  "Timeout(ms)=600000) ran for 600081 milliseconds before timing out.")
-PT24_TIMEOUT_1 = ("[rank1]:[E1218 20:27:21.433063423 ProcessGroupNCCL.cpp:629] [Rank 1] Watchdog caught collective "
-                  "operation timeout: WorkNCCL(SeqNum=1, OpType=BROADCAST, NumelIn=131072000, NumelOut=131072000, "
-                  "Timeout(ms)=600000) ran for 600088 milliseconds before timing out.")
-PT24_STATUS_1 = ("[rank1]:[E1218 20:27:21.484903450 ProcessGroupNCCL.cpp:2168] [PG ID 1 PG GUID 1 Rank 1]  failure "
-                 "detected by watchdog at work sequence id: 1 PG status: last enqueued work: 547, last completed "
-                 "work: -1")
-PT24_STATUS_0 = ("[rank0]:[E1218 20:27:21.484910731 ProcessGroupNCCL.cpp:2168] [PG ID 1 PG GUID 1 Rank 0]  failure "
-                 "detected by watchdog at work sequence id: 1 PG status: last enqueued work: 547, last completed "
-                 "work: -1")
-PT24_NOISE = ("[rank1]:[E1218 20:27:21.484941868 ProcessGroupNCCL.cpp:667] Stack trace of the failed collective not "
-              "found, potentially because FlightRecorder is disabled. You can enable it by setting "
-              "TORCH_NCCL_TRACE_BUFFER_SIZE to a non-zero value.")
 PT23_TIMEOUT_AT = ("[rank2]:[E ProcessGroupNCCL.cpp:1537] [PG 0 Rank 2] Timeout at NCCL work: 1, last enqueued NCCL "
                    "work: 1, last completed NCCL work: 76280750235782912.")
 PT23_FAILED = ("[rank2]:[E ProcessGroupNCCL.cpp:577] [Rank 2] Some NCCL operations have failed or timed out. Due to "
@@ -129,7 +121,6 @@ def test_ray_and_torchrun_prefixes_and_the_dump_signal_of_a_waiting_rank():
     dump = _by_rank(recs)[(5, "progress")]
     assert (dump.gpu, dump.last_enqueued, dump.last_completed, dump.comm) == (5, 547, 546, "1")
     assert dump.labels["dump_from"] == "rank 0" and dump.labels["local_rank"] == "5"
-
 
 
 def test_the_detected_by_watchdog_line_is_a_ranks_report_with_its_progress():

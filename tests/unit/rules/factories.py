@@ -1,6 +1,7 @@
 """Helpers of the rule tests: run a rule set over records."""
 
 from pipeline.engine import Engine, EngineConfig
+from tests.factories import T0
 
 
 # A rule file holding one rule that loads: the rest of a test says what it adds.
@@ -100,3 +101,7 @@ def fields_in_spells(seed: int, seconds: int):
         return dict(tot)
 
     return fleet(range(0, seconds, int(rng.choice([1, 5, 10]))), hosts=hosts, gpus=gpus, overrides=overrides)
+
+
+def fired(alerts, state="firing"):
+    return [(a.host, a.gpu, a.ts - T0) for a in alerts if a.state == state]

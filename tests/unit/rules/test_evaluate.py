@@ -3,11 +3,7 @@ import random
 import numpy as np
 
 from tests.factories import T0, fleet, sample
-from tests.unit.rules.factories import one_rule, run_rules
-
-
-def fired(alerts, state="firing"):
-    return [(a.host, a.gpu, a.ts - T0) for a in alerts if a.state == state]
+from tests.unit.rules.factories import fired, one_rule, run_rules
 
 
 def test_unknown_is_not_true(make_rules):

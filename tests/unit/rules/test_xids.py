@@ -12,8 +12,7 @@ import pytest
 from pipeline.rules import load_rules
 from pipeline.rules.xids import CATALOG, evidence_text, lookup, severity_levels
 from tests.factories import sample
-from tests.unit.rules.factories import one_rule, run_rules
-from tests.unit.rules.test_evaluate import fired
+from tests.unit.rules.factories import fired, one_rule, run_rules
 
 RULES = Path(__file__).resolve().parents[3] / "rules"
 

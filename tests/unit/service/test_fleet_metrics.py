@@ -15,6 +15,7 @@ from pipeline.service.forwarded import Columns
 from pipeline.service.metrics import Metrics
 from pipeline.topology import Topology
 from tests.factories import T0, sample
+from tests.unit.service.service_factories import services, sim_services
 
 RULES = str(Path(__file__).resolve().parents[3] / "rules")
 
@@ -55,15 +56,7 @@ def test_the_buffer_bound_is_the_tasks_and_forced_releases_are_counted():
 
 
 def test_the_service_counts_what_an_upstream_replay_sends_again():
-    from tests.unit.service.test_loop import _services
-    from producers.sim.simulator import Simulator
-    from pipeline.bus.telemetry import per_host_messages
-    from tests.factories import Clock
-
-    sim = Simulator(hosts=2, duration=60, seed=5, scenario="mixed")
-    telemetry = [m for batch in sim.batches() if batch for m in per_host_messages(batch)]
-    clock = Clock()
-    bus, host, fleet = _services(telemetry, clock)
+    bus, host, fleet, clock = sim_services(60)
     for _ in range(40):
         host.step()
         fleet.step()
@@ -100,15 +93,7 @@ def test_the_service_metric_has_a_series_per_why():
 
 def test_incident_events_are_counted_by_state_on_metrics():
     # gpuwarden_incidents_total{state}: what the fleet stage sent to <prefix>.incidents.
-    from pipeline.bus.telemetry import per_host_messages
-    from producers.sim.simulator import Simulator
-    from tests.factories import Clock
-    from tests.unit.service.test_loop import _services
-
-    sim = Simulator(hosts=2, duration=300, seed=5, scenario="mixed")
-    telemetry = [m for batch in sim.batches() if batch for m in per_host_messages(batch)]
-    clock = Clock()
-    bus, host, fleet = _services(telemetry, clock)
+    bus, host, fleet, clock = sim_services(300)
     for _ in range(400):
         host.step()
         fleet.step()
@@ -165,12 +150,11 @@ def test_every_assigned_partition_has_a_lag_series_also_one_without_data():
     # something, though docs/operations.md promises one for each assigned partition.
     from pipeline.bus.telemetry import per_host_messages
     from tests.factories import Clock
-    from tests.unit.service.test_loop import _services
 
     one_host = [sample(t, "n1") for t in range(20)]
     telemetry = list(per_host_messages(one_host))
     clock = Clock()
-    bus, host, fleet = _services(telemetry, clock)
+    bus, host, fleet = services(telemetry, clock)
     for _ in range(30):
         host.step()
         fleet.step()
@@ -194,15 +178,7 @@ def test_every_assigned_partition_has_a_lag_series_also_one_without_data():
 def test_the_fleet_service_counts_the_messages_it_read():
     # The incident drops' loop reused the name of the batch's message count: a batch in which
     # the incident side dropped an alert counted that many messages read, not the batch's.
-    from pipeline.bus.telemetry import per_host_messages
-    from producers.sim.simulator import Simulator
-    from tests.factories import Clock
-    from tests.unit.service.test_loop import _services
-
-    sim = Simulator(hosts=2, duration=60, seed=5, scenario="mixed")
-    telemetry = [m for batch in sim.batches() if batch for m in per_host_messages(batch)]
-    clock = Clock()
-    bus, host, fleet = _services(telemetry, clock)
+    bus, host, fleet, clock = sim_services(60)
     for _ in range(60):
         host.step()
         fleet.step()

@@ -639,15 +639,9 @@ def test_fuzz_any_fleet_message_is_applied_or_dead_lettered_and_state_stays_boun
 
 
 def test_the_service_dead_letters_and_counts_forged_fleet_messages():
-    from pipeline.bus.telemetry import per_host_messages
-    from producers.sim.simulator import Simulator
-    from tests.factories import Clock
-    from tests.unit.service.test_loop import _services
+    from tests.unit.service.service_factories import sim_services
 
-    sim = Simulator(hosts=2, duration=30, seed=5, scenario="mixed")
-    telemetry = [m for batch in sim.batches() if batch for m in per_host_messages(batch)]
-    clock = Clock()
-    bus, host, fleet = _services(telemetry, clock)
+    bus, host, fleet, clock = sim_services(30)
     assert fleet.upstream == host.upstream == 2      # the fleet stage knows the telemetry topic's count
     p = bus.producer()
     topic = fleet.topics.fleet

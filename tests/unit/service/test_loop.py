@@ -4,48 +4,19 @@ broker for end offsets at most once a second, however fast the loop turns."""
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
-
 import pytest
 
-from pipeline.bus import MemoryBus, Topics
-from pipeline.bus.retry import Backoff
 from pipeline.bus.telemetry import per_host_messages
 from pipeline.service.app import SHARED_POLL_TIMEOUT_S, Service
-from pipeline.service.config import load_config_text
-from pipeline.service.state import MemoryStateStore
 from producers.sim.simulator import Simulator
 from tests.factories import Clock
-
-RULES = str(Path(__file__).resolve().parents[3] / "rules")
-KEY = b"unit-test-state-key-0123456789ab"
+from tests.unit.service.service_factories import services
 
 
 @pytest.fixture(scope="module")
 def telemetry() -> list[tuple[bytes, bytes]]:
     sim = Simulator(hosts=4, duration=120, seed=5, scenario="mixed")
     return [m for batch in sim.batches() if batch for m in per_host_messages(batch)]
-
-
-def _services(telemetry, clock: Clock, **service: object) -> tuple[MemoryBus, Service, Service]:
-    bus = MemoryBus(partitions=2)
-    topics = Topics("t")
-    p = bus.producer()
-    for key, value in telemetry:
-        p.send(topics.telemetry, value, key)
-    cfg = load_config_text(json.dumps({
-        "kafka": {"prefix": "t", "max_poll_records": 20, "partitions": 2},
-        "http": {"host": "127.0.0.1", "port": 0},
-        "service": {"rules": [RULES], "models": "auto", "flush_idle_s": 3, **service}}), env={})
-
-    def make(stage: str) -> Service:
-        group, topic = ("svc", topics.telemetry) if stage == "host" else ("svc.fleet", topics.fleet)
-        state = MemoryStateStore(bus, topics.state, group, topic, key=KEY)
-        return Service(cfg, consumer=bus.group_consumer(topic, group), producer=bus.producer(), state=state,
-                       clock=clock, backoff=Backoff(sleep=lambda s: None), stage=stage)
-
-    return bus, make("host"), make("fleet")
 
 
 class Recorder:
@@ -69,7 +40,7 @@ class Recorder:
 
 def test_no_stage_waits_in_a_poll_while_another_has_input(telemetry):
     clock = Clock()
-    _, host, fleet = _services(telemetry, clock)
+    _, host, fleet = services(telemetry, clock)
     polls: list[tuple[str, float, bool]] = []
 
     def stop() -> None:
@@ -92,7 +63,7 @@ def test_no_stage_waits_in_a_poll_while_another_has_input(telemetry):
 
 def test_the_idle_check_asks_for_end_offsets_at_most_once_a_second(telemetry):
     clock = Clock()
-    _, host, _ = _services(telemetry, clock, flush_idle_s=2)
+    _, host, _ = services(telemetry, clock, flush_idle_s=2)
     asked: list[float] = []
     inner = host.consumer.end_offsets
 
