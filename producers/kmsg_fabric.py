@@ -2,7 +2,7 @@
 
 The kmsg producer (``producers/kmsg.py``) hands every message that is not an XID or SXid to
 ``FabricEvents.apply``, which recognises the lines the kernel prints and counts them per host
-since the producer started (catalogue fields 9512-9517, docs/producers.md#kernel-log):
+since the producer started (catalogue fields 9512-9518, docs/producers.md#kernel-log):
 
 - mlx5 port module events (``drivers/net/ethernet/mellanox/mlx5/core/events.c``,
   ``port_module()``; ``port.c``'s ``mlx5_port_module_event()`` before 4.20):
@@ -17,6 +17,21 @@ since the producer started (catalogue fields 9512-9517, docs/producers.md#kernel
   Down`` / ``Link is Down``, IPoIB and network managers' ``lost carrier`` -> ``nic_link_down_events``
   (PCIe hot-plug's ``pciehp: Slot(N): Link Down`` is a slot and libata's ``ataN: SATA link down``
   a disk port, not NICs, and are not counted);
+- NIC driver warnings (non-fatal: the NIC still works, degraded) -> ``nic_driver_warnings``: a
+  transmit timeout of any netdev, one per event, and mlx5's ``Detected insufficient power on the
+  PCIe slot (%uW).`` (``events.c``, ``mlx5_pcie_event()``; NVSentinel's and GPUd's non-fatal NIC
+  errors), one per line (a line per PCI function). A timeout is the stack's watchdog
+  (``net/sched/sch_generic.c``, ``dev_watchdog()``): ``NETDEV WATCHDOG: <ifname> (<driver>):
+  transmit queue %u timed out[ %u ms]`` through ``WARN_ONCE`` (no device prefix, once a boot), or
+  ``<prefix>: NETDEV WATCHDOG: CPU: %d: transmit queue %u timed out %u ms`` through ``netdev_crit``
+  (every time); and the driver's own report from ``ndo_tx_timeout``, mlx5e's ``TX timeout
+  detected`` and per stuck queue ``TX timeout on queue: %d, SQ: 0x%x, ...`` (``en_main.c``,
+  ``en/reporter_tx.c``). The driver's lines after a watchdog line of the same interface are that
+  event, not counted again; without one (``WARN_ONCE`` has already printed) ``TX timeout detected``
+  counts the event, or else its first queue line. mlx5's ``PCIe slot power capability was not
+  advertised.`` (info: the slot's power could not be read), ``PCIe slot advertised sufficient
+  power`` and ``ACCESS_REG(...) failed`` (register reads a restricted function may not make, noise
+  per GPUd) count nothing;
 - AER (``drivers/pci/pcie/aer.c``): the root port's ``AER: [Multiple ]<severity> error
   received: <source>`` and each reporting device's ``PCIe Bus Error: severity=<severity>,
   type=..., (<agent> ID)`` -> ``pcie_aer_log_{correctable,nonfatal,fatal}``. A "received" line
@@ -69,6 +84,7 @@ FIELDS = (
     "nic_link_down_events",
     "nic_module_errors",
     "nic_health_errors",
+    "nic_driver_warnings",
     "pcie_aer_log_correctable",
     "pcie_aer_log_nonfatal",
     "pcie_aer_log_fatal",
@@ -99,9 +115,21 @@ _LINK_DOWN = re.compile(r"(?:^|\s)(?:NIC )?Link (?:is )?down\b|\blost carrier\b"
 _WANT = re.compile(
     r"AER|PCIe Bus Error|can't find device of ID|Port module event|health compromised|Fatal error|Will cause a leak|"
     r"Hardware Error|aer_|pci_dev for|\[\s?\d{1,2}\] |"
+    r"NETDEV WATCHDOG|TX timeout|insufficient power on the PCIe slot|"
     r"(?i:link (?:is )?down|lost carrier)",
     re.ASCII,
 )
+# dev_watchdog()'s WARN_ONCE line (no device prefix; " %u ms" added later) and its netdev_crit one
+# (behind the interface's prefix); netdev names hold no whitespace, ":" or "/" (dev_valid_name()).
+_WATCHDOG_WARN = re.compile(
+    r"NETDEV WATCHDOG: (?P<netdev>[^\s:/]{1,32}) \([\w.-]{0,32}\): transmit queue (?P<q>\d{1,6}) timed out"
+    r"(?: \d{1,10} ms)?$",
+    re.ASCII,
+)
+_WATCHDOG = re.compile(r"NETDEV WATCHDOG: CPU: \d{1,5}: transmit queue (?P<q>\d{1,6}) timed out \d{1,10} ms$", re.ASCII)
+_TX_DETECTED = re.compile(r"TX timeout detected$", re.ASCII)
+_TX_QUEUE = re.compile(r"TX timeout on queue: (?P<q>\d{1,6}), SQ: 0x[0-9a-f]{1,8}\b", re.ASCII)
+_SLOT_POWER = re.compile(r"Detected insufficient power on the PCIe slot \((?P<w>\d{1,5})W\)\.?$", re.ASCII)
 _SEV = r"(?P<sev>Correct(?:ed|able)|Uncorrect(?:ed|able) \((?:Non-Fatal|Fatal)\))"
 _AER_RECEIVED = re.compile(
     r"(?:AER: )?(?P<multi>Multiple )?"
@@ -199,6 +227,21 @@ def _source(src: str, port: str | None) -> str | None:
     return f"{domain}:{rid >> 8:02x}:{(rid & 0xFF) >> 3:02x}.{rid & 7}"
 
 
+def _tx_kind(text: str) -> tuple[str, dict[str, str]] | None:
+    """A transmit-timeout line's kind for ``_Host.tx_event`` and its labels, else ``None``.
+
+    >>> _tx_kind("TX timeout on queue: 5, SQ: 0x10b, CQ: 0x40f, SQ Cons: 0x0 SQ Prod: 0x3")
+    ('queue', {'nic.queue': '5'})
+    """
+    if (w := _WATCHDOG.match(text)) is not None:
+        return "watchdog", {"nic.queue": w["q"]}
+    if _TX_DETECTED.match(text) is not None:
+        return "detected", {}
+    if (q := _TX_QUEUE.match(text)) is not None:
+        return "queue", {"nic.queue": q["q"]}
+    return None
+
+
 @dataclass
 class _Report:
     """A root port's AER report whose detail may still follow."""
@@ -275,6 +318,21 @@ class _Host:
     # Printings of a report that counted it, by (device, class): > 0 GHES sections awaiting their
     # AER print, < 0 AER prints awaiting their GHES section.
     unpaired: dict[tuple[str, str], int] = field(default_factory=dict)
+    # Each interface's last transmit timeout: "watchdog" (its driver's report may follow) or "driver".
+    tx: dict[str, str] = field(default_factory=dict)
+
+    def tx_event(self, netdev: str, kind: str) -> bool:
+        """Whether a transmit-timeout line of ``kind`` ("watchdog", "detected" or "queue") for
+        ``netdev`` is a new event (it counts) rather than a line of the event being printed.
+
+        >>> h = _Host()
+        >>> [h.tx_event("eth0", k) for k in ("watchdog", "detected", "queue", "detected", "queue")]
+        [True, False, False, True, False]
+        """
+        last = self.tx.get(netdev)
+        new = kind == "watchdog" or (kind == "detected" and last != "watchdog") or (kind == "queue" and last is None)
+        self.keep(self.tx, netdev, "watchdog" if kind == "watchdog" else "driver")
+        return new
 
     def pair(self, key: tuple[str, str], kind: int) -> bool:
         """Whether a printing of ``kind`` (1: GHES section, -1: AER print) is the other half of an
@@ -387,6 +445,14 @@ class FabricEvents:
                         st.pair((dev, cls), -1)
                         break
             return None
+        if (w := _WATCHDOG_WARN.match(msg)) is not None:  # WARN_ONCE's: no device prefix
+            st = self.hosts.setdefault(host, _Host())
+            st.tx_event(w["netdev"], "watchdog")
+            return "nic_driver_warnings", {
+                "nic.netdev": w["netdev"],
+                "nic.queue": w["q"],
+                "nic.message": msg[:LABEL_MAX],
+            }
         m = _DEV.match(msg)
         if m is None:
             return None
@@ -424,6 +490,13 @@ class FabricEvents:
             what, labels = "nic_module_errors", {"nic.module": mo["mod"]}
         elif _HEALTH.search(text) is not None and (m["drv"] or "").startswith("mlx5"):
             what, labels = "nic_health_errors", {}
+        elif (tx := _tx_kind(text)) is not None:
+            st = st or self.hosts.setdefault(host, _Host())
+            if not st.tx_event(m["ifname"] or m["netdev"] or bdf or "", tx[0]):
+                return None  # the driver's report of the timeout a line before counted
+            what, labels = "nic_driver_warnings", tx[1]
+        elif (pw := _SLOT_POWER.match(text)) is not None and bdf is not None:
+            what, labels = "nic_driver_warnings", {"nic.slot_power": pw["w"] + "W"}
         elif (
             _LINK_DOWN.search(text) is not None
             and "pciehp" not in text
