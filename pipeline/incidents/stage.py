@@ -159,6 +159,11 @@ class IncidentStage:
         # communicator its thousands of straggler incidents (4,000 x 2,000 alerts: 113 s).
         self._comm_heaps: dict[tuple[str, str], list[tuple[float, _Desc, str]]] = {}
         self._comm_reach = {c.name for c in config.causality if c.reach == "comm"}
+        # Host-level incidents (no GPU) by (host, root rule), with a heap of each key's latest
+        # opened first (lazily kept, as ``_comm_heaps``): a host-level fault that recurs while its
+        # incident is still open finds it there (``_recurrence``).
+        self._by_root: dict[tuple[str | None, str], dict[str, _Incident]] = {}
+        self._root_heaps: dict[tuple[str | None, str], list[tuple[float, _Desc, str]]] = {}
         # (quiet_due, incident id) of incidents whose alerts all resolved; an entry whose incident
         # took an alert since (its quiet_due changed) is skipped when it comes up.
         self._due: list[tuple[float, str]] = []
@@ -215,6 +220,9 @@ class IncidentStage:
         from pipeline.incidents import stagestate
 
         stagestate.load(self, state)
+        self._by_root, self._root_heaps = {}, {}
+        for inc in self._open.values():
+            self._enter_root(inc)
 
     def process(self, alerts: Iterable[AlertEvent]) -> list[IncidentEvent]:
         """Incident events for ``alerts`` (in the order given: event time, as ``AlertFeed``
@@ -246,29 +254,42 @@ class IncidentStage:
         """
         return AlertFeed(max_buffer, rank=self.rootness)
 
-    def rootness(self, a: AlertEvent) -> tuple[int, int]:
+    def rootness(self, a: AlertEvent) -> tuple[int, int, int]:
         """How ``a`` ranks to open an incident among the alerts of its GPU at its time, first
-        first: the alert calling for the highest action, then the most severe. A link going down
-        raises its warnings and its XID 74 at one time: the XID names the root, which routes act
-        on. ``AlertFeed`` orders each released second by it (``rank``).
+        first: the alert calling for the highest action, then the most severe, then one that
+        carries an XID (the driver's own report of the fault). A link going down raises its
+        warnings, its CRC-rate alert (critical, drain_node, as XID 74) and its XID 74 at one
+        time: the XID names the root, which routes act on. ``AlertFeed`` orders each released
+        second by it (``rank``).
+
+        The action is cached per (rule, severity); the XID is not a property of the rule: the
+        engine puts every field a rule's condition reads in the alert's evidence (an XID
+        rule's ``xid``, 0 or absent when the GPU has none), so it is tested per alert (``_xid``,
+        a dict lookup).
 
         >>> from pipeline.incidents.config import IncidentConfig
         >>> st = IncidentStage(IncidentConfig(rule_actions=(("hbm_dbe", "drain_node"),)))
-        >>> def alert(rule, severity):
+        >>> def alert(rule, severity, **evidence):
         ...     return AlertEvent(id=rule, state="firing", fault="f", severity=severity, rule=rule, host="n1",
-        ...                       gpu=0, ts=10.0, started_at=10.0)
+        ...                       gpu=0, ts=10.0, started_at=10.0, evidence=evidence)
         >>> st.rootness(alert("hbm_dbe", "warning")), st.rootness(alert("x", "critical")), st.rootness(alert("y", "info"))
-        ((-1, -1), (0, -2), (0, 0))
+        ((-1, -1, 1), (0, -2, 1), (0, 0, 1))
+        >>> st.rootness(alert("x", "critical", xid=74)), st.rootness(alert("x", "critical", xid=0))
+        ((0, -2, 0), (0, -2, 1))
         """
         if len(a.rule) > MAX_TEXT:  # the stage drops it (bad_alert): not worth a cache entry
-            return (0, 0)
+            return (0, 0, 1)
+        return (-self._rung(a), -SEVERITY_RANK.get(a.severity, -1), 0 if _xid(a) is not None else 1)
+
+    def _rung(self, a: AlertEvent) -> int:
+        """The rung of the action ``a`` calls for (``incidents.yaml``), cached per (rule, severity)."""
         key = (a.rule, a.severity)
         rung = self._rungs.get(key)
         if rung is None:
             rung = self._rungs[key] = self.config.rank(self.config.action_for(a.rule, a.severity))
             if len(self._rungs) > MAX_RULES:  # rules are few; hostile names must not grow it for good
                 self._rungs.clear()
-        return (-rung, -SEVERITY_RANK.get(a.severity, -1))
+        return rung
 
     # -- alerts ------------------------------------------------------------------------------
 
@@ -347,6 +368,11 @@ class IncidentStage:
         xid = _xid(a)
         app = self.config.application_xids
         inc = self._target(a)
+        if inc is not None and self._by_time_alone(inc, a):
+            # Only its GPU and the time tie it to ``inc``: a symptom stays, another fault goes.
+            inc = self._reconsider(a, inc, symptom=self._rung(a) <= 0 or app.applies(a.rule, xid))
+        if inc is None and a.gpu is None and _comm(a) is None:
+            inc = self._recurrence(a)  # a host-level fault back before its incident resolved
         if inc is not None and a.id in inc.members:
             # A member's firing event again after its resolution (at-least-once delivery): it
             # would fire in the incident for good, which then never resolves.
@@ -374,10 +400,11 @@ class IncidentStage:
                 self._count(p, inc, a.host or "", a.gpu if p.per == "gpu" else None, a.ts, a.id, out, xid)
 
     def _target(self, a: AlertEvent) -> _Incident | None:
-        """The open incident ``a`` joins (docs/architecture.md, "Incidents"): the latest one on its
-        GPU that is of its family, recent (its last alert within ``join_window``) or explains it;
-        else the latest one whose alerts explain it by a ``causality`` entry and that is still
-        firing or recent."""
+        """The open incident that takes ``a`` (docs/architecture.md, "Incidents"): the latest one
+        on its GPU that is of its family, recent (its last alert within ``join_window``) or
+        explains it; else the latest one whose alerts explain it by a ``causality`` entry and that
+        is still firing or recent. One that takes it by time alone ``_take`` reconsiders
+        (``_reconsider``)."""
         fam = fault_family(a.fault)
         window = self.config.join_window
         same = [
@@ -387,6 +414,40 @@ class IncidentStage:
         ]
         if same:
             return max(same, key=lambda inc: (inc.opened_at, inc.id))
+        return self._causal(a)
+
+    def _by_time_alone(self, inc: _Incident, a: AlertEvent) -> bool:
+        """Whether ``inc`` takes ``a`` only by being on its GPU with an alert within
+        ``join_window``: neither of its family nor explaining it."""
+        return (
+            a.gpu is not None
+            and (inc.host, inc.gpu) == (a.host, a.gpu)
+            and fault_family(a.fault) not in inc.families
+            and not self._explains(inc, a, None)
+        )
+
+    def _reconsider(self, a: AlertEvent, inc: _Incident, *, symptom: bool) -> _Incident | None:
+        """The incident ``a`` joins instead of ``inc``, which takes it by time alone
+        (``_by_time_alone``): the latest opened on its GPU that is of its family or explains it
+        (the latest opened there may be another fault's: an HBM error joins the GPU's HBM
+        incident, not the thermal one opened since); else ``inc`` for a ``symptom`` (an alert
+        calling for the ladder's lowest rung, a straggler or a link recovery, or an application's
+        XID, on a GPU that just had a fault is that fault's); else, for an alert that calls for an
+        action of its own (an HBM uncorrectable error minutes into a thermal incident, a fatal
+        PCIe error after an SBE burst: another fault), one elsewhere whose alerts explain it
+        (``_causal``), or none: it opens its own."""
+        fam = fault_family(a.fault)
+        own = [
+            i for i in self._by_gpu.get((a.host, a.gpu), {}).values() if fam in i.families or self._explains(i, a, None)
+        ]
+        if own:
+            return max(own, key=lambda i: (i.opened_at, i.id))
+        return inc if symptom else self._causal(a)
+
+    def _causal(self, a: AlertEvent) -> _Incident | None:
+        """The latest open incident whose alerts explain ``a`` by a ``causality`` entry and that
+        is still firing or recent (its last alert within ``join_window``)."""
+        window = self.config.join_window
         comm = _comm(a)
         near: dict[str, _Incident] = {}
         tops: list[_Incident] = []
@@ -413,6 +474,40 @@ class IncidentStage:
             if best is None or (inc.last_join, inc.id) > (best.last_join, best.id):
                 best = inc
         return best
+
+    def _recurrence(self, a: AlertEvent) -> _Incident | None:
+        """For a host-level alert that nothing else takes: the latest open host-level incident
+        on its host rooted at an alert of its rule. A host-level fault that clears and comes
+        back before its incident resolved (a telemetry gap, an NVSwitch SXid or a NIC port again
+        more than ``join_window`` after its last alert joined, within ``quiet`` of its resolve)
+        is that incident's, as a GPU's fault is its GPU's incident's (its family): not a second
+        incident of one fault, open beside the first. Alerts naming a communicator are left to
+        the communicator's causes, and one of another job than the incident's (two jobs' hung
+        collectives on one host) is not a recurrence."""
+        key = (a.host, a.rule)
+        ids = self._by_root.get(key)
+        heap = self._root_heaps.get(key)
+        while ids and heap:
+            neg, _, iid = heap[0]
+            inc = ids.get(iid)
+            if inc is not None and inc.opened_at == -neg:
+                job = a.job[:MAX_TEXT] if a.job else None
+                return inc if job is None or inc.job is None or job == inc.job else None
+            heapq.heappop(heap)  # resolved (or its id opened again later: entered afresh)
+        return None
+
+    def _enter_root(self, inc: _Incident) -> None:
+        """Index host-level incident ``inc`` by its host and root rule (``_recurrence``)."""
+        if inc.gpu is not None:
+            return
+        key = (inc.host, inc.root.rule)
+        ids = self._by_root.setdefault(key, {})
+        ids[inc.id] = inc
+        heap = self._root_heaps.setdefault(key, [])
+        heapq.heappush(heap, (-inc.opened_at, _Desc(inc.id), inc.id))
+        if len(heap) > 2 * len(ids) + 32:  # mostly resolved incidents' entries: rebuilt
+            heap[:] = [(-i.opened_at, _Desc(i.id), i.id) for i in ids.values()]
+            heapq.heapify(heap)
 
     def _comm_top(self, key: tuple[str, str], ts: float) -> _Incident | None:
         """The latest (by last_join, then id) incident indexed under ``key`` in ``_by_comm`` that
@@ -483,6 +578,7 @@ class IncidentStage:
         )
         self._open[inc.id] = inc
         self._by_gpu.setdefault((inc.host, inc.gpu), {})[inc.id] = inc
+        self._enter_root(inc)
         self._add(inc, a)
         self._say(out, inc, OPENED, a.ts, reason=reason)
         for p in self._incident_policies if a.host is not None else ():
@@ -577,6 +673,10 @@ class IncidentStage:
                 continue  # resolved already, or an alert joined it since
             del self._open[iid]
             _drop(self._by_gpu, (inc.host, inc.gpu), iid)
+            if inc.gpu is None:
+                _drop(self._by_root, (inc.host, inc.root.rule), iid)
+                if (inc.host, inc.root.rule) not in self._by_root:
+                    del self._root_heaps[(inc.host, inc.root.rule)]
             for name in inc.causes:
                 _drop(self._by_cause, (inc.host, name), iid)
                 for c in inc.comms if name in self._comm_reach else ():
