@@ -120,7 +120,9 @@ class CommandAction(_Action, tag="command", kw_only=True):
 
 
 class SlurmDrainAction(_Action, tag="slurm_drain", kw_only=True):
-    reason: str = "gpuwarden: {fault} gpu {gpu} alert {id}"
+    # No {gpu}: a host-level alert (an NVSwitch SXid, a NIC port) has none, and a value the argv
+    # names but the alert lacks skips the action (missing_value). The alert id names the GPU.
+    reason: str = "gpuwarden: {fault} alert {id}"
     scontrol: str = "scontrol"
     timeout: Duration = "30s"
 

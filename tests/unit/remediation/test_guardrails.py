@@ -136,7 +136,7 @@ def test_dry_run_calls_nothing_and_audits_every_intended_action(tmp_path, fakes,
     assert len(dry) == 15 and len(h.all) == 15
     assert dry[0].argv == ["scancel", "--signal=USR1", "--full", "100"]
     assert dry[1].argv == ["scontrol", "update", "nodename=n0", "state=drain",
-                           "reason=gpuwarden: hbm_uncorrectable_error gpu 0 alert a-n0-0-hbm_uncorrectable_error"]
+                           "reason=gpuwarden: hbm_uncorrectable_error alert a-n0-0-hbm_uncorrectable_error"]
     assert dry[2].argv == ["kubectl", "cordon", "n0"]
     assert dry[3].argv == ["nvidia-smi", "-r", "-i", "0"]
     assert dry[4].argv == ["scontrol", "notify", "n0"]
@@ -224,7 +224,7 @@ def test_undo_only_touches_nodes_gpuwarden_drained_and_is_opt_in(tmp_path, fakes
     out = h.handle(alert("p1", id="p", state="resolved"))            # no on_resolved: nothing by default
     assert out[0].decision == "skipped" and "no undo configured" in out[0].reason
     assert fakes.updates()[-1] == ["update", "nodename=p1", "state=drain",
-                                   "reason=gpuwarden: hbm_uncorrectable_error gpu 0 alert p"]
+                                   "reason=gpuwarden: hbm_uncorrectable_error alert p"]
 
 
 def test_group_wait_acts_once_per_node_and_survives_a_restart(tmp_path, fakes, harness):
@@ -237,7 +237,7 @@ def test_group_wait_acts_once_per_node_and_survives_a_restart(tmp_path, fakes, h
     assert h.rem.tick() == 0 and fakes.updates() == []
     h.clock.t += 31
     assert h.rem.tick() == 1
-    assert len(fakes.updates()) == 1 and "gpu 0" in fakes.updates()[0][-1]
+    assert len(fakes.updates()) == 1 and "alert a-n1-0-" in fakes.updates()[0][-1]  # the group's first alert: GPU 0's
     out = h.handle(alert("n1", gpu=5, id="later"))
     assert out[0].decision == "skipped" and out[0].reason.startswith("repeat_interval")
 

@@ -35,7 +35,7 @@ def test_forged_alerts_for_unknown_hosts_are_not_acted_on_and_cannot_trip_the_br
     out = h.handle(alert("gpu-node-1", id="real"))
     assert out[1].decision == "acted"
     assert fakes.updates() == [["update", "nodename=gpu-node-1", "state=drain",
-                                "reason=gpuwarden: hbm_uncorrectable_error gpu 0 alert real"]]
+                                "reason=gpuwarden: hbm_uncorrectable_error alert real"]]
 
 
 def test_unknown_host_is_logged_as_a_warning(tmp_path, fakes, harness, caplog):
