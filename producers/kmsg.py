@@ -96,6 +96,10 @@ _LOST = re.compile(
 LOST_TEXT = "fallen off the bus"
 LOST_XID = 79
 LOST_LINES = 2  # lines that may follow the first line of the driver's message
+_LOST_SPLIT = re.compile(r"\n|#012")  # its lines, as the journal and as rsyslog write them
+MAX_PENDING = 64  # hosts of a saved file whose message's first line awaits the rest, oldest given up
+LOST_SLACK_S = 1.0  # the rest of the message, on lines of its own, has the first line's time
+_NO_HOST = object()  # no record goes on (KmsgFileSource._read)
 # Unmapped PCI ids each logged once, up to this many: hostile lines must not grow the set for ever.
 MAX_WARNED_PCI = 1024
 
@@ -328,6 +332,19 @@ class KernelLog:
         return out
 
 
+def _continues(first: Line, ln: Line, more: str) -> bool:
+    """Whether ``ln`` (its message ``more``, stripped) is a later line of the driver's message for
+    a GPU off the bus that ``first`` began: an ``NVRM:`` line that begins no record of its own (an
+    XID, another GPU's message) with no time, or the first line's own (the syslog interface)."""
+    if not more.startswith("NVRM:") or "Xid" in more or _LOST.search(more) is not None:
+        return False
+    if ln.ts is None and ln.boot is None:
+        return True
+    if ln.ts is not None and first.ts is not None:
+        return abs(ln.ts - first.ts) <= LOST_SLACK_S
+    return ln.boot is not None and first.boot is not None and abs(ln.boot - first.boot) <= LOST_SLACK_S
+
+
 def _root(ln: Line) -> Line:
     """The kept line ``ln`` was merged into (``Line.into``, followed to its end), else ``ln``;
     every line passed on the way is pointed at it, so chains stay short (union-find's path
@@ -406,18 +423,19 @@ class KmsgFileSource:
         last_ts: float | None = None
         last_boot: float | None = None
         untimed = False
-        # The first line of the driver's message for a GPU off the bus (``_LOST``), printed as
-        # lines of their own, and how many of its lines have followed it.
-        pending: Line | None = None
-        follow = 0
+        # The first line of the driver's message for a GPU off the bus (``_LOST``) printed as
+        # lines of their own, by host (a log of several hosts interleaves theirs), with how many
+        # of its lines have followed it; and the host whose record the line before continued.
+        pending: dict[object, tuple[Line, int]] = {}
+        last: object = _NO_HOST
         try:
             while True:
                 text = src.readline(LINE_MAX)
                 if not text:
                     self.damage = gzip_damage(src)
                     warn_damage(self.path, self.damage)
-                    if pending is not None:
-                        self._keep(pending, events, seen)
+                    for first, _ in pending.values():
+                        self._keep(first, events, seen)
                     return events, last_ts, last_boot, untimed
                 self.stats.lines += 1
                 if len(text) >= LINE_MAX and not text.endswith("\n"):
@@ -437,27 +455,41 @@ class KmsgFileSource:
                 if ln.error is not None:
                     self.stats.bad_timestamp += 1
                     continue
-                if pending is not None:
-                    more = ln.msg.strip()
-                    if more.startswith("NVRM:") and "Xid" not in more and _LOST.search(more) is None:
-                        # The next line of the record before (dmesg and journalctl indent it and
-                        # give it no time; the kernel's syslog interface gives it the record's).
-                        pending.msg += "\n" + more
-                        follow += 1
-                        if LOST_TEXT in more or follow == LOST_LINES:
-                            self._keep(pending, events, seen)
-                            pending = None
-                        continue
-                    self._keep(pending, events, seen)
-                    pending = None
                 if ln.ts is not None:
                     last_ts = ln.ts if last_ts is None else max(last_ts, ln.ts)
                 elif ln.boot is not None:
                     last_boot = ln.boot if last_boot is None else max(last_boot, ln.boot)
-                else:
+                # A line without a time or host (dmesg's and journalctl's indented lines) goes on
+                # the record the line before it printed; any other, on its host's.
+                bare = ln.ts is None and ln.boot is None and ln.host is None
+                key = last if bare else ln.host
+                last = _NO_HOST
+                if (held := pending.get(key)) is not None:
+                    first, follow = held
+                    more = ln.msg.strip()
+                    if _continues(first, ln, more):
+                        # The next line of the record (dmesg and journalctl indent it and give it
+                        # no time; the kernel's syslog interface gives it the record's).
+                        first.msg += "\n" + more
+                        if LOST_TEXT in more or follow + 1 == LOST_LINES:
+                            del pending[key]
+                            self._keep(first, events, seen)
+                        else:
+                            pending[key] = (first, follow + 1)
+                            last = key
+                        continue
+                    del pending[key]
+                    self._keep(first, events, seen)
+                if bare:
                     untimed = True
                 if LOST_TEXT not in ln.msg and _LOST.search(ln.msg) is not None:
-                    pending, follow = ln, 0  # its other lines follow (``_LOST``)
+                    # Its other lines follow (``_LOST``); a host's earlier one has ended.
+                    if (held := pending.pop(ln.host, None)) is not None:
+                        self._keep(held[0], events, seen)
+                    if len(pending) >= MAX_PENDING:  # hosts whose record never went on
+                        self._keep(pending.pop(next(iter(pending)))[0], events, seen)
+                    pending[ln.host] = (ln, 0)
+                    last = ln.host
                     continue
                 self._keep(ln, events, seen)
         finally:
@@ -467,7 +499,13 @@ class KmsgFileSource:
     def _keep(self, ln: Line, events: list[Line], seen: dict[object, Line]) -> None:
         """Keep ``ln`` if ``KernelLog.apply`` reads it (XID, SXid, a GPU off the bus, NIC and AER
         lines) and it is no copy of a line kept already."""
-        if self.log.wants(ln.msg) and not self._again(ln, seen):
+        if not self.log.wants(ln.msg):
+            return
+        if LOST_TEXT in ln.msg and _LOST.search(ln.msg) is not None:
+            # The driver's message for a GPU off the bus in one spelling, whichever layout wrote
+            # it (rsyslog's "#012", the journal's newlines, lines joined here): its copies are one.
+            ln.msg = "\n".join(p.strip() for p in _LOST_SPLIT.split(ln.msg))
+        if not self._again(ln, seen):
             events.append(ln)
 
     def _again(self, ln: Line, seen: dict[object, Line]) -> bool:

@@ -111,10 +111,11 @@ _HEALTH = re.compile(
     re.ASCII,
 )
 _LINK_DOWN = re.compile(r"(?:^|\s)(?:NIC )?Link (?:is )?down\b|\blost carrier\b", re.ASCII | re.IGNORECASE)
-# A superset of what classify() reads, tested first: most kernel lines are none of these.
+# A superset of what classify() reads, tested first: most kernel lines are none of these (a GHES
+# line only as _HW reads it: mce's "mce: [Hardware Error]: ..." lines, a busy log's, are not one).
 _WANT = re.compile(
     r"AER|PCIe Bus Error|can't find device of ID|Port module event|health compromised|Fatal error|Will cause a leak|"
-    r"Hardware Error|aer_|pci_dev for|\[\s?\d{1,2}\] |"
+    r"^\s*(?:\{\d{1,10}\})?\[Hardware Error\]|aer_|pci_dev for|\[\s?\d{1,2}\] |"
     r"NETDEV WATCHDOG|TX timeout|insufficient power on the PCIe slot|"
     r"(?i:link (?:is )?down|lost carrier)",
     re.ASCII,
