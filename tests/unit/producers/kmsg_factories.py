@@ -78,3 +78,22 @@ class FakeReader:
 
     def close(self):
         pass
+
+
+def produce_and_replay(tmp_path, lines, step, capsys) -> tuple[str, list[dict]]:
+    """``gpuwarden produce kmsg --file`` of ``lines`` as a dmesg (the PCI map above, host n1, a
+    fixed boot time), then ``gpuwarden replay`` of its records: the producer's exit summary
+    (stderr) and the alerts that fired."""
+    import json
+
+    from pipeline.cli import main
+
+    log = write(tmp_path, "dmesg.txt", dmesg(lines, step=step))
+    pci = write(tmp_path, "pci.csv", PCI_MAP)
+    out, alerts = tmp_path / "kmsg.jsonl", tmp_path / "alerts.jsonl"
+    argv = ["produce", "kmsg", "--file", str(log), "--pci-map", str(pci), "--boot-time", "1800000000",
+            "--host", "n1", "--out", str(out), "--interval", "10"]  # fmt: skip
+    assert main(argv) == 0
+    summary = capsys.readouterr().err
+    assert main(["replay", str(out), "--alerts-out", str(alerts), "-q"]) == 0
+    return summary, [a for a in map(json.loads, alerts.read_text().splitlines()) if a["state"] == "firing"]

@@ -29,7 +29,6 @@ Layouts and their sources (each test's log is a public capture, cut where noted)
 
 from __future__ import annotations
 
-import json
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -38,7 +37,7 @@ from pipeline.catalog import FIELDS
 from producers.kmsg import KmsgFileSource, parse_pci_map
 from producers.kmsg_fabric import FabricEvents
 from tests.factories import fuzz_examples
-from tests.unit.producers.kmsg_factories import PCI_MAP, dmesg, write
+from tests.unit.producers.kmsg_factories import PCI_MAP, dmesg, produce_and_replay, write
 
 FUZZ = settings(max_examples=fuzz_examples(60), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -433,34 +432,8 @@ def test_a_saved_log_counts_firmware_first_reports_and_names_the_gpu(tmp_path):
 
 
 def test_produce_then_replay_raises_the_aer_log_alerts(tmp_path, capsys):
-    from pipeline.cli import main
-
     lines = I40E[:-1] + ICE
-    log = write(tmp_path, "dmesg.txt", dmesg(lines, step=1.0))
-    pci = write(tmp_path, "pci.csv", PCI_MAP)
-    out, alerts = tmp_path / "kmsg.jsonl", tmp_path / "alerts.jsonl"
-    assert (
-        main(
-            [
-                "produce",
-                "kmsg",
-                "--file",
-                str(log),
-                "--pci-map",
-                str(pci),
-                "--boot-time",
-                "1800000000",
-                "--host",
-                "n1",
-                "--out",
-                str(out),
-                "--interval",
-                "10",
-            ]
-        )
-        == 0
-    )
-    assert "fabric_lines 3" in capsys.readouterr().err
-    assert main(["replay", str(out), "--alerts-out", str(alerts), "-q"]) == 0
-    fired = {a["rule"] for a in map(json.loads, alerts.read_text().splitlines()) if a["state"] == "firing"}
+    summary, got = produce_and_replay(tmp_path, lines, 1.0, capsys)
+    assert "fabric_lines 3" in summary
+    fired = {a["rule"] for a in got}
     assert {"pcie_aer_log_fatal", "pcie_aer_log_nonfatal"} <= fired

@@ -34,14 +34,13 @@ public mirrors and patches of the code corpus:
 
 from __future__ import annotations
 
-import json
 
 import pytest
 
 from pipeline.catalog import FIELDS
 from producers.kmsg import KmsgFileSource, parse_pci_map
 from producers.kmsg_fabric import MAX_CPER, FabricEvents
-from tests.unit.producers.kmsg_factories import PCI_MAP, dmesg, write
+from tests.unit.producers.kmsg_factories import PCI_MAP, dmesg, produce_and_replay, write
 
 PFX = "mlx5_core 0000:3b:00.0 ens1f0np0: "
 CUT_HERE = "------------[ cut here ]------------"
@@ -192,36 +191,9 @@ def test_a_saved_log_carries_the_count_on_every_gpu(tmp_path):
 
 
 def test_produce_then_replay_raises_the_nic_driver_warning(tmp_path, capsys):
-    from pipeline.cli import main
-
     lines = [CRIT, DETECTED, QUEUE, NOT_ADVERTISED, ACCESS_REG, POWER_OLD]
-    log = write(tmp_path, "dmesg.txt", dmesg(lines, step=60.0))
-    pci = write(tmp_path, "pci.csv", PCI_MAP)
-    out, alerts = tmp_path / "kmsg.jsonl", tmp_path / "alerts.jsonl"
-    assert (
-        main(
-            [
-                "produce",
-                "kmsg",
-                "--file",
-                str(log),
-                "--pci-map",
-                str(pci),
-                "--boot-time",
-                "1800000000",
-                "--host",
-                "n1",
-                "--out",
-                str(out),
-                "--interval",
-                "10",
-            ]
-        )
-        == 0
-    )
-    assert "fabric_lines 2" in capsys.readouterr().err
-    assert main(["replay", str(out), "--alerts-out", str(alerts), "-q"]) == 0
-    got = [a for a in map(json.loads, alerts.read_text().splitlines()) if a["state"] == "firing"]
+    summary, got = produce_and_replay(tmp_path, lines, 60.0, capsys)
+    assert "fabric_lines 2" in summary
     assert {a["rule"] for a in got} == {"network_nic_driver_warning"}
     assert {(a["host"], a["severity"]) for a in got} == {("n1", "warning")}
 
