@@ -266,7 +266,7 @@ class KernelLog:
             self.stats.backlog_events += 1
             return []
         # One line of the driver's words: "The NVIDIA GPU ... has fallen off the bus and ...".
-        words = " ".join(p.strip().removeprefix("NVRM:").strip() for p in re.split(r"\n|#012", msg[m.start() :]))
+        words = " ".join(p.strip().removeprefix("NVRM:").strip() for p in _LOST_SPLIT.split(msg[m.start() :]))
         labels = {"xid.message": words[:LABEL_MAX], "xid.pci": "%04x:%02x:%02x" % key}
         return [self._record(ts, host, gpu, st, labels)]
 
