@@ -76,9 +76,10 @@ def group_stat(
         return np.where(np.isinf(out), np.nan, out)[inv]
     if stat == "median":
         g = n // len(uniq)
-        if g * len(uniq) == n and ok.all() and (inv[::g] == np.arange(len(uniq))).all() and (np.diff(inv) >= 0).all():
+        if g * len(uniq) == n and ok.all() and (cnt == g).all() and (np.diff(inv) >= 0).all():
             # Every host reporting the same number of GPUs, in consecutive rows, all known (the
-            # usual tick): a partition per host row instead of a sort of the whole tick.
+            # usual tick): a partition per host row instead of a sort of the whole tick. The
+            # counts, not the row count, say the groups are equal (1 + 3 rows is 2 x 2).
             # np.median's arithmetic (the mean of the two middle values) on a sort of 8-wide rows:
             # the same numbers at half the cost of its partition and wrappers.
             s = np.sort(values.reshape(len(uniq), g), axis=1)

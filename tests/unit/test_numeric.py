@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from pipeline import numeric
 from pipeline.engine import entities
 from pipeline.rules import windows
+from tests.factories import fuzz_examples
 
 
 def test_grow_doubles_and_fills():
@@ -33,6 +36,40 @@ def test_group_stat():
     assert list(numeric.group_stat(keys, vals, "median")) == [2, 2, 4, 4, 4]
     assert list(numeric.group_stat(keys, vals, "count")) == [2, 2, 2, 2, 2]
     assert list(numeric.group_stat(keys, vals, "max")) == [3, 3, 6, 6, 6]
+
+
+def test_group_median_of_unequal_consecutive_groups_of_an_even_total():
+    # 4 rows in 2 consecutive groups of 1 and 3: the shape of an equal-groups tick, not one.
+    got = numeric.group_stat(np.array([0, 1, 1, 1]), np.array([1.0, 2.0, 3.0, 10.0]), "median")
+    assert list(got) == [1.0, 3.0, 3.0, 3.0]
+
+
+def _reference(keys, values, stat):
+    out = []
+    for k in keys:
+        v = values[(keys == k) & ~np.isnan(values)]
+        fn = {"median": np.median, "mean": np.mean, "min": np.min, "max": np.max}.get(stat)
+        out.append(float(len(v)) if stat == "count" else (fn(v) if len(v) else np.nan))
+    return np.array(out)
+
+
+@settings(max_examples=fuzz_examples(200), deadline=None)
+@given(
+    sizes=st.lists(st.integers(1, 6), min_size=1, max_size=6),
+    order=st.sampled_from(["sorted", "shuffled"]),
+    data=st.data(),
+)
+def test_group_stat_equals_a_per_group_reference(sizes, order, data):
+    # Hosts report different GPU counts in one tick (a joining host, a lost GPU): every layout
+    # of group sizes must give each group's own statistic.
+    keys = np.repeat(np.arange(len(sizes)), sizes)
+    if order == "shuffled":
+        keys = np.array(data.draw(st.permutations(list(keys))))
+    values = np.array(data.draw(st.lists(st.sampled_from([*map(float, range(-5, 6)), np.nan]),
+                                         min_size=len(keys), max_size=len(keys))))
+    for stat in ("median", "mean", "min", "max", "count"):
+        np.testing.assert_allclose(numeric.group_stat(keys, values, stat), _reference(keys, values, stat),
+                                   equal_nan=True, err_msg=stat)
 
 
 def test_the_old_homes_re_export_them():
