@@ -8,7 +8,7 @@ definition each without borrowing from one another.
 from __future__ import annotations
 
 import math
-from typing import Literal
+from typing import Literal, overload
 
 import numpy as np
 
@@ -49,6 +49,51 @@ def distinct(ent: np.ndarray) -> tuple[np.ndarray, bool]:
     return ent[first], False
 
 
+@overload
+def groups(keys: np.ndarray, first: Literal[False] = False) -> tuple[np.ndarray, np.ndarray]: ...
+
+
+@overload
+def groups(keys: np.ndarray, first: Literal[True]) -> tuple[np.ndarray, np.ndarray, np.ndarray]: ...
+
+
+def groups(keys: np.ndarray, first: bool = False) -> tuple[np.ndarray, ...]:
+    """``np.unique(keys, return_inverse=True)`` of 1-D integer ``keys`` (with ``first``,
+    ``return_index=True`` too: each key's first row): the same arrays, without its wrappers (a
+    tick's few dozen rows pay those more than the sort), and without the sort when the keys
+    come in order.
+
+    >>> u, inv = groups(np.array([7, 3, 7, 5]))
+    >>> u.tolist(), inv.tolist()
+    ([3, 5, 7], [2, 0, 2, 1])
+    >>> [a.tolist() for a in groups(np.array([7, 3, 7, 5]), first=True)]
+    [[3, 5, 7], [1, 3, 0], [2, 0, 2, 1]]
+    """
+    n = len(keys)
+    if n < 2 or keys.ndim != 1 or keys.dtype.kind not in "iu":
+        if first:
+            return np.unique(keys, return_index=True, return_inverse=True)
+        return np.unique(keys, return_inverse=True)
+    if (keys[1:] >= keys[:-1]).all():
+        perm, aux = None, keys
+    else:
+        perm = keys.argsort(kind="stable")  # stable: a key's first row leads its run
+        aux = keys[perm]
+    new = np.empty(n, dtype=bool)
+    new[0] = True
+    np.not_equal(aux[1:], aux[:-1], out=new[1:])
+    at = np.add.accumulate(new.astype(np.intp))  # (a cumsum that casts as it goes is slower)
+    at -= 1
+    if perm is None:
+        inv = at
+    else:
+        inv = np.empty(n, dtype=np.intp)
+        inv[perm] = at
+    if not first:
+        return aux[new], inv
+    return aux[new], new.nonzero()[0] if perm is None else perm[new], inv
+
+
 def group_stat(
     keys: np.ndarray, values: np.ndarray, stat: str, groups: tuple[np.ndarray, np.ndarray] | None = None
 ) -> np.ndarray:
@@ -57,37 +102,52 @@ def group_stat(
     ``groups``: ``np.unique(keys, return_inverse=True)`` when the caller already has it (every
     peer function of a tick groups the same rows by host).
     """
+    return group_stats(keys, values, (stat,), groups)[0]
+
+
+def group_stats(
+    keys: np.ndarray, values: np.ndarray, stats: tuple[str, ...], groups: tuple[np.ndarray, np.ndarray] | None = None
+) -> list[np.ndarray]:
+    """``[group_stat(keys, values, s, groups) for s in stats]``, with what they share (the
+    grouping, the known values and their count per group) worked out once."""
     n = len(keys)
     if n == 0:
-        return np.empty(0)
+        return [np.empty(0) for _ in stats]
     uniq, inv = groups if groups is not None else np.unique(keys, return_inverse=True)
     ok = ~np.isnan(values)
     cnt = np.bincount(inv, weights=ok.astype(float), minlength=len(uniq))
+    return [_group_stat(n, len(uniq), inv, values, ok, cnt, stat) for stat in stats]
+
+
+def _group_stat(
+    n: int, m: int, inv: np.ndarray, values: np.ndarray, ok: np.ndarray, cnt: np.ndarray, stat: str
+) -> np.ndarray:
+    """One of ``group_stats``: ``m`` groups, ``cnt`` known values in each."""
     if stat == "count":
         return cnt[inv]
     if stat == "mean":
-        s = np.bincount(inv, weights=np.where(ok, values, 0.0), minlength=len(uniq))
+        s = np.bincount(inv, weights=np.where(ok, values, 0.0), minlength=m)
         with np.errstate(invalid="ignore", divide="ignore"):
             return np.where(cnt > 0, s / cnt, np.nan)[inv]
     if stat in ("min", "max"):
         fill = np.inf if stat == "min" else -np.inf
-        out = np.full(len(uniq), fill)
+        out = np.full(m, fill)
         (np.minimum if stat == "min" else np.maximum).at(out, inv[ok], values[ok])
         return np.where(np.isinf(out), np.nan, out)[inv]
     if stat == "median":
-        g = n // len(uniq)
-        if g * len(uniq) == n and ok.all() and (cnt == g).all() and (np.diff(inv) >= 0).all():
+        g = n // m
+        if g * m == n and ok.all() and (cnt == g).all() and (inv[1:] >= inv[:-1]).all():
             # Every host reporting the same number of GPUs, in consecutive rows, all known (the
             # usual tick): a partition per host row instead of a sort of the whole tick. The
             # counts, not the row count, say the groups are equal (1 + 3 rows is 2 x 2).
             # np.median's arithmetic (the mean of the two middle values) on a sort of 8-wide rows:
             # the same numbers at half the cost of its partition and wrappers.
-            s = np.sort(values.reshape(len(uniq), g), axis=1)
+            s = np.sort(values.reshape(m, g), axis=1)
             med = s[:, g // 2] if g % 2 else (s[:, g // 2 - 1] + s[:, g // 2]) / 2.0
             return np.repeat(med, g)
         order = np.lexsort((np.where(ok, values, np.inf), inv))
         sorted_inv = inv[order]
-        starts = np.searchsorted(sorted_inv, np.arange(len(uniq)))
+        starts = np.searchsorted(sorted_inv, np.arange(m))
         c = cnt.astype(np.int64)
         lo = starts + np.maximum(c - 1, 0) // 2
         hi = starts + c // 2

@@ -103,11 +103,10 @@ def lane_of(nranks: int) -> int:
 
 
 def lanes(nranks: np.ndarray) -> np.ndarray:
-    """``lane_of`` of every row (each distinct size hashed once)."""
+    """``lane_of`` of every row (each distinct size hashed once: ``lane_of`` remembers)."""
     if not len(nranks):
         return np.zeros(0, dtype=np.int64)
-    u, inv = np.unique(nranks, return_inverse=True)
-    return np.array([lane_of(int(x)) for x in u.tolist()], dtype=np.int64)[inv]
+    return np.array(list(map(lane_of, nranks.tolist())), dtype=np.int64)
 
 
 def merge(found: Sequence[Findings]) -> Findings:
@@ -130,19 +129,23 @@ def merge(found: Sequence[Findings]) -> Findings:
     ent = np.concatenate([f.ent for f in use])
     score = np.concatenate([f.score for f in use])
     flagged = np.concatenate([f.flagged for f in use])
-    src = np.concatenate([np.full(len(f.ent), i) for i, f in enumerate(use)])
-    row = np.concatenate([np.arange(len(f.ent)) for f in use])
+    sizes = [len(f.ent) for f in use]
+    src = np.repeat(np.arange(len(use)), sizes)
     # Last of each entity's run: flagged first, then the worst score, then the lowest lane.
     order = np.lexsort((-src, score, flagged, ent))
+    e = ent[order]
     last = np.ones(len(order), dtype=bool)
-    last[:-1] = ent[order][1:] != ent[order][:-1]
+    np.not_equal(e[1:], e[:-1], out=last[:-1])
     pick = order[last]
     evidence: dict[int, dict[str, Any]] = {}
-    for j, p in enumerate(pick.tolist()):
-        ev = use[int(src[p])].evidence.get(int(row[p]))
-        if ev is not None:
-            evidence[j] = ev
     keyed = all(len(f.keys) == len(f.ent) for f in use)
+    if keyed or any(f.evidence for f in use):  # each picked row's own (lane, row)
+        row = np.arange(len(ent)) - np.repeat(np.cumsum([0] + sizes[:-1]), sizes)
+        at = list(zip(src[pick].tolist(), row[pick].tolist()))
+        for j, (i, r) in enumerate(at):
+            ev = use[i].evidence.get(r)
+            if ev is not None:
+                evidence[j] = ev
     return Findings(
         found[0].model,
         found[0].tick,
@@ -152,7 +155,7 @@ def merge(found: Sequence[Findings]) -> Findings:
         np.concatenate([f.obs_ts for f in use])[pick],
         evidence,
         warm,
-        [use[int(src[p])].keys[int(row[p])] for p in pick.tolist()] if keyed else [],
+        [use[i].keys[r] for i, r in at] if keyed else [],
     )
 
 
@@ -377,7 +380,25 @@ def _by_lane(fr: NcclFrame) -> list[tuple[int, NcclFrame]]:
     first = int(lane[0]) if len(lane) else 0
     if (lane == first).all():
         return [(first, fr)]
-    return [(int(k), fr.take(np.flatnonzero(lane == k))) for k in np.unique(lane).tolist()]
+    order = lane.argsort(kind="stable")  # by lane, each lane's rows in their order
+    sl = lane[order]
+    cut = [0, *(np.flatnonzero(sl[1:] != sl[:-1]) + 1).tolist(), len(sl)]
+    return [(int(sl[a]), fr.take(order[a:b])) for a, b in zip(cut[:-1], cut[1:])]
+
+
+def worst_rows(ent: np.ndarray, score: np.ndarray) -> np.ndarray:
+    """Each entity's row of highest ``score`` (of equal ones the last), by entity. With one row
+    per entity, in order (a lane's GPUs, as their ranks report), each row is its own.
+
+    >>> worst_rows(np.array([4, 2, 4]), np.array([1.0, 0.5, 3.0])).tolist()
+    [1, 2]
+    """
+    if (ent[1:] > ent[:-1]).all():
+        return np.arange(len(ent))
+    order = np.lexsort((score, ent))
+    last = np.ones(len(order), dtype=bool)
+    last[:-1] = ent[order][1:] != ent[order][:-1]
+    return order[last]
 
 
 def _score(m: Any, lane: int, fr: NcclFrame, t0: float, n_ent: int) -> Findings:
@@ -389,19 +410,18 @@ def _score(m: Any, lane: int, fr: NcclFrame, t0: float, n_ent: int) -> Findings:
     ent = fr.gpu if m.info.level == GPU else fr.host
     m.ensure(max(n_ent, int(ent.max()) + 1 if len(ent) else 0))
     ok = ent >= 0
-    e, s = ent[ok], scores[ok]
-    rows = np.flatnonzero(ok)
-    # Worst record per entity in this tick.
-    order = np.lexsort((s, e))
-    last = np.ones(len(order), dtype=bool)
-    last[:-1] = e[order][1:] != e[order][:-1]
-    pick = order[last]
+    if ok.all():  # every record names its entity (the usual tick)
+        e, s, rows = ent, scores, None
+    else:
+        e, s, rows = ent[ok], scores[ok], np.flatnonzero(ok)
+    pick = worst_rows(e, s)  # worst record per entity in this tick
+    src = pick if rows is None else rows[pick]  # the frame's row of each entity's worst
     ue, us = e[pick], s[pick]
     flagged = decider.decide(ue, us, len(m.cur))
     warm = det.warm_count() >= m.spec.warmup
     evidence: dict[int, dict[str, Any]] = {}
     for j in np.flatnonzero(flagged).tolist():
-        r = int(rows[pick[j]])
+        r = int(src[j])
         evidence[j] = {
             "score": rounded(us[j]),
             "threshold": rounded(decider.threshold()),
@@ -411,10 +431,13 @@ def _score(m: Any, lane: int, fr: NcclFrame, t0: float, n_ent: int) -> Findings:
             "rank": int(fr.rank[r]),
             "drivers": {k: rounded(v[r]) for k, v in det.last["drivers"].items()},
         }
-    obs_ts = fr.ts[rows[pick]]
+    obs_ts = fr.ts[src]
     bad = np.zeros(len(fr), dtype=bool)
     if warm:
-        bad[rows] = np.isin(e, ue[flagged])
+        if flagged.any():  # else no record is a flagged entity's
+            hit = np.zeros(len(m.cur), dtype=bool)  # np.isin(e, ue[flagged]) by a lookup
+            hit[ue[flagged]] = True
+            bad[slice(None) if rows is None else rows] = hit[e]
         decider.observe(us[~flagged])
     det.learn_frame(fr, scores, ~bad)
     warm_after = det.warm_count() >= m.spec.warmup

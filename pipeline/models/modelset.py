@@ -284,6 +284,7 @@ class ModelSet(StageBase):
                 score = np.zeros(n)
                 warm = np.zeros(n, dtype=bool)
                 m.rows_ev = []
+                scored = []
                 fleet = m.spec.cohort == "fleet"
                 for cname, rows in [("fleet", None)] if fleet else groups:
                     det = m.det(cname)
@@ -297,18 +298,15 @@ class ModelSet(StageBase):
                     else:
                         score[rows], warm[rows] = s, w
                     m.rows_ev.append((rows, det.last, s))
+                    scored.append((det, rows, e, t, F))
                 flagged = m.decider.decide(ent, score, n_gpus)
                 cond = flagged & warm
                 m.decider.observe(score[warm & ~flagged])
-                for cname, rows in [("fleet", None)] if fleet else groups:
-                    det = m.det(cname)
-                    mask = ~cond if rows is None else ~cond[rows]
-                    det.learn_many(
-                        ent if rows is None else ent[rows],
-                        ts if rows is None else ts[rows],
-                        feats.subset(det.features + ("phase",), rows),
-                        mask,
-                    )
+                # Learning from the very rows scored: a detector takes what scoring left for
+                # them (``_take_pending`` knows them by their ``ts``), where rows picked again
+                # (a cohort's ``ts[rows]``, a new array) would have them scored a second time.
+                for det, rows, e, t, F in scored:
+                    det.learn_many(e, t, F, ~cond if rows is None else ~cond[rows])
                 self.scores[name] = np.where(warm, score, np.nan)
             elif view.early:
                 continue  # judged once the tick is whole (run_deferred)

@@ -205,6 +205,43 @@ class HalfSpaceForest:
             return np.zeros(self.l_mass.shape, dtype=np.int64)
         return np.bincount(self._path_nodes(X), minlength=self.l_mass.size).reshape(self.l_mass.shape)
 
+    def paths(self, X: np.ndarray) -> np.ndarray:
+        """Every row's path in every tree, root to leaf: flat node indices, (rows, trees,
+        height + 1). A few rows are walked in Python, more level by level in numpy. The splits
+        never change while learning, so one walk serves ``score_paths`` and ``path_masses``."""
+        n = len(X)
+        if n > SMALL:
+            return self._path_nodes(X).reshape(self.height + 1, self.n_trees, n).transpose(2, 1, 0)
+        feat, thr, left, right, height = self._feat_l, self._thr_l, self._left_l, self._right_l, self.height
+        out: list[int] = []
+        add = out.append
+        for x in X.tolist():
+            for g in self._roots:
+                add(g)
+                for _ in range(height):
+                    g = left[g] if x[feat[g]] < thr[g] else right[g]
+                    add(g)
+        return np.array(out, dtype=np.intp).reshape(n, self.n_trees, height + 1)
+
+    def score_paths(self, P: np.ndarray) -> np.ndarray:
+        """``score`` of the rows whose ``paths`` are ``P``: the same integer sums, so the same
+        numbers (a walk adds r_mass * 2**depth and stops below the size limit)."""
+        n = len(P)
+        if self.first_window or n == 0:
+            return np.zeros(n)
+        r = self.r_mass.ravel()[P].astype(np.int64)
+        alive = np.empty(r.shape, dtype=bool)
+        alive[..., 0] = True
+        np.logical_and.accumulate(r[..., :-1] >= self.size_limit, axis=-1, out=alive[..., 1:])
+        total = ((r * alive) << np.arange(self.height + 1)).sum(axis=(1, 2))
+        return 1.0 - total / self.max_score
+
+    def path_masses(self, P: np.ndarray) -> np.ndarray:
+        """``masses`` of the rows whose ``paths`` are ``P``."""
+        if not len(P):
+            return np.zeros(self.l_mass.shape, dtype=np.int64)
+        return np.bincount(P.ravel(), minlength=self.l_mass.size).reshape(self.l_mass.shape)
+
     def add_window(self, mass: np.ndarray, count: int) -> None:
         """Count ``count`` learnt rows, whose masses are ``mass``, into the current window. A
         window of ``window_size`` or more becomes the reference, scaled to ``window_size`` rows

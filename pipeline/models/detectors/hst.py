@@ -152,7 +152,10 @@ class CohortHalfSpaceTrees(BatchDetector):
         Z = _normalise({k: v[idx] for k, v in F.items()}, len(idx))
         keys = list(Z)
         X = np.column_stack([Z[k] for k in KEYS]) if len(idx) else np.empty((0, len(KEYS)))
-        fresh = self.forest.score(X)
+        # Deferred, the rows' paths are walked once, for their scores and for the masses that
+        # ``learn_many`` counts; alone, the forest learns the rows themselves.
+        P = self.forest.paths(X) if self.deferred else None
+        fresh = self.forest.score(X) if P is None else self.forest.score_paths(P)
         score = self.score[ent].copy()
         score[idx] = fresh
         stale = ~due & (nan_to_num(ts - self.score_ts[ent], nan=np.inf) > 3 * self.period)
@@ -162,7 +165,7 @@ class CohortHalfSpaceTrees(BatchDetector):
             for r in by_place[1:]:
                 r = r[~due[r]]
                 score[r] = score[prev[r]]
-        self._pending = (ts, idx, X, keys, fresh)
+        self._pending = (ts, idx, X, keys, fresh, P)
         self.last = {
             "expected": np.full(n, np.nan),
             "observed": score,
@@ -176,7 +179,7 @@ class CohortHalfSpaceTrees(BatchDetector):
         if len(ent) == 0:
             return
         pend = self._take_pending(ent, ts, F)
-        _, idx, X, _, fresh = pend
+        _, idx, X, _, fresh, P = pend
         self.score[ent[idx]] = fresh
         self.score_ts[ent[idx]] = ts[idx]
         ok = mask[idx]
@@ -186,7 +189,7 @@ class CohortHalfSpaceTrees(BatchDetector):
             turn = nan_to_num(ts[idx], nan=0.0).astype(np.int64) // self.period
             ok = ok & ((turn + self._phase(ent, F)[idx]) % self.learn_every == 0)
         if self.deferred:
-            self.acc_mass += self.forest.masses(X[ok])
+            self.acc_mass += self.forest.masses(X[ok]) if P is None else self.forest.path_masses(P[ok])
             self.acc_n += int(ok.sum())
             return
         self.forest.learn(X[ok])  # in row order, as river's learn_one one row at a time

@@ -28,7 +28,7 @@ import numpy as np
 
 from pipeline.engine.frame import NcclFrame
 from pipeline.models.detectors._util import nan_to_num
-from pipeline.numeric import group_stat, grow
+from pipeline.numeric import group_stats, groups, grow
 
 
 def _frame_from_one(x: Mapping[str, Any]) -> NcclFrame:
@@ -57,12 +57,14 @@ def _frame_from_one(x: Mapping[str, Any]) -> NcclFrame:
 
 
 def _group_keys(frame: NcclFrame, codes: dict[str, int]) -> np.ndarray:
-    """One integer per (communicator, interval) group; ``codes`` maps comm ids to small ints."""
+    """One integer per (communicator, interval) group; ``codes`` maps comm ids to small ints
+    (a communicator not in it gets the next, in the order of their first rows)."""
     got = list(map(codes.get, frame.comm))
     if None in got:
-        for i, x in enumerate(got):
-            if x is None:
-                got[i] = codes.setdefault(frame.comm[i], len(codes))
+        for comm in dict.fromkeys(frame.comm):
+            if comm not in codes:
+                codes[comm] = len(codes)
+        got = list(map(codes.__getitem__, frame.comm))
     c = np.array(got, dtype=np.int64)
     t = np.rint((frame.ts - (frame.ts.min() if len(frame) else 0.0)) * 1000.0).astype(np.int64)
     return c * (1 << 32) + t
@@ -125,13 +127,19 @@ class NcclDetector:
         raise NotImplementedError
 
     def learn_frame(self, frame: NcclFrame, scores: np.ndarray, mask: np.ndarray) -> None:
-        gap = self.last.get("gap", np.zeros(len(mask)))
-        ok = mask & np.isfinite(gap) & self.last.get("judged", np.ones(len(mask), dtype=bool))
+        gap = self.last.get("gap")
+        if gap is None:
+            gap = np.zeros(len(mask))
+        ok = mask & np.isfinite(gap)
+        judged = self.last.get("judged")
+        if judged is not None:
+            ok &= judged
         g = gap[ok]
         if len(g):
-            # Typical absolute deviation of healthy members (slow EW over unflagged rows).
+            # Typical absolute deviation of healthy members (slow EW over unflagged rows);
+            # np.mean's sum and division, without its wrappers.
             a = max(len(g) / 20_000.0, len(g) / (self.n_learnt + len(g)))
-            self.noise = (1 - a) * self.noise + a * float(np.mean(np.abs(g)))
+            self.noise = (1 - a) * self.noise + a * float(np.add.reduce(np.abs(g)) / len(g))
             self.n_learnt += len(g)
 
     def warm_count(self) -> int:
@@ -180,9 +188,7 @@ class RankStraggler(NcclDetector):
         # would grow with every communicator ever seen (jobs come and go).
         key = _group_keys(frame, {})
         ex = frame.exec_time_us
-        groups = np.unique(key, return_inverse=True)  # grouped once for every statistic below
-        med = group_stat(key, ex, "median", groups)
-        cnt = group_stat(key, ex, "count", groups)
+        med, cnt = group_stats(key, ex, ("median", "count"), groups(key))
         judged = (cnt >= self.min_ranks) & (med > 0)
         with np.errstate(invalid="ignore", divide="ignore"):
             gap = np.where(judged, (med - ex) / med, 0.0)
@@ -194,9 +200,7 @@ class RankStraggler(NcclDetector):
             _as_int(frame.bytes) % 1_000_003
         )
         jg = np.where(judged, gap, np.nan)
-        hgroups = np.unique(hk, return_inverse=True)
-        host_med = group_stat(hk, jg, "median", hgroups)
-        host_cnt = group_stat(hk, jg, "count", hgroups)
+        host_med, host_cnt = group_stats(hk, jg, ("median", "count"), groups(hk))
         gap = np.where(judged & (host_cnt >= 3), gap - nan_to_num(host_med, nan=0.0), gap)
         med = np.where(judged, med, np.nan)
         score = np.maximum(gap, 0.0) / max(self.noise, self.noise_floor)
@@ -288,11 +292,10 @@ class CommBusbw(NcclDetector):
         if self._refresh(code, frame.ts):  # compacted: the codes are renumbered
             key = _group_keys(frame, self.codes)
             code = key >> 32
-        uniq, first, inv = np.unique(key, return_index=True, return_inverse=True)
-        groups = (uniq, inv)  # grouped once for every statistic of the communicators below
-        bw = group_stat(key, frame.busbw_gbs, "median", groups)
-        hmin = group_stat(key, frame.host.astype(float), "min", groups)
-        hmax = group_stat(key, frame.host.astype(float), "max", groups)
+        uniq, first, inv = groups(key, first=True)
+        by_comm = (uniq, inv)  # grouped once for every statistic of the communicators below
+        bw, n_bw = group_stats(key, frame.busbw_gbs, ("median", "count"), by_comm)
+        hmin, hmax = group_stats(key, frame.host.astype(float), ("min", "max"), by_comm)
         self.multi[code[hmin != hmax]] = True
         # Peers: the other communicators of the same kind (rank count, message size) in the
         # same interval, one value per communicator (its first row stands for it).
@@ -305,12 +308,10 @@ class CommBusbw(NcclDetector):
         # communicator whose hosts stamp their records at different times (each host samples
         # at its own phase; clocks are skewed) arrives a rank or a few at a time, and such a
         # fragment is neither known to sit on one host nor comparable with whole peers.
-        whole = group_stat(key, frame.busbw_gbs, "count", groups) >= frame.nranks
+        whole = n_bw >= frame.nranks
         single = ~self.multi[code] & whole
         peer_bw = np.where(rep & single, bw, np.nan)
-        kgroups = np.unique(kind, return_inverse=True)
-        ref = group_stat(kind, peer_bw, "median", kgroups)
-        npeers = group_stat(kind, peer_bw, "count", kgroups)
+        ref, npeers = group_stats(kind, peer_bw, ("median", "count"), groups(kind))
         with np.errstate(invalid="ignore", divide="ignore"):
             ratio = np.where((npeers >= self.min_peers) & single & (ref > 0), bw / ref, np.nan)
         normal = np.where(self.own_w[code] >= 5, self.own_m[code], 1.0)
