@@ -139,6 +139,7 @@ _SEMANTICS: dict[int, tuple[str, str, str, float | None]] = {
     9516: ("pcie_aer_log_nonfatal", "", COUNTER, 0),
     9517: ("pcie_aer_log_fatal", "", COUNTER, 0),
     9518: ("nic_driver_warnings", "", COUNTER, 0),
+    9519: ("nccl_crashes", "", COUNTER, 0),
     9520: ("fm_nvswitch_fatal_errors", "", COUNTER, 0),
     9521: ("fm_nvswitch_nonfatal_errors", "", COUNTER, 0),
     9522: ("fm_nvlink_errors", "", COUNTER, 0),

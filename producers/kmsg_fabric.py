@@ -1,8 +1,8 @@
-"""The kernel log beyond the GPU: NIC (mlx5 and netdev) and PCIe AER lines, as event counters.
+"""The kernel log beyond the GPU: NIC (mlx5 and netdev), PCIe AER and NCCL crash lines, as event counters.
 
 The kmsg producer (``producers/kmsg.py``) hands every message that is not an XID or SXid to
 ``FabricEvents.apply``, which recognises the lines the kernel prints and counts them per host
-since the producer started (catalogue fields 9512-9518, docs/producers.md#kernel-log):
+since the producer started (catalogue fields 9512-9519, docs/producers.md#kernel-log):
 
 - mlx5 port module events (``drivers/net/ethernet/mellanox/mlx5/core/events.c``,
   ``port_module()``; ``port.c``'s ``mlx5_port_module_event()`` before 4.20):
@@ -32,6 +32,17 @@ since the producer started (catalogue fields 9512-9518, docs/producers.md#kernel
   advertised.`` (info: the slot's power could not be read), ``PCIe slot advertised sufficient
   power`` and ``ACCESS_REG(...) failed`` (register reads a restricted function may not make, noise
   per GPUd) count nothing;
+- a process killed by a fatal fault in NCCL's code (GPUd's ``RegexSegfaultInLibnccl``: repeated,
+  a sign of the GPUs' communication failing, such as Fabric Manager's) -> ``nccl_crashes``, one
+  per line: x86's ``<comm>[<pid>]: segfault at %lx ip %px sp %px error %lx in <file>[<start>+<size>]``
+  (``arch/x86/mm/fault.c``, ``show_signal_msg()``; `` likely on CPU %d (core %d, socket %d)``
+  after it since 6.2) and ``traps: <comm>[<pid>] general protection ip:%lx sp:%lx error:%lx in
+  ...`` / ``... trap <name> ip:...`` (``arch/x86/kernel/traps.c``), arm64's ``<comm>[<pid>]:
+  unhandled exception: <class>, ESR 0x%016lx, <reason> in ...`` (``arch/arm64/kernel/traps.c``,
+  ``arm64_show_signal()``; Grace hosts) and others' ``unhandled signal``; ``<file>`` (from
+  ``print_vma_addr()``, or ``%pav`` in later kernels) is the mapping of the faulting instruction, so
+  a line counts when it is NCCL's library or a plugin of it (``libnccl.so.2``,
+  ``libnccl.so.2.21.5``, ``libnccl-net.so``); a fault elsewhere in the process counts nothing;
 - AER (``drivers/pci/pcie/aer.c``): the root port's ``AER: [Multiple ]<severity> error
   received: <source>`` and each reporting device's ``PCIe Bus Error: severity=<severity>,
   type=..., (<agent> ID)`` -> ``pcie_aer_log_{correctable,nonfatal,fatal}``. A "received" line
@@ -88,6 +99,7 @@ FIELDS = (
     "pcie_aer_log_correctable",
     "pcie_aer_log_nonfatal",
     "pcie_aer_log_fatal",
+    "nccl_crashes",
 )
 
 # "[<driver> ]<bdf>[ <ifname>]: <text>" (dev_printk / netdev_printk) or "<ifname>: <text>".
@@ -116,7 +128,7 @@ _LINK_DOWN = re.compile(r"(?:^|\s)(?:NIC )?Link (?:is )?down\b|\blost carrier\b"
 _WANT = re.compile(
     r"AER|PCIe Bus Error|can't find device of ID|Port module event|health compromised|Fatal error|Will cause a leak|"
     r"^\s*(?:\{\d{1,10}\})?\[Hardware Error\]|aer_|pci_dev for|\[\s?\d{1,2}\] |"
-    r"NETDEV WATCHDOG|TX timeout|insufficient power on the PCIe slot|"
+    r"NETDEV WATCHDOG|TX timeout|insufficient power on the PCIe slot| in libnccl|"
     r"(?i:link (?:is )?down|lost carrier)",
     re.ASCII,
 )
@@ -131,6 +143,14 @@ _WATCHDOG = re.compile(r"NETDEV WATCHDOG: CPU: \d{1,5}: transmit queue (?P<q>\d{
 _TX_DETECTED = re.compile(r"TX timeout detected$", re.ASCII)
 _TX_QUEUE = re.compile(r"TX timeout on queue: (?P<q>\d{1,6}), SQ: 0x[0-9a-f]{1,8}\b", re.ASCII)
 _SLOT_POWER = re.compile(r"Detected insufficient power on the PCIe slot \((?P<w>\d{1,5})W\)\.?$", re.ASCII)
+# A fatal fault's report naming the mapping of the faulting instruction (a task's comm holds no
+# "[" in practice; the 16-character comm of old kernels or the longer comm_str of newer ones).
+_NCCL_CRASH = re.compile(
+    r"^(?:traps: )?(?P<comm>[^\[\]]{1,64})\[(?P<pid>\d{1,10})\]:? "
+    r"(?P<fault>segfault|general protection|trap [\w -]{1,32}?(?= ip:)|unhandled exception|unhandled signal)\b"
+    r".{0,400}? in (?P<lib>libnccl[\w+-]{0,32}\.so(?:\.\w{1,16}){0,4})\[[0-9a-f]{1,16}\+[0-9a-f]{1,16}\]",
+    re.ASCII,
+)
 _SEV = r"(?P<sev>Correct(?:ed|able)|Uncorrect(?:ed|able) \((?:Non-Fatal|Fatal)\))"
 _AER_RECEIVED = re.compile(
     r"(?:AER: )?(?P<multi>Multiple )?"
@@ -446,6 +466,14 @@ class FabricEvents:
                         st.pair((dev, cls), -1)
                         break
             return None
+        if "libnccl" in msg and (c := _NCCL_CRASH.match(msg)) is not None:
+            return "nccl_crashes", {
+                "nccl.process": c["comm"].strip(),
+                "nccl.pid": c["pid"],
+                "nccl.library": c["lib"],
+                "nccl.fault": c["fault"].strip(),
+                "nccl.message": msg[:LABEL_MAX],
+            }
         if (w := _WATCHDOG_WARN.match(msg)) is not None:  # WARN_ONCE's: no device prefix
             st = self.hosts.setdefault(host, _Host())
             st.tx_event(w["netdev"], "watchdog")

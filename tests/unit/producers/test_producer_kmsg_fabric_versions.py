@@ -1,5 +1,5 @@
 """The kernel's NIC and AER lines across kernel versions (4.19 to 6.16), checked against the
-source that prints them (producers/kmsg_fabric.py, docs/producers.md#nic-and-aer-lines).
+source that prints them (producers/kmsg_fabric.py, docs/producers.md#nic-aer-and-nccl-crash-lines).
 
 Origins of the lines below:
 
