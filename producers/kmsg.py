@@ -291,7 +291,7 @@ class KernelLog:
         """A NIC or AER line (producers/kmsg_fabric.py): every GPU of the host with its counters."""
         if not self.fabric.wants(msg):
             return []
-        got = self.fabric.classify(host, msg)
+        got = self.fabric.classify(host, msg, ts)
         if got is None:
             return []
         self.stats.fabric_lines += 1

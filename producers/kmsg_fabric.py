@@ -72,7 +72,8 @@ since the producer started (catalogue fields 9512-9519, docs/producers.md#kernel
   in the severity register). Each rate-limits on its own (GHES: 2 records in 5 s and a repeat
   within 10 s not at all; ``pci_print_aer()`` per device from 6.16), so either may be missing:
   a printing pairs with an unpaired printing of the other kind for the same device and class
-  (correctable or not), which counted the report, and else counts it. Sections of other types
+  (correctable or not) made within ``PAIR_WINDOW`` of it (one work item prints both, milliseconds
+  apart), which counted the report, and else counts it. Sections of other types
   (memory, processor) count nothing, nor does a block whose section's type or severity was cut off.
 
 >>> ev = FabricEvents()
@@ -220,6 +221,10 @@ _COR_NAMES = frozenset({"NonFatalErr", "Advisory Non-Fatal"})
 _UNC_NAMES = frozenset({"FCP", "Flow Control Protocol"})
 MAX_CPER = 32  # GHES records, AER prints and unpaired printings kept per host, oldest dropped
 MAX_UNPAIRED = 16  # printings of one device and class awaiting the other kind (AER_RECOVER_RING_SIZE)
+# How far apart in time two printings of one report may be: GHES queues the section for the AER
+# driver (aer_recover_queue()), whose work item prints it within milliseconds; an unpaired printing
+# older than this is a report whose other printing was rate-limited, not one still to come.
+PAIR_WINDOW = 5.0
 
 _K = TypeVar("_K")
 _V = TypeVar("_V")
@@ -339,6 +344,7 @@ class _Host:
     # Printings of a report that counted it, by (device, class): > 0 GHES sections awaiting their
     # AER print, < 0 AER prints awaiting their GHES section.
     unpaired: dict[tuple[str, str], int] = field(default_factory=dict)
+    unpaired_at: dict[tuple[str, str], float] = field(default_factory=dict)  # the latest's time, when known
     # Each interface's last transmit timeout: "watchdog" (its driver's report may follow) or "driver".
     tx: dict[str, str] = field(default_factory=dict)
 
@@ -355,22 +361,40 @@ class _Host:
         self.keep(self.tx, netdev, "watchdog" if kind == "watchdog" else "driver")
         return new
 
-    def pair(self, key: tuple[str, str], kind: int) -> bool:
-        """Whether a printing of ``kind`` (1: GHES section, -1: AER print) is the other half of an
-        unpaired one (then it counts nothing); else it is kept unpaired itself.
+    def waiting(self, key: tuple[str, str], ts: float | None) -> int:
+        """The unpaired printings of ``key`` (> 0 GHES sections, < 0 AER prints) that a printing
+        at ``ts`` may still pair with: none once the latest is more than ``PAIR_WINDOW`` away."""
+        at = self.unpaired_at.get(key)
+        if ts is not None and at is not None and abs(ts - at) > PAIR_WINDOW:
+            return 0
+        return self.unpaired.get(key, 0)
+
+    def pair(self, key: tuple[str, str], kind: int, ts: float | None = None) -> bool:
+        """Whether a printing of ``kind`` (1: GHES section, -1: AER print) at ``ts`` is the other
+        half of an unpaired one (then it counts nothing); else it is kept unpaired itself.
 
         >>> h = _Host()
-        >>> h.pair(("0000:3b:00.0", "cor"), 1), h.pair(("0000:3b:00.0", "cor"), -1)
+        >>> h.pair(("0000:3b:00.0", "cor"), 1, 100.0), h.pair(("0000:3b:00.0", "cor"), -1, 100.2)
         (False, True)
+        >>> h.pair(("0000:3b:00.0", "cor"), 1, 100.0), h.pair(("0000:3b:00.0", "cor"), -1, 3700.0)
+        (False, False)
         """
-        n = self.unpaired.pop(key, 0)
+        n = self.waiting(key, ts)
+        self.unpaired.pop(key, None)
+        at = self.unpaired_at.pop(key, None)
         if n * kind < 0:
             if n + kind:
                 self.unpaired[key] = n + kind
+                if at is not None:
+                    self.unpaired_at[key] = at
             return True
         if len(self.unpaired) >= MAX_CPER:
-            del self.unpaired[next(iter(self.unpaired))]
+            oldest = next(iter(self.unpaired))
+            del self.unpaired[oldest]
+            self.unpaired_at.pop(oldest, None)
         self.unpaired[key] = max(-MAX_UNPAIRED, min(MAX_UNPAIRED, n + kind))
+        if ts is not None:
+            self.unpaired_at[key] = ts
         return False
 
     @staticmethod
@@ -427,7 +451,7 @@ class FabricEvents:
         """Whether ``msg`` may be a line ``apply`` counts (a cheap test before the regexes)."""
         return ": " in msg and _WANT.search(msg) is not None
 
-    def apply(self, host: str, msg: str, *, count: bool = True) -> dict[str, str] | None:
+    def apply(self, host: str, msg: str, *, count: bool = True, ts: float | None = None) -> dict[str, str] | None:
         """Count ``msg`` for ``host`` when it is a NIC or AER event and return its labels;
         ``None`` for any other line and for an AER detail line its "received" line counted.
         ``count=False`` (a follower's backlog) follows the AER pairing without counting.
@@ -438,17 +462,19 @@ class FabricEvents:
         >>> ev.apply("n1", "mlx5_core 0000:3b:00.0: Port module event: module 0, Cable plugged") is None
         True
         """
-        got = self.classify(host, msg)
+        got = self.classify(host, msg, ts)
         if got is None:
             return None
         if count:
             self.count(host, got[0])
         return got[1]
 
-    def classify(self, host: str, msg: str) -> tuple[str, dict[str, str]] | None:
+    def classify(self, host: str, msg: str, ts: float | None = None) -> tuple[str, dict[str, str]] | None:
         """The counter ``msg`` moves and its labels, without counting it; ``None`` for any other
         line, for an AER detail line of the device a pending "received" line named (which it
         ends) and for a "received" line whose source the kernel does not trust (its detail counts).
+        ``ts``: the line's time, which bounds how far apart a report's two firmware-first
+        printings may be (``PAIR_WINDOW``; ``None``: not bounded).
 
         >>> ev = FabricEvents()
         >>> ev.classify("n1", "pcieport 0000:00:01.0: AER: Corrected error received: 0000:01:00.0")[0]
@@ -456,14 +482,14 @@ class FabricEvents:
         >>> ev.classify("n1", "nvidia 0000:01:00.0: PCIe Bus Error: severity=Corrected, type=Physical Layer, (Receiver ID)")
         """
         if (hw := _HW.match(msg)) is not None:
-            return self._ghes(host, hw["seq"], hw["text"].strip())
+            return self._ghes(host, hw["seq"], hw["text"].strip(), ts)
         if (gone := _FF_GONE.search(msg)) is not None:
             st = self.hosts.get(host)
             if st is not None:  # the report's section stays the one printing that counted it
                 dev = f"{gone['dom']}:{gone['bus']}:{int(gone['dev'], 16):02x}.{gone['fn']}"
                 for cls in ("cor", "unc"):
-                    if st.unpaired.get((dev, cls), 0) > 0:
-                        st.pair((dev, cls), -1)
+                    if st.waiting((dev, cls), ts) > 0:
+                        st.pair((dev, cls), -1, ts)
                         break
             return None
         if "libnccl" in msg and (c := _NCCL_CRASH.match(msg)) is not None:
@@ -491,7 +517,7 @@ class FabricEvents:
         labels: dict[str, str]
         if bdf is not None and (ff := text[5:] if text.startswith("AER: ") else text).startswith(("aer_", " ")):
             if ff.startswith("aer_") or (st is not None and bdf in st.prints):
-                return self._aer_print(host, bdf, ff)
+                return self._aer_print(host, bdf, ff, ts)
         if (r := _AER_RECEIVED.search(text)) is not None:
             what = _severity(r["sev"])
             st = st or self.hosts.setdefault(host, _Host())
@@ -540,7 +566,7 @@ class FabricEvents:
             return (got[0], dict(got[1])) if got is not None else None
         return what, self._labels(m, text, "aer" if what.startswith("pcie") else "nic", labels)
 
-    def _ghes(self, host: str, seq: str | None, text: str) -> tuple[str, dict[str, str]] | None:
+    def _ghes(self, host: str, seq: str | None, text: str, ts: float | None) -> tuple[str, dict[str, str]] | None:
         """A line of a GHES record (``{seq}[Hardware Error]: <text>``): a PCIe section's counter
         and labels at its ``device_id`` line, unless its device's AER print counted it."""
         st = self.hosts.setdefault(host, _Host())
@@ -562,12 +588,12 @@ class FabricEvents:
             what = _CPER_WHAT[sev]
             cls = "cor" if what == "pcie_aer_log_correctable" else "unc"
             # A fatal record panics the kernel (__ghes_panic()) before any AER print.
-            if block.event != "fatal" and st.pair((d["bdf"], cls), 1):
+            if block.event != "fatal" and st.pair((d["bdf"], cls), 1, ts):
                 return None
             return what, {"aer.severity": sev, "aer.device": d["bdf"], "aer.message": text[:LABEL_MAX]}
         return None
 
-    def _aer_print(self, host: str, bdf: str, text: str) -> tuple[str, dict[str, str]] | None:
+    def _aer_print(self, host: str, bdf: str, text: str, ts: float | None) -> tuple[str, dict[str, str]] | None:
         """A line of ``pci_print_aer()`` for device ``bdf`` (its "AER: " left out): the report's
         counter and labels at the line that decides its class, unless its GHES section counted it."""
         st = self.hosts.setdefault(host, _Host())
@@ -590,20 +616,20 @@ class FabricEvents:
                 st.keep(st.prints, bdf, pr)
                 return None
             st.prints.pop(bdf, None)
-            if cls is None and st.unpaired.get((bdf, "unc"), 0) > 0 >= st.unpaired.get((bdf, "cor"), 0):
+            if cls is None and st.waiting((bdf, "unc"), ts) > 0 >= st.waiting((bdf, "cor"), ts):
                 pr.cls = "done"  # the GHES section of an uncorrectable report: its severity line follows
                 st.keep(st.prints, bdf, pr)
-                st.pair((bdf, "unc"), -1)
+                st.pair((bdf, "unc"), -1, ts)
                 return None
             if cls is None:
                 pr.cls = "done"  # read as correctable, the common case: a severity line after it counts nothing
                 st.keep(st.prints, bdf, pr)
-            if st.pair((bdf, "cor"), -1):
+            if st.pair((bdf, "cor"), -1, ts):
                 return None
             return "pcie_aer_log_correctable", {"aer.severity": "Corrected", **labels}
         if (u := _FF_UNCOR.match(text)) is not None and pr is not None and pr.cls is not None:
             del st.prints[bdf]
-            if pr.cls == "done" or st.pair((bdf, "unc"), -1):
+            if pr.cls == "done" or st.pair((bdf, "unc"), -1, ts):
                 return None
             fatal = pr.status is not None and pr.status & ~pr.mask & int(u["sev"], 16)
             what = "pcie_aer_log_fatal" if fatal else "pcie_aer_log_nonfatal"

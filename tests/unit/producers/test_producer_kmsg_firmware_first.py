@@ -291,6 +291,28 @@ def test_both_printings_of_two_devices_interleaved_count_once_each():
     assert counted(a_cper + TG3_PRINT) == {"pcie_aer_log_correctable": 1, "pcie_aer_log_nonfatal": 1}
 
 
+def test_printings_pair_only_within_seconds_of_each_other():
+    # One work item prints both halves of a report, milliseconds apart. A section whose AER print
+    # was rate-limited away is not the other half of a print-only report of the device an hour on.
+    a_cper, a_print = lkml_record(1, "0000:3b:00.0", "nvidia")
+
+    def at(parts):
+        ev = FabricEvents()
+        for t, lines in parts:
+            for ln in lines:
+                ev.apply("n1", ln, ts=t)
+        return {k: v for k, v in ev.counts("n1").items() if v}
+
+    assert at([(100.0, a_cper), (100.004, a_print)]) == {"pcie_aer_log_correctable": 1}
+    assert at([(100.0, a_cper), (3700.0, a_print)]) == {"pcie_aer_log_correctable": 2}
+    assert at([(100.0, a_print), (3700.0, a_cper)]) == {"pcie_aer_log_correctable": 2}  # the NMI order
+    # A stale half does not block the next report's own pairing.
+    assert at([(100.0, a_cper), (3700.0, a_cper[:-5]), (3700.0, a_cper[-5:]), (3700.01, a_print)]) == {
+        "pcie_aer_log_correctable": 2}
+    assert at([(100.0, TG3_CPER), (3700.0, TG3_PRINT)]) == {"pcie_aer_log_fatal": 1, "pcie_aer_log_nonfatal": 1}
+    assert counted(a_cper + a_print) == {"pcie_aer_log_correctable": 1}  # no times: pairs as before
+
+
 def test_a_report_the_aer_driver_cannot_print_leaves_nothing_to_pair():
     a_cper, a_print = lkml_record(1, "0000:3b:00.0", "nvidia")
     assert counted(a_cper + ["AER: no pci_dev for 0000:3b:00.0"] + a_print) == {"pcie_aer_log_correctable": 2}
@@ -433,7 +455,8 @@ def test_a_saved_log_counts_firmware_first_reports_and_names_the_gpu(tmp_path):
 
 def test_produce_then_replay_raises_the_aer_log_alerts(tmp_path, capsys):
     lines = I40E[:-1] + ICE
-    summary, got = produce_and_replay(tmp_path, lines, 1.0, capsys)
+    # 10 ms a line: a record and its AER print come within milliseconds of each other (PAIR_WINDOW).
+    summary, got = produce_and_replay(tmp_path, lines, 0.01, capsys)
     assert "fabric_lines 3" in summary
     fired = {a["rule"] for a in got}
     assert {"pcie_aer_log_fatal", "pcie_aer_log_nonfatal"} <= fired
