@@ -40,7 +40,8 @@ since the producer started (catalogue fields 9512-9519, docs/producers.md#kernel
   ...`` / ``... trap <name> ip:...`` (``arch/x86/kernel/traps.c``), arm64's ``<comm>[<pid>]:
   unhandled exception: <class>, ESR 0x%016lx, <reason> in ...`` (``arch/arm64/kernel/traps.c``,
   ``arm64_show_signal()``; Grace hosts) and others' ``unhandled signal``; ``<file>`` (from
-  ``print_vma_addr()``, or ``%pav`` in later kernels) is the mapping of the faulting instruction, so
+  ``print_vma_addr()``: ``<file>[<offset>,<start>+<size>]`` in later kernels, ``<file> (deleted)``
+  for a file replaced since it was mapped in older ones) is the mapping of the faulting instruction, so
   a line counts when it is NCCL's library or a plugin of it (``libnccl.so.2``,
   ``libnccl.so.2.21.5``, ``libnccl-net.so``); a fault elsewhere in the process counts nothing;
 - AER (``drivers/pci/pcie/aer.c``): the root port's ``AER: [Multiple ]<severity> error
@@ -144,12 +145,15 @@ _WATCHDOG = re.compile(r"NETDEV WATCHDOG: CPU: \d{1,5}: transmit queue (?P<q>\d{
 _TX_DETECTED = re.compile(r"TX timeout detected$", re.ASCII)
 _TX_QUEUE = re.compile(r"TX timeout on queue: (?P<q>\d{1,6}), SQ: 0x[0-9a-f]{1,8}\b", re.ASCII)
 _SLOT_POWER = re.compile(r"Detected insufficient power on the PCIe slot \((?P<w>\d{1,5})W\)\.?$", re.ASCII)
-# A fatal fault's report naming the mapping of the faulting instruction (a task's comm holds no
-# "[" in practice; the 16-character comm of old kernels or the longer comm_str of newer ones).
+# A fatal fault's report naming the mapping of the faulting instruction (the 16-character comm of
+# old kernels or the longer comm_str of newer ones, any characters: "[" and "]" included). The
+# mapping is print_vma_addr()'s: "<name>[<start>+<size>]" (d_path()'s name: " (deleted)" after a
+# file replaced since it was mapped), or in later kernels "%pD[<offset>,<start>+<size>]".
 _NCCL_CRASH = re.compile(
-    r"^(?:traps: )?(?P<comm>[^\[\]]{1,64})\[(?P<pid>\d{1,10})\]:? "
+    r"^(?:traps: )?(?P<comm>.{1,64}?)\[(?P<pid>\d{1,10})\]:? "
     r"(?P<fault>segfault|general protection|trap [\w -]{1,32}?(?= ip:)|unhandled exception|unhandled signal)\b"
-    r".{0,400}? in (?P<lib>libnccl[\w+-]{0,32}\.so(?:\.\w{1,16}){0,4})\[[0-9a-f]{1,16}\+[0-9a-f]{1,16}\]",
+    r".{0,400}? in (?P<lib>libnccl[\w+-]{0,32}\.so(?:\.\w{1,16}){0,4})(?: \(deleted\))?"
+    r"\[(?:[0-9a-f]{1,16},)?[0-9a-f]{1,16}\+[0-9a-f]{1,16}\]",
     re.ASCII,
 )
 _SEV = r"(?P<sev>Correct(?:ed|able)|Uncorrect(?:ed|able) \((?:Non-Fatal|Fatal)\))"
@@ -393,8 +397,9 @@ class _Host:
             del self.unpaired[oldest]
             self.unpaired_at.pop(oldest, None)
         self.unpaired[key] = max(-MAX_UNPAIRED, min(MAX_UNPAIRED, n + kind))
-        if ts is not None:
-            self.unpaired_at[key] = ts
+        when = ts if ts is not None else at  # an untimed printing keeps the last timed one's time
+        if when is not None:
+            self.unpaired_at[key] = when
         return False
 
     @staticmethod

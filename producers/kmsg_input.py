@@ -58,8 +58,10 @@ _ISO = re.compile(
     r"^(?P<date>\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:[.,]\d+)?(?:Z|[+-]\d\d:?\d\d)?) " + _TAG
 )  # short-iso, short-iso-precise, rsyslog's RFC 3339 files
 _DMESG_ISO = re.compile(
-    r"^(?P<date>\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:[.,]\d+)?(?:Z|[+-]\d\d:?\d\d)) (?P<msg>.*)$"
+    r"^(?P<date>\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:[.,]\d+)?(?:Z|[+-]\d\d:?\d\d)) " + _CALLER + r"(?P<msg>.*)$"
 )  # dmesg --time-format=iso
+# dmesg -t (--notime): the caller id alone before the message.
+_UNTIMED_CALLER = re.compile(r"^\[\s*[TC]\d+\] ")
 _UNIX = re.compile(r"^(?P<secs>\d{1,12}\.\d{6}) (?P<host>\S+) kernel: (?P<msg>.*)$")  # journalctl -o short-unix
 # dmesg -x (--decode): "kern  :err   : " before the time.
 _FACILITY = re.compile(
@@ -204,7 +206,9 @@ def parse_line(text: str, *, year: int | None = None) -> Line | None:
         ts = local_time(m["date"], "%a %b %d %H:%M:%S %Y")
         return Line(m["msg"], ts=ts) if ts is not None else _bad_time(m["msg"])
     m = _ISO.match(text)
-    if m and (m["tag"] in (None, "kernel") or "," not in m["date"]):  # dmesg's iso time has a comma, no host
+    # dmesg's iso time has a comma and no host or tag after it: a message that starts with a
+    # task's "<comm>[<pid>]: " (a segfault report) is the kernel's, not a program's line.
+    if m and not ("," in m["date"] and (m["tag"] not in (None, "kernel") or m["ptag"] is not None)):
         ts = iso_time(m["date"])
         if m["tag"] not in (None, "kernel") or m["ptag"] is not None:
             return Line("", ts=ts, host=m["host"])  # a program's line, which may quote the kernel's
@@ -250,7 +254,7 @@ def parse_line(text: str, *, year: int | None = None) -> Line | None:
             return Line(m["msg"], error="bad_timestamp", yearless=True)
         wall = _wall_us(ts, m["frac"])
         return Line(m["msg"], ts=ts, host=m["host"], yearless=True, mono_us=_usec(m["ksecs"]), wall_us=wall)
-    return Line(text)
+    return Line(_UNTIMED_CALLER.sub("", text, count=1))
 
 
 def _json_int(raw: object) -> int | None:

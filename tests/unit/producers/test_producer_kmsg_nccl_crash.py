@@ -8,8 +8,9 @@ mirrors and patches of the code corpus), with GPUd's example line
 
 - ``arch/x86/mm/fault.c``, ``show_signal_msg()``: ``"%s%s[%d]: segfault at %lx ip %px sp %px error
   %lx"``, then ``print_vma_addr(KERN_CONT " in ", regs->ip)`` (``<file>[<start>+<size>]``, the
-  mapping's file name) and since 6.2 ``" likely on CPU %d (core %d, socket %d)"``; later one
-  ``printk`` with ``%pav``, the same text.
+  mapping's file name) and since 6.2 ``" likely on CPU %d (core %d, socket %d)"``; current
+  kernels print ``%pD[%lx,%lx+%lx]``: the offset in the file, then start+size
+  (test_producer_kmsg_crash_layouts.py).
 - ``arch/x86/kernel/traps.c`` (``pr_fmt`` ``"traps: "``): ``"%s[%d] general protection ip:%lx
   sp:%lx error:%lx"`` (``general protection fault`` in older kernels) and ``do_trap()``'s ``"%s[%d]
   trap %s ip:%lx sp:%lx error:%lx"``, each followed by `` in <file>[...]``.
