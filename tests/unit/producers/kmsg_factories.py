@@ -97,3 +97,41 @@ def produce_and_replay(tmp_path, lines, step, capsys) -> tuple[str, list[dict]]:
     summary = capsys.readouterr().err
     assert main(["replay", str(out), "--alerts-out", str(alerts), "-q"]) == 0
     return summary, [a for a in map(json.loads, alerts.read_text().splitlines()) if a["state"] == "firing"]
+
+
+def block(seq, *lines):
+    """``lines`` as one GHES record ``{seq}`` prints them (ghes.c's ``{N}[Hardware Error]: ``)."""
+    return [f"{{{seq}}}[Hardware Error]: {ln}" for ln in lines]
+
+
+def lkml_record(seq, bdf="0000:60:03.1", drv="pcieport"):
+    """A corrected firmware-first PCIe report as linux-kernel's 5.7 capture shows it (2020-06-27):
+    the GHES record ``{seq}`` and the AER driver's print of it, for device ``bdf``."""
+    cper = block(
+        seq,
+        "Hardware error from APEI Generic Hardware Error Source: 4",
+        "It has been corrected by h/w and requires no further action",
+        "event severity: corrected",
+        " Error 0, type: corrected",
+        " fru_text: PcieError",
+        "  section_type: PCIe error",
+        "  port_type: 4, root port",
+        "  version: 0.2",
+        "  command: 0x0407, status: 0x0010",
+        f"  device_id: {bdf}",
+        "  slot: 19",
+        "  secondary_bus: 0x62",
+        "  vendor_id: 0x1022, device_id: 0x1453",
+        "  class_code: 060400",
+        "  bridge: secondary_status: 0x2000, control: 0x0012",
+    )
+    return cper, lkml_print(bdf, drv)
+
+
+def lkml_print(bdf="0000:60:03.1", drv="pcieport"):
+    """``pci_print_aer()``'s lines of that corrected report."""
+    return [
+        f"{drv} {bdf}: AER: aer_status: 0x00001000, aer_mask: 0x00006000",
+        f"{drv} {bdf}: AER:    [12] Timeout               ",
+        f"{drv} {bdf}: AER: aer_layer=Data Link Layer, aer_agent=Transmitter ID",
+    ]

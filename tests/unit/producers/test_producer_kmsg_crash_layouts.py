@@ -25,7 +25,7 @@ from hypothesis import strategies as st
 from producers.kmsg import KmsgFileSource, KmsgFollower, parse_line, parse_pci_map
 from producers.kmsg_fabric import MAX_CPER, MAX_UNPAIRED, PAIR_WINDOW, FabricEvents, _Host
 from tests.factories import fuzz_examples
-from tests.unit.producers.kmsg_factories import PCI_MAP, FakeReader, dmesg, write
+from tests.unit.producers.kmsg_factories import PCI_MAP, FakeReader, dmesg, lkml_print, lkml_record, write
 
 SEG = "python3[88121]: segfault at 0 ip 00007f2a4c1e0b1d sp 00007f29f3ffe9c0 error 6 in "
 # The mapping as current kernels print it: offset of the instruction in the file, then start+size.
@@ -172,32 +172,12 @@ def test_dmesg_iso_or_untimed_with_the_caller_id_hands_over_the_message(text):
     assert ln is not None and ln.msg == NEW_SEG
 
 
-# A firmware-first report (GHES section, then the AER driver's print of it) as LKML's 5.7 report
-# shows it; each printing counts the report once when the other is missing.
 def _cper(seq: int, bdf: str) -> list[str]:
-    body = [
-        "Hardware error from APEI Generic Hardware Error Source: 4",
-        "It has been corrected by h/w and requires no further action",
-        "event severity: corrected",
-        " Error 0, type: corrected",
-        " fru_text: PcieError",
-        "  section_type: PCIe error",
-        "  port_type: 4, root port",
-        "  version: 0.2",
-        "  command: 0x0407, status: 0x0010",
-        f"  device_id: {bdf}",
-        "  slot: 19",
-        "  vendor_id: 0x1022, device_id: 0x1453",
-    ]
-    return [f"{{{seq}}}[Hardware Error]: {ln}" for ln in body]
+    return lkml_record(seq, bdf, "nvidia")[0]
 
 
 def _print(bdf: str) -> list[str]:
-    return [
-        f"nvidia {bdf}: AER: aer_status: 0x00001000, aer_mask: 0x00006000",
-        f"nvidia {bdf}: AER:    [12] Timeout               ",
-        f"nvidia {bdf}: AER: aer_layer=Data Link Layer, aer_agent=Transmitter ID",
-    ]
+    return lkml_print(bdf, "nvidia")
 
 
 BDF = "0000:3b:00.0"  # GPU 0 of PCI_MAP

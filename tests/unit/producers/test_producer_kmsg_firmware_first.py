@@ -37,43 +37,17 @@ from pipeline.catalog import FIELDS
 from producers.kmsg import KmsgFileSource, parse_pci_map
 from producers.kmsg_fabric import FabricEvents
 from tests.factories import fuzz_examples
-from tests.unit.producers.kmsg_factories import PCI_MAP, dmesg, produce_and_replay, write
+from tests.unit.producers.kmsg_factories import (
+    PCI_MAP,
+    block,
+    dmesg,
+    lkml_print,
+    lkml_record,
+    produce_and_replay,
+    write,
+)
 
 FUZZ = settings(max_examples=fuzz_examples(60), deadline=None, suppress_health_check=[HealthCheck.too_slow])
-
-
-def block(seq, *lines):
-    return [f"{{{seq}}}[Hardware Error]: {ln}" for ln in lines]
-
-
-def lkml_record(seq, bdf="0000:60:03.1", drv="pcieport"):
-    cper = block(
-        seq,
-        "Hardware error from APEI Generic Hardware Error Source: 4",
-        "It has been corrected by h/w and requires no further action",
-        "event severity: corrected",
-        " Error 0, type: corrected",
-        " fru_text: PcieError",
-        "  section_type: PCIe error",
-        "  port_type: 4, root port",
-        "  version: 0.2",
-        "  command: 0x0407, status: 0x0010",
-        f"  device_id: {bdf}",
-        "  slot: 19",
-        "  secondary_bus: 0x62",
-        "  vendor_id: 0x1022, device_id: 0x1453",
-        "  class_code: 060400",
-        "  bridge: secondary_status: 0x2000, control: 0x0012",
-    )
-    return cper, lkml_print(bdf, drv)
-
-
-def lkml_print(bdf="0000:60:03.1", drv="pcieport"):
-    return [
-        f"{drv} {bdf}: AER: aer_status: 0x00001000, aer_mask: 0x00006000",
-        f"{drv} {bdf}: AER:    [12] Timeout               ",
-        f"{drv} {bdf}: AER: aer_layer=Data Link Layer, aer_agent=Transmitter ID",
-    ]
 
 
 LKML_5_7 = [ln for seq in (10, 11) for part in lkml_record(seq) for ln in part]
@@ -308,7 +282,8 @@ def test_printings_pair_only_within_seconds_of_each_other():
     assert at([(100.0, a_print), (3700.0, a_cper)]) == {"pcie_aer_log_correctable": 2}  # the NMI order
     # A stale half does not block the next report's own pairing.
     assert at([(100.0, a_cper), (3700.0, a_cper[:-5]), (3700.0, a_cper[-5:]), (3700.01, a_print)]) == {
-        "pcie_aer_log_correctable": 2}
+        "pcie_aer_log_correctable": 2
+    }
     assert at([(100.0, TG3_CPER), (3700.0, TG3_PRINT)]) == {"pcie_aer_log_fatal": 1, "pcie_aer_log_nonfatal": 1}
     assert counted(a_cper + a_print) == {"pcie_aer_log_correctable": 1}  # no times: pairs as before
 
