@@ -69,6 +69,18 @@ class RepeatHistory:
             del e.times[: max(0, len(e.times) - min(max(keep, 1), MAX_KEEP))]
         return sum(1 for t, _ in e.times if ts - window <= t <= ts)
 
+    def latest(self, key: Key) -> float | None:
+        """The newest time counted under ``key`` (``None``: none), not touching the key's recency.
+
+        >>> h = RepeatHistory()
+        >>> h.latest(("lemon_host", "n1", None)), h.note(("lemon_host", "n1", None), 50.0, "i1", keep=5, window=60)
+        (None, 1)
+        >>> h.latest(("lemon_host", "n1", None))
+        50.0
+        """
+        e = self._keys.get(key)
+        return e.times[-1][0] if e is not None and e.times else None
+
     def escalate(self, key: Key, ts: float, window: float) -> bool:
         """Whether ``key`` escalates now: True once per ``window`` (the first call, or the first
         more than ``window`` after the last escalation), remembering it."""

@@ -582,6 +582,13 @@ class IncidentStage:
         self._add(inc, a)
         self._say(out, inc, OPENED, a.ts, reason=reason)
         for p in self._incident_policies if a.host is not None else ():
+            # Incidents opened within join_window of the last one counted on the host are one
+            # episode: a fault whose GPUs' alerts came before its root's (an NVSwitch's links, a
+            # second apart) or several GPUs failing at once is no lemon's recurrence over days.
+            last = self.history.latest((p.name, a.host or "", None))
+            if last is not None and abs(a.ts - last) <= self.config.join_window:
+                self.stats[f"incidents.same_episode.{p.name}"] += 1
+                continue
             self._count(p, inc, a.host or "", None, a.ts, inc.id, out, None)
         return inc
 

@@ -105,6 +105,17 @@ def test_a_lemon_host_escalates_at_its_fifth_incident_in_seven_days() -> None:
     assert "incidents 5 times in 7d on this host" in esc[0].reason
 
 
+def test_incidents_within_join_window_of_each_other_count_once_for_a_lemon() -> None:
+    # Five GPUs failing within a minute are one episode; the episodes of five days are five.
+    burst = [alert("hbm_dbe", i * 10.0, gpu=i) for i in range(5)]
+    assert not [e for e in run(burst) if e.policy]
+    seq = []
+    for day in range(5):
+        seq += [alert("hbm_dbe", day * 86400.0 + i * 10.0, gpu=2 * day + i) for i in range(2)]
+    esc = [e for e in run(seq) if e.policy]
+    assert [e.policy for e in esc] == ["lemon_host"] and "incidents 5 times in 7d" in esc[0].reason
+
+
 def test_link_flaps_escalate_at_the_third_recovery_in_an_hour() -> None:
     seq = [alert("nvlink_recoveries", t, gpu=1, id=f"r{t}") for t in (0, 900, 1800)]
     esc = [e for e in run(seq) if e.policy]
