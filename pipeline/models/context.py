@@ -28,7 +28,7 @@ from pipeline.catalog import FIELDS
 from pipeline.engine.state import View
 from pipeline.gpu_models import lookup
 from pipeline.models.cohorts import EPOCH_S, PartError, check_int_array
-from pipeline.models.detectors._util import nan_to_num
+from pipeline.models.detectors._util import nan_to_num, repeats
 from pipeline.numeric import group_stat, grow
 
 SW_POWER_CAP = FIELDS.bits["SW_POWER_CAP"].mask
@@ -74,9 +74,23 @@ class FleetContext:
         fr = view.frame
         if not len(fr):
             return
-        ent, ts = fr.gpu, fr.ts
-        reasons = view.filled[:, _REASONS]
-        lim = view.filled[:, _LIMIT]
+        rep = repeats(fr.gpu)
+        if rep is None:  # one row per GPU (the usual tick)
+            self._fold(view, board_w, None)
+        else:
+            # A GPU at several times in the tick: its rows in their order, each a layer after the
+            # one before (a repeated id in one scatter keeps one row's value, not the running max).
+            for rows in rep[1]:
+                self._fold(view, board_w[rows], rows)
+        self.now = now if np.isnan(self.now) else max(self.now, now)
+
+    def _fold(self, view: View, board_w: np.ndarray, rows: np.ndarray | None) -> None:
+        """``update``'s per-GPU step for ``rows`` of the view (None: all), each GPU at most once."""
+        fr = view.frame
+        pick = slice(None) if rows is None else rows
+        ent, ts = fr.gpu[pick], fr.ts[pick]
+        reasons = view.filled[:, _REASONS][pick]
+        lim = view.filled[:, _LIMIT][pick]
         with np.errstate(invalid="ignore"):
             bit = np.where(np.isnan(reasons), False, (nan_to_num(reasons).astype(np.int64) & SW_POWER_CAP) != 0)
             self.lim_max[ent] = np.fmax(self.lim_max[ent], lim)
@@ -85,9 +99,8 @@ class FleetContext:
         capped = bit | lowered
         self.seen[ent] = ts
         self.cap_ts[ent] = np.where(capped, ts, self.cap_ts[ent])
-        self.clock[ent] = view.filled[:, _CLOCK]
-        self.host[ent] = fr.host
-        self.now = now if np.isnan(self.now) else max(self.now, now)
+        self.clock[ent] = view.filled[:, _CLOCK][pick]
+        self.host[ent] = fr.host[pick]
 
     def cohort_part(self, epoch: int) -> dict[str, Any]:
         """How many of the shard's GPUs were last seen, and last capped, in each of the ``SPAN``

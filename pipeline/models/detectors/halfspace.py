@@ -148,7 +148,9 @@ class HalfSpaceForest:
         total = np.zeros((self.n_trees, n), dtype=np.int64)
         alive = np.ones((self.n_trees, n), dtype=bool)
         for depth in range(self.height):
-            r = r_flat[node + self._node0]
+            # int64 before the shift: an int32 mass times 2**depth passes 2**31 (a window of
+            # 2**16 rows in one leaf at depth 16), where the walk's Python ints do not wrap.
+            r = r_flat[node + self._node0].astype(np.int64)
             # A walk adds r_mass * 2**depth, then stops below the size limit (river's _walk_score).
             total += (r * alive) << depth
             alive &= r >= self.size_limit
@@ -156,7 +158,7 @@ class HalfSpaceForest:
                 break
             node = self._descend(X, node, cols)
         else:
-            total += (r_flat[node + self._node0] * alive) << self.height
+            total += (r_flat[node + self._node0].astype(np.int64) * alive) << self.height
         # Integer sums are exact, so this is river's float result to the last bit.
         return 1.0 - total.sum(axis=0) / self.max_score
 

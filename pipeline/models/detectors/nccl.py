@@ -27,7 +27,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from pipeline.engine.frame import NcclFrame
-from pipeline.models.detectors._util import nan_to_num
+from pipeline.models.detectors._util import nan_to_num, repeats
 from pipeline.numeric import group_stats, groups, grow
 
 
@@ -339,14 +339,19 @@ class CommBusbw(NcclDetector):
         rows = np.flatnonzero(mask & np.isfinite(ratio) & self._rep)
         if not len(rows):
             return
-        code = key[rows] >> 32
-        t = frame.ts[rows]
-        lt = self.own_t[code]
-        a = 1.0 - np.exp(-np.where(np.isnan(lt), 1.0, np.maximum(t - lt, 1.0)) / self.own_tau)
-        a = np.maximum(a, 1.0 / (self.own_w[code] + 1.0))
-        self.own_m[code] = (1 - a) * self.own_m[code] + a * ratio[rows]
-        self.own_w[code] += 1.0
-        self.own_t[code] = t
+        codes = key[rows] >> 32
+        rep = repeats(codes)
+        # A communicator judged at several intervals of the frame: each in turn, in row order (a
+        # repeated code in one scatter would count one of them, its weight raised by one).
+        for sel in [slice(None)] if rep is None else rep[1]:
+            code, r = codes[sel], rows[sel]
+            t = frame.ts[r]
+            lt = self.own_t[code]
+            a = 1.0 - np.exp(-np.where(np.isnan(lt), 1.0, np.maximum(t - lt, 1.0)) / self.own_tau)
+            a = np.maximum(a, 1.0 / (self.own_w[code] + 1.0))
+            self.own_m[code] = (1 - a) * self.own_m[code] + a * ratio[r]
+            self.own_w[code] += 1.0
+            self.own_t[code] = t
 
 
 def _as_int(x: np.ndarray) -> np.ndarray:

@@ -18,13 +18,23 @@ from typing import Any
 import numpy as np
 
 from pipeline.models.cohorts import FIXED, PartError, add, fixed
-from pipeline.models.detectors._util import decay, last_per_entity, nan_to_num
+from pipeline.models.detectors._util import decay, last_per_entity, nan_to_num, repeats
 from pipeline.models.protocol import BatchDetector, Features
 
 K = 2
 # An epoch's part (cohorts.py), fixed point: the learnt samples' X'X (K*K) and X'y (K) sums, the
 # count of samples, the warm GPUs' squared residuals' sum and their count.
 _PART = K * K + K + 3
+
+
+def _lagged(
+    dt: np.ndarray, lag_s: float, p: np.ndarray, hp: np.ndarray, pl0: np.ndarray, hl0: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """The GPU's and its host's power lagged ``dt`` after lags ``pl0``/``hl0`` (NaN: none yet)."""
+    w = decay(dt, lag_s)
+    p_lag = np.where(np.isnan(pl0), p, w * pl0 + (1 - w) * p)
+    hp_lag = np.where(np.isnan(hl0), hp, w * hl0 + (1 - w) * hp)
+    return np.where(np.isnan(p), pl0, p_lag), np.where(np.isnan(hp), hl0, hp_lag)
 
 
 class ThermalResidual(BatchDetector):
@@ -78,12 +88,21 @@ class ThermalResidual(BatchDetector):
         """Lagged inputs as of these rows (without storing them) and whether power is steady."""
         self._ensure(int(ent.max()) + 1)
         p, hp = F["power"], F["hostmean:power"]
-        w = decay(ts - self.last_ts[ent], self.lag_s)
-        pl0, hl0 = self.p_lag[ent], self.hp_lag[ent]
-        p_lag = np.where(np.isnan(pl0), p, w * pl0 + (1 - w) * p)
-        hp_lag = np.where(np.isnan(hl0), hp, w * hl0 + (1 - w) * hp)
-        p_lag = np.where(np.isnan(p), pl0, p_lag)
-        hp_lag = np.where(np.isnan(hp), hl0, hp_lag)
+        t0, pl0, hl0 = self.last_ts[ent], self.p_lag[ent], self.hp_lag[ent]
+        rep = repeats(ent)
+        if rep is None:  # one row per GPU (the usual tick)
+            p_lag, hp_lag = _lagged(ts - t0, self.lag_s, p, hp, pl0, hl0)
+        else:
+            # Several rows of a GPU: each lags from the row before it, as one call a row would
+            # (``learn_many`` keeps the last row's lags, which then hold every row's).
+            p_lag, hp_lag = np.empty(len(ent)), np.empty(len(ent))
+            prev, by_place = rep
+            for r in by_place:
+                q = prev[r]
+                if q[0] >= 0:  # a later layer: every row has one before it
+                    t0[r] = np.where(np.isnan(ts[q]), t0[q], ts[q])
+                    pl0[r], hl0[r] = p_lag[q], hp_lag[q]
+                p_lag[r], hp_lag[r] = _lagged(ts[r] - t0[r], self.lag_s, p[r], hp[r], pl0[r], hl0[r])
         with np.errstate(invalid="ignore"):
             swing = nan_to_num(np.abs(p - p_lag) + np.abs(hp - hp_lag), nan=0.0)
         steady = swing <= self.steady_w
