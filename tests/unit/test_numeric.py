@@ -72,6 +72,17 @@ def test_group_stat_equals_a_per_group_reference(sizes, order, data):
                                    equal_nan=True, err_msg=stat)
 
 
+@settings(max_examples=fuzz_examples(200), deadline=None)
+@given(rows=st.lists(st.tuples(st.integers(-3, 3), st.sampled_from([0, 48_573, 1_048_576, 2**40]),
+                               st.integers(0, 9)), min_size=1, max_size=30))
+def test_combined_keys_meet_exactly_when_every_column_does(rows):
+    cols = [np.array(c, dtype=np.int64) for c in zip(*rows)]
+    k = numeric.combine(*cols)
+    for i in range(len(rows)):
+        for j in range(len(rows)):
+            assert (k[i] == k[j]) == (rows[i] == rows[j])
+
+
 def test_the_old_homes_re_export_them():
     assert entities.grow is numeric.grow and entities.id_bound is numeric.id_bound
     assert windows.group_stat is numeric.group_stat and windows.distinct is numeric.distinct

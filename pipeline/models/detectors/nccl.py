@@ -28,7 +28,7 @@ import numpy as np
 
 from pipeline.engine.frame import NcclFrame
 from pipeline.models.detectors._util import nan_to_num, repeats
-from pipeline.numeric import group_stats, groups, grow
+from pipeline.numeric import combine, group_stats, groups, grow
 
 
 def _frame_from_one(x: Mapping[str, Any]) -> NcclFrame:
@@ -196,9 +196,7 @@ class RankStraggler(NcclDetector):
         # A whole host behind in every communicator of a kind (power capping, a warm rack) is a
         # host-wide condition, not a slow GPU: take out the host's median gap per kind, as the
         # communicator median takes out a job-wide slowdown.
-        hk = (frame.host.astype(np.int64) * 1_000_003 + frame.nranks.astype(np.int64)) * 1_000_003 + (
-            _as_int(frame.bytes) % 1_000_003
-        )
+        hk = combine(frame.host, frame.nranks, _as_int(frame.bytes))
         jg = np.where(judged, gap, np.nan)
         host_med, host_cnt = group_stats(hk, jg, ("median", "count"), groups(hk))
         gap = np.where(judged & (host_cnt >= 3), gap - nan_to_num(host_med, nan=0.0), gap)
@@ -299,9 +297,7 @@ class CommBusbw(NcclDetector):
         self.multi[code[hmin != hmax]] = True
         # Peers: the other communicators of the same kind (rank count, message size) in the
         # same interval, one value per communicator (its first row stands for it).
-        kind = (frame.nranks.astype(np.int64) * 1_000_003 + _as_int(frame.bytes)) * 7 + np.rint(
-            frame.ts - frame.ts.min()
-        ).astype(np.int64)
+        kind = combine(frame.nranks, _as_int(frame.bytes), np.rint(frame.ts - frame.ts.min()).astype(np.int64))
         rep = np.zeros(n, dtype=bool)
         rep[first] = True
         # Judged per host only when every rank of the communicator is in the group: a

@@ -170,6 +170,31 @@ def _learn(det, frame) -> np.ndarray:
     return s
 
 
+def _sized_frame(comms: list[tuple[str, int, float, float]]) -> NcclFrame:
+    """One interval of one-host communicators (name, ranks, bytes, GB/s), each on its own host."""
+    rows = [(c, h, r, k, b, bw) for h, (c, k, b, bw) in enumerate(comms) for r in range(k)]
+    n = len(rows)
+    return NcclFrame(ts=np.full(n, 100.0), host=np.array([x[1] for x in rows], np.int32),
+                     gpu=np.array([x[2] for x in rows], np.int32), comm=[x[0] for x in rows],
+                     rank=np.array([x[2] for x in rows], np.int32), nranks=np.array([x[3] for x in rows], np.int32),
+                     bytes=np.array([x[4] for x in rows]), exec_time_us=np.full(n, 1000.0),
+                     busbw_gbs=np.array([x[5] for x in rows]))  # fmt: skip
+
+
+def test_communicators_of_another_kind_are_no_peers_whatever_their_sizes_add_up_to():
+    # The peer kind was nranks * 1,000,003 + bytes: 9 ranks moving 48,573 bytes met 8 ranks
+    # moving 1 MiB, and the lone 9-rank communicator was judged against them (half their rate).
+    from pipeline.models.detectors.nccl import CommBusbw
+
+    det = CommBusbw()
+    f = _sized_frame([("a", 8, 1_048_576.0, 100.0), ("b", 8, 1_048_576.0, 100.0), ("c", 8, 1_048_576.0, 100.0),
+                      ("x", 9, 48_573.0, 50.0)])  # fmt: skip
+    det.score_frame(f)
+    lone = np.array([c == "x" for c in f.comm])
+    assert not det.last["judged"][lone].any() and np.isnan(det.last["ratio"][lone]).all()
+    assert det.last["judged"][~lone].sum() == 3  # the three of one kind judge each other
+
+
 def test_nccl_models_hold_no_state_for_communicators_long_gone():
     # Every communicator ever seen kept a code and, for the bus-bandwidth model, four values: a
     # fleet whose jobs come and go grew its memory and its snapshots for ever.
