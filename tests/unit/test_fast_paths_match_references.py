@@ -458,20 +458,17 @@ def _context_view(
     return SimpleNamespace(frame=frame, filled=filled)
 
 
+def _gpu_ticks(*cols):
+    """Up to 3 ticks of up to 8 rows (GPU 0-3, then one value of each of ``cols``)."""
+    return st.lists(st.lists(st.tuples(st.integers(0, 3), *cols), max_size=8), min_size=1, max_size=3)
+
+
 @settings(max_examples=EXAMPLES, deadline=None)
 @given(
-    ticks=st.lists(
-        st.lists(
-            st.tuples(
-                st.integers(0, 3),
-                st.sampled_from([0.0, 4.0, np.nan]),  # SW_POWER_CAP is bit 2 (4)
-                st.sampled_from([700.0, 600.0, 400.0, np.nan]),
-                st.sampled_from([1980.0, 1500.0, np.nan]),
-            ),
-            max_size=8,
-        ),
-        min_size=1,
-        max_size=3,
+    ticks=_gpu_ticks(
+        st.sampled_from([0.0, 4.0, np.nan]),  # SW_POWER_CAP is bit 2 (4)
+        st.sampled_from([700.0, 600.0, 400.0, np.nan]),
+        st.sampled_from([1980.0, 1500.0, np.nan]),
     ),
     board=st.sampled_from([700.0, np.nan]),
 )
@@ -563,18 +560,10 @@ def test_comm_busbw_learns_each_judged_interval_as_row_by_row(comms, mask_all):
 
 @settings(max_examples=EXAMPLES, deadline=None)
 @given(
-    ticks=st.lists(
-        st.lists(
-            st.tuples(
-                st.integers(0, 3),
-                st.sampled_from([400.0, 700.0, 300.0, np.nan]),
-                st.sampled_from([62.0, 70.0, np.nan]),
-                st.sampled_from([0.0, 0.25, 0.5]),  # (a row's time is never NaN: the decoder refuses it)
-            ),
-            max_size=8,
-        ),
-        min_size=1,
-        max_size=3,
+    ticks=_gpu_ticks(
+        st.sampled_from([400.0, 700.0, 300.0, np.nan]),
+        st.sampled_from([62.0, 70.0, np.nan]),
+        st.sampled_from([0.0, 0.25, 0.5]),  # (a row's time is never NaN: the decoder refuses it)
     ),
 )
 def test_thermal_lags_of_a_tick_equal_its_rows_one_at_a_time(ticks):
