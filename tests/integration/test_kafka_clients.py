@@ -1,6 +1,7 @@
 """Every Kafka client the product makes reconnects within seconds after a broker comes back,
 not after kafka-python's default back-off of up to 30 s (pipeline/bus/connection.py CLIENT_DEFAULTS):
-the clients' own configuration, as built against a real broker."""
+the clients' own configuration, as built against a real broker; and a group member takes a
+partition added to its topic within seconds."""
 
 from __future__ import annotations
 
@@ -29,3 +30,35 @@ def test_every_client_caps_its_reconnect_back_off(kafka_bootstrap, topic_prefix)
         assert p._p.config["reconnect_backoff_max_ms"] == 10_000
     finally:
         p.close()
+
+
+def test_a_consumer_in_a_group_reads_a_partition_added_to_its_topic_within_seconds(kafka_bootstrap, topic_prefix):
+    # Scaling out adds partitions (docs/operations.md): the group must rebalance onto a new
+    # partition and read what is sent there within seconds, not at its next periodic metadata
+    # refresh (kafka-python's metadata_max_age_ms: 5 minutes).
+    import time
+
+    from kafka import KafkaAdminClient, KafkaProducer
+    from kafka.admin import NewPartitions, NewTopic
+
+    topic = f"{topic_prefix}.grow"
+    admin = KafkaAdminClient(bootstrap_servers=kafka_bootstrap)
+    admin.create_topics([NewTopic(topic, 1, 1)])
+    consumer = KafkaBusConsumer(kafka_bootstrap, topic, f"{topic_prefix}-grow")
+    producer = KafkaProducer(bootstrap_servers=kafka_bootstrap)
+    try:
+        deadline = time.monotonic() + 30
+        while consumer.partitions() != [0]:
+            consumer.poll(timeout=0.2)
+            assert time.monotonic() < deadline, "never assigned its topic's partition"
+        admin.create_partitions({topic: NewPartitions(2)})
+        producer.send(topic, b"on the new partition", partition=1).get(timeout=30)
+        got: list[bytes] = []
+        deadline = time.monotonic() + 30
+        while not got and time.monotonic() < deadline:
+            got = [m.value for m in consumer.poll(timeout=0.5)]
+        assert got == [b"on the new partition"] and consumer.partitions() == [0, 1]
+    finally:
+        producer.close()
+        consumer.close()
+        admin.close()
