@@ -109,11 +109,12 @@ def combine(*cols: np.ndarray) -> np.ndarray:
     card = 1
     for c in cols:
         u, inv = groups(np.asarray(c, dtype=np.int64))
-        if card * max(len(u), 1) > 1 << 62:  # renumber densely first: at most n codes
+        k = max(len(u), 1)
+        if card * k > 1 << 62:  # renumber densely first: at most n codes
             u0, out = groups(out)
             out, card = out.astype(np.int64), len(u0)
-        out = out * max(len(u), 1) + inv
-        card *= max(len(u), 1)
+        out = out * k + inv
+        card *= k
     return out
 
 
