@@ -44,6 +44,7 @@ _LIMIT_CODES = {
     yamlsafe.DEPTH: YAML_DEPTH,
 }
 MAX_ENTRIES = 200  # causality entries, policies, patterns in one list
+MAX_HOLD = 60.0  # seconds a possible symptom may wait for its cause (``hold``)
 _SAFE_TAGS = {f"tag:yaml.org,2002:{t}" for t in ("str", "int", "float", "bool", "null", "map", "seq")}
 _NAME = re.compile(r"[a-z][a-z0-9_]{0,63}")
 _PATTERN = re.compile(r"[a-z0-9_*?\[\]]{1,64}")
@@ -60,6 +61,7 @@ FILE_KEYS = {
     "description",
     "join_window",
     "quiet",
+    "hold",
     "actions",
     "default_action",
     "rule_actions",
@@ -192,6 +194,8 @@ class IncidentConfig:
     causality: tuple[Cause, ...] = ()
     policies: tuple[Policy, ...] = ()
     application_xids: ApplicationXids = ApplicationXids()
+    # Event time a possible symptom waits for a cause on its host (pipeline/incidents/hold.py).
+    hold: float = 5.0
 
     def rank(self, action: str) -> int:
         """An action's place on the ladder (higher escalates); -1 for one not on it."""
@@ -468,6 +472,10 @@ def _build(r: _Reader, root: Any) -> IncidentConfig | None:
     base = IncidentConfig(actions=ladder)
     join = r.duration(got["join_window"][1], "join_window") if "join_window" in got else base.join_window
     quiet = r.duration(got["quiet"][1], "quiet") if "quiet" in got else base.quiet
+    hold = r.duration(got["hold"][1], "hold") if "hold" in got else base.hold
+    if hold is not None and not 0 <= hold <= MAX_HOLD:
+        # Every incident event waits behind a held alert: a long hold delays the fleet's pages.
+        r.err(got["hold"][1], f"hold: {hold:g}s is not from 0s to {MAX_HOLD:g}s", BAD_DURATION)
     defaults: dict[str, str] = {}
     if "default_action" in got:
         m = r.mapping(got["default_action"][1], set(SEVERITIES), "default_action") or {}
@@ -497,9 +505,9 @@ def _build(r: _Reader, root: Any) -> IncidentConfig | None:
     causes = _list(r, got, "causality", _cause)
     policies = _list(r, got, "policies", lambda rr, n, i: _policy(rr, n, i, ladder))
     app = _application(r, got["application_xids"][1]) if "application_xids" in got else ApplicationXids()
-    if r.diags or join is None or quiet is None or app is None:
+    if r.diags or join is None or quiet is None or hold is None or app is None:
         return None
-    return IncidentConfig(join, quiet, ladder, defaults, tuple(rule_actions), tuple(causes), tuple(policies), app)
+    return IncidentConfig(join, quiet, ladder, defaults, tuple(rule_actions), tuple(causes), tuple(policies), app, hold)
 
 
 def _list(r: _Reader, got: dict[str, tuple[Any, Any]], key: str, build: Callable[[_Reader, Any, int], Any]) -> list:

@@ -13,24 +13,50 @@ may still come from the rows at that time, so a release takes ``ts < upto`` only
 before what the feed already released (an upstream replay after a restore, or one arriving
 after its second went) is dropped and counted. The buffer is plain data (``to_state``/``load_state``) for the
 service's checkpoint.
+
+With a ``hold`` (the incident stage's ``CauseHold``, pipeline/incidents/hold.py), a possible symptom
+goes out only once the watermark is ``hold.seconds`` past it, with every cause of it from those
+seconds just before it, and nothing after it in canonical order goes before it: the order is a
+function of the alerts alone, however the watermark moved, so replay and serve still agree.
 """
 
 from __future__ import annotations
 
 import math
+import operator
+from bisect import bisect_right
 from collections import Counter
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Protocol
 
 import msgspec
 
 from pipeline.errors import StateError
 from pipeline.schema import AlertEvent
 
-STATE_VERSION = 1
+STATE_VERSION = 2
+_TS = operator.attrgetter("ts")
+# Causes of one rule on one host looked at after a held symptom: alerts are few per host and
+# second (each rule fires once per entity until it resolves), a forged flood costs bounded work.
+MAX_SCAN = 256
 MAX_BUFFER = 200_000  # alerts held for a watermark; past it the oldest are released early (counted)
 
 _ENC = msgspec.msgpack.Encoder()
 _DEC = msgspec.msgpack.Decoder(list[AlertEvent])
+
+
+class Hold(Protocol):
+    """What holds a possible symptom for its cause (``CauseHold``): the seconds of event time it
+    waits, and which alerts are symptoms, causes, and which cause goes before which symptom."""
+
+    seconds: float
+
+    def symptom(self, a: AlertEvent) -> bool: ...
+
+    def cause(self, a: AlertEvent) -> bool: ...
+
+    def pulls(self, cause: AlertEvent, symptom: AlertEvent) -> bool: ...
+
+    def may_pull(self, rule: str, symptom: AlertEvent) -> bool: ...
 
 
 def order_key(a: AlertEvent) -> tuple[float, str, int, str, str, str]:
@@ -60,15 +86,21 @@ class AlertFeed:
     """
 
     def __init__(
-        self, max_buffer: int = MAX_BUFFER, rank: Callable[[AlertEvent], tuple[int, ...]] | None = None
+        self,
+        max_buffer: int = MAX_BUFFER,
+        rank: Callable[[AlertEvent], tuple[int, ...]] | None = None,
+        hold: Hold | None = None,
     ) -> None:
         self.max_buffer = max_buffer
+        self.hold = hold if hold is not None and hold.seconds > 0 else None
         # The order of a release: ``order_key``, with the alerts of one GPU at one time by ``rank``
         # first (the incident stage's ``rootness``: the one that opens an incident names its root).
         self._key: Callable[[AlertEvent], tuple[Any, ...]] = order_key
         if rank is not None:
             self._key = lambda a: (a.ts, a.host or "", -1 if a.gpu is None else a.gpu, *rank(a), a.rule, a.id, a.state)
-        self.released = -math.inf  # every alert with ts < released went out (or was dropped)
+        # The watermark: every alert with ts < released has come (one later is late). Each went
+        # out, but possible symptoms held for their causes (``hold``) and what follows them.
+        self.released = -math.inf
         self.stats: Counter[str] = Counter()
         self._buf: dict[tuple[str, str], AlertEvent] = {}
         self._early: list[AlertEvent] = []  # forced out of a full buffer, for the next release
@@ -93,12 +125,14 @@ class AlertFeed:
             # buffer without end: the oldest go now, as a forced release of the fleet stage does.
             self.stats["forced"] += 1
             ts = sorted(a.ts for a in self._buf.values())
-            self._early += self._go(math.nextafter(ts[len(ts) - self.max_buffer - 1], math.inf))
+            self._early += self._go(math.nextafter(ts[len(ts) - self.max_buffer - 1], math.inf), forced=True)
         self.stats["buffered"] = len(self._buf)
 
     def release(self, upto: float) -> list[AlertEvent]:
-        """The buffered alerts with ``ts < upto``, in canonical order; ``released`` moves to
-        ``upto`` (``inf``: just past the newest alert released, so later ones are still taken)."""
+        """The buffered alerts with ``ts < upto``, in canonical order (with a ``hold``, up to a
+        possible symptom not yet ``hold.seconds`` behind ``upto``, causes before their symptoms);
+        ``released`` moves to ``upto`` (``inf``: just past the newest alert released, so later
+        ones are still taken)."""
         out, self._early = self._early, []
         if not math.isnan(upto):
             out += self._go(upto)
@@ -109,55 +143,124 @@ class AlertFeed:
         """Everything buffered (end of stream)."""
         return self.release(math.inf)
 
-    def _go(self, upto: float) -> list[AlertEvent]:
+    def _go(self, upto: float, forced: bool = False) -> list[AlertEvent]:
         go = [a for a in self._buf.values() if a.ts < upto]
+        go.sort(key=self._key)
+        if self.hold is not None and not forced:
+            go = self._held(go, upto)
         for a in go:
             del self._buf[(a.id, a.state)]
-        go.sort(key=self._key)
         self.stats["released"] += len(go)
         if math.isinf(upto) and upto > 0:
             if go:
-                self.released = max(self.released, math.nextafter(go[-1].ts, math.inf))
+                self.released = max(self.released, math.nextafter(max(map(_TS, go)), math.inf))
         elif upto > self.released:
             self.released = upto
         return go
 
+    def _held(self, go: list[AlertEvent], upto: float) -> list[AlertEvent]:
+        """``go`` (sorted) as it may go out now: up to the first possible symptom the watermark
+        ``upto`` is not ``hold.seconds`` past, each symptom after the causes it pulls from those
+        seconds, each of them after its own causes from the same seconds (in canonical order);
+        the rest stays buffered."""
+        hold = self.hold
+        assert hold is not None
+        causes: dict[str, dict[str, list[AlertEvent]]] = {}  # host -> rule -> in canonical order
+        for a in go:
+            if a.host is not None and hold.cause(a):
+                causes.setdefault(a.host, {}).setdefault(a.rule, []).append(a)
+        out: list[AlertEvent] = []
+        taken: set[tuple[str, str]] = set()
+
+        def pulled(s: AlertEvent, limit: float) -> list[AlertEvent]:
+            """The causes not yet taken that go before ``s``: after it, by ``limit``."""
+            got: list[AlertEvent] = []
+            for rule, near in causes.get(s.host or "", {}).items():
+                if not hold.may_pull(rule, s):
+                    continue
+                i = bisect_right(near, s.ts, key=_TS)
+                for c in near[i : i + MAX_SCAN]:  # a flood on one host costs bounded work
+                    if c.ts > limit:
+                        break
+                    if (c.id, c.state) not in taken and hold.pulls(c, s):
+                        got.append(c)
+            return sorted(got, key=self._key)
+
+        for x in go:
+            if (x.id, x.state) in taken:
+                continue
+            if hold.symptom(x):
+                limit = x.ts + hold.seconds
+                if not limit < upto:
+                    break  # a cause may still come: it and everything after it wait
+                # Depth first, without recursion: a cause goes after the causes it pulls in turn.
+                stack = [(x, pulled(x, limit), 0)]
+                taken.add((x.id, x.state))
+                while stack:
+                    s, cands, k = stack[-1]
+                    while k < len(cands) and (cands[k].id, cands[k].state) in taken:
+                        k += 1
+                    if k < len(cands):
+                        c = cands[k]
+                        stack[-1] = (s, cands, k + 1)
+                        taken.add((c.id, c.state))
+                        stack.append((c, pulled(c, limit), 0))
+                        continue
+                    stack.pop()
+                    if stack:
+                        out.append(s)
+                        self.stats["pulled"] += 1
+            taken.add((x.id, x.state))
+            out.append(x)
+        return out
+
     # -- state -------------------------------------------------------------------------------
 
     def to_state(self) -> dict[str, Any]:
-        """Plain data: the version, ``released`` (None for -inf) and the buffered alerts as msgpack."""
+        """Plain data: the version, ``released`` (None for -inf), the buffered alerts (held ones
+        included) and those forced out of a full buffer not yet released, each as msgpack."""
         return {
             "v": STATE_VERSION,
             "released": None if math.isinf(self.released) else self.released,
-            "alerts": _ENC.encode([*self._early, *sorted(self._buf.values(), key=order_key)]),
+            "alerts": _ENC.encode(sorted(self._buf.values(), key=order_key)),
+            "early": _ENC.encode(self._early),
         }
 
     def load_state(self, state: Any) -> None:
-        """Replace the feed with one ``to_state`` made; anything else raises ``StateError`` and
-        leaves the feed as it was."""
-        if not isinstance(state, dict) or state.get("v") != STATE_VERSION:
+        """Replace the feed with one ``to_state`` made (or a version 1 one: its alerts before
+        ``released`` were the forced-out ones); anything else raises ``StateError`` and leaves the
+        feed as it was."""
+        v = state.get("v") if isinstance(state, dict) else None
+        if v not in (1, STATE_VERSION):
             raise StateError(f"alert feed state: not a version {STATE_VERSION} state")
         rel = state.get("released")
         if rel is not None and (isinstance(rel, bool) or not isinstance(rel, (int, float)) or not math.isfinite(rel)):
             raise StateError("alert feed state: released is not a finite number or null")
-        blob = state.get("alerts")
-        if not isinstance(blob, bytes):
-            raise StateError("alert feed state: alerts is not msgpack bytes")
-        try:
-            alerts = _DEC.decode(blob)
-        except (msgspec.DecodeError, msgspec.ValidationError) as e:
-            raise StateError(f"alert feed state: alerts do not decode ({e})") from e
-        if len(alerts) > self.max_buffer:
-            raise StateError(f"alert feed state: {len(alerts)} alerts, more than the limit of {self.max_buffer}")
         released = -math.inf if rel is None else float(rel)
+        alerts = _alerts(state, "alerts")
+        early = _alerts(state, "early") if v == STATE_VERSION else [a for a in alerts if a.ts < released]
+        if v == 1:
+            alerts = [a for a in alerts if a.ts >= released]
+        if len(alerts) + len(early) > self.max_buffer:
+            n = len(alerts) + len(early)
+            raise StateError(f"alert feed state: {n} alerts, more than the limit of {self.max_buffer}")
         buf: dict[tuple[str, str], AlertEvent] = {}
-        early: list[AlertEvent] = []
         for a in alerts:
-            if not math.isfinite(a.ts):
-                raise StateError(f"alert feed state: alert {a.id[:64]!r} has no finite ts")
-            if a.ts < released:
-                early.append(a)  # forced out of a full buffer, not yet given to the stage
-            else:
-                buf[(a.id, a.state)] = a
+            buf[(a.id, a.state)] = a
         self.released, self._buf, self._early = released, buf, early
         self.stats["buffered"] = len(buf)
+
+
+def _alerts(state: dict[str, Any], key: str) -> list[AlertEvent]:
+    """The alerts of a feed state's ``key`` (msgpack bytes), each with a finite ``ts``."""
+    blob = state.get(key)
+    if not isinstance(blob, bytes):
+        raise StateError(f"alert feed state: {key} is not msgpack bytes")
+    try:
+        alerts = _DEC.decode(blob)
+    except (msgspec.DecodeError, msgspec.ValidationError) as e:
+        raise StateError(f"alert feed state: {key} do not decode ({e})") from e
+    for a in alerts:
+        if not math.isfinite(a.ts):
+            raise StateError(f"alert feed state: alert {a.id[:64]!r} has no finite ts")
+    return alerts

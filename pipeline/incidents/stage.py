@@ -40,6 +40,7 @@ from pipeline.incidents.events import (
     incident_id,
 )
 from pipeline.incidents.feed import MAX_BUFFER, AlertFeed
+from pipeline.incidents.hold import CauseHold
 from pipeline.incidents.history import RepeatHistory
 from pipeline.schema import MIG_INSTANCE_LABEL, MIG_PROFILE_LABEL, AlertEvent, fault_family
 
@@ -226,7 +227,8 @@ class IncidentStage:
 
     def process(self, alerts: Iterable[AlertEvent]) -> list[IncidentEvent]:
         """Incident events for ``alerts`` (in the order given: event time, as ``AlertFeed``
-        releases them, the alerts of one GPU at one time by ``rootness``)."""
+        releases them, the alerts of one GPU at one time by ``rootness``, a cause that came just
+        after its symptoms before them)."""
         out: list[IncidentEvent] = []
         for a in alerts:
             if not self._valid(a):
@@ -248,11 +250,14 @@ class IncidentStage:
         """The ``AlertFeed`` that puts this stage's input in its order (``rootness`` within a
         GPU's second): replay and serve feed the stage through one, so they agree.
 
+        A possible symptom waits there ``hold`` seconds for its cause (pipeline/incidents/hold.py).
+
         >>> from pipeline.incidents.config import IncidentConfig
-        >>> IncidentStage(IncidentConfig()).feed().max_buffer
-        200000
+        >>> feed = IncidentStage(IncidentConfig()).feed()
+        >>> feed.max_buffer, feed.hold.seconds
+        (200000, 5.0)
         """
-        return AlertFeed(max_buffer, rank=self.rootness)
+        return AlertFeed(max_buffer, rank=self.rootness, hold=CauseHold(self.config))
 
     def rootness(self, a: AlertEvent) -> tuple[int, int, int]:
         """How ``a`` ranks to open an incident among the alerts of its GPU at its time, first

@@ -36,6 +36,8 @@ RULES = {
     "gpu_thermal_throttling": ("thermal_throttling", "critical"),
     "builtin_telemetry_gap": ("telemetry_gap", "warning"),
     "pcie_replay_rate": ("pcie_replay_rate", "warning"),
+    "pcie_aer_fatal": ("pcie_aer_fatal", "critical"),
+    "nvlink_nvswitch_fatal_sxid": ("nvlink_nvswitch_fatal", "critical"),
 }
 
 
@@ -160,3 +162,38 @@ class EveryIncident(IncidentStage):
             if (inc.firing or a.ts - inc.last_join <= window) and self._explains(inc, a, _comm(a))
         ]
         return max(live, key=lambda inc: (inc.last_join, inc.id), default=None)
+
+
+# Rules of the feed's tests: host-level ones (no GPU) and the rest on a GPU; causes, their
+# symptoms and rules that are neither (pipeline/incidents/hold.py).
+HOST_LEVEL = ("nccl_comm_busbw", "builtin_telemetry_gap", "pcie_aer_fatal", "nvlink_nvswitch_fatal_sxid")
+
+
+@st.composite
+def feed_alerts(draw, rules: tuple[str, ...]):
+    """Alerts of ``rules`` on two hosts at a few times (many at the same second), some resolved."""
+    out = []
+    for i in range(draw(st.integers(0, 30))):
+        t = float(draw(st.integers(0, 12)))
+        rule = draw(st.sampled_from(rules))
+        gpu = None if rule in HOST_LEVEL else draw(st.integers(0, 2))
+        a = alert(rule, t, draw(st.sampled_from(HOSTS)), gpu, id=f"a{i}")
+        out.append(a)
+        if draw(st.booleans()):
+            out.append(resolved(a, t + draw(st.integers(0, 5))))
+    return out
+
+
+@st.composite
+def feed_deliveries(draw, rules: tuple[str, ...]):
+    """``feed_alerts``, some twice (an upstream replay), cut into batches released at increasing
+    watermarks, each alert delivered no later than the release that passes its ts: (the alerts,
+    the watermarks, the batches: one more than the watermarks, the last for the flush)."""
+    items = draw(feed_alerts(rules))
+    items = items + [a for a in items if draw(st.integers(0, 4)) == 0]
+    marks = sorted(set(draw(st.lists(st.integers(0, 20), max_size=8))))
+    waves: list[list] = [[] for _ in range(len(marks) + 1)]
+    for a in draw(st.permutations(items)):
+        due = next((i for i, m in enumerate(marks) if a.ts < T0 + m), len(marks))
+        waves[draw(st.integers(0, due))].append(a)
+    return items, [T0 + m for m in marks], waves

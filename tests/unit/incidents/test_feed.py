@@ -13,42 +13,13 @@ from hypothesis import strategies as st
 from pipeline.errors import StateError
 from pipeline.incidents.feed import AlertFeed, order_key
 from tests.factories import fuzz_examples
-from tests.unit.incidents.factories import T0, alert, resolved
+from tests.unit.incidents.factories import T0, alert, feed_deliveries
 
 RULES = ("hbm_sbe_burst", "nvlink_xid74", "gpu_xid_critical", "nccl_comm_busbw")
 
 
-@st.composite
-def alerts(draw):
-    """Alerts on two hosts at a few times (many at the same second), some resolved."""
-    out = []
-    for i in range(draw(st.integers(0, 30))):
-        t = float(draw(st.integers(0, 12)))
-        rule = draw(st.sampled_from(RULES))
-        a = alert(rule, t, draw(st.sampled_from(["n1", "n2"])), None if rule == "nccl_comm_busbw" else
-                  draw(st.integers(0, 2)), id=f"a{i}")
-        out.append(a)
-        if draw(st.booleans()):
-            out.append(resolved(a, t + draw(st.integers(0, 5))))
-    return out
-
-
-@st.composite
-def deliveries(draw):
-    """The alerts, some twice (an upstream replay), cut into batches released at increasing
-    watermarks, each alert delivered no later than the release that passes its ts."""
-    items = draw(alerts())
-    items = items + [a for a in items if draw(st.integers(0, 4)) == 0]
-    marks = sorted(set(draw(st.lists(st.integers(0, 20), max_size=8))))
-    waves: list[list] = [[] for _ in range(len(marks) + 1)]
-    for a in draw(st.permutations(items)):
-        due = next((i for i, m in enumerate(marks) if a.ts < T0 + m), len(marks))
-        waves[draw(st.integers(0, due))].append(a)
-    return items, [T0 + m for m in marks], waves
-
-
 @settings(max_examples=fuzz_examples(100), deadline=None)
-@given(deliveries())
+@given(feed_deliveries(RULES))
 def test_any_interleaving_batching_and_watermarks_give_one_sequence(d):
     items, marks, waves = d
     feed = AlertFeed()
@@ -62,7 +33,7 @@ def test_any_interleaving_batching_and_watermarks_give_one_sequence(d):
 
 
 @settings(max_examples=fuzz_examples(60), deadline=None)
-@given(deliveries(), st.integers(0, 8))
+@given(feed_deliveries(RULES), st.integers(0, 8))
 def test_a_restore_from_its_state_mid_stream_changes_nothing(d, cut):
     items, marks, waves = d
     steps = list(zip(waves, [*marks, None]))

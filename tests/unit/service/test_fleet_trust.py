@@ -61,9 +61,10 @@ def _task(key: bytes | None = FLEET_KEY, max_buffer: int = 2_000_000, incidents:
 
 
 def _alert(i: int, ts: float, host: str = "n1", gpu: int | None = 0, **kw) -> AlertEvent:
-    """A firing XID 48 alert (one that opens an incident alone) at ``ts``."""
-    fields = {"id": f"a{i}", "state": "firing", "fault": "gpu_xid_critical", "severity": "critical",
-              "rule": "gpu_xid_critical", "host": host, "gpu": gpu, "ts": ts, "started_at": ts,
+    """A firing XID 48 alert at ``ts``: one that opens an incident alone and waits for no cause
+    (only its GPU's alerts explain it, and those join it by GPU)."""
+    fields = {"id": f"a{i}", "state": "firing", "fault": "hbm_ecc_xid", "severity": "critical",
+              "rule": "hbm_ecc_xid", "host": host, "gpu": gpu, "ts": ts, "started_at": ts,
               "evidence": {"xid": 48}, **kw}
     return AlertEvent(**fields)
 
@@ -497,6 +498,34 @@ def test_rules_only_marks_need_no_records_and_stay_in_the_decoders_range():
     assert f.mark(0, T0) == [] and f.mark(1, T0 + 2) == []
     assert _reasons(f.mark(0, 1e17)) == ["early_mark"]
     assert f.task.stage.released == T0
+
+
+def test_a_possible_symptom_waits_for_its_cause_and_the_cause_opens_the_incident():
+    # A GPU's XID 79 at T0+1, its host's PCIe AER error at T0+3 (pcie_path): the XID waits in the
+    # feed until every partition marked the hold (5 s) past it, and joins the AER's incident.
+    f = Feeder(_task(incidents=True))
+    for p in range(N):
+        f.records(p, [T0, T0 + 9], host=f"n{p}")
+    xid = _alert(1, T0 + 1, rule="gpu_fallen_off_bus", fault="gpu_fallen_off_bus", evidence={"xid": 79})
+    aer = _alert(2, T0 + 3, gpu=None, rule="pcie_aer_fatal", fault="pcie_aer_fatal", evidence={})
+    f.alerts(0, [xid, aer])
+    f.mark(0, T0 + 6)
+    f.mark(1, T0 + 6)
+    assert f.task.take_incidents() == [] and len(f.task.feed) == 2
+    f.mark(0, T0 + 7)
+    f.mark(1, T0 + 7)
+    got = f.task.take_incidents()
+    assert [(e.state, e.root.rule, e.members) for e in got] == [
+        ("opened", "pcie_aer_fatal", ["a2"]), ("updated", "pcie_aer_fatal", ["a2", "a1"])]
+    again = _task(incidents=True)  # a held alert survives a checkpoint
+    f2 = Feeder(_task(incidents=True))
+    for p in range(N):
+        f2.records(p, [T0, T0 + 9], host=f"n{p}")
+    f2.alerts(0, [xid])
+    f2.mark(0, T0 + 6)
+    f2.mark(1, T0 + 6)
+    again.restore(msgspec.msgpack.encode(msgspec.msgpack.decode(f2.task.snapshot())))
+    assert len(again.feed) == 1 and again.feed.released == T0 + 6
 
 
 def test_the_incident_stage_and_its_feed_survive_a_checkpoint():
