@@ -37,7 +37,9 @@ since the producer started (catalogue fields 9512-9519, docs/producers.md#kernel
   per line: x86's ``<comm>[<pid>]: segfault at %lx ip %px sp %px error %lx in <file>[<start>+<size>]``
   (``arch/x86/mm/fault.c``, ``show_signal_msg()``; `` likely on CPU %d (core %d, socket %d)``
   after it since 6.2) and ``traps: <comm>[<pid>] general protection ip:%lx sp:%lx error:%lx in
-  ...`` / ``... trap <name> ip:...`` (``arch/x86/kernel/traps.c``), arm64's ``<comm>[<pid>]:
+  ...`` / ``... trap <name> ip:...`` (``arch/x86/kernel/traps.c``), ``<comm>[<pid>] control protection
+  ip:%lx sp:%lx ssp:%lx error:%lx(<kind>)[ in enclave] in ...`` (a shadow-stack or indirect-branch
+  violation, ``arch/x86/kernel/cet.c``, 6.6+), arm64's ``<comm>[<pid>]:
   unhandled exception: <class>, ESR 0x%016lx, <reason> in ...`` (``arch/arm64/kernel/traps.c``,
   ``arm64_show_signal()``; Grace hosts) and others' ``unhandled signal``; ``<file>`` (from
   ``print_vma_addr()``: ``<file>[<offset>,<start>+<size>]`` in later kernels, ``<file> (deleted)``
@@ -151,7 +153,8 @@ _SLOT_POWER = re.compile(r"Detected insufficient power on the PCIe slot \((?P<w>
 # file replaced since it was mapped), or in later kernels "%pD[<offset>,<start>+<size>]".
 _NCCL_CRASH = re.compile(
     r"^(?:traps: )?(?P<comm>.{1,64}?)\[(?P<pid>\d{1,10})\]:? "
-    r"(?P<fault>segfault|general protection|trap [\w -]{1,32}?(?= ip:)|unhandled exception|unhandled signal)\b"
+    r"(?P<fault>segfault|general protection|control protection|trap [\w -]{1,32}?(?= ip:)|unhandled exception"
+    r"|unhandled signal)\b"
     r".{0,400}? in (?P<lib>libnccl[\w+-]{0,32}\.so(?:\.\w{1,16}){0,4})(?: \(deleted\))?"
     r"\[(?:[0-9a-f]{1,16},)?[0-9a-f]{1,16}\+[0-9a-f]{1,16}\]",
     re.ASCII,
@@ -454,7 +457,8 @@ class FabricEvents:
 
     def wants(self, msg: str) -> bool:
         """Whether ``msg`` may be a line ``apply`` counts (a cheap test before the regexes)."""
-        return ": " in msg and _WANT.search(msg) is not None
+        # cet.c's control protection line is the one counted without a ": " (no pr_fmt).
+        return (": " in msg or " in libnccl" in msg) and _WANT.search(msg) is not None
 
     def apply(self, host: str, msg: str, *, count: bool = True, ts: float | None = None) -> dict[str, str] | None:
         """Count ``msg`` for ``host`` when it is a NIC or AER event and return its labels;

@@ -42,6 +42,11 @@ NEW_ARM64 = (
     "pt_main_thread[9902]: unhandled exception: DABT (lower EL), ESR 0x0000000092000006, level 2 "
     "translation fault in libnccl.so.2[69996,ffff8a000000+d3d3000]"
 )
+# arch/x86/kernel/cet.c (6.6+): a shadow-stack violation, no pr_fmt and no ": " before the mapping.
+NEW_CONTROL = (
+    "python[4414] control protection ip:7f2a4c1e0b1d sp:7ffd5a3c1e80 ssp:7f2a3bfff000 error:1(near ret) in "
+    "libnccl.so.2[1e0b1d,7f2a4c000000+d3d3000]"
+)
 DELETED = SEG + "libnccl.so.2 (deleted)[7f2a4c000000+d3d3000]"
 
 
@@ -148,7 +153,7 @@ LAYOUTS = {
 
 @pytest.mark.parametrize("layout", sorted(LAYOUTS))
 @pytest.mark.parametrize(
-    "msg", [NEW_SEG, NEW_GP, "NCCL Service  0[7]: segfault at 0 ip 0 sp 0 error 6 in libnccl.so.2[7f+d]"]
+    "msg", [NEW_SEG, NEW_GP, NEW_CONTROL, "NCCL Service  0[7]: segfault at 0 ip 0 sp 0 error 6 in libnccl.so.2[7f+d]"]
 )
 def test_every_layout_hands_the_line_over_with_the_comm_first(layout, msg):
     ln = parse_line(LAYOUTS[layout].format(m=msg), year=2026)
@@ -213,10 +218,10 @@ def test_a_saved_dmesg_pairs_by_its_times(tmp_path, step, reports):
 
 
 def test_nccl_crash_lines_in_a_saved_dmesg_count_with_the_current_kernels_layout(tmp_path):
-    p = write(tmp_path, "dmesg.txt", dmesg([NEW_SEG, NEW_ARM64, DELETED]))
+    p = write(tmp_path, "dmesg.txt", dmesg([NEW_SEG, NEW_ARM64, DELETED, NEW_CONTROL]))
     src = KmsgFileSource(str(p), parse_pci_map(PCI_MAP), host="n1", boot_time=1_800_000_000.0, sample=False)
     src.poll()
-    assert src.log.fabric.counts("n1")["nccl_crashes"] == 3 and src.summary()["fabric_lines"] == 3
+    assert src.log.fabric.counts("n1")["nccl_crashes"] == 4 and src.summary()["fabric_lines"] == 4
 
 
 _KEYS = [(f"0000:{b:02x}:00.0", c) for b in range(40) for c in ("cor", "unc")]

@@ -14,6 +14,8 @@ mirrors and patches of the code corpus), with GPUd's example line
 - ``arch/x86/kernel/traps.c`` (``pr_fmt`` ``"traps: "``): ``"%s[%d] general protection ip:%lx
   sp:%lx error:%lx"`` (``general protection fault`` in older kernels) and ``do_trap()``'s ``"%s[%d]
   trap %s ip:%lx sp:%lx error:%lx"``, each followed by `` in <file>[...]``.
+- ``arch/x86/kernel/cet.c`` (6.6+, user shadow stacks), ``do_user_cp_fault()``: ``"%s[%d] control
+  protection ip:%lx sp:%lx ssp:%lx error:%lx(%s)%s"`` (the kind, `` in enclave``), then `` in <file>[...]``.
 - ``arch/arm64/kernel/traps.c``, ``arm64_show_signal()``: ``"%s[%d]: unhandled exception: "``,
   ``"%s, ESR 0x%016lx, "`` and the reason, then `` in <file>[...]`` (Grace hosts).
 """
@@ -43,6 +45,10 @@ GP_OLD = (
 )
 GP = "traps: python[4411] general protection ip:7f2a4c1e0b1d sp:7ffd5a3c1e80 error:0 in libnccl-net.so[7f2a4c000000+4d000]"
 TRAP = "traps: python[4412] trap invalid opcode ip:7f2a4c1e0b1d sp:7ffd5a3c1e80 error:0 in libnccl.so.2[7f2a4c000000+d3d3000]"
+CONTROL = (
+    "python[4414] control protection ip:7f2a4c1e0b1d sp:7ffd5a3c1e80 ssp:7f2a3bfff000 error:1(near ret) "
+    "in libnccl.so.2.21.5[1e0b1d,7f2a4c000000+d3d3000]"
+)
 ARM64 = (
     "pt_main_thread[9902]: unhandled exception: DABT (lower EL), ESR 0x0000000092000006, level 2 translation "
     "fault in libnccl.so.2[ffff8a000000+d3d3000]"
@@ -72,6 +78,8 @@ def counted(*lines: str) -> int:
         (GP, {"nccl.library": "libnccl-net.so", "nccl.fault": "general protection"}),
         (TRAP, {"nccl.pid": "4412", "nccl.fault": "trap invalid opcode"}),
         (ARM64, {"nccl.process": "pt_main_thread", "nccl.fault": "unhandled exception"}),
+        (CONTROL, {"nccl.process": "python", "nccl.pid": "4414", "nccl.library": "libnccl.so.2.21.5",
+                   "nccl.fault": "control protection"}),
     ],
 )
 def test_every_layout_counts_one_crash_with_its_process(line, labels):
