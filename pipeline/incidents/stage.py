@@ -376,6 +376,10 @@ class IncidentStage:
         if inc is not None and self._by_time_alone(inc, a):
             # Only its GPU and the time tie it to ``inc``: a symptom stays, another fault goes.
             inc = self._reconsider(a, inc, symptom=self._rung(a) <= 0 or app.applies(a.rule, xid))
+        # A symptom joined by time alone is a member, not a kind of the incident: were its rule and
+        # family the incident's, the rest of another fault it began (an SBE burst in a thermal
+        # incident, then the DBE) would join by family for as long as the incident stays open.
+        alone = inc is not None and self._by_time_alone(inc, a)
         if inc is None and a.gpu is None and _comm(a) is None:
             inc = self._recurrence(a)  # a host-level fault back before its incident resolved
         if inc is not None and a.id in inc.members:
@@ -397,7 +401,7 @@ class IncidentStage:
             if inc is None:
                 return
         else:
-            self._join(inc, a, out)
+            self._join(inc, a, out, alone=alone)
         # A repeat offender is a GPU or host: alerts without a host (fleet-wide ones) are none,
         # and counted under one empty host they would make a lemon of every hostless incident.
         for p in self._alert_policies if a.host is not None else ():
@@ -597,9 +601,9 @@ class IncidentStage:
             self._count(p, inc, a.host or "", None, a.ts, inc.id, out, None)
         return inc
 
-    def _join(self, inc: _Incident, a: AlertEvent, out: list[IncidentEvent]) -> None:
+    def _join(self, inc: _Incident, a: AlertEvent, out: list[IncidentEvent], *, alone: bool = False) -> None:
         changes = [JOINED]
-        self._add(inc, a)
+        self._add(inc, a, alone=alone)
         if SEVERITY_RANK.get(a.severity, 0) > SEVERITY_RANK.get(inc.severity, 0):
             inc.severity = a.severity
             changes.append(SEVERITY_ROSE)
@@ -609,7 +613,9 @@ class IncidentStage:
             changes.append(ESCALATED)
         self._say(out, inc, UPDATED, a.ts, changes=changes)
 
-    def _add(self, inc: _Incident, a: AlertEvent) -> None:
+    def _add(self, inc: _Incident, a: AlertEvent, *, alone: bool = False) -> None:
+        """Make ``a`` a member of ``inc``; ``alone``: joined by time alone (``_by_time_alone``), its
+        rule and family are not the incident's."""
         if len(inc.members) < MAX_MEMBERS:
             inc.members.append(a.id)
         else:
@@ -617,12 +623,12 @@ class IncidentStage:
         inc.firing.add(a.id)
         self._by_alert[a.id] = inc.id
         # Rules and families are bounded as the state bounds them (stagestate.py).
-        if a.rule not in inc.rules and len(inc.rules) < MAX_RULES:
+        if not alone and a.rule not in inc.rules and len(inc.rules) < MAX_RULES:
             inc.rules.add(a.rule)
             causes = {c.name for c in self.config.causality if c.name not in inc.causes and c.caused_by((a.rule,))}
             inc.causes |= causes
             self._index(inc, inc.comms, causes)
-        if len(inc.families) < MAX_RULES:
+        if not alone and len(inc.families) < MAX_RULES:
             inc.families.add(fault_family(a.fault))
         comm = _comm(a)
         if comm is not None and comm not in inc.comms and len(inc.comms) < MAX_COMMS:

@@ -155,6 +155,19 @@ def test_an_hbm_uncorrectable_error_minutes_into_a_thermal_incident_is_its_own_i
     assert hbm.members == [a.id for a in alerts[2:]] and hbm.action == "drain_node"
 
 
+def test_an_hbm_fault_whose_first_alert_joined_a_thermal_incident_by_time_is_still_its_own() -> None:
+    # Its SBE burst (watch) within join_window of the GPU's thermal incident joins it as a symptom;
+    # before, its rule and family then were the thermal incident's, so the DBE minutes later
+    # joined it by family: no incident, no page said the HBM failed.
+    alerts = [_alert("gpu_thermal_throttling", 0), _alert("hbm_sbe_burst", 120), _alert("hbm_dbe", 600),
+              _alert("hbm_ecc_xid", 600, xid=48.0)]
+    events = _run(alerts)
+    opened = _opened(events)
+    assert [e.root.rule for e in opened] == ["gpu_thermal_throttling", "hbm_dbe"]
+    thermal = [e for e in events if e.incident == opened[0].incident][-1]
+    assert thermal.members == [alerts[0].id, alerts[1].id]
+
+
 def test_a_fatal_pcie_error_just_after_an_hbm_incident_is_its_own_incident() -> None:
     # Seen on a simulated fleet (llama3, 8 hosts, seed 5): an SRAM ECC burst and, 24 s after it
     # ended, an independent fatal PCIe error on the same GPU were one incident.
