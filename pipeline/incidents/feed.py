@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import math
 import operator
-from bisect import bisect_right
+from bisect import bisect_left
 from collections import Counter
 from typing import Any, Callable, Iterable, Protocol
 
@@ -35,8 +35,9 @@ from pipeline.schema import AlertEvent
 
 STATE_VERSION = 2
 _TS = operator.attrgetter("ts")
-# Causes of one rule on one host looked at after a held symptom: alerts are few per host and
-# second (each rule fires once per entity until it resolves), a forged flood costs bounded work.
+# Causes on one host not yet gone out looked at after a held symptom (of any rule, in canonical
+# order): alerts are few per host and second (each rule fires once per entity until it resolves),
+# a forged flood costs bounded work, rules of its own for each alert included.
 MAX_SCAN = 256
 MAX_BUFFER = 200_000  # alerts held for a watermark; past it the oldest are released early (counted)
 
@@ -104,6 +105,10 @@ class AlertFeed:
         self.stats: Counter[str] = Counter()
         self._buf: dict[tuple[str, str], AlertEvent] = {}
         self._early: list[AlertEvent] = []  # forced out of a full buffer, for the next release
+        # With a hold: where the watermark must pass before anything more goes (the limit of the
+        # first symptom held, which nothing buffered or yet to come goes before), so a release
+        # short of it costs nothing however many alerts wait behind the symptom.
+        self._wait = -math.inf
 
     def __len__(self) -> int:
         return len(self._buf)
@@ -124,6 +129,7 @@ class AlertFeed:
             # A watermark that never comes (an upstream task gone for good) must not grow the
             # buffer without end: the oldest go now, as a forced release of the fleet stage does.
             self.stats["forced"] += 1
+            self._wait = -math.inf
             ts = sorted(a.ts for a in self._buf.values())
             self._early += self._go(math.nextafter(ts[len(ts) - self.max_buffer - 1], math.inf), forced=True)
         self.stats["buffered"] = len(self._buf)
@@ -144,10 +150,13 @@ class AlertFeed:
         return self.release(math.inf)
 
     def _go(self, upto: float, forced: bool = False) -> list[AlertEvent]:
-        go = [a for a in self._buf.values() if a.ts < upto]
-        go.sort(key=self._key)
-        if self.hold is not None and not forced:
-            go = self._held(go, upto)
+        if self.hold is not None and not forced and not self._wait < upto:
+            go: list[AlertEvent] = []
+        else:
+            go = [a for a in self._buf.values() if a.ts < upto]
+            go.sort(key=self._key)
+            if self.hold is not None and not forced:
+                go = self._held(go, upto)
         for a in go:
             del self._buf[(a.id, a.state)]
         self.stats["released"] += len(go)
@@ -165,26 +174,49 @@ class AlertFeed:
         the rest stays buffered."""
         hold = self.hold
         assert hold is not None
-        causes: dict[str, dict[str, list[AlertEvent]]] = {}  # host -> rule -> in canonical order
+        # Each host's causes in canonical order (so by ts), and past each one the next not yet
+        # taken (``skip``, path-halved): what went out, in this release or an earlier one, is
+        # neither looked at nor counted, so what a symptom pulls is the same however the alerts
+        # were released before it, and a flood costs each symptom at most MAX_SCAN looks.
+        causes: dict[str, list[AlertEvent]] = {}
         for a in go:
             if a.host is not None and hold.cause(a):
-                causes.setdefault(a.host, {}).setdefault(a.rule, []).append(a)
+                causes.setdefault(a.host, []).append(a)
+        skip = {h: list(range(len(near) + 1)) for h, near in causes.items()}
+        where = {(c.id, c.state): (h, i) for h, near in causes.items() for i, c in enumerate(near)}
         out: list[AlertEvent] = []
         taken: set[tuple[str, str]] = set()
+        self._wait = -math.inf
+
+        def first(nxt: list[int], i: int) -> int:
+            while nxt[i] != i:
+                nxt[i] = nxt[nxt[i]]
+                i = nxt[i]
+            return i
+
+        def take(a: AlertEvent) -> None:
+            taken.add((a.id, a.state))
+            at = where.get((a.id, a.state))
+            if at is not None:
+                skip[at[0]][at[1]] = at[1] + 1
 
         def pulled(s: AlertEvent, limit: float) -> list[AlertEvent]:
-            """The causes not yet taken that go before ``s``: after it, by ``limit``."""
+            """The causes not yet taken that go before ``s``: at or after its ts, by ``limit``."""
+            near = causes.get(s.host or "")
+            if not near:
+                return []
+            nxt = skip[s.host or ""]
             got: list[AlertEvent] = []
-            for rule, near in causes.get(s.host or "", {}).items():
-                if not hold.may_pull(rule, s):
-                    continue
-                i = bisect_right(near, s.ts, key=_TS)
-                for c in near[i : i + MAX_SCAN]:  # a flood on one host costs bounded work
-                    if c.ts > limit:
-                        break
-                    if (c.id, c.state) not in taken and hold.pulls(c, s):
-                        got.append(c)
-            return sorted(got, key=self._key)
+            # From its own second: a cause there that sorts after it (a GPU's, after its host's
+            # alert) has not gone yet; those before it have.
+            i = first(nxt, bisect_left(near, s.ts, key=_TS))
+            for _ in range(MAX_SCAN):  # a flood on one host costs bounded work
+                if i == len(near) or near[i].ts > limit:
+                    break
+                if hold.pulls(near[i], s):
+                    got.append(near[i])
+                i = first(nxt, i + 1)
+            return got
 
         for x in go:
             if (x.id, x.state) in taken:
@@ -192,10 +224,11 @@ class AlertFeed:
             if hold.symptom(x):
                 limit = x.ts + hold.seconds
                 if not limit < upto:
+                    self._wait = limit
                     break  # a cause may still come: it and everything after it wait
                 # Depth first, without recursion: a cause goes after the causes it pulls in turn.
+                take(x)
                 stack = [(x, pulled(x, limit), 0)]
-                taken.add((x.id, x.state))
                 while stack:
                     s, cands, k = stack[-1]
                     while k < len(cands) and (cands[k].id, cands[k].state) in taken:
@@ -203,14 +236,14 @@ class AlertFeed:
                     if k < len(cands):
                         c = cands[k]
                         stack[-1] = (s, cands, k + 1)
-                        taken.add((c.id, c.state))
+                        take(c)
                         stack.append((c, pulled(c, limit), 0))
                         continue
                     stack.pop()
                     if stack:
                         out.append(s)
                         self.stats["pulled"] += 1
-            taken.add((x.id, x.state))
+            take(x)
             out.append(x)
         return out
 
@@ -241,13 +274,16 @@ class AlertFeed:
         early = _alerts(state, "early") if v == STATE_VERSION else [a for a in alerts if a.ts < released]
         if v == 1:
             alerts = [a for a in alerts if a.ts >= released]
-        if len(alerts) + len(early) > self.max_buffer:
-            n = len(alerts) + len(early)
-            raise StateError(f"alert feed state: {n} alerts, more than the limit of {self.max_buffer}")
+        # The buffer holds at most max_buffer (``add`` forces the rest out); those forced out
+        # wait beside it for the next release, so a full buffer's state has more in all.
+        for what, n in (("alerts", len(alerts)), ("early", len(early))):
+            if n > self.max_buffer:
+                raise StateError(f"alert feed state: {n} {what}, more than the limit of {self.max_buffer}")
         buf: dict[tuple[str, str], AlertEvent] = {}
         for a in alerts:
             buf[(a.id, a.state)] = a
         self.released, self._buf, self._early = released, buf, early
+        self._wait = -math.inf
         self.stats["buffered"] = len(buf)
 
 

@@ -74,8 +74,15 @@ class CauseHold:
 
     def pulls(self, cause: AlertEvent, symptom: AlertEvent) -> bool:
         """Whether ``cause`` goes before ``symptom`` when it comes within ``seconds`` after it:
-        on its host, another entity, and a cause of an entry that explains it."""
-        return cause.host == symptom.host and cause.gpu != symptom.gpu and self.may_pull(cause.rule, symptom)
+        on its host, another entity, a cause of an entry that explains it, and not explained by
+        it in turn (alerts that explain each other, a PCIe path's errors, join whichever comes
+        first: the first stays the root)."""
+        return (
+            cause.host == symptom.host
+            and cause.gpu != symptom.gpu
+            and self.may_pull(cause.rule, symptom)
+            and not self.may_pull(symptom.rule, cause)
+        )
 
     def may_pull(self, rule: str, symptom: AlertEvent) -> bool:
         """Whether an alert of ``rule`` on another entity of its host goes before ``symptom``."""

@@ -5,8 +5,9 @@ incident: every alert on a GPU with an open incident joins it (an NVLink belongs
 an alert elsewhere joins an incident whose alerts explain it by a ``causality`` entry of
 ``incidents.yaml`` (a link down explains its host's bandwidth alert; a GPU off the bus, the
 stragglers of a communicator one of its alerts names). An incident resolves when its alerts have
-all resolved and ``quiet`` passed with none joining; its action escalates when a repeat-offender
-policy counts enough on its GPU or host.
+all resolved and ``quiet`` passed with none joining (gone once time is ``hold`` past that: the
+feed may still bring a symptom that much older, pipeline/incidents/hold.py); its action escalates
+when a repeat-offender policy counts enough on its GPU or host.
 
 Output depends on the alerts and their order only, never on how they were batched: time moves
 with the alerts (the latest ``ts`` seen), timers are checked before and after each alert, and ids
@@ -684,7 +685,10 @@ class IncidentStage:
     # -- time --------------------------------------------------------------------------------
 
     def _expire(self, out: list[IncidentEvent]) -> None:
-        while self._due and self._due[0][0] <= self._clock:
+        # Not before the clock is ``hold`` past the due time: the feed puts a cause before the
+        # symptoms it pulls, up to ``hold`` earlier, and a symptom that would have kept its
+        # incident open had it come in time order must still find it open.
+        while self._due and self._due[0][0] + self.config.hold <= self._clock:
             when, iid = heapq.heappop(self._due)
             inc = self._open.get(iid)
             if inc is None or inc.quiet_due != when:
@@ -714,7 +718,10 @@ class IncidentStage:
         reason: str = "",
         policy: str | None = None,
     ) -> None:
-        """Append an event of ``inc`` to ``out``, and remember it as the incident's latest."""
+        """Append an event of ``inc`` to ``out``, and remember it as the incident's latest. Never
+        dated before the incident opened: a symptom the feed put after its cause (``hold``) joins
+        at the cause's time."""
+        ts = max(ts, inc.opened_at)
         inc.state, inc.updated_at, inc.changes = state, ts, list(changes or [])
         if reason:
             inc.reason, inc.policy = reason, policy
