@@ -4,14 +4,15 @@ The incident stage takes alerts in event time, so a symptom that comes a moment 
 opens an incident of its own: an NVSwitch fault whose GPUs' XID 74s fall a second before the
 switch's SXid gave an incident (and a page) per GPU. The ``AlertFeed`` before the stage therefore
 holds a *possible symptom* (a firing alert some ``causality`` entry explains on another entity of
-its host) for ``hold`` seconds of event time, and puts a *cause* of it that comes within them
-(an alert on its host, of another GPU or the host itself, whose rule causes that entry) just
-before it: the cause opens its incident and the symptom joins it, as if they had come in that
-order (Alertmanager's ``group_wait``, here only where a cause may still come).
+its host) for ``hold`` seconds of event time, and puts a *cause* of it that comes in its second or
+within those seconds (an alert on its host, of another GPU or the host itself, whose rule causes
+that entry) just before it: the cause opens its incident and the symptom joins it, as if they had
+come in that order (Alertmanager's ``group_wait``, here only where a cause may still come).
 
 The alerts of one GPU (or of the host itself) join by entity whatever their order, so a cause on
-the symptom's own entity is not moved (the first alert stays the root). Communicators spanning
-hosts are not looked at: a cause on another host stays where event time puts it.
+the symptom's own entity is not moved, nor one the symptom explains in turn (they join each other
+whichever comes first): the first alert stays the root. Communicators spanning hosts are not
+looked at: a cause on another host stays where event time puts it.
 """
 
 from __future__ import annotations
