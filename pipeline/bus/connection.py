@@ -38,6 +38,9 @@ from pipeline.errors import BrokerUnavailableError, ConfigError
 # before it tried again, so alerts came up to 30 s late (measured in the broker-restart fault
 # test). A 2 s cap costs one connection attempt per broker every 2 s while it is down.
 CLIENT_DEFAULTS: dict[str, Any] = {"reconnect_backoff_max_ms": 2000}
+# A group member learns of partitions added to its topic (scaling out) at its next metadata
+# refresh: kafka-python's 5 minutes left a new partition unread that long (a test saw it).
+CONSUMER_DEFAULTS: dict[str, Any] = {"metadata_max_age_ms": 10_000}
 
 DEFAULT_BOOTSTRAP = "127.0.0.1:9092"
 PROTOCOLS = ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")

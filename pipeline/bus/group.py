@@ -97,7 +97,7 @@ class KafkaGroupConsumer:
         from kafka import KafkaConsumer
         from kafka.errors import KafkaError
 
-        from pipeline.bus.connection import CLIENT_DEFAULTS
+        from pipeline.bus.connection import CLIENT_DEFAULTS, CONSUMER_DEFAULTS
         from pipeline.bus.kafka import _security, _unavailable
 
         self.topic = topic
@@ -109,7 +109,7 @@ class KafkaGroupConsumer:
                 enable_auto_commit=False,
                 client_id=client_id,
                 **_security(security),
-                **{**CLIENT_DEFAULTS, **options},
+                **{**CLIENT_DEFAULTS, **CONSUMER_DEFAULTS, **options},
             )
         except KafkaError as e:
             raise _unavailable(bootstrap, e, security) from e

@@ -176,7 +176,7 @@ class KafkaBusConsumer:
                 max_partition_fetch_bytes=8 * 1024 * 1024,
                 client_id=client_id,
                 **_security(security),
-                **{**connection.CLIENT_DEFAULTS, **extra},
+                **{**connection.CLIENT_DEFAULTS, **connection.CONSUMER_DEFAULTS, **extra},
             )
         except KafkaError as e:
             raise _unavailable(bootstrap, e, security) from e
