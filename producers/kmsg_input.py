@@ -33,12 +33,18 @@ PciKey = tuple[int, int, int]  # (domain, bus, device): the GPU, whatever its fu
 # Line layouts, tried in order (docs/producers.md#kernel-log). They match any digits so that a
 # line of a known layout whose time is not one ("²", "٣", 400 digits, Feb 29 of 2025) is that
 # line's counted drop (``Line.error``) rather than an untimed message.
-_KMSG = re.compile(r"^(?P<prio>\d+),(?P<seq>\d+),(?P<usec>\d+),[^;]*;(?P<msg>.*)$")  # /dev/kmsg
+# /dev/kmsg: "PRI,SEQ,USEC,FLAGS;msg", PRI facility * 8 + level (read by _kernel_pri: any number).
+_KMSG = re.compile(r"^(?P<prio>-?\d+),(?P<seq>\d+),(?P<usec>\d+),[^;]*;(?P<msg>.*)$")
 # dmesg's "[secs] ", with -r the priority "<N>" before it, with -d the delta after the time, and
 # a caller id "[T123] " after it (CONFIG_PRINTK_CALLER): util-linux sys-utils/dmesg.c print_record.
+# -r prints LOG_RAW_FAC_PRI(facility, level), facility * 8 + level: any number ("<-2>" for a
+# facility dmesg has no name for, up to 2047 from the kernel's syslog(2) buffer); whatever stands
+# between "<" and ">" is read by _kernel_pri, so no prefix makes the line a bare kernel message.
 _DELTA = r"(?: <\s*-?\d+\.\d+>)?"
 _CALLER = r"(?:\[\s*[TC]\d+\] )?"
-_DMESG = re.compile(r"^(?:<\d{1,4}>)?\[\s*(?P<secs>\d+\.\d+)" + _DELTA + r"\]\s?" + _CALLER + r"(?P<msg>.*)$")
+_DMESG = re.compile(r"^(?:<(?P<pri>[^<>]*)>)?\[\s*(?P<secs>\d+\.\d+)" + _DELTA + r"\]\s?" + _CALLER + r"(?P<msg>.*)$")
+# The kernel's syslog(2) buffer (dmesg -S -r) with printk.time off: the priority, no time.
+_UNTIMED_PRI = re.compile(r"^<(?P<pri>-?\d+)>")
 _CTIME = r"(?P<date>[A-Z][a-z]{2} [A-Z][a-z]{2} [ \d]\d \d\d:\d\d:\d\d \d{4})"
 _DMESG_T = re.compile(r"^\[" + _CTIME + _DELTA + r"\]\s?" + _CALLER + r"(?P<msg>.*)$")
 # journalctl -o short-monotonic / short-delta ("[secs <delta>] host kernel: ", the delta's mark " "
@@ -63,9 +69,10 @@ _DMESG_ISO = re.compile(
 # dmesg -t (--notime): the caller id alone before the message.
 _UNTIMED_CALLER = re.compile(r"^\[\s*[TC]\d+\] ")
 _UNIX = re.compile(r"^(?P<secs>\d{1,12}\.\d{6}) (?P<host>\S+) kernel: (?P<msg>.*)$")  # journalctl -o short-unix
-# dmesg -x (--decode): "kern  :err   : " before the time.
+# dmesg -x (--decode): "kern  :err   : " before the time (util-linux sys-utils/dmesg.c
+# facility_names, level_names); any facility but "kern" is a program's line (see _kernel_pri).
 _FACILITY = re.compile(
-    r"^(?:kern|user|mail|daemon|auth|syslog|lpr|news|uucp|cron|authpriv|ftp|local[0-7])\s*:"
+    r"^(?P<fac>kern|user|mail|daemon|auth|syslog|lpr|news|uucp|cron|authpriv|ftp|res[0-3]|local[0-7])\s*:"
     r"(?:emerg|alert|crit|err|warn|notice|info|debug)\s*: "
 )
 _SYSLOG = re.compile(r"^(?P<date>[A-Z][a-z]{2} [ \d]\d \d\d:\d\d:\d\d)(?P<frac>\.\d{1,9})? " + _TAG)  # short(-precise)
@@ -152,9 +159,36 @@ def local_time(date: str, fmt: str) -> float | None:
         return None
 
 
+def _kernel_pri(pri: str) -> bool:
+    """Whether a syslog priority as the kernel prints it (``/dev/kmsg``'s first field, ``dmesg -r``'s
+    ``<N>``: facility * 8 + level) is the kernel's own record: facility 0 (LOG_KERN), so 0-7.
+
+    kernel/printk/printk.c ``devkmsg_write`` gives a line a program wrote to ``/dev/kmsg`` LOG_USER
+    (1), or the nonzero facility its ``<N>`` names: never 0. Anything else -- 8 and up, negative
+    (dmesg's ``<-2>`` for a facility it has no name for), Unicode digits -- is not the kernel's.
+
+    >>> [_kernel_pri(p) for p in ("6", "0", "8", "14", "-2", "٣", "99999999999")]
+    [True, True, False, False, False, False, False]
+    """
+    if len(pri) == 1:  # the kernel's "%u" / dmesg's "%d": one digit
+        return "0" <= pri <= "7"
+    v = pri.lstrip("0")  # zero-padded by hand: its value
+    return pri.isascii() and pri.isdigit() and len(v) <= 1 and v <= "7"
+
+
+def _program(ln: Line | None) -> Line | None:
+    """A line the kernel's log holds but a program wrote (its facility is not LOG_KERN): as a
+    program's syslog line, its time counts and its message is not the kernel's."""
+    if ln is None:
+        return None
+    return Line("", ts=ln.ts, boot=ln.boot, host=ln.host, error=ln.error, yearless=ln.yearless)
+
+
 def parse_line(text: str, *, year: int | None = None) -> Line | None:
     """A line in any layout the producer reads; ``None`` for ``/dev/kmsg`` continuation lines
-    (`` KEY=value`` metadata of the record before)."""
+    (`` KEY=value`` metadata of the record before). A line whose layout shows a facility other
+    than the kernel's (``/dev/kmsg``, ``dmesg -r`` / ``-x``, the journal's ``SYSLOG_FACILITY``) was
+    written by a program to ``/dev/kmsg``: its time counts, its message is empty."""
     text = text.rstrip("\r\n").lstrip("\0")  # NULs: a crash's unwritten blocks before the next line
     if text.startswith(" ") and "=" in text:
         return None
@@ -173,9 +207,15 @@ def parse_line(text: str, *, year: int | None = None) -> Line | None:
         usec = _json_int(raw)
         ts = _epoch(usec / 1e6) if usec is not None else None
         transport = obj.get("_TRANSPORT")
-        if transport is not None and transport != "kernel":
+        fac = obj.get("SYSLOG_FACILITY")
+        if (transport is not None and transport != "kernel") or not (
+            fac is None or fac == "0" or (type(fac) is int and fac == 0)
+        ):
             # Another program's entry (journald-kmsg.c sets _TRANSPORT=kernel on the kernel's):
             # health monitors re-log the kernel's XID lines, so its message is not the kernel's.
+            # A line a program wrote to /dev/kmsg is _TRANSPORT=kernel too, with its facility in
+            # SYSLOG_FACILITY (dev_kmsg_record: "0" on the kernel's own, or, before systemd set
+            # it on every record, none).
             return Line("", ts=ts, host=host)
         if raw is None:
             return Line(str(msg), host=host)
@@ -188,9 +228,19 @@ def parse_line(text: str, *, year: int | None = None) -> Line | None:
         usec = ascii_int(m["usec"], 19)
         boot = _boot(usec / 1e6) if usec is not None else None
         # /dev/kmsg escapes a record's newlines (devkmsg_read: "\x0a"): one record of several lines.
-        msg = m["msg"].replace("\\x0a", "\n")
-        return Line(msg, boot=boot, mono_us=usec) if boot is not None else _bad_time(msg)
-    text = _FACILITY.sub("", text, count=1)
+        if boot is None:
+            return _bad_time(m["msg"])
+        if not _kernel_pri(m["prio"]):  # a program's record: facility * 8 + level, facility not 0
+            return Line("", boot=boot)
+        return Line(m["msg"].replace("\\x0a", "\n"), boot=boot, mono_us=usec)
+    m = _FACILITY.match(text)
+    if m is None:
+        return _layouts(text, year)
+    return _layouts(text[m.end() :], year) if m["fac"] == "kern" else _program(_layouts(text[m.end() :], year))
+
+
+def _layouts(text: str, year: int | None) -> Line | None:
+    """``parse_line`` of a line in a text layout, after any ``dmesg -x`` prefix."""
     m = _JOURNAL_MONO.match(text)
     if m:
         boot = _boot(ascii_float(m["secs"], 32))
@@ -200,7 +250,11 @@ def parse_line(text: str, *, year: int | None = None) -> Line | None:
     m = _DMESG.match(text)
     if m:
         boot = _boot(ascii_float(m["secs"], 32))
-        return Line(m["msg"], boot=boot, mono_us=_usec(m["secs"])) if boot is not None else _bad_time(m["msg"])
+        if boot is None:
+            return _bad_time(m["msg"])
+        if m["pri"] is not None and not _kernel_pri(m["pri"]):  # dmesg -r: a program's record
+            return Line("", boot=boot)
+        return Line(m["msg"], boot=boot, mono_us=_usec(m["secs"]))
     m = _DMESG_T.match(text)
     if m:
         ts = local_time(m["date"], "%a %b %d %H:%M:%S %Y")
@@ -254,6 +308,8 @@ def parse_line(text: str, *, year: int | None = None) -> Line | None:
             return Line(m["msg"], error="bad_timestamp", yearless=True)
         wall = _wall_us(ts, m["frac"])
         return Line(m["msg"], ts=ts, host=m["host"], yearless=True, mono_us=_usec(m["ksecs"]), wall_us=wall)
+    if text.startswith("<") and (m := _UNTIMED_PRI.match(text)) is not None:
+        return Line(text[m.end() :]) if _kernel_pri(m["pri"]) else Line("")  # syslog(2)'s "<N>", no time
     return Line(_UNTIMED_CALLER.sub("", text, count=1))
 
 
