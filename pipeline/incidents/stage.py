@@ -25,7 +25,6 @@ from __future__ import annotations
 import heapq
 import math
 from collections import Counter, OrderedDict
-from dataclasses import dataclass, field
 from typing import Any, Iterable
 
 from pipeline.incidents.config import IncidentConfig, Policy
@@ -43,6 +42,8 @@ from pipeline.incidents.events import (
 from pipeline.incidents.feed import MAX_BUFFER, AlertFeed
 from pipeline.incidents.hold import CauseHold
 from pipeline.incidents.history import RepeatHistory
+from pipeline.incidents.incident import _Incident
+from pipeline.incidents.index import IncidentIndex
 from pipeline.schema import MIG_INSTANCE_LABEL, MIG_PROFILE_LABEL, AlertEvent, fault_family
 
 SEVERITY_RANK = {"info": 0, "warning": 1, "critical": 2}
@@ -59,41 +60,6 @@ MAX_SEEN = MAX_FIRING
 # And for how long (event time since last touched): a redelivery comes after a restart, within the
 # span not committed yet (minutes), and the drivers' alert feed drops older ones as late anyway.
 SEEN_FOR = 3600.0
-
-
-@dataclass
-class _Incident:
-    id: str
-    root: IncidentRoot
-    host: str | None
-    gpu: int | None
-    opened_at: float
-    severity: str
-    action: str
-    members: list[str] = field(default_factory=list)
-    more: int = 0
-    firing: set[str] = field(default_factory=set)
-    rules: set[str] = field(default_factory=set)
-    families: set[str] = field(default_factory=set)
-    comms: set[str] = field(default_factory=set)
-    # The ``causality`` entries its rules are a cause of (derived from ``rules``, not kept in the
-    # state): under these alone it is indexed for the alerts it may explain.
-    causes: set[str] = field(default_factory=set)
-    last_join: float = 0.0
-    quiet_due: float | None = None
-    job: str | None = None
-    pod: str | None = None
-    namespace: str | None = None
-    mig_instance: str | None = None
-    mig_profile: str | None = None
-    # What its latest event said (``open_incidents``), and the latest escalation's reason: an
-    # alert joining later must not hide from the live view why the action climbed. None: not
-    # known (an incident built from state that does not hold it), its last alert's time stands in.
-    state: str = OPENED
-    updated_at: float | None = None
-    changes: list[str] = field(default_factory=list)
-    reason: str = ""
-    policy: str | None = None
 
 
 def _xid(a: AlertEvent) -> int | None:
@@ -147,25 +113,9 @@ class IncidentStage:
         # before their firing (alert id -> (started_at, ts)): the firing, when it comes, ends at once.
         self._seen: OrderedDict[str, tuple[float, float]] = OrderedDict()
         self._early: OrderedDict[str, tuple[float, float]] = OrderedDict()
-        # Where to look for the incident an alert joins: by (host, GPU); by (host, entry) and
-        # (communicator, ``reach: comm`` entry) for the incidents that cause a ``causality`` entry.
-        # An alert walks only those that may take it, never every incident of its host or
-        # communicator (many bandwidth alerts, each its own incident, on one host or one job).
-        self._by_gpu: dict[tuple[str | None, int | None], dict[str, _Incident]] = {}
-        self._by_cause: dict[tuple[str | None, str], dict[str, _Incident]] = {}
-        self._by_comm: dict[tuple[str, str], dict[str, _Incident]] = {}
-        # Per ``_by_comm`` key, its incidents by (last_join, id), latest first, kept lazily (an
-        # entry is current while its incident is indexed there with that last_join): every one
-        # of them explains what that entry explains, so the one an alert joins is the latest
-        # still firing or recent, found at the top. A walk of them all cost each alert of a
-        # communicator its thousands of straggler incidents (4,000 x 2,000 alerts: 113 s).
-        self._comm_heaps: dict[tuple[str, str], list[tuple[float, _Desc, str]]] = {}
-        self._comm_reach = {c.name for c in config.causality if c.reach == "comm"}
-        # Host-level incidents (no GPU) by (host, root rule), with a heap of each key's latest
-        # opened first (lazily kept, as ``_comm_heaps``): a host-level fault that recurs while its
-        # incident is still open finds it there (``_recurrence``).
-        self._by_root: dict[tuple[str | None, str], dict[str, _Incident]] = {}
-        self._root_heaps: dict[tuple[str | None, str], list[tuple[float, _Desc, str]]] = {}
+        # Where to look for the incident an alert joins (pipeline/incidents/index.py): an alert
+        # walks only those that may take it, never every incident of its host or communicator.
+        self._index = IncidentIndex(c.name for c in config.causality if c.reach == "comm")
         # (quiet_due, incident id) of incidents whose alerts all resolved; an entry whose incident
         # took an alert since (its quiet_due changed) is skipped when it comes up.
         self._due: list[tuple[float, str]] = []
@@ -222,9 +172,6 @@ class IncidentStage:
         from pipeline.incidents import stagestate
 
         stagestate.load(self, state)
-        self._by_root, self._root_heaps = {}, {}
-        for inc in self._open.values():
-            self._enter_root(inc)
 
     def process(self, alerts: Iterable[AlertEvent]) -> list[IncidentEvent]:
         """Incident events for ``alerts`` (in the order given: event time, as ``AlertFeed``
@@ -419,7 +366,7 @@ class IncidentStage:
         window = self.config.join_window
         same = [
             inc
-            for inc in (self._by_gpu.get((a.host, a.gpu), {}) if a.gpu is not None else {}).values()
+            for inc in (self._index.on_gpu(a.host, a.gpu) if a.gpu is not None else {}).values()
             if fam in inc.families or a.ts - inc.last_join <= window or self._explains(inc, a, None)
         ]
         if same:
@@ -447,9 +394,7 @@ class IncidentStage:
         PCIe error after an SBE burst: another fault), one elsewhere whose alerts explain it
         (``_causal``), or none: it opens its own."""
         fam = fault_family(a.fault)
-        own = [
-            i for i in self._by_gpu.get((a.host, a.gpu), {}).values() if fam in i.families or self._explains(i, a, None)
-        ]
+        own = [i for i in self._index.on_gpu(a.host, a.gpu).values() if fam in i.families or self._explains(i, a, None)]
         if own:
             return max(own, key=lambda i: (i.opened_at, i.id))
         return inc if symptom else self._causal(a)
@@ -467,11 +412,13 @@ class IncidentStage:
             if c.reach == "host" or a.gpu is None:
                 # A host-level alert: of its host's host-level incidents (every one of them, a
                 # flood of telemetry gaps each its own), only those causing the entry may explain it.
-                near.update(self._by_cause.get((a.host, c.name), {}))
+                near.update(self._index.by_cause(a.host, c.name))
             else:  # what such an entry reaches on the host is on the alert's GPU
-                near.update(self._by_gpu.get((a.host, a.gpu), {}))
-            if comm is not None and c.reach == "comm" and (top := self._comm_top((comm, c.name), a.ts)) is not None:
-                tops.append(top)
+                near.update(self._index.on_gpu(a.host, a.gpu))
+            if comm is not None and c.reach == "comm":
+                top = self._index.comm_top(comm, c.name, a.ts, window=window, clock=self._clock)
+                if top is not None:
+                    tops.append(top)
         best: _Incident | None = None
         for inc in near.values():
             if not inc.firing and a.ts - inc.last_join > window:
@@ -494,64 +441,11 @@ class IncidentStage:
         incident of one fault, open beside the first. Alerts naming a communicator are left to
         the communicator's causes, and one of another job than the incident's (two jobs' hung
         collectives on one host) is not a recurrence."""
-        key = (a.host, a.rule)
-        ids = self._by_root.get(key)
-        heap = self._root_heaps.get(key)
-        while ids and heap:
-            neg, _, iid = heap[0]
-            inc = ids.get(iid)
-            if inc is not None and inc.opened_at == -neg:
-                job = a.job[:MAX_TEXT] if a.job else None
-                return inc if job is None or inc.job is None or job == inc.job else None
-            heapq.heappop(heap)  # resolved (or its id opened again later: entered afresh)
-        return None
-
-    def _enter_root(self, inc: _Incident) -> None:
-        """Index host-level incident ``inc`` by its host and root rule (``_recurrence``)."""
-        if inc.gpu is not None:
-            return
-        key = (inc.host, inc.root.rule)
-        ids = self._by_root.setdefault(key, {})
-        ids[inc.id] = inc
-        heap = self._root_heaps.setdefault(key, [])
-        heapq.heappush(heap, (-inc.opened_at, _Desc(inc.id), inc.id))
-        if len(heap) > 2 * len(ids) + 32:  # mostly resolved incidents' entries: rebuilt
-            heap[:] = [(-i.opened_at, _Desc(i.id), i.id) for i in ids.values()]
-            heapq.heapify(heap)
-
-    def _comm_top(self, key: tuple[str, str], ts: float) -> _Incident | None:
-        """The latest (by last_join, then id) incident indexed under ``key`` in ``_by_comm`` that
-        is still firing or joined within ``join_window`` of ``ts``."""
-        ids = self._by_comm.get(key)
-        if not ids:
+        inc = self._index.latest_root(a.host, a.rule)
+        if inc is None:
             return None
-        window = self.config.join_window
-        if ts < self._clock:
-            # An alert behind the stage's clock: what the heap let go as neither firing nor
-            # recent as of the clock may be recent for it.
-            live = [inc for inc in ids.values() if inc.firing or ts - inc.last_join <= window]
-            return max(live, key=lambda inc: (inc.last_join, inc.id), default=None)
-        heap = self._comm_heaps.get(key, [])
-        while heap:
-            neg, _, iid = heap[0]
-            inc = ids.get(iid)
-            if inc is not None and inc.last_join == -neg:
-                if inc.firing or ts - inc.last_join <= window:
-                    return inc
-                # Neither firing nor recent, and the clock only moves on: it can be taken again
-                # only once an alert joins it, which enters it afresh (``_enter``).
-            heapq.heappop(heap)
-        return None
-
-    def _enter(self, inc: _Incident, keys: Iterable[tuple[str, str]]) -> None:
-        """Enter ``inc`` as it is now in the heaps of ``keys`` (``_comm_heaps``)."""
-        for key in keys:
-            heap = self._comm_heaps.setdefault(key, [])
-            heapq.heappush(heap, (-inc.last_join, _Desc(inc.id), inc.id))
-            ids = self._by_comm[key]
-            if len(heap) > 2 * len(ids) + 32:  # mostly entries of earlier last_joins: rebuilt
-                heap[:] = [(-i.last_join, _Desc(i.id), i.id) for i in ids.values()]
-                heapq.heapify(heap)
+        job = a.job[:MAX_TEXT] if a.job else None
+        return inc if job is None or inc.job is None or job == inc.job else None
 
     def _explains(self, inc: _Incident, a: AlertEvent, comm: str | None) -> bool:
         for c in self.config.causality:
@@ -587,8 +481,8 @@ class IncidentStage:
             action=self.config.action_for(a.rule, a.severity),
         )
         self._open[inc.id] = inc
-        self._by_gpu.setdefault((inc.host, inc.gpu), {})[inc.id] = inc
-        self._enter_root(inc)
+        self._index.add_gpu(inc)
+        self._index.add_root(inc)
         self._add(inc, a)
         self._say(out, inc, OPENED, a.ts, reason=reason)
         for p in self._incident_policies if a.host is not None else ():
@@ -628,31 +522,21 @@ class IncidentStage:
             inc.rules.add(a.rule)
             causes = {c.name for c in self.config.causality if c.name not in inc.causes and c.caused_by((a.rule,))}
             inc.causes |= causes
-            self._index(inc, inc.comms, causes)
+            self._index.add_causes(inc, inc.comms, causes)
         if not alone and len(inc.families) < MAX_RULES:
             inc.families.add(fault_family(a.fault))
         comm = _comm(a)
         if comm is not None and comm not in inc.comms and len(inc.comms) < MAX_COMMS:
             inc.comms.add(comm)
-            self._index(inc, {comm}, inc.causes)
+            self._index.add_causes(inc, {comm}, inc.causes)
         inc.last_join = max(inc.last_join, a.ts)
         inc.quiet_due = None
-        self._enter(inc, [(c, name) for name in inc.causes if name in self._comm_reach for c in inc.comms])
+        self._index.enter_comms(inc)
         inc.job = inc.job or (a.job[:MAX_TEXT] if a.job else None)
         inc.pod = inc.pod or _label(a, "pod")
         inc.namespace = inc.namespace or _label(a, "namespace")
         inc.mig_instance = inc.mig_instance or _label(a, MIG_INSTANCE_LABEL)
         inc.mig_profile = inc.mig_profile or _label(a, MIG_PROFILE_LABEL)
-
-    def _index(self, inc: _Incident, comms: set[str], causes: set[str]) -> None:
-        """Index ``inc`` under each entry of ``causes``: on its host, and under each of ``comms``
-        for a ``reach: comm`` entry."""
-        for name in causes:
-            self._by_cause.setdefault((inc.host, name), {})[inc.id] = inc
-            if name in self._comm_reach:
-                for comm in comms:
-                    self._by_comm.setdefault((comm, name), {})[inc.id] = inc
-                self._enter(inc, [(comm, name) for comm in comms])
 
     # -- repeat offenders --------------------------------------------------------------------
 
@@ -694,17 +578,7 @@ class IncidentStage:
             if inc is None or inc.quiet_due != when:
                 continue  # resolved already, or an alert joined it since
             del self._open[iid]
-            _drop(self._by_gpu, (inc.host, inc.gpu), iid)
-            if inc.gpu is None:
-                _drop(self._by_root, (inc.host, inc.root.rule), iid)
-                if (inc.host, inc.root.rule) not in self._by_root:
-                    del self._root_heaps[(inc.host, inc.root.rule)]
-            for name in inc.causes:
-                _drop(self._by_cause, (inc.host, name), iid)
-                for c in inc.comms if name in self._comm_reach else ():
-                    _drop(self._by_comm, (c, name), iid)
-                    if (c, name) not in self._by_comm:
-                        del self._comm_heaps[(c, name)]
+            self._index.remove(inc)
             self._say(out, inc, RESOLVED, when)
 
     def _say(
@@ -758,23 +632,6 @@ class IncidentStage:
             mig_instance=inc.mig_instance,
             mig_profile=inc.mig_profile,
         )
-
-
-class _Desc(str):
-    """An id that sorts last first: the heaps' tie-break, the latest id on top as in ``_target``."""
-
-    __slots__ = ()
-
-    def __lt__(self, other: str) -> bool:
-        return str.__gt__(self, other)
-
-
-def _drop(index: dict[Any, dict[str, _Incident]], key: Any, iid: str) -> None:
-    """Take incident ``iid`` out of ``index[key]``, and the key with its last incident."""
-    ids = index[key]
-    del ids[iid]
-    if not ids:
-        del index[key]
 
 
 def _span(seconds: float) -> str:

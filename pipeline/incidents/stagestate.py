@@ -21,7 +21,8 @@ from pipeline.incidents.events import IncidentRoot
 from pipeline.incidents.history import RepeatHistory
 
 if TYPE_CHECKING:
-    from pipeline.incidents.stage import IncidentStage, _Incident
+    from pipeline.incidents.incident import _Incident
+    from pipeline.incidents.stage import IncidentStage
 
 STATE_VERSION = 1
 # _Incident's fields in the order a row holds them.
@@ -81,7 +82,9 @@ def load(stage: "IncidentStage", state: Any) -> None:
     """Replace ``stage``'s state with ``state``; ``StateError`` naming what is wrong (a forged or
     damaged state) leaves the stage as it was."""
     from pipeline.incidents.events import CHANGES, OPENED, UPDATED
-    from pipeline.incidents.stage import MAX_COMMS, MAX_FIRING, MAX_GPU, MAX_MEMBERS, MAX_RULES, MAX_TEXT, _Incident
+    from pipeline.incidents.incident import _Incident
+    from pipeline.incidents.index import IncidentIndex
+    from pipeline.incidents.stage import MAX_COMMS, MAX_FIRING, MAX_GPU, MAX_MEMBERS, MAX_RULES, MAX_TEXT
 
     if not isinstance(state, dict) or state.get("v") != STATE_VERSION or not isinstance(state.get("open"), list):
         raise StateError(f"incident stage state: not a version {STATE_VERSION} state")
@@ -176,15 +179,13 @@ def load(stage: "IncidentStage", state: Any) -> None:
     # Every check passed: only now does the stage change.
     stage._open = incidents
     stage._by_alert = by_alert
-    stage._by_gpu = {}
-    stage._by_cause = {}
-    stage._by_comm = {}
-    stage._comm_heaps = {}
+    stage._index = IncidentIndex(stage._index.comm_reach)
     stage._due = []
     for inc in incidents.values():
-        stage._by_gpu.setdefault((inc.host, inc.gpu), {})[inc.id] = inc
+        stage._index.add_gpu(inc)
+        stage._index.add_root(inc)
         inc.causes = {c.name for c in stage.config.causality if c.caused_by(inc.rules)}
-        stage._index(inc, inc.comms, inc.causes)
+        stage._index.add_causes(inc, inc.comms, inc.causes)
         if inc.quiet_due is not None:
             stage._due.append((inc.quiet_due, inc.id))
     heapq.heapify(stage._due)
