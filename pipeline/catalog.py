@@ -12,7 +12,8 @@ which DCGM has no field for, with dcgm-exporter's own ids (``ExporterCounter`` i
 ``data/dcgm_fields_extra.csv`` DCGM fields the shared subset lacks, from DCGM's ``dcgm_fields.h``
 (the NVSwitch SXid fields 856/857 the kernel-log producer sends), and ``data/host_fields.csv``
 what gpuwarden's own producers read from the host where DCGM has no field (the PCIe AER counters
-of sysfs, ids from 9501; the kernel-log and fabric-manager event counters, 9510-9523;
+of sysfs, ids from 9501; the kernel-log and fabric-manager event counters, 9510-9523, and the
+kernel log's fatal hardware error records of the previous boot (BERT), 9524;
 ``GPUWARDEN_`` names). That file is read last, so its fields take the
 last columns and an engine snapshot from before them restores with those columns empty.
 
@@ -144,6 +145,9 @@ _SEMANTICS: dict[int, tuple[str, str, str, float | None]] = {
     9521: ("fm_nvswitch_nonfatal_errors", "", COUNTER, 0),
     9522: ("fm_nvlink_errors", "", COUNTER, 0),
     9523: ("fm_errors", "", COUNTER, 0),
+    # The kernel log's fatal error records of the previous boot, as firmware's Boot Error Record
+    # Table printed them at this boot (producers/kmsg_fabric.py, bert.c): one per CPER record.
+    9524: ("host_fatal_errors_previous_boot", "", COUNTER, 0),
 }
 
 # Extra short names people type (and older dashboards use).

@@ -316,7 +316,20 @@ class DeadLetter(msgspec.Struct, tag="dead_letter", tag_field="kind", kw_only=Tr
     raw: str | None = None
 
 
-FAMILIES = ("thermal", "hbm", "nvlink", "nvswitch", "nccl", "gpu", "power", "pcie", "telemetry", "network", "hang")
+FAMILIES = (
+    "thermal",
+    "hbm",
+    "nvlink",
+    "nvswitch",
+    "nccl",
+    "gpu",
+    "power",
+    "pcie",
+    "telemetry",
+    "network",
+    "hang",
+    "host",
+)
 
 
 def fault_family(fault: str) -> str:

@@ -256,7 +256,14 @@ def _cmd_nccl_tests(args: argparse.Namespace) -> int:
 
 
 def _cmd_kmsg(args: argparse.Namespace) -> int:
-    from producers.kmsg import DevKmsgReader, JournalReader, KmsgFileSource, KmsgFollower, load_pci_map
+    from producers.kmsg import (
+        DEFAULT_BOOT_MARKER,
+        DevKmsgReader,
+        JournalReader,
+        KmsgFileSource,
+        KmsgFollower,
+        load_pci_map,
+    )
 
     if sum(map(bool, (args.file, args.journal, args.kmsg))) > 1:
         raise SystemExit("gpuwarden produce kmsg: give at most one of --file, --journal, --kmsg")
@@ -273,7 +280,8 @@ def _cmd_kmsg(args: argparse.Namespace) -> int:
                 sample=not args.events_only,
             )
         reader = JournalReader(args.journalctl) if args.journal else DevKmsgReader(args.kmsg or "/dev/kmsg")
-        return KmsgFollower(reader, pci, host=args.host, sample=not args.events_only)
+        marker = DEFAULT_BOOT_MARKER if args.boot_marker is None else args.boot_marker
+        return KmsgFollower(reader, pci, host=args.host, sample=not args.events_only, boot_marker=marker)
 
     return _run(args, make, from_file=bool(args.file))
 
@@ -483,6 +491,14 @@ def register(sub: Any) -> None:
         type=non_negative_float,
         help="--file: epoch seconds of the boot that dmesg/kmsg times count "
         "from (default: the last line falls at the file's modification time)",
+    )
+    k.add_argument(
+        "--boot-marker",
+        metavar="PATH",
+        help="where the follower records the boot whose BERT records (fatal hardware errors of the "
+        "previous boot) it counted, so a restart within that boot does not count them again "
+        "(default: /var/lib/gpuwarden/kmsg-boot-id; '' counts none; if PATH cannot be read or "
+        "written they are not counted, with a warning; --file counts them regardless)",
     )
     k.add_argument(
         "--events-only",

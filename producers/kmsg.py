@@ -32,18 +32,20 @@ a date that exists costs only itself.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import os
 import re
 import socket
+import stat
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from pipeline.numeric import ascii_int
 from pipeline.schema import DcgmRecord, dcgm
-from producers.kmsg_fabric import FabricEvents
+from producers.kmsg_fabric import MAX_BERT_DONE, PREVIOUS_BOOT, FabricEvents
 from producers.textinput import GzipDamage, damage_counts, gzip_damage, open_text, stdin, warn_damage
 from producers.kmsg_input import (
     LINE_MAX,
@@ -154,6 +156,14 @@ class KernelLog:
         self.fabric = FabricEvents()
         self.baseline_s = 1.0  # a saved file's source sets its --interval
         self._warned: set[PciKey] = set()
+        # The fatal records of a previous boot that a BERT print names (kmsg_fabric.py) count in
+        # host_fatal_errors_previous_boot however old their line: they are this boot's news. A
+        # follower restarted within the boot that knows it counted them (KmsgFollower's
+        # boot_marker) turns this off; a follower defers them to the end of its poll.
+        self.count_previous_boot = True
+        self.defer_previous_boot = False
+        self._deferred: list[tuple[str, dict[str, str]]] = []  # at most MAX_BERT_DONE, then:
+        self._deferred_more: dict[str, int] = {}  # each host's records past them: counted, one record
 
     def host_of(self, line: Line) -> str:
         """The host a line is charged to: ``--host``, else the one the line names, else this one."""
@@ -170,9 +180,61 @@ class KernelLog:
         return st
 
     def apply(self, line: Line, ts: float, *, emit: bool = True) -> list[DcgmRecord]:
-        """Fold one message into the state; the record(s) it makes when ``emit``."""
-        msg = line.msg
+        """Fold one message into the state; the record(s) it makes when ``emit`` (a previous
+        boot's fatal error records, which a BERT print names, also when not)."""
         host = self.host_of(line)
+        # A BERT print of this host that ended before this line (its records are counted now).
+        ended = self._previous_boot(host, ts, self.fabric.previous_boot(host, ts))
+        return ended + self._apply(line, host, ts, emit)
+
+    def end_previous_boot(self, ts: float, hosts: list[str] | None = None) -> list[DcgmRecord]:
+        """At the end of the input read so far: the records of a previous boot that were deferred
+        (a follower's), and those of the BERT prints of ``hosts`` (every host when ``None``)
+        still open, at ``ts``."""
+        defer, self.defer_previous_boot = self.defer_previous_boot, False
+        try:
+            out: list[DcgmRecord] = []
+            deferred, self._deferred = self._deferred, []
+            more, self._deferred_more = self._deferred_more, {}
+            for host, labels in deferred:
+                out += self._previous_boot(host, ts, [labels])
+            for host, n in more.items():
+                for _ in range(n):
+                    self.fabric.count(host, PREVIOUS_BOOT)
+                out += self.snapshot(ts, host)
+            for host in list(self.fabric.hosts) if hosts is None else hosts:
+                out += self._previous_boot(host, ts, self.fabric.previous_boot(host, end=True))
+            return out
+        finally:
+            self.defer_previous_boot = defer
+
+    def _previous_boot(self, host: str, ts: float, done: list[dict[str, str]]) -> list[DcgmRecord]:
+        """Count each fatal record of a previous boot (its labels in ``done``) for ``host``: every
+        GPU of the host with its counters (after the host's baseline, as any event)."""
+        if not done or not self.count_previous_boot:
+            return []
+        if self.defer_previous_boot:  # bounded: a poll's every record need not have its own record
+            for labels in done:
+                if len(self._deferred) < MAX_BERT_DONE:
+                    self._deferred.append((host, labels))
+                else:
+                    self._deferred_more[host] = self._deferred_more.get(host, 0) + 1
+            return []
+        out: list[DcgmRecord] = []
+        for labels in done:
+            out += self._baseline(host, ts)
+            self.fabric.count(host, PREVIOUS_BOOT)
+            if not self._state(host).xid:
+                self.stats.fabric_no_gpu += 1
+            labels = dict(labels)
+            gpu = self._gpu_of(labels.get("bert.pci"))
+            if gpu is not None:
+                labels["bert.gpu"] = str(gpu)
+            out += self.snapshot(ts, host, labels=labels)
+        return out
+
+    def _apply(self, line: Line, host: str, ts: float, emit: bool) -> list[DcgmRecord]:
+        msg = line.msg
         if "SXid" in msg:
             m = _SXID.search(msg)
             code = ascii_int(m["code"], CODE_DIGITS) if m is not None else None
@@ -292,13 +354,15 @@ class KernelLog:
         if not self.fabric.wants(msg):
             return []
         got = self.fabric.classify(host, msg, ts)
+        # The records of a previous boot this line ended (the next record of a BERT print, its end).
+        ended = self._previous_boot(host, ts, self.fabric.previous_boot(host))
         if got is None:
-            return []
+            return ended
         self.stats.fabric_lines += 1
         if not emit:  # a follower's backlog: the counters count from the producer's start
             self.stats.backlog_events += 1
-            return []
-        out = self._baseline(host, ts)
+            return ended
+        out = ended + self._baseline(host, ts)
         self.fabric.count(host, got[0])
         if not self._state(host).xid:
             self.stats.fabric_no_gpu += 1
@@ -585,7 +649,9 @@ class KmsgFileSource:
         cursor = 0.0  # the window's next sample
         quiet: float | None = None  # the quiet stretch's next sample; None inside a window
         iv, qv = self.interval_s, max(QUIET_S, self.interval_s)
-        for ts, ln in stamped:
+        # After the last line, a BERT print cut off (or ending the log) ends there (KernelLog).
+        tail: list[tuple[float, Line | None]] = [(stamped[-1][0], None)] if stamped else []
+        for ts, maybe in [*stamped, *tail]:
             if self.sample and window_end > -math.inf:  # the samples before this line, in the state before it
                 if ts <= window_end:
                     cursor = self._samples(out, cursor, ts, iv, "window", inclusive=False)
@@ -593,10 +659,14 @@ class KmsgFileSource:
                     if quiet is None:  # the window closed: its last samples, then a quiet stretch
                         quiet = self._close(out, cursor, window_end, ts)
                     quiet = self._samples(out, quiet, ts, qv, "quiet", inclusive=False)
-            before = {name: getattr(self.stats, name) for name in _PER_LINE} if ln.copies else None
-            recs = self.log.apply(ln, ts)
-            if before is not None:
-                self._count_copies(before, ln.copies)
+            if maybe is None:
+                recs = self.log.end_previous_boot(ts)
+            else:
+                ln = maybe
+                before = {name: getattr(self.stats, name) for name in _PER_LINE} if ln.copies else None
+                recs = self.log.apply(ln, ts)
+                if before is not None:
+                    self._count_copies(before, ln.copies)
             if not recs:
                 continue
             if recs[0].ts < ts:  # a host's baseline (KernelLog._baseline) goes before its window
@@ -666,6 +736,101 @@ class KmsgFileSource:
         pass
 
 
+BOOT_ID_PATH = "/proc/sys/kernel/random/boot_id"  # a random UUID the kernel makes at each boot
+DEFAULT_BOOT_MARKER = "/var/lib/gpuwarden/kmsg-boot-id"  # produce kmsg --boot-marker's default
+_BOOT_ID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}", re.ASCII)
+_SMALL_MAX = 256  # bytes read of a boot id or a boot marker (a boot id is 37 with its newline)
+
+
+class _NotSmall(OSError):
+    """A boot id or boot marker path that names no regular file (a directory, a FIFO, a device)."""
+
+
+def _read_small(path: str) -> str | None:
+    """The text of the small regular file ``path``, stripped (at most ``_SMALL_MAX`` bytes, and
+    ``None`` when there were more); ``FileNotFoundError`` when there is none, ``_NotSmall`` when
+    ``path`` is no regular file (never opened: a FIFO's open would wait for a writer), another
+    ``OSError`` when it cannot be read. Opened non-blocking, and checked again once open."""
+    if not stat.S_ISREG(os.stat(path).st_mode):
+        raise _NotSmall(f"{path} is not a regular file")
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):  # replaced between the two looks
+            raise _NotSmall(f"{path} is not a regular file")
+        data = os.read(fd, _SMALL_MAX + 1)
+    finally:
+        os.close(fd)
+    return None if len(data) > _SMALL_MAX else data.decode("ascii", "replace").strip()
+
+
+def _write_small(path: str, text: str) -> None:
+    """Write ``text`` to ``path`` whole (a temporary file beside it renamed over it); ``OSError``."""
+    tmp = f"{path}.{os.getpid()}.tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_NONBLOCK, 0o644)
+    try:
+        try:
+            os.write(fd, (text + "\n").encode("ascii"))
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+    except OSError:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+def claim_boot(marker: str | None, boot_id: str | None = None, boot_id_path: str | None = None) -> bool:
+    """Whether a follower counts the fatal error records of the previous boot that this boot's log
+    holds (BERT's print, always in a follower's backlog): the first follower of a boot does, and
+    records the boot in ``marker`` before it reads them; a follower restarted within the boot,
+    which finds its boot there, does not. ``None``: no marker, always (a restart counts them again).
+    ``""``: never. A marker that cannot be read or written (a directory missing, read-only, not a
+    regular file) or a boot id that cannot be read: never, with one warning -- a restart would
+    count them again and drain the host again, which is worse than not counting them here.
+    ``boot_id``: this boot's id, else read from ``boot_id_path`` (``BOOT_ID_PATH``)."""
+    if marker is None:
+        return True
+    lost = (
+        "the previous boot's fatal hardware error records (BERT) in this boot's log are not counted "
+        "(`gpuwarden produce kmsg --file` on this boot's log counts them)"
+    )
+    if marker == "":
+        log.info("kmsg: --boot-marker '': %s", lost)
+        return False
+    if boot_id is None:
+        where = boot_id_path if boot_id_path is not None else BOOT_ID_PATH
+        try:
+            boot_id = _read_small(where)
+        except OSError as e:
+            log.warning("kmsg: cannot read this boot's id (%s): %s", e, lost)
+            return False
+        if boot_id is None or _BOOT_ID.fullmatch(boot_id) is None:
+            log.warning("kmsg: %s holds no boot id: %s", where, lost)
+            return False
+    if _BOOT_ID.fullmatch(boot_id) is None:
+        log.warning("kmsg: %r is no boot id: %s", boot_id, lost)
+        return False
+    try:
+        seen = _read_small(marker)
+    except FileNotFoundError:
+        seen = ""  # this host's first follower (or its directory is missing: the write says)
+    except OSError as e:
+        log.warning("kmsg: --boot-marker %s: cannot read it (%s): %s", marker, e, lost)
+        return False
+    if seen == boot_id:
+        log.info("kmsg: --boot-marker %s: this boot's BERT records were counted before (a restart)", marker)
+        return False
+    if seen is None or (seen and _BOOT_ID.fullmatch(seen) is None):
+        log.warning("kmsg: --boot-marker %s holds no boot id: replacing it", marker)
+    try:
+        _write_small(marker, boot_id)
+    except OSError as e:
+        log.warning("kmsg: --boot-marker %s: cannot write it (%s): %s", marker, e, lost)
+        return False
+    return True
+
+
 class KmsgFollower:
     """Follow a live kernel log (a ``DevKmsgReader`` or ``JournalReader``). What the log says
     happened before we started -- the ring buffer or this boot's journal -- is the state, not
@@ -683,6 +848,9 @@ class KmsgFollower:
         boot_time: float | None = None,
         log: KernelLog | None = None,
         parse: Callable[..., Line | None] | None = None,
+        boot_marker: str | None = None,
+        boot_id: str | None = None,
+        boot_id_path: str | None = None,
     ) -> None:
         self.reader = reader
         self.log = log if log is not None else KernelLog(pci_map, host=host)
@@ -694,6 +862,17 @@ class KmsgFollower:
         self.boot = boot_time if boot_time is not None else self.started - time.monotonic()
         self.done = False
         self._first = True
+        # The fatal error records of the previous boot (a BERT print, always in the backlog: it is
+        # printed at an initcall) are sent at the end of the poll that read them, at its time.
+        self.log.defer_previous_boot = True
+        self._bert_lines: dict[str, int] = {}  # each host's BERT print lines read by the last poll
+        # Nothing in the log tells a restart within a boot from the first start: the backlog is
+        # the same. A file naming the boot (``boot_marker``: this boot's id, written before the
+        # backlog is read; ``claim_boot``) does; without one (``None``), a restarted follower counts
+        # this boot's BERT print again; with one that cannot be used, none counts it.
+        self.boot_marker = boot_marker
+        if not claim_boot(boot_marker, boot_id, boot_id_path):
+            self.log.count_previous_boot = False
 
     @property
     def stats(self) -> KmsgStats:
@@ -718,6 +897,11 @@ class KmsgFollower:
             if backlog and "Xid" in ln.msg:  # (a GPU off the bus is counted by KernelLog._lost)
                 self.stats.backlog_events += 1
             out += self.log.apply(ln, min(ts, now), emit=not backlog)
+        # A BERT print no line of which came in this poll has ended: its open record too.
+        lines = {h: n for h in self.log.fabric.hosts if (n := self.log.fabric.bert_lines(h)) is not None}
+        ended = self.log.end_previous_boot(now, [h for h, n in lines.items() if self._bert_lines.get(h) == n])
+        self._bert_lines = lines
+        out += ended
         if self.sample or self._first:
             out += self.log.snapshot(now)
         self._first = False

@@ -77,7 +77,21 @@ since the producer started (catalogue fields 9512-9519, docs/producers.md#kernel
   a printing pairs with an unpaired printing of the other kind for the same device and class
   (correctable or not) made within ``PAIR_WINDOW`` of it (one work item prints both, milliseconds
   apart), which counted the report, and else counts it. Sections of other types
-  (memory, processor) count nothing, nor does a block whose section's type or severity was cut off.
+  (memory, processor) count nothing, nor does a block whose section's type or severity was cut off;
+- the previous boot's fatal errors (``drivers/acpi/apei/bert.c``, ``bert_print_all()``): a fatal
+  error panics the kernel at once (``ghes.c``'s ``__ghes_panic()``), and at the next boot the
+  firmware's Boot Error Record Table is printed, ``BERT: Error records from previous boot:`` then
+  each record through ``cper_estatus_print()`` behind a bare ``[Hardware Error]: `` (no ``{N}``)
+  -> ``host_fatal_errors_previous_boot``, one per record whose event or a section's severity is
+  fatal, whatever its sections (memory, processor, PCIe: not counted as this boot's AER error),
+  labelled ``bert.section`` and a memory error's ``bert.node`` ... ``bert.column``,
+  ``bert.physical_address``, ``bert.error_type``, ``bert.dimm`` (a PCIe error's ``bert.pci``).
+  A record ends at the next one, at any other ``BERT: `` line (6.0+'s ``Skipped``, 6.1+'s ``Total
+  records found``, ``[Firmware Bug]``), ``BERT_SLACK_S`` after the print's last line or at the
+  input's end (``previous_boot()``); records BERT skipped (6.0+: past 5, or too long) are not printed
+  and count nothing, nor do those of one print past ``MAX_BERT_RECORDS``. bert.c prints once per
+  boot: a host's prints whose headers come within ``BERT_COPY_S`` of the first are copies (dmesg's
+  and the journal's in one file), which count the records of the copy that has the most.
 
 >>> ev = FabricEvents()
 >>> ev.apply("n1", "mlx5_core 0000:3b:00.0 ens1f0np0: Link down")
@@ -104,7 +118,9 @@ FIELDS = (
     "pcie_aer_log_nonfatal",
     "pcie_aer_log_fatal",
     "nccl_crashes",
+    "host_fatal_errors_previous_boot",
 )
+PREVIOUS_BOOT = "host_fatal_errors_previous_boot"
 
 # "[<driver> ]<bdf>[ <ifname>]: <text>" (dev_printk / netdev_printk) or "<ifname>: <text>".
 _DEV = re.compile(
@@ -131,7 +147,7 @@ _LINK_DOWN = re.compile(r"(?:^|\s)(?:NIC )?Link (?:is )?down\b|\blost carrier\b"
 # line only as _HW reads it: mce's "mce: [Hardware Error]: ..." lines, a busy log's, are not one).
 _WANT = re.compile(
     r"AER|PCIe Bus Error|can't find device of ID|Port module event|health compromised|Fatal error|Will cause a leak|"
-    r"^\s*(?:\{\d{1,10}\})?\[Hardware Error\]|aer_|pci_dev for|\[\s?\d{1,2}\] |"
+    r"^\s*(?:\{\d{1,10}\})?\[Hardware Error\]|^BERT: |aer_|pci_dev for|\[\s?\d{1,2}\] |"
     r"NETDEV WATCHDOG|TX timeout|insufficient power on the PCIe slot| in libnccl|"
     r"(?i:link (?:is )?down|lost carrier)",
     re.ASCII,
@@ -233,6 +249,46 @@ MAX_UNPAIRED = 16  # printings of one device and class awaiting the other kind (
 # older than this is a report whose other printing was rate-limited, not one still to come.
 PAIR_WINDOW = 5.0
 
+# The firmware's Boot Error Record Table (drivers/acpi/apei/bert.c, bert_print_all()): at boot the
+# kernel prints the records of errors the previous boot could not report (a fatal one panicked it:
+# ghes.c's __ghes_panic()) with pr_fmt "BERT: ", "Error records from previous boot:" once (before
+# 5.17 before the first record, then in the loop, pr_info_once), then each record through cper.c's
+# cper_estatus_print() with the bare HW_ERR prefix "[Hardware Error]: " (no "{seq}": that is
+# ghes.c's and acpi_extlog.c's). Every other "BERT: " line ends the print: 6.0+'s "[Hardware Error]:
+# Skipped %d error records" (records past ACPI_BERT_PRINT_MAX_RECORDS or ACPI_BERT_PRINT_MAX_LEN),
+# 6.1+'s "Total records found: %d", 5.17-5.19's "Max print length exceeded, table data is available
+# at:", FW_BUG's "[Firmware Bug]: Invalid error record." / "Truncated status block (length: %u).".
+_BERT_HEADER = re.compile(r"BERT: Error records from previous boot:?\s*$", re.ASCII)
+_BERT_LINE = re.compile(r"BERT: ", re.ASCII)
+_CPER_CORRECTED = "It has been corrected by h/w and requires no further action"
+_CPER_SECTION_NO = re.compile(r"Error (?P<no>\d{1,5}), type: ", re.ASCII)
+# cper_print_mem(): physical_address, cper_mem_err_location()'s "node:%d card:%d ..." ("node: %d "
+# before 5.10), "error_type: %d, <name>" and cper_dimm_err_location()'s "DIMM location: ...".
+_MEM_PA = re.compile(r"physical_address: (?P<pa>0x[0-9a-f]{1,16})$", re.ASCII)
+_MEM_KEYS = (
+    "node|card|module|rank|bank|bank_group|bank_address|device|row|column|bit_position|chip_id"
+    "|requestor_id|responder_id|target_id"
+)
+_MEM_PAIR = r"(?:" + _MEM_KEYS + r"): ?(?:0x[0-9a-f]{1,16}|-?\d{1,10})"
+_MEM_LOCATION = re.compile(r"(?:" + _MEM_PAIR + r" ?){1,15}$", re.ASCII)
+_MEM_FIELD = re.compile(r"(?P<key>" + _MEM_KEYS + r"): ?(?P<v>0x[0-9a-f]{1,16}|-?\d{1,10})", re.ASCII)
+_MEM_TYPE = re.compile(r"error_type: \d{1,3}, (?P<name>[\w /-]{1,40})$", re.ASCII)
+_MEM_DIMM = re.compile(r"DIMM location: (?P<dimm>[\x20-\x7e]{1,80}?)\s*$", re.ASCII)
+# The time within which a BERT print's lines come (one initcall, milliseconds apart): a bare
+# "[Hardware Error]: " line later than this after the print's last line is not the print's.
+BERT_SLACK_S = 10.0
+MAX_BERT_SECTIONS = 8  # section types named on one record's labels
+# bert.c prints each boot's table once (a late initcall), a few seconds after the boot: BERT
+# headers of a host within this of the first (a dmesg copy and a journal copy of the boot in one
+# file, which second-resolution times do not tell apart) are copies of one print, which counts the
+# records of its copy that has the most (a copy's records count past the others' only). Two boots'
+# prints are further apart (a panic, a reboot and firmware's POST).
+BERT_COPY_S = 60.0
+# The records one print counts (6.0+ prints at most 5, ACPI_BERT_PRINT_MAX_RECORDS; older kernels
+# the table's, a few): a header followed by endless records counts no more than these.
+MAX_BERT_RECORDS = 64
+MAX_BERT_DONE = 64  # records of a previous boot ended but not yet taken (KernelLog takes them per line)
+
 _K = TypeVar("_K")
 _V = TypeVar("_V")
 
@@ -331,6 +387,41 @@ class _Block:
 
 
 @dataclass
+class _BertRecord:
+    """One CPER record of a BERT print: its severities, section types and labels so far."""
+
+    event: str | None = None  # "event severity: <sev>"
+    sections: list[str | None] = field(default_factory=list)  # each section's "type: <sev>"
+    types: list[str] = field(default_factory=list)  # the section types, in order, once each
+    current: str | None = None  # the current section's type
+    labels: dict[str, str] = field(default_factory=dict)
+    corrected: bool = False  # begun by cper's "It has been corrected by h/w" line
+
+    def fatal(self) -> bool:
+        return self.event == "fatal" or "fatal" in self.sections
+
+    def done(self) -> dict[str, str] | None:
+        """The record's labels when it is a fatal one (it counts), else ``None``."""
+        if not self.fatal():
+            return None
+        labels = {"bert.severity": "fatal"}
+        if self.types:
+            labels["bert.section"] = ", ".join(self.types)[:LABEL_MAX]
+        return labels | self.labels
+
+
+@dataclass
+class _Bert:
+    """A host's BERT print (``bert.c``'s ``bert_print_all()``) being read."""
+
+    last: float | None = None  # the time of its latest line, when known
+    lines: int = 0  # its lines read so far
+    record: _BertRecord | None = None
+    flushed: bool = False  # its open record was taken: a section line without a record start is that record's
+    records: int = 0  # its fatal records ended so far (at most MAX_BERT_RECORDS)
+
+
+@dataclass
 class _Print:
     """A device's ``pci_print_aer()`` lines so far."""
 
@@ -352,6 +443,10 @@ class _Host:
     # AER print, < 0 AER prints awaiting their GHES section.
     unpaired: dict[tuple[str, str], int] = field(default_factory=dict)
     unpaired_at: dict[tuple[str, str], float] = field(default_factory=dict)  # the latest's time, when known
+    bert: _Bert | None = None  # the BERT print being read
+    bert_at: float | None = None  # the header's time of the first of the host's last print's copies
+    bert_counted: int = 0  # the records those copies counted: the most any of them had
+    bert_done: list[dict[str, str]] = field(default_factory=list)  # its fatal records ended, not yet taken
     # Each interface's last transmit timeout: "watchdog" (its driver's report may follow) or "driver".
     tx: dict[str, str] = field(default_factory=dict)
 
@@ -491,7 +586,13 @@ class FabricEvents:
         >>> ev.classify("n1", "nvidia 0000:01:00.0: PCIe Bus Error: severity=Corrected, type=Physical Layer, (Receiver ID)")
         """
         if (hw := _HW.match(msg)) is not None:
+            if hw["seq"] is None and self._bert_open(host, ts):
+                self._bert_hw(self.hosts[host], hw["text"].strip(), ts)
+                return None
             return self._ghes(host, hw["seq"], hw["text"].strip(), ts)
+        if _BERT_LINE.match(msg) is not None:
+            self._bert_line(host, msg, ts)
+            return None
         if (gone := _FF_GONE.search(msg)) is not None:
             st = self.hosts.get(host)
             if st is not None:  # the report's section stays the one printing that counted it
@@ -601,6 +702,136 @@ class FabricEvents:
                 return None
             return what, {"aer.severity": sev, "aer.device": d["bdf"], "aer.message": text[:LABEL_MAX]}
         return None
+
+    def previous_boot(self, host: str, ts: float | None = None, *, end: bool = False) -> list[dict[str, str]]:
+        """The labels of each fatal record of a previous boot that ``host``'s BERT print has ended
+        since the last call (``KernelLog`` counts them in ``host_fatal_errors_previous_boot``).
+        ``ts``: the time of the line about to be read; a print whose last line is more than
+        ``BERT_SLACK_S`` before it has ended. ``end``: the input has ended for now (a saved file's
+        end, a follower's poll with nothing more of the print), so its open record ends; a section
+        line that follows without a record start of its own is that record's and counts nothing.
+
+        >>> ev = FabricEvents()
+        >>> for ln in ("BERT: Error records from previous boot:", "[Hardware Error]: event severity: fatal",
+        ...            "[Hardware Error]:  Error 0, type: fatal", "[Hardware Error]:   section_type: memory error",
+        ...            "[Hardware Error]:   node:1 card:0 module:4 rank:0 bank:3 row:9 column:8 "):
+        ...     ev.classify("n1", ln, 2.5)
+        >>> [(d["bert.section"], d["bert.module"]) for d in ev.previous_boot("n1", end=True)]
+        [('memory error', '4')]
+        """
+        st = self.hosts.get(host)
+        if st is None:
+            return []
+        b = st.bert
+        if b is not None and ts is not None and b.last is not None and ts - b.last > BERT_SLACK_S:
+            self._bert_end(st)
+            st.bert = None
+        elif b is not None and end and b.record is not None:
+            self._bert_end(st)
+            b.flushed = True
+        done, st.bert_done = st.bert_done, []
+        return done
+
+    def bert_lines(self, host: str) -> int | None:
+        """The lines of ``host``'s open BERT print read so far; ``None`` when none is open."""
+        st = self.hosts.get(host)
+        return st.bert.lines if st is not None and st.bert is not None else None
+
+    def _bert_open(self, host: str, ts: float | None) -> bool:
+        """Whether a bare ``[Hardware Error]: `` line of ``host`` at ``ts`` is its BERT print's."""
+        st = self.hosts.get(host)
+        b = st.bert if st is not None else None
+        if st is None or b is None:
+            return False
+        if ts is not None and b.last is not None and ts - b.last > BERT_SLACK_S:
+            self._bert_end(st)  # the print ended long before: this line is no record of it
+            st.bert = None
+            return False
+        return True
+
+    def _bert_line(self, host: str, msg: str, ts: float | None) -> None:
+        """A ``BERT: `` line: the print's header opens it, any other ends it (and its record)."""
+        st = self.hosts.setdefault(host, _Host())
+        if st.bert is not None:
+            self._bert_end(st)
+        if _BERT_HEADER.match(msg) is None:
+            st.bert = None
+            return
+        if ts is None or st.bert_at is None or abs(ts - st.bert_at) > BERT_COPY_S:  # not a copy
+            st.bert_at, st.bert_counted = ts, 0
+        st.bert = _Bert(last=ts)
+
+    def _bert_hw(self, st: _Host, text: str, ts: float | None) -> None:
+        """A line of a record of the BERT print (cper.c's ``cper_estatus_print()``)."""
+        b = st.bert
+        assert b is not None
+        b.lines += 1
+        if ts is not None:
+            b.last = ts
+        rec = b.record
+        if text == _CPER_CORRECTED:  # printed before a corrected record's "event severity" line
+            self._bert_end(st)
+            b.record, b.flushed = _BertRecord(corrected=True), False
+            return
+        if (e := _CPER_EVENT.match(text)) is not None:  # a record's first line (after the above)
+            if rec is None or not (rec.corrected and rec.event is None and not rec.sections):
+                self._bert_end(st)
+                rec = b.record = _BertRecord()
+            rec.event, b.flushed = e["sev"], False
+            return
+        if (sec := _CPER_SECTION.match(text)) is not None:
+            no = _CPER_SECTION_NO.match(text)
+            first = no is not None and int(no["no"]) == 0
+            if rec is None:
+                if b.flushed:
+                    return  # a section of the record taken before (its event line came before the take)
+                rec = b.record = _BertRecord()  # a record whose "event severity" line is missing
+            elif first and rec.sections:  # the next record, its "event severity" line missing
+                self._bert_end(st)
+                rec = b.record = _BertRecord()
+            if len(rec.sections) < MAX_BERT_SECTIONS:
+                rec.sections.append(sec["sev"])
+            rec.current = None
+            return
+        if rec is None:
+            return
+        if (t := _CPER_TYPE.match(text)) is not None:
+            kind = t["type"].strip()
+            kind = "unknown" if kind.startswith("unknown") else kind  # "section type: unknown, <guid>"
+            rec.current = kind
+            if kind and kind not in rec.types and len(rec.types) < MAX_BERT_SECTIONS:
+                rec.types.append(kind)
+            return
+        labels = rec.labels
+        if rec.current == "memory error":
+            if (pa := _MEM_PA.match(text)) is not None:
+                labels.setdefault("bert.physical_address", pa["pa"])
+            elif _MEM_LOCATION.match(text) is not None:
+                for f in _MEM_FIELD.finditer(text):
+                    labels.setdefault("bert." + f["key"], f["v"])
+            elif (mt := _MEM_TYPE.match(text)) is not None:
+                labels.setdefault("bert.error_type", mt["name"].strip())
+            elif (dimm := _MEM_DIMM.match(text)) is not None:
+                labels.setdefault("bert.dimm", dimm["dimm"])
+        elif rec.current == "PCIe error" and (d := _CPER_DEVICE.match(text)) is not None:
+            labels.setdefault("bert.pci", d["bdf"])
+
+    @staticmethod
+    def _bert_end(st: _Host) -> None:
+        """End the BERT print's open record: its labels among the ended ones when it was fatal."""
+        b = st.bert
+        if b is None or b.record is None:
+            return
+        labels = b.record.done()
+        b.record = None
+        if labels is not None and b.records < MAX_BERT_RECORDS:
+            b.records += 1
+            if b.records <= st.bert_counted:  # a copy's record, which an earlier copy counted
+                return
+            st.bert_counted = b.records
+            if len(st.bert_done) >= MAX_BERT_DONE:  # nobody takes them (FabricEvents alone): bounded
+                del st.bert_done[0]
+            st.bert_done.append(labels)
 
     def _aer_print(self, host: str, bdf: str, text: str, ts: float | None) -> tuple[str, dict[str, str]] | None:
         """A line of ``pci_print_aer()`` for device ``bdf`` (its "AER: " left out): the report's
