@@ -213,7 +213,8 @@ def run_demo(
     im = match_incidents(labels, incidents)
     console.print(
         f"{len(im.incidents)} incident(s) for {len(im.faults)} injected fault(s) from {firing} firing alert(s); "
-        f"{im.found}/{len(im.faults)} faults in an incident on their host; "
+        f"{im.found}/{len(im.faults)} faults in an incident on their host, "
+        f"{im.opened}/{len(im.faults)} in one of their own; "
         f"{len(im.stray)} incident(s) matched no injected fault.",
         soft_wrap=True,
         highlight=False,

@@ -63,6 +63,7 @@ class Score:
     incident_faults: int = 0  # faults scored for incidents
     incidents: int = 0
     faults_in_incident: int = 0  # faults in an incident on their host
+    faults_with_own_incident: int = 0  # faults whose family opened an incident on their host
     stray_incidents: int = 0  # incidents that match no fault
 
     def family(self, name: str) -> FamilyScore:
@@ -152,6 +153,7 @@ def score_incidents(score: Score, labels: Iterable[dict[str, Any]], events: Iter
     score.incident_faults += len(m.faults)
     score.incidents += len(m.incidents)
     score.faults_in_incident += m.found
+    score.faults_with_own_incident += m.opened
     score.stray_incidents += len(m.stray)
 
 

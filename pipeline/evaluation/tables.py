@@ -152,7 +152,8 @@ def detector_rows(scores: list[Score]) -> Rows:
 
 def incident_rows(scores: list[Score]) -> Rows:
     """Per detector: what a fault costs in alerts and in incidents (the incident stage on the same
-    alerts), faults in an incident on their host, incidents that match no fault."""
+    alerts), faults in an incident on their host, faults whose family opened one of their own
+    there, incidents that match no fault."""
     r = Rows(
         "Incidents per detector",
         [
@@ -163,6 +164,7 @@ def incident_rows(scores: list[Score]) -> Rows:
             "incidents",
             "incidents / fault",
             "faults in an incident",
+            "faults with an incident of their own",
             "incidents matching no fault",
         ],
         left=1,
@@ -178,6 +180,7 @@ def incident_rows(scores: list[Score]) -> Rows:
                 str(s.incidents),
                 f"{s.incidents / n:.2f}" if n else "-",
                 f"{s.faults_in_incident}/{n} ({pct(s.faults_in_incident / n if n else float('nan'))})",
+                f"{s.faults_with_own_incident}/{n} ({pct(s.faults_with_own_incident / n if n else float('nan'))})",
                 str(s.stray_incidents),
             ]
         )

@@ -126,5 +126,7 @@ def render(cfg: IncidentConfig, source: str, receiver: str = "gpuwarden") -> str
     for c in cfg.causality:
         n = len(inhibit_rules(c))
         what = f"{n} inhibit rule(s), reach {c.reach}" if n else "grouping only (its rules explain each other)"
+        if c.within is not None and n:  # Alertmanager has no time bound: it inhibits while a cause fires
+            what += f"; its within ({c.within:g}s) is not expressible: inhibited while a cause fires"
         head.append(f"#   {c.name}: {what}")
     return "\n".join(head) + "\n" + yaml.safe_dump(doc, sort_keys=False, default_flow_style=False, width=1000)

@@ -69,7 +69,7 @@ FILE_KEYS = {
     "policies",
     "application_xids",
 }
-CAUSE_KEYS = {"name", "cause", "explains", "reach", "description"}
+CAUSE_KEYS = {"name", "cause", "explains", "reach", "within", "description"}
 POLICY_KEYS = {"name", "count", "per", "threshold", "window", "action", "xids", "rules", "reason", "description"}
 APP_KEYS = {"rules", "buckets", "xids", "repeat", "window", "description"}
 
@@ -118,12 +118,15 @@ class _Globs:
 
 @dataclass(frozen=True)
 class Cause:
-    """Alerts of the ``cause`` rules explain alerts of the ``explains`` rules within ``reach``."""
+    """Alerts of the ``cause`` rules explain alerts of the ``explains`` rules within ``reach``, and,
+    with ``within``, only those that start at most that long after the latest alert of a ``cause``
+    rule started (a fault that follows it; a later one on the host is another fault)."""
 
     name: str
     cause: tuple[str, ...]
     explains: tuple[str, ...]
     reach: str  # gpu: the same GPU; host: its host; comm: its host and communicators its alerts name
+    within: float | None = None  # seconds; None: as long as the incident takes alerts
     _cause_m: _Globs = field(init=False, repr=False, compare=False, hash=False)
     _explains_m: _Globs = field(init=False, repr=False, compare=False, hash=False)
 
@@ -386,14 +389,15 @@ def _cause(r: _Reader, node: Any, i: int) -> Cause | None:
     cause = r.patterns(got["cause"][1], f"{what}: cause")
     explains = r.patterns(got["explains"][1], f"{what}: explains")
     reach = r.choice(got["reach"][1], f"{what}: reach", REACHES) if "reach" in got else "host"
+    within = r.duration(got["within"][1], f"{what}: within", positive=True) if "within" in got else None
     empty = [k for k, pats in (("cause", cause), ("explains", explains)) if pats == ()]
     for key in empty:  # an entry that can never link anything, nor inhibit anything in Alertmanager
         r.err(got[key][1], f"{what}: {key} needs at least one rule or pattern", BAD_VALUE)
     if empty:
         return None
-    if name is None or cause is None or explains is None or reach is None:
+    if name is None or cause is None or explains is None or reach is None or ("within" in got and within is None):
         return None
-    return Cause(name, cause, explains, reach)
+    return Cause(name, cause, explains, reach, within)
 
 
 def _policy(r: _Reader, node: Any, i: int, ladder: tuple[str, ...]) -> Policy | None:

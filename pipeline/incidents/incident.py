@@ -30,6 +30,12 @@ class _Incident:
     # state): under these alone it is indexed for the alerts it may explain.
     causes: set[str] = field(default_factory=set)
     last_join: float = 0.0
+    # Per ``causality`` entry it causes, when the latest of its alerts of a cause rule started:
+    # what an entry's ``within`` is measured from (an entry missing, from an older state: last_join).
+    cause_at: dict[str, float] = field(default_factory=dict)
+    # Which component of its host its root alert names (``WHERE_LABELS``: a NIC port), as
+    # ``(label, value)`` pairs: a host-level alert of its root's rule rejoins it only from there.
+    where: tuple[tuple[str, str], ...] = ()
     quiet_due: float | None = None
     job: str | None = None
     pod: str | None = None

@@ -1,6 +1,7 @@
 """The incident stage's lookup indexes (``IncidentIndex``): where to look for the open incident an
 alert joins. By (host, GPU); by (host, entry) and (communicator, ``reach: comm`` entry) for the
-incidents that cause a ``causality`` entry; and host-level incidents by (host, root rule). An alert
+incidents that cause a ``causality`` entry; and host-level incidents by (host, root rule, the
+component its root names: ``_Incident.where``). An alert
 walks only those that may take it, never every incident of its host or communicator (many
 bandwidth alerts, each its own incident, on one host or one job). Which one it joins is the
 stage's decision (pipeline/incidents/stage.py); the index finds the candidates.
@@ -32,6 +33,8 @@ class _Desc(str):
 
 
 _Heap = list[tuple[float, _Desc, str]]
+_Where = tuple[tuple[str, str], ...]
+_RootKey = tuple[str | None, str, _Where]
 
 
 class IncidentIndex:
@@ -75,11 +78,11 @@ class IncidentIndex:
         # still firing or recent, found at the top. A walk of them all cost each alert of a
         # communicator its thousands of straggler incidents (4,000 x 2,000 alerts: 113 s).
         self._comm_heaps: dict[tuple[str, str], _Heap] = {}
-        # Host-level incidents (no GPU) by (host, root rule), with a heap of each key's latest
+        # Host-level incidents (no GPU) by (host, root rule, where), with a heap of each key's latest
         # opened first (lazily kept, as ``_comm_heaps``): a host-level fault that recurs while its
         # incident is still open finds it there (``latest_root``).
-        self._by_root: dict[tuple[str | None, str], dict[str, _Incident]] = {}
-        self._root_heaps: dict[tuple[str | None, str], _Heap] = {}
+        self._by_root: dict[_RootKey, dict[str, _Incident]] = {}
+        self._root_heaps: dict[_RootKey, _Heap] = {}
 
     # -- adding ------------------------------------------------------------------------------
 
@@ -92,7 +95,7 @@ class IncidentIndex:
         unless one opened later is there (``latest_root``); an incident on a GPU is not indexed so."""
         if inc.gpu is not None:
             return
-        key = (inc.host, inc.root.rule)
+        key = (inc.host, inc.root.rule, inc.where)
         ids = self._by_root.setdefault(key, {})
         ids[inc.id] = inc
         heap = self._root_heaps.setdefault(key, [])
@@ -170,10 +173,10 @@ class IncidentIndex:
             heapq.heappop(heap)
         return None
 
-    def latest_root(self, host: str | None, rule: str) -> _Incident | None:
+    def latest_root(self, host: str | None, rule: str, where: _Where = ()) -> _Incident | None:
         """The latest opened (then the greatest id) host-level incident on ``host`` rooted at an
-        alert of ``rule`` (``add_root``); None if there is none."""
-        key = (host, rule)
+        alert of ``rule`` naming the component ``where`` (``add_root``); None if there is none."""
+        key = (host, rule, where)
         ids = self._by_root.get(key)
         heap = self._root_heaps.get(key)
         while ids and heap:
@@ -192,9 +195,10 @@ class IncidentIndex:
         iid = inc.id
         _drop(self._by_gpu, (inc.host, inc.gpu), iid)
         if inc.gpu is None:
-            _drop(self._by_root, (inc.host, inc.root.rule), iid)
-            if (inc.host, inc.root.rule) not in self._by_root:
-                del self._root_heaps[(inc.host, inc.root.rule)]
+            key = (inc.host, inc.root.rule, inc.where)
+            _drop(self._by_root, key, iid)
+            if key not in self._by_root:
+                del self._root_heaps[key]
         for name in inc.causes:
             _drop(self._by_cause, (inc.host, name), iid)
             for c in inc.comms if name in self.comm_reach else ():

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable
 
 from pipeline.incidents.events import JOINED, OPENED, IncidentEvent
+from pipeline.schema import fault_family
 from pipeline.scoring import GRACE_S
 
 
@@ -20,6 +21,7 @@ class IncidentSpan:
     root_rule: str
     first: float
     last: float
+    root_fault: str = ""
 
 
 @dataclass
@@ -30,6 +32,9 @@ class IncidentMatch:
     incidents: list[IncidentSpan]
     covered: list[bool] = field(default_factory=list)  # per fault: in an incident on its host
     stray: list[IncidentSpan] = field(default_factory=list)  # incidents that match no fault
+    # per fault: an incident on its host rooted at an alert of its family opened in its window, so
+    # that its page names it (not only a fault before it whose incident it joined)
+    own: list[bool] = field(default_factory=list)
 
     @property
     def per_fault(self) -> float:
@@ -39,6 +44,10 @@ class IncidentMatch:
     def found(self) -> int:
         return sum(self.covered)
 
+    @property
+    def opened(self) -> int:
+        return sum(self.own)
+
 
 def spans(events: Iterable[IncidentEvent]) -> list[IncidentSpan]:
     """One span per incident, in the order they opened."""
@@ -46,7 +55,7 @@ def spans(events: Iterable[IncidentEvent]) -> list[IncidentSpan]:
     for e in events:
         s = out.get(e.incident)
         if s is None and e.state == OPENED:
-            out[e.incident] = IncidentSpan(e.incident, e.host, e.gpu, e.root.rule, e.ts, e.ts)
+            out[e.incident] = IncidentSpan(e.incident, e.host, e.gpu, e.root.rule, e.ts, e.ts, e.root.fault)
         elif s is not None and JOINED in e.changes:
             s.last = max(s.last, e.ts)
     return list(out.values())
@@ -57,13 +66,23 @@ def _overlaps(s: IncidentSpan, lab: dict[str, Any]) -> bool:
     return s.host == lab.get("host") and s.first <= hi and s.last >= lo
 
 
+def _opens(s: IncidentSpan, lab: dict[str, Any]) -> bool:
+    lo, hi = float(lab["onset"]), float(lab.get("end") or lab["onset"]) + GRACE_S
+    return (
+        s.host == lab.get("host") and lo <= s.first <= hi and fault_family(s.root_fault) == fault_family(lab["fault"])
+    )
+
+
 def match_incidents(labels: Iterable[dict[str, Any]], events: Iterable[IncidentEvent]) -> IncidentMatch:
     """Pair faults and incidents: a fault is covered by an incident on its host whose alerts span
     overlaps the fault's window (onset to end plus the alerts' grace, ``pipeline.scoring``); an
-    incident that covers no fault is stray."""
+    incident that covers no fault is stray. A fault has an incident of its own (``own``) when one
+    on its host, rooted at an alert of the fault's family, opened in that window: covered alone, a
+    second fault whose alerts joined the first's incident would pass unpaged."""
     faults = [lab for lab in labels if lab.get("fault")]
     incs = spans(events)
     m = IncidentMatch(faults, incs)
     m.covered = [any(_overlaps(s, lab) for s in incs) for lab in faults]
     m.stray = [s for s in incs if not any(_overlaps(s, lab) for lab in faults)]
+    m.own = [any(_opens(s, lab) for s in incs) for lab in faults]
     return m

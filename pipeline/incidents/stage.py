@@ -27,7 +27,7 @@ import math
 from collections import Counter, OrderedDict
 from typing import Any, Iterable
 
-from pipeline.incidents.config import IncidentConfig, Policy
+from pipeline.incidents.config import Cause, IncidentConfig, Policy
 from pipeline.incidents.events import (
     ESCALATED,
     JOINED,
@@ -50,6 +50,9 @@ SEVERITY_RANK = {"info": 0, "warning": 1, "critical": 2}
 MAX_MEMBERS = 256  # alert ids an incident lists; more are counted (``more_members``)
 MAX_COMMS = 64  # communicator ids an incident remembers for ``reach: comm``
 MAX_TEXT = 256  # characters of an id, host, rule or label an alert may carry here
+# The labels that name which component of its host a host-level alert is about: a NIC port's
+# checks (pipeline/rules/ports.py) label their alerts with its device and port.
+WHERE_LABELS = ("device", "port")
 MAX_OPEN = 10_000  # open incidents; an alert that would open one more is dropped and counted
 MAX_FIRING = 100_000  # firing member alerts tracked for their resolution, all incidents together
 MAX_RULES = 10_000  # rules (and fault families) an incident remembers; an alert of another still joins
@@ -74,6 +77,11 @@ def _label(a: AlertEvent, name: str) -> str | None:
     if v is None or isinstance(v, (dict, list)):
         return None
     return str(v)[:MAX_TEXT]
+
+
+def _where(a: AlertEvent) -> tuple[tuple[str, str], ...]:
+    """Which component of its host ``a`` names (``WHERE_LABELS``), as ``(label, value)`` pairs."""
+    return tuple((k, str(a.labels[k])[:MAX_TEXT]) for k in WHERE_LABELS if k in a.labels)
 
 
 def _comm(a: AlertEvent) -> str | None:
@@ -116,6 +124,8 @@ class IncidentStage:
         # Where to look for the incident an alert joins (pipeline/incidents/index.py): an alert
         # walks only those that may take it, never every incident of its host or communicator.
         self._index = IncidentIndex(c.name for c in config.causality if c.reach == "comm")
+        # The entries with a ``within``: whose causes' start times an incident keeps (``cause_at``).
+        self._timed = tuple(c for c in config.causality if c.within is not None)
         # (quiet_due, incident id) of incidents whose alerts all resolved; an entry whose incident
         # took an alert since (its quiet_due changed) is skipped when it comes up.
         self._due: list[tuple[float, str]] = []
@@ -417,7 +427,8 @@ class IncidentStage:
                 near.update(self._index.on_gpu(a.host, a.gpu))
             if comm is not None and c.reach == "comm":
                 top = self._index.comm_top(comm, c.name, a.ts, window=window, clock=self._clock)
-                if top is not None:
+                # (Only the latest joined is asked: one caused longer ago than ``within`` is not.)
+                if top is not None and self._recent(top, c, a):
                     tops.append(top)
         best: _Incident | None = None
         for inc in near.values():
@@ -434,14 +445,15 @@ class IncidentStage:
 
     def _recurrence(self, a: AlertEvent) -> _Incident | None:
         """For a host-level alert that nothing else takes: the latest open host-level incident
-        on its host rooted at an alert of its rule. A host-level fault that clears and comes
+        on its host rooted at an alert of its rule naming the same component (``WHERE_LABELS``:
+        another NIC port's fall is another fault). A host-level fault that clears and comes
         back before its incident resolved (a telemetry gap, an NVSwitch SXid or a NIC port again
         more than ``join_window`` after its last alert joined, within ``quiet`` of its resolve)
         is that incident's, as a GPU's fault is its GPU's incident's (its family): not a second
         incident of one fault, open beside the first. Alerts naming a communicator are left to
         the communicator's causes, and one of another job than the incident's (two jobs' hung
         collectives on one host) is not a recurrence."""
-        inc = self._index.latest_root(a.host, a.rule)
+        inc = self._index.latest_root(a.host, a.rule, _where(a))
         if inc is None:
             return None
         job = a.job[:MAX_TEXT] if a.job else None
@@ -457,9 +469,15 @@ class IncidentStage:
                 )
             else:
                 near = inc.host == a.host and inc.gpu == a.gpu
-            if near and c.links(inc.rules, a.rule):
+            if near and c.links(inc.rules, a.rule) and self._recent(inc, c, a):
                 return True
         return False
+
+    @staticmethod
+    def _recent(inc: _Incident, c: Cause, a: AlertEvent) -> bool:
+        """Whether ``a`` starts within entry ``c``'s ``within`` of the latest alert of a cause rule
+        of ``c`` in ``inc`` (always, for an entry without one)."""
+        return c.within is None or a.ts - inc.cause_at.get(c.name, inc.last_join) <= c.within
 
     def _new(self, a: AlertEvent, reason: str, out: list[IncidentEvent]) -> _Incident | None:
         iid = incident_id(a.id)
@@ -479,6 +497,7 @@ class IncidentStage:
             opened_at=a.ts,
             severity=a.severity,
             action=self.config.action_for(a.rule, a.severity),
+            where=_where(a),
         )
         self._open[inc.id] = inc
         self._index.add_gpu(inc)
@@ -523,6 +542,11 @@ class IncidentStage:
             causes = {c.name for c in self.config.causality if c.name not in inc.causes and c.caused_by((a.rule,))}
             inc.causes |= causes
             self._index.add_causes(inc, inc.comms, causes)
+        if not alone:
+            # When each entry it causes was last caused: what ``within`` is measured from.
+            for c in self._timed:
+                if c.name in inc.causes and c.caused_by((a.rule,)):
+                    inc.cause_at[c.name] = max(inc.cause_at.get(c.name, a.ts), a.ts)
         if not alone and len(inc.families) < MAX_RULES:
             inc.families.add(fault_family(a.fault))
         comm = _comm(a)

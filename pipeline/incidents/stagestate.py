@@ -29,8 +29,11 @@ STATE_VERSION = 1
 FIELDS = (
     "id", "root", "host", "gpu", "opened_at", "severity", "action", "members", "more", "firing", "rules",
     "families", "comms", "last_join", "quiet_due", "job", "pod", "namespace", "mig_instance", "mig_profile",
-    "state", "updated_at", "changes", "reason", "policy",
+    "state", "updated_at", "changes", "reason", "policy", "cause_at", "where",
 )  # fmt: skip
+# A row of a state written before ``cause_at`` and ``where`` were kept lacks them: it loads with
+# none (``within`` is then measured from the incident's last alert; no component named).
+OPTIONAL = ("cause_at", "where")
 MAX_REASON = 4096  # characters of the latest escalation's reason kept
 
 
@@ -65,6 +68,8 @@ def dump(stage: "IncidentStage") -> dict[str, Any]:
                 list(inc.changes),
                 inc.reason,
                 inc.policy,
+                sorted([name, ts] for name, ts in inc.cause_at.items()),
+                [list(kv) for kv in inc.where],
             ]
         )
     return {
@@ -81,6 +86,7 @@ def dump(stage: "IncidentStage") -> dict[str, Any]:
 def load(stage: "IncidentStage", state: Any) -> None:
     """Replace ``stage``'s state with ``state``; ``StateError`` naming what is wrong (a forged or
     damaged state) leaves the stage as it was."""
+    from pipeline.incidents.config import MAX_ENTRIES
     from pipeline.incidents.events import CHANGES, OPENED, UPDATED
     from pipeline.incidents.incident import _Incident
     from pipeline.incidents.index import IncidentIndex
@@ -97,7 +103,7 @@ def load(stage: "IncidentStage", state: Any) -> None:
     incidents: dict[str, _Incident] = {}
     n_firing = 0
     for i, row in enumerate(rows):
-        if not isinstance(row, (list, tuple)) or len(row) != len(FIELDS):
+        if not isinstance(row, (list, tuple)) or not len(FIELDS) - len(OPTIONAL) <= len(row) <= len(FIELDS):
             raise StateError(f"incident stage state: incident {i} is not a row of {len(FIELDS)} fields")
         f = dict(zip(FIELDS, row))
 
@@ -165,6 +171,8 @@ def load(stage: "IncidentStage", state: Any) -> None:
             raise StateError(f"incident stage state: incident {i}: reason is not text of at most {MAX_REASON}")
         inc.state, inc.changes, inc.reason, inc.policy = f["state"], changes, reason, text("policy", none=True)
         inc.updated_at = None if f["updated_at"] is None else _num(f["updated_at"], f"incident {i}: updated_at")
+        inc.cause_at = _cause_at(f.get("cause_at", []), i, MAX_ENTRIES, MAX_TEXT)
+        inc.where = _where(f.get("where", []), i, MAX_TEXT)
         if inc.id in incidents:
             raise StateError(f"incident stage state: incident {inc.id!r} twice")
         incidents[inc.id] = inc
@@ -193,6 +201,42 @@ def load(stage: "IncidentStage", state: Any) -> None:
     stage.history = history
     stage._seen = OrderedDict(seen)
     stage._early = OrderedDict(early)
+
+
+def _cause_at(v: Any, i: int, limit: int, max_text: int) -> dict[str, float]:
+    """An incident's checked ``cause_at``: ``[entry name, time]`` pairs, each name once."""
+    if not isinstance(v, (list, tuple)) or len(v) > limit:
+        raise StateError(f"incident stage state: incident {i}: cause_at is not a list of at most {limit}")
+    out: dict[str, float] = {}
+    for row in v:
+        if not isinstance(row, (list, tuple)) or len(row) != 2 or not isinstance(row[0], str) or len(row[0]) > max_text:
+            raise StateError(f"incident stage state: incident {i}: cause_at holds other than [name, time] pairs")
+        if row[0] in out:
+            raise StateError(f"incident stage state: incident {i}: cause_at names {row[0][:64]!r} twice")
+        out[row[0]] = _num(row[1], f"incident {i}: cause_at")
+    return out
+
+
+def _where(v: Any, i: int, max_text: int) -> tuple[tuple[str, str], ...]:
+    """An incident's checked ``where``: ``[label, value]`` pairs of ``WHERE_LABELS``, in order."""
+    from pipeline.incidents.stage import WHERE_LABELS
+
+    if not isinstance(v, (list, tuple)) or len(v) > len(WHERE_LABELS):
+        raise StateError(f"incident stage state: incident {i}: where is not a list of at most {len(WHERE_LABELS)}")
+    pairs = []
+    for row in v:
+        if (
+            not isinstance(row, (list, tuple))
+            or len(row) != 2
+            or row[0] not in WHERE_LABELS
+            or not isinstance(row[1], str)
+            or len(row[1]) > max_text
+        ):
+            raise StateError(f"incident stage state: incident {i}: where holds other than [label, value] pairs")
+        pairs.append((row[0], row[1]))
+    if [k for k, _ in pairs] != [k for k in WHERE_LABELS if k in dict(pairs)]:
+        raise StateError(f"incident stage state: incident {i}: where names a label twice or out of order")
+    return tuple(pairs)
 
 
 def _rows(v: Any, width: int, what: str, limit: int) -> list[list[Any]]:

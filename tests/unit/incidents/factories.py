@@ -37,6 +37,10 @@ RULES = {
     "builtin_telemetry_gap": ("telemetry_gap", "warning"),
     "pcie_replay_rate": ("pcie_replay_rate", "warning"),
     "pcie_aer_fatal": ("pcie_aer_fatal", "critical"),
+    "pcie_aer_nonfatal": ("pcie_aer_nonfatal", "warning"),
+    "network_port_down": ("network_port_down", "critical"),
+    "network_link_errors": ("network_link_errors", "critical"),
+    "network_port_flapping": ("network_port_flapping", "critical"),
     "nvlink_nvswitch_fatal_sxid": ("nvlink_nvswitch_fatal", "critical"),
 }
 
@@ -56,7 +60,7 @@ def alert(
     ``resolved`` built with the same ``started`` pairs with its ``firing``."""
     fault, severity = RULES[rule]
     start = T0 + (t if started is None else started)
-    labels = {k: str(evidence.pop(k)) for k in ("pod", "namespace", "GPU_I_ID", "GPU_I_PROFILE") if k in evidence}
+    labels = {k: str(evidence.pop(k)) for k in ("pod", "namespace", "GPU_I_ID", "GPU_I_PROFILE", "device", "port") if k in evidence}
     job = evidence.pop("job", None)
     return AlertEvent(
         id=id or f"{rule}/{host}/{gpu}/{start - T0:g}",

@@ -20,7 +20,7 @@ def test_the_short_demo_prints_one_incident_per_injected_fault() -> None:
     out = _demo(hosts=4, duration=600)
     assert "Incidents: one per root cause" in out and "INCIDENT opened" in out
     assert "8 incident(s) for 8 injected fault(s)" in out
-    assert "8/8 faults in an incident on their host; 0 incident(s) matched no injected fault" in out
+    assert "8/8 faults in an incident on their host, 8/8 in one of their own; 0 incident(s) matched no injected fault" in out
 
 
 @pytest.mark.slow

@@ -98,6 +98,16 @@ def test_latest_root_is_the_latest_opened_host_level_incident_of_its_rule() -> N
     assert index.latest_root("n1", "other") is other
 
 
+def test_latest_root_is_per_component_its_root_names() -> None:
+    port7, port4 = incident("p7", 10.0), incident("p4", 20.0)
+    port7.where, port4.where = (("device", "mlx5_7"), ("port", "1")), (("device", "mlx5_4"), ("port", "1"))
+    index = added(IncidentIndex(), port7, port4)
+    assert index.latest_root("n1", "r", port7.where) is port7  # not the one opened later elsewhere
+    assert index.latest_root("n1", "r") is None  # nothing rooted without a component
+    index.remove(port7)
+    assert index.latest_root("n1", "r", port7.where) is None and index.latest_root("n1", "r", port4.where) is port4
+
+
 def test_an_id_opened_again_is_found_as_it_is_now() -> None:
     # Its incident resolved, the same id opens again, by a late alert before another's time: the
     # entry it left in the heap, above the other's, is not it any more.
@@ -143,7 +153,7 @@ def test_a_heap_mostly_stale_is_rebuilt_and_answers_the_same() -> None:
     added(index, old)
     for t in range(1, 500):
         added(index, incident(f"i{t}", float(t)))
-        assert len(index._root_heaps[("n1", "r")]) <= 2 * 2 + 32 + 1
+        assert len(index._root_heaps[("n1", "r", ())]) <= 2 * 2 + 32 + 1
         top = index.latest_root("n1", "r")
         assert top is not None and top.id == f"i{t}"
         index.remove(top)  # resolved: its entry stays in the heap until it comes up
