@@ -44,16 +44,23 @@ def test_a_consumer_in_a_group_reads_a_partition_added_to_its_topic_within_secon
     topic = f"{topic_prefix}.grow"
     admin = KafkaAdminClient(bootstrap_servers=kafka_bootstrap)
     admin.create_topics([NewTopic(topic, 1, 1)])
-    consumer = KafkaBusConsumer(kafka_bootstrap, topic, f"{topic_prefix}-grow")
     producer = KafkaProducer(bootstrap_servers=kafka_bootstrap)
-    try:
-        # kafka-python 3.0 was seen to stall a group's sync for over 30 s after a join that came
-        # before the new topic's metadata (an empty first assignment): a bound, not the expectation;
-        # a new partition is otherwise read within the consumers' 10 s metadata refresh.
-        deadline = time.monotonic() + 100
-        while consumer.partitions() != [0]:
+    # A group's first join is not what this test is about: kafka-python 3.0 was seen to stall a
+    # new group's first sync for over 100 s (one run in three on this machine, an empty first
+    # assignment), so a join not assigned within 30 s is retried as a new group, three times.
+    consumer = None
+    for attempt in range(3):
+        consumer = KafkaBusConsumer(kafka_bootstrap, topic, f"{topic_prefix}-grow-{attempt}")
+        deadline = time.monotonic() + 30
+        while consumer.partitions() != [0] and time.monotonic() < deadline:
             consumer.poll(timeout=0.2)
-            assert time.monotonic() < deadline, "never assigned its topic's partition"
+        if consumer.partitions() == [0]:
+            break
+        consumer.close()
+    assert consumer is not None and consumer.partitions() == [0], "never assigned its topic's partition"
+    try:
+        # A bound, not the expectation: a new partition is read within the consumers' 10 s
+        # metadata refresh.
         admin.create_partitions({topic: NewPartitions(2)})
         producer.send(topic, b"on the new partition", partition=1).get(timeout=30)
         got: list[bytes] = []
