@@ -38,13 +38,13 @@ import math
 import os
 import re
 import socket
-import stat
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from pipeline.numeric import ascii_int
 from pipeline.schema import DcgmRecord, dcgm
+from pipeline.yamlsafe import open_regular
 from producers.kmsg_fabric import MAX_BERT_DONE, PREVIOUS_BOOT, FabricEvents
 from producers.textinput import GzipDamage, damage_counts, gzip_damage, open_text, stdin, warn_damage
 from producers.kmsg_input import (
@@ -742,21 +742,13 @@ _BOOT_ID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]
 _SMALL_MAX = 256  # bytes read of a boot id or a boot marker (a boot id is 37 with its newline)
 
 
-class _NotSmall(OSError):
-    """A boot id or boot marker path that names no regular file (a directory, a FIFO, a device)."""
-
-
 def _read_small(path: str) -> str | None:
     """The text of the small regular file ``path``, stripped (at most ``_SMALL_MAX`` bytes, and
-    ``None`` when there were more); ``FileNotFoundError`` when there is none, ``_NotSmall`` when
-    ``path`` is no regular file (never opened: a FIFO's open would wait for a writer), another
-    ``OSError`` when it cannot be read. Opened non-blocking, and checked again once open."""
-    if not stat.S_ISREG(os.stat(path).st_mode):
-        raise _NotSmall(f"{path} is not a regular file")
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY)
+    ``None`` when there were more); ``FileNotFoundError`` when there is none, ``NotRegularFile``
+    when ``path`` is no regular file (``yamlsafe.open_regular``: a FIFO's open would wait for a
+    writer), another ``OSError`` when it cannot be read."""
+    fd = open_regular(path)
     try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):  # replaced between the two looks
-            raise _NotSmall(f"{path} is not a regular file")
         data = os.read(fd, _SMALL_MAX + 1)
     finally:
         os.close(fd)

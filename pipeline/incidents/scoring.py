@@ -61,13 +61,18 @@ def spans(events: Iterable[IncidentEvent]) -> list[IncidentSpan]:
     return list(out.values())
 
 
+def _window(lab: dict[str, Any]) -> tuple[float, float]:
+    """A fault's window: its onset to its end plus the alerts' grace."""
+    return float(lab["onset"]), float(lab.get("end") or lab["onset"]) + GRACE_S
+
+
 def _overlaps(s: IncidentSpan, lab: dict[str, Any]) -> bool:
-    lo, hi = float(lab["onset"]), float(lab.get("end") or lab["onset"]) + GRACE_S
+    lo, hi = _window(lab)
     return s.host == lab.get("host") and s.first <= hi and s.last >= lo
 
 
 def _opens(s: IncidentSpan, lab: dict[str, Any]) -> bool:
-    lo, hi = float(lab["onset"]), float(lab.get("end") or lab["onset"]) + GRACE_S
+    lo, hi = _window(lab)
     return (
         s.host == lab.get("host") and lo <= s.first <= hi and fault_family(s.root_fault) == fault_family(lab["fault"])
     )
