@@ -133,6 +133,10 @@ class Service(Membership, CommitProtocol, Upkeep):
         self._idle_asked = -math.inf  # when _flush_idle last asked the broker for end offsets
         self._last_reload_check = now
         self._last_lag = 0.0
+        self._broker_lost = False  # an end-offsets query or a poll failed since the last idle check
+        self._broker_slow = False  # the lag query or a loop turn was slow since the last idle check
+        self._turn_started = now  # service clock at the start of the loop's turn (step)
+        self._idle_restarted = False  # the last idle check restarted idle time (the broker was away)
         self._last_routing = now
         self._warned_split: set[str] = set()
         self.http: HttpEndpoint | None = None
@@ -242,6 +246,7 @@ class Service(Membership, CommitProtocol, Upkeep):
         """One turn of the loop: poll, process, deliver, and whatever is due. Returns the number
         of polls in a row that failed (0 after one that worked), for the back-off."""
         t = time.perf_counter()
+        self._turn_started = self.clock()
         self.got_input = False
         try:
             batch = self.consumer.poll(self.poll_timeout, self.max_poll)
@@ -249,6 +254,7 @@ class Service(Membership, CommitProtocol, Upkeep):
             # Whatever the broker says (restarting, leader moving, group coordinator gone), the
             # same poll is tried again, ever more slowly: the service rides out an outage.
             log.warning("poll failed (%s); retrying", e)
+            self._broker_lost = True
             self.backoff.wait(failures)
             return failures + 1
         self._last_poll = self.clock()

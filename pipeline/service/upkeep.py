@@ -22,6 +22,10 @@ from pipeline.topology import Topology
 log = logging.getLogger("gpuwarden.service")
 
 ROUTING_CHECK_S = 60.0  # how often (service clock) a stage looks for hosts split between partitions
+# An end-offsets answer slower than this comes from a broker that was away (or overloaded).
+SLOW_ANSWER_S = 1.0
+# A loop turn longer than this read nothing meanwhile: as a slow answer (``_broker_was_away``).
+STALLED_TURN_S = 5.0
 MAX_WARNED_HOSTS = 10_000  # hosts warned of once each: bounded, a fleet of unkeyed producers is one warning
 
 
@@ -40,6 +44,10 @@ class Upkeep:
     _last_reload_check: float
     _idle_asked: float
     _last_lag: float
+    _broker_lost: bool
+    _broker_slow: bool
+    _turn_started: float
+    _idle_restarted: bool
     _last_routing: float
     _warned_split: set[str]
     _deliver: Callable[[list[EngineOutput], list[Send] | None], None]
@@ -47,6 +55,8 @@ class Upkeep:
 
     def _flush_idle(self) -> None:
         now = self.clock()
+        if now - self._turn_started > STALLED_TURN_S:
+            self._broker_slow = True  # this turn stood still (a delivery waiting out an outage)
         # A host-stage task forwarding to the fleet stage also says, once idle, that it holds
         # nothing back (a final mark), even with nothing buffered: a telemetry partition no host
         # writes to must not hold the fleet stage for ever.
@@ -67,6 +77,9 @@ class Upkeep:
         try:
             end = self.consumer.end_offsets([ps.partition for ps in idle])
         except BusError:
+            self._broker_lost = True
+            return
+        if self._broker_was_away(now):
             return
         idle = [ps for ps in idle if end.get(ps.partition, 0) <= (ps.next_offset or 0)]
         if not idle:
@@ -77,6 +90,28 @@ class Upkeep:
             ps.dirty = True
         self._deliver(outputs, sends)
         self._checkpoint(idle, "idle")
+
+    def _broker_was_away(self, asked: float) -> bool:
+        """After the idle check's end offsets came (asked at ``asked``): whether the broker was
+        away until now, in which case every partition's idle time starts again now and nothing
+        is flushed. Away: a query or a poll failed since the last check, or something was slow
+        (this query or the lag's over ``SLOW_ANSWER_S``, kafka-python's wait out an outage; a
+        loop turn over ``STALLED_TURN_S``, a delivery waiting for the broker). Producers deliver
+        what they buffered through an outage once the broker is back, each in its own time: a
+        partition flushed at the first answer would make its backlog late while another
+        partition's backlog ran the fleet stage past it. Slowness not twice in a row, so a broker
+        (or loop) that is always slow still lets idle partitions go.
+        """
+        now = self.clock()
+        slow = self._broker_slow or now - asked > SLOW_ANSWER_S
+        away = self._broker_lost or (slow and not self._idle_restarted)
+        self._broker_lost = self._broker_slow = False
+        self._idle_restarted = away
+        if away and self.parts:
+            log.info("broker answered after an outage: idle time of partitions %s starts again", sorted(self.parts))
+            for ps in self.parts.values():
+                ps.last_input = max(ps.last_input, now)
+        return away
 
     def _maybe_reload(self) -> None:
         """On SIGHUP, or when ``reload_check_s`` passed and a rule file changed: one reload for
@@ -117,7 +152,10 @@ class Upkeep:
             # empty one, or one retention emptied, 0), so every assigned partition has its series.
             begin = self.consumer.beginning_offsets(unread) if unread else {}
         except BusError:
+            self._broker_lost = True
             return
+        if self.clock() - now > SLOW_ANSWER_S:
+            self._broker_slow = True
         for p, e in end.items():
             ps = self.parts.get(p)
             if ps is not None:
