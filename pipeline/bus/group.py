@@ -122,6 +122,8 @@ class KafkaGroupConsumer:
     def subscribe(self, on_assigned: Partitions, on_revoked: Partitions, on_lost: Partitions | None = None) -> None:
         from kafka import ConsumerRebalanceListener
 
+        from pipeline.bus.kafka import know_partitions
+
         def numbers(tps: Iterable[Any]) -> list[int]:
             return sorted(tp.partition for tp in tps if tp.topic == self.topic)
 
@@ -135,6 +137,7 @@ class KafkaGroupConsumer:
             def on_partitions_lost(self, lost: Any) -> None:
                 (on_lost or on_revoked)(numbers(lost))
 
+        know_partitions(self._c, self.topic)
         self._c.subscribe([self.topic], listener=Listener())
 
     def poll(self, timeout_s: float, max_records: int) -> dict[int, list[Message]]:

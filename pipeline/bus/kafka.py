@@ -180,6 +180,8 @@ class KafkaBusConsumer:
             )
         except KafkaError as e:
             raise _unavailable(bootstrap, e, security) from e
+        if group is not None:
+            know_partitions(self._c, topic)
 
     def poll(self, timeout: float = 1.0, max_records: int = 2000) -> list[Message]:
         batches = self._c.poll(timeout_ms=int(timeout * 1000), max_records=max_records)
@@ -225,6 +227,17 @@ class KafkaBusConsumer:
     @property
     def raw(self) -> KafkaConsumer:
         return self._c
+
+
+def know_partitions(consumer: KafkaConsumer, topic: str) -> None:
+    """Fetches ``topic``'s metadata before ``consumer`` first joins its group. A member that
+    joins not knowing its topic's partitions is assigned none, and rejoins at its next metadata
+    refresh: kafka-python 3.0 has been seen to stall that rejoin for over a minute (tests saw a
+    service and a remediator read nothing). Best effort: the join itself reports a dead broker."""
+    try:
+        consumer.partitions_for_topic(topic)
+    except KafkaError as e:
+        log.debug("metadata of %s before joining: %s", topic, e)
 
 
 def _admin(bootstrap: str, security: dict[str, Any] | None, timeout_s: float) -> KafkaAdminClient:

@@ -1,7 +1,8 @@
 """Every Kafka client the product makes reconnects within seconds after a broker comes back,
 not after kafka-python's default back-off of up to 30 s (pipeline/bus/connection.py CLIENT_DEFAULTS):
-the clients' own configuration, as built against a real broker; and a group member takes a
-partition added to its topic within seconds."""
+the clients' own configuration, as built against a real broker; a group member takes a
+partition added to its topic within seconds; and a new group's first member is assigned its
+partitions at its first join."""
 
 from __future__ import annotations
 
@@ -72,3 +73,45 @@ def test_a_consumer_in_a_group_reads_a_partition_added_to_its_topic_within_secon
         producer.close()
         consumer.close()
         admin.close()
+
+
+@pytest.mark.parametrize("client", ["bus consumer", "group consumer"])
+def test_a_new_member_of_a_new_group_is_assigned_its_partitions_at_its_first_join(
+        kafka_bootstrap, topic_prefix, client, caplog):
+    # A member that joins before it knows its topic's partitions is assigned none and rejoins
+    # at its next metadata refresh; kafka-python 3.0 stalled such a rejoin for 60 s here (a
+    # remediator and a service read nothing that long). Every member here is its group's first
+    # on a topic made just before: the worst case, five times.
+    import logging
+    import time
+
+    from pipeline.bus import Topics
+    from pipeline.bus.kafka import ensure_topics
+
+    caplog.set_level(logging.WARNING, logger="kafka")
+    for i in range(5):
+        topics = Topics(f"{topic_prefix}-{i}")
+        ensure_topics(kafka_bootstrap, topics, partitions=2)
+        if client == "bus consumer":
+            c = KafkaBusConsumer(kafka_bootstrap, topics.incidents, f"{topic_prefix}-{i}-g")
+
+            def assigned() -> bool:
+                c.poll(timeout=0.2)
+                return bool(c._c.assignment())
+        else:
+            c = KafkaGroupConsumer(kafka_bootstrap, topics.telemetry, f"{topic_prefix}-{i}-g")
+            got: list[int] = []
+            c.subscribe(got.extend, lambda parts: None)
+
+            def assigned() -> bool:
+                c.poll(0.2, 10)
+                return bool(got)
+        try:
+            deadline = time.monotonic() + 60
+            while not assigned() and time.monotonic() < deadline:
+                pass
+            assert assigned(), f"join {i}: no partition within 60 s"
+        finally:
+            c.close()
+    joined_blind = [r.getMessage() for r in caplog.records if "No partition metadata" in r.getMessage()]
+    assert not joined_blind, joined_blind
