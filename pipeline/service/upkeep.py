@@ -108,7 +108,10 @@ class Upkeep:
         self._broker_lost = self._broker_slow = False
         self._idle_restarted = away
         if away and self.parts:
-            log.info("broker answered after an outage: idle time of partitions %s starts again", sorted(self.parts))
+            log.info(
+                "the broker was away (or this loop stood still): idle time of partitions %s starts again",
+                sorted(self.parts),
+            )
             for ps in self.parts.values():
                 ps.last_input = max(ps.last_input, now)
         return away
