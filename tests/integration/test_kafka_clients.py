@@ -97,7 +97,7 @@ def test_a_new_member_of_a_new_group_is_assigned_its_partitions_at_its_first_joi
 
             def assigned() -> bool:
                 c.poll(timeout=0.2)
-                return bool(c._c.assignment())
+                return bool(c.partitions())
         else:
             c = KafkaGroupConsumer(kafka_bootstrap, topics.telemetry, f"{topic_prefix}-{i}-g")
             got: list[int] = []
