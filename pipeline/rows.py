@@ -20,6 +20,7 @@ import functools
 from itertools import compress
 from typing import Any, Hashable, Iterable, Sequence, TypeVar
 
+import msgspec
 import numpy as np
 
 from pipeline.schema import DcgmSample, TelemetryRecord
@@ -306,6 +307,52 @@ def split(rows: Sequence[TelemetryRecord]) -> tuple[Sequence[TelemetryRecord], l
     if all(is_dcgm):
         return rows, []
     return list(compress(rows, is_dcgm)), [r for r, d in zip(rows, is_dcgm) if not d]
+
+
+def dcgm_rows(rows: Sequence[TelemetryRecord]) -> np.ndarray:
+    """Which rows are DCGM samples.
+
+    >>> from pipeline.schema import dcgm, NcclRecord
+    >>> n = NcclRecord(ts=1.0, host="a", comm="c", rank=0, nranks=2, coll="AllReduce", bytes=8, exec_time_us=1.0)
+    >>> dcgm_rows([dcgm(1.0, "a", 0, {}), n]).tolist()
+    [True, False]
+    """
+    if isinstance(rows, DcgmColumns):
+        return np.ones(len(rows), bool)
+    if isinstance(rows, Combined):
+        return np.concatenate([np.ones(len(rows.cols), bool), dcgm_rows(rows.others)])
+    # By type, a lookup per record: the decoder's checked types are subclasses.
+    types = list(map(type, rows))
+    kinds = {t: issubclass(t, DcgmSample) for t in set(types)}
+    return np.fromiter(map(kinds.__getitem__, types), bool, len(types))
+
+
+def with_times(rows: Sequence[TelemetryRecord], idx: np.ndarray, ts: np.ndarray) -> Sequence[TelemetryRecord]:
+    """``rows`` with the rows at ``idx`` (indices) at times ``ts``: a new batch of the same
+    shape; the records given are left as they are.
+
+    >>> from pipeline.schema import dcgm
+    >>> recs = [dcgm(1.0, "a", 0, {}), dcgm(1.95, "a", 0, {})]
+    >>> [r.ts for r in with_times(recs, np.array([1]), np.array([2.0]))], recs[1].ts
+    ([1.0, 2.0], 1.95)
+    """
+    if isinstance(rows, DcgmColumns):
+        t = rows.ts.copy()
+        t[idx] = ts
+        return DcgmColumns(
+            rows.names, t, rows.hosts, rows.gpu, rows.link, rows.values, rows.models, rows.labels,
+            rows.record_type, rows.fields_type, rows.v,
+        )  # fmt: skip
+    if isinstance(rows, Combined):
+        nc = len(rows.cols)
+        head = idx < nc
+        cols = with_times(rows.cols, idx[head], ts[head]) if head.any() else rows.cols
+        others = with_times(rows.others, idx[~head] - nc, ts[~head]) if not head.all() else rows.others
+        return Combined(cols, list(others))  # type: ignore[arg-type]
+    out = list(rows)
+    for i, t in zip(idx.tolist(), ts.tolist()):
+        out[i] = msgspec.structs.replace(out[i], ts=t)
+    return out
 
 
 def times(rows: Sequence[TelemetryRecord]) -> np.ndarray:

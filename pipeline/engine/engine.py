@@ -23,6 +23,7 @@ from typing import Any, Mapping, Sequence, cast
 
 import numpy as np
 
+from pipeline import rows
 from pipeline.rows import Combined, DcgmColumns, take
 from pipeline.deadletters import ENTITY_LIMIT, INTERNAL, Origins, take_origins
 from pipeline.engine.arrays import from_dict, to_dict
@@ -265,6 +266,8 @@ class Engine:
                 seq = stream_order(records, origins)
             nh = self.entities.n_hosts
             clock.grow(nh)
+            if not self.screened:  # (a screened engine's records were moved by its first stage)
+                ts, records = self._one_per_tick(records, ts, hosts, seq)
             s_ts, s_hosts = (ts, hosts) if seq is None else (ts[seq], hosts[seq])
             # Live, a consumer may drain a backlog partition by partition, hours apart in event
             # time: there the decoder bounds time against the wall clock and aliveness is by
@@ -309,6 +312,24 @@ class Engine:
             if self.release_hosts and complete is not None and self.host_local:
                 self._release_hosts(complete, out)
         return out
+
+    def _one_per_tick(
+        self, records: Sequence[TelemetryRecord], ts: np.ndarray, hosts: np.ndarray, seq: np.ndarray | None
+    ) -> tuple[np.ndarray, Sequence[TelemetryRecord]]:
+        """The batch with each host's DCGM samples one to a tick (``HostClock.one_per_tick``,
+        judged in stream order): its times and records, the moved ones at their new times."""
+        dcgm = rows.dcgm_rows(records)
+        if seq is None:
+            new, moved = self.clock.one_per_tick(ts, hosts, dcgm)
+        else:
+            s_new, s_moved = self.clock.one_per_tick(ts[seq], hosts[seq], dcgm[seq])
+            new, moved = np.empty_like(ts), np.empty_like(s_moved)
+            new[seq], moved[seq] = s_new, s_moved
+        if not moved.any():
+            return ts, records
+        idx = np.flatnonzero(moved)
+        self.stats["records.moved"] += len(idx)
+        return new, rows.with_times(records, idx, new[idx])
 
     def advance_to(self, upto: float) -> EngineOutput:
         """Process everything before ``upto`` (whole ticks): the watermark of an engine fed by an

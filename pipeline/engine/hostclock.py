@@ -92,6 +92,10 @@ class HostClock:
     # How far each host's rows have been processed so, ahead of ``released`` (-inf: not);
     # see Engine._release_hosts.
     done = PerHost(-math.inf, "host_done")
+    # Each host's latest DCGM sample in stream order, as it came and where ``one_per_tick``
+    # put it: the next sample is moved by what these say, whatever the batching.
+    dcgm_ts = PerHost(math.nan, "host_dcgm_ts")
+    dcgm_at = PerHost(math.nan, "host_dcgm_at")
 
     @classmethod
     def arrays(cls) -> tuple[PerHost, ...]:
@@ -192,6 +196,64 @@ class HostClock:
         if leapt.any():
             ahead = np.minimum((ts - before)[o][leapt], self.config.max_ahead)
             np.fmax.at(self.lead, h[leapt], ahead)
+
+    def one_per_tick(self, ts: np.ndarray, hosts: np.ndarray, dcgm: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Each host's DCGM samples one to a tick: a sample that falls in the tick of its host's
+        sample before it (as moved), in that tick's last ``SAMPLE_SHIFT`` and at least a tick
+        less that much after the sample before it (a host sampling at the tick, early), moves to
+        the next tick's start; the other GPUs of the sample (the same time) move with it. ``ts``,
+        ``hosts``, ``dcgm`` (which records are DCGM samples): a batch in stream order. Returns
+        the times, moved, and which moved. A sample's move depends on its host's samples before
+        it alone, so replay and every serve topology move the same ones (docs/architecture.md §4).
+
+        >>> c = HostClock(EngineConfig(tick=1.0))
+        >>> c.grow(1)
+        >>> t, moved = c.one_per_tick(np.array([100.01, 100.96, 100.96, 102.0]), np.zeros(4, np.int64), np.ones(4, bool))
+        >>> t.tolist(), moved.tolist()  # 100.96 shares 100.01's tick: it goes to 101
+        ([100.01, 101.0, 101.0, 102.0], [False, True, True, False])
+        """
+        moved = np.zeros(len(ts), bool)
+        with np.errstate(invalid="ignore"):
+            idx = np.flatnonzero(dcgm & np.isfinite(ts))
+        if not len(idx):
+            return ts, moved
+        t, h = ts[idx], hosts[idx]
+        tick = self.config.tick
+        margin = SAMPLE_SHIFT * tick
+        k = np.floor(t / tick)
+        cand = t >= (k + 1) * tick - margin
+        new = t
+        if cand.any():
+            new = t.copy()
+            o = np.argsort(h, kind="stable")  # each host's samples together, in stream order
+            first = np.ones(len(o), bool)
+            first[1:] = h[o][1:] != h[o][:-1]
+            last_ts, last_at = self.dcgm_ts, self.dcgm_at
+            # In order, a host's samples one by one: a move depends on the one before (~1 % of
+            # the rows at spread phases; the rest are never moved).
+            for j in np.flatnonzero(cand[o]).tolist():
+                i = int(o[j])
+                if first[j]:
+                    p_ts, p_at = float(last_ts[h[i]]), float(last_at[h[i]])
+                else:
+                    p = int(o[j - 1])
+                    p_ts, p_at = float(t[p]), float(new[p])
+                if t[i] == p_ts:
+                    new[i] = p_at  # another GPU of the sample before
+                elif math.isfinite(p_at) and math.floor(p_at / tick) == k[i] and t[i] - p_ts >= tick - margin:
+                    new[i] = _tick_start(k[i] + 1, tick)
+            moved[idx] = new != t
+        # Each host's latest sample in this batch: the last of its run in stream order.
+        hr = h[::-1]
+        hs, at = np.unique(hr, return_index=True)
+        at = len(h) - 1 - at
+        self.dcgm_ts[hs] = t[at]
+        self.dcgm_at[hs] = new[at]
+        if not moved.any():
+            return ts, moved
+        out = ts.copy()
+        out[idx] = new
+        return out, moved
 
     def arrived(self, now: float, hosts: np.ndarray) -> None:
         """Records of ``hosts`` arrived at wall clock ``now`` (a live consumer)."""
@@ -336,8 +398,12 @@ class HostClock:
         step = np.fmin(grow(self.min_step, n, np.nan)[:n], grow(self.trusted_step, n, np.nan)[:n])
         end = (np.floor(hwm / tick) + 1) * tick
         with np.errstate(invalid="ignore"):
-            upto = np.floor((hwm + step - self.jitter_margin(step, n)) / tick) * tick
-            whole &= upto >= end
+            soonest = step - self.jitter_margin(step, n)  # the next sample comes no sooner
+            upto = np.floor((hwm + soonest) / tick) * tick
+            # Its next sample falls in a later tick, or in this one's last SAMPLE_SHIFT and is
+            # moved to the next (one_per_tick): a host sampling at the tick is complete for the
+            # tick of its newest sample, whatever its phase.
+            whole &= (upto >= end) | (soonest >= tick - SAMPLE_SHIFT * tick)
         # (np.floor: a newest time of infinity is no integer, and math.floor raised on it.)
         ahead = np.maximum(end, np.minimum(upto, np.floor(newest / tick) * tick))
         return np.where(whole, ahead, hwm)
@@ -377,6 +443,18 @@ class HostClock:
         if type(first) not in (int, float):  # (a bool is no time; None or text failed the next batch)
             raise StateError(f"snapshot: first_ts is {type(first).__name__}, expected a number")
         self.first_ts = float(first)
+
+
+# How far before a tick's end a host's second sample of the tick may fall and still be moved to
+# the next tick (a fraction of the tick; HostClock.one_per_tick): a host sampling at the tick
+# whose samples jitter around the tick's start sends one sample a tick all the same.
+SAMPLE_SHIFT = 0.1
+
+
+def _tick_start(k: float, tick: float) -> float:
+    """The start of tick ``k`` (``k * tick``), never a float's step short of it."""
+    v = k * tick
+    return v if math.floor(v / tick) >= k else float(np.nextafter(v, math.inf))
 
 
 STEP_RECOVERY = 1.01  # how fast a host's shortest step is forgotten, per step (HostClock.min_step)

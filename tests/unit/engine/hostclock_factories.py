@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from pipeline.deadletters import Origins
 from pipeline.engine import Engine, EngineConfig
 from pipeline.engine.hostclock import (
+    SAMPLE_SHIFT,
     STEP_RECOVERY,
     HostClock,
 )
@@ -105,7 +106,8 @@ class RefClock:
             if x.whole and not math.isnan(x.trusted):
                 end = (math.floor(x.hwm / tick) + 1) * tick
                 upto = math.floor((x.hwm + x.trusted - margin[h]) / tick) * tick
-                if upto >= end:
+                # Or its next sample, if in this tick, is in its last tenth: moved to the next.
+                if upto >= end or x.trusted - margin[h] >= tick - SAMPLE_SHIFT * tick:
                     done = max(end, min(upto, math.floor(newest / tick) * tick))
             complete[h] = done - cfg.host_disorder
         wm = min(complete.values())

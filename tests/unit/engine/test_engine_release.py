@@ -89,16 +89,17 @@ def test_a_message_with_several_hosts_is_not_taken_as_any_hosts_whole_second() -
     assert seen == ["ab@41"]
 
 
-def _firing_of_second_40(phase: float, jitter: float = 0.0) -> list[str]:
+def _firing_of_second_40(phase: float, jitter: float = 0.0, fault_at: float = 40.0) -> list[str]:
     """Hosts at ``phase`` of each second, each sample ``jitter`` early or late in turn; after
-    which message the NVLink alert of b's sample of second 40 came out."""
+    which message the NVLink alert of b's sample of second 40 came out. No sample may be late."""
     eng = Engine(CONFIG)
     seen = []
     for i, s in enumerate(range(60)):
         t = s + phase + (jitter if s % 2 else -jitter)
         for h in HOSTS:
-            m = _message(t, h, fault_at=40.0 if h == "b" else None)
+            m = _message(t, h, fault_at=fault_at if h == "b" else None)
             seen += [f"{h}@{s}" for a in _feed(eng, [(h, m)], now=100.0 + s) if a.state == "firing"]
+    assert not eng.stats["dead.late"]
     return seen
 
 
@@ -108,12 +109,28 @@ def test_a_host_sampled_just_after_a_tick_starts_is_complete_once_it_has_shown_l
     assert _firing_of_second_40(0.02) == ["c@40"]
 
 
-def test_a_host_sampled_within_its_jitter_of_a_tick_start_waits_for_its_next_sample() -> None:
-    # Within the first 0.5 % of the second, or 1.5 % of jitter around .02 (twice the largest
-    # deviation it showed, up to 5 %): its next sample could fall in the same second, so the
-    # hosts keep the per-record rule and the alert waits for the next second.
-    assert _firing_of_second_40(0.003) == ["c@41"]
-    assert _firing_of_second_40(0.02, jitter=0.015) == ["c@41"]
+def test_a_host_sampled_within_its_jitter_of_a_tick_start_is_complete_for_its_sample_s_tick() -> None:
+    # Within the first 0.5 % of the second, or 1.5 % of jitter around .02: its next sample may
+    # fall in the same second, but then in its last tenth, and moves to the next second
+    # (HostClock.one_per_tick), so second 40 goes with c's message of 40 all the same.
+    assert _firing_of_second_40(0.003) == ["c@40"]
+    assert _firing_of_second_40(0.02, jitter=0.015) == ["c@40"]
+
+
+def test_samples_jittering_across_a_tick_start_are_one_to_a_tick() -> None:
+    # At .97 and .03 of a second in turn: second 40's sample (39.97) shares second 39 with
+    # 39.03 and moves to 40, so b's fault of 39.97 is second 40's, out with c's message of 40.
+    assert _firing_of_second_40(0.0, jitter=0.03, fault_at=39.9) == ["c@40"]
+    eng = Engine(CONFIG)
+    for s in range(20):
+        _feed(eng, [("a", _message(s + (0.03 if s % 2 else -0.03), "a"))], now=100.0 + s)
+    assert eng.stats["records.moved"] == 4 * 9  # 2, 4, .. 18: four GPUs each
+
+
+def test_a_host_whose_steps_wander_past_the_move_waits_for_its_next_sample() -> None:
+    # At .01 and .09 in turn: steps of 0.92 s, so its next sample may fall early in the same
+    # second, which no move puts right: the per-record rule, and the alert waits a second.
+    assert _firing_of_second_40(0.05, jitter=0.04) == ["c@41"]
 
 
 def test_a_silent_host_stops_holding_the_others_after_idle_timeout() -> None:

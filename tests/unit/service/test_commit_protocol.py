@@ -186,7 +186,10 @@ def test_idle_flush_and_shutdown_always_checkpoint(telemetry, golden):
     s = h.service()
     h.drain(s)
     whys = _samples(s, "gpuwarden_state_checkpoints_total")
-    assert whys.get("idle", 0) >= 4 and not whys.get("interval")
+    # Each of the 4 partitions ends checkpointed: by its idle flush where records were still
+    # held then, else at shutdown (its hosts' last second went as soon as each host sent it).
+    assert whys.get("idle", 0) >= 1 and whys.get("idle", 0) + whys.get("shutdown", 0) >= 4
+    assert not whys.get("interval")
     assert ids(h.alerts()) == golden
     assert s.consumer.committed() == {p: len(part) for p, part in enumerate(h.bus._topic(h.topics.telemetry))}
 
