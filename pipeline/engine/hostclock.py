@@ -229,8 +229,8 @@ class HostClock:
             first = np.ones(len(o), bool)
             first[1:] = h[o][1:] != h[o][:-1]
             last_ts, last_at = self.dcgm_ts, self.dcgm_at
-            # In order, a host's samples one by one: a move depends on the one before (~1 % of
-            # the rows at spread phases; the rest are never moved).
+            # In order, a host's samples one by one, since a move depends on the one before: only
+            # the rows in a tick's last tenth (a tenth of them at spread phases) can move.
             for j in np.flatnonzero(cand[o]).tolist():
                 i = int(o[j])
                 if first[j]:
