@@ -11,6 +11,7 @@ from pipeline.bus.base import Message
 from pipeline.colwire import is_columnar
 from pipeline.decode import INTERNAL, RAW_KEEP, Decoder
 from pipeline.engine import Engine, EngineOutput
+from pipeline.engine.engine import MOVED
 from pipeline.protocols import Detector
 from pipeline.schema import DeadLetter
 
@@ -70,6 +71,8 @@ class Pipeline:
         # The detector's held-record drops as last taken (``take_held_drops``): its counts run
         # from the stage's start or snapshot, the service's counter from this process's start.
         self._held_seen: dict[str, int] = {}
+        # Likewise the samples it moved to the next tick (``take_moved``).
+        self._moved_seen = 0
 
     def handle(self, messages: Sequence[Message]) -> EngineOutput:
         """The batch's alerts and dead letters, and what the detector forwarded (``forwarded``)."""
@@ -146,6 +149,20 @@ class Pipeline:
         self.engine.restore(blob)
         # A restored count was dropped by an earlier process: not this one's to count again.
         self._held_seen = dict(self.engine.held_dropped)
+        self._moved_seen = self.engine.stats[MOVED]
+
+    def take_moved(self) -> int:
+        """How many DCGM samples the detector moved to the next tick since the last call (or the
+        restore): each the second of its host's samples in one tick (docs/architecture.md §4, one
+        sample a tick); the service's ``gpuwarden_samples_moved`` is fed these.
+
+        >>> Pipeline().take_moved()
+        0
+        """
+        now = self.engine.stats[MOVED]
+        out = now - self._moved_seen if now >= self._moved_seen else now  # (below: a new engine)
+        self._moved_seen = now
+        return out
 
     def take_held_drops(self) -> dict[str, int]:
         """How many records each stage that holds them until the watermark let go past its bound

@@ -45,6 +45,7 @@ def _cmd_replay(args: argparse.Namespace) -> int:
     from rich.console import Console
 
     from pipeline.detection import build_detector
+    from pipeline.engine.engine import MOVED
     from pipeline.replay import replay
     from pipeline.rules.loader import describe_loaded, no_rules_warnings, without_rule_files
     from pipeline.rules.ruleset import RuleSet
@@ -126,6 +127,11 @@ def _cmd_replay(args: argparse.Namespace) -> int:
             )
         )
     console.print("dead letters by reason: " + (", ".join(f"{k}: {v}" for k, v in sorted(t.dead.items())) or "none"))
+    if moved := engine.stats[MOVED]:
+        # Only when some were: a sampler jittering around a tick's start (architecture.md §4).
+        console.print(
+            f"DCGM samples moved to the next tick (each the second of its host's samples in one tick): {moved:,}"
+        )
     if held := {k: n for k, n in sorted(engine.held_dropped.items()) if n}:
         # Only when some went: these records were never judged, and no dead letter names them.
         console.print(

@@ -58,9 +58,11 @@ from pipeline.schema import AlertEvent, DeadLetter, TelemetryRecord
 
 log = logging.getLogger("gpuwarden.engine")
 
-__all__ = ["Engine", "EngineOutput"]
+__all__ = ["MOVED", "Engine", "EngineOutput"]
 
 _TS, _HOST = operator.attrgetter("ts"), operator.attrgetter("host")
+# The stats key of the DCGM samples moved to the next tick (HostClock.one_per_tick).
+MOVED = "records.moved"
 
 
 class Engine:
@@ -328,7 +330,7 @@ class Engine:
         if not moved.any():
             return ts, records
         idx = np.flatnonzero(moved)
-        self.stats["records.moved"] += len(idx)
+        self.stats[MOVED] += len(idx)
         return new, rows.with_times(records, idx, new[idx])
 
     def advance_to(self, upto: float) -> EngineOutput:

@@ -310,9 +310,10 @@ class Service(Membership, CommitProtocol, Upkeep):
                     self.metrics.fleet_dropped.labels(why).inc(ps.pipe.take(why))
                 for why, k in ps.pipe.take_incident_drops().items():
                     self.metrics.incident_dropped.labels(why).inc(k)
-            elif isinstance(ps.pipe, Pipeline):  # the host stage's held records let go
+            elif isinstance(ps.pipe, Pipeline):  # the host stage's held records let go, moves
                 for kind, dropped in ps.pipe.take_held_drops().items():
                     self.metrics.held_dropped.labels(kind).inc(dropped)
+                self.metrics.samples_moved.inc(ps.pipe.take_moved())
         if self.stage == "host":  # telemetry records; the fleet stage's are the same ones again
             self.metrics.batch_seconds.observe(dt)
             self.metrics.records.inc(n_records)

@@ -45,6 +45,12 @@ class Metrics:
             ["stage"],
             registry=r,
         )
+        self.samples_moved = Counter(
+            "gpuwarden_samples_moved",
+            "DCGM samples moved to the next tick's start, each the second of its host's samples in "
+            "one tick (docs/architecture.md#4-time, one sample a tick)",
+            registry=r,
+        )
         self.fleet_forced = Counter(
             "gpuwarden_fleet_forced_releases",
             "Times the fleet stage followed the most advanced telemetry partition past "
