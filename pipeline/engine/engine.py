@@ -268,9 +268,13 @@ class Engine:
                 seq = stream_order(records, origins)
             nh = self.entities.n_hosts
             clock.grow(nh)
+            # The host marks take the times as sent: its sampler's steps, which the release's
+            # promise is about (HostClock.whole_bound); the rest the times as moved.
+            raw = ts
             if not self.screened:  # (a screened engine's records were moved by its first stage)
                 ts, records = self._one_per_tick(records, ts, hosts, seq)
             s_ts, s_hosts = (ts, hosts) if seq is None else (ts[seq], hosts[seq])
+            s_raw = s_ts if raw is ts else raw if seq is None else raw[seq]
             # Live, a consumer may drain a backlog partition by partition, hours apart in event
             # time: there the decoder bounds time against the wall clock and aliveness is by
             # arrival, so one host ahead cannot carry the watermark; only replay screens here.
@@ -280,7 +284,7 @@ class Engine:
                 verdict = screen_late(ts, self.released)
             if self.release_hosts:
                 verdict = screen_done(clock, ts, hosts, records, verdict, self.released)
-            heard_ts, heard_hosts = s_ts, s_hosts
+            heard_ts, heard_hosts = s_raw, s_hosts
             if verdict is not None:
                 why, ref = verdict
                 bad = why != 0
@@ -296,7 +300,7 @@ class Engine:
                 # behind the others) holds the watermark from now on instead of losing every
                 # record to lateness. Records refused as ahead say nothing of the kind.
                 heard = why != AHEAD if seq is None else why[seq] != AHEAD
-                heard_ts, heard_hosts = s_ts[heard], s_hosts[heard]
+                heard_ts, heard_hosts = s_raw[heard], s_hosts[heard]
                 ts, hosts = ts[keep], hosts[keep]
             if len(heard_ts):
                 clock.hear(heard_ts, heard_hosts, nh)

@@ -92,8 +92,8 @@ class HostClock:
     # How far each host's rows have been processed so, ahead of ``released`` (-inf: not);
     # see Engine._release_hosts.
     done = PerHost(-math.inf, "host_done")
-    # Each host's latest DCGM sample in stream order, as it came and where ``one_per_tick``
-    # put it: the next sample is moved by what these say, whatever the batching.
+    # Each host's newest DCGM sample, as it came and where ``one_per_tick`` put it: the next
+    # sample is moved by what these say, whatever the batching, and ``whole_bound`` reads them.
     dcgm_ts = PerHost(math.nan, "host_dcgm_ts")
     dcgm_at = PerHost(math.nan, "host_dcgm_at")
 
@@ -199,12 +199,14 @@ class HostClock:
 
     def one_per_tick(self, ts: np.ndarray, hosts: np.ndarray, dcgm: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Each host's DCGM samples one to a tick: a sample that falls in the tick of its host's
-        sample before it (as moved), in that tick's last ``SAMPLE_SHIFT`` and at least a tick
-        less that much after the sample before it (a host sampling at the tick, early), moves to
-        the next tick's start; the other GPUs of the sample (the same time) move with it. ``ts``,
-        ``hosts``, ``dcgm`` (which records are DCGM samples): a batch in stream order. Returns
-        the times, moved, and which moved. A sample's move depends on its host's samples before
-        it alone, so replay and every serve topology move the same ones (docs/architecture.md §4).
+        newest sample before it (as moved), in that tick's last ``SAMPLE_SHIFT`` and at least a
+        tick less that much after that sample (a host sampling at the tick, early), moves to the
+        next tick's start; the other GPUs of the sample (the same time) move with it, and a
+        sample older than the host's newest (sent again, out of order) neither moves nor counts
+        as its newest. ``ts``, ``hosts``, ``dcgm`` (which records are DCGM samples): a batch in
+        stream order. Returns the times, moved, and which moved. A sample's move depends on its
+        host's samples before it alone, so replay and every serve topology move the same ones
+        (docs/architecture.md §4).
 
         >>> c = HostClock(EngineConfig(tick=1.0))
         >>> c.grow(1)
@@ -222,33 +224,45 @@ class HostClock:
         margin = SAMPLE_SHIFT * tick
         k = np.floor(t / tick)
         cand = t >= (k + 1) * tick - margin
-        new = t
+        # Each host's samples together, in stream order, with the one each is judged against:
+        # the newest before it (the latest of equal ones), -1 where that is the kept state's.
+        o = np.argsort(h, kind="stable")
+        ho, to = h[o], t[o]
+        first = np.ones(len(o), bool)
+        first[1:] = ho[1:] != ho[:-1]
+        top = _group_running_argmax(to, first)  # the newest up to and including each
+        before = np.empty(len(o), np.int64)
+        before[0] = -1
+        before[1:] = top[:-1]
+        before[first] = -1
+        newest = top[np.r_[np.flatnonzero(first)[1:] - 1, len(o) - 1]]  # each host's, its run's last
+        last_ts, last_at = self.dcgm_ts, self.dcgm_at
+        newo = to.copy()
         if cand.any():
-            new = t.copy()
-            o = np.argsort(h, kind="stable")  # each host's samples together, in stream order
-            first = np.ones(len(o), bool)
-            first[1:] = h[o][1:] != h[o][:-1]
-            last_ts, last_at = self.dcgm_ts, self.dcgm_at
             # In order, a host's samples one by one, since a move depends on the one before: only
             # the rows in a tick's last tenth (a tenth of them at spread phases) can move.
             for j in np.flatnonzero(cand[o]).tolist():
-                i = int(o[j])
-                if first[j]:
-                    p_ts, p_at = float(last_ts[h[i]]), float(last_at[h[i]])
-                else:
-                    p = int(o[j - 1])
-                    p_ts, p_at = float(t[p]), float(new[p])
-                if t[i] == p_ts:
-                    new[i] = p_at  # another GPU of the sample before
-                elif math.isfinite(p_at) and math.floor(p_at / tick) == k[i] and t[i] - p_ts >= tick - margin:
-                    new[i] = _tick_start(k[i] + 1, tick)
+                p = int(before[j])
+                p_ts, p_at = (float(to[p]), float(newo[p])) if p >= 0 else (math.nan, math.nan)
+                s_ts = float(last_ts[ho[j]])
+                if p < 0 or s_ts > p_ts:  # the kept newest is newer than the batch's before it
+                    p_ts, p_at = s_ts, float(last_at[ho[j]])
+                tj = float(to[j])
+                if tj == p_ts:
+                    newo[j] = p_at  # another GPU of the sample before
+                elif tj > p_ts and math.floor(p_at / tick) == k[o[j]] and tj - p_ts >= tick - margin:
+                    newo[j] = _tick_start(k[o[j]] + 1, tick)
+            new = np.empty_like(t)
+            new[o] = newo
             moved[idx] = new != t
-        # Each host's latest sample in this batch: the last of its run in stream order.
-        hr = h[::-1]
-        hs, at = np.unique(hr, return_index=True)
-        at = len(h) - 1 - at
-        self.dcgm_ts[hs] = t[at]
-        self.dcgm_at[hs] = new[at]
+        else:
+            new = t
+        # Each host's newest sample, kept where this batch has none newer.
+        hs, nt = ho[newest], to[newest]
+        with np.errstate(invalid="ignore"):
+            newer = ~(last_ts[hs] > nt)
+        self.dcgm_ts[hs[newer]] = nt[newer]
+        self.dcgm_at[hs[newer]] = newo[newest][newer]
         if not moved.any():
             return ts, moved
         out = ts.copy()
@@ -400,10 +414,16 @@ class HostClock:
         with np.errstate(invalid="ignore"):
             soonest = step - self.jitter_margin(step, n)  # the next sample comes no sooner
             upto = np.floor((hwm + soonest) / tick) * tick
-            # Its next sample falls in a later tick, or in this one's last SAMPLE_SHIFT and is
-            # moved to the next (one_per_tick): a host sampling at the tick is complete for the
-            # tick of its newest sample, whatever its phase.
-            whole &= (upto >= end) | (soonest >= tick - SAMPLE_SHIFT * tick)
+            # Or it falls in the last SAMPLE_SHIFT of the tick its newest sample went to, where it
+            # is moved to the next (one_per_tick), so the host is complete for that tick, whatever
+            # its phase: where that sample is the newest it sent (``hwm``, as sent; nothing
+            # newer, an NCCL record say), and its next comes at least 1 - SAMPLE_SHIFT ticks on.
+            shift = SAMPLE_SHIFT * tick
+            moved_end = (np.floor(grow(self.dcgm_at, n, np.nan)[:n] / tick) + 1) * tick
+            moves = (grow(self.dcgm_ts, n, np.nan)[:n] == hwm) & (soonest >= tick - shift)
+            moves &= hwm + soonest >= moved_end - shift
+            end = np.where(moves, moved_end, end)
+            whole &= (upto >= end) | moves
         # (np.floor: a newest time of infinity is no integer, and math.floor raised on it.)
         ahead = np.maximum(end, np.minimum(upto, np.floor(newest / tick) * tick))
         return np.where(whole, ahead, hwm)
@@ -532,6 +552,24 @@ def _host_order(
     first[1:] = h[1:] != h[:-1]
     prev[first] = before[h[first]]
     return o, h, t, first, t - prev
+
+
+def _group_running_argmax(t: np.ndarray, first: np.ndarray) -> np.ndarray:
+    """Where the running maximum of ``t`` within each run that ``first`` starts was reached, up to
+    and including each element (of equal values, the latest), as indices into ``t``; no NaN.
+
+    >>> _group_running_argmax(np.array([3.0, 1.0, 3.0, 2.0, 1.0]), np.array([True, False, False, True, False])).tolist()
+    [0, 0, 2, 3, 3]
+    """
+    if not len(t):
+        return np.zeros(0, np.int64)
+    # Ranked by value, then position, so that of equal values the later ranks higher.
+    order = np.lexsort((np.arange(len(t)), t))
+    rank = np.empty(len(t), np.int64)
+    rank[order] = np.arange(len(t))
+    run = np.cumsum(first) - 1
+    key = np.maximum.accumulate(run * len(t) + rank)
+    return order[key - run * len(t)]
 
 
 def _group_running_max(t: np.ndarray, first: np.ndarray) -> np.ndarray:

@@ -25,6 +25,28 @@ class RefHost:
     trusted: float = math.nan
     whole: bool = False
     lead: float = 0.0
+    dcgm_ts: float = math.nan  # its newest DCGM sample as sent, and where it went (``move``)
+    dcgm_at: float = math.nan
+
+
+def ref_move(host: RefHost, t: float, tick: float) -> float:
+    """Where a DCGM sample of ``host`` at ``t`` goes, as docs/architecture.md §4 says: a sample
+    in the tick its host's newest sample went to, in that tick's last tenth and at least nine
+    tenths of a tick after that sample as sent, goes to the next tick's start; another GPU of
+    that sample (the same time) goes where it went; an older sample stays and is not the newest."""
+    if not math.isfinite(t):
+        return t
+    margin = SAMPLE_SHIFT * tick
+    new = t
+    if t == host.dcgm_ts:
+        new = host.dcgm_at
+    elif t > host.dcgm_ts:
+        k = math.floor(t / tick)
+        if math.floor(host.dcgm_at / tick) == k and t >= (k + 1) * tick - margin and t - host.dcgm_ts >= tick - margin:
+            new = (k + 1) * tick
+    if not t < host.dcgm_ts:  # (NaN: its first)
+        host.dcgm_ts, host.dcgm_at = t, new
+    return new
 
 
 @dataclass
@@ -105,9 +127,16 @@ class RefClock:
             done = x.hwm
             if x.whole and not math.isnan(x.trusted):
                 end = (math.floor(x.hwm / tick) + 1) * tick
-                upto = math.floor((x.hwm + x.trusted - margin[h]) / tick) * tick
-                # Or its next sample, if in this tick, is in its last tenth: moved to the next.
-                if upto >= end or x.trusted - margin[h] >= tick - SAMPLE_SHIFT * tick:
+                soonest = x.trusted - margin[h]
+                upto = math.floor((x.hwm + soonest) / tick) * tick
+                # Or its newest sample is its newest DCGM one, and its next, if in the tick that
+                # one went to, is in its last tenth, nine tenths of a tick on: moved to the next.
+                shift = SAMPLE_SHIFT * tick
+                moved_end = (math.floor(x.dcgm_at / tick) + 1) * tick if math.isfinite(x.dcgm_at) else math.nan
+                moves = x.dcgm_ts == x.hwm and soonest >= tick - shift and x.hwm + soonest >= moved_end - shift
+                if moves:
+                    end = moved_end
+                if upto >= end or moves:
                     done = max(end, min(upto, math.floor(newest / tick) * tick))
             complete[h] = done - cfg.host_disorder
         wm = min(complete.values())

@@ -118,9 +118,9 @@ def test_a_host_sampled_within_its_jitter_of_a_tick_start_is_complete_for_its_sa
 
 
 def test_samples_jittering_across_a_tick_start_are_one_to_a_tick() -> None:
-    # At .97 and .03 of a second in turn: second 40's sample (39.97) shares second 39 with
-    # 39.03 and moves to 40, so b's fault of 39.97 is second 40's, out with c's message of 40.
-    assert _firing_of_second_40(0.0, jitter=0.03, fault_at=39.9) == ["c@40"]
+    # At .99 and .01 of a second in turn: second 40's sample (39.99) shares second 39 with
+    # 39.01 and moves to 40, so b's fault of 39.99 is second 40's, out with c's message of 40.
+    assert _firing_of_second_40(0.0, jitter=0.01, fault_at=39.9) == ["c@40"]
     eng = Engine(CONFIG)
     for s in range(20):
         _feed(eng, [("a", _message(s + (0.03 if s % 2 else -0.03), "a"))], now=100.0 + s)
@@ -129,8 +129,11 @@ def test_samples_jittering_across_a_tick_start_are_one_to_a_tick() -> None:
 
 def test_a_host_whose_steps_wander_past_the_move_waits_for_its_next_sample() -> None:
     # At .01 and .09 in turn: steps of 0.92 s, so its next sample may fall early in the same
-    # second, which no move puts right: the per-record rule, and the alert waits a second.
+    # second, which no move puts right: the per-record rule, and the alert waits a second. So
+    # too at .97 and .03 in turn (steps of 0.94 s, less a margin of 5 % for its jitter): the
+    # samples are moved to one a second all the same, and each second waits for the next.
     assert _firing_of_second_40(0.05, jitter=0.04) == ["c@41"]
+    assert _firing_of_second_40(0.0, jitter=0.03, fault_at=39.9) == ["c@41"]
 
 
 def test_a_silent_host_stops_holding_the_others_after_idle_timeout() -> None:

@@ -16,34 +16,15 @@ from hypothesis import strategies as st
 from pipeline.engine import EngineConfig
 from pipeline.engine.hostclock import SAMPLE_SHIFT, HostClock
 from tests.factories import T0, fuzz_examples
-from tests.unit.engine.hostclock_factories import batches, engine, feed, message
+from tests.unit.engine.hostclock_factories import RefHost, batches, engine, feed, message, ref_move
 
 TICKS = (1.0, 0.5, 5.0)
 
 
 def ref_moved(recs: list[tuple[float, int, bool]], tick: float) -> list[float]:
-    """Where each record goes, record by record as docs/architecture.md §4 says: a DCGM sample in
-    the tick of its host's sample before it (as moved), in the tick's last tenth and at least
-    nine tenths of a tick after that sample as it came, goes to the next tick's start; another
-    GPU of a sample (the same time) goes where the sample went."""
-    margin = SAMPLE_SHIFT * tick
-    last: dict[int, tuple[float, float]] = {}
-    out = []
-    for t, h, is_dcgm in recs:
-        if not is_dcgm or not math.isfinite(t):
-            out.append(t)
-            continue
-        new = t
-        if h in last:
-            p_ts, p_at = last[h]
-            k = math.floor(t / tick)
-            if t == p_ts:
-                new = p_at
-            elif math.floor(p_at / tick) == k and t >= (k + 1) * tick - margin and t - p_ts >= tick - margin:
-                new = (k + 1) * tick
-        last[h] = (t, new)
-        out.append(new)
-    return out
+    """Where each record goes, record by record (``ref_move``); only DCGM samples move."""
+    hosts: dict[int, RefHost] = {}
+    return [ref_move(hosts.setdefault(h, RefHost()), t, tick) if d else t for t, h, d in recs]
 
 
 @st.composite
@@ -147,10 +128,11 @@ def test_hosts_sampling_at_the_tick_around_its_start_send_one_sample_a_tick_and_
         ticks[h].append(math.floor(float(new[0])))
     for h, ks in ticks.items():
         assert all(b > a for a, b in zip(ks, ks[1:])), h
-    # A steady host (at most 1 % of jitter) counts as complete for its newest sample's tick.
+    # A steady host (at most 1 % of jitter) counts as complete for its newest sample's tick, the
+    # one that sample went to.
     n = eng.entities.n_hosts
     _, complete = eng.clock.watermark(n, eng.released, None, 0)
     steady = [eng.entities.host_id[h] for h in ticks if jitters[int(h[1:])] <= 0.01]
     assert complete is not None
     for i in steady:
-        assert complete[i] >= math.floor(eng.clock.hwm[i]) + 1.0, i
+        assert complete[i] >= math.floor(eng.clock.dcgm_at[i]) + 1.0, i

@@ -30,7 +30,17 @@ from pipeline.errors import StateError
 from pipeline.schema import DcgmRecord, dcgm
 from tests.factories import T0, fuzz_examples
 from tests.fleet_factories import no_hang
-from tests.unit.engine.hostclock_factories import CONFIG, RefClock, RefHost, batches, engine, feed, host_clock, message
+from tests.unit.engine.hostclock_factories import (
+    CONFIG,
+    RefClock,
+    RefHost,
+    batches,
+    engine,
+    feed,
+    host_clock,
+    message,
+    ref_move,
+)
 
 STEPS = (1.0, 5.0, 10.0, 30.0)
 YEARS = 10 * 365 * 86400.0
@@ -92,6 +102,7 @@ def heard(draw, backwards: bool = False) -> tuple[list[tuple[float, int]], list[
 def _hear(clock: HostClock, batch: list[tuple[float, int]], n: int) -> None:
     ts = np.array([t for t, _ in batch])
     hosts = np.array([h for _, h in batch], np.int64)
+    clock.one_per_tick(ts, hosts, np.ones(len(ts), bool))  # each a DCGM sample; heard as sent
     clock.hear(ts, hosts, n)
     clock.accepted(ts[~np.isnan(ts)])
 
@@ -113,6 +124,7 @@ def test_the_marks_and_the_watermark_are_the_references_whatever_the_batching(ca
         _hear(clock, batch, n)
         ref.batch()
         for t, h in batch:
+            ref_move(ref.hosts[h], t, CONFIG.tick)
             ref.hear(t, h)
             ref.accept(t)
         marks = (("hwm", clock.hwm), ("seen", clock.seen), ("step", clock.step), ("lead", clock.lead))
