@@ -63,6 +63,7 @@ from pipeline.bus import Topics  # noqa: E402
 from pipeline.bus.kafka import KafkaBusProducer, ensure_topics  # noqa: E402
 from pipeline.bus.publish import Pacer  # noqa: E402
 from pipeline.bus.telemetry import per_host_wire  # noqa: E402
+from pipeline.engine.hostclock import SAMPLE_SHIFT  # noqa: E402
 
 
 def partition_of(host: str, partitions: int) -> int:
@@ -172,9 +173,11 @@ def models_yaml(which: str) -> str:
     return yaml.safe_dump(doc, sort_keys=False)
 
 
-def collect(bootstrap: str, topic: str, produced: dict, drain_s: float) -> dict[str, dict[tuple, float]]:
+def collect(bootstrap: str, topic: str, produced: dict, drain_s: float, tick: float = 1.0) -> dict[str, dict[tuple, float]]:
     """Latencies (alert's Kafka timestamp - produce time) of the injected faults' alerts, per
-    stage, waiting up to ``drain_s`` for the last ones."""
+    stage, waiting up to ``drain_s`` for the last ones. An alert's time is its sample's as the
+    engine took it: a sample moved to the next tick's start (one sample a tick, up to
+    ``SAMPLE_SHIFT`` of a tick, docs/architecture.md §4) is found under its second as sent."""
     c = KafkaConsumer(topic, bootstrap_servers=bootstrap, group_id=None, auto_offset_reset="earliest")
     lat: dict[str, dict[tuple, float]] = {"host": {}, "fleet": {}}
     deadline = time.monotonic() + drain_s
@@ -183,6 +186,8 @@ def collect(bootstrap: str, topic: str, produced: dict, drain_s: float) -> dict[
             for r in recs:
                 a = json.loads(r.value)
                 key = (a["host"], a["gpu"], int(a["ts"]))
+                if key not in produced:
+                    key = (a["host"], a["gpu"], int(a["ts"] - SAMPLE_SHIFT * tick))
                 stage = STAGE_OF.get(a["rule"])
                 if a["state"] == "firing" and stage and key in produced:
                     lat[stage].setdefault(key, r.timestamp / 1000.0 - produced[key])
@@ -211,7 +216,7 @@ def run_once(args: argparse.Namespace, seed: int) -> dict:
             produced, behind, held = publish_paced(args.kafka, topics.telemetry, hosts, args.seconds, args.warmup,
                                              args.cooldown, args.faults_per_s, random.Random(seed),
                                              args.silent_from, mates, args.phases == "spread", args.encoding)
-            by_stage = collect(args.kafka, topics.alerts, produced, args.drain_s)
+            by_stage = collect(args.kafka, topics.alerts, produced, args.drain_s, args.tick)
         finally:
             svc.stop()
     finally:
