@@ -39,8 +39,12 @@ from pipeline.errors import BrokerUnavailableError, ConfigError
 # test). A 2 s cap costs one connection attempt per broker every 2 s while it is down.
 CLIENT_DEFAULTS: dict[str, Any] = {"reconnect_backoff_max_ms": 2000}
 # A group member learns of partitions added to its topic (scaling out) at its next metadata
-# refresh: kafka-python's 5 minutes left a new partition unread that long (a test saw it).
-CONSUMER_DEFAULTS: dict[str, Any] = {"metadata_max_age_ms": 10_000}
+# refresh: kafka-python's 5 minutes left a new partition unread that long (a test saw it). A
+# fetch of a quiet topic is answered after fetch_max_wait_ms, and kafka-python's end-offsets
+# query (the lag gauge, the idle check) waits behind it: at its 500 ms, the fleet stage's
+# 5-second lag update stalled the loop of both stages ~0.3-0.5 s, the p99 of the latency
+# benchmark (docs/performance.md).
+CONSUMER_DEFAULTS: dict[str, Any] = {"metadata_max_age_ms": 10_000, "fetch_max_wait_ms": 100}
 
 DEFAULT_BOOTSTRAP = "127.0.0.1:9092"
 PROTOCOLS = ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")
