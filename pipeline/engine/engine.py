@@ -270,9 +270,9 @@ class Engine:
             clock.grow(nh)
             # The host marks take the times as sent: its sampler's steps, which the release's
             # promise is about (HostClock.whole_bound); the rest the times as moved.
-            raw = ts
+            raw, dcgm = ts, rows.dcgm_rows(records)
             if not self.screened:  # (a screened engine's records were moved by its first stage)
-                ts, records = self._one_per_tick(records, ts, hosts, seq)
+                ts, records = self._one_per_tick(records, ts, hosts, seq, dcgm)
             s_ts, s_hosts = (ts, hosts) if seq is None else (ts[seq], hosts[seq])
             s_raw = s_ts if raw is ts else raw if seq is None else raw[seq]
             # Live, a consumer may drain a backlog partition by partition, hours apart in event
@@ -301,12 +301,12 @@ class Engine:
                 # record to lateness. Records refused as ahead say nothing of the kind.
                 heard = why != AHEAD if seq is None else why[seq] != AHEAD
                 heard_ts, heard_hosts = s_raw[heard], s_hosts[heard]
-                ts, hosts = ts[keep], hosts[keep]
+                ts, hosts, raw, dcgm = ts[keep], hosts[keep], raw[keep], dcgm[keep]
             if len(heard_ts):
                 clock.hear(heard_ts, heard_hosts, nh)
             if now is not None:
                 clock.arrived(now, hosts)
-            clock.note_whole(origins, hosts)
+            clock.note_whole(origins, hosts, raw, dcgm)
             clock.accepted(ts)
             if len(ts):
                 records = self._ingest(out).batch(records, origins, ts, hosts, self._chunks)
@@ -320,11 +320,16 @@ class Engine:
         return out
 
     def _one_per_tick(
-        self, records: Sequence[TelemetryRecord], ts: np.ndarray, hosts: np.ndarray, seq: np.ndarray | None
+        self,
+        records: Sequence[TelemetryRecord],
+        ts: np.ndarray,
+        hosts: np.ndarray,
+        seq: np.ndarray | None,
+        dcgm: np.ndarray,
     ) -> tuple[np.ndarray, Sequence[TelemetryRecord]]:
         """The batch with each host's DCGM samples one to a tick (``HostClock.one_per_tick``,
-        judged in stream order): its times and records, the moved ones at their new times."""
-        dcgm = rows.dcgm_rows(records)
+        judged in stream order): its times and records, the moved ones at their new times.
+        ``dcgm``: which rows are DCGM samples."""
         if seq is None:
             new, moved = self.clock.one_per_tick(ts, hosts, dcgm)
         else:

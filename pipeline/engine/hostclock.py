@@ -96,6 +96,12 @@ class HostClock:
     # sample is moved by what these say, whatever the batching, and ``whole_bound`` reads them.
     dcgm_ts = PerHost(math.nan, "host_dcgm_ts")
     dcgm_at = PerHost(math.nan, "host_dcgm_at")
+    # How many DCGM rows each host's latest sample (by its time as sent) has brought so far, the
+    # time, and how many the sample before it held: a per-host message with fewer rows than that
+    # is part of a sample, not all of it (note_whole). Not kept: unknown, a host is not whole.
+    sample_ts = PerHost(math.nan)
+    sample_n = PerHost(0.0)
+    sample_prev = PerHost(math.nan)
 
     @classmethod
     def arrays(cls) -> tuple[PerHost, ...]:
@@ -279,8 +285,24 @@ class HostClock:
         """Records at ``ts`` were accepted: the stream's start moves back to the oldest."""
         self.first_ts = min(self.first_ts, float(ts.min())) if len(ts) else self.first_ts
 
-    def note_whole(self, origins: Sequence[str], hosts: np.ndarray) -> None:
-        """Which hosts of this batch sent per-host messages only (docs/architecture.md §4)."""
+    def note_whole(
+        self, origins: Sequence[str], hosts: np.ndarray, ts: np.ndarray | None = None, dcgm: np.ndarray | None = None
+    ) -> None:
+        """Which hosts of this batch sent their samples as per-host messages, whole: only arrays
+        of their own records, each with as many DCGM rows at a time as the host's sample before
+        it held (docs/architecture.md §4). ``ts``: the rows' times as sent; ``dcgm``: which rows
+        are DCGM samples (both None: messages alone are judged).
+
+        >>> c = HostClock(EngineConfig(tick=1.0))
+        >>> c.grow(1)
+        >>> def msg(t, n): c.note_whole(Origins(["m"], np.zeros(n, np.int64), np.arange(n)), np.zeros(n, np.int64), np.full(n, t), np.ones(n, bool))
+        >>> msg(100.0, 8); bool(c.whole[0])  # a host's first sample: its size is not known yet
+        False
+        >>> msg(101.0, 8); bool(c.whole[0])
+        True
+        >>> msg(102.0, 4); bool(c.whole[0])  # half a sample: the rest may still come
+        False
+        """
         if not len(hosts):
             return
         if isinstance(origins, Origins):
@@ -294,8 +316,54 @@ class HostClock:
         mixed = (m[1:] == m[:-1]) & (hosts[1:] != hosts[:-1])
         if mixed.any():  # a message with several hosts' records: not per host
             whole &= ~np.isin(m, m[1:][mixed])
+        if ts is not None and dcgm is not None:
+            whole &= self._whole_samples(m, hosts, ts, dcgm)
         self.whole[hosts] = True
         self.whole[hosts[~whole]] = False
+
+    def _whole_samples(self, m: np.ndarray, hosts: np.ndarray, ts: np.ndarray, dcgm: np.ndarray) -> np.ndarray:
+        """Per row, False where its host's newest DCGM sample so far is part of one: it has
+        brought fewer rows than the host's sample before it held (a host's first sample, of a
+        size not known yet, included); its rest may still come. The sizes move on."""
+        ok = np.ones(len(hosts), bool)
+        with np.errstate(invalid="ignore"):
+            idx = np.flatnonzero(dcgm & np.isfinite(ts))
+        if not len(idx):
+            return ok
+        # A sample: a host's consecutive rows at one time, in stream order (message ids are in
+        # it: rows out of message order, a batch of both encodings, are sorted by them first).
+        h, mm, t = hosts[idx], m[idx], ts[idx]
+        in_order = len(mm) < 2 or bool((mm[1:] >= mm[:-1]).all())
+        o = np.argsort(h, kind="stable") if in_order else np.lexsort((mm, h))
+        h, t = h[o], t[o]
+        new_host = np.ones(len(o), bool)
+        new_host[1:] = h[1:] != h[:-1]
+        cut = new_host.copy()
+        cut[1:] |= t[1:] != t[:-1]
+        first = np.flatnonzero(cut)
+        total = np.diff(np.r_[first, len(o)]).astype(np.float64)
+        sh, st, host_first = h[first], t[first], new_host[first]
+        # What each sample is measured against: the one before it of its host in this batch, or
+        # the kept one's; a first sample continuing the kept one adds to its count.
+        kept_t, kept_n, kept_prev = self.sample_ts[sh], self.sample_n[sh], self.sample_prev[sh]
+        same = host_first & (st == kept_t)
+        total = np.where(same, total + kept_n, total)
+        ref = np.full(len(first), np.nan)
+        ref[1:] = total[:-1]
+        with np.errstate(invalid="ignore"):
+            newer = st > kept_t  # (not older: sent again or out of order, it is not measured)
+        ref[host_first] = np.where(same, kept_prev, np.where(newer, kept_n, np.nan))[host_first]
+        ref[host_first & (kept_n <= 0)] = np.nan  # never seen: no size known
+        # Each host's last sample in the stream is its newest so far: whole or not.
+        last = np.r_[np.flatnonzero(np.diff(sh)), len(sh) - 1]
+        with np.errstate(invalid="ignore"):
+            part = ~(total[last] >= ref[last])
+        if part.any():
+            ok[np.isin(hosts, sh[last][part])] = False
+        self.sample_ts[sh[last]] = st[last]
+        self.sample_n[sh[last]] = total[last]
+        self.sample_prev[sh[last]] = ref[last]
+        return ok
 
     # -- what the marks say ---------------------------------------------------------------------
 
