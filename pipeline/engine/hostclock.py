@@ -478,23 +478,31 @@ class HostClock:
         tick = self.config.tick
         # (fmin: never longer than min_step, which a clock built by hand may set alone.)
         step = np.fmin(grow(self.min_step, n, np.nan)[:n], grow(self.trusted_step, n, np.nan)[:n])
-        end = (np.floor(hwm / tick) + 1) * tick
+        # The promise is about the host's samples: counted from its newest DCGM sample (as sent),
+        # not from a record of another producer at that time or after it, which came in a message
+        # of its own and says nothing of the sample (a host without samples: its newest record;
+        # a sample newer than that was refused, ahead of the fleet).
+        dcgm_ts = grow(self.dcgm_ts, n, np.nan)[:n]
+        with np.errstate(invalid="ignore"):
+            sampled = dcgm_ts <= hwm
+        base = np.where(sampled, dcgm_ts, hwm)
+        end = (np.floor(base / tick) + 1) * tick
         with np.errstate(invalid="ignore"):
             soonest = step - self.jitter_margin(step, n)  # the next sample comes no sooner
-            upto = np.floor((hwm + soonest) / tick) * tick
+            upto = np.floor((base + soonest) / tick) * tick
             # Or it falls in the last SAMPLE_SHIFT of the tick its newest sample went to, where it
             # is moved to the next (one_per_tick), so the host is complete for that tick, whatever
-            # its phase: where that sample is the newest it sent (``hwm``, as sent; nothing
-            # newer, an NCCL record say), and its next comes at least 1 - SAMPLE_SHIFT ticks on.
+            # its phase: where its next sample comes at least 1 - SAMPLE_SHIFT ticks on.
             shift = SAMPLE_SHIFT * tick
             moved_end = (np.floor(grow(self.dcgm_at, n, np.nan)[:n] / tick) + 1) * tick
-            moves = (grow(self.dcgm_ts, n, np.nan)[:n] == hwm) & (soonest >= tick - shift)
-            moves &= hwm + soonest >= moved_end - shift
+            moves = sampled & (soonest >= tick - shift)
+            moves &= base + soonest >= moved_end - shift
             end = np.where(moves, moved_end, end)
             whole &= (upto >= end) | moves
         # (np.floor: a newest time of infinity is no integer, and math.floor raised on it.)
         ahead = np.maximum(end, np.minimum(upto, np.floor(newest / tick) * tick))
-        return np.where(whole, ahead, hwm)
+        # Never short of the per-record rule: a record newer than the sample has come.
+        return np.where(whole, np.fmax(ahead, hwm), hwm)
 
     def jitter_margin(self, step: np.ndarray, n: int) -> np.ndarray:
         """How much sooner than its shortest step each host's next sample may come: 5 % of the

@@ -13,6 +13,7 @@ import pytest
 
 from pipeline.deadletters import Origins
 from pipeline.engine import EngineConfig
+from pipeline.schema import NcclRecord
 from tests.factories import T0, fuzz_examples
 from tests.unit.engine.hostclock_factories import engine, message
 
@@ -79,6 +80,10 @@ def test_a_split_sample_is_whole_once_its_rest_came() -> None:
     assert released[47] == 47.0
 
 
+def _nccl(ts: float, host: str) -> NcclRecord:
+    return NcclRecord(ts=ts, host=host, comm="c", rank=0, nranks=2, coll="AllReduce", bytes=8, exec_time_us=1.0)
+
+
 @settings(max_examples=fuzz_examples(40), deadline=None)
 @given(
     st.data(),
@@ -88,7 +93,7 @@ def test_a_split_sample_is_whole_once_its_rest_came() -> None:
 def test_split_samples_in_any_batching_lose_no_record(data, n_hosts, step) -> None:
     # Hosts at their own phases and sampling steps, each sample one message or split into up to
     # three (consecutive GPUs), the pieces of all hosts of a round interleaved in any order that
-    # keeps each host's own in order, cut into batches anywhere:
+    # keeps each host's own in order, NCCL messages among them, cut into batches anywhere:
     # no record is refused as late, whatever the split.
     hosts = [f"h{i}" for i in range(n_hosts)]
     phases = {h: data.draw(st.floats(0.0, 0.999), label=f"phase {h}") for h in hosts}
@@ -101,6 +106,10 @@ def test_split_samples_in_any_batching_lose_no_record(data, n_hosts, step) -> No
             msg = message(t, h, GPUS)
             cuts = sorted(data.draw(st.sets(st.integers(1, GPUS - 1), max_size=2), label="cuts"))
             pieces = [msg[i:j] for i, j in zip([0, *cuts], [*cuts, GPUS])]
+            if data.draw(st.booleans(), label="nccl"):
+                # (Before the sample: a host's other producers' records of a tick must come
+                # before the sample that completes it, or within ``host_disorder``, §4.)
+                pieces.insert(0, [_nccl(t, h)])
             queues.append(pieces)
         while any(queues):
             q = data.draw(st.sampled_from([q for q in queues if q]), label="next host")
@@ -115,3 +124,18 @@ def test_split_samples_in_any_batching_lose_no_record(data, n_hosts, step) -> No
     dead += eng.flush().dead
     assert [(d.reason, d.host, d.ts - T0) for d in dead] == []
 
+
+@pytest.mark.parametrize(("step", "phase"), [(1.0, 0.5), (5.0, 0.0), (10.0, 0.3)])
+def test_another_producers_record_at_the_samples_time_does_not_complete_the_host(step, phase) -> None:
+    # A host's NCCL producer sends a record stamped with the DCGM sample's time, in a message of
+    # its own, just before the sample's message. The host counted as complete for the record's
+    # tick as if the record were its sample, and the sample that followed was dead-lettered late.
+    eng = engine()
+    dead = []
+    for k in range(60):
+        t = T0 + step * k + phase
+        if k in (40, 50):
+            dead += _process(eng, [[_nccl(t, "a")]]).dead
+        dead += _process(eng, [message(t, "a", GPUS)]).dead
+    dead += eng.flush().dead
+    assert [(d.reason, d.ts - T0) for d in dead] == []
