@@ -132,20 +132,34 @@ def sized_host_groups(
         parts: list[bytes] = []
         held: list[Any] = []
         size = 2  # "[" and "]"
+        run = 0  # where the records of the last one's time start in this message
         for rec in recs:
             b = _enc.encode(rec)
             if len(b) + 2 > max_bytes:
                 too_large.append(rec)
                 continue
-            if parts and (len(parts) >= max_records or size + 1 + len(b) > max_bytes):
-                out.append((key, parts, held))
-                parts, held, size = [], [], 2
+            ts = _ts(rec)
+            if held and ts != _ts(held[-1]):
+                run = len(held)
+            while parts and (len(parts) >= max_records or size + 1 + len(b) > max_bytes):
+                # Cut where the time changes: a message holds a host's sample whole, which the
+                # consumer's release trusts (docs/architecture.md §4); one larger than a message
+                # is cut where it must.
+                cut = run if 0 < run < len(parts) and ts == _ts(held[-1]) else len(parts)
+                out.append((key, parts[:cut], held[:cut]))
+                parts, held = parts[cut:], held[cut:]
+                size = 2 + sum(len(p) for p in parts) + max(len(parts) - 1, 0)
+                run = 0
             size += len(b) + (1 if parts else 0)
             parts.append(b)
             held.append(rec)
         if parts:
             out.append((key, parts, held))
     return out, too_large
+
+
+def _ts(rec: dict[str, Any] | msgspec.Struct) -> Any:
+    return rec.get("ts") if isinstance(rec, dict) else getattr(rec, "ts", None)
 
 
 def array(parts: list[bytes]) -> bytes:
