@@ -317,19 +317,23 @@ class HostClock:
         if mixed.any():  # a message with several hosts' records: not per host
             whole &= ~np.isin(m, m[1:][mixed])
         if ts is not None and dcgm is not None:
-            whole &= self._whole_samples(m, hosts, ts, dcgm)
+            self._count_samples(m, hosts, ts, dcgm)
+            # By each host's newest sample so far, not by this batch's rows: a batch with none
+            # of its samples (its NCCL records) between a split sample's halves is no whole one.
+            with np.errstate(invalid="ignore"):
+                whole &= np.isnan(self.sample_ts[hosts]) | (self.sample_n[hosts] >= self.sample_prev[hosts])
         self.whole[hosts] = True
         self.whole[hosts[~whole]] = False
 
-    def _whole_samples(self, m: np.ndarray, hosts: np.ndarray, ts: np.ndarray, dcgm: np.ndarray) -> np.ndarray:
-        """Per row, False where its host's newest DCGM sample so far is part of one: it has
-        brought fewer rows than the host's sample before it held (a host's first sample, of a
-        size not known yet, included); its rest may still come. The sizes move on."""
-        ok = np.ones(len(hosts), bool)
+    def _count_samples(self, m: np.ndarray, hosts: np.ndarray, ts: np.ndarray, dcgm: np.ndarray) -> None:
+        """Move on each host's newest DCGM sample so far (``sample_ts``): how many rows it has
+        brought (``sample_n``), and how many the sample before it held (``sample_prev``; NaN, a
+        host's first sample: not known). A row older than its host's newest so far (sent again,
+        out of order) is not counted."""
         with np.errstate(invalid="ignore"):
             idx = np.flatnonzero(dcgm & np.isfinite(ts))
         if not len(idx):
-            return ok
+            return
         # A sample: a host's consecutive rows at one time, in stream order (message ids are in
         # it: rows out of message order, a batch of both encodings, are sorted by them first).
         h, mm, t = hosts[idx], m[idx], ts[idx]
@@ -338,10 +342,19 @@ class HostClock:
         h, t = h[o], t[o]
         new_host = np.ones(len(o), bool)
         new_host[1:] = h[1:] != h[:-1]
+        back = (t[1:] < t[:-1]) & ~new_host[1:]
+        newest = np.fmax(_group_running_max(t, new_host) if back.any() else t, self.sample_ts[h])
+        keep = t >= newest
+        if not keep.all():
+            h, t = h[keep], t[keep]
+            if not len(h):
+                return
+            new_host = np.ones(len(h), bool)
+            new_host[1:] = h[1:] != h[:-1]
         cut = new_host.copy()
         cut[1:] |= t[1:] != t[:-1]
         first = np.flatnonzero(cut)
-        total = np.diff(np.r_[first, len(o)]).astype(np.float64)
+        total = np.diff(np.r_[first, len(h)]).astype(np.float64)
         sh, st, host_first = h[first], t[first], new_host[first]
         # What each sample is measured against: the one before it of its host in this batch, or
         # the kept one's; a first sample continuing the kept one adds to its count.
@@ -350,20 +363,12 @@ class HostClock:
         total = np.where(same, total + kept_n, total)
         ref = np.full(len(first), np.nan)
         ref[1:] = total[:-1]
-        with np.errstate(invalid="ignore"):
-            newer = st > kept_t  # (not older: sent again or out of order, it is not measured)
-        ref[host_first] = np.where(same, kept_prev, np.where(newer, kept_n, np.nan))[host_first]
-        ref[host_first & (kept_n <= 0)] = np.nan  # never seen: no size known
-        # Each host's last sample in the stream is its newest so far: whole or not.
+        ref[host_first] = np.where(same, kept_prev, np.where(kept_n > 0, kept_n, np.nan))[host_first]
+        # Each host's last sample in the stream is its newest so far.
         last = np.r_[np.flatnonzero(np.diff(sh)), len(sh) - 1]
-        with np.errstate(invalid="ignore"):
-            part = ~(total[last] >= ref[last])
-        if part.any():
-            ok[np.isin(hosts, sh[last][part])] = False
         self.sample_ts[sh[last]] = st[last]
         self.sample_n[sh[last]] = total[last]
         self.sample_prev[sh[last]] = ref[last]
-        return ok
 
     # -- what the marks say ---------------------------------------------------------------------
 
