@@ -99,6 +99,10 @@ class HostClock:
     # How many DCGM rows each host's latest sample (by its time as sent) has brought so far, the
     # time, and how many the sample before it held: a per-host message with fewer rows than that
     # is part of a sample, not all of it (note_whole). Not kept: unknown, a host is not whole.
+    # Whether a record of the host in this batch came sooner after the one before it than the
+    # host was trusted to sample (whole_bound's promise): a second producer, a sampler sped up.
+    # Such a host is not whole for the batch (note_whole). Not kept: it is the batch's.
+    sooner = PerHost(False)
     sample_ts = PerHost(math.nan)
     sample_n = PerHost(0.0)
     sample_prev = PerHost(math.nan)
@@ -141,6 +145,8 @@ class HostClock:
         np.fmax.at(self.seen, hosts, progress)
         # Before latest_steps moves the steps a leap is measured against.
         self._leaps(ts, hosts, progress, start, n)
+        # Before latest_steps shortens the promise a record broke.
+        self._sooner(ts, hosts, n)
         # Before latest_steps moves the shortest step its deviations are measured from.
         step_jitter(self.jitter, self.jitter_n, ts, hosts, self.hwm, self.trusted_step)
         # The step the release rule waits by (docs/architecture.md §4); absence scales with the
@@ -152,6 +158,20 @@ class HostClock:
         # ``jump`` is kept by screening record by record (its fast path runs only when no host
         # claims a jump): clearing it here for every host heard would make a claim depend on
         # whether its next record came in the same batch.
+
+    def _sooner(self, ts: np.ndarray, hosts: np.ndarray, n: int) -> None:
+        """Which hosts sent a record sooner after their record before it than the shortest step
+        they were trusted with, less twice its margin (``whole_bound``'s promise, as it stood
+        before these records, broken by more than jitter): ``sooner``, for this batch."""
+        self.sooner[:] = False
+        step = np.fmin(self.min_step[:n], self.trusted_step[:n])
+        if np.isnan(step).all():
+            return
+        soonest = step - 2 * self.jitter_margin(step, n)
+        h, gap = _host_gaps(ts, hosts, self.hwm)
+        with np.errstate(invalid="ignore"):
+            early = (gap > 0) & (gap < soonest[h])
+        self.sooner[h[early]] = True
 
     def _leaps(self, ts: np.ndarray, hosts: np.ndarray, progress: np.ndarray, start: float, n: int) -> None:
         """Records that leapt ahead: further than ``allowed_lateness`` past the stream's progress
@@ -322,6 +342,9 @@ class HostClock:
             # of its samples (its NCCL records) between a split sample's halves is no whole one.
             with np.errstate(invalid="ignore"):
                 whole &= np.isnan(self.sample_ts[hosts]) | (self.sample_n[hosts] >= self.sample_prev[hosts])
+        # A host that sent sooner than it promised (another producer's records among its
+        # samples, say) is not trusted with the promise in this batch.
+        whole &= ~grow(self.sooner, len(self.whole), False)[hosts]
         self.whole[hosts] = True
         self.whole[hosts[~whole]] = False
 
