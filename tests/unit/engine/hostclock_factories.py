@@ -13,7 +13,7 @@ from pipeline.engine.hostclock import (
     STEP_RECOVERY,
     HostClock,
 )
-from pipeline.schema import DcgmRecord, dcgm
+from pipeline.schema import DcgmRecord, NcclRecord, dcgm
 
 
 @dataclass
@@ -173,3 +173,14 @@ def feed(eng: Engine, msgs: list[tuple[str, list[DcgmRecord]]], whole: bool = Tr
 
 def engine(config: EngineConfig | None = None) -> Engine:
     return Engine(config or EngineConfig(), row_checks=[], tick_checks=[])
+
+
+def process_pieces(eng: Engine, pieces: list[list]):
+    """Feed ``pieces`` (each a list of one host's records: one array message) in one call."""
+    recs = [r for p in pieces for r in p]
+    return eng.process(recs, Origins.of_messages([f"t@{i}" for i in range(len(pieces))], [len(p) for p in pieces]))
+
+
+def nccl_record(ts: float, host: str) -> NcclRecord:
+    """An NCCL record of ``host`` at ``ts`` (another producer's, beside its DCGM samples)."""
+    return NcclRecord(ts=ts, host=host, comm="c", rank=0, nranks=2, coll="AllReduce", bytes=8, exec_time_us=1.0)

@@ -11,20 +11,12 @@ from hypothesis import strategies as st
 
 import pytest
 
-from pipeline.deadletters import Origins
 from pipeline.engine import EngineConfig
-from pipeline.schema import NcclRecord
 from tests.factories import T0, fuzz_examples
-from tests.unit.engine.hostclock_factories import engine, message
+from tests.unit.engine.hostclock_factories import engine, message, nccl_record, process_pieces
 
 GPUS = 8
 
-
-def _process(eng, pieces):
-    """Feed ``pieces`` (each a list of one host's records: one array message) in one call."""
-    recs = [r for p in pieces for r in p]
-    names = [f"t@{i}" for i in range(len(pieces))]
-    return eng.process(recs, Origins.of_messages(names, [len(p) for p in pieces]))
 
 
 @pytest.mark.parametrize("phase", [0.0, 0.002, 0.3, 0.7, 0.97])
@@ -39,11 +31,11 @@ def test_a_sample_split_over_two_messages_in_two_batches_loses_nothing(phase) ->
         t = T0 + k + phase
         a, b = message(t, "a", GPUS), message(t, "b", GPUS)
         if k == 45:
-            dead += _process(eng, [b[:4]]).dead
-            dead += _process(eng, [a]).dead
-            dead += _process(eng, [b[4:]]).dead
+            dead += process_pieces(eng, [b[:4]]).dead
+            dead += process_pieces(eng, [a]).dead
+            dead += process_pieces(eng, [b[4:]]).dead
         else:
-            dead += _process(eng, [a, b]).dead
+            dead += process_pieces(eng, [a, b]).dead
     dead += eng.flush().dead
     assert [(d.reason, d.host, d.ts - T0) for d in dead] == []
 
@@ -55,7 +47,7 @@ def test_a_host_losing_a_gpu_still_completes_its_seconds() -> None:
     done = []
     for k in range(60):
         n = GPUS if k < 40 else GPUS - 1
-        _process(eng, [message(T0 + k, "a", n)])
+        process_pieces(eng, [message(T0 + k, "a", n)])
         done.append(eng.released - T0)
     assert done[44] == 45.0  # second 44 went with its own message
 
@@ -68,20 +60,17 @@ def test_a_split_sample_is_whole_once_its_rest_came() -> None:
     for k in range(50):
         msg = message(T0 + k, "a", GPUS)
         if k == 45:
-            _process(eng, [msg[:4]])
+            process_pieces(eng, [msg[:4]])
             released.append(eng.released - T0)
-            _process(eng, [msg[4:]])
+            process_pieces(eng, [msg[4:]])
         else:
-            _process(eng, [msg])
+            process_pieces(eng, [msg])
         released.append(eng.released - T0)
     assert released[44] == 45.0  # whole samples: second 44 went with its message
     assert released[45] == 45.0  # second 45 waits for its other half...
     assert released[46] == 46.0  # ...and goes with it
     assert released[47] == 47.0
 
-
-def _nccl(ts: float, host: str) -> NcclRecord:
-    return NcclRecord(ts=ts, host=host, comm="c", rank=0, nranks=2, coll="AllReduce", bytes=8, exec_time_us=1.0)
 
 
 @settings(max_examples=fuzz_examples(40), deadline=None)
@@ -109,7 +98,7 @@ def test_split_samples_in_any_batching_lose_no_record(data, n_hosts, step) -> No
             if data.draw(st.booleans(), label="nccl"):
                 # (Before the sample: a host's other producers' records of a tick must come
                 # before the sample that completes it, or within ``host_disorder``, §4.)
-                pieces.insert(0, [_nccl(t, h)])
+                pieces.insert(0, [nccl_record(t, h)])
             queues.append(pieces)
         while any(queues):
             q = data.draw(st.sampled_from([q for q in queues if q]), label="next host")
@@ -119,7 +108,7 @@ def test_split_samples_in_any_batching_lose_no_record(data, n_hosts, step) -> No
     i = 0
     while i < len(stream):
         size = data.draw(st.integers(1, 6), label="batch")
-        dead += _process(eng, stream[i:i + size]).dead
+        dead += process_pieces(eng, stream[i:i + size]).dead
         i += size
     dead += eng.flush().dead
     assert [(d.reason, d.host, d.ts - T0) for d in dead] == []
@@ -135,7 +124,7 @@ def test_another_producers_record_at_the_samples_time_does_not_complete_the_host
     for k in range(60):
         t = T0 + step * k + phase
         if k in (40, 50):
-            dead += _process(eng, [[_nccl(t, "a")]]).dead
-        dead += _process(eng, [message(t, "a", GPUS)]).dead
+            dead += process_pieces(eng, [[nccl_record(t, "a")]]).dead
+        dead += process_pieces(eng, [message(t, "a", GPUS)]).dead
     dead += eng.flush().dead
     assert [(d.reason, d.ts - T0) for d in dead] == []

@@ -17,22 +17,13 @@ from pipeline.decode import Decoder
 from pipeline.deadletters import Origins
 from pipeline.engine import EngineConfig
 from pipeline.engine.hostclock import HostClock
-from pipeline.schema import NcclRecord, dcgm
+from pipeline.schema import dcgm
 from tests.factories import T0, fuzz_examples
-from tests.unit.engine.hostclock_factories import engine, message
+from tests.unit.engine.hostclock_factories import engine, message, nccl_record, process_pieces
 
 GPUS = 8
 
 
-def _process(eng, pieces):
-    """Feed ``pieces`` (each a list of one host's records: one array message) in one call."""
-    recs = [r for p in pieces for r in p]
-    names = [f"t@{i}" for i in range(len(pieces))]
-    return eng.process(recs, Origins.of_messages(names, [len(p) for p in pieces]))
-
-
-def _nccl(ts: float, host: str) -> NcclRecord:
-    return NcclRecord(ts=ts, host=host, comm="c", rank=0, nranks=2, coll="AllReduce", bytes=8, exec_time_us=1.0)
 
 
 def _late(dead) -> list[tuple[str, float]]:
@@ -94,17 +85,17 @@ def test_a_resent_row_then_a_split_sample_loses_nothing() -> None:
         t = T0 + k
         a, b = message(t, "a", GPUS), message(t, "b", GPUS)
         if k in (40, 41, 42):
-            dead += _process(eng, [a]).dead
+            dead += process_pieces(eng, [a]).dead
             held.append(b)
             if k == 42:
-                dead += _process(eng, [message(T0 + 41, "a", 1)]).dead
-                dead += _process(eng, held).dead
+                dead += process_pieces(eng, [message(T0 + 41, "a", 1)]).dead
+                dead += process_pieces(eng, held).dead
         elif k == 43:
-            dead += _process(eng, [a[:4]]).dead
-            dead += _process(eng, [b]).dead
-            dead += _process(eng, [a[4:]]).dead
+            dead += process_pieces(eng, [a[:4]]).dead
+            dead += process_pieces(eng, [b]).dead
+            dead += process_pieces(eng, [a[4:]]).dead
         else:
-            dead += _process(eng, [a, b]).dead
+            dead += process_pieces(eng, [a, b]).dead
     dead += eng.flush().dead
     assert _late(dead) == []
 
@@ -112,39 +103,25 @@ def test_a_resent_row_then_a_split_sample_loses_nothing() -> None:
 # -- a message without DCGM rows between a split sample's pieces -----------------------------------
 
 
-def test_an_nccl_message_between_a_split_samples_halves_loses_nothing() -> None:
+@pytest.mark.parametrize("together", [False, True])
+def test_an_nccl_message_between_a_split_samples_halves_loses_nothing(together) -> None:
     # One host, a message a second; at second 45 its sample comes in two halves, and its NCCL
     # producer's record of that second (its own array message, in order: the same time) comes
     # between them, each in a batch of its own. The NCCL message, with no DCGM row to count,
     # made the host whole again on its half sample: second 45 went, and the other half was late.
+    # (``together``: the first half and the NCCL message in one batch, which passed.)
     eng = engine()
     dead = []
     for k in range(60):
         t = T0 + k
         msg = message(t, "a", GPUS)
         if k == 45:
-            dead += _process(eng, [msg[:4]]).dead
-            dead += _process(eng, [[_nccl(t, "a")]]).dead
-            dead += _process(eng, [msg[4:]]).dead
+            first = [msg[:4], [nccl_record(t, "a")]]
+            for batch in [first] if together else [[p] for p in first]:
+                dead += process_pieces(eng, batch).dead
+            dead += process_pieces(eng, [msg[4:]]).dead
         else:
-            dead += _process(eng, [msg]).dead
-    dead += eng.flush().dead
-    assert _late(dead) == []
-
-
-def test_an_nccl_message_between_halves_in_one_batch_loses_nothing() -> None:
-    # The same stream in one batch per second: passes (the batch's DCGM rows say the host is
-    # not whole); the test above differs only in its batching.
-    eng = engine()
-    dead = []
-    for k in range(60):
-        t = T0 + k
-        msg = message(t, "a", GPUS)
-        if k == 45:
-            dead += _process(eng, [msg[:4], [_nccl(t, "a")]]).dead
-            dead += _process(eng, [msg[4:]]).dead
-        else:
-            dead += _process(eng, [msg]).dead
+            dead += process_pieces(eng, [msg]).dead
     dead += eng.flush().dead
     assert _late(dead) == []
 
@@ -169,10 +146,10 @@ def test_a_sample_refused_as_ahead_does_not_undo_the_count_from_the_sample() -> 
     for k in range(60):
         t = T0 + k + 0.5
         if k == 20:
-            dead += _process(eng, [message(t + 3600, "a", 1)]).dead
+            dead += process_pieces(eng, [message(t + 3600, "a", 1)]).dead
         if k in (40, 50):
-            dead += _process(eng, [[_nccl(t, "a")]]).dead
-        dead += _process(eng, [message(t, "a", GPUS)]).dead
+            dead += process_pieces(eng, [[nccl_record(t, "a")]]).dead
+        dead += process_pieces(eng, [message(t, "a", GPUS)]).dead
     dead += eng.flush().dead
     assert [d.reason for d in dead if d.reason != "late"] != []  # the glitch was refused
     assert _late(dead) == []
@@ -196,7 +173,7 @@ def _stream(data, n_hosts: int, step: float) -> list[tuple[list, bool]]:
             cuts = sorted(data.draw(st.sets(st.integers(1, GPUS - 1), max_size=2), label="cuts"))
             pieces = [(msg[i:j], data.draw(st.booleans(), label="columnar")) for i, j in zip([0, *cuts], [*cuts, GPUS])]
             if data.draw(st.booleans(), label="nccl"):
-                pieces.insert(0, ([_nccl(t, h)], False))
+                pieces.insert(0, ([nccl_record(t, h)], False))
             queues.append(pieces)
         while any(queues):
             q = data.draw(st.sampled_from([q for q in queues if q]), label="next host")
@@ -243,11 +220,11 @@ def _split_at_45(sizes, split: int, stamp=lambda t, g: t) -> list:
         a = [msgspec.structs.replace(r, ts=stamp(t, r.gpu)) for r in message(t, "a", sizes(k))]
         b = message(t, "b", GPUS)
         if k == 45:
-            dead += _process(eng, [a[:split]]).dead
-            dead += _process(eng, [b]).dead
-            dead += _process(eng, [a[split:]]).dead
+            dead += process_pieces(eng, [a[:split]]).dead
+            dead += process_pieces(eng, [b]).dead
+            dead += process_pieces(eng, [a[split:]]).dead
         else:
-            dead += _process(eng, [a, b]).dead
+            dead += process_pieces(eng, [a, b]).dead
     dead += eng.flush().dead
     return _late(dead)
 
@@ -313,7 +290,7 @@ def test_another_dcgm_producers_snapshot_before_the_sample_loses_nothing(offset,
         t = T0 + k + 0.5
         if k % every == 40 % every:
             snap = [dcgm(t + offset, "a", g, {"xid": 0}) for g in range(GPUS)]
-            dead += _process(eng, [snap]).dead
-        dead += _process(eng, [message(t, "a", GPUS)]).dead
+            dead += process_pieces(eng, [snap]).dead
+        dead += process_pieces(eng, [message(t, "a", GPUS)]).dead
     dead += eng.flush().dead
     assert _late(dead) == []
