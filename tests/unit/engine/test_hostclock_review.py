@@ -287,8 +287,8 @@ class Host:
 def fleets(draw):
     """A few hosts, each sampled every 1, 5, 10 or 30 s at a phase anywhere in the second (the
     first and last half percent included), from a steady or a jittery clock (up to 2 %), with
-    its own delay and skew, some joining mid-run, some vanishing, one whose clock may step 45
-    or 150 s ahead; a tenth of the samples missed
+    its own delay and skew, some joining mid-run, some vanishing (before any clock steps
+    ahead), one whose clock may step 45 or 150 s ahead; a tenth of the samples missed
     once the host has shown its step (a host's second sample missed as it joins is a question
     for the report, not this test). In arrival order; and a batching."""
     rnd = random.Random(draw(st.integers(0, 2**32 - 1)))
@@ -308,6 +308,13 @@ def fleets(draw):
             # (One clock leaping at most: two leaping in the same second is a documented limit.)
             leap=draw(st.sampled_from([0.0, 0.0, 45.0, 150.0])) if k == leaper else 0.0, leap_at=rnd.uniform(100, 500),
         ))
+    # Hosts that stop while another's clock is ahead hold the release that lead longer, past
+    # this test's bound: the strict xfail test_hostclock_leaps.py::
+    # test_hosts_vanishing_while_one_is_ahead_count_as_gone_after_their_wait, not drawn here.
+    leap_at = min((h.leap_at for h in hosts if h.leap), default=math.inf)
+    for h in hosts:
+        if h.vanish is not None and h.vanish > leap_at:
+            h.vanish = None
     end = 700.0
     sent = []
     for h in hosts:
