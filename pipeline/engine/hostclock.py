@@ -96,13 +96,13 @@ class HostClock:
     # sample is moved by what these say, whatever the batching, and ``whole_bound`` reads them.
     dcgm_ts = PerHost(math.nan, "host_dcgm_ts")
     dcgm_at = PerHost(math.nan, "host_dcgm_at")
-    # How many DCGM rows each host's latest sample (by its time as sent) has brought so far, the
-    # time, and how many the sample before it held: a per-host message with fewer rows than that
-    # is part of a sample, not all of it (note_whole). Not kept: unknown, a host is not whole.
     # Whether a record of the host in this batch came sooner after the one before it than the
     # host was trusted to sample (whole_bound's promise): a second producer, a sampler sped up.
     # Such a host is not whole for the batch (note_whole). Not kept: it is the batch's.
     sooner = PerHost(False)
+    # How many DCGM rows each host's latest sample (by its time as sent) has brought so far, the
+    # time, and how many the sample before it held: a per-host message with fewer rows than that
+    # is part of a sample, not all of it (note_whole). Not kept: unknown, a host is not whole.
     sample_ts = PerHost(math.nan)
     sample_n = PerHost(0.0)
     sample_prev = PerHost(math.nan)
